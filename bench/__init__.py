@@ -1,0 +1,1 @@
+"""numasched.bench: benchmark suites (run with ``numasched bench SUITE``); results under bench/results/."""

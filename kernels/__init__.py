@@ -1,0 +1,1 @@
+"""numasched.kernels: Triton kernels that take a mapping policy as constexpr device functions."""

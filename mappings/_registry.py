@@ -1,0 +1,344 @@
+"""Policy registry: grids, the Policy type, lookup, ``auto`` and per-kernel defaults.
+
+A policy is a bijection from a linear program id (hardware dispatch order) to a work item.
+It is made of two pieces that kernels compose, in the style of tritonBLAS's pid transforms:
+
+* a *remap* ``g' = REMAP(g, W, NUM_DOMAINS, REMAP_PARAM)``, a bijection of [0, W) that
+  reorders ids so that consecutive logical ids share a locality domain (identity if none);
+* an *order* that turns the logical id into a work item:
+    attention / decode: ``b, h, m = ORDER(g, B, H, HK, NB, NUM_DOMAINS, ORDER_PARAM)``
+    gemm:               ``tm, tn = ORDER(g, NM, NN, NUM_DOMAINS, ORDER_PARAM)``.
+
+Both exist twice with the same math: a vectorised NumPy reference and a ``@triton.jit`` device
+function. Kernels receive the device functions as ``tl.constexpr`` arguments
+(:meth:`Policy.kernel_args`), so one kernel serves every policy.
+
+Decode uses the attention kind with ``AttentionGrid(batch, kv_heads, kv_heads, splits)``
+(:func:`DecodeGrid`): its work item is (batch, kv_head, split).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Optional, Union
+
+import numpy as np
+
+KINDS = ("attention", "gemm", "remap")
+KERNEL_KINDS = ("attention", "decode", "gemm")  # kinds a user sets defaults for
+INT32_MAX = 2**31 - 1
+
+
+def _positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+    return int(value)
+
+
+def check_num_domains(num_domains) -> int:
+    return _positive_int("num_domains", num_domains)
+
+
+# --------------------------------------------------------------------------------------- grids
+@dataclass(frozen=True)
+class AttentionGrid:
+    """Work items (batch, head, q_block): ``batch * heads * q_blocks`` programs.
+
+    ``kv_heads`` must divide ``heads`` (GQA group = heads // kv_heads).
+    """
+
+    batch: int
+    heads: int
+    kv_heads: int
+    q_blocks: int
+    kind = "attention"
+
+    def __post_init__(self):
+        for f in ("batch", "heads", "kv_heads", "q_blocks"):
+            _positive_int(f, getattr(self, f))
+        if self.heads % self.kv_heads:
+            raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
+        if self.size > INT32_MAX:
+            raise ValueError(f"AttentionGrid size {self.size} overflows int32 program ids")
+
+    @property
+    def size(self) -> int:
+        return self.batch * self.heads * self.q_blocks
+
+    @property
+    def group(self) -> int:
+        return self.heads // self.kv_heads
+
+    @property
+    def dims(self) -> tuple:
+        return (self.batch, self.heads, self.kv_heads, self.q_blocks)
+
+    @property
+    def item_shape(self) -> tuple:
+        return (self.batch, self.heads, self.q_blocks)
+
+
+def DecodeGrid(batch: int, kv_heads: int, splits: int) -> AttentionGrid:
+    """Flash Decode work items (batch, kv_head, split)."""
+    return AttentionGrid(batch, kv_heads, kv_heads, splits)
+
+
+@dataclass(frozen=True)
+class GemmGrid:
+    """Work items (tile_m, tile_n): ``tiles_m * tiles_n`` programs."""
+
+    tiles_m: int
+    tiles_n: int
+    kind = "gemm"
+
+    def __post_init__(self):
+        _positive_int("tiles_m", self.tiles_m)
+        _positive_int("tiles_n", self.tiles_n)
+        if self.size > INT32_MAX:
+            raise ValueError(f"GemmGrid size {self.size} overflows int32 program ids")
+
+    @property
+    def size(self) -> int:
+        return self.tiles_m * self.tiles_n
+
+    @property
+    def dims(self) -> tuple:
+        return (self.tiles_m, self.tiles_n)
+
+    @property
+    def item_shape(self) -> tuple:
+        return (self.tiles_m, self.tiles_n)
+
+
+@dataclass(frozen=True)
+class LinearGrid:
+    """Work items are ids 0..size-1 (what a remap permutes)."""
+
+    size: int
+    kind = "remap"
+
+    def __post_init__(self):
+        _positive_int("size", self.size)
+        if self.size > INT32_MAX:
+            raise ValueError(f"LinearGrid size {self.size} overflows int32 program ids")
+
+    @property
+    def dims(self) -> tuple:
+        return (self.size,)
+
+    @property
+    def item_shape(self) -> tuple:
+        return (self.size,)
+
+
+Grid = Union[AttentionGrid, GemmGrid, LinearGrid]
+
+
+# --------------------------------------------------------------------------------------- pieces
+@dataclass(frozen=True)
+class Remap:
+    """A bijection of [0, W): NumPy ``reference(g, W, X, param)`` and device ``device(pid, W, X, PARAM)``."""
+
+    name: str
+    reference: Callable
+    device: object
+    default_param: int = 0
+    doc: str = ""
+
+
+@dataclass(frozen=True)
+class Order:
+    """Logical id -> work item for one kind (see module doc for signatures)."""
+
+    name: str
+    kind: str
+    reference: Callable
+    device: object
+    default_param: int = 0
+    doc: str = ""
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A registered mapping policy: ``order(remap(pid))``.
+
+    For kind "remap" the policy is the remap alone (``order`` is None) and the work item is the
+    remapped id.
+    """
+
+    name: str
+    kind: str
+    remap: Remap
+    order: Optional[Order] = None
+    remap_param: int = 0
+    order_param: int = 0
+    doc: str = ""
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"Policy.kind must be one of {KINDS}, got {self.kind!r}")
+        if self.kind != "remap" and (self.order is None or self.order.kind != self.kind):
+            raise ValueError(f"policy {self.name!r} of kind {self.kind!r} needs an order of that kind")
+
+    # -------------------------------------------------------------- host side
+    def check_grid(self, grid) -> None:
+        if getattr(grid, "kind", None) != self.kind:
+            want = {"attention": "AttentionGrid", "gemm": "GemmGrid", "remap": "LinearGrid"}[self.kind]
+            raise ValueError(
+                f"mapping {self.name!r} is a {self.kind} policy and needs a {want}, got {type(grid).__name__}")
+
+    def reference(self, pids, grid: Grid, num_domains: int) -> np.ndarray:
+        """Work item of each program id: int64 array of shape (len(pids), k) (k=3, 2 or 1)."""
+        self.check_grid(grid)
+        X = check_num_domains(num_domains)
+        g = np.asarray(pids, dtype=np.int64).reshape(-1)
+        if g.size and (g.min() < 0 or g.max() >= grid.size):
+            raise ValueError(f"pids must lie in [0, {grid.size}) for {grid}")
+        g = np.asarray(self.remap.reference(g, grid.size, X, self.remap_param), dtype=np.int64)
+        if self.order is None:
+            return g.reshape(-1, 1)
+        out = self.order.reference(g, grid, X, self.order_param)
+        return np.asarray(out, dtype=np.int64).reshape(len(g), -1)
+
+    def domains_of_items(self, grid: Grid, topology) -> np.ndarray:
+        """Domain on which each work item runs, shaped ``grid.item_shape`` (under ``topology.dispatch``)."""
+        W = grid.size
+        items = self.reference(np.arange(W), grid, topology.num_domains)
+        dom = np.full(grid.item_shape, -1, dtype=np.int64)
+        dom[tuple(items.T)] = topology.domain_of(np.arange(W))
+        return dom
+
+    def kernel_args(self, num_domains: int) -> Dict[str, object]:
+        """Constexpr arguments a numasched kernel takes to run this policy."""
+        X = check_num_domains(num_domains)
+        args = dict(REMAP=self.remap.device, REMAP_PARAM=int(self.remap_param), NUM_DOMAINS=X)
+        if self.order is not None:
+            args.update(ORDER=self.order.device, ORDER_PARAM=int(self.order_param))
+        return args
+
+    def with_params(self, *, remap_param: Optional[int] = None, order_param: Optional[int] = None) -> "Policy":
+        kw = {}
+        if remap_param is not None:
+            kw["remap_param"] = _positive_int("remap_param", remap_param)
+        if order_param is not None:
+            kw["order_param"] = _positive_int("order_param", order_param)
+        return dataclasses.replace(self, **kw)
+
+    def __repr__(self) -> str:
+        return f"Policy({self.name!r}, kind={self.kind!r})"
+
+
+# --------------------------------------------------------------------------------------- registry
+_REGISTRY: Dict[str, Policy] = {}
+
+
+def register(policy: Policy, *, replace: bool = False) -> Policy:
+    """Add a policy to the registry (the property tests then cover it)."""
+    if not isinstance(policy, Policy):
+        raise ValueError(f"register() needs a Policy, got {type(policy).__name__}")
+    if policy.name in _REGISTRY and not replace:
+        raise ValueError(f"a mapping named {policy.name!r} is already registered")
+    _REGISTRY[policy.name] = policy
+    return policy
+
+
+def available(kind: Optional[str] = None) -> list:
+    """Names of registered policies, optionally of one kind ("attention", "decode", "gemm", "remap")."""
+    if kind is None:
+        return sorted(_REGISTRY)
+    k = _kind_of(kind)
+    return sorted(n for n, p in _REGISTRY.items() if p.kind == k)
+
+
+def get(name: str) -> Policy:
+    """The registered policy called ``name``."""
+    if isinstance(name, Policy):
+        return name
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown mapping {name!r}; available: {available()}")
+    return _REGISTRY[name]
+
+
+def compose(remap: Union[str, Policy], order: Union[str, Policy], *, name: Optional[str] = None) -> Policy:
+    """A new policy ``order(remap(pid))`` from a remap policy and an attention/gemm policy."""
+    r, o = get(remap), get(order)
+    if r.kind != "remap":
+        raise ValueError(f"compose: remap must be a remap policy, {r.name!r} is of kind {r.kind!r}")
+    if o.kind == "remap":
+        raise ValueError(f"compose: order must be an attention or gemm policy, {o.name!r} is a remap")
+    if o.remap.name != "identity":
+        raise ValueError(f"compose: {o.name!r} already has a remap ({o.remap.name!r})")
+    return Policy(name or f"{r.name}+{o.name}", o.kind, r.remap, o.order, r.remap_param, o.order_param,
+                  doc=f"{r.name} then {o.name}")
+
+
+def _kind_of(kernel_kind: str) -> str:
+    if kernel_kind in ("attention", "decode", "prefill"):
+        return "attention"
+    if kernel_kind in ("gemm", "remap"):
+        return kernel_kind
+    raise ValueError(f"kernel kind must be one of attention, decode, prefill, gemm, remap; got {kernel_kind!r}")
+
+
+# --------------------------------------------------------------------------------------- auto & defaults
+_DEFAULTS: Dict[str, str] = {}
+
+
+def set_default(kernel_kind: str, mapping: Optional[str]) -> None:
+    """Process-wide default mapping for a kernel kind ("attention", "decode", "gemm"); None resets to auto."""
+    if kernel_kind not in KERNEL_KINDS:
+        raise ValueError(f"kernel_kind must be one of {KERNEL_KINDS}, got {kernel_kind!r}")
+    if mapping is None or mapping == "auto":
+        _DEFAULTS.pop(kernel_kind, None)
+        return
+    p = get(mapping)
+    if p.kind != _kind_of(kernel_kind):
+        raise ValueError(f"mapping {p.name!r} is a {p.kind} policy and cannot serve {kernel_kind} kernels")
+    _DEFAULTS[kernel_kind] = p.name
+
+
+def get_default(kernel_kind: str) -> str:
+    if kernel_kind not in KERNEL_KINDS:
+        raise ValueError(f"kernel_kind must be one of {KERNEL_KINDS}, got {kernel_kind!r}")
+    return _DEFAULTS.get(kernel_kind, "auto")
+
+
+def auto(kernel_kind: str, topology, grid: Grid, *, causal: bool = False) -> Policy:
+    """Pick a policy from the topology and the shape.
+
+    Rules (why in mappings.md):
+    * one locality domain (Hopper, generic): no placement to win; choose the order with the best
+      temporal locality: head_first for attention (a head's blocks run together and share K/V),
+      head_first for decode, grouped for GEMM.
+    * several domains, round-robin dispatch: swizzled_head_first for non-causal attention and
+      decode (each KV group's work stays on one domain); under causal masks AMD measured a loss
+      from domain imbalance, so causal prefill keeps head_first. GEMM: chiplet_tiled.
+    """
+    kind = _kind_of(kernel_kind)
+    multi = topology.num_domains > 1 and topology.dispatch != "single"
+    if kind == "gemm":
+        return get("chiplet_tiled" if multi else "grouped")
+    if kind == "attention":
+        if multi and not (causal and kernel_kind != "decode"):
+            return get("swizzled_head_first")
+        return get("head_first")
+    raise ValueError(f"auto has no rule for kind {kernel_kind!r}")
+
+
+def resolve(mapping, kernel_kind: str, topology, grid: Grid, *, causal: bool = False) -> Policy:
+    """Turn a user's ``mapping=`` argument ("auto", a name or a Policy) into a Policy of the right kind."""
+    if mapping is None:
+        mapping = "auto"
+    if isinstance(mapping, str) and mapping == "auto":
+        mapping = get_default(kernel_kind) if kernel_kind in KERNEL_KINDS else "auto"
+    if isinstance(mapping, str) and mapping == "auto":
+        return auto(kernel_kind, topology, grid, causal=causal)
+    if not isinstance(mapping, (str, Policy)):
+        raise ValueError(f"mapping must be 'auto', a policy name or a Policy, got {type(mapping).__name__}")
+    p = get(mapping)
+    if p.kind != _kind_of(kernel_kind):
+        raise ValueError(f"mapping {p.name!r} is a {p.kind} policy and cannot serve {kernel_kind} kernels; "
+                         f"choose one of {available(kernel_kind)}")
+    return p

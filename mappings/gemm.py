@@ -1,0 +1,58 @@
+"""GEMM tile orders: logical id -> (tile_m, tile_n) over an nM x nN tile grid.
+
+* row_major: tile_m = g div nN, tile_n = g mod nN (no grouping; the baseline).
+* grouped: Triton's GROUP_SIZE_M raster with GM = PARAM (default 8): ids walk a band of GM tile
+  rows column by column, so concurrently running tiles share A rows and B columns. Equals
+  CUTLASS's raster-along-N with swizzle GM when GM is a power of two.
+* chiplet_tiled: the contiguous domain remap, then grouped: each domain works on one compact
+  region of tiles that share A rows and B columns (AMD's chiplet-tiled GEMM).
+* chiplet_tiled_chunked: the chunked remap with C = GM*GM, then grouped: each domain gets GM x GM
+  squares of tiles in turn (hipBLASLt / tritonBLAS style); the last partial round stays in place.
+"""
+import numpy as np
+import triton
+import triton.language as tl
+
+from ._registry import Order, Policy, register
+from .remap import CHUNKED, CONTIGUOUS, IDENTITY
+
+
+def _row_major_ref(g, grid, X, param):
+    nM, nN = grid.dims
+    return np.stack([g // nN, g % nN], axis=1)
+
+
+@triton.jit
+def row_major_order(pid, NM, NN, NUM_DOMAINS: tl.constexpr, PARAM: tl.constexpr):
+    return pid // NN, pid % NN
+
+
+def _grouped_ref(g, grid, X, GM):
+    nM, nN = grid.dims
+    n = GM * nN
+    first = (g // n) * GM
+    gm = np.minimum(nM - first, GM)
+    r = g % n
+    return np.stack([first + r % gm, r // gm], axis=1)
+
+
+@triton.jit
+def grouped_order(pid, NM, NN, NUM_DOMAINS: tl.constexpr, PARAM: tl.constexpr):
+    n = PARAM * NN
+    first = (pid // n) * PARAM
+    gm = tl.minimum(NM - first, PARAM)
+    r = pid % n
+    return first + r % gm, r // gm
+
+
+ROW_MAJOR = Order("row_major", "gemm", _row_major_ref, row_major_order, doc="tile_m = g div nN; tile_n = g mod nN")
+GROUPED = Order("grouped", "gemm", _grouped_ref, grouped_order, default_param=8,
+                doc="Triton GROUP_SIZE_M raster (GM = order_param)")
+
+GROUP_M = GROUPED.default_param
+register(Policy("row_major", "gemm", IDENTITY, ROW_MAJOR, doc=ROW_MAJOR.doc))
+register(Policy("grouped", "gemm", IDENTITY, GROUPED, order_param=GROUP_M, doc=GROUPED.doc))
+register(Policy("chiplet_tiled", "gemm", CONTIGUOUS, GROUPED, order_param=GROUP_M,
+                doc="contiguous domain remap, then grouped raster"))
+register(Policy("chiplet_tiled_chunked", "gemm", CHUNKED, GROUPED, remap_param=GROUP_M * GROUP_M,
+                order_param=GROUP_M, doc="chunked domain remap (C = GM*GM), then grouped raster"))

@@ -1,0 +1,254 @@
+"""Locality domains of a GPU, and how program ids reach them.
+
+A :class:`Topology` is what the mapping policies, the simulator and ``auto`` choices read.
+Figures come from ``shared/facts/hardware.md`` (published datasheets and our own H200/H100
+measurements). AMD figures are published numbers; no AMD GPU was available to this project.
+
+Dispatch rules
+--------------
+``round_robin``: domain(g) = (g + offset) mod num_domains (AMD MI300-class: one workgroup per
+XCD in turn). ``table``: domain(g) = table[g mod len(table)] (a measured or hypothesised order).
+``single``: one domain (Hopper: its two L2 partitions are address-hashed, so placement cannot
+make accesses near; hardware.md).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+__all__ = ["Topology", "detect", "PRESETS"]
+
+MB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Locality domains of one GPU.
+
+    Attributes:
+        name: preset or user name.
+        num_domains: private-L2 domains (XCDs on AMD; 1 on NVIDIA, see module doc).
+        cus_per_domain: compute units (AMD) or SMs (NVIDIA) per domain.
+        l2_bytes: L2 capacity per domain.
+        l2_ways: L2 associativity.
+        l2_line: L2 line size in bytes.
+        llc_bytes: shared last-level cache behind the L2s (AMD Infinity Cache); 0 if none.
+        hbm_bytes_per_s: HBM bandwidth (published unless ``measured``).
+        dispatch: "round_robin", "table" or "single".
+        dispatch_offset: domain of program 0 under round-robin.
+        dispatch_table: domain of program g is table[g mod len(table)] under "table".
+        vendor: "amd", "nvidia" or "generic".
+        l2_bw_bytes_per_s: aggregate L2 bandwidth (for the simulator's time model).
+        llc_bw_bytes_per_s: last-level cache bandwidth.
+        source: where the numbers come from.
+    """
+
+    name: str
+    num_domains: int
+    cus_per_domain: int
+    l2_bytes: int
+    l2_ways: int = 16
+    l2_line: int = 128
+    llc_bytes: int = 0
+    hbm_bytes_per_s: float = 0.0
+    dispatch: str = "round_robin"
+    dispatch_offset: int = 0
+    dispatch_table: tuple = ()
+    vendor: str = "generic"
+    l2_bw_bytes_per_s: float = 0.0
+    llc_bw_bytes_per_s: float = 0.0
+    source: str = ""
+
+    def __post_init__(self):
+        def positive(attr):
+            v = getattr(self, attr)
+            if not isinstance(v, (int, np.integer)) or v < 1:
+                raise ValueError(f"Topology.{attr} must be a positive integer, got {v!r}")
+
+        for attr in ("num_domains", "cus_per_domain", "l2_bytes", "l2_ways", "l2_line"):
+            positive(attr)
+        if self.llc_bytes < 0:
+            raise ValueError(f"Topology.llc_bytes must be >= 0, got {self.llc_bytes!r}")
+        if self.l2_line & (self.l2_line - 1):
+            raise ValueError(f"Topology.l2_line must be a power of two, got {self.l2_line}")
+        if self.l2_bytes % (self.l2_line * self.l2_ways):
+            raise ValueError(
+                f"Topology.l2_bytes ({self.l2_bytes}) must be a multiple of l2_line*l2_ways "
+                f"({self.l2_line * self.l2_ways})")
+        if self.dispatch not in ("round_robin", "table", "single"):
+            raise ValueError(
+                f"Topology.dispatch must be 'round_robin', 'table' or 'single', got {self.dispatch!r}")
+        if self.dispatch == "table":
+            if not self.dispatch_table:
+                raise ValueError("Topology.dispatch_table must be non-empty when dispatch='table'")
+            bad = [d for d in self.dispatch_table if not 0 <= int(d) < self.num_domains]
+            if bad:
+                raise ValueError(
+                    f"Topology.dispatch_table entries must lie in [0, num_domains={self.num_domains}), "
+                    f"got {bad[:4]}")
+        if self.dispatch == "single" and self.num_domains != 1:
+            raise ValueError("Topology.dispatch='single' needs num_domains == 1")
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def num_cus(self) -> int:
+        return self.num_domains * self.cus_per_domain
+
+    @property
+    def l2_sets(self) -> int:
+        return self.l2_bytes // (self.l2_line * self.l2_ways)
+
+    def domain_of(self, pids) -> np.ndarray:
+        """Domain of each linear program id under this topology's dispatch rule."""
+        g = np.asarray(pids, dtype=np.int64)
+        if np.any(g < 0):
+            raise ValueError("pids must be >= 0")
+        if self.dispatch == "single":
+            return np.zeros_like(g)
+        if self.dispatch == "table":
+            t = np.asarray(self.dispatch_table, dtype=np.int64)
+            return t[g % len(t)]
+        return (g + self.dispatch_offset) % self.num_domains
+
+    def replace(self, **kw) -> "Topology":
+        return dataclasses.replace(self, **kw)
+
+    # ------------------------------------------------------------------ constructors
+    @staticmethod
+    def preset(name: str) -> "Topology":
+        """A named preset: mi300x, mi325x, mi350x, mi355x, h100, h200, b200, generic."""
+        key = str(name).lower().replace("-", "").replace("_", "")
+        if key not in PRESETS:
+            raise ValueError(f"unknown topology preset {name!r}; known: {sorted(PRESETS)}")
+        return PRESETS[key]
+
+    @staticmethod
+    def presets() -> list:
+        return sorted(PRESETS)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["dispatch_table"] = list(self.dispatch_table)
+        return d
+
+    @staticmethod
+    def from_dict(d: dict) -> "Topology":
+        d = dict(d)
+        d["dispatch_table"] = tuple(d.get("dispatch_table", ()))
+        fields = {f.name for f in dataclasses.fields(Topology)}
+        unknown = set(d) - fields
+        if unknown:
+            raise ValueError(f"unknown Topology fields: {sorted(unknown)}")
+        return Topology(**d)
+
+    @staticmethod
+    def from_probe(path_or_result) -> "Topology":
+        """Build a Topology from a probe result (``numasched probe`` JSON, or its dict).
+
+        If the probe found that a line's home L2 partition cannot be chosen by address, the
+        partitions are one domain for placement (dispatch "single"); otherwise the measured
+        SM-to-partition table becomes a "table" dispatch over the partitions.
+        """
+        if isinstance(path_or_result, (str, Path)):
+            res = json.loads(Path(path_or_result).read_text())
+        else:
+            res = dict(path_or_result)
+        for key in ("device", "num_sms", "l2_bytes"):
+            if key not in res:
+                raise ValueError(f"probe result lacks {key!r}")
+        nsm = int(res["num_sms"])
+        l2 = int(res["l2_bytes"])
+        parts = int(res.get("num_partitions", 1))
+        addressable = bool(res.get("address_selects_partition", False))
+        base = _nvidia_base(res["device"])
+        common = dict(l2_ways=base.l2_ways if base else 16, l2_line=128,
+                      hbm_bytes_per_s=float(res.get("hbm_bytes_per_s") or (base.hbm_bytes_per_s if base else 0.0)),
+                      vendor="nvidia", source=f"probe of {res['device']}")
+        if parts <= 1 or not addressable:
+            return Topology(name=f"probe:{res['device']}", num_domains=1, cus_per_domain=nsm,
+                            l2_bytes=_round_l2(l2, common["l2_ways"]), dispatch="single", **common)
+        table = tuple(int(x) for x in res["sm_partition"])
+        return Topology(name=f"probe:{res['device']}", num_domains=parts, cus_per_domain=max(1, nsm // parts),
+                        l2_bytes=_round_l2(l2 // parts, common["l2_ways"]), dispatch="table",
+                        dispatch_table=table, **common)
+
+
+def _round_l2(nbytes: int, ways: int, line: int = 128) -> int:
+    unit = ways * line
+    return max(unit, (nbytes // unit) * unit)
+
+
+TB = 1e12
+PRESETS = {
+    "mi300x": Topology("mi300x", 8, 38, 4 * MB, 16, 128, 256 * MB, 5.3 * TB, "round_robin", vendor="amd",
+                       l2_bw_bytes_per_s=8 * 2.0 * TB, llc_bw_bytes_per_s=17.2 * TB,
+                       source="AMD MI300X spec; CDNA3 white paper"),
+    "mi325x": Topology("mi325x", 8, 38, 4 * MB, 16, 128, 256 * MB, 6.0 * TB, "round_robin", vendor="amd",
+                       l2_bw_bytes_per_s=8 * 2.0 * TB, llc_bw_bytes_per_s=17.2 * TB, source="AMD MI325X spec"),
+    "mi350x": Topology("mi350x", 8, 32, 4 * MB, 16, 128, 256 * MB, 8.0 * TB, "round_robin", vendor="amd",
+                       l2_bw_bytes_per_s=8 * 2.0 * TB, llc_bw_bytes_per_s=17.2 * TB, source="AMD MI350X spec"),
+    "mi355x": Topology("mi355x", 8, 32, 4 * MB, 16, 128, 256 * MB, 8.0 * TB, "round_robin", vendor="amd",
+                       l2_bw_bytes_per_s=8 * 2.0 * TB, llc_bw_bytes_per_s=17.2 * TB, source="AMD MI355X spec"),
+    # Hopper: two address-hashed L2 partitions act as one domain for placement (measured, hardware.md).
+    "h100": Topology("h100", 1, 132, 50 * MB, 16, 128, 0, 3.35 * TB, "single", vendor="nvidia",
+                     l2_bw_bytes_per_s=10 * TB, source="NVIDIA H100 SXM datasheet; L2 as one domain (measured on H200)"),
+    "h200": Topology("h200", 1, 132, 60 * MB, 16, 128, 0, 4.8 * TB, "single", vendor="nvidia",
+                     l2_bw_bytes_per_s=10 * TB, source="NVIDIA H200 datasheet; torch reports 62914560 B L2 (measured)"),
+    # B200: two dies; whether placement can make accesses near is not measured here (no B200 lent).
+    "b200": Topology("b200", 2, 74, 63 * MB, 16, 128, 0, 8.0 * TB, "round_robin", vendor="nvidia",
+                     l2_bw_bytes_per_s=16 * TB, source="published B200 figures; dispatch order undocumented (assumed)"),
+    "generic": Topology("generic", 1, 1, 4 * MB, 16, 128, 0, 1.0 * TB, "single",
+                        source="fallback for an unknown GPU"),
+}
+
+
+def _nvidia_base(device_name: str) -> Optional[Topology]:
+    n = device_name.lower()
+    for key in ("h200", "h100", "b200"):
+        if key in n:
+            return PRESETS[key]
+    return None
+
+
+def _amd_key(arch: str, name: str) -> Optional[str]:
+    """Preset for an AMD arch name (gfx942 = MI300 family, gfx950 = MI350 family)."""
+    arch = arch.lower().split(":")[0]
+    name = name.lower()
+    if arch == "gfx942":
+        return "mi325x" if "325" in name else "mi300x"
+    if arch == "gfx950":
+        return "mi355x" if "355" in name else "mi350x"
+    return None
+
+
+def detect(device=None) -> Topology:
+    """The preset for the current GPU; a generic single-domain topology (with a warning) otherwise."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        torch = None
+    if torch is None or not torch.cuda.is_available():
+        warnings.warn("numasched.topology.detect: no GPU visible; using the 'generic' single-domain topology",
+                      stacklevel=2)
+        return PRESETS["generic"]
+    props = torch.cuda.get_device_properties(device if device is not None else torch.cuda.current_device())
+    if getattr(torch.version, "hip", None):
+        arch = getattr(props, "gcnArchName", "")
+        key = _amd_key(arch, props.name)
+        if key:
+            return PRESETS[key]
+    else:
+        base = _nvidia_base(props.name)
+        if base is not None:
+            return base.replace(cus_per_domain=props.multi_processor_count // base.num_domains,
+                                l2_bytes=_round_l2(props.L2_cache_size // base.num_domains, base.l2_ways))
+    warnings.warn(f"numasched.topology.detect: no preset for {props.name!r}; using a generic single-domain "
+                  f"topology with {props.multi_processor_count} compute units", stacklevel=2)
+    return PRESETS["generic"].replace(name=f"generic:{props.name}", cus_per_domain=props.multi_processor_count,
+                                      l2_bytes=_round_l2(max(props.L2_cache_size, 2048), 16))
