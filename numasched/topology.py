@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-__all__ = ["Topology", "detect", "PRESETS"]
+__all__ = ["Topology", "detect", "PRESETS", "current", "set_current", "use"]
 
 MB = 1 << 20
 
@@ -252,3 +252,45 @@ def detect(device=None) -> Topology:
                   f"topology with {props.multi_processor_count} compute units", stacklevel=2)
     return PRESETS["generic"].replace(name=f"generic:{props.name}", cus_per_domain=props.multi_processor_count,
                                       l2_bytes=_round_l2(max(props.L2_cache_size, 2048), 16))
+
+
+# ---------------------------------------------------------------------------------- current topology
+_CURRENT: Optional[Topology] = None
+
+
+def current() -> Topology:
+    """The topology kernels plan with: set by :func:`set_current` / :func:`use`, else :func:`detect` (cached)."""
+    global _CURRENT
+    if _CURRENT is None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _CURRENT = detect()
+    return _CURRENT
+
+
+def set_current(topology) -> None:
+    """Set the process-wide topology (a Topology or a preset name; None re-detects)."""
+    global _CURRENT
+    _CURRENT = Topology.preset(topology) if isinstance(topology, str) else topology
+    if _CURRENT is not None and not isinstance(_CURRENT, Topology):
+        raise ValueError(f"topology must be a Topology, a preset name or None, got {type(topology).__name__}")
+
+
+class use:
+    """Context manager: ``with numasched.topology.use("mi300x"): ...`` plans kernels for that topology."""
+
+    def __init__(self, topology):
+        self._new = Topology.preset(topology) if isinstance(topology, str) else topology
+        if not isinstance(self._new, Topology):
+            raise ValueError(f"topology must be a Topology or a preset name, got {type(topology).__name__}")
+
+    def __enter__(self):
+        global _CURRENT
+        self._old = _CURRENT
+        _CURRENT = self._new
+        return self._new
+
+    def __exit__(self, *exc):
+        global _CURRENT
+        _CURRENT = self._old
+        return False
