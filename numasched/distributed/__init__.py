@@ -1,0 +1,1 @@
+"""numasched.distributed: cross-GPU kernels over Iris (imported lazily)."""

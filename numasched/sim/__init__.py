@@ -1,0 +1,1 @@
+"""numasched.sim: L2 simulator for chiplet GPUs (see README)."""
