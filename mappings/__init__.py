@@ -6,7 +6,7 @@
     >>> p.reference(range(8), mappings.AttentionGrid(1, 8, 8, 4), num_domains=8)
 
 Adding a policy: one new file in this folder that calls :func:`register`, and an import below.
-The property tests (tests/test_mappings_properties.py) iterate over the registry.
+The property tests (tests/test_mappings.py) iterate over the registry.
 """
 from ._registry import (  # noqa: F401
     KINDS, KERNEL_KINDS, AttentionGrid, DecodeGrid, GemmGrid, LinearGrid, Order, Policy, Remap,

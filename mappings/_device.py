@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._registry import check_num_domains
+from ._registry import check_num_domains, get
 
 
 @triton.jit
@@ -47,7 +47,9 @@ def device_map(policy, grid, num_domains: int, device="cpu") -> np.ndarray:
     """Work item of every program id 0..W-1 computed by the policy's Triton device functions.
 
     On CPU this needs ``TRITON_INTERPRET=1`` set before triton is imported.
+    ``policy`` is a Policy or a registered name.
     """
+    policy = get(policy)
     policy.check_grid(grid)
     X = check_num_domains(num_domains)
     W = grid.size

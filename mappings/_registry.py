@@ -41,6 +41,16 @@ def check_num_domains(num_domains) -> int:
     return _positive_int("num_domains", num_domains)
 
 
+def _as_pids(pids) -> np.ndarray:
+    """Program ids as a flat int64 array; floats, bools and strings are refused (not truncated)."""
+    a = np.asarray(pids)
+    if a.size == 0:
+        return a.astype(np.int64).reshape(-1)
+    if a.dtype.kind not in "iu":
+        raise ValueError(f"pids must be integers, got dtype {a.dtype}")
+    return a.astype(np.int64).reshape(-1)
+
+
 # --------------------------------------------------------------------------------------- grids
 @dataclass(frozen=True)
 class AttentionGrid:
@@ -177,10 +187,25 @@ class Policy:
     doc: str = ""
 
     def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"Policy.name must be a non-empty string, got {self.name!r}")
         if self.kind not in KINDS:
             raise ValueError(f"Policy.kind must be one of {KINDS}, got {self.kind!r}")
+        if not isinstance(self.remap, Remap):
+            raise ValueError(f"policy {self.name!r}: remap must be a Remap, got {type(self.remap).__name__}")
+        if self.kind == "remap" and self.order is not None:
+            raise ValueError(f"policy {self.name!r} of kind 'remap' must have order=None")
         if self.kind != "remap" and (self.order is None or self.order.kind != self.kind):
             raise ValueError(f"policy {self.name!r} of kind {self.kind!r} needs an order of that kind")
+        # A piece whose default parameter is >= 1 divides by it (chunk C, GROUP_M): 0 would be a
+        # division by zero inside the kernel, so it is refused here, naming the parameter.
+        for attr, piece in (("remap_param", self.remap), ("order_param", self.order)):
+            v = getattr(self, attr)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise ValueError(f"policy {self.name!r}: {attr} must be an integer, got {v!r}")
+            lo = 1 if piece is not None and piece.default_param >= 1 else 0
+            if v < lo:
+                raise ValueError(f"policy {self.name!r}: {attr} must be >= {lo}, got {v}")
 
     # -------------------------------------------------------------- host side
     def check_grid(self, grid) -> None:
@@ -193,7 +218,7 @@ class Policy:
         """Work item of each program id: int64 array of shape (len(pids), k) (k=3, 2 or 1)."""
         self.check_grid(grid)
         X = check_num_domains(num_domains)
-        g = np.asarray(pids, dtype=np.int64).reshape(-1)
+        g = _as_pids(pids)
         if g.size and (g.min() < 0 or g.max() >= grid.size):
             raise ValueError(f"pids must lie in [0, {grid.size}) for {grid}")
         g = np.asarray(self.remap.reference(g, grid.size, X, self.remap_param), dtype=np.int64)
@@ -256,6 +281,8 @@ def get(name: str) -> Policy:
     """The registered policy called ``name``."""
     if isinstance(name, Policy):
         return name
+    if not isinstance(name, str):
+        raise ValueError(f"mapping must be a policy name or a Policy, got {type(name).__name__}")
     if name not in _REGISTRY:
         raise ValueError(f"unknown mapping {name!r}; available: {available()}")
     return _REGISTRY[name]
@@ -283,7 +310,7 @@ def _kind_of(kernel_kind: str) -> str:
 
 
 # --------------------------------------------------------------------------------------- auto & defaults
-_DEFAULTS: Dict[str, str] = {}
+_DEFAULTS: Dict[str, Policy] = {}  # the Policy itself, so a composed (unregistered) one works
 
 
 def set_default(kernel_kind: str, mapping: Optional[str]) -> None:
@@ -296,13 +323,15 @@ def set_default(kernel_kind: str, mapping: Optional[str]) -> None:
     p = get(mapping)
     if p.kind != _kind_of(kernel_kind):
         raise ValueError(f"mapping {p.name!r} is a {p.kind} policy and cannot serve {kernel_kind} kernels")
-    _DEFAULTS[kernel_kind] = p.name
+    _DEFAULTS[kernel_kind] = p
 
 
 def get_default(kernel_kind: str) -> str:
+    """Name of the default mapping set for a kernel kind, or "auto"."""
     if kernel_kind not in KERNEL_KINDS:
         raise ValueError(f"kernel_kind must be one of {KERNEL_KINDS}, got {kernel_kind!r}")
-    return _DEFAULTS.get(kernel_kind, "auto")
+    p = _DEFAULTS.get(kernel_kind)
+    return "auto" if p is None else p.name
 
 
 def auto(kernel_kind: str, topology, grid: Grid, *, causal: bool = False) -> Policy:
@@ -329,16 +358,20 @@ def auto(kernel_kind: str, topology, grid: Grid, *, causal: bool = False) -> Pol
 
 def resolve(mapping, kernel_kind: str, topology, grid: Grid, *, causal: bool = False) -> Policy:
     """Turn a user's ``mapping=`` argument ("auto", a name or a Policy) into a Policy of the right kind."""
+    kind = _kind_of(kernel_kind)
     if mapping is None:
         mapping = "auto"
     if isinstance(mapping, str) and mapping == "auto":
-        mapping = get_default(kernel_kind) if kernel_kind in KERNEL_KINDS else "auto"
+        mapping = _DEFAULTS.get(kernel_kind, "auto")
     if isinstance(mapping, str) and mapping == "auto":
-        return auto(kernel_kind, topology, grid, causal=causal)
-    if not isinstance(mapping, (str, Policy)):
+        p = auto(kernel_kind, topology, grid, causal=causal)
+    elif not isinstance(mapping, (str, Policy)):
         raise ValueError(f"mapping must be 'auto', a policy name or a Policy, got {type(mapping).__name__}")
-    p = get(mapping)
-    if p.kind != _kind_of(kernel_kind):
-        raise ValueError(f"mapping {p.name!r} is a {p.kind} policy and cannot serve {kernel_kind} kernels; "
-                         f"choose one of {available(kernel_kind)}")
+    else:
+        p = get(mapping)
+        if p.kind != kind:
+            raise ValueError(f"mapping {p.name!r} is a {p.kind} policy and cannot serve {kernel_kind} kernels; "
+                             f"choose one of {available(kernel_kind)}")
+    if grid is not None:
+        p.check_grid(grid)  # e.g. a GemmGrid handed to an attention kernel
     return p

@@ -11,10 +11,16 @@ Orders (mappings.md has the sources):
 * swizzled_block_first: block_first, with the head index remapped so that, under round-robin
   dispatch, domain x owns the head band [x*H/X, (x+1)*H/X).
 * swizzled_head_first (SHM): the contiguous domain remap, then head_first. Domain x receives one
-  contiguous run of W/X logical ids, i.e. whole KV groups (ACCs) one after another, all blocks
-  of an ACC before the next. Equals the SHM paper's formula when X | H (tests check this).
-  When X does not divide the number of ACCs (B*HK), at most X-1 ACCs straddle two domains;
-  it stays a bijection for every shape.
+  contiguous run of W/X logical ids, i.e. whole KV groups (ACCs = one (batch, kv_head)) one
+  after another, all blocks of an ACC before the next. Properties (tests/test_mappings.py):
+  - every ACC lies on one domain when X divides the number of ACCs B*HK;
+  - otherwise at most X-1 ACCs straddle domains (each of the X-1 run boundaries cuts at most
+    one ACC); it stays a bijection for every shape;
+  - it equals the SHM paper's formula with the batch folded into the head index
+    (h' = b*H + h over B*H heads) whenever X | B*H; for B = 1 that is the paper's formula.
+    The per-batch folding of mappings.md (b = g div (H*NB), SHM inside each batch) differs for
+    B > 1 on purpose: it splits every KV group over several domains when X | H but X does not
+    divide HK (GQA), even where X | B*HK would let each group stay whole.
 """
 import numpy as np
 import triton

@@ -66,15 +66,23 @@ class Topology:
     source: str = ""
 
     def __post_init__(self):
-        def positive(attr):
+        def integer(attr, lo):
             v = getattr(self, attr)
-            if not isinstance(v, (int, np.integer)) or v < 1:
-                raise ValueError(f"Topology.{attr} must be a positive integer, got {v!r}")
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
+                raise ValueError(f"Topology.{attr} must be an integer >= {lo}, got {v!r}")
 
+        def nonneg_number(attr):
+            v = getattr(self, attr)
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not v >= 0:
+                raise ValueError(f"Topology.{attr} must be a number >= 0, got {v!r}")
+
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"Topology.name must be a non-empty string, got {self.name!r}")
         for attr in ("num_domains", "cus_per_domain", "l2_bytes", "l2_ways", "l2_line"):
-            positive(attr)
-        if self.llc_bytes < 0:
-            raise ValueError(f"Topology.llc_bytes must be >= 0, got {self.llc_bytes!r}")
+            integer(attr, 1)
+        integer("llc_bytes", 0)
+        for attr in ("hbm_bytes_per_s", "l2_bw_bytes_per_s", "llc_bw_bytes_per_s"):
+            nonneg_number(attr)
         if self.l2_line & (self.l2_line - 1):
             raise ValueError(f"Topology.l2_line must be a power of two, got {self.l2_line}")
         if self.l2_bytes % (self.l2_line * self.l2_ways):
@@ -84,16 +92,28 @@ class Topology:
         if self.dispatch not in ("round_robin", "table", "single"):
             raise ValueError(
                 f"Topology.dispatch must be 'round_robin', 'table' or 'single', got {self.dispatch!r}")
-        if self.dispatch == "table":
-            if not self.dispatch_table:
-                raise ValueError("Topology.dispatch_table must be non-empty when dispatch='table'")
-            bad = [d for d in self.dispatch_table if not 0 <= int(d) < self.num_domains]
-            if bad:
-                raise ValueError(
-                    f"Topology.dispatch_table entries must lie in [0, num_domains={self.num_domains}), "
-                    f"got {bad[:4]}")
+        integer("dispatch_offset", 0)
+        if self.dispatch_offset >= self.num_domains:
+            raise ValueError(f"Topology.dispatch_offset must lie in [0, num_domains={self.num_domains}), "
+                             f"got {self.dispatch_offset}")
+        try:
+            table = tuple(self.dispatch_table)
+        except TypeError:
+            raise ValueError(f"Topology.dispatch_table must be a sequence of domain ids, "
+                             f"got {self.dispatch_table!r}") from None
+        bad = [d for d in table
+               if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or not 0 <= d < self.num_domains]
+        if bad:
+            raise ValueError(
+                f"Topology.dispatch_table entries must be integers in [0, num_domains={self.num_domains}), "
+                f"got {bad[:4]}")
+        object.__setattr__(self, "dispatch_table", tuple(int(d) for d in table))  # lists -> hashable tuple
+        if self.dispatch == "table" and not table:
+            raise ValueError("Topology.dispatch_table must be non-empty when dispatch='table'")
         if self.dispatch == "single" and self.num_domains != 1:
             raise ValueError("Topology.dispatch='single' needs num_domains == 1")
+        if self.vendor not in ("amd", "nvidia", "generic"):
+            raise ValueError(f"Topology.vendor must be 'amd', 'nvidia' or 'generic', got {self.vendor!r}")
 
     # ------------------------------------------------------------------ derived
     @property
@@ -106,7 +126,10 @@ class Topology:
 
     def domain_of(self, pids) -> np.ndarray:
         """Domain of each linear program id under this topology's dispatch rule."""
-        g = np.asarray(pids, dtype=np.int64)
+        g = np.asarray(pids)
+        if g.size and g.dtype.kind not in "iu":
+            raise ValueError(f"pids must be integers, got dtype {g.dtype}")
+        g = g.astype(np.int64)
         if np.any(g < 0):
             raise ValueError("pids must be >= 0")
         if self.dispatch == "single":
@@ -139,12 +162,19 @@ class Topology:
 
     @staticmethod
     def from_dict(d: dict) -> "Topology":
+        """Inverse of :meth:`to_dict` (also accepts the dict after a JSON round trip)."""
+        if not isinstance(d, dict):
+            raise ValueError(f"Topology.from_dict needs a dict, got {type(d).__name__}")
         d = dict(d)
         d["dispatch_table"] = tuple(d.get("dispatch_table", ()))
         fields = {f.name for f in dataclasses.fields(Topology)}
         unknown = set(d) - fields
         if unknown:
             raise ValueError(f"unknown Topology fields: {sorted(unknown)}")
+        missing = [f.name for f in dataclasses.fields(Topology)
+                   if f.default is dataclasses.MISSING and f.name not in d]
+        if missing:
+            raise ValueError(f"Topology.from_dict: missing fields {missing}")
         return Topology(**d)
 
     @staticmethod
@@ -162,9 +192,10 @@ class Topology:
         for key in ("device", "num_sms", "l2_bytes"):
             if key not in res:
                 raise ValueError(f"probe result lacks {key!r}")
-        nsm = int(res["num_sms"])
-        l2 = int(res["l2_bytes"])
-        parts = int(res.get("num_partitions", 1))
+        nsm, l2, parts = res["num_sms"], res["l2_bytes"], res.get("num_partitions", 1)
+        for key, v in (("num_sms", nsm), ("l2_bytes", l2), ("num_partitions", parts)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise ValueError(f"probe result: {key!r} must be a positive integer, got {v!r}")
         addressable = bool(res.get("address_selects_partition", False))
         base = _nvidia_base(res["device"])
         common = dict(l2_ways=base.l2_ways if base else 16, l2_line=128,
@@ -173,10 +204,14 @@ class Topology:
         if parts <= 1 or not addressable:
             return Topology(name=f"probe:{res['device']}", num_domains=1, cus_per_domain=nsm,
                             l2_bytes=_round_l2(l2, common["l2_ways"]), dispatch="single", **common)
-        table = tuple(int(x) for x in res["sm_partition"])
+        table = res.get("sm_partition")
+        if not isinstance(table, (list, tuple)) or len(table) != nsm:
+            raise ValueError(f"probe result: 'sm_partition' must list the partition of each of the {nsm} SMs "
+                             f"when num_partitions > 1 and address_selects_partition is true")
+        # Assumes program g runs on SM g mod num_sms (a model: the measured first wave was not in SM order).
         return Topology(name=f"probe:{res['device']}", num_domains=parts, cus_per_domain=max(1, nsm // parts),
                         l2_bytes=_round_l2(l2 // parts, common["l2_ways"]), dispatch="table",
-                        dispatch_table=table, **common)
+                        dispatch_table=tuple(table), **common)
 
 
 def _round_l2(nbytes: int, ways: int, line: int = 128) -> int:
@@ -217,9 +252,9 @@ def _nvidia_base(device_name: str) -> Optional[Topology]:
 
 
 def _amd_key(arch: str, name: str) -> Optional[str]:
-    """Preset for an AMD arch name (gfx942 = MI300 family, gfx950 = MI350 family)."""
-    arch = arch.lower().split(":")[0]
-    name = name.lower()
+    """Preset family for an AMD arch name (gfx942 = MI300 family, gfx950 = MI350 family)."""
+    arch = str(arch).lower().split(":")[0]
+    name = str(name).lower()
     if arch == "gfx942":
         return "mi325x" if "325" in name else "mi300x"
     if arch == "gfx950":
@@ -227,8 +262,46 @@ def _amd_key(arch: str, name: str) -> Optional[str]:
     return None
 
 
+def _amd_topology(arch: str, name: str, num_cus: int) -> Optional[Topology]:
+    """AMD topology from the arch name and the CU count the device reports.
+
+    The arch picks the family (CUs per full XCD: 38 on gfx942, 32 on gfx950); the CU count tells
+    how many XCDs this device has: 304 = 8 x 38 (MI300X/MI325X), 256 = 8 x 32 (MI350X/MI355X),
+    228 = 6 x 38 (MI300A), and fewer in compute-partition modes (DPX 4 XCDs, QPX 2, CPX 1), where
+    the workgroups of one logical device go round-robin over its own XCDs only. The XCD count is
+    the smallest divisor n of the CU count with at most a full XCD's CUs per XCD (equal to
+    CUs / CUs-per-XCD whenever that divides); other counts (harvested parts) are guesses, with a
+    warning.
+    """
+    key = _amd_key(arch, name)
+    if key is None:
+        return None
+    base = PRESETS[key]
+    cus = int(num_cus or 0)
+    if cus <= 0:
+        warnings.warn(f"numasched.topology.detect: device reports {num_cus!r} CUs; assuming the full "
+                      f"{key} preset", stacklevel=3)
+        return base
+    if cus == base.num_cus:
+        return base
+    per = base.cus_per_domain
+    n = next(d for d in range(1, cus + 1) if cus % d == 0 and cus // d <= per)
+    if cus % per:
+        warnings.warn(f"numasched.topology.detect: {cus} CUs on {arch} is not a multiple of {per} CUs per XCD; "
+                      f"assuming {n} XCDs of {cus // n} CUs", stacklevel=3)
+    return base.replace(
+        name=f"{key}:{n}xcd", num_domains=n, cus_per_domain=cus // n,
+        l2_bw_bytes_per_s=base.l2_bw_bytes_per_s * n / base.num_domains,
+        source=f"{base.source}; device reports {cus} CUs = {n} XCDs x {cus // n} (partition mode or "
+               f"smaller part); HBM and Infinity Cache figures are the whole GPU's")
+
+
 def detect(device=None) -> Topology:
-    """The preset for the current GPU; a generic single-domain topology (with a warning) otherwise."""
+    """The topology of the current GPU; a generic single-domain topology (with a warning) otherwise.
+
+    AMD: arch gfx942/gfx950 plus the CU count (see :func:`_amd_topology`). NVIDIA: the preset whose
+    name appears in the device name, with the SM count and L2 size the device reports.
+    """
     try:
         import torch
     except ImportError:  # pragma: no cover - torch is a dependency
@@ -239,18 +312,19 @@ def detect(device=None) -> Topology:
         return PRESETS["generic"]
     props = torch.cuda.get_device_properties(device if device is not None else torch.cuda.current_device())
     if getattr(torch.version, "hip", None):
-        arch = getattr(props, "gcnArchName", "")
-        key = _amd_key(arch, props.name)
-        if key:
-            return PRESETS[key]
+        arch = getattr(props, "gcnArchName", "") or ""
+        topo = _amd_topology(arch, props.name, props.multi_processor_count)
+        if topo is not None:
+            return topo
     else:
         base = _nvidia_base(props.name)
         if base is not None:
-            return base.replace(cus_per_domain=props.multi_processor_count // base.num_domains,
+            return base.replace(cus_per_domain=max(1, props.multi_processor_count // base.num_domains),
                                 l2_bytes=_round_l2(props.L2_cache_size // base.num_domains, base.l2_ways))
     warnings.warn(f"numasched.topology.detect: no preset for {props.name!r}; using a generic single-domain "
                   f"topology with {props.multi_processor_count} compute units", stacklevel=2)
-    return PRESETS["generic"].replace(name=f"generic:{props.name}", cus_per_domain=props.multi_processor_count,
+    return PRESETS["generic"].replace(name=f"generic:{props.name}",
+                                      cus_per_domain=max(1, props.multi_processor_count),
                                       l2_bytes=_round_l2(max(props.L2_cache_size, 2048), 16))
 
 
@@ -271,9 +345,10 @@ def current() -> Topology:
 def set_current(topology) -> None:
     """Set the process-wide topology (a Topology or a preset name; None re-detects)."""
     global _CURRENT
-    _CURRENT = Topology.preset(topology) if isinstance(topology, str) else topology
-    if _CURRENT is not None and not isinstance(_CURRENT, Topology):
+    new = Topology.preset(topology) if isinstance(topology, str) else topology
+    if new is not None and not isinstance(new, Topology):  # checked before assigning: a bad call changes nothing
         raise ValueError(f"topology must be a Topology, a preset name or None, got {type(topology).__name__}")
+    _CURRENT = new
 
 
 class use:
