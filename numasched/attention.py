@@ -1,0 +1,304 @@
+"""Prefill attention: ``attention_forward`` (the kernel call) and a drop-in ``scaled_dot_product_attention``.
+
+    >>> out, lse = numasched.attention.attention_forward(q, k, v, causal=True)      # (B, H, S, D)
+    >>> out = numasched.scaled_dot_product_attention(q, k, v, is_causal=True)        # torch's signature
+
+``attention_forward`` runs the Triton kernel of ``numasched/kernels/attention_fwd.py`` under a
+mapping policy (``mapping="auto"``, a registered name or a Policy) and returns the output and the
+log-sum-exp. It is registered as the torch custom op ``numasched::attention_forward`` (with a fake
+implementation), so it works under ``torch.compile`` and inside CUDA graphs (warm it up once
+before capturing: the first call on a GPU autotunes).
+
+``scaled_dot_product_attention`` has torch's signature and semantics and routes each call:
+  * query length 1 (not causal, or causal with one key) -> Flash Decode (numasched.decode);
+  * what the prefill kernel supports -> the kernel;
+  * anything else (an arbitrary ``attn_mask``, dropout, autograd, CPU without the Triton
+    interpreter, other dtypes or head dims, ...) -> torch's own implementation, with a warning
+    given once per reason.
+``calls`` counts which path ran (keys "kernel", "decode", "fallback").
+"""
+from __future__ import annotations
+
+import collections
+import math
+import warnings
+from typing import Optional, Tuple
+
+import torch
+
+from . import mappings as M
+from . import topology as _topology
+from ._validate import check_int32_indexing, check_same, check_tensor, kernel_device_ok
+
+__all__ = ["attention_forward", "scaled_dot_product_attention", "calls", "SUPPORTED_DTYPES",
+           "supported_head_dim"]
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HEAD_DIM = 256
+
+#: how many times each path ran: "kernel" (Triton launches), "decode", "fallback"
+calls: collections.Counter = collections.Counter()
+
+
+def supported_head_dim(d: int) -> bool:
+    """Head dims the kernel takes: multiples of 8 from 16 to 256 (padded to a power of two inside)."""
+    return 16 <= d <= MAX_HEAD_DIM and d % 8 == 0
+
+
+# ------------------------------------------------------------------------------ policies by key
+# The custom op takes strings only; a Policy object (e.g. a composed, unregistered one) is passed
+# by a key into this table.
+_POLICY_KEYS: dict = {}
+
+
+def _mapping_key(mapping) -> str:
+    if mapping is None or (isinstance(mapping, str) and mapping == "auto"):
+        return "auto"
+    if isinstance(mapping, M.Policy):
+        if mapping.kind != "attention":
+            raise ValueError(f"mapping {mapping.name!r} is a {mapping.kind} policy and cannot serve attention "
+                             f"kernels; choose one of {M.available('attention')}")
+        key = f"policy:{id(mapping)}"
+        _POLICY_KEYS[key] = mapping
+        return key
+    if not isinstance(mapping, str):
+        raise ValueError(f"mapping must be 'auto', a policy name or a Policy, got {type(mapping).__name__}")
+    p = M.get(mapping)  # unknown names raise here, naming the mapping
+    if p.kind != "attention":
+        raise ValueError(f"mapping {p.name!r} is a {p.kind} policy and cannot serve attention kernels; "
+                         f"choose one of {M.available('attention')}")
+    return mapping
+
+
+def _policy_of(key: str, grid, causal: bool):
+    mapping = _POLICY_KEYS.get(key, key)
+    return M.resolve(mapping, "attention", _topology.current(), grid, causal=causal)
+
+
+# ------------------------------------------------------------------------------ the custom op
+def _out_like(q: torch.Tensor) -> torch.Tensor:
+    # (B, H, Lq, D) as a view of (B, Lq, H, D) memory, like torch's flash path: the usual next
+    # step (transpose(1, 2) and merge heads) is then free.
+    B, H, Lq, D = q.shape
+    return q.new_empty(B, Lq, H, D).transpose(1, 2)
+
+
+def _forward_impl(q, k, v, causal: bool, scale: float, causal_offset: int, mapping: str,
+                  config: Optional[dict] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    from .kernels import attention_fwd as K
+
+    B, H, Lq, D = q.shape
+    HK, Lk = k.shape[1], k.shape[2]
+    out = _out_like(q)
+    lse = torch.empty(B, H, Lq, dtype=torch.float32, device=q.device)
+    if Lq == 0:
+        return out, lse
+    if Lk == 0:  # no key at all: every row is fully masked
+        out.zero_()
+        lse.fill_(float("-inf"))
+        return out, lse
+    bm = (config or {}).get("BLOCK_M", 128)
+    grid = M.AttentionGrid(B, H, HK, -(-Lq // bm))
+    policy = _policy_of(mapping, grid, causal)
+    num_domains = _topology.current().num_domains
+    K.attention_fwd(q, k, v, out, lse, scale=scale, causal=causal, causal_offset=causal_offset,
+                    policy_args=policy.kernel_args(num_domains), config=config)
+    calls["kernel"] += 1
+    return out, lse
+
+
+@torch.library.custom_op("numasched::attention_forward", mutates_args=())
+def _attention_forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
+                          causal_offset: int, mapping: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    return _forward_impl(q, k, v, causal, scale, causal_offset, mapping)
+
+
+@_attention_forward_op.register_fake
+def _(q, k, v, causal, scale, causal_offset, mapping):
+    B, H, Lq, D = q.shape
+    return _out_like(q), q.new_empty(B, H, Lq, dtype=torch.float32)
+
+
+# ------------------------------------------------------------------------------ attention_forward
+def _check_qkv(q, k, v) -> None:
+    for name, t in (("query", q), ("key", k), ("value", v)):
+        check_tensor(name, t, ndim=4, dtypes=SUPPORTED_DTYPES, contiguous_last=True)
+    check_same("query", q, "key", k)
+    check_same("query", q, "value", v)
+    B, H, Lq, D = q.shape
+    if k.shape[0] != B:
+        raise ValueError(f"key has batch {k.shape[0]} but query has batch {B}; they must match")
+    if v.shape != k.shape:
+        raise ValueError(f"value has shape {tuple(v.shape)} but key has {tuple(k.shape)}; they must match "
+                         f"(batch, kv_heads, Lk, head_dim)")
+    if k.shape[3] != D:
+        raise ValueError(f"key has head dim {k.shape[3]} but query has {D}; they must match")
+    if not supported_head_dim(D):
+        raise ValueError(f"query head dim {D} is not supported (multiples of 8 from 16 to {MAX_HEAD_DIM})")
+    HK = k.shape[1]
+    if HK < 1 or H % HK:
+        raise ValueError(f"query has {H} heads, which is not a multiple of the {HK} heads of key")
+    # the kernel offsets (batch, head) slices in 64 bits and indexes inside a slice in 32 bits
+    for name, t in (("query", q), ("key", k), ("value", v)):
+        if t.numel():
+            check_int32_indexing(name, t[0, 0])
+
+
+def _check_scale(scale, D) -> float:
+    if scale is None:
+        return 1.0 / math.sqrt(D)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+    scale = float(scale)
+    if not (scale > 0 and math.isfinite(scale)):
+        raise ValueError(f"scale must be a positive finite number, got {scale}")
+    return scale
+
+
+def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+                      scale: Optional[float] = None, mapping="auto", causal_offset: int = 0,
+                      _config: Optional[dict] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Attention forward with the Triton kernel: returns ``(out, lse)``.
+
+    Args:
+        q: (B, H, Lq, D) query; k, v: (B, HK, Lk, D) with HK dividing H (GQA). float16, bfloat16
+            or float32 (fp32 dots in IEEE precision on GPU, not TF32), any strides with a unit
+            last stride, on a CUDA device (or CPU under ``TRITON_INTERPRET=1``).
+        causal: mask key j from query i unless ``j <= i + causal_offset``.
+        scale: softmax scale, default 1/sqrt(D).
+        mapping: "auto", a registered attention policy name, or a Policy: which program runs
+            which (batch, head, q_block) work item.
+        causal_offset: 0 (default) is torch's top-left aligned ``is_causal``; ``Lk - Lq`` is the
+            bottom-right alignment of FlashAttention and KV caches. Rows that see no key get
+            zeros and lse = -inf.
+        _config: fixed kernel config (BLOCK_M, BLOCK_N, USE_TMA, num_warps, num_stages) instead
+            of autotuning; for tests and benchmarks.
+
+    Returns:
+        out (B, H, Lq, D) in q's dtype (a view of (B, Lq, H, D) memory), and lse (B, H, Lq)
+        float32, natural log.
+    """
+    _check_qkv(q, k, v)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if isinstance(causal_offset, bool) or not isinstance(causal_offset, int):
+        raise TypeError(f"causal_offset must be an int, got {type(causal_offset).__name__}")
+    if abs(causal_offset) >= 2**31 - 2**20:
+        raise ValueError(f"causal_offset {causal_offset} overflows int32")
+    scale = _check_scale(scale, q.shape[-1])
+    key = _mapping_key(mapping)
+    if not kernel_device_ok(q):
+        raise ValueError(f"query is on {q.device}: the Triton kernel needs a CUDA device "
+                         f"(or CPU tensors with TRITON_INTERPRET=1)")
+    if _config is not None:
+        return _forward_impl(q, k, v, causal, scale, causal_offset, key, config=_config)
+    return _attention_forward_op(q, k, v, causal, scale, causal_offset, key)
+
+
+# ------------------------------------------------------------------------------ SDPA drop-in
+_WARNED: set = set()
+
+
+def _fallback(reason: str, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    if reason not in _WARNED:
+        _WARNED.add(reason)
+        warnings.warn(f"numasched.scaled_dot_product_attention: {reason}; using torch's implementation "
+                      f"(warned once)", RuntimeWarning, stacklevel=3)
+    calls["fallback"] += 1
+    kw = dict(attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
+    if enable_gqa:
+        kw["enable_gqa"] = True
+    return torch.nn.functional.scaled_dot_product_attention(query, key, value, **kw)
+
+
+def _decode_fn():
+    """numasched.decode.flash_decode if that module is present, else None."""
+    try:
+        from .decode import flash_decode
+    except ImportError:
+        return None
+    return flash_decode
+
+
+def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                                 attn_mask: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
+                                 is_causal: bool = False, scale: Optional[float] = None,
+                                 enable_gqa: bool = False, *, mapping="auto") -> torch.Tensor:
+    """Drop-in for ``torch.nn.functional.scaled_dot_product_attention`` (same layout and semantics).
+
+    query (N, ..., Hq, L, E), key/value (N, ..., H, S, E); ``is_causal`` is top-left aligned
+    (``ones(L, S).tril()``) as in torch. ``enable_gqa`` lets Hq be a multiple of H. The Triton
+    kernels run where they apply (see the module doc); elsewhere torch's implementation runs,
+    with a one-time warning per reason. ``mapping`` picks the kernels' mapping policy.
+    """
+    return _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, mapping)
+
+
+def _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, mapping,
+          causal_offset: int = 0, mask_for_fallback=None):
+    """The routing behind the drop-in. ``causal_offset`` shifts the causal diagonal (the HF
+    integration passes Lk - Lq for a bottom-right causal mask); the fallback then gets
+    ``mask_for_fallback`` (the equivalent boolean mask) instead of ``is_causal``."""
+    def fb(why):
+        if mask_for_fallback is not None:
+            return _fallback(why, query, key, value, mask_for_fallback, dropout_p, False, scale, enable_gqa)
+        return _fallback(why, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        check_tensor(name, t)
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
+        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+    check_same("query", query, "key", key)
+    check_same("query", query, "value", value)
+    if not (query.dim() == key.dim() == value.dim()) or query.dim() < 3:
+        return fb(f"inputs of rank {query.dim()}/{key.dim()}/{value.dim()} (the kernels take 3-D or 4-D)")
+    if query.shape[-1] != key.shape[-1]:
+        raise ValueError(f"key has head dim {key.shape[-1]} but query has {query.shape[-1]}; they must match")
+    if key.shape[-2] != value.shape[-2]:
+        raise ValueError(f"value has length {value.shape[-2]} but key has {key.shape[-2]}; they must match")
+    if query.dim() >= 4:
+        Hq, Hk, Hv = query.shape[-3], key.shape[-3], value.shape[-3]
+        if not enable_gqa and not (Hq == Hk == Hv):
+            raise ValueError(f"query has {Hq} heads, key {Hk} and value {Hv}; they must match unless "
+                             f"enable_gqa=True")
+        for name, h in (("key", Hk), ("value", Hv)):
+            if enable_gqa and (h < 1 or Hq % h):
+                raise ValueError(f"query has {Hq} heads, which is not a multiple of the {h} heads of {name}")
+    if query.dim() > 4:
+        return fb(f"inputs of rank {query.dim()} (the kernels take 3-D or 4-D)")
+    # ---- what the kernels do not do ----
+    if attn_mask is not None:
+        return fb("an explicit attn_mask is not supported by the kernels")
+    if dropout_p:
+        return fb("dropout_p > 0 is not supported by the kernels")
+    if query.dtype not in SUPPORTED_DTYPES:
+        return fb(f"dtype {query.dtype} is not supported by the kernels (float16, bfloat16, float32)")
+    if not kernel_device_ok(query):
+        return fb(f"tensors on {query.device} need TRITON_INTERPRET=1 for the kernels (CPU) or a GPU")
+    if not supported_head_dim(query.shape[-1]) or value.shape[-1] != query.shape[-1]:
+        return fb(f"head dims {query.shape[-1]}/{value.shape[-1]} are not supported by the kernels "
+                  f"(equal, multiples of 8 from 16 to {MAX_HEAD_DIM})")
+    if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
+        return fb("the kernels have no backward pass (inputs require grad)")
+    if scale is not None and not (float(scale) > 0 and math.isfinite(float(scale))):
+        return fb("scale <= 0 is not supported by the kernels")
+    three_d = query.dim() == 3
+    q, k, v = (t.unsqueeze(1) for t in (query, key, value)) if three_d else (query, key, value)
+    if q.shape[0] != k.shape[0] or k.shape[1] != v.shape[1]:
+        return fb("broadcast batch dims or different key/value head counts are not supported by the kernels")
+    if q.numel() == 0 or k.shape[2] == 0:
+        return fb("empty inputs")
+    q, k, v = (t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous() for t in (q, k, v))
+    Lq, Lk = q.shape[2], k.shape[2]
+    # ---- query length 1: Flash Decode ----
+    sees_all = not is_causal or causal_offset >= Lk - 1  # every query row sees every key
+    flash_decode = _decode_fn() if Lq == 1 and sees_all else None
+    if flash_decode is not None:
+        # (B, H, 1, D) -> (B, H, D) and (B, HK, Lk, D) -> (B, Lk, HK, D): views, no copies
+        out = flash_decode(q[:, :, 0, :], k.transpose(1, 2), v.transpose(1, 2), scale=scale, mapping=mapping)
+        calls["decode"] += 1
+        out = out.unsqueeze(2)
+    else:
+        out, _ = attention_forward(q, k, v, causal=bool(is_causal) and not sees_all, scale=scale, mapping=mapping,
+                                   causal_offset=int(causal_offset))
+    return out.squeeze(1) if three_d else out
