@@ -1,0 +1,388 @@
+"""Flash Decode: one query token per sequence, split-KV, log-sum-exp combine.
+
+Decode reads the whole KV cache to produce one output row per query head, so it is bound by
+memory bandwidth. The plan, top to bottom:
+
+1. Work items are (batch, kv_head, split). One program reads a contiguous chunk of its
+   sequence's K/V exactly once and serves all G = heads / kv_heads query heads of that KV head
+   (G is padded up to 16 rows so the scores and the P @ V product use ``tl.dot``; the padding is
+   free since the tensor cores are idle in decode anyway, and ``tl.dot`` operands are what
+   Triton's software pipeliner streams through shared memory with async copies).
+2. A program id becomes a work item through the mapping policy's REMAP / ORDER device
+   functions (``numasched.mappings``), so every policy runs with this one kernel.
+3. Each split keeps an online softmax (running max ``m``, running sum ``l``, accumulator) in the
+   log2 domain, and writes a normalised partial output plus its log2-sum-exp.
+4. The partials are merged by a log-sum-exp combine: either a second small kernel, or inside the
+   first one by whichever split of a (batch, kv_head) finishes last (an atomic arrival counter
+   that the last arrival resets, so the kernel can be replayed in a CUDA graph). With one split
+   the first kernel writes the output directly.
+
+The KV cache is either contiguous ``(batch, max_len, kv_heads, head_dim)`` with any strides
+(only the last dimension unit-stride), or paged ``(num_pages, page_size, kv_heads, head_dim)``
+with an int32 block table ``(batch, max_pages)``; positions at or beyond a sequence's length
+are never read. Offsets are int64 where a cache can exceed 2^31 elements (``INT64``).
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+LN2 = 0.6931471805599453
+LOG2E = 1.4426950408889634
+
+# How many times the Triton path has launched (tests check that the kernel, not a fallback, ran).
+LAUNCHES = 0
+
+
+# ----------------------------------------------------------------------------- combine helper
+@triton.jit
+def _combine_group(PO, PL, O, LSE, b, kvh, HK, S, stride_ob, stride_oh, stride_lb, stride_lh,
+                   G: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                   CACHE: tl.constexpr):
+    """Merge the S partials of the G query heads of (b, kvh) into O (q dtype) and LSE (natural log).
+
+    Partial i holds o_i (already divided by its own sum) and lse2_i = log2(sum_i). The merged
+    output is sum_i 2^(lse2_i - M) o_i / sum_i 2^(lse2_i - M) with M = max_i lse2_i; empty splits
+    have lse2 = -inf and weigh nothing; a sequence of length 0 gives zeros and lse = -inf.
+    """
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    gmask = offs_g < G
+    omask = gmask[:, None] & (offs_d[None, :] < HEAD_DIM)
+    base = (b.to(tl.int64) * HK + kvh) * S  # row of split 0 in the (B, HK, S, G, D) partials
+
+    # pass 1: the largest partial lse (a handful of floats per split)
+    m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    for s in range(0, S):
+        ls = tl.load(PL + (base + s) * G + offs_g, mask=gmask, other=float("-inf"), cache_modifier=CACHE)
+        m = tl.maximum(m, ls)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)  # all splits empty: keep exp2 away from -inf - -inf
+
+    # pass 2: weighted sum of the partial outputs
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    den = tl.zeros([BLOCK_G], tl.float32)
+    for s in range(0, S):
+        ls = tl.load(PL + (base + s) * G + offs_g, mask=gmask, other=float("-inf"), cache_modifier=CACHE)
+        w = tl.math.exp2(ls - m_safe)
+        o = tl.load(PO + ((base + s) * G + offs_g[:, None]) * HEAD_DIM + offs_d[None, :], mask=omask, other=0.0,
+                    cache_modifier=CACHE)
+        acc += w[:, None] * o
+        den += w
+    nonempty = den > 0
+    den_safe = tl.where(nonempty, den, 1.0)
+    out = acc / den_safe[:, None]
+    lse = tl.where(nonempty, (m_safe + tl.math.log2(den_safe)) * LN2, float("-inf"))
+    heads = kvh * G + offs_g
+    o_ptrs = O + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
+    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=omask)
+    tl.store(LSE + b.to(tl.int64) * stride_lb + heads * stride_lh, lse, mask=gmask)
+
+
+# ----------------------------------------------------------------------------- split kernel
+@triton.jit
+def _flash_decode_kernel(
+    Q, K, V, SEQLENS, BLOCK_TABLE, O, LSE, PO, PL, COUNTER,
+    qk_scale,  # softmax scale * log2(e): scores live in the log2 domain
+    B, HK, S, seqlen_max,
+    stride_qb, stride_qh,
+    stride_kb, stride_kn, stride_kh,  # contiguous: batch, token, head; paged: page, slot, head
+    stride_vb, stride_vn, stride_vh,
+    stride_sb, stride_tb, stride_tp,
+    stride_ob, stride_oh, stride_lb, stride_lh,
+    tune_key,  # unused in the kernel: a bucket of tokens per split, so autotune re-tunes per bucket
+    G: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,  # 0: contiguous cache
+    HAS_SEQLENS: tl.constexpr,
+    COMBINE: tl.constexpr,  # 0: one split, write O directly; 1: partials for the combine kernel; 2: fused
+    INT64: tl.constexpr, INPUT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
+    REMAP: tl.constexpr, REMAP_PARAM: tl.constexpr, ORDER: tl.constexpr, ORDER_PARAM: tl.constexpr,
+    NUM_DOMAINS: tl.constexpr,
+):
+    # -- which (batch, kv_head, split) this program owns: the policy decides
+    pid = tl.program_id(0)
+    W = B * HK * S
+    g = REMAP(pid, W, NUM_DOMAINS, REMAP_PARAM)
+    b, kvh, split = ORDER(g, B, HK, HK, S, NUM_DOMAINS, ORDER_PARAM)
+
+    # -- this split's token range: the sequence is cut into S near-equal chunks (balanced per
+    #    sequence; a chunk need not be a multiple of BLOCK_N, its last tile is masked)
+    if HAS_SEQLENS:
+        seqlen = tl.load(SEQLENS + b * stride_sb)
+    else:
+        seqlen = seqlen_max
+    chunk = tl.cdiv(seqlen, S)
+    lo = split * chunk
+    hi = tl.minimum(lo + chunk, seqlen)
+
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    gmask = offs_g < G
+    b64 = b.to(tl.int64)
+    kvh64 = kvh.to(tl.int64)
+
+    # -- the G query heads of this KV head, padded to BLOCK_G rows
+    q_ptrs = Q + b64 * stride_qb + (kvh * G + offs_g)[:, None] * stride_qh + offs_d[None, :]
+    if HEAD_DIM == BLOCK_D:
+        q = tl.load(q_ptrs, mask=gmask[:, None], other=0.0)
+    else:
+        q = tl.load(q_ptrs, mask=gmask[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+
+    if PAGE_SIZE == 0:
+        k_base = K + b64 * stride_kb + kvh64 * stride_kh
+        v_base = V + b64 * stride_vb + kvh64 * stride_vh
+    else:
+        k_base = K + kvh64 * stride_kh
+        v_base = V + kvh64 * stride_vh
+        bt_base = BLOCK_TABLE + b64 * stride_tb
+
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+
+    for start in range(lo, hi, BLOCK_N):
+        n = start + offs_n
+        nmask = n < hi
+        # -- row offsets of this tile's tokens (paged: through the block table)
+        if PAGE_SIZE == 0:
+            if INT64:
+                rows = n.to(tl.int64)
+            else:
+                rows = n
+            k_off = rows * stride_kn
+            v_off = rows * stride_vn
+        else:
+            page = tl.load(bt_base + (n // PAGE_SIZE) * stride_tp, mask=nmask, other=0)
+            if INT64:
+                page = page.to(tl.int64)
+            slot = n % PAGE_SIZE
+            k_off = page * stride_kb + slot * stride_kn
+            v_off = page * stride_vb + slot * stride_vn
+        # The mask varies along rows only (unless the head dim is padded), which keeps the
+        # loads 16-byte vectors along head_dim.
+        if HEAD_DIM == BLOCK_D:
+            kv_mask = nmask[:, None]
+        else:
+            kv_mask = nmask[:, None] & (offs_d[None, :] < HEAD_DIM)
+        k = tl.load(k_base + k_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        qk = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale
+        qk = tl.where(nmask[None, :], qk, float("-inf"))
+        # -- online softmax: every tile has at least one valid column, so m_new is finite
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        alpha = tl.math.exp2(m_i - m_new)
+        p = tl.math.exp2(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_base + v_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
+        m_i = m_new
+
+    nonempty = l_i > 0
+    l_safe = tl.where(nonempty, l_i, 1.0)
+    o = acc / l_safe[:, None]
+    lse2 = tl.where(nonempty, m_i + tl.math.log2(l_safe), float("-inf"))
+    omask = gmask[:, None] & (offs_d[None, :] < HEAD_DIM)
+
+    if COMBINE == 0:
+        # one split: this is the answer
+        heads = kvh * G + offs_g
+        tl.store(O + b64 * stride_ob + heads[:, None] * stride_oh + offs_d[None, :], o.to(O.dtype.element_ty),
+                 mask=omask)
+        tl.store(LSE + b64 * stride_lb + heads * stride_lh, lse2 * LN2, mask=gmask)
+    else:
+        # partials (B, HK, S, G, D) fp32 and (B, HK, S, G) fp32, contiguous
+        row = ((b64 * HK + kvh) * S + split) * G
+        tl.store(PO + (row + offs_g[:, None]) * HEAD_DIM + offs_d[None, :], o, mask=omask)
+        tl.store(PL + row + offs_g, lse2, mask=gmask)
+        if COMBINE == 2:
+            # The last split of (b, kvh) to arrive merges all of them. The barrier orders every
+            # thread's partial stores before the release of the arrival; the reads use .cg
+            # (L2, not this SM's L1) so they see the other programs' partials.
+            tl.debug_barrier()
+            ctr = COUNTER + b64 * HK + kvh
+            arrived = tl.atomic_add(ctr, 1, sem="acq_rel")
+            if arrived == S - 1:
+                _combine_group(PO, PL, O, LSE, b, kvh, HK, S, stride_ob, stride_oh, stride_lb, stride_lh,
+                               G, BLOCK_G, HEAD_DIM, BLOCK_D, ".cg")
+                tl.atomic_xchg(ctr, 0)  # ready for the next launch (and CUDA graph replays)
+
+
+@triton.jit
+def _combine_kernel(PO, PL, O, LSE, HK, S, stride_ob, stride_oh, stride_lb, stride_lh,
+                    G: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+    pid = tl.program_id(0)
+    _combine_group(PO, PL, O, LSE, pid // HK, pid % HK, HK, S, stride_ob, stride_oh, stride_lb, stride_lh,
+                   G, BLOCK_G, HEAD_DIM, BLOCK_D, "")
+
+
+# ----------------------------------------------------------------------------- configs
+def _prune_configs(configs, named_args, **kwargs):
+    """Drop configs whose pipelined K+V tiles would not fit in shared memory (head dim 256)."""
+    block_d = kwargs.get("BLOCK_D", named_args.get("BLOCK_D", 128))
+    elt = named_args["K"].element_size()
+    kept = [c for c in configs
+            if 2 * c.kwargs["BLOCK_N"] * block_d * elt * max(c.num_stages - 1, 1) <= 160 * 1024]
+    return kept or configs[:1]
+
+
+_GPU_CONFIGS = [
+    triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=s)
+    for bn in (32, 64, 128) for w in (4, 8) for s in (2, 3, 4)
+    if not (bn == 32 and w == 8)
+]
+
+_flash_decode_tuned = triton.autotune(
+    configs=_GPU_CONFIGS,
+    key=["HEAD_DIM", "PAGE_SIZE", "BLOCK_G", "COMBINE", "INT64", "tune_key"],
+    prune_configs_by={"early_config_prune": _prune_configs},
+)(_flash_decode_kernel)
+
+# On the interpreter (CPU tests) one small config keeps the runs short.
+INTERPRET_CONFIG = dict(BLOCK_N=16, num_warps=4, num_stages=1)
+# On a GPU while a CUDA graph is being captured and nothing was tuned for this key yet
+# (autotuning launches and synchronises, which capture forbids).
+FALLBACK_GPU_CONFIG = dict(BLOCK_N=64, num_warps=4, num_stages=3)
+_TUNED_KEYS: set = set()
+# Caches spanning more elements than this get int64 row offsets (tests lower it to cover that path).
+INT64_THRESHOLD = 2**31 - 1
+
+# ----------------------------------------------------------------------------- splits
+# Programs resident per SM assumed by the split heuristic (K+V tiles of 3 stages of 64 x 128 bf16
+# take 96 KiB of shared memory: two programs fit on a Hopper SM).
+PROGRAMS_PER_SM = 2
+# Cost of starting a program, in tokens of streaming (first-load latency, partial write).
+PROGRAM_OVERHEAD_TOKENS = 128
+MIN_SPLIT_TOKENS = 64
+MAX_SPLITS = 256
+
+
+def choose_num_splits(batch: int, kv_heads: int, max_seqlen: int, num_sms: int) -> int:
+    """Splits per (batch, kv_head) for a cache of ``max_seqlen`` tokens on ``num_sms`` SMs/CUs.
+
+    Model: programs run in waves of ``num_sms * PROGRAMS_PER_SM``; a program costs its chunk of
+    tokens plus a fixed overhead. Pick the split count with the lowest
+    ``waves * (tokens per split + overhead)``, with splits of at least MIN_SPLIT_TOKENS tokens.
+    This fills the GPU when batch * kv_heads is small, avoids a part-empty last wave, and uses one
+    split (no combine at all) when there are enough (batch, kv_head) pairs.
+    """
+    items = max(1, batch * kv_heads)
+    slots = max(1, num_sms * PROGRAMS_PER_SM)
+    s_max = max(1, min(MAX_SPLITS, max_seqlen // MIN_SPLIT_TOKENS))
+    best, best_cost = 1, None
+    for s in range(1, s_max + 1):
+        waves = -(-items * s // slots)
+        cost = waves * (-(-max(max_seqlen, 1) // s) + PROGRAM_OVERHEAD_TOKENS)
+        if best_cost is None or cost < best_cost:
+            best, best_cost = s, cost
+    return best
+
+
+def num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4  # interpreter: a small pretend GPU, so tests exercise several splits
+
+
+def _interpreting(device: torch.device) -> bool:
+    return device.type == "cpu" or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+# Per (device, stream) arrival counters for the fused combine, zeroed once and reset by the
+# kernel itself. Kernels on one stream run in order, so they never share a counter concurrently.
+_COUNTERS: dict = {}
+
+
+def _counters(device: torch.device, n: int) -> torch.Tensor:
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (str(device), stream)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+        _COUNTERS[key] = buf
+    return buf
+
+
+# "auto": fused combine (one launch) unless set to "kernel"; the bench compares the two.
+COMBINE_MODE = os.environ.get("NUMASCHED_DECODE_COMBINE", "auto")
+
+
+def _tune_bucket(tokens_per_split: int) -> int:
+    """Coarse bucket of tokens per split (best BLOCK_N / stages differ for short and long splits)."""
+    return min(4, max(0, (max(tokens_per_split, 1) - 1).bit_length() - 8) // 2)
+
+
+# ----------------------------------------------------------------------------- launch
+def flash_decode_launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, *, scale: float,
+                        seqlen_max: int, page_size: int, num_splits: Optional[int], policy, num_domains: int,
+                        combine: Optional[str] = None) -> int:
+    """Launch the kernels on checked inputs; fills ``out`` (B, H, D) and ``lse`` (B, H). Returns the split count.
+
+    ``seqlen_max`` is the cache capacity in tokens (max_len, or max_pages * page_size) and, when
+    ``cache_seqlens`` is None, every sequence's length. ``page_size`` is 0 for a contiguous cache.
+    """
+    global LAUNCHES
+    from numasched import mappings as M
+
+    B, H, D = q.shape
+    HK = k_cache.shape[2]
+    G = H // HK
+    dev = q.device
+    S = int(num_splits) if num_splits is not None else choose_num_splits(B, HK, seqlen_max, num_sms(dev))
+    grid_w = M.DecodeGrid(B, HK, S)  # checks the program count fits int32
+    policy.check_grid(grid_w)
+    mode = combine or COMBINE_MODE
+    if mode not in ("auto", "fused", "kernel"):
+        raise ValueError(f"combine must be 'auto', 'fused' or 'kernel', got {mode!r}")
+    COMBINE = 0 if S == 1 else (1 if mode == "kernel" else 2)
+
+    BLOCK_G = max(16, triton.next_power_of_2(G))
+    BLOCK_D = max(16, triton.next_power_of_2(D))
+    span = max(_span(k_cache), _span(v_cache))
+    INT64 = span > INT64_THRESHOLD
+    if COMBINE:
+        po = torch.empty((B, HK, S, G, D), dtype=torch.float32, device=dev)
+        pl = torch.empty((B, HK, S, G), dtype=torch.float32, device=dev)
+    else:
+        po = pl = out  # unused
+    counter = _counters(dev, B * HK) if COMBINE == 2 else lse
+    seq_arg = cache_seqlens if cache_seqlens is not None else lse
+    bt_arg = block_table if block_table is not None else lse
+    stride_sb = cache_seqlens.stride(0) if cache_seqlens is not None else 0
+    stride_tb, stride_tp = block_table.stride() if block_table is not None else (0, 0)
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32 is ignored for 16-bit inputs
+
+    args = (q, k_cache, v_cache, seq_arg, bt_arg, out, lse, po, pl, counter,
+            float(scale) * LOG2E, B, HK, S, int(seqlen_max),
+            q.stride(0), q.stride(1),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+            stride_sb, stride_tb, stride_tp,
+            out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
+            _tune_bucket(-(-seqlen_max // S)))
+    meta = dict(G=G, BLOCK_G=BLOCK_G, HEAD_DIM=D, BLOCK_D=BLOCK_D, PAGE_SIZE=int(page_size),
+                HAS_SEQLENS=cache_seqlens is not None, COMBINE=COMBINE, INT64=INT64,
+                INPUT_PRECISION=precision, **policy.kernel_args(num_domains))
+    grid = (B * HK * S,)
+    if _interpreting(dev):
+        _flash_decode_kernel[grid](*args, **meta, **INTERPRET_CONFIG)
+    else:
+        key = (D, page_size, BLOCK_G, COMBINE, INT64, args[-1], q.dtype, k_cache.dtype)
+        if key not in _TUNED_KEYS and torch.cuda.is_current_stream_capturing():
+            _flash_decode_kernel[grid](*args, **meta, **FALLBACK_GPU_CONFIG)
+        else:
+            _flash_decode_tuned[grid](*args, **meta)
+            _TUNED_KEYS.add(key)
+    if COMBINE == 1:
+        _combine_kernel[(B * HK,)](po, pl, out, lse, HK, S, out.stride(0), out.stride(1), lse.stride(0),
+                                   lse.stride(1), G=G, BLOCK_G=triton.next_power_of_2(G), HEAD_DIM=D, BLOCK_D=BLOCK_D,
+                                   num_warps=4)
+    LAUNCHES += 1
+    return S
+
+
+def _span(t: torch.Tensor) -> int:
+    return sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride()) if s > 0) + 1

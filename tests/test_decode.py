@@ -1,0 +1,451 @@
+"""numasched.flash_decode against a float64 reference.
+
+CPU: Triton's interpreter on tiny shapes (fp32 and fp16; the interpreter's bf16 tl.dot is wrong).
+GPU (-m gpu): real sizes in bf16/fp16/fp32, torch.compile and CUDA-graph capture of the custom op.
+Every Triton test checks that the kernel ran (``flash_decode.LAUNCHES``), not the torch fallback.
+"""
+import math
+import warnings
+
+import pytest
+import torch
+
+import numasched
+import numasched.decode as D
+from numasched import mappings as M
+from numasched import topology
+from numasched.kernels import flash_decode as FD
+
+from conftest import DEVICE, HAS_GPU
+
+pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
+
+TOL = {torch.float32: 2e-5, torch.float16: 1e-2, torch.bfloat16: 2e-2}
+
+
+# ----------------------------------------------------------------------------- helpers
+def reference(q, k_cache, v_cache, lens=None, block_table=None, scale=None):
+    """float64 decode attention: out (B, H, D) and natural-log lse (B, H) (-inf, zeros when empty)."""
+    B, H, Dh = q.shape
+    if block_table is not None:
+        bt = block_table.long().clamp(min=0)
+        k = k_cache[bt].reshape(B, -1, k_cache.shape[2], Dh)
+        v = v_cache[bt].reshape(B, -1, v_cache.shape[2], Dh)
+    else:
+        k, v = k_cache, v_cache
+    HK = k.shape[2]
+    L = k.shape[1]
+    lens = torch.full((B,), L) if lens is None else lens.long().cpu()
+    scale = 1 / math.sqrt(Dh) if scale is None else scale
+    k = k.double().repeat_interleave(H // HK, dim=2)
+    v = v.double().repeat_interleave(H // HK, dim=2)
+    s = torch.einsum("bhd,blhd->bhl", q.double(), k) * scale
+    valid = torch.arange(L, device=q.device)[None, :] < lens.to(q.device)[:, None]
+    s = s.masked_fill(~valid[:, None, :], float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    p = torch.exp(s - lse[..., None]).nan_to_num(0.0)
+    return torch.einsum("bhl,blhd->bhd", p, v), lse
+
+
+def check(out, lse, ref_out, ref_lse, dtype):
+    tol = TOL[dtype]
+    assert torch.isfinite(out).all(), "output has NaN/inf (unwritten or bad combine)"
+    torch.testing.assert_close(out.double(), ref_out, atol=tol, rtol=tol)
+    empty = torch.isinf(ref_lse)
+    assert torch.equal(torch.isinf(lse) & (lse < 0), empty), "lse must be -inf exactly for empty sequences"
+    torch.testing.assert_close(lse.double()[~empty], ref_lse[~empty], atol=tol, rtol=tol)
+
+
+def make_contiguous(B, H, HK, Dh, L, dtype, device, seed=0):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    q = torch.randn(B, H, Dh, generator=g).to(device, dtype)
+    k = torch.randn(B, L, HK, Dh, generator=g).to(device, dtype)
+    v = torch.randn(B, L, HK, Dh, generator=g).to(device, dtype)
+    return q, k, v
+
+
+def make_paged(B, H, HK, Dh, page, max_pages, lens, dtype, device, seed=0, spare_pages=3):
+    """A paged cache with a random, non-identity block table; unused table slots hold -1."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    num_pages = B * max_pages + spare_pages
+    q = torch.randn(B, H, Dh, generator=g).to(device, dtype)
+    k = torch.randn(num_pages, page, HK, Dh, generator=g).to(device, dtype)
+    v = torch.randn(num_pages, page, HK, Dh, generator=g).to(device, dtype)
+    perm = torch.randperm(num_pages, generator=g)[: B * max_pages].reshape(B, max_pages).to(torch.int32)
+    used = torch.arange(max_pages)[None, :] < ((lens.long() + page - 1) // page)[:, None]
+    bt = torch.where(used, perm, torch.full_like(perm, -1))
+    return q, k, v, bt.to(device), lens.to(device)
+
+
+@pytest.fixture
+def launches():
+    """Asserts the Triton path ran during the test."""
+    before = FD.LAUNCHES
+    yield
+    assert FD.LAUNCHES > before, "the Triton kernel did not run (torch fallback?)"
+
+
+@pytest.fixture(params=["fused", "kernel"])
+def combine(request, monkeypatch):
+    monkeypatch.setattr(FD, "COMBINE_MODE", request.param)
+    return request.param
+
+
+@pytest.fixture
+def poisoned(monkeypatch):
+    """Outputs start as NaN, so any element the kernels do not write fails the comparison."""
+    monkeypatch.setattr(D, "_new_output", lambda shape, dtype, device: torch.full(shape, float("nan"), dtype=dtype,
+                                                                                 device=device))
+
+
+# ----------------------------------------------------------------------------- CPU (interpreter)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("H,HK", [(4, 4), (8, 2)])
+@pytest.mark.parametrize("num_splits", [None, 3])
+def test_contiguous(dtype, H, HK, num_splits, combine, poisoned, launches):
+    B, Dh, L = 4, 32, 70
+    q, k, v = make_contiguous(B, H, HK, Dh, L, dtype, DEVICE)
+    lens = torch.tensor([70, 0, 1, 33], dtype=torch.int32, device=DEVICE)
+    out, lse = numasched.flash_decode(q, k, v, cache_seqlens=lens, num_splits=num_splits, return_lse=True)
+    assert out.shape == q.shape and out.dtype == dtype and lse.dtype == torch.float32
+    check(out, lse, *reference(q, k, v, lens), dtype)
+    assert torch.all(out[1] == 0), "a sequence of length 0 must give zeros"
+
+
+def test_auto_splits_and_full_cache(poisoned, launches):
+    # no cache_seqlens: every sequence is the whole cache; auto picks several splits here
+    B, H, HK, Dh, L = 1, 2, 1, 16, 300
+    assert FD.choose_num_splits(B, HK, L, FD.num_sms(torch.device(DEVICE))) > 1
+    q, k, v = make_contiguous(B, H, HK, Dh, L, torch.float32, DEVICE, seed=1)
+    out, lse = numasched.flash_decode(q, k, v, return_lse=True, scale=0.3)
+    check(out, lse, *reference(q, k, v, scale=0.3), torch.float32)
+
+
+def test_strided_views(poisoned, launches):
+    # what scaled_dot_product_attention passes: k.transpose(1, 2) of a (B, H, S, D) tensor, and a
+    # q sliced out of a wider tensor
+    B, H, HK, Dh, L = 2, 4, 2, 32, 40
+    g = torch.Generator().manual_seed(3)
+    kb = torch.randn(B, HK, L, Dh, generator=g).to(DEVICE)
+    vb = torch.randn(B, HK, L, Dh, generator=g).to(DEVICE)
+    qw = torch.randn(B, H, 2 * Dh, generator=g).to(DEVICE)
+    q, k, v = qw[:, :, :Dh], kb.transpose(1, 2), vb.transpose(1, 2)
+    assert not k.is_contiguous() and not q.is_contiguous()
+    lens = torch.tensor([40, 17], dtype=torch.int32, device=DEVICE)
+    out, lse = numasched.flash_decode(q, k, v, cache_seqlens=lens, num_splits=2, return_lse=True)
+    check(out, lse, *reference(q, k, v, lens), torch.float32)
+
+
+@pytest.mark.parametrize("dtype,page", [(torch.float32, 4), (torch.float16, 16)])
+def test_paged(dtype, page, combine, poisoned, launches):
+    B, H, HK, Dh, max_pages = 4, 8, 2, 32, 5
+    lens = torch.tensor([0, 1, page * max_pages, page + 3], dtype=torch.int32)
+    q, k, v, bt, lens = make_paged(B, H, HK, Dh, page, max_pages, lens, dtype, DEVICE)
+    out, lse = numasched.flash_decode(q, k, v, cache_seqlens=lens, block_table=bt, num_splits=2, return_lse=True)
+    check(out, lse, *reference(q, k, v, lens, bt), dtype)
+
+
+def test_head_dim_padded_and_int64_offsets(monkeypatch, poisoned, launches):
+    # head dim 40 (padded to 64 in registers) and the int64 offset path (forced by a low threshold)
+    monkeypatch.setattr(FD, "INT64_THRESHOLD", 0)
+    B, H, HK, Dh, page, max_pages = 2, 2, 1, 40, 8, 3
+    lens = torch.tensor([20, 9], dtype=torch.int32)
+    q, k, v, bt, lens = make_paged(B, H, HK, Dh, page, max_pages, lens, torch.float32, DEVICE, seed=5)
+    out, lse = numasched.flash_decode(q, k, v, cache_seqlens=lens, block_table=bt, num_splits=2, return_lse=True)
+    check(out, lse, *reference(q, k, v, lens, bt), torch.float32)
+
+
+@pytest.mark.parametrize("topo", [None, "mi300x"])
+@pytest.mark.parametrize("mapping", ["head_first", "swizzled_head_first", "block_first", "auto"])
+def test_policies(topo, mapping, launches):
+    B, H, HK, Dh, L = 3, 4, 2, 16, 48
+    q, k, v = make_contiguous(B, H, HK, Dh, L, torch.float32, DEVICE, seed=7)
+    lens = torch.tensor([48, 5, 30], dtype=torch.int32, device=DEVICE)
+    ref = reference(q, k, v, lens)
+    if topo is None:
+        out, lse = numasched.flash_decode(q, k, v, cache_seqlens=lens, num_splits=3, mapping=mapping, return_lse=True)
+    else:
+        with topology.use(topo):
+            assert topology.current().num_domains == 8
+            out, lse = numasched.flash_decode(q, k, v, cache_seqlens=lens, num_splits=3, mapping=mapping,
+                                              return_lse=True)
+    check(out, lse, *ref, torch.float32)
+
+
+def test_policy_object_and_composed(launches):
+    B, H, HK, Dh, L = 2, 2, 1, 16, 33
+    q, k, v = make_contiguous(B, H, HK, Dh, L, torch.float32, DEVICE, seed=8)
+    pol = M.compose("xcd_remap_chunked", "block_first", name="test_unregistered_decode_policy")
+    with topology.use("mi300x"):
+        out = numasched.flash_decode(q, k, v, num_splits=4, mapping=pol)
+    torch.testing.assert_close(out.double(), reference(q, k, v)[0], atol=2e-5, rtol=2e-5)
+
+
+def test_int_seqlens_and_no_lse(launches):
+    B, H, HK, Dh, L = 2, 2, 2, 16, 20
+    q, k, v = make_contiguous(B, H, HK, Dh, L, torch.float16, DEVICE, seed=9)
+    out = numasched.flash_decode(q, k, v, cache_seqlens=11)
+    assert isinstance(out, torch.Tensor)
+    torch.testing.assert_close(out.double(), reference(q, k, v, torch.tensor([11, 11]))[0], atol=1e-2, rtol=1e-2)
+
+
+def test_launch_writes_every_output_element():
+    # call the launcher directly with NaN-poisoned outputs, for each combine mode and split count
+    B, H, HK, Dh, L = 2, 4, 2, 16, 25
+    q, k, v = make_contiguous(B, H, HK, Dh, L, torch.float32, DEVICE, seed=10)
+    lens = torch.tensor([25, 0], dtype=torch.int32, device=DEVICE)
+    ref_out, ref_lse = reference(q, k, v, lens)
+    pol = M.get("head_first")
+    for S, mode in [(1, "fused"), (4, "fused"), (4, "kernel")]:
+        out = torch.full((B, H, Dh), float("nan"), device=DEVICE)
+        lse = torch.full((B, H), float("nan"), device=DEVICE)
+        FD.flash_decode_launch(q, k, v, lens, None, out, lse, scale=Dh ** -0.5, seqlen_max=L, page_size=0,
+                               num_splits=S, policy=pol, num_domains=1, combine=mode)
+        check(out, lse, ref_out, ref_lse, torch.float32)
+
+
+def test_fused_counters_reset_between_calls(monkeypatch, launches):
+    monkeypatch.setattr(FD, "COMBINE_MODE", "fused")
+    B, H, HK, Dh, L = 2, 2, 1, 16, 40
+    q, k, v = make_contiguous(B, H, HK, Dh, L, torch.float32, DEVICE, seed=11)
+    first = numasched.flash_decode(q, k, v, num_splits=3)
+    counters = FD._counters(q.device, B * HK)
+    assert int(counters[: B * HK].abs().sum()) == 0, "the last split must reset its arrival counter"
+    second = numasched.flash_decode(q, k, v, num_splits=3)
+    torch.testing.assert_close(first, second)
+
+
+def test_torch_fallback_warns_once(monkeypatch):
+    # CPU tensors without TRITON_INTERPRET: the torch implementation runs, with a warning saying why
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(D, "_WARNED", set())
+    B, H, HK, Dh, page, max_pages = 2, 4, 2, 16, 4, 3
+    lens = torch.tensor([9, 0], dtype=torch.int32)
+    q, k, v, bt, lens = make_paged(B, H, HK, Dh, page, max_pages, lens, torch.float32, "cpu", seed=12)
+    before = FD.LAUNCHES
+    with pytest.warns(UserWarning, match="torch fallback.*TRITON_INTERPRET"):
+        out, lse = numasched.flash_decode(q, k, v, cache_seqlens=lens, block_table=bt, return_lse=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # second call: no second warning
+        numasched.flash_decode(q, k, v, cache_seqlens=lens, block_table=bt)
+    assert FD.LAUNCHES == before
+    check(out, lse, *reference(q, k, v, lens, bt), torch.float32)
+
+
+def test_choose_num_splits():
+    sms = 132
+    # few (batch, kv_head) pairs and a long context: enough programs to fill the GPU
+    s = FD.choose_num_splits(1, 8, 131072, sms)
+    assert 8 * s >= sms and s <= FD.MAX_SPLITS
+    # many pairs: one split, no combine
+    assert FD.choose_num_splits(128, 8, 1024, sms) == 1
+    # splits never shorter than MIN_SPLIT_TOKENS, and always at least one
+    assert FD.choose_num_splits(1, 1, 100, sms) == 1
+    assert FD.choose_num_splits(1, 1, 0, sms) == 1
+    for B, HK, L in [(1, 8, 1024), (8, 8, 32768), (2, 32, 8192), (1, 1, 1 << 20)]:
+        s = FD.choose_num_splits(B, HK, L, sms)
+        assert 1 <= s <= max(1, L // FD.MIN_SPLIT_TOKENS)
+
+
+def test_custom_op_registered_and_opcheck():
+    assert hasattr(torch.ops.numasched, "flash_decode")
+    B, H, HK, Dh, L = 2, 2, 1, 16, 20
+    q, k, v = make_contiguous(B, H, HK, Dh, L, torch.float32, DEVICE, seed=13)
+    lens = torch.tensor([20, 3], dtype=torch.int32, device=DEVICE)
+    torch.library.opcheck(torch.ops.numasched.flash_decode.default, (q, k, v, lens, None, None, 2, "auto"),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+def test_torch_compile_fullgraph(launches):
+    B, H, HK, Dh, L = 2, 4, 2, 16, 24
+    q, k, v = make_contiguous(B, H, HK, Dh, L, torch.float32, DEVICE, seed=14)
+    lens = torch.tensor([24, 7], dtype=torch.int32, device=DEVICE)
+
+    def f(q, k, v, lens):
+        out, lse = numasched.flash_decode(q, k, v, cache_seqlens=lens, num_splits=2, return_lse=True)
+        return out * 2, lse
+
+    torch._dynamo.reset()
+    out, lse = torch.compile(f, backend="aot_eager", fullgraph=True)(q, k, v, lens)
+    ref_out, ref_lse = reference(q, k, v, lens)
+    check(out / 2, lse, ref_out, ref_lse, torch.float32)
+
+
+def test_data_checks_can_be_turned_off(monkeypatch, launches):
+    calls = []
+    monkeypatch.setattr(D, "_check_data", lambda *a: calls.append(a))
+    B, H, HK, Dh, L = 1, 1, 1, 16, 8
+    q, k, v = make_contiguous(B, H, HK, Dh, L, torch.float32, DEVICE)
+    numasched.flash_decode(q, k, v)
+    assert len(calls) == 1
+    monkeypatch.setattr(D, "CHECK_DATA", False)
+    numasched.flash_decode(q, k, v)
+    assert len(calls) == 1
+
+
+# ----------------------------------------------------------------------------- bad input
+def _bad_cases():
+    B, H, HK, Dh, L = 2, 4, 2, 16, 8
+    q, k, v = make_contiguous(B, H, HK, Dh, L, torch.float32, "cpu")
+    lens = torch.tensor([8, 3], dtype=torch.int32)
+    qp, kp, vp, bt, lp = make_paged(B, H, HK, Dh, 4, 2, torch.tensor([8, 5], dtype=torch.int32), torch.float32,
+                                    "cpu")
+    i32 = torch.int32
+    return [
+        ("q not a tensor", (q.numpy(), k, v), {}, TypeError, "q must be a torch.Tensor"),
+        ("q int dtype", (q.to(i32), k, v), {}, TypeError, "q has dtype"),
+        ("k dtype", (q, k.half(), v), {}, TypeError, "k_cache has dtype"),
+        ("v dtype", (q, k, v.double()), {}, TypeError, "v_cache has dtype"),
+        ("k device", (q, k.to("meta"), v), {}, ValueError, "k_cache is on meta"),
+        ("q rank", (q[None], k, v), {}, ValueError, "q must have 3 dimensions"),
+        ("k rank", (q, k[0], v), {}, ValueError, "k_cache must have 4 dimensions"),
+        ("v shape", (q, k, v[:, :4]), {}, ValueError, "v_cache has shape"),
+        ("head dim", (q, k[..., :8], v[..., :8]), {}, ValueError, "k_cache head_dim"),
+        ("heads % kv_heads", (q[:, :3], k, v), {}, ValueError, r"q heads \(3\) must be a multiple of k_cache kv_heads"),
+        ("control: strided q passes", (torch.randn(H, B, Dh).transpose(0, 1), k, v), {}, None, None),
+        ("q non-unit last stride", (torch.randn(B, H, 2 * Dh)[:, :, ::2], k, v), {}, ValueError, "q must have unit stride"),
+        ("k non-unit last stride", (q, torch.randn(B, L, HK, 2 * Dh)[..., ::2], v), {}, ValueError,
+         "k_cache must have unit stride"),
+        ("k batch", (q, k[:1], v[:1]), {}, ValueError, r"k_cache batch \(1\) must equal q batch"),
+        ("seqlens dtype", (q, k, v), dict(cache_seqlens=lens.long()), TypeError, "cache_seqlens has dtype"),
+        ("seqlens shape", (q, k, v), dict(cache_seqlens=lens[:1]), ValueError, "cache_seqlens has 1 entries"),
+        ("seqlens > max_len", (q, k, v), dict(cache_seqlens=torch.tensor([9, 1], dtype=i32)), ValueError,
+         r"cache_seqlens\[0\] = 9 is outside \[0, max_len = 8\]"),
+        ("seqlens < 0", (q, k, v), dict(cache_seqlens=torch.tensor([1, -1], dtype=i32)), ValueError,
+         r"cache_seqlens\[1\] = -1"),
+        ("seqlens > pages", (qp, kp, vp), dict(cache_seqlens=torch.tensor([9, 1], dtype=i32), block_table=bt),
+         ValueError, r"cache_seqlens\[0\] = 9 is outside \[0, block_table.shape\[1\] \* page_size = 8\]"),
+        ("block_table dtype", (qp, kp, vp), dict(cache_seqlens=lp, block_table=bt.long()), TypeError,
+         "block_table has dtype"),
+        ("block_table rows", (qp, kp, vp), dict(cache_seqlens=lp, block_table=bt[:1]), ValueError,
+         "block_table has 1 rows"),
+        ("block_table range", (qp, kp, vp), dict(cache_seqlens=lp, block_table=bt.clone().fill_(kp.shape[0])),
+         ValueError, r"block_table\[0, 0\] = \d+ is outside \[0, num_pages"),
+        ("block_table negative used", (qp, kp, vp),
+         dict(cache_seqlens=lp, block_table=torch.where(bt >= 0, -2, bt).to(i32)), ValueError, r"block_table\[0, 0\] = -2"),
+        ("paged positions overflow int32", (qp, kp, vp),
+         dict(block_table=torch.zeros(1, 1, dtype=i32).expand(B, 2**30)), ValueError, "overflows int32"),
+        ("max_len overflow int32", (q, torch.zeros(1, 1, 1, Dh).expand(B, 2**31, HK, Dh),
+                                    torch.zeros(1, 1, 1, Dh).expand(B, 2**31, HK, Dh)), {}, ValueError,
+         "max_len .* overflows int32"),
+        ("num_splits 0", (q, k, v), dict(num_splits=0), ValueError, "num_splits must be a positive int"),
+        ("num_splits float", (q, k, v), dict(num_splits=2.0), ValueError, "num_splits must be a positive int"),
+        ("scale nan", (q, k, v), dict(scale=float("nan")), ValueError, "scale must be a finite float"),
+        ("scale str", (q, k, v), dict(scale="1"), ValueError, "scale must be a finite float"),
+        ("unknown mapping", (q, k, v), dict(mapping="nope"), ValueError, "unknown mapping 'nope'"),
+        ("gemm mapping", (q, k, v), dict(mapping="grouped"), ValueError, "gemm policy and cannot serve decode"),
+        ("mapping type", (q, k, v), dict(mapping=3), ValueError, "mapping must be"),
+    ]
+
+
+@pytest.mark.parametrize("case", _bad_cases(), ids=lambda c: c[0])
+def test_bad_input(case):
+    _, args, kwargs, exc, match = case
+    if exc is None:  # a control: a strided but valid q passes the checks
+        D._check_inputs(*args, None, None, None, None, "auto")
+        return
+    with pytest.raises(exc, match=match):
+        numasched.flash_decode(*args, **kwargs)
+
+
+# ----------------------------------------------------------------------------- GPU
+gpu = pytest.mark.gpu
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("H,HK,Dh", [(32, 8, 128), (32, 32, 128), (16, 2, 64), (8, 1, 256)])
+@pytest.mark.parametrize("paged", [False, True])
+def test_gpu_real_sizes(dtype, H, HK, Dh, paged, combine, poisoned, launches):
+    B, L, page = 6, 3000, 16
+    lens = torch.tensor([3000, 0, 1, 2049, 777, 64], dtype=torch.int32)
+    if paged:
+        q, k, v, bt, lens = make_paged(B, H, HK, Dh, page, L // page + 1, lens, dtype, "cuda")
+    else:
+        q, k, v = make_contiguous(B, H, HK, Dh, L, dtype, "cuda")
+        bt, lens = None, lens.cuda()
+    for ns in (None, 1, 7):
+        out, lse = numasched.flash_decode(q, k, v, cache_seqlens=lens, block_table=bt, num_splits=ns,
+                                          return_lse=True)
+        check(out, lse, *reference(q, k, v, lens, bt), dtype)
+
+
+@gpu
+@pytest.mark.parametrize("mapping", ["head_first", "swizzled_head_first", "block_first", "swizzled_block_first"])
+def test_gpu_policies_same_result(mapping, launches):
+    B, H, HK, Dh, L = 4, 32, 8, 128, 8192
+    q, k, v = make_contiguous(B, H, HK, Dh, L, torch.bfloat16, "cuda")
+    lens = torch.tensor([8192, 5000, 1, 4097], dtype=torch.int32, device="cuda")
+    base = numasched.flash_decode(q, k, v, cache_seqlens=lens, num_splits=16, mapping="head_first")
+    with topology.use("mi300x"):
+        out = numasched.flash_decode(q, k, v, cache_seqlens=lens, num_splits=16, mapping=mapping)
+    # every program computes the same thing whatever the order: results are bit-identical
+    assert torch.equal(out, base)
+    torch.testing.assert_close(out.double(), reference(q, k, v, lens)[0], atol=2e-2, rtol=2e-2)
+
+
+@gpu
+def test_gpu_strided_view_like_sdpa(launches):
+    B, H, HK, Dh, L = 2, 32, 8, 128, 4096
+    kb = torch.randn(B, HK, L, Dh, device="cuda", dtype=torch.bfloat16)
+    vb = torch.randn(B, HK, L, Dh, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(B, H, Dh, device="cuda", dtype=torch.bfloat16)
+    out, lse = numasched.flash_decode(q, kb.transpose(1, 2), vb.transpose(1, 2), return_lse=True)
+    check(out, lse, *reference(q, kb.transpose(1, 2), vb.transpose(1, 2)), torch.bfloat16)
+
+
+@gpu
+def test_gpu_int64_offsets_large_paged_cache(launches):
+    # K and V of 2^31 + 16 pages' worth of elements each: pages near the end need int64 offsets
+    HK, Dh, page = 8, 128, 16
+    per_page = page * HK * Dh
+    num_pages = (2**31) // per_page + 64
+    k = torch.empty(num_pages, page, HK, Dh, device="cuda", dtype=torch.bfloat16)
+    v = torch.empty_like(k)
+    B, H, max_pages = 2, 32, 32
+    bt = (num_pages - 1 - torch.arange(B * max_pages, device="cuda")).reshape(B, max_pages).to(torch.int32)
+    k[bt.long()] = torch.randn(B, max_pages, page, HK, Dh, device="cuda", dtype=torch.bfloat16)
+    v[bt.long()] = torch.randn(B, max_pages, page, HK, Dh, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(B, H, Dh, device="cuda", dtype=torch.bfloat16)
+    lens = torch.tensor([max_pages * page, 100], dtype=torch.int32, device="cuda")
+    out, lse = numasched.flash_decode(q, k, v, cache_seqlens=lens, block_table=bt, return_lse=True)
+    check(out, lse, *reference(q, k, v, lens, bt), torch.bfloat16)
+
+
+@gpu
+def test_gpu_torch_compile(launches):
+    B, H, HK, Dh, L = 4, 32, 8, 128, 2048
+    q, k, v = make_contiguous(B, H, HK, Dh, L, torch.bfloat16, "cuda")
+    lens = torch.tensor([2048, 1, 0, 999], dtype=torch.int32, device="cuda")
+
+    def f(q, k, v, lens):
+        out, lse = numasched.flash_decode(q * 1.0, k, v, cache_seqlens=lens, return_lse=True)
+        return out.float() + 1.0, lse
+
+    torch._dynamo.reset()
+    out, lse = torch.compile(f, fullgraph=True)(q, k, v, lens)
+    check(out - 1.0, lse, *reference(q, k, v, lens), torch.bfloat16)
+
+
+@gpu
+@pytest.mark.parametrize("paged", [False, True])
+def test_gpu_cuda_graph_capture(paged, combine, launches):
+    B, H, HK, Dh, L, page = 4, 32, 8, 128, 4096, 16
+    lens0 = torch.tensor([4096, 1000, 1, 0], dtype=torch.int32)
+    if paged:
+        q, k, v, bt, lens = make_paged(B, H, HK, Dh, page, L // page, lens0, torch.bfloat16, "cuda")
+        bt = torch.where(bt < 0, 0, bt)  # replays change lengths: keep every entry valid
+    else:
+        q, k, v = make_contiguous(B, H, HK, Dh, L, torch.bfloat16, "cuda")
+        bt, lens = None, lens0.cuda()
+    numasched.flash_decode(q, k, v, cache_seqlens=lens, block_table=bt)  # warm-up: compile and autotune
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = numasched.flash_decode(q, k, v, cache_seqlens=lens, block_table=bt, return_lse=True)
+    for step in range(3):
+        q.copy_(torch.randn_like(q))
+        lens.copy_(torch.tensor([4096 - step, 1000 + step, 1 + step, step], dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        check(out, lse, *reference(q, k, v, lens, bt), torch.bfloat16)
