@@ -1,0 +1,427 @@
+"""numasched.matmul and the policy-driven GEMM kernel.
+
+CPU: the Triton interpreter on tiny shapes (fp32 with IEEE products, fp16; bf16 dots are wrong in
+the interpreter), against a float64 reference on fresh random inputs, outputs poisoned with NaN.
+GPU (marked gpu): bf16/fp16/fp32 at real sizes, TMA vs pointer path, torch.compile and CUDA graphs.
+"""
+import os
+import warnings
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import numasched
+from numasched import mappings as M
+from numasched import topology
+from numasched.kernels import gemm as G
+from numasched import gemm as api
+
+from conftest import HAS_GPU
+
+# triton 3.6's interpreter converts 1-element arrays to ints (deprecated in numpy 1.25).
+pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
+
+GEMM_POLICIES = M.available("gemm")
+TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+
+
+def _operands(m, n, k, dtype, ta=False, tb=False, device="cpu", seed=0):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    a = torch.randn(k, m, generator=g).T if ta else torch.randn(m, k, generator=g)
+    b = torch.randn(n, k, generator=g).T if tb else torch.randn(k, n, generator=g)
+    return a.to(device=device, dtype=dtype), b.to(device=device, dtype=dtype)
+
+
+def _rel_err(c, a, b):
+    ref = a.double() @ b.double()
+    assert not torch.isnan(c).any(), "output has unwritten (NaN-poisoned) elements"
+    return ((c.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def _poisoned(m, n, dtype, device="cpu"):
+    return torch.full((m, n), float("nan"), dtype=dtype, device=device)
+
+
+def _launch(a, b, *, policy="grouped", persistent=False, path="pointer", out=None, **kw):
+    c = _poisoned(a.shape[0], b.shape[1], a.dtype, a.device) if out is None else out
+    before = G.stats["launches"]
+    info = G.launch(a, b, c, M.get(policy), topology.current().num_domains, persistent=persistent, path=path, **kw)
+    assert G.stats["launches"] == before + 1
+    return c, info
+
+
+# ------------------------------------------------------------------------------ interpreter (CPU)
+cpu = pytest.mark.skipif(HAS_GPU, reason="interpreter tests run on CPU-only machines")
+
+
+@cpu
+@pytest.mark.parametrize("m,n,k,dtype,ta,tb", [
+    (37, 53, 29, torch.float32, False, False),
+    (37, 53, 29, torch.float32, True, True),
+    (33, 17, 40, torch.float16, True, False),
+    (16, 48, 7, torch.float16, False, True),
+])
+@pytest.mark.parametrize("persistent", [False, True])
+def test_pointer_path_matches_float64(m, n, k, dtype, ta, tb, persistent):
+    a, b = _operands(m, n, k, dtype, ta, tb, seed=m * n + k)
+    c, info = _launch(a, b, persistent=persistent)
+    assert info.path == "pointer" and info.persistent == persistent
+    assert _rel_err(c, a, b) < TOL[dtype]
+
+
+@cpu
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])
+def test_tma_path_matches_float64(ta, tb):
+    # Aligned shapes (TMA needs 16-byte leading strides); edges still partial (40 % 16 != 0).
+    a, b = _operands(40, 56, 24, torch.float32, ta, tb, seed=7)
+    c, info = _launch(a, b, path="tma", persistent=ta)
+    assert info.path == "tma" and (info.a_trans, info.b_trans) == (ta, tb) and info.c_tma
+    assert _rel_err(c, a, b) < 1e-5
+
+
+@cpu
+def test_tma_subtiled_epilogue_and_pointer_store():
+    a, b = _operands(40, 64, 32, torch.float16, True, False, seed=3)
+    cfg = G._cfg(16, 32, 16, 1, 1, persistent=True, subtile=True)
+    c, info = _launch(a, b, path="tma", config=cfg, persistent=None)
+    assert info.c_tma and info.config["EPILOGUE_SUBTILE"] and info.persistent
+    assert _rel_err(c, a, b) < 1e-2
+    # A transposed (non-TMA-able) output falls back to masked pointer stores.
+    out = _poisoned(64, 40, torch.float16).T
+    c2, info2 = _launch(a, b, path="tma", out=out)
+    assert info2.path == "tma" and not info2.c_tma
+    assert _rel_err(c2, a, b) < 1e-2
+
+
+@cpu
+@settings(max_examples=6, deadline=None)
+@given(m=st.integers(1, 40), n=st.integers(1, 40), k=st.integers(1, 40), ta=st.booleans(), tb=st.booleans(),
+       persistent=st.sampled_from([None, False, True]), seed=st.integers(0, 2**16))
+def test_random_shapes_public_api(m, n, k, ta, tb, persistent, seed):
+    a, b = _operands(m, n, k, torch.float32, ta, tb, seed=seed)
+    out = _poisoned(m, n, torch.float32)
+    before = G.stats["launches"]
+    res = numasched.matmul(a, b, persistent=persistent, out=out)
+    assert res is out and G.stats["launches"] == before + 1
+    assert _rel_err(out, a, b) < 1e-5
+
+
+@cpu
+@pytest.mark.parametrize("topo", [None, "mi300x"])
+@pytest.mark.parametrize("policy", GEMM_POLICIES)
+@pytest.mark.parametrize("persistent", [False, True])
+def test_every_policy_writes_every_tile(topo, policy, persistent):
+    # 80 x 96 with 16 x 16 tiles: 5 x 6 = 30 tiles; persistent runs 8 programs (a multiple of
+    # mi300x's 8 domains). A policy that is not a bijection leaves NaN tiles or wrong sums.
+    a, b = _operands(80, 96, 20, torch.float32, seed=11)
+    ctx = topology.use(topo) if topo else _null()
+    with ctx:
+        out = _poisoned(80, 96, torch.float32)
+        numasched.matmul(a, b, mapping=policy, persistent=persistent, out=out)
+        info = G.stats["last"]
+        assert info.policy == policy and info.persistent == persistent
+        if persistent:
+            assert info.grid == (8,)
+    assert _rel_err(out, a, b) < 1e-5
+
+
+class _null:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *e):
+        return False
+
+
+@cpu
+def test_auto_mapping_follows_topology_and_default():
+    a, b = _operands(20, 20, 8, torch.float32)
+    numasched.matmul(a, b)
+    assert G.stats["last"].policy == "grouped"  # one domain
+    with topology.use("mi300x"):
+        numasched.matmul(a, b)
+        assert G.stats["last"].policy == "chiplet_tiled"
+    numasched.set_default_mapping("gemm", "row_major")
+    try:
+        numasched.matmul(a, b)
+        assert G.stats["last"].policy == "row_major"
+    finally:
+        numasched.set_default_mapping("gemm", None)
+
+
+@cpu
+def test_unregistered_policy_object_runs():
+    p = M.compose("xcd_remap_chunked", "row_major", name="test_chunked_row_major")
+    a, b = _operands(50, 34, 9, torch.float32, seed=5)
+    with topology.use("mi300x"):
+        c = numasched.matmul(a, b, mapping=p)
+    assert G.stats["last"].policy == "test_chunked_row_major"
+    assert _rel_err(c, a, b) < 1e-5
+
+
+@cpu
+def test_int64_offsets_kernel_variant():
+    a, b = _operands(37, 21, 18, torch.float32, True, False, seed=9)
+    c, info = _launch(a, b, int64=True, persistent=True)
+    assert info.int64
+    assert _rel_err(c, a, b) < 1e-5
+
+
+def test_needs_int64_detects_large_spans():
+    big = torch.empty((70000, 40000), device="meta")  # 2.8e9 elements, no memory
+    assert G.needs_int64(big)
+    assert G.needs_int64(torch.empty((40000, 70000), device="meta").T)
+    assert not G.needs_int64(torch.empty((40000, 40000), device="meta"))
+
+
+@cpu
+def test_kernel_ran_not_torch(monkeypatch):
+    def boom(*a, **k):
+        raise AssertionError("torch.matmul must not be called")
+
+    monkeypatch.setattr(torch, "matmul", boom)
+    monkeypatch.setattr(torch.Tensor, "__matmul__", boom)
+    a, b = _operands(19, 23, 11, torch.float16, seed=2)
+    before = G.stats["launches"]
+    c = numasched.matmul(a, b)
+    assert G.stats["launches"] == before + 1
+    monkeypatch.undo()
+    assert _rel_err(c, a, b) < 1e-2
+
+
+@cpu
+def test_degenerate_sizes():
+    a, b = _operands(5, 7, 1, torch.float32)
+    assert _rel_err(numasched.matmul(a, b), a, b) < 1e-5
+    z = numasched.matmul(torch.randn(6, 0), torch.randn(0, 4))
+    assert z.shape == (6, 4) and (z == 0).all()
+    assert numasched.matmul(torch.randn(0, 3), torch.randn(3, 4)).shape == (0, 4)
+
+
+def test_errors_name_the_argument():
+    a, b = torch.randn(8, 4), torch.randn(4, 6)
+    with pytest.raises(TypeError, match="b has dtype"):
+        numasched.matmul(a, b.double())
+    with pytest.raises(TypeError, match="b has dtype torch.float16 but a has torch.float32"):
+        numasched.matmul(a, b.half())
+    with pytest.raises(ValueError, match="b is on meta but a is on cpu"):
+        numasched.matmul(a, torch.empty(4, 6, device="meta"))
+    with pytest.raises(ValueError, match="a must be a 2-D matrix.*batched"):
+        numasched.matmul(a[None], b)
+    with pytest.raises(ValueError, match="b must be a 2-D matrix"):
+        numasched.matmul(a, b[0])
+    with pytest.raises(ValueError, match="inner dimensions differ"):
+        numasched.matmul(a, torch.randn(5, 6))
+    with pytest.raises(TypeError, match="b must be a torch.Tensor"):
+        numasched.matmul(a, [[1.0]])
+    with pytest.raises(ValueError, match="out has shape"):
+        numasched.matmul(a, b, out=torch.empty(6, 8))
+    with pytest.raises(TypeError, match="out has dtype"):
+        numasched.matmul(a, b, out=torch.empty(8, 6, dtype=torch.float16))
+    with pytest.raises(ValueError, match="out shares memory with a"):
+        x = torch.randn(8, 8)
+        numasched.matmul(x, torch.randn(8, 8), out=x)
+    with pytest.raises(ValueError, match="unknown mapping"):
+        numasched.matmul(a, b, mapping="no_such_policy")
+    with pytest.raises(ValueError, match="cannot serve gemm"):
+        numasched.matmul(a, b, mapping="head_first")
+    with pytest.raises(TypeError, match="persistent must be"):
+        numasched.matmul(a, b, persistent="yes")
+    with pytest.raises(ValueError, match="path must be"):
+        G.launch(a, b, torch.empty(8, 6), M.get("grouped"), 1, path="wgmma")
+
+
+def test_fallback_warns_once(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(api, "_warned_fallback", False)
+    a, b = torch.randn(9, 5), torch.randn(5, 3)
+    before = G.stats["launches"]
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        c1 = numasched.matmul(a, b)
+        out = torch.empty(9, 3)
+        numasched.matmul(a, b, out=out)
+    msgs = [x for x in w if "using torch.matmul" in str(x.message)]
+    assert len(msgs) == 1
+    assert G.stats["launches"] == before  # no Triton launch
+    torch.testing.assert_close(c1, a @ b)
+    torch.testing.assert_close(out, a @ b)
+
+
+def test_input_precision_follows_torch():
+    assert G.input_precision(torch.bfloat16) is None
+    old = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")
+        assert G.input_precision(torch.float32) == "ieee"
+        torch.set_float32_matmul_precision("high")
+        assert G.input_precision(torch.float32) == "tf32"
+    finally:
+        torch.set_float32_matmul_precision(old)
+
+
+def test_persistent_grid_is_multiple_of_domains():
+    assert G.persistent_programs(1000, 304, 8) == 304
+    assert G.persistent_programs(13, 304, 8) == 8
+    assert G.persistent_programs(5, 304, 8) == 5  # fewer tiles than domains: one program per tile
+    assert G.persistent_programs(1000, 132, 1) == 132
+    assert G.persistent_programs(1000, 132, 8) == 128
+
+
+def test_gpu_configs_fit_shared_memory_and_set_block_shapes():
+    for path in ("tma", "pointer"):
+        for fp32 in (False, True):
+            cfgs = G.gpu_configs(path, None, fp32)
+            assert any(c.kwargs["PERSISTENT"] for c in cfgs) and not all(c.kwargs["PERSISTENT"] for c in cfgs)
+            for c in cfgs:
+                kw, es = c.kwargs, 4 if fp32 else 2
+                stage = (kw["BLOCK_M"] + kw["BLOCK_N"]) * kw["BLOCK_K"] * es
+                epi = kw["BLOCK_M"] * kw["BLOCK_N"] * es // (2 if kw["EPILOGUE_SUBTILE"] else 1)
+                assert c.num_stages * stage + (epi if path == "tma" else 0) <= 232448, c
+    assert all(not c.kwargs["PERSISTENT"] for c in G.gpu_configs("tma", False, False))
+    t = torch.empty(64, 64)
+    a = G.TensorDescriptor(t, [64, 64], [64, 1], [16, 16])
+    b = G.TensorDescriptor(t, [64, 64], [64, 1], [16, 16])
+    c = G.TensorDescriptor(t, [64, 64], [64, 1], [16, 16])
+    G._set_block_shapes(dict(a=a, b=b, c_desc=c, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, A_TRANS=True,
+                             B_TRANS=False, EPILOGUE_SUBTILE=True))
+    assert (a.block_shape, b.block_shape, c.block_shape) == ([64, 128], [64, 256], [128, 128])
+
+
+def test_tma_view_orientation():
+    t = torch.empty(64, 32, dtype=torch.bfloat16)
+    assert G.tma_view(t) == (False, [64, 32], [32, 1])
+    assert G.tma_view(t.T) == (True, [64, 32], [32, 1])
+    assert G.tma_view(torch.empty(64, 33, dtype=torch.bfloat16)) is None  # 66-byte rows
+    assert G.tma_view(torch.empty(64, 40, dtype=torch.bfloat16)[:, 1:]) is None  # unaligned base
+    assert G.tma_view(torch.empty(1, 40, dtype=torch.bfloat16))[0] is False
+
+
+@cpu
+def test_custom_op_opcheck_and_compile():
+    a, b = _operands(18, 22, 10, torch.float32, seed=4)
+    torch.library.opcheck(torch.ops.numasched.matmul.default, (a, b, "auto", None))
+    torch.library.opcheck(torch.ops.numasched.matmul_out.default, (a, b, torch.empty(18, 22), "row_major", True))
+
+    def f(x, y):
+        return numasched.matmul(x, y, mapping="grouped") * 2 + 1
+
+    before = G.stats["launches"]
+    got = torch.compile(f, backend="aot_eager", fullgraph=True)(a, b)
+    assert G.stats["launches"] > before
+    torch.testing.assert_close(got, f(a, b))
+    assert _rel_err((got - 1) / 2, a, b) < 1e-5
+
+
+# ------------------------------------------------------------------------------ GPU
+gpu = pytest.mark.gpu
+
+
+def _gpu_err(c, a, b):
+    return _rel_err(c, a, b)
+
+
+@gpu
+@pytest.mark.parametrize("m,n,k", [(4096, 4096, 4096), (8192, 4096, 1024), (4093, 3001, 1537), (16384, 6144, 4096)])
+def test_gpu_bf16_real_sizes(m, n, k):
+    a, b = _operands(m, n, k, torch.bfloat16, device="cuda", seed=m + k)
+    out = _poisoned(m, n, torch.bfloat16, "cuda")
+    numasched.matmul(a, b, out=out)
+    info = G.stats["last"]
+    aligned = k % 8 == 0 and n % 8 == 0
+    if torch.cuda.get_device_capability()[0] >= 9 and aligned:
+        assert info.path == "tma"
+    assert _gpu_err(out, a, b) < 1e-2
+
+
+@gpu
+@pytest.mark.parametrize("policy", GEMM_POLICIES)
+@pytest.mark.parametrize("persistent", [False, True, None])
+def test_gpu_policies_persistent(policy, persistent):
+    a, b = _operands(3000, 2500, 1024, torch.bfloat16, device="cuda", seed=1)
+    out = _poisoned(3000, 2500, torch.bfloat16, "cuda")
+    numasched.matmul(a, b, mapping=policy, persistent=persistent, out=out)
+    info = G.stats["last"]
+    assert info.policy == policy
+    if persistent is not None:
+        assert info.persistent == persistent
+    assert _gpu_err(out, a, b) < 1e-2
+
+
+@gpu
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_tma_vs_pointer_path(ta, tb, dtype):
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA needs sm_90+")
+    a, b = _operands(2048, 1536, 1024, dtype, ta, tb, device="cuda", seed=3)
+    res = {}
+    for path in ("tma", "pointer"):
+        c, info = _launch(a, b, path=path, persistent=None)
+        assert info.path == path and (not ta or path != "tma" or info.a_trans)
+        assert _gpu_err(c, a, b) < 1e-2
+        res[path] = c.float()
+    assert ((res["tma"] - res["pointer"]).norm() / res["pointer"].norm()).item() < 1e-2
+
+
+@gpu
+def test_gpu_fp32_ieee_and_odd_strides():
+    a, b = _operands(1000, 777, 333, torch.float32, True, False, device="cuda", seed=4)
+    c = numasched.matmul(a, b)
+    assert _gpu_err(c, a, b) < 1e-5  # IEEE fp32 products (torch default "highest")
+    # A strided view (every other column): pointer path.
+    big = torch.randn(512, 2 * 384, device="cuda", dtype=torch.bfloat16)
+    a2 = big[:, ::2]
+    b2 = torch.randn(384, 640, device="cuda", dtype=torch.bfloat16)
+    c2 = numasched.matmul(a2, b2)
+    assert G.stats["last"].path == "pointer"
+    assert _gpu_err(c2, a2, b2) < 1e-2
+
+
+@gpu
+def test_gpu_int64_offsets():
+    # a spans 65600 * 32768 > 2**31 elements (4.3 GB bf16).
+    m, k, n = 65600, 32768, 64
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    rows = torch.tensor([0, 1, 33000, m - 2, m - 1], device="cuda")
+    ref = (a[rows].double() @ b.double())
+    for path in ("pointer", "tma"):
+        c = _poisoned(m, n, torch.bfloat16, "cuda")
+        _, info = _launch(a, b, path=path, out=c, persistent=None)
+        assert info.int64
+        got = c[rows].double()
+        assert ((got - ref).norm() / ref.norm()).item() < 1e-2
+        assert not torch.isnan(c).any()
+    del a
+
+
+@gpu
+def test_gpu_torch_compile_and_cuda_graph():
+    a, b = _operands(2048, 2048, 1024, torch.bfloat16, device="cuda", seed=6)
+
+    def f(x, y):
+        return torch.relu(numasched.matmul(x, y)) + 1
+
+    eager = f(a, b)  # also autotunes before any capture
+    comp = torch.compile(f, fullgraph=True)
+    torch.testing.assert_close(comp(a, b), eager, rtol=1e-2, atol=1e-2)
+    # Explicit CUDA graph: capture, change inputs in place, replay.
+    static_a, static_b = a.clone(), b.clone()
+    numasched.matmul(static_a, static_b)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = numasched.matmul(static_a, static_b)
+    a2, b2 = _operands(2048, 2048, 1024, torch.bfloat16, device="cuda", seed=7)
+    static_a.copy_(a2)
+    static_b.copy_(b2)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert _gpu_err(static_out, a2, b2) < 1e-2
+    # torch.compile's own CUDA graphs.
+    comp_g = torch.compile(f, mode="reduce-overhead", fullgraph=True)
+    for _ in range(3):
+        got = comp_g(a2, b2)
+    torch.testing.assert_close(got, f(a2, b2), rtol=1e-2, atol=1e-2)
