@@ -92,6 +92,8 @@ class AttentionGrid:
 
 def DecodeGrid(batch: int, kv_heads: int, splits: int) -> AttentionGrid:
     """Flash Decode work items (batch, kv_head, split)."""
+    for name, v in (("batch", batch), ("kv_heads", kv_heads), ("splits", splits)):
+        _positive_int(name, v)  # errors name the decode arguments, not the attention fields
     return AttentionGrid(batch, kv_heads, kv_heads, splits)
 
 
@@ -225,7 +227,7 @@ class Policy:
         if self.order is None:
             return g.reshape(-1, 1)
         out = self.order.reference(g, grid, X, self.order_param)
-        return np.asarray(out, dtype=np.int64).reshape(len(g), -1)
+        return np.asarray(out, dtype=np.int64).reshape(len(g), len(grid.item_shape))  # also for no pids
 
     def domains_of_items(self, grid: Grid, topology) -> np.ndarray:
         """Domain on which each work item runs, shaped ``grid.item_shape`` (under ``topology.dispatch``)."""
