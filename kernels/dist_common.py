@@ -1,0 +1,110 @@
+"""Device helpers shared by the cross-GPU kernels: heap translation, flags, epochs, bounded waits.
+
+The memory model is Iris's: every rank owns a *symmetric heap*; an allocation sits at the same
+offset in every rank's heap, and ``heap_bases[r]`` is the address at which this process sees
+rank r's heap (``iris.Iris.get_heap_bases()``; peer heaps are mapped into our address space).
+Moving a pointer from our heap to rank r's is base arithmetic, exactly ``iris.load/store``'s
+translation. We write it here (three lines) instead of calling ``iris.*`` so the kernels also run
+in Triton's interpreter on a CPU-only machine, where the tests fake a heap per rank.
+
+Flags are epoch counters. Every call of an operation has an epoch ``e`` (1, 2, 3, ...) kept on the
+device: a producer *sets* a flag to ``e`` (release, scope "sys"), a consumer waits until the flag
+is ``>= e`` (acquire, scope "sys"). Flags only grow, so nothing clears them between calls, and
+because the epoch lives in device memory (not in a kernel argument) a CUDA graph replays correctly.
+On NVIDIA a plain cached ``tl.load`` in a spin loop can spin forever on a stale line: always spin
+on an acquire atomic.
+
+Every wait is bounded: after ``max_spins`` polls the program gives up, sets bit ``src`` in a
+local status word and carries on (computing garbage); the host reads the status after the call
+and raises TimeoutError naming the ranks that never signalled.
+
+Epoch bookkeeping without a clearing pass: every program reads ``epoch`` at its start (target
+``e = epoch + 1``); at its end it increments an exit counter; the program that sees the counter
+reach ``num_programs`` is the last one alive, so it resets the counters and publishes ``epoch = e``
+for the next call. All other programs have read ``epoch`` before their exit increment, so none can
+observe the new value early.
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def translate(ptr, from_rank, to_rank, heap_bases):
+    """``ptr`` (in ``from_rank``'s heap as we see it) -> the same offset in ``to_rank``'s heap."""
+    from_base = tl.load(heap_bases + from_rank)
+    to_base = tl.load(heap_bases + to_rank)
+    offset = tl.cast(ptr, tl.uint64) - tl.cast(from_base, tl.uint64)
+    return tl.cast(tl.cast(to_base, tl.pointer_type(tl.int8)) + offset, ptr.dtype)
+
+
+@triton.jit
+def signal(flag_ptr, value, rank, to_rank, heap_bases):
+    """Publish ``value`` in ``to_rank``'s copy of ``flag_ptr`` after all of this program's stores.
+
+    The CTA barrier makes every thread's earlier stores precede the single-thread release atomic;
+    scope "sys" makes them visible to the peer GPU (scope "gpu" is not enough across NVLink).
+    """
+    tl.debug_barrier()
+    tl.atomic_xchg(translate(flag_ptr, rank, to_rank, heap_bases), value, sem="release", scope="sys")
+
+
+@triton.jit
+def wait_flag(flag_ptr, target, src, status_ptr, max_spins):
+    """Spin (acquire, scope "sys") until ``*flag_ptr >= target``; bounded by ``max_spins`` polls.
+
+    On timeout sets bit ``src`` of ``*status_ptr`` (the host names that rank) and returns False.
+    """
+    v = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
+    spins = 0
+    while (v < target) & (spins < max_spins):
+        v = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
+        spins += 1
+    if v < target:
+        tl.atomic_or(status_ptr, 1 << src, sem="relaxed", scope="gpu")
+    return v >= target
+
+
+@triton.jit
+def epoch_begin(epoch_ptr):
+    """The epoch of this call (previous epoch + 1); read once at the start of every program."""
+    return tl.load(epoch_ptr) + 1
+
+
+@triton.jit
+def epoch_end(epoch_ptr, counters_ptr, num_programs, target, BUMP: tl.constexpr):
+    """Count this program out; the last one resets the ticket/exit counters and (if BUMP) publishes
+    ``epoch = target``. ``counters_ptr[0]`` is the tile-ticket counter, ``[1]`` the exit counter."""
+    done = tl.atomic_add(counters_ptr + 1, 1, sem="acq_rel", scope="gpu")
+    if done == num_programs - 1:
+        tl.atomic_xchg(counters_ptr + 0, 0, sem="relaxed", scope="gpu")
+        tl.atomic_xchg(counters_ptr + 1, 0, sem="relaxed", scope="gpu")
+        if BUMP:
+            tl.atomic_xchg(epoch_ptr, target, sem="release", scope="gpu")
+
+
+@triton.jit
+def next_ticket(counters_ptr, LO):
+    """Dynamic tile scheduling: the next tile index of this call (``LO`` + a global counter)."""
+    return tl.atomic_add(counters_ptr, 1, sem="relaxed", scope="gpu") + LO
+
+
+@triton.jit
+def spin_probe_kernel(flag_ptr, status_ptr, max_spins):
+    """A bounded wait on a flag nobody sets: its run time / max_spins is the time of one poll."""
+    wait_flag(flag_ptr, 1, 0, status_ptr, max_spins)
+
+
+def spin_ns(device, spins: int = 1 << 15) -> float:
+    """Measured nanoseconds per poll of :func:`wait_flag` on this GPU (turns timeouts into poll counts)."""
+    import time
+
+    import torch
+
+    flag = torch.zeros(1, dtype=torch.int32, device=device)
+    status = torch.zeros(1, dtype=torch.int32, device=device)
+    spin_probe_kernel[(1,)](flag, status, spins)  # compile + warm
+    torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    spin_probe_kernel[(1,)](flag, status, spins)
+    torch.cuda.synchronize(device)
+    return (time.perf_counter() - t0) * 1e9 / spins

@@ -1,0 +1,172 @@
+"""Fused all-gather + GEMM and GEMM + reduce-scatter over a symmetric heap (Iris memory model).
+
+Both kernels are persistent: ``num_programs`` programs (about one per SM) take tiles from a
+device-side ticket counter, so programs that spent time moving data join the GEMM as soon as they
+are free and the tile order is the ticket order (:mod:`.dist_order`). Flags, epochs and bounded
+waits are explained in :mod:`.dist_common`.
+
+All-gather + GEMM (A sharded by rows: rank r holds rows [r*Ml, (r+1)*Ml) of A, every rank holds
+the same B (K, N)):
+
+* programs ``0 .. COMM_PROGRAMS-1`` first *push* this rank's A shard, one BLOCK_M-row block at a
+  time, into every peer's gather buffer ``G[slot][rank]`` (remote stores over NVLink), then set
+  the peer's ready flag ``flag[rank, tm] = epoch`` (release, sys). Peer ``rank-1`` is served first
+  because it visits our shard first (its order is rank-1, rank, rank+1, ...).
+* every program then loops over tiles; a tile of shard ``src != rank`` first waits for
+  ``flag[src, tm] >= epoch`` (acquire, sys), then reads A from the local gather buffer (local
+  HBM, no remote loads inside the K loop). Tiles of our own shard read the caller's ``a_local``
+  directly and come first, so they hide the transfer.
+
+GEMM + reduce-scatter (A sharded by columns (M, Kl), B by rows (Kl, N); rank r returns rows
+[r*Ms, (r+1)*Ms) of the sum over ranks):
+
+* tiles of peer slices come first (rank+1, rank+2, ...): each is computed and stored from
+  registers straight into the owner's partial buffer ``P[slot][rank]`` (fused sequential), then
+  the owner's flag ``flag[rank, tile] = epoch`` is set;
+* this rank's own slice comes last: for each tile it waits for every peer's partial tile and sums
+  the partials in rank order 0..world-1 (fp32), then writes the output.
+
+Double buffering (``slot = epoch mod 2``) is enough to keep a push of call e+2 from overwriting a
+buffer a slow peer still reads in call e: the pusher's call e+1 could only finish after receiving
+the reader's call-(e+1) data, which the reader sends only after its call e kernel has ended (the
+protocol model in ``numasched.distributed.protocol`` checks this for world sizes up to 8).
+"""
+import triton
+import triton.language as tl
+
+from .dist_common import epoch_begin, epoch_end, next_ticket, signal, translate, wait_flag
+from .dist_order import shard_order
+
+
+@triton.jit
+def _tile_matmul(a_base, stride_am, stride_ak, rm, b_ptr, stride_bk, stride_bn, rn, K,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """acc[BLOCK_M, BLOCK_N] (fp32) = A[rm, :] @ B[:, rn] (rm, rn already wrapped into range)."""
+    rk = tl.arange(0, BLOCK_K)
+    a_ptrs = a_base + rm[:, None] * stride_am + rk[None, :] * stride_ak
+    b_ptrs = b_ptr + rk[:, None] * stride_bk + rn[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            a = tl.load(a_ptrs, mask=rk[None, :] < K - k * BLOCK_K, other=0.0)
+            b = tl.load(b_ptrs, mask=rk[:, None] < K - k * BLOCK_K, other=0.0)
+        acc = tl.dot(a, b, acc)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    return acc
+
+
+# ============================================================================ all-gather + GEMM
+@triton.jit
+def all_gather_matmul_kernel(
+        a_ptr, g_ptr, b_ptr, c_ptr, flags_ptr, status_ptr, epoch_ptr, counters_ptr, heap_bases,
+        rank, Ml, N, K, stride_bk, stride_bn, stride_cm, stride_cn,
+        num_programs, max_spins, TICKET_LO, TICKET_HI,
+        REMAP: tl.constexpr, REMAP_PARAM: tl.constexpr, ORDER: tl.constexpr, ORDER_PARAM: tl.constexpr,
+        NUM_DOMAINS: tl.constexpr, WORLD: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+        COMM_PROGRAMS: tl.constexpr, PUSH_CHUNK: tl.constexpr,
+        DO_PUSH: tl.constexpr, WAIT: tl.constexpr, BUMP_EPOCH: tl.constexpr):
+    # a_ptr: (Ml, K) contiguous, this rank's rows. g_ptr: heap [2, WORLD, Ml, K] gather buffers.
+    # flags_ptr: heap int32 [WORLD, TMS]. c_ptr: (WORLD*Ml, N).
+    pid = tl.program_id(0)
+    e = epoch_begin(epoch_ptr)
+    slot = e % 2
+    TMS = tl.cdiv(Ml, BLOCK_M)
+    TN = tl.cdiv(N, BLOCK_N)
+    shard = Ml.to(tl.int64) * K
+    my_buf = g_ptr + (slot * WORLD + rank).to(tl.int64) * shard
+
+    # ---- producer: push our shard, block of rows by block of rows, to every peer
+    if DO_PUSH:
+        if pid < COMM_PROGRAMS:
+            for item in range(pid, (WORLD - 1) * TMS, COMM_PROGRAMS):
+                dest = (rank + WORLD - 1 - item // TMS) % WORLD   # rank-1 first: it needs us first
+                tm = item % TMS
+                start = (tm * BLOCK_M).to(tl.int64) * K
+                n = tl.minimum(BLOCK_M, Ml - tm * BLOCK_M) * K
+                dst = translate(my_buf + start, rank, dest, heap_bases)
+                src = a_ptr + start
+                for off in range(0, n, PUSH_CHUNK):
+                    idx = off + tl.arange(0, PUSH_CHUNK)
+                    m = idx < n
+                    tl.store(dst + idx, tl.load(src + idx, mask=m), mask=m)
+                signal(flags_ptr + rank * TMS + tm, e, rank, dest, heap_bases)
+
+    # ---- consumer: GEMM tiles in ticket order (own shard first)
+    t = next_ticket(counters_ptr, TICKET_LO)
+    while t < TICKET_HI:
+        src, tm, tn = shard_order(t, rank, WORLD, 0, TMS, TN, REMAP, REMAP_PARAM, ORDER, ORDER_PARAM,
+                                  NUM_DOMAINS)
+        if src == rank:
+            a_base = a_ptr
+        else:
+            a_base = g_ptr + (slot * WORLD + src).to(tl.int64) * shard
+            if WAIT:
+                wait_flag(flags_ptr + src * TMS + tm, e, src, status_ptr, max_spins)
+        rows = tm * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = tn * BLOCK_N + tl.arange(0, BLOCK_N)
+        # wrap out-of-range rows/cols onto valid ones: loads need no mask; the store is masked
+        acc = _tile_matmul(a_base, K, 1, rows % Ml, b_ptr, stride_bk, stride_bn, cols % N, K,
+                           BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+        c_ptrs = c_ptr + (src * Ml + rows).to(tl.int64)[:, None] * stride_cm + cols[None, :] * stride_cn
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rows[:, None] < Ml) & (cols[None, :] < N))
+        t = next_ticket(counters_ptr, TICKET_LO)
+
+    epoch_end(epoch_ptr, counters_ptr, num_programs, e, BUMP_EPOCH)
+
+
+# ============================================================================ GEMM + reduce-scatter
+@triton.jit
+def matmul_reduce_scatter_kernel(
+        a_ptr, b_ptr, out_ptr, p_ptr, flags_ptr, status_ptr, epoch_ptr, counters_ptr, heap_bases,
+        rank, Ms, N, Kl, stride_am, stride_ak, stride_bk, stride_bn, stride_om, stride_on,
+        num_programs, max_spins, TICKET_LO, TICKET_HI,
+        REMAP: tl.constexpr, REMAP_PARAM: tl.constexpr, ORDER: tl.constexpr, ORDER_PARAM: tl.constexpr,
+        NUM_DOMAINS: tl.constexpr, WORLD: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+        COMM: tl.constexpr, BUMP_EPOCH: tl.constexpr):
+    # a_ptr: (WORLD*Ms, Kl); b_ptr: (Kl, N); out_ptr: (Ms, N); p_ptr: heap [2, WORLD, Ms, N]
+    # partial tiles (slot, src); flags_ptr: heap int32 [WORLD, TMS*TN].
+    e = epoch_begin(epoch_ptr)
+    slot = e % 2
+    TMS = tl.cdiv(Ms, BLOCK_M)
+    TN = tl.cdiv(N, BLOCK_N)
+    TS = TMS * TN
+    part = Ms.to(tl.int64) * N
+
+    t = next_ticket(counters_ptr, TICKET_LO)
+    while t < TICKET_HI:
+        dest, tm, tn = shard_order(t, rank, WORLD, 1, TMS, TN, REMAP, REMAP_PARAM, ORDER, ORDER_PARAM,
+                                   NUM_DOMAINS)
+        rows = tm * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = tn * BLOCK_N + tl.arange(0, BLOCK_N)
+        acc = _tile_matmul(a_ptr, stride_am, stride_ak, dest * Ms + rows % Ms, b_ptr, stride_bk, stride_bn,
+                           cols % N, Kl, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+        mask = (rows[:, None] < Ms) & (cols[None, :] < N)
+        offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
+        tile = tm * TN + tn
+        if dest != rank:
+            mine = p_ptr + (slot * WORLD + rank).to(tl.int64) * part + offs
+            if COMM:   # from registers straight into the owner's partial buffer, then its flag
+                tl.store(translate(mine, rank, dest, heap_bases), acc.to(p_ptr.dtype.element_ty), mask=mask)
+                signal(flags_ptr + rank * TS + tile, e, rank, dest, heap_bases)
+            else:      # communication off (timing): same work, local store
+                tl.store(mine, acc.to(p_ptr.dtype.element_ty), mask=mask)
+        else:
+            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for src in tl.static_range(WORLD):   # fixed order 0..WORLD-1: same rounding on every rank
+                if src == rank:
+                    total += acc
+                elif COMM:
+                    wait_flag(flags_ptr + src * TS + tile, e, src, status_ptr, max_spins)
+                    theirs = tl.load(p_ptr + (slot * WORLD + src).to(tl.int64) * part + offs, mask=mask, other=0.0)
+                    total += theirs.to(tl.float32)
+            o_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :] * stride_on
+            tl.store(o_ptrs, total.to(out_ptr.dtype.element_ty), mask=mask)
+        t = next_ticket(counters_ptr, TICKET_LO)
+
+    epoch_end(epoch_ptr, counters_ptr, num_programs, e, BUMP_EPOCH)

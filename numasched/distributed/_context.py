@@ -1,0 +1,243 @@
+"""Contexts: one process per GPU over Iris (``DistContext``), or all ranks in one CPU process
+(``SimWorld``, the Triton interpreter over a fake symmetric heap per rank, for tests).
+
+Both run the same kernels and the same host planning code (:mod:`._ops`); they differ in how
+symmetric memory is allocated, how the per-op header is exchanged, and how launches are ordered
+(a real context launches one fused kernel per call; the simulation launches each rank's producer
+phase before any consumer phase, because the interpreter runs one program at a time).
+"""
+from __future__ import annotations
+
+import math
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import torch
+
+MIN_ALLOC = 2 << 20          # Iris's vmem_chunked allocator rounds every allocation up to a power
+DEFAULT_HEAP = 1 << 30       # of two of at least 2 MiB; the budget uses the same rule everywhere.
+MAX_WORLD = 8                # flags name ranks as bits of an int32 status word; one host
+
+
+def alloc_bytes(nbytes: int) -> int:
+    """Bytes one symmetric allocation of ``nbytes`` takes from the heap (power of two, >= 2 MiB)."""
+    return max(MIN_ALLOC, 1 << max(0, int(nbytes) - 1).bit_length())
+
+
+class _Base:
+    """What the ops need from a context: rank, world, device, heap allocation, status checking."""
+
+    rank: int
+    world: int
+    device: torch.device
+    heap_bases: torch.Tensor
+    num_sms: int
+    max_spins: int
+    timeout_s: float
+
+    def _init_common(self, heap_bytes: int):
+        self.heap_bytes = int(heap_bytes)
+        self.used_bytes = 0
+        self.plans: Dict[tuple, object] = {}
+        self.broken: Optional[str] = None
+        self.status = torch.zeros(1, dtype=torch.int32, device=self.device)  # bit r: rank r timed out
+
+    # --------------------------------------------------------------- symmetric memory
+    def alloc(self, shape, dtype, *, what: str) -> torch.Tensor:
+        """A zeroed symmetric tensor (same offset on every rank; call in the same order everywhere)."""
+        numel = math.prod(shape)
+        nbytes = alloc_bytes(numel * torch.empty((), dtype=dtype).element_size())
+        if self.used_bytes + nbytes > self.heap_bytes:
+            raise ValueError(
+                f"symmetric heap too small: {what} needs {nbytes / 2**20:.1f} MiB but only "
+                f"{(self.heap_bytes - self.used_bytes) / 2**20:.1f} of {self.heap_bytes / 2**20:.1f} MiB are left; "
+                f"create the context with a larger heap_bytes, or pass workload=[...] to init() "
+                f"(numasched.distributed.required_heap_bytes computes it)")
+        self.used_bytes += nbytes
+        return self._alloc(numel, dtype).view(*shape)
+
+    # --------------------------------------------------------------- errors
+    def check(self, op: str = "distributed op") -> None:
+        """Raise TimeoutError if a wait gave up (reads a device word: synchronizes the stream)."""
+        if self.broken:
+            raise RuntimeError(self.broken)
+        bits = int(self.status.item())
+        if bits:
+            ranks = [r for r in range(self.world) if bits >> r & 1]
+            self.broken = (f"rank {self.rank}: a previous call timed out waiting for rank(s) {ranks}; this "
+                           f"context's flags are out of step: create a new context")
+            raise TimeoutError(
+                f"{op} on rank {self.rank}: rank(s) {ranks} never signalled within the wait bound "
+                f"(~{self.timeout_s:g} s, {self.max_spins} polls); did every rank make the same call?")
+
+    def _ensure_usable(self):
+        if self.broken:
+            raise RuntimeError(self.broken)
+
+
+# ============================================================================ one GPU per process
+def _peer_access_error(devices: List[int], hosts: List[str], access: List[List[bool]]) -> Optional[str]:
+    """Why these ranks cannot share an Iris heap, or None (pure function: tested on CPU)."""
+    if len(set(hosts)) > 1:
+        return (f"numasched.distributed needs every rank on one host (Iris maps peer memory through the "
+                f"local driver); ranks run on {sorted(set(hosts))}")
+    if len(set(devices)) < len(devices):
+        return f"two ranks share a GPU (devices by rank: {devices}); run one rank per GPU"
+    bad = [(i, j) for i in range(len(devices)) for j in range(len(devices)) if i != j and not access[i][j]]
+    if bad:
+        i, j = bad[0]
+        return (f"GPU {devices[i]} (rank {i}) cannot access GPU {devices[j]} (rank {j}) as a peer "
+                f"(torch.cuda.can_device_access_peer is False; pairs without access: {bad}). Iris needs "
+                f"peer-to-peer access between every pair of GPUs, NVLink in practice")
+    return None
+
+
+class DistContext(_Base):
+    """Iris symmetric heap + per-op buffers, flags and epochs for one rank (one process per GPU).
+
+    Create with :func:`numasched.distributed.init` after ``torch.distributed.init_process_group("nccl")``.
+    """
+
+    def __init__(self, heap_bytes: int, *, timeout_s: float = 30.0, allocator: Optional[str] = None):
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError("numasched.distributed.init: call torch.distributed.init_process_group('nccl') "
+                               "first (launch with torchrun)")
+        if not torch.cuda.is_available():
+            raise RuntimeError("numasched.distributed.init needs CUDA/ROCm GPUs (on CPU use SimWorld for tests)")
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        if self.world > MAX_WORLD:
+            raise ValueError(f"world size {self.world} > {MAX_WORLD}: one host of up to {MAX_WORLD} GPUs is supported")
+        dev = self.rank % torch.cuda.device_count()   # Iris binds rank r to GPU r mod count
+        torch.cuda.set_device(dev)
+        # peer access: every rank reports its row of the access matrix, every rank decides alike
+        info = (socket.gethostname(), dev,
+                [torch.cuda.can_device_access_peer(dev, d) if d != dev else True
+                 for d in range(torch.cuda.device_count())])
+        rows: list = [None] * self.world
+        dist.all_gather_object(rows, info)
+        devices = [r[1] for r in rows]
+        access = [[rows[i][2][devices[j]] for j in range(self.world)] for i in range(self.world)]
+        err = _peer_access_error(devices, [r[0] for r in rows], access)
+        if err:
+            raise RuntimeError(err)
+
+        if allocator is None:   # NVIDIA: only vmem_chunked works ("torch" needs DMA-BUF export, AMD only)
+            allocator = os.environ.get("IRIS_ALLOCATOR") or ("torch" if torch.version.hip else "vmem_chunked")
+        try:
+            import iris
+        except Exception as e:  # OSError without a CUDA runtime, ImportError without the package
+            raise ImportError(f"numasched.distributed needs Iris: pip install tokenspeed-iris ({e})") from e
+        self.iris = iris.iris(int(heap_bytes), allocator_type=allocator)
+        self.allocator = allocator
+        self.device = torch.device(f"cuda:{dev}")
+        self.heap_bases = self.iris.get_heap_bases()
+        self.num_sms = torch.cuda.get_device_properties(dev).multi_processor_count
+        self._init_common(heap_bytes)
+        self.timeout_s = float(timeout_s)
+        self.max_spins = self._spins_for(self.timeout_s)
+        dist.barrier()
+
+    def _alloc(self, numel, dtype):
+        return self.iris.zeros(numel, dtype=dtype)
+
+    def exchange(self, obj) -> list:
+        """Every rank's ``obj`` (host collective; used once per new op signature)."""
+        import torch.distributed as dist
+
+        out: list = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
+    def barrier(self):
+        import torch.distributed as dist
+
+        torch.cuda.synchronize()
+        dist.barrier()
+
+    def _spins_for(self, timeout_s: float) -> int:
+        """Polls that take about ``timeout_s``: time a bounded wait on a flag nobody sets."""
+        from numasched.kernels.dist_common import spin_ns
+
+        try:
+            ns = max(spin_ns(self.device), 20.0)
+        except Exception:  # calibration is a nicety; assume 1 us per poll
+            ns = 1000.0
+        self.spin_ns = ns
+        return int(min(2**31 - 1, max(1000, timeout_s * 1e9 / ns)))
+
+
+# ============================================================================ simulation (CPU)
+@dataclass
+class _SimRank(_Base):
+    world_: "SimWorld"
+    rank: int
+    heap: torch.Tensor = field(repr=False)
+    bump: int = 0
+
+    def __post_init__(self):
+        w = self.world_
+        self.world, self.device, self.num_sms = w.world, w.device, w.num_sms
+        self.max_spins, self.timeout_s = w.max_spins, 0.0
+        self._init_common(self.heap.numel())
+
+    @property
+    def heap_bases(self):
+        return self.world_.heap_bases
+
+    def _alloc(self, numel, dtype):
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        off = self.bump
+        self.bump += alloc_bytes(nbytes)
+        buf = self.heap[off:off + nbytes]
+        buf.zero_()
+        return buf.view(dtype)
+
+
+class SimWorld:
+    """``world`` ranks in one process on CPU (Triton interpreter): a heap per rank, shared heap_bases.
+
+    ``run(op, per_rank_args)`` plays one collective call: header check across ranks, buffers on
+    first use, then each rank's producer phase before any rank's consumer phase. The kernels,
+    flags, epochs and remote stores are the real ones.
+    """
+
+    def __init__(self, world: int, *, heap_bytes: int = 64 << 20, num_sms: int = 3, max_spins: int = 200,
+                 device="cpu"):
+        if not 1 <= world <= MAX_WORLD:
+            raise ValueError(f"world must be in 1..{MAX_WORLD}, got {world}")
+        self.world, self.num_sms, self.max_spins = world, num_sms, max_spins
+        self.device = torch.device(device)
+        heaps = [torch.zeros(heap_bytes, dtype=torch.uint8, device=self.device) for _ in range(world)]
+        self.heap_bases = torch.tensor([h.data_ptr() for h in heaps], dtype=torch.int64, device=self.device)
+        self.ranks = [_SimRank(self, r, heaps[r]) for r in range(world)]
+
+    def run(self, op: str, per_rank_args: list, *, skip_ranks=(), **kwargs) -> list:
+        """Results of ``op`` ("all_gather_matmul", ...) on every rank; ``per_rank_args[r]`` is a tuple.
+
+        ``skip_ranks``: ranks that do not take part (to test timeouts): their consumers never run,
+        and nothing is pushed by them.
+        """
+        from . import _ops
+
+        spec = _ops.OPS[op]
+        calls = [spec.prepare(ctx, *per_rank_args[ctx.rank], **kwargs) for ctx in self.ranks]
+        key = calls[0].key
+        if any(c.key != key for c in calls) or key not in self.ranks[0].plans:
+            _ops.check_headers(op, [c.header for c in calls])
+            for ctx, c in zip(self.ranks, calls):
+                ctx.plans[c.key] = spec.plan(ctx, c)
+        live = [ctx for ctx in self.ranks if ctx.rank not in skip_ranks]
+        results = [None] * self.world
+        phases = spec.sim_phases
+        for ph in phases:
+            for ctx in live:
+                out = spec.launch(ctx, ctx.plans[calls[ctx.rank].key], calls[ctx.rank], phase=ph)
+                if out is not None:
+                    results[ctx.rank] = out
+        for ctx in live:
+            ctx.check(op)
+        return results

@@ -1,0 +1,469 @@
+"""Host side of the three operations: argument checks, the cross-rank header, buffers, launches.
+
+Each op is described once (``describe``: shapes only, so meta tensors work for heap sizing) and
+launched in one of these phases:
+    full     one fused kernel (GPU)
+    nocomm   the same kernel with communication switched off (timing only: peers' rows are wrong)
+    push / consume   the producer part, then the consumer part (SimWorld: interpreter, one rank
+             at a time, so every rank's push must run before any rank waits)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+
+from numasched._validate import check_int32_indexing, check_same, check_tensor, kernel_device_ok
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@dataclass
+class Call:
+    op: str
+    key: tuple
+    header: Dict[str, Any]
+    tensors: Dict[str, Any]
+    cfg: Dict[str, Any]
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Plan:
+    bufs: Dict[str, torch.Tensor]
+    launches: int = 0
+
+
+def check_headers(op: str, headers: List[dict]) -> None:
+    """Every rank must make the same call: name the first field and rank that differ from rank 0."""
+    ref = headers[0]
+    for r, h in enumerate(headers[1:], 1):
+        if h.get("op") != ref.get("op"):
+            raise ValueError(f"ranks disagree on the collective call: rank 0 calls {ref.get('op')} but rank {r} "
+                             f"calls {h.get('op')}; every rank must make the same calls in the same order")
+        for k in ref:
+            if h.get(k) != ref[k]:
+                raise ValueError(f"{op}: {k} is {ref[k]} on rank 0 but {h.get(k)} on rank {r}; every rank must "
+                                 f"pass the same shapes and dtypes")
+
+
+def _on_gpu(t: torch.Tensor) -> bool:
+    return t.device.type in ("cuda", "meta")
+
+
+def _gemm_cfg(dtype, gpu: bool, n: int) -> dict:
+    """Tile config: Hopper-friendly on GPU; tiny under the interpreter (its dot needs >= 16)."""
+    if not gpu:
+        return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, num_warps=4, num_stages=1, COMM_PROGRAMS=2,
+                    PUSH_CHUNK=128)
+    if dtype == torch.float32:
+        return dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, num_warps=4, num_stages=3, COMM_PROGRAMS=16,
+                    PUSH_CHUNK=2048)
+    bn = 256 if n >= 256 else 128
+    return dict(BLOCK_M=128, BLOCK_N=bn, BLOCK_K=64, num_warps=8, num_stages=3, COMM_PROGRAMS=16,
+                PUSH_CHUNK=4096)
+
+
+def _policy(mapping, tms: int, tn: int):
+    from numasched import mappings as M
+    from numasched import topology
+
+    topo = topology.current()
+    return M.resolve(mapping, "gemm", topo, M.GemmGrid(tms, tn)), topo.num_domains
+
+
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+def _check_device(ctx, name, t):
+    if t.device != ctx.device:
+        raise ValueError(f"{name} is on {t.device} but this rank's context is on {ctx.device}")
+    if not kernel_device_ok(t):
+        raise ValueError(f"{name} is on {t.device}: the kernels need a GPU, or TRITON_INTERPRET=1 on CPU")
+
+
+def _launch_kwargs(ctx, cfg):
+    return {} if ctx.device.type == "cpu" else dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+
+
+def _first_use(ctx, kernel, grid, args, kwargs):
+    """On a GPU: compile before any rank starts waiting (a rank still compiling must not look dead)."""
+    if ctx.device.type == "cpu":
+        return
+    try:
+        kernel.warmup(*args, grid=grid, **kwargs)
+    except Exception:  # warmup is an optimisation; the barrier below still lines ranks up
+        pass
+    ctx.barrier()
+
+
+# ============================================================================ all-gather + GEMM
+class AllGatherMatmul:
+    name = "all_gather_matmul"
+    sim_phases = ("push", "consume")
+
+    @staticmethod
+    def describe(a_local, b, *, world, mapping="auto", cfg=None) -> Call:
+        Ml, K = a_local.shape
+        N = b.shape[1]
+        cfg = cfg or _gemm_cfg(a_local.dtype, _on_gpu(a_local), N)
+        tms, tn = _cdiv(Ml, cfg["BLOCK_M"]), _cdiv(N, cfg["BLOCK_N"])
+        policy, nd = _policy(mapping, tms, tn)
+        header = dict(op="all_gather_matmul", a_local_shape=tuple(a_local.shape), b_shape=tuple(b.shape),
+                      dtype=str(a_local.dtype), mapping=policy.name, world=world)
+        key = ("all_gather_matmul", Ml, K, N, a_local.dtype, policy.name, tuple(sorted(cfg.items())))
+        return Call("all_gather_matmul", key, header, dict(a_local=a_local, b=b),
+                    dict(cfg, Ml=Ml, K=K, N=N, TMS=tms, TN=tn, policy=policy, num_domains=nd, world=world))
+
+    @staticmethod
+    def buffers(call) -> list:
+        c, W = call.cfg, call.cfg["world"]
+        bufs = [("flags", (W, c["TMS"]), torch.int32)]
+        if W > 1:
+            bufs.append(("gather", (2, W, c["Ml"], c["K"]), call.tensors["a_local"].dtype))
+        return bufs
+
+    @classmethod
+    def prepare(cls, ctx, a_local, b, *, mapping="auto", out=None, communicate=True):
+        check_tensor("a_local", a_local, ndim=2, dtypes=DTYPES)
+        check_tensor("b", b, ndim=2, dtypes=DTYPES)
+        check_same("a_local", a_local, "b", b)
+        _check_device(ctx, "a_local", a_local)
+        if a_local.shape[1] != b.shape[0]:
+            raise ValueError(f"a_local is {tuple(a_local.shape)} and b is {tuple(b.shape)}: a_local's columns "
+                             f"(K = {a_local.shape[1]}) must equal b's rows")
+        if min(a_local.shape) < 1 or b.shape[1] < 1:
+            raise ValueError(f"empty operand: a_local {tuple(a_local.shape)}, b {tuple(b.shape)}")
+        check_int32_indexing("b", b)
+        a_local = a_local.contiguous()   # pushed as flat row blocks; read with unit stride
+        call = cls.describe(a_local, b, world=ctx.world, mapping=mapping)
+        M = ctx.world * call.cfg["Ml"]
+        if out is None:
+            out = torch.empty((M, call.cfg["N"]), dtype=a_local.dtype, device=a_local.device)
+        else:
+            check_tensor("out", out, ndim=2, dtypes=(a_local.dtype,), device=a_local.device)
+            if tuple(out.shape) != (M, call.cfg["N"]):
+                raise ValueError(f"out must have shape {(M, call.cfg['N'])}, got {tuple(out.shape)}")
+        check_int32_indexing("out", out)
+        call.tensors["out"] = out
+        call.extra["communicate"] = bool(communicate)
+        return call
+
+    @classmethod
+    def plan(cls, ctx, call) -> Plan:
+        bufs = {name: ctx.alloc(shape, dt, what=f"all_gather_matmul {name} buffer") for name, shape, dt in cls.buffers(call)}
+        bufs["epoch"] = torch.zeros(1, dtype=torch.int32, device=ctx.device)
+        bufs["counters"] = torch.zeros(2, dtype=torch.int32, device=ctx.device)
+        return Plan(bufs)
+
+    @staticmethod
+    def launch(ctx, plan, call, *, phase="full"):
+        from numasched.kernels.dist_gemm import all_gather_matmul_kernel as kernel
+
+        c, t, bf = call.cfg, call.tensors, plan.bufs
+        if not call.extra.get("communicate", True):
+            phase = "nocomm"
+        W, T = ctx.world, ctx.world * c["TMS"] * c["TN"]
+        comm = max(1, min(c["COMM_PROGRAMS"], (W - 1) * c["TMS"]))
+        G = max(1, min(ctx.num_sms, max(T, comm)))
+        push = phase in ("full", "push")
+        lo, hi = (0, 0) if phase == "push" else (0, T)
+        a, b, out = t["a_local"], t["b"], t["out"]
+        args = (a, bf.get("gather", a), b, out, bf["flags"], ctx.status, bf["epoch"], bf["counters"], ctx.heap_bases,
+                ctx.rank, c["Ml"], c["N"], c["K"], b.stride(0), b.stride(1), out.stride(0), out.stride(1),
+                G, ctx.max_spins, lo, hi)
+        kw = dict(**c["policy"].kernel_args(c["num_domains"]), WORLD=W, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"],
+                  BLOCK_K=c["BLOCK_K"], EVEN_K=c["K"] % c["BLOCK_K"] == 0, COMM_PROGRAMS=comm,
+                  PUSH_CHUNK=c["PUSH_CHUNK"], DO_PUSH=push and W > 1, WAIT=phase in ("full", "consume"),
+                  BUMP_EPOCH=phase in ("full", "consume"), **_launch_kwargs(ctx, c))
+        if plan.launches == 0:
+            _first_use(ctx, kernel, (G,), args, kw)
+        kernel[(G,)](*args, **kw)
+        plan.launches += 1
+        return None if phase == "push" else out
+
+
+# ============================================================================ GEMM + reduce-scatter
+class MatmulReduceScatter:
+    name = "matmul_reduce_scatter"
+    sim_phases = ("push", "consume")
+
+    @staticmethod
+    def describe(a, b_local, *, world, mapping="auto", cfg=None) -> Call:
+        M, Kl = a.shape
+        N = b_local.shape[1]
+        Ms = M // world
+        cfg = cfg or _gemm_cfg(a.dtype, _on_gpu(a), N)
+        tms, tn = _cdiv(Ms, cfg["BLOCK_M"]), _cdiv(N, cfg["BLOCK_N"])
+        policy, nd = _policy(mapping, tms, tn)
+        header = dict(op="matmul_reduce_scatter", a_shape=tuple(a.shape), b_local_shape=tuple(b_local.shape),
+                      dtype=str(a.dtype), mapping=policy.name, world=world)
+        key = ("matmul_reduce_scatter", M, Kl, N, a.dtype, policy.name, tuple(sorted(cfg.items())))
+        return Call("matmul_reduce_scatter", key, header, dict(a=a, b_local=b_local),
+                    dict(cfg, Ms=Ms, Kl=Kl, N=N, TMS=tms, TN=tn, policy=policy, num_domains=nd, world=world))
+
+    @staticmethod
+    def buffers(call) -> list:
+        c, W = call.cfg, call.cfg["world"]
+        bufs = [("flags", (W, c["TMS"] * c["TN"]), torch.int32)]
+        if W > 1:
+            bufs.append(("partials", (2, W, c["Ms"], c["N"]), call.tensors["a"].dtype))
+        return bufs
+
+    @classmethod
+    def prepare(cls, ctx, a, b_local, *, mapping="auto", out=None, communicate=True):
+        check_tensor("a", a, ndim=2, dtypes=DTYPES)
+        check_tensor("b_local", b_local, ndim=2, dtypes=DTYPES)
+        check_same("a", a, "b_local", b_local)
+        _check_device(ctx, "a", a)
+        if a.shape[1] != b_local.shape[0]:
+            raise ValueError(f"a is {tuple(a.shape)} and b_local is {tuple(b_local.shape)}: a's columns "
+                             f"(K_local = {a.shape[1]}) must equal b_local's rows")
+        if min(a.shape) < 1 or b_local.shape[1] < 1:
+            raise ValueError(f"empty operand: a {tuple(a.shape)}, b_local {tuple(b_local.shape)}")
+        if a.shape[0] % ctx.world:
+            raise ValueError(f"a has {a.shape[0]} rows, not a multiple of the world size {ctx.world} "
+                             f"(each rank returns a.shape[0] / world rows)")
+        check_int32_indexing("a", a)
+        check_int32_indexing("b_local", b_local)
+        call = cls.describe(a, b_local, world=ctx.world, mapping=mapping)
+        shape = (call.cfg["Ms"], call.cfg["N"])
+        if out is None:
+            out = torch.empty(shape, dtype=a.dtype, device=a.device)
+        else:
+            check_tensor("out", out, ndim=2, dtypes=(a.dtype,), device=a.device)
+            if tuple(out.shape) != shape:
+                raise ValueError(f"out must have shape {shape}, got {tuple(out.shape)}")
+        call.tensors["out"] = out
+        call.extra["communicate"] = bool(communicate)
+        return call
+
+    @classmethod
+    def plan(cls, ctx, call) -> Plan:
+        bufs = {name: ctx.alloc(shape, dt, what=f"matmul_reduce_scatter {name} buffer") for name, shape, dt in cls.buffers(call)}
+        bufs["epoch"] = torch.zeros(1, dtype=torch.int32, device=ctx.device)
+        bufs["counters"] = torch.zeros(2, dtype=torch.int32, device=ctx.device)
+        return Plan(bufs)
+
+    @staticmethod
+    def launch(ctx, plan, call, *, phase="full"):
+        from numasched.kernels.dist_gemm import matmul_reduce_scatter_kernel as kernel
+
+        c, t, bf = call.cfg, call.tensors, plan.bufs
+        if not call.extra.get("communicate", True):
+            phase = "nocomm"
+        W, TS = ctx.world, c["TMS"] * c["TN"]
+        lo, hi = {"push": (0, (W - 1) * TS), "consume": ((W - 1) * TS, W * TS)}.get(phase, (0, W * TS))
+        G = max(1, min(ctx.num_sms, hi - lo))
+        a, b, out = t["a"], t["b_local"], t["out"]
+        if W == 1:   # no partial buffer: the kernel never touches it
+            partials = out
+        else:
+            partials = bf["partials"]
+        args = (a, b, out, partials, bf["flags"], ctx.status, bf["epoch"], bf["counters"], ctx.heap_bases,
+                ctx.rank, c["Ms"], c["N"], c["Kl"], a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+                out.stride(0), out.stride(1), G, ctx.max_spins, lo, hi)
+        kw = dict(**c["policy"].kernel_args(c["num_domains"]), WORLD=W, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"],
+                  BLOCK_K=c["BLOCK_K"], EVEN_K=c["Kl"] % c["BLOCK_K"] == 0, COMM=phase != "nocomm",
+                  BUMP_EPOCH=phase in ("full", "consume"), **_launch_kwargs(ctx, c))
+        if plan.launches == 0:
+            _first_use(ctx, kernel, (G,), args, kw)
+        kernel[(G,)](*args, **kw)
+        plan.launches += 1
+        return None if phase == "push" else out
+
+
+# ============================================================================ distributed decode
+def torch_local_decode(q, k_cache, v_cache, cache_seqlens):
+    """Reference partial decode: (out (B, H, D) in q's dtype, lse (B, H) fp32, natural log).
+
+    Rows with no tokens give out = 0, lse = -inf. Used until/unless numasched.decode provides
+    ``flash_decode(..., return_lse=True)``; swap with :func:`set_local_decode`.
+    """
+    B, H, D = q.shape
+    S, HK = k_cache.shape[1], k_cache.shape[2]
+    qf = q.float().view(B, HK, H // HK, D)
+    s = torch.einsum("bkgd,bskd->bkgs", qf, k_cache.float()) / D**0.5
+    valid = torch.arange(S, device=q.device)[None, :] < cache_seqlens.to(q.device).long()[:, None]  # (B, S)
+    s = s.masked_fill(~valid[:, None, None, :], float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)                                     # (B, HK, G)
+    p = torch.exp(s - torch.where(torch.isinf(lse), 0.0, lse)[..., None])
+    out = torch.einsum("bkgs,bskd->bkgd", p, v_cache.float())
+    return out.reshape(B, H, D).to(q.dtype), lse.reshape(B, H).float()
+
+
+_LOCAL_DECODE: Optional[Callable] = None
+
+
+def set_local_decode(fn: Optional[Callable]) -> None:
+    """Use ``fn(q, k_cache, v_cache, cache_seqlens) -> (out, lse)`` for the per-rank part (None: default)."""
+    global _LOCAL_DECODE
+    _LOCAL_DECODE = fn
+
+
+def default_local_decode() -> Callable:
+    """numasched.decode.flash_decode(..., return_lse=True) when it exists, else the torch reference."""
+    if _LOCAL_DECODE is not None:
+        return _LOCAL_DECODE
+    try:
+        import inspect
+
+        from numasched.decode import flash_decode
+        if "return_lse" in inspect.signature(flash_decode).parameters:
+            return lambda q, k, v, lens: flash_decode(q, k, v, cache_seqlens=lens, return_lse=True)
+    except ImportError:
+        pass
+    return torch_local_decode
+
+
+class FlashDecodeDistributed:
+    name = "flash_decode_distributed"
+    sim_phases = ("push", "consume")
+
+    @staticmethod
+    def describe(q, k_cache_local, v_cache_local=None, cache_seqlens_local=None, *, world, cfg=None) -> Call:
+        B, H, D = q.shape
+        HK = k_cache_local.shape[2]
+        header = dict(op="flash_decode_distributed", q_shape=tuple(q.shape), kv_heads=HK, dtype=str(q.dtype),
+                      world=world)
+        key = ("flash_decode_distributed", B, H, D, HK, q.dtype)
+        bh, bd = 1 << max(0, H - 1).bit_length(), 1 << max(0, D - 1).bit_length()
+        return Call("flash_decode_distributed", key, header, dict(q=q),
+                    dict(B=B, H=H, D=D, BLOCK_H=bh, BLOCK_D=bd, num_warps=4 if bh * bd <= 4096 else 8,
+                         world=world))
+
+    @staticmethod
+    def buffers(call) -> list:
+        c, W = call.cfg, call.cfg["world"]
+        bufs = [("flags", (W, c["B"]), torch.int32)]
+        if W > 1:
+            bufs += [("recv_out", (2, W, c["B"], c["H"], c["D"]), call.tensors["q"].dtype),
+                     ("recv_lse", (2, W, c["B"], c["H"]), torch.float32)]
+        return bufs
+
+    @classmethod
+    def prepare(cls, ctx, q, k_cache_local, v_cache_local, cache_seqlens_local, *, out=None, return_lse=False,
+                local_decode=None, communicate=True):
+        check_tensor("q", q, ndim=3, dtypes=DTYPES)
+        check_tensor("k_cache_local", k_cache_local, ndim=4, dtypes=(q.dtype,))
+        check_tensor("v_cache_local", v_cache_local, ndim=4, dtypes=(q.dtype,))
+        check_tensor("cache_seqlens_local", cache_seqlens_local, ndim=1, dtypes=(torch.int32, torch.int64))
+        for name, t in (("q", q), ("k_cache_local", k_cache_local), ("v_cache_local", v_cache_local),
+                        ("cache_seqlens_local", cache_seqlens_local)):
+            _check_device(ctx, name, t)
+        B, H, D = q.shape
+        if k_cache_local.shape != v_cache_local.shape:
+            raise ValueError(f"k_cache_local {tuple(k_cache_local.shape)} and v_cache_local "
+                             f"{tuple(v_cache_local.shape)} must have the same shape")
+        if k_cache_local.shape[0] != B or k_cache_local.shape[3] != D:
+            raise ValueError(f"k_cache_local must be (batch={B}, seq, kv_heads, head_dim={D}), got "
+                             f"{tuple(k_cache_local.shape)}")
+        HK = k_cache_local.shape[2]
+        if H % HK:
+            raise ValueError(f"q's heads ({H}) must be a multiple of k_cache_local's kv_heads ({HK})")
+        if cache_seqlens_local.shape[0] != B:
+            raise ValueError(f"cache_seqlens_local must have {B} entries (one per batch row), got "
+                             f"{cache_seqlens_local.shape[0]}")
+        call = cls.describe(q, k_cache_local, world=ctx.world)
+        if out is None:
+            out = torch.empty((B, H, D), dtype=q.dtype, device=q.device)
+        else:
+            check_tensor("out", out, ndim=3, dtypes=(q.dtype,), device=q.device)
+            if tuple(out.shape) != (B, H, D) or not out.is_contiguous():
+                raise ValueError(f"out must be a contiguous ({B}, {H}, {D}) tensor, got {tuple(out.shape)}")
+        call.tensors.update(k=k_cache_local, v=v_cache_local, lens=cache_seqlens_local, out=out,
+                            lse=torch.empty((B, H), dtype=torch.float32, device=q.device))
+        call.extra.update(return_lse=return_lse, local_decode=local_decode or default_local_decode(),
+                          communicate=bool(communicate))
+        return call
+
+    @classmethod
+    def plan(cls, ctx, call) -> Plan:
+        bufs = {name: ctx.alloc(shape, dt, what=f"flash_decode_distributed {name} buffer")
+                for name, shape, dt in cls.buffers(call)}
+        bufs["epoch"] = torch.zeros(1, dtype=torch.int32, device=ctx.device)
+        bufs["counters"] = torch.zeros(2, dtype=torch.int32, device=ctx.device)
+        return Plan(bufs)
+
+    @staticmethod
+    def launch(ctx, plan, call, *, phase="full"):
+        from numasched.kernels.dist_decode import decode_exchange_combine_kernel as kernel
+
+        c, t, bf = call.cfg, call.tensors, plan.bufs
+        if not call.extra.get("communicate", True):
+            phase = "nocomm"
+        if phase != "consume":   # the local part (the consume phase of the simulation reuses it)
+            o, l = call.extra["local_decode"](t["q"], t["k"], t["v"], t["lens"])
+            if tuple(o.shape) != (c["B"], c["H"], c["D"]) or tuple(l.shape) != (c["B"], c["H"]):
+                raise RuntimeError(f"local decode returned out {tuple(o.shape)}, lse {tuple(l.shape)}; expected "
+                                   f"{(c['B'], c['H'], c['D'])} and {(c['B'], c['H'])}")
+            call.extra["partial"] = (o.to(t["q"].dtype), l.float())
+        o, l = call.extra["partial"]
+        W = ctx.world
+        G = max(1, min(ctx.num_sms, c["B"]))
+        ro = bf.get("recv_out", o)
+        rl = bf.get("recv_lse", l)
+        args = (o, l, ro, rl, bf["flags"], t["out"], t["lse"], ctx.status, bf["epoch"], bf["counters"],
+                ctx.heap_bases, ctx.rank, c["B"], c["H"], c["D"], o.stride(0), o.stride(1), o.stride(2),
+                l.stride(0), l.stride(1), G, ctx.max_spins)
+        kw = dict(WORLD=W, BLOCK_H=c["BLOCK_H"], BLOCK_D=c["BLOCK_D"], DO_PUSH=phase in ("full", "push") and W > 1,
+                  DO_COMBINE=phase != "push", WAIT=phase in ("full", "consume"),
+                  BUMP_EPOCH=phase in ("full", "consume"))
+        if ctx.device.type != "cpu":
+            kw["num_warps"] = c["num_warps"]
+        if plan.launches == 0:
+            _first_use(ctx, kernel, (G,), args, kw)
+        kernel[(G,)](*args, **kw)
+        plan.launches += 1
+        if phase == "push":
+            return None
+        return (t["out"], t["lse"]) if call.extra["return_lse"] else t["out"]
+
+
+OPS = {"all_gather_matmul": AllGatherMatmul, "matmul_reduce_scatter": MatmulReduceScatter,
+       "flash_decode_distributed": FlashDecodeDistributed}
+
+
+def run(ctx, op: str, *args, check: bool = True, **kwargs):
+    """One call of ``op`` on a real (or one-rank simulated) context."""
+    spec = OPS[op]
+    ctx._ensure_usable()
+    if getattr(ctx, "world_", None) is not None and ctx.world > 1:
+        raise ValueError("a simulated rank cannot call alone: use SimWorld.run(op, per_rank_args)")
+    call = spec.prepare(ctx, *args, **kwargs)
+    plan = ctx.plans.get(call.key)
+    if plan is None:
+        check_headers(op, ctx.exchange(call.header) if hasattr(ctx, "exchange") else [call.header])
+        plan = ctx.plans[call.key] = spec.plan(ctx, call)
+    out = spec.launch(ctx, plan, call, phase="full")
+    if check and not (ctx.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        ctx.check(op)
+    return out
+
+
+def required_heap_bytes(workload, world: int) -> int:
+    """Heap bytes the given calls need: ``workload`` is a list of (op name, *tensors) with the
+    tensors (meta tensors are fine) each rank will pass, e.g.
+    ``[("all_gather_matmul", a_local, b), ("flash_decode_distributed", q, k_cache_local)]``."""
+    from ._context import alloc_bytes
+
+    total = 0
+    for item in workload:
+        op, *tensors = item
+        if op not in OPS:
+            raise ValueError(f"unknown op {op!r} in workload; one of {sorted(OPS)}")
+        spec = OPS[op]
+        if op == "matmul_reduce_scatter" and tensors[0].shape[0] % world:
+            raise ValueError(f"matmul_reduce_scatter: a has {tensors[0].shape[0]} rows, not a multiple of {world}")
+        call = spec.describe(*tensors, world=world)
+        total += sum(alloc_bytes(_numel(s) * torch.empty((), dtype=dt).element_size()) for _, s, dt in spec.buffers(call))
+    return total
+
+
+def _numel(shape):
+    n = 1
+    for s in shape:
+        n *= s
+    return n
