@@ -182,11 +182,6 @@ def _cfg(bm, bn, bk, warps, stages, persistent=False, subtile=False, ws=False):
                          num_warps=warps, num_stages=stages, pre_hook=_set_block_shapes)
 
 
-def _ws_enabled() -> bool:
-    """Hopper auto warp specialization is opt-in (NUMASCHED_GEMM_WS=1): it is young in triton 3.6."""
-    return os.environ.get("NUMASCHED_GEMM_WS", "0") == "1"
-
-
 def gpu_configs(path: str, persistent: Optional[bool], fp32: bool) -> list:
     """The handful of configs autotuned on GPU for one path ("tma"/"pointer") and persistence
     choice (True, False, or None = both, the autotuner picks)."""
@@ -205,10 +200,9 @@ def gpu_configs(path: str, persistent: Optional[bool], fp32: bool) -> list:
     for p in modes:
         for (bm, bn, bk, w, s, sub) in base:
             out.append(_cfg(bm, bn, bk, w, s, persistent=p, subtile=sub and path == "tma"))
-    if _ws_enabled() and path == "tma" and not fp32:
-        for p in modes:  # auto-WS on Hopper applies to 4-warp (one consumer warpgroup) configs
-            out.append(_cfg(128, 128, 64, 4, 3, persistent=p, ws=True))
-            out.append(_cfg(128, 256, 64, 4, 3, persistent=p, subtile=True, ws=True))
+    # No warp-specialized configs: with triton 3.6 on sm_90, WARP_SPECIALIZE on the K loop fails in
+    # the NVGPUWarpSpecialization pass (RuntimeError, which triton.autotune does not catch), and on
+    # the persistent loop it is silently not applied (checked by compiling for sm_90 on CPU).
     return out
 
 
@@ -235,7 +229,7 @@ _TUNED: dict = {}
 
 def tuned_kernel(path: str, persistent: Optional[bool], fp32: bool):
     """The autotuned kernel for one (path, persistence, fp32) family (created once, cached)."""
-    key = (path, persistent, fp32, _ws_enabled(), _flatten_enabled())
+    key = (path, persistent, fp32, _flatten_enabled())
     if key not in _TUNED:
         _TUNED[key] = triton.autotune(configs=gpu_configs(path, persistent, fp32), key=_TUNE_KEY)(gemm_kernel)
     return _TUNED[key]
@@ -408,3 +402,93 @@ def launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, policy, num_domain
     stats["launches"] += 1
     stats["last"] = info
     return info
+
+
+# ----------------------------------------------------------------------------------------- offline check
+def compile_report(config: triton.Config, *, dtype: str = "bf16", path: str = "tma", a_trans: bool = False,
+                   b_trans: bool = False, c_tma: bool = True, policy: str = "grouped", num_domains: int = 1,
+                   int64: bool = False, precision: Optional[str] = None, capability: int = 90) -> dict:
+    """Compile the kernel for an NVIDIA target without a GPU (triton ships ptxas) and report what
+    the compiler made of it: shared memory, wgmma and TMA use, registers and spills.
+
+    Needs a process without TRITON_INTERPRET=1 (triton picks the interpreter at decoration time).
+    """
+    import re
+    import subprocess
+    import tempfile
+
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from .. import mappings as _M
+
+    fn = gemm_kernel
+    if not hasattr(fn, "arg_names") or type(fn).__name__ != "JITFunction":
+        raise RuntimeError("compile_report needs a process without TRITON_INTERPRET=1")
+    kw = dict(config.kwargs)
+    bm, bn, bk = kw["BLOCK_M"], kw["BLOCK_N"], kw["BLOCK_K"]
+    const = dict(_M.get(policy).kernel_args(num_domains), **kw, USE_TMA=path == "tma", A_TRANS=a_trans,
+                 B_TRANS=b_trans, C_TMA=c_tma and path == "tma", INPUT_PRECISION=precision, INT64=int64)
+    sig = {}
+    if path == "tma":
+        sig["a"] = f"tensordesc<{dtype}[{bk}, {bm}]>" if a_trans else f"tensordesc<{dtype}[{bm}, {bk}]>"
+        sig["b"] = f"tensordesc<{dtype}[{bn}, {bk}]>" if b_trans else f"tensordesc<{dtype}[{bk}, {bn}]>"
+    else:
+        sig["a"] = sig["b"] = f"*{dtype}"
+    sig["c"] = f"*{dtype}"
+    if const["C_TMA"]:
+        sig["c_desc"] = f"tensordesc<{dtype}[{bm}, {bn // 2 if kw['EPILOGUE_SUBTILE'] else bn}]>"
+    else:
+        const["c_desc"] = None
+    for n in ("M", "N", "K", "stride_am", "stride_bk", "stride_cm"):
+        sig[n] = "i32"
+    for n in ("stride_ak", "stride_bn", "stride_cn"):  # unit inner strides, as the JIT specializes them
+        const[n] = 1
+    signature = {n: ("constexpr" if n in const else sig[n]) for n in fn.arg_names}
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]]
+             for n in ("a", "b", "c", "M", "N", "K", "stride_am", "stride_bk", "stride_cm")
+             if not signature[n].startswith(("tensordesc", "constexpr"))}
+    src = ASTSource(fn, signature, {n: v for n, v in const.items() if n in fn.arg_names}, attrs)
+    k = triton.compile(src, target=GPUTarget("cuda", capability, 32),
+                       options=dict(num_warps=config.num_warps, num_stages=config.num_stages))
+    ttgir = k.asm["ttgir"]
+    out = dict(shared_bytes=k.metadata.shared, wgmma="ttng.warp_group_dot" in ttgir,
+               tma_load="async_tma_copy_global_to_local" in ttgir,
+               loops=ttgir.count("scf.for "), registers=None, spill_bytes=None)
+    try:  # registers and spills from ptxas -v on the PTX
+        from triton.backends.nvidia.compiler import get_ptxas
+
+        ptxas = get_ptxas(capability).path
+        with tempfile.TemporaryDirectory() as d:
+            p = os.path.join(d, "k.ptx")
+            with open(p, "w") as f:
+                f.write(k.asm["ptx"])
+            arch = f"sm_{capability}a" if capability == 90 else f"sm_{capability}"
+            r = subprocess.run([ptxas, f"-arch={arch}", "-v", p, "-o", os.path.join(d, "k.cubin")],
+                               capture_output=True, text=True, timeout=120)
+        text = r.stdout + r.stderr
+        m = re.search(r"Used (\d+) registers", text)
+        s = re.search(r"(\d+) bytes spill stores", text)
+        out["registers"] = int(m.group(1)) if m else None
+        out["spill_bytes"] = int(s.group(1)) if s else None
+    except Exception:  # pragma: no cover - ptxas missing: the IR facts above still stand
+        pass
+    return out
+
+
+def _main(argv=None) -> int:
+    """``python -m numasched.kernels.gemm``: compile every GPU config for sm_90 and print JSON lines."""
+    import json
+
+    for path in ("tma", "pointer"):
+        for fp32 in (False, True):
+            for cfg in gpu_configs(path, None, fp32):
+                dtype = "fp32" if fp32 else "bf16"
+                rep = compile_report(cfg, dtype=dtype, path=path, precision="tf32" if fp32 else None)
+                print(json.dumps(dict(path=path, dtype=dtype, **cfg.kwargs, num_warps=cfg.num_warps,
+                                      num_stages=cfg.num_stages, **rep)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

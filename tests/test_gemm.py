@@ -161,6 +161,21 @@ def test_unregistered_policy_object_runs():
 
 
 @cpu
+def test_backward_through_the_kernel():
+    a, b = _operands(13, 11, 9, torch.float32, seed=12)
+    a.requires_grad_(True)
+    b.requires_grad_(True)
+    g = torch.randn(13, 11)
+    before = G.stats["launches"]
+    numasched.matmul(a, b, mapping="row_major").backward(g)
+    assert G.stats["launches"] == before + 3  # forward, dA, dB
+    ref_ga = g.double() @ b.detach().double().T
+    ref_gb = a.detach().double().T @ g.double()
+    assert ((a.grad.double() - ref_ga).norm() / ref_ga.norm()).item() < 1e-5
+    assert ((b.grad.double() - ref_gb).norm() / ref_gb.norm()).item() < 1e-5
+
+
+@cpu
 def test_int64_offsets_kernel_variant():
     a, b = _operands(37, 21, 18, torch.float32, True, False, seed=9)
     c, info = _launch(a, b, int64=True, persistent=True)
@@ -312,6 +327,40 @@ def test_custom_op_opcheck_and_compile():
     assert G.stats["launches"] > before
     torch.testing.assert_close(got, f(a, b))
     assert _rel_err((got - 1) / 2, a, b) < 1e-5
+
+
+_SM90_SCRIPT = r"""
+import json
+from numasched.kernels import gemm as G
+cases = [dict(cfg=c, path="tma") for c in G.gpu_configs("tma", None, False)]
+cases += [dict(cfg=G.gpu_configs("tma", True, False)[0], path="tma", a_trans=True, b_trans=True, policy="chiplet_tiled_chunked", num_domains=8),
+          dict(cfg=G.gpu_configs("pointer", True, False)[0], path="pointer", int64=True)]
+for case in cases:
+    cfg = case.pop("cfg")
+    rep = G.compile_report(cfg, **case)
+    print(json.dumps(dict(kw=cfg.kwargs, warps=cfg.num_warps, stages=cfg.num_stages, case=case, **rep)))
+"""
+
+
+def test_kernels_compile_for_sm90_without_gpu():
+    # triton compiles (and ptxas assembles) for sm_90 on a CPU machine: every TMA config and the
+    # transposed/int64/pointer variants must use wgmma, TMA where asked, fit shared memory and not spill.
+    import json
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", _SM90_SCRIPT], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    reps = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    assert len(reps) == len(G.gpu_configs("tma", None, False)) + 2
+    for rep in reps:
+        assert rep["wgmma"], rep
+        assert rep["tma_load"] == (rep["case"]["path"] == "tma"), rep
+        assert rep["shared_bytes"] <= 232448, rep  # sm_90 opt-in limit per block (227 KB)
+        assert rep["spill_bytes"] in (0, None), rep
+        if rep["kw"]["PERSISTENT"]:
+            assert rep["loops"] >= 1
 
 
 # ------------------------------------------------------------------------------ GPU
