@@ -183,7 +183,9 @@ class Topology:
 
         If the probe found that a line's home L2 partition cannot be chosen by address, the
         partitions are one domain for placement (dispatch "single"); otherwise the measured
-        SM-to-partition table becomes a "table" dispatch over the partitions.
+        partition of each first-wave program (``dispatch_partition``: partition of the SM program g
+        ran on) becomes a "table" dispatch over the partitions. An AMD result (vendor "amd",
+        untested on hardware) gives "round_robin" with the measured offset, or its table.
         """
         if isinstance(path_or_result, (str, Path)):
             res = json.loads(Path(path_or_result).read_text())
@@ -196,6 +198,8 @@ class Topology:
         for key, v in (("num_sms", nsm), ("l2_bytes", l2), ("num_partitions", parts)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise ValueError(f"probe result: {key!r} must be a positive integer, got {v!r}")
+        if res.get("vendor") == "amd":
+            return _amd_from_probe(res, nsm, parts)
         addressable = bool(res.get("address_selects_partition", False))
         base = _nvidia_base(res["device"])
         common = dict(l2_ways=base.l2_ways if base else 16, l2_line=128,
@@ -204,14 +208,38 @@ class Topology:
         if parts <= 1 or not addressable:
             return Topology(name=f"probe:{res['device']}", num_domains=1, cus_per_domain=nsm,
                             l2_bytes=_round_l2(l2, common["l2_ways"]), dispatch="single", **common)
-        table = res.get("sm_partition")
+        # Prefer the measured program -> partition order; else assume program g runs on SM g mod num_sms.
+        key = "dispatch_partition" if "dispatch_partition" in res else "sm_partition"
+        table = res.get(key)
         if not isinstance(table, (list, tuple)) or len(table) != nsm:
-            raise ValueError(f"probe result: 'sm_partition' must list the partition of each of the {nsm} SMs "
+            raise ValueError(f"probe result: {key!r} must list a partition for each of the {nsm} SMs "
                              f"when num_partitions > 1 and address_selects_partition is true")
-        # Assumes program g runs on SM g mod num_sms (a model: the measured first wave was not in SM order).
+        if any(isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < parts for t in table):
+            raise ValueError(f"probe result: {key!r} entries must lie in [0, num_partitions={parts})")
         return Topology(name=f"probe:{res['device']}", num_domains=parts, cus_per_domain=max(1, nsm // parts),
                         l2_bytes=_round_l2(l2 // parts, common["l2_ways"]), dispatch="table",
                         dispatch_table=tuple(table), **common)
+
+
+def _amd_from_probe(res: dict, ncu: int, parts: int) -> "Topology":
+    """AMD probe result (XCC id per workgroup; untested on hardware) -> round_robin or table Topology."""
+    key = _amd_key(str(res.get("arch", "")), res["device"])
+    base = PRESETS[key] if key else None
+    common = dict(name=f"probe:{res['device']}", num_domains=parts, cus_per_domain=max(1, ncu // parts),
+                  l2_bytes=base.l2_bytes if base else _round_l2(res["l2_bytes"], 16),
+                  llc_bytes=base.llc_bytes if base else 0, hbm_bytes_per_s=base.hbm_bytes_per_s if base else 0.0,
+                  l2_bw_bytes_per_s=base.l2_bw_bytes_per_s if base else 0.0,
+                  llc_bw_bytes_per_s=base.llc_bw_bytes_per_s if base else 0.0,
+                  vendor="amd", source=f"probe of {res['device']} (XCC ids)")
+    rr = res.get("round_robin") or {}
+    if parts > 1 and rr.get("offset") is not None and float(rr.get("accuracy", 0)) >= 0.99:
+        return Topology(dispatch="round_robin", dispatch_offset=int(rr["offset"]) % parts, **common)
+    if parts == 1:
+        return Topology(dispatch="single", **common)
+    table = res.get("dispatch_partition")
+    if not isinstance(table, (list, tuple)) or not table:
+        raise ValueError("probe result: AMD result without a round-robin fit needs 'dispatch_partition'")
+    return Topology(dispatch="table", dispatch_table=tuple(int(t) for t in table), **common)
 
 
 def _round_l2(nbytes: int, ways: int, line: int = 128) -> int:

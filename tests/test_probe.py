@@ -1,0 +1,277 @@
+"""numasched probe: analysis on synthetic measurements with planted structure (CPU), CLI behaviour
+without a GPU, the kernel's compiled code (CPU, no GPU needed), and the real quick probe (GPU)."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from numasched import probe as P
+from numasched.cli import main as cli_main
+from numasched.topology import Topology
+
+BASE = 0x7F3A_0000_0000  # a 2 MiB-aligned virtual address, like a cudaMalloc'd 24 MB buffer
+
+
+def bits_of(addr, *bits):
+    return [((addr >> b) & 1).astype(np.int64) for b in bits]
+
+
+def synthetic_raw(fast_rule, *, nsm=48, lines=640, groups=None, pps=2, gap=30.0, noise=3.0, seed=1,
+                  sm_offset=6.0, device="NVIDIA H200"):
+    """A raw measurement: latency = 260 + SM offset + gap if the line's fast group is not the SM's + noise.
+
+    groups: partition of each SM (default: SM pairs alternate, like the H200 reading); fast_rule maps
+    line addresses -> fast partition per line (None: no partition effect).
+    """
+    rng = np.random.default_rng(seed)
+    if groups is None:
+        groups = (np.arange(nsm) // 2) % 2
+    groups = np.asarray(groups)
+    line_idx = rng.choice((24 << 20) // 128, size=lines, replace=False)
+    addr = (BASE + line_idx * 128).astype(np.uint64)
+    fast = fast_rule(addr) if fast_rule is not None else None
+    # dispatch: pid g -> SM, a shuffled but fixed first wave repeated pps times
+    order = rng.permutation(nsm)
+    pid_sm = np.tile(order, pps)
+    offs = rng.uniform(-sm_offset, sm_offset, nsm)
+    lat = 260.0 + offs[pid_sm][:, None] + rng.normal(0, noise, (len(pid_sm), lines))
+    if fast is not None:
+        lat += gap * (groups[pid_sm][:, None] != fast[None, :])
+    # 2% disturbed readings: the host keeps the fastest program per SM, so spikes must not matter
+    spikes = rng.random(lat.shape) < 0.02
+    lat[spikes] += 200.0
+    clocks = np.stack([np.full(len(pid_sm), 1.98e7), np.full(len(pid_sm), 1e7)], 1)
+    raw = dict(vendor="nvidia", device=device, compute_capability="9.0", num_sms=nsm, l2_bytes=62914560,
+               lat=lat, pid_sm=pid_sm, addresses=addr, clocks=clocks, hbm_bytes_per_s=4.3e12,
+               settings=dict(lines=lines, iters=32, programs_per_sm=pps, buffer_bytes=24 << 20, seed=seed))
+    return raw, groups, fast
+
+
+def same_partition(labels, groups):
+    """labels equal groups up to renaming."""
+    labels, groups = np.asarray(labels), np.asarray(groups)
+    pairs = set(zip(labels.tolist(), groups.tolist()))
+    return len(pairs) == len(set(labels.tolist())) == len(set(groups.tolist()))
+
+
+def xor_hash(addr):
+    b = bits_of(addr, 7, 9, 10, 12, 14, 15, 17, 19, 20, 22, 23)
+    return np.bitwise_xor.reduce(np.stack(b), axis=0)
+
+
+# ------------------------------------------------------------------------------ analysis
+def test_hashed_lines_give_two_partitions_not_addressable():
+    raw, groups, fast = synthetic_raw(xor_hash)
+    res = P.analyze(raw)
+    assert res["num_partitions"] == 2
+    assert res["sms_covered"] == raw["num_sms"] and res["uncovered_sms"] == []
+    assert same_partition(res["sm_partition"], groups)
+    assert res["near_cycles"] == pytest.approx(260, abs=5) and res["far_cycles"] == pytest.approx(290, abs=5)
+    assert res["address_selects_partition"] is False
+    at = res["address_test"]
+    assert at["predictor"] is None and at["best_single"]["accuracy"] < 0.7 and at["best_pair"]["accuracy"] < 0.7
+    assert "cannot be chosen by address" in res["verdict"]
+    # the measured near partition per line matches the planted one (up to renaming)
+    lp = P.line_partitions(P.sm_latency_matrix(raw["lat"], raw["pid_sm"])[1],
+                           np.array([res["sm_partition"][s] for s in range(raw["num_sms"])]))
+    clear = lp["near"] >= 0
+    assert clear.mean() > 0.95 and same_partition(lp["near"][clear], fast[clear])
+    topo = Topology.from_probe(res)
+    assert topo.dispatch == "single" and topo.num_domains == 1 and topo.cus_per_domain == raw["num_sms"]
+
+
+def test_bit12_is_addressable_and_gives_a_table_topology():
+    raw, groups, fast = synthetic_raw(lambda a: bits_of(a, 12)[0])
+    res = P.analyze(raw)
+    assert res["num_partitions"] == 2 and same_partition(res["sm_partition"], groups)
+    assert res["address_selects_partition"] is True
+    assert res["address_test"]["predictor"]["bits"] == [12]
+    assert res["address_test"]["predictor"]["accuracy"] > 0.98
+    topo = Topology.from_probe(res)
+    assert topo.dispatch == "table" and topo.num_domains == 2
+    # the table is the partition of the SM each first-wave program ran on
+    want = [res["sm_partition"][s] for s in raw["pid_sm"][: raw["num_sms"]]]
+    assert list(topo.dispatch_table) == want
+    assert list(topo.domain_of(np.arange(raw["num_sms"]))) == want
+
+
+@pytest.mark.parametrize("rule,bits", [
+    (lambda a: np.bitwise_xor(*bits_of(a, 9, 15)), [9, 15]),      # a hash of two bits
+    (lambda a: np.bitwise_and(*bits_of(a, 12, 13)), [12, 13]),    # 25% / 75% of lines: unbalanced
+])
+def test_pairs_of_bits(rule, bits):
+    raw, groups, _ = synthetic_raw(rule, seed=3)
+    res = P.analyze(raw)
+    at = res["address_test"]
+    assert res["num_partitions"] == 2 and same_partition(res["sm_partition"], groups)
+    assert res["address_selects_partition"] is True and at["predictor"]["bits"] == bits
+    assert at["best_single"]["accuracy"] < 0.9
+
+
+def test_bit_above_page_offset_is_not_addressable():
+    raw, _, _ = synthetic_raw(lambda a: bits_of(a, 22)[0], seed=4)
+    res = P.analyze(raw)
+    at = res["address_test"]
+    assert res["num_partitions"] == 2 and at["predictor"]["bits"] == [22]
+    assert res["address_selects_partition"] is False and "page" in at["reason"]
+    assert at["page"]["accuracy"] == 1.0
+
+
+def test_no_partition_effect_is_one_domain():
+    raw, _, _ = synthetic_raw(None, sm_offset=10.0, seed=5)
+    res = P.analyze(raw)
+    assert res["num_partitions"] == 1 and res["far_cycles"] is None
+    assert set(res["sm_partition"]) == {0} and res["address_test"] is None
+    assert Topology.from_probe(res).dispatch == "single"
+
+
+def test_four_partitions():
+    nsm = 48
+    groups = np.arange(nsm) // 12
+    raw, _, _ = synthetic_raw(lambda a: 2 * bits_of(a, 8)[0] + bits_of(a, 13)[0], nsm=nsm, groups=groups, seed=6)
+    res = P.analyze(raw)
+    assert res["num_partitions"] == 4 and same_partition(res["sm_partition"], groups)
+    assert res["partition_sizes"] == [12, 12, 12, 12]
+    assert res["address_test"]["predictor"]["bits"] == [8, 13] and res["address_selects_partition"]
+    topo = Topology.from_probe(res)
+    assert topo.num_domains == 4 and topo.cus_per_domain == 12
+
+
+def test_subgroups_with_a_far_penalty_are_not_extra_partitions():
+    """Half the SMs of each partition pay 8 more cycles on far lines (farther from the other
+    partition): still two partitions, since the halves tie on near lines."""
+    nsm = 48
+    groups = (np.arange(nsm) // 2) % 2
+    raw, _, fast = synthetic_raw(lambda a: bits_of(a, 10)[0], nsm=nsm, groups=groups, seed=7)
+    extra = (np.arange(nsm) % 4 < 2) & (np.arange(nsm) >= 24)
+    far = groups[raw["pid_sm"]][:, None] != fast[None, :]
+    raw["lat"] = raw["lat"] + 8.0 * (extra[raw["pid_sm"]][:, None] & far)
+    res = P.analyze(raw)
+    assert res["num_partitions"] == 2 and same_partition(res["sm_partition"], groups)
+
+
+def test_sm_latency_matrix_keeps_fastest_program_and_handles_gaps():
+    lat = np.array([[300.0, 310.0], [280.0, np.nan], [290.0, 305.0], [0.0, 400.0]])
+    pid_sm = np.array([5, 5, 9, 9])  # SM ids need not be contiguous
+    sm_ids, M = P.sm_latency_matrix(lat, pid_sm)
+    assert sm_ids.tolist() == [5, 9]
+    np.testing.assert_array_equal(M, [[280.0, 310.0], [290.0, 305.0]])
+    with pytest.raises(ValueError, match="pid_sm"):
+        P.sm_latency_matrix(lat, pid_sm[:3])
+    with pytest.raises(ValueError, match="M must be"):
+        P.cluster_sms(np.zeros(5))
+
+
+def test_round_robin_fit_and_dispatch_summary():
+    rng = np.random.default_rng(0)
+    pid = np.arange(512)
+    d = (pid + 4) % 8
+    assert P.round_robin_fit(d, 8) == {"offset": 4, "accuracy": 1.0}
+    noisy = d.copy()
+    noisy[rng.choice(512, 51, replace=False)] = 0
+    fit = P.round_robin_fit(noisy, 8)
+    assert fit["offset"] == 4 and 0.88 < fit["accuracy"] < 0.95
+    with pytest.raises(ValueError, match="num_domains"):
+        P.round_robin_fit(d, 0)
+    # dispatch of 8 SMs, 2 partitions alternating by SM pair; pids go to SMs 6,7,0,1,...
+    first = np.array([6, 7, 0, 1, 2, 3, 4, 5])
+    part = {s: (s // 2) % 2 for s in range(8)}
+    ds = P.dispatch_summary(np.concatenate([first, first]), part, 8)
+    assert ds["distinct_sms_first_wave"] == 8 and ds["second_wave_same_sm"] == 1.0
+    assert ds["first_wave_partition"] == [1, 1, 0, 0, 1, 1, 0, 0]
+    assert ds["first_wave_per_partition"] == [4, 4] and ds["consecutive_same_partition"] == pytest.approx(4 / 7, abs=1e-3)
+
+
+def test_amd_analysis_and_topology():
+    """AMD path (untested on hardware): XCC ids of 304*2 workgroups with offset 6 -> round robin."""
+    pid = np.arange(608)
+    raw = dict(vendor="amd", device="AMD Instinct MI300X", arch="gfx942:sramecc+:xnack-", num_sms=304,
+               l2_bytes=4 << 20, pid_xcc=(pid + 6) % 8, num_xcc_attribute=8)
+    res = P.analyze(raw)
+    assert res["num_partitions"] == 8 and res["round_robin"] == {"offset": 6, "accuracy": 1.0}
+    assert res["workgroups_per_xcc"] == [76] * 8 and "untested" in res
+    topo = Topology.from_probe(json.loads(json.dumps(res)))
+    assert (topo.vendor, topo.dispatch, topo.dispatch_offset, topo.num_domains, topo.cus_per_domain) == (
+        "amd", "round_robin", 6, 8, 38)
+    assert topo.domain_of([0, 1, 2]).tolist() == [6, 7, 0]
+
+
+# ------------------------------------------------------------------------------ files and CLI
+def test_save_load_raw_and_cli_from_raw(tmp_path, capsys):
+    raw, groups, _ = synthetic_raw(xor_hash, seed=8)
+    res = P.analyze(raw)
+    out = P.save(res, tmp_path / "probe-h200.json", raw)
+    assert out.with_suffix(".npz").exists()
+    back = P.load_raw(out.with_suffix(".npz"))
+    np.testing.assert_array_equal(back["lat"], raw["lat"])
+    assert back["device"] == raw["device"] and back["settings"] == raw["settings"]
+    rc = cli_main(["probe", "--from-raw", str(out.with_suffix(".npz")), "--out", str(tmp_path / "re.json")])
+    text = capsys.readouterr().out
+    assert rc == 0 and "partitions: 2" in text and "cannot be chosen by address" in text
+    data = json.loads((tmp_path / "re.json").read_text())
+    assert data["sm_partition"] == res["sm_partition"] and data["address_selects_partition"] is False
+    assert Topology.from_probe(tmp_path / "re.json").dispatch == "single"
+
+
+def test_default_path(monkeypatch, tmp_path):
+    monkeypatch.setenv("NUMASCHED_CACHE", str(tmp_path))
+    assert P.default_path("NVIDIA H200") == tmp_path / "probe-h200.json"
+    assert P.default_path("NVIDIA H100 80GB HBM3") == tmp_path / "probe-h100.json"
+    assert P.default_path("Weird GPU (x)").name == "probe-weird-gpu-x.json"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without a GPU")
+def test_cli_without_gpu_exits_with_a_message(tmp_path, capsys):
+    rc = cli_main(["probe", "--quick", "--out", str(tmp_path / "p.json")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "no GPU visible" in err and "Traceback" not in err
+    assert not (tmp_path / "p.json").exists()
+    with pytest.raises(P.ProbeUnavailable, match="no GPU"):
+        P.probe(quick=True, out=tmp_path / "p.json")
+
+
+def test_cli_rejects_bad_arguments(tmp_path, capsys):
+    assert cli_main(["probe", "--lines", "0"]) == 2
+    assert "--lines must be >= 1" in capsys.readouterr().err
+    assert cli_main(["probe", "--from-raw", str(tmp_path / "missing.npz")]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_kernel_compiles_with_the_intended_instructions():
+    """Compile (no GPU needed) for sm_90 and gfx942 in a fresh process without TRITON_INTERPRET:
+    the PTX has %smid, L1-bypassing loads and clock reads; gfx942 assembles HW_REG_XCC_ID."""
+    code = ("import json; from numasched.probe import kernel_asm; a = kernel_asm('sm_90'); b = kernel_asm('gfx942');"
+            "print(json.dumps({'ptx': a['ptx'], 'gcn': b['amdgcn']}))")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    asm = json.loads(r.stdout.strip().splitlines()[-1])
+    ptx = asm["ptx"]
+    assert "%smid" in ptx and "%globaltimer" in ptx
+    assert ptx.count("ld.global.cg.u64") >= 2 and ptx.count("%clock64") >= 3
+    assert "s_getreg_b32" in asm["gcn"] and "HW_REG_XCC_ID" in asm["gcn"]
+
+
+# ------------------------------------------------------------------------------ GPU
+@pytest.mark.gpu
+def test_quick_probe_on_gpu(tmp_path):
+    nsm = torch.cuda.get_device_properties(0).multi_processor_count
+    res = P.probe(quick=True, out=tmp_path / "probe.json", bandwidth=False)
+    print(P.summary(res))
+    assert res["sms_covered"] == nsm and res["uncovered_sms"] == []
+    lc = res["latency_cycles"]
+    assert 100 <= lc["min"] <= lc["median"] <= lc["max"] <= 2000
+    assert len(res["partition_sizes"]) == res["num_partitions"] >= 1 and min(res["partition_sizes"]) > 0
+    assert sum(res["partition_sizes"]) == nsm
+    assert res["dispatch"]["distinct_sms_first_wave"] > nsm // 2
+    raw = P.load_raw(tmp_path / "probe.npz")
+    assert np.isfinite(raw["lat"]).all() and (raw["pid_sm"] >= 0).all()   # every program wrote
+    assert 0.5 < res["sm_clock_ghz"] < 3.0
+    if res["num_partitions"] > 1:
+        assert res["far_cycles"] > res["near_cycles"]
+    topo = Topology.from_probe(tmp_path / "probe.json")
+    assert topo.num_cus in (nsm, (nsm // topo.num_domains) * topo.num_domains)
