@@ -216,15 +216,21 @@ class SimWorld:
         self.ranks = [_SimRank(self, r, heaps[r]) for r in range(world)]
 
     def run(self, op: str, per_rank_args: list, *, skip_ranks=(), **kwargs) -> list:
-        """Results of ``op`` ("all_gather_matmul", ...) on every rank; ``per_rank_args[r]`` is a tuple.
+        """Results of ``op`` ("all_gather_matmul", ...) on every rank; ``per_rank_args[r]`` is a tuple
+        of rank r's positional arguments, ``kwargs`` go to every rank.
 
-        ``skip_ranks``: ranks that do not take part (to test timeouts): their consumers never run,
-        and nothing is pushed by them.
+        ``skip_ranks``: ranks that do not take part (to test timeouts): they neither push nor wait.
         """
+        return self.run_each(op, [(a, kwargs) for a in per_rank_args], skip_ranks=skip_ranks)
+
+    def run_each(self, op: str, per_rank: list, *, skip_ranks=()) -> list:
+        """Like :meth:`run` with per-rank keyword arguments: ``per_rank[r] = (args, kwargs)``."""
         from . import _ops
 
         spec = _ops.OPS[op]
-        calls = [spec.prepare(ctx, *per_rank_args[ctx.rank], **kwargs) for ctx in self.ranks]
+        for ctx in self.ranks:
+            ctx._ensure_usable()
+        calls = [spec.prepare(ctx, *per_rank[ctx.rank][0], **per_rank[ctx.rank][1]) for ctx in self.ranks]
         key = calls[0].key
         if any(c.key != key for c in calls) or key not in self.ranks[0].plans:
             _ops.check_headers(op, [c.header for c in calls])

@@ -1,0 +1,137 @@
+"""A pure-Python model of the flag/epoch protocol of the distributed kernels (no GPU, no Triton).
+
+Each rank runs ``calls`` kernels back to back (stream order: call e+1 starts when every program
+of call e has finished); the programs of one kernel run concurrently, and ranks run
+independently. A random scheduler interleaves single steps of all runnable programs:
+
+    ("push", dest, item)    write our data for ``item`` into ``dest``'s buffer [slot][us]
+    ("signal", dest, item)  flag[dest][us][item] = e                   (release)
+    ("wait", src, item)     blocked until flag[us][src][item] >= e      (acquire)
+    ("read", src, item)     start reading buffer [slot][src][item] of our heap
+    ("done", src, item)     finish that read
+
+The model checks, for every interleaving it draws: no deadlock; every read sees the data of its
+own call from start to finish (no push of a later call overwrote it: the double-buffering
+argument in kernels/dist_gemm.py); flags never go backwards. ``slots=1`` (single buffering)
+must fail this check for world >= 2, which shows the check can fail.
+
+The step lists mirror the kernels: all-gather (producers push every row block to every peer,
+consumers wait per (src, row block)), reduce-scatter (every tile of a peer's slice pushed from
+registers; own tiles wait on every peer), decode (each batch row pushed to every peer, then
+merged from every peer).
+"""
+from __future__ import annotations
+
+import random
+from typing import Dict, List, Tuple
+
+Step = Tuple[str, int, int]
+
+
+class ProtocolError(AssertionError):
+    pass
+
+
+def programs_for(op: str, rank: int, world: int, items: int, num_programs: int, rng: random.Random) -> List[List[Step]]:
+    """The step lists of one call of ``op`` on ``rank`` (work split over ``num_programs`` programs)."""
+    peers_from = [(rank + i) % world for i in range(1, world)]
+    work: List[List[Step]] = []
+    if op == "all_gather_matmul":
+        # producers: rank-1 first, row block by row block; consumers: own shard, then rank+1, ...
+        for i in range(1, world):
+            dest = (rank - i) % world
+            for it in range(items):
+                work.append([("push", dest, it), ("signal", dest, it)])
+        for src in peers_from:
+            for it in range(items):
+                work.append([("wait", src, it), ("read", src, it), ("done", src, it)])
+    elif op == "matmul_reduce_scatter":
+        for dest in peers_from:        # peer slices first, each tile pushed from registers
+            for it in range(items):
+                work.append([("push", dest, it), ("signal", dest, it)])
+        for it in range(items):        # own slice last: every peer's partial of each tile
+            steps: List[Step] = []
+            for src in range(world):
+                if src != rank:
+                    steps += [("wait", src, it), ("read", src, it), ("done", src, it)]
+            work.append(steps)
+    elif op == "flash_decode_distributed":
+        for it in range(items):        # one program per batch row: push to all, then merge all
+            steps = []
+            for dest in peers_from:
+                steps += [("push", dest, it), ("signal", dest, it)]
+            for src in range(world):
+                if src != rank:
+                    steps += [("wait", src, it), ("read", src, it), ("done", src, it)]
+            work.append(steps)
+    else:
+        raise ValueError(f"unknown op {op!r}")
+    # persistent programs take work items in order (dynamic tickets): deal them out round-robin
+    progs: List[List[Step]] = [[] for _ in range(max(1, num_programs))]
+    for i, w in enumerate(work):
+        progs[i % len(progs)] += w
+    return [p for p in progs if p] or [[]]
+
+
+def simulate(op: str, world: int, *, calls: int = 4, items: int = 3, num_programs: int = 3, slots: int = 2,
+             seed: int = 0, max_steps: int = 10**6) -> Dict[str, int]:
+    """Run one random interleaving; raise ProtocolError on a violation. Returns step statistics."""
+    rng = random.Random(seed)
+    flag: Dict[Tuple[int, int, int], int] = {}    # (owner, src, item) -> epoch
+    buf: Dict[Tuple[int, int, int, int], int] = {}  # (owner, slot, src, item) -> epoch of the data
+    call_of = [0] * world                          # current call (epoch - 1) per rank
+    running: List[List[List[Step]]] = [programs_for(op, r, world, items, num_programs, rng) for r in range(world)]
+    reading: Dict[Tuple[int, int, int], int] = {}  # (rank, src, item) -> epoch being read
+    steps = waits_blocked = 0
+    while True:
+        for r in range(world):   # finished kernels (or empty ones, world 1): the stream starts the next call
+            while call_of[r] < calls and all(not p for p in running[r]):
+                call_of[r] += 1
+                if call_of[r] < calls:
+                    running[r] = programs_for(op, r, world, items, num_programs, rng)
+        runnable = []
+        for r in range(world):
+            if call_of[r] >= calls:
+                continue
+            e = call_of[r] + 1
+            for pi, prog in enumerate(running[r]):
+                if not prog:
+                    continue
+                kind, peer, it = prog[0]
+                if kind == "wait" and flag.get((r, peer, it), 0) < e:
+                    waits_blocked += 1
+                    continue
+                runnable.append((r, pi))
+        if not runnable:
+            if all(c >= calls for c in call_of):
+                return dict(steps=steps, blocked_polls=waits_blocked)
+            raise ProtocolError(f"{op}, world {world}: deadlock at calls {call_of}")
+        r, pi = rng.choice(runnable)
+        e = call_of[r] + 1
+        slot = e % slots
+        kind, peer, it = running[r][pi].pop(0)
+        steps += 1
+        if kind == "push":
+            for (rr, src, item), ep in reading.items():
+                if rr == peer and src == r and item == it and ep % slots == slot and ep != e:
+                    raise ProtocolError(f"{op}, world {world}: rank {r} call {e} overwrote slot {slot} of rank {peer} "
+                                        f"while it still reads call {ep}'s data (item {it})")
+            buf[(peer, slot, r, it)] = e
+        elif kind == "signal":
+            if flag.get((peer, r, it), 0) > e:
+                raise ProtocolError(f"{op}: flag went backwards")
+            flag[(peer, r, it)] = e
+        elif kind == "read":
+            got = buf.get((r, slot, peer, it))
+            if got != e:
+                raise ProtocolError(f"{op}, world {world}: rank {r} call {e} read item {it} from rank {peer} and saw "
+                                    f"call {got}'s data")
+            reading[(r, peer, it)] = e
+        elif kind == "done":
+            got = buf.get((r, slot, peer, it))
+            del reading[(r, peer, it)]
+            if got != e:
+                raise ProtocolError(f"{op}, world {world}: rank {r} call {e}: item {it} from rank {peer} was "
+                                    f"overwritten by call {got} during the read")
+        if steps > max_steps:
+            raise ProtocolError("too many steps")

@@ -1,0 +1,443 @@
+"""numasched.distributed: CPU tests (interpreter, several ranks in one process) + GPU/multi-GPU runs.
+
+CPU (no Iris, no GPU needed):
+  * importing numasched.distributed never imports Iris;
+  * the tile order: a bijection of the tickets onto (shard, tile_m, tile_n) for world 1..8 and
+    every registered GEMM policy; all-gather visits its own shard first, then rank+1, rank+2, ...;
+    reduce-scatter visits rank+1 first and its own shard last; device function == NumPy reference;
+  * the protocol model (numasched.distributed.protocol): no deadlock and no stale or overwritten
+    read for world 1..8 under random interleavings with double buffering; single buffering is
+    caught (so the check can fail);
+  * the real kernels for 1-4 simulated ranks (SimWorld): results vs float64 on fresh random data,
+    NaN-poisoned outputs, repeated calls (epochs advance, no clearing pass), bitwise-equal results
+    across ranks where promised, a rank that never arrives -> TimeoutError naming it, header
+    mismatch -> ValueError naming field and rank, heap too small -> ValueError;
+  * argument checks name the argument; the kernels compile for sm_90 (software-pipelined GEMM
+    loop, "sys"-scope acquire/release flags in the PTX) and for gfx942.
+GPU: one-rank Iris context (gpu); torchrun on every GPU with tests/dist_worker.py (multigpu).
+"""
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import numasched.distributed as nd
+from numasched import mappings as M
+from numasched.distributed import protocol
+from numasched.distributed._context import _peer_access_error
+from numasched.kernels.dist_order import (ALL_GATHER_FIRST, REDUCE_SCATTER_FIRST, shard_order_device_map,
+                                          shard_order_reference)
+
+GEMM_POLICIES = M.available("gemm")
+HAS_GPU = torch.cuda.is_available()
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _rel(x, ref):
+    return float(torch.linalg.vector_norm(x.double() - ref) / torch.linalg.vector_norm(ref))
+
+
+# ============================================================================ import / setup
+def test_init_needs_process_group():
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized")
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        nd.init()
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        nd.init(workload=[("all_gather_matmul", torch.empty(4, 4, device="meta"), torch.empty(4, 4, device="meta"))])
+
+
+def test_peer_access_errors():
+    ok = [[True, True], [True, True]]
+    assert _peer_access_error([0, 1], ["h", "h"], ok) is None
+    msg = _peer_access_error([0, 1], ["h", "h"], [[True, False], [True, True]])
+    assert "GPU 0 (rank 0) cannot access GPU 1 (rank 1)" in msg and "can_device_access_peer" in msg
+    assert "one host" in _peer_access_error([0, 1], ["a", "b"], ok)
+    assert "share a GPU" in _peer_access_error([0, 0], ["h", "h"], ok)
+
+
+# ============================================================================ tile order
+@settings(max_examples=60, deadline=None)
+@given(world=st.integers(1, 8), data=st.data(), tms=st.integers(1, 9), tn=st.integers(1, 9),
+       policy=st.sampled_from(GEMM_POLICIES), nd_=st.sampled_from([1, 8]))
+def test_shard_order_bijection_and_rotation(world, data, tms, tn, policy, nd_):
+    rank = data.draw(st.integers(0, world - 1))
+    p = M.get(policy)
+    per = tms * tn
+    T = world * per
+    for first in (ALL_GATHER_FIRST, REDUCE_SCATTER_FIRST):
+        items = shard_order_reference(np.arange(T), rank, world, first, tms, tn, p, nd_)
+        # bijection onto (src, tm, tn)
+        assert len({tuple(x) for x in items}) == T
+        assert items[:, 0].min() >= 0 and items[:, 0].max() < world
+        assert items[:, 1].max() < tms and items[:, 2].max() < tn
+        # shards in rank order starting at rank + first, each shard's tiles contiguous
+        pos = np.arange(T) // per
+        assert np.array_equal(items[:, 0], (rank + first + pos) % world)
+    ag = shard_order_reference(np.arange(T), rank, world, ALL_GATHER_FIRST, tms, tn, p, nd_)
+    assert (ag[:per, 0] == rank).all()            # local first: no tile waits before these
+    rs = shard_order_reference(np.arange(T), rank, world, REDUCE_SCATTER_FIRST, tms, tn, p, nd_)
+    assert (rs[-per:, 0] == rank).all()           # own slice last: peers' partials have arrived
+
+
+@pytest.mark.parametrize("world,rank,tms,tn,policy", [(1, 0, 3, 2, "grouped"), (3, 2, 5, 3, "grouped"),
+                                                      (8, 5, 2, 3, "row_major"), (4, 1, 9, 2, "chiplet_tiled")])
+def test_shard_order_device_matches_reference(world, rank, tms, tn, policy):
+    p = M.get(policy)
+    for first in (ALL_GATHER_FIRST, REDUCE_SCATTER_FIRST):
+        dev = shard_order_device_map(rank, world, first, tms, tn, p, num_domains=8)
+        ref = shard_order_reference(np.arange(world * tms * tn), rank, world, first, tms, tn, p, num_domains=8)
+        assert np.array_equal(dev, ref)
+
+
+# ============================================================================ protocol model
+@pytest.mark.parametrize("op", ["all_gather_matmul", "matmul_reduce_scatter", "flash_decode_distributed"])
+def test_protocol_model_double_buffering(op):
+    for world in range(1, 9):
+        for seed in range(2):
+            stats = protocol.simulate(op, world, calls=4, items=2, num_programs=3, seed=seed)
+            assert stats["steps"] > 0 or world == 1
+
+
+@pytest.mark.parametrize("op", ["all_gather_matmul", "matmul_reduce_scatter", "flash_decode_distributed"])
+def test_protocol_model_catches_single_buffering(op):
+    caught = 0
+    for seed in range(10):
+        try:
+            protocol.simulate(op, 2, calls=4, items=2, num_programs=2, seed=seed, slots=1)
+        except protocol.ProtocolError as e:
+            assert "call" in str(e)
+            caught += 1
+    assert caught > 0
+
+
+# ============================================================================ kernels, simulated ranks
+def _ag_case(world, Ml, K, N, dtype, calls=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    sim = nd.SimWorld(world)
+    for _ in range(calls):   # back to back: epochs advance, flags are never cleared
+        A = [torch.randn(Ml, K, generator=g).to(dtype) for _ in range(world)]
+        B = torch.randn(K, N, generator=g).to(dtype)
+        outs = [torch.full((world * Ml, N), float("nan"), dtype=dtype) for _ in range(world)]
+        res = sim.run_each("all_gather_matmul", [((A[r], B), dict(out=outs[r])) for r in range(world)])
+        ref = torch.cat(A).double() @ B.double()
+        for r in range(world):
+            assert res[r] is outs[r]
+            assert torch.isfinite(res[r]).all(), "an output element was never written"
+            assert _rel(res[r], ref) < (1e-5 if dtype == torch.float32 else 1e-2)
+            assert torch.equal(res[r], res[0])   # every rank computes the same product
+    return sim
+
+
+@pytest.mark.parametrize("world,Ml,K,N,dtype", [(1, 20, 24, 40, torch.float32), (2, 20, 40, 36, torch.float32),
+                                                (3, 16, 32, 16, torch.float16), (4, 9, 16, 20, torch.float32)])
+def test_all_gather_matmul_sim(world, Ml, K, N, dtype):
+    sim = _ag_case(world, Ml, K, N, dtype, calls=2 if world < 4 else 1)
+    ctx = sim.ranks[0]
+    plan = next(iter(ctx.plans.values()))
+    assert int(plan.bufs["epoch"]) == (2 if world < 4 else 1)        # one epoch per call
+    assert int(plan.bufs["counters"].abs().sum()) == 0                # the last program reset them
+    if world > 1:   # flags of every peer's row blocks hold the last epoch (set, never cleared)
+        flags = plan.bufs["flags"]
+        peers = [s for s in range(world) if s != 0]
+        assert (flags[peers] == int(plan.bufs["epoch"])).all()
+
+
+@pytest.mark.parametrize("world,M_,Kl,N", [(1, 12, 20, 36), (2, 24, 40, 20), (3, 18, 16, 20)])
+def test_matmul_reduce_scatter_sim(world, M_, Kl, N):
+    g = torch.Generator().manual_seed(1)
+    sim = nd.SimWorld(world)
+    Ms = M_ // world
+    for _ in range(2):
+        A = [torch.randn(M_, Kl, generator=g) for _ in range(world)]
+        B = [torch.randn(Kl, N, generator=g) for _ in range(world)]
+        outs = [torch.full((Ms, N), float("nan")) for _ in range(world)]
+        res = sim.run_each("matmul_reduce_scatter", [((A[r], B[r]), dict(out=outs[r])) for r in range(world)])
+        full = sum(A[r].double() @ B[r].double() for r in range(world))
+        for r in range(world):
+            assert res[r] is outs[r] and torch.isfinite(res[r]).all()
+            assert _rel(res[r], full[r * Ms:(r + 1) * Ms]) < 1e-5
+
+
+def _decode_ref(q, ks, vs, lens):
+    """float64 decode over the concatenation of every rank's valid tokens."""
+    B = q.shape[0]
+    outs, lses = [], []
+    for b in range(B):
+        k = torch.cat([ks[r][b, :int(lens[r][b])] for r in range(len(ks))]).double()
+        v = torch.cat([vs[r][b, :int(lens[r][b])] for r in range(len(ks))]).double()
+        o, l = nd.torch_local_decode(q[b:b + 1].double(), k[None], v[None], torch.tensor([k.shape[0]]))
+        outs.append(o[0])
+        lses.append(l[0])
+    return torch.stack(outs), torch.stack(lses)
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_flash_decode_distributed_sim(world):
+    g = torch.Generator().manual_seed(2)
+    B, H, HK, D, S = 3, 4, 2, 16, 9
+    sim = nd.SimWorld(world)
+    for call in range(2 if world < 4 else 1):
+        q = torch.randn(B, H, D, generator=g)
+        ks = [torch.randn(B, S, HK, D, generator=g) for _ in range(world)]
+        vs = [torch.randn(B, S, HK, D, generator=g) for _ in range(world)]
+        lens = [torch.randint(1, S + 1, (B,), generator=g, dtype=torch.int32) for _ in range(world)]
+        lens[0][1] = 0                      # rank 0 holds nothing of row 1
+        for r in range(world):
+            lens[r][2] = 0                  # row 2 is empty everywhere: out 0, lse -inf
+        outs = [torch.full((B, H, D), float("nan")) for _ in range(world)]
+        res = sim.run_each("flash_decode_distributed",
+                           [((q, ks[r], vs[r], lens[r]), dict(out=outs[r], return_lse=True,
+                                                              local_decode=nd.torch_local_decode))
+                            for r in range(world)])
+        ref_o, ref_l = _decode_ref(q, ks, vs, lens)
+        for r in range(world):
+            o, l = res[r]
+            assert o is outs[r] and torch.isfinite(o).all()
+            assert _rel(o[:2], ref_o[:2]) < 1e-5
+            assert (o[2] == 0).all() and torch.isneginf(l[2]).all()
+            assert torch.allclose(l[:2].double(), ref_l[:2].double(), atol=1e-5)
+            assert torch.equal(o, res[0][0])   # merged in rank order: bitwise equal everywhere
+
+
+def test_flash_decode_distributed_with_numasched_decode():
+    """The default local part is numasched.decode.flash_decode(return_lse=True) when present."""
+    pytest.importorskip("numasched.decode")
+    from numasched.distributed._ops import default_local_decode, torch_local_decode
+
+    nd.set_local_decode(None)
+    fn = default_local_decode()
+    assert fn is not torch_local_decode
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 4, 16, generator=g)
+    ks = [torch.randn(2, 8, 2, 16, generator=g) for _ in range(2)]
+    vs = [torch.randn(2, 8, 2, 16, generator=g) for _ in range(2)]
+    lens = [torch.tensor([8, 3], dtype=torch.int32), torch.tensor([5, 0], dtype=torch.int32)]
+    res = nd.SimWorld(2).run("flash_decode_distributed", [(q, ks[r], vs[r], lens[r]) for r in range(2)])
+    ref_o, _ = _decode_ref(q, ks, vs, lens)
+    assert _rel(res[0], ref_o) < 1e-4 and torch.equal(res[0], res[1])
+
+
+# ============================================================================ errors
+def test_timeout_names_the_missing_rank():
+    sim = nd.SimWorld(2, max_spins=5)
+    A = [torch.randn(16, 16) for _ in range(2)]
+    B = torch.randn(16, 16)
+    sim.run("all_gather_matmul", [(A[r], B) for r in range(2)])            # fine
+    with pytest.raises(TimeoutError, match=r"rank\(s\) \[1\] never signalled"):
+        sim.run("all_gather_matmul", [(A[r], B) for r in range(2)], skip_ranks=[1])
+    with pytest.raises(RuntimeError, match="create a new context"):      # the context is out of step
+        sim.run("all_gather_matmul", [(A[r], B) for r in range(2)])
+
+
+def test_header_mismatch_names_field_and_rank():
+    sim = nd.SimWorld(2)
+    B = torch.randn(16, 16)
+    with pytest.raises(ValueError, match=r"a_local_shape is \(16, 16\) on rank 0 but \(8, 16\) on rank 1"):
+        sim.run("all_gather_matmul", [(torch.randn(16, 16), B), (torch.randn(8, 16), B)])
+    with pytest.raises(ValueError, match="dtype is torch.float32 on rank 0 but torch.float16 on rank 1"):
+        sim.run("matmul_reduce_scatter", [(torch.randn(4, 16), torch.randn(16, 4)),
+                                          (torch.randn(4, 16).half(), torch.randn(16, 4).half())])
+    assert sim.ranks[0].used_bytes == 0   # nothing was allocated
+
+
+def test_heap_budget():
+    a, b = torch.empty(64, 32, device="meta"), torch.empty(32, 48, device="meta")
+    q, k = torch.empty(2, 4, 16, device="meta"), torch.empty(2, 8, 2, 16, device="meta")
+    need = nd.required_heap_bytes([("all_gather_matmul", a, b), ("flash_decode_distributed", q, k)], world=2)
+    assert need == 5 * (2 << 20)   # flags + gather, flags + recv_out + recv_lse: 2 MiB each at least
+    sim = nd.SimWorld(2, heap_bytes=need)
+    sim.run("all_gather_matmul", [(torch.randn(16, 16), torch.randn(16, 16)) for _ in range(2)])
+    assert sim.ranks[0].used_bytes == 2 * (2 << 20)
+    with pytest.raises(ValueError, match="symmetric heap too small.*required_heap_bytes"):
+        small = nd.SimWorld(2, heap_bytes=3 << 20)
+        small.run("all_gather_matmul", [(torch.randn(64, 32), torch.randn(32, 48)) for _ in range(2)])
+    with pytest.raises(ValueError, match="not a multiple of 2"):
+        nd.required_heap_bytes([("matmul_reduce_scatter", torch.empty(5, 4, device="meta"),
+                                 torch.empty(4, 4, device="meta"))], world=2)
+
+
+def test_argument_checks_name_the_argument():
+    ctx = nd.SimWorld(1).ranks[0]
+    a, b = torch.randn(8, 16), torch.randn(16, 8)
+    with pytest.raises(ValueError, match="a_local must have 2 dimensions"):
+        nd.all_gather_matmul(a[None], b, ctx=ctx)
+    with pytest.raises(TypeError, match="b has dtype torch.float16 but a_local has torch.float32"):
+        nd.all_gather_matmul(a, b.half(), ctx=ctx)
+    with pytest.raises(ValueError, match="a_local's columns"):
+        nd.all_gather_matmul(a, torch.randn(8, 8), ctx=ctx)
+    with pytest.raises(ValueError, match="out must have shape"):
+        nd.all_gather_matmul(a, b, ctx=ctx, out=torch.empty(3, 3))
+    with pytest.raises(ValueError, match="b_local's rows"):
+        nd.matmul_reduce_scatter(a, torch.randn(8, 8), ctx=ctx)
+    with pytest.raises(ValueError, match="not a multiple of the world size 2"):
+        nd.SimWorld(2).run("matmul_reduce_scatter", [(torch.randn(5, 16), b)] * 2)
+    q, k = torch.randn(2, 4, 16), torch.randn(2, 8, 3, 16)
+    lens = torch.tensor([8, 8], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"q's heads \(4\) must be a multiple of k_cache_local's kv_heads \(3\)"):
+        nd.flash_decode_distributed(q, k, k, lens, ctx=ctx)
+    k = torch.randn(2, 8, 2, 16)
+    with pytest.raises(ValueError, match="cache_seqlens_local must have 2 entries"):
+        nd.flash_decode_distributed(q, k, k, lens[:1], ctx=ctx)
+    with pytest.raises(TypeError, match="cache_seqlens_local has dtype torch.float32"):
+        nd.flash_decode_distributed(q, k, k, lens.float(), ctx=ctx)
+    with pytest.raises(ValueError, match="simulated rank cannot call alone"):
+        nd.all_gather_matmul(a, b, ctx=nd.SimWorld(2).ranks[0])
+    # one simulated rank is a real call: the public function runs the fused kernel
+    out = nd.all_gather_matmul(a, b, ctx=ctx, mapping="row_major")
+    assert _rel(out, a.double() @ b.double()) < 1e-5
+
+
+# ============================================================================ compiled for real GPUs (on CPU)
+# The interpreter cannot compile, so one subprocess (TRITON_INTERPRET unset, Iris import blocked)
+# both checks the Iris-free import and compiles the kernels for sm_90 and gfx942.
+_SUBPROCESS = r"""
+import json, os, re, sys
+sys.modules["iris"] = None                       # any 'import iris' now raises ImportError
+import numasched, numasched.distributed as nd
+assert callable(nd.all_gather_matmul) and numasched.distributed is nd
+res = {}
+try:
+    nd.DistContext(1 << 30)
+except RuntimeError as e:
+    res["init_error"] = str(e)
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from numasched import mappings as M
+from numasched.kernels import dist_decode, dist_gemm
+
+def compile_(kernel, values, target, num_warps, num_stages=3):
+    # like a launch: pointers and ints divisible by 16 marked so, ints equal to 1 made constant
+    sig, const, attrs = {}, {}, {}
+    constexprs = {p.name for p in kernel.params if p.is_constexpr}
+    for i, n in enumerate(kernel.arg_names):
+        v = values[n]
+        if isinstance(v, str):
+            sig[n] = v
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(v, int) and not isinstance(v, bool) and v != 1 and n not in constexprs:
+            sig[n] = "i32"
+            if v % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            sig[n] = "constexpr"
+            const[(i,)] = v
+    return triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=const, attrs=attrs), target=target,
+                          options=dict(num_warps=num_warps, num_stages=num_stages))
+
+def ag_values(policy):
+    return dict(a_ptr="*bf16", g_ptr="*bf16", b_ptr="*bf16", c_ptr="*bf16", flags_ptr="*i32", status_ptr="*i32",
+                epoch_ptr="*i32", counters_ptr="*i32", heap_bases="*i64", rank=0, Ml=8192, N=14336, K=8192,
+                stride_bk=14336, stride_bn=1, stride_cm=14336, stride_cn=1, num_programs=132, max_spins=10**6,
+                TICKET_LO=0, TICKET_HI=7168, **policy.kernel_args(1), WORLD=2, BLOCK_M=128, BLOCK_N=256,
+                BLOCK_K=64, EVEN_K=True, COMM_PROGRAMS=16, PUSH_CHUNK=4096, DO_PUSH=True, WAIT=True,
+                BUMP_EPOCH=True)
+
+sm90 = GPUTarget("cuda", 90, 32)
+c = compile_(dist_gemm.all_gather_matmul_kernel, ag_values(M.get("grouped")), sm90, 8)
+res["ag"] = dict(ptx=c.asm["ptx"], shared=c.metadata.shared)
+vals = dict(a_ptr="*bf16", b_ptr="*bf16", out_ptr="*bf16", p_ptr="*bf16", flags_ptr="*i32", status_ptr="*i32",
+            epoch_ptr="*i32", counters_ptr="*i32", heap_bases="*i64", rank=0, Ms=8192, N=8192, Kl=14336,
+            stride_am=14336, stride_ak=1, stride_bk=8192, stride_bn=1, stride_om=8192, stride_on=1,
+            num_programs=132, max_spins=10**6, TICKET_LO=0, TICKET_HI=4096, **M.get("grouped").kernel_args(1),
+            WORLD=2, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, EVEN_K=True, COMM=True, BUMP_EPOCH=True)
+c = compile_(dist_gemm.matmul_reduce_scatter_kernel, vals, sm90, 8)
+res["rs"] = dict(ptx=c.asm["ptx"], shared=c.metadata.shared)
+vals = dict(out_ptr="*bf16", lse_ptr="*fp32", ro_ptr="*bf16", rl_ptr="*fp32", flags_ptr="*i32", res_ptr="*bf16",
+            res_lse_ptr="*fp32", status_ptr="*i32", epoch_ptr="*i32", counters_ptr="*i32", heap_bases="*i64",
+            rank=0, B=16, H=32, D=128, stride_ob=4096, stride_oh=128, stride_od=1, stride_lb=32, stride_lh=1,
+            num_programs=16, max_spins=10**6, WORLD=2, BLOCK_H=32, BLOCK_D=128, DO_PUSH=True, DO_COMBINE=True,
+            WAIT=True, BUMP_EPOCH=True)
+c = compile_(dist_decode.decode_exchange_combine_kernel, vals, sm90, 8)
+res["decode"] = dict(ptx=c.asm["ptx"], shared=c.metadata.shared)
+try:
+    c = compile_(dist_gemm.all_gather_matmul_kernel, ag_values(M.get("chiplet_tiled")), GPUTarget("hip", "gfx942", 64),
+                 8, 2)
+    res["amd"] = "amdgcn" in c.asm
+except Exception as e:
+    res["amd"] = "skip: " + repr(e)[:300]
+print("RESULT" + json.dumps(res))
+"""
+
+
+@pytest.fixture(scope="module")
+def subprocess_result():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", _SUBPROCESS], capture_output=True, text=True, cwd=REPO, env=env,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    import json
+
+    return json.loads(r.stdout.split("RESULT", 1)[1])
+
+
+def test_import_does_not_import_iris(subprocess_result):
+    assert "init_process_group" in subprocess_result["init_error"]
+
+
+def test_kernels_compile_for_hopper(subprocess_result):
+    ag, rs, dec = subprocess_result["ag"], subprocess_result["rs"], subprocess_result["decode"]
+    for k in (ag, rs):
+        # flags: release at scope sys to signal, acquire at scope sys to wait (never a cached load)
+        assert re.search(r"atom\.global\.sys\.release\.exch", k["ptx"])
+        assert "wgmma" in k["ptx"]
+        assert k["shared"] >= 3 * (128 * 64 + 64 * 256) * 2   # the K loop is software-pipelined, 3 stages
+    assert re.search(r"(ld|atom)\.global\.sys\.acquire", ag["ptx"])
+    assert re.search(r"(ld|atom)\.global\.sys\.acquire", rs["ptx"])
+    assert re.search(r"(ld|atom)\.global\.sys\.acquire", dec["ptx"])
+    assert re.search(r"atom\.global\.sys\.release\.exch", dec["ptx"])
+
+
+def test_all_gather_kernel_compiles_for_mi300(subprocess_result):
+    if subprocess_result["amd"] is not True:
+        pytest.skip(f"no AMD backend in this Triton build: {subprocess_result['amd']}")
+
+
+# ============================================================================ GPU
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.gpu
+def test_one_rank_iris_context():
+    """world 1 through the real Iris context (the multi-GPU runs are in dist_worker.py)."""
+    pytest.importorskip("iris")
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    ctx = nd.init(heap_bytes=64 << 20)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    a = torch.randn(1000, 1024, device="cuda", dtype=torch.bfloat16, generator=g)
+    b = torch.randn(1024, 768, device="cuda", dtype=torch.bfloat16, generator=g)
+    for _ in range(3):
+        assert _rel(nd.all_gather_matmul(a, b, ctx=ctx), a.double() @ b.double()) < 1e-2
+        assert _rel(nd.matmul_reduce_scatter(a, b, ctx=ctx), a.double() @ b.double()) < 1e-2
+
+
+@pytest.mark.multigpu
+@pytest.mark.gpu
+def test_torchrun_worker():
+    n = torch.cuda.device_count() if HAS_GPU else 0
+    if n < 2:
+        pytest.skip("needs 2+ GPUs")
+    pytest.importorskip("iris")
+    env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1")
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={n}",
+                        os.path.join(REPO, "tests", "dist_worker.py")], capture_output=True, text=True, env=env,
+                       timeout=900)
+    print(r.stdout[-8000:], r.stderr[-4000:])
+    assert r.returncode == 0 and "ALL PASSED" in r.stdout
