@@ -154,8 +154,9 @@ def gemm_kernel(a, b, c, c_desc, M, N, K,
     NN = tl.cdiv(N, BLOCK_N)
     num_tiles = NM * NN
     if PERSISTENT:
-        # Warp specialization (when asked) goes on the outer loop, as Triton's Hopper auto-WS
-        # expects; flatten lets the pipeliner prefetch the next tile's K loop during the epilogue.
+        # flatten fuses the tile and K loops so the pipeliner prefetches the next tile's operands
+        # during this tile's epilogue. WARP_SPECIALIZE is kept for experiments only (no config sets
+        # it: see gpu_configs).
         for tile in tl.range(pid, num_tiles, tl.num_programs(0), flatten=FLATTEN,
                              warp_specialize=WARP_SPECIALIZE):
             _gemm_one_tile(tile, num_tiles, NM, NN, a, b, c, c_desc, M, N, K,
