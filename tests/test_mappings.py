@@ -39,7 +39,6 @@ Errors: bad sizes, non-integers, X < 1, heads % kv_heads, wrong grid/kernel kind
 pids, unknown names and zero parameters raise ValueError naming them; auto/resolve/set_default/
 get_default follow the rules in mappings/_registry.py. Layout: only numasched.* is importable.
 """
-import itertools
 import math
 import os
 import subprocess
