@@ -24,7 +24,6 @@ are never read. Offsets are int64 where a cache can exceed 2^31 elements (``INT6
 """
 from __future__ import annotations
 
-import math
 import os
 from typing import Optional
 
@@ -32,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-LN2 = 0.6931471805599453
+LN2 = tl.constexpr(0.6931471805599453)
 LOG2E = 1.4426950408889634
 
 # How many times the Triton path has launched (tests check that the kernel, not a fallback, ran).
@@ -41,46 +40,44 @@ LAUNCHES = 0
 
 # ----------------------------------------------------------------------------- combine helper
 @triton.jit
-def _combine_group(PO, PL, O, LSE, b, kvh, HK, S, stride_ob, stride_oh, stride_lb, stride_lh,
-                   G: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+def _combine_heads(PO, PL, O, LSE, b, h0, H, S, stride_ob, stride_oh, stride_lb, stride_lh,
+                   NH: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
                    CACHE: tl.constexpr):
-    """Merge the S partials of the G query heads of (b, kvh) into O (q dtype) and LSE (natural log).
+    """Merge the S partials of query heads h0 .. h0+NH-1 of batch b into O (q dtype) and LSE (natural log).
 
-    Partial i holds o_i (already divided by its own sum) and lse2_i = log2(sum_i). The merged
-    output is sum_i 2^(lse2_i - M) o_i / sum_i 2^(lse2_i - M) with M = max_i lse2_i; empty splits
-    have lse2 = -inf and weigh nothing; a sequence of length 0 gives zeros and lse = -inf.
+    Partial s of head h (row (b*H + h)*S + s of the (B, H, S, D) buffer) holds o_s, already divided
+    by its own softmax sum, and lse2_s = log2 of that sum. The merge is
+    out = sum_s 2^(lse2_s - M) o_s / sum_s 2^(lse2_s - M), M = max_s lse2_s, done online over chunks
+    of BLOCK_S splits: with S <= BLOCK_S (the usual case) it is one vector load of all partials.
+    Empty splits have lse2 = -inf and weigh nothing; an empty sequence gives zeros, lse = -inf.
     """
-    offs_g = tl.arange(0, BLOCK_G)
+    offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
-    gmask = offs_g < G
-    omask = gmask[:, None] & (offs_d[None, :] < HEAD_DIM)
-    base = (b.to(tl.int64) * HK + kvh) * S  # row of split 0 in the (B, HK, S, G, D) partials
-
-    # pass 1: the largest partial lse (a handful of floats per split)
-    m = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    for s in range(0, S):
-        ls = tl.load(PL + (base + s) * G + offs_g, mask=gmask, other=float("-inf"), cache_modifier=CACHE)
-        m = tl.maximum(m, ls)
-    m_safe = tl.where(m == float("-inf"), 0.0, m)  # all splits empty: keep exp2 away from -inf - -inf
-
-    # pass 2: weighted sum of the partial outputs
-    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    den = tl.zeros([BLOCK_G], tl.float32)
-    for s in range(0, S):
-        ls = tl.load(PL + (base + s) * G + offs_g, mask=gmask, other=float("-inf"), cache_modifier=CACHE)
-        w = tl.math.exp2(ls - m_safe)
-        o = tl.load(PO + ((base + s) * G + offs_g[:, None]) * HEAD_DIM + offs_d[None, :], mask=omask, other=0.0,
-                    cache_modifier=CACHE)
-        acc += w[:, None] * o
-        den += w
-    nonempty = den > 0
-    den_safe = tl.where(nonempty, den, 1.0)
-    out = acc / den_safe[:, None]
-    lse = tl.where(nonempty, (m_safe + tl.math.log2(den_safe)) * LN2, float("-inf"))
-    heads = kvh * G + offs_g
-    o_ptrs = O + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
-    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=omask)
-    tl.store(LSE + b.to(tl.int64) * stride_lb + heads * stride_lh, lse, mask=gmask)
+    dmask = offs_d < HEAD_DIM
+    for i in tl.static_range(NH):
+        h = h0 + i
+        row0 = (b.to(tl.int64) * H + h) * S
+        m = tl.max(tl.full([BLOCK_S], float("-inf"), tl.float32), 0)
+        den = tl.sum(tl.zeros([BLOCK_S], tl.float32), 0)
+        acc = tl.zeros([BLOCK_D], tl.float32)
+        for s0 in range(0, S, BLOCK_S):
+            smask = (s0 + offs_s) < S
+            ls = tl.load(PL + row0 + s0 + offs_s, mask=smask, other=float("-inf"), cache_modifier=CACHE)
+            o = tl.load(PO + (row0 + s0 + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
+                        mask=smask[:, None] & dmask[None, :], other=0.0, cache_modifier=CACHE)
+            m_new = tl.maximum(m, tl.max(ls, 0))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing seen yet: avoid -inf - -inf
+            alpha = tl.math.exp2(m - m_safe)
+            w = tl.math.exp2(ls - m_safe)
+            den = den * alpha + tl.sum(w, 0)
+            acc = acc * alpha + tl.sum(w[:, None] * o, 0)
+            m = m_new
+        nonempty = den > 0
+        den_safe = tl.where(nonempty, den, 1.0)
+        lse = tl.where(nonempty, (m + tl.math.log2(den_safe)) * LN2, float("-inf"))
+        tl.store(O + b.to(tl.int64) * stride_ob + h * stride_oh + offs_d, (acc / den_safe).to(O.dtype.element_ty),
+                 mask=dmask)
+        tl.store(LSE + b.to(tl.int64) * stride_lb + h * stride_lh, lse)
 
 
 # ----------------------------------------------------------------------------- split kernel
@@ -99,7 +96,7 @@ def _flash_decode_kernel(
     PAGE_SIZE: tl.constexpr,  # 0: contiguous cache
     HAS_SEQLENS: tl.constexpr,
     COMBINE: tl.constexpr,  # 0: one split, write O directly; 1: partials for the combine kernel; 2: fused
-    INT64: tl.constexpr, INPUT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
+    INT64: tl.constexpr, INPUT_PRECISION: tl.constexpr, COMBINE_BLOCK_S: tl.constexpr, BLOCK_N: tl.constexpr,
     REMAP: tl.constexpr, REMAP_PARAM: tl.constexpr, ORDER: tl.constexpr, ORDER_PARAM: tl.constexpr,
     NUM_DOMAINS: tl.constexpr,
 ):
@@ -194,10 +191,10 @@ def _flash_decode_kernel(
                  mask=omask)
         tl.store(LSE + b64 * stride_lb + heads * stride_lh, lse2 * LN2, mask=gmask)
     else:
-        # partials (B, HK, S, G, D) fp32 and (B, HK, S, G) fp32, contiguous
-        row = ((b64 * HK + kvh) * S + split) * G
-        tl.store(PO + (row + offs_g[:, None]) * HEAD_DIM + offs_d[None, :], o, mask=omask)
-        tl.store(PL + row + offs_g, lse2, mask=gmask)
+        # partials (B, H, S, D) and (B, H, S), fp32, contiguous: a head's splits are adjacent rows
+        rows = (b64 * (HK * G) + kvh * G + offs_g) * S + split
+        tl.store(PO + rows[:, None] * HEAD_DIM + offs_d[None, :], o, mask=omask)
+        tl.store(PL + rows, lse2, mask=gmask)
         if COMBINE == 2:
             # The last split of (b, kvh) to arrive merges all of them. The barrier orders every
             # thread's partial stores before the release of the arrival; the reads use .cg
@@ -206,34 +203,50 @@ def _flash_decode_kernel(
             ctr = COUNTER + b64 * HK + kvh
             arrived = tl.atomic_add(ctr, 1, sem="acq_rel")
             if arrived == S - 1:
-                _combine_group(PO, PL, O, LSE, b, kvh, HK, S, stride_ob, stride_oh, stride_lb, stride_lh,
-                               G, BLOCK_G, HEAD_DIM, BLOCK_D, ".cg")
+                _combine_heads(PO, PL, O, LSE, b, kvh * G, HK * G, S, stride_ob, stride_oh, stride_lb, stride_lh,
+                               G, HEAD_DIM, BLOCK_D, COMBINE_BLOCK_S, ".cg")
                 tl.atomic_xchg(ctr, 0)  # ready for the next launch (and CUDA graph replays)
 
 
 @triton.jit
-def _combine_kernel(PO, PL, O, LSE, HK, S, stride_ob, stride_oh, stride_lb, stride_lh,
-                    G: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+def _combine_kernel(PO, PL, O, LSE, H, S, stride_ob, stride_oh, stride_lb, stride_lh,
+                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr):
+    # one program per (batch, query head)
     pid = tl.program_id(0)
-    _combine_group(PO, PL, O, LSE, pid // HK, pid % HK, HK, S, stride_ob, stride_oh, stride_lb, stride_lh,
-                   G, BLOCK_G, HEAD_DIM, BLOCK_D, "")
+    _combine_heads(PO, PL, O, LSE, pid // H, pid % H, H, S, stride_ob, stride_oh, stride_lb, stride_lh,
+                   1, HEAD_DIM, BLOCK_D, BLOCK_S, "")
 
 
 # ----------------------------------------------------------------------------- configs
+# (BLOCK_N, num_warps, num_stages). Triton's pipeliner keeps num_stages - 1 K/V tiles in flight for
+# the contiguous cache, but only (num_stages - 1) // 2 for the paged one (the block-table load
+# takes a stage of its own ahead of the K/V loads it addresses, checked by compiling for sm_90),
+# so paged configs use more stages.
+_CONTIGUOUS_CONFIGS = [(64, 4, 3), (64, 4, 4), (64, 8, 4), (128, 4, 3), (128, 8, 3), (32, 4, 4), (64, 4, 5),
+                       (128, 8, 4)]
+_PAGED_CONFIGS = [(64, 4, 5), (64, 4, 7), (64, 8, 5), (32, 4, 5), (32, 4, 7), (128, 4, 5), (128, 8, 5), (16, 4, 7)]
+_GPU_CONFIGS = [triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=st)
+                for bn, w, st in sorted(set(_CONTIGUOUS_CONFIGS) | set(_PAGED_CONFIGS))]
+SMEM_LIMIT = 200 * 1024
+
+
+def _kv_buffers(num_stages: int, paged: bool) -> int:
+    return max(1, (num_stages - 1) // 2) if paged else max(1, num_stages - 1)
+
+
 def _prune_configs(configs, named_args, **kwargs):
-    """Drop configs whose pipelined K+V tiles would not fit in shared memory (head dim 256)."""
-    block_d = kwargs.get("BLOCK_D", named_args.get("BLOCK_D", 128))
+    """Keep the configs of this cache kind whose K/V tiles fit in shared memory."""
+    paged = kwargs.get("PAGE_SIZE", 0) > 0
+    wanted = set(_PAGED_CONFIGS if paged else _CONTIGUOUS_CONFIGS)
+    block_d = kwargs.get("BLOCK_D", 128)
     elt = named_args["K"].element_size()
     kept = [c for c in configs
-            if 2 * c.kwargs["BLOCK_N"] * block_d * elt * max(c.num_stages - 1, 1) <= 160 * 1024]
-    return kept or configs[:1]
+            if (c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in wanted
+            and 2 * c.kwargs["BLOCK_N"] * block_d * elt * _kv_buffers(c.num_stages, paged) <= SMEM_LIMIT]
+    if not kept:  # head dim 256 in fp32: the smallest tile
+        kept = [min(configs, key=lambda c: (c.kwargs["BLOCK_N"], c.num_stages))]
+    return kept
 
-
-_GPU_CONFIGS = [
-    triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=s)
-    for bn in (32, 64, 128) for w in (4, 8) for s in (2, 3, 4)
-    if not (bn == 32 and w == 8)
-]
 
 _flash_decode_tuned = triton.autotune(
     configs=_GPU_CONFIGS,
@@ -243,9 +256,12 @@ _flash_decode_tuned = triton.autotune(
 
 # On the interpreter (CPU tests) one small config keeps the runs short.
 INTERPRET_CONFIG = dict(BLOCK_N=16, num_warps=4, num_stages=1)
-# On a GPU while a CUDA graph is being captured and nothing was tuned for this key yet
-# (autotuning launches and synchronises, which capture forbids).
-FALLBACK_GPU_CONFIG = dict(BLOCK_N=64, num_warps=4, num_stages=3)
+# Fixed GPU configs: used when autotuning is off (NUMASCHED_AUTOTUNE=0; GPU tests, to keep compiles
+# few), and while a CUDA graph is being captured before this key was tuned (autotuning launches
+# and synchronises, which capture forbids).
+DEFAULT_GPU_CONFIG = {False: dict(BLOCK_N=64, num_warps=4, num_stages=3),  # contiguous
+                      True: dict(BLOCK_N=64, num_warps=4, num_stages=5)}  # paged
+AUTOTUNE = os.environ.get("NUMASCHED_AUTOTUNE", "1") != "0"
 _TUNED_KEYS: set = set()
 # Caches spanning more elements than this get int64 row offsets (tests lower it to cover that path).
 INT64_THRESHOLD = 2**31 - 1
@@ -257,7 +273,9 @@ PROGRAMS_PER_SM = 2
 # Cost of starting a program, in tokens of streaming (first-load latency, partial write).
 PROGRAM_OVERHEAD_TOKENS = 128
 MIN_SPLIT_TOKENS = 64
-MAX_SPLITS = 256
+MAX_SPLITS = 128
+# The combine merges up to this many splits per vector load (64 x 128 fp32 = 64 registers a thread).
+COMBINE_MAX_BLOCK_S = 64
 
 
 def choose_num_splits(batch: int, kv_heads: int, max_seqlen: int, num_sms: int) -> int:
@@ -340,12 +358,13 @@ def flash_decode_launch(q, k_cache, v_cache, cache_seqlens, block_table, out, ls
     COMBINE = 0 if S == 1 else (1 if mode == "kernel" else 2)
 
     BLOCK_G = max(16, triton.next_power_of_2(G))
+    block_s = min(triton.next_power_of_2(S), COMBINE_MAX_BLOCK_S)
     BLOCK_D = max(16, triton.next_power_of_2(D))
     span = max(_span(k_cache), _span(v_cache))
     INT64 = span > INT64_THRESHOLD
     if COMBINE:
-        po = torch.empty((B, HK, S, G, D), dtype=torch.float32, device=dev)
-        pl = torch.empty((B, HK, S, G), dtype=torch.float32, device=dev)
+        po = torch.empty((B, H, S, D), dtype=torch.float32, device=dev)
+        pl = torch.empty((B, H, S), dtype=torch.float32, device=dev)
     else:
         po = pl = out  # unused
     counter = _counters(dev, B * HK) if COMBINE == 2 else lse
@@ -365,21 +384,23 @@ def flash_decode_launch(q, k_cache, v_cache, cache_seqlens, block_table, out, ls
             _tune_bucket(-(-seqlen_max // S)))
     meta = dict(G=G, BLOCK_G=BLOCK_G, HEAD_DIM=D, BLOCK_D=BLOCK_D, PAGE_SIZE=int(page_size),
                 HAS_SEQLENS=cache_seqlens is not None, COMBINE=COMBINE, INT64=INT64,
-                INPUT_PRECISION=precision, **policy.kernel_args(num_domains))
+                INPUT_PRECISION=precision, COMBINE_BLOCK_S=block_s, **policy.kernel_args(num_domains))
     grid = (B * HK * S,)
     if _interpreting(dev):
         _flash_decode_kernel[grid](*args, **meta, **INTERPRET_CONFIG)
     else:
         key = (D, page_size, BLOCK_G, COMBINE, INT64, args[-1], q.dtype, k_cache.dtype)
-        if key not in _TUNED_KEYS and torch.cuda.is_current_stream_capturing():
-            _flash_decode_kernel[grid](*args, **meta, **FALLBACK_GPU_CONFIG)
+        if not AUTOTUNE or (key not in _TUNED_KEYS and torch.cuda.is_current_stream_capturing()):
+            cfg = DEFAULT_GPU_CONFIG[page_size > 0]
+            if D > 128:  # keep the K/V tiles within shared memory
+                cfg = dict(cfg, BLOCK_N=32)
+            _flash_decode_kernel[grid](*args, **meta, **cfg)
         else:
             _flash_decode_tuned[grid](*args, **meta)
             _TUNED_KEYS.add(key)
     if COMBINE == 1:
-        _combine_kernel[(B * HK,)](po, pl, out, lse, HK, S, out.stride(0), out.stride(1), lse.stride(0),
-                                   lse.stride(1), G=G, BLOCK_G=triton.next_power_of_2(G), HEAD_DIM=D, BLOCK_D=BLOCK_D,
-                                   num_warps=4)
+        _combine_kernel[(B * H,)](po, pl, out, lse, H, S, out.stride(0), out.stride(1), lse.stride(0),
+                                  lse.stride(1), HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK_S=block_s, num_warps=4)
     LAUNCHES += 1
     return S
 

@@ -16,7 +16,7 @@ from numasched import mappings as M
 from numasched import topology
 from numasched.kernels import flash_decode as FD
 
-from conftest import DEVICE, HAS_GPU
+from conftest import DEVICE
 
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
 
@@ -352,11 +352,18 @@ def test_bad_input(case):
 gpu = pytest.mark.gpu
 
 
+@pytest.fixture
+def fixed_config(monkeypatch):
+    """One fixed kernel config on the GPU: autotuning every shape would compile dozens of variants."""
+    monkeypatch.setattr(FD, "AUTOTUNE", False)
+
+
 @gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("H,HK,Dh", [(32, 8, 128), (32, 32, 128), (16, 2, 64), (8, 1, 256)])
+@pytest.mark.parametrize("dtype,H,HK,Dh", [
+    (torch.bfloat16, 32, 8, 128), (torch.bfloat16, 32, 32, 128), (torch.bfloat16, 16, 2, 64),
+    (torch.bfloat16, 8, 1, 256), (torch.float16, 32, 8, 128), (torch.float32, 32, 8, 128)])
 @pytest.mark.parametrize("paged", [False, True])
-def test_gpu_real_sizes(dtype, H, HK, Dh, paged, combine, poisoned, launches):
+def test_gpu_real_sizes(dtype, H, HK, Dh, paged, combine, fixed_config, poisoned, launches):
     B, L, page = 6, 3000, 16
     lens = torch.tensor([3000, 0, 1, 2049, 777, 64], dtype=torch.int32)
     if paged:
@@ -364,15 +371,31 @@ def test_gpu_real_sizes(dtype, H, HK, Dh, paged, combine, poisoned, launches):
     else:
         q, k, v = make_contiguous(B, H, HK, Dh, L, dtype, "cuda")
         bt, lens = None, lens.cuda()
+    ref = reference(q, k, v, lens, bt)
     for ns in (None, 1, 7):
         out, lse = numasched.flash_decode(q, k, v, cache_seqlens=lens, block_table=bt, num_splits=ns,
                                           return_lse=True)
-        check(out, lse, *reference(q, k, v, lens, bt), dtype)
+        check(out, lse, *ref, dtype)
+
+
+@gpu
+@pytest.mark.parametrize("paged", [False, True])
+def test_gpu_autotuned(paged, poisoned, launches):
+    # the autotuned path (the configs the benchmark uses), long enough for many splits
+    B, H, HK, Dh, L, page = 2, 32, 8, 128, 32768, 16
+    lens = torch.tensor([32768, 20000], dtype=torch.int32)
+    if paged:
+        q, k, v, bt, lens = make_paged(B, H, HK, Dh, page, L // page, lens, torch.bfloat16, "cuda")
+    else:
+        q, k, v = make_contiguous(B, H, HK, Dh, L, torch.bfloat16, "cuda")
+        bt, lens = None, lens.cuda()
+    out, lse = numasched.flash_decode(q, k, v, cache_seqlens=lens, block_table=bt, return_lse=True)
+    check(out, lse, *reference(q, k, v, lens, bt), torch.bfloat16)
 
 
 @gpu
 @pytest.mark.parametrize("mapping", ["head_first", "swizzled_head_first", "block_first", "swizzled_block_first"])
-def test_gpu_policies_same_result(mapping, launches):
+def test_gpu_policies_same_result(mapping, fixed_config, launches):
     B, H, HK, Dh, L = 4, 32, 8, 128, 8192
     q, k, v = make_contiguous(B, H, HK, Dh, L, torch.bfloat16, "cuda")
     lens = torch.tensor([8192, 5000, 1, 4097], dtype=torch.int32, device="cuda")
@@ -385,7 +408,7 @@ def test_gpu_policies_same_result(mapping, launches):
 
 
 @gpu
-def test_gpu_strided_view_like_sdpa(launches):
+def test_gpu_strided_view_like_sdpa(fixed_config, launches):
     B, H, HK, Dh, L = 2, 32, 8, 128, 4096
     kb = torch.randn(B, HK, L, Dh, device="cuda", dtype=torch.bfloat16)
     vb = torch.randn(B, HK, L, Dh, device="cuda", dtype=torch.bfloat16)
@@ -395,7 +418,7 @@ def test_gpu_strided_view_like_sdpa(launches):
 
 
 @gpu
-def test_gpu_int64_offsets_large_paged_cache(launches):
+def test_gpu_int64_offsets_large_paged_cache(fixed_config, launches):
     # K and V of 2^31 + 16 pages' worth of elements each: pages near the end need int64 offsets
     HK, Dh, page = 8, 128, 16
     per_page = page * HK * Dh
@@ -413,7 +436,7 @@ def test_gpu_int64_offsets_large_paged_cache(launches):
 
 
 @gpu
-def test_gpu_torch_compile(launches):
+def test_gpu_torch_compile(fixed_config, launches):
     B, H, HK, Dh, L = 4, 32, 8, 128, 2048
     q, k, v = make_contiguous(B, H, HK, Dh, L, torch.bfloat16, "cuda")
     lens = torch.tensor([2048, 1, 0, 999], dtype=torch.int32, device="cuda")
