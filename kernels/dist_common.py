@@ -55,8 +55,14 @@ def wait_flag(flag_ptr, target, src, status_ptr, max_spins):
     On timeout sets bit ``src`` of ``*status_ptr`` (the host names that rank) and returns False.
     """
     v = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
+    limit = max_spins
+    if v < target:
+        # once any wait of this rank has timed out, later waits give up at once: a kernel with many
+        # tiles per program must not take (tiles x timeout) to report a dead peer
+        dead = tl.atomic_add(status_ptr, 0, sem="relaxed", scope="gpu")
+        limit = tl.where(dead != 0, 0, max_spins)
     spins = 0
-    while (v < target) & (spins < max_spins):
+    while (v < target) & (spins < limit):
         v = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
         spins += 1
     if v < target:
@@ -108,3 +114,14 @@ def spin_ns(device, spins: int = 1 << 15) -> float:
     spin_probe_kernel[(1,)](flag, status, spins)
     torch.cuda.synchronize(device)
     return (time.perf_counter() - t0) * 1e9 / spins
+
+
+@triton.jit
+def remote_copy_kernel(src_ptr, dst_ptr, heap_bases, rank, peer, n, BLOCK: tl.constexpr):
+    """Copy ``n`` elements from local ``src_ptr`` into ``peer``'s copy of heap tensor ``dst_ptr``
+    with remote stores (the benchmark's link-bandwidth probe: the same path the pushes take)."""
+    dst = translate(dst_ptr, rank, peer, heap_bases)
+    for off in range(tl.program_id(0) * BLOCK, n, tl.num_programs(0) * BLOCK):
+        idx = off + tl.arange(0, BLOCK)
+        m = idx < n
+        tl.store(dst + idx, tl.load(src_ptr + idx, mask=m), mask=m)

@@ -339,7 +339,7 @@ def ag_values(policy):
                 epoch_ptr="*i32", counters_ptr="*i32", heap_bases="*i64", rank=0, Ml=8192, N=14336, K=8192,
                 stride_bk=14336, stride_bn=1, stride_cm=14336, stride_cn=1, num_programs=132, max_spins=10**6,
                 TICKET_LO=0, TICKET_HI=7168, **policy.kernel_args(1), WORLD=2, BLOCK_M=128, BLOCK_N=256,
-                BLOCK_K=64, EVEN_K=True, COMM_PROGRAMS=16, PUSH_CHUNK=4096, DO_PUSH=True, WAIT=True,
+                BLOCK_K=64, EVEN_K=True, COMM_PROGRAMS=16, PUSH_CHUNK=16384, DO_PUSH=True, WAIT=True,
                 BUMP_EPOCH=True)
 
 sm90 = GPUTarget("cuda", 90, 32)

@@ -1,0 +1,300 @@
+"""Multi-GPU checks of numasched.distributed, one process per GPU:
+
+    NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node 2 tests/dist_worker.py [--quick]
+
+Each check runs on every rank; references are single-GPU computations on data gathered with
+NCCL (float64/float32). Prints PASS/FAIL per check and rank, then "ALL PASSED" on rank 0 when
+every check passed everywhere (exit code 0), else exit code 1. The timeout check runs last: it
+leaves the context out of step on purpose.
+"""
+import argparse
+import datetime
+import os
+import sys
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")          # never NVLink multicast here
+os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+os.environ.setdefault("NUMASCHED_CHECK_DATA", "0")      # numasched.decode's data checks synchronise
+
+import numasched.distributed as nd  # noqa: E402
+
+BF = torch.bfloat16
+
+
+def rel(x, ref):
+    return float(torch.linalg.vector_norm(x.double() - ref.double()) / torch.linalg.vector_norm(ref.double()))
+
+
+def gather_rows(t):
+    out = torch.empty((dist.get_world_size() * t.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device)
+    dist.all_gather_into_tensor(out, t.contiguous())
+    return out
+
+
+def same_everywhere(t):
+    """Bitwise equal on every rank."""
+    g = gather_rows(t.reshape(1, -1))
+    return all(torch.equal(g[0], g[i]) for i in range(g.shape[0]))
+
+
+def randn(*shape, dtype=BF, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.randn(*shape, device="cuda", dtype=torch.float32, generator=g).to(dtype)
+
+
+# ----------------------------------------------------------------------------------- checks
+def check_all_gather_matmul(ctx, quick):
+    R, W = ctx.rank, ctx.world
+    shapes = [(2048, 4096, 3584), (300, 1000, 200)] + ([] if quick else [(8192, 8192, 14336 // W * 2)])
+    msgs = []
+    for i, (Ml, K, N) in enumerate(shapes):
+        a = randn(Ml, K, seed=100 * i + R)
+        b = randn(K, N, seed=100 * i + 77)          # same B on every rank
+        ref = gather_rows(a).float() @ b.float()
+        out = torch.full((W * Ml, N), float("nan"), device="cuda", dtype=BF)
+        c = nd.all_gather_matmul(a, b, ctx=ctx, out=out)
+        assert c is out and torch.isfinite(c).all(), "unwritten (NaN) output elements"
+        e = rel(c, ref)
+        assert e < 1e-2, f"{(Ml, K, N)}: relative error {e:.2e}"
+        assert same_everywhere(c), "ranks disagree"
+        msgs.append(f"{Ml}x{K}x{N}: {e:.1e}")
+    return "; ".join(msgs)
+
+
+def check_matmul_reduce_scatter(ctx, quick):
+    R, W = ctx.rank, ctx.world
+    shapes = [(4096, 2048, 4096), (300 * W, 1000, 200)] + ([] if quick else [(16384, 14336 // W * 2, 8192)])
+    msgs = []
+    for i, (M, Kl, N) in enumerate(shapes):
+        a = randn(M, Kl, seed=200 * i + R)
+        b = randn(Kl, N, seed=200 * i + 50 + R)
+        part = a.float() @ b.float()
+        dist.all_reduce(part)
+        Ms = M // W
+        ref = part[R * Ms:(R + 1) * Ms]
+        out = torch.full((Ms, N), float("nan"), device="cuda", dtype=BF)
+        y = nd.matmul_reduce_scatter(a, b, ctx=ctx, out=out)
+        assert y is out and torch.isfinite(y).all(), "unwritten (NaN) output elements"
+        e = rel(y, ref)
+        assert e < 1e-2, f"{(M, Kl, N)}: relative error {e:.2e}"
+        msgs.append(f"{M}x{Kl}x{N}: {e:.1e}")
+    return "; ".join(msgs)
+
+
+def _decode_inputs(R, W, B=4, H=32, HK=8, D=128, S=4096, seed=0):
+    q = randn(B, H, D, seed=seed + 999)                       # same q everywhere
+    k, v = randn(B, S, HK, D, seed=seed + 10 * R), randn(B, S, HK, D, seed=seed + 10 * R + 1)
+    g = torch.Generator().manual_seed(seed + R)
+    lens = torch.randint(1, S + 1, (B,), generator=g, dtype=torch.int32)
+    if R == 0:
+        lens[1] = 0            # rank 0 holds nothing of row 1
+    lens[B - 1] = 0            # the last row is empty everywhere
+    return q, k, v, lens.cuda()
+
+
+def _decode_reference(q, k, v, lens):
+    W = dist.get_world_size()
+    ks, vs = gather_rows(k[None]), gather_rows(v[None])
+    ls = gather_rows(lens[None])
+    outs, lses = [], []
+    for b in range(q.shape[0]):
+        kk = torch.cat([ks[r, b, :int(ls[r, b])] for r in range(W)]).double()
+        vv = torch.cat([vs[r, b, :int(ls[r, b])] for r in range(W)]).double()
+        o, l = nd.torch_local_decode(q[b:b + 1].double(), kk[None], vv[None],
+                                     torch.tensor([kk.shape[0]], device="cuda"))
+        outs.append(o[0])
+        lses.append(l[0])
+    return torch.stack(outs), torch.stack(lses)
+
+
+def check_flash_decode_distributed(ctx, quick):
+    R, W = ctx.rank, ctx.world
+    q, k, v, lens = _decode_inputs(R, W)
+    ref_o, ref_l = _decode_reference(q, k, v, lens)
+    msgs = []
+    for name, fn in (("numasched.decode", None), ("torch", nd.torch_local_decode)):
+        if name == "numasched.decode":
+            try:
+                from numasched.decode import flash_decode  # noqa: F401
+            except ImportError:
+                continue
+        out = torch.full_like(q, float("nan"))
+        o, l = nd.flash_decode_distributed(q, k, v, lens, ctx=ctx, out=out, return_lse=True, local_decode=fn)
+        B = q.shape[0]
+        assert o is out and torch.isfinite(o).all()
+        e = rel(o[:B - 1], ref_o[:B - 1])
+        assert e < 1e-2, f"{name}: relative error {e:.2e}"
+        assert (o[B - 1] == 0).all() and torch.isneginf(l[B - 1]).all(), "empty row must give 0 / -inf"
+        assert torch.allclose(l[:B - 1].double(), ref_l[:B - 1].double(), atol=1e-2), "lse differs"
+        assert same_everywhere(o), "ranks disagree"
+        msgs.append(f"{name}: {e:.1e}")
+    return "; ".join(msgs)
+
+
+def check_back_to_back(ctx, quick):
+    """Many calls of all three ops interleaved, no host sync in between (epochs, double buffers)."""
+    R, W = ctx.rank, ctx.world
+    n = 10 if quick else 40
+    Ml, K, N = 1024, 2048, 1536
+    b = randn(K, N, seed=5)
+    a_list = [randn(Ml, K, seed=1000 + 10 * i + R) for i in range(n)]
+    ar = [randn(512 * W, 1024, seed=3000 + 10 * i + R) for i in range(n)]
+    br = randn(1024, 768, seed=4000 + R)
+    q, k, v, lens = _decode_inputs(R, W, B=2, S=2048, seed=7)
+    outs, rs_outs, dec = [], [], []
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in range(n):
+        outs.append(nd.all_gather_matmul(a_list[i], b, ctx=ctx, check=False))
+        rs_outs.append(nd.matmul_reduce_scatter(ar[i], br, ctx=ctx, check=False))
+        dec.append(nd.flash_decode_distributed(q * (1 + i / n), k, v, lens, ctx=ctx, check=False))
+    torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    ctx.check("back to back")
+    for i in range(n):
+        ref = gather_rows(a_list[i]).float() @ b.float()
+        assert rel(outs[i], ref) < 1e-2, f"all_gather_matmul call {i}"
+        part = ar[i].float() @ br.float()
+        dist.all_reduce(part)
+        assert rel(rs_outs[i], part[R * 512:(R + 1) * 512]) < 1e-2, f"matmul_reduce_scatter call {i}"
+        assert same_everywhere(dec[i]), f"decode call {i} differs across ranks"
+    return f"{n} x 3 calls in {dt * 1e3:.1f} ms"
+
+
+def check_cuda_graph(ctx, quick):
+    R, W = ctx.rank, ctx.world
+    Ml, K, N = 1024, 2048, 1536
+    a, b = randn(Ml, K, seed=11 + R), randn(K, N, seed=12)
+    out = torch.empty((W * Ml, N), device="cuda", dtype=BF)
+    q, k, v, lens = _decode_inputs(R, W, B=2, S=2048, seed=9)
+    dout = torch.empty_like(q)
+    nd.all_gather_matmul(a, b, ctx=ctx, out=out)                      # first call: header + buffers
+    nd.flash_decode_distributed(q, k, v, lens, ctx=ctx, out=dout, local_decode=nd.torch_local_decode)
+    torch.cuda.synchronize()
+    dist.barrier()
+    graph = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(graph, stream=s):
+            nd.all_gather_matmul(a, b, ctx=ctx, out=out)
+            nd.flash_decode_distributed(q, k, v, lens, ctx=ctx, out=dout, local_decode=nd.torch_local_decode)
+    torch.cuda.current_stream().wait_stream(s)
+    dist.barrier()
+    for i in range(5):
+        a.copy_(randn(Ml, K, seed=500 + 10 * i + R))
+        q.copy_(q * 1.01)
+        graph.replay()
+        torch.cuda.synchronize()
+        ctx.check("graph replay")
+        ref = gather_rows(a).float() @ b.float()
+        assert rel(out, ref) < 1e-2, f"replay {i}: all_gather_matmul wrong"
+        assert same_everywhere(dout), f"replay {i}: decode differs across ranks"
+    return "5 replays"
+
+
+def check_comm_off(ctx, quick):
+    R = ctx.rank
+    Ml, K, N = 1024, 2048, 1536
+    a, b = randn(Ml, K, seed=21 + R), randn(K, N, seed=22)
+    W = ctx.world
+    c = nd.all_gather_matmul(a, b, ctx=ctx, communicate=False)
+    assert c.shape[0] == W * Ml and rel(c[R * Ml:(R + 1) * Ml], a.float() @ b.float()) < 1e-2, "local rows wrong with comm off"
+    # the real call right after still works (comm-off calls leave the epochs alone)
+    c = nd.all_gather_matmul(a, b, ctx=ctx)
+    assert rel(c, gather_rows(a).float() @ b.float()) < 1e-2
+    return "ok"
+
+
+def check_header_mismatch(ctx, quick):
+    R = ctx.rank
+    a, b = randn(64 * (R + 1), 256, seed=1), randn(256, 128, seed=2)
+    try:
+        nd.all_gather_matmul(a, b, ctx=ctx)
+    except ValueError as e:
+        assert "rank 0" in str(e) and "a_local_shape" in str(e), str(e)
+        return str(e)[:120]
+    raise AssertionError("no error for shapes that differ between ranks")
+
+
+def check_heap_too_small(ctx, quick):
+    saved = ctx.heap_bytes
+    ctx.heap_bytes = ctx.used_bytes + (1 << 20)
+    try:
+        nd.all_gather_matmul(randn(4096, 4096, seed=3), randn(4096, 512, seed=4), ctx=ctx)
+    except ValueError as e:
+        assert "heap too small" in str(e)
+        return str(e)[:120]
+    finally:
+        ctx.heap_bytes = saved
+    raise AssertionError("no error for a heap that is too small")
+
+
+def check_timeout(ctx, quick):
+    """Ranks != 0 skip one call: rank 0 must raise TimeoutError naming them, not hang."""
+    R, W = ctx.rank, ctx.world
+    a, b = randn(1024, 2048, seed=31 + R), randn(2048, 1536, seed=32)
+    nd.all_gather_matmul(a, b, ctx=ctx)          # known signature: no header exchange below
+    torch.cuda.synchronize()
+    dist.barrier()
+    if R != 0:
+        return "skipped the call on purpose"
+    t0 = time.perf_counter()
+    try:
+        nd.all_gather_matmul(a, b, ctx=ctx)
+    except TimeoutError as e:
+        dt = time.perf_counter() - t0
+        for r in range(1, W):
+            assert str(r) in str(e)
+        return f"after {dt:.1f} s (timeout_s={ctx.timeout_s}, {ctx.spin_ns:.0f} ns/poll): {str(e)[:100]}"
+    raise AssertionError("no TimeoutError")
+
+
+CHECKS = [check_all_gather_matmul, check_matmul_reduce_scatter, check_flash_decode_distributed, check_back_to_back,
+          check_cuda_graph, check_comm_off, check_header_mismatch, check_heap_too_small, check_timeout]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", default="", help="comma-separated check names (without check_)")
+    args = ap.parse_args()
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=180), device_id=torch.device("cuda", local))
+    t0 = time.perf_counter()
+    ctx = nd.init(heap_bytes=8 << 30, timeout_s=10.0)
+    R = ctx.rank
+    if R == 0:
+        print(f"context: world {ctx.world}, allocator {ctx.allocator}, {ctx.spin_ns:.0f} ns per poll, "
+              f"max_spins {ctx.max_spins}, init {time.perf_counter() - t0:.1f} s", flush=True)
+    results = []
+    for fn in CHECKS:
+        name = fn.__name__[len("check_"):]
+        if args.only and name not in args.only.split(","):
+            continue
+        t0 = time.perf_counter()
+        try:
+            msg = fn(ctx, args.quick)
+            ok = True
+        except Exception as e:  # noqa: BLE001 - report and go on
+            ok, msg = False, f"{type(e).__name__}: {e}\n{traceback.format_exc()[-1500:]}"
+        print(f"[rank {R}] {'PASS' if ok else 'FAIL'} {name} ({time.perf_counter() - t0:.1f} s): {msg}", flush=True)
+        results.append(ok)
+        torch.cuda.synchronize()
+        dist.barrier()
+    flags = torch.tensor([all(results)], dtype=torch.int32, device="cuda")
+    dist.all_reduce(flags, op=dist.ReduceOp.MIN)
+    if R == 0:
+        print("ALL PASSED" if int(flags) else "SOME CHECKS FAILED", flush=True)
+    dist.destroy_process_group()
+    return 0 if int(flags) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
