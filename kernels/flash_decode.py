@@ -91,7 +91,7 @@ def _flash_decode_kernel(
     stride_vb, stride_vn, stride_vh,
     stride_sb, stride_tb, stride_tp,
     stride_ob, stride_oh, stride_lb, stride_lh,
-    tune_key,  # unused in the kernel: a bucket of tokens per split, so autotune re-tunes per bucket
+    tune_key,  # unused in the kernel: tokens-per-split bucket and layout, so autotune re-tunes per class
     G: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     PAGE_SIZE: tl.constexpr,  # 0: contiguous cache
     HAS_SEQLENS: tl.constexpr,
@@ -222,9 +222,12 @@ def _combine_kernel(PO, PL, O, LSE, H, S, stride_ob, stride_oh, stride_lb, strid
 # the contiguous cache, but only (num_stages - 1) // 2 for the paged one (the block-table load
 # takes a stage of its own ahead of the K/V loads it addresses, checked by compiling for sm_90),
 # so paged configs use more stages.
-_CONTIGUOUS_CONFIGS = [(64, 4, 3), (64, 4, 4), (64, 8, 4), (128, 4, 3), (128, 8, 3), (32, 4, 4), (64, 4, 5),
-                       (128, 8, 4)]
-_PAGED_CONFIGS = [(64, 4, 5), (64, 4, 7), (64, 8, 5), (32, 4, 5), (32, 4, 7), (128, 4, 5), (128, 8, 5), (16, 4, 7)]
+# Small tiles with 2 warps give more independent programs per SM (fewer cross-warp reductions per
+# byte); large tiles with 8 warps move more bytes per iteration. The autotuner picks per shape.
+_CONTIGUOUS_CONFIGS = [(32, 2, 4), (64, 2, 3), (32, 4, 4), (64, 4, 3), (64, 4, 4), (64, 4, 5), (64, 8, 4),
+                       (128, 4, 3), (128, 8, 3), (128, 8, 4)]
+_PAGED_CONFIGS = [(32, 2, 5), (64, 2, 5), (32, 4, 5), (32, 4, 7), (64, 4, 5), (64, 4, 7), (64, 8, 5),
+                  (128, 4, 5), (128, 8, 5)]
 _GPU_CONFIGS = [triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=st)
                 for bn, w, st in sorted(set(_CONTIGUOUS_CONFIGS) | set(_PAGED_CONFIGS))]
 SMEM_LIMIT = 200 * 1024
@@ -250,7 +253,8 @@ def _prune_configs(configs, named_args, **kwargs):
 
 _flash_decode_tuned = triton.autotune(
     configs=_GPU_CONFIGS,
-    key=["HEAD_DIM", "PAGE_SIZE", "BLOCK_G", "COMBINE", "INT64", "tune_key"],
+    # COMBINE and G only change the prologue/epilogue: the tuned config is shared (fewer compiles)
+    key=["HEAD_DIM", "PAGE_SIZE", "BLOCK_G", "INT64", "tune_key"],
     prune_configs_by={"early_config_prune": _prune_configs},
 )(_flash_decode_kernel)
 
@@ -358,18 +362,20 @@ def flash_decode_launch(q, k_cache, v_cache, cache_seqlens, block_table, out, ls
     COMBINE = 0 if S == 1 else (1 if mode == "kernel" else 2)
 
     BLOCK_G = max(16, triton.next_power_of_2(G))
-    block_s = min(triton.next_power_of_2(S), COMBINE_MAX_BLOCK_S)
+    block_s = 16 if S <= 16 else COMBINE_MAX_BLOCK_S  # two sizes only: each is a separate compile
     BLOCK_D = max(16, triton.next_power_of_2(D))
     span = max(_span(k_cache), _span(v_cache))
     INT64 = span > INT64_THRESHOLD
+    # Unused pointer arguments get stand-ins of the same dtype, so the autotuner's key (which
+    # includes every tensor's dtype) is the same with and without them.
+    counter = _counters(dev, B * HK)
     if COMBINE:
         po = torch.empty((B, H, S, D), dtype=torch.float32, device=dev)
         pl = torch.empty((B, H, S), dtype=torch.float32, device=dev)
     else:
-        po = pl = out  # unused
-    counter = _counters(dev, B * HK) if COMBINE == 2 else lse
-    seq_arg = cache_seqlens if cache_seqlens is not None else lse
-    bt_arg = block_table if block_table is not None else lse
+        po = pl = lse
+    seq_arg = cache_seqlens if cache_seqlens is not None else counter
+    bt_arg = block_table if block_table is not None else counter
     stride_sb = cache_seqlens.stride(0) if cache_seqlens is not None else 0
     stride_tb, stride_tp = block_table.stride() if block_table is not None else (0, 0)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32 is ignored for 16-bit inputs
@@ -381,7 +387,7 @@ def flash_decode_launch(q, k_cache, v_cache, cache_seqlens, block_table, out, ls
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
             stride_sb, stride_tb, stride_tp,
             out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
-            _tune_bucket(-(-seqlen_max // S)))
+            _tune_bucket(-(-seqlen_max // S)) * 2 + int(k_cache.stride(1) == D))
     meta = dict(G=G, BLOCK_G=BLOCK_G, HEAD_DIM=D, BLOCK_D=BLOCK_D, PAGE_SIZE=int(page_size),
                 HAS_SEQLENS=cache_seqlens is not None, COMBINE=COMBINE, INT64=INT64,
                 INPUT_PRECISION=precision, COMBINE_BLOCK_S=block_s, **policy.kernel_args(num_domains))
@@ -389,7 +395,7 @@ def flash_decode_launch(q, k_cache, v_cache, cache_seqlens, block_table, out, ls
     if _interpreting(dev):
         _flash_decode_kernel[grid](*args, **meta, **INTERPRET_CONFIG)
     else:
-        key = (D, page_size, BLOCK_G, COMBINE, INT64, args[-1], q.dtype, k_cache.dtype)
+        key = (D, page_size, BLOCK_G, INT64, args[-1], q.dtype, k_cache.dtype)
         if not AUTOTUNE or (key not in _TUNED_KEYS and torch.cuda.is_current_stream_capturing()):
             cfg = DEFAULT_GPU_CONFIG[page_size > 0]
             if D > 128:  # keep the K/V tiles within shared memory
