@@ -271,36 +271,32 @@ _TUNED_KEYS: set = set()
 INT64_THRESHOLD = 2**31 - 1
 
 # ----------------------------------------------------------------------------- splits
-# Programs resident per SM assumed by the split heuristic (K+V tiles of 3 stages of 64 x 128 bf16
-# take 96 KiB of shared memory: two programs fit on a Hopper SM).
-PROGRAMS_PER_SM = 2
+# Programs per SM the split heuristic aims to keep busy. Shared memory allows 2-3 programs of the
+# 64-token configs per Hopper SM (72 KiB each) and more of the 2-warp/32-token ones; aiming at 4
+# errs towards more concurrency (memory-level parallelism) and finer tail granularity.
+PROGRAMS_PER_SM = 4
 # Cost of starting a program, in tokens of streaming (first-load latency, partial write).
 PROGRAM_OVERHEAD_TOKENS = 128
 MIN_SPLIT_TOKENS = 64
-MAX_SPLITS = 128
-# The combine merges up to this many splits per vector load (64 x 128 fp32 = 64 registers a thread).
-COMBINE_MAX_BLOCK_S = 64
-
-
+# Automatic splits stay within one combine chunk (COMBINE_MAX_BLOCK_S); an explicit num_splits may be larger.
+MAX_SPLITS = 64
 def choose_num_splits(batch: int, kv_heads: int, max_seqlen: int, num_sms: int) -> int:
     """Splits per (batch, kv_head) for a cache of ``max_seqlen`` tokens on ``num_sms`` SMs/CUs.
 
     Model: programs run in waves of ``num_sms * PROGRAMS_PER_SM``; a program costs its chunk of
     tokens plus a fixed overhead. Pick the split count with the lowest
-    ``waves * (tokens per split + overhead)``, with splits of at least MIN_SPLIT_TOKENS tokens.
+    ``waves * (tokens per split + overhead)`` (the fewest splits within 2% of it), with splits of
+    at least MIN_SPLIT_TOKENS tokens.
     This fills the GPU when batch * kv_heads is small, avoids a part-empty last wave, and uses one
     split (no combine at all) when there are enough (batch, kv_head) pairs.
     """
     items = max(1, batch * kv_heads)
     slots = max(1, num_sms * PROGRAMS_PER_SM)
     s_max = max(1, min(MAX_SPLITS, max_seqlen // MIN_SPLIT_TOKENS))
-    best, best_cost = 1, None
-    for s in range(1, s_max + 1):
-        waves = -(-items * s // slots)
-        cost = waves * (-(-max(max_seqlen, 1) // s) + PROGRAM_OVERHEAD_TOKENS)
-        if best_cost is None or cost < best_cost:
-            best, best_cost = s, cost
-    return best
+    costs = [-(-items * s // slots) * (-(-max(max_seqlen, 1) // s) + PROGRAM_OVERHEAD_TOKENS)
+             for s in range(1, s_max + 1)]
+    # the fewest splits within 2% of the best (fewer partials to write and merge)
+    return next(s for s, c in enumerate(costs, 1) if c <= 1.02 * min(costs))
 
 
 def num_sms(device: torch.device) -> int:
