@@ -46,7 +46,7 @@ def _combine_heads(PO, PL, O, LSE, b, h0, H, S, stride_ob, stride_oh, stride_lb,
     """Merge the S partials of query heads h0 .. h0+NH-1 of batch b into O (q dtype) and LSE (natural log).
 
     Partial s of head h (row (b*H + h)*S + s of the (B, H, S, D) buffer) holds o_s, already divided
-    by its own softmax sum, and lse2_s = log2 of that sum. The merge is
+    by its own softmax sum, and lse2_s, its log-sum-exp of the scores in base 2. The merge is
     out = sum_s 2^(lse2_s - M) o_s / sum_s 2^(lse2_s - M), M = max_s lse2_s, done online over chunks
     of BLOCK_S splits: with S <= BLOCK_S (the usual case) it is one vector load of all partials.
     Empty splits have lse2 = -inf and weigh nothing; an empty sequence gives zeros, lse = -inf.
@@ -324,7 +324,8 @@ def _counters(device: torch.device, n: int) -> torch.Tensor:
     return buf
 
 
-# "auto": fused combine (one launch) unless set to "kernel"; the bench compares the two.
+# "auto": the fused combine (one launch) when heads / kv_heads <= 16, else the combine kernel;
+# "fused" / "kernel" force one (the bench times both).
 COMBINE_MODE = os.environ.get("NUMASCHED_DECODE_COMBINE", "auto")
 
 
@@ -355,7 +356,9 @@ def flash_decode_launch(q, k_cache, v_cache, cache_seqlens, block_table, out, ls
     mode = combine or COMBINE_MODE
     if mode not in ("auto", "fused", "kernel"):
         raise ValueError(f"combine must be 'auto', 'fused' or 'kernel', got {mode!r}")
-    COMBINE = 0 if S == 1 else (1 if mode == "kernel" else 2)
+    # auto: fused, unless a KV head has many query heads (the merge is unrolled over them)
+    fused = mode == "fused" or (mode == "auto" and G <= 16)
+    COMBINE = 0 if S == 1 else (2 if fused else 1)
 
     BLOCK_G = max(16, triton.next_power_of_2(G))
     block_s = 16 if S <= 16 else COMBINE_MAX_BLOCK_S  # two sizes only: each is a separate compile
