@@ -99,7 +99,8 @@ def test_shard_order_device_matches_reference(world, rank, tms, tn, policy):
 
 
 # ============================================================================ protocol model
-@pytest.mark.parametrize("op", ["all_gather_matmul", "matmul_reduce_scatter", "flash_decode_distributed"])
+@pytest.mark.parametrize("op", ["all_gather_matmul", "matmul_reduce_scatter", "flash_decode_distributed",
+                                "all_gather_matmul_ce", "matmul_reduce_scatter_ce"])
 def test_protocol_model_double_buffering(op):
     for world in range(1, 9):
         for seed in range(2):
@@ -107,12 +108,14 @@ def test_protocol_model_double_buffering(op):
             assert stats["steps"] > 0 or world == 1
 
 
-@pytest.mark.parametrize("op", ["all_gather_matmul", "matmul_reduce_scatter", "flash_decode_distributed"])
+@pytest.mark.parametrize("op", ["all_gather_matmul", "matmul_reduce_scatter", "flash_decode_distributed",
+                                "all_gather_matmul_ce", "matmul_reduce_scatter_ce"])
 def test_protocol_model_catches_single_buffering(op):
+    """Fused kernels with one buffer instead of two, or the "ce" pair without its ack waits, fail."""
     caught = 0
     for seed in range(10):
         try:
-            protocol.simulate(op, 2, calls=4, items=2, num_programs=2, seed=seed, slots=1)
+            protocol.simulate(op, 2, calls=4, items=2, num_programs=2, seed=seed, slots=1, acks=False)
         except protocol.ProtocolError as e:
             assert "call" in str(e)
             caught += 1
@@ -120,14 +123,14 @@ def test_protocol_model_catches_single_buffering(op):
 
 
 # ============================================================================ kernels, simulated ranks
-def _ag_case(world, Ml, K, N, dtype, calls=2, seed=0):
+def _ag_case(world, Ml, K, N, dtype, calls=2, seed=0, impl="fused"):
     g = torch.Generator().manual_seed(seed)
     sim = nd.SimWorld(world)
     for _ in range(calls):   # back to back: epochs advance, flags are never cleared
         A = [torch.randn(Ml, K, generator=g).to(dtype) for _ in range(world)]
         B = torch.randn(K, N, generator=g).to(dtype)
         outs = [torch.full((world * Ml, N), float("nan"), dtype=dtype) for _ in range(world)]
-        res = sim.run_each("all_gather_matmul", [((A[r], B), dict(out=outs[r])) for r in range(world)])
+        res = sim.run_each("all_gather_matmul", [((A[r], B), dict(out=outs[r], impl=impl)) for r in range(world)])
         ref = torch.cat(A).double() @ B.double()
         for r in range(world):
             assert res[r] is outs[r]
@@ -151,8 +154,9 @@ def test_all_gather_matmul_sim(world, Ml, K, N, dtype):
         assert (flags[peers] == int(plan.bufs["epoch"])).all()
 
 
-@pytest.mark.parametrize("world,M_,Kl,N", [(1, 12, 20, 36), (2, 24, 40, 20), (3, 18, 16, 20)])
-def test_matmul_reduce_scatter_sim(world, M_, Kl, N):
+@pytest.mark.parametrize("world,M_,Kl,N,impl", [(1, 12, 20, 36, "fused"), (2, 24, 40, 20, "fused"),
+                                                (3, 18, 16, 20, "fused"), (1, 12, 20, 36, "ce"), (3, 18, 16, 20, "ce")])
+def test_matmul_reduce_scatter_sim(world, M_, Kl, N, impl):
     g = torch.Generator().manual_seed(1)
     sim = nd.SimWorld(world)
     Ms = M_ // world
@@ -160,11 +164,22 @@ def test_matmul_reduce_scatter_sim(world, M_, Kl, N):
         A = [torch.randn(M_, Kl, generator=g) for _ in range(world)]
         B = [torch.randn(Kl, N, generator=g) for _ in range(world)]
         outs = [torch.full((Ms, N), float("nan")) for _ in range(world)]
-        res = sim.run_each("matmul_reduce_scatter", [((A[r], B[r]), dict(out=outs[r])) for r in range(world)])
+        res = sim.run_each("matmul_reduce_scatter", [((A[r], B[r]), dict(out=outs[r], impl=impl))
+                                                     for r in range(world)])
         full = sum(A[r].double() @ B[r].double() for r in range(world))
         for r in range(world):
             assert res[r] is outs[r] and torch.isfinite(res[r]).all()
             assert _rel(res[r], full[r * Ms:(r + 1) * Ms]) < 1e-5
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_all_gather_matmul_ce_sim(world):
+    """impl="ce": cuBLAS/torch GEMMs, copies + ready/ack flags (the copy is a Triton kernel on CPU)."""
+    sim = _ag_case(world, 12, 16, 20, torch.float32, calls=3, impl="ce")
+    plan = next(iter(sim.ranks[0].plans.values()))
+    assert int(plan.bufs["epoch"]) == 3
+    if world > 1:   # every peer's ready flag and ack hold the last epoch
+        assert (plan.bufs["flags"][:, 1:] == 3).all()
 
 
 def _decode_ref(q, ks, vs, lens):
@@ -254,6 +269,10 @@ def test_heap_budget():
     q, k = torch.empty(2, 4, 16, device="meta"), torch.empty(2, 8, 2, 16, device="meta")
     need = nd.required_heap_bytes([("all_gather_matmul", a, b), ("flash_decode_distributed", q, k)], world=2)
     assert need == 5 * (2 << 20)   # flags + gather, flags + recv_out + recv_lse: 2 MiB each at least
+    big = torch.empty(4096, 2048, device="meta", dtype=torch.bfloat16)
+    bb = torch.empty(2048, 64, device="meta", dtype=torch.bfloat16)
+    assert nd.required_heap_bytes([("all_gather_matmul", big, bb)], world=2) == (2 << 20) + (64 << 20)  # 2 slots
+    assert nd.required_heap_bytes([("all_gather_matmul", big, bb, {"impl": "ce"})], world=2) == (2 << 20) + (32 << 20)
     sim = nd.SimWorld(2, heap_bytes=need)
     sim.run("all_gather_matmul", [(torch.randn(16, 16), torch.randn(16, 16)) for _ in range(2)])
     assert sim.ranks[0].used_bytes == 2 * (2 << 20)
@@ -289,6 +308,8 @@ def test_argument_checks_name_the_argument():
         nd.flash_decode_distributed(q, k, k, lens[:1], ctx=ctx)
     with pytest.raises(TypeError, match="cache_seqlens_local has dtype torch.float32"):
         nd.flash_decode_distributed(q, k, k, lens.float(), ctx=ctx)
+    with pytest.raises(ValueError, match="impl must be one of"):
+        nd.all_gather_matmul(a, b, ctx=ctx, impl="nccl")
     with pytest.raises(ValueError, match="simulated rank cannot call alone"):
         nd.all_gather_matmul(a, b, ctx=nd.SimWorld(2).ranks[0])
     # one simulated rank is a real call: the public function runs the fused kernel
@@ -359,6 +380,14 @@ vals = dict(out_ptr="*bf16", lse_ptr="*fp32", ro_ptr="*bf16", rl_ptr="*fp32", fl
             WAIT=True, BUMP_EPOCH=True)
 c = compile_(dist_decode.decode_exchange_combine_kernel, vals, sm90, 8)
 res["decode"] = dict(ptx=c.asm["ptx"], shared=c.metadata.shared)
+from numasched.kernels import dist_ce
+c = compile_(dist_ce.ce_wait_kernel, dict(flags_ptr="*i32", epoch_ptr="*i32", status_ptr="*i32", idx=3, src=3,
+                                          max_spins=10**6, LAG=1), sm90, 1)
+res["ce_wait"] = dict(ptx=c.asm["ptx"])
+c = compile_(dist_ce.sum_partials_kernel, dict(own_ptr="*bf16", p_ptr="*bf16", out_ptr="*bf16", flags_ptr="*i32",
+             epoch_ptr="*i32", status_ptr="*i32", rank=0, n=2**24, max_spins=10**6, WORLD=2, BLOCK=2048, WAIT=True),
+             sm90, 4)
+res["ce_sum"] = dict(ptx=c.asm["ptx"])
 try:
     c = compile_(dist_gemm.all_gather_matmul_kernel, ag_values(M.get("chiplet_tiled")), GPUTarget("hip", "gfx942", 64),
                  8, 2)
@@ -395,6 +424,8 @@ def test_kernels_compile_for_hopper(subprocess_result):
     assert re.search(r"(ld|atom)\.global\.sys\.acquire", rs["ptx"])
     assert re.search(r"(ld|atom)\.global\.sys\.acquire", dec["ptx"])
     assert re.search(r"atom\.global\.sys\.release\.exch", dec["ptx"])
+    for k in ("ce_wait", "ce_sum"):
+        assert re.search(r"(ld|atom)\.global\.sys\.acquire", subprocess_result[k]["ptx"])
 
 
 def test_all_gather_kernel_compiles_for_mi300(subprocess_result):

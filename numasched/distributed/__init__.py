@@ -61,7 +61,8 @@ def init(heap_bytes: Optional[int] = None, *, workload=None, timeout_s: float = 
     return DistContext(int(heap_bytes), timeout_s=timeout_s, allocator=allocator)
 
 
-def all_gather_matmul(a_local, b, *, ctx, mapping="auto", out=None, check: bool = True, communicate: bool = True):
+def all_gather_matmul(a_local, b, *, ctx, mapping="auto", impl: str = "fused", out=None, check: bool = True,
+                      communicate: bool = True):
     """``all_gather(a_local, dim=0) @ b`` in one fused kernel.
 
     a_local: (M_local, K), this rank's rows (rank r holds rows r*M_local ... of A); b: (K, N_local).
@@ -69,23 +70,28 @@ def all_gather_matmul(a_local, b, *, ctx, mapping="auto", out=None, check: bool 
     (rank+1, rank+2, ...) as their ready flags arrive; ``mapping`` (a GEMM policy name or "auto")
     orders the tiles inside each shard. ``check``: read the timeout status after the call
     (synchronises; skipped while capturing a CUDA graph). ``communicate=False`` times the kernel
-    with communication switched off (peer rows are then garbage).
+    with communication switched off (peer rows are then garbage). ``impl="ce"``: the
+    producer/consumer pair instead (cuBLAS GEMM per shard, copy-engine transfers on a side stream;
+    no SM spent on communication; ``mapping`` then does not apply).
     """
     from ._ops import run
 
-    return run(ctx, "all_gather_matmul", a_local, b, mapping=mapping, out=out, check=check, communicate=communicate)
+    return run(ctx, "all_gather_matmul", a_local, b, mapping=mapping, impl=impl, out=out, check=check,
+               communicate=communicate)
 
 
-def matmul_reduce_scatter(a, b_local, *, ctx, mapping="auto", out=None, check: bool = True, communicate: bool = True):
+def matmul_reduce_scatter(a, b_local, *, ctx, mapping="auto", impl: str = "fused", out=None, check: bool = True,
+                          communicate: bool = True):
     """Row-parallel partner: this rank's (M / world, N) slice of ``sum over ranks of a @ b_local``.
 
     a: (M, K_local), b_local: (K_local, N); M must be a multiple of the world size. Partial tiles
     for peers are computed first and stored straight into their buffers; this rank's own slice
-    comes last and sums all partials in rank order (fp32 accumulate).
+    comes last and sums all partials in rank order (fp32 accumulate). ``impl="ce"``: cuBLAS
+    partials pushed by the copy engine on a side stream, then one summing kernel.
     """
     from ._ops import run
 
-    return run(ctx, "matmul_reduce_scatter", a, b_local, mapping=mapping, out=out, check=check,
+    return run(ctx, "matmul_reduce_scatter", a, b_local, mapping=mapping, impl=impl, out=out, check=check,
                communicate=communicate)
 
 

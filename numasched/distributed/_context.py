@@ -135,6 +135,8 @@ class DistContext(_Base):
         self.allocator = allocator
         self.device = torch.device(f"cuda:{dev}")
         self.heap_bases = self.iris.get_heap_bases()
+        self.heap_bases_host = [int(x) for x in self.heap_bases.cpu().tolist()]   # for copy-engine pushes
+        self.side_stream = None
         self.num_sms = torch.cuda.get_device_properties(dev).multi_processor_count
         self._init_common(heap_bytes)
         self.timeout_s = float(timeout_s)

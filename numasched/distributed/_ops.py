@@ -85,6 +85,14 @@ def _check_device(ctx, name, t):
         raise ValueError(f"{name} is on {t.device}: the kernels need a GPU, or TRITON_INTERPRET=1 on CPU")
 
 
+IMPLS = ("fused", "ce")
+
+
+def _check_impl(impl):
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS} (fused Triton kernel, or copy engine + cuBLAS), got {impl!r}")
+
+
 def _launch_kwargs(ctx, cfg):
     return {} if ctx.device.type == "cpu" else dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
@@ -106,28 +114,34 @@ class AllGatherMatmul:
     sim_phases = ("push", "consume")
 
     @staticmethod
-    def describe(a_local, b, *, world, mapping="auto", cfg=None) -> Call:
+    def describe(a_local, b, *, world, mapping="auto", impl="fused", cfg=None) -> Call:
         Ml, K = a_local.shape
         N = b.shape[1]
+        _check_impl(impl)
         cfg = cfg or _gemm_cfg(a_local.dtype, _on_gpu(a_local), N)
         tms, tn = _cdiv(Ml, cfg["BLOCK_M"]), _cdiv(N, cfg["BLOCK_N"])
         policy, nd = _policy(mapping, tms, tn)
         header = dict(op="all_gather_matmul", a_local_shape=tuple(a_local.shape), b_shape=tuple(b.shape),
-                      dtype=str(a_local.dtype), mapping=policy.name, world=world)
-        key = ("all_gather_matmul", Ml, K, N, a_local.dtype, policy.name, tuple(sorted(cfg.items())))
+                      dtype=str(a_local.dtype), mapping=policy.name, impl=impl, world=world)
+        key = ("all_gather_matmul", Ml, K, N, a_local.dtype, policy.name, impl, tuple(sorted(cfg.items())))
         return Call("all_gather_matmul", key, header, dict(a_local=a_local, b=b),
-                    dict(cfg, Ml=Ml, K=K, N=N, TMS=tms, TN=tn, policy=policy, num_domains=nd, world=world))
+                    dict(cfg, Ml=Ml, K=K, N=N, TMS=tms, TN=tn, policy=policy, num_domains=nd, world=world, impl=impl))
 
     @staticmethod
     def buffers(call) -> list:
         c, W = call.cfg, call.cfg["world"]
+        if c["impl"] == "ce":   # ready + ack flags per peer, one receive buffer per peer
+            bufs = [("flags", (2, W), torch.int32)]
+            if W > 1:
+                bufs.append(("gather", (W, c["Ml"], c["K"]), call.tensors["a_local"].dtype))
+            return bufs
         bufs = [("flags", (W, c["TMS"]), torch.int32)]
         if W > 1:
             bufs.append(("gather", (2, W, c["Ml"], c["K"]), call.tensors["a_local"].dtype))
         return bufs
 
     @classmethod
-    def prepare(cls, ctx, a_local, b, *, mapping="auto", out=None, communicate=True):
+    def prepare(cls, ctx, a_local, b, *, mapping="auto", impl="fused", out=None, communicate=True):
         check_tensor("a_local", a_local, ndim=2, dtypes=DTYPES)
         check_tensor("b", b, ndim=2, dtypes=DTYPES)
         check_same("a_local", a_local, "b", b)
@@ -139,7 +153,7 @@ class AllGatherMatmul:
             raise ValueError(f"empty operand: a_local {tuple(a_local.shape)}, b {tuple(b.shape)}")
         check_int32_indexing("b", b)
         a_local = a_local.contiguous()   # pushed as flat row blocks; read with unit stride
-        call = cls.describe(a_local, b, world=ctx.world, mapping=mapping)
+        call = cls.describe(a_local, b, world=ctx.world, mapping=mapping, impl=impl)
         M = ctx.world * call.cfg["Ml"]
         if out is None:
             out = torch.empty((M, call.cfg["N"]), dtype=a_local.dtype, device=a_local.device)
@@ -147,6 +161,8 @@ class AllGatherMatmul:
             check_tensor("out", out, ndim=2, dtypes=(a_local.dtype,), device=a_local.device)
             if tuple(out.shape) != (M, call.cfg["N"]):
                 raise ValueError(f"out must have shape {(M, call.cfg['N'])}, got {tuple(out.shape)}")
+            if impl == "ce" and not out.is_contiguous():
+                raise ValueError("out must be contiguous with impl='ce' (cuBLAS writes its row blocks)")
         check_int32_indexing("out", out)
         call.tensors["out"] = out
         call.extra["communicate"] = bool(communicate)
@@ -166,6 +182,11 @@ class AllGatherMatmul:
         c, t, bf = call.cfg, call.tensors, plan.bufs
         if not call.extra.get("communicate", True):
             phase = "nocomm"
+        if c["impl"] == "ce":
+            from ._ce import all_gather_matmul_ce
+
+            plan.launches += 1
+            return all_gather_matmul_ce(ctx, plan, call, phase)
         W, T = ctx.world, ctx.world * c["TMS"] * c["TN"]
         comm = max(1, min(c["COMM_PROGRAMS"], (W - 1) * c["TMS"]))
         G = max(1, min(ctx.num_sms, max(T, comm)))
@@ -192,29 +213,36 @@ class MatmulReduceScatter:
     sim_phases = ("push", "consume")
 
     @staticmethod
-    def describe(a, b_local, *, world, mapping="auto", cfg=None) -> Call:
+    def describe(a, b_local, *, world, mapping="auto", impl="fused", cfg=None) -> Call:
         M, Kl = a.shape
         N = b_local.shape[1]
         Ms = M // world
+        _check_impl(impl)
         cfg = cfg or _gemm_cfg(a.dtype, _on_gpu(a), N)
         tms, tn = _cdiv(Ms, cfg["BLOCK_M"]), _cdiv(N, cfg["BLOCK_N"])
         policy, nd = _policy(mapping, tms, tn)
         header = dict(op="matmul_reduce_scatter", a_shape=tuple(a.shape), b_local_shape=tuple(b_local.shape),
-                      dtype=str(a.dtype), mapping=policy.name, world=world)
-        key = ("matmul_reduce_scatter", M, Kl, N, a.dtype, policy.name, tuple(sorted(cfg.items())))
+                      dtype=str(a.dtype), mapping=policy.name, impl=impl, world=world)
+        key = ("matmul_reduce_scatter", M, Kl, N, a.dtype, policy.name, impl, tuple(sorted(cfg.items())))
         return Call("matmul_reduce_scatter", key, header, dict(a=a, b_local=b_local),
-                    dict(cfg, Ms=Ms, Kl=Kl, N=N, TMS=tms, TN=tn, policy=policy, num_domains=nd, world=world))
+                    dict(cfg, Ms=Ms, Kl=Kl, N=N, TMS=tms, TN=tn, policy=policy, num_domains=nd, world=world,
+                         impl=impl))
 
     @staticmethod
     def buffers(call) -> list:
         c, W = call.cfg, call.cfg["world"]
+        if c["impl"] == "ce":
+            bufs = [("flags", (2, W), torch.int32)]
+            if W > 1:
+                bufs.append(("partials", (W, c["Ms"], c["N"]), call.tensors["a"].dtype))
+            return bufs
         bufs = [("flags", (W, c["TMS"] * c["TN"]), torch.int32)]
         if W > 1:
             bufs.append(("partials", (2, W, c["Ms"], c["N"]), call.tensors["a"].dtype))
         return bufs
 
     @classmethod
-    def prepare(cls, ctx, a, b_local, *, mapping="auto", out=None, communicate=True):
+    def prepare(cls, ctx, a, b_local, *, mapping="auto", impl="fused", out=None, communicate=True):
         check_tensor("a", a, ndim=2, dtypes=DTYPES)
         check_tensor("b_local", b_local, ndim=2, dtypes=DTYPES)
         check_same("a", a, "b_local", b_local)
@@ -229,7 +257,7 @@ class MatmulReduceScatter:
                              f"(each rank returns a.shape[0] / world rows)")
         check_int32_indexing("a", a)
         check_int32_indexing("b_local", b_local)
-        call = cls.describe(a, b_local, world=ctx.world, mapping=mapping)
+        call = cls.describe(a, b_local, world=ctx.world, mapping=mapping, impl=impl)
         shape = (call.cfg["Ms"], call.cfg["N"])
         if out is None:
             out = torch.empty(shape, dtype=a.dtype, device=a.device)
@@ -237,6 +265,8 @@ class MatmulReduceScatter:
             check_tensor("out", out, ndim=2, dtypes=(a.dtype,), device=a.device)
             if tuple(out.shape) != shape:
                 raise ValueError(f"out must have shape {shape}, got {tuple(out.shape)}")
+            if impl == "ce" and not out.is_contiguous():
+                raise ValueError("out must be contiguous with impl='ce'")
         call.tensors["out"] = out
         call.extra["communicate"] = bool(communicate)
         return call
@@ -244,6 +274,10 @@ class MatmulReduceScatter:
     @classmethod
     def plan(cls, ctx, call) -> Plan:
         bufs = {name: ctx.alloc(shape, dt, what=f"matmul_reduce_scatter {name} buffer") for name, shape, dt in cls.buffers(call)}
+        if call.cfg["impl"] == "ce":   # cuBLAS outputs: partial slices for peers, our own partial
+            c, dt = call.cfg, call.tensors["a"].dtype
+            bufs["stage"] = torch.empty((ctx.world, c["Ms"], c["N"]), dtype=dt, device=ctx.device)
+            bufs["own"] = torch.empty((c["Ms"], c["N"]), dtype=dt, device=ctx.device)
         bufs["epoch"] = torch.zeros(1, dtype=torch.int32, device=ctx.device)
         bufs["counters"] = torch.zeros(2, dtype=torch.int32, device=ctx.device)
         return Plan(bufs)
@@ -255,6 +289,11 @@ class MatmulReduceScatter:
         c, t, bf = call.cfg, call.tensors, plan.bufs
         if not call.extra.get("communicate", True):
             phase = "nocomm"
+        if c["impl"] == "ce":
+            from ._ce import matmul_reduce_scatter_ce
+
+            plan.launches += 1
+            return matmul_reduce_scatter_ce(ctx, plan, call, phase)
         W, TS = ctx.world, c["TMS"] * c["TN"]
         lo, hi = {"push": (0, (W - 1) * TS), "consume": ((W - 1) * TS, W * TS)}.get(phase, (0, W * TS))
         G = max(1, min(ctx.num_sms, hi - lo))
@@ -446,19 +485,21 @@ def run(ctx, op: str, *args, check: bool = True, **kwargs):
 
 def required_heap_bytes(workload, world: int) -> int:
     """Heap bytes the given calls need: ``workload`` is a list of (op name, *tensors) with the
-    tensors (meta tensors are fine) each rank will pass, e.g.
-    ``[("all_gather_matmul", a_local, b), ("flash_decode_distributed", q, k_cache_local)]``."""
+    tensors (meta tensors are fine) each rank will pass, and optionally a dict of keyword
+    arguments last, e.g. ``[("all_gather_matmul", a_local, b), ("all_gather_matmul", a_local, b,
+    {"impl": "ce"}), ("flash_decode_distributed", q, k_cache_local)]``."""
     from ._context import alloc_bytes
 
     total = 0
     for item in workload:
         op, *tensors = item
+        kw = tensors.pop() if tensors and isinstance(tensors[-1], dict) else {}
         if op not in OPS:
             raise ValueError(f"unknown op {op!r} in workload; one of {sorted(OPS)}")
         spec = OPS[op]
         if op == "matmul_reduce_scatter" and tensors[0].shape[0] % world:
             raise ValueError(f"matmul_reduce_scatter: a has {tensors[0].shape[0]} rows, not a multiple of {world}")
-        call = spec.describe(*tensors, world=world)
+        call = spec.describe(*tensors, world=world, **kw)
         total += sum(alloc_bytes(_numel(s) * torch.empty((), dtype=dt).element_size()) for _, s, dt in spec.buffers(call))
     return total
 

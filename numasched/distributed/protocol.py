@@ -9,6 +9,8 @@ independently. A random scheduler interleaves single steps of all runnable progr
     ("wait", src, item)     blocked until flag[us][src][item] >= e      (acquire)
     ("read", src, item)     start reading buffer [slot][src][item] of our heap
     ("done", src, item)     finish that read
+    ("ack", src, item)      ack[src][us][item] = e: we are done with src's data   (impl "ce")
+    ("wait_ack", dest, item)  blocked until ack[us][dest][item] >= e - 1          (impl "ce")
 
 The model checks, for every interleaving it draws: no deadlock; every read sees the data of its
 own call from start to finish (no push of a later call overwrote it: the double-buffering
@@ -18,7 +20,9 @@ must fail this check for world >= 2, which shows the check can fail.
 The step lists mirror the kernels: all-gather (producers push every row block to every peer,
 consumers wait per (src, row block)), reduce-scatter (every tile of a peer's slice pushed from
 registers; own tiles wait on every peer), decode (each batch row pushed to every peer, then
-merged from every peer).
+merged from every peer). The "_ce" variants model ``impl="ce"``: one buffer per peer (slot 0
+always), a producer stream that waits for the consumer's ack of the previous call before each
+copy, and a consumer stream that acks after reading; ``acks=False`` drops the ack wait (must fail).
 """
 from __future__ import annotations
 
@@ -64,6 +68,21 @@ def programs_for(op: str, rank: int, world: int, items: int, num_programs: int, 
                 if src != rank:
                     steps += [("wait", src, it), ("read", src, it), ("done", src, it)]
             work.append(steps)
+    elif op in ("all_gather_matmul_ce", "matmul_reduce_scatter_ce"):
+        # two streams: the producer (side) and the consumer (main); one "item" per peer shard
+        order = [(rank - i) % world for i in range(1, world)] if op.startswith("all_gather") else peers_from
+        prod: List[Step] = []
+        for dest in order:
+            prod += [("wait_ack", dest, 0), ("push", dest, 0), ("signal", dest, 0)]
+        cons: List[Step] = []
+        for src in peers_from:
+            cons += [("wait", src, 0), ("read", src, 0), ("done", src, 0)]
+        cons += [("ack", src, 0) for src in peers_from] if op.startswith("matmul") else []
+        if op.startswith("all_gather"):   # all-gather acks right after each shard's GEMM
+            cons = []
+            for src in peers_from:
+                cons += [("wait", src, 0), ("read", src, 0), ("done", src, 0), ("ack", src, 0)]
+        return [p for p in (prod, cons) if p] or [[]]
     else:
         raise ValueError(f"unknown op {op!r}")
     # persistent programs take work items in order (dynamic tickets): deal them out round-robin
@@ -74,9 +93,12 @@ def programs_for(op: str, rank: int, world: int, items: int, num_programs: int, 
 
 
 def simulate(op: str, world: int, *, calls: int = 4, items: int = 3, num_programs: int = 3, slots: int = 2,
-             seed: int = 0, max_steps: int = 10**6) -> Dict[str, int]:
+             seed: int = 0, max_steps: int = 10**6, acks: bool = True) -> Dict[str, int]:
     """Run one random interleaving; raise ProtocolError on a violation. Returns step statistics."""
     rng = random.Random(seed)
+    if op.endswith("_ce"):
+        slots = 1
+    ack: Dict[Tuple[int, int, int], int] = {}     # (owner, consumer, item) -> epoch acked
     flag: Dict[Tuple[int, int, int], int] = {}    # (owner, src, item) -> epoch
     buf: Dict[Tuple[int, int, int, int], int] = {}  # (owner, slot, src, item) -> epoch of the data
     call_of = [0] * world                          # current call (epoch - 1) per rank
@@ -99,6 +121,9 @@ def simulate(op: str, world: int, *, calls: int = 4, items: int = 3, num_program
                     continue
                 kind, peer, it = prog[0]
                 if kind == "wait" and flag.get((r, peer, it), 0) < e:
+                    waits_blocked += 1
+                    continue
+                if kind == "wait_ack" and acks and ack.get((r, peer, it), 0) < e - 1:
                     waits_blocked += 1
                     continue
                 runnable.append((r, pi))
@@ -127,6 +152,8 @@ def simulate(op: str, world: int, *, calls: int = 4, items: int = 3, num_program
                 raise ProtocolError(f"{op}, world {world}: rank {r} call {e} read item {it} from rank {peer} and saw "
                                     f"call {got}'s data")
             reading[(r, peer, it)] = e
+        elif kind == "ack":
+            ack[(peer, r, it)] = e
         elif kind == "done":
             got = buf.get((r, slot, peer, it))
             del reading[(r, peer, it)]

@@ -1,0 +1,184 @@
+"""``impl="ce"``: the producer/consumer pair with cuBLAS GEMMs and copy-engine transfers.
+
+The fused kernels (``impl="fused"``) run the GEMM in Triton; this variant keeps cuBLAS for every
+GEMM and overlaps the data movement on a second stream, so no SM is spent on communication:
+
+all-gather + GEMM, call e on rank r:
+    side stream  for dest = r-1, r-2, ...: wait ack[dest] >= e-1 (dest has finished with the
+                 previous call's copy of our shard), copy our shard into dest's buffer[r]
+                 (cuMemcpyDtoDAsync over NVLink), set dest's ready[r] = e
+    main stream  C[r rows] = A_r @ B (cuBLAS, overlaps the copies); for src = r+1, r+2, ...:
+                 wait ready[src] >= e, C[src rows] = buffer[src] @ B, set src's ack[r] = e
+GEMM + reduce-scatter, call e on rank r:
+    main stream  for dest = r+1, ...: stage[dest] = A[dest rows] @ B (cuBLAS); then own = A[r rows] @ B;
+                 sum kernel: wait ready[src] >= e for every peer, out = sum of partials in rank
+                 order (fp32); set every src's ack[r] = e
+    side stream  after each stage[dest] is computed: wait ack[dest] >= e-1, copy it into dest's
+                 partials[r], set dest's ready[r] = e
+Both join the side stream and bump the epoch at the end of the call. One receive buffer per peer
+(cuBLAS needs its address on the host), so the ack replaces double buffering.
+
+On CPU (SimWorld) and on GPUs without the CUDA driver API the copy is a Triton remote-store kernel.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+_MEMCPY = None
+
+
+def _cu_memcpy():
+    global _MEMCPY
+    if _MEMCPY is None:
+        lib = ctypes.CDLL("libcuda.so.1")
+        f = lib.cuMemcpyDtoDAsync_v2
+        f.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p]
+        f.restype = ctypes.c_int
+        _MEMCPY = f
+    return _MEMCPY
+
+
+def copy_to_peer(ctx, dst: torch.Tensor, src: torch.Tensor, dest: int) -> None:
+    """Copy ``src`` (contiguous) into ``dest``'s copy of heap tensor ``dst`` (ours as we see it)."""
+    n = src.numel()
+    if ctx.device.type == "cuda" and torch.version.hip is None:
+        bases = ctx.heap_bases_host
+        peer_ptr = dst.data_ptr() - bases[ctx.rank] + bases[dest]
+        rc = _cu_memcpy()(peer_ptr, src.data_ptr(), n * src.element_size(), torch.cuda.current_stream().cuda_stream)
+        if rc:
+            raise RuntimeError(f"cuMemcpyDtoDAsync to rank {dest} failed with CUresult {rc}")
+        return
+    from numasched.kernels.dist_common import remote_copy_kernel
+
+    block = 128 if ctx.device.type == "cpu" else 8192
+    grid = (max(1, min(2 if ctx.device.type == "cpu" else 64, -(-n // block))),)
+    remote_copy_kernel[grid](src.reshape(-1), dst.reshape(-1), ctx.heap_bases, ctx.rank, dest, n, BLOCK=block)
+
+
+def _signal(ctx, flags, epoch, dest, idx):
+    from numasched.kernels.dist_ce import ce_signal_kernel
+
+    ce_signal_kernel[(1,)](flags, epoch, ctx.heap_bases, ctx.rank, dest, idx)
+
+
+def _wait(ctx, flags, epoch, idx, src, lag):
+    from numasched.kernels.dist_ce import ce_wait_kernel
+
+    ce_wait_kernel[(1,)](flags, epoch, ctx.status, idx, src, ctx.max_spins, LAG=lag)
+
+
+class _Streams:
+    """Fork a side stream off the current one (GPU) or do nothing (simulation: one thing at a time)."""
+
+    def __init__(self, ctx):
+        self.gpu = ctx.device.type == "cuda"
+        if self.gpu:
+            if getattr(ctx, "side_stream", None) is None:
+                ctx.side_stream = torch.cuda.Stream(device=ctx.device)
+            self.main, self.side = torch.cuda.current_stream(ctx.device), ctx.side_stream
+            self.side.wait_stream(self.main)
+
+    def on_side(self):
+        if self.gpu:
+            self.side.wait_stream(self.main)   # also orders the side work after what main did so far
+            return torch.cuda.stream(self.side)
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def join(self):
+        if self.gpu:
+            self.main.wait_stream(self.side)
+
+
+def all_gather_matmul_ce(ctx, plan, call, phase):
+    c, t, bf = call.cfg, call.tensors, plan.bufs
+    R, W, Ml = ctx.rank, ctx.world, c["Ml"]
+    a, b, out = t["a_local"], t["b"], t["out"]
+    ready, ack, epoch = bf["flags"][0], bf["flags"][1], bf["epoch"]
+    gather = bf.get("gather")
+    rows = lambda s: out[s * Ml:(s + 1) * Ml]  # noqa: E731
+
+    def produce():
+        for i in range(1, W):
+            dest = (R - i) % W             # rank-1 needs our shard first
+            _wait(ctx, ack, epoch, dest, dest, 1)
+            copy_to_peer(ctx, gather[R], a, dest)
+            _signal(ctx, ready, epoch, dest, R)
+
+    def consume(wait=True):
+        torch.matmul(a, b, out=rows(R))
+        for i in range(1, W):
+            src = (R + i) % W
+            if wait:
+                _wait(ctx, ready, epoch, src, src, 0)
+            torch.matmul(gather[src], b, out=rows(src))
+            if wait:
+                _signal(ctx, ack, epoch, src, R)
+
+    if phase == "nocomm":
+        consume(wait=False)
+    elif phase == "push":
+        produce()
+    elif phase == "consume":
+        consume()
+        epoch.add_(1)
+    else:
+        st = _Streams(ctx)
+        with st.on_side():
+            produce()
+        consume()
+        st.join()
+        epoch.add_(1)
+    return None if phase == "push" else out
+
+
+def matmul_reduce_scatter_ce(ctx, plan, call, phase):
+    from numasched.kernels.dist_ce import sum_partials_kernel
+
+    c, t, bf = call.cfg, call.tensors, plan.bufs
+    R, W, Ms = ctx.rank, ctx.world, c["Ms"]
+    a, b, out = t["a"], t["b_local"], t["out"]
+    ready, ack, epoch = bf["flags"][0], bf["flags"][1], bf["epoch"]
+    partials, stage, own = bf.get("partials"), bf["stage"], bf["own"]
+    rows = lambda s: a[s * Ms:(s + 1) * Ms]  # noqa: E731
+    st = _Streams(ctx) if phase == "full" else None
+
+    if phase in ("full", "push", "nocomm"):
+        for i in range(1, W):
+            dest = (R + i) % W
+            torch.matmul(rows(dest), b, out=stage[dest])
+            if phase == "nocomm":
+                continue
+            with (st.on_side() if st else _null()):
+                _wait(ctx, ack, epoch, dest, dest, 1)
+                copy_to_peer(ctx, partials[R], stage[dest], dest)
+                _signal(ctx, ready, epoch, dest, R)
+    if phase == "push":
+        return None
+    torch.matmul(rows(R), b, out=own)
+    n = own.numel()
+    block = 128 if ctx.device.type == "cpu" else 2048
+    if W == 1:
+        out.copy_(own)
+    else:
+        sum_partials_kernel[(-(-n // block),)](own, partials if phase != "nocomm" else stage, out, ready, epoch,
+                                                ctx.status, R, n, ctx.max_spins, WORLD=W, BLOCK=block,
+                                                WAIT=phase != "nocomm")
+        if phase != "nocomm":
+            for src in range(W):
+                if src != R:
+                    _signal(ctx, ack, epoch, src, R)
+    if st:
+        st.join()
+    if phase != "nocomm":
+        epoch.add_(1)
+    return out
+
+
+def _null():
+    import contextlib
+
+    return contextlib.nullcontext()
