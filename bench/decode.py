@@ -114,6 +114,12 @@ def main(argv=None) -> int:
     if not args.no_flex:
         from torch.nn.attention.flex_attention import flex_attention
 
+        # one compile per shape: lift dynamo's recompile limits, or later shapes would silently
+        # run flex_attention eagerly (much slower) and be reported as FlexAttention
+        for name, value in (("recompile_limit", 1024), ("cache_size_limit", 1024),
+                            ("accumulated_recompile_limit", 8192), ("accumulated_cache_size_limit", 8192)):
+            if hasattr(torch._dynamo.config, name):
+                setattr(torch._dynamo.config, name, value)
         flex = torch.compile(flex_attention, dynamic=False)
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
