@@ -163,6 +163,31 @@ def test_kernel_launch_is_policy_driven(monkeypatch):
     assert seen[0]["NUM_DOMAINS"] == 8
 
 
+# ------------------------------------------------------------------------------ sm_90 compile, no GPU
+def test_gpu_configs_compile_for_hopper():
+    """The GPU configs compile for sm_90 (Triton ships ptxas): wgmma, TMA loads, no register spills,
+    shared memory within the H100/H200 limit. Runs in a subprocess without the interpreter."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import json\n"
+        "from numasched.kernels import attention_fwd as K\n"
+        "cases = [((128, 128, 8, 2), True, 128, True), ((128, 64, 8, 3), False, 128, False),\n"
+        "         ((128, 64, 4, 3), True, 64, True)]\n"
+        "print(json.dumps([K.compile_report(*s, tma, head_dim=d, causal=c) for s, tma, d, c in cases]))\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    reps = json.loads(r.stdout.strip().splitlines()[-1])
+    for rep, want_tma in zip(reps, (True, False, True)):
+        assert rep["wgmma"] and rep["tma_load"] == want_tma, rep
+        assert rep["shared_bytes"] <= 232448, rep  # 227 KiB per block on H100/H200
+        assert rep["spill_bytes"] in (0, None), rep
+
+
 # ------------------------------------------------------------------------------ custom op
 def test_custom_op_traces_under_compile():
     q, k, v = rand(1, 2, 20, 64), rand(1, 2, 20, 64), rand(1, 2, 20, 64)

@@ -1,0 +1,199 @@
+"""``numasched bench prefill``: prefill attention forward vs SDPA FLASH, cuDNN and EFFICIENT.
+
+For each shape (batch, 32 heads, head dim 64/128, sequence 1k-16k, causal or not, bf16) it
+times, in one run and on the same inputs:
+    numasched          the Triton kernel (autotuned; ``--fixed``: one fixed config, TMA and
+                       pointer-load variants side by side)
+    sdpa-flash         torch SDPA, FLASH_ATTENTION backend (FlashAttention-2)
+    sdpa-cudnn         torch SDPA, CUDNN_ATTENTION backend
+    sdpa-efficient     torch SDPA, EFFICIENT_ATTENTION backend
+and reports TFLOP/s (4*B*H*L*L*D, causal counted as half), numasched's ratio to FLASH and cuDNN,
+the fraction of the measured cuBLAS bf16 rate, and numasched's error against SDPA FLASH.
+Targets (H200): >= 1.1x FLASH, >= 0.9x cuDNN.
+
+    numasched bench prefill --quick          # a few points, fixed configs: well under a minute
+    numasched bench prefill                  # the full grid (autotunes once per shape key)
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _sdpa_fn(q, k, v, causal, backend):
+    gqa = q.shape[1] != k.shape[1]
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    b = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+         "efficient": SDPBackend.EFFICIENT_ATTENTION}[backend]
+
+    def fn():
+        with sdpa_kernel([b]):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+
+    return fn
+
+
+def _grid(args):
+    if args.dry_run:
+        return [(1, 64, 40), (1, 128, 33)]
+    if args.quick:
+        return [(2, 128, 4096), (2, 128, 8192), (4, 64, 4096)]
+    pts = []
+    for d in args.dims:
+        for s in args.seqs:
+            b = args.batch or max(1, min(4, 16384 // s))  # about 16k tokens per call, batch 1-4
+            pts.append((b, d, s))
+    return pts
+
+
+def _cfg_str(cfg) -> str:
+    """'128x64 w8 s3 tma' for a config dict or a triton.Config."""
+    if cfg is None:
+        return ""
+    if not isinstance(cfg, dict):
+        cfg = dict(cfg.kwargs, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return (f"{cfg['BLOCK_M']}x{cfg['BLOCK_N']} w{cfg['num_warps']} s{cfg['num_stages']} "
+            f"{'tma' if cfg['USE_TMA'] else 'ptr'}")
+
+
+def _plot(rows, path):
+    import matplotlib.pyplot as plt
+
+    keys = sorted({(r["head_dim"], r["causal"]) for r in rows})
+    fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 4), squeeze=False)
+    for ax, (d, c) in zip(axes[0], keys):
+        sub = [r for r in rows if r["head_dim"] == d and r["causal"] == c]
+        for prov in sorted({r["provider"] for r in sub}):
+            pts = sorted((r["seq"], r["tflops"]) for r in sub if r["provider"] == prov and r["tflops"])
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=prov)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"d{d} {'causal' if c else 'non-causal'}")
+        ax.set_xlabel("sequence length")
+        ax.set_ylabel("TFLOP/s")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="numasched bench prefill", description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="a few points with fixed configs (well under a minute)")
+    p.add_argument("--dims", type=int, nargs="+", default=[64, 128])
+    p.add_argument("--seqs", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
+    p.add_argument("--batch", type=int, default=None, help="batch for every point (default: 1-4, ~16k tokens)")
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--kv-heads", type=int, default=None, help="KV heads (GQA); default = heads")
+    p.add_argument("--causal", choices=["both", "yes", "no"], default="both")
+    p.add_argument("--fixed", action="store_true", help="fixed kernel configs (TMA and pointers) instead of autotuning")
+    p.add_argument("--mapping", default="auto")
+    p.add_argument("--peers", nargs="*", default=["flash", "cudnn", "efficient"])
+    p.add_argument("--out-dir", default=None)
+    p.add_argument("--dry-run", action="store_true",
+                   help="check the script end to end on CPU (Triton interpreter, tiny shapes; timings meaningless)")
+    args = p.parse_args(argv)
+
+    import os
+
+    if args.dry_run and os.environ.get("TRITON_INTERPRET") != "1":
+        print("--dry-run needs TRITON_INTERPRET=1 in the environment (triton reads it at import)", file=sys.stderr)
+        return 2
+    import torch
+
+    if not torch.cuda.is_available() and not args.dry_run:
+        print("numasched bench prefill needs a CUDA GPU (or --dry-run)", file=sys.stderr)
+        return 2
+    dev = "cpu" if args.dry_run else "cuda"
+    from numasched.attention import attention_forward
+    from numasched.kernels import attention_fwd as K
+
+    from .common import bench_ms, matmul_rate, progress, write_results
+
+    if args.dry_run:
+        import time
+
+        def bench_ms(fn):  # noqa: F811  one untimed-quality call: the interpreter is not a GPU
+            t = time.perf_counter()
+            fn()
+            return (time.perf_counter() - t) * 1e3
+
+        def matmul_rate():  # noqa: F811
+            return 1e12
+
+    fixed = args.fixed or args.quick or args.dry_run
+    variants = ({"numasched-tma": K.DEFAULT_GPU_CONFIG,
+                 "numasched-ptr": dict(K.DEFAULT_GPU_CONFIG, USE_TMA=False)} if fixed and not args.dry_run
+                else {"numasched-tma": dict(K.INTERPRETER_CONFIG, USE_TMA=True),
+                      "numasched-ptr": K.INTERPRETER_CONFIG} if args.dry_run else {"numasched": None})
+    causals = {"both": [False, True], "yes": [True], "no": [False]}[args.causal]
+    H, HK = args.heads, args.kv_heads or args.heads
+    peak = matmul_rate()
+    rows = []
+    points = [(b, d, s, c) for (b, d, s) in _grid(args) for c in causals]
+    for b, d, s, causal in progress(points, "prefill"):
+        torch.manual_seed(0)
+        q = torch.randn(b, H, s, d, device=dev, dtype=torch.float32 if args.dry_run else torch.bfloat16)
+        k = torch.randn(b, HK, s, d, device=dev, dtype=torch.float32 if args.dry_run else torch.bfloat16)
+        v = torch.randn(b, HK, s, d, device=dev, dtype=torch.float32 if args.dry_run else torch.bfloat16)
+        flops = 4 * b * H * s * s * d * (0.5 if causal else 1.0)
+        base = dict(batch=b, heads=H, kv_heads=HK, head_dim=d, seq=s, causal=causal)
+        times, errs, cfgs = {}, {}, {}
+        ref = None
+        if "flash" in args.peers:
+            try:
+                ref = _sdpa_fn(q, k, v, causal, "flash")().float()
+            except RuntimeError:
+                ref = None
+        for name, cfg in variants.items():
+            fn = lambda cfg=cfg: attention_forward(q, k, v, causal=causal, mapping=args.mapping, _config=cfg)  # noqa: E731
+            out = fn()[0]
+            if ref is not None:
+                errs[name] = ((out.float() - ref).norm() / ref.norm()).item()
+            times[name] = bench_ms(fn)
+            best = getattr(K.attn_fwd_autotuned, "best_config", None)
+            cfgs[name] = _cfg_str(cfg if cfg is not None else best)
+        for peer in args.peers:
+            fn = _sdpa_fn(q, k, v, causal, peer)
+            try:
+                fn()
+                times[f"sdpa-{peer}"] = bench_ms(fn)
+            except RuntimeError as e:  # backend not available for this shape / build
+                times[f"sdpa-{peer}"] = None
+                print(f"sdpa-{peer} unavailable at {base}: {str(e).splitlines()[0][:120]}")
+        for name, ms in times.items():
+            tf = flops / (ms * 1e-3) / 1e12 if ms else None
+            rows.append(dict(base, provider=name, ms=ms, tflops=tf, frac_cublas=(tf * 1e12 / peak) if tf else None,
+                             rel_err_vs_flash=errs.get(name), config=cfgs.get(name)))
+        ours = [r for r in rows[-len(times):] if r["provider"].startswith("numasched") and r["tflops"]]
+        peers = {r["provider"]: r["tflops"] for r in rows[-len(times):] if r["provider"].startswith("sdpa")}
+        for r in ours:
+            for peer in ("flash", "cudnn"):
+                t = peers.get(f"sdpa-{peer}")
+                r[f"x_{peer}"] = r["tflops"] / t if t else None
+        del q, k, v, ref
+        if not args.dry_run:
+            torch.cuda.empty_cache()
+    cols = ["batch", "heads", "kv_heads", "head_dim", "seq", "causal", "provider", "ms", "tflops", "x_flash",
+            "x_cudnn", "frac_cublas", "rel_err_vs_flash", "config"]
+    paths = write_results("prefill", rows, columns=cols, plot=_plot, out_dir=args.out_dir,
+                          meta=dict(cublas_bf16_tflops=peak / 1e12, mapping=args.mapping,
+                                    note="TFLOP/s = 4*B*H*L^2*D/time, causal counted as half; "
+                                         "targets >= 1.1x sdpa-flash and >= 0.9x sdpa-cudnn"))
+    ours = [r for r in rows if r["provider"].startswith("numasched") and r.get("x_flash")]
+    if ours:
+        import statistics
+
+        for name in sorted({r["provider"] for r in ours}):
+            sub = [r for r in ours if r["provider"] == name]
+            xf = statistics.geometric_mean([r["x_flash"] for r in sub])
+            xc = [r["x_cudnn"] for r in sub if r.get("x_cudnn")]
+            print(f"{name}: geomean {xf:.3f}x sdpa-flash" + (f", {statistics.geometric_mean(xc):.3f}x sdpa-cudnn"
+                                                             if xc else "") + f" over {len(sub)} points")
+    print("written:", ", ".join(str(v) for v in paths.values()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
