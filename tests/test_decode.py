@@ -9,6 +9,8 @@ import warnings
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import numasched
 import numasched.decode as D
@@ -170,6 +172,25 @@ def test_policies(topo, mapping, launches):
             out, lse = numasched.flash_decode(q, k, v, cache_seqlens=lens, num_splits=3, mapping=mapping,
                                               return_lse=True)
     check(out, lse, *ref, torch.float32)
+
+
+@triton.jit
+def _collapse_order(pid, B, H, HK, NB, NUM_DOMAINS: tl.constexpr, PARAM: tl.constexpr):
+    return pid * 0, pid * 0, pid * 0  # every program works on item (0, 0, 0): not a bijection
+
+
+def test_kernel_follows_the_policy():
+    # a deliberately broken policy must break the result: shows the kernel maps programs through
+    # the policy's ORDER (so a real policy really reorders the work, and results do not change)
+    bad = M.Policy("test_collapse", "attention", M.get("head_first").remap,
+                   M.Order("test_collapse", "attention", lambda g, grid, X, p: g * 0, _collapse_order))
+    B, H, HK, Dh, L = 2, 2, 2, 16, 20
+    q, k, v = make_contiguous(B, H, HK, Dh, L, torch.float32, DEVICE, seed=15)
+    out = torch.full((B, H, Dh), float("nan"), device=DEVICE)
+    lse = torch.full((B, H), float("nan"), device=DEVICE)
+    FD.flash_decode_launch(q, k, v, None, None, out, lse, scale=0.25, seqlen_max=L, page_size=0, num_splits=1,
+                           policy=bad, num_domains=1)
+    assert torch.isfinite(out[0, 0]).all() and torch.isnan(out[1]).all()
 
 
 def test_policy_object_and_composed(launches):
