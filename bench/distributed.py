@@ -12,8 +12,10 @@ all-gather + GEMM (A rows sharded, (M/world, K) per rank; B (K, N_local)):
     gemm      torch.matmul of the whole (M, K) A with B: the GEMM alone (cuBLAS)
     bulk      NCCL all_gather_into_tensor, then torch.matmul
     symm_mem  torch.ops.symm_mem.fused_all_gather_matmul (copy-engine path: multicast off)
-    ours      numasched.distributed.all_gather_matmul (one fused kernel)
-    nocomm    ours with communication switched off (the fused kernel's compute alone)
+    fused     numasched.distributed.all_gather_matmul, impl="fused" (one fused Triton kernel)
+    ce        the same with impl="ce" (cuBLAS per shard + copy-engine pushes on a side stream)
+    ours      the better of fused and ce (best_impl); the ratios use it
+    nocomm    fused with communication switched off (the fused kernel's compute alone)
     link      bytes each rank receives / measured remote-store bandwidth
     T_lb      max(gemm, link): nothing can beat it; the target is ours <= 1.05 T_lb
 GEMM + reduce-scatter (A (M, K_local), B (K_local, N) per rank): the same with torch.matmul then
@@ -172,8 +174,10 @@ def _worker(args) -> int:
     ag_shapes, rs_shapes, dec_shapes = _shapes(args.quick, W)
     bf = torch.bfloat16
     meta = lambda *s: torch.empty(*s, device="meta", dtype=bf)  # noqa: E731
-    workload = ([("all_gather_matmul", meta(M // W, K), meta(K, N)) for M, K, N in ag_shapes if "ag" in only]
-                + [("matmul_reduce_scatter", meta(M, K), meta(K, N)) for M, K, N in rs_shapes if "rs" in only]
+    workload = ([("all_gather_matmul", meta(M // W, K), meta(K, N), dict(impl=i))
+                 for M, K, N in ag_shapes if "ag" in only for i in ("fused", "ce")]
+                + [("matmul_reduce_scatter", meta(M, K), meta(K, N), dict(impl=i))
+                   for M, K, N in rs_shapes if "rs" in only for i in ("fused", "ce")]
                 + [("flash_decode_distributed", meta(B, H, D), meta(B, 1, HK, D)) for B, _ in dec_shapes])
     ctx = nd.init(heap_bytes=nd.required_heap_bytes(workload, W) + (600 << 20), timeout_s=60.0)
     timed = _timer(args)
@@ -207,10 +211,13 @@ def _worker(args) -> int:
         err = rel(nd.all_gather_matmul(a, b, ctx=ctx, out=ours_out), ref)
         t_ours, e_ours = timed(lambda: nd.all_gather_matmul(a, b, ctx=ctx, out=ours_out, check=False))
         t_noc, _ = timed(lambda: nd.all_gather_matmul(a, b, ctx=ctx, out=ours_out, check=False, communicate=False))
+        err_ce = rel(nd.all_gather_matmul(a, b, ctx=ctx, out=ours_out, impl="ce"), ref)
+        t_ce, e_ce = timed(lambda: nd.all_gather_matmul(a, b, ctx=ctx, out=ours_out, check=False, impl="ce"))
         ctx.check("all_gather_matmul")
         link = (W - 1) * Ml * K * 2 / bw * 1e3
         rows.append(_row("all_gather_matmul", f"M={M} K={K} N_local={N}", W, 2 * M * N * K, t_gemm, t_bulk, t_symm,
-                         t_ours, t_noc, link, err, "; ".join(x for x in (e_symm, e_ours) if x)))
+                         t_ours, t_ce, t_noc, link, max(err, err_ce),
+                         "; ".join(x for x in (e_symm, e_ours, e_ce) if x)))
 
     # ------------------------------------------------------------------ GEMM + reduce-scatter
     for M, Kl, N in (rs_shapes if "rs" in only else []):
@@ -230,10 +237,13 @@ def _worker(args) -> int:
         err = rel(nd.matmul_reduce_scatter(a, b, ctx=ctx, out=ours_out), ref)
         t_ours, e_ours = timed(lambda: nd.matmul_reduce_scatter(a, b, ctx=ctx, out=ours_out, check=False))
         t_noc, _ = timed(lambda: nd.matmul_reduce_scatter(a, b, ctx=ctx, out=ours_out, check=False, communicate=False))
+        err_ce = rel(nd.matmul_reduce_scatter(a, b, ctx=ctx, out=ours_out, impl="ce"), ref)
+        t_ce, e_ce = timed(lambda: nd.matmul_reduce_scatter(a, b, ctx=ctx, out=ours_out, check=False, impl="ce"))
         ctx.check("matmul_reduce_scatter")
         link = (W - 1) * (M // W) * N * 2 / bw * 1e3
         rows.append(_row("matmul_reduce_scatter", f"M={M} K_local={Kl} N={N}", W, 2 * M * N * Kl, t_gemm, t_bulk,
-                         t_symm, t_ours, t_noc, link, err, "; ".join(x for x in (e_symm, e_ours) if x)))
+                         t_symm, t_ours, t_ce, t_noc, link, max(err, err_ce),
+                         "; ".join(x for x in (e_symm, e_ours, e_ce) if x)))
 
     # ------------------------------------------------------------------ distributed decode
     local_decode = nd._ops.default_local_decode()
@@ -246,9 +256,10 @@ def _worker(args) -> int:
         torch.cuda.empty_cache()
 
     if R == 0:
-        cols = ["op", "shape", "world", "gemm_ms", "single_ms", "local_decode_ms", "bulk_ms", "symm_mem_ms", "ours_ms",
-                "nocomm_ms", "link_ms", "T_lb_ms", "ours_over_T_lb", "x_vs_bulk", "x_vs_symm_mem", "x_vs_single",
-                "ours_TFLOPs", "err_vs_bulk", "target", "note"]
+        cols = ["op", "shape", "world", "gemm_ms", "single_ms", "local_decode_ms", "bulk_ms", "symm_mem_ms",
+                "fused_ms", "ce_ms", "best_impl", "ours_ms", "nocomm_ms", "fused_over_nocomm", "link_ms", "T_lb_ms",
+                "ours_over_T_lb", "x_vs_bulk", "x_vs_symm_mem", "x_vs_single", "ours_TFLOPs", "err_vs_bulk", "target",
+                "note"]
         write_results("distributed", rows, columns=cols,
                       meta=dict(world=W, remote_store_GBps=bw / 1e9, cublas_TFLOPs=rate / 1e12,
                                 spin_ns=ctx.spin_ns, iters=args.iters, warmup=args.warmup))
@@ -301,11 +312,16 @@ def _decode_row(B, S, W, ctx, timed, local_decode, rel):
 
 
 
-def _row(op, shape, W, flops, t_gemm, t_bulk, t_symm, t_ours, t_noc, link, err, note):
+def _row(op, shape, W, flops, t_gemm, t_bulk, t_symm, t_fused, t_ce, t_noc, link, err, note):
+    """Ratios use the better of our two implementations (best_impl says which)."""
+    import math
+
     t_lb = max(t_gemm, link)
-    return dict(op=op, shape=shape, world=W, gemm_ms=t_gemm, bulk_ms=t_bulk, symm_mem_ms=t_symm, ours_ms=t_ours,
-                nocomm_ms=t_noc, link_ms=link, T_lb_ms=t_lb, ours_over_T_lb=t_ours / t_lb, x_vs_bulk=t_bulk / t_ours,
-                x_vs_symm_mem=t_symm / t_ours, ours_TFLOPs=flops / (t_ours * 1e-3) / 1e12, err_vs_bulk=err,
+    best, t_ours = min((("fused", t_fused), ("ce", t_ce)), key=lambda x: math.inf if math.isnan(x[1]) else x[1])
+    return dict(op=op, shape=shape, world=W, gemm_ms=t_gemm, bulk_ms=t_bulk, symm_mem_ms=t_symm, fused_ms=t_fused,
+                ce_ms=t_ce, best_impl=best, ours_ms=t_ours, nocomm_ms=t_noc, link_ms=link, T_lb_ms=t_lb,
+                ours_over_T_lb=t_ours / t_lb, x_vs_bulk=t_bulk / t_ours, x_vs_symm_mem=t_symm / t_ours,
+                fused_over_nocomm=t_fused / t_noc, ours_TFLOPs=flops / (t_ours * 1e-3) / 1e12, err_vs_bulk=err,
                 target="x_vs_bulk>=1, x_vs_symm_mem>=1, ours_over_T_lb<=1.05", note=note)
 
 

@@ -24,6 +24,7 @@ os.environ.setdefault("NUMASCHED_CHECK_DATA", "0")      # numasched.decode's dat
 import numasched.distributed as nd  # noqa: E402
 
 BF = torch.bfloat16
+IMPLS = ("fused", "ce")
 
 
 def rel(x, ref):
@@ -56,13 +57,14 @@ def check_all_gather_matmul(ctx, quick):
         a = randn(Ml, K, seed=100 * i + R)
         b = randn(K, N, seed=100 * i + 77)          # same B on every rank
         ref = gather_rows(a).float() @ b.float()
-        out = torch.full((W * Ml, N), float("nan"), device="cuda", dtype=BF)
-        c = nd.all_gather_matmul(a, b, ctx=ctx, out=out)
-        assert c is out and torch.isfinite(c).all(), "unwritten (NaN) output elements"
-        e = rel(c, ref)
-        assert e < 1e-2, f"{(Ml, K, N)}: relative error {e:.2e}"
-        assert same_everywhere(c), "ranks disagree"
-        msgs.append(f"{Ml}x{K}x{N}: {e:.1e}")
+        for impl in IMPLS:
+            out = torch.full((W * Ml, N), float("nan"), device="cuda", dtype=BF)
+            c = nd.all_gather_matmul(a, b, ctx=ctx, out=out, impl=impl)
+            assert c is out and torch.isfinite(c).all(), f"{impl}: unwritten (NaN) output elements"
+            e = rel(c, ref)
+            assert e < 1e-2, f"{impl} {(Ml, K, N)}: relative error {e:.2e}"
+            assert same_everywhere(c), f"{impl}: ranks disagree"
+            msgs.append(f"{impl} {Ml}x{K}x{N}: {e:.1e}")
     return "; ".join(msgs)
 
 
@@ -77,12 +79,13 @@ def check_matmul_reduce_scatter(ctx, quick):
         dist.all_reduce(part)
         Ms = M // W
         ref = part[R * Ms:(R + 1) * Ms]
-        out = torch.full((Ms, N), float("nan"), device="cuda", dtype=BF)
-        y = nd.matmul_reduce_scatter(a, b, ctx=ctx, out=out)
-        assert y is out and torch.isfinite(y).all(), "unwritten (NaN) output elements"
-        e = rel(y, ref)
-        assert e < 1e-2, f"{(M, Kl, N)}: relative error {e:.2e}"
-        msgs.append(f"{M}x{Kl}x{N}: {e:.1e}")
+        for impl in IMPLS:
+            out = torch.full((Ms, N), float("nan"), device="cuda", dtype=BF)
+            y = nd.matmul_reduce_scatter(a, b, ctx=ctx, out=out, impl=impl)
+            assert y is out and torch.isfinite(y).all(), f"{impl}: unwritten (NaN) output elements"
+            e = rel(y, ref)
+            assert e < 1e-2, f"{impl} {(M, Kl, N)}: relative error {e:.2e}"
+            msgs.append(f"{impl} {M}x{Kl}x{N}: {e:.1e}")
     return "; ".join(msgs)
 
 
@@ -150,8 +153,9 @@ def check_back_to_back(ctx, quick):
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for i in range(n):
-        outs.append(nd.all_gather_matmul(a_list[i], b, ctx=ctx, check=False))
-        rs_outs.append(nd.matmul_reduce_scatter(ar[i], br, ctx=ctx, check=False))
+        impl = IMPLS[i % 2]
+        outs.append(nd.all_gather_matmul(a_list[i], b, ctx=ctx, check=False, impl=impl))
+        rs_outs.append(nd.matmul_reduce_scatter(ar[i], br, ctx=ctx, check=False, impl=IMPLS[(i // 2) % 2]))
         dec.append(nd.flash_decode_distributed(q * (1 + i / n), k, v, lens, ctx=ctx, check=False))
     torch.cuda.synchronize()
     dt = time.perf_counter() - t0
@@ -171,10 +175,19 @@ def check_cuda_graph(ctx, quick):
     Ml, K, N = 1024, 2048, 1536
     a, b = randn(Ml, K, seed=11 + R), randn(K, N, seed=12)
     out = torch.empty((W * Ml, N), device="cuda", dtype=BF)
+    out_ce = torch.empty((W * Ml, N), device="cuda", dtype=BF)
+    ar, br = randn(512 * W, 1024, seed=13 + R), randn(1024, 768, seed=14 + R)
+    rs_out = torch.empty((512, 768), device="cuda", dtype=BF)
     q, k, v, lens = _decode_inputs(R, W, B=2, S=2048, seed=9)
     dout = torch.empty_like(q)
-    nd.all_gather_matmul(a, b, ctx=ctx, out=out)                      # first call: header + buffers
-    nd.flash_decode_distributed(q, k, v, lens, ctx=ctx, out=dout, local_decode=nd.torch_local_decode)
+
+    def calls():
+        nd.all_gather_matmul(a, b, ctx=ctx, out=out)
+        nd.all_gather_matmul(a, b, ctx=ctx, out=out_ce, impl="ce")    # side stream inside the graph
+        nd.matmul_reduce_scatter(ar, br, ctx=ctx, out=rs_out, impl="ce")
+        nd.flash_decode_distributed(q, k, v, lens, ctx=ctx, out=dout, local_decode=nd.torch_local_decode)
+
+    calls()                                                          # first calls: headers + buffers
     torch.cuda.synchronize()
     dist.barrier()
     graph = torch.cuda.CUDAGraph()
@@ -182,8 +195,7 @@ def check_cuda_graph(ctx, quick):
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
         with torch.cuda.graph(graph, stream=s):
-            nd.all_gather_matmul(a, b, ctx=ctx, out=out)
-            nd.flash_decode_distributed(q, k, v, lens, ctx=ctx, out=dout, local_decode=nd.torch_local_decode)
+            calls()
     torch.cuda.current_stream().wait_stream(s)
     dist.barrier()
     for i in range(5):
@@ -194,7 +206,12 @@ def check_cuda_graph(ctx, quick):
         ctx.check("graph replay")
         ref = gather_rows(a).float() @ b.float()
         assert rel(out, ref) < 1e-2, f"replay {i}: all_gather_matmul wrong"
+        assert rel(out_ce, ref) < 1e-2, f"replay {i}: all_gather_matmul impl='ce' wrong"
+        part = ar.float() @ br.float()
+        dist.all_reduce(part)
+        assert rel(rs_out, part[R * 512:(R + 1) * 512]) < 1e-2, f"replay {i}: matmul_reduce_scatter impl='ce' wrong"
         assert same_everywhere(dout), f"replay {i}: decode differs across ranks"
+        ar.copy_(randn(512 * W, 1024, seed=600 + 10 * i + R))
     return "5 replays"
 
 
