@@ -1,0 +1,192 @@
+"""``numasched bench policies``: the effect of the mapping policy on the GPU at hand.
+
+For each kernel that is present (prefill attention; Flash Decode and GEMM when their modules
+import) and a couple of sizes, times every registered policy of that kind on the same inputs,
+with the kernel config held fixed (prefill: one fixed config; decode and GEMM: their first call
+tunes, and their tuning keys do not include the policy), so the columns differ only by which
+program runs which work item. Reported: ms, rate (TFLOP/s or TB/s of K/V read), ratio to the
+policy ``auto`` picks here and to the fastest, and the policy ``auto`` picks.
+
+On an NVIDIA GPU (one locality domain, topology dispatch "single") the policies differ only by
+temporal order (which heads / tiles run together), so differences are expected to be small; on
+a multi-domain GPU they also decide which domain's L2 holds what.
+
+    numasched bench policies --quick
+    numasched bench policies --kinds prefill
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+PREFILL = [  # (label, B, H, HK, S, D, causal)
+    ("prefill b2 h32/8 8k d128", 2, 32, 8, 8192, 128, False),
+    ("prefill b2 h32/8 8k d128 causal", 2, 32, 8, 8192, 128, True),
+    ("prefill b4 h32 4k d64", 4, 32, 32, 4096, 64, False),
+]
+DECODE = [  # (label, B, H, HK, L, D)
+    ("decode b8 32k h32/8 d128", 8, 32, 8, 32768, 128),
+    ("decode b32 8k h32/8 d128", 32, 32, 8, 8192, 128),
+]
+GEMM = [("gemm 8192^3", 8192, 8192, 8192), ("gemm 16384x14336x8192", 16384, 14336, 8192)]
+# --dry-run (CPU, Triton interpreter): tiny sizes, fp32, to check the script end to end
+DRY = {"prefill": [("prefill tiny", 1, 4, 2, 40, 64, True)], "decode": [("decode tiny", 2, 4, 2, 50, 64)],
+       "gemm": [("gemm tiny", 40, 48, 32)]}
+DEV = {"device": "cuda", "dtype": None}  # set in main()
+
+
+def _prefill_cases(sizes, bench_ms, rows):
+    import torch
+
+    from numasched import mappings as M
+    from numasched import topology
+    from numasched.attention import attention_forward
+    from numasched.kernels import attention_fwd as K
+
+    for label, B, H, HK, S, D, causal in sizes:
+        q = torch.randn(B, H, S, D, **DEV)
+        k = torch.randn(B, HK, S, D, **DEV)
+        v = torch.randn(B, HK, S, D, **DEV)
+        grid = M.AttentionGrid(B, H, HK, -(-S // K.DEFAULT_GPU_CONFIG["BLOCK_M"]))
+        auto = M.resolve("auto", "attention", topology.current(), grid, causal=causal).name
+        flops = 4 * B * H * S * S * D * (0.5 if causal else 1.0)
+        for name in M.available("attention"):
+            cfg = K.DEFAULT_GPU_CONFIG if DEV["device"] == "cuda" else None
+            fn = lambda name=name: attention_forward(q, k, v, causal=causal, mapping=name, _config=cfg)  # noqa: E731
+            fn()
+            ms = bench_ms(fn)
+            rows.append(dict(kind="prefill", size=label, policy=name, auto=auto, ms=ms,
+                             rate=flops / (ms * 1e-3) / 1e12, unit="TFLOP/s"))
+        del q, k, v
+
+
+def _decode_cases(sizes, bench_ms, rows):
+    import torch
+
+    from numasched import mappings as M
+    from numasched import topology
+    from numasched.decode import flash_decode
+
+    for label, B, H, HK, L, D in sizes:
+        q = torch.randn(B, H, D, **DEV)
+        kc = torch.randn(B, L, HK, D, **DEV)
+        vc = torch.randn(B, L, HK, D, **DEV)
+        nbytes = 2 * kc.numel() * kc.element_size()
+        auto = M.resolve("auto", "decode", topology.current(), M.DecodeGrid(B, HK, 1)).name
+        flash_decode(q, kc, vc)  # tunes once; the policy is not in the tuning key
+        for name in M.available("decode"):
+            fn = lambda name=name: flash_decode(q, kc, vc, mapping=name)  # noqa: E731
+            fn()
+            ms = bench_ms(fn)
+            rows.append(dict(kind="decode", size=label, policy=name, auto=auto, ms=ms,
+                             rate=nbytes / (ms * 1e-3) / 1e12, unit="TB/s"))
+        del q, kc, vc
+
+
+def _gemm_cases(sizes, bench_ms, rows):
+    import torch
+
+    from numasched import mappings as M
+    from numasched import topology
+    from numasched.gemm import matmul
+
+    for label, m, n, k in sizes:
+        a = torch.randn(m, k, **DEV)
+        b = torch.randn(k, n, **DEV)
+        auto = M.resolve("auto", "gemm", topology.current(), M.GemmGrid(-(-m // 128), -(-n // 128))).name
+        matmul(a, b)
+        for name in M.available("gemm"):
+            fn = lambda name=name: matmul(a, b, mapping=name)  # noqa: E731
+            fn()
+            ms = bench_ms(fn)
+            rows.append(dict(kind="gemm", size=label, policy=name, auto=auto, ms=ms,
+                             rate=2 * m * n * k / (ms * 1e-3) / 1e12, unit="TFLOP/s"))
+        del a, b
+
+
+def _plot(rows, path):
+    import matplotlib.pyplot as plt
+
+    sizes = list(dict.fromkeys(r["size"] for r in rows))
+    fig, axes = plt.subplots(1, len(sizes), figsize=(4.2 * len(sizes), 4), squeeze=False)
+    for ax, size in zip(axes[0], sizes):
+        sub = [r for r in rows if r["size"] == size]
+        ax.bar(range(len(sub)), [r["rate"] for r in sub], color=["C1" if r["policy"] == r.get("auto") else "C0"
+                                                                 for r in sub])
+        ax.set_xticks(range(len(sub)), [r["policy"] for r in sub], rotation=60, ha="right", fontsize=7)
+        ax.set_title(size, fontsize=9)
+        ax.set_ylabel(sub[0]["unit"])
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="numasched bench policies", description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="one size per kernel")
+    p.add_argument("--kinds", nargs="+", default=["prefill", "decode", "gemm"], choices=["prefill", "decode", "gemm"])
+    p.add_argument("--topology", default=None,
+                   help="plan for this topology preset instead of the detected one (changes NUM_DOMAINS)")
+    p.add_argument("--out-dir", default=None)
+    p.add_argument("--dry-run", action="store_true",
+                   help="check the script end to end on CPU (needs TRITON_INTERPRET=1; timings meaningless)")
+    args = p.parse_args(argv)
+
+    import importlib
+    import os
+
+    import torch
+
+    if args.dry_run and os.environ.get("TRITON_INTERPRET") != "1":
+        print("--dry-run needs TRITON_INTERPRET=1 in the environment (triton reads it at import)", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available() and not args.dry_run:
+        print("numasched bench policies needs a CUDA GPU (or --dry-run)", file=sys.stderr)
+        return 2
+    from numasched import topology
+
+    from .common import bench_ms, progress, write_results
+
+    DEV.update(device="cpu", dtype=torch.float32) if args.dry_run else DEV.update(device="cuda", dtype=torch.bfloat16)
+    if args.dry_run:
+        import time
+
+        def bench_ms(fn):  # noqa: F811
+            t = time.perf_counter()
+            fn()
+            return (time.perf_counter() - t) * 1e3
+
+    if args.topology:
+        topology.set_current(args.topology)
+    cases = {"prefill": (_prefill_cases, PREFILL, "numasched.attention"),
+             "decode": (_decode_cases, DECODE, "numasched.decode"),
+             "gemm": (_gemm_cases, GEMM, "numasched.gemm")}
+    rows = []
+    for kind in progress(args.kinds, "policies"):
+        fn, sizes, module = cases[kind]
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            print(f"skipping {kind}: {module} is not available ({e})")
+            continue
+        if args.dry_run:
+            sizes = DRY[kind]
+        fn(sizes[:1] if args.quick else sizes, bench_ms, rows)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    for size in dict.fromkeys(r["size"] for r in rows):
+        sub = [r for r in rows if r["size"] == size]
+        best = min(r["ms"] for r in sub)
+        ref = next((r["ms"] for r in sub if r["policy"] == r["auto"]), None)
+        for r in sub:
+            r["x_best"] = best / r["ms"]
+            r["x_auto"] = ref / r["ms"] if ref else None
+    cols = ["kind", "size", "policy", "ms", "rate", "unit", "x_auto", "x_best", "auto"]
+    paths = write_results("policies", rows, columns=cols, plot=_plot, out_dir=args.out_dir,
+                          meta=dict(topology=topology.current().name,
+                                    note="x_auto / x_best: time of auto's pick (of the fastest) / this time"))
+    print("written:", ", ".join(str(v) for v in paths.values()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
