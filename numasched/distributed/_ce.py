@@ -76,7 +76,8 @@ class _Streams:
         self.gpu = ctx.device.type == "cuda"
         if self.gpu:
             if getattr(ctx, "side_stream", None) is None:
-                ctx.side_stream = torch.cuda.Stream(device=ctx.device)
+                # high priority: its one-CTA signal/wait kernels must not queue behind a whole cuBLAS GEMM
+                ctx.side_stream = torch.cuda.Stream(device=ctx.device, priority=-1)
             self.main, self.side = torch.cuda.current_stream(ctx.device), ctx.side_stream
             self.side.wait_stream(self.main)
 
