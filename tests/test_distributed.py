@@ -62,6 +62,9 @@ def test_peer_access_errors():
     assert "GPU 0 (rank 0) cannot access GPU 1 (rank 1)" in msg and "can_device_access_peer" in msg
     assert "one host" in _peer_access_error([0, 1], ["a", "b"], ok)
     assert "share a GPU" in _peer_access_error([0, 0], ["h", "h"], ok)
+    assert "share a GPU" in _peer_access_error([0, 1], ["h", "h"], ok, gpu_ids=["GPU-a", "GPU-a"])
+    assert "not visible to rank 0" in _peer_access_error([0, 0], ["h", "h"], [[True, None], [True, True]],
+                                                         gpu_ids=["GPU-a", "GPU-b"])
 
 
 # ============================================================================ tile order

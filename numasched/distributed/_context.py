@@ -78,14 +78,27 @@ class _Base:
 
 
 # ============================================================================ one GPU per process
-def _peer_access_error(devices: List[int], hosts: List[str], access: List[List[bool]]) -> Optional[str]:
-    """Why these ranks cannot share an Iris heap, or None (pure function: tested on CPU)."""
+def _peer_access_error(devices: List[int], hosts: List[str], access: List[List[Optional[bool]]],
+                       gpu_ids: Optional[List[str]] = None) -> Optional[str]:
+    """Why these ranks cannot share an Iris heap, or None (pure function: tested on CPU).
+
+    devices[i]: rank i's device index; gpu_ids[i]: its GPU's UUID (default: the index);
+    access[i][j]: can rank i's GPU access rank j's as a peer (None: rank j's GPU is not visible to
+    rank i, e.g. CUDA_VISIBLE_DEVICES differs per process).
+    """
+    gpu_ids = [str(d) for d in devices] if gpu_ids is None else [str(g) for g in gpu_ids]
     if len(set(hosts)) > 1:
         return (f"numasched.distributed needs every rank on one host (Iris maps peer memory through the "
                 f"local driver); ranks run on {sorted(set(hosts))}")
-    if len(set(devices)) < len(devices):
-        return f"two ranks share a GPU (devices by rank: {devices}); run one rank per GPU"
-    bad = [(i, j) for i in range(len(devices)) for j in range(len(devices)) if i != j and not access[i][j]]
+    if len(set(gpu_ids)) < len(gpu_ids):
+        return f"two ranks share a GPU (GPUs by rank: {gpu_ids}); run one rank per GPU"
+    n = len(devices)
+    hidden = [(i, j) for i in range(n) for j in range(n) if i != j and access[i][j] is None]
+    if hidden:
+        i, j = hidden[0]
+        return (f"rank {j}'s GPU is not visible to rank {i} (CUDA_VISIBLE_DEVICES differs between ranks?); "
+                f"Iris needs every GPU visible to every rank, one rank per GPU (rank r uses GPU r)")
+    bad = [(i, j) for i in range(n) for j in range(n) if i != j and not access[i][j]]
     if bad:
         i, j = bad[0]
         return (f"GPU {devices[i]} (rank {i}) cannot access GPU {devices[j]} (rank {j}) as a peer "
@@ -113,15 +126,17 @@ class DistContext(_Base):
             raise ValueError(f"world size {self.world} > {MAX_WORLD}: one host of up to {MAX_WORLD} GPUs is supported")
         dev = self.rank % torch.cuda.device_count()   # Iris binds rank r to GPU r mod count
         torch.cuda.set_device(dev)
-        # peer access: every rank reports its row of the access matrix, every rank decides alike
-        info = (socket.gethostname(), dev,
-                [torch.cuda.can_device_access_peer(dev, d) if d != dev else True
-                 for d in range(torch.cuda.device_count())])
+        # peer access: every rank reports which GPUs (by UUID) it can reach, every rank decides alike
+        def uuid(d):
+            return str(getattr(torch.cuda.get_device_properties(d), "uuid", d))
+
+        reach = {uuid(d): (d == dev or torch.cuda.can_device_access_peer(dev, d))
+                 for d in range(torch.cuda.device_count())}
         rows: list = [None] * self.world
-        dist.all_gather_object(rows, info)
-        devices = [r[1] for r in rows]
-        access = [[rows[i][2][devices[j]] for j in range(self.world)] for i in range(self.world)]
-        err = _peer_access_error(devices, [r[0] for r in rows], access)
+        dist.all_gather_object(rows, (socket.gethostname(), dev, uuid(dev), reach))
+        ids = [r[2] for r in rows]
+        access = [[rows[i][3].get(ids[j]) for j in range(self.world)] for i in range(self.world)]
+        err = _peer_access_error([r[1] for r in rows], [r[0] for r in rows], access, ids)
         if err:
             raise RuntimeError(err)
 
