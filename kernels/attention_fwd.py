@@ -288,6 +288,8 @@ def attention_fwd(q, k, v, out, lse, *, scale: float, causal: bool, causal_offse
            B, H, HK, Lq, Lk, float(scale) * LOG2E, int(causal_offset))
     if config is None and interp:
         config = INTERPRETER_CONFIG
+    if not interp:
+        _ensure_allocator()  # device-side descriptors (USE_TMA) take their scratch from it
     if config is not None:
         config = dict(config)
         if config.get("USE_TMA") and not interp and not tma_ok:
@@ -295,7 +297,6 @@ def attention_fwd(q, k, v, out, lse, *, scale: float, causal: bool, causal_offse
         grid = (B * H * triton.cdiv(Lq, config["BLOCK_M"]),)
         attn_fwd_kernel[grid](*pos, **args, **config)
         return grid[0]
-    _ensure_allocator()
     grid = lambda meta: (B * H * triton.cdiv(Lq, meta["BLOCK_M"]),)  # noqa: E731
     try:
         attn_fwd_autotuned[grid](*pos, **args)
