@@ -81,6 +81,17 @@ def _gemm_tiles(md, item, bases, line):
     return tiles
 
 
+def _set_of(ln: int, sets: int, hashed: bool) -> int:
+    """line mod sets, or the XOR of the address's log2(sets)-bit pieces."""
+    if not hashed:
+        return ln % sets
+    r = 0
+    while ln:
+        r ^= ln % sets
+        ln //= sets
+    return r
+
+
 def _lru(od: OrderedDict, key, ways: int) -> bool:
     if key in od:
         od.move_to_end(key)
@@ -92,10 +103,11 @@ def _lru(od: OrderedDict, key, ways: int) -> bool:
 
 
 def simulate_lines(topology, model, policy, occupancy: int = 1, llc_ways: int = 16, jitter: float = 0.0,
-                   seed: int = 0) -> dict:
+                   seed: int = 0, set_hash: str = "xor") -> dict:
     """Line-level counts: requested, L2 hits (per domain), LLC hits, HBM lines."""
     line = topology.l2_line
     X = topology.num_domains
+    hashed = set_hash == "xor"
     s2 = topology.l2_bytes // (line * topology.l2_ways)
     s3 = topology.llc_bytes // (line * llc_ways) if topology.llc_bytes else 0
     align = (s2 * s3 // gcd(s2, s3) if s3 else s2) * line
@@ -141,9 +153,9 @@ def simulate_lines(topology, model, policy, occupancy: int = 1, llc_ways: int = 
     for _, _, d, g, k in events:
         for ln in tiles[g][k]:
             req[d] += 1
-            if _lru(l2[d].setdefault(ln % s2, OrderedDict()), ln, topology.l2_ways):
+            if _lru(l2[d].setdefault(_set_of(ln, s2, hashed), OrderedDict()), ln, topology.l2_ways):
                 hit2[d] += 1
-            elif s3 and _lru(llc.setdefault(ln % s3, OrderedDict()), ln, llc_ways):
+            elif s3 and _lru(llc.setdefault(_set_of(ln, s3, hashed), OrderedDict()), ln, llc_ways):
                 hit3[d] += 1
     return {"requested_lines": req, "l2_hit_lines": hit2, "llc_hit_lines": hit3,
             "hbm_lines": sum(req) - sum(hit2) - sum(hit3)}

@@ -13,7 +13,8 @@ Execution model (what "exact" is measured against)
 * Within a step, accesses are ordered by slot, then by domain (domains interleave finely, which
   matters only for the shared last-level cache). A tile access reads its lines in row-major
   order, back to back.
-* Each domain has a private L2 (``l2_ways``-way LRU, set = line mod sets). Its misses go to the
+* Each domain has a private L2 (``l2_ways``-way LRU; set = XOR-fold of the line address by
+  default, ``set_hash="none"``: line mod sets). Its misses go to the
   shared last-level cache (``llc_ways``-way LRU, same line size; a single cache, address slices
   not modelled) in the global order above; the LLC's misses go to HBM. Reads only.
 
@@ -55,6 +56,7 @@ class SimResult:
     kernel: dict
     occupancy: int
     jitter: float
+    set_hash: str
     num_domains: int
     requested_bytes: int
     l2_bytes: int  # served by the domains' L2s
@@ -139,8 +141,8 @@ def _resolve_policy(policy, model, topology):
 
 
 def simulate(topology, kernel_model: KernelModel, policy="auto", *, occupancy: int = 1, llc_ways: int = 16,
-             peak_flops: Optional[float] = None, jitter: float = 0.0, seed: int = 0, progress=False,
-             chunk_accesses: int = 2_000_000) -> SimResult:
+             peak_flops: Optional[float] = None, jitter: float = 0.0, seed: int = 0, set_hash: str = "xor", progress=False,
+             chunk_units: int = 1_500_000) -> SimResult:
     """Simulate one kernel under one mapping policy on one topology.
 
     Args:
@@ -153,8 +155,10 @@ def simulate(topology, kernel_model: KernelModel, policy="auto", *, occupancy: i
             0: no compute term.
         jitter: relative spread of workgroup speeds (0 = lockstep; see access_ticks).
         seed: seed of the speed draw.
+        set_hash: "xor" (set index = XOR-fold of the line address, as hardware hashes indexes to
+            avoid power-of-two conflicts) or "none" (line mod sets).
         progress: a rich Progress to add a task to, True for a bar of its own, or False.
-        chunk_accesses: tile accesses simulated per NumPy batch (memory vs overhead).
+        chunk_units: unit accesses simulated per NumPy batch (memory vs overhead).
     """
     t_start = time.perf_counter()
     if isinstance(topology, str):
@@ -166,12 +170,14 @@ def simulate(topology, kernel_model: KernelModel, policy="auto", *, occupancy: i
                          f"got {type(kernel_model).__name__}")
     occupancy = _check_int("occupancy", occupancy)
     llc_ways = _check_int("llc_ways", llc_ways)
-    chunk_accesses = _check_int("chunk_accesses", chunk_accesses)
+    chunk_units = _check_int("chunk_units", chunk_units)
     if peak_flops is not None and (not isinstance(peak_flops, (int, float)) or peak_flops < 0):
         raise ValueError(f"peak_flops must be a number >= 0 or None, got {peak_flops!r}")
     if isinstance(jitter, bool) or not isinstance(jitter, (int, float)) or not 0 <= jitter < 1:
         raise ValueError(f"jitter must be a number in [0, 1), got {jitter!r}")
     seed = _check_int("seed", seed, lo=0)
+    if set_hash not in ("xor", "none"):
+        raise ValueError(f"set_hash must be 'xor' or 'none', got {set_hash!r}")
     pol = _resolve_policy(policy, kernel_model, topology)
 
     X = topology.num_domains
@@ -202,7 +208,7 @@ def simulate(topology, kernel_model: KernelModel, policy="auto", *, occupancy: i
     for c in caches:
         mod = mod * c.sets // gcd(mod, c.sets)
     tensors = layout(kernel_model.tensors(line), mod)
-    dec = Decomposition(tensors, caches)
+    dec = Decomposition(tensors, caches, hashed=set_hash == "xor")
     last_line = max(t.base + t.rows * t.pitch for t in tensors)
     kdt = np.int32 if last_line < 2**31 - 1 else np.int64
     n2 = dec.n_classes[0]
@@ -213,11 +219,17 @@ def simulate(topology, kernel_model: KernelModel, policy="auto", *, occupancy: i
     hit2 = np.zeros(X, dtype=np.int64)
     hitl = np.zeros(X, dtype=np.int64)
     T_total = int(end.max())
-    dt = max(1, chunk_accesses // n_tracks) * (1 if lockstep else TICKS)
+    # units per tile access, from a sample, sizes the time window of a batch
+    rng = np.random.default_rng(1)
+    sw = rng.integers(0, W, 4096)
+    sk = (rng.random(4096) * n_acc[sw]).astype(np.int64)
+    st_ = kernel_model.tiles(plan, sw, sk)
+    per = float(np.mean((st_[2] // dec.rho) * (1 if st_[4] is None else st_[4] // dec.omega)))
+    dt = max(1, int(chunk_units / (n_tracks * max(per, 1.0)))) * (1 if lockstep else TICKS)
     n_chunks = -(-T_total // dt)
 
     bar, task, own = None, None, False
-    if progress:
+    if progress is not None and progress is not False:
         if progress is True:
             from rich.progress import Progress
 
@@ -278,7 +290,7 @@ def simulate(topology, kernel_model: KernelModel, policy="auto", *, occupancy: i
              f"recomputed {l2.rows_redone + (llc.rows_redone if llc else 0)}"]
     return SimResult(
         mapping=pol.name, topology=topology.name, kernel=kernel_model.to_dict(), occupancy=occupancy,
-        jitter=float(jitter),
+        jitter=float(jitter), set_hash=set_hash,
         num_domains=X,
         requested_bytes=int(req_b.sum()), l2_bytes=int(l2_b.sum()), llc_bytes=int(llc_b.sum()),
         hbm_bytes=int(hbm_b.sum()),

@@ -75,13 +75,38 @@ class CacheGeom:
     ways: int
 
 
-class Decomposition:
-    """Unit shape and class ids for a set of tensors and caches."""
+def xor_fold(lines: np.ndarray, sets: int) -> np.ndarray:
+    """Hashed set index: the line address cut into log2(sets)-bit pieces, XORed together.
 
-    def __init__(self, tensors: Sequence[TensorLines], caches: Sequence[CacheGeom]):
+    Only bits above the set bits change a line's set, so an aligned run of lines inside one
+    ``sets``-line block keeps being an aligned run of sets (what units need)."""
+    s = sets.bit_length() - 1
+    x = np.asarray(lines, dtype=np.int64)
+    r = x & (sets - 1)
+    y = x >> s
+    while y.any():
+        r ^= y & (sets - 1)
+        y >>= s
+    return r
+
+
+class Decomposition:
+    """Unit shape and class ids for a set of tensors and caches.
+
+    ``hashed``: set index = xor_fold(line) instead of line mod S (S must be a power of two). The
+    XOR of higher bits is constant on an aligned run of lines inside one S-line block, so 1-D units
+    are unchanged; 2-D units become single-row runs (rho = 1), whose lines stay in one block.
+    """
+
+    def __init__(self, tensors: Sequence[TensorLines], caches: Sequence[CacheGeom], hashed: bool = False):
         self.tensors = list(tensors)
         self.caches = list(caches)
+        self.hashed = bool(hashed)
         S = [c.sets for c in caches]
+        if self.hashed:
+            bad = [s for s in S if s & (s - 1)]
+            if bad:
+                raise ValueError(f"set_hash='xor' needs a power-of-two number of sets, got {bad[0]}")
         omega = 0
         for s in S:
             omega = gcd(omega, s)
@@ -90,7 +115,7 @@ class Decomposition:
         pitches = {t.pitch for t in tensors}
         rho = 1
         self.shared_pitch = None
-        if len(pitches) == 1:
+        if len(pitches) == 1 and not (self.hashed and pitches != {1}):
             p = pitches.pop()
             if all(s % p == 0 for s in S):  # pitch | S: g = pitch, q = 1, column offsets < g
                 self.shared_pitch = p
@@ -106,6 +131,8 @@ class Decomposition:
     def classes(self, first_line: np.ndarray, row, col, cache: int) -> np.ndarray:
         """Class (set group) of units, given each unit's first line (and row, col in the 2-D case)."""
         S = self.caches[cache].sets
+        if self.hashed:  # unit = aligned run inside one S-line block (see class doc)
+            return xor_fold(first_line, S) // self.lines_per_unit
         if self.shared_pitch is not None and self.rho > 1 and self.shared_pitch > 1:
             p = self.shared_pitch
             pi = S // p  # rows per period (g = p since p | S, q = 1)
@@ -117,7 +144,8 @@ class Decomposition:
         return (first_line % S) // self.lines_per_unit
 
     def describe(self) -> str:
-        return f"{self.rho} row(s) x {self.omega} line(s) = {self.lines_per_unit} lines per unit"
+        return (f"{self.rho} row(s) x {self.omega} line(s) = {self.lines_per_unit} lines per unit, "
+                f"set index {'xor-folded' if self.hashed else 'line mod sets'}")
 
 
 def expand_units(dec: Decomposition, tensor: np.ndarray, r0: np.ndarray, nr: np.ndarray,
