@@ -204,6 +204,8 @@ def test_custom_op_traces_under_compile():
     sd = torch.compile(lambda q, k, v: numasched.scaled_dot_product_attention(q, k, v, is_causal=True),
                        backend="aot_eager", fullgraph=True)
     assert (sd(q, k, v).double() - ref).abs().max() < 1e-4
+    res = torch.library.opcheck(torch.ops.numasched.attention_forward.default, (q, k, v, True, 0.125, 0, "auto"))
+    assert all(v == "SUCCESS" for v in res.values()), res
     fake_out, fake_lse = torch.ops.numasched.attention_forward.default(
         q.to("meta"), k.to("meta"), v.to("meta"), True, 0.125, 0, "auto")
     assert fake_out.shape == q.shape and fake_out.stride() == A._out_like(q).stride()
