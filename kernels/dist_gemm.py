@@ -59,19 +59,34 @@ def _tile_matmul(a_base, stride_am, stride_ak, rm, b_ptr, stride_bk, stride_bn, 
     return acc
 
 
+@triton.jit
+def _tile_matmul_tma(a_desc, off_am, b_desc, off_n, K,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Same accumulator through TMA descriptors (Hopper): A rows from ``off_am``, B columns from
+    ``off_n``. Out-of-range rows/columns/K read as zeros (rows past a shard read the next shard:
+    those outputs are masked at the store)."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        a = a_desc.load([off_am, k * BLOCK_K])
+        b = b_desc.load([k * BLOCK_K, off_n])
+        acc = tl.dot(a, b, acc)
+    return acc
+
+
 # ============================================================================ all-gather + GEMM
 @triton.jit
 def all_gather_matmul_kernel(
-        a_ptr, g_ptr, b_ptr, c_ptr, flags_ptr, status_ptr, epoch_ptr, counters_ptr, heap_bases,
+        a_ptr, g_ptr, b_ptr, c_ptr, a_desc, g_desc, b_desc, flags_ptr, status_ptr, epoch_ptr, counters_ptr, heap_bases,
         rank, Ml, N, K, stride_bk, stride_bn, stride_cm, stride_cn,
         num_programs, max_spins, TICKET_LO, TICKET_HI,
         REMAP: tl.constexpr, REMAP_PARAM: tl.constexpr, ORDER: tl.constexpr, ORDER_PARAM: tl.constexpr,
         NUM_DOMAINS: tl.constexpr, WORLD: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
         COMM_PROGRAMS: tl.constexpr, PUSH_CHUNK: tl.constexpr,
-        DO_PUSH: tl.constexpr, WAIT: tl.constexpr, BUMP_EPOCH: tl.constexpr):
+        DO_PUSH: tl.constexpr, WAIT: tl.constexpr, BUMP_EPOCH: tl.constexpr, USE_TMA: tl.constexpr):
     # a_ptr: (Ml, K) contiguous, this rank's rows. g_ptr: heap [2, WORLD, Ml, K] gather buffers.
-    # flags_ptr: heap int32 [WORLD, TMS]. c_ptr: (WORLD*Ml, N).
+    # flags_ptr: heap int32 [WORLD, TMS]. c_ptr: (WORLD*Ml, N). USE_TMA: a_desc, g_desc (the
+    # gather buffers as one (2*WORLD*Ml, K) matrix) and b_desc are TMA descriptors of the same.
     pid = tl.program_id(0)
     e = epoch_begin(epoch_ptr)
     slot = e % 2
@@ -109,9 +124,20 @@ def all_gather_matmul_kernel(
                 wait_flag(flags_ptr + src * TMS + tm, e, src, status_ptr, max_spins)
         rows = tm * BLOCK_M + tl.arange(0, BLOCK_M)
         cols = tn * BLOCK_N + tl.arange(0, BLOCK_N)
-        # wrap out-of-range rows/cols onto valid ones: loads need no mask; the store is masked
-        acc = _tile_matmul(a_base, K, 1, rows % Ml, b_ptr, stride_bk, stride_bn, cols % N, K,
-                           BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+        if USE_TMA:
+            # pick the descriptor first: one K loop (two loops would each get their own 3-stage
+            # shared-memory pipeline, 2 x 147 KB, more than an SM has)
+            if src == rank:
+                a_d = a_desc
+                off_am = tm * BLOCK_M
+            else:
+                a_d = g_desc
+                off_am = (slot * WORLD + src) * Ml + tm * BLOCK_M
+            acc = _tile_matmul_tma(a_d, off_am, b_desc, tn * BLOCK_N, K, BLOCK_M, BLOCK_N, BLOCK_K)
+        else:
+            # wrap out-of-range rows/cols onto valid ones: loads need no mask; the store is masked
+            acc = _tile_matmul(a_base, K, 1, rows % Ml, b_ptr, stride_bk, stride_bn, cols % N, K,
+                               BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
         c_ptrs = c_ptr + (src * Ml + rows).to(tl.int64)[:, None] * stride_cm + cols[None, :] * stride_cn
         tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rows[:, None] < Ml) & (cols[None, :] < N))
         t = next_ticket(counters_ptr, TICKET_LO)
@@ -122,15 +148,15 @@ def all_gather_matmul_kernel(
 # ============================================================================ GEMM + reduce-scatter
 @triton.jit
 def matmul_reduce_scatter_kernel(
-        a_ptr, b_ptr, out_ptr, p_ptr, flags_ptr, status_ptr, epoch_ptr, counters_ptr, heap_bases,
+        a_ptr, b_ptr, out_ptr, p_ptr, a_desc, b_desc, flags_ptr, status_ptr, epoch_ptr, counters_ptr, heap_bases,
         rank, Ms, N, Kl, stride_am, stride_ak, stride_bk, stride_bn, stride_om, stride_on,
         num_programs, max_spins, TICKET_LO, TICKET_HI,
         REMAP: tl.constexpr, REMAP_PARAM: tl.constexpr, ORDER: tl.constexpr, ORDER_PARAM: tl.constexpr,
         NUM_DOMAINS: tl.constexpr, WORLD: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-        COMM: tl.constexpr, BUMP_EPOCH: tl.constexpr):
+        COMM: tl.constexpr, BUMP_EPOCH: tl.constexpr, USE_TMA: tl.constexpr):
     # a_ptr: (WORLD*Ms, Kl); b_ptr: (Kl, N); out_ptr: (Ms, N); p_ptr: heap [2, WORLD, Ms, N]
-    # partial tiles (slot, src); flags_ptr: heap int32 [WORLD, TMS*TN].
+    # partial tiles (slot, src); flags_ptr: heap int32 [WORLD, TMS*TN]. USE_TMA: a_desc, b_desc.
     e = epoch_begin(epoch_ptr)
     slot = e % 2
     TMS = tl.cdiv(Ms, BLOCK_M)
@@ -144,8 +170,12 @@ def matmul_reduce_scatter_kernel(
                                    NUM_DOMAINS)
         rows = tm * BLOCK_M + tl.arange(0, BLOCK_M)
         cols = tn * BLOCK_N + tl.arange(0, BLOCK_N)
-        acc = _tile_matmul(a_ptr, stride_am, stride_ak, dest * Ms + rows % Ms, b_ptr, stride_bk, stride_bn,
-                           cols % N, Kl, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+        if USE_TMA:
+            acc = _tile_matmul_tma(a_desc, dest * Ms + tm * BLOCK_M, b_desc, tn * BLOCK_N, Kl, BLOCK_M, BLOCK_N,
+                                   BLOCK_K)
+        else:
+            acc = _tile_matmul(a_ptr, stride_am, stride_ak, dest * Ms + rows % Ms, b_ptr, stride_bk, stride_bn,
+                               cols % N, Kl, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
         mask = (rows[:, None] < Ms) & (cols[None, :] < N)
         offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
         tile = tm * TN + tn

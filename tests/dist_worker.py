@@ -115,6 +115,28 @@ def _decode_reference(q, k, v, lens):
     return torch.stack(outs), torch.stack(lses)
 
 
+def check_fused_pointer_path(ctx, quick):
+    """The fused kernels without TMA descriptors (the default on Hopper is TMA): same checks."""
+    R, W = ctx.rank, ctx.world
+    old = os.environ.get("NUMASCHED_DIST_TMA")
+    os.environ["NUMASCHED_DIST_TMA"] = "0"
+    try:
+        a, b = randn(700, 1000, seed=41 + R), randn(1000, 600, seed=42)
+        c = nd.all_gather_matmul(a, b, ctx=ctx)
+        e1 = rel(c, gather_rows(a).float() @ b.float())
+        ar, br = randn(300 * W, 1000, seed=43 + R), randn(1000, 600, seed=44 + R)
+        part = ar.float() @ br.float()
+        dist.all_reduce(part)
+        e2 = rel(nd.matmul_reduce_scatter(ar, br, ctx=ctx), part[R * 300:(R + 1) * 300])
+    finally:
+        if old is None:
+            os.environ.pop("NUMASCHED_DIST_TMA")
+        else:
+            os.environ["NUMASCHED_DIST_TMA"] = old
+    assert e1 < 1e-2 and e2 < 1e-2, (e1, e2)
+    return f"all_gather_matmul {e1:.1e}, matmul_reduce_scatter {e2:.1e}"
+
+
 def check_flash_decode_distributed(ctx, quick):
     R, W = ctx.rank, ctx.world
     q, k, v, lens = _decode_inputs(R, W)
@@ -272,7 +294,8 @@ def check_timeout(ctx, quick):
     raise AssertionError("no TimeoutError")
 
 
-CHECKS = [check_all_gather_matmul, check_matmul_reduce_scatter, check_flash_decode_distributed, check_back_to_back,
+CHECKS = [check_all_gather_matmul, check_matmul_reduce_scatter, check_fused_pointer_path, check_flash_decode_distributed,
+          check_back_to_back,
           check_cuda_graph, check_comm_off, check_header_mismatch, check_heap_too_small, check_timeout]
 
 

@@ -143,9 +143,15 @@ def _ag_case(world, Ml, K, N, dtype, calls=2, seed=0, impl="fused"):
     return sim
 
 
-@pytest.mark.parametrize("world,Ml,K,N,dtype", [(1, 20, 24, 40, torch.float32), (2, 20, 40, 36, torch.float32),
-                                                (3, 16, 32, 16, torch.float16), (4, 9, 16, 20, torch.float32)])
-def test_all_gather_matmul_sim(world, Ml, K, N, dtype):
+@pytest.mark.parametrize("world,Ml,K,N,dtype,tma", [(1, 20, 24, 40, torch.float32, "0"),
+                                                    (2, 20, 40, 36, torch.float32, "0"),
+                                                    (3, 16, 32, 16, torch.float16, "0"),
+                                                    (4, 9, 16, 20, torch.float32, "0"),
+                                                    (2, 20, 40, 36, torch.float32, "1"),
+                                                    (3, 9, 24, 20, torch.float16, "1")])
+def test_all_gather_matmul_sim(world, Ml, K, N, dtype, tma, monkeypatch):
+    """tma="1": the TMA-descriptor path of the fused kernel (the default on Hopper), interpreted."""
+    monkeypatch.setenv("NUMASCHED_DIST_TMA", tma)
     sim = _ag_case(world, Ml, K, N, dtype, calls=2 if world < 4 else 1)
     ctx = sim.ranks[0]
     plan = next(iter(ctx.plans.values()))
@@ -157,9 +163,11 @@ def test_all_gather_matmul_sim(world, Ml, K, N, dtype):
         assert (flags[peers] == int(plan.bufs["epoch"])).all()
 
 
-@pytest.mark.parametrize("world,M_,Kl,N,impl", [(1, 12, 20, 36, "fused"), (2, 24, 40, 20, "fused"),
-                                                (3, 18, 16, 20, "fused"), (1, 12, 20, 36, "ce"), (3, 18, 16, 20, "ce")])
-def test_matmul_reduce_scatter_sim(world, M_, Kl, N, impl):
+@pytest.mark.parametrize("world,M_,Kl,N,impl,tma", [(1, 12, 20, 36, "fused", "0"), (2, 24, 40, 20, "fused", "0"),
+                                                    (3, 18, 16, 20, "fused", "0"), (2, 20, 24, 40, "fused", "1"),
+                                                    (1, 12, 20, 36, "ce", "0"), (3, 18, 16, 20, "ce", "0")])
+def test_matmul_reduce_scatter_sim(world, M_, Kl, N, impl, tma, monkeypatch):
+    monkeypatch.setenv("NUMASCHED_DIST_TMA", tma)
     g = torch.Generator().manual_seed(1)
     sim = nd.SimWorld(world)
     Ms = M_ // world
@@ -347,7 +355,8 @@ def compile_(kernel, values, target, num_warps, num_stages=3):
         v = values[n]
         if isinstance(v, str):
             sig[n] = v
-            attrs[(i,)] = [["tt.divisibility", 16]]
+            if v.startswith("*"):
+                attrs[(i,)] = [["tt.divisibility", 16]]
         elif isinstance(v, int) and not isinstance(v, bool) and v != 1 and n not in constexprs:
             sig[n] = "i32"
             if v % 16 == 0:
@@ -358,8 +367,11 @@ def compile_(kernel, values, target, num_warps, num_stages=3):
     return triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=const, attrs=attrs), target=target,
                           options=dict(num_warps=num_warps, num_stages=num_stages))
 
-def ag_values(policy):
-    return dict(a_ptr="*bf16", g_ptr="*bf16", b_ptr="*bf16", c_ptr="*bf16", flags_ptr="*i32", status_ptr="*i32",
+def ag_values(policy, tma=False):
+    descs = (dict(a_desc="tensordesc<bf16[128, 64]>", g_desc="tensordesc<bf16[128, 64]>",
+                  b_desc="tensordesc<bf16[64, 256]>") if tma else dict(a_desc=None, g_desc=None, b_desc=None))
+    return dict(a_ptr="*bf16", g_ptr="*bf16", b_ptr="*bf16", c_ptr="*bf16", **descs, USE_TMA=tma,
+                flags_ptr="*i32", status_ptr="*i32",
                 epoch_ptr="*i32", counters_ptr="*i32", heap_bases="*i64", rank=0, Ml=8192, N=14336, K=8192,
                 stride_bk=14336, stride_bn=1, stride_cm=14336, stride_cn=1, num_programs=132, max_spins=10**6,
                 TICKET_LO=0, TICKET_HI=7168, **policy.kernel_args(1), WORLD=2, BLOCK_M=128, BLOCK_N=256,
@@ -369,7 +381,10 @@ def ag_values(policy):
 sm90 = GPUTarget("cuda", 90, 32)
 c = compile_(dist_gemm.all_gather_matmul_kernel, ag_values(M.get("grouped")), sm90, 8)
 res["ag"] = dict(ptx=c.asm["ptx"], shared=c.metadata.shared)
-vals = dict(a_ptr="*bf16", b_ptr="*bf16", out_ptr="*bf16", p_ptr="*bf16", flags_ptr="*i32", status_ptr="*i32",
+c = compile_(dist_gemm.all_gather_matmul_kernel, ag_values(M.get("grouped"), tma=True), sm90, 8)
+res["ag_tma"] = dict(ptx=c.asm["ptx"], shared=c.metadata.shared)
+vals = dict(a_ptr="*bf16", b_ptr="*bf16", out_ptr="*bf16", p_ptr="*bf16", a_desc="tensordesc<bf16[128, 64]>",
+            b_desc="tensordesc<bf16[64, 256]>", USE_TMA=True, flags_ptr="*i32", status_ptr="*i32",
             epoch_ptr="*i32", counters_ptr="*i32", heap_bases="*i64", rank=0, Ms=8192, N=8192, Kl=14336,
             stride_am=14336, stride_ak=1, stride_bk=8192, stride_bn=1, stride_om=8192, stride_on=1,
             num_programs=132, max_spins=10**6, TICKET_LO=0, TICKET_HI=4096, **M.get("grouped").kernel_args(1),
@@ -418,7 +433,10 @@ def test_import_does_not_import_iris(subprocess_result):
 
 def test_kernels_compile_for_hopper(subprocess_result):
     ag, rs, dec = subprocess_result["ag"], subprocess_result["rs"], subprocess_result["decode"]
-    for k in (ag, rs):
+    for k in (subprocess_result["ag_tma"], rs):   # the TMA variants (the default on Hopper)
+        assert "cp.async.bulk.tensor" in k["ptx"]
+        assert k["shared"] <= 232448, "more shared memory than an H100/H200 SM has"
+    for k in (ag, subprocess_result["ag_tma"], rs):
         # flags: release at scope sys to signal, acquire at scope sys to wait (never a cached load)
         assert re.search(r"atom\.global\.sys\.release\.exch", k["ptx"])
         assert "wgmma" in k["ptx"]

@@ -9,6 +9,7 @@ launched in one of these phases:
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
@@ -54,16 +55,47 @@ def _on_gpu(t: torch.Tensor) -> bool:
 
 def _gemm_cfg(dtype, gpu: bool, n: int) -> dict:
     """Tile config: Hopper-friendly on GPU; tiny under the interpreter (its dot needs >= 16)."""
+    tma = _tma_default(gpu)
     if not gpu:
         return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, num_warps=4, num_stages=1, COMM_PROGRAMS=2,
-                    PUSH_CHUNK=128)
+                    PUSH_CHUNK=128, USE_TMA=tma)
     if dtype == torch.float32:
         return dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, num_warps=4, num_stages=3, COMM_PROGRAMS=16,
-                    PUSH_CHUNK=8192)
+                    PUSH_CHUNK=8192, USE_TMA=tma)
     bn = 256 if n >= 256 else 128
     # PUSH_CHUNK: 32 KB of bf16 per loop trip of a pushing program (8 x 16 B in flight per thread)
     return dict(BLOCK_M=128, BLOCK_N=bn, BLOCK_K=64, num_warps=8, num_stages=3, COMM_PROGRAMS=16,
-                PUSH_CHUNK=16384)
+                PUSH_CHUNK=16384, USE_TMA=tma)
+
+
+def _tma_default(gpu: bool) -> bool:
+    """TMA descriptors for the fused GEMMs: on Hopper+ NVIDIA GPUs; NUMASCHED_DIST_TMA=0/1 overrides
+    (1 also works in the interpreter)."""
+    env = os.environ.get("NUMASCHED_DIST_TMA")
+    if env in ("0", "1"):
+        return env == "1"
+    if not gpu or torch.version.hip is not None or not torch.cuda.is_available():
+        return False
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: F401
+    except ImportError:
+        return False
+    return torch.cuda.get_device_capability()[0] >= 9
+
+
+def _tma_ok(*tensors) -> bool:
+    """TMA needs 16-byte aligned bases and leading strides and a unit last stride."""
+    for t in tensors:
+        es = t.element_size()
+        if t.dim() != 2 or t.stride(1) != 1 or (t.stride(0) * es) % 16 or t.data_ptr() % 16:
+            return False
+    return True
+
+
+def _desc(t, block):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor.from_tensor(t, block)
 
 
 def _policy(mapping, tms: int, tn: int):
@@ -193,13 +225,21 @@ class AllGatherMatmul:
         push = phase in ("full", "push")
         lo, hi = (0, 0) if phase == "push" else (0, T)
         a, b, out = t["a_local"], t["b"], t["out"]
-        args = (a, bf.get("gather", a), b, out, bf["flags"], ctx.status, bf["epoch"], bf["counters"], ctx.heap_bases,
+        gather = bf.get("gather", a)
+        g2 = gather.view(-1, c["K"])
+        use_tma = c["USE_TMA"] and _tma_ok(a, b, g2)
+        if use_tma:
+            bm, bn, bk = c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"]
+            descs = (_desc(a, [bm, bk]), _desc(g2, [bm, bk]), _desc(b, [bk, bn]))
+        else:
+            descs = (None, None, None)
+        args = (a, gather, b, out, *descs, bf["flags"], ctx.status, bf["epoch"], bf["counters"], ctx.heap_bases,
                 ctx.rank, c["Ml"], c["N"], c["K"], b.stride(0), b.stride(1), out.stride(0), out.stride(1),
                 G, ctx.max_spins, lo, hi)
         kw = dict(**c["policy"].kernel_args(c["num_domains"]), WORLD=W, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"],
                   BLOCK_K=c["BLOCK_K"], EVEN_K=c["K"] % c["BLOCK_K"] == 0, COMM_PROGRAMS=comm,
                   PUSH_CHUNK=c["PUSH_CHUNK"], DO_PUSH=push and W > 1, WAIT=phase in ("full", "consume"),
-                  BUMP_EPOCH=phase in ("full", "consume"), **_launch_kwargs(ctx, c))
+                  BUMP_EPOCH=phase in ("full", "consume"), USE_TMA=use_tma, **_launch_kwargs(ctx, c))
         if plan.launches == 0:
             _first_use(ctx, kernel, (G,), args, kw)
         kernel[(G,)](*args, **kw)
@@ -302,12 +342,17 @@ class MatmulReduceScatter:
             partials = out
         else:
             partials = bf["partials"]
-        args = (a, b, out, partials, bf["flags"], ctx.status, bf["epoch"], bf["counters"], ctx.heap_bases,
+        use_tma = c["USE_TMA"] and _tma_ok(a, b)
+        if use_tma:
+            descs = (_desc(a, [c["BLOCK_M"], c["BLOCK_K"]]), _desc(b, [c["BLOCK_K"], c["BLOCK_N"]]))
+        else:
+            descs = (None, None)
+        args = (a, b, out, partials, *descs, bf["flags"], ctx.status, bf["epoch"], bf["counters"], ctx.heap_bases,
                 ctx.rank, c["Ms"], c["N"], c["Kl"], a.stride(0), a.stride(1), b.stride(0), b.stride(1),
                 out.stride(0), out.stride(1), G, ctx.max_spins, lo, hi)
         kw = dict(**c["policy"].kernel_args(c["num_domains"]), WORLD=W, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"],
                   BLOCK_K=c["BLOCK_K"], EVEN_K=c["Kl"] % c["BLOCK_K"] == 0, COMM=phase != "nocomm",
-                  BUMP_EPOCH=phase in ("full", "consume"), **_launch_kwargs(ctx, c))
+                  BUMP_EPOCH=phase in ("full", "consume"), USE_TMA=use_tma, **_launch_kwargs(ctx, c))
         if plan.launches == 0:
             _first_use(ctx, kernel, (G,), args, kw)
         kernel[(G,)](*args, **kw)
