@@ -71,6 +71,14 @@ def wait_flag(flag_ptr, target, src, status_ptr, max_spins):
 
 
 @triton.jit
+def fence_proxy_async():
+    """Order the generic-proxy acquire above before later TMA (async-proxy) reads of the same data
+    (PTX memory model). Inline PTX: compiled NVIDIA kernels only (the caller gates it)."""
+    tl.inline_asm_elementwise("fence.proxy.async.global; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False,
+                              pack=1)
+
+
+@triton.jit
 def epoch_begin(epoch_ptr):
     """The epoch of this call (previous epoch + 1); read once at the start of every program."""
     return tl.load(epoch_ptr) + 1

@@ -34,7 +34,7 @@ protocol model in ``numasched.distributed.protocol`` checks this for world sizes
 import triton
 import triton.language as tl
 
-from .dist_common import epoch_begin, epoch_end, next_ticket, signal, translate, wait_flag
+from .dist_common import epoch_begin, epoch_end, fence_proxy_async, next_ticket, signal, translate, wait_flag
 from .dist_order import shard_order
 
 
@@ -83,7 +83,8 @@ def all_gather_matmul_kernel(
         NUM_DOMAINS: tl.constexpr, WORLD: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
         COMM_PROGRAMS: tl.constexpr, PUSH_CHUNK: tl.constexpr,
-        DO_PUSH: tl.constexpr, WAIT: tl.constexpr, BUMP_EPOCH: tl.constexpr, USE_TMA: tl.constexpr):
+        DO_PUSH: tl.constexpr, WAIT: tl.constexpr, BUMP_EPOCH: tl.constexpr, USE_TMA: tl.constexpr,
+        PROXY_FENCE: tl.constexpr):
     # a_ptr: (Ml, K) contiguous, this rank's rows. g_ptr: heap [2, WORLD, Ml, K] gather buffers.
     # flags_ptr: heap int32 [WORLD, TMS]. c_ptr: (WORLD*Ml, N). USE_TMA: a_desc, g_desc (the
     # gather buffers as one (2*WORLD*Ml, K) matrix) and b_desc are TMA descriptors of the same.
@@ -122,6 +123,8 @@ def all_gather_matmul_kernel(
             a_base = g_ptr + (slot * WORLD + src).to(tl.int64) * shard
             if WAIT:
                 wait_flag(flags_ptr + src * TMS + tm, e, src, status_ptr, max_spins)
+                if PROXY_FENCE:   # the TMA loads below read what the peer wrote
+                    fence_proxy_async()
         rows = tm * BLOCK_M + tl.arange(0, BLOCK_M)
         cols = tn * BLOCK_N + tl.arange(0, BLOCK_N)
         if USE_TMA:

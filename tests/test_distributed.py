@@ -370,7 +370,7 @@ def compile_(kernel, values, target, num_warps, num_stages=3):
 def ag_values(policy, tma=False):
     descs = (dict(a_desc="tensordesc<bf16[128, 64]>", g_desc="tensordesc<bf16[128, 64]>",
                   b_desc="tensordesc<bf16[64, 256]>") if tma else dict(a_desc=None, g_desc=None, b_desc=None))
-    return dict(a_ptr="*bf16", g_ptr="*bf16", b_ptr="*bf16", c_ptr="*bf16", **descs, USE_TMA=tma,
+    return dict(a_ptr="*bf16", g_ptr="*bf16", b_ptr="*bf16", c_ptr="*bf16", **descs, USE_TMA=tma, PROXY_FENCE=tma,
                 flags_ptr="*i32", status_ptr="*i32",
                 epoch_ptr="*i32", counters_ptr="*i32", heap_bases="*i64", rank=0, Ml=8192, N=14336, K=8192,
                 stride_bk=14336, stride_bn=1, stride_cm=14336, stride_cn=1, num_programs=132, max_spins=10**6,
@@ -436,6 +436,7 @@ def test_kernels_compile_for_hopper(subprocess_result):
     for k in (subprocess_result["ag_tma"], rs):   # the TMA variants (the default on Hopper)
         assert "cp.async.bulk.tensor" in k["ptx"]
         assert k["shared"] <= 232448, "more shared memory than an H100/H200 SM has"
+    assert "fence.proxy.async.global" in subprocess_result["ag_tma"]["ptx"]
     for k in (ag, subprocess_result["ag_tma"], rs):
         # flags: release at scope sys to signal, acquire at scope sys to wait (never a cached load)
         assert re.search(r"atom\.global\.sys\.release\.exch", k["ptx"])

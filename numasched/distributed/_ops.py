@@ -239,7 +239,9 @@ class AllGatherMatmul:
         kw = dict(**c["policy"].kernel_args(c["num_domains"]), WORLD=W, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"],
                   BLOCK_K=c["BLOCK_K"], EVEN_K=c["K"] % c["BLOCK_K"] == 0, COMM_PROGRAMS=comm,
                   PUSH_CHUNK=c["PUSH_CHUNK"], DO_PUSH=push and W > 1, WAIT=phase in ("full", "consume"),
-                  BUMP_EPOCH=phase in ("full", "consume"), USE_TMA=use_tma, **_launch_kwargs(ctx, c))
+                  BUMP_EPOCH=phase in ("full", "consume"), USE_TMA=use_tma,
+                  PROXY_FENCE=use_tma and ctx.device.type == "cuda" and torch.version.hip is None,
+                  **_launch_kwargs(ctx, c))
         if plan.launches == 0:
             _first_use(ctx, kernel, (G,), args, kw)
         kernel[(G,)](*args, **kw)
