@@ -24,8 +24,10 @@ for s in "$@"; do
          which ncu compute-sanitizer ;;
     probe) numasched probe --out bench/results/probe-$dev.json 2>&1 | tee "$OUT/probe-$dev.log"
            cp bench/results/probe-$dev.* "$OUT/" ;;
-    tests) timeout 420 python3 -m pytest -m gpu -q -x --timeout 300 tests 2>&1 | tee "$OUT/gpu-tests-$dev.log" | tail -40 ;;
-    tests-all) timeout 500 python3 -m pytest -m gpu -q --timeout 300 tests 2>&1 | tee "$OUT/gpu-tests-$dev.log" | tail -60 ;;
+    test-*) # one test file, GPU tests only, fixed kernel configs (autotuning is for benches)
+            f=tests/test_${s#test-}.py
+            NUMASCHED_AUTOTUNE=0 timeout ${TEST_TIMEOUT:-240} python3 -m pytest -m gpu -v -rfE --timeout 200 $f 2>&1 \
+              | tee "$OUT/gpu-${s}-$dev.log" | grep -E "PASS|FAIL|ERROR|Error|passed|failed|assert" | tail -40 ;;
     sanitizer) for tool in memcheck racecheck; do
                  timeout 240 compute-sanitizer --tool $tool --target-processes all python3 -m pytest -q -m gpu -k "sanitizer or small" tests 2>&1 | tail -15 | tee -a "$OUT/sanitizer-$dev.log"
                done ;;
