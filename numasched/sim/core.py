@@ -142,7 +142,7 @@ def _resolve_policy(policy, model, topology):
 
 def simulate(topology, kernel_model: KernelModel, policy="auto", *, occupancy: int = 1, llc_ways: int = 16,
              peak_flops: Optional[float] = None, jitter: float = 0.0, seed: int = 0, set_hash: str = "xor", progress=False,
-             chunk_units: int = 1_500_000) -> SimResult:
+             chunk_units: int = 3_000_000) -> SimResult:
     """Simulate one kernel under one mapping policy on one topology.
 
     Args:

@@ -42,20 +42,21 @@ def _pow2_at_least(n: int) -> int:
 def _lockstep(keys: np.ndarray, ways: int, check: int):
     """Run one LRU per column of ``keys`` ([T, R]) from an empty state.
 
-    Returns (m [T, R] int32: < -2**28 hit, in [-AP, 0) miss into an empty way, >= 0 miss with a
-    full cache; full [R]: whether the cache had no empty way before column ``check``; final tags
+    Returns (code [T, R] int8: 1 hit, 2 miss into an empty way, 0 miss with a full cache; full [R]: whether the cache had no empty way before column ``check``; final tags
     [ways, R]; final stamps [ways, R], negative for ways never filled).
     """
     T, R = keys.shape
     AP = _pow2_at_least(ways)
     if T * AP >= (1 << 28):
         raise ValueError("LRU row too long for int32 stamps")
+    # int16 stamps when they fit: less memory traffic per step
+    sdt, big = (np.int16, np.int16(1 << 14)) if T * AP < (1 << 13) else (np.int32, _BIG)
     tags = np.full((ways, R), -1, dtype=keys.dtype)
     # stamp*AP + way: the minimum over ways picks the LRU way and tells which way it is
-    st = np.repeat((np.arange(ways, dtype=np.int32) - AP)[:, None], R, axis=1)
-    m_all = np.empty((T, R), dtype=np.int32)
+    st = np.repeat((np.arange(ways, dtype=sdt) - AP)[:, None], R, axis=1)
+    m_all = np.empty((T, R), dtype=sdt)
     eq = np.empty((ways, R), dtype=bool)
-    sc = np.empty((ways, R), dtype=np.int32)
+    sc = np.empty((ways, R), dtype=sdt)
     ar = np.arange(R, dtype=np.intp)
     tf, sf = tags.reshape(-1), st.reshape(-1)
     full = np.ones(R, dtype=bool)
@@ -64,7 +65,7 @@ def _lockstep(keys: np.ndarray, ways: int, check: int):
             full = (st >= 0).all(axis=0)
         k = keys[t]
         np.equal(tags, k, out=eq)
-        np.multiply(eq, _BIG, out=sc)
+        np.multiply(eq, big, out=sc)
         np.subtract(st, sc, out=sc)
         m = np.minimum.reduce(sc, axis=0)
         m_all[t] = m
@@ -72,7 +73,9 @@ def _lockstep(keys: np.ndarray, ways: int, check: int):
         flat = w.astype(np.intp) * R + ar
         tf[flat] = k
         sf[flat] = t * AP + w
-    return m_all, full, tags, st
+    # classify here, where the hit threshold of this dtype is known: 1 hit, 2 empty-way miss, 0 miss
+    code = (m_all < 0).view(np.int8) * 2 - (m_all < -(big // 2)).view(np.int8)
+    return code, full, tags, st
 
 
 class LRUBank:
@@ -158,7 +161,6 @@ class LRUBank:
         final_tags = np.full((row_lane.size, self.ways), -1, dtype=self.key_dtype)
         final_st = np.zeros((row_lane.size, self.ways), dtype=np.int32)
         comb_pad = np.concatenate([comb, np.zeros(seg + 1, dtype=comb.dtype)])
-        AP = _pow2_at_least(self.ways)
         while todo.size:
             start = np.maximum(ls_row[todo], rec_start[todo] - warm[todo])
             end = rec_end[todo]
@@ -177,14 +179,13 @@ class LRUBank:
             from_lane_start = start == ls_row[todo]
             # rows not starting at their lane's start all have rec_off == warm of this pass
             w_pass = int(warm[todo][~from_lane_start].max()) if (~from_lane_start).any() else L
-            m, full, tags, stamps = _lockstep(np.ascontiguousarray(K.T), self.ways, w_pass)
+            code, full, tags, stamps = _lockstep(np.ascontiguousarray(K.T), self.ways, w_pass)
             self.rows_run += todo.size
             undecided = ~from_lane_start & ~full
             if undecided.any():  # exact check: an empty-way miss inside the recorded part?
                 c = np.flatnonzero(undecided)
-                mc = m[:, c]
                 cols = np.arange(L)[:, None]
-                empty_miss = (mc < 0) & (mc >= -AP) & (cols >= rec_off[c][None, :]) & (cols < lens[c][None, :])
+                empty_miss = (code[:, c] == 2) & (cols >= rec_off[c][None, :]) & (cols < lens[c][None, :])
                 undecided[c] = empty_miss.any(axis=0)
             # the state handed to the next chunk must be exact too
             undecided |= is_last[todo] & (stamps < 0).any(axis=0) & ~from_lane_start
@@ -195,8 +196,8 @@ class LRUBank:
             ro = np.zeros(ok.size + 1, dtype=np.int64)
             np.cumsum(rl, out=ro[1:])
             within = np.arange(rr.size, dtype=np.int64) - np.repeat(ro[:-1], rl)
-            mv = m[rec_off[rr] + within, rr]
-            out[rec_start[todo][rr] + within] = np.where(mv < -(_BIG // 2), 1, np.where(mv < 0, 2, 0))
+            codeT = np.ascontiguousarray(code.T).reshape(-1)  # rows contiguous: a sequential gather
+            out[rec_start[todo][rr] + within] = codeT[rr * L + rec_off[rr] + within]
             final_tags[todo[ok]] = tags[:, ok].T
             final_st[todo[ok]] = stamps[:, ok].T
             self.rows_redone += int(undecided.sum())
