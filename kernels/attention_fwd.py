@@ -23,6 +23,7 @@ Loads use TMA tensor descriptors (``tl.make_tensor_descriptor``, Hopper and late
 outside the tensor) or plain pointer loads (USE_TMA=False; the interpreter runs both).
 """
 import functools
+import os
 
 import torch
 import triton
@@ -192,6 +193,18 @@ INTERPRETER_CONFIG = dict(BLOCK_M=16, BLOCK_N=16, USE_TMA=False, num_warps=4, nu
 DEFAULT_GPU_CONFIG = dict(BLOCK_M=128, BLOCK_N=64, USE_TMA=True, num_warps=8, num_stages=3)
 
 
+def fixed_config(dtype: torch.dtype, head_dim: int, tma_ok: bool = True) -> dict:
+    """The config used without autotuning (NUMASCHED_AUTOTUNE=0, as the GPU tests run)."""
+    if dtype == torch.float32:
+        cfg = dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2)
+    elif head_dim > 128:
+        cfg = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3)
+    else:
+        cfg = dict(DEFAULT_GPU_CONFIG)
+    cfg["USE_TMA"] = bool(tma_ok)
+    return cfg
+
+
 def _keep(shape, tma, *, fp32: bool, head_dim: int, tma_ok: bool) -> bool:
     bm, bn, w, s = shape
     if tma and not tma_ok:
@@ -252,8 +265,6 @@ def _ensure_allocator():
 
 @functools.lru_cache(maxsize=None)
 def _interpreting() -> bool:
-    import os
-
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
@@ -268,7 +279,8 @@ def attention_fwd(q, k, v, out, lse, *, scale: float, causal: bool, causal_offse
                   config: dict = None, lpt: bool = None):
     """Launch the kernel on checked inputs (numasched.attention does the checks).
 
-    ``config``: None autotunes on GPU (fixed small blocks in the interpreter); or a dict with
+    ``config``: None autotunes on GPU (fixed small blocks in the interpreter; ``fixed_config``
+    when NUMASCHED_AUTOTUNE=0); or a dict with
     BLOCK_M, BLOCK_N, USE_TMA, num_warps, num_stages. ``lpt`` (default: causal on GPU) runs a
     head's costliest causal blocks first. Returns the number of programs launched.
     """
@@ -288,6 +300,8 @@ def attention_fwd(q, k, v, out, lse, *, scale: float, causal: bool, causal_offse
            B, H, HK, Lq, Lk, float(scale) * LOG2E, int(causal_offset))
     if config is None and interp:
         config = INTERPRETER_CONFIG
+    if config is None and os.environ.get("NUMASCHED_AUTOTUNE", "1") == "0":
+        config = fixed_config(q.dtype, D, tma_ok)
     if not interp:
         _ensure_allocator()  # device-side descriptors (USE_TMA) take their scratch from it
     if config is not None:

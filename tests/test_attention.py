@@ -400,7 +400,7 @@ def _ref_gpu(q, k, v, causal):
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("cfg", [None, K.DEFAULT_GPU_CONFIG, dict(K.DEFAULT_GPU_CONFIG, USE_TMA=False)],
-                         ids=["autotuned", "fixed-tma", "fixed-pointers"])
+                         ids=["default", "fixed-tma", "fixed-pointers"])
 def test_gpu_bf16_real_sizes(D, causal, cfg):
     B, H, HK, S = 2, 32, 8, 2048 + 77  # ragged length: partial last blocks
     q, k, v = rand(B, H, S, D, dtype=torch.bfloat16), rand(B, HK, S, D, dtype=torch.bfloat16), \
