@@ -19,9 +19,11 @@ from numasched.topology import Topology
 LINE = 128
 
 
-def tiny_topology(domains=4, cus=2, sets=8, ways=4, llc_sets=32, llc_ways=4):
+def tiny_topology(domains=4, cus=2, sets=8, ways=4, llc_sets=32, llc_ways=4, dispatch="round_robin", offset=0,
+                  chunk=1):
+    table = tuple(d for d in range(domains) for _ in range(chunk)) if dispatch == "table" else ()
     return Topology("tiny", domains, cus, sets * ways * LINE, ways, LINE, llc_sets * llc_ways * LINE,
-                    1e12, "round_robin", l2_bw_bytes_per_s=1e12, llc_bw_bytes_per_s=2e12)
+                    1e12, dispatch, offset % domains, table, l2_bw_bytes_per_s=1e12, llc_bw_bytes_per_s=2e12)
 
 
 # ----------------------------------------------------------------------------------- the LRU engine
@@ -70,16 +72,19 @@ def cases(draw):
     policy = draw(st.sampled_from(M.available(kind)))
     topo = tiny_topology(domains=draw(st.integers(1, 4)), cus=draw(st.integers(1, 3)),
                          sets=draw(st.sampled_from([4, 8, 16])), ways=draw(st.sampled_from([2, 4, 8])),
-                         llc_sets=draw(st.sampled_from([0, 16, 64])), llc_ways=4)
+                         llc_sets=draw(st.sampled_from([0, 16, 64])), llc_ways=4,
+                         # round-robin with an offset, or chunked dispatch written as a table
+                         dispatch=draw(st.sampled_from(["round_robin", "table"])), offset=draw(st.integers(0, 3)),
+                         chunk=draw(st.integers(1, 3)))
     return (topo, model, policy, draw(st.integers(1, 2)), draw(st.sampled_from([0.0, 0.0, 0.1])),
-            draw(st.sampled_from(["xor", "none"])), draw(st.integers(0, 3)))
+            draw(st.sampled_from(["xor", "none"])), draw(st.integers(0, 3)), draw(st.sampled_from([0, 0, 3])))
 
 
-def _compare(topo, model, policy, occ, jitter, set_hash, seed):
+def _compare(topo, model, policy, occ, jitter, set_hash, seed, skew=0):
     fast = sim.simulate(topo, model, policy, occupancy=occ, llc_ways=4, jitter=jitter, set_hash=set_hash,
-                        seed=seed, peak_flops=0)
+                        seed=seed, skew=skew, peak_flops=0)
     ref = simulate_lines(topo, model, M.get(policy), occupancy=occ, llc_ways=4, jitter=jitter, seed=seed,
-                         set_hash=set_hash)
+                         skew=skew, set_hash=set_hash)
     req = np.array(ref["requested_lines"])
     hit2 = np.array(ref["l2_hit_lines"])
     # the claim is "agrees within 0.5 percentage points"; the method is exact, so counts must match
@@ -111,7 +116,7 @@ def test_brute_force_named_cases(policy, causal, occ, llc):
     """Several policies, with and without LLC, occupancy 1 and 2, causal; multi-unit tiles and reuse."""
     topo = tiny_topology(domains=4, cus=2, sets=32, ways=8, llc_sets=64 if llc else 0)
     model = sim.AttentionModel(2, 8, 4, 256, 256, 64, 32, 16, causal, 2)
-    fast = _compare(topo, model, policy, occ, 0.0, "xor", 0)
+    fast = _compare(topo, model, policy, occ, 0.0, "xor", 0, skew=2 if occ == 2 else 0)
     assert fast.unit_lines > 1  # the tile-level path, not line level
     assert 0 < fast.l2_bytes < fast.requested_bytes  # a case with both hits and misses
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from math import gcd
 
-from .core import access_ticks  # the speed draw is an input (same seed, same speeds)
+from .core import TICKS, access_ticks, start_delays  # random draws are inputs (same seed, same draws)
 
 
 def _lines(a: int, b: int, line: int):
@@ -103,7 +103,7 @@ def _lru(od: OrderedDict, key, ways: int) -> bool:
 
 
 def simulate_lines(topology, model, policy, occupancy: int = 1, llc_ways: int = 16, jitter: float = 0.0,
-                   seed: int = 0, set_hash: str = "xor") -> dict:
+                   skew: int = 0, seed: int = 0, set_hash: str = "xor") -> dict:
     """Line-level counts: requested, L2 hits (per domain), LLC hits, HBM lines."""
     line = topology.l2_line
     X = topology.num_domains
@@ -132,6 +132,7 @@ def simulate_lines(topology, model, policy, occupancy: int = 1, llc_ways: int = 
     items = policy.reference(list(range(W)), grid, X)
     doms = [int(d) for d in topology.domain_of(list(range(W)))]
     ticks = [int(t) for t in access_ticks(W, jitter, seed)]
+    delays = [int(t) * (1 if jitter == 0 else TICKS) for t in start_delays(W, skew, seed)]
     tiles = [tiles_of(model, tuple(int(v) for v in items[g]), bases, line) for g in range(W)]
     # slots: a program takes the slot that frees first (lowest slot on ties), in id order per domain
     C = topology.cus_per_domain * occupancy
@@ -140,7 +141,7 @@ def simulate_lines(topology, model, policy, occupancy: int = 1, llc_ways: int = 
     for g in range(W):
         d = doms[g]
         s = min(range(C), key=lambda i: (free[d][i], i))
-        t0 = free[d][s]
+        t0 = free[d][s] + delays[g]
         for k in range(len(tiles[g])):
             events.append((t0 + k * ticks[g], s, d, g, k))
         free[d][s] = t0 + len(tiles[g]) * ticks[g]

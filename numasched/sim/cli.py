@@ -43,7 +43,11 @@ def add_parser(subparsers):
     t.add_argument("--llc-ways", type=int, default=16, help="assumed last-level cache associativity")
     t.add_argument("--jitter", type=float, default=0.0,
                    help="relative spread of workgroup speeds (0: lockstep; 0.2 models strong drift)")
+    t.add_argument("--skew", type=int, default=0,
+                   help="largest random start delay of a workgroup after its slot frees, in steps")
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--set-hash", choices=("auto", "xor", "none"), default="auto",
+                   help="set index: XOR-folded address or line mod sets (auto: xor for power-of-two set counts)")
     t.add_argument("--tflops", type=float, default=None,
                    help="matrix peak for the compute term (default: datasheet figure of --gpu; 0: none)")
     o = p.add_argument_group("output")
@@ -96,8 +100,8 @@ def policies_for(mapping: str, kernel: str):
     return names
 
 
-def simulate_all(topology, model, names, *, occupancy=1, llc_ways=16, jitter=0.0, seed=0, peak_flops=None,
-                 progress=True):
+def simulate_all(topology, model, names, *, occupancy=1, llc_ways=16, jitter=0.0, skew=0, seed=0,
+                 peak_flops=None, set_hash="auto", progress=True):
     from rich.console import Console
     from rich.progress import Progress
 
@@ -108,7 +112,8 @@ def simulate_all(topology, model, names, *, occupancy=1, llc_ways=16, jitter=0.0
     with bar:
         for name in names:
             results.append(simulate(topology, model, name, occupancy=occupancy, llc_ways=llc_ways, jitter=jitter,
-                                    seed=seed, peak_flops=peak_flops, progress=bar))
+                                    skew=skew, seed=seed, peak_flops=peak_flops, set_hash=set_hash,
+                                    progress=bar))
     return results
 
 
@@ -171,13 +176,13 @@ def run(args) -> int:
         names = policies_for(args.mapping, args.kernel)
         peak = None if args.tflops is None else args.tflops * 1e12
         results = simulate_all(topo, model, names, occupancy=args.occupancy, llc_ways=args.llc_ways,
-                               jitter=args.jitter, seed=args.seed, peak_flops=peak,
+                               jitter=args.jitter, skew=args.skew, seed=args.seed, peak_flops=peak, set_hash=args.set_hash,
                                progress=not args.no_progress and sys.stderr.isatty())
     except ValueError as e:
         print(f"numasched simulate: error: {e}", file=sys.stderr)
         return 2
     title = f"{topo.name}: {model.describe()}, occupancy {args.occupancy}" + (
-        f", jitter {args.jitter}" if args.jitter else "")
+        f", jitter {args.jitter}" if args.jitter else "") + (f", skew {args.skew}" if args.skew else "")
     if args.json:
         print(json.dumps([r.to_dict() for r in results], indent=1))
     else:

@@ -7,6 +7,8 @@ Execution model (what "exact" is measured against)
 * Each domain has ``cus_per_domain * occupancy`` slots. A domain starts its programs in id order;
   a program takes the free slot that freed first (lowest slot on ties). Domains do not wait for
   each other.
+* A program may wait ``skew``-bounded random steps after its slot frees (launch latency), and
+  with ``jitter`` each workgroup runs at its own constant speed; both default to 0 (lockstep).
 * A workgroup makes one tile access per time step (attention: Q, then K_0, V_0, K_1, ...), so it
   occupies its slot for as many steps as it has accesses; the next program starts in that slot
   at the following step.
@@ -56,6 +58,7 @@ class SimResult:
     kernel: dict
     occupancy: int
     jitter: float
+    skew: int
     set_hash: str
     num_domains: int
     requested_bytes: int
@@ -102,10 +105,21 @@ def access_ticks(num_programs: int, jitter: float, seed: int = 0) -> np.ndarray:
     return np.maximum(1, np.rint(TICKS * (1.0 + jitter * u))).astype(np.int64)
 
 
-def schedule(domains: np.ndarray, n_acc: np.ndarray, num_domains: int, slots: int, ticks=None):
+def start_delays(num_programs: int, skew: int, seed: int = 0) -> np.ndarray:
+    """Steps each program waits after its slot frees before it starts: uniform in [0, skew] (seeded).
+
+    Models dispatch and launch latency: the phases of a domain's slots then wander apart by a random
+    walk over successive workgroups, while a running workgroup keeps the nominal speed."""
+    if skew == 0:
+        return np.zeros(num_programs, dtype=np.int64)
+    return np.random.default_rng([seed, 1]).integers(0, skew + 1, num_programs).astype(np.int64)
+
+
+def schedule(domains: np.ndarray, n_acc: np.ndarray, num_domains: int, slots: int, ticks=None, delays=None):
     """Start tick and slot of every program (see module doc)."""
     W = domains.size
     dur = np.ones(W, dtype=np.int64) if ticks is None else np.asarray(ticks, dtype=np.int64)
+    delay = np.zeros(W, dtype=np.int64) if delays is None else np.asarray(delays, dtype=np.int64)
     length = n_acc * dur
     start = np.empty(W, dtype=np.int64)
     slot = np.empty(W, dtype=np.int64)
@@ -114,17 +128,17 @@ def schedule(domains: np.ndarray, n_acc: np.ndarray, num_domains: int, slots: in
         if ids.size == 0:
             continue
         n = length[ids]
-        if (n == n[0]).all():  # equal lengths: waves of `slots` programs
+        if (n == n[0]).all() and not delay[ids].any():  # equal lengths: waves of `slots` programs
             r = np.arange(ids.size)
             start[ids] = (r // slots) * n[0]
             slot[ids] = r % slots
             continue
         heap = [(0, s) for s in range(slots)]
-        for g, ng in zip(ids.tolist(), n.tolist()):
+        for g, ng, dl in zip(ids.tolist(), n.tolist(), delay[ids].tolist()):
             t, s = heapq.heappop(heap)
-            start[g] = t
+            start[g] = t + dl
             slot[g] = s
-            heapq.heappush(heap, (t + ng, s))
+            heapq.heappush(heap, (t + dl + ng, s))
     return start, slot
 
 
@@ -141,7 +155,7 @@ def _resolve_policy(policy, model, topology):
 
 
 def simulate(topology, kernel_model: KernelModel, policy="auto", *, occupancy: int = 1, llc_ways: int = 16,
-             peak_flops: Optional[float] = None, jitter: float = 0.0, seed: int = 0, set_hash: str = "xor", progress=False,
+             peak_flops: Optional[float] = None, jitter: float = 0.0, skew: int = 0, seed: int = 0, set_hash: str = "auto", progress=False,
              chunk_units: int = 3_000_000) -> SimResult:
     """Simulate one kernel under one mapping policy on one topology.
 
@@ -154,9 +168,11 @@ def simulate(topology, kernel_model: KernelModel, policy="auto", *, occupancy: i
         peak_flops: matrix peak for the compute term; None: PEAK_FLOPS[topology.name] if known,
             0: no compute term.
         jitter: relative spread of workgroup speeds (0 = lockstep; see access_ticks).
-        seed: seed of the speed draw.
+        skew: largest start delay of a workgroup after its slot frees, in steps (see start_delays).
+        seed: seed of the speed and delay draws.
         set_hash: "xor" (set index = XOR-fold of the line address, as hardware hashes indexes to
-            avoid power-of-two conflicts) or "none" (line mod sets).
+            avoid power-of-two conflicts), "none" (line mod sets) or "auto" (xor when every set
+            count is a power of two, else none).
         progress: a rich Progress to add a task to, True for a bar of its own, or False.
         chunk_units: unit accesses simulated per NumPy batch (memory vs overhead).
     """
@@ -176,8 +192,9 @@ def simulate(topology, kernel_model: KernelModel, policy="auto", *, occupancy: i
     if isinstance(jitter, bool) or not isinstance(jitter, (int, float)) or not 0 <= jitter < 1:
         raise ValueError(f"jitter must be a number in [0, 1), got {jitter!r}")
     seed = _check_int("seed", seed, lo=0)
-    if set_hash not in ("xor", "none"):
-        raise ValueError(f"set_hash must be 'xor' or 'none', got {set_hash!r}")
+    skew = _check_int("skew", skew, lo=0)
+    if set_hash not in ("xor", "none", "auto"):
+        raise ValueError(f"set_hash must be 'xor', 'none' or 'auto', got {set_hash!r}")
     pol = _resolve_policy(policy, kernel_model, topology)
 
     X = topology.num_domains
@@ -191,7 +208,8 @@ def simulate(topology, kernel_model: KernelModel, policy="auto", *, occupancy: i
     dom = topology.domain_of(pids).astype(np.int64)
     slots = topology.cus_per_domain * occupancy
     dur = access_ticks(W, float(jitter), seed)
-    start, slot = schedule(dom, n_acc, X, slots, dur)
+    start, slot = schedule(dom, n_acc, X, slots, dur,
+                           start_delays(W, skew, seed) * (1 if jitter == 0 else TICKS))
     end = start + n_acc * dur
     lockstep = bool((dur == 1).all())
     track = slot * X + dom  # order within a step: slot, then domain
@@ -207,6 +225,8 @@ def simulate(topology, kernel_model: KernelModel, policy="auto", *, occupancy: i
     mod = 1
     for c in caches:
         mod = mod * c.sets // gcd(mod, c.sets)
+    if set_hash == "auto":
+        set_hash = "xor" if all(c.sets & (c.sets - 1) == 0 for c in caches) else "none"
     tensors = layout(kernel_model.tensors(line), mod)
     dec = Decomposition(tensors, caches, hashed=set_hash == "xor")
     last_line = max(t.base + t.rows * t.pitch for t in tensors)
@@ -290,7 +310,7 @@ def simulate(topology, kernel_model: KernelModel, policy="auto", *, occupancy: i
              f"recomputed {l2.rows_redone + (llc.rows_redone if llc else 0)}"]
     return SimResult(
         mapping=pol.name, topology=topology.name, kernel=kernel_model.to_dict(), occupancy=occupancy,
-        jitter=float(jitter), set_hash=set_hash,
+        jitter=float(jitter), skew=skew, set_hash=set_hash,
         num_domains=X,
         requested_bytes=int(req_b.sum()), l2_bytes=int(l2_b.sum()), llc_bytes=int(llc_b.sum()),
         hbm_bytes=int(hbm_b.sum()),

@@ -134,9 +134,7 @@ class LRUBank:
         comb[rpos] = ks2
 
         code = self._run_lanes(comb, off, active)
-        hs = np.ones(n, dtype=bool)
-        hs[kept] = code[rpos] == 1
-        hits[order] = hs
+        hits[order[kept]] = code[rpos] == 1  # dropped repeats stay True (hits)
         return hits
 
     # ------------------------------------------------------------------ rows

@@ -150,12 +150,15 @@ class AttentionModel(KernelModel):
 
     def tiles(self, plan, wg, k):
         rb = self.head_dim * self.dtype_bytes
-        j = (k - 1) >> 1
-        is_q = k == 0
-        key0 = j * self.block_n
-        a = np.where(is_q, plan["q_a"][wg], plan["kv_a"][wg] + key0 * rb)
-        n = np.where(is_q, plan["q_n"][wg], np.minimum(self.block_n, self.seq_k - key0) * rb)
-        tensor = np.where(is_q, 0, 1 + ((k - 1) & 1))
+        # K/V for every access, then patch the (rare) Q accesses k == 0
+        key0 = ((k - 1) >> 1) * self.block_n
+        a = plan["kv_a"][wg] + key0 * rb
+        n = np.minimum(self.block_n, self.seq_k - key0) * rb
+        tensor = 1 + ((k - 1) & 1)
+        q = np.flatnonzero(k == 0)
+        a[q] = plan["q_a"][wg[q]]
+        n[q] = plan["q_n"][wg[q]]
+        tensor[q] = 0
         return (tensor,) + _bytes_to_lines(a, n, plan["line"])
 
     def flops(self, items):
