@@ -280,6 +280,7 @@ PROGRAM_OVERHEAD_TOKENS = 128
 MIN_SPLIT_TOKENS = 64
 # Automatic splits stay within one combine chunk (COMBINE_MAX_BLOCK_S); an explicit num_splits may be larger.
 MAX_SPLITS = 64
+COMBINE_MAX_BLOCK_S = 64  # the combine reads partials in chunks of this many splits
 def choose_num_splits(batch: int, kv_heads: int, max_seqlen: int, num_sms: int) -> int:
     """Splits per (batch, kv_head) for a cache of ``max_seqlen`` tokens on ``num_sms`` SMs/CUs.
 

@@ -103,7 +103,7 @@ def poisoned(monkeypatch):
 # ----------------------------------------------------------------------------- CPU (interpreter)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("H,HK", [(4, 4), (8, 2)])
-@pytest.mark.parametrize("num_splits", [None, 3])
+@pytest.mark.parametrize("num_splits", [None, 3, 20])  # 20 > 16: the chunked combine
 def test_contiguous(dtype, H, HK, num_splits, combine, poisoned, launches):
     B, Dh, L = 4, 32, 70
     q, k, v = make_contiguous(B, H, HK, Dh, L, dtype, DEVICE)
