@@ -13,7 +13,7 @@ from .core import PEAK_FLOPS, SimResult, schedule, simulate  # noqa: F401
 from .models import AttentionModel, DecodeModel, GemmModel, KernelModel  # noqa: F401
 
 __all__ = ["simulate", "SimResult", "AttentionModel", "DecodeModel", "GemmModel", "KernelModel",
-           "report", "add_parser", "PEAK_FLOPS"]
+           "report", "add_parser", "PEAK_FLOPS", "schedule"]
 
 
 def add_parser(subparsers):

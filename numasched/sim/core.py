@@ -15,9 +15,9 @@ Execution model (what "exact" is measured against)
 * Within a step, accesses are ordered by slot, then by domain (domains interleave finely, which
   matters only for the shared last-level cache). A tile access reads its lines in row-major
   order, back to back.
-* Each domain has a private L2 (``l2_ways``-way LRU; set = XOR-fold of the line address by
-  default, ``set_hash="none"``: line mod sets). Its misses go to the
-  shared last-level cache (``llc_ways``-way LRU, same line size; a single cache, address slices
+* Each domain has a private L2 (``l2_ways``-way LRU; set = XOR-fold of the line address when
+  set counts are powers of two, else or with ``set_hash="none"`` line mod sets). Its misses go
+  to the shared last-level cache (``llc_ways``-way LRU, same line size; a single cache, address slices
   not modelled) in the global order above; the LLC's misses go to HBM. Reads only.
 
 ``bruteforce.py`` implements the same model line by line in plain Python; the tests check that

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from math import gcd
-from typing import Tuple
-
 import numpy as np
 
 from .. import mappings as M
