@@ -125,6 +125,33 @@ def test_protocol_model_catches_single_buffering(op):
     assert caught > 0
 
 
+@pytest.mark.parametrize("op", ["all_gather_matmul", "matmul_reduce_scatter", "flash_decode_distributed",
+                                "all_gather_matmul_ce", "matmul_reduce_scatter_ce"])
+def test_protocol_model_first_use_needs_a_barrier(op):
+    """A signature's buffers are zero-filled on each rank's stream: without the barrier that _ops.run
+    puts after creating them, a fast peer's push is wiped or its flag lost (the "ce" bug on H200)."""
+    caught = 0
+    for seed in range(12):
+        protocol.simulate(op, 2, calls=3, items=2, num_programs=2, seed=seed, init_barrier=True)
+        try:
+            protocol.simulate(op, 2, calls=3, items=2, num_programs=2, seed=seed, init_barrier=False)
+        except protocol.ProtocolError as e:
+            assert "call 1" in str(e) or "deadlock" in str(e)
+            caught += 1
+    assert caught > 0
+
+
+def test_first_call_of_a_signature_waits_for_every_rank():
+    """_ops.run synchronises (ctx.barrier) once after creating a signature's buffers, before launching."""
+    events = []
+    ctx = nd.SimWorld(1).ranks[0]
+    ctx.barrier = lambda: events.append(("barrier", len(ctx.plans)))   # real contexts: synchronize + barrier
+    a, b = torch.randn(8, 16), torch.randn(16, 8)
+    for impl in ("ce", "ce", "fused"):
+        nd.all_gather_matmul(a, b, ctx=ctx, impl=impl)
+    assert events == [("barrier", 1), ("barrier", 2)]
+
+
 # ============================================================================ kernels, simulated ranks
 def _ag_case(world, Ml, K, N, dtype, calls=2, seed=0, impl="fused"):
     g = torch.Generator().manual_seed(seed)

@@ -23,6 +23,15 @@ registers; own tiles wait on every peer), decode (each batch row pushed to every
 merged from every peer). The "_ce" variants model ``impl="ce"``: one buffer per peer (slot 0
 always), a producer stream that waits for the consumer's ack of the previous call before each
 copy, and a consumer stream that acks after reading; ``acks=False`` drops the ack wait (must fail).
+
+First use of a signature: every rank allocates its buffers and flags with ``iris.zeros``, i.e. a
+``zero_()`` queued on its own stream, not run at once. The model starts each rank with one
+``init`` step that zeroes everything that rank owns (buffers, ready flags, acks). With
+``init_barrier=True`` (what ``_ops.run`` does: synchronize + barrier once the buffers exist) no
+rank starts call 1 before every rank's init ran. With ``init_barrier=False`` a rank starts as
+soon as its own init ran, so a fast peer can push (or signal) into a heap that is zeroed after
+it: the read then sees no data (or the flag is lost: deadlock). That was the ``impl="ce"``
+failure on 2 x H200 (rel. error 0.707 = 1/sqrt(2): the peer's half of the rows read as zeros).
 """
 from __future__ import annotations
 
@@ -93,7 +102,7 @@ def programs_for(op: str, rank: int, world: int, items: int, num_programs: int, 
 
 
 def simulate(op: str, world: int, *, calls: int = 4, items: int = 3, num_programs: int = 3, slots: int = 2,
-             seed: int = 0, max_steps: int = 10**6, acks: bool = True) -> Dict[str, int]:
+             seed: int = 0, max_steps: int = 10**6, acks: bool = True, init_barrier: bool = True) -> Dict[str, int]:
     """Run one random interleaving; raise ProtocolError on a violation. Returns step statistics."""
     rng = random.Random(seed)
     if op.endswith("_ce"):
@@ -104,10 +113,11 @@ def simulate(op: str, world: int, *, calls: int = 4, items: int = 3, num_program
     call_of = [0] * world                          # current call (epoch - 1) per rank
     running: List[List[List[Step]]] = [programs_for(op, r, world, items, num_programs, rng) for r in range(world)]
     reading: Dict[Tuple[int, int, int], int] = {}  # (rank, src, item) -> epoch being read
+    inited = [False] * world                       # this rank's zero-fill of its new buffers has run
     steps = waits_blocked = 0
     while True:
         for r in range(world):   # finished kernels (or empty ones, world 1): the stream starts the next call
-            while call_of[r] < calls and all(not p for p in running[r]):
+            while call_of[r] < calls and inited[r] and all(not p for p in running[r]):
                 call_of[r] += 1
                 if call_of[r] < calls:
                     running[r] = programs_for(op, r, world, items, num_programs, rng)
@@ -115,6 +125,11 @@ def simulate(op: str, world: int, *, calls: int = 4, items: int = 3, num_program
         for r in range(world):
             if call_of[r] >= calls:
                 continue
+            if not inited[r]:
+                runnable.append((r, -1))    # the queued zero_() of r's buffers and flags
+                continue
+            if call_of[r] == 0 and init_barrier and not all(inited):
+                continue                    # synchronize + barrier after the buffers were created
             e = call_of[r] + 1
             for pi, prog in enumerate(running[r]):
                 if not prog:
@@ -133,6 +148,13 @@ def simulate(op: str, world: int, *, calls: int = 4, items: int = 3, num_program
             raise ProtocolError(f"{op}, world {world}: deadlock at calls {call_of}")
         r, pi = rng.choice(runnable)
         e = call_of[r] + 1
+        if pi < 0:
+            inited[r] = True
+            steps += 1
+            for d in (buf, flag, ack):
+                for k in [k for k in d if k[0] == r]:
+                    del d[k]
+            continue
         slot = e % slots
         kind, peer, it = running[r][pi].pop(0)
         steps += 1
