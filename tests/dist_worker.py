@@ -4,8 +4,18 @@
 
 Each check runs on every rank; references are single-GPU computations on data gathered with
 NCCL (float64/float32). Prints PASS/FAIL per check and rank, then "ALL PASSED" on rank 0 when
-every check passed everywhere (exit code 0), else exit code 1. The timeout check runs last: it
-leaves the context out of step on purpose.
+every check passed everywhere (exit code 0), else "SOME CHECKS FAILED" and exit code 1. The
+timeout check runs last: it leaves the context out of step on purpose.
+
+Keeping ranks in step when a check fails on one rank only:
+  * inside a check, a wrong result is recorded (``Expect``), not raised, so the failing rank goes
+    on making the same NCCL collectives as the others; the check fails at its end;
+  * after every check all ranks agree on the outcome over a separate gloo group with a bounded
+    wait (``--check-timeout`` + 60 s), so no rank starts the next check's collectives alone; a
+    check that broke the context on some rank (timeout) stops the run (later checks are skipped);
+  * each check's body runs under a wall-clock limit (``--check-timeout``, default 150 s): past it
+    the rank prints the check's name and every thread's stack and exits with code 3 (torchrun
+    then stops the others), instead of waiting for NCCL's 300 s watchdog.
 """
 import argparse
 import datetime
@@ -22,13 +32,48 @@ os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 os.environ.setdefault("NUMASCHED_CHECK_DATA", "0")      # numasched.decode's data checks synchronise
 
 import numasched.distributed as nd  # noqa: E402
+from numasched.distributed._watchdog import Watchdog  # noqa: E402
 
 BF = torch.bfloat16
 IMPLS = ("fused", "ce")
 
 
+class Expect:
+    """Soft assertions: a failing rank records the failure and keeps making the same collective
+    calls as the others (an ``assert`` between two collectives would leave its peers in the second
+    one alone); ``done`` raises at the end of the check."""
+
+    def __init__(self):
+        self.failures = []
+
+    def __call__(self, cond, msg) -> bool:
+        if not cond:
+            self.failures.append(str(msg))
+        return bool(cond)
+
+    def call(self, what, fn, *args, **kwargs):
+        """fn(...), or None with the exception recorded (e.g. ctx.check raising on one rank)."""
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001
+            self.failures.append(f"{what}: {type(e).__name__}: {e}")
+            return None
+
+    def done(self, msg: str) -> str:
+        if self.failures:
+            raise AssertionError("; ".join(self.failures[:6]) + (f" (+{len(self.failures) - 6} more)"
+                                                                 if len(self.failures) > 6 else ""))
+        return msg
+
+
 def rel(x, ref):
     return float(torch.linalg.vector_norm(x.double() - ref.double()) / torch.linalg.vector_norm(ref.double()))
+
+
+def _bad_blocks(c, ref, rows):
+    """Which rank's row block of an all-gather result is wrong (rel. error per block of ``rows``)."""
+    errs = [rel(c[s:s + rows], ref[s:s + rows]) for s in range(0, c.shape[0], rows)]
+    return "per source rank: " + ", ".join(f"{e:.1e}" for e in errs)
 
 
 def gather_rows(t):
@@ -52,7 +97,7 @@ def randn(*shape, dtype=BF, seed):
 def check_all_gather_matmul(ctx, quick):
     R, W = ctx.rank, ctx.world
     shapes = [(2048, 4096, 3584), (300, 1000, 200)] + ([] if quick else [(8192, 8192, 14336 // W * 2)])
-    msgs = []
+    msgs, ok = [], Expect()
     for i, (Ml, K, N) in enumerate(shapes):
         a = randn(Ml, K, seed=100 * i + R)
         b = randn(K, N, seed=100 * i + 77)          # same B on every rank
@@ -60,18 +105,18 @@ def check_all_gather_matmul(ctx, quick):
         for impl in IMPLS:
             out = torch.full((W * Ml, N), float("nan"), device="cuda", dtype=BF)
             c = nd.all_gather_matmul(a, b, ctx=ctx, out=out, impl=impl)
-            assert c is out and torch.isfinite(c).all(), f"{impl}: unwritten (NaN) output elements"
+            ok(c is out and torch.isfinite(c).all(), f"{impl} {(Ml, K, N)}: unwritten (NaN) output elements")
             e = rel(c, ref)
-            assert e < 1e-2, f"{impl} {(Ml, K, N)}: relative error {e:.2e}"
-            assert same_everywhere(c), f"{impl}: ranks disagree"
+            ok(e < 1e-2, f"{impl} {(Ml, K, N)}: relative error {e:.2e} ({_bad_blocks(c, ref, Ml)})")
+            ok(same_everywhere(c), f"{impl} {(Ml, K, N)}: ranks disagree")
             msgs.append(f"{impl} {Ml}x{K}x{N}: {e:.1e}")
-    return "; ".join(msgs)
+    return ok.done("; ".join(msgs))
 
 
 def check_matmul_reduce_scatter(ctx, quick):
     R, W = ctx.rank, ctx.world
     shapes = [(4096, 2048, 4096), (300 * W, 1000, 200)] + ([] if quick else [(16384, 14336 // W * 2, 8192)])
-    msgs = []
+    msgs, ok = [], Expect()
     for i, (M, Kl, N) in enumerate(shapes):
         a = randn(M, Kl, seed=200 * i + R)
         b = randn(Kl, N, seed=200 * i + 50 + R)
@@ -82,11 +127,11 @@ def check_matmul_reduce_scatter(ctx, quick):
         for impl in IMPLS:
             out = torch.full((Ms, N), float("nan"), device="cuda", dtype=BF)
             y = nd.matmul_reduce_scatter(a, b, ctx=ctx, out=out, impl=impl)
-            assert y is out and torch.isfinite(y).all(), f"{impl}: unwritten (NaN) output elements"
+            ok(y is out and torch.isfinite(y).all(), f"{impl} {(M, Kl, N)}: unwritten (NaN) output elements")
             e = rel(y, ref)
-            assert e < 1e-2, f"{impl} {(M, Kl, N)}: relative error {e:.2e}"
+            ok(e < 1e-2, f"{impl} {(M, Kl, N)}: relative error {e:.2e}")
             msgs.append(f"{impl} {M}x{Kl}x{N}: {e:.1e}")
-    return "; ".join(msgs)
+    return ok.done("; ".join(msgs))
 
 
 def _decode_inputs(R, W, B=4, H=32, HK=8, D=128, S=4096, seed=0):
@@ -141,7 +186,7 @@ def check_flash_decode_distributed(ctx, quick):
     R, W = ctx.rank, ctx.world
     q, k, v, lens = _decode_inputs(R, W)
     ref_o, ref_l = _decode_reference(q, k, v, lens)
-    msgs = []
+    msgs, ok = [], Expect()
     for name, fn in (("numasched.decode", None), ("torch", nd.torch_local_decode)):
         if name == "numasched.decode":
             try:
@@ -151,14 +196,14 @@ def check_flash_decode_distributed(ctx, quick):
         out = torch.full_like(q, float("nan"))
         o, l = nd.flash_decode_distributed(q, k, v, lens, ctx=ctx, out=out, return_lse=True, local_decode=fn)
         B = q.shape[0]
-        assert o is out and torch.isfinite(o).all()
+        ok(o is out and torch.isfinite(o).all(), f"{name}: unwritten (NaN) output elements")
         e = rel(o[:B - 1], ref_o[:B - 1])
-        assert e < 1e-2, f"{name}: relative error {e:.2e}"
-        assert (o[B - 1] == 0).all() and torch.isneginf(l[B - 1]).all(), "empty row must give 0 / -inf"
-        assert torch.allclose(l[:B - 1].double(), ref_l[:B - 1].double(), atol=1e-2), "lse differs"
-        assert same_everywhere(o), "ranks disagree"
+        ok(e < 1e-2, f"{name}: relative error {e:.2e}")
+        ok((o[B - 1] == 0).all() and torch.isneginf(l[B - 1]).all(), f"{name}: empty row must give 0 / -inf")
+        ok(torch.allclose(l[:B - 1].double(), ref_l[:B - 1].double(), atol=1e-2), f"{name}: lse differs")
+        ok(same_everywhere(o), f"{name}: ranks disagree")
         msgs.append(f"{name}: {e:.1e}")
-    return "; ".join(msgs)
+    return ok.done("; ".join(msgs))
 
 
 def check_back_to_back(ctx, quick):
@@ -181,15 +226,18 @@ def check_back_to_back(ctx, quick):
         dec.append(nd.flash_decode_distributed(q * (1 + i / n), k, v, lens, ctx=ctx, check=False))
     torch.cuda.synchronize()
     dt = time.perf_counter() - t0
-    ctx.check("back to back")
+    ok = Expect()
+    ok.call("ctx.check", ctx.check, "back to back")
     for i in range(n):
         ref = gather_rows(a_list[i]).float() @ b.float()
-        assert rel(outs[i], ref) < 1e-2, f"all_gather_matmul call {i}"
+        e = rel(outs[i], ref)
+        ok(e < 1e-2, f"all_gather_matmul call {i} (impl {IMPLS[i % 2]}): {e:.1e} ({_bad_blocks(outs[i], ref, Ml)})")
         part = ar[i].float() @ br.float()
         dist.all_reduce(part)
-        assert rel(rs_outs[i], part[R * 512:(R + 1) * 512]) < 1e-2, f"matmul_reduce_scatter call {i}"
-        assert same_everywhere(dec[i]), f"decode call {i} differs across ranks"
-    return f"{n} x 3 calls in {dt * 1e3:.1f} ms"
+        e = rel(rs_outs[i], part[R * 512:(R + 1) * 512])
+        ok(e < 1e-2, f"matmul_reduce_scatter call {i} (impl {IMPLS[(i // 2) % 2]}): {e:.1e}")
+        ok(same_everywhere(dec[i]), f"decode call {i} differs across ranks")
+    return ok.done(f"{n} x 3 calls in {dt * 1e3:.1f} ms")
 
 
 def check_cuda_graph(ctx, quick):
@@ -220,34 +268,63 @@ def check_cuda_graph(ctx, quick):
             calls()
     torch.cuda.current_stream().wait_stream(s)
     dist.barrier()
+    ok = Expect()
     for i in range(5):
         a.copy_(randn(Ml, K, seed=500 + 10 * i + R))
         q.copy_(q * 1.01)
         graph.replay()
         torch.cuda.synchronize()
-        ctx.check("graph replay")
+        ok.call(f"replay {i}: ctx.check", ctx.check, "graph replay")
         ref = gather_rows(a).float() @ b.float()
-        assert rel(out, ref) < 1e-2, f"replay {i}: all_gather_matmul wrong"
-        assert rel(out_ce, ref) < 1e-2, f"replay {i}: all_gather_matmul impl='ce' wrong"
+        ok(rel(out, ref) < 1e-2, f"replay {i}: all_gather_matmul wrong ({_bad_blocks(out, ref, Ml)})")
+        ok(rel(out_ce, ref) < 1e-2, f"replay {i}: all_gather_matmul impl='ce' wrong ({_bad_blocks(out_ce, ref, Ml)})")
         part = ar.float() @ br.float()
         dist.all_reduce(part)
-        assert rel(rs_out, part[R * 512:(R + 1) * 512]) < 1e-2, f"replay {i}: matmul_reduce_scatter impl='ce' wrong"
-        assert same_everywhere(dout), f"replay {i}: decode differs across ranks"
+        ok(rel(rs_out, part[R * 512:(R + 1) * 512]) < 1e-2, f"replay {i}: matmul_reduce_scatter impl='ce' wrong")
+        ok(same_everywhere(dout), f"replay {i}: decode differs across ranks")
         ar.copy_(randn(512 * W, 1024, seed=600 + 10 * i + R))
-    return "5 replays"
+    return ok.done("5 replays")
 
 
 def check_comm_off(ctx, quick):
     R = ctx.rank
     Ml, K, N = 1024, 2048, 1536
     a, b = randn(Ml, K, seed=21 + R), randn(K, N, seed=22)
-    W = ctx.world
-    c = nd.all_gather_matmul(a, b, ctx=ctx, communicate=False)
-    assert c.shape[0] == W * Ml and rel(c[R * Ml:(R + 1) * Ml], a.float() @ b.float()) < 1e-2, "local rows wrong with comm off"
-    # the real call right after still works (comm-off calls leave the epochs alone)
-    c = nd.all_gather_matmul(a, b, ctx=ctx)
-    assert rel(c, gather_rows(a).float() @ b.float()) < 1e-2
-    return "ok"
+    W, ok = ctx.world, Expect()
+    for impl in IMPLS:
+        c = nd.all_gather_matmul(a, b, ctx=ctx, communicate=False, impl=impl)
+        ok(c.shape[0] == W * Ml and rel(c[R * Ml:(R + 1) * Ml], a.float() @ b.float()) < 1e-2,
+           f"{impl}: local rows wrong with comm off")
+        # the real call right after still works (comm-off calls leave the epochs alone)
+        c = nd.all_gather_matmul(a, b, ctx=ctx, impl=impl)
+        ref = gather_rows(a).float() @ b.float()
+        ok(rel(c, ref) < 1e-2, f"{impl}: the call after a comm-off call is wrong ({_bad_blocks(c, ref, Ml)})")
+    return ok.done("ok")
+
+
+def check_first_calls(ctx, quick):
+    """The first call of a new signature on fresh buffers, many times, both impls: each new plan's
+    buffers are zero-filled on each rank's stream, and a peer's pushes must not land before that
+    fill ran (the impl="ce" race seen on H200: rank 1 read zeros for rank 0's rows)."""
+    R, W = ctx.rank, ctx.world
+    n = 6 if quick else 16
+    ok, worst = Expect(), 0.0
+    for i in range(n):
+        Ml, K, N = 96 + 8 * i, 512 + 64 * (i % 3), 136 + 8 * i   # a new signature every time
+        a, b = randn(Ml, K, seed=7000 + 10 * i + R), randn(K, N, seed=7001 + 10 * i)
+        ar, br = randn(Ml * W, K, seed=7002 + 10 * i + R), randn(K, N, seed=7003 + 10 * i + R)
+        ref = gather_rows(a).float() @ b.float()
+        part = ar.float() @ br.float()
+        dist.all_reduce(part)
+        for impl in IMPLS:
+            c = nd.all_gather_matmul(a, b, ctx=ctx, impl=impl)
+            e = rel(c, ref)
+            ok(e < 1e-2, f"all_gather_matmul {impl} {(Ml, K, N)} first call: {e:.2e} ({_bad_blocks(c, ref, Ml)})")
+            y = nd.matmul_reduce_scatter(ar, br, ctx=ctx, impl=impl)
+            e2 = rel(y, part[R * Ml:(R + 1) * Ml])
+            ok(e2 < 1e-2, f"matmul_reduce_scatter {impl} {(Ml * W, K, N)} first call: {e2:.2e}")
+            worst = max(worst, e, e2)
+    return ok.done(f"{n} new signatures x 2 ops x 2 impls, worst {worst:.1e}")
 
 
 def check_header_mismatch(ctx, quick):
@@ -294,46 +371,115 @@ def check_timeout(ctx, quick):
     raise AssertionError("no TimeoutError")
 
 
-CHECKS = [check_all_gather_matmul, check_matmul_reduce_scatter, check_fused_pointer_path, check_flash_decode_distributed,
-          check_back_to_back,
-          check_cuda_graph, check_comm_off, check_header_mismatch, check_heap_too_small, check_timeout]
+CHECKS = [check_all_gather_matmul, check_matmul_reduce_scatter, check_first_calls, check_fused_pointer_path,
+          check_flash_decode_distributed, check_back_to_back, check_cuda_graph, check_comm_off, check_header_mismatch,
+          check_heap_too_small, check_timeout]
+
+
+def _agree(group, R, W, ok: bool, broken: bool):
+    """Every rank's (passed, context broken) flags, over the gloo group (bounded by its timeout).
+    Raises if a peer never arrives (it hung in the check: its watchdog will say where)."""
+    t = torch.zeros(2 * W, dtype=torch.int32)
+    t[R], t[W + R] = int(ok), int(broken)
+    dist.all_reduce(t, group=group)
+    return [bool(x) for x in t[:W]], [bool(x) for x in t[W:]]
+
+
+def run_checks(ctx, checks, *, quick=False, limit=150.0, repeat=1, agree_group=None, last_breaks=None):
+    """Run ``checks`` on every rank, agreeing on each outcome before the next; returns
+    (failed: [(check name, failing ranks)], stopped: bool). ``last_breaks``: the check allowed to
+    leave the context out of step (the timeout check)."""
+    R, W = ctx.rank, ctx.world
+    dog = Watchdog(R, stream=sys.stdout)
+    failed = []
+    for rep in range(repeat):
+        for fn in checks:
+            if fn is last_breaks and rep < repeat - 1:
+                continue    # it breaks the context: only in the last round
+            name = fn.__name__[len("check_"):] + (f"#{rep + 1}" if repeat > 1 else "")
+            t0 = time.perf_counter()
+            with dog.limit(f"check {name}", limit):
+                try:
+                    msg = fn(ctx, quick)
+                    ok = True
+                except Exception as e:  # noqa: BLE001 - report, then agree with the other ranks
+                    ok, msg = False, f"{type(e).__name__}: {e}\n{traceback.format_exc()[-1500:]}"
+                if torch.cuda.is_available():
+                    try:
+                        torch.cuda.synchronize()
+                    except Exception as e:  # noqa: BLE001
+                        ok, msg = False, f"{msg}; torch.cuda.synchronize: {type(e).__name__}: {e}"
+            print(f"[rank {R}] {'PASS' if ok else 'FAIL'} {name} ({time.perf_counter() - t0:.1f} s): {msg}", flush=True)
+            try:
+                passed, broken = _agree(agree_group, R, W, ok, bool(ctx.broken) and fn is not last_breaks)
+            except Exception as e:  # noqa: BLE001 - a peer never finished the check
+                print(f"[rank {R}] FAIL {name}: the other ranks did not report within the bounded wait "
+                      f"({type(e).__name__}: {str(e)[:200]}); stopping", flush=True)
+                failed.append((name, ["?"]))
+                return failed, True
+            bad = [r for r in range(W) if not passed[r]]
+            if bad:
+                failed.append((name, bad))
+                if R == 0:
+                    print(f"FAILED {name} on rank(s) {bad}", flush=True)
+            if any(broken):
+                if R == 0:
+                    print(f"context out of step on rank(s) {[r for r in range(W) if broken[r]]} after {name}: "
+                          f"stopping (the remaining checks would only time out)", flush=True)
+                return failed, True
+    return failed, False
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", default="", help="comma-separated check names (without check_)")
+    ap.add_argument("--check-timeout", type=float, default=150.0,
+                    help="wall-clock limit of one check's body in seconds (0: none)")
+    ap.add_argument("--repeat", type=int, default=1, help="run the selected checks this many times (races)")
     args = ap.parse_args()
+    names = [fn.__name__[len("check_"):] for fn in CHECKS]
+    only = [n for n in args.only.split(",") if n]
+    unknown = [n for n in only if n not in names]
+    if unknown:
+        ap.error(f"unknown check(s) {unknown}; known: {names}")
     local = int(os.environ.get("LOCAL_RANK", 0))
     torch.cuda.set_device(local)
-    dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=180), device_id=torch.device("cuda", local))
+    limit = args.check_timeout
+    # NCCL's own watchdog must fire after ours (ours names the check and dumps the stacks)
+    dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=max(300.0, 2 * limit + 60)),
+                            device_id=torch.device("cuda", local))
+    # outcomes travel over gloo: a rank left in an NCCL collective cannot mismatch them, and the
+    # wait is bounded
+    agree_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=(limit or 600) + 60))
     t0 = time.perf_counter()
     ctx = nd.init(heap_bytes=8 << 30, timeout_s=10.0)
     R = ctx.rank
     if R == 0:
         print(f"context: world {ctx.world}, allocator {ctx.allocator}, {ctx.spin_ns:.0f} ns per poll, "
-              f"max_spins {ctx.max_spins}, init {time.perf_counter() - t0:.1f} s", flush=True)
-    results = []
-    for fn in CHECKS:
-        name = fn.__name__[len("check_"):]
-        if args.only and name not in args.only.split(","):
-            continue
-        t0 = time.perf_counter()
-        try:
-            msg = fn(ctx, args.quick)
-            ok = True
-        except Exception as e:  # noqa: BLE001 - report and go on
-            ok, msg = False, f"{type(e).__name__}: {e}\n{traceback.format_exc()[-1500:]}"
-        print(f"[rank {R}] {'PASS' if ok else 'FAIL'} {name} ({time.perf_counter() - t0:.1f} s): {msg}", flush=True)
-        results.append(ok)
-        torch.cuda.synchronize()
-        dist.barrier()
-    flags = torch.tensor([all(results)], dtype=torch.int32, device="cuda")
-    dist.all_reduce(flags, op=dist.ReduceOp.MIN)
+              f"max_spins {ctx.max_spins}, init {time.perf_counter() - t0:.1f} s, check limit {limit:g} s",
+              flush=True)
+    selected = [fn for fn in CHECKS if not only or fn.__name__[len("check_"):] in only]
+    failed, stopped = run_checks(ctx, selected, quick=args.quick, limit=limit, repeat=args.repeat,
+                                 agree_group=agree_group, last_breaks=check_timeout)
+    return finish(R, failed, stopped)
+
+
+def finish(R, failed, stopped) -> int:
     if R == 0:
-        print("ALL PASSED" if int(flags) else "SOME CHECKS FAILED", flush=True)
-    dist.destroy_process_group()
-    return 0 if int(flags) else 1
+        if failed:
+            print("SOME CHECKS FAILED: " + "; ".join(f"{n} on rank(s) {r}" for n, r in failed), flush=True)
+        else:
+            print("ALL PASSED", flush=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if stopped:
+        os._exit(1)       # a peer may still sit in a collective: skip the process-group teardown
+    try:
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001
+        pass
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

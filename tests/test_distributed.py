@@ -521,3 +521,52 @@ def test_torchrun_worker():
                        timeout=900)
     print(r.stdout[-8000:], r.stderr[-4000:])
     assert r.returncode == 0 and "ALL PASSED" in r.stdout
+
+
+# ============================================================================ dist_worker's control flow (CPU, gloo)
+_WORKER_SELFTEST = r'''
+import datetime, sys
+sys.path.insert(0, TESTS)
+import torch, torch.distributed as dist
+import dist_worker as w
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+agree = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=30))
+R, W = dist.get_rank(), dist.get_world_size()
+class Ctx:
+    rank, world, broken = R, W, None
+def check_ok(ctx, quick):
+    t = torch.ones(1); dist.all_reduce(t); return f"sum {t.item():g}"
+def check_soft_fail(ctx, quick):
+    ok = w.Expect(); ok(R != 1, "wrong on rank 1")
+    t = torch.ones(1); dist.all_reduce(t)     # a collective after the failure: every rank still makes it
+    return ok.done("fine")
+def check_after(ctx, quick):
+    t = torch.full((3,), float(R)); dist.all_reduce(t); assert t[0].item() == W * (W - 1) / 2; return "in step"
+def check_hard_fail(ctx, quick):
+    if R == 1:
+        raise RuntimeError("boom before the collective")
+    t = torch.ones(1); dist.all_reduce(t)     # rank 0 waits here alone: its watchdog must end it
+    return "unreachable"
+failed, stopped = w.run_checks(Ctx(), [check_ok, check_soft_fail, check_after, check_hard_fail], limit=3,
+                               agree_group=agree)
+sys.exit(w.finish(R, failed, stopped))
+'''
+
+
+def test_worker_keeps_ranks_in_step_and_bounds_hangs(tmp_path):
+    """tests/dist_worker.py's loop, 2 CPU ranks over gloo: a check failing on rank 1 only (soft) is
+    agreed on and the next check's collective still matches; a rank that raises before a collective
+    leaves rank 0 alone in it: rank 0's watchdog names the check, dumps its stack and exits 3, and
+    rank 1's bounded agreement wait stops it with exit 1 (no 180 s NCCL watchdog)."""
+    script = tmp_path / "selftest.py"
+    script.write_text(f"TESTS = {os.path.join(REPO, 'tests')!r}\n" + _WORKER_SELFTEST)
+    env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    procs = [subprocess.Popen([sys.executable, str(script)], env=dict(env, RANK=str(r)), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert "FAILED soft_fail on rank(s) [1]" in outs[0], outs[0]
+    assert "[rank 0] PASS after" in outs[0] and "[rank 1] PASS after" in outs[1]
+    assert "WATCHDOG: 'check hard_fail'" in outs[0] and "in check_hard_fail" in outs[0], outs[0]
+    assert procs[0].returncode == 3, outs[0]
+    assert "FAIL hard_fail: the other ranks did not report" in outs[1], outs[1]
+    assert procs[1].returncode == 1, outs[1]
