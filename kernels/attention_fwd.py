@@ -275,15 +275,30 @@ def block_d(head_dim: int) -> int:
 _TMA_BROKEN = []  # set when the TMA variant failed to compile on this machine (then never retried)
 
 
-def attention_fwd(q, k, v, out, lse, *, scale: float, causal: bool, causal_offset: int, policy_args: dict,
-                  config: dict = None, lpt: bool = None):
-    """Launch the kernel on checked inputs (numasched.attention does the checks).
+class LaunchPlan:
+    """Everything a launch needs that depends only on shapes, strides, dtype, flags and policy:
+    built once per such key by :func:`plan_launch` (numasched.attention caches it), so a repeated
+    call does no host work beyond the Triton launch itself. ``config`` is None until the autotuner
+    has chosen (the first launch); from then on launches go straight to the kernel with it."""
 
-    ``config``: None autotunes on GPU (fixed small blocks in the interpreter; ``fixed_config``
-    when NUMASCHED_AUTOTUNE=0); or a dict with
-    BLOCK_M, BLOCK_N, USE_TMA, num_warps, num_stages. ``lpt`` (default: causal on GPU) runs a
-    head's costliest causal blocks first. Returns the number of programs launched.
-    """
+    __slots__ = ("ints", "constexprs", "config", "grid", "interp", "tma_ok", "B", "H", "Lq")
+
+    def __init__(self, ints, constexprs, config, interp, tma_ok, B, H, Lq):
+        self.ints, self.constexprs, self.interp, self.tma_ok = ints, constexprs, interp, tma_ok
+        self.B, self.H, self.Lq = B, H, Lq
+        self.config = self.grid = None
+        if config is not None:
+            self._fix(config)
+
+    def _fix(self, config: dict) -> None:
+        self.config = dict(self.constexprs, **config)
+        self.grid = (self.B * self.H * triton.cdiv(self.Lq, config["BLOCK_M"]),)
+
+
+def plan_launch(q, k, v, out, *, scale: float, causal: bool, causal_offset: int, policy_args: dict,
+                config: dict = None, lpt: bool = None) -> LaunchPlan:
+    """The launch plan for these inputs (the arguments of :func:`attention_fwd`). Valid for any
+    tensors with the same shapes, strides, dtype, device and 16-byte alignment as these."""
     B, H, Lq, D = q.shape
     HK, Lk = k.shape[1], k.shape[2]
     interp = _interpreting() or not q.is_cuda
@@ -291,31 +306,38 @@ def attention_fwd(q, k, v, out, lse, *, scale: float, causal: bool, causal_offse
         lpt = bool(causal) and not interp
     tma_ok = (not interp) and not _TMA_BROKEN and _tma_ok(q, k, v, out)
     dot_precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    args = dict(Q_BUCKET=_bucket(Lq), K_BUCKET=_bucket(Lk), TMA_OK=int(tma_ok), HEAD_DIM=D,
-                CAUSAL=bool(causal), LPT=bool(lpt), DOT_PRECISION=dot_precision, BLOCK_D=block_d(D),
-                **policy_args)
-    pos = (q, k, v, out, lse,
-           q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-           v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
-           B, H, HK, Lq, Lk, float(scale) * LOG2E, int(causal_offset))
+    constexprs = dict(Q_BUCKET=_bucket(Lq), K_BUCKET=_bucket(Lk), TMA_OK=int(tma_ok), HEAD_DIM=D,
+                      CAUSAL=bool(causal), LPT=bool(lpt), DOT_PRECISION=dot_precision, BLOCK_D=block_d(D),
+                      **policy_args)
+    ints = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
+            B, H, HK, Lq, Lk, float(scale) * LOG2E, int(causal_offset))
     if config is None and interp:
         config = INTERPRETER_CONFIG
     if config is None and os.environ.get("NUMASCHED_AUTOTUNE", "1") == "0":
         config = fixed_config(q.dtype, D, tma_ok)
-    if not interp:
-        _ensure_allocator()  # device-side descriptors (USE_TMA) take their scratch from it
     if config is not None:
         config = dict(config)
         if config.get("USE_TMA") and not interp and not tma_ok:
             config["USE_TMA"] = False
-        grid = (B * H * triton.cdiv(Lq, config["BLOCK_M"]),)
-        attn_fwd_kernel[grid](*pos, **args, **config)
-        return grid[0]
+    return LaunchPlan(ints, constexprs, config, interp, tma_ok, B, H, Lq)
+
+
+def run_plan(plan: LaunchPlan, q, k, v, out, lse) -> int:
+    """Launch the kernel on tensors that match ``plan``. Returns the number of programs (-1 when
+    the autotuner ran this call)."""
+    if not plan.interp:
+        _ensure_allocator()  # device-side descriptors (USE_TMA) take their scratch from it
+    if plan.config is not None:
+        attn_fwd_kernel[plan.grid](q, k, v, out, lse, *plan.ints, **plan.config)
+        return plan.grid[0]
+    B, H, Lq = plan.B, plan.H, plan.Lq
     grid = lambda meta: (B * H * triton.cdiv(Lq, meta["BLOCK_M"]),)  # noqa: E731
+    args = plan.constexprs
     try:
-        attn_fwd_autotuned[grid](*pos, **args)
+        attn_fwd_autotuned[grid](q, k, v, out, lse, *plan.ints, **args)
     except Exception as e:  # the TMA variant is new in Triton; keep working without it
-        if not tma_ok:
+        if not args["TMA_OK"]:
             raise
         import warnings
 
@@ -323,8 +345,29 @@ def attention_fwd(q, k, v, out, lse, *, scale: float, causal: bool, causal_offse
                       f"using pointer loads from now on", RuntimeWarning, stacklevel=3)
         _TMA_BROKEN.append(repr(e))
         args["TMA_OK"] = 0
-        attn_fwd_autotuned[grid](*pos, **args)
+        attn_fwd_autotuned[grid](q, k, v, out, lse, *plan.ints, **args)
+    # The autotuner's choice for this key never changes: later launches skip its wrapper
+    # (Triton's Autotuner.run passes exactly these kwargs to the kernel).
+    best = attn_fwd_autotuned.best_config
+    plan._fix(dict(best.all_kwargs()))
     return -1
+
+
+def attention_fwd(q, k, v, out, lse, *, scale: float, causal: bool, causal_offset: int, policy_args: dict,
+                  config: dict = None, lpt: bool = None, plan: LaunchPlan = None):
+    """Launch the kernel on checked inputs (numasched.attention does the checks).
+
+    ``config``: None autotunes on GPU (fixed small blocks in the interpreter; ``fixed_config``
+    when NUMASCHED_AUTOTUNE=0); or a dict with
+    BLOCK_M, BLOCK_N, USE_TMA, num_warps, num_stages. ``lpt`` (default: causal on GPU) runs a
+    head's costliest causal blocks first. ``plan``: a :func:`plan_launch` result for these
+    arguments (the other arguments are then not read again). Returns the number of programs
+    launched (-1 when the autotuner ran).
+    """
+    if plan is None:
+        plan = plan_launch(q, k, v, out, scale=scale, causal=causal, causal_offset=causal_offset,
+                           policy_args=policy_args, config=config, lpt=lpt)
+    return run_plan(plan, q, k, v, out, lse)
 
 
 # ------------------------------------------------------------------------------------ offline check
