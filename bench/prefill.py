@@ -8,7 +8,10 @@ times, in one run and on the same inputs:
     sdpa-cudnn         torch SDPA, CUDNN_ATTENTION backend
     sdpa-efficient     torch SDPA, EFFICIENT_ATTENTION backend
 and reports TFLOP/s (4*B*H*L*L*D, causal counted as half), numasched's ratio to FLASH and cuDNN,
-the fraction of the measured cuBLAS bf16 rate, and numasched's error against SDPA FLASH.
+the fraction of the measured cuBLAS bf16 rate, and numasched's error against SDPA FLASH. Each provider timed twice: eager calls (``ms``, what a Python loop gets, host overhead included)
+and one call captured in a CUDA graph and replayed (``graph_ms``, the GPU's time); the ratios
+use graph times (``x_*_eager`` the eager ones). Rows print as they come and
+``prefill-partial.csv`` is rewritten after every point.
 Targets (H200): >= 1.1x FLASH, >= 0.9x cuDNN.
 
     numasched bench prefill --quick          # a few points, fixed configs: well under a minute
@@ -35,6 +38,29 @@ def _sdpa_fn(q, k, v, causal, backend):
     return fn
 
 
+def _graph_ms(fn, bench_ms):
+    """``fn`` captured once in a CUDA graph, then timed as ``g.replay()``: the GPU time without the
+    host's per-call Python (eager calls at small sizes are bound by it). None if capture fails."""
+    import torch
+
+    try:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):  # warm up on a side stream, as torch's docs ask before capture
+            for _ in range(2):
+                fn()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        torch.cuda.synchronize()
+        return bench_ms(g.replay)
+    except Exception as e:  # e.g. a backend that cannot be captured
+        print(f"graph capture failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}", flush=True)
+        torch.cuda.synchronize()
+        return None
+
+
 def _grid(args):
     if args.dry_run:
         return [(1, 64, 40), (1, 128, 33)]
@@ -58,6 +84,25 @@ def _cfg_str(cfg) -> str:
             f"{'tma' if cfg['USE_TMA'] else 'ptr'}")
 
 
+def _fmt(v) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else ("" if v is None else str(v))
+
+
+def _write_partial(rows, cols, out_dir) -> None:
+    """The rows so far, rewritten after every point (prefill-partial.csv): a run cut short keeps them."""
+    import csv
+    from pathlib import Path
+
+    from .common import RESULTS_DIR
+
+    d = Path(out_dir or RESULTS_DIR)
+    d.mkdir(parents=True, exist_ok=True)
+    with open(d / "prefill-partial.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+
+
 def _plot(rows, path):
     import matplotlib.pyplot as plt
 
@@ -66,13 +111,14 @@ def _plot(rows, path):
     for ax, (d, c) in zip(axes[0], keys):
         sub = [r for r in rows if r["head_dim"] == d and r["causal"] == c]
         for prov in sorted({r["provider"] for r in sub}):
-            pts = sorted((r["seq"], r["tflops"]) for r in sub if r["provider"] == prov and r["tflops"])
+            pts = sorted((r["seq"], r.get("graph_tflops") or r["tflops"]) for r in sub
+                         if r["provider"] == prov and (r.get("graph_tflops") or r["tflops"]))
             if pts:
                 ax.plot(*zip(*pts), marker="o", label=prov)
         ax.set_xscale("log", base=2)
         ax.set_title(f"d{d} {'causal' if c else 'non-causal'}")
         ax.set_xlabel("sequence length")
-        ax.set_ylabel("TFLOP/s")
+        ax.set_ylabel("TFLOP/s (CUDA graph replay where measured)")
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -91,6 +137,7 @@ def main(argv=None) -> int:
     p.add_argument("--mapping", default="auto")
     p.add_argument("--peers", nargs="*", default=["flash", "cudnn", "efficient"])
     p.add_argument("--out-dir", default=None)
+    p.add_argument("--no-graph", action="store_true", help="eager timings only (no CUDA graph replay)")
     p.add_argument("--dry-run", action="store_true",
                    help="check the script end to end on CPU (Triton interpreter, tiny shapes; timings meaningless)")
     args = p.parse_args(argv)
@@ -130,6 +177,10 @@ def main(argv=None) -> int:
     causals = {"both": [False, True], "yes": [True], "no": [False]}[args.causal]
     H, HK = args.heads, args.kv_heads or args.heads
     peak = matmul_rate()
+    graph_ms = (lambda fn: None) if args.dry_run or args.no_graph else (lambda fn: _graph_ms(fn, bench_ms))
+    cols = ["batch", "heads", "kv_heads", "head_dim", "seq", "causal", "provider", "ms", "graph_ms", "tflops",
+            "graph_tflops", "x_flash", "x_cudnn", "x_flash_eager", "x_cudnn_eager", "frac_cublas",
+            "rel_err_vs_flash", "config"]
     rows = []
     points = [(b, d, s, c) for (b, d, s) in _grid(args) for c in causals]
     for b, d, s, causal in progress(points, "prefill"):
@@ -139,7 +190,7 @@ def main(argv=None) -> int:
         v = torch.randn(b, HK, s, d, device=dev, dtype=torch.float32 if args.dry_run else torch.bfloat16)
         flops = 4 * b * H * s * s * d * (0.5 if causal else 1.0)
         base = dict(batch=b, heads=H, kv_heads=HK, head_dim=d, seq=s, causal=causal)
-        times, errs, cfgs = {}, {}, {}
+        times, gtimes, errs, cfgs = {}, {}, {}, {}
         ref = None
         if "flash" in args.peers:
             try:
@@ -152,6 +203,7 @@ def main(argv=None) -> int:
             if ref is not None:
                 errs[name] = ((out.float() - ref).norm() / ref.norm()).item()
             times[name] = bench_ms(fn)
+            gtimes[name] = graph_ms(fn)
             best = getattr(K.attn_fwd_autotuned, "best_config", None)
             cfgs[name] = _cfg_str(cfg if cfg is not None else best)
         for peer in args.peers:
@@ -159,27 +211,47 @@ def main(argv=None) -> int:
             try:
                 fn()
                 times[f"sdpa-{peer}"] = bench_ms(fn)
+                gtimes[f"sdpa-{peer}"] = graph_ms(fn)
             except RuntimeError as e:  # backend not available for this shape / build
                 times[f"sdpa-{peer}"] = None
+                gtimes[f"sdpa-{peer}"] = None
                 print(f"sdpa-{peer} unavailable at {base}: {str(e).splitlines()[0][:120]}")
+        new = []
         for name, ms in times.items():
+            gms = gtimes.get(name)
             tf = flops / (ms * 1e-3) / 1e12 if ms else None
-            rows.append(dict(base, provider=name, ms=ms, tflops=tf, frac_cublas=(tf * 1e12 / peak) if tf else None,
-                             rel_err_vs_flash=errs.get(name), config=cfgs.get(name)))
-        ours = [r for r in rows[-len(times):] if r["provider"].startswith("numasched") and r["tflops"]]
-        peers = {r["provider"]: r["tflops"] for r in rows[-len(times):] if r["provider"].startswith("sdpa")}
-        for r in ours:
+            gtf = flops / (gms * 1e-3) / 1e12 if gms else None
+            best_tf = gtf or tf  # ratios and fractions on graph times where there are some
+            new.append(dict(base, provider=name, ms=ms, graph_ms=gms, tflops=tf, graph_tflops=gtf,
+                            frac_cublas=(best_tf * 1e12 / peak) if best_tf else None,
+                            rel_err_vs_flash=errs.get(name), config=cfgs.get(name)))
+        peers = {r["provider"]: r for r in new if r["provider"].startswith("sdpa")}
+        for r in new:
+            if not r["provider"].startswith("numasched"):
+                continue
             for peer in ("flash", "cudnn"):
-                t = peers.get(f"sdpa-{peer}")
-                r[f"x_{peer}"] = r["tflops"] / t if t else None
+                pr = peers.get(f"sdpa-{peer}")
+                if pr and r["graph_tflops"] and pr["graph_tflops"]:
+                    r[f"x_{peer}"] = r["graph_tflops"] / pr["graph_tflops"]
+                elif pr and r["tflops"] and pr["tflops"] and not pr["graph_tflops"]:
+                    r[f"x_{peer}"] = r["tflops"] / pr["tflops"]  # no graph time: eager ratio stands in
+                if pr and r["tflops"] and pr["tflops"]:
+                    r[f"x_{peer}_eager"] = r["tflops"] / pr["tflops"]
+        rows.extend(new)
+        for r in new:  # progressive output: a long run shows (and keeps) what it has
+            print("  " + " ".join(f"{c}={_fmt(r.get(c))}" for c in ("batch", "head_dim", "seq", "causal",
+                                                                     "provider", "ms", "graph_ms", "graph_tflops",
+                                                                     "x_flash", "x_cudnn", "x_flash_eager")),
+                  flush=True)
+        _write_partial(rows, cols, args.out_dir)
         del q, k, v, ref
         if not args.dry_run:
             torch.cuda.empty_cache()
-    cols = ["batch", "heads", "kv_heads", "head_dim", "seq", "causal", "provider", "ms", "tflops", "x_flash",
-            "x_cudnn", "frac_cublas", "rel_err_vs_flash", "config"]
     paths = write_results("prefill", rows, columns=cols, plot=_plot, out_dir=args.out_dir,
                           meta=dict(cublas_bf16_tflops=peak / 1e12, mapping=args.mapping,
-                                    note="TFLOP/s = 4*B*H*L^2*D/time, causal counted as half; "
+                                    note="TFLOP/s = 4*B*H*L^2*D/time, causal counted as half; ms: eager calls, graph_ms: "
+                                         "one call captured in a CUDA graph, timed as replay; x_flash/x_cudnn on "
+                                         "graph times (x_*_eager on eager times); "
                                          "targets >= 1.1x sdpa-flash and >= 0.9x sdpa-cudnn"))
     ours = [r for r in rows if r["provider"].startswith("numasched") and r.get("x_flash")]
     if ours:
@@ -189,8 +261,11 @@ def main(argv=None) -> int:
             sub = [r for r in ours if r["provider"] == name]
             xf = statistics.geometric_mean([r["x_flash"] for r in sub])
             xc = [r["x_cudnn"] for r in sub if r.get("x_cudnn")]
+            xe = [r["x_flash_eager"] for r in sub if r.get("x_flash_eager")]
             print(f"{name}: geomean {xf:.3f}x sdpa-flash" + (f", {statistics.geometric_mean(xc):.3f}x sdpa-cudnn"
-                                                             if xc else "") + f" over {len(sub)} points")
+                                                             if xc else "")
+                  + f" (graph replay where measured) over {len(sub)} points"
+                  + (f"; eager calls: {statistics.geometric_mean(xe):.3f}x sdpa-flash" if xe else ""))
     print("written:", ", ".join(str(v) for v in paths.values()))
     return 0
 
