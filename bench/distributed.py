@@ -1,12 +1,18 @@
 """``numasched bench distributed``: fused cross-GPU kernels vs bulk-synchronous NCCL and torch
 symmetric memory, side by side in one run (needs 2+ GPUs with NVLink; launches torchrun itself).
 
-    numasched bench distributed [--quick] [--nproc N] [--only ag,rs,decode] [--iris-ops]
+    numasched bench distributed [--quick] [--nproc N] [--only ag,rs,decode] [--methods gemm,bulk,fused,...]
+                                [--shape-timeout S] [--iris-ops]
     # or by hand:  NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \\
     #              torchrun --nproc-per-node 2 -m numasched.bench.distributed [--quick]
 
 Per shape, every method runs the same fixed number of iterations on every rank (CUDA events;
-an adaptive timer can deadlock collectives) and the slowest rank's median counts.
+an adaptive timer can deadlock collectives) and the slowest rank's median counts. Shapes run
+small first, the ops interleaved; inside a shape the methods run in the order gemm, bulk, fused
+(+ nocomm), symm_mem, ce (``--methods`` picks a subset). Every measurement is printed when it is
+taken and every finished row is printed (``ROW ...``) and written to the CSV at once. Each shape
+runs under a wall-clock limit (``--shape-timeout``, default 180 s): past it every rank prints the
+shape, dumps all Python stacks and exits (code 3), so a hang says where it hung.
 
 all-gather + GEMM (A rows sharded, (M/world, K) per rank; B (K, N_local)):
     gemm      torch.matmul of the whole (M, K) A with B: the GEMM alone (cuBLAS)
@@ -47,6 +53,10 @@ def _parser():
     p.add_argument("--only", default="ag,rs,decode", help="comma-separated subset of ag, rs, decode")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--methods", default=",".join(METHODS),
+                   help="comma-separated subset of " + ",".join(METHODS) + " (decode uses bulk, fused, nocomm, gemm)")
+    p.add_argument("--shape-timeout", type=float, default=180.0,
+                   help="wall-clock seconds per shape; past it every rank dumps its stacks and the run stops")
     p.add_argument("--iris-ops", action="store_true", help="also try Iris's own fused ops (separate, time-limited)")
     p.add_argument("--iris-timeout", type=int, default=240, help="seconds allowed for the Iris-ops run")
     p.add_argument("--worker", default="", help=argparse.SUPPRESS)
@@ -92,7 +102,13 @@ def _launch(args, argv) -> int:
 
 
 # ============================================================================ worker (one rank)
-def _setup():
+METHODS = ("gemm", "bulk", "fused", "nocomm", "symm_mem", "ce")
+COLS = ["op", "shape", "world", "gemm_ms", "single_ms", "local_decode_ms", "bulk_ms", "symm_mem_ms", "fused_ms",
+        "ce_ms", "best_impl", "ours_ms", "nocomm_ms", "fused_over_nocomm", "link_ms", "T_lb_ms", "ours_over_T_lb",
+        "x_vs_bulk", "x_vs_symm_mem", "x_vs_single", "ours_TFLOPs", "err_vs_bulk", "target", "note"]
+
+
+def _setup(limit: float = 0.0):
     import datetime
 
     import torch
@@ -102,7 +118,9 @@ def _setup():
         os.environ.setdefault(k, v)
     local = int(os.environ.get("LOCAL_RANK", 0))
     torch.cuda.set_device(local)
-    dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=300), device_id=torch.device("cuda", local))
+    # NCCL's watchdog fires after our per-shape watchdog (which says what hung)
+    dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=max(300.0, 2 * limit + 60)),
+                            device_id=torch.device("cuda", local))
     return dist.get_rank(), dist.get_world_size()
 
 
@@ -113,17 +131,22 @@ def _timer(args):
     from .common import bench_fixed_ms
 
     def t(fn):
-        """Slowest rank's median ms over a fixed count; None (and the reason) on failure."""
+        """Slowest rank's median ms over a fixed count (warmup + iters calls of ``fn`` on every rank,
+        no early exit, no adaptive count: a rank doing one call more or less would leave the others
+        in an unmatched collective); NaN everywhere if it failed on any rank."""
         try:
             torch.cuda.synchronize()
             dist.barrier()
             ms = bench_fixed_ms(fn, warmup=args.warmup, iters=args.iters)
             err = ""
-        except Exception as e:  # noqa: BLE001 - a peer that does not run is reported, not fatal
-            ms, err = float("nan"), f"{type(e).__name__}: {str(e)[:120]}"
-        x = torch.tensor([ms], device="cuda")
+        except Exception as e:  # noqa: BLE001 - e.g. an op missing on every rank; a one-sided
+            ms, err = float("nan"), f"{type(e).__name__}: {str(e)[:120]}"   # failure is the watchdog's
+        # one all-reduce (MAX) of (ms, failed): the slowest rank's time, and whether any rank failed
+        x = torch.tensor([ms if ms == ms else float("inf"), 1.0 if err else 0.0], device="cuda")
         dist.all_reduce(x, op=dist.ReduceOp.MAX)
-        return float(x), err
+        if float(x[1]) or float(x[0]) == float("inf"):
+            return float("nan"), err or "failed on another rank"
+        return float(x[0]), err
     return t
 
 
@@ -161,66 +184,130 @@ def _shapes(quick, world):
     return ag, rs, dec
 
 
+class _Out:
+    """Rank 0: one line per measurement and per finished row as soon as it is measured (flushed),
+    and the CSV rewritten after every row, so a run that dies still leaves its rows."""
+
+    def __init__(self, rank: int):
+        self.rank, self.rows = rank, []
+        self.path = None
+        if rank == 0:
+            from .common import RESULTS_DIR, device_slug, env_info
+
+            RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+            self.path = RESULTS_DIR / f"distributed-{device_slug()}-{env_info()['date'][:10]}.csv"
+
+    def say(self, msg: str):
+        if self.rank == 0:
+            print(msg, flush=True)
+
+    def add(self, row: dict):
+        import csv
+
+        self.rows.append(row)
+        if self.rank != 0:
+            return
+        keys = ("gemm_ms", "bulk_ms", "fused_ms", "ce_ms", "symm_mem_ms", "single_ms", "ours_ms", "x_vs_bulk",
+                "x_vs_symm_mem", "x_vs_single", "ours_over_T_lb", "err_vs_bulk")
+        cells = " ".join(f"{k}={row[k]:.4g}" if isinstance(row.get(k), float) else f"{k}={row[k]}"
+                         for k in keys if k in row)
+        print(f"ROW {row['op']} {row['shape']}: {cells}" + (f"  note: {row['note']}" if row.get("note") else ""),
+              flush=True)
+        with open(self.path, "w", newline="") as f:   # the whole file each time: a killed run keeps its rows
+            w = csv.DictWriter(f, fieldnames=COLS, extrasaction="ignore")
+            w.writeheader()
+            w.writerows(self.rows)
+
+
 def _worker(args) -> int:
     import torch
     import torch.distributed as dist
 
     import numasched.distributed as nd
+    from numasched.distributed._watchdog import Watchdog
 
     from .common import matmul_rate, write_results
 
-    R, W = _setup()
+    R, W = _setup(args.shape_timeout)
+    dog = Watchdog(R, stream=sys.stdout)
     only = set(args.only.split(","))
+    methods = [m for m in args.methods.split(",") if m]
+    bad = [m for m in methods if m not in METHODS]
+    if bad:
+        raise SystemExit(f"--methods: unknown {bad}; choose from {METHODS}")
     ag_shapes, rs_shapes, dec_shapes = _shapes(args.quick, W)
     bf = torch.bfloat16
     meta = lambda *s: torch.empty(*s, device="meta", dtype=bf)  # noqa: E731
+    impls = [i for i in ("fused", "ce") if i in methods]
     workload = ([("all_gather_matmul", meta(M // W, K), meta(K, N), dict(impl=i))
-                 for M, K, N in ag_shapes if "ag" in only for i in ("fused", "ce")]
+                 for M, K, N in ag_shapes if "ag" in only for i in impls]
                 + [("matmul_reduce_scatter", meta(M, K), meta(K, N), dict(impl=i))
-                   for M, K, N in rs_shapes if "rs" in only for i in ("fused", "ce")]
+                   for M, K, N in rs_shapes if "rs" in only for i in impls]
                 + [("flash_decode_distributed", meta(B, H, D), meta(B, 1, HK, D)) for B, _ in dec_shapes])
-    ctx = nd.init(heap_bytes=nd.required_heap_bytes(workload, W) + (600 << 20), timeout_s=60.0)
-    timed = _timer(args)
-    bw = _link_bandwidth(ctx)
-    rate = matmul_rate()
-    if R == 0:
-        print(f"world {W}: remote-store bandwidth {bw / 1e9:.0f} GB/s per rank, cuBLAS bf16 {rate / 1e12:.0f} TFLOP/s, "
-              f"{ctx.spin_ns:.0f} ns per flag poll", flush=True)
-    rows = []
+    out = _Out(R)
+    with dog.limit("setup (Iris context, link bandwidth, cuBLAS rate)", args.shape_timeout):
+        ctx = nd.init(heap_bytes=nd.required_heap_bytes(workload, W) + (600 << 20), timeout_s=60.0)
+        timed = _timer(args)
+        bw = _link_bandwidth(ctx)
+        rate = matmul_rate()
+    out.say(f"world {W}: remote-store bandwidth {bw / 1e9:.0f} GB/s per rank, cuBLAS bf16 {rate / 1e12:.0f} TFLOP/s, "
+            f"{ctx.spin_ns:.0f} ns per flag poll; {args.warmup}+{args.iters} calls per measurement, "
+            f"limit {args.shape_timeout:g} s per shape; methods {','.join(methods)}")
     group = dist.group.WORLD.group_name
-    symm_ok = _enable_symm_mem(group)
+    symm_ok = "symm_mem" in methods and _enable_symm_mem(group)
+    nan = float("nan")
 
     def rel(x, ref):
         return float(torch.linalg.vector_norm(x.float() - ref.float()) / torch.linalg.vector_norm(ref.float()))
 
+    def measure(tag, name, fn, show=None):
+        """One method of one shape (skipped unless ``name`` is in --methods): the same fixed
+        number of calls on every rank; printed at once."""
+        if name not in methods:
+            return nan, ""
+        ms, err = timed(fn)
+        out.say(f"  {tag}: {show or name} {ms:.4g} ms" + (f" ({err})" if err else ""))
+        return ms, err
+
     # ------------------------------------------------------------------ all-gather + GEMM
-    for M, K, N in (ag_shapes if "ag" in only else []):
+    def ag_row(M, K, N):
         Ml = M // W
+        tag = f"all_gather_matmul M={M} K={K} N_local={N}"
         a = torch.randn(Ml, K, device="cuda", dtype=bf)
         b = torch.randn(K, N, device="cuda", dtype=bf)
         full = torch.empty(M, K, device="cuda", dtype=bf)
-        out = torch.empty(M, N, device="cuda", dtype=bf)
+        c = torch.empty(M, N, device="cuda", dtype=bf)
         dist.all_gather_into_tensor(full, a)
         ref = full @ b
-        t_gemm, _ = timed(lambda: torch.matmul(full, b, out=out))
-        t_bulk, _ = timed(lambda: (dist.all_gather_into_tensor(full, a), torch.matmul(full, b, out=out)))
-        t_symm, e_symm = (float("nan"), "symm_mem unavailable")
-        if symm_ok:
-            t_symm, e_symm = timed(lambda: torch.ops.symm_mem.fused_all_gather_matmul(a, [b], 0, group))
         ours_out = torch.empty(M, N, device="cuda", dtype=bf)
-        err = rel(nd.all_gather_matmul(a, b, ctx=ctx, out=ours_out), ref)
-        t_ours, e_ours = timed(lambda: nd.all_gather_matmul(a, b, ctx=ctx, out=ours_out, check=False))
-        t_noc, _ = timed(lambda: nd.all_gather_matmul(a, b, ctx=ctx, out=ours_out, check=False, communicate=False))
-        err_ce = rel(nd.all_gather_matmul(a, b, ctx=ctx, out=ours_out, impl="ce"), ref)
-        t_ce, e_ce = timed(lambda: nd.all_gather_matmul(a, b, ctx=ctx, out=ours_out, check=False, impl="ce"))
+        errs, notes = [], []
+        t_gemm, _ = measure(tag, "gemm", lambda: torch.matmul(full, b, out=c))
+        t_bulk, _ = measure(tag, "bulk", lambda: (dist.all_gather_into_tensor(full, a), torch.matmul(full, b, out=c)))
+        t_fused = t_noc = t_symm = t_ce = nan
+        if "fused" in methods:
+            errs.append(rel(nd.all_gather_matmul(a, b, ctx=ctx, out=ours_out), ref))
+            out.say(f"  {tag}: fused rel. error {errs[-1]:.2e}")
+            t_fused, e = measure(tag, "fused", lambda: nd.all_gather_matmul(a, b, ctx=ctx, out=ours_out, check=False))
+            notes.append(e)
+            t_noc, _ = measure(tag, "nocomm", lambda: nd.all_gather_matmul(a, b, ctx=ctx, out=ours_out, check=False,
+                                                                          communicate=False))
+        if symm_ok:
+            t_symm, e = measure(tag, "symm_mem", lambda: torch.ops.symm_mem.fused_all_gather_matmul(a, [b], 0, group))
+            notes.append(e)
+        if "ce" in methods:
+            errs.append(rel(nd.all_gather_matmul(a, b, ctx=ctx, out=ours_out, impl="ce"), ref))
+            out.say(f"  {tag}: ce rel. error {errs[-1]:.2e}")
+            t_ce, e = measure(tag, "ce", lambda: nd.all_gather_matmul(a, b, ctx=ctx, out=ours_out, check=False,
+                                                                     impl="ce"))
+            notes.append(e)
         ctx.check("all_gather_matmul")
         link = (W - 1) * Ml * K * 2 / bw * 1e3
-        rows.append(_row("all_gather_matmul", f"M={M} K={K} N_local={N}", W, 2 * M * N * K, t_gemm, t_bulk, t_symm,
-                         t_ours, t_ce, t_noc, link, max(err, err_ce),
-                         "; ".join(x for x in (e_symm, e_ours, e_ce) if x)))
+        return _row("all_gather_matmul", f"M={M} K={K} N_local={N}", W, 2 * M * N * K, t_gemm, t_bulk, t_symm,
+                    t_fused, t_ce, t_noc, link, max(errs, default=nan), "; ".join(x for x in notes if x))
 
     # ------------------------------------------------------------------ GEMM + reduce-scatter
-    for M, Kl, N in (rs_shapes if "rs" in only else []):
+    def rs_row(M, Kl, N):
+        tag = f"matmul_reduce_scatter M={M} K_local={Kl} N={N}"
         a = torch.randn(M, Kl, device="cuda", dtype=bf)
         b = torch.randn(Kl, N, device="cuda", dtype=bf)
         part = torch.empty(M, N, device="cuda", dtype=bf)
@@ -228,53 +315,76 @@ def _worker(args) -> int:
         torch.matmul(a, b, out=part)
         dist.reduce_scatter_tensor(res, part)
         ref = res.clone()
-        t_gemm, _ = timed(lambda: torch.matmul(a, b, out=part))
-        t_bulk, _ = timed(lambda: (torch.matmul(a, b, out=part), dist.reduce_scatter_tensor(res, part)))
-        t_symm, e_symm = (float("nan"), "symm_mem unavailable")
-        if symm_ok:
-            t_symm, e_symm = timed(lambda: torch.ops.symm_mem.fused_matmul_reduce_scatter(a, b, "sum", 0, group))
         ours_out = torch.empty(M // W, N, device="cuda", dtype=bf)
-        err = rel(nd.matmul_reduce_scatter(a, b, ctx=ctx, out=ours_out), ref)
-        t_ours, e_ours = timed(lambda: nd.matmul_reduce_scatter(a, b, ctx=ctx, out=ours_out, check=False))
-        t_noc, _ = timed(lambda: nd.matmul_reduce_scatter(a, b, ctx=ctx, out=ours_out, check=False, communicate=False))
-        err_ce = rel(nd.matmul_reduce_scatter(a, b, ctx=ctx, out=ours_out, impl="ce"), ref)
-        t_ce, e_ce = timed(lambda: nd.matmul_reduce_scatter(a, b, ctx=ctx, out=ours_out, check=False, impl="ce"))
+        errs, notes = [], []
+        t_gemm, _ = measure(tag, "gemm", lambda: torch.matmul(a, b, out=part))
+        t_bulk, _ = measure(tag, "bulk", lambda: (torch.matmul(a, b, out=part), dist.reduce_scatter_tensor(res, part)))
+        t_fused = t_noc = t_symm = t_ce = nan
+        if "fused" in methods:
+            errs.append(rel(nd.matmul_reduce_scatter(a, b, ctx=ctx, out=ours_out), ref))
+            out.say(f"  {tag}: fused rel. error {errs[-1]:.2e}")
+            t_fused, e = measure(tag, "fused", lambda: nd.matmul_reduce_scatter(a, b, ctx=ctx, out=ours_out,
+                                                                               check=False))
+            notes.append(e)
+            t_noc, _ = measure(tag, "nocomm", lambda: nd.matmul_reduce_scatter(a, b, ctx=ctx, out=ours_out,
+                                                                              check=False, communicate=False))
+        if symm_ok:
+            t_symm, e = measure(tag, "symm_mem",
+                                lambda: torch.ops.symm_mem.fused_matmul_reduce_scatter(a, b, "sum", 0, group))
+            notes.append(e)
+        if "ce" in methods:
+            errs.append(rel(nd.matmul_reduce_scatter(a, b, ctx=ctx, out=ours_out, impl="ce"), ref))
+            out.say(f"  {tag}: ce rel. error {errs[-1]:.2e}")
+            t_ce, e = measure(tag, "ce", lambda: nd.matmul_reduce_scatter(a, b, ctx=ctx, out=ours_out, check=False,
+                                                                         impl="ce"))
+            notes.append(e)
         ctx.check("matmul_reduce_scatter")
         link = (W - 1) * (M // W) * N * 2 / bw * 1e3
-        rows.append(_row("matmul_reduce_scatter", f"M={M} K_local={Kl} N={N}", W, 2 * M * N * Kl, t_gemm, t_bulk,
-                         t_symm, t_ours, t_ce, t_noc, link, max(err, err_ce),
-                         "; ".join(x for x in (e_symm, e_ours, e_ce) if x)))
+        return _row("matmul_reduce_scatter", f"M={M} K_local={Kl} N={N}", W, 2 * M * N * Kl, t_gemm, t_bulk,
+                    t_symm, t_fused, t_ce, t_noc, link, max(errs, default=nan), "; ".join(x for x in notes if x))
 
     # ------------------------------------------------------------------ distributed decode
     local_decode = nd._ops.default_local_decode()
-    for B, S in (dec_shapes if "decode" in only else []):
-        try:
-            rows.append(_decode_row(B, S, W, ctx, timed, local_decode, rel))
-        except torch.cuda.OutOfMemoryError as e:
-            rows.append(dict(op="flash_decode_distributed", shape=f"B={B} ctx={S // 1024}k", world=W,
-                             note=f"out of memory: {str(e)[:100]}"))
-        torch.cuda.empty_cache()
 
+    def dec_row(B, S):
+        try:
+            return _decode_row(B, S, W, ctx, measure, local_decode, rel, out)
+        except torch.cuda.OutOfMemoryError as e:   # same sizes everywhere: every rank gets here
+            return dict(op="flash_decode_distributed", shape=f"B={B} ctx={S // 1024}k", world=W,
+                        note=f"out of memory: {str(e)[:100]}")
+        finally:
+            torch.cuda.empty_cache()
+
+    # cheapest and most important first: the small shape of every op, then the larger ones
+    jobs = []
+    lists = [[("ag", ag_row, s) for s in ag_shapes] if "ag" in only else [],
+             [("rs", rs_row, s) for s in rs_shapes] if "rs" in only else [],
+             [("decode", dec_row, s) for s in dec_shapes] if "decode" in only else []]
+    for i in range(max(map(len, lists), default=0)):
+        jobs += [lst[i] for lst in lists if i < len(lst)]
+    for kind, fn, shape in jobs:
+        label = f"{kind} {shape}"
+        out.say(f"== {label}")
+        with dog.limit(label, args.shape_timeout):
+            out.add(fn(*shape))
     if R == 0:
-        cols = ["op", "shape", "world", "gemm_ms", "single_ms", "local_decode_ms", "bulk_ms", "symm_mem_ms",
-                "fused_ms", "ce_ms", "best_impl", "ours_ms", "nocomm_ms", "fused_over_nocomm", "link_ms", "T_lb_ms",
-                "ours_over_T_lb", "x_vs_bulk", "x_vs_symm_mem", "x_vs_single", "ours_TFLOPs", "err_vs_bulk", "target",
-                "note"]
-        write_results("distributed", rows, columns=cols,
+        write_results("distributed", out.rows, columns=COLS,
                       meta=dict(world=W, remote_store_GBps=bw / 1e9, cublas_TFLOPs=rate / 1e12,
-                                spin_ns=ctx.spin_ns, iters=args.iters, warmup=args.warmup))
-    dist.barrier()
-    dist.destroy_process_group()
+                                spin_ns=ctx.spin_ns, iters=args.iters, warmup=args.warmup, methods=methods))
+    with dog.limit("teardown", 120):
+        dist.barrier()
+        dist.destroy_process_group()
     return 0
 
 
-def _decode_row(B, S, W, ctx, timed, local_decode, rel):
+def _decode_row(B, S, W, ctx, measure, local_decode, rel, out):
     import torch
     import torch.distributed as dist
 
     import numasched.distributed as nd
 
     bf = torch.bfloat16
+    tag = f"flash_decode_distributed B={B} ctx={S // 1024}k"
     Sl = S // W
     q = torch.randn(B, H, D, device="cuda", dtype=bf)
     kw = torch.randn(B, S, HK, D, device="cuda", dtype=bf)   # the whole context, for "single"
@@ -296,20 +406,22 @@ def _decode_row(B, S, W, ctx, timed, local_decode, rel):
     ref = bulk()
     ours_out = torch.empty(B, H, D, device="cuda", dtype=bf)
     err = rel(nd.flash_decode_distributed(q, k, v, lens, ctx=ctx, out=ours_out), ref)
-    t_single, _ = timed(lambda: local_decode(q, kw, vw, lens_w))
-    t_bulk, _ = timed(bulk)
-    t_ours, e_ours = timed(lambda: nd.flash_decode_distributed(q, k, v, lens, ctx=ctx, out=ours_out, check=False))
-    t_noc, _ = timed(lambda: nd.flash_decode_distributed(q, k, v, lens, ctx=ctx, out=ours_out, check=False,
-                                                         communicate=False))
-    t_local, _ = timed(lambda: local_decode(q, k, v, lens))
+    out.say(f"  {tag}: rel. error {err:.2e}")
+    # decode has no gemm/symm_mem/ce; "bulk" and "fused" select its baseline and ours
+    t_bulk, _ = measure(tag, "bulk", bulk)
+    ours = lambda: nd.flash_decode_distributed(q, k, v, lens, ctx=ctx, out=ours_out, check=False)  # noqa: E731
+    t_ours, e_ours = measure(tag, "fused", ours, show="ours")
+    t_noc, _ = measure(tag, "nocomm", lambda: nd.flash_decode_distributed(q, k, v, lens, ctx=ctx, out=ours_out,
+                                                                         check=False, communicate=False))
+    # the local part alone, and one GPU decoding the whole context ("gemm" in --methods selects both)
+    t_local, _ = measure(tag, "gemm", lambda: local_decode(q, k, v, lens), show="local decode")
+    t_single, _ = measure(tag, "gemm", lambda: local_decode(q, kw, vw, lens_w), show="single GPU")
     ctx.check("flash_decode_distributed")
-    row = dict(op="flash_decode_distributed", shape=f"B={B} ctx={S // 1024}k", world=W,
-                     single_ms=t_single, bulk_ms=t_bulk, ours_ms=t_ours, nocomm_ms=t_noc, local_decode_ms=t_local,
-                     x_vs_bulk=t_bulk / t_ours, x_vs_single=t_single / t_ours,
-                     target="x_vs_bulk>=1.2" + (", x_vs_single>=1.7" if S >= 262144 else ""),
-                     err_vs_bulk=err, note=e_ours)
-    return row
-
+    return dict(op="flash_decode_distributed", shape=f"B={B} ctx={S // 1024}k", world=W,
+                single_ms=t_single, bulk_ms=t_bulk, ours_ms=t_ours, fused_ms=t_ours, nocomm_ms=t_noc,
+                local_decode_ms=t_local, x_vs_bulk=t_bulk / t_ours, x_vs_single=t_single / t_ours,
+                target="x_vs_bulk>=1.2" + (", x_vs_single>=1.7" if S >= 262144 else ""),
+                err_vs_bulk=err, note=e_ours)
 
 
 def _row(op, shape, W, flops, t_gemm, t_bulk, t_symm, t_fused, t_ce, t_noc, link, err, note):

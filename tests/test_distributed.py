@@ -547,7 +547,7 @@ def check_hard_fail(ctx, quick):
         raise RuntimeError("boom before the collective")
     t = torch.ones(1); dist.all_reduce(t)     # rank 0 waits here alone: its watchdog must end it
     return "unreachable"
-failed, stopped = w.run_checks(Ctx(), [check_ok, check_soft_fail, check_after, check_hard_fail], limit=3,
+failed, stopped = w.run_checks(Ctx(), [check_ok, check_soft_fail, check_after, check_hard_fail], limit=2,
                                agree_group=agree)
 sys.exit(w.finish(R, failed, stopped))
 '''
@@ -570,3 +570,25 @@ def test_worker_keeps_ranks_in_step_and_bounds_hangs(tmp_path):
     assert procs[0].returncode == 3, outs[0]
     assert "FAIL hard_fail: the other ranks did not report" in outs[1], outs[1]
     assert procs[1].returncode == 1, outs[1]
+
+
+def test_bench_rows_are_written_as_measured(tmp_path, monkeypatch):
+    """bench/distributed.py (CPU part): options parse, rank 0 rewrites the CSV after every row and
+    prints it at once; other ranks write nothing."""
+    import csv
+
+    from numasched.bench import common
+    from numasched.bench import distributed as bd
+
+    args = bd._parser().parse_args(["--quick", "--methods", "bulk,fused", "--shape-timeout", "5"])
+    assert args.methods == "bulk,fused" and args.shape_timeout == 5.0
+    assert set(bd._parser().parse_args([]).methods.split(",")) == set(bd.METHODS)
+    monkeypatch.setattr(common, "RESULTS_DIR", tmp_path)
+    out, other = bd._Out(0), bd._Out(1)
+    for i in range(2):
+        row = dict(op="all_gather_matmul", shape=f"M={i}", world=2, bulk_ms=1.0 + i, fused_ms=0.5, note="")
+        out.add(row)
+        other.add(row)
+        with open(out.path) as f:
+            assert [r["shape"] for r in csv.DictReader(f)] == [f"M={j}" for j in range(i + 1)]
+    assert other.path is None and len(list(tmp_path.iterdir())) == 1
