@@ -24,6 +24,7 @@ major order from shared memory for 16-bit types).
 """
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from typing import Optional
@@ -244,7 +245,18 @@ def _is_interpreter() -> bool:
 def _tma_supported(device: torch.device) -> bool:
     if TensorDescriptor is None or device.type != "cuda" or torch.version.hip is not None:
         return False
-    return torch.cuda.get_device_capability(device)[0] >= 9
+    return _capability(device.index if device.index is not None else torch.cuda.current_device())[0] >= 9
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index) -> tuple:
+    # cached: a device property query per launch is host time a small GEMM cannot hide
+    return torch.cuda.get_device_capability(index)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def tma_view(t: torch.Tensor):
@@ -310,7 +322,7 @@ stats = {"launches": 0, "last": None}
 
 def _num_sms(device: torch.device) -> int:
     if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
+        return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
     return 8  # interpreter: a handful of "SMs" so persistent loops take several trips
 
 

@@ -23,6 +23,7 @@ import torch
 
 from . import mappings as M
 from . import topology as _topology
+from .mappings._registry import _DEFAULTS
 from ._validate import INT32_MAX, check_same, check_tensor, kernel_device_ok
 
 __all__ = ["matmul", "SUPPORTED_DTYPES"]
@@ -65,10 +66,25 @@ def _check_no_overlap(a, b, out) -> None:
                 raise ValueError(f"out shares memory with {name}; pass a separate output tensor")
 
 
+_POLICIES: dict = {}  # (mapping, M, N, topology, default) -> resolved policy, to skip resolve() per call
+
+
 def _policy_for(mapping: Union[str, "M.Policy"], M_: int, N_: int, block_m: int = 128, block_n: int = 128):
     topo = _topology.current()
+    default = _DEFAULTS.get("gemm")
+    key = None
+    if type(mapping) is str:  # a Policy object is resolved each time (its id could be reused)
+        key = (mapping, M_, N_, block_m, block_n, id(topo), id(default))
+        hit = _POLICIES.get(key)
+        if hit is not None:
+            return hit[0], hit[1]
     grid = M.GemmGrid(max(1, -(-M_ // block_m)), max(1, -(-N_ // block_n)))
-    return M.resolve(mapping, "gemm", topo, grid), topo.num_domains
+    policy = M.resolve(mapping, "gemm", topo, grid)
+    if key is not None:
+        if len(_POLICIES) >= 4096:
+            _POLICIES.clear()
+        _POLICIES[key] = (policy, topo.num_domains, topo, default)  # keeps the keyed objects (ids) alive
+    return policy, topo.num_domains
 
 
 def _fallback(a, b, out):
@@ -100,7 +116,12 @@ def _run(a, b, out, mapping, persistent, **launch_kw):
     from .kernels import gemm as _kernels
 
     policy, num_domains = _policy_for(mapping, Mdim, N)
-    with torch.cuda.device(a.device) if a.is_cuda else _nullcontext():
+    # Triton launches on the current device: switch only when a is elsewhere (the context
+    # manager costs microseconds per call)
+    if a.is_cuda and a.device.index != torch.cuda.current_device():
+        with torch.cuda.device(a.device):
+            _kernels.launch(a, b, out, policy, num_domains, persistent=persistent, **launch_kw)
+    else:
         _kernels.launch(a, b, out, policy, num_domains, persistent=persistent, **launch_kw)
     return out
 
