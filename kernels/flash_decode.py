@@ -266,30 +266,36 @@ INTERPRET_CONFIG = dict(BLOCK_N=16, num_warps=4, num_stages=1)
 DEFAULT_GPU_CONFIG = {False: dict(BLOCK_N=64, num_warps=4, num_stages=3),  # contiguous
                       True: dict(BLOCK_N=64, num_warps=4, num_stages=5)}  # paged
 AUTOTUNE = os.environ.get("NUMASCHED_AUTOTUNE", "1") != "0"
-_TUNED_KEYS: set = set()
+# Autotuner key -> the Config it chose. Once a key is tuned, launches call the plain kernel with that
+# config: the autotuner's own per-call key building costs tens of microseconds of Python.
+_TUNED_CONFIGS: dict = {}
 # Caches spanning more elements than this get int64 row offsets (tests lower it to cover that path).
 INT64_THRESHOLD = 2**31 - 1
 
 # ----------------------------------------------------------------------------- splits
-# Programs per SM the split heuristic aims to keep busy. Shared memory allows 2-3 programs of the
-# 64-token configs per Hopper SM (72 KiB each) and more of the 2-warp/32-token ones; aiming at 4
-# errs towards more concurrency (memory-level parallelism) and finer tail granularity.
+# Waves: programs the GPU runs at once, in units of SMs. A Hopper SM holds 2-3 of the 64-token
+# programs (72 KiB of shared memory each) and more of the 2-warp ones, so 4 programs per SM errs
+# towards more concurrency (memory-level parallelism) and a finer tail.
 PROGRAMS_PER_SM = 4
 # Cost of starting a program, in tokens of streaming (first-load latency, partial write).
 PROGRAM_OVERHEAD_TOKENS = 128
-MIN_SPLIT_TOKENS = 64
-# Automatic splits stay within one combine chunk (COMBINE_MAX_BLOCK_S); an explicit num_splits may be larger.
-MAX_SPLITS = 64
+# A split shorter than this spends too much of its time in the prologue / partial write.
+MIN_SPLIT_TOKENS = 256
+# Automatic splits: up to 256, so that batch * kv_heads = 2 still fills four waves of 132 SMs; the
+# combine merges them in chunks of COMBINE_MAX_BLOCK_S. An explicit num_splits may be larger.
+MAX_SPLITS = 256
 COMBINE_MAX_BLOCK_S = 64  # the combine reads partials in chunks of this many splits
+
+
 def choose_num_splits(batch: int, kv_heads: int, max_seqlen: int, num_sms: int) -> int:
     """Splits per (batch, kv_head) for a cache of ``max_seqlen`` tokens on ``num_sms`` SMs/CUs.
 
     Model: programs run in waves of ``num_sms * PROGRAMS_PER_SM``; a program costs its chunk of
-    tokens plus a fixed overhead. Pick the split count with the lowest
-    ``waves * (tokens per split + overhead)`` (the fewest splits within 2% of it), with splits of
-    at least MIN_SPLIT_TOKENS tokens.
-    This fills the GPU when batch * kv_heads is small, avoids a part-empty last wave, and uses one
-    split (no combine at all) when there are enough (batch, kv_head) pairs.
+    tokens plus a fixed overhead. Among 1 .. min(MAX_SPLITS, max_seqlen // MIN_SPLIT_TOKENS)
+    splits, pick the lowest ``waves * (tokens per split + overhead)`` (the fewest splits within 2%
+    of it). So batch * kv_heads * splits reaches about PROGRAMS_PER_SM programs per SM when the
+    context is long enough, the last wave is not mostly empty, and one split (no combine at all)
+    is used when there are enough (batch, kv_head) pairs.
     """
     items = max(1, batch * kv_heads)
     slots = max(1, num_sms * PROGRAMS_PER_SM)
@@ -300,24 +306,53 @@ def choose_num_splits(batch: int, kv_heads: int, max_seqlen: int, num_sms: int) 
     return next(s for s, c in enumerate(costs, 1) if c <= 1.02 * min(costs))
 
 
+_NUM_SMS: dict = {}
+
+
 def num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4  # interpreter: a small pretend GPU, so tests exercise several splits
+    if device.type != "cuda":
+        return 4  # interpreter: a small pretend GPU, so tests exercise several splits
+    n = _NUM_SMS.get(device.index)
+    if n is None:  # get_device_properties costs microseconds per call: ask once per device
+        n = _NUM_SMS[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
+    return n
 
 
 def _interpreting(device: torch.device) -> bool:
     return device.type == "cpu" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
-# Per (device, stream) arrival counters for the fused combine, zeroed once and reset by the
-# kernel itself. Kernels on one stream run in order, so they never share a counter concurrently.
+def knobs() -> tuple:
+    """Module settings a plan depends on (callers that cache plans put these in their key)."""
+    return (COMBINE_MODE, INT64_THRESHOLD, PROGRAMS_PER_SM, PROGRAM_OVERHEAD_TOKENS, MIN_SPLIT_TOKENS, MAX_SPLITS,
+            COMBINE_MAX_BLOCK_S)
+
+
+# ----------------------------------------------------------------------------- per-stream buffers
+# Arrival counters (fused combine) and partial buffers are per (device, stream): kernels on one
+# stream run in order, so consecutive calls never use one buffer at the same time, while calls on
+# different streams get different buffers. The counters are zeroed once and reset by the kernel.
+# Inside CUDA-graph capture the partials are allocated fresh (the graph's pool owns them), because
+# all graphs captured on torch's default capture stream would otherwise share one buffer and race
+# if replayed concurrently on different streams. The counters keep the per-stream buffer (graphs
+# replayed concurrently on different streams must be captured on different streams).
 _COUNTERS: dict = {}
+_WORKSPACE: dict = {}
 
 
-def _counters(device: torch.device, n: int) -> torch.Tensor:
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (str(device), stream)
+def _stream_of(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 0
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # no Stream object: ~10x cheaper
+    return raw(device.index) if raw is not None else torch.cuda.current_stream(device).cuda_stream
+
+
+def _capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def _counters(device: torch.device, n: int, stream: Optional[int] = None) -> torch.Tensor:
+    key = (device.type, device.index, _stream_of(device) if stream is None else stream)
     buf = _COUNTERS.get(key)
     if buf is None or buf.numel() < n:
         buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
@@ -335,6 +370,126 @@ def _tune_bucket(tokens_per_split: int) -> int:
     return min(4, max(0, (max(tokens_per_split, 1) - 1).bit_length() - 8) // 2)
 
 
+def _span(t: torch.Tensor) -> int:
+    return sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride()) if s > 0) + 1
+
+
+# ----------------------------------------------------------------------------- plan
+class DecodePlan:
+    """Everything about a launch that depends only on shapes, strides, dtypes and settings.
+
+    Building one costs the Python work (split choice, policy arguments, constexprs, autotuner
+    key); ``launch`` then only gathers pointers and launches. ``numasched.decode`` keeps plans
+    in a dict keyed on the inputs' metadata, so a decode step in a serving loop pays only ``launch``.
+    """
+
+    def __init__(self, q, k_cache, v_cache, cache_seqlens, block_table, *, scale: float, seqlen_max: int,
+                 page_size: int, num_splits: Optional[int], policy, num_domains: int,
+                 combine: Optional[str] = None):
+        from numasched import mappings as M
+
+        B, H, D = q.shape
+        HK = k_cache.shape[2]
+        G = H // HK
+        dev = q.device
+        S = int(num_splits) if num_splits is not None else choose_num_splits(B, HK, seqlen_max, num_sms(dev))
+        grid_w = M.DecodeGrid(B, HK, S)  # checks the program count fits int32
+        policy.check_grid(grid_w)
+        mode = combine or COMBINE_MODE
+        if mode not in ("auto", "fused", "kernel"):
+            raise ValueError(f"combine must be 'auto', 'fused' or 'kernel', got {mode!r}")
+        # auto: fused, unless a KV head has many query heads (the merge is unrolled over them)
+        fused = mode == "fused" or (mode == "auto" and G <= 16)
+        self.combine = 0 if S == 1 else (2 if fused else 1)
+        self.device, self.num_splits, self.heads, self.items = dev, S, H, B * HK
+        self.po_shape, self.pl_shape = (B, H, S, D), (B, H, S)
+        n_po = B * H * S * D
+        self.pl_offset = -(-n_po // 32) * 32  # keeps the lse partials 128-byte aligned
+        self.ws_numel = self.pl_offset + B * H * S
+        self._views: dict = {}
+
+        BLOCK_G = max(16, triton.next_power_of_2(G))
+        self.block_s = 16 if S <= 16 else COMBINE_MAX_BLOCK_S  # two sizes only: each is a separate compile
+        self.block_d = BLOCK_D = max(16, triton.next_power_of_2(D))
+        INT64 = max(_span(k_cache), _span(v_cache)) > INT64_THRESHOLD
+        stride_sb = cache_seqlens.stride(0) if cache_seqlens is not None else 0
+        stride_tb, stride_tp = block_table.stride() if block_table is not None else (0, 0)
+        precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32 is ignored for 16-bit inputs
+        self.tune_key = _tune_bucket(-(-seqlen_max // S)) * 2 + int(k_cache.stride(1) == D)
+        # scalar arguments between the pointers and the output strides
+        self.scalars = (float(scale) * LOG2E, B, HK, S, int(seqlen_max),
+                        q.stride(0), q.stride(1),
+                        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+                        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+                        stride_sb, stride_tb, stride_tp)
+        self.meta = dict(G=G, BLOCK_G=BLOCK_G, HEAD_DIM=D, BLOCK_D=BLOCK_D, PAGE_SIZE=int(page_size),
+                         HAS_SEQLENS=cache_seqlens is not None, COMBINE=self.combine, INT64=INT64,
+                         INPUT_PRECISION=precision, COMBINE_BLOCK_S=self.block_s, **policy.kernel_args(num_domains))
+        self.grid = (B * HK * S,)
+        self.interpret = _interpreting(dev)
+        # the autotuner's key: its key columns plus every tensor argument's dtype (stand-ins keep
+        # these the same with and without cache_seqlens / block_table / partials)
+        self.tune_id = (D, int(page_size), BLOCK_G, INT64, self.tune_key, q.dtype, k_cache.dtype)
+        cfg = dict(DEFAULT_GPU_CONFIG[page_size > 0])
+        if D > 128:  # keep the K/V tiles within shared memory
+            cfg["BLOCK_N"] = 32
+        self.meta_fixed = {**self.meta, **cfg}
+        self.meta_interp = {**self.meta, **INTERPRET_CONFIG}
+        self._tuned = (None, None)  # (Config, meta with it)
+
+    def _partials(self, stream: int, capturing: bool):
+        if capturing:
+            return (torch.empty(self.po_shape, dtype=torch.float32, device=self.device),
+                    torch.empty(self.pl_shape, dtype=torch.float32, device=self.device))
+        key = (self.device.type, self.device.index, stream)
+        flat = _WORKSPACE.get(key)
+        hit = self._views.get(stream)
+        if hit is not None and hit[0] is flat:
+            return hit[1], hit[2]
+        if flat is None or flat.numel() < self.ws_numel:
+            # a replaced buffer is freed stream-ordered by the caching allocator: safe to drop
+            flat = _WORKSPACE[key] = torch.empty(self.ws_numel, dtype=torch.float32, device=self.device)
+        po = flat[: self.po_shape[0] * self.heads * self.num_splits * self.po_shape[3]].view(self.po_shape)
+        pl = flat[self.pl_offset: self.pl_offset + self.po_shape[0] * self.heads * self.num_splits].view(self.pl_shape)
+        self._views[stream] = (flat, po, pl)
+        return po, pl
+
+    def launch(self, q, k_cache, v_cache, cache_seqlens, block_table, out, lse) -> int:
+        """Launch on inputs with the metadata this plan was built for; fills ``out`` and ``lse``."""
+        global LAUNCHES
+        dev = self.device
+        stream = _stream_of(dev)
+        capturing = _capturing(dev)
+        counter = _counters(dev, self.items, stream)
+        po, pl = self._partials(stream, capturing) if self.combine else (lse, lse)
+        # Unused pointer arguments get stand-ins of the same dtype, so the autotuner's key (which
+        # includes every tensor's dtype) is the same with and without them.
+        args = (q, k_cache, v_cache, cache_seqlens if cache_seqlens is not None else counter,
+                block_table if block_table is not None else counter, out, lse, po, pl, counter,
+                *self.scalars, out.stride(0), out.stride(1), lse.stride(0), lse.stride(1), self.tune_key)
+        if self.interpret:
+            _flash_decode_kernel[self.grid](*args, **self.meta_interp)
+        elif not AUTOTUNE:
+            _flash_decode_kernel[self.grid](*args, **self.meta_fixed)
+        else:
+            cfg = _TUNED_CONFIGS.get(self.tune_id)
+            if cfg is not None:
+                if self._tuned[0] is not cfg:
+                    self._tuned = (cfg, {**self.meta, **cfg.all_kwargs()})
+                _flash_decode_kernel[self.grid](*args, **self._tuned[1])
+            elif capturing:  # tuning launches and synchronises, which capture forbids
+                _flash_decode_kernel[self.grid](*args, **self.meta_fixed)
+            else:
+                _flash_decode_tuned[self.grid](*args, **self.meta)
+                _TUNED_CONFIGS[self.tune_id] = _flash_decode_tuned.best_config
+        if self.combine == 1:
+            _combine_kernel[(self.po_shape[0] * self.heads,)](
+                po, pl, out, lse, self.heads, self.num_splits, out.stride(0), out.stride(1), lse.stride(0),
+                lse.stride(1), HEAD_DIM=self.po_shape[3], BLOCK_D=self.block_d, BLOCK_S=self.block_s, num_warps=4)
+        LAUNCHES += 1
+        return self.num_splits
+
+
 # ----------------------------------------------------------------------------- launch
 def flash_decode_launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, *, scale: float,
                         seqlen_max: int, page_size: int, num_splits: Optional[int], policy, num_domains: int,
@@ -343,73 +498,9 @@ def flash_decode_launch(q, k_cache, v_cache, cache_seqlens, block_table, out, ls
 
     ``seqlen_max`` is the cache capacity in tokens (max_len, or max_pages * page_size) and, when
     ``cache_seqlens`` is None, every sequence's length. ``page_size`` is 0 for a contiguous cache.
+    Builds a one-off ``DecodePlan``; ``numasched.flash_decode`` caches plans instead.
     """
-    global LAUNCHES
-    from numasched import mappings as M
-
-    B, H, D = q.shape
-    HK = k_cache.shape[2]
-    G = H // HK
-    dev = q.device
-    S = int(num_splits) if num_splits is not None else choose_num_splits(B, HK, seqlen_max, num_sms(dev))
-    grid_w = M.DecodeGrid(B, HK, S)  # checks the program count fits int32
-    policy.check_grid(grid_w)
-    mode = combine or COMBINE_MODE
-    if mode not in ("auto", "fused", "kernel"):
-        raise ValueError(f"combine must be 'auto', 'fused' or 'kernel', got {mode!r}")
-    # auto: fused, unless a KV head has many query heads (the merge is unrolled over them)
-    fused = mode == "fused" or (mode == "auto" and G <= 16)
-    COMBINE = 0 if S == 1 else (2 if fused else 1)
-
-    BLOCK_G = max(16, triton.next_power_of_2(G))
-    block_s = 16 if S <= 16 else COMBINE_MAX_BLOCK_S  # two sizes only: each is a separate compile
-    BLOCK_D = max(16, triton.next_power_of_2(D))
-    span = max(_span(k_cache), _span(v_cache))
-    INT64 = span > INT64_THRESHOLD
-    # Unused pointer arguments get stand-ins of the same dtype, so the autotuner's key (which
-    # includes every tensor's dtype) is the same with and without them.
-    counter = _counters(dev, B * HK)
-    if COMBINE:
-        po = torch.empty((B, H, S, D), dtype=torch.float32, device=dev)
-        pl = torch.empty((B, H, S), dtype=torch.float32, device=dev)
-    else:
-        po = pl = lse
-    seq_arg = cache_seqlens if cache_seqlens is not None else counter
-    bt_arg = block_table if block_table is not None else counter
-    stride_sb = cache_seqlens.stride(0) if cache_seqlens is not None else 0
-    stride_tb, stride_tp = block_table.stride() if block_table is not None else (0, 0)
-    precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32 is ignored for 16-bit inputs
-
-    args = (q, k_cache, v_cache, seq_arg, bt_arg, out, lse, po, pl, counter,
-            float(scale) * LOG2E, B, HK, S, int(seqlen_max),
-            q.stride(0), q.stride(1),
-            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-            stride_sb, stride_tb, stride_tp,
-            out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
-            _tune_bucket(-(-seqlen_max // S)) * 2 + int(k_cache.stride(1) == D))
-    meta = dict(G=G, BLOCK_G=BLOCK_G, HEAD_DIM=D, BLOCK_D=BLOCK_D, PAGE_SIZE=int(page_size),
-                HAS_SEQLENS=cache_seqlens is not None, COMBINE=COMBINE, INT64=INT64,
-                INPUT_PRECISION=precision, COMBINE_BLOCK_S=block_s, **policy.kernel_args(num_domains))
-    grid = (B * HK * S,)
-    if _interpreting(dev):
-        _flash_decode_kernel[grid](*args, **meta, **INTERPRET_CONFIG)
-    else:
-        key = (D, page_size, BLOCK_G, INT64, args[-1], q.dtype, k_cache.dtype)
-        if not AUTOTUNE or (key not in _TUNED_KEYS and torch.cuda.is_current_stream_capturing()):
-            cfg = DEFAULT_GPU_CONFIG[page_size > 0]
-            if D > 128:  # keep the K/V tiles within shared memory
-                cfg = dict(cfg, BLOCK_N=32)
-            _flash_decode_kernel[grid](*args, **meta, **cfg)
-        else:
-            _flash_decode_tuned[grid](*args, **meta)
-            _TUNED_KEYS.add(key)
-    if COMBINE == 1:
-        _combine_kernel[(B * H,)](po, pl, out, lse, H, S, out.stride(0), out.stride(1), lse.stride(0),
-                                  lse.stride(1), HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK_S=block_s, num_warps=4)
-    LAUNCHES += 1
-    return S
-
-
-def _span(t: torch.Tensor) -> int:
-    return sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride()) if s > 0) + 1
+    plan = DecodePlan(q, k_cache, v_cache, cache_seqlens, block_table, scale=scale, seqlen_max=seqlen_max,
+                      page_size=page_size, num_splits=num_splits, policy=policy, num_domains=num_domains,
+                      combine=combine)
+    return plan.launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse)

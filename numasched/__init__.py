@@ -34,5 +34,7 @@ def __getattr__(name):
         import importlib
 
         mod = importlib.import_module(_LAZY[name])
-        return mod if mod.__name__.endswith(name) else getattr(mod, name)
+        value = mod if mod.__name__.endswith(name) else getattr(mod, name)
+        globals()[name] = value  # later lookups skip this hook (an import_module per call otherwise)
+        return value
     raise AttributeError(f"module 'numasched' has no attribute {name!r}")

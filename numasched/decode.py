@@ -15,9 +15,13 @@ Layouts follow FlashAttention's ``flash_attn_with_kvcache`` and vLLM:
 * cache_seqlens: int32 (batch,) (or an int), the number of valid tokens per sequence; default
   the whole cache. A sequence of length 0 gives zeros and lse = -inf.
 
-The call is the torch custom op ``numasched::flash_decode`` (works under torch.compile and in CUDA
-graph capture). Checks that read tensor data (block-table range, lengths within the cache) run
-only outside graph capture and can be turned off with ``numasched.decode.CHECK_DATA = False`` or
+The call is the torch custom op ``numasched::flash_decode`` under torch.compile, for fake or
+subclass tensors, inside dispatch modes and when autograd is recording; a plain eager call runs
+the same implementation without the op dispatcher. Both work in CUDA graph capture. The first call
+with given shapes, strides, dtypes and arguments builds a plan (checks, split count, policy,
+kernel constants) that later calls look up, so a decode step costs little host time.
+Checks that read tensor data (block-table range, lengths within the cache) run only outside graph
+capture and can be turned off with ``numasched.decode.CHECK_DATA = False`` or
 ``NUMASCHED_CHECK_DATA=0`` (they synchronise with the GPU).
 """
 from __future__ import annotations
@@ -31,6 +35,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import mappings as M
+from .mappings import _registry
 from . import topology as _topology
 from ._validate import check_same, check_tensor, kernel_device_ok
 
@@ -175,25 +180,82 @@ def _new_output(shape, dtype, device) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device=device)
 
 
-def _flash_decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping):
-    shape = _check_inputs(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping)
-    if CHECK_DATA and not _capturing(q):
-        _check_data(shape, cache_seqlens, block_table)
-    scale = float(scale) if scale is not None else 1.0 / math.sqrt(shape.head_dim)
-    if not kernel_device_ok(q):
-        _warn_once(f"the Triton kernel cannot run on {q.device} tensors (needs a GPU, or TRITON_INTERPRET=1 "
-                   f"for CPU tensors)")
-        return _torch_decode(q, k_cache, v_cache, cache_seqlens, block_table, scale, shape)
-    from numasched.kernels.flash_decode import choose_num_splits, flash_decode_launch, num_sms
+# Plans per input metadata. A decode step of a serving loop calls with the same shapes, strides
+# and dtypes every time: the checks that need no data, the policy, the split count and the kernel
+# constexprs are worked out once (the first call) and looked up afterwards.
+_PLANS: dict = {}
+MAX_PLANS = 256  # the dict is cleared when it grows past this (e.g. many distinct batch sizes)
 
+
+def _meta(t):
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+
+
+def _plan_key(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping, ok):
+    # Objects enter the key by identity (a registered policy, a Policy argument, the topology, the
+    # default decode policy); the entry keeps references to them, so their ids stay theirs.
+    # Reading the registry's dicts directly sees a re-registered name or a new default at once.
+    registered = _registry._REGISTRY.get(mapping) if isinstance(mapping, str) else mapping
+    return (q.shape, q.stride(), q.dtype, q.device, k_cache.shape, k_cache.stride(), k_cache.dtype, k_cache.device,
+            v_cache.shape, v_cache.stride(), v_cache.dtype, v_cache.device, _meta(cache_seqlens), _meta(block_table), scale,
+            num_splits, mapping if isinstance(mapping, str) else None, id(registered),
+            id(_topology.current()), id(_registry._DEFAULTS.get("decode")), _kernels().knobs(), ok)
+
+
+_FD = None
+
+
+def _kernels():
+    global _FD  # imported on first use: importing triton is slow and CPU-only users may not need it
+    if _FD is None:
+        from .kernels import flash_decode
+        _FD = flash_decode
+    return _FD
+
+
+class _Entry:
+    __slots__ = ("shape", "scale", "plan", "refs")
+
+    def __init__(self, shape, scale, plan, refs):
+        self.shape, self.scale, self.plan, self.refs = shape, scale, plan, refs
+
+
+def _build_entry(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping, ok) -> _Entry:
+    shape = _check_inputs(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping)
+    scale = float(scale) if scale is not None else 1.0 / math.sqrt(shape.head_dim)
     topo = _topology.current()
+    refs = (mapping, _registry._REGISTRY.get(mapping) if isinstance(mapping, str) else None, topo,
+            _registry._DEFAULTS.get("decode"))
+    if not ok:
+        return _Entry(shape, scale, None, refs)
+    from .kernels.flash_decode import DecodePlan, choose_num_splits, num_sms
+
     S = num_splits or choose_num_splits(shape.batch, shape.kv_heads, shape.capacity, num_sms(q.device))
     policy = M.resolve(mapping, "decode", topo, M.DecodeGrid(shape.batch, shape.kv_heads, S))
+    plan = DecodePlan(q, k_cache, v_cache, cache_seqlens, block_table, scale=scale, seqlen_max=shape.capacity,
+                      page_size=shape.page_size, num_splits=S, policy=policy, num_domains=topo.num_domains)
+    return _Entry(shape, scale, plan, refs)
+
+
+def _flash_decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping):
+    ok = kernel_device_ok(q)
+    key = _plan_key(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping, ok)
+    entry = _PLANS.get(key)
+    if entry is None:
+        entry = _build_entry(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping, ok)
+        if len(_PLANS) >= MAX_PLANS:
+            _PLANS.clear()
+        _PLANS[key] = entry
+    shape = entry.shape
+    if CHECK_DATA and not _capturing(q):
+        _check_data(shape, cache_seqlens, block_table)
+    if entry.plan is None:
+        _warn_once(f"the Triton kernel cannot run on {q.device} tensors (needs a GPU, or TRITON_INTERPRET=1 "
+                   f"for CPU tensors)")
+        return _torch_decode(q, k_cache, v_cache, cache_seqlens, block_table, entry.scale, shape)
     out = _new_output((shape.batch, shape.heads, shape.head_dim), q.dtype, q.device)
     lse = _new_output((shape.batch, shape.heads), torch.float32, q.device)
-    flash_decode_launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, scale=scale,
-                        seqlen_max=shape.capacity, page_size=shape.page_size, num_splits=S, policy=policy,
-                        num_domains=topo.num_domains)
+    entry.plan.launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse)
     return out, lse
 
 
@@ -265,6 +327,17 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, s
         raise ValueError(f"mapping must be 'auto', a policy name or a Policy, got {type(mapping).__name__}")
     if scale is not None:
         scale = float(scale)
-    out, lse = torch.ops.numasched.flash_decode(q, k_cache, v_cache, cache_seqlens, block_table, scale,
-                                                num_splits, mapping)
+    if _needs_op(q, k_cache, v_cache):
+        out, lse = torch.ops.numasched.flash_decode(q, k_cache, v_cache, cache_seqlens, block_table, scale,
+                                                    num_splits, mapping)
+    else:
+        # Plain eager call: skip the custom-op dispatcher (about twice the Python time of the rest
+        # of the call); torch.compile, fake/subclass tensors and dispatch modes still get the op.
+        out, lse = _flash_decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping)
     return (out, lse) if return_lse else out
+
+
+def _needs_op(q, k_cache, v_cache) -> bool:
+    return (torch.compiler.is_compiling() or type(q) is not torch.Tensor or type(k_cache) is not torch.Tensor
+            or type(v_cache) is not torch.Tensor or torch._C._len_torch_dispatch_stack() > 0
+            or (torch.is_grad_enabled() and (q.requires_grad or k_cache.requires_grad or v_cache.requires_grad)))

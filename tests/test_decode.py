@@ -116,7 +116,7 @@ def test_contiguous(dtype, H, HK, num_splits, combine, poisoned, launches):
 
 def test_auto_splits_and_full_cache(poisoned, launches):
     # no cache_seqlens: every sequence is the whole cache; auto picks several splits here
-    B, H, HK, Dh, L = 1, 2, 1, 16, 300
+    B, H, HK, Dh, L = 1, 2, 1, 16, 600
     assert FD.choose_num_splits(B, HK, L, FD.num_sms(torch.device(DEVICE))) > 1
     q, k, v = make_contiguous(B, H, HK, Dh, L, torch.float32, DEVICE, seed=1)
     out, lse = numasched.flash_decode(q, k, v, return_lse=True, scale=0.3)
@@ -255,17 +255,142 @@ def test_torch_fallback_warns_once(monkeypatch):
 
 def test_choose_num_splits():
     sms = 132
-    # few (batch, kv_head) pairs and a long context: enough programs to fill the GPU
-    s = FD.choose_num_splits(1, 8, 131072, sms)
-    assert 8 * s >= sms and s <= FD.MAX_SPLITS
+    # few (batch, kv_head) pairs and a long context: about PROGRAMS_PER_SM programs per SM
+    for B, HK in [(1, 8), (1, 2), (2, 1)]:
+        s = FD.choose_num_splits(B, HK, 131072, sms)
+        assert B * HK * s >= FD.PROGRAMS_PER_SM * sms * 0.9 and s <= FD.MAX_SPLITS
+    assert FD.choose_num_splits(1, 2, 131072, sms) > 64  # more than one combine chunk
+    # a short context: splits of at least MIN_SPLIT_TOKENS, even if the GPU is not filled
+    assert FD.choose_num_splits(1, 8, 8192, sms) == 8192 // FD.MIN_SPLIT_TOKENS
     # many pairs: one split, no combine
     assert FD.choose_num_splits(128, 8, 1024, sms) == 1
-    # splits never shorter than MIN_SPLIT_TOKENS, and always at least one
     assert FD.choose_num_splits(1, 1, 100, sms) == 1
     assert FD.choose_num_splits(1, 1, 0, sms) == 1
-    for B, HK, L in [(1, 8, 1024), (8, 8, 32768), (2, 32, 8192), (1, 1, 1 << 20)]:
+    for B, HK, L in [(1, 8, 1024), (8, 8, 32768), (2, 32, 8192), (1, 1, 1 << 20), (8, 32, 8192)]:
         s = FD.choose_num_splits(B, HK, L, sms)
-        assert 1 <= s <= max(1, L // FD.MIN_SPLIT_TOKENS)
+        assert 1 <= s <= min(FD.MAX_SPLITS, max(1, L // FD.MIN_SPLIT_TOKENS))
+
+
+def test_many_splits_chunked_combine(combine, poisoned, launches):
+    # 130 splits > 2 * COMBINE_MAX_BLOCK_S: the combine loops over three chunks (some splits empty)
+    assert 130 > 2 * FD.COMBINE_MAX_BLOCK_S
+    B, H, HK, Dh, L = 2, 2, 1, 16, 200
+    q, k, v = make_contiguous(B, H, HK, Dh, L, torch.float32, DEVICE, seed=21)
+    lens = torch.tensor([200, 77], dtype=torch.int32, device=DEVICE)
+    out, lse = numasched.flash_decode(q, k, v, cache_seqlens=lens, num_splits=130, return_lse=True)
+    check(out, lse, *reference(q, k, v, lens), torch.float32)
+
+
+def test_plan_cache_reused_and_invalidated(monkeypatch, launches):
+    built = []
+    real_init = FD.DecodePlan.__init__
+
+    def counting_init(self, *a, **kw):
+        built.append(1)
+        real_init(self, *a, **kw)
+
+    monkeypatch.setattr(FD.DecodePlan, "__init__", counting_init)
+    monkeypatch.setattr(D, "_PLANS", {})
+    B, H, HK, Dh, L = 2, 4, 2, 16, 24
+    lens = torch.tensor([24, 9], dtype=torch.int32, device=DEVICE)
+    for seed in range(3):  # same metadata, new data: one plan, right answers every time
+        q, k, v = make_contiguous(B, H, HK, Dh, L, torch.float32, DEVICE, seed=30 + seed)
+        out, lse = numasched.flash_decode(q, k, v, cache_seqlens=lens, num_splits=3, return_lse=True)
+        check(out, lse, *reference(q, k, v, lens), torch.float32)
+    assert len(built) == 1
+    # a different stride, split count, combine mode or topology needs a new plan
+    numasched.flash_decode(q, k.transpose(0, 1).contiguous().transpose(0, 1), v, cache_seqlens=lens, num_splits=3)
+    assert len(built) == 2
+    numasched.flash_decode(q, k, v, cache_seqlens=lens, num_splits=2)
+    assert len(built) == 3
+    monkeypatch.setattr(FD, "COMBINE_MODE", "kernel")
+    out = numasched.flash_decode(q, k, v, cache_seqlens=lens, num_splits=3)
+    assert len(built) == 4
+    torch.testing.assert_close(out.double(), reference(q, k, v, lens)[0], atol=2e-5, rtol=2e-5)
+    with topology.use("mi300x"):
+        numasched.flash_decode(q, k, v, cache_seqlens=lens, num_splits=3)
+    assert len(built) == 5
+
+
+def test_partials_workspace_reused_per_stream(monkeypatch):
+    # eager calls of one shape on one stream reuse one partial buffer; CUDA-graph capture gets its own
+    monkeypatch.setattr(FD, "_WORKSPACE", {})
+    B, H, HK, Dh, L = 1, 2, 1, 16, 20
+    q, k, v = make_contiguous(B, H, HK, Dh, L, torch.float32, DEVICE, seed=40)
+    plan = FD.DecodePlan(q, k, v, None, None, scale=0.25, seqlen_max=L, page_size=0, num_splits=4,
+                         policy=M.get("head_first"), num_domains=1, combine="kernel")
+    a = plan._partials(0, False)
+    b = plan._partials(0, False)
+    assert a[0].data_ptr() == b[0].data_ptr() and a[1].data_ptr() == b[1].data_ptr()
+    assert a[0].shape == (B, H, 4, Dh) and a[1].shape == (B, H, 4)
+    assert (a[1].data_ptr() - a[0].data_ptr()) % 128 == 0  # lse partials stay 128-byte aligned
+    assert plan._partials(1, False)[0].data_ptr() != a[0].data_ptr()  # another stream
+    assert plan._partials(0, True)[0].data_ptr() != a[0].data_ptr()  # capturing
+
+
+class _RecordingLaunch:
+    """Stands in for a Triton kernel: records the keyword arguments of each launch."""
+
+    def __init__(self, best=None):
+        self.calls, self.best_config = [], best
+
+    def __getitem__(self, grid):
+        return lambda *args, **kw: self.calls.append(kw)
+
+
+def test_gpu_launch_path_uses_tuned_config(monkeypatch):
+    # The GPU branch, checked on CPU with stand-in kernels: the autotuner runs once per key, later
+    # launches call the plain kernel with its choice; capture before tuning uses the fixed config.
+    best = triton.Config({"BLOCK_N": 32}, num_warps=2, num_stages=4)
+    plain, tuned = _RecordingLaunch(), _RecordingLaunch(best)
+    monkeypatch.setattr(FD, "_flash_decode_kernel", plain)
+    monkeypatch.setattr(FD, "_flash_decode_tuned", tuned)
+    monkeypatch.setattr(FD, "_interpreting", lambda dev: False)
+    monkeypatch.setattr(FD, "AUTOTUNE", True)
+    monkeypatch.setattr(FD, "_TUNED_CONFIGS", {})
+    capturing = [True]
+    monkeypatch.setattr(FD, "_capturing", lambda dev: capturing[0])
+    B, H, HK, Dh, L = 1, 2, 1, 16, 20
+    q, k, v = make_contiguous(B, H, HK, Dh, L, torch.float32, DEVICE, seed=41)
+    out, lse = torch.empty(B, H, Dh), torch.empty(B, H)
+    plan = FD.DecodePlan(q, k, v, None, None, scale=0.25, seqlen_max=L, page_size=0, num_splits=2,
+                         policy=M.get("head_first"), num_domains=1)
+    plan.launch(q, k, v, None, None, out, lse)  # capturing, not tuned: fixed config
+    assert plain.calls[-1]["BLOCK_N"] == FD.DEFAULT_GPU_CONFIG[False]["BLOCK_N"] and not tuned.calls
+    capturing[0] = False
+    plan.launch(q, k, v, None, None, out, lse)  # tunes
+    assert len(tuned.calls) == 1 and "BLOCK_N" not in tuned.calls[0]
+    for _ in range(2):
+        plan.launch(q, k, v, None, None, out, lse)  # tuned: the plain kernel with the chosen config
+    assert len(tuned.calls) == 1
+    assert plain.calls[-1]["BLOCK_N"] == 32 and plain.calls[-1]["num_warps"] == 2 and plain.calls[-1]["num_stages"] == 4
+    monkeypatch.setattr(FD, "AUTOTUNE", False)
+    plan.launch(q, k, v, None, None, out, lse)
+    assert plain.calls[-1]["BLOCK_N"] == FD.DEFAULT_GPU_CONFIG[False]["BLOCK_N"]
+
+
+def test_eager_call_skips_the_op_but_compile_and_modes_use_it():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    B, H, HK, Dh, L = 1, 2, 1, 16, 8
+    q, k, v = make_contiguous(B, H, HK, Dh, L, torch.float32, DEVICE, seed=42)
+    assert not D._needs_op(q, k, v)
+    assert D._needs_op(q.requires_grad_(), k, v)
+    q.requires_grad_(False)
+
+    class Log(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Log() as log:
+        assert D._needs_op(q, k, v)
+        numasched.flash_decode(q, k, v, num_splits=2)
+    assert any("numasched.flash_decode" in o for o in log.ops)
 
 
 def test_custom_op_registered_and_opcheck():
