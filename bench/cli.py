@@ -9,6 +9,7 @@ SUITES = {
     "gemm": "GEMM vs cuBLAS (torch.matmul)",
     "policies": "effect of the mapping policies on this GPU (time per policy, per kernel)",
     "distributed": "all-gather+GEMM, GEMM+reduce-scatter, distributed decode (torchrun, 2+ GPUs)",
+    "host_overhead": "Python host time per eager call of the public calls (launch replaced by a no-op)",
 }
 
 

@@ -336,6 +336,13 @@ def get_default(kernel_kind: str) -> str:
     return "auto" if p is None else p.name
 
 
+def default_policy(kernel_kind: str) -> Optional[Policy]:
+    """The Policy set as default for a kernel kind, or None (auto). Plan caches key on it."""
+    if kernel_kind not in KERNEL_KINDS:
+        raise ValueError(f"kernel_kind must be one of {KERNEL_KINDS}, got {kernel_kind!r}")
+    return _DEFAULTS.get(kernel_kind)
+
+
 def auto(kernel_kind: str, topology, grid: Grid, *, causal: bool = False) -> Policy:
     """Pick a policy from the topology and the shape.
 

@@ -29,7 +29,7 @@ import torch
 
 from . import mappings as M
 from . import topology as _topology
-from .mappings._registry import _DEFAULTS
+from .mappings import default_policy as _default_policy
 from ._validate import check_int32_indexing, check_same, check_tensor, kernel_device_ok
 
 __all__ = ["attention_forward", "scaled_dot_product_attention", "calls", "SUPPORTED_DTYPES",
@@ -109,7 +109,7 @@ class _Plan:
 def _state_key(q, k, v):
     """What a plan depends on besides the call's own arguments: topology, default mapping,
     NUMASCHED_AUTOTUNE, and the inputs' 16-byte alignment (TMA) -- read on every call."""
-    return (id(_topology.current()), id(_DEFAULTS.get("attention")), os.environ.get("NUMASCHED_AUTOTUNE"),
+    return (id(_topology.current()), id(_default_policy("attention")), os.environ.get("NUMASCHED_AUTOTUNE"),
             (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15)
 
 
@@ -132,7 +132,7 @@ def _make_plan(q, k, v, causal: bool, scale: float, causal_offset: int, mkey: st
     out = torch.empty_strided(p.out_size, p.out_stride, dtype=q.dtype, device=q.device)
     p.launch = K.plan_launch(q, k, v, out, scale=scale, causal=causal, causal_offset=causal_offset,
                              policy_args=p.policy_args, config=config)
-    p.refs = (topo, _DEFAULTS.get("attention"), _POLICY_KEYS.get(mkey))  # keep the ids in keys alive
+    p.refs = (topo, _default_policy("attention"), _POLICY_KEYS.get(mkey))  # keep the ids in keys alive
     return p
 
 

@@ -23,7 +23,7 @@ import torch
 
 from . import mappings as M
 from . import topology as _topology
-from .mappings._registry import _DEFAULTS
+from .mappings import default_policy as _default_policy
 from ._validate import INT32_MAX, check_same, check_tensor, kernel_device_ok
 
 __all__ = ["matmul", "SUPPORTED_DTYPES"]
@@ -71,7 +71,7 @@ _POLICIES: dict = {}  # (mapping, M, N, topology, default) -> resolved policy, t
 
 def _policy_for(mapping: Union[str, "M.Policy"], M_: int, N_: int, block_m: int = 128, block_n: int = 128):
     topo = _topology.current()
-    default = _DEFAULTS.get("gemm")
+    default = _default_policy("gemm")
     key = None
     if type(mapping) is str:  # a Policy object is resolved each time (its id could be reused)
         key = (mapping, M_, N_, block_m, block_n, id(topo), id(default))
