@@ -379,19 +379,10 @@ def compile_report(bm: int, bn: int, num_warps: int, num_stages: int, use_tma: b
 
     Needs a process without TRITON_INTERPRET=1 (Triton picks the interpreter at decoration time).
     """
-    import os
-    import re
-    import subprocess
-    import tempfile
-
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from .. import mappings as _M
+    from ._offline import compile_and_report
 
     fn = attn_fwd_kernel
-    if type(fn).__name__ != "JITFunction":
-        raise RuntimeError("compile_report needs a process without TRITON_INTERPRET=1")
     const = dict(_M.get(policy).kernel_args(num_domains), HEAD_DIM=head_dim, CAUSAL=causal, LPT=causal,
                  DOT_PRECISION="ieee" if dtype == "fp32" else "tf32", BLOCK_M=bm, BLOCK_N=bn,
                  BLOCK_D=block_d(head_dim), USE_TMA=use_tma)
@@ -401,29 +392,8 @@ def compile_report(bm: int, bn: int, num_warps: int, num_stages: int, use_tma: b
     # what the JIT sees for contiguous inputs: 16-byte aligned pointers and strides divisible by 16
     aligned = list(ptrs) + [n for n in fn.arg_names if n.startswith("stride_")]
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
-    k = triton.compile(ASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", capability, 32),
-                       options=dict(num_warps=num_warps, num_stages=num_stages))
-    ttgir = k.asm["ttgir"]
-    out = dict(shared_bytes=k.metadata.shared, wgmma="ttng.warp_group_dot" in ttgir,
-               tma_load="async_tma_copy_global_to_local" in ttgir, registers=None, spill_bytes=None)
-    try:  # registers and spills: ptxas -v on the PTX
-        from triton.backends.nvidia.compiler import get_ptxas
-
-        with tempfile.TemporaryDirectory() as d:
-            ptx = os.path.join(d, "k.ptx")
-            with open(ptx, "w") as f:
-                f.write(k.asm["ptx"])
-            arch = f"sm_{capability}a" if capability == 90 else f"sm_{capability}"
-            r = subprocess.run([get_ptxas(capability).path, f"-arch={arch}", "-v", ptx, "-o",
-                                os.path.join(d, "k.cubin")], capture_output=True, text=True, timeout=300)
-        text = r.stdout + r.stderr
-        m = re.search(r"Used (\d+) registers", text)
-        sp = re.search(r"(\d+) bytes spill stores", text)
-        out["registers"] = int(m.group(1)) if m else None
-        out["spill_bytes"] = int(sp.group(1)) if sp else None
-    except Exception:  # pragma: no cover - no ptxas: the IR facts above still stand
-        pass
-    return out
+    return compile_and_report(fn, sig, const, attrs, num_warps=num_warps, num_stages=num_stages,
+                              capability=capability)
 
 
 def _main(argv=None) -> int:

@@ -429,17 +429,11 @@ def compile_report(config: triton.Config, *, dtype: str = "bf16", path: str = "t
 
     Needs a process without TRITON_INTERPRET=1 (triton picks the interpreter at decoration time).
     """
-    import re
-    import subprocess
-    import tempfile
-
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from .. import mappings as _M
+    from ._offline import compile_and_report
 
     fn = gemm_kernel
-    if not hasattr(fn, "arg_names") or type(fn).__name__ != "JITFunction":
+    if not hasattr(fn, "arg_names"):
         raise RuntimeError("compile_report needs a process without TRITON_INTERPRET=1")
     kw = dict(config.kwargs)
     bm, bn, bk = kw["BLOCK_M"], kw["BLOCK_N"], kw["BLOCK_K"]
@@ -464,32 +458,9 @@ def compile_report(config: triton.Config, *, dtype: str = "bf16", path: str = "t
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]]
              for n in ("a", "b", "c", "M", "N", "K", "stride_am", "stride_bk", "stride_cm")
              if not signature[n].startswith(("tensordesc", "constexpr"))}
-    src = ASTSource(fn, signature, {n: v for n, v in const.items() if n in fn.arg_names}, attrs)
-    k = triton.compile(src, target=GPUTarget("cuda", capability, 32),
-                       options=dict(num_warps=config.num_warps, num_stages=config.num_stages))
-    ttgir = k.asm["ttgir"]
-    out = dict(shared_bytes=k.metadata.shared, wgmma="ttng.warp_group_dot" in ttgir,
-               tma_load="async_tma_copy_global_to_local" in ttgir,
-               loops=ttgir.count("scf.for "), registers=None, spill_bytes=None)
-    try:  # registers and spills from ptxas -v on the PTX
-        from triton.backends.nvidia.compiler import get_ptxas
-
-        ptxas = get_ptxas(capability).path
-        with tempfile.TemporaryDirectory() as d:
-            p = os.path.join(d, "k.ptx")
-            with open(p, "w") as f:
-                f.write(k.asm["ptx"])
-            arch = f"sm_{capability}a" if capability == 90 else f"sm_{capability}"
-            r = subprocess.run([ptxas, f"-arch={arch}", "-v", p, "-o", os.path.join(d, "k.cubin")],
-                               capture_output=True, text=True, timeout=120)
-        text = r.stdout + r.stderr
-        m = re.search(r"Used (\d+) registers", text)
-        s = re.search(r"(\d+) bytes spill stores", text)
-        out["registers"] = int(m.group(1)) if m else None
-        out["spill_bytes"] = int(s.group(1)) if s else None
-    except Exception:  # pragma: no cover - ptxas missing: the IR facts above still stand
-        pass
-    return out
+    return compile_and_report(fn, signature, {n: v for n, v in const.items() if n in fn.arg_names}, attrs,
+                              num_warps=config.num_warps, num_stages=config.num_stages, capability=capability,
+                              ptxas_timeout=120)
 
 
 def _main(argv=None) -> int:
