@@ -10,10 +10,17 @@ Per point (heads, batch, context), bf16, head dim 128, one query token per seque
   backend has no kernel), FlexAttention's decode path (``torch.compile(flex_attention)``), and
   FlashInfer's ``BatchDecodeWithPagedKVCacheWrapper`` (paged, NHD) if importable.
 
+Every contender is timed twice: eager calls (do_bench over ``fn()``; includes the host launch
+overhead) and a CUDA-graph replay of one captured call (``*_graph_us``; what a serving engine's
+decode step costs). Peers that cannot be captured show "n/a" there and count with their eager time.
 Bytes moved = K + V read + q read + out written. Reported: time, TB/s, fraction of the measured
 streaming-read bandwidth (bench.common.stream_read_bw), and the ratio best peer time / our time
-(> 1: we are faster) against the best peer at that point in any layout. Our figures are for the
-default (fused) combine; ``ours_kernel_combine_us`` is the separate-kernel variant.
+(> 1: we are faster) against the best peer at that point in any layout: ``ratio_vs_best_peer`` on
+graph times, ``ratio_eager`` on eager times. Our figures are for the default (fused) combine;
+``ours_kernel_combine_us`` is the separate-kernel variant. A line is printed per point as it
+finishes and the CSV so far is rewritten (``*.partial.csv``), so a run cut short keeps its rows.
+
+    numasched bench decode --host            # host time per eager call (CPU: launches stubbed)
 
     numasched bench decode --quick
     numasched bench decode --heads gqa        # the full grid, one head config per run
@@ -51,6 +58,10 @@ def _parse(argv):
     p.add_argument("--sweep-splits", type=int, nargs="*", default=None,
                    help="also time numasched at these split counts (extra rows; data for the split heuristic)")
     p.add_argument("--rep", type=int, default=100, help="timing window per measurement, ms")
+    p.add_argument("--no-graph", action="store_true", help="skip the CUDA-graph timings")
+    p.add_argument("--host", action="store_true",
+                   help="only measure host time per eager numasched.flash_decode call (and SDPA on a GPU)")
+    p.add_argument("--calls", type=int, default=1000, help="calls per --host measurement")
     p.add_argument("--out-dir", default=None)
     return p.parse_args(argv)
 
@@ -90,6 +101,104 @@ def _flashinfer():
         return None, f"{type(e).__name__}: {e}"
 
 
+def _graph_ms(fn: Callable, rep: int, notes: List[str], name: str) -> Optional[float]:
+    """Median ms of replaying a CUDA graph holding one call of fn (already run eagerly); None if fn cannot be captured."""
+    import torch
+
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # a warm-up on a side stream, as torch recommends before capture
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 - not capturable: "n/a", with why
+        notes.append(f"{name} graph: {type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}")
+        try:
+            torch.cuda.synchronize()
+        except Exception:  # noqa: BLE001
+            pass
+        return None
+    return _time(graph.replay, rep)
+
+
+def _host_overhead(calls: int) -> int:
+    """Host microseconds per eager call: wall time of back-to-back calls on a small cache.
+
+    On a GPU the launches are real and the cache small (1 x 1024 tokens, GQA 32/8), so the loop is
+    host-bound; SDPA (cuDNN) is timed the same way for scale. Without a GPU the Triton launches are
+    replaced by no-ops (interpreter tensors), which times numasched's Python path alone.
+    """
+    import os
+    import time
+
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    import torch
+    import torch.nn.functional as F
+    import triton
+
+    import numasched
+    import numasched.decode as ND
+    from numasched.kernels import flash_decode as FD
+
+    ND.CHECK_DATA = False
+    cuda = torch.cuda.is_available()
+    dev, dt = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float16)
+    if not cuda:
+        class _NoLaunch:
+            best_config = triton.Config({"BLOCK_N": 64}, num_warps=4, num_stages=3)
+
+            def __getitem__(self, grid):
+                return lambda *a, **k: None
+
+        FD._interpreting = lambda device: False  # the GPU branch of the launch path
+        FD._flash_decode_kernel = FD._flash_decode_tuned = FD._combine_kernel = _NoLaunch()
+    B, H, HK, D, L, page = 1, 32, 8, 128, 1024, 16
+    q = torch.randn(B, H, D, device=dev, dtype=dt)
+    k = torch.randn(B, L, HK, D, device=dev, dtype=dt)
+    v = torch.randn_like(k)
+    lens = torch.full((B,), L, dtype=torch.int32, device=dev)
+    bt = torch.arange(L // page, dtype=torch.int32, device=dev).view(1, -1)
+    kp, vp = k.view(L // page, page, HK, D), v.view(L // page, page, HK, D)
+    cases = {
+        "numasched contiguous, auto splits": lambda: numasched.flash_decode(q, k, v, cache_seqlens=lens),
+        "numasched contiguous, 1 split": lambda: numasched.flash_decode(q, k, v, cache_seqlens=lens, num_splits=1),
+        "numasched paged 16": lambda: numasched.flash_decode(q, kp, vp, cache_seqlens=lens, block_table=bt),
+        "torch.ops.numasched.flash_decode": lambda: torch.ops.numasched.flash_decode(q, k, v, lens, None, None,
+                                                                                     None, "auto"),
+    }
+    if cuda:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        kb, vb, q4 = k.transpose(1, 2), v.transpose(1, 2), q.view(B, H, 1, D)
+
+        def sdpa():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return F.scaled_dot_product_attention(q4, kb, vb, enable_gqa=True)
+
+        cases["SDPA cuDNN (with sdpa_kernel context)"] = sdpa
+    print(f"host time per eager call ({'GPU launches' if cuda else 'CPU, Triton launches stubbed'}), "
+          f"best of 3 x {calls} calls:")
+    for name, fn in cases.items():
+        for _ in range(20):
+            fn()
+        best = float("inf")
+        for _ in range(3):
+            if cuda:
+                torch.cuda.synchronize()
+            t = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            if cuda:
+                torch.cuda.synchronize()
+            best = min(best, (time.perf_counter() - t) / calls * 1e6)
+        print(f"  {name:40s} {best:8.1f} us/call", flush=True)
+    return 0
+
+
 def main(argv=None) -> int:
     import torch
     import torch.nn.functional as F
@@ -101,6 +210,8 @@ def main(argv=None) -> int:
     from .common import progress, stream_read_bw, write_results
 
     args = _parse(argv)
+    if args.host:
+        return _host_overhead(args.calls)
     if not torch.cuda.is_available():
         print("numasched bench decode needs a CUDA GPU")
         return 1
@@ -125,6 +236,14 @@ def main(argv=None) -> int:
 
     rows: List[Dict] = []
     pts = _points(args)
+    graph = not args.no_graph
+
+    def timed(fn, notes, name):
+        """(eager ms, graph ms, output): None where it cannot run / be captured."""
+        t, out = _try(fn, args.rep, notes, name)
+        tg = _graph_ms(fn, args.rep, notes, name) if (graph and t is not None) else None
+        return t, tg, out
+
     for hname, B, L in progress(pts, description="decode"):
         H, HK = HEADS[hname]
         D = HEAD_DIM
@@ -138,24 +257,28 @@ def main(argv=None) -> int:
         q = torch.randn(B, H, D, device=dev, dtype=dt)
         q4 = q.view(B, H, 1, D)
         lens = torch.full((B,), L, dtype=torch.int32, device=dev)
-        peers: Dict[str, Optional[float]] = {}
+        peers: Dict[str, Optional[float]] = {}  # eager ms
+        peers_graph: Dict[str, Optional[float]] = {}  # graph-replay ms
         notes: List[str] = []
         ours: Dict[str, Dict[str, Optional[float]]] = {}
 
         def run_ours(layout, k, v, bt=None):
             res = {}
+            out = None
             for combine in ("fused", "kernel"):
                 FD.COMBINE_MODE = combine
                 fn = lambda: numasched.flash_decode(q, k, v, cache_seqlens=lens, block_table=bt,  # noqa: E731
                                                     mapping=args.mapping)
-                res[combine], out = _try(fn, args.rep, notes, f"numasched {layout} {combine}")
+                t, tg, o = timed(fn, notes, f"numasched {layout} {combine}")
+                res[combine], res[f"{combine}_graph"] = t, tg
+                out = o if out is None else out
             FD.COMBINE_MODE = "auto"
             ours[layout] = res
             for s in args.sweep_splits or ():
                 fn = lambda: numasched.flash_decode(q, k, v, cache_seqlens=lens, block_table=bt,  # noqa: E731
                                                     num_splits=s, mapping=args.mapping)
-                ours[f"{layout} S={s}"] = {"fused": _try(fn, args.rep, notes, f"numasched {layout} S={s}")[0],
-                                           "splits": s}
+                t, tg, _ = timed(fn, notes, f"numasched {layout} S={s}")
+                ours[f"{layout} S={s}"] = {"fused": t, "fused_graph": tg, "splits": s}
             return out
 
         # -- contiguous (B, HK, L, D): the peers' layout; ours on its transpose view
@@ -164,13 +287,17 @@ def main(argv=None) -> int:
         ref = None
         gqa = H != HK
         for be in SDPA_BACKENDS:
-            with sdpa_kernel(getattr(SDPBackend, be)):
-                fn = lambda: F.scaled_dot_product_attention(q4, kb, vb, enable_gqa=gqa)  # noqa: E731
-                peers[f"sdpa_{be.split('_')[0].lower()}"], out = _try(fn, args.rep, notes, f"SDPA {be}")
+            name = f"sdpa_{be.split('_')[0].lower()}"
+
+            def fn(be=be):
+                with sdpa_kernel(getattr(SDPBackend, be)):
+                    return F.scaled_dot_product_attention(q4, kb, vb, enable_gqa=gqa)
+
+            peers[name], peers_graph[name], out = timed(fn, notes, f"SDPA {be}")
             if ref is None and out is not None:
                 ref = out.view(B, H, D).float()
         if flex is not None:
-            peers["flex"], _ = _try(lambda: flex(q4, kb, vb, enable_gqa=gqa), args.rep, notes, "flex")
+            peers["flex"], peers_graph["flex"], _ = timed(lambda: flex(q4, kb, vb, enable_gqa=gqa), notes, "flex")
         out = run_ours("contiguous (BHLD view)", kb.transpose(1, 2), vb.transpose(1, 2))
         err = (out.float() - ref).abs().max().item() if (out is not None and ref is not None) else None
         del kb, vb
@@ -193,7 +320,7 @@ def main(argv=None) -> int:
             ws = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device=dev)
             indptr = torch.arange(B + 1, device=dev, dtype=torch.int32) * (L // PAGE)
             last = torch.full((B,), PAGE, dtype=torch.int32, device=dev)
-            best = None
+            best = best_g = None
             for tc in ((False, True) if args.flashinfer_both else (H // HK >= 4,)):
                 try:
                     w = fi.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=tc)
@@ -202,49 +329,94 @@ def main(argv=None) -> int:
                 except Exception as e:  # noqa: BLE001
                     notes.append(f"flashinfer tc={tc} plan: {type(e).__name__}: {str(e)[:80]}")
                     continue
-                t, _ = _try(lambda: w.run(q, (kp, vp)), args.rep, notes, f"flashinfer tc={tc}")
+                t, tg, _ = timed(lambda: w.run(q, (kp, vp)), notes, f"flashinfer tc={tc}")
                 if t is not None and (best is None or t < best):
                     best = t
-            peers["flashinfer"] = best
+                if tg is not None and (best_g is None or tg < best_g):
+                    best_g = tg
+            peers["flashinfer"], peers_graph["flashinfer"] = best, best_g
             del ws
         else:
             notes.append(f"flashinfer skipped: {fi_err}")
         del kp, vp, bt
         torch.cuda.empty_cache()
 
-        # -- rows
+        # -- rows: a peer that cannot be captured counts with its eager time
         got = {k: v for k, v in peers.items() if v is not None}
-        best_name = min(got, key=got.get) if got else None
+        got_g = {k: (peers_graph.get(k) or v) for k, v in got.items()}
+        best_name = min(got_g, key=got_g.get) if got_g else None
+        best_eager = min(got, key=got.get) if got else None
         for layout, res in ours.items():
             t = res.get("fused")  # the default ("auto") combine
+            tg = res.get("fused_graph")
             tk = res.get("kernel")
-            t_best = t
+            t_eff = tg or t
             row = dict(base, layout=layout, splits=res.get("splits", splits))
             row["ours_us"] = t * 1e3 if t else None
+            row["ours_graph_us"] = tg * 1e3 if tg else ("n/a" if t else None)
             row["ours_kernel_combine_us"] = tk * 1e3 if tk else None
-            row["ours_TBps"] = nbytes / (t_best * 1e-3) / 1e12 if t_best else None
-            row["frac_stream_read"] = nbytes / (t_best * 1e-3) / read_bw if t_best else None
+            row["ours_kernel_combine_graph_us"] = res["kernel_graph"] * 1e3 if res.get("kernel_graph") else None
+            row["ours_TBps"] = nbytes / (t_eff * 1e-3) / 1e12 if t_eff else None
+            row["frac_stream_read"] = nbytes / (t_eff * 1e-3) / read_bw if t_eff else None
             row["best_peer"] = best_name
-            row["best_peer_us"] = got[best_name] * 1e3 if best_name else None
-            row["ratio_vs_best_peer"] = got[best_name] / t_best if (best_name and t_best) else None
+            row["best_peer_us"] = got_g[best_name] * 1e3 if best_name else None
+            row["ratio_vs_best_peer"] = got_g[best_name] / t_eff if (best_name and t_eff) else None
+            row["ratio_eager"] = got[best_eager] / t if (best_eager and t) else None
             for name in ("sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "flex", "flashinfer"):
                 v = peers.get(name, "skipped")
                 row[f"{name}_us"] = "n/a" if v is None else (v * 1e3 if isinstance(v, float) else v)
-            for name, v in got.items():
+                vg = peers_graph.get(name, "skipped")
+                row[f"{name}_graph_us"] = "n/a" if vg is None else (vg * 1e3 if isinstance(vg, float) else vg)
+            for name, v in got_g.items():
                 row[f"{name}_TBps"] = nbytes / (v * 1e-3) / 1e12
             row["max_abs_err_vs_sdpa"] = err
             row["note"] = "; ".join(notes)
             rows.append(row)
+            print(_line(row), flush=True)
+        _write_partial(rows, args.out_dir)
 
-    cols = ["heads", "batch", "ctx", "kv_GB", "layout", "splits", "ours_us", "ours_kernel_combine_us", "ours_TBps",
-            "frac_stream_read", "best_peer", "best_peer_us", "ratio_vs_best_peer", "sdpa_flash_us",
-            "sdpa_efficient_us", "sdpa_cudnn_us", "flex_us", "flashinfer_us", "max_abs_err_vs_sdpa", "note"]
-    write_results("decode", rows, columns=cols, plot=_plot, out_dir=args.out_dir,
+    write_results("decode", rows, columns=COLUMNS, plot=_plot, out_dir=args.out_dir,
                   meta=dict(stream_read_TBps=read_bw / 1e12, mapping=args.mapping, quick=args.quick,
-                            flashinfer=(getattr(fi, "__version__", "?") if fi else fi_err)))
-    print(f"streaming read: {read_bw / 1e12:.2f} TB/s; ratio_vs_best_peer > 1 means numasched is faster. "
+                            graph=graph, flashinfer=(getattr(fi, "__version__", "?") if fi else fi_err)))
+    print(f"streaming read: {read_bw / 1e12:.2f} TB/s; ratio_vs_best_peer > 1 means numasched is faster "
+          f"(CUDA-graph times; ratio_eager: eager calls). "
           f"Targets: ratio >= 1 everywhere, frac_stream_read >= 0.9 at batch x ctx >= 256k.")
     return 0
+
+
+COLUMNS = ["heads", "batch", "ctx", "kv_GB", "layout", "splits", "ours_us", "ours_graph_us", "ours_kernel_combine_us",
+           "ours_kernel_combine_graph_us", "ours_TBps", "frac_stream_read", "best_peer", "best_peer_us",
+           "ratio_vs_best_peer", "ratio_eager", "sdpa_flash_us", "sdpa_flash_graph_us", "sdpa_efficient_us",
+           "sdpa_efficient_graph_us", "sdpa_cudnn_us", "sdpa_cudnn_graph_us", "flex_us", "flex_graph_us",
+           "flashinfer_us", "flashinfer_graph_us", "max_abs_err_vs_sdpa", "note"]
+
+
+def _fmt(v) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else ("-" if v is None else str(v))
+
+
+def _line(row: Dict) -> str:
+    """One progress line per finished row (a run killed at its time limit still shows these)."""
+    return (f"[decode] {row['heads']} B={row['batch']} ctx={row['ctx']} {row['layout']} S={row['splits']}: "
+            f"ours eager {_fmt(row['ours_us'])} us, graph {_fmt(row['ours_graph_us'])} us; best peer "
+            f"{row['best_peer']} {_fmt(row['best_peer_us'])} us; ratio graph {_fmt(row['ratio_vs_best_peer'])} "
+            f"eager {_fmt(row['ratio_eager'])}; {_fmt(row['frac_stream_read'])} of stream read")
+
+
+def _write_partial(rows: List[Dict], out_dir) -> None:
+    """Rewrite the CSV of the rows so far (<suite>-<device>-<date>.partial.csv) after every point."""
+    import csv
+    from pathlib import Path
+
+    from .common import RESULTS_DIR, device_slug, env_info
+
+    d = Path(out_dir or RESULTS_DIR)
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"decode-{device_slug()}-{env_info()['date'][:10]}.partial.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
 
 
 def _plot(rows, path):
