@@ -290,6 +290,11 @@ def get(name: str) -> Policy:
     return _REGISTRY[name]
 
 
+def lookup(name: str) -> Optional[Policy]:
+    """The registered policy called ``name``, or None (no error: plan caches key on it)."""
+    return _REGISTRY.get(name)
+
+
 def compose(remap: Union[str, Policy], order: Union[str, Policy], *, name: Optional[str] = None) -> Policy:
     """A new policy ``order(remap(pid))`` from a remap policy and an attention/gemm policy."""
     r, o = get(remap), get(order)

@@ -35,7 +35,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import mappings as M
-from .mappings import _registry
+from .mappings import default_policy as _default_policy, lookup as _lookup
 from . import topology as _topology
 from ._validate import check_same, check_tensor, kernel_device_ok
 
@@ -195,11 +195,11 @@ def _plan_key(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits
     # Objects enter the key by identity (a registered policy, a Policy argument, the topology, the
     # default decode policy); the entry keeps references to them, so their ids stay theirs.
     # Reading the registry's dicts directly sees a re-registered name or a new default at once.
-    registered = _registry._REGISTRY.get(mapping) if isinstance(mapping, str) else mapping
+    registered = _lookup(mapping) if isinstance(mapping, str) else mapping
     return (q.shape, q.stride(), q.dtype, q.device, k_cache.shape, k_cache.stride(), k_cache.dtype, k_cache.device,
             v_cache.shape, v_cache.stride(), v_cache.dtype, v_cache.device, _meta(cache_seqlens), _meta(block_table), scale,
             num_splits, mapping if isinstance(mapping, str) else None, id(registered),
-            id(_topology.current()), id(_registry._DEFAULTS.get("decode")), _kernels().knobs(), ok)
+            id(_topology.current()), id(_default_policy("decode")), _kernels().knobs(), ok)
 
 
 _FD = None
@@ -224,8 +224,8 @@ def _build_entry(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_spl
     shape = _check_inputs(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping)
     scale = float(scale) if scale is not None else 1.0 / math.sqrt(shape.head_dim)
     topo = _topology.current()
-    refs = (mapping, _registry._REGISTRY.get(mapping) if isinstance(mapping, str) else None, topo,
-            _registry._DEFAULTS.get("decode"))
+    refs = (mapping, _lookup(mapping) if isinstance(mapping, str) else None, topo,
+            _default_policy("decode"))
     if not ok:
         return _Entry(shape, scale, None, refs)
     from .kernels.flash_decode import DecodePlan, choose_num_splits, num_sms
