@@ -141,6 +141,17 @@ def _first_use(ctx, kernel, grid, args, kwargs):
 
 
 # ============================================================================ all-gather + GEMM
+def _plan(ctx, op, call, local_bufs=()) -> Plan:
+    """Symmetric-heap buffers of ``op.buffers(call)`` + private ``local_bufs`` (name, shape, dtype),
+    and the device epoch word and program counters every fused kernel keeps."""
+    bufs = {name: ctx.alloc(shape, dt, what=f"{op.name} {name} buffer") for name, shape, dt in op.buffers(call)}
+    for name, shape, dt in local_bufs:
+        bufs[name] = torch.empty(shape, dtype=dt, device=ctx.device)
+    bufs["epoch"] = torch.zeros(1, dtype=torch.int32, device=ctx.device)
+    bufs["counters"] = torch.zeros(2, dtype=torch.int32, device=ctx.device)
+    return Plan(bufs)
+
+
 class AllGatherMatmul:
     name = "all_gather_matmul"
     sim_phases = ("push", "consume")
@@ -202,10 +213,7 @@ class AllGatherMatmul:
 
     @classmethod
     def plan(cls, ctx, call) -> Plan:
-        bufs = {name: ctx.alloc(shape, dt, what=f"all_gather_matmul {name} buffer") for name, shape, dt in cls.buffers(call)}
-        bufs["epoch"] = torch.zeros(1, dtype=torch.int32, device=ctx.device)
-        bufs["counters"] = torch.zeros(2, dtype=torch.int32, device=ctx.device)
-        return Plan(bufs)
+        return _plan(ctx, cls, call)
 
     @staticmethod
     def launch(ctx, plan, call, *, phase="full"):
@@ -315,14 +323,11 @@ class MatmulReduceScatter:
 
     @classmethod
     def plan(cls, ctx, call) -> Plan:
-        bufs = {name: ctx.alloc(shape, dt, what=f"matmul_reduce_scatter {name} buffer") for name, shape, dt in cls.buffers(call)}
+        local = ()
         if call.cfg["impl"] == "ce":   # cuBLAS outputs: partial slices for peers, our own partial
             c, dt = call.cfg, call.tensors["a"].dtype
-            bufs["stage"] = torch.empty((ctx.world, c["Ms"], c["N"]), dtype=dt, device=ctx.device)
-            bufs["own"] = torch.empty((c["Ms"], c["N"]), dtype=dt, device=ctx.device)
-        bufs["epoch"] = torch.zeros(1, dtype=torch.int32, device=ctx.device)
-        bufs["counters"] = torch.zeros(2, dtype=torch.int32, device=ctx.device)
-        return Plan(bufs)
+            local = (("stage", (ctx.world, c["Ms"], c["N"]), dt), ("own", (c["Ms"], c["N"]), dt))
+        return _plan(ctx, cls, call, local)
 
     @staticmethod
     def launch(ctx, plan, call, *, phase="full"):
@@ -468,11 +473,7 @@ class FlashDecodeDistributed:
 
     @classmethod
     def plan(cls, ctx, call) -> Plan:
-        bufs = {name: ctx.alloc(shape, dt, what=f"flash_decode_distributed {name} buffer")
-                for name, shape, dt in cls.buffers(call)}
-        bufs["epoch"] = torch.zeros(1, dtype=torch.int32, device=ctx.device)
-        bufs["counters"] = torch.zeros(2, dtype=torch.int32, device=ctx.device)
-        return Plan(bufs)
+        return _plan(ctx, cls, call)
 
     @staticmethod
     def launch(ctx, plan, call, *, phase="full"):
