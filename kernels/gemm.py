@@ -43,6 +43,17 @@ except ImportError:  # pragma: no cover - older triton
 
 # ----------------------------------------------------------------------------------------- device
 @triton.jit
+def _tile_offsets(off_m, off_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INT64: tl.constexpr):
+    """Row and column indices of a tile (int64 when a tensor spans more than 2^31 elements)."""
+    offs_m = off_m + tl.arange(0, BLOCK_M)
+    offs_n = off_n + tl.arange(0, BLOCK_N)
+    if INT64:
+        offs_m = offs_m.to(tl.int64)
+        offs_n = offs_n.to(tl.int64)
+    return offs_m, offs_n
+
+
+@triton.jit
 def gemm_tile_acc(a, b, off_m, off_n, M, N, K,
                   stride_am, stride_ak, stride_bk, stride_bn,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -72,11 +83,7 @@ def gemm_tile_acc(a, b, off_m, off_n, M, N, K,
                 b_tile = b.load([off_k, off_n])
             acc = tl.dot(a_tile, b_tile, acc, input_precision=INPUT_PRECISION)
     else:
-        offs_m = off_m + tl.arange(0, BLOCK_M)
-        offs_n = off_n + tl.arange(0, BLOCK_N)
-        if INT64:
-            offs_m = offs_m.to(tl.int64)
-            offs_n = offs_n.to(tl.int64)
+        offs_m, offs_n = _tile_offsets(off_m, off_n, BLOCK_M, BLOCK_N, INT64)
         mask_m = offs_m < M
         mask_n = offs_n < N
         # Row/column parts of the addresses do not change along K: compute them once.
@@ -109,11 +116,7 @@ def _store_tile(c, c_desc, acc, off_m, off_n, M, N, stride_cm, stride_cn,
         else:
             c_desc.store([off_m, off_n], acc.to(out_ty))
     else:
-        offs_m = off_m + tl.arange(0, BLOCK_M)
-        offs_n = off_n + tl.arange(0, BLOCK_N)
-        if INT64:
-            offs_m = offs_m.to(tl.int64)
-            offs_n = offs_n.to(tl.int64)
+        offs_m, offs_n = _tile_offsets(off_m, off_n, BLOCK_M, BLOCK_N, INT64)
         ptrs = c + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
         tl.store(ptrs, acc.to(out_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
