@@ -148,3 +148,20 @@ def _fmt(v) -> str:
     if isinstance(v, float):
         return f"{v:.4g}"
     return "" if v is None else str(v)
+
+
+def check_runnable(suite: str, dry_run: bool) -> Optional[int]:
+    """None if the suite can run here; else print why and return the exit code (2).
+
+    A suite needs a CUDA GPU, or ``--dry-run`` under TRITON_INTERPRET=1 (Triton reads it at import)."""
+    import sys
+
+    import torch
+
+    if dry_run and os.environ.get("TRITON_INTERPRET") != "1":
+        print("--dry-run needs TRITON_INTERPRET=1 in the environment (triton reads it at import)", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available() and not dry_run:
+        print(f"numasched bench {suite} needs a CUDA GPU (or --dry-run)", file=sys.stderr)
+        return 2
+    return None

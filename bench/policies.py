@@ -132,16 +132,13 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     import importlib
-    import os
 
     import torch
 
-    if args.dry_run and os.environ.get("TRITON_INTERPRET") != "1":
-        print("--dry-run needs TRITON_INTERPRET=1 in the environment (triton reads it at import)", file=sys.stderr)
-        return 2
-    if not torch.cuda.is_available() and not args.dry_run:
-        print("numasched bench policies needs a CUDA GPU (or --dry-run)", file=sys.stderr)
-        return 2
+    from .common import check_runnable
+
+    if (rc := check_runnable("policies", args.dry_run)) is not None:
+        return rc
     from numasched import topology
 
     from .common import bench_ms, progress, write_results

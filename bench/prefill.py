@@ -142,16 +142,12 @@ def main(argv=None) -> int:
                    help="check the script end to end on CPU (Triton interpreter, tiny shapes; timings meaningless)")
     args = p.parse_args(argv)
 
-    import os
-
-    if args.dry_run and os.environ.get("TRITON_INTERPRET") != "1":
-        print("--dry-run needs TRITON_INTERPRET=1 in the environment (triton reads it at import)", file=sys.stderr)
-        return 2
     import torch
 
-    if not torch.cuda.is_available() and not args.dry_run:
-        print("numasched bench prefill needs a CUDA GPU (or --dry-run)", file=sys.stderr)
-        return 2
+    from .common import check_runnable
+
+    if (rc := check_runnable("prefill", args.dry_run)) is not None:
+        return rc
     dev = "cpu" if args.dry_run else "cuda"
     from numasched.attention import attention_forward
     from numasched.kernels import attention_fwd as K
