@@ -29,7 +29,7 @@ import torch
 
 from . import mappings as M
 from . import topology as _topology
-from .mappings import default_policy as _default_policy
+from .mappings import default_policy as _default_policy, lookup as _lookup
 from ._validate import check_int32_indexing, check_same, check_tensor, kernel_device_ok
 
 __all__ = ["attention_forward", "scaled_dot_product_attention", "calls", "SUPPORTED_DTYPES",
@@ -106,10 +106,12 @@ class _Plan:
                  "device", "refs")
 
 
-def _state_key(q, k, v):
-    """What a plan depends on besides the call's own arguments: topology, default mapping,
+def _state_key(q, k, v, mapping):
+    """What a plan depends on besides the call's own arguments: topology, default mapping, the
+    policy registered under a mapping name (``register(..., replace=True)`` can swap it),
     NUMASCHED_AUTOTUNE, and the inputs' 16-byte alignment (TMA) -- read on every call."""
-    return (id(_topology.current()), id(_default_policy("attention")), os.environ.get("NUMASCHED_AUTOTUNE"),
+    return (id(_topology.current()), id(_default_policy("attention")),
+            id(_lookup(mapping)) if type(mapping) is str else 0, os.environ.get("NUMASCHED_AUTOTUNE"),
             (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15)
 
 
@@ -132,7 +134,8 @@ def _make_plan(q, k, v, causal: bool, scale: float, causal_offset: int, mkey: st
     out = torch.empty_strided(p.out_size, p.out_stride, dtype=q.dtype, device=q.device)
     p.launch = K.plan_launch(q, k, v, out, scale=scale, causal=causal, causal_offset=causal_offset,
                              policy_args=p.policy_args, config=config)
-    p.refs = (topo, _default_policy("attention"), _POLICY_KEYS.get(mkey))  # keep the ids in keys alive
+    # keep the objects whose ids are in keys alive
+    p.refs = (topo, _default_policy("attention"), _POLICY_KEYS.get(mkey), _lookup(mkey))
     return p
 
 
@@ -161,7 +164,7 @@ def _forward_impl(q, k, v, causal: bool, scale: float, causal_offset: int, mappi
                   config: Optional[dict] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
-    if Lq == 0 or Lk == 0:
+    if q.numel() == 0 or Lk == 0:  # batch, heads or Lq of 0: empty outputs, no launch
         out = _out_like(q)
         lse = torch.empty(B, H, Lq, dtype=torch.float32, device=q.device)
         if Lq and not Lk:  # no key at all: every row is fully masked
@@ -169,7 +172,7 @@ def _forward_impl(q, k, v, causal: bool, scale: float, causal_offset: int, mappi
             lse.fill_(float("-inf"))
         return out, lse
     key = ("op", q.shape, k.shape, q.stride(), k.stride(), v.stride(), q.dtype, q.device, causal, scale,
-           causal_offset, mapping, _config_key(config), _state_key(q, k, v))
+           causal_offset, mapping, _config_key(config), _state_key(q, k, v, mapping))
     plan = _PLANS.get(key)
     if plan is None:
         plan = _make_plan(q, k, v, causal, scale, causal_offset, mapping, config)
@@ -210,7 +213,7 @@ def _check_qkv(q, k, v) -> None:
     if not supported_head_dim(D):
         raise ValueError(f"query head dim {D} is not supported (multiples of 8 from 16 to {MAX_HEAD_DIM})")
     HK = k.shape[1]
-    if HK < 1 or H % HK:
+    if H and (HK < 1 or H % HK):  # H == 0 (with any HK) is an empty call, as in torch
         raise ValueError(f"query has {H} heads, which is not a multiple of the {HK} heads of key")
     # the kernel offsets (batch, head) slices in 64 bits and indexes inside a slice in 32 bits
     for name, t in (("query", q), ("key", k), ("value", v)):
@@ -262,7 +265,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, caus
             and (type(mapping) is str or isinstance(mapping, M.Policy))):
         key = ("fwd", q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
                q.device, k.device, v.device, causal, scale, causal_offset,
-               mapping if type(mapping) is str else id(mapping), _config_key(_config), _state_key(q, k, v),
+               mapping if type(mapping) is str else id(mapping), _config_key(_config), _state_key(q, k, v, mapping),
                kernel_device_ok(q))
         plan = _PLANS.get(key)
         if plan is not None and _eager(q, k, v):
@@ -282,7 +285,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, caus
     eager = _eager(q, k, v)
     if _config is None and not eager:  # torch.compile, tracing modes, autograd: the custom op
         return _attention_forward_op(q, k, v, causal, scale, causal_offset, mkey)
-    if eager and key is not None and q.shape[2] and k.shape[2]:
+    if eager and key is not None and q.numel() and k.shape[2]:
         plan = _make_plan(q, k, v, causal, scale, causal_offset, mkey, _config)
         # a Policy object's id is in the key: the plan keeps the object alive, so the id stays its own
         plan.refs = plan.refs + (mapping,)
@@ -386,7 +389,7 @@ def _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
     if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
         return fb("the kernels have no backward pass (inputs require grad)")
     if scale is not None and not (float(scale) > 0 and math.isfinite(float(scale))):
-        return fb("scale <= 0 is not supported by the kernels")
+        return fb("a scale that is <= 0, NaN or infinite is not supported by the kernels")
     three_d = query.dim() == 3
     q, k, v = (t.unsqueeze(1) for t in (query, key, value)) if three_d else (query, key, value)
     if q.shape[0] != k.shape[0] or k.shape[1] != v.shape[1]:

@@ -39,3 +39,47 @@ def test_plan_not_reused_across_mapping_topology_or_bad_input():
         assert "key" in str(e)
     else:
         raise AssertionError("dtype mismatch not caught")
+
+
+def _order_seen(monkeypatch):
+    """Spy on the kernel launches: the ORDER device function each one got."""
+    from numasched.kernels import attention_fwd as K
+
+    seen, real = [], K.attention_fwd
+
+    def spy(*a, **kw):
+        seen.append(kw["policy_args"]["ORDER"])
+        return real(*a, **kw)
+
+    monkeypatch.setattr(K, "attention_fwd", spy)
+    return seen
+
+
+def test_plan_follows_a_replaced_registration(monkeypatch):
+    # register(..., replace=True) swaps the policy behind a name: a cached plan must not keep
+    # launching the old one (the key held only the name).
+    from numasched import mappings as M
+
+    seen = _order_seen(monkeypatch)
+    q, k, v = (torch.randn(1, 2, 20, 16) for _ in range(3))
+    A._PLANS.clear()
+    name = "test_attn_plans_replaced"
+    try:
+        first = M.register(M.compose("identity", "head_first", name=name))
+        A.attention_forward(q, k, v, mapping=name)
+        assert seen[-1] is first.kernel_args(1)["ORDER"]
+        second = M.register(M.compose("identity", "block_first", name=name), replace=True)
+        out, _ = A.attention_forward(q, k, v, mapping=name)
+        assert seen[-1] is second.kernel_args(1)["ORDER"]
+        torch.testing.assert_close(out.double(), _ref(q, k, v, False), rtol=1e-5, atol=1e-5)
+    finally:
+        M._registry._REGISTRY.pop(name, None)
+
+
+def test_empty_batch_or_heads_give_empty_outputs():
+    # torch returns empty outputs for batch 0 / heads 0; the kernel call raised (grid of size 0)
+    for B, H in ((0, 2), (1, 0)):
+        q, k, v = (torch.randn(B, H, 20, 16) for _ in range(3))
+        for _ in range(2):  # and again through the plan cache
+            out, lse = A.attention_forward(q, k, v, causal=True)
+            assert out.shape == (B, H, 20, 16) and lse.shape == (B, H, 20)
