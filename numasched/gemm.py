@@ -57,6 +57,10 @@ def _check_inputs(a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] 
 def _check_no_overlap(a, b, out) -> None:
     if out is None:
         return
+    # an expanded out (stride 0) has elements that share memory: the tiles would race on them
+    if any(st == 0 and n > 1 for n, st in zip(out.shape, out.stride())):
+        raise ValueError(f"out has stride 0 in a dimension of size > 1 (shape {tuple(out.shape)}, strides "
+                         f"{out.stride()}): several elements share memory; pass a tensor without expanded dims")
     lo, hi = out.data_ptr(), out.data_ptr() + max(out.numel(), 1) * out.element_size()
     for name, t in (("a", a), ("b", b)):
         if t.numel() and out.numel():
@@ -74,7 +78,9 @@ def _policy_for(mapping: Union[str, "M.Policy"], M_: int, N_: int, block_m: int 
     default = _default_policy("gemm")
     key = None
     if type(mapping) is str:  # a Policy object is resolved each time (its id could be reused)
-        key = (mapping, M_, N_, block_m, block_n, id(topo), id(default))
+        # the registered object's id too: register(..., replace=True) can swap the policy behind a name
+        registered = M.lookup(mapping)
+        key = (mapping, M_, N_, block_m, block_n, id(topo), id(default), id(registered))
         hit = _POLICIES.get(key)
         if hit is not None:
             return hit[0], hit[1]
@@ -83,7 +89,7 @@ def _policy_for(mapping: Union[str, "M.Policy"], M_: int, N_: int, block_m: int 
     if key is not None:
         if len(_POLICIES) >= 4096:
             _POLICIES.clear()
-        _POLICIES[key] = (policy, topo.num_domains, topo, default)  # keeps the keyed objects (ids) alive
+        _POLICIES[key] = (policy, topo.num_domains, topo, default, registered)  # keeps the keyed objects (ids) alive
     return policy, topo.num_domains
 
 
@@ -200,6 +206,10 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, mapping: Union[str, "M.Policy"] 
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if out is not None and not isinstance(out, torch.Tensor):
         raise TypeError(f"out must be a torch.Tensor or None, got {type(out).__name__}")
+    if out is not None and torch.is_grad_enabled() and (a.requires_grad or b.requires_grad or out.requires_grad):
+        # as torch.matmul: the out= form records no autograd graph, so a gradient would be silently lost
+        raise RuntimeError("matmul(..., out=...) does not support automatic differentiation, but an argument "
+                           "requires grad; drop out= or run under torch.no_grad()")
     if persistent is not None and not isinstance(persistent, bool):
         raise TypeError(f"persistent must be True, False or None, got {persistent!r}")
     if isinstance(mapping, M.Policy):

@@ -474,3 +474,40 @@ def test_gpu_torch_compile_and_cuda_graph():
     for _ in range(3):
         got = comp_g(a2, b2)
     torch.testing.assert_close(got, f(a2, b2), rtol=1e-2, atol=1e-2)
+
+
+def test_cached_policy_follows_a_replaced_registration(monkeypatch):
+    # register(..., replace=True) swaps the policy behind a name: the per-name policy cache must
+    # not keep returning the old one
+    seen, real = [], G.launch
+
+    def spy(a, b, c, policy, num_domains, **kw):
+        seen.append(policy)
+        return real(a, b, c, policy, num_domains, **kw)
+
+    monkeypatch.setattr(G, "launch", spy)
+    a, b = torch.randn(16, 24), torch.randn(24, 20)
+    name = "test_gemm_replaced"
+    try:
+        M.register(M.compose("identity", "row_major", name=name))
+        numasched.matmul(a, b, mapping=name)
+        assert seen[-1].order.name == "row_major"
+        M.register(M.compose("identity", "grouped", name=name), replace=True)
+        c = numasched.matmul(a, b, mapping=name)
+        assert seen[-1].order.name == "grouped"
+        torch.testing.assert_close(c.double(), a.double() @ b.double(), rtol=1e-5, atol=1e-5)
+    finally:
+        M._registry._REGISTRY.pop(name, None)
+
+
+def test_out_with_shared_elements_or_grad_is_refused():
+    a, b = torch.randn(8, 16), torch.randn(16, 12)
+    # torch.matmul refuses an expanded out too; the kernel would race on the shared elements
+    with pytest.raises(ValueError, match="out has stride 0"):
+        numasched.matmul(a, b, out=torch.empty(1, 12).expand(8, 12))
+    # out= records no autograd graph (torch raises): the gradient must not be dropped silently
+    with pytest.raises(RuntimeError, match="automatic differentiation"):
+        numasched.matmul(a.requires_grad_(), b, out=torch.empty(8, 12))
+    with torch.no_grad():
+        c = numasched.matmul(a, b, out=torch.empty(8, 12))
+    torch.testing.assert_close(c.double(), a.detach().double() @ b.double(), rtol=1e-5, atol=1e-5)
