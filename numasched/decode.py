@@ -76,8 +76,8 @@ def _check_inputs(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_sp
         raise ValueError(f"k_cache head_dim ({Dk}) must equal q head_dim ({D})")
     if not 1 <= D <= MAX_HEAD_DIM:
         raise ValueError(f"q head_dim must be in [1, {MAX_HEAD_DIM}], got {D}")
-    if B < 1 or H < 1:
-        raise ValueError(f"q must have batch >= 1 and heads >= 1, got shape {tuple(q.shape)}")
+    if H < 1:  # batch 0 is allowed: an empty call (as in torch)
+        raise ValueError(f"q must have heads >= 1, got shape {tuple(q.shape)}")
     if HK < 1 or H % HK:
         raise ValueError(f"q heads ({H}) must be a multiple of k_cache kv_heads ({HK})")
     if block_table is None:
@@ -226,7 +226,7 @@ def _build_entry(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_spl
     topo = _topology.current()
     refs = (mapping, _lookup(mapping) if isinstance(mapping, str) else None, topo,
             _default_policy("decode"))
-    if not ok:
+    if not ok or shape.batch == 0:  # no kernel to plan (batch 0: empty outputs, see below)
         return _Entry(shape, scale, None, refs)
     from .kernels.flash_decode import DecodePlan, choose_num_splits, num_sms
 
@@ -250,6 +250,9 @@ def _flash_decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, scale, n
     if CHECK_DATA and not _capturing(q):
         _check_data(shape, cache_seqlens, block_table)
     if entry.plan is None:
+        if shape.batch == 0:
+            return (_new_output((0, shape.heads, shape.head_dim), q.dtype, q.device),
+                    _new_output((0, shape.heads), torch.float32, q.device))
         _warn_once(f"the Triton kernel cannot run on {q.device} tensors (needs a GPU, or TRITON_INTERPRET=1 "
                    f"for CPU tensors)")
         return _torch_decode(q, k_cache, v_cache, cache_seqlens, block_table, entry.scale, shape)
@@ -302,7 +305,8 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, s
         check_tensor(name, t)
     for name, t in (("cache_seqlens", cache_seqlens), ("block_table", block_table)):
         if t is not None and not isinstance(t, (torch.Tensor, int)) or isinstance(t, bool):
-            raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
+            raise TypeError(f"{name} must be a torch.Tensor{', an int' if name == 'cache_seqlens' else ''} or None, "
+                            f"got {type(t).__name__}")
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
         raise ValueError(f"scale must be a finite float or None, got {scale!r}")
     if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int)
@@ -311,6 +315,8 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, s
     if isinstance(block_table, int):
         raise TypeError("block_table must be a torch.Tensor or None, got int")
     if isinstance(cache_seqlens, int):
+        if not 0 <= cache_seqlens <= INT32_MAX:
+            raise ValueError(f"cache_seqlens = {cache_seqlens} is outside [0, {INT32_MAX}]")
         cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
     if isinstance(mapping, M.Policy):
         try:

@@ -481,6 +481,9 @@ def _bad_cases():
         ("unknown mapping", (q, k, v), dict(mapping="nope"), ValueError, "unknown mapping 'nope'"),
         ("gemm mapping", (q, k, v), dict(mapping="grouped"), ValueError, "gemm policy and cannot serve decode"),
         ("mapping type", (q, k, v), dict(mapping=3), ValueError, "mapping must be"),
+        # an int length beyond int32 raised torch's overflow error, which named no argument
+        ("seqlens int overflow", (q, k, v), dict(cache_seqlens=2**40), ValueError, r"cache_seqlens = \d+ is outside"),
+        ("seqlens float", (q, k, v), dict(cache_seqlens=3.0), TypeError, "cache_seqlens must be a torch.Tensor, an int"),
     ]
 
 
@@ -492,6 +495,17 @@ def test_bad_input(case):
         return
     with pytest.raises(exc, match=match):
         numasched.flash_decode(*args, **kwargs)
+
+
+def test_empty_batch_gives_empty_outputs():
+    # torch's SDPA returns empty outputs for batch 0; flash_decode raised "batch >= 1"
+    q, k, v = make_contiguous(2, 4, 2, 16, 8, torch.float32, "cpu")
+    for _ in range(2):  # and again through the plan cache
+        out, lse = numasched.flash_decode(q[:0], k[:0], v[:0], cache_seqlens=torch.zeros(0, dtype=torch.int32),
+                                          return_lse=True)
+        assert out.shape == (0, 4, 16) and out.dtype == q.dtype and lse.shape == (0, 4)
+    with pytest.raises(ValueError, match="k_cache batch"):  # the checks still run
+        numasched.flash_decode(q[:0], k, v)
 
 
 # ----------------------------------------------------------------------------- GPU
