@@ -10,7 +10,7 @@ The property tests (tests/test_mappings.py) iterate over the registry.
 """
 from ._registry import (  # noqa: F401
     KINDS, KERNEL_KINDS, AttentionGrid, DecodeGrid, GemmGrid, LinearGrid, Order, Policy, Remap,
-    auto, available, compose, default_policy, get, get_default, lookup, register, resolve, set_default,
+    auto, available, compose, default_policy, get, get_default, lookup, positive_int, register, resolve, set_default,
 )
 from . import remap, attention, gemm  # noqa: F401,E402  (registers the built-in policies)
 from .remap import identity_remap, contiguous_remap, chunked_remap  # noqa: F401,E402

@@ -37,6 +37,9 @@ def _positive_int(name: str, value) -> int:
     return int(value)
 
 
+positive_int = _positive_int  # public: other numasched modules validate sizes the same way
+
+
 def check_num_domains(num_domains) -> int:
     return _positive_int("num_domains", num_domains)
 

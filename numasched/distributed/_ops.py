@@ -152,6 +152,33 @@ def _plan(ctx, op, call, local_bufs=()) -> Plan:
     return Plan(bufs)
 
 
+def _check_operands(ctx, name_a, a, name_b, b, k_name):
+    """The two GEMM operands of a distributed call: 2-D, same dtype, on this rank's GPU, inner sizes equal."""
+    check_tensor(name_a, a, ndim=2, dtypes=DTYPES)
+    check_tensor(name_b, b, ndim=2, dtypes=DTYPES)
+    check_same(name_a, a, name_b, b)
+    _check_device(ctx, name_a, a)
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"{name_a} is {tuple(a.shape)} and {name_b} is {tuple(b.shape)}: {name_a}'s columns "
+                         f"({k_name} = {a.shape[1]}) must equal {name_b}'s rows")
+    if min(a.shape) < 1 or b.shape[1] < 1:
+        raise ValueError(f"empty operand: {name_a} {tuple(a.shape)}, {name_b} {tuple(b.shape)}")
+
+
+def _output(out, shape, like, impl):
+    """``out`` checked against the result's shape and dtype, or a new tensor."""
+    if out is None:
+        out = torch.empty(shape, dtype=like.dtype, device=like.device)
+    else:
+        check_tensor("out", out, ndim=2, dtypes=(like.dtype,), device=like.device)
+        if tuple(out.shape) != tuple(shape):
+            raise ValueError(f"out must have shape {tuple(shape)}, got {tuple(out.shape)}")
+        if impl == "ce" and not out.is_contiguous():
+            raise ValueError("out must be contiguous with impl='ce' (cuBLAS writes its row blocks)")
+    check_int32_indexing("out", out)
+    return out
+
+
 class AllGatherMatmul:
     name = "all_gather_matmul"
     sim_phases = ("push", "consume")
@@ -185,29 +212,11 @@ class AllGatherMatmul:
 
     @classmethod
     def prepare(cls, ctx, a_local, b, *, mapping="auto", impl="fused", out=None, communicate=True):
-        check_tensor("a_local", a_local, ndim=2, dtypes=DTYPES)
-        check_tensor("b", b, ndim=2, dtypes=DTYPES)
-        check_same("a_local", a_local, "b", b)
-        _check_device(ctx, "a_local", a_local)
-        if a_local.shape[1] != b.shape[0]:
-            raise ValueError(f"a_local is {tuple(a_local.shape)} and b is {tuple(b.shape)}: a_local's columns "
-                             f"(K = {a_local.shape[1]}) must equal b's rows")
-        if min(a_local.shape) < 1 or b.shape[1] < 1:
-            raise ValueError(f"empty operand: a_local {tuple(a_local.shape)}, b {tuple(b.shape)}")
+        _check_operands(ctx, "a_local", a_local, "b", b, "K")
         check_int32_indexing("b", b)
         a_local = a_local.contiguous()   # pushed as flat row blocks; read with unit stride
         call = cls.describe(a_local, b, world=ctx.world, mapping=mapping, impl=impl)
-        M = ctx.world * call.cfg["Ml"]
-        if out is None:
-            out = torch.empty((M, call.cfg["N"]), dtype=a_local.dtype, device=a_local.device)
-        else:
-            check_tensor("out", out, ndim=2, dtypes=(a_local.dtype,), device=a_local.device)
-            if tuple(out.shape) != (M, call.cfg["N"]):
-                raise ValueError(f"out must have shape {(M, call.cfg['N'])}, got {tuple(out.shape)}")
-            if impl == "ce" and not out.is_contiguous():
-                raise ValueError("out must be contiguous with impl='ce' (cuBLAS writes its row blocks)")
-        check_int32_indexing("out", out)
-        call.tensors["out"] = out
+        call.tensors["out"] = _output(out, (ctx.world * call.cfg["Ml"], call.cfg["N"]), a_local, impl)
         call.extra["communicate"] = bool(communicate)
         return call
 
@@ -293,31 +302,14 @@ class MatmulReduceScatter:
 
     @classmethod
     def prepare(cls, ctx, a, b_local, *, mapping="auto", impl="fused", out=None, communicate=True):
-        check_tensor("a", a, ndim=2, dtypes=DTYPES)
-        check_tensor("b_local", b_local, ndim=2, dtypes=DTYPES)
-        check_same("a", a, "b_local", b_local)
-        _check_device(ctx, "a", a)
-        if a.shape[1] != b_local.shape[0]:
-            raise ValueError(f"a is {tuple(a.shape)} and b_local is {tuple(b_local.shape)}: a's columns "
-                             f"(K_local = {a.shape[1]}) must equal b_local's rows")
-        if min(a.shape) < 1 or b_local.shape[1] < 1:
-            raise ValueError(f"empty operand: a {tuple(a.shape)}, b_local {tuple(b_local.shape)}")
+        _check_operands(ctx, "a", a, "b_local", b_local, "K_local")
         if a.shape[0] % ctx.world:
             raise ValueError(f"a has {a.shape[0]} rows, not a multiple of the world size {ctx.world} "
                              f"(each rank returns a.shape[0] / world rows)")
         check_int32_indexing("a", a)
         check_int32_indexing("b_local", b_local)
         call = cls.describe(a, b_local, world=ctx.world, mapping=mapping, impl=impl)
-        shape = (call.cfg["Ms"], call.cfg["N"])
-        if out is None:
-            out = torch.empty(shape, dtype=a.dtype, device=a.device)
-        else:
-            check_tensor("out", out, ndim=2, dtypes=(a.dtype,), device=a.device)
-            if tuple(out.shape) != shape:
-                raise ValueError(f"out must have shape {shape}, got {tuple(out.shape)}")
-            if impl == "ce" and not out.is_contiguous():
-                raise ValueError("out must be contiguous with impl='ce'")
-        call.tensors["out"] = out
+        call.tensors["out"] = _output(out, (call.cfg["Ms"], call.cfg["N"]), a, impl)
         call.extra["communicate"] = bool(communicate)
         return call
 

@@ -22,12 +22,7 @@ from .. import mappings as M
 from .units import TensorLines
 
 
-def _pos(name: str, v) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-        raise ValueError(f"{name} must be an integer, got {v!r}")
-    if v < 1:
-        raise ValueError(f"{name} must be >= 1, got {v}")
-    return int(v)
+_pos = M.positive_int  # same check, same messages as the grids'
 
 
 def _line_align(step_bytes: int, line: int) -> int:
