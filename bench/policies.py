@@ -13,6 +13,13 @@ a multi-domain GPU they also decide which domain's L2 holds what.
 
     numasched bench policies --quick
     numasched bench policies --kinds prefill
+    numasched bench policies --l2 [--quick]   # L2 hit rate per policy, read with Nsight Compute
+
+``--l2`` reruns the same cases under ``ncu`` (clocks left alone: ``--clock-control none``; caches
+flushed before each profiled kernel, ncu's default) with every policy's kernel profiled exactly
+once (fixed kernel configs, NUMASCHED_AUTOTUNE=0; the warm-up calls are outside the profiled
+range), and reports per policy the L2 sector hit rate, the DRAM bytes read and the kernel time
+under the profiler (a cold-L2 time, not the timed figure above).
 """
 from __future__ import annotations
 
@@ -104,6 +111,82 @@ def _gemm_cases(sizes, bench_ms, rows):
         del a, b
 
 
+# ------------------------------------------------------------------ L2 hit rates with ncu
+L2_METRICS = ("lts__t_sector_hit_rate.pct", "dram__bytes_read.sum", "gpu__time_duration.sum")
+L2_KERNELS = "regex:^(attn_fwd_kernel|_flash_decode_kernel|gemm_kernel)$"
+
+
+def _profiled_once(fn):
+    """The worker's ``bench_ms``: one call of fn inside the profiled range (ncu --profile-from-start off)."""
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+    return float("nan")
+
+
+def _parse_ncu_csv(text: str) -> list:
+    """ncu --csv output -> one dict {metric: value} per profiled kernel, in launch order."""
+    import csv
+    import io
+
+    lines = text[text.find('"ID"'):] if '"ID"' in text else ""
+    kernels: dict = {}
+    for rec in csv.DictReader(io.StringIO(lines)):
+        try:
+            value = float(rec["Metric Value"].replace(",", ""))
+        except (KeyError, ValueError):
+            continue
+        kernels.setdefault(int(rec["ID"]), {"kernel": rec.get("Kernel Name", "")})[rec["Metric Name"]] = value
+    return [kernels[i] for i in sorted(kernels)]
+
+
+def _l2(args) -> int:
+    """Launcher of ``--l2``: the cases under ncu, then one row per (size, policy) with its counters."""
+    import json
+    import os
+    import shutil
+    import subprocess
+    import tempfile
+
+    from .common import write_results
+
+    ncu = shutil.which("ncu")
+    if ncu is None:
+        print("--l2 needs Nsight Compute (ncu) on the PATH", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory() as tmp:
+        rows_path, log = os.path.join(tmp, "rows.json"), os.path.join(tmp, "ncu.csv")
+        worker = [sys.executable, "-m", "numasched.bench.policies", "--l2-worker", rows_path, "--kinds", *args.kinds]
+        worker += ["--quick"] if args.quick else []
+        worker += ["--topology", args.topology] if args.topology else []
+        cmd = [ncu, "--clock-control", "none", "--profile-from-start", "off", "--kernel-name", L2_KERNELS,
+               "--metrics", ",".join(L2_METRICS), "--csv", "--print-units", "base", "--log-file", log, *worker]
+        print("running:", " ".join(cmd), flush=True)
+        rc = subprocess.call(cmd, env=dict(os.environ, NUMASCHED_AUTOTUNE="0"))
+        if rc or not os.path.exists(rows_path):
+            print(f"ncu run failed (exit code {rc}); its log:", file=sys.stderr)
+            print(open(log).read()[-3000:] if os.path.exists(log) else "(none)", file=sys.stderr)
+            return rc or 1
+        rows = json.load(open(rows_path))
+        kernels = _parse_ncu_csv(open(log).read())
+    if len(kernels) != len(rows):
+        print(f"ncu profiled {len(kernels)} kernels for {len(rows)} calls: cannot match them up", file=sys.stderr)
+        return 1
+    for r, k in zip(rows, kernels):
+        r.update(kernel=k["kernel"], l2_hit_pct=k.get(L2_METRICS[0]), dram_read_GB=k.get(L2_METRICS[1], 0) / 1e9,
+                 ncu_ms=k.get(L2_METRICS[2], 0) / 1e6)
+    cols = ["kind", "size", "policy", "auto", "l2_hit_pct", "dram_read_GB", "ncu_ms", "kernel"]
+    paths = write_results("policies_l2", rows, columns=cols, out_dir=args.out_dir,
+                          meta=dict(metrics=L2_METRICS, note="one profiled call per policy, cold L2 (ncu "
+                                    "--cache-control all), clocks not locked (--clock-control none)"))
+    print("written:", ", ".join(str(v) for v in paths.values()))
+    return 0
+
+
 def _plot(rows, path):
     import matplotlib.pyplot as plt
 
@@ -127,6 +210,8 @@ def main(argv=None) -> int:
     p.add_argument("--topology", default=None,
                    help="plan for this topology preset instead of the detected one (changes NUM_DOMAINS)")
     p.add_argument("--out-dir", default=None)
+    p.add_argument("--l2", action="store_true", help="L2 hit rate per policy with Nsight Compute (ncu)")
+    p.add_argument("--l2-worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--dry-run", action="store_true",
                    help="check the script end to end on CPU (needs TRITON_INTERPRET=1; timings meaningless)")
     args = p.parse_args(argv)
@@ -139,6 +224,8 @@ def main(argv=None) -> int:
 
     if (rc := check_runnable("policies", args.dry_run)) is not None:
         return rc
+    if args.l2:
+        return _l2(args)
     from numasched import topology
 
     from .common import bench_ms, progress, write_results
@@ -151,6 +238,8 @@ def main(argv=None) -> int:
             t = time.perf_counter()
             fn()
             return (time.perf_counter() - t) * 1e3
+    if args.l2_worker:
+        bench_ms = _profiled_once  # noqa: F811
 
     if args.topology:
         topology.set_current(args.topology)
@@ -170,6 +259,12 @@ def main(argv=None) -> int:
         fn(sizes[:1] if args.quick else sizes, bench_ms, rows)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+    if args.l2_worker:   # the launcher matches these rows with ncu's kernels, in order
+        import json
+
+        with open(args.l2_worker, "w") as f:
+            json.dump([{k: r[k] for k in ("kind", "size", "policy", "auto")} for r in rows], f)
+        return 0
     for size in dict.fromkeys(r["size"] for r in rows):
         sub = [r for r in rows if r["size"] == size]
         best = min(r["ms"] for r in sub)

@@ -49,3 +49,22 @@ def kernel_device_ok(t: torch.Tensor) -> bool:
     if t.is_cuda:
         return True
     return t.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
+
+
+class _Nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+_NOTHING = _Nothing()
+
+
+def launch_device(t: torch.Tensor):
+    """Context for launching a kernel on t's GPU: Triton launches on the *current* device, so switch
+    to t's when it is another one (a no-op otherwise: torch.cuda.device costs microseconds)."""
+    if t.is_cuda and t.device.index != torch.cuda.current_device():
+        return torch.cuda.device(t.device)
+    return _NOTHING

@@ -37,7 +37,7 @@ import torch
 from . import mappings as M
 from .mappings import default_policy as _default_policy, lookup as _lookup
 from . import topology as _topology
-from ._validate import check_same, check_tensor, kernel_device_ok
+from ._validate import check_same, check_tensor, kernel_device_ok, launch_device
 
 __all__ = ["flash_decode", "CHECK_DATA"]
 
@@ -258,7 +258,8 @@ def _flash_decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, scale, n
         return _torch_decode(q, k_cache, v_cache, cache_seqlens, block_table, entry.scale, shape)
     out = _new_output((shape.batch, shape.heads, shape.head_dim), q.dtype, q.device)
     lse = _new_output((shape.batch, shape.heads), torch.float32, q.device)
-    entry.plan.launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse)
+    with launch_device(q):
+        entry.plan.launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse)
     return out, lse
 
 

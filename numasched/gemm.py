@@ -24,7 +24,7 @@ import torch
 from . import mappings as M
 from . import topology as _topology
 from .mappings import default_policy as _default_policy
-from ._validate import INT32_MAX, check_same, check_tensor, kernel_device_ok
+from ._validate import INT32_MAX, check_same, check_tensor, kernel_device_ok, launch_device
 
 __all__ = ["matmul", "SUPPORTED_DTYPES"]
 
@@ -122,22 +122,9 @@ def _run(a, b, out, mapping, persistent, **launch_kw):
     from .kernels import gemm as _kernels
 
     policy, num_domains = _policy_for(mapping, Mdim, N)
-    # Triton launches on the current device: switch only when a is elsewhere (the context
-    # manager costs microseconds per call)
-    if a.is_cuda and a.device.index != torch.cuda.current_device():
-        with torch.cuda.device(a.device):
-            _kernels.launch(a, b, out, policy, num_domains, persistent=persistent, **launch_kw)
-    else:
+    with launch_device(a):
         _kernels.launch(a, b, out, policy, num_domains, persistent=persistent, **launch_kw)
     return out
-
-
-class _nullcontext:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 # ----------------------------------------------------------------------------------- custom ops

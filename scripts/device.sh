@@ -2,7 +2,8 @@
 # Runs on a lent GPU machine (torch/triton preinstalled there, no network): installs numasched
 # without dependencies, the carried wheels (.whl/: flashinfer, tvm-ffi, iris) into /tmp/site,
 # then each step given as an argument, logging to $OUT. Steps: env probe tests bench-quick
-# bench-decode bench-prefill bench-gemm bench-policies sanitizer report dist-tests dist-bench
+# bench-decode bench-prefill bench-gemm bench-policies sanitizer l2 report; "bench-SUITE:ARGS" passes
+# ARGS (commas become spaces) to the suite, e.g. bench-decode:--heads,gqa
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -14,6 +15,9 @@ fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || python3 -m pip install --no-deps --no-build-isolation -e .
 dev=$(python3 -c "import torch;n=torch.cuda.get_device_name(0).lower();print('h200' if 'h200' in n else 'h100' if 'h100' in n else 'gpu')")
 step() { echo "=== $1 ($(date +%T))"; }
+# results come back even if the call runs out of time: copy them to $OUT every 20 s
+( while sleep 20; do cp -r bench/results "$OUT/" 2>/dev/null; done ) &
+copier=$!
 for s in "$@"; do
   step "$s"
   case "$s" in
@@ -28,15 +32,22 @@ for s in "$@"; do
             f=tests/test_${s#test-}.py
             NUMASCHED_AUTOTUNE=0 timeout ${TEST_TIMEOUT:-240} python3 -m pytest -m gpu -v -rfE --timeout 200 $f 2>&1 \
               | tee "$OUT/gpu-${s}-$dev.log" | grep -E "PASS|FAIL|ERROR|Error|passed|failed|assert" | tail -40 ;;
-    sanitizer) for tool in memcheck racecheck; do
-                 timeout 240 compute-sanitizer --tool $tool --target-processes all python3 -m pytest -q -m gpu -k "sanitizer or small" tests 2>&1 | tail -15 | tee -a "$OUT/sanitizer-$dev.log"
+    sanitizer) # compile once outside the sanitizer (Triton's cache), then every kernel family under each tool
+               NUMASCHED_AUTOTUNE=0 python3 scripts/sanitize_kernels.py 2>&1 | tail -3
+               for tool in memcheck racecheck; do
+                 echo "--- compute-sanitizer --tool $tool" | tee -a "$OUT/sanitizer-$dev.log"
+                 NUMASCHED_AUTOTUNE=0 timeout ${SANITIZER_TIMEOUT:-150} compute-sanitizer --tool $tool \
+                   python3 scripts/sanitize_kernels.py 2>&1 | tee -a "$OUT/sanitizer-$dev.log" | tail -8
+                 echo "exit ${PIPESTATUS[0]}" | tee -a "$OUT/sanitizer-$dev.log"
                done ;;
-    bench-*) name=${s#bench-}; extra=""; [[ $name == *-quick ]] && { name=${name%-quick}; extra=--quick; }
-             timeout 540 numasched bench $name $extra 2>&1 | tee "$OUT/bench-$name-$dev.log" | tail -60
-             cp bench/results/$name-* "$OUT/" 2>/dev/null ;;
+    l2) timeout 300 numasched bench policies --l2 2>&1 | tee "$OUT/l2-$dev.log" | tail -40 ;;
+    bench-*) spec=${s#bench-}; name=${spec%%:*}; extra=""; [[ $spec == *:* ]] && extra=${spec#*:}; extra=${extra//,/ }
+             [[ $name == *-quick ]] && { name=${name%-quick}; extra="--quick $extra"; }
+             timeout ${BENCH_TIMEOUT:-540} numasched bench $name $extra 2>&1 | tee -a "$OUT/bench-$name-$dev.log" | tail -60 ;;
     report) numasched report --skip-sim 2>&1 | tail -40 ;;
     *) echo "unknown step $s" ;;
   esac
 done
 # everything the run wrote under bench/results comes back
-tar czf "$OUT/results.tgz" bench/results 2>/dev/null
+kill $copier 2>/dev/null
+cp -r bench/results "$OUT/" 2>/dev/null

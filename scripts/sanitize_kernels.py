@@ -1,0 +1,119 @@
+"""Every kernel family once on small GPU shapes, checked against float64 references: the program
+that runs under compute-sanitizer (memcheck, racecheck) in ``scripts/device.sh sanitizer``.
+
+Small shapes with ragged edges (lengths not multiples of the blocks, a paged cache with a random
+block table, transposed GEMM operands) so masked loads and stores are exercised; outputs are
+poisoned with NaN where the call takes ``out=``. Fixed kernel configs (no autotuning: every launch is one the sanitizer
+checks, and compilation happens once). Exit code 1 if any result is wrong.
+
+    NUMASCHED_AUTOTUNE=0 python3 scripts/sanitize_kernels.py
+    NUMASCHED_AUTOTUNE=0 compute-sanitizer --tool memcheck python3 scripts/sanitize_kernels.py
+"""
+import math
+import sys
+
+import torch
+
+import numasched
+from numasched.attention import attention_forward
+from numasched.kernels import attention_fwd as AK
+
+import os
+
+# on a CPU (TRITON_INTERPRET=1) the same cases run as a dry check of this script; the interpreter
+# computes bf16 dots wrongly, so bf16 becomes fp16 there
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+BF16 = torch.bfloat16 if DEV == "cuda" else torch.float16
+torch.manual_seed(0)
+failures = []
+
+
+def check(name, got, ref, tol):
+    err = float((got.double() - ref).norm() / ref.norm())
+    ok = math.isfinite(err) and err < tol
+    print(f"{'ok  ' if ok else 'FAIL'} {name}: relative error {err:.2e} (tolerance {tol:g})", flush=True)
+    if not ok:
+        failures.append(name)
+
+
+def ref_attention(q, k, v, causal, offset=0):
+    q, k, v = q.double(), k.double(), v.double()
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        i = torch.arange(q.shape[2], device=q.device)[:, None]
+        j = torch.arange(k.shape[2], device=q.device)[None, :]
+        s = s.masked_fill(j > i + offset, float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+
+def attention_cases():
+    for dt, D, causal, tma in [(BF16, 128, True, True), (torch.float16, 64, False, False),
+                               (BF16, 64, True, False)]:
+        B, H, HK, Lq, Lk = 2, 4, 2, 200, 333
+        q = torch.randn(B, H, Lq, D, device=DEV, dtype=dt)
+        k = torch.randn(B, HK, Lk, D, device=DEV, dtype=dt)
+        v = torch.randn(B, HK, Lk, D, device=DEV, dtype=dt)
+        cfg = dict(AK.fixed_config(dt, D, tma_ok=tma))
+        for mapping in ("head_first", "swizzled_head_first"):
+            out, _ = attention_forward(q, k, v, causal=causal, causal_offset=Lk - Lq, mapping=mapping, _config=cfg)
+            check(f"attention {dt} d{D} causal={causal} tma={tma} {mapping}", out,
+                  ref_attention(q, k, v, causal, Lk - Lq), 1e-2)
+
+
+def decode_cases():
+    B, H, HK, D, L, page = 3, 8, 2, 128, 700, 16
+    q = torch.randn(B, H, D, device=DEV, dtype=BF16)
+    k = torch.randn(B, L, HK, D, device=DEV, dtype=BF16)
+    v = torch.randn(B, L, HK, D, device=DEV, dtype=BF16)
+    lens = torch.tensor([700, 1, 333], device=DEV, dtype=torch.int32)
+
+    def ref():
+        outs = []
+        for b in range(B):
+            n = int(lens[b])
+            outs.append(ref_attention(q[b, None, :, None], k[b, :n].transpose(0, 1)[None], v[b, :n].transpose(0, 1)[None],
+                                      False)[0, :, 0])
+        return torch.stack(outs)
+
+    r = ref()
+    for splits in (None, 5):
+        out = numasched.flash_decode(q, k, v, cache_seqlens=lens, num_splits=splits, mapping="swizzled_head_first")
+        check(f"decode contiguous splits={splits}", out, r, 1e-2)
+    # paged: the same tokens scattered over a shuffled pool of pages
+    pages = -(-L // page)
+    perm = torch.randperm(B * pages, device=DEV)
+    table = perm.view(B, pages).to(torch.int32)
+    kp = torch.empty(B * pages, page, HK, D, device=DEV, dtype=BF16)
+    vp = torch.empty_like(kp)
+    pad = pages * page - L
+    kp[perm] = torch.nn.functional.pad(k, (0, 0, 0, 0, 0, pad)).view(B * pages, page, HK, D)
+    vp[perm] = torch.nn.functional.pad(v, (0, 0, 0, 0, 0, pad)).view(B * pages, page, HK, D)
+    out = numasched.flash_decode(q, kp, vp, cache_seqlens=lens, block_table=table, num_splits=3)
+    check("decode paged page=16 splits=3", out, r, 1e-2)
+
+
+def gemm_cases():
+    for (m, n, k), trans, persistent, dt in [((300, 200, 136), False, False, BF16),
+                                             ((257, 129, 96), True, True, torch.float16),
+                                             ((64, 96, 40), False, None, torch.float32)]:
+        a = torch.randn(m, k, device=DEV, dtype=dt)
+        b = torch.randn(n, k, device=DEV, dtype=dt).t() if trans else torch.randn(k, n, device=DEV, dtype=dt)
+        out = torch.full((m, n), float("nan"), device=DEV, dtype=dt)
+        for mapping in ("grouped", "chiplet_tiled"):
+            numasched.matmul(a, b, mapping=mapping, persistent=persistent, out=out)
+            check(f"gemm {m}x{n}x{k} {dt} transposed_b={trans} persistent={persistent} {mapping}", out,
+                  a.double() @ b.double(), 1e-2 if dt != torch.float32 else 1e-5)
+
+
+if __name__ == "__main__":
+    if DEV == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        sys.exit("needs a CUDA GPU (or TRITON_INTERPRET=1 for a dry run on CPU)")
+    attention_cases()
+    decode_cases()
+    gemm_cases()
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+    print("ALL OK" if not failures else f"FAILED: {failures}", flush=True)
+    sys.exit(1 if failures else 0)
