@@ -30,6 +30,7 @@ decode (KV split across ranks; B rows, 32 query / 8 KV heads, d 128, bf16):
     single    one GPU decoding the whole context (numasched.flash_decode)
     bulk      local decode, NCCL all_gather of (out, lse), merge in torch
     ours      numasched.distributed.flash_decode_distributed
+    graph_*   the same three replayed from CUDA graphs (no host launch overhead)
 Targets: ours no slower than bulk and symm_mem everywhere and within 5% of T_lb; decode >= 1.2x
 bulk and >= 1.7x single at >= 256k context. ``--iris-ops`` also tries Iris's own fused ops
 (ctx.ops-style, time-limited in a separate torchrun; failures are reported, not fatal).
@@ -105,7 +106,8 @@ def _launch(args, argv) -> int:
 METHODS = ("gemm", "bulk", "fused", "nocomm", "symm_mem", "ce")
 COLS = ["op", "shape", "world", "gemm_ms", "single_ms", "local_decode_ms", "bulk_ms", "symm_mem_ms", "fused_ms",
         "ce_ms", "best_impl", "ours_ms", "nocomm_ms", "fused_over_nocomm", "link_ms", "T_lb_ms", "ours_over_T_lb",
-        "x_vs_bulk", "x_vs_symm_mem", "x_vs_single", "ours_TFLOPs", "err_vs_bulk", "target", "note"]
+        "x_vs_bulk", "x_vs_symm_mem", "x_vs_single", "graph_single_ms", "graph_bulk_ms", "graph_ours_ms",
+        "graph_x_vs_bulk", "graph_x_vs_single", "ours_TFLOPs", "err_vs_bulk", "target", "note"]
 
 
 def _setup(limit: float = 0.0):
@@ -208,7 +210,8 @@ class _Out:
         if self.rank != 0:
             return
         keys = ("gemm_ms", "bulk_ms", "fused_ms", "ce_ms", "symm_mem_ms", "single_ms", "ours_ms", "x_vs_bulk",
-                "x_vs_symm_mem", "x_vs_single", "ours_over_T_lb", "err_vs_bulk")
+                "x_vs_symm_mem", "x_vs_single", "graph_x_vs_bulk", "graph_x_vs_single", "ours_over_T_lb",
+                "err_vs_bulk")
         cells = " ".join(f"{k}={row[k]:.4g}" if isinstance(row.get(k), float) else f"{k}={row[k]}"
                          for k in keys if k in row)
         print(f"ROW {row['op']} {row['shape']}: {cells}" + (f"  note: {row['note']}" if row.get("note") else ""),
@@ -416,12 +419,50 @@ def _decode_row(B, S, W, ctx, measure, local_decode, rel, out):
     # the local part alone, and one GPU decoding the whole context ("gemm" in --methods selects both)
     t_local, _ = measure(tag, "gemm", lambda: local_decode(q, k, v, lens), show="local decode")
     t_single, _ = measure(tag, "gemm", lambda: local_decode(q, kw, vw, lens_w), show="single GPU")
+    # the same three as CUDA-graph replays (what a serving engine's decode step costs: no host
+    # launch overhead, which dominates the eager figures at small batch)
+    graphs = _capture_all({"bulk": bulk, "ours": ours, "single": lambda: local_decode(q, kw, vw, lens_w)})
+    g = {name: (measure(tag, "fused" if name == "ours" else "gemm" if name == "single" else name, fn,
+                        show=f"{name} (CUDA graph)")[0] if fn else float("nan"))
+         for name, fn in graphs.items()}
     ctx.check("flash_decode_distributed")
     return dict(op="flash_decode_distributed", shape=f"B={B} ctx={S // 1024}k", world=W,
                 single_ms=t_single, bulk_ms=t_bulk, ours_ms=t_ours, fused_ms=t_ours, nocomm_ms=t_noc,
                 local_decode_ms=t_local, x_vs_bulk=t_bulk / t_ours, x_vs_single=t_single / t_ours,
+                graph_single_ms=g["single"], graph_bulk_ms=g["bulk"], graph_ours_ms=g["ours"],
+                graph_x_vs_bulk=g["bulk"] / g["ours"], graph_x_vs_single=g["single"] / g["ours"],
                 target="x_vs_bulk>=1.2" + (", x_vs_single>=1.7" if S >= 262144 else ""),
                 err_vs_bulk=err, note=e_ours)
+
+
+def _capture_all(fns: dict) -> dict:
+    """name -> the replay of a CUDA graph holding one call of fns[name], or None where capture failed
+    on any rank (every rank then skips it: the replays contain collectives)."""
+    import torch
+    import torch.distributed as dist
+
+    out = {}
+    for name, fn in fns.items():
+        graph, ok = None, 1.0
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):   # warm-up on a side stream before capture, as torch advises
+                fn()
+            torch.cuda.current_stream().wait_stream(side)
+            torch.cuda.synchronize()
+            dist.barrier()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                fn()
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001 - reported, and the row shows NaN
+            print(f"  {name}: CUDA graph capture failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
+            ok = 0.0
+        flag = torch.tensor([ok], device="cuda")
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        out[name] = graph.replay if float(flag) == 1.0 and graph is not None else None
+    return out
 
 
 def _row(op, shape, W, flops, t_gemm, t_bulk, t_symm, t_fused, t_ce, t_noc, link, err, note):

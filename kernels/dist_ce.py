@@ -29,12 +29,13 @@ def ce_wait_kernel(flags_ptr, epoch_ptr, status_ptr, idx, src, max_spins, LAG: t
 
 
 @triton.jit
-def sum_partials_kernel(own_ptr, p_ptr, out_ptr, flags_ptr, epoch_ptr, status_ptr, rank, n, max_spins,
-                        WORLD: tl.constexpr, BLOCK: tl.constexpr, WAIT: tl.constexpr):
+def sum_partials_kernel(own_ptr, p_ptr, out_ptr, rank, n, WORLD: tl.constexpr, BLOCK: tl.constexpr):
     """out = sum over ranks of the partial slices (ours in ``own_ptr``, rank s's in ``p_ptr[s]``),
-    in rank order 0..WORLD-1 with fp32 accumulation, after every peer's ready flag (WAIT=False:
-    timing with communication off)."""
-    e = tl.load(epoch_ptr) + 1
+    in rank order 0..WORLD-1 with fp32 accumulation. It never waits: the one-program
+    ``ce_wait_kernel`` launches before it on the same stream wait for the peers' ready flags.
+    (A wide grid of spinning programs fills every SM and starves the side stream's one-program
+    signal kernels, on this GPU and, symmetrically, on the peer: that deadlock was seen on two
+    H200s at 16384 x 14336 x 8192.)"""
     idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = idx < n
     total = tl.zeros((BLOCK,), tl.float32)
@@ -42,7 +43,5 @@ def sum_partials_kernel(own_ptr, p_ptr, out_ptr, flags_ptr, epoch_ptr, status_pt
         if src == rank:
             total += tl.load(own_ptr + idx, mask=m, other=0.0).to(tl.float32)
         else:
-            if WAIT:
-                wait_flag(flags_ptr + src, e, src, status_ptr, max_spins)
             total += tl.load(p_ptr + src * n.to(tl.int64) + idx, mask=m, other=0.0).to(tl.float32)
     tl.store(out_ptr + idx, total.to(out_ptr.dtype.element_ty), mask=m)

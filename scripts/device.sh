@@ -2,8 +2,8 @@
 # Runs on a lent GPU machine (torch/triton preinstalled there, no network): installs numasched
 # without dependencies, the carried wheels (.whl/: flashinfer, tvm-ffi, iris) into /tmp/site,
 # then each step given as an argument, logging to $OUT. Steps: env probe tests bench-quick
-# bench-decode bench-prefill bench-gemm bench-policies sanitizer l2 report; "bench-SUITE:ARGS" passes
-# ARGS (commas become spaces) to the suite, e.g. bench-decode:--heads,gqa
+# bench-decode bench-prefill bench-gemm bench-policies sanitizer l2 report dist-worker[:ARGS]; "bench-SUITE:ARGS" passes
+# ARGS ('+' becomes a space) to the suite, e.g. bench-decode:--heads+gqa
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -15,8 +15,10 @@ fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || python3 -m pip install --no-deps --no-build-isolation -e .
 dev=$(python3 -c "import torch;n=torch.cuda.get_device_name(0).lower();print('h200' if 'h200' in n else 'h100' if 'h100' in n else 'gpu')")
 step() { echo "=== $1 ($(date +%T))"; }
-# results come back even if the call runs out of time: copy them to $OUT every 20 s
-( while sleep 20; do cp -r bench/results "$OUT/" 2>/dev/null; done ) &
+# results written by this run come back even if the call runs out of time: copied to $OUT every 20 s
+touch /tmp/run-start
+sync_results() { mkdir -p "$OUT/results"; find bench/results -type f -newer /tmp/run-start -exec cp {} "$OUT/results/" \; ; }
+( while sleep 20; do sync_results; done ) &
 copier=$!
 for s in "$@"; do
   step "$s"
@@ -40,8 +42,12 @@ for s in "$@"; do
                    python3 scripts/sanitize_kernels.py 2>&1 | tee -a "$OUT/sanitizer-$dev.log" | tail -8
                  echo "exit ${PIPESTATUS[0]}" | tee -a "$OUT/sanitizer-$dev.log"
                done ;;
+    dist-worker*) # correctness on every GPU of the machine (docs/distributed.md); args after ':' as for bench-
+             extra=""; [[ $s == *:* ]] && extra=${s#*:}; extra=${extra//+/ }
+             timeout -k 10 ${DIST_TIMEOUT:-240} torchrun --nproc-per-node $(nvidia-smi -L | wc -l) tests/dist_worker.py $extra \
+               2>&1 | tee -a "$OUT/dist-worker-$dev.log" | grep -E "PASS|FAIL|ALL|Error|error|Timeout|hung|stack" | tail -60 ;;
     l2) timeout 300 numasched bench policies --l2 2>&1 | tee "$OUT/l2-$dev.log" | tail -40 ;;
-    bench-*) spec=${s#bench-}; name=${spec%%:*}; extra=""; [[ $spec == *:* ]] && extra=${spec#*:}; extra=${extra//,/ }
+    bench-*) spec=${s#bench-}; name=${spec%%:*}; extra=""; [[ $spec == *:* ]] && extra=${spec#*:}; extra=${extra//+/ }
              [[ $name == *-quick ]] && { name=${name%-quick}; extra="--quick $extra"; }
              timeout ${BENCH_TIMEOUT:-540} numasched bench $name $extra 2>&1 | tee -a "$OUT/bench-$name-$dev.log" | tail -60 ;;
     report) numasched report --skip-sim 2>&1 | tail -40 ;;
@@ -50,4 +56,4 @@ for s in "$@"; do
 done
 # everything the run wrote under bench/results comes back
 kill $copier 2>/dev/null
-cp -r bench/results "$OUT/" 2>/dev/null
+sync_results

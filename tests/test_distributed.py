@@ -429,9 +429,8 @@ from numasched.kernels import dist_ce
 c = compile_(dist_ce.ce_wait_kernel, dict(flags_ptr="*i32", epoch_ptr="*i32", status_ptr="*i32", idx=3, src=3,
                                           max_spins=10**6, LAG=1), sm90, 1)
 res["ce_wait"] = dict(ptx=c.asm["ptx"])
-c = compile_(dist_ce.sum_partials_kernel, dict(own_ptr="*bf16", p_ptr="*bf16", out_ptr="*bf16", flags_ptr="*i32",
-             epoch_ptr="*i32", status_ptr="*i32", rank=0, n=2**24, max_spins=10**6, WORLD=2, BLOCK=2048, WAIT=True),
-             sm90, 4)
+c = compile_(dist_ce.sum_partials_kernel, dict(own_ptr="*bf16", p_ptr="*bf16", out_ptr="*bf16", rank=0, n=2**24,
+             WORLD=2, BLOCK=2048), sm90, 4)
 res["ce_sum"] = dict(ptx=c.asm["ptx"])
 try:
     c = compile_(dist_gemm.all_gather_matmul_kernel, ag_values(M.get("chiplet_tiled")), GPUTarget("hip", "gfx942", 64),
@@ -468,13 +467,17 @@ def test_kernels_compile_for_hopper(subprocess_result):
         # flags: release at scope sys to signal, acquire at scope sys to wait (never a cached load)
         assert re.search(r"atom\.global\.sys\.release\.exch", k["ptx"])
         assert "wgmma" in k["ptx"]
+        # remote stores keep the pointers' alignment (translate moves by whole 16-element steps):
+        # 16-byte vector stores, never one bf16 element per store
+        assert "st.global.v4" in k["ptx"] and not re.search(r"st\.global(\.[a-z]+)*\.b16", k["ptx"])
         assert k["shared"] >= 3 * (128 * 64 + 64 * 256) * 2   # the K loop is software-pipelined, 3 stages
     assert re.search(r"(ld|atom)\.global\.sys\.acquire", ag["ptx"])
     assert re.search(r"(ld|atom)\.global\.sys\.acquire", rs["ptx"])
     assert re.search(r"(ld|atom)\.global\.sys\.acquire", dec["ptx"])
     assert re.search(r"atom\.global\.sys\.release\.exch", dec["ptx"])
-    for k in ("ce_wait", "ce_sum"):
-        assert re.search(r"(ld|atom)\.global\.sys\.acquire", subprocess_result[k]["ptx"])
+    assert re.search(r"(ld|atom)\.global\.sys\.acquire", subprocess_result["ce_wait"]["ptx"])
+    # the wide sum kernel must never spin on flags (it would starve the side stream's signals)
+    assert not re.search(r"\.acquire", subprocess_result["ce_sum"]["ptx"])
 
 
 def test_all_gather_kernel_compiles_for_mi300(subprocess_result):
@@ -592,3 +595,13 @@ def test_bench_rows_are_written_as_measured(tmp_path, monkeypatch):
         with open(out.path) as f:
             assert [r["shape"] for r in csv.DictReader(f)] == [f"M={j}" for j in range(i + 1)]
     assert other.path is None and len(list(tmp_path.iterdir())) == 1
+
+
+def test_heap_bases_must_be_256_byte_aligned_relative_to_each_other():
+    from numasched.distributed._context import check_heap_bases
+
+    check_heap_bases([0x7F0000000000, 0x7F0000200000, 0x7F0000000100])
+    with pytest.raises(RuntimeError, match=r"rank\(s\) \[1\].*256-byte aligned"):
+        check_heap_bases([0x7F0000000000, 0x7F0000000010])
+    w = nd.SimWorld(3, heap_bytes=1 << 20)
+    check_heap_bases(w.heap_bases.tolist())

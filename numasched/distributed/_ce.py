@@ -11,8 +11,10 @@ all-gather + GEMM, call e on rank r:
                  wait ready[src] >= e, C[src rows] = buffer[src] @ B, set src's ack[r] = e
 GEMM + reduce-scatter, call e on rank r:
     main stream  for dest = r+1, ...: stage[dest] = A[dest rows] @ B (cuBLAS); then own = A[r rows] @ B;
-                 sum kernel: wait ready[src] >= e for every peer, out = sum of partials in rank
-                 order (fp32); set every src's ack[r] = e
+                 wait ready[src] >= e for every peer; sum kernel: out = sum of partials in rank
+                 order (fp32); set every src's ack[r] = e. The waits are one-program
+                 kernels before the sum: a sum kernel that spun on the flags itself filled
+                 every SM and starved the side stream's signal kernels (deadlock, seen on H200)
     side stream  after each stage[dest] is computed: wait ack[dest] >= e-1, copy it into dest's
                  partials[r], set dest's ready[r] = e
 Both join the side stream and bump the epoch at the end of the call. One receive buffer per peer
@@ -170,9 +172,12 @@ def matmul_reduce_scatter_ce(ctx, plan, call, phase):
     if W == 1:
         out.copy_(own)
     else:
-        sum_partials_kernel[(-(-n // block),)](own, partials if phase != "nocomm" else stage, out, ready, epoch,
-                                                ctx.status, R, n, ctx.max_spins, WORLD=W, BLOCK=block,
-                                                WAIT=phase != "nocomm")
+        if phase != "nocomm":   # one-program waits, never a wide grid of spinners (see sum_partials_kernel)
+            for i in range(1, W):
+                src = (R - i) % W
+                _wait(ctx, ready, epoch, src, src, 0)
+        sum_partials_kernel[(-(-n // block),)](own, partials if phase != "nocomm" else stage, out, R, n, WORLD=W,
+                                                BLOCK=block)
         if phase != "nocomm":
             for src in range(W):
                 if src != R:

@@ -151,6 +151,7 @@ class DistContext(_Base):
         self.device = torch.device(f"cuda:{dev}")
         self.heap_bases = self.iris.get_heap_bases()
         self.heap_bases_host = [int(x) for x in self.heap_bases.cpu().tolist()]   # for copy-engine pushes
+        check_heap_bases(self.heap_bases_host)
         self.side_stream = None
         self.num_sms = torch.cuda.get_device_properties(dev).multi_processor_count
         self._init_common(heap_bytes)
@@ -214,6 +215,19 @@ class _SimRank(_Base):
         return buf.view(dtype)
 
 
+HEAP_ALIGN = 256
+
+
+def check_heap_bases(bases) -> None:
+    """The kernels move pointers between heaps by whole multiples of 16 elements (so remote stores
+    stay 16-byte vectors: kernels/dist_common.translate); that needs heap bases that differ by
+    multiples of 256 bytes. Iris's heaps are page aligned; anything else is refused here."""
+    bad = [r for r, b in enumerate(bases) if (b - bases[0]) % HEAP_ALIGN]
+    if bad:
+        raise RuntimeError(f"symmetric heap of rank(s) {bad} is not {HEAP_ALIGN}-byte aligned relative to rank 0's "
+                           f"(bases {[hex(b) for b in bases]}); the kernels' remote addressing needs it")
+
+
 class SimWorld:
     """``world`` ranks in one process on CPU (Triton interpreter): a heap per rank, shared heap_bases.
 
@@ -228,7 +242,10 @@ class SimWorld:
             raise ValueError(f"world must be in 1..{MAX_WORLD}, got {world}")
         self.world, self.num_sms, self.max_spins = world, num_sms, max_spins
         self.device = torch.device(device)
-        heaps = [torch.zeros(heap_bytes, dtype=torch.uint8, device=self.device) for _ in range(world)]
+        # heaps at 256-byte aligned addresses, as Iris's are (see check_heap_bases)
+        raw = [torch.zeros(heap_bytes + HEAP_ALIGN, dtype=torch.uint8, device=self.device) for _ in range(world)]
+        heaps = [h[-h.data_ptr() % HEAP_ALIGN:][:heap_bytes] for h in raw]
+        check_heap_bases([h.data_ptr() for h in heaps])
         self.heap_bases = torch.tensor([h.data_ptr() for h in heaps], dtype=torch.int64, device=self.device)
         self.ranks = [_SimRank(self, r, heaps[r]) for r in range(world)]
 
