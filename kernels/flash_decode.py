@@ -273,14 +273,17 @@ _TUNED_CONFIGS: dict = {}
 INT64_THRESHOLD = 2**31 - 1
 
 # ----------------------------------------------------------------------------- splits
-# Waves: programs the GPU runs at once, in units of SMs. A Hopper SM holds 2-3 of the 64-token
-# programs (72 KiB of shared memory each) and more of the 2-warp ones, so 4 programs per SM errs
-# towards more concurrency (memory-level parallelism) and a finer tail.
-PROGRAMS_PER_SM = 4
+# Waves: programs the GPU runs at once, in units of SMs. Measured on an H200 (bf16, d128, GQA 32/8,
+# batch 1, split sweep in bench/results/decode-sweep-h200-2026-11-22.csv): one program per SM is
+# best at every context from 1k to 128k (16 splits: 13.4 / 23.7 / 52.1 / 141 us at 1k / 8k / 32k /
+# 128k, against 20.1 / 28.9 / 57.8 / 149 us with 64 splits and 52 / 55 / 91 / 178 us with 256):
+# extra programs per SM add partials and combine work without adding bandwidth.
+PROGRAMS_PER_SM = 1
 # Cost of starting a program, in tokens of streaming (first-load latency, partial write).
 PROGRAM_OVERHEAD_TOKENS = 128
-# A split shorter than this spends too much of its time in the prologue / partial write.
-MIN_SPLIT_TOKENS = 256
+# Splits as short as one 64-token block still pay off when they fill the GPU (batch 1 x 1k: 16
+# splits of 64 tokens, 13.4 us, against 16.7 us with 4 splits of 256).
+MIN_SPLIT_TOKENS = 64
 # Automatic splits: up to 256, so that batch * kv_heads = 2 still fills four waves of 132 SMs; the
 # combine merges them in chunks of COMBINE_MAX_BLOCK_S. An explicit num_splits may be larger.
 MAX_SPLITS = 256

@@ -17,7 +17,7 @@ dev=$(python3 -c "import torch;n=torch.cuda.get_device_name(0).lower();print('h2
 step() { echo "=== $1 ($(date +%T))"; }
 # results written by this run come back even if the call runs out of time: copied to $OUT every 20 s
 touch /tmp/run-start
-sync_results() { mkdir -p "$OUT/results"; find bench/results -type f -newer /tmp/run-start -exec cp {} "$OUT/results/" \; ; }
+sync_results() { find bench/results -type f -newer /tmp/run-start | tar czf "$OUT/results.tgz.part" -T - 2>/dev/null && mv "$OUT/results.tgz.part" "$OUT/results.tgz"; }
 ( while sleep 20; do sync_results; done ) &
 copier=$!
 for s in "$@"; do

@@ -255,15 +255,20 @@ def test_torch_fallback_warns_once(monkeypatch):
 
 def test_choose_num_splits():
     sms = 132
-    # few (batch, kv_head) pairs and a long context: about PROGRAMS_PER_SM programs per SM
+    # few (batch, kv_head) pairs and a long context: about PROGRAMS_PER_SM programs per SM, one wave
     for B, HK in [(1, 8), (1, 2), (2, 1)]:
         s = FD.choose_num_splits(B, HK, 131072, sms)
-        assert B * HK * s >= FD.PROGRAMS_PER_SM * sms * 0.9 and s <= FD.MAX_SPLITS
+        assert FD.PROGRAMS_PER_SM * sms * 0.9 <= B * HK * s <= FD.PROGRAMS_PER_SM * sms and s <= FD.MAX_SPLITS
     assert FD.choose_num_splits(1, 2, 131072, sms) > 64  # more than one combine chunk
+    # the choices the H200 split sweep found best (bench/results/decode-sweep-h200-2026-11-22.csv)
+    for ctx in (1024, 8192, 32768, 131072):
+        assert FD.choose_num_splits(1, 8, ctx, sms) == 16, ctx
+    assert FD.choose_num_splits(8, 8, 1024, sms) == 2
     # a short context: splits of at least MIN_SPLIT_TOKENS, even if the GPU is not filled
-    assert FD.choose_num_splits(1, 8, 8192, sms) == 8192 // FD.MIN_SPLIT_TOKENS
+    assert FD.choose_num_splits(1, 8, 512, sms) == 512 // FD.MIN_SPLIT_TOKENS
     # many pairs: one split, no combine
     assert FD.choose_num_splits(128, 8, 1024, sms) == 1
+    assert FD.choose_num_splits(32, 8, 8192, sms) == 1
     assert FD.choose_num_splits(1, 1, 100, sms) == 1
     assert FD.choose_num_splits(1, 1, 0, sms) == 1
     for B, HK, L in [(1, 8, 1024), (8, 8, 32768), (2, 32, 8192), (1, 1, 1 << 20), (8, 32, 8192)]:
