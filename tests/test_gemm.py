@@ -511,3 +511,22 @@ def test_out_with_shared_elements_or_grad_is_refused():
     with torch.no_grad():
         c = numasched.matmul(a, b, out=torch.empty(8, 12))
     torch.testing.assert_close(c.double(), a.detach().double() @ b.double(), rtol=1e-5, atol=1e-5)
+
+
+@cpu
+def test_launch_plans_are_reused_only_for_the_same_signature():
+    """A repeat call (same shapes, strides, alignment, policy) reuses its launch plan, with the
+    new tensors' data; a misaligned view of the same shape gets its own plan (no TMA there)."""
+    G._PLANS.clear()
+    a, b = _operands(40, 48, 32, torch.float16, seed=1)
+    c1, info1 = _launch(a, b, path="auto")
+    a2, b2 = _operands(40, 48, 32, torch.float16, seed=2)
+    c2, info2 = _launch(a2, b2, path="auto")
+    assert len(G._PLANS) == 1 and info2 is info1
+    assert _rel_err(c1, a, b) < TOL[torch.float16] and _rel_err(c2, a2, b2) < TOL[torch.float16]
+    big = torch.randn(40 * 32 + 1, dtype=torch.float16)
+    a3 = big[1:].view(40, 32)                        # base 2 bytes off: not 16-byte aligned
+    c3, info3 = _launch(a3, b2, path="auto")
+    assert len(G._PLANS) == 2 and _rel_err(c3, a3, b2) < TOL[torch.float16]
+    c4, _ = _launch(a, b, policy="row_major", path="auto")   # another policy: another plan
+    assert len(G._PLANS) == 3 and _rel_err(c4, a, b) < TOL[torch.float16]
