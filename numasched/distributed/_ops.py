@@ -179,7 +179,35 @@ def _output(out, shape, like, impl):
     return out
 
 
-class AllGatherMatmul:
+class _Op:
+    """What the three ops share: buffers from :func:`_plan`, and the phase a launch runs."""
+
+    @classmethod
+    def plan(cls, ctx, call) -> Plan:
+        return _plan(ctx, cls, call)
+
+    @staticmethod
+    def _phase(call, phase: str) -> str:
+        """``communicate=False`` turns any launch into the timing-only "nocomm" phase."""
+        return phase if call.extra.get("communicate", True) else "nocomm"
+
+    @staticmethod
+    def _gemm_kw(ctx, c, k: int, use_tma: bool, **extra) -> dict:
+        """The constexprs both fused GEMM kernels take (policy, tiles, world), plus ``extra``."""
+        return dict(**c["policy"].kernel_args(c["num_domains"]), WORLD=ctx.world, BLOCK_M=c["BLOCK_M"],
+                    BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"], EVEN_K=k % c["BLOCK_K"] == 0, USE_TMA=use_tma,
+                    **extra, **_launch_kwargs(ctx, c))
+
+    @staticmethod
+    def _run(ctx, plan, kernel, programs: int, args, kw) -> None:
+        """Launch a fused kernel on ``programs`` programs (compiled and barriered on first use)."""
+        if plan.launches == 0:
+            _first_use(ctx, kernel, (programs,), args, kw)
+        kernel[(programs,)](*args, **kw)
+        plan.launches += 1
+
+
+class AllGatherMatmul(_Op):
     name = "all_gather_matmul"
     sim_phases = ("push", "consume")
 
@@ -220,17 +248,12 @@ class AllGatherMatmul:
         call.extra["communicate"] = bool(communicate)
         return call
 
-    @classmethod
-    def plan(cls, ctx, call) -> Plan:
-        return _plan(ctx, cls, call)
-
     @staticmethod
     def launch(ctx, plan, call, *, phase="full"):
         from numasched.kernels.dist_gemm import all_gather_matmul_kernel as kernel
 
         c, t, bf = call.cfg, call.tensors, plan.bufs
-        if not call.extra.get("communicate", True):
-            phase = "nocomm"
+        phase = _Op._phase(call, phase)
         if c["impl"] == "ce":
             from ._ce import all_gather_matmul_ce
 
@@ -253,21 +276,16 @@ class AllGatherMatmul:
         args = (a, gather, b, out, *descs, bf["flags"], ctx.status, bf["epoch"], bf["counters"], ctx.heap_bases,
                 ctx.rank, c["Ml"], c["N"], c["K"], b.stride(0), b.stride(1), out.stride(0), out.stride(1),
                 G, ctx.max_spins, lo, hi)
-        kw = dict(**c["policy"].kernel_args(c["num_domains"]), WORLD=W, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"],
-                  BLOCK_K=c["BLOCK_K"], EVEN_K=c["K"] % c["BLOCK_K"] == 0, COMM_PROGRAMS=comm,
-                  PUSH_CHUNK=c["PUSH_CHUNK"], DO_PUSH=push and W > 1, WAIT=phase in ("full", "consume"),
-                  BUMP_EPOCH=phase in ("full", "consume"), USE_TMA=use_tma,
-                  PROXY_FENCE=use_tma and ctx.device.type == "cuda" and torch.version.hip is None,
-                  **_launch_kwargs(ctx, c))
-        if plan.launches == 0:
-            _first_use(ctx, kernel, (G,), args, kw)
-        kernel[(G,)](*args, **kw)
-        plan.launches += 1
+        kw = _Op._gemm_kw(ctx, c, c["K"], use_tma, COMM_PROGRAMS=comm, PUSH_CHUNK=c["PUSH_CHUNK"],
+                          DO_PUSH=push and W > 1, WAIT=phase in ("full", "consume"),
+                          BUMP_EPOCH=phase in ("full", "consume"),
+                          PROXY_FENCE=use_tma and ctx.device.type == "cuda" and torch.version.hip is None)
+        _Op._run(ctx, plan, kernel, G, args, kw)
         return None if phase == "push" else out
 
 
 # ============================================================================ GEMM + reduce-scatter
-class MatmulReduceScatter:
+class MatmulReduceScatter(_Op):
     name = "matmul_reduce_scatter"
     sim_phases = ("push", "consume")
 
@@ -326,8 +344,7 @@ class MatmulReduceScatter:
         from numasched.kernels.dist_gemm import matmul_reduce_scatter_kernel as kernel
 
         c, t, bf = call.cfg, call.tensors, plan.bufs
-        if not call.extra.get("communicate", True):
-            phase = "nocomm"
+        phase = _Op._phase(call, phase)
         if c["impl"] == "ce":
             from ._ce import matmul_reduce_scatter_ce
 
@@ -349,13 +366,8 @@ class MatmulReduceScatter:
         args = (a, b, out, partials, *descs, bf["flags"], ctx.status, bf["epoch"], bf["counters"], ctx.heap_bases,
                 ctx.rank, c["Ms"], c["N"], c["Kl"], a.stride(0), a.stride(1), b.stride(0), b.stride(1),
                 out.stride(0), out.stride(1), G, ctx.max_spins, lo, hi)
-        kw = dict(**c["policy"].kernel_args(c["num_domains"]), WORLD=W, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"],
-                  BLOCK_K=c["BLOCK_K"], EVEN_K=c["Kl"] % c["BLOCK_K"] == 0, COMM=phase != "nocomm",
-                  BUMP_EPOCH=phase in ("full", "consume"), USE_TMA=use_tma, **_launch_kwargs(ctx, c))
-        if plan.launches == 0:
-            _first_use(ctx, kernel, (G,), args, kw)
-        kernel[(G,)](*args, **kw)
-        plan.launches += 1
+        kw = _Op._gemm_kw(ctx, c, c["Kl"], use_tma, COMM=phase != "nocomm", BUMP_EPOCH=phase in ("full", "consume"))
+        _Op._run(ctx, plan, kernel, G, args, kw)
         return None if phase == "push" else out
 
 
@@ -402,7 +414,7 @@ def default_local_decode() -> Callable:
     return torch_local_decode
 
 
-class FlashDecodeDistributed:
+class FlashDecodeDistributed(_Op):
     name = "flash_decode_distributed"
     sim_phases = ("push", "consume")
 
@@ -463,17 +475,12 @@ class FlashDecodeDistributed:
                           communicate=bool(communicate))
         return call
 
-    @classmethod
-    def plan(cls, ctx, call) -> Plan:
-        return _plan(ctx, cls, call)
-
     @staticmethod
     def launch(ctx, plan, call, *, phase="full"):
         from numasched.kernels.dist_decode import decode_exchange_combine_kernel as kernel
 
         c, t, bf = call.cfg, call.tensors, plan.bufs
-        if not call.extra.get("communicate", True):
-            phase = "nocomm"
+        phase = _Op._phase(call, phase)
         if phase != "consume":   # the local part (the consume phase of the simulation reuses it)
             o, l = call.extra["local_decode"](t["q"], t["k"], t["v"], t["lens"])
             if tuple(o.shape) != (c["B"], c["H"], c["D"]) or tuple(l.shape) != (c["B"], c["H"]):
@@ -493,10 +500,7 @@ class FlashDecodeDistributed:
                   BUMP_EPOCH=phase in ("full", "consume"))
         if ctx.device.type != "cpu":
             kw["num_warps"] = c["num_warps"]
-        if plan.launches == 0:
-            _first_use(ctx, kernel, (G,), args, kw)
-        kernel[(G,)](*args, **kw)
-        plan.launches += 1
+        _Op._run(ctx, plan, kernel, G, args, kw)
         if phase == "push":
             return None
         return (t["out"], t["lse"]) if call.extra["return_lse"] else t["out"]
