@@ -51,8 +51,11 @@ def supported_head_dim(d: int) -> bool:
 
 # ------------------------------------------------------------------------------ policies by key
 # The custom op takes strings only; a Policy object (e.g. a composed, unregistered one) is passed
-# by a key into this table.
-_POLICY_KEYS: dict = {}
+# by a key into this table. Bounded (least recently passed out first), so that a program making
+# a new Policy object per call does not grow it forever; an eager call sets its key just before
+# use, so only a compiled graph holding one of 4096 older keys could find it gone.
+_POLICY_KEYS: "collections.OrderedDict" = collections.OrderedDict()
+MAX_POLICY_KEYS = 4096
 
 
 def _mapping_key(mapping) -> str:
@@ -64,6 +67,9 @@ def _mapping_key(mapping) -> str:
                              f"kernels; choose one of {M.available('attention')}")
         key = f"policy:{id(mapping)}"
         _POLICY_KEYS[key] = mapping
+        _POLICY_KEYS.move_to_end(key)
+        while len(_POLICY_KEYS) > MAX_POLICY_KEYS:
+            _POLICY_KEYS.popitem(last=False)
         return key
     if not isinstance(mapping, str):
         raise ValueError(f"mapping must be 'auto', a policy name or a Policy, got {type(mapping).__name__}")

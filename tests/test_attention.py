@@ -145,6 +145,16 @@ def test_policy_object_and_composed_policy():
             check(out, lse, *ref_attention(q, k, v), torch.float32)
 
 
+def test_policy_object_table_is_bounded(monkeypatch):
+    """A fresh Policy object per call must not grow the key table without bound."""
+    monkeypatch.setattr(A, "MAX_POLICY_KEYS", 3)
+    A._POLICY_KEYS.clear()
+    made = [M.compose("identity", "head_first", name=f"test_bounded_{i}") for i in range(5)]
+    keys = [A._mapping_key(p) for p in made]
+    assert len(A._POLICY_KEYS) == 3 and list(A._POLICY_KEYS) == keys[-3:]
+    assert A._POLICY_KEYS[keys[-1]] is made[-1]
+
+
 def test_kernel_launch_is_policy_driven(monkeypatch):
     """The policy's device functions reach the kernel as constexprs (one kernel for all)."""
     seen = []
