@@ -284,8 +284,9 @@ PROGRAM_OVERHEAD_TOKENS = 128
 # Splits as short as one 64-token block still pay off when they fill the GPU (batch 1 x 1k: 16
 # splits of 64 tokens, 13.4 us, against 16.7 us with 4 splits of 256).
 MIN_SPLIT_TOKENS = 64
-# Automatic splits: up to 256, so that batch * kv_heads = 2 still fills four waves of 132 SMs; the
-# combine merges them in chunks of COMBINE_MAX_BLOCK_S. An explicit num_splits may be larger.
+# Automatic splits: up to 256, so that a single (batch, kv_head) pair still fills a GPU of up to
+# 256 SMs/CUs (MI300X has 304 CUs: nearly); the combine merges them in chunks of
+# COMBINE_MAX_BLOCK_S. An explicit num_splits may be larger.
 MAX_SPLITS = 256
 COMBINE_MAX_BLOCK_S = 64  # the combine reads partials in chunks of this many splits
 
