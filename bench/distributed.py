@@ -441,9 +441,14 @@ def _capture_all(fns: dict) -> dict:
     import torch
     import torch.distributed as dist
 
+    def everywhere(ok: bool) -> bool:   # one all-reduce on every path: ranks stay in step
+        flag = torch.tensor([1.0 if ok else 0.0], device="cuda")
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return float(flag) == 1.0
+
     out = {}
     for name, fn in fns.items():
-        graph, ok = None, 1.0
+        graph, ok = None, True
         try:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
@@ -451,17 +456,22 @@ def _capture_all(fns: dict) -> dict:
                 fn()
             torch.cuda.current_stream().wait_stream(side)
             torch.cuda.synchronize()
-            dist.barrier()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                fn()
-            torch.cuda.synchronize()
         except Exception as e:  # noqa: BLE001 - reported, and the row shows NaN
-            print(f"  {name}: CUDA graph capture failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
-            ok = 0.0
-        flag = torch.tensor([ok], device="cuda")
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-        out[name] = graph.replay if float(flag) == 1.0 and graph is not None else None
+            print(f"  {name}: warm-up before capture failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
+            ok = False
+        if everywhere(ok):
+            try:
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    fn()
+                torch.cuda.synchronize()
+            except Exception as e:  # noqa: BLE001
+                print(f"  {name}: CUDA graph capture failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
+                ok = False
+            ok = everywhere(ok)
+        else:
+            ok = False
+        out[name] = graph.replay if ok and graph is not None else None
     return out
 
 

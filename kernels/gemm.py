@@ -359,7 +359,7 @@ def launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, policy, num_domain
     # kept; a repeat call only builds its descriptors and launches. Its autotuned config is kept
     # too: the autotuner's own per-call work (key building, pre-hook) costs tens of microseconds.
     key = (a.shape, b.shape, c.shape, a.stride(), b.stride(), c.stride(), a.data_ptr() % 16 == 0,
-           b.data_ptr() % 16 == 0, c.data_ptr() % 16 == 0, a.dtype, a.device, id(policy), num_domains, persistent,
+           b.data_ptr() % 16 == 0, c.data_ptr() % 16 == 0, a.dtype, b.dtype, c.dtype, a.device, id(policy), num_domains, persistent,
            path, id(config), int64, num_programs, _is_interpreter(), os.environ.get("NUMASCHED_AUTOTUNE"),
            os.environ.get("NUMASCHED_GEMM_FLATTEN"), torch.get_float32_matmul_precision())
     plan = _PLANS.get(key)
@@ -386,7 +386,7 @@ def launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, policy, num_domain
     if plan.info is None:
         m = plan.meta
         plan.info = LaunchInfo(path=plan.path, persistent=bool(m["PERSISTENT"]), policy=policy.name,
-                               grid=plan.grid_of(m), config=m, int64=plan.int64, a_trans=plan.a_trans,
+                               grid=plan.grid_of(m), config=dict(m), int64=plan.int64, a_trans=plan.a_trans,
                                b_trans=plan.b_trans, c_tma=plan.c_tma)
     stats["launches"] += 1
     stats["last"] = plan.info

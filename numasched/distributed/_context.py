@@ -151,7 +151,16 @@ class DistContext(_Base):
         self.device = torch.device(f"cuda:{dev}")
         self.heap_bases = self.iris.get_heap_bases()
         self.heap_bases_host = [int(x) for x in self.heap_bases.cpu().tolist()]   # for copy-engine pushes
-        check_heap_bases(self.heap_bases_host)
+        try:   # agreed across ranks: a rank that raised alone would leave the others in the barrier below
+            check_heap_bases(self.heap_bases_host)
+            bad_bases = None
+        except RuntimeError as e:
+            bad_bases = str(e)
+        flag = torch.tensor([0 if bad_bases else 1], dtype=torch.int32, device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        if not int(flag):
+            raise RuntimeError(bad_bases or f"rank {self.rank}: another rank's symmetric heap is misaligned "
+                                            f"(see its error); the kernels' remote addressing needs it")
         self.side_stream = None
         self.num_sms = torch.cuda.get_device_properties(dev).multi_processor_count
         self._init_common(heap_bytes)
