@@ -156,11 +156,11 @@ class DistContext(_Base):
             bad_bases = None
         except RuntimeError as e:
             bad_bases = str(e)
-        flag = torch.tensor([0 if bad_bases else 1], dtype=torch.int32, device=self.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-        if not int(flag):
-            raise RuntimeError(bad_bases or f"rank {self.rank}: another rank's symmetric heap is misaligned "
-                                            f"(see its error); the kernels' remote addressing needs it")
+        verdicts: list = [None] * self.world
+        dist.all_gather_object(verdicts, bad_bases)
+        bad = [(r, v) for r, v in enumerate(verdicts) if v]
+        if bad:
+            raise RuntimeError(f"rank {bad[0][0]}: {bad[0][1]}")
         self.side_stream = None
         self.num_sms = torch.cuda.get_device_properties(dev).multi_processor_count
         self._init_common(heap_bytes)
