@@ -359,9 +359,10 @@ def launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, policy, num_domain
     # kept; a repeat call only builds its descriptors and launches. Its autotuned config is kept
     # too: the autotuner's own per-call work (key building, pre-hook) costs tens of microseconds.
     key = (a.shape, b.shape, c.shape, a.stride(), b.stride(), c.stride(), a.data_ptr() % 16 == 0,
-           b.data_ptr() % 16 == 0, c.data_ptr() % 16 == 0, a.dtype, b.dtype, c.dtype, a.device, id(policy), num_domains, persistent,
-           path, id(config), int64, num_programs, _is_interpreter(), os.environ.get("NUMASCHED_AUTOTUNE"),
-           os.environ.get("NUMASCHED_GEMM_FLATTEN"), torch.get_float32_matmul_precision())
+           b.data_ptr() % 16 == 0, c.data_ptr() % 16 == 0, a.dtype, b.dtype, c.dtype, a.device, id(policy),
+           num_domains, persistent, path, id(config), int64, num_programs, _is_interpreter(),
+           os.environ.get("NUMASCHED_AUTOTUNE"), os.environ.get("NUMASCHED_GEMM_FLATTEN"),
+           torch.get_float32_matmul_precision())
     plan = _PLANS.get(key)
     if plan is None or plan.policy is not policy or plan.config is not config:   # ids can be reused
         plan = _plan(a, b, c, policy, num_domains, persistent, path, config, int64, num_programs)
@@ -405,7 +406,6 @@ class _Plan:
     b_trans: bool
     int64: bool
     fp32: bool
-    interp: bool
     a_view: Optional[tuple]
     b_view: Optional[tuple]
     c_view: Optional[tuple]
@@ -464,12 +464,11 @@ def _plan(a, b, c, policy, num_domains, persistent, path, config, int64, num_pro
     meta = None
     if config is not None:
         meta = dict(config.all_kwargs())
-        meta.pop("pre_hook", None)
         if persistent is not None:
             meta["PERSISTENT"] = bool(persistent)
             meta["FLATTEN"] = bool(persistent) and _flatten_enabled()
     return _Plan(path=path, use_tma=use_tma, c_tma=c_tma, a_trans=a_trans, b_trans=b_trans, int64=int64, fp32=fp32,
-                 interp=interp, a_view=a_view, b_view=b_view, c_view=c_view, sizes=sizes, kw=kw, grid_of=grid,
+                 a_view=a_view, b_view=b_view, c_view=c_view, sizes=sizes, kw=kw, grid_of=grid,
                  meta=meta, policy=policy, config=config_arg)
 
 
