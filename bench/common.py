@@ -75,6 +75,30 @@ def bench_fixed_ms(fn: Callable[[], object], *, warmup: int = 5, iters: int = 20
     return times[len(times) // 2]
 
 
+def warm_up_for_capture(fn: Callable[[], object], times: int = 1) -> None:
+    """Run ``fn`` on a side stream and wait for it, as torch asks before a CUDA-graph capture."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(times):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+
+
+def capture(fn: Callable[[], object]):
+    """One call of ``fn`` recorded in a CUDA graph (warm it up first); replay with ``.replay()``."""
+    import torch
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    torch.cuda.synchronize()
+    return graph
+
+
 _LIMITS: dict = {}
 
 

@@ -105,16 +105,11 @@ def _graph_ms(fn: Callable, rep: int, notes: List[str], name: str) -> Optional[f
     """Median ms of replaying a CUDA graph holding one call of fn (already run eagerly); None if fn cannot be captured."""
     import torch
 
+    from .common import capture, warm_up_for_capture
+
     try:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # a warm-up on a side stream, as torch recommends before capture
-            fn()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        torch.cuda.synchronize()
+        warm_up_for_capture(fn)
+        graph = capture(fn)
     except Exception as e:  # noqa: BLE001 - not capturable: "n/a", with why
         notes.append(f"{name} graph: {type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}")
         try:

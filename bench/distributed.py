@@ -446,25 +446,19 @@ def _capture_all(fns: dict) -> dict:
         dist.all_reduce(flag, op=dist.ReduceOp.MIN)
         return float(flag) == 1.0
 
+    from .common import capture, warm_up_for_capture
+
     out = {}
     for name, fn in fns.items():
         graph, ok = None, True
         try:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):   # warm-up on a side stream before capture, as torch advises
-                fn()
-            torch.cuda.current_stream().wait_stream(side)
-            torch.cuda.synchronize()
+            warm_up_for_capture(fn)
         except Exception as e:  # noqa: BLE001 - reported, and the row shows NaN
             print(f"  {name}: warm-up before capture failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
             ok = False
         if everywhere(ok):
             try:
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    fn()
-                torch.cuda.synchronize()
+                graph = capture(fn)
             except Exception as e:  # noqa: BLE001
                 print(f"  {name}: CUDA graph capture failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
                 ok = False

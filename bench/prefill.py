@@ -43,18 +43,11 @@ def _graph_ms(fn, bench_ms):
     host's per-call Python (eager calls at small sizes are bound by it). None if capture fails."""
     import torch
 
+    from .common import capture, warm_up_for_capture
+
     try:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):  # warm up on a side stream, as torch's docs ask before capture
-            for _ in range(2):
-                fn()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        torch.cuda.synchronize()
-        return bench_ms(g.replay)
+        warm_up_for_capture(fn, times=2)
+        return bench_ms(capture(fn).replay)
     except Exception as e:  # e.g. a backend that cannot be captured
         print(f"graph capture failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}", flush=True)
         torch.cuda.synchronize()

@@ -1,7 +1,7 @@
 """Argument checks shared by the public calls: every error names the argument."""
 from __future__ import annotations
 
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Optional
 
 import torch
 
