@@ -180,16 +180,23 @@ def _output(out, shape, like, impl):
 
 
 class _Op:
-    """What the three ops share: buffers from :func:`_plan`, and the phase a launch runs."""
+    """What the three ops share: buffers from :func:`_plan`, the launch dispatch, and the fused
+    kernels' constexprs and first-use launch."""
 
     @classmethod
     def plan(cls, ctx, call) -> Plan:
         return _plan(ctx, cls, call)
 
-    @staticmethod
-    def _phase(call, phase: str) -> str:
-        """``communicate=False`` turns any launch into the timing-only "nocomm" phase."""
-        return phase if call.extra.get("communicate", True) else "nocomm"
+    @classmethod
+    def launch(cls, ctx, plan, call, *, phase="full"):
+        """Run one phase of the call: ``communicate=False`` makes any phase the timing-only
+        "nocomm"; impl="ce" goes to the copy-engine pair, everything else to the fused kernel."""
+        if not call.extra.get("communicate", True):
+            phase = "nocomm"
+        if call.cfg.get("impl") == "ce":
+            plan.launches += 1
+            return cls._launch_ce(ctx, plan, call, phase)
+        return cls._launch_fused(ctx, plan, call, phase)
 
     @staticmethod
     def _gemm_kw(ctx, c, k: int, use_tma: bool, **extra) -> dict:
@@ -249,16 +256,16 @@ class AllGatherMatmul(_Op):
         return call
 
     @staticmethod
-    def launch(ctx, plan, call, *, phase="full"):
+    def _launch_ce(ctx, plan, call, phase):
+        from ._ce import all_gather_matmul_ce
+
+        return all_gather_matmul_ce(ctx, plan, call, phase)
+
+    @staticmethod
+    def _launch_fused(ctx, plan, call, phase):
         from numasched.kernels.dist_gemm import all_gather_matmul_kernel as kernel
 
         c, t, bf = call.cfg, call.tensors, plan.bufs
-        phase = _Op._phase(call, phase)
-        if c["impl"] == "ce":
-            from ._ce import all_gather_matmul_ce
-
-            plan.launches += 1
-            return all_gather_matmul_ce(ctx, plan, call, phase)
         W, T = ctx.world, ctx.world * c["TMS"] * c["TN"]
         comm = max(1, min(c["COMM_PROGRAMS"], (W - 1) * c["TMS"]))
         G = max(1, min(ctx.num_sms, max(T, comm)))
@@ -340,16 +347,16 @@ class MatmulReduceScatter(_Op):
         return _plan(ctx, cls, call, local)
 
     @staticmethod
-    def launch(ctx, plan, call, *, phase="full"):
+    def _launch_ce(ctx, plan, call, phase):
+        from ._ce import matmul_reduce_scatter_ce
+
+        return matmul_reduce_scatter_ce(ctx, plan, call, phase)
+
+    @staticmethod
+    def _launch_fused(ctx, plan, call, phase):
         from numasched.kernels.dist_gemm import matmul_reduce_scatter_kernel as kernel
 
         c, t, bf = call.cfg, call.tensors, plan.bufs
-        phase = _Op._phase(call, phase)
-        if c["impl"] == "ce":
-            from ._ce import matmul_reduce_scatter_ce
-
-            plan.launches += 1
-            return matmul_reduce_scatter_ce(ctx, plan, call, phase)
         W, TS = ctx.world, c["TMS"] * c["TN"]
         lo, hi = {"push": (0, (W - 1) * TS), "consume": ((W - 1) * TS, W * TS)}.get(phase, (0, W * TS))
         G = max(1, min(ctx.num_sms, hi - lo))
@@ -476,11 +483,10 @@ class FlashDecodeDistributed(_Op):
         return call
 
     @staticmethod
-    def launch(ctx, plan, call, *, phase="full"):
+    def _launch_fused(ctx, plan, call, phase):
         from numasched.kernels.dist_decode import decode_exchange_combine_kernel as kernel
 
         c, t, bf = call.cfg, call.tensors, plan.bufs
-        phase = _Op._phase(call, phase)
         if phase != "consume":   # the local part (the consume phase of the simulation reuses it)
             o, l = call.extra["local_decode"](t["q"], t["k"], t["v"], t["lens"])
             if tuple(o.shape) != (c["B"], c["H"], c["D"]) or tuple(l.shape) != (c["B"], c["H"]):
