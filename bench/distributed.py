@@ -272,6 +272,30 @@ def _worker(args) -> int:
         out.say(f"  {tag}: {show or name} {ms:.4g} ms" + (f" ({err})" if err else ""))
         return ms, err
 
+    def ours_and_symm(tag, op, a, b, ours_out, ref, symm):
+        """Our op (each impl in --methods: error against ``ref``, then timed; fused also with
+        communication off) and torch symm_mem's op ``symm``, in the order fused, nocomm,
+        symm_mem, ce. Returns the times by name, the errors and the failure notes."""
+        t = dict(fused=nan, nocomm=nan, symm_mem=nan, ce=nan)
+        errs, notes = [], []
+
+        def impl(name):
+            errs.append(rel(op(a, b, ctx=ctx, out=ours_out, impl=name), ref))
+            out.say(f"  {tag}: {name} rel. error {errs[-1]:.2e}")
+            t[name], e = measure(tag, name, lambda: op(a, b, ctx=ctx, out=ours_out, check=False, impl=name))
+            notes.append(e)
+
+        if "fused" in methods:
+            impl("fused")
+            t["nocomm"], _ = measure(tag, "nocomm", lambda: op(a, b, ctx=ctx, out=ours_out, check=False,
+                                                               communicate=False))
+        if symm_ok:
+            t["symm_mem"], e = measure(tag, "symm_mem", symm)
+            notes.append(e)
+        if "ce" in methods:
+            impl("ce")
+        return t, errs, notes
+
     # ------------------------------------------------------------------ all-gather + GEMM
     def ag_row(M, K, N):
         Ml = M // W
@@ -283,30 +307,15 @@ def _worker(args) -> int:
         dist.all_gather_into_tensor(full, a)
         ref = full @ b
         ours_out = torch.empty(M, N, device="cuda", dtype=bf)
-        errs, notes = [], []
         t_gemm, _ = measure(tag, "gemm", lambda: torch.matmul(full, b, out=c))
         t_bulk, _ = measure(tag, "bulk", lambda: (dist.all_gather_into_tensor(full, a), torch.matmul(full, b, out=c)))
-        t_fused = t_noc = t_symm = t_ce = nan
-        if "fused" in methods:
-            errs.append(rel(nd.all_gather_matmul(a, b, ctx=ctx, out=ours_out), ref))
-            out.say(f"  {tag}: fused rel. error {errs[-1]:.2e}")
-            t_fused, e = measure(tag, "fused", lambda: nd.all_gather_matmul(a, b, ctx=ctx, out=ours_out, check=False))
-            notes.append(e)
-            t_noc, _ = measure(tag, "nocomm", lambda: nd.all_gather_matmul(a, b, ctx=ctx, out=ours_out, check=False,
-                                                                          communicate=False))
-        if symm_ok:
-            t_symm, e = measure(tag, "symm_mem", lambda: torch.ops.symm_mem.fused_all_gather_matmul(a, [b], 0, group))
-            notes.append(e)
-        if "ce" in methods:
-            errs.append(rel(nd.all_gather_matmul(a, b, ctx=ctx, out=ours_out, impl="ce"), ref))
-            out.say(f"  {tag}: ce rel. error {errs[-1]:.2e}")
-            t_ce, e = measure(tag, "ce", lambda: nd.all_gather_matmul(a, b, ctx=ctx, out=ours_out, check=False,
-                                                                     impl="ce"))
-            notes.append(e)
+        t, errs, notes = ours_and_symm(tag, nd.all_gather_matmul, a, b, ours_out, ref,
+                                       lambda: torch.ops.symm_mem.fused_all_gather_matmul(a, [b], 0, group))
         ctx.check("all_gather_matmul")
         link = (W - 1) * Ml * K * 2 / bw * 1e3
-        return _row("all_gather_matmul", f"M={M} K={K} N_local={N}", W, 2 * M * N * K, t_gemm, t_bulk, t_symm,
-                    t_fused, t_ce, t_noc, link, max(errs, default=nan), "; ".join(x for x in notes if x))
+        return _row("all_gather_matmul", f"M={M} K={K} N_local={N}", W, 2 * M * N * K, t_gemm, t_bulk,
+                    t["symm_mem"], t["fused"], t["ce"], t["nocomm"], link, max(errs, default=nan),
+                    "; ".join(x for x in notes if x))
 
     # ------------------------------------------------------------------ GEMM + reduce-scatter
     def rs_row(M, Kl, N):
@@ -319,32 +328,15 @@ def _worker(args) -> int:
         dist.reduce_scatter_tensor(res, part)
         ref = res.clone()
         ours_out = torch.empty(M // W, N, device="cuda", dtype=bf)
-        errs, notes = [], []
         t_gemm, _ = measure(tag, "gemm", lambda: torch.matmul(a, b, out=part))
         t_bulk, _ = measure(tag, "bulk", lambda: (torch.matmul(a, b, out=part), dist.reduce_scatter_tensor(res, part)))
-        t_fused = t_noc = t_symm = t_ce = nan
-        if "fused" in methods:
-            errs.append(rel(nd.matmul_reduce_scatter(a, b, ctx=ctx, out=ours_out), ref))
-            out.say(f"  {tag}: fused rel. error {errs[-1]:.2e}")
-            t_fused, e = measure(tag, "fused", lambda: nd.matmul_reduce_scatter(a, b, ctx=ctx, out=ours_out,
-                                                                               check=False))
-            notes.append(e)
-            t_noc, _ = measure(tag, "nocomm", lambda: nd.matmul_reduce_scatter(a, b, ctx=ctx, out=ours_out,
-                                                                              check=False, communicate=False))
-        if symm_ok:
-            t_symm, e = measure(tag, "symm_mem",
-                                lambda: torch.ops.symm_mem.fused_matmul_reduce_scatter(a, b, "sum", 0, group))
-            notes.append(e)
-        if "ce" in methods:
-            errs.append(rel(nd.matmul_reduce_scatter(a, b, ctx=ctx, out=ours_out, impl="ce"), ref))
-            out.say(f"  {tag}: ce rel. error {errs[-1]:.2e}")
-            t_ce, e = measure(tag, "ce", lambda: nd.matmul_reduce_scatter(a, b, ctx=ctx, out=ours_out, check=False,
-                                                                         impl="ce"))
-            notes.append(e)
+        t, errs, notes = ours_and_symm(tag, nd.matmul_reduce_scatter, a, b, ours_out, ref,
+                                       lambda: torch.ops.symm_mem.fused_matmul_reduce_scatter(a, b, "sum", 0, group))
         ctx.check("matmul_reduce_scatter")
         link = (W - 1) * (M // W) * N * 2 / bw * 1e3
         return _row("matmul_reduce_scatter", f"M={M} K_local={Kl} N={N}", W, 2 * M * N * Kl, t_gemm, t_bulk,
-                    t_symm, t_fused, t_ce, t_noc, link, max(errs, default=nan), "; ".join(x for x in notes if x))
+                    t["symm_mem"], t["fused"], t["ce"], t["nocomm"], link, max(errs, default=nan),
+                    "; ".join(x for x in notes if x))
 
     # ------------------------------------------------------------------ distributed decode
     local_decode = nd._ops.default_local_decode()
