@@ -42,6 +42,19 @@ DRY = {"prefill": [("prefill tiny", 1, 4, 2, 40, 64, True)], "decode": [("decode
 DEV = {"device": "cuda", "dtype": None}  # set in main()
 
 
+def _each_policy(kind, registry_kind, label, auto, run, work, unit, bench_ms, rows):
+    """Time ``run(mapping=name)`` for every registered policy of ``registry_kind``: one row each,
+    with the rate ``work`` (FLOPs or bytes) / time in tera-units."""
+    from numasched import mappings as M
+
+    for name in M.available(registry_kind):
+        fn = lambda name=name: run(mapping=name)  # noqa: E731
+        fn()
+        ms = bench_ms(fn)
+        rows.append(dict(kind=kind, size=label, policy=name, auto=auto, ms=ms, rate=work / (ms * 1e-3) / 1e12,
+                         unit=unit))
+
+
 def _prefill_cases(sizes, bench_ms, rows):
     import torch
 
@@ -57,13 +70,10 @@ def _prefill_cases(sizes, bench_ms, rows):
         grid = M.AttentionGrid(B, H, HK, -(-S // K.DEFAULT_GPU_CONFIG["BLOCK_M"]))
         auto = M.resolve("auto", "attention", topology.current(), grid, causal=causal).name
         flops = 4 * B * H * S * S * D * (0.5 if causal else 1.0)
-        for name in M.available("attention"):
-            cfg = K.DEFAULT_GPU_CONFIG if DEV["device"] == "cuda" else None
-            fn = lambda name=name: attention_forward(q, k, v, causal=causal, mapping=name, _config=cfg)  # noqa: E731
-            fn()
-            ms = bench_ms(fn)
-            rows.append(dict(kind="prefill", size=label, policy=name, auto=auto, ms=ms,
-                             rate=flops / (ms * 1e-3) / 1e12, unit="TFLOP/s"))
+        cfg = K.DEFAULT_GPU_CONFIG if DEV["device"] == "cuda" else None
+        _each_policy("prefill", "attention", label, auto,
+                     lambda mapping: attention_forward(q, k, v, causal=causal, mapping=mapping, _config=cfg),
+                     flops, "TFLOP/s", bench_ms, rows)
         del q, k, v
 
 
@@ -81,12 +91,8 @@ def _decode_cases(sizes, bench_ms, rows):
         nbytes = 2 * kc.numel() * kc.element_size()
         auto = M.resolve("auto", "decode", topology.current(), M.DecodeGrid(B, HK, 1)).name
         flash_decode(q, kc, vc)  # tunes once; the policy is not in the tuning key
-        for name in M.available("decode"):
-            fn = lambda name=name: flash_decode(q, kc, vc, mapping=name)  # noqa: E731
-            fn()
-            ms = bench_ms(fn)
-            rows.append(dict(kind="decode", size=label, policy=name, auto=auto, ms=ms,
-                             rate=nbytes / (ms * 1e-3) / 1e12, unit="TB/s"))
+        _each_policy("decode", "decode", label, auto, lambda mapping: flash_decode(q, kc, vc, mapping=mapping),
+                     nbytes, "TB/s", bench_ms, rows)
         del q, kc, vc
 
 
@@ -102,12 +108,8 @@ def _gemm_cases(sizes, bench_ms, rows):
         b = torch.randn(k, n, **DEV)
         auto = M.resolve("auto", "gemm", topology.current(), M.GemmGrid(-(-m // 128), -(-n // 128))).name
         matmul(a, b)
-        for name in M.available("gemm"):
-            fn = lambda name=name: matmul(a, b, mapping=name)  # noqa: E731
-            fn()
-            ms = bench_ms(fn)
-            rows.append(dict(kind="gemm", size=label, policy=name, auto=auto, ms=ms,
-                             rate=2 * m * n * k / (ms * 1e-3) / 1e12, unit="TFLOP/s"))
+        _each_policy("gemm", "gemm", label, auto, lambda mapping: matmul(a, b, mapping=mapping), 2 * m * n * k,
+                     "TFLOP/s", bench_ms, rows)
         del a, b
 
 
