@@ -135,8 +135,11 @@ def progress(iterable: Iterable, description: str, total: Optional[int] = None):
 
 
 def write_results(suite: str, rows: List[dict], *, columns: Optional[List[str]] = None,
-                  plot: Optional[Callable] = None, out_dir: Optional[Path] = None, meta: Optional[dict] = None) -> dict:
-    """Print a table, write CSV + JSON metadata (+ PNG if ``plot(rows, path)`` is given). Returns the paths."""
+                  plot: Optional[Callable] = None, out_dir: Optional[Path] = None, meta: Optional[dict] = None,
+                  gpus: int = 1) -> dict:
+    """Print a table, write CSV + JSON metadata (+ PNG if ``plot(rows, path)`` is given). Returns the paths.
+    Files are named ``<suite>-<device>-<date>``; a multi-GPU run (``gpus`` > 1) names the device
+    ``<gpus>x<device>`` so runs on different world sizes never overwrite each other."""
     from rich.console import Console
     from rich.table import Table
 
@@ -145,7 +148,8 @@ def write_results(suite: str, rows: List[dict], *, columns: Optional[List[str]] 
     info = env_info()
     if meta:
         info.update(meta)
-    stem = f"{suite}-{device_slug()}-{info['date'][:10]}"
+    dev = device_slug() if gpus <= 1 else f"{gpus}x{device_slug()}"
+    stem = f"{suite}-{dev}-{info['date'][:10]}"
     columns = columns or (list(rows[0].keys()) if rows else [])
     table = Table(title=f"{suite} on {info.get('device')} ({info['date']}, torch {info['torch']}, triton {info['triton']})")
     for c in columns:

@@ -363,7 +363,7 @@ def _worker(args) -> int:
         with dog.limit(label, args.shape_timeout):
             out.add(fn(*shape))
     if R == 0:
-        write_results("distributed", out.rows, columns=COLS,
+        write_results("distributed", out.rows, columns=COLS, gpus=W,
                       meta=dict(world=W, remote_store_GBps=bw / 1e9, cublas_TFLOPs=rate / 1e12,
                                 spin_ns=ctx.spin_ns, iters=args.iters, warmup=args.warmup, methods=methods))
     with dog.limit("teardown", 120):
@@ -505,7 +505,7 @@ def _iris_ops_worker(args) -> int:
 
     def save():
         if R == 0:
-            write_results("distributed_iris_ops", rows, meta=dict(world=W))
+            write_results("distributed_iris_ops", rows, meta=dict(world=W), gpus=W)
 
     ag_shapes, rs_shapes, _ = _shapes(True, W)
     import iris.ops as iops

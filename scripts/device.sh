@@ -42,10 +42,10 @@ for s in "$@"; do
                    python3 scripts/sanitize_kernels.py 2>&1 | tee -a "$OUT/sanitizer-$dev.log" | tail -8
                  echo "exit ${PIPESTATUS[0]}" | tee -a "$OUT/sanitizer-$dev.log"
                done ;;
-    dist-worker*) # correctness on every GPU of the machine (docs/distributed.md); args after ':' as for bench-
+    dist-worker*) # correctness on every GPU of the machine, or on $NPROC of them (docs/distributed.md); args after ':' as for bench-
              extra=""; [[ $s == *:* ]] && extra=${s#*:}; extra=${extra//+/ }
-             timeout -k 10 ${DIST_TIMEOUT:-240} torchrun --nproc-per-node $(nvidia-smi -L | wc -l) tests/dist_worker.py $extra \
-               2>&1 | tee -a "$OUT/dist-worker-$dev.log" | grep -E "PASS|FAIL|ALL|Error|error|Timeout|hung|stack" | tail -60 ;;
+             timeout -k 10 ${DIST_TIMEOUT:-240} torchrun --nproc-per-node ${NPROC:-$(nvidia-smi -L | wc -l)} tests/dist_worker.py $extra \
+               2>&1 | tee -a "$OUT/dist-worker-${NPROC:-$(nvidia-smi -L | wc -l)}x$dev.log" | grep -E "PASS|FAIL|ALL|Error|error|Timeout|hung|stack" | tail -60 ;;
     l2) timeout 300 numasched bench policies --l2 2>&1 | tee "$OUT/l2-$dev.log" | tail -40 ;;
     bench-*) spec=${s#bench-}; name=${spec%%:*}; extra=""; [[ $spec == *:* ]] && extra=${spec#*:}; extra=${extra//+/ }
              [[ $name == *-quick ]] && { name=${name%-quick}; extra="--quick $extra"; }
