@@ -84,7 +84,17 @@ def _launch(args, argv) -> int:
         return 0
     env = dict(os.environ, **ENV)
     base = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={n}", "-m", "numasched.bench.distributed"]
-    passthrough = [a for a in argv if a != "--iris-ops"]
+    # the launcher's own options stay here (torchrun would read "--nproc" as its --nproc-per-node)
+    passthrough, skip = [], False
+    for a in argv:
+        if skip or a == "--iris-ops":
+            skip = False
+            continue
+        if a == "--nproc":
+            skip = True
+            continue
+        if not a.startswith("--nproc="):
+            passthrough.append(a)
     print("launching:", " ".join(base + passthrough), flush=True)
     rc = subprocess.call(base + passthrough, env=env)
     if args.iris_ops:
