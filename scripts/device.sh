@@ -2,7 +2,7 @@
 # Runs on a lent GPU machine (torch/triton preinstalled there, no network): installs numasched
 # without dependencies, the carried wheels (.whl/: flashinfer, tvm-ffi, iris) into /tmp/site,
 # then each step given as an argument, logging to $OUT. Steps: env probe tests bench-quick
-# bench-decode bench-prefill bench-gemm bench-policies sanitizer l2 report dist-worker[:ARGS]; "bench-SUITE:ARGS" passes
+# bench-decode bench-prefill bench-gemm bench-policies sanitizer l2 report dist-worker[:ARGS] script-NAME[:ARGS]; "bench-SUITE:ARGS" passes
 # ARGS ('+' becomes a space) to the suite, e.g. bench-decode:--heads+gqa
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -46,6 +46,9 @@ for s in "$@"; do
              extra=""; [[ $s == *:* ]] && extra=${s#*:}; extra=${extra//+/ }
              timeout -k 10 ${DIST_TIMEOUT:-240} torchrun --nproc-per-node ${NPROC:-$(nvidia-smi -L | wc -l)} tests/dist_worker.py $extra \
                2>&1 | tee -a "$OUT/dist-worker-${NPROC:-$(nvidia-smi -L | wc -l)}x$dev.log" | grep -E "PASS|FAIL|ALL|Error|error|Timeout|hung|stack" | tail -60 ;;
+    script-*) # python3 scripts/NAME.py ARGS ('+' becomes a space)
+              spec=${s#script-}; name=${spec%%:*}; extra=""; [[ $spec == *:* ]] && extra=${spec#*:}; extra=${extra//+/ }
+              timeout ${SCRIPT_TIMEOUT:-300} python3 scripts/$name.py $extra 2>&1 | tee -a "$OUT/$name-$dev.log" | tail -40 ;;
     l2) timeout 300 numasched bench policies --l2 2>&1 | tee "$OUT/l2-$dev.log" | tail -40 ;;
     bench-*) spec=${s#bench-}; name=${spec%%:*}; extra=""; [[ $spec == *:* ]] && extra=${spec#*:}; extra=${extra//+/ }
              [[ $name == *-quick ]] && { name=${name%-quick}; extra="--quick $extra"; }
