@@ -237,8 +237,19 @@ def _kv_buffers(num_stages: int, paged: bool) -> int:
     return max(1, (num_stages - 1) // 2) if paged else max(1, num_stages - 1)
 
 
+# Splits longer than 2048 tokens (tune bucket >= 2) stream long enough that 128-token tiles win:
+# measured on an H200 (bf16, d128, GQA 32/8; bench/results/decode-configs-h200-2026-11-22.log),
+# 128/4w/3s was within 3.5% of the best config at every batch 1-16, 64k-256k context and 2-16 splits,
+# while 32-token tiles took up to 1.8x as long at 32k tokens per split (batch 4 x 128k, 4 splits:
+# 871 us against 478 us). A bucket is tuned on the first shape that reaches it, so a config that
+# only suits that shape must not be on offer: these buckets choose among the 128-token tiles only.
+LONG_SPLIT_BUCKET = 2
+LONG_SPLIT_BLOCK_N = 128
+
+
 def _prune_configs(configs, named_args, **kwargs):
-    """Keep the configs of this cache kind whose K/V tiles fit in shared memory."""
+    """Keep the configs of this cache kind whose K/V tiles fit in shared memory (and, for long
+    splits, have 128-token tiles)."""
     paged = kwargs.get("PAGE_SIZE", 0) > 0
     wanted = set(_PAGED_CONFIGS if paged else _CONTIGUOUS_CONFIGS)
     block_d = kwargs.get("BLOCK_D", 128)
@@ -246,6 +257,8 @@ def _prune_configs(configs, named_args, **kwargs):
     kept = [c for c in configs
             if (c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in wanted
             and 2 * c.kwargs["BLOCK_N"] * block_d * elt * _kv_buffers(c.num_stages, paged) <= SMEM_LIMIT]
+    if int(named_args.get("tune_key", 0)) // 2 >= LONG_SPLIT_BUCKET:
+        kept = [c for c in kept if c.kwargs["BLOCK_N"] == LONG_SPLIT_BLOCK_N] or kept  # d256: none fit
     if not kept:  # head dim 256 in fp32: the smallest tile
         kept = [min(configs, key=lambda c: (c.kwargs["BLOCK_N"], c.num_stages))]
     return kept

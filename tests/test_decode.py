@@ -276,6 +276,28 @@ def test_choose_num_splits():
         assert 1 <= s <= min(FD.MAX_SPLITS, max(1, L // FD.MIN_SPLIT_TOKENS))
 
 
+@pytest.mark.parametrize("paged", [False, True])
+def test_long_splits_tune_only_wide_tiles(paged):
+    """The autotuner's candidates: every fitting config for short splits, only 128-token tiles
+    once a split is longer than 2048 tokens (a bucket is tuned on whichever shape reaches it
+    first, and narrow tiles were up to 1.8x slower on long splits); head dim 256 in fp32, where
+    no 128-token tile fits, still gets a config."""
+    def candidates(tokens_per_split, D, dtype):
+        k = torch.empty(1, 1, 1, D, dtype=dtype)
+        key = FD._tune_bucket(tokens_per_split) * 2
+        return FD._prune_configs(FD._GPU_CONFIGS, {"K": k, "tune_key": key},
+                                 PAGE_SIZE=16 if paged else 0, BLOCK_D=D)
+
+    short = candidates(512, 128, torch.bfloat16)
+    assert len({c.kwargs["BLOCK_N"] for c in short}) > 1
+    for tps in (2049, 8192, 32768, 1 << 20):
+        long = candidates(tps, 128, torch.bfloat16)
+        assert long and {c.kwargs["BLOCK_N"] for c in long} == {FD.LONG_SPLIT_BLOCK_N}, tps
+    assert {c.kwargs["BLOCK_N"] for c in candidates(2048, 128, torch.bfloat16)} != {FD.LONG_SPLIT_BLOCK_N}
+    big = candidates(1 << 16, 256, torch.float32)
+    assert big and all(c.kwargs["BLOCK_N"] < FD.LONG_SPLIT_BLOCK_N for c in big)
+
+
 def test_many_splits_chunked_combine(combine, poisoned, launches):
     # 130 splits > 2 * COMBINE_MAX_BLOCK_S: the combine loops over three chunks (some splits empty)
     assert 130 > 2 * FD.COMBINE_MAX_BLOCK_S
