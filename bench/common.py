@@ -56,8 +56,11 @@ def bench_ms(fn: Callable[[], object], *, warmup: int = 25, rep: int = 100) -> f
     return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
 
 
-def bench_fixed_ms(fn: Callable[[], object], *, warmup: int = 5, iters: int = 20) -> float:
-    """Median ms over a fixed iteration count (safe with collectives: every rank runs the same count)."""
+def bench_fixed_ms(fn: Callable[[], object], *, warmup: int = 5, iters: int = 20, calls: int = 1) -> float:
+    """Median ms per call over a fixed iteration count (safe with collectives: every rank runs the
+    same count). Each sample times ``calls`` calls queued back to back: with 1, the host's launch
+    work before the first kernel counts (an eager call on an idle GPU); with several, it overlaps
+    the previous call's kernels as in a steady stream of calls."""
     import torch
 
     for _ in range(warmup):
@@ -67,10 +70,11 @@ def bench_fixed_ms(fn: Callable[[], object], *, warmup: int = 5, iters: int = 20
     for _ in range(iters):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        fn()
+        for _ in range(calls):
+            fn()
         b.record()
         b.synchronize()
-        times.append(a.elapsed_time(b))
+        times.append(a.elapsed_time(b) / calls)
     times.sort()
     return times[len(times) // 2]
 

@@ -7,7 +7,11 @@ symmetric memory, side by side in one run (needs 2+ GPUs with NVLink; launches t
     #              torchrun --nproc-per-node 2 -m numasched.bench.distributed [--quick]
 
 Per shape, every method runs the same fixed number of iterations on every rank (CUDA events;
-an adaptive timer can deadlock collectives) and the slowest rank's median counts. Shapes run
+an adaptive timer can deadlock collectives) and the slowest rank's median counts. A GEMM-row
+sample is ``--calls`` calls (default 5) queued back to back, divided by that count: the host's
+launch work overlaps the previous call's kernels, as in a model's stream of layers (``--calls 1``
+times single eager calls on an idle GPU, host work included). Decode rows time single eager calls
+and, separately, CUDA-graph replays. Shapes run
 small first, the ops interleaved; inside a shape the methods run in the order gemm, bulk, fused
 (+ nocomm), symm_mem, ce (``--methods`` picks a subset). Every measurement is printed when it is
 taken and every finished row is printed (``ROW ...``) and written to the CSV at once. Each shape
@@ -34,7 +38,7 @@ decode (KV split across ranks; B rows, 32 query / 8 KV heads, d 128, bf16):
 Targets: ours no slower than bulk and symm_mem everywhere and within 5% of T_lb; decode >= 1.2x
 bulk and >= 1.7x single at >= 256k context. ``--iris-ops`` also tries Iris's own fused ops
 (ctx.ops-style, time-limited in a separate torchrun; failures are reported, not fatal).
-Results: bench/results/distributed-<gpu>-<date>.csv/.json (+ distributed_iris_ops-...).
+Results: bench/results/distributed-<world>x<gpu>-<date>.csv/.json (+ distributed_iris_ops-...).
 """
 from __future__ import annotations
 
@@ -54,6 +58,9 @@ def _parser():
     p.add_argument("--only", default="ag,rs,decode", help="comma-separated subset of ag, rs, decode")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--calls", type=int, default=5,
+                   help="GEMM rows: calls queued back to back per timed sample (1: single eager calls, "
+                        "whose host launch work counts)")
     p.add_argument("--methods", default=",".join(METHODS),
                    help="comma-separated subset of " + ",".join(METHODS) + " (decode uses bulk, fused, nocomm, gemm)")
     p.add_argument("--shape-timeout", type=float, default=180.0,
@@ -142,14 +149,14 @@ def _timer(args):
 
     from .common import bench_fixed_ms
 
-    def t(fn):
+    def t(fn, calls=1):
         """Slowest rank's median ms over a fixed count (warmup + iters calls of ``fn`` on every rank,
         no early exit, no adaptive count: a rank doing one call more or less would leave the others
         in an unmatched collective); NaN everywhere if it failed on any rank."""
         try:
             torch.cuda.synchronize()
             dist.barrier()
-            ms = bench_fixed_ms(fn, warmup=args.warmup, iters=args.iters)
+            ms = bench_fixed_ms(fn, warmup=args.warmup, iters=args.iters, calls=calls)
             err = ""
         except Exception as e:  # noqa: BLE001 - e.g. an op missing on every rank; a one-sided
             ms, err = float("nan"), f"{type(e).__name__}: {str(e)[:120]}"   # failure is the watchdog's
@@ -200,14 +207,15 @@ class _Out:
     """Rank 0: one line per measurement and per finished row as soon as it is measured (flushed),
     and the CSV rewritten after every row, so a run that dies still leaves its rows."""
 
-    def __init__(self, rank: int):
+    def __init__(self, rank: int, world: int):
         self.rank, self.rows = rank, []
         self.path = None
         if rank == 0:
             from .common import RESULTS_DIR, device_slug, env_info
 
             RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-            self.path = RESULTS_DIR / f"distributed-{device_slug()}-{env_info()['date'][:10]}.csv"
+            # the same name write_results gives the finished run's CSV (it overwrites this one)
+            self.path = RESULTS_DIR / f"distributed-{world}x{device_slug()}-{env_info()['date'][:10]}.csv"
 
     def say(self, msg: str):
         if self.rank == 0:
@@ -257,7 +265,7 @@ def _worker(args) -> int:
                 + [("matmul_reduce_scatter", meta(M, K), meta(K, N), dict(impl=i))
                    for M, K, N in rs_shapes if "rs" in only for i in impls]
                 + [("flash_decode_distributed", meta(B, H, D), meta(B, 1, HK, D)) for B, _ in dec_shapes])
-    out = _Out(R)
+    out = _Out(R, W)
     with dog.limit("setup (Iris context, link bandwidth, cuBLAS rate)", args.shape_timeout):
         ctx = nd.init(heap_bytes=nd.required_heap_bytes(workload, W) + (600 << 20), timeout_s=60.0)
         timed = _timer(args)
@@ -273,12 +281,12 @@ def _worker(args) -> int:
     def rel(x, ref):
         return float(torch.linalg.vector_norm(x.float() - ref.float()) / torch.linalg.vector_norm(ref.float()))
 
-    def measure(tag, name, fn, show=None):
+    def measure(tag, name, fn, show=None, calls=1):
         """One method of one shape (skipped unless ``name`` is in --methods): the same fixed
         number of calls on every rank; printed at once."""
         if name not in methods:
             return nan, ""
-        ms, err = timed(fn)
+        ms, err = timed(fn, calls)
         out.say(f"  {tag}: {show or name} {ms:.4g} ms" + (f" ({err})" if err else ""))
         return ms, err
 
@@ -292,15 +300,16 @@ def _worker(args) -> int:
         def impl(name):
             errs.append(rel(op(a, b, ctx=ctx, out=ours_out, impl=name), ref))
             out.say(f"  {tag}: {name} rel. error {errs[-1]:.2e}")
-            t[name], e = measure(tag, name, lambda: op(a, b, ctx=ctx, out=ours_out, check=False, impl=name))
+            t[name], e = measure(tag, name, lambda: op(a, b, ctx=ctx, out=ours_out, check=False, impl=name),
+                                 calls=args.calls)
             notes.append(e)
 
         if "fused" in methods:
             impl("fused")
             t["nocomm"], _ = measure(tag, "nocomm", lambda: op(a, b, ctx=ctx, out=ours_out, check=False,
-                                                               communicate=False))
+                                                               communicate=False), calls=args.calls)
         if symm_ok:
-            t["symm_mem"], e = measure(tag, "symm_mem", symm)
+            t["symm_mem"], e = measure(tag, "symm_mem", symm, calls=args.calls)
             notes.append(e)
         if "ce" in methods:
             impl("ce")
@@ -317,8 +326,9 @@ def _worker(args) -> int:
         dist.all_gather_into_tensor(full, a)
         ref = full @ b
         ours_out = torch.empty(M, N, device="cuda", dtype=bf)
-        t_gemm, _ = measure(tag, "gemm", lambda: torch.matmul(full, b, out=c))
-        t_bulk, _ = measure(tag, "bulk", lambda: (dist.all_gather_into_tensor(full, a), torch.matmul(full, b, out=c)))
+        t_gemm, _ = measure(tag, "gemm", lambda: torch.matmul(full, b, out=c), calls=args.calls)
+        t_bulk, _ = measure(tag, "bulk", lambda: (dist.all_gather_into_tensor(full, a), torch.matmul(full, b, out=c)),
+                            calls=args.calls)
         t, errs, notes = ours_and_symm(tag, nd.all_gather_matmul, a, b, ours_out, ref,
                                        lambda: torch.ops.symm_mem.fused_all_gather_matmul(a, [b], 0, group))
         ctx.check("all_gather_matmul")
@@ -338,8 +348,9 @@ def _worker(args) -> int:
         dist.reduce_scatter_tensor(res, part)
         ref = res.clone()
         ours_out = torch.empty(M // W, N, device="cuda", dtype=bf)
-        t_gemm, _ = measure(tag, "gemm", lambda: torch.matmul(a, b, out=part))
-        t_bulk, _ = measure(tag, "bulk", lambda: (torch.matmul(a, b, out=part), dist.reduce_scatter_tensor(res, part)))
+        t_gemm, _ = measure(tag, "gemm", lambda: torch.matmul(a, b, out=part), calls=args.calls)
+        t_bulk, _ = measure(tag, "bulk", lambda: (torch.matmul(a, b, out=part), dist.reduce_scatter_tensor(res, part)),
+                            calls=args.calls)
         t, errs, notes = ours_and_symm(tag, nd.matmul_reduce_scatter, a, b, ours_out, ref,
                                        lambda: torch.ops.symm_mem.fused_matmul_reduce_scatter(a, b, "sum", 0, group))
         ctx.check("matmul_reduce_scatter")
@@ -375,7 +386,8 @@ def _worker(args) -> int:
     if R == 0:
         write_results("distributed", out.rows, columns=COLS, gpus=W,
                       meta=dict(world=W, remote_store_GBps=bw / 1e9, cublas_TFLOPs=rate / 1e12,
-                                spin_ns=ctx.spin_ns, iters=args.iters, warmup=args.warmup, methods=methods))
+                                spin_ns=ctx.spin_ns, iters=args.iters, warmup=args.warmup, methods=methods,
+                                gemm_calls_per_sample=args.calls))
     with dog.limit("teardown", 120):
         dist.barrier()
         dist.destroy_process_group()

@@ -1,0 +1,68 @@
+"""The fused distributed GEMM kernels' compute core on one GPU (world 1: every tile is local, no
+flags), against cuBLAS and numasched.matmul, for a few tile configs. Data for choosing the fused
+kernels' config; not a benchmark of the distributed ops (``numasched bench distributed`` is).
+
+    NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node 1 scripts/dist_core_sweep.py
+"""
+import os
+
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")   # never NVLink multicast on the lent machines
+os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+
+import torch
+import torch.distributed as dist
+import triton.testing
+
+import numasched
+import numasched.distributed as nd
+from numasched.distributed import _ops
+
+SHAPES = [(4096, 4096, 8192), (4096, 14336, 8192), (16384, 4096, 8192), (4096, 8192, 2048), (4096, 8192, 7168)]
+BASE = _ops._gemm_cfg
+
+
+def variants():
+    yield "default", None
+    yield "s4", dict(num_stages=4)
+    yield "128x128 w4 s4", dict(BLOCK_N=128, num_warps=4, num_stages=4)
+    yield "128x128 w8 s4", dict(BLOCK_N=128, num_warps=8, num_stages=4)
+    yield "pointer", dict(USE_TMA=False)
+    yield "a program per tile", "grid"
+
+
+def main() -> None:
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group("nccl")
+    ctx = nd.init(heap_bytes=1 << 30)
+    for M, N, K in SHAPES:
+        a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16)
+        ref = a.float() @ b.float()
+        flops = 2 * M * N * K
+        t_cublas = triton.testing.do_bench(lambda: a @ b, warmup=25, rep=100)
+        t_ours = triton.testing.do_bench(lambda: numasched.matmul(a, b), warmup=25, rep=100)
+        line = [f"M={M} N={N} K={K}: cuBLAS {t_cublas * 1e3:.0f} us ({flops / t_cublas / 1e9:.0f} TFLOP/s), "
+                f"numasched.matmul {t_ours * 1e3:.0f} us"]
+        for name, over in variants():
+            sms = ctx.num_sms
+            if over == "grid":   # not persistent: as many programs as tiles, one ticket each
+                ctx.num_sms, over = 1 << 30, dict(PROGRAM_PER_TILE=1)   # the extra key: a plan of its own
+            _ops._gemm_cfg = (lambda dt, gpu, n, over=over: dict(BASE(dt, gpu, n), **(over or {})))
+            for op in ("all_gather_matmul", "matmul_reduce_scatter"):
+                fn = getattr(nd, op)
+                try:
+                    out = fn(a, b, ctx=ctx)
+                    err = ((out.float() - ref).norm() / ref.norm()).item()
+                    t = triton.testing.do_bench(lambda: fn(a, b, ctx=ctx, check=False), warmup=25, rep=100)
+                    line.append(f"{op[:2].upper()} {name}: {t * 1e3:.0f} us ({t / t_cublas:.2f}x cuBLAS, err {err:.1e})")
+                except Exception as e:  # noqa: BLE001
+                    line.append(f"{op[:2].upper()} {name}: {type(e).__name__}: {str(e)[:120]}")
+            ctx.num_sms = sms
+        _ops._gemm_cfg = BASE
+        print("\n  ".join(line), flush=True)
+    ctx.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
