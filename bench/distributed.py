@@ -46,6 +46,7 @@ import argparse
 import os
 import subprocess
 import sys
+import time
 
 ENV = dict(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NUMASCHED_CHECK_DATA="0")
 H, HK, D = 32, 8, 128
@@ -123,8 +124,8 @@ def _launch(args, argv) -> int:
 METHODS = ("gemm", "bulk", "fused", "nocomm", "symm_mem", "ce")
 COLS = ["op", "shape", "world", "gemm_ms", "single_ms", "local_decode_ms", "bulk_ms", "symm_mem_ms", "fused_ms",
         "ce_ms", "best_impl", "ours_ms", "nocomm_ms", "fused_over_nocomm", "link_ms", "T_lb_ms", "ours_over_T_lb",
-        "x_vs_bulk", "x_vs_symm_mem", "x_vs_single", "graph_single_ms", "graph_bulk_ms", "graph_ours_ms",
-        "graph_x_vs_bulk", "graph_x_vs_single", "ours_TFLOPs", "err_vs_bulk", "target", "note"]
+        "x_vs_bulk", "x_vs_symm_mem", "x_vs_single", "fused_host_us", "graph_single_ms", "graph_bulk_ms",
+        "graph_ours_ms", "graph_x_vs_bulk", "graph_x_vs_single", "ours_TFLOPs", "err_vs_bulk", "target", "note"]
 
 
 def _setup(limit: float = 0.0):
@@ -308,6 +309,16 @@ def _worker(args) -> int:
             impl("fused")
             t["nocomm"], _ = measure(tag, "nocomm", lambda: op(a, b, ctx=ctx, out=ours_out, check=False,
                                                                communicate=False), calls=args.calls)
+            # host time of one eager call: 10 calls on every rank (their kernels wait for each
+            # other), wall clock on the host before any synchronisation
+            torch.cuda.synchronize()
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(10):
+                op(a, b, ctx=ctx, out=ours_out, check=False)
+            t["host_us"] = (time.perf_counter() - t0) / 10 * 1e6
+            torch.cuda.synchronize()
+            out.say(f"  {tag}: fused host time {t['host_us']:.0f} us per call")
         if symm_ok:
             t["symm_mem"], e = measure(tag, "symm_mem", symm, calls=args.calls)
             notes.append(e)
@@ -335,7 +346,7 @@ def _worker(args) -> int:
         link = (W - 1) * Ml * K * 2 / bw * 1e3
         return _row("all_gather_matmul", f"M={M} K={K} N_local={N}", W, 2 * M * N * K, t_gemm, t_bulk,
                     t["symm_mem"], t["fused"], t["ce"], t["nocomm"], link, max(errs, default=nan),
-                    "; ".join(x for x in notes if x))
+                    "; ".join(x for x in notes if x), host_us=t.get("host_us", nan))
 
     # ------------------------------------------------------------------ GEMM + reduce-scatter
     def rs_row(M, Kl, N):
@@ -357,7 +368,7 @@ def _worker(args) -> int:
         link = (W - 1) * (M // W) * N * 2 / bw * 1e3
         return _row("matmul_reduce_scatter", f"M={M} K_local={Kl} N={N}", W, 2 * M * N * Kl, t_gemm, t_bulk,
                     t["symm_mem"], t["fused"], t["ce"], t["nocomm"], link, max(errs, default=nan),
-                    "; ".join(x for x in notes if x))
+                    "; ".join(x for x in notes if x), host_us=t.get("host_us", nan))
 
     # ------------------------------------------------------------------ distributed decode
     local_decode = nd._ops.default_local_decode()
@@ -483,7 +494,8 @@ def _capture_all(fns: dict) -> dict:
     return out
 
 
-def _row(op, shape, W, flops, t_gemm, t_bulk, t_symm, t_fused, t_ce, t_noc, link, err, note):
+def _row(op, shape, W, flops, t_gemm, t_bulk, t_symm, t_fused, t_ce, t_noc, link, err, note,
+         host_us=float("nan")):
     """Ratios use the better of our two implementations (best_impl says which)."""
     import math
 
@@ -492,7 +504,8 @@ def _row(op, shape, W, flops, t_gemm, t_bulk, t_symm, t_fused, t_ce, t_noc, link
     return dict(op=op, shape=shape, world=W, gemm_ms=t_gemm, bulk_ms=t_bulk, symm_mem_ms=t_symm, fused_ms=t_fused,
                 ce_ms=t_ce, best_impl=best, ours_ms=t_ours, nocomm_ms=t_noc, link_ms=link, T_lb_ms=t_lb,
                 ours_over_T_lb=t_ours / t_lb, x_vs_bulk=t_bulk / t_ours, x_vs_symm_mem=t_symm / t_ours,
-                fused_over_nocomm=t_fused / t_noc, ours_TFLOPs=flops / (t_ours * 1e-3) / 1e12, err_vs_bulk=err,
+                fused_over_nocomm=t_fused / t_noc, fused_host_us=host_us,
+                ours_TFLOPs=flops / (t_ours * 1e-3) / 1e12, err_vs_bulk=err,
                 target="x_vs_bulk>=1, x_vs_symm_mem>=1, ours_over_T_lb<=1.05", note=note)
 
 
