@@ -167,6 +167,14 @@ def matmul_reduce_scatter_kernel(
     TS = TMS * TN
     part = Ms.to(tl.int64) * N
 
+    # The flag of a pushed tile is raised one tile late: its release fence waits until the tile's
+    # remote stores have landed, which over NVLink takes about as long as a short-K tile's GEMM.
+    # Raised right after the store, that wait stalls the program; raised after the next tile's
+    # K loop, the stores have drained meanwhile. A program raises its pending flag before it
+    # waits for anything (own-slice tiles below) and when it runs out of tiles, so no program
+    # waits while holding a flag a peer needs.
+    pend_dest = -1
+    pend_tile = 0
     t = next_ticket(counters_ptr, TICKET_LO)
     while t < TICKET_HI:
         dest, tm, tn = shard_order(t, rank, WORLD, 1, TMS, TN, REMAP, REMAP_PARAM, ORDER, ORDER_PARAM,
@@ -179,14 +187,19 @@ def matmul_reduce_scatter_kernel(
         else:
             acc = _tile_matmul(a_ptr, stride_am, stride_ak, dest * Ms + rows % Ms, b_ptr, stride_bk, stride_bn,
                                cols % N, Kl, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+        if COMM:
+            if pend_dest >= 0:
+                signal(flags_ptr + rank * TS + pend_tile, e, rank, pend_dest, heap_bases)
+                pend_dest = -1
         mask = (rows[:, None] < Ms) & (cols[None, :] < N)
         offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
         tile = tm * TN + tn
         if dest != rank:
             mine = p_ptr + (slot * WORLD + rank).to(tl.int64) * part + offs
-            if COMM:   # from registers straight into the owner's partial buffer, then its flag
+            if COMM:   # from registers straight into the owner's partial buffer; its flag next trip
                 tl.store(translate(mine, rank, dest, heap_bases), acc.to(p_ptr.dtype.element_ty), mask=mask)
-                signal(flags_ptr + rank * TS + tile, e, rank, dest, heap_bases)
+                pend_dest = dest
+                pend_tile = tile
             else:      # communication off (timing): same work, local store
                 tl.store(mine, acc.to(p_ptr.dtype.element_ty), mask=mask)
         else:
@@ -201,5 +214,8 @@ def matmul_reduce_scatter_kernel(
             o_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :] * stride_on
             tl.store(o_ptrs, total.to(out_ptr.dtype.element_ty), mask=mask)
         t = next_ticket(counters_ptr, TICKET_LO)
+    if COMM:
+        if pend_dest >= 0:
+            signal(flags_ptr + rank * TS + pend_tile, e, rank, pend_dest, heap_bases)
 
     epoch_end(epoch_ptr, counters_ptr, num_programs, e, BUMP_EPOCH)

@@ -587,7 +587,7 @@ def test_bench_rows_are_written_as_measured(tmp_path, monkeypatch):
     assert args.methods == "bulk,fused" and args.shape_timeout == 5.0
     assert set(bd._parser().parse_args([]).methods.split(",")) == set(bd.METHODS)
     monkeypatch.setattr(common, "RESULTS_DIR", tmp_path)
-    out, other = bd._Out(0), bd._Out(1)
+    out, other = bd._Out(0, 2), bd._Out(1, 2)
     for i in range(2):
         row = dict(op="all_gather_matmul", shape=f"M={i}", world=2, bulk_ms=1.0 + i, fused_ms=0.5, note="")
         out.add(row)
@@ -595,6 +595,7 @@ def test_bench_rows_are_written_as_measured(tmp_path, monkeypatch):
         with open(out.path) as f:
             assert [r["shape"] for r in csv.DictReader(f)] == [f"M={j}" for j in range(i + 1)]
     assert other.path is None and len(list(tmp_path.iterdir())) == 1
+    assert out.path.name.startswith("distributed-2x")   # the world size is in the name
 
 
 def test_heap_bases_must_be_256_byte_aligned_relative_to_each_other():
