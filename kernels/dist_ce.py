@@ -22,10 +22,11 @@ def ce_signal_kernel(flags_ptr, epoch_ptr, heap_bases, rank, dest, idx):
 
 
 @triton.jit
-def ce_wait_kernel(flags_ptr, epoch_ptr, status_ptr, idx, src, max_spins, LAG: tl.constexpr):
+def ce_wait_kernel(flags_ptr, epoch_ptr, status_ptr, idx, src, wait_bound, LAG: tl.constexpr,
+                   WAIT_CLOCK: tl.constexpr):
     """Stall this stream until ``flags[idx] >= e - LAG`` (bounded; a timeout names ``src``)."""
     e = tl.load(epoch_ptr) + 1 - LAG
-    wait_flag(flags_ptr + idx, e, src, status_ptr, max_spins)
+    wait_flag(flags_ptr + idx, e, src, status_ptr, wait_bound, WAIT_CLOCK)
 
 
 @triton.jit

@@ -14,9 +14,13 @@ because the epoch lives in device memory (not in a kernel argument) a CUDA graph
 On NVIDIA a plain cached ``tl.load`` in a spin loop can spin forever on a stale line: always spin
 on an acquire atomic.
 
-Every wait is bounded: after ``max_spins`` polls the program gives up, sets bit ``src`` in a
-local status word and carries on (computing garbage); the host reads the status after the call
-and raises TimeoutError naming the ranks that never signalled.
+Every wait is bounded: past the bound the program gives up, sets bit ``src`` in a local status
+word and carries on (computing garbage); the host reads the status after the call and raises
+TimeoutError naming the ranks that never signalled. On NVIDIA the bound is wall-clock time
+(``CLOCK``: ``bound`` nanoseconds of ``%globaltimer``): a poll-count bound calibrated with one
+waiting program was 6x+ too long on four H200s, where every program of the grid polls at once and
+each poll is slower. Elsewhere (the interpreter, AMD, where the clock has no path here yet)
+``bound`` counts polls.
 
 Epoch bookkeeping without a clearing pass: every program reads ``epoch`` at its start (target
 ``e = epoch + 1``); at its end it increments an exit counter; the program that sees the counter
@@ -52,24 +56,42 @@ def signal(flag_ptr, value, rank, to_rank, heap_bases):
 
 
 @triton.jit
-def wait_flag(flag_ptr, target, src, status_ptr, max_spins):
-    """Spin (acquire, scope "sys") until ``*flag_ptr >= target``; bounded by ``max_spins`` polls.
+def clock_ns():
+    """The GPU's global nanosecond timer (``%globaltimer``). Inline PTX: compiled NVIDIA kernels
+    only (callers gate it with a constexpr)."""
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False,
+                                     pack=1)
+
+
+@triton.jit
+def wait_flag(flag_ptr, target, src, status_ptr, bound, CLOCK: tl.constexpr):
+    """Spin (acquire, scope "sys") until ``*flag_ptr >= target``; bounded by ``bound``: nanoseconds
+    of wall-clock time if ``CLOCK``, else polls.
 
     On timeout sets bit ``src`` of ``*status_ptr`` (the host names that rank) and returns False.
     """
     v = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
-    limit = max_spins
     if v < target:
         # once any wait of this rank has timed out, later waits give up at once: a kernel with many
         # tiles per program must not take (tiles x timeout) to report a dead peer
         dead = tl.atomic_add(status_ptr, 0, sem="relaxed", scope="gpu")
-        limit = tl.where(dead != 0, 0, max_spins)
-    spins = 0
-    while (v < target) & (spins < limit):
-        v = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
-        spins += 1
-    if v < target:
-        tl.atomic_or(status_ptr, 1 << src, sem="relaxed", scope="gpu")
+        limit = tl.where(dead != 0, 0, bound).to(tl.int64)
+        if CLOCK:
+            deadline = clock_ns() + limit
+            late = limit <= 0
+            spins = 0
+            while (v < target) & (late == 0):
+                v = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
+                spins += 1
+                if spins % 64 == 0:   # the timer read costs about as much as a poll
+                    late = clock_ns() > deadline
+        else:
+            spins = 0
+            while (v < target) & (spins < limit):
+                v = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
+                spins += 1
+        if v < target:
+            tl.atomic_or(status_ptr, 1 << src, sem="relaxed", scope="gpu")
     return v >= target
 
 
@@ -106,9 +128,10 @@ def next_ticket(counters_ptr, LO):
 
 
 @triton.jit
-def spin_probe_kernel(flag_ptr, status_ptr, max_spins):
-    """A bounded wait on a flag nobody sets: its run time / max_spins is the time of one poll."""
-    wait_flag(flag_ptr, 1, 0, status_ptr, max_spins)
+def spin_probe_kernel(flag_ptr, status_ptr, bound, CLOCK: tl.constexpr):
+    """A bounded wait on a flag nobody sets: its run time is the bound (``bound`` polls: the time
+    of one poll; ``bound`` ns with ``CLOCK``: a check of the clock bound)."""
+    wait_flag(flag_ptr, 1, 0, status_ptr, bound, CLOCK)
 
 
 def spin_ns(device, spins: int = 1 << 15) -> float:
@@ -119,10 +142,10 @@ def spin_ns(device, spins: int = 1 << 15) -> float:
 
     flag = torch.zeros(1, dtype=torch.int32, device=device)
     status = torch.zeros(1, dtype=torch.int32, device=device)
-    spin_probe_kernel[(1,)](flag, status, spins)  # compile + warm
+    spin_probe_kernel[(1,)](flag, status, spins, CLOCK=False)  # compile + warm
     torch.cuda.synchronize(device)
     t0 = time.perf_counter()
-    spin_probe_kernel[(1,)](flag, status, spins)
+    spin_probe_kernel[(1,)](flag, status, spins, CLOCK=False)
     torch.cuda.synchronize(device)
     return (time.perf_counter() - t0) * 1e9 / spins
 

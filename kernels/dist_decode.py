@@ -26,9 +26,10 @@ def decode_exchange_combine_kernel(
         out_ptr, lse_ptr, ro_ptr, rl_ptr, flags_ptr, res_ptr, res_lse_ptr,
         status_ptr, epoch_ptr, counters_ptr, heap_bases,
         rank, B, H, D, stride_ob, stride_oh, stride_od, stride_lb, stride_lh,
-        num_programs, max_spins,
+        num_programs, wait_bound,
         WORLD: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-        DO_PUSH: tl.constexpr, DO_COMBINE: tl.constexpr, WAIT: tl.constexpr, BUMP_EPOCH: tl.constexpr):
+        DO_PUSH: tl.constexpr, DO_COMBINE: tl.constexpr, WAIT: tl.constexpr, BUMP_EPOCH: tl.constexpr,
+        WAIT_CLOCK: tl.constexpr):
     # out_ptr/lse_ptr: this rank's partials (any strides). ro_ptr: heap [2, WORLD, B, H, D] (out
     # dtype), rl_ptr: heap fp32 [2, WORLD, B, H], flags_ptr: heap int32 [WORLD, B].
     # res_ptr (B, H, D) and res_lse_ptr (B, H): contiguous results.
@@ -62,7 +63,7 @@ def decode_exchange_combine_kernel(
                     l_r = lse.to(tl.float32)
                 else:
                     if WAIT:   # off only when timing with communication switched off
-                        wait_flag(flags_ptr + src * B + b, e, src, status_ptr, max_spins)
+                        wait_flag(flags_ptr + src * B + b, e, src, status_ptr, wait_bound, WAIT_CLOCK)
                     base = ((slot * WORLD + src) * B + b).to(tl.int64)
                     o_r = tl.load(ro_ptr + base * row + packed, mask=m2, other=0.0).to(tl.float32)
                     l_r = tl.load(rl_ptr + base * H + h, mask=hm, other=float("-inf"))

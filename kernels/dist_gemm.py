@@ -78,13 +78,13 @@ def _tile_matmul_tma(a_desc, off_am, b_desc, off_n, K,
 def all_gather_matmul_kernel(
         a_ptr, g_ptr, b_ptr, c_ptr, a_desc, g_desc, b_desc, flags_ptr, status_ptr, epoch_ptr, counters_ptr, heap_bases,
         rank, Ml, N, K, stride_bk, stride_bn, stride_cm, stride_cn,
-        num_programs, max_spins, TICKET_LO, TICKET_HI,
+        num_programs, wait_bound, TICKET_LO, TICKET_HI,
         REMAP: tl.constexpr, REMAP_PARAM: tl.constexpr, ORDER: tl.constexpr, ORDER_PARAM: tl.constexpr,
         NUM_DOMAINS: tl.constexpr, WORLD: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
         COMM_PROGRAMS: tl.constexpr, PUSH_CHUNK: tl.constexpr,
         DO_PUSH: tl.constexpr, WAIT: tl.constexpr, BUMP_EPOCH: tl.constexpr, USE_TMA: tl.constexpr,
-        PROXY_FENCE: tl.constexpr):
+        PROXY_FENCE: tl.constexpr, WAIT_CLOCK: tl.constexpr):
     # a_ptr: (Ml, K) contiguous, this rank's rows. g_ptr: heap [2, WORLD, Ml, K] gather buffers.
     # flags_ptr: heap int32 [WORLD, TMS]. c_ptr: (WORLD*Ml, N). USE_TMA: a_desc, g_desc (the
     # gather buffers as one (2*WORLD*Ml, K) matrix) and b_desc are TMA descriptors of the same.
@@ -122,7 +122,7 @@ def all_gather_matmul_kernel(
         else:
             a_base = g_ptr + (slot * WORLD + src).to(tl.int64) * shard
             if WAIT:
-                wait_flag(flags_ptr + src * TMS + tm, e, src, status_ptr, max_spins)
+                wait_flag(flags_ptr + src * TMS + tm, e, src, status_ptr, wait_bound, WAIT_CLOCK)
                 if PROXY_FENCE:   # the TMA loads below read what the peer wrote
                     fence_proxy_async()
         rows = tm * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -153,11 +153,11 @@ def all_gather_matmul_kernel(
 def matmul_reduce_scatter_kernel(
         a_ptr, b_ptr, out_ptr, p_ptr, a_desc, b_desc, flags_ptr, status_ptr, epoch_ptr, counters_ptr, heap_bases,
         rank, Ms, N, Kl, stride_am, stride_ak, stride_bk, stride_bn, stride_om, stride_on,
-        num_programs, max_spins, TICKET_LO, TICKET_HI,
+        num_programs, wait_bound, TICKET_LO, TICKET_HI,
         REMAP: tl.constexpr, REMAP_PARAM: tl.constexpr, ORDER: tl.constexpr, ORDER_PARAM: tl.constexpr,
         NUM_DOMAINS: tl.constexpr, WORLD: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-        COMM: tl.constexpr, BUMP_EPOCH: tl.constexpr, USE_TMA: tl.constexpr):
+        COMM: tl.constexpr, BUMP_EPOCH: tl.constexpr, USE_TMA: tl.constexpr, WAIT_CLOCK: tl.constexpr):
     # a_ptr: (WORLD*Ms, Kl); b_ptr: (Kl, N); out_ptr: (Ms, N); p_ptr: heap [2, WORLD, Ms, N]
     # partial tiles (slot, src); flags_ptr: heap int32 [WORLD, TMS*TN]. USE_TMA: a_desc, b_desc.
     e = epoch_begin(epoch_ptr)
@@ -208,7 +208,7 @@ def matmul_reduce_scatter_kernel(
                 if src == rank:
                     total += acc
                 elif COMM:
-                    wait_flag(flags_ptr + src * TS + tile, e, src, status_ptr, max_spins)
+                    wait_flag(flags_ptr + src * TS + tile, e, src, status_ptr, wait_bound, WAIT_CLOCK)
                     theirs = tl.load(p_ptr + (slot * WORLD + src).to(tl.int64) * part + offs, mask=mask, other=0.0)
                     total += theirs.to(tl.float32)
             o_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :] * stride_on

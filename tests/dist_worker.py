@@ -367,6 +367,8 @@ def check_timeout(ctx, quick):
         dt = time.perf_counter() - t0
         for r in range(1, W):
             assert str(r) in str(e)
+        # bounded in time, not just eventually: every waiting program of the grid polls at once
+        assert dt < 2 * ctx.timeout_s + 10, f"the TimeoutError took {dt:.0f} s (timeout_s={ctx.timeout_s})"
         return f"after {dt:.1f} s (timeout_s={ctx.timeout_s}, {ctx.spin_ns:.0f} ns/poll): {str(e)[:100]}"
     raise AssertionError("no TimeoutError")
 

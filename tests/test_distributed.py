@@ -394,16 +394,16 @@ def compile_(kernel, values, target, num_warps, num_stages=3):
     return triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=const, attrs=attrs), target=target,
                           options=dict(num_warps=num_warps, num_stages=num_stages))
 
-def ag_values(policy, tma=False):
+def ag_values(policy, tma=False, clock=True):
     descs = (dict(a_desc="tensordesc<bf16[128, 64]>", g_desc="tensordesc<bf16[128, 64]>",
                   b_desc="tensordesc<bf16[64, 256]>") if tma else dict(a_desc=None, g_desc=None, b_desc=None))
     return dict(a_ptr="*bf16", g_ptr="*bf16", b_ptr="*bf16", c_ptr="*bf16", **descs, USE_TMA=tma, PROXY_FENCE=tma,
                 flags_ptr="*i32", status_ptr="*i32",
                 epoch_ptr="*i32", counters_ptr="*i32", heap_bases="*i64", rank=0, Ml=8192, N=14336, K=8192,
-                stride_bk=14336, stride_bn=1, stride_cm=14336, stride_cn=1, num_programs=132, max_spins=10**6,
+                stride_bk=14336, stride_bn=1, stride_cm=14336, stride_cn=1, num_programs=132, wait_bound=10**6,
                 TICKET_LO=0, TICKET_HI=7168, **policy.kernel_args(1), WORLD=2, BLOCK_M=128, BLOCK_N=256,
                 BLOCK_K=64, EVEN_K=True, COMM_PROGRAMS=16, PUSH_CHUNK=16384, DO_PUSH=True, WAIT=True,
-                BUMP_EPOCH=True)
+                BUMP_EPOCH=True, WAIT_CLOCK=clock)
 
 sm90 = GPUTarget("cuda", 90, 32)
 c = compile_(dist_gemm.all_gather_matmul_kernel, ag_values(M.get("grouped")), sm90, 8)
@@ -414,26 +414,27 @@ vals = dict(a_ptr="*bf16", b_ptr="*bf16", out_ptr="*bf16", p_ptr="*bf16", a_desc
             b_desc="tensordesc<bf16[64, 256]>", USE_TMA=True, flags_ptr="*i32", status_ptr="*i32",
             epoch_ptr="*i32", counters_ptr="*i32", heap_bases="*i64", rank=0, Ms=8192, N=8192, Kl=14336,
             stride_am=14336, stride_ak=1, stride_bk=8192, stride_bn=1, stride_om=8192, stride_on=1,
-            num_programs=132, max_spins=10**6, TICKET_LO=0, TICKET_HI=4096, **M.get("grouped").kernel_args(1),
-            WORLD=2, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, EVEN_K=True, COMM=True, BUMP_EPOCH=True)
+            num_programs=132, wait_bound=10**6, TICKET_LO=0, TICKET_HI=4096, **M.get("grouped").kernel_args(1),
+            WORLD=2, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, EVEN_K=True, COMM=True, BUMP_EPOCH=True, WAIT_CLOCK=True)
 c = compile_(dist_gemm.matmul_reduce_scatter_kernel, vals, sm90, 8)
 res["rs"] = dict(ptx=c.asm["ptx"], shared=c.metadata.shared)
 vals = dict(out_ptr="*bf16", lse_ptr="*fp32", ro_ptr="*bf16", rl_ptr="*fp32", flags_ptr="*i32", res_ptr="*bf16",
             res_lse_ptr="*fp32", status_ptr="*i32", epoch_ptr="*i32", counters_ptr="*i32", heap_bases="*i64",
             rank=0, B=16, H=32, D=128, stride_ob=4096, stride_oh=128, stride_od=1, stride_lb=32, stride_lh=1,
-            num_programs=16, max_spins=10**6, WORLD=2, BLOCK_H=32, BLOCK_D=128, DO_PUSH=True, DO_COMBINE=True,
-            WAIT=True, BUMP_EPOCH=True)
+            num_programs=16, wait_bound=10**6, WORLD=2, BLOCK_H=32, BLOCK_D=128, DO_PUSH=True, DO_COMBINE=True,
+            WAIT=True, BUMP_EPOCH=True, WAIT_CLOCK=True)
 c = compile_(dist_decode.decode_exchange_combine_kernel, vals, sm90, 8)
 res["decode"] = dict(ptx=c.asm["ptx"], shared=c.metadata.shared)
 from numasched.kernels import dist_ce
 c = compile_(dist_ce.ce_wait_kernel, dict(flags_ptr="*i32", epoch_ptr="*i32", status_ptr="*i32", idx=3, src=3,
-                                          max_spins=10**6, LAG=1), sm90, 1)
+                                          wait_bound=10**6, LAG=1, WAIT_CLOCK=True), sm90, 1)
 res["ce_wait"] = dict(ptx=c.asm["ptx"])
 c = compile_(dist_ce.sum_partials_kernel, dict(own_ptr="*bf16", p_ptr="*bf16", out_ptr="*bf16", rank=0, n=2**24,
              WORLD=2, BLOCK=2048), sm90, 4)
 res["ce_sum"] = dict(ptx=c.asm["ptx"])
 try:
-    c = compile_(dist_gemm.all_gather_matmul_kernel, ag_values(M.get("chiplet_tiled")), GPUTarget("hip", "gfx942", 64),
+    c = compile_(dist_gemm.all_gather_matmul_kernel, ag_values(M.get("chiplet_tiled"), clock=False),
+                 GPUTarget("hip", "gfx942", 64),
                  8, 2)
     res["amd"] = "amdgcn" in c.asm
 except Exception as e:
@@ -478,6 +479,9 @@ def test_kernels_compile_for_hopper(subprocess_result):
     assert re.search(r"(ld|atom)\.global\.sys\.acquire", subprocess_result["ce_wait"]["ptx"])
     # the wide sum kernel must never spin on flags (it would starve the side stream's signals)
     assert not re.search(r"\.acquire", subprocess_result["ce_sum"]["ptx"])
+    # waits are bounded by the GPU clock on NVIDIA (a poll count is far too long under contention)
+    for k in (ag, rs, dec, subprocess_result["ce_wait"]):
+        assert "%globaltimer" in k["ptx"]
 
 
 def test_all_gather_kernel_compiles_for_mi300(subprocess_result):

@@ -73,7 +73,7 @@ def _signal(ctx, flags, epoch, dest, idx):
 def _wait(ctx, flags, epoch, idx, src, lag):
     from numasched.kernels.dist_ce import ce_wait_kernel
 
-    ce_wait_kernel[(1,)](flags, epoch, ctx.status, idx, src, ctx.max_spins, LAG=lag)
+    ce_wait_kernel[(1,)](flags, epoch, ctx.status, idx, src, ctx.wait_bound, LAG=lag, WAIT_CLOCK=ctx.wait_clock)
 
 
 class _Streams:

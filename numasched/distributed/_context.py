@@ -36,6 +36,12 @@ class _Base:
     num_sms: int
     max_spins: int
     timeout_s: float
+    wait_clock: bool = False   # waits bounded by the GPU clock (NVIDIA), else by max_spins polls
+
+    @property
+    def wait_bound(self) -> int:
+        """The kernels' wait bound: nanoseconds with ``wait_clock``, else polls."""
+        return int(self.timeout_s * 1e9) if self.wait_clock else int(self.max_spins)
 
     def _init_common(self, heap_bytes: int):
         self.heap_bytes = int(heap_bytes)
@@ -70,7 +76,8 @@ class _Base:
                            f"context's flags are out of step: create a new context")
             raise TimeoutError(
                 f"{op} on rank {self.rank}: rank(s) {ranks} never signalled within the wait bound "
-                f"(~{self.timeout_s:g} s, {self.max_spins} polls); did every rank make the same call?")
+                f"(~{self.timeout_s:g} s{'' if self.wait_clock else f', {self.max_spins} polls'}); did every rank "
+                f"make the same call?")
 
     def _ensure_usable(self):
         if self.broken:
@@ -166,6 +173,9 @@ class DistContext(_Base):
         self._init_common(heap_bytes)
         self.timeout_s = float(timeout_s)
         self.max_spins = self._spins_for(self.timeout_s)
+        # NVIDIA: bound waits by %globaltimer (a poll count is far too long when every program of a
+        # grid polls at once); AMD keeps the calibrated poll count (no clock path written yet)
+        self.wait_clock = torch.version.hip is None
         dist.barrier()
 
     def _alloc(self, numel, dtype):

@@ -203,7 +203,7 @@ class _Op:
         """The constexprs both fused GEMM kernels take (policy, tiles, world), plus ``extra``."""
         return dict(**c["policy"].kernel_args(c["num_domains"]), WORLD=ctx.world, BLOCK_M=c["BLOCK_M"],
                     BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"], EVEN_K=k % c["BLOCK_K"] == 0, USE_TMA=use_tma,
-                    **extra, **_launch_kwargs(ctx, c))
+                    WAIT_CLOCK=ctx.wait_clock, **extra, **_launch_kwargs(ctx, c))
 
     @staticmethod
     def _run(ctx, plan, kernel, programs: int, args, kw) -> None:
@@ -282,7 +282,7 @@ class AllGatherMatmul(_Op):
             descs = (None, None, None)
         args = (a, gather, b, out, *descs, bf["flags"], ctx.status, bf["epoch"], bf["counters"], ctx.heap_bases,
                 ctx.rank, c["Ml"], c["N"], c["K"], b.stride(0), b.stride(1), out.stride(0), out.stride(1),
-                G, ctx.max_spins, lo, hi)
+                G, ctx.wait_bound, lo, hi)
         kw = _Op._gemm_kw(ctx, c, c["K"], use_tma, COMM_PROGRAMS=comm, PUSH_CHUNK=c["PUSH_CHUNK"],
                           DO_PUSH=push and W > 1, WAIT=phase in ("full", "consume"),
                           BUMP_EPOCH=phase in ("full", "consume"),
@@ -372,7 +372,7 @@ class MatmulReduceScatter(_Op):
             descs = (None, None)
         args = (a, b, out, partials, *descs, bf["flags"], ctx.status, bf["epoch"], bf["counters"], ctx.heap_bases,
                 ctx.rank, c["Ms"], c["N"], c["Kl"], a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-                out.stride(0), out.stride(1), G, ctx.max_spins, lo, hi)
+                out.stride(0), out.stride(1), G, ctx.wait_bound, lo, hi)
         kw = _Op._gemm_kw(ctx, c, c["Kl"], use_tma, COMM=phase != "nocomm", BUMP_EPOCH=phase in ("full", "consume"))
         _Op._run(ctx, plan, kernel, G, args, kw)
         return None if phase == "push" else out
@@ -500,10 +500,10 @@ class FlashDecodeDistributed(_Op):
         rl = bf.get("recv_lse", l)
         args = (o, l, ro, rl, bf["flags"], t["out"], t["lse"], ctx.status, bf["epoch"], bf["counters"],
                 ctx.heap_bases, ctx.rank, c["B"], c["H"], c["D"], o.stride(0), o.stride(1), o.stride(2),
-                l.stride(0), l.stride(1), G, ctx.max_spins)
+                l.stride(0), l.stride(1), G, ctx.wait_bound)
         kw = dict(WORLD=W, BLOCK_H=c["BLOCK_H"], BLOCK_D=c["BLOCK_D"], DO_PUSH=phase in ("full", "push") and W > 1,
                   DO_COMBINE=phase != "push", WAIT=phase in ("full", "consume"),
-                  BUMP_EPOCH=phase in ("full", "consume"))
+                  BUMP_EPOCH=phase in ("full", "consume"), WAIT_CLOCK=ctx.wait_clock)
         if ctx.device.type != "cpu":
             kw["num_warps"] = c["num_warps"]
         _Op._run(ctx, plan, kernel, G, args, kw)
