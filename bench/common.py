@@ -103,6 +103,13 @@ def capture(fn: Callable[[], object]):
     return graph
 
 
+def graph_replay_ms(fn: Callable[[], object], *, warmup: int = 10, iters: int = 200) -> float:
+    """Median ms of replaying a CUDA graph that holds one call of ``fn`` (warmed up first): the
+    call's GPU time, without the host's launch work."""
+    warm_up_for_capture(fn, 2)
+    return bench_fixed_ms(capture(fn).replay, warmup=warmup, iters=iters)
+
+
 _LIMITS: dict = {}
 
 

@@ -81,6 +81,15 @@ def main(argv=None) -> int:
 
 
 # ============================================================================ launcher
+def _worker_argv(argv) -> list:
+    """``argv`` without the launcher's own options (``--nproc N``, ``--iris-ops``): torchrun would
+    read "--nproc" after the module name as its own --nproc-per-node."""
+    launcher = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    launcher.add_argument("--nproc")
+    launcher.add_argument("--iris-ops", action="store_true")
+    return launcher.parse_known_args(argv)[1]
+
+
 def _launch(args, argv) -> int:
     import torch
 
@@ -92,17 +101,7 @@ def _launch(args, argv) -> int:
         return 0
     env = dict(os.environ, **ENV)
     base = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={n}", "-m", "numasched.bench.distributed"]
-    # the launcher's own options stay here (torchrun would read "--nproc" as its --nproc-per-node)
-    passthrough, skip = [], False
-    for a in argv:
-        if skip or a == "--iris-ops":
-            skip = False
-            continue
-        if a == "--nproc":
-            skip = True
-            continue
-        if not a.startswith("--nproc="):
-            passthrough.append(a)
+    passthrough = _worker_argv(argv)
     print("launching:", " ".join(base + passthrough), flush=True)
     rc = subprocess.call(base + passthrough, env=env)
     if args.iris_ops:

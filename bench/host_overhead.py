@@ -42,20 +42,7 @@ def _per_call_us(fn, n: int) -> float:
     return best
 
 
-def _graph_us(fn) -> float:
-    """GPU time per call of ``fn``: one call captured in a CUDA graph, replayed 200 times."""
-    import torch
-
-    from .common import bench_fixed_ms, capture, warm_up_for_capture
-
-    warm_up_for_capture(fn, 2)
-    g = capture(fn)
-    return bench_fixed_ms(g.replay, warmup=10, iters=200) * 1e3
-
-
-def _stub_launches():
-    import triton
-
+def _stub_launches() -> None:
     import numasched.attention as A
     import numasched.gemm as G
     from numasched.kernels import attention_fwd as KA
@@ -73,7 +60,6 @@ def _stub_launches():
         best_config = cfg
 
     KG.tuned_kernel = lambda *a, **k: _Tuned()
-    return triton
 
 
 def main(argv=None) -> int:
@@ -123,11 +109,13 @@ def main(argv=None) -> int:
         cases["torch.matmul (peer)"] = lambda: torch.matmul(a, b)
     sync = torch.cuda.synchronize if args.gpu else (lambda: None)
     for name, fn in cases.items():
-        us = _per_call_us(lambda fn=fn: fn(), n)
+        us = _per_call_us(fn, n)
         sync()
         line = f"{name:34s} {us:8.1f} us/call ({'GPU, launches included' if args.gpu else 'CPU, no-op launch'})"
         if args.gpu:   # GPU time of one call (a CUDA-graph replay): wall time above it is host time
-            line += f"; GPU time {_graph_us(fn):.1f} us"
+            from .common import graph_replay_ms
+
+            line += f"; GPU time {graph_replay_ms(fn) * 1e3:.1f} us"
         print(line, flush=True)
     return 0
 

@@ -10,7 +10,7 @@ import torch
 import triton
 
 import numasched
-from numasched.bench.common import bench_fixed_ms, capture, warm_up_for_capture
+from numasched.bench.common import graph_replay_ms
 from numasched.kernels import flash_decode as FD
 
 
@@ -26,9 +26,7 @@ class _Force(dict):
 
 
 def graph_us(fn) -> float:
-    warm_up_for_capture(fn, 2)
-    g = capture(fn)
-    return bench_fixed_ms(g.replay, warmup=5, iters=30) * 1e3
+    return graph_replay_ms(fn, warmup=5, iters=30) * 1e3
 
 
 def main() -> None:

@@ -21,13 +21,12 @@ SHAPES = [(4096, 4096, 8192), (4096, 14336, 8192), (16384, 4096, 8192), (4096, 8
 BASE = _ops._gemm_cfg
 
 
-def variants():
-    yield "default", None
-    yield "s4", dict(num_stages=4)
-    yield "128x128 w4 s4", dict(BLOCK_N=128, num_warps=4, num_stages=4)
-    yield "128x128 w8 s4", dict(BLOCK_N=128, num_warps=8, num_stages=4)
-    yield "pointer", dict(USE_TMA=False)
-    yield "a program per tile", "grid"
+# (name, config overrides, persistent): not persistent = as many programs as tiles, one ticket each
+# (its extra config key gives it a plan of its own)
+VARIANTS = [("default", {}, True), ("s4", dict(num_stages=4), True),
+            ("128x128 w4 s4", dict(BLOCK_N=128, num_warps=4, num_stages=4), True),
+            ("128x128 w8 s4", dict(BLOCK_N=128, num_warps=8, num_stages=4), True),
+            ("pointer", dict(USE_TMA=False), True), ("a program per tile", dict(PROGRAM_PER_TILE=1), False)]
 
 
 def main() -> None:
@@ -43,11 +42,11 @@ def main() -> None:
         t_ours = triton.testing.do_bench(lambda: numasched.matmul(a, b), warmup=25, rep=100)
         line = [f"M={M} N={N} K={K}: cuBLAS {t_cublas * 1e3:.0f} us ({flops / t_cublas / 1e9:.0f} TFLOP/s), "
                 f"numasched.matmul {t_ours * 1e3:.0f} us"]
-        for name, over in variants():
+        for name, over, persistent in VARIANTS:
             sms = ctx.num_sms
-            if over == "grid":   # not persistent: as many programs as tiles, one ticket each
-                ctx.num_sms, over = 1 << 30, dict(PROGRAM_PER_TILE=1)   # the extra key: a plan of its own
-            _ops._gemm_cfg = (lambda dt, gpu, n, over=over: dict(BASE(dt, gpu, n), **(over or {})))
+            if not persistent:
+                ctx.num_sms = 1 << 30
+            _ops._gemm_cfg = (lambda dt, gpu, n, over=over: dict(BASE(dt, gpu, n), **over))
             for op in ("all_gather_matmul", "matmul_reduce_scatter"):
                 fn = getattr(nd, op)
                 try:

@@ -587,6 +587,9 @@ def test_bench_rows_are_written_as_measured(tmp_path, monkeypatch):
     from numasched.bench import common
     from numasched.bench import distributed as bd
 
+    # the launcher keeps its own options; the workers (under torchrun) get the rest
+    assert bd._worker_argv(["--nproc", "2", "--quick", "--iris-ops", "--iris-timeout", "60", "--nproc=4",
+                            "--calls", "1"]) == ["--quick", "--iris-timeout", "60", "--calls", "1"]
     args = bd._parser().parse_args(["--quick", "--methods", "bulk,fused", "--shape-timeout", "5"])
     assert args.methods == "bulk,fused" and args.shape_timeout == 5.0
     assert set(bd._parser().parse_args([]).methods.split(",")) == set(bd.METHODS)
