@@ -10,8 +10,7 @@ A query row that sees no key gets zeros and lse = -inf (never NaN).
 
 Work items: program ``pid`` works on query block m of head h of batch element b, where
 
-    g = REMAP(pid, W, NUM_DOMAINS, REMAP_PARAM)                    # W = B * H * NB programs
-    b, h, m = ORDER(g, B, H, HK, NB, NUM_DOMAINS, ORDER_PARAM)     # the mapping policy
+    b, h, m = attention_item(pid, B, H, HK, NB, MAPPING)     # the mapping policy, one constexpr
 
 so every registered attention policy runs with this one kernel (numasched/mappings).
 
@@ -21,16 +20,14 @@ in two stages so that the common blocks pay for no mask at all:
   2. the blocks on the causal diagonal and the ragged end of the keys: masked.
 Loads use TMA tensor descriptors (``tl.make_tensor_descriptor``, Hopper and later; zero padding
 outside the tensor) or plain pointer loads (USE_TMA=False; the interpreter runs both).
-"""
-import functools
-import os
 
+Host planning (configs chosen, TMA eligibility, launches) is numasched/attention.py's.
+"""
 import torch
 import triton
 import triton.language as tl
 
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
+from numasched.mappings.jit import attention_item
 
 
 @triton.jit
@@ -87,16 +84,12 @@ def attn_fwd_kernel(Q, K, V, O, LSE,
                     B, H, HK, Lq, Lk, qk_scale, causal_offset,
                     Q_BUCKET, K_BUCKET, TMA_OK,  # autotuning keys and pruning only
                     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, LPT: tl.constexpr,
-                    DOT_PRECISION: tl.constexpr,
-                    REMAP: tl.constexpr, REMAP_PARAM: tl.constexpr, ORDER: tl.constexpr,
-                    ORDER_PARAM: tl.constexpr, NUM_DOMAINS: tl.constexpr,
+                    DOT_PRECISION: tl.constexpr, MAPPING: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                     USE_TMA: tl.constexpr):
     # ---- which work item: the mapping policy decides ----
     NB = tl.cdiv(Lq, BLOCK_M)
-    W = B * H * NB
-    g = REMAP(tl.program_id(0), W, NUM_DOMAINS, REMAP_PARAM)
-    b, h, m = ORDER(g, B, H, HK, NB, NUM_DOMAINS, ORDER_PARAM)
+    b, h, m = attention_item(tl.program_id(0), B, H, HK, NB, MAPPING)
     if LPT:
         # causal: the policy's block m runs the (NB-1-m)-th block, so the costliest blocks of a
         # head start first (longest-processing-time order); which program shares K/V is unchanged
@@ -233,185 +226,11 @@ attn_fwd_autotuned = triton.autotune(
 
 
 # ------------------------------------------------------------------------------------ launch
-def _bucket(n: int) -> int:
+def bucket(n: int) -> int:
     """Autotuning key for a length: the next power of two (so HF's many lengths share tunings)."""
     return 1 << max(int(n) - 1, 0).bit_length()
 
 
-def _tma_ok(*tensors) -> bool:
-    """TMA needs 16-byte aligned bases and 16-byte multiples for every non-unit stride."""
-    if not tensors[0].is_cuda or torch.cuda.get_device_capability(tensors[0].device)[0] < 9:
-        return False
-    if getattr(torch.version, "hip", None):
-        return False
-    for t in tensors:
-        es = t.element_size()
-        if t.data_ptr() % 16 or any((s * es) % 16 for s in t.stride()[:-1]) or (t.shape[-1] * es) % 16:
-            return False
-    return True
-
-
-def _scratch_alloc(size: int, alignment: int, stream):
-    # device-side tensor descriptors need a little global memory per program
-    return torch.empty(size, dtype=torch.int8, device="cuda")
-
-
-def _ensure_allocator():
-    from triton.runtime import _allocation
-
-    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
-        triton.set_allocator(_scratch_alloc)
-
-
-@functools.lru_cache(maxsize=None)
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
 def block_d(head_dim: int) -> int:
+    """Head dim padded to a power of two (at least 16: the dot's minimum)."""
     return max(16, triton.next_power_of_2(head_dim))
-
-
-_TMA_BROKEN = []  # set when the TMA variant failed to compile on this machine (then never retried)
-
-
-class LaunchPlan:
-    """Everything a launch needs that depends only on shapes, strides, dtype, flags and policy:
-    built once per such key by :func:`plan_launch` (numasched.attention caches it), so a repeated
-    call does no host work beyond the Triton launch itself. ``config`` is None until the autotuner
-    has chosen (the first launch); from then on launches go straight to the kernel with it."""
-
-    __slots__ = ("ints", "constexprs", "config", "grid", "interp", "tma_ok", "B", "H", "Lq")
-
-    def __init__(self, ints, constexprs, config, interp, tma_ok, B, H, Lq):
-        self.ints, self.constexprs, self.interp, self.tma_ok = ints, constexprs, interp, tma_ok
-        self.B, self.H, self.Lq = B, H, Lq
-        self.config = self.grid = None
-        if config is not None:
-            self._fix(config)
-
-    def _fix(self, config: dict) -> None:
-        self.config = dict(self.constexprs, **config)
-        self.grid = (self.B * self.H * triton.cdiv(self.Lq, config["BLOCK_M"]),)
-
-
-def plan_launch(q, k, v, out, *, scale: float, causal: bool, causal_offset: int, policy_args: dict,
-                config: dict = None, lpt: bool = None) -> LaunchPlan:
-    """The launch plan for these inputs (the arguments of :func:`attention_fwd`). Valid for any
-    tensors with the same shapes, strides, dtype, device and 16-byte alignment as these."""
-    B, H, Lq, D = q.shape
-    HK, Lk = k.shape[1], k.shape[2]
-    interp = _interpreting() or not q.is_cuda
-    if lpt is None:
-        lpt = bool(causal) and not interp
-    tma_ok = (not interp) and not _TMA_BROKEN and _tma_ok(q, k, v, out)
-    dot_precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    constexprs = dict(Q_BUCKET=_bucket(Lq), K_BUCKET=_bucket(Lk), TMA_OK=int(tma_ok), HEAD_DIM=D,
-                      CAUSAL=bool(causal), LPT=bool(lpt), DOT_PRECISION=dot_precision, BLOCK_D=block_d(D),
-                      **policy_args)
-    ints = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
-            B, H, HK, Lq, Lk, float(scale) * LOG2E, int(causal_offset))
-    if config is None and interp:
-        config = INTERPRETER_CONFIG
-    if config is None and os.environ.get("NUMASCHED_AUTOTUNE", "1") == "0":
-        config = fixed_config(q.dtype, D, tma_ok)
-    if config is not None:
-        config = dict(config)
-        if config.get("USE_TMA") and not interp and not tma_ok:
-            config["USE_TMA"] = False
-    return LaunchPlan(ints, constexprs, config, interp, tma_ok, B, H, Lq)
-
-
-def run_plan(plan: LaunchPlan, q, k, v, out, lse) -> int:
-    """Launch the kernel on tensors that match ``plan``. Returns the number of programs (-1 when
-    the autotuner ran this call)."""
-    if not plan.interp:
-        _ensure_allocator()  # device-side descriptors (USE_TMA) take their scratch from it
-    if plan.config is not None:
-        attn_fwd_kernel[plan.grid](q, k, v, out, lse, *plan.ints, **plan.config)
-        return plan.grid[0]
-    B, H, Lq = plan.B, plan.H, plan.Lq
-    grid = lambda meta: (B * H * triton.cdiv(Lq, meta["BLOCK_M"]),)  # noqa: E731
-    args = plan.constexprs
-    try:
-        attn_fwd_autotuned[grid](q, k, v, out, lse, *plan.ints, **args)
-    except Exception as e:  # the TMA variant is new in Triton; keep working without it
-        if not args["TMA_OK"]:
-            raise
-        import warnings
-
-        warnings.warn(f"numasched attention: the TMA variant failed ({type(e).__name__}: {e}); "
-                      f"using pointer loads from now on", RuntimeWarning, stacklevel=3)
-        _TMA_BROKEN.append(repr(e))
-        args["TMA_OK"] = 0
-        attn_fwd_autotuned[grid](q, k, v, out, lse, *plan.ints, **args)
-    # The autotuner's choice for this key never changes: later launches skip its wrapper
-    # (Triton's Autotuner.run passes exactly these kwargs to the kernel).
-    best = attn_fwd_autotuned.best_config
-    plan._fix(dict(best.all_kwargs()))
-    return -1
-
-
-def attention_fwd(q, k, v, out, lse, *, scale: float, causal: bool, causal_offset: int, policy_args: dict,
-                  config: dict = None, lpt: bool = None, plan: LaunchPlan = None):
-    """Launch the kernel on checked inputs (numasched.attention does the checks).
-
-    ``config``: None autotunes on GPU (fixed small blocks in the interpreter; ``fixed_config``
-    when NUMASCHED_AUTOTUNE=0); or a dict with
-    BLOCK_M, BLOCK_N, USE_TMA, num_warps, num_stages. ``lpt`` (default: causal on GPU) runs a
-    head's costliest causal blocks first. ``plan``: a :func:`plan_launch` result for these
-    arguments (the other arguments are then not read again). Returns the number of programs
-    launched (-1 when the autotuner ran).
-    """
-    if plan is None:
-        plan = plan_launch(q, k, v, out, scale=scale, causal=causal, causal_offset=causal_offset,
-                           policy_args=policy_args, config=config, lpt=lpt)
-    return run_plan(plan, q, k, v, out, lse)
-
-
-# ------------------------------------------------------------------------------------ offline check
-def compile_report(bm: int, bn: int, num_warps: int, num_stages: int, use_tma: bool, *, head_dim: int = 128,
-                   causal: bool = False, dtype: str = "bf16", policy: str = "head_first", num_domains: int = 1,
-                   capability: int = 90) -> dict:
-    """Compile the kernel for an NVIDIA target without a GPU (Triton ships ptxas) and report what the
-    compiler made of it: shared memory, wgmma and TMA use, registers and spill bytes.
-
-    Needs a process without TRITON_INTERPRET=1 (Triton picks the interpreter at decoration time).
-    """
-    from .. import mappings as _M
-    from ._offline import compile_and_report
-
-    fn = attn_fwd_kernel
-    const = dict(_M.get(policy).kernel_args(num_domains), HEAD_DIM=head_dim, CAUSAL=causal, LPT=causal,
-                 DOT_PRECISION="ieee" if dtype == "fp32" else "tf32", BLOCK_M=bm, BLOCK_N=bn,
-                 BLOCK_D=block_d(head_dim), USE_TMA=use_tma)
-    ptrs = {"Q": f"*{dtype}", "K": f"*{dtype}", "V": f"*{dtype}", "O": f"*{dtype}", "LSE": "*fp32"}
-    sig = {n: ("constexpr" if n in const else ptrs.get(n, "fp32" if n == "qk_scale" else "i32"))
-           for n in fn.arg_names}
-    # what the JIT sees for contiguous inputs: 16-byte aligned pointers and strides divisible by 16
-    aligned = list(ptrs) + [n for n in fn.arg_names if n.startswith("stride_")]
-    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
-    return compile_and_report(fn, sig, const, attrs, num_warps=num_warps, num_stages=num_stages,
-                              capability=capability)
-
-
-def _main(argv=None) -> int:
-    """``python -m numasched.kernels.attention_fwd``: compile every GPU config for sm_90, print JSON lines."""
-    import json
-
-    for dtype in ("bf16", "fp32"):
-        for d in (64, 128):
-            for causal in (False, True):
-                for c in GPU_CONFIGS:
-                    shape = (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)
-                    if not _keep(shape, c.kwargs["USE_TMA"], fp32=dtype == "fp32", head_dim=d, tma_ok=True):
-                        continue
-                    rep = compile_report(*shape, c.kwargs["USE_TMA"], head_dim=d, causal=causal, dtype=dtype)
-                    print(json.dumps(dict(dtype=dtype, head_dim=d, causal=causal, config=list(shape),
-                                          tma=c.kwargs["USE_TMA"], **rep)), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(_main())

@@ -79,8 +79,7 @@ def all_gather_matmul_kernel(
         a_ptr, g_ptr, b_ptr, c_ptr, a_desc, g_desc, b_desc, flags_ptr, status_ptr, epoch_ptr, counters_ptr, heap_bases,
         rank, Ml, N, K, stride_bk, stride_bn, stride_cm, stride_cn,
         num_programs, wait_bound, TICKET_LO, TICKET_HI,
-        REMAP: tl.constexpr, REMAP_PARAM: tl.constexpr, ORDER: tl.constexpr, ORDER_PARAM: tl.constexpr,
-        NUM_DOMAINS: tl.constexpr, WORLD: tl.constexpr,
+        MAPPING: tl.constexpr, WORLD: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
         COMM_PROGRAMS: tl.constexpr, PUSH_CHUNK: tl.constexpr,
         DO_PUSH: tl.constexpr, WAIT: tl.constexpr, BUMP_EPOCH: tl.constexpr, USE_TMA: tl.constexpr,
@@ -115,8 +114,7 @@ def all_gather_matmul_kernel(
     # ---- consumer: GEMM tiles in ticket order (own shard first)
     t = next_ticket(counters_ptr, TICKET_LO)
     while t < TICKET_HI:
-        src, tm, tn = shard_order(t, rank, WORLD, 0, TMS, TN, REMAP, REMAP_PARAM, ORDER, ORDER_PARAM,
-                                  NUM_DOMAINS)
+        src, tm, tn = shard_order(t, rank, WORLD, 0, TMS, TN, MAPPING)
         if src == rank:
             a_base = a_ptr
         else:
@@ -154,8 +152,7 @@ def matmul_reduce_scatter_kernel(
         a_ptr, b_ptr, out_ptr, p_ptr, a_desc, b_desc, flags_ptr, status_ptr, epoch_ptr, counters_ptr, heap_bases,
         rank, Ms, N, Kl, stride_am, stride_ak, stride_bk, stride_bn, stride_om, stride_on,
         num_programs, wait_bound, TICKET_LO, TICKET_HI,
-        REMAP: tl.constexpr, REMAP_PARAM: tl.constexpr, ORDER: tl.constexpr, ORDER_PARAM: tl.constexpr,
-        NUM_DOMAINS: tl.constexpr, WORLD: tl.constexpr,
+        MAPPING: tl.constexpr, WORLD: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
         COMM: tl.constexpr, BUMP_EPOCH: tl.constexpr, USE_TMA: tl.constexpr, WAIT_CLOCK: tl.constexpr):
     # a_ptr: (WORLD*Ms, Kl); b_ptr: (Kl, N); out_ptr: (Ms, N); p_ptr: heap [2, WORLD, Ms, N]
@@ -177,8 +174,7 @@ def matmul_reduce_scatter_kernel(
     pend_tile = 0
     t = next_ticket(counters_ptr, TICKET_LO)
     while t < TICKET_HI:
-        dest, tm, tn = shard_order(t, rank, WORLD, 1, TMS, TN, REMAP, REMAP_PARAM, ORDER, ORDER_PARAM,
-                                   NUM_DOMAINS)
+        dest, tm, tn = shard_order(t, rank, WORLD, 1, TMS, TN, MAPPING)
         rows = tm * BLOCK_M + tl.arange(0, BLOCK_M)
         cols = tn * BLOCK_N + tl.arange(0, BLOCK_N)
         if USE_TMA:

@@ -7,8 +7,7 @@ GEMM+reduce-scatter). Ticket ``t`` (the t-th tile this rank starts) maps to
     per  = TMS * TN
     pos  = t div per                       # how many shards this rank has visited before
     src  = (rank + FIRST + pos) mod world  # FIRST = 0: own shard first; FIRST = 1: own shard last
-    g    = REMAP(t mod per, per, NUM_DOMAINS, REMAP_PARAM)
-    tm, tn = ORDER(g, TMS, TN, NUM_DOMAINS, ORDER_PARAM)
+    tm, tn = gemm_tile(t mod per, TMS, TN, MAPPING)   # the inner GEMM policy
 
 i.e. shards in rank order starting from this rank (all-gather: its rows need no communication,
 so they run while peer rows are in flight) or from rank + 1 (reduce-scatter: partial tiles for
@@ -20,6 +19,8 @@ shard part is a rotation of [0, world) and the inner policy is a bijection of [0
 import numpy as np
 import triton
 import triton.language as tl
+
+from numasched.mappings.jit import gemm_tile
 
 ALL_GATHER_FIRST = 0       # local shard first, then rank+1, rank+2, ...
 REDUCE_SCATTER_FIRST = 1   # rank+1 first, ..., own shard last
@@ -40,25 +41,20 @@ def shard_order_reference(tickets, rank: int, world: int, first: int, tms: int, 
 
 
 @triton.jit
-def shard_order(t, rank, WORLD: tl.constexpr, FIRST: tl.constexpr, TMS, TN,
-                REMAP: tl.constexpr, REMAP_PARAM: tl.constexpr, ORDER: tl.constexpr,
-                ORDER_PARAM: tl.constexpr, NUM_DOMAINS: tl.constexpr):
+def shard_order(t, rank, WORLD: tl.constexpr, FIRST: tl.constexpr, TMS, TN, MAPPING: tl.constexpr):
     """Device twin of :func:`shard_order_reference` (same math, id for id)."""
     per = TMS * TN
     src = (rank + FIRST + t // per) % WORLD
-    g = REMAP(t % per, per, NUM_DOMAINS, REMAP_PARAM)
-    tm, tn = ORDER(g, TMS, TN, NUM_DOMAINS, ORDER_PARAM)
+    tm, tn = gemm_tile(t % per, TMS, TN, MAPPING)
     return src, tm, tn
 
 
 @triton.jit
 def _shard_order_map_kernel(out, T, rank, TMS, TN, WORLD: tl.constexpr, FIRST: tl.constexpr,
-                            REMAP: tl.constexpr, REMAP_PARAM: tl.constexpr, ORDER: tl.constexpr,
-                            ORDER_PARAM: tl.constexpr, NUM_DOMAINS: tl.constexpr, BLOCK: tl.constexpr):
+                            MAPPING: tl.constexpr, BLOCK: tl.constexpr):
     t = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = t < T
-    src, tm, tn = shard_order(t, rank, WORLD, FIRST, TMS, TN, REMAP, REMAP_PARAM, ORDER, ORDER_PARAM,
-                              NUM_DOMAINS)
+    src, tm, tn = shard_order(t, rank, WORLD, FIRST, TMS, TN, MAPPING)
     tl.store(out + t * 3 + 0, src, mask=mask)
     tl.store(out + t * 3 + 1, tm, mask=mask)
     tl.store(out + t * 3 + 2, tn, mask=mask)
@@ -72,6 +68,13 @@ def shard_order_device_map(rank: int, world: int, first: int, tms: int, tn: int,
     T = world * tms * tn
     out = torch.full((T, 3), -7, dtype=torch.int32, device=device)  # poison: -7 is no valid item
     BLOCK = 128
-    _shard_order_map_kernel[(triton.cdiv(T, BLOCK),)](out, T, rank, tms, tn, WORLD=world, FIRST=first, BLOCK=BLOCK,
-                                                       **policy.kernel_args(num_domains))
+    from numasched.caps import run_interpreted
+
+    grid = (triton.cdiv(T, BLOCK),)
+    args = (out, T, rank, tms, tn)
+    kw = dict(WORLD=world, FIRST=first, BLOCK=BLOCK, MAPPING=policy.constexpr(num_domains))
+    if out.device.type == "cpu":
+        run_interpreted(_shard_order_map_kernel, grid, args, kw)
+    else:
+        _shard_order_map_kernel[grid](*args, **kw)
     return out.cpu().numpy().astype(np.int64)

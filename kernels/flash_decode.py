@@ -8,8 +8,8 @@ memory bandwidth. The plan, top to bottom:
    (G is padded up to 16 rows so the scores and the P @ V product use ``tl.dot``; the padding is
    free since the tensor cores are idle in decode anyway, and ``tl.dot`` operands are what
    Triton's software pipeliner streams through shared memory with async copies).
-2. A program id becomes a work item through the mapping policy's REMAP / ORDER device
-   functions (``numasched.mappings``), so every policy runs with this one kernel.
+2. A program id becomes a work item through the mapping policy (``MAPPING``, one constexpr;
+   ``numasched.mappings.jit.decode_item``), so every policy runs with this one kernel.
 3. Each split keeps an online softmax (running max ``m``, running sum ``l``, accumulator) in the
    log2 domain, and writes a normalised partial output plus its log2-sum-exp.
 4. The partials are merged by a log-sum-exp combine: either a second small kernel, or inside the
@@ -20,22 +20,21 @@ memory bandwidth. The plan, top to bottom:
 The KV cache is either contiguous ``(batch, max_len, kv_heads, head_dim)`` with any strides
 (only the last dimension unit-stride), or paged ``(num_pages, page_size, kv_heads, head_dim)``
 with an int32 block table ``(batch, max_pages)``; positions at or beyond a sequence's length
-are never read. Offsets are int64 where a cache can exceed 2^31 elements (``INT64``).
+are never read, and indices read from memory are bounded (a length is clamped to the cache, a
+page index to [0, num_pages)), so bad metadata can give a wrong row but never an out-of-bounds
+read. Offsets are int64 where a cache can exceed 2^31 elements (``INT64``).
+
+Host planning (split count, buffers, launches) is numasched/decode.py's.
 """
 from __future__ import annotations
 
-import os
-from typing import Optional
-
-import torch
 import triton
 import triton.language as tl
 
-LN2 = tl.constexpr(0.6931471805599453)
-LOG2E = 1.4426950408889634
+from numasched.caps import LN2 as _LN2
+from numasched.mappings.jit import decode_item
 
-# How many times the Triton path has launched (tests check that the kernel, not a fallback, ran).
-LAUNCHES = 0
+LN2 = tl.constexpr(_LN2)
 
 
 # ----------------------------------------------------------------------------- combine helper
@@ -85,7 +84,7 @@ def _combine_heads(PO, PL, O, LSE, b, h0, H, S, stride_ob, stride_oh, stride_lb,
 def _flash_decode_kernel(
     Q, K, V, SEQLENS, BLOCK_TABLE, O, LSE, PO, PL, COUNTER,
     qk_scale,  # softmax scale * log2(e): scores live in the log2 domain
-    B, HK, S, seqlen_max,
+    B, HK, S, seqlen_max, num_pages,
     stride_qb, stride_qh,
     stride_kb, stride_kn, stride_kh,  # contiguous: batch, token, head; paged: page, slot, head
     stride_vb, stride_vn, stride_vh,
@@ -97,19 +96,16 @@ def _flash_decode_kernel(
     HAS_SEQLENS: tl.constexpr,
     COMBINE: tl.constexpr,  # 0: one split, write O directly; 1: partials for the combine kernel; 2: fused
     INT64: tl.constexpr, INPUT_PRECISION: tl.constexpr, COMBINE_BLOCK_S: tl.constexpr, BLOCK_N: tl.constexpr,
-    REMAP: tl.constexpr, REMAP_PARAM: tl.constexpr, ORDER: tl.constexpr, ORDER_PARAM: tl.constexpr,
-    NUM_DOMAINS: tl.constexpr,
+    MAPPING: tl.constexpr,
 ):
     # -- which (batch, kv_head, split) this program owns: the policy decides
-    pid = tl.program_id(0)
-    W = B * HK * S
-    g = REMAP(pid, W, NUM_DOMAINS, REMAP_PARAM)
-    b, kvh, split = ORDER(g, B, HK, HK, S, NUM_DOMAINS, ORDER_PARAM)
+    b, kvh, split = decode_item(tl.program_id(0), B, HK, S, MAPPING)
 
     # -- this split's token range: the sequence is cut into S near-equal chunks (balanced per
     #    sequence; a chunk need not be a multiple of BLOCK_N, its last tile is masked)
     if HAS_SEQLENS:
-        seqlen = tl.load(SEQLENS + b * stride_sb)
+        # bounded: a length outside [0, capacity] reads no memory beyond the cache
+        seqlen = tl.minimum(tl.maximum(tl.load(SEQLENS + b * stride_sb), 0), seqlen_max)
     else:
         seqlen = seqlen_max
     chunk = tl.cdiv(seqlen, S)
@@ -155,6 +151,8 @@ def _flash_decode_kernel(
             v_off = rows * stride_vn
         else:
             page = tl.load(bt_base + (n // PAGE_SIZE) * stride_tp, mask=nmask, other=0)
+            # bounded: a bad page index (checks off) reads a wrong page, never outside the cache
+            page = tl.minimum(tl.maximum(page, 0), num_pages - 1)
             if INT64:
                 page = page.to(tl.int64)
             slot = n % PAGE_SIZE
@@ -271,6 +269,28 @@ _flash_decode_tuned = triton.autotune(
     prune_configs_by={"early_config_prune": _prune_configs},
 )(_flash_decode_kernel)
 
+# Tuning buckets of tokens per split (the autotuner's ``tune_key`` argument).
+def tune_bucket(tokens_per_split: int) -> int:
+    """Coarse bucket of tokens per split (best BLOCK_N / stages differ for short and long splits)."""
+    return min(4, max(0, (max(tokens_per_split, 1) - 1).bit_length() - 8) // 2)
+
+
+# The combine reads partials in chunks of this many splits (two sizes only: each compiles apart).
+COMBINE_MAX_BLOCK_S = 64
+
+
+def combine_block_s(splits: int) -> int:
+    return 16 if splits <= 16 else COMBINE_MAX_BLOCK_S
+
+
+def fixed_config(paged: bool, head_dim: int) -> dict:
+    """The config used without autotuning (and during graph capture before a shape was tuned)."""
+    cfg = dict(DEFAULT_GPU_CONFIG[paged])
+    if head_dim > 128:  # keep the K/V tiles within shared memory
+        cfg["BLOCK_N"] = 32
+    return cfg
+
+
 # On the interpreter (CPU tests) one small config keeps the runs short.
 INTERPRET_CONFIG = dict(BLOCK_N=16, num_warps=4, num_stages=1)
 # Fixed GPU configs: used when autotuning is off (NUMASCHED_AUTOTUNE=0; GPU tests, to keep compiles
@@ -278,246 +298,3 @@ INTERPRET_CONFIG = dict(BLOCK_N=16, num_warps=4, num_stages=1)
 # and synchronises, which capture forbids).
 DEFAULT_GPU_CONFIG = {False: dict(BLOCK_N=64, num_warps=4, num_stages=3),  # contiguous
                       True: dict(BLOCK_N=64, num_warps=4, num_stages=5)}  # paged
-AUTOTUNE = os.environ.get("NUMASCHED_AUTOTUNE", "1") != "0"
-# Autotuner key -> the Config it chose. Once a key is tuned, launches call the plain kernel with that
-# config: the autotuner's own per-call key building costs tens of microseconds of Python.
-_TUNED_CONFIGS: dict = {}
-# Caches spanning more elements than this get int64 row offsets (tests lower it to cover that path).
-INT64_THRESHOLD = 2**31 - 1
-
-# ----------------------------------------------------------------------------- splits
-# Waves: programs the GPU runs at once, in units of SMs. Measured on an H200 (bf16, d128, GQA 32/8,
-# batch 1, split sweep in bench/results/decode-sweep-h200-2026-11-22.csv): one program per SM is
-# best at every context from 1k to 128k (16 splits: 13.4 / 23.7 / 52.1 / 141 us at 1k / 8k / 32k /
-# 128k, against 20.1 / 28.9 / 57.8 / 149 us with 64 splits and 52 / 55 / 91 / 178 us with 256):
-# extra programs per SM add partials and combine work without adding bandwidth.
-PROGRAMS_PER_SM = 1
-# Cost of starting a program, in tokens of streaming (first-load latency, partial write).
-PROGRAM_OVERHEAD_TOKENS = 128
-# Splits as short as one 64-token block still pay off when they fill the GPU (batch 1 x 1k: 16
-# splits of 64 tokens, 13.4 us, against 16.7 us with 4 splits of 256).
-MIN_SPLIT_TOKENS = 64
-# Automatic splits: up to 256, so that a single (batch, kv_head) pair still fills a GPU of up to
-# 256 SMs/CUs (MI300X has 304 CUs: nearly); the combine merges them in chunks of
-# COMBINE_MAX_BLOCK_S. An explicit num_splits may be larger.
-MAX_SPLITS = 256
-COMBINE_MAX_BLOCK_S = 64  # the combine reads partials in chunks of this many splits
-
-
-def choose_num_splits(batch: int, kv_heads: int, max_seqlen: int, num_sms: int) -> int:
-    """Splits per (batch, kv_head) for a cache of ``max_seqlen`` tokens on ``num_sms`` SMs/CUs.
-
-    Model: programs run in waves of ``num_sms * PROGRAMS_PER_SM``; a program costs its chunk of
-    tokens plus a fixed overhead. Among 1 .. min(MAX_SPLITS, max_seqlen // MIN_SPLIT_TOKENS)
-    splits, pick the lowest ``waves * (tokens per split + overhead)`` (the fewest splits within 2%
-    of it). So batch * kv_heads * splits reaches about PROGRAMS_PER_SM programs per SM when the
-    context is long enough, the last wave is not mostly empty, and one split (no combine at all)
-    is used when there are enough (batch, kv_head) pairs.
-    """
-    items = max(1, batch * kv_heads)
-    slots = max(1, num_sms * PROGRAMS_PER_SM)
-    s_max = max(1, min(MAX_SPLITS, max_seqlen // MIN_SPLIT_TOKENS))
-    costs = [-(-items * s // slots) * (-(-max(max_seqlen, 1) // s) + PROGRAM_OVERHEAD_TOKENS)
-             for s in range(1, s_max + 1)]
-    # the fewest splits within 2% of the best (fewer partials to write and merge)
-    return next(s for s, c in enumerate(costs, 1) if c <= 1.02 * min(costs))
-
-
-_NUM_SMS: dict = {}
-
-
-def num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4  # interpreter: a small pretend GPU, so tests exercise several splits
-    n = _NUM_SMS.get(device.index)
-    if n is None:  # get_device_properties costs microseconds per call: ask once per device
-        n = _NUM_SMS[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
-    return n
-
-
-def _interpreting(device: torch.device) -> bool:
-    return device.type == "cpu" or os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def knobs() -> tuple:
-    """Module settings a plan depends on (callers that cache plans put these in their key)."""
-    return (COMBINE_MODE, INT64_THRESHOLD, PROGRAMS_PER_SM, PROGRAM_OVERHEAD_TOKENS, MIN_SPLIT_TOKENS, MAX_SPLITS,
-            COMBINE_MAX_BLOCK_S)
-
-
-# ----------------------------------------------------------------------------- per-stream buffers
-# Arrival counters (fused combine) and partial buffers are per (device, stream): kernels on one
-# stream run in order, so consecutive calls never use one buffer at the same time, while calls on
-# different streams get different buffers. The counters are zeroed once and reset by the kernel.
-# Inside CUDA-graph capture the partials are allocated fresh (the graph's pool owns them), because
-# all graphs captured on torch's default capture stream would otherwise share one buffer and race
-# if replayed concurrently on different streams. The counters keep the per-stream buffer (graphs
-# replayed concurrently on different streams must be captured on different streams).
-_COUNTERS: dict = {}
-_WORKSPACE: dict = {}
-
-
-def _stream_of(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 0
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # no Stream object: ~10x cheaper
-    return raw(device.index) if raw is not None else torch.cuda.current_stream(device).cuda_stream
-
-
-def _capturing(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-
-
-def _counters(device: torch.device, n: int, stream: Optional[int] = None) -> torch.Tensor:
-    key = (device.type, device.index, _stream_of(device) if stream is None else stream)
-    buf = _COUNTERS.get(key)
-    if buf is None or buf.numel() < n:
-        buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
-        _COUNTERS[key] = buf
-    return buf
-
-
-# "auto": the fused combine (one launch) when heads / kv_heads <= 16, else the combine kernel;
-# "fused" / "kernel" force one (the bench times both).
-COMBINE_MODE = os.environ.get("NUMASCHED_DECODE_COMBINE", "auto")
-
-
-def _tune_bucket(tokens_per_split: int) -> int:
-    """Coarse bucket of tokens per split (best BLOCK_N / stages differ for short and long splits)."""
-    return min(4, max(0, (max(tokens_per_split, 1) - 1).bit_length() - 8) // 2)
-
-
-def _span(t: torch.Tensor) -> int:
-    return sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride()) if s > 0) + 1
-
-
-# ----------------------------------------------------------------------------- plan
-class DecodePlan:
-    """Everything about a launch that depends only on shapes, strides, dtypes and settings.
-
-    Building one costs the Python work (split choice, policy arguments, constexprs, autotuner
-    key); ``launch`` then only gathers pointers and launches. ``numasched.decode`` keeps plans
-    in a dict keyed on the inputs' metadata, so a decode step in a serving loop pays only ``launch``.
-    """
-
-    def __init__(self, q, k_cache, v_cache, cache_seqlens, block_table, *, scale: float, seqlen_max: int,
-                 page_size: int, num_splits: Optional[int], policy, num_domains: int,
-                 combine: Optional[str] = None):
-        from numasched import mappings as M
-
-        B, H, D = q.shape
-        HK = k_cache.shape[2]
-        G = H // HK
-        dev = q.device
-        S = int(num_splits) if num_splits is not None else choose_num_splits(B, HK, seqlen_max, num_sms(dev))
-        grid_w = M.DecodeGrid(B, HK, S)  # checks the program count fits int32
-        policy.check_grid(grid_w)
-        mode = combine or COMBINE_MODE
-        if mode not in ("auto", "fused", "kernel"):
-            raise ValueError(f"combine must be 'auto', 'fused' or 'kernel', got {mode!r}")
-        # auto: fused, unless a KV head has many query heads (the merge is unrolled over them)
-        fused = mode == "fused" or (mode == "auto" and G <= 16)
-        self.combine = 0 if S == 1 else (2 if fused else 1)
-        self.device, self.num_splits, self.heads, self.items = dev, S, H, B * HK
-        self.po_shape, self.pl_shape = (B, H, S, D), (B, H, S)
-        n_po = B * H * S * D
-        self.pl_offset = -(-n_po // 32) * 32  # keeps the lse partials 128-byte aligned
-        self.ws_numel = self.pl_offset + B * H * S
-        self._views: dict = {}
-
-        BLOCK_G = max(16, triton.next_power_of_2(G))
-        self.block_s = 16 if S <= 16 else COMBINE_MAX_BLOCK_S  # two sizes only: each is a separate compile
-        self.block_d = BLOCK_D = max(16, triton.next_power_of_2(D))
-        INT64 = max(_span(k_cache), _span(v_cache)) > INT64_THRESHOLD
-        stride_sb = cache_seqlens.stride(0) if cache_seqlens is not None else 0
-        stride_tb, stride_tp = block_table.stride() if block_table is not None else (0, 0)
-        precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32 is ignored for 16-bit inputs
-        self.tune_key = _tune_bucket(-(-seqlen_max // S)) * 2 + int(k_cache.stride(1) == D)
-        # scalar arguments between the pointers and the output strides
-        self.scalars = (float(scale) * LOG2E, B, HK, S, int(seqlen_max),
-                        q.stride(0), q.stride(1),
-                        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-                        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-                        stride_sb, stride_tb, stride_tp)
-        self.meta = dict(G=G, BLOCK_G=BLOCK_G, HEAD_DIM=D, BLOCK_D=BLOCK_D, PAGE_SIZE=int(page_size),
-                         HAS_SEQLENS=cache_seqlens is not None, COMBINE=self.combine, INT64=INT64,
-                         INPUT_PRECISION=precision, COMBINE_BLOCK_S=self.block_s, **policy.kernel_args(num_domains))
-        self.grid = (B * HK * S,)
-        self.interpret = _interpreting(dev)
-        # the autotuner's key: its key columns plus every tensor argument's dtype (stand-ins keep
-        # these the same with and without cache_seqlens / block_table / partials)
-        self.tune_id = (D, int(page_size), BLOCK_G, INT64, self.tune_key, q.dtype, k_cache.dtype)
-        cfg = dict(DEFAULT_GPU_CONFIG[page_size > 0])
-        if D > 128:  # keep the K/V tiles within shared memory
-            cfg["BLOCK_N"] = 32
-        self.meta_fixed = {**self.meta, **cfg}
-        self.meta_interp = {**self.meta, **INTERPRET_CONFIG}
-        self._tuned = (None, None)  # (Config, meta with it)
-
-    def _partials(self, stream: int, capturing: bool):
-        if capturing:
-            return (torch.empty(self.po_shape, dtype=torch.float32, device=self.device),
-                    torch.empty(self.pl_shape, dtype=torch.float32, device=self.device))
-        key = (self.device.type, self.device.index, stream)
-        flat = _WORKSPACE.get(key)
-        hit = self._views.get(stream)
-        if hit is not None and hit[0] is flat:
-            return hit[1], hit[2]
-        if flat is None or flat.numel() < self.ws_numel:
-            # a replaced buffer is freed stream-ordered by the caching allocator: safe to drop
-            flat = _WORKSPACE[key] = torch.empty(self.ws_numel, dtype=torch.float32, device=self.device)
-        po = flat[: self.po_shape[0] * self.heads * self.num_splits * self.po_shape[3]].view(self.po_shape)
-        pl = flat[self.pl_offset: self.pl_offset + self.po_shape[0] * self.heads * self.num_splits].view(self.pl_shape)
-        self._views[stream] = (flat, po, pl)
-        return po, pl
-
-    def launch(self, q, k_cache, v_cache, cache_seqlens, block_table, out, lse) -> int:
-        """Launch on inputs with the metadata this plan was built for; fills ``out`` and ``lse``."""
-        global LAUNCHES
-        dev = self.device
-        stream = _stream_of(dev)
-        capturing = _capturing(dev)
-        counter = _counters(dev, self.items, stream)
-        po, pl = self._partials(stream, capturing) if self.combine else (lse, lse)
-        # Unused pointer arguments get stand-ins of the same dtype, so the autotuner's key (which
-        # includes every tensor's dtype) is the same with and without them.
-        args = (q, k_cache, v_cache, cache_seqlens if cache_seqlens is not None else counter,
-                block_table if block_table is not None else counter, out, lse, po, pl, counter,
-                *self.scalars, out.stride(0), out.stride(1), lse.stride(0), lse.stride(1), self.tune_key)
-        if self.interpret:
-            _flash_decode_kernel[self.grid](*args, **self.meta_interp)
-        elif not AUTOTUNE:
-            _flash_decode_kernel[self.grid](*args, **self.meta_fixed)
-        else:
-            cfg = _TUNED_CONFIGS.get(self.tune_id)
-            if cfg is not None:
-                if self._tuned[0] is not cfg:
-                    self._tuned = (cfg, {**self.meta, **cfg.all_kwargs()})
-                _flash_decode_kernel[self.grid](*args, **self._tuned[1])
-            elif capturing:  # tuning launches and synchronises, which capture forbids
-                _flash_decode_kernel[self.grid](*args, **self.meta_fixed)
-            else:
-                _flash_decode_tuned[self.grid](*args, **self.meta)
-                _TUNED_CONFIGS[self.tune_id] = _flash_decode_tuned.best_config
-        if self.combine == 1:
-            _combine_kernel[(self.po_shape[0] * self.heads,)](
-                po, pl, out, lse, self.heads, self.num_splits, out.stride(0), out.stride(1), lse.stride(0),
-                lse.stride(1), HEAD_DIM=self.po_shape[3], BLOCK_D=self.block_d, BLOCK_S=self.block_s, num_warps=4)
-        LAUNCHES += 1
-        return self.num_splits
-
-
-# ----------------------------------------------------------------------------- launch
-def flash_decode_launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, *, scale: float,
-                        seqlen_max: int, page_size: int, num_splits: Optional[int], policy, num_domains: int,
-                        combine: Optional[str] = None) -> int:
-    """Launch the kernels on checked inputs; fills ``out`` (B, H, D) and ``lse`` (B, H). Returns the split count.
-
-    ``seqlen_max`` is the cache capacity in tokens (max_len, or max_pages * page_size) and, when
-    ``cache_seqlens`` is None, every sequence's length. ``page_size`` is 0 for a contiguous cache.
-    Builds a one-off ``DecodePlan``; ``numasched.flash_decode`` caches plans instead.
-    """
-    plan = DecodePlan(q, k_cache, v_cache, cache_seqlens, block_table, scale=scale, seqlen_max=seqlen_max,
-                      page_size=page_size, num_splits=num_splits, policy=policy, num_domains=num_domains,
-                      combine=combine)
-    return plan.launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse)

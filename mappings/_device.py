@@ -1,7 +1,8 @@
 """Run a policy's device functions over every program id (tests and users checking a policy).
 
-One tiny Triton kernel per kind applies REMAP then ORDER exactly as numasched's kernels do, so
-comparing its output with ``Policy.reference`` checks the device math id for id.
+One tiny Triton kernel per kind maps every id through the public device helpers of
+:mod:`numasched.mappings.jit` (which numasched's own kernels use too), so comparing its output with
+``Policy.reference`` checks the device math id for id.
 """
 import numpy as np
 import torch
@@ -9,38 +10,32 @@ import triton
 import triton.language as tl
 
 from ._registry import check_num_domains, get
+from .jit import attention_item, gemm_tile, remap_pid
 
 
 @triton.jit
-def _attention_map_kernel(out, W, B, H, HK, NB, REMAP: tl.constexpr, REMAP_PARAM: tl.constexpr,
-                          ORDER: tl.constexpr, ORDER_PARAM: tl.constexpr, NUM_DOMAINS: tl.constexpr,
-                          BLOCK: tl.constexpr):
+def _attention_map_kernel(out, W, B, H, HK, NB, MAPPING: tl.constexpr, BLOCK: tl.constexpr):
     pid = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = pid < W
-    g = REMAP(pid, W, NUM_DOMAINS, REMAP_PARAM)
-    b, h, m = ORDER(g, B, H, HK, NB, NUM_DOMAINS, ORDER_PARAM)
+    b, h, m = attention_item(pid, B, H, HK, NB, MAPPING)
     tl.store(out + pid * 3 + 0, b, mask=mask)
     tl.store(out + pid * 3 + 1, h, mask=mask)
     tl.store(out + pid * 3 + 2, m, mask=mask)
 
 
 @triton.jit
-def _gemm_map_kernel(out, W, NM, NN, REMAP: tl.constexpr, REMAP_PARAM: tl.constexpr,
-                     ORDER: tl.constexpr, ORDER_PARAM: tl.constexpr, NUM_DOMAINS: tl.constexpr,
-                     BLOCK: tl.constexpr):
+def _gemm_map_kernel(out, W, NM, NN, MAPPING: tl.constexpr, BLOCK: tl.constexpr):
     pid = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = pid < W
-    g = REMAP(pid, W, NUM_DOMAINS, REMAP_PARAM)
-    tm, tn = ORDER(g, NM, NN, NUM_DOMAINS, ORDER_PARAM)
+    tm, tn = gemm_tile(pid, NM, NN, MAPPING)
     tl.store(out + pid * 2 + 0, tm, mask=mask)
     tl.store(out + pid * 2 + 1, tn, mask=mask)
 
 
 @triton.jit
-def _remap_kernel(out, W, REMAP: tl.constexpr, REMAP_PARAM: tl.constexpr, NUM_DOMAINS: tl.constexpr,
-                  BLOCK: tl.constexpr):
+def _remap_kernel(out, W, MAPPING: tl.constexpr, BLOCK: tl.constexpr):
     pid = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(out + pid, REMAP(pid, W, NUM_DOMAINS, REMAP_PARAM), mask=pid < W)
+    tl.store(out + pid, remap_pid(pid, W, MAPPING), mask=pid < W)
 
 
 def device_map(policy, grid, num_domains: int, device="cpu") -> np.ndarray:
@@ -57,11 +52,13 @@ def device_map(policy, grid, num_domains: int, device="cpu") -> np.ndarray:
     out = torch.full((W, k), -7, dtype=torch.int32, device=device)  # poison: -7 is no valid item
     BLOCK = 128
     launch = (triton.cdiv(W, BLOCK),)
-    args = policy.kernel_args(X)
-    if policy.kind == "attention":
-        _attention_map_kernel[launch](out, W, *grid.dims, BLOCK=BLOCK, **args)
-    elif policy.kind == "gemm":
-        _gemm_map_kernel[launch](out, W, *grid.dims, BLOCK=BLOCK, **args)
+    kernel = {"attention": _attention_map_kernel, "gemm": _gemm_map_kernel, "remap": _remap_kernel}[policy.kind]
+    args = (out, W, *grid.dims) if policy.kind != "remap" else (out, W)
+    kw = dict(MAPPING=policy.constexpr(X), BLOCK=BLOCK)
+    if device == "cpu" or getattr(device, "type", None) == "cpu":
+        from numasched.caps import run_interpreted   # works whenever TRITON_INTERPRET was set
+
+        run_interpreted(kernel, launch, args, kw)
     else:
-        _remap_kernel[launch](out, W, BLOCK=BLOCK, **args)
+        kernel[launch](*args, **kw)
     return out.cpu().numpy().astype(np.int64)

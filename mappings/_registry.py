@@ -28,6 +28,19 @@ KINDS = ("attention", "gemm", "remap")
 KERNEL_KINDS = ("attention", "decode", "gemm")  # kinds a user sets defaults for
 INT32_MAX = 2**31 - 1
 
+# Bumped whenever what a name or "auto" resolves to may change (register, a new default, an auto
+# rule): plan caches put it in their keys instead of the ids of registry objects.
+_VERSION = [0]
+
+
+def version() -> int:
+    """A number that changes whenever a mapping name or "auto" may resolve differently."""
+    return _VERSION[0]
+
+
+def _bump() -> None:
+    _VERSION[0] += 1
+
 
 def _positive_int(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
@@ -41,7 +54,10 @@ positive_int = _positive_int  # public: other numasched modules validate sizes t
 
 
 def check_num_domains(num_domains) -> int:
-    return _positive_int("num_domains", num_domains)
+    X = _positive_int("num_domains", num_domains)
+    if X > INT32_MAX:
+        raise ValueError(f"num_domains = {X} overflows int32 (the kernels compute with it in 32 bits)")
+    return X
 
 
 def _as_pids(pids) -> np.ndarray:
@@ -241,12 +257,29 @@ class Policy:
         return dom
 
     def kernel_args(self, num_domains: int) -> Dict[str, object]:
-        """Constexpr arguments a numasched kernel takes to run this policy."""
+        """The policy as five separate constexprs (REMAP, REMAP_PARAM, ORDER, ORDER_PARAM,
+        NUM_DOMAINS), for kernels written against the building blocks directly."""
         X = check_num_domains(num_domains)
         args = dict(REMAP=self.remap.device, REMAP_PARAM=int(self.remap_param), NUM_DOMAINS=X)
         if self.order is not None:
             args.update(ORDER=self.order.device, ORDER_PARAM=int(self.order_param))
         return args
+
+    def constexpr(self, num_domains: int) -> tuple:
+        """The policy as ONE constexpr argument: ``(REMAP, REMAP_PARAM, ORDER, ORDER_PARAM,
+        NUM_DOMAINS)``. A kernel takes it as ``MAPPING: tl.constexpr`` and maps a program id with
+        the device helpers of :mod:`numasched.mappings.jit` (``gemm_tile``, ``attention_item``,
+        ``decode_item``, ``remap_pid``). ORDER is None for a remap policy."""
+        X = check_num_domains(num_domains)
+        return (self.remap.device, int(self.remap_param), None if self.order is None else self.order.device,
+                int(self.order_param), X)
+
+    def __hash__(self):  # plan keys hash policies on every call: compute once
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.name, self.kind, self.remap, self.order, self.remap_param, self.order_param))
+            object.__setattr__(self, "_hash", h)
+        return h
 
     def with_params(self, *, remap_param: Optional[int] = None, order_param: Optional[int] = None) -> "Policy":
         kw = {}
@@ -270,7 +303,10 @@ def register(policy: Policy, *, replace: bool = False) -> Policy:
         raise ValueError(f"register() needs a Policy, got {type(policy).__name__}")
     if policy.name in _REGISTRY and not replace:
         raise ValueError(f"a mapping named {policy.name!r} is already registered")
+    if "#" in policy.name:
+        raise ValueError(f"a registered mapping's name may not contain '#' (tokens use it): {policy.name!r}")
     _REGISTRY[policy.name] = policy
+    _bump()
     return policy
 
 
@@ -283,14 +319,57 @@ def available(kind: Optional[str] = None) -> list:
 
 
 def get(name: str) -> Policy:
-    """The registered policy called ``name``."""
+    """The registered policy called ``name`` (or the policy of a :func:`token`)."""
     if isinstance(name, Policy):
         return name
     if not isinstance(name, str):
-        raise ValueError(f"mapping must be a policy name or a Policy, got {type(name).__name__}")
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown mapping {name!r}; available: {available()}")
-    return _REGISTRY[name]
+        raise TypeError(f"mapping must be a policy name or a Policy, got {type(name).__name__}")
+    p = _REGISTRY.get(name)
+    if p is not None:
+        return p
+    if "#" in name:
+        return from_token(name)
+    raise ValueError(f"unknown mapping {name!r}; available: {available()}")
+
+
+# --------------------------------------------------------------------------------------- tokens
+# A torch custom op takes strings, not Policy objects. A Policy (say a composed one that was never
+# registered) crosses the op boundary as a token "name#n"; tokens are per process and the table
+# holds each distinct policy once (equal policies share a token), so it grows only with the
+# number of distinct policies a program makes.
+_TOKENS: Dict[str, Policy] = {}
+_TOKEN_OF: Dict[Policy, str] = {}
+
+
+def token(policy: Policy) -> str:
+    """A string that stands for ``policy`` in this process: its name if that is how it is
+    registered, else ``"<name>#<n>"`` (what custom ops carry)."""
+    if not isinstance(policy, Policy):
+        raise TypeError(f"token() needs a Policy, got {type(policy).__name__}")
+    if _REGISTRY.get(policy.name) is policy:
+        return policy.name
+    t = _TOKEN_OF.get(policy)
+    if t is None:
+        t = f"{policy.name}#{len(_TOKENS)}"
+        _TOKENS[t] = policy
+        _TOKEN_OF[policy] = t
+    return t
+
+
+def from_token(tok: str) -> Policy:
+    """The policy a :func:`token` stands for."""
+    p = _TOKENS.get(tok)
+    if p is None:
+        raise ValueError(f"mapping {tok!r} is a Policy token that this process did not make (tokens are per "
+                         f"process: pass the Policy object itself, or register() it and pass its name)")
+    return p
+
+
+def check_kind(policy: Policy, kernel_kind: str) -> None:
+    """Raise ValueError if ``policy`` cannot serve kernels of ``kernel_kind``."""
+    if policy.kind != _kind_of(kernel_kind):
+        raise ValueError(f"mapping {policy.name!r} is a {policy.kind} policy and cannot serve {kernel_kind} kernels; "
+                         f"choose one of {available(kernel_kind)}")
 
 
 def lookup(name: str) -> Optional[Policy]:
@@ -329,11 +408,12 @@ def set_default(kernel_kind: str, mapping: Optional[str]) -> None:
         raise ValueError(f"kernel_kind must be one of {KERNEL_KINDS}, got {kernel_kind!r}")
     if mapping is None or mapping == "auto":
         _DEFAULTS.pop(kernel_kind, None)
+        _bump()
         return
     p = get(mapping)
-    if p.kind != _kind_of(kernel_kind):
-        raise ValueError(f"mapping {p.name!r} is a {p.kind} policy and cannot serve {kernel_kind} kernels")
+    check_kind(p, kernel_kind)
     _DEFAULTS[kernel_kind] = p
+    _bump()
 
 
 def get_default(kernel_kind: str) -> str:
@@ -351,8 +431,35 @@ def default_policy(kernel_kind: str) -> Optional[Policy]:
     return _DEFAULTS.get(kernel_kind)
 
 
+# User rules for "auto", newest first: fn(kernel_kind, topology, grid, causal) -> Policy or None.
+_AUTO_RULES: list = []
+
+
+def register_auto(rule: Callable, *, kinds=KERNEL_KINDS) -> Callable:
+    """Add a rule to ``mapping="auto"``: ``rule(kernel_kind, topology, grid, causal)`` returns a
+    Policy (or a registered name) to use, or None to leave the choice to the next rule and finally
+    the built-in one. Rules added later are asked first. Returns ``rule`` (for
+    :func:`unregister_auto`). ``kinds`` limits the kernel kinds the rule is asked about."""
+    if not callable(rule):
+        raise TypeError(f"an auto rule must be callable, got {type(rule).__name__}")
+    kinds = (kinds,) if isinstance(kinds, str) else tuple(kinds)
+    for k in kinds:
+        if k not in KERNEL_KINDS:
+            raise ValueError(f"kinds must be among {KERNEL_KINDS}, got {k!r}")
+    _AUTO_RULES.insert(0, (rule, kinds))
+    _bump()
+    return rule
+
+
+def unregister_auto(rule: Callable) -> None:
+    """Remove a rule added with :func:`register_auto` (no error if absent)."""
+    _AUTO_RULES[:] = [(r, k) for r, k in _AUTO_RULES if r is not rule]
+    _bump()
+
+
 def auto(kernel_kind: str, topology, grid: Grid, *, causal: bool = False) -> Policy:
-    """Pick a policy from the topology and the shape.
+    """Pick a policy from the topology and the shape: the user rules of :func:`register_auto`
+    first, then the built-in rule.
 
     Rules (why in mappings.md):
     * one locality domain (Hopper, generic): no placement to win; choose the order with the best
@@ -363,6 +470,15 @@ def auto(kernel_kind: str, topology, grid: Grid, *, causal: bool = False) -> Pol
       from domain imbalance, so causal prefill keeps head_first. GEMM: chiplet_tiled.
     """
     kind = _kind_of(kernel_kind)
+    for rule, kinds in _AUTO_RULES:
+        if kernel_kind in kinds or (kernel_kind == "prefill" and "attention" in kinds):
+            p = rule(kernel_kind, topology, grid, causal)
+            if p is not None:
+                p = get(p)
+                if p.kind != kind:
+                    raise ValueError(f"auto rule {getattr(rule, '__name__', rule)!r} returned the {p.kind} policy "
+                                     f"{p.name!r} for {kernel_kind} kernels")
+                return p
     multi = topology.num_domains > 1 and topology.dispatch != "single"
     if kind == "gemm":
         return get("chiplet_tiled" if multi else "grouped")
@@ -374,8 +490,9 @@ def auto(kernel_kind: str, topology, grid: Grid, *, causal: bool = False) -> Pol
 
 
 def resolve(mapping, kernel_kind: str, topology, grid: Grid, *, causal: bool = False) -> Policy:
-    """Turn a user's ``mapping=`` argument ("auto", a name or a Policy) into a Policy of the right kind."""
-    kind = _kind_of(kernel_kind)
+    """Turn a user's ``mapping=`` argument ("auto" or None, a name, a token or a Policy) into a
+    Policy of the right kind. TypeError for another type, ValueError for an unknown name or a
+    policy of another kind: the same for every op."""
     if mapping is None:
         mapping = "auto"
     if isinstance(mapping, str) and mapping == "auto":
@@ -383,12 +500,24 @@ def resolve(mapping, kernel_kind: str, topology, grid: Grid, *, causal: bool = F
     if isinstance(mapping, str) and mapping == "auto":
         p = auto(kernel_kind, topology, grid, causal=causal)
     elif not isinstance(mapping, (str, Policy)):
-        raise ValueError(f"mapping must be 'auto', a policy name or a Policy, got {type(mapping).__name__}")
+        raise TypeError(f"mapping must be 'auto', a policy name or a Policy, got {type(mapping).__name__}")
     else:
         p = get(mapping)
-        if p.kind != kind:
-            raise ValueError(f"mapping {p.name!r} is a {p.kind} policy and cannot serve {kernel_kind} kernels; "
-                             f"choose one of {available(kernel_kind)}")
+        check_kind(p, kernel_kind)
     if grid is not None:
         p.check_grid(grid)  # e.g. a GemmGrid handed to an attention kernel
     return p
+
+
+def kernel_arg(mapping="auto", kernel_kind: str = "gemm", *, grid: Optional[Grid] = None, topology=None,
+               causal: bool = False) -> tuple:
+    """The ``MAPPING`` constexpr of a user kernel: ``mapping`` ("auto", a name or a Policy)
+    resolved for ``kernel_kind`` ("gemm", "attention", "decode") on ``topology`` (default: the
+    current one), as :meth:`Policy.constexpr`. ``grid`` is what "auto" and the checks see (an
+    AttentionGrid, GemmGrid or DecodeGrid; optional)."""
+    if topology is None:
+        from numasched import topology as _topology
+
+        topology = _topology.current()
+    p = resolve(mapping, kernel_kind, topology, grid, causal=causal)
+    return p.constexpr(topology.num_domains)

@@ -38,7 +38,9 @@ def _grouped_ref(g, grid, X, GM):
 
 @triton.jit
 def grouped_order(pid, NM, NN, NUM_DOMAINS: tl.constexpr, PARAM: tl.constexpr):
-    n = PARAM * NN
+    # min(PARAM, NM) * NN <= NM * NN, which fits int32 (GemmGrid checks it), while PARAM * NN
+    # need not; when NM < PARAM both give the same tile (every id lies in the first band)
+    n = tl.minimum(NM, PARAM) * NN
     first = (pid // n) * PARAM
     gm = tl.minimum(NM - first, PARAM)
     r = pid % n

@@ -5,7 +5,7 @@ from typing import Iterable, Optional
 
 import torch
 
-INT32_MAX = 2**31 - 1
+from .caps import INT32_MAX, kernel_device_ok, launch_device, span  # noqa: F401  (re-exported)
 
 
 def check_tensor(name: str, t, *, ndim: Optional[int] = None, dtypes: Optional[Iterable[torch.dtype]] = None,
@@ -36,35 +36,38 @@ def check_same(name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor, *, dt
 
 def check_int32_indexing(name: str, t: torch.Tensor) -> None:
     """Raise if the largest element offset of ``t`` does not fit int32 (Triton indexes with int32 by default)."""
-    span = sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride()) if s > 0)
-    if span > INT32_MAX:
-        raise ValueError(f"{name} spans {span} elements, which overflows int32 indexing (max {INT32_MAX}); "
+    n = span(t)
+    if n > INT32_MAX:
+        raise ValueError(f"{name} spans {n} elements, which overflows int32 indexing (max {INT32_MAX}); "
                          f"split the call")
 
 
-def kernel_device_ok(t: torch.Tensor) -> bool:
-    """Whether a Triton kernel can run on t's device: CUDA/ROCm, or CPU under TRITON_INTERPRET=1."""
-    import os
-
-    if t.is_cuda:
-        return True
-    return t.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
+def check_bool(name: str, value) -> bool:
+    """A real bool (torch raises TypeError for an int ``is_causal``; so do we)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value
 
 
-class _Nothing:
-    def __enter__(self):
+def check_scale(scale, head_dim: int) -> float:
+    """The softmax scale: default 1/sqrt(head_dim); else a positive finite number."""
+    import math
+
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+    scale = float(scale)
+    if not (scale > 0 and math.isfinite(scale)):
+        raise ValueError(f"scale must be a positive finite number, got {scale}")
+    return scale
+
+
+def check_positive_int(name: str, value, *, allow_none: bool = True):
+    if value is None and allow_none:
         return None
-
-    def __exit__(self, *exc):
-        return False
-
-
-_NOTHING = _Nothing()
-
-
-def launch_device(t: torch.Tensor):
-    """Context for launching a kernel on t's GPU: Triton launches on the *current* device, so switch
-    to t's when it is another one (a no-op otherwise: torch.cuda.device costs microseconds)."""
-    if t.is_cuda and t.device.index != torch.cuda.current_device():
-        return torch.cuda.device(t.device)
-    return _NOTHING
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be a positive int{' or None' if allow_none else ''}, got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+    return value

@@ -1,47 +1,47 @@
-"""Prefill attention: ``attention_forward`` (the kernel call) and a drop-in ``scaled_dot_product_attention``.
+"""Prefill attention: check, plan, run; the one call ``attention_forward``; the drop-in SDPA.
 
-    >>> out, lse = numasched.attention.attention_forward(q, k, v, causal=True)      # (B, H, S, D)
-    >>> out = numasched.scaled_dot_product_attention(q, k, v, is_causal=True)        # torch's signature
+    >>> out, lse = numasched.attention_forward(q, k, v, causal=True)          # (B, H, S, D)
+    >>> plan = numasched.plan_attention(q, k, v, causal=True)                  # once per shape
+    >>> out, lse = plan.run(q, k, v)                                           # every call
+    >>> out = numasched.scaled_dot_product_attention(q, k, v, is_causal=True)  # torch's signature
 
-``attention_forward`` runs the Triton kernel of ``numasched/kernels/attention_fwd.py`` under a
-mapping policy (``mapping="auto"``, a registered name or a Policy) and returns the output and the
-log-sum-exp. It is registered as the torch custom op ``numasched::attention_forward`` (with a fake
-implementation), so it works under ``torch.compile`` and inside CUDA graphs (warm it up once
-before capturing: the first call on a GPU autotunes).
+The plan holds what depends only on the inputs' signatures and the process state: the policy,
+the kernel config (autotuned on the first GPU run unless given), the grid, TMA eligibility.
+``run`` launches the compiled kernel directly.
+
+``attention_forward`` is the torch custom op ``numasched::attention_forward`` (with a fake
+implementation) under torch.compile, tracing and autograd, so it works there and inside CUDA
+graphs (warm it up once before capturing: the first call on a GPU autotunes).
 
 ``scaled_dot_product_attention`` has torch's signature and semantics and routes each call:
   * query length 1 (not causal, or causal with one key) -> Flash Decode (numasched.decode);
   * what the prefill kernel supports -> the kernel;
   * anything else (an arbitrary ``attn_mask``, dropout, autograd, CPU without the Triton
     interpreter, other dtypes or head dims, ...) -> torch's own implementation, with a warning
-    given once per reason.
-``calls`` counts which path ran (keys "kernel", "decode", "fallback").
+    given once per reason. ``numasched.observe`` reports which path ran.
 """
 from __future__ import annotations
 
-import collections
 import math
-import os
-import warnings
+from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import torch
 
+from . import caps
 from . import mappings as M
+from . import observe as _observe
+from . import options as _options
 from . import topology as _topology
-from .mappings import default_policy as _default_policy, lookup as _lookup
-from ._validate import check_int32_indexing, check_same, check_tensor, kernel_device_ok, launch_device
+from ._plan import PLANS, Plan, PlanKey, fast_signature, signature, state
+from ._route import mapping_token, plain_eager, warn_once
+from ._validate import check_bool, check_int32_indexing, check_same, check_scale, check_tensor
 
-__all__ = ["attention_forward", "scaled_dot_product_attention", "calls", "SUPPORTED_DTYPES",
-           "supported_head_dim"]
+__all__ = ["attention_forward", "plan_attention", "check_attention", "AttentionPlan",
+           "scaled_dot_product_attention", "SUPPORTED_DTYPES", "supported_head_dim"]
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
-
-#: how many times each path ran: "kernel" (Triton launches), "decode", "fallback"
-calls: collections.Counter = collections.Counter()
-#: tests set this: outputs are filled with NaN before the kernel runs, so an unwritten element shows
-POISON_OUTPUTS = False
 
 
 def supported_head_dim(d: int) -> bool:
@@ -49,162 +49,20 @@ def supported_head_dim(d: int) -> bool:
     return 16 <= d <= MAX_HEAD_DIM and d % 8 == 0
 
 
-# ------------------------------------------------------------------------------ policies by key
-# The custom op takes strings only; a Policy object (e.g. a composed, unregistered one) is passed
-# by a key into this table. Bounded (least recently passed out first), so that a program making
-# a new Policy object per call does not grow it forever; an eager call sets its key just before
-# use, so only a compiled graph holding one of 4096 older keys could find it gone.
-_POLICY_KEYS: "collections.OrderedDict" = collections.OrderedDict()
-MAX_POLICY_KEYS = 4096
+@dataclass(frozen=True)
+class AttentionShape:
+    batch: int
+    heads: int
+    kv_heads: int
+    q_len: int
+    k_len: int
+    head_dim: int
 
 
-def _mapping_key(mapping) -> str:
-    if mapping is None or (isinstance(mapping, str) and mapping == "auto"):
-        return "auto"
-    if isinstance(mapping, M.Policy):
-        if mapping.kind != "attention":
-            raise ValueError(f"mapping {mapping.name!r} is a {mapping.kind} policy and cannot serve attention "
-                             f"kernels; choose one of {M.available('attention')}")
-        key = f"policy:{id(mapping)}"
-        _POLICY_KEYS[key] = mapping
-        _POLICY_KEYS.move_to_end(key)
-        while len(_POLICY_KEYS) > MAX_POLICY_KEYS:
-            _POLICY_KEYS.popitem(last=False)
-        return key
-    if not isinstance(mapping, str):
-        raise ValueError(f"mapping must be 'auto', a policy name or a Policy, got {type(mapping).__name__}")
-    p = M.get(mapping)  # unknown names raise here, naming the mapping
-    if p.kind != "attention":
-        raise ValueError(f"mapping {p.name!r} is a {p.kind} policy and cannot serve attention kernels; "
-                         f"choose one of {M.available('attention')}")
-    return mapping
-
-
-def _policy_of(key: str, grid, causal: bool):
-    mapping = _POLICY_KEYS.get(key, key)
-    return M.resolve(mapping, "attention", _topology.current(), grid, causal=causal)
-
-
-# ------------------------------------------------------------------------------ the custom op
-def _out_like(q: torch.Tensor) -> torch.Tensor:
-    # (B, H, Lq, D) as a view of (B, Lq, H, D) memory, like torch's flash path: the usual next
-    # step (transpose(1, 2) and merge heads) is then free.
-    B, H, Lq, D = q.shape
-    return q.new_empty(B, Lq, H, D).transpose(1, 2)
-
-
-# ------------------------------------------------------------------------------ launch plans
-# Host work that depends only on shapes, strides, dtypes, flags and the policy (checks, policy
-# resolution, autotuner keys, grid, strides) is done once per such key and kept here: at small
-# sizes a prefill call is otherwise bound by Python, not by the GPU.
-_PLANS: dict = {}
-_MAX_PLANS = 4096  # HF calls see many sequence lengths: bound the memory, start over when full
-
-try:  # a tracing/fake-tensor mode is active: leave the call to the custom op
-    from torch.utils._python_dispatch import _get_current_dispatch_mode
-except ImportError:  # pragma: no cover - older torch
-    def _get_current_dispatch_mode():
-        return True
-
-
-class _Plan:
-    __slots__ = ("launch", "policy_args", "scale", "mkey", "out_size", "out_stride", "lse_size", "dtype",
-                 "device", "refs")
-
-
-def _state_key(q, k, v, mapping):
-    """What a plan depends on besides the call's own arguments: topology, default mapping, the
-    policy registered under a mapping name (``register(..., replace=True)`` can swap it),
-    NUMASCHED_AUTOTUNE, and the inputs' 16-byte alignment (TMA) -- read on every call."""
-    return (id(_topology.current()), id(_default_policy("attention")),
-            id(_lookup(mapping)) if type(mapping) is str else 0, os.environ.get("NUMASCHED_AUTOTUNE"),
-            (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15)
-
-
-def _make_plan(q, k, v, causal: bool, scale: float, causal_offset: int, mkey: str, config) -> _Plan:
-    """Resolve the policy and plan the launch for validated, non-empty inputs."""
-    from .kernels import attention_fwd as K
-
-    B, H, Lq, D = q.shape
-    HK = k.shape[1]
-    bm = (config or {}).get("BLOCK_M", 32)  # autotuning: the smallest BLOCK_M bounds the grid
-    grid = M.AttentionGrid(B, H, HK, -(-Lq // bm))
-    topo = _topology.current()
-    policy = _policy_of(mkey, grid, causal)
-    p = _Plan()
-    p.policy_args = policy.kernel_args(topo.num_domains)
-    p.scale, p.mkey, p.dtype, p.device = scale, mkey, q.dtype, q.device
-    # (B, H, Lq, D) as a view of (B, Lq, H, D) memory (see _out_like)
-    p.out_size, p.out_stride = (B, H, Lq, D), (Lq * H * D, D, H * D, 1)
-    p.lse_size = (B, H, Lq)
-    out = torch.empty_strided(p.out_size, p.out_stride, dtype=q.dtype, device=q.device)
-    p.launch = K.plan_launch(q, k, v, out, scale=scale, causal=causal, causal_offset=causal_offset,
-                             policy_args=p.policy_args, config=config)
-    # keep the objects whose ids are in keys alive
-    p.refs = (topo, _default_policy("attention"), _POLICY_KEYS.get(mkey), _lookup(mkey))
-    return p
-
-
-def _store(key, plan) -> None:
-    if len(_PLANS) >= _MAX_PLANS:
-        _PLANS.clear()
-    _PLANS[key] = plan
-
-
-def _run_plan(plan: _Plan, q, k, v, causal: bool, causal_offset: int):
-    from .kernels import attention_fwd as K
-
-    out = torch.empty_strided(plan.out_size, plan.out_stride, dtype=plan.dtype, device=plan.device)
-    lse = torch.empty(plan.lse_size, dtype=torch.float32, device=plan.device)
-    if POISON_OUTPUTS:
-        out.fill_(float("nan"))
-        lse.fill_(float("nan"))
-    # through attention_fwd (not run_plan) so that a test's spy on it still sees every launch
-    with launch_device(q):
-        K.attention_fwd(q, k, v, out, lse, scale=plan.scale, causal=causal, causal_offset=causal_offset,
-                        policy_args=plan.policy_args, plan=plan.launch)
-    calls["kernel"] += 1
-    return out, lse
-
-
-def _forward_impl(q, k, v, causal: bool, scale: float, causal_offset: int, mapping: str,
-                  config: Optional[dict] = None) -> Tuple[torch.Tensor, torch.Tensor]:
-    B, H, Lq, D = q.shape
-    Lk = k.shape[2]
-    if q.numel() == 0 or Lk == 0:  # batch, heads or Lq of 0: empty outputs, no launch
-        out = _out_like(q)
-        lse = torch.empty(B, H, Lq, dtype=torch.float32, device=q.device)
-        if Lq and not Lk:  # no key at all: every row is fully masked
-            out.zero_()
-            lse.fill_(float("-inf"))
-        return out, lse
-    key = ("op", q.shape, k.shape, q.stride(), k.stride(), v.stride(), q.dtype, q.device, causal, scale,
-           causal_offset, mapping, _config_key(config), _state_key(q, k, v, mapping))
-    plan = _PLANS.get(key)
-    if plan is None:
-        plan = _make_plan(q, k, v, causal, scale, causal_offset, mapping, config)
-        _store(key, plan)
-    return _run_plan(plan, q, k, v, causal, causal_offset)
-
-
-def _config_key(config):
-    return None if config is None else tuple(sorted(config.items()))
-
-
-@torch.library.custom_op("numasched::attention_forward", mutates_args=())
-def _attention_forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
-                          causal_offset: int, mapping: str) -> Tuple[torch.Tensor, torch.Tensor]:
-    return _forward_impl(q, k, v, causal, scale, causal_offset, mapping)
-
-
-@_attention_forward_op.register_fake
-def _(q, k, v, causal, scale, causal_offset, mapping):
-    B, H, Lq, D = q.shape
-    return _out_like(q), q.new_empty(B, H, Lq, dtype=torch.float32)
-
-
-# ------------------------------------------------------------------------------ attention_forward
-def _check_qkv(q, k, v) -> None:
+# ------------------------------------------------------------------------------ checks
+def check_attention(q, k, v, *, causal=False, scale=None, causal_offset=0, mapping="auto") -> AttentionShape:
+    """Check an attention call without reading tensor data (works on fake and meta tensors).
+    TypeError for a wrong type, ValueError for a wrong value or shape; errors name the argument."""
     for name, t in (("query", q), ("key", k), ("value", v)):
         check_tensor(name, t, ndim=4, dtypes=SUPPORTED_DTYPES, contiguous_last=True)
     check_same("query", q, "key", k)
@@ -226,17 +84,260 @@ def _check_qkv(q, k, v) -> None:
     for name, t in (("query", q), ("key", k), ("value", v)):
         if t.numel():
             check_int32_indexing(name, t[0, 0])
+    check_bool("causal", causal)
+    if isinstance(causal_offset, bool) or not isinstance(causal_offset, int):
+        raise TypeError(f"causal_offset must be an int, got {type(causal_offset).__name__}")
+    if abs(causal_offset) >= 2**31 - 2**20:
+        raise ValueError(f"causal_offset {causal_offset} overflows int32")
+    check_scale(scale, D)
+    mapping_token(mapping, "attention")
+    return AttentionShape(B, H, HK, Lq, k.shape[2], D)
 
 
-def _check_scale(scale, D) -> float:
-    if scale is None:
-        return 1.0 / math.sqrt(D)
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
-    scale = float(scale)
-    if not (scale > 0 and math.isfinite(scale)):
-        raise ValueError(f"scale must be a positive finite number, got {scale}")
-    return scale
+def _out_like(q: torch.Tensor) -> torch.Tensor:
+    # (B, H, Lq, D) as a view of (B, Lq, H, D) memory, like torch's flash path: the usual next
+    # step (transpose(1, 2) and merge heads) is then free.
+    B, H, Lq, D = q.shape
+    return q.new_empty(B, Lq, H, D).transpose(1, 2)
+
+
+def _tma_ok(*tensors) -> bool:
+    """TMA needs 16-byte aligned bases and 16-byte multiples for every non-unit stride."""
+    for t in tensors:
+        es = t.element_size()
+        try:
+            if t.data_ptr() % 16:
+                return False
+        except RuntimeError:
+            pass
+        if any((s * es) % 16 for s in t.stride()[:-1]) or (t.shape[-1] * es) % 16:
+            return False
+    return True
+
+
+def _scratch_alloc(size: int, alignment: int, stream):
+    # device-side tensor descriptors need a little global memory per program
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _ensure_allocator() -> None:
+    import triton
+    from triton.runtime import _allocation
+
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(_scratch_alloc)
+
+
+_TMA_BROKEN: list = []  # set when the TMA variant failed to compile here (then never tried again)
+
+
+# ------------------------------------------------------------------------------ the plan
+class AttentionPlan(Plan):
+    """A planned attention forward: made by :func:`plan_attention`, run with :meth:`run`.
+
+    Attributes: shape, scale, causal, causal_offset, policy, topology, mode ("kernel",
+    "interpreter" or "empty"), grid (None until the autotuner chose BLOCK_M), config, tma,
+    workspace_bytes (0), tensors."""
+
+    op = "attention"
+
+    def __init__(self, q, k, v, *, causal=False, scale=None, causal_offset=0, mapping="auto", config=None,
+                 options: Optional[_options.Options] = None, lpt: Optional[bool] = None):
+        shape = check_attention(q, k, v, causal=causal, scale=scale, causal_offset=causal_offset, mapping=mapping)
+        options = options if options is not None else _options.current()
+        self.shape = shape
+        self.scale = check_scale(scale, shape.head_dim)
+        self.causal, self.causal_offset = bool(causal), int(causal_offset)
+        self.tensors = dict(query=signature(q), key=signature(k), value=signature(v))
+        self.device = dev = q.device
+        self.topology = _topology.current()
+        self.workspace_bytes = 0
+        B, H, Lq, D = q.shape
+        HK, Lk = k.shape[1], k.shape[2]
+        self._out_size, self._out_stride = (B, H, Lq, D), (Lq * H * D, D, H * D, 1)
+        self.policy, self.grid, self.config, self.tma = None, None, None, False
+        if q.numel() == 0 or Lk == 0:
+            self.mode = "empty"
+            self._freeze()
+            return
+        interp = caps.interpreting()
+        if not interp and dev.type != "cuda":
+            raise ValueError(f"query is on {dev}: the Triton kernel needs a CUDA device "
+                             f"(or CPU tensors with TRITON_INTERPRET=1)")
+        self.mode = "interpreter" if interp else "kernel"
+        from .kernels import attention_fwd as K
+
+        bm = (config or {}).get("BLOCK_M", 32)  # autotuning: the smallest BLOCK_M bounds the grid
+        self.policy = M.resolve(mapping, "attention", self.topology, M.AttentionGrid(B, H, HK, -(-Lq // bm)),
+                                causal=causal)
+        if lpt is None:
+            lpt = bool(causal) and not interp
+        # bf16 dots are wrong in Triton's interpreter: compute in fp32 there (never a wrong result)
+        self._upcast = interp and q.dtype == torch.bfloat16
+        self.tma = (not interp) and not _TMA_BROKEN and caps.tma_supported(dev) and _tma_ok(q, k, v)
+        fp32 = q.dtype == torch.float32 or self._upcast
+        self._constexprs = dict(Q_BUCKET=K.bucket(Lq), K_BUCKET=K.bucket(Lk), TMA_OK=int(self.tma), HEAD_DIM=D,
+                                CAUSAL=bool(causal), LPT=bool(lpt), DOT_PRECISION="ieee" if fp32 else "tf32",
+                                BLOCK_D=K.block_d(D),
+                                MAPPING=self.policy.constexpr(self.topology.num_domains))
+        self._ints = (B, H, HK, Lq, Lk, self.scale * caps.LOG2E, self.causal_offset)
+        self._strides = None if interp else self._stride_args(q, k, v, self._out_stride)
+        self._options = options
+        self._config_arg = config
+        self._build(K, config, options)
+        self._freeze()
+
+    def _build(self, K, config, options) -> None:
+        from ._launch import Launch
+
+        B, H, Lq = self.shape.batch, self.shape.heads, self.shape.q_len
+        grid_of = lambda kw: (B * H * -(-Lq // kw["BLOCK_M"]),)  # noqa: E731
+        dev, const = self.device, self._constexprs
+        if self.mode == "interpreter":
+            self._launch = Launch(K.attn_fwd_kernel, grid_of, const, config=K.INTERPRETER_CONFIG, device=dev,
+                                  interpret=True)
+        else:
+            fixed = K.fixed_config(torch.float32 if const["DOT_PRECISION"] == "ieee" else torch.bfloat16,
+                                   self.shape.head_dim, self.tma)
+            if config is None and not options.autotune:
+                cfg = fixed
+            elif config is not None:
+                cfg = dict(config)
+                if cfg.get("USE_TMA") and not self.tma:
+                    cfg["USE_TMA"] = False
+            else:
+                cfg = None
+            if self.tma:
+                _ensure_allocator()  # device-side descriptors take their scratch from it
+            if cfg is None:
+                self._launch = Launch(K.attn_fwd_kernel, grid_of, const, device=dev, tuner=K.attn_fwd_autotuned,
+                                      fixed=fixed)
+            else:
+                self._launch = Launch(K.attn_fwd_kernel, grid_of, const, config=cfg, device=dev)
+        object.__setattr__(self, "config", self._launch.config)
+        object.__setattr__(self, "grid", self._launch.grid[:1] if self._launch.grid else None)
+
+    @staticmethod
+    def _stride_args(q, k, v, out_stride) -> tuple:
+        return (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+                v.stride(0), v.stride(1), v.stride(2), out_stride[0], out_stride[1], out_stride[2])
+
+    # ---------------------------------------------------------------- run
+    def run(self, q, k, v, *, out=None, lse=None) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Launch on tensors with the signatures the plan was made for; returns ``(out, lse)``.
+
+        ``out`` (B, H, Lq, D), given or not, has the strides of a (B, Lq, H, D) tensor viewed as
+        (B, H, Lq, D) (``torch.empty(B, Lq, H, D).transpose(1, 2)``); ``lse`` (B, H, Lq) fp32."""
+        self.check_signatures(query=q, key=k, value=v)
+        if out is not None:
+            check_tensor("out", out, ndim=4, dtypes=(q.dtype,), device=q.device)
+            if tuple(out.shape) != self._out_size or out.stride() != self._out_stride:
+                raise ValueError(f"out must have shape {self._out_size} and strides {self._out_stride} (a "
+                                 f"(B, Lq, H, D) tensor viewed as (B, H, Lq, D)), got {tuple(out.shape)} with "
+                                 f"strides {out.stride()}")
+        if lse is not None:
+            check_tensor("lse", lse, ndim=3, dtypes=(torch.float32,), device=q.device)
+            if tuple(lse.shape) != self._out_size[:3] or not lse.is_contiguous():
+                raise ValueError(f"lse must be a contiguous {self._out_size[:3]} tensor, got {tuple(lse.shape)}")
+        return self._run(q, k, v, out, lse)
+
+    def _run(self, q, k, v, out=None, lse=None):
+        if out is None:
+            out = torch.empty_strided(self._out_size, self._out_stride, dtype=q.dtype, device=self.device)
+        if lse is None:
+            lse = torch.empty(self._out_size[:3], dtype=torch.float32, device=self.device)
+        mode = self.mode
+        if mode == "empty":
+            if self.shape.q_len and not self.shape.k_len:  # no key at all: every row is fully masked
+                out.zero_()
+                lse.fill_(float("-inf"))
+            return out, lse
+        launch = self._launch
+        if mode == "interpreter":
+            res = out
+            if self._upcast:
+                q, k, v = q.float(), k.float(), v.float()
+                out = torch.empty_strided(self._out_size, self._out_stride, dtype=torch.float32, device=self.device)
+            if _observe.OBSERVERS:
+                _observe.notify(self.op, "attention", launch.grid[:1], (res, lse), self)
+            launch(q, k, v, out, lse, *self._stride_args(q, k, v, out.stride()), *self._ints)
+            if out is not res:
+                res.copy_(out)
+            return res, lse
+        if _observe.OBSERVERS:
+            _observe.notify(self.op, "attention", launch.grid[:1] if launch.grid else (), (out, lse), self)
+        with caps.launch_device(q):
+            if launch.compiled is not None:
+                launch(q, k, v, out, lse, *self._strides, *self._ints)
+            else:
+                self._first_launch(q, k, v, out, lse)
+        return out, lse
+
+    def _first_launch(self, q, k, v, out, lse) -> None:
+        try:
+            self._launch(q, k, v, out, lse, *self._strides, *self._ints)
+        except Exception as e:  # the TMA variant is new in Triton; keep working without it
+            if not self.tma:
+                raise
+            warn_once(f"numasched attention: the TMA variant failed ({type(e).__name__}: {e}); using pointer "
+                      f"loads from now on")
+            _TMA_BROKEN.append(repr(e))
+            from .kernels import attention_fwd as K
+
+            object.__setattr__(self, "tma", False)
+            self._constexprs["TMA_OK"] = 0
+            self._build(K, self._config_arg, self._options)
+            self._launch(q, k, v, out, lse, *self._strides, *self._ints)
+        object.__setattr__(self, "config", self._launch.config)
+        if self._launch.grid:
+            object.__setattr__(self, "grid", self._launch.grid[:1])
+
+
+def plan_attention(q, k, v, *, causal: bool = False, scale: Optional[float] = None, causal_offset: int = 0,
+                   mapping="auto", config: Optional[dict] = None,
+                   options: Optional[_options.Options] = None) -> AttentionPlan:
+    """Plan an attention forward for inputs like these (real, meta or fake tensors: only their
+    signatures are read). Arguments as :func:`attention_forward`; ``config`` fixes the kernel
+    config (BLOCK_M, BLOCK_N, USE_TMA, num_warps, num_stages) instead of autotuning; ``options``
+    overrides the current options for this plan."""
+    if options is not None and not isinstance(options, _options.Options):
+        raise TypeError(f"options must be a numasched.options.Options, got {type(options).__name__}")
+    return AttentionPlan(q, k, v, causal=causal, scale=scale, causal_offset=causal_offset,
+                         mapping="auto" if mapping is None else mapping, config=config, options=options)
+
+
+def _key(q, k, v, causal, scale, causal_offset, mapping, config) -> PlanKey:
+    cfg = None if config is None else tuple(sorted(config.items()))
+    interp = q.device.type != "cuda" and caps.interpreting()
+    return PlanKey("attention", (fast_signature(q), fast_signature(k), fast_signature(v)),
+                   (causal, scale, causal_offset, mapping, cfg, interp), state())
+
+
+def _planned(q, k, v, causal, scale, causal_offset, mapping, config=None) -> AttentionPlan:
+    try:
+        key = _key(q, k, v, causal, scale, causal_offset, mapping, config)
+    except (AttributeError, RuntimeError, TypeError):
+        key = None
+    plan = PLANS.get(key) if key is not None else None
+    if plan is None:
+        plan = plan_attention(q, k, v, causal=causal, scale=scale, causal_offset=causal_offset, mapping=mapping,
+                              config=config)
+        if key is not None:
+            PLANS.put(key, plan)
+    return plan
+
+
+# ------------------------------------------------------------------------------ the custom op
+@torch.library.custom_op("numasched::attention_forward", mutates_args=())
+def _attention_forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
+                          causal_offset: int, mapping: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    return _planned(q, k, v, causal, scale, causal_offset, mapping)._run(q, k, v)
+
+
+@_attention_forward_op.register_fake
+def _(q, k, v, causal, scale, causal_offset, mapping):
+    B, H, Lq, D = q.shape
+    return _out_like(q), q.new_empty(B, H, Lq, dtype=torch.float32)
 
 
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
@@ -250,8 +351,8 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, caus
             last stride, on a CUDA device (or CPU under ``TRITON_INTERPRET=1``).
         causal: mask key j from query i unless ``j <= i + causal_offset``.
         scale: softmax scale, default 1/sqrt(D).
-        mapping: "auto", a registered attention policy name, or a Policy: which program runs
-            which (batch, head, q_block) work item.
+        mapping: "auto" (or None), a registered attention policy name, or a Policy: which program
+            runs which (batch, head, q_block) work item.
         causal_offset: 0 (default) is torch's top-left aligned ``is_causal``; ``Lk - Lq`` is the
             bottom-right alignment of FlashAttention and KV caches. Rows that see no key get
             zeros and lse = -inf.
@@ -262,77 +363,56 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, caus
         out (B, H, Lq, D) in q's dtype (a view of (B, Lq, H, D) memory), and lse (B, H, Lq)
         float32, natural log.
     """
-    # Fast path: a call like an earlier one (same shapes, strides, dtypes, devices, flags, mapping)
-    # reuses that call's checks and plan. Only for plain eager calls with exact-typed arguments;
-    # everything else takes the checked path below.
-    key = None
-    if (not torch.compiler.is_compiling() and type(q) is torch.Tensor and type(k) is torch.Tensor and type(v) is torch.Tensor
-            and type(causal) is bool and type(causal_offset) is int
-            and (scale is None or type(scale) is float or type(scale) is int)
-            and (type(mapping) is str or isinstance(mapping, M.Policy))):
-        key = ("fwd", q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
-               q.device, k.device, v.device, causal, scale, causal_offset,
-               mapping if type(mapping) is str else id(mapping), _config_key(_config), _state_key(q, k, v, mapping),
-               kernel_device_ok(q))
-        plan = _PLANS.get(key)
-        if plan is not None and _eager(q, k, v):
-            return _run_plan(plan, q, k, v, causal, causal_offset)
-    _check_qkv(q, k, v)
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    if isinstance(causal_offset, bool) or not isinstance(causal_offset, int):
-        raise TypeError(f"causal_offset must be an int, got {type(causal_offset).__name__}")
-    if abs(causal_offset) >= 2**31 - 2**20:
-        raise ValueError(f"causal_offset {causal_offset} overflows int32")
-    scale = _check_scale(scale, q.shape[-1])
-    mkey = _mapping_key(mapping)
-    if not kernel_device_ok(q):
+    if mapping is None:
+        mapping = "auto"
+    eager = plain_eager(q, k, v)
+    if eager and type(causal) is bool:
+        try:
+            key = _key(q, k, v, causal, scale, causal_offset, mapping, _config)
+        except (AttributeError, RuntimeError, TypeError):
+            key = None
+        plan = PLANS.get(key) if key is not None else None
+        if plan is not None:
+            return plan._run(q, k, v)
+    check_attention(q, k, v, causal=causal, scale=scale, causal_offset=causal_offset, mapping=mapping)
+    if not caps.kernel_device_ok(q):
         raise ValueError(f"query is on {q.device}: the Triton kernel needs a CUDA device "
                          f"(or CPU tensors with TRITON_INTERPRET=1)")
-    eager = _eager(q, k, v)
-    if _config is None and not eager:  # torch.compile, tracing modes, autograd: the custom op
-        return _attention_forward_op(q, k, v, causal, scale, causal_offset, mkey)
-    if eager and key is not None and q.numel() and k.shape[2]:
-        plan = _make_plan(q, k, v, causal, scale, causal_offset, mkey, _config)
-        # a Policy object's id is in the key: the plan keeps the object alive, so the id stays its own
-        plan.refs = plan.refs + (mapping,)
-        _store(key, plan)
-        return _run_plan(plan, q, k, v, causal, causal_offset)
-    return _forward_impl(q, k, v, causal, scale, causal_offset, mkey, config=_config)
-
-
-def _eager(q, k, v) -> bool:
-    """A plain eager call: not compiling, no tracing or fake-tensor mode, no autograd to record.
-    Such calls skip the custom-op dispatcher (tens of microseconds of Python per call); the op
-    serves torch.compile, tracing, and autograd (which then reports the missing backward)."""
-    if torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
-        return False
-    return not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
+    if eager or _config is not None:
+        return _planned(q, k, v, causal, scale, causal_offset, mapping, _config)._run(q, k, v)
+    # torch.compile, tracing modes, autograd: the custom op
+    return _attention_forward_op(q, k, v, causal, check_scale(scale, q.shape[-1]), causal_offset,
+                                 mapping_token(mapping, "attention"))
 
 
 # ------------------------------------------------------------------------------ SDPA drop-in
-_WARNED: set = set()
-
-
 def _fallback(reason: str, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
-    if reason not in _WARNED:
-        _WARNED.add(reason)
-        warnings.warn(f"numasched.scaled_dot_product_attention: {reason}; using torch's implementation "
-                      f"(warned once)", RuntimeWarning, stacklevel=3)
-    calls["fallback"] += 1
+    warn_once(f"numasched.scaled_dot_product_attention: {reason}; using torch's implementation (warned once)")
+    if _observe.OBSERVERS:
+        _observe.notify("scaled_dot_product_attention", "torch", reason=reason)
     kw = dict(attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
     if enable_gqa:
         kw["enable_gqa"] = True
     return torch.nn.functional.scaled_dot_product_attention(query, key, value, **kw)
 
 
-def _decode_fn():
-    """numasched.decode.flash_decode if that module is present, else None."""
-    try:
-        from .decode import flash_decode
-    except ImportError:
-        return None
-    return flash_decode
+class _SdpaRoute:
+    """A cached SDPA routing decision: the plan to run and how to reshape around it."""
+
+    __slots__ = ("plan", "decode", "three_d")
+
+    def __init__(self, plan, decode: bool, three_d: bool):
+        self.plan, self.decode, self.three_d = plan, decode, three_d
+
+    def run(self, query, key, value):
+        if self.three_d:
+            query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
+        if self.decode:
+            out, _ = self.plan._run(query[:, :, 0, :], key.transpose(1, 2), value.transpose(1, 2), None, None)
+            out = out.unsqueeze(2)
+        else:
+            out, _ = self.plan._run(query, key, value)
+        return out.squeeze(1) if self.three_d else out
 
 
 def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -342,11 +422,26 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     """Drop-in for ``torch.nn.functional.scaled_dot_product_attention`` (same layout and semantics).
 
     query (N, ..., Hq, L, E), key/value (N, ..., H, S, E); ``is_causal`` is top-left aligned
-    (``ones(L, S).tril()``) as in torch. ``enable_gqa`` lets Hq be a multiple of H. The Triton
-    kernels run where they apply (see the module doc); elsewhere torch's implementation runs,
-    with a one-time warning per reason. ``mapping`` picks the kernels' mapping policy.
+    (``ones(L, S).tril()``) as in torch. ``enable_gqa`` lets Hq be a multiple of H; a key/value
+    with one head broadcasts over the query heads as in torch. The Triton kernels run where they
+    apply (see the module doc); elsewhere torch's implementation runs, with a one-time warning per
+    reason. ``mapping`` picks the kernels' mapping policy.
     """
+    if attn_mask is None and not dropout_p and type(is_causal) is bool and plain_eager(query, key, value):
+        try:
+            k_ = _sdpa_key(query, key, value, is_causal, scale, enable_gqa, mapping, 0)
+        except (AttributeError, RuntimeError, TypeError):
+            k_ = None
+        route = PLANS.get(k_) if k_ is not None else None
+        if route is not None:
+            return route.run(query, key, value)
     return _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, mapping)
+
+
+def _sdpa_key(query, key, value, is_causal, scale, enable_gqa, mapping, causal_offset) -> PlanKey:
+    interp = query.device.type != "cuda" and caps.interpreting()
+    return PlanKey("sdpa", (fast_signature(query), fast_signature(key), fast_signature(value)),
+                   (is_causal, scale, enable_gqa, mapping, causal_offset, interp), state())
 
 
 def _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, mapping,
@@ -361,8 +456,13 @@ def _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
 
     for name, t in (("query", query), ("key", key), ("value", value)):
         check_tensor(name, t)
+    check_bool("is_causal", is_causal)
+    check_bool("enable_gqa", enable_gqa)
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
         raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+    if mapping is None:
+        mapping = "auto"
+    mapping_token(mapping, "attention")
     check_same("query", query, "key", key)
     check_same("query", query, "value", value)
     if not (query.dim() == key.dim() == value.dim()) or query.dim() < 3:
@@ -373,9 +473,12 @@ def _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
         raise ValueError(f"value has length {value.shape[-2]} but key has {key.shape[-2]}; they must match")
     if query.dim() >= 4:
         Hq, Hk, Hv = query.shape[-3], key.shape[-3], value.shape[-3]
-        if not enable_gqa and not (Hq == Hk == Hv):
-            raise ValueError(f"query has {Hq} heads, key {Hk} and value {Hv}; they must match unless "
-                             f"enable_gqa=True")
+        if not enable_gqa:
+            # as torch: equal heads, or key/value heads of 1 broadcast (batch-dim broadcasting)
+            for name, h in (("key", Hk), ("value", Hv)):
+                if h != Hq and h != 1:
+                    raise ValueError(f"query has {Hq} heads and {name} {h}; they must match (or be 1) unless "
+                                     f"enable_gqa=True")
         for name, h in (("key", Hk), ("value", Hv)):
             if enable_gqa and (h < 1 or Hq % h):
                 raise ValueError(f"query has {Hq} heads, which is not a multiple of the {h} heads of {name}")
@@ -388,7 +491,7 @@ def _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
         return fb("dropout_p > 0 is not supported by the kernels")
     if query.dtype not in SUPPORTED_DTYPES:
         return fb(f"dtype {query.dtype} is not supported by the kernels (float16, bfloat16, float32)")
-    if not kernel_device_ok(query):
+    if not caps.kernel_device_ok(query):
         return fb(f"tensors on {query.device} need TRITON_INTERPRET=1 for the kernels (CPU) or a GPU")
     if not supported_head_dim(query.shape[-1]) or value.shape[-1] != query.shape[-1]:
         return fb(f"head dims {query.shape[-1]}/{value.shape[-1]} are not supported by the kernels "
@@ -403,17 +506,35 @@ def _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
         return fb("broadcast batch dims or different key/value head counts are not supported by the kernels")
     if q.numel() == 0 or k.shape[2] == 0:
         return fb("empty inputs")
-    q, k, v = (t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous() for t in (q, k, v))
+    if any(t.stride(-1) != 1 and t.shape[-1] != 1 for t in (q, k, v)):
+        return fb("inputs whose last dimension is not unit-stride (call .contiguous())")
     Lq, Lk = q.shape[2], k.shape[2]
     # ---- query length 1: Flash Decode ----
     sees_all = not is_causal or causal_offset >= Lk - 1  # every query row sees every key
-    flash_decode = _decode_fn() if Lq == 1 and sees_all else None
-    if flash_decode is not None:
+    decode = Lq == 1 and sees_all
+    if not plain_eager(query, key, value):  # torch.compile, tracing: through the custom ops
+        sc = None if scale is None else float(scale)
+        if decode:
+            from .decode import flash_decode
+
+            out = flash_decode(q[:, :, 0, :], k.transpose(1, 2), v.transpose(1, 2), scale=sc,
+                               mapping=mapping).unsqueeze(2)
+        else:
+            out, _ = attention_forward(q, k, v, causal=bool(is_causal) and not sees_all, scale=sc, mapping=mapping,
+                                       causal_offset=int(causal_offset))
+        return out.squeeze(1) if three_d else out
+    if decode:
+        from .decode import _planned as _decode_plan
+
         # (B, H, 1, D) -> (B, H, D) and (B, HK, Lk, D) -> (B, Lk, HK, D): views, no copies
-        out = flash_decode(q[:, :, 0, :], k.transpose(1, 2), v.transpose(1, 2), scale=scale, mapping=mapping)
-        calls["decode"] += 1
-        out = out.unsqueeze(2)
+        plan = _decode_plan(q[:, :, 0, :], k.transpose(1, 2), v.transpose(1, 2), None, None,
+                            None if scale is None else float(scale), None, mapping)
     else:
-        out, _ = attention_forward(q, k, v, causal=bool(is_causal) and not sees_all, scale=scale, mapping=mapping,
-                                   causal_offset=int(causal_offset))
-    return out.squeeze(1) if three_d else out
+        plan = _planned(q, k, v, bool(is_causal) and not sees_all, None if scale is None else float(scale),
+                        int(causal_offset), mapping)
+    route = _SdpaRoute(plan, decode, three_d)
+    try:
+        PLANS.put(_sdpa_key(query, key, value, is_causal, scale, enable_gqa, mapping, causal_offset), route)
+    except (AttributeError, RuntimeError, TypeError):
+        pass
+    return route.run(query, key, value)

@@ -1,8 +1,10 @@
-"""``numasched.flash_decode``: decode attention (one query token per sequence) over a KV cache.
+"""Decode attention (one query token per sequence) over a KV cache: check, plan, run.
 
-    out = numasched.flash_decode(q, k_cache, v_cache, cache_seqlens=lens)             # contiguous
+    out = numasched.flash_decode(q, k_cache, v_cache, cache_seqlens=lens)                  # one call
     out = numasched.flash_decode(q, k_pages, v_pages, cache_seqlens=lens, block_table=bt)  # paged
-    out, lse = numasched.flash_decode(..., return_lse=True)
+
+    plan = numasched.plan_decode(q, k_cache, v_cache, cache_seqlens=lens)   # once per batch layout
+    out = plan.run(q, k_cache, v_cache, cache_seqlens=lens)                  # every step (graph-safe)
 
 Layouts follow FlashAttention's ``flash_attn_with_kvcache`` and vLLM:
 
@@ -11,44 +13,51 @@ Layouts follow FlashAttention's ``flash_attn_with_kvcache`` and vLLM:
   unit-stride last dimension (so ``k.transpose(1, 2)`` of a (B, H, S, D) tensor works as is).
 * paged cache: (num_pages, page_size, kv_heads, head_dim) with ``block_table`` int32
   (batch, max_pages): token t of sequence b is slot t % page_size of page
-  block_table[b, t // page_size].
+  block_table[b, t // page_size]. Unused slots may hold anything (-1 is usual).
 * cache_seqlens: int32 (batch,) (or an int), the number of valid tokens per sequence; default
   the whole cache. A sequence of length 0 gives zeros and lse = -inf.
 
-The call is the torch custom op ``numasched::flash_decode`` under torch.compile, for fake or
-subclass tensors, inside dispatch modes and when autograd is recording; a plain eager call runs
-the same implementation without the op dispatcher. Both work in CUDA graph capture. The first call
-with given shapes, strides, dtypes and arguments builds a plan (checks, split count, policy,
-kernel constants) that later calls look up, so a decode step costs little host time.
-Checks that read tensor data (block-table range, lengths within the cache) run only outside graph
-capture and can be turned off with ``numasched.decode.CHECK_DATA = False`` or
-``NUMASCHED_CHECK_DATA=0`` (they synchronise with the GPU).
+The plan holds what depends only on the inputs' signatures (shapes, strides, dtypes, device,
+alignment) and the process state (topology, mappings, options): the split count, the policy, the
+kernel config and grid, the workspace. ``run`` launches (the compiled kernel directly, after the
+first call). Checks that read tensor data (block-table range, lengths within the cache) run when
+``options.check_data`` is on, outside graph capture; they synchronise with the GPU. With them off,
+the kernel bounds every index it reads, so bad metadata gives wrong rows, never a crash.
+
+The one-call form is the torch custom op ``numasched::flash_decode`` under torch.compile, for fake
+or subclass tensors, inside dispatch modes and when autograd records; a plain eager call skips the
+op dispatcher.
 """
 from __future__ import annotations
 
 import math
-import os
-import warnings
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import torch
 
+from . import caps
 from . import mappings as M
-from .mappings import default_policy as _default_policy, lookup as _lookup
+from . import observe as _observe
+from . import options as _options
 from . import topology as _topology
-from ._validate import check_same, check_tensor, kernel_device_ok, launch_device
+from ._plan import PLANS, Plan, PlanKey, fast_signature, signature, state
+from ._route import mapping_token, plain_eager, warn_once
+from ._validate import check_positive_int, check_same, check_tensor
 
-__all__ = ["flash_decode", "CHECK_DATA"]
+__all__ = ["flash_decode", "plan_decode", "check_decode", "DecodePlan", "DecodeShape", "choose_num_splits"]
 
-CHECK_DATA = os.environ.get("NUMASCHED_CHECK_DATA", "1") != "0"
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 MAX_HEAD_DIM = 256
-INT32_MAX = 2**31 - 1
+INT32_MAX = caps.INT32_MAX
+# Caches spanning more elements than this get int64 row offsets (a test lowers it to cover that path).
+INT64_THRESHOLD = INT32_MAX
 
 
 @dataclass(frozen=True)
-class _Shape:
+class DecodeShape:
+    """The sizes a decode call implies (from :func:`check_decode`)."""
+
     batch: int
     heads: int
     kv_heads: int
@@ -59,8 +68,11 @@ class _Shape:
 
 
 # ----------------------------------------------------------------------------- checks
-def _check_inputs(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping) -> _Shape:
-    """Checks that need no tensor data (so they also run on fake tensors under torch.compile)."""
+def check_decode(q, k_cache, v_cache, cache_seqlens=None, block_table=None, scale=None, num_splits=None,
+                 mapping="auto") -> DecodeShape:
+    """Check a decode call's arguments without reading tensor data (works on fake and meta tensors);
+    returns the sizes. Errors name the argument: TypeError for a wrong type, ValueError for a wrong
+    value or shape."""
     check_tensor("q", q, ndim=3, dtypes=DTYPES, contiguous_last=True)
     dev = q.device
     check_tensor("k_cache", k_cache, ndim=4, contiguous_last=True)
@@ -90,8 +102,8 @@ def _check_inputs(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_sp
         if block_table.shape[0] != B:
             raise ValueError(f"block_table has {block_table.shape[0]} rows but q batch is {B}")
         num_pages, page_size = n0, n1
-        if page_size < 1 or block_table.shape[1] < 1:
-            raise ValueError(f"paged cache needs page_size >= 1 and block_table.shape[1] >= 1, got k_cache "
+        if page_size < 1 or block_table.shape[1] < 1 or num_pages < 1:
+            raise ValueError(f"paged cache needs num_pages, page_size and block_table.shape[1] >= 1, got k_cache "
                              f"{tuple(k_cache.shape)} and block_table {tuple(block_table.shape)}")
         capacity = block_table.shape[1] * page_size
         if capacity > INT32_MAX:
@@ -102,24 +114,18 @@ def _check_inputs(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_sp
         check_tensor("cache_seqlens", cache_seqlens, ndim=1, dtypes=(torch.int32,), device=dev)
         if cache_seqlens.shape[0] != B:
             raise ValueError(f"cache_seqlens has {cache_seqlens.shape[0]} entries but q batch is {B}")
-    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale)):
-        raise ValueError(f"scale must be a finite float or None, got {scale!r}")
-    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int)
-                                   or num_splits < 1):
-        raise ValueError(f"num_splits must be a positive int or None, got {num_splits!r}")
-    if not isinstance(mapping, (str, M.Policy)):
-        raise ValueError(f"mapping must be 'auto', a policy name or a Policy, got {type(mapping).__name__}")
-    if isinstance(mapping, str) and mapping != "auto":
-        M.get(mapping)  # unknown names raise here, naming the mapping
-    return _Shape(B, H, HK, D, page_size, capacity, num_pages)
+    if scale is not None:
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+            raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+        if not math.isfinite(scale):
+            raise ValueError(f"scale must be a finite float or None, got {scale!r}")
+    check_positive_int("num_splits", num_splits)
+    mapping_token(mapping, "decode")  # type, name and kind of the mapping
+    return DecodeShape(B, H, HK, D, page_size, capacity, num_pages)
 
 
-def _capturing(t: torch.Tensor) -> bool:
-    return t.is_cuda and torch.cuda.is_current_stream_capturing()
-
-
-def _check_data(shape: _Shape, cache_seqlens, block_table) -> None:
-    """Range checks that read tensor data (one device sync); skipped while capturing a CUDA graph."""
+def check_decode_data(shape: DecodeShape, cache_seqlens, block_table) -> None:
+    """Range checks that read tensor data (one device sync)."""
     if cache_seqlens is not None:
         lens = cache_seqlens.to(torch.int64)
         bad = (lens < 0) | (lens > shape.capacity)
@@ -138,20 +144,73 @@ def _check_data(shape: _Shape, cache_seqlens, block_table) -> None:
         if bool(bad.any()):
             b, j = (int(x) for x in bad.nonzero()[0])
             raise ValueError(f"block_table[{b}, {j}] = {int(block_table[b, j])} is outside [0, num_pages = "
-                             f"{shape.num_pages}) (k_cache.shape[0])")
+                             f"{shape.num_pages}) (k_cache.shape[0]); with options check_data=False the kernel "
+                             f"would clamp it and return a wrong row for sequence {b}")
+
+
+# ----------------------------------------------------------------------------- splits
+# Waves: programs the GPU runs at once, in units of SMs. Measured on an H200 (bf16, d128, GQA 32/8,
+# batch 1, split sweep in bench/results/decode-sweep-h200-2026-11-22.csv): one program per SM is
+# best at every context from 1k to 128k (16 splits: 13.4 / 23.7 / 52.1 / 141 us at 1k / 8k / 32k /
+# 128k, against 20.1 / 28.9 / 57.8 / 149 us with 64 splits and 52 / 55 / 91 / 178 us with 256):
+# extra programs per SM add partials and combine work without adding bandwidth.
+PROGRAMS_PER_SM = 1
+# Cost of starting a program, in tokens of streaming (first-load latency, partial write).
+PROGRAM_OVERHEAD_TOKENS = 128
+# Splits as short as one 64-token block still pay off when they fill the GPU (batch 1 x 1k: 16
+# splits of 64 tokens, 13.4 us, against 16.7 us with 4 splits of 256).
+MIN_SPLIT_TOKENS = 64
+# Automatic splits: up to 256, so that a single (batch, kv_head) pair still fills a GPU of up to
+# 256 SMs/CUs (MI300X has 304 CUs: nearly). An explicit num_splits may be larger.
+MAX_SPLITS = 256
+
+
+def choose_num_splits(batch: int, kv_heads: int, max_seqlen: int, num_sms: int) -> int:
+    """Splits per (batch, kv_head) for a cache of ``max_seqlen`` tokens on ``num_sms`` SMs/CUs.
+
+    Model: programs run in waves of ``num_sms * PROGRAMS_PER_SM``; a program costs its chunk of
+    tokens plus a fixed overhead. Among 1 .. min(MAX_SPLITS, max_seqlen // MIN_SPLIT_TOKENS)
+    splits, pick the lowest ``waves * (tokens per split + overhead)`` (the fewest splits within 2%
+    of it). So batch * kv_heads * splits reaches about PROGRAMS_PER_SM programs per SM when the
+    context is long enough, the last wave is not mostly empty, and one split (no combine at all)
+    is used when there are enough (batch, kv_head) pairs.
+    """
+    items = max(1, batch * kv_heads)
+    slots = max(1, num_sms * PROGRAMS_PER_SM)
+    s_max = max(1, min(MAX_SPLITS, max_seqlen // MIN_SPLIT_TOKENS))
+    costs = [-(-items * s // slots) * (-(-max(max_seqlen, 1) // s) + PROGRAM_OVERHEAD_TOKENS)
+             for s in range(1, s_max + 1)]
+    # the fewest splits within 2% of the best (fewer partials to write and merge)
+    return next(s for s, c in enumerate(costs, 1) if c <= 1.02 * min(costs))
+
+
+# ----------------------------------------------------------------------------- per-stream buffers
+# Arrival counters (fused combine) and partial buffers are per (device, stream): kernels on one
+# stream run in order, so consecutive calls never use one buffer at the same time, while calls on
+# different streams get different buffers. The counters are zeroed once and reset by the kernel.
+# Inside CUDA-graph capture the partials are allocated fresh (the graph's pool owns them), because
+# all graphs captured on torch's default capture stream would otherwise share one buffer and race
+# if replayed concurrently on different streams. The counters keep the per-stream buffer (graphs
+# replayed concurrently on different streams must be captured on different streams).
+_COUNTERS: dict = {}
+_WORKSPACE: dict = {}
+
+
+def _counters(device: torch.device, n: int, stream: int) -> torch.Tensor:
+    key = (device.type, device.index, stream)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+        _COUNTERS[key] = buf
+    return buf
+
+
+def _span(t: torch.Tensor) -> int:
+    return caps.span(t) + 1
 
 
 # ----------------------------------------------------------------------------- torch fallback
-_WARNED = set()
-
-
-def _warn_once(reason: str) -> None:
-    if reason not in _WARNED:
-        _WARNED.add(reason)
-        warnings.warn(f"numasched.flash_decode: running the torch fallback (slow) because {reason}", stacklevel=4)
-
-
-def _torch_decode(q, k_cache, v_cache, cache_seqlens, block_table, scale, shape: _Shape):
+def _torch_decode(q, k_cache, v_cache, cache_seqlens, block_table, scale, shape: DecodeShape):
     """Reference-style implementation in fp32: gathers the cache into (B, L, HK, D) and masks."""
     B, H, HK, D = shape.batch, shape.heads, shape.kv_heads, shape.head_dim
     G = H // HK
@@ -162,7 +221,7 @@ def _torch_decode(q, k_cache, v_cache, cache_seqlens, block_table, scale, shape:
     else:
         k, v = k_cache, v_cache
     L = k.shape[1]
-    lens = (cache_seqlens.long() if cache_seqlens is not None
+    lens = (cache_seqlens.long().clamp(0, shape.capacity) if cache_seqlens is not None
             else torch.full((B,), shape.capacity, dtype=torch.long, device=q.device))
     qf = q.float().reshape(B, HK, G, D)
     s = torch.einsum("bkgd,blkd->bkgl", qf, k.float()) * scale
@@ -174,111 +233,313 @@ def _torch_decode(q, k_cache, v_cache, cache_seqlens, block_table, scale, shape:
     return out.reshape(B, H, D).to(q.dtype), lse.reshape(B, H).float()
 
 
-# ----------------------------------------------------------------------------- implementation
-def _new_output(shape, dtype, device) -> torch.Tensor:
-    # one place that allocates the outputs (tests poison them here to check every element is written)
-    return torch.empty(shape, dtype=dtype, device=device)
+# ----------------------------------------------------------------------------- the plan
+class DecodePlan(Plan):
+    """A planned decode: made by :func:`plan_decode`, run with :meth:`run`.
+
+    Attributes:
+        shape: DecodeShape of the call.
+        scale: softmax scale.
+        num_splits: KV splits per (batch, kv_head).
+        policy, topology: the mapping policy and the topology it was chosen for.
+        combine: "none" (one split), "fused" (the last split merges) or "kernel" (a second launch).
+        mode: "kernel" (compiled), "interpreter", "torch" (no Triton device: torch fallback) or
+            "empty" (batch 0).
+        grid: programs of the split kernel.
+        config: kernel config (None until autotuning has chosen one).
+        workspace_bytes: partial buffers per stream (fp32).
+        tensors: the TensorSig of each argument the plan was made for.
+    """
+
+    op = "flash_decode"
+
+    def __init__(self, q, k_cache, v_cache, cache_seqlens, block_table, *, scale, num_splits, mapping, config,
+                 options: _options.Options, mode: Optional[str] = None):
+        shape = check_decode(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping)
+        self.shape = shape
+        self.scale = float(scale) if scale is not None else 1.0 / math.sqrt(shape.head_dim)
+        self.options = options
+        self.check_data = options.check_data
+        self.tensors = dict(q=signature(q), k_cache=signature(k_cache), v_cache=signature(v_cache),
+                            cache_seqlens=signature(cache_seqlens), block_table=signature(block_table))
+        dev = q.device
+        self.device = dev
+        self.topology = _topology.current()
+        if mode is None:
+            mode = "empty" if shape.batch == 0 else (
+                "interpreter" if caps.interpreting() else "kernel" if dev.type == "cuda" else "torch")
+        self.mode = mode
+        self.num_splits = S = 0
+        self.policy = None
+        self.combine = "none"
+        self.grid = ()
+        self.config = None
+        self.workspace_bytes = 0
+        self._launches = ()
+        if mode in ("empty", "torch"):
+            self._freeze()
+            return
+        B, H, HK, D = shape.batch, shape.heads, shape.kv_heads, shape.head_dim
+        G = H // HK
+        S = int(num_splits) if num_splits is not None else choose_num_splits(B, HK, shape.capacity,
+                                                                             caps.num_sms(dev))
+        grid_w = M.DecodeGrid(B, HK, S)  # checks the program count fits int32
+        self.policy = M.resolve(mapping, "decode", self.topology, grid_w)
+        self.num_splits = S
+        fused = options.decode_combine == "fused" or (options.decode_combine == "auto" and G <= 16)
+        self.combine = "none" if S == 1 else ("fused" if fused else "kernel")
+        combine = {"none": 0, "kernel": 1, "fused": 2}[self.combine]
+        self.grid = (B * HK * S,)
+        self._items = B * HK
+        self._po_shape, self._pl_shape = (B, H, S, D), (B, H, S)
+        n_po = B * H * S * D
+        self._pl_offset = -(-n_po // 32) * 32  # keeps the lse partials 128-byte aligned
+        self._ws_numel = self._pl_offset + B * H * S if combine else 0
+        self.workspace_bytes = 4 * self._ws_numel
+        self._views: dict = {}
+        # bf16 dots are wrong in Triton's interpreter: compute in fp32 there (never a wrong result)
+        self._upcast = mode == "interpreter" and q.dtype == torch.bfloat16
+
+        from .kernels import flash_decode as K
+
+        self._K = K
+        block_s = K.combine_block_s(S)
+        paged = shape.page_size > 0
+        int64 = max(_span(k_cache), _span(v_cache)) > INT64_THRESHOLD
+        tune_key = K.tune_bucket(-(-shape.capacity // S)) * 2 + int(k_cache.stride(1) == D)
+        precision = "ieee" if q.dtype == torch.float32 or self._upcast else "tf32"
+        meta = dict(G=G, BLOCK_G=max(16, _next_pow2(G)), HEAD_DIM=D, BLOCK_D=max(16, _next_pow2(D)),
+                    PAGE_SIZE=int(shape.page_size), HAS_SEQLENS=cache_seqlens is not None, COMBINE=combine,
+                    INT64=int64, INPUT_PRECISION=precision, COMBINE_BLOCK_S=block_s,
+                    MAPPING=self.policy.constexpr(self.topology.num_domains))
+        self._tune_key = tune_key
+        fixed = K.fixed_config(paged, D)
+        from ._launch import Launch
+
+        if mode == "interpreter":
+            self.config = dict(K.INTERPRET_CONFIG)
+            split = Launch(K._flash_decode_kernel, self.grid, meta, config=self.config, device=dev, interpret=True)
+        elif config is not None:
+            self.config = dict(config)
+            split = Launch(K._flash_decode_kernel, self.grid, meta, config=self.config, device=dev)
+        elif not options.autotune:
+            self.config = fixed
+            split = Launch(K._flash_decode_kernel, self.grid, meta, config=fixed, device=dev)
+        else:
+            split = Launch(K._flash_decode_kernel, self.grid, meta, device=dev, tuner=K._flash_decode_tuned,
+                           fixed=fixed)
+        launches = [split]
+        if combine == 1:
+            launches.append(Launch(K._combine_kernel, (B * H,),
+                                   dict(HEAD_DIM=D, BLOCK_D=meta["BLOCK_D"], BLOCK_S=block_s, num_warps=4),
+                                   device=dev, interpret=mode == "interpreter"))
+        self._launches = tuple(launches)
+        self._split = split
+        self._args_cache = None
+        if mode == "kernel":
+            self._args_cache = self._scalars(q, k_cache, v_cache, cache_seqlens, block_table)
+        self._freeze()
+
+    # ---------------------------------------------------------------- launch arguments
+    def _scalars(self, q, k_cache, v_cache, cache_seqlens, block_table) -> tuple:
+        s = self.shape
+        stride_sb = cache_seqlens.stride(0) if cache_seqlens is not None else 0
+        stride_tb, stride_tp = block_table.stride() if block_table is not None else (0, 0)
+        return (self.scale * caps.LOG2E, s.batch, s.kv_heads, self.num_splits, int(s.capacity),
+                max(s.num_pages, 1), q.stride(0), q.stride(1),
+                k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+                v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+                stride_sb, stride_tb, stride_tp)
+
+    def _partials(self, stream: int, capturing: bool):
+        if capturing:
+            return (torch.empty(self._po_shape, dtype=torch.float32, device=self.device),
+                    torch.empty(self._pl_shape, dtype=torch.float32, device=self.device))
+        key = (self.device.type, self.device.index, stream)
+        flat = _WORKSPACE.get(key)
+        hit = self._views.get(stream)
+        if hit is not None and hit[0] is flat:
+            return hit[1], hit[2]
+        if flat is None or flat.numel() < self._ws_numel:
+            # a replaced buffer is freed stream-ordered by the caching allocator: safe to drop
+            flat = _WORKSPACE[key] = torch.empty(self._ws_numel, dtype=torch.float32, device=self.device)
+        po = flat[:_prod(self._po_shape)].view(self._po_shape)
+        pl = flat[self._pl_offset: self._pl_offset + _prod(self._pl_shape)].view(self._pl_shape)
+        self._views[stream] = (flat, po, pl)
+        return po, pl
+
+    # ---------------------------------------------------------------- run
+    def run(self, q, k_cache, v_cache, cache_seqlens=None, block_table=None, *, out=None, lse=None,
+            return_lse: bool = False):
+        """Launch on tensors with the signatures the plan was made for; returns out (and lse).
+
+        ``out`` (batch, heads, head_dim) in q's dtype and ``lse`` (batch, heads) fp32 are
+        written when given (any strides), else allocated. Data checks run as the plan's options
+        say (``check_data``), never during CUDA-graph capture."""
+        self.check_signatures(q=q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens,
+                              block_table=block_table)
+        s = self.shape
+        if out is not None:
+            check_tensor("out", out, ndim=3, dtypes=(q.dtype,), device=q.device)
+            if tuple(out.shape) != (s.batch, s.heads, s.head_dim):
+                raise ValueError(f"out must have shape {(s.batch, s.heads, s.head_dim)}, got {tuple(out.shape)}")
+        if lse is not None:
+            check_tensor("lse", lse, ndim=2, dtypes=(torch.float32,), device=q.device)
+            if tuple(lse.shape) != (s.batch, s.heads):
+                raise ValueError(f"lse must have shape {(s.batch, s.heads)}, got {tuple(lse.shape)}")
+        o, l = self._run(q, k_cache, v_cache, cache_seqlens, block_table, out, lse)
+        return (o, l) if return_lse else o
+
+    def _run(self, q, k_cache, v_cache, cache_seqlens, block_table, out=None, lse=None):
+        s = self.shape
+        dev = self.device
+        if self.check_data and (cache_seqlens is not None or block_table is not None) and not caps.capturing(dev):
+            check_decode_data(s, cache_seqlens, block_table)
+        if out is None:
+            out = torch.empty((s.batch, s.heads, s.head_dim), dtype=q.dtype, device=dev)
+        if lse is None:
+            lse = torch.empty((s.batch, s.heads), dtype=torch.float32, device=dev)
+        mode = self.mode
+        if mode == "empty":
+            return out, lse
+        if mode == "torch":
+            if _observe.OBSERVERS:
+                _observe.notify(self.op, "torch", (), (out, lse), self, self._fallback_reason())
+            o, l = _torch_decode(q, k_cache, v_cache, cache_seqlens, block_table, self.scale, s)
+            out.copy_(o)
+            lse.copy_(l)
+            return out, lse
+        if mode == "interpreter":
+            return self._run_interpreted(q, k_cache, v_cache, cache_seqlens, block_table, out, lse)
+        stream = caps.stream_handle(dev)
+        counter = _counters(dev, self._items, stream)
+        if self._ws_numel:
+            po, pl = self._partials(stream, caps.capturing(dev))
+        else:
+            po = pl = lse
+        if _observe.OBSERVERS:
+            _observe.notify(self.op, "flash_decode", self.grid, (out, lse), self)
+        # Unused pointer arguments get stand-ins of the same dtype, so the autotuner's key (which
+        # includes every tensor's dtype) is the same with and without them.
+        with caps.launch_device(q):
+            self._split(q, k_cache, v_cache, counter if cache_seqlens is None else cache_seqlens,
+                        counter if block_table is None else block_table, out, lse, po, pl, counter,
+                        *self._args_cache, out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
+                        self._tune_key)
+            if self.combine == "kernel":
+                if _observe.OBSERVERS:
+                    _observe.notify(self.op, "flash_decode.combine", (s.batch * s.heads,), (out, lse), self)
+                self._launches[1](po, pl, out, lse, s.heads, self.num_splits, out.stride(0), out.stride(1),
+                                  lse.stride(0), lse.stride(1))
+        if self.config is None and self._split.tuned:
+            object.__setattr__(self, "config", dict(self._split.config))
+        return out, lse
+
+    def _run_interpreted(self, q, k_cache, v_cache, cache_seqlens, block_table, out, lse):
+        res_out = out
+        if self._upcast:  # fp32 copies: the interpreter's bf16 dot is wrong
+            q, k_cache, v_cache = q.float(), k_cache.float(), v_cache.float()
+            out = torch.empty(out.shape, dtype=torch.float32, device=self.device)
+        dev = self.device
+        counter = torch.zeros(max(self._items, 1), dtype=torch.int32, device=dev)
+        po = torch.empty(self._po_shape, dtype=torch.float32, device=dev) if self._ws_numel else lse
+        pl = torch.empty(self._pl_shape, dtype=torch.float32, device=dev) if self._ws_numel else lse
+        if _observe.OBSERVERS:
+            _observe.notify(self.op, "flash_decode", self.grid, (res_out, lse), self)
+        args = self._scalars(q, k_cache, v_cache, cache_seqlens, block_table)
+        self._split(q, k_cache, v_cache, counter if cache_seqlens is None else cache_seqlens,
+                    counter if block_table is None else block_table, out, lse, po, pl, counter, *args,
+                    out.stride(0), out.stride(1), lse.stride(0), lse.stride(1), self._tune_key)
+        if self.combine == "kernel":
+            s = self.shape
+            if _observe.OBSERVERS:
+                _observe.notify(self.op, "flash_decode.combine", (s.batch * s.heads,), (res_out, lse), self)
+            self._launches[1](po, pl, out, lse, s.heads, self.num_splits, out.stride(0), out.stride(1),
+                              lse.stride(0), lse.stride(1))
+        if out is not res_out:
+            res_out.copy_(out)
+        return res_out, lse
+
+    def _fallback_reason(self) -> str:
+        return (f"the Triton kernel cannot run on {self.device} tensors (needs a GPU, or TRITON_INTERPRET=1 for "
+                f"CPU tensors)")
 
 
-# Plans per input metadata. A decode step of a serving loop calls with the same shapes, strides
-# and dtypes every time: the checks that need no data, the policy, the split count and the kernel
-# constexprs are worked out once (the first call) and looked up afterwards.
-_PLANS: dict = {}
-MAX_PLANS = 256  # the dict is cleared when it grows past this (e.g. many distinct batch sizes)
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
 
 
-def _meta(t):
-    return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+def _prod(shape) -> int:
+    n = 1
+    for x in shape:
+        n *= x
+    return n
 
 
-def _plan_key(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping, ok):
-    # Objects enter the key by identity (a registered policy, a Policy argument, the topology, the
-    # default decode policy); the entry keeps references to them, so their ids stay theirs.
-    # Reading the registry's dicts directly sees a re-registered name or a new default at once.
-    registered = _lookup(mapping) if isinstance(mapping, str) else mapping
-    return (q.shape, q.stride(), q.dtype, q.device, k_cache.shape, k_cache.stride(), k_cache.dtype, k_cache.device,
-            v_cache.shape, v_cache.stride(), v_cache.dtype, v_cache.device, _meta(cache_seqlens), _meta(block_table), scale,
-            num_splits, mapping if isinstance(mapping, str) else None, id(registered),
-            id(_topology.current()), id(_default_policy("decode")), _kernels().knobs(), ok)
+# ----------------------------------------------------------------------------- planning
+def plan_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, scale=None, num_splits=None,
+                mapping="auto", config: Optional[dict] = None, options: Optional[_options.Options] = None
+                ) -> DecodePlan:
+    """Plan a decode for inputs like these (real, meta or fake tensors: only their signatures
+    are read). The plan is valid for any tensors with the same shapes, strides, dtypes, device and
+    16-byte alignment, whatever their values: make it once per batch layout, run it every step.
+
+    Args: as :func:`flash_decode`, plus
+        config: a fixed kernel config ``dict(BLOCK_N=..., num_warps=..., num_stages=...)`` instead
+            of autotuning (benchmarks, sweeps).
+        options: :class:`numasched.options.Options` for this plan (default: the current ones).
+    """
+    if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
+        cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
+    opts = options if options is not None else _options.current()
+    if not isinstance(opts, _options.Options):
+        raise TypeError(f"options must be a numasched.options.Options, got {type(options).__name__}")
+    return DecodePlan(q, k_cache, v_cache, cache_seqlens, block_table, scale=scale, num_splits=num_splits,
+                      mapping=mapping, config=config, options=opts)
 
 
-_FD = None
+def _key(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping) -> PlanKey:
+    sigs = (fast_signature(q), fast_signature(k_cache), fast_signature(v_cache), fast_signature(cache_seqlens),
+            fast_signature(block_table))
+    interp = q.device.type != "cuda" and caps.interpreting()
+    return PlanKey("flash_decode", sigs, (scale, num_splits, mapping, interp), state())
 
 
-def _kernels():
-    global _FD  # imported on first use: importing triton is slow and CPU-only users may not need it
-    if _FD is None:
-        from .kernels import flash_decode
-        _FD = flash_decode
-    return _FD
+def _planned(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping) -> DecodePlan:
+    """The cached plan of this call (made on a miss)."""
+    try:
+        key = _key(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping)
+    except (AttributeError, RuntimeError, TypeError):  # no data (fake tensors) or wrong types: no cache
+        key = None
+    plan = PLANS.get(key) if key is not None else None
+    if plan is None:
+        plan = plan_decode(q, k_cache, v_cache, cache_seqlens=cache_seqlens, block_table=block_table, scale=scale,
+                           num_splits=num_splits, mapping=mapping)
+        if plan.mode == "torch":
+            warn_once(f"numasched.flash_decode: running the torch fallback (slow) because {plan._fallback_reason()}")
+        if key is not None:
+            PLANS.put(key, plan)
+    return plan
 
 
-class _Entry:
-    __slots__ = ("shape", "scale", "plan", "refs")
-
-    def __init__(self, shape, scale, plan, refs):
-        self.shape, self.scale, self.plan, self.refs = shape, scale, plan, refs
-
-
-def _build_entry(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping, ok) -> _Entry:
-    shape = _check_inputs(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping)
-    scale = float(scale) if scale is not None else 1.0 / math.sqrt(shape.head_dim)
-    topo = _topology.current()
-    refs = (mapping, _lookup(mapping) if isinstance(mapping, str) else None, topo,
-            _default_policy("decode"))
-    if not ok or shape.batch == 0:  # no kernel to plan (batch 0: empty outputs, see below)
-        return _Entry(shape, scale, None, refs)
-    from .kernels.flash_decode import DecodePlan, choose_num_splits, num_sms
-
-    S = num_splits or choose_num_splits(shape.batch, shape.kv_heads, shape.capacity, num_sms(q.device))
-    policy = M.resolve(mapping, "decode", topo, M.DecodeGrid(shape.batch, shape.kv_heads, S))
-    plan = DecodePlan(q, k_cache, v_cache, cache_seqlens, block_table, scale=scale, seqlen_max=shape.capacity,
-                      page_size=shape.page_size, num_splits=S, policy=policy, num_domains=topo.num_domains)
-    return _Entry(shape, scale, plan, refs)
-
-
-def _flash_decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping):
-    ok = kernel_device_ok(q)
-    key = _plan_key(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping, ok)
-    entry = _PLANS.get(key)
-    if entry is None:
-        entry = _build_entry(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping, ok)
-        if len(_PLANS) >= MAX_PLANS:
-            _PLANS.clear()
-        _PLANS[key] = entry
-    shape = entry.shape
-    if CHECK_DATA and not _capturing(q):
-        _check_data(shape, cache_seqlens, block_table)
-    if entry.plan is None:
-        if shape.batch == 0:
-            return (_new_output((0, shape.heads, shape.head_dim), q.dtype, q.device),
-                    _new_output((0, shape.heads), torch.float32, q.device))
-        _warn_once(f"the Triton kernel cannot run on {q.device} tensors (needs a GPU, or TRITON_INTERPRET=1 "
-                   f"for CPU tensors)")
-        return _torch_decode(q, k_cache, v_cache, cache_seqlens, block_table, entry.scale, shape)
-    out = _new_output((shape.batch, shape.heads, shape.head_dim), q.dtype, q.device)
-    lse = _new_output((shape.batch, shape.heads), torch.float32, q.device)
-    with launch_device(q):
-        entry.plan.launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse)
-    return out, lse
-
-
+# ----------------------------------------------------------------------------- custom op
 @torch.library.custom_op("numasched::flash_decode", mutates_args=())
 def _flash_decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      cache_seqlens: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
                      scale: Optional[float], num_splits: Optional[int], mapping: str
                      ) -> Tuple[torch.Tensor, torch.Tensor]:
-    return _flash_decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping)
+    plan = _planned(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping)
+    return plan._run(q, k_cache, v_cache, cache_seqlens, block_table)
 
 
 @_flash_decode_op.register_fake
 def _flash_decode_fake(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping):
-    s = _check_inputs(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping)
+    s = check_decode(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping)
     return (q.new_empty((s.batch, s.heads, s.head_dim)),
             q.new_empty((s.batch, s.heads), dtype=torch.float32))
 
 
-# ----------------------------------------------------------------------------- public call
+# ----------------------------------------------------------------------------- one call
 def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, scale=None, num_splits=None,
                  mapping="auto", return_lse=False):
     """Decode attention of one query token per sequence against a KV cache (split-KV Flash Decode).
@@ -293,58 +554,48 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, s
         block_table: int32 (batch, max_pages) page indices into the paged cache.
         scale: softmax scale; default 1/sqrt(head_dim).
         num_splits: KV splits per (batch, kv_head); default chosen from the shape and SM count.
-        mapping: "auto", a decode (attention-kind) policy name, or a ``Policy``; decides which
-            (batch, kv_head, split) each program runs. It does not change the result beyond rounding.
+        mapping: "auto" (or None), a decode (attention-kind) policy name, or a ``Policy``; decides
+            which (batch, kv_head, split) each program runs. It does not change the result beyond
+            rounding.
         return_lse: also return the log-sum-exp (batch, heads), fp32, natural log (-inf for
             empty sequences), for merging attention over several caches or devices.
 
     Returns:
         out (batch, heads, head_dim) in q's dtype, or (out, lse) if ``return_lse``.
     """
-    # argument types first: the custom op would otherwise reject them with a less clear message
+    if mapping is None:
+        mapping = "auto"
+    # the plan cache first: a repeated call costs a key, a lookup and the launch
+    if type(cache_seqlens) is not int and plain_eager(q, k_cache, v_cache):
+        try:
+            key = _key(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping)
+        except (AttributeError, RuntimeError, TypeError):
+            key = None
+        plan = PLANS.get(key) if key is not None else None
+        if plan is not None:
+            out, lse = plan._run(q, k_cache, v_cache, cache_seqlens, block_table)
+            return (out, lse) if return_lse else out
+    # checked path: argument types, then the op or an eager call
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         check_tensor(name, t)
-    for name, t in (("cache_seqlens", cache_seqlens), ("block_table", block_table)):
-        if t is not None and not isinstance(t, (torch.Tensor, int)) or isinstance(t, bool):
-            raise TypeError(f"{name} must be a torch.Tensor{', an int' if name == 'cache_seqlens' else ''} or None, "
-                            f"got {type(t).__name__}")
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
-        raise ValueError(f"scale must be a finite float or None, got {scale!r}")
-    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int)
-                                   or num_splits < 1):
-        raise ValueError(f"num_splits must be a positive int or None, got {num_splits!r}")
-    if isinstance(block_table, int):
-        raise TypeError("block_table must be a torch.Tensor or None, got int")
+    if isinstance(cache_seqlens, bool) or not (cache_seqlens is None or isinstance(cache_seqlens, (torch.Tensor, int))):
+        raise TypeError(f"cache_seqlens must be a torch.Tensor, an int or None, got {type(cache_seqlens).__name__}")
+    if block_table is not None and not isinstance(block_table, torch.Tensor):
+        raise TypeError(f"block_table must be a torch.Tensor or None, got {type(block_table).__name__}")
     if isinstance(cache_seqlens, int):
         if not 0 <= cache_seqlens <= INT32_MAX:
             raise ValueError(f"cache_seqlens = {cache_seqlens} is outside [0, {INT32_MAX}]")
         cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
-    if isinstance(mapping, M.Policy):
-        try:
-            registered = M.get(mapping.name)
-        except ValueError:
-            registered = None
-        if registered is not mapping:
-            # an unregistered Policy object cannot cross the custom-op boundary: call directly
-            out, lse = _flash_decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits,
-                                          mapping)
-            return (out, lse) if return_lse else out
-        mapping = mapping.name
-    if not isinstance(mapping, str):
-        raise ValueError(f"mapping must be 'auto', a policy name or a Policy, got {type(mapping).__name__}")
+    token = mapping_token(mapping, "decode")
     if scale is not None:
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+            raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
         scale = float(scale)
-    if _needs_op(q, k_cache, v_cache):
-        out, lse = torch.ops.numasched.flash_decode(q, k_cache, v_cache, cache_seqlens, block_table, scale,
-                                                    num_splits, mapping)
+    check_positive_int("num_splits", num_splits)
+    if plain_eager(q, k_cache, v_cache, cache_seqlens, block_table):
+        plan = _planned(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping)
+        out, lse = plan._run(q, k_cache, v_cache, cache_seqlens, block_table)
     else:
-        # Plain eager call: skip the custom-op dispatcher (about twice the Python time of the rest
-        # of the call); torch.compile, fake/subclass tensors and dispatch modes still get the op.
-        out, lse = _flash_decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping)
+        out, lse = torch.ops.numasched.flash_decode(q, k_cache, v_cache, cache_seqlens, block_table, scale,
+                                                    num_splits, token)
     return (out, lse) if return_lse else out
-
-
-def _needs_op(q, k_cache, v_cache) -> bool:
-    return (torch.compiler.is_compiling() or type(q) is not torch.Tensor or type(k_cache) is not torch.Tensor
-            or type(v_cache) is not torch.Tensor or torch._C._len_torch_dispatch_stack() > 0
-            or (torch.is_grad_enabled() and (q.requires_grad or k_cache.requires_grad or v_cache.requires_grad)))

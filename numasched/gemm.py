@@ -1,39 +1,52 @@
-"""``numasched.matmul``: C = A @ B through the policy-driven Triton GEMM (numasched.kernels.gemm).
+"""GEMM ``C = A @ B``: check, plan, run; the one call ``numasched.matmul``.
 
-    >>> import numasched
     >>> c = numasched.matmul(a, b)                          # policy from topology ("auto")
     >>> c = numasched.matmul(a, b, mapping="row_major", persistent=True)
     >>> numasched.matmul(a, b, out=c)                       # writes into c, returns c
+    >>> plan = numasched.plan_matmul(a, b)                  # once per signature
+    >>> c = plan.run(a, b)                                  # every call
 
-Registered as the torch custom ops ``numasched::matmul`` (functional, with a backward) and
-``numasched::matmul_out`` (writes ``out``), each with a fake implementation, so the call works
-under ``torch.compile`` (fullgraph) and inside CUDA graphs. Plain eager calls skip the op
-dispatcher (its Python overhead is as long as a small GEMM) unless autograd needs the op. The first call at a new shape on a GPU
-autotunes (a few seconds); make it before capturing a CUDA graph.
+The plan holds what depends only on the operands' signatures (shapes, strides, dtypes, device,
+16-byte alignment) and the process state: the policy, the read path (TMA descriptors on Hopper or
+masked pointers), transposed layouts, the kernel config (autotuned on the first GPU run unless
+given or turned off), the grid. ``run`` builds the TMA descriptors and launches the compiled
+kernel directly.
 
-Where no Triton kernel can run (CPU tensors without ``TRITON_INTERPRET=1``, or another device)
-the call falls back to ``torch.matmul`` with a one-time warning.
+The one call is the torch custom ops ``numasched::matmul`` (functional, with a backward) and
+``numasched::matmul_out`` (writes ``out``), each with a fake implementation, under
+``torch.compile`` and autograd; plain eager calls skip the op dispatcher. Where no Triton kernel
+can run (CPU tensors without ``TRITON_INTERPRET=1``) it falls back to ``torch.matmul`` with a
+one-time warning. Under the interpreter, bf16 runs in fp32 (the interpreter's bf16 dot is wrong).
 """
 from __future__ import annotations
 
-import warnings
 from typing import Optional, Union
 
 import torch
 
+from . import caps
 from . import mappings as M
+from . import observe as _observe
+from . import options as _options
 from . import topology as _topology
-from .mappings import default_policy as _default_policy
-from ._validate import INT32_MAX, check_same, check_tensor, kernel_device_ok, launch_device
+from ._plan import PLANS, Plan, PlanKey, fast_signature, signature, state
+from ._route import mapping_token, plain_eager, warn_once
+from ._validate import INT32_MAX, check_same, check_tensor
 
-__all__ = ["matmul", "SUPPORTED_DTYPES"]
+__all__ = ["matmul", "plan_matmul", "check_matmul", "GemmPlan", "SUPPORTED_DTYPES"]
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_warned_fallback = False
+
+try:  # host-side TMA descriptors (triton >= 3.3); the interpreter understands them too
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - older triton
+    TensorDescriptor = None
 
 
-def _check_inputs(a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None) -> None:
-    """Shape/dtype/device checks (also run by the fake implementations, i.e. at trace time)."""
+# ----------------------------------------------------------------------------------- checks
+def check_matmul(a, b, out=None, *, mapping="auto", persistent=None) -> tuple:
+    """Check a matmul's arguments without reading data (works on fake and meta tensors);
+    returns (M, N, K). TypeError for a wrong type, ValueError for a wrong value or shape."""
     for name, t in (("a", a), ("b", b)):
         check_tensor(name, t, dtypes=SUPPORTED_DTYPES)
         if t.dim() != 2:
@@ -52,79 +65,321 @@ def _check_inputs(a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] 
         want = (a.shape[0], b.shape[1])
         if tuple(out.shape) != want:
             raise ValueError(f"out has shape {tuple(out.shape)}, expected {want} for a {tuple(a.shape)} @ b {tuple(b.shape)}")
+    if persistent is not None and not isinstance(persistent, bool):
+        raise TypeError(f"persistent must be True, False or None, got {persistent!r}")
+    mapping_token(mapping, "gemm")
+    return a.shape[0], b.shape[1], a.shape[1]
 
 
-def _check_no_overlap(a, b, out) -> None:
-    if out is None:
+def _element_offsets(t: torch.Tensor) -> torch.Tensor:
+    """Storage offsets (in elements) of every element of a 2-D view."""
+    i = torch.arange(t.shape[0], device=t.device, dtype=torch.int64)[:, None] * t.stride(0)
+    j = torch.arange(t.shape[1], device=t.device, dtype=torch.int64)[None, :] * t.stride(1)
+    return (t.storage_offset() + i + j).reshape(-1)
+
+
+_EXACT_OVERLAP_LIMIT = 1 << 24  # elements; beyond it a byte-range overlap is refused
+
+
+def check_no_overlap(a, b, out) -> None:
+    """Refuse an ``out`` that shares memory with ``a`` or ``b`` (or with itself): the kernel's tiles
+    would read what others wrote. Views of one storage are compared element by element (strides
+    count: ``out=big[:, 256:]`` beside ``a=big[:, :256]`` is fine)."""
+    if out is None or out.numel() == 0:
         return
-    # an expanded out (stride 0) has elements that share memory: the tiles would race on them
-    if any(st == 0 and n > 1 for n, st in zip(out.shape, out.stride())):
-        raise ValueError(f"out has stride 0 in a dimension of size > 1 (shape {tuple(out.shape)}, strides "
-                         f"{out.stride()}): several elements share memory; pass a tensor without expanded dims")
-    lo, hi = out.data_ptr(), out.data_ptr() + max(out.numel(), 1) * out.element_size()
+    internal = getattr(torch, "_debug_has_internal_overlap", None)
+    if any(st == 0 and n > 1 for n, st in zip(out.shape, out.stride())) or (internal is not None and internal(out) == 1):
+        raise ValueError(f"out has elements that share memory (shape {tuple(out.shape)}, strides {out.stride()}); "
+                         f"pass a tensor without expanded or overlapping dims")
+    es = out.element_size()
     for name, t in (("a", a), ("b", b)):
-        if t.numel() and out.numel():
-            tlo = t.data_ptr()
-            thi = tlo + t.numel() * t.element_size()
-            if t.untyped_storage().data_ptr() == out.untyped_storage().data_ptr() and tlo < hi and lo < thi:
-                raise ValueError(f"out shares memory with {name}; pass a separate output tensor")
+        if not t.numel():
+            continue
+        try:
+            same = t.untyped_storage().data_ptr() == out.untyped_storage().data_ptr()
+        except (RuntimeError, NotImplementedError):  # no storage (fake tensors): nothing to compare
+            return
+        if not same:
+            continue
+        t_lo = t.data_ptr()
+        t_hi = t_lo + (caps.span(t) + 1) * t.element_size()
+        o_lo = out.data_ptr()
+        o_hi = o_lo + (caps.span(out) + 1) * es
+        if t_hi <= o_lo or o_hi <= t_lo:
+            continue  # disjoint byte ranges
+        if t.element_size() == es and t.numel() + out.numel() <= _EXACT_OVERLAP_LIMIT:
+            if not bool(torch.isin(_element_offsets(out), _element_offsets(t)).any()):
+                continue  # interleaved but disjoint (e.g. column slices of one matrix)
+        raise ValueError(f"out shares memory with {name}; pass a separate output tensor")
 
 
-_POLICIES: dict = {}  # (mapping, M, N, topology, default) -> resolved policy, to skip resolve() per call
+# ----------------------------------------------------------------------------------- layouts
+def tma_view(t: torch.Tensor):
+    """How TMA can read a 2-D tensor: ``(transposed, shape, strides)`` of a row-major descriptor
+    over its storage -- (rows, cols) if the last dimension has unit stride, (cols, rows) with
+    ``transposed`` if the first one has -- or None (unaligned base or leading stride).
+    A dimension of size 1 has no meaningful stride; a padded one stands in for it."""
+    es = t.element_size()
+    try:
+        if t.data_ptr() % 16:
+            return None
+    except RuntimeError:  # fake tensors: plan for aligned memory (run() checks the real one)
+        pass
+    r, c = t.shape
+    s0, s1 = t.stride()
+    align = 16 // es
+
+    def lead_ok(lead):
+        return lead > 0 and (lead * es) % 16 == 0
+
+    if s1 == 1 or c == 1:
+        lead = s0 if r > 1 else -(-c // align) * align
+        if lead_ok(lead):
+            return False, [r, c], [lead, 1]
+    if s0 == 1 or r == 1:
+        lead = s1 if c > 1 else -(-r // align) * align
+        if lead_ok(lead):
+            return True, [c, r], [lead, 1]
+    return None
 
 
-def _policy_for(mapping: Union[str, "M.Policy"], M_: int, N_: int, block_m: int = 128, block_n: int = 128):
-    topo = _topology.current()
-    default = _default_policy("gemm")
-    key = None
-    if type(mapping) is str:  # a Policy object is resolved each time (its id could be reused)
-        # the registered object's id too: register(..., replace=True) can swap the policy behind a name
-        registered = M.lookup(mapping)
-        key = (mapping, M_, N_, block_m, block_n, id(topo), id(default), id(registered))
-        hit = _POLICIES.get(key)
-        if hit is not None:
-            return hit[0], hit[1]
-    grid = M.GemmGrid(max(1, -(-M_ // block_m)), max(1, -(-N_ // block_n)))
-    policy = M.resolve(mapping, "gemm", topo, grid)
-    if key is not None:
-        if len(_POLICIES) >= 4096:
-            _POLICIES.clear()
-        _POLICIES[key] = (policy, topo.num_domains, topo, default, registered)  # keeps the keyed objects (ids) alive
-    return policy, topo.num_domains
+def input_precision(dtype: torch.dtype) -> Optional[str]:
+    """fp32 inputs: "ieee" unless torch allows TF32 (``torch.set_float32_matmul_precision``
+    "high"/"medium"), to match torch.matmul. 16-bit inputs: the default (tensor cores)."""
+    if dtype != torch.float32:
+        return None
+    return "ieee" if torch.get_float32_matmul_precision() == "highest" else "tf32"
 
 
-def _fallback(a, b, out):
-    global _warned_fallback
-    if not _warned_fallback:
-        _warned_fallback = True
-        warnings.warn(f"numasched.matmul: no Triton kernel can run on {a.device} (CPU tensors need "
-                      f"TRITON_INTERPRET=1 set before triton is imported); using torch.matmul", RuntimeWarning,
-                      stacklevel=3)
-    if out is None:
-        return torch.matmul(a, b)
-    return out.copy_(torch.matmul(a, b))
+def persistent_programs(num_tiles: int, num_sms: int, num_domains: int) -> int:
+    """Persistent grid size: at most one program per SM, a multiple of the domain count when it
+    can be (so tile t and program t mod P share domain t mod X under round-robin dispatch)."""
+    p = max(1, min(num_sms, num_tiles))
+    if num_domains > 1 and p >= num_domains:
+        p -= p % num_domains
+    return p
 
 
-def _run(a, b, out, mapping, persistent, **launch_kw):
-    """Eager implementation shared by both custom ops (and by calls with an unregistered Policy)."""
-    _check_inputs(a, b, out)
-    _check_no_overlap(a, b, out)
-    if not kernel_device_ok(a):
-        return _fallback(a, b, out)
-    Mdim, K = a.shape
-    N = b.shape[1]
-    if out is None:
-        out = torch.empty((Mdim, N), dtype=a.dtype, device=a.device)
-    if Mdim == 0 or N == 0:
-        return out
-    if K == 0:
-        return out.zero_()
-    from .kernels import gemm as _kernels
+def choose_persistent(num_tiles: int, num_sms: int) -> bool:
+    """Heuristic where no autotuner decides (interpreter): persistent once there are several
+    waves of tiles, where launching a program per tile costs the most."""
+    return num_tiles >= 2 * num_sms
 
-    policy, num_domains = _policy_for(mapping, Mdim, N)
-    with launch_device(a):
-        _kernels.launch(a, b, out, policy, num_domains, persistent=persistent, **launch_kw)
-    return out
+
+# ----------------------------------------------------------------------------------- the plan
+class GemmPlan(Plan):
+    """A planned matmul: made by :func:`plan_matmul`, run with :meth:`run`.
+
+    Attributes: M, N, K; policy, topology; path ("tma" or "pointer"); a_trans, b_trans (operands
+    read through a descriptor of their transposed storage); c_tma; int64; persistent (None until
+    the autotuner chose); mode ("kernel", "interpreter", "torch", "empty", "zero"); grid and
+    config (None until chosen); workspace_bytes (0); tensors."""
+
+    op = "matmul"
+
+    def __init__(self, a, b, out=None, *, mapping="auto", persistent=None, path="auto", config=None,
+                 int64=None, num_programs=None, options: Optional[_options.Options] = None):
+        Mdim, N, K = check_matmul(a, b, out, mapping=mapping, persistent=persistent)
+        options = options if options is not None else _options.current()
+        self.M, self.N, self.K = Mdim, N, K
+        self.tensors = dict(a=signature(a), b=signature(b), out=signature(out))
+        self.device = dev = a.device
+        self.topology = _topology.current()
+        self.workspace_bytes = 0
+        self.policy = None
+        self.grid = None
+        self.config = None
+        self.path, self.a_trans, self.b_trans, self.c_tma, self.int64 = "pointer", False, False, False, False
+        self.persistent = persistent
+        self._out_dtype = a.dtype
+        if Mdim == 0 or N == 0:
+            self.mode = "empty"
+        elif K == 0:
+            self.mode = "zero"
+        elif caps.interpreting():
+            self.mode = "interpreter"
+        elif dev.type == "cuda":
+            self.mode = "kernel"
+        else:
+            self.mode = "torch"
+        if self.mode in ("empty", "zero", "torch"):
+            self._freeze()
+            return
+        from .kernels import gemm as K_
+
+        interp = self.mode == "interpreter"
+        self._upcast = interp and a.dtype == torch.bfloat16  # the interpreter's bf16 dot is wrong
+        # a stand-in for the output: its layout is what the plan is made for
+        c = out if out is not None else torch.empty((Mdim, N), dtype=a.dtype, device="meta")
+        a_view, b_view = tma_view(a), tma_view(b)
+        c_view = tma_view(c) if out is not None else (False, [Mdim, N], [N, 1])
+        if c_view is not None and out is None and (N * a.element_size()) % 16:
+            c_view = None
+        tma_dev = TensorDescriptor is not None and (interp or caps.tma_supported(dev))
+        if path == "auto":
+            # The interpreter takes the pointer path unless asked (both are tested there).
+            path = "tma" if (not interp and tma_dev and a_view is not None and b_view is not None) else "pointer"
+        if path == "tma":
+            if not tma_dev:
+                raise ValueError("path='tma' needs a Hopper (sm_90+) GPU or the interpreter")
+            if a_view is None or b_view is None:
+                raise ValueError("path='tma' needs 16-byte aligned a and b with one unit-stride dimension")
+        elif path != "pointer":
+            raise ValueError(f"path must be 'auto', 'tma' or 'pointer', got {path!r}")
+        use_tma = path == "tma"
+        self.path = path
+        # The store goes through TMA only for a row-major C (any other C takes masked pointer stores).
+        self.c_tma = use_tma and c_view is not None and not c_view[0]
+        self.int64 = bool(caps.needs_int64(a, b, c)) if int64 is None else bool(int64)
+        self.a_trans = bool(a_view[0]) if use_tma else False
+        self.b_trans = bool(b_view[0]) if use_tma else False
+        self._views = (a_view, b_view, c_view)
+        fp32 = a.dtype == torch.float32 or self._upcast
+        nsm = caps.num_sms(dev)
+        X = self.topology.num_domains
+        self.policy = M.resolve(mapping, "gemm", self.topology, M.GemmGrid(max(1, -(-Mdim // 128)),
+                                                                           max(1, -(-N // 128))))
+        self._c_stride = c.stride()
+        self._sizes = (Mdim, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
+        precision = "ieee" if self._upcast else input_precision(a.dtype)
+        const = dict(MAPPING=self.policy.constexpr(X), USE_TMA=use_tma, A_TRANS=self.a_trans,
+                     B_TRANS=self.b_trans, C_TMA=self.c_tma, INPUT_PRECISION=precision, INT64=self.int64)
+
+        def grid_of(kw):  # plain integer arithmetic: triton.cdiv is a slower call on the host
+            tiles = -(-Mdim // kw["BLOCK_M"]) * -(-N // kw["BLOCK_N"])
+            if kw["PERSISTENT"]:
+                return (num_programs or persistent_programs(tiles, nsm, X),)
+            return (tiles,)
+
+        flatten = options.gemm_flatten
+        if config is None and interp:
+            tiles16 = -(-Mdim // 16) * -(-N // 16)
+            config = K_.cpu_config(choose_persistent(tiles16, nsm) if persistent is None else bool(persistent))
+        if config is None and not options.autotune:
+            # autotuning off: the first config of the family, compiled once
+            config = K_.gpu_configs(path, bool(persistent), fp32, flatten)[0]
+        from ._launch import Launch, config_kwargs
+
+        if config is not None:
+            meta = config_kwargs(config)
+            meta.pop("pre_hook", None)
+            if persistent is not None:
+                meta["PERSISTENT"] = bool(persistent)
+                meta["FLATTEN"] = bool(persistent) and flatten
+            self._launch = Launch(K_.gemm_kernel, grid_of, const, config=meta, device=dev, interpret=interp)
+            self.persistent = bool(meta["PERSISTENT"])
+        else:
+            self._launch = Launch(K_.gemm_kernel, grid_of, const, device=dev,
+                                  tuner=K_.tuned_kernel(path, persistent, fp32, flatten),
+                                  fixed=K_.gpu_configs(path, bool(persistent), fp32, flatten)[0])
+        self._sync_config()
+        self._freeze()
+
+    def _sync_config(self) -> None:
+        cfg = self._launch.config
+        if cfg is not None:
+            object.__setattr__(self, "config", dict(cfg))
+            object.__setattr__(self, "persistent", bool(cfg.get("PERSISTENT", self.persistent)))
+            if self._launch.grid is not None:
+                object.__setattr__(self, "grid", self._launch.grid[:1])
+
+    # ---------------------------------------------------------------- run
+    def run(self, a, b, out=None) -> torch.Tensor:
+        """C = A @ B into ``out`` (a new tensor when None) for operands with the plan's signatures."""
+        self.check_signatures(a=a, b=b, out=out)
+        return self._run(a, b, out)
+
+    def _descriptors(self, a, b, c):
+        kw = self._launch.kwargs
+        bm, bn, bk = kw.get("BLOCK_M", 16), kw.get("BLOCK_N", 16), kw.get("BLOCK_K", 16)
+        av, bv, cv = self._views
+        a_desc = TensorDescriptor(a, av[1], av[2], [bk, bm] if self.a_trans else [bm, bk])
+        b_desc = TensorDescriptor(b, bv[1], bv[2], [bn, bk] if self.b_trans else [bk, bn])
+        c_desc = None
+        if self.c_tma:
+            c_desc = TensorDescriptor(c, cv[1], cv[2], [bm, bn // 2] if kw.get("EPILOGUE_SUBTILE") else [bm, bn])
+        return a_desc, b_desc, c_desc
+
+    def _run(self, a, b, out=None) -> torch.Tensor:
+        mode = self.mode
+        if out is None:
+            out = torch.empty((self.M, self.N), dtype=self._out_dtype, device=self.device)
+        if mode == "empty":
+            return out
+        if mode == "zero":
+            return out.zero_()
+        if mode == "torch":
+            if _observe.OBSERVERS:
+                _observe.notify(self.op, "torch", (), (out,), self, self._fallback_reason())
+            return out.copy_(torch.matmul(a, b))
+        res = out
+        if self._upcast:
+            a, b = a.float(), b.float()
+            out = torch.empty_strided(out.shape, out.stride(), dtype=torch.float32, device=self.device)
+        launch = self._launch
+        if _observe.OBSERVERS:
+            _observe.notify(self.op, "matmul", launch.grid[:1] if launch.grid else (), (res,), self)
+        if self.path == "tma":
+            a_arg, b_arg, c_desc = self._descriptors(a, b, out)
+        else:
+            a_arg, b_arg, c_desc = a, b, None
+        with caps.launch_device(a):
+            launch(a_arg, b_arg, out, c_desc, *self._sizes)
+        if self.config is None:
+            self._sync_config()
+        if out is not res:
+            res.copy_(out)
+        return res
+
+    def _fallback_reason(self) -> str:
+        return (f"no Triton kernel can run on {self.device} (CPU tensors need TRITON_INTERPRET=1); "
+                f"using torch.matmul")
+
+
+def plan_matmul(a, b, out=None, *, mapping="auto", persistent: Optional[bool] = None, path: str = "auto",
+                config=None, options: Optional[_options.Options] = None, num_programs: Optional[int] = None,
+                int64: Optional[bool] = None) -> GemmPlan:
+    """Plan ``a @ b`` (into ``out``'s layout when given) for operands like these (real, meta or fake
+    tensors: only their signatures are read).
+
+    ``path``: "auto" (TMA on Hopper+ when the operands allow it, else pointers), "tma" or
+    "pointer". ``config``: a fixed ``triton.Config`` or dict (BLOCK_M, BLOCK_N, BLOCK_K,
+    PERSISTENT, ..., num_warps, num_stages) instead of autotuning. ``num_programs`` sets the
+    persistent grid size; ``int64`` forces 64-bit offsets (tests).
+    """
+    if options is not None and not isinstance(options, _options.Options):
+        raise TypeError(f"options must be a numasched.options.Options, got {type(options).__name__}")
+    return GemmPlan(a, b, out, mapping="auto" if mapping is None else mapping, persistent=persistent, path=path,
+                    config=config, options=options, num_programs=num_programs, int64=int64)
+
+
+def _key(a, b, out, mapping, persistent) -> PlanKey:
+    prec = torch.get_float32_matmul_precision() if a.dtype is torch.float32 else None
+    interp = a.device.type != "cuda" and caps.interpreting()
+    return PlanKey("matmul", (fast_signature(a), fast_signature(b), fast_signature(out)),
+                   (mapping, persistent, prec, interp), state())
+
+
+def _planned(a, b, out, mapping, persistent) -> GemmPlan:
+    try:
+        key = _key(a, b, out, mapping, persistent)
+    except (AttributeError, RuntimeError, TypeError):
+        key = None
+    plan = PLANS.get(key) if key is not None else None
+    if plan is None:
+        plan = plan_matmul(a, b, out, mapping=mapping, persistent=persistent)
+        if plan.mode == "torch":
+            warn_once(f"numasched.matmul: {plan._fallback_reason()}")
+        if key is not None:
+            PLANS.put(key, plan)
+    return plan
+
+
+def _run(a, b, out, mapping, persistent):
+    """Checked eager implementation shared by both custom ops and unplanned eager calls."""
+    check_matmul(a, b, out, mapping=mapping, persistent=persistent)
+    check_no_overlap(a, b, out)
+    return _planned(a, b, out, mapping, persistent)._run(a, b, out)
 
 
 # ----------------------------------------------------------------------------------- custom ops
@@ -135,7 +390,7 @@ def _matmul_op(a: torch.Tensor, b: torch.Tensor, mapping: str, persistent: Optio
 
 @_matmul_op.register_fake
 def _matmul_fake(a, b, mapping, persistent):
-    _check_inputs(a, b)
+    check_matmul(a, b, mapping=mapping, persistent=persistent)
     return a.new_empty((a.shape[0], b.shape[1]))
 
 
@@ -167,10 +422,10 @@ def _matmul_out_op(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, mapping:
 
 @_matmul_out_op.register_fake
 def _matmul_out_fake(a, b, out, mapping, persistent):
-    _check_inputs(a, b, out)
+    check_matmul(a, b, out, mapping=mapping, persistent=persistent)
 
 
-# ----------------------------------------------------------------------------------- public call
+# ----------------------------------------------------------------------------------- one call
 def matmul(a: torch.Tensor, b: torch.Tensor, *, mapping: Union[str, "M.Policy"] = "auto",
            persistent: Optional[bool] = None, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``a @ b`` for 2-D fp16/bf16/fp32 matrices with fp32 accumulation (output in the input dtype).
@@ -178,16 +433,26 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, mapping: Union[str, "M.Policy"] 
     Args:
         a: (M, K) matrix; any strides (a transposed view is read without a copy).
         b: (K, N) matrix of the same dtype and device; any strides.
-        mapping: "auto" (the topology's choice, or the default set with
+        mapping: "auto" (or None: the topology's choice, or the default set with
             ``numasched.set_default_mapping("gemm", ...)``), a GEMM policy name from
-            ``numasched.mappings.available("gemm")`` (grouped, chiplet_tiled, row_major,
-            chiplet_tiled_chunked, ...) or a ``Policy``.
+            ``numasched.mappings.available("gemm")`` or a ``Policy`` (registered or not).
         persistent: True runs about one program per SM looping over tiles, False one program per
             tile, None lets the autotuner (GPU) or a tile-count heuristic (interpreter) choose.
         out: optional (M, N) output of a's dtype and device (any strides, not overlapping a or b).
 
     fp32 inputs use IEEE fp32 products unless ``torch.set_float32_matmul_precision`` allows TF32.
     """
+    if mapping is None:
+        mapping = "auto"
+    if out is None and plain_eager(a, b):
+        # the plan cache first: a repeated call costs a key, a lookup and the launch
+        try:
+            key = _key(a, b, None, mapping, persistent)
+        except (AttributeError, RuntimeError, TypeError):
+            key = None
+        plan = PLANS.get(key) if key is not None else None
+        if plan is not None:
+            return plan._run(a, b)
     for name, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -199,23 +464,10 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, mapping: Union[str, "M.Policy"] 
                            "requires grad; drop out= or run under torch.no_grad()")
     if persistent is not None and not isinstance(persistent, bool):
         raise TypeError(f"persistent must be True, False or None, got {persistent!r}")
-    if isinstance(mapping, M.Policy):
-        try:
-            registered = M.get(mapping.name) is mapping
-        except ValueError:
-            registered = False
-        if not registered:
-            # An ad-hoc Policy cannot travel through an op schema: run eagerly.
-            return _run(a, b, out, mapping, persistent)
-        mapping = mapping.name
-    elif not isinstance(mapping, str):
-        raise TypeError(f"mapping must be 'auto', a policy name or a Policy, got {type(mapping).__name__}")
+    token = mapping_token(mapping, "gemm")
+    if plain_eager(a, b, out):
+        return _run(a, b, out, mapping, persistent)
     if out is None:
-        if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):
-            return torch.ops.numasched.matmul(a, b, mapping, persistent)
-    elif torch.compiler.is_compiling():
-        torch.ops.numasched.matmul_out(a, b, out, mapping, persistent)
-        return out
-    # Plain eager call: skip the custom-op dispatcher (tens of microseconds of Python per call,
-    # as much as a 2048^3 GEMM takes on an H200); the ops above serve torch.compile and autograd.
-    return _run(a, b, out, mapping, persistent)
+        return torch.ops.numasched.matmul(a, b, token, persistent)
+    torch.ops.numasched.matmul_out(a, b, out, token, persistent)
+    return out

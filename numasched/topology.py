@@ -80,6 +80,9 @@ class Topology:
             raise ValueError(f"Topology.name must be a non-empty string, got {self.name!r}")
         for attr in ("num_domains", "cus_per_domain", "l2_bytes", "l2_ways", "l2_line"):
             integer(attr, 1)
+        if self.num_domains > 2**31 - 1:
+            raise ValueError(f"Topology.num_domains = {self.num_domains} overflows int32 (the kernels compute "
+                             f"domain ids in 32 bits)")
         integer("llc_bytes", 0)
         for attr in ("hbm_bytes_per_s", "l2_bw_bytes_per_s", "llc_bw_bytes_per_s"):
             nonneg_number(attr)
@@ -114,6 +117,13 @@ class Topology:
             raise ValueError("Topology.dispatch='single' needs num_domains == 1")
         if self.vendor not in ("amd", "nvidia", "generic"):
             raise ValueError(f"Topology.vendor must be 'amd', 'nvidia' or 'generic', got {self.vendor!r}")
+
+    def __hash__(self):  # plan keys hash the topology on every call: compute once
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash(tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
+            object.__setattr__(self, "_hash", h)
+        return h
 
     # ------------------------------------------------------------------ derived
     @property

@@ -1,0 +1,149 @@
+"""The thin launch: a Triton kernel bound once to its constexprs, grid and options.
+
+Triton's ``kernel[grid](*args, **constexprs)`` binds every argument, builds a specialisation key
+and looks the compiled kernel up on each call: tens of microseconds of Python, as much as a
+decode step's kernel takes on the GPU. A :class:`Launch` pays that once: its first call goes
+through Triton (compiling, or autotuning once when a tuner is given), keeps the compiled kernel,
+and every later call hands the arguments straight to the compiled kernel's launcher.
+
+That is sound because a plan (and so its Launch) is made per call signature: shapes, strides,
+dtypes, device and 16-byte alignment of every tensor -- everything Triton specialises on.
+
+On Triton's interpreter every call goes through the interpreter. Kernels and device functions
+defined before ``TRITON_INTERPRET=1`` was set are JIT functions, which the interpreter cannot call;
+:func:`interpreted` and :func:`nested_jit_interpreted` run them anyway.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import triton
+from triton import knobs
+
+from . import caps
+
+from .caps import interpreted, nested_jit_interpreted, run_interpreted  # noqa: F401
+
+# ------------------------------------------------------------------------------ launch
+_OPTION_NAMES = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+
+
+def config_kwargs(config) -> dict:
+    """A triton.Config (or a dict) as the keyword arguments of a launch."""
+    if isinstance(config, triton.Config):
+        return dict(config.all_kwargs())
+    return dict(config)
+
+
+class Launch:
+    """One kernel of a plan.
+
+    Args:
+        fn: the ``@triton.jit`` kernel.
+        grid: programs (an int or a tuple of up to three ints), or a function of the launch's
+            keyword arguments (the config's block sizes decide it).
+        constexprs: keyword arguments of every launch that are not the kernel config.
+        config: the kernel config (block sizes, num_warps, num_stages, ...), when known.
+        tuner: a ``triton.autotune`` wrapper of ``fn``: the first call tunes (or finds the tuning
+            of its key), later calls run the chosen config thinly. ``fixed`` is used instead
+            while a CUDA graph is being captured (tuning launches and synchronises).
+        device: the device the kernel runs on (its compiled handle is per device).
+        interpret: launch through Triton's interpreter every time.
+    """
+
+    __slots__ = ("fn", "grid", "kwargs", "tuner", "fixed", "grid_of", "device_index", "interpret", "compiled",
+                 "tail", "config", "name")
+
+    def __init__(self, fn, grid, constexprs: dict, *, device, config: Optional[dict] = None, tuner=None,
+                 fixed: Optional[dict] = None, interpret: bool = False):
+        self.fn = fn
+        self.tuner = tuner
+        self.fixed = fixed
+        self.grid_of: Optional[Callable] = grid if callable(grid) else None
+        self.kwargs = dict(constexprs)
+        self.config = None
+        if config is not None:
+            self.config = {k: v for k, v in config_kwargs(config).items() if k != "pre_hook"}
+            self.kwargs.update(self.config)
+        self.grid = None if callable(grid) else _grid3(grid)
+        if self.grid is None and tuner is None:
+            self.grid = _grid3(self.grid_of(self.kwargs))
+        self.device_index = device.index if device.type == "cuda" else None
+        self.interpret = bool(interpret)
+        self.compiled = None
+        self.tail = None
+        self.name = getattr(getattr(fn, "fn", fn), "__name__", str(fn))
+
+    @property
+    def tuned(self) -> bool:
+        """Whether the kernel config is known (no autotuning left to do)."""
+        return self.tuner is None
+
+    def __call__(self, *args) -> None:
+        k = self.compiled
+        if k is not None:
+            g = self.grid
+            stream = _raw_stream(self.device_index)
+            enter, leave = _RUNTIME.launch_enter_hook, _RUNTIME.launch_exit_hook
+            if enter.calls or leave.calls:  # a profiler is listening: give it what Triton gives
+                full = args + self.tail
+                k.run(g[0], g[1], g[2], stream, k.function, k.packed_metadata,
+                      k.launch_metadata(g, stream, *full), enter, leave, *full)
+            else:
+                k.run(g[0], g[1], g[2], stream, k.function, k.packed_metadata, None, None, None, *args, *self.tail)
+            return
+        self._slow(args)
+
+    def _slow(self, args) -> None:
+        if self.interpret:
+            run_interpreted(self.fn, self.grid or self.grid_of(self._fixed_kwargs()), args, self._interp_kwargs())
+            return
+        if self.tuner is not None:
+            if caps.capturing_index(self.device_index):
+                kw = self._fixed_kwargs()
+                self.fn[_grid3(self.grid_of(kw))](*args, **kw)
+                return
+            grid = (lambda meta: _grid3(self.grid_of(meta))) if self.grid_of is not None else self.grid
+            self.tuner[grid](*args, **self.kwargs)
+            chosen = {k: v for k, v in config_kwargs(self.tuner.best_config).items() if k != "pre_hook"}
+            self.kwargs = {**self.kwargs, **chosen}
+            self.config = dict(chosen)
+            if self.grid_of is not None:
+                self.grid = _grid3(self.grid_of(self.kwargs))
+            self.tuner = None  # from now on: the plain kernel with the chosen config
+            return
+        if self.grid is None:
+            self.grid = _grid3(self.grid_of(self.kwargs))
+        k = self.fn[self.grid](*args, **self.kwargs)
+        if getattr(k, "function", None) is not None:
+            self._keep(k, len(args))
+
+    def _keep(self, k, nargs: int) -> None:
+        """Remember the compiled kernel and the constexpr tail of its argument list."""
+        names = self.fn.arg_names[nargs:]
+        tail = []
+        for name, param in zip(names, self.fn.params[nargs:]):
+            if name in self.kwargs:
+                tail.append(self.kwargs[name])
+            elif param.has_default:
+                tail.append(param.default)
+            else:  # an argument passed by keyword that is not a constexpr: keep Triton's path
+                return
+        self.tail = tuple(tail)
+        self.compiled = k
+
+    def _fixed_kwargs(self) -> dict:
+        kw = dict(self.kwargs)
+        if self.tuner is not None and self.fixed is not None:
+            kw.update(config_kwargs(self.fixed))
+        return kw
+
+    def _interp_kwargs(self) -> dict:
+        return {k: v for k, v in self._fixed_kwargs().items() if k not in _OPTION_NAMES}
+
+
+def _grid3(grid) -> tuple:
+    if isinstance(grid, int):
+        return (grid, 1, 1)
+    g = tuple(int(x) for x in grid)
+    return g + (1,) * (3 - len(g))

@@ -1,0 +1,183 @@
+"""Device capabilities and constants: the one place host code and kernels read them.
+
+Nothing here imports the rest of numasched, so every layer (kernels included) may use it.
+
+* constants: ``LOG2E``, ``LN2``, ``INT32_MAX``;
+* where kernels run: :func:`interpreting` (Triton's interpreter, read at call time, not at
+  import), :func:`kernel_device_ok`, :func:`launch_device`;
+* what the GPU has: :func:`num_sms`, :func:`capability`, :func:`tma_supported`, :func:`is_hip`;
+* index widths: :func:`span` (largest element offset of a view), :func:`needs_int64`;
+* streams: :func:`stream_handle`, :func:`capturing`.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+
+import torch
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+INT32_MAX = 2**31 - 1
+
+#: SM count the host plans with on the interpreter: a small pretend GPU, so that CPU tests exercise
+#: several splits, persistent loops with several trips and partial last waves.
+INTERPRETER_SMS = 4
+
+
+def interpreting() -> bool:
+    """Whether Triton's interpreter runs kernels (``TRITON_INTERPRET=1``), read now.
+
+    Triton decides per ``@triton.jit`` function when the function is defined; numasched decides
+    per call, and :func:`numasched._launch.interpreted` turns kernels defined before the variable
+    was set into interpreted ones, so setting it after ``import numasched`` works."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def is_hip() -> bool:
+    """A ROCm build of torch (AMD GPUs)."""
+    return getattr(torch.version, "hip", None) is not None
+
+
+def kernel_device_ok(t: torch.Tensor) -> bool:
+    """Whether a Triton kernel can run on ``t``'s device: CUDA/ROCm, or CPU under the interpreter."""
+    if t.is_cuda:
+        return True
+    return t.device.type == "cpu" and interpreting()
+
+
+class _Nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+_NOTHING = _Nothing()
+
+
+def launch_device(t: torch.Tensor):
+    """Context for launching on ``t``'s GPU: Triton launches on the *current* device, so switch to
+    ``t``'s when it is another one (a no-op otherwise: ``torch.cuda.device`` costs microseconds)."""
+    if t.is_cuda and t.device.index != torch.cuda.current_device():
+        return torch.cuda.device(t.device)
+    return _NOTHING
+
+
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple:
+    return torch.cuda.get_device_capability(index)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def capability(device: torch.device) -> tuple:
+    """(major, minor) compute capability of a CUDA device (cached: a query costs microseconds)."""
+    return _capability(_index(device))
+
+
+def num_sms(device: torch.device) -> int:
+    """SMs (NVIDIA) or CUs (AMD) of a GPU; :data:`INTERPRETER_SMS` for the interpreter."""
+    if device.type != "cuda":
+        return INTERPRETER_SMS
+    return _sm_count(_index(device))
+
+
+def tma_supported(device: torch.device) -> bool:
+    """Hopper-class TMA (tensor descriptors): NVIDIA sm_90+ only; never on AMD or the interpreter."""
+    if device.type != "cuda" or is_hip():
+        return False
+    return capability(device)[0] >= 9
+
+
+def span(t: torch.Tensor) -> int:
+    """Largest element offset of ``t`` from its first element (0 for an empty tensor)."""
+    return sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride()) if s > 0)
+
+
+def needs_int64(*tensors: torch.Tensor) -> bool:
+    """Whether some tensor's largest element offset overflows int32 (kernels then use int64)."""
+    return any(span(t) > INT32_MAX for t in tensors if t is not None)
+
+
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def stream_handle(device: torch.device) -> int:
+    """The current stream of a device as an integer handle (0 on CPU); no Stream object is built."""
+    if device.type != "cuda":
+        return 0
+    if _raw_stream is not None:
+        return _raw_stream(_index(device))
+    return torch.cuda.current_stream(device).cuda_stream  # pragma: no cover - older torch
+
+
+def capturing(device: torch.device) -> bool:
+    """Whether a CUDA graph is being captured on the device's current stream."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def capturing_index(index) -> bool:
+    """:func:`capturing` for a CUDA device index (None: not a CUDA device)."""
+    return index is not None and torch.cuda.is_current_stream_capturing()
+
+
+# ------------------------------------------------------------------------------ interpreter
+# Triton picks JIT or interpreter per @triton.jit function when it is defined. numasched decides
+# per call (interpreting()), so a kernel or device function defined before TRITON_INTERPRET=1 was
+# set must still run interpreted: these helpers do that (triton is imported only when used).
+_INTERPRETED: dict = {}
+
+
+def interpreted(fn):
+    """``fn`` as the interpreter runs it: a JIT function defined while TRITON_INTERPRET was unset
+    is wrapped; an Autotuner is unwrapped to its kernel; anything else is returned as is."""
+    import triton
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    if isinstance(fn, triton.runtime.Autotuner):
+        return interpreted(fn.fn)
+    if isinstance(fn, JITFunction):
+        w = _INTERPRETED.get(fn.fn)
+        if w is None:
+            w = _INTERPRETED[fn.fn] = InterpretedFunction(fn.fn)
+        return w
+    return fn
+
+
+def _interpreted_call(self, *args, **kwargs):
+    return interpreted(self)(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def nested_jit_interpreted():
+    """While interpreting: a JIT function called from inside a kernel (a helper, or a policy passed
+    as a constexpr) runs interpreted instead of raising "Cannot call @triton.jit'd outside of the
+    scope of a kernel"."""
+    from triton.runtime.jit import JITFunction
+
+    old = JITFunction.__call__
+    if old is _interpreted_call:
+        yield
+        return
+    JITFunction.__call__ = _interpreted_call
+    try:
+        yield
+    finally:
+        JITFunction.__call__ = old
+
+
+def run_interpreted(fn, grid, args, kwargs) -> None:
+    """One launch of ``fn`` through Triton's interpreter, whenever the kernel was defined."""
+    with nested_jit_interpreted():
+        interpreted(fn)[grid](*args, **kwargs)

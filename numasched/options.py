@@ -1,0 +1,126 @@
+"""Process-wide options that plans depend on, as one frozen dataclass.
+
+    >>> numasched.options.current().autotune
+    >>> numasched.options.set(autotune=False)            # from now on
+    >>> with numasched.options.use(check_data=False):    # for a block
+    ...     numasched.flash_decode(...)
+
+Plans are cached with the :class:`Options` value in their key, so changing an option never
+reuses a plan made under another value. Environment variables give the defaults, read once when
+numasched is imported (they are not read per call):
+
+    NUMASCHED_AUTOTUNE=0        autotune -> False
+    NUMASCHED_CHECK_DATA=0      check_data -> False
+    NUMASCHED_DECODE_COMBINE    decode_combine ("auto", "fused" or "kernel")
+    NUMASCHED_GEMM_FLATTEN=0    gemm_flatten -> False
+    NUMASCHED_DIST_TMA=0/1      dist_tma -> False / True
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+__all__ = ["Options", "current", "set", "use", "from_env"]
+
+COMBINE_MODES = ("auto", "fused", "kernel")
+
+
+@dataclass(frozen=True)
+class Options:
+    """What a plan may depend on besides its call's arguments.
+
+    Attributes:
+        autotune: on a GPU, tune kernel configs on the first call of a new shape class (False:
+            the fixed configs, no tuning; the interpreter never tunes).
+        check_data: flash_decode reads ``cache_seqlens`` and ``block_table`` to range-check them
+            (one device sync per call, skipped inside CUDA-graph capture). With False, an
+            out-of-range page index is clamped by the kernel to the last page (wrong output for
+            that sequence, never an out-of-bounds read); see docs/api.md.
+        decode_combine: how flash_decode merges split partials: "auto", "fused" (the last split
+            to finish merges, one launch) or "kernel" (a second launch).
+        gemm_flatten: fuse the persistent GEMM's tile and K loops (the pipeliner then prefetches
+            the next tile during an epilogue).
+        dist_tma: TMA descriptors in the fused distributed GEMMs; None: on Hopper+ NVIDIA GPUs.
+    """
+
+    autotune: bool = True
+    check_data: bool = True
+    decode_combine: str = "auto"
+    gemm_flatten: bool = True
+    dist_tma: Optional[bool] = None
+
+    def __post_init__(self):
+        for f in ("autotune", "check_data", "gemm_flatten"):
+            if not isinstance(getattr(self, f), bool):
+                raise TypeError(f"Options.{f} must be a bool, got {getattr(self, f)!r}")
+        if self.decode_combine not in COMBINE_MODES:
+            raise ValueError(f"Options.decode_combine must be one of {COMBINE_MODES}, got {self.decode_combine!r}")
+        if self.dist_tma is not None and not isinstance(self.dist_tma, bool):
+            raise TypeError(f"Options.dist_tma must be True, False or None, got {self.dist_tma!r}")
+
+    def __hash__(self):  # plan keys hash this on every call: compute once
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash(tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    def replace(self, **changes) -> "Options":
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise TypeError(f"unknown option(s) {sorted(unknown)}; options are "
+                            f"{[f.name for f in dataclasses.fields(self)]}")
+        return dataclasses.replace(self, **changes)
+
+
+def from_env(environ=None) -> Options:
+    """The options the environment variables ask for (see the module doc)."""
+    env = os.environ if environ is None else environ
+
+    def flag(name, default):
+        v = env.get(name)
+        return default if v is None else v != "0"
+
+    tma = env.get("NUMASCHED_DIST_TMA")
+    return Options(autotune=flag("NUMASCHED_AUTOTUNE", True), check_data=flag("NUMASCHED_CHECK_DATA", True),
+                   decode_combine=env.get("NUMASCHED_DECODE_COMBINE", "auto"),
+                   gemm_flatten=flag("NUMASCHED_GEMM_FLATTEN", True),
+                   dist_tma=None if tma not in ("0", "1") else tma == "1")
+
+
+_CURRENT = from_env()
+
+
+def current() -> Options:
+    """The options in force now."""
+    return _CURRENT
+
+
+def set(options: Optional[Options] = None, **changes) -> Options:  # noqa: A001 - numasched.options.set
+    """Replace the process-wide options (an Options, and/or field changes); returns the old ones."""
+    global _CURRENT
+    if options is not None and not isinstance(options, Options):
+        raise TypeError(f"options must be an Options, got {type(options).__name__}")
+    old = _CURRENT
+    _CURRENT = (options or old).replace(**changes)
+    return old
+
+
+class use:
+    """``with numasched.options.use(autotune=False): ...`` changes options for a block."""
+
+    def __init__(self, options: Optional[Options] = None, **changes):
+        base = options if options is not None else _CURRENT
+        if not isinstance(base, Options):
+            raise TypeError(f"options must be an Options, got {type(options).__name__}")
+        self._new = base.replace(**changes)
+
+    def __enter__(self) -> Options:
+        self._old = set(self._new)
+        return self._new
+
+    def __exit__(self, *exc):
+        set(self._old)
+        return False
