@@ -1,4 +1,10 @@
-"""``numasched bench SUITE [suite args]``: each suite is a module numasched.bench.<suite> with main(argv)."""
+"""``numasched bench SUITE [suite args]``: each suite is a module numasched.bench.<suite> with
+``build_parser()`` and ``main(argv) -> int``.
+
+Every suite takes ``--dry-run`` (parse and validate the arguments, print the planned points and
+contenders, exit 0 without a GPU and without timing) and ``--out-dir`` (results folder; default:
+see numasched.bench.common). Exit codes: 0 ok, 2 bad usage or no GPU to run on, 1 a failed run.
+"""
 from __future__ import annotations
 
 import importlib
@@ -9,14 +15,14 @@ SUITES = {
     "gemm": "GEMM vs cuBLAS (torch.matmul)",
     "policies": "effect of the mapping policies on this GPU (time per policy, per kernel)",
     "distributed": "all-gather+GEMM, GEMM+reduce-scatter, distributed decode (torchrun, 2+ GPUs)",
-    "host_overhead": "Python host time per eager call of the public calls (launch replaced by a no-op)",
+    "host_overhead": "host time per eager call of the public calls vs torch's equivalents (GPU)",
 }
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("bench", help="run a benchmark suite side by side with its peers",
                        description="Suites: " + "; ".join(f"{k}: {v}" for k, v in SUITES.items()))
-    p.add_argument("suite", choices=sorted(SUITES))
+    p.add_argument("suite", choices=sorted(SUITES), help="the suite to run (see above)")
     p.add_argument("suite_args", nargs="...", help="arguments for the suite (--help for its own)")
     p.set_defaults(func=_run)
 

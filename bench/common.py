@@ -2,7 +2,22 @@
 
 Every suite measures numasched side by side with its peers in one run, reports ratios and the
 fraction of a *measured* limit (streaming-read bandwidth, cuBLAS rate, link bandwidth), and writes
-its rows with the device, date and versions under bench/results/.
+its rows with the device, date and versions to the results folder.
+
+Results folder (:func:`results_dir`), first match wins:
+
+1. the suite's ``--out-dir DIR``;
+2. the environment variable ``NUMASCHED_RESULTS_DIR``;
+3. ``./bench/results`` if that folder exists in the current working directory: run from the root
+   of a numasched checkout, results land beside the committed ones (bench/results/);
+4. ``./bench-results`` in the current working directory (created on first use).
+
+Relative paths are taken from the current working directory when a suite writes. Results never go
+into the installed package (site-packages/numasched/bench), whatever the install.
+
+rich (tables, progress bars) and matplotlib (PNG plots) are optional (``pip install
+'numasched[cli]'``): without rich the tables print as plain text, without matplotlib no PNG is
+written (a note says so).
 """
 from __future__ import annotations
 
@@ -14,7 +29,25 @@ import platform
 from pathlib import Path
 from typing import Callable, Iterable, List, Optional
 
-RESULTS_DIR = Path(os.environ.get("NUMASCHED_RESULTS_DIR", Path(__file__).resolve().parent / "results"))
+from numasched.probe.bandwidth import stream_read_bw  # noqa: F401  (measured read bandwidth; lives with the probe)
+
+
+def results_dir(out_dir=None) -> Path:
+    """The folder results go to (the rule in the module doc); not created here."""
+    if out_dir:
+        return Path(out_dir).expanduser()
+    env = os.environ.get("NUMASCHED_RESULTS_DIR")
+    if env:
+        return Path(env).expanduser()
+    repo = Path.cwd() / "bench" / "results"
+    return repo if repo.is_dir() else Path.cwd() / "bench-results"
+
+
+def __getattr__(name):
+    # RESULTS_DIR: the default results folder, resolved when read (the working directory of the run)
+    if name == "RESULTS_DIR":
+        return results_dir()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def env_info() -> dict:
@@ -113,18 +146,6 @@ def graph_replay_ms(fn: Callable[[], object], *, warmup: int = 10, iters: int = 
 _LIMITS: dict = {}
 
 
-def stream_read_bw() -> float:
-    """Measured streaming-read bandwidth (bytes/s): torch sum over 1 GiB of fp32 (cached per process)."""
-    import torch
-
-    if "read" not in _LIMITS:
-        x = torch.rand(256 * 1024 * 1024, device="cuda")
-        ms = bench_ms(lambda: x.sum(), warmup=10, rep=50)
-        _LIMITS["read"] = x.numel() * 4 / (ms * 1e-3)
-        del x
-    return _LIMITS["read"]
-
-
 def matmul_rate(n: int = 8192) -> float:
     """Measured bf16 cuBLAS rate (FLOP/s) at n^3 on random data (cached per process)."""
     import torch
@@ -139,22 +160,31 @@ def matmul_rate(n: int = 8192) -> float:
 
 
 def progress(iterable: Iterable, description: str, total: Optional[int] = None):
-    """A rich progress bar over ``iterable``."""
-    from rich.progress import track
-
+    """A rich progress bar over ``iterable`` (the plain iterable when rich is not installed)."""
+    try:
+        from rich.progress import track
+    except ImportError:
+        return iterable
     return track(iterable, description=description, total=total, transient=False)
+
+
+def text_table(title: str, columns: List[str], rows: List[dict]) -> str:
+    """``rows`` as a plain-text table (what the .log files hold, and the screen without rich)."""
+    cells = [[_fmt(r.get(c)) for c in columns] for r in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    line = lambda cs: "  ".join(c.ljust(w) for c, w in zip(cs, widths)).rstrip()  # noqa: E731
+    return "\n".join([title, line(columns), "  ".join("-" * w for w in widths)] + [line(r) for r in cells])
 
 
 def write_results(suite: str, rows: List[dict], *, columns: Optional[List[str]] = None,
                   plot: Optional[Callable] = None, out_dir: Optional[Path] = None, meta: Optional[dict] = None,
-                  gpus: int = 1) -> dict:
-    """Print a table, write CSV + JSON metadata (+ PNG if ``plot(rows, path)`` is given). Returns the paths.
-    Files are named ``<suite>-<device>-<date>``; a multi-GPU run (``gpus`` > 1) names the device
-    ``<gpus>x<device>`` so runs on different world sizes never overwrite each other."""
-    from rich.console import Console
-    from rich.table import Table
-
-    out_dir = Path(out_dir or RESULTS_DIR)
+                  gpus: int = 1, log: Optional[str] = None) -> dict:
+    """Print a table, write CSV + JSON metadata (+ PNG if ``plot(rows, path)`` is given and
+    matplotlib is installed; + ``.log`` holding the table as text and ``log`` after it, if ``log``
+    is given). Returns the paths. Files are named ``<suite>-<device>-<date>`` in
+    :func:`results_dir`; a multi-GPU run (``gpus`` > 1) names the device ``<gpus>x<device>`` so
+    runs on different world sizes never overwrite each other."""
+    out_dir = results_dir(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     info = env_info()
     if meta:
@@ -162,24 +192,38 @@ def write_results(suite: str, rows: List[dict], *, columns: Optional[List[str]] 
     dev = device_slug() if gpus <= 1 else f"{gpus}x{device_slug()}"
     stem = f"{suite}-{dev}-{info['date'][:10]}"
     columns = columns or (list(rows[0].keys()) if rows else [])
-    table = Table(title=f"{suite} on {info.get('device')} ({info['date']}, torch {info['torch']}, triton {info['triton']})")
-    for c in columns:
-        table.add_column(c)
-    for r in rows:
-        table.add_row(*[_fmt(r.get(c)) for c in columns])
-    Console(width=200).print(table)
+    title = f"{suite} on {info.get('device')} ({info['date']}, torch {info['torch']}, triton {info['triton']})"
+    text = text_table(title, columns, rows)
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        print(text, flush=True)
+    else:
+        table = Table(title=title)
+        for c in columns:
+            table.add_column(c)
+        for r in rows:
+            table.add_row(*[_fmt(r.get(c)) for c in columns])
+        Console(width=200).print(table)
     paths = {"csv": out_dir / f"{stem}.csv", "json": out_dir / f"{stem}.json"}
+    if log is not None:
+        paths["log"] = out_dir / f"{stem}.log"
+        paths["log"].write_text(text + "\n" + (log + "\n" if log else ""))
     with open(paths["csv"], "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
     paths["json"].write_text(json.dumps({"env": info, "rows": rows}, indent=1, default=str))
     if plot is not None and rows:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        paths["png"] = out_dir / f"{stem}.png"
-        plot(rows, paths["png"])
+        try:
+            import matplotlib
+        except ImportError:
+            print("no PNG plot: matplotlib is not installed (pip install 'numasched[cli]')", flush=True)
+        else:
+            matplotlib.use("Agg")
+            paths["png"] = out_dir / f"{stem}.png"
+            plot(rows, paths["png"])
     return paths
 
 
@@ -189,18 +233,32 @@ def _fmt(v) -> str:
     return "" if v is None else str(v)
 
 
-def check_runnable(suite: str, dry_run: bool) -> Optional[int]:
-    """None if the suite can run here; else print why and return the exit code (2).
+def check_runnable(suite: str, cpu_check: bool = False) -> Optional[int]:
+    """None if the suite can run here; else print one line saying why (stderr) and return the
+    exit code, 2.
 
-    A suite needs a CUDA GPU, or ``--dry-run`` under TRITON_INTERPRET=1 (Triton reads it at import)."""
+    A suite needs a CUDA GPU, or (suites with ``--cpu-check``) TRITON_INTERPRET=1 in the
+    environment for a run end to end in Triton's interpreter (Triton reads it at import)."""
     import sys
 
     import torch
 
-    if dry_run and os.environ.get("TRITON_INTERPRET") != "1":
-        print("--dry-run needs TRITON_INTERPRET=1 in the environment (triton reads it at import)", file=sys.stderr)
+    if cpu_check and os.environ.get("TRITON_INTERPRET") != "1":
+        print("--cpu-check needs TRITON_INTERPRET=1 in the environment (triton reads it at import)", file=sys.stderr)
         return 2
-    if not torch.cuda.is_available() and not dry_run:
-        print(f"numasched bench {suite} needs a CUDA GPU (or --dry-run)", file=sys.stderr)
+    if not torch.cuda.is_available() and not cpu_check:
+        print(f"numasched bench {suite} needs a CUDA GPU (found none); --dry-run shows what it would run",
+              file=sys.stderr)
         return 2
     return None
+
+
+def print_plan(suite: str, lines: List[str], contenders: List[str]) -> int:
+    """What ``--dry-run`` prints: the planned points and contenders; returns exit code 0."""
+    print(f"numasched bench {suite} --dry-run: {len(lines)} point(s), nothing timed")
+    for line in lines:
+        print(f"  {line}")
+    print("contenders:")
+    for c in contenders:
+        print(f"  {c}")
+    return 0

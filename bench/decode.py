@@ -20,7 +20,8 @@ graph times, ``ratio_eager`` on eager times. Our figures are for the default (fu
 ``ours_kernel_combine_us`` is the separate-kernel variant. A line is printed per point as it
 finishes and the CSV so far is rewritten (``*.partial.csv``), so a run cut short keeps its rows.
 
-    numasched bench decode --host            # host time per eager call (CPU: launches stubbed)
+    numasched bench decode --host            # host time per eager call (GPU), SDPA cuDNN beside it
+    numasched bench decode --dry-run         # the points and contenders, without a GPU
 
     numasched bench decode --quick
     numasched bench decode --heads gqa        # the full grid, one head config per run
@@ -41,29 +42,79 @@ PAGE = 16
 SDPA_BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION")
 
 
-def _parse(argv):
+def _decode_mapping(text: str) -> str:
+    """argparse type of --mapping: "auto" or a registered decode policy."""
+    from numasched import mappings as M
+
+    if text == "auto" or text in M.available("decode"):
+        return text
+    raise argparse.ArgumentTypeError(f"expected 'auto' or a decode policy ({', '.join(M.available('decode'))}), "
+                                     f"got {text!r}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from numasched.cli import out_dir, positive_float, positive_int
+
     p = argparse.ArgumentParser(prog="numasched bench decode", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help=f"a handful of points: {QUICK_POINTS}")
     p.add_argument("--heads", choices=["gqa", "mha", "all"], default="all",
                    help="32 query / 8 KV heads (gqa), 32 / 32 (mha), or both")
-    p.add_argument("--batch", type=int, nargs="+", default=BATCHES)
-    p.add_argument("--ctx", type=int, nargs="+", default=CONTEXTS)
-    p.add_argument("--max-gb", type=float, default=40.0, help="skip points whose K+V cache exceeds this")
+    p.add_argument("--batch", type=positive_int, nargs="+", default=BATCHES, help=f"batch sizes (default {BATCHES})")
+    p.add_argument("--ctx", type=positive_int, nargs="+", default=CONTEXTS,
+                   help=f"context lengths in tokens (default {CONTEXTS})")
+    p.add_argument("--max-gb", type=positive_float, default=40.0, help="skip points whose K+V cache exceeds this (GB)")
     p.add_argument("--no-flex", action="store_true", help="skip FlexAttention (it compiles once per shape)")
-    p.add_argument("--no-flashinfer", action="store_true")
-    p.add_argument("--mapping", default="auto", help="numasched mapping policy (default auto)")
+    p.add_argument("--no-flashinfer", action="store_true", help="skip FlashInfer even if it is installed")
+    p.add_argument("--mapping", type=_decode_mapping, default="auto", help="numasched mapping policy (default auto)")
     p.add_argument("--flashinfer-both", action="store_true",
                    help="time FlashInfer with and without tensor cores (default: tensor cores for group >= 4)")
-    p.add_argument("--sweep-splits", type=int, nargs="*", default=None,
+    p.add_argument("--sweep-splits", type=positive_int, nargs="*", default=None,
                    help="also time numasched at these split counts (extra rows; data for the split heuristic)")
-    p.add_argument("--rep", type=int, default=100, help="timing window per measurement, ms")
+    p.add_argument("--rep", type=positive_int, default=100, help="timing window per measurement, ms")
     p.add_argument("--no-graph", action="store_true", help="skip the CUDA-graph timings")
     p.add_argument("--host", action="store_true",
-                   help="only measure host time per eager numasched.flash_decode call (and SDPA on a GPU)")
-    p.add_argument("--calls", type=int, default=1000, help="calls per --host measurement")
-    p.add_argument("--out-dir", default=None)
-    return p.parse_args(argv)
+                   help="only measure host time per eager numasched.flash_decode call, SDPA cuDNN beside it (GPU)")
+    p.add_argument("--calls", type=positive_int, default=1000, help="calls per --host measurement")
+    p.add_argument("--out-dir", type=out_dir, default=None, help="results folder (default: see numasched.bench.common)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the points and contenders and exit (no GPU needed, nothing timed)")
+    return p
+
+
+def _parse(argv):
+    return build_parser().parse_args(argv)
+
+
+def _dry_run(args) -> int:
+    """The points (with the split count numasched would pick) and the contenders, nothing timed."""
+    from numasched.decode import choose_num_splits
+
+    from .common import print_plan
+
+    sms = 132  # H200/H100 SXM: the split counts a GPU run would use there
+    if args.host:
+        return print_plan("decode --host", ["gqa 32/8, batch 1, ctx 1024, d128: contiguous (auto splits, 1 split), "
+                                            "paged 16, torch.ops.numasched.flash_decode"],
+                          ["numasched.flash_decode", "SDPA cuDNN (with sdpa_kernel context)",
+                           f"{args.calls} calls per measurement"])
+    lines = []
+    for hname, B, L in _points(args):
+        H, HK = HEADS[hname]
+        kv_gb = 2 * B * L * HK * HEAD_DIM * 2 / 1e9
+        if kv_gb > args.max_gb:
+            lines.append(f"{hname} {H}/{HK} batch {B} ctx {L}: skipped (K+V {kv_gb:.1f} GB > --max-gb {args.max_gb:g})")
+            continue
+        lines.append(f"{hname} {H}/{HK} batch {B} ctx {L} d{HEAD_DIM}: K+V {kv_gb:.3f} GB, "
+                     f"{choose_num_splits(B, HK, L, sms)} splits on {sms} SMs"
+                     + (f", also splits {args.sweep_splits}" if args.sweep_splits else ""))
+    contenders = [f"numasched ({args.mapping}) {layout}, combine fused and kernel"
+                  for layout in ("contiguous (BHLD view)", "contiguous (BLHD)", f"paged {PAGE}")]
+    contenders += [f"SDPA {be}" for be in SDPA_BACKENDS]
+    contenders += [] if args.no_flex else ["FlexAttention (torch.compile)"]
+    contenders += [] if args.no_flashinfer else ["FlashInfer paged decode (if importable)"]
+    contenders += [] if args.no_graph else ["each also as a CUDA-graph replay"]
+    return print_plan("decode", lines, contenders)
 
 
 def _points(args):
@@ -121,36 +172,23 @@ def _graph_ms(fn: Callable, rep: int, notes: List[str], name: str) -> Optional[f
 
 
 def _host_overhead(calls: int) -> int:
-    """Host microseconds per eager call: wall time of back-to-back calls on a small cache.
+    """Host microseconds per eager call: wall time of back-to-back calls on a small cache (GPU).
 
-    On a GPU the launches are real and the cache small (1 x 1024 tokens, GQA 32/8), so the loop is
-    host-bound; SDPA (cuDNN) is timed the same way for scale. Without a GPU the Triton launches are
-    replaced by no-ops (interpreter tensors), which times numasched's Python path alone.
+    The launches are real and the cache small (1 x 1024 tokens, GQA 32/8), so the loop is
+    host-bound; SDPA (cuDNN) is timed the same way for scale. The data checks are off
+    (``options.check_data=False``, as in a serving loop: they synchronise). The GPU is
+    synchronised at the end of each round. ``numasched bench host_overhead`` compares every public
+    call with torch's equivalent.
     """
-    import os
     import time
 
-    os.environ.setdefault("TRITON_INTERPRET", "1")
     import torch
     import torch.nn.functional as F
-    import triton
+    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     import numasched
-    import numasched.decode as ND
-    from numasched.kernels import flash_decode as FD
 
-    ND.CHECK_DATA = False
-    cuda = torch.cuda.is_available()
-    dev, dt = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float16)
-    if not cuda:
-        class _NoLaunch:
-            best_config = triton.Config({"BLOCK_N": 64}, num_warps=4, num_stages=3)
-
-            def __getitem__(self, grid):
-                return lambda *a, **k: None
-
-        FD._interpreting = lambda device: False  # the GPU branch of the launch path
-        FD._flash_decode_kernel = FD._flash_decode_tuned = FD._combine_kernel = _NoLaunch()
+    dev, dt = "cuda", torch.bfloat16
     B, H, HK, D, L, page = 1, 32, 8, 128, 1024, 16
     q = torch.randn(B, H, D, device=dev, dtype=dt)
     k = torch.randn(B, L, HK, D, device=dev, dtype=dt)
@@ -158,59 +196,63 @@ def _host_overhead(calls: int) -> int:
     lens = torch.full((B,), L, dtype=torch.int32, device=dev)
     bt = torch.arange(L // page, dtype=torch.int32, device=dev).view(1, -1)
     kp, vp = k.view(L // page, page, HK, D), v.view(L // page, page, HK, D)
+    kb, vb, q4 = k.transpose(1, 2), v.transpose(1, 2), q.view(B, H, 1, D)
+
+    def sdpa():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return F.scaled_dot_product_attention(q4, kb, vb, enable_gqa=True)
+
     cases = {
         "numasched contiguous, auto splits": lambda: numasched.flash_decode(q, k, v, cache_seqlens=lens),
         "numasched contiguous, 1 split": lambda: numasched.flash_decode(q, k, v, cache_seqlens=lens, num_splits=1),
         "numasched paged 16": lambda: numasched.flash_decode(q, kp, vp, cache_seqlens=lens, block_table=bt),
         "torch.ops.numasched.flash_decode": lambda: torch.ops.numasched.flash_decode(q, k, v, lens, None, None,
                                                                                      None, "auto"),
+        "SDPA cuDNN (with sdpa_kernel context)": sdpa,
     }
-    if cuda:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        kb, vb, q4 = k.transpose(1, 2), v.transpose(1, 2), q.view(B, H, 1, D)
-
-        def sdpa():
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                return F.scaled_dot_product_attention(q4, kb, vb, enable_gqa=True)
-
-        cases["SDPA cuDNN (with sdpa_kernel context)"] = sdpa
-    print(f"host time per eager call ({'GPU launches' if cuda else 'CPU, Triton launches stubbed'}), "
-          f"best of 3 x {calls} calls:")
-    for name, fn in cases.items():
-        for _ in range(20):
-            fn()
-        best = float("inf")
-        for _ in range(3):
-            if cuda:
-                torch.cuda.synchronize()
-            t = time.perf_counter()
-            for _ in range(calls):
+    print(f"host time per eager call (GPU launches), best of 3 x {calls} calls:")
+    with numasched.options.use(check_data=False):
+        for name, fn in cases.items():
+            for _ in range(20):
                 fn()
-            if cuda:
+            best = float("inf")
+            for _ in range(3):
                 torch.cuda.synchronize()
-            best = min(best, (time.perf_counter() - t) / calls * 1e6)
-        print(f"  {name:40s} {best:8.1f} us/call", flush=True)
+                t = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                torch.cuda.synchronize()
+                best = min(best, (time.perf_counter() - t) / calls * 1e6)
+            print(f"  {name:40s} {best:8.1f} us/call", flush=True)
     return 0
 
 
 def main(argv=None) -> int:
+    args = _parse(argv)
+    if args.dry_run:
+        return _dry_run(args)
+    from .common import check_runnable
+
+    if (rc := check_runnable("decode")) is not None:
+        return rc
+    if args.host:
+        return _host_overhead(args.calls)
+    import numasched
+
+    # the data checks synchronise; a serving loop turns them off too
+    with numasched.options.use(check_data=False):
+        return _bench(args)
+
+
+def _bench(args) -> int:
     import torch
     import torch.nn.functional as F
 
     import numasched
-    import numasched.decode as ND
-    from numasched.kernels import flash_decode as FD
+    from numasched.decode import choose_num_splits
 
     from .common import progress, stream_read_bw, write_results
 
-    args = _parse(argv)
-    if args.host:
-        return _host_overhead(args.calls)
-    if not torch.cuda.is_available():
-        print("numasched bench decode needs a CUDA GPU")
-        return 1
-    ND.CHECK_DATA = False  # the data checks synchronise; a serving loop turns them off too
     dev = torch.device("cuda")
     dt = torch.bfloat16
     read_bw = stream_read_bw()
@@ -248,7 +290,7 @@ def main(argv=None) -> int:
             rows.append(dict(base, layout="-", note=f"skipped: K+V {kv_bytes / 1e9:.1f} GB > --max-gb"))
             continue
         nbytes = kv_bytes + 2 * B * H * D * 2
-        splits = FD.choose_num_splits(B, HK, L, sms)
+        splits = choose_num_splits(B, HK, L, sms)
         q = torch.randn(B, H, D, device=dev, dtype=dt)
         q4 = q.view(B, H, 1, D)
         lens = torch.full((B,), L, dtype=torch.int32, device=dev)
@@ -261,13 +303,13 @@ def main(argv=None) -> int:
             res = {}
             out = None
             for combine in ("fused", "kernel"):
-                FD.COMBINE_MODE = combine
-                fn = lambda: numasched.flash_decode(q, k, v, cache_seqlens=lens, block_table=bt,  # noqa: E731
-                                                    mapping=args.mapping)
-                t, tg, o = timed(fn, notes, f"numasched {layout} {combine}")
+                # plans are cached with the options in their key: each mode gets a plan of its own
+                with numasched.options.use(decode_combine=combine):
+                    fn = lambda: numasched.flash_decode(q, k, v, cache_seqlens=lens, block_table=bt,  # noqa: E731
+                                                        mapping=args.mapping)
+                    t, tg, o = timed(fn, notes, f"numasched {layout} {combine}")
                 res[combine], res[f"{combine}_graph"] = t, tg
                 out = o if out is None else out
-            FD.COMBINE_MODE = "auto"
             ours[layout] = res
             for s in args.sweep_splits or ():
                 fn = lambda: numasched.flash_decode(q, k, v, cache_seqlens=lens, block_table=bt,  # noqa: E731
@@ -401,11 +443,10 @@ def _line(row: Dict) -> str:
 def _write_partial(rows: List[Dict], out_dir) -> None:
     """Rewrite the CSV of the rows so far (<suite>-<device>-<date>.partial.csv) after every point."""
     import csv
-    from pathlib import Path
 
-    from .common import RESULTS_DIR, device_slug, env_info
+    from .common import device_slug, env_info, results_dir
 
-    d = Path(out_dir or RESULTS_DIR)
+    d = results_dir(out_dir)
     d.mkdir(parents=True, exist_ok=True)
     path = d / f"decode-{device_slug()}-{env_info()['date'][:10]}.partial.csv"
     with open(path, "w", newline="") as f:

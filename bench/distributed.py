@@ -52,29 +52,69 @@ ENV = dict(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NUMASCHED
 H, HK, D = 32, 8, 128
 
 
+def _subset(allowed):
+    """argparse type: a comma-separated subset of ``allowed`` (a callable giving it), kept as text."""
+    def check(text: str) -> str:
+        names = [x for x in text.split(",") if x]
+        bad = [x for x in names if x not in allowed()]
+        if not names or bad:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated subset of {','.join(allowed())}, got {text!r}")
+        return text
+    return check
+
+
+def build_parser():
+    return _parser()
+
+
 def _parser():
+    from numasched.cli import nonneg_int, out_dir, positive_float, positive_int
+
     p = argparse.ArgumentParser(prog="numasched bench distributed", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="small grid (well under a minute of GPU time)")
-    p.add_argument("--nproc", type=int, default=0, help="GPUs to use (default: all visible)")
-    p.add_argument("--only", default="ag,rs,decode", help="comma-separated subset of ag, rs, decode")
-    p.add_argument("--iters", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--calls", type=int, default=5,
+    p.add_argument("--nproc", type=nonneg_int, default=0, help="GPUs to use (default: all visible)")
+    p.add_argument("--only", type=_subset(lambda: ("ag", "rs", "decode")), default="ag,rs,decode",
+                   help="comma-separated subset of ag, rs, decode")
+    p.add_argument("--iters", type=positive_int, default=20, help="timed calls per measurement (every rank)")
+    p.add_argument("--warmup", type=nonneg_int, default=5, help="untimed calls before each measurement")
+    p.add_argument("--calls", type=positive_int, default=5,
                    help="GEMM rows: calls queued back to back per timed sample (1: single eager calls, "
                         "whose host launch work counts)")
-    p.add_argument("--methods", default=",".join(METHODS),
+    p.add_argument("--methods", type=_subset(lambda: METHODS), default=",".join(METHODS),
                    help="comma-separated subset of " + ",".join(METHODS) + " (decode uses bulk, fused, nocomm, gemm)")
-    p.add_argument("--shape-timeout", type=float, default=180.0,
+    p.add_argument("--shape-timeout", type=positive_float, default=180.0,
                    help="wall-clock seconds per shape; past it every rank dumps its stacks and the run stops")
     p.add_argument("--iris-ops", action="store_true", help="also try Iris's own fused ops (separate, time-limited)")
-    p.add_argument("--iris-timeout", type=int, default=240, help="seconds allowed for the Iris-ops run")
+    p.add_argument("--iris-timeout", type=positive_int, default=240, help="seconds allowed for the Iris-ops run")
+    p.add_argument("--out-dir", type=out_dir, default=None,
+                   help="results folder (default: see numasched.bench.common; passed to the ranks)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the shapes and methods and exit (no GPU needed, nothing launched)")
     p.add_argument("--worker", default="", help=argparse.SUPPRESS)
     return p
+
+
+def _dry_run(args) -> int:
+    from .common import print_plan
+
+    world = args.nproc or 2
+    ag, rs, dec = _shapes(args.quick, world)
+    only = args.only.split(",")
+    lines = ([f"all_gather_matmul world {world}: M={M} K={K} N_local={N}" for M, K, N in ag if "ag" in only]
+             + [f"matmul_reduce_scatter world {world}: M={M} K_local={K} N={N}" for M, K, N in rs if "rs" in only]
+             + [f"flash_decode_distributed world {world}: batch {B}, context {S}, {H}/{HK} heads, d{D}"
+                for B, S in dec if "decode" in only])
+    return print_plan("distributed", lines, [f"methods: {args.methods}"]
+                      + (["Iris's own fused ops (separate run)"] if args.iris_ops else []))
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = _parser().parse_args(argv)
+    if args.dry_run:
+        return _dry_run(args)
+    if args.out_dir:   # the ranks (and this process) write there: numasched.bench.common.results_dir
+        os.environ["NUMASCHED_RESULTS_DIR"] = str(os.path.abspath(args.out_dir))
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         return _iris_ops_worker(args) if args.worker == "iris-ops" else _worker(args)
     return _launch(args, argv)
@@ -97,8 +137,9 @@ def _launch(args, argv) -> int:
     cmd_hint = ("NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 torchrun --nproc-per-node 2 "
                 "-m numasched.bench.distributed [--quick]")
     if n < 2:
-        print(f"numasched bench distributed needs 2+ GPUs (found {n}). On a multi-GPU machine run\n  {cmd_hint}")
-        return 0
+        print(f"numasched bench distributed needs 2+ GPUs (found {n}). On a multi-GPU machine run\n  {cmd_hint}",
+              file=sys.stderr)
+        return 2
     env = dict(os.environ, **ENV)
     base = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={n}", "-m", "numasched.bench.distributed"]
     passthrough = _worker_argv(argv)
@@ -246,6 +287,7 @@ def _worker(args) -> int:
 
     import numasched.distributed as nd
     from numasched.distributed._watchdog import Watchdog
+    from numasched.distributed.flash_decode_distributed import default_local_decode
 
     from .common import matmul_rate, write_results
 
@@ -370,7 +412,7 @@ def _worker(args) -> int:
                     "; ".join(x for x in notes if x), host_us=t.get("host_us", nan))
 
     # ------------------------------------------------------------------ distributed decode
-    local_decode = nd._ops.default_local_decode()
+    local_decode = default_local_decode()
 
     def dec_row(B, S):
         try:

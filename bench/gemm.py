@@ -33,13 +33,36 @@ QUICK = [("square 4096", 4096, 4096, 4096), ("square 8192", 8192, 8192, 8192),
 DEFAULT_POLICIES = ["grouped", "chiplet_tiled", "row_major"]
 
 
+def _shape_list(text: str) -> list:
+    """argparse type of --shapes: comma-separated MxNxK, each size >= 1."""
+    out = []
+    for item in (x.strip() for x in text.split(",")):
+        try:
+            m, n, k = (int(x) for x in item.lower().split("x"))
+        except ValueError:
+            m = n = k = 0
+        if min(m, n, k) < 1:
+            raise argparse.ArgumentTypeError(f"expected comma-separated MxNxK sizes >= 1 (e.g. 4096x4096x4096), "
+                                             f"got {item!r}")
+        out.append((f"{m}x{n}x{k}", m, n, k))
+    return out
+
+
+def _policy_list(text: str) -> list:
+    """argparse type of --policies: comma-separated registered GEMM policies."""
+    from numasched import mappings as M
+
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [x for x in names if x not in M.available("gemm")]
+    if not names or bad:
+        raise argparse.ArgumentTypeError(f"expected comma-separated GEMM policies from "
+                                         f"{', '.join(M.available('gemm'))}, got {text!r}")
+    return names
+
+
 def _shapes(args) -> list:
     if args.shapes:
-        out = []
-        for s in args.shapes.split(","):
-            m, n, k = (int(x) for x in s.lower().split("x"))
-            out.append((f"{m}x{n}x{k}", m, n, k))
-        return out
+        return list(args.shapes)
     if args.quick:
         return list(QUICK)
     return [(f"square {n}", n, n, n) for n in SQUARE] + [(name, M_TOKENS, n, k) for name, n, k in LLAMA]
@@ -72,31 +95,47 @@ def _plot(rows, path):
     plt.close(fig)
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    from numasched.cli import out_dir
+
     p = argparse.ArgumentParser(prog="numasched bench gemm", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="3 shapes (4096^3, 8192^3, 16384x14336x8192)")
-    p.add_argument("--shapes", default="", help="comma-separated MxNxK list (overrides the default grid)")
-    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
-    p.add_argument("--policies", default=",".join(DEFAULT_POLICIES), help="comma-separated GEMM policies")
+    p.add_argument("--shapes", type=_shape_list, default=None,
+                   help="comma-separated MxNxK list (overrides the default grid)")
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"], help="operand and output dtype")
+    p.add_argument("--policies", type=_policy_list, default=list(DEFAULT_POLICIES),
+                   help=f"comma-separated GEMM policies (default {','.join(DEFAULT_POLICIES)})")
     p.add_argument("--no-graph", action="store_true", help="time plain calls only (no CUDA graphs)")
     p.add_argument("--no-persistent-split", action="store_true", help="skip the forced persistent/non-persistent runs")
-    p.add_argument("--out-dir", default=None)
-    args = p.parse_args(argv)
+    p.add_argument("--out-dir", type=out_dir, default=None, help="results folder (default: see numasched.bench.common)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the shapes and contenders and exit (no GPU needed, nothing timed)")
+    return p
 
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    policies = list(args.policies)
+    if args.dry_run:
+        from .common import print_plan
+
+        contenders = ["cuBLAS (torch.matmul)"] + [f"numasched.matmul mapping={p}" for p in policies]
+        if not args.no_persistent_split:
+            contenders += [f"numasched.matmul mapping={policies[0]} persistent=True / False"]
+        contenders += ["timed in CUDA graphs, plus eager calls"] if not args.no_graph else ["eager calls"]
+        return print_plan("gemm", [f"{label}: M={m} N={n} K={k} {args.dtype}" for label, m, n, k in _shapes(args)],
+                          contenders)
+    from .common import check_runnable
+
+    if (rc := check_runnable("gemm")) is not None:
+        return rc
     import torch
 
-    if not torch.cuda.is_available():
-        print("numasched bench gemm needs a CUDA GPU")
-        return 2
     import numasched
-    from numasched.kernels import gemm as G
 
     from .common import matmul_rate, progress, write_results
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
-    policies = [s for s in args.policies.split(",") if s]
-    for name in policies:
-        numasched.mappings.get(name)  # fail fast on a typo
     graph = not args.no_graph
     ref_rate = matmul_rate(8192)  # FLOP/s, measured cuBLAS bf16 8192^3
     shapes = _shapes(args)
@@ -119,7 +158,10 @@ def main(argv=None) -> int:
             numasched.matmul(a, b, mapping=pol, out=out)  # autotunes on the first policy
             torch.cuda.synchronize()
             if info is None:
-                info = G.stats["last"]
+                # the plan of that call (the autotuner's choice is cached: this plan reuses it)
+                info = numasched.plan_matmul(a, b, out, mapping=pol)
+                info.run(a, b, out)
+                torch.cuda.synchronize()
                 err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
             per_policy[pol] = _time(lambda: numasched.matmul(a, b, mapping=pol, out=out), graph)
             row[f"{pol}_ms"] = per_policy[pol]

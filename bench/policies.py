@@ -14,6 +14,8 @@ a multi-domain GPU they also decide which domain's L2 holds what.
     numasched bench policies --quick
     numasched bench policies --kinds prefill
     numasched bench policies --l2 [--quick]   # L2 hit rate per policy, read with Nsight Compute
+    numasched bench policies --dry-run        # the cases and policies, without a GPU
+    TRITON_INTERPRET=1 numasched bench policies --cpu-check   # end to end on CPU, tiny sizes
 
 ``--l2`` reruns the same cases under ``ncu`` (clocks left alone: ``--clock-control none``; caches
 flushed before each profiled kernel, ncu's default) with every policy's kernel profiled exactly
@@ -36,7 +38,7 @@ DECODE = [  # (label, B, H, HK, L, D)
     ("decode b32 8k h32/8 d128", 32, 32, 8, 8192, 128),
 ]
 GEMM = [("gemm 8192^3", 8192, 8192, 8192), ("gemm 16384x14336x8192", 16384, 14336, 8192)]
-# --dry-run (CPU, Triton interpreter): tiny sizes, fp32, to check the script end to end
+# --cpu-check (CPU, Triton interpreter): tiny sizes, fp32, to check the script end to end
 DRY = {"prefill": [("prefill tiny", 1, 4, 2, 40, 64, True)], "decode": [("decode tiny", 2, 4, 2, 50, 64)],
        "gemm": [("gemm tiny", 40, 48, 32)]}
 DEV = {"device": "cuda", "dtype": None}  # set in main()
@@ -205,26 +207,64 @@ def _plot(rows, path):
     fig.savefig(path, dpi=120)
 
 
-def main(argv=None) -> int:
+KINDS = ("prefill", "decode", "gemm")
+
+
+def _topology_preset(text: str) -> str:
+    """argparse type of --topology: a preset of numasched.topology."""
+    from numasched.topology import PRESETS
+
+    if text not in PRESETS:
+        raise argparse.ArgumentTypeError(f"expected a topology preset ({', '.join(sorted(PRESETS))}), got {text!r}")
+    return text
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from numasched.cli import out_dir
+
     p = argparse.ArgumentParser(prog="numasched bench policies", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="one size per kernel")
-    p.add_argument("--kinds", nargs="+", default=["prefill", "decode", "gemm"], choices=["prefill", "decode", "gemm"])
-    p.add_argument("--topology", default=None,
+    p.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS, help="kernels to time")
+    p.add_argument("--topology", type=_topology_preset, default=None,
                    help="plan for this topology preset instead of the detected one (changes NUM_DOMAINS)")
-    p.add_argument("--out-dir", default=None)
+    p.add_argument("--out-dir", type=out_dir, default=None, help="results folder (default: see numasched.bench.common)")
     p.add_argument("--l2", action="store_true", help="L2 hit rate per policy with Nsight Compute (ncu)")
     p.add_argument("--l2-worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--dry-run", action="store_true",
-                   help="check the script end to end on CPU (needs TRITON_INTERPRET=1; timings meaningless)")
-    args = p.parse_args(argv)
+                   help="print the cases and policies and exit (no GPU needed, nothing timed)")
+    p.add_argument("--cpu-check", action="store_true",
+                   help="run end to end on CPU (needs TRITON_INTERPRET=1; tiny sizes, timings meaningless)")
+    return p
 
+
+def _dry_run(args) -> int:
+    from numasched import mappings as M
+
+    from .common import print_plan
+
+    sizes = {"prefill": PREFILL, "decode": DECODE, "gemm": GEMM}
+    registry = {"prefill": "attention", "decode": "decode", "gemm": "gemm"}
+    lines, contenders = [], []
+    for kind in args.kinds:
+        for case in (sizes[kind][:1] if args.quick else sizes[kind]):
+            lines.append(f"{case[0]}" + (f" (topology {args.topology})" if args.topology else ""))
+        contenders.append(f"{kind}: every {registry[kind]} policy: {', '.join(M.available(registry[kind]))}")
+    if args.l2:
+        contenders.append("--l2: each under Nsight Compute (L2 hit rate, DRAM bytes, kernel time)")
+    return print_plan("policies", lines, contenders)
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.dry_run:
+        return _dry_run(args)
     import importlib
 
     import torch
 
     from .common import check_runnable
 
-    if (rc := check_runnable("policies", args.dry_run)) is not None:
+    if (rc := check_runnable("policies", args.cpu_check)) is not None:
         return rc
     if args.l2:
         return _l2(args)
@@ -232,8 +272,8 @@ def main(argv=None) -> int:
 
     from .common import bench_ms, progress, write_results
 
-    DEV.update(device="cpu", dtype=torch.float32) if args.dry_run else DEV.update(device="cuda", dtype=torch.bfloat16)
-    if args.dry_run:
+    DEV.update(device="cpu", dtype=torch.float32) if args.cpu_check else DEV.update(device="cuda", dtype=torch.bfloat16)
+    if args.cpu_check:
         import time
 
         def bench_ms(fn):  # noqa: F811
@@ -256,7 +296,7 @@ def main(argv=None) -> int:
         except ImportError as e:
             print(f"skipping {kind}: {module} is not available ({e})")
             continue
-        if args.dry_run:
+        if args.cpu_check:
             sizes = DRY[kind]
         fn(sizes[:1] if args.quick else sizes, bench_ms, rows)
         if torch.cuda.is_available():

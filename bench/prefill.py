@@ -16,6 +16,8 @@ Targets (H200): >= 1.1x FLASH, >= 0.9x cuDNN.
 
     numasched bench prefill --quick          # a few points, fixed configs: well under a minute
     numasched bench prefill                  # the full grid (autotunes once per shape key)
+    numasched bench prefill --dry-run        # the points and contenders, without a GPU
+    TRITON_INTERPRET=1 numasched bench prefill --cpu-check   # end to end on CPU, tiny shapes
 """
 from __future__ import annotations
 
@@ -55,7 +57,7 @@ def _graph_ms(fn, bench_ms):
 
 
 def _grid(args):
-    if args.dry_run:
+    if args.cpu_check:
         return [(1, 64, 40), (1, 128, 33)]
     if args.quick:
         return [(2, 128, 4096), (2, 128, 8192), (4, 64, 4096)]
@@ -84,11 +86,10 @@ def _fmt(v) -> str:
 def _write_partial(rows, cols, out_dir) -> None:
     """The rows so far, rewritten after every point (prefill-partial.csv): a run cut short keeps them."""
     import csv
-    from pathlib import Path
 
-    from .common import RESULTS_DIR
+    from .common import results_dir
 
-    d = Path(out_dir or RESULTS_DIR)
+    d = results_dir(out_dir)
     d.mkdir(parents=True, exist_ok=True)
     with open(d / "prefill-partial.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
@@ -117,37 +118,82 @@ def _plot(rows, path):
     fig.savefig(path, dpi=120)
 
 
-def main(argv=None) -> int:
+PEERS = ("flash", "cudnn", "efficient")
+
+
+def _attention_mapping(text: str) -> str:
+    """argparse type of --mapping: "auto" or a registered attention policy."""
+    from numasched import mappings as M
+
+    if text == "auto" or text in M.available("attention"):
+        return text
+    raise argparse.ArgumentTypeError(f"expected 'auto' or an attention policy "
+                                     f"({', '.join(M.available('attention'))}), got {text!r}")
+
+
+def _head_dim(text: str) -> int:
+    """argparse type of --dims: a head dimension the kernel supports."""
+    from numasched.attention import supported_head_dim
+    from numasched.cli import positive_int
+
+    d = positive_int(text)
+    if not supported_head_dim(d):
+        raise argparse.ArgumentTypeError(f"head dimension {d} is not supported by the kernel")
+    return d
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from numasched.cli import out_dir, positive_int
+
     p = argparse.ArgumentParser(prog="numasched bench prefill", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="a few points with fixed configs (well under a minute)")
-    p.add_argument("--dims", type=int, nargs="+", default=[64, 128])
-    p.add_argument("--seqs", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
-    p.add_argument("--batch", type=int, default=None, help="batch for every point (default: 1-4, ~16k tokens)")
-    p.add_argument("--heads", type=int, default=32)
-    p.add_argument("--kv-heads", type=int, default=None, help="KV heads (GQA); default = heads")
-    p.add_argument("--causal", choices=["both", "yes", "no"], default="both")
+    p.add_argument("--dims", type=_head_dim, nargs="+", default=[64, 128], help="head dimensions (default 64 128)")
+    p.add_argument("--seqs", type=positive_int, nargs="+", default=[1024, 2048, 4096, 8192, 16384],
+                   help="sequence lengths (query = key length)")
+    p.add_argument("--batch", type=positive_int, default=None, help="batch for every point (default: 1-4, ~16k tokens)")
+    p.add_argument("--heads", type=positive_int, default=32, help="query heads")
+    p.add_argument("--kv-heads", type=positive_int, default=None, help="KV heads (GQA); default = heads")
+    p.add_argument("--causal", choices=["both", "yes", "no"], default="both", help="causal mask, no mask, or both")
     p.add_argument("--fixed", action="store_true", help="fixed kernel configs (TMA and pointers) instead of autotuning")
-    p.add_argument("--mapping", default="auto")
-    p.add_argument("--peers", nargs="*", default=["flash", "cudnn", "efficient"])
-    p.add_argument("--out-dir", default=None)
+    p.add_argument("--mapping", type=_attention_mapping, default="auto", help="numasched mapping policy (default auto)")
+    p.add_argument("--peers", nargs="*", choices=PEERS, default=list(PEERS), help="torch SDPA backends to time")
+    p.add_argument("--out-dir", type=out_dir, default=None, help="results folder (default: see numasched.bench.common)")
     p.add_argument("--no-graph", action="store_true", help="eager timings only (no CUDA graph replay)")
     p.add_argument("--dry-run", action="store_true",
-                   help="check the script end to end on CPU (Triton interpreter, tiny shapes; timings meaningless)")
-    args = p.parse_args(argv)
+                   help="print the points and contenders and exit (no GPU needed, nothing timed)")
+    p.add_argument("--cpu-check", action="store_true",
+                   help="run end to end on CPU (needs TRITON_INTERPRET=1; tiny shapes, timings meaningless)")
+    return p
 
+
+def main(argv=None) -> int:
+    p = build_parser()
+    args = p.parse_args(argv)
+    if args.kv_heads is not None and args.heads % args.kv_heads:
+        p.error(f"--heads ({args.heads}) must be a multiple of --kv-heads ({args.kv_heads})")
+    if args.dry_run:
+        from .common import print_plan
+
+        causals = {"both": "non-causal and causal", "yes": "causal", "no": "non-causal"}[args.causal]
+        H, HK = args.heads, args.kv_heads or args.heads
+        lines = [f"batch {b}, heads {H}/{HK}, head dim {d}, seq {s}, {causals}, bf16" for b, d, s in _grid(args)]
+        ours = ("numasched-tma and numasched-ptr (fixed configs)" if args.fixed or args.quick
+                else "numasched (autotuned)")
+        return print_plan("prefill", lines, [f"{ours}, mapping {args.mapping}"] + [f"sdpa-{x}" for x in args.peers]
+                          + ([] if args.no_graph else ["each also as a CUDA-graph replay"]))
     import torch
 
     from .common import check_runnable
 
-    if (rc := check_runnable("prefill", args.dry_run)) is not None:
+    if (rc := check_runnable("prefill", args.cpu_check)) is not None:
         return rc
-    dev = "cpu" if args.dry_run else "cuda"
+    dev = "cpu" if args.cpu_check else "cuda"
     from numasched.attention import attention_forward
     from numasched.kernels import attention_fwd as K
 
     from .common import bench_ms, matmul_rate, progress, write_results
 
-    if args.dry_run:
+    if args.cpu_check:
         import time
 
         def bench_ms(fn):  # noqa: F811  one untimed-quality call: the interpreter is not a GPU
@@ -158,15 +204,15 @@ def main(argv=None) -> int:
         def matmul_rate():  # noqa: F811
             return 1e12
 
-    fixed = args.fixed or args.quick or args.dry_run
+    fixed = args.fixed or args.quick or args.cpu_check
     variants = ({"numasched-tma": K.DEFAULT_GPU_CONFIG,
-                 "numasched-ptr": dict(K.DEFAULT_GPU_CONFIG, USE_TMA=False)} if fixed and not args.dry_run
+                 "numasched-ptr": dict(K.DEFAULT_GPU_CONFIG, USE_TMA=False)} if fixed and not args.cpu_check
                 else {"numasched-tma": dict(K.INTERPRETER_CONFIG, USE_TMA=True),
-                      "numasched-ptr": K.INTERPRETER_CONFIG} if args.dry_run else {"numasched": None})
+                      "numasched-ptr": K.INTERPRETER_CONFIG} if args.cpu_check else {"numasched": None})
     causals = {"both": [False, True], "yes": [True], "no": [False]}[args.causal]
     H, HK = args.heads, args.kv_heads or args.heads
     peak = matmul_rate()
-    graph_ms = (lambda fn: None) if args.dry_run or args.no_graph else (lambda fn: _graph_ms(fn, bench_ms))
+    graph_ms = (lambda fn: None) if args.cpu_check or args.no_graph else (lambda fn: _graph_ms(fn, bench_ms))
     cols = ["batch", "heads", "kv_heads", "head_dim", "seq", "causal", "provider", "ms", "graph_ms", "tflops",
             "graph_tflops", "x_flash", "x_cudnn", "x_flash_eager", "x_cudnn_eager", "frac_cublas",
             "rel_err_vs_flash", "config"]
@@ -174,9 +220,9 @@ def main(argv=None) -> int:
     points = [(b, d, s, c) for (b, d, s) in _grid(args) for c in causals]
     for b, d, s, causal in progress(points, "prefill"):
         torch.manual_seed(0)
-        q = torch.randn(b, H, s, d, device=dev, dtype=torch.float32 if args.dry_run else torch.bfloat16)
-        k = torch.randn(b, HK, s, d, device=dev, dtype=torch.float32 if args.dry_run else torch.bfloat16)
-        v = torch.randn(b, HK, s, d, device=dev, dtype=torch.float32 if args.dry_run else torch.bfloat16)
+        q = torch.randn(b, H, s, d, device=dev, dtype=torch.float32 if args.cpu_check else torch.bfloat16)
+        k = torch.randn(b, HK, s, d, device=dev, dtype=torch.float32 if args.cpu_check else torch.bfloat16)
+        v = torch.randn(b, HK, s, d, device=dev, dtype=torch.float32 if args.cpu_check else torch.bfloat16)
         flops = 4 * b * H * s * s * d * (0.5 if causal else 1.0)
         base = dict(batch=b, heads=H, kv_heads=HK, head_dim=d, seq=s, causal=causal)
         times, gtimes, errs, cfgs = {}, {}, {}, {}
@@ -234,7 +280,7 @@ def main(argv=None) -> int:
                   flush=True)
         _write_partial(rows, cols, args.out_dir)
         del q, k, v, ref
-        if not args.dry_run:
+        if not args.cpu_check:
             torch.cuda.empty_cache()
     paths = write_results("prefill", rows, columns=cols, plot=_plot, out_dir=args.out_dir,
                           meta=dict(cublas_bf16_tflops=peak / 1e12, mapping=args.mapping,

@@ -227,6 +227,10 @@ class Policy:
             lo = 1 if piece is not None and piece.default_param >= 1 else 0
             if v < lo:
                 raise ValueError(f"policy {self.name!r}: {attr} must be >= {lo}, got {v}")
+        # Its token (see token()) is made now, not when a call first needs it: a call traced by
+        # torch.compile must not write to the token table (the write would be deferred past the
+        # custom op that reads it).
+        object.__setattr__(self, "_token", _token_for(self))
 
     # -------------------------------------------------------------- host side
     def check_grid(self, grid) -> None:
@@ -341,19 +345,23 @@ _TOKENS: Dict[str, Policy] = {}
 _TOKEN_OF: Dict[Policy, str] = {}
 
 
-def token(policy: Policy) -> str:
-    """A string that stands for ``policy`` in this process: its name if that is how it is
-    registered, else ``"<name>#<n>"`` (what custom ops carry)."""
-    if not isinstance(policy, Policy):
-        raise TypeError(f"token() needs a Policy, got {type(policy).__name__}")
-    if _REGISTRY.get(policy.name) is policy:
-        return policy.name
+def _token_for(policy: "Policy") -> str:
     t = _TOKEN_OF.get(policy)
     if t is None:
         t = f"{policy.name}#{len(_TOKENS)}"
         _TOKENS[t] = policy
         _TOKEN_OF[policy] = t
     return t
+
+
+def token(policy: Policy) -> str:
+    """A string that stands for ``policy`` in this process: its name if that is how it is
+    registered, else ``"<name>#<n>"`` (what custom ops carry; equal policies share one)."""
+    if not isinstance(policy, Policy):
+        raise TypeError(f"token() needs a Policy, got {type(policy).__name__}")
+    if _REGISTRY.get(policy.name) is policy:
+        return policy.name
+    return policy._token
 
 
 def from_token(tok: str) -> Policy:

@@ -21,8 +21,10 @@ import triton
 from triton import knobs
 
 from . import caps
-
 from .caps import interpreted, nested_jit_interpreted, run_interpreted  # noqa: F401
+
+_RUNTIME = knobs.runtime
+_raw_stream = caps._raw_stream
 
 # ------------------------------------------------------------------------------ launch
 _OPTION_NAMES = ("num_warps", "num_stages", "num_ctas", "maxnreg")

@@ -23,7 +23,7 @@ INT32_MAX = 2**31 - 1
 
 #: SM count the host plans with on the interpreter: a small pretend GPU, so that CPU tests exercise
 #: several splits, persistent loops with several trips and partial last waves.
-INTERPRETER_SMS = 4
+INTERPRETER_SMS = 8
 
 
 def interpreting() -> bool:

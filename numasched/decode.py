@@ -440,10 +440,9 @@ class DecodePlan(Plan):
         if self._upcast:  # fp32 copies: the interpreter's bf16 dot is wrong
             q, k_cache, v_cache = q.float(), k_cache.float(), v_cache.float()
             out = torch.empty(out.shape, dtype=torch.float32, device=self.device)
-        dev = self.device
-        counter = torch.zeros(max(self._items, 1), dtype=torch.int32, device=dev)
-        po = torch.empty(self._po_shape, dtype=torch.float32, device=dev) if self._ws_numel else lse
-        pl = torch.empty(self._pl_shape, dtype=torch.float32, device=dev) if self._ws_numel else lse
+        stream = caps.stream_handle(self.device)
+        counter = _counters(self.device, self._items, stream)
+        po, pl = self._partials(stream, False) if self._ws_numel else (lse, lse)
         if _observe.OBSERVERS:
             _observe.notify(self.op, "flash_decode", self.grid, (res_out, lse), self)
         args = self._scalars(q, k_cache, v_cache, cache_seqlens, block_table)

@@ -87,10 +87,17 @@ def check_no_overlap(a, b, out) -> None:
     count: ``out=big[:, 256:]`` beside ``a=big[:, :256]`` is fine)."""
     if out is None or out.numel() == 0:
         return
-    internal = getattr(torch, "_debug_has_internal_overlap", None)
-    if any(st == 0 and n > 1 for n, st in zip(out.shape, out.stride())) or (internal is not None and internal(out) == 1):
-        raise ValueError(f"out has elements that share memory (shape {tuple(out.shape)}, strides {out.stride()}); "
-                         f"pass a tensor without expanded or overlapping dims")
+    if any(st == 0 and n > 1 for n, st in zip(out.shape, out.stride())):
+        raise ValueError(f"out has stride 0 in a dimension of size > 1 (shape {tuple(out.shape)}, strides "
+                         f"{out.stride()}): several elements share memory; pass a tensor without expanded dims")
+    if not out.is_contiguous() and not out.T.is_contiguous() and out.numel() <= _EXACT_OVERLAP_LIMIT:
+        try:
+            offs = _element_offsets(out)
+        except (RuntimeError, NotImplementedError):
+            offs = None
+        if offs is not None and offs.unique().numel() != out.numel():
+            raise ValueError(f"out has elements that share memory (shape {tuple(out.shape)}, strides "
+                             f"{out.stride()}); pass a tensor without overlapping dims")
     es = out.element_size()
     for name, t in (("a", a), ("b", b)):
         if not t.numel():
@@ -285,8 +292,22 @@ class GemmPlan(Plan):
 
     # ---------------------------------------------------------------- run
     def run(self, a, b, out=None) -> torch.Tensor:
-        """C = A @ B into ``out`` (a new tensor when None) for operands with the plan's signatures."""
-        self.check_signatures(a=a, b=b, out=out)
+        """C = A @ B into ``out`` (a new tensor when None) for operands with the plan's signatures.
+        A plan made without ``out`` takes any ``out`` laid out as it would allocate one (a
+        contiguous (M, N) tensor of a's dtype)."""
+        if out is not None and self.tensors["out"] is None:
+            self.check_signatures(a=a, b=b)
+            check_tensor("out", out, ndim=2, dtypes=(self._out_dtype,), device=self.device)
+            if tuple(out.shape) != (self.M, self.N) or (self.mode in ("kernel", "interpreter")
+                                                        and out.stride() != self._c_stride):
+                raise ValueError(f"out must be a contiguous ({self.M}, {self.N}) tensor for this plan (it was made "
+                                 f"without out), got shape {tuple(out.shape)} with strides {out.stride()}; make a "
+                                 f"plan with out= for other layouts")
+            if self.c_tma and out.data_ptr() % 16:
+                raise ValueError("out's data pointer is not 16-byte aligned; make a plan with out= for it")
+            check_no_overlap(a, b, out)
+        else:
+            self.check_signatures(a=a, b=b, out=out)
         return self._run(a, b, out)
 
     def _descriptors(self, a, b, c):

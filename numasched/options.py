@@ -68,7 +68,7 @@ class Options:
         return h
 
     def replace(self, **changes) -> "Options":
-        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        unknown = {k for k in changes} - {f.name for f in dataclasses.fields(self)}
         if unknown:
             raise TypeError(f"unknown option(s) {sorted(unknown)}; options are "
                             f"{[f.name for f in dataclasses.fields(self)]}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import subprocess
 import sys
 import time
@@ -30,15 +31,49 @@ def _needs_interpreter() -> bool:
     return not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
 
 
+class _PlainConsole:
+    """What report needs of rich's Console, as plain text (rich is optional: numasched[cli])."""
+
+    def print(self, obj="") -> None:
+        print(re.sub(r"\[/?(dim|red|bold)\]", "", obj) if isinstance(obj, str) else obj, flush=True)
+
+    def rule(self, title: str = "") -> None:
+        print(f"\n--- {title} ---", flush=True)
+
+
+def _console():
+    try:
+        from rich.console import Console
+    except ImportError:
+        return _PlainConsole()
+    return Console(width=160)
+
+
+def _table(title: str, columns, rows):
+    """A rich Table, or the same table as plain text when rich is not installed."""
+    try:
+        from rich.table import Table
+    except ImportError:
+        rows = [[re.sub(r"\[/?(dim|red|bold)\]", "", c) for c in r] for r in rows]
+        widths = [max([len(c)] + [len(r[i]) for r in rows]) for i, c in enumerate(columns)]
+        line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths))  # noqa: E731
+        return "\n".join([title, line(columns), "  ".join("-" * w for w in widths)] + [line(r) for r in rows])
+    t = Table(title=title)
+    for c in columns:
+        t.add_column(c)
+    for r in rows:
+        t.add_row(*r)
+    return t
+
+
 def run(args) -> int:
     if not args.skip_kernels and _needs_interpreter():
         # Triton reads TRITON_INTERPRET when kernels are defined: run again in a process that has it.
         env = dict(os.environ, TRITON_INTERPRET="1")
-        argv = [sys.executable, "-m", "numasched.cli", "report"] + sys.argv[2:]
+        argv = [sys.executable, "-m", "numasched.cli", "report"] + [
+            flag for flag, on in (("--full", args.full), ("--skip-sim", args.skip_sim)) if on]
         return subprocess.call(argv, env=env)
-    from rich.console import Console
-
-    console = Console(width=160)
+    console = _console()
     _topologies(console)
     status = 0
     if not args.skip_sim:
@@ -54,18 +89,15 @@ def run(args) -> int:
 
 
 def _topologies(console) -> None:
-    from rich.table import Table
-
     from .topology import PRESETS
 
-    t = Table(title="Topology presets")
-    for c in ("name", "domains", "CUs/domain", "L2/domain", "LLC", "HBM TB/s", "dispatch"):
-        t.add_column(c)
+    rows = []
     for name in ("mi300x", "mi325x", "mi350x", "mi355x", "h100", "h200", "b200"):
         p = PRESETS[name]
-        t.add_row(name, str(p.num_domains), str(p.cus_per_domain), f"{p.l2_bytes >> 20} MB",
-                  f"{p.llc_bytes >> 20} MB", f"{p.hbm_bytes_per_s / 1e12:.2f}", p.dispatch)
-    console.print(t)
+        rows.append([name, str(p.num_domains), str(p.cus_per_domain), f"{p.l2_bytes >> 20} MB",
+                     f"{p.llc_bytes >> 20} MB", f"{p.hbm_bytes_per_s / 1e12:.2f}", p.dispatch])
+    console.print(_table("Topology presets", ("name", "domains", "CUs/domain", "L2/domain", "LLC", "HBM TB/s",
+                                              "dispatch"), rows))
 
 
 def _rel(out, ref) -> float:
@@ -77,7 +109,6 @@ def _rel(out, ref) -> float:
 def _kernel_check(console) -> int:
     """Each kernel vs float64, under several policies, on fresh random inputs; returns nonzero on failure."""
     import torch
-    from rich.table import Table
 
     from . import topology
     from .attention import attention_forward
@@ -119,14 +150,13 @@ def _kernel_check(console) -> int:
                 out = matmul(a, b, mapping=mp)
                 ref = a.double() @ b.double()
                 rows.append(("gemm", topo, mp, _rel(out, ref), time.perf_counter() - t0))
-    t = Table(title=f"relative error vs float64 ({dt}, tolerance {tol:g})")
-    for c in ("kernel", "topology", "mapping", "rel. error", "ok", "seconds"):
-        t.add_column(c)
+    cells = []
     for kern, topo, mp, err, sec in rows:
         ok = err < tol
         failed += not ok
-        t.add_row(kern, topo, mp, f"{err:.2e}", "yes" if ok else "[red]NO[/red]", f"{sec:.2f}")
-    console.print(t)
+        cells.append([kern, topo, mp, f"{err:.2e}", "yes" if ok else "[red]NO[/red]", f"{sec:.2f}"])
+    console.print(_table(f"relative error vs float64 ({dt}, tolerance {tol:g})",
+                         ("kernel", "topology", "mapping", "rel. error", "ok", "seconds"), cells))
     console.print("all kernel checks passed" if not failed else f"[red]{failed} kernel checks failed[/red]")
     return 1 if failed else 0
 

@@ -2,68 +2,79 @@
 picks, the config the autotuner picks, and the CUDA-graph time of every contiguous-cache config at
 several split counts. Data for the split heuristic and the config list, not a benchmark of peers.
 
+Every timing runs a plan made with the public planning call:
+``numasched.plan_decode(..., num_splits=S, config=dict(BLOCK_N=..., num_warps=..., num_stages=...))``.
+
     python scripts/decode_configs.py --batch 4 --ctx 65536 131072 262144 --splits 4 8 16
 """
 import argparse
+import sys
 
 import torch
-import triton
 
 import numasched
 from numasched.bench.common import graph_replay_ms
-from numasched.kernels import flash_decode as FD
+from numasched.cli import positive_int
+from numasched.decode import choose_num_splits
 
-
-class _Force(dict):
-    """Stands in for flash_decode's tuned-config table: every lookup gives one config."""
-
-    def __init__(self, cfg):
-        super().__init__()
-        self.cfg = cfg
-
-    def get(self, key, default=None):
-        return self.cfg
+# (BLOCK_N, num_warps, num_stages) tried for a contiguous cache: the autotuner's candidates
+# (numasched/kernels/flash_decode.py, read only)
+from numasched.kernels.flash_decode import _CONTIGUOUS_CONFIGS as CONFIGS
 
 
 def graph_us(fn) -> float:
     return graph_replay_ms(fn, warmup=5, iters=30) * 1e3
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--batch", type=int, nargs="+", default=[4])
-    p.add_argument("--ctx", type=int, nargs="+", default=[131072])
-    p.add_argument("--splits", type=int, nargs="+", default=[4, 8, 16])
-    p.add_argument("--heads", type=int, nargs=2, default=[32, 8])
-    args = p.parse_args()
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python scripts/decode_configs.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--batch", type=positive_int, nargs="+", default=[4], help="batch sizes")
+    p.add_argument("--ctx", type=positive_int, nargs="+", default=[131072], help="context lengths (tokens)")
+    p.add_argument("--splits", type=positive_int, nargs="+", default=[4, 8, 16], help="split counts to sweep")
+    p.add_argument("--heads", type=positive_int, nargs=2, default=[32, 8], metavar=("H", "HK"),
+                   help="query and KV heads")
+    p.add_argument("--dry-run", action="store_true", help="print the sweep and exit (no GPU needed)")
+    return p
+
+
+def main(argv=None) -> int:
+    p = build_parser()
+    args = p.parse_args(argv)
     H, HK, D = args.heads[0], args.heads[1], 128
+    if H % HK:
+        p.error(f"--heads: query heads ({H}) must be a multiple of KV heads ({HK})")
+    if args.dry_run:
+        for B in args.batch:
+            for L in args.ctx:
+                print(f"B={B} ctx={L} heads {H}/{HK}: auto splits (132 SMs) {choose_num_splits(B, HK, L, 132)}; "
+                      f"splits {args.splits} x configs {CONFIGS}")
+        return 0
+    if not torch.cuda.is_available():
+        print("scripts/decode_configs.py needs a CUDA GPU (found none); --dry-run prints the sweep", file=sys.stderr)
+        return 2
     dev = torch.device("cuda")
-    nsm = FD.num_sms(dev)
-    for B in args.batch:
-        for L in args.ctx:
-            q = torch.randn(B, H, D, device=dev, dtype=torch.bfloat16)
-            k = torch.randn(B, L, HK, D, device=dev, dtype=torch.bfloat16)
-            v = torch.randn(B, L, HK, D, device=dev, dtype=torch.bfloat16)
-            gb = 2 * k.numel() * k.element_size() / 1e9
-            auto = FD.choose_num_splits(B, HK, L, nsm)
-            fn = lambda s=None: numasched.flash_decode(q, k, v, num_splits=s)  # noqa: E731
-            t_auto = graph_us(fn)
-            tuned = {key: str(c) for key, c in FD._TUNED_CONFIGS.items()}
-            print(f"B={B} ctx={L} ({gb:.2f} GB): auto splits {auto}: {t_auto:.1f} us "
-                  f"({gb / t_auto * 1e6 / 1e3:.2f} TB/s); tuned so far {tuned}", flush=True)
-            for s in args.splits:
-                row = []
-                for bn, w, st in FD._CONTIGUOUS_CONFIGS:
-                    cfg = triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=st)
-                    saved = FD._TUNED_CONFIGS
-                    FD._TUNED_CONFIGS = _Force(cfg)   # every plan launches with cfg
-                    try:
-                        t = graph_us(lambda: fn(s))
-                    finally:
-                        FD._TUNED_CONFIGS = saved
-                    row.append(f"{bn}/{w}w/{st}s {t:.0f}")
-                print(f"  S={s}: " + ", ".join(row), flush=True)
+    nsm = torch.cuda.get_device_properties(dev).multi_processor_count
+    with numasched.options.use(check_data=False):
+        for B in args.batch:
+            for L in args.ctx:
+                q = torch.randn(B, H, D, device=dev, dtype=torch.bfloat16)
+                k = torch.randn(B, L, HK, D, device=dev, dtype=torch.bfloat16)
+                v = torch.randn(B, L, HK, D, device=dev, dtype=torch.bfloat16)
+                gb = 2 * k.numel() * k.element_size() / 1e9
+                auto = choose_num_splits(B, HK, L, nsm)
+                plan = numasched.plan_decode(q, k, v)   # autotuned on its first run
+                t_auto = graph_us(lambda: plan.run(q, k, v))
+                print(f"B={B} ctx={L} ({gb:.2f} GB): auto splits {auto} (plan: {plan.num_splits}): {t_auto:.1f} us "
+                      f"({gb / t_auto * 1e6 / 1e3:.2f} TB/s); autotuned config {plan.config}", flush=True)
+                for s in args.splits:
+                    row = []
+                    for bn, w, st in CONFIGS:
+                        fixed = numasched.plan_decode(q, k, v, num_splits=s,
+                                                      config=dict(BLOCK_N=bn, num_warps=w, num_stages=st))
+                        row.append(f"{bn}/{w}w/{st}s {graph_us(lambda: fixed.run(q, k, v)):.0f}")
+                    print(f"  S={s}: " + ", ".join(row), flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

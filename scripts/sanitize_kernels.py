@@ -4,21 +4,22 @@ that runs under compute-sanitizer (memcheck, racecheck) in ``scripts/device.sh s
 Small shapes with ragged edges (lengths not multiples of the blocks, a paged cache with a random
 block table, transposed GEMM operands) so masked loads and stores are exercised; outputs are
 poisoned with NaN where the call takes ``out=``. Fixed kernel configs (no autotuning: every launch is one the sanitizer
-checks, and compilation happens once). Exit code 1 if any result is wrong.
+checks, and compilation happens once): the script sets ``numasched.options.set(autotune=False)`` itself, and
+attention runs plans made with ``numasched.plan_attention(..., config=...)``. Exit code 1 if any result is wrong,
+2 if it cannot run here.
 
-    NUMASCHED_AUTOTUNE=0 python3 scripts/sanitize_kernels.py
-    NUMASCHED_AUTOTUNE=0 compute-sanitizer --tool memcheck python3 scripts/sanitize_kernels.py
+    python3 scripts/sanitize_kernels.py
+    compute-sanitizer --tool memcheck python3 scripts/sanitize_kernels.py
+    TRITON_INTERPRET=1 python3 scripts/sanitize_kernels.py      # CPU: a dry check of this script
 """
 import math
+import os
 import sys
 
 import torch
 
 import numasched
-from numasched.attention import attention_forward
 from numasched.kernels import attention_fwd as AK
-
-import os
 
 # on a CPU (TRITON_INTERPRET=1) the same cases run as a dry check of this script; the interpreter
 # computes bf16 dots wrongly, so bf16 becomes fp16 there
@@ -57,7 +58,8 @@ def attention_cases():
         v = torch.randn(B, HK, Lk, D, device=DEV, dtype=dt)
         cfg = dict(AK.fixed_config(dt, D, tma_ok=tma))
         for mapping in ("head_first", "swizzled_head_first"):
-            out, _ = attention_forward(q, k, v, causal=causal, causal_offset=Lk - Lq, mapping=mapping, _config=cfg)
+            plan = numasched.plan_attention(q, k, v, causal=causal, causal_offset=Lk - Lq, mapping=mapping, config=cfg)
+            out, _ = plan.run(q, k, v)
             check(f"attention {dt} d{D} causal={causal} tma={tma} {mapping}", out,
                   ref_attention(q, k, v, causal, Lk - Lq), 1e-2)
 
@@ -109,7 +111,10 @@ def gemm_cases():
 
 if __name__ == "__main__":
     if DEV == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        sys.exit("needs a CUDA GPU (or TRITON_INTERPRET=1 for a dry run on CPU)")
+        print("scripts/sanitize_kernels.py needs a CUDA GPU (or TRITON_INTERPRET=1 for a dry run on CPU)",
+              file=sys.stderr)
+        sys.exit(2)
+    numasched.options.set(autotune=False)
     attention_cases()
     decode_cases()
     gemm_cases()

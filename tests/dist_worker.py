@@ -31,6 +31,7 @@ os.environ.setdefault("NCCL_NVLS_ENABLE", "0")          # never NVLink multicast
 os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 os.environ.setdefault("NUMASCHED_CHECK_DATA", "0")      # numasched.decode's data checks synchronise
 
+import numasched  # noqa: E402
 import numasched.distributed as nd  # noqa: E402
 from numasched.distributed._watchdog import Watchdog  # noqa: E402
 
@@ -163,9 +164,7 @@ def _decode_reference(q, k, v, lens):
 def check_fused_pointer_path(ctx, quick):
     """The fused kernels without TMA descriptors (the default on Hopper is TMA): same checks."""
     R, W = ctx.rank, ctx.world
-    old = os.environ.get("NUMASCHED_DIST_TMA")
-    os.environ["NUMASCHED_DIST_TMA"] = "0"
-    try:
+    with numasched.options.use(dist_tma=False):   # part of the call key: plans of their own
         a, b = randn(700, 1000, seed=41 + R), randn(1000, 600, seed=42)
         c = nd.all_gather_matmul(a, b, ctx=ctx)
         e1 = rel(c, gather_rows(a).float() @ b.float())
@@ -173,11 +172,6 @@ def check_fused_pointer_path(ctx, quick):
         part = ar.float() @ br.float()
         dist.all_reduce(part)
         e2 = rel(nd.matmul_reduce_scatter(ar, br, ctx=ctx), part[R * 300:(R + 1) * 300])
-    finally:
-        if old is None:
-            os.environ.pop("NUMASCHED_DIST_TMA")
-        else:
-            os.environ["NUMASCHED_DIST_TMA"] = old
     assert e1 < 1e-2 and e2 < 1e-2, (e1, e2)
     return f"all_gather_matmul {e1:.1e}, matmul_reduce_scatter {e2:.1e}"
 

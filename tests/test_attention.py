@@ -13,8 +13,9 @@ import torch.nn.functional as F
 
 import numasched
 from numasched import mappings as M
-from numasched import topology
+from numasched import observe, options, topology
 from numasched import attention as A
+from numasched._route import reset_warnings
 from numasched.kernels import attention_fwd as K
 
 from conftest import DEVICE, HAS_GPU
@@ -25,12 +26,24 @@ INTERP_CFG_TMA = dict(BLOCK_M=16, BLOCK_N=16, USE_TMA=True, num_warps=4, num_sta
 INTERP_CFG_RECT = dict(BLOCK_M=32, BLOCK_N=16, USE_TMA=False, num_warps=4, num_stages=1)
 
 
+_LOG = []
+
+
 @pytest.fixture(autouse=True)
-def _poison_and_count(monkeypatch):
-    monkeypatch.setattr(A, "POISON_OUTPUTS", True)
-    A.calls.clear()
-    A._WARNED.clear()
-    yield
+def _poison_and_count():
+    """Every launch's outputs are NaN-poisoned first; ``calls()`` says which paths ran."""
+    reset_warnings()
+    with observe.record(poison=True) as log:
+        _LOG[:] = [log]
+        yield log
+
+
+def calls() -> dict:
+    """Paths that ran in this test: "kernel" (prefill launches), "decode", "fallback"."""
+    log = _LOG[0]
+    got = {"kernel": log.count("attention", kernel="attention"), "decode": log.count("flash_decode"),
+           "fallback": len(log.fallbacks())}
+    return {k: n for k, n in got.items() if n}
 
 
 def ref_attention(q, k, v, causal=False, offset=0, scale=None):
@@ -81,7 +94,7 @@ def test_matches_float64(B, H, HK, Lq, Lk, D, cfg, causal, dtype):
     out, lse = A.attention_forward(q, k, v, causal=causal, _config=cfg)
     assert out.shape == q.shape and out.dtype == dtype and lse.shape == (B, H, Lq) and lse.dtype == torch.float32
     check(out, lse, *ref_attention(q, k, v, causal), dtype)
-    assert A.calls["kernel"] == 1
+    assert calls() == {"kernel": 1}
 
 
 @pytest.mark.parametrize("D", [16, 40, 256])
@@ -145,57 +158,58 @@ def test_policy_object_and_composed_policy():
             check(out, lse, *ref_attention(q, k, v), torch.float32)
 
 
-def test_policy_object_table_is_bounded(monkeypatch):
-    """A fresh Policy object per call must not grow the key table without bound."""
-    monkeypatch.setattr(A, "MAX_POLICY_KEYS", 3)
-    A._POLICY_KEYS.clear()
-    made = [M.compose("identity", "head_first", name=f"test_bounded_{i}") for i in range(5)]
-    keys = [A._mapping_key(p) for p in made]
-    assert len(A._POLICY_KEYS) == 3 and list(A._POLICY_KEYS) == keys[-3:]
-    assert A._POLICY_KEYS[keys[-1]] is made[-1]
+def test_fresh_equal_policy_objects_share_one_token():
+    """A program making a new (equal) Policy object per call must not grow the token table."""
+    made = [M.compose("identity", "head_first", name="test_bounded") for _ in range(5)]
+    toks = {M.token(p) for p in made}
+    assert len(toks) == 1 and M.get(toks.pop()) == made[0]
 
 
-def test_kernel_launch_is_policy_driven(monkeypatch):
-    """The policy's device functions reach the kernel as constexprs (one kernel for all)."""
-    seen = []
-    real = K.attention_fwd
-
-    def spy(*a, **kw):
-        seen.append(kw["policy_args"])
-        return real(*a, **kw)
-
-    monkeypatch.setattr(K, "attention_fwd", spy)
+def test_kernel_launch_is_policy_driven():
+    """The policy reaches the kernel as one MAPPING constexpr (one kernel for every policy)."""
     q, k, v = rand(1, 2, 16, 64), rand(1, 2, 16, 64), rand(1, 2, 16, 64)
     with topology.use("mi300x"):
         A.attention_forward(q, k, v, mapping="swizzled_head_first")
+        plan = numasched.plan_attention(q, k, v, mapping="swizzled_head_first")
     pol = M.get("swizzled_head_first")
-    assert seen[0]["REMAP"] is pol.remap.device and seen[0]["ORDER"] is pol.order.device
-    assert seen[0]["NUM_DOMAINS"] == 8
+    assert _LOG[0][-1].plan.policy is pol
+    assert plan._launch.kwargs["MAPPING"] == pol.constexpr(8)
 
 
-# ------------------------------------------------------------------------------ sm_90 compile, no GPU
-def test_gpu_configs_compile_for_hopper():
-    """The GPU configs compile for sm_90 (Triton ships ptxas): wgmma, TMA loads, no register spills,
-    shared memory within the H100/H200 limit. Runs in a subprocess without the interpreter."""
-    import json
-    import os
-    import subprocess
-    import sys
+def test_composed_policy_under_torch_compile():
+    """An unregistered (composed) policy crosses the custom op as a token (it failed with an
+    internal key in the message)."""
+    q, k, v = rand(1, 4, 20, 64), rand(1, 2, 20, 64), rand(1, 2, 20, 64)
+    composed = M.compose("xcd_remap_chunked", "block_first", name="test_compiled_composed")
+    with topology.use("mi300x"):
+        f = torch.compile(lambda q, k, v: A.attention_forward(q, k, v, mapping=composed)[0], backend="aot_eager",
+                          fullgraph=True)
+        out = f(q, k, v)
+    assert (out.double() - ref_attention(q, k, v)[0]).abs().max() < 2e-5
 
-    code = (
-        "import json\n"
-        "from numasched.kernels import attention_fwd as K\n"
-        "cases = [((128, 128, 8, 2), True, 128, True), ((128, 64, 8, 3), False, 128, False),\n"
-        "         ((128, 64, 4, 3), True, 64, True)]\n"
-        "print(json.dumps([K.compile_report(*s, tma, head_dim=d, causal=c) for s, tma, d, c in cases]))\n")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-2000:]
-    reps = json.loads(r.stdout.strip().splitlines()[-1])
-    for rep, want_tma in zip(reps, (True, False, True)):
-        assert rep["wgmma"] and rep["tma_load"] == want_tma, rep
-        assert rep["shared_bytes"] <= 232448, rep  # 227 KiB per block on H100/H200
-        assert rep["spill_bytes"] in (0, None), rep
+
+def test_public_plan_run():
+    q, k, v = rand(2, 4, 20, 64), rand(2, 2, 20, 64), rand(2, 2, 20, 64)
+    plan = numasched.plan_attention(q, k, v, causal=True)
+    assert plan.policy is not None and plan.mode == "interpreter" and plan.grid is not None
+    for seed in range(2):
+        q, k, v = rand(2, 4, 20, 64), rand(2, 2, 20, 64), rand(2, 2, 20, 64)
+        out, lse = plan.run(q, k, v)
+        check(out, lse, *ref_attention(q, k, v, True), torch.float32)
+    with pytest.raises(ValueError, match="query is .* but the plan was made for"):
+        plan.run(q[:, :, :10], k, v)
+    with pytest.raises(ValueError, match="out must have shape"):
+        plan.run(q, k, v, out=torch.empty_like(q))  # contiguous (B, H, Lq, D): not the planned layout
+
+
+def test_bf16_on_the_interpreter_is_computed_in_fp32():
+    """The interpreter's bf16 dot is wrong upstream (errors of 1e8): never return that."""
+    q, k, v = (t.bfloat16() for t in (rand(1, 2, 19, 64), rand(1, 2, 19, 64), rand(1, 2, 19, 64)))
+    out, lse = A.attention_forward(q, k, v, causal=True)
+    assert out.dtype == torch.bfloat16
+    check(out, lse, *ref_attention(q, k, v, True), torch.bfloat16)
+    sd = numasched.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert (sd.double() - ref_attention(q, k, v, True)[0]).abs().max() < 2e-2
 
 
 # ------------------------------------------------------------------------------ custom op
@@ -209,7 +223,7 @@ def test_custom_op_traces_under_compile():
     out = cf(q, k, v)
     ref, _ = ref_attention(q, k, v, True)
     assert (out.double() - 2 * ref).abs().max() < 1e-4
-    assert A.calls["kernel"] >= 1
+    assert calls().get("kernel", 0) >= 1
     # the drop-in's routing traces without graph breaks too
     sd = torch.compile(lambda q, k, v: numasched.scaled_dot_product_attention(q, k, v, is_causal=True),
                        backend="aot_eager", fullgraph=True)
@@ -242,7 +256,7 @@ def test_sdpa_kernel_path_matches_torch(Lq, Lk, causal, gqa, no_torch_sdpa):
     out = numasched.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
     want = torch_sdpa(q.double(), k.double(), v.double(), is_causal=causal, enable_gqa=gqa)
     assert (out.double() - want).abs().max() < 2e-5
-    assert A.calls == {"kernel": 1}
+    assert calls() == {"kernel": 1}
 
 
 def test_sdpa_three_d_and_scale(no_torch_sdpa):
@@ -267,24 +281,25 @@ def test_sdpa_decode_path_matches_torch(causal, Lk, no_torch_sdpa):
     out = numasched.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
     want = no_torch_sdpa(q.double(), k.double(), v.double(), is_causal=causal, enable_gqa=True)
     assert out.shape == (2, 4, 1, 64) and (out.double() - want).abs().max() < 2e-5
-    assert A.calls == {"decode": 1}
+    assert calls() == {"decode": 1}
 
 
 def test_sdpa_decode_passes_views_not_copies(monkeypatch):
     import numasched.decode as D
 
     seen = {}
+    real = D.DecodePlan._run
 
-    def fake_decode(q, k_cache, v_cache, **kw):
-        seen.update(q=q, k=k_cache, v=v_cache, kw=kw)
-        return torch.zeros_like(q)
+    def spy(self, q, k_cache, v_cache, *a, **kw):
+        seen.update(q=q, k=k_cache, v=v_cache, scale=self.scale)
+        return real(self, q, k_cache, v_cache, *a, **kw)
 
-    monkeypatch.setattr(D, "flash_decode", fake_decode)
+    monkeypatch.setattr(D.DecodePlan, "_run", spy)
     q, k, v = rand(2, 4, 1, 64), rand(2, 2, 9, 64), rand(2, 2, 9, 64)
     numasched.scaled_dot_product_attention(q, k, v, enable_gqa=True, scale=0.5)
     assert seen["q"].shape == (2, 4, 64) and seen["q"].data_ptr() == q.data_ptr()
     assert seen["k"].shape == (2, 9, 2, 64) and seen["k"].data_ptr() == k.data_ptr()
-    assert seen["v"].data_ptr() == v.data_ptr() and seen["kw"]["scale"] == 0.5
+    assert seen["v"].data_ptr() == v.data_ptr() and seen["scale"] == 0.5
 
 
 def test_sdpa_causal_single_query_many_keys_uses_prefill(no_torch_sdpa):
@@ -293,7 +308,7 @@ def test_sdpa_causal_single_query_many_keys_uses_prefill(no_torch_sdpa):
     out = numasched.scaled_dot_product_attention(q, k, v, is_causal=True)
     want = no_torch_sdpa(q.double(), k.double(), v.double(), is_causal=True)
     assert (out.double() - want).abs().max() < 2e-5 and (out - v[:, :, :1]).abs().max() < 1e-6
-    assert A.calls == {"kernel": 1}
+    assert calls() == {"kernel": 1}
 
 
 FALLBACKS = {
@@ -316,7 +331,7 @@ def test_sdpa_fallback_warns_once(case):
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # second time: no warning
         numasched.scaled_dot_product_attention(q, k, v, **kw)
-    assert A.calls == {"fallback": 2}
+    assert calls() == {"fallback": 2}
 
 
 def test_sdpa_fallback_other_reasons(monkeypatch):
@@ -333,7 +348,7 @@ def test_sdpa_fallback_other_reasons(monkeypatch):
     q, k, v = rand(1, 2, 9, 64), rand(1, 2, 9, 64), rand(1, 2, 9, 64)
     with pytest.warns(RuntimeWarning, match="TRITON_INTERPRET"):
         numasched.scaled_dot_product_attention(q, k, v)
-    assert A.calls == {"fallback": 3}
+    assert calls() == {"fallback": 3}
 
 
 # ------------------------------------------------------------------------------ errors
@@ -370,8 +385,12 @@ def test_errors_name_the_argument():
         af(q, k, v, mapping="no_such_policy")
     with pytest.raises(ValueError, match="gemm policy"):
         af(q, k, v, mapping="grouped")
+    with pytest.raises(TypeError, match="mapping must be"):
+        af(q, k, v, mapping=3)
     with pytest.raises(TypeError, match="causal must be a bool"):
         af(q, k, v, causal="yes")
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        af(q, k, v, causal=1)
 
 
 def test_int32_overflow_is_refused():
@@ -395,6 +414,27 @@ def test_sdpa_errors_name_the_argument():
         sd(q, None, v)
     with pytest.raises(ValueError, match="value has length"):
         sd(q, k, rand(1, 2, 9, 64), enable_gqa=True)
+    with pytest.raises(TypeError, match="is_causal must be a bool"):  # torch raises TypeError too
+        sd(q, k, v, is_causal=1, enable_gqa=True)
+    with pytest.raises(TypeError, match="mapping must be"):
+        sd(q, k, v, enable_gqa=True, mapping=2.5)
+
+
+def test_sdpa_mqa_broadcasts_like_torch(no_torch_sdpa):
+    # one KV head with enable_gqa=False: torch broadcasts it over the query heads; so do we
+    q, k, v = rand(2, 4, 9, 64), rand(2, 1, 11, 64), rand(2, 1, 11, 64)
+    out = numasched.scaled_dot_product_attention(q, k, v, is_causal=True)
+    want = no_torch_sdpa(q.double(), k.double(), v.double(), is_causal=True)
+    assert (out.double() - want).abs().max() < 2e-5 and calls() == {"kernel": 1}
+
+
+def test_mapping_none_means_auto_everywhere(no_torch_sdpa):
+    q, k, v = _qkv(H=2, HK=2)
+    a, _ = A.attention_forward(q, k, v, mapping=None)
+    b = numasched.scaled_dot_product_attention(q, k, v, mapping=None)
+    assert torch.equal(a, b)
+    d = numasched.flash_decode(q[:, :, 0], k.transpose(1, 2), v.transpose(1, 2), mapping=None)
+    assert d.shape == (1, 2, 64)
 
 
 # ------------------------------------------------------------------------------ GPU, real sizes

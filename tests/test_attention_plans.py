@@ -2,7 +2,8 @@
 import torch
 
 import numasched.attention as A
-from numasched import topology
+from numasched import mappings as M, observe, topology
+from numasched._plan import PLANS
 
 
 def _ref(q, k, v, causal):
@@ -14,25 +15,26 @@ def test_cached_plan_fresh_data_and_no_custom_op(monkeypatch):
         raise AssertionError("eager call went through the custom op")
 
     monkeypatch.setattr(A, "_attention_forward_op", boom)
-    A._PLANS.clear()
-    for causal in (False, True):
-        for _ in range(2):  # second call: plan hit, fresh random data must still be right
-            q, k, v = (torch.randn(1, 2, 20, 16) for _ in range(3))
-            before = A.calls["kernel"]
-            out, _ = A.attention_forward(q, k, v, causal=causal)
-            assert A.calls["kernel"] == before + 1
-            torch.testing.assert_close(out.double(), _ref(q, k, v, causal), rtol=1e-5, atol=1e-5)
-    assert len(A._PLANS) == 2
+    PLANS.clear()
+    with observe.record(poison=True) as log:
+        for causal in (False, True):
+            for _ in range(2):  # second call: plan hit, fresh random data must still be right
+                q, k, v = (torch.randn(1, 2, 20, 16) for _ in range(3))
+                before = log.count("attention")
+                out, _ = A.attention_forward(q, k, v, causal=causal)
+                assert log.count("attention") == before + 1
+                torch.testing.assert_close(out.double(), _ref(q, k, v, causal), rtol=1e-5, atol=1e-5)
+    assert len(PLANS.plans("attention")) == 2 and PLANS.hits >= 2
 
 
 def test_plan_not_reused_across_mapping_topology_or_bad_input():
     q, k, v = (torch.randn(1, 2, 20, 16) for _ in range(3))
-    A._PLANS.clear()
+    PLANS.clear()
     A.attention_forward(q, k, v)
     with topology.use("mi300x"):
         A.attention_forward(q, k, v)
     A.attention_forward(q, k, v, mapping="head_first")
-    assert len(A._PLANS) == 3
+    assert len(PLANS.plans("attention")) == 3
     try:  # same shapes, a dtype mismatch: the checks must still run
         A.attention_forward(q, k.half(), v)
     except TypeError as e:
@@ -41,36 +43,21 @@ def test_plan_not_reused_across_mapping_topology_or_bad_input():
         raise AssertionError("dtype mismatch not caught")
 
 
-def _order_seen(monkeypatch):
-    """Spy on the kernel launches: the ORDER device function each one got."""
-    from numasched.kernels import attention_fwd as K
-
-    seen, real = [], K.attention_fwd
-
-    def spy(*a, **kw):
-        seen.append(kw["policy_args"]["ORDER"])
-        return real(*a, **kw)
-
-    monkeypatch.setattr(K, "attention_fwd", spy)
-    return seen
-
-
-def test_plan_follows_a_replaced_registration(monkeypatch):
+def test_plan_follows_a_replaced_registration():
     # register(..., replace=True) swaps the policy behind a name: a cached plan must not keep
-    # launching the old one (the key held only the name).
-    from numasched import mappings as M
-
-    seen = _order_seen(monkeypatch)
+    # launching the old one (the key holds the registry's version).
     q, k, v = (torch.randn(1, 2, 20, 16) for _ in range(3))
-    A._PLANS.clear()
+    PLANS.clear()
     name = "test_attn_plans_replaced"
     try:
         first = M.register(M.compose("identity", "head_first", name=name))
-        A.attention_forward(q, k, v, mapping=name)
-        assert seen[-1] is first.kernel_args(1)["ORDER"]
+        with observe.record() as log:
+            A.attention_forward(q, k, v, mapping=name)
+        assert log[-1].plan.policy is first
         second = M.register(M.compose("identity", "block_first", name=name), replace=True)
-        out, _ = A.attention_forward(q, k, v, mapping=name)
-        assert seen[-1] is second.kernel_args(1)["ORDER"]
+        with observe.record() as log:
+            out, _ = A.attention_forward(q, k, v, mapping=name)
+        assert log[-1].plan.policy is second
         torch.testing.assert_close(out.double(), _ref(q, k, v, False), rtol=1e-5, atol=1e-5)
     finally:
         M._registry._REGISTRY.pop(name, None)

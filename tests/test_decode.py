@@ -2,7 +2,8 @@
 
 CPU: Triton's interpreter on tiny shapes (fp32 and fp16; the interpreter's bf16 tl.dot is wrong).
 GPU (-m gpu): real sizes in bf16/fp16/fp32, torch.compile and CUDA-graph capture of the custom op.
-Every Triton test checks that the kernel ran (``flash_decode.LAUNCHES``), not the torch fallback.
+Every Triton test checks that the kernel ran (a launch observer, ``numasched.observe``), not the
+torch fallback, and outputs are poisoned with NaN before each launch.
 """
 import math
 import warnings
@@ -14,8 +15,9 @@ import triton.language as tl
 
 import numasched
 import numasched.decode as D
-from numasched import mappings as M
-from numasched import topology
+from numasched import caps, mappings as M, observe, options, topology
+from numasched._plan import PLANS
+from numasched._route import plain_eager, reset_warnings
 from numasched.kernels import flash_decode as FD
 
 from conftest import DEVICE
@@ -81,23 +83,25 @@ def make_paged(B, H, HK, Dh, page, max_pages, lens, dtype, device, seed=0, spare
 
 @pytest.fixture
 def launches():
-    """Asserts the Triton path ran during the test."""
-    before = FD.LAUNCHES
-    yield
-    assert FD.LAUNCHES > before, "the Triton kernel did not run (torch fallback?)"
+    """Asserts the Triton path ran during the test (and no torch fallback did)."""
+    with observe.record() as log:
+        yield log
+    assert log.count("flash_decode", kernel="flash_decode") > 0, "the Triton kernel did not run"
+    assert not log.fallbacks(), "the torch fallback ran"
 
 
 @pytest.fixture(params=["fused", "kernel"])
-def combine(request, monkeypatch):
-    monkeypatch.setattr(FD, "COMBINE_MODE", request.param)
-    return request.param
+def combine(request):
+    with options.use(decode_combine=request.param):
+        yield request.param
 
 
 @pytest.fixture
-def poisoned(monkeypatch):
-    """Outputs start as NaN, so any element the kernels do not write fails the comparison."""
-    monkeypatch.setattr(D, "_new_output", lambda shape, dtype, device: torch.full(shape, float("nan"), dtype=dtype,
-                                                                                 device=device))
+def poisoned():
+    """Outputs are filled with NaN before every launch, so any element the kernels do not write
+    fails the comparison."""
+    with observe.record(poison=True) as log:
+        yield log
 
 
 # ----------------------------------------------------------------------------- CPU (interpreter)
@@ -117,7 +121,7 @@ def test_contiguous(dtype, H, HK, num_splits, combine, poisoned, launches):
 def test_auto_splits_and_full_cache(poisoned, launches):
     # no cache_seqlens: every sequence is the whole cache; auto picks several splits here
     B, H, HK, Dh, L = 1, 2, 1, 16, 600
-    assert FD.choose_num_splits(B, HK, L, FD.num_sms(torch.device(DEVICE))) > 1
+    assert D.choose_num_splits(B, HK, L, caps.num_sms(torch.device(DEVICE))) > 1
     q, k, v = make_contiguous(B, H, HK, Dh, L, torch.float32, DEVICE, seed=1)
     out, lse = numasched.flash_decode(q, k, v, return_lse=True, scale=0.3)
     check(out, lse, *reference(q, k, v, scale=0.3), torch.float32)
@@ -149,11 +153,13 @@ def test_paged(dtype, page, combine, poisoned, launches):
 
 def test_head_dim_padded_and_int64_offsets(monkeypatch, poisoned, launches):
     # head dim 40 (padded to 64 in registers) and the int64 offset path (forced by a low threshold)
-    monkeypatch.setattr(FD, "INT64_THRESHOLD", 0)
+    monkeypatch.setattr(D, "INT64_THRESHOLD", 0)
     B, H, HK, Dh, page, max_pages = 2, 2, 1, 40, 8, 3
     lens = torch.tensor([20, 9], dtype=torch.int32)
     q, k, v, bt, lens = make_paged(B, H, HK, Dh, page, max_pages, lens, torch.float32, DEVICE, seed=5)
-    out, lse = numasched.flash_decode(q, k, v, cache_seqlens=lens, block_table=bt, num_splits=2, return_lse=True)
+    plan = numasched.plan_decode(q, k, v, cache_seqlens=lens, block_table=bt, num_splits=2)
+    assert plan._split.kwargs["INT64"]
+    out, lse = plan.run(q, k, v, lens, bt, return_lse=True)
     check(out, lse, *reference(q, k, v, lens, bt), torch.float32)
 
 
@@ -188,8 +194,7 @@ def test_kernel_follows_the_policy():
     q, k, v = make_contiguous(B, H, HK, Dh, L, torch.float32, DEVICE, seed=15)
     out = torch.full((B, H, Dh), float("nan"), device=DEVICE)
     lse = torch.full((B, H), float("nan"), device=DEVICE)
-    FD.flash_decode_launch(q, k, v, None, None, out, lse, scale=0.25, seqlen_max=L, page_size=0, num_splits=1,
-                           policy=bad, num_domains=1)
+    numasched.plan_decode(q, k, v, num_splits=1, mapping=bad, scale=0.25).run(q, k, v, out=out, lse=lse)
     assert torch.isfinite(out[0, 0]).all() and torch.isnan(out[1]).all()
 
 
@@ -216,40 +221,42 @@ def test_launch_writes_every_output_element():
     q, k, v = make_contiguous(B, H, HK, Dh, L, torch.float32, DEVICE, seed=10)
     lens = torch.tensor([25, 0], dtype=torch.int32, device=DEVICE)
     ref_out, ref_lse = reference(q, k, v, lens)
-    pol = M.get("head_first")
     for S, mode in [(1, "fused"), (4, "fused"), (4, "kernel")]:
         out = torch.full((B, H, Dh), float("nan"), device=DEVICE)
         lse = torch.full((B, H), float("nan"), device=DEVICE)
-        FD.flash_decode_launch(q, k, v, lens, None, out, lse, scale=Dh ** -0.5, seqlen_max=L, page_size=0,
-                               num_splits=S, policy=pol, num_domains=1, combine=mode)
+        plan = numasched.plan_decode(q, k, v, cache_seqlens=lens, num_splits=S, mapping="head_first",
+                                     options=options.current().replace(decode_combine=mode))
+        assert plan.combine == ("none" if S == 1 else mode)
+        plan.run(q, k, v, lens, out=out, lse=lse)
         check(out, lse, ref_out, ref_lse, torch.float32)
 
 
-def test_fused_counters_reset_between_calls(monkeypatch, launches):
-    monkeypatch.setattr(FD, "COMBINE_MODE", "fused")
+def test_fused_counters_reset_between_calls(launches):
     B, H, HK, Dh, L = 2, 2, 1, 16, 40
     q, k, v = make_contiguous(B, H, HK, Dh, L, torch.float32, DEVICE, seed=11)
-    first = numasched.flash_decode(q, k, v, num_splits=3)
-    counters = FD._counters(q.device, B * HK)
+    with options.use(decode_combine="fused"):
+        first = numasched.flash_decode(q, k, v, num_splits=3)
+        second = numasched.flash_decode(q, k, v, num_splits=3)
+    counters = D._counters(q.device, B * HK, caps.stream_handle(q.device))
     assert int(counters[: B * HK].abs().sum()) == 0, "the last split must reset its arrival counter"
-    second = numasched.flash_decode(q, k, v, num_splits=3)
     torch.testing.assert_close(first, second)
 
 
 def test_torch_fallback_warns_once(monkeypatch):
     # CPU tensors without TRITON_INTERPRET: the torch implementation runs, with a warning saying why
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    monkeypatch.setattr(D, "_WARNED", set())
+    reset_warnings()
     B, H, HK, Dh, page, max_pages = 2, 4, 2, 16, 4, 3
     lens = torch.tensor([9, 0], dtype=torch.int32)
     q, k, v, bt, lens = make_paged(B, H, HK, Dh, page, max_pages, lens, torch.float32, "cpu", seed=12)
-    before = FD.LAUNCHES
-    with pytest.warns(UserWarning, match="torch fallback.*TRITON_INTERPRET"):
-        out, lse = numasched.flash_decode(q, k, v, cache_seqlens=lens, block_table=bt, return_lse=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # second call: no second warning
-        numasched.flash_decode(q, k, v, cache_seqlens=lens, block_table=bt)
-    assert FD.LAUNCHES == before
+    with observe.record() as log:
+        with pytest.warns(RuntimeWarning, match="torch fallback.*TRITON_INTERPRET") as w:
+            out, lse = numasched.flash_decode(q, k, v, cache_seqlens=lens, block_table=bt, return_lse=True)
+        assert w[0].filename == __file__, "the warning must point at the caller's line"
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # second call: no second warning
+            numasched.flash_decode(q, k, v, cache_seqlens=lens, block_table=bt)
+    assert log.kernels() == ["torch", "torch"]
     check(out, lse, *reference(q, k, v, lens, bt), torch.float32)
 
 
@@ -257,23 +264,23 @@ def test_choose_num_splits():
     sms = 132
     # few (batch, kv_head) pairs and a long context: about PROGRAMS_PER_SM programs per SM, one wave
     for B, HK in [(1, 8), (1, 2), (2, 1)]:
-        s = FD.choose_num_splits(B, HK, 131072, sms)
-        assert FD.PROGRAMS_PER_SM * sms * 0.9 <= B * HK * s <= FD.PROGRAMS_PER_SM * sms and s <= FD.MAX_SPLITS
-    assert FD.choose_num_splits(1, 2, 131072, sms) > 64  # more than one combine chunk
+        s = D.choose_num_splits(B, HK, 131072, sms)
+        assert D.PROGRAMS_PER_SM * sms * 0.9 <= B * HK * s <= D.PROGRAMS_PER_SM * sms and s <= D.MAX_SPLITS
+    assert D.choose_num_splits(1, 2, 131072, sms) > 64  # more than one combine chunk
     # the choices the H200 split sweep found best (bench/results/decode-sweep-h200-2026-11-22.csv)
     for ctx in (1024, 8192, 32768, 131072):
-        assert FD.choose_num_splits(1, 8, ctx, sms) == 16, ctx
-    assert FD.choose_num_splits(8, 8, 1024, sms) == 2
+        assert D.choose_num_splits(1, 8, ctx, sms) == 16, ctx
+    assert D.choose_num_splits(8, 8, 1024, sms) == 2
     # a short context: splits of at least MIN_SPLIT_TOKENS, even if the GPU is not filled
-    assert FD.choose_num_splits(1, 8, 512, sms) == 512 // FD.MIN_SPLIT_TOKENS
+    assert D.choose_num_splits(1, 8, 512, sms) == 512 // D.MIN_SPLIT_TOKENS
     # many pairs: one split, no combine
-    assert FD.choose_num_splits(128, 8, 1024, sms) == 1
-    assert FD.choose_num_splits(32, 8, 8192, sms) == 1
-    assert FD.choose_num_splits(1, 1, 100, sms) == 1
-    assert FD.choose_num_splits(1, 1, 0, sms) == 1
+    assert D.choose_num_splits(128, 8, 1024, sms) == 1
+    assert D.choose_num_splits(32, 8, 8192, sms) == 1
+    assert D.choose_num_splits(1, 1, 100, sms) == 1
+    assert D.choose_num_splits(1, 1, 0, sms) == 1
     for B, HK, L in [(1, 8, 1024), (8, 8, 32768), (2, 32, 8192), (1, 1, 1 << 20), (8, 32, 8192)]:
-        s = FD.choose_num_splits(B, HK, L, sms)
-        assert 1 <= s <= min(FD.MAX_SPLITS, max(1, L // FD.MIN_SPLIT_TOKENS))
+        s = D.choose_num_splits(B, HK, L, sms)
+        assert 1 <= s <= min(D.MAX_SPLITS, max(1, L // D.MIN_SPLIT_TOKENS))
 
 
 @pytest.mark.parametrize("paged", [False, True])
@@ -284,7 +291,7 @@ def test_long_splits_tune_only_wide_tiles(paged):
     no 128-token tile fits, still gets a config."""
     def candidates(tokens_per_split, D, dtype):
         k = torch.empty(1, 1, 1, D, dtype=dtype)
-        key = FD._tune_bucket(tokens_per_split) * 2
+        key = FD.tune_bucket(tokens_per_split) * 2
         return FD._prune_configs(FD._GPU_CONFIGS, {"K": k, "tune_key": key},
                                  PAGE_SIZE=16 if paged else 0, BLOCK_D=D)
 
@@ -310,14 +317,14 @@ def test_many_splits_chunked_combine(combine, poisoned, launches):
 
 def test_plan_cache_reused_and_invalidated(monkeypatch, launches):
     built = []
-    real_init = FD.DecodePlan.__init__
+    real_init = D.DecodePlan.__init__
 
     def counting_init(self, *a, **kw):
         built.append(1)
         real_init(self, *a, **kw)
 
-    monkeypatch.setattr(FD.DecodePlan, "__init__", counting_init)
-    monkeypatch.setattr(D, "_PLANS", {})
+    monkeypatch.setattr(D.DecodePlan, "__init__", counting_init)
+    PLANS.clear()
     B, H, HK, Dh, L = 2, 4, 2, 16, 24
     lens = torch.tensor([24, 9], dtype=torch.int32, device=DEVICE)
     for seed in range(3):  # same metadata, new data: one plan, right answers every time
@@ -325,27 +332,74 @@ def test_plan_cache_reused_and_invalidated(monkeypatch, launches):
         out, lse = numasched.flash_decode(q, k, v, cache_seqlens=lens, num_splits=3, return_lse=True)
         check(out, lse, *reference(q, k, v, lens), torch.float32)
     assert len(built) == 1
-    # a different stride, split count, combine mode or topology needs a new plan
+    # a different stride, split count, option, topology, default or registration needs a new plan
     numasched.flash_decode(q, k.transpose(0, 1).contiguous().transpose(0, 1), v, cache_seqlens=lens, num_splits=3)
     assert len(built) == 2
     numasched.flash_decode(q, k, v, cache_seqlens=lens, num_splits=2)
     assert len(built) == 3
-    monkeypatch.setattr(FD, "COMBINE_MODE", "kernel")
-    out = numasched.flash_decode(q, k, v, cache_seqlens=lens, num_splits=3)
+    with options.use(decode_combine="kernel"):
+        out = numasched.flash_decode(q, k, v, cache_seqlens=lens, num_splits=3)
     assert len(built) == 4
     torch.testing.assert_close(out.double(), reference(q, k, v, lens)[0], atol=2e-5, rtol=2e-5)
     with topology.use("mi300x"):
         numasched.flash_decode(q, k, v, cache_seqlens=lens, num_splits=3)
     assert len(built) == 5
+    numasched.flash_decode(q, k, v, cache_seqlens=lens, num_splits=3)  # back: the first plan again
+    assert len(built) == 5
+    numasched.set_default_mapping("decode", "block_first")
+    try:
+        numasched.flash_decode(q, k, v, cache_seqlens=lens, num_splits=3)
+        assert len(built) == 6
+        assert PLANS.plans("flash_decode")[-1].policy.name == "block_first"
+    finally:
+        numasched.set_default_mapping("decode", None)
+
+
+def test_plan_cache_key_holds_values_not_ids():
+    # two equal topologies made separately share plans; the key has no object ids or env strings
+    B, H, HK, Dh, L = 1, 2, 1, 16, 12
+    q, k, v = make_contiguous(B, H, HK, Dh, L, torch.float32, DEVICE, seed=31)
+    key = D._key(q, k, v, None, None, None, 2, "auto")
+    with topology.use(topology.Topology.preset("mi300x")):
+        k1 = D._key(q, k, v, None, None, None, 2, "auto")
+    with topology.use(topology.Topology.preset("mi300x")):
+        k2 = D._key(q, k, v, None, None, None, 2, "auto")
+    assert k1 == k2 and k1 != key and hash(k1) == hash(k2)
+    flat = repr(key)
+    assert "NUMASCHED" not in flat and "0x" not in flat
+
+
+def test_public_plan_run_checks_signatures(launches):
+    B, H, HK, Dh, L = 2, 4, 2, 16, 24
+    q, k, v = make_contiguous(B, H, HK, Dh, L, torch.float32, DEVICE, seed=32)
+    lens = torch.tensor([24, 9], dtype=torch.int32, device=DEVICE)
+    plan = numasched.plan_decode(q.to("meta"), k.to("meta"), v.to("meta"), cache_seqlens=lens.to("meta"))
+    assert plan.num_splits >= 1 and plan.policy is not None and plan.grid == (B * HK * plan.num_splits,)
+    with pytest.raises(ValueError, match="plan was made for"):  # meta plan, CPU tensors: another device
+        plan.run(q, k, v, lens)
+    plan = numasched.plan_decode(q, k, v, cache_seqlens=lens, num_splits=2)
+    with pytest.raises(AttributeError, match="frozen"):
+        plan.num_splits = 3
+    for seed in range(2):  # one plan, several steps with new data
+        q, k, v = make_contiguous(B, H, HK, Dh, L, torch.float32, DEVICE, seed=33 + seed)
+        out, lse = plan.run(q, k, v, lens, return_lse=True)
+        check(out, lse, *reference(q, k, v, lens), torch.float32)
+    with pytest.raises(ValueError, match="k_cache is .* but the plan was made for"):
+        plan.run(q, k[:, :20], v, lens)
+    with pytest.raises(ValueError, match="cache_seqlens was None when the plan was made|cache_seqlens is missing"):
+        plan.run(q, k, v)
+    with pytest.raises(ValueError, match="out must have shape"):
+        plan.run(q, k, v, lens, out=torch.empty(B, H, Dh + 1))
 
 
 def test_partials_workspace_reused_per_stream(monkeypatch):
     # eager calls of one shape on one stream reuse one partial buffer; CUDA-graph capture gets its own
-    monkeypatch.setattr(FD, "_WORKSPACE", {})
+    monkeypatch.setattr(D, "_WORKSPACE", {})
     B, H, HK, Dh, L = 1, 2, 1, 16, 20
     q, k, v = make_contiguous(B, H, HK, Dh, L, torch.float32, DEVICE, seed=40)
-    plan = FD.DecodePlan(q, k, v, None, None, scale=0.25, seqlen_max=L, page_size=0, num_splits=4,
-                         policy=M.get("head_first"), num_domains=1, combine="kernel")
+    plan = numasched.plan_decode(q, k, v, num_splits=4, scale=0.25, mapping="head_first",
+                                 options=options.current().replace(decode_combine="kernel"))
+    assert plan.workspace_bytes == 4 * (plan._pl_offset + B * H * 4)
     a = plan._partials(0, False)
     b = plan._partials(0, False)
     assert a[0].data_ptr() == b[0].data_ptr() and a[1].data_ptr() == b[1].data_ptr()
@@ -355,54 +409,13 @@ def test_partials_workspace_reused_per_stream(monkeypatch):
     assert plan._partials(0, True)[0].data_ptr() != a[0].data_ptr()  # capturing
 
 
-class _RecordingLaunch:
-    """Stands in for a Triton kernel: records the keyword arguments of each launch."""
-
-    def __init__(self, best=None):
-        self.calls, self.best_config = [], best
-
-    def __getitem__(self, grid):
-        return lambda *args, **kw: self.calls.append(kw)
-
-
-def test_gpu_launch_path_uses_tuned_config(monkeypatch):
-    # The GPU branch, checked on CPU with stand-in kernels: the autotuner runs once per key, later
-    # launches call the plain kernel with its choice; capture before tuning uses the fixed config.
-    best = triton.Config({"BLOCK_N": 32}, num_warps=2, num_stages=4)
-    plain, tuned = _RecordingLaunch(), _RecordingLaunch(best)
-    monkeypatch.setattr(FD, "_flash_decode_kernel", plain)
-    monkeypatch.setattr(FD, "_flash_decode_tuned", tuned)
-    monkeypatch.setattr(FD, "_interpreting", lambda dev: False)
-    monkeypatch.setattr(FD, "AUTOTUNE", True)
-    monkeypatch.setattr(FD, "_TUNED_CONFIGS", {})
-    capturing = [True]
-    monkeypatch.setattr(FD, "_capturing", lambda dev: capturing[0])
-    B, H, HK, Dh, L = 1, 2, 1, 16, 20
-    q, k, v = make_contiguous(B, H, HK, Dh, L, torch.float32, DEVICE, seed=41)
-    out, lse = torch.empty(B, H, Dh), torch.empty(B, H)
-    plan = FD.DecodePlan(q, k, v, None, None, scale=0.25, seqlen_max=L, page_size=0, num_splits=2,
-                         policy=M.get("head_first"), num_domains=1)
-    plan.launch(q, k, v, None, None, out, lse)  # capturing, not tuned: fixed config
-    assert plain.calls[-1]["BLOCK_N"] == FD.DEFAULT_GPU_CONFIG[False]["BLOCK_N"] and not tuned.calls
-    capturing[0] = False
-    plan.launch(q, k, v, None, None, out, lse)  # tunes
-    assert len(tuned.calls) == 1 and "BLOCK_N" not in tuned.calls[0]
-    for _ in range(2):
-        plan.launch(q, k, v, None, None, out, lse)  # tuned: the plain kernel with the chosen config
-    assert len(tuned.calls) == 1
-    assert plain.calls[-1]["BLOCK_N"] == 32 and plain.calls[-1]["num_warps"] == 2 and plain.calls[-1]["num_stages"] == 4
-    monkeypatch.setattr(FD, "AUTOTUNE", False)
-    plan.launch(q, k, v, None, None, out, lse)
-    assert plain.calls[-1]["BLOCK_N"] == FD.DEFAULT_GPU_CONFIG[False]["BLOCK_N"]
-
-
 def test_eager_call_skips_the_op_but_compile_and_modes_use_it():
     from torch.utils._python_dispatch import TorchDispatchMode
 
     B, H, HK, Dh, L = 1, 2, 1, 16, 8
     q, k, v = make_contiguous(B, H, HK, Dh, L, torch.float32, DEVICE, seed=42)
-    assert not D._needs_op(q, k, v)
-    assert D._needs_op(q.requires_grad_(), k, v)
+    assert plain_eager(q, k, v)
+    assert not plain_eager(q.requires_grad_(), k, v)
     q.requires_grad_(False)
 
     class Log(TorchDispatchMode):
@@ -415,7 +428,7 @@ def test_eager_call_skips_the_op_but_compile_and_modes_use_it():
             return func(*args, **(kwargs or {}))
 
     with Log() as log:
-        assert D._needs_op(q, k, v)
+        assert not plain_eager(q, k, v)
         numasched.flash_decode(q, k, v, num_splits=2)
     assert any("numasched.flash_decode" in o for o in log.ops)
 
@@ -446,14 +459,36 @@ def test_torch_compile_fullgraph(launches):
 
 def test_data_checks_can_be_turned_off(monkeypatch, launches):
     calls = []
-    monkeypatch.setattr(D, "_check_data", lambda *a: calls.append(a))
+    monkeypatch.setattr(D, "check_decode_data", lambda *a: calls.append(a))
     B, H, HK, Dh, L = 1, 1, 1, 16, 8
     q, k, v = make_contiguous(B, H, HK, Dh, L, torch.float32, DEVICE)
-    numasched.flash_decode(q, k, v)
+    lens = torch.tensor([5], dtype=torch.int32, device=DEVICE)
+    numasched.flash_decode(q, k, v, cache_seqlens=lens)
     assert len(calls) == 1
-    monkeypatch.setattr(D, "CHECK_DATA", False)
-    numasched.flash_decode(q, k, v)
+    with options.use(check_data=False):
+        numasched.flash_decode(q, k, v, cache_seqlens=lens)
     assert len(calls) == 1
+
+
+def test_unchecked_bad_block_table_is_bounded(launches):
+    # With the data checks off, a page index out of range (or -1 in a used slot) must not read
+    # outside the cache: the kernel clamps it (a wrong row for that sequence, documented), never
+    # a crash. Lengths beyond the capacity are clamped too.
+    B, H, HK, Dh, page, max_pages = 2, 4, 2, 16, 4, 3
+    lens = torch.tensor([12, 6], dtype=torch.int32)
+    q, k, v, bt, lens = make_paged(B, H, HK, Dh, page, max_pages, lens, torch.float32, DEVICE, seed=43)
+    bad = bt.clone()
+    bad[0, 1] = 10**6
+    bad[1, 0] = -5
+    with options.use(check_data=False):
+        out = numasched.flash_decode(q, k, v, cache_seqlens=torch.tensor([12, 10**6], dtype=torch.int32,
+                                                                          device=DEVICE), block_table=bad)
+    assert torch.isfinite(out).all()
+    clamped = bad.clamp(0, k.shape[0] - 1)
+    ref = reference(q, k, v, torch.tensor([12, max_pages * page]), clamped)[0]
+    torch.testing.assert_close(out.double(), ref, atol=2e-5, rtol=2e-5)
+    with pytest.raises(ValueError, match="block_table\\[0, 1\\] = 1000000 .* check_data=False"):
+        numasched.flash_decode(q, k, v, cache_seqlens=lens, block_table=bad)
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -501,13 +536,13 @@ def _bad_cases():
         ("max_len overflow int32", (q, torch.zeros(1, 1, 1, Dh).expand(B, 2**31, HK, Dh),
                                     torch.zeros(1, 1, 1, Dh).expand(B, 2**31, HK, Dh)), {}, ValueError,
          "max_len .* overflows int32"),
-        ("num_splits 0", (q, k, v), dict(num_splits=0), ValueError, "num_splits must be a positive int"),
-        ("num_splits float", (q, k, v), dict(num_splits=2.0), ValueError, "num_splits must be a positive int"),
+        ("num_splits 0", (q, k, v), dict(num_splits=0), ValueError, "num_splits must be >= 1"),
+        ("num_splits float", (q, k, v), dict(num_splits=2.0), TypeError, "num_splits must be a positive int"),
         ("scale nan", (q, k, v), dict(scale=float("nan")), ValueError, "scale must be a finite float"),
-        ("scale str", (q, k, v), dict(scale="1"), ValueError, "scale must be a finite float"),
+        ("scale str", (q, k, v), dict(scale="1"), TypeError, "scale must be a float"),
         ("unknown mapping", (q, k, v), dict(mapping="nope"), ValueError, "unknown mapping 'nope'"),
         ("gemm mapping", (q, k, v), dict(mapping="grouped"), ValueError, "gemm policy and cannot serve decode"),
-        ("mapping type", (q, k, v), dict(mapping=3), ValueError, "mapping must be"),
+        ("mapping type", (q, k, v), dict(mapping=3), TypeError, "mapping must be"),
         # an int length beyond int32 raised torch's overflow error, which named no argument
         ("seqlens int overflow", (q, k, v), dict(cache_seqlens=2**40), ValueError, r"cache_seqlens = \d+ is outside"),
         ("seqlens float", (q, k, v), dict(cache_seqlens=3.0), TypeError, "cache_seqlens must be a torch.Tensor, an int"),
@@ -518,7 +553,7 @@ def _bad_cases():
 def test_bad_input(case):
     _, args, kwargs, exc, match = case
     if exc is None:  # a control: a strided but valid q passes the checks
-        D._check_inputs(*args, None, None, None, None, "auto")
+        D.check_decode(*args)
         return
     with pytest.raises(exc, match=match):
         numasched.flash_decode(*args, **kwargs)
@@ -540,9 +575,10 @@ gpu = pytest.mark.gpu
 
 
 @pytest.fixture
-def fixed_config(monkeypatch):
+def fixed_config():
     """One fixed kernel config on the GPU: autotuning every shape would compile dozens of variants."""
-    monkeypatch.setattr(FD, "AUTOTUNE", False)
+    with options.use(autotune=False):
+        yield
 
 
 @gpu

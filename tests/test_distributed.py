@@ -1,7 +1,11 @@
 """numasched.distributed: CPU tests (interpreter, several ranks in one process) + GPU/multi-GPU runs.
 
 CPU (no Iris, no GPU needed):
-  * importing numasched.distributed never imports Iris;
+  * importing numasched.distributed never imports Iris; _context.py imports no op module (ast);
+    one module per collective, each registered in the op registry;
+  * fused launches: one thin Launch per phase and argument layout, MAPPING as one constexpr,
+    launch observers see every launch (poisoned outputs are all written), the TMA choice comes
+    from numasched.options (never the environment) and is part of the call key;
   * the tile order: a bijection of the tickets onto (shard, tile_m, tile_n) for world 1..8 and
     every registered GEMM policy; all-gather visits its own shard first, then rank+1, rank+2, ...;
     reduce-scatter visits rank+1 first and its own shard last; device function == NumPy reference;
@@ -16,10 +20,14 @@ CPU (no Iris, no GPU needed):
     loop, "sys"-scope acquire/release flags in the PTX) and for gfx942.
 GPU: one-rank Iris context (gpu); torchrun on every GPU with tests/dist_worker.py (multigpu).
 """
+import ast
+import importlib
+import importlib.util
 import os
 import re
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -29,6 +37,7 @@ from hypothesis import strategies as st
 
 import numasched.distributed as nd
 from numasched import mappings as M
+from numasched import observe, options, topology
 from numasched.distributed import protocol
 from numasched.distributed._context import _peer_access_error
 from numasched.kernels.dist_order import (ALL_GATHER_FIRST, REDUCE_SCATTER_FIRST, shard_order_device_map,
@@ -65,6 +74,90 @@ def test_peer_access_errors():
     assert "share a GPU" in _peer_access_error([0, 1], ["h", "h"], ok, gpu_ids=["GPU-a", "GPU-a"])
     assert "not visible to rank 0" in _peer_access_error([0, 0], ["h", "h"], [[True, None], [True, True]],
                                                          gpu_ids=["GPU-a", "GPU-b"])
+
+
+# ============================================================================ module layout
+_PKG = os.path.join(REPO, "numasched", "distributed")
+# everything that holds or reaches the op registry (and the package itself, which imports them all)
+_OP_MODULES = {"__init__", "_common", "_sim", "_ce", "all_gather_matmul", "matmul_reduce_scatter",
+               "flash_decode_distributed"}
+
+
+def _package_imports(path) -> set:
+    """Modules of numasched.distributed that a file imports anywhere: at top level or inside a
+    function (relative or absolute)."""
+    found = set()
+    for node in ast.walk(ast.parse(open(path).read())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:                         # from . import x / from .x import y
+                found.update([node.module.split(".")[0]] if node.module else [a.name for a in node.names])
+            elif node.module and (node.module + ".").startswith("numasched.distributed."):
+                rest = node.module[len("numasched.distributed"):].lstrip(".")
+                found.update([rest.split(".")[0]] if rest else [a.name for a in node.names])
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name == "numasched.distributed":
+                    found.add("__init__")
+                elif a.name.startswith("numasched.distributed."):
+                    found.add(a.name.split(".")[2])
+    return found
+
+
+def test_context_does_not_import_the_op_modules():
+    """_context.py (contexts, heap budget) is below the ops: no import of an op module, not even a
+    lazy one inside a function (the old _context <-> _ops cycle)."""
+    assert not _package_imports(os.path.join(_PKG, "_context.py")) & _OP_MODULES
+    # the check sees what it must: top-level imports (_sim -> the registry) and lazy ones in methods
+    assert {"_common", "_context"} <= _package_imports(os.path.join(_PKG, "_sim.py"))
+    assert "_ce" in _package_imports(os.path.join(_PKG, "all_gather_matmul.py"))
+    assert "__init__" in _package_imports(os.path.join(REPO, "tests", "dist_worker.py"))
+
+
+def test_one_module_per_collective():
+    """Each collective's module registers its op; the package's public names are the functions."""
+    assert set(nd.OPS) == {"all_gather_matmul", "matmul_reduce_scatter", "flash_decode_distributed"}
+    for name, op in nd.OPS.items():
+        mod = importlib.import_module(f"numasched.distributed.{name}")
+        assert op.__module__ == mod.__name__ and op.name == name
+        fn = getattr(nd, name)
+        assert isinstance(fn, types.FunctionType) and fn is getattr(mod, name)
+        for part in ("describe", "buffers", "prepare", "_launch_fused"):
+            assert part in vars(op), f"{name} lacks its own {part}"
+    assert nd.SimWorld.__module__ == "numasched.distributed._sim"
+    assert importlib.util.find_spec("numasched.distributed._ops") is None
+    for name in ("init", "DistContext", "required_heap_bytes", "set_local_decode", "torch_local_decode"):
+        assert name in nd.__all__ and callable(getattr(nd, name))
+
+
+# Iris is imported only when a DistContext is created: a fresh interpreter that records every
+# attempt to import it imports the package and runs a simulated call.
+_NO_IRIS = r"""
+import sys
+tried = []
+class Spy:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "iris":
+            tried.append(name)
+        return None
+sys.meta_path.insert(0, Spy())
+import torch
+import numasched.distributed as nd
+a, b = torch.randn(16, 16), torch.randn(16, 8)
+assert torch.allclose(nd.all_gather_matmul(a, b, ctx=nd.SimWorld(1).ranks[0]), a @ b, atol=1e-4)
+try:
+    nd.DistContext(1 << 30)
+except RuntimeError as e:
+    assert "init_process_group" in str(e), e
+print("TRIED", tried, "LOADED", sorted(m for m in sys.modules if m.split(".")[0] == "iris"))
+"""
+
+
+def test_distributed_imports_and_runs_without_iris():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    r = subprocess.run([sys.executable, "-c", _NO_IRIS], capture_output=True, text=True, cwd=REPO, env=env,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "TRIED [] LOADED []" in r.stdout, r.stdout
 
 
 # ============================================================================ tile order
@@ -128,7 +221,7 @@ def test_protocol_model_catches_single_buffering(op):
 @pytest.mark.parametrize("op", ["all_gather_matmul", "matmul_reduce_scatter", "flash_decode_distributed",
                                 "all_gather_matmul_ce", "matmul_reduce_scatter_ce"])
 def test_protocol_model_first_use_needs_a_barrier(op):
-    """A signature's buffers are zero-filled on each rank's stream: without the barrier that _ops.run
+    """A signature's buffers are zero-filled on each rank's stream: without the barrier that _common.run
     puts after creating them, a fast peer's push is wiped or its flag lost (the "ce" bug on H200)."""
     caught = 0
     for seed in range(12):
@@ -142,7 +235,7 @@ def test_protocol_model_first_use_needs_a_barrier(op):
 
 
 def test_first_call_of_a_signature_waits_for_every_rank():
-    """_ops.run synchronises (ctx.barrier) once after creating a signature's buffers, before launching."""
+    """_common.run synchronises (ctx.barrier) once after creating a signature's buffers, before launching."""
     events = []
     ctx = nd.SimWorld(1).ranks[0]
     ctx.barrier = lambda: events.append(("barrier", len(ctx.plans)))   # real contexts: synchronize + barrier
@@ -170,18 +263,23 @@ def _ag_case(world, Ml, K, N, dtype, calls=2, seed=0, impl="fused"):
     return sim
 
 
-@pytest.mark.parametrize("world,Ml,K,N,dtype,tma", [(1, 20, 24, 40, torch.float32, "0"),
-                                                    (2, 20, 40, 36, torch.float32, "0"),
-                                                    (3, 16, 32, 16, torch.float16, "0"),
-                                                    (4, 9, 16, 20, torch.float32, "0"),
-                                                    (2, 20, 40, 36, torch.float32, "1"),
-                                                    (3, 9, 24, 20, torch.float16, "1")])
-def test_all_gather_matmul_sim(world, Ml, K, N, dtype, tma, monkeypatch):
-    """tma="1": the TMA-descriptor path of the fused kernel (the default on Hopper), interpreted."""
-    monkeypatch.setenv("NUMASCHED_DIST_TMA", tma)
-    sim = _ag_case(world, Ml, K, N, dtype, calls=2 if world < 4 else 1)
+@pytest.mark.parametrize("world,Ml,K,N,dtype,tma", [(1, 20, 24, 40, torch.float32, False),
+                                                    (2, 20, 40, 36, torch.float32, False),
+                                                    (3, 16, 32, 16, torch.float16, False),
+                                                    (4, 9, 16, 20, torch.float32, False),
+                                                    (2, 20, 40, 36, torch.float32, True),
+                                                    (3, 9, 24, 20, torch.float16, True)])
+def test_all_gather_matmul_sim(world, Ml, K, N, dtype, tma):
+    """tma=True: the TMA-descriptor path of the fused kernel (the default on Hopper), interpreted."""
+    with options.use(dist_tma=tma):
+        sim = _ag_case(world, Ml, K, N, dtype, calls=2 if world < 4 else 1)
     ctx = sim.ranks[0]
     plan = next(iter(ctx.plans.values()))
+    assert ("USE_TMA", tma) in next(iter(ctx.plans))[-1]     # the call key holds the option's value
+    # the option decides the config; the kernel reads through descriptors where TMA can (16-byte rows)
+    es = torch.empty((), dtype=dtype).element_size()
+    descriptors = tma and (K * es) % 16 == 0 and (N * es) % 16 == 0
+    assert plan.launchers and all(l.kwargs["USE_TMA"] is descriptors for l in plan.launchers.values())
     assert int(plan.bufs["epoch"]) == (2 if world < 4 else 1)        # one epoch per call
     assert int(plan.bufs["counters"].abs().sum()) == 0                # the last program reset them
     if world > 1:   # flags of every peer's row blocks hold the last epoch (set, never cleared)
@@ -190,11 +288,11 @@ def test_all_gather_matmul_sim(world, Ml, K, N, dtype, tma, monkeypatch):
         assert (flags[peers] == int(plan.bufs["epoch"])).all()
 
 
-@pytest.mark.parametrize("world,M_,Kl,N,impl,tma", [(1, 12, 20, 36, "fused", "0"), (2, 24, 40, 20, "fused", "0"),
-                                                    (3, 18, 16, 20, "fused", "0"), (2, 20, 24, 40, "fused", "1"),
-                                                    (1, 12, 20, 36, "ce", "0"), (3, 18, 16, 20, "ce", "0")])
-def test_matmul_reduce_scatter_sim(world, M_, Kl, N, impl, tma, monkeypatch):
-    monkeypatch.setenv("NUMASCHED_DIST_TMA", tma)
+@pytest.mark.parametrize("world,M_,Kl,N,impl,tma", [(1, 12, 20, 36, "fused", False),
+                                                    (2, 24, 40, 20, "fused", False),
+                                                    (3, 18, 16, 20, "fused", False), (2, 20, 24, 40, "fused", True),
+                                                    (1, 12, 20, 36, "ce", False), (3, 18, 16, 20, "ce", False)])
+def test_matmul_reduce_scatter_sim(world, M_, Kl, N, impl, tma):
     g = torch.Generator().manual_seed(1)
     sim = nd.SimWorld(world)
     Ms = M_ // world
@@ -202,8 +300,9 @@ def test_matmul_reduce_scatter_sim(world, M_, Kl, N, impl, tma, monkeypatch):
         A = [torch.randn(M_, Kl, generator=g) for _ in range(world)]
         B = [torch.randn(Kl, N, generator=g) for _ in range(world)]
         outs = [torch.full((Ms, N), float("nan")) for _ in range(world)]
-        res = sim.run_each("matmul_reduce_scatter", [((A[r], B[r]), dict(out=outs[r], impl=impl))
-                                                     for r in range(world)])
+        with options.use(dist_tma=tma):
+            res = sim.run_each("matmul_reduce_scatter", [((A[r], B[r]), dict(out=outs[r], impl=impl))
+                                                         for r in range(world)])
         full = sum(A[r].double() @ B[r].double() for r in range(world))
         for r in range(world):
             assert res[r] is outs[r] and torch.isfinite(res[r]).all()
@@ -218,6 +317,77 @@ def test_all_gather_matmul_ce_sim(world):
     assert int(plan.bufs["epoch"]) == 3
     if world > 1:   # every peer's ready flag and ack hold the last epoch
         assert (plan.bufs["flags"][:, 1:] == 3).all()
+
+
+# ============================================================================ launches: thin, observed, options
+def test_fused_launch_is_bound_once_per_phase_and_layout():
+    ctx = nd.SimWorld(1).ranks[0]
+    g = torch.Generator().manual_seed(6)
+    a, b = torch.randn(20, 24, generator=g), torch.randn(24, 40, generator=g)
+    ref = a.double() @ b.double()
+    for _ in range(3):
+        assert _rel(nd.all_gather_matmul(a, b, ctx=ctx, mapping="row_major"), ref) < 1e-5
+    (plan,) = ctx.plans.values()
+    assert plan.launches == 3 and len(plan.launchers) == 1
+    (launch,) = plan.launchers.values()
+    assert launch.interpret                                  # CPU: Triton's interpreter
+    # the policy travels as ONE constexpr
+    assert launch.kwargs["MAPPING"] == M.get("row_major").constexpr(topology.current().num_domains)
+    assert not {"REMAP", "REMAP_PARAM", "ORDER", "ORDER_PARAM", "NUM_DOMAINS"} & set(launch.kwargs)
+    # b as a column-major view: the same call signature (same plan and buffers) but other strides,
+    # which Triton specialises on: a Launch of its own, never the one bound for row-major b
+    bt = b.T.contiguous().T
+    assert _rel(nd.all_gather_matmul(a, bt, ctx=ctx, mapping="row_major"), ref) < 1e-5
+    assert len(ctx.plans) == 1 and len(plan.launchers) == 2 and launch in plan.launchers.values()
+    nd.all_gather_matmul(a, b, ctx=ctx, mapping="row_major", communicate=False)   # phase "nocomm"
+    assert len(plan.launchers) == 3 and {k[0] for k in plan.launchers} == {"full", "nocomm"}
+    assert plan.launches == 5
+
+
+def test_launch_observer_sees_every_launch():
+    g = torch.Generator().manual_seed(5)
+    sim = nd.SimWorld(2)
+    A = [torch.randn(16, 32, generator=g) for _ in range(2)]
+    B = torch.randn(32, 16, generator=g)
+    with observe.record(poison=True) as log:   # NaN in each launch's outputs first
+        res = sim.run("all_gather_matmul", [(A[r], B) for r in range(2)])
+    # every rank's push, then every rank's consume; only the consume launches write the output
+    assert log.ops() == ["all_gather_matmul"] * 4 and log.kernels() == ["all_gather_matmul_kernel"] * 4
+    assert [len(e.outputs) for e in log] == [0, 0, 1, 1]
+    assert log[2].outputs[0] is res[0] and log[3].outputs[0] is res[1]
+    plans = [next(iter(ctx.plans.values())) for ctx in sim.ranks]
+    assert all(e.plan is plans[i % 2] for i, e in enumerate(log))
+    assert all(len(e.grid) == 1 and 1 <= e.grid[0] <= sim.num_sms for e in log)
+    ref = torch.cat(A).double() @ B.double()
+    assert all(_rel(r, ref) < 1e-5 for r in res)            # every poisoned element was written
+
+    ctx = nd.SimWorld(1).ranks[0]
+    q, k = torch.randn(2, 4, 16, generator=g), torch.randn(2, 8, 2, 16, generator=g)
+    lens = torch.tensor([8, 5], dtype=torch.int32)
+    a, b = torch.randn(8, 16, generator=g), torch.randn(16, 8, generator=g)
+    with observe.record() as log:
+        o, l = nd.flash_decode_distributed(q, k, k, lens, ctx=ctx, return_lse=True,
+                                           local_decode=nd.torch_local_decode)
+        y = nd.matmul_reduce_scatter(a, b, ctx=ctx, impl="ce")
+        nd.matmul_reduce_scatter(a, b, ctx=ctx)
+    assert log.kernels() == ["decode_exchange_combine_kernel", "matmul_reduce_scatter.ce",
+                             "matmul_reduce_scatter_kernel"]
+    assert log[0].outputs[0] is o and log[0].outputs[1] is l and log[1].outputs[0] is y
+    nd.all_gather_matmul(a, b, ctx=ctx)
+    assert len(log) == 3                                     # the observer is gone after the block
+
+
+def test_tma_choice_comes_from_options_not_the_environment(monkeypatch):
+    ctx = nd.SimWorld(1).ranks[0]
+    a, b = torch.randn(16, 16), torch.randn(16, 16)
+    monkeypatch.setenv("NUMASCHED_DIST_TMA", "1")   # read once when numasched is imported, never per call
+    with options.use(dist_tma=None):
+        nd.all_gather_matmul(a, b, ctx=ctx)
+    with options.use(dist_tma=True):
+        nd.all_gather_matmul(a, b, ctx=ctx)
+    # None: no TMA under the interpreter; True: another config, so a plan of its own
+    assert [dict(key[-1])["USE_TMA"] for key in ctx.plans] == [False, True]
+    assert [l.kwargs["USE_TMA"] for p in ctx.plans.values() for l in p.launchers.values()] == [False, True]
 
 
 def _decode_ref(q, ks, vs, lens):
@@ -264,7 +434,7 @@ def test_flash_decode_distributed_sim(world):
 def test_flash_decode_distributed_with_numasched_decode():
     """The default local part is numasched.decode.flash_decode(return_lse=True) when present."""
     pytest.importorskip("numasched.decode")
-    from numasched.distributed._ops import default_local_decode, torch_local_decode
+    from numasched.distributed.flash_decode_distributed import default_local_decode, torch_local_decode
 
     nd.set_local_decode(None)
     fn = default_local_decode()
@@ -401,7 +571,7 @@ def ag_values(policy, tma=False, clock=True):
                 flags_ptr="*i32", status_ptr="*i32",
                 epoch_ptr="*i32", counters_ptr="*i32", heap_bases="*i64", rank=0, Ml=8192, N=14336, K=8192,
                 stride_bk=14336, stride_bn=1, stride_cm=14336, stride_cn=1, num_programs=132, wait_bound=10**6,
-                TICKET_LO=0, TICKET_HI=7168, **policy.kernel_args(1), WORLD=2, BLOCK_M=128, BLOCK_N=256,
+                TICKET_LO=0, TICKET_HI=7168, MAPPING=policy.constexpr(1), WORLD=2, BLOCK_M=128, BLOCK_N=256,
                 BLOCK_K=64, EVEN_K=True, COMM_PROGRAMS=16, PUSH_CHUNK=16384, DO_PUSH=True, WAIT=True,
                 BUMP_EPOCH=True, WAIT_CLOCK=clock)
 
@@ -414,7 +584,7 @@ vals = dict(a_ptr="*bf16", b_ptr="*bf16", out_ptr="*bf16", p_ptr="*bf16", a_desc
             b_desc="tensordesc<bf16[64, 256]>", USE_TMA=True, flags_ptr="*i32", status_ptr="*i32",
             epoch_ptr="*i32", counters_ptr="*i32", heap_bases="*i64", rank=0, Ms=8192, N=8192, Kl=14336,
             stride_am=14336, stride_ak=1, stride_bk=8192, stride_bn=1, stride_om=8192, stride_on=1,
-            num_programs=132, wait_bound=10**6, TICKET_LO=0, TICKET_HI=4096, **M.get("grouped").kernel_args(1),
+            num_programs=132, wait_bound=10**6, TICKET_LO=0, TICKET_HI=4096, MAPPING=M.get("grouped").constexpr(1),
             WORLD=2, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, EVEN_K=True, COMM=True, BUMP_EPOCH=True, WAIT_CLOCK=True)
 c = compile_(dist_gemm.matmul_reduce_scatter_kernel, vals, sm90, 8)
 res["rs"] = dict(ptx=c.asm["ptx"], shared=c.metadata.shared)

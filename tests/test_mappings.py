@@ -429,7 +429,7 @@ def test_unknown_names():
         M.resolve("auto", "bogus", rr(8), M.AttentionGrid(1, 2, 2, 2))
     with pytest.raises(ValueError, match="bogus"):
         M.get_default("bogus")
-    with pytest.raises(ValueError, match="mapping"):
+    with pytest.raises(TypeError, match="mapping"):  # a wrong type is a TypeError in every call
         M.get(3)
 
 
@@ -497,7 +497,7 @@ def test_resolve_kinds_and_defaults(clean_defaults):
         M.resolve("swizzled_head_first", "gemm", t, GEMM)
     with pytest.raises(ValueError, match="GemmGrid"):
         M.resolve("auto", "attention", t, GEMM)  # grid of the wrong kind
-    with pytest.raises(ValueError, match="mapping"):
+    with pytest.raises(TypeError, match="mapping"):
         M.resolve(3, "attention", t, ATT)
     with pytest.raises(ValueError, match="grouped"):
         M.set_default("attention", "grouped")

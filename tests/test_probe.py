@@ -2,6 +2,7 @@
 without a GPU, the kernel's compiled code (CPU, no GPU needed), and the real quick probe (GPU)."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -242,10 +243,13 @@ def test_cli_rejects_bad_arguments(tmp_path, capsys):
 
 
 def test_kernel_compiles_with_the_intended_instructions():
-    """Compile (no GPU needed) for sm_90 and gfx942 in a fresh process without TRITON_INTERPRET:
-    the PTX has %smid, L1-bypassing loads and clock reads; gfx942 assembles HW_REG_XCC_ID."""
+    """Compile (no GPU needed) for sm_90, gfx942 and gfx950 in a fresh process without TRITON_INTERPRET:
+    the PTX has %smid, L1-bypassing loads and clock reads; the AMD path of the same kernel reads the
+    CU and XCC ids with s_getreg, the clocks with s_memtime / s_memrealtime and loads with sc1 (L2);
+    the XCC-id kernel assembles HW_REG_XCC_ID. (The AMD code has never run on hardware.)"""
     code = ("import json; from numasched.probe import kernel_asm; a = kernel_asm('sm_90'); b = kernel_asm('gfx942');"
-            "print(json.dumps({'ptx': a['ptx'], 'gcn': b['amdgcn']}))")
+            "c = kernel_asm('gfx942', 'l2_latency'); d = kernel_asm('gfx950', 'l2_latency');"
+            "print(json.dumps({'ptx': a['ptx'], 'gcn': b['amdgcn'], 'lat942': c['amdgcn'], 'lat950': d['amdgcn']}))")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -254,6 +258,38 @@ def test_kernel_compiles_with_the_intended_instructions():
     assert "%smid" in ptx and "%globaltimer" in ptx
     assert ptx.count("ld.global.cg.u64") >= 2 and ptx.count("%clock64") >= 3
     assert "s_getreg_b32" in asm["gcn"] and "HW_REG_XCC_ID" in asm["gcn"]
+    for gcn in (asm["lat942"], asm["lat950"]):
+        assert "hwreg(HW_REG_HW_ID" in gcn and "hwreg(HW_REG_XCC_ID" in gcn
+        assert gcn.count("s_memtime") >= 3 and gcn.count("s_memrealtime") >= 2
+        assert len(re.findall(r"global_load_dwordx2 v\[\d+:\d+\], v\[\d+:\d+\], off sc1", gcn)) >= 2
+        assert "%smid" not in gcn and "ld.global" not in gcn
+
+
+def test_kernel_asm_rejects_bad_requests():
+    with pytest.raises(ValueError, match="target must look like"):
+        P.kernel_asm("volta")
+    with pytest.raises(ValueError, match="AMD only"):
+        P.kernel_asm("sm_90", "xcc_id")
+
+
+def test_layout_device_code_in_kernels_and_no_bench_import():
+    """Device code lives in numasched.kernels.probe; the host package imports neither numasched.bench
+    nor the kernels (analysis runs without a Triton compile); bench.common re-exports the bandwidth
+    reading from numasched.probe."""
+    code = ("import sys, numasched.probe as P\n"
+            "bad = sorted(m for m in sys.modules if m.startswith(('numasched.bench', 'numasched.kernels.probe')))\n"
+            "print(bad)\n"
+            "from numasched.bench import common\n"
+            "from numasched.kernels import probe as K\n"
+            "assert common.stream_read_bw is P.stream_read_bw\n"
+            "assert all(hasattr(K, n) for n in ('_smid', '_clock', '_globaltimer', '_load_cg', '_l2_latency_kernel',"
+            " '_xcc_id_kernel'))\n"
+            "import numasched.cli as C; assert C.build_parser().parse_args(['probe', '--quick']).func is P.cli._cli\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[0] == "[]"
+    for name in P.__all__:
+        assert hasattr(P, name), name
 
 
 # ------------------------------------------------------------------------------ GPU

@@ -26,8 +26,16 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ._context import DEFAULT_HEAP, MAX_WORLD, DistContext, SimWorld, alloc_bytes  # noqa: F401
-from ._ops import required_heap_bytes, set_local_decode, torch_local_decode  # noqa: F401
+from ._context import DEFAULT_HEAP, MAX_WORLD, DistContext, alloc_bytes  # noqa: F401
+from ._common import OPS, required_heap_bytes  # noqa: F401
+# one module per collective; each registers its op in OPS. The public function of the same name
+# is bound here after its module, so ``numasched.distributed.all_gather_matmul`` is the function
+# (the module: importlib.import_module("numasched.distributed.all_gather_matmul")).
+from .all_gather_matmul import all_gather_matmul  # noqa: F401
+from .matmul_reduce_scatter import matmul_reduce_scatter  # noqa: F401
+from .flash_decode_distributed import (flash_decode_distributed, set_local_decode,  # noqa: F401
+                                       torch_local_decode)
+from ._sim import SimWorld  # noqa: F401
 
 __all__ = ["init", "DistContext", "SimWorld", "all_gather_matmul", "matmul_reduce_scatter",
            "flash_decode_distributed", "required_heap_bytes", "set_local_decode", "torch_local_decode"]
@@ -60,52 +68,3 @@ def init(heap_bytes: Optional[int] = None, *, workload=None, timeout_s: float = 
         raise ValueError(f"heap_bytes must be at least {alloc_bytes(1)} (one allocation), got {heap_bytes}")
     return DistContext(int(heap_bytes), timeout_s=timeout_s, allocator=allocator)
 
-
-def all_gather_matmul(a_local, b, *, ctx, mapping="auto", impl: str = "fused", out=None, check: bool = True,
-                      communicate: bool = True):
-    """``all_gather(a_local, dim=0) @ b`` in one fused kernel.
-
-    a_local: (M_local, K), this rank's rows (rank r holds rows r*M_local ... of A); b: (K, N_local).
-    Returns (M_local * world, N_local). Tiles of the local rows run first, then each peer's rows
-    (rank+1, rank+2, ...) as their ready flags arrive; ``mapping`` (a GEMM policy name or "auto")
-    orders the tiles inside each shard. ``check``: read the timeout status after the call
-    (synchronises; skipped while capturing a CUDA graph). ``communicate=False`` times the kernel
-    with communication switched off (peer rows are then garbage). ``impl="ce"``: the
-    producer/consumer pair instead (cuBLAS GEMM per shard, copy-engine transfers on a side stream;
-    no SM spent on communication; ``mapping`` then does not apply).
-    """
-    from ._ops import run
-
-    return run(ctx, "all_gather_matmul", a_local, b, mapping=mapping, impl=impl, out=out, check=check,
-               communicate=communicate)
-
-
-def matmul_reduce_scatter(a, b_local, *, ctx, mapping="auto", impl: str = "fused", out=None, check: bool = True,
-                          communicate: bool = True):
-    """Row-parallel partner: this rank's (M / world, N) slice of ``sum over ranks of a @ b_local``.
-
-    a: (M, K_local), b_local: (K_local, N); M must be a multiple of the world size. Partial tiles
-    for peers are computed first and stored straight into their buffers; this rank's own slice
-    comes last and sums all partials in rank order (fp32 accumulate). ``impl="ce"``: cuBLAS
-    partials pushed by the copy engine on a side stream, then one summing kernel.
-    """
-    from ._ops import run
-
-    return run(ctx, "matmul_reduce_scatter", a, b_local, mapping=mapping, impl=impl, out=out, check=check,
-               communicate=communicate)
-
-
-def flash_decode_distributed(q, k_cache_local, v_cache_local, cache_seqlens_local, *, ctx, return_lse: bool = False,
-                             out=None, check: bool = True, local_decode=None, communicate: bool = True):
-    """Decode attention over a KV sequence split across ranks; every rank returns the full result.
-
-    q: (B, H, D); k_cache_local, v_cache_local: (B, S_local, HK, D), this rank's part of the
-    context; cache_seqlens_local: (B,) valid tokens of each row in this rank's part (0 allowed).
-    Each rank computes its partial (out, lse), pushes it to every peer with a release flag and
-    merges all partials as they arrive (same order on every rank: identical results).
-    Returns out (B, H, D) (and lse (B, H), fp32 natural log, if ``return_lse``).
-    """
-    from ._ops import run
-
-    return run(ctx, "flash_decode_distributed", q, k_cache_local, v_cache_local, cache_seqlens_local,
-               return_lse=return_lse, out=out, check=check, local_decode=local_decode, communicate=communicate)

@@ -23,7 +23,7 @@ Both join the side stream and bump the epoch at the end of the call. One receive
 On CPU (SimWorld) and on GPUs without the CUDA driver API the copy is a Triton remote-store kernel.
 
 First call of a signature: the receive buffers and flags were just zero-filled on each rank's
-stream; ``_ops.run`` synchronises and barriers before launching, or a fast peer's copy (or ready
+stream; ``_common.run`` synchronises and barriers before launching, or a fast peer's copy (or ready
 flag) could land before our fill and be wiped (seen on H200: zeros for the peer's rows).
 Experimental: ``impl="fused"`` is the default.
 """

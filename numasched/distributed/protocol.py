@@ -27,7 +27,7 @@ copy, and a consumer stream that acks after reading; ``acks=False`` drops the ac
 First use of a signature: every rank allocates its buffers and flags with ``iris.zeros``, i.e. a
 ``zero_()`` queued on its own stream, not run at once. The model starts each rank with one
 ``init`` step that zeroes everything that rank owns (buffers, ready flags, acks). With
-``init_barrier=True`` (what ``_ops.run`` does: synchronize + barrier once the buffers exist) no
+``init_barrier=True`` (what ``_common.run`` does: synchronize + barrier once the buffers exist) no
 rank starts call 1 before every rank's init ran. With ``init_barrier=False`` a rank starts as
 soon as its own init ran, so a fast peer can push (or signal) into a heap that is zeroed after
 it: the read then sees no data (or the flag is lost: deadlock). That was the ``impl="ce"``

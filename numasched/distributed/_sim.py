@@ -1,0 +1,91 @@
+"""Several ranks in one CPU process (``SimWorld``): the Triton interpreter over a fake symmetric
+heap per rank, for tests. The kernels, flags, epochs and remote stores are the real ones; only
+the order of launches differs from a real context (every rank's producer phase before any
+rank's consumer phase: the interpreter runs one program at a time)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ._common import OPS, check_headers
+from ._context import HEAP_ALIGN, MAX_WORLD, _Base, alloc_bytes, check_heap_bases
+
+
+@dataclass
+class _SimRank(_Base):
+    world_: "SimWorld"
+    rank: int
+    heap: torch.Tensor = field(repr=False)
+    bump: int = 0
+
+    def __post_init__(self):
+        w = self.world_
+        self.world, self.device, self.num_sms = w.world, w.device, w.num_sms
+        self.max_spins, self.timeout_s = w.max_spins, 0.0
+        self._init_common(self.heap.numel())
+
+    @property
+    def heap_bases(self):
+        return self.world_.heap_bases
+
+    def _alloc(self, numel, dtype):
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        off = self.bump
+        self.bump += alloc_bytes(nbytes)
+        buf = self.heap[off:off + nbytes]
+        buf.zero_()
+        return buf.view(dtype)
+
+
+class SimWorld:
+    """``world`` ranks in one process on CPU (Triton interpreter): a heap per rank, shared heap_bases.
+
+    ``run(op, per_rank_args)`` plays one collective call: header check across ranks, buffers on
+    first use, then each rank's producer phase before any rank's consumer phase. The kernels,
+    flags, epochs and remote stores are the real ones.
+    """
+
+    def __init__(self, world: int, *, heap_bytes: int = 64 << 20, num_sms: int = 3, max_spins: int = 200,
+                 device="cpu"):
+        if not 1 <= world <= MAX_WORLD:
+            raise ValueError(f"world must be in 1..{MAX_WORLD}, got {world}")
+        self.world, self.num_sms, self.max_spins = world, num_sms, max_spins
+        self.device = torch.device(device)
+        # heaps at 256-byte aligned addresses, as Iris's are (see check_heap_bases)
+        raw = [torch.zeros(heap_bytes + HEAP_ALIGN, dtype=torch.uint8, device=self.device) for _ in range(world)]
+        heaps = [h[-h.data_ptr() % HEAP_ALIGN:][:heap_bytes] for h in raw]
+        check_heap_bases([h.data_ptr() for h in heaps])
+        self.heap_bases = torch.tensor([h.data_ptr() for h in heaps], dtype=torch.int64, device=self.device)
+        self.ranks = [_SimRank(self, r, heaps[r]) for r in range(world)]
+
+    def run(self, op: str, per_rank_args: list, *, skip_ranks=(), **kwargs) -> list:
+        """Results of ``op`` ("all_gather_matmul", ...) on every rank; ``per_rank_args[r]`` is a tuple
+        of rank r's positional arguments, ``kwargs`` go to every rank.
+
+        ``skip_ranks``: ranks that do not take part (to test timeouts): they neither push nor wait.
+        """
+        return self.run_each(op, [(a, kwargs) for a in per_rank_args], skip_ranks=skip_ranks)
+
+    def run_each(self, op: str, per_rank: list, *, skip_ranks=()) -> list:
+        """Like :meth:`run` with per-rank keyword arguments: ``per_rank[r] = (args, kwargs)``."""
+        spec = OPS[op]
+        for ctx in self.ranks:
+            ctx._ensure_usable()
+        calls = [spec.prepare(ctx, *per_rank[ctx.rank][0], **per_rank[ctx.rank][1]) for ctx in self.ranks]
+        key = calls[0].key
+        if any(c.key != key for c in calls) or key not in self.ranks[0].plans:
+            check_headers(op, [c.header for c in calls])
+            for ctx, c in zip(self.ranks, calls):
+                ctx.plans[c.key] = spec.plan(ctx, c)
+        live = [ctx for ctx in self.ranks if ctx.rank not in skip_ranks]
+        results = [None] * self.world
+        phases = spec.sim_phases
+        for ph in phases:
+            for ctx in live:
+                out = spec.launch(ctx, ctx.plans[calls[ctx.rank].key], calls[ctx.rank], phase=ph)
+                if out is not None:
+                    results[ctx.rank] = out
+        for ctx in live:
+            ctx.check(op)
+        return results

@@ -1,0 +1,116 @@
+"""GEMM + reduce-scatter: this rank's slice of ``sum over ranks of a @ b_local`` (kernel: kernels/dist_gemm.py)."""
+from __future__ import annotations
+
+import torch
+
+from numasched._validate import check_int32_indexing
+
+from . import _common
+from ._common import Call, Plan, _aligned, _cdiv, _check_impl, _check_operands, _desc, _make_plan, _on_gpu, _Op
+from ._common import _output, _policy, _tma_ok, register, run
+
+
+@register
+class MatmulReduceScatter(_Op):
+    name = "matmul_reduce_scatter"
+    sim_phases = ("push", "consume")
+
+    @staticmethod
+    def describe(a, b_local, *, world, mapping="auto", impl="fused", cfg=None) -> Call:
+        M, Kl = a.shape
+        N = b_local.shape[1]
+        Ms = M // world
+        _check_impl(impl)
+        cfg = cfg or _common._gemm_cfg(a.dtype, _on_gpu(a), N)
+        tms, tn = _cdiv(Ms, cfg["BLOCK_M"]), _cdiv(N, cfg["BLOCK_N"])
+        policy, nd = _policy(mapping, tms, tn)
+        header = dict(op="matmul_reduce_scatter", a_shape=tuple(a.shape), b_local_shape=tuple(b_local.shape),
+                      dtype=str(a.dtype), mapping=policy.name, impl=impl, world=world)
+        key = ("matmul_reduce_scatter", M, Kl, N, a.dtype, policy.name, impl, tuple(sorted(cfg.items())))
+        return Call("matmul_reduce_scatter", key, header, dict(a=a, b_local=b_local),
+                    dict(cfg, Ms=Ms, Kl=Kl, N=N, TMS=tms, TN=tn, policy=policy, num_domains=nd, world=world,
+                         impl=impl))
+
+    @staticmethod
+    def buffers(call) -> list:
+        c, W = call.cfg, call.cfg["world"]
+        if c["impl"] == "ce":
+            bufs = [("flags", (2, W), torch.int32)]
+            if W > 1:
+                bufs.append(("partials", (W, c["Ms"], c["N"]), call.tensors["a"].dtype))
+            return bufs
+        bufs = [("flags", (W, c["TMS"] * c["TN"]), torch.int32)]
+        if W > 1:
+            bufs.append(("partials", (2, W, c["Ms"], c["N"]), call.tensors["a"].dtype))
+        return bufs
+
+    @classmethod
+    def prepare(cls, ctx, a, b_local, *, mapping="auto", impl="fused", out=None, communicate=True):
+        _check_operands(ctx, "a", a, "b_local", b_local, "K_local")
+        if a.shape[0] % ctx.world:
+            raise ValueError(f"a has {a.shape[0]} rows, not a multiple of the world size {ctx.world} "
+                             f"(each rank returns a.shape[0] / world rows)")
+        check_int32_indexing("a", a)
+        check_int32_indexing("b_local", b_local)
+        call = cls.describe(a, b_local, world=ctx.world, mapping=mapping, impl=impl)
+        call.tensors["out"] = _output(out, (call.cfg["Ms"], call.cfg["N"]), a, impl)
+        call.extra["communicate"] = bool(communicate)
+        return call
+
+    @classmethod
+    def plan(cls, ctx, call) -> Plan:
+        local = ()
+        if call.cfg["impl"] == "ce":   # cuBLAS outputs: partial slices for peers, our own partial
+            c, dt = call.cfg, call.tensors["a"].dtype
+            local = (("stage", (ctx.world, c["Ms"], c["N"]), dt), ("own", (c["Ms"], c["N"]), dt))
+        return _make_plan(ctx, cls, call, local)
+
+    @staticmethod
+    def _launch_ce(ctx, plan, call, phase):
+        from ._ce import matmul_reduce_scatter_ce
+
+        return matmul_reduce_scatter_ce(ctx, plan, call, phase)
+
+    @staticmethod
+    def _launch_fused(ctx, plan, call, phase):
+        c, t, bf = call.cfg, call.tensors, plan.bufs
+        W, TS = ctx.world, c["TMS"] * c["TN"]
+        lo, hi = {"push": (0, (W - 1) * TS), "consume": ((W - 1) * TS, W * TS)}.get(phase, (0, W * TS))
+        G = max(1, min(ctx.num_sms, hi - lo))
+        a, b, out = t["a"], t["b_local"], t["out"]
+        if W == 1:   # no partial buffer: the kernel never touches it
+            partials = out
+        else:
+            partials = bf["partials"]
+        use_tma = c["USE_TMA"] and _tma_ok(a, b)
+        if use_tma:
+            descs = (_desc(a, [c["BLOCK_M"], c["BLOCK_K"]]), _desc(b, [c["BLOCK_K"], c["BLOCK_N"]]))
+        else:
+            descs = (None, None)
+        args = (a, b, out, partials, *descs, bf["flags"], ctx.status, bf["epoch"], bf["counters"], ctx.heap_bases,
+                ctx.rank, c["Ms"], c["N"], c["Kl"], a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+                out.stride(0), out.stride(1), G, ctx.wait_bound, lo, hi)
+        layout = (use_tma, _aligned(a), a.stride(), _aligned(b), b.stride(), _aligned(out), out.stride())
+
+        def build():
+            from numasched.kernels.dist_gemm import matmul_reduce_scatter_kernel
+
+            kw = _Op._gemm_kw(ctx, c, c["Kl"], use_tma, COMM=phase != "nocomm",
+                              BUMP_EPOCH=phase in ("full", "consume"))
+            return matmul_reduce_scatter_kernel, kw
+
+        _Op._run(ctx, plan, call, phase, G, args, layout, () if phase == "push" else (out,), build)
+        return None if phase == "push" else out
+
+
+def matmul_reduce_scatter(a, b_local, *, ctx, mapping="auto", impl: str = "fused", out=None, check: bool = True,
+                          communicate: bool = True):
+    """Row-parallel partner: this rank's (M / world, N) slice of ``sum over ranks of a @ b_local``.
+
+    a: (M, K_local), b_local: (K_local, N); M must be a multiple of the world size. Partial tiles
+    for peers are computed first and stored straight into their buffers; this rank's own slice
+    comes last and sums all partials in rank order (fp32 accumulate). ``impl="ce"``: cuBLAS
+    partials pushed by the copy engine on a side stream, then one summing kernel.
+    """
+    return run(ctx, "matmul_reduce_scatter", a, b_local, mapping=mapping, impl=impl, out=out, check=check,
+               communicate=communicate)

@@ -1,0 +1,193 @@
+"""The thin launch (numasched._launch.Launch), the plan cache and the routing helpers, on CPU.
+
+The GPU branch of Launch is checked with stand-in kernels: the first call goes through Triton
+(compiling, or autotuning once), later calls hand the arguments straight to the compiled kernel
+with the constexpr tail appended; a capture before tuning uses the fixed config.
+"""
+import warnings
+
+import pytest
+import torch
+import triton
+
+from numasched import _launch, caps, mappings as M, options
+from numasched._plan import PlanCache, PlanKey
+from numasched._route import mapping_token, reset_warnings, warn_once
+
+
+class _Param:
+    def __init__(self, default=None, has_default=False):
+        self.default, self.has_default = default, has_default
+
+
+class _Compiled:
+    """Stands in for triton's CompiledKernel: records what its launcher got."""
+
+    function = "fn-handle"
+    packed_metadata = "meta"
+
+    def __init__(self):
+        self.runs = []
+
+    def run(self, *args):
+        self.runs.append(args)
+
+    def launch_metadata(self, *a):
+        return "launch-meta"
+
+
+class _Kernel:
+    """Stands in for a JITFunction with arguments (x, n, A: constexpr, B: constexpr = 7)."""
+
+    arg_names = ["x", "n", "A", "B"]
+    params = [_Param(), _Param(), _Param(), _Param(7, True)]
+
+    def __init__(self):
+        self.calls = []
+        self.compiled = _Compiled()
+
+    def __getitem__(self, grid):
+        def runner(*args, **kw):
+            self.calls.append((grid, args, kw))
+            return self.compiled
+        return runner
+
+
+class _Tuner:
+    def __init__(self, best):
+        self.calls, self.best_config = [], best
+
+    def __getitem__(self, grid):
+        def runner(*args, **kw):
+            self.calls.append((grid, args, kw))
+        return runner
+
+
+@pytest.fixture
+def gpu_like(monkeypatch):
+    monkeypatch.setattr(_launch, "_raw_stream", lambda index: 1234)
+    capturing = [False]
+    monkeypatch.setattr(caps, "capturing_index", lambda index: capturing[0])
+    return capturing
+
+
+def test_thin_launch_after_first_call(gpu_like):
+    k = _Kernel()
+    la = _launch.Launch(k, 5, dict(A=3), device=torch.device("cuda", 0), config=dict(num_warps=4))
+    la("x0", 10)
+    assert len(k.calls) == 1 and k.calls[0][0] == (5, 1, 1) and k.calls[0][2] == dict(A=3, num_warps=4)
+    la("x1", 10)
+    la("x2", 10)
+    assert len(k.calls) == 1, "later calls must not go through Triton's binder"
+    runs = k.compiled.runs
+    assert len(runs) == 2
+    # grid, stream, function, metadata, no hooks, then every argument incl. the constexpr tail
+    assert runs[1] == (5, 1, 1, 1234, "fn-handle", "meta", None, None, None, "x2", 10, 3, 7)
+
+
+def test_thin_launch_gives_profiler_hooks_what_triton_gives(gpu_like):
+    k = _Kernel()
+    la = _launch.Launch(k, (2, 3), dict(A=1), device=torch.device("cuda", 0))
+    la("x", 1)
+    hook = lambda meta: None  # noqa: E731
+    triton.knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        la("y", 1)
+    finally:
+        triton.knobs.runtime.launch_enter_hook.remove(hook)
+    run = k.compiled.runs[-1]
+    assert run[6] == "launch-meta" and run[7] is triton.knobs.runtime.launch_enter_hook
+
+
+def test_autotune_once_then_plain_kernel(gpu_like):
+    k = _Kernel()
+    best = triton.Config({"BLOCK": 32}, num_warps=2, num_stages=4)
+    tuner = _Tuner(best)
+    la = _launch.Launch(k, lambda kw: (kw["BLOCK"],), dict(A=1), device=torch.device("cuda", 0), tuner=tuner,
+                        fixed=dict(BLOCK=64, num_warps=4, num_stages=3))
+    assert not la.tuned and la.config is None
+    gpu_like[0] = True  # capturing before tuning: the fixed config, nothing tuned
+    la("x", 1)
+    assert not tuner.calls and k.calls[-1][0] == (64, 1, 1) and k.calls[-1][2]["BLOCK"] == 64
+    assert la.compiled is None
+    gpu_like[0] = False
+    la("x", 1)  # tunes
+    assert len(tuner.calls) == 1 and "BLOCK" not in tuner.calls[0][2]
+    assert la.tuned and {k: la.config[k] for k in ("BLOCK", "num_warps", "num_stages")} == dict(BLOCK=32, num_warps=2, num_stages=4)
+    la("x", 1)  # the plain kernel with the chosen config, then thin
+    assert k.calls[-1][0] == (32, 1, 1) and k.calls[-1][2]["num_warps"] == 2
+    la("x", 1)
+    assert len(tuner.calls) == 1 and len(k.compiled.runs) == 1
+
+
+def test_interpreted_launch_of_kernels_defined_before_the_variable(monkeypatch):
+    # mappings' device functions were defined when TRITON_INTERPRET may not have been set: run
+    # them through the interpreter anyway (the bug: every call raised an InterpreterError)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    got = M.device_map("grouped", M.GemmGrid(3, 5), 1)
+    want = M.get("grouped").reference(range(15), M.GemmGrid(3, 5), 1)
+    assert (got == want).all()
+
+
+def test_plan_cache_is_bounded_lru():
+    c = PlanCache(3)
+    for i in range(5):
+        c.put(PlanKey("op", (i,), (), ()), i)
+    assert len(c) == 3 and c.get(PlanKey("op", (0,), (), ())) is None
+    assert c.get(PlanKey("op", (2,), (), ())) == 2  # touched: now the newest
+    c.put(PlanKey("op", (9,), (), ()), 9)
+    assert c.get(PlanKey("op", (2,), (), ())) == 2 and c.get(PlanKey("op", (3,), (), ())) is None
+    with pytest.raises(ValueError):
+        PlanCache(0)
+
+
+def test_options_are_values_with_named_errors():
+    o = options.current()
+    assert o == options.Options(**{f: getattr(o, f) for f in ("autotune", "check_data", "decode_combine",
+                                                               "gemm_flatten", "dist_tma")})
+    with options.use(autotune=not o.autotune) as new:
+        assert options.current() == new and new.autotune != o.autotune and hash(new) != hash(o)
+    assert options.current() == o
+    with pytest.raises(TypeError, match="unknown option"):
+        o.replace(bogus=1)
+    with pytest.raises(ValueError, match="decode_combine"):
+        options.Options(decode_combine="both")
+    with pytest.raises(TypeError, match="autotune must be a bool"):
+        options.Options(autotune=1)
+    env = options.from_env({"NUMASCHED_AUTOTUNE": "0", "NUMASCHED_DECODE_COMBINE": "kernel",
+                            "NUMASCHED_DIST_TMA": "1"})
+    assert env.autotune is False and env.decode_combine == "kernel" and env.dist_tma is True
+
+
+def test_mapping_tokens_carry_unregistered_policies():
+    pol = M.compose("xcd_remap_chunked", "block_first", name="test_token_policy")
+    tok = mapping_token(pol, "attention")
+    assert "#" in tok and M.get(tok) is pol and M.from_token(tok) is pol
+    assert mapping_token(M.compose("xcd_remap_chunked", "block_first", name="test_token_policy"), "decode") == tok
+    assert mapping_token("grouped", "gemm") == "grouped"
+    with pytest.raises(ValueError, match="this process did not make"):
+        M.get("head_first#999999")
+    with pytest.raises(ValueError, match="cannot serve gemm"):
+        mapping_token(pol, "gemm")
+    with pytest.raises(TypeError, match="mapping must be"):
+        mapping_token(3, "gemm")
+
+
+def test_warn_once_points_at_the_caller():
+    reset_warnings()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        warn_once("test message xyz")
+        warn_once("test message xyz")
+    assert len(w) == 1 and w[0].filename == __file__ and issubclass(w[0].category, RuntimeWarning)
+
+
+def test_registry_version_changes_with_what_names_resolve_to():
+    v0 = M.version()
+    rule = M.register_auto(lambda kind, topo, grid, causal: None)
+    assert M.version() > v0
+    M.unregister_auto(rule)
+    v1 = M.version()
+    M.set_default("gemm", "row_major")
+    M.set_default("gemm", None)
+    assert M.version() > v1

@@ -1,0 +1,129 @@
+"""Every kernel compiles offline (no GPU) for AMD gfx942 and gfx950 through Triton's AMD backend, and
+for NVIDIA sm_90 (numasched.portability; the committed table is bench/results/portability-*.md).
+
+What runs: ``python -m numasched.portability`` in subprocesses without TRITON_INTERPRET (Triton
+picks the interpreter when a kernel is defined), three at once: every registered variant for
+gfx942, every registered variant for gfx950, and for sm90 the subset :data:`SM90_SUBSET` (one
+variant per kernel family plus the ones switched off on NVIDIA; the sm90 rows pay for a ptxas run
+each, and tests/test_attention.py, test_gemm.py and test_distributed.py compile the NVIDIA configs
+in more detail). Variants that are switched off on a target are not skipped silently: the test
+asserts the exact set of them and that each states its reason.
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from numasched import portability as PT
+
+REPO = Path(__file__).resolve().parents[1]
+
+SM90_SUBSET = [
+    "flash_decode/contiguous-fused-bf16-d128-g4", "combine/bf16-d128-s16", "attention_fwd/bf16-d128-causal-tma",
+    "gemm/bf16-tma-persistent", "dist/all_gather_matmul-tma", "dist/decode_exchange_combine", "probe/l2_latency",
+] + [v.key for v in PT.VARIANTS if "nvidia" in v.off]
+
+# (variant, vendor) pairs switched off, and why (a word the reason must contain)
+EXPECTED_OFF = {
+    **{(v.key, "amd"): "TMA" for v in PT.VARIANTS if v.name.endswith("-tma") or "-tma-" in v.name},
+    **{(v.key, "nvidia"): "LDS" for v in PT.VARIANTS if "stage" in v.name},
+    ("probe/xcc_id", "nvidia"): "AMD ISA",
+}
+
+
+@pytest.fixture(scope="module")
+def rows(tmp_path_factory):
+    out = tmp_path_factory.mktemp("portability")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    jobs = {"gfx942": [], "gfx950": [], "sm90": ["--kernels", ",".join(SM90_SUBSET)]}
+    procs = {}
+    for target, extra in jobs.items():
+        cmd = [sys.executable, "-m", "numasched.portability", "--targets", target, "--quiet", "--no-findings",
+               "--json", str(out / f"{target}.json"), "--out", str(out / f"{target}.md"), *extra]
+        procs[target] = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                         text=True)
+    res = {}
+    for target, p in procs.items():
+        stdout, stderr = p.communicate(timeout=300)
+        assert p.returncode == 0, f"{target}: rc {p.returncode}\n{stdout[-3000:]}\n{stderr[-3000:]}"
+        res[target] = json.loads((out / f"{target}.json").read_text())
+        assert (out / f"{target}.md").read_text() == stdout  # --out writes what it prints
+    return res
+
+
+@pytest.mark.parametrize("target", ["gfx942", "gfx950", "sm90"])
+def test_every_variant_compiles_with_register_counts(rows, target):
+    got = rows[target]
+    want = PT.VARIANTS if target != "sm90" else PT.variants(SM90_SUBSET)
+    assert [(r["kernel"], r["variant"]) for r in got] == [(v.kernel, v.name) for v in want]
+    vendor = "nvidia" if target == "sm90" else "amd"
+    for r in got:
+        key = f"{r['kernel']}/{r['variant']}"
+        if (key, vendor) in EXPECTED_OFF:
+            assert r["status"] == "off" and EXPECTED_OFF[key, vendor] in r["reason"], r
+            continue
+        assert r["status"] == "ok", r
+        assert isinstance(r["registers"], int) and r["registers"] > 0, r
+        assert isinstance(r["shared_bytes"], int) and r["num_warps"] >= 1, r
+        if vendor == "amd":
+            assert isinstance(r["sgprs"], int) and r["vgpr_spills"] is not None and r["stack_bytes"] is not None, r
+            assert not r["tma_load"] and r["mma"] in ("mfma", None), r
+        else:
+            assert r["spill_bytes"] is not None, r
+    # the off set is exactly the expected one: nothing else is switched off on this vendor
+    off = {f"{r['kernel']}/{r['variant']}" for r in got if r["status"] == "off"}
+    assert off == {k for (k, v) in EXPECTED_OFF if v == vendor and k in {x.key for x in want}}
+
+
+def test_amd_specifics(rows):
+    """The tensor-core paths use MFMA on AMD; the LDS-sized configs fit gfx942's 64 KiB; the AMD
+    probe kernels compile to their AMD assembly (checked in detail in test_probe.py)."""
+    for target in ("gfx942", "gfx950"):
+        by = {f"{r['kernel']}/{r['variant']}": r for r in rows[target]}
+        for key in ("flash_decode/paged16-fused-bf16-d128-g4", "attention_fwd/bf16-d128-pointer", "gemm/bf16-pointer",
+                    "dist/all_gather_matmul-pointer"):
+            assert by[key]["mma"] == "mfma", by[key]
+        for v in PT.VARIANTS:
+            if "nvidia" in v.off and "LDS" in v.off["nvidia"]:
+                assert by[v.key]["fits"] is True and by[v.key]["shared_bytes"] <= 65536, by[v.key]
+
+
+def test_sm90_tensor_core_paths(rows):
+    """On sm90 the TMA variants use TMA and wgmma, fit shared memory and do not spill."""
+    sm = {f"{r['kernel']}/{r['variant']}": r for r in rows["sm90"]}
+    for key in ("attention_fwd/bf16-d128-causal-tma", "gemm/bf16-tma-persistent", "dist/all_gather_matmul-tma"):
+        r = sm[key]
+        assert r["tma_load"] and r["mma"] == "wgmma" and r["wgmma"], r
+        assert r["fits"] is True and r["spill_bytes"] == 0, r
+
+
+def test_compile_report_helpers():
+    """attention_report / gemm_report (the former kernels' compile_report) compile one config."""
+    code = ("import json\nfrom numasched import portability as P\nfrom numasched.kernels import gemm as G\n"
+            "a = P.attention_report(128, 64, 8, 3, False, causal=True, target='gfx950')\n"
+            "g = P.gemm_report(G.gpu_configs('pointer', False, True)[1], dtype='fp32', path='pointer', "
+            "precision='ieee', target='gfx942')\n"
+            "print(json.dumps([a, g]))\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    a, g = json.loads(r.stdout.strip().splitlines()[-1])
+    assert a["mma"] == "mfma" and a["registers"] > 0 and a["shared_bytes"] > 0 and not a["tma_load"]
+    assert g["registers"] > 0 and g["sgprs"] > 0 and g["vgpr_spills"] is not None
+
+
+def test_signature_and_targets():
+    """The signature builder types arguments as a launch would, and refuses what it cannot type."""
+    assert PT.parse_target("sm_90").arch == 90 and PT.parse_target("gfx950").backend == "hip"
+    with pytest.raises(ValueError, match="target"):
+        PT.parse_target("mi300")
+    assert PT.shared_limit("gfx942") == 65536 and PT.shared_limit("sm90") == 232448
+    with pytest.raises(KeyError, match="no variant"):
+        PT.find("gemm", "nope")
+    # in this (interpreter) process the kernels are interpreter objects: a compile must say so, not crash
+    fn, values, _, _ = PT.find("probe", "l2_latency").build("amd")
+    with pytest.raises(PT.Interpreted, match="TRITON_INTERPRET"):
+        PT.compile_kernel(fn, values, "gfx942")
