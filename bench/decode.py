@@ -53,7 +53,7 @@ def _decode_mapping(text: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from numasched.cli import out_dir, positive_float, positive_int
+    from numasched.argtypes import out_dir, positive_float, positive_int
 
     p = argparse.ArgumentParser(prog="numasched bench decode", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

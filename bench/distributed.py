@@ -68,7 +68,7 @@ def build_parser():
 
 
 def _parser():
-    from numasched.cli import nonneg_int, out_dir, positive_float, positive_int
+    from numasched.argtypes import nonneg_int, out_dir, positive_float, positive_int
 
     p = argparse.ArgumentParser(prog="numasched bench distributed", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="small grid (well under a minute of GPU time)")
@@ -137,7 +137,7 @@ def _launch(args, argv) -> int:
     cmd_hint = ("NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 torchrun --nproc-per-node 2 "
                 "-m numasched.bench.distributed [--quick]")
     if n < 2:
-        print(f"numasched bench distributed needs 2+ GPUs (found {n}). On a multi-GPU machine run\n  {cmd_hint}",
+        print(f"numasched bench distributed needs 2+ GPUs (found {n}); on a multi-GPU machine run: {cmd_hint}",
               file=sys.stderr)
         return 2
     env = dict(os.environ, **ENV)

@@ -96,7 +96,7 @@ def _plot(rows, path):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from numasched.cli import out_dir
+    from numasched.argtypes import out_dir
 
     p = argparse.ArgumentParser(prog="numasched bench gemm", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="3 shapes (4096^3, 8192^3, 16384x14336x8192)")

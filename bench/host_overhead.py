@@ -49,7 +49,7 @@ CASES = [
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from numasched.cli import out_dir, positive_int
+    from numasched.argtypes import out_dir, positive_int
 
     p = argparse.ArgumentParser(prog="numasched bench host_overhead", description=__doc__.split("\n\n")[0])
     p.add_argument("-n", "--calls", dest="n", type=positive_int, default=1000,

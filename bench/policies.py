@@ -220,7 +220,7 @@ def _topology_preset(text: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from numasched.cli import out_dir
+    from numasched.argtypes import out_dir
 
     p = argparse.ArgumentParser(prog="numasched bench policies", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="one size per kernel")

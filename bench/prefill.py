@@ -134,7 +134,7 @@ def _attention_mapping(text: str) -> str:
 def _head_dim(text: str) -> int:
     """argparse type of --dims: a head dimension the kernel supports."""
     from numasched.attention import supported_head_dim
-    from numasched.cli import positive_int
+    from numasched.argtypes import positive_int
 
     d = positive_int(text)
     if not supported_head_dim(d):
@@ -143,7 +143,7 @@ def _head_dim(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from numasched.cli import out_dir, positive_int
+    from numasched.argtypes import out_dir, positive_int
 
     p = argparse.ArgumentParser(prog="numasched bench prefill", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="a few points with fixed configs (well under a minute)")

@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from numasched import caps
 from numasched.mappings.jit import attention_item
 
 
@@ -195,6 +196,7 @@ def fixed_config(dtype: torch.dtype, head_dim: int, tma_ok: bool = True) -> dict
     else:
         cfg = dict(DEFAULT_GPU_CONFIG)
     cfg["USE_TMA"] = bool(tma_ok)
+    cfg["num_stages"] = caps.cap_stages("attention", cfg["num_stages"])
     return cfg
 
 
@@ -216,7 +218,8 @@ def _prune(configs, named_args, **kwargs):
     fp32 = args["Q"].dtype == torch.float32
     keep = [c for c in configs
             if _keep((c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages), c.kwargs["USE_TMA"],
-                     fp32=fp32, head_dim=args["HEAD_DIM"], tma_ok=bool(args["TMA_OK"]))]
+                     fp32=fp32, head_dim=args["HEAD_DIM"], tma_ok=bool(args["TMA_OK"]))
+            and c.num_stages == caps.cap_stages("attention", c.num_stages)]
     return keep or [_config(32, 32, 4, 2, False)]
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from numasched import caps
 from numasched.caps import LN2 as _LN2
 from numasched.mappings.jit import decode_item
 
@@ -257,6 +258,8 @@ def _prune_configs(configs, named_args, **kwargs):
             and 2 * c.kwargs["BLOCK_N"] * block_d * elt * _kv_buffers(c.num_stages, paged) <= SMEM_LIMIT]
     if int(named_args.get("tune_key", 0)) // 2 >= LONG_SPLIT_BUCKET:
         kept = [c for c in kept if c.kwargs["BLOCK_N"] == LONG_SPLIT_BLOCK_N] or kept  # d256: none fit
+    if caps.is_hip():  # LDS of an AMD block (gfx942: 64 KiB)
+        kept = [c for c in kept if c.num_stages <= caps.AMD_MAX_STAGES["decode"]]
     if not kept:  # head dim 256 in fp32: the smallest tile
         kept = [min(configs, key=lambda c: (c.kwargs["BLOCK_N"], c.num_stages))]
     return kept
@@ -288,6 +291,7 @@ def fixed_config(paged: bool, head_dim: int) -> dict:
     cfg = dict(DEFAULT_GPU_CONFIG[paged])
     if head_dim > 128:  # keep the K/V tiles within shared memory
         cfg["BLOCK_N"] = 32
+    cfg["num_stages"] = caps.cap_stages("decode", cfg["num_stages"])
     return cfg
 
 

@@ -29,6 +29,7 @@ from typing import Optional
 import triton
 import triton.language as tl
 
+from numasched import caps
 from numasched.mappings.jit import gemm_tile
 
 try:  # host-side TMA descriptors (triton >= 3.3); the interpreter understands them too
@@ -170,6 +171,7 @@ def gemm_kernel(a, b, c, c_desc, M, N, K,
 
 # ----------------------------------------------------------------------------------------- configs
 def _cfg(bm, bn, bk, warps, stages, persistent=False, subtile=False, ws=False, flatten=True):
+    stages = caps.cap_stages("gemm", stages)  # AMD: what fits the LDS
     return triton.Config(dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PERSISTENT=persistent,
                               FLATTEN=persistent and flatten, WARP_SPECIALIZE=ws, EPILOGUE_SUBTILE=subtile),
                          num_warps=warps, num_stages=stages, pre_hook=_set_block_shapes)

@@ -54,7 +54,7 @@ class Launch:
     """
 
     __slots__ = ("fn", "grid", "kwargs", "tuner", "fixed", "grid_of", "device_index", "interpret", "compiled",
-                 "tail", "config", "name")
+                 "tail", "config", "name", "raw", "coop", "pdl", "desc_pos", "desc_meta", "desc_cache")
 
     def __init__(self, fn, grid, constexprs: dict, *, device, config: Optional[dict] = None, tuner=None,
                  fixed: Optional[dict] = None, interpret: bool = False):
@@ -74,6 +74,8 @@ class Launch:
         self.interpret = bool(interpret)
         self.compiled = None
         self.tail = None
+        self.raw = None
+        self.desc_pos = ()
         self.name = getattr(getattr(fn, "fn", fn), "__name__", str(fn))
 
     @property
@@ -82,6 +84,19 @@ class Launch:
         return self.tuner is None
 
     def __call__(self, *args) -> None:
+        raw = self.raw
+        if raw is not None and not (_RUNTIME.launch_enter_hook.calls or _RUNTIME.launch_exit_hook.calls):
+            # the compiled kernel's C launcher itself: no Python wrapper between
+            g = self.grid
+            k = self.compiled
+            if self.desc_pos:
+                args = self._expand(args)
+                raw(g[0], g[1], g[2], _raw_stream(self.device_index), k.function, self.coop, self.pdl, None, None,
+                    k.packed_metadata, None, None, None, *args)
+            else:
+                raw(g[0], g[1], g[2], _raw_stream(self.device_index), k.function, self.coop, self.pdl, None, None,
+                    k.packed_metadata, None, None, None, *args, *self.tail)
+            return
         k = self.compiled
         if k is not None:
             g = self.grid
@@ -95,6 +110,40 @@ class Launch:
                 k.run(g[0], g[1], g[2], stream, k.function, k.packed_metadata, None, None, None, *args, *self.tail)
             return
         self._slow(args)
+
+    def _expand(self, args) -> list:
+        """Kernel arguments with each TMA descriptor expanded as Triton's launcher expects; the
+        CUtensorMap of a descriptor is cached by its base pointer (a plan's descriptor at one
+        position always has the same shape, strides and block shape)."""
+        full = list(args) + list(self.tail)
+        cache = self.desc_cache
+        out = []
+        prev = 0
+        for pos, meta in zip(self.desc_pos, self.desc_meta):
+            d = full[pos]
+            if meta is None:  # no TMA metadata: the expansion holds the tensor itself, not cached
+                exp = _make_tensordesc_arg(d, meta)
+            else:
+                key = (pos, d.base.data_ptr())
+                exp = cache.get(key)
+                if exp is None:
+                    exp = _make_tensordesc_arg(d, meta)
+                    if len(cache) >= 64:
+                        cache.pop(next(iter(cache)))
+                    cache[key] = exp
+            out += full[prev:pos]
+            out += exp
+            prev = pos + 1
+        out += full[prev:]
+        return out
+
+    def triton_call(self, *args) -> None:
+        """One launch through Triton's own path, the compiled kernel left as it is (arguments
+        whose specialisation may differ from the plan's, e.g. a caller's output tensor)."""
+        if self.interpret or self.grid is None or not self.tuned:
+            self._slow(args)
+            return
+        self.fn[self.grid](*args, **self.kwargs)
 
     def _slow(self, args) -> None:
         if self.interpret:
@@ -133,6 +182,8 @@ class Launch:
                 return
         self.tail = tuple(tail)
         self.compiled = k
+        self.raw, self.coop, self.pdl, self.desc_pos, self.desc_meta = _raw_launcher(k)
+        self.desc_cache = {}
 
     def _fixed_kwargs(self) -> dict:
         kw = dict(self.kwargs)
@@ -142,6 +193,50 @@ class Launch:
 
     def _interp_kwargs(self) -> dict:
         return {k: v for k, v in self._fixed_kwargs().items() if k not in _OPTION_NAMES}
+
+
+try:  # the pieces of Triton's NVIDIA launcher the direct path uses (checked, not assumed)
+    from triton.backends.nvidia.driver import _BASE_ARGS_FORMAT_LEN as _BASE_LEN
+    from triton.backends.nvidia.driver import make_tensordesc_arg as _make_tensordesc_arg
+except Exception:  # pragma: no cover - another Triton layout or no NVIDIA backend
+    _BASE_LEN = None
+    _make_tensordesc_arg = None
+
+
+def _raw_launcher(k) -> tuple:
+    """``(C launch function, cooperative flag, PDL flag, descriptor positions, descriptor metadata)``
+    of a compiled NVIDIA kernel, or ``(None, ...)`` when its launcher is not the layout this
+    code knows (Triton 3.5-3.6's CudaLauncher) or needs scratch memory per launch: then the
+    compiled kernel's own ``run`` is used."""
+    none = (None, 0, 0, (), ())
+    run = getattr(k, "run", None)
+    if type(run).__name__ != "CudaLauncher" or _BASE_LEN != 13 or _make_tensordesc_arg is None:
+        return none
+    if getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1):
+        return none
+    launch = getattr(run, "launch", None)
+    closure = getattr(launch, "__closure__", None)
+    if getattr(launch, "__name__", "") == "inner" and closure:  # the tensor-descriptor wrapper
+        cells = dict(zip(launch.__code__.co_freevars, (c.cell_contents for c in closure)))
+        raw, idx, meta = cells.get("launcher"), cells.get("tensordesc_indices"), cells.get("tensordesc_meta")
+        if raw is None or idx is None or meta is None or len(meta) != len(idx):
+            return none
+        return raw, run.launch_cooperative_grid, run.launch_pdl, tuple(sorted(idx)), tuple(meta)
+    if type(launch).__name__ != "builtin_function_or_method":
+        return none
+    return launch, run.launch_cooperative_grid, run.launch_pdl, (), ()
+
+
+class HostDesc:
+    """A host-side TMA descriptor as Triton's launcher reads it (base, shape, strides, padding),
+    without the checks of ``TensorDescriptor.__init__``: for launches of a compiled kernel whose
+    plan already checked the layout. The first launch (compile, tuning) takes a real
+    ``TensorDescriptor``."""
+
+    __slots__ = ("base", "shape", "strides", "block_shape", "padding")
+
+    def __init__(self, base, shape, strides, block_shape):
+        self.base, self.shape, self.strides, self.block_shape, self.padding = base, shape, strides, block_shape, "zero"
 
 
 def _grid3(grid) -> tuple:

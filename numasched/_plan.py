@@ -174,5 +174,19 @@ class Plan:
         return f"{type(self).__name__}({', '.join(p for p in parts if p)})"
 
 
-def key_args(*args) -> Tuple:
-    return args
+_SCRATCH: dict = {}
+
+
+def scratch(shape: tuple, dtype: torch.dtype, device: torch.device, stream: int) -> torch.Tensor:
+    """An output buffer nobody reads (e.g. the lse of a call that did not ask for it), reused by
+    every launch on one stream (launches on a stream run in order) and made fresh while a CUDA
+    graph is captured (the graph's memory pool owns it then)."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return torch.empty(shape, dtype=dtype, device=device)
+    key = (shape, dtype, device, stream)
+    t = _SCRATCH.get(key)
+    if t is None:
+        if len(_SCRATCH) >= 256:
+            _SCRATCH.clear()
+        t = _SCRATCH[key] = torch.empty(shape, dtype=dtype, device=device)
+    return t

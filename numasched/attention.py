@@ -33,7 +33,7 @@ from . import mappings as M
 from . import observe as _observe
 from . import options as _options
 from . import topology as _topology
-from ._plan import PLANS, Plan, PlanKey, fast_signature, signature, state
+from ._plan import PLANS, Plan, PlanKey, fast_signature, scratch, signature, state
 from ._route import mapping_token, plain_eager, warn_once
 from ._validate import check_bool, check_int32_indexing, check_same, check_scale, check_tensor
 
@@ -177,7 +177,7 @@ class AttentionPlan(Plan):
         self.tma = (not interp) and not _TMA_BROKEN and caps.tma_supported(dev) and _tma_ok(q, k, v)
         fp32 = q.dtype == torch.float32 or self._upcast
         self._constexprs = dict(Q_BUCKET=K.bucket(Lq), K_BUCKET=K.bucket(Lk), TMA_OK=int(self.tma), HEAD_DIM=D,
-                                CAUSAL=bool(causal), LPT=bool(lpt), DOT_PRECISION="ieee" if fp32 else "tf32",
+                                CAUSAL=bool(causal), LPT=bool(lpt), DOT_PRECISION="ieee" if fp32 else None,
                                 BLOCK_D=K.block_d(D),
                                 MAPPING=self.policy.constexpr(self.topology.num_domains))
         self._ints = (B, H, HK, Lq, Lk, self.scale * caps.LOG2E, self.causal_offset)
@@ -231,21 +231,24 @@ class AttentionPlan(Plan):
         self.check_signatures(query=q, key=k, value=v)
         if out is not None:
             check_tensor("out", out, ndim=4, dtypes=(q.dtype,), device=q.device)
-            if tuple(out.shape) != self._out_size or out.stride() != self._out_stride:
+            if tuple(out.shape) != self._out_size or out.stride() != self._out_stride or out.data_ptr() % 16:
                 raise ValueError(f"out must have shape {self._out_size} and strides {self._out_stride} (a "
-                                 f"(B, Lq, H, D) tensor viewed as (B, H, Lq, D)), got {tuple(out.shape)} with "
-                                 f"strides {out.stride()}")
+                                 f"(B, Lq, H, D) tensor viewed as (B, H, Lq, D)) and a 16-byte aligned data pointer, "
+                                 f"got {tuple(out.shape)} with strides {out.stride()}")
         if lse is not None:
             check_tensor("lse", lse, ndim=3, dtypes=(torch.float32,), device=q.device)
-            if tuple(lse.shape) != self._out_size[:3] or not lse.is_contiguous():
+            if tuple(lse.shape) != self._out_size[:3] or not lse.is_contiguous() or lse.data_ptr() % 16:
                 raise ValueError(f"lse must be a contiguous {self._out_size[:3]} tensor, got {tuple(lse.shape)}")
         return self._run(q, k, v, out, lse)
 
-    def _run(self, q, k, v, out=None, lse=None):
+    def _run(self, q, k, v, out=None, lse=None, want_lse=True):
         if out is None:
             out = torch.empty_strided(self._out_size, self._out_stride, dtype=q.dtype, device=self.device)
         if lse is None:
-            lse = torch.empty(self._out_size[:3], dtype=torch.float32, device=self.device)
+            if want_lse or self.mode != "kernel":
+                lse = torch.empty(self._out_size[:3], dtype=torch.float32, device=self.device)
+            else:  # nobody reads it (the SDPA drop-in): a buffer reused per stream
+                lse = scratch(self._out_size[:3], torch.float32, self.device, caps.stream_handle(self.device))
         mode = self.mode
         if mode == "empty":
             if self.shape.q_len and not self.shape.k_len:  # no key at all: every row is fully masked
@@ -408,10 +411,11 @@ class _SdpaRoute:
         if self.three_d:
             query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
         if self.decode:
-            out, _ = self.plan._run(query[:, :, 0, :], key.transpose(1, 2), value.transpose(1, 2), None, None)
+            out, _ = self.plan._run(query[:, :, 0, :], key.transpose(1, 2), value.transpose(1, 2), None, None,
+                                    want_lse=False)
             out = out.unsqueeze(2)
         else:
-            out, _ = self.plan._run(query, key, value)
+            out, _ = self.plan._run(query, key, value, want_lse=False)
         return out.squeeze(1) if self.three_d else out
 
 

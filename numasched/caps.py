@@ -40,6 +40,18 @@ def is_hip() -> bool:
     return getattr(torch.version, "hip", None) is not None
 
 
+# Pipeline stages that fit the LDS of an AMD CDNA3 block (gfx942: 64 KiB). Offline compiles
+# (numasched.portability, bench/results/portability-2026-11-22.md) put the 3-stage bf16 GEMM,
+# prefill and distributed GEMM tiles and the 5-stage paged decode at 80-99 KiB there; 2 stages
+# (3 for decode) fit. Nothing was launched on AMD hardware: this comes from the compiles alone.
+AMD_MAX_STAGES = {"gemm": 2, "attention": 2, "decode": 3}
+
+
+def cap_stages(kind: str, num_stages: int) -> int:
+    """``num_stages`` limited to what fits an AMD GPU's LDS (unchanged on NVIDIA)."""
+    return min(num_stages, AMD_MAX_STAGES[kind]) if is_hip() else num_stages
+
+
 def kernel_device_ok(t: torch.Tensor) -> bool:
     """Whether a Triton kernel can run on ``t``'s device: CUDA/ROCm, or CPU under the interpreter."""
     if t.is_cuda:

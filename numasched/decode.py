@@ -41,7 +41,7 @@ from . import mappings as M
 from . import observe as _observe
 from . import options as _options
 from . import topology as _topology
-from ._plan import PLANS, Plan, PlanKey, fast_signature, signature, state
+from ._plan import PLANS, Plan, PlanKey, fast_signature, scratch, signature, state
 from ._route import mapping_token, plain_eager, warn_once
 from ._validate import check_positive_int, check_same, check_tensor
 
@@ -263,6 +263,9 @@ class DecodePlan(Plan):
         self.tensors = dict(q=signature(q), k_cache=signature(k_cache), v_cache=signature(v_cache),
                             cache_seqlens=signature(cache_seqlens), block_table=signature(block_table))
         dev = q.device
+        # the outputs run() allocates: out laid out as q (torch.empty_like), lse contiguous
+        self._out_stride = torch.empty_like(q, device="meta").stride()
+        self._lse_shape = (shape.batch, shape.heads)
         self.device = dev
         self.topology = _topology.current()
         if mode is None:
@@ -307,7 +310,8 @@ class DecodePlan(Plan):
         paged = shape.page_size > 0
         int64 = max(_span(k_cache), _span(v_cache)) > INT64_THRESHOLD
         tune_key = K.tune_bucket(-(-shape.capacity // S)) * 2 + int(k_cache.stride(1) == D)
-        precision = "ieee" if q.dtype == torch.float32 or self._upcast else "tf32"
+        # 16-bit dots take the default precision (gfx950 refuses "tf32" for them; NVIDIA ignores it)
+        precision = "ieee" if q.dtype == torch.float32 or self._upcast else None
         meta = dict(G=G, BLOCK_G=max(16, _next_pow2(G)), HEAD_DIM=D, BLOCK_D=max(16, _next_pow2(D)),
                     PAGE_SIZE=int(shape.page_size), HAS_SEQLENS=cache_seqlens is not None, COMBINE=combine,
                     INT64=int64, INPUT_PRECISION=precision, COMBINE_BLOCK_S=block_s,
@@ -390,15 +394,25 @@ class DecodePlan(Plan):
         o, l = self._run(q, k_cache, v_cache, cache_seqlens, block_table, out, lse)
         return (o, l) if return_lse else o
 
-    def _run(self, q, k_cache, v_cache, cache_seqlens, block_table, out=None, lse=None):
+    def _run(self, q, k_cache, v_cache, cache_seqlens, block_table, out=None, lse=None, want_lse=True):
         s = self.shape
         dev = self.device
+        if not want_lse and lse is None and self.mode == "kernel":
+            lse = scratch(self._lse_shape, torch.float32, dev, caps.stream_handle(dev))
         if self.check_data and (cache_seqlens is not None or block_table is not None) and not caps.capturing(dev):
             check_decode_data(s, cache_seqlens, block_table)
+        # The compiled kernel is specialised on the layout of the outputs this plan allocates
+        # (q's layout for out, contiguous lse, 16-byte aligned): a caller's outputs laid out
+        # otherwise take Triton's own launch path.
+        thin = True
         if out is None:
-            out = torch.empty((s.batch, s.heads, s.head_dim), dtype=q.dtype, device=dev)
+            out = torch.empty_like(q)
+        elif out.stride() != self._out_stride or out.data_ptr() % 16:
+            thin = False
         if lse is None:
-            lse = torch.empty((s.batch, s.heads), dtype=torch.float32, device=dev)
+            lse = torch.empty(self._lse_shape, dtype=torch.float32, device=dev)
+        elif lse.stride() != (s.heads, 1) or lse.data_ptr() % 16:
+            thin = False
         mode = self.mode
         if mode == "empty":
             return out, lse
@@ -419,18 +433,19 @@ class DecodePlan(Plan):
             po = pl = lse
         if _observe.OBSERVERS:
             _observe.notify(self.op, "flash_decode", self.grid, (out, lse), self)
+        split = self._split if thin else self._split.triton_call
         # Unused pointer arguments get stand-ins of the same dtype, so the autotuner's key (which
         # includes every tensor's dtype) is the same with and without them.
         with caps.launch_device(q):
-            self._split(q, k_cache, v_cache, counter if cache_seqlens is None else cache_seqlens,
-                        counter if block_table is None else block_table, out, lse, po, pl, counter,
-                        *self._args_cache, out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
-                        self._tune_key)
+            split(q, k_cache, v_cache, counter if cache_seqlens is None else cache_seqlens,
+                  counter if block_table is None else block_table, out, lse, po, pl, counter,
+                  *self._args_cache, out.stride(0), out.stride(1), lse.stride(0), lse.stride(1), self._tune_key)
             if self.combine == "kernel":
                 if _observe.OBSERVERS:
                     _observe.notify(self.op, "flash_decode.combine", (s.batch * s.heads,), (out, lse), self)
-                self._launches[1](po, pl, out, lse, s.heads, self.num_splits, out.stride(0), out.stride(1),
-                                  lse.stride(0), lse.stride(1))
+                combine = self._launches[1] if thin else self._launches[1].triton_call
+                combine(po, pl, out, lse, s.heads, self.num_splits, out.stride(0), out.stride(1), lse.stride(0),
+                        lse.stride(1))
         if self.config is None and self._split.tuned:
             object.__setattr__(self, "config", dict(self._split.config))
         return out, lse
@@ -572,8 +587,9 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, s
             key = None
         plan = PLANS.get(key) if key is not None else None
         if plan is not None:
-            out, lse = plan._run(q, k_cache, v_cache, cache_seqlens, block_table)
-            return (out, lse) if return_lse else out
+            if return_lse:
+                return plan._run(q, k_cache, v_cache, cache_seqlens, block_table)
+            return plan._run(q, k_cache, v_cache, cache_seqlens, block_table, want_lse=False)[0]
     # checked path: argument types, then the op or an eager call
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         check_tensor(name, t)

@@ -31,6 +31,7 @@ from . import options as _options
 from . import topology as _topology
 from ._plan import PLANS, Plan, PlanKey, fast_signature, signature, state
 from ._route import mapping_token, plain_eager, warn_once
+from ._launch import HostDesc
 from ._validate import INT32_MAX, check_same, check_tensor
 
 __all__ = ["matmul", "plan_matmul", "check_matmul", "GemmPlan", "SUPPORTED_DTYPES"]
@@ -279,6 +280,7 @@ class GemmPlan(Plan):
             self._launch = Launch(K_.gemm_kernel, grid_of, const, device=dev,
                                   tuner=K_.tuned_kernel(path, persistent, fp32, flatten),
                                   fixed=K_.gpu_configs(path, bool(persistent), fp32, flatten)[0])
+        self._blocks = None
         self._sync_config()
         self._freeze()
 
@@ -303,14 +305,20 @@ class GemmPlan(Plan):
                 raise ValueError(f"out must be a contiguous ({self.M}, {self.N}) tensor for this plan (it was made "
                                  f"without out), got shape {tuple(out.shape)} with strides {out.stride()}; make a "
                                  f"plan with out= for other layouts")
-            if self.c_tma and out.data_ptr() % 16:
-                raise ValueError("out's data pointer is not 16-byte aligned; make a plan with out= for it")
+            if out.data_ptr() % 16:
+                raise ValueError("out's data pointer is not 16-byte aligned (the plan's kernel is specialised "
+                                 "for aligned outputs); make a plan with out= for it")
             check_no_overlap(a, b, out)
         else:
             self.check_signatures(a=a, b=b, out=out)
         return self._run(a, b, out)
 
     def _descriptors(self, a, b, c):
+        blocks = self._blocks
+        if blocks is not None:  # compiled: light descriptors (the layout was checked when planned)
+            av, bv, cv = self._views
+            return (HostDesc(a, av[1], av[2], blocks[0]), HostDesc(b, bv[1], bv[2], blocks[1]),
+                    HostDesc(c, cv[1], cv[2], blocks[2]) if self.c_tma else None)
         kw = self._launch.kwargs
         bm, bn, bk = kw.get("BLOCK_M", 16), kw.get("BLOCK_N", 16), kw.get("BLOCK_K", 16)
         av, bv, cv = self._views
@@ -319,6 +327,9 @@ class GemmPlan(Plan):
         c_desc = None
         if self.c_tma:
             c_desc = TensorDescriptor(c, cv[1], cv[2], [bm, bn // 2] if kw.get("EPILOGUE_SUBTILE") else [bm, bn])
+        if self._launch.compiled is not None:
+            object.__setattr__(self, "_blocks", (a_desc.block_shape, b_desc.block_shape,
+                                                 None if c_desc is None else c_desc.block_shape))
         return a_desc, b_desc, c_desc
 
     def _run(self, a, b, out=None) -> torch.Tensor:

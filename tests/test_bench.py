@@ -1,10 +1,18 @@
-"""The bench scripts run end to end on CPU (--dry-run, interpreter), and ncu's CSV is read right."""
+"""The bench scripts run end to end on CPU (--cpu-check, interpreter) or show their plan
+(--dry-run), never monkeypatch the library, and ncu's CSV is read right."""
+import ast
 import csv
 import os
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
+import torch
 
 from numasched.bench import policies
+
+ROOT = Path(__file__).resolve().parents[1]
 
 NCU_LOG = '''==PROF== Connected to process 4242
 "ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"
@@ -25,11 +33,11 @@ def test_ncu_csv_gives_one_record_per_kernel_in_launch_order():
     assert policies._parse_ncu_csv("no profiler output") == []
 
 
-def test_policies_dry_run_times_every_registered_policy(tmp_path):
+def test_policies_cpu_check_times_every_registered_policy(tmp_path):
     from numasched import mappings as M
 
     env = dict(os.environ, TRITON_INTERPRET="1")
-    r = subprocess.run([sys.executable, "-m", "numasched.bench.policies", "--dry-run", "--quick", "--out-dir",
+    r = subprocess.run([sys.executable, "-m", "numasched.bench.policies", "--cpu-check", "--quick", "--out-dir",
                         str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     (path,) = tmp_path.glob("policies-*.csv")
@@ -38,3 +46,122 @@ def test_policies_dry_run_times_every_registered_policy(tmp_path):
         got = {row["policy"] for row in rows if row["kind"] == kind}
         assert got == set(M.available(label)), kind
     assert all(float(row["ms"]) > 0 for row in rows)
+
+
+# ----------------------------------------------------------------------------------- no monkeypatching
+def _library_attribute_writes(path: Path) -> list:
+    """Assignments (``X.attr = ...``, ``X.attr += ...``, ``setattr(X, ...)``, ``del X.attr``) to an
+    attribute of a name bound by an import from numasched (``import numasched.decode as ND``,
+    ``from numasched.kernels import gemm as KG``, ``from numasched.distributed import _ops``)."""
+    tree = ast.parse(path.read_text())
+    bound = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            bound |= {(a.asname or a.name.split(".")[0]) for a in node.names if a.name.split(".")[0] == "numasched"}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "numasched":
+            bound |= {a.asname or a.name for a in node.names}
+    found = []
+
+    def base(target):
+        while isinstance(target, ast.Attribute):
+            target = target.value
+        return target.id if isinstance(target, ast.Name) else None
+
+    for node in ast.walk(tree):
+        targets = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        elif isinstance(node, ast.Delete):
+            targets = node.targets
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("setattr", "delattr"):
+            if node.args and base(node.args[0]) in bound:
+                found.append(f"{path.name}:{node.lineno}")
+        for t in targets:
+            for sub in (t.elts if isinstance(t, ast.Tuple) else [t]):
+                if isinstance(sub, ast.Attribute) and base(sub) in bound:
+                    found.append(f"{path.name}:{node.lineno}")
+    return found
+
+
+def test_bench_and_scripts_never_monkeypatch_the_library():
+    files = sorted((ROOT / "bench").glob("*.py")) + sorted((ROOT / "scripts").glob("*.py"))
+    assert len(files) > 8
+    found = [hit for f in files for hit in _library_attribute_writes(f)]
+    assert found == [], f"bench/scripts set attributes of numasched modules: {found}"
+
+
+def test_the_monkeypatch_detector_sees_the_old_patterns(tmp_path):
+    f = tmp_path / "old.py"
+    f.write_text("import numasched.decode as ND\nfrom numasched.kernels import flash_decode as FD\n"
+                 "from numasched.distributed import _common as _ops\nimport numasched\n"
+                 "ND.CHECK_DATA = False\nFD.COMBINE_MODE = 'kernel'\n_ops._gemm_cfg = None\n"
+                 "setattr(numasched.gemm, 'x', 1)\nnumasched.options.x = 1\nctx = object()\nctx.num_sms = 3\n")
+    assert sorted(int(h.split(":")[1]) for h in _library_attribute_writes(f)) == [5, 6, 7, 8, 9]
+
+
+# ----------------------------------------------------------------------------------- host_overhead
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
+@pytest.mark.parametrize("extra", [[], ["--gpu"]])
+def test_host_overhead_without_cuda_prints_one_line_and_exits_2(extra, tmp_path):
+    r = subprocess.run([sys.executable, "-m", "numasched.bench.host_overhead", *extra], capture_output=True,
+                       text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 2
+    lines = (r.stdout + r.stderr).strip().splitlines()
+    assert len(lines) == 1 and "CUDA GPU" in lines[0], lines
+    assert not any(tmp_path.iterdir())
+
+
+def test_host_overhead_dry_run_lists_each_call_beside_torch(capsys):
+    from numasched.bench import host_overhead
+
+    assert host_overhead.main(["--dry-run", "-n", "50"]) == 0
+    out = capsys.readouterr().out
+    for case in ("flash_decode", "flash_decode plan.run", "matmul", "matmul plan.run", "attention_forward",
+                 "attention plan.run", "scaled_dot_product_attention"):
+        assert f"  {case}: " in out
+    assert "enable_gqa=True" in out and "torch.matmul" in out and "50 eager calls" in out and "1.25x" in out
+    assert host_overhead.COLUMNS[:6] == ["case", "ours", "torch", "ours_us", "torch_us", "ratio"]
+
+
+def test_host_overhead_times_n_calls_per_round_and_syncs_each_round():
+    from numasched.bench.host_overhead import _per_call_us
+
+    calls, syncs = [], []
+    us = _per_call_us(lambda: calls.append(1), 7, lambda: syncs.append(len(calls)))
+    assert len(calls) == 10 + 3 * 7 and syncs == [10, 17, 24, 31] and us >= 0
+
+
+# ----------------------------------------------------------------------------------- public API use
+def test_decode_bench_leaves_the_process_options_alone(capsys):
+    import numasched
+    from numasched.bench import decode
+
+    before = numasched.options.current()
+    assert decode.main(["--dry-run", "--heads", "gqa", "--batch", "1", "--ctx", "1024"]) == 0
+    assert numasched.options.current() is before
+    from numasched.decode import choose_num_splits
+
+    assert f"{choose_num_splits(1, 8, 1024, 132)} splits on 132 SMs" in capsys.readouterr().out
+
+
+def test_decode_configs_script_dry_run():
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "decode_configs.py"), "--dry-run", "--batch", "2",
+                        "--ctx", "4096", "--splits", "4"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "B=2 ctx=4096" in r.stdout and "splits [4]" in r.stdout
+
+
+def test_decode_plan_with_fixed_config_and_splits_runs(device):
+    """What scripts/decode_configs.py times: plan_decode(num_splits=, config=), then plan.run."""
+    import numasched
+
+    q = torch.randn(2, 8, 64, device=device)
+    k, v = torch.randn(2, 100, 2, 64, device=device), torch.randn(2, 100, 2, 64, device=device)
+    plan = numasched.plan_decode(q, k, v, num_splits=3, config=dict(BLOCK_N=32, num_warps=4, num_stages=2))
+    assert plan.num_splits == 3
+    out = plan.run(q, k, v)
+    ref = torch.nn.functional.scaled_dot_product_attention(q[:, :, None], k.transpose(1, 2).repeat_interleave(4, 1),
+                                                           v.transpose(1, 2).repeat_interleave(4, 1))[:, :, 0]
+    assert torch.allclose(out, ref, atol=1e-4, rtol=1e-4)

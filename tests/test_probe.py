@@ -236,8 +236,9 @@ def test_cli_without_gpu_exits_with_a_message(tmp_path, capsys):
 
 
 def test_cli_rejects_bad_arguments(tmp_path, capsys):
-    assert cli_main(["probe", "--lines", "0"]) == 2
-    assert "--lines must be >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # rejected while parsing, naming the option
+        cli_main(["probe", "--lines", "0"])
+    assert e.value.code == 2 and "argument --lines: expected an integer >= 1" in capsys.readouterr().err
     assert cli_main(["probe", "--from-raw", str(tmp_path / "missing.npz")]) == 2
     assert "no such file" in capsys.readouterr().err
 

@@ -193,7 +193,8 @@ def _output(out, shape, like, impl):
 
 # ============================================================================ launches
 def _launch_kwargs(ctx, cfg):
-    return {} if ctx.device.type == "cpu" else dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return {} if ctx.device.type == "cpu" else dict(num_warps=cfg["num_warps"],
+                                                    num_stages=caps.cap_stages("gemm", cfg["num_stages"]))
 
 
 def _first_use(ctx, kernel, grid, args, kwargs):

@@ -29,5 +29,6 @@ def kernel_asm(arch: str = "sm_90", kernel: Optional[str] = None) -> dict:
     try:
         rep = portability.compile_kernel(fn, values, arch, num_warps=warps, num_stages=stages, keep_asm=True)
     except portability.Interpreted as e:
-        raise ProbeUnavailable(f"kernel_asm: TRITON_INTERPRET=1 was set when the probe kernels were defined; {e}") from e
+        raise ProbeUnavailable(f"kernel_asm: TRITON_INTERPRET=1 was set when the probe kernels were defined; "
+                               f"{e}") from e
     return rep["asm"]

@@ -5,6 +5,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..argtypes import nonneg_int, positive_int
+
 from .analysis import analyze, summary
 from .files import default_path, load_raw, save
 from .measurement import BUFFER_BYTES, DEFAULTS, QUICK, ProbeUnavailable, probe
@@ -21,12 +23,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help="JSON output (default ~/.cache/numasched/probe-<device>.json); "
                    "the raw measurement goes next to it as .npz")
     p.add_argument("--quick", action="store_true", help=f"small probe ({QUICK}); a few seconds of GPU time")
-    p.add_argument("--lines", type=int, help=f"random 128-byte lines (default {DEFAULTS['lines']})")
-    p.add_argument("--iters", type=int, help=f"dependent loads per line (default {DEFAULTS['iters']})")
-    p.add_argument("--programs-per-sm", type=int, help=f"programs per SM (default {DEFAULTS['programs_per_sm']})")
-    p.add_argument("--buffer-mb", type=int, default=BUFFER_BYTES >> 20, help="buffer the lines are drawn from")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-partitions", type=int, default=4)
+    p.add_argument("--lines", type=positive_int, help=f"random 128-byte lines (default {DEFAULTS['lines']})")
+    p.add_argument("--iters", type=positive_int, help=f"dependent loads per line (default {DEFAULTS['iters']})")
+    p.add_argument("--programs-per-sm", type=positive_int,
+                   help=f"programs per SM (default {DEFAULTS['programs_per_sm']})")
+    p.add_argument("--buffer-mb", type=positive_int, default=BUFFER_BYTES >> 20,
+                   help="buffer the lines are drawn from, in MiB")
+    p.add_argument("--seed", type=nonneg_int, default=0, help="seed of the random line addresses (default 0)")
+    p.add_argument("--max-partitions", type=positive_int, default=4,
+                   help="most L2 partitions the clustering of SMs may find (default 4)")
     p.add_argument("--no-raw", action="store_true", help="do not write the raw .npz")
     p.add_argument("--no-bandwidth", action="store_true", help="skip the streaming-read bandwidth reading")
     p.add_argument("--from-raw", type=Path, metavar="NPZ", help="re-analyse a saved raw measurement (no GPU needed)")

@@ -32,12 +32,12 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def add_parser(subparsers):
-    from ..cli import nonneg_int, plot_path, positive_int, unit_float, nonneg_float
+    from ..argtypes import nonneg_int, plot_path, positive_int, unit_float, nonneg_float
 
     p = subparsers.add_parser("simulate", help="L2 simulator: hit rates, traffic and time per mapping policy",
                               description=__doc__.split("\n\n")[0],
                               formatter_class=_HelpFormatter)
-    p.add_argument("--gpu", default="mi300x", help="topology preset (numasched.topology.PRESETS)")
+    p.add_argument("--gpu", type=_preset, default="mi300x", help="topology preset (numasched.topology.PRESETS)")
     p.add_argument("--kernel", choices=("attention", "decode", "gemm"), default="attention",
                    help="kernel model: prefill attention forward, split-KV decode, or GEMM")
     p.add_argument("--mapping", default="all",
@@ -88,6 +88,15 @@ def add_parser(subparsers):
     o.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=run)
     return p
+
+
+def _preset(text: str) -> str:
+    """argparse type of --gpu: a topology preset name."""
+    from ..topology import PRESETS
+
+    if text not in PRESETS:
+        raise argparse.ArgumentTypeError(f"expected a topology preset ({', '.join(sorted(PRESETS))}), got {text!r}")
+    return text
 
 
 def _tile(text: str):
