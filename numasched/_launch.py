@@ -111,6 +111,19 @@ class Launch:
             return
         self._slow(args)
 
+    def call_full(self, full) -> None:
+        """Launch with the complete argument list (constexpr tail and expanded descriptors
+        included), as :meth:`full_args` built it; only on the direct path (``raw`` set)."""
+        g = self.grid
+        k = self.compiled
+        self.raw(g[0], g[1], g[2], _raw_stream(self.device_index), k.function, self.coop, self.pdl, None, None,
+                 k.packed_metadata, None, None, None, *full)
+
+    def full_args(self, args) -> tuple:
+        """``args`` completed for :meth:`call_full` (a caller may cache the result when every
+        argument in it is a plain value: pointers as ints, descriptors already expanded)."""
+        return tuple(self._expand(args)) if self.desc_pos else tuple(args) + self.tail
+
     def _expand(self, args) -> list:
         """Kernel arguments with each TMA descriptor expanded as Triton's launcher expects; the
         CUtensorMap of a descriptor is cached by its base pointer (a plan's descriptor at one

@@ -7,14 +7,16 @@ Every public operation follows one pattern (docs/api.md):
     plan.run(...) launches; nothing else
 
 and a one-call wrapper (``numasched.flash_decode`` ...) that looks its plan up in :data:`PLANS`
-by a :class:`PlanKey` built from the call's tensors and arguments and the process state a plan
-depends on (topology, registered mappings, options). Keys hold values, never object ids or
-environment variables.
+by a key built from the call's tensors and arguments and the process state a plan depends on
+(topology, registered mappings, options). Keys hold values, never object ids or environment
+variables. A key is a flat tuple (it is built on every call, and a flat tuple is the cheapest to
+build and hash): the op's name, each tensor's (shape, strides, dtype, device, data pointer mod 16),
+the call's other arguments, then :func:`state` -- :class:`PlanKey` names that layout.
 """
 from __future__ import annotations
 
 import collections
-from typing import Any, NamedTuple, Optional, Tuple
+from typing import Any, NamedTuple, Optional
 
 import torch
 
@@ -65,8 +67,12 @@ def state() -> tuple:
     return (_topology.current(), _mappings.version(), _options.current())
 
 
+_REG = _mappings._registry
+
+
 class PlanKey(NamedTuple):
-    """A plan cache key: op name, tensor signatures, the call's other arguments, process state."""
+    """The parts of a plan cache key: op name, tensor signatures, the call's other arguments,
+    process state. The one-call paths build the same fields as one flat tuple (op name first)."""
 
     op: str
     tensors: tuple

@@ -41,8 +41,8 @@ def mapping_token(mapping, kernel_kind: str) -> str:
     """The string a custom op carries for a ``mapping=`` argument: "auto", a registered name, or
     a token for a Policy object (registered or not). Checks kind and name here, so errors name
     the argument before any tracing."""
-    if mapping is None:
-        raise TypeError(f"mapping must be 'auto', a policy name or a Policy, got None (use 'auto')")
+    if mapping is None:  # None means "auto" in every call
+        return "auto"
     if isinstance(mapping, str):
         if mapping == "auto":
             return mapping

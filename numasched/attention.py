@@ -33,7 +33,7 @@ from . import mappings as M
 from . import observe as _observe
 from . import options as _options
 from . import topology as _topology
-from ._plan import PLANS, Plan, PlanKey, fast_signature, scratch, signature, state
+from ._plan import _REG, PLANS, Plan, scratch, signature
 from ._route import mapping_token, plain_eager, warn_once
 from ._validate import check_bool, check_int32_indexing, check_same, check_scale, check_tensor
 
@@ -270,7 +270,10 @@ class AttentionPlan(Plan):
         if _observe.OBSERVERS:
             _observe.notify(self.op, "attention", launch.grid[:1] if launch.grid else (), (out, lse), self)
         with caps.launch_device(q):
-            if launch.compiled is not None:
+            if launch.raw is not None:  # compiled, direct path: pointers as integers
+                launch(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), *self._strides,
+                       *self._ints)
+            elif launch.compiled is not None:
                 launch(q, k, v, out, lse, *self._strides, *self._ints)
             else:
                 self._first_launch(q, k, v, out, lse)
@@ -309,11 +312,12 @@ def plan_attention(q, k, v, *, causal: bool = False, scale: Optional[float] = No
                          mapping="auto" if mapping is None else mapping, config=config, options=options)
 
 
-def _key(q, k, v, causal, scale, causal_offset, mapping, config) -> PlanKey:
-    cfg = None if config is None else tuple(sorted(config.items()))
-    interp = q.device.type != "cuda" and caps.interpreting()
-    return PlanKey("attention", (fast_signature(q), fast_signature(k), fast_signature(v)),
-                   (causal, scale, causal_offset, mapping, cfg, interp), state())
+def _key(q, k, v, causal, scale, causal_offset, mapping, config) -> tuple:
+    """The plan-cache key of a call (a flat tuple, see numasched._plan; built on every call)."""
+    return ("attention", q.shape, q.stride(), q.dtype, q.device, q.data_ptr() & 15, k.shape, k.stride(), k.dtype,
+            k.device, k.data_ptr() & 15, v.shape, v.stride(), v.dtype, v.device, v.data_ptr() & 15, causal, scale,
+            causal_offset, mapping, None if config is None else tuple(sorted(config.items())),
+            q.device.type != "cuda" and caps.interpreting(), _topology._CURRENT, _REG._VERSION[0], _options._CURRENT)
 
 
 def _planned(q, k, v, causal, scale, causal_offset, mapping, config=None) -> AttentionPlan:
@@ -442,10 +446,13 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     return _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, mapping)
 
 
-def _sdpa_key(query, key, value, is_causal, scale, enable_gqa, mapping, causal_offset) -> PlanKey:
-    interp = query.device.type != "cuda" and caps.interpreting()
-    return PlanKey("sdpa", (fast_signature(query), fast_signature(key), fast_signature(value)),
-                   (is_causal, scale, enable_gqa, mapping, causal_offset, interp), state())
+def _sdpa_key(query, key, value, is_causal, scale, enable_gqa, mapping, causal_offset) -> tuple:
+    """The cache key of an SDPA routing decision (a flat tuple, see numasched._plan)."""
+    q, k, v = query, key, value
+    return ("sdpa", q.shape, q.stride(), q.dtype, q.device, q.data_ptr() & 15, k.shape, k.stride(), k.dtype,
+            k.device, k.data_ptr() & 15, v.shape, v.stride(), v.dtype, v.device, v.data_ptr() & 15, is_causal, scale,
+            enable_gqa, mapping, causal_offset, q.device.type != "cuda" and caps.interpreting(), _topology._CURRENT,
+            _REG._VERSION[0], _options._CURRENT)
 
 
 def _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, mapping,

@@ -41,7 +41,7 @@ from . import mappings as M
 from . import observe as _observe
 from . import options as _options
 from . import topology as _topology
-from ._plan import PLANS, Plan, PlanKey, fast_signature, scratch, signature, state
+from ._plan import _REG, PLANS, Plan, fast_signature, scratch, signature
 from ._route import mapping_token, plain_eager, warn_once
 from ._validate import check_positive_int, check_same, check_tensor
 
@@ -436,10 +436,15 @@ class DecodePlan(Plan):
         split = self._split if thin else self._split.triton_call
         # Unused pointer arguments get stand-ins of the same dtype, so the autotuner's key (which
         # includes every tensor's dtype) is the same with and without them.
+        tensors = (q, k_cache, v_cache, counter if cache_seqlens is None else cache_seqlens,
+                   counter if block_table is None else block_table, out, lse, po, pl, counter)
+        if thin and split.raw is not None:
+            # compiled, direct path: pointers as integers (the launcher then neither calls
+            # data_ptr() nor asks the driver about each pointer; the plan checked the devices)
+            tensors = tuple(t.data_ptr() for t in tensors)
         with caps.launch_device(q):
-            split(q, k_cache, v_cache, counter if cache_seqlens is None else cache_seqlens,
-                  counter if block_table is None else block_table, out, lse, po, pl, counter,
-                  *self._args_cache, out.stride(0), out.stride(1), lse.stride(0), lse.stride(1), self._tune_key)
+            split(*tensors, *self._args_cache, out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
+                  self._tune_key)
             if self.combine == "kernel":
                 if _observe.OBSERVERS:
                     _observe.notify(self.op, "flash_decode.combine", (s.batch * s.heads,), (out, lse), self)
@@ -512,11 +517,14 @@ def plan_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, sc
                       mapping=mapping, config=config, options=opts)
 
 
-def _key(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping) -> PlanKey:
-    sigs = (fast_signature(q), fast_signature(k_cache), fast_signature(v_cache), fast_signature(cache_seqlens),
-            fast_signature(block_table))
-    interp = q.device.type != "cuda" and caps.interpreting()
-    return PlanKey("flash_decode", sigs, (scale, num_splits, mapping, interp), state())
+def _key(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping) -> tuple:
+    """The plan-cache key of a call (a flat tuple, see numasched._plan; built on every call)."""
+    k, v = k_cache, v_cache
+    return ("flash_decode", q.shape, q.stride(), q.dtype, q.device, q.data_ptr() & 15, k.shape, k.stride(), k.dtype,
+            k.device, k.data_ptr() & 15, v.shape, v.stride(), v.dtype, v.device, v.data_ptr() & 15,
+            None if cache_seqlens is None else fast_signature(cache_seqlens),
+            None if block_table is None else fast_signature(block_table), scale, num_splits, mapping,
+            q.device.type != "cuda" and caps.interpreting(), _topology._CURRENT, _REG._VERSION[0], _options._CURRENT)
 
 
 def _planned(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping) -> DecodePlan:
