@@ -783,3 +783,14 @@ def test_heap_bases_must_be_256_byte_aligned_relative_to_each_other():
         check_heap_bases([0x7F0000000000, 0x7F0000000010])
     w = nd.SimWorld(3, heap_bytes=1 << 20)
     check_heap_bases(w.heap_bases.tolist())
+
+
+@pytest.mark.parametrize("op", ["all_gather_matmul", "matmul_reduce_scatter"])
+def test_ctx_none_is_a_type_error_naming_ctx(op):
+    # it was an AttributeError from inside the library
+    fn = getattr(nd, op)
+    with pytest.raises(TypeError, match="ctx must be a context"):
+        fn(torch.randn(4, 4), torch.randn(4, 4), ctx=None)
+    with pytest.raises(TypeError, match="ctx must be a context"):
+        nd.flash_decode_distributed(torch.randn(1, 2, 16), torch.randn(1, 4, 1, 16), torch.randn(1, 4, 1, 16),
+                                    torch.tensor([4], dtype=torch.int32), ctx=object())

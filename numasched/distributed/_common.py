@@ -289,6 +289,9 @@ class _Op:
 def run(ctx, op: str, *args, check: bool = True, **kwargs):
     """One call of ``op`` on a real (or one-rank simulated) context."""
     spec = OPS[op]
+    if not hasattr(ctx, "_ensure_usable") or not hasattr(ctx, "plans"):
+        raise TypeError(f"{op}: ctx must be a context from numasched.distributed.init() (or a rank of a SimWorld), "
+                        f"got {type(ctx).__name__}")
     ctx._ensure_usable()
     if getattr(ctx, "world_", None) is not None and ctx.world > 1:
         raise ValueError("a simulated rank cannot call alone: use SimWorld.run(op, per_rank_args)")

@@ -1,0 +1,107 @@
+"""Bad input found when the library was tried as a new user would (issue: one shape for every op).
+
+Each case here was a silent wrong result, an internal error or a crash before; now it is right or
+a clear error naming the argument. (Other cases live beside their op's tests: bf16 on the
+interpreter in test_attention/test_gemm/test_hf/test_decode, strided out= overlap in test_gemm,
+unregistered policies under torch.compile in test_attention, bounded page indices in test_decode,
+CLI in test_cli.)
+"""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+import numasched
+from numasched import mappings as M, topology
+from numasched.caps import run_interpreted
+from numasched.mappings.jit import gemm_tile
+
+
+def test_interpreter_set_after_import_runs_every_call():
+    # Triton picks JIT or interpreter when a kernel is defined: with TRITON_INTERPRET=1 set after
+    # `import numasched` every call raised an internal InterpreterError.
+    code = r"""
+import os, torch
+os.environ.pop("TRITON_INTERPRET", None)
+import numasched
+from numasched import mappings as M
+M.get("grouped").remap.device  # the device functions exist (defined as JIT functions)
+os.environ["TRITON_INTERPRET"] = "1"
+torch.manual_seed(0)
+a, b = torch.randn(20, 24), torch.randn(24, 18)
+assert (numasched.matmul(a, b).double() - a.double() @ b.double()).abs().max() < 1e-4
+q, k, v = torch.randn(1, 2, 9, 16), torch.randn(1, 2, 9, 16), torch.randn(1, 2, 9, 16)
+ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+assert (numasched.scaled_dot_product_attention(q, k, v, is_causal=True) - ref).abs().max() < 1e-5
+qd, kd = torch.randn(2, 4, 16), torch.randn(2, 11, 2, 16)
+o = numasched.flash_decode(qd, kd, kd)
+assert o.shape == (2, 4, 16) and torch.isfinite(o).all()
+print("OK")
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-3000:]
+
+
+@triton.jit
+def _tiles_of(PIDS, OUT, N, NM, NN, MAPPING: tl.constexpr, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    m = i < N
+    pid = tl.load(PIDS + i, mask=m, other=0)
+    tm, tn = gemm_tile(pid, NM, NN, MAPPING)
+    tl.store(OUT + i * 2, tm, mask=m)
+    tl.store(OUT + i * 2 + 1, tn, mask=m)
+
+
+@pytest.mark.parametrize("policy", ["grouped", "chiplet_tiled", "chiplet_tiled_chunked", "row_major"])
+@pytest.mark.parametrize("nm,nn", [(1, 2**30), (3, 7 * 10**8 // 3), (2**16, 2**15 - 1)])
+def test_gemm_orders_do_not_overflow_int32_on_large_grids(policy, nm, nn):
+    # GemmGrid accepts any grid of up to 2^31 - 1 tiles; the grouped order formed GM * NN, which
+    # overflowed int32 for NN above ~2.7e8. Device math vs the int64 NumPy reference at ids
+    # spread over the whole grid.
+    grid = M.GemmGrid(nm, nn)
+    pids = np.unique(np.linspace(0, grid.size - 1, 61).astype(np.int64))
+    for X in (1, 8):
+        want = M.get(policy).reference(pids, grid, X)
+        out = torch.full((len(pids), 2), -7, dtype=torch.int32)
+        run_interpreted(_tiles_of, (1,), (torch.tensor(pids, dtype=torch.int32), out, len(pids), nm, nn),
+                        dict(MAPPING=M.get(policy).constexpr(X), BLOCK=64))
+        assert (out.numpy() == want).all(), (policy, X)
+
+
+def test_topology_refuses_num_domains_beyond_int32():
+    with pytest.raises(ValueError, match="num_domains .* overflows int32"):
+        topology.Topology.preset("mi300x").replace(num_domains=2**31, dispatch_offset=0)
+    with pytest.raises(ValueError, match="num_domains"):
+        M.get("grouped").constexpr(2**31)
+
+
+def test_lazy_public_names_are_listed():
+    names = dir(numasched)
+    for n in ("flash_decode", "plan_decode", "matmul", "plan_matmul", "scaled_dot_product_attention",
+              "plan_attention", "options", "observe", "distributed"):
+        assert n in names and n in numasched.__all__, n
+    assert callable(numasched.plan_decode) and numasched.decode.__name__ == "numasched.decode"
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        numasched.nope
+
+
+def test_decode_bf16_on_the_interpreter_is_computed_in_fp32():
+    torch.manual_seed(3)
+    q = torch.randn(2, 8, 32).bfloat16()
+    k, v = torch.randn(2, 40, 2, 32).bfloat16(), torch.randn(2, 40, 2, 32).bfloat16()
+    out = numasched.flash_decode(q, k, v)
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q.double()[:, :, None], k.double().transpose(1, 2), v.double().transpose(1, 2), enable_gqa=True)[:, :, 0]
+    assert out.dtype == torch.bfloat16 and (out.double() - ref).abs().max() < 2e-2
+
+
+def test_package_ships_types_and_license():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    assert os.path.exists(os.path.join(os.path.dirname(numasched.__file__), "py.typed"))
+    assert os.path.exists(os.path.join(root, "LICENSE"))
