@@ -13,6 +13,7 @@ SUITES = {
     "decode": "Flash Decode vs SDPA (FLASH/EFFICIENT/cuDNN), FlexAttention, FlashInfer",
     "prefill": "prefill attention forward vs SDPA FLASH and cuDNN",
     "gemm": "GEMM vs cuBLAS (torch.matmul)",
+    "gemm_inference": "inference-shape GEMMs (M = batch) vs cuBLAS, and the schedule chooser vs the best timed",
     "policies": "effect of the mapping policies on this GPU (time per policy, per kernel)",
     "distributed": "all-gather+GEMM, GEMM+reduce-scatter, distributed decode (torchrun, 2+ GPUs)",
     "host_overhead": "host time per eager call of the public calls vs torch's equivalents (GPU)",

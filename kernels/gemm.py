@@ -98,10 +98,19 @@ def gemm_tile_acc(a, b, off_m, off_n, M, N, K,
 
 
 @triton.jit
-def _store_tile(c, c_desc, acc, off_m, off_n, M, N, stride_cm, stride_cn,
+def _store_tile(c, c_desc, bias, res, acc, off_m, off_n, M, N, stride_cm, stride_cn, stride_rm, stride_rn,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, C_TMA: tl.constexpr,
-                EPILOGUE_SUBTILE: tl.constexpr, INT64: tl.constexpr):
+                EPILOGUE_SUBTILE: tl.constexpr, INT64: tl.constexpr, HAS_BIAS: tl.constexpr,
+                HAS_RES: tl.constexpr):
     out_ty = c.dtype.element_ty
+    # epilogue: + bias[n], + residual[m, n], in fp32, before the conversion to C's dtype
+    if HAS_BIAS or HAS_RES:
+        offs_m, offs_n = _tile_offsets(off_m, off_n, BLOCK_M, BLOCK_N, INT64)
+        if HAS_BIAS:
+            acc = acc + tl.load(bias + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+        if HAS_RES:
+            acc = acc + tl.load(res + offs_m[:, None] * stride_rm + offs_n[None, :] * stride_rn,
+                                mask=(offs_m[:, None] < M) & (offs_n[None, :] < N), other=0.0).to(tl.float32)
     if C_TMA:
         if EPILOGUE_SUBTILE:
             # Two (BLOCK_M, BLOCK_N/2) stores: half the shared-memory staging buffer, which leaves
@@ -119,34 +128,34 @@ def _store_tile(c, c_desc, acc, off_m, off_n, M, N, stride_cm, stride_cn,
 
 
 @triton.jit
-def _gemm_one_tile(tile, num_tiles, NM, NN, a, b, c, c_desc, M, N, K,
-                   stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+def _gemm_one_tile(tile, num_tiles, NM, NN, a, b, c, c_desc, bias, res, M, N, K,
+                   stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, stride_rm, stride_rn,
                    MAPPING: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    USE_TMA: tl.constexpr, A_TRANS: tl.constexpr, B_TRANS: tl.constexpr, C_TMA: tl.constexpr,
                    EPILOGUE_SUBTILE: tl.constexpr, INPUT_PRECISION: tl.constexpr, INT64: tl.constexpr,
-                   K_LOOP_WS: tl.constexpr):
+                   K_LOOP_WS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr):
     # The policy: a domain remap of the tile id, then the tile it names (a tile order).
     tm, tn = gemm_tile(tile, NM, NN, MAPPING)
     off_m = tm * BLOCK_M
     off_n = tn * BLOCK_N
     acc = gemm_tile_acc(a, b, off_m, off_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
                         BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, A_TRANS, B_TRANS, INPUT_PRECISION, INT64, K_LOOP_WS)
-    _store_tile(c, c_desc, acc, off_m, off_n, M, N, stride_cm, stride_cn,
-                BLOCK_M, BLOCK_N, C_TMA, EPILOGUE_SUBTILE, INT64)
+    _store_tile(c, c_desc, bias, res, acc, off_m, off_n, M, N, stride_cm, stride_cn, stride_rm, stride_rn,
+                BLOCK_M, BLOCK_N, C_TMA, EPILOGUE_SUBTILE, INT64, HAS_BIAS, HAS_RES)
 
 
 @triton.jit
-def gemm_kernel(a, b, c, c_desc, M, N, K,
-                stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+def gemm_kernel(a, b, c, c_desc, bias, res, M, N, K,
+                stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, stride_rm, stride_rn,
                 MAPPING: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                 PERSISTENT: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
                 EPILOGUE_SUBTILE: tl.constexpr, USE_TMA: tl.constexpr, A_TRANS: tl.constexpr,
                 B_TRANS: tl.constexpr, C_TMA: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-                INT64: tl.constexpr):
-    """C (M, N) = A (M, K) @ B (K, N); ``c`` is always C's pointer (its dtype is the output's),
-    ``c_desc`` its descriptor when C_TMA."""
+                INT64: tl.constexpr, HAS_BIAS: tl.constexpr = False, HAS_RES: tl.constexpr = False):
+    """C (M, N) = A (M, K) @ B (K, N) (+ bias[n]) (+ res[m, n]); ``c`` is always C's pointer (its
+    dtype is the output's), ``c_desc`` its descriptor when C_TMA."""
     pid = tl.program_id(0)
     NM = tl.cdiv(M, BLOCK_M)
     NN = tl.cdiv(N, BLOCK_N)
@@ -157,16 +166,17 @@ def gemm_kernel(a, b, c, c_desc, M, N, K,
         # it: see gpu_configs).
         for tile in tl.range(pid, num_tiles, tl.num_programs(0), flatten=FLATTEN,
                              warp_specialize=WARP_SPECIALIZE):
-            _gemm_one_tile(tile, num_tiles, NM, NN, a, b, c, c_desc, M, N, K,
-                           stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+            _gemm_one_tile(tile, num_tiles, NM, NN, a, b, c, c_desc, bias, res, M, N, K,
+                           stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, stride_rm, stride_rn,
                            MAPPING, BLOCK_M, BLOCK_N, BLOCK_K,
-                           USE_TMA, A_TRANS, B_TRANS, C_TMA, EPILOGUE_SUBTILE, INPUT_PRECISION, INT64, False)
+                           USE_TMA, A_TRANS, B_TRANS, C_TMA, EPILOGUE_SUBTILE, INPUT_PRECISION, INT64, False,
+                           HAS_BIAS, HAS_RES)
     else:
-        _gemm_one_tile(pid, num_tiles, NM, NN, a, b, c, c_desc, M, N, K,
-                       stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+        _gemm_one_tile(pid, num_tiles, NM, NN, a, b, c, c_desc, bias, res, M, N, K,
+                       stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, stride_rm, stride_rn,
                        MAPPING, BLOCK_M, BLOCK_N, BLOCK_K,
                        USE_TMA, A_TRANS, B_TRANS, C_TMA, EPILOGUE_SUBTILE, INPUT_PRECISION, INT64,
-                       WARP_SPECIALIZE)
+                       WARP_SPECIALIZE, HAS_BIAS, HAS_RES)
 
 
 # ----------------------------------------------------------------------------------------- configs

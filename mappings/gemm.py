@@ -58,3 +58,24 @@ register(Policy("chiplet_tiled", "gemm", CONTIGUOUS, GROUPED, order_param=GROUP_
                 doc="contiguous domain remap, then grouped raster"))
 register(Policy("chiplet_tiled_chunked", "gemm", CHUNKED, GROUPED, remap_param=GROUP_M * GROUP_M,
                 order_param=GROUP_M, doc="chunked domain remap (C = GM*GM), then grouped raster"))
+
+
+def split_units_reference(policy, pids, grid, splits: int, num_domains: int):
+    """NumPy twin of ``mappings.jit.gemm_split_unit``: (tile_m, tile_n, split) of each program id
+    among ``grid.size * splits`` split-K work units, int64 array of shape (len(pids), 3)."""
+    from ._registry import GemmGrid, _as_pids, check_num_domains, get, positive_int
+
+    policy = get(policy)
+    if policy.kind != "gemm":
+        raise ValueError(f"split-K units need a gemm policy, {policy.name!r} is of kind {policy.kind!r}")
+    if not isinstance(grid, GemmGrid):
+        raise ValueError(f"split-K units need a GemmGrid, got {type(grid).__name__}")
+    S = positive_int("splits", splits)
+    X = check_num_domains(num_domains)
+    W = grid.size * S
+    g = _as_pids(pids)
+    if g.size and (g.min() < 0 or g.max() >= W):
+        raise ValueError(f"pids must lie in [0, {W}) for {grid} with {S} splits")
+    g = np.asarray(policy.remap.reference(g, W, X, policy.remap_param), dtype=np.int64)
+    tiles = np.asarray(policy.order.reference(g // S, grid, X, policy.order_param), dtype=np.int64).reshape(-1, 2)
+    return np.concatenate([tiles, (g % S)[:, None]], axis=1)

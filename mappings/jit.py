@@ -51,3 +51,15 @@ def decode_item(pid, batch, kv_heads, splits, MAPPING: tl.constexpr):
     """(batch, kv_head, split) that program ``pid`` computes, for a decode (attention-kind) policy."""
     g = MAPPING[0](pid, batch * kv_heads * splits, MAPPING[4], MAPPING[1])
     return MAPPING[2](g, batch, kv_heads, kv_heads, splits, MAPPING[4], MAPPING[3])
+
+
+@triton.jit
+def gemm_split_unit(pid, tiles_m, tiles_n, splits, MAPPING: tl.constexpr):
+    """(tile_m, tile_n, split) that program ``pid`` computes when each output tile's K range is cut
+    into ``splits`` parts (split-K work units). The domain remap runs over all
+    ``tiles_m * tiles_n * splits`` units, whose logical order keeps a tile's splits together, so
+    under round-robin dispatch the splits of a tile (and the partial sums they exchange) share a
+    locality domain; the tile then goes through the policy's order."""
+    g = MAPPING[0](pid, tiles_m * tiles_n * splits, MAPPING[4], MAPPING[1])
+    tm, tn = MAPPING[2](g // splits, tiles_m, tiles_n, MAPPING[4], MAPPING[3])
+    return tm, tn, g % splits

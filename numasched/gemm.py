@@ -1,22 +1,27 @@
-"""GEMM ``C = A @ B``: check, plan, run; the one call ``numasched.matmul``.
+"""GEMM ``C = A @ B (+ bias) (+ residual)``: check, plan, run; the one call ``numasched.matmul``.
 
-    >>> c = numasched.matmul(a, b)                          # policy from topology ("auto")
+    >>> c = numasched.matmul(a, b)                          # schedule chosen by a model
+    >>> y = numasched.matmul(x, w.T, bias=b, residual=h)    # a linear layer with its residual add
     >>> c = numasched.matmul(a, b, mapping="row_major", persistent=True)
     >>> numasched.matmul(a, b, out=c)                       # writes into c, returns c
     >>> plan = numasched.plan_matmul(a, b)                  # once per signature
     >>> c = plan.run(a, b)                                  # every call
 
 The plan holds what depends only on the operands' signatures (shapes, strides, dtypes, device,
-16-byte alignment) and the process state: the policy, the read path (TMA descriptors on Hopper or
-masked pointers), transposed layouts, the kernel config (autotuned on the first GPU run unless
-given or turned off), the grid. ``run`` builds the TMA descriptors and launches the compiled
-kernel directly.
+16-byte alignment) and the process state: the schedule (numasched.gemm_schedule picks the kernel,
+tile shape and split-K from a model of the GPU: no tuning at run time, unless the options ask for
+Triton's autotuner), the policy, the read path (TMA descriptors on Hopper or masked pointers),
+the grid, the split-K workspace. ``run`` launches the compiled kernel directly.
+
+Two kernels: ``tiled`` (kernels/gemm.py: TMA + wgmma tiles, for large M) and ``splitk``
+(kernels/gemm_splitk.py: small M, each tile's K range split over several programs and merged
+in the same launch, deterministically). Both apply the epilogue (bias, residual, output dtype).
 
 The one call is the torch custom ops ``numasched::matmul`` (functional, with a backward) and
 ``numasched::matmul_out`` (writes ``out``), each with a fake implementation, under
 ``torch.compile`` and autograd; plain eager calls skip the op dispatcher. Where no Triton kernel
-can run (CPU tensors without ``TRITON_INTERPRET=1``) it falls back to ``torch.matmul`` with a
-one-time warning. Under the interpreter, bf16 runs in fp32 (the interpreter's bf16 dot is wrong).
+can run (CPU tensors without ``TRITON_INTERPRET=1``) it falls back to torch with a one-time
+warning. Under the interpreter, bf16 runs in fp32 (the interpreter's bf16 dot is wrong).
 """
 from __future__ import annotations
 
@@ -25,13 +30,14 @@ from typing import Optional, Union
 import torch
 
 from . import caps
+from . import gemm_schedule as _sched
 from . import mappings as M
 from . import observe as _observe
 from . import options as _options
 from . import topology as _topology
+from ._launch import HostDesc
 from ._plan import _REG, PLANS, Plan, fast_signature, signature
 from ._route import mapping_token, plain_eager, warn_once
-from ._launch import HostDesc
 from ._validate import INT32_MAX, check_same, check_tensor
 
 __all__ = ["matmul", "plan_matmul", "check_matmul", "GemmPlan", "SUPPORTED_DTYPES"]
@@ -45,9 +51,11 @@ except ImportError:  # pragma: no cover - older triton
 
 
 # ----------------------------------------------------------------------------------- checks
-def check_matmul(a, b, out=None, *, mapping="auto", persistent=None) -> tuple:
+def check_matmul(a, b, out=None, *, bias=None, residual=None, out_dtype=None, mapping="auto",
+                 persistent=None) -> tuple:
     """Check a matmul's arguments without reading data (works on fake and meta tensors);
-    returns (M, N, K). TypeError for a wrong type, ValueError for a wrong value or shape."""
+    returns (M, N, K, output dtype). TypeError for a wrong type, ValueError for a wrong value or
+    shape; errors name the argument."""
     for name, t in (("a", a), ("b", b)):
         check_tensor(name, t, dtypes=SUPPORTED_DTYPES)
         if t.dim() != 2:
@@ -60,16 +68,30 @@ def check_matmul(a, b, out=None, *, mapping="auto", persistent=None) -> tuple:
     for name, size in (("M (a.shape[0])", a.shape[0]), ("K (a.shape[1])", a.shape[1]), ("N (b.shape[1])", b.shape[1])):
         if size > INT32_MAX:
             raise ValueError(f"{name} = {size} overflows int32; split the call")
+    Mdim, N = a.shape[0], b.shape[1]
+    if out_dtype is not None:
+        if not isinstance(out_dtype, torch.dtype):
+            raise TypeError(f"out_dtype must be a torch.dtype or None, got {type(out_dtype).__name__}")
+        if out_dtype not in SUPPORTED_DTYPES:
+            raise ValueError(f"out_dtype {out_dtype} is not supported (float16, bfloat16, float32)")
+    dtype = out_dtype or a.dtype  # as torch.matmul: out must have it (pass out_dtype for another)
     if out is not None:
-        check_tensor("out", out, ndim=2)
-        check_same("a", a, "out", out)
-        want = (a.shape[0], b.shape[1])
+        check_tensor("out", out, ndim=2, dtypes=(dtype,), device=a.device)
+        want = (Mdim, N)
         if tuple(out.shape) != want:
             raise ValueError(f"out has shape {tuple(out.shape)}, expected {want} for a {tuple(a.shape)} @ b {tuple(b.shape)}")
+    if bias is not None:
+        check_tensor("bias", bias, ndim=1, dtypes=SUPPORTED_DTYPES, device=a.device)
+        if bias.shape[0] != N:
+            raise ValueError(f"bias has {bias.shape[0]} entries, expected N = {N}")
+    if residual is not None:
+        check_tensor("residual", residual, ndim=2, dtypes=SUPPORTED_DTYPES, device=a.device)
+        if tuple(residual.shape) != (Mdim, N):
+            raise ValueError(f"residual has shape {tuple(residual.shape)}, expected {(Mdim, N)}")
     if persistent is not None and not isinstance(persistent, bool):
         raise TypeError(f"persistent must be True, False or None, got {persistent!r}")
     mapping_token(mapping, "gemm")
-    return a.shape[0], b.shape[1], a.shape[1]
+    return Mdim, N, a.shape[1], dtype
 
 
 def _element_offsets(t: torch.Tensor) -> torch.Tensor:
@@ -174,34 +196,61 @@ def choose_persistent(num_tiles: int, num_sms: int) -> bool:
     return num_tiles >= 2 * num_sms
 
 
+# ----------------------------------------------------------------------------------- split-K buffers
+# Partial sums and tile counters of the split-K kernel, per (device, stream): launches on a stream
+# run in order, so consecutive calls never share a buffer at once. The counters are zeroed once
+# and reset by the kernel; while a CUDA graph is captured the partials are allocated fresh (the
+# graph's pool owns them), as flash_decode does.
+_WS: dict = {}
+_CTRS: dict = {}
+
+
+def _splitk_buffers(device: torch.device, ws_numel: int, tiles: int, stream: int, capturing: bool):
+    key = (device.type, device.index, stream)
+    ctr = _CTRS.get(key)
+    if ctr is None or ctr.numel() < tiles:
+        ctr = _CTRS[key] = torch.zeros(max(tiles, 4096), dtype=torch.int32, device=device)
+    if capturing:
+        return torch.empty(ws_numel, dtype=torch.float32, device=device), ctr
+    ws = _WS.get(key)
+    if ws is None or ws.numel() < ws_numel:
+        ws = _WS[key] = torch.empty(ws_numel, dtype=torch.float32, device=device)
+    return ws, ctr
+
+
 # ----------------------------------------------------------------------------------- the plan
 class GemmPlan(Plan):
     """A planned matmul: made by :func:`plan_matmul`, run with :meth:`run`.
 
-    Attributes: M, N, K; policy, topology; path ("tma" or "pointer"); a_trans, b_trans (operands
-    read through a descriptor of their transposed storage); c_tma; int64; persistent (None until
-    the autotuner chose); mode ("kernel", "interpreter", "torch", "empty", "zero"); grid and
-    config (None until chosen); workspace_bytes (0); tensors."""
+    Attributes: M, N, K; out_dtype; schedule (a numasched.gemm_schedule.Schedule, or None for the
+    autotuned or hand-configured tiled kernel); kernel ("tiled" or "splitk"); policy, topology;
+    path ("tma" or "pointer"); a_trans, b_trans (operands read through a descriptor of their
+    transposed storage); c_tma; int64; persistent; split_k; mode ("kernel", "interpreter", "torch",
+    "empty", "zero"); grid and config (None until the autotuner chose); workspace_bytes; tensors."""
 
     op = "matmul"
 
-    def __init__(self, a, b, out=None, *, mapping="auto", persistent=None, path="auto", config=None,
-                 int64=None, num_programs=None, options: Optional[_options.Options] = None):
-        Mdim, N, K = check_matmul(a, b, out, mapping=mapping, persistent=persistent)
+    def __init__(self, a, b, out=None, *, bias=None, residual=None, out_dtype=None, mapping="auto",
+                 persistent=None, path="auto", config=None, schedule=None, split_k=None, int64=None,
+                 num_programs=None, options: Optional[_options.Options] = None):
+        Mdim, N, K, dtype = check_matmul(a, b, out, bias=bias, residual=residual, out_dtype=out_dtype,
+                                         mapping=mapping, persistent=persistent)
         options = options if options is not None else _options.current()
         self.M, self.N, self.K = Mdim, N, K
-        self.tensors = dict(a=signature(a), b=signature(b), out=signature(out))
+        self.out_dtype = dtype
+        self.tensors = dict(a=signature(a), b=signature(b), out=signature(out), bias=signature(bias),
+                            residual=signature(residual))
         self.device = dev = a.device
         self.topology = _topology.current()
         self.workspace_bytes = 0
-        self.policy = None
-        self.grid = None
-        self.config = None
+        self.policy = self.grid = self.config = self.schedule = None
+        self.kernel = "tiled"
+        self.split_k = 1
         self.path, self.a_trans, self.b_trans, self.c_tma, self.int64 = "pointer", False, False, False, False
         self.persistent = persistent
-        self._out_dtype = a.dtype
         self._out_shape = (Mdim, N)
         self._launch = None
+        self._epi = (bias is not None, residual is not None)
         if Mdim == 0 or N == 0:
             self.mode = "empty"
         elif K == 0:
@@ -215,15 +264,83 @@ class GemmPlan(Plan):
         if self.mode in ("empty", "zero", "torch"):
             self._freeze()
             return
-        from .kernels import gemm as K_
-
         interp = self.mode == "interpreter"
         self._upcast = interp and a.dtype == torch.bfloat16  # the interpreter's bf16 dot is wrong
         # a stand-in for the output: its layout is what the plan is made for
-        c = out if out is not None else torch.empty((Mdim, N), dtype=a.dtype, device="meta")
+        c = out if out is not None else torch.empty((Mdim, N), dtype=dtype, device="meta")
+        self._c_stride = c.stride()
+        self.int64 = bool(caps.needs_int64(a, b, c)) if int64 is None else bool(int64)
+        X = self.topology.num_domains
+        self.policy = M.resolve(mapping, "gemm", self.topology, M.GemmGrid(max(1, -(-Mdim // 128)),
+                                                                           max(1, -(-N // 128))))
+        self._mapping_arg = self.policy.constexpr(X)
+        self._precision = "ieee" if self._upcast else input_precision(a.dtype)
+        self._res_stride = residual.stride() if residual is not None else (0, 0)
+
         a_view, b_view = tma_view(a), tma_view(b)
-        c_view = tma_view(c) if out is not None else (False, [Mdim, N], [N, 1])
-        if c_view is not None and out is None and (N * a.element_size()) % 16:
+        tma_ok = (not interp) and TensorDescriptor is not None and caps.tma_supported(dev) \
+            and a_view is not None and b_view is not None
+        explicit_tiled = (config is not None or path != "auto" or persistent is not None or num_programs is not None)
+        if schedule is None and split_k is None and not explicit_tiled:
+            if interp:
+                schedule = None  # the interpreter: the small split-K config below
+            elif options.gemm_schedule == "model":
+                schedule = _sched.choose(Mdim, N, K, a.dtype, dev, table=options.gemm_table,
+                                         splitk_only=not tma_ok or self.int64)
+        if split_k is not None or (schedule is not None and schedule.kind == "splitk") or \
+                (interp and not explicit_tiled):
+            self._plan_splitk(a, b, c, schedule, split_k, interp)
+        else:
+            self._plan_tiled(a, b, c, a_view, b_view, schedule, path, config, persistent, num_programs, options,
+                             interp)
+        self._blocks = None
+        self._args: dict = {}
+        self._sync_config()
+        self._freeze()
+
+    # ---------------------------------------------------------------- the two kernels
+    def _plan_splitk(self, a, b, c, schedule, split_k, interp) -> None:
+        from ._launch import Launch
+        from .kernels import gemm_splitk as KS
+
+        Mdim, N, K = self.M, self.N, self.K
+        if schedule is not None and schedule.kind == "splitk":
+            cfg = {k: v for k, v in schedule.config().items()}
+            S = int(split_k or schedule.split_k)
+        else:
+            cfg = dict(KS.INTERPRETER_CONFIG) if interp else KS.config(16 if Mdim <= 16 else 64, 64, 64, 4, 3)
+            tiles = -(-Mdim // cfg["BLOCK_M"]) * -(-N // cfg["BLOCK_N"])
+            # interpreter: split while there are few tiles, so CPU tests exercise the merge
+            S = int(split_k) if split_k is not None else max(1, min(4, K // (2 * cfg["BLOCK_K"]), 8 // tiles))
+        if S < 1:
+            raise ValueError(f"split_k must be >= 1, got {S}")
+        if interp:
+            cfg.update(num_warps=4, num_stages=1)
+        self.kernel, self.split_k, self.schedule = "splitk", S, schedule
+        self.persistent = False
+        bk = cfg["BLOCK_K"]
+        self._kps = -(-(-(-K // S)) // bk) * bk  # K per split: a multiple of BLOCK_K
+        NM, NN = -(-Mdim // cfg["BLOCK_M"]), -(-N // cfg["BLOCK_N"])
+        self._tiles = NM * NN
+        self._ws_numel = S * NM * cfg["BLOCK_M"] * NN * cfg["BLOCK_N"] if S > 1 else 0
+        self.workspace_bytes = 4 * self._ws_numel
+        const = dict(MAPPING=self._mapping_arg, SPLIT_K=S, HAS_BIAS=self._epi[0], HAS_RES=self._epi[1],
+                     INPUT_PRECISION=self._precision)
+        self._sizes = (Mdim, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+                       *self._res_stride, self._kps)
+        self._launch = Launch(KS.gemm_splitk_kernel, (self._tiles * S,), const, config=cfg, device=self.device,
+                              interpret=interp)
+
+    def _plan_tiled(self, a, b, c, a_view, b_view, schedule, path, config, persistent, num_programs, options,
+                    interp) -> None:
+        from ._launch import Launch, config_kwargs
+        from .kernels import gemm as K_
+
+        Mdim, N, K = self.M, self.N, self.K
+        dev = self.device
+        out_given = self.tensors["out"] is not None
+        c_view = tma_view(c) if out_given else (False, [Mdim, N], [N, 1])
+        if c_view is not None and not out_given and (N * c.element_size()) % 16:
             c_view = None
         tma_dev = TensorDescriptor is not None and (interp or caps.tma_supported(dev))
         if path == "auto":
@@ -240,20 +357,17 @@ class GemmPlan(Plan):
         self.path = path
         # The store goes through TMA only for a row-major C (any other C takes masked pointer stores).
         self.c_tma = use_tma and c_view is not None and not c_view[0]
-        self.int64 = bool(caps.needs_int64(a, b, c)) if int64 is None else bool(int64)
         self.a_trans = bool(a_view[0]) if use_tma else False
         self.b_trans = bool(b_view[0]) if use_tma else False
         self._views = (a_view, b_view, c_view)
         fp32 = a.dtype == torch.float32 or self._upcast
         nsm = caps.num_sms(dev)
         X = self.topology.num_domains
-        self.policy = M.resolve(mapping, "gemm", self.topology, M.GemmGrid(max(1, -(-Mdim // 128)),
-                                                                           max(1, -(-N // 128))))
-        self._c_stride = c.stride()
-        self._sizes = (Mdim, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
-        precision = "ieee" if self._upcast else input_precision(a.dtype)
-        const = dict(MAPPING=self.policy.constexpr(X), USE_TMA=use_tma, A_TRANS=self.a_trans,
-                     B_TRANS=self.b_trans, C_TMA=self.c_tma, INPUT_PRECISION=precision, INT64=self.int64)
+        self._sizes = (Mdim, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+                       *self._res_stride)
+        const = dict(MAPPING=self._mapping_arg, USE_TMA=use_tma, A_TRANS=self.a_trans, B_TRANS=self.b_trans,
+                     C_TMA=self.c_tma, INPUT_PRECISION=self._precision, INT64=self.int64, HAS_BIAS=self._epi[0],
+                     HAS_RES=self._epi[1])
 
         def grid_of(kw):  # plain integer arithmetic: triton.cdiv is a slower call on the host
             tiles = -(-Mdim // kw["BLOCK_M"]) * -(-N // kw["BLOCK_N"])
@@ -262,30 +376,30 @@ class GemmPlan(Plan):
             return (tiles,)
 
         flatten = options.gemm_flatten
+        if schedule is not None and config is None:
+            config = schedule.config()
+            config["FLATTEN"] = bool(config["PERSISTENT"]) and flatten
+            config["EPILOGUE_SUBTILE"] = bool(config["EPILOGUE_SUBTILE"]) and use_tma
+            self.schedule = schedule
         if config is None and interp:
             tiles16 = -(-Mdim // 16) * -(-N // 16)
             config = K_.cpu_config(choose_persistent(tiles16, nsm) if persistent is None else bool(persistent))
-        if config is None and not options.autotune:
-            # autotuning off: the first config of the family, compiled once
+        if config is None and (not options.autotune or options.gemm_schedule != "autotune"):
+            # no autotuning: the first config of the family, compiled once
             config = K_.gpu_configs(path, bool(persistent), fp32, flatten)[0]
-        from ._launch import Launch, config_kwargs
-
         if config is not None:
             meta = config_kwargs(config)
             meta.pop("pre_hook", None)
             if persistent is not None:
                 meta["PERSISTENT"] = bool(persistent)
                 meta["FLATTEN"] = bool(persistent) and flatten
+            meta["num_stages"] = caps.cap_stages("gemm", meta.get("num_stages", 3))
             self._launch = Launch(K_.gemm_kernel, grid_of, const, config=meta, device=dev, interpret=interp)
             self.persistent = bool(meta["PERSISTENT"])
         else:
             self._launch = Launch(K_.gemm_kernel, grid_of, const, device=dev,
                                   tuner=K_.tuned_kernel(path, persistent, fp32, flatten),
                                   fixed=K_.gpu_configs(path, bool(persistent), fp32, flatten)[0])
-        self._blocks = None
-        self._args: dict = {}
-        self._sync_config()
-        self._freeze()
 
     def _sync_config(self) -> None:
         cfg = self._launch.config
@@ -296,13 +410,13 @@ class GemmPlan(Plan):
                 object.__setattr__(self, "grid", self._launch.grid[:1])
 
     # ---------------------------------------------------------------- run
-    def run(self, a, b, out=None) -> torch.Tensor:
-        """C = A @ B into ``out`` (a new tensor when None) for operands with the plan's signatures.
-        A plan made without ``out`` takes any ``out`` laid out as it would allocate one (a
-        contiguous (M, N) tensor of a's dtype)."""
+    def run(self, a, b, out=None, *, bias=None, residual=None) -> torch.Tensor:
+        """C = A @ B (+ bias) (+ residual) into ``out`` (a new tensor when None) for operands with
+        the plan's signatures. A plan made without ``out`` takes any ``out`` laid out as it would
+        allocate one (a contiguous (M, N) tensor of the output dtype)."""
         if out is not None and self.tensors["out"] is None:
-            self.check_signatures(a=a, b=b)
-            check_tensor("out", out, ndim=2, dtypes=(self._out_dtype,), device=self.device)
+            self.check_signatures(a=a, b=b, bias=bias, residual=residual)
+            check_tensor("out", out, ndim=2, dtypes=(self.out_dtype,), device=self.device)
             if tuple(out.shape) != (self.M, self.N) or (self.mode in ("kernel", "interpreter")
                                                         and out.stride() != self._c_stride):
                 raise ValueError(f"out must be a contiguous ({self.M}, {self.N}) tensor for this plan (it was made "
@@ -313,8 +427,8 @@ class GemmPlan(Plan):
                                  "for aligned outputs); make a plan with out= for it")
             check_no_overlap(a, b, out)
         else:
-            self.check_signatures(a=a, b=b, out=out)
-        return self._run(a, b, out)
+            self.check_signatures(a=a, b=b, out=out, bias=bias, residual=residual)
+        return self._run(a, b, out, bias, residual)
 
     def _descriptors(self, a, b, c):
         blocks = self._blocks
@@ -335,61 +449,89 @@ class GemmPlan(Plan):
                                                  None if c_desc is None else c_desc.block_shape))
         return a_desc, b_desc, c_desc
 
-    def _run(self, a, b, out=None) -> torch.Tensor:
+    def _args_for(self, a, b, out, bias, residual, ptrs: bool):
+        """The launch's arguments (pointers as integers with ``ptrs``: the direct path)."""
+        def p(t):
+            return None if t is None else (t.data_ptr() if ptrs else t)
+
+        if self.kernel == "splitk":
+            dev = self.device
+            if self._ws_numel:
+                ws, ctr = _splitk_buffers(dev, self._ws_numel, self._tiles, caps.stream_handle(dev), caps.capturing(dev))
+            else:
+                ws = ctr = out
+            return (p(a), p(b), p(out), p(bias) if bias is not None else p(out), p(residual) if residual is not None
+                    else p(out), p(ws), p(ctr), *self._sizes)
+        if self.path == "tma":
+            a_arg, b_arg, c_desc = self._descriptors(a, b, out)
+        else:
+            a_arg, b_arg, c_desc = p(a), p(b), None
+        return (a_arg, b_arg, p(out), c_desc, p(bias) if bias is not None else p(out),
+                p(residual) if residual is not None else p(out), *self._sizes)
+
+    def _run(self, a, b, out=None, bias=None, residual=None) -> torch.Tensor:
         mode = self.mode
         if out is None:
-            out = a.new_empty(self._out_shape)
+            out = a.new_empty(self._out_shape, dtype=self.out_dtype)
         launch = self._launch
         if launch is not None and launch.raw is not None and not _observe.OBSERVERS:
-            # compiled, direct path: the whole argument list depends only on the three pointers
-            ptrs = (a.data_ptr(), b.data_ptr(), out.data_ptr())
-            full = self._args.get(ptrs)
+            # compiled, direct path: the whole argument list depends only on the pointers
+            key = (a.data_ptr(), b.data_ptr(), out.data_ptr(), None if bias is None else bias.data_ptr(),
+                   None if residual is None else residual.data_ptr(), caps.stream_handle(self.device))
+            full = self._args.get(key)
             if full is None:
-                full = self._full_args(a, b, out)
+                full = self._full_args(key, a, b, out, bias, residual)
             with caps.launch_device(a):
                 launch.call_full(full)
             return out
         if mode == "empty":
             return out
         if mode == "zero":
-            return out.zero_()
+            out.zero_()
+            if bias is not None:
+                out += bias.to(out.dtype)
+            if residual is not None:
+                out += residual.to(out.dtype)
+            return out
         if mode == "torch":
             if _observe.OBSERVERS:
                 _observe.notify(self.op, "torch", (), (out,), self, self._fallback_reason())
-            return out.copy_(torch.matmul(a, b))
+            ref = torch.matmul(a.float(), b.float())
+            if bias is not None:
+                ref += bias.float()
+            if residual is not None:
+                ref += residual.float()
+            return out.copy_(ref)
         res = out
         if self._upcast:
             a, b = a.float(), b.float()
             out = torch.empty_strided(out.shape, out.stride(), dtype=torch.float32, device=self.device)
-        launch = self._launch
         if _observe.OBSERVERS:
-            _observe.notify(self.op, "matmul", launch.grid[:1] if launch.grid else (), (res,), self)
-        if self.path == "tma":
-            a_arg, b_arg, c_desc = self._descriptors(a, b, out)
-        else:
-            a_arg, b_arg, c_desc = a, b, None
+            # an output that is also the residual (an in-place add) is an input too: not offered
+            # to observers as a write-only output (they may poison those)
+            writes = (res,) if residual is None or residual.data_ptr() != res.data_ptr() else ()
+            _observe.notify(self.op, self.kernel if self.kernel == "splitk" else "matmul",
+                            launch.grid[:1] if launch.grid else (), writes, self)
         with caps.launch_device(a):
-            launch(a_arg, b_arg, out, c_desc, *self._sizes)
+            launch(*self._args_for(a, b, out, bias, residual, False))
         if self.config is None:
             self._sync_config()
         if out is not res:
             res.copy_(out)
         return res
 
-    def _full_args(self, a, b, out) -> tuple:
-        """The compiled kernel's complete argument list for these operands, pointers as integers
+    def _full_args(self, key, a, b, out, bias, residual) -> tuple:
+        """The compiled kernel's complete argument list for these tensors, pointers as integers
         (so the launcher neither calls data_ptr() nor queries the driver per pointer, and the
-        cache holds no tensor), descriptors expanded; cached by the three pointers."""
-        if self.path == "tma":
-            a_arg, b_arg, c_desc = self._descriptors(a, b, out)
-        else:
-            a_arg, b_arg, c_desc = a.data_ptr(), b.data_ptr(), None
-        full = self._launch.full_args((a_arg, b_arg, out.data_ptr(), c_desc, *self._sizes))
+        cache holds no tensor), descriptors expanded; cached by the pointers (and stream)."""
+        full = self._launch.full_args(self._args_for(a, b, out, bias, residual, True))
         if any(isinstance(x, torch.Tensor) for x in full):  # a descriptor expanded to its tensor: no cache
             return full
+        if self.kernel == "splitk" and self._ws_numel and caps.capturing(self.device):
+            return full  # a capture's workspace is its own: not for later calls
         if len(self._args) >= 64:
             self._args.pop(next(iter(self._args)))
-        self._args[(a.data_ptr(), b.data_ptr(), out.data_ptr())] = full
+        self._args[key] = full
         return full
 
     def _fallback_reason(self) -> str:
@@ -397,39 +539,49 @@ class GemmPlan(Plan):
                 f"using torch.matmul")
 
 
-def plan_matmul(a, b, out=None, *, mapping="auto", persistent: Optional[bool] = None, path: str = "auto",
-                config=None, options: Optional[_options.Options] = None, num_programs: Optional[int] = None,
-                int64: Optional[bool] = None) -> GemmPlan:
-    """Plan ``a @ b`` (into ``out``'s layout when given) for operands like these (real, meta or fake
-    tensors: only their signatures are read).
+def plan_matmul(a, b, out=None, *, bias=None, residual=None, out_dtype=None, mapping="auto",
+                persistent: Optional[bool] = None, path: str = "auto", config=None, schedule=None,
+                split_k: Optional[int] = None, options: Optional[_options.Options] = None,
+                num_programs: Optional[int] = None, int64: Optional[bool] = None) -> GemmPlan:
+    """Plan ``a @ b (+ bias) (+ residual)`` (into ``out``'s layout when given) for operands like
+    these (real, meta or fake tensors: only their signatures are read).
 
-    ``path``: "auto" (TMA on Hopper+ when the operands allow it, else pointers), "tma" or
-    "pointer". ``config``: a fixed ``triton.Config`` or dict (BLOCK_M, BLOCK_N, BLOCK_K,
-    PERSISTENT, ..., num_warps, num_stages) instead of autotuning. ``num_programs`` sets the
-    persistent grid size; ``int64`` forces 64-bit offsets (tests).
+    By default the schedule (kernel, tiles, split-K) comes from the model of
+    numasched.gemm_schedule (``options.gemm_schedule="autotune"``: Triton's autotuner instead).
+    These force the tiled kernel: ``path`` ("tma" or "pointer"), ``config`` (a ``triton.Config``
+    or dict), ``persistent``, ``num_programs``. ``schedule``: a Schedule to use as is;
+    ``split_k``: force the split-K kernel with this many splits. ``int64`` forces 64-bit offsets.
     """
     if options is not None and not isinstance(options, _options.Options):
         raise TypeError(f"options must be a numasched.options.Options, got {type(options).__name__}")
-    return GemmPlan(a, b, out, mapping="auto" if mapping is None else mapping, persistent=persistent, path=path,
-                    config=config, options=options, num_programs=num_programs, int64=int64)
+    if split_k is not None and (isinstance(split_k, bool) or not isinstance(split_k, int) or split_k < 1):
+        raise ValueError(f"split_k must be a positive int or None, got {split_k!r}")
+    return GemmPlan(a, b, out, bias=bias, residual=residual, out_dtype=out_dtype,
+                    mapping="auto" if mapping is None else mapping, persistent=persistent, path=path, config=config,
+                    schedule=schedule, split_k=split_k, options=options, num_programs=num_programs, int64=int64)
 
 
-def _key(a, b, out, mapping, persistent) -> tuple:
+def _sig(t):
+    return None if t is None else fast_signature(t)
+
+
+def _key(a, b, out, mapping, persistent, bias=None, residual=None, out_dtype=None) -> tuple:
     """The plan-cache key of a call (a flat tuple, see numasched._plan; built on every call)."""
     return ("matmul", a.shape, a.stride(), a.dtype, a.device, a.data_ptr() & 15, b.shape, b.stride(), b.dtype,
-            b.device, b.data_ptr() & 15, None if out is None else fast_signature(out), mapping, persistent,
-            torch.get_float32_matmul_precision() if a.dtype is torch.float32 else None,
+            b.device, b.data_ptr() & 15, None if out is None else fast_signature(out), _sig(bias), _sig(residual),
+            out_dtype, mapping, persistent, torch.get_float32_matmul_precision() if a.dtype is torch.float32 else None,
             a.device.type != "cuda" and caps.interpreting(), _topology._CURRENT, _REG._VERSION[0], _options._CURRENT)
 
 
-def _planned(a, b, out, mapping, persistent) -> GemmPlan:
+def _planned(a, b, out, mapping, persistent, bias=None, residual=None, out_dtype=None) -> GemmPlan:
     try:
-        key = _key(a, b, out, mapping, persistent)
+        key = _key(a, b, out, mapping, persistent, bias, residual, out_dtype)
     except (AttributeError, RuntimeError, TypeError):
         key = None
     plan = PLANS.get(key) if key is not None else None
     if plan is None:
-        plan = plan_matmul(a, b, out, mapping=mapping, persistent=persistent)
+        plan = plan_matmul(a, b, out, bias=bias, residual=residual, out_dtype=out_dtype, mapping=mapping,
+                           persistent=persistent)
         if plan.mode == "torch":
             warn_once(f"numasched.matmul: {plan._fallback_reason()}")
         if key is not None:
@@ -437,40 +589,54 @@ def _planned(a, b, out, mapping, persistent) -> GemmPlan:
     return plan
 
 
-def _run(a, b, out, mapping, persistent):
+def _run(a, b, out, mapping, persistent, bias=None, residual=None, out_dtype=None):
     """Checked eager implementation shared by both custom ops and unplanned eager calls."""
-    check_matmul(a, b, out, mapping=mapping, persistent=persistent)
+    check_matmul(a, b, out, bias=bias, residual=residual, out_dtype=out_dtype, mapping=mapping, persistent=persistent)
     check_no_overlap(a, b, out)
-    return _planned(a, b, out, mapping, persistent)._run(a, b, out)
+    # bias and residual may alias out (residual=out is an in-place add): each element is read by
+    # the program that then writes it, before it writes
+    return _planned(a, b, out, mapping, persistent, bias, residual, out_dtype)._run(a, b, out, bias, residual)
 
 
 # ----------------------------------------------------------------------------------- custom ops
 @torch.library.custom_op("numasched::matmul", mutates_args=())
-def _matmul_op(a: torch.Tensor, b: torch.Tensor, mapping: str, persistent: Optional[bool]) -> torch.Tensor:
-    return _run(a, b, None, mapping, persistent)
+def _matmul_op(a: torch.Tensor, b: torch.Tensor, mapping: str, persistent: Optional[bool],
+               bias: Optional[torch.Tensor] = None, residual: Optional[torch.Tensor] = None,
+               out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    return _run(a, b, None, mapping, persistent, bias, residual, out_dtype)
 
 
 @_matmul_op.register_fake
-def _matmul_fake(a, b, mapping, persistent):
-    check_matmul(a, b, mapping=mapping, persistent=persistent)
-    return a.new_empty((a.shape[0], b.shape[1]))
+def _matmul_fake(a, b, mapping, persistent, bias=None, residual=None, out_dtype=None):
+    _, _, _, dtype = check_matmul(a, b, bias=bias, residual=residual, out_dtype=out_dtype, mapping=mapping,
+                                  persistent=persistent)
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=dtype)
 
 
 def _setup_context(ctx, inputs, output):
-    a, b, mapping, persistent = inputs
+    a, b, mapping, persistent, bias, residual, out_dtype = (tuple(inputs) + (None,) * 7)[:7]
     ctx.save_for_backward(a, b)
     ctx.mapping, ctx.persistent = mapping, persistent
+    ctx.bias_dtype = None if bias is None else bias.dtype
+    ctx.res_dtype = None if residual is None else residual.dtype
 
 
 def _backward(ctx, grad):
-    # dA = dC @ B^T and dB = A^T @ dC: transposed views, which the kernel reads without copies.
+    # dA = dC @ B^T and dB = A^T @ dC: transposed views, which the kernel reads without copies;
+    # d bias = sum over rows of dC; d residual = dC.
     a, b = ctx.saved_tensors
-    ga = gb = None
+    ga = gb = gbias = gres = None
+    g = grad.to(a.dtype)
     if ctx.needs_input_grad[0]:
-        ga = torch.ops.numasched.matmul(grad, b.T, ctx.mapping, ctx.persistent)
+        ga = torch.ops.numasched.matmul(g, b.T, ctx.mapping, ctx.persistent)
     if ctx.needs_input_grad[1]:
-        gb = torch.ops.numasched.matmul(a.T, grad, ctx.mapping, ctx.persistent)
-    return ga, gb, None, None
+        gb = torch.ops.numasched.matmul(a.T, g, ctx.mapping, ctx.persistent)
+    needs = tuple(ctx.needs_input_grad) + (False,) * 7
+    if needs[4] and ctx.bias_dtype is not None:
+        gbias = grad.float().sum(0).to(ctx.bias_dtype)
+    if needs[5] and ctx.res_dtype is not None:
+        gres = grad.to(ctx.res_dtype)
+    return (ga, gb, None, None, gbias, gres, None)[:len(ctx.needs_input_grad)]
 
 
 _matmul_op.register_autograd(_backward, setup_context=_setup_context)
@@ -478,35 +644,42 @@ _matmul_op.register_autograd(_backward, setup_context=_setup_context)
 
 @torch.library.custom_op("numasched::matmul_out", mutates_args=("out",))
 def _matmul_out_op(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, mapping: str,
-                   persistent: Optional[bool]) -> None:
-    _run(a, b, out, mapping, persistent)
+                   persistent: Optional[bool], bias: Optional[torch.Tensor] = None,
+                   residual: Optional[torch.Tensor] = None) -> None:
+    _run(a, b, out, mapping, persistent, bias, residual)
 
 
 @_matmul_out_op.register_fake
-def _matmul_out_fake(a, b, out, mapping, persistent):
-    check_matmul(a, b, out, mapping=mapping, persistent=persistent)
+def _matmul_out_fake(a, b, out, mapping, persistent, bias=None, residual=None):
+    check_matmul(a, b, out, bias=bias, residual=residual, mapping=mapping, persistent=persistent)
 
 
 # ----------------------------------------------------------------------------------- one call
-def matmul(a: torch.Tensor, b: torch.Tensor, *, mapping: Union[str, "M.Policy"] = "auto",
-           persistent: Optional[bool] = None, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``a @ b`` for 2-D fp16/bf16/fp32 matrices with fp32 accumulation (output in the input dtype).
+def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: Optional[torch.Tensor] = None,
+           residual: Optional[torch.Tensor] = None, out_dtype: Optional[torch.dtype] = None,
+           mapping: Union[str, "M.Policy"] = "auto", persistent: Optional[bool] = None,
+           out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``a @ b (+ bias) (+ residual)`` for 2-D fp16/bf16/fp32 matrices with fp32 accumulation.
 
     Args:
         a: (M, K) matrix; any strides (a transposed view is read without a copy).
-        b: (K, N) matrix of the same dtype and device; any strides.
+        b: (K, N) matrix of the same dtype and device; any strides (``w.T`` of a (N, K) weight, as
+            ``F.linear`` has it, is read without a copy).
+        bias: optional (N,) vector added to every row (any float dtype; added in fp32).
+        residual: optional (M, N) matrix added to the product (any float dtype; in fp32).
+        out_dtype: the output's dtype (default: out's, else a's).
         mapping: "auto" (or None: the topology's choice, or the default set with
             ``numasched.set_default_mapping("gemm", ...)``), a GEMM policy name from
             ``numasched.mappings.available("gemm")`` or a ``Policy`` (registered or not).
-        persistent: True runs about one program per SM looping over tiles, False one program per
-            tile, None lets the autotuner (GPU) or a tile-count heuristic (interpreter) choose.
-        out: optional (M, N) output of a's dtype and device (any strides, not overlapping a or b).
+        persistent: True / False force the tiled kernel, persistent or one program per tile;
+            None lets the schedule chooser decide (numasched.gemm_schedule).
+        out: optional (M, N) output (any strides, not overlapping a or b).
 
     fp32 inputs use IEEE fp32 products unless ``torch.set_float32_matmul_precision`` allows TF32.
     """
     if mapping is None:
         mapping = "auto"
-    if out is None and plain_eager(a, b):
+    if out is None and bias is None and residual is None and out_dtype is None and plain_eager(a, b):
         # the plan cache first: a repeated call costs a key, a lookup and the launch
         try:
             key = _key(a, b, None, mapping, persistent)
@@ -518,18 +691,22 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, mapping: Union[str, "M.Policy"] 
     for name, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if out is not None and not isinstance(out, torch.Tensor):
-        raise TypeError(f"out must be a torch.Tensor or None, got {type(out).__name__}")
-    if out is not None and torch.is_grad_enabled() and (a.requires_grad or b.requires_grad or out.requires_grad):
+    for name, t in (("out", out), ("bias", bias), ("residual", residual)):
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
+    if out is not None and torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (a, b, out, bias, residual)):
         # as torch.matmul: the out= form records no autograd graph, so a gradient would be silently lost
         raise RuntimeError("matmul(..., out=...) does not support automatic differentiation, but an argument "
                            "requires grad; drop out= or run under torch.no_grad()")
     if persistent is not None and not isinstance(persistent, bool):
         raise TypeError(f"persistent must be True, False or None, got {persistent!r}")
     token = mapping_token(mapping, "gemm")
-    if plain_eager(a, b, out):
-        return _run(a, b, out, mapping, persistent)
+    if plain_eager(a, b, out, bias, residual):
+        return _run(a, b, out, mapping, persistent, bias, residual, out_dtype)
     if out is None:
-        return torch.ops.numasched.matmul(a, b, token, persistent)
-    torch.ops.numasched.matmul_out(a, b, out, token, persistent)
+        return torch.ops.numasched.matmul(a, b, token, persistent, bias, residual, out_dtype)
+    if out_dtype is not None and out_dtype != out.dtype:
+        raise TypeError(f"out has dtype {out.dtype} but out_dtype is {out_dtype}")
+    torch.ops.numasched.matmul_out(a, b, out, token, persistent, bias, residual)
     return out

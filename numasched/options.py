@@ -14,6 +14,8 @@ numasched is imported (they are not read per call):
     NUMASCHED_DECODE_COMBINE    decode_combine ("auto", "fused" or "kernel")
     NUMASCHED_GEMM_FLATTEN=0    gemm_flatten -> False
     NUMASCHED_DIST_TMA=0/1      dist_tma -> False / True
+    NUMASCHED_GEMM_SCHEDULE     gemm_schedule ("model" or "autotune")
+    NUMASCHED_GEMM_TABLE        gemm_table (a path)
 """
 from __future__ import annotations
 
@@ -43,6 +45,11 @@ class Options:
         gemm_flatten: fuse the persistent GEMM's tile and K loops (the pipeliner then prefetches
             the next tile during an epilogue).
         dist_tma: TMA descriptors in the fused distributed GEMMs; None: on Hopper+ NVIDIA GPUs.
+        gemm_schedule: "model" (numasched.gemm_schedule picks kernel, tiles and split-K from a
+            model of the GPU: no tuning at run time) or "autotune" (Triton's autotuner over the
+            tiled kernel's configs, on the first call of each shape).
+        gemm_table: a table of tuned schedules (``numasched tune-gemm``) the chooser consults
+            first; None: the model alone.
     """
 
     autotune: bool = True
@@ -50,6 +57,8 @@ class Options:
     decode_combine: str = "auto"
     gemm_flatten: bool = True
     dist_tma: Optional[bool] = None
+    gemm_schedule: str = "model"
+    gemm_table: Optional[str] = None
 
     def __post_init__(self):
         for f in ("autotune", "check_data", "gemm_flatten"):
@@ -59,6 +68,10 @@ class Options:
             raise ValueError(f"Options.decode_combine must be one of {COMBINE_MODES}, got {self.decode_combine!r}")
         if self.dist_tma is not None and not isinstance(self.dist_tma, bool):
             raise TypeError(f"Options.dist_tma must be True, False or None, got {self.dist_tma!r}")
+        if self.gemm_schedule not in ("model", "autotune"):
+            raise ValueError(f"Options.gemm_schedule must be 'model' or 'autotune', got {self.gemm_schedule!r}")
+        if self.gemm_table is not None and not isinstance(self.gemm_table, str):
+            raise TypeError(f"Options.gemm_table must be a path string or None, got {self.gemm_table!r}")
 
     def __hash__(self):  # plan keys hash this on every call: compute once
         h = self.__dict__.get("_hash")
@@ -87,7 +100,9 @@ def from_env(environ=None) -> Options:
     return Options(autotune=flag("NUMASCHED_AUTOTUNE", True), check_data=flag("NUMASCHED_CHECK_DATA", True),
                    decode_combine=env.get("NUMASCHED_DECODE_COMBINE", "auto"),
                    gemm_flatten=flag("NUMASCHED_GEMM_FLATTEN", True),
-                   dist_tma=None if tma not in ("0", "1") else tma == "1")
+                   dist_tma=None if tma not in ("0", "1") else tma == "1",
+                   gemm_schedule=env.get("NUMASCHED_GEMM_SCHEDULE", "model"),
+                   gemm_table=env.get("NUMASCHED_GEMM_TABLE") or None)
 
 
 _CURRENT = from_env()

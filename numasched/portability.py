@@ -301,7 +301,8 @@ def _gemm(path: str, dtype: str, persistent: bool, cfg=None, a_trans=False, b_tr
         bm, bn, bk = kw["BLOCK_M"], kw["BLOCK_N"], kw["BLOCK_K"]
         tma = path == "tma"
         values = dict(M=8192, N=8192, K=8192, stride_am=8192, stride_ak=1, stride_bk=8192, stride_bn=1,
-                      stride_cm=8192, stride_cn=1, c=f"*{dtype}")
+                      stride_cm=8192, stride_cn=1, c=f"*{dtype}", bias=None, res=None, stride_rm=0, stride_rn=0,
+                      HAS_BIAS=False, HAS_RES=False)
         if tma:
             values["a"] = f"tensordesc<{dtype}[{bk}, {bm}]>" if a_trans else f"tensordesc<{dtype}[{bm}, {bk}]>"
             values["b"] = f"tensordesc<{dtype}[{bn}, {bk}]>" if b_trans else f"tensordesc<{dtype}[{bk}, {bn}]>"

@@ -1,0 +1,107 @@
+"""Split-K GEMM for inference shapes: ``C = A @ B (+ bias) (+ residual)`` when M is small.
+
+A decode step's projections have M = batch (1-256) rows against a weight of N x K: there are few
+output tiles (N / BLOCK_N of them when M fits one tile row), too few to give every SM work, and
+the time is the weight's bytes streamed from memory. So each output tile's K range is cut into
+SPLIT_K parts, one program each, and a tile's partial sums are merged in the same launch:
+
+1. Work units are (tile_m, tile_n, split): program ``pid`` takes
+   ``gemm_split_unit(pid, NM, NN, SPLIT_K, MAPPING)`` (numasched.mappings.jit): the mapping
+   policy's domain remap over all units keeps a tile's splits together, then its tile order.
+2. A program accumulates its K range in fp32 (BLOCK_M may exceed M: rows are masked; the padded
+   dot is free, the tensor cores idle in a bandwidth-bound problem).
+3. SPLIT_K == 1: the program applies the epilogue and stores. Otherwise it stores its fp32
+   partial tile to a workspace and takes a ticket (an atomic counter per tile); the program that
+   takes the last ticket sums the SPLIT_K partials **in split order** (the result does not depend
+   on which program finished last: deterministic), applies the epilogue, stores, and resets the
+   counter for the next launch (and for CUDA-graph replays).
+
+Epilogue: ``+ bias[n]`` (HAS_BIAS), ``+ residual[m, n]`` (HAS_RES), then the output's dtype.
+Host planning (the schedule choice, workspace, counters) is numasched/gemm.py's.
+"""
+import triton
+import triton.language as tl
+
+from numasched.mappings.jit import gemm_split_unit
+
+
+@triton.jit
+def _epilogue_store(acc, c, bias, res, offs_m, offs_n, M, N, stride_cm, stride_cn, stride_rm, stride_rn,
+                    HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr):
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    if HAS_BIAS:
+        acc = acc + tl.load(bias + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+    if HAS_RES:
+        acc = acc + tl.load(res + offs_m[:, None] * stride_rm + offs_n[None, :] * stride_rn, mask=mask,
+                            other=0.0).to(tl.float32)
+    tl.store(c + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, acc.to(c.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def gemm_splitk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
+                       stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, stride_rm, stride_rn,
+                       k_per_split,
+                       MAPPING: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+                       HAS_RES: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    NM = tl.cdiv(M, BLOCK_M)
+    NN = tl.cdiv(N, BLOCK_N)
+    tm, tn, split = gemm_split_unit(tl.program_id(0), NM, NN, SPLIT_K, MAPPING)
+    offs_m = tm * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tn * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+
+    # ---- this unit's K range (a multiple of BLOCK_K long; the last split may be shorter or empty)
+    k_lo = split * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    a_rows = a + offs_m[:, None].to(tl.int64) * stride_am
+    b_cols = b + offs_n[None, :].to(tl.int64) * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        mask_k = offs_k < k_hi
+        a_t = tl.load(a_rows + offs_k[None, :] * stride_ak, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+        b_t = tl.load(b_cols + offs_k[:, None] * stride_bk, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+        acc = tl.dot(a_t, b_t, acc, input_precision=INPUT_PRECISION)
+
+    if SPLIT_K == 1:
+        _epilogue_store(acc, c, bias, res, offs_m, offs_n, M, N, stride_cm, stride_cn, stride_rm, stride_rn,
+                        HAS_BIAS, HAS_RES)
+    else:
+        # partial tile -> workspace [SPLIT_K, NM*BLOCK_M, NN*BLOCK_N] (fp32, padded: no masks)
+        ld = NN * BLOCK_N
+        plane = (NM * BLOCK_M).to(tl.int64) * ld
+        rows = offs_m[:, None].to(tl.int64) * ld + offs_n[None, :]
+        tl.store(ws + split * plane + rows, acc)
+        # every thread's stores before the release of the ticket; the last arrival reads the
+        # others' partials through L2 (.cg), never a stale L1 line
+        tl.debug_barrier()
+        ctr = counters + tm * NN + tn
+        ticket = tl.atomic_add(ctr, 1, sem="acq_rel")
+        if ticket == SPLIT_K - 1:
+            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for s in range(0, SPLIT_K):  # split order: the same sum whoever arrives last
+                total += tl.load(ws + s * plane + rows, cache_modifier=".cg")
+            _epilogue_store(total, c, bias, res, offs_m, offs_n, M, N, stride_cm, stride_cn, stride_rm, stride_rn,
+                            HAS_BIAS, HAS_RES)
+            tl.atomic_xchg(ctr, 0)  # ready for the next launch
+
+
+# ------------------------------------------------------------------------------------ configs
+def config(block_m: int, block_n: int, block_k: int, num_warps: int, num_stages: int) -> dict:
+    return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages)
+
+
+# Candidate tiles of the schedule chooser (numasched/gemm_schedule.py) and of opt-in autotuning.
+# Skinny problems stream B: long BLOCK_K runs along B's contiguous K, deep pipelines, and narrow
+# BLOCK_N so there are tiles to spread. BLOCK_M covers M (16 is the smallest dot).
+BLOCK_MS = (16, 32, 64, 128)
+BLOCK_NS = (32, 64, 128)
+BLOCK_KS = (64, 128, 256)
+INTERPRETER_CONFIG = config(16, 16, 16, 4, 1)
+
+
+def shared_bytes(block_m: int, block_n: int, block_k: int, num_stages: int, elt: int) -> int:
+    """Shared memory of the operand pipeline (A and B tiles per stage)."""
+    return (block_m + block_n) * block_k * elt * max(1, num_stages - 1)

@@ -1,0 +1,237 @@
+"""The GEMM schedule chooser: tile shape, split-K and kernel from a model, no run-time tuning.
+
+For ``C (M, N) = A (M, K) @ B (K, N)`` it weighs two kernels:
+
+* ``splitk`` (kernels/gemm_splitk.py): pointer loads, any BLOCK_M from 16, each output tile's K
+  range cut into ``split_k`` work units merged in the same launch. The inference regime: M is a
+  batch (1-256), there are few tiles, and the time is B's bytes streamed from memory.
+* ``tiled`` (kernels/gemm.py): 128 x 256 (or 256 x 128) tiles through TMA and wgmma, persistent
+  or one program per tile. Large M: the time is tensor-core work.
+
+The model (:func:`estimate`) prices each candidate on a :class:`Machine` (SMs, shared memory,
+HBM bandwidth, tensor rate, L2 bandwidth):
+
+* work units run in waves of ``sms * occupancy`` (occupancy from shared memory and warps);
+* a unit streams its B tile (BLOCK_N x its K range) and its A tile (BLOCK_M x K range, half
+  price: A is small and mostly read from L2) at its share of the bandwidth (the active units split
+  HBM bandwidth, each at most a few times an SM's fair share), and does ``2 * BLOCK_M * BLOCK_N *
+  K range`` flops (padded rows cost too) at its SM's share of the tensor rate; its time is the
+  larger of the two plus a fixed start-up (first loads, pipeline fill);
+* a split-K tile pays for writing and re-reading its fp32 partials through L2 and one
+  synchronisation; every launch pays a fixed cost.
+
+:func:`choose` returns the cheapest candidate, unless a tuned table (``numasched tune-gemm``,
+``options.gemm_table``) has an entry for the shape. No AMD GPU was available: the AMD machine
+figures are datasheet numbers and the model has been checked on an H200 only.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import math
+from dataclasses import dataclass, replace
+from typing import Optional
+
+import torch
+
+from . import caps
+
+__all__ = ["Machine", "Schedule", "candidates", "estimate", "choose", "load_table"]
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What the model knows of a GPU."""
+
+    name: str
+    sms: int
+    smem_bytes: int          # shared memory (LDS) a block may use
+    hbm_bytes_per_s: float   # sustained streaming read (measured where known)
+    tensor_flops: float      # dense 16-bit matrix rate (measured where known)
+    l2_bytes_per_s: float
+    warps_per_sm: int = 64
+    launch_s: float = 2.5e-6      # a launch, seen from the GPU (graph replay)
+    unit_start_s: float = 0.8e-6  # a program's first loads and pipeline fill
+    sm_bw_share: float = 1.5      # an SM alone streams at most this many times its fair share
+    reduce_sync_s: float = 1.0e-6  # split-K: the ticket and the last program's merge
+
+    @staticmethod
+    def of(device: Optional[torch.device] = None) -> "Machine":
+        """The machine of a CUDA device (or the H200 figures for the interpreter / no GPU)."""
+        if device is None or device.type != "cuda":
+            return _KNOWN["h200"]
+        idx = device.index if device.index is not None else torch.cuda.current_device()
+        return _machine_of_index(idx)
+
+
+# Measured here on an H200 and an H100 (bench/results, device KINDS.md): streaming read about
+# 4.3 / 3.0 TB/s, dense bf16 about 790 TFLOP/s. MI300X / MI355X: datasheet (5.3 / 8 TB/s, 1307 /
+# 2300 TFLOP/s), derated like the NVIDIA ones -- no AMD GPU was available to measure.
+_KNOWN = {
+    "h200": Machine("H200", 132, 227 * 1024, 4.3e12, 7.9e14, 1.2e13),
+    "h100": Machine("H100", 132, 227 * 1024, 3.0e12, 7.9e14, 1.1e13),
+    "mi300x": Machine("MI300X", 304, 64 * 1024, 4.2e12, 9.0e14, 1.4e13),
+    "mi355x": Machine("MI355X", 256, 160 * 1024, 6.4e12, 1.6e15, 1.6e13),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _machine_of_index(idx: int) -> Machine:
+    props = torch.cuda.get_device_properties(idx)
+    name = props.name.lower()
+    for key, m in _KNOWN.items():
+        if key in name:
+            return replace(m, sms=props.multi_processor_count)
+    smem = getattr(props, "shared_memory_per_block_optin", 0) or 48 * 1024
+    return Machine(props.name, props.multi_processor_count, int(smem), 2.0e12, 3.0e14, 6.0e12)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """One way to run a GEMM: the kernel and its config, with the model's estimate."""
+
+    kind: str  # "splitk" or "tiled"
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+    persistent: bool = False
+    subtile: bool = False
+    est_s: float = float("nan")
+
+    def describe(self) -> str:
+        s = f"{self.kind} {self.block_m}x{self.block_n}x{self.block_k} w{self.num_warps} s{self.num_stages}"
+        if self.split_k > 1:
+            s += f" split{self.split_k}"
+        if self.persistent:
+            s += " persistent"
+        return s
+
+    def config(self) -> dict:
+        """Keyword arguments of the kernel's launch."""
+        cfg = dict(BLOCK_M=self.block_m, BLOCK_N=self.block_n, BLOCK_K=self.block_k, num_warps=self.num_warps,
+                   num_stages=self.num_stages)
+        if self.kind == "tiled":
+            cfg.update(PERSISTENT=self.persistent, FLATTEN=self.persistent, WARP_SPECIALIZE=False,
+                       EPILOGUE_SUBTILE=self.subtile)
+        return cfg
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _stages(bm: int, bn: int, bk: int, elt: int, smem: int, want: int = 6) -> int:
+    """The most pipeline stages (2..want) whose operand buffers fit in shared memory."""
+    from .kernels.gemm_splitk import shared_bytes
+
+    for s in range(want, 1, -1):
+        if shared_bytes(bm, bn, bk, s, elt) <= 0.9 * smem:
+            return caps.cap_stages("gemm", s)
+    return 2
+
+
+def candidates(M: int, N: int, K: int, elt: int, machine: Machine, *, splitk_only: bool = False) -> list:
+    """The schedules the chooser weighs for this shape (estimates not filled in)."""
+    from .kernels import gemm_splitk as KS
+
+    out = []
+    bms = sorted({bm for bm in KS.BLOCK_MS if bm >= min(M, 16) and (bm <= 2 * max(M, 16) or bm == 16)})
+    for bm in bms:
+        for bn in KS.BLOCK_NS:
+            for bk in KS.BLOCK_KS:
+                if bm * bk * elt > 64 * 1024 or bn * bk * elt > 64 * 1024:
+                    continue
+                warps = 4 if bm * bn <= 64 * 64 else 8
+                stages = _stages(bm, bn, bk, elt, machine.smem_bytes)
+                max_split = max(1, K // (2 * bk))  # each split at least two K blocks
+                for s in (1, 2, 3, 4, 6, 8, 12, 16):
+                    if s > max_split:
+                        break
+                    out.append(Schedule("splitk", bm, bn, bk, s, warps, stages))
+    if not splitk_only and elt <= 2 and not caps.is_hip():
+        for bm, bn, warps, stages, sub in ((128, 256, 8, 3, True), (256, 128, 8, 3, False), (128, 128, 8, 4, False)):
+            for persistent in (False, True):
+                out.append(Schedule("tiled", bm, bn, 64, 1, warps, stages, persistent, sub))
+    return out
+
+
+def estimate(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machine) -> float:
+    """Modelled time of ``s`` in seconds (see the module doc)."""
+    from .kernels.gemm_splitk import shared_bytes
+
+    tiles = _cdiv(M, s.block_m) * _cdiv(N, s.block_n)
+    kps = _cdiv(_cdiv(K, s.split_k), s.block_k) * s.block_k
+    units = tiles * s.split_k
+    smem = shared_bytes(s.block_m, s.block_n, s.block_k, s.num_stages, elt)
+    occ = max(1, min(machine.smem_bytes // max(smem, 1), machine.warps_per_sm // (2 * s.num_warps), 4))
+    slots = machine.sms * occ
+    if s.kind == "tiled" and s.persistent:
+        slots = machine.sms
+    active = min(units, slots)
+    waves = _cdiv(units, slots)
+    fair = machine.hbm_bytes_per_s / active
+    bw = min(fair, machine.sm_bw_share * machine.hbm_bytes_per_s / machine.sms / occ)
+    t_mem = (s.block_n * kps * elt + 0.5 * s.block_m * kps * elt) / bw
+    rate = machine.tensor_flops / min(active, machine.sms) / (occ if active >= machine.sms else 1)
+    t_comp = 2.0 * s.block_m * s.block_n * kps / rate
+    t = waves * (max(t_mem, t_comp) + machine.unit_start_s) + machine.launch_s
+    if s.split_k > 1:
+        t += tiles * s.split_k * s.block_m * s.block_n * 4 * 2 / machine.l2_bytes_per_s + machine.reduce_sync_s
+    # the whole problem can go no faster than its bytes at full bandwidth and its flops at full rate
+    floor = max((M * K + K * N + M * N) * elt / machine.hbm_bytes_per_s, 2.0 * M * N * K / machine.tensor_flops)
+    return max(t, floor + machine.launch_s)
+
+
+def choose(M: int, N: int, K: int, dtype: torch.dtype, device: Optional[torch.device] = None, *,
+           table: Optional[str] = None, splitk_only: bool = False) -> Schedule:
+    """The schedule for this GEMM: a tuned table's entry if it has one, else the model's pick."""
+    elt = torch.empty((), dtype=dtype).element_size()
+    machine = Machine.of(device)
+    if table is not None:
+        hit = load_table(table).get(_table_key(M, N, K, dtype, machine.name))
+        if hit is not None:
+            return Schedule(**hit)
+    return _choose(M, N, K, elt, machine, splitk_only)
+
+
+@functools.lru_cache(maxsize=4096)
+def _choose(M: int, N: int, K: int, elt: int, machine: Machine, splitk_only: bool) -> Schedule:
+    best = None
+    for s in candidates(M, N, K, elt, machine, splitk_only=splitk_only or elt > 2):
+        t = estimate(s, M, N, K, elt, machine)
+        if best is None or t < best.est_s * 0.999:
+            best = replace(s, est_s=t)
+    return best
+
+
+def _table_key(M: int, N: int, K: int, dtype: torch.dtype, machine: str) -> str:
+    return f"{machine}:{str(dtype).replace('torch.', '')}:{M}x{N}x{K}"
+
+
+@functools.lru_cache(maxsize=16)
+def load_table(path: str) -> dict:
+    """A tuned table written by ``numasched tune-gemm``: key -> Schedule fields."""
+    with open(path) as f:
+        data = json.load(f)
+    if not isinstance(data, dict) or "schedules" not in data:
+        raise ValueError(f"{path} is not a numasched GEMM table (no 'schedules')")
+    return data["schedules"]
+
+
+def table_entry(M: int, N: int, K: int, dtype: torch.dtype, machine: str, s: Schedule) -> tuple:
+    """(key, value) of a tuned table."""
+    d = {k: getattr(s, k) for k in ("kind", "block_m", "block_n", "block_k", "split_k", "num_warps", "num_stages",
+                                    "persistent", "subtile", "est_s")}
+    return _table_key(M, N, K, dtype, machine), d
+
+
+def streaming_floor_s(M: int, N: int, K: int, elt: int, machine: Machine) -> float:
+    """Time to read A and B and write C once at the machine's streaming rate."""
+    return (M * K + K * N + M * N) * elt / machine.hbm_bytes_per_s
+
+
+def is_finite(x: float) -> bool:
+    return not (math.isnan(x) or math.isinf(x))
