@@ -160,10 +160,16 @@ def main(argv=None) -> int:
 
                 t = _graph_us(call, copies, args.calls)
                 if s is chosen:
-                    got = plan.run(x, ws[0].T)
+                    got = plan.run(x, ws[0].T, outs[0])
                     err = ((got.float() - ref.float()).norm() / ref.float().norm()).item()
             except Exception as e:  # a schedule that does not compile here: reported, not fatal
-                log.append(f"{model} {proj} M={m}: {key} failed: {type(e).__name__}: {str(e)[:160]}")
+                msg = f"{model} {proj} M={m}: {key} failed: {type(e).__name__}: {str(e)[:300]}"
+                if not log:
+                    import traceback
+
+                    traceback.print_exc()
+                print(msg, flush=True)
+                log.append(msg)
                 t = float("inf")
             tried[key] = (t, est)
         ours = tried[chosen.describe()][0]
@@ -178,7 +184,7 @@ def main(argv=None) -> int:
         rows.append(row)
         del ws, outs
         torch.cuda.empty_cache()
-    ratios = [r["ratio"] for r in rows if r["ratio"]]
+    ratios = [r["ratio"] for r in rows if r["ratio"]] or [float("nan")]
     within = [r for r in rows if r["chooser_vs_best"] and r["chooser_vs_best"] <= 1.05]
     geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios)) if ratios else float("nan")
     summary = (f"cuBLAS time / ours: min {min(ratios):.3f}, geomean {geo:.3f} over {len(ratios)} points; "

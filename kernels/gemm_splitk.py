@@ -103,5 +103,7 @@ INTERPRETER_CONFIG = config(16, 16, 16, 4, 1)
 
 
 def shared_bytes(block_m: int, block_n: int, block_k: int, num_stages: int, elt: int) -> int:
-    """Shared memory of the operand pipeline (A and B tiles per stage)."""
-    return (block_m + block_n) * block_k * elt * max(1, num_stages - 1)
+    """Shared memory of the operand pipeline: A and B tiles for every stage (an upper bound:
+    compiled for sm_90, the mma.sync tiles took num_stages - 1 buffers and the wgmma ones
+    num_stages)."""
+    return (block_m + block_n) * block_k * elt * max(1, num_stages)
