@@ -107,6 +107,13 @@ def _graph_us(fn_i, copies: int, calls: int) -> float:
     return times[len(times) // 2]
 
 
+def _tma_ok(x, w) -> bool:
+    """Whether TMA can read both operands (16-byte aligned rows): else the tiled kernel is off."""
+    from numasched.gemm import tma_view
+
+    return tma_view(x) is not None and tma_view(w.T) is not None
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     points = _points(args)
@@ -142,9 +149,12 @@ def main(argv=None) -> int:
         outs = [torch.empty(m, n, device=dev, dtype=torch.bfloat16) for _ in range(copies)]
         ref = torch.matmul(x, ws[0].T)
         cublas = _graph_us(lambda i: torch.matmul(x, ws[i].T, out=outs[i]), copies, args.calls)
-        chosen = GS.choose(m, n, k, torch.bfloat16, dev)
+        # what numasched.matmul itself runs (the plan's own choice: it knows whether TMA can
+        # read the operands), then the model's next best schedules of the same kind of set
+        own = numasched.plan_matmul(x, ws[0].T, outs[0])
+        chosen = own.schedule
         ranked = sorted((GS.estimate(s, m, n, k, 2, machine), i, s)
-                        for i, s in enumerate(GS.candidates(m, n, k, 2, machine)))
+                        for i, s in enumerate(GS.candidates(m, n, k, 2, machine, splitk_only=not _tma_ok(x, ws[0]))))
         tried = {}
         err = None
         for est, _, s in [(chosen.est_s, -1, chosen)] + ranked[: args.top + 1]:
