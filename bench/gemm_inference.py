@@ -76,37 +76,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _graph_us(fn_i, copies: int, calls: int) -> float:
-    """Median microseconds per call over replays of a graph of ``calls`` calls, call i using input
-    copy i mod copies."""
-    import torch
-
-    for i in range(copies):  # warm up (compile, first-use buffers) outside capture
-        fn_i(i)
-    torch.cuda.synchronize()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn_i(0)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(calls):
-            fn_i(i % copies)
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(7):
-        st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        st.record()
-        g.replay()
-        en.record()
-        en.synchronize()
-        times.append(st.elapsed_time(en) * 1e3 / calls)
-    times.sort()
-    return times[len(times) // 2]
-
-
 def _tma_ok(x, w) -> bool:
     """Whether TMA can read both operands (16-byte aligned rows): else the tiled kernel is off."""
     from numasched.gemm import tma_view
@@ -131,6 +100,7 @@ def main(argv=None) -> int:
 
     import numasched
     from numasched import gemm_schedule as GS
+    from numasched.gemm_tune import graph_us
     from numasched.probe.bandwidth import stream_read_bw
 
     from .common import progress, write_results
@@ -148,7 +118,7 @@ def main(argv=None) -> int:
         ws = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) for _ in range(copies)]
         outs = [torch.empty(m, n, device=dev, dtype=torch.bfloat16) for _ in range(copies)]
         ref = torch.matmul(x, ws[0].T)
-        cublas = _graph_us(lambda i: torch.matmul(x, ws[i].T, out=outs[i]), copies, args.calls)
+        cublas = graph_us(lambda i: torch.matmul(x, ws[i].T, out=outs[i]), copies, args.calls)
         # what numasched.matmul itself runs (the plan's own choice: it knows whether TMA can
         # read the operands), then the model's next best schedules of the same kind of set
         own = numasched.plan_matmul(x, ws[0].T, outs[0])
@@ -168,7 +138,7 @@ def main(argv=None) -> int:
                 def call(i, plan=plan):
                     plan._run(x, ws[i].T, outs[i])
 
-                t = _graph_us(call, copies, args.calls)
+                t = graph_us(call, copies, args.calls)
                 if s is chosen:
                     got = plan.run(x, ws[0].T, outs[0])
                     err = ((got.float() - ref.float()).norm() / ref.float().norm()).item()

@@ -8,6 +8,7 @@ registers itself and sets ``func(args) -> int``:
     numasched probe       measure the locality structure of the GPU at hand (numasched.probe)
     numasched bench       benchmark suites side by side with peers (numasched.bench)
     numasched policies    list the registered mapping policies
+    numasched tune-gemm   time GEMM schedules for given shapes into a table the chooser consults
 
 Exit codes, for every subcommand and bench suite: 0 success; 2 bad usage (argparse's code: an
 unknown option, or a value an option's type rejects, with a message naming the option); 2 also
@@ -35,6 +36,7 @@ _SUBCOMMANDS = [
     ("numasched.sim", "add_parser"),
     ("numasched.probe", "add_parser"),
     ("numasched.bench.cli", "add_parser"),
+    ("numasched.gemm_tune", "add_parser"),
 ]
 
 

@@ -291,3 +291,14 @@ def test_packaging():
     lic = (ROOT / "LICENSE").read_text()
     assert lic.startswith("MIT License") and "numasched authors" in lic
     assert proj["license"]["text"] == "MIT"
+
+
+def test_tune_gemm_dry_run_and_bad_shapes(capsys):
+    from numasched.cli import main
+
+    assert main(["tune-gemm", "--shapes", "1x4096x4096,16x14336x4096", "--out", "t.json", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "1x4096x4096" in out and "16x14336x4096" in out
+    with pytest.raises(SystemExit) as e:
+        main(["tune-gemm", "--shapes", "0x4x4", "--out", "t.json"])
+    assert e.value.code == 2 and "argument --shapes" in capsys.readouterr().err

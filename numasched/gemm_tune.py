@@ -1,0 +1,159 @@
+"""``numasched tune-gemm``: time GEMM schedules on this GPU and write a table the chooser consults.
+
+The schedule chooser (numasched.gemm_schedule) picks from a model with no tuning at run time.
+Where a deployment knows its shapes, this command times, per shape, the model's pick and the next
+``--top`` schedules by the model's estimate (each in a CUDA graph of calls that read their own
+copy of the weight, so the weight comes from HBM), and writes the fastest into a JSON table.
+Point the options at it and the chooser takes the table's entry for those shapes:
+
+    numasched tune-gemm --shapes 1x4096x4096,16x14336x4096 --out gemm-table.json
+    NUMASCHED_GEMM_TABLE=gemm-table.json python serve.py     # or options.set(gemm_table=...)
+
+Tuning happens when this command runs, never inside a call.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+__all__ = ["tune", "graph_us", "add_parser"]
+
+
+def graph_us(fn_i, copies: int, calls: int) -> float:
+    """Median microseconds per call over replays of a CUDA graph of ``calls`` calls, call i using
+    input copy ``i mod copies`` (warmed up, compiled and first-use buffers made outside capture)."""
+    import torch
+
+    for i in range(copies):
+        fn_i(i)
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn_i(0)
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(calls):
+            fn_i(i % copies)
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(7):
+        st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        st.record()
+        g.replay()
+        en.record()
+        en.synchronize()
+        times.append(st.elapsed_time(en) * 1e3 / calls)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def tune(shapes, *, top: int = 6, calls: int = 20, dtype=None, log=print) -> dict:
+    """{table key: schedule fields} of the fastest timed schedule for each (M, N, K), with
+    ``y = x @ W.T`` operands (W (N, K) row-major, as a linear layer holds it)."""
+    import torch
+
+    import numasched
+    from numasched import gemm_schedule as GS
+
+    dtype = dtype or torch.bfloat16
+    dev = torch.device("cuda")
+    machine = GS.Machine.of(dev)
+    elt = torch.empty((), dtype=dtype).element_size()
+    l2 = torch.cuda.get_device_properties(dev).L2_cache_size
+    table = {}
+    for m, n, k in shapes:
+        copies = max(2, min(64, math.ceil(2 * l2 / (n * k * elt))))
+        x = torch.randn(m, k, device=dev, dtype=dtype)
+        ws = [torch.randn(n, k, device=dev, dtype=dtype) for _ in range(copies)]
+        outs = [torch.empty(m, n, device=dev, dtype=dtype) for _ in range(copies)]
+        own = numasched.plan_matmul(x, ws[0].T, outs[0])
+        tma = own.path == "tma" or own.kernel == "tiled"
+        cands = GS.candidates(m, n, k, elt, machine, splitk_only=not tma)
+        ranked = [own.schedule] + [s for _, _, s in sorted((GS.estimate(s, m, n, k, elt, machine), i, s)
+                                                            for i, s in enumerate(cands))]
+        seen, best = set(), None
+        for s in ranked:
+            if s is None or s.describe() in seen or len(seen) > top:
+                continue
+            seen.add(s.describe())
+            try:
+                plan = numasched.plan_matmul(x, ws[0].T, outs[0], schedule=s)
+                t = graph_us(lambda i, plan=plan: plan._run(x, ws[i].T, outs[i]), copies, calls)
+            except Exception as e:  # a schedule that does not run here is skipped, and said
+                log(f"{m}x{n}x{k}: {s.describe()} skipped ({type(e).__name__}: {str(e)[:120]})")
+                continue
+            if best is None or t < best[0]:
+                best = (t, s)
+        if best is not None:
+            key, val = GS.table_entry(m, n, k, dtype, machine.name, best[1])
+            val["measured_us"] = round(best[0], 3)
+            table[key] = val
+            log(f"{m}x{n}x{k}: {best[1].describe()} {best[0]:.2f} us (model's pick: "
+                f"{own.schedule.describe() if own.schedule else own.kernel})")
+        del ws, outs
+    return table
+
+
+def _shapes(text: str) -> list:
+    out = []
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        try:
+            m, n, k = (int(v) for v in item.lower().split("x"))
+        except ValueError:
+            m = n = k = 0
+        if min(m, n, k) < 1:
+            raise argparse.ArgumentTypeError(f"expected comma-separated MxNxK sizes >= 1, got {item!r}")
+        out.append((m, n, k))
+    if not out:
+        raise argparse.ArgumentTypeError("expected at least one MxNxK shape")
+    return out
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    from .argtypes import nonneg_int, positive_int
+
+    p = sub.add_parser("tune-gemm", help="time GEMM schedules for a list of shapes into a table the chooser consults",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("--shapes", type=_shapes, required=True, help="comma-separated MxNxK (y = x @ W.T, W is N x K)")
+    p.add_argument("--out", required=True, help="JSON table to write (merged into an existing one)")
+    p.add_argument("--top", type=nonneg_int, default=6, help="schedules timed besides the model's pick (default 6)")
+    p.add_argument("--calls", type=positive_int, default=20, help="calls per CUDA graph (default 20)")
+    p.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16", help="operand dtype (default bf16)")
+    p.add_argument("--dry-run", action="store_true", help="print the shapes and exit (no GPU needed)")
+    p.set_defaults(func=_cli)
+    return p
+
+
+def _cli(args) -> int:
+    if args.dry_run:
+        print(f"numasched tune-gemm --dry-run: {len(args.shapes)} shape(s), nothing timed; table -> {args.out}")
+        for m, n, k in args.shapes:
+            print(f"  {m}x{n}x{k} {args.dtype}: the model's pick and the next {args.top} schedules")
+        return 0
+    import torch
+
+    if not torch.cuda.is_available():
+        print("numasched tune-gemm needs a CUDA GPU (found none); --dry-run shows what it would time",
+              file=sys.stderr)
+        return 2
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    table = tune(args.shapes, top=args.top, calls=args.calls, dtype=dtype)
+    data = {"schedules": {}}
+    try:
+        with open(args.out) as f:
+            old = json.load(f)
+        if isinstance(old, dict) and isinstance(old.get("schedules"), dict):
+            data = old
+    except (OSError, ValueError):
+        pass
+    data["schedules"].update(table)
+    data["note"] = "numasched tune-gemm: fastest timed schedule per shape; consulted by the chooser first"
+    with open(args.out, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+    print(f"wrote {len(table)} schedule(s) to {args.out}")
+    return 0
