@@ -34,18 +34,10 @@ DEFAULT_POLICIES = ["grouped", "chiplet_tiled", "row_major"]
 
 
 def _shape_list(text: str) -> list:
-    """argparse type of --shapes: comma-separated MxNxK, each size >= 1."""
-    out = []
-    for item in (x.strip() for x in text.split(",")):
-        try:
-            m, n, k = (int(x) for x in item.lower().split("x"))
-        except ValueError:
-            m = n = k = 0
-        if min(m, n, k) < 1:
-            raise argparse.ArgumentTypeError(f"expected comma-separated MxNxK sizes >= 1 (e.g. 4096x4096x4096), "
-                                             f"got {item!r}")
-        out.append((f"{m}x{n}x{k}", m, n, k))
-    return out
+    """argparse type of --shapes: comma-separated MxNxK, as (label, M, N, K)."""
+    from numasched.argtypes import shape_list
+
+    return [(f"{m}x{n}x{k}", m, n, k) for m, n, k in shape_list(text)]
 
 
 def _policy_list(text: str) -> list:

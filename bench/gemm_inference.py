@@ -49,25 +49,12 @@ def _points(args) -> list:
     return pts
 
 
-def _shape_list(text: str) -> list:
-    out = []
-    for item in (x.strip() for x in text.split(",")):
-        try:
-            m, n, k = (int(x) for x in item.lower().split("x"))
-        except ValueError:
-            m = n = k = 0
-        if min(m, n, k) < 1:
-            raise argparse.ArgumentTypeError(f"expected comma-separated MxNxK sizes >= 1, got {item!r}")
-        out.append((m, n, k))
-    return out
-
-
 def build_parser() -> argparse.ArgumentParser:
-    from numasched.argtypes import nonneg_int, out_dir, positive_int
+    from numasched.argtypes import nonneg_int, out_dir, positive_int, shape_list
 
     p = argparse.ArgumentParser(prog="numasched bench gemm_inference", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="M in 1,16,64,256,4096 on three projections")
-    p.add_argument("--shapes", type=_shape_list, default=None, help="comma-separated MxNxK (replaces the grid)")
+    p.add_argument("--shapes", type=shape_list, default=None, help="comma-separated MxNxK (replaces the grid)")
     p.add_argument("--top", type=nonneg_int, default=6,
                    help="schedules timed besides the chooser's pick, next best by the model (default 6)")
     p.add_argument("--calls", type=positive_int, default=20, help="calls per CUDA graph (default 20)")

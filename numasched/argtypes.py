@@ -112,3 +112,20 @@ def check_help(parser: argparse.ArgumentParser) -> list:
         elif action.help is None or (action.help != argparse.SUPPRESS and not str(action.help).strip()):
             missing.append(f"{parser.prog} {'/'.join(action.option_strings) or action.dest}")
     return missing
+
+
+def shape_list(text: str) -> list:
+    """argparse type of ``--shapes``: comma-separated MxNxK, each size >= 1 -> [(M, N, K), ...]."""
+    out = []
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        try:
+            m, n, k = (int(v) for v in item.lower().split("x"))
+        except ValueError:
+            m = n = k = 0
+        if min(m, n, k) < 1:
+            raise argparse.ArgumentTypeError(f"expected comma-separated MxNxK sizes >= 1 (e.g. 4096x4096x4096), "
+                                             f"got {item!r}")
+        out.append((m, n, k))
+    if not out:
+        raise argparse.ArgumentTypeError("expected at least one MxNxK shape")
+    return out

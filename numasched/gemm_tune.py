@@ -99,27 +99,12 @@ def tune(shapes, *, top: int = 6, calls: int = 20, dtype=None, log=print) -> dic
     return table
 
 
-def _shapes(text: str) -> list:
-    out = []
-    for item in (x.strip() for x in text.split(",") if x.strip()):
-        try:
-            m, n, k = (int(v) for v in item.lower().split("x"))
-        except ValueError:
-            m = n = k = 0
-        if min(m, n, k) < 1:
-            raise argparse.ArgumentTypeError(f"expected comma-separated MxNxK sizes >= 1, got {item!r}")
-        out.append((m, n, k))
-    if not out:
-        raise argparse.ArgumentTypeError("expected at least one MxNxK shape")
-    return out
-
-
 def add_parser(sub) -> argparse.ArgumentParser:
-    from .argtypes import nonneg_int, positive_int
+    from .argtypes import nonneg_int, positive_int, shape_list
 
     p = sub.add_parser("tune-gemm", help="time GEMM schedules for a list of shapes into a table the chooser consults",
                        description=__doc__.split("\n\n")[0])
-    p.add_argument("--shapes", type=_shapes, required=True, help="comma-separated MxNxK (y = x @ W.T, W is N x K)")
+    p.add_argument("--shapes", type=shape_list, required=True, help="comma-separated MxNxK (y = x @ W.T, W is N x K)")
     p.add_argument("--out", required=True, help="JSON table to write (merged into an existing one)")
     p.add_argument("--top", type=nonneg_int, default=6, help="schedules timed besides the model's pick (default 6)")
     p.add_argument("--calls", type=positive_int, default=20, help="calls per CUDA graph (default 20)")

@@ -231,8 +231,8 @@ _TMA_OFF = ("TMA tensor descriptors (cp.async.bulk.tensor) are NVIDIA sm_90+; on
             "pointer path (caps.tma_supported is False on ROCm)")
 _CLOCK_NOTE = ("WAIT_CLOCK: sm90 True (%globaltimer wait bound); AMD False: %globaltimer is NVIDIA PTX, the "
                "wait is bounded by a poll count (ctx.wait_clock is False on ROCm)")
-_PREC_NOTE = ("bf16 dots with input precision None (the target's default); the host passes 'tf32', "
-              "which gfx950 refuses: see Findings")
+_PREC_NOTE = ("bf16 dots with input precision None (the target's default), as the host passes for 16-bit "
+              "inputs ('tf32', which gfx950 refuses, only for fp32 on NVIDIA)")
 
 
 # ---- flash decode
@@ -571,10 +571,12 @@ def findings(rows: List[dict]) -> List[str]:
         if _vendor(t) == "amd":
             err = host_precision_check(t)
             if err:
-                out.append(f"{t}: the host passes input precision 'tf32' for bf16 dots (numasched/decode.py "
-                           f"INPUT_PRECISION, numasched/attention.py DOT_PRECISION); {t} refuses it: {err}. The "
-                           f"rows above use None (the target's default) for bf16; the host should pass None for "
-                           f"16-bit inputs")
+                out.append(f"{t}: refuses input precision 'tf32' for bf16 dots ({err}); the host passes None (the "
+                           f"target's default) for 16-bit inputs since this was found, as the rows above do")
+    if over:
+        out.append("the configs over gfx942's LDS above are the NVIDIA defaults: on ROCm the host caps the "
+                   "pipeline stages (numasched.caps.AMD_MAX_STAGES: 2 for GEMM and prefill, 3 for decode), which "
+                   "the reduced-stage rows show fit")
     return out
 
 
