@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 from dataclasses import dataclass, replace
 from typing import Optional
 
@@ -243,7 +242,3 @@ def table_entry(M: int, N: int, K: int, dtype: torch.dtype, machine: str, s: Sch
 def streaming_floor_s(M: int, N: int, K: int, elt: int, machine: Machine) -> float:
     """Time to read A and B and write C once at the machine's streaming rate."""
     return (M * K + K * N + M * N) * elt / machine.hbm_bytes_per_s
-
-
-def is_finite(x: float) -> bool:
-    return not (math.isnan(x) or math.isinf(x))
