@@ -40,10 +40,10 @@ QUICK_NK = [NK[1], NK[2], NK[4]]
 def _points(args) -> list:
     if args.shapes:
         return [("custom", f"{m}x{n}x{k}", m, n, k) for m, n, k in args.shapes]
-    ms = QUICK_M if args.quick else M_GRID
+    ms = args.m or (QUICK_M if args.quick else M_GRID)
     nk = QUICK_NK if args.quick else NK
     pts = [(model, proj, m, n, k) for model, proj, n, k in nk for m in ms]
-    if not args.quick:
+    if not args.quick and not args.m:
         pts += [("square", str(s), s, s, s) for s in SQUARES]
         pts += [(label, f"{m}x{n}x{k}", m, n, k) for label, m, n, k in OFF_GRID]
     return pts
@@ -54,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(prog="numasched bench gemm_inference", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="M in 1,16,64,256,4096 on three projections")
+    p.add_argument("--m", type=lambda t: [positive_int(x) for x in t.split(",")], default=None,
+                   help="comma-separated M values (replaces the grid's M list)")
     p.add_argument("--shapes", type=shape_list, default=None, help="comma-separated MxNxK (replaces the grid)")
     p.add_argument("--top", type=nonneg_int, default=6,
                    help="schedules timed besides the chooser's pick, next best by the model (default 6)")

@@ -77,6 +77,9 @@ _KNOWN = {
 # A is small and each tile column re-reads it from L2: it costs a fraction of B's HBM bytes
 # (0.1, fitted to the H200 runs of bench gemm_inference, where narrow BLOCK_N beat split-K).
 A_WEIGHT = 0.1
+# The split-K kernel's big tiles reach a fraction of the TMA-fed tiled kernel's tensor rate (its
+# operands come through registers); fitted to the medium-M points (M = 128-1024) of the H200 runs.
+SPLITK_MMA_EFFICIENCY = 0.5
 
 
 @functools.lru_cache(maxsize=None)
@@ -162,8 +165,13 @@ def candidates(M: int, N: int, K: int, elt: int, machine: Machine, *, splitk_onl
         # the TMA tiles the autotuner used to pick for large problems (bench/results/gemm-h200-*),
         # persistent: one program per tile lost up to 1.4x at M = 512-2048 on the H200
         # (bench/results/gemm_inference-h200-*: every point where the model chose it)
-        for stages in (3, 4):
-            out.append(Schedule("tiled", 128, 256, 64, 1, 8, stages, True, True))
+        # (4 stages: timed faster than 3 at 20 of 44 medium-M points on the H200, never slower by
+        # more than noise)
+        out.append(Schedule("tiled", 128, 256, 64, 1, 8, 4, True, True))
+        # smaller TMA tiles, so a medium M (128-1024) still gives every SM a tile
+        out.append(Schedule("tiled", 128, 128, 64, 1, 8, 4, True, False))
+        out.append(Schedule("tiled", 64, 128, 64, 1, 4, 4, True, False))
+        out.append(Schedule("tiled", 64, 256, 64, 1, 8, 4, True, False))
     return out
 
 
@@ -185,6 +193,8 @@ def estimate(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machine) ->
     bw = min(fair, machine.sm_bw_share * machine.hbm_bytes_per_s / machine.sms / occ)
     t_mem = (s.block_n * kps * elt + A_WEIGHT * s.block_m * kps * elt) / bw
     rate = machine.tensor_flops / min(active, machine.sms) / (occ if active >= machine.sms else 1)
+    if s.kind == "splitk" and s.block_m >= 64:
+        rate *= SPLITK_MMA_EFFICIENCY  # operands through registers, not TMA + wgmma from shared memory
     t_comp = 2.0 * s.block_m * s.block_n * kps / rate
     if s.kind == "tiled" and s.persistent:  # a persistent grid's tail costs only its own tiles
         waves = units / slots if units > slots else 1
