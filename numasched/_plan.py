@@ -100,6 +100,16 @@ class PlanCache:
         self._d.move_to_end(key)
         return p
 
+    def find(self, key_of, *args):
+        """``(key, plan)`` for a call: ``key_of(*args)`` builds the key; a call whose arguments
+        cannot make one (fake tensors have no data pointer; wrong types, which the checked path
+        then names) gets ``(None, None)``."""
+        try:
+            key = key_of(*args)
+        except (AttributeError, RuntimeError, TypeError):
+            return None, None
+        return key, self.get(key)
+
     def put(self, key, plan) -> None:
         self._d[key] = plan
         self._d.move_to_end(key)

@@ -5,7 +5,7 @@ from typing import Iterable, Optional
 
 import torch
 
-from .caps import INT32_MAX, kernel_device_ok, launch_device, span  # noqa: F401  (re-exported)
+from .caps import INT32_MAX, span  # noqa: F401  (INT32_MAX re-exported)
 
 
 def check_tensor(name: str, t, *, ndim: Optional[int] = None, dtypes: Optional[Iterable[torch.dtype]] = None,

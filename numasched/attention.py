@@ -321,11 +321,7 @@ def _key(q, k, v, causal, scale, causal_offset, mapping, config) -> tuple:
 
 
 def _planned(q, k, v, causal, scale, causal_offset, mapping, config=None) -> AttentionPlan:
-    try:
-        key = _key(q, k, v, causal, scale, causal_offset, mapping, config)
-    except (AttributeError, RuntimeError, TypeError):
-        key = None
-    plan = PLANS.get(key) if key is not None else None
+    key, plan = PLANS.find(_key, q, k, v, causal, scale, causal_offset, mapping, config)
     if plan is None:
         plan = plan_attention(q, k, v, causal=causal, scale=scale, causal_offset=causal_offset, mapping=mapping,
                               config=config)
@@ -374,11 +370,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, caus
         mapping = "auto"
     eager = plain_eager(q, k, v)
     if eager and type(causal) is bool:
-        try:
-            key = _key(q, k, v, causal, scale, causal_offset, mapping, _config)
-        except (AttributeError, RuntimeError, TypeError):
-            key = None
-        plan = PLANS.get(key) if key is not None else None
+        key, plan = PLANS.find(_key, q, k, v, causal, scale, causal_offset, mapping, _config)
         if plan is not None:
             return plan._run(q, k, v)
     check_attention(q, k, v, causal=causal, scale=scale, causal_offset=causal_offset, mapping=mapping)
@@ -436,11 +428,7 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     reason. ``mapping`` picks the kernels' mapping policy.
     """
     if attn_mask is None and not dropout_p and type(is_causal) is bool and plain_eager(query, key, value):
-        try:
-            k_ = _sdpa_key(query, key, value, is_causal, scale, enable_gqa, mapping, 0)
-        except (AttributeError, RuntimeError, TypeError):
-            k_ = None
-        route = PLANS.get(k_) if k_ is not None else None
+        _, route = PLANS.find(_sdpa_key, query, key, value, is_causal, scale, enable_gqa, mapping, 0)
         if route is not None:
             return route.run(query, key, value)
     return _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, mapping)
@@ -544,8 +532,7 @@ def _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
         plan = _planned(q, k, v, bool(is_causal) and not sees_all, None if scale is None else float(scale),
                         int(causal_offset), mapping)
     route = _SdpaRoute(plan, decode, three_d)
-    try:
-        PLANS.put(_sdpa_key(query, key, value, is_causal, scale, enable_gqa, mapping, causal_offset), route)
-    except (AttributeError, RuntimeError, TypeError):
-        pass
+    k_, _ = PLANS.find(_sdpa_key, query, key, value, is_causal, scale, enable_gqa, mapping, causal_offset)
+    if k_ is not None:
+        PLANS.put(k_, route)
     return route.run(query, key, value)

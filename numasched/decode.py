@@ -529,11 +529,7 @@ def _key(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, map
 
 def _planned(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping) -> DecodePlan:
     """The cached plan of this call (made on a miss)."""
-    try:
-        key = _key(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping)
-    except (AttributeError, RuntimeError, TypeError):  # no data (fake tensors) or wrong types: no cache
-        key = None
-    plan = PLANS.get(key) if key is not None else None
+    key, plan = PLANS.find(_key, q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping)
     if plan is None:
         plan = plan_decode(q, k_cache, v_cache, cache_seqlens=cache_seqlens, block_table=block_table, scale=scale,
                            num_splits=num_splits, mapping=mapping)
@@ -589,11 +585,7 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, s
         mapping = "auto"
     # the plan cache first: a repeated call costs a key, a lookup and the launch
     if type(cache_seqlens) is not int and plain_eager(q, k_cache, v_cache):
-        try:
-            key = _key(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping)
-        except (AttributeError, RuntimeError, TypeError):
-            key = None
-        plan = PLANS.get(key) if key is not None else None
+        key, plan = PLANS.find(_key, q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping)
         if plan is not None:
             if return_lse:
                 return plan._run(q, k_cache, v_cache, cache_seqlens, block_table)

@@ -561,24 +561,16 @@ def plan_matmul(a, b, out=None, *, bias=None, residual=None, out_dtype=None, map
                     schedule=schedule, split_k=split_k, options=options, num_programs=num_programs, int64=int64)
 
 
-def _sig(t):
-    return None if t is None else fast_signature(t)
-
-
 def _key(a, b, out, mapping, persistent, bias=None, residual=None, out_dtype=None) -> tuple:
     """The plan-cache key of a call (a flat tuple, see numasched._plan; built on every call)."""
     return ("matmul", a.shape, a.stride(), a.dtype, a.device, a.data_ptr() & 15, b.shape, b.stride(), b.dtype,
-            b.device, b.data_ptr() & 15, None if out is None else fast_signature(out), _sig(bias), _sig(residual),
+            b.device, b.data_ptr() & 15, fast_signature(out), fast_signature(bias), fast_signature(residual),
             out_dtype, mapping, persistent, torch.get_float32_matmul_precision() if a.dtype is torch.float32 else None,
             a.device.type != "cuda" and caps.interpreting(), _topology._CURRENT, _REG._VERSION[0], _options._CURRENT)
 
 
 def _planned(a, b, out, mapping, persistent, bias=None, residual=None, out_dtype=None) -> GemmPlan:
-    try:
-        key = _key(a, b, out, mapping, persistent, bias, residual, out_dtype)
-    except (AttributeError, RuntimeError, TypeError):
-        key = None
-    plan = PLANS.get(key) if key is not None else None
+    key, plan = PLANS.find(_key, a, b, out, mapping, persistent, bias, residual, out_dtype)
     if plan is None:
         plan = plan_matmul(a, b, out, bias=bias, residual=residual, out_dtype=out_dtype, mapping=mapping,
                            persistent=persistent)
@@ -681,11 +673,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: Optional[torch.Tensor] = N
         mapping = "auto"
     if out is None and bias is None and residual is None and out_dtype is None and plain_eager(a, b):
         # the plan cache first: a repeated call costs a key, a lookup and the launch
-        try:
-            key = _key(a, b, None, mapping, persistent)
-        except (AttributeError, RuntimeError, TypeError):
-            key = None
-        plan = PLANS.get(key) if key is not None else None
+        key, plan = PLANS.find(_key, a, b, None, mapping, persistent)
         if plan is not None:
             return plan._run(a, b)
     for name, t in (("a", a), ("b", b)):

@@ -27,9 +27,10 @@ from typing import Any, Callable, Dict, List
 import torch
 
 from numasched import caps
+from numasched.caps import kernel_device_ok
 from numasched import observe
 from numasched import options as _options
-from numasched._validate import check_int32_indexing, check_same, check_tensor, kernel_device_ok
+from numasched._validate import check_int32_indexing, check_same, check_tensor
 
 from ._context import alloc_bytes
 
