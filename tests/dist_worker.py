@@ -367,7 +367,165 @@ def check_timeout(ctx, quick):
     raise AssertionError("no TimeoutError")
 
 
-CHECKS = [check_all_gather_matmul, check_matmul_reduce_scatter, check_first_calls, check_fused_pointer_path,
+def check_all_reduce(ctx, quick):
+    """Every impl and size against a float64 sum of every rank's data; identical on every rank;
+    in place; repeated calls."""
+    R, W = ctx.rank, ctx.world
+    sizes = [1, 4097, 65536 + 3, 1 << 20] + ([] if quick else [8 << 20])
+    msgs, ok = [], Expect()
+    for i, n in enumerate(sizes):
+        for dt in ((BF, torch.float32) if n == 4097 else (BF,)):
+            for impl in ("oneshot", "twoshot", "nccl", "auto"):
+                for rep in range(2):
+                    x = randn(n, dtype=dt, seed=1000 * i + 10 * rep + R)
+                    ref = gather_rows(x.double().reshape(1, -1)).sum(0)
+                    out = torch.full_like(x, float("nan"))
+                    y = nd.all_reduce(x, ctx=ctx, impl=impl, out=out)
+                    e = rel(y, ref)
+                    ok(y is out and torch.isfinite(y).all(), f"{impl} n={n} {dt}: unwritten (NaN) elements")
+                    ok(e < (1e-2 if dt == BF else 1e-5), f"{impl} n={n} {dt}: relative error {e:.2e}")
+                    ok(same_everywhere(y), f"{impl} n={n} {dt}: ranks disagree")
+            msgs.append(f"n={n}: {e:.1e}")
+    x = randn(3, 1000, seed=5 + R)
+    ref = gather_rows(x.double().reshape(1, -1)).sum(0).reshape(3, 1000)
+    y = nd.all_reduce(x, ctx=ctx, out=x)
+    ok(y is x and rel(x, ref) < 1e-2, "in place (out=x) wrong")
+    return ok.done("; ".join(msgs))
+
+
+def check_matmul_all_reduce(ctx, quick):
+    R, W = ctx.rank, ctx.world
+    shapes = [(1, 14336 // W, 4096), (16, 4096 // W, 4096), (256, 14336 // W, 4096), (37, 999, 515)]
+    msgs, ok = [], Expect()
+    for i, (M, Kl, N) in enumerate(shapes):
+        a = randn(M, Kl, seed=300 * i + R)
+        w = randn(N, Kl, seed=300 * i + 50 + R)        # an F.linear weight: b_local = w.T
+        ref = a.double() @ w.double().T
+        dist.all_reduce(ref)
+        for impl in ("auto", "oneshot", "twoshot", "bulk"):
+            out = torch.full((M, N), float("nan"), device="cuda", dtype=BF)
+            y = nd.matmul_all_reduce(a, w.T, ctx=ctx, out=out, impl=impl)
+            e = rel(y, ref)
+            ok(y is out and e < 1e-2, f"{impl} {(M, Kl, N)}: relative error {e:.2e}")
+            ok(same_everywhere(y), f"{impl} {(M, Kl, N)}: ranks disagree")
+        plan = nd.plan_matmul_all_reduce(a, w.T, world=W)
+        msgs.append(f"{M}x{Kl}x{N}: {plan.gemm}+{plan.all_reduce} {e:.1e}")
+    return ok.done("; ".join(msgs))
+
+
+def check_bulk_and_auto(ctx, quick):
+    """impl='bulk' and 'auto' of the two GEMM collectives, at a small and a large M."""
+    R, W = ctx.rank, ctx.world
+    msgs, ok = [], Expect()
+    for Ml in (8, 1024):
+        a, b = randn(Ml, 1024, seed=41 + R), randn(1024, 768, seed=42)
+        ref = gather_rows(a).float() @ b.float()
+        ar, br = randn(Ml * W, 512, seed=43 + R), randn(512, 640, seed=44 + R)
+        part = ar.float() @ br.float()
+        dist.all_reduce(part)
+        for impl in ("bulk", "auto"):
+            c = nd.all_gather_matmul(a, b, ctx=ctx, impl=impl)
+            ok(rel(c, ref) < 1e-2, f"all_gather_matmul {impl} M_local={Ml}: wrong")
+            y = nd.matmul_reduce_scatter(ar, br, ctx=ctx, impl=impl)
+            ok(rel(y, part[R * Ml:(R + 1) * Ml]) < 1e-2, f"matmul_reduce_scatter {impl} M={Ml * W}: wrong")
+        from numasched.distributed import cost
+        msgs.append(f"M_local={Ml}: auto picks ag "
+                    f"{cost.choose_gemm_collective('all_gather_matmul', Ml * W, 768, 1024, BF, W)}, rs "
+                    f"{cost.choose_gemm_collective('matmul_reduce_scatter', Ml * W, 640, 512, BF, W)}")
+    return ok.done("; ".join(msgs))
+
+
+def check_all_reduce_graph(ctx, quick):
+    """all_reduce and matmul_all_reduce captured in one CUDA graph, replayed on fresh data."""
+    R, W = ctx.rank, ctx.world
+    x = randn(4096, seed=51 + R)
+    y = torch.empty_like(x)
+    a, w = randn(16, 2048, seed=52 + R), randn(4096, 2048, seed=53 + R)
+    z = torch.empty((16, 4096), device="cuda", dtype=BF)
+
+    def calls():
+        nd.all_reduce(x, ctx=ctx, out=y, check=False)
+        nd.matmul_all_reduce(a, w.T, ctx=ctx, out=z, check=False)
+
+    calls()
+    torch.cuda.synchronize()
+    dist.barrier()
+    graph = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(graph, stream=s):
+            calls()
+    torch.cuda.current_stream().wait_stream(s)
+    dist.barrier()
+    ok = Expect()
+    for i in range(5):
+        x.copy_(randn(4096, seed=700 + 10 * i + R))
+        a.copy_(randn(16, 2048, seed=800 + 10 * i + R))
+        graph.replay()
+        torch.cuda.synchronize()
+        ok.call(f"replay {i}: ctx.check", ctx.check, "graph replay")
+        ref = gather_rows(x.double().reshape(1, -1)).sum(0)
+        ok(rel(y, ref) < 1e-2, f"replay {i}: all_reduce wrong")
+        zr = a.double() @ w.double().T
+        dist.all_reduce(zr)
+        ok(rel(z, zr) < 1e-2, f"replay {i}: matmul_all_reduce wrong")
+    return ok.done("5 replays")
+
+
+def check_group(ctx, quick):
+    """A context over a process group (here: every rank, numbered in reverse, and one group per
+    rank): results as on the world context; then a rank that skips a replayed graph makes its
+    peers raise TimeoutError naming it (the group context is broken on purpose; the world
+    context is untouched)."""
+    R, W = ctx.rank, ctx.world
+    ok = Expect()
+    singles = [dist.new_group([r]) for r in range(W)]
+    rev = dist.new_group(list(range(W))[::-1])
+    g1 = nd.init(heap_bytes=256 << 20, timeout_s=5.0, group=singles[R])
+    ok(g1.world == 1 and g1.rank == 0, f"singleton group context: world {g1.world}, rank {g1.rank}")
+    x = randn(1000, seed=61 + R)
+    ok(torch.equal(nd.all_reduce(x, ctx=g1), x), "all_reduce over a one-rank group is not the input")
+    g = nd.init(heap_bytes=256 << 20, timeout_s=5.0, group=rev)
+    members = dist.get_process_group_ranks(rev)
+    ok(g.world == W and g.rank == members.index(R), f"group rank {g.rank} for global rank {R} (members {members})")
+    ref = gather_rows(x.double().reshape(1, -1)).sum(0)
+    for impl in ("oneshot", "twoshot", "nccl"):
+        ok(rel(nd.all_reduce(x, ctx=g, impl=impl), ref) < 1e-2, f"group all_reduce {impl} wrong")
+    a, b = randn(64, 512, seed=62 + R), randn(512, 256, seed=63 + R)
+    zr = a.double() @ b.double()
+    dist.all_reduce(zr)
+    ok(rel(nd.matmul_all_reduce(a, b, ctx=g), zr) < 1e-2, "group matmul_all_reduce wrong")
+    # a rank that stops: graph replay on every rank but the last member
+    y = torch.empty_like(x)
+    nd.all_reduce(x, ctx=g, out=y)
+    torch.cuda.synchronize()
+    dist.barrier()
+    graph = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(graph, stream=s):
+            nd.all_reduce(x, ctx=g, out=y, check=False)
+    torch.cuda.current_stream().wait_stream(s)
+    dist.barrier()
+    quitter = members[-1]
+    if R != quitter:
+        t0 = time.perf_counter()
+        graph.replay()
+        try:
+            g.check("all_reduce graph replay")
+            ok(False, "no TimeoutError after a replay whose peer never arrived")
+        except TimeoutError as e:
+            dt = time.perf_counter() - t0
+            ok(f"global rank {quitter}" in str(e) or W == 1, f"TimeoutError does not name the missing rank: {e}")
+            ok(dt < 2 * g.timeout_s + 5, f"TimeoutError after {dt:.1f} s (timeout_s {g.timeout_s})")
+    dist.barrier()
+    return ok.done(f"group of {W} (members {members}) and singletons ok; timeout in a graph named the missing rank")
+
+
+CHECKS = [check_all_reduce, check_matmul_all_reduce, check_bulk_and_auto, check_all_reduce_graph, check_group,
+          check_all_gather_matmul, check_matmul_reduce_scatter, check_first_calls, check_fused_pointer_path,
           check_flash_decode_distributed, check_back_to_back, check_cuda_graph, check_comm_off, check_header_mismatch,
           check_heap_too_small, check_timeout]
 

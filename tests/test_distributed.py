@@ -115,7 +115,7 @@ def test_context_does_not_import_the_op_modules():
 
 def test_one_module_per_collective():
     """Each collective's module registers its op; the package's public names are the functions."""
-    assert set(nd.OPS) == {"all_gather_matmul", "matmul_reduce_scatter", "flash_decode_distributed"}
+    assert set(nd.OPS) == {"all_gather_matmul", "matmul_reduce_scatter", "flash_decode_distributed", "all_reduce"}
     for name, op in nd.OPS.items():
         mod = importlib.import_module(f"numasched.distributed.{name}")
         assert op.__module__ == mod.__name__ and op.name == name
@@ -475,11 +475,18 @@ def test_header_mismatch_names_field_and_rank():
 def test_heap_budget():
     a, b = torch.empty(64, 32, device="meta"), torch.empty(32, 48, device="meta")
     q, k = torch.empty(2, 4, 16, device="meta"), torch.empty(2, 8, 2, 16, device="meta")
-    need = nd.required_heap_bytes([("all_gather_matmul", a, b), ("flash_decode_distributed", q, k)], world=2)
+    need = nd.required_heap_bytes([("all_gather_matmul", a, b, {"impl": "fused"}), ("flash_decode_distributed", q, k)],
+                                  world=2)
     assert need == 5 * (2 << 20)   # flags + gather, flags + recv_out + recv_lse: 2 MiB each at least
     big = torch.empty(4096, 2048, device="meta", dtype=torch.bfloat16)
     bb = torch.empty(2048, 64, device="meta", dtype=torch.bfloat16)
-    assert nd.required_heap_bytes([("all_gather_matmul", big, bb)], world=2) == (2 << 20) + (64 << 20)  # 2 slots
+    assert nd.required_heap_bytes([("all_gather_matmul", big, bb, {"impl": "fused"})], world=2) == (2 << 20) + (64 << 20)
+    # impl="auto" is sized for what the cost model picks (bulk: NCCL's buffers, none on the heap)
+    pick = nd.cost.choose_gemm_collective("all_gather_matmul", 8192, 64, 2048, torch.bfloat16, 2)
+    assert nd.required_heap_bytes([("all_gather_matmul", big, bb)], world=2) == nd.required_heap_bytes(
+        [("all_gather_matmul", big, bb, {"impl": pick})], world=2)
+    small_m = torch.empty(8, 2048, device="meta", dtype=torch.bfloat16)
+    assert nd.required_heap_bytes([("all_gather_matmul", small_m, bb, {"impl": "bulk"})], world=2) == 0
     assert nd.required_heap_bytes([("all_gather_matmul", big, bb, {"impl": "ce"})], world=2) == (2 << 20) + (32 << 20)
     sim = nd.SimWorld(2, heap_bytes=need)
     sim.run("all_gather_matmul", [(torch.randn(16, 16), torch.randn(16, 16)) for _ in range(2)])
@@ -794,3 +801,136 @@ def test_ctx_none_is_a_type_error_naming_ctx(op):
     with pytest.raises(TypeError, match="ctx must be a context"):
         nd.flash_decode_distributed(torch.randn(1, 2, 16), torch.randn(1, 4, 1, 16), torch.randn(1, 4, 1, 16),
                                     torch.tensor([4], dtype=torch.int32), ctx=object())
+
+
+# ============================================================================ all-reduce (issue 14)
+@pytest.mark.parametrize("world,impl,n,dtype", [
+    (2, "oneshot", 1, torch.float32), (2, "oneshot", 200, torch.float16), (2, "twoshot", 131, torch.float32),
+    (3, "oneshot", 130, torch.float32), (3, "twoshot", 257, torch.float32), (4, "twoshot", 64, torch.float16),
+    (4, "auto", 300, torch.float32)])
+def test_all_reduce_sim(world, impl, n, dtype):
+    """The kernels for 2-4 simulated ranks: float64 reference on fresh data every call (the
+    epochs advance and the double buffers alternate), NaN-poisoned outputs, bitwise-equal on
+    every rank, sizes that are not a multiple of a chunk or a shard."""
+    sim = nd.SimWorld(world)
+    g = torch.Generator().manual_seed(n)
+    for call in range(3):
+        xs = [torch.randn(n, generator=g).to(dtype) for _ in range(world)]
+        outs = [torch.full_like(x, float("nan")) for x in xs]
+        res = sim.run_each("all_reduce", [((xs[r],), dict(impl=impl, out=outs[r])) for r in range(world)])
+        ref = sum(x.double() for x in xs)
+        tol = 1e-5 if dtype == torch.float32 else 1e-2
+        for r in range(world):
+            assert res[r] is outs[r]
+            assert _rel(res[r].double(), ref) < tol, (call, r)
+            assert torch.equal(res[r], res[0])
+
+
+def test_all_reduce_in_place_and_shapes():
+    sim = nd.SimWorld(2)
+    xs = [torch.randn(3, 5, 7) for _ in range(2)]
+    ref = xs[0] + xs[1]
+    res = sim.run_each("all_reduce", [((x,), dict(out=x)) for x in xs])
+    assert res[0] is xs[0] and torch.allclose(xs[0], ref) and torch.allclose(xs[1], ref)
+    assert res[0].shape == (3, 5, 7)
+
+
+def test_all_reduce_timeout_names_the_missing_rank():
+    sim = nd.SimWorld(3, max_spins=5)
+    xs = [torch.randn(100) for _ in range(3)]
+    sim.run("all_reduce", [(x,) for x in xs], impl="twoshot")
+    with pytest.raises(TimeoutError, match=r"rank\(s\) \[2\] never signalled"):
+        sim.run("all_reduce", [(x,) for x in xs], impl="twoshot", skip_ranks=[2])
+
+
+def test_groups_inside_a_larger_world():
+    """Two groups of 2 inside a world of 4 (as init(group=...) gives a TP group inside a job):
+    each group's calls use its own heaps and flags and number its ranks 0..1."""
+    world = nd.SimWorld(4)
+    g0, g1 = world.split([[0, 1], [3, 2]])
+    assert g0.world == g1.world == 2
+    x = [torch.randn(150) for _ in range(4)]
+    for _ in range(2):   # interleaved calls of the two groups
+        r0 = g0.run("all_reduce", [(x[0],), (x[1],)], impl="twoshot")
+        r1 = g1.run("all_reduce", [(x[3],), (x[2],)])
+        assert torch.allclose(r0[1], x[0] + x[1]) and torch.allclose(r1[0], x[2] + x[3])
+    a = [torch.randn(32, 16) for _ in range(4)]
+    b = [torch.randn(16, 16) for _ in range(4)]
+    y = g1.run("matmul_reduce_scatter", [(a[3], b[3]), (a[2], b[2])])
+    full = a[3] @ b[3] + a[2] @ b[2]
+    assert _rel(y[0], full[:16]) < 1e-5 and _rel(y[1], full[16:]) < 1e-5
+    with pytest.raises(ValueError, match="disjoint"):
+        world.split([[0, 1], [1, 2]])
+
+
+def test_all_reduce_argument_checks():
+    from numasched.distributed.all_reduce import AllReduce
+
+    sim = nd.SimWorld(2)
+    ctx = sim.ranks[0]
+    x = torch.randn(8, 8)
+    with pytest.raises(ValueError, match="x must be contiguous"):
+        AllReduce.prepare(ctx, x.T)
+    with pytest.raises(ValueError, match="out must be a contiguous tensor of x's shape"):
+        AllReduce.prepare(ctx, x, out=torch.empty(8, 9))
+    with pytest.raises(ValueError, match="out overlaps x"):
+        big = torch.randn(100)
+        AllReduce.prepare(ctx, big[:50], out=big[10:60])
+    with pytest.raises(ValueError, match="impl must be one of"):
+        AllReduce.prepare(ctx, x, impl="ring")
+    with pytest.raises(ValueError, match="impl='nccl' needs a real context"):
+        AllReduce.prepare(ctx, x, impl="nccl")
+    with pytest.raises(TypeError, match="x has dtype torch.int64"):
+        AllReduce.prepare(ctx, torch.ones(4, dtype=torch.int64))
+    with pytest.raises(TypeError, match="ctx must be a context"):
+        nd.all_reduce(x, ctx=None)
+    with pytest.raises(TypeError, match="ctx must be a context"):
+        nd.matmul_all_reduce(x, x, ctx=None)
+    with pytest.raises(ValueError, match="impl='bulk' needs a real context"):
+        nd.matmul_all_reduce(x, x, ctx=nd.SimWorld(1).ranks[0], impl="bulk")
+    with pytest.raises(ValueError, match="impl='bulk' needs a real context"):
+        sim.run("all_gather_matmul", [(x, x), (x, x)], impl="bulk")
+
+
+def test_matmul_all_reduce_pieces_sim():
+    """matmul_all_reduce = numasched's GEMM into out, then the all-reduce in place: on one
+    simulated rank the whole call, on two the same pieces (a simulated rank cannot call alone)."""
+    g = torch.Generator().manual_seed(0)
+    a, w = torch.randn(5, 24, generator=g), torch.randn(17, 24, generator=g)
+    one = nd.SimWorld(1).ranks[0]
+    out = torch.full((5, 17), float("nan"))
+    y = nd.matmul_all_reduce(a, w.T, ctx=one, out=out)
+    assert y is out and _rel(y.double(), a.double() @ w.double().T) < 1e-5
+    plan = nd.plan_matmul_all_reduce(a, w.T, world=2, bulk_ok=False)
+    assert plan.gemm == "numasched" and plan.all_reduce in ("oneshot", "twoshot") and "GEMM numasched" in plan.describe()
+    sim = nd.SimWorld(2)
+    A = [torch.randn(5, 24, generator=g) for _ in range(2)]
+    parts = [numasched_matmul(A[r], w.T) for r in range(2)]
+    res = sim.run("all_reduce", [(p,) for p in parts], impl=plan.all_reduce)
+    assert _rel(res[1].double(), sum(A[r].double() @ w.double().T for r in range(2))) < 1e-5
+
+
+def numasched_matmul(a, b):
+    from numasched import matmul
+    return matmul(a, b)
+
+
+def test_cost_model_choices():
+    """The model's picks move the way the physics says (and can be forced): small all-reduces
+    one-shot, large ones on 8 ranks two-shot; GEMM collectives bulk at decode sizes and fused
+    at large M; fused wherever bulk is impossible (the simulation)."""
+    from numasched.distributed import cost
+    bf = torch.bfloat16
+    assert cost.choose_all_reduce(8 << 10, 2) == "oneshot"
+    assert cost.choose_all_reduce(256 << 20, 8, allowed=("oneshot", "twoshot")) == "twoshot"
+    assert cost.all_reduce_s("oneshot", 1 << 20, 2) < cost.all_reduce_s("oneshot", 4 << 20, 2)
+    assert cost.choose_gemm_collective("all_gather_matmul", 16, 7168, 4096, bf, 2) == "bulk"
+    assert cost.choose_gemm_collective("all_gather_matmul", 16384, 7168, 4096, bf, 2) == "fused"
+    assert cost.choose_gemm_collective("matmul_reduce_scatter", 16, 4096, 7168, bf, 2, bulk_ok=False) == "fused"
+    meta = lambda *s: torch.empty(*s, device="meta", dtype=bf)  # noqa: E731
+    assert nd.plan_matmul_all_reduce(meta(16, 7168), meta(7168, 4096), world=2, impl="bulk").impl == "bulk"
+    assert nd.plan_matmul_all_reduce(meta(4096, 7168), meta(7168, 4096), world=2).gemm == "torch"
+    with pytest.raises(ValueError, match="gemm must be one of"):
+        nd.plan_matmul_all_reduce(meta(4, 4), meta(4, 4), world=2, gemm="cutlass")
+    # heap sizing knows the new ops
+    assert nd.required_heap_bytes([("all_reduce", meta(4096))], 2) > 0

@@ -8,6 +8,8 @@ Launch one process per GPU with torchrun, then::
     ctx = nd.init(workload=[("all_gather_matmul", a_local, b)])   # heap sized from the calls
     c = nd.all_gather_matmul(a_local, b, ctx=ctx)                   # (M_local*world, N_local)
     y = nd.matmul_reduce_scatter(a, b_local, ctx=ctx)               # (M/world, N), summed over ranks
+    z = nd.all_reduce(x, ctx=ctx)                                   # x summed over ranks, on every rank
+    w = nd.matmul_all_reduce(a, b_local, ctx=ctx)                   # (M, N), summed over ranks
     o = nd.flash_decode_distributed(q, k_local, v_local, lens_local, ctx=ctx)
 
 Every rank must make the same calls with the same shapes and dtypes, in the same order (the
@@ -35,14 +37,18 @@ from .all_gather_matmul import all_gather_matmul  # noqa: F401
 from .matmul_reduce_scatter import matmul_reduce_scatter  # noqa: F401
 from .flash_decode_distributed import (flash_decode_distributed, set_local_decode,  # noqa: F401
                                        torch_local_decode)
+from .all_reduce import all_reduce  # noqa: F401
+from .matmul_all_reduce import MatmulAllReducePlan, matmul_all_reduce, plan_matmul_all_reduce  # noqa: F401
+from . import cost  # noqa: F401
 from ._sim import SimWorld  # noqa: F401
 
-__all__ = ["init", "DistContext", "SimWorld", "all_gather_matmul", "matmul_reduce_scatter",
+__all__ = ["init", "DistContext", "SimWorld", "all_reduce", "matmul_all_reduce", "plan_matmul_all_reduce",
+           "MatmulAllReducePlan", "cost", "all_gather_matmul", "matmul_reduce_scatter",
            "flash_decode_distributed", "required_heap_bytes", "set_local_decode", "torch_local_decode"]
 
 
 def init(heap_bytes: Optional[int] = None, *, workload=None, timeout_s: float = 30.0,
-         allocator: Optional[str] = None) -> DistContext:
+         allocator: Optional[str] = None, group=None) -> DistContext:
     """Start Iris on this rank (after ``torch.distributed.init_process_group("nccl")``).
 
     heap_bytes: symmetric heap per GPU. Default: what ``workload`` needs (a list of
@@ -51,6 +57,10 @@ def init(heap_bytes: Optional[int] = None, *, workload=None, timeout_s: float = 
     timeout_s: how long a rank waits for a peer's data before giving up (TimeoutError).
     allocator: Iris allocator; default "vmem_chunked" on NVIDIA (the only one that works there),
         Iris's default on AMD; the IRIS_ALLOCATOR environment variable overrides both.
+    group: a torch.distributed process group of GPUs on this host (e.g. one tensor-parallel
+        group of a job whose other dimension runs over NCCL); the ops then run over its members
+        only, numbered by their rank in the group. Every rank of the world calls ``init`` at
+        the same time (the Iris heap is created over the whole world), each with its own group.
     Raises RuntimeError when the GPUs lack peer access (torch.cuda.can_device_access_peer) or the
     ranks span hosts.
     """
@@ -61,10 +71,11 @@ def init(heap_bytes: Optional[int] = None, *, workload=None, timeout_s: float = 
             if not dist.is_initialized():
                 raise RuntimeError("numasched.distributed.init: call torch.distributed.init_process_group('nccl') "
                                    "first (launch with torchrun)")
-            heap_bytes = required_heap_bytes(workload, dist.get_world_size()) + alloc_bytes(1)
+            size = dist.get_world_size() if group is None else dist.get_world_size(group)
+            heap_bytes = required_heap_bytes(workload, size) + alloc_bytes(1)
         else:
             heap_bytes = DEFAULT_HEAP
     if int(heap_bytes) < alloc_bytes(1):
         raise ValueError(f"heap_bytes must be at least {alloc_bytes(1)} (one allocation), got {heap_bytes}")
-    return DistContext(int(heap_bytes), timeout_s=timeout_s, allocator=allocator)
+    return DistContext(int(heap_bytes), timeout_s=timeout_s, allocator=allocator, group=group)
 

@@ -149,12 +149,31 @@ def _aligned(t: torch.Tensor) -> bool:
     return t.data_ptr() % 16 == 0
 
 
-IMPLS = ("fused", "ce")
+IMPLS = ("auto", "fused", "ce", "bulk")
 
 
 def _check_impl(impl):
     if impl not in IMPLS:
-        raise ValueError(f"impl must be one of {IMPLS} (fused Triton kernel, or copy engine + cuBLAS), got {impl!r}")
+        raise ValueError(f"impl must be one of {IMPLS} (auto: the cost model's pick; fused Triton kernel; copy engine "
+                         f"+ cuBLAS; bulk: NCCL + torch.matmul), got {impl!r}")
+
+
+def _resolve_impl(op: str, impl: str, M: int, N: int, K: int, dtype, world: int, bulk_ok: bool) -> str:
+    """``impl`` with "auto" replaced by the cost model's pick (numasched.distributed.cost)."""
+    _check_impl(impl)
+    if impl != "auto":
+        if impl == "bulk" and not bulk_ok:
+            raise ValueError("impl='bulk' needs a real context (numasched.distributed.init): a simulated rank has no "
+                             "process group")
+        return impl
+    from . import cost
+
+    return cost.choose_gemm_collective(op, M, N, K, dtype, world, bulk_ok=bulk_ok)
+
+
+def _bulk_ok(ctx) -> bool:
+    """Whether ``ctx`` can run torch.distributed collectives (a real context; not the simulation)."""
+    return hasattr(ctx, "group")
 
 
 # ============================================================================ argument checks
@@ -237,16 +256,21 @@ class _Op:
         "nocomm"; impl="ce" goes to the copy-engine pair, everything else to the fused kernel."""
         if not call.extra.get("communicate", True):
             phase = "nocomm"
-        if call.cfg.get("impl") == "ce":
+        if call.cfg.get("impl") in ("ce", "bulk"):
+            impl = call.cfg["impl"]
             if observe.OBSERVERS:
-                observe.notify(call.op, f"{call.op}.ce", (), () if phase == "push" else (call.tensors["out"],),
+                observe.notify(call.op, f"{call.op}.{impl}", (), () if phase == "push" else (call.tensors["out"],),
                                plan)
             plan.launches += 1
-            return cls._launch_ce(ctx, plan, call, phase)
+            return (cls._launch_ce if impl == "ce" else cls._launch_bulk)(ctx, plan, call, phase)
         return cls._launch_fused(ctx, plan, call, phase)
 
     @staticmethod
     def _launch_ce(ctx, plan, call, phase):
+        raise NotImplementedError
+
+    @staticmethod
+    def _launch_bulk(ctx, plan, call, phase):
         raise NotImplementedError
 
     @staticmethod

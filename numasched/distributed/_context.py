@@ -74,6 +74,9 @@ class _Base:
         bits = int(self.status.item())
         if bits:
             ranks = [r for r in range(self.world) if bits >> r & 1]
+            glob = getattr(self, "global_ranks", None)
+            if glob is not None and glob != list(range(self.world)):   # a group context: say both numberings
+                ranks = [f"{r} (global rank {glob[r]})" for r in ranks]
             self.broken = (f"rank {self.rank}: a previous call timed out waiting for rank(s) {ranks}; this "
                            f"context's flags are out of step: create a new context")
             raise TimeoutError(
@@ -122,7 +125,7 @@ class DistContext(_Base):
     Create with :func:`numasched.distributed.init` after ``torch.distributed.init_process_group("nccl")``.
     """
 
-    def __init__(self, heap_bytes: int, *, timeout_s: float = 30.0, allocator: Optional[str] = None):
+    def __init__(self, heap_bytes: int, *, timeout_s: float = 30.0, allocator: Optional[str] = None, group=None):
         import torch.distributed as dist
 
         if not dist.is_available() or not dist.is_initialized():
@@ -130,10 +133,22 @@ class DistContext(_Base):
                                "first (launch with torchrun)")
         if not torch.cuda.is_available():
             raise RuntimeError("numasched.distributed.init needs CUDA/ROCm GPUs (on CPU use SimWorld for tests)")
-        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        # group: the ranks this context's ops run over (a TP group inside a larger job); None: all.
+        # The Iris heap spans the whole world (every rank creates it, collectively); a group
+        # context addresses only its members' heaps and takes its buffers from a slab of its own.
+        self.group = group
+        members = list(range(dist.get_world_size())) if group is None else dist.get_process_group_ranks(group)
+        self.global_ranks = members
+        self.rank = members.index(dist.get_rank()) if dist.get_rank() in members else -1
+        self.world = len(members)
+        if self.rank < 0:
+            raise ValueError(f"group: rank {dist.get_rank()} is not a member of the group {members}")
+        if dist.get_world_size() > MAX_WORLD:
+            raise ValueError(f"world size {dist.get_world_size()} > {MAX_WORLD}: one host of up to {MAX_WORLD} GPUs "
+                             f"is supported")
         if self.world > MAX_WORLD:
             raise ValueError(f"world size {self.world} > {MAX_WORLD}: one host of up to {MAX_WORLD} GPUs is supported")
-        dev = self.rank % torch.cuda.device_count()   # Iris binds rank r to GPU r mod count
+        dev = dist.get_rank() % torch.cuda.device_count()   # Iris binds rank r to GPU r mod count
         torch.cuda.set_device(dev)
         # peer access: every rank reports which GPUs (by UUID) it can reach, every rank decides alike
         def uuid(d):
@@ -141,8 +156,9 @@ class DistContext(_Base):
 
         reach = {uuid(d): (d == dev or torch.cuda.can_device_access_peer(dev, d))
                  for d in range(torch.cuda.device_count())}
-        rows: list = [None] * self.world
+        rows: list = [None] * dist.get_world_size()
         dist.all_gather_object(rows, (socket.gethostname(), dev, uuid(dev), reach))
+        rows = [rows[g] for g in members]
         ids = [r[2] for r in rows]
         access = [[rows[i][3].get(ids[j]) for j in range(self.world)] for i in range(self.world)]
         err = _peer_access_error([r[1] for r in rows], [r[0] for r in rows], access, ids)
@@ -155,17 +171,24 @@ class DistContext(_Base):
             import iris
         except Exception as e:  # OSError without a CUDA runtime, ImportError without the package
             raise ImportError(f"numasched.distributed needs Iris: pip install tokenspeed-iris ({e})") from e
-        self.iris = iris.iris(int(heap_bytes), allocator_type=allocator)
+        # a group context sub-allocates one slab: the Iris heap gets room for its power-of-two rounding
+        self.iris = iris.iris(int(heap_bytes) * (1 if group is None else 2), allocator_type=allocator)
         self.allocator = allocator
         self.device = torch.device(f"cuda:{dev}")
-        self.heap_bases = self.iris.get_heap_bases()
+        bases = self.iris.get_heap_bases()
+        self._slab = None
+        if group is not None:
+            bases = bases[torch.tensor(members, device=bases.device)].contiguous()
+            self._slab = self.iris.zeros(int(heap_bytes), dtype=torch.uint8)
+            self._slab_used = 0
+        self.heap_bases = bases
         self.heap_bases_host = [int(x) for x in self.heap_bases.cpu().tolist()]   # for copy-engine pushes
         try:   # agreed across ranks: a rank that raised alone would leave the others in the barrier below
             check_heap_bases(self.heap_bases_host)
             bad_bases = None
         except RuntimeError as e:
             bad_bases = str(e)
-        verdicts: list = [None] * self.world
+        verdicts: list = [None] * dist.get_world_size()
         dist.all_gather_object(verdicts, bad_bases)
         bad = [(r, v) for r, v in enumerate(verdicts) if v]
         if bad:
@@ -181,21 +204,29 @@ class DistContext(_Base):
         dist.barrier()
 
     def _alloc(self, numel, dtype):
-        return self.iris.zeros(numel, dtype=dtype)
+        if self._slab is None:
+            return self.iris.zeros(numel, dtype=dtype)
+        # group context: the same offsets on every member, because members make the same calls
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        off = self._slab_used
+        self._slab_used += alloc_bytes(nbytes)
+        buf = self._slab[off:off + nbytes]
+        buf.zero_()
+        return buf.view(dtype)
 
     def exchange(self, obj) -> list:
-        """Every rank's ``obj`` (host collective; used once per new op signature)."""
+        """Every member's ``obj`` (host collective; used once per new op signature)."""
         import torch.distributed as dist
 
         out: list = [None] * self.world
-        dist.all_gather_object(out, obj)
+        dist.all_gather_object(out, obj, group=self.group)
         return out
 
     def barrier(self):
         import torch.distributed as dist
 
         torch.cuda.synchronize()
-        dist.barrier()
+        dist.barrier(group=self.group)
 
     def _spins_for(self, timeout_s: float) -> int:
         """Polls that take about ``timeout_s``: time a bounded wait on a flag nobody sets."""

@@ -47,17 +47,39 @@ class SimWorld:
     """
 
     def __init__(self, world: int, *, heap_bytes: int = 64 << 20, num_sms: int = 3, max_spins: int = 200,
-                 device="cpu"):
+                 device="cpu", _heaps=None):
         if not 1 <= world <= MAX_WORLD:
             raise ValueError(f"world must be in 1..{MAX_WORLD}, got {world}")
         self.world, self.num_sms, self.max_spins = world, num_sms, max_spins
         self.device = torch.device(device)
-        # heaps at 256-byte aligned addresses, as Iris's are (see check_heap_bases)
-        raw = [torch.zeros(heap_bytes + HEAP_ALIGN, dtype=torch.uint8, device=self.device) for _ in range(world)]
-        heaps = [h[-h.data_ptr() % HEAP_ALIGN:][:heap_bytes] for h in raw]
+        if _heaps is None:
+            # heaps at 256-byte aligned addresses, as Iris's are (see check_heap_bases)
+            raw = [torch.zeros(heap_bytes + HEAP_ALIGN, dtype=torch.uint8, device=self.device) for _ in range(world)]
+            heaps = [h[-h.data_ptr() % HEAP_ALIGN:][:heap_bytes] for h in raw]
+        else:
+            heaps = _heaps
         check_heap_bases([h.data_ptr() for h in heaps])
         self.heap_bases = torch.tensor([h.data_ptr() for h in heaps], dtype=torch.int64, device=self.device)
         self.ranks = [_SimRank(self, r, heaps[r]) for r in range(world)]
+
+    def split(self, groups, *, heap_bytes: int = 16 << 20) -> list:
+        """One SimWorld per group of ranks (lists of this world's ranks, disjoint), as
+        ``numasched.distributed.init(group=...)`` gives one context per process group: each
+        group's heap is carved from its members' heaps, its ranks are numbered 0.. in the order
+        given, and its calls never touch another group's memory or flags."""
+        seen = [r for g in groups for r in g]
+        if len(set(seen)) != len(seen) or any(not 0 <= r < self.world for r in seen):
+            raise ValueError(f"groups must be disjoint lists of ranks in 0..{self.world - 1}, got {groups}")
+        worlds = []
+        for g in groups:
+            heaps = []
+            for r in g:
+                rk = self.ranks[r]
+                heaps.append(rk._alloc(heap_bytes, torch.uint8))
+                rk.used_bytes += alloc_bytes(heap_bytes)
+            worlds.append(SimWorld(len(g), num_sms=self.num_sms, max_spins=self.max_spins, device=self.device,
+                                   _heaps=heaps))
+        return worlds
 
     def run(self, op: str, per_rank_args: list, *, skip_ranks=(), **kwargs) -> list:
         """Results of ``op`` ("all_gather_matmul", ...) on every rank; ``per_rank_args[r]`` is a tuple

@@ -6,8 +6,8 @@ import torch
 from numasched._validate import check_int32_indexing
 
 from . import _common
-from ._common import Call, _cdiv, _check_impl, _check_operands, _desc, _on_gpu, _aligned, _Op, _output, _policy
-from ._common import _tma_ok, register, run
+from ._common import Call, _cdiv, _check_operands, _desc, _on_gpu, _aligned, _Op, _output, _policy
+from ._common import _bulk_ok, _resolve_impl, _tma_ok, register, run
 
 
 @register
@@ -16,10 +16,10 @@ class AllGatherMatmul(_Op):
     sim_phases = ("push", "consume")
 
     @staticmethod
-    def describe(a_local, b, *, world, mapping="auto", impl="fused", cfg=None) -> Call:
+    def describe(a_local, b, *, world, mapping="auto", impl="auto", cfg=None, bulk_ok=True) -> Call:
         Ml, K = a_local.shape
         N = b.shape[1]
-        _check_impl(impl)
+        impl = _resolve_impl("all_gather_matmul", impl, Ml * world, N, K, a_local.dtype, world, bulk_ok)
         cfg = cfg or _common._gemm_cfg(a_local.dtype, _on_gpu(a_local), N)
         tms, tn = _cdiv(Ml, cfg["BLOCK_M"]), _cdiv(N, cfg["BLOCK_N"])
         policy, nd = _policy(mapping, tms, tn)
@@ -32,6 +32,8 @@ class AllGatherMatmul(_Op):
     @staticmethod
     def buffers(call) -> list:
         c, W = call.cfg, call.cfg["world"]
+        if c["impl"] == "bulk":  # NCCL's buffers, not the heap
+            return []
         if c["impl"] == "ce":   # ready + ack flags per peer, one receive buffer per peer
             bufs = [("flags", (2, W), torch.int32)]
             if W > 1:
@@ -43,12 +45,12 @@ class AllGatherMatmul(_Op):
         return bufs
 
     @classmethod
-    def prepare(cls, ctx, a_local, b, *, mapping="auto", impl="fused", out=None, communicate=True):
+    def prepare(cls, ctx, a_local, b, *, mapping="auto", impl="auto", out=None, communicate=True):
         _check_operands(ctx, "a_local", a_local, "b", b, "K")
         check_int32_indexing("b", b)
         a_local = a_local.contiguous()   # pushed as flat row blocks; read with unit stride
-        call = cls.describe(a_local, b, world=ctx.world, mapping=mapping, impl=impl)
-        call.tensors["out"] = _output(out, (ctx.world * call.cfg["Ml"], call.cfg["N"]), a_local, impl)
+        call = cls.describe(a_local, b, world=ctx.world, mapping=mapping, impl=impl, bulk_ok=_bulk_ok(ctx))
+        call.tensors["out"] = _output(out, (ctx.world * call.cfg["Ml"], call.cfg["N"]), a_local, call.cfg["impl"])
         call.extra["communicate"] = bool(communicate)
         return call
 
@@ -57,6 +59,18 @@ class AllGatherMatmul(_Op):
         from ._ce import all_gather_matmul_ce
 
         return all_gather_matmul_ce(ctx, plan, call, phase)
+
+    @staticmethod
+    def _launch_bulk(ctx, plan, call, phase):
+        """NCCL all-gather of the row blocks, then one torch.matmul (the bulk-synchronous baseline)."""
+        import torch.distributed as dist
+
+        t = call.tensors
+        a, b, out = t["a_local"], t["b"], t["out"]
+        full = torch.empty((ctx.world * a.shape[0], a.shape[1]), dtype=a.dtype, device=a.device)
+        dist.all_gather_into_tensor(full, a, group=ctx.group)
+        torch.matmul(full, b, out=out)
+        return out
 
     @staticmethod
     def _launch_fused(ctx, plan, call, phase):
@@ -95,7 +109,7 @@ class AllGatherMatmul(_Op):
         return None if phase == "push" else out
 
 
-def all_gather_matmul(a_local, b, *, ctx, mapping="auto", impl: str = "fused", out=None, check: bool = True,
+def all_gather_matmul(a_local, b, *, ctx, mapping="auto", impl: str = "auto", out=None, check: bool = True,
                       communicate: bool = True):
     """``all_gather(a_local, dim=0) @ b`` in one fused kernel.
 
@@ -106,7 +120,9 @@ def all_gather_matmul(a_local, b, *, ctx, mapping="auto", impl: str = "fused", o
     (synchronises; skipped while capturing a CUDA graph). ``communicate=False`` times the kernel
     with communication switched off (peer rows are then garbage). ``impl="ce"``: the
     producer/consumer pair instead (cuBLAS GEMM per shard, copy-engine transfers on a side stream;
-    no SM spent on communication; ``mapping`` then does not apply).
+    no SM spent on communication; ``mapping`` then does not apply). ``impl="bulk"``: NCCL
+    all-gather then torch.matmul. ``impl="auto"`` (default): fused or bulk, whichever
+    :mod:`numasched.distributed.cost` predicts faster for this shape (fused in the simulation).
     """
     return run(ctx, "all_gather_matmul", a_local, b, mapping=mapping, impl=impl, out=out, check=check,
                communicate=communicate)

@@ -6,8 +6,8 @@ import torch
 from numasched._validate import check_int32_indexing
 
 from . import _common
-from ._common import Call, Plan, _aligned, _cdiv, _check_impl, _check_operands, _desc, _make_plan, _on_gpu, _Op
-from ._common import _output, _policy, _tma_ok, register, run
+from ._common import Call, Plan, _aligned, _bulk_ok, _cdiv, _check_operands, _desc, _make_plan, _on_gpu, _Op
+from ._common import _output, _policy, _resolve_impl, _tma_ok, register, run
 
 
 @register
@@ -16,11 +16,11 @@ class MatmulReduceScatter(_Op):
     sim_phases = ("push", "consume")
 
     @staticmethod
-    def describe(a, b_local, *, world, mapping="auto", impl="fused", cfg=None) -> Call:
+    def describe(a, b_local, *, world, mapping="auto", impl="auto", cfg=None, bulk_ok=True) -> Call:
         M, Kl = a.shape
         N = b_local.shape[1]
         Ms = M // world
-        _check_impl(impl)
+        impl = _resolve_impl("matmul_reduce_scatter", impl, M, N, Kl, a.dtype, world, bulk_ok)
         cfg = cfg or _common._gemm_cfg(a.dtype, _on_gpu(a), N)
         tms, tn = _cdiv(Ms, cfg["BLOCK_M"]), _cdiv(N, cfg["BLOCK_N"])
         policy, nd = _policy(mapping, tms, tn)
@@ -34,6 +34,8 @@ class MatmulReduceScatter(_Op):
     @staticmethod
     def buffers(call) -> list:
         c, W = call.cfg, call.cfg["world"]
+        if c["impl"] == "bulk":  # NCCL's buffers, not the heap
+            return []
         if c["impl"] == "ce":
             bufs = [("flags", (2, W), torch.int32)]
             if W > 1:
@@ -45,15 +47,15 @@ class MatmulReduceScatter(_Op):
         return bufs
 
     @classmethod
-    def prepare(cls, ctx, a, b_local, *, mapping="auto", impl="fused", out=None, communicate=True):
+    def prepare(cls, ctx, a, b_local, *, mapping="auto", impl="auto", out=None, communicate=True):
         _check_operands(ctx, "a", a, "b_local", b_local, "K_local")
         if a.shape[0] % ctx.world:
             raise ValueError(f"a has {a.shape[0]} rows, not a multiple of the world size {ctx.world} "
                              f"(each rank returns a.shape[0] / world rows)")
         check_int32_indexing("a", a)
         check_int32_indexing("b_local", b_local)
-        call = cls.describe(a, b_local, world=ctx.world, mapping=mapping, impl=impl)
-        call.tensors["out"] = _output(out, (call.cfg["Ms"], call.cfg["N"]), a, impl)
+        call = cls.describe(a, b_local, world=ctx.world, mapping=mapping, impl=impl, bulk_ok=_bulk_ok(ctx))
+        call.tensors["out"] = _output(out, (call.cfg["Ms"], call.cfg["N"]), a, call.cfg["impl"])
         call.extra["communicate"] = bool(communicate)
         return call
 
@@ -70,6 +72,22 @@ class MatmulReduceScatter(_Op):
         from ._ce import matmul_reduce_scatter_ce
 
         return matmul_reduce_scatter_ce(ctx, plan, call, phase)
+
+    @staticmethod
+    def _launch_bulk(ctx, plan, call, phase):
+        """torch.matmul of all rows, then NCCL reduce-scatter (the bulk-synchronous baseline)."""
+        import torch.distributed as dist
+
+        t = call.tensors
+        part = torch.matmul(t["a"], t["b_local"])
+        out = t["out"]
+        if out.is_contiguous():
+            dist.reduce_scatter_tensor(out, part, group=ctx.group)
+        else:
+            res = torch.empty_like(out, memory_format=torch.contiguous_format)
+            dist.reduce_scatter_tensor(res, part, group=ctx.group)
+            out.copy_(res)
+        return out
 
     @staticmethod
     def _launch_fused(ctx, plan, call, phase):
@@ -103,14 +121,16 @@ class MatmulReduceScatter(_Op):
         return None if phase == "push" else out
 
 
-def matmul_reduce_scatter(a, b_local, *, ctx, mapping="auto", impl: str = "fused", out=None, check: bool = True,
+def matmul_reduce_scatter(a, b_local, *, ctx, mapping="auto", impl: str = "auto", out=None, check: bool = True,
                           communicate: bool = True):
     """Row-parallel partner: this rank's (M / world, N) slice of ``sum over ranks of a @ b_local``.
 
     a: (M, K_local), b_local: (K_local, N); M must be a multiple of the world size. Partial tiles
     for peers are computed first and stored straight into their buffers; this rank's own slice
     comes last and sums all partials in rank order (fp32 accumulate). ``impl="ce"``: cuBLAS
-    partials pushed by the copy engine on a side stream, then one summing kernel.
+    partials pushed by the copy engine on a side stream, then one summing kernel. ``impl="bulk"``:
+    torch.matmul then NCCL reduce-scatter. ``impl="auto"`` (default): fused or bulk by
+    :mod:`numasched.distributed.cost` (fused in the simulation).
     """
     return run(ctx, "matmul_reduce_scatter", a, b_local, mapping=mapping, impl=impl, out=out, check=check,
                communicate=communicate)

@@ -1,0 +1,131 @@
+"""All-reduce over the symmetric heap: one-shot and two-shot, pipelined chunk by chunk.
+
+Every rank holds ``x`` (n elements); every rank gets ``out = x_0 + x_1 + ... + x_{W-1}``, summed
+in fp32 in rank order, so the result is bit-identical on every rank. Host side:
+numasched/distributed/all_reduce.py.
+
+The work is cut into chunks of ``BLOCK`` elements; program ``p`` of ``P`` owns chunks
+``p, p + P, p + 2P, ...`` (its ``iters`` chunks), on every rank alike, so program ``p`` of a rank
+only ever waits for program ``p`` of its peers: no program waits for another program of its own
+GPU, and with ``P`` <= SMs every program is resident.
+
+one-shot (``TWO_SHOT=False``), chunk i:
+    stage 1  push x[chunk] into every peer's ``buf[slot, rank]``, raise flag (0, rank, p) there
+    stage 2  (one chunk behind) wait for every peer's flag, sum the W copies, store out[chunk]
+two-shot (``TWO_SHOT=True``): rank r owns shard r of ``shard`` elements; chunk i of a shard:
+    stage 1  push x[shard d, chunk] into rank d's ``buf[slot, rank]``; flag (0, rank, p) on d
+    stage 2  (one behind) wait, sum shard r's chunk from all W, store out and push the sum into
+             every peer's ``buf2[slot]`` at its place; flag (1, rank, p) there
+    stage 3  (two behind) wait for every peer's flag 1, copy its reduced chunk from buf2 to out
+One-shot moves (W-1) n elements out of each rank, two-shot 2 (W-1)/W n: the host picks.
+
+Stages lag one chunk behind each other so a program never waits for the chunk it has just pushed
+(whose stores are still in flight over NVLink), and pushing overlaps reducing.
+
+Flags are int64 counters, one per (phase, source rank, program). Chunk i of call e raises its
+flag to ``(e - 1) * iters + i + 1``: values only grow across calls, so nothing is ever cleared
+and a CUDA graph replays correctly (the epoch lives in device memory, see dist_common). Receive
+buffers are double-buffered by the epoch's parity: a peer can only be one call ahead (it cannot
+finish call e + 1 before we pushed our part of it, which we do after our call e has finished
+reading). ``STAGES`` (a bit mask) runs a subset of the stages: the CPU simulation runs each
+stage on every rank before the next (the interpreter runs one program at a time).
+"""
+import triton
+import triton.language as tl
+
+from numasched.kernels.dist_common import epoch_begin, epoch_end, signal, translate, wait_flag
+
+
+@triton.jit
+def _push(src, dst_local, rank, W: tl.constexpr, heap_bases, mask, flag_local, value):
+    """Store ``src`` (a register block) at ``dst_local`` in every peer's heap, then raise the
+    peer's copy of ``flag_local`` to ``value`` (after the stores: ``signal`` orders them)."""
+    for d in tl.static_range(W):
+        if d != rank:
+            tl.store(translate(dst_local, rank, d, heap_bases), src, mask=mask)
+    for d in tl.static_range(W):
+        if d != rank:
+            signal(flag_local, value, rank, d, heap_bases)
+
+
+@triton.jit
+def all_reduce_kernel(x_ptr, out_ptr, buf_ptr, buf2_ptr, flags_ptr, status_ptr, epoch_ptr, counters_ptr,
+                      heap_bases, rank, n, shard, iters, wait_bound,
+                      WORLD: tl.constexpr, BLOCK: tl.constexpr, TWO_SHOT: tl.constexpr, STAGES: tl.constexpr,
+                      BUMP_EPOCH: tl.constexpr, WAIT_CLOCK: tl.constexpr):
+    # x_ptr, out_ptr: (n,) contiguous (out may be x). buf_ptr: heap (2, WORLD, span) received
+    # copies (span = n one-shot, shard two-shot); buf2_ptr: heap (2, WORLD * shard) reduced shards
+    # (two-shot). flags_ptr: heap int64 (2, WORLD, P).
+    e = epoch_begin(epoch_ptr)
+    slot = e % 2
+    p = tl.program_id(0)
+    P = tl.num_programs(0)
+    offs = tl.arange(0, BLOCK)
+    nn = n.to(tl.int64)
+    base = (e - 1).to(tl.int64) * iters
+    if TWO_SHOT:
+        span = shard.to(tl.int64)
+    else:
+        span = nn
+    recv = buf_ptr + (slot * WORLD).to(tl.int64) * span     # this call's receive slots, by source
+    flag0 = flags_ptr + rank * P + p                        # (0, rank, p): ours, as peers see it
+    flag1 = flags_ptr + (WORLD + rank) * P + p              # (1, rank, p)
+
+    for i in range(0, iters + 2):   # two stages behind at most (one-shot: the last trip idles)
+        # ---- stage 1: push chunk i
+        if (STAGES & 1) != 0:
+            if i < iters:
+                c = (i * P + p).to(tl.int64) * BLOCK + offs       # offset inside a shard (or x)
+                if TWO_SHOT:
+                    for d in tl.static_range(WORLD):
+                        if d != rank:
+                            g = d * span + c
+                            m = (c < span) & (g < nn)
+                            v = tl.load(x_ptr + g, mask=m)
+                            tl.store(translate(recv + rank * span + c, rank, d, heap_bases), v, mask=m)
+                    for d in tl.static_range(WORLD):
+                        if d != rank:
+                            signal(flag0, base + i + 1, rank, d, heap_bases)
+                else:
+                    m = c < nn
+                    v = tl.load(x_ptr + c, mask=m)
+                    _push(v, recv + rank * span + c, rank, WORLD, heap_bases, m, flag0, base + i + 1)
+        # ---- stage 2: reduce chunk i - 1
+        if (STAGES & 2) != 0:
+            j = i - 1
+            if (j >= 0) & (j < iters):
+                c = (j * P + p).to(tl.int64) * BLOCK + offs
+                if TWO_SHOT:
+                    g = rank * span + c
+                    m = (c < span) & (g < nn)
+                else:
+                    g = c
+                    m = c < nn
+                total = tl.zeros([BLOCK], dtype=tl.float32)
+                for src in tl.static_range(WORLD):   # rank order: the same rounding on every rank
+                    if src == rank:
+                        total += tl.load(x_ptr + g, mask=m, other=0.0).to(tl.float32)
+                    else:
+                        wait_flag(flags_ptr + src * P + p, base + j + 1, src, status_ptr, wait_bound, WAIT_CLOCK)
+                        total += tl.load(recv + src * span + c, mask=m, other=0.0).to(tl.float32)
+                res = total.to(out_ptr.dtype.element_ty)
+                tl.store(out_ptr + g, res, mask=m)
+                if TWO_SHOT:
+                    reduced = buf2_ptr + (slot * WORLD).to(tl.int64) * span + g
+                    _push(res, reduced, rank, WORLD, heap_bases, m, flag1, base + j + 1)
+        # ---- stage 3 (two-shot): gather chunk i - 2 of every peer's shard
+        if TWO_SHOT:
+            if (STAGES & 4) != 0:
+                k = i - 2
+                if (k >= 0) & (k < iters):
+                    c = (k * P + p).to(tl.int64) * BLOCK + offs
+                    for src in tl.static_range(WORLD):
+                        if src != rank:
+                            g = src * span + c
+                            m = (c < span) & (g < nn)
+                            wait_flag(flags_ptr + (WORLD + src) * P + p, base + k + 1, src, status_ptr, wait_bound,
+                                      WAIT_CLOCK)
+                            v = tl.load(buf2_ptr + (slot * WORLD).to(tl.int64) * span + g, mask=m)
+                            tl.store(out_ptr + g, v, mask=m)
+
+    epoch_end(epoch_ptr, counters_ptr, P, e, BUMP_EPOCH)

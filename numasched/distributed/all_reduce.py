@@ -1,0 +1,148 @@
+"""All-reduce: every rank gets the element-wise sum of every rank's tensor (kernel: kernels/dist_allreduce.py).
+
+Implementations (``impl=``): ``"oneshot"`` (each rank pushes its whole tensor to every peer and
+sums W copies: one exchange, (W-1) n elements out of each rank), ``"twoshot"`` (reduce-scatter
+then all-gather over the heap: two exchanges, 2 (W-1)/W n elements), ``"nccl"``
+(``torch.distributed.all_reduce`` on the context's group), and ``"auto"`` (default: the cheapest
+by :mod:`.cost`). The sum is taken in fp32 in rank order: every rank gets bit-identical results.
+"""
+from __future__ import annotations
+
+import torch
+
+from numasched._validate import check_tensor
+
+from . import cost
+from ._common import DTYPES, Call, _aligned, _cdiv, _check_device, _on_gpu, _Op, register, run
+
+IMPLS = ("auto", "oneshot", "twoshot", "nccl")
+# flags (2 phases, W sources, programs): sized for this many programs whatever the GPU
+MAX_PROGRAMS = 1024
+
+
+def _cfg(dtype, gpu: bool) -> dict:
+    if not gpu:   # the interpreter: tiny chunks, so a test covers several chunks and programs
+        return dict(BLOCK=64, num_warps=4)
+    # 16 KB per chunk: 256 threads x 4 vectors of 16 bytes in flight per trip
+    return dict(BLOCK=16384 // torch.empty((), dtype=dtype).element_size(), num_warps=8)
+
+
+def _check_impl(impl, allowed=IMPLS, name="impl"):
+    if impl not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}, got {impl!r}")
+
+
+@register
+class AllReduce(_Op):
+    name = "all_reduce"
+    sim_phases = ("push", "reduce", "gather")
+
+    @staticmethod
+    def describe(x, *, world, impl="auto", cfg=None, num_sms=132) -> Call:
+        _check_impl(impl)
+        n, dt = x.numel(), x.dtype
+        chosen = cost.choose_all_reduce(n * x.element_size(), world) if impl == "auto" else impl
+        if world == 1 and chosen != "nccl":
+            chosen = "oneshot"   # a copy (no peer)
+        cfg = dict(cfg or _cfg(dt, _on_gpu(x)))
+        block = cfg["BLOCK"]
+        two = chosen == "twoshot"
+        # a shard is a whole number of chunks, so every rank's shard starts 16-element aligned
+        span = _cdiv(_cdiv(n, world), block) * block if two else n
+        chunks = max(1, _cdiv(span, block))
+        programs = max(1, min(num_sms, MAX_PROGRAMS, chunks))
+        header = dict(op="all_reduce", numel=n, dtype=str(dt), impl=chosen, world=world)
+        key = ("all_reduce", n, dt, chosen, programs, tuple(sorted(cfg.items())))
+        return Call("all_reduce", key, header, dict(x=x),
+                    dict(cfg, n=n, span=span, programs=programs, iters=_cdiv(chunks, programs), impl=chosen,
+                         world=world))
+
+    @staticmethod
+    def buffers(call) -> list:
+        c, W, dt = call.cfg, call.cfg["world"], call.tensors["x"].dtype
+        if c["impl"] == "nccl" or W == 1:
+            return []
+        bufs = [("flags", (2, W, MAX_PROGRAMS), torch.int64), ("recv", (2, W, c["span"]), dt)]
+        if c["impl"] == "twoshot":
+            bufs.append(("reduced", (2, W * c["span"]), dt))
+        return bufs
+
+    @classmethod
+    def prepare(cls, ctx, x, *, impl="auto", out=None):
+        check_tensor("x", x, dtypes=DTYPES)
+        _check_device(ctx, "x", x)
+        if not x.is_contiguous():
+            raise ValueError(f"x must be contiguous (shape {tuple(x.shape)}, strides {x.stride()}); call .contiguous()")
+        if out is None:
+            out = torch.empty_like(x)
+        else:
+            check_tensor("out", out, dtypes=(x.dtype,), device=x.device)
+            if tuple(out.shape) != tuple(x.shape) or not out.is_contiguous():
+                raise ValueError(f"out must be a contiguous tensor of x's shape {tuple(x.shape)}, got shape "
+                                 f"{tuple(out.shape)}, strides {out.stride()}")
+            if out.data_ptr() != x.data_ptr() and x.numel():
+                lo, hi = x.data_ptr(), x.data_ptr() + x.numel() * x.element_size()
+                olo = out.data_ptr()
+                if olo < hi and lo < olo + out.numel() * out.element_size():
+                    raise ValueError("out overlaps x without being x; pass out=x (in place) or a separate tensor")
+        if x.numel() >= 2**31:
+            raise ValueError(f"x has {x.numel()} elements; at most 2^31 - 1 are supported")
+        call = cls.describe(x, world=ctx.world, impl=impl, num_sms=ctx.num_sms)
+        if call.cfg["impl"] == "nccl" and not hasattr(ctx, "group"):
+            raise ValueError("impl='nccl' needs a real context (numasched.distributed.init); a simulated rank has no "
+                             "process group")
+        call.tensors["out"] = out
+        return call
+
+    @staticmethod
+    def _launch_fused(ctx, plan, call, phase):
+        c, t = call.cfg, call.tensors
+        x, out = t["x"], t["out"]
+        if x.numel() == 0:
+            return None if phase == "push" else out
+        if c["impl"] == "nccl":
+            import torch.distributed as dist
+
+            if out.data_ptr() != x.data_ptr():
+                out.copy_(x)
+            dist.all_reduce(out, group=ctx.group)
+            plan.launches += 1
+            return out
+        if ctx.world == 1:
+            if out.data_ptr() != x.data_ptr():
+                out.copy_(x)
+            return None if phase == "push" else out
+        two = c["impl"] == "twoshot"
+        stages = {"full": 7, "push": 1, "reduce": 2, "gather": 4}[phase]
+        if phase == "gather" and not two:
+            return out
+        bf = plan.bufs
+        recv = bf["recv"]
+        args = (x, out, recv, bf.get("reduced", recv), bf["flags"], ctx.status, bf["epoch"], bf["counters"],
+                ctx.heap_bases, ctx.rank, c["n"], c["span"], c["iters"], ctx.wait_bound)
+        layout = (_aligned(x), _aligned(out))
+        last = "full" if phase == "full" else ("gather" if two else "reduce")
+
+        def build():
+            from numasched.kernels.dist_allreduce import all_reduce_kernel
+
+            kw = dict(WORLD=ctx.world, BLOCK=c["BLOCK"], TWO_SHOT=two, STAGES=stages, BUMP_EPOCH=phase == last,
+                      WAIT_CLOCK=ctx.wait_clock)
+            if ctx.device.type != "cpu":
+                kw["num_warps"] = c["num_warps"]
+            return all_reduce_kernel, kw
+
+        _Op._run(ctx, plan, call, phase, c["programs"], args, layout, () if phase == "push" else (out,), build)
+        return None if phase == "push" else out
+
+
+def all_reduce(x, *, ctx, impl: str = "auto", out=None, check: bool = True):
+    """Element-wise sum of ``x`` over the context's ranks, returned on every rank.
+
+    x: any shape, contiguous, fp16/bf16/fp32, on this rank's GPU. out: a tensor of x's shape
+    and dtype (``out=x`` reduces in place); default a new one. impl: "auto" (the cost model's
+    pick among "oneshot", "twoshot" and "nccl"; see :mod:`numasched.distributed.cost`), or one of
+    them. Graph-capturable like the other ops (call once before capturing); a peer that never
+    arrives gives TimeoutError naming it (``check=False``: call ``ctx.check()`` yourself).
+    """
+    return run(ctx, "all_reduce", x, impl=impl, out=out, check=check)
