@@ -1,0 +1,584 @@
+"""``numasched bench e2e``: a tensor-parallel Llama-3-8B / Qwen3-8B decoder on numasched's ops
+against the same model on torch ops (cuBLAS, NCCL, SDPA with cuDNN first), both in CUDA graphs.
+
+    numasched bench e2e --model llama3-8b --tp 1 --batch 1,4,16 --context 2048,8192,32768 --prompt 4096 --new 32
+    numasched bench e2e --model llama3-8b --tp 2 ...     # launches torchrun itself (or run it under torchrun)
+    numasched bench e2e --quick --layers 4               # a few points on 4 layers
+    numasched bench e2e --dry-run                        # what it would run, without a GPU
+
+The model is numasched.models.TPDecoder with random bf16 weights (the public config numbers,
+no download), the same weights for both backends. Per (batch, context) each backend gets a KV
+cache filled with random K/V up to ``context`` tokens (its own layout: paged for numasched,
+contiguous for torch), and one decode step (all layers, final norm, lm_head) is captured in a
+CUDA graph and replayed at that position (``--new`` replays back to back per timing sample).
+Reported per point and backend: ms per step (graph), tokens/s (batch / step), the eager step,
+and the step split into its components, each timed alone in its own CUDA graph x layers:
+
+    gemm_in        the QKV and gate/up GEMMs (column-parallel, no communication)
+    gemm_out       the o_proj and down_proj GEMMs alone (their local part)
+    row_parallel   o_proj and down_proj with their all-reduce (numasched: the fused call;
+                   torch: GEMM then NCCL all-reduce); = gemm_out at TP 1
+    attention      decode attention over the cache
+    elementwise    norms, RoPE, SwiGLU, residual adds, K/V writes (shared code)
+    head           per-step work outside the layers: positions, embedding, final lm_head (+ gather)
+
+and three taxes (docs/models.md has the definitions and their limits):
+
+    bulk_sync_tax  layers x (row_parallel - gemm_out): communication the GEMMs do not hide
+    locality_tax   step - sum of the components: what running the kernels back to back costs
+                   beyond running each alone (cache state, tails, bubbles between kernels);
+                   negative where they overlap
+    launch_tax     eager step - graph step: the host's launch work that a graph removes
+
+Prefill: ``--prompt`` tokens at batch 1, eager and as a CUDA-graph replay. Generate: batch 1,
+``--prompt`` prefilled then ``--new`` greedy steps (graph replays, argmax on the device), timed
+as a whole. Targets (Llama-3-8B, H200): decode step >= 1.15x torch at TP 2 and >= 1.00x at TP 1,
+prefill of 4k tokens >= 1.10x at TP 2. Points whose weights + KV cache would not fit in
+``--mem-fraction`` of the GPU's free memory are skipped with a note. Results:
+bench/results/e2e-<model>-<tp>x<gpu>-<date>.csv/.json/.log/.png.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from typing import Callable, Dict, List, Optional
+
+ENV = dict(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1",
+           NUMASCHED_CHECK_DATA="0")
+MODELS = ("llama3-8b", "qwen3-8b")
+BACKENDS = ("numasched", "torch")
+TARGETS = {1: 1.00, 2: 1.15}   # decode step, ours vs torch, by TP
+PREFILL_TARGET = {2: 1.10}
+COMPONENTS = ("gemm_in", "gemm_out", "row_parallel", "attention", "elementwise", "head")
+CONTENDERS = {
+    "numasched": "numasched.matmul (W.T views), attention_forward (causal prefill), flash_decode (paged KV, "
+                 "page --page-size), numasched.distributed.matmul_all_reduce for o_proj/down_proj at TP > 1",
+    "torch": "F.linear (cuBLAS), SDPA (cuDNN first, then flash/efficient/math) over a contiguous static cache, "
+             "dist.all_reduce (NCCL) after o_proj/down_proj: bulk-synchronous, gpt-fast style",
+}
+
+
+def _int_list(text: str) -> List[int]:
+    from numasched.argtypes import positive_int
+
+    try:
+        vals = [positive_int(x) for x in text.split(",") if x]
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got {text!r}") from None
+    if not vals:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got {text!r}")
+    return vals
+
+
+def _backends(text: str) -> List[str]:
+    names = [x for x in text.split(",") if x]
+    if not names or any(n not in BACKENDS for n in names):
+        raise argparse.ArgumentTypeError(f"expected a comma-separated subset of {','.join(BACKENDS)}, got {text!r}")
+    return names
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from numasched.argtypes import nonneg_int, out_dir, positive_float, positive_int, unit_float
+
+    p = argparse.ArgumentParser(prog="numasched bench e2e", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=MODELS, default="llama3-8b", help="public config to build (random weights)")
+    p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel ranks (GPUs); > 1 runs under torchrun")
+    p.add_argument("--batch", type=_int_list, default=None, help="decode batch sizes, comma-separated (1,4,16)")
+    p.add_argument("--context", type=_int_list, default=None,
+                   help="decode context lengths in tokens, comma-separated (2048,8192,32768)")
+    p.add_argument("--prompt", type=nonneg_int, default=None, help="prefill tokens at batch 1 (4096; 0: no prefill)")
+    p.add_argument("--new", type=positive_int, default=32,
+                   help="decode steps per timing sample, and tokens generated in the generate row")
+    p.add_argument("--layers", type=positive_int, default=None, help="fewer layers than the model has (quick runs)")
+    p.add_argument("--page-size", type=positive_int, default=16, help="numasched's KV page size (16 or 64)")
+    p.add_argument("--backends", type=_backends, default=list(BACKENDS), help="numasched,torch (or one of them)")
+    p.add_argument("--quick", action="store_true", help="batch 1,16, context 2048,8192, prompt 1024, fewer iterations")
+    p.add_argument("--iters", type=positive_int, default=None, help="timed samples per measurement (20; quick 10)")
+    p.add_argument("--warmup", type=nonneg_int, default=3, help="untimed samples before each measurement")
+    p.add_argument("--no-taxes", action="store_true", help="skip the component timings (taxes)")
+    p.add_argument("--no-eager", action="store_true", help="skip the eager step timing (launch tax)")
+    p.add_argument("--no-generate", action="store_true", help="skip the batch-1 prefill + generate row")
+    p.add_argument("--no-compile", action="store_true",
+                   help="elementwise ops eagerly instead of torch.compile'd (both backends)")
+    p.add_argument("--mem-fraction", type=unit_float, default=0.9,
+                   help="skip points whose KV cache would exceed this fraction of the free GPU memory")
+    p.add_argument("--heap-gb", type=positive_float, default=2.0,
+                   help="numasched.distributed symmetric heap per GPU at TP > 1 (GiB)")
+    p.add_argument("--seed", type=nonneg_int, default=0, help="weight seed")
+    p.add_argument("--out-dir", type=out_dir, default=None,
+                   help="results folder (default: see numasched.bench.common; passed to the ranks)")
+    p.add_argument("--dry-run", action="store_true", help="print the points and contenders and exit (no GPU needed)")
+    return p
+
+
+def _settle(args) -> None:
+    """Fill in the defaults that depend on --quick."""
+    q = args.quick
+    args.batch = args.batch or ([1, 16] if q else [1, 4, 16])
+    args.context = args.context or ([2048, 8192] if q else [2048, 8192, 32768])
+    args.prompt = (1024 if q else 4096) if args.prompt is None else args.prompt
+    args.iters = args.iters or (10 if q else 20)
+
+
+def _spec(args):
+    from numasched.models import preset_config, spec_from_config
+
+    cfg = preset_config(args.model, layers=args.layers)
+    return cfg, spec_from_config(cfg)
+
+
+def _capacity(context: int, new: int, page: int) -> int:
+    """Cache slots for a point: the context, the step's token and the generated ones, whole pages."""
+    need = context + new + 1
+    return -(-need // max(page, 64)) * max(page, 64)
+
+
+def _sizes(spec, args, batch: int, context: int) -> Dict[str, float]:
+    """Per-rank GB of the weights and of one backend's KV cache at a point."""
+    D, HK = spec.head_dim, spec.kv_heads // args.tp
+    cap = _capacity(context, args.new, args.page_size)
+    kv = 2 * spec.layers * batch * cap * HK * D * 2
+    vocab_local = spec.vocab // args.tp if spec.vocab % args.tp == 0 else spec.vocab
+    w = 2 * ((spec.param_count() - 2 * spec.vocab * spec.hidden) // args.tp + spec.vocab * spec.hidden + vocab_local
+             * spec.hidden)
+    return {"kv_gb": kv / 1e9, "weights_gb": w / 1e9}
+
+
+def _dry_run(args) -> int:
+    from .common import print_plan
+
+    cfg, spec = _spec(args)
+    spec.check_tp(args.tp)
+    lines = []
+    for b in args.batch:
+        for c in args.context:
+            s = _sizes(spec, args, b, c)
+            lines.append(f"decode {args.model} ({spec.layers} layers) tp {args.tp}: batch {b}, context {c}: "
+                         f"{s['kv_gb']:.2f} GB KV cache per rank per backend, {s['weights_gb']:.2f} GB weights per rank")
+    if args.prompt:
+        lines.append(f"prefill {args.model} tp {args.tp}: batch 1, {args.prompt} tokens (eager and CUDA graph)")
+        if not args.no_generate:
+            lines.append(f"generate {args.model} tp {args.tp}: batch 1, prefill {args.prompt} + {args.new} greedy steps")
+    contenders = [f"{b}: {CONTENDERS[b]}" for b in args.backends]
+    contenders.append(f"timing: CUDA-graph replays, {args.new} steps per sample, {args.warmup}+{args.iters} samples, "
+                      f"slowest rank's median" + ("" if args.no_taxes else
+                                                  "; components " + ", ".join(COMPONENTS) + " each in its own graph"))
+    if args.tp > 1:
+        contenders.append(f"launch: torchrun --nproc-per-node {args.tp} (NCCL multicast off)")
+    return print_plan("e2e", lines, contenders)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser().parse_args(argv)
+    _settle(args)
+    try:
+        _spec(args)[1].check_tp(args.tp)
+    except ValueError as e:
+        print(f"numasched bench e2e: --tp: {e}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        return _dry_run(args)
+    if args.out_dir:   # the ranks (and this process) write there: numasched.bench.common.results_dir
+        os.environ["NUMASCHED_RESULTS_DIR"] = str(os.path.abspath(args.out_dir))
+    if args.tp > 1 and not ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
+        return _launch(args, argv)
+    from .common import check_runnable
+
+    rc = check_runnable("e2e")
+    if rc is not None:
+        return rc
+    return _worker(args)
+
+
+def _launch(args, argv) -> int:
+    import torch
+
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if n < args.tp:
+        print(f"numasched bench e2e --tp {args.tp} needs {args.tp} GPUs (found {n}); --dry-run shows what it would run",
+              file=sys.stderr)
+        return 2
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={args.tp}", "-m", "numasched.bench.e2e",
+           *argv]
+    print("launching:", " ".join(cmd), flush=True)
+    return subprocess.call(cmd, env=dict(os.environ, **ENV))
+
+
+# ============================================================================ worker (every rank)
+class _Ctx:
+    """Rank, world, timers and output of one rank."""
+
+    def __init__(self, args):
+        import torch
+
+        for k, v in ENV.items():
+            os.environ.setdefault(k, v)
+        self.args = args
+        self.rank, self.world = 0, 1
+        if args.tp > 1:
+            import datetime
+
+            import torch.distributed as dist
+
+            if int(os.environ["WORLD_SIZE"]) != args.tp:
+                raise SystemExit(f"--tp {args.tp} but torchrun started {os.environ['WORLD_SIZE']} ranks")
+            local = int(os.environ.get("LOCAL_RANK", 0))
+            torch.cuda.set_device(local)
+            dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=600),
+                                    device_id=torch.device("cuda", local))
+            self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.notes: List[str] = []
+
+    def say(self, msg: str) -> None:
+        if self.rank == 0:
+            print(msg, flush=True)
+
+    def slowest(self, ms: float) -> float:
+        """The largest of every rank's value (NaN if any rank failed)."""
+        if self.world == 1:
+            return ms
+        import torch
+        import torch.distributed as dist
+
+        x = torch.tensor([ms if ms == ms else float("inf")], device="cuda")
+        dist.all_reduce(x, op=dist.ReduceOp.MAX)
+        v = float(x)
+        return float("nan") if v == float("inf") else v
+
+    def barrier(self) -> None:
+        import torch
+
+        torch.cuda.synchronize()
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+    def timed(self, fn: Callable[[], object], calls: int = 1) -> float:
+        """Median ms per call over a fixed number of samples (every rank the same count)."""
+        from .common import bench_fixed_ms
+
+        self.barrier()
+        return self.slowest(bench_fixed_ms(fn, warmup=self.args.warmup, iters=self.args.iters, calls=calls))
+
+    def graph_ms(self, fn: Callable[[], object], calls: int = 1) -> float:
+        """ms of one call of ``fn`` replayed from a CUDA graph (warmed up, captured, replayed ``calls``
+        times per sample)."""
+        from .common import capture, warm_up_for_capture
+
+        self.barrier()
+        warm_up_for_capture(fn, 2)
+        self.barrier()
+        g = capture(fn)
+        ms = self.timed(g.replay, calls)
+        del g
+        return ms
+
+
+def _backend(name, ctx, dctx):
+    from numasched.models import NumaschedBackend, TorchBackend
+
+    if name == "torch":
+        return TorchBackend(ctx.world)
+    return NumaschedBackend(ctx.world, dctx)
+
+
+def _components(ctx, model, be, cache) -> Dict[str, float]:
+    """Each component of one decode step timed alone in its own CUDA graph (ms, one layer or the
+    per-step part); see the module doc."""
+    import torch
+    import torch.nn.functional as F
+
+    from numasched.models.llama import _elementwise
+
+    L, s = model.layers[0], model.spec
+    B, E, D = cache.batch, s.hidden, s.head_dim
+    hq, hk, il = model.heads_local, model.kv_heads_local, model.inter_local
+    dev, dt = model.device, model.dtype
+    x, x2 = (torch.randn(B, E, device=dev, dtype=dt) for _ in range(2))
+    a = torch.randn(B, hq * D, device=dev, dtype=dt)
+    act = torch.randn(B, il, device=dev, dtype=dt)
+    q = torch.randn(B, hq, D, device=dev, dtype=dt)
+    qkv = torch.randn(B, (hq + 2 * hk) * D, device=dev, dtype=dt)
+    gu = torch.randn(B, 2 * il, device=dev, dtype=dt)
+    ids = torch.zeros(B, dtype=torch.int64, device=dev)
+    cs = model.rope_table(cache.capacity)[:B]
+    ew = lambda n: _elementwise(n, model.compile_elementwise)  # noqa: E731
+    local = (lambda t, w: torch.matmul(t, w.t())) if be.name == "torch" else (  # noqa: E731
+        lambda t, w: __import__("numasched").matmul(t, w.t(), mapping=be.mapping))
+    cache.begin_decode()   # the write slots the elementwise part uses
+
+    def gemm_in():
+        be.linear(x, L.wqkv)
+        be.linear(x, L.wgu)
+
+    def gemm_out():
+        local(a, L.wo)
+        local(act, L.wdown)
+
+    def row_parallel():
+        be.row_parallel(a, L.wo)
+        be.row_parallel(act, L.wdown)
+
+    def attention():
+        be.decode_attention(q, cache, 0)
+
+    def elementwise():   # what one layer does besides its GEMMs, attention and collectives
+        ew("rms_norm")(x, L.ln1, s.eps)
+        _, k, v = ew("qkv_rope")(qkv, cs[:, 0], cs[:, 1], hq, hk, D, L.q_norm, L.k_norm, s.eps)
+        cache.write(0, k, v)
+        ew("add_rms_norm")(x2, x, L.ln2, s.eps)
+        ew("silu_mul")(gu, il)
+        ew("add_rms_norm")(x2, x, L.ln1, s.eps)
+
+    def head():
+        cache.begin_decode()
+        model.rope_table(cache.capacity).index_select(0, cache.positions)
+        F.embedding(ids, model.embed)
+        model._logits(x, be)
+
+    out = {}
+    for name, fn in (("gemm_in", gemm_in), ("gemm_out", gemm_out), ("row_parallel", row_parallel),
+                     ("attention", attention), ("elementwise", elementwise), ("head", head)):
+        try:
+            out[name] = ctx.graph_ms(fn)
+        except Exception as e:  # noqa: BLE001 - reported, the step timing stands
+            ctx.notes.append(f"{be.name} component {name}: {type(e).__name__}: {str(e)[:120]}")
+            out[name] = float("nan")
+    return out
+
+
+def _taxes(row: dict, prefix: str, comp: Dict[str, float], layers: int) -> None:
+    per_layer = comp["gemm_in"] + comp["row_parallel"] + comp["attention"] + comp["elementwise"]
+    total = layers * per_layer + comp["head"]
+    row[f"{prefix}_sum_components_ms"] = total
+    row[f"{prefix}_bulk_sync_tax_ms"] = layers * (comp["row_parallel"] - comp["gemm_out"])
+    row[f"{prefix}_locality_tax_ms"] = row[f"{prefix}_step_ms"] - total
+    for k, v in comp.items():
+        row[f"{prefix}_{k}_ms"] = layers * v if k != "head" else v
+
+
+def _decode_point(ctx, model, backends, batch: int, context: int) -> dict:
+    import torch
+
+    from numasched.models import DecodeRunner
+
+    args = ctx.args
+    row = dict(kind="decode", model=args.model, tp=args.tp, layers=model.spec.layers, batch=batch, context=context)
+    cap = _capacity(context, args.new, args.page_size)
+    for name, be in backends.items():
+        cache = be.new_cache(model, batch=batch, capacity=cap, page_size=args.page_size)
+        cache.fill_random(context)
+        if name == "torch":
+            cache.set_window(context + 1)   # every sequence has context + 1 tokens after the step
+        try:
+            runner = DecodeRunner(model, be, cache, advance=False)
+            row[f"{name}_step_ms"] = ctx.timed(runner.graph.replay, calls=args.new)
+            row[f"{name}_tok_s"] = batch * 1e3 / row[f"{name}_step_ms"]
+            if not args.no_eager:
+                row[f"{name}_eager_ms"] = ctx.timed(runner.step_eager, calls=1)
+                row[f"{name}_launch_tax_ms"] = row[f"{name}_eager_ms"] - row[f"{name}_step_ms"]
+            del runner
+            if not args.no_taxes:
+                _taxes(row, name, _components(ctx, model, be, cache), model.spec.layers)
+        except Exception as e:  # noqa: BLE001 - the other backend's numbers still count
+            ctx.notes.append(f"decode {name} batch {batch} context {context}: {type(e).__name__}: {str(e)[:200]}")
+            row[f"{name}_step_ms"] = float("nan")
+        del cache
+        torch.cuda.empty_cache()
+    if "numasched_step_ms" in row and "torch_step_ms" in row:
+        row["speedup"] = row["torch_step_ms"] / row["numasched_step_ms"]
+        t = TARGETS.get(args.tp)
+        if t is not None and row["speedup"] == row["speedup"]:
+            row["target"] = f"{'met' if row['speedup'] >= t else 'missed'} (>= {t:.2f}x)"
+    return row
+
+
+def _prefill_rows(ctx, model, backends) -> List[dict]:
+    import torch
+
+    from numasched.models import DecodeRunner
+
+    args = ctx.args
+    S = args.prompt
+    g = torch.Generator(device="cuda")
+    g.manual_seed(1)
+    ids = torch.randint(0, model.spec.vocab, (1, S), device="cuda", generator=g)
+    pre = dict(kind="prefill", model=args.model, tp=args.tp, layers=model.spec.layers, batch=1, context=S)
+    gen = dict(kind="generate", model=args.model, tp=args.tp, layers=model.spec.layers, batch=1, context=S)
+    for name, be in backends.items():
+        cache = be.new_cache(model, batch=1, capacity=_capacity(S, args.new, args.page_size),
+                             page_size=args.page_size)
+        try:
+            fn = lambda: model.prefill(ids, cache, be)  # noqa: E731
+            pre[f"{name}_eager_ms"] = ctx.timed(fn)
+            pre[f"{name}_step_ms"] = ctx.graph_ms(fn)
+            pre[f"{name}_tok_s"] = S * 1e3 / pre[f"{name}_step_ms"]
+        except Exception as e:  # noqa: BLE001
+            ctx.notes.append(f"prefill {name}: {type(e).__name__}: {str(e)[:200]}")
+            pre[f"{name}_step_ms"] = float("nan")
+        if not args.no_generate:
+            try:   # prefill, then --new greedy steps from one captured step (lens advances in the graph)
+                cache.reset()
+                runner = DecodeRunner(model, be, cache, advance=True)
+
+                def generate():
+                    cache.reset()
+                    nxt = model.prefill(ids, cache, be).argmax(-1)
+                    for _ in range(args.new):
+                        nxt = runner(nxt).argmax(-1)
+                    return nxt
+
+                ms = ctx.timed(generate)
+                gen[f"{name}_step_ms"] = ms
+                gen[f"{name}_tok_s"] = args.new * 1e3 / ms
+                del runner
+            except Exception as e:  # noqa: BLE001
+                ctx.notes.append(f"generate {name}: {type(e).__name__}: {str(e)[:200]}")
+                gen[f"{name}_step_ms"] = float("nan")
+        del cache
+        torch.cuda.empty_cache()
+    rows = [pre] + ([] if args.no_generate else [gen])
+    for r in rows:
+        if r.get("numasched_step_ms") and r.get("torch_step_ms"):
+            r["speedup"] = r["torch_step_ms"] / r["numasched_step_ms"]
+    t = PREFILL_TARGET.get(args.tp)
+    if t is not None and pre.get("speedup") == pre.get("speedup") and "speedup" in pre:
+        pre["target"] = f"{'met' if pre['speedup'] >= t else 'missed'} (>= {t:.2f}x)"
+    return rows
+
+
+def _columns(backends, taxes: bool) -> List[str]:
+    cols = ["kind", "model", "tp", "layers", "batch", "context", "speedup", "target"]
+    for b in backends:
+        cols += [f"{b}_step_ms", f"{b}_tok_s", f"{b}_eager_ms", f"{b}_launch_tax_ms"]
+        if taxes:
+            cols += [f"{b}_sum_components_ms", f"{b}_bulk_sync_tax_ms", f"{b}_locality_tax_ms"]
+            cols += [f"{b}_{c}_ms" for c in COMPONENTS]
+    return cols + ["note"]
+
+
+def _plot(rows, path):
+    import matplotlib.pyplot as plt
+
+    dec = [r for r in rows if r["kind"] == "decode"]
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    colors = {}
+    for b in sorted({r["batch"] for r in dec}):
+        sub = sorted((r for r in dec if r["batch"] == b), key=lambda r: r["context"])
+        for be, style in (("numasched", "-"), ("torch", "--")):
+            pts = [(r["context"], r[f"{be}_step_ms"]) for r in sub if r.get(f"{be}_step_ms") == r.get(f"{be}_step_ms")
+                   and r.get(f"{be}_step_ms") is not None]
+            if pts:
+                line, = axes[0].plot(*zip(*pts), style, marker="o", color=colors.get(b),
+                                     label=f"{be} batch {b}")
+                colors[b] = line.get_color()
+        pts = [(r["context"], r["speedup"]) for r in sub if r.get("speedup") is not None]
+        if pts:
+            axes[1].plot(*zip(*pts), marker="o", color=colors.get(b), label=f"batch {b}")
+    tp = rows[0]["tp"] if rows else 1
+    if tp in TARGETS:
+        axes[1].axhline(TARGETS[tp], color="gray", ls=":", label=f"target {TARGETS[tp]:.2f}x")
+    for ax, yl in ((axes[0], "ms per decode step (CUDA graph)"), (axes[1], "speedup (torch / numasched)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("context (tokens)")
+        ax.set_ylabel(yl)
+        ax.legend(fontsize=7)
+    # taxes of the largest-context point per backend, stacked
+    taxed = [r for r in dec if r.get("numasched_sum_components_ms") is not None or r.get("torch_sum_components_ms")]
+    if taxed:
+        r = max(taxed, key=lambda r: (r["batch"], r["context"]))
+        names = [b for b in ("numasched", "torch") if r.get(f"{b}_step_ms") is not None]
+        parts = [("gemm_in", "GEMM (QKV, gate/up)"), ("row_parallel", "row-parallel (GEMM + all-reduce)"),
+                 ("attention", "attention"), ("elementwise", "elementwise"), ("head", "per step")]
+        bottom = [0.0] * len(names)
+        for key, label in parts:
+            vals = [max(0.0, r.get(f"{b}_{key}_ms") or 0.0) for b in names]
+            axes[2].bar(names, vals, bottom=bottom, label=label)
+            bottom = [x + y for x, y in zip(bottom, vals)]
+        axes[2].scatter(names, [r.get(f"{b}_step_ms") for b in names], color="k", zorder=3, label="measured step")
+        axes[2].set_title(f"components x layers, batch {r['batch']}, context {r['context']}", fontsize=9)
+        axes[2].set_ylabel("ms")
+        axes[2].legend(fontsize=7)
+    fig.suptitle(f"{rows[0]['model']} TP {tp}, {rows[0]['layers']} layers" if rows else "")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def _worker(args) -> int:
+    import torch
+
+    import numasched
+    from numasched.models import TPDecoder
+
+    ctx = _Ctx(args)
+    numasched.options.set(check_data=False)   # no host sync per flash_decode call (lengths are ours)
+    try:
+        import torch._dynamo.config as dc
+
+        dc.recompile_limit = max(getattr(dc, "recompile_limit", 8), 64)   # one compile per batch size
+    except (ImportError, AttributeError):
+        pass
+    cfg, spec = _spec(args)
+    dctx = None
+    if args.tp > 1 and "numasched" in args.backends:
+        import numasched.distributed as nd
+
+        dctx = nd.init(heap_bytes=int(args.heap_gb * (1 << 30)), timeout_s=60.0)
+    ctx.say(f"building {args.model} ({spec.layers} layers, {spec.param_count() / 1e9:.2f}B parameters) with random "
+            f"bf16 weights, TP {args.tp}")
+    model = TPDecoder.random(cfg, dtype=torch.bfloat16, device="cuda", tp_rank=ctx.rank, tp_size=args.tp,
+                             seed=args.seed, compile_elementwise=not args.no_compile)
+    backends = {n: _backend(n, ctx, dctx) for n in args.backends}
+    rows = []
+    free = torch.cuda.mem_get_info()[0]
+    for batch in args.batch:
+        for context in args.context:
+            kv = _sizes(spec, args, batch, context)["kv_gb"] * 1e9
+            if kv + 2e9 > args.mem_fraction * free:
+                note = (f"skipped: KV cache {kv / 1e9:.1f} GB per rank + 2 GB > {args.mem_fraction:g} x "
+                        f"{free / 1e9:.1f} GB free")
+                ctx.say(f"batch {batch} context {context}: {note}")
+                rows.append(dict(kind="decode", model=args.model, tp=args.tp, layers=spec.layers, batch=batch,
+                                 context=context, note=note))
+                continue
+            row = _decode_point(ctx, model, backends, batch, context)
+            rows.append(row)
+            ctx.say("ROW " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
+    if args.prompt:
+        for row in _prefill_rows(ctx, model, backends):
+            rows.append(row)
+            ctx.say("ROW " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
+    if ctx.rank == 0:
+        from .common import write_results
+
+        dec = [r for r in rows if r["kind"] == "decode" and r.get("speedup") is not None]
+        lines = []
+        if dec:
+            sp = [r["speedup"] for r in dec]
+            lines.append(f"decode step speedup (torch / numasched, CUDA graphs): {min(sp):.3f}-{max(sp):.3f}x over "
+                         f"{len(sp)} points" + (f"; target >= {TARGETS[args.tp]:.2f}x met at "
+                                                f"{sum(s >= TARGETS[args.tp] for s in sp)}/{len(sp)}"
+                                                if args.tp in TARGETS else ""))
+        lines += [f"note: {n}" for n in ctx.notes]
+        summary = "\n".join(lines)
+        paths = write_results(f"e2e-{args.model}", rows, columns=_columns(args.backends, not args.no_taxes),
+                              plot=_plot, out_dir=args.out_dir, gpus=args.tp, log=summary,
+                              meta=dict(args={k: v for k, v in vars(args).items() if k != "out_dir"},
+                                        spec=spec.__dict__, notes=ctx.notes))
+        print(summary)
+        print("written:", ", ".join(str(v) for v in paths.values()))
+    if args.tp > 1:
+        import torch.distributed as dist
+
+        ctx.barrier()
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

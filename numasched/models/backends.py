@@ -1,0 +1,222 @@
+"""The two backends :class:`numasched.models.TPDecoder` runs on: the same model code, different ops.
+
+A backend supplies the operations that differ between the two implementations of a
+tensor-parallel decoder, and the KV cache layout its attention reads:
+
+=================  =========================================  ============================================
+operation          ``NumaschedBackend``                       ``TorchBackend`` (bulk-synchronous baseline)
+=================  =========================================  ============================================
+linear             ``numasched.matmul(x, W.T)``               ``F.linear(x, W)`` (cuBLAS)
+row_parallel       ``numasched.distributed.matmul_all_reduce``  ``F.linear`` then ``dist.all_reduce`` (NCCL)
+                   (one fused GEMM + all-reduce; TP 1: matmul)
+prefill attention  ``numasched.attention_forward(causal)``    ``F.scaled_dot_product_attention`` (cuDNN first)
+decode attention   ``numasched.flash_decode`` on paged K/V    SDPA over a contiguous static cache
+KV cache           :class:`PagedKVCache`                      :class:`ContiguousKVCache`
+logits gather      ``dist.all_gather_into_tensor``            ``dist.all_gather_into_tensor``
+=================  =========================================  ============================================
+
+Norms, RoPE, SwiGLU, residual adds and the KV writes are shared code (numasched.models.llama).
+The row-parallel projection is one call, ``row_parallel(x, w_local)``, so that numasched can fuse
+the GEMM with its all-reduce; the baseline runs them one after the other (bulk-synchronous).
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from .kv_cache import ContiguousKVCache, PagedKVCache
+
+
+def _dist_world(group=None) -> tuple:
+    """(rank, world size) of torch.distributed's group, or (0, 1) when it is not initialised."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(group), dist.get_world_size(group)
+    return 0, 1
+
+
+class Backend:
+    """Interface (and the parts both backends share). ``tp_size`` must equal the model's."""
+
+    name = ""
+    cache_class = ContiguousKVCache
+
+    def __init__(self, tp_size: int = 1, group=None):
+        self.tp_size, self.group = int(tp_size), group
+
+    def new_cache(self, model, *, batch: int, capacity: int, page_size: int = 16):
+        """An empty KV cache of this backend's layout for ``model``'s local KV heads."""
+        s = model.spec
+        return self.cache_class(layers=s.layers, batch=batch, capacity=capacity, kv_heads=model.kv_heads_local,
+                                head_dim=s.head_dim, dtype=model.dtype, device=model.device, page_size=page_size)
+
+    def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
+        """(T, N_local) on every rank -> (T, N_local * world), rank r's columns at [r * N_local, ...)."""
+        if self.tp_size == 1:
+            return x
+        import torch.distributed as dist
+
+        T, N = x.shape
+        out = torch.empty((self.tp_size * T, N), dtype=x.dtype, device=x.device)
+        # all_gather_single where it exists (torch >= 2.13 deprecates the older name)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        gather(out, x.contiguous(), group=self.group)
+        return out.view(self.tp_size, T, N).permute(1, 0, 2).reshape(T, self.tp_size * N)
+
+    # the operations that differ
+    def linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def row_parallel(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def prefill_attention(self, q, k, v, batch: int, seq: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def decode_attention(self, q, cache, layer: int) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class TorchBackend(Backend):
+    """torch ops, NCCL (gloo on CPU) and SDPA: the bulk-synchronous baseline (gpt-fast style).
+
+    sdpa_backends: SDPA backends in priority order (names of ``torch.nn.attention.SDPBackend``);
+        default cuDNN, then FlashAttention, memory-efficient, math: the first that takes the
+        inputs runs. None of them on CPU (torch picks).
+    """
+
+    name = "torch"
+    cache_class = ContiguousKVCache
+    DEFAULT_SDPA = ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
+
+    def __init__(self, tp_size: Optional[int] = None, group=None, sdpa_backends: Optional[Sequence[str]] = DEFAULT_SDPA):
+        if tp_size is None:
+            tp_size = _dist_world(group)[1]
+        super().__init__(tp_size, group)
+        self._sdpa = None
+        if sdpa_backends:
+            from torch.nn.attention import SDPBackend
+
+            try:
+                self._sdpa = [getattr(SDPBackend, n) for n in sdpa_backends]
+            except AttributeError as e:
+                raise ValueError(f"sdpa_backends: unknown SDPA backend ({e}); names of torch.nn.attention."
+                                 f"SDPBackend") from None
+
+    def _attn(self, q, k, v, **kw):
+        if self._sdpa is None or q.device.type != "cuda":
+            return F.scaled_dot_product_attention(q, k, v, **kw)
+        from torch.nn.attention import sdpa_kernel
+
+        with sdpa_kernel(self._sdpa, set_priority=True):
+            return F.scaled_dot_product_attention(q, k, v, **kw)
+
+    def linear(self, x, w):
+        return F.linear(x, w)
+
+    def all_reduce(self, x):
+        if self.tp_size > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(x, group=self.group)
+        return x
+
+    def row_parallel(self, x, w):
+        return self.all_reduce(F.linear(x, w))
+
+    def prefill_attention(self, q, k, v, batch, seq):
+        """q (T, H, D), k/v (T, HK, D) with T = batch * seq -> (T, H * D), causal."""
+        T, H, D = q.shape
+        HK = k.shape[1]
+        qt, kt, vt = (t.view(batch, seq, -1, D).transpose(1, 2) for t in (q, k, v))
+        out = self._attn(qt, kt, vt, is_causal=True, **({"enable_gqa": True} if H != HK else {}))
+        return out.transpose(1, 2).reshape(T, H * D)
+
+    def decode_attention(self, q, cache: ContiguousKVCache, layer):
+        """q (B, H, D) against the cache after this step's write: the query heads of one KV head
+        become the rows of one (B, HK, G, D) query, so every SDPA backend takes it without GQA."""
+        B, H, D = q.shape
+        HK = cache.kv_heads
+        q4 = q.view(B, HK, H // HK, D)
+        k, v = cache.k(layer), cache.v(layer)
+        if cache.window is not None:
+            w = cache.window
+            out = self._attn(q4, k[:, :, :w], v[:, :, :w])
+        else:
+            out = self._attn(q4, k, v, attn_mask=cache.mask)
+        return out.reshape(B, H * D)
+
+
+class NumaschedBackend(Backend):
+    """numasched's kernels: matmul, attention_forward, flash_decode over a paged cache, and the
+    fused GEMM + all-reduce of numasched.distributed at TP > 1.
+
+    ctx: the ``numasched.distributed`` context (``numasched.distributed.init(...)``), required
+        when tp_size > 1 (never used at TP 1).
+    fuse_all_reduce: True: ``matmul_all_reduce`` (one fused call); False: ``numasched.matmul``
+        then ``numasched.distributed.all_reduce`` (for separating the two in timings).
+    mapping: the mapping policy passed to every numasched call ("auto").
+    """
+
+    name = "numasched"
+    cache_class = PagedKVCache
+
+    def __init__(self, tp_size: Optional[int] = None, ctx=None, *, group=None, fuse_all_reduce: bool = True,
+                 mapping: str = "auto"):
+        if tp_size is None:
+            tp_size = getattr(ctx, "world", None) or _dist_world(group)[1]
+        super().__init__(tp_size, group)
+        if self.tp_size > 1 and ctx is None:
+            raise ValueError(f"ctx is required at tp_size {self.tp_size}: create it with "
+                             f"numasched.distributed.init(...) after torch.distributed.init_process_group")
+        if ctx is not None and getattr(ctx, "world", self.tp_size) != self.tp_size:
+            raise ValueError(f"ctx spans {ctx.world} ranks but tp_size is {self.tp_size}")
+        self.ctx, self.fuse_all_reduce, self.mapping = ctx, bool(fuse_all_reduce), mapping
+        import numasched
+
+        self._ns = numasched
+        self._nd = None
+        if self.tp_size > 1:
+            import numasched.distributed as nd
+
+            missing = [f for f in ("matmul_all_reduce", "all_reduce") if not hasattr(nd, f)]
+            if missing:
+                raise RuntimeError(f"numasched.distributed has no {', '.join(missing)} in this version: the "
+                                   f"numasched backend needs them at tp_size > 1")
+            self._nd = nd
+
+    def linear(self, x, w):
+        return self._ns.matmul(x, w.t(), mapping=self.mapping)
+
+    def all_reduce(self, x):
+        if self.tp_size == 1:
+            return x
+        return self._nd.all_reduce(x, ctx=self.ctx)
+
+    def row_parallel(self, x, w):
+        if self.tp_size == 1:
+            return self._ns.matmul(x, w.t(), mapping=self.mapping)
+        if self.fuse_all_reduce:
+            return self._nd.matmul_all_reduce(x, w.t(), ctx=self.ctx)
+        return self._nd.all_reduce(self._ns.matmul(x, w.t(), mapping=self.mapping), ctx=self.ctx)
+
+    def prefill_attention(self, q, k, v, batch, seq):
+        T, H, D = q.shape
+        qt, kt, vt = (t.view(batch, seq, -1, D).transpose(1, 2) for t in (q, k, v))
+        out, _ = self._ns.attention_forward(qt, kt, vt, causal=True, mapping=self.mapping)
+        return out.transpose(1, 2).reshape(T, H * D)   # out is a (B, H, S, D) view of (B, S, H, D) memory
+
+    def decode_attention(self, q, cache: PagedKVCache, layer):
+        B, H, D = q.shape
+        out = self._ns.flash_decode(q, cache.k(layer), cache.v(layer), cache_seqlens=cache.lens_next,
+                                    block_table=cache.block_table, mapping=self.mapping)
+        return out.reshape(B, H * D)
+
+
+BACKENDS = {"numasched": NumaschedBackend, "torch": TorchBackend}

@@ -1,0 +1,476 @@
+"""A tensor-parallel Llama / Qwen3-style decoder on numasched's ops (or torch's, as the baseline).
+
+    spec = spec_from_config(config)                       # a transformers LlamaConfig / Qwen3Config (or a dict)
+    model = TPDecoder.random(config, dtype=torch.bfloat16, device="cuda", tp_rank=r, tp_size=n)
+    model = TPDecoder.from_hf(hf_model, tp_rank=r, tp_size=n) # shard an existing transformers model
+    backend = NumaschedBackend(ctx=ctx)                   # or TorchBackend(): the same model code
+    cache = backend.new_cache(model, batch=B, capacity=4096)
+    logits = model.prefill(prompt_ids, cache, backend)    # (B, vocab) at the last prompt token
+    logits = model.decode(next_ids, cache, backend)       # one token per sequence; cache.lens += 1
+
+Megatron sharding over ``tp_size`` ranks: query/key/value heads split over ranks (one fused
+column-parallel QKV weight per rank), gate/up column-parallel (one fused weight), o_proj and
+down_proj row-parallel (each followed by an all-reduce, fused with the GEMM on numasched),
+embedding and norms replicated, lm_head vocab-parallel with an all-gather of the logits (or
+replicated: ``head="replicated"``). Weights are kept as (out, in) matrices, transformers' layout;
+numasched reads ``W.T`` views without a copy.
+
+Elementwise work (RMSNorm, RoPE, SwiGLU, residual adds) is shared by both backends; on CUDA it is
+compiled with ``torch.compile`` (``compile_elementwise``) so that each is one kernel, as in
+gpt-fast; on CPU it runs eagerly.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Mapping, Optional
+
+import torch
+import torch.nn.functional as F
+
+ROPE_TYPES = ("default", "llama3")
+FAMILIES = ("llama", "qwen3")
+
+
+# ----------------------------------------------------------------------------- the config
+@dataclass(frozen=True)
+class DecoderSpec:
+    """The sizes and constants of a decoder, read from a transformers config."""
+
+    family: str
+    vocab: int
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    eps: float
+    qk_norm: bool
+    tie_embeddings: bool
+    rope_theta: float
+    rope_type: str
+    rope_factor: float = 1.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max: int = 8192
+
+    def param_count(self) -> int:
+        """Parameters of the full (unsharded) model."""
+        D = self.head_dim
+        attn = self.hidden * (self.heads + 2 * self.kv_heads) * D + self.heads * D * self.hidden
+        mlp = 3 * self.hidden * self.intermediate
+        norms = 2 * self.hidden + (2 * D if self.qk_norm else 0)
+        head = 0 if self.tie_embeddings else self.vocab * self.hidden
+        return self.layers * (attn + mlp + norms) + self.vocab * self.hidden + head + self.hidden
+
+    def check_tp(self, tp_size: int) -> None:
+        """Raise ValueError naming what ``tp_size`` does not divide."""
+        if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
+            raise ValueError(f"tp_size must be an integer >= 1, got {tp_size!r}")
+        for name, n in (("num_attention_heads", self.heads), ("num_key_value_heads", self.kv_heads),
+                        ("intermediate_size", self.intermediate)):
+            if n % tp_size:
+                raise ValueError(f"tp_size {tp_size} must divide the config's {name} ({n}): heads and the MLP "
+                                 f"are split evenly over ranks (no KV-head replication)")
+
+
+def _get(config, name, default=None):
+    if isinstance(config, Mapping):
+        return config.get(name, default)
+    return getattr(config, name, default)
+
+
+def spec_from_config(config) -> DecoderSpec:
+    """A :class:`DecoderSpec` from a transformers ``LlamaConfig`` / ``Qwen3Config`` (or a dict of the
+    same fields). Refuses, naming the field, what the model code does not implement: other model
+    types, biases, activations other than SiLU, sliding-window layers, RoPE types other than
+    "default" and "llama3", partial rotary embeddings."""
+    family = _get(config, "model_type")
+    if family not in FAMILIES:
+        raise ValueError(f"config.model_type {family!r} is not supported (supported: {', '.join(FAMILIES)})")
+    if _get(config, "hidden_act", "silu") != "silu":
+        raise ValueError(f"config.hidden_act {_get(config, 'hidden_act')!r} is not supported (only 'silu')")
+    for flag in ("attention_bias", "mlp_bias"):
+        if _get(config, flag, False):
+            raise ValueError(f"config.{flag}=True is not supported (the projections have no bias)")
+    if _get(config, "use_sliding_window", False) or any(
+            t != "full_attention" for t in (_get(config, "layer_types", None) or [])):
+        raise ValueError("config: sliding-window layers are not supported (every layer must be full_attention)")
+    hidden, heads = int(_get(config, "hidden_size")), int(_get(config, "num_attention_heads"))
+    kv_heads = int(_get(config, "num_key_value_heads", None) or heads)
+    head_dim = int(_get(config, "head_dim", None) or hidden // heads)
+    if heads % kv_heads:
+        raise ValueError(f"config.num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv_heads})")
+    if head_dim % 2:
+        raise ValueError(f"config.head_dim ({head_dim}) must be even (RoPE rotates halves)")
+    rope = _get(config, "rope_parameters", None)
+    if rope is None:   # transformers < 5: rope_theta + rope_scaling
+        rope = dict(_get(config, "rope_scaling", None) or {})
+        rope.setdefault("rope_theta", _get(config, "rope_theta", 10000.0))
+    rope = dict(rope)
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in ROPE_TYPES:
+        raise ValueError(f"config rope type {rope_type!r} is not supported (supported: {', '.join(ROPE_TYPES)})")
+    if float(rope.get("partial_rotary_factor", _get(config, "partial_rotary_factor", 1.0) or 1.0)) != 1.0:
+        raise ValueError("config.partial_rotary_factor != 1 is not supported")
+    extra = {}
+    if rope_type == "llama3":
+        extra = dict(rope_factor=float(rope["factor"]), rope_low_freq_factor=float(rope["low_freq_factor"]),
+                     rope_high_freq_factor=float(rope["high_freq_factor"]),
+                     rope_original_max=int(rope["original_max_position_embeddings"]))
+    return DecoderSpec(family=family, vocab=int(_get(config, "vocab_size")), hidden=hidden,
+                       layers=int(_get(config, "num_hidden_layers")), heads=heads, kv_heads=kv_heads,
+                       head_dim=head_dim, intermediate=int(_get(config, "intermediate_size")),
+                       eps=float(_get(config, "rms_norm_eps", 1e-6)), qk_norm=family == "qwen3",
+                       tie_embeddings=bool(_get(config, "tie_word_embeddings", False)),
+                       rope_theta=float(rope.get("rope_theta", 10000.0)), rope_type=rope_type, **extra)
+
+
+# Public configs of two 8B models (transformers' field names), for benchmarks without a download.
+PRESETS: Dict[str, dict] = {
+    "llama3-8b": dict(model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                      num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                      rms_norm_eps=1e-5, max_position_embeddings=131072, tie_word_embeddings=False,
+                      hidden_act="silu", attention_bias=False, mlp_bias=False,
+                      rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0,
+                                           high_freq_factor=4.0, original_max_position_embeddings=8192)),
+    "qwen3-8b": dict(model_type="qwen3", vocab_size=151936, hidden_size=4096, intermediate_size=12288,
+                     num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                     rms_norm_eps=1e-6, max_position_embeddings=40960, tie_word_embeddings=False,
+                     hidden_act="silu", attention_bias=False,
+                     rope_parameters=dict(rope_type="default", rope_theta=1000000.0)),
+}
+
+
+def preset_config(name: str, *, layers: Optional[int] = None) -> dict:
+    """A copy of ``PRESETS[name]`` (optionally with fewer layers), usable wherever a config is."""
+    if name not in PRESETS:
+        raise ValueError(f"model {name!r} is not a preset (presets: {', '.join(PRESETS)})")
+    cfg = dict(PRESETS[name])
+    if layers is not None:
+        if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
+            raise ValueError(f"layers must be an integer >= 1, got {layers!r}")
+        cfg["num_hidden_layers"] = layers
+    return cfg
+
+
+def rope_inv_freq(spec: DecoderSpec) -> torch.Tensor:
+    """Inverse frequencies (head_dim / 2,) fp32, as transformers computes them ("default", "llama3")."""
+    d = spec.head_dim
+    inv = 1.0 / (spec.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    if spec.rope_type == "llama3":
+        factor, lo, hi, old = (spec.rope_factor, spec.rope_low_freq_factor, spec.rope_high_freq_factor,
+                               spec.rope_original_max)
+        low_wl, high_wl = old / lo, old / hi
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > low_wl, inv / factor, inv)
+        smooth = (old / wavelen - lo) / (hi - lo)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < high_wl) * ~(wavelen > low_wl)
+        inv = torch.where(medium, smoothed, scaled)
+    return inv
+
+
+# ----------------------------------------------------------------------------- elementwise (shared)
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' RMSNorm: normalise in fp32, round to x's dtype, then scale."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return w * xf.to(x.dtype)
+
+
+def add_rms_norm(y: torch.Tensor, h: torch.Tensor, w: torch.Tensor, eps: float):
+    """(h + y, rms_norm(h + y)): the residual add and the next norm, one kernel when compiled."""
+    h = h + y
+    return h, rms_norm(h, w, eps)
+
+
+def _rotate(x, cos, sin):
+    d = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., d:], x[..., :d]), -1) * sin
+
+
+def qkv_rope(qkv, cos, sin, hq: int, hk: int, d: int, q_w: Optional[torch.Tensor], k_w: Optional[torch.Tensor],
+             eps: float):
+    """Split the fused QKV output (T, (hq + 2 hk) d), apply Qwen3's per-head q/k norms when given,
+    rotate q and k (cos/sin (T, d)); returns contiguous q (T, hq, d), k and v (T, hk, d)."""
+    T = qkv.shape[0]
+    q = qkv[:, :hq * d].view(T, hq, d)
+    k = qkv[:, hq * d:(hq + hk) * d].view(T, hk, d)
+    v = qkv[:, (hq + hk) * d:].view(T, hk, d)
+    if q_w is not None:
+        q, k = rms_norm(q, q_w, eps), rms_norm(k, k_w, eps)
+    c, s = cos[:, None, :], sin[:, None, :]
+    return _rotate(q, c, s).contiguous(), _rotate(k, c, s).contiguous(), v.contiguous()
+
+
+def silu_mul(gu: torch.Tensor, n: int) -> torch.Tensor:
+    """SwiGLU on the fused gate/up output (T, 2n): silu(gate) * up."""
+    return F.silu(gu[:, :n]) * gu[:, n:]
+
+
+_ELEMENTWISE = {"rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "qkv_rope": qkv_rope, "silu_mul": silu_mul}
+_COMPILED: Dict[str, Callable] = {}
+
+
+def _elementwise(name: str, compiled: bool) -> Callable:
+    if not compiled:
+        return _ELEMENTWISE[name]
+    if name not in _COMPILED:
+        _COMPILED[name] = torch.compile(_ELEMENTWISE[name], dynamic=False, fullgraph=True)
+    return _COMPILED[name]
+
+
+# ----------------------------------------------------------------------------- weights
+@dataclass
+class LayerWeights:
+    """One layer's local shards (out, in) and its replicated norm weights."""
+
+    wqkv: torch.Tensor    # ((hq + 2 hk) * d, hidden): this rank's q heads, then k heads, then v heads
+    wo: torch.Tensor      # (hidden, hq * d): the matching input columns of o_proj
+    wgu: torch.Tensor     # (2 * i_local, hidden): this rank's gate rows, then up rows
+    wdown: torch.Tensor   # (hidden, i_local)
+    ln1: torch.Tensor
+    ln2: torch.Tensor
+    q_norm: Optional[torch.Tensor] = None
+    k_norm: Optional[torch.Tensor] = None
+
+
+def _hf_names(i: int) -> dict:
+    p = f"model.layers.{i}."
+    return dict(q=p + "self_attn.q_proj.weight", k=p + "self_attn.k_proj.weight", v=p + "self_attn.v_proj.weight",
+                o=p + "self_attn.o_proj.weight", gate=p + "mlp.gate_proj.weight", up=p + "mlp.up_proj.weight",
+                down=p + "mlp.down_proj.weight", ln1=p + "input_layernorm.weight",
+                ln2=p + "post_attention_layernorm.weight", q_norm=p + "self_attn.q_norm.weight",
+                k_norm=p + "self_attn.k_norm.weight")
+
+
+def _full_shapes(spec: DecoderSpec) -> Dict[str, tuple]:
+    """transformers' parameter name -> shape, in a fixed order (the random weights' seed order)."""
+    H, HK, D, E, I = spec.heads, spec.kv_heads, spec.head_dim, spec.hidden, spec.intermediate
+    shapes = {"model.embed_tokens.weight": (spec.vocab, E)}
+    for i in range(spec.layers):
+        n = _hf_names(i)
+        shapes.update({n["q"]: (H * D, E), n["k"]: (HK * D, E), n["v"]: (HK * D, E), n["o"]: (E, H * D),
+                       n["gate"]: (I, E), n["up"]: (I, E), n["down"]: (E, I), n["ln1"]: (E,), n["ln2"]: (E,)})
+        if spec.qk_norm:
+            shapes.update({n["q_norm"]: (D,), n["k_norm"]: (D,)})
+    shapes["model.norm.weight"] = (E,)
+    if not spec.tie_embeddings:
+        shapes["lm_head.weight"] = (spec.vocab, E)
+    return shapes
+
+
+class TPDecoder:
+    """One rank's shard of a Llama / Qwen3 decoder (see the module doc); stateless between calls
+    (the KV cache and the backend are arguments)."""
+
+    def __init__(self, spec: DecoderSpec, layers: List[LayerWeights], embed: torch.Tensor, norm: torch.Tensor,
+                 lm_head: torch.Tensor, *, tp_rank: int, tp_size: int, head: str,
+                 compile_elementwise: Optional[bool] = None):
+        self.spec, self.layers, self.embed, self.norm, self.lm_head = spec, layers, embed, norm, lm_head
+        self.tp_rank, self.tp_size, self.head = tp_rank, tp_size, head
+        self.dtype, self.device = embed.dtype, embed.device
+        self.heads_local = spec.heads // tp_size
+        self.kv_heads_local = spec.kv_heads // tp_size
+        self.inter_local = spec.intermediate // tp_size
+        if compile_elementwise is None:
+            compile_elementwise = self.device.type == "cuda"
+        self.compile_elementwise = bool(compile_elementwise)
+        self._inv_freq = rope_inv_freq(spec).to(self.device)
+        self._rope = torch.empty(0, 2, spec.head_dim, dtype=self.dtype, device=self.device)
+
+    # -- construction
+    @classmethod
+    def from_weights(cls, spec: DecoderSpec, get: Callable[[str, tuple], torch.Tensor], *, tp_rank: int = 0,
+                     tp_size: int = 1, dtype=None, device=None, head: Optional[str] = None,
+                     compile_elementwise: Optional[bool] = None) -> "TPDecoder":
+        """Shard full weights given by ``get(transformers name, shape)`` (called once per weight, in
+        :func:`_full_shapes` order; each full tensor may be dropped once sliced)."""
+        spec.check_tp(tp_size)
+        if isinstance(tp_rank, bool) or not isinstance(tp_rank, int) or not 0 <= tp_rank < tp_size:
+            raise ValueError(f"tp_rank must be an integer in [0, tp_size={tp_size}), got {tp_rank!r}")
+        head = head or ("vocab_parallel" if tp_size > 1 else "replicated")
+        if head not in ("vocab_parallel", "replicated"):
+            raise ValueError(f"head must be 'vocab_parallel' or 'replicated', got {head!r}")
+        if head == "vocab_parallel" and spec.vocab % tp_size:
+            raise ValueError(f"head='vocab_parallel' needs tp_size {tp_size} to divide vocab_size {spec.vocab}; "
+                             f"pass head='replicated'")
+        r, n = tp_rank, tp_size
+        D, E = spec.head_dim, spec.hidden
+        hq, hk, il = spec.heads // n, spec.kv_heads // n, spec.intermediate // n
+        shapes = _full_shapes(spec)
+
+        def fetch(name):
+            t = get(name, shapes[name])
+            if tuple(t.shape) != shapes[name]:
+                raise ValueError(f"weight {name} has shape {tuple(t.shape)}, expected {shapes[name]}")
+            return t
+
+        def own(t):   # a local copy in the target dtype/device, not a view of the full tensor
+            return t.to(device=device, dtype=dtype).contiguous().clone()
+
+        rows = lambda t, k: t[r * k:(r + 1) * k]        # noqa: E731  column-parallel: output rows
+        cols = lambda t, k: t[:, r * k:(r + 1) * k]     # noqa: E731  row-parallel: input columns
+        embed_full = fetch("model.embed_tokens.weight")
+        embed = own(embed_full)
+        layers = []
+        for i in range(spec.layers):
+            nm = _hf_names(i)
+            q, k, v = (fetch(nm[x]) for x in ("q", "k", "v"))
+            wqkv = own(torch.cat([rows(q, hq * D).to(device=device), rows(k, hk * D).to(device=device),
+                                  rows(v, hk * D).to(device=device)]))
+            del q, k, v
+            wo = own(cols(fetch(nm["o"]), hq * D))
+            g, u = fetch(nm["gate"]), fetch(nm["up"])
+            wgu = own(torch.cat([rows(g, il).to(device=device), rows(u, il).to(device=device)]))
+            del g, u
+            wdown = own(cols(fetch(nm["down"]), il))
+            ln1, ln2 = own(fetch(nm["ln1"])), own(fetch(nm["ln2"]))
+            qn = kn = None
+            if spec.qk_norm:
+                qn, kn = own(fetch(nm["q_norm"])), own(fetch(nm["k_norm"]))
+            layers.append(LayerWeights(wqkv, wo, wgu, wdown, ln1, ln2, qn, kn))
+        norm = own(fetch("model.norm.weight"))
+        head_full = embed_full if spec.tie_embeddings else fetch("lm_head.weight")
+        vl = spec.vocab // n
+        lm_head = own(head_full[r * vl:(r + 1) * vl] if head == "vocab_parallel" else head_full)
+        del embed_full, head_full
+        return cls(spec, layers, embed, norm, lm_head, tp_rank=r, tp_size=n, head=head,
+                   compile_elementwise=compile_elementwise)
+
+    @classmethod
+    def from_hf(cls, model, tp_rank: int = 0, tp_size: int = 1, *, dtype=None, device=None,
+                head: Optional[str] = None, compile_elementwise: Optional[bool] = None) -> "TPDecoder":
+        """This rank's shard of a transformers ``LlamaForCausalLM`` / ``Qwen3ForCausalLM`` (same
+        dtype and device as the model unless given)."""
+        spec = spec_from_config(model.config)
+        params = dict(model.named_parameters())
+        if spec.tie_embeddings:
+            params.setdefault("lm_head.weight", params["model.embed_tokens.weight"])
+        first = params["model.embed_tokens.weight"]
+        dtype = dtype or first.dtype
+        device = torch.device(device) if device is not None else first.device
+
+        def get(name, shape):
+            if name not in params:
+                raise ValueError(f"model has no parameter {name!r} (is it a Llama/Qwen3 causal LM?)")
+            return params[name].detach()
+
+        with torch.no_grad():
+            return cls.from_weights(spec, get, tp_rank=tp_rank, tp_size=tp_size, dtype=dtype, device=device,
+                                    head=head, compile_elementwise=compile_elementwise)
+
+    @classmethod
+    def random(cls, config, *, dtype=torch.bfloat16, device="cuda", tp_rank: int = 0, tp_size: int = 1,
+               seed: int = 0, std: Optional[float] = None, head: Optional[str] = None,
+               compile_elementwise: Optional[bool] = None) -> "TPDecoder":
+        """Random weights, the same on every rank (each full weight is drawn on ``device`` from a
+        generator seeded by ``seed`` and the weight's index, then sliced: one full weight at a time
+        is materialised, never the whole model). Linear weights and the embedding ~ N(0, std)
+        (default config.initializer_range or 0.02), norm weights 1 (transformers' init)."""
+        spec = spec_from_config(config)
+        std = float(std if std is not None else (_get(config, "initializer_range", None) or 0.02))
+        device = torch.device(device)
+        order = {name: i for i, name in enumerate(_full_shapes(spec))}
+
+        def get(name, shape):
+            if len(shape) == 1:
+                return torch.ones(shape, dtype=dtype, device=device)
+            g = torch.Generator(device=device)
+            g.manual_seed(int(seed) * 1_000_003 + order[name])
+            return torch.randn(shape, generator=g, dtype=dtype, device=device).mul_(std)
+
+        with torch.no_grad():
+            return cls.from_weights(spec, get, tp_rank=tp_rank, tp_size=tp_size, dtype=dtype, device=device,
+                                    head=head, compile_elementwise=compile_elementwise)
+
+    def nbytes(self) -> int:
+        """Bytes of this rank's weights."""
+        ts = [self.embed, self.norm, self.lm_head]
+        for L in self.layers:
+            ts += [t for t in (L.wqkv, L.wo, L.wgu, L.wdown, L.ln1, L.ln2, L.q_norm, L.k_norm) if t is not None]
+        return sum(t.numel() * t.element_size() for t in ts)
+
+    # -- running
+    def _ew(self, name: str) -> Callable:
+        return _elementwise(name, self.compile_elementwise)
+
+    def rope_table(self, n: int) -> torch.Tensor:
+        """(n, 2, head_dim) cos/sin for positions 0..n-1 in the model dtype (grown on demand; call
+        with the cache capacity before capturing a graph)."""
+        if self._rope.shape[0] < n:
+            pos = torch.arange(n, device=self.device, dtype=torch.float32)
+            freqs = pos[:, None] * self._inv_freq[None, :]
+            emb = torch.cat((freqs, freqs), -1)
+            self._rope = torch.stack((emb.cos(), emb.sin()), 1).to(self.dtype)
+        return self._rope
+
+    def _check_backend(self, backend, cache) -> None:
+        if backend.tp_size != self.tp_size:
+            raise ValueError(f"backend has tp_size {backend.tp_size} but the model was sharded for {self.tp_size}")
+        if not isinstance(cache, backend.cache_class):
+            raise TypeError(f"cache is a {type(cache).__name__}; the {backend.name} backend reads a "
+                            f"{backend.cache_class.__name__} (backend.new_cache(model, ...))")
+
+    def _stack(self, ids: torch.Tensor, cs: torch.Tensor, cache, backend, batch: int, seq: Optional[int]):
+        """Every layer on token ids (T,) with cos/sin (T, 2, D); seq None: one decode token per
+        sequence. Returns the final-normed hidden states (T, hidden)."""
+        s, hq, hk, D = self.spec, self.heads_local, self.kv_heads_local, self.spec.head_dim
+        norm, add_norm, qkv_rope_, swiglu = (self._ew(n) for n in ("rms_norm", "add_rms_norm", "qkv_rope",
+                                                                      "silu_mul"))
+        cos, sin = cs[:, 0], cs[:, 1]
+        h = F.embedding(ids, self.embed)
+        x = norm(h, self.layers[0].ln1, s.eps)
+        for i, L in enumerate(self.layers):
+            qkv = backend.linear(x, L.wqkv)
+            q, k, v = qkv_rope_(qkv, cos, sin, hq, hk, D, L.q_norm, L.k_norm, s.eps)
+            cache.write(i, k, v)
+            if seq is None:
+                a = backend.decode_attention(q, cache, i)
+            else:
+                a = backend.prefill_attention(q, k, v, batch, seq)
+            h, x = add_norm(backend.row_parallel(a, L.wo), h, L.ln2, s.eps)
+            y = backend.row_parallel(swiglu(backend.linear(x, L.wgu), self.inter_local), L.wdown)
+            nxt = self.layers[i + 1].ln1 if i + 1 < len(self.layers) else self.norm
+            h, x = add_norm(y, h, nxt, s.eps)
+        return x
+
+    def _logits(self, x: torch.Tensor, backend) -> torch.Tensor:
+        logits = backend.linear(x, self.lm_head)
+        if self.head == "vocab_parallel" and self.tp_size > 1:
+            logits = backend.all_gather_last(logits)
+        return logits
+
+    @torch.no_grad()
+    def prefill(self, ids: torch.Tensor, cache, backend, *, all_logits: bool = False) -> torch.Tensor:
+        """Run the prompts ``ids`` (batch, seq) int64 into an empty ``cache`` (K/V written, lens = seq).
+
+        Returns the logits (batch, vocab) at the last prompt token, or (batch, seq, vocab) with
+        ``all_logits``. Every prompt has the same length (no padding)."""
+        self._check_backend(backend, cache)
+        if ids.dim() != 2 or ids.shape[0] != cache.batch:
+            raise ValueError(f"ids must be (batch={cache.batch}, seq), got shape {tuple(ids.shape)}")
+        B, S = ids.shape
+        cache.begin_prefill(S)
+        cs = self.rope_table(S)[:S].repeat(B, 1, 1)
+        x = self._stack(ids.reshape(-1), cs, cache, backend, B, S)
+        if not all_logits:
+            x = x.view(B, S, -1)[:, -1]
+        logits = self._logits(x, backend)
+        return logits.view(B, S, -1) if all_logits else logits
+
+    @torch.no_grad()
+    def decode(self, ids: torch.Tensor, cache, backend, *, advance: bool = True) -> torch.Tensor:
+        """One decode step: token ``ids`` (batch,) int64 at position ``cache.lens`` of each sequence;
+        returns the logits (batch, vocab). ``advance``: lens += 1 (False: the step can be replayed
+        at the same position, for timing). Graph-safe: no host synchronisation, lengths on the
+        device; call :meth:`rope_table` with the cache capacity once before capturing."""
+        self._check_backend(backend, cache)
+        cache.begin_decode()
+        cs = self.rope_table(cache.capacity).index_select(0, cache.positions)
+        x = self._stack(ids, cs, cache, backend, cache.batch, None)
+        logits = self._logits(x, backend)
+        cache.end_decode(advance)
+        return logits
