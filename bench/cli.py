@@ -17,6 +17,7 @@ SUITES = {
     "policies": "effect of the mapping policies on this GPU (time per policy, per kernel)",
     "distributed": "all-gather+GEMM, GEMM+reduce-scatter, distributed decode (torchrun, 2+ GPUs)",
     "host_overhead": "host time per eager call of the public calls vs torch's equivalents (GPU)",
+    "collectives": "all-reduce, GEMM+all-reduce and the GEMM collectives with impl='auto' vs NCCL, symm_mem (2+ GPUs)",
     "e2e": "TP Llama-3-8B / Qwen3-8B decode step and prefill on numasched vs torch+NCCL+SDPA, CUDA graphs (torchrun at TP > 1)",
 }
 

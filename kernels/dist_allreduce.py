@@ -37,95 +37,145 @@ from numasched.kernels.dist_common import epoch_begin, epoch_end, signal, transl
 
 
 @triton.jit
-def _push(src, dst_local, rank, W: tl.constexpr, heap_bases, mask, flag_local, value):
-    """Store ``src`` (a register block) at ``dst_local`` in every peer's heap, then raise the
-    peer's copy of ``flag_local`` to ``value`` (after the stores: ``signal`` orders them)."""
-    for d in tl.static_range(W):
-        if d != rank:
-            tl.store(translate(dst_local, rank, d, heap_bases), src, mask=mask)
-    for d in tl.static_range(W):
-        if d != rank:
-            signal(flag_local, value, rank, d, heap_bases)
+def _ld(ptr, m, EVEN: tl.constexpr):
+    # a whole chunk needs no mask: unmasked 16-byte vector loads whatever n is
+    if EVEN:
+        return tl.load(ptr)
+    else:
+        return tl.load(ptr, mask=m, other=0.0)
 
 
 @triton.jit
+def _st(ptr, v, m, EVEN: tl.constexpr):
+    if EVEN:
+        tl.store(ptr, v)
+    else:
+        tl.store(ptr, v, mask=m)
+
+
+@triton.jit
+def _push_chunk(src_ptr, dst_local, d, rank, heap_bases, m, EVEN: tl.constexpr):
+    """Copy one chunk from local ``src_ptr`` into rank ``d``'s copy of heap address ``dst_local``."""
+    _st(translate(dst_local, rank, d, heap_bases), _ld(src_ptr, m, EVEN), m, EVEN)
+
+
+@triton.jit
+def _reduce_chunk(x_ptr, recv, span, c, g, m, out_ptr, flags_ptr, P, p, target, rank, status_ptr, wait_bound,
+                  WORLD: tl.constexpr, BLOCK: tl.constexpr, WAIT_CLOCK: tl.constexpr, EVEN: tl.constexpr):
+    """Sum the WORLD copies of one chunk in rank order (x for our own), store it at out + g."""
+    total = tl.zeros([BLOCK], dtype=tl.float32)
+    for src in tl.static_range(WORLD):   # rank order: the same rounding on every rank
+        if src == rank:
+            total += _ld(x_ptr + g, m, EVEN).to(tl.float32)
+        else:
+            wait_flag(flags_ptr + src * P + p, target, src, status_ptr, wait_bound, WAIT_CLOCK)
+            total += _ld(recv + src * span + c, m, EVEN).to(tl.float32)
+    res = total.to(out_ptr.dtype.element_ty)
+    _st(out_ptr + g, res, m, EVEN)
+    return res
+
+
+@triton.jit(do_not_specialize=["n", "iters"])
 def all_reduce_kernel(x_ptr, out_ptr, buf_ptr, buf2_ptr, flags_ptr, status_ptr, epoch_ptr, counters_ptr,
                       heap_bases, rank, n, shard, iters, wait_bound,
                       WORLD: tl.constexpr, BLOCK: tl.constexpr, TWO_SHOT: tl.constexpr, STAGES: tl.constexpr,
                       BUMP_EPOCH: tl.constexpr, WAIT_CLOCK: tl.constexpr):
     # x_ptr, out_ptr: (n,) contiguous (out may be x). buf_ptr: heap (2, WORLD, span) received
     # copies (span = n one-shot, shard two-shot); buf2_ptr: heap (2, WORLD * shard) reduced shards
-    # (two-shot). flags_ptr: heap int64 (2, WORLD, P).
+    # (two-shot). flags_ptr: heap int64 (2, WORLD, P). A chunk that lies wholly inside its
+    # tensor or shard runs unmasked (EVEN): n need not be a multiple of anything.
     e = epoch_begin(epoch_ptr)
     slot = e % 2
     p = tl.program_id(0)
     P = tl.num_programs(0)
     offs = tl.arange(0, BLOCK)
-    nn = n.to(tl.int64)
+    nn = tl.zeros([], tl.int64) + n
     base = (e - 1).to(tl.int64) * iters
     if TWO_SHOT:
-        span = shard.to(tl.int64)
+        span = tl.zeros([], tl.int64) + shard
     else:
         span = nn
     recv = buf_ptr + (slot * WORLD).to(tl.int64) * span     # this call's receive slots, by source
+    reduced = buf2_ptr + (slot * WORLD).to(tl.int64) * span
     flag0 = flags_ptr + rank * P + p                        # (0, rank, p): ours, as peers see it
     flag1 = flags_ptr + (WORLD + rank) * P + p              # (1, rank, p)
 
-    for i in range(0, iters + 2):   # two stages behind at most (one-shot: the last trip idles)
+    for i in range(0, iters + 2):   # stages run 0, 1 and 2 chunks behind (one-shot: the last trip idles)
         # ---- stage 1: push chunk i
         if (STAGES & 1) != 0:
             if i < iters:
-                c = (i * P + p).to(tl.int64) * BLOCK + offs       # offset inside a shard (or x)
+                c0 = (i * P + p).to(tl.int64) * BLOCK
+                c = c0 + offs                                      # offset inside a shard (or x)
                 if TWO_SHOT:
                     for d in tl.static_range(WORLD):
                         if d != rank:
-                            g = d * span + c
-                            m = (c < span) & (g < nn)
-                            v = tl.load(x_ptr + g, mask=m)
-                            tl.store(translate(recv + rank * span + c, rank, d, heap_bases), v, mask=m)
-                    for d in tl.static_range(WORLD):
-                        if d != rank:
-                            signal(flag0, base + i + 1, rank, d, heap_bases)
+                            lim = tl.minimum(span, nn - d * span)   # this shard's length
+                            m = c < lim
+                            if c0 + BLOCK <= lim:
+                                _push_chunk(x_ptr + d * span + c, recv + rank * span + c, d, rank, heap_bases, m,
+                                            True)
+                            else:
+                                _push_chunk(x_ptr + d * span + c, recv + rank * span + c, d, rank, heap_bases, m,
+                                            False)
                 else:
                     m = c < nn
-                    v = tl.load(x_ptr + c, mask=m)
-                    _push(v, recv + rank * span + c, rank, WORLD, heap_bases, m, flag0, base + i + 1)
-        # ---- stage 2: reduce chunk i - 1
+                    for d in tl.static_range(WORLD):
+                        if d != rank:
+                            if c0 + BLOCK <= nn:
+                                _push_chunk(x_ptr + c, recv + rank * span + c, d, rank, heap_bases, m, True)
+                            else:
+                                _push_chunk(x_ptr + c, recv + rank * span + c, d, rank, heap_bases, m, False)
+                for d in tl.static_range(WORLD):
+                    if d != rank:
+                        signal(flag0, base + i + 1, rank, d, heap_bases)
+        # ---- stage 2: reduce chunk i - 1 (two-shot: of our own shard, then push the sum to every peer)
         if (STAGES & 2) != 0:
             j = i - 1
             if (j >= 0) & (j < iters):
-                c = (j * P + p).to(tl.int64) * BLOCK + offs
+                c0 = (j * P + p).to(tl.int64) * BLOCK
+                c = c0 + offs
                 if TWO_SHOT:
+                    lim = tl.minimum(span, nn - rank * span)
                     g = rank * span + c
-                    m = (c < span) & (g < nn)
                 else:
+                    lim = nn
                     g = c
-                    m = c < nn
-                total = tl.zeros([BLOCK], dtype=tl.float32)
-                for src in tl.static_range(WORLD):   # rank order: the same rounding on every rank
-                    if src == rank:
-                        total += tl.load(x_ptr + g, mask=m, other=0.0).to(tl.float32)
-                    else:
-                        wait_flag(flags_ptr + src * P + p, base + j + 1, src, status_ptr, wait_bound, WAIT_CLOCK)
-                        total += tl.load(recv + src * span + c, mask=m, other=0.0).to(tl.float32)
-                res = total.to(out_ptr.dtype.element_ty)
-                tl.store(out_ptr + g, res, mask=m)
+                m = c < lim
+                if c0 + BLOCK <= lim:
+                    res = _reduce_chunk(x_ptr, recv, span, c, g, m, out_ptr, flags_ptr, P, p, base + j + 1, rank,
+                                        status_ptr, wait_bound, WORLD, BLOCK, WAIT_CLOCK, True)
+                    if TWO_SHOT:
+                        for d in tl.static_range(WORLD):
+                            if d != rank:
+                                _st(translate(reduced + g, rank, d, heap_bases), res, m, True)
+                else:
+                    res = _reduce_chunk(x_ptr, recv, span, c, g, m, out_ptr, flags_ptr, P, p, base + j + 1, rank,
+                                        status_ptr, wait_bound, WORLD, BLOCK, WAIT_CLOCK, False)
+                    if TWO_SHOT:
+                        for d in tl.static_range(WORLD):
+                            if d != rank:
+                                _st(translate(reduced + g, rank, d, heap_bases), res, m, False)
                 if TWO_SHOT:
-                    reduced = buf2_ptr + (slot * WORLD).to(tl.int64) * span + g
-                    _push(res, reduced, rank, WORLD, heap_bases, m, flag1, base + j + 1)
-        # ---- stage 3 (two-shot): gather chunk i - 2 of every peer's shard
+                    for d in tl.static_range(WORLD):
+                        if d != rank:
+                            signal(flag1, base + j + 1, rank, d, heap_bases)
+        # ---- stage 3 (two-shot): gather chunk i - 2 of every peer's reduced shard
         if TWO_SHOT:
             if (STAGES & 4) != 0:
                 k = i - 2
                 if (k >= 0) & (k < iters):
-                    c = (k * P + p).to(tl.int64) * BLOCK + offs
+                    c0 = (k * P + p).to(tl.int64) * BLOCK
+                    c = c0 + offs
                     for src in tl.static_range(WORLD):
                         if src != rank:
                             g = src * span + c
-                            m = (c < span) & (g < nn)
+                            lim = tl.minimum(span, nn - src * span)
+                            m = c < lim
                             wait_flag(flags_ptr + (WORLD + src) * P + p, base + k + 1, src, status_ptr, wait_bound,
                                       WAIT_CLOCK)
-                            v = tl.load(buf2_ptr + (slot * WORLD).to(tl.int64) * span + g, mask=m)
-                            tl.store(out_ptr + g, v, mask=m)
+                            if c0 + BLOCK <= lim:
+                                _st(out_ptr + g, _ld(reduced + g, m, True), m, True)
+                            else:
+                                _st(out_ptr + g, _ld(reduced + g, m, False), m, False)
 
     epoch_end(epoch_ptr, counters_ptr, P, e, BUMP_EPOCH)

@@ -609,6 +609,14 @@ res["ce_wait"] = dict(ptx=c.asm["ptx"])
 c = compile_(dist_ce.sum_partials_kernel, dict(own_ptr="*bf16", p_ptr="*bf16", out_ptr="*bf16", rank=0, n=2**24,
              WORLD=2, BLOCK=2048), sm90, 4)
 res["ce_sum"] = dict(ptx=c.asm["ptx"])
+from numasched.kernels import dist_allreduce
+for two in (False, True):
+    vals = dict(x_ptr="*bf16", out_ptr="*bf16", buf_ptr="*bf16", buf2_ptr="*bf16", flags_ptr="*i64",
+                status_ptr="*i32", epoch_ptr="*i32", counters_ptr="*i32", heap_bases="*i64", rank=0, n=4099,
+                shard=8192, iters=3, wait_bound=10**6, WORLD=2, BLOCK=8192, TWO_SHOT=two, STAGES=7, BUMP_EPOCH=True,
+                WAIT_CLOCK=True)
+    c = compile_(dist_allreduce.all_reduce_kernel, vals, sm90, 8)
+    res["ar2" if two else "ar1"] = dict(ptx=c.asm["ptx"])
 try:
     c = compile_(dist_gemm.all_gather_matmul_kernel, ag_values(M.get("chiplet_tiled"), clock=False),
                  GPUTarget("hip", "gfx942", 64),
@@ -656,8 +664,13 @@ def test_kernels_compile_for_hopper(subprocess_result):
     assert re.search(r"(ld|atom)\.global\.sys\.acquire", subprocess_result["ce_wait"]["ptx"])
     # the wide sum kernel must never spin on flags (it would starve the side stream's signals)
     assert not re.search(r"\.acquire", subprocess_result["ce_sum"]["ptx"])
+    # all-reduce: whole chunks move as 16-byte vectors to the peer whatever n is (4099 here), flags
+    # are released and acquired at scope sys
+    for k in (subprocess_result["ar1"], subprocess_result["ar2"]):
+        assert "st.global.v4" in k["ptx"] and re.search(r"atom\.global\.sys\.release\.exch", k["ptx"])
+        assert re.search(r"(ld|atom)\.global\.sys\.acquire", k["ptx"])
     # waits are bounded by the GPU clock on NVIDIA (a poll count is far too long under contention)
-    for k in (ag, rs, dec, subprocess_result["ce_wait"]):
+    for k in (ag, rs, dec, subprocess_result["ce_wait"], subprocess_result["ar1"]):
         assert "%globaltimer" in k["ptx"]
 
 

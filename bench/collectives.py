@@ -1,0 +1,309 @@
+"""``numasched bench collectives``: all-reduce and the GEMM collectives at tensor-parallel sizes,
+``impl="auto"`` against every baseline, side by side in one run (2+ GPUs; launches torchrun).
+
+    numasched bench collectives [--quick] [--nproc N] [--only ar,mar,ag,rs] [--m 16,64,...]
+
+Every time is a CUDA-graph replay (a graph of ``--calls`` calls, divided by that count; the
+slowest rank's median of ``--iters`` replays), so host launch work is out of every number.
+
+all_reduce (bf16, bytes per rank): numasched one-shot, two-shot and auto (the cost model's pick,
+named in ``auto_impl``) against NCCL (``dist.all_reduce``) and torch symmetric memory
+(``one_shot_all_reduce`` and ``two_shot_all_reduce_`` on a buffer already in symmetric memory:
+their best case, no copy in). ``x_vs_best`` = best peer time / auto time; ``busbw_GBs`` =
+2 (W-1)/W bytes / auto time, NCCL's bus-bandwidth convention.
+matmul_all_reduce (row-parallel projections: M x K_local x N): bulk (torch.matmul + NCCL) and
+cuBLAS + symm_mem one-shot (copy into the symmetric buffer included) against numasched's auto.
+all_gather_matmul / matmul_reduce_scatter (column / row parallel): bulk (NCCL + torch.matmul),
+torch symm_mem's fused op, numasched fused and auto. ``est_*_us``: the cost model's estimates
+(numasched.distributed.cost), for calibration.
+Results: bench/results/collectives-<world>x<gpu>-<date>.csv/.json/.png.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+
+ENV = dict(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NUMASCHED_CHECK_DATA="0")
+AR_SIZES = [8 << 10, 64 << 10, 256 << 10, 512 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
+AR_OFF_GRID = [24 << 10 | 6, (3 << 20) + 1000]   # sizes that are not powers of two
+M_GRID = [16, 64, 256, 1024, 4096, 16384]
+# (name, N, K) of Llama-3-8B and Qwen3-32B projections; K or N is divided by the world size
+MAR_SHAPES = [("llama8b.o", 4096, 4096), ("llama8b.down", 4096, 14336), ("qwen32b.o", 5120, 8192),
+              ("qwen32b.down", 5120, 25600)]
+AG_SHAPES = [("llama8b.qkv", 6144, 4096), ("qwen32b.gate_up", 51200, 5120)]
+RS_SHAPES = [("llama8b.down", 4096, 14336), ("qwen32b.o", 5120, 8192)]
+COLS = ["op", "shape", "M", "bytes", "nccl_us", "symm1_us", "symm2_us", "oneshot_us", "twoshot_us", "bulk_us",
+        "symm_us", "fused_us", "auto_us", "auto_impl", "best_peer", "x_vs_best", "busbw_GBs", "est_auto_us",
+        "est_bulk_us", "err"]
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog="numasched bench collectives", description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="fewer sizes and shapes")
+    p.add_argument("--nproc", type=int, default=None, help="GPUs (default: all)")
+    p.add_argument("--only", default="ar,mar,ag,rs", help="subset of ar (all_reduce), mar (matmul_all_reduce), "
+                                                           "ag (all_gather_matmul), rs (matmul_reduce_scatter)")
+    p.add_argument("--m", default=",".join(map(str, M_GRID)), help="rows of the GEMM collectives")
+    p.add_argument("--calls", type=int, default=5, help="calls per captured graph")
+    p.add_argument("--iters", type=int, default=20, help="timed replays per method")
+    p.add_argument("--dry-run", action="store_true", help="print the planned points and exit")
+    p.add_argument("--out-dir", default=None, help="results folder")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    return p
+
+
+def _points(args, world):
+    ms = [int(x) for x in args.m.split(",") if x]
+    only = set(args.only.split(","))
+    pts = []
+    if "ar" in only:
+        sizes = AR_SIZES[::2] + AR_OFF_GRID[:1] if args.quick else AR_SIZES + AR_OFF_GRID
+        pts += [("all_reduce", f"{b} B", 0, b) for b in sizes]
+    shapes = lambda s: s[:1] if args.quick else s  # noqa: E731
+    if "mar" in only:
+        pts += [("matmul_all_reduce", f"{n} N={N} K_local={K // world}", m, (N, K // world))
+                for n, N, K in shapes(MAR_SHAPES) for m in ms]
+    if "ag" in only:
+        pts += [("all_gather_matmul", f"{n} K={K} N_local={N // world}", m, (N // world, K))
+                for n, N, K in shapes(AG_SHAPES) for m in ms]
+    if "rs" in only:
+        pts += [("matmul_reduce_scatter", f"{n} K_local={K // world} N={N}", m, (N, K // world))
+                for n, N, K in shapes(RS_SHAPES) for m in ms]
+    return pts
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.dry_run:
+        from .common import print_plan
+
+        world = args.nproc or 2
+        return print_plan("collectives", [f"{op} {shape} M={m}" for op, shape, m, _ in _points(args, world)],
+                          ["numasched auto/oneshot/twoshot/fused", "NCCL (+ torch.matmul)", "torch symm_mem"])
+    if args.worker or "RANK" in os.environ:
+        return _worker(args)
+    import torch
+
+    n = args.nproc or (torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    if n < 2:
+        print(f"numasched bench collectives needs 2+ GPUs (found {n})", file=sys.stderr)
+        return 2
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={n}", "-m", "numasched.bench.collectives",
+           "--worker"] + [a for a in (argv or sys.argv[1:]) if not a.startswith("--nproc")]
+    print("launching:", " ".join(cmd), flush=True)
+    return subprocess.call(cmd, env=dict(os.environ, **ENV))
+
+
+def _worker(args) -> int:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    import numasched.distributed as nd
+    from numasched.distributed import cost
+
+    from .common import bench_fixed_ms, warm_up_for_capture, write_results
+
+    for k, v in ENV.items():
+        os.environ.setdefault(k, v)
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=600), device_id=torch.device("cuda", local))
+    R, W = dist.get_rank(), dist.get_world_size()
+    ctx = nd.init(heap_bytes=32 << 30, timeout_s=30.0)
+    group = dist.group.WORLD.group_name
+    bf = torch.bfloat16
+    nan = float("nan")
+    try:
+        from torch.distributed import _symmetric_memory as symm_mem
+
+        if hasattr(symm_mem, "enable_symm_mem_for_group"):
+            symm_mem.enable_symm_mem_for_group(group)
+        has_symm = True
+    except Exception as e:  # noqa: BLE001
+        print(f"torch symmetric memory unavailable: {e}")
+        has_symm = False
+
+    def say(msg):
+        if R == 0:
+            print(msg, flush=True)
+
+    def graph_us(fn):
+        """Slowest rank's median us per call of ``fn`` replayed from a CUDA graph of --calls calls."""
+        try:
+            warm_up_for_capture(fn, 2)
+            dist.barrier()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                for _ in range(args.calls):
+                    fn()
+            torch.cuda.synchronize()
+            dist.barrier()
+            us = bench_fixed_ms(g.replay, warmup=3, iters=args.iters) * 1e3 / args.calls
+            ctx.check("bench")
+        except Exception as e:  # noqa: BLE001
+            say(f"    failed: {type(e).__name__}: {str(e)[:160]}")
+            us = float("inf")
+        x = torch.tensor([us], device="cuda")
+        dist.all_reduce(x, op=dist.ReduceOp.MAX)
+        v = float(x)
+        return nan if v == float("inf") else v
+
+    def rel(x, ref):
+        return float(torch.linalg.vector_norm(x.double() - ref.double()) / torch.linalg.vector_norm(ref.double()))
+
+    def symm_buffer(numel):
+        t = symm_mem.empty(numel, dtype=bf, device="cuda")
+        symm_mem.rendezvous(t, group)
+        return t
+
+    rows = []
+    for op, shape, m, extra in _points(args, W):
+        row = dict(op=op, shape=shape, M=m)
+        g = torch.Generator(device="cuda").manual_seed(R * 1000 + len(rows))
+        if op == "all_reduce":
+            n = extra // 2
+            row["bytes"] = extra
+            x = torch.randn(n, device="cuda", dtype=bf, generator=g)
+            out = torch.empty_like(x)
+            ref = x.double()
+            dist.all_reduce(ref)
+            nbuf = x.clone()
+            row["nccl_us"] = graph_us(lambda: dist.all_reduce(nbuf))
+            if has_symm:
+                sb = symm_buffer(n)
+                sb.copy_(x)
+                so = torch.empty_like(x)
+                row["symm1_us"] = graph_us(lambda: torch.ops.symm_mem.one_shot_all_reduce_out(sb, "sum", group, so))
+                row["symm2_us"] = graph_us(lambda: torch.ops.symm_mem.two_shot_all_reduce_(sb, "sum", group))
+            errs = []
+            for impl in ("oneshot", "twoshot", "auto"):
+                errs.append(rel(nd.all_reduce(x, ctx=ctx, impl=impl, out=out), ref))
+                row[f"{impl}_us"] = graph_us(lambda: nd.all_reduce(x, ctx=ctx, impl=impl, out=out, check=False))
+            row["auto_impl"] = cost.choose_all_reduce(extra, W)
+            row["est_auto_us"] = cost.all_reduce_s(row["auto_impl"], extra, W) * 1e6
+            row["est_bulk_us"] = cost.all_reduce_s("nccl", extra, W) * 1e6
+            peers = {k: row.get(k, nan) for k in ("nccl_us", "symm1_us", "symm2_us")}
+            row["busbw_GBs"] = 2 * (W - 1) / W * extra / (row["auto_us"] * 1e-6) / 1e9
+        elif op == "matmul_all_reduce":
+            N, Kl = extra
+            a = torch.randn(m, Kl, device="cuda", dtype=bf, generator=g)
+            w = torch.randn(N, Kl, device="cuda", dtype=bf, generator=g) / Kl ** 0.5
+            b = w.T
+            out = torch.empty(m, N, device="cuda", dtype=bf)
+            row["bytes"] = m * N * 2
+            ref = a.double() @ w.double().T
+            dist.all_reduce(ref)
+            c = torch.empty(m, N, device="cuda", dtype=bf)
+            row["bulk_us"] = graph_us(lambda: (torch.matmul(a, b, out=c), dist.all_reduce(c)))
+            if has_symm:
+                sb = symm_buffer(m * N).view(m, N)
+                so = torch.empty(m * N, device="cuda", dtype=bf)
+                row["symm_us"] = graph_us(lambda: (torch.matmul(a, b, out=sb),
+                                                   torch.ops.symm_mem.one_shot_all_reduce_out(sb.view(-1), "sum",
+                                                                                              group, so)))
+            plan = nd.plan_matmul_all_reduce(a, b, world=W)
+            row["auto_impl"] = f"{plan.gemm}+{plan.all_reduce}"
+            row["err"] = rel(nd.matmul_all_reduce(a, b, ctx=ctx, out=out), ref)
+            row["auto_us"] = graph_us(lambda: nd.matmul_all_reduce(a, b, ctx=ctx, out=out, check=False))
+            row["fused_us"] = graph_us(lambda: nd.matmul_all_reduce(a, b, ctx=ctx, out=out, check=False,
+                                                                    gemm="numasched", impl="oneshot"))
+            row["est_auto_us"] = plan.est_us
+            row["est_bulk_us"] = nd.plan_matmul_all_reduce(a, b, world=W, impl="bulk").est_us
+            peers = {k: row.get(k, nan) for k in ("bulk_us", "symm_us")}
+        else:
+            ag = op == "all_gather_matmul"
+            if ag:
+                Nl, K = extra
+                Ml = max(1, m // W)
+                a = torch.randn(Ml, K, device="cuda", dtype=bf, generator=g)
+                b = torch.randn(K, Nl, device="cuda", dtype=bf, generator=g) / K ** 0.5
+                full = torch.empty(Ml * W, K, device="cuda", dtype=bf)
+                c = torch.empty(Ml * W, Nl, device="cuda", dtype=bf)
+                bulk = lambda: (dist.all_gather_into_tensor(full, a), torch.matmul(full, b, out=c))  # noqa: E731
+                symm = lambda: torch.ops.symm_mem.fused_all_gather_matmul(a, [b], 0, group)  # noqa: E731
+                fn = nd.all_gather_matmul
+                dims = (Ml * W, Nl, K)
+            else:
+                N, Kl = extra
+                Mt = max(W, m // W * W)
+                a = torch.randn(Mt, Kl, device="cuda", dtype=bf, generator=g)
+                b = torch.randn(Kl, N, device="cuda", dtype=bf, generator=g) / Kl ** 0.5
+                part = torch.empty(Mt, N, device="cuda", dtype=bf)
+                res = torch.empty(Mt // W, N, device="cuda", dtype=bf)
+                bulk = lambda: (torch.matmul(a, b, out=part), dist.reduce_scatter_tensor(res, part))  # noqa: E731
+                symm = lambda: torch.ops.symm_mem.fused_matmul_reduce_scatter(a, b, "sum", 0, group)  # noqa: E731
+                fn = nd.matmul_reduce_scatter
+                dims = (Mt, N, Kl)
+            row["bytes"] = dims[0] * dims[1] * 2
+            row["bulk_us"] = graph_us(bulk)
+            if has_symm:
+                row["symm_us"] = graph_us(symm)
+            ref = fn(a, b, ctx=ctx, impl="bulk")
+            row["err"] = rel(fn(a, b, ctx=ctx, impl="auto"), ref)
+            row["fused_us"] = graph_us(lambda: fn(a, b, ctx=ctx, impl="fused", check=False))
+            row["auto_us"] = graph_us(lambda: fn(a, b, ctx=ctx, impl="auto", check=False))
+            row["auto_impl"] = cost.choose_gemm_collective(op, *dims, bf, W)
+            row["est_auto_us"] = cost.gemm_collective_s(op, row["auto_impl"], *dims, bf, W) * 1e6
+            row["est_bulk_us"] = cost.gemm_collective_s(op, "bulk", *dims, bf, W) * 1e6
+            peers = {k: row.get(k, nan) for k in ("bulk_us", "symm_us")}
+        if op == "all_reduce":
+            row["err"] = max(errs)
+        live = {k: v for k, v in peers.items() if v == v}
+        if live:
+            best = min(live, key=live.get)
+            row["best_peer"] = best[:-3]
+            row["x_vs_best"] = live[best] / row["auto_us"]
+        say(f"ROW {op} {shape} M={m}: " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                                  for k, v in row.items() if k not in ("op", "shape", "M")))
+        rows.append(row)
+    if R == 0:
+        write_results("collectives", rows, columns=COLS, plot=_plot, gpus=W,
+                      meta=dict(world=W, calls_per_graph=args.calls, iters=args.iters),
+                      out_dir=args.out_dir)
+        ar = [r for r in rows if "x_vs_best" in r and r["x_vs_best"] == r["x_vs_best"]]
+        if ar:
+            worst = min(ar, key=lambda r: r["x_vs_best"])
+            print(f"auto vs best baseline: worst {worst['x_vs_best']:.3f} at {worst['op']} {worst['shape']} "
+                  f"M={worst['M']}; {sum(r['x_vs_best'] >= 0.995 for r in ar)}/{len(ar)} points >= 1.00 (0.5% noise)")
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+def _plot(rows, path):
+    import matplotlib.pyplot as plt
+
+    ar = [r for r in rows if r["op"] == "all_reduce"]
+    other = [r for r in rows if r["op"] != "all_reduce" and r.get("x_vs_best") == r.get("x_vs_best")]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    ax = axes[0]
+    for key, label in (("auto_us", "numasched auto"), ("nccl_us", "NCCL"), ("symm1_us", "symm_mem one-shot"),
+                       ("symm2_us", "symm_mem two-shot")):
+        pts = sorted((r["bytes"], r.get(key)) for r in ar if r.get(key) == r.get(key) and r.get(key) is not None)
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("bytes per rank")
+    ax.set_ylabel("us per all-reduce (CUDA graph)")
+    ax.legend()
+    ax = axes[1]
+    for op in ("matmul_all_reduce", "all_gather_matmul", "matmul_reduce_scatter"):
+        pts = [(r["M"], r["x_vs_best"]) for r in other if r["op"] == op]
+        if pts:
+            ax.scatter([p[0] for p in pts], [p[1] for p in pts], label=op)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_xlabel("M (rows)")
+    ax.set_ylabel("best baseline time / auto time")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""All-reduce config sweep (chunk size, warps, programs per SM) against NCCL and torch symm_mem,
+CUDA-graph replays, to set numasched.distributed.all_reduce's config and the cost model's
+constants. Run: NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node 2 scripts/ar_sweep.py"""
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+
+import numasched.distributed as nd
+from numasched.distributed import all_reduce as AR
+from numasched.bench.common import bench_fixed_ms, warm_up_for_capture
+
+SIZES = [64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20]
+CONFIGS = [(16384, 8, 1), (32768, 8, 1), (16384, 8, 2), (8192, 4, 2), (65536, 16, 1), (32768, 8, 2)]
+
+
+def main():
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=600), device_id=torch.device("cuda", local))
+    R, W = dist.get_rank(), dist.get_world_size()
+    ctx = nd.init(heap_bytes=48 << 30, timeout_s=30.0)
+    sms = ctx.num_sms
+    group = dist.group.WORLD.group_name
+    from torch.distributed import _symmetric_memory as symm_mem
+
+    def graph_us(fn, calls=5):
+        warm_up_for_capture(fn, 2)
+        dist.barrier()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(calls):
+                fn()
+        torch.cuda.synchronize()
+        dist.barrier()
+        us = bench_fixed_ms(g.replay, warmup=3, iters=15) * 1e3 / calls
+        x = torch.tensor([us], device="cuda")
+        dist.all_reduce(x, op=dist.ReduceOp.MAX)
+        return float(x)
+
+    for nbytes in SIZES:
+        n = nbytes // 2
+        x = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        out = torch.empty_like(x)
+        line = [f"{nbytes >> 10} KiB"]
+        nb = x.clone()
+        line.append(f"nccl {graph_us(lambda: dist.all_reduce(nb)):.1f}")
+        sb = symm_mem.empty(n, dtype=torch.bfloat16, device="cuda")
+        symm_mem.rendezvous(sb, group)
+        sb.copy_(x)
+        line.append(f"symm2 {graph_us(lambda: torch.ops.symm_mem.two_shot_all_reduce_(sb, 'sum', group)):.1f}")
+        for block_bytes, warps, per_sm in CONFIGS:
+            AR._cfg = lambda dt, gpu, b=block_bytes, w=warps: dict(BLOCK=b // 2, num_warps=w)
+            ctx.num_sms = sms * per_sm
+            for impl in ("oneshot", "twoshot"):
+                try:
+                    t = graph_us(lambda: nd.all_reduce(x, ctx=ctx, impl=impl, out=out, check=False))
+                    ctx.check("sweep")
+                    line.append(f"{impl[:3]}{block_bytes >> 10}k/w{warps}/x{per_sm} {t:.1f}")
+                except Exception as e:  # noqa: BLE001
+                    line.append(f"{impl[:3]}{block_bytes >> 10}k/w{warps}/x{per_sm} ERR {type(e).__name__}")
+        ctx.num_sms = sms
+        if R == 0:
+            print(" | ".join(line), flush=True)
+    dist.barrier()
+
+
+if __name__ == "__main__":
+    main()
