@@ -246,7 +246,7 @@ def _worker(args) -> int:
             row["err"] = rel(fn(a, b, ctx=ctx, impl="auto"), ref)
             row["fused_us"] = graph_us(lambda: fn(a, b, ctx=ctx, impl="fused", check=False))
             row["auto_us"] = graph_us(lambda: fn(a, b, ctx=ctx, impl="auto", check=False))
-            row["auto_impl"] = cost.choose_gemm_collective(op, *dims, bf, W)
+            row["auto_impl"] = cost.choose_gemm_collective(op, *dims, bf, W, symm_mem_ok=has_symm)
             row["est_auto_us"] = cost.gemm_collective_s(op, row["auto_impl"], *dims, bf, W) * 1e6
             row["est_bulk_us"] = cost.gemm_collective_s(op, "bulk", *dims, bf, W) * 1e6
             peers = {k: row.get(k, nan) for k in ("bulk_us", "symm_us")}

@@ -11,7 +11,7 @@ import numasched.distributed as nd
 from numasched.distributed import all_reduce as AR
 from numasched.bench.common import bench_fixed_ms, warm_up_for_capture
 
-SIZES = [64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20]
+SIZES = [64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 CONFIGS = [(16384, 8, 1), (32768, 8, 1), (16384, 8, 2), (8192, 4, 2), (65536, 16, 1), (32768, 8, 2)]
 
 

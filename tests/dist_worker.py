@@ -423,15 +423,15 @@ def check_bulk_and_auto(ctx, quick):
         ar, br = randn(Ml * W, 512, seed=43 + R), randn(512, 640, seed=44 + R)
         part = ar.float() @ br.float()
         dist.all_reduce(part)
-        for impl in ("bulk", "auto"):
+        for impl in ("bulk", "auto", "symm_mem"):
             c = nd.all_gather_matmul(a, b, ctx=ctx, impl=impl)
             ok(rel(c, ref) < 1e-2, f"all_gather_matmul {impl} M_local={Ml}: wrong")
             y = nd.matmul_reduce_scatter(ar, br, ctx=ctx, impl=impl)
             ok(rel(y, part[R * Ml:(R + 1) * Ml]) < 1e-2, f"matmul_reduce_scatter {impl} M={Ml * W}: wrong")
         from numasched.distributed import cost
         msgs.append(f"M_local={Ml}: auto picks ag "
-                    f"{cost.choose_gemm_collective('all_gather_matmul', Ml * W, 768, 1024, BF, W)}, rs "
-                    f"{cost.choose_gemm_collective('matmul_reduce_scatter', Ml * W, 640, 512, BF, W)}")
+                    f"{cost.choose_gemm_collective('all_gather_matmul', Ml * W, 768, 1024, BF, W, symm_mem_ok=True)}, rs "
+                    f"{cost.choose_gemm_collective('matmul_reduce_scatter', Ml * W, 640, 512, BF, W, symm_mem_ok=True)}")
     return ok.done("; ".join(msgs))
 
 

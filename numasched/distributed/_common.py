@@ -149,31 +149,57 @@ def _aligned(t: torch.Tensor) -> bool:
     return t.data_ptr() % 16 == 0
 
 
-IMPLS = ("auto", "fused", "ce", "bulk")
+IMPLS = ("auto", "fused", "ce", "bulk", "symm_mem")
 
 
 def _check_impl(impl):
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS} (auto: the cost model's pick; fused Triton kernel; copy engine "
-                         f"+ cuBLAS; bulk: NCCL + torch.matmul), got {impl!r}")
+                         f"+ cuBLAS; bulk: NCCL + torch.matmul; symm_mem: torch symmetric memory's fused op), "
+                         f"got {impl!r}")
 
 
-def _resolve_impl(op: str, impl: str, M: int, N: int, K: int, dtype, world: int, bulk_ok: bool) -> str:
+def _resolve_impl(op: str, impl: str, M: int, N: int, K: int, dtype, world: int, bulk_ok: bool,
+                  symm_ok: bool = False) -> str:
     """``impl`` with "auto" replaced by the cost model's pick (numasched.distributed.cost)."""
     _check_impl(impl)
     if impl != "auto":
-        if impl == "bulk" and not bulk_ok:
-            raise ValueError("impl='bulk' needs a real context (numasched.distributed.init): a simulated rank has no "
-                             "process group")
+        if impl in ("bulk", "symm_mem") and not bulk_ok:
+            raise ValueError(f"impl={impl!r} needs a real context (numasched.distributed.init): a simulated rank has "
+                             f"no process group")
         return impl
     from . import cost
 
-    return cost.choose_gemm_collective(op, M, N, K, dtype, world, bulk_ok=bulk_ok)
+    return cost.choose_gemm_collective(op, M, N, K, dtype, world, bulk_ok=bulk_ok, symm_mem_ok=symm_ok)
 
 
 def _bulk_ok(ctx) -> bool:
     """Whether ``ctx`` can run torch.distributed collectives (a real context; not the simulation)."""
     return hasattr(ctx, "group")
+
+
+def group_name(ctx) -> str:
+    import torch.distributed as dist
+
+    return (ctx.group if ctx.group is not None else dist.group.WORLD).group_name
+
+
+def _symm_mem_ok(ctx) -> bool:
+    """Whether torch symmetric memory's fused ops can run on ``ctx``'s group (checked once per context)."""
+    if not _bulk_ok(ctx):
+        return False
+    ok = getattr(ctx, "_symm_mem_ok", None)
+    if ok is None:
+        try:
+            from torch.distributed import _symmetric_memory as symm_mem
+
+            if hasattr(symm_mem, "enable_symm_mem_for_group"):
+                symm_mem.enable_symm_mem_for_group(group_name(ctx))
+            ok = hasattr(torch.ops.symm_mem, "fused_all_gather_matmul") and ctx.device.type == "cuda"
+        except Exception:  # noqa: BLE001 - an older torch, no NVSHMEM/CUDA symmetric memory: not offered
+            ok = False
+        ctx._symm_mem_ok = ok
+    return ok
 
 
 # ============================================================================ argument checks
@@ -256,13 +282,14 @@ class _Op:
         "nocomm"; impl="ce" goes to the copy-engine pair, everything else to the fused kernel."""
         if not call.extra.get("communicate", True):
             phase = "nocomm"
-        if call.cfg.get("impl") in ("ce", "bulk"):
+        if call.cfg.get("impl") in ("ce", "bulk", "symm_mem"):
             impl = call.cfg["impl"]
             if observe.OBSERVERS:
                 observe.notify(call.op, f"{call.op}.{impl}", (), () if phase == "push" else (call.tensors["out"],),
                                plan)
             plan.launches += 1
-            return (cls._launch_ce if impl == "ce" else cls._launch_bulk)(ctx, plan, call, phase)
+            return {"ce": cls._launch_ce, "bulk": cls._launch_bulk, "symm_mem": cls._launch_symm_mem}[impl](
+                ctx, plan, call, phase)
         return cls._launch_fused(ctx, plan, call, phase)
 
     @staticmethod
@@ -271,6 +298,10 @@ class _Op:
 
     @staticmethod
     def _launch_bulk(ctx, plan, call, phase):
+        raise NotImplementedError
+
+    @staticmethod
+    def _launch_symm_mem(ctx, plan, call, phase):
         raise NotImplementedError
 
     @staticmethod

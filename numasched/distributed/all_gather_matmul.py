@@ -7,7 +7,7 @@ from numasched._validate import check_int32_indexing
 
 from . import _common
 from ._common import Call, _cdiv, _check_operands, _desc, _on_gpu, _aligned, _Op, _output, _policy
-from ._common import _bulk_ok, _resolve_impl, _tma_ok, register, run
+from ._common import _bulk_ok, _resolve_impl, _symm_mem_ok, _tma_ok, group_name, register, run
 
 
 @register
@@ -16,10 +16,10 @@ class AllGatherMatmul(_Op):
     sim_phases = ("push", "consume")
 
     @staticmethod
-    def describe(a_local, b, *, world, mapping="auto", impl="auto", cfg=None, bulk_ok=True) -> Call:
+    def describe(a_local, b, *, world, mapping="auto", impl="auto", cfg=None, bulk_ok=True, symm_ok=False) -> Call:
         Ml, K = a_local.shape
         N = b.shape[1]
-        impl = _resolve_impl("all_gather_matmul", impl, Ml * world, N, K, a_local.dtype, world, bulk_ok)
+        impl = _resolve_impl("all_gather_matmul", impl, Ml * world, N, K, a_local.dtype, world, bulk_ok, symm_ok)
         cfg = cfg or _common._gemm_cfg(a_local.dtype, _on_gpu(a_local), N)
         tms, tn = _cdiv(Ml, cfg["BLOCK_M"]), _cdiv(N, cfg["BLOCK_N"])
         policy, nd = _policy(mapping, tms, tn)
@@ -32,7 +32,7 @@ class AllGatherMatmul(_Op):
     @staticmethod
     def buffers(call) -> list:
         c, W = call.cfg, call.cfg["world"]
-        if c["impl"] == "bulk":  # NCCL's buffers, not the heap
+        if c["impl"] in ("bulk", "symm_mem"):  # NCCL's / torch's buffers, not the heap
             return []
         if c["impl"] == "ce":   # ready + ack flags per peer, one receive buffer per peer
             bufs = [("flags", (2, W), torch.int32)]
@@ -49,9 +49,11 @@ class AllGatherMatmul(_Op):
         _check_operands(ctx, "a_local", a_local, "b", b, "K")
         check_int32_indexing("b", b)
         a_local = a_local.contiguous()   # pushed as flat row blocks; read with unit stride
-        call = cls.describe(a_local, b, world=ctx.world, mapping=mapping, impl=impl, bulk_ok=_bulk_ok(ctx))
+        call = cls.describe(a_local, b, world=ctx.world, mapping=mapping, impl=impl, bulk_ok=_bulk_ok(ctx),
+                            symm_ok=_symm_mem_ok(ctx))
         call.tensors["out"] = _output(out, (ctx.world * call.cfg["Ml"], call.cfg["N"]), a_local, call.cfg["impl"])
         call.extra["communicate"] = bool(communicate)
+        call.extra["out_given"] = out is not None
         return call
 
     @staticmethod
@@ -71,6 +73,16 @@ class AllGatherMatmul(_Op):
         dist.all_gather_into_tensor(full, a, group=ctx.group)
         torch.matmul(full, b, out=out)
         return out
+
+    @staticmethod
+    def _launch_symm_mem(ctx, plan, call, phase):
+        """torch symmetric memory's fused all-gather + matmul (copy engine + cuBLAS, overlapped)."""
+        t = call.tensors
+        _, (c,) = torch.ops.symm_mem.fused_all_gather_matmul(t["a_local"], [t["b"]], 0, group_name(ctx))
+        if call.extra.get("out_given"):
+            t["out"].copy_(c)
+            return t["out"]
+        return c
 
     @staticmethod
     def _launch_fused(ctx, plan, call, phase):

@@ -1,15 +1,8 @@
 """Per-call cost model of the collectives: which implementation a call with ``impl="auto"`` runs.
 
 Every estimate is latency + bytes / bandwidth, in seconds, from a :class:`Link` describing the
-GPUs' interconnect. The defaults are two H200s over NVLink (NV18), measured here on 2026-11-22/23
-(bench/results/collectives-*.csv and distributed-*.csv):
-
-* ``push_bw``: bytes/s one rank stores into a peer's heap with every SM pushing (330-356 GB/s);
-* ``flag_us``: a release flag seen by the peer's acquire spin plus the kernel's start and
-  epoch bookkeeping (one-shot all-reduce of 8 KB in a CUDA graph, minus its data time);
-* ``nccl_us`` / ``nccl_bw``: NCCL all-reduce in a CUDA graph, small-message latency and bus
-  bandwidth (9.7 us at 8 KB, 34.5 us at 4 MB on 2 GPUs);
-* ``hbm_bw``: local streaming bandwidth (reads of received copies, writes of the result).
+GPUs' interconnect (defaults: two H200s over NVLink, fitted to measurements here; see
+:class:`Link`). GEMM times come from numasched's schedule model (numasched.gemm_schedule).
 
 The choice is recorded in each call's plan (``cfg["impl"]``), printed by the benchmark, and can
 be forced with ``impl=``. The model decides between implementations that are all correct, so a
@@ -24,13 +17,25 @@ __all__ = ["Link", "LINK", "all_reduce_s", "choose_all_reduce", "gemm_engine", "
 
 @dataclass(frozen=True)
 class Link:
-    push_bw: float = 340e9
-    flag_us: float = 3.0
+    """Latency (us) and effective bandwidth (bytes/s) of each way to move data between the GPUs.
+
+    Defaults: two H200s (NV18), CUDA-graph replays, fitted to scripts/ar_sweep.py and bench
+    collectives on 2026-11-23 (bench/results/collectives-*.csv, ar_sweep-*.log): numasched
+    one-shot 7.6 / 10.8 / 24.3 / 80.7 / 308 us and two-shot 10.6 / 13.2 / 22.8 / 67.9 / 255 us at
+    64 KB / 1 / 4 / 16 / 64 MB per rank; NCCL 10.2 / 15.2 / 33.5 / 75.6 / 247 us (it changes
+    algorithm with the size: two regimes).
+    """
+
+    oneshot_us: float = 7.0
+    oneshot_bw: float = 220e9      # bytes each rank sends, (W-1) n, per second
+    twoshot_us: float = 10.0
+    twoshot_bw: float = 270e9      # 2 (W-1)/W n per second
     nccl_us: float = 9.5
-    nccl_bw: float = 170e9
-    hbm_bw: float = 3.8e12
-    # two-shot pays a second exchange (another flag round) for moving 2 (W-1)/W n instead of (W-1) n
-    two_shot_extra_us: float = 2.0
+    nccl_bw: float = 180e9         # small messages
+    nccl_large_us: float = 18.0
+    nccl_large_bw: float = 294e9   # large messages (bus bandwidth)
+    push_bw: float = 340e9         # remote stores with every SM pushing (the fused GEMM kernels)
+    flag_us: float = 3.0           # a flag raised by one GPU seen by the other's spin
 
 
 LINK = Link()
@@ -48,16 +53,13 @@ def all_reduce_s(impl: str, nbytes: int, world: int, link: Link = None) -> float
     L = link or LINK
     if world <= 1:
         return 0.0
+    ring = 2 * (world - 1) / world * nbytes
     if impl == "oneshot":
-        sent = (world - 1) * nbytes
-        local = (world + 1) * nbytes          # read x and W-1 copies, write out
-        return L.flag_us * 1e-6 + sent / L.push_bw + local / L.hbm_bw
+        return L.oneshot_us * 1e-6 + (world - 1) * nbytes / L.oneshot_bw
     if impl == "twoshot":
-        sent = 2 * (world - 1) * nbytes / world
-        local = 3 * nbytes
-        return (L.flag_us + L.two_shot_extra_us) * 1e-6 + sent / L.push_bw + local / L.hbm_bw
+        return L.twoshot_us * 1e-6 + ring / L.twoshot_bw
     if impl == "nccl":
-        return L.nccl_us * 1e-6 + 2 * (world - 1) / world * nbytes / L.nccl_bw
+        return min(L.nccl_us * 1e-6 + ring / L.nccl_bw, L.nccl_large_us * 1e-6 + ring / L.nccl_large_bw)
     raise ValueError(f"unknown all-reduce implementation {impl!r}")
 
 
@@ -96,7 +98,8 @@ def gemm_s(M: int, N: int, K: int, dtype) -> float:
 def nccl_move_s(nbytes_received: int, link: Link = None) -> float:
     """NCCL all-gather / reduce-scatter in which each rank receives ``nbytes_received``."""
     L = link or LINK
-    return L.nccl_us * 1e-6 + nbytes_received / L.nccl_bw
+    return min(L.nccl_us * 1e-6 + nbytes_received / L.nccl_bw,
+               L.nccl_large_us * 1e-6 + nbytes_received / L.nccl_large_bw)
 
 
 def gemm_collective_s(op: str, impl: str, M: int, N: int, K: int, dtype, world: int, link: Link = None) -> float:
@@ -115,15 +118,25 @@ def gemm_collective_s(op: str, impl: str, M: int, N: int, K: int, dtype, world: 
         return gemm_s(M, N, K, dtype) + nccl_move_s(moved, L)
     if impl == "fused":
         return max(world * gemm_s(shard, N, K, dtype), moved / L.push_bw) + (FUSED_FIXED_US + L.flag_us) * 1e-6
+    if impl == "symm_mem":
+        return gemm_s(M, N, K, dtype) + SYMM_MEM_FIXED_US[op] * 1e-6
     raise ValueError(f"unknown implementation {impl!r}")
 
 
+# torch symmetric memory's fused ops (copy engine + cuBLAS, overlapped): the GEMM plus a fixed
+# cost, fitted to the two-H200 run of 2026-11-23 (bench/results/collectives-2xh200-2026-11-23.csv:
+# all-gather 32 us at M = 16, GEMM + 17 us at M = 4096; reduce-scatter 62 us at M = 16).
+SYMM_MEM_FIXED_US = {"all_gather_matmul": 18.0, "matmul_reduce_scatter": 45.0}
+
+
 def choose_gemm_collective(op: str, M: int, N: int, K: int, dtype, world: int, *, bulk_ok: bool = True,
-                           link: Link = None) -> str:
-    """"fused" or "bulk" for one call, by :func:`gemm_collective_s` ("fused" where bulk is not possible)."""
+                           symm_mem_ok: bool = False, link: Link = None) -> str:
+    """"fused", "bulk" or "symm_mem" for one call, by :func:`gemm_collective_s` ("fused" where
+    neither other is possible: the simulation)."""
     if not bulk_ok or world == 1:
         return "fused"
-    t = {impl: gemm_collective_s(op, impl, M, N, K, dtype, world, link) for impl in ("fused", "bulk")}
+    impls = ("fused", "bulk", "symm_mem") if symm_mem_ok else ("fused", "bulk")
+    t = {impl: gemm_collective_s(op, impl, M, N, K, dtype, world, link) for impl in impls}
     return min(t, key=t.get)
 
 

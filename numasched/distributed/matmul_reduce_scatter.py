@@ -7,6 +7,7 @@ from numasched._validate import check_int32_indexing
 
 from . import _common
 from ._common import Call, Plan, _aligned, _bulk_ok, _cdiv, _check_operands, _desc, _make_plan, _on_gpu, _Op
+from ._common import _symm_mem_ok, group_name
 from ._common import _output, _policy, _resolve_impl, _tma_ok, register, run
 
 
@@ -16,11 +17,11 @@ class MatmulReduceScatter(_Op):
     sim_phases = ("push", "consume")
 
     @staticmethod
-    def describe(a, b_local, *, world, mapping="auto", impl="auto", cfg=None, bulk_ok=True) -> Call:
+    def describe(a, b_local, *, world, mapping="auto", impl="auto", cfg=None, bulk_ok=True, symm_ok=False) -> Call:
         M, Kl = a.shape
         N = b_local.shape[1]
         Ms = M // world
-        impl = _resolve_impl("matmul_reduce_scatter", impl, M, N, Kl, a.dtype, world, bulk_ok)
+        impl = _resolve_impl("matmul_reduce_scatter", impl, M, N, Kl, a.dtype, world, bulk_ok, symm_ok)
         cfg = cfg or _common._gemm_cfg(a.dtype, _on_gpu(a), N)
         tms, tn = _cdiv(Ms, cfg["BLOCK_M"]), _cdiv(N, cfg["BLOCK_N"])
         policy, nd = _policy(mapping, tms, tn)
@@ -34,7 +35,7 @@ class MatmulReduceScatter(_Op):
     @staticmethod
     def buffers(call) -> list:
         c, W = call.cfg, call.cfg["world"]
-        if c["impl"] == "bulk":  # NCCL's buffers, not the heap
+        if c["impl"] in ("bulk", "symm_mem"):  # NCCL's / torch's buffers, not the heap
             return []
         if c["impl"] == "ce":
             bufs = [("flags", (2, W), torch.int32)]
@@ -54,9 +55,11 @@ class MatmulReduceScatter(_Op):
                              f"(each rank returns a.shape[0] / world rows)")
         check_int32_indexing("a", a)
         check_int32_indexing("b_local", b_local)
-        call = cls.describe(a, b_local, world=ctx.world, mapping=mapping, impl=impl, bulk_ok=_bulk_ok(ctx))
+        call = cls.describe(a, b_local, world=ctx.world, mapping=mapping, impl=impl, bulk_ok=_bulk_ok(ctx),
+                            symm_ok=_symm_mem_ok(ctx))
         call.tensors["out"] = _output(out, (call.cfg["Ms"], call.cfg["N"]), a, call.cfg["impl"])
         call.extra["communicate"] = bool(communicate)
+        call.extra["out_given"] = out is not None
         return call
 
     @classmethod
@@ -88,6 +91,16 @@ class MatmulReduceScatter(_Op):
             dist.reduce_scatter_tensor(res, part, group=ctx.group)
             out.copy_(res)
         return out
+
+    @staticmethod
+    def _launch_symm_mem(ctx, plan, call, phase):
+        """torch symmetric memory's fused matmul + reduce-scatter (cuBLAS + copy engine, overlapped)."""
+        t = call.tensors
+        y = torch.ops.symm_mem.fused_matmul_reduce_scatter(t["a"], t["b_local"], "sum", 0, group_name(ctx))
+        if call.extra.get("out_given"):
+            t["out"].copy_(y)
+            return t["out"]
+        return y
 
     @staticmethod
     def _launch_fused(ctx, plan, call, phase):
