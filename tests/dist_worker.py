@@ -395,21 +395,22 @@ def check_all_reduce(ctx, quick):
 
 def check_matmul_all_reduce(ctx, quick):
     R, W = ctx.rank, ctx.world
-    shapes = [(1, 14336 // W, 4096), (16, 4096 // W, 4096), (256, 14336 // W, 4096), (37, 999, 515)]
+    shapes = [(1, 14336 // W, 4096), (16, 4096 // W, 4096), (256, 14336 // W, 4096), (37, 999, 515),
+              (2050, 4096 // W, 4096)]
     msgs, ok = [], Expect()
     for i, (M, Kl, N) in enumerate(shapes):
         a = randn(M, Kl, seed=300 * i + R)
         w = randn(N, Kl, seed=300 * i + 50 + R)        # an F.linear weight: b_local = w.T
         ref = a.double() @ w.double().T
         dist.all_reduce(ref)
-        for impl in ("auto", "oneshot", "twoshot", "bulk"):
+        for impl in ("auto", "oneshot", "twoshot", "bulk", "overlap"):
             out = torch.full((M, N), float("nan"), device="cuda", dtype=BF)
             y = nd.matmul_all_reduce(a, w.T, ctx=ctx, out=out, impl=impl)
             e = rel(y, ref)
             ok(y is out and e < 1e-2, f"{impl} {(M, Kl, N)}: relative error {e:.2e}")
             ok(same_everywhere(y), f"{impl} {(M, Kl, N)}: ranks disagree")
         plan = nd.plan_matmul_all_reduce(a, w.T, world=W)
-        msgs.append(f"{M}x{Kl}x{N}: {plan.gemm}+{plan.all_reduce} {e:.1e}")
+        msgs.append(f"{M}x{Kl}x{N}: {plan.impl} {plan.gemm}+{plan.all_reduce} {e:.1e}")
     return ok.done("; ".join(msgs))
 
 
@@ -442,10 +443,13 @@ def check_all_reduce_graph(ctx, quick):
     y = torch.empty_like(x)
     a, w = randn(16, 2048, seed=52 + R), randn(4096, 2048, seed=53 + R)
     z = torch.empty((16, 4096), device="cuda", dtype=BF)
+    a2 = randn(1024, 2048, seed=54 + R)
+    z2 = torch.empty((1024, 4096), device="cuda", dtype=BF)
 
     def calls():
         nd.all_reduce(x, ctx=ctx, out=y, check=False)
         nd.matmul_all_reduce(a, w.T, ctx=ctx, out=z, check=False)
+        nd.matmul_all_reduce(a2, w.T, ctx=ctx, out=z2, check=False, impl="overlap")   # side stream in the graph
 
     calls()
     torch.cuda.synchronize()
@@ -470,6 +474,10 @@ def check_all_reduce_graph(ctx, quick):
         zr = a.double() @ w.double().T
         dist.all_reduce(zr)
         ok(rel(z, zr) < 1e-2, f"replay {i}: matmul_all_reduce wrong")
+        zr2 = a2.double() @ w.double().T
+        dist.all_reduce(zr2)
+        ok(rel(z2, zr2) < 1e-2, f"replay {i}: matmul_all_reduce impl='overlap' wrong")
+        a2.copy_(randn(1024, 2048, seed=900 + 10 * i + R))
     return ok.done("5 replays")
 
 

@@ -901,6 +901,8 @@ def test_all_reduce_argument_checks():
         nd.matmul_all_reduce(x, x, ctx=None)
     with pytest.raises(ValueError, match="impl='bulk' needs a real context"):
         nd.matmul_all_reduce(x, x, ctx=nd.SimWorld(1).ranks[0], impl="bulk")
+    with pytest.raises(ValueError, match="impl='overlap' needs a real context"):
+        nd.matmul_all_reduce(x, x, ctx=nd.SimWorld(1).ranks[0], impl="overlap")
     with pytest.raises(ValueError, match="impl='bulk' needs a real context"):
         sim.run("all_gather_matmul", [(x, x), (x, x)], impl="bulk")
 
@@ -943,6 +945,11 @@ def test_cost_model_choices():
     meta = lambda *s: torch.empty(*s, device="meta", dtype=bf)  # noqa: E731
     assert nd.plan_matmul_all_reduce(meta(16, 7168), meta(7168, 4096), world=2, impl="bulk").impl == "bulk"
     assert nd.plan_matmul_all_reduce(meta(4096, 7168), meta(7168, 4096), world=2).gemm == "torch"
+    # large M: the GEMM of one row chunk hides the all-reduce of the previous one
+    big = nd.plan_matmul_all_reduce(meta(4096, 2048), meta(2048, 4096), world=2)
+    assert big.impl == "overlap" and big.chunks > 1 and "overlapped" in big.describe()
+    assert big.est_us < nd.plan_matmul_all_reduce(meta(4096, 2048), meta(2048, 4096), world=2, impl="bulk").est_us
+    assert nd.plan_matmul_all_reduce(meta(4096, 2048), meta(2048, 4096), world=2, bulk_ok=False).impl != "overlap"
     with pytest.raises(ValueError, match="gemm must be one of"):
         nd.plan_matmul_all_reduce(meta(4, 4), meta(4, 4), world=2, gemm="cutlass")
     # heap sizing knows the new ops

@@ -15,7 +15,13 @@ import torch
 from . import cost
 from ._common import _bulk_ok, _check_operands, _output, run
 
-IMPLS = ("auto", "oneshot", "twoshot", "bulk")
+IMPLS = ("auto", "oneshot", "twoshot", "bulk", "overlap")
+# impl="overlap": the rows are cut into this many chunks; chunk i's all-reduce (NCCL, on a side
+# stream: it uses few SMs) runs while chunk i+1's GEMM runs
+OVERLAP_CHUNKS = 4
+OVERLAP_MIN_ROWS = 512
+# each extra chunk costs a GEMM launch, an event pair and a smaller, less efficient GEMM
+OVERLAP_CHUNK_US = 4.0
 GEMMS = ("auto", "numasched", "torch")
 
 __all__ = ["MatmulAllReducePlan", "plan_matmul_all_reduce", "matmul_all_reduce"]
@@ -27,6 +33,7 @@ class MatmulAllReducePlan:
 
     gemm: "numasched" (numasched.matmul, schedule from numasched.gemm_schedule) or "torch" (cuBLAS).
     all_reduce: "oneshot", "twoshot" (numasched's kernels over the symmetric heap) or "nccl".
+    chunks: 1, or the row chunks of impl "overlap" (GEMM of chunk i+1 beside the all-reduce of chunk i).
     est_us: the cost model's estimate of the whole call (GEMM + all-reduce), microseconds.
     """
 
@@ -38,14 +45,19 @@ class MatmulAllReducePlan:
     gemm: str
     all_reduce: str
     est_us: float
+    chunks: int = 1
 
     @property
     def impl(self) -> str:
+        if self.chunks > 1:
+            return "overlap"
         return "bulk" if (self.gemm, self.all_reduce) == ("torch", "nccl") else self.all_reduce
 
     def describe(self) -> str:
+        how = f", {self.chunks} overlapped row chunks" if self.chunks > 1 else ""
         return (f"matmul_all_reduce {self.M}x{self.N}x{self.K_local} {str(self.dtype).replace('torch.', '')} over "
-                f"{self.world} ranks: GEMM {self.gemm}, all-reduce {self.all_reduce} (model {self.est_us:.1f} us)")
+                f"{self.world} ranks: GEMM {self.gemm}, all-reduce {self.all_reduce}{how} "
+                f"(model {self.est_us:.1f} us)")
 
 
 def plan_matmul_all_reduce(a, b_local, *, world: int, impl: str = "auto", gemm: str = "auto",
@@ -59,21 +71,39 @@ def plan_matmul_all_reduce(a, b_local, *, world: int, impl: str = "auto", gemm: 
     M, Kl = a.shape
     N = b_local.shape[1]
     nbytes = M * N * a.element_size()
+    g_s = cost.gemm_s(M, N, Kl, a.dtype)
+    if impl in ("bulk", "overlap") and not bulk_ok:
+        raise ValueError(f"impl={impl!r} needs a real context (numasched.distributed.init): a simulated rank has no "
+                         f"process group")
     if impl == "bulk":
-        if not bulk_ok:
-            raise ValueError("impl='bulk' needs a real context (numasched.distributed.init): a simulated rank has no "
-                             "process group")
-        ar = "nccl"
         engine = "torch" if gemm == "auto" else gemm
+        est = g_s + cost.all_reduce_s("nccl", nbytes, world)
+        return MatmulAllReducePlan(M, N, Kl, a.dtype, world, engine, "nccl", est * 1e6)
+    overlap = None
+    if bulk_ok and world > 1 and M >= OVERLAP_MIN_ROWS and impl in ("auto", "overlap"):
+        overlap = _overlap_s(g_s, cost.all_reduce_s("nccl", nbytes, world), OVERLAP_CHUNKS)
+    if impl == "overlap":
+        if overlap is None:
+            overlap = _overlap_s(g_s, cost.all_reduce_s("nccl", nbytes, world), OVERLAP_CHUNKS)
+        return MatmulAllReducePlan(M, N, Kl, a.dtype, world, "torch" if gemm == "auto" else gemm, "nccl",
+                                   overlap * 1e6, OVERLAP_CHUNKS)
+    engine = cost.gemm_engine(M) if gemm == "auto" else gemm
+    if impl == "auto":
+        allowed = ("oneshot", "twoshot", "nccl") if bulk_ok and world > 1 else ("oneshot", "twoshot")
+        ar = cost.choose_all_reduce(nbytes, world, allowed=allowed)
     else:
-        engine = cost.gemm_engine(M) if gemm == "auto" else gemm
-        if impl == "auto":
-            allowed = ("oneshot", "twoshot", "nccl") if bulk_ok and world > 1 else ("oneshot", "twoshot")
-            ar = cost.choose_all_reduce(nbytes, world, allowed=allowed)
-        else:
-            ar = impl
-    est = cost.gemm_s(M, N, Kl, a.dtype) + cost.all_reduce_s(ar, nbytes, world)
+        ar = impl
+    est = g_s + cost.all_reduce_s(ar, nbytes, world)
+    if overlap is not None and overlap < est:
+        return MatmulAllReducePlan(M, N, Kl, a.dtype, world, "torch" if gemm == "auto" else gemm, "nccl",
+                                   overlap * 1e6, OVERLAP_CHUNKS)
     return MatmulAllReducePlan(M, N, Kl, a.dtype, world, engine, ar, est * 1e6)
+
+
+def _overlap_s(gemm_s: float, ar_s: float, k: int) -> float:
+    """k chunks pipelined: the longer of the two streams plus one chunk of the shorter, plus a
+    cost per extra chunk."""
+    return max(gemm_s, ar_s) + min(gemm_s, ar_s) / k + (k - 1) * OVERLAP_CHUNK_US * 1e-6
 
 
 def matmul_all_reduce(a, b_local, *, ctx, impl: str = "auto", gemm: str = "auto", out=None, check: bool = True):
@@ -83,7 +113,8 @@ def matmul_all_reduce(a, b_local, *, ctx, impl: str = "auto", gemm: str = "auto"
     of the weight (``w_local.T`` of a (N, K_local) ``F.linear`` weight works without a copy).
     impl: "auto" (default: the cost model picks the GEMM engine and the all-reduce, see
     :mod:`numasched.distributed.cost`), "oneshot" / "twoshot" (numasched all-reduce after the
-    GEMM), or "bulk" (torch.matmul then NCCL: the bulk-synchronous baseline). gemm: "auto",
+    GEMM), "overlap" (row chunks: each chunk's NCCL all-reduce on a side stream beside the next
+    chunk's GEMM), or "bulk" (torch.matmul then NCCL: the bulk-synchronous baseline). gemm: "auto",
     "numasched" or "torch". The GEMM writes into ``out`` (default a new tensor) and the
     all-reduce sums it in place; results are identical on every rank.
     """
@@ -102,12 +133,46 @@ def matmul_all_reduce(a, b_local, *, ctx, impl: str = "auto", gemm: str = "auto"
     c = _output(out, (plan.M, plan.N), a, "fused")
     if not c.is_contiguous():
         raise ValueError("out must be contiguous (the all-reduce sums it in place)")
-    if plan.gemm == "torch":
-        torch.matmul(a, b_local, out=c)
-    else:
-        from numasched.gemm import matmul
-
-        matmul(a, b_local, out=c)
+    if plan.chunks > 1:
+        return _overlapped(ctx, plan, a, b_local, c)
+    _gemm(plan, a, b_local, c)
     if plan.world == 1:
         return c
     return run(ctx, "all_reduce", c, impl=plan.all_reduce, out=c, check=check)
+
+
+def _gemm(plan, a, b, c):
+    if plan.gemm == "torch":
+        torch.matmul(a, b, out=c)
+    else:
+        from numasched.gemm import matmul
+
+        matmul(a, b, out=c)
+
+
+_SIDE: dict = {}
+
+
+def _overlapped(ctx, plan, a, b, c):
+    """Row chunks: GEMM of chunk i on the caller's stream, NCCL all-reduce of chunk i on a side
+    stream after it, so chunk i+1's GEMM overlaps chunk i's communication. Graph-capturable (the
+    side stream forks from and joins the caller's stream through events)."""
+    import torch.distributed as dist
+
+    main = torch.cuda.current_stream()
+    side = _SIDE.get(ctx.device)
+    if side is None:
+        side = _SIDE[ctx.device] = torch.cuda.Stream(device=ctx.device)
+    side.wait_stream(main)          # c may still be in use by earlier work on the caller's stream
+    rows = -(-plan.M // plan.chunks)
+    for lo in range(0, plan.M, rows):
+        chunk = c[lo:lo + rows]
+        _gemm(plan, a[lo:lo + rows], b, chunk)
+        done = torch.cuda.Event()
+        done.record(main)
+        side.wait_event(done)
+        with torch.cuda.stream(side):
+            dist.all_reduce(chunk, group=ctx.group)
+    main.wait_stream(side)
+    c.record_stream(side)
+    return c
