@@ -1,4 +1,4 @@
-"""Flash Decode: one query token per sequence, split-KV, log-sum-exp combine.
+"""Flash Decode: one (or a few) query tokens per sequence, split-KV, log-sum-exp combine.
 
 Decode reads the whole KV cache to produce one output row per query head, so it is bound by
 memory bandwidth. The plan, top to bottom:
@@ -8,6 +8,11 @@ memory bandwidth. The plan, top to bottom:
    (G is padded up to 16 rows so the scores and the P @ V product use ``tl.dot``; the padding is
    free since the tensor cores are idle in decode anyway, and ``tl.dot`` operands are what
    Triton's software pipeliner streams through shared memory with async copies).
+   Multi-token decode (``SQ`` > 1 new tokens per sequence, speculative decoding) packs the SQ
+   tokens with the G heads into the rows: row r is token r // G, head r % G, so one K/V read
+   still serves every query that needs it. Each row has its own causal limit (bottom-right
+   aligned: token t sees positions < len - SQ + t + 1). Rows beyond ``BLOCK_G`` (at most
+   ``MAX_ROWS``) go to further programs (``ROW_GROUPS`` per KV head).
 2. A program id becomes a work item through the mapping policy (``MAPPING``, one constexpr;
    ``numasched.mappings.jit.decode_item``), so every policy runs with this one kernel.
 3. Each split keeps an online softmax (running max ``m``, running sum ``l``, accumulator) in the
@@ -38,15 +43,17 @@ from numasched.mappings.jit import decode_item
 LN2 = tl.constexpr(_LN2)
 
 
-# ----------------------------------------------------------------------------- combine helper
+# ----------------------------------------------------------------------------- combine helpers
 @triton.jit
-def _combine_heads(PO, PL, O, LSE, b, h0, H, S, stride_ob, stride_oh, stride_lb, stride_lh,
+def _combine_heads(PO, PL, O, LSE, row0, S, stride_oh, stride_lh,
                    NH: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
                    CACHE: tl.constexpr):
-    """Merge the S partials of query heads h0 .. h0+NH-1 of batch b into O (q dtype) and LSE (natural log).
+    """Merge the S partials of NH consecutive partial rows into O (q dtype) and LSE (natural log).
 
-    Partial s of head h (row (b*H + h)*S + s of the (B, H, S, D) buffer) holds o_s, already divided
-    by its own softmax sum, and lse2_s, its log-sum-exp of the scores in base 2. The merge is
+    Head i's partials are rows row0 + i*S .. row0 + i*S + S-1 of the (rows, D) / (rows,) fp32
+    buffers; its output goes to O + i*stride_oh and LSE + i*stride_lh (O and LSE point at the
+    first head's output). Partial s holds o_s, already divided by its own softmax sum, and
+    lse2_s, its log-sum-exp of the scores in base 2. The merge is
     out = sum_s 2^(lse2_s - M) o_s / sum_s 2^(lse2_s - M), M = max_s lse2_s, done online over chunks
     of BLOCK_S splits: with S <= BLOCK_S (the usual case) it is one vector load of all partials.
     Empty splits have lse2 = -inf and weigh nothing; an empty sequence gives zeros, lse = -inf.
@@ -55,15 +62,14 @@ def _combine_heads(PO, PL, O, LSE, b, h0, H, S, stride_ob, stride_oh, stride_lb,
     offs_d = tl.arange(0, BLOCK_D)
     dmask = offs_d < HEAD_DIM
     for i in tl.static_range(NH):
-        h = h0 + i
-        row0 = (b.to(tl.int64) * H + h) * S
+        r0 = row0 + i * S
         m = tl.max(tl.full([BLOCK_S], float("-inf"), tl.float32), 0)
         den = tl.sum(tl.zeros([BLOCK_S], tl.float32), 0)
         acc = tl.zeros([BLOCK_D], tl.float32)
         for s0 in range(0, S, BLOCK_S):
             smask = (s0 + offs_s) < S
-            ls = tl.load(PL + row0 + s0 + offs_s, mask=smask, other=float("-inf"), cache_modifier=CACHE)
-            o = tl.load(PO + (row0 + s0 + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
+            ls = tl.load(PL + r0 + s0 + offs_s, mask=smask, other=float("-inf"), cache_modifier=CACHE)
+            o = tl.load(PO + (r0 + s0 + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
                         mask=smask[:, None] & dmask[None, :], other=0.0, cache_modifier=CACHE)
             m_new = tl.maximum(m, tl.max(ls, 0))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing seen yet: avoid -inf - -inf
@@ -75,9 +81,42 @@ def _combine_heads(PO, PL, O, LSE, b, h0, H, S, stride_ob, stride_oh, stride_lb,
         nonempty = den > 0
         den_safe = tl.where(nonempty, den, 1.0)
         lse = tl.where(nonempty, (m + tl.math.log2(den_safe)) * LN2, float("-inf"))
-        tl.store(O + b.to(tl.int64) * stride_ob + h * stride_oh + offs_d, (acc / den_safe).to(O.dtype.element_ty),
-                 mask=dmask)
-        tl.store(LSE + b.to(tl.int64) * stride_lb + h * stride_lh, lse)
+        tl.store(O + i * stride_oh + offs_d, (acc / den_safe).to(O.dtype.element_ty), mask=dmask)
+        tl.store(LSE + i * stride_lh, lse)
+
+
+@triton.jit
+def _combine_rows(PO, PL, O, LSE, prow, o_off, l_off, rmask, S,
+                  BLOCK_R: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, UNROLL: tl.constexpr,
+                  CACHE: tl.constexpr):
+    """The same merge for a tile of BLOCK_R rows at once (the multi-token fused combine): row r's
+    partials are rows prow[r] .. prow[r] + S-1, its output O + o_off[r] and LSE + l_off[r]; rows
+    outside ``rmask`` are neither read nor written. Loops over the splits, UNROLL at a time (their
+    loads are independent, so they are in flight together)."""
+    offs_d = tl.arange(0, BLOCK_D)
+    dmask = offs_d < HEAD_DIM
+    m = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    den = tl.zeros([BLOCK_R], tl.float32)
+    acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
+    for s0 in range(0, S, UNROLL):
+        for j in tl.static_range(UNROLL):
+            ok = rmask & (s0 + j < S)
+            ls = tl.load(PL + prow + s0 + j, mask=ok, other=float("-inf"), cache_modifier=CACHE)
+            o = tl.load(PO + (prow + s0 + j)[:, None] * HEAD_DIM + offs_d[None, :], mask=ok[:, None] & dmask[None, :],
+                        other=0.0, cache_modifier=CACHE)
+            m_new = tl.maximum(m, ls)
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.math.exp2(m - m_safe)
+            w = tl.math.exp2(ls - m_safe)
+            den = den * alpha + w
+            acc = acc * alpha[:, None] + w[:, None] * o
+            m = m_new
+    nonempty = den > 0
+    den_safe = tl.where(nonempty, den, 1.0)
+    lse = tl.where(nonempty, (m + tl.math.log2(den_safe)) * LN2, float("-inf"))
+    tl.store(O + o_off[:, None] + offs_d[None, :], (acc / den_safe[:, None]).to(O.dtype.element_ty),
+             mask=rmask[:, None] & dmask[None, :])
+    tl.store(LSE + l_off, lse, mask=rmask)
 
 
 # ----------------------------------------------------------------------------- split kernel
@@ -86,21 +125,33 @@ def _flash_decode_kernel(
     Q, K, V, SEQLENS, BLOCK_TABLE, O, LSE, PO, PL, COUNTER,
     qk_scale,  # softmax scale * log2(e): scores live in the log2 domain
     B, HK, S, seqlen_max, num_pages,
-    stride_qb, stride_qh,
+    stride_qb, stride_qs, stride_qh,  # q (B, H, D): stride_qs unused; (B, SQ, H, D): per token
     stride_kb, stride_kn, stride_kh,  # contiguous: batch, token, head; paged: page, slot, head
     stride_vb, stride_vn, stride_vh,
     stride_sb, stride_tb, stride_tp,
-    stride_ob, stride_oh, stride_lb, stride_lh,
+    stride_ob, stride_os, stride_oh, stride_lb, stride_ls, stride_lh,  # *_os, *_ls: per token (SQ > 1)
     tune_key,  # unused in the kernel: tokens-per-split bucket and layout, so autotune re-tunes per class
     G: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     PAGE_SIZE: tl.constexpr,  # 0: contiguous cache
     HAS_SEQLENS: tl.constexpr,
     COMBINE: tl.constexpr,  # 0: one split, write O directly; 1: partials for the combine kernel; 2: fused
-    INT64: tl.constexpr, INPUT_PRECISION: tl.constexpr, COMBINE_BLOCK_S: tl.constexpr, BLOCK_N: tl.constexpr,
+    INT64: tl.constexpr, INPUT_PRECISION: tl.constexpr, COMBINE_BLOCK_S: tl.constexpr,
+    SQ: tl.constexpr,  # query tokens per sequence (1: the single-token decode)
+    ROW_GROUPS: tl.constexpr,  # programs per (batch, kv_head, split) when SQ * G rows exceed BLOCK_G
+    BLOCK_N: tl.constexpr,
     MAPPING: tl.constexpr,
 ):
-    # -- which (batch, kv_head, split) this program owns: the policy decides
-    b, kvh, split = decode_item(tl.program_id(0), B, HK, S, MAPPING)
+    # -- which (batch, kv_head, split) this program owns: the policy decides. Row groups of one
+    #    KV head are neighbouring "heads" of the policy's grid (they read the same K/V).
+    if ROW_GROUPS == 1:
+        b, kvh, split = decode_item(tl.program_id(0), B, HK, S, MAPPING)
+        item = b.to(tl.int64) * HK + kvh  # arrival counter of the fused combine
+        rg = 0
+    else:
+        b, kvr, split = decode_item(tl.program_id(0), B, HK * ROW_GROUPS, S, MAPPING)
+        item = b.to(tl.int64) * (HK * ROW_GROUPS) + kvr
+        kvh = kvr // ROW_GROUPS
+        rg = kvr % ROW_GROUPS
 
     # -- this split's token range: the sequence is cut into S near-equal chunks (balanced per
     #    sequence; a chunk need not be a multiple of BLOCK_N, its last tile is masked)
@@ -116,12 +167,27 @@ def _flash_decode_kernel(
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
     offs_n = tl.arange(0, BLOCK_N)
-    gmask = offs_g < G
     b64 = b.to(tl.int64)
     kvh64 = kvh.to(tl.int64)
 
-    # -- the G query heads of this KV head, padded to BLOCK_G rows
-    q_ptrs = Q + b64 * stride_qb + (kvh * G + offs_g)[:, None] * stride_qh + offs_d[None, :]
+    if SQ == 1:
+        # -- the G query heads of this KV head, padded to BLOCK_G rows
+        gmask = offs_g < G
+        heads = kvh * G + offs_g
+        q_ptrs = Q + b64 * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
+    else:
+        # -- rows (token, head): row r of group rg is token (rg*BLOCK_G + r) // G, head % G
+        gr = rg * BLOCK_G + offs_g
+        tok = gr // G
+        gmask = gr < SQ * G
+        heads = kvh * G + gr % G
+        q_ptrs = Q + b64 * stride_qb + tok[:, None] * stride_qs + heads[:, None] * stride_qh + offs_d[None, :]
+        # causal, bottom-right: token t sees positions < seqlen - SQ + 1 + t (those of this split
+        # below hi); a row whose limit is <= lo sees nothing here
+        row_hi = tl.minimum(seqlen - (SQ - 1) + tok, hi)
+        if ROW_GROUPS > 1:
+            # the group's last token bounds the loop (groups without the last token stop earlier)
+            hi = tl.minimum(hi, seqlen - (SQ - 1) + tl.minimum(SQ - 1, (rg * BLOCK_G + BLOCK_G - 1) // G))
     if HEAD_DIM == BLOCK_D:
         q = tl.load(q_ptrs, mask=gmask[:, None], other=0.0)
     else:
@@ -167,11 +233,19 @@ def _flash_decode_kernel(
             kv_mask = nmask[:, None] & (offs_d[None, :] < HEAD_DIM)
         k = tl.load(k_base + k_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
         qk = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale
-        qk = tl.where(nmask[None, :], qk, float("-inf"))
-        # -- online softmax: every tile has at least one valid column, so m_new is finite
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        alpha = tl.math.exp2(m_i - m_new)
-        p = tl.math.exp2(qk - m_new[:, None])
+        if SQ == 1:
+            qk = tl.where(nmask[None, :], qk, float("-inf"))
+            # -- online softmax: every tile has at least one valid column, so m_new is finite
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            alpha = tl.math.exp2(m_i - m_new)
+            p = tl.math.exp2(qk - m_new[:, None])
+        else:
+            qk = tl.where(n[None, :] < row_hi[:, None], qk, float("-inf"))
+            # -- a row may have seen nothing yet (m = -inf): exponents against 0 instead
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.math.exp2(m_i - m_safe)
+            p = tl.math.exp2(qk - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_base + v_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
@@ -182,37 +256,61 @@ def _flash_decode_kernel(
     o = acc / l_safe[:, None]
     lse2 = tl.where(nonempty, m_i + tl.math.log2(l_safe), float("-inf"))
     omask = gmask[:, None] & (offs_d[None, :] < HEAD_DIM)
+    if SQ == 1:
+        o_off = b64 * stride_ob + heads * stride_oh
+        l_off = b64 * stride_lb + heads * stride_lh
+        # partials (B, H, S, D) and (B, H, S), fp32, contiguous: a head's splits are adjacent rows
+        prow = (b64 * (HK * G) + heads) * S
+    else:
+        o_off = b64 * stride_ob + tok * stride_os + heads * stride_oh
+        l_off = b64 * stride_lb + tok * stride_ls + heads * stride_lh
+        # partials (B, SQ, H, S, D) and (B, SQ, H, S)
+        prow = (b64 * (SQ * HK * G) + tok * (HK * G) + heads) * S
 
     if COMBINE == 0:
         # one split: this is the answer
-        heads = kvh * G + offs_g
-        tl.store(O + b64 * stride_ob + heads[:, None] * stride_oh + offs_d[None, :], o.to(O.dtype.element_ty),
-                 mask=omask)
-        tl.store(LSE + b64 * stride_lb + heads * stride_lh, lse2 * LN2, mask=gmask)
+        tl.store(O + o_off[:, None] + offs_d[None, :], o.to(O.dtype.element_ty), mask=omask)
+        tl.store(LSE + l_off, lse2 * LN2, mask=gmask)
     else:
-        # partials (B, H, S, D) and (B, H, S), fp32, contiguous: a head's splits are adjacent rows
-        rows = (b64 * (HK * G) + kvh * G + offs_g) * S + split
+        rows = prow + split
         tl.store(PO + rows[:, None] * HEAD_DIM + offs_d[None, :], o, mask=omask)
         tl.store(PL + rows, lse2, mask=gmask)
         if COMBINE == 2:
-            # The last split of (b, kvh) to arrive merges all of them. The barrier orders every
-            # thread's partial stores before the release of the arrival; the reads use .cg
-            # (L2, not this SM's L1) so they see the other programs' partials.
+            # The last split of this (b, kvh, row group) to arrive merges all of them. The barrier
+            # orders every thread's partial stores before the release of the arrival; the reads use
+            # .cg (L2, not this SM's L1) so they see the other programs' partials.
             tl.debug_barrier()
-            ctr = COUNTER + b64 * HK + kvh
+            ctr = COUNTER + item
             arrived = tl.atomic_add(ctr, 1, sem="acq_rel")
             if arrived == S - 1:
-                _combine_heads(PO, PL, O, LSE, b, kvh * G, HK * G, S, stride_ob, stride_oh, stride_lb, stride_lh,
-                               G, HEAD_DIM, BLOCK_D, COMBINE_BLOCK_S, ".cg")
+                if SQ == 1:
+                    _combine_heads(PO, PL, O + b64 * stride_ob + (kvh * G) * stride_oh,
+                                   LSE + b64 * stride_lb + (kvh * G) * stride_lh, (b64 * (HK * G) + kvh * G) * S, S,
+                                   stride_oh, stride_lh, G, HEAD_DIM, BLOCK_D, COMBINE_BLOCK_S, ".cg")
+                else:
+                    # splits merged UNROLL at a time: 64 // BLOCK_G keeps the loads at 64 rows
+                    # (BLOCK_G <= MAX_ROWS = 64 with SQ > 1)
+                    _combine_rows(PO, PL, O, LSE, prow, o_off, l_off, gmask, S, BLOCK_G, HEAD_DIM, BLOCK_D,
+                                  64 // BLOCK_G, ".cg")
                 tl.atomic_xchg(ctr, 0)  # ready for the next launch (and CUDA graph replays)
 
 
 @triton.jit
-def _combine_kernel(PO, PL, O, LSE, H, S, stride_ob, stride_oh, stride_lb, stride_lh,
-                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr):
-    # one program per (batch, query head)
+def _combine_kernel(PO, PL, O, LSE, H, S, stride_ob, stride_os, stride_oh, stride_lb, stride_ls, stride_lh,
+                    SQ: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr):
+    # one program per (batch, query head), or per (batch, token, query head) with SQ tokens; the
+    # partial rows follow the same order, so program pid merges rows pid*S .. pid*S + S-1
     pid = tl.program_id(0)
-    _combine_heads(PO, PL, O, LSE, pid // H, pid % H, H, S, stride_ob, stride_oh, stride_lb, stride_lh,
+    if SQ == 1:
+        b = pid // H
+        o_off = b.to(tl.int64) * stride_ob + (pid % H) * stride_oh
+        l_off = b.to(tl.int64) * stride_lb + (pid % H) * stride_lh
+    else:
+        b = pid // (SQ * H)
+        t = (pid // H) % SQ
+        o_off = b.to(tl.int64) * stride_ob + t * stride_os + (pid % H) * stride_oh
+        l_off = b.to(tl.int64) * stride_lb + t * stride_ls + (pid % H) * stride_lh
+    _combine_heads(PO, PL, O + o_off, LSE + l_off, pid.to(tl.int64) * S, S, stride_oh, stride_lh,
                    1, HEAD_DIM, BLOCK_D, BLOCK_S, "")
 
 
@@ -248,7 +346,7 @@ LONG_SPLIT_BLOCK_N = 128
 
 def _prune_configs(configs, named_args, **kwargs):
     """Keep the configs of this cache kind whose K/V tiles fit in shared memory (and, for long
-    splits, have 128-token tiles)."""
+    splits, have 128-token tiles; for multi-token tiles of 32+ rows, 4 or 8 warps)."""
     paged = kwargs.get("PAGE_SIZE", 0) > 0
     wanted = set(_PAGED_CONFIGS if paged else _CONTIGUOUS_CONFIGS)
     block_d = kwargs.get("BLOCK_D", 128)
@@ -256,7 +354,11 @@ def _prune_configs(configs, named_args, **kwargs):
     kept = [c for c in configs
             if (c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in wanted
             and 2 * c.kwargs["BLOCK_N"] * block_d * elt * _kv_buffers(c.num_stages, paged) <= SMEM_LIMIT]
-    if int(named_args.get("tune_key", 0)) // 2 >= LONG_SPLIT_BUCKET:
+    key = int(named_args.get("tune_key", 0))
+    if key >= MULTI_TOKEN_TUNE and kwargs.get("BLOCK_G", 16) >= 32:
+        # multi-token tiles of 32-64 rows: 2 warps would need 400+ registers per thread (spills)
+        kept = [c for c in kept if c.num_warps >= 4] or kept
+    if (key % MULTI_TOKEN_TUNE) // 2 >= LONG_SPLIT_BUCKET:
         kept = [c for c in kept if c.kwargs["BLOCK_N"] == LONG_SPLIT_BLOCK_N] or kept  # d256: none fit
     if caps.is_hip():  # LDS of an AMD block (gfx942: 64 KiB)
         kept = [c for c in kept if c.num_stages <= caps.AMD_MAX_STAGES["decode"]]
@@ -267,7 +369,8 @@ def _prune_configs(configs, named_args, **kwargs):
 
 _flash_decode_tuned = triton.autotune(
     configs=_GPU_CONFIGS,
-    # COMBINE and G only change the prologue/epilogue: the tuned config is shared (fewer compiles)
+    # COMBINE, G, SQ and ROW_GROUPS only change the prologue/epilogue and masks: the tuned config is
+    # shared (fewer compiles); BLOCK_G (rows) is in the key
     key=["HEAD_DIM", "PAGE_SIZE", "BLOCK_G", "INT64", "tune_key"],
     prune_configs_by={"early_config_prune": _prune_configs},
 )(_flash_decode_kernel)
@@ -278,6 +381,37 @@ def tune_bucket(tokens_per_split: int) -> int:
     return min(4, max(0, (max(tokens_per_split, 1) - 1).bit_length() - 8) // 2)
 
 
+# Added to the tune key of multi-token launches: a single-token and a multi-token launch with the
+# same BLOCK_G (e.g. 32 heads per KV head, or 8 tokens x 4 heads) are tuned apart (their register
+# pressure differs), while every q_len with one row tile shares a tuning.
+MULTI_TOKEN_TUNE = 16
+
+
+def tune_key(tokens_per_split: int, contiguous_rows: bool, multi_token: bool) -> int:
+    """The ``tune_key`` argument: bucket * 2 + (K/V rows contiguous) (+ MULTI_TOKEN_TUNE)."""
+    return tune_bucket(tokens_per_split) * 2 + int(contiguous_rows) + (MULTI_TOKEN_TUNE if multi_token else 0)
+
+
+# Rows of one program with several query tokens (SQ * G rows, padded to a power of two >= 16):
+# more go to further programs (row groups). 64 rows keep q, the scores and the accumulator in
+# registers at 4 warps with head dim 128.
+MAX_ROWS = 64
+MAX_QUERY_TOKENS = 16
+
+
+def row_tiling(q_len: int, group: int):
+    """(BLOCK_G, ROW_GROUPS) for ``q_len`` query tokens of ``group`` query heads per KV head.
+
+    One token: the G heads padded to a power of two >= 16, one group (the single-token kernel,
+    any G). Several: the q_len * G (token, head) rows in groups of at most MAX_ROWS."""
+    if q_len == 1:
+        return max(16, 1 << max(0, group - 1).bit_length()), 1
+    rows = q_len * group
+    groups = -(-rows // MAX_ROWS)
+    per = -(-rows // groups)
+    return max(16, 1 << max(0, per - 1).bit_length()), groups
+
+
 # The combine reads partials in chunks of this many splits (two sizes only: each compiles apart).
 COMBINE_MAX_BLOCK_S = 64
 
@@ -286,11 +420,15 @@ def combine_block_s(splits: int) -> int:
     return 16 if splits <= 16 else COMBINE_MAX_BLOCK_S
 
 
-def fixed_config(paged: bool, head_dim: int) -> dict:
+def fixed_config(paged: bool, head_dim: int, block_g: int = 16) -> dict:
     """The config used without autotuning (and during graph capture before a shape was tuned)."""
     cfg = dict(DEFAULT_GPU_CONFIG[paged])
     if head_dim > 128:  # keep the K/V tiles within shared memory
         cfg["BLOCK_N"] = 32
+    if block_g >= 32:
+        # multi-token rows: q, scores and accumulator of 32-64 rows need 200-254 registers per
+        # thread at 4 warps (sm_90, d128); 8 warps halve that
+        cfg["num_warps"] = 8
     cfg["num_stages"] = caps.cap_stages("decode", cfg["num_stages"])
     return cfg
 

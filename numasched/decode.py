@@ -1,4 +1,4 @@
-"""Decode attention (one query token per sequence) over a KV cache: check, plan, run.
+"""Decode attention (one query token, or a few, per sequence) over a KV cache: check, plan, run.
 
     out = numasched.flash_decode(q, k_cache, v_cache, cache_seqlens=lens)                  # one call
     out = numasched.flash_decode(q, k_pages, v_pages, cache_seqlens=lens, block_table=bt)  # paged
@@ -9,6 +9,13 @@
 Layouts follow FlashAttention's ``flash_attn_with_kvcache`` and vLLM:
 
 * q: (batch, heads, head_dim); out has q's shape and dtype; lse (batch, heads) fp32, natural log.
+* multi-token decode (speculative decoding: several new tokens per sequence, already written to
+  the cache and counted in cache_seqlens): q (batch, q_len, heads, head_dim) with
+  1 <= q_len <= 16; out (batch, q_len, heads, head_dim) contiguous, lse (batch, q_len, heads).
+  Causal, bottom-right aligned as ``flash_attn_with_kvcache(causal=True)``: query token i sees
+  the cache positions < len - q_len + i + 1 (len: the sequence's cache_seqlens, or the
+  capacity); a token that sees no position gets zeros and lse = -inf. q_len 1 gives the 3-D
+  result.
 * contiguous cache: k_cache, v_cache (batch, max_len, kv_heads, head_dim); any strides with a
   unit-stride last dimension (so ``k.transpose(1, 2)`` of a (B, H, S, D) tensor works as is).
 * paged cache: (num_pages, page_size, kv_heads, head_dim) with ``block_table`` int32
@@ -49,6 +56,7 @@ __all__ = ["flash_decode", "plan_decode", "check_decode", "DecodePlan", "DecodeS
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 MAX_HEAD_DIM = 256
+MAX_QUERY_TOKENS = 16  # query tokens per sequence of a 4-D q (multi-token decode)
 INT32_MAX = caps.INT32_MAX
 # Caches spanning more elements than this get int64 row offsets (a test lowers it to cover that path).
 INT64_THRESHOLD = INT32_MAX
@@ -65,6 +73,17 @@ class DecodeShape:
     page_size: int  # 0: contiguous cache
     capacity: int  # tokens a sequence can hold
     num_pages: int
+    q_len: int = 1  # query tokens per sequence
+    q_4d: bool = False  # q is (batch, q_len, heads, head_dim)
+
+    @property
+    def out_shape(self) -> tuple:
+        return ((self.batch, self.q_len, self.heads, self.head_dim) if self.q_4d
+                else (self.batch, self.heads, self.head_dim))
+
+    @property
+    def lse_shape(self) -> tuple:
+        return (self.batch, self.q_len, self.heads) if self.q_4d else (self.batch, self.heads)
 
 
 # ----------------------------------------------------------------------------- checks
@@ -73,13 +92,23 @@ def check_decode(q, k_cache, v_cache, cache_seqlens=None, block_table=None, scal
     """Check a decode call's arguments without reading tensor data (works on fake and meta tensors);
     returns the sizes. Errors name the argument: TypeError for a wrong type, ValueError for a wrong
     value or shape."""
-    check_tensor("q", q, ndim=3, dtypes=DTYPES, contiguous_last=True)
+    check_tensor("q", q, dtypes=DTYPES, contiguous_last=True)
+    if q.dim() not in (3, 4):
+        raise ValueError(f"q must have 3 dimensions (batch, heads, head_dim) or 4 (batch, q_len, heads, head_dim), "
+                         f"got shape {tuple(q.shape)}")
+    q_4d = q.dim() == 4
+    if q_4d:
+        B, Sq, H, D = q.shape
+        if not 1 <= Sq <= MAX_QUERY_TOKENS:
+            raise ValueError(f"q has {Sq} query tokens per sequence (shape {tuple(q.shape)}); multi-token decode "
+                             f"takes 1 to {MAX_QUERY_TOKENS} (use numasched.attention_forward for more)")
+    else:
+        (B, H, D), Sq = q.shape, 1
     dev = q.device
     check_tensor("k_cache", k_cache, ndim=4, contiguous_last=True)
     check_tensor("v_cache", v_cache, ndim=4, contiguous_last=True)
     check_same("q", q, "k_cache", k_cache)
     check_same("q", q, "v_cache", v_cache)
-    B, H, D = q.shape
     if tuple(v_cache.shape) != tuple(k_cache.shape):
         raise ValueError(f"v_cache has shape {tuple(v_cache.shape)} but k_cache has {tuple(k_cache.shape)}; "
                          f"they must match")
@@ -121,7 +150,7 @@ def check_decode(q, k_cache, v_cache, cache_seqlens=None, block_table=None, scal
             raise ValueError(f"scale must be a finite float or None, got {scale!r}")
     check_positive_int("num_splits", num_splits)
     mapping_token(mapping, "decode")  # type, name and kind of the mapping
-    return DecodeShape(B, H, HK, D, page_size, capacity, num_pages)
+    return DecodeShape(B, H, HK, D, page_size, capacity, num_pages, Sq, q_4d)
 
 
 def check_decode_data(shape: DecodeShape, cache_seqlens, block_table) -> None:
@@ -211,8 +240,9 @@ def _span(t: torch.Tensor) -> int:
 
 # ----------------------------------------------------------------------------- torch fallback
 def _torch_decode(q, k_cache, v_cache, cache_seqlens, block_table, scale, shape: DecodeShape):
-    """Reference-style implementation in fp32: gathers the cache into (B, L, HK, D) and masks."""
-    B, H, HK, D = shape.batch, shape.heads, shape.kv_heads, shape.head_dim
+    """Reference-style implementation in fp32: gathers the cache into (B, L, HK, D) and masks
+    (token i of Sq sees positions < len - Sq + i + 1)."""
+    B, H, HK, D, Sq = shape.batch, shape.heads, shape.kv_heads, shape.head_dim, shape.q_len
     G = H // HK
     if block_table is not None:
         bt = block_table.long().clamp(0, shape.num_pages - 1)  # unused entries may be padding
@@ -223,14 +253,15 @@ def _torch_decode(q, k_cache, v_cache, cache_seqlens, block_table, scale, shape:
     L = k.shape[1]
     lens = (cache_seqlens.long().clamp(0, shape.capacity) if cache_seqlens is not None
             else torch.full((B,), shape.capacity, dtype=torch.long, device=q.device))
-    qf = q.float().reshape(B, HK, G, D)
-    s = torch.einsum("bkgd,blkd->bkgl", qf, k.float()) * scale
-    valid = torch.arange(L, device=q.device)[None, :] < lens[:, None]
-    s = s.masked_fill(~valid[:, None, None, :], float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)  # -inf for empty sequences
+    qf = q.float().reshape(B, Sq, HK, G, D)
+    s = torch.einsum("btkgd,blkd->btkgl", qf, k.float()) * scale
+    limit = lens[:, None] - Sq + 1 + torch.arange(Sq, device=q.device)[None, :]  # (B, Sq)
+    valid = torch.arange(L, device=q.device)[None, None, :] < limit[:, :, None]
+    s = s.masked_fill(~valid[:, :, None, None, :], float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)  # -inf for rows that see nothing
     p = torch.exp(s - lse[..., None]).nan_to_num(0.0)
-    out = torch.einsum("bkgl,blkd->bkgd", p, v.float())
-    return out.reshape(B, H, D).to(q.dtype), lse.reshape(B, H).float()
+    out = torch.einsum("btkgl,blkd->btkgd", p, v.float())
+    return out.reshape(shape.out_shape).to(q.dtype), lse.reshape(shape.lse_shape).float()
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -240,12 +271,14 @@ class DecodePlan(Plan):
     Attributes:
         shape: DecodeShape of the call.
         scale: softmax scale.
-        num_splits: KV splits per (batch, kv_head).
+        num_splits: KV splits per (batch, kv_head) (and row group).
         policy, topology: the mapping policy and the topology it was chosen for.
         combine: "none" (one split), "fused" (the last split merges) or "kernel" (a second launch).
         mode: "kernel" (compiled), "interpreter", "torch" (no Triton device: torch fallback) or
             "empty" (batch 0).
-        grid: programs of the split kernel.
+        grid: programs of the split kernel (batch * kv_heads * row_groups * num_splits).
+        row_groups: programs per (batch, kv_head, split): 1, or more when q_len * heads / kv_heads
+            (token, head) rows of a multi-token decode exceed one program's tile.
         config: kernel config (None until autotuning has chosen one).
         workspace_bytes: partial buffers per stream (fp32).
         tensors: the TensorSig of each argument the plan was made for.
@@ -263,9 +296,14 @@ class DecodePlan(Plan):
         self.tensors = dict(q=signature(q), k_cache=signature(k_cache), v_cache=signature(v_cache),
                             cache_seqlens=signature(cache_seqlens), block_table=signature(block_table))
         dev = q.device
-        # the outputs run() allocates: out laid out as q (torch.empty_like), lse contiguous
-        self._out_stride = torch.empty_like(q, device="meta").stride()
-        self._lse_shape = (shape.batch, shape.heads)
+        # the outputs run() allocates: out laid out as a 3-D q (torch.empty_like) or contiguous
+        # (4-D q), lse contiguous
+        self._out_stride = (torch.empty_like(q, device="meta").stride() if not shape.q_4d
+                            else _contiguous_strides(shape.out_shape))
+        self._lse_shape = shape.lse_shape
+        self._lse_stride = _contiguous_strides(self._lse_shape)
+        # the kernels' output strides for outputs of those layouts (the thin launch's)
+        self._so = _strides_arg(self._out_stride, self._lse_stride, shape.q_4d)
         self.device = dev
         self.topology = _topology.current()
         if mode is None:
@@ -273,6 +311,7 @@ class DecodePlan(Plan):
                 "interpreter" if caps.interpreting() else "kernel" if dev.type == "cuda" else "torch")
         self.mode = mode
         self.num_splits = S = 0
+        self.row_groups = 0
         self.policy = None
         self.combine = "none"
         self.grid = ()
@@ -282,42 +321,50 @@ class DecodePlan(Plan):
         if mode in ("empty", "torch"):
             self._freeze()
             return
-        B, H, HK, D = shape.batch, shape.heads, shape.kv_heads, shape.head_dim
+        B, H, HK, D, Sq = shape.batch, shape.heads, shape.kv_heads, shape.head_dim, shape.q_len
         G = H // HK
-        S = int(num_splits) if num_splits is not None else choose_num_splits(B, HK, shape.capacity,
+        from .kernels import flash_decode as K
+
+        self._K = K
+        block_g, R = K.row_tiling(Sq, G)
+        self.row_groups = R
+        S = int(num_splits) if num_splits is not None else choose_num_splits(B, HK * R, shape.capacity,
                                                                              caps.num_sms(dev))
-        grid_w = M.DecodeGrid(B, HK, S)  # checks the program count fits int32
+        grid_w = M.DecodeGrid(B, HK * R, S)  # checks the program count fits int32
         self.policy = M.resolve(mapping, "decode", self.topology, grid_w)
         self.num_splits = S
-        fused = options.decode_combine == "fused" or (options.decode_combine == "auto" and G <= 16)
+        # the fused combine merges in the last split's program: one program's rows (G heads, or
+        # the Sq * G rows of a row group) at most 16, else the parallel combine kernel
+        rows = G if Sq == 1 else -(-Sq * G // R)
+        fused = options.decode_combine == "fused" or (options.decode_combine == "auto" and rows <= 16)
         self.combine = "none" if S == 1 else ("fused" if fused else "kernel")
         combine = {"none": 0, "kernel": 1, "fused": 2}[self.combine]
-        self.grid = (B * HK * S,)
-        self._items = B * HK
-        self._po_shape, self._pl_shape = (B, H, S, D), (B, H, S)
-        n_po = B * H * S * D
+        self.grid = (B * HK * R * S,)
+        self._items = B * HK * R
+        if shape.q_4d:
+            self._po_shape, self._pl_shape = (B, Sq, H, S, D), (B, Sq, H, S)
+        else:
+            self._po_shape, self._pl_shape = (B, H, S, D), (B, H, S)
+        n_po = B * Sq * H * S * D
         self._pl_offset = -(-n_po // 32) * 32  # keeps the lse partials 128-byte aligned
-        self._ws_numel = self._pl_offset + B * H * S if combine else 0
+        self._ws_numel = self._pl_offset + B * Sq * H * S if combine else 0
         self.workspace_bytes = 4 * self._ws_numel
         self._views: dict = {}
         # bf16 dots are wrong in Triton's interpreter: compute in fp32 there (never a wrong result)
         self._upcast = mode == "interpreter" and q.dtype == torch.bfloat16
 
-        from .kernels import flash_decode as K
-
-        self._K = K
         block_s = K.combine_block_s(S)
         paged = shape.page_size > 0
         int64 = max(_span(k_cache), _span(v_cache)) > INT64_THRESHOLD
-        tune_key = K.tune_bucket(-(-shape.capacity // S)) * 2 + int(k_cache.stride(1) == D)
+        tune_key = K.tune_key(-(-shape.capacity // S), k_cache.stride(1) == D, Sq > 1)
         # 16-bit dots take the default precision (gfx950 refuses "tf32" for them; NVIDIA ignores it)
         precision = "ieee" if q.dtype == torch.float32 or self._upcast else None
-        meta = dict(G=G, BLOCK_G=max(16, _next_pow2(G)), HEAD_DIM=D, BLOCK_D=max(16, _next_pow2(D)),
+        meta = dict(G=G, BLOCK_G=block_g, HEAD_DIM=D, BLOCK_D=max(16, _next_pow2(D)),
                     PAGE_SIZE=int(shape.page_size), HAS_SEQLENS=cache_seqlens is not None, COMBINE=combine,
-                    INT64=int64, INPUT_PRECISION=precision, COMBINE_BLOCK_S=block_s,
+                    INT64=int64, INPUT_PRECISION=precision, COMBINE_BLOCK_S=block_s, SQ=Sq, ROW_GROUPS=R,
                     MAPPING=self.policy.constexpr(self.topology.num_domains))
         self._tune_key = tune_key
-        fixed = K.fixed_config(paged, D)
+        fixed = K.fixed_config(paged, D, block_g)
         from ._launch import Launch
 
         if mode == "interpreter":
@@ -334,8 +381,8 @@ class DecodePlan(Plan):
                            fixed=fixed)
         launches = [split]
         if combine == 1:
-            launches.append(Launch(K._combine_kernel, (B * H,),
-                                   dict(HEAD_DIM=D, BLOCK_D=meta["BLOCK_D"], BLOCK_S=block_s, num_warps=4),
+            launches.append(Launch(K._combine_kernel, (B * Sq * H,),
+                                   dict(SQ=Sq, HEAD_DIM=D, BLOCK_D=meta["BLOCK_D"], BLOCK_S=block_s, num_warps=4),
                                    device=dev, interpret=mode == "interpreter"))
         self._launches = tuple(launches)
         self._split = split
@@ -349,8 +396,9 @@ class DecodePlan(Plan):
         s = self.shape
         stride_sb = cache_seqlens.stride(0) if cache_seqlens is not None else 0
         stride_tb, stride_tp = block_table.stride() if block_table is not None else (0, 0)
+        qs = q.stride()
         return (self.scale * caps.LOG2E, s.batch, s.kv_heads, self.num_splits, int(s.capacity),
-                max(s.num_pages, 1), q.stride(0), q.stride(1),
+                max(s.num_pages, 1), qs[0], qs[1] if s.q_4d else 0, qs[-2],
                 k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
                 v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
                 stride_sb, stride_tb, stride_tp)
@@ -377,20 +425,20 @@ class DecodePlan(Plan):
             return_lse: bool = False):
         """Launch on tensors with the signatures the plan was made for; returns out (and lse).
 
-        ``out`` (batch, heads, head_dim) in q's dtype and ``lse`` (batch, heads) fp32 are
-        written when given (any strides), else allocated. Data checks run as the plan's options
-        say (``check_data``), never during CUDA-graph capture."""
+        ``out`` (q's shape and dtype) and ``lse`` ((batch, heads), or (batch, q_len, heads) for a
+        4-D q; fp32) are written when given (any strides), else allocated. Data checks run as the
+        plan's options say (``check_data``), never during CUDA-graph capture."""
         self.check_signatures(q=q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens,
                               block_table=block_table)
         s = self.shape
         if out is not None:
-            check_tensor("out", out, ndim=3, dtypes=(q.dtype,), device=q.device)
-            if tuple(out.shape) != (s.batch, s.heads, s.head_dim):
-                raise ValueError(f"out must have shape {(s.batch, s.heads, s.head_dim)}, got {tuple(out.shape)}")
+            check_tensor("out", out, ndim=len(s.out_shape), dtypes=(q.dtype,), device=q.device)
+            if tuple(out.shape) != s.out_shape:
+                raise ValueError(f"out must have shape {s.out_shape}, got {tuple(out.shape)}")
         if lse is not None:
-            check_tensor("lse", lse, ndim=2, dtypes=(torch.float32,), device=q.device)
-            if tuple(lse.shape) != (s.batch, s.heads):
-                raise ValueError(f"lse must have shape {(s.batch, s.heads)}, got {tuple(lse.shape)}")
+            check_tensor("lse", lse, ndim=len(s.lse_shape), dtypes=(torch.float32,), device=q.device)
+            if tuple(lse.shape) != s.lse_shape:
+                raise ValueError(f"lse must have shape {s.lse_shape}, got {tuple(lse.shape)}")
         o, l = self._run(q, k_cache, v_cache, cache_seqlens, block_table, out, lse)
         return (o, l) if return_lse else o
 
@@ -406,12 +454,12 @@ class DecodePlan(Plan):
         # otherwise take Triton's own launch path.
         thin = True
         if out is None:
-            out = torch.empty_like(q)
+            out = torch.empty(s.out_shape, dtype=q.dtype, device=dev) if s.q_4d else torch.empty_like(q)
         elif out.stride() != self._out_stride or out.data_ptr() % 16:
             thin = False
         if lse is None:
             lse = torch.empty(self._lse_shape, dtype=torch.float32, device=dev)
-        elif lse.stride() != (s.heads, 1) or lse.data_ptr() % 16:
+        elif lse.stride() != self._lse_stride or lse.data_ptr() % 16:
             thin = False
         mode = self.mode
         if mode == "empty":
@@ -442,15 +490,14 @@ class DecodePlan(Plan):
             # compiled, direct path: pointers as integers (the launcher then neither calls
             # data_ptr() nor asks the driver about each pointer; the plan checked the devices)
             tensors = tuple(t.data_ptr() for t in tensors)
+        so = self._so if thin else _strides_arg(out.stride(), lse.stride(), s.q_4d)
         with caps.launch_device(q):
-            split(*tensors, *self._args_cache, out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
-                  self._tune_key)
+            split(*tensors, *self._args_cache, *so, self._tune_key)
             if self.combine == "kernel":
                 if _observe.OBSERVERS:
-                    _observe.notify(self.op, "flash_decode.combine", (s.batch * s.heads,), (out, lse), self)
+                    _observe.notify(self.op, "flash_decode.combine", (s.batch * s.q_len * s.heads,), (out, lse), self)
                 combine = self._launches[1] if thin else self._launches[1].triton_call
-                combine(po, pl, out, lse, s.heads, self.num_splits, out.stride(0), out.stride(1), lse.stride(0),
-                        lse.stride(1))
+                combine(po, pl, out, lse, s.heads, self.num_splits, *so)
         if self.config is None and self._split.tuned:
             object.__setattr__(self, "config", dict(self._split.config))
         return out, lse
@@ -466,15 +513,15 @@ class DecodePlan(Plan):
         if _observe.OBSERVERS:
             _observe.notify(self.op, "flash_decode", self.grid, (res_out, lse), self)
         args = self._scalars(q, k_cache, v_cache, cache_seqlens, block_table)
+        s = self.shape
+        so = _strides_arg(out.stride(), lse.stride(), s.q_4d)
         self._split(q, k_cache, v_cache, counter if cache_seqlens is None else cache_seqlens,
                     counter if block_table is None else block_table, out, lse, po, pl, counter, *args,
-                    out.stride(0), out.stride(1), lse.stride(0), lse.stride(1), self._tune_key)
+                    *so, self._tune_key)
         if self.combine == "kernel":
-            s = self.shape
             if _observe.OBSERVERS:
-                _observe.notify(self.op, "flash_decode.combine", (s.batch * s.heads,), (res_out, lse), self)
-            self._launches[1](po, pl, out, lse, s.heads, self.num_splits, out.stride(0), out.stride(1),
-                              lse.stride(0), lse.stride(1))
+                _observe.notify(self.op, "flash_decode.combine", (s.batch * s.q_len * s.heads,), (res_out, lse), self)
+            self._launches[1](po, pl, out, lse, s.heads, self.num_splits, *so)
         if out is not res_out:
             res_out.copy_(out)
         return res_out, lse
@@ -482,6 +529,22 @@ class DecodePlan(Plan):
     def _fallback_reason(self) -> str:
         return (f"the Triton kernel cannot run on {self.device} tensors (needs a GPU, or TRITON_INTERPRET=1 for "
                 f"CPU tensors)")
+
+
+def _strides_arg(so: tuple, sl: tuple, q_4d: bool) -> tuple:
+    """(stride_ob, stride_os, stride_oh, stride_lb, stride_ls, stride_lh) of the kernels from the
+    strides of out and lse."""
+    if q_4d:
+        return so[0], so[1], so[2], sl[0], sl[1], sl[2]
+    return so[0], 0, so[1], sl[0], 0, sl[1]
+
+
+def _contiguous_strides(shape) -> tuple:
+    strides, n = [], 1
+    for x in reversed(shape):
+        strides.append(n)
+        n *= max(int(x), 1)
+    return tuple(reversed(strides))
 
 
 def _next_pow2(n: int) -> int:
@@ -553,17 +616,21 @@ def _flash_decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 @_flash_decode_op.register_fake
 def _flash_decode_fake(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping):
     s = check_decode(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping)
-    return (q.new_empty((s.batch, s.heads, s.head_dim)),
-            q.new_empty((s.batch, s.heads), dtype=torch.float32))
+    return q.new_empty(s.out_shape), q.new_empty(s.lse_shape, dtype=torch.float32)
 
 
 # ----------------------------------------------------------------------------- one call
 def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, scale=None, num_splits=None,
                  mapping="auto", return_lse=False):
-    """Decode attention of one query token per sequence against a KV cache (split-KV Flash Decode).
+    """Decode attention of one query token per sequence against a KV cache (split-KV Flash Decode),
+    or of a few (multi-token decode: speculative decoding's verification step).
 
     Args:
-        q: (batch, heads, head_dim), bf16 / fp16 / fp32; last dimension unit-stride.
+        q: (batch, heads, head_dim), bf16 / fp16 / fp32; last dimension unit-stride. Or
+            (batch, q_len, heads, head_dim) with 1 <= q_len <= 16: the q_len newest tokens of
+            each sequence (already in the cache and counted in ``cache_seqlens``), causal and
+            bottom-right aligned: token i sees cache positions < len - q_len + i + 1, as
+            FlashAttention's ``flash_attn_with_kvcache(causal=True)``.
         k_cache, v_cache: contiguous (batch, max_len, kv_heads, head_dim), any strides with a
             unit-stride last dimension; or paged (num_pages, page_size, kv_heads, head_dim) when
             ``block_table`` is given. Same dtype and device as q; heads % kv_heads == 0 (GQA/MQA/MHA).
@@ -575,11 +642,14 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, s
         mapping: "auto" (or None), a decode (attention-kind) policy name, or a ``Policy``; decides
             which (batch, kv_head, split) each program runs. It does not change the result beyond
             rounding.
-        return_lse: also return the log-sum-exp (batch, heads), fp32, natural log (-inf for
-            empty sequences), for merging attention over several caches or devices.
+        return_lse: also return the log-sum-exp (batch, heads), or (batch, q_len, heads) for a
+            4-D q, fp32, natural log (-inf for a query that sees no token), for merging attention
+            over several caches or devices.
 
     Returns:
-        out (batch, heads, head_dim) in q's dtype, or (out, lse) if ``return_lse``.
+        out with q's shape and dtype (3-D: laid out as q; 4-D: contiguous), or (out, lse) if
+        ``return_lse``. A query that sees no token (an empty sequence; with several tokens, a
+        token i with len - q_len + i + 1 <= 0) gives zeros.
     """
     if mapping is None:
         mapping = "auto"

@@ -244,13 +244,13 @@ def _decode(paged: bool, combine: int, stages=None):
         ps = 16 if paged else 0
         values = dict(Q=_PTR, K=_PTR, V=_PTR, SEQLENS="*i32", BLOCK_TABLE="*i32", O=_PTR, LSE="*fp32",
                       PO="*fp32", PL="*fp32", COUNTER="*i32", qk_scale=0.1275, B=B, HK=HK, S=4, seqlen_max=L,
-                      num_pages=B * L // 16, stride_qb=HK * G * D, stride_qh=D,
+                      num_pages=B * L // 16, stride_qb=HK * G * D, stride_qs=0, stride_qh=D,
                       stride_kb=(ps if paged else L) * HK * D, stride_kn=HK * D, stride_kh=D,
                       stride_vb=(ps if paged else L) * HK * D, stride_vn=HK * D, stride_vh=D,
-                      stride_sb=1, stride_tb=L // 16, stride_tp=1, stride_ob=HK * G * D, stride_oh=D,
-                      stride_lb=HK * G, stride_lh=1, tune_key=4,
+                      stride_sb=1, stride_tb=L // 16, stride_tp=1, stride_ob=HK * G * D, stride_os=0, stride_oh=D,
+                      stride_lb=HK * G, stride_ls=0, stride_lh=1, tune_key=4,
                       G=G, BLOCK_G=16, HEAD_DIM=D, BLOCK_D=D, PAGE_SIZE=ps, HAS_SEQLENS=True, COMBINE=combine,
-                      INT64=False, INPUT_PRECISION=None, COMBINE_BLOCK_S=16, BLOCK_N=64,
+                      INT64=False, INPUT_PRECISION=None, COMBINE_BLOCK_S=16, SQ=1, ROW_GROUPS=1, BLOCK_N=64,
                       MAPPING=_mapping("head_first"))
         cfg = K.DEFAULT_GPU_CONFIG[paged]
         return K._flash_decode_kernel, values, cfg["num_warps"], stages or cfg["num_stages"]
@@ -260,8 +260,8 @@ def _decode(paged: bool, combine: int, stages=None):
 def _combine(vendor):
     from numasched.kernels import flash_decode as K
 
-    values = dict(PO="*fp32", PL="*fp32", O=_PTR, LSE="*fp32", H=32, S=4, stride_ob=32 * 128, stride_oh=128,
-                  stride_lb=32, stride_lh=1, HEAD_DIM=128, BLOCK_D=128, BLOCK_S=16)
+    values = dict(PO="*fp32", PL="*fp32", O=_PTR, LSE="*fp32", H=32, S=4, stride_ob=32 * 128, stride_os=0,
+                  stride_oh=128, stride_lb=32, stride_ls=0, stride_lh=1, SQ=1, HEAD_DIM=128, BLOCK_D=128, BLOCK_S=16)
     return K._combine_kernel, values, 4, 1
 
 
