@@ -15,6 +15,9 @@ graphs (warm it up once before capturing: the first call on a GPU autotunes).
 
 ``scaled_dot_product_attention`` has torch's signature and semantics and routes each call:
   * query length 1 (not causal, or causal with one key) -> Flash Decode (numasched.decode);
+  * 2 to 16 queries against more keys with a bottom-right causal diagonal (``causal_offset =
+    Lk - Lq > 0``, what the HF integration passes for a cached step with several new tokens)
+    -> multi-token Flash Decode (the keys as a contiguous cache, every query's keys in it);
   * what the prefill kernel supports -> the kernel;
   * anything else (an arbitrary ``attn_mask``, dropout, autograd, CPU without the Triton
     interpreter, other dtypes or head dims, ...) -> torch's own implementation, with a warning
@@ -398,10 +401,10 @@ def _fallback(reason: str, query, key, value, attn_mask, dropout_p, is_causal, s
 class _SdpaRoute:
     """A cached SDPA routing decision: the plan to run and how to reshape around it."""
 
-    __slots__ = ("plan", "decode", "three_d")
+    __slots__ = ("plan", "decode", "multi", "three_d")
 
-    def __init__(self, plan, decode: bool, three_d: bool):
-        self.plan, self.decode, self.three_d = plan, decode, three_d
+    def __init__(self, plan, decode: bool, three_d: bool, multi: bool = False):
+        self.plan, self.decode, self.multi, self.three_d = plan, decode, multi, three_d
 
     def run(self, query, key, value):
         if self.three_d:
@@ -410,6 +413,12 @@ class _SdpaRoute:
             out, _ = self.plan._run(query[:, :, 0, :], key.transpose(1, 2), value.transpose(1, 2), None, None,
                                     want_lse=False)
             out = out.unsqueeze(2)
+        elif self.multi:
+            # (B, H, Lq, D) as (B, Lq, H, D); the output (B, Lq, H, D) contiguous, returned as its
+            # (B, H, Lq, D) view (the attention kernel's output layout too)
+            out, _ = self.plan._run(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), None, None,
+                                    want_lse=False)
+            out = out.transpose(1, 2)
         else:
             out, _ = self.plan._run(query, key, value, want_lse=False)
         return out.squeeze(1) if self.three_d else out
@@ -441,6 +450,12 @@ def _sdpa_key(query, key, value, is_causal, scale, enable_gqa, mapping, causal_o
             k.device, k.data_ptr() & 15, v.shape, v.stride(), v.dtype, v.device, v.data_ptr() & 15, is_causal, scale,
             enable_gqa, mapping, causal_offset, q.device.type != "cuda" and caps.interpreting(), _topology._CURRENT,
             _REG._VERSION[0], _options._CURRENT)
+
+
+def _max_decode_tokens() -> int:
+    from .decode import MAX_QUERY_TOKENS
+
+    return MAX_QUERY_TOKENS
 
 
 def _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, mapping,
@@ -511,6 +526,9 @@ def _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
     # ---- query length 1: Flash Decode ----
     sees_all = not is_causal or causal_offset >= Lk - 1  # every query row sees every key
     decode = Lq == 1 and sees_all
+    # ---- a few new tokens at the end of a cache (bottom-right causal): multi-token Flash Decode,
+    # whose query i sees the keys < Lk - Lq + i + 1 ----
+    multi = bool(is_causal) and 1 < Lq < Lk and causal_offset == Lk - Lq and Lq <= _max_decode_tokens()
     if not plain_eager(query, key, value):  # torch.compile, tracing: through the custom ops
         sc = None if scale is None else float(scale)
         if decode:
@@ -518,6 +536,11 @@ def _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
 
             out = flash_decode(q[:, :, 0, :], k.transpose(1, 2), v.transpose(1, 2), scale=sc,
                                mapping=mapping).unsqueeze(2)
+        elif multi:
+            from .decode import flash_decode
+
+            out = flash_decode(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=sc,
+                               mapping=mapping).transpose(1, 2)
         else:
             out, _ = attention_forward(q, k, v, causal=bool(is_causal) and not sees_all, scale=sc, mapping=mapping,
                                        causal_offset=int(causal_offset))
@@ -528,10 +551,16 @@ def _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
         # (B, H, 1, D) -> (B, H, D) and (B, HK, Lk, D) -> (B, Lk, HK, D): views, no copies
         plan = _decode_plan(q[:, :, 0, :], k.transpose(1, 2), v.transpose(1, 2), None, None,
                             None if scale is None else float(scale), None, mapping)
+    elif multi:
+        from .decode import _planned as _decode_plan
+
+        # (B, H, Lq, D) -> (B, Lq, H, D) and (B, HK, Lk, D) -> (B, Lk, HK, D): views, no copies
+        plan = _decode_plan(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None, None,
+                            None if scale is None else float(scale), None, mapping)
     else:
         plan = _planned(q, k, v, bool(is_causal) and not sees_all, None if scale is None else float(scale),
                         int(causal_offset), mapping)
-    route = _SdpaRoute(plan, decode, three_d)
+    route = _SdpaRoute(plan, decode, three_d, multi)
     k_, _ = PLANS.find(_sdpa_key, query, key, value, is_causal, scale, enable_gqa, mapping, causal_offset)
     if k_ is not None:
         PLANS.put(k_, route)

@@ -6,8 +6,11 @@
     # or, on a model already built: model.set_attn_implementation("numasched")
 
 Prefill runs numasched's Triton attention kernel, cached decoding (one new token) runs Flash
-Decode, through :func:`numasched.scaled_dot_product_attention`; what they do not support (a
-padding mask, dropout in training, ...) runs torch's SDPA as HF's "sdpa" path would.
+Decode, and a cached step with 2 to 16 new tokens (assisted / speculative decoding's verification,
+a short chunk) runs multi-token Flash Decode over HF's (B, HK, L, D) cache as is, through
+numasched's SDPA routing; what they do not support (a padding mask, dropout in training, ...)
+runs torch's SDPA as HF's "sdpa" path would. Longer chunks against a cache run the attention
+kernel with the bottom-right diagonal.
 
 Masks: HF builds masks per attention implementation. :func:`register` registers HF's own SDPA
 mask builder under our name too, so HF hands us ``None`` whenever the mask is purely causal in

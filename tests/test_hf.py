@@ -88,9 +88,9 @@ def test_cpu_prefill_logits_match_sdpa(cpu_model):
 
 
 def test_cpu_chunked_prefill_bottom_right_mask(cpu_model):
-    # a second chunk of 5 tokens against a 9-token cache: HF passes a bottom-right causal mask,
-    # which numasched recognises and runs with causal_offset = 9
-    ids = torch.randint(0, 128, (1, 14))
+    # a second chunk of 17 tokens (more than multi-token decode takes) against a 9-token cache: HF
+    # passes a bottom-right causal mask, which numasched recognises and runs with causal_offset = 9
+    ids = torch.randint(0, 128, (1, 26))
 
     def chunked(m):
         out = m(ids[:, :9], use_cache=True)
@@ -99,6 +99,21 @@ def test_cpu_chunked_prefill_bottom_right_mask(cpu_model):
     want, got, calls = run_both(cpu_model, chunked)
     assert rel(got, want) < 1e-5
     assert calls == {"kernel": 4}
+
+
+def test_cpu_cached_multi_token_step_runs_multi_token_decode(cpu_model):
+    # speculative decoding's verification step: 5 new tokens against a 9-token cache, per
+    # sequence of a batch of 2; the cached steps run multi-token Flash Decode (one launch per layer)
+    ids = torch.randint(0, 128, (2, 14))
+
+    def verify(m):
+        out = m(ids[:, :9], use_cache=True)
+        step = m(ids[:, 9:], past_key_values=out.past_key_values, use_cache=True)
+        return step.logits
+
+    want, got, calls = run_both(cpu_model, verify)
+    assert rel(got, want) < 1e-5
+    assert calls == {"kernel": 2, "decode": 2}  # the prefill, then multi-token decode, per layer
 
 
 def test_cpu_cached_generate_matches_sdpa(cpu_model):
@@ -164,3 +179,18 @@ def test_gpu_bf16_llama_prefill_and_cached_decode():
     with torch.no_grad():
         out = model.generate(ids, max_new_tokens=8, do_sample=False, use_cache=True, pad_token_id=0)
     assert out.shape == (2, 308)
+
+
+@pytest.mark.gpu
+def test_gpu_bf16_llama_multi_token_verify_step():
+    # a verification step of 4 draft tokens (plus the last accepted one) against a 295-token cache
+    model = tiny_llama(torch.bfloat16, "cuda", hidden=1024, heads=16, kv_heads=4, layers=2, vocab=512)
+    ids = torch.randint(0, 512, (2, 300), device="cuda")
+
+    def verify(m):
+        out = m(ids[:, :295], use_cache=True)
+        return m(ids[:, 295:], past_key_values=out.past_key_values, use_cache=True).logits
+
+    want, got, calls = run_both(model, verify)
+    assert calls == {"kernel": 2, "decode": 2}
+    assert rel(got, want) < 3e-2, rel(got, want)
