@@ -26,6 +26,24 @@ finishes and the CSV so far is rewritten (``*.partial.csv``), so a run cut short
     numasched bench decode --quick
     numasched bench decode --heads gqa        # the full grid, one head config per run
     numasched bench decode --heads mha
+
+Multi-token decode (``--sq``: q_len new tokens per sequence, speculative decoding's verification
+step; causal, bottom-right aligned), per point and q_len, bf16, head dim 128, every sequence the
+whole context:
+
+* numasched.flash_decode with q (batch, q_len, heads, d) on paged caches (``--pages``, default 16
+  and 64, random block table) and on the ``k.transpose(1, 2)`` view of a contiguous
+  (batch, kv_heads, ctx, d) cache (what HF's cache is);
+* torch SDPA on the contiguous cache with a bottom-right causal mask: the
+  ``torch.nn.attention.bias.causal_lower_right`` bias under each backend (FLASH / EFFICIENT /
+  cuDNN; "n/a" where a backend refuses it) and an explicit boolean mask (torch's pick);
+* FlashInfer's ``BatchPrefillWithPagedKVCacheWrapper(causal=True)`` (bottom-right aligned) on the
+  same paged caches, if importable (its version is recorded; its decode wrapper takes one token).
+
+Times, graph replays, TB/s and ratios as above; results go to ``decode_multi-<device>-<date>``.
+
+    numasched bench decode --sq 2,4,8 --quick
+    numasched bench decode --sq 4 --heads gqa --batch 1 8 --ctx 8192 32768 --pages 16 64
 """
 from __future__ import annotations
 
@@ -40,6 +58,21 @@ QUICK_POINTS = [("gqa", 1, 8192), ("gqa", 1, 131072), ("gqa", 8, 32768), ("gqa",
 HEAD_DIM = 128
 PAGE = 16
 SDPA_BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION")
+MULTI_PAGES = [16, 64]
+QUICK_MULTI_POINTS = [("gqa", 1, 8192), ("gqa", 1, 32768), ("gqa", 8, 8192), ("gqa", 32, 4096), ("mha", 8, 8192)]
+MAX_Q_LEN = 16  # numasched.decode.MAX_QUERY_TOKENS (not imported here: the parser needs no torch)
+
+
+def _q_lens(text: str) -> List[int]:
+    """argparse type of --sq: comma-separated query lengths in [1, MAX_Q_LEN] ("2,4,8")."""
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        out = []
+    if not out or any(not 1 <= x <= MAX_Q_LEN for x in out):
+        raise argparse.ArgumentTypeError(f"expected comma-separated query lengths in [1, {MAX_Q_LEN}] such as "
+                                         f"2,4,8, got {text!r}")
+    return list(dict.fromkeys(out))
 
 
 def _decode_mapping(text: str) -> str:
@@ -73,6 +106,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also time numasched at these split counts (extra rows; data for the split heuristic)")
     p.add_argument("--rep", type=positive_int, default=100, help="timing window per measurement, ms")
     p.add_argument("--no-graph", action="store_true", help="skip the CUDA-graph timings")
+    p.add_argument("--sq", type=_q_lens, default=None,
+                   help=f"multi-token decode instead: these query lengths per sequence (comma list in 1..{MAX_Q_LEN}, "
+                        f"e.g. 2,4,8), against SDPA with a bottom-right causal mask and FlashInfer's paged prefill")
+    p.add_argument("--pages", type=positive_int, nargs="+", default=MULTI_PAGES,
+                   help=f"page sizes of the --sq paged caches (default {MULTI_PAGES})")
     p.add_argument("--host", action="store_true",
                    help="only measure host time per eager numasched.flash_decode call, SDPA cuDNN beside it (GPU)")
     p.add_argument("--calls", type=positive_int, default=1000, help="calls per --host measurement")
@@ -93,6 +131,8 @@ def _dry_run(args) -> int:
     from .common import print_plan
 
     sms = 132  # H200/H100 SXM: the split counts a GPU run would use there
+    if args.sq and not args.host:
+        return _dry_run_multi(args, sms)
     if args.host:
         return print_plan("decode --host", ["gqa 32/8, batch 1, ctx 1024, d128: contiguous (auto splits, 1 split), "
                                             "paged 16, torch.ops.numasched.flash_decode"],
@@ -117,9 +157,35 @@ def _dry_run(args) -> int:
     return print_plan("decode", lines, contenders)
 
 
+def _dry_run_multi(args, sms: int) -> int:
+    from numasched.decode import choose_num_splits
+    from numasched.kernels.flash_decode import row_tiling
+
+    from .common import print_plan
+
+    lines = []
+    for hname, B, L in _points(args):
+        H, HK = HEADS[hname]
+        kv_gb = 2 * B * L * HK * HEAD_DIM * 2 / 1e9
+        if kv_gb > args.max_gb:
+            lines.append(f"{hname} {H}/{HK} batch {B} ctx {L}: skipped (K+V {kv_gb:.1f} GB > --max-gb {args.max_gb:g})")
+            continue
+        for sq in args.sq:
+            block_g, groups = row_tiling(sq, H // HK)
+            lines.append(f"{hname} {H}/{HK} batch {B} ctx {L} q_len {sq} d{HEAD_DIM}: K+V {kv_gb:.3f} GB, rows "
+                         f"{block_g} x {groups} group(s), {choose_num_splits(B, HK * groups, L, sms)} splits on "
+                         f"{sms} SMs")
+    contenders = [f"numasched ({args.mapping}) q (batch, q_len, heads, d), {layout}"
+                  for layout in ["contiguous (BHLD view)"] + [f"paged {p}" for p in args.pages]]
+    contenders += [f"SDPA causal_lower_right {be}" for be in SDPA_BACKENDS] + ["SDPA boolean bottom-right mask"]
+    contenders += [] if args.no_flashinfer else [f"FlashInfer paged prefill causal, pages {args.pages} (if importable)"]
+    contenders += [] if args.no_graph else ["each also as a CUDA-graph replay"]
+    return print_plan("decode --sq", lines, contenders)
+
+
 def _points(args):
     if args.quick:
-        return list(QUICK_POINTS)
+        return list(QUICK_MULTI_POINTS if args.sq else QUICK_POINTS)
     heads = ["gqa", "mha"] if args.heads == "all" else [args.heads]
     return [(h, b, c) for h in heads for b in args.batch for c in args.ctx]
 
@@ -241,7 +307,7 @@ def main(argv=None) -> int:
 
     # the data checks synchronise; a serving loop turns them off too
     with numasched.options.use(check_data=False):
-        return _bench(args)
+        return _bench_multi(args) if args.sq else _bench(args)
 
 
 def _bench(args) -> int:
@@ -421,6 +487,188 @@ def _bench(args) -> int:
     return 0
 
 
+def _timed(fn: Callable, notes: List[str], name: str, rep: int, graph: bool):
+    """(eager ms, graph ms, output): None where it cannot run / be captured."""
+    t, out = _try(fn, rep, notes, name)
+    tg = _graph_ms(fn, rep, notes, name) if (graph and t is not None) else None
+    return t, tg, out
+
+
+MULTI_PEERS = ("sdpa_lr_flash", "sdpa_lr_efficient", "sdpa_lr_cudnn", "sdpa_mask", "flashinfer")
+
+
+def _bench_multi(args) -> int:
+    """Multi-token decode (--sq): numasched vs SDPA (bottom-right causal) and FlashInfer's paged prefill."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import numasched
+    from numasched.decode import choose_num_splits
+    from numasched.kernels.flash_decode import row_tiling
+
+    from .common import progress, stream_read_bw, write_results
+
+    try:
+        from torch.nn.attention.bias import causal_lower_right
+    except ImportError:  # older torch: the boolean mask peer remains
+        causal_lower_right = None
+    dev = torch.device("cuda")
+    dt = torch.bfloat16
+    read_bw = stream_read_bw()
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    fi, fi_err = (None, "disabled (--no-flashinfer)") if args.no_flashinfer else _flashinfer()
+    graph = not args.no_graph
+    rows: List[Dict] = []
+
+    for hname, B, L in progress(_points(args), description="decode --sq"):
+        H, HK = HEADS[hname]
+        D = HEAD_DIM
+        gqa = H != HK
+        kv_bytes = 2 * B * L * HK * D * 2
+        base = dict(heads=f"{H}/{HK}", batch=B, ctx=L, kv_GB=round(kv_bytes / 1e9, 3))
+        if kv_bytes > args.max_gb * 1e9:
+            rows.append(dict(base, layout="-", note=f"skipped: K+V {kv_bytes / 1e9:.1f} GB > --max-gb"))
+            continue
+        lens = torch.full((B,), L, dtype=torch.int32, device=dev)
+        qs = {sq: torch.randn(B, sq, H, D, device=dev, dtype=dt) for sq in args.sq}
+        peers = {sq: {} for sq in args.sq}  # name -> eager ms
+        peers_graph = {sq: {} for sq in args.sq}
+        ours = {sq: {} for sq in args.sq}  # layout -> (eager ms, graph ms)
+        notes = {sq: [] for sq in args.sq}
+        err = {}
+
+        def run_ours(sq, layout, k, v, bt=None):
+            q = qs[sq]
+            fn = lambda: numasched.flash_decode(q, k, v, cache_seqlens=lens, block_table=bt,  # noqa: E731
+                                                mapping=args.mapping)
+            t, tg, out = _timed(fn, notes[sq], f"numasched {layout}", args.rep, graph)
+            ours[sq][layout] = (t, tg)
+            return out
+
+        # -- contiguous (B, HK, L, D): SDPA's layout (HF's cache); ours on its transpose view
+        kb = torch.randn(B, HK, L, D, device=dev, dtype=dt)
+        vb = torch.randn(B, HK, L, D, device=dev, dtype=dt)
+        for sq in args.sq:
+            q_bhsd = qs[sq].transpose(1, 2)  # (B, H, sq, D) view
+            ref = None
+            if causal_lower_right is not None:
+                bias = causal_lower_right(sq, L)
+                for be in SDPA_BACKENDS:
+                    name = f"sdpa_lr_{be.split('_')[0].lower()}"
+
+                    def fn(be=be, q_bhsd=q_bhsd, bias=bias):
+                        with sdpa_kernel(getattr(SDPBackend, be)):
+                            return F.scaled_dot_product_attention(q_bhsd, kb, vb, attn_mask=bias, enable_gqa=gqa)
+
+                    peers[sq][name], peers_graph[sq][name], out = _timed(fn, notes[sq], f"SDPA lower-right {be}",
+                                                                         args.rep, graph)
+                    if ref is None and out is not None:
+                        ref = out.transpose(1, 2).float()
+            mask = (torch.arange(L, device=dev)[None, :] <= torch.arange(sq, device=dev)[:, None] + (L - sq))
+            fn = lambda q_bhsd=q_bhsd, mask=mask: F.scaled_dot_product_attention(  # noqa: E731
+                q_bhsd, kb, vb, attn_mask=mask, enable_gqa=gqa)
+            peers[sq]["sdpa_mask"], peers_graph[sq]["sdpa_mask"], out = _timed(fn, notes[sq], "SDPA bool mask",
+                                                                               args.rep, graph)
+            if ref is None and out is not None:
+                ref = out.transpose(1, 2).float()
+            out = run_ours(sq, "contiguous (BHLD view)", kb.transpose(1, 2), vb.transpose(1, 2))
+            err[sq] = (out.float() - ref).abs().max().item() if (out is not None and ref is not None) else None
+        del kb, vb
+        torch.cuda.empty_cache()
+
+        # -- paged: pages scattered by a random permutation; FlashInfer's paged prefill beside ours
+        for page in args.pages:
+            per_seq = -(-L // page)
+            pages = B * per_seq
+            kp = torch.randn(pages, page, HK, D, device=dev, dtype=dt)
+            vp = torch.randn(pages, page, HK, D, device=dev, dtype=dt)
+            bt = torch.randperm(pages, device=dev, dtype=torch.int32).view(B, per_seq)
+            for sq in args.sq:
+                run_ours(sq, f"paged {page}", kp, vp, bt)
+                if fi is None:
+                    continue
+                ws = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device=dev)
+                try:
+                    w = fi.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
+                    w.plan(torch.arange(B + 1, device=dev, dtype=torch.int32) * sq,
+                           torch.arange(B + 1, device=dev, dtype=torch.int32) * per_seq, bt.reshape(-1),
+                           torch.full((B,), L - (per_seq - 1) * page, dtype=torch.int32, device=dev),
+                           H, HK, D, page, causal=True, q_data_type=dt, kv_data_type=dt)
+                except Exception as e:  # noqa: BLE001
+                    notes[sq].append(f"flashinfer prefill page {page} plan: {type(e).__name__}: {str(e)[:80]}")
+                    continue
+                qf = qs[sq].reshape(B * sq, H, D)
+                t, tg, _ = _timed(lambda: w.run(qf, (kp, vp)), notes[sq], f"flashinfer page {page}", args.rep,  # noqa: B023
+                                  graph)
+                peers[sq][f"flashinfer_{page}"], peers_graph[sq][f"flashinfer_{page}"] = t, tg
+                del ws
+            del kp, vp, bt
+            torch.cuda.empty_cache()
+        if fi is None:
+            for sq in args.sq:
+                notes[sq].append(f"flashinfer skipped: {fi_err}")
+
+        # -- rows: per q_len and layout; the best peer at this point and q_len in any layout
+        for sq in args.sq:
+            nbytes = kv_bytes + 2 * B * sq * H * D * 2
+            got = {k: v for k, v in peers[sq].items() if v is not None}
+            got_g = {k: (peers_graph[sq].get(k) or v) for k, v in got.items()}
+            best_name = min(got_g, key=got_g.get) if got_g else None
+            best_eager = min(got, key=got.get) if got else None
+            _, groups = row_tiling(sq, H // HK)
+            for layout, (t, tg) in ours[sq].items():
+                t_eff = tg or t
+                row = dict(base, q_len=sq, layout=layout, splits=choose_num_splits(B, HK * groups, L, sms),
+                           row_groups=groups)
+                row["ours_us"] = t * 1e3 if t else None
+                row["ours_graph_us"] = tg * 1e3 if tg else ("n/a" if t else None)
+                row["ours_TBps"] = nbytes / (t_eff * 1e-3) / 1e12 if t_eff else None
+                row["frac_stream_read"] = nbytes / (t_eff * 1e-3) / read_bw if t_eff else None
+                row["best_peer"] = best_name
+                row["best_peer_us"] = got_g[best_name] * 1e3 if best_name else None
+                row["ratio_vs_best_peer"] = got_g[best_name] / t_eff if (best_name and t_eff) else None
+                row["ratio_eager"] = got[best_eager] / t if (best_eager and t) else None
+                page = layout.split()[-1] if layout.startswith("paged") else None
+                for name in MULTI_PEERS:
+                    key = f"flashinfer_{page}" if name == "flashinfer" else name
+                    if name == "flashinfer" and page is None:
+                        row["flashinfer_us"] = row["flashinfer_graph_us"] = "-"
+                        continue
+                    v = peers[sq].get(key, "skipped")
+                    row[f"{name}_us"] = "n/a" if v is None else (v * 1e3 if isinstance(v, float) else v)
+                    vg = peers_graph[sq].get(key, "skipped")
+                    row[f"{name}_graph_us"] = "n/a" if vg is None else (vg * 1e3 if isinstance(vg, float) else vg)
+                row["max_abs_err_vs_sdpa"] = err.get(sq)
+                row["note"] = "; ".join(notes[sq])
+                rows.append(row)
+                print(_line_multi(row), flush=True)
+        _write_partial(rows, args.out_dir, "decode_multi", MULTI_COLUMNS)
+
+    write_results("decode_multi", rows, columns=MULTI_COLUMNS, out_dir=args.out_dir,
+                  meta=dict(stream_read_TBps=read_bw / 1e12, mapping=args.mapping, quick=args.quick, graph=graph,
+                            q_lens=args.sq, pages=args.pages,
+                            flashinfer=(getattr(fi, "__version__", "?") if fi else fi_err),
+                            sdpa_lower_right=causal_lower_right is not None))
+    print(f"streaming read: {read_bw / 1e12:.2f} TB/s; ratio_vs_best_peer > 1 means numasched is faster "
+          f"(CUDA-graph times; ratio_eager: eager calls); peers: SDPA with a bottom-right causal mask on the "
+          f"contiguous cache, FlashInfer's paged prefill (causal) at each page size.")
+    return 0
+
+
+MULTI_COLUMNS = ["heads", "batch", "ctx", "q_len", "kv_GB", "layout", "splits", "row_groups", "ours_us",
+                 "ours_graph_us", "ours_TBps", "frac_stream_read", "best_peer", "best_peer_us", "ratio_vs_best_peer",
+                 "ratio_eager"] + [f"{n}_{s}" for n in MULTI_PEERS for s in ("us", "graph_us")] + [
+                 "max_abs_err_vs_sdpa", "note"]
+
+
+def _line_multi(row: Dict) -> str:
+    return (f"[decode --sq] {row['heads']} B={row['batch']} ctx={row['ctx']} q_len={row['q_len']} {row['layout']} "
+            f"S={row['splits']}: ours eager {_fmt(row['ours_us'])} us, graph {_fmt(row['ours_graph_us'])} us; best "
+            f"peer {row['best_peer']} {_fmt(row['best_peer_us'])} us; ratio graph {_fmt(row['ratio_vs_best_peer'])} "
+            f"eager {_fmt(row['ratio_eager'])}; {_fmt(row['frac_stream_read'])} of stream read")
+
+
 COLUMNS = ["heads", "batch", "ctx", "kv_GB", "layout", "splits", "ours_us", "ours_graph_us", "ours_kernel_combine_us",
            "ours_kernel_combine_graph_us", "ours_TBps", "frac_stream_read", "best_peer", "best_peer_us",
            "ratio_vs_best_peer", "ratio_eager", "sdpa_flash_us", "sdpa_flash_graph_us", "sdpa_efficient_us",
@@ -440,7 +688,7 @@ def _line(row: Dict) -> str:
             f"eager {_fmt(row['ratio_eager'])}; {_fmt(row['frac_stream_read'])} of stream read")
 
 
-def _write_partial(rows: List[Dict], out_dir) -> None:
+def _write_partial(rows: List[Dict], out_dir, suite: str = "decode", columns: Optional[List[str]] = None) -> None:
     """Rewrite the CSV of the rows so far (<suite>-<device>-<date>.partial.csv) after every point."""
     import csv
 
@@ -448,9 +696,9 @@ def _write_partial(rows: List[Dict], out_dir) -> None:
 
     d = results_dir(out_dir)
     d.mkdir(parents=True, exist_ok=True)
-    path = d / f"decode-{device_slug()}-{env_info()['date'][:10]}.partial.csv"
+    path = d / f"{suite}-{device_slug()}-{env_info()['date'][:10]}.partial.csv"
     with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+        w = csv.DictWriter(f, fieldnames=columns or COLUMNS, extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
 
