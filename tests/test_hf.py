@@ -192,5 +192,7 @@ def test_gpu_bf16_llama_multi_token_verify_step():
         return m(ids[:, 295:], past_key_values=out.past_key_values, use_cache=True).logits
 
     want, got, calls = run_both(model, verify)
-    assert calls == {"kernel": 2, "decode": 2}
+    # the prefill kernel per layer, then multi-token decode per layer (its split kernel, and the
+    # combine kernel when the cache is split: 20 rows per program take the separate combine)
+    assert calls.get("fallback", 0) == 0 and calls["kernel"] == 2 and calls["decode"] in (2, 4), calls
     assert rel(got, want) < 3e-2, rel(got, want)
