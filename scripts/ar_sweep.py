@@ -8,7 +8,6 @@ import torch
 import torch.distributed as dist
 
 import numasched.distributed as nd
-from numasched.distributed import all_reduce as AR
 from numasched.bench.common import bench_fixed_ms, warm_up_for_capture
 
 SIZES = [64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
@@ -21,7 +20,6 @@ def main():
     dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=600), device_id=torch.device("cuda", local))
     R, W = dist.get_rank(), dist.get_world_size()
     ctx = nd.init(heap_bytes=48 << 30, timeout_s=30.0)
-    sms = ctx.num_sms
     group = dist.group.WORLD.group_name
     from torch.distributed import _symmetric_memory as symm_mem
 
@@ -51,16 +49,14 @@ def main():
         sb.copy_(x)
         line.append(f"symm2 {graph_us(lambda: torch.ops.symm_mem.two_shot_all_reduce_(sb, 'sum', group)):.1f}")
         for block_bytes, warps, per_sm in CONFIGS:
-            AR._cfg = lambda dt, gpu, b=block_bytes, w=warps: dict(BLOCK=b // 2, num_warps=w)
-            ctx.num_sms = sms * per_sm
+            config = dict(BLOCK=block_bytes // 2, num_warps=warps, programs_per_sm=per_sm)
             for impl in ("oneshot", "twoshot"):
                 try:
-                    t = graph_us(lambda: nd.all_reduce(x, ctx=ctx, impl=impl, out=out, check=False))
+                    t = graph_us(lambda: nd.all_reduce(x, ctx=ctx, impl=impl, out=out, check=False, config=config))
                     ctx.check("sweep")
                     line.append(f"{impl[:3]}{block_bytes >> 10}k/w{warps}/x{per_sm} {t:.1f}")
                 except Exception as e:  # noqa: BLE001
                     line.append(f"{impl[:3]}{block_bytes >> 10}k/w{warps}/x{per_sm} ERR {type(e).__name__}")
-        ctx.num_sms = sms
         if R == 0:
             print(" | ".join(line), flush=True)
     dist.barrier()

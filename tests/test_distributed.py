@@ -846,6 +846,13 @@ def test_all_reduce_in_place_and_shapes():
     res = sim.run_each("all_reduce", [((x,), dict(out=x)) for x in xs])
     assert res[0] is xs[0] and torch.allclose(xs[0], ref) and torch.allclose(xs[1], ref)
     assert res[0].shape == (3, 5, 7)
+    # a tuning config (smaller chunks, more programs) is its own plan and gives the same sums
+    ys = [torch.randn(300) for _ in range(2)]
+    res = sim.run_each("all_reduce", [((y,), dict(impl="twoshot", config=dict(BLOCK=32, programs_per_sm=2)))
+                                      for y in ys])
+    assert torch.allclose(res[1], ys[0] + ys[1])
+    with pytest.raises(ValueError, match="config: keys BLOCK"):
+        sim.run_each("all_reduce", [((y,), dict(config=dict(BLOCK=24))) for y in ys])
 
 
 def test_all_reduce_timeout_names_the_missing_rank():

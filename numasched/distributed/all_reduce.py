@@ -44,13 +44,14 @@ class AllReduce(_Op):
         chosen = cost.choose_all_reduce(n * x.element_size(), world) if impl == "auto" else impl
         if world == 1 and chosen != "nccl":
             chosen = "oneshot"   # a copy (no peer)
-        cfg = dict(cfg or _cfg(dt, _on_gpu(x)))
+        cfg = dict(_cfg(dt, _on_gpu(x)), **(cfg or {}))
+        per_sm = cfg.pop("programs_per_sm", 1)
         block = cfg["BLOCK"]
         two = chosen == "twoshot"
         # a shard is a whole number of chunks, so every rank's shard starts 16-element aligned
         span = _cdiv(_cdiv(n, world), block) * block if two else n
         chunks = max(1, _cdiv(span, block))
-        programs = max(1, min(num_sms, MAX_PROGRAMS, chunks))
+        programs = max(1, min(num_sms * per_sm, MAX_PROGRAMS, chunks))
         header = dict(op="all_reduce", numel=n, dtype=str(dt), impl=chosen, world=world)
         key = ("all_reduce", n, dt, chosen, programs, tuple(sorted(cfg.items())))
         return Call("all_reduce", key, header, dict(x=x),
@@ -68,7 +69,7 @@ class AllReduce(_Op):
         return bufs
 
     @classmethod
-    def prepare(cls, ctx, x, *, impl="auto", out=None):
+    def prepare(cls, ctx, x, *, impl="auto", out=None, config=None):
         check_tensor("x", x, dtypes=DTYPES)
         _check_device(ctx, "x", x)
         if not x.is_contiguous():
@@ -87,7 +88,12 @@ class AllReduce(_Op):
                     raise ValueError("out overlaps x without being x; pass out=x (in place) or a separate tensor")
         if x.numel() >= 2**31:
             raise ValueError(f"x has {x.numel()} elements; at most 2^31 - 1 are supported")
-        call = cls.describe(x, world=ctx.world, impl=impl, num_sms=ctx.num_sms)
+        if config is not None:
+            bad = set(config) - {"BLOCK", "num_warps", "programs_per_sm"}
+            if bad or int(config.get("BLOCK", 16)) % 16 or int(config.get("BLOCK", 16)) < 16:
+                raise ValueError(f"config: keys BLOCK (a multiple of 16 elements), num_warps, programs_per_sm; got "
+                                 f"{config}")
+        call = cls.describe(x, world=ctx.world, impl=impl, num_sms=ctx.num_sms, cfg=config)
         if call.cfg["impl"] == "nccl" and not hasattr(ctx, "group"):
             raise ValueError("impl='nccl' needs a real context (numasched.distributed.init); a simulated rank has no "
                              "process group")
@@ -136,7 +142,7 @@ class AllReduce(_Op):
         return None if phase == "push" else out
 
 
-def all_reduce(x, *, ctx, impl: str = "auto", out=None, check: bool = True):
+def all_reduce(x, *, ctx, impl: str = "auto", out=None, check: bool = True, config=None):
     """Element-wise sum of ``x`` over the context's ranks, returned on every rank.
 
     x: any shape, contiguous, fp16/bf16/fp32, on this rank's GPU. out: a tensor of x's shape
@@ -144,5 +150,7 @@ def all_reduce(x, *, ctx, impl: str = "auto", out=None, check: bool = True):
     pick among "oneshot", "twoshot" and "nccl"; see :mod:`numasched.distributed.cost`), or one of
     them. Graph-capturable like the other ops (call once before capturing); a peer that never
     arrives gives TimeoutError naming it (``check=False``: call ``ctx.check()`` yourself).
+    config: override of the kernel config (``BLOCK`` elements per chunk, ``num_warps``,
+    ``programs_per_sm``), for tuning (scripts/ar_sweep.py); every rank must pass the same.
     """
-    return run(ctx, "all_reduce", x, impl=impl, out=out, check=check)
+    return run(ctx, "all_reduce", x, impl=impl, out=out, check=check, config=config)
