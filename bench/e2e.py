@@ -105,6 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="elementwise ops eagerly instead of torch.compile'd (both backends)")
     p.add_argument("--mem-fraction", type=unit_float, default=0.9,
                    help="skip points whose KV cache would exceed this fraction of the free GPU memory")
+    p.add_argument("--ar-impl", default="auto",
+                   help="numasched's all-reduce impl for matmul_all_reduce / all_reduce (auto: their cost model)")
     p.add_argument("--heap-gb", type=positive_float, default=2.0,
                    help="numasched.distributed symmetric heap per GPU at TP > 1 (GiB)")
     p.add_argument("--seed", type=nonneg_int, default=0, help="weight seed")
@@ -284,7 +286,8 @@ def _backend(name, ctx, dctx):
 
     if name == "torch":
         return TorchBackend(ctx.world)
-    return NumaschedBackend(ctx.world, dctx)
+    # no status read per distributed call (it synchronises an eager step); ctx.check() after each point
+    return NumaschedBackend(ctx.world, dctx, impl=ctx.args.ar_impl, check=False)
 
 
 def _components(ctx, model, be, cache) -> Dict[str, float]:
@@ -390,6 +393,8 @@ def _decode_point(ctx, model, backends, batch: int, context: int) -> dict:
             row[f"{name}_step_ms"] = float("nan")
         del cache
         torch.cuda.empty_cache()
+        if be.name == "numasched" and getattr(be, "ctx", None) is not None:
+            be.ctx.check()   # a peer that timed out inside a replay raises here
     if "numasched_step_ms" in row and "torch_step_ms" in row:
         row["speedup"] = row["torch_step_ms"] / row["numasched_step_ms"]
         t = TARGETS.get(args.tp)
@@ -452,14 +457,30 @@ def _prefill_rows(ctx, model, backends) -> List[dict]:
     return rows
 
 
-def _columns(backends, taxes: bool) -> List[str]:
-    cols = ["kind", "model", "tp", "layers", "batch", "context", "speedup", "target"]
-    for b in backends:
-        cols += [f"{b}_step_ms", f"{b}_tok_s", f"{b}_eager_ms", f"{b}_launch_tax_ms"]
-        if taxes:
-            cols += [f"{b}_sum_components_ms", f"{b}_bulk_sync_tax_ms", f"{b}_locality_tax_ms"]
-            cols += [f"{b}_{c}_ms" for c in COMPONENTS]
+def _columns(backends) -> List[str]:
+    cols = ["kind", "model", "tp", "layers", "batch", "context"]
+    cols += [f"{b}_step_ms" for b in backends] + ["speedup", "target"]
+    cols += [f"{b}_tok_s" for b in backends] + [f"{b}_eager_ms" for b in backends]
     return cols + ["note"]
+
+
+TAX_COLUMNS = ["batch", "context", "backend", "step_ms", "sum_components_ms", "bulk_sync_tax_ms", "locality_tax_ms",
+               "launch_tax_ms"] + [f"{c}_ms" for c in COMPONENTS]
+
+
+def _tax_rows(rows, backends) -> List[dict]:
+    """One row per (decode point, backend): the step, its components x layers and the taxes."""
+    out = []
+    for r in rows:
+        if r["kind"] != "decode":
+            continue
+        for b in backends:
+            if r.get(f"{b}_sum_components_ms") is None and r.get(f"{b}_launch_tax_ms") is None:
+                continue
+            row = dict(batch=r["batch"], context=r["context"], backend=b)
+            row.update({c: r.get(f"{b}_{c}") for c in TAX_COLUMNS[3:]})
+            out.append(row)
+    return out
 
 
 def _plot(rows, path):
@@ -535,7 +556,7 @@ def _worker(args) -> int:
                              seed=args.seed, compile_elementwise=not args.no_compile)
     backends = {n: _backend(n, ctx, dctx) for n in args.backends}
     rows = []
-    free = torch.cuda.mem_get_info()[0]
+    free = -ctx.slowest(-float(torch.cuda.mem_get_info()[0]))   # the least free memory of any rank: all skip alike
     for batch in args.batch:
         for context in args.context:
             kv = _sizes(spec, args, batch, context)["kv_gb"] * 1e9
@@ -566,17 +587,24 @@ def _worker(args) -> int:
                                                 if args.tp in TARGETS else ""))
         lines += [f"note: {n}" for n in ctx.notes]
         summary = "\n".join(lines)
-        paths = write_results(f"e2e-{args.model}", rows, columns=_columns(args.backends, not args.no_taxes),
-                              plot=_plot, out_dir=args.out_dir, gpus=args.tp, log=summary,
-                              meta=dict(args={k: v for k, v in vars(args).items() if k != "out_dir"},
-                                        spec=spec.__dict__, notes=ctx.notes))
+        meta = dict(args={k: v for k, v in vars(args).items() if k != "out_dir"}, spec=spec.__dict__,
+                    notes=ctx.notes)
+        paths = write_results(f"e2e-{args.model}", rows, columns=_columns(args.backends), plot=_plot,
+                              out_dir=args.out_dir, gpus=args.tp, log=summary, meta=meta)
+        taxes = _tax_rows(rows, args.backends)
+        if taxes:   # components x layers and the taxes (ms), one row per point and backend
+            paths.update({f"taxes_{k}": v for k, v in write_results(
+                f"e2e-{args.model}-taxes", taxes, columns=TAX_COLUMNS, out_dir=args.out_dir, gpus=args.tp, log="",
+                meta=meta).items()})
         print(summary)
-        print("written:", ", ".join(str(v) for v in paths.values()))
+        print("written:", ", ".join(str(v) for v in paths.values()), flush=True)
     if args.tp > 1:
-        import torch.distributed as dist
-
         ctx.barrier()
-        dist.destroy_process_group()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # no process-group teardown: graphs that captured NCCL and Iris calls can make it hang, and
+        # everything is written
+        os._exit(0)
     return 0
 
 

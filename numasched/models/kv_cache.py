@@ -139,7 +139,7 @@ class PagedKVCache(_KVCache):
 class ContiguousKVCache(_KVCache):
     """K/V (batch, kv_heads, capacity, head_dim) per layer: SDPA's layout (gpt-fast's static cache).
 
-    Decode attends over all ``capacity`` slots with a length mask, or, when :attr:`window` is set
+    Decode attends over all ``capacity`` slots with an additive length mask, or, when :attr:`window` is set
     (an int fixed when a graph is captured), over the first ``window`` slots with no mask: right
     when every sequence has exactly ``window`` tokens after the step (benchmarks at one context)."""
 
@@ -153,7 +153,10 @@ class ContiguousKVCache(_KVCache):
         self.k_all = torch.zeros(shape, dtype=dtype, device=self.device)
         self.v_all = torch.zeros(shape, dtype=dtype, device=self.device)
         self.window: Optional[int] = None
-        self.mask = torch.zeros(batch, 1, 1, capacity, dtype=torch.bool, device=self.device)
+        # additive (0 / -inf) rather than boolean: cuDNN's SDPA was faster with it (H200, batch 1 x 4k: 17 vs 21 us)
+        self.mask = torch.zeros(batch, 1, 1, capacity, dtype=dtype, device=self.device)
+        self._neg_inf = torch.tensor(float("-inf"), dtype=dtype, device=self.device)
+        self._zero = torch.tensor(0.0, dtype=dtype, device=self.device)
         self._slots = torch.arange(capacity, dtype=torch.int32, device=self.device)
         self._rows = (torch.arange(batch, device=self.device)[:, None] * kv_heads
                       + torch.arange(kv_heads, device=self.device)[None, :]) * capacity   # (B, HK)
@@ -172,7 +175,8 @@ class ContiguousKVCache(_KVCache):
 
     def _after_begin_decode(self) -> None:
         if self.window is None:
-            torch.lt(self._slots[None, :], self.lens_next[:, None], out=self.mask.view(self.batch, self.capacity))
+            keep = self._slots[None, :] < self.lens_next[:, None]
+            torch.where(keep, self._zero, self._neg_inf, out=self.mask.view(self.batch, self.capacity))
 
     def _index(self, pos: torch.Tensor) -> torch.Tensor:
         """Flat row of (sequence, kv head, position) in the (B * HK * capacity, D) view, in
