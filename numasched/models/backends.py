@@ -6,7 +6,8 @@ tensor-parallel decoder, and the KV cache layout its attention reads:
 =================  =========================================  ============================================
 operation          ``NumaschedBackend``                       ``TorchBackend`` (bulk-synchronous baseline)
 =================  =========================================  ============================================
-linear             ``numasched.matmul(x, W.T)``               ``F.linear(x, W)`` (cuBLAS)
+linear             ``numasched.matmul(x, W.T)`` (M <= 64;     ``F.linear(x, W)`` (cuBLAS)
+                   cuBLAS above: ``gemm="auto"``)
 row_parallel       ``numasched.distributed.matmul_all_reduce``  ``F.linear`` then ``dist.all_reduce`` (NCCL)
                    (one fused GEMM + all-reduce; TP 1: matmul)
 prefill attention  ``numasched.attention_forward(causal)``    ``F.scaled_dot_product_attention`` (cuDNN first)
@@ -167,13 +168,15 @@ class NumaschedBackend(Backend):
     impl: the all-reduce implementation passed to the distributed calls ("auto": their cost model).
     check: let each distributed call read its status word (a timeout raises at once, but an eager
         call then synchronises); False leaves it to ``ctx.check()`` (graph replays never check).
+    gemm: "auto" (numasched.matmul up to 64 rows, where it matched cuBLAS on the H200's inference
+        grid; cuBLAS above, e.g. prefill), "numasched" or "torch" for every projection.
     """
 
     name = "numasched"
     cache_class = PagedKVCache
 
     def __init__(self, tp_size: Optional[int] = None, ctx=None, *, group=None, fuse_all_reduce: bool = True,
-                 mapping: str = "auto", impl: str = "auto", check: bool = True):
+                 mapping: str = "auto", impl: str = "auto", check: bool = True, gemm: str = "auto"):
         if tp_size is None:
             tp_size = getattr(ctx, "world", None) or _dist_world(group)[1]
         super().__init__(tp_size, group)
@@ -183,7 +186,9 @@ class NumaschedBackend(Backend):
         if ctx is not None and getattr(ctx, "world", self.tp_size) != self.tp_size:
             raise ValueError(f"ctx spans {ctx.world} ranks but tp_size is {self.tp_size}")
         self.ctx, self.fuse_all_reduce, self.mapping = ctx, bool(fuse_all_reduce), mapping
-        self.impl, self.check = impl, bool(check)
+        if gemm not in ("auto", "numasched", "torch"):
+            raise ValueError(f"gemm must be 'auto', 'numasched' or 'torch', got {gemm!r}")
+        self.impl, self.check, self.gemm = impl, bool(check), gemm
         import numasched
 
         self._ns = numasched
@@ -198,7 +203,18 @@ class NumaschedBackend(Backend):
             self._nd = nd
 
     def linear(self, x, w):
+        if self._gemm_engine(x.shape[0]) == "torch":
+            return F.linear(x, w)
         return self._ns.matmul(x, w.t(), mapping=self.mapping)
+
+    def _gemm_engine(self, m: int) -> str:
+        """numasched's GEMM where it matches cuBLAS (M <= 64 on the H200 inference grid), else
+        cuBLAS; ``gemm="numasched"`` / ``"torch"`` forces one (numasched.distributed.cost.gemm_engine)."""
+        if self.gemm != "auto":
+            return self.gemm
+        from numasched.distributed.cost import gemm_engine
+
+        return gemm_engine(m)
 
     def all_reduce(self, x):
         if self.tp_size == 1:
@@ -207,10 +223,11 @@ class NumaschedBackend(Backend):
 
     def row_parallel(self, x, w):
         if self.tp_size == 1:
-            return self._ns.matmul(x, w.t(), mapping=self.mapping)
+            return self.linear(x, w)
         if self.fuse_all_reduce:
-            return self._nd.matmul_all_reduce(x, w.t(), ctx=self.ctx, impl=self.impl, check=self.check)
-        return self.all_reduce(self._ns.matmul(x, w.t(), mapping=self.mapping))
+            return self._nd.matmul_all_reduce(x, w.t(), ctx=self.ctx, impl=self.impl, check=self.check,
+                                              gemm=self.gemm)
+        return self.all_reduce(self.linear(x, w))
 
     def prefill_attention(self, q, k, v, batch, seq):
         T, H, D = q.shape
