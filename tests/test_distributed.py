@@ -952,11 +952,10 @@ def test_cost_model_choices():
     meta = lambda *s: torch.empty(*s, device="meta", dtype=bf)  # noqa: E731
     assert nd.plan_matmul_all_reduce(meta(16, 7168), meta(7168, 4096), world=2, impl="bulk").impl == "bulk"
     assert nd.plan_matmul_all_reduce(meta(4096, 7168), meta(7168, 4096), world=2).gemm == "torch"
-    # large M: the GEMM of one row chunk hides the all-reduce of the previous one
-    big = nd.plan_matmul_all_reduce(meta(4096, 2048), meta(2048, 4096), world=2)
+    # row chunks overlapped with NCCL: only when asked (measured slower on two H200s)
+    big = nd.plan_matmul_all_reduce(meta(4096, 2048), meta(2048, 4096), world=2, impl="overlap")
     assert big.impl == "overlap" and big.chunks > 1 and "overlapped" in big.describe()
-    assert big.est_us < nd.plan_matmul_all_reduce(meta(4096, 2048), meta(2048, 4096), world=2, impl="bulk").est_us
-    assert nd.plan_matmul_all_reduce(meta(4096, 2048), meta(2048, 4096), world=2, bulk_ok=False).impl != "overlap"
+    assert nd.plan_matmul_all_reduce(meta(4096, 2048), meta(2048, 4096), world=2).impl != "overlap"
     with pytest.raises(ValueError, match="gemm must be one of"):
         nd.plan_matmul_all_reduce(meta(4, 4), meta(4, 4), world=2, gemm="cutlass")
     # heap sizing knows the new ops

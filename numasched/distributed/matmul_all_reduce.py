@@ -17,9 +17,11 @@ from ._common import _bulk_ok, _check_operands, _output, run
 
 IMPLS = ("auto", "oneshot", "twoshot", "bulk", "overlap")
 # impl="overlap": the rows are cut into this many chunks; chunk i's all-reduce (NCCL, on a side
-# stream: it uses few SMs) runs while chunk i+1's GEMM runs
+# stream: it uses few SMs) runs while chunk i+1's GEMM runs. Measured on two H200s it is slower
+# than GEMM-then-all-reduce at every M (1024: 155 us against 79 for cuBLAS + NCCL; 4096: 275
+# against 246; bench/results/collectives-2xh200-2026-11-23.csv): NCCL beside cuBLAS on a second
+# stream does not overlap here. So "auto" never picks it; it stays for measurement.
 OVERLAP_CHUNKS = 4
-OVERLAP_MIN_ROWS = 512
 # each extra chunk costs a GEMM launch, an event pair and a smaller, less efficient GEMM
 OVERLAP_CHUNK_US = 4.0
 GEMMS = ("auto", "numasched", "torch")
@@ -79,12 +81,8 @@ def plan_matmul_all_reduce(a, b_local, *, world: int, impl: str = "auto", gemm: 
         engine = "torch" if gemm == "auto" else gemm
         est = g_s + cost.all_reduce_s("nccl", nbytes, world)
         return MatmulAllReducePlan(M, N, Kl, a.dtype, world, engine, "nccl", est * 1e6)
-    overlap = None
-    if bulk_ok and world > 1 and M >= OVERLAP_MIN_ROWS and impl in ("auto", "overlap"):
-        overlap = _overlap_s(g_s, cost.all_reduce_s("nccl", nbytes, world), OVERLAP_CHUNKS)
     if impl == "overlap":
-        if overlap is None:
-            overlap = _overlap_s(g_s, cost.all_reduce_s("nccl", nbytes, world), OVERLAP_CHUNKS)
+        overlap = _overlap_s(g_s, cost.all_reduce_s("nccl", nbytes, world), OVERLAP_CHUNKS)
         return MatmulAllReducePlan(M, N, Kl, a.dtype, world, "torch" if gemm == "auto" else gemm, "nccl",
                                    overlap * 1e6, OVERLAP_CHUNKS)
     engine = cost.gemm_engine(M) if gemm == "auto" else gemm
@@ -94,9 +92,6 @@ def plan_matmul_all_reduce(a, b_local, *, world: int, impl: str = "auto", gemm: 
     else:
         ar = impl
     est = g_s + cost.all_reduce_s(ar, nbytes, world)
-    if overlap is not None and overlap < est:
-        return MatmulAllReducePlan(M, N, Kl, a.dtype, world, "torch" if gemm == "auto" else gemm, "nccl",
-                                   overlap * 1e6, OVERLAP_CHUNKS)
     return MatmulAllReducePlan(M, N, Kl, a.dtype, world, engine, ar, est * 1e6)
 
 
@@ -114,7 +109,7 @@ def matmul_all_reduce(a, b_local, *, ctx, impl: str = "auto", gemm: str = "auto"
     impl: "auto" (default: the cost model picks the GEMM engine and the all-reduce, see
     :mod:`numasched.distributed.cost`), "oneshot" / "twoshot" (numasched all-reduce after the
     GEMM), "overlap" (row chunks: each chunk's NCCL all-reduce on a side stream beside the next
-    chunk's GEMM), or "bulk" (torch.matmul then NCCL: the bulk-synchronous baseline). gemm: "auto",
+    chunk's GEMM; measured slower on two H200s, never picked by "auto"), or "bulk" (torch.matmul then NCCL: the bulk-synchronous baseline). gemm: "auto",
     "numasched" or "torch". The GEMM writes into ``out`` (default a new tensor) and the
     all-reduce sums it in place; results are identical on every rank.
     """
