@@ -960,3 +960,51 @@ def test_cost_model_choices():
         nd.plan_matmul_all_reduce(meta(4, 4), meta(4, 4), world=2, gemm="cutlass")
     # heap sizing knows the new ops
     assert nd.required_heap_bytes([("all_reduce", meta(4096))], 2) > 0
+
+
+# ============================================================================ world sizes 4 and 8 (issue 15, CPU)
+@pytest.mark.parametrize("world,groups", [(8, [[0, 1, 2, 3], [4, 5, 6, 7]]), (8, [[0, 2], [1, 3], [4, 6], [5, 7]]),
+                                          (4, [[3, 1], [0, 2]])])
+def test_every_op_in_tp_groups_inside_a_larger_world(world, groups):
+    """The TP collectives of a model (all_reduce both ways, matmul_reduce_scatter, all_gather_matmul,
+    distributed decode) run in each group of a simulated world of 4 or 8 against float64, the
+    groups' calls interleaved (as data-parallel replicas would make them)."""
+    base = nd.SimWorld(world, heap_bytes=96 << 20)
+    subs = base.split(groups, heap_bytes=32 << 20)
+    g = torch.Generator().manual_seed(world * 10 + len(groups))
+    for sub, members in zip(subs, groups):
+        W = len(members)
+        xs = [torch.randn(2 * 64 + 5, generator=g) for _ in range(W)]
+        for impl in ("oneshot", "twoshot"):
+            res = sub.run("all_reduce", [(x,) for x in xs], impl=impl)
+            ref = sum(x.double() for x in xs)
+            assert all(_rel(r.double(), ref) < 1e-5 and torch.equal(r, res[0]) for r in res), (members, impl)
+    for sub, members in zip(subs, groups):
+        W = len(members)
+        A = [torch.randn(16 * W, 16, generator=g) for _ in range(W)]
+        Bl = [torch.randn(16, 16, generator=g) for _ in range(W)]
+        y = sub.run("matmul_reduce_scatter", [(A[r], Bl[r]) for r in range(W)])
+        full = sum(A[r].double() @ Bl[r].double() for r in range(W))
+        assert all(_rel(y[r].double(), full[16 * r:16 * (r + 1)]) < 1e-5 for r in range(W)), members
+        Al = [torch.randn(16, 16, generator=g) for _ in range(W)]
+        B = torch.randn(16, 16, generator=g)
+        c = sub.run("all_gather_matmul", [(Al[r], B) for r in range(W)])
+        ref = torch.cat(Al).double() @ B.double()
+        assert all(_rel(c[r].double(), ref) < 1e-5 for r in range(W)), members
+
+
+def test_all_reduce_world_8_and_decode_world_8():
+    """One world of 8 simulated ranks: two-shot all-reduce (shards of 8) and distributed decode."""
+    sim = nd.SimWorld(8)
+    g = torch.Generator().manual_seed(8)
+    xs = [torch.randn(8 * 64 + 3, generator=g) for _ in range(8)]
+    res = sim.run("all_reduce", [(x,) for x in xs], impl="twoshot")
+    ref = sum(x.double() for x in xs)
+    assert all(_rel(r.double(), ref) < 1e-5 and torch.equal(r, res[0]) for r in res)
+    q = torch.randn(2, 4, 16, generator=g)
+    ks = [torch.randn(2, 8, 2, 16, generator=g) for _ in range(8)]
+    vs = [torch.randn(2, 8, 2, 16, generator=g) for _ in range(8)]
+    lens = [torch.tensor([8 - r, r % 3], dtype=torch.int32) for r in range(8)]
+    out = sim.run("flash_decode_distributed", [(q, ks[r], vs[r], lens[r]) for r in range(8)])
+    ref_o, _ = _decode_ref(q, ks, vs, lens)
+    assert all(_rel(o, ref_o) < 1e-4 and torch.equal(o, out[0]) for o in out)
