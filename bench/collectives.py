@@ -161,6 +161,15 @@ def _worker(args) -> int:
         symm_mem.rendezvous(t, group)
         return t
 
+    # warm up (clocks, NCCL channels, cuBLAS handles) for about a second before the first point:
+    # the first point of a cold run read 1.5x slow once (8 KB all-reduce 10.0 us against 6.4 us)
+    warm = torch.randn(4 << 20, device="cuda", dtype=bf)
+    wm = torch.randn(4096, 4096, device="cuda", dtype=bf)
+    for _ in range(50):
+        dist.all_reduce(warm)
+        torch.matmul(wm, wm)
+    torch.cuda.synchronize()
+    del warm, wm
     rows = []
     for op, shape, m, extra in _points(args, W):
         row = dict(op=op, shape=shape, M=m)
