@@ -94,6 +94,24 @@ def randn(*shape, dtype=BF, seed):
     return torch.randn(*shape, device="cuda", dtype=torch.float32, generator=g).to(dtype)
 
 
+def capture_on_every_rank(calls, warm: bool = True):
+    """``calls()`` once eagerly (headers, buffers) if ``warm``, then captured in a CUDA graph on a
+    side stream, every rank in step (barriers before and after)."""
+    if warm:
+        calls()
+    torch.cuda.synchronize()
+    dist.barrier()
+    graph = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(graph, stream=s):
+            calls()
+    torch.cuda.current_stream().wait_stream(s)
+    dist.barrier()
+    return graph
+
+
 # ----------------------------------------------------------------------------------- checks
 def check_all_gather_matmul(ctx, quick):
     R, W = ctx.rank, ctx.world
@@ -251,17 +269,7 @@ def check_cuda_graph(ctx, quick):
         nd.matmul_reduce_scatter(ar, br, ctx=ctx, out=rs_out, impl="ce")
         nd.flash_decode_distributed(q, k, v, lens, ctx=ctx, out=dout, local_decode=nd.torch_local_decode)
 
-    calls()                                                          # first calls: headers + buffers
-    torch.cuda.synchronize()
-    dist.barrier()
-    graph = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        with torch.cuda.graph(graph, stream=s):
-            calls()
-    torch.cuda.current_stream().wait_stream(s)
-    dist.barrier()
+    graph = capture_on_every_rank(calls)                             # first calls: headers + buffers
     ok = Expect()
     for i in range(5):
         a.copy_(randn(Ml, K, seed=500 + 10 * i + R))
@@ -451,17 +459,7 @@ def check_all_reduce_graph(ctx, quick):
         nd.matmul_all_reduce(a, w.T, ctx=ctx, out=z, check=False)
         nd.matmul_all_reduce(a2, w.T, ctx=ctx, out=z2, check=False, impl="overlap")   # side stream in the graph
 
-    calls()
-    torch.cuda.synchronize()
-    dist.barrier()
-    graph = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        with torch.cuda.graph(graph, stream=s):
-            calls()
-    torch.cuda.current_stream().wait_stream(s)
-    dist.barrier()
+    graph = capture_on_every_rank(calls)
     ok = Expect()
     for i in range(5):
         x.copy_(randn(4096, seed=700 + 10 * i + R))
@@ -507,16 +505,7 @@ def check_group(ctx, quick):
     # a rank that stops: graph replay on every rank but the last member
     y = torch.empty_like(x)
     nd.all_reduce(x, ctx=g, out=y)
-    torch.cuda.synchronize()
-    dist.barrier()
-    graph = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        with torch.cuda.graph(graph, stream=s):
-            nd.all_reduce(x, ctx=g, out=y, check=False)
-    torch.cuda.current_stream().wait_stream(s)
-    dist.barrier()
+    graph = capture_on_every_rank(lambda: nd.all_reduce(x, ctx=g, out=y, check=False), warm=False)
     quitter = members[-1]
     if R != quitter:
         t0 = time.perf_counter()
