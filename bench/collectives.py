@@ -13,7 +13,8 @@ their best case, no copy in). ``x_vs_best`` = best peer time / auto time; ``busb
 2 (W-1)/W bytes / auto time, NCCL's bus-bandwidth convention.
 matmul_all_reduce (row-parallel projections: M x K_local x N): bulk (torch.matmul + NCCL) and
 cuBLAS + symm_mem one-shot (copy into the symmetric buffer included) against numasched's auto;
-also numasched GEMM + one-shot (``fused_us``) and row chunks overlapped with NCCL (``overlap_us``).
+also the one-kernel GEMM + all-reduce (``fused_us``), numasched GEMM then one-shot
+(``two_kernels_us``) and row chunks overlapped with NCCL (``overlap_us``).
 all_gather_matmul / matmul_reduce_scatter (column / row parallel): bulk (NCCL + torch.matmul),
 torch symm_mem's fused op, numasched fused and auto. ``est_*_us``: the cost model's estimates
 (numasched.distributed.cost), for calibration.
@@ -36,7 +37,7 @@ MAR_SHAPES = [("llama8b.o", 4096, 4096), ("llama8b.down", 4096, 14336), ("qwen32
 AG_SHAPES = [("llama8b.qkv", 6144, 4096), ("qwen32b.gate_up", 51200, 5120)]
 RS_SHAPES = [("llama8b.down", 4096, 14336), ("qwen32b.o", 5120, 8192)]
 COLS = ["op", "shape", "M", "bytes", "nccl_us", "symm1_us", "symm2_us", "oneshot_us", "twoshot_us", "bulk_us",
-        "symm_us", "fused_us", "overlap_us", "auto_us", "auto_impl", "best_peer", "x_vs_best", "busbw_GBs", "est_auto_us",
+        "symm_us", "fused_us", "two_kernels_us", "overlap_us", "auto_us", "auto_impl", "best_peer", "x_vs_best", "busbw_GBs", "est_auto_us",
         "est_bulk_us", "err"]
 
 
@@ -219,8 +220,10 @@ def _worker(args) -> int:
             row["auto_impl"] = f"{plan.impl}:{plan.gemm}+{plan.all_reduce}"
             row["err"] = rel(nd.matmul_all_reduce(a, b, ctx=ctx, out=out), ref)
             row["auto_us"] = graph_us(lambda: nd.matmul_all_reduce(a, b, ctx=ctx, out=out, check=False))
+            row["two_kernels_us"] = graph_us(lambda: nd.matmul_all_reduce(a, b, ctx=ctx, out=out, check=False,
+                                                                          gemm="numasched", impl="oneshot"))
             row["fused_us"] = graph_us(lambda: nd.matmul_all_reduce(a, b, ctx=ctx, out=out, check=False,
-                                                                    gemm="numasched", impl="oneshot"))
+                                                                    impl="fused"))
             row["overlap_us"] = graph_us(lambda: nd.matmul_all_reduce(a, b, ctx=ctx, out=out, check=False,
                                                                       impl="overlap"))
             row["est_auto_us"] = plan.est_us

@@ -411,7 +411,7 @@ def check_matmul_all_reduce(ctx, quick):
         w = randn(N, Kl, seed=300 * i + 50 + R)        # an F.linear weight: b_local = w.T
         ref = a.double() @ w.double().T
         dist.all_reduce(ref)
-        for impl in ("auto", "oneshot", "twoshot", "bulk", "overlap"):
+        for impl in ("auto", "oneshot", "twoshot", "bulk", "overlap", "fused"):
             out = torch.full((M, N), float("nan"), device="cuda", dtype=BF)
             y = nd.matmul_all_reduce(a, w.T, ctx=ctx, out=out, impl=impl)
             e = rel(y, ref)
@@ -453,11 +453,13 @@ def check_all_reduce_graph(ctx, quick):
     z = torch.empty((16, 4096), device="cuda", dtype=BF)
     a2 = randn(1024, 2048, seed=54 + R)
     z2 = torch.empty((1024, 4096), device="cuda", dtype=BF)
+    z3 = torch.empty((16, 4096), device="cuda", dtype=BF)
 
     def calls():
         nd.all_reduce(x, ctx=ctx, out=y, check=False)
         nd.matmul_all_reduce(a, w.T, ctx=ctx, out=z, check=False)
         nd.matmul_all_reduce(a2, w.T, ctx=ctx, out=z2, check=False, impl="overlap")   # side stream in the graph
+        nd.matmul_all_reduce(a, w.T, ctx=ctx, out=z3, check=False, impl="fused")
 
     graph = capture_on_every_rank(calls)
     ok = Expect()
@@ -472,6 +474,7 @@ def check_all_reduce_graph(ctx, quick):
         zr = a.double() @ w.double().T
         dist.all_reduce(zr)
         ok(rel(z, zr) < 1e-2, f"replay {i}: matmul_all_reduce wrong")
+        ok(rel(z3, zr) < 1e-2 and same_everywhere(z3), f"replay {i}: matmul_all_reduce impl='fused' wrong")
         zr2 = a2.double() @ w.double().T
         dist.all_reduce(zr2)
         ok(rel(z2, zr2) < 1e-2, f"replay {i}: matmul_all_reduce impl='overlap' wrong")

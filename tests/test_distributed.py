@@ -115,7 +115,8 @@ def test_context_does_not_import_the_op_modules():
 
 def test_one_module_per_collective():
     """Each collective's module registers its op; the package's public names are the functions."""
-    assert set(nd.OPS) == {"all_gather_matmul", "matmul_reduce_scatter", "flash_decode_distributed", "all_reduce"}
+    assert set(nd.OPS) == {"all_gather_matmul", "matmul_reduce_scatter", "flash_decode_distributed", "all_reduce",
+                           "matmul_all_reduce"}
     for name, op in nd.OPS.items():
         mod = importlib.import_module(f"numasched.distributed.{name}")
         assert op.__module__ == mod.__name__ and op.name == name
@@ -609,7 +610,13 @@ res["ce_wait"] = dict(ptx=c.asm["ptx"])
 c = compile_(dist_ce.sum_partials_kernel, dict(own_ptr="*bf16", p_ptr="*bf16", out_ptr="*bf16", rank=0, n=2**24,
              WORLD=2, BLOCK=2048), sm90, 4)
 res["ce_sum"] = dict(ptx=c.asm["ptx"])
-from numasched.kernels import dist_allreduce
+from numasched.kernels import dist_allreduce, dist_gemm_ar
+vals = dict(a_ptr="*bf16", b_ptr="*bf16", out_ptr="*bf16", recv_ptr="*fp32", flags_ptr="*i32", status_ptr="*i32",
+            epoch_ptr="*i32", counters_ptr="*i32", heap_bases="*i64", rank=0, M=16, N=4096, K=2048, stride_am=2048,
+            stride_ak=1, stride_bk=1, stride_bn=2048, stride_om=4096, stride_on=1, wait_bound=10**6, WORLD=2,
+            BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, EVEN_K=True, STAGES=3, BUMP_EPOCH=True, WAIT_CLOCK=True)
+c = compile_(dist_gemm_ar.matmul_all_reduce_kernel, vals, sm90, 4, 4)
+res["mar"] = dict(ptx=c.asm["ptx"], shared=c.metadata.shared)
 for two in (False, True):
     vals = dict(x_ptr="*bf16", out_ptr="*bf16", buf_ptr="*bf16", buf2_ptr="*bf16", flags_ptr="*i64",
                 status_ptr="*i32", epoch_ptr="*i32", counters_ptr="*i32", heap_bases="*i64", rank=0, n=4099,
@@ -669,8 +676,14 @@ def test_kernels_compile_for_hopper(subprocess_result):
     for k in (subprocess_result["ar1"], subprocess_result["ar2"]):
         assert "st.global.v4" in k["ptx"] and re.search(r"atom\.global\.sys\.release\.exch", k["ptx"])
         assert re.search(r"(ld|atom)\.global\.sys\.acquire", k["ptx"])
+    # the one-kernel GEMM + all-reduce: partial tiles released to the peer, acquired before the sum,
+    # and the K loop pipelined (4 stages of a 16 x 128 A tile and a 128 x 64 B tile in shared memory)
+    mar = subprocess_result["mar"]
+    assert re.search(r"atom\.global\.sys\.release\.exch", mar["ptx"])
+    assert re.search(r"(ld|atom)\.global\.sys\.acquire", mar["ptx"])
+    assert mar["shared"] >= 3 * (16 * 128 + 128 * 64) * 2
     # waits are bounded by the GPU clock on NVIDIA (a poll count is far too long under contention)
-    for k in (ag, rs, dec, subprocess_result["ce_wait"], subprocess_result["ar1"]):
+    for k in (ag, rs, dec, subprocess_result["ce_wait"], subprocess_result["ar1"], mar):
         assert "%globaltimer" in k["ptx"]
 
 
@@ -1008,3 +1021,39 @@ def test_all_reduce_world_8_and_decode_world_8():
     out = sim.run("flash_decode_distributed", [(q, ks[r], vs[r], lens[r]) for r in range(8)])
     ref_o, _ = _decode_ref(q, ks, vs, lens)
     assert all(_rel(o, ref_o) < 1e-4 and torch.equal(o, out[0]) for o in out)
+
+
+# ============================================================================ GEMM + all-reduce in one kernel
+@pytest.mark.parametrize("world,M,K,N,dtype", [(2, 5, 40, 33, torch.float32), (3, 16, 32, 64, torch.float32),
+                                                (2, 1, 16, 20, torch.float16), (4, 17, 24, 48, torch.float32)])
+def test_matmul_all_reduce_fused_sim(world, M, K, N, dtype):
+    """impl="fused" (kernels/dist_gemm_ar.py): tiles pushed as computed, summed a tile later;
+    float64 reference on fresh data every call, NaN-poisoned outputs, bit-identical on every rank."""
+    sim = nd.SimWorld(world)
+    g = torch.Generator().manual_seed(world * 100 + M)
+    for call in range(3):
+        A = [torch.randn(M, K, generator=g).to(dtype) for _ in range(world)]
+        B = [torch.randn(K, N, generator=g).to(dtype) for _ in range(world)]
+        outs = [torch.full((M, N), float("nan"), dtype=dtype) for _ in range(world)]
+        res = sim.run_each("matmul_all_reduce", [((A[r], B[r]), dict(out=outs[r])) for r in range(world)])
+        ref = sum(A[r].double() @ B[r].double() for r in range(world))
+        tol = 1e-5 if dtype == torch.float32 else 1e-2
+        for r in range(world):
+            assert res[r] is outs[r] and _rel(res[r].double(), ref) < tol, (call, r)
+            assert torch.equal(res[r], res[0])
+
+
+def test_matmul_all_reduce_fused_timeout_and_plan():
+    sim = nd.SimWorld(2, max_spins=5)
+    A = [torch.randn(8, 16) for _ in range(2)]
+    B = [torch.randn(16, 16) for _ in range(2)]
+    sim.run("matmul_all_reduce", [(A[r], B[r]) for r in range(2)])
+    with pytest.raises(TimeoutError, match=r"rank\(s\) \[0\] never signalled"):
+        sim.run("matmul_all_reduce", [(A[r], B[r]) for r in range(2)], skip_ranks=[0])
+    meta = lambda *s: torch.empty(*s, device="meta", dtype=torch.bfloat16)  # noqa: E731
+    plan = nd.plan_matmul_all_reduce(meta(16, 2048), meta(2048, 4096), world=2, impl="fused")
+    assert plan.impl == "fused" and "fused" in plan.describe()
+    # not measured on a GPU yet: the model's "auto" never picks it
+    assert all(nd.plan_matmul_all_reduce(meta(m, 2048), meta(2048, 4096), world=2).impl != "fused"
+               for m in (1, 16, 256, 4096))
+    assert nd.required_heap_bytes([("matmul_all_reduce", meta(16, 2048), meta(2048, 4096))], 2) >= 2 * (2 << 20)

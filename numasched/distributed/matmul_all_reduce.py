@@ -12,10 +12,12 @@ from dataclasses import dataclass
 
 import torch
 
-from . import cost
-from ._common import _bulk_ok, _check_operands, _output, run
+from numasched._validate import check_int32_indexing
 
-IMPLS = ("auto", "oneshot", "twoshot", "bulk", "overlap")
+from . import cost
+from ._common import Call, _aligned, _bulk_ok, _cdiv, _check_operands, _on_gpu, _Op, _output, register, run
+
+IMPLS = ("auto", "oneshot", "twoshot", "bulk", "overlap", "fused")
 # impl="overlap": the rows are cut into this many chunks; chunk i's all-reduce (NCCL, on a side
 # stream: it uses few SMs) runs while chunk i+1's GEMM runs. Measured on two H200s it is slower
 # than GEMM-then-all-reduce at every M (1024: 155 us against 79 for cuBLAS + NCCL; 4096: 275
@@ -51,6 +53,8 @@ class MatmulAllReducePlan:
 
     @property
     def impl(self) -> str:
+        if self.all_reduce == "fused":
+            return "fused"
         if self.chunks > 1:
             return "overlap"
         return "bulk" if (self.gemm, self.all_reduce) == ("torch", "nccl") else self.all_reduce
@@ -81,6 +85,9 @@ def plan_matmul_all_reduce(a, b_local, *, world: int, impl: str = "auto", gemm: 
         engine = "torch" if gemm == "auto" else gemm
         est = g_s + cost.all_reduce_s("nccl", nbytes, world)
         return MatmulAllReducePlan(M, N, Kl, a.dtype, world, engine, "nccl", est * 1e6)
+    if impl == "fused":
+        est = g_s + cost.LINK.flag_us * 1e-6 + (world - 1) * M * N * 4 / cost.LINK.push_bw
+        return MatmulAllReducePlan(M, N, Kl, a.dtype, world, "fused", "fused", est * 1e6)
     if impl == "overlap":
         overlap = _overlap_s(g_s, cost.all_reduce_s("nccl", nbytes, world), OVERLAP_CHUNKS)
         return MatmulAllReducePlan(M, N, Kl, a.dtype, world, "torch" if gemm == "auto" else gemm, "nccl",
@@ -108,7 +115,9 @@ def matmul_all_reduce(a, b_local, *, ctx, impl: str = "auto", gemm: str = "auto"
     of the weight (``w_local.T`` of a (N, K_local) ``F.linear`` weight works without a copy).
     impl: "auto" (default: the cost model picks the GEMM engine and the all-reduce, see
     :mod:`numasched.distributed.cost`), "oneshot" / "twoshot" (numasched all-reduce after the
-    GEMM), "overlap" (row chunks: each chunk's NCCL all-reduce on a side stream beside the next
+    GEMM), "fused" (one kernel: each output tile pushed to the peers from registers as it is
+    computed and summed a tile later; not yet measured on a GPU, so "auto" does not pick it),
+    "overlap" (row chunks: each chunk's NCCL all-reduce on a side stream beside the next
     chunk's GEMM; measured slower on two H200s, never picked by "auto"), or "bulk" (torch.matmul then NCCL: the bulk-synchronous baseline). gemm: "auto",
     "numasched" or "torch". The GEMM writes into ``out`` (default a new tensor) and the
     all-reduce sums it in place; results are identical on every rank.
@@ -125,6 +134,8 @@ def matmul_all_reduce(a, b_local, *, ctx, impl: str = "auto", gemm: str = "auto"
     else:   # cheap re-checks of what the key does not cover
         if a.device != ctx.device or b_local.device != ctx.device or b_local.dtype != a.dtype:
             _check_operands(ctx, "a", a, "b_local", b_local, "K_local")
+    if plan.all_reduce == "fused":
+        return run(ctx, "matmul_all_reduce", a, b_local, out=out, check=check)
     c = _output(out, (plan.M, plan.N), a, "fused")
     if not c.is_contiguous():
         raise ValueError("out must be contiguous (the all-reduce sums it in place)")
@@ -171,3 +182,72 @@ def _overlapped(ctx, plan, a, b, c):
     main.wait_stream(side)
     c.record_stream(side)
     return c
+
+
+# ----------------------------------------------------------------------------- impl="fused"
+def _fused_cfg(M: int, dtype, gpu: bool) -> dict:
+    if not gpu:   # the interpreter: its dot needs >= 16
+        return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, num_warps=4, num_stages=1)
+    bm = min(64, max(16, 1 << max(0, M - 1).bit_length()))
+    # decode-sized M streams the weight: narrow column tiles give every SM a strip of it
+    return dict(BLOCK_M=bm, BLOCK_N=64, BLOCK_K=128 if torch.empty((), dtype=dtype).element_size() == 2 else 64,
+                num_warps=4, num_stages=4)
+
+
+@register
+class MatmulAllReduceFused(_Op):
+    """``impl="fused"``: the GEMM + all-reduce kernel (kernels/dist_gemm_ar.py) as a collective
+    op (buffers per call signature, header check, SimWorld phases)."""
+
+    name = "matmul_all_reduce"
+    sim_phases = ("push", "consume")
+
+    @staticmethod
+    def describe(a, b_local, *, world, cfg=None) -> Call:
+        M, Kl = a.shape
+        N = b_local.shape[1]
+        cfg = cfg or _fused_cfg(M, a.dtype, _on_gpu(a))
+        tiles = _cdiv(M, cfg["BLOCK_M"]) * _cdiv(N, cfg["BLOCK_N"])
+        header = dict(op="matmul_all_reduce", a_shape=tuple(a.shape), b_local_shape=tuple(b_local.shape),
+                      dtype=str(a.dtype), impl="fused", world=world)
+        key = ("matmul_all_reduce", M, Kl, N, a.dtype, tuple(sorted(cfg.items())))
+        return Call("matmul_all_reduce", key, header, dict(a=a, b_local=b_local),
+                    dict(cfg, M=M, N=N, Kl=Kl, tiles=tiles, world=world, impl="fused"))
+
+    @staticmethod
+    def buffers(call) -> list:
+        c, W = call.cfg, call.cfg["world"]
+        return [("flags", (W, c["tiles"]), torch.int32), ("recv", (2, W, c["M"], c["N"]), torch.float32)]
+
+    @classmethod
+    def prepare(cls, ctx, a, b_local, *, out=None):
+        _check_operands(ctx, "a", a, "b_local", b_local, "K_local")
+        check_int32_indexing("a", a)
+        check_int32_indexing("b_local", b_local)
+        call = cls.describe(a, b_local, world=ctx.world)
+        call.tensors["out"] = _output(out, (call.cfg["M"], call.cfg["N"]), a, "fused")
+        return call
+
+    @staticmethod
+    def _launch_fused(ctx, plan, call, phase):
+        c, t, bf = call.cfg, call.tensors, plan.bufs
+        a, b, out = t["a"], t["b_local"], t["out"]
+        programs = max(1, min(ctx.num_sms, c["tiles"]))
+        args = (a, b, out, bf["recv"], bf["flags"], ctx.status, bf["epoch"], bf["counters"], ctx.heap_bases,
+                ctx.rank, c["M"], c["N"], c["Kl"], a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+                out.stride(0), out.stride(1), ctx.wait_bound)
+        layout = (_aligned(a), a.stride(), _aligned(b), b.stride(), _aligned(out), out.stride())
+        stages = {"full": 3, "push": 1, "consume": 2}.get(phase, 3)
+
+        def build():
+            from numasched.kernels.dist_gemm_ar import matmul_all_reduce_kernel
+
+            kw = dict(WORLD=ctx.world, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"],
+                      EVEN_K=c["Kl"] % c["BLOCK_K"] == 0, STAGES=stages, BUMP_EPOCH=phase in ("full", "consume"),
+                      WAIT_CLOCK=ctx.wait_clock)
+            if ctx.device.type != "cpu":
+                kw.update(num_warps=c["num_warps"], num_stages=c["num_stages"])
+            return matmul_all_reduce_kernel, kw
+
+        _Op._run(ctx, plan, call, phase, programs, args, layout, () if phase == "push" else (out,), build)
+        return None if phase == "push" else out

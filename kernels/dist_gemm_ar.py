@@ -1,0 +1,90 @@
+"""GEMM + all-reduce in one kernel: ``out = sum over ranks of A_r @ B_r`` on every rank, each output
+tile pushed to the peers as soon as it is computed and summed a tile later (dataflow
+synchronisation instead of a kernel boundary between the GEMM and the all-reduce).
+
+Work: the output's tiles ``t = p, p + P, p + 2P, ...`` belong to program ``p`` on every rank, so
+program ``p`` only ever waits for program ``p`` of its peers. Per tile, in two stages one tile
+apart (so a program does not wait for the tile whose stores are still in flight):
+
+    stage 1  acc = A[rows] @ B[:, cols] (fp32); store acc into every rank's ``recv[slot, rank]``
+             (the peers' copies by remote stores, ours locally), then raise ``flags[rank, t]``
+             to the call's epoch on every peer
+    stage 2  wait for every peer's ``flags[src, t] >= epoch``, sum the W partials of the tile in
+             rank order 0..W-1 (fp32: bit-identical on every rank), store ``out[rows, cols]``
+
+Partials travel in fp32 (more accurate than a bf16 all-reduce of bf16 GEMM outputs; at decode
+sizes the exchange is latency-bound, not bandwidth-bound). ``recv`` is double-buffered by the
+epoch's parity, flags are epoch counters that only grow: see dist_common and dist_gemm for why
+that is enough. ``STAGES`` runs a subset of the stages (the CPU simulation runs stage 1 on every
+rank before stage 2). Host side: numasched/distributed/matmul_all_reduce.py (``impl="fused"``).
+"""
+import triton
+import triton.language as tl
+
+from .dist_common import epoch_begin, epoch_end, signal, translate, wait_flag
+from .dist_gemm import _tile_matmul
+
+
+@triton.jit
+def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, flags_ptr, status_ptr, epoch_ptr, counters_ptr,
+                             heap_bases, rank, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_om,
+                             stride_on, wait_bound,
+                             WORLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                             EVEN_K: tl.constexpr, STAGES: tl.constexpr, BUMP_EPOCH: tl.constexpr,
+                             WAIT_CLOCK: tl.constexpr):
+    # a: (M, K), b: (K, N) this rank's operands; out: (M, N); recv: heap fp32 (2, WORLD, M, N);
+    # flags: heap int32 (WORLD, tiles)
+    e = epoch_begin(epoch_ptr)
+    slot = e % 2
+    p = tl.program_id(0)
+    P = tl.num_programs(0)
+    TN = tl.cdiv(N, BLOCK_N)
+    T = tl.cdiv(M, BLOCK_M) * TN
+    mine = tl.cdiv(T - p, P)                     # tiles of this program
+    part = M.to(tl.int64) * N
+    recv = recv_ptr + (slot * WORLD).to(tl.int64) * part
+    for i in range(0, mine + 1):
+        # ---- stage 1: compute tile i and push it
+        if (STAGES & 1) != 0:
+            if i < mine:
+                t = p + i * P
+                tm = t // TN
+                tn = t % TN
+                rows = tm * BLOCK_M + tl.arange(0, BLOCK_M)
+                cols = tn * BLOCK_N + tl.arange(0, BLOCK_N)
+                acc = _tile_matmul(a_ptr, stride_am, stride_ak, rows % M, b_ptr, stride_bk, stride_bn, cols % N, K,
+                                   BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+                mask = (rows[:, None] < M) & (cols[None, :] < N)
+                dst = recv + rank * part + rows.to(tl.int64)[:, None] * N + cols[None, :]
+                for d in tl.static_range(WORLD):
+                    if d == rank:
+                        tl.store(dst, acc, mask=mask)
+                    else:
+                        tl.store(translate(dst, rank, d, heap_bases), acc, mask=mask)
+                # our own copy is read back in stage 2 by other threads of this program: order it
+                # (signal's barrier does too, but not with one rank)
+                tl.debug_barrier()
+                for d in tl.static_range(WORLD):
+                    if d != rank:
+                        signal(flags_ptr + rank * T + t, e, rank, d, heap_bases)
+        # ---- stage 2: sum tile i - 1 over the ranks
+        if (STAGES & 2) != 0:
+            j = i - 1
+            if j >= 0:
+                if j < mine:
+                    t = p + j * P
+                    tm = t // TN
+                    tn = t % TN
+                    rows = tm * BLOCK_M + tl.arange(0, BLOCK_M)
+                    cols = tn * BLOCK_N + tl.arange(0, BLOCK_N)
+                    mask = (rows[:, None] < M) & (cols[None, :] < N)
+                    offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
+                    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                    for src in tl.static_range(WORLD):   # rank order: the same rounding on every rank
+                        if src != rank:
+                            wait_flag(flags_ptr + src * T + t, e, src, status_ptr, wait_bound, WAIT_CLOCK)
+                        total += tl.load(recv + src * part + offs, mask=mask, other=0.0)
+                    o_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :] * stride_on
+                    tl.store(o_ptrs, total.to(out_ptr.dtype.element_ty), mask=mask)
+
+    epoch_end(epoch_ptr, counters_ptr, P, e, BUMP_EPOCH)
