@@ -179,3 +179,66 @@ def all_reduce_kernel(x_ptr, out_ptr, buf_ptr, buf2_ptr, flags_ptr, status_ptr, 
                                 _st(out_ptr + g, _ld(reduced + g, m, False), m, False)
 
     epoch_end(epoch_ptr, counters_ptr, P, e, BUMP_EPOCH)
+
+
+@triton.jit(do_not_specialize=["M", "iters"])
+def all_reduce_add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, res_out_ptr, y_ptr, buf_ptr, flags_ptr, status_ptr,
+                                  epoch_ptr, counters_ptr, heap_bases, rank, M, N, iters, eps, wait_bound,
+                                  WORLD: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
+                                  BUMP_EPOCH: tl.constexpr, WAIT_CLOCK: tl.constexpr):
+    """One-shot all-reduce of x (M, N) fused with the transformer's residual add and RMSNorm:
+
+        s = sum over ranks of x        (fp32 in rank order, rounded to x's dtype, as an all-reduce returns it)
+        r = residual + s                (rounded: the new residual stream)
+        y = w * round(r / rms(r))       (transformers' RMSNorm: normalise in fp32, round, then scale)
+
+    Program p owns rows p, p + P, ... (a row must be whole for its norm: decode-sized M). Stage 1
+    pushes row i to every peer and raises flag (rank, p) to ``(epoch - 1) * iters + i + 1``;
+    stage 2, one row behind, waits, sums, adds, normalises and stores r and y. buf: heap
+    (2, WORLD, M, N) in x's dtype; flags: heap int64 (WORLD, P)."""
+    e = epoch_begin(epoch_ptr)
+    slot = e % 2
+    p = tl.program_id(0)
+    P = tl.num_programs(0)
+    cols = tl.arange(0, BLOCK_N)
+    cmask = cols < N
+    part = tl.zeros([], tl.int64) + M * N
+    recv = buf_ptr + (slot * WORLD).to(tl.int64) * part
+    base = (e - 1).to(tl.int64) * iters
+    flag = flags_ptr + rank * P + p
+    for i in range(0, iters + 1):
+        if (STAGES & 1) != 0:
+            if i < iters:
+                row = (p + i * P).to(tl.int64)
+                m = cmask & (row < M)
+                v = tl.load(x_ptr + row * N + cols, mask=m)
+                for d in tl.static_range(WORLD):
+                    if d != rank:
+                        tl.store(translate(recv + rank * part + row * N + cols, rank, d, heap_bases), v, mask=m)
+                for d in tl.static_range(WORLD):
+                    if d != rank:
+                        signal(flag, base + i + 1, rank, d, heap_bases)
+        if (STAGES & 2) != 0:
+            j = i - 1
+            if j >= 0:
+                row = (p + j * P).to(tl.int64)
+                m = cmask & (row < M)
+                total = tl.zeros([BLOCK_N], dtype=tl.float32)
+                for src in tl.static_range(WORLD):
+                    if src == rank:
+                        total += tl.load(x_ptr + row * N + cols, mask=m, other=0.0).to(tl.float32)
+                    else:
+                        wait_flag(flags_ptr + src * P + p, base + j + 1, src, status_ptr, wait_bound, WAIT_CLOCK)
+                        total += tl.load(recv + src * part + row * N + cols, mask=m, other=0.0).to(tl.float32)
+                s = total.to(x_ptr.dtype.element_ty)
+                r = (tl.load(res_ptr + row * N + cols, mask=m, other=0.0).to(tl.float32)
+                     + s.to(tl.float32)).to(res_out_ptr.dtype.element_ty)
+                tl.store(res_out_ptr + row * N + cols, r, mask=m)
+                rf = r.to(tl.float32)
+                inv = 1.0 / tl.sqrt(tl.sum(rf * rf, 0) / N + eps)
+                normed = (rf * inv).to(y_ptr.dtype.element_ty)
+                w = tl.load(w_ptr + cols, mask=cmask, other=0.0)
+                tl.store(y_ptr + row * N + cols, (w.to(tl.float32) * normed.to(tl.float32)).to(y_ptr.dtype.element_ty),
+                         mask=m)
+
+    epoch_end(epoch_ptr, counters_ptr, P, e, BUMP_EPOCH)

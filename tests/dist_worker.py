@@ -419,6 +419,14 @@ def check_matmul_all_reduce(ctx, quick):
             ok(same_everywhere(y), f"{impl} {(M, Kl, N)}: ranks disagree")
         plan = nd.plan_matmul_all_reduce(a, w.T, world=W)
         msgs.append(f"{M}x{Kl}x{N}: {plan.impl} {plan.gemm}+{plan.all_reduce} {e:.1e}")
+        if M <= 256:   # the layer epilogue fused into the all-reduce: residual add + RMSNorm
+            h = randn(M, N, seed=300 * i + 99)           # the same residual stream on every rank
+            ln = randn(N, seed=300 * i + 98)
+            r_ref = (h.double() + ref.to(BF).double()).to(BF).double()
+            y_ref = ln.double() * (r_ref * torch.rsqrt(r_ref.pow(2).mean(-1, keepdim=True) + 1e-5)).to(BF).double()
+            r, y = nd.matmul_all_reduce(a, w.T, ctx=ctx, residual=h, norm_weight=ln, eps=1e-5)
+            ok(r is h and rel(r, r_ref) < 1e-2 and rel(y, y_ref) < 2e-2 and same_everywhere(y),
+               f"{(M, Kl, N)}: fused residual + RMSNorm wrong ({rel(r, r_ref):.1e}, {rel(y, y_ref):.1e})")
     return ok.done("; ".join(msgs))
 
 

@@ -116,7 +116,7 @@ def test_context_does_not_import_the_op_modules():
 def test_one_module_per_collective():
     """Each collective's module registers its op; the package's public names are the functions."""
     assert set(nd.OPS) == {"all_gather_matmul", "matmul_reduce_scatter", "flash_decode_distributed", "all_reduce",
-                           "matmul_all_reduce"}
+                           "matmul_all_reduce", "all_reduce_add_rmsnorm"}
     for name, op in nd.OPS.items():
         mod = importlib.import_module(f"numasched.distributed.{name}")
         assert op.__module__ == mod.__name__ and op.name == name
@@ -617,6 +617,13 @@ vals = dict(a_ptr="*bf16", b_ptr="*bf16", out_ptr="*bf16", recv_ptr="*fp32", fla
             BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, EVEN_K=True, STAGES=3, BUMP_EPOCH=True, WAIT_CLOCK=True)
 c = compile_(dist_gemm_ar.matmul_all_reduce_kernel, vals, sm90, 4, 4)
 res["mar"] = dict(ptx=c.asm["ptx"], shared=c.metadata.shared)
+vals = dict(x_ptr="*bf16", res_ptr="*bf16", w_ptr="*bf16", res_out_ptr="*bf16", y_ptr="*bf16", buf_ptr="*bf16",
+            flags_ptr="*i64", status_ptr="*i32", epoch_ptr="*i32", counters_ptr="*i32", heap_bases="*i64", rank=0,
+            M=16, N=4096, iters=3, eps=1e-5, wait_bound=10**6, WORLD=2, BLOCK_N=4096, STAGES=3, BUMP_EPOCH=True,
+            WAIT_CLOCK=True)
+vals["eps"] = "fp32"
+c = compile_(dist_allreduce.all_reduce_add_rmsnorm_kernel, vals, sm90, 8)
+res["arn"] = dict(ptx=c.asm["ptx"])
 for two in (False, True):
     vals = dict(x_ptr="*bf16", out_ptr="*bf16", buf_ptr="*bf16", buf2_ptr="*bf16", flags_ptr="*i64",
                 status_ptr="*i32", epoch_ptr="*i32", counters_ptr="*i32", heap_bases="*i64", rank=0, n=4099,
@@ -678,6 +685,8 @@ def test_kernels_compile_for_hopper(subprocess_result):
         assert re.search(r"(ld|atom)\.global\.sys\.acquire", k["ptx"])
     # the one-kernel GEMM + all-reduce: partial tiles released to the peer, acquired before the sum,
     # and the K loop pipelined (4 stages of a 16 x 128 A tile and a 128 x 64 B tile in shared memory)
+    arn = subprocess_result["arn"]   # the fused all-reduce + add + RMSNorm: vector stores to the peer, flags
+    assert "st.global.v4" in arn["ptx"] and re.search(r"atom\.global\.sys\.release\.exch", arn["ptx"])
     mar = subprocess_result["mar"]
     assert re.search(r"atom\.global\.sys\.release\.exch", mar["ptx"])
     assert re.search(r"(ld|atom)\.global\.sys\.acquire", mar["ptx"])
@@ -1057,3 +1066,54 @@ def test_matmul_all_reduce_fused_timeout_and_plan():
     assert all(nd.plan_matmul_all_reduce(meta(m, 2048), meta(2048, 4096), world=2).impl != "fused"
                for m in (1, 16, 256, 4096))
     assert nd.required_heap_bytes([("matmul_all_reduce", meta(16, 2048), meta(2048, 4096))], 2) >= 2 * (2 << 20)
+
+
+# ============================================================================ all-reduce + residual add + RMSNorm
+def _add_rmsnorm_ref(xs, res, w, eps):
+    """Unfused: all-reduce (sum rounded to x's dtype), residual add (rounded), transformers' RMSNorm."""
+    s = sum(x.double() for x in xs).to(xs[0].dtype)
+    r = (res.double() + s.double()).to(res.dtype)
+    rf = r.double()
+    return r, (w.double() * (rf * torch.rsqrt(rf.pow(2).mean(-1, keepdim=True) + eps)).to(r.dtype).double())
+
+
+@pytest.mark.parametrize("world,M,N,dtype", [(2, 3, 40, torch.float32), (3, 5, 64, torch.float16),
+                                              (2, 7, 100, torch.float32), (4, 2, 16, torch.float32)])
+def test_all_reduce_add_rmsnorm_sim(world, M, N, dtype):
+    sim = nd.SimWorld(world)
+    g = torch.Generator().manual_seed(M * N)
+    for call in range(3):
+        xs = [torch.randn(M, N, generator=g).to(dtype) for _ in range(world)]
+        res = torch.randn(M, N, generator=g).to(dtype)
+        w = (1 + 0.1 * torch.randn(N, generator=g)).to(dtype)
+        r_ref, y_ref = _add_rmsnorm_ref(xs, res, w, 1e-5)
+        resids = [res.clone() for _ in range(world)]
+        outs = [torch.full((M, N), float("nan"), dtype=dtype) for _ in range(world)]
+        got = sim.run_each("all_reduce_add_rmsnorm", [((xs[r], resids[r], w, 1e-5), dict(out=outs[r]))
+                                                      for r in range(world)])
+        tol = 1e-5 if dtype == torch.float32 else 1e-2
+        for r in range(world):
+            r_out, y = got[r]
+            assert r_out is resids[r] and y is outs[r]          # the residual stream is updated in place
+            assert _rel(r_out.double(), r_ref.double()) < tol and _rel(y.double(), y_ref) < tol, (call, r)
+            assert torch.equal(y, got[0][1]) and torch.equal(r_out, got[0][0])
+
+
+def test_all_reduce_add_rmsnorm_checks_and_one_rank():
+    one = nd.SimWorld(1).ranks[0]
+    a, w = torch.randn(4, 24), torch.randn(16, 24)
+    h = torch.randn(4, 16)
+    ln = torch.randn(16)
+    r_ref, y_ref = _add_rmsnorm_ref([a @ w.T], h, ln, 1e-6)
+    r, y = nd.matmul_all_reduce(a, w.T, ctx=one, residual=h.clone(), norm_weight=ln, eps=1e-6)
+    assert _rel(r.double(), r_ref.double()) < 1e-5 and _rel(y.double(), y_ref) < 1e-5
+    with pytest.raises(ValueError, match="pass both residual and norm_weight"):
+        nd.matmul_all_reduce(a, w.T, ctx=one, residual=h)
+    sim = nd.SimWorld(2)
+    x = torch.randn(4, 16)
+    with pytest.raises(ValueError, match="residual has shape"):
+        sim.run("all_reduce_add_rmsnorm", [(x, torch.randn(4, 8), ln, 1e-6)] * 2)
+    with pytest.raises(ValueError, match="weight has 8 elements"):
+        sim.run("all_reduce_add_rmsnorm", [(x, h, torch.randn(8), 1e-6)] * 2)
+    with pytest.raises(ValueError, match="eps must be"):
+        sim.run("all_reduce_add_rmsnorm", [(x, h, ln, -1.0)] * 2)

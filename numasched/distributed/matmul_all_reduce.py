@@ -108,7 +108,8 @@ def _overlap_s(gemm_s: float, ar_s: float, k: int) -> float:
     return max(gemm_s, ar_s) + min(gemm_s, ar_s) / k + (k - 1) * OVERLAP_CHUNK_US * 1e-6
 
 
-def matmul_all_reduce(a, b_local, *, ctx, impl: str = "auto", gemm: str = "auto", out=None, check: bool = True):
+def matmul_all_reduce(a, b_local, *, ctx, impl: str = "auto", gemm: str = "auto", out=None, check: bool = True,
+                      residual=None, norm_weight=None, eps: float = 1e-6):
     """``sum over ranks of a @ b_local``, returned on every rank (M, N).
 
     a: (M, K_local) this rank's slice of the activations' columns; b_local: (K_local, N) its rows
@@ -121,6 +122,11 @@ def matmul_all_reduce(a, b_local, *, ctx, impl: str = "auto", gemm: str = "auto"
     chunk's GEMM; measured slower on two H200s, never picked by "auto"), or "bulk" (torch.matmul then NCCL: the bulk-synchronous baseline). gemm: "auto",
     "numasched" or "torch". The GEMM writes into ``out`` (default a new tensor) and the
     all-reduce sums it in place; results are identical on every rank.
+
+    residual, norm_weight: the transformer layer's epilogue, fused into the all-reduce
+    (:func:`numasched.distributed.all_reduce_add_rmsnorm`): returns ``(residual + sum, rmsnorm(
+    residual + sum) * norm_weight)`` with ``residual`` updated in place; the GEMM's output then
+    lands in a scratch tensor (``out`` is the normalised output). One-shot: decode-sized M.
     """
     if not hasattr(ctx, "_ensure_usable") or not hasattr(ctx, "plans"):
         raise TypeError(f"matmul_all_reduce: ctx must be a context from numasched.distributed.init() (or a rank of a "
@@ -134,6 +140,12 @@ def matmul_all_reduce(a, b_local, *, ctx, impl: str = "auto", gemm: str = "auto"
     else:   # cheap re-checks of what the key does not cover
         if a.device != ctx.device or b_local.device != ctx.device or b_local.dtype != a.dtype:
             _check_operands(ctx, "a", a, "b_local", b_local, "K_local")
+    if residual is not None or norm_weight is not None:
+        if residual is None or norm_weight is None:
+            raise ValueError("pass both residual and norm_weight (the fused add + RMSNorm), or neither")
+        c = torch.empty((plan.M, plan.N), dtype=a.dtype, device=a.device)
+        _gemm(plan.gemm if plan.gemm in ("torch", "numasched") else cost.gemm_engine(plan.M), a, b_local, c)
+        return run(ctx, "all_reduce_add_rmsnorm", c, residual, norm_weight, eps, out=out, check=check)
     if plan.all_reduce == "fused":
         return run(ctx, "matmul_all_reduce", a, b_local, out=out, check=check)
     c = _output(out, (plan.M, plan.N), a, "fused")
@@ -141,14 +153,14 @@ def matmul_all_reduce(a, b_local, *, ctx, impl: str = "auto", gemm: str = "auto"
         raise ValueError("out must be contiguous (the all-reduce sums it in place)")
     if plan.chunks > 1:
         return _overlapped(ctx, plan, a, b_local, c)
-    _gemm(plan, a, b_local, c)
+    _gemm(plan.gemm, a, b_local, c)
     if plan.world == 1:
         return c
     return run(ctx, "all_reduce", c, impl=plan.all_reduce, out=c, check=check)
 
 
-def _gemm(plan, a, b, c):
-    if plan.gemm == "torch":
+def _gemm(engine: str, a, b, c):
+    if engine == "torch":
         torch.matmul(a, b, out=c)
     else:
         from numasched.gemm import matmul
@@ -173,7 +185,7 @@ def _overlapped(ctx, plan, a, b, c):
     rows = -(-plan.M // plan.chunks)
     for lo in range(0, plan.M, rows):
         chunk = c[lo:lo + rows]
-        _gemm(plan, a[lo:lo + rows], b, chunk)
+        _gemm(plan.gemm, a[lo:lo + rows], b, chunk)
         done = torch.cuda.Event()
         done.record(main)
         side.wait_event(done)

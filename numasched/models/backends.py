@@ -74,6 +74,12 @@ class Backend:
     def row_parallel(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    def row_parallel_add_norm(self, x, w, h, norm_w, eps: float, add_norm):
+        """(h + row_parallel(x, w), its RMSNorm with norm_w): the projection and the layer's
+        residual add + next norm; ``add_norm`` is the shared (compiled) elementwise kernel. A
+        backend may fuse the three (numasched: ``fuse_norm=True``)."""
+        return add_norm(self.row_parallel(x, w), h, norm_w, eps)
+
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
@@ -170,13 +176,17 @@ class NumaschedBackend(Backend):
         call then synchronises); False leaves it to ``ctx.check()`` (graph replays never check).
     gemm: "auto" (numasched.matmul up to 64 rows, where it matched cuBLAS on the H200's inference
         grid; cuBLAS above, e.g. prefill), "numasched" or "torch" for every projection.
+    fuse_norm: at TP > 1 and up to 256 rows, run each row-parallel projection's all-reduce, the
+        residual add and the next RMSNorm as one kernel
+        (numasched.distributed.all_reduce_add_rmsnorm); off by default until timed on GPUs.
     """
 
     name = "numasched"
     cache_class = PagedKVCache
 
     def __init__(self, tp_size: Optional[int] = None, ctx=None, *, group=None, fuse_all_reduce: bool = True,
-                 mapping: str = "auto", impl: str = "auto", check: bool = True, gemm: str = "auto"):
+                 mapping: str = "auto", impl: str = "auto", check: bool = True, gemm: str = "auto",
+                 fuse_norm: bool = False):
         if tp_size is None:
             tp_size = getattr(ctx, "world", None) or _dist_world(group)[1]
         super().__init__(tp_size, group)
@@ -188,7 +198,7 @@ class NumaschedBackend(Backend):
         self.ctx, self.fuse_all_reduce, self.mapping = ctx, bool(fuse_all_reduce), mapping
         if gemm not in ("auto", "numasched", "torch"):
             raise ValueError(f"gemm must be 'auto', 'numasched' or 'torch', got {gemm!r}")
-        self.impl, self.check, self.gemm = impl, bool(check), gemm
+        self.impl, self.check, self.gemm, self.fuse_norm = impl, bool(check), gemm, bool(fuse_norm)
         import numasched
 
         self._ns = numasched
@@ -220,6 +230,16 @@ class NumaschedBackend(Backend):
         if self.tp_size == 1:
             return x
         return self._nd.all_reduce(x, ctx=self.ctx, impl=self.impl, check=self.check)
+
+    def row_parallel_add_norm(self, x, w, h, norm_w, eps, add_norm):
+        # fused: GEMM, then one kernel for the all-reduce, the residual add and the norm (one-shot:
+        # decode-sized rows only; larger M keeps the all-reduce the cost model picks)
+        if self.fuse_norm and self.tp_size > 1 and x.shape[0] <= self.FUSE_NORM_MAX_ROWS:
+            return self._nd.matmul_all_reduce(x, w.t(), ctx=self.ctx, check=self.check, gemm=self.gemm,
+                                              residual=h, norm_weight=norm_w, eps=eps)
+        return add_norm(self.row_parallel(x, w), h, norm_w, eps)
+
+    FUSE_NORM_MAX_ROWS = 256
 
     def row_parallel(self, x, w):
         if self.tp_size == 1:

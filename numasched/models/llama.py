@@ -431,10 +431,10 @@ class TPDecoder:
                 a = backend.decode_attention(q, cache, i)
             else:
                 a = backend.prefill_attention(q, k, v, batch, seq)
-            h, x = add_norm(backend.row_parallel(a, L.wo), h, L.ln2, s.eps)
-            y = backend.row_parallel(swiglu(backend.linear(x, L.wgu), self.inter_local), L.wdown)
+            h, x = backend.row_parallel_add_norm(a, L.wo, h, L.ln2, s.eps, add_norm)
             nxt = self.layers[i + 1].ln1 if i + 1 < len(self.layers) else self.norm
-            h, x = add_norm(y, h, nxt, s.eps)
+            h, x = backend.row_parallel_add_norm(swiglu(backend.linear(x, L.wgu), self.inter_local), L.wdown, h,
+                                                 nxt, s.eps, add_norm)
         return x
 
     def _logits(self, x: torch.Tensor, backend) -> torch.Tensor:

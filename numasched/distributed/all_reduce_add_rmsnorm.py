@@ -1,0 +1,119 @@
+"""All-reduce fused with the residual add and RMSNorm that follow every row-parallel projection of
+a transformer layer (kernel: kernels/dist_allreduce.py, ``all_reduce_add_rmsnorm_kernel``).
+
+    residual, y = all_reduce_add_rmsnorm(x, residual, weight, eps, ctx=ctx)
+    # == residual + all_reduce(x), then transformers' RMSNorm of it with ``weight``
+
+One kernel instead of an all-reduce and an elementwise kernel: the rows are summed, added and
+normalised where they arrive. One-shot (every rank pushes its rows to every peer), rows whole per
+program: meant for decode-sized M (the one-shot all-reduce's regime).
+"""
+from __future__ import annotations
+
+import torch
+
+from numasched._validate import check_tensor
+
+from ._common import DTYPES, Call, _aligned, _cdiv, _check_device, _on_gpu, _Op, register, run
+
+MAX_PROGRAMS = 1024
+MAX_N = 16384   # a row is one register block
+
+
+@register
+class AllReduceAddRmsnorm(_Op):
+    name = "all_reduce_add_rmsnorm"
+    sim_phases = ("push", "consume")
+
+    @staticmethod
+    def describe(x, residual=None, weight=None, *, world, num_sms=132, eps=1e-6) -> Call:
+        M, N = x.shape
+        block_n = max(16, 1 << max(0, N - 1).bit_length())
+        programs = max(1, min(num_sms, MAX_PROGRAMS, M))
+        header = dict(op="all_reduce_add_rmsnorm", x_shape=tuple(x.shape), dtype=str(x.dtype), world=world)
+        key = ("all_reduce_add_rmsnorm", M, N, x.dtype, programs)
+        return Call("all_reduce_add_rmsnorm", key, header, dict(x=x),
+                    dict(M=M, N=N, BLOCK_N=block_n, programs=programs, iters=_cdiv(M, programs), world=world,
+                         num_warps=4 if block_n <= 2048 else 8 if block_n <= 8192 else 16))
+
+    @staticmethod
+    def buffers(call) -> list:
+        c, W = call.cfg, call.cfg["world"]
+        if W == 1:
+            return []
+        return [("flags", (W, MAX_PROGRAMS), torch.int64), ("recv", (2, W, c["M"], c["N"]), call.tensors["x"].dtype)]
+
+    @classmethod
+    def prepare(cls, ctx, x, residual, weight, eps, *, residual_out=None, out=None):
+        check_tensor("x", x, ndim=2, dtypes=DTYPES)
+        _check_device(ctx, "x", x)
+        check_tensor("residual", residual, ndim=2, dtypes=DTYPES, device=x.device)
+        check_tensor("weight", weight, ndim=1, dtypes=DTYPES, device=x.device)
+        M, N = x.shape
+        if tuple(residual.shape) != (M, N):
+            raise ValueError(f"residual has shape {tuple(residual.shape)}; it must match x {(M, N)}")
+        if weight.shape[0] != N:
+            raise ValueError(f"weight has {weight.shape[0]} elements; it must match x's {N} columns")
+        if not 1 <= N <= MAX_N:
+            raise ValueError(f"x has {N} columns; 1 to {MAX_N} are supported (a row is normalised in one block)")
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
+            raise ValueError(f"eps must be a non-negative float, got {eps!r}")
+        for name, t in (("x", x), ("residual", residual), ("weight", weight)):
+            if not t.is_contiguous():
+                raise ValueError(f"{name} must be contiguous")
+        res_out = residual if residual_out is None else residual_out
+        y = torch.empty_like(x) if out is None else out
+        for name, t in (("residual_out", res_out), ("out", y)):
+            check_tensor(name, t, ndim=2, dtypes=(residual.dtype if name == "residual_out" else x.dtype,),
+                         device=x.device)
+            if tuple(t.shape) != (M, N) or not t.is_contiguous():
+                raise ValueError(f"{name} must be a contiguous ({M}, {N}) tensor")
+        call = cls.describe(x, world=ctx.world, num_sms=ctx.num_sms)
+        call.tensors.update(residual=residual, weight=weight, residual_out=res_out, out=y)
+        call.extra["eps"] = float(eps)
+        return call
+
+    @staticmethod
+    def _launch_fused(ctx, plan, call, phase):
+        c, t = call.cfg, call.tensors
+        x, res, w, res_out, y = t["x"], t["residual"], t["weight"], t["residual_out"], t["out"]
+        if ctx.world == 1:   # no peer: the add and the norm alone (torch)
+            if phase == "push":
+                return None
+            r = (res.float() + x.float()).to(res_out.dtype)
+            res_out.copy_(r)
+            rf = r.float()
+            y.copy_(w * (rf * torch.rsqrt(rf.pow(2).mean(-1, keepdim=True) + call.extra["eps"])).to(y.dtype))
+            return res_out, y
+        bf = plan.bufs
+        args = (x, res, w, res_out, y, bf["recv"], bf["flags"], ctx.status, bf["epoch"], bf["counters"],
+                ctx.heap_bases, ctx.rank, c["M"], c["N"], c["iters"], call.extra["eps"], ctx.wait_bound)
+        layout = tuple(_aligned(v) for v in (x, res, w, res_out, y))
+        stages = {"full": 3, "push": 1, "consume": 2}[phase]
+
+        def build():
+            from numasched.kernels.dist_allreduce import all_reduce_add_rmsnorm_kernel
+
+            kw = dict(WORLD=ctx.world, BLOCK_N=c["BLOCK_N"], STAGES=stages, BUMP_EPOCH=phase in ("full", "consume"),
+                      WAIT_CLOCK=ctx.wait_clock)
+            if _on_gpu(x):
+                kw["num_warps"] = c["num_warps"]
+            return all_reduce_add_rmsnorm_kernel, kw
+
+        _Op._run(ctx, plan, call, phase, c["programs"], args, layout, () if phase == "push" else (res_out, y), build)
+        return None if phase == "push" else (res_out, y)
+
+
+def all_reduce_add_rmsnorm(x, residual, weight, eps: float, *, ctx, residual_out=None, out=None,
+                           check: bool = True):
+    """``r = residual + all_reduce(x)`` and ``y = weight * rmsnorm(r)`` in one kernel; returns (r, y).
+
+    x, residual: (M, N) contiguous (this rank's partial sums and the residual stream, the same on
+    every rank); weight: (N,). ``residual_out`` defaults to ``residual`` itself (updated in
+    place, as a transformer's residual stream is); ``out`` to a new tensor. The sum is in fp32 in
+    rank order (bit-identical on every rank) and rounded to x's dtype before the add, and the norm
+    is transformers' (normalise in fp32, round, scale), so the result equals the unfused
+    all_reduce, add and RMSNorm up to the norm's rounding.
+    """
+    return run(ctx, "all_reduce_add_rmsnorm", x, residual, weight, eps, residual_out=residual_out, out=out,
+               check=check)
