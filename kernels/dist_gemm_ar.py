@@ -12,8 +12,9 @@ apart (so a program does not wait for the tile whose stores are still in flight)
     stage 2  wait for every peer's ``flags[src, t] >= epoch``, sum the W partials of the tile in
              rank order 0..W-1 (fp32: bit-identical on every rank), store ``out[rows, cols]``
 
-Partials travel in fp32 (more accurate than a bf16 all-reduce of bf16 GEMM outputs; at decode
-sizes the exchange is latency-bound, not bandwidth-bound). ``recv`` is double-buffered by the
+Partials travel in the output's dtype (as an all-reduce of the GEMM's output would; summed in
+fp32). Small M takes narrow pointer-loaded tiles (every SM streams a strip of the weight); large M
+the TMA-fed 128 x 256 tiles of the other fused GEMMs, so the tiles' pushes overlap the GEMM. ``recv`` is double-buffered by the
 epoch's parity, flags are epoch counters that only grow: see dist_common and dist_gemm for why
 that is enough. ``STAGES`` runs a subset of the stages (the CPU simulation runs stage 1 on every
 rank before stage 2). Host side: numasched/distributed/matmul_all_reduce.py (``impl="fused"``).
@@ -22,18 +23,18 @@ import triton
 import triton.language as tl
 
 from .dist_common import epoch_begin, epoch_end, signal, translate, wait_flag
-from .dist_gemm import _tile_matmul
+from .dist_gemm import _tile_matmul, _tile_matmul_tma
 
 
 @triton.jit
-def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, flags_ptr, status_ptr, epoch_ptr, counters_ptr,
-                             heap_bases, rank, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_om,
-                             stride_on, wait_bound,
+def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, a_desc, b_desc, flags_ptr, status_ptr, epoch_ptr,
+                             counters_ptr, heap_bases, rank, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                             stride_om, stride_on, wait_bound,
                              WORLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                             EVEN_K: tl.constexpr, STAGES: tl.constexpr, BUMP_EPOCH: tl.constexpr,
-                             WAIT_CLOCK: tl.constexpr):
-    # a: (M, K), b: (K, N) this rank's operands; out: (M, N); recv: heap fp32 (2, WORLD, M, N);
-    # flags: heap int32 (WORLD, tiles)
+                             EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, STAGES: tl.constexpr,
+                             BUMP_EPOCH: tl.constexpr, WAIT_CLOCK: tl.constexpr):
+    # a: (M, K), b: (K, N) this rank's operands (USE_TMA: also as descriptors); out: (M, N);
+    # recv: heap (2, WORLD, M, N) in out's dtype; flags: heap int32 (WORLD, tiles)
     e = epoch_begin(epoch_ptr)
     slot = e % 2
     p = tl.program_id(0)
@@ -52,15 +53,19 @@ def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, flags_ptr, status_
                 tn = t % TN
                 rows = tm * BLOCK_M + tl.arange(0, BLOCK_M)
                 cols = tn * BLOCK_N + tl.arange(0, BLOCK_N)
-                acc = _tile_matmul(a_ptr, stride_am, stride_ak, rows % M, b_ptr, stride_bk, stride_bn, cols % N, K,
-                                   BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+                if USE_TMA:
+                    acc = _tile_matmul_tma(a_desc, tm * BLOCK_M, b_desc, tn * BLOCK_N, K, BLOCK_M, BLOCK_N, BLOCK_K)
+                else:
+                    acc = _tile_matmul(a_ptr, stride_am, stride_ak, rows % M, b_ptr, stride_bk, stride_bn, cols % N,
+                                       K, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+                part_tile = acc.to(recv_ptr.dtype.element_ty)
                 mask = (rows[:, None] < M) & (cols[None, :] < N)
                 dst = recv + rank * part + rows.to(tl.int64)[:, None] * N + cols[None, :]
                 for d in tl.static_range(WORLD):
                     if d == rank:
-                        tl.store(dst, acc, mask=mask)
+                        tl.store(dst, part_tile, mask=mask)
                     else:
-                        tl.store(translate(dst, rank, d, heap_bases), acc, mask=mask)
+                        tl.store(translate(dst, rank, d, heap_bases), part_tile, mask=mask)
                 # our own copy is read back in stage 2 by other threads of this program: order it
                 # (signal's barrier does too, but not with one rank)
                 tl.debug_barrier()
@@ -83,7 +88,7 @@ def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, flags_ptr, status_
                     for src in tl.static_range(WORLD):   # rank order: the same rounding on every rank
                         if src != rank:
                             wait_flag(flags_ptr + src * T + t, e, src, status_ptr, wait_bound, WAIT_CLOCK)
-                        total += tl.load(recv + src * part + offs, mask=mask, other=0.0)
+                        total += tl.load(recv + src * part + offs, mask=mask, other=0.0).to(tl.float32)
                     o_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :] * stride_on
                     tl.store(o_ptrs, total.to(out_ptr.dtype.element_ty), mask=mask)
 

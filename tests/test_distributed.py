@@ -611,12 +611,17 @@ c = compile_(dist_ce.sum_partials_kernel, dict(own_ptr="*bf16", p_ptr="*bf16", o
              WORLD=2, BLOCK=2048), sm90, 4)
 res["ce_sum"] = dict(ptx=c.asm["ptx"])
 from numasched.kernels import dist_allreduce, dist_gemm_ar
-vals = dict(a_ptr="*bf16", b_ptr="*bf16", out_ptr="*bf16", recv_ptr="*fp32", flags_ptr="*i32", status_ptr="*i32",
-            epoch_ptr="*i32", counters_ptr="*i32", heap_bases="*i64", rank=0, M=16, N=4096, K=2048, stride_am=2048,
-            stride_ak=1, stride_bk=1, stride_bn=2048, stride_om=4096, stride_on=1, wait_bound=10**6, WORLD=2,
-            BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, EVEN_K=True, STAGES=3, BUMP_EPOCH=True, WAIT_CLOCK=True)
+vals = dict(a_ptr="*bf16", b_ptr="*bf16", out_ptr="*bf16", recv_ptr="*bf16", a_desc=None, b_desc=None,
+            flags_ptr="*i32", status_ptr="*i32", epoch_ptr="*i32", counters_ptr="*i32", heap_bases="*i64", rank=0,
+            M=16, N=4096, K=2048, stride_am=2048, stride_ak=1, stride_bk=1, stride_bn=2048, stride_om=4096,
+            stride_on=1, wait_bound=10**6, WORLD=2, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, EVEN_K=True, USE_TMA=False,
+            STAGES=3, BUMP_EPOCH=True, WAIT_CLOCK=True)
 c = compile_(dist_gemm_ar.matmul_all_reduce_kernel, vals, sm90, 4, 4)
 res["mar"] = dict(ptx=c.asm["ptx"], shared=c.metadata.shared)
+vals.update(a_desc="tensordesc<bf16[128, 64]>", b_desc="tensordesc<bf16[64, 256]>", USE_TMA=True, M=4096,
+            BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, stride_bk=4096, stride_bn=1)
+c = compile_(dist_gemm_ar.matmul_all_reduce_kernel, vals, sm90, 8, 3)
+res["mar_tma"] = dict(ptx=c.asm["ptx"], shared=c.metadata.shared)
 vals = dict(x_ptr="*bf16", res_ptr="*bf16", w_ptr="*bf16", res_out_ptr="*bf16", y_ptr="*bf16", buf_ptr="*bf16",
             flags_ptr="*i64", status_ptr="*i32", epoch_ptr="*i32", counters_ptr="*i32", heap_bases="*i64", rank=0,
             M=16, N=4096, iters=3, eps=1e-5, wait_bound=10**6, WORLD=2, BLOCK_N=4096, STAGES=3, BUMP_EPOCH=True,
@@ -691,6 +696,9 @@ def test_kernels_compile_for_hopper(subprocess_result):
     assert re.search(r"atom\.global\.sys\.release\.exch", mar["ptx"])
     assert re.search(r"(ld|atom)\.global\.sys\.acquire", mar["ptx"])
     assert mar["shared"] >= 3 * (16 * 128 + 128 * 64) * 2
+    big = subprocess_result["mar_tma"]   # large M: TMA-fed wgmma tiles, 16-byte pushes, within an SM's smem
+    assert "cp.async.bulk.tensor" in big["ptx"] and "wgmma" in big["ptx"] and "st.global.v4" in big["ptx"]
+    assert big["shared"] <= 232448
     # waits are bounded by the GPU clock on NVIDIA (a poll count is far too long under contention)
     for k in (ag, rs, dec, subprocess_result["ce_wait"], subprocess_result["ar1"], mar):
         assert "%globaltimer" in k["ptx"]
@@ -1033,11 +1041,20 @@ def test_all_reduce_world_8_and_decode_world_8():
 
 
 # ============================================================================ GEMM + all-reduce in one kernel
-@pytest.mark.parametrize("world,M,K,N,dtype", [(2, 5, 40, 33, torch.float32), (3, 16, 32, 64, torch.float32),
-                                                (2, 1, 16, 20, torch.float16), (4, 17, 24, 48, torch.float32)])
-def test_matmul_all_reduce_fused_sim(world, M, K, N, dtype):
-    """impl="fused" (kernels/dist_gemm_ar.py): tiles pushed as computed, summed a tile later;
-    float64 reference on fresh data every call, NaN-poisoned outputs, bit-identical on every rank."""
+@pytest.mark.parametrize("world,M,K,N,dtype,tma", [(2, 5, 40, 33, torch.float32, False),
+                                                    (3, 16, 32, 64, torch.float32, False),
+                                                    (2, 1, 16, 20, torch.float16, False),
+                                                    (4, 17, 24, 48, torch.float32, False),
+                                                    (2, 20, 32, 48, torch.float32, True)])
+def test_matmul_all_reduce_fused_sim(world, M, K, N, dtype, tma):
+    """impl="fused" (kernels/dist_gemm_ar.py): tiles pushed as computed, summed a tile later
+    (partials in the output's dtype, summed in fp32); float64 reference on fresh data every call,
+    NaN-poisoned outputs, bit-identical on every rank; the TMA-descriptor path too."""
+    with options.use(dist_tma=tma):
+        _fused_case(world, M, K, N, dtype)
+
+
+def _fused_case(world, M, K, N, dtype):
     sim = nd.SimWorld(world)
     g = torch.Generator().manual_seed(world * 100 + M)
     for call in range(3):

@@ -15,7 +15,8 @@ import torch
 from numasched._validate import check_int32_indexing
 
 from . import cost
-from ._common import Call, _aligned, _bulk_ok, _cdiv, _check_operands, _on_gpu, _Op, _output, register, run
+from ._common import Call, _aligned, _bulk_ok, _cdiv, _check_operands, _desc, _on_gpu, _Op, _output, _tma_ok
+from ._common import register, run
 
 IMPLS = ("auto", "oneshot", "twoshot", "bulk", "overlap", "fused")
 # impl="overlap": the rows are cut into this many chunks; chunk i's all-reduce (NCCL, on a side
@@ -86,7 +87,9 @@ def plan_matmul_all_reduce(a, b_local, *, world: int, impl: str = "auto", gemm: 
         est = g_s + cost.all_reduce_s("nccl", nbytes, world)
         return MatmulAllReducePlan(M, N, Kl, a.dtype, world, engine, "nccl", est * 1e6)
     if impl == "fused":
-        est = g_s + cost.LINK.flag_us * 1e-6 + (world - 1) * M * N * 4 / cost.LINK.push_bw
+        # pushes overlap the GEMM; the sum a tile later reads W partials
+        moved = (world - 1) * M * N * a.element_size()
+        est = max(g_s, moved / cost.LINK.push_bw) + cost.LINK.flag_us * 1e-6
         return MatmulAllReducePlan(M, N, Kl, a.dtype, world, "fused", "fused", est * 1e6)
     if impl == "overlap":
         overlap = _overlap_s(g_s, cost.all_reduce_s("nccl", nbytes, world), OVERLAP_CHUNKS)
@@ -117,7 +120,8 @@ def matmul_all_reduce(a, b_local, *, ctx, impl: str = "auto", gemm: str = "auto"
     impl: "auto" (default: the cost model picks the GEMM engine and the all-reduce, see
     :mod:`numasched.distributed.cost`), "oneshot" / "twoshot" (numasched all-reduce after the
     GEMM), "fused" (one kernel: each output tile pushed to the peers from registers as it is
-    computed and summed a tile later; not yet measured on a GPU, so "auto" does not pick it),
+    computed and summed a tile later, so the exchange overlaps the GEMM; narrow tiles at small M,
+    TMA-fed 128 x 256 tiles from 256 rows; not yet measured on a GPU, so "auto" does not pick it),
     "overlap" (row chunks: each chunk's NCCL all-reduce on a side stream beside the next
     chunk's GEMM; measured slower on two H200s, never picked by "auto"), or "bulk" (torch.matmul then NCCL: the bulk-synchronous baseline). gemm: "auto",
     "numasched" or "torch". The GEMM writes into ``out`` (default a new tensor) and the
@@ -197,13 +201,22 @@ def _overlapped(ctx, plan, a, b, c):
 
 
 # ----------------------------------------------------------------------------- impl="fused"
+# rows from which the fused kernel takes the big TMA-fed tiles of the other fused GEMMs
+FUSED_BIG_TILE_ROWS = 256
+
+
 def _fused_cfg(M: int, dtype, gpu: bool) -> dict:
+    from ._common import _tma_default
+
+    tma = _tma_default(gpu)
     if not gpu:   # the interpreter: its dot needs >= 16
-        return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, num_warps=4, num_stages=1)
+        return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, num_warps=4, num_stages=1, USE_TMA=tma)
+    elt = torch.empty((), dtype=dtype).element_size()
+    if M >= FUSED_BIG_TILE_ROWS and elt == 2:
+        return dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3, USE_TMA=tma)
     bm = min(64, max(16, 1 << max(0, M - 1).bit_length()))
     # decode-sized M streams the weight: narrow column tiles give every SM a strip of it
-    return dict(BLOCK_M=bm, BLOCK_N=64, BLOCK_K=128 if torch.empty((), dtype=dtype).element_size() == 2 else 64,
-                num_warps=4, num_stages=4)
+    return dict(BLOCK_M=bm, BLOCK_N=64, BLOCK_K=128 if elt == 2 else 64, num_warps=4, num_stages=4, USE_TMA=False)
 
 
 @register
@@ -229,7 +242,7 @@ class MatmulAllReduceFused(_Op):
     @staticmethod
     def buffers(call) -> list:
         c, W = call.cfg, call.cfg["world"]
-        return [("flags", (W, c["tiles"]), torch.int32), ("recv", (2, W, c["M"], c["N"]), torch.float32)]
+        return [("flags", (W, c["tiles"]), torch.int32), ("recv", (2, W, c["M"], c["N"]), call.tensors["a"].dtype)]
 
     @classmethod
     def prepare(cls, ctx, a, b_local, *, out=None):
@@ -245,18 +258,21 @@ class MatmulAllReduceFused(_Op):
         c, t, bf = call.cfg, call.tensors, plan.bufs
         a, b, out = t["a"], t["b_local"], t["out"]
         programs = max(1, min(ctx.num_sms, c["tiles"]))
-        args = (a, b, out, bf["recv"], bf["flags"], ctx.status, bf["epoch"], bf["counters"], ctx.heap_bases,
+        use_tma = c["USE_TMA"] and _tma_ok(a, b)
+        descs = ((_desc(a, [c["BLOCK_M"], c["BLOCK_K"]]), _desc(b, [c["BLOCK_K"], c["BLOCK_N"]])) if use_tma
+                 else (None, None))
+        args = (a, b, out, bf["recv"], *descs, bf["flags"], ctx.status, bf["epoch"], bf["counters"], ctx.heap_bases,
                 ctx.rank, c["M"], c["N"], c["Kl"], a.stride(0), a.stride(1), b.stride(0), b.stride(1),
                 out.stride(0), out.stride(1), ctx.wait_bound)
-        layout = (_aligned(a), a.stride(), _aligned(b), b.stride(), _aligned(out), out.stride())
+        layout = (use_tma, _aligned(a), a.stride(), _aligned(b), b.stride(), _aligned(out), out.stride())
         stages = {"full": 3, "push": 1, "consume": 2}.get(phase, 3)
 
         def build():
             from numasched.kernels.dist_gemm_ar import matmul_all_reduce_kernel
 
             kw = dict(WORLD=ctx.world, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"],
-                      EVEN_K=c["Kl"] % c["BLOCK_K"] == 0, STAGES=stages, BUMP_EPOCH=phase in ("full", "consume"),
-                      WAIT_CLOCK=ctx.wait_clock)
+                      EVEN_K=c["Kl"] % c["BLOCK_K"] == 0, USE_TMA=use_tma, STAGES=stages,
+                      BUMP_EPOCH=phase in ("full", "consume"), WAIT_CLOCK=ctx.wait_clock)
             if ctx.device.type != "cpu":
                 kw.update(num_warps=c["num_warps"], num_stages=c["num_stages"])
             return matmul_all_reduce_kernel, kw
