@@ -9,7 +9,9 @@ SPLIT_K parts, one program each, and a tile's partial sums are merged in the sam
    ``gemm_split_unit(pid, NM, NN, SPLIT_K, MAPPING)`` (numasched.mappings.jit): the mapping
    policy's domain remap over all units keeps a tile's splits together, then its tile order.
 2. A program accumulates its K range in fp32 (BLOCK_M may exceed M: rows are masked; the padded
-   dot is free, the tensor cores idle in a bandwidth-bound problem).
+   dot is free, the tensor cores idle in a bandwidth-bound problem). Operands come through
+   pointers, or (USE_TMA, ``options.gemm_splitk_tma``) through TMA descriptors, which lets the
+   medium-M tiles (M = 128-1024) run at the tiled kernel's tensor rate.
 3. SPLIT_K == 1: the program applies the epilogue and stores. Otherwise it stores its fp32
    partial tile to a workspace and takes a ticket (an atomic counter per tile); the program that
    takes the last ticket sums the SPLIT_K partials **in split order** (the result does not depend
@@ -43,7 +45,8 @@ def gemm_splitk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
                        k_per_split,
                        MAPPING: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-                       HAS_RES: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+                       HAS_RES: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
+                       A_TRANS: tl.constexpr, B_TRANS: tl.constexpr):
     NM = tl.cdiv(M, BLOCK_M)
     NN = tl.cdiv(N, BLOCK_N)
     tm, tn, split = gemm_split_unit(tl.program_id(0), NM, NN, SPLIT_K, MAPPING)
@@ -55,15 +58,30 @@ def gemm_splitk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
     # ---- this unit's K range (a multiple of BLOCK_K long; the last split may be shorter or empty)
     k_lo = split * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
-    a_rows = a + offs_m[:, None].to(tl.int64) * stride_am
-    b_cols = b + offs_n[None, :].to(tl.int64) * stride_bn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        mask_k = offs_k < k_hi
-        a_t = tl.load(a_rows + offs_k[None, :] * stride_ak, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-        b_t = tl.load(b_cols + offs_k[:, None] * stride_bk, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
-        acc = tl.dot(a_t, b_t, acc, input_precision=INPUT_PRECISION)
+    if USE_TMA:
+        # descriptors (Hopper): A (M, K) or its (K, M) storage (A_TRANS), B (K, N) or its (N, K)
+        # storage (B_TRANS, a weight W of F.linear); a split starts on a BLOCK_K boundary, so a
+        # block never crosses into the next split, and past K the descriptor reads zeros
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            if A_TRANS:
+                a_t = a.load([k0, tm * BLOCK_M]).T
+            else:
+                a_t = a.load([tm * BLOCK_M, k0])
+            if B_TRANS:
+                b_t = b.load([tn * BLOCK_N, k0]).T
+            else:
+                b_t = b.load([k0, tn * BLOCK_N])
+            acc = tl.dot(a_t, b_t, acc, input_precision=INPUT_PRECISION)
+    else:
+        a_rows = a + offs_m[:, None].to(tl.int64) * stride_am
+        b_cols = b + offs_n[None, :].to(tl.int64) * stride_bn
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            mask_k = offs_k < k_hi
+            a_t = tl.load(a_rows + offs_k[None, :] * stride_ak, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+            b_t = tl.load(b_cols + offs_k[:, None] * stride_bk, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+            acc = tl.dot(a_t, b_t, acc, input_precision=INPUT_PRECISION)
 
     if SPLIT_K == 1:
         _epilogue_store(acc, c, bias, res, offs_m, offs_n, M, N, stride_cm, stride_cn, stride_rm, stride_rn,

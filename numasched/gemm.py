@@ -286,10 +286,15 @@ class GemmPlan(Plan):
                 schedule = None  # the interpreter: the small split-K config below
             elif options.gemm_schedule == "model":
                 schedule = _sched.choose(Mdim, N, K, a.dtype, dev, table=options.gemm_table,
-                                         splitk_only=not tma_ok or self.int64)
+                                         splitk_only=not tma_ok or self.int64,
+                                         splitk_tma=options.gemm_splitk_tma and tma_ok)
         if split_k is not None or (schedule is not None and schedule.kind == "splitk") or \
                 (interp and not explicit_tiled):
-            self._plan_splitk(a, b, c, schedule, split_k, interp)
+            # TMA-fed split-K (options.gemm_splitk_tma): Hopper, or the interpreter (which reads
+            # descriptors too), both operands describable, 32-bit offsets
+            splitk_tma = (options.gemm_splitk_tma and not self.int64 and a_view is not None and b_view is not None
+                          and TensorDescriptor is not None and (interp or caps.tma_supported(dev)))
+            self._plan_splitk(a, b, c, schedule, split_k, interp, (a_view, b_view) if splitk_tma else None)
         else:
             self._plan_tiled(a, b, c, a_view, b_view, schedule, path, config, persistent, num_programs, options,
                              interp)
@@ -299,7 +304,7 @@ class GemmPlan(Plan):
         self._freeze()
 
     # ---------------------------------------------------------------- the two kernels
-    def _plan_splitk(self, a, b, c, schedule, split_k, interp) -> None:
+    def _plan_splitk(self, a, b, c, schedule, split_k, interp, tma_views=None) -> None:
         from ._launch import Launch
         from .kernels import gemm_splitk as KS
 
@@ -324,8 +329,13 @@ class GemmPlan(Plan):
         self._tiles = NM * NN
         self._ws_numel = S * NM * cfg["BLOCK_M"] * NN * cfg["BLOCK_N"] if S > 1 else 0
         self.workspace_bytes = 4 * self._ws_numel
+        use_tma = tma_views is not None
+        if use_tma:
+            self.path = "tma"
+            self.a_trans, self.b_trans = bool(tma_views[0][0]), bool(tma_views[1][0])
+            self._views = (tma_views[0], tma_views[1], None)
         const = dict(MAPPING=self._mapping_arg, SPLIT_K=S, HAS_BIAS=self._epi[0], HAS_RES=self._epi[1],
-                     INPUT_PRECISION=self._precision)
+                     INPUT_PRECISION=self._precision, USE_TMA=use_tma, A_TRANS=self.a_trans, B_TRANS=self.b_trans)
         self._sizes = (Mdim, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
                        *self._res_stride, self._kps)
         self._launch = Launch(KS.gemm_splitk_kernel, (self._tiles * S,), const, config=cfg, device=self.device,
@@ -460,8 +470,12 @@ class GemmPlan(Plan):
                 ws, ctr = _splitk_buffers(dev, self._ws_numel, self._tiles, caps.stream_handle(dev), caps.capturing(dev))
             else:
                 ws = ctr = out
-            return (p(a), p(b), p(out), p(bias) if bias is not None else p(out), p(residual) if residual is not None
-                    else p(out), p(ws), p(ctr), *self._sizes)
+            if self.path == "tma":
+                a_arg, b_arg, _ = self._descriptors(a, b, out)
+            else:
+                a_arg, b_arg = p(a), p(b)
+            return (a_arg, b_arg, p(out), p(bias) if bias is not None else p(out),
+                    p(residual) if residual is not None else p(out), p(ws), p(ctr), *self._sizes)
         if self.path == "tma":
             a_arg, b_arg, c_desc = self._descriptors(a, b, out)
         else:

@@ -175,7 +175,7 @@ def candidates(M: int, N: int, K: int, elt: int, machine: Machine, *, splitk_onl
     return out
 
 
-def estimate(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machine) -> float:
+def estimate(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machine, splitk_tma: bool = False) -> float:
     """Modelled time of ``s`` in seconds (see the module doc)."""
     from .kernels.gemm_splitk import shared_bytes
 
@@ -193,7 +193,7 @@ def estimate(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machine) ->
     bw = min(fair, machine.sm_bw_share * machine.hbm_bytes_per_s / machine.sms / occ)
     t_mem = (s.block_n * kps * elt + A_WEIGHT * s.block_m * kps * elt) / bw
     rate = machine.tensor_flops / min(active, machine.sms) / (occ if active >= machine.sms else 1)
-    if s.kind == "splitk" and s.block_m >= 64:
+    if s.kind == "splitk" and s.block_m >= 64 and not splitk_tma:
         rate *= SPLITK_MMA_EFFICIENCY  # operands through registers, not TMA + wgmma from shared memory
     t_comp = 2.0 * s.block_m * s.block_n * kps / rate
     if s.kind == "tiled" and s.persistent:  # a persistent grid's tail costs only its own tiles
@@ -207,7 +207,7 @@ def estimate(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machine) ->
 
 
 def choose(M: int, N: int, K: int, dtype: torch.dtype, device: Optional[torch.device] = None, *,
-           table: Optional[str] = None, splitk_only: bool = False) -> Schedule:
+           table: Optional[str] = None, splitk_only: bool = False, splitk_tma: bool = False) -> Schedule:
     """The schedule for this GEMM: a tuned table's entry if it has one, else the model's pick."""
     elt = torch.empty((), dtype=dtype).element_size()
     machine = Machine.of(device)
@@ -215,14 +215,15 @@ def choose(M: int, N: int, K: int, dtype: torch.dtype, device: Optional[torch.de
         hit = load_table(table).get(_table_key(M, N, K, dtype, machine.name))
         if hit is not None:
             return Schedule(**hit)
-    return _choose(M, N, K, elt, machine, splitk_only)
+    return _choose(M, N, K, elt, machine, splitk_only, splitk_tma)
 
 
 @functools.lru_cache(maxsize=4096)
-def _choose(M: int, N: int, K: int, elt: int, machine: Machine, splitk_only: bool) -> Schedule:
+def _choose(M: int, N: int, K: int, elt: int, machine: Machine, splitk_only: bool, splitk_tma: bool = False
+            ) -> Schedule:
     best = None
     for s in candidates(M, N, K, elt, machine, splitk_only=splitk_only or elt > 2):
-        t = estimate(s, M, N, K, elt, machine)
+        t = estimate(s, M, N, K, elt, machine, splitk_tma)
         if best is None or t < best.est_s * 0.999:
             best = replace(s, est_s=t)
     return best

@@ -16,6 +16,7 @@ numasched is imported (they are not read per call):
     NUMASCHED_DIST_TMA=0/1      dist_tma -> False / True
     NUMASCHED_GEMM_SCHEDULE     gemm_schedule ("model" or "autotune")
     NUMASCHED_GEMM_TABLE        gemm_table (a path)
+    NUMASCHED_GEMM_SPLITK_TMA=1 gemm_splitk_tma -> True
 """
 from __future__ import annotations
 
@@ -50,6 +51,9 @@ class Options:
             tiled kernel's configs, on the first call of each shape).
         gemm_table: a table of tuned schedules (``numasched tune-gemm``) the chooser consults
             first; None: the model alone.
+        gemm_splitk_tma: the split-K GEMM reads its operands through TMA descriptors where they
+            allow it (Hopper), so its tiles run at the tensor rate of the tiled kernel, and the
+            chooser models them so. Off by default until measured.
     """
 
     autotune: bool = True
@@ -59,9 +63,10 @@ class Options:
     dist_tma: Optional[bool] = None
     gemm_schedule: str = "model"
     gemm_table: Optional[str] = None
+    gemm_splitk_tma: bool = False
 
     def __post_init__(self):
-        for f in ("autotune", "check_data", "gemm_flatten"):
+        for f in ("autotune", "check_data", "gemm_flatten", "gemm_splitk_tma"):
             if not isinstance(getattr(self, f), bool):
                 raise TypeError(f"Options.{f} must be a bool, got {getattr(self, f)!r}")
         if self.decode_combine not in COMBINE_MODES:
@@ -102,7 +107,8 @@ def from_env(environ=None) -> Options:
                    gemm_flatten=flag("NUMASCHED_GEMM_FLATTEN", True),
                    dist_tma=None if tma not in ("0", "1") else tma == "1",
                    gemm_schedule=env.get("NUMASCHED_GEMM_SCHEDULE", "model"),
-                   gemm_table=env.get("NUMASCHED_GEMM_TABLE") or None)
+                   gemm_table=env.get("NUMASCHED_GEMM_TABLE") or None,
+                   gemm_splitk_tma=flag("NUMASCHED_GEMM_SPLITK_TMA", False))
 
 
 _CURRENT = from_env()

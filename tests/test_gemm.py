@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import numasched
-from numasched import caps, mappings as M, observe, topology
+from numasched import caps, mappings as M, observe, options, topology
 from numasched._route import reset_warnings
 from numasched.kernels import gemm as G
 from numasched import gemm as api
@@ -707,3 +707,48 @@ def test_gpu_splitk_in_a_cuda_graph_replays_right():
         torch.cuda.synchronize()
         ref = x.double() @ w.double().T
         assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+# ------------------------------------------------------------------------------ TMA-fed split-K (option)
+@cpu
+@pytest.mark.parametrize("m,n,k,split_k,ta,tb,dtype", [(5, 40, 64, 2, False, True, torch.float32),
+                                                       (32, 17, 96, 3, True, True, torch.float32),
+                                                       (16, 48, 80, 1, False, False, torch.float16),
+                                                       (4, 24, 200, 4, True, False, torch.float32)])
+def test_splitk_through_tma_descriptors_matches_float64(m, n, k, split_k, ta, tb, dtype):
+    """options.gemm_splitk_tma: the split-K kernel reads A and B through TMA descriptors (the
+    interpreter reads them too), transposed storage included; the sum is the same as the pointer
+    path's, bit for bit (same tiles, same split order)."""
+    a, b = _operands(m, n, k, dtype, ta=ta, tb=tb, seed=m + n + k)
+    bias = torch.randn(n, dtype=dtype)
+    with options.use(gemm_splitk_tma=True):
+        plan = numasched.plan_matmul(a, b, split_k=split_k, bias=bias)
+        c = plan.run(a, b, _poisoned(m, n, dtype), bias=bias)
+    assert plan.kernel == "splitk" and plan.path == "tma" and (plan.a_trans, plan.b_trans) == (ta, tb)
+    ref = a.double() @ b.double() + bias.double()
+    assert ((c.double() - ref).norm() / ref.norm()).item() < TOL[dtype]
+    pointer = numasched.plan_matmul(a, b, split_k=split_k, bias=bias)
+    assert pointer.path == "pointer" and torch.equal(pointer.run(a, b, bias=bias), c)
+
+
+@cpu
+def test_splitk_tma_falls_back_to_pointers_when_not_describable():
+    a = torch.randn(7, 13)            # a leading stride of 13 floats is not 16-byte aligned
+    b = torch.randn(13, 9)
+    with options.use(gemm_splitk_tma=True):
+        plan = numasched.plan_matmul(a, b, split_k=2)
+    assert plan.path == "pointer" and _rel_err(plan.run(a, b), a, b) < 1e-5
+
+
+def test_chooser_models_tma_split_k_at_the_tensor_rate():
+    """With TMA-fed split-K the model no longer halves split-K's tensor rate for big tiles, so
+    medium-M shapes lean to split-K (e.g. M = 128 over a narrow N, few tiles)."""
+    from numasched import gemm_schedule as GS
+
+    h200 = GS.Machine.of(None)
+    s = GS.Schedule("splitk", 128, 128, 64, split_k=4, num_warps=8, num_stages=4)
+    assert GS.estimate(s, 512, 2560, 8192, 2, h200, splitk_tma=True) < GS.estimate(s, 512, 2560, 8192, 2, h200)
+    plain = GS.choose(128, 2560, 8192, torch.bfloat16)
+    tma = GS.choose(128, 2560, 8192, torch.bfloat16, splitk_tma=True)
+    assert tma.est_s <= plain.est_s
+    assert not options.current().gemm_splitk_tma, "off by default until measured on a GPU"
