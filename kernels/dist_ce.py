@@ -44,5 +44,5 @@ def sum_partials_kernel(own_ptr, p_ptr, out_ptr, rank, n, WORLD: tl.constexpr, B
         if src == rank:
             total += tl.load(own_ptr + idx, mask=m, other=0.0).to(tl.float32)
         else:
-            total += tl.load(p_ptr + src * n.to(tl.int64) + idx, mask=m, other=0.0).to(tl.float32)
+            total += tl.load(p_ptr + src * (tl.zeros([], tl.int64) + n) + idx, mask=m, other=0.0).to(tl.float32)
     tl.store(out_ptr + idx, total.to(out_ptr.dtype.element_ty), mask=m)

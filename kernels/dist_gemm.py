@@ -92,7 +92,7 @@ def all_gather_matmul_kernel(
     slot = e % 2
     TMS = tl.cdiv(Ml, BLOCK_M)
     TN = tl.cdiv(N, BLOCK_N)
-    shard = Ml.to(tl.int64) * K
+    shard = (tl.zeros([], tl.int64) + Ml) * K   # Ml may be the constant 1 (one row per rank)
     my_buf = g_ptr + (slot * WORLD + rank).to(tl.int64) * shard
 
     # ---- producer: push our shard, block of rows by block of rows, to every peer
@@ -162,7 +162,7 @@ def matmul_reduce_scatter_kernel(
     TMS = tl.cdiv(Ms, BLOCK_M)
     TN = tl.cdiv(N, BLOCK_N)
     TS = TMS * TN
-    part = Ms.to(tl.int64) * N
+    part = (tl.zeros([], tl.int64) + Ms) * N   # Ms may be the constant 1
 
     # The flag of a pushed tile is raised one tile late: its release fence waits until the tile's
     # remote stores have landed, which over NVLink takes about as long as a short-K tile's GEMM.

@@ -42,7 +42,7 @@ def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, a_desc, b_desc, fl
     TN = tl.cdiv(N, BLOCK_N)
     T = tl.cdiv(M, BLOCK_M) * TN
     mine = tl.cdiv(T - p, P)                     # tiles of this program
-    part = M.to(tl.int64) * N
+    part = (tl.zeros([], tl.int64) + M) * N   # M may be the constant 1 (batch-1 decode)
     recv = recv_ptr + (slot * WORLD).to(tl.int64) * part
     for i in range(0, mine + 1):
         # ---- stage 1: compute tile i and push it

@@ -596,6 +596,7 @@ vals = dict(a_ptr="*bf16", b_ptr="*bf16", out_ptr="*bf16", p_ptr="*bf16", a_desc
             WORLD=2, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, EVEN_K=True, COMM=True, BUMP_EPOCH=True, WAIT_CLOCK=True)
 c = compile_(dist_gemm.matmul_reduce_scatter_kernel, vals, sm90, 8)
 res["rs"] = dict(ptx=c.asm["ptx"], shared=c.metadata.shared)
+compile_(dist_gemm.matmul_reduce_scatter_kernel, dict(vals, Ms=1), sm90, 8)   # one row per rank
 vals = dict(out_ptr="*bf16", lse_ptr="*fp32", ro_ptr="*bf16", rl_ptr="*fp32", flags_ptr="*i32", res_ptr="*bf16",
             res_lse_ptr="*fp32", status_ptr="*i32", epoch_ptr="*i32", counters_ptr="*i32", heap_bases="*i64",
             rank=0, B=16, H=32, D=128, stride_ob=4096, stride_oh=128, stride_od=1, stride_lb=32, stride_lh=1,
@@ -618,6 +619,10 @@ vals = dict(a_ptr="*bf16", b_ptr="*bf16", out_ptr="*bf16", recv_ptr="*bf16", a_d
             STAGES=3, BUMP_EPOCH=True, WAIT_CLOCK=True)
 c = compile_(dist_gemm_ar.matmul_all_reduce_kernel, vals, sm90, 4, 4)
 res["mar"] = dict(ptx=c.asm["ptx"], shared=c.metadata.shared)
+# one row (batch-1 decode; one row per rank): Triton makes an int argument equal to 1 a constant
+compile_(dist_gemm_ar.matmul_all_reduce_kernel, dict(vals, M=1), sm90, 4, 4)
+compile_(dist_gemm.all_gather_matmul_kernel, dict(ag_values(M.get("grouped")), Ml=1), sm90, 8)
+res["one_row"] = True
 vals.update(a_desc="tensordesc<bf16[128, 64]>", b_desc="tensordesc<bf16[64, 256]>", USE_TMA=True, M=4096,
             BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, stride_bk=4096, stride_bn=1)
 c = compile_(dist_gemm_ar.matmul_all_reduce_kernel, vals, sm90, 8, 3)
@@ -692,6 +697,7 @@ def test_kernels_compile_for_hopper(subprocess_result):
     # and the K loop pipelined (4 stages of a 16 x 128 A tile and a 128 x 64 B tile in shared memory)
     arn = subprocess_result["arn"]   # the fused all-reduce + add + RMSNorm: vector stores to the peer, flags
     assert "st.global.v4" in arn["ptx"] and re.search(r"atom\.global\.sys\.release\.exch", arn["ptx"])
+    assert subprocess_result["one_row"]   # M = 1 compiles (it once broke: an int 1 became a constant)
     mar = subprocess_result["mar"]
     assert re.search(r"atom\.global\.sys\.release\.exch", mar["ptx"])
     assert re.search(r"(ld|atom)\.global\.sys\.acquire", mar["ptx"])
@@ -1134,3 +1140,30 @@ def test_all_reduce_add_rmsnorm_checks_and_one_rank():
         sim.run("all_reduce_add_rmsnorm", [(x, h, torch.randn(8), 1e-6)] * 2)
     with pytest.raises(ValueError, match="eps must be"):
         sim.run("all_reduce_add_rmsnorm", [(x, h, ln, -1.0)] * 2)
+
+
+def test_review_fixes_auto_keys_heap_and_config():
+    """auto never picks NCCL without a process group; every dtype the fused norm kernel is
+    compiled for is in its key; heap sizing knows matmul_all_reduce's impls; bad tuning configs
+    and over-budget group heaps are refused naming the argument."""
+    from numasched.distributed.all_reduce import AllReduce
+    from numasched.distributed.all_reduce_add_rmsnorm import AllReduceAddRmsnorm
+
+    big = torch.empty(64 << 20, device="meta", dtype=torch.bfloat16)          # 128 MB: NCCL where possible
+    assert AllReduce.describe(big, world=2).cfg["impl"] == "nccl"
+    assert AllReduce.describe(big, world=2, bulk_ok=False).cfg["impl"] in ("oneshot", "twoshot")
+    x = torch.empty(4, 16, device="meta", dtype=torch.bfloat16)
+    k1 = AllReduceAddRmsnorm.describe(x, x, x[0], world=2).key
+    k2 = AllReduceAddRmsnorm.describe(x, x.float(), x[0].float(), world=2).key
+    assert k1 != k2
+    meta = lambda *s: torch.empty(*s, device="meta", dtype=torch.bfloat16)  # noqa: E731
+    for impl in ("auto", "oneshot", "twoshot", "fused"):
+        assert nd.required_heap_bytes([("matmul_all_reduce", meta(16, 2048), meta(2048, 4096), {"impl": impl})], 2) > 0
+    assert nd.required_heap_bytes([("matmul_all_reduce", meta(16, 2048), meta(2048, 4096), {"impl": "bulk"})], 2) == 0
+    sim = nd.SimWorld(2)
+    ys = [torch.randn(64) for _ in range(2)]
+    for bad in (dict(BLOCK=48), dict(programs_per_sm=1.5), dict(num_warps=3), dict(chunk=64)):
+        with pytest.raises(ValueError, match="config: keys BLOCK"):
+            sim.run_each("all_reduce", [((y,), dict(config=bad)) for y in ys])
+    with pytest.raises(ValueError, match="symmetric heap too small.*group"):
+        nd.SimWorld(2, heap_bytes=8 << 20).split([[0, 1]], heap_bytes=32 << 20)

@@ -141,8 +141,8 @@ class DistContext(_Base):
         self.global_ranks = members
         self.rank = members.index(dist.get_rank()) if dist.get_rank() in members else -1
         self.world = len(members)
-        if self.rank < 0:
-            raise ValueError(f"group: rank {dist.get_rank()} is not a member of the group {members}")
+        # (a rank outside its group is refused below, on every rank at once: raising here alone
+        # would leave the other ranks waiting in the world-wide exchange)
         if dist.get_world_size() > MAX_WORLD:
             raise ValueError(f"world size {dist.get_world_size()} > {MAX_WORLD}: one host of up to {MAX_WORLD} GPUs "
                              f"is supported")
@@ -157,7 +157,11 @@ class DistContext(_Base):
         reach = {uuid(d): (d == dev or torch.cuda.can_device_access_peer(dev, d))
                  for d in range(torch.cuda.device_count())}
         rows: list = [None] * dist.get_world_size()
-        dist.all_gather_object(rows, (socket.gethostname(), dev, uuid(dev), reach))
+        dist.all_gather_object(rows, (socket.gethostname(), dev, uuid(dev), reach, self.rank >= 0))
+        outside = [r for r, row in enumerate(rows) if not row[4]]
+        if outside:
+            raise ValueError(f"group: global rank(s) {outside} passed a group they are not members of; every rank "
+                             f"passes its own group (this rank's: {members})")
         rows = [rows[g] for g in members]
         ids = [r[2] for r in rows]
         access = [[rows[i][3].get(ids[j]) for j in range(self.world)] for i in range(self.world)]

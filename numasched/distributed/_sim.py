@@ -75,8 +75,7 @@ class SimWorld:
             heaps = []
             for r in g:
                 rk = self.ranks[r]
-                heaps.append(rk._alloc(heap_bytes, torch.uint8))
-                rk.used_bytes += alloc_bytes(heap_bytes)
+                heaps.append(rk.alloc((heap_bytes,), torch.uint8, what=f"the heap of group {g}")[:heap_bytes])
             worlds.append(SimWorld(len(g), num_sms=self.num_sms, max_spins=self.max_spins, device=self.device,
                                    _heaps=heaps))
         return worlds

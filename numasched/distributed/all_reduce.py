@@ -13,7 +13,7 @@ import torch
 from numasched._validate import check_tensor
 
 from . import cost
-from ._common import DTYPES, Call, _aligned, _cdiv, _check_device, _on_gpu, _Op, register, run
+from ._common import DTYPES, Call, _aligned, _bulk_ok, _cdiv, _check_device, _on_gpu, _Op, register, run
 
 IMPLS = ("auto", "oneshot", "twoshot", "nccl")
 # flags (2 phases, W sources, programs): sized for this many programs whatever the GPU
@@ -38,10 +38,14 @@ class AllReduce(_Op):
     sim_phases = ("push", "reduce", "gather")
 
     @staticmethod
-    def describe(x, *, world, impl="auto", cfg=None, num_sms=132) -> Call:
+    def describe(x, *, world, impl="auto", cfg=None, num_sms=132, bulk_ok=True) -> Call:
         _check_impl(impl)
         n, dt = x.numel(), x.dtype
-        chosen = cost.choose_all_reduce(n * x.element_size(), world) if impl == "auto" else impl
+        if impl == "auto":   # NCCL only where there is a process group (not in the simulation)
+            allowed = ("oneshot", "twoshot", "nccl") if bulk_ok else ("oneshot", "twoshot")
+            chosen = cost.choose_all_reduce(n * x.element_size(), world, allowed=allowed)
+        else:
+            chosen = impl
         if world == 1 and chosen != "nccl":
             chosen = "oneshot"   # a copy (no peer)
         cfg = dict(_cfg(dt, _on_gpu(x)), **(cfg or {}))
@@ -52,7 +56,8 @@ class AllReduce(_Op):
         span = _cdiv(_cdiv(n, world), block) * block if two else n
         chunks = max(1, _cdiv(span, block))
         programs = max(1, min(num_sms * per_sm, MAX_PROGRAMS, chunks))
-        header = dict(op="all_reduce", numel=n, dtype=str(dt), impl=chosen, world=world)
+        header = dict(op="all_reduce", numel=n, dtype=str(dt), impl=chosen, world=world, programs=programs,
+                      config=tuple(sorted(cfg.items())))
         key = ("all_reduce", n, dt, chosen, programs, tuple(sorted(cfg.items())))
         return Call("all_reduce", key, header, dict(x=x),
                     dict(cfg, n=n, span=span, programs=programs, iters=_cdiv(chunks, programs), impl=chosen,
@@ -89,11 +94,16 @@ class AllReduce(_Op):
         if x.numel() >= 2**31:
             raise ValueError(f"x has {x.numel()} elements; at most 2^31 - 1 are supported")
         if config is not None:
+            def pow2(v, lo):
+                return isinstance(v, int) and not isinstance(v, bool) and v >= lo and v & (v - 1) == 0
+
             bad = set(config) - {"BLOCK", "num_warps", "programs_per_sm"}
-            if bad or int(config.get("BLOCK", 16)) % 16 or int(config.get("BLOCK", 16)) < 16:
-                raise ValueError(f"config: keys BLOCK (a multiple of 16 elements), num_warps, programs_per_sm; got "
-                                 f"{config}")
-        call = cls.describe(x, world=ctx.world, impl=impl, num_sms=ctx.num_sms, cfg=config)
+            ok = (not bad and pow2(config.get("BLOCK", 16), 16) and pow2(config.get("num_warps", 1), 1)
+                  and isinstance(config.get("programs_per_sm", 1), int) and config.get("programs_per_sm", 1) >= 1)
+            if not ok:
+                raise ValueError(f"config: keys BLOCK (a power of two >= 16 elements), num_warps (a power of two), "
+                                 f"programs_per_sm (an int >= 1); got {config}")
+        call = cls.describe(x, world=ctx.world, impl=impl, num_sms=ctx.num_sms, cfg=config, bulk_ok=_bulk_ok(ctx))
         if call.cfg["impl"] == "nccl" and not hasattr(ctx, "group"):
             raise ValueError("impl='nccl' needs a real context (numasched.distributed.init); a simulated rank has no "
                              "process group")

@@ -30,8 +30,13 @@ class AllReduceAddRmsnorm(_Op):
         M, N = x.shape
         block_n = max(16, 1 << max(0, N - 1).bit_length())
         programs = max(1, min(num_sms, MAX_PROGRAMS, M))
-        header = dict(op="all_reduce_add_rmsnorm", x_shape=tuple(x.shape), dtype=str(x.dtype), world=world)
-        key = ("all_reduce_add_rmsnorm", M, N, x.dtype, programs)
+        rdt = residual.dtype if residual is not None else x.dtype
+        wdt = weight.dtype if weight is not None else x.dtype
+        header = dict(op="all_reduce_add_rmsnorm", x_shape=tuple(x.shape), dtype=str(x.dtype), residual_dtype=str(rdt),
+                      programs=programs, world=world)
+        # every dtype the compiled kernel is specialised for is in the key (a plan's thin launch
+        # reuses its compiled kernel for every later call of the key)
+        key = ("all_reduce_add_rmsnorm", M, N, x.dtype, rdt, wdt, programs)
         return Call("all_reduce_add_rmsnorm", key, header, dict(x=x),
                     dict(M=M, N=N, BLOCK_N=block_n, programs=programs, iters=_cdiv(M, programs), world=world,
                          num_warps=4 if block_n <= 2048 else 8 if block_n <= 8192 else 16))
@@ -64,11 +69,12 @@ class AllReduceAddRmsnorm(_Op):
         res_out = residual if residual_out is None else residual_out
         y = torch.empty_like(x) if out is None else out
         for name, t in (("residual_out", res_out), ("out", y)):
-            check_tensor(name, t, ndim=2, dtypes=(residual.dtype if name == "residual_out" else x.dtype,),
-                         device=x.device)
+            check_tensor(name, t, ndim=2, device=x.device)
             if tuple(t.shape) != (M, N) or not t.is_contiguous():
                 raise ValueError(f"{name} must be a contiguous ({M}, {N}) tensor")
-        call = cls.describe(x, world=ctx.world, num_sms=ctx.num_sms)
+        if res_out.dtype != residual.dtype:
+            raise TypeError(f"residual_out has dtype {res_out.dtype}; it must match residual's {residual.dtype}")
+        call = cls.describe(x, residual, weight, world=ctx.world, num_sms=ctx.num_sms)
         call.tensors.update(residual=residual, weight=weight, residual_out=res_out, out=y)
         call.extra["eps"] = float(eps)
         return call

@@ -228,19 +228,29 @@ class MatmulAllReduceFused(_Op):
     sim_phases = ("push", "consume")
 
     @staticmethod
-    def describe(a, b_local, *, world, cfg=None) -> Call:
+    def describe(a, b_local, *, world, cfg=None, impl="fused") -> Call:
         M, Kl = a.shape
         N = b_local.shape[1]
+        if impl != "fused":   # heap sizing (required_heap_bytes) of the other impls: the all-reduce's
+            from .all_reduce import AllReduce
+
+            out = torch.empty((M, N), dtype=a.dtype, device="meta")
+            ar = "auto" if impl in ("auto", "overlap") else {"bulk": "nccl"}.get(impl, impl)
+            return AllReduce.describe(out, world=world, impl=ar)
         cfg = cfg or _fused_cfg(M, a.dtype, _on_gpu(a))
         tiles = _cdiv(M, cfg["BLOCK_M"]) * _cdiv(N, cfg["BLOCK_N"])
         header = dict(op="matmul_all_reduce", a_shape=tuple(a.shape), b_local_shape=tuple(b_local.shape),
-                      dtype=str(a.dtype), impl="fused", world=world)
+                      dtype=str(a.dtype), impl="fused", world=world, config=tuple(sorted(cfg.items())))
         key = ("matmul_all_reduce", M, Kl, N, a.dtype, tuple(sorted(cfg.items())))
         return Call("matmul_all_reduce", key, header, dict(a=a, b_local=b_local),
                     dict(cfg, M=M, N=N, Kl=Kl, tiles=tiles, world=world, impl="fused"))
 
     @staticmethod
     def buffers(call) -> list:
+        if call.op == "all_reduce":   # describe() of another impl: its all-reduce's buffers
+            from .all_reduce import AllReduce
+
+            return AllReduce.buffers(call)
         c, W = call.cfg, call.cfg["world"]
         return [("flags", (W, c["tiles"]), torch.int32), ("recv", (2, W, c["M"], c["N"]), call.tensors["a"].dtype)]
 

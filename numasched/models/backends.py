@@ -198,6 +198,9 @@ class NumaschedBackend(Backend):
         self.ctx, self.fuse_all_reduce, self.mapping = ctx, bool(fuse_all_reduce), mapping
         if gemm not in ("auto", "numasched", "torch"):
             raise ValueError(f"gemm must be 'auto', 'numasched' or 'torch', got {gemm!r}")
+        known = ("auto", "oneshot", "twoshot", "nccl", "bulk", "fused", "overlap")
+        if impl not in known:
+            raise ValueError(f"impl must be one of {known}, got {impl!r}")
         self.impl, self.check, self.gemm, self.fuse_norm = impl, bool(check), gemm, bool(fuse_norm)
         import numasched
 
@@ -226,10 +229,14 @@ class NumaschedBackend(Backend):
 
         return gemm_engine(m)
 
+    # impl= names one choice for both distributed calls; each takes the names it knows
+    _AR_IMPL = {"bulk": "nccl", "fused": "auto", "overlap": "auto"}
+    _MAR_IMPL = {"nccl": "bulk"}
+
     def all_reduce(self, x):
         if self.tp_size == 1:
             return x
-        return self._nd.all_reduce(x, ctx=self.ctx, impl=self.impl, check=self.check)
+        return self._nd.all_reduce(x, ctx=self.ctx, impl=self._AR_IMPL.get(self.impl, self.impl), check=self.check)
 
     def row_parallel_add_norm(self, x, w, h, norm_w, eps, add_norm):
         # fused: GEMM, then one kernel for the all-reduce, the residual add and the norm (one-shot:
@@ -245,8 +252,8 @@ class NumaschedBackend(Backend):
         if self.tp_size == 1:
             return self.linear(x, w)
         if self.fuse_all_reduce:
-            return self._nd.matmul_all_reduce(x, w.t(), ctx=self.ctx, impl=self.impl, check=self.check,
-                                              gemm=self.gemm)
+            return self._nd.matmul_all_reduce(x, w.t(), ctx=self.ctx, impl=self._MAR_IMPL.get(self.impl, self.impl),
+                                              check=self.check, gemm=self.gemm)
         return self.all_reduce(self.linear(x, w))
 
     def prefill_attention(self, q, k, v, batch, seq):
