@@ -81,20 +81,19 @@ def all_reduce_kernel(x_ptr, out_ptr, buf_ptr, buf2_ptr, flags_ptr, status_ptr, 
                       WORLD: tl.constexpr, BLOCK: tl.constexpr, TWO_SHOT: tl.constexpr, STAGES: tl.constexpr,
                       BUMP_EPOCH: tl.constexpr, WAIT_CLOCK: tl.constexpr):
     # x_ptr, out_ptr: (n,) contiguous (out may be x). buf_ptr: heap (2, WORLD, span) received
-    # copies (span = n one-shot, shard two-shot); buf2_ptr: heap (2, WORLD * shard) reduced shards
+    # copies (span = shard: n rounded up to 16 one-shot, the shard two-shot); buf2_ptr: heap (2, WORLD * shard) reduced shards
     # (two-shot). flags_ptr: heap int64 (2, WORLD, P). A chunk that lies wholly inside its
     # tensor or shard runs unmasked (EVEN): n need not be a multiple of anything.
     e = epoch_begin(epoch_ptr)
-    slot = e % 2
+    slot = (e % 2).to(tl.int32)   # the epoch is int64; buffer arithmetic and TMA offsets stay 32-bit
     p = tl.program_id(0)
     P = tl.num_programs(0)
     offs = tl.arange(0, BLOCK)
     nn = tl.zeros([], tl.int64) + n
     base = (e - 1).to(tl.int64) * iters
-    if TWO_SHOT:
-        span = tl.zeros([], tl.int64) + shard
-    else:
-        span = nn
+    # the receive buffer's stride per source: the shard (two-shot), or n rounded up to 16
+    # elements (one-shot), a multiple of 16 Triton knows of, so pushes stay 16-byte vectors
+    span = tl.zeros([], tl.int64) + shard
     recv = buf_ptr + (slot * WORLD).to(tl.int64) * span     # this call's receive slots, by source
     reduced = buf2_ptr + (slot * WORLD).to(tl.int64) * span
     flag0 = flags_ptr + rank * P + p                        # (0, rank, p): ours, as peers see it
@@ -197,7 +196,7 @@ def all_reduce_add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, res_out_ptr, y_ptr, buf
     stage 2, one row behind, waits, sums, adds, normalises and stores r and y. buf: heap
     (2, WORLD, M, N) in x's dtype; flags: heap int64 (WORLD, P)."""
     e = epoch_begin(epoch_ptr)
-    slot = e % 2
+    slot = (e % 2).to(tl.int32)   # the epoch is int64; buffer arithmetic and TMA offsets stay 32-bit
     p = tl.program_id(0)
     P = tl.num_programs(0)
     cols = tl.arange(0, BLOCK_N)

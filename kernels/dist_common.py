@@ -8,7 +8,8 @@ translation. We write it here (three lines) instead of calling ``iris.*`` so the
 in Triton's interpreter on a CPU-only machine, where the tests fake a heap per rank.
 
 Flags are epoch counters. Every call of an operation has an epoch ``e`` (1, 2, 3, ...) kept on the
-device: a producer *sets* a flag to ``e`` (release, scope "sys"), a consumer waits until the flag
+device (int64, as the flags: an int32 epoch would wrap after 2^31 calls, about 34 hours of a
+decode loop at 17k calls per second, and a negative epoch breaks the buffer parity and the waits): a producer *sets* a flag to ``e`` (release, scope "sys"), a consumer waits until the flag
 is ``>= e`` (acquire, scope "sys"). Flags only grow, so nothing clears them between calls, and
 because the epoch lives in device memory (not in a kernel argument) a CUDA graph replays correctly.
 On NVIDIA a plain cached ``tl.load`` in a spin loop can spin forever on a stale line: always spin

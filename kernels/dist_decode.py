@@ -35,7 +35,7 @@ def decode_exchange_combine_kernel(
     # res_ptr (B, H, D) and res_lse_ptr (B, H): contiguous results.
     pid = tl.program_id(0)
     e = epoch_begin(epoch_ptr)
-    slot = e % 2
+    slot = (e % 2).to(tl.int32)   # the epoch is int64; buffer arithmetic and TMA offsets stay 32-bit
     h = tl.arange(0, BLOCK_H)
     d = tl.arange(0, BLOCK_D)
     hm = h < H

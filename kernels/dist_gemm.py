@@ -89,7 +89,7 @@ def all_gather_matmul_kernel(
     # gather buffers as one (2*WORLD*Ml, K) matrix) and b_desc are TMA descriptors of the same.
     pid = tl.program_id(0)
     e = epoch_begin(epoch_ptr)
-    slot = e % 2
+    slot = (e % 2).to(tl.int32)   # the epoch is int64; buffer arithmetic and TMA offsets stay 32-bit
     TMS = tl.cdiv(Ml, BLOCK_M)
     TN = tl.cdiv(N, BLOCK_N)
     shard = (tl.zeros([], tl.int64) + Ml) * K   # Ml may be the constant 1 (one row per rank)
@@ -158,7 +158,7 @@ def matmul_reduce_scatter_kernel(
     # a_ptr: (WORLD*Ms, Kl); b_ptr: (Kl, N); out_ptr: (Ms, N); p_ptr: heap [2, WORLD, Ms, N]
     # partial tiles (slot, src); flags_ptr: heap int32 [WORLD, TMS*TN]. USE_TMA: a_desc, b_desc.
     e = epoch_begin(epoch_ptr)
-    slot = e % 2
+    slot = (e % 2).to(tl.int32)   # the epoch is int64; buffer arithmetic and TMA offsets stay 32-bit
     TMS = tl.cdiv(Ms, BLOCK_M)
     TN = tl.cdiv(N, BLOCK_N)
     TS = TMS * TN

@@ -36,7 +36,7 @@ def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, a_desc, b_desc, fl
     # a: (M, K), b: (K, N) this rank's operands (USE_TMA: also as descriptors); out: (M, N);
     # recv: heap (2, WORLD, M, N) in out's dtype; flags: heap int32 (WORLD, tiles)
     e = epoch_begin(epoch_ptr)
-    slot = e % 2
+    slot = (e % 2).to(tl.int32)   # the epoch is int64; buffer arithmetic and TMA offsets stay 32-bit
     p = tl.program_id(0)
     P = tl.num_programs(0)
     TN = tl.cdiv(N, BLOCK_N)

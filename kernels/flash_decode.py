@@ -119,6 +119,82 @@ def _combine_rows(PO, PL, O, LSE, prow, o_off, l_off, rmask, S,
     tl.store(LSE + l_off, lse, mask=rmask)
 
 
+# ----------------------------------------------------------------------------- the KV loop
+@triton.jit
+def _attend(q, K, V, BLOCK_TABLE, b64, kvh64, lo, hi, row_hi, offs_n, offs_d, qk_scale, num_pages,
+            stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh, stride_tb, stride_tp,
+            CAUSAL_ROWS: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+            HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, INT64: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    """Online softmax of the BLOCK_G query rows ``q`` over the tokens [lo, hi) of sequence b64's KV
+    head kvh64; returns (m, l, acc) in the log2 domain (scores times ``qk_scale``), unnormalised.
+
+    Contiguous cache (PAGE_SIZE 0): token t is row t of (b, :, kvh); paged: slot t % PAGE_SIZE of
+    page BLOCK_TABLE[b, t // PAGE_SIZE], the page index clamped to [0, num_pages). ``CAUSAL_ROWS``:
+    row r sees only tokens < row_hi[r] (multi-token decode; a row may see nothing, m = -inf);
+    otherwise every row sees every token of the range. Shared by the split kernel and the worklist
+    kernel (kernels/flash_decode_worklist.py). ``offs_n``, ``offs_d``: tl.arange(0, BLOCK_N) and
+    tl.arange(0, BLOCK_D) of the caller (made there: the compiled code then matches the loop's
+    former inline form)."""
+    if PAGE_SIZE == 0:
+        k_base = K + b64 * stride_kb + kvh64 * stride_kh
+        v_base = V + b64 * stride_vb + kvh64 * stride_vh
+    else:
+        k_base = K + kvh64 * stride_kh
+        v_base = V + kvh64 * stride_vh
+        bt_base = BLOCK_TABLE + b64 * stride_tb
+
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+
+    for start in range(lo, hi, BLOCK_N):
+        n = start + offs_n
+        nmask = n < hi
+        # -- row offsets of this tile's tokens (paged: through the block table)
+        if PAGE_SIZE == 0:
+            if INT64:
+                rows = n.to(tl.int64)
+            else:
+                rows = n
+            k_off = rows * stride_kn
+            v_off = rows * stride_vn
+        else:
+            page = tl.load(bt_base + (n // PAGE_SIZE) * stride_tp, mask=nmask, other=0)
+            # bounded: a bad page index (checks off) reads a wrong page, never outside the cache
+            page = tl.minimum(tl.maximum(page, 0), num_pages - 1)
+            if INT64:
+                page = page.to(tl.int64)
+            slot = n % PAGE_SIZE
+            k_off = page * stride_kb + slot * stride_kn
+            v_off = page * stride_vb + slot * stride_vn
+        # The mask varies along rows only (unless the head dim is padded), which keeps the
+        # loads 16-byte vectors along head_dim.
+        if HEAD_DIM == BLOCK_D:
+            kv_mask = nmask[:, None]
+        else:
+            kv_mask = nmask[:, None] & (offs_d[None, :] < HEAD_DIM)
+        k = tl.load(k_base + k_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        qk = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale
+        if not CAUSAL_ROWS:
+            qk = tl.where(nmask[None, :], qk, float("-inf"))
+            # -- online softmax: every tile has at least one valid column, so m_new is finite
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            alpha = tl.math.exp2(m_i - m_new)
+            p = tl.math.exp2(qk - m_new[:, None])
+        else:
+            qk = tl.where(n[None, :] < row_hi[:, None], qk, float("-inf"))
+            # -- a row may have seen nothing yet (m = -inf): exponents against 0 instead
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.math.exp2(m_i - m_safe)
+            p = tl.math.exp2(qk - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_base + v_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
+        m_i = m_new
+    return m_i, l_i, acc
+
+
 # ----------------------------------------------------------------------------- split kernel
 @triton.jit
 def _flash_decode_kernel(
@@ -175,6 +251,7 @@ def _flash_decode_kernel(
         gmask = offs_g < G
         heads = kvh * G + offs_g
         q_ptrs = Q + b64 * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
+        row_hi = hi  # (unused: one query token has no per-row causal limit)
     else:
         # -- rows (token, head): row r of group rg is token (rg*BLOCK_G + r) // G, head % G
         gr = rg * BLOCK_G + offs_g
@@ -193,63 +270,9 @@ def _flash_decode_kernel(
     else:
         q = tl.load(q_ptrs, mask=gmask[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
 
-    if PAGE_SIZE == 0:
-        k_base = K + b64 * stride_kb + kvh64 * stride_kh
-        v_base = V + b64 * stride_vb + kvh64 * stride_vh
-    else:
-        k_base = K + kvh64 * stride_kh
-        v_base = V + kvh64 * stride_vh
-        bt_base = BLOCK_TABLE + b64 * stride_tb
-
-    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-
-    for start in range(lo, hi, BLOCK_N):
-        n = start + offs_n
-        nmask = n < hi
-        # -- row offsets of this tile's tokens (paged: through the block table)
-        if PAGE_SIZE == 0:
-            if INT64:
-                rows = n.to(tl.int64)
-            else:
-                rows = n
-            k_off = rows * stride_kn
-            v_off = rows * stride_vn
-        else:
-            page = tl.load(bt_base + (n // PAGE_SIZE) * stride_tp, mask=nmask, other=0)
-            # bounded: a bad page index (checks off) reads a wrong page, never outside the cache
-            page = tl.minimum(tl.maximum(page, 0), num_pages - 1)
-            if INT64:
-                page = page.to(tl.int64)
-            slot = n % PAGE_SIZE
-            k_off = page * stride_kb + slot * stride_kn
-            v_off = page * stride_vb + slot * stride_vn
-        # The mask varies along rows only (unless the head dim is padded), which keeps the
-        # loads 16-byte vectors along head_dim.
-        if HEAD_DIM == BLOCK_D:
-            kv_mask = nmask[:, None]
-        else:
-            kv_mask = nmask[:, None] & (offs_d[None, :] < HEAD_DIM)
-        k = tl.load(k_base + k_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        qk = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale
-        if SQ == 1:
-            qk = tl.where(nmask[None, :], qk, float("-inf"))
-            # -- online softmax: every tile has at least one valid column, so m_new is finite
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            alpha = tl.math.exp2(m_i - m_new)
-            p = tl.math.exp2(qk - m_new[:, None])
-        else:
-            qk = tl.where(n[None, :] < row_hi[:, None], qk, float("-inf"))
-            # -- a row may have seen nothing yet (m = -inf): exponents against 0 instead
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.math.exp2(m_i - m_safe)
-            p = tl.math.exp2(qk - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_base + v_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
-        m_i = m_new
+    m_i, l_i, acc = _attend(q, K, V, BLOCK_TABLE, b64, kvh64, lo, hi, row_hi, offs_n, offs_d, qk_scale, num_pages,
+                            stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh, stride_tb, stride_tp,
+                            SQ > 1, BLOCK_G, BLOCK_N, BLOCK_D, HEAD_DIM, PAGE_SIZE, INT64, INPUT_PRECISION)
 
     nonempty = l_i > 0
     l_safe = tl.where(nonempty, l_i, 1.0)

@@ -260,7 +260,7 @@ def _make_plan(ctx, op, call, local_bufs=()) -> Plan:
     bufs = {name: ctx.alloc(shape, dt, what=f"{op.name} {name} buffer") for name, shape, dt in op.buffers(call)}
     for name, shape, dt in local_bufs:
         bufs[name] = torch.empty(shape, dtype=dt, device=ctx.device)
-    bufs["epoch"] = torch.zeros(1, dtype=torch.int32, device=ctx.device)
+    bufs["epoch"] = torch.zeros(1, dtype=torch.int64, device=ctx.device)   # int64: never wraps
     bufs["counters"] = torch.zeros(2, dtype=torch.int32, device=ctx.device)
     return Plan(bufs)
 

@@ -35,11 +35,11 @@ class AllGatherMatmul(_Op):
         if c["impl"] in ("bulk", "symm_mem"):  # NCCL's / torch's buffers, not the heap
             return []
         if c["impl"] == "ce":   # ready + ack flags per peer, one receive buffer per peer
-            bufs = [("flags", (2, W), torch.int32)]
+            bufs = [("flags", (2, W), torch.int64)]
             if W > 1:
                 bufs.append(("gather", (W, c["Ml"], c["K"]), call.tensors["a_local"].dtype))
             return bufs
-        bufs = [("flags", (W, c["TMS"]), torch.int32)]
+        bufs = [("flags", (W, c["TMS"]), torch.int64)]
         if W > 1:
             bufs.append(("gather", (2, W, c["Ml"], c["K"]), call.tensors["a_local"].dtype))
         return bufs

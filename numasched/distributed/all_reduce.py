@@ -53,7 +53,7 @@ class AllReduce(_Op):
         block = cfg["BLOCK"]
         two = chosen == "twoshot"
         # a shard is a whole number of chunks, so every rank's shard starts 16-element aligned
-        span = _cdiv(_cdiv(n, world), block) * block if two else n
+        span = _cdiv(_cdiv(n, world), block) * block if two else _cdiv(max(n, 1), 16) * 16
         chunks = max(1, _cdiv(span, block))
         programs = max(1, min(num_sms * per_sm, MAX_PROGRAMS, chunks))
         header = dict(op="all_reduce", numel=n, dtype=str(dt), impl=chosen, world=world, programs=programs,

@@ -73,7 +73,7 @@ class FlashDecodeDistributed(_Op):
     @staticmethod
     def buffers(call) -> list:
         c, W = call.cfg, call.cfg["world"]
-        bufs = [("flags", (W, c["B"]), torch.int32)]
+        bufs = [("flags", (W, c["B"]), torch.int64)]
         if W > 1:
             bufs += [("recv_out", (2, W, c["B"], c["H"], c["D"]), call.tensors["q"].dtype),
                      ("recv_lse", (2, W, c["B"], c["H"]), torch.float32)]

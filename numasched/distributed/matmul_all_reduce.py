@@ -252,7 +252,7 @@ class MatmulAllReduceFused(_Op):
 
             return AllReduce.buffers(call)
         c, W = call.cfg, call.cfg["world"]
-        return [("flags", (W, c["tiles"]), torch.int32), ("recv", (2, W, c["M"], c["N"]), call.tensors["a"].dtype)]
+        return [("flags", (W, c["tiles"]), torch.int64), ("recv", (2, W, c["M"], c["N"]), call.tensors["a"].dtype)]
 
     @classmethod
     def prepare(cls, ctx, a, b_local, *, out=None):

@@ -38,11 +38,11 @@ class MatmulReduceScatter(_Op):
         if c["impl"] in ("bulk", "symm_mem"):  # NCCL's / torch's buffers, not the heap
             return []
         if c["impl"] == "ce":
-            bufs = [("flags", (2, W), torch.int32)]
+            bufs = [("flags", (2, W), torch.int64)]
             if W > 1:
                 bufs.append(("partials", (W, c["Ms"], c["N"]), call.tensors["a"].dtype))
             return bufs
-        bufs = [("flags", (W, c["TMS"] * c["TN"]), torch.int32)]
+        bufs = [("flags", (W, c["TMS"] * c["TN"]), torch.int64)]
         if W > 1:
             bufs.append(("partials", (2, W, c["Ms"], c["N"]), call.tensors["a"].dtype))
         return bufs
