@@ -6,9 +6,10 @@ Work: the output's tiles ``t = p, p + P, p + 2P, ...`` belong to program ``p`` o
 program ``p`` only ever waits for program ``p`` of its peers. Per tile, in two stages one tile
 apart (so a program does not wait for the tile whose stores are still in flight):
 
-    stage 1  acc = A[rows] @ B[:, cols] (fp32); store acc into every rank's ``recv[slot, rank]``
-             (the peers' copies by remote stores, ours locally), then raise ``flags[rank, t]``
-             to the call's epoch on every peer
+    stage 1  acc = A[rows] @ B[:, cols] (fp32); raise the previous tile's ``flags[rank, t-1]``
+             to the call's epoch on every peer (its stores drained during this K loop); store
+             acc into every rank's ``recv[slot, rank]`` (the peers' copies by remote stores, ours
+             locally)
     stage 2  wait for every peer's ``flags[src, t] >= epoch``, sum the W partials of the tile in
              rank order 0..W-1 (fp32: bit-identical on every rank), store ``out[rows, cols]``
 
@@ -23,7 +24,24 @@ import triton
 import triton.language as tl
 
 from .dist_common import epoch_begin, epoch_end, signal, translate, wait_flag
-from .dist_gemm import _tile_matmul, _tile_matmul_tma
+from .dist_gemm import _tile_matmul
+
+
+@triton.jit
+def _tile_acc_tma(a_desc, off_m, b_desc, off_n, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr, B_TRANS: tl.constexpr):
+    """fp32 tile through TMA descriptors: A (M, K) row-major; B (K, N), or with B_TRANS its (N, K)
+    storage (the ``w.T`` of an F.linear weight), loaded as [BLOCK_N, BLOCK_K] and transposed in
+    registers (free for wgmma). Out-of-range rows, columns and K read as zeros."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        a = a_desc.load([off_m, k * BLOCK_K])
+        if B_TRANS:
+            b = b_desc.load([off_n, k * BLOCK_K]).T
+        else:
+            b = b_desc.load([k * BLOCK_K, off_n])
+        acc = tl.dot(a, b, acc)
+    return acc
 
 
 @triton.jit
@@ -31,12 +49,12 @@ def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, a_desc, b_desc, fl
                              counters_ptr, heap_bases, rank, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
                              stride_om, stride_on, wait_bound,
                              WORLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                             EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, STAGES: tl.constexpr,
-                             BUMP_EPOCH: tl.constexpr, WAIT_CLOCK: tl.constexpr):
+                             EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, B_TRANS: tl.constexpr,
+                             STAGES: tl.constexpr, BUMP_EPOCH: tl.constexpr, WAIT_CLOCK: tl.constexpr):
     # a: (M, K), b: (K, N) this rank's operands (USE_TMA: also as descriptors); out: (M, N);
-    # recv: heap (2, WORLD, M, N) in out's dtype; flags: heap int32 (WORLD, tiles)
+    # recv: heap (2, WORLD, M, N) in out's dtype; flags: heap int64 (WORLD, tiles)
     e = epoch_begin(epoch_ptr)
-    slot = (e % 2).to(tl.int32)   # the epoch is int64; buffer arithmetic and TMA offsets stay 32-bit
+    slot = (e % 2).to(tl.int32)   # the epoch is int64; buffer arithmetic stays 32-bit
     p = tl.program_id(0)
     P = tl.num_programs(0)
     TN = tl.cdiv(N, BLOCK_N)
@@ -45,7 +63,9 @@ def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, a_desc, b_desc, fl
     part = (tl.zeros([], tl.int64) + M) * N   # M may be the constant 1 (batch-1 decode)
     recv = recv_ptr + (slot * WORLD).to(tl.int64) * part
     for i in range(0, mine + 1):
-        # ---- stage 1: compute tile i and push it
+        # ---- stage 1: compute tile i; raise tile i-1's flag (its remote stores drained during
+        #      this tile's K loop: raised right after its stores, the release fence would stall
+        #      the program until they land); then push tile i
         if (STAGES & 1) != 0:
             if i < mine:
                 t = p + i * P
@@ -54,42 +74,47 @@ def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, a_desc, b_desc, fl
                 rows = tm * BLOCK_M + tl.arange(0, BLOCK_M)
                 cols = tn * BLOCK_N + tl.arange(0, BLOCK_N)
                 if USE_TMA:
-                    acc = _tile_matmul_tma(a_desc, tm * BLOCK_M, b_desc, tn * BLOCK_N, K, BLOCK_M, BLOCK_N, BLOCK_K)
+                    acc = _tile_acc_tma(a_desc, tm * BLOCK_M, b_desc, tn * BLOCK_N, K, BLOCK_M, BLOCK_N, BLOCK_K,
+                                        B_TRANS)
                 else:
                     acc = _tile_matmul(a_ptr, stride_am, stride_ak, rows % M, b_ptr, stride_bk, stride_bn, cols % N,
                                        K, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
-                part_tile = acc.to(recv_ptr.dtype.element_ty)
+                if i >= 1:
+                    for d in tl.static_range(WORLD):
+                        if d != rank:
+                            signal(flags_ptr + rank * T + (t - P), e, rank, d, heap_bases)
                 mask = (rows[:, None] < M) & (cols[None, :] < N)
+                part_tile = acc.to(recv_ptr.dtype.element_ty)
                 dst = recv + rank * part + rows.to(tl.int64)[:, None] * N + cols[None, :]
                 for d in tl.static_range(WORLD):
                     if d == rank:
                         tl.store(dst, part_tile, mask=mask)
                     else:
                         tl.store(translate(dst, rank, d, heap_bases), part_tile, mask=mask)
-                # our own copy is read back in stage 2 by other threads of this program: order it
-                # (signal's barrier does too, but not with one rank)
+                # our own copy is read back in stage 2 by other threads of this program
                 tl.debug_barrier()
-                for d in tl.static_range(WORLD):
-                    if d != rank:
-                        signal(flags_ptr + rank * T + t, e, rank, d, heap_bases)
+            else:   # past the last tile: raise the last tile's flag
+                if i >= 1:
+                    for d in tl.static_range(WORLD):
+                        if d != rank:
+                            signal(flags_ptr + rank * T + (p + (i - 1) * P), e, rank, d, heap_bases)
         # ---- stage 2: sum tile i - 1 over the ranks
         if (STAGES & 2) != 0:
             j = i - 1
             if j >= 0:
-                if j < mine:
-                    t = p + j * P
-                    tm = t // TN
-                    tn = t % TN
-                    rows = tm * BLOCK_M + tl.arange(0, BLOCK_M)
-                    cols = tn * BLOCK_N + tl.arange(0, BLOCK_N)
-                    mask = (rows[:, None] < M) & (cols[None, :] < N)
-                    offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
-                    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                    for src in tl.static_range(WORLD):   # rank order: the same rounding on every rank
-                        if src != rank:
-                            wait_flag(flags_ptr + src * T + t, e, src, status_ptr, wait_bound, WAIT_CLOCK)
-                        total += tl.load(recv + src * part + offs, mask=mask, other=0.0).to(tl.float32)
-                    o_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :] * stride_on
-                    tl.store(o_ptrs, total.to(out_ptr.dtype.element_ty), mask=mask)
+                t = p + j * P
+                tm = t // TN
+                tn = t % TN
+                rows = tm * BLOCK_M + tl.arange(0, BLOCK_M)
+                cols = tn * BLOCK_N + tl.arange(0, BLOCK_N)
+                mask = (rows[:, None] < M) & (cols[None, :] < N)
+                offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
+                total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for src in tl.static_range(WORLD):   # rank order: the same rounding on every rank
+                    if src != rank:
+                        wait_flag(flags_ptr + src * T + t, e, src, status_ptr, wait_bound, WAIT_CLOCK)
+                    total += tl.load(recv + src * part + offs, mask=mask, other=0.0).to(tl.float32)
+                o_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :] * stride_on
+                tl.store(o_ptrs, total.to(out_ptr.dtype.element_ty), mask=mask)
 
     epoch_end(epoch_ptr, counters_ptr, P, e, BUMP_EPOCH)

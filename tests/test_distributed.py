@@ -616,15 +616,15 @@ vals = dict(a_ptr="*bf16", b_ptr="*bf16", out_ptr="*bf16", recv_ptr="*bf16", a_d
             flags_ptr="*i64", status_ptr="*i32", epoch_ptr="*i64", counters_ptr="*i32", heap_bases="*i64", rank=0,
             M=16, N=4096, K=2048, stride_am=2048, stride_ak=1, stride_bk=1, stride_bn=2048, stride_om=4096,
             stride_on=1, wait_bound=10**6, WORLD=2, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, EVEN_K=True, USE_TMA=False,
-            STAGES=3, BUMP_EPOCH=True, WAIT_CLOCK=True)
+            B_TRANS=False, STAGES=3, BUMP_EPOCH=True, WAIT_CLOCK=True)
 c = compile_(dist_gemm_ar.matmul_all_reduce_kernel, vals, sm90, 4, 4)
 res["mar"] = dict(ptx=c.asm["ptx"], shared=c.metadata.shared)
 # one row (batch-1 decode; one row per rank): Triton makes an int argument equal to 1 a constant
 compile_(dist_gemm_ar.matmul_all_reduce_kernel, dict(vals, M=1), sm90, 4, 4)
 compile_(dist_gemm.all_gather_matmul_kernel, dict(ag_values(M.get("grouped")), Ml=1), sm90, 8)
 res["one_row"] = True
-vals.update(a_desc="tensordesc<bf16[128, 64]>", b_desc="tensordesc<bf16[64, 256]>", USE_TMA=True, M=4096,
-            BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, stride_bk=4096, stride_bn=1)
+vals.update(a_desc="tensordesc<bf16[128, 64]>", b_desc="tensordesc<bf16[256, 64]>", USE_TMA=True, B_TRANS=True,
+            M=4096, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64)   # b = w.T of an F.linear weight
 c = compile_(dist_gemm_ar.matmul_all_reduce_kernel, vals, sm90, 8, 3)
 res["mar_tma"] = dict(ptx=c.asm["ptx"], shared=c.metadata.shared)
 vals = dict(x_ptr="*bf16", res_ptr="*bf16", w_ptr="*bf16", res_out_ptr="*bf16", y_ptr="*bf16", buf_ptr="*bf16",
@@ -1055,21 +1055,24 @@ def test_all_reduce_world_8_and_decode_world_8():
                                                     (3, 16, 32, 64, torch.float32, False),
                                                     (2, 1, 16, 20, torch.float16, False),
                                                     (4, 17, 24, 48, torch.float32, False),
-                                                    (2, 20, 32, 48, torch.float32, True)])
+                                                    (2, 20, 32, 48, torch.float32, True),
+                                                    (3, 24, 32, 64, torch.float32, "w.T")])
 def test_matmul_all_reduce_fused_sim(world, M, K, N, dtype, tma):
     """impl="fused" (kernels/dist_gemm_ar.py): tiles pushed as computed, summed a tile later
     (partials in the output's dtype, summed in fp32); float64 reference on fresh data every call,
     NaN-poisoned outputs, bit-identical on every rank; the TMA-descriptor path too."""
-    with options.use(dist_tma=tma):
-        _fused_case(world, M, K, N, dtype)
+    with options.use(dist_tma=bool(tma)):
+        _fused_case(world, M, K, N, dtype, weight_view=tma == "w.T")
 
 
-def _fused_case(world, M, K, N, dtype):
+def _fused_case(world, M, K, N, dtype, weight_view=False):
     sim = nd.SimWorld(world)
     g = torch.Generator().manual_seed(world * 100 + M)
     for call in range(3):
         A = [torch.randn(M, K, generator=g).to(dtype) for _ in range(world)]
         B = [torch.randn(K, N, generator=g).to(dtype) for _ in range(world)]
+        if weight_view:   # the w.T of an F.linear weight: the descriptor of its (N, K) storage
+            B = [b.T.contiguous().T for b in B]
         outs = [torch.full((M, N), float("nan"), dtype=dtype) for _ in range(world)]
         res = sim.run_each("matmul_all_reduce", [((A[r], B[r]), dict(out=outs[r])) for r in range(world)])
         ref = sum(A[r].double() @ B[r].double() for r in range(world))

@@ -268,20 +268,26 @@ class MatmulAllReduceFused(_Op):
         c, t, bf = call.cfg, call.tensors, plan.bufs
         a, b, out = t["a"], t["b_local"], t["out"]
         programs = max(1, min(ctx.num_sms, c["tiles"]))
-        use_tma = c["USE_TMA"] and _tma_ok(a, b)
-        descs = ((_desc(a, [c["BLOCK_M"], c["BLOCK_K"]]), _desc(b, [c["BLOCK_K"], c["BLOCK_N"]])) if use_tma
-                 else (None, None))
+        # TMA: A row-major; B row-major (K, N) or the transposed view of a (N, K) weight (w.T)
+        b_trans = b.stride(1) != 1 and b.stride(0) == 1
+        b_store = b.T if b_trans else b
+        use_tma = c["USE_TMA"] and _tma_ok(a, b_store)
+        if use_tma:
+            bblock = [c["BLOCK_N"], c["BLOCK_K"]] if b_trans else [c["BLOCK_K"], c["BLOCK_N"]]
+            descs = (_desc(a, [c["BLOCK_M"], c["BLOCK_K"]]), _desc(b_store, bblock))
+        else:
+            descs = (None, None)
         args = (a, b, out, bf["recv"], *descs, bf["flags"], ctx.status, bf["epoch"], bf["counters"], ctx.heap_bases,
                 ctx.rank, c["M"], c["N"], c["Kl"], a.stride(0), a.stride(1), b.stride(0), b.stride(1),
                 out.stride(0), out.stride(1), ctx.wait_bound)
-        layout = (use_tma, _aligned(a), a.stride(), _aligned(b), b.stride(), _aligned(out), out.stride())
+        layout = (use_tma, b_trans, _aligned(a), a.stride(), _aligned(b), b.stride(), _aligned(out), out.stride())
         stages = {"full": 3, "push": 1, "consume": 2}.get(phase, 3)
 
         def build():
             from numasched.kernels.dist_gemm_ar import matmul_all_reduce_kernel
 
             kw = dict(WORLD=ctx.world, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"],
-                      EVEN_K=c["Kl"] % c["BLOCK_K"] == 0, USE_TMA=use_tma, STAGES=stages,
+                      EVEN_K=c["Kl"] % c["BLOCK_K"] == 0, USE_TMA=use_tma, B_TRANS=use_tma and b_trans, STAGES=stages,
                       BUMP_EPOCH=phase in ("full", "consume"), WAIT_CLOCK=ctx.wait_clock)
             if ctx.device.type != "cpu":
                 kw.update(num_warps=c["num_warps"], num_stages=c["num_stages"])
