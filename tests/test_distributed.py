@@ -1174,3 +1174,71 @@ def test_review_fixes_auto_keys_heap_and_config():
             sim.run_each("all_reduce", [((y,), dict(config=bad)) for y in ys])
     with pytest.raises(ValueError, match="symmetric heap too small.*group"):
         nd.SimWorld(2, heap_bytes=8 << 20).split([[0, 1]], heap_bytes=32 << 20)
+
+
+# ============================================================================ double buffering, ranks out of step
+def _out_of_step(sim, op, calls, order, **kw):
+    """Play ``calls`` (per call, per rank positional args) phase by phase in ``order``, a list of
+    (rank, call index, phase): a rank may start call c+1 while a peer still reads call c.
+    Returns results[call][rank]."""
+    from numasched.distributed._common import OPS
+
+    spec = OPS[op]
+    prepared = [[spec.prepare(sim.ranks[r], *calls[c][r], **kw) for r in range(sim.world)] for c in range(len(calls))]
+    for r in range(sim.world):
+        assert prepared[0][r].key in sim.ranks[r].plans, "warm the signature up first (plans and first barrier)"
+    results = [[None] * sim.world for _ in calls]
+    for r, c, phase in order:
+        ctx = sim.ranks[r]
+        out = spec.launch(ctx, ctx.plans[prepared[c][r].key], prepared[c][r], phase=phase)
+        if out is not None:
+            results[c][r] = out
+    for ctx in sim.ranks:
+        ctx.check(op)
+    return results
+
+
+_TWO_PHASE = [(0, 0, "push"), (1, 0, "push"), (0, 0, "consume"), (0, 1, "push"),   # rank 0 pushes call 1 ...
+              (1, 0, "consume"),                                                  # ... before rank 1 reads call 0
+              (1, 1, "push"), (0, 1, "consume"), (1, 1, "consume")]
+
+
+@pytest.mark.parametrize("op,impl", [("all_reduce", "oneshot"), ("all_reduce", "twoshot"), ("matmul_all_reduce", None),
+                                     ("all_reduce_add_rmsnorm", None)])
+def test_double_buffering_with_ranks_out_of_step(op, impl):
+    """A rank one call ahead pushes into the buffer slot of its next call while its peer still
+    reads the previous call's slot: with one slot the peer would read the new call's data (the
+    double-buffering argument of kernels/dist_common.py, checked on the kernels themselves)."""
+    g = torch.Generator().manual_seed(5)
+    sim = nd.SimWorld(2)
+    kw = {} if impl is None else dict(impl=impl)
+    if op == "matmul_all_reduce":
+        args = lambda: [(torch.randn(4, 16, generator=g), torch.randn(16, 32, generator=g)) for _ in range(2)]  # noqa
+        ref = lambda a: sum(x.double() @ y.double() for x, y in a)  # noqa: E731
+    elif op == "all_reduce":
+        args = lambda: [(torch.randn(200, generator=g),) for _ in range(2)]  # noqa: E731
+        ref = lambda a: sum(x[0].double() for x in a)  # noqa: E731
+    else:
+        h, w = torch.randn(3, 32, generator=g), torch.randn(32, generator=g)
+        args = lambda: [(torch.randn(3, 32, generator=g), h.clone(), w, 1e-6) for _ in range(2)]  # noqa: E731
+
+        def ref(a):
+            r, y = _add_rmsnorm_ref([x[0] for x in a], h, w, 1e-6)
+            return y
+    sim.run_each(op, [(a, kw) for a in args()])                      # warm: plans, first-call barrier
+    calls = [args(), args()]
+    if op == "all_reduce" and impl == "twoshot":   # push, reduce (+ push of the sums), gather
+        order = [(0, 0, "push"), (1, 0, "push"), (0, 0, "reduce"), (1, 0, "reduce"), (0, 0, "gather"),
+                 (0, 1, "push"),                                      # rank 0 pushes call 1 ...
+                 (1, 0, "gather"),                                    # ... before rank 1 gathers call 0
+                 (1, 1, "push"), (0, 1, "reduce"), (1, 1, "reduce"), (0, 1, "gather"), (1, 1, "gather")]
+    elif op == "all_reduce":   # one-shot: push, reduce
+        order = [(r, c, "reduce" if ph == "consume" else ph) for r, c, ph in _TWO_PHASE]
+    else:
+        order = _TWO_PHASE
+    res = _out_of_step(sim, op, calls, order, **kw)
+    for c in range(2):
+        want = ref(calls[c])
+        for r in range(2):
+            got = res[c][r][1] if op == "all_reduce_add_rmsnorm" else res[c][r]
+            assert _rel(got.double(), want) < 1e-5, (c, r)
