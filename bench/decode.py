@@ -44,6 +44,29 @@ Times, graph replays, TB/s and ratios as above; results go to ``decode_multi-<de
 
     numasched bench decode --sq 2,4,8 --quick
     numasched bench decode --sq 4 --heads gqa --batch 1 8 --ctx 8192 32768 --pages 16 64
+
+Ragged batches (``--ragged``: issue 12 item 3): per point (heads, batch B, context L), sequence
+lengths drawn uniformly from [L/16, L] (``--seed``, default 0), bf16, head dim 128, one query token:
+
+* numasched.flash_decode (the split kernel: every sequence cut into the same number of splits) and
+  the work-list plan (``numasched.plan_decode_worklist``: the batch cut into equal per-program
+  budgets, a persistent kernel; made once per point, its ``run`` timed) on a paged cache (page 16,
+  each sequence its own pages, scattered) and on a contiguous (B, L, HK, D) cache with
+  ``cache_seqlens``;
+* FlashInfer's ``BatchDecodeWithPagedKVCacheWrapper`` on the same paged cache, if importable (its
+  version is recorded);
+* SDPA on the padded contiguous (B, HK, L, D) cache with a boolean length mask (it reads the whole
+  padding: for scale, not a like-for-like peer).
+
+Useful bytes = the K and V of the valid tokens + q + out. Reported per layout: times (eager and
+CUDA-graph replay), work list / split kernel, the ratio best peer / work list, and the fraction of
+the measured streaming read on the useful bytes. Targets (issue 12): >= 1.00x FlashInfer, and
+>= 0.90 of the streaming read when the useful bytes are >= 1 GB. Results go to
+``decode_ragged-<device>-<date>``.
+
+    numasched bench decode --ragged --dry-run
+    numasched bench decode --ragged --quick
+    numasched bench decode --ragged --heads gqa --batch 8 32 128 --ctx 4096 16384 32768
 """
 from __future__ import annotations
 
@@ -54,6 +77,9 @@ from typing import Callable, Dict, List, Optional
 HEADS = {"gqa": (32, 8), "mha": (32, 32)}
 BATCHES = [1, 8, 32, 128]
 CONTEXTS = [1024, 8192, 32768, 131072]
+RAGGED_BATCHES = [8, 32, 128]
+RAGGED_CONTEXTS = [4096, 16384, 32768]
+RAGGED_QUICK_POINTS = [("gqa", 8, 32768), ("gqa", 32, 16384), ("gqa", 128, 4096), ("gqa", 128, 32768)]
 QUICK_POINTS = [("gqa", 1, 8192), ("gqa", 1, 131072), ("gqa", 8, 32768), ("gqa", 32, 8192), ("mha", 8, 8192)]
 HEAD_DIM = 128
 PAGE = 16
@@ -86,16 +112,18 @@ def _decode_mapping(text: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from numasched.argtypes import out_dir, positive_float, positive_int
+    from numasched.argtypes import nonneg_int, out_dir, positive_float, positive_int
 
     p = argparse.ArgumentParser(prog="numasched bench decode", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help=f"a handful of points: {QUICK_POINTS}")
     p.add_argument("--heads", choices=["gqa", "mha", "all"], default="all",
                    help="32 query / 8 KV heads (gqa), 32 / 32 (mha), or both")
-    p.add_argument("--batch", type=positive_int, nargs="+", default=BATCHES, help=f"batch sizes (default {BATCHES})")
-    p.add_argument("--ctx", type=positive_int, nargs="+", default=CONTEXTS,
-                   help=f"context lengths in tokens (default {CONTEXTS})")
+    p.add_argument("--batch", type=positive_int, nargs="+", default=None,
+                   help=f"batch sizes (default {BATCHES}; --ragged: {RAGGED_BATCHES})")
+    p.add_argument("--ctx", type=positive_int, nargs="+", default=None,
+                   help=f"context lengths in tokens (default {CONTEXTS}; --ragged: the longest length, "
+                        f"{RAGGED_CONTEXTS})")
     p.add_argument("--max-gb", type=positive_float, default=40.0, help="skip points whose K+V cache exceeds this (GB)")
     p.add_argument("--no-flex", action="store_true", help="skip FlexAttention (it compiles once per shape)")
     p.add_argument("--no-flashinfer", action="store_true", help="skip FlashInfer even if it is installed")
@@ -111,6 +139,12 @@ def build_parser() -> argparse.ArgumentParser:
                         f"e.g. 2,4,8), against SDPA with a bottom-right causal mask and FlashInfer's paged prefill")
     p.add_argument("--pages", type=positive_int, nargs="+", default=MULTI_PAGES,
                    help=f"page sizes of the --sq paged caches (default {MULTI_PAGES})")
+    p.add_argument("--ragged", action="store_true",
+                   help="ragged batches instead: lengths uniform in [ctx/16, ctx]; the split kernel, the work-list "
+                        "plan, FlashInfer's paged decode and SDPA with a length mask")
+    p.add_argument("--seed", type=nonneg_int, default=0, help="--ragged: seed of the length draws")
+    p.add_argument("--programs", type=positive_int, default=None,
+                   help="--ragged: work-list programs (default numasched.decode_worklist.PROGRAMS_PER_SM per SM)")
     p.add_argument("--host", action="store_true",
                    help="only measure host time per eager numasched.flash_decode call, SDPA cuDNN beside it (GPU)")
     p.add_argument("--calls", type=positive_int, default=1000, help="calls per --host measurement")
@@ -131,6 +165,8 @@ def _dry_run(args) -> int:
     from .common import print_plan
 
     sms = 132  # H200/H100 SXM: the split counts a GPU run would use there
+    if args.ragged and not args.host:
+        return _dry_run_ragged(args, sms)
     if args.sq and not args.host:
         return _dry_run_multi(args, sms)
     if args.host:
@@ -184,10 +220,52 @@ def _dry_run_multi(args, sms: int) -> int:
 
 
 def _points(args):
+    ragged = getattr(args, "ragged", False)
     if args.quick:
-        return list(QUICK_MULTI_POINTS if args.sq else QUICK_POINTS)
+        return list(RAGGED_QUICK_POINTS if ragged else QUICK_MULTI_POINTS if args.sq else QUICK_POINTS)
     heads = ["gqa", "mha"] if args.heads == "all" else [args.heads]
-    return [(h, b, c) for h in heads for b in args.batch for c in args.ctx]
+    batches = args.batch or (RAGGED_BATCHES if ragged else BATCHES)
+    contexts = args.ctx or (RAGGED_CONTEXTS if ragged else CONTEXTS)
+    return [(h, b, c) for h in heads for b in batches for c in contexts]
+
+
+def ragged_lengths(batch: int, ctx: int, seed: int):
+    """The lengths of a ragged point: uniform in [ctx // 16, ctx] (NumPy, seeded per point)."""
+    import numpy as np
+
+    return np.random.default_rng([seed, batch, ctx]).integers(max(1, ctx // 16), ctx + 1, batch)
+
+
+def _dry_run_ragged(args, sms: int) -> int:
+    """The ragged points (lengths, useful bytes, the split count and the work list numasched would
+    plan on an H200-sized GPU) and the contenders; nothing timed, no GPU."""
+    import numpy as np
+
+    from numasched.decode import choose_num_splits
+    from numasched.decode_worklist import PROGRAMS_PER_SM, build_worklist
+
+    from .common import print_plan
+
+    P = args.programs or PROGRAMS_PER_SM * sms
+    lines = []
+    for hname, B, L in _points(args):
+        H, HK = HEADS[hname]
+        lens = ragged_lengths(B, L, args.seed)
+        useful = 2 * int(lens.sum()) * HK * HEAD_DIM * 2
+        if 2 * B * L * HK * HEAD_DIM * 2 > args.max_gb * 1e9:
+            lines.append(f"{hname} {H}/{HK} batch {B} ctx {L}: skipped (padded K+V > --max-gb {args.max_gb:g})")
+            continue
+        wl = build_worklist(lens, HK, P, None, group=H // HK)
+        lines.append(f"{hname} {H}/{HK} batch {B} ctx {L} d{HEAD_DIM}: lengths {int(lens.min())}..{int(lens.max())} "
+                     f"(mean {lens.mean():.0f}), useful K+V {useful / 1e9:.3f} GB; split kernel "
+                     f"{choose_num_splits(B, HK, L, sms)} splits; work list {wl.num_items} items on {P} programs, "
+                     f"longest {wl.chunk_tokens} tokens, planned balance {wl.balance:.3f}")
+    contenders = [f"numasched.flash_decode (split kernel) and plan_decode_worklist(...).run, {layout}"
+                  for layout in (f"paged {PAGE}", "contiguous (BLHD) with cache_seqlens")]
+    contenders += [] if args.no_flashinfer else [f"FlashInfer paged decode, page {PAGE} (if importable)"]
+    contenders += ["SDPA with a boolean length mask on the padded (B, HK, L, D) cache"]
+    contenders += [] if args.no_graph else ["each also as a CUDA-graph replay"]
+    return print_plan("decode --ragged", lines, contenders)
 
 
 def _time(fn: Callable, rep: int) -> Optional[float]:
@@ -307,6 +385,8 @@ def main(argv=None) -> int:
 
     # the data checks synchronise; a serving loop turns them off too
     with numasched.options.use(check_data=False):
+        if args.ragged:
+            return _bench_ragged(args)
         return _bench_multi(args) if args.sq else _bench(args)
 
 
@@ -654,6 +734,169 @@ def _bench_multi(args) -> int:
           f"(CUDA-graph times; ratio_eager: eager calls); peers: SDPA with a bottom-right causal mask on the "
           f"contiguous cache, FlashInfer's paged prefill (causal) at each page size.")
     return 0
+
+
+RAGGED_COLUMNS = ["heads", "batch", "ctx", "len_min", "len_mean", "useful_GB", "layout", "splits", "items", "programs",
+                  "balance", "static_us", "static_graph_us", "worklist_us", "worklist_graph_us", "worklist_vs_static",
+                  "best_peer", "best_peer_us", "ratio_vs_best_peer", "ratio_eager", "frac_stream_read",
+                  "static_frac_stream_read", "flashinfer_us", "flashinfer_graph_us", "sdpa_mask_us", "sdpa_mask_graph_us",
+                  "max_abs_err_vs_static", "max_abs_err_vs_peer", "note"]
+
+
+def _bench_ragged(args) -> int:
+    """--ragged: the split kernel, the work-list plan, FlashInfer and SDPA on ragged batches."""
+    import torch
+    import torch.nn.functional as F
+
+    import numasched
+    from numasched.decode import choose_num_splits
+
+    from .common import progress, stream_read_bw, write_results
+
+    dev = torch.device("cuda")
+    dt = torch.bfloat16
+    read_bw = stream_read_bw()
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    fi, fi_err = (None, "disabled (--no-flashinfer)") if args.no_flashinfer else _flashinfer()
+    graph = not args.no_graph
+    rows: List[Dict] = []
+
+    for hname, B, L in progress(_points(args), description="decode --ragged"):
+        H, HK = HEADS[hname]
+        D = HEAD_DIM
+        lens_np = ragged_lengths(B, L, args.seed)
+        useful = 2 * int(lens_np.sum()) * HK * D * 2
+        nbytes = useful + 2 * B * H * D * 2
+        base = dict(heads=f"{H}/{HK}", batch=B, ctx=L, len_min=int(lens_np.min()), len_mean=round(float(lens_np.mean())),
+                    useful_GB=round(useful / 1e9, 3), splits=choose_num_splits(B, HK, L, sms))
+        if 2 * B * L * HK * D * 2 > args.max_gb * 1e9:
+            rows.append(dict(base, layout="-", note="skipped: padded K+V > --max-gb"))
+            continue
+        lens = torch.tensor(lens_np, dtype=torch.int32, device=dev)
+        q = torch.randn(B, H, D, device=dev, dtype=dt)
+        notes: List[str] = []
+        peers: Dict[str, Optional[float]] = {}
+        peers_graph: Dict[str, Optional[float]] = {}
+        ours: Dict[str, Dict] = {}
+        ref = {}
+
+        def run_both(layout, k, v, bt=None):
+            res = {}
+            fn = lambda: numasched.flash_decode(q, k, v, cache_seqlens=lens, block_table=bt)  # noqa: E731
+            res["static"], res["static_graph"], o_static = _timed(fn, notes, f"static {layout}", args.rep, graph)
+            plan = numasched.plan_decode_worklist(q, k, v, lengths=lens_np, cache_seqlens=lens, block_table=bt,
+                                                  num_programs=args.programs)
+            fn = lambda: plan.run(q, k, v, lens, bt)  # noqa: E731
+            res["worklist"], res["worklist_graph"], o_wl = _timed(fn, notes, f"worklist {layout}", args.rep, graph)
+            res.update(items=plan.num_items, programs=plan.num_programs, balance=round(plan.balance, 4))
+            if o_static is not None and o_wl is not None:
+                res["err_static"] = (o_wl.float() - o_static.float()).abs().max().item()
+            ours[layout] = res
+            return o_wl
+
+        # -- paged, page 16: each sequence its own pages (ceil(len / 16)), scattered; -1 past them
+        per_seq = (lens_np + PAGE - 1) // PAGE
+        n_pages = int(per_seq.sum())
+        kp = torch.randn(n_pages, PAGE, HK, D, device=dev, dtype=dt)
+        vp = torch.randn(n_pages, PAGE, HK, D, device=dev, dtype=dt)
+        perm = torch.randperm(n_pages, device=dev, dtype=torch.int32)
+        max_pages = -(-L // PAGE)
+        bt = torch.full((B, max_pages), -1, dtype=torch.int32, device=dev)
+        indptr = [0]
+        for b in range(B):
+            bt[b, : per_seq[b]] = perm[indptr[-1]: indptr[-1] + per_seq[b]]
+            indptr.append(indptr[-1] + int(per_seq[b]))
+        out_paged = run_both(f"paged {PAGE}", kp, vp, bt)
+        if fi is not None:
+            ws = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device=dev)
+            ip = torch.tensor(indptr, dtype=torch.int32, device=dev)
+            indices = torch.cat([bt[b, : per_seq[b]] for b in range(B)])
+            last = torch.tensor(lens_np - (per_seq - 1) * PAGE, dtype=torch.int32, device=dev)
+            best = best_g = None
+            for tc in ((False, True) if args.flashinfer_both else (H // HK >= 4,)):
+                try:
+                    w = fi.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=tc)
+                    w.plan(ip, indices, last, H, HK, D, PAGE, pos_encoding_mode="NONE", q_data_type=dt,
+                           kv_data_type=dt)
+                except Exception as e:  # noqa: BLE001
+                    notes.append(f"flashinfer tc={tc} plan: {type(e).__name__}: {str(e)[:80]}")
+                    continue
+                t, tg, o = _timed(lambda: w.run(q, (kp, vp)), notes, f"flashinfer tc={tc}", args.rep, graph)  # noqa: B023
+                if o is not None and out_paged is not None:
+                    ref["flashinfer"] = (out_paged.float() - o.float()).abs().max().item()
+                if t is not None and (best is None or t < best):
+                    best = t
+                if tg is not None and (best_g is None or tg < best_g):
+                    best_g = tg
+            peers["flashinfer"], peers_graph["flashinfer"] = best, best_g
+            del ws
+        else:
+            notes.append(f"flashinfer skipped: {fi_err}")
+        del kp, vp, bt
+        torch.cuda.empty_cache()
+
+        # -- contiguous (B, L, HK, D) with cache_seqlens; SDPA on the (B, HK, L, D) view with a length mask
+        kn = torch.randn(B, L, HK, D, device=dev, dtype=dt)
+        vn = torch.randn(B, L, HK, D, device=dev, dtype=dt)
+        out_contig = run_both("contiguous (BLHD)", kn, vn)
+        kb, vb = kn.transpose(1, 2), vn.transpose(1, 2)  # views, as SDPA users would pass them
+        mask = (torch.arange(L, device=dev)[None, :] < lens[:, None])[:, None, None, :]
+        fn = lambda: F.scaled_dot_product_attention(q.view(B, H, 1, D), kb, vb, attn_mask=mask,  # noqa: E731
+                                                    enable_gqa=H != HK)
+        peers["sdpa_mask"], peers_graph["sdpa_mask"], o = _timed(fn, notes, "SDPA length mask", args.rep, graph)
+        if o is not None and out_contig is not None:
+            ref["sdpa_mask"] = (out_contig.float() - o.view(B, H, D).float()).abs().max().item()
+        del kn, vn, kb, vb
+        torch.cuda.empty_cache()
+
+        got = {k: v for k, v in peers.items() if v is not None}
+        got_g = {k: (peers_graph.get(k) or v) for k, v in got.items()}
+        best_name = min(got_g, key=got_g.get) if got_g else None
+        best_eager = min(got, key=got.get) if got else None
+        for layout, res in ours.items():
+            t, tg = res.get("worklist"), res.get("worklist_graph")
+            ts, tsg = res.get("static"), res.get("static_graph")
+            t_eff, ts_eff = tg or t, tsg or ts
+            row = dict(base, layout=layout, items=res.get("items"), programs=res.get("programs"),
+                       balance=res.get("balance"))
+            row["static_us"] = ts * 1e3 if ts else None
+            row["static_graph_us"] = tsg * 1e3 if tsg else ("n/a" if ts else None)
+            row["worklist_us"] = t * 1e3 if t else None
+            row["worklist_graph_us"] = tg * 1e3 if tg else ("n/a" if t else None)
+            row["worklist_vs_static"] = ts_eff / t_eff if (t_eff and ts_eff) else None
+            row["best_peer"] = best_name
+            row["best_peer_us"] = got_g[best_name] * 1e3 if best_name else None
+            row["ratio_vs_best_peer"] = got_g[best_name] / t_eff if (best_name and t_eff) else None
+            row["ratio_eager"] = got[best_eager] / t if (best_eager and t) else None
+            row["frac_stream_read"] = nbytes / (t_eff * 1e-3) / read_bw if t_eff else None
+            row["static_frac_stream_read"] = nbytes / (ts_eff * 1e-3) / read_bw if ts_eff else None
+            for name in ("flashinfer", "sdpa_mask"):
+                v = peers.get(name, "skipped")
+                row[f"{name}_us"] = "n/a" if v is None else (v * 1e3 if isinstance(v, float) else v)
+                vg = peers_graph.get(name, "skipped")
+                row[f"{name}_graph_us"] = "n/a" if vg is None else (vg * 1e3 if isinstance(vg, float) else vg)
+            row["max_abs_err_vs_static"] = res.get("err_static")
+            row["max_abs_err_vs_peer"] = ref.get("flashinfer" if layout.startswith("paged") else "sdpa_mask")
+            row["note"] = "; ".join(notes)
+            rows.append(row)
+            print(_line_ragged(row), flush=True)
+        _write_partial(rows, args.out_dir, "decode_ragged", RAGGED_COLUMNS)
+
+    write_results("decode_ragged", rows, columns=RAGGED_COLUMNS, out_dir=args.out_dir,
+                  meta=dict(stream_read_TBps=read_bw / 1e12, quick=args.quick, graph=graph, seed=args.seed,
+                            programs=args.programs, flashinfer=(getattr(fi, "__version__", "?") if fi else fi_err)))
+    print(f"streaming read: {read_bw / 1e12:.2f} TB/s; ratio_vs_best_peer > 1 means the work list is faster than the "
+          f"best peer (CUDA-graph times); frac_stream_read on the useful bytes (valid tokens' K and V, q, out). "
+          f"Targets: ratio >= 1 vs FlashInfer, frac_stream_read >= 0.9 where useful_GB >= 1.")
+    return 0
+
+
+def _line_ragged(row: Dict) -> str:
+    return (f"[decode --ragged] {row['heads']} B={row['batch']} ctx={row['ctx']} {row['layout']}: static graph "
+            f"{_fmt(row['static_graph_us'])} us, work list graph {_fmt(row['worklist_graph_us'])} us "
+            f"({_fmt(row['worklist_vs_static'])}x); best peer {row['best_peer']} {_fmt(row['best_peer_us'])} us, ratio "
+            f"{_fmt(row['ratio_vs_best_peer'])}; {_fmt(row['frac_stream_read'])} of stream read on "
+            f"{row['useful_GB']} GB")
 
 
 MULTI_COLUMNS = ["heads", "batch", "ctx", "q_len", "kv_GB", "layout", "splits", "row_groups", "ours_us",

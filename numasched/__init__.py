@@ -4,6 +4,7 @@ Every operation has one shape: a pure check, a frozen plan from a public plannin
 ``run`` that only launches; the one-call form looks its plan up in a bounded cache.
 
     numasched.flash_decode(q, k_cache, v_cache, ...)          plan_decode(...).run(...)
+    (ragged batches)                                          plan_decode_worklist(...).run(...)
     numasched.scaled_dot_product_attention(q, k, v, ...)      (torch's signature)
     numasched.attention_forward(q, k, v, ...)                 plan_attention(...).run(...)
     numasched.matmul(a, b, ...)                               plan_matmul(...).run(...)
@@ -25,6 +26,8 @@ _LAZY = {
     "flash_decode": "numasched.decode",
     "plan_decode": "numasched.decode",
     "DecodePlan": "numasched.decode",
+    "plan_decode_worklist": "numasched.decode_worklist",
+    "DecodeWorklistPlan": "numasched.decode_worklist",
     "scaled_dot_product_attention": "numasched.attention",
     "attention_forward": "numasched.attention",
     "plan_attention": "numasched.attention",
@@ -33,6 +36,7 @@ _LAZY = {
     "plan_matmul": "numasched.gemm",
     "GemmPlan": "numasched.gemm",
     "decode": "numasched.decode",
+    "decode_worklist": "numasched.decode_worklist",
     "attention": "numasched.attention",
     "gemm": "numasched.gemm",
     "caps": "numasched.caps",

@@ -166,7 +166,7 @@ def _amd_stats(gcn: str) -> dict:
 
 
 def compile_kernel(fn, values: dict, target: str = "sm90", *, num_warps: int = 4, num_stages: int = 3,
-                   keep_asm: bool = False, ptxas_timeout: int = 300) -> dict:
+                   keep_asm: bool = False, ptxas_timeout: int = 300, maxnreg: Optional[int] = None) -> dict:
     """Compile ``fn`` (a JITFunction) with one value per argument (see :func:`_signature`) for
     ``target`` and report: shared_bytes (NVIDIA shared / AMD LDS), registers (NVIDIA per thread; AMD
     VGPRs per lane incl. AGPRs), arch_vgprs, agprs, sgprs, spill_bytes, stack_bytes (NVIDIA stack
@@ -178,8 +178,10 @@ def compile_kernel(fn, values: dict, target: str = "sm90", *, num_warps: int = 4
     tgt = parse_target(target)
     sig, const, attrs = _signature(fn, values)
     t0 = time.perf_counter()
-    k = triton.compile(ASTSource(fn, sig, const, attrs), target=tgt,
-                       options=dict(num_warps=num_warps, num_stages=num_stages))
+    opts = dict(num_warps=num_warps, num_stages=num_stages)
+    if maxnreg is not None:  # NVIDIA's register cap per thread (a launch option, as the host passes it)
+        opts["maxnreg"] = int(maxnreg)
+    k = triton.compile(ASTSource(fn, sig, const, attrs), target=tgt, options=opts)
     ttgir = k.asm.get("ttgir", "")
     out = dict(shared_bytes=int(k.metadata.shared), registers=None, arch_vgprs=None, agprs=None, sgprs=None,
                spill_bytes=None, vgpr_spills=None, sgpr_spills=None, stack_bytes=None, occupancy=None,
@@ -205,7 +207,8 @@ def compile_kernel(fn, values: dict, target: str = "sm90", *, num_warps: int = 4
 class Variant:
     """One representative compile of a kernel.
 
-    ``build(vendor)`` ("nvidia" or "amd") returns ``(fn, values, num_warps, num_stages)``;
+    ``build(vendor)`` ("nvidia" or "amd") returns ``(fn, values, num_warps, num_stages)``, or
+    with a fifth element, a dict of further compile options (``maxnreg``);
     ``off`` maps a vendor to the reason the variant is switched off there; ``note`` is shown in
     the table (what differs per target and why)."""
 
@@ -254,6 +257,29 @@ def _decode(paged: bool, combine: int, stages=None):
                       MAPPING=_mapping("head_first"))
         cfg = K.DEFAULT_GPU_CONFIG[paged]
         return K._flash_decode_kernel, values, cfg["num_warps"], stages or cfg["num_stages"]
+    return build
+
+
+def _decode_worklist(paged: bool):
+    def build(vendor):
+        from numasched.kernels import flash_decode as K
+        from numasched.kernels import flash_decode_worklist as KW
+
+        # the split variants' shapes (batch 8, GQA 32/8, d128, 32k tokens), as plan_decode_worklist launches them
+        B, HK, G, D, L = 8, 8, 4, 128, 32768
+        ps = 16 if paged else 0
+        values = dict(Q=_PTR, K=_PTR, V=_PTR, SEQLENS="*i32", BLOCK_TABLE="*i32", O=_PTR, LSE="*fp32",
+                      PO="*fp32", PL="*fp32", COUNTER="*i32", WORK="*i32", PROG="*i32", qk_scale=0.1275, HK=HK,
+                      seqlen_max=L, num_pages=B * L // 16, stride_qb=HK * G * D, stride_qh=D,
+                      stride_kb=(ps if paged else L) * HK * D, stride_kn=HK * D, stride_kh=D,
+                      stride_vb=(ps if paged else L) * HK * D, stride_vn=HK * D, stride_vh=D,
+                      stride_sb=1, stride_tb=L // 16, stride_tp=1, stride_ob=HK * G * D, stride_oh=D,
+                      stride_lb=HK * G, stride_lh=1, tune_key=4,
+                      G=G, BLOCK_G=16, HEAD_DIM=D, BLOCK_D=D, PAGE_SIZE=ps, HAS_SEQLENS=True, INT64=False,
+                      INPUT_PRECISION=None, COMBINE_BLOCK_S=16, WORK_STRIDE=KW.WORK_FIELDS, BLOCK_N=64)
+        cfg = KW.with_registers(K.DEFAULT_GPU_CONFIG[paged], vendor == "amd")
+        return (KW._flash_decode_worklist_kernel, values, cfg["num_warps"], cfg["num_stages"],
+                {"maxnreg": cfg["maxnreg"]} if "maxnreg" in cfg else {})
     return build
 
 
@@ -440,6 +466,11 @@ VARIANTS: List[Variant] = [
                  + _PREC_NOTE),
     Variant("flash_decode", "paged16-fused-bf16-d128-g4-3stage", _decode(True, 2, 3), off={"nvidia": _AMD_CFG},
             note=_AMD_CFG_NOTE),
+    Variant("flash_decode_worklist", "contiguous-bf16-d128-g4", _decode_worklist(False),
+            note="persistent work-list kernel (ragged batches), the split kernel's fixed contiguous config, "
+                 "maxnreg 248 on NVIDIA (kernels.flash_decode_worklist.max_registers); " + _PREC_NOTE),
+    Variant("flash_decode_worklist", "paged16-bf16-d128-g4", _decode_worklist(True),
+            note="page size 16, the split kernel's fixed paged config, maxnreg 248 on NVIDIA; " + _PREC_NOTE),
     Variant("combine", "bf16-d128-s16", _combine, note="BLOCK_S 16, 4 warps"),
     Variant("attention_fwd", "bf16-d128-pointer", _attention(False, False),
             note="128x64 tiles, 8 warps, 3 stages (the host's fixed config, pointer loads); " + _PREC_NOTE),
@@ -517,10 +548,11 @@ def compile_variant(kernel: str, variant: str, target: str = "sm90", *, keep_asm
     if vendor in v.off:
         row.update(status="off", ok=None, reason=v.off[vendor])
         return row
-    fn, values, warps, stages = v.build(vendor)
+    fn, values, warps, stages, *extra = v.build(vendor)
     row.update(num_warps=warps, num_stages=stages, shared_limit=shared_limit(target), fits=None)
     try:
-        row.update(compile_kernel(fn, values, target, num_warps=warps, num_stages=stages, keep_asm=keep_asm))
+        row.update(compile_kernel(fn, values, target, num_warps=warps, num_stages=stages, keep_asm=keep_asm,
+                                  **(extra[0] if extra else {})))
     except Interpreted:
         raise
     except Exception as e:  # a compile error is a result of the check

@@ -4,6 +4,7 @@
         --seq 32768 --head-dim 128 --mapping all
     numasched simulate --kernel decode --heads 64 --kv-heads 8 --seq 131072 --splits 16 --json
     numasched simulate --kernel gemm --m 8192 --n 8192 --k 8192 --mapping all --plot gemm.png
+    numasched simulate --kernel decode --ragged --batch 32 --seq 16384 --heads 32 --kv-heads 8
 """
 from __future__ import annotations
 
@@ -50,7 +51,18 @@ def add_parser(subparsers):
     a.add_argument("--seq-k", type=positive_int, default=None, help="key length if it differs from --seq")
     a.add_argument("--head-dim", type=positive_int, default=128, help="head dimension")
     a.add_argument("--causal", action="store_true", help="attention: causal mask (bottom-right aligned)")
-    a.add_argument("--splits", type=positive_int, default=16, help="decode: splits of the key range")
+    a.add_argument("--splits", type=positive_int, default=None,
+                   help="decode: splits of the key range (default 16; --ragged: the host's choice for the GPU)")
+    r = p.add_argument_group("ragged decode (--kernel decode): the split kernel against the work-list kernel")
+    r.add_argument("--ragged", action="store_true",
+                   help="a ragged batch: --batch lengths drawn uniformly from [--seq/16, --seq] (seed --seed)")
+    r.add_argument("--lengths", type=_lengths, default=None, metavar="L1,L2,...",
+                   help="a ragged batch with these lengths (implies --ragged; --batch is ignored)")
+    r.add_argument("--schedule", type=_schedules, default=None,
+                   help="comma list of static (split kernel, --mapping order), worklist (work list, one queue "
+                        "per domain), worklist1 (work list, one queue); default all three")
+    r.add_argument("--programs", type=positive_int, default=None,
+                   help="work-list programs (default: numasched.decode_worklist.PROGRAMS_PER_SM per CU)")
     g = p.add_argument_group("gemm")
     g.add_argument("--m", type=positive_int, default=8192, help="GEMM rows of A and C")
     g.add_argument("--n", type=positive_int, default=8192, help="GEMM columns of B and C")
@@ -88,6 +100,29 @@ def add_parser(subparsers):
     o.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=run)
     return p
+
+
+def _lengths(text: str) -> tuple:
+    """argparse type of --lengths: comma-separated token counts >= 0, at least one > 0."""
+    try:
+        out = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        out = ()
+    if not out or min(out) < 0 or max(out) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated lengths >= 0 (one > 0) such as 4096,300,0, "
+                                         f"got {text!r}")
+    return out
+
+
+SCHEDULES = ("static", "worklist", "worklist1")
+
+
+def _schedules(text: str) -> tuple:
+    """argparse type of --schedule: a comma list of static, worklist, worklist1."""
+    out = tuple(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))
+    if not out or any(x not in SCHEDULES for x in out):
+        raise argparse.ArgumentTypeError(f"expected a comma list of {', '.join(SCHEDULES)}, got {text!r}")
+    return out
 
 
 def _preset(text: str) -> str:
@@ -140,7 +175,7 @@ def build_model(args):
         return AttentionModel(args.batch, args.heads, kvh, args.seq, seq_k, args.head_dim,
                               bm, bn, bool(args.causal), args.dtype_bytes)
     if args.kernel == "decode":
-        return DecodeModel(args.batch, args.heads, kvh, seq_k, args.head_dim, args.splits, bn, args.dtype_bytes)
+        return DecodeModel(args.batch, args.heads, kvh, seq_k, args.head_dim, args.splits or 16, bn, args.dtype_bytes)
     return GemmModel(args.m, args.n, args.k, bm, bn, bk, args.dtype_bytes)
 
 
@@ -269,6 +304,8 @@ def run(args) -> int:
     from ..topology import Topology
 
     sync = sync_model(args)
+    if args.ragged or args.lengths:
+        return run_ragged(args, sync)
     try:
         topo = Topology.preset(args.gpu)
         model = build_model(args)
@@ -297,4 +334,94 @@ def run(args) -> int:
         plot(results, args.plot, title)
         if not args.json:
             print(f"wrote {args.plot}")
+    return 0
+
+
+def ragged_models(args) -> list:
+    """(schedule label, RaggedDecodeModel, policy) for each --schedule of a --ragged run."""
+    from .ragged import RaggedDecodeModel, lengths_uniform
+
+    if args.kernel != "decode":
+        raise ValueError("--ragged / --lengths need --kernel decode")
+    lens = args.lengths or lengths_uniform(args.batch, args.seq_k or args.seq, args.seed)
+    kvh = args.kv_heads if args.kv_heads is not None else args.heads
+    bn = args.block_n or 64
+    common = dict(lengths=lens, heads=args.heads, kv_heads=kvh, head_dim=args.head_dim, block_n=bn,
+                  dtype_bytes=args.dtype_bytes)
+    policy = "auto"
+    if args.mapping not in ("all", "auto"):
+        names = policies_for(args.mapping, "decode")
+        if len(names) != 1:
+            raise ValueError("--ragged takes one --mapping (the static schedule's order) or 'auto'")
+        policy = names[0]
+    out = []
+    for sched in args.schedule or SCHEDULES:
+        if sched == "static":
+            out.append((sched, RaggedDecodeModel(schedule="static", splits=args.splits or 0, **common), policy))
+        else:
+            out.append((sched, RaggedDecodeModel(schedule="worklist", programs=args.programs or 0,
+                                                 queues="auto" if sched == "worklist" else 1, **common), "auto"))
+    return out
+
+
+RAGGED_COLUMNS = ("schedule", "programs", "L2 hit", "Q hit", "P hit", "HBM GB", "domain balance", "slot balance",
+                  "tail ms", "time ms", "bound", "speedup")
+
+
+def ragged_rows(results) -> tuple:
+    """(header, rows) of a --ragged run; speedup: the first result's time over each one's."""
+    base = results[0].time_s if results else 0.0
+    header = list(RAGGED_COLUMNS)
+    if results:
+        header[-1] = f"speedup vs {results[0].mapping}"
+    rows = []
+    for r in results:
+        k = r.kernel
+        progs = f"{k['splits']} splits" if k["schedule"] == "static" else f"{k['programs']}"
+        ph = r.l2_hit_rate_per_tensor
+        rows.append([r.mapping, progs, f"{100 * r.l2_hit_rate:.2f}%", f"{100 * ph.get('Q', 0):.1f}%",
+                     f"{100 * ph.get('P', 0):.1f}%", f"{r.hbm_bytes / 1e9:.3f}", f"{r.work_balance:.3f}",
+                     f"{r.slot_balance:.3f}", f"{1e3 * r.time_terms_s.get('tail', 0.0):.3f}", f"{1e3 * r.time_s:.3f}",
+                     r.bottleneck, f"{base / r.time_s:.2f}x" if r.time_s else "-"])
+    return header, rows
+
+
+def run_ragged(args, sync) -> int:
+    """``numasched simulate --kernel decode --ragged``: the schedules side by side (simulated)."""
+    from .core import simulate
+    from ..topology import Topology
+
+    try:
+        topo = Topology.preset(args.gpu)
+        peak = None if args.tflops is None else args.tflops * 1e12
+        results = []
+        for label, model, policy in ragged_models(args):
+            r = simulate(topo, model, policy, occupancy=args.occupancy, llc_ways=args.llc_ways, jitter=sync["jitter"],
+                         skew=sync["skew"], seed=args.seed, peak_flops=peak, set_hash=args.set_hash)
+            if label == "static":
+                r.mapping = f"static ({r.mapping})"
+            results.append(r)
+    except ValueError as e:
+        print(f"numasched simulate: error: {e}", file=sys.stderr)
+        return 2
+    m = results[0].kernel
+    lens = m["lengths"]
+    title = (f"{topo.name}: ragged decode B={len(lens)} lengths {min(lens)}..{max(lens)} (mean {sum(lens) / len(lens):.0f}) "
+             f"H={m['heads']} HK={m['kv_heads']} D={m['head_dim']}, occupancy {args.occupancy}, "
+             f"{describe_sync(**sync)} (simulated, not measured)")
+    if args.json:
+        print(json.dumps([r.to_dict() for r in results], indent=1))
+        return 0
+    header, rows = ragged_rows(results)
+    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(header)]
+    print(title)
+    print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(header, widths))))
+    print("  ".join("-" * w for w in widths))
+    for row in rows:
+        print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))))
+    print("Q hit / P hit: L2 hit rate of the query rows and of the partials (writes fill the writer's L2, the merge "
+          "reads them); tail: the busiest slot streaming at its fair share of HBM bandwidth (docs/simulator.md).")
+    if args.plot:
+        plot(results, args.plot, title)
+        print(f"wrote {args.plot}")
     return 0

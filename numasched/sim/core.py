@@ -81,6 +81,11 @@ class SimResult:
     exact: bool  # equals the line-level LRU of the execution model
     sim_seconds: float
     notes: List[str] = field(default_factory=list)
+    # bytes requested per slot (compute unit x occupancy): max / mean (1 = every slot as busy)
+    slot_balance: float = 1.0
+    # L2 hit rate and requested bytes per tensor of the model (Q, K, V, ...)
+    l2_hit_rate_per_tensor: Dict[str, float] = field(default_factory=dict)
+    requested_bytes_per_tensor: Dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -161,8 +166,9 @@ def simulate(topology, kernel_model: KernelModel, policy="auto", *, occupancy: i
 
     Args:
         topology: a Topology or a preset name ("mi300x", ...).
-        kernel_model: AttentionModel, DecodeModel or GemmModel.
-        policy: registered policy name, "auto", or a Policy.
+        kernel_model: AttentionModel, DecodeModel, GemmModel or RaggedDecodeModel.
+        policy: registered policy name, "auto", or a Policy (a model that assigns work to programs
+            itself, RaggedDecodeModel(schedule="worklist"), takes "auto" only).
         occupancy: workgroups resident per compute unit.
         llc_ways: associativity assumed for the last-level cache (not in Topology).
         peak_flops: matrix peak for the compute term; None: PEAK_FLOPS[topology.name] if known,
@@ -182,7 +188,7 @@ def simulate(topology, kernel_model: KernelModel, policy="auto", *, occupancy: i
     if not isinstance(topology, Topology):
         raise ValueError(f"topology must be a Topology or a preset name, got {type(topology).__name__}")
     if not isinstance(kernel_model, KernelModel):
-        raise ValueError(f"kernel_model must be an AttentionModel, DecodeModel or GemmModel, "
+        raise ValueError(f"kernel_model must be an AttentionModel, DecodeModel, GemmModel or RaggedDecodeModel, "
                          f"got {type(kernel_model).__name__}")
     occupancy = _check_int("occupancy", occupancy)
     llc_ways = _check_int("llc_ways", llc_ways)
@@ -195,21 +201,38 @@ def simulate(topology, kernel_model: KernelModel, policy="auto", *, occupancy: i
     skew = _check_int("skew", skew, lo=0)
     if set_hash not in ("xor", "none", "auto"):
         raise ValueError(f"set_hash must be 'xor', 'none' or 'auto', got {set_hash!r}")
-    pol = _resolve_policy(policy, kernel_model, topology)
-
+    # models whose sizes depend on the GPU (e.g. a split count chosen for its CUs) bind to it first
+    kernel_model = kernel_model.bind(topology)
     X = topology.num_domains
     line = topology.l2_line
-    grid = kernel_model.grid
-    W = grid.size
-    pids = np.arange(W, dtype=np.int64)
-    items = pol.reference(pids, grid, X)
+    own = kernel_model.program_items(topology)  # a model that assigns work to programs itself
+    if own is None:
+        pol = _resolve_policy(policy, kernel_model, topology)
+        name = pol.name
+        grid = kernel_model.grid
+        W = grid.size
+        pids = np.arange(W, dtype=np.int64)
+        items = pol.reference(pids, grid, X)
+    else:
+        if not (policy is None or policy == "auto"):
+            raise ValueError(f"the {kernel_model.schedule_name} schedule assigns work to programs itself; it takes "
+                             f"no mapping policy (got {getattr(policy, 'name', policy)!r})")
+        name = kernel_model.schedule_name
+        items = own
+        W = items.shape[0]
+        pids = np.arange(W, dtype=np.int64)
     plan = kernel_model.prepare(items, line)
     n_acc = kernel_model.n_accesses(items).astype(np.int64)
     dom = topology.domain_of(pids).astype(np.int64)
     slots = topology.cus_per_domain * occupancy
     dur = access_ticks(W, float(jitter), seed)
-    start, slot = schedule(dom, n_acc, X, slots, dur,
-                           start_delays(W, skew, seed) * (1 if jitter == 0 else TICKS))
+    delays = start_delays(W, skew, seed) * (1 if jitter == 0 else TICKS)
+    start, slot = schedule(dom, n_acc, X, slots, dur, delays)
+    if kernel_model.schedule_dependent:
+        # accesses that depend on who finishes when (the last item of a pair merges): placed from
+        # this schedule, then the programs are scheduled again with them
+        n_acc = kernel_model.place_merges(plan, items, start, dur).astype(np.int64)
+        start, slot = schedule(dom, n_acc, X, slots, dur, delays)
     end = start + n_acc * dur
     lockstep = bool((dur == 1).all())
     track = slot * X + dom  # order within a step: slot, then domain
@@ -236,6 +259,10 @@ def simulate(topology, kernel_model: KernelModel, policy="auto", *, occupancy: i
     llc = LRUBank(dec.n_classes[1], llc_ways, key_dtype=kdt) if has_llc else None
 
     req = np.zeros(X, dtype=np.int64)
+    req_prog = np.zeros(W, dtype=np.int64)
+    n_t = len(tensors)
+    req_t = np.zeros(n_t, dtype=np.int64)
+    hit_t = np.zeros(n_t, dtype=np.int64)
     hit2 = np.zeros(X, dtype=np.int64)
     hitl = np.zeros(X, dtype=np.int64)
     T_total = int(end.max())
@@ -273,6 +300,10 @@ def simulate(topology, kernel_model: KernelModel, policy="auto", *, occupancy: i
             keys = first.astype(kdt, copy=False)
             h2 = l2.access(d * n2 + dec.classes(first, row, col, 0), keys)
             req += np.bincount(d, minlength=X)
+            req_prog += np.bincount(wg if src is None else wg[src], minlength=W)
+            tu = tt if src is None else tt[src]
+            req_t += np.bincount(tu, minlength=n_t)
+            hit_t += np.bincount(tu, weights=h2, minlength=n_t).astype(np.int64)
             hit2 += np.bincount(d, weights=h2, minlength=X).astype(np.int64)
             if llc is not None:
                 miss = np.flatnonzero(~h2)
@@ -305,11 +336,17 @@ def simulate(topology, kernel_model: KernelModel, policy="auto", *, occupancy: i
     pf = PEAK_FLOPS.get(topology.name, 0.0) if peak_flops is None else float(peak_flops)
     if pf > 0:
         terms["compute"] = float(flops.max() / (pf / X))
+    slot_b = np.bincount(slot * X + dom, weights=req_prog, minlength=n_tracks) * lb
+    slot_balance = float(slot_b.max() / slot_b.mean()) if slot_b.mean() > 0 else 1.0
+    if kernel_model.tail_term and topology.hbm_bytes_per_s > 0:
+        # the busiest slot streaming at its fair share of HBM bandwidth (models whose time is set by
+        # their slowest program: a ragged decode)
+        terms["tail"] = float(slot_b.max() / (topology.hbm_bytes_per_s / n_tracks))
     bottleneck = max(terms, key=terms.get) if terms else "none"
     notes = [f"units: {dec.describe()}", f"lockstep rows {l2.rows_run} (L2) + {llc.rows_run if llc else 0} (LLC); "
              f"recomputed {l2.rows_redone + (llc.rows_redone if llc else 0)}"]
     return SimResult(
-        mapping=pol.name, topology=topology.name, kernel=kernel_model.to_dict(), occupancy=occupancy,
+        mapping=name, topology=topology.name, kernel=kernel_model.to_dict(), occupancy=occupancy,
         jitter=float(jitter), skew=skew, set_hash=set_hash,
         num_domains=X,
         requested_bytes=int(req_b.sum()), l2_bytes=int(l2_b.sum()), llc_bytes=int(llc_b.sum()),
@@ -326,7 +363,9 @@ def simulate(topology, kernel_model: KernelModel, policy="auto", *, occupancy: i
         time_s=float(max(terms.values())) if terms else 0.0,
         time_terms_s=terms, bottleneck=bottleneck,
         unit_lines=dec.lines_per_unit, exact=True,
-        sim_seconds=time.perf_counter() - t_start, notes=notes,
+        sim_seconds=time.perf_counter() - t_start, notes=notes, slot_balance=slot_balance,
+        l2_hit_rate_per_tensor={t.name: float(h / r) if r else 0.0 for t, h, r in zip(tensors, hit_t, req_t)},
+        requested_bytes_per_tensor={t.name: int(r * lb) for t, r in zip(tensors, req_t)},
     )
 
 

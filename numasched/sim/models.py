@@ -51,6 +51,17 @@ class KernelModel:
 
     kind = ""  # "attention", "decode" or "gemm" (what mappings.resolve takes)
     causal = False
+    schedule_dependent = False  # accesses placed after a first schedule (place_merges)
+    tail_term = False  # time model adds the slowest slot's streaming time ("tail")
+
+    def bind(self, topology) -> "KernelModel":
+        """This model with sizes that depend on the GPU resolved (default: itself)."""
+        return self
+
+    def program_items(self, topology):
+        """The work item of every program when the model assigns them itself (None: a mapping
+        policy over ``grid`` does)."""
+        return None
 
     @property
     def grid(self):
