@@ -239,8 +239,6 @@ def ragged_lengths(batch: int, ctx: int, seed: int):
 def _dry_run_ragged(args, sms: int) -> int:
     """The ragged points (lengths, useful bytes, the split count and the work list numasched would
     plan on an H200-sized GPU) and the contenders; nothing timed, no GPU."""
-    import numpy as np
-
     from numasched.decode import choose_num_splits
     from numasched.decode_worklist import PROGRAMS_PER_SM, build_worklist
 
@@ -804,13 +802,14 @@ def _bench_ragged(args) -> int:
         bt = torch.full((B, max_pages), -1, dtype=torch.int32, device=dev)
         indptr = [0]
         for b in range(B):
-            bt[b, : per_seq[b]] = perm[indptr[-1]: indptr[-1] + per_seq[b]]
-            indptr.append(indptr[-1] + int(per_seq[b]))
+            n_b = int(per_seq[b])
+            bt[b, :n_b] = perm[indptr[-1]: indptr[-1] + n_b]
+            indptr.append(indptr[-1] + n_b)
         out_paged = run_both(f"paged {PAGE}", kp, vp, bt)
         if fi is not None:
             ws = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device=dev)
             ip = torch.tensor(indptr, dtype=torch.int32, device=dev)
-            indices = torch.cat([bt[b, : per_seq[b]] for b in range(B)])
+            indices = torch.cat([bt[b, : int(per_seq[b])] for b in range(B)])
             last = torch.tensor(lens_np - (per_seq - 1) * PAGE, dtype=torch.int32, device=dev)
             best = best_g = None
             for tc in ((False, True) if args.flashinfer_both else (H // HK >= 4,)):

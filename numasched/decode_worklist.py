@@ -29,7 +29,9 @@ The plan (:func:`build_worklist`, pure NumPy; the simulator uses it too). Each (
 * **Programs.** Each queue's pairs are cut the same way into equal budgets for its programs, in
   program-id order: a program runs a contiguous run of the queue's tokens (a few whole short pairs
   and the parts of at most two long ones), so every program ends within one cut's slack of the
-  mean. Cuts fall on multiples of ``GRANULE`` tokens and leave at least ``MIN_PIECE_TOKENS`` on
+  mean. Odd-ranked programs of a queue run their run backwards, so the two parts of a pair cut
+  between neighbours run at the same time (both first or both last) and the merge finds the
+  partials in the L2 they were written to. Cuts fall on multiples of ``GRANULE`` tokens and leave at least ``MIN_PIECE_TOKENS`` on
   either side (a pair shorter than ``MIN_CHUNK_TOKENS`` = 256 is never cut); a piece that cannot
   be cut goes whole to whichever side leaves the smaller error. The overhead of the items the cuts
   add is part of the budgets. ``chunk_tokens`` is the longest item.
@@ -237,7 +239,7 @@ def _greedy(pieces: list, caps_, min_piece: int, unit: int):
 
 def _fill(pieces: list, weights, min_piece: int, unit: int) -> list:
     """Split ``pieces`` (in order) into ``len(weights)`` bins of costs at most b * weight, for the
-    smallest b (bisected to a token) for which :func:`_greedy` fits them all. So the largest bin
+    smallest b (bisected to half a token, or 2e-5 of b) for which :func:`_greedy` fits them all. So the largest bin
     (per unit weight) is as small as sequential cutting allows: at most about one cut's slack
     (``min_piece + unit + ITEM_OVERHEAD_TOKENS``) above the mean, and only pieces that cross a
     bin's end are cut."""
@@ -249,7 +251,7 @@ def _fill(pieces: list, weights, min_piece: int, unit: int) -> list:
     hi = lo + 2 * min_piece + unit + 2 * ITEM_OVERHEAD_TOKENS
     while _greedy(pieces, hi * w, min_piece, unit) is None:
         lo, hi = hi, 2 * hi
-    while hi - lo > 0.5:
+    while hi - lo > max(0.5, 2e-5 * hi):  # to half a token (large budgets: 2e-5 of it)
         mid = 0.5 * (lo + hi)
         if _greedy(pieces, mid * w, min_piece, unit) is None:
             lo = mid
@@ -301,11 +303,15 @@ def build_worklist(lengths, kv_heads: int, num_programs: int, domains=None, *, g
     live = [x for x in range(X) if per_queue[x] > 0]
     by_queue = dict(zip(live, _fill(pieces, per_queue[live], min_piece, unit)))
     # -- programs: within a queue, equal budgets in program-id order, cut the same way
+    #    A pair cut between a queue's programs r and r + 1 ends program r's run and starts r + 1's:
+    #    odd-ranked programs run their items in reverse, so both parts run at the same time (at the
+    #    start or the end of both runs), in one L2 with one queue per domain, and the merge reads
+    #    partials written moments before.
     prog_pieces = [[] for _ in range(P)]
     for x in live:
         pids = np.flatnonzero(dom == x)
-        for g, lst in zip(pids.tolist(), _fill(by_queue[x], np.ones(pids.size), min_piece, unit)):
-            prog_pieces[g] = lst
+        for r, (g, lst) in enumerate(zip(pids.tolist(), _fill(by_queue[x], np.ones(pids.size), min_piece, unit))):
+            prog_pieces[g] = lst[::-1] if r % 2 else lst
 
     # -- items: j = rank of the piece within its pair (by start), n = pieces of the pair; the last
     #    piece of a pair is open-ended; partial rows for pairs of several items, in pair order
