@@ -94,6 +94,16 @@ def decode_cases():
     vp[perm] = torch.nn.functional.pad(v, (0, 0, 0, 0, 0, pad)).view(B * pages, page, HK, D)
     out = numasched.flash_decode(q, kp, vp, cache_seqlens=lens, block_table=table, num_splits=3)
     check("decode paged page=16 splits=3", out, r, 1e-2)
+    # the ragged work list (persistent kernel, in-kernel merge) and multi-token decode
+    plan = numasched.plan_decode_worklist(q, k, v, lengths=lens.tolist(), cache_seqlens=lens, num_programs=4)
+    check("decode work list contiguous", plan.run(q, k, v, cache_seqlens=lens), r, 1e-2)
+    plan = numasched.plan_decode_worklist(q, kp, vp, lengths=lens.tolist(), cache_seqlens=lens, block_table=table,
+                                          num_programs=4)
+    check("decode work list paged", plan.run(q, kp, vp, cache_seqlens=lens, block_table=table), r, 1e-2)
+    one = numasched.flash_decode(q[:, None], k, v, cache_seqlens=lens, num_splits=3)
+    check("decode multi-token (1 token)", one[:, 0], r, 1e-2)
+
+
 
 
 def gemm_cases():
