@@ -388,6 +388,18 @@ def main(argv=None) -> int:
         return _bench_multi(args) if args.sq else _bench(args)
 
 
+def _setup(args):
+    """What every decode bench starts from: the GPU, bf16, its measured streaming read, its SM
+    count, and FlashInfer (or why not)."""
+    import torch
+
+    from .common import stream_read_bw
+
+    dev = torch.device("cuda")
+    fi = (None, "disabled (--no-flashinfer)") if args.no_flashinfer else _flashinfer()
+    return dev, torch.bfloat16, stream_read_bw(), torch.cuda.get_device_properties(dev).multi_processor_count, fi
+
+
 def _bench(args) -> int:
     import torch
     import torch.nn.functional as F
@@ -395,13 +407,9 @@ def _bench(args) -> int:
     import numasched
     from numasched.decode import choose_num_splits
 
-    from .common import progress, stream_read_bw, write_results
+    from .common import progress, write_results
 
-    dev = torch.device("cuda")
-    dt = torch.bfloat16
-    read_bw = stream_read_bw()
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    fi, fi_err = (None, "disabled (--no-flashinfer)") if args.no_flashinfer else _flashinfer()
+    dev, dt, read_bw, sms, (fi, fi_err) = _setup(args)
     flex = None
     if not args.no_flex:
         from torch.nn.attention.flex_attention import flex_attention
@@ -591,11 +599,7 @@ def _bench_multi(args) -> int:
         from torch.nn.attention.bias import causal_lower_right
     except ImportError:  # older torch: the boolean mask peer remains
         causal_lower_right = None
-    dev = torch.device("cuda")
-    dt = torch.bfloat16
-    read_bw = stream_read_bw()
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    fi, fi_err = (None, "disabled (--no-flashinfer)") if args.no_flashinfer else _flashinfer()
+    dev, dt, read_bw, sms, (fi, fi_err) = _setup(args)
     graph = not args.no_graph
     rows: List[Dict] = []
 
@@ -749,13 +753,9 @@ def _bench_ragged(args) -> int:
     import numasched
     from numasched.decode import choose_num_splits
 
-    from .common import progress, stream_read_bw, write_results
+    from .common import progress, write_results
 
-    dev = torch.device("cuda")
-    dt = torch.bfloat16
-    read_bw = stream_read_bw()
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    fi, fi_err = (None, "disabled (--no-flashinfer)") if args.no_flashinfer else _flashinfer()
+    dev, dt, read_bw, sms, (fi, fi_err) = _setup(args)
     graph = not args.no_graph
     rows: List[Dict] = []
 
