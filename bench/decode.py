@@ -593,7 +593,7 @@ def _bench_multi(args) -> int:
     from numasched.decode import choose_num_splits
     from numasched.kernels.flash_decode import row_tiling
 
-    from .common import progress, stream_read_bw, write_results
+    from .common import progress, write_results
 
     try:
         from torch.nn.attention.bias import causal_lower_right
