@@ -193,6 +193,27 @@ class Plan:
 _SCRATCH: dict = {}
 
 
+# Buffers replaced by a larger one are kept here for the life of the process: a CUDA graph
+# captured earlier, or a plan's cached launch arguments, hold their addresses as plain integers,
+# so freeing them would let a replay write into memory that now belongs to another tensor.
+# Growth is geometric, so what is kept is at most about the size of the largest buffer.
+_RETIRED: list = []
+
+
+def grow_only(store: dict, key, numel: int, dtype: torch.dtype, device: torch.device, *, zero: bool = False,
+              minimum: int = 0) -> torch.Tensor:
+    """``store[key]``, replaced by one at least twice as large when it holds fewer than ``numel``
+    elements; the replaced buffer is never freed (see ``_RETIRED``). ``zero``: new buffers start
+    zeroed (arrival counters)."""
+    buf = store.get(key)
+    if buf is None or buf.numel() < numel:
+        size = max(numel, minimum, 2 * buf.numel() if buf is not None else 0)
+        if buf is not None:
+            _RETIRED.append(buf)
+        buf = store[key] = (torch.zeros if zero else torch.empty)(size, dtype=dtype, device=device)
+    return buf
+
+
 def scratch(shape: tuple, dtype: torch.dtype, device: torch.device, stream: int) -> torch.Tensor:
     """An output buffer nobody reads (e.g. the lse of a call that did not ask for it), reused by
     every launch on one stream (launches on a stream run in order) and made fresh while a CUDA

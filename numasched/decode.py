@@ -48,7 +48,7 @@ from . import mappings as M
 from . import observe as _observe
 from . import options as _options
 from . import topology as _topology
-from ._plan import _REG, PLANS, Plan, fast_signature, scratch, signature
+from ._plan import _REG, PLANS, Plan, fast_signature, grow_only, scratch, signature
 from ._route import mapping_token, plain_eager, warn_once
 from ._validate import check_positive_int, check_same, check_tensor
 
@@ -226,12 +226,8 @@ _WORKSPACE: dict = {}
 
 
 def _counters(device: torch.device, n: int, stream: int) -> torch.Tensor:
-    key = (device.type, device.index, stream)
-    buf = _COUNTERS.get(key)
-    if buf is None or buf.numel() < n:
-        buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
-        _COUNTERS[key] = buf
-    return buf
+    # grow-only: graphs captured earlier keep using the old buffer's address
+    return grow_only(_COUNTERS, (device.type, device.index, stream), n, torch.int32, device, zero=True, minimum=1024)
 
 
 def _span(t: torch.Tensor) -> int:
@@ -413,8 +409,7 @@ class DecodePlan(Plan):
         if hit is not None and hit[0] is flat:
             return hit[1], hit[2]
         if flat is None or flat.numel() < self._ws_numel:
-            # a replaced buffer is freed stream-ordered by the caching allocator: safe to drop
-            flat = _WORKSPACE[key] = torch.empty(self._ws_numel, dtype=torch.float32, device=self.device)
+            flat = grow_only(_WORKSPACE, key, self._ws_numel, torch.float32, self.device)
         po = flat[:_prod(self._po_shape)].view(self._po_shape)
         pl = flat[self._pl_offset: self._pl_offset + _prod(self._pl_shape)].view(self._pl_shape)
         self._views[stream] = (flat, po, pl)

@@ -68,7 +68,7 @@ from . import decode as D
 from . import observe as _observe
 from . import options as _options
 from . import topology as _topology
-from ._plan import Plan, scratch, signature
+from ._plan import Plan, grow_only, scratch, signature
 from ._validate import check_positive_int, check_tensor
 
 __all__ = ["plan_decode_worklist", "DecodeWorklistPlan", "Worklist", "build_worklist", "check_lengths",
@@ -501,8 +501,10 @@ class DecodeWorklistPlan(Plan):
         """Whether a new plan for these lengths (host values, e.g. the lengths after some decode
         steps) would balance the programs markedly better: this plan's predicted slowest program
         more than ``tolerance`` above a fresh plan's. The plan stays *correct* either way."""
-        if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not tolerance >= 0:
-            raise ValueError(f"tolerance must be a number >= 0, got {tolerance!r}")
+        if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)):
+            raise TypeError(f"tolerance must be a number, got {type(tolerance).__name__}")
+        if not tolerance >= 0:
+            raise ValueError(f"tolerance must be >= 0, got {tolerance!r}")
         lens = check_lengths(lengths, self.shape.batch, self.shape.capacity)
         wl = self.worklist
         fresh = build_worklist(lens, wl.kv_heads, wl.num_programs, wl.domains, group=wl.group)
@@ -539,7 +541,7 @@ class DecodeWorklistPlan(Plan):
         if hit is not None and hit[0] is flat:
             return hit[1], hit[2]
         if flat is None or flat.numel() < self._ws_numel:
-            flat = D._WORKSPACE[key] = torch.empty(self._ws_numel, dtype=torch.float32, device=self.device)
+            flat = grow_only(D._WORKSPACE, key, self._ws_numel, torch.float32, self.device)
         po = flat[: R * Dh].view(R, Dh)
         pl = flat[self._pl_offset: self._pl_offset + R]
         self._views[stream] = (flat, po, pl)

@@ -36,7 +36,7 @@ from . import observe as _observe
 from . import options as _options
 from . import topology as _topology
 from ._launch import HostDesc
-from ._plan import _REG, PLANS, Plan, fast_signature, signature
+from ._plan import _REG, PLANS, Plan, fast_signature, grow_only, signature
 from ._route import mapping_token, plain_eager, warn_once
 from ._validate import INT32_MAX, check_same, check_tensor
 
@@ -206,16 +206,13 @@ _CTRS: dict = {}
 
 
 def _splitk_buffers(device: torch.device, ws_numel: int, tiles: int, stream: int, capturing: bool):
+    # grow-only (numasched._plan.grow_only): plans cache these addresses in their launch arguments
+    # and captured graphs hold them; a replaced buffer must never be freed
     key = (device.type, device.index, stream)
-    ctr = _CTRS.get(key)
-    if ctr is None or ctr.numel() < tiles:
-        ctr = _CTRS[key] = torch.zeros(max(tiles, 4096), dtype=torch.int32, device=device)
+    ctr = grow_only(_CTRS, key, tiles, torch.int32, device, zero=True, minimum=4096)
     if capturing:
         return torch.empty(ws_numel, dtype=torch.float32, device=device), ctr
-    ws = _WS.get(key)
-    if ws is None or ws.numel() < ws_numel:
-        ws = _WS[key] = torch.empty(ws_numel, dtype=torch.float32, device=device)
-    return ws, ctr
+    return grow_only(_WS, key, ws_numel, torch.float32, device), ctr
 
 
 # ----------------------------------------------------------------------------------- the plan
@@ -287,7 +284,7 @@ class GemmPlan(Plan):
             elif options.gemm_schedule == "model":
                 schedule = _sched.choose(Mdim, N, K, a.dtype, dev, table=options.gemm_table,
                                          splitk_only=not tma_ok or self.int64,
-                                         splitk_tma=options.gemm_splitk_tma and tma_ok)
+                                         splitk_tma=options.gemm_splitk_tma and tma_ok and not self.int64)
         if split_k is not None or (schedule is not None and schedule.kind == "splitk") or \
                 (interp and not explicit_tiled):
             # TMA-fed split-K (options.gemm_splitk_tma): Hopper, or the interpreter (which reads

@@ -95,13 +95,20 @@ def decode_cases():
     out = numasched.flash_decode(q, kp, vp, cache_seqlens=lens, block_table=table, num_splits=3)
     check("decode paged page=16 splits=3", out, r, 1e-2)
     # the ragged work list (persistent kernel, in-kernel merge) and multi-token decode
-    plan = numasched.plan_decode_worklist(q, k, v, lengths=lens.tolist(), cache_seqlens=lens, num_programs=4)
-    check("decode work list contiguous", plan.run(q, k, v, cache_seqlens=lens), r, 1e-2)
+    # 128-token chunks: the long pairs are cut into several items, so the in-kernel merge runs
+    plan = numasched.plan_decode_worklist(q, k, v, lengths=lens.tolist(), cache_seqlens=lens, num_programs=4,
+                                          chunk_tokens=128)
+    assert plan.num_items > B * HK, "the work list must cut pairs (merge path)"
+    check("decode work list contiguous (merging)", plan.run(q, k, v, cache_seqlens=lens), r, 1e-2)
     plan = numasched.plan_decode_worklist(q, kp, vp, lengths=lens.tolist(), cache_seqlens=lens, block_table=table,
-                                          num_programs=4)
-    check("decode work list paged", plan.run(q, kp, vp, cache_seqlens=lens, block_table=table), r, 1e-2)
-    one = numasched.flash_decode(q[:, None], k, v, cache_seqlens=lens, num_splits=3)
-    check("decode multi-token (1 token)", one[:, 0], r, 1e-2)
+                                          num_programs=4, chunk_tokens=128)
+    check("decode work list paged (merging)", plan.run(q, kp, vp, cache_seqlens=lens, block_table=table), r, 1e-2)
+    # multi-token decode: 3 and 16 new tokens per sequence (the last query row sees every token)
+    for sq in (3, 16):
+        qm = torch.randn(B, sq, H, D, device=DEV, dtype=BF16)
+        qm[:, -1] = q
+        outm = numasched.flash_decode(qm, k, v, cache_seqlens=lens, num_splits=3)
+        check(f"decode multi-token Sq={sq} (last row)", outm[:, -1], r, 1e-2)
 
 
 

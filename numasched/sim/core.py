@@ -284,7 +284,7 @@ def simulate(topology, kernel_model: KernelModel, policy="auto", *, occupancy: i
             bar.start()
         else:
             bar = progress
-        task = bar.add_task(f"simulate {pol.name}", total=n_chunks)
+        task = bar.add_task(f"simulate {name}", total=n_chunks)
     try:
         for T0 in range(0, T_total, dt):
             T1 = min(T0 + dt, T_total)
