@@ -400,6 +400,31 @@ def _setup(args):
     return dev, torch.bfloat16, stream_read_bw(), torch.cuda.get_device_properties(dev).multi_processor_count, fi
 
 
+def _flashinfer_decode(fi, args, q, kp, vp, indptr, indices, last, dims, notes, timer):
+    """FlashInfer's paged decode on (kp, vp) with this page table, with and without tensor cores
+    (``--flashinfer-both``; else the one its docs advise for the group size): (best eager time,
+    best graph time, an output). ``timer(fn, name)`` -> (t, t_graph, out)."""
+    import torch
+
+    H, HK, D, page, dt, dev = dims
+    ws = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device=dev)
+    best = best_g = out = None
+    for tc in ((False, True) if args.flashinfer_both else (H // HK >= 4,)):
+        try:
+            w = fi.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=tc)
+            w.plan(indptr, indices, last, H, HK, D, page, pos_encoding_mode="NONE", q_data_type=dt, kv_data_type=dt)
+        except Exception as e:  # noqa: BLE001
+            notes.append(f"flashinfer tc={tc} plan: {type(e).__name__}: {str(e)[:80]}")
+            continue
+        t, tg, o = timer(lambda: w.run(q, (kp, vp)), f"flashinfer tc={tc}")  # noqa: B023
+        out = o if o is not None else out
+        if t is not None and (best is None or t < best):
+            best = t
+        if tg is not None and (best_g is None or tg < best_g):
+            best_g = tg
+    return best, best_g, out
+
+
 def _bench(args) -> int:
     import torch
     import torch.nn.functional as F
@@ -506,25 +531,11 @@ def _bench(args) -> int:
         bt = torch.randperm(pages, device=dev, dtype=torch.int32).view(B, L // PAGE)
         run_ours(f"paged {PAGE}", kp, vp, bt)
         if fi is not None:
-            ws = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device=dev)
             indptr = torch.arange(B + 1, device=dev, dtype=torch.int32) * (L // PAGE)
             last = torch.full((B,), PAGE, dtype=torch.int32, device=dev)
-            best = best_g = None
-            for tc in ((False, True) if args.flashinfer_both else (H // HK >= 4,)):
-                try:
-                    w = fi.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=tc)
-                    w.plan(indptr, bt.reshape(-1), last, H, HK, D, PAGE, pos_encoding_mode="NONE",
-                           q_data_type=dt, kv_data_type=dt)
-                except Exception as e:  # noqa: BLE001
-                    notes.append(f"flashinfer tc={tc} plan: {type(e).__name__}: {str(e)[:80]}")
-                    continue
-                t, tg, _ = timed(lambda: w.run(q, (kp, vp)), notes, f"flashinfer tc={tc}")
-                if t is not None and (best is None or t < best):
-                    best = t
-                if tg is not None and (best_g is None or tg < best_g):
-                    best_g = tg
-            peers["flashinfer"], peers_graph["flashinfer"] = best, best_g
-            del ws
+            peers["flashinfer"], peers_graph["flashinfer"], _ = _flashinfer_decode(
+                fi, args, q, kp, vp, indptr, bt.reshape(-1), last, (H, HK, D, PAGE, dt, dev), notes,
+                lambda fn, name: timed(fn, notes, name))
         else:
             notes.append(f"flashinfer skipped: {fi_err}")
         del kp, vp, bt
@@ -810,28 +821,14 @@ def _bench_ragged(args) -> int:
             indptr.append(indptr[-1] + n_b)
         out_paged = run_both(f"paged {PAGE}", kp, vp, bt)
         if fi is not None:
-            ws = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device=dev)
             ip = torch.tensor(indptr, dtype=torch.int32, device=dev)
             indices = torch.cat([bt[b, : int(per_seq[b])] for b in range(B)])
             last = torch.tensor(lens_np - (per_seq - 1) * PAGE, dtype=torch.int32, device=dev)
-            best = best_g = None
-            for tc in ((False, True) if args.flashinfer_both else (H // HK >= 4,)):
-                try:
-                    w = fi.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=tc)
-                    w.plan(ip, indices, last, H, HK, D, PAGE, pos_encoding_mode="NONE", q_data_type=dt,
-                           kv_data_type=dt)
-                except Exception as e:  # noqa: BLE001
-                    notes.append(f"flashinfer tc={tc} plan: {type(e).__name__}: {str(e)[:80]}")
-                    continue
-                t, tg, o = _timed(lambda: w.run(q, (kp, vp)), notes, f"flashinfer tc={tc}", args.rep, graph)  # noqa: B023
-                if o is not None and out_paged is not None:
-                    ref["flashinfer"] = (out_paged.float() - o.float()).abs().max().item()
-                if t is not None and (best is None or t < best):
-                    best = t
-                if tg is not None and (best_g is None or tg < best_g):
-                    best_g = tg
-            peers["flashinfer"], peers_graph["flashinfer"] = best, best_g
-            del ws
+            peers["flashinfer"], peers_graph["flashinfer"], o = _flashinfer_decode(
+                fi, args, q, kp, vp, ip, indices, last, (H, HK, D, PAGE, dt, dev), notes,
+                lambda fn, name: _timed(fn, notes, name, args.rep, graph))
+            if o is not None and out_paged is not None:
+                ref["flashinfer"] = (out_paged.float() - o.float()).abs().max().item()
         else:
             notes.append(f"flashinfer skipped: {fi_err}")
         del kp, vp, bt
