@@ -22,3 +22,12 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def device():
     return DEVICE
+
+
+@pytest.fixture
+def fixed_config():
+    """One fixed kernel config on the GPU: autotuning every shape would compile dozens of variants."""
+    from numasched import options
+
+    with options.use(autotune=False):
+        yield

@@ -581,13 +581,6 @@ def test_empty_batch_gives_empty_outputs():
 gpu = pytest.mark.gpu
 
 
-@pytest.fixture
-def fixed_config():
-    """One fixed kernel config on the GPU: autotuning every shape would compile dozens of variants."""
-    with options.use(autotune=False):
-        yield
-
-
 @gpu
 @pytest.mark.parametrize("dtype,H,HK,Dh", [
     (torch.bfloat16, 32, 8, 128), (torch.bfloat16, 32, 32, 128), (torch.bfloat16, 16, 2, 64),

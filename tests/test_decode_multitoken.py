@@ -372,12 +372,6 @@ def test_bench_multi_token_dry_run(capsys):
 gpu = pytest.mark.gpu
 
 
-@pytest.fixture
-def fixed_config():
-    with options.use(autotune=False):
-        yield
-
-
 @gpu
 @pytest.mark.parametrize("dtype,H,HK,Dh,Sq", [
     (torch.bfloat16, 32, 8, 128, 2), (torch.bfloat16, 32, 8, 128, 4), (torch.bfloat16, 32, 8, 128, 8),
