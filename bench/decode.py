@@ -543,12 +543,9 @@ def _bench(args) -> int:
 
         # -- rows: a peer that cannot be captured counts with its eager time
         got = {k: v for k, v in peers.items() if v is not None}
-        # the best peer among like-for-like ones (SDPA's length mask reads the padding: only when
-        # nothing else ran)
-        fair = {k: v for k, v in got.items() if k != "sdpa_mask"} or got
-        got_g = {k: (peers_graph.get(k) or v) for k, v in fair.items()}
+        got_g = {k: (peers_graph.get(k) or v) for k, v in got.items()}
         best_name = min(got_g, key=got_g.get) if got_g else None
-        best_eager = min(fair, key=fair.get) if fair else None
+        best_eager = min(got, key=got.get) if got else None
         for layout, res in ours.items():
             t = res.get("fused")  # the default ("auto") combine
             tg = res.get("fused_graph")
