@@ -298,7 +298,7 @@ class TPDecoder:
             raise ValueError(f"head='vocab_parallel' needs tp_size {tp_size} to divide vocab_size {spec.vocab}; "
                              f"pass head='replicated'")
         r, n = tp_rank, tp_size
-        D, E = spec.head_dim, spec.hidden
+        D = spec.head_dim
         hq, hk, il = spec.heads // n, spec.kv_heads // n, spec.intermediate // n
         shapes = _full_shapes(spec)
 
