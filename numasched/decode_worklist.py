@@ -210,31 +210,54 @@ def _balance(costs: np.ndarray) -> float:
     return float(costs.max() / m) if m > 0 else 1.0
 
 
-def _greedy(pieces: list, caps_, min_piece: int, unit: int):
+def _greedy(pieces: list, caps_, min_piece: int, unit: int, level: bool = False):
     """Pieces ([pair, start, end] token ranges, in order) into bins of costs at most ``caps_`` (a
     piece costs its tokens plus ITEM_OVERHEAD_TOKENS), each bin taking as much as it can: a piece
     that does not fit whole is cut at the largest multiple of ``unit`` tokens that fits and leaves
     at least ``min_piece`` tokens on both sides (if there is one), the rest opening the next bin.
-    Returns the bins, or None when they run out."""
+    Returns the bins, or None when they run out.
+
+    ``level``: a bin takes about its weighted share of what is left (never more than its cap), so
+    indivisible pieces are spread over the bins instead of leaving the last ones short."""
     nb = len(caps_)
     out = [[] for _ in range(nb)]
-    k, room = 0, caps_[0]
+    caps_ = np.asarray(caps_, dtype=np.float64)
+    left = sum(e - s + ITEM_OVERHEAD_TOKENS for _, s, e in pieces)
+    # a leveled bin may pass its share by one uncuttable piece (at most one cut's slack), so every
+    # bin takes at least its share and the last one never overflows
+    pad = min(max((e - s + ITEM_OVERHEAD_TOKENS for _, s, e in pieces), default=0),
+              2 * min_piece + unit + 2 * ITEM_OVERHEAD_TOKENS)
+
+    def room_of(k):
+        if not level:
+            return caps_[k]
+        return min(caps_[k], left * caps_[k] / caps_[k:].sum() + pad)
+
+    k, room = 0, room_of(0)
     for pair, s, e in pieces:
         while True:
             cost = e - s + ITEM_OVERHEAD_TOKENS
             if cost <= room:
                 out[k].append([pair, s, e])
                 room -= cost
+                left -= cost
                 break
             t = min(int((room - ITEM_OVERHEAD_TOKENS) // unit), (e - s - min_piece) // unit) * unit
             if t >= min_piece:
                 out[k].append([pair, s, s + t])
+                left -= t + ITEM_OVERHEAD_TOKENS
                 s += t
             k += 1
             if k == nb:
                 return None
-            room = caps_[k]
+            room = room_of(k)
     return out
+
+
+def _spread(bins, weights) -> float:
+    """Largest minus smallest bin cost per unit weight."""
+    costs = [sum(e - s + ITEM_OVERHEAD_TOKENS for _, s, e in b) / wt for b, wt in zip(bins, weights)]
+    return max(costs) - min(costs)
 
 
 def _fill(pieces: list, weights, min_piece: int, unit: int) -> list:
@@ -257,7 +280,14 @@ def _fill(pieces: list, weights, min_piece: int, unit: int) -> list:
             lo = mid
         else:
             hi = mid
-    return _greedy(pieces, hi * w, min_piece, unit)
+    bins = _greedy(pieces, hi * w, min_piece, unit)
+    # Filling each bin to the budget can leave the last bins short when the pieces are
+    # indivisible (e.g. items of a few tokens, each paying the item overhead): the leveled fill
+    # (same caps) is taken when it spreads the bins less.
+    leveled = _greedy(pieces, hi * w, min_piece, unit, level=True)
+    if leveled is not None and _spread(leveled, w) < _spread(bins, w):
+        bins = leveled
+    return bins
 
 
 def build_worklist(lengths, kv_heads: int, num_programs: int, domains=None, *, group: int = 1,
