@@ -105,8 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="elementwise ops eagerly instead of torch.compile'd (both backends)")
     p.add_argument("--mem-fraction", type=unit_float, default=0.9,
                    help="skip points whose KV cache would exceed this fraction of the free GPU memory")
-    p.add_argument("--fuse-norm", action="store_true",
-                   help="numasched at TP > 1: all-reduce + residual add + RMSNorm in one kernel (all_reduce_add_rmsnorm)")
+    p.add_argument("--fuse-norm", action=argparse.BooleanOptionalAction, default=True,
+                   help="numasched at TP > 1: all-reduce + residual add + RMSNorm in one kernel "
+                        "(all_reduce_add_rmsnorm; default on, --no-fuse-norm for the unfused sequence)")
     p.add_argument("--ar-impl", default="auto",
                    help="numasched's all-reduce impl for matmul_all_reduce / all_reduce (auto: their cost model)")
     p.add_argument("--heap-gb", type=positive_float, default=2.0,

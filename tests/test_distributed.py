@@ -1092,9 +1092,18 @@ def test_matmul_all_reduce_fused_timeout_and_plan():
     meta = lambda *s: torch.empty(*s, device="meta", dtype=torch.bfloat16)  # noqa: E731
     plan = nd.plan_matmul_all_reduce(meta(16, 2048), meta(2048, 4096), world=2, impl="fused")
     assert plan.impl == "fused" and "fused" in plan.describe()
-    # not measured on a GPU yet: the model's "auto" never picks it
+    # "auto" weighs it only where its big tiles run (fused_ok: a Hopper GPU) and from 256 rows
     assert all(nd.plan_matmul_all_reduce(meta(m, 2048), meta(2048, 4096), world=2).impl != "fused"
                for m in (1, 16, 256, 4096))
+    assert all(nd.plan_matmul_all_reduce(meta(m, 2048), meta(2048, 4096), world=2, fused_ok=True).impl != "fused"
+               for m in (1, 16, 64))
+    # measured on two H200s: it wins with a short K (o_proj, 4096+ rows), loses with a long K
+    # and where its 128 x 256 tiles leave the last wave mostly empty (5120 columns, 1024 rows)
+    assert nd.plan_matmul_all_reduce(meta(4096, 2048), meta(2048, 4096), world=2, fused_ok=True).impl == "fused"
+    assert nd.plan_matmul_all_reduce(meta(16384, 12800), meta(12800, 5120), world=2, fused_ok=True).impl != "fused"
+    assert nd.plan_matmul_all_reduce(meta(1024, 4096), meta(4096, 5120), world=2, fused_ok=True).impl != "fused"
+    slow = nd.plan_matmul_all_reduce(meta(1024, 4096), meta(4096, 5120), world=2, impl="fused").est_us
+    assert slow > nd.plan_matmul_all_reduce(meta(1024, 4096), meta(4096, 4096), world=2, impl="fused").est_us * 1.25
     assert nd.required_heap_bytes([("matmul_all_reduce", meta(16, 2048), meta(2048, 4096))], 2) >= 2 * (2 << 20)
 
 

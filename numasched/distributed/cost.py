@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-__all__ = ["Link", "LINK", "all_reduce_s", "choose_all_reduce", "gemm_engine", "set_link"]
+__all__ = ["Link", "LINK", "all_reduce_s", "choose_all_reduce", "fused_matmul_all_reduce_s", "gemm_engine", "set_link"]
 
 
 @dataclass(frozen=True)
@@ -121,6 +121,30 @@ def gemm_collective_s(op: str, impl: str, M: int, N: int, K: int, dtype, world: 
     if impl == "symm_mem":
         return gemm_s(M, N, K, dtype) + SYMM_MEM_FIXED_US[op] * 1e-6
     raise ValueError(f"unknown implementation {impl!r}")
+
+
+# numasched's one-kernel GEMM + all-reduce (kernels/dist_gemm_ar.py) with its TMA-fed 128 x 256
+# tiles (from FUSED_AR_MIN_ROWS rows): a persistent grid of one program per SM, so its GEMM pays
+# wave quantisation on top of the schedule model's time, and every output tile is pushed to each
+# peer (remote stores at push_bw). On two H200s (bench/results/collectives-2xh200-2026-11-23.csv,
+# 02:25 UTC run) the sum of the two fits the measured kernel within a few per cent at M >= 1024
+# and orders it right against the two-kernel and NCCL paths at 15 of 16 points of M >= 256
+# (the 16th within 1 %); narrower tiles below 256 rows were 1.1-2x slower than the alternatives,
+# so "auto" only weighs the fused kernel from FUSED_AR_MIN_ROWS.
+FUSED_AR_TILE = (128, 256)
+FUSED_AR_MIN_ROWS = 256
+
+
+def fused_matmul_all_reduce_s(M: int, N: int, K: int, dtype, world: int, num_sms: int = 132,
+                              link: Link = None) -> float:
+    """Modelled seconds of numasched's fused GEMM + all-reduce kernel for an (M, K) x (K, N)
+    partial product on each of ``world`` ranks (big-tile path: M >= FUSED_AR_MIN_ROWS)."""
+    L = link or LINK
+    tiles = -(-M // FUSED_AR_TILE[0]) * -(-N // FUSED_AR_TILE[1])
+    waves = -(-tiles // max(1, num_sms))
+    wave_eff = tiles / (waves * max(1, num_sms))
+    pushed = (world - 1) * M * N * _elt(dtype)
+    return gemm_s(M, N, K, dtype) / wave_eff + pushed / L.push_bw + L.flag_us * 1e-6
 
 
 # torch symmetric memory's fused ops (copy engine + cuBLAS, overlapped): the GEMM plus a fixed

@@ -15,7 +15,7 @@ import torch
 from numasched._validate import check_int32_indexing
 
 from . import cost
-from ._common import Call, _aligned, _bulk_ok, _cdiv, _check_operands, _desc, _on_gpu, _Op, _output, _tma_ok
+from ._common import Call, _aligned, _bulk_ok, _cdiv, _check_operands, _desc, _on_gpu, _Op, _output, _tma_default, _tma_ok
 from ._common import register, run
 
 IMPLS = ("auto", "oneshot", "twoshot", "bulk", "overlap", "fused")
@@ -68,9 +68,11 @@ class MatmulAllReducePlan:
 
 
 def plan_matmul_all_reduce(a, b_local, *, world: int, impl: str = "auto", gemm: str = "auto",
-                           bulk_ok: bool = True) -> MatmulAllReducePlan:
+                           bulk_ok: bool = True, fused_ok: bool = False, num_sms: int = 132) -> MatmulAllReducePlan:
     """The plan for ``a`` (M, K_local) @ ``b_local`` (K_local, N) summed over ``world`` ranks
-    (shapes only: meta tensors work). ``bulk_ok``: NCCL is available (a real context)."""
+    (shapes only: meta tensors work). ``bulk_ok``: NCCL is available (a real context);
+    ``fused_ok``: "auto" may weigh the one-kernel fused path (its TMA-fed big tiles run here:
+    a Hopper GPU, 16-bit operands); ``num_sms``: the GPU's SMs (wave quantisation of that kernel)."""
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     if gemm not in GEMMS:
@@ -86,11 +88,9 @@ def plan_matmul_all_reduce(a, b_local, *, world: int, impl: str = "auto", gemm: 
         engine = "torch" if gemm == "auto" else gemm
         est = g_s + cost.all_reduce_s("nccl", nbytes, world)
         return MatmulAllReducePlan(M, N, Kl, a.dtype, world, engine, "nccl", est * 1e6)
+    fused_s = cost.fused_matmul_all_reduce_s(M, N, Kl, a.dtype, world, num_sms)
     if impl == "fused":
-        # pushes overlap the GEMM; the sum a tile later reads W partials
-        moved = (world - 1) * M * N * a.element_size()
-        est = max(g_s, moved / cost.LINK.push_bw) + cost.LINK.flag_us * 1e-6
-        return MatmulAllReducePlan(M, N, Kl, a.dtype, world, "fused", "fused", est * 1e6)
+        return MatmulAllReducePlan(M, N, Kl, a.dtype, world, "fused", "fused", fused_s * 1e6)
     if impl == "overlap":
         overlap = _overlap_s(g_s, cost.all_reduce_s("nccl", nbytes, world), OVERLAP_CHUNKS)
         return MatmulAllReducePlan(M, N, Kl, a.dtype, world, "torch" if gemm == "auto" else gemm, "nccl",
@@ -102,6 +102,9 @@ def plan_matmul_all_reduce(a, b_local, *, world: int, impl: str = "auto", gemm: 
     else:
         ar = impl
     est = g_s + cost.all_reduce_s(ar, nbytes, world)
+    if (impl == "auto" and gemm == "auto" and fused_ok and world > 1 and a.element_size() == 2
+            and M >= cost.FUSED_AR_MIN_ROWS and fused_s < est):
+        return MatmulAllReducePlan(M, N, Kl, a.dtype, world, "fused", "fused", fused_s * 1e6)
     return MatmulAllReducePlan(M, N, Kl, a.dtype, world, engine, ar, est * 1e6)
 
 
@@ -121,7 +124,9 @@ def matmul_all_reduce(a, b_local, *, ctx, impl: str = "auto", gemm: str = "auto"
     :mod:`numasched.distributed.cost`), "oneshot" / "twoshot" (numasched all-reduce after the
     GEMM), "fused" (one kernel: each output tile pushed to the peers from registers as it is
     computed and summed a tile later, so the exchange overlaps the GEMM; narrow tiles at small M,
-    TMA-fed 128 x 256 tiles from 256 rows; not yet measured on a GPU, so "auto" does not pick it),
+    TMA-fed 128 x 256 tiles from 256 rows; "auto" weighs it from 256 rows on Hopper GPUs: on two
+    H200s it measured 1.05-1.34x the best other path at M >= 1024 with a small K_local, and slower
+    where wave quantisation or a long K makes its GEMM the bottleneck),
     "overlap" (row chunks: each chunk's NCCL all-reduce on a side stream beside the next
     chunk's GEMM; measured slower on two H200s, never picked by "auto"), or "bulk" (torch.matmul then NCCL: the bulk-synchronous baseline). gemm: "auto",
     "numasched" or "torch". The GEMM writes into ``out`` (default a new tensor) and the
@@ -139,8 +144,10 @@ def matmul_all_reduce(a, b_local, *, ctx, impl: str = "auto", gemm: str = "auto"
     plan = ctx.plans.get(key)
     if plan is None:
         _check_operands(ctx, "a", a, "b_local", b_local, "K_local")
+        fused_ok = _bulk_ok(ctx) and a.is_cuda and _tma_default(True) and _fused_tma_ok(a, b_local)
         plan = ctx.plans[key] = plan_matmul_all_reduce(a, b_local, world=ctx.world, impl=impl, gemm=gemm,
-                                                       bulk_ok=_bulk_ok(ctx))
+                                                       bulk_ok=_bulk_ok(ctx), fused_ok=fused_ok,
+                                                       num_sms=getattr(ctx, "num_sms", 132))
     else:   # cheap re-checks of what the key does not cover
         if a.device != ctx.device or b_local.device != ctx.device or b_local.dtype != a.dtype:
             _check_operands(ctx, "a", a, "b_local", b_local, "K_local")
@@ -161,6 +168,12 @@ def matmul_all_reduce(a, b_local, *, ctx, impl: str = "auto", gemm: str = "auto"
     if plan.world == 1:
         return c
     return run(ctx, "all_reduce", c, impl=plan.all_reduce, out=c, check=check)
+
+
+def _fused_tma_ok(a, b) -> bool:
+    """The fused kernel's TMA path takes these operands (b row-major, or the w.T view of a weight)."""
+    b_trans = b.stride(1) != 1 and b.stride(0) == 1
+    return _tma_ok(a, b.T if b_trans else b)
 
 
 def _gemm(engine: str, a, b, c):
@@ -231,6 +244,10 @@ class MatmulAllReduceFused(_Op):
     def describe(a, b_local, *, world, cfg=None, impl="fused") -> Call:
         M, Kl = a.shape
         N = b_local.shape[1]
+        # heap sizing (required_heap_bytes): "auto" may pick the fused kernel from 256 rows (its
+        # receive slots hold every rank's output tiles, as the one-shot all-reduce's do, plus flags)
+        if impl == "auto" and M >= cost.FUSED_AR_MIN_ROWS and a.element_size() == 2:
+            impl = "fused"
         if impl != "fused":   # heap sizing (required_heap_bytes) of the other impls: the all-reduce's
             from .all_reduce import AllReduce
 

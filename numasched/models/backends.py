@@ -178,7 +178,8 @@ class NumaschedBackend(Backend):
         grid; cuBLAS above, e.g. prefill), "numasched" or "torch" for every projection.
     fuse_norm: at TP > 1 and up to 256 rows, run each row-parallel projection's all-reduce, the
         residual add and the next RMSNorm as one kernel
-        (numasched.distributed.all_reduce_add_rmsnorm); off by default until timed on GPUs.
+        (numasched.distributed.all_reduce_add_rmsnorm). On by default: on two H200s it took the
+        Llama-3-8B decode step from 1.02-1.05x to 1.04-1.12x the bulk-synchronous baseline.
     """
 
     name = "numasched"
@@ -186,7 +187,7 @@ class NumaschedBackend(Backend):
 
     def __init__(self, tp_size: Optional[int] = None, ctx=None, *, group=None, fuse_all_reduce: bool = True,
                  mapping: str = "auto", impl: str = "auto", check: bool = True, gemm: str = "auto",
-                 fuse_norm: bool = False):
+                 fuse_norm: bool = True):
         if tp_size is None:
             tp_size = getattr(ctx, "world", None) or _dist_world(group)[1]
         super().__init__(tp_size, group)
