@@ -220,7 +220,7 @@ class GemmPlan(Plan):
     """A planned matmul: made by :func:`plan_matmul`, run with :meth:`run`.
 
     Attributes: M, N, K; out_dtype; schedule (a numasched.gemm_schedule.Schedule, or None for the
-    autotuned or hand-configured tiled kernel); kernel ("tiled" or "splitk"); policy, topology;
+    autotuned or hand-configured tiled kernel); kernel ("tiled", "splitk" or "streamk"); policy, topology;
     path ("tma" or "pointer"); a_trans, b_trans (operands read through a descriptor of their
     transposed storage); c_tma; int64; persistent; split_k; mode ("kernel", "interpreter", "torch",
     "empty", "zero"); grid and config (None until the autotuner chose); workspace_bytes; tensors."""
@@ -285,7 +285,18 @@ class GemmPlan(Plan):
                 schedule = _sched.choose(Mdim, N, K, a.dtype, dev, table=options.gemm_table,
                                          splitk_only=not tma_ok or self.int64,
                                          splitk_tma=options.gemm_splitk_tma and tma_ok and not self.int64)
-        if split_k is not None or (schedule is not None and schedule.kind == "splitk") or \
+        if schedule is not None and schedule.kind == "streamk":
+            # TMA on Hopper (path "auto" or "tma"), or in the interpreter when asked (path="tma")
+            can_tma = (not self.int64 and a_view is not None and b_view is not None and TensorDescriptor is not None
+                       and (interp or caps.tma_supported(dev)))
+            if path == "tma" and not can_tma:
+                raise ValueError("path='tma' needs a Hopper (sm_90+) GPU or the interpreter, 16-byte aligned a and b "
+                                 "with one unit-stride dimension, and 32-bit offsets")
+            if path not in ("auto", "tma", "pointer"):
+                raise ValueError(f"path must be 'auto', 'tma' or 'pointer', got {path!r}")
+            streamk_tma = can_tma and (path == "tma" or (path == "auto" and not interp))
+            self._plan_streamk(a, b, c, schedule, interp, (a_view, b_view) if streamk_tma else None, num_programs)
+        elif split_k is not None or (schedule is not None and schedule.kind == "splitk") or \
                 (interp and not explicit_tiled):
             # TMA-fed split-K (options.gemm_splitk_tma): Hopper, or the interpreter (which reads
             # descriptors too), both operands describable, 32-bit offsets
@@ -337,6 +348,35 @@ class GemmPlan(Plan):
                        *self._res_stride, self._kps)
         self._launch = Launch(KS.gemm_splitk_kernel, (self._tiles * S,), const, config=cfg, device=self.device,
                               interpret=interp)
+
+    def _plan_streamk(self, a, b, c, schedule, interp, tma_views, num_programs) -> None:
+        from ._launch import Launch
+        from .kernels import gemm_streamk as KSK
+
+        Mdim, N, K = self.M, self.N, self.K
+        cfg = schedule.config()
+        if interp:
+            cfg.update(num_warps=4, num_stages=1)
+        bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
+        tiles = -(-Mdim // bm) * -(-N // bn)
+        iters = -(-K // bk)
+        P = int(num_programs) if num_programs is not None else caps.num_sms(self.device)
+        P = max(1, min(P, tiles * iters))
+        dp, W = KSK.split_work(tiles, iters, P)
+        self.kernel, self.split_k, self.schedule, self.persistent = "streamk", 1, schedule, True
+        self._tiles = max(1, tiles - dp)  # counters: one per stream-K tile
+        self._ws_numel = KSK.workspace_numel(P, bm, bn) if W else 0
+        self.workspace_bytes = 4 * self._ws_numel
+        use_tma = tma_views is not None
+        if use_tma:
+            self.path = "tma"
+            self.a_trans, self.b_trans = bool(tma_views[0][0]), bool(tma_views[1][0])
+            self._views = (tma_views[0], tma_views[1], None)
+        const = dict(MAPPING=self._mapping_arg, FIX_N=min(bn, 128), HAS_BIAS=self._epi[0], HAS_RES=self._epi[1],
+                     INPUT_PRECISION=self._precision, USE_TMA=use_tma, A_TRANS=self.a_trans, B_TRANS=self.b_trans)
+        self._sizes = (Mdim, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+                       *self._res_stride, dp, iters, W)
+        self._launch = Launch(KSK.gemm_streamk_kernel, (P,), const, config=cfg, device=self.device, interpret=interp)
 
     def _plan_tiled(self, a, b, c, a_view, b_view, schedule, path, config, persistent, num_programs, options,
                     interp) -> None:
@@ -461,7 +501,7 @@ class GemmPlan(Plan):
         def p(t):
             return None if t is None else (t.data_ptr() if ptrs else t)
 
-        if self.kernel == "splitk":
+        if self.kernel in ("splitk", "streamk"):
             dev = self.device
             if self._ws_numel:
                 ws, ctr = _splitk_buffers(dev, self._ws_numel, self._tiles, caps.stream_handle(dev), caps.capturing(dev))
@@ -521,7 +561,7 @@ class GemmPlan(Plan):
             # an output that is also the residual (an in-place add) is an input too: not offered
             # to observers as a write-only output (they may poison those)
             writes = (res,) if residual is None or residual.data_ptr() != res.data_ptr() else ()
-            _observe.notify(self.op, self.kernel if self.kernel == "splitk" else "matmul",
+            _observe.notify(self.op, self.kernel if self.kernel in ("splitk", "streamk") else "matmul",
                             launch.grid[:1] if launch.grid else (), writes, self)
         with caps.launch_device(a):
             launch(*self._args_for(a, b, out, bias, residual, False))
@@ -538,7 +578,7 @@ class GemmPlan(Plan):
         full = self._launch.full_args(self._args_for(a, b, out, bias, residual, True))
         if any(isinstance(x, torch.Tensor) for x in full):  # a descriptor expanded to its tensor: no cache
             return full
-        if self.kernel == "splitk" and self._ws_numel and caps.capturing(self.device):
+        if self.kernel in ("splitk", "streamk") and self._ws_numel and caps.capturing(self.device):
             return full  # a capture's workspace is its own: not for later calls
         if len(self._args) >= 64:
             self._args.pop(next(iter(self._args)))

@@ -82,6 +82,10 @@ A_WEIGHT = 0.1
 SPLITK_MMA_EFFICIENCY = 0.5
 
 
+# Stream-K is weighed for problems of at most this many waves of output tiles (see candidates).
+STREAMK_MAX_WAVES = 4
+
+
 @functools.lru_cache(maxsize=None)
 def _machine_of_index(idx: int) -> Machine:
     props = torch.cuda.get_device_properties(idx)
@@ -97,7 +101,7 @@ def _machine_of_index(idx: int) -> Machine:
 class Schedule:
     """One way to run a GEMM: the kernel and its config, with the model's estimate."""
 
-    kind: str  # "splitk" or "tiled"
+    kind: str  # "splitk", "tiled" or "streamk"
     block_m: int
     block_n: int
     block_k: int
@@ -172,6 +176,14 @@ def candidates(M: int, N: int, K: int, elt: int, machine: Machine, *, splitk_onl
         out.append(Schedule("tiled", 128, 128, 64, 1, 8, 4, True, False))
         out.append(Schedule("tiled", 64, 128, 64, 1, 4, 4, True, False))
         out.append(Schedule("tiled", 64, 256, 64, 1, 8, 4, True, False))
+        # stream-K (kernels/gemm_streamk.py): whole waves of tiles, then the remainder's K
+        # iterations in equal pieces, so a last wave that would be mostly empty is not paid whole.
+        # Offered up to STREAMK_MAX_WAVES waves of tiles: beyond, the remainder is a small share of
+        # the time and the tiled kernel's flattened loop and TMA-store epilogue are worth more
+        for bm, bn in ((128, 256), (128, 128)):
+            stages = _stages(bm, bn, 64, elt, machine.smem_bytes, want=4)
+            if stages >= 2 and _cdiv(M, bm) * _cdiv(N, bn) <= STREAMK_MAX_WAVES * machine.sms:
+                out.append(Schedule("streamk", bm, bn, 64, 1, 8, stages, True, False))
     return out
 
 
@@ -196,8 +208,19 @@ def estimate(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machine, sp
     if s.kind == "splitk" and s.block_m >= 64 and not splitk_tma:
         rate *= SPLITK_MMA_EFFICIENCY  # operands through registers, not TMA + wgmma from shared memory
     t_comp = 2.0 * s.block_m * s.block_n * kps / rate
-    if s.kind == "tiled" and s.persistent:  # a persistent grid's tail costs only its own tiles
-        waves = units / slots if units > slots else 1
+    if s.kind == "streamk":
+        # whole waves, then the remainder's K iterations shared equally by every SM; each program
+        # starts about two pieces and the split tiles' fp32 partials go through L2 and back
+        dp_waves = units // slots
+        rest = units - dp_waves * slots
+        t = dp_waves * (max(t_mem, t_comp) + machine.unit_start_s) + machine.launch_s
+        if rest:
+            t += rest / slots * max(t_mem, t_comp) + 2 * machine.unit_start_s
+            t += 2 * 2 * slots * s.block_m * s.block_n * 4 / machine.l2_bytes_per_s + machine.reduce_sync_s
+        floor = max((M * K + K * N + M * N) * elt / machine.hbm_bytes_per_s, 2.0 * M * N * K / machine.tensor_flops)
+        return max(t, floor + machine.launch_s)
+    # a data-parallel grid, persistent or not, pays for its last wave whole: the SMs that run two
+    # tiles set the time
     t = waves * (max(t_mem, t_comp) + machine.unit_start_s) + machine.launch_s
     if s.split_k > 1:
         t += tiles * s.split_k * s.block_m * s.block_n * 4 * 2 / machine.l2_bytes_per_s + machine.reduce_sync_s

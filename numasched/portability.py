@@ -344,6 +344,27 @@ def _gemm(path: str, dtype: str, persistent: bool, cfg=None, a_trans=False, b_tr
     return build
 
 
+def _gemm_streamk(tma: bool, bm: int = 128, bn: int = 256, stages: int = 4):
+    def build(vendor):
+        from numasched import mappings
+        from numasched.kernels import gemm_streamk as K
+
+        bk = 64
+        values = dict(M=1024, N=5120, K=5120, stride_am=5120, stride_ak=1, stride_bk=1, stride_bn=5120,
+                      stride_cm=5120, stride_cn=1, stride_rm=0, stride_rn=0, c="*bf16", bias=None, res=None,
+                      ws="*fp32", counters="*i32", dp_tiles=132, iters_per_tile=80, iters_per_program=17,
+                      MAPPING=mappings.get("grouped").constexpr(1), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                      FIX_N=min(bn, 128), HAS_BIAS=False, HAS_RES=False, INPUT_PRECISION=None, USE_TMA=tma,
+                      A_TRANS=False, B_TRANS=tma)
+        if tma:   # B is the (N, K) storage of an F.linear weight, read through its descriptor
+            values["a"] = f"tensordesc<bf16[{bm}, {bk}]>"
+            values["b"] = f"tensordesc<bf16[{bn}, {bk}]>"
+        else:
+            values["a"] = values["b"] = "*bf16"
+        return K.gemm_streamk_kernel, values, 8, stages
+    return build
+
+
 # ---- distributed
 def _dist_cfg(vendor, stages=None):
     # the host's bf16 GPU config of the distributed GEMMs for N >= 256 (the same on every vendor)
@@ -494,6 +515,12 @@ VARIANTS: List[Variant] = [
             note="128x256x64, 8 warps, 3 stages, subtiled TMA epilogue"),
     Variant("gemm", "fp32-tma", _gemm("tma", "fp32", False), off={"amd": _TMA_OFF},
             note="128x128x32, 8 warps, 3 stages, IEEE fp32 dots"),
+    Variant("gemm_streamk", "bf16-tma-128x256", _gemm_streamk(True), off={"amd": _TMA_OFF},
+            note="stream-K, 128x256x64, 8 warps, 4 stages, B through the descriptor of its (N, K) storage"),
+    Variant("gemm_streamk", "bf16-tma-128x128", _gemm_streamk(True, 128, 128, 4), off={"amd": _TMA_OFF},
+            note="stream-K, 128x128x64, 8 warps, 4 stages"),
+    Variant("gemm_streamk", "bf16-pointer-128x128", _gemm_streamk(False, 128, 128, 3),
+            note="stream-K, 128x128x64, 8 warps, 3 stages, pointer loads (pre-Hopper and AMD)"),
     Variant("dist", "all_gather_matmul-pointer", _all_gather(False),
             note="world 2, 128x256x64, 8 warps, 3 stages (the host's bf16 config); " + _CLOCK_NOTE),
     Variant("dist", "all_gather_matmul-pointer-2stage", _all_gather(False, 2), off={"nvidia": _AMD_CFG},

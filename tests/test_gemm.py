@@ -772,3 +772,122 @@ def test_grown_buffers_are_never_freed():
     c1 = D._counters(dev, 10, 12345)
     c2 = D._counters(dev, 5000, 12345)
     assert c2 is not c1 and any(t is c1 for t in _plan._RETIRED) and int(c2.abs().sum()) == 0
+
+
+# ------------------------------------------------------------------------------ stream-K
+def _streamk(bm=16, bn=16, bk=16):
+    from numasched.gemm_schedule import Schedule
+
+    return Schedule("streamk", bm, bn, bk, 1, 4, 1, True)
+
+
+@settings(max_examples=200, deadline=None)
+@given(tiles=st.integers(1, 40), iters=st.integers(1, 30), programs=st.integers(1, 64))
+def test_streamk_pieces_cover_every_iteration_once(tiles, iters, programs):
+    """The host partition the kernel walks: every (tile, K iteration) exactly once; whole waves
+    data-parallel; a program's stream-K piece is contiguous, equal to the others' (the last may
+    be shorter) and leaves at most two partial tiles (its first and its last)."""
+    from numasched.kernels.gemm_streamk import pieces, split_work
+
+    dp, W = split_work(tiles, iters, programs)
+    assert dp % programs == 0 and 0 <= tiles - dp < programs
+    seen = {}
+    for p, ps in enumerate(pieces(tiles, iters, programs)):
+        sk = [(t, lo, hi) for t, lo, hi in ps if t >= dp]
+        assert all(lo == 0 and hi == iters for t, lo, hi in ps if t < dp)
+        assert sum(hi - lo for _, lo, hi in sk) <= W
+        partial = [x for x in sk if (x[1], x[2]) != (0, iters)]
+        assert len(partial) <= 2 and all(x in (sk[0], sk[-1]) for x in partial)
+        flat = [(t - dp) * iters + k for t, lo, hi in sk for k in range(lo, hi)]
+        assert flat == list(range(p * W, p * W + len(flat))), "a piece is one contiguous range"
+        for t, lo, hi in ps:
+            for k in range(lo, hi):
+                assert (t, k) not in seen
+                seen[(t, k)] = p
+    assert len(seen) == tiles * iters
+
+
+@cpu
+@pytest.mark.parametrize("m,n,k,programs", [(16, 16, 160, 7), (17, 80, 33, 4), (33, 48, 64, 5), (1, 37, 53, 3),
+                                            (40, 50, 70, 3), (64, 64, 300, 9)])
+@pytest.mark.parametrize("topo,policy", [(None, "grouped"), ("mi300x", "chiplet_tiled")])
+def test_streamk_matches_float64(m, n, k, programs, topo, policy):
+    """Stream-K in the interpreter: remainders cut mid-tile (several programs per tile, merged by
+    the last arrival), whole waves, pieces that end on tile boundaries, under two policies."""
+    a, b = _operands(m, n, k, torch.float32, tb=True, seed=m * 5 + k)
+    with topology.use(topo or topology.current()):
+        plan = numasched.plan_matmul(a, b, mapping=policy, schedule=_streamk(), num_programs=programs)
+        assert plan.kernel == "streamk" and plan.grid == (programs,)
+        c = plan.run(a, b, _poisoned(m, n, torch.float32))
+    assert _rel_err(c, a, b) < 1e-5
+
+
+@cpu
+def test_streamk_is_deterministic_resets_counters_and_takes_the_epilogue():
+    from numasched import gemm as api_
+
+    a, b = _operands(20, 40, 250, torch.float32, tb=True, seed=5)
+    bias = torch.randn(40, dtype=torch.float16)
+    res = torch.randn(40, 20).T
+    plan = numasched.plan_matmul(a, b, schedule=_streamk(), num_programs=4, bias=bias, residual=res,
+                                 out_dtype=torch.float16)
+    assert plan._sizes[-1] > 0, "the shape must leave a stream-K remainder"
+    first = plan.run(a, b, bias=bias, residual=res)
+    for _ in range(3):   # whichever program arrives last merges; the sum order is fixed
+        assert torch.equal(plan.run(a, b, bias=bias, residual=res), first)
+    assert int(api_._CTRS[("cpu", None, 0)][:plan._tiles].abs().sum()) == 0, "the last arrival resets the counter"
+    ref = a.double() @ b.double() + bias.double() + res.double()
+    assert first.dtype == torch.float16 and ((first.double() - ref).norm() / ref.norm()).item() < TOL[torch.float16]
+
+
+@cpu
+@pytest.mark.parametrize("ta,tb,dtype", [(False, True, torch.float32), (True, False, torch.float16)])
+def test_streamk_through_tma_descriptors_matches_float64(ta, tb, dtype):
+    a, b = _operands(24, 40, 96, dtype, ta=ta, tb=tb, seed=9)
+    plan = numasched.plan_matmul(a, b, schedule=_streamk(), num_programs=4, path="tma")
+    assert plan.kernel == "streamk" and plan.path == "tma" and (plan.a_trans, plan.b_trans) == (ta, tb)
+    c = plan.run(a, b, _poisoned(24, 40, dtype))
+    assert _rel_err(c, a, b) < TOL[dtype]
+
+
+def test_chooser_weighs_streamk_where_the_last_wave_is_mostly_empty():
+    """A data-parallel grid pays its last wave whole (160 tiles of 128 x 256 on 132 SMs: two tile
+    times); stream-K shares the remainder, so the model prefers it there and not where the tiles
+    fill whole waves."""
+    from numasched import gemm_schedule as GS
+
+    h200 = GS.Machine.of(None)
+    sk = GS.Schedule("streamk", 128, 256, 64, 1, 8, 4, True)
+    dp = GS.Schedule("tiled", 128, 256, 64, 1, 8, 4, True, True)
+    assert GS.estimate(sk, 1024, 5120, 5120, 2, h200) < 0.9 * GS.estimate(dp, 1024, 5120, 5120, 2, h200)
+    # 4096 x 4096: 128 tiles, one wave: nothing to share, no gain
+    assert GS.estimate(sk, 1024, 4096, 4096, 2, h200) >= GS.estimate(dp, 1024, 4096, 4096, 2, h200)
+    assert GS.choose(1024, 5120, 5120, torch.bfloat16).kind == "streamk"
+
+
+@gpu
+@pytest.mark.parametrize("m,n,k,bn", [(1024, 5120, 5120, 256), (512, 2560, 8192, 128), (777, 3001, 1999, 256)])
+def test_gpu_streamk_real_sizes_and_cuda_graph(m, n, k, bn):
+    """Stream-K at medium M on the GPU (TMA operands, F.linear's w.T), with the epilogue, then
+    replayed in a CUDA graph on fresh data (the tile counters must be back at zero)."""
+    from numasched.gemm_schedule import Schedule
+
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    plan = numasched.plan_matmul(x, w.T, bias=bias, schedule=Schedule("streamk", 128, bn, 64, 1, 8, 4, True))
+    assert plan.kernel == "streamk"
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    y = plan.run(x, w.T, out, bias=bias)
+    ref = x.double() @ w.double().T + bias.double()
+    assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-2
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        plan.run(x, w.T, out, bias=bias)
+    for _ in range(3):
+        x.normal_()
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        ref = x.double() @ w.double().T + bias.double()
+        assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2

@@ -1,0 +1,167 @@
+"""Stream-K GEMM: ``C = A @ B (+ bias) (+ residual)`` without a mostly empty last wave.
+
+A data-parallel GEMM runs its T output tiles in waves of P programs (one per SM). When T is not a
+multiple of P the last wave leaves SMs idle: 160 tiles of 128 x 256 on 132 SMs take two full tile
+times, 1.21 tiles' worth of work. Stream-K hands the remainder out by K iterations instead:
+
+1. **Data-parallel phase.** The first ``dp_tiles`` tiles (a multiple of P) run whole, program
+   ``pid`` taking tiles pid, pid + P, ... in the mapping policy's order
+   (``numasched.mappings.jit.gemm_tile``), stored with the epilogue as the tiled kernel does.
+2. **Stream-K phase.** The remaining tiles' K iterations (``iters_per_tile`` each, BLOCK_K wide)
+   form one range cut into P equal contiguous pieces of ``iters_per_program``. A piece may start
+   or end inside a tile; a program walks its piece tile by tile. A tile covered by one piece is
+   stored at once. Otherwise each piece's fp32 partial goes to the workspace (two slots per
+   program: the partial tile at the start of its piece and the one at its end; every tile in
+   between is whole) and takes a ticket (an atomic counter per tile); the program that takes the
+   last ticket sums the tile's partials **in program order** (deterministic: the same sum
+   whichever finishes last), applies the epilogue, stores, and resets the counter for the next
+   launch and for CUDA-graph replays. Nothing waits on another program, so nothing can hang.
+
+Operands come through TMA descriptors (Hopper: A (M, K) or its (K, M) storage, B (K, N) or the
+(N, K) storage of an F.linear weight) or plain masked pointers (any strides, the interpreter).
+The merge reads the partials in column slices of ``FIX_N`` so a 128 x 256 tile's merge needs no
+second full accumulator in registers. Host planning (``dp_tiles``, the pieces, workspace and
+counters, the choice of this kernel) is numasched/gemm.py's and numasched/gemm_schedule.py's.
+"""
+import triton
+import triton.language as tl
+
+from numasched.kernels.gemm_splitk import _epilogue_store
+from numasched.mappings.jit import gemm_tile
+
+
+@triton.jit
+def _acc_iters(a, b, tm, tn, k_lo, k_hi, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr,
+               A_TRANS: tl.constexpr, B_TRANS: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    """fp32 sum over the K iterations [k_lo, k_hi) (BLOCK_K each) of tile (tm, tn)."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if USE_TMA:
+        # past K (and past M, N) the descriptors read zeros
+        for ki in range(k_lo, k_hi):
+            k0 = ki * BLOCK_K
+            if A_TRANS:
+                a_t = a.load([k0, tm * BLOCK_M]).T
+            else:
+                a_t = a.load([tm * BLOCK_M, k0])
+            if B_TRANS:
+                b_t = b.load([tn * BLOCK_N, k0]).T
+            else:
+                b_t = b.load([k0, tn * BLOCK_N])
+            acc = tl.dot(a_t, b_t, acc, input_precision=INPUT_PRECISION)
+    else:
+        offs_m = tm * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = tn * BLOCK_N + tl.arange(0, BLOCK_N)
+        a_rows = a + offs_m[:, None].to(tl.int64) * stride_am
+        b_cols = b + offs_n[None, :].to(tl.int64) * stride_bn
+        for ki in range(k_lo, k_hi):
+            offs_k = ki * BLOCK_K + tl.arange(0, BLOCK_K)
+            mask_k = offs_k < K
+            a_t = tl.load(a_rows + offs_k[None, :] * stride_ak, mask=(offs_m[:, None] < M) & mask_k[None, :],
+                          other=0.0)
+            b_t = tl.load(b_cols + offs_k[:, None] * stride_bk, mask=mask_k[:, None] & (offs_n[None, :] < N),
+                          other=0.0)
+            acc = tl.dot(a_t, b_t, acc, input_precision=INPUT_PRECISION)
+    return acc
+
+
+@triton.jit
+def gemm_streamk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
+                        stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, stride_rm, stride_rn,
+                        dp_tiles, iters_per_tile, iters_per_program,
+                        MAPPING: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_K: tl.constexpr, FIX_N: tl.constexpr, HAS_BIAS: tl.constexpr,
+                        HAS_RES: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
+                        A_TRANS: tl.constexpr, B_TRANS: tl.constexpr):
+    pid = tl.program_id(0)
+    P = tl.num_programs(0)
+    NM = tl.cdiv(M, BLOCK_M)
+    NN = tl.cdiv(N, BLOCK_N)
+    num_tiles = NM * NN
+    I = iters_per_tile
+    offs_bm = tl.arange(0, BLOCK_M)
+    offs_bn = tl.arange(0, BLOCK_N)
+
+    # ---- 1. whole tiles, P at a time
+    for tile in range(pid, dp_tiles, P):
+        tm, tn = gemm_tile(tile, NM, NN, MAPPING)
+        acc = _acc_iters(a, b, tm, tn, 0, I, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                         BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, A_TRANS, B_TRANS, INPUT_PRECISION)
+        _epilogue_store(acc, c, bias, res, tm * BLOCK_M + offs_bm, tn * BLOCK_N + offs_bn, M, N,
+                        stride_cm, stride_cn, stride_rm, stride_rn, HAS_BIAS, HAS_RES)
+
+    # ---- 2. the remaining tiles' K iterations, one contiguous piece per program
+    W = iters_per_program
+    total = (num_tiles - dp_tiles) * I
+    it = pid * W
+    end = tl.minimum(it + W, total)
+    first_tile = it // I  # the tile this program's piece starts in: its partial goes to slot 0
+    tile_elems = BLOCK_M * BLOCK_N
+    while it < end:
+        t = it // I
+        k_lo = it - t * I
+        k_hi = tl.minimum(I, k_lo + (end - it))
+        tm, tn = gemm_tile(dp_tiles + t, NM, NN, MAPPING)
+        acc = _acc_iters(a, b, tm, tn, k_lo, k_hi, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                         BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, A_TRANS, B_TRANS, INPUT_PRECISION)
+        offs_m = tm * BLOCK_M + offs_bm
+        if (k_lo == 0) & (k_hi == I):
+            _epilogue_store(acc, c, bias, res, offs_m, tn * BLOCK_N + offs_bn, M, N,
+                            stride_cm, stride_cn, stride_rm, stride_rn, HAS_BIAS, HAS_RES)
+        else:
+            slot = tl.where(t == first_tile, 0, 1)
+            base = (pid * 2 + slot).to(tl.int64) * tile_elems
+            tl.store(ws + base + offs_bm[:, None] * BLOCK_N + offs_bn[None, :], acc)
+            # every thread's stores before the release of the ticket; the last arrival reads the
+            # others' partials through L2 (.cg), never a stale L1 line
+            tl.debug_barrier()
+            p_first = (t * I) // W
+            p_last = ((t + 1) * I - 1) // W
+            ctr = counters + t
+            ticket = tl.atomic_add(ctr, 1, sem="acq_rel")
+            if ticket == p_last - p_first:
+                for h in tl.static_range(BLOCK_N // FIX_N):
+                    cols = h * FIX_N + tl.arange(0, FIX_N)
+                    tot = tl.zeros((BLOCK_M, FIX_N), dtype=tl.float32)
+                    for p in range(p_first, p_last + 1):  # program order: the same sum every time
+                        ps = tl.where((p * W) // I == t, 0, 1)
+                        pb = (p * 2 + ps).to(tl.int64) * tile_elems
+                        tot += tl.load(ws + pb + offs_bm[:, None] * BLOCK_N + cols[None, :], cache_modifier=".cg")
+                    _epilogue_store(tot, c, bias, res, offs_m, tn * BLOCK_N + cols, M, N,
+                                    stride_cm, stride_cn, stride_rm, stride_rn, HAS_BIAS, HAS_RES)
+                tl.atomic_xchg(ctr, 0)  # ready for the next launch
+        it += k_hi - k_lo
+
+
+# ------------------------------------------------------------------------------------ host helpers
+def split_work(tiles: int, iters_per_tile: int, programs: int) -> tuple:
+    """(dp_tiles, iters_per_program) for ``tiles`` tiles of ``iters_per_tile`` K iterations on
+    ``programs`` programs: whole waves run data-parallel, the remainder's iterations are cut into
+    ``programs`` equal pieces (0 when the tiles fill whole waves)."""
+    if tiles < 1 or iters_per_tile < 1 or programs < 1:
+        raise ValueError(f"tiles, iters_per_tile and programs must be >= 1, got {tiles}, {iters_per_tile}, {programs}")
+    dp = (tiles // programs) * programs
+    rest = (tiles - dp) * iters_per_tile
+    return dp, -(-rest // programs) if rest else 0
+
+
+def workspace_numel(programs: int, block_m: int, block_n: int) -> int:
+    """fp32 workspace: two partial tiles per program."""
+    return 2 * programs * block_m * block_n
+
+
+def pieces(tiles: int, iters_per_tile: int, programs: int) -> list:
+    """The reference partition (for tests and the simulator): for each program, its list of
+    (tile, k_lo, k_hi) in iterations, data-parallel tiles first."""
+    dp, W = split_work(tiles, iters_per_tile, programs)
+    out = [[(t, 0, iters_per_tile) for t in range(p, dp, programs)] for p in range(programs)]
+    total = (tiles - dp) * iters_per_tile
+    for p in range(programs):
+        it, end = p * W, min(p * W + W, total)
+        while it < end:
+            t = it // iters_per_tile
+            lo = it - t * iters_per_tile
+            hi = min(iters_per_tile, lo + end - it)
+            out[p].append((dp + t, lo, hi))
+            it += hi - lo
+    return out
