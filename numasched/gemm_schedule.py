@@ -82,8 +82,16 @@ A_WEIGHT = 0.1
 SPLITK_MMA_EFFICIENCY = 0.5
 
 
-# Stream-K is weighed for problems of at most this many waves of output tiles (see candidates).
+# Stream-K is weighed for problems of at most this many waves of output tiles, and from this many
+# rows (see candidates): on the H200 (bench/results/gemm_inference-h200-2026-11-23.csv) its pieces
+# ran 1.3-1.9x the model's time where every tile was cut into pieces (M = 128-512: few tiles),
+# while the split-K and tiled kernels ran 0.6-1.0x theirs; from 1024 rows, with whole waves first,
+# it beat the best other schedule at several points (5120 x 12800: 198 against 254 us).
 STREAMK_MAX_WAVES = 4
+STREAMK_MIN_ROWS = 1024
+# The stream-K phase's K iterations cost this much more than the model's streaming/tensor time
+# (pipeline restarts per piece, partial tiles through L2; fitted to the same run).
+STREAMK_PIECE_COST = 1.5
 
 
 @functools.lru_cache(maxsize=None)
@@ -182,7 +190,7 @@ def candidates(M: int, N: int, K: int, elt: int, machine: Machine, *, splitk_onl
         # the time and the tiled kernel's flattened loop and TMA-store epilogue are worth more
         for bm, bn in ((128, 256), (128, 128)):
             stages = _stages(bm, bn, 64, elt, machine.smem_bytes, want=4)
-            if stages >= 2 and _cdiv(M, bm) * _cdiv(N, bn) <= STREAMK_MAX_WAVES * machine.sms:
+            if stages >= 2 and M >= STREAMK_MIN_ROWS and _cdiv(M, bm) * _cdiv(N, bn) <= STREAMK_MAX_WAVES * machine.sms:
                 out.append(Schedule("streamk", bm, bn, 64, 1, 8, stages, True, False))
     return out
 
@@ -215,7 +223,7 @@ def estimate(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machine, sp
         rest = units - dp_waves * slots
         t = dp_waves * (max(t_mem, t_comp) + machine.unit_start_s) + machine.launch_s
         if rest:
-            t += rest / slots * max(t_mem, t_comp) + 2 * machine.unit_start_s
+            t += STREAMK_PIECE_COST * rest / slots * max(t_mem, t_comp) + 2 * machine.unit_start_s
             t += 2 * 2 * slots * s.block_m * s.block_n * 4 / machine.l2_bytes_per_s + machine.reduce_sync_s
         floor = max((M * K + K * N + M * N) * elt / machine.hbm_bytes_per_s, 2.0 * M * N * K / machine.tensor_flops)
         return max(t, floor + machine.launch_s)
