@@ -168,6 +168,11 @@ def candidates(M: int, N: int, K: int, elt: int, machine: Machine, *, splitk_onl
                 stages = _stages(bm, bn, bk, elt, machine.smem_bytes)
                 if stages < 2:
                     continue
+                if bm >= 128 and (bn < 64 or stages < 3):
+                    # 128-row tiles (TMA-fed, wgmma) with 32 columns or two stages ran 1.5-3x the
+                    # model's time on the H200 (bench/results/gemm_inference-streamk-v1-*: e.g.
+                    # 128x32x64 at 27 us against 18 modelled, 128x64x256 with 2 stages 19 vs 14)
+                    continue
                 max_split = max(1, K // (2 * bk))  # each split at least two K blocks
                 for s in (1, 2, 3, 4, 6, 8, 12, 16):
                     if s > max_split:
