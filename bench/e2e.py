@@ -108,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fuse-norm", action=argparse.BooleanOptionalAction, default=True,
                    help="numasched at TP > 1: all-reduce + residual add + RMSNorm in one kernel "
                         "(all_reduce_add_rmsnorm; default on, --no-fuse-norm for the unfused sequence)")
+    p.add_argument("--fuse-swiglu", action=argparse.BooleanOptionalAction, default=True,
+                   help="numasched: gate/up projection + silu(gate) * up in one launch at decode sizes "
+                        "(numasched.matmul_swiglu; default on)")
     p.add_argument("--ar-impl", default="auto",
                    help="numasched's all-reduce impl for matmul_all_reduce / all_reduce (auto: their cost model)")
     p.add_argument("--heap-gb", type=positive_float, default=2.0,
@@ -290,7 +293,8 @@ def _backend(name, ctx, dctx):
     if name == "torch":
         return TorchBackend(ctx.world)
     # no status read per distributed call (it synchronises an eager step); ctx.check() after each point
-    return NumaschedBackend(ctx.world, dctx, impl=ctx.args.ar_impl, check=False, fuse_norm=ctx.args.fuse_norm)
+    return NumaschedBackend(ctx.world, dctx, impl=ctx.args.ar_impl, check=False, fuse_norm=ctx.args.fuse_norm,
+                            fuse_swiglu=ctx.args.fuse_swiglu)
 
 
 def _components(ctx, model, be, cache) -> Dict[str, float]:

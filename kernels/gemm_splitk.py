@@ -40,13 +40,24 @@ def _epilogue_store(acc, c, bias, res, offs_m, offs_n, M, N, stride_cm, stride_c
 
 
 @triton.jit
+def _glu_store(g, u, c, offs_m, offs_n, M, N, stride_cm, stride_cn):
+    """SwiGLU epilogue: silu(g) * u in fp32, then the output's dtype."""
+    y = g / (1.0 + tl.exp(-g)) * u
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tl.store(c + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, y.to(c.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def gemm_splitk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
                        stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, stride_rm, stride_rn,
                        k_per_split,
                        MAPPING: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
                        HAS_RES: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
-                       A_TRANS: tl.constexpr, B_TRANS: tl.constexpr):
+                       A_TRANS: tl.constexpr, B_TRANS: tl.constexpr, GLU: tl.constexpr = False):
+    # GLU (numasched.matmul_swiglu): B holds 2N columns, gate then up; the program accumulates
+    # both halves of its tile's columns (two B tiles per K step) and stores silu(gate) * up (N
+    # columns), so the MLP's activation costs no kernel and no round trip of the 2N-wide output
     NM = tl.cdiv(M, BLOCK_M)
     NN = tl.cdiv(N, BLOCK_N)
     tm, tn, split = gemm_split_unit(tl.program_id(0), NM, NN, SPLIT_K, MAPPING)
@@ -59,6 +70,7 @@ def gemm_splitk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
     k_lo = split * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # GLU: the up half (unused otherwise)
     if USE_TMA:
         # descriptors (Hopper): A (M, K) or its (K, M) storage (A_TRANS), B (K, N) or its (N, K)
         # storage (B_TRANS, a weight W of F.linear); a split starts on a BLOCK_K boundary, so a
@@ -73,6 +85,13 @@ def gemm_splitk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
             else:
                 b_t = b.load([k0, tn * BLOCK_N])
             acc = tl.dot(a_t, b_t, acc, input_precision=INPUT_PRECISION)
+            if GLU:
+                # a gate tile's last columns past N read the first up columns: masked on store
+                if B_TRANS:
+                    b_u = b.load([N + tn * BLOCK_N, k0]).T
+                else:
+                    b_u = b.load([k0, N + tn * BLOCK_N])
+                acc_u = tl.dot(a_t, b_u, acc_u, input_precision=INPUT_PRECISION)
     else:
         a_rows = a + offs_m[:, None].to(tl.int64) * stride_am
         b_cols = b + offs_n[None, :].to(tl.int64) * stride_bn
@@ -82,16 +101,26 @@ def gemm_splitk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
             a_t = tl.load(a_rows + offs_k[None, :] * stride_ak, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
             b_t = tl.load(b_cols + offs_k[:, None] * stride_bk, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
             acc = tl.dot(a_t, b_t, acc, input_precision=INPUT_PRECISION)
+            if GLU:
+                b_u = tl.load(b + (offs_n[None, :].to(tl.int64) + N) * stride_bn + offs_k[:, None] * stride_bk,
+                              mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+                acc_u = tl.dot(a_t, b_u, acc_u, input_precision=INPUT_PRECISION)
 
     if SPLIT_K == 1:
-        _epilogue_store(acc, c, bias, res, offs_m, offs_n, M, N, stride_cm, stride_cn, stride_rm, stride_rn,
-                        HAS_BIAS, HAS_RES)
+        if GLU:
+            _glu_store(acc, acc_u, c, offs_m, offs_n, M, N, stride_cm, stride_cn)
+        else:
+            _epilogue_store(acc, c, bias, res, offs_m, offs_n, M, N, stride_cm, stride_cn, stride_rm, stride_rn,
+                            HAS_BIAS, HAS_RES)
     else:
-        # partial tile -> workspace [SPLIT_K, NM*BLOCK_M, NN*BLOCK_N] (fp32, padded: no masks)
+        # partial tile -> workspace [SPLIT_K, NM*BLOCK_M, NN*BLOCK_N] (fp32, padded: no masks);
+        # GLU: the up half's partials in a second such block after it
         ld = NN * BLOCK_N
         plane = (NM * BLOCK_M).to(tl.int64) * ld
         rows = offs_m[:, None].to(tl.int64) * ld + offs_n[None, :]
         tl.store(ws + split * plane + rows, acc)
+        if GLU:
+            tl.store(ws + (SPLIT_K + split) * plane + rows, acc_u)
         # every thread's stores before the release of the ticket; the last arrival reads the
         # others' partials through L2 (.cg), never a stale L1 line
         tl.debug_barrier()
@@ -101,8 +130,14 @@ def gemm_splitk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
             total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             for s in range(0, SPLIT_K):  # split order: the same sum whoever arrives last
                 total += tl.load(ws + s * plane + rows, cache_modifier=".cg")
-            _epilogue_store(total, c, bias, res, offs_m, offs_n, M, N, stride_cm, stride_cn, stride_rm, stride_rn,
-                            HAS_BIAS, HAS_RES)
+            if GLU:
+                total_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for s in range(0, SPLIT_K):
+                    total_u += tl.load(ws + (SPLIT_K + s) * plane + rows, cache_modifier=".cg")
+                _glu_store(total, total_u, c, offs_m, offs_n, M, N, stride_cm, stride_cn)
+            else:
+                _epilogue_store(total, c, bias, res, offs_m, offs_n, M, N, stride_cm, stride_cn, stride_rm,
+                                stride_rn, HAS_BIAS, HAS_RES)
             tl.atomic_xchg(ctr, 0)  # ready for the next launch
 
 

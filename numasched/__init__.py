@@ -8,6 +8,7 @@ Every operation has one shape: a pure check, a frozen plan from a public plannin
     numasched.scaled_dot_product_attention(q, k, v, ...)      (torch's signature)
     numasched.attention_forward(q, k, v, ...)                 plan_attention(...).run(...)
     numasched.matmul(a, b, ...)                               plan_matmul(...).run(...)
+    numasched.matmul_swiglu(x, w_gate_up.T)                   plan_matmul_swiglu(...).run(...)
 
 CPU-only users can import this package: Triton kernels compile on first use, and Iris (the
 distributed parts) is imported only by ``numasched.distributed``. The public calls and
@@ -35,6 +36,10 @@ _LAZY = {
     "matmul": "numasched.gemm",
     "plan_matmul": "numasched.gemm",
     "GemmPlan": "numasched.gemm",
+    "matmul_swiglu": "numasched.gemm_glu",
+    "plan_matmul_swiglu": "numasched.gemm_glu",
+    "SwiGLUPlan": "numasched.gemm_glu",
+    "gemm_glu": "numasched.gemm_glu",
     "decode": "numasched.decode",
     "decode_worklist": "numasched.decode_worklist",
     "attention": "numasched.attention",

@@ -80,6 +80,12 @@ class Backend:
         backend may fuse the three (numasched: ``fuse_norm=True``)."""
         return add_norm(self.row_parallel(x, w), h, norm_w, eps)
 
+    def linear_swiglu(self, x, w, n: int, swiglu):
+        """``silu(x @ w[:n].T) * (x @ w[n:].T)``: the MLP's gate/up projection and its activation;
+        ``swiglu`` is the shared (compiled) elementwise kernel. A backend may fuse the two
+        (numasched: ``fuse_swiglu=True``)."""
+        return swiglu(self.linear(x, w), n)
+
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
@@ -180,6 +186,9 @@ class NumaschedBackend(Backend):
         residual add and the next RMSNorm as one kernel
         (numasched.distributed.all_reduce_add_rmsnorm). On by default: on two H200s it took the
         Llama-3-8B decode step from 1.02-1.05x to 1.04-1.12x the bulk-synchronous baseline.
+    fuse_swiglu: where numasched's GEMM runs (decode sizes), the gate/up projection and
+        ``silu(gate) * up`` in one launch (numasched.matmul_swiglu) instead of a GEMM and an
+        elementwise kernel.
     """
 
     name = "numasched"
@@ -187,7 +196,7 @@ class NumaschedBackend(Backend):
 
     def __init__(self, tp_size: Optional[int] = None, ctx=None, *, group=None, fuse_all_reduce: bool = True,
                  mapping: str = "auto", impl: str = "auto", check: bool = True, gemm: str = "auto",
-                 fuse_norm: bool = True):
+                 fuse_norm: bool = True, fuse_swiglu: bool = True):
         if tp_size is None:
             tp_size = getattr(ctx, "world", None) or _dist_world(group)[1]
         super().__init__(tp_size, group)
@@ -203,6 +212,7 @@ class NumaschedBackend(Backend):
         if impl not in known:
             raise ValueError(f"impl must be one of {known}, got {impl!r}")
         self.impl, self.check, self.gemm, self.fuse_norm = impl, bool(check), gemm, bool(fuse_norm)
+        self.fuse_swiglu = bool(fuse_swiglu)
         import numasched
 
         self._ns = numasched
@@ -220,6 +230,12 @@ class NumaschedBackend(Backend):
         if self._gemm_engine(x.shape[0]) == "torch":
             return F.linear(x, w)
         return self._ns.matmul(x, w.t(), mapping=self.mapping)
+
+    def linear_swiglu(self, x, w, n, swiglu):
+        # one launch where numasched's GEMM runs (decode sizes): numasched.matmul_swiglu
+        if self.fuse_swiglu and self._gemm_engine(x.shape[0]) == "numasched":
+            return self._ns.matmul_swiglu(x, w.t())
+        return swiglu(self.linear(x, w), n)
 
     def _gemm_engine(self, m: int) -> str:
         """numasched's GEMM where it matches cuBLAS (M <= 64 on the H200 inference grid), else

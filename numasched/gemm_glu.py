@@ -1,0 +1,198 @@
+"""SwiGLU GEMM: ``silu(a @ b_gate) * (a @ b_up)`` in one launch: check, plan, run.
+
+    y = numasched.matmul_swiglu(x, w_gate_up.T)        # w_gate_up (2n, K): gate rows, then up rows
+    plan = numasched.plan_matmul_swiglu(x, w_gate_up.T)  # once per signature
+    y = plan.run(x, w_gate_up.T)                          # every step (graph-safe)
+
+A transformer MLP's first projection is followed by ``silu(gate) * up``: with separate kernels
+the (M, 2n) projection goes to memory and comes back, and at decode sizes the extra launch
+costs more than the arithmetic. Here the split-K GEMM kernel (kernels/gemm_splitk.py, ``GLU``)
+accumulates a gate tile and the matching up tile together (two weight tiles per K step, one A
+tile) and stores ``silu(gate) * up`` in fp32 before the one rounding to the output dtype; split
+partials of both halves are merged in split order by the last program (deterministic).
+
+The schedule is the model's split-K pick for the (M, 2n, K) GEMM (numasched.gemm_schedule) with
+half its tile width, so the launch has as many programs reading as many weight bytes each as
+the plain projection would. Meant for decode-sized M (the split-K kernel's regime); any M runs.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import caps
+from . import gemm_schedule as _sched
+from . import mappings as M
+from . import observe as _observe
+from . import options as _options
+from . import topology as _topology
+from ._plan import PLANS, Plan, signature
+from ._validate import check_int32_indexing, check_tensor
+from .gemm import SUPPORTED_DTYPES, TensorDescriptor, _splitk_buffers, input_precision, tma_view
+
+__all__ = ["matmul_swiglu", "plan_matmul_swiglu", "check_matmul_swiglu", "SwiGLUPlan"]
+
+
+def check_matmul_swiglu(a, b, out=None):
+    """Check without reading data; returns (M, n, K, dtype). ``b`` is (K, 2n): gate columns, then
+    up columns (``w.T`` of an F.linear weight whose first n rows are the gate's)."""
+    check_tensor("a", a, ndim=2, dtypes=SUPPORTED_DTYPES)
+    check_tensor("b", b, ndim=2, dtypes=(a.dtype,), device=a.device)
+    Mdim, K = a.shape
+    if b.shape[0] != K:
+        raise ValueError(f"b has {b.shape[0]} rows but a has {K} columns (a @ b needs them equal)")
+    if b.shape[1] % 2 or b.shape[1] == 0:
+        raise ValueError(f"b must have an even, positive number of columns (gate then up), got {b.shape[1]}")
+    n = b.shape[1] // 2
+    if out is not None:
+        check_tensor("out", out, ndim=2, dtypes=(a.dtype,), device=a.device)
+        if tuple(out.shape) != (Mdim, n):
+            raise ValueError(f"out must have shape {(Mdim, n)}, got {tuple(out.shape)}")
+    for name, t in (("a", a), ("b", b)):
+        check_int32_indexing(name, t)
+    return Mdim, n, K, a.dtype
+
+
+class SwiGLUPlan(Plan):
+    """A planned SwiGLU GEMM (:func:`plan_matmul_swiglu`). Attributes: M, n, K; schedule (the
+    split-K Schedule for the (M, 2n, K) GEMM); block_n (the GLU tile: half the schedule's);
+    split_k; path ("tma" or "pointer"); mode ("kernel", "interpreter", "torch", "empty"); grid;
+    config; workspace_bytes; tensors."""
+
+    op = "matmul_swiglu"
+
+    def __init__(self, a, b, out=None, *, schedule=None, options: Optional[_options.Options] = None):
+        Mdim, n, K, dtype = check_matmul_swiglu(a, b, out)
+        options = options if options is not None else _options.current()
+        self.M, self.n, self.K = Mdim, n, K
+        self.tensors = dict(a=signature(a), b=signature(b), out=signature(out))
+        self.device = dev = a.device
+        self.topology = _topology.current()
+        self.schedule = self.config = self.policy = None
+        self.grid, self.block_n, self.split_k, self.path, self.workspace_bytes = (), 0, 1, "pointer", 0
+        self._launch = None
+        if Mdim == 0 or K == 0:
+            self.mode = "empty"
+        elif caps.interpreting():
+            self.mode = "interpreter"
+        elif dev.type == "cuda":
+            self.mode = "kernel"
+        else:
+            self.mode = "torch"
+        if self.mode in ("empty", "torch"):
+            self._freeze()
+            return
+        from ._launch import Launch
+        from .kernels import gemm_splitk as KS
+
+        interp = self.mode == "interpreter"
+        self._upcast = interp and dtype == torch.bfloat16  # the interpreter's bf16 dot is wrong
+        a_view, b_view = tma_view(a), tma_view(b)
+        if schedule is None and not interp:
+            schedule = _sched.choose(Mdim, 2 * n, K, dtype, dev, splitk_only=True,
+                                     splitk_tma=options.gemm_splitk_tma)
+        if schedule is not None:
+            if schedule.kind != "splitk":
+                raise ValueError(f"schedule must be a split-K Schedule, got kind {schedule.kind!r}")
+            cfg = dict(schedule.config())
+            cfg["BLOCK_N"] = max(16, schedule.block_n // 2)
+            S = schedule.split_k
+        else:  # the interpreter: small tiles, split while there are few tiles (tests the merge)
+            cfg = dict(KS.INTERPRETER_CONFIG)
+            tiles = -(-Mdim // cfg["BLOCK_M"]) * -(-n // cfg["BLOCK_N"])
+            S = max(1, min(4, K // (2 * cfg["BLOCK_K"]), 8 // tiles))
+        if interp:
+            cfg.update(num_warps=4, num_stages=1)
+        self.schedule, self.split_k, self.block_n = schedule, S, cfg["BLOCK_N"]
+        self.config = cfg
+        bk = cfg["BLOCK_K"]
+        self._kps = -(-(-(-K // S)) // bk) * bk
+        NM, NN = -(-Mdim // cfg["BLOCK_M"]), -(-n // cfg["BLOCK_N"])
+        self._tiles = NM * NN
+        self._ws_numel = 2 * S * NM * cfg["BLOCK_M"] * NN * cfg["BLOCK_N"] if S > 1 else 0
+        self.workspace_bytes = 4 * self._ws_numel
+        # TMA as the split-K GEMM takes it: Hopper, tiles of 64+ rows (or the interpreter when asked)
+        use_tma = (options.gemm_splitk_tma and a_view is not None and b_view is not None and TensorDescriptor is not None
+                   and ((interp and schedule is not None) or (not interp and caps.tma_supported(dev)
+                                                              and cfg["BLOCK_M"] >= 64)))
+        self.path = "tma" if use_tma else "pointer"
+        self._views = (a_view, b_view) if use_tma else None
+        self.policy = M.resolve("auto", "gemm", self.topology, M.GemmGrid(max(1, NM), max(1, NN)))
+        c = out if out is not None else torch.empty((Mdim, n), dtype=dtype, device="meta")
+        self._sizes = (Mdim, n, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+                       0, 0, self._kps)
+        const = dict(MAPPING=self.policy.constexpr(self.topology.num_domains), SPLIT_K=S, HAS_BIAS=False,
+                     HAS_RES=False, INPUT_PRECISION="ieee" if self._upcast else input_precision(dtype),
+                     USE_TMA=use_tma, A_TRANS=bool(use_tma and a_view[0]), B_TRANS=bool(use_tma and b_view[0]),
+                     GLU=True)
+        self.grid = (self._tiles * S,)
+        self._launch = Launch(KS.gemm_splitk_kernel, self.grid, const, config=cfg, device=dev, interpret=interp)
+        self._freeze()
+
+    def run(self, a, b, out=None) -> torch.Tensor:
+        """``silu(a @ b[:, :n]) * (a @ b[:, n:])`` into ``out`` (a new (M, n) tensor when None)."""
+        self.check_signatures(a=a, b=b, out=out if self.tensors["out"] is not None else None)
+        if out is None:
+            out = torch.empty((self.M, self.n), dtype=a.dtype, device=a.device)
+        elif self.tensors["out"] is None:
+            check_tensor("out", out, ndim=2, dtypes=(a.dtype,), device=a.device)
+            if tuple(out.shape) != (self.M, self.n) or out.stride() != (self.n, 1):
+                raise ValueError(f"out must be a contiguous ({self.M}, {self.n}) tensor for this plan (it was made "
+                                 f"without out), got shape {tuple(out.shape)} with strides {out.stride()}")
+        if self.mode == "empty":
+            return out.zero_() if self.K == 0 else out
+        if self.mode == "torch":
+            if _observe.OBSERVERS:
+                _observe.notify(self.op, "torch", (), (out,), self,
+                                f"no Triton kernel can run on {self.device} (CPU tensors need TRITON_INTERPRET=1)")
+            gu = a.float() @ b.float()
+            return out.copy_(torch.nn.functional.silu(gu[:, :self.n]) * gu[:, self.n:])
+        res = out
+        if self._upcast:
+            a, b = a.float(), b.float()
+            out = torch.empty((self.M, self.n), dtype=torch.float32, device=a.device)
+        dev = self.device
+        if self._ws_numel:
+            ws, ctr = _splitk_buffers(dev, self._ws_numel, self._tiles, caps.stream_handle(dev), caps.capturing(dev))
+        else:
+            ws = ctr = out
+        if self._views is not None:
+            (at, ashape, astr), (bt, bshape, bstr) = self._views
+            bm, bn, bk = self.config["BLOCK_M"], self.config["BLOCK_N"], self.config["BLOCK_K"]
+            a_arg = TensorDescriptor(a, ashape, astr, [bk, bm] if at else [bm, bk])
+            b_arg = TensorDescriptor(b, bshape, bstr, [bn, bk] if bt else [bk, bn])
+        else:
+            a_arg, b_arg = a, b
+        if _observe.OBSERVERS:
+            _observe.notify(self.op, "splitk", self.grid, (res,), self)
+        with caps.launch_device(a):
+            self._launch(a_arg, b_arg, out, out, out, ws, ctr, *self._sizes)
+        if out is not res:
+            res.copy_(out)
+        return res
+
+
+def plan_matmul_swiglu(a, b, out=None, *, schedule=None, options: Optional[_options.Options] = None) -> SwiGLUPlan:
+    """Plan :func:`matmul_swiglu` for operands like these (only their signatures are read).
+    ``schedule``: a split-K Schedule of the (M, 2n, K) GEMM to use instead of the model's."""
+    return SwiGLUPlan(a, b, out, schedule=schedule, options=options)
+
+
+def _key(a, b, out):
+    return ("matmul_swiglu", a.shape, a.stride(), a.dtype, a.device, a.data_ptr() & 15, b.shape, b.stride(),
+            b.device, b.data_ptr() & 15, None if out is None else (out.shape, out.stride(), out.data_ptr() & 15),
+            a.device.type != "cuda" and caps.interpreting(), _topology._CURRENT, _options._CURRENT)
+
+
+def matmul_swiglu(a: torch.Tensor, b: torch.Tensor, *, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``silu(a @ b[:, :n]) * (a @ b[:, n:])`` for a (M, K) and b (K, 2n) (any strides; ``w.T`` of a
+    (2n, K) gate/up weight is read without a copy), fp32 accumulation, one launch. Returns (M, n)
+    in a's dtype (into ``out`` when given). Plans are cached per signature."""
+    check_matmul_swiglu(a, b, out)
+    key, plan = PLANS.find(_key, a, b, out)
+    if plan is None:
+        plan = SwiGLUPlan(a, b, out)
+        if key is not None:
+            PLANS.put(key, plan)
+    return plan.run(a, b, out)
