@@ -108,9 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fuse-norm", action=argparse.BooleanOptionalAction, default=True,
                    help="numasched at TP > 1: all-reduce + residual add + RMSNorm in one kernel "
                         "(all_reduce_add_rmsnorm; default on, --no-fuse-norm for the unfused sequence)")
-    p.add_argument("--fuse-swiglu", action=argparse.BooleanOptionalAction, default=True,
+    p.add_argument("--fuse-swiglu", action=argparse.BooleanOptionalAction, default=False,
                    help="numasched: gate/up projection + silu(gate) * up in one launch at decode sizes "
-                        "(numasched.matmul_swiglu; default on)")
+                        "(numasched.matmul_swiglu; default off: measured -2.6%% to +2%% per step)")
     p.add_argument("--ar-impl", default="auto",
                    help="numasched's all-reduce impl for matmul_all_reduce / all_reduce (auto: their cost model)")
     p.add_argument("--heap-gb", type=positive_float, default=2.0,

@@ -85,7 +85,7 @@ def test_numasched_backend_matches_transformers(family, decode_steps):
     hf = hf_model(family, seed=2)
     ids = torch.randint(0, 128, (2, 5 + decode_steps), generator=torch.Generator().manual_seed(3))
     with observe.record() as log:
-        got = run_teacher_forced(TPDecoder.from_hf(hf), NumaschedBackend(1), ids, prompt=5)
+        got = run_teacher_forced(TPDecoder.from_hf(hf), NumaschedBackend(1, fuse_swiglu=True), ids, prompt=5)
     assert rel(got, reference(hf, ids)) < 1e-4
     assert not log.fallbacks()
     assert log.count("flash_decode") == 2 * decode_steps and log.count("attention") == 2

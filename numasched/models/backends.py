@@ -188,7 +188,9 @@ class NumaschedBackend(Backend):
         Llama-3-8B decode step from 1.02-1.05x to 1.04-1.12x the bulk-synchronous baseline.
     fuse_swiglu: where numasched's GEMM runs (decode sizes), the gate/up projection and
         ``silu(gate) * up`` in one launch (numasched.matmul_swiglu) instead of a GEMM and an
-        elementwise kernel.
+        elementwise kernel. Off by default: on two H200s (Llama-3-8B, TP 2) it changed the decode
+        step by -2.6 % at batch 1 (its M = 1 kernel is slower than the GEMM + compiled SwiGLU
+        pair) and by -1 % to +2 % at batch 4-16 (bench/results/e2e-llama3-8b-swiglu-2xh200-*).
     """
 
     name = "numasched"
@@ -196,7 +198,7 @@ class NumaschedBackend(Backend):
 
     def __init__(self, tp_size: Optional[int] = None, ctx=None, *, group=None, fuse_all_reduce: bool = True,
                  mapping: str = "auto", impl: str = "auto", check: bool = True, gemm: str = "auto",
-                 fuse_norm: bool = True, fuse_swiglu: bool = True):
+                 fuse_norm: bool = True, fuse_swiglu: bool = False):
         if tp_size is None:
             tp_size = getattr(ctx, "world", None) or _dist_world(group)[1]
         super().__init__(tp_size, group)
