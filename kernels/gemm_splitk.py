@@ -40,6 +40,23 @@ def _epilogue_store(acc, c, bias, res, offs_m, offs_n, M, N, stride_cm, stride_c
 
 
 @triton.jit
+def load_ab_tma(a, b, tm, tn, k0, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, A_TRANS: tl.constexpr,
+                B_TRANS: tl.constexpr):
+    """The A and B tiles of output tile (tm, tn) at K offset k0 through TMA descriptors: A (M, K)
+    or its (K, M) storage (A_TRANS), B (K, N) or its (N, K) storage (B_TRANS, the weight W of
+    F.linear); past the edges the descriptors read zeros. Shared with the stream-K kernel."""
+    if A_TRANS:
+        a_t = a.load([k0, tm * BLOCK_M]).T
+    else:
+        a_t = a.load([tm * BLOCK_M, k0])
+    if B_TRANS:
+        b_t = b.load([tn * BLOCK_N, k0]).T
+    else:
+        b_t = b.load([k0, tn * BLOCK_N])
+    return a_t, b_t
+
+
+@triton.jit
 def _glu_store(g, u, c, offs_m, offs_n, M, N, stride_cm, stride_cn):
     """SwiGLU epilogue: silu(g) * u in fp32, then the output's dtype."""
     y = g / (1.0 + tl.exp(-g)) * u
@@ -76,14 +93,7 @@ def gemm_splitk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
         # storage (B_TRANS, a weight W of F.linear); a split starts on a BLOCK_K boundary, so a
         # block never crosses into the next split, and past K the descriptor reads zeros
         for k0 in range(k_lo, k_hi, BLOCK_K):
-            if A_TRANS:
-                a_t = a.load([k0, tm * BLOCK_M]).T
-            else:
-                a_t = a.load([tm * BLOCK_M, k0])
-            if B_TRANS:
-                b_t = b.load([tn * BLOCK_N, k0]).T
-            else:
-                b_t = b.load([k0, tn * BLOCK_N])
+            a_t, b_t = load_ab_tma(a, b, tm, tn, k0, BLOCK_M, BLOCK_N, A_TRANS, B_TRANS)
             acc = tl.dot(a_t, b_t, acc, input_precision=INPUT_PRECISION)
             if GLU:
                 # a gate tile's last columns past N read the first up columns: masked on store

@@ -26,7 +26,7 @@ counters, the choice of this kernel) is numasched/gemm.py's and numasched/gemm_s
 import triton
 import triton.language as tl
 
-from numasched.kernels.gemm_splitk import _epilogue_store
+from numasched.kernels.gemm_splitk import _epilogue_store, load_ab_tma
 from numasched.mappings.jit import gemm_tile
 
 
@@ -39,15 +39,7 @@ def _acc_iters(a, b, tm, tn, k_lo, k_hi, M, N, K, stride_am, stride_ak, stride_b
     if USE_TMA:
         # past K (and past M, N) the descriptors read zeros
         for ki in range(k_lo, k_hi):
-            k0 = ki * BLOCK_K
-            if A_TRANS:
-                a_t = a.load([k0, tm * BLOCK_M]).T
-            else:
-                a_t = a.load([tm * BLOCK_M, k0])
-            if B_TRANS:
-                b_t = b.load([tn * BLOCK_N, k0]).T
-            else:
-                b_t = b.load([k0, tn * BLOCK_N])
+            a_t, b_t = load_ab_tma(a, b, tm, tn, ki * BLOCK_K, BLOCK_M, BLOCK_N, A_TRANS, B_TRANS)
             acc = tl.dot(a_t, b_t, acc, input_precision=INPUT_PRECISION)
     else:
         offs_m = tm * BLOCK_M + tl.arange(0, BLOCK_M)

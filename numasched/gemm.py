@@ -340,17 +340,22 @@ class GemmPlan(Plan):
         self._tiles = NM * NN
         self._ws_numel = S * NM * cfg["BLOCK_M"] * NN * cfg["BLOCK_N"] if S > 1 else 0
         self.workspace_bytes = 4 * self._ws_numel
-        use_tma = tma_views is not None
-        if use_tma:
-            self.path = "tma"
-            self.a_trans, self.b_trans = bool(tma_views[0][0]), bool(tma_views[1][0])
-            self._views = (tma_views[0], tma_views[1], None)
+        use_tma = self._take_tma_views(tma_views)
         const = dict(MAPPING=self._mapping_arg, SPLIT_K=S, HAS_BIAS=self._epi[0], HAS_RES=self._epi[1],
                      INPUT_PRECISION=self._precision, USE_TMA=use_tma, A_TRANS=self.a_trans, B_TRANS=self.b_trans)
         self._sizes = (Mdim, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
                        *self._res_stride, self._kps)
         self._launch = Launch(KS.gemm_splitk_kernel, (self._tiles * S,), const, config=cfg, device=self.device,
                               interpret=interp)
+
+    def _take_tma_views(self, tma_views) -> bool:
+        """The split-K and stream-K kernels read A and B through these TMA views (or pointers: None)."""
+        if tma_views is None:
+            return False
+        self.path = "tma"
+        self.a_trans, self.b_trans = bool(tma_views[0][0]), bool(tma_views[1][0])
+        self._views = (tma_views[0], tma_views[1], None)
+        return True
 
     def _plan_streamk(self, a, b, c, schedule, interp, tma_views, num_programs) -> None:
         from ._launch import Launch
@@ -370,11 +375,7 @@ class GemmPlan(Plan):
         self._tiles = max(1, tiles - dp)  # counters: one per stream-K tile
         self._ws_numel = KSK.workspace_numel(P, bm, bn) if W else 0
         self.workspace_bytes = 4 * self._ws_numel
-        use_tma = tma_views is not None
-        if use_tma:
-            self.path = "tma"
-            self.a_trans, self.b_trans = bool(tma_views[0][0]), bool(tma_views[1][0])
-            self._views = (tma_views[0], tma_views[1], None)
+        use_tma = self._take_tma_views(tma_views)
         const = dict(MAPPING=self._mapping_arg, FIX_N=min(bn, 128), HAS_BIAS=self._epi[0], HAS_RES=self._epi[1],
                      INPUT_PRECISION=self._precision, USE_TMA=use_tma, A_TRANS=self.a_trans, B_TRANS=self.b_trans)
         self._sizes = (Mdim, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
