@@ -8,7 +8,9 @@ times, 1.21 tiles' worth of work. Stream-K hands the remainder out by K iteratio
    ``pid`` taking tiles pid, pid + P, ... in the mapping policy's order
    (``numasched.mappings.jit.gemm_tile``), stored with the epilogue as the tiled kernel does.
 2. **Stream-K phase.** The remaining tiles' K iterations (``iters_per_tile`` each, BLOCK_K wide)
-   form one range cut into P equal contiguous pieces of ``iters_per_program``. A piece may start
+   form one range cut into P equal contiguous pieces of ``iters_per_program``, handed to the
+   programs in the order of the policy's domain remap (a tile's pieces share a domain under a
+   chiplet policy; NumPy twin: ``numasched.mappings.streamk_units_reference``). A piece may start
    or end inside a tile; a program walks its piece tile by tile. A tile covered by one piece is
    stored at once. Otherwise each piece's fp32 partial goes to the workspace (two slots per
    program: the partial tile at the start of its piece and the one at its end; every tile in
@@ -27,7 +29,8 @@ import triton
 import triton.language as tl
 
 from numasched.kernels.gemm_splitk import _epilogue_store, load_ab_tma
-from numasched.mappings.jit import gemm_tile
+from numasched.mappings.gemm import streamk_pieces as pieces, streamk_split as split_work  # noqa: F401 (host helpers)
+from numasched.mappings.jit import gemm_tile, remap_pid
 
 
 @triton.jit
@@ -82,10 +85,14 @@ def gemm_streamk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
         _epilogue_store(acc, c, bias, res, tm * BLOCK_M + offs_bm, tn * BLOCK_N + offs_bn, M, N,
                         stride_cm, stride_cn, stride_rm, stride_rn, HAS_BIAS, HAS_RES)
 
-    # ---- 2. the remaining tiles' K iterations, one contiguous piece per program
+    # ---- 2. the remaining tiles' K iterations, one contiguous piece per program. Pieces go to
+    #    programs in the order of the policy's domain remap (``remap_pid``): under a chiplet
+    #    policy consecutive pieces, so the pieces of one tile and the partials they merge, run on
+    #    one locality domain (XCD); the identity otherwise. ``v`` names the program from here on.
+    v = remap_pid(pid, P, MAPPING)
     W = iters_per_program
     total = (num_tiles - dp_tiles) * I
-    it = pid * W
+    it = v * W
     end = tl.minimum(it + W, total)
     first_tile = it // I  # the tile this program's piece starts in: its partial goes to slot 0
     tile_elems = BLOCK_M * BLOCK_N
@@ -102,7 +109,7 @@ def gemm_streamk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
                             stride_cm, stride_cn, stride_rm, stride_rn, HAS_BIAS, HAS_RES)
         else:
             slot = tl.where(t == first_tile, 0, 1)
-            base = (pid * 2 + slot).to(tl.int64) * tile_elems
+            base = (v * 2 + slot).to(tl.int64) * tile_elems
             tl.store(ws + base + offs_bm[:, None] * BLOCK_N + offs_bn[None, :], acc)
             # every thread's stores before the release of the ticket; the last arrival reads the
             # others' partials through L2 (.cg), never a stale L1 line
@@ -126,34 +133,6 @@ def gemm_streamk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
 
 
 # ------------------------------------------------------------------------------------ host helpers
-def split_work(tiles: int, iters_per_tile: int, programs: int) -> tuple:
-    """(dp_tiles, iters_per_program) for ``tiles`` tiles of ``iters_per_tile`` K iterations on
-    ``programs`` programs: whole waves run data-parallel, the remainder's iterations are cut into
-    ``programs`` equal pieces (0 when the tiles fill whole waves)."""
-    if tiles < 1 or iters_per_tile < 1 or programs < 1:
-        raise ValueError(f"tiles, iters_per_tile and programs must be >= 1, got {tiles}, {iters_per_tile}, {programs}")
-    dp = (tiles // programs) * programs
-    rest = (tiles - dp) * iters_per_tile
-    return dp, -(-rest // programs) if rest else 0
-
-
 def workspace_numel(programs: int, block_m: int, block_n: int) -> int:
     """fp32 workspace: two partial tiles per program."""
     return 2 * programs * block_m * block_n
-
-
-def pieces(tiles: int, iters_per_tile: int, programs: int) -> list:
-    """The reference partition (for tests and the simulator): for each program, its list of
-    (tile, k_lo, k_hi) in iterations, data-parallel tiles first."""
-    dp, W = split_work(tiles, iters_per_tile, programs)
-    out = [[(t, 0, iters_per_tile) for t in range(p, dp, programs)] for p in range(programs)]
-    total = (tiles - dp) * iters_per_tile
-    for p in range(programs):
-        it, end = p * W, min(p * W + W, total)
-        while it < end:
-            t = it // iters_per_tile
-            lo = it - t * iters_per_tile
-            hi = min(iters_per_tile, lo + end - it)
-            out[p].append((dp + t, lo, hi))
-            it += hi - lo
-    return out

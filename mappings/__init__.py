@@ -23,6 +23,6 @@ from . import remap, attention, gemm  # noqa: F401,E402  (registers the built-in
 # the building blocks, for kernels that compose them directly
 from .remap import identity_remap, contiguous_remap, chunked_remap  # noqa: F401,E402
 from .attention import block_first_order, head_first_order, swizzled_block_first_order  # noqa: F401,E402
-from .gemm import grouped_order, row_major_order, split_units_reference  # noqa: F401,E402
+from .gemm import grouped_order, row_major_order, split_units_reference, streamk_units_reference  # noqa: F401,E402
 from .jit import attention_item, decode_item, gemm_split_unit, gemm_tile, remap_pid  # noqa: F401,E402
 from ._device import device_map  # noqa: F401,E402

@@ -79,3 +79,61 @@ def split_units_reference(policy, pids, grid, splits: int, num_domains: int):
     g = np.asarray(policy.remap.reference(g, W, X, policy.remap_param), dtype=np.int64)
     tiles = np.asarray(policy.order.reference(g // S, grid, X, policy.order_param), dtype=np.int64).reshape(-1, 2)
     return np.concatenate([tiles, (g % S)[:, None]], axis=1)
+
+
+def streamk_units_reference(policy, grid, iters_per_tile: int, programs: int, num_domains: int) -> list:
+    """NumPy twin of the stream-K kernel's work assignment (kernels/gemm_streamk.py): for each
+    physical program 0..programs-1 the list of (tile_m, tile_n, k_lo, k_hi) it computes, in K
+    iterations. Whole waves first (program p: tile ids p, p + programs, ...), then the stream-K
+    pieces, handed out in the order of the policy's domain remap over the programs; every tile id
+    goes through the policy (remap over all tiles, then its order) as ``gemm_tile`` does."""
+    from ._registry import GemmGrid, check_num_domains, get, positive_int
+
+    policy = get(policy)
+    if policy.kind != "gemm" or not isinstance(grid, GemmGrid):
+        raise ValueError("stream-K units need a gemm policy and a GemmGrid")
+    I = positive_int("iters_per_tile", iters_per_tile)
+    P = positive_int("programs", programs)
+    X = check_num_domains(num_domains)
+    T = grid.size
+    dp, _ = streamk_split(T, I, P)
+    tile_of = policy.reference(np.arange(T), grid, X)           # tile id -> (tm, tn)
+    v_of = np.asarray(policy.remap.reference(np.arange(P), P, X, policy.remap_param), dtype=np.int64)
+    virt = streamk_pieces(T, I, P)
+    out = []
+    for p in range(P):
+        whole = [(t, lo, hi) for t, lo, hi in virt[p] if t < dp]            # by physical program
+        sk = [(t, lo, hi) for t, lo, hi in virt[int(v_of[p])] if t >= dp]   # by virtual program
+        out.append([(int(tile_of[t][0]), int(tile_of[t][1]), lo, hi) for t, lo, hi in whole + sk])
+    return out
+
+
+# ---- stream-K work decomposition (kernels/gemm_streamk.py walks it; host planning sizes it)
+def streamk_split(tiles: int, iters_per_tile: int, programs: int) -> tuple:
+    """(dp_tiles, iters_per_program) for ``tiles`` tiles of ``iters_per_tile`` K iterations on
+    ``programs`` programs: whole waves run data-parallel, the remainder's iterations are cut into
+    ``programs`` equal pieces (0 when the tiles fill whole waves)."""
+    if tiles < 1 or iters_per_tile < 1 or programs < 1:
+        raise ValueError(f"tiles, iters_per_tile and programs must be >= 1, got {tiles}, {iters_per_tile}, {programs}")
+    dp = (tiles // programs) * programs
+    rest = (tiles - dp) * iters_per_tile
+    return dp, -(-rest // programs) if rest else 0
+
+
+def streamk_pieces(tiles: int, iters_per_tile: int, programs: int) -> list:
+    """The reference partition in tile-id space: for each virtual program (the position of a
+    program in the policy's remap order), its list of (tile, k_lo, k_hi) in iterations,
+    data-parallel tiles first (those by physical program: tile p, p + programs, ...).
+    ``numasched.mappings.streamk_units_reference`` maps it through a policy."""
+    dp, W = streamk_split(tiles, iters_per_tile, programs)
+    out = [[(t, 0, iters_per_tile) for t in range(p, dp, programs)] for p in range(programs)]
+    total = (tiles - dp) * iters_per_tile
+    for p in range(programs):
+        it, end = p * W, min(p * W + W, total)
+        while it < end:
+            t = it // iters_per_tile
+            lo = it - t * iters_per_tile
+            hi = min(iters_per_tile, lo + end - it)
+            out[p].append((dp + t, lo, hi))
+            it += hi - lo
+    return out

@@ -370,6 +370,9 @@ class GemmPlan(Plan):
         iters = -(-K // bk)
         P = int(num_programs) if num_programs is not None else caps.num_sms(self.device)
         P = max(1, min(P, tiles * iters))
+        X = self.topology.num_domains
+        if num_programs is None and X > 1 and P >= X:
+            P -= P % X   # whole domains: program p runs on domain p mod X (round-robin dispatch)
         dp, W = KSK.split_work(tiles, iters, P)
         self.kernel, self.split_k, self.schedule, self.persistent = "streamk", 1, schedule, True
         self._tiles = max(1, tiles - dp)  # counters: one per stream-K tile
