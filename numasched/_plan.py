@@ -190,6 +190,13 @@ class Plan:
         return f"{type(self).__name__}({', '.join(p for p in parts if p)})"
 
 
+def upcast_like(t: torch.Tensor) -> torch.Tensor:
+    """An fp32 copy of ``t`` with ``t``'s strides (``t.float()`` makes a non-dense view dense, so a
+    plan's strides would no longer describe it): the interpreter's stand-in for its bf16 dot."""
+    out = torch.empty_strided(t.size(), t.stride(), dtype=torch.float32, device=t.device)
+    return out.copy_(t)
+
+
 _SCRATCH: dict = {}
 
 

@@ -36,7 +36,7 @@ from . import observe as _observe
 from . import options as _options
 from . import topology as _topology
 from ._launch import HostDesc
-from ._plan import _REG, PLANS, Plan, fast_signature, grow_only, signature
+from ._plan import _REG, PLANS, Plan, fast_signature, grow_only, signature, upcast_like
 from ._route import mapping_token, plain_eager, warn_once
 from ._validate import INT32_MAX, check_same, check_tensor
 
@@ -362,6 +362,9 @@ class GemmPlan(Plan):
         from .kernels import gemm_streamk as KSK
 
         Mdim, N, K = self.M, self.N, self.K
+        if self.int64:
+            raise ValueError("the stream-K kernel uses 32-bit offsets: these operands span more than 2^31 elements "
+                             "(use the default schedule, which takes the tiled kernel with 64-bit offsets)")
         cfg = schedule.config()
         if interp:
             cfg.update(num_warps=4, num_stages=1)
@@ -567,7 +570,7 @@ class GemmPlan(Plan):
             return out.copy_(ref)
         res = out
         if self._upcast:
-            a, b = a.float(), b.float()
+            a, b = upcast_like(a), upcast_like(b)
             out = torch.empty_strided(out.shape, out.stride(), dtype=torch.float32, device=self.device)
         if _observe.OBSERVERS:
             # an output that is also the residual (an in-place add) is an input too: not offered

@@ -27,7 +27,7 @@ from . import mappings as M
 from . import observe as _observe
 from . import options as _options
 from . import topology as _topology
-from ._plan import PLANS, Plan, signature
+from ._plan import PLANS, Plan, signature, upcast_like
 from ._validate import check_int32_indexing, check_tensor
 from .gemm import SUPPORTED_DTYPES, TensorDescriptor, _splitk_buffers, input_precision, tma_view
 
@@ -89,9 +89,11 @@ class SwiGLUPlan(Plan):
         interp = self.mode == "interpreter"
         self._upcast = interp and dtype == torch.bfloat16  # the interpreter's bf16 dot is wrong
         a_view, b_view = tma_view(a), tma_view(b)
+        tma_possible = (options.gemm_splitk_tma and a_view is not None and b_view is not None
+                        and TensorDescriptor is not None)
         if schedule is None and not interp:
             schedule = _sched.choose(Mdim, 2 * n, K, dtype, dev, splitk_only=True,
-                                     splitk_tma=options.gemm_splitk_tma)
+                                     splitk_tma=tma_possible and caps.tma_supported(dev))
         if schedule is not None:
             if schedule.kind != "splitk":
                 raise ValueError(f"schedule must be a split-K Schedule, got kind {schedule.kind!r}")
@@ -113,13 +115,13 @@ class SwiGLUPlan(Plan):
         self._ws_numel = 2 * S * NM * cfg["BLOCK_M"] * NN * cfg["BLOCK_N"] if S > 1 else 0
         self.workspace_bytes = 4 * self._ws_numel
         # TMA as the split-K GEMM takes it: Hopper, tiles of 64+ rows (or the interpreter when asked)
-        use_tma = (options.gemm_splitk_tma and a_view is not None and b_view is not None and TensorDescriptor is not None
-                   and ((interp and schedule is not None) or (not interp and caps.tma_supported(dev)
-                                                              and cfg["BLOCK_M"] >= 64)))
+        use_tma = tma_possible and ((interp and schedule is not None)
+                                    or (not interp and caps.tma_supported(dev) and cfg["BLOCK_M"] >= 64))
         self.path = "tma" if use_tma else "pointer"
         self._views = (a_view, b_view) if use_tma else None
         self.policy = M.resolve("auto", "gemm", self.topology, M.GemmGrid(max(1, NM), max(1, NN)))
         c = out if out is not None else torch.empty((Mdim, n), dtype=dtype, device="meta")
+        self._c_stride = c.stride()
         self._sizes = (Mdim, n, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
                        0, 0, self._kps)
         const = dict(MAPPING=self.policy.constexpr(self.topology.num_domains), SPLIT_K=S, HAS_BIAS=False,
@@ -149,9 +151,9 @@ class SwiGLUPlan(Plan):
             gu = a.float() @ b.float()
             return out.copy_(torch.nn.functional.silu(gu[:, :self.n]) * gu[:, self.n:])
         res = out
-        if self._upcast:
-            a, b = a.float(), b.float()
-            out = torch.empty((self.M, self.n), dtype=torch.float32, device=a.device)
+        if self._upcast:   # fp32 stand-ins with the planned strides (the kernel's arguments)
+            a, b = upcast_like(a), upcast_like(b)
+            out = torch.empty_strided((self.M, self.n), self._c_stride, dtype=torch.float32, device=a.device)
         dev = self.device
         if self._ws_numel:
             ws, ctr = _splitk_buffers(dev, self._ws_numel, self._tiles, caps.stream_handle(dev), caps.capturing(dev))

@@ -926,3 +926,13 @@ def test_streamk_pieces_of_a_tile_share_a_domain_under_chiplet_policies():
 
     assert one_domain_fraction("chiplet_tiled") >= 0.9      # 0.93: 89 of 96 tiles
     assert one_domain_fraction("grouped") == 0.0
+
+
+
+@cpu
+def test_bf16_operand_views_keep_their_strides_in_the_interpreter():
+    """bf16 runs on fp32 stand-ins in the interpreter; a non-dense view (columns of a wider
+    matrix) keeps its strides there, which the plan's launch arguments describe."""
+    big = torch.randn(7, 128).to(torch.bfloat16)
+    a, b = big[:, :64], torch.randn(64, 24).to(torch.bfloat16)
+    assert _rel_err(numasched.matmul(a, b), a, b) < 1e-2

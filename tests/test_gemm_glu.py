@@ -121,3 +121,15 @@ def test_gpu_swiglu_in_a_cuda_graph():
         g.replay()
         torch.cuda.synchronize()
         assert _err(out, x, b) < 1e-2
+
+
+@cpu
+def test_swiglu_bf16_into_a_strided_out():
+    """bf16 in the interpreter computes on fp32 stand-ins: they keep the planned strides, so an
+    out that is a column slice of a wider buffer is written where it should be (a contiguous
+    stand-in wrote rows out of place, past its end)."""
+    x, b = _data(5, 40, 64, torch.bfloat16, seed=11)
+    buf = torch.full((5, 80), float("nan"), dtype=torch.bfloat16)
+    out = buf[:, :40]
+    y = numasched.plan_matmul_swiglu(x, b, out).run(x, b, out)
+    assert _err(y, x, b) < 1e-2 and torch.isnan(buf[:, 40:]).all()

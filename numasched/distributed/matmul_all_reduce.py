@@ -144,7 +144,8 @@ def matmul_all_reduce(a, b_local, *, ctx, impl: str = "auto", gemm: str = "auto"
     plan = ctx.plans.get(key)
     if plan is None:
         _check_operands(ctx, "a", a, "b_local", b_local, "K_local")
-        fused_ok = _bulk_ok(ctx) and a.is_cuda and _tma_default(True) and _fused_tma_ok(a, b_local)
+        fused_ok = (_bulk_ok(ctx) and a.is_cuda and _tma_default(True) and _fused_tma_layout(a, b_local)
+                    and _fused_fits(ctx, a, b_local))
         plan = ctx.plans[key] = plan_matmul_all_reduce(a, b_local, world=ctx.world, impl=impl, gemm=gemm,
                                                        bulk_ok=_bulk_ok(ctx), fused_ok=fused_ok,
                                                        num_sms=getattr(ctx, "num_sms", 132))
@@ -170,10 +171,25 @@ def matmul_all_reduce(a, b_local, *, ctx, impl: str = "auto", gemm: str = "auto"
     return run(ctx, "all_reduce", c, impl=plan.all_reduce, out=c, check=check)
 
 
-def _fused_tma_ok(a, b) -> bool:
-    """The fused kernel's TMA path takes these operands (b row-major, or the w.T view of a weight)."""
-    b_trans = b.stride(1) != 1 and b.stride(0) == 1
-    return _tma_ok(a, b.T if b_trans else b)
+def _fused_tma_layout(a, b) -> bool:
+    """The fused kernel's TMA path takes operands laid out like these (b row-major, or the w.T
+    view of a weight). Layout only, not the pointers: every rank must make the same choice, and
+    a rank whose pointer turns out unaligned still runs the fused kernel (through pointer loads)."""
+    b_store = b.T if (b.stride(1) != 1 and b.stride(0) == 1) else b
+    return all(t.dim() == 2 and t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0
+               for t in (a, b_store))
+
+
+def _fused_fits(ctx, a, b) -> bool:
+    """Whether the fused kernel's buffers for this signature fit in what is left of the symmetric
+    heap (a new signature allocates them and the heap never frees): "auto" does not pick it where
+    it would exhaust the heap that the all-reduce alone fits in. The same on every rank (the heap
+    is used in the same order everywhere)."""
+    from ._common import _numel, alloc_bytes
+
+    need = sum(alloc_bytes(_numel(shape) * torch.empty((), dtype=dt).element_size())
+               for _, shape, dt in MatmulAllReduceFused.buffers(MatmulAllReduceFused.describe(a, b, world=ctx.world)))
+    return ctx.used_bytes + need <= ctx.heap_bytes
 
 
 def _gemm(engine: str, a, b, c):
