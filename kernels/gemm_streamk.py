@@ -8,9 +8,8 @@ times, 1.21 tiles' worth of work. Stream-K hands the remainder out by K iteratio
    ``pid`` taking tiles pid, pid + P, ... in the mapping policy's order
    (``numasched.mappings.jit.gemm_tile``), stored with the epilogue as the tiled kernel does.
 2. **Stream-K phase.** The remaining tiles' K iterations (``iters_per_tile`` each, BLOCK_K wide)
-   form one range cut into P equal contiguous pieces of ``iters_per_program``, handed to the
-   programs in the order of the policy's domain remap (a tile's pieces share a domain under a
-   chiplet policy; NumPy twin: ``numasched.mappings.streamk_units_reference``). A piece may start
+   form one range cut into P equal contiguous pieces of ``iters_per_program``, piece p to
+   program p (NumPy twin: ``numasched.mappings.streamk_units_reference``). A piece may start
    or end inside a tile; a program walks its piece tile by tile. A tile covered by one piece is
    stored at once. Otherwise each piece's fp32 partial goes to the workspace (two slots per
    program: the partial tile at the start of its piece and the one at its end; every tile in
@@ -30,7 +29,7 @@ import triton.language as tl
 
 from numasched.kernels.gemm_splitk import _epilogue_store, load_ab_tma
 from numasched.mappings.gemm import streamk_pieces as pieces, streamk_split as split_work  # noqa: F401 (host helpers)
-from numasched.mappings.jit import gemm_tile, remap_pid
+from numasched.mappings.jit import gemm_tile
 
 
 @triton.jit
@@ -85,11 +84,11 @@ def gemm_streamk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
         _epilogue_store(acc, c, bias, res, tm * BLOCK_M + offs_bm, tn * BLOCK_N + offs_bn, M, N,
                         stride_cm, stride_cn, stride_rm, stride_rn, HAS_BIAS, HAS_RES)
 
-    # ---- 2. the remaining tiles' K iterations, one contiguous piece per program. Pieces go to
-    #    programs in the order of the policy's domain remap (``remap_pid``): under a chiplet
-    #    policy consecutive pieces, so the pieces of one tile and the partials they merge, run on
-    #    one locality domain (XCD); the identity otherwise. ``v`` names the program from here on.
-    v = remap_pid(pid, P, MAPPING)
+    # ---- 2. the remaining tiles' K iterations, one contiguous piece per program, by program id.
+    #    (Handing them out in the order of the policy's domain remap would put a tile's pieces on
+    #    one XCD; the simulator found that it raises the partials' L2 hits on an MI300X but lowers
+    #    the operands' more: numasched/sim/streamk.py, docs/mappings.md.) ``v`` names the piece.
+    v = pid
     W = iters_per_program
     total = (num_tiles - dp_tiles) * I
     it = v * W

@@ -81,12 +81,18 @@ def split_units_reference(policy, pids, grid, splits: int, num_domains: int):
     return np.concatenate([tiles, (g % S)[:, None]], axis=1)
 
 
-def streamk_units_reference(policy, grid, iters_per_tile: int, programs: int, num_domains: int) -> list:
+def streamk_units_reference(policy, grid, iters_per_tile: int, programs: int, num_domains: int, *,
+                            piece_order: str = "program", with_ids: bool = False) -> list:
     """NumPy twin of the stream-K kernel's work assignment (kernels/gemm_streamk.py): for each
     physical program 0..programs-1 the list of (tile_m, tile_n, k_lo, k_hi) it computes, in K
     iterations. Whole waves first (program p: tile ids p, p + programs, ...), then the stream-K
-    pieces, handed out in the order of the policy's domain remap over the programs; every tile id
-    goes through the policy (remap over all tiles, then its order) as ``gemm_tile`` does."""
+    pieces, piece p to program p (``piece_order="program"``, what the kernel does) or in the
+    order of the policy's domain remap over the programs (``"remap"``: a tile's pieces on one
+    domain under a chiplet policy; an alternative the simulator compares, numasched/sim/streamk.py);
+    every tile id goes through the policy (remap over all tiles, then its order) as ``gemm_tile``
+    does. ``with_ids``: entries are (tile_m, tile_n, k_lo, k_hi, tile_id, virtual_program)."""
+    if piece_order not in ("remap", "program"):
+        raise ValueError(f"piece_order must be 'remap' or 'program', got {piece_order!r}")
     from ._registry import GemmGrid, check_num_domains, get, positive_int
 
     policy = get(policy)
@@ -98,13 +104,16 @@ def streamk_units_reference(policy, grid, iters_per_tile: int, programs: int, nu
     T = grid.size
     dp, _ = streamk_split(T, I, P)
     tile_of = policy.reference(np.arange(T), grid, X)           # tile id -> (tm, tn)
-    v_of = np.asarray(policy.remap.reference(np.arange(P), P, X, policy.remap_param), dtype=np.int64)
+    v_of = (np.asarray(policy.remap.reference(np.arange(P), P, X, policy.remap_param), dtype=np.int64)
+            if piece_order == "remap" else np.arange(P, dtype=np.int64))
     virt = streamk_pieces(T, I, P)
     out = []
     for p in range(P):
-        whole = [(t, lo, hi) for t, lo, hi in virt[p] if t < dp]            # by physical program
-        sk = [(t, lo, hi) for t, lo, hi in virt[int(v_of[p])] if t >= dp]   # by virtual program
-        out.append([(int(tile_of[t][0]), int(tile_of[t][1]), lo, hi) for t, lo, hi in whole + sk])
+        v = int(v_of[p])
+        whole = [(t, lo, hi, p) for t, lo, hi in virt[p] if t < dp]    # by physical program
+        sk = [(t, lo, hi, v) for t, lo, hi in virt[v] if t >= dp]      # by virtual program
+        out.append([(int(tile_of[t][0]), int(tile_of[t][1]), lo, hi) + ((t, w) if with_ids else ())
+                    for t, lo, hi, w in whole + sk])
     return out
 
 

@@ -910,22 +910,23 @@ def test_streamk_units_reference_covers_every_tile_and_k_once(tm, tn, iters, pro
     assert len(seen) == tm * tn * iters and len(units) == programs
 
 
-def test_streamk_pieces_of_a_tile_share_a_domain_under_chiplet_policies():
-    """MI300X-like: 304 programs round-robin over 8 XCDs. With the policy's remap handing out
-    the pieces, the pieces of a stream-K tile (and the partials its last program merges) stay on
-    one XCD for most tiles; handed out by program id they spread over several."""
+def test_streamk_remap_order_puts_a_tiles_pieces_on_one_domain():
+    """MI300X-like: 304 programs round-robin over 8 XCDs. Pieces handed out in the policy's remap
+    order (the alternative the simulator compares) keep a stream-K tile's pieces on one XCD for
+    most tiles under chiplet_tiled; by program id (what the kernel does) they spread."""
     grid, iters, P, X = M.GemmGrid(20, 20), 80, 304, 8     # 400 tiles: 96 left after one wave
 
-    def one_domain_fraction(policy):
+    def one_domain_fraction(policy, order):
         dom = {}
-        for p, ps in enumerate(M.streamk_units_reference(policy, grid, iters, P, X)):
+        for p, ps in enumerate(M.streamk_units_reference(policy, grid, iters, P, X, piece_order=order)):
             for a, b_, lo, hi in ps:
                 if (lo, hi) != (0, iters):
                     dom.setdefault((a, b_), set()).add(p % X)
         return sum(len(d) == 1 for d in dom.values()) / len(dom)
 
-    assert one_domain_fraction("chiplet_tiled") >= 0.9      # 0.93: 89 of 96 tiles
-    assert one_domain_fraction("grouped") == 0.0
+    assert one_domain_fraction("chiplet_tiled", "remap") >= 0.9      # 0.93: 89 of 96 tiles
+    assert one_domain_fraction("chiplet_tiled", "program") == 0.0
+    assert one_domain_fraction("grouped", "remap") == 0.0            # no domain remap: the same
 
 
 

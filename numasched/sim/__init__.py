@@ -12,9 +12,10 @@ line-level one (always, by the choice of unit), ``lru.py`` for the vectorised LR
 from .core import PEAK_FLOPS, SimResult, schedule, simulate  # noqa: F401
 from .models import AttentionModel, DecodeModel, GemmModel, KernelModel  # noqa: F401
 from .ragged import RaggedDecodeModel, lengths_uniform  # noqa: F401
+from .streamk import StreamKGemmModel  # noqa: F401
 
 __all__ = ["simulate", "SimResult", "AttentionModel", "DecodeModel", "GemmModel", "KernelModel",
-           "RaggedDecodeModel", "lengths_uniform", "report", "add_parser", "PEAK_FLOPS", "schedule"]
+           "RaggedDecodeModel", "StreamKGemmModel", "lengths_uniform", "report", "add_parser", "PEAK_FLOPS", "schedule"]
 
 
 def add_parser(subparsers):

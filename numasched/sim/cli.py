@@ -67,6 +67,10 @@ def add_parser(subparsers):
     g.add_argument("--m", type=positive_int, default=8192, help="GEMM rows of A and C")
     g.add_argument("--n", type=positive_int, default=8192, help="GEMM columns of B and C")
     g.add_argument("--k", type=positive_int, default=8192, help="GEMM inner dimension")
+    g.add_argument("--streamk", action="store_true",
+                   help="beside each policy's data-parallel GEMM, the stream-K kernel with its pieces by program "
+                        "id (the kernel) and in the policy's domain-remap order (numasched/sim/streamk.py); "
+                        "--programs: persistent programs (default one per CU)")
     t = p.add_argument_group("tiles and machine")
     t.add_argument("--tile", type=_tile, default=None, help="tile sizes MxN or MxNxK (overrides --block-*)")
     t.add_argument("--block-m", type=positive_int, default=128, help="tile rows (attention: query rows)")
@@ -311,9 +315,13 @@ def run(args) -> int:
         model = build_model(args)
         names = policies_for(args.mapping, args.kernel)
         peak = None if args.tflops is None else args.tflops * 1e12
-        results = simulate_all(topo, model, names, occupancy=args.occupancy, llc_ways=args.llc_ways,
-                               jitter=sync["jitter"], skew=sync["skew"], seed=args.seed, peak_flops=peak,
-                               set_hash=args.set_hash, progress=not args.no_progress and sys.stderr.isatty())
+        kw = dict(occupancy=args.occupancy, llc_ways=args.llc_ways, jitter=sync["jitter"], skew=sync["skew"],
+                  seed=args.seed, peak_flops=peak, set_hash=args.set_hash,
+                  progress=not args.no_progress and sys.stderr.isatty())
+        if args.streamk:
+            results = streamk_results(topo, model, names, args.programs or 0, kw)
+        else:
+            results = simulate_all(topo, model, names, **kw)
     except ValueError as e:
         print(f"numasched simulate: error: {e}", file=sys.stderr)
         return 2
@@ -335,6 +343,24 @@ def run(args) -> int:
         if not args.json:
             print(f"wrote {args.plot}")
     return 0
+
+
+def streamk_results(topo, model, names, programs: int, kw) -> list:
+    """Per policy: the data-parallel GemmModel, then the stream-K kernel in both piece orders."""
+    from .core import simulate
+    from .models import GemmModel
+    from .streamk import PIECE_ORDERS, StreamKGemmModel
+
+    if not isinstance(model, GemmModel):
+        raise ValueError("--streamk needs --kernel gemm")
+    out = []
+    for name in names:
+        out.append(simulate(topo, model, name, **kw))
+        for order in PIECE_ORDERS:
+            sk = StreamKGemmModel(model.m, model.n, model.k, model.block_m, model.block_n, model.block_k,
+                                  model.dtype_bytes, programs, name, order)
+            out.append(simulate(topo, sk, "auto", **kw))
+    return out
 
 
 def ragged_models(args) -> list:
