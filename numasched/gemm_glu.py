@@ -28,6 +28,7 @@ from . import observe as _observe
 from . import options as _options
 from . import topology as _topology
 from ._plan import PLANS, Plan, signature, upcast_like
+from ._route import plain_eager
 from ._validate import check_int32_indexing, check_tensor
 from .gemm import SUPPORTED_DTYPES, TensorDescriptor, _splitk_buffers, input_precision, tma_view
 
@@ -187,14 +188,38 @@ def _key(a, b, out):
             a.device.type != "cuda" and caps.interpreting(), _topology._CURRENT, _options._CURRENT)
 
 
-def matmul_swiglu(a: torch.Tensor, b: torch.Tensor, *, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``silu(a @ b[:, :n]) * (a @ b[:, n:])`` for a (M, K) and b (K, 2n) (any strides; ``w.T`` of a
-    (2n, K) gate/up weight is read without a copy), fp32 accumulation, one launch. Returns (M, n)
-    in a's dtype (into ``out`` when given). Plans are cached per signature."""
-    check_matmul_swiglu(a, b, out)
+def _run(a, b, out=None):
     key, plan = PLANS.find(_key, a, b, out)
     if plan is None:
         plan = SwiGLUPlan(a, b, out)
         if key is not None:
             PLANS.put(key, plan)
     return plan.run(a, b, out)
+
+
+# torch.compile, fake tensors and dispatch modes see one custom op (no autograd: inference)
+@torch.library.custom_op("numasched::matmul_swiglu", mutates_args=())
+def _swiglu_op(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    check_matmul_swiglu(a, b)
+    return _run(a, b)
+
+
+@_swiglu_op.register_fake
+def _swiglu_fake(a, b):
+    Mdim, n, _, dtype = check_matmul_swiglu(a, b)
+    return a.new_empty((Mdim, n), dtype=dtype)
+
+
+def matmul_swiglu(a: torch.Tensor, b: torch.Tensor, *, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``silu(a @ b[:, :n]) * (a @ b[:, n:])`` for a (M, K) and b (K, 2n) (any strides; ``w.T`` of a
+    (2n, K) gate/up weight is read without a copy), fp32 accumulation, one launch. Returns (M, n)
+    in a's dtype (into ``out`` when given). Plans are cached per signature. Inference only (no
+    autograd); under torch.compile it is the custom op ``numasched::matmul_swiglu``."""
+    check_matmul_swiglu(a, b, out)
+    if plain_eager(a, b, out):
+        return _run(a, b, out)
+    if any(t is not None and t.requires_grad for t in (a, b, out)) and torch.is_grad_enabled():
+        raise RuntimeError("matmul_swiglu has no backward (inference only); run it under torch.no_grad()")
+    if out is not None:
+        return out.copy_(torch.ops.numasched.matmul_swiglu(a, b))
+    return torch.ops.numasched.matmul_swiglu(a, b)

@@ -133,3 +133,19 @@ def test_swiglu_bf16_into_a_strided_out():
     out = buf[:, :40]
     y = numasched.plan_matmul_swiglu(x, b, out).run(x, b, out)
     assert _err(y, x, b) < 1e-2 and torch.isnan(buf[:, 40:]).all()
+
+
+@cpu
+def test_swiglu_under_torch_compile_and_fake_tensors():
+    """The custom op: fake tensors give the output's shape and dtype without running; a compiled
+    function calling it matches the eager call; autograd is refused by name."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        y = numasched.matmul_swiglu(torch.empty(3, 16), torch.empty(16, 10))
+    assert y.shape == (3, 5) and y.dtype == torch.float32
+    x, b = _data(4, 24, 64, torch.float32, seed=2)
+    f = torch.compile(lambda x, b: numasched.matmul_swiglu(x, b) * 2, backend="eager", fullgraph=True)
+    assert torch.allclose(f(x, b), 2 * numasched.matmul_swiglu(x, b))
+    with pytest.raises(RuntimeError, match="no backward"):
+        numasched.matmul_swiglu(x.requires_grad_(), b)
