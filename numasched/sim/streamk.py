@@ -25,12 +25,11 @@ against 0.00; 512 x 2560 x 8192: 0.38 against 0.10) but lowers the operands' (A:
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
-from math import gcd
 
 import numpy as np
 
 from .. import mappings as M
-from .models import KernelModel, _ceil_div
+from .models import GemmModel
 from .units import TensorLines
 
 PARTIAL_BYTES = 4  # fp32 partial tiles
@@ -38,7 +37,7 @@ PIECE_ORDERS = ("program", "remap")
 
 
 @dataclass(frozen=True)
-class StreamKGemmModel(KernelModel):
+class StreamKGemmModel(GemmModel):
     """C = A @ B (A [M, K], B [K, N] row-major) by the stream-K kernel (see the module doc).
 
     Args:
@@ -49,22 +48,13 @@ class StreamKGemmModel(KernelModel):
             domain remap over the programs).
     """
 
-    m: int
-    n: int
-    k: int
-    block_m: int = 128
-    block_n: int = 256
-    block_k: int = 64
-    dtype_bytes: int = 2
     programs: int = 0
     mapping: str = "auto"
     piece_order: str = "program"
-    kind = "gemm"
     schedule_dependent = True
 
     def __post_init__(self):
-        for f in ("m", "n", "k", "block_m", "block_n", "block_k", "dtype_bytes"):
-            M.positive_int(f, getattr(self, f))
+        super().__post_init__()
         if isinstance(self.programs, bool) or not isinstance(self.programs, (int, np.integer)) or self.programs < 0:
             raise ValueError(f"programs must be an integer >= 0, got {self.programs!r}")
         if self.piece_order not in PIECE_ORDERS:
@@ -76,11 +66,11 @@ class StreamKGemmModel(KernelModel):
 
     @property
     def gemm_grid(self):
-        return M.GemmGrid(_ceil_div(self.m, self.block_m), _ceil_div(self.n, self.block_n))
+        return GemmModel.grid.fget(self)
 
     @property
-    def k_steps(self) -> int:
-        return _ceil_div(self.k, self.block_k)
+    def grid(self):
+        raise ValueError("grid: the stream-K model assigns work to its programs itself (no policy grid)")
 
     def bind(self, topology) -> "StreamKGemmModel":
         """A copy for this GPU: programs resolved, the policy picked, the assignment made."""
@@ -127,11 +117,6 @@ class StreamKGemmModel(KernelModel):
         plan["merge"] = np.zeros(plan["pc"]["prog"].size, dtype=bool)
         self._table(plan)
         return plan
-
-    def check_line(self, line: int) -> None:
-        for f in ("k", "n", "block_k", "block_n"):
-            if (getattr(self, f) * self.dtype_bytes) % line:
-                raise ValueError(f"StreamKGemmModel: {f}*dtype_bytes must be a multiple of the {line}-byte line")
 
     def _table(self, plan) -> None:
         """The flat access table (tensor, r0, nr, c0, nc) of every access, program by program."""
@@ -195,15 +180,9 @@ class StreamKGemmModel(KernelModel):
 
     # ------------------------------------------------------------------ KernelModel
     def tensors(self, line):
-        self.check_line(line)
-        e = self.dtype_bytes
-        a = TensorLines("A", self.m, self.k * e // line, gcd(self.block_m, self.m),
-                        gcd(self.block_k * e, self.k * e) // line)
-        b = TensorLines("B", self.k, self.n * e // line, gcd(self.block_k, self.k),
-                        gcd(self.block_n * e, self.n * e) // line)
         pcols = self.block_n * PARTIAL_BYTES // line
-        p = TensorLines("P", 2 * self.programs * self.block_m, pcols, self.block_m, pcols)
-        return [a, b, p]
+        return GemmModel.tensors(self, line) + [TensorLines("P", 2 * self.programs * self.block_m, pcols,
+                                                            self.block_m, pcols)]
 
     def tiles(self, plan, wg, k):
         idx = np.minimum(plan["prog_off"][wg] + k, plan["tensor"].size - 1)
