@@ -112,8 +112,10 @@ def main(argv=None) -> int:
         # read the operands), then the model's next best schedules of the same kind of set
         own = numasched.plan_matmul(x, ws[0].T, outs[0])
         chosen = own.schedule
-        ranked = sorted((GS.estimate(s, m, n, k, 2, machine), i, s)
-                        for i, s in enumerate(GS.candidates(m, n, k, 2, machine, splitk_only=not _tma_ok(x, ws[0]))))
+        # the model's next best, ranked as the plan's chooser ranks them (TMA split-K, alignment)
+        tma = _tma_ok(x, ws[0])
+        ranked = sorted((GS.estimate(s, m, n, k, 2, machine, splitk_tma=tma, aligned=tma), i, s)
+                        for i, s in enumerate(GS.candidates(m, n, k, 2, machine, splitk_only=not tma)))
         tried = {}
         err = None
         for est, _, s in [(chosen.est_s, -1, chosen)] + ranked[: args.top + 1]:

@@ -284,7 +284,8 @@ class GemmPlan(Plan):
             elif options.gemm_schedule == "model":
                 schedule = _sched.choose(Mdim, N, K, a.dtype, dev, table=options.gemm_table,
                                          splitk_only=not tma_ok or self.int64,
-                                         splitk_tma=options.gemm_splitk_tma and tma_ok and not self.int64)
+                                         splitk_tma=options.gemm_splitk_tma and tma_ok and not self.int64,
+                                         aligned=a_view is not None and b_view is not None)
         if schedule is not None and schedule.kind == "streamk":
             # TMA on Hopper (path "auto" or "tma"), or in the interpreter when asked (path="tma")
             can_tma = (not self.int64 and a_view is not None and b_view is not None and TensorDescriptor is not None

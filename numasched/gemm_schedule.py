@@ -89,6 +89,10 @@ SPLITK_MMA_EFFICIENCY = 0.5
 # it beat the best other schedule at several points (5120 x 12800: 198 against 254 us).
 STREAMK_MAX_WAVES = 4
 STREAMK_MIN_ROWS = 1024
+# Operands whose rows are not 16-byte aligned (an odd K in bf16) are read without vector loads:
+# an SM then streams at most this share of its fair bandwidth, so more, smaller units pay (H200:
+# 3 x 5003 x 4093 ran 60 us unsplit and 27 us in 4 splits; 97 x 3001 x 1537 38 vs 25 in 2).
+MISALIGNED_SM_BW_SHARE = 0.5
 # The stream-K phase's K iterations cost this much more than the model's streaming/tensor time
 # (pipeline restarts per piece, partial tiles through L2; fitted to the same run).
 STREAMK_PIECE_COST = 1.5
@@ -200,7 +204,8 @@ def candidates(M: int, N: int, K: int, elt: int, machine: Machine, *, splitk_onl
     return out
 
 
-def estimate(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machine, splitk_tma: bool = False) -> float:
+def estimate(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machine, splitk_tma: bool = False,
+             aligned: bool = True) -> float:
     """Modelled time of ``s`` in seconds (see the module doc)."""
     from .kernels.gemm_splitk import shared_bytes
 
@@ -215,7 +220,8 @@ def estimate(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machine, sp
     active = min(units, slots)
     waves = _cdiv(units, slots)
     fair = machine.hbm_bytes_per_s / active
-    bw = min(fair, machine.sm_bw_share * machine.hbm_bytes_per_s / machine.sms / occ)
+    share = machine.sm_bw_share if aligned else MISALIGNED_SM_BW_SHARE
+    bw = min(fair, share * machine.hbm_bytes_per_s / machine.sms / occ)
     t_mem = (s.block_n * kps * elt + A_WEIGHT * s.block_m * kps * elt) / bw
     rate = machine.tensor_flops / min(active, machine.sms) / (occ if active >= machine.sms else 1)
     if s.kind == "splitk" and s.block_m >= 64 and not splitk_tma:
@@ -243,7 +249,8 @@ def estimate(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machine, sp
 
 
 def choose(M: int, N: int, K: int, dtype: torch.dtype, device: Optional[torch.device] = None, *,
-           table: Optional[str] = None, splitk_only: bool = False, splitk_tma: bool = False) -> Schedule:
+           table: Optional[str] = None, splitk_only: bool = False, splitk_tma: bool = False,
+           aligned: bool = True) -> Schedule:
     """The schedule for this GEMM: a tuned table's entry if it has one, else the model's pick."""
     elt = torch.empty((), dtype=dtype).element_size()
     machine = Machine.of(device)
@@ -251,15 +258,15 @@ def choose(M: int, N: int, K: int, dtype: torch.dtype, device: Optional[torch.de
         hit = load_table(table).get(_table_key(M, N, K, dtype, machine.name))
         if hit is not None:
             return Schedule(**hit)
-    return _choose(M, N, K, elt, machine, splitk_only, splitk_tma)
+    return _choose(M, N, K, elt, machine, splitk_only, splitk_tma, aligned)
 
 
 @functools.lru_cache(maxsize=4096)
-def _choose(M: int, N: int, K: int, elt: int, machine: Machine, splitk_only: bool, splitk_tma: bool = False
-            ) -> Schedule:
+def _choose(M: int, N: int, K: int, elt: int, machine: Machine, splitk_only: bool, splitk_tma: bool = False,
+            aligned: bool = True) -> Schedule:
     best = None
     for s in candidates(M, N, K, elt, machine, splitk_only=splitk_only or elt > 2):
-        t = estimate(s, M, N, K, elt, machine, splitk_tma)
+        t = estimate(s, M, N, K, elt, machine, splitk_tma, aligned)
         if best is None or t < best.est_s * 0.999:
             best = replace(s, est_s=t)
     return best

@@ -937,3 +937,17 @@ def test_bf16_operand_views_keep_their_strides_in_the_interpreter():
     big = torch.randn(7, 128).to(torch.bfloat16)
     a, b = big[:, :64], torch.randn(64, 24).to(torch.bfloat16)
     assert _rel_err(numasched.matmul(a, b), a, b) < 1e-2
+
+
+def test_chooser_splits_more_when_rows_are_not_16_byte_aligned():
+    """Rows of an odd K in bf16 are read without vector loads: the model caps an SM's bandwidth
+    lower there, so it cuts K for more parallel units (on the H200, 97 x 3001 x 1537 ran 38 us
+    unsplit and 25 in two splits)."""
+    from numasched import gemm_schedule as GS
+
+    aligned = GS.choose(97, 3001, 1537, torch.bfloat16, splitk_only=True)
+    odd = GS.choose(97, 3001, 1537, torch.bfloat16, splitk_only=True, aligned=False)
+    assert odd.split_k > aligned.split_k or odd.est_s > aligned.est_s
+    assert odd.split_k >= 2
+    # aligned shapes: unchanged by the flag's default
+    assert GS.choose(64, 4096, 4096, torch.bfloat16) == GS.choose(64, 4096, 4096, torch.bfloat16, aligned=True)
