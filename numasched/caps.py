@@ -26,6 +26,14 @@ INT32_MAX = 2**31 - 1
 INTERPRETER_SMS = 8
 
 
+def launch_mode(device) -> str:
+    """How an op's kernels run on ``device``: "interpreter" (``TRITON_INTERPRET=1``), "kernel"
+    (compiled, CUDA/ROCm) or "torch" (no Triton device: the op's torch fallback)."""
+    if interpreting():
+        return "interpreter"
+    return "kernel" if device.type == "cuda" else "torch"
+
+
 def interpreting() -> bool:
     """Whether Triton's interpreter runs kernels (``TRITON_INTERPRET=1``), read now.
 

@@ -303,8 +303,7 @@ class DecodePlan(Plan):
         self.device = dev
         self.topology = _topology.current()
         if mode is None:
-            mode = "empty" if shape.batch == 0 else (
-                "interpreter" if caps.interpreting() else "kernel" if dev.type == "cuda" else "torch")
+            mode = "empty" if shape.batch == 0 else caps.launch_mode(dev)
         self.mode = mode
         self.num_splits = S = 0
         self.row_groups = 0

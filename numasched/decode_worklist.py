@@ -436,8 +436,7 @@ class DecodeWorklistPlan(Plan):
         self._lse_stride = D._contiguous_strides(shape.lse_shape)
         self._so = (self._out_stride[0], self._out_stride[1], self._lse_stride[0], self._lse_stride[1])
         if mode is None:
-            mode = "empty" if shape.batch == 0 else (
-                "interpreter" if caps.interpreting() else "kernel" if dev.type == "cuda" else "torch")
+            mode = "empty" if shape.batch == 0 else caps.launch_mode(dev)
         self.mode = mode
         B, H, HK, Dh = shape.batch, shape.heads, shape.kv_heads, shape.head_dim
         G = H // HK

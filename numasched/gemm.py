@@ -252,12 +252,8 @@ class GemmPlan(Plan):
             self.mode = "empty"
         elif K == 0:
             self.mode = "zero"
-        elif caps.interpreting():
-            self.mode = "interpreter"
-        elif dev.type == "cuda":
-            self.mode = "kernel"
         else:
-            self.mode = "torch"
+            self.mode = caps.launch_mode(dev)
         if self.mode in ("empty", "zero", "torch"):
             self._freeze()
             return

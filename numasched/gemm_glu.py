@@ -73,14 +73,7 @@ class SwiGLUPlan(Plan):
         self.schedule = self.config = self.policy = None
         self.grid, self.block_n, self.split_k, self.path, self.workspace_bytes = (), 0, 1, "pointer", 0
         self._launch = None
-        if Mdim == 0 or K == 0:
-            self.mode = "empty"
-        elif caps.interpreting():
-            self.mode = "interpreter"
-        elif dev.type == "cuda":
-            self.mode = "kernel"
-        else:
-            self.mode = "torch"
+        self.mode = "empty" if Mdim == 0 or K == 0 else caps.launch_mode(dev)
         if self.mode in ("empty", "torch"):
             self._freeze()
             return
