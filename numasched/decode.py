@@ -260,6 +260,27 @@ def _torch_decode(q, k_cache, v_cache, cache_seqlens, block_table, scale, shape:
     return out.reshape(shape.out_shape).to(q.dtype), lse.reshape(shape.lse_shape).float()
 
 
+# ----------------------------------------------------------------------------- outputs
+def prepare_outputs(plan, q, out, lse, want_lse: bool):
+    """``(out, lse, thin)`` of a decode plan's run (the split and the work-list kernel): outputs
+    allocated where not given (an lse nobody asked for is a per-stream scratch buffer under a
+    compiled kernel). The compiled kernel is specialised on the layout of the outputs the plan
+    allocates (q's layout for out, contiguous lse, 16-byte aligned): ``thin`` is False when a
+    caller's outputs are laid out otherwise (they take Triton's own launch path)."""
+    s, dev = plan.shape, plan.device
+    thin = True
+    if out is None:
+        out = torch.empty(s.out_shape, dtype=q.dtype, device=dev) if s.q_4d else torch.empty_like(q)
+    elif out.stride() != plan._out_stride or out.data_ptr() % 16:
+        thin = False
+    if lse is None:
+        lse = (scratch(s.lse_shape, torch.float32, dev, caps.stream_handle(dev))
+               if not want_lse and plan.mode == "kernel" else torch.empty(s.lse_shape, dtype=torch.float32, device=dev))
+    elif lse.stride() != plan._lse_stride or lse.data_ptr() % 16:
+        thin = False
+    return out, lse, thin
+
+
 # ----------------------------------------------------------------------------- the plan
 class DecodePlan(Plan):
     """A planned decode: made by :func:`plan_decode`, run with :meth:`run`.
@@ -439,22 +460,9 @@ class DecodePlan(Plan):
     def _run(self, q, k_cache, v_cache, cache_seqlens, block_table, out=None, lse=None, want_lse=True):
         s = self.shape
         dev = self.device
-        if not want_lse and lse is None and self.mode == "kernel":
-            lse = scratch(self._lse_shape, torch.float32, dev, caps.stream_handle(dev))
         if self.check_data and (cache_seqlens is not None or block_table is not None) and not caps.capturing(dev):
             check_decode_data(s, cache_seqlens, block_table)
-        # The compiled kernel is specialised on the layout of the outputs this plan allocates
-        # (q's layout for out, contiguous lse, 16-byte aligned): a caller's outputs laid out
-        # otherwise take Triton's own launch path.
-        thin = True
-        if out is None:
-            out = torch.empty(s.out_shape, dtype=q.dtype, device=dev) if s.q_4d else torch.empty_like(q)
-        elif out.stride() != self._out_stride or out.data_ptr() % 16:
-            thin = False
-        if lse is None:
-            lse = torch.empty(self._lse_shape, dtype=torch.float32, device=dev)
-        elif lse.stride() != self._lse_stride or lse.data_ptr() % 16:
-            thin = False
+        out, lse, thin = prepare_outputs(self, q, out, lse, want_lse)
         mode = self.mode
         if mode == "empty":
             return out, lse

@@ -68,7 +68,7 @@ from . import decode as D
 from . import observe as _observe
 from . import options as _options
 from . import topology as _topology
-from ._plan import Plan, grow_only, scratch, signature
+from ._plan import Plan, grow_only, signature
 from ._validate import check_positive_int, check_tensor
 
 __all__ = ["plan_decode_worklist", "DecodeWorklistPlan", "Worklist", "build_worklist", "check_lengths",
@@ -602,16 +602,7 @@ class DecodeWorklistPlan(Plan):
     def _run(self, q, k_cache, v_cache, cache_seqlens, block_table, out=None, lse=None, want_lse=True):
         s = self.shape
         dev = self.device
-        thin = True
-        if out is None:
-            out = torch.empty_like(q)
-        elif out.stride() != self._out_stride or out.data_ptr() % 16:
-            thin = False
-        if lse is None:
-            lse = (torch.empty(s.lse_shape, dtype=torch.float32, device=dev) if want_lse or self.mode != "kernel"
-                   else scratch(s.lse_shape, torch.float32, dev, caps.stream_handle(dev)))
-        elif lse.stride() != self._lse_stride or lse.data_ptr() % 16:
-            thin = False
+        out, lse, thin = D.prepare_outputs(self, q, out, lse, want_lse)
         mode = self.mode
         if mode == "empty":
             return out, lse
