@@ -5,7 +5,6 @@ GPU (-m gpu): real sizes in bf16/fp16/fp32, torch.compile and CUDA-graph capture
 Every Triton test checks that the kernel ran (a launch observer, ``numasched.observe``), not the
 torch fallback, and outputs are poisoned with NaN before each launch.
 """
-import math
 import warnings
 
 import pytest
@@ -20,7 +19,7 @@ from numasched._plan import PLANS
 from numasched._route import plain_eager, reset_warnings
 from numasched.kernels import flash_decode as FD
 
-from conftest import DEVICE
+from conftest import DEVICE, decode_reference
 
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
 
@@ -29,26 +28,8 @@ TOL = {torch.float32: 2e-5, torch.float16: 1e-2, torch.bfloat16: 2e-2}
 
 # ----------------------------------------------------------------------------- helpers
 def reference(q, k_cache, v_cache, lens=None, block_table=None, scale=None):
-    """float64 decode attention: out (B, H, D) and natural-log lse (B, H) (-inf, zeros when empty)."""
-    B, H, Dh = q.shape
-    if block_table is not None:
-        bt = block_table.long().clamp(min=0)
-        k = k_cache[bt].reshape(B, -1, k_cache.shape[2], Dh)
-        v = v_cache[bt].reshape(B, -1, v_cache.shape[2], Dh)
-    else:
-        k, v = k_cache, v_cache
-    HK = k.shape[2]
-    L = k.shape[1]
-    lens = torch.full((B,), L) if lens is None else lens.long().cpu()
-    scale = 1 / math.sqrt(Dh) if scale is None else scale
-    k = k.double().repeat_interleave(H // HK, dim=2)
-    v = v.double().repeat_interleave(H // HK, dim=2)
-    s = torch.einsum("bhd,blhd->bhl", q.double(), k) * scale
-    valid = torch.arange(L, device=q.device)[None, :] < lens.to(q.device)[:, None]
-    s = s.masked_fill(~valid[:, None, :], float("-inf"))
-    lse = torch.logsumexp(s, -1)
-    p = torch.exp(s - lse[..., None]).nan_to_num(0.0)
-    return torch.einsum("bhl,blhd->bhd", p, v), lse
+    """float64 decode attention on q's device (conftest.decode_reference)."""
+    return decode_reference(q, k_cache, v_cache, lens, block_table, scale)
 
 
 def check(out, lse, ref_out, ref_lse, dtype):

@@ -7,7 +7,6 @@ properties with hypothesis; the simulator. GPU (-m gpu): real sizes, the autotun
 replays while the lengths grow. An offline sm_90 compile checks the kernel's registers.
 """
 import json
-import math
 import os
 import subprocess
 import sys
@@ -25,7 +24,7 @@ import numasched.decode_worklist as W
 from numasched import caps, observe, options, sim, topology
 from numasched._route import reset_warnings
 
-from conftest import DEVICE
+from conftest import DEVICE, decode_reference
 
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
 
@@ -36,25 +35,9 @@ SLACK = 2 * W.MIN_PIECE_TOKENS + W.GRANULE + 2 * W.ITEM_OVERHEAD_TOKENS  # one c
 
 # ----------------------------------------------------------------------------- helpers
 def reference(q, k_cache, v_cache, lens, block_table=None, scale=None):
-    """float64 decode attention on q's device: out (B, H, D), natural-log lse (B, H); zeros and
-    -inf when empty. GQA without repeating K/V per query head (real sizes fit on the GPU)."""
-    B, H, Dh = q.shape
-    if block_table is not None:
-        bt = block_table.long().clamp(min=0)
-        k = k_cache[bt].reshape(B, -1, k_cache.shape[2], Dh)
-        v = v_cache[bt].reshape(B, -1, v_cache.shape[2], Dh)
-    else:
-        k, v = k_cache, v_cache
-    HK, L = k.shape[2], k.shape[1]
-    scale = 1 / math.sqrt(Dh) if scale is None else scale
-    qg = q.double().reshape(B, HK, H // HK, Dh)
-    s = torch.einsum("bkgd,blkd->bkgl", qg, k.double()) * scale
-    valid = torch.arange(L, device=q.device)[None, :] < torch.as_tensor(lens, device=q.device).long()[:, None]
-    s = s.masked_fill(~valid[:, None, None, :], float("-inf"))
-    lse = torch.logsumexp(s, -1)
-    p = torch.exp(s - lse[..., None]).nan_to_num(0.0)
-    out = torch.einsum("bkgl,blkd->bkgd", p, v.double())
-    return out.reshape(B, H, Dh).cpu(), lse.reshape(B, H).cpu()
+    """float64 decode attention (conftest.decode_reference), on the CPU."""
+    out, lse = decode_reference(q, k_cache, v_cache, lens, block_table, scale)
+    return out.cpu(), lse.cpu()
 
 
 def check(out, lse, ref_out, ref_lse, dtype):
