@@ -175,12 +175,7 @@ def _dry_run(args) -> int:
                           ["numasched.flash_decode", "SDPA cuDNN (with sdpa_kernel context)",
                            f"{args.calls} calls per measurement"])
     lines = []
-    for hname, B, L in _points(args):
-        H, HK = HEADS[hname]
-        kv_gb = 2 * B * L * HK * HEAD_DIM * 2 / 1e9
-        if kv_gb > args.max_gb:
-            lines.append(f"{hname} {H}/{HK} batch {B} ctx {L}: skipped (K+V {kv_gb:.1f} GB > --max-gb {args.max_gb:g})")
-            continue
+    for hname, H, HK, B, L, kv_gb in _dry_points(args, lines):
         lines.append(f"{hname} {H}/{HK} batch {B} ctx {L} d{HEAD_DIM}: K+V {kv_gb:.3f} GB, "
                      f"{choose_num_splits(B, HK, L, sms)} splits on {sms} SMs"
                      + (f", also splits {args.sweep_splits}" if args.sweep_splits else ""))
@@ -200,12 +195,7 @@ def _dry_run_multi(args, sms: int) -> int:
     from .common import print_plan
 
     lines = []
-    for hname, B, L in _points(args):
-        H, HK = HEADS[hname]
-        kv_gb = 2 * B * L * HK * HEAD_DIM * 2 / 1e9
-        if kv_gb > args.max_gb:
-            lines.append(f"{hname} {H}/{HK} batch {B} ctx {L}: skipped (K+V {kv_gb:.1f} GB > --max-gb {args.max_gb:g})")
-            continue
+    for hname, H, HK, B, L, kv_gb in _dry_points(args, lines):
         for sq in args.sq:
             block_g, groups = row_tiling(sq, H // HK)
             lines.append(f"{hname} {H}/{HK} batch {B} ctx {L} q_len {sq} d{HEAD_DIM}: K+V {kv_gb:.3f} GB, rows "
@@ -229,6 +219,19 @@ def _points(args):
     return [(h, b, c) for h in heads for b in batches for c in contexts]
 
 
+def _dry_points(args, lines: list, what: str = "K+V"):
+    """The dry runs' points whose (padded) K+V fits --max-gb, as (hname, H, HK, B, L, GB); a line
+    in ``lines`` for each skipped one."""
+    for hname, B, L in _points(args):
+        H, HK = HEADS[hname]
+        kv_gb = 2 * B * L * HK * HEAD_DIM * 2 / 1e9
+        if kv_gb > args.max_gb:
+            lines.append(f"{hname} {H}/{HK} batch {B} ctx {L}: skipped ({what} {kv_gb:.1f} GB > --max-gb "
+                         f"{args.max_gb:g})")
+            continue
+        yield hname, H, HK, B, L, kv_gb
+
+
 def ragged_lengths(batch: int, ctx: int, seed: int):
     """The lengths of a ragged point: uniform in [ctx // 16, ctx] (NumPy, seeded per point)."""
     import numpy as np
@@ -246,13 +249,9 @@ def _dry_run_ragged(args, sms: int) -> int:
 
     P = args.programs or PROGRAMS_PER_SM * sms
     lines = []
-    for hname, B, L in _points(args):
-        H, HK = HEADS[hname]
+    for hname, H, HK, B, L, _ in _dry_points(args, lines, "padded K+V"):
         lens = ragged_lengths(B, L, args.seed)
         useful = 2 * int(lens.sum()) * HK * HEAD_DIM * 2
-        if 2 * B * L * HK * HEAD_DIM * 2 > args.max_gb * 1e9:
-            lines.append(f"{hname} {H}/{HK} batch {B} ctx {L}: skipped (padded K+V > --max-gb {args.max_gb:g})")
-            continue
         wl = build_worklist(lens, HK, P, None, group=H // HK)
         lines.append(f"{hname} {H}/{HK} batch {B} ctx {L} d{HEAD_DIM}: lengths {int(lens.min())}..{int(lens.max())} "
                      f"(mean {lens.mean():.0f}), useful K+V {useful / 1e9:.3f} GB; split kernel "
