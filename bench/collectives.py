@@ -99,22 +99,17 @@ def main(argv=None) -> int:
 
 
 def _worker(args) -> int:
-    import datetime
-
     import torch
     import torch.distributed as dist
 
     import numasched.distributed as nd
     from numasched.distributed import cost
 
-    from .common import bench_fixed_ms, warm_up_for_capture, write_results
+    from .common import bench_fixed_ms, init_rank, warm_up_for_capture, write_results
 
     for k, v in ENV.items():
         os.environ.setdefault(k, v)
-    local = int(os.environ.get("LOCAL_RANK", 0))
-    torch.cuda.set_device(local)
-    dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=600), device_id=torch.device("cuda", local))
-    R, W = dist.get_rank(), dist.get_world_size()
+    R, W = init_rank()
     ctx = nd.init(heap_bytes=32 << 30, timeout_s=30.0)
     group = dist.group.WORLD.group_name
     bf = torch.bfloat16

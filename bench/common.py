@@ -262,3 +262,15 @@ def print_plan(suite: str, lines: List[str], contenders: List[str]) -> int:
     for c in contenders:
         print(f"  {c}")
     return 0
+
+
+def init_rank(timeout_s: float = 600.0) -> tuple:
+    """This torchrun rank's GPU (``LOCAL_RANK``) and its NCCL process group; returns (rank, world).
+    ``timeout_s``: NCCL's watchdog, set above any watchdog of the caller's that says what hung."""
+    import torch
+    import torch.distributed as dist
+
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl", timeout=_dt.timedelta(seconds=timeout_s), device_id=torch.device("cuda", local))
+    return dist.get_rank(), dist.get_world_size()

@@ -169,19 +169,12 @@ COLS = ["op", "shape", "world", "gemm_ms", "single_ms", "local_decode_ms", "bulk
 
 
 def _setup(limit: float = 0.0):
-    import datetime
-
-    import torch
-    import torch.distributed as dist
+    from .common import init_rank
 
     for k, v in ENV.items():
         os.environ.setdefault(k, v)
-    local = int(os.environ.get("LOCAL_RANK", 0))
-    torch.cuda.set_device(local)
     # NCCL's watchdog fires after our per-shape watchdog (which says what hung)
-    dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=max(300.0, 2 * limit + 60)),
-                            device_id=torch.device("cuda", local))
-    return dist.get_rank(), dist.get_world_size()
+    return init_rank(max(300.0, 2 * limit + 60))
 
 
 def _timer(args):

@@ -221,24 +221,16 @@ class _Ctx:
     """Rank, world, timers and output of one rank."""
 
     def __init__(self, args):
-        import torch
-
         for k, v in ENV.items():
             os.environ.setdefault(k, v)
         self.args = args
         self.rank, self.world = 0, 1
         if args.tp > 1:
-            import datetime
-
-            import torch.distributed as dist
+            from .common import init_rank
 
             if int(os.environ["WORLD_SIZE"]) != args.tp:
                 raise SystemExit(f"--tp {args.tp} but torchrun started {os.environ['WORLD_SIZE']} ranks")
-            local = int(os.environ.get("LOCAL_RANK", 0))
-            torch.cuda.set_device(local)
-            dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=600),
-                                    device_id=torch.device("cuda", local))
-            self.rank, self.world = dist.get_rank(), dist.get_world_size()
+            self.rank, self.world = init_rank()
         self.notes: List[str] = []
 
     def say(self, msg: str) -> None:

@@ -1,24 +1,18 @@
 """All-reduce config sweep (chunk size, warps, programs per SM) against NCCL and torch symm_mem,
 CUDA-graph replays, to set numasched.distributed.all_reduce's config and the cost model's
 constants. Run: NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node 2 scripts/ar_sweep.py"""
-import datetime
-import os
-
 import torch
 import torch.distributed as dist
 
 import numasched.distributed as nd
-from numasched.bench.common import bench_fixed_ms, warm_up_for_capture
+from numasched.bench.common import bench_fixed_ms, init_rank, warm_up_for_capture
 
 SIZES = [64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 CONFIGS = [(16384, 8, 1), (32768, 8, 1), (16384, 8, 2), (8192, 4, 2), (65536, 16, 1), (32768, 8, 2)]
 
 
 def main():
-    local = int(os.environ.get("LOCAL_RANK", 0))
-    torch.cuda.set_device(local)
-    dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=600), device_id=torch.device("cuda", local))
-    R, W = dist.get_rank(), dist.get_world_size()
+    R, W = init_rank()
     ctx = nd.init(heap_bytes=48 << 30, timeout_s=30.0)
     group = dist.group.WORLD.group_name
     from torch.distributed import _symmetric_memory as symm_mem
