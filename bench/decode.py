@@ -74,9 +74,14 @@ import argparse
 import math
 from typing import Callable, Dict, List, Optional
 
-HEADS = {"gqa": (32, 8), "mha": (32, 32)}
-BATCHES = [1, 8, 32, 128]
-CONTEXTS = [1024, 8192, 32768, 131072]
+# query / KV heads: the four configs (Llama-3-8B, Llama-3-70B, MHA, Qwen2-7B-like 28/4) and
+# Llama-3-8B at tensor parallel 2 (16/4: what each GPU of the TP 2 decoder runs)
+HEADS = {"gqa": (32, 8), "gqa64": (64, 8), "mha": (32, 32), "gqa28": (28, 4), "tp2": (16, 4)}
+ALL_HEADS = ["gqa", "gqa64", "mha", "gqa28"]
+# the grid (batch x context <= MAX_TOKENS; --batch / --ctx pick a part of it)
+BATCHES = [1, 2, 4, 8, 16, 32, 64, 128]
+CONTEXTS = [512, 1024, 2048, 4096, 8192, 16384, 32768, 131072]
+MAX_TOKENS = 4 << 20
 RAGGED_BATCHES = [8, 32, 128]
 RAGGED_CONTEXTS = [4096, 16384, 32768]
 RAGGED_QUICK_POINTS = [("gqa", 8, 32768), ("gqa", 32, 16384), ("gqa", 128, 4096), ("gqa", 128, 32768)]
@@ -117,8 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="numasched bench decode", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help=f"a handful of points: {QUICK_POINTS}")
-    p.add_argument("--heads", choices=["gqa", "mha", "all"], default="all",
-                   help="32 query / 8 KV heads (gqa), 32 / 32 (mha), or both")
+    p.add_argument("--heads", choices=list(HEADS) + ["all"], nargs="+", default=["all"],
+                   help="head configs (query / KV heads): " + ", ".join(f"{k} {h}/{kv}" for k, (h, kv) in HEADS.items())
+                        + f"; all: {' '.join(ALL_HEADS)} (the issue's grid)")
     p.add_argument("--batch", type=positive_int, nargs="+", default=None,
                    help=f"batch sizes (default {BATCHES}; --ragged: {RAGGED_BATCHES})")
     p.add_argument("--ctx", type=positive_int, nargs="+", default=None,
@@ -213,10 +219,10 @@ def _points(args):
     ragged = getattr(args, "ragged", False)
     if args.quick:
         return list(RAGGED_QUICK_POINTS if ragged else QUICK_MULTI_POINTS if args.sq else QUICK_POINTS)
-    heads = ["gqa", "mha"] if args.heads == "all" else [args.heads]
+    heads = list(dict.fromkeys(h for x in args.heads for h in (ALL_HEADS if x == "all" else [x])))
     batches = args.batch or (RAGGED_BATCHES if ragged else BATCHES)
     contexts = args.ctx or (RAGGED_CONTEXTS if ragged else CONTEXTS)
-    return [(h, b, c) for h in heads for b in batches for c in contexts]
+    return [(h, b, c) for h in heads for b in batches for c in contexts if ragged or b * c <= MAX_TOKENS]
 
 
 def _dry_points(args, lines: list, what: str = "K+V"):

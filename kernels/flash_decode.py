@@ -44,6 +44,23 @@ LN2 = tl.constexpr(_LN2)
 
 
 # ----------------------------------------------------------------------------- combine helpers
+# Partial values one combine step loads at once (fp32; 64 registers per thread at 4 warps).
+COMBINE_CHUNK_ELEMS = 8192
+
+
+@triton.constexpr_function
+def _pow2_at_least(n):
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+@triton.constexpr_function
+def _combine_chunk(heads_p2, block_d, block_s):
+    """Splits merged per step: all of them (up to ``block_s``) while heads x splits x head_dim
+    partial values stay within COMBINE_CHUNK_ELEMS."""
+    cap = max(1, COMBINE_CHUNK_ELEMS // (int(heads_p2) * int(block_d)))
+    return min(int(block_s), 1 << (cap.bit_length() - 1))
+
+
 @triton.jit
 def _combine_heads(PO, PL, O, LSE, row0, S, stride_oh, stride_lh,
                    NH: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
@@ -55,34 +72,42 @@ def _combine_heads(PO, PL, O, LSE, row0, S, stride_oh, stride_lh,
     first head's output). Partial s holds o_s, already divided by its own softmax sum, and
     lse2_s, its log-sum-exp of the scores in base 2. The merge is
     out = sum_s 2^(lse2_s - M) o_s / sum_s 2^(lse2_s - M), M = max_s lse2_s, done online over chunks
-    of BLOCK_S splits: with S <= BLOCK_S (the usual case) it is one vector load of all partials.
+    of splits. All NH heads are merged together, in a (heads, splits, head_dim) tile: the loads of
+    every head are in flight at once, so a small decode's merge (the last program's tail, on the
+    critical path) costs one memory round trip per chunk, not one per head. With the usual
+    S <= 16 and G <= 4 (d128) it is one chunk.
     Empty splits have lse2 = -inf and weigh nothing; an empty sequence gives zeros, lse = -inf.
     """
-    offs_s = tl.arange(0, BLOCK_S)
+    NH_P: tl.constexpr = _pow2_at_least(NH)
+    CS: tl.constexpr = _combine_chunk(NH_P, BLOCK_D, BLOCK_S)
+    offs_h = tl.arange(0, NH_P)
+    offs_s = tl.arange(0, CS)
     offs_d = tl.arange(0, BLOCK_D)
+    hmask = offs_h < NH
     dmask = offs_d < HEAD_DIM
-    for i in tl.static_range(NH):
-        r0 = row0 + i * S
-        m = tl.max(tl.full([BLOCK_S], float("-inf"), tl.float32), 0)
-        den = tl.sum(tl.zeros([BLOCK_S], tl.float32), 0)
-        acc = tl.zeros([BLOCK_D], tl.float32)
-        for s0 in range(0, S, BLOCK_S):
-            smask = (s0 + offs_s) < S
-            ls = tl.load(PL + r0 + s0 + offs_s, mask=smask, other=float("-inf"), cache_modifier=CACHE)
-            o = tl.load(PO + (r0 + s0 + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
-                        mask=smask[:, None] & dmask[None, :], other=0.0, cache_modifier=CACHE)
-            m_new = tl.maximum(m, tl.max(ls, 0))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing seen yet: avoid -inf - -inf
-            alpha = tl.math.exp2(m - m_safe)
-            w = tl.math.exp2(ls - m_safe)
-            den = den * alpha + tl.sum(w, 0)
-            acc = acc * alpha + tl.sum(w[:, None] * o, 0)
-            m = m_new
-        nonempty = den > 0
-        den_safe = tl.where(nonempty, den, 1.0)
-        lse = tl.where(nonempty, (m + tl.math.log2(den_safe)) * LN2, float("-inf"))
-        tl.store(O + i * stride_oh + offs_d, (acc / den_safe).to(O.dtype.element_ty), mask=dmask)
-        tl.store(LSE + i * stride_lh, lse)
+    head_row = row0 + offs_h * S  # first partial row of each head
+    m = tl.full([NH_P], float("-inf"), tl.float32)
+    den = tl.zeros([NH_P], tl.float32)
+    acc = tl.zeros([NH_P, BLOCK_D], tl.float32)
+    for s0 in range(0, S, CS):
+        rows = head_row[:, None] + (s0 + offs_s)[None, :]  # (heads, splits)
+        ok = hmask[:, None] & ((s0 + offs_s) < S)[None, :]
+        ls = tl.load(PL + rows, mask=ok, other=float("-inf"), cache_modifier=CACHE)
+        o = tl.load(PO + rows[:, :, None] * HEAD_DIM + offs_d[None, None, :],
+                    mask=ok[:, :, None] & dmask[None, None, :], other=0.0, cache_modifier=CACHE)
+        m_new = tl.maximum(m, tl.max(ls, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing seen yet: avoid -inf - -inf
+        alpha = tl.math.exp2(m - m_safe)
+        w = tl.math.exp2(ls - m_safe[:, None])
+        den = den * alpha + tl.sum(w, 1)
+        acc = acc * alpha[:, None] + tl.sum(w[:, :, None] * o, 1)
+        m = m_new
+    nonempty = den > 0
+    den_safe = tl.where(nonempty, den, 1.0)
+    lse = tl.where(nonempty, (m + tl.math.log2(den_safe)) * LN2, float("-inf"))
+    tl.store(O + offs_h[:, None] * stride_oh + offs_d[None, :], (acc / den_safe[:, None]).to(O.dtype.element_ty),
+             mask=hmask[:, None] & dmask[None, :])
+    tl.store(LSE + offs_h * stride_lh, lse, mask=hmask)
 
 
 @triton.jit

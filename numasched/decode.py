@@ -189,6 +189,9 @@ PROGRAM_OVERHEAD_TOKENS = 128
 # Splits as short as one 64-token block still pay off when they fill the GPU (batch 1 x 1k: 16
 # splits of 64 tokens, 13.4 us, against 16.7 us with 4 splits of 256).
 MIN_SPLIT_TOKENS = 64
+# A program streams its split in tiles of this many tokens (the fixed configs' BLOCK_N): the split
+# model charges whole tiles.
+SPLIT_TILE_TOKENS = 64
 # Automatic splits: up to 256, so that a single (batch, kv_head) pair still fills a GPU of up to
 # 256 SMs/CUs (MI300X has 304 CUs: nearly). An explicit num_splits may be larger.
 MAX_SPLITS = 256
@@ -198,16 +201,19 @@ def choose_num_splits(batch: int, kv_heads: int, max_seqlen: int, num_sms: int) 
     """Splits per (batch, kv_head) for a cache of ``max_seqlen`` tokens on ``num_sms`` SMs/CUs.
 
     Model: programs run in waves of ``num_sms * PROGRAMS_PER_SM``; a program costs its chunk of
-    tokens plus a fixed overhead. Among 1 .. min(MAX_SPLITS, max_seqlen // MIN_SPLIT_TOKENS)
-    splits, pick the lowest ``waves * (tokens per split + overhead)`` (the fewest splits within 2%
-    of it). So batch * kv_heads * splits reaches about PROGRAMS_PER_SM programs per SM when the
+    tokens (in whole SPLIT_TILE_TOKENS tiles) plus a fixed overhead. Among 1 .. min(MAX_SPLITS,
+    max_seqlen // MIN_SPLIT_TOKENS) splits, pick the lowest ``waves * (tile-rounded tokens per
+    split + overhead)`` (the fewest splits within 2% of it). So batch * kv_heads * splits reaches about PROGRAMS_PER_SM programs per SM when the
     context is long enough, the last wave is not mostly empty, and one split (no combine at all)
     is used when there are enough (batch, kv_head) pairs.
     """
     items = max(1, batch * kv_heads)
     slots = max(1, num_sms * PROGRAMS_PER_SM)
     s_max = max(1, min(MAX_SPLITS, max_seqlen // MIN_SPLIT_TOKENS))
-    costs = [-(-items * s // slots) * (-(-max(max_seqlen, 1) // s) + PROGRAM_OVERHEAD_TOKENS)
+    # a split streams whole tiles: 2048 tokens in 31 splits are 67 tokens each, i.e. a 64-token tile
+    # and a 3-token one, as slow as 128 (32 splits of exactly one tile are faster)
+    costs = [-(-items * s // slots) * (_round_up(-(-max(max_seqlen, 1) // s), SPLIT_TILE_TOKENS)
+                                       + PROGRAM_OVERHEAD_TOKENS)
              for s in range(1, s_max + 1)]
     # the fewest splits within 2% of the best (fewer partials to write and merge)
     return next(s for s, c in enumerate(costs, 1) if c <= 1.02 * min(costs))
@@ -547,6 +553,10 @@ def _contiguous_strides(shape) -> tuple:
         strides.append(n)
         n *= max(int(x), 1)
     return tuple(reversed(strides))
+
+
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
 
 
 def _next_pow2(n: int) -> int:

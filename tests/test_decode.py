@@ -247,7 +247,9 @@ def test_choose_num_splits():
     for B, HK in [(1, 8), (1, 2), (2, 1)]:
         s = D.choose_num_splits(B, HK, 131072, sms)
         assert D.PROGRAMS_PER_SM * sms * 0.9 <= B * HK * s <= D.PROGRAMS_PER_SM * sms and s <= D.MAX_SPLITS
-    assert D.choose_num_splits(1, 2, 131072, sms) > 64  # more than one combine chunk
+    assert D.choose_num_splits(1, 1, 131072, sms) > 64  # more than one combine chunk
+    # splits of whole tiles: 2048 tokens in 32 splits of one 64-token tile, not 31 of 67 tokens
+    assert D.choose_num_splits(1, 4, 2048, sms) == 32
     # the choices the H200 split sweep found best (bench/results/decode-sweep-h200-2026-11-22.csv)
     for ctx in (1024, 8192, 32768, 131072):
         assert D.choose_num_splits(1, 8, ctx, sms) == 16, ctx
@@ -294,6 +296,19 @@ def test_many_splits_chunked_combine(combine, poisoned, launches):
     lens = torch.tensor([200, 77], dtype=torch.int32, device=DEVICE)
     out, lse = numasched.flash_decode(q, k, v, cache_seqlens=lens, num_splits=130, return_lse=True)
     check(out, lse, *reference(q, k, v, lens), torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_fused_combine_merges_heads_in_chunks(dtype, poisoned, launches):
+    # G = 7 query heads per KV head (padded to 8 in the merge tile) and 40 splits: the last program
+    # merges the 7 heads together in chunks of splits (8 heads x 32 splits x 32 dims per step)
+    with options.use(decode_combine="fused"):
+        B, H, HK, Dh, L = 2, 14, 2, 32, 90
+        q, k, v = make_contiguous(B, H, HK, Dh, L, dtype, DEVICE, seed=5)
+        lens = torch.tensor([90, 41], dtype=torch.int32, device=DEVICE)
+        out, lse = numasched.flash_decode(q, k, v, cache_seqlens=lens, num_splits=40, return_lse=True)
+    assert FD._combine_chunk.fn(8, 32, FD.combine_block_s(40)) == 32  # two chunks of splits
+    check(out, lse, *reference(q, k, v, lens), dtype)
 
 
 def test_plan_cache_reused_and_invalidated(monkeypatch, launches):
