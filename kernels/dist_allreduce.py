@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 
 from numasched.kernels.dist_common import epoch_begin, epoch_end, signal, translate, wait_flag
+from numasched.kernels.pdl import pdl_enter
 
 
 @triton.jit
@@ -79,7 +80,8 @@ def _reduce_chunk(x_ptr, recv, span, c, g, m, out_ptr, flags_ptr, P, p, target, 
 def all_reduce_kernel(x_ptr, out_ptr, buf_ptr, buf2_ptr, flags_ptr, status_ptr, epoch_ptr, counters_ptr,
                       heap_bases, rank, n, shard, iters, wait_bound,
                       WORLD: tl.constexpr, BLOCK: tl.constexpr, TWO_SHOT: tl.constexpr, STAGES: tl.constexpr,
-                      BUMP_EPOCH: tl.constexpr, WAIT_CLOCK: tl.constexpr):
+                      BUMP_EPOCH: tl.constexpr, WAIT_CLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_enter(PDL)  # PDL: wait for the previous kernel here (kernels/pdl.py)
     # x_ptr, out_ptr: (n,) contiguous (out may be x). buf_ptr: heap (2, WORLD, span) received
     # copies (span = shard: n rounded up to 16 one-shot, the shard two-shot); buf2_ptr: heap (2, WORLD * shard) reduced shards
     # (two-shot). flags_ptr: heap int64 (2, WORLD, P). A chunk that lies wholly inside its
@@ -184,7 +186,7 @@ def all_reduce_kernel(x_ptr, out_ptr, buf_ptr, buf2_ptr, flags_ptr, status_ptr, 
 def all_reduce_add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, res_out_ptr, y_ptr, buf_ptr, flags_ptr, status_ptr,
                                   epoch_ptr, counters_ptr, heap_bases, rank, M, N, iters, eps, wait_bound,
                                   WORLD: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
-                                  BUMP_EPOCH: tl.constexpr, WAIT_CLOCK: tl.constexpr):
+                                  BUMP_EPOCH: tl.constexpr, WAIT_CLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """One-shot all-reduce of x (M, N) fused with the transformer's residual add and RMSNorm:
 
         s = sum over ranks of x        (fp32 in rank order, rounded to x's dtype, as an all-reduce returns it)
@@ -195,6 +197,7 @@ def all_reduce_add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, res_out_ptr, y_ptr, buf
     pushes row i to every peer and raises flag (rank, p) to ``(epoch - 1) * iters + i + 1``;
     stage 2, one row behind, waits, sums, adds, normalises and stores r and y. buf: heap
     (2, WORLD, M, N) in x's dtype; flags: heap int64 (WORLD, P)."""
+    pdl_enter(PDL)  # PDL: wait for the previous kernel here (kernels/pdl.py)
     e = epoch_begin(epoch_ptr)
     slot = (e % 2).to(tl.int32)   # the epoch is int64; buffer arithmetic and TMA offsets stay 32-bit
     p = tl.program_id(0)

@@ -25,6 +25,7 @@ import triton.language as tl
 
 from .dist_common import epoch_begin, epoch_end, signal, translate, wait_flag
 from .dist_gemm import _tile_matmul
+from numasched.kernels.pdl import pdl_enter
 
 
 @triton.jit
@@ -50,7 +51,9 @@ def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, a_desc, b_desc, fl
                              stride_om, stride_on, wait_bound,
                              WORLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                              EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, B_TRANS: tl.constexpr,
-                             STAGES: tl.constexpr, BUMP_EPOCH: tl.constexpr, WAIT_CLOCK: tl.constexpr):
+                             STAGES: tl.constexpr, BUMP_EPOCH: tl.constexpr, WAIT_CLOCK: tl.constexpr,
+                             PDL: tl.constexpr = False):
+    pdl_enter(PDL)  # PDL: wait for the previous kernel here (kernels/pdl.py)
     # a: (M, K), b: (K, N) this rank's operands (USE_TMA: also as descriptors); out: (M, N);
     # recv: heap (2, WORLD, M, N) in out's dtype; flags: heap int64 (WORLD, tiles)
     e = epoch_begin(epoch_ptr)

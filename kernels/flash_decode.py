@@ -39,6 +39,7 @@ import triton.language as tl
 from numasched import caps
 from numasched.caps import LN2 as _LN2
 from numasched.mappings.jit import decode_item
+from numasched.kernels.pdl import pdl_enter
 
 LN2 = tl.constexpr(_LN2)
 
@@ -241,7 +242,9 @@ def _flash_decode_kernel(
     ROW_GROUPS: tl.constexpr,  # programs per (batch, kv_head, split) when SQ * G rows exceed BLOCK_G
     BLOCK_N: tl.constexpr,
     MAPPING: tl.constexpr,
+    PDL: tl.constexpr = False,  # programmatic dependent launch (kernels/pdl.py)
 ):
+    pdl_enter(PDL)  # PDL: wait for the previous kernel here (kernels/pdl.py)
     # -- which (batch, kv_head, split) this program owns: the policy decides. Row groups of one
     #    KV head are neighbouring "heads" of the policy's grid (they read the same K/V).
     if ROW_GROUPS == 1:
@@ -345,7 +348,9 @@ def _flash_decode_kernel(
 
 @triton.jit
 def _combine_kernel(PO, PL, O, LSE, H, S, stride_ob, stride_os, stride_oh, stride_lb, stride_ls, stride_lh,
-                    SQ: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr):
+                    SQ: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+                    PDL: tl.constexpr = False):
+    pdl_enter(PDL)  # PDL: wait for the previous kernel here (kernels/pdl.py)
     # one program per (batch, query head), or per (batch, token, query head) with SQ tokens; the
     # partial rows follow the same order, so program pid merges rows pid*S .. pid*S + S-1
     pid = tl.program_id(0)

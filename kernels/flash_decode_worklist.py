@@ -34,6 +34,7 @@ import triton.language as tl
 from numasched.caps import LN2 as _LN2
 
 from .flash_decode import _attend, _combine_heads
+from numasched.kernels.pdl import pdl_enter
 
 LN2 = tl.constexpr(_LN2)
 
@@ -58,7 +59,9 @@ def _flash_decode_worklist_kernel(
     HAS_SEQLENS: tl.constexpr, INT64: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     COMBINE_BLOCK_S: tl.constexpr, WORK_STRIDE: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    PDL: tl.constexpr = False,  # programmatic dependent launch (kernels/pdl.py)
 ):
+    pdl_enter(PDL)  # PDL: wait for the previous kernel here (kernels/pdl.py)
     pid = tl.program_id(0)
     t_lo = tl.load(PROG + pid)
     t_hi = tl.load(PROG + pid + 1)

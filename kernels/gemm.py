@@ -31,6 +31,7 @@ import triton.language as tl
 
 from numasched import caps
 from numasched.mappings.jit import gemm_tile
+from numasched.kernels.pdl import pdl_enter
 
 try:  # host-side TMA descriptors (triton >= 3.3); the interpreter understands them too
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -153,9 +154,11 @@ def gemm_kernel(a, b, c, c_desc, bias, res, M, N, K,
                 PERSISTENT: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
                 EPILOGUE_SUBTILE: tl.constexpr, USE_TMA: tl.constexpr, A_TRANS: tl.constexpr,
                 B_TRANS: tl.constexpr, C_TMA: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-                INT64: tl.constexpr, HAS_BIAS: tl.constexpr = False, HAS_RES: tl.constexpr = False):
+                INT64: tl.constexpr, HAS_BIAS: tl.constexpr = False, HAS_RES: tl.constexpr = False,
+                PDL: tl.constexpr = False):
     """C (M, N) = A (M, K) @ B (K, N) (+ bias[n]) (+ res[m, n]); ``c`` is always C's pointer (its
     dtype is the output's), ``c_desc`` its descriptor when C_TMA."""
+    pdl_enter(PDL)  # PDL: wait for the previous kernel here (kernels/pdl.py)
     pid = tl.program_id(0)
     NM = tl.cdiv(M, BLOCK_M)
     NN = tl.cdiv(N, BLOCK_N)

@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from numasched.mappings.jit import gemm_split_unit
+from numasched.kernels.pdl import pdl_enter
 
 
 @triton.jit
@@ -71,7 +72,9 @@ def gemm_splitk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
                        MAPPING: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
                        HAS_RES: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
-                       A_TRANS: tl.constexpr, B_TRANS: tl.constexpr, GLU: tl.constexpr = False):
+                       A_TRANS: tl.constexpr, B_TRANS: tl.constexpr, GLU: tl.constexpr = False,
+                       PDL: tl.constexpr = False):
+    pdl_enter(PDL)  # PDL: wait for the previous kernel here (kernels/pdl.py)
     # GLU (numasched.matmul_swiglu): B holds 2N columns, gate then up; the program accumulates
     # both halves of its tile's columns (two B tiles per K step) and stores silu(gate) * up (N
     # columns), so the MLP's activation costs no kernel and no round trip of the 2N-wide output

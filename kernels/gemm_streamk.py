@@ -30,6 +30,7 @@ import triton.language as tl
 from numasched.kernels.gemm_splitk import _epilogue_store, load_ab_tma
 from numasched.mappings.gemm import streamk_pieces as pieces, streamk_split as split_work  # noqa: F401 (host helpers)
 from numasched.mappings.jit import gemm_tile
+from numasched.kernels.pdl import pdl_enter
 
 
 @triton.jit
@@ -66,7 +67,8 @@ def gemm_streamk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
                         MAPPING: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                         BLOCK_K: tl.constexpr, FIX_N: tl.constexpr, HAS_BIAS: tl.constexpr,
                         HAS_RES: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
-                        A_TRANS: tl.constexpr, B_TRANS: tl.constexpr):
+                        A_TRANS: tl.constexpr, B_TRANS: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_enter(PDL)  # PDL: wait for the previous kernel here (kernels/pdl.py)
     pid = tl.program_id(0)
     P = tl.num_programs(0)
     NM = tl.cdiv(M, BLOCK_M)

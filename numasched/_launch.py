@@ -27,7 +27,17 @@ _RUNTIME = knobs.runtime
 _raw_stream = caps._raw_stream
 
 # ------------------------------------------------------------------------------ launch
-_OPTION_NAMES = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+_OPTION_NAMES = ("num_warps", "num_stages", "num_ctas", "maxnreg", "launch_pdl")
+
+
+def wants_pdl(fn, device, interpret: bool) -> bool:
+    """Whether a launch of ``fn`` on ``device`` uses programmatic dependent launch: the kernel
+    takes a ``PDL`` constexpr (it waits for its predecessor first: kernels/pdl.py), the device
+    is NVIDIA sm_90+ and ``options.pdl`` is on."""
+    from . import options
+
+    return (not interpret and "PDL" in getattr(fn, "arg_names", ()) and options.current().pdl
+            and caps.pdl_supported(device))
 
 
 def config_kwargs(config) -> dict:
@@ -63,6 +73,8 @@ class Launch:
         self.fixed = fixed
         self.grid_of: Optional[Callable] = grid if callable(grid) else None
         self.kwargs = dict(constexprs)
+        if wants_pdl(fn, device, interpret):
+            self.kwargs.update(PDL=True, launch_pdl=True)
         self.config = None
         if config is not None:
             self.config = {k: v for k, v in config_kwargs(config).items() if k != "pre_hook"}

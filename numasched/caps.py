@@ -119,6 +119,13 @@ def tma_supported(device: torch.device) -> bool:
     return capability(device)[0] >= 9
 
 
+def pdl_supported(device: torch.device) -> bool:
+    """Programmatic dependent launch (``launch_pdl``, ``griddepcontrol``): NVIDIA sm_90+ only."""
+    if device.type != "cuda" or is_hip():
+        return False
+    return capability(device)[0] >= 9
+
+
 def span(t: torch.Tensor) -> int:
     """Largest element offset of ``t`` from its first element (0 for an empty tensor)."""
     return sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride()) if s > 0)

@@ -17,6 +17,7 @@ numasched is imported (they are not read per call):
     NUMASCHED_GEMM_SCHEDULE     gemm_schedule ("model" or "autotune")
     NUMASCHED_GEMM_TABLE        gemm_table (a path)
     NUMASCHED_GEMM_SPLITK_TMA=0 gemm_splitk_tma -> False
+    NUMASCHED_PDL=0             pdl -> False
 """
 from __future__ import annotations
 
@@ -56,6 +57,9 @@ class Options:
             chooser models them so (tiles of 64+ rows; smaller ones keep pointer loads, which
             measured faster). On by default: on the H200 it took M = 128-256 from 0.51-0.84x to
             0.74-1.04x cuBLAS (bench/results/gemm_inference-h200-2026-11-23*).
+        pdl: launch numasched's kernels with programmatic dependent launch on NVIDIA sm_90+ (each
+            kernel's launch and start overlap the kernel before it in the stream; the kernel
+            waits for it before touching memory: kernels/pdl.py). Off elsewhere.
     """
 
     autotune: bool = True
@@ -66,9 +70,10 @@ class Options:
     gemm_schedule: str = "model"
     gemm_table: Optional[str] = None
     gemm_splitk_tma: bool = True
+    pdl: bool = True
 
     def __post_init__(self):
-        for f in ("autotune", "check_data", "gemm_flatten", "gemm_splitk_tma"):
+        for f in ("autotune", "check_data", "gemm_flatten", "gemm_splitk_tma", "pdl"):
             if not isinstance(getattr(self, f), bool):
                 raise TypeError(f"Options.{f} must be a bool, got {getattr(self, f)!r}")
         if self.decode_combine not in COMBINE_MODES:
@@ -110,7 +115,8 @@ def from_env(environ=None) -> Options:
                    dist_tma=None if tma not in ("0", "1") else tma == "1",
                    gemm_schedule=env.get("NUMASCHED_GEMM_SCHEDULE", "model"),
                    gemm_table=env.get("NUMASCHED_GEMM_TABLE") or None,
-                   gemm_splitk_tma=flag("NUMASCHED_GEMM_SPLITK_TMA", True))
+                   gemm_splitk_tma=flag("NUMASCHED_GEMM_SPLITK_TMA", True),
+                   pdl=flag("NUMASCHED_PDL", True))
 
 
 _CURRENT = from_env()

@@ -176,9 +176,14 @@ def compile_kernel(fn, values: dict, target: str = "sm90", *, num_warps: int = 4
     from triton.compiler import ASTSource
 
     tgt = parse_target(target)
+    pdl = "PDL" in getattr(fn, "arg_names", ()) and "PDL" not in values
+    if pdl:  # as the host launches it: programmatic dependent launch on NVIDIA sm_90+ (kernels/pdl.py)
+        values = dict(values, PDL=tgt.backend == "cuda" and int(tgt.arch) >= 90)
     sig, const, attrs = _signature(fn, values)
     t0 = time.perf_counter()
     opts = dict(num_warps=num_warps, num_stages=num_stages)
+    if pdl and values["PDL"]:
+        opts["launch_pdl"] = True
     if maxnreg is not None:  # NVIDIA's register cap per thread (a launch option, as the host passes it)
         opts["maxnreg"] = int(maxnreg)
     k = triton.compile(ASTSource(fn, sig, const, attrs), target=tgt, options=opts)

@@ -191,3 +191,105 @@ def test_registry_version_changes_with_what_names_resolve_to():
     M.set_default("gemm", "row_major")
     M.set_default("gemm", None)
     assert M.version() > v1
+
+
+# ----------------------------------------------------------------------------- programmatic dependent launch
+class _PdlKernel(_Kernel):
+    arg_names = ["x", "n", "A", "B", "PDL"]
+    params = _Kernel.params + [_Param(False, True)]
+
+
+def test_pdl_only_for_kernels_that_wait_on_sm90_with_the_option(monkeypatch, gpu_like):
+    cap = [(9, 0)]
+    monkeypatch.setattr(caps, "capability", lambda device: cap[0])
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert _launch.wants_pdl(_PdlKernel(), cuda, False)
+    assert not _launch.wants_pdl(_Kernel(), cuda, False)     # the kernel does not wait: never
+    assert not _launch.wants_pdl(_PdlKernel(), cuda, True)   # the interpreter
+    assert not _launch.wants_pdl(_PdlKernel(), cpu, False)
+    with options.use(pdl=False):
+        assert not _launch.wants_pdl(_PdlKernel(), cuda, False)
+    cap[0] = (8, 0)
+    assert not _launch.wants_pdl(_PdlKernel(), cuda, False)
+    cap[0] = (9, 0)
+    # the launch carries PDL=True (the kernel waits) and launch_pdl=True (the attribute) together,
+    # and PDL lands in the constexpr tail of the thin launches
+    k = _PdlKernel()
+    launch = _launch.Launch(k, (4,), {"A": 3}, device=cuda, config={"num_warps": 4})
+    launch("x", 10)
+    (_, args, kw), = k.calls
+    assert kw["PDL"] is True and kw["launch_pdl"] is True
+    assert launch.tail == (3, 7, True)
+    with options.use(pdl=False):
+        k2 = _PdlKernel()
+        _launch.Launch(k2, (4,), {"A": 3}, device=cuda, config={"num_warps": 4})("x", 10)
+        assert "launch_pdl" not in k2.calls[0][2] and "PDL" not in k2.calls[0][2]
+
+
+def test_every_pdl_kernel_waits_before_touching_memory():
+    """A kernel launched with PDL may start while its predecessor still runs: its first statement
+    must be the wait (kernels/pdl.py), before any load or store."""
+    import ast
+    import inspect
+
+    from numasched.kernels import (dist_allreduce, dist_gemm_ar, flash_decode, flash_decode_worklist, gemm,
+                                   gemm_splitk, gemm_streamk)
+
+    found = 0
+    for mod in (dist_allreduce, dist_gemm_ar, flash_decode, flash_decode_worklist, gemm, gemm_splitk, gemm_streamk):
+        tree = ast.parse(inspect.getsource(mod))
+        for fn in (n for n in tree.body if isinstance(n, ast.FunctionDef)):
+            names = [a.arg for a in fn.args.args]
+            if "PDL" not in names:
+                continue
+            found += 1
+            body = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+            first = body[0]
+            assert (isinstance(first, ast.Expr) and isinstance(first.value, ast.Call)
+                    and getattr(first.value.func, "id", None) == "pdl_enter"), f"{mod.__name__}.{fn.name}"
+    assert found >= 9
+
+
+@pytest.mark.gpu
+def test_pdl_chain_in_a_cuda_graph_reads_each_predecessors_output():
+    """Eight dependent launches (GEMMs of decode and prefill sizes, a decode reading a GEMM's
+    output) captured in one graph with PDL on: every kernel must see its predecessor's writes
+    (outputs poisoned between replays)."""
+    import numasched
+
+    dev = "cuda"
+    torch.manual_seed(0)
+    ws = [torch.randn(256, 256, device=dev, dtype=torch.float16) / 16 for _ in range(4)]
+    x = torch.randn(8, 256, device=dev, dtype=torch.float16)
+    k = torch.randn(1, 512, 2, 128, device=dev, dtype=torch.float16)
+    v = torch.randn_like(k)
+
+    def step():
+        y = x
+        for w in ws:
+            y = numasched.matmul(y, w)
+        q = y[:1].reshape(1, 2, 128)           # depends on the last GEMM
+        return numasched.flash_decode(q, k, v)
+
+    with options.use(pdl=True):
+        ref_y = x.double()
+        for w in ws:
+            ref_y = ref_y @ w.double()
+        qd = ref_y[:1].reshape(1, 2, 1, 128)
+        kd, vd = k.double().transpose(1, 2), v.double().transpose(1, 2)
+        ref = torch.softmax(qd @ kd.transpose(-1, -2) / 128 ** 0.5, -1) @ vd
+        step()
+        torch.cuda.synchronize()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            step()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = step()
+        for _ in range(3):
+            out.fill_(float("nan"))
+            g.replay()
+            torch.cuda.synchronize()
+            torch.testing.assert_close(out.double().reshape(1, 2, 128), ref.reshape(1, 2, 128), rtol=2e-2, atol=2e-2)

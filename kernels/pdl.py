@@ -1,0 +1,23 @@
+"""Programmatic dependent launch (PDL, NVIDIA sm_90+): a kernel's launch overlaps its predecessor.
+
+In a decode step every kernel is short (a few microseconds), so the gap between two dependent
+kernels (the launch of the next one after the previous one has drained) is a large part of the
+step. With PDL a kernel launched with ``launch_pdl=True`` may start while the kernel before it in
+the stream is still running; it must then wait (``griddepcontrol.wait``) before it touches memory
+that kernel writes or reads. Every kernel here that opts in takes a ``PDL`` constexpr and calls
+:func:`pdl_enter` first: it lets the next kernel launch as soon as every program of this one has
+started (``griddepcontrol.launch_dependents``), then waits for the previous kernel to complete
+and its writes to be visible. Both instructions are no-ops for a kernel launched without the
+attribute. The host side (numasched._launch.Launch) sets ``PDL`` and ``launch_pdl`` together,
+on NVIDIA sm_90+ with ``options.pdl`` (measured: scripts/pdl_probe.py).
+"""
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+
+@triton.jit
+def pdl_enter(PDL: tl.constexpr):
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
