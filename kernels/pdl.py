@@ -18,6 +18,9 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 @triton.jit
 def pdl_enter(PDL: tl.constexpr):
+    # PDL: 0 off; 1 let the next kernel launch now, then wait; 2 wait only (the next kernel
+    # launches when this one completes: no early start that could take this one's SM slots)
     if PDL:
-        gdc_launch_dependents()
+        if PDL == 1:
+            gdc_launch_dependents()
         gdc_wait()

@@ -74,7 +74,9 @@ class Launch:
         self.grid_of: Optional[Callable] = grid if callable(grid) else None
         self.kwargs = dict(constexprs)
         if wants_pdl(fn, device, interpret):
-            self.kwargs.update(PDL=True, launch_pdl=True)
+            from . import options
+
+            self.kwargs.update(PDL=1 if options.current().pdl_trigger else 2, launch_pdl=True)
         self.config = None
         if config is not None:
             self.config = {k: v for k, v in config_kwargs(config).items() if k != "pre_hook"}

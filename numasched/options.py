@@ -18,6 +18,7 @@ numasched is imported (they are not read per call):
     NUMASCHED_GEMM_TABLE        gemm_table (a path)
     NUMASCHED_GEMM_SPLITK_TMA=0 gemm_splitk_tma -> False
     NUMASCHED_PDL=0             pdl -> False
+    NUMASCHED_PDL_TRIGGER=0     pdl_trigger -> False
 """
 from __future__ import annotations
 
@@ -60,6 +61,8 @@ class Options:
         pdl: launch numasched's kernels with programmatic dependent launch on NVIDIA sm_90+ (each
             kernel's launch and start overlap the kernel before it in the stream; the kernel
             waits for it before touching memory: kernels/pdl.py). Off elsewhere.
+        pdl_trigger: with ``pdl``, each kernel lets the next one launch as soon as all its programs
+            have started (False: when it completes; the launch is still prepared early).
     """
 
     autotune: bool = True
@@ -71,9 +74,10 @@ class Options:
     gemm_table: Optional[str] = None
     gemm_splitk_tma: bool = True
     pdl: bool = True
+    pdl_trigger: bool = True
 
     def __post_init__(self):
-        for f in ("autotune", "check_data", "gemm_flatten", "gemm_splitk_tma", "pdl"):
+        for f in ("autotune", "check_data", "gemm_flatten", "gemm_splitk_tma", "pdl", "pdl_trigger"):
             if not isinstance(getattr(self, f), bool):
                 raise TypeError(f"Options.{f} must be a bool, got {getattr(self, f)!r}")
         if self.decode_combine not in COMBINE_MODES:
@@ -116,7 +120,7 @@ def from_env(environ=None) -> Options:
                    gemm_schedule=env.get("NUMASCHED_GEMM_SCHEDULE", "model"),
                    gemm_table=env.get("NUMASCHED_GEMM_TABLE") or None,
                    gemm_splitk_tma=flag("NUMASCHED_GEMM_SPLITK_TMA", True),
-                   pdl=flag("NUMASCHED_PDL", True))
+                   pdl=flag("NUMASCHED_PDL", True), pdl_trigger=flag("NUMASCHED_PDL_TRIGGER", True))
 
 
 _CURRENT = from_env()

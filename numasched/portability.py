@@ -178,7 +178,7 @@ def compile_kernel(fn, values: dict, target: str = "sm90", *, num_warps: int = 4
     tgt = parse_target(target)
     pdl = "PDL" in getattr(fn, "arg_names", ()) and "PDL" not in values
     if pdl:  # as the host launches it: programmatic dependent launch on NVIDIA sm_90+ (kernels/pdl.py)
-        values = dict(values, PDL=tgt.backend == "cuda" and int(tgt.arch) >= 90)
+        values = dict(values, PDL=1 if tgt.backend == "cuda" and int(tgt.arch) >= 90 else 0)
     sig, const, attrs = _signature(fn, values)
     t0 = time.perf_counter()
     opts = dict(num_warps=num_warps, num_stages=num_stages)

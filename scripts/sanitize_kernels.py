@@ -124,6 +124,19 @@ def gemm_cases():
             numasched.matmul(a, b, mapping=mapping, persistent=persistent, out=out)
             check(f"gemm {m}x{n}x{k} {dt} transposed_b={trans} persistent={persistent} {mapping}", out,
                   a.double() @ b.double(), 1e-2 if dt != torch.float32 else 1e-5)
+    # the sixth/seventh sessions' kernels: split-K (pointer and TMA tiles), stream-K, the SwiGLU split-K
+    from numasched.gemm_schedule import Schedule
+
+    a = torch.randn(37, 512, device=DEV, dtype=BF16)
+    w = torch.randn(384, 512, device=DEV, dtype=BF16)
+    ref = a.double() @ w.double().T
+    for sched in (Schedule("splitk", 16, 64, 64, 4, 4, 3), Schedule("splitk", 64, 64, 64, 3, 4, 3),
+                  Schedule("streamk", 64, 64, 64, 1, 4, 3, True)):
+        plan = numasched.plan_matmul(a, w.T, schedule=sched, num_programs=5 if sched.kind == "streamk" else None)
+        check(f"gemm {sched.kind} {sched.block_m}x{sched.block_n} split {sched.split_k}", plan.run(a, w.T), ref, 1e-2)
+    g = numasched.matmul_swiglu(a, w.T)
+    gu = ref
+    check("matmul_swiglu", g, torch.nn.functional.silu(gu[:, :192]) * gu[:, 192:], 2e-2)
 
 
 if __name__ == "__main__":

@@ -357,14 +357,15 @@ def check_timeout(ctx, quick):
     """Ranks != 0 skip one call: rank 0 must raise TimeoutError naming them, not hang."""
     R, W = ctx.rank, ctx.world
     a, b = randn(1024, 2048, seed=31 + R), randn(2048, 1536, seed=32)
-    nd.all_gather_matmul(a, b, ctx=ctx)          # known signature: no header exchange below
+    # numasched's own kernel (auto may route this size to torch's symm_mem, which waits its own way)
+    nd.all_gather_matmul(a, b, ctx=ctx, impl="fused")   # known signature: no header exchange below
     torch.cuda.synchronize()
     dist.barrier()
     if R != 0:
         return "skipped the call on purpose"
     t0 = time.perf_counter()
     try:
-        nd.all_gather_matmul(a, b, ctx=ctx)
+        nd.all_gather_matmul(a, b, ctx=ctx, impl="fused")
     except TimeoutError as e:
         dt = time.perf_counter() - t0
         for r in range(1, W):

@@ -218,8 +218,12 @@ def test_pdl_only_for_kernels_that_wait_on_sm90_with_the_option(monkeypatch, gpu
     launch = _launch.Launch(k, (4,), {"A": 3}, device=cuda, config={"num_warps": 4})
     launch("x", 10)
     (_, args, kw), = k.calls
-    assert kw["PDL"] is True and kw["launch_pdl"] is True
-    assert launch.tail == (3, 7, True)
+    assert kw["PDL"] == 1 and kw["launch_pdl"] is True
+    assert launch.tail == (3, 7, 1)
+    with options.use(pdl_trigger=False):   # wait only: the next kernel launches at completion
+        k3 = _PdlKernel()
+        _launch.Launch(k3, (4,), {"A": 3}, device=cuda, config={"num_warps": 4})("x", 10)
+        assert k3.calls[0][2]["PDL"] == 2 and k3.calls[0][2]["launch_pdl"] is True
     with options.use(pdl=False):
         k2 = _PdlKernel()
         _launch.Launch(k2, (4,), {"A": 3}, device=cuda, config={"num_warps": 4})("x", 10)
