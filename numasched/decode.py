@@ -195,43 +195,20 @@ SPLIT_TILE_TOKENS = 64
 # Automatic splits: up to 256, so that a single (batch, kv_head) pair still fills a GPU of up to
 # 256 SMs/CUs (MI300X has 304 CUs: nearly). An explicit num_splits may be larger.
 MAX_SPLITS = 256
-# Many (batch, kv_head) pairs with long splits: two programs per SM. With one program per SM each
-# SM has one program's loads in flight; where the pairs alone nearly fill the GPU (<= 4 splits at
-# one per SM) and a split stays >= LONG_SPLIT_TOKENS long at two per SM, the second program's loads
-# add bandwidth. Measured on an H200 (bench/results/decode-smallbatch-splits-h200-2026-11-23.csv,
-# fixed configs, graph replays): 32/8 heads, 16 x 8k: 136 / 140 us (contiguous / paged 16) with 2
-# splits against 139 / 174 with 1; 16/4, 16 x 8k: 78 / 80 with 4 against 80 / 92 with 2. Shorter
-# splits did not gain (32/8, 16 x 1k: 30.5 with 2 against 28.8 with 1), nor did batch 1 (the sweep
-# above), so the rule stays off there.
-LONG_SPLIT_TOKENS = 2048
-LONG_PROGRAMS_PER_SM = 2
 
 
 def choose_num_splits(batch: int, kv_heads: int, max_seqlen: int, num_sms: int) -> int:
-    """Splits per (batch, kv_head) for a cache of ``max_seqlen`` tokens on ``num_sms`` SMs/CUs:
-    :func:`_splits_for` at PROGRAMS_PER_SM programs per SM, or at LONG_PROGRAMS_PER_SM where the
-    pairs nearly fill the GPU and the splits stay long (see LONG_SPLIT_TOKENS)."""
-    s = _splits_for(batch, kv_heads, max_seqlen, num_sms * PROGRAMS_PER_SM)
-    if s <= 4:
-        s2 = _splits_for(batch, kv_heads, max_seqlen, num_sms * LONG_PROGRAMS_PER_SM)
-        if s2 > s and -(-max(max_seqlen, 1) // s2) >= LONG_SPLIT_TOKENS:
-            return s2
-    return s
+    """Splits per (batch, kv_head) for a cache of ``max_seqlen`` tokens on ``num_sms`` SMs/CUs.
 
-
-def _splits_for(batch: int, kv_heads: int, max_seqlen: int, slots: int) -> int:
-    """Splits per (batch, kv_head) for a cache of ``max_seqlen`` tokens with ``slots`` programs
-    running at once.
-
-    Model: programs run in waves of ``slots``; a program costs its chunk of
+    Model: programs run in waves of ``num_sms * PROGRAMS_PER_SM``; a program costs its chunk of
     tokens (in whole SPLIT_TILE_TOKENS tiles) plus a fixed overhead. Among 1 .. min(MAX_SPLITS,
     max_seqlen // MIN_SPLIT_TOKENS) splits, pick the lowest ``waves * (tile-rounded tokens per
-    split + overhead)`` (the fewest splits within 2% of it). So batch * kv_heads * splits reaches
-    about ``slots`` programs when the context is long enough, the last wave is not mostly empty,
-    and one split (no combine at all) is used when there are enough (batch, kv_head) pairs.
+    split + overhead)`` (the fewest splits within 2% of it). So batch * kv_heads * splits reaches about PROGRAMS_PER_SM programs per SM when the
+    context is long enough, the last wave is not mostly empty, and one split (no combine at all)
+    is used when there are enough (batch, kv_head) pairs.
     """
     items = max(1, batch * kv_heads)
-    slots = max(1, slots)
+    slots = max(1, num_sms * PROGRAMS_PER_SM)
     s_max = max(1, min(MAX_SPLITS, max_seqlen // MIN_SPLIT_TOKENS))
     # a split streams whole tiles: 2048 tokens in 31 splits are 67 tokens each, i.e. a 64-token tile
     # and a 3-token one, as slow as 128 (32 splits of exactly one tile are faster)
