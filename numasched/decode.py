@@ -183,6 +183,10 @@ def check_decode_data(shape: DecodeShape, cache_seqlens, block_table) -> None:
 # best at every context from 1k to 128k (16 splits: 13.4 / 23.7 / 52.1 / 141 us at 1k / 8k / 32k /
 # 128k, against 20.1 / 28.9 / 57.8 / 149 us with 64 splits and 52 / 55 / 91 / 178 us with 256):
 # extra programs per SM add partials and combine work without adding bandwidth.
+# Tried and reverted (2026-11-23): two programs per SM where the pairs nearly fill the GPU and
+# splits stay >= 2048 tokens. With fixed configs it won at 16 x 8k (paged 16: 140 vs 174 us at
+# 32/8 heads), but in the autotuned decoder it did not (Llama-3-8B TP 2, 16 x 8k: 5.50 vs 5.30 ms
+# per step; bench/results/e2e-llama3-8b-longsplits-tried-*).
 PROGRAMS_PER_SM = 1
 # Cost of starting a program, in tokens of streaming (first-load latency, partial write).
 PROGRAM_OVERHEAD_TOKENS = 128
