@@ -61,6 +61,15 @@ def env_info() -> dict:
         "triton": triton.__version__,
         "python": platform.python_version(),
     }
+    try:   # the options plans were made under (e.g. NUMASCHED_AUTOTUNE=0, NUMASCHED_PDL=0 runs)
+        import dataclasses
+
+        from numasched import options
+
+        info["numasched_options"] = {k: v for k, v in dataclasses.asdict(options.current()).items()
+                                     if not k.startswith("_")}
+    except Exception:  # noqa: BLE001 - a results file without it is still a results file
+        pass
     if torch.cuda.is_available():
         p = torch.cuda.get_device_properties(0)
         info.update(device=p.name, sms=p.multi_processor_count, l2_bytes=getattr(p, "L2_cache_size", 0),
