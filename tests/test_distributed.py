@@ -556,8 +556,9 @@ def compile_(kernel, values, target, num_warps, num_stages=3):
     # like a launch: pointers and ints divisible by 16 marked so, ints equal to 1 made constant
     sig, const, attrs = {}, {}, {}
     constexprs = {p.name for p in kernel.params if p.is_constexpr}
+    defaults = {p.name: p.default for p in kernel.params if p.has_default}   # e.g. PDL: off
     for i, n in enumerate(kernel.arg_names):
-        v = values[n]
+        v = values[n] if n in values else defaults[n]
         if isinstance(v, str):
             sig[n] = v
             if v.startswith("*"):
@@ -1251,3 +1252,18 @@ def test_double_buffering_with_ranks_out_of_step(op, impl):
         for r in range(2):
             got = res[c][r][1] if op == "all_reduce_add_rmsnorm" else res[c][r]
             assert _rel(got.double(), want) < 1e-5, (c, r)
+
+
+def test_bounded_only_context_keeps_auto_off_torch_symm_mem(monkeypatch):
+    """torch's symmetric-memory ops wait without a bound: a ``bounded_only`` context never lets
+    ``impl="auto"`` pick them (the check runs before anything touches torch.distributed)."""
+    from numasched.distributed import _common, cost
+
+    ctx = types.SimpleNamespace(group=None, bounded_only=True, _symm_mem_ok=True, device=torch.device("cuda", 0))
+    assert not _common._symm_mem_ok(ctx)
+    ctx.bounded_only = False
+    assert _common._symm_mem_ok(ctx)   # the cached verdict of a real context
+    # where symm_mem would win, auto picks among the bounded paths instead
+    big = dict(M=16384, N=3072, K=4096, dtype=torch.bfloat16, world=2)
+    assert cost.choose_gemm_collective("all_gather_matmul", **big, symm_mem_ok=True) == "symm_mem"
+    assert cost.choose_gemm_collective("all_gather_matmul", **big, symm_mem_ok=False) in ("fused", "bulk")

@@ -49,7 +49,7 @@ __all__ = ["init", "DistContext", "SimWorld", "all_reduce", "all_reduce_add_rmsn
 
 
 def init(heap_bytes: Optional[int] = None, *, workload=None, timeout_s: float = 30.0,
-         allocator: Optional[str] = None, group=None) -> DistContext:
+         allocator: Optional[str] = None, group=None, bounded_only: bool = False) -> DistContext:
     """Start Iris on this rank (after ``torch.distributed.init_process_group("nccl")``).
 
     heap_bytes: symmetric heap per GPU. Default: what ``workload`` needs (a list of
@@ -62,6 +62,11 @@ def init(heap_bytes: Optional[int] = None, *, workload=None, timeout_s: float = 
         group of a job whose other dimension runs over NCCL); the ops then run over its members
         only, numbered by their rank in the group. Every rank of the world calls ``init`` at
         the same time (the Iris heap is created over the whole world), each with its own group.
+    bounded_only: ``impl="auto"`` never routes a call to torch's symmetric-memory ops, whose
+        barriers wait without a bound (a missing peer hangs the stream); numasched's own kernels
+        wait at most ``timeout_s`` and NCCL (``bulk``) up to the process group's timeout. Off by
+        default: auto picks symm_mem where it is fastest (all_gather_matmul at M >= 1024 on two
+        H200s, bench/results/collectives-2xh200-2026-11-23.csv).
     Raises RuntimeError when the GPUs lack peer access (torch.cuda.can_device_access_peer) or the
     ranks span hosts.
     """
@@ -78,5 +83,7 @@ def init(heap_bytes: Optional[int] = None, *, workload=None, timeout_s: float = 
             heap_bytes = DEFAULT_HEAP
     if int(heap_bytes) < alloc_bytes(1):
         raise ValueError(f"heap_bytes must be at least {alloc_bytes(1)} (one allocation), got {heap_bytes}")
-    return DistContext(int(heap_bytes), timeout_s=timeout_s, allocator=allocator, group=group)
+    ctx = DistContext(int(heap_bytes), timeout_s=timeout_s, allocator=allocator, group=group)
+    ctx.bounded_only = bool(bounded_only)
+    return ctx
 

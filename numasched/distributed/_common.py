@@ -185,8 +185,10 @@ def group_name(ctx) -> str:
 
 
 def _symm_mem_ok(ctx) -> bool:
-    """Whether torch symmetric memory's fused ops can run on ``ctx``'s group (checked once per context)."""
-    if not _bulk_ok(ctx):
+    """Whether torch symmetric memory's fused ops can run on ``ctx``'s group (checked once per
+    context) and ``impl="auto"`` may pick them: not on a ``bounded_only`` context (their barriers
+    wait without a bound)."""
+    if not _bulk_ok(ctx) or getattr(ctx, "bounded_only", False):
         return False
     ok = getattr(ctx, "_symm_mem_ok", None)
     if ok is None:
