@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from numasched.mappings.jit import gemm_split_unit
-from numasched.kernels.pdl import pdl_enter
+from numasched.kernels.pdl import pdl_enter, pdl_trigger, prefetch_l2
 
 
 @triton.jit
@@ -65,6 +65,31 @@ def _glu_store(g, u, c, offs_m, offs_n, M, N, stride_cm, stride_cn):
     tl.store(c + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, y.to(c.dtype.element_ty), mask=mask)
 
 
+@triton.constexpr_function
+def _lines(block_k, line):
+    return max(1, int(block_k) // int(line))
+
+
+@triton.jit
+def _prefetch_b(b, offs_n, mask_n, k_lo, k_hi, stride_bk, stride_bn, BLOCK_K: tl.constexpr,
+                BLOCK_N: tl.constexpr):
+    """L2 prefetch of B[k_lo:k_hi, offs_n]: one address per 128-byte line along B's unit-stride
+    dimension (K for a weight's ``W.T`` view, else N), every element otherwise."""
+    if stride_bk == 1:
+        LINE: tl.constexpr = 1024 // b.dtype.element_ty.primitive_bitwidth  # elements per 128-byte line
+        offs_k = tl.arange(0, _lines(BLOCK_K, LINE)) * LINE
+        cols = b + offs_n[None, :].to(tl.int64) * stride_bn
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            kk = k0 + offs_k
+            prefetch_l2(cols + kk[:, None], (kk < k_hi)[:, None] & mask_n[None, :])
+    else:
+        offs_k = tl.arange(0, BLOCK_K)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            kk = k0 + offs_k
+            prefetch_l2(b + kk[:, None].to(tl.int64) * stride_bk + offs_n[None, :] * stride_bn,
+                        (kk < k_hi)[:, None] & mask_n[None, :])
+
+
 @triton.jit
 def gemm_splitk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
                        stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, stride_rm, stride_rn,
@@ -73,8 +98,7 @@ def gemm_splitk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
                        HAS_RES: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
                        A_TRANS: tl.constexpr, B_TRANS: tl.constexpr, GLU: tl.constexpr = False,
-                       PDL: tl.constexpr = False):
-    pdl_enter(PDL)  # PDL: wait for the previous kernel here (kernels/pdl.py)
+                       PDL: tl.constexpr = False, PREFETCH_B: tl.constexpr = False):
     # GLU (numasched.matmul_swiglu): B holds 2N columns, gate then up; the program accumulates
     # both halves of its tile's columns (two B tiles per K step) and stores silu(gate) * up (N
     # columns), so the MLP's activation costs no kernel and no round trip of the 2N-wide output
@@ -89,6 +113,12 @@ def gemm_splitk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
     # ---- this unit's K range (a multiple of BLOCK_K long; the last split may be shorter or empty)
     k_lo = split * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
+    if PREFETCH_B:
+        # PDL: the weights (B) are no earlier kernel's output, so this unit's B lines are asked
+        # into L2 while the previous kernel still runs (pointer path; kernels/pdl.py)
+        pdl_trigger(PDL)
+        _prefetch_b(b, offs_n, mask_n, k_lo, k_hi, stride_bk, stride_bn, BLOCK_K, BLOCK_N)
+    pdl_enter(PDL)  # PDL: wait for the previous kernel here (kernels/pdl.py)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # GLU: the up half (unused otherwise)
     if USE_TMA:

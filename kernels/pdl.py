@@ -10,6 +10,10 @@ started (``griddepcontrol.launch_dependents``), then waits for the previous kern
 and its writes to be visible. Both instructions are no-ops for a kernel launched without the
 attribute. The host side (numasched._launch.Launch) sets ``PDL`` and ``launch_pdl`` together,
 on NVIDIA sm_90+ with ``options.pdl`` (measured: scripts/pdl_probe.py).
+
+A kernel may do index arithmetic and :func:`prefetch_l2` of data no earlier kernel writes (its
+weights) between :func:`pdl_trigger` and :func:`pdl_enter`; nothing else may come before the wait
+(tests/test_launch.py checks every kernel's statements before it).
 """
 import triton
 import triton.language as tl
@@ -17,10 +21,26 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 @triton.jit
+def pdl_trigger(PDL: tl.constexpr):
+    """Let the next kernel launch now (PDL == 1; a later call has no further effect)."""
+    if PDL == 1:
+        gdc_launch_dependents()
+
+
+@triton.jit
 def pdl_enter(PDL: tl.constexpr):
     # PDL: 0 off; 1 let the next kernel launch now, then wait; 2 wait only (the next kernel
     # launches when this one completes: no early start that could take this one's SM slots)
     if PDL:
-        if PDL == 1:
-            gdc_launch_dependents()
+        pdl_trigger(PDL)
         gdc_wait()
+
+
+@triton.jit
+def prefetch_l2(ptrs, mask):
+    """An L2 prefetch hint for each address where ``mask`` holds (NVIDIA ``prefetch.global.L2``):
+    nothing is returned and nothing waits, so it may run before :func:`pdl_enter`'s wait on data
+    the previous kernel does not write (weights). Not for the interpreter (inline PTX)."""
+    tl.inline_asm_elementwise(
+        "{ .reg .pred pf; setp.ne.s32 pf, $2, 0; @pf prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
+        "=r,l,r", [ptrs, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)

@@ -302,7 +302,8 @@ class GemmPlan(Plan):
             bm = schedule.block_m if schedule is not None else 16
             splitk_tma = (options.gemm_splitk_tma and not self.int64 and a_view is not None and b_view is not None
                           and TensorDescriptor is not None and (interp or (caps.tma_supported(dev) and bm >= 64)))
-            self._plan_splitk(a, b, c, schedule, split_k, interp, (a_view, b_view) if splitk_tma else None)
+            self._plan_splitk(a, b, c, schedule, split_k, interp, (a_view, b_view) if splitk_tma else None,
+                              prefetch=options.pdl and options.pdl_prefetch and not interp and caps.pdl_supported(dev))
         else:
             self._plan_tiled(a, b, c, a_view, b_view, schedule, path, config, persistent, num_programs, options,
                              interp)
@@ -312,7 +313,7 @@ class GemmPlan(Plan):
         self._freeze()
 
     # ---------------------------------------------------------------- the two kernels
-    def _plan_splitk(self, a, b, c, schedule, split_k, interp, tma_views=None) -> None:
+    def _plan_splitk(self, a, b, c, schedule, split_k, interp, tma_views=None, prefetch: bool = False) -> None:
         from ._launch import Launch
         from .kernels import gemm_splitk as KS
 
@@ -340,6 +341,8 @@ class GemmPlan(Plan):
         use_tma = self._take_tma_views(tma_views)
         const = dict(MAPPING=self._mapping_arg, SPLIT_K=S, HAS_BIAS=self._epi[0], HAS_RES=self._epi[1],
                      INPUT_PRECISION=self._precision, USE_TMA=use_tma, A_TRANS=self.a_trans, B_TRANS=self.b_trans)
+        if prefetch and not use_tma:   # options.pdl_prefetch: B's lines into L2 before the PDL wait
+            const["PREFETCH_B"] = True
         self._sizes = (Mdim, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
                        *self._res_stride, self._kps)
         self._launch = Launch(KS.gemm_splitk_kernel, (self._tiles * S,), const, config=cfg, device=self.device,

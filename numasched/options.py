@@ -19,6 +19,7 @@ numasched is imported (they are not read per call):
     NUMASCHED_GEMM_SPLITK_TMA=0 gemm_splitk_tma -> False
     NUMASCHED_PDL=0             pdl -> False
     NUMASCHED_PDL_TRIGGER=0     pdl_trigger -> False
+    NUMASCHED_PDL_PREFETCH=1    pdl_prefetch -> True
 """
 from __future__ import annotations
 
@@ -63,6 +64,10 @@ class Options:
             waits for it before touching memory: kernels/pdl.py). Off elsewhere.
         pdl_trigger: with ``pdl``, each kernel lets the next one launch as soon as all its programs
             have started (False: when it completes; the launch is still prepared early).
+        pdl_prefetch: with ``pdl``, the split-K GEMM (pointer path: decode-size tiles) asks its
+            weight lines into L2 before it waits for the previous kernel (kernels/pdl.py). Off
+            by default: not yet measured on a GPU (scripts/pdl_probe.py measured the effect of
+            reads that overlap the previous kernel: 4.3 -> 1.4 us per boundary).
     """
 
     autotune: bool = True
@@ -75,9 +80,10 @@ class Options:
     gemm_splitk_tma: bool = True
     pdl: bool = True
     pdl_trigger: bool = True
+    pdl_prefetch: bool = False
 
     def __post_init__(self):
-        for f in ("autotune", "check_data", "gemm_flatten", "gemm_splitk_tma", "pdl", "pdl_trigger"):
+        for f in ("autotune", "check_data", "gemm_flatten", "gemm_splitk_tma", "pdl", "pdl_trigger", "pdl_prefetch"):
             if not isinstance(getattr(self, f), bool):
                 raise TypeError(f"Options.{f} must be a bool, got {getattr(self, f)!r}")
         if self.decode_combine not in COMBINE_MODES:
@@ -120,7 +126,8 @@ def from_env(environ=None) -> Options:
                    gemm_schedule=env.get("NUMASCHED_GEMM_SCHEDULE", "model"),
                    gemm_table=env.get("NUMASCHED_GEMM_TABLE") or None,
                    gemm_splitk_tma=flag("NUMASCHED_GEMM_SPLITK_TMA", True),
-                   pdl=flag("NUMASCHED_PDL", True), pdl_trigger=flag("NUMASCHED_PDL_TRIGGER", True))
+                   pdl=flag("NUMASCHED_PDL", True), pdl_trigger=flag("NUMASCHED_PDL_TRIGGER", True),
+                   pdl_prefetch=flag("NUMASCHED_PDL_PREFETCH", False))
 
 
 _CURRENT = from_env()

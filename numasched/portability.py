@@ -179,6 +179,8 @@ def compile_kernel(fn, values: dict, target: str = "sm90", *, num_warps: int = 4
     pdl = "PDL" in getattr(fn, "arg_names", ()) and "PDL" not in values
     if pdl:  # as the host launches it: programmatic dependent launch on NVIDIA sm_90+ (kernels/pdl.py)
         values = dict(values, PDL=1 if tgt.backend == "cuda" and int(tgt.arch) >= 90 else 0)
+    # other defaulted constexprs (e.g. GLU, HAS_BIAS) as a launch that does not pass them
+    values = {**{p.name: p.default for p in getattr(fn, "params", ()) if p.has_default}, **values}
     sig, const, attrs = _signature(fn, values)
     t0 = time.perf_counter()
     opts = dict(num_warps=num_warps, num_stages=num_stages)
@@ -370,6 +372,24 @@ def _gemm_streamk(tma: bool, bm: int = 128, bn: int = 256, stages: int = 4):
     return build
 
 
+def _gemm_splitk(prefetch: bool):
+    def build(vendor):
+        from numasched import caps, mappings
+        from numasched.kernels import gemm_splitk as K
+
+        # a decode-size GEMM as numasched.matmul(x, W.T) plans it at M = 1 (16x64x128, 4 warps,
+        # 6 stages, split 4; B is the (N, K) weight read through pointers)
+        values = dict(a="*bf16", b="*bf16", c="*bf16", bias=None, res=None, ws="*fp32", counters="*i32",
+                      M=1, N=6144, K=4096, stride_am=4096, stride_ak=1, stride_bk=1, stride_bn=4096,
+                      stride_cm=6144, stride_cn=1, stride_rm=0, stride_rn=0, k_per_split=1024,
+                      MAPPING=mappings.get("grouped").constexpr(1), SPLIT_K=4, BLOCK_M=16, BLOCK_N=64,
+                      BLOCK_K=128, HAS_BIAS=False, HAS_RES=False, INPUT_PRECISION=None, USE_TMA=False,
+                      A_TRANS=False, B_TRANS=False, PREFETCH_B=prefetch)
+        # AMD: the host caps the pipeline stages to the LDS (numasched.caps.AMD_MAX_STAGES)
+        return K.gemm_splitk_kernel, values, 4, 6 if vendor == "nvidia" else caps.AMD_MAX_STAGES["gemm"]
+    return build
+
+
 # ---- distributed
 def _dist_cfg(vendor, stages=None):
     # the host's bf16 GPU config of the distributed GEMMs for N >= 256 (the same on every vendor)
@@ -526,6 +546,12 @@ VARIANTS: List[Variant] = [
             note="stream-K, 128x128x64, 8 warps, 4 stages"),
     Variant("gemm_streamk", "bf16-pointer-128x128", _gemm_streamk(False, 128, 128, 3),
             note="stream-K, 128x128x64, 8 warps, 3 stages, pointer loads (pre-Hopper and AMD)"),
+    Variant("gemm_splitk", "bf16-pointer-decode", _gemm_splitk(False),
+            note="split-K 16x64x128, 4 warps, 6 stages (AMD: the capped stages), split 4 (M = 1 against a W.T "
+                 "weight)"),
+    Variant("gemm_splitk", "bf16-pointer-decode-prefetch", _gemm_splitk(True),
+            off={"amd": "prefetch.global.L2 is NVIDIA PTX; the host sets PREFETCH_B on sm_90+ only"},
+            note="the same with PREFETCH_B (options.pdl_prefetch): B's lines into L2 before the PDL wait"),
     Variant("dist", "all_gather_matmul-pointer", _all_gather(False),
             note="world 2, 128x256x64, 8 warps, 3 stages (the host's bf16 config); " + _CLOCK_NOTE),
     Variant("dist", "all_gather_matmul-pointer-2stage", _all_gather(False, 2), off={"nvidia": _AMD_CFG},

@@ -231,39 +231,66 @@ def test_pdl_only_for_kernels_that_wait_on_sm90_with_the_option(monkeypatch, gpu
 
 
 def test_every_pdl_kernel_waits_before_touching_memory():
-    """A kernel launched with PDL may start while its predecessor still runs: its first statement
-    must be the wait (kernels/pdl.py), before any load or store."""
+    """A kernel launched with PDL may start while its predecessor still runs: nothing before its
+    wait (kernels/pdl.py: ``pdl_enter``) may load, store or do atomics; index arithmetic, the
+    early trigger and L2 prefetches of weights are allowed (helpers of the same module are
+    followed; imported index-math helpers are allowlisted)."""
     import ast
     import inspect
 
     from numasched.kernels import (dist_allreduce, dist_gemm_ar, flash_decode, flash_decode_worklist, gemm,
                                    gemm_splitk, gemm_streamk)
 
+    memory = {"load", "store", "atomic_add", "atomic_xchg", "atomic_cas", "atomic_max", "atomic_min", "atomic_or",
+              "atomic_and", "gdc_wait"}
+    imported_index_math = {"gemm_split_unit", "gemm_tile", "decode_item"}
+
+    def touches(node, helpers, seen) -> list:
+        bad = []
+        for call in (n for n in ast.walk(node) if isinstance(n, ast.Call)):
+            f = call.func
+            name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)
+            if name in memory:
+                bad.append(name)
+            elif isinstance(f, ast.Name) and name in helpers and name not in seen:
+                bad += touches(helpers[name], helpers, seen | {name})
+            elif isinstance(f, ast.Name) and name not in helpers and name not in imported_index_math \
+                    and name not in ("pdl_trigger", "prefetch_l2", "range", "max", "min", "int"):
+                bad.append(name)   # an unknown helper before the wait: not allowed
+        return bad
+
     found = 0
     for mod in (dist_allreduce, dist_gemm_ar, flash_decode, flash_decode_worklist, gemm, gemm_splitk, gemm_streamk):
         tree = ast.parse(inspect.getsource(mod))
-        for fn in (n for n in tree.body if isinstance(n, ast.FunctionDef)):
-            names = [a.arg for a in fn.args.args]
-            if "PDL" not in names:
+        helpers = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+        for fn in helpers.values():
+            if "PDL" not in [a.arg for a in fn.args.args]:
                 continue
             found += 1
             body = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
-            first = body[0]
-            assert (isinstance(first, ast.Expr) and isinstance(first.value, ast.Call)
-                    and getattr(first.value.func, "id", None) == "pdl_enter"), f"{mod.__name__}.{fn.name}"
+            waits = [i for i, st in enumerate(body)
+                     if isinstance(st, ast.Expr) and isinstance(st.value, ast.Call)
+                     and getattr(st.value.func, "id", None) == "pdl_enter"]
+            assert waits, f"{mod.__name__}.{fn.name} never calls pdl_enter at its top level"
+            for st in body[:waits[0]]:
+                assert not touches(st, helpers, {fn.name}), \
+                    f"{mod.__name__}.{fn.name}: {touches(st, helpers, {fn.name})} before the PDL wait"
     assert found >= 9
 
 
 @pytest.mark.gpu
-def test_pdl_chain_in_a_cuda_graph_reads_each_predecessors_output():
-    """Eight dependent launches (GEMMs of decode and prefill sizes, a decode reading a GEMM's
-    output) captured in one graph with PDL on: every kernel must see its predecessor's writes
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_pdl_chain_in_a_cuda_graph_reads_each_predecessors_output(prefetch):
+    """Dependent launches (decode-size GEMMs, weights plain and as ``W.T`` views, then a decode
+    reading a GEMM's output) captured in one graph with PDL on, with and without the split-K
+    GEMM's weight prefetch before the wait: every kernel must see its predecessor's writes
     (outputs poisoned between replays)."""
     import numasched
 
     dev = "cuda"
     torch.manual_seed(0)
     ws = [torch.randn(256, 256, device=dev, dtype=torch.float16) / 16 for _ in range(4)]
+    ws = [w if i % 2 else w.T.contiguous().T for i, w in enumerate(ws)]   # both unit-stride layouts
     x = torch.randn(8, 256, device=dev, dtype=torch.float16)
     k = torch.randn(1, 512, 2, 128, device=dev, dtype=torch.float16)
     v = torch.randn_like(k)
@@ -275,7 +302,7 @@ def test_pdl_chain_in_a_cuda_graph_reads_each_predecessors_output():
         q = y[:1].reshape(1, 2, 128)           # depends on the last GEMM
         return numasched.flash_decode(q, k, v)
 
-    with options.use(pdl=True):
+    with options.use(pdl=True, pdl_prefetch=prefetch):
         ref_y = x.double()
         for w in ws:
             ref_y = ref_y @ w.double()

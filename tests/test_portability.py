@@ -24,6 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 SM90_SUBSET = [
     "flash_decode/contiguous-fused-bf16-d128-g4", "combine/bf16-d128-s16", "attention_fwd/bf16-d128-causal-tma",
     "gemm/bf16-tma-persistent", "dist/all_gather_matmul-tma", "dist/decode_exchange_combine", "probe/l2_latency",
+    "gemm_splitk/bf16-pointer-decode-prefetch",
 ] + [v.key for v in PT.VARIANTS if "nvidia" in v.off]
 
 # (variant, vendor) pairs switched off, and why (a word the reason must contain)
@@ -31,6 +32,7 @@ EXPECTED_OFF = {
     **{(v.key, "amd"): "TMA" for v in PT.VARIANTS if v.name.endswith("-tma") or "-tma-" in v.name},
     **{(v.key, "nvidia"): "LDS" for v in PT.VARIANTS if "stage" in v.name},
     ("probe/xcc_id", "nvidia"): "AMD ISA",
+    ("gemm_splitk/bf16-pointer-decode-prefetch", "amd"): "NVIDIA PTX",
 }
 
 
@@ -127,3 +129,22 @@ def test_signature_and_targets():
     fn, values, _, _ = PT.find("probe", "l2_latency").build("amd")
     with pytest.raises(PT.Interpreted, match="TRITON_INTERPRET"):
         PT.compile_kernel(fn, values, "gfx942")
+
+
+def test_splitk_prefetch_comes_before_the_pdl_wait():
+    """sm_90 PTX of the decode-size split-K GEMM with PREFETCH_B: the weight prefetches are
+    issued, and before the griddepcontrol.wait; without PREFETCH_B there are none."""
+    code = ("import json; from numasched import portability as P\n"
+            "out = {}\n"
+            "for v in ('bf16-pointer-decode-prefetch', 'bf16-pointer-decode'):\n"
+            "    r = P.compile_variant('gemm_splitk', v, 'sm90', keep_asm=True)\n"
+            "    out[v] = r['asm']['ptx'] if r['ok'] else r['error']\n"
+            "print(json.dumps(out))\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    ptx = json.loads(res.stdout.strip().splitlines()[-1])
+    pre = ptx["bf16-pointer-decode-prefetch"]
+    assert "prefetch.global.L2" in pre and "griddepcontrol.wait" in pre
+    assert pre.index("prefetch.global.L2") < pre.index("griddepcontrol.wait")
+    assert "prefetch.global.L2" not in ptx["bf16-pointer-decode"]
