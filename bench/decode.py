@@ -222,7 +222,10 @@ def _points(args):
     heads = list(dict.fromkeys(h for x in args.heads for h in (ALL_HEADS if x == "all" else [x])))
     batches = args.batch or (RAGGED_BATCHES if ragged else BATCHES)
     contexts = args.ctx or (RAGGED_CONTEXTS if ragged else CONTEXTS)
-    return [(h, b, c) for h in heads for b in batches for c in contexts if ragged or b * c <= MAX_TOKENS]
+    # the cap (batch x context <= 4M tokens) on the default grid; points asked for
+    # explicitly (--batch and --ctx both given) are all run
+    capped = not ragged and not (args.batch and args.ctx)
+    return [(h, b, c) for h in heads for b in batches for c in contexts if not capped or b * c <= MAX_TOKENS]
 
 
 def _dry_points(args, lines: list, what: str = "K+V"):

@@ -71,23 +71,30 @@ def _lines(block_k, line):
 
 
 @triton.jit
-def _prefetch_b(b, offs_n, mask_n, k_lo, k_hi, stride_bk, stride_bn, BLOCK_K: tl.constexpr,
-                BLOCK_N: tl.constexpr):
-    """L2 prefetch of B[k_lo:k_hi, offs_n]: one address per 128-byte line along B's unit-stride
-    dimension (K for a weight's ``W.T`` view, else N), every element otherwise."""
+def _prefetch_b(b, n0, N, k_lo, k_hi, stride_bk, stride_bn, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
+    """L2 prefetch of B[k_lo:k_hi, n0:n0 + BLOCK_N]: one address per 128-byte line along B's
+    unit-stride dimension (K for a weight's ``W.T`` view, N for a row-major B), every element
+    when neither is unit-stride. (Each branch names its own tensors: the branches' shapes differ,
+    and Triton merges the names an if/else leaves behind.)"""
+    LINE: tl.constexpr = 1024 // b.dtype.element_ty.primitive_bitwidth  # elements per 128-byte line
     if stride_bk == 1:
-        LINE: tl.constexpr = 1024 // b.dtype.element_ty.primitive_bitwidth  # elements per 128-byte line
-        offs_k = tl.arange(0, _lines(BLOCK_K, LINE)) * LINE
-        cols = b + offs_n[None, :].to(tl.int64) * stride_bn
+        n_a = n0 + tl.arange(0, BLOCK_N)
+        k_a = tl.arange(0, _lines(BLOCK_K, LINE)) * LINE
         for k0 in range(k_lo, k_hi, BLOCK_K):
-            kk = k0 + offs_k
-            prefetch_l2(cols + kk[:, None], (kk < k_hi)[:, None] & mask_n[None, :])
+            prefetch_l2(b + n_a[None, :].to(tl.int64) * stride_bn + (k0 + k_a)[:, None],
+                        ((k0 + k_a) < k_hi)[:, None] & (n_a < N)[None, :])
+    elif stride_bn == 1:
+        n_b = n0 + tl.arange(0, _lines(BLOCK_N, LINE)) * LINE
+        k_b = tl.arange(0, BLOCK_K)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            prefetch_l2(b + (k0 + k_b)[:, None].to(tl.int64) * stride_bk + n_b[None, :],
+                        ((k0 + k_b) < k_hi)[:, None] & (n_b < N)[None, :])
     else:
-        offs_k = tl.arange(0, BLOCK_K)
+        n_c = n0 + tl.arange(0, BLOCK_N)
+        k_c = tl.arange(0, BLOCK_K)
         for k0 in range(k_lo, k_hi, BLOCK_K):
-            kk = k0 + offs_k
-            prefetch_l2(b + kk[:, None].to(tl.int64) * stride_bk + offs_n[None, :] * stride_bn,
-                        (kk < k_hi)[:, None] & mask_n[None, :])
+            prefetch_l2(b + (k0 + k_c)[:, None].to(tl.int64) * stride_bk + n_c[None, :].to(tl.int64) * stride_bn,
+                        ((k0 + k_c) < k_hi)[:, None] & (n_c < N)[None, :])
 
 
 @triton.jit
@@ -117,7 +124,7 @@ def gemm_splitk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
         # PDL: the weights (B) are no earlier kernel's output, so this unit's B lines are asked
         # into L2 while the previous kernel still runs (pointer path; kernels/pdl.py)
         pdl_trigger(PDL)
-        _prefetch_b(b, offs_n, mask_n, k_lo, k_hi, stride_bk, stride_bn, BLOCK_K, BLOCK_N)
+        _prefetch_b(b, tn * BLOCK_N, N, k_lo, k_hi, stride_bk, stride_bn, BLOCK_K, BLOCK_N)
     pdl_enter(PDL)  # PDL: wait for the previous kernel here (kernels/pdl.py)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # GLU: the up half (unused otherwise)

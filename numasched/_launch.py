@@ -30,13 +30,14 @@ _raw_stream = caps._raw_stream
 _OPTION_NAMES = ("num_warps", "num_stages", "num_ctas", "maxnreg", "launch_pdl")
 
 
-def wants_pdl(fn, device, interpret: bool) -> bool:
+def wants_pdl(fn, device, interpret: bool, opts=None) -> bool:
     """Whether a launch of ``fn`` on ``device`` uses programmatic dependent launch: the kernel
     takes a ``PDL`` constexpr (it waits for its predecessor first: kernels/pdl.py), the device
-    is NVIDIA sm_90+ and ``options.pdl`` is on."""
+    is NVIDIA sm_90+ and ``pdl`` is on in ``opts`` (the plan's options; default the current ones)."""
     from . import options
 
-    return (not interpret and "PDL" in getattr(fn, "arg_names", ()) and options.current().pdl
+    opts = opts if opts is not None else options.current()
+    return (not interpret and "PDL" in getattr(fn, "arg_names", ()) and opts.pdl
             and caps.pdl_supported(device))
 
 
@@ -61,22 +62,25 @@ class Launch:
             while a CUDA graph is being captured (tuning launches and synchronises).
         device: the device the kernel runs on (its compiled handle is per device).
         interpret: launch through Triton's interpreter every time.
+        options: the plan's :class:`numasched.options.Options` (``pdl``, ``pdl_trigger``); default
+            the current ones.
     """
 
     __slots__ = ("fn", "grid", "kwargs", "tuner", "fixed", "grid_of", "device_index", "interpret", "compiled",
                  "tail", "config", "name", "raw", "coop", "pdl", "desc_pos", "desc_meta", "desc_cache")
 
     def __init__(self, fn, grid, constexprs: dict, *, device, config: Optional[dict] = None, tuner=None,
-                 fixed: Optional[dict] = None, interpret: bool = False):
+                 fixed: Optional[dict] = None, interpret: bool = False, options=None):
         self.fn = fn
         self.tuner = tuner
         self.fixed = fixed
         self.grid_of: Optional[Callable] = grid if callable(grid) else None
         self.kwargs = dict(constexprs)
-        if wants_pdl(fn, device, interpret):
-            from . import options
+        if wants_pdl(fn, device, interpret, options):
+            from . import options as _options
 
-            self.kwargs.update(PDL=1 if options.current().pdl_trigger else 2, launch_pdl=True)
+            trigger = (options if options is not None else _options.current()).pdl_trigger
+            self.kwargs.update(PDL=1 if trigger else 2, launch_pdl=True)
         self.config = None
         if config is not None:
             self.config = {k: v for k, v in config_kwargs(config).items() if k != "pre_hook"}

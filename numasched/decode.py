@@ -207,9 +207,10 @@ def choose_num_splits(batch: int, kv_heads: int, max_seqlen: int, num_sms: int) 
     Model: programs run in waves of ``num_sms * PROGRAMS_PER_SM``; a program costs its chunk of
     tokens (in whole SPLIT_TILE_TOKENS tiles) plus a fixed overhead. Among 1 .. min(MAX_SPLITS,
     max_seqlen // MIN_SPLIT_TOKENS) splits, pick the lowest ``waves * (tile-rounded tokens per
-    split + overhead)`` (the fewest splits within 2% of it). So batch * kv_heads * splits reaches about PROGRAMS_PER_SM programs per SM when the
-    context is long enough, the last wave is not mostly empty, and one split (no combine at all)
-    is used when there are enough (batch, kv_head) pairs.
+    split + overhead)`` (the fewest splits within 2% of it). So batch * kv_heads * splits reaches
+    about PROGRAMS_PER_SM programs per SM when the context is long enough, the last wave is not
+    mostly empty, and one split (no combine at all) is used when there are enough (batch, kv_head)
+    pairs.
     """
     items = max(1, batch * kv_heads)
     slots = max(1, num_sms * PROGRAMS_PER_SM)
@@ -395,21 +396,23 @@ class DecodePlan(Plan):
 
         if mode == "interpreter":
             self.config = dict(K.INTERPRET_CONFIG)
-            split = Launch(K._flash_decode_kernel, self.grid, meta, config=self.config, device=dev, interpret=True)
+            split = Launch(K._flash_decode_kernel, self.grid, meta, config=self.config, device=dev, interpret=True,
+                           options=self.options)
         elif config is not None:
             self.config = dict(config)
-            split = Launch(K._flash_decode_kernel, self.grid, meta, config=self.config, device=dev)
+            split = Launch(K._flash_decode_kernel, self.grid, meta, config=self.config, device=dev,
+                           options=self.options)
         elif not options.autotune:
             self.config = fixed
-            split = Launch(K._flash_decode_kernel, self.grid, meta, config=fixed, device=dev)
+            split = Launch(K._flash_decode_kernel, self.grid, meta, config=fixed, device=dev, options=self.options)
         else:
             split = Launch(K._flash_decode_kernel, self.grid, meta, device=dev, tuner=K._flash_decode_tuned,
-                           fixed=fixed)
+                           fixed=fixed, options=self.options)
         launches = [split]
         if combine == 1:
             launches.append(Launch(K._combine_kernel, (B * Sq * H,),
                                    dict(SQ=Sq, HEAD_DIM=D, BLOCK_D=meta["BLOCK_D"], BLOCK_S=block_s, num_warps=4),
-                                   device=dev, interpret=mode == "interpreter"))
+                                   device=dev, interpret=mode == "interpreter", options=self.options))
         self._launches = tuple(launches)
         self._split = split
         self._args_cache = None

@@ -488,13 +488,15 @@ class DecodeWorklistPlan(Plan):
                             interpret=True)
         elif config is not None:
             self.config = dict(config) if "maxnreg" in config else KW.with_registers(config, caps.is_hip())
-            launch = Launch(KW._flash_decode_worklist_kernel, self.grid, meta, config=self.config, device=dev)
+            launch = Launch(KW._flash_decode_worklist_kernel, self.grid, meta, config=self.config, device=dev,
+                            options=self.options)
         elif not options.autotune:
             self.config = fixed
-            launch = Launch(KW._flash_decode_worklist_kernel, self.grid, meta, config=fixed, device=dev)
+            launch = Launch(KW._flash_decode_worklist_kernel, self.grid, meta, config=fixed, device=dev,
+                            options=self.options)
         else:
             launch = Launch(KW._flash_decode_worklist_kernel, self.grid, meta, device=dev,
-                            tuner=KW._flash_decode_worklist_tuned, fixed=fixed)
+                            tuner=KW._flash_decode_worklist_tuned, fixed=fixed, options=self.options)
         self._launch = launch
         self._args_cache = self._scalars(q, k_cache, v_cache, cache_seqlens, block_table)
         self._freeze()

@@ -233,6 +233,7 @@ class GemmPlan(Plan):
         Mdim, N, K, dtype = check_matmul(a, b, out, bias=bias, residual=residual, out_dtype=out_dtype,
                                          mapping=mapping, persistent=persistent)
         options = options if options is not None else _options.current()
+        self._opts = options
         self.M, self.N, self.K = Mdim, N, K
         self.out_dtype = dtype
         self.tensors = dict(a=signature(a), b=signature(b), out=signature(out), bias=signature(bias),
@@ -346,7 +347,7 @@ class GemmPlan(Plan):
         self._sizes = (Mdim, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
                        *self._res_stride, self._kps)
         self._launch = Launch(KS.gemm_splitk_kernel, (self._tiles * S,), const, config=cfg, device=self.device,
-                              interpret=interp)
+                              interpret=interp, options=self._opts)
 
     def _take_tma_views(self, tma_views) -> bool:
         """The split-K and stream-K kernels read A and B through these TMA views (or pointers: None)."""
@@ -386,7 +387,8 @@ class GemmPlan(Plan):
                      INPUT_PRECISION=self._precision, USE_TMA=use_tma, A_TRANS=self.a_trans, B_TRANS=self.b_trans)
         self._sizes = (Mdim, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
                        *self._res_stride, dp, iters, W)
-        self._launch = Launch(KSK.gemm_streamk_kernel, (P,), const, config=cfg, device=self.device, interpret=interp)
+        self._launch = Launch(KSK.gemm_streamk_kernel, (P,), const, config=cfg, device=self.device, interpret=interp,
+                              options=self._opts)
 
     def _plan_tiled(self, a, b, c, a_view, b_view, schedule, path, config, persistent, num_programs, options,
                     interp) -> None:
@@ -456,12 +458,13 @@ class GemmPlan(Plan):
                 meta["PERSISTENT"] = bool(persistent)
                 meta["FLATTEN"] = bool(persistent) and flatten
             meta["num_stages"] = caps.cap_stages("gemm", meta.get("num_stages", 3))
-            self._launch = Launch(K_.gemm_kernel, grid_of, const, config=meta, device=dev, interpret=interp)
+            self._launch = Launch(K_.gemm_kernel, grid_of, const, config=meta, device=dev, interpret=interp,
+                                  options=self._opts)
             self.persistent = bool(meta["PERSISTENT"])
         else:
             self._launch = Launch(K_.gemm_kernel, grid_of, const, device=dev,
                                   tuner=K_.tuned_kernel(path, persistent, fp32, flatten),
-                                  fixed=K_.gpu_configs(path, bool(persistent), fp32, flatten)[0])
+                                  fixed=K_.gpu_configs(path, bool(persistent), fp32, flatten)[0], options=self._opts)
 
     def _sync_config(self) -> None:
         cfg = self._launch.config

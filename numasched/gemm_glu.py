@@ -123,7 +123,8 @@ class SwiGLUPlan(Plan):
                      USE_TMA=use_tma, A_TRANS=bool(use_tma and a_view[0]), B_TRANS=bool(use_tma and b_view[0]),
                      GLU=True)
         self.grid = (self._tiles * S,)
-        self._launch = Launch(KS.gemm_splitk_kernel, self.grid, const, config=cfg, device=dev, interpret=interp)
+        self._launch = Launch(KS.gemm_splitk_kernel, self.grid, const, config=cfg, device=dev, interpret=interp,
+                              options=options)
         self._freeze()
 
     def run(self, a, b, out=None) -> torch.Tensor:

@@ -372,7 +372,7 @@ def _gemm_streamk(tma: bool, bm: int = 128, bn: int = 256, stages: int = 4):
     return build
 
 
-def _gemm_splitk(prefetch: bool):
+def _gemm_splitk(prefetch: bool, row_major_b: bool = False):
     def build(vendor):
         from numasched import caps, mappings
         from numasched.kernels import gemm_splitk as K
@@ -385,6 +385,8 @@ def _gemm_splitk(prefetch: bool):
                       MAPPING=mappings.get("grouped").constexpr(1), SPLIT_K=4, BLOCK_M=16, BLOCK_N=64,
                       BLOCK_K=128, HAS_BIAS=False, HAS_RES=False, INPUT_PRECISION=None, USE_TMA=False,
                       A_TRANS=False, B_TRANS=False, PREFETCH_B=prefetch)
+        if row_major_b:   # B (K, N) row-major: N is the unit-stride dimension
+            values.update(stride_bk=6144, stride_bn=1)
         # AMD: the host caps the pipeline stages to the LDS (numasched.caps.AMD_MAX_STAGES)
         return K.gemm_splitk_kernel, values, 4, 6 if vendor == "nvidia" else caps.AMD_MAX_STAGES["gemm"]
     return build
@@ -552,6 +554,9 @@ VARIANTS: List[Variant] = [
     Variant("gemm_splitk", "bf16-pointer-decode-prefetch", _gemm_splitk(True),
             off={"amd": "prefetch.global.L2 is NVIDIA PTX; the host sets PREFETCH_B on sm_90+ only"},
             note="the same with PREFETCH_B (options.pdl_prefetch): B's lines into L2 before the PDL wait"),
+    Variant("gemm_splitk", "bf16-pointer-decode-prefetch-rowmajor-b", _gemm_splitk(True, True),
+            off={"amd": "prefetch.global.L2 is NVIDIA PTX; the host sets PREFETCH_B on sm_90+ only"},
+            note="PREFETCH_B with a row-major (K, N) B: lines along N"),
     Variant("dist", "all_gather_matmul-pointer", _all_gather(False),
             note="world 2, 128x256x64, 8 warps, 3 stages (the host's bf16 config); " + _CLOCK_NOTE),
     Variant("dist", "all_gather_matmul-pointer-2stage", _all_gather(False, 2), off={"nvidia": _AMD_CFG},

@@ -1260,10 +1260,33 @@ def test_bounded_only_context_keeps_auto_off_torch_symm_mem(monkeypatch):
     from numasched.distributed import _common, cost
 
     ctx = types.SimpleNamespace(group=None, bounded_only=True, _symm_mem_ok=True, device=torch.device("cuda", 0))
-    assert not _common._symm_mem_ok(ctx)
+    assert _common._symm_mem_ok(ctx) and not _common._auto_symm_mem_ok(ctx)   # runnable, not auto's pick
     ctx.bounded_only = False
-    assert _common._symm_mem_ok(ctx)   # the cached verdict of a real context
+    assert _common._auto_symm_mem_ok(ctx)   # the cached verdict of a real context
     # where symm_mem would win, auto picks among the bounded paths instead
     big = dict(M=16384, N=3072, K=4096, dtype=torch.bfloat16, world=2)
     assert cost.choose_gemm_collective("all_gather_matmul", **big, symm_mem_ok=True) == "symm_mem"
     assert cost.choose_gemm_collective("all_gather_matmul", **big, symm_mem_ok=False) in ("fused", "bulk")
+
+
+def test_first_use_compiles_the_variant_that_runs(monkeypatch):
+    """The pre-barrier warmup of a fused kernel must compile what the launch runs: with PDL the
+    launch adds PDL and launch_pdl to its constexprs/options, and the warmup must get them too
+    (else the real kernel compiles after the barrier, while peers already wait on this rank)."""
+    from numasched import _launch
+    from numasched.distributed import _common
+
+    class K:
+        arg_names = ["x", "PDL"]
+        params = []
+
+    seen = {}
+    monkeypatch.setattr(_launch, "wants_pdl", lambda fn, device, interpret, opts=None: True)
+    monkeypatch.setattr(_common, "_first_use", lambda ctx, kernel, grid, args, kw: seen.update(kw))
+    monkeypatch.setattr(_launch.Launch, "__call__", lambda self, *a: None)
+    ctx = types.SimpleNamespace(device=torch.device("cuda", 0))
+    plan = types.SimpleNamespace(launchers={}, launches=0)
+    call = types.SimpleNamespace(op="all_reduce")
+    _common._Op._run(ctx, plan, call, "phase", 4, ("x",), (), (), lambda: (K(), {"BLOCK": 128, "num_warps": 4}))
+    launch = plan.launchers["phase", 4, ()]
+    assert seen == launch.kwargs and seen["launch_pdl"] is True and seen["PDL"] in (1, 2)

@@ -224,6 +224,11 @@ def test_pdl_only_for_kernels_that_wait_on_sm90_with_the_option(monkeypatch, gpu
         k3 = _PdlKernel()
         _launch.Launch(k3, (4,), {"A": 3}, device=cuda, config={"num_warps": 4})("x", 10)
         assert k3.calls[0][2]["PDL"] == 2 and k3.calls[0][2]["launch_pdl"] is True
+    # a plan's own options win over the current ones
+    k4 = _PdlKernel()
+    _launch.Launch(k4, (4,), {"A": 3}, device=cuda, config={"num_warps": 4},
+                   options=options.current().replace(pdl=False))("x", 10)
+    assert "PDL" not in k4.calls[0][2]
     with options.use(pdl=False):
         k2 = _PdlKernel()
         _launch.Launch(k2, (4,), {"A": 3}, device=cuda, config={"num_warps": 4})("x", 10)

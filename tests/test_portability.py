@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 SM90_SUBSET = [
     "flash_decode/contiguous-fused-bf16-d128-g4", "combine/bf16-d128-s16", "attention_fwd/bf16-d128-causal-tma",
     "gemm/bf16-tma-persistent", "dist/all_gather_matmul-tma", "dist/decode_exchange_combine", "probe/l2_latency",
-    "gemm_splitk/bf16-pointer-decode-prefetch",
+    "gemm_splitk/bf16-pointer-decode-prefetch", "gemm_splitk/bf16-pointer-decode-prefetch-rowmajor-b",
 ] + [v.key for v in PT.VARIANTS if "nvidia" in v.off]
 
 # (variant, vendor) pairs switched off, and why (a word the reason must contain)
@@ -33,6 +33,7 @@ EXPECTED_OFF = {
     **{(v.key, "nvidia"): "LDS" for v in PT.VARIANTS if "stage" in v.name},
     ("probe/xcc_id", "nvidia"): "AMD ISA",
     ("gemm_splitk/bf16-pointer-decode-prefetch", "amd"): "NVIDIA PTX",
+    ("gemm_splitk/bf16-pointer-decode-prefetch-rowmajor-b", "amd"): "NVIDIA PTX",
 }
 
 
@@ -136,7 +137,8 @@ def test_splitk_prefetch_comes_before_the_pdl_wait():
     issued, and before the griddepcontrol.wait; without PREFETCH_B there are none."""
     code = ("import json; from numasched import portability as P\n"
             "out = {}\n"
-            "for v in ('bf16-pointer-decode-prefetch', 'bf16-pointer-decode'):\n"
+            "for v in ('bf16-pointer-decode-prefetch', 'bf16-pointer-decode-prefetch-rowmajor-b', "
+            "'bf16-pointer-decode'):\n"
             "    r = P.compile_variant('gemm_splitk', v, 'sm90', keep_asm=True)\n"
             "    out[v] = r['asm']['ptx'] if r['ok'] else r['error']\n"
             "print(json.dumps(out))\n")
@@ -144,7 +146,8 @@ def test_splitk_prefetch_comes_before_the_pdl_wait():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     ptx = json.loads(res.stdout.strip().splitlines()[-1])
-    pre = ptx["bf16-pointer-decode-prefetch"]
-    assert "prefetch.global.L2" in pre and "griddepcontrol.wait" in pre
-    assert pre.index("prefetch.global.L2") < pre.index("griddepcontrol.wait")
+    for v in ("bf16-pointer-decode-prefetch", "bf16-pointer-decode-prefetch-rowmajor-b"):
+        pre = ptx[v]
+        assert "prefetch.global.L2" in pre and "griddepcontrol.wait" in pre, v
+        assert pre.index("prefetch.global.L2") < pre.index("griddepcontrol.wait"), v
     assert "prefetch.global.L2" not in ptx["bf16-pointer-decode"]

@@ -186,9 +186,8 @@ def group_name(ctx) -> str:
 
 def _symm_mem_ok(ctx) -> bool:
     """Whether torch symmetric memory's fused ops can run on ``ctx``'s group (checked once per
-    context) and ``impl="auto"`` may pick them: not on a ``bounded_only`` context (their barriers
-    wait without a bound)."""
-    if not _bulk_ok(ctx) or getattr(ctx, "bounded_only", False):
+    context; enables the group for them on torch versions that need it)."""
+    if not _bulk_ok(ctx):
         return False
     ok = getattr(ctx, "_symm_mem_ok", None)
     if ok is None:
@@ -202,6 +201,12 @@ def _symm_mem_ok(ctx) -> bool:
             ok = False
         ctx._symm_mem_ok = ok
     return ok
+
+
+def _auto_symm_mem_ok(ctx) -> bool:
+    """Whether ``impl="auto"`` may pick torch's symmetric-memory ops: they can run, and the context
+    is not ``bounded_only`` (their barriers wait without a bound)."""
+    return _symm_mem_ok(ctx) and not getattr(ctx, "bounded_only", False)
 
 
 # ============================================================================ argument checks
@@ -336,7 +341,8 @@ class _Op:
             launch = plan.launchers[key] = Launch(kernel, (programs,), kw, device=ctx.device,
                                                   interpret=ctx.device.type == "cpu")
             if plan.launches == 0:
-                _first_use(ctx, kernel, (programs,), args, kw)
+                # the launch's own constexprs and options (PDL, launch_pdl): the variant that runs
+                _first_use(ctx, kernel, (programs,), args, launch.kwargs)
         if observe.OBSERVERS:
             observe.notify(call.op, launch.name, (programs,), outputs, plan)
         launch(*args)

@@ -7,7 +7,7 @@ from numasched._validate import check_int32_indexing
 
 from . import _common
 from ._common import Call, _cdiv, _check_operands, _desc, _on_gpu, _aligned, _Op, _output, _policy
-from ._common import _bulk_ok, _resolve_impl, _symm_mem_ok, _tma_ok, group_name, register, run
+from ._common import _auto_symm_mem_ok, _bulk_ok, _resolve_impl, _tma_ok, group_name, register, run
 
 
 @register
@@ -50,7 +50,7 @@ class AllGatherMatmul(_Op):
         check_int32_indexing("b", b)
         a_local = a_local.contiguous()   # pushed as flat row blocks; read with unit stride
         call = cls.describe(a_local, b, world=ctx.world, mapping=mapping, impl=impl, bulk_ok=_bulk_ok(ctx),
-                            symm_ok=_symm_mem_ok(ctx))
+                            symm_ok=_auto_symm_mem_ok(ctx))
         call.tensors["out"] = _output(out, (ctx.world * call.cfg["Ml"], call.cfg["N"]), a_local, call.cfg["impl"])
         call.extra["communicate"] = bool(communicate)
         call.extra["out_given"] = out is not None

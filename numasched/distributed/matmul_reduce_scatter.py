@@ -7,7 +7,7 @@ from numasched._validate import check_int32_indexing
 
 from . import _common
 from ._common import Call, Plan, _aligned, _bulk_ok, _cdiv, _check_operands, _desc, _make_plan, _on_gpu, _Op
-from ._common import _symm_mem_ok, group_name
+from ._common import _auto_symm_mem_ok, group_name
 from ._common import _output, _policy, _resolve_impl, _tma_ok, register, run
 
 
@@ -56,7 +56,7 @@ class MatmulReduceScatter(_Op):
         check_int32_indexing("a", a)
         check_int32_indexing("b_local", b_local)
         call = cls.describe(a, b_local, world=ctx.world, mapping=mapping, impl=impl, bulk_ok=_bulk_ok(ctx),
-                            symm_ok=_symm_mem_ok(ctx))
+                            symm_ok=_auto_symm_mem_ok(ctx))
         call.tensors["out"] = _output(out, (call.cfg["Ms"], call.cfg["N"]), a, call.cfg["impl"])
         call.extra["communicate"] = bool(communicate)
         call.extra["out_given"] = out is not None
