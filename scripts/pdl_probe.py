@@ -26,6 +26,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from numasched.bench.common import capture, warm_up_for_capture
+
 
 @triton.jit
 def _step(X, Y, W, n_w, PDL: tl.constexpr, TRIGGER: tl.constexpr, BLOCK: tl.constexpr, WBLOCK: tl.constexpr):
@@ -58,14 +60,8 @@ def run(chain: int, reps: int, programs: int, w_per_prog: int) -> dict:
         launch_all()
         torch.cuda.synchronize()
         assert torch.all(bufs[chain] == bufs[0][:block].repeat(programs) + chain), kind  # every step ran in order
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            launch_all()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            launch_all()
+        warm_up_for_capture(launch_all)
+        g = capture(launch_all)
         for b in bufs[1:]:
             b.zero_()
         g.replay()

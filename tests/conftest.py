@@ -19,6 +19,20 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
 
 
+def compiled_json(code: str, timeout: int = 300, cwd=None):
+    """Run ``code`` in a Python subprocess without TRITON_INTERPRET (offline compiles need a
+    process whose kernels were defined compiled) and return the JSON its last line prints."""
+    import json
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True,
+                       timeout=timeout)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 @pytest.fixture
 def device():
     return DEVICE

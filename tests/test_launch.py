@@ -314,16 +314,13 @@ def test_pdl_chain_in_a_cuda_graph_reads_each_predecessors_output(prefetch):
         qd = ref_y[:1].reshape(1, 2, 1, 128)
         kd, vd = k.double().transpose(1, 2), v.double().transpose(1, 2)
         ref = torch.softmax(qd @ kd.transpose(-1, -2) / 128 ** 0.5, -1) @ vd
+        from numasched.bench.common import capture, warm_up_for_capture
+
         step()
-        torch.cuda.synchronize()
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            step()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            out = step()
+        warm_up_for_capture(step)
+        held = {}
+        g = capture(lambda: held.update(out=step()))
+        out = held["out"]
         for _ in range(3):
             out.fill_(float("nan"))
             g.replay()

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import compiled_json
+
 from numasched import portability as PT
 
 REPO = Path(__file__).resolve().parents[1]
@@ -110,10 +112,7 @@ def test_compile_report_helpers():
             "g = P.gemm_report(G.gpu_configs('pointer', False, True)[1], dtype='fp32', path='pointer', "
             "precision='ieee', target='gfx942')\n"
             "print(json.dumps([a, g]))\n")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    a, g = json.loads(r.stdout.strip().splitlines()[-1])
+    a, g = compiled_json(code, cwd=REPO)
     assert a["mma"] == "mfma" and a["registers"] > 0 and a["shared_bytes"] > 0 and not a["tma_load"]
     assert g["registers"] > 0 and g["sgprs"] > 0 and g["vgpr_spills"] is not None
 
@@ -142,10 +141,7 @@ def test_splitk_prefetch_comes_before_the_pdl_wait():
             "    r = P.compile_variant('gemm_splitk', v, 'sm90', keep_asm=True)\n"
             "    out[v] = r['asm']['ptx'] if r['ok'] else r['error']\n"
             "print(json.dumps(out))\n")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
-    assert res.returncode == 0, res.stderr[-2000:]
-    ptx = json.loads(res.stdout.strip().splitlines()[-1])
+    ptx = compiled_json(code)
     for v in ("bf16-pointer-decode-prefetch", "bf16-pointer-decode-prefetch-rowmajor-b"):
         pre = ptx[v]
         assert "prefetch.global.L2" in pre and "griddepcontrol.wait" in pre, v

@@ -1,7 +1,6 @@
 """numasched probe: analysis on synthetic measurements with planted structure (CPU), CLI behaviour
 without a GPU, the kernel's compiled code (CPU, no GPU needed), and the real quick probe (GPU)."""
 import json
-import os
 import re
 import subprocess
 import sys
@@ -9,6 +8,8 @@ import sys
 import numpy as np
 import pytest
 import torch
+
+from conftest import compiled_json
 
 from numasched import probe as P
 from numasched.cli import main as cli_main
@@ -251,10 +252,7 @@ def test_kernel_compiles_with_the_intended_instructions():
     code = ("import json; from numasched.probe import kernel_asm; a = kernel_asm('sm_90'); b = kernel_asm('gfx942');"
             "c = kernel_asm('gfx942', 'l2_latency'); d = kernel_asm('gfx950', 'l2_latency');"
             "print(json.dumps({'ptx': a['ptx'], 'gcn': b['amdgcn'], 'lat942': c['amdgcn'], 'lat950': d['amdgcn']}))")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
-    assert r.returncode == 0, r.stderr[-2000:]
-    asm = json.loads(r.stdout.strip().splitlines()[-1])
+    asm = compiled_json(code, timeout=120)
     ptx = asm["ptx"]
     assert "%smid" in ptx and "%globaltimer" in ptx
     assert ptx.count("ld.global.cg.u64") >= 2 and ptx.count("%clock64") >= 3
