@@ -76,11 +76,12 @@ class Launch:
         self.fixed = fixed
         self.grid_of: Optional[Callable] = grid if callable(grid) else None
         self.kwargs = dict(constexprs)
-        if wants_pdl(fn, device, interpret, options):
+        if "PDL" in getattr(fn, "arg_names", ()):
             from . import options as _options
 
-            trigger = (options if options is not None else _options.current()).pdl_trigger
-            self.kwargs.update(PDL=1 if trigger else 2, launch_pdl=True)
+            opts = options if options is not None else _options.current()
+            if wants_pdl(fn, device, interpret, opts):
+                self.kwargs.update(PDL=1 if opts.pdl_trigger else 2, launch_pdl=True)
         self.config = None
         if config is not None:
             self.config = {k: v for k, v in config_kwargs(config).items() if k != "pre_hook"}

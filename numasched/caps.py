@@ -112,18 +112,21 @@ def num_sms(device: torch.device) -> int:
     return _sm_count(_index(device))
 
 
-def tma_supported(device: torch.device) -> bool:
-    """Hopper-class TMA (tensor descriptors): NVIDIA sm_90+ only; never on AMD or the interpreter."""
+def nvidia_sm90_plus(device: torch.device) -> bool:
+    """An NVIDIA GPU of compute capability 9.0 or newer (never AMD or the interpreter's CPU)."""
     if device.type != "cuda" or is_hip():
         return False
     return capability(device)[0] >= 9
+
+
+def tma_supported(device: torch.device) -> bool:
+    """Hopper-class TMA (tensor descriptors): NVIDIA sm_90+ only; never on AMD or the interpreter."""
+    return nvidia_sm90_plus(device)
 
 
 def pdl_supported(device: torch.device) -> bool:
     """Programmatic dependent launch (``launch_pdl``, ``griddepcontrol``): NVIDIA sm_90+ only."""
-    if device.type != "cuda" or is_hip():
-        return False
-    return capability(device)[0] >= 9
+    return nvidia_sm90_plus(device)
 
 
 def span(t: torch.Tensor) -> int:
