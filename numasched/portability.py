@@ -176,15 +176,15 @@ def compile_kernel(fn, values: dict, target: str = "sm90", *, num_warps: int = 4
     from triton.compiler import ASTSource
 
     tgt = parse_target(target)
-    pdl = "PDL" in getattr(fn, "arg_names", ()) and "PDL" not in values
-    if pdl:  # as the host launches it: programmatic dependent launch on NVIDIA sm_90+ (kernels/pdl.py)
+    if "PDL" in getattr(fn, "arg_names", ()) and "PDL" not in values:
+        # as the host launches it: programmatic dependent launch on NVIDIA sm_90+ (kernels/pdl.py)
         values = dict(values, PDL=1 if tgt.backend == "cuda" and int(tgt.arch) >= 90 else 0)
     # other defaulted constexprs (e.g. GLU, HAS_BIAS) as a launch that does not pass them
     values = {**{p.name: p.default for p in getattr(fn, "params", ()) if p.has_default}, **values}
     sig, const, attrs = _signature(fn, values)
     t0 = time.perf_counter()
     opts = dict(num_warps=num_warps, num_stages=num_stages)
-    if pdl and values["PDL"]:
+    if values.get("PDL"):   # the kernel waits for its predecessor: launched with the attribute
         opts["launch_pdl"] = True
     if maxnreg is not None:  # NVIDIA's register cap per thread (a launch option, as the host passes it)
         opts["maxnreg"] = int(maxnreg)

@@ -83,7 +83,6 @@ def init(heap_bytes: Optional[int] = None, *, workload=None, timeout_s: float = 
             heap_bytes = DEFAULT_HEAP
     if int(heap_bytes) < alloc_bytes(1):
         raise ValueError(f"heap_bytes must be at least {alloc_bytes(1)} (one allocation), got {heap_bytes}")
-    ctx = DistContext(int(heap_bytes), timeout_s=timeout_s, allocator=allocator, group=group)
-    ctx.bounded_only = bool(bounded_only)
-    return ctx
+    return DistContext(int(heap_bytes), timeout_s=timeout_s, allocator=allocator, group=group,
+                       bounded_only=bounded_only)
 
