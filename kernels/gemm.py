@@ -31,7 +31,7 @@ import triton.language as tl
 
 from numasched import caps
 from numasched.mappings.jit import gemm_tile
-from numasched.kernels.pdl import pdl_enter
+from numasched.kernels.pdl import late_point, pdl_enter, pdl_late
 
 try:  # host-side TMA descriptors (triton >= 3.3); the interpreter understands them too
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -135,13 +135,16 @@ def _gemm_one_tile(tile, num_tiles, NM, NN, a, b, c, c_desc, bias, res, M, N, K,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    USE_TMA: tl.constexpr, A_TRANS: tl.constexpr, B_TRANS: tl.constexpr, C_TMA: tl.constexpr,
                    EPILOGUE_SUBTILE: tl.constexpr, INPUT_PRECISION: tl.constexpr, INT64: tl.constexpr,
-                   K_LOOP_WS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr):
+                   K_LOOP_WS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
+                   PDL: tl.constexpr, LAST: tl.constexpr):
     # The policy: a domain remap of the tile id, then the tile it names (a tile order).
     tm, tn = gemm_tile(tile, NM, NN, MAPPING)
     off_m = tm * BLOCK_M
     off_n = tn * BLOCK_N
     acc = gemm_tile_acc(a, b, off_m, off_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
                         BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, A_TRANS, B_TRANS, INPUT_PRECISION, INT64, K_LOOP_WS)
+    if LAST:  # this program's last tile: its K loop is done (PDL "late": the next kernel may launch)
+        pdl_late(PDL)
     _store_tile(c, c_desc, bias, res, acc, off_m, off_n, M, N, stride_cm, stride_cn, stride_rm, stride_rn,
                 BLOCK_M, BLOCK_N, C_TMA, EPILOGUE_SUBTILE, INT64, HAS_BIAS, HAS_RES)
 
@@ -173,13 +176,17 @@ def gemm_kernel(a, b, c, c_desc, bias, res, M, N, K,
                            stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, stride_rm, stride_rn,
                            MAPPING, BLOCK_M, BLOCK_N, BLOCK_K,
                            USE_TMA, A_TRANS, B_TRANS, C_TMA, EPILOGUE_SUBTILE, INPUT_PRECISION, INT64, False,
-                           HAS_BIAS, HAS_RES)
+                           HAS_BIAS, HAS_RES, PDL, False)
+        pdl_late(PDL)  # persistent: after the last tile (its epilogue is short against the loop)
     else:
         _gemm_one_tile(pid, num_tiles, NM, NN, a, b, c, c_desc, bias, res, M, N, K,
                        stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, stride_rm, stride_rn,
                        MAPPING, BLOCK_M, BLOCK_N, BLOCK_K,
                        USE_TMA, A_TRANS, B_TRANS, C_TMA, EPILOGUE_SUBTILE, INPUT_PRECISION, INT64,
-                       WARP_SPECIALIZE, HAS_BIAS, HAS_RES)
+                       WARP_SPECIALIZE, HAS_BIAS, HAS_RES, PDL, True)
+
+
+late_point(gemm_kernel)
 
 
 # ----------------------------------------------------------------------------------------- configs

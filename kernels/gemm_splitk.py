@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from numasched.mappings.jit import gemm_split_unit
-from numasched.kernels.pdl import pdl_enter, pdl_trigger, prefetch_l2
+from numasched.kernels.pdl import late_point, pdl_enter, pdl_late, pdl_trigger, prefetch_l2
 
 
 @triton.jit
@@ -155,6 +155,7 @@ def gemm_splitk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
                 b_u = tl.load(b + (offs_n[None, :].to(tl.int64) + N) * stride_bn + offs_k[:, None] * stride_bk,
                               mask=mask_k[:, None] & mask_n[None, :], other=0.0)
                 acc_u = tl.dot(a_t, b_u, acc_u, input_precision=INPUT_PRECISION)
+    pdl_late(PDL)  # the K loop is done (PDL "late": the next kernel may launch)
 
     if SPLIT_K == 1:
         if GLU:
@@ -189,6 +190,9 @@ def gemm_splitk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
                 _epilogue_store(total, c, bias, res, offs_m, offs_n, M, N, stride_cm, stride_cn, stride_rm,
                                 stride_rn, HAS_BIAS, HAS_RES)
             tl.atomic_xchg(ctr, 0)  # ready for the next launch
+
+
+late_point(gemm_splitk_kernel)
 
 
 # ------------------------------------------------------------------------------------ configs

@@ -8,7 +8,18 @@ that kernel writes or reads. Every kernel here that opts in takes a ``PDL`` cons
 :func:`pdl_enter` first: it lets the next kernel launch as soon as every program of this one has
 started (``griddepcontrol.launch_dependents``), then waits for the previous kernel to complete
 and its writes to be visible. Both instructions are no-ops for a kernel launched without the
-attribute. The host side (numasched._launch.Launch) sets ``PDL`` and ``launch_pdl`` together,
+attribute.
+
+When the next kernel may launch (the ``PDL`` value, ``options.pdl_trigger``):
+1 "early": at the start of every program. The next kernel's programs then become resident, and
+wait, wherever this kernel leaves room: on a GPU this kernel does not fill, they take the free SM
+slots of its last wave, which is what a chain of small dependent kernels wants (0.65 against 1.16
+us per boundary, scripts/pdl_probe.py), but two back-to-back GEMMs lost with it (their programs
+were placed, and piled up, before this one's last wave drained).
+3 "late": a kernel that has a late point (:func:`pdl_late`, after its main loop: GEMMs, once a
+program's K loop is done) triggers there, so the next kernel launches during the epilogues; a
+kernel without one triggers early.
+2 "none": the next kernel launches when this one completes (its launch is still prepared). The host side (numasched._launch.Launch) sets ``PDL`` and ``launch_pdl`` together,
 on NVIDIA sm_90+ with ``options.pdl`` (measured: scripts/pdl_probe.py).
 
 A kernel may do index arithmetic and :func:`prefetch_l2` of data no earlier kernel writes (its
@@ -30,10 +41,44 @@ def pdl_trigger(PDL: tl.constexpr):
 @triton.jit
 def pdl_enter(PDL: tl.constexpr):
     # PDL: 0 off; 1 let the next kernel launch now, then wait; 2 wait only (the next kernel
-    # launches when this one completes: no early start that could take this one's SM slots)
+    # launches when this one completes: no early start that could take this one's SM slots);
+    # 3 wait only here, the kernel triggers at its late point (pdl_late)
     if PDL:
         pdl_trigger(PDL)
         gdc_wait()
+
+
+@triton.jit
+def pdl_late(PDL: tl.constexpr):
+    """A kernel's late trigger point (PDL == 3): after its main loop, before its epilogue."""
+    if PDL == 3:
+        gdc_launch_dependents()
+
+
+# Kernels that call pdl_late (the host gives them PDL = 3 under options.pdl_trigger == "late";
+# the others then trigger early). Filled by late_point below each such kernel's definition.
+_LATE_POINT: set = set()
+
+
+def late_point(fn):
+    """Mark ``fn`` (a @triton.jit kernel) as having a :func:`pdl_late` call; returns ``fn``."""
+    _LATE_POINT.add(getattr(fn, "__name__", None) or fn.fn.__name__)
+    return fn
+
+
+def has_late_point(fn) -> bool:
+    """Whether ``fn`` (a @triton.jit kernel or an autotuner around one) calls pdl_late."""
+    while hasattr(fn, "fn"):
+        fn = fn.fn
+    return getattr(fn, "__name__", None) in _LATE_POINT
+
+
+# options.pdl_trigger -> the PDL constexpr of a kernel with / without a late point
+TRIGGER_MODES = ("early", "late", "none")
+
+
+def pdl_value(trigger: str, late: bool) -> int:
+    return {"early": 1, "none": 2, "late": 3 if late else 1}[trigger]
 
 
 @triton.jit

@@ -81,7 +81,9 @@ class Launch:
 
             opts = options if options is not None else _options.current()
             if wants_pdl(fn, device, interpret, opts):
-                self.kwargs.update(PDL=1 if opts.pdl_trigger else 2, launch_pdl=True)
+                from numasched.kernels.pdl import has_late_point, pdl_value
+
+                self.kwargs.update(PDL=pdl_value(opts.pdl_trigger, has_late_point(fn)), launch_pdl=True)
         self.config = None
         if config is not None:
             self.config = {k: v for k, v in config_kwargs(config).items() if k != "pre_hook"}

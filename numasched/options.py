@@ -18,7 +18,7 @@ numasched is imported (they are not read per call):
     NUMASCHED_GEMM_TABLE        gemm_table (a path)
     NUMASCHED_GEMM_SPLITK_TMA=0 gemm_splitk_tma -> False
     NUMASCHED_PDL=0             pdl -> False
-    NUMASCHED_PDL_TRIGGER=0     pdl_trigger -> False
+    NUMASCHED_PDL_TRIGGER       pdl_trigger ("early", "late" or "none"; 1 / 0 mean early / none)
     NUMASCHED_PDL_PREFETCH=1    pdl_prefetch -> True
 """
 from __future__ import annotations
@@ -31,6 +31,7 @@ from typing import Optional
 __all__ = ["Options", "current", "set", "use", "from_env"]
 
 COMBINE_MODES = ("auto", "fused", "kernel")
+TRIGGER_MODES = ("early", "late", "none")  # numasched.kernels.pdl.TRIGGER_MODES (not imported: no triton here)
 
 
 @dataclass(frozen=True)
@@ -62,8 +63,10 @@ class Options:
         pdl: launch numasched's kernels with programmatic dependent launch on NVIDIA sm_90+ (each
             kernel's launch and start overlap the kernel before it in the stream; the kernel
             waits for it before touching memory: kernels/pdl.py). Off elsewhere.
-        pdl_trigger: with ``pdl``, each kernel lets the next one launch as soon as all its programs
-            have started (False: when it completes; the launch is still prepared early).
+        pdl_trigger: with ``pdl``, when a kernel lets the next one launch (kernels/pdl.py): "early"
+            (as soon as all its programs have started), "late" (GEMMs once their K loops are
+            done, other kernels early) or "none" (when it completes; the launch is still
+            prepared early). True and False mean "early" and "none".
         pdl_prefetch: with ``pdl``, the split-K GEMM (pointer path: decode-size tiles) asks its
             weight lines into L2 before it waits for the previous kernel (kernels/pdl.py). Off
             by default: not yet measured on a GPU (scripts/pdl_probe.py measured the effect of
@@ -79,13 +82,18 @@ class Options:
     gemm_table: Optional[str] = None
     gemm_splitk_tma: bool = True
     pdl: bool = True
-    pdl_trigger: bool = True
+    pdl_trigger: str = "early"
     pdl_prefetch: bool = False
 
     def __post_init__(self):
-        for f in ("autotune", "check_data", "gemm_flatten", "gemm_splitk_tma", "pdl", "pdl_trigger", "pdl_prefetch"):
+        for f in ("autotune", "check_data", "gemm_flatten", "gemm_splitk_tma", "pdl", "pdl_prefetch"):
             if not isinstance(getattr(self, f), bool):
                 raise TypeError(f"Options.{f} must be a bool, got {getattr(self, f)!r}")
+        if isinstance(self.pdl_trigger, bool):  # the former bool form
+            object.__setattr__(self, "pdl_trigger", "early" if self.pdl_trigger else "none")
+        if self.pdl_trigger not in TRIGGER_MODES:
+            raise ValueError(f"Options.pdl_trigger must be one of {TRIGGER_MODES} (or a bool), "
+                             f"got {self.pdl_trigger!r}")
         if self.decode_combine not in COMBINE_MODES:
             raise ValueError(f"Options.decode_combine must be one of {COMBINE_MODES}, got {self.decode_combine!r}")
         if self.dist_tma is not None and not isinstance(self.dist_tma, bool):
@@ -110,6 +118,10 @@ class Options:
         return dataclasses.replace(self, **changes)
 
 
+def _trigger(v: str) -> str:
+    return {"0": "none", "1": "early"}.get(v, v)
+
+
 def from_env(environ=None) -> Options:
     """The options the environment variables ask for (see the module doc)."""
     env = os.environ if environ is None else environ
@@ -126,7 +138,8 @@ def from_env(environ=None) -> Options:
                    gemm_schedule=env.get("NUMASCHED_GEMM_SCHEDULE", "model"),
                    gemm_table=env.get("NUMASCHED_GEMM_TABLE") or None,
                    gemm_splitk_tma=flag("NUMASCHED_GEMM_SPLITK_TMA", True),
-                   pdl=flag("NUMASCHED_PDL", True), pdl_trigger=flag("NUMASCHED_PDL_TRIGGER", True),
+                   pdl=flag("NUMASCHED_PDL", True),
+                   pdl_trigger=_trigger(env.get("NUMASCHED_PDL_TRIGGER", "early")),
                    pdl_prefetch=flag("NUMASCHED_PDL_PREFETCH", False))
 
 

@@ -157,6 +157,13 @@ def test_options_are_values_with_named_errors():
     env = options.from_env({"NUMASCHED_AUTOTUNE": "0", "NUMASCHED_DECODE_COMBINE": "kernel",
                             "NUMASCHED_DIST_TMA": "1"})
     assert env.autotune is False and env.decode_combine == "kernel" and env.dist_tma is True
+    # the PDL trigger: a mode, or the former bool (also in the environment: 1 / 0)
+    assert options.Options(pdl_trigger=False).pdl_trigger == "none"
+    assert options.Options(pdl_trigger=True).pdl_trigger == "early"
+    assert options.from_env({"NUMASCHED_PDL_TRIGGER": "late"}).pdl_trigger == "late"
+    assert options.from_env({"NUMASCHED_PDL_TRIGGER": "0"}).pdl_trigger == "none"
+    with pytest.raises(ValueError, match="pdl_trigger"):
+        options.Options(pdl_trigger="sometimes")
 
 
 def test_mapping_tokens_carry_unregistered_policies():
@@ -224,6 +231,18 @@ def test_pdl_only_for_kernels_that_wait_on_sm90_with_the_option(monkeypatch, gpu
         k3 = _PdlKernel()
         _launch.Launch(k3, (4,), {"A": 3}, device=cuda, config={"num_warps": 4})("x", 10)
         assert k3.calls[0][2]["PDL"] == 2 and k3.calls[0][2]["launch_pdl"] is True
+    # "late": kernels with a late point (the GEMMs) trigger there (3), the others early (1)
+    from numasched.kernels import flash_decode, gemm, gemm_splitk, gemm_streamk, pdl
+
+    with options.use(pdl_trigger="late"):
+        k5 = _PdlKernel()
+        _launch.Launch(k5, (4,), {"A": 3}, device=cuda, config={"num_warps": 4})("x", 10)
+        assert k5.calls[0][2]["PDL"] == 1
+    for fn in (gemm.gemm_kernel, gemm_splitk.gemm_splitk_kernel, gemm_streamk.gemm_streamk_kernel,
+               gemm.tuned_kernel("tma", None, False)):
+        assert pdl.has_late_point(fn)
+    assert not pdl.has_late_point(flash_decode._flash_decode_kernel)
+    assert [pdl.pdl_value(t, late) for t in pdl.TRIGGER_MODES for late in (False, True)] == [1, 1, 1, 3, 2, 2]
     # a plan's own options win over the current ones
     k4 = _PdlKernel()
     _launch.Launch(k4, (4,), {"A": 3}, device=cuda, config={"num_warps": 4},
@@ -269,7 +288,10 @@ def test_every_pdl_kernel_waits_before_touching_memory():
         tree = ast.parse(inspect.getsource(mod))
         helpers = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
         for fn in helpers.values():
-            if "PDL" not in [a.arg for a in fn.args.args]:
+            # kernels: a ``PDL: tl.constexpr = False`` parameter (helpers that take PDL have no default)
+            args = fn.args.args
+            pdl = [i for i, a in enumerate(args) if a.arg == "PDL"]
+            if not pdl or pdl[0] < len(args) - len(fn.args.defaults):
                 continue
             found += 1
             body = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
@@ -284,12 +306,13 @@ def test_every_pdl_kernel_waits_before_touching_memory():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("prefetch", [False, True])
-def test_pdl_chain_in_a_cuda_graph_reads_each_predecessors_output(prefetch):
+@pytest.mark.parametrize("prefetch,trigger", [(False, "early"), (True, "early"), (False, "late"), (True, "late"),
+                                              (False, "none")])
+def test_pdl_chain_in_a_cuda_graph_reads_each_predecessors_output(prefetch, trigger):
     """Dependent launches (decode-size GEMMs, weights plain and as ``W.T`` views, then a decode
     reading a GEMM's output) captured in one graph with PDL on, with and without the split-K
-    GEMM's weight prefetch before the wait: every kernel must see its predecessor's writes
-    (outputs poisoned between replays)."""
+    GEMM's weight prefetch before the wait, each trigger mode: every kernel must see its
+    predecessor's writes (outputs poisoned between replays)."""
     import numasched
 
     dev = "cuda"
@@ -307,7 +330,7 @@ def test_pdl_chain_in_a_cuda_graph_reads_each_predecessors_output(prefetch):
         q = y[:1].reshape(1, 2, 128)           # depends on the last GEMM
         return numasched.flash_decode(q, k, v)
 
-    with options.use(pdl=True, pdl_prefetch=prefetch):
+    with options.use(pdl=True, pdl_prefetch=prefetch, pdl_trigger=trigger):
         ref_y = x.double()
         for w in ws:
             ref_y = ref_y @ w.double()

@@ -147,3 +147,29 @@ def test_splitk_prefetch_comes_before_the_pdl_wait():
         assert "prefetch.global.L2" in pre and "griddepcontrol.wait" in pre, v
         assert pre.index("prefetch.global.L2") < pre.index("griddepcontrol.wait"), v
     assert "prefetch.global.L2" not in ptx["bf16-pointer-decode"]
+
+
+def test_late_pdl_trigger_comes_after_the_k_loop():
+    """sm_90 PTX of the GEMM kernels with PDL = 3 ("late", kernels/pdl.py): the wait comes first
+    and the launch_dependents after the tensor-core loop (stream-K: after its whole tiles); with
+    PDL = 1 the trigger precedes the wait."""
+    code = ("import json; from numasched import portability as P\n"
+            "out = {}\n"
+            "for kern, var in (('gemm_splitk', 'bf16-pointer-decode'), ('gemm', 'bf16-tma-persistent'), "
+            "('gemm', 'bf16-pointer'), ('gemm_streamk', 'bf16-tma-128x128')):\n"
+            "    fn, values, w, s, *x = P.find(kern, var).build('nvidia')\n"
+            "    for pdl in (1, 3):\n"
+            "        r = P.compile_kernel(fn, dict(values, PDL=pdl), 'sm90', num_warps=w, num_stages=s, keep_asm=True)\n"
+            "        out[f'{kern}/{var}/{pdl}'] = r['asm']['ptx']\n"
+            "print(json.dumps(out))\n")
+    ptx = compiled_json(code, timeout=600)
+    assert len(ptx) == 8
+    for key, text in ptx.items():
+        wait, trig = text.index("griddepcontrol.wait"), text.index("griddepcontrol.launch_dependents")
+        first = min(i for i in (text.find("wgmma.mma_async"), text.find("mma.sync")) if i >= 0)
+        last = max(text.rfind("wgmma.mma_async"), text.rfind("mma.sync"))
+        if key.endswith("/1"):
+            assert trig < wait, key
+        else:
+            # stream-K: after its whole tiles (the K-range pieces of phase 2 follow)
+            assert wait < trig and trig > (first if "streamk" in key else last), key
