@@ -395,6 +395,9 @@ def _kv_buffers(num_stages: int, paged: bool) -> int:
 # only suits that shape must not be on offer: these buckets choose among the 128-token tiles only.
 LONG_SPLIT_BUCKET = 2
 LONG_SPLIT_BLOCK_N = 128
+# The model's config for those splits (fixed_config): (BLOCK_N, num_warps, num_stages) per layout
+# (paged: two K/V tiles in flight take five stages, see _kv_buffers).
+LONG_SPLIT_CONFIG = {False: (128, 4, 3), True: (128, 4, 5)}
 
 
 def _prune_configs(configs, named_args, **kwargs):
@@ -473,9 +476,24 @@ def combine_block_s(splits: int) -> int:
     return 16 if splits <= 16 else COMBINE_MAX_BLOCK_S
 
 
-def fixed_config(paged: bool, head_dim: int, block_g: int = 16) -> dict:
-    """The config used without autotuning (and during graph capture before a shape was tuned)."""
+def fixed_config(paged: bool, head_dim: int, block_g: int = 16, tokens_per_split: int = 0,
+                 elt_bytes: int = 2) -> dict:
+    """The config of the model (no autotuning; also used during graph capture before a shape was
+    tuned): 64-token tiles, or for splits of more than 2048 tokens (tune bucket >=
+    LONG_SPLIT_BUCKET) the 128-token tiles of LONG_SPLIT_CONFIG, when they fit in shared memory.
+
+    Measured on an H200 (bf16, d128, 32/8 heads; bench/results/decode-configs-*-h200-*): with
+    long splits 128-token tiles were within 3.5 % of the best config swept at every point of
+    batch 1-16 x 64k-256k (contiguous), and best or within 2 % of it with pages of 16 at batch
+    8 x 8k-32k with 1-2 splits, where the 64-token tiles took 1.2-1.3x as long (8 x 32k: 253 against
+    321 us); with splits of <= 2048 tokens 64-token tiles were as fast or faster."""
     cfg = dict(DEFAULT_GPU_CONFIG[paged])
+    long = (tune_bucket(tokens_per_split) >= LONG_SPLIT_BUCKET and tokens_per_split > 0 and block_g < 32
+            and not caps.is_hip())  # AMD: a 128-token K+V tile alone fills the LDS
+    if long:
+        bn, w, st = LONG_SPLIT_CONFIG[paged]
+        if 2 * bn * max(16, head_dim) * elt_bytes * _kv_buffers(st, paged) <= SMEM_LIMIT:
+            cfg = dict(BLOCK_N=bn, num_warps=w, num_stages=st)
     if head_dim > 128:  # keep the K/V tiles within shared memory
         cfg["BLOCK_N"] = 32
     if block_g >= 32:

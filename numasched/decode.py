@@ -391,7 +391,7 @@ class DecodePlan(Plan):
                     INT64=int64, INPUT_PRECISION=precision, COMBINE_BLOCK_S=block_s, SQ=Sq, ROW_GROUPS=R,
                     MAPPING=self.policy.constexpr(self.topology.num_domains))
         self._tune_key = tune_key
-        fixed = K.fixed_config(paged, D, block_g)
+        fixed = K.fixed_config(paged, D, block_g, -(-shape.capacity // S), k_cache.element_size())
         from ._launch import Launch
 
         if mode == "interpreter":
@@ -402,7 +402,7 @@ class DecodePlan(Plan):
             self.config = dict(config)
             split = Launch(K._flash_decode_kernel, self.grid, meta, config=self.config, device=dev,
                            options=self.options)
-        elif not options.autotune:
+        elif not options.autotune or options.decode_schedule == "model":
             self.config = fixed
             split = Launch(K._flash_decode_kernel, self.grid, meta, config=fixed, device=dev, options=self.options)
         else:

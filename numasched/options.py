@@ -15,6 +15,7 @@ numasched is imported (they are not read per call):
     NUMASCHED_GEMM_FLATTEN=0    gemm_flatten -> False
     NUMASCHED_DIST_TMA=0/1      dist_tma -> False / True
     NUMASCHED_GEMM_SCHEDULE     gemm_schedule ("model" or "autotune")
+    NUMASCHED_DECODE_SCHEDULE   decode_schedule ("model" or "autotune")
     NUMASCHED_GEMM_TABLE        gemm_table (a path)
     NUMASCHED_GEMM_SPLITK_TMA=0 gemm_splitk_tma -> False
     NUMASCHED_PDL=0             pdl -> False
@@ -53,6 +54,10 @@ class Options:
         gemm_schedule: "model" (numasched.gemm_schedule picks kernel, tiles and split-K from a
             model of the GPU: no tuning at run time) or "autotune" (Triton's autotuner over the
             tiled kernel's configs, on the first call of each shape).
+        decode_schedule: "model" (flash_decode's kernel config from the tokens per split and the
+            cache layout, numasched.kernels.flash_decode.fixed_config: no tuning at run time) or
+            "autotune" (Triton's autotuner over the layout's configs, on the first call of each
+            tokens-per-split class; with ``autotune`` on).
         gemm_table: a table of tuned schedules (``numasched tune-gemm``) the chooser consults
             first; None: the model alone.
         gemm_splitk_tma: the split-K GEMM reads its operands through TMA descriptors where they
@@ -66,7 +71,10 @@ class Options:
         pdl_trigger: with ``pdl``, when a kernel lets the next one launch (kernels/pdl.py): "early"
             (as soon as all its programs have started), "late" (GEMMs once their K loops are
             done, other kernels early) or "none" (when it completes; the launch is still
-            prepared early). True and False mean "early" and "none".
+            prepared early). True and False mean "early" and "none". Default "late": on an H200,
+            decode-size GEMMs back to back (M = 1-256, 44 shapes) ran at 1.006 / 0.939 / 0.999
+            of cuBLAS (geomean) with late / early / none, and the Llama-3-8B decode step was the
+            same with late and early (bench/results/README.md, eighth session).
         pdl_prefetch: with ``pdl``, the split-K GEMM (pointer path: decode-size tiles) asks its
             weight lines into L2 before it waits for the previous kernel (kernels/pdl.py). Off
             by default: not yet measured on a GPU (scripts/pdl_probe.py measured the effect of
@@ -80,9 +88,10 @@ class Options:
     dist_tma: Optional[bool] = None
     gemm_schedule: str = "model"
     gemm_table: Optional[str] = None
+    decode_schedule: str = "model"
     gemm_splitk_tma: bool = True
     pdl: bool = True
-    pdl_trigger: str = "early"
+    pdl_trigger: str = "late"
     pdl_prefetch: bool = False
 
     def __post_init__(self):
@@ -100,6 +109,8 @@ class Options:
             raise TypeError(f"Options.dist_tma must be True, False or None, got {self.dist_tma!r}")
         if self.gemm_schedule not in ("model", "autotune"):
             raise ValueError(f"Options.gemm_schedule must be 'model' or 'autotune', got {self.gemm_schedule!r}")
+        if self.decode_schedule not in ("model", "autotune"):
+            raise ValueError(f"Options.decode_schedule must be 'model' or 'autotune', got {self.decode_schedule!r}")
         if self.gemm_table is not None and not isinstance(self.gemm_table, str):
             raise TypeError(f"Options.gemm_table must be a path string or None, got {self.gemm_table!r}")
 
@@ -137,9 +148,10 @@ def from_env(environ=None) -> Options:
                    dist_tma=None if tma not in ("0", "1") else tma == "1",
                    gemm_schedule=env.get("NUMASCHED_GEMM_SCHEDULE", "model"),
                    gemm_table=env.get("NUMASCHED_GEMM_TABLE") or None,
+                   decode_schedule=env.get("NUMASCHED_DECODE_SCHEDULE", "model"),
                    gemm_splitk_tma=flag("NUMASCHED_GEMM_SPLITK_TMA", True),
                    pdl=flag("NUMASCHED_PDL", True),
-                   pdl_trigger=_trigger(env.get("NUMASCHED_PDL_TRIGGER", "early")),
+                   pdl_trigger=_trigger(env.get("NUMASCHED_PDL_TRIGGER", "late")),
                    pdl_prefetch=flag("NUMASCHED_PDL_PREFETCH", False))
 
 

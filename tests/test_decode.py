@@ -691,3 +691,32 @@ def test_gpu_cuda_graph_capture(paged, combine, launches):
         graph.replay()
         torch.cuda.synchronize()
         check(out, lse, *reference(q, k, v, lens, bt), torch.bfloat16)
+
+
+def test_model_config_takes_long_tiles_for_long_splits_where_they_fit(monkeypatch):
+    """The decode model (options.decode_schedule = "model"): 128-token tiles for splits of more
+    than 2048 tokens (paged: five stages, two tiles in flight), 64-token tiles otherwise, and
+    never a config whose K/V tiles overflow shared memory."""
+    from numasched import caps
+    from numasched.kernels import flash_decode as FD
+
+    monkeypatch.setattr(caps, "is_hip", lambda: False)
+    short, long_ = FD.fixed_config(False, 128, 16, 2048), FD.fixed_config(False, 128, 16, 2049)
+    assert short["BLOCK_N"] == 64 and long_ == dict(BLOCK_N=128, num_warps=4, num_stages=3)
+    assert FD.fixed_config(True, 128, 16, 32768) == dict(BLOCK_N=128, num_warps=4, num_stages=5)
+    assert FD.fixed_config(True, 128, 16) == FD.fixed_config(True, 128, 16, 1024)   # no length: 64
+    for paged in (False, True):
+        for elt in (2, 4):
+            for d in (64, 96, 128, 256):
+                for tokens in (100, 4096, 1 << 20):
+                    c = FD.fixed_config(paged, d, 16, tokens, elt)
+                    smem = 2 * c["BLOCK_N"] * max(16, d) * elt * FD._kv_buffers(c["num_stages"], paged)
+                    assert smem <= FD.SMEM_LIMIT or c["BLOCK_N"] == 32, (paged, elt, d, tokens, c)
+    assert FD.fixed_config(True, 128, 16, 32768, 4)["BLOCK_N"] == 64      # fp32: 256 KB would not fit
+    assert FD.fixed_config(False, 128, 64, 32768)["BLOCK_N"] == 64        # multi-token rows: registers
+    monkeypatch.setattr(caps, "is_hip", lambda: True)
+    assert FD.fixed_config(False, 128, 16, 32768)["BLOCK_N"] == 64        # AMD LDS
+    from numasched import options
+    assert options.current().decode_schedule == "model"
+    with pytest.raises(ValueError, match="decode_schedule"):
+        options.Options(decode_schedule="tuned")
