@@ -395,7 +395,7 @@ def _kv_buffers(num_stages: int, paged: bool) -> int:
 # only suits that shape must not be on offer: these buckets choose among the 128-token tiles only.
 LONG_SPLIT_BUCKET = 2
 LONG_SPLIT_BLOCK_N = 128
-# The model's config for those splits (fixed_config): (BLOCK_N, num_warps, num_stages) per layout
+# The model's 128-token config (fixed_config): (BLOCK_N, num_warps, num_stages) per layout
 # (paged: two K/V tiles in flight take five stages, see _kv_buffers).
 LONG_SPLIT_CONFIG = {False: (128, 4, 3), True: (128, 4, 5)}
 
@@ -477,23 +477,39 @@ def combine_block_s(splits: int) -> int:
 
 
 def fixed_config(paged: bool, head_dim: int, block_g: int = 16, tokens_per_split: int = 0,
-                 elt_bytes: int = 2) -> dict:
+                 elt_bytes: int = 2, programs: int = 0, num_sms: int = 0) -> dict:
     """The config of the model (no autotuning; also used during graph capture before a shape was
-    tuned): 64-token tiles, or for splits of more than 2048 tokens (tune bucket >=
-    LONG_SPLIT_BUCKET) the 128-token tiles of LONG_SPLIT_CONFIG, when they fit in shared memory.
+    tuned), from the tokens per split T and the programs P of the launch on ``num_sms`` SMs
+    (single-token rows of 16-bit d <= 128 on NVIDIA; otherwise, or without P and T, the
+    64-token DEFAULT_GPU_CONFIG):
 
-    Measured on an H200 (bf16, d128, 32/8 heads; bench/results/decode-configs-*-h200-*): with
-    long splits 128-token tiles were within 3.5 % of the best config swept at every point of
-    batch 1-16 x 64k-256k (contiguous), and best or within 2 % of it with pages of 16 at batch
-    8 x 8k-32k with 1-2 splits, where the 64-token tiles took 1.2-1.3x as long (8 x 32k: 253 against
-    321 us); with splits of <= 2048 tokens 64-token tiles were as fast or faster."""
+    * P <= SMs and T > 1024: 128-token tiles (one program per SM streams with two 64 KB tiles
+      in flight);
+    * SMs < P <= 3 SMs: 64-token tiles (three resident programs per SM: every program starts
+      at once; contiguous 4 warps, paged 2 warps);
+    * P > 3 SMs: T <= 8192 (paged) / 2048 (contiguous) 32-token tiles of 2 warps (four to
+      five resident per SM, so the grid is about one wave), longer splits 128-token tiles (many
+      waves of one per SM, the last nearly full).
+
+    Measured on an H200 (bf16, d128; bench/results/decode-configs-*-h200-2026-11-2*): the pick is
+    the best swept or within 5 % of it at every point swept (batch 1-128 x 512-256k tokens, 1-32
+    splits, contiguous and pages of 16), where the former fixed 64-token / 4-warp tile took up to
+    1.3x as long (8 x 32k paged, 2 splits: 321 against 253 us; 64 x 8k paged: 588 against 493).
+    Wave counts explain most of it: with 512 programs 64-token paged tiles (three resident per
+    SM, 1.3 waves) ran 588 us, 32-token ones (one wave) 493 and 128-token ones (3.9 waves) 497."""
     cfg = dict(DEFAULT_GPU_CONFIG[paged])
-    long = (tune_bucket(tokens_per_split) >= LONG_SPLIT_BUCKET and tokens_per_split > 0 and block_g < 32
-            and not caps.is_hip())  # AMD: a 128-token K+V tile alone fills the LDS
-    if long:
-        bn, w, st = LONG_SPLIT_CONFIG[paged]
-        if 2 * bn * max(16, head_dim) * elt_bytes * _kv_buffers(st, paged) <= SMEM_LIMIT:
-            cfg = dict(BLOCK_N=bn, num_warps=w, num_stages=st)
+    if (programs and num_sms and tokens_per_split and block_g < 32 and head_dim <= 128 and elt_bytes == 2
+            and not caps.is_hip()):  # AMD: a 128-token K+V tile alone fills the LDS; not measured there
+        if programs <= num_sms:
+            pick = LONG_SPLIT_CONFIG[paged] if tokens_per_split > 1024 else None
+        elif programs <= 3 * num_sms:
+            pick = (64, 2, 5) if paged else (64, 4, 3)
+        elif tokens_per_split <= (8192 if paged else 2048):
+            pick = (32, 2, 5) if paged else (32, 2, 4)
+        else:
+            pick = LONG_SPLIT_CONFIG[paged]
+        if pick is not None:
+            cfg = dict(BLOCK_N=pick[0], num_warps=pick[1], num_stages=pick[2])
     if head_dim > 128:  # keep the K/V tiles within shared memory
         cfg["BLOCK_N"] = 32
     if block_g >= 32:

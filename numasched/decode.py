@@ -391,7 +391,8 @@ class DecodePlan(Plan):
                     INT64=int64, INPUT_PRECISION=precision, COMBINE_BLOCK_S=block_s, SQ=Sq, ROW_GROUPS=R,
                     MAPPING=self.policy.constexpr(self.topology.num_domains))
         self._tune_key = tune_key
-        fixed = K.fixed_config(paged, D, block_g, -(-shape.capacity // S), k_cache.element_size())
+        fixed = K.fixed_config(paged, D, block_g, -(-shape.capacity // S), k_cache.element_size(), B * HK * R * S,
+                               caps.num_sms(dev))
         from ._launch import Launch
 
         if mode == "interpreter":

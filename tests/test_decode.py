@@ -693,30 +693,39 @@ def test_gpu_cuda_graph_capture(paged, combine, launches):
         check(out, lse, *reference(q, k, v, lens, bt), torch.bfloat16)
 
 
-def test_model_config_takes_long_tiles_for_long_splits_where_they_fit(monkeypatch):
-    """The decode model (options.decode_schedule = "model"): 128-token tiles for splits of more
-    than 2048 tokens (paged: five stages, two tiles in flight), 64-token tiles otherwise, and
-    never a config whose K/V tiles overflow shared memory."""
-    from numasched import caps
+def test_model_config_follows_programs_and_split_length(monkeypatch):
+    """The decode model (options.decode_schedule = "model", kernels/flash_decode.fixed_config):
+    128-token tiles for one wave of long splits or many waves of very long ones, 64-token tiles
+    for one to three programs per SM, 32-token tiles for many programs of short splits; the
+    default config where it has no data (AMD, fp32, multi-token rows, no program count); never a
+    config whose K/V tiles overflow shared memory."""
+    from numasched import caps, options
     from numasched.kernels import flash_decode as FD
 
     monkeypatch.setattr(caps, "is_hip", lambda: False)
-    short, long_ = FD.fixed_config(False, 128, 16, 2048), FD.fixed_config(False, 128, 16, 2049)
-    assert short["BLOCK_N"] == 64 and long_ == dict(BLOCK_N=128, num_warps=4, num_stages=3)
-    assert FD.fixed_config(True, 128, 16, 32768) == dict(BLOCK_N=128, num_warps=4, num_stages=5)
-    assert FD.fixed_config(True, 128, 16) == FD.fixed_config(True, 128, 16, 1024)   # no length: 64
+
+    def pick(paged, tokens, programs, d=128, elt=2, block_g=16):
+        c = FD.fixed_config(paged, d, block_g, tokens, elt, programs, 132)
+        return (c["BLOCK_N"], c["num_warps"], c["num_stages"])
+
+    assert pick(True, 2048, 128) == (128, 4, 5) and pick(False, 2048, 128) == (128, 4, 3)   # 1 x 32k, 16 splits
+    assert pick(True, 1024, 128) == (64, 4, 5)                      # short: the default
+    assert pick(True, 131072, 256) == (64, 2, 5) and pick(False, 4096, 256) == (64, 4, 3)
+    assert pick(True, 8192, 512) == (32, 2, 5) and pick(True, 32768, 512) == (128, 4, 5)
+    assert pick(False, 2048, 512) == (32, 2, 4) and pick(False, 32768, 512) == (128, 4, 3)
+    assert FD.fixed_config(True, 128, 16) == dict(FD.DEFAULT_GPU_CONFIG[True])   # no program count
+    assert pick(True, 32768, 128, elt=4)[0] == 64                   # fp32: the default
+    assert pick(False, 32768, 128, block_g=64)[1] == 8              # multi-token rows: 8 warps
     for paged in (False, True):
         for elt in (2, 4):
             for d in (64, 96, 128, 256):
                 for tokens in (100, 4096, 1 << 20):
-                    c = FD.fixed_config(paged, d, 16, tokens, elt)
-                    smem = 2 * c["BLOCK_N"] * max(16, d) * elt * FD._kv_buffers(c["num_stages"], paged)
-                    assert smem <= FD.SMEM_LIMIT or c["BLOCK_N"] == 32, (paged, elt, d, tokens, c)
-    assert FD.fixed_config(True, 128, 16, 32768, 4)["BLOCK_N"] == 64      # fp32: 256 KB would not fit
-    assert FD.fixed_config(False, 128, 64, 32768)["BLOCK_N"] == 64        # multi-token rows: registers
+                    for programs in (8, 200, 1000):
+                        c = FD.fixed_config(paged, d, 16, tokens, elt, programs, 132)
+                        smem = 2 * c["BLOCK_N"] * max(16, d) * elt * FD._kv_buffers(c["num_stages"], paged)
+                        assert smem <= FD.SMEM_LIMIT, (paged, elt, d, tokens, programs, c)
     monkeypatch.setattr(caps, "is_hip", lambda: True)
-    assert FD.fixed_config(False, 128, 16, 32768)["BLOCK_N"] == 64        # AMD LDS
-    from numasched import options
+    assert pick(False, 32768, 128)[0] == 64                         # AMD LDS
     assert options.current().decode_schedule == "model"
     with pytest.raises(ValueError, match="decode_schedule"):
         options.Options(decode_schedule="tuned")
