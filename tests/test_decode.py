@@ -726,6 +726,6 @@ def test_model_config_follows_programs_and_split_length(monkeypatch):
                         assert smem <= FD.SMEM_LIMIT, (paged, elt, d, tokens, programs, c)
     monkeypatch.setattr(caps, "is_hip", lambda: True)
     assert pick(False, 32768, 128)[0] == 64                         # AMD LDS
-    assert options.current().decode_schedule == "model"
+    assert options.current().decode_schedule == "autotune"
     with pytest.raises(ValueError, match="decode_schedule"):
         options.Options(decode_schedule="tuned")
