@@ -77,9 +77,10 @@ class Options:
             of cuBLAS (geomean) with late / early / none, and the Llama-3-8B decode step was the
             same with late and early (bench/results/README.md, eighth session).
         pdl_prefetch: with ``pdl``, the split-K GEMM (pointer path: decode-size tiles) asks its
-            weight lines into L2 before it waits for the previous kernel (kernels/pdl.py). Off
-            by default: not yet measured on a GPU (scripts/pdl_probe.py measured the effect of
-            reads that overlap the previous kernel: 4.3 -> 1.4 us per boundary).
+            weight lines into L2 before it waits for the previous kernel (kernels/pdl.py). Off:
+            measured on an H200 it made the Llama-3-8B decode step 1.05-1.34x slower (1 x 2k:
+            6.31 against 4.71 ms; bench/results/README.md, eighth session): one prefetch per
+            line in a loop before the wait costs more than the overlap gains.
     """
 
     autotune: bool = True
