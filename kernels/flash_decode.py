@@ -491,10 +491,12 @@ def fixed_config(paged: bool, head_dim: int, block_g: int = 16, tokens_per_split
       five resident per SM, so the grid is about one wave), longer splits 128-token tiles (many
       waves of one per SM, the last nearly full).
 
-    Measured on an H200 (bf16, d128; bench/results/decode-configs-*-h200-2026-11-2*): the pick is
-    the best swept or within 5 % of it at every point swept (batch 1-128 x 512-256k tokens, 1-32
-    splits, contiguous and pages of 16), where the former fixed 64-token / 4-warp tile took up to
-    1.3x as long (8 x 32k paged, 2 splits: 321 against 253 us; 64 x 8k paged: 588 against 493).
+    Measured on an H200 (bf16, d128; bench/results/decode-configs-*-h200-2026-11-23.csv): the pick
+    is within 5 % of the best config swept at 44 of 47 (point, split count) pairs (batch 1-128 x
+    512-128k tokens, 1-32 splits, contiguous and pages of 16; worst 1.12x at 8 x 512, 13 against
+    12 us, and 1.08x at paged 64 x 32k with 3 splits, where 32-token tiles were best), where the
+    former fixed 64-token / 4-warp tile took up to 1.3x as long (8 x 32k paged, 2 splits: 321
+    against 253 us; 64 x 8k paged: 588 against 493).
     Wave counts explain most of it: with 512 programs 64-token paged tiles (three resident per
     SM, 1.3 waves) ran 588 us, 32-token ones (one wave) 493 and 128-token ones (3.9 waves) 497."""
     cfg = dict(DEFAULT_GPU_CONFIG[paged])
