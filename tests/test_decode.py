@@ -729,3 +729,35 @@ def test_model_config_follows_programs_and_split_length(monkeypatch):
     assert options.current().decode_schedule == "autotune"
     with pytest.raises(ValueError, match="decode_schedule"):
         options.Options(decode_schedule="tuned")
+
+
+def test_model_config_against_the_measured_sweeps(monkeypatch):
+    """The config model against the H200 sweeps it was built from (every config of a layout
+    timed at several split counts, bench/results/decode-configs-*-h200-2026-11-23.csv): its pick
+    must have been timed, and be within 5 % of the best config at >= 90 % of the (point, split)
+    pairs and within 15 % everywhere. A change to the model that this fails needs new sweeps."""
+    import csv
+    import pathlib
+
+    from numasched import caps
+    from numasched.kernels import flash_decode as FD
+
+    monkeypatch.setattr(caps, "is_hip", lambda: False)
+    files = sorted((pathlib.Path(__file__).parent.parent / "bench" / "results").glob("decode-configs-*-h200-2026-11-23.csv"))
+    assert len(files) >= 3
+    groups: dict = {}
+    for f in files:
+        for r in csv.DictReader(open(f)):
+            if r["kind"] == "split":
+                groups.setdefault((r["heads"], int(r["batch"]), int(r["ctx"]), r["layout"], int(r["splits"])),
+                                  {})[r["config"]] = float(r["us"])
+    ratios = []
+    for (heads, B, L, layout, S), times in groups.items():
+        HK = int(heads.split("/")[1])
+        c = FD.fixed_config("paged" in layout, 128, 16, -(-L // S), 2, B * HK * S, 132)   # H200: 132 SMs
+        pick = f"{c['BLOCK_N']}/{c['num_warps']}/{c['num_stages']}"
+        assert pick in times, (heads, B, L, layout, S, pick)
+        ratios.append(times[pick] / min(times.values()))
+    assert len(ratios) >= 40
+    assert sum(r <= 1.05 for r in ratios) >= 0.9 * len(ratios), sorted(ratios)[-8:]
+    assert max(ratios) <= 1.15, max(ratios)
