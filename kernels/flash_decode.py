@@ -477,11 +477,12 @@ def combine_block_s(splits: int) -> int:
 
 
 def fixed_config(paged: bool, head_dim: int, block_g: int = 16, tokens_per_split: int = 0,
-                 elt_bytes: int = 2, programs: int = 0, num_sms: int = 0) -> dict:
+                 elt_bytes: int = 2, programs: int = 0, num_sms: int = 0, smem_limit: int = SMEM_LIMIT) -> dict:
     """The config of the model (no autotuning; also used during graph capture before a shape was
     tuned), from the tokens per split T and the programs P of the launch on ``num_sms`` SMs
-    (single-token rows of 16-bit d <= 128 on NVIDIA; otherwise, or without P and T, the
-    64-token DEFAULT_GPU_CONFIG):
+    (one tile of <= 16 rows, 16-bit d <= 128 on NVIDIA; otherwise, or without P and T, the
+    64-token DEFAULT_GPU_CONFIG). A pick whose K/V tiles exceed ``smem_limit`` (the device's
+    shared memory per block: 99 KB on sm_86/89) falls back to the default:
 
     * P <= SMs and T > 1024: 128-token tiles (one program per SM streams with two 64 KB tiles
       in flight);
@@ -512,6 +513,8 @@ def fixed_config(paged: bool, head_dim: int, block_g: int = 16, tokens_per_split
             pick = LONG_SPLIT_CONFIG[paged]
         if pick is not None:
             cfg = dict(BLOCK_N=pick[0], num_warps=pick[1], num_stages=pick[2])
+            if _kv_bytes(cfg, head_dim, elt_bytes, paged) > min(smem_limit, SMEM_LIMIT):
+                cfg = dict(DEFAULT_GPU_CONFIG[paged])   # e.g. 128-token tiles on a 99 KB GPU
     if head_dim > 128:  # keep the K/V tiles within shared memory
         cfg["BLOCK_N"] = 32
     if block_g >= 32:
@@ -519,7 +522,21 @@ def fixed_config(paged: bool, head_dim: int, block_g: int = 16, tokens_per_split
         # thread at 4 warps (sm_90, d128); 8 warps halve that
         cfg["num_warps"] = 8
     cfg["num_stages"] = caps.cap_stages("decode", cfg["num_stages"])
+    # whatever the rule, the K/V tiles must fit the device: fewer tiles in flight, then shorter
+    # tiles (fp32 with a large head dim on a 99 KB GPU)
+    while _kv_bytes(cfg, head_dim, elt_bytes, paged) > min(smem_limit, SMEM_LIMIT) and (
+            cfg["num_stages"] > 2 or cfg["BLOCK_N"] > 16):
+        if _kv_buffers(cfg["num_stages"], paged) > 1:
+            cfg["num_stages"] -= 1
+        else:
+            cfg["BLOCK_N"] //= 2
     return cfg
+
+
+def _kv_bytes(cfg: dict, head_dim: int, elt_bytes: int, paged: bool) -> int:
+    """Shared memory of a config's K/V tiles in flight (head dim padded as the kernel pads it)."""
+    block_d = max(16, 1 << max(0, head_dim - 1).bit_length())
+    return 2 * cfg["BLOCK_N"] * block_d * elt_bytes * _kv_buffers(cfg["num_stages"], paged)
 
 
 # On the interpreter (CPU tests) one small config keeps the runs short.

@@ -85,7 +85,6 @@ def gemm_streamk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
                          BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, A_TRANS, B_TRANS, INPUT_PRECISION)
         _epilogue_store(acc, c, bias, res, tm * BLOCK_M + offs_bm, tn * BLOCK_N + offs_bn, M, N,
                         stride_cm, stride_cn, stride_rm, stride_rn, HAS_BIAS, HAS_RES)
-    pdl_late(PDL)  # the whole tiles are done: the pieces of phase 2 are this program's tail
 
     # ---- 2. the remaining tiles' K iterations, one contiguous piece per program, by program id.
     #    (Handing them out in the order of the policy's domain remap would put a tile's pieces on
@@ -132,6 +131,7 @@ def gemm_streamk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
                                     stride_cm, stride_cn, stride_rm, stride_rn, HAS_BIAS, HAS_RES)
                 tl.atomic_xchg(ctr, 0)  # ready for the next launch
         it += k_hi - k_lo
+    pdl_late(PDL)  # every K iteration of this program is done (PDL "late": the next kernel may launch)
 
 
 late_point(gemm_streamk_kernel)

@@ -16,9 +16,10 @@ wait, wherever this kernel leaves room: on a GPU this kernel does not fill, they
 slots of its last wave, which is what a chain of small dependent kernels wants (0.65 against 1.16
 us per boundary, scripts/pdl_probe.py), but two back-to-back GEMMs lost with it (their programs
 were placed, and piled up, before this one's last wave drained).
-3 "late": a kernel that has a late point (:func:`pdl_late`, after its main loop: GEMMs, once a
-program's K loop is done) triggers there, so the next kernel launches during the epilogues; a
-kernel without one triggers early.
+3 "late": a kernel that has a late point (:func:`pdl_late`, after its main loop: the tiled and
+split-K GEMMs once a program's K loop is done, before its epilogue; the persistent GEMM and
+stream-K once a program's last tile or piece is done) triggers there, so the next kernel
+launches during the epilogues; a kernel without one triggers early.
 2 "none": the next kernel launches when this one completes (its launch is still prepared). The host side (numasched._launch.Launch) sets ``PDL`` and ``launch_pdl`` together,
 on NVIDIA sm_90+ with ``options.pdl`` (measured: scripts/pdl_probe.py).
 
@@ -56,21 +57,26 @@ def pdl_late(PDL: tl.constexpr):
 
 
 # Kernels that call pdl_late (the host gives them PDL = 3 under options.pdl_trigger == "late";
-# the others then trigger early). Filled by late_point below each such kernel's definition.
+# the others then trigger early): their Python functions, registered by late_point below each
+# such kernel's definition.
 _LATE_POINT: set = set()
+
+
+def _python_function(fn):
+    while hasattr(fn, "fn"):   # an autotuner around a JITFunction around the Python function
+        fn = fn.fn
+    return fn
 
 
 def late_point(fn):
     """Mark ``fn`` (a @triton.jit kernel) as having a :func:`pdl_late` call; returns ``fn``."""
-    _LATE_POINT.add(getattr(fn, "__name__", None) or fn.fn.__name__)
+    _LATE_POINT.add(_python_function(fn))
     return fn
 
 
 def has_late_point(fn) -> bool:
     """Whether ``fn`` (a @triton.jit kernel or an autotuner around one) calls pdl_late."""
-    while hasattr(fn, "fn"):
-        fn = fn.fn
-    return getattr(fn, "__name__", None) in _LATE_POINT
+    return _python_function(fn) in _LATE_POINT
 
 
 # options.pdl_trigger -> the PDL constexpr of a kernel with / without a late point

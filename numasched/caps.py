@@ -100,6 +100,20 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+@functools.lru_cache(maxsize=None)
+def _smem_optin(index: int) -> int:
+    p = torch.cuda.get_device_properties(index)
+    return int(getattr(p, "shared_memory_per_block_optin", 0) or 48 * 1024)
+
+
+def shared_memory_per_block(device: torch.device) -> int:
+    """Shared memory (AMD: LDS) one block may use on ``device``, bytes (the opt-in maximum;
+    the interpreter's CPU: unbounded)."""
+    if device.type != "cuda":
+        return 1 << 30
+    return _smem_optin(_index(device))
+
+
 def capability(device: torch.device) -> tuple:
     """(major, minor) compute capability of a CUDA device (cached: a query costs microseconds)."""
     return _capability(_index(device))

@@ -392,7 +392,7 @@ class DecodePlan(Plan):
                     MAPPING=self.policy.constexpr(self.topology.num_domains))
         self._tune_key = tune_key
         fixed = K.fixed_config(paged, D, block_g, -(-shape.capacity // S), k_cache.element_size(), B * HK * R * S,
-                               caps.num_sms(dev))
+                               caps.num_sms(dev), caps.shared_memory_per_block(dev))
         from ._launch import Launch
 
         if mode == "interpreter":

@@ -481,7 +481,8 @@ class DecodeWorklistPlan(Plan):
                     WORK_STRIDE=KW.WORK_FIELDS)
         # 64-token tiles whatever the item length: two programs per SM must fit in shared memory
         # (128-token tiles took 2292 against 1983 us at 64 x 32k, pages of 16: decode-configs-paged-*)
-        fixed = KW.with_registers(K.fixed_config(paged, Dh, block_g), caps.is_hip())
+        fixed = KW.with_registers(K.fixed_config(paged, Dh, block_g, smem_limit=caps.shared_memory_per_block(dev)),
+                                  caps.is_hip())
         from ._launch import Launch
 
         if mode == "interpreter":

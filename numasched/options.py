@@ -132,7 +132,16 @@ class Options:
 
 
 def _trigger(v: str) -> str:
-    return {"0": "none", "1": "early"}.get(v, v)
+    """NUMASCHED_PDL_TRIGGER: a mode (any case), or a flag (1/true/on/yes: early; 0/false/off/no:
+    none); empty: the default."""
+    v = v.strip().lower()
+    if not v:
+        return Options.pdl_trigger
+    if v in ("1", "true", "on", "yes"):
+        return "early"
+    if v in ("0", "false", "off", "no"):
+        return "none"
+    return v
 
 
 def from_env(environ=None) -> Options:

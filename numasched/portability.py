@@ -177,8 +177,13 @@ def compile_kernel(fn, values: dict, target: str = "sm90", *, num_warps: int = 4
 
     tgt = parse_target(target)
     if "PDL" in getattr(fn, "arg_names", ()) and "PDL" not in values:
-        # as the host launches it: programmatic dependent launch on NVIDIA sm_90+ (kernels/pdl.py)
-        values = dict(values, PDL=1 if tgt.backend == "cuda" and int(tgt.arch) >= 90 else 0)
+        # as the host launches it: programmatic dependent launch on NVIDIA sm_90+ with the current
+        # trigger mode (kernels/pdl.py, numasched._launch.Launch)
+        from numasched import options as _options
+        from numasched.kernels.pdl import has_late_point, pdl_value
+
+        pdl = pdl_value(_options.current().pdl_trigger, has_late_point(fn)) if _options.current().pdl else 0
+        values = dict(values, PDL=pdl if tgt.backend == "cuda" and int(tgt.arch) >= 90 else 0)
     # other defaulted constexprs (e.g. GLU, HAS_BIAS) as a launch that does not pass them
     values = {**{p.name: p.default for p in getattr(fn, "params", ()) if p.has_default}, **values}
     sig, const, attrs = _signature(fn, values)

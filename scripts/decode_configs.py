@@ -38,7 +38,7 @@ def timed(make, run_args) -> float:
         plan = make()
         return graph_us(lambda: plan.run(*run_args[0], **run_args[1]))
     except Exception as e:  # one config that does not fit must not end the sweep
-        print(f"    ({type(e).__name__}: {str(e).splitlines()[0][:120]})", flush=True)
+        print(f"    ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:120]})", flush=True)
         return float("nan")
 
 
@@ -108,7 +108,7 @@ def main(argv=None) -> int:
         rows.append(dict(heads=f"{H}/{HK}", batch=B, ctx=L, layout=layout, kind=kind, splits=splits,
                          config=cfg, us=round(us, 2), TBps=round(gb / us * 1e3, 3)))
 
-    with numasched.options.use(check_data=False):
+    with numasched.options.use(check_data=False, decode_schedule="autotune"):   # the "autotuned" row tunes
         for B in args.batch:
             for L in args.ctx:
                 q = torch.randn(B, H, D, device=dev, dtype=torch.bfloat16)

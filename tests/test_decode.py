@@ -721,12 +721,16 @@ def test_model_config_follows_programs_and_split_length(monkeypatch):
             for d in (64, 96, 128, 256):
                 for tokens in (100, 4096, 1 << 20):
                     for programs in (8, 200, 1000):
-                        c = FD.fixed_config(paged, d, 16, tokens, elt, programs, 132)
-                        smem = 2 * c["BLOCK_N"] * max(16, d) * elt * FD._kv_buffers(c["num_stages"], paged)
-                        assert smem <= FD.SMEM_LIMIT, (paged, elt, d, tokens, programs, c)
+                        for limit in (FD.SMEM_LIMIT, 99 * 1024):   # H100/H200, sm_86/89
+                            c = FD.fixed_config(paged, d, 16, tokens, elt, programs, 132, limit)
+                            block_d = max(16, 1 << (d - 1).bit_length())   # the kernel's padded head dim
+                            smem = 2 * c["BLOCK_N"] * block_d * elt * FD._kv_buffers(c["num_stages"], paged)
+                            assert smem <= limit, (paged, elt, d, tokens, programs, limit, c)
+    # a 99 KB GPU: the 128-token pick (128 KB) falls back to the default
+    assert FD.fixed_config(True, 128, 16, 32768, 2, 32, 58, 99 * 1024) == dict(FD.DEFAULT_GPU_CONFIG[True])
     monkeypatch.setattr(caps, "is_hip", lambda: True)
     assert pick(False, 32768, 128)[0] == 64                         # AMD LDS
-    assert options.current().decode_schedule == "autotune"
+    assert options.Options().decode_schedule == "autotune"
     with pytest.raises(ValueError, match="decode_schedule"):
         options.Options(decode_schedule="tuned")
 

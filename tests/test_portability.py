@@ -151,8 +151,8 @@ def test_splitk_prefetch_comes_before_the_pdl_wait():
 
 def test_late_pdl_trigger_comes_after_the_k_loop():
     """sm_90 PTX of the GEMM kernels with PDL = 3 ("late", kernels/pdl.py): the wait comes first
-    and the launch_dependents after the tensor-core loop (stream-K: after its whole tiles); with
-    PDL = 1 the trigger precedes the wait."""
+    and the launch_dependents after every tensor-core instruction; with PDL = 1 the trigger
+    precedes the wait."""
     code = ("import json; from numasched import portability as P\n"
             "out = {}\n"
             "for kern, var in (('gemm_splitk', 'bf16-pointer-decode'), ('gemm', 'bf16-tma-persistent'), "
@@ -166,10 +166,8 @@ def test_late_pdl_trigger_comes_after_the_k_loop():
     assert len(ptx) == 8
     for key, text in ptx.items():
         wait, trig = text.index("griddepcontrol.wait"), text.index("griddepcontrol.launch_dependents")
-        first = min(i for i in (text.find("wgmma.mma_async"), text.find("mma.sync")) if i >= 0)
         last = max(text.rfind("wgmma.mma_async"), text.rfind("mma.sync"))
         if key.endswith("/1"):
             assert trig < wait, key
         else:
-            # stream-K: after its whole tiles (the K-range pieces of phase 2 follow)
-            assert wait < trig and trig > (first if "streamk" in key else last), key
+            assert wait < trig and trig > last, key
