@@ -86,9 +86,11 @@ MIN_CHUNK_TOKENS = 2 * MIN_PIECE_TOKENS
 # Cost of an item beyond its tokens, in tokens of streaming: q load, pipeline fill, partial write
 # (the split heuristic's per-program overhead, numasched.decode.PROGRAM_OVERHEAD_TOKENS).
 ITEM_OVERHEAD_TOKENS = D.PROGRAM_OVERHEAD_TOKENS
-# Programs per SM/CU of the persistent grid (not measured yet: two resident programs per SM let
-# one stream while the other starts or merges an item; the kernel's register budget,
-# kernels/flash_decode_worklist.RESIDENT_PROGRAMS, is set for this many).
+# Programs per SM/CU of the persistent grid: two resident programs per SM let one stream while the
+# other starts or merges an item (the kernel's register budget, kernels/flash_decode_worklist.
+# RESIDENT_PROGRAMS, is set for this many). Measured with it on an H200: ragged batches at 1.053x
+# FlashInfer (geomean over 70 rows) and 0.94-1.07 of the streaming read at >= 1 GB
+# (bench/results/decode_ragged-h200-2026-11-23.*); one program per SM was not compared.
 PROGRAMS_PER_SM = 2
 WORK_FIELDS = 8  # int32 fields per work item (kernels/flash_decode_worklist.py)
 
