@@ -409,7 +409,7 @@ def _prune_configs(configs, named_args, **kwargs):
     elt = named_args["K"].element_size()
     kept = [c for c in configs
             if (c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in wanted
-            and 2 * c.kwargs["BLOCK_N"] * block_d * elt * _kv_buffers(c.num_stages, paged) <= SMEM_LIMIT]
+            and _kv_bytes(dict(c.kwargs, num_stages=c.num_stages), block_d, elt, paged) <= SMEM_LIMIT]
     key = int(named_args.get("tune_key", 0))
     if key >= MULTI_TOKEN_TUNE and kwargs.get("BLOCK_G", 16) >= 32:
         # multi-token tiles of 32-64 rows: 2 warps would need 400+ registers per thread (spills)
@@ -535,7 +535,7 @@ def fixed_config(paged: bool, head_dim: int, block_g: int = 16, tokens_per_split
 
 def _kv_bytes(cfg: dict, head_dim: int, elt_bytes: int, paged: bool) -> int:
     """Shared memory of a config's K/V tiles in flight (head dim padded as the kernel pads it)."""
-    block_d = max(16, 1 << max(0, head_dim - 1).bit_length())
+    block_d = max(16, _pow2_at_least(head_dim))
     return 2 * cfg["BLOCK_N"] * block_d * elt_bytes * _kv_buffers(cfg["num_stages"], paged)
 
 

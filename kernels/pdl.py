@@ -20,8 +20,12 @@ were placed, and piled up, before this one's last wave drained).
 split-K GEMMs once a program's K loop is done, before its epilogue; the persistent GEMM and
 stream-K once a program's last tile or piece is done) triggers there, so the next kernel
 launches during the epilogues; a kernel without one triggers early.
-2 "none": the next kernel launches when this one completes (its launch is still prepared). The host side (numasched._launch.Launch) sets ``PDL`` and ``launch_pdl`` together,
-on NVIDIA sm_90+ with ``options.pdl`` (measured: scripts/pdl_probe.py).
+2 "none": the next kernel launches when this one completes (its launch is still prepared).
+Measured (bench/results/README.md, eighth session): decode-size GEMMs back to back ran at 1.006 /
+0.939 / 0.999x cuBLAS with late / early / none.
+
+The host side (numasched._launch.Launch) sets ``PDL`` and ``launch_pdl`` together, on NVIDIA
+sm_90+ with ``options.pdl`` (measured: scripts/pdl_probe.py).
 
 A kernel may do index arithmetic and :func:`prefetch_l2` of data no earlier kernel writes (its
 weights) between :func:`pdl_trigger` and :func:`pdl_enter`; nothing else may come before the wait
