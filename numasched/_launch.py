@@ -76,14 +76,13 @@ class Launch:
         self.fixed = fixed
         self.grid_of: Optional[Callable] = grid if callable(grid) else None
         self.kwargs = dict(constexprs)
-        if "PDL" in getattr(fn, "arg_names", ()):
+        if wants_pdl(fn, device, interpret, options):
+            from numasched.kernels.pdl import has_late_point, pdl_value
+
             from . import options as _options
 
             opts = options if options is not None else _options.current()
-            if wants_pdl(fn, device, interpret, opts):
-                from numasched.kernels.pdl import has_late_point, pdl_value
-
-                self.kwargs.update(PDL=pdl_value(opts.pdl_trigger, has_late_point(fn)), launch_pdl=True)
+            self.kwargs.update(PDL=pdl_value(opts.pdl_trigger, has_late_point(fn)), launch_pdl=True)
         self.config = None
         if config is not None:
             self.config = {k: v for k, v in config_kwargs(config).items() if k != "pre_hook"}

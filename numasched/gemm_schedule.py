@@ -105,8 +105,7 @@ def _machine_of_index(idx: int) -> Machine:
     for key, m in _KNOWN.items():
         if key in name:
             return replace(m, sms=props.multi_processor_count)
-    smem = getattr(props, "shared_memory_per_block_optin", 0) or 48 * 1024
-    return Machine(props.name, props.multi_processor_count, int(smem), 2.0e12, 3.0e14, 6.0e12)
+    return Machine(props.name, props.multi_processor_count, caps._smem_optin(idx), 2.0e12, 3.0e14, 6.0e12)
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from typing import Optional
 __all__ = ["Options", "current", "set", "use", "from_env"]
 
 COMBINE_MODES = ("auto", "fused", "kernel")
+SCHEDULE_MODES = ("model", "autotune")  # gemm_schedule, decode_schedule
 TRIGGER_MODES = ("early", "late", "none")  # numasched.kernels.pdl.TRIGGER_MODES (not imported: no triton here)
 
 
@@ -109,10 +110,9 @@ class Options:
             raise ValueError(f"Options.decode_combine must be one of {COMBINE_MODES}, got {self.decode_combine!r}")
         if self.dist_tma is not None and not isinstance(self.dist_tma, bool):
             raise TypeError(f"Options.dist_tma must be True, False or None, got {self.dist_tma!r}")
-        if self.gemm_schedule not in ("model", "autotune"):
-            raise ValueError(f"Options.gemm_schedule must be 'model' or 'autotune', got {self.gemm_schedule!r}")
-        if self.decode_schedule not in ("model", "autotune"):
-            raise ValueError(f"Options.decode_schedule must be 'model' or 'autotune', got {self.decode_schedule!r}")
+        for f in ("gemm_schedule", "decode_schedule"):
+            if getattr(self, f) not in SCHEDULE_MODES:
+                raise ValueError(f"Options.{f} must be 'model' or 'autotune', got {getattr(self, f)!r}")
         if self.gemm_table is not None and not isinstance(self.gemm_table, str):
             raise TypeError(f"Options.gemm_table must be a path string or None, got {self.gemm_table!r}")
 
