@@ -199,6 +199,14 @@ SPLIT_TILE_TOKENS = 64
 # Automatic splits: up to 256, so that a single (batch, kv_head) pair still fills a GPU of up to
 # 256 SMs/CUs (MI300X has 304 CUs: nearly). An explicit num_splits may be larger.
 MAX_SPLITS = 256
+# The fused combine (the last split's program merges) pays while the merge is short: its merge is
+# the kernel's tail, one program's serial loads, where the combine kernel spreads the merge over
+# one program per head and, with PDL, launches while the split kernel runs. Measured on an H200
+# (bf16, d128, the 246-point decode grid x three layouts, CUDA graphs, fused against kernel in one
+# run; bench/results/decode-grid-*-h200-2026-11-23.csv): kernel / fused time 0.99-1.02 (geomean
+# per split count and group size) with 2-4 splits, 0.97-0.98 with 8, 0.91-0.99 with 16 and 0.84
+# (worst 0.735) with 32 splits of 7 heads.
+FUSED_MAX_SPLITS = 4
 
 
 def choose_num_splits(batch: int, kv_heads: int, max_seqlen: int, num_sms: int) -> int:
@@ -361,9 +369,11 @@ class DecodePlan(Plan):
         self.policy = M.resolve(mapping, "decode", self.topology, grid_w)
         self.num_splits = S
         # the fused combine merges in the last split's program: one program's rows (G heads, or
-        # the Sq * G rows of a row group) at most 16, else the parallel combine kernel
+        # the Sq * G rows of a row group) at most 16 and at most FUSED_MAX_SPLITS partials each,
+        # else the parallel combine kernel
         rows = G if Sq == 1 else -(-Sq * G // R)
-        fused = options.decode_combine == "fused" or (options.decode_combine == "auto" and rows <= 16)
+        fused = options.decode_combine == "fused" or (options.decode_combine == "auto" and rows <= 16
+                                                       and S <= FUSED_MAX_SPLITS)
         self.combine = "none" if S == 1 else ("fused" if fused else "kernel")
         combine = {"none": 0, "kernel": 1, "fused": 2}[self.combine]
         self.grid = (B * HK * R * S,)

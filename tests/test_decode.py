@@ -212,6 +212,17 @@ def test_launch_writes_every_output_element():
         check(out, lse, ref_out, ref_lse, torch.float32)
 
 
+def test_auto_combine_fuses_only_short_merges():
+    # "auto": the last split merges while it has at most FUSED_MAX_SPLITS partials per head and at
+    # most 16 rows; longer merges go to the parallel combine kernel
+    q, k, v = make_contiguous(1, 8, 1, 16, 64, torch.float32, DEVICE, seed=12)
+    opts = options.current().replace(decode_combine="auto")
+    for S in (2, D.FUSED_MAX_SPLITS, D.FUSED_MAX_SPLITS + 1, 16):
+        plan = numasched.plan_decode(q, k, v, num_splits=S, options=opts)
+        assert plan.combine == ("fused" if S <= D.FUSED_MAX_SPLITS else "kernel"), S
+        assert len(plan._launches) == (1 if plan.combine == "fused" else 2)
+
+
 def test_fused_counters_reset_between_calls(launches):
     B, H, HK, Dh, L = 2, 2, 1, 16, 40
     q, k, v = make_contiguous(B, H, HK, Dh, L, torch.float32, DEVICE, seed=11)
