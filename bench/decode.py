@@ -4,8 +4,8 @@ Per point (heads, batch, context), bf16, head dim 128, one query token per seque
 
 * numasched.flash_decode on a contiguous cache in its native layout (batch, ctx, kv_heads, d),
   on the ``k.transpose(1, 2)`` view of a (batch, kv_heads, ctx, d) tensor (what SDPA users have),
-  and on a paged cache (page 16, random block table), each with the fused combine and, as a
-  variant, the separate combine kernel;
+  and on paged caches (``--pages``, default 16; random block table), each with the default
+  ("auto") combine and, as a variant, the combine mode auto did not pick (fused or kernel);
 * torch SDPA with each backend (FLASH / EFFICIENT / cuDNN through ``sdpa_kernel``; "n/a" where a
   backend has no kernel), FlexAttention's decode path (``torch.compile(flex_attention)``), and
   FlashInfer's ``BatchDecodeWithPagedKVCacheWrapper`` (paged, NHD) if importable.
@@ -16,8 +16,10 @@ decode step costs). Peers that cannot be captured show "n/a" there and count wit
 Bytes moved = K + V read + q read + out written. Reported: time, TB/s, fraction of the measured
 streaming-read bandwidth (bench.common.stream_read_bw), and the ratio best peer time / our time
 (> 1: we are faster) against the best peer at that point in any layout: ``ratio_vs_best_peer`` on
-graph times, ``ratio_eager`` on eager times. Our figures are for the default (fused) combine;
-``ours_kernel_combine_us`` is the separate-kernel variant. A line is printed per point as it
+graph times, ``ratio_eager`` on eager times; FlashInfer there is the one with the row's page
+size (contiguous rows: the first page size). Our figures are for the default ("auto") combine,
+``combine`` says which it picked; ``ours_kernel_combine_*`` and ``ours_fused_combine_*`` are the
+two modes forced (one of them is the auto pick). A line is printed per point as it
 finishes and the CSV so far is rewritten (``*.partial.csv``), so a run cut short keeps its rows.
 
     numasched bench decode --host            # host time per eager call (GPU), SDPA cuDNN beside it
@@ -143,8 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sq", type=_q_lens, default=None,
                    help=f"multi-token decode instead: these query lengths per sequence (comma list in 1..{MAX_Q_LEN}, "
                         f"e.g. 2,4,8), against SDPA with a bottom-right causal mask and FlashInfer's paged prefill")
-    p.add_argument("--pages", type=positive_int, nargs="+", default=MULTI_PAGES,
-                   help=f"page sizes of the --sq paged caches (default {MULTI_PAGES})")
+    p.add_argument("--pages", type=positive_int, nargs="+", default=None,
+                   help=f"page sizes of the paged caches (default: [{PAGE}]; --sq: {MULTI_PAGES})")
     p.add_argument("--ragged", action="store_true",
                    help="ragged batches instead: lengths uniform in [ctx/16, ctx]; the split kernel, the work-list "
                         "plan, FlashInfer's paged decode and SDPA with a length mask")
@@ -161,7 +163,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _parse(argv):
-    return build_parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
+    if args.pages is None:
+        args.pages = list(MULTI_PAGES) if args.sq else [PAGE]
+    if args.ragged and args.pages != [PAGE]:
+        build_parser().error(f"--pages: --ragged times pages of {PAGE} only")
+    return args
 
 
 def _dry_run(args) -> int:
@@ -185,11 +192,11 @@ def _dry_run(args) -> int:
         lines.append(f"{hname} {H}/{HK} batch {B} ctx {L} d{HEAD_DIM}: K+V {kv_gb:.3f} GB, "
                      f"{choose_num_splits(B, HK, L, sms)} splits on {sms} SMs"
                      + (f", also splits {args.sweep_splits}" if args.sweep_splits else ""))
-    contenders = [f"numasched ({args.mapping}) {layout}, combine fused and kernel"
-                  for layout in ("contiguous (BHLD view)", "contiguous (BLHD)", f"paged {PAGE}")]
+    contenders = [f"numasched ({args.mapping}) {layout}, combine auto, and fused or kernel (the other)"
+                  for layout in ["contiguous (BHLD view)", "contiguous (BLHD)"] + [f"paged {p}" for p in args.pages]]
     contenders += [f"SDPA {be}" for be in SDPA_BACKENDS]
     contenders += [] if args.no_flex else ["FlexAttention (torch.compile)"]
-    contenders += [] if args.no_flashinfer else ["FlashInfer paged decode (if importable)"]
+    contenders += [] if args.no_flashinfer else [f"FlashInfer paged decode, pages {args.pages} (if importable)"]
     contenders += [] if args.no_graph else ["each also as a CUDA-graph replay"]
     return print_plan("decode", lines, contenders)
 
@@ -485,22 +492,27 @@ def _bench(args) -> int:
         ours: Dict[str, Dict[str, Optional[float]]] = {}
 
         def run_ours(layout, k, v, bt=None):
+            # the default ("auto") combine, then the mode auto did not pick (with one split there
+            # is no combine); plans are cached with the options in their key: each mode gets its own
             res = {}
             out = None
-            for combine in ("fused", "kernel"):
-                # plans are cached with the options in their key: each mode gets a plan of its own
+            picked = numasched.plan_decode(q, k, v, cache_seqlens=lens, block_table=bt, mapping=args.mapping).combine
+            res["combine"] = picked
+            modes = ["auto"] + {"fused": ["kernel"], "kernel": ["fused"]}.get(picked, [])
+            for combine in modes:
                 with numasched.options.use(decode_combine=combine):
                     fn = lambda: numasched.flash_decode(q, k, v, cache_seqlens=lens, block_table=bt,  # noqa: E731
                                                         mapping=args.mapping)
                     t, tg, o = timed(fn, notes, f"numasched {layout} {combine}")
-                res[combine], res[f"{combine}_graph"] = t, tg
+                for name in ((combine,) if combine != "auto" else ("auto", picked)):
+                    res[name], res[f"{name}_graph"] = t, tg
                 out = o if out is None else out
             ours[layout] = res
             for s in args.sweep_splits or ():
                 fn = lambda: numasched.flash_decode(q, k, v, cache_seqlens=lens, block_table=bt,  # noqa: E731
                                                     num_splits=s, mapping=args.mapping)
                 t, tg, _ = timed(fn, notes, f"numasched {layout} S={s}")
-                ours[f"{layout} S={s}"] = {"fused": t, "fused_graph": tg, "splits": s}
+                ours[f"{layout} S={s}"] = {"auto": t, "auto_graph": tg, "splits": s}
             return out
 
         # -- contiguous (B, HK, L, D): the peers' layout; ours on its transpose view
@@ -532,38 +544,46 @@ def _bench(args) -> int:
         del kn, vn
         torch.cuda.empty_cache()
 
-        # -- paged: page 16, pages scattered by a random permutation
-        pages = B * L // PAGE
-        kp = torch.randn(pages, PAGE, HK, D, device=dev, dtype=dt)
-        vp = torch.randn(pages, PAGE, HK, D, device=dev, dtype=dt)
-        bt = torch.randperm(pages, device=dev, dtype=torch.int32).view(B, L // PAGE)
-        run_ours(f"paged {PAGE}", kp, vp, bt)
-        if fi is not None:
-            indptr = torch.arange(B + 1, device=dev, dtype=torch.int32) * (L // PAGE)
-            last = torch.full((B,), PAGE, dtype=torch.int32, device=dev)
-            peers["flashinfer"], peers_graph["flashinfer"], _ = _flashinfer_decode(
-                fi, args, q, kp, vp, indptr, bt.reshape(-1), last, (H, HK, D, PAGE, dt, dev), notes,
-                lambda fn, name: timed(fn, notes, name))
-        else:
+        # -- paged: pages scattered by a random permutation (a context shorter than a page: one page)
+        fi_pages: Dict[int, tuple] = {}  # page size -> FlashInfer's (eager ms, graph ms)
+        for page in args.pages:
+            per_seq = -(-L // page)
+            pages = B * per_seq
+            kp = torch.randn(pages, page, HK, D, device=dev, dtype=dt)
+            vp = torch.randn(pages, page, HK, D, device=dev, dtype=dt)
+            bt = torch.randperm(pages, device=dev, dtype=torch.int32).view(B, per_seq)
+            run_ours(f"paged {page}", kp, vp, bt)
+            if fi is not None:
+                indptr = torch.arange(B + 1, device=dev, dtype=torch.int32) * per_seq
+                last = torch.full((B,), L - (per_seq - 1) * page, dtype=torch.int32, device=dev)
+                fi_pages[page] = _flashinfer_decode(
+                    fi, args, q, kp, vp, indptr, bt.reshape(-1), last, (H, HK, D, page, dt, dev), notes,
+                    lambda fn, name: timed(fn, notes, name))[:2]
+            del kp, vp, bt
+            torch.cuda.empty_cache()
+        if fi is None:
             notes.append(f"flashinfer skipped: {fi_err}")
-        del kp, vp, bt
-        torch.cuda.empty_cache()
 
-        # -- rows: a peer that cannot be captured counts with its eager time
-        got = {k: v for k, v in peers.items() if v is not None}
-        got_g = {k: (peers_graph.get(k) or v) for k, v in got.items()}
-        best_name = min(got_g, key=got_g.get) if got_g else None
-        best_eager = min(got, key=got.get) if got else None
+        # -- rows: a peer that cannot be captured counts with its eager time; FlashInfer is the
+        # one of the row's page size (contiguous rows: of the first page size)
         for layout, res in ours.items():
-            t = res.get("fused")  # the default ("auto") combine
-            tg = res.get("fused_graph")
+            page = int(layout.split()[1]) if layout.startswith("paged") else args.pages[0]
+            peers["flashinfer"], peers_graph["flashinfer"] = fi_pages.get(page, (None, None))
+            got = {k: v for k, v in peers.items() if v is not None}
+            got_g = {k: (peers_graph.get(k) or v) for k, v in got.items()}
+            best_name = min(got_g, key=got_g.get) if got_g else None
+            best_eager = min(got, key=got.get) if got else None
+            t = res.get("auto")  # the default ("auto") combine
+            tg = res.get("auto_graph")
             tk = res.get("kernel")
             t_eff = tg or t
-            row = dict(base, layout=layout, splits=res.get("splits", splits))
+            row = dict(base, layout=layout, splits=res.get("splits", splits), combine=res.get("combine"))
             row["ours_us"] = t * 1e3 if t else None
             row["ours_graph_us"] = tg * 1e3 if tg else ("n/a" if t else None)
             row["ours_kernel_combine_us"] = tk * 1e3 if tk else None
             row["ours_kernel_combine_graph_us"] = res["kernel_graph"] * 1e3 if res.get("kernel_graph") else None
+            row["ours_fused_combine_us"] = res["fused"] * 1e3 if res.get("fused") else None
+            row["ours_fused_combine_graph_us"] = res["fused_graph"] * 1e3 if res.get("fused_graph") else None
             row["ours_TBps"] = nbytes / (t_eff * 1e-3) / 1e12 if t_eff else None
             row["frac_stream_read"] = nbytes / (t_eff * 1e-3) / read_bw if t_eff else None
             row["best_peer"] = best_name
@@ -919,8 +939,9 @@ def _line_multi(row: Dict) -> str:
             f"eager {_fmt(row['ratio_eager'])}; {_fmt(row['frac_stream_read'])} of stream read")
 
 
-COLUMNS = ["heads", "batch", "ctx", "kv_GB", "layout", "splits", "ours_us", "ours_graph_us", "ours_kernel_combine_us",
-           "ours_kernel_combine_graph_us", "ours_TBps", "frac_stream_read", "best_peer", "best_peer_us",
+COLUMNS = ["heads", "batch", "ctx", "kv_GB", "layout", "splits", "combine", "ours_us", "ours_graph_us",
+           "ours_kernel_combine_us", "ours_kernel_combine_graph_us", "ours_fused_combine_us",
+           "ours_fused_combine_graph_us", "ours_TBps", "frac_stream_read", "best_peer", "best_peer_us",
            "ratio_vs_best_peer", "ratio_eager", "sdpa_flash_us", "sdpa_flash_graph_us", "sdpa_efficient_us",
            "sdpa_efficient_graph_us", "sdpa_cudnn_us", "sdpa_cudnn_graph_us", "flex_us", "flex_graph_us",
            "flashinfer_us", "flashinfer_graph_us", "max_abs_err_vs_sdpa", "note"]

@@ -146,6 +146,20 @@ def test_decode_bench_leaves_the_process_options_alone(capsys):
     assert f"{choose_num_splits(1, 8, 1024, 132)} splits on 132 SMs" in capsys.readouterr().out
 
 
+def test_decode_bench_page_sizes(capsys):
+    from numasched.bench import decode
+
+    assert decode._parse([]).pages == [decode.PAGE]
+    assert decode._parse(["--sq", "2"]).pages == decode.MULTI_PAGES
+    assert decode._parse(["--pages", "16", "64"]).pages == [16, 64]
+    with pytest.raises(SystemExit):
+        decode._parse(["--ragged", "--pages", "64"])
+    assert "--pages" in capsys.readouterr().err
+    assert decode.main(["--dry-run", "--heads", "gqa", "--batch", "1", "--ctx", "1024", "--pages", "16", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "paged 16, combine auto" in out and "paged 64, combine auto" in out
+
+
 def test_decode_configs_script_dry_run():
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "decode_configs.py"), "--dry-run", "--batch", "2",
                         "--ctx", "4096", "--splits", "4"], capture_output=True, text=True, timeout=120)
