@@ -484,31 +484,41 @@ def fixed_config(paged: bool, head_dim: int, block_g: int = 16, tokens_per_split
     64-token DEFAULT_GPU_CONFIG). A pick whose K/V tiles exceed ``smem_limit`` (the device's
     shared memory per block: 99 KB on sm_86/89) falls back to the default:
 
-    * P <= SMs and T > 1024: 128-token tiles (one program per SM streams with two 64 KB tiles
-      in flight);
+    * P <= SMs and T >= 256: 128-token tiles (one program per SM streams with two 64 KB tiles
+      in flight; with 256-1024 tokens per split they took 0.6-0.95x the time of 64-token ones);
     * SMs < P <= 3 SMs: 64-token tiles (three resident programs per SM: every program starts
       at once; contiguous 4 warps, paged 2 warps);
-    * P > 3 SMs: T <= 8192 (paged) / 2048 (contiguous) 32-token tiles of 2 warps (four to
-      five resident per SM, so the grid is about one wave), longer splits 128-token tiles (many
-      waves of one per SM, the last nearly full).
+    * P > 3 SMs: contiguous T <= 2048: 32-token tiles of 2 warps (four resident per SM, so the
+      grid is about one wave); paged T <= 8192: 32-token tiles of 2 warps while every program of
+      an SM is resident at once (``_resident``: five on an H200), else 64-token tiles of 2 warps
+      (at 768 programs, 5.8 per SM, 32-token tiles took 1.28-1.30x as long: a last round of one
+      program per SM); longer splits 128-token tiles (many waves of one per SM, the last nearly
+      full).
 
     Measured on an H200 (bf16, d128; bench/results/decode-configs-*-h200-2026-11-23.csv): the pick
-    is within 5 % of the best config swept at 44 of 47 (point, split count) pairs (batch 1-128 x
-    512-128k tokens, 1-32 splits, contiguous and pages of 16; worst 1.12x at 8 x 512, 13 against
-    12 us, and 1.08x at paged 64 x 32k with 3 splits, where 32-token tiles were best), where the
-    former fixed 64-token / 4-warp tile took up to 1.3x as long (8 x 32k paged, 2 splits: 321
-    against 253 us; 64 x 8k paged: 588 against 493).
+    is within 5 % of the best config of its sweep at 108 of 117 (sweep, point, split count)
+    groups (batch 1-128 x 512-128k tokens, 1-32 splits, contiguous and pages of 16; the former
+    rule: 82); the misses are 1.05-1.29x, and 1.36x at 8 x 512 contiguous with 2 splits, a 13-us
+    point that read 11.9 us with the pick in another sweep. The former fixed 64-token / 4-warp
+    tile took up to 1.3x as long (8 x 32k paged, 2 splits: 321 against 253 us; 64 x 8k paged:
+    588 against 493).
     Wave counts explain most of it: with 512 programs 64-token paged tiles (three resident per
     SM, 1.3 waves) ran 588 us, 32-token ones (one wave) 493 and 128-token ones (3.9 waves) 497."""
     cfg = dict(DEFAULT_GPU_CONFIG[paged])
     if (programs and num_sms and tokens_per_split and block_g < 32 and head_dim <= 128 and elt_bytes == 2
             and not caps.is_hip()):  # AMD: a 128-token K+V tile alone fills the LDS; not measured there
         if programs <= num_sms:
-            pick = LONG_SPLIT_CONFIG[paged] if tokens_per_split > 1024 else None
+            pick = LONG_SPLIT_CONFIG[paged] if tokens_per_split >= 2 * LONG_SPLIT_BLOCK_N else None
         elif programs <= 3 * num_sms:
             pick = (64, 2, 5) if paged else (64, 4, 3)
-        elif tokens_per_split <= (8192 if paged else 2048):
-            pick = (32, 2, 5) if paged else (32, 2, 4)
+        elif paged and tokens_per_split <= 8192:
+            # 32-token tiles while every program of an SM is resident at once, else 64-token ones
+            # (a last round of one 32-token program per SM ran 1.3x as long)
+            pick = (32, 2, 5)
+            if -(-programs // num_sms) > _resident(pick, head_dim, elt_bytes, paged, smem_limit):
+                pick = (64, 2, 5)
+        elif not paged and tokens_per_split <= 2048:
+            pick = (32, 2, 4)
         else:
             pick = LONG_SPLIT_CONFIG[paged]
         if pick is not None:
@@ -531,6 +541,14 @@ def fixed_config(paged: bool, head_dim: int, block_g: int = 16, tokens_per_split
         else:
             cfg["BLOCK_N"] //= 2
     return cfg
+
+
+def _resident(pick: tuple, head_dim: int, elt_bytes: int, paged: bool, smem_limit: int) -> int:
+    """Programs of config ``pick`` (BLOCK_N, warps, stages) one SM holds at once, by shared memory
+    (the K/V tiles plus about 8 KB of the kernel's own: sm_90 compiles of the d128 bf16 kernel
+    measured 5.4-8 KB above _kv_bytes; an SM's shared memory is about the per-block limit + 1 KB)."""
+    cfg = dict(BLOCK_N=pick[0], num_warps=pick[1], num_stages=pick[2])
+    return max(1, (smem_limit + 1024) // (_kv_bytes(cfg, head_dim, elt_bytes, paged) + 8192))
 
 
 def _kv_bytes(cfg: dict, head_dim: int, elt_bytes: int, paged: bool) -> int:

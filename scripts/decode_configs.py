@@ -27,8 +27,11 @@ from numasched.decode import choose_num_splits
 from numasched.kernels.flash_decode import _CONTIGUOUS_CONFIGS, _PAGED_CONFIGS
 
 
+ITERS = 30  # graph replays per timing (--iters)
+
+
 def graph_us(fn) -> float:
-    return graph_replay_ms(fn, warmup=5, iters=30) * 1e3
+    return graph_replay_ms(fn, warmup=5, iters=ITERS) * 1e3
 
 
 def timed(make, run_args) -> float:
@@ -64,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--worklist", type=positive_int, nargs="*", default=[],
                    help="also time the work-list kernel with this many programs per SM (each)")
     p.add_argument("--no-auto", action="store_true", help="skip the autotuned plan (slow: it tunes)")
+    p.add_argument("--iters", type=positive_int, default=ITERS, help="graph replays per timing (median)")
     p.add_argument("--csv", default=None, help="append one row per timing to this CSV file")
     p.add_argument("--dry-run", action="store_true", help="print the sweep and exit (no GPU needed)")
     return p
@@ -84,6 +88,8 @@ def _cache(B, L, HK, D, page, dev):
 def main(argv=None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
+    global ITERS
+    ITERS = args.iters
     H, HK, D = args.heads[0], args.heads[1], 128
     if H % HK:
         p.error(f"--heads: query heads ({H}) must be a multiple of KV heads ({HK})")
