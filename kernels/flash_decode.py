@@ -489,14 +489,14 @@ def fixed_config(paged: bool, head_dim: int, block_g: int = 16, tokens_per_split
     * SMs < P <= 3 SMs: 64-token tiles (three resident programs per SM: every program starts
       at once; contiguous 4 warps, paged 2 warps);
     * P > 3 SMs: contiguous T <= 2048: 32-token tiles of 2 warps (four resident per SM, so the
-      grid is about one wave); paged T <= 8192: 32-token tiles of 2 warps while every program of
-      an SM is resident at once (``_resident``: five on an H200), else 64-token tiles of 2 warps
-      (at 768 programs, 5.8 per SM, 32-token tiles took 1.28-1.30x as long: a last round of one
-      program per SM); longer splits 128-token tiles (many waves of one per SM, the last nearly
-      full).
+      grid is about one wave); paged T <= 8192: 32-token tiles of 2 warps, unless rounds of
+      resident programs (``_resident``: five per SM on an H200) leave a nearly empty last round
+      that 64-token tiles (three resident) fill (``_rounds_cost``): at 768 programs, 5.8 per SM,
+      32-token tiles took 1.28-1.30x as long; at 1024 they were faster; longer splits
+      128-token tiles (many waves of one per SM, the last nearly full).
 
     Measured on an H200 (bf16, d128; bench/results/decode-configs-*-h200-2026-11-23.csv): the pick
-    is within 5 % of the best config of its sweep at 108 of 117 (sweep, point, split count)
+    is within 5 % of the best config of its sweep at 106 of 117 (sweep, point, split count)
     groups (batch 1-128 x 512-128k tokens, 1-32 splits, contiguous and pages of 16; the former
     rule: 82); the misses are 1.05-1.29x, and 1.36x at 8 x 512 contiguous with 2 splits, a 13-us
     point that read 11.9 us with the pick in another sweep. The former fixed 64-token / 4-warp
@@ -512,11 +512,15 @@ def fixed_config(paged: bool, head_dim: int, block_g: int = 16, tokens_per_split
         elif programs <= 3 * num_sms:
             pick = (64, 2, 5) if paged else (64, 4, 3)
         elif paged and tokens_per_split <= 8192:
-            # 32-token tiles while every program of an SM is resident at once, else 64-token ones
-            # (a last round of one 32-token program per SM ran 1.3x as long)
-            pick = (32, 2, 5)
-            if -(-programs // num_sms) > _resident(pick, head_dim, elt_bytes, paged, smem_limit):
-                pick = (64, 2, 5)
+            # 32-token tiles, unless their last round of resident programs is nearly empty where
+            # 64-token ones fill theirs (768 programs, 5.8 per SM: 32-token tiles, five resident,
+            # took 1.3x as long; 1024 programs, 7.8 per SM: they were 5-9 % faster)
+            per_sm = -(-programs // num_sms)
+            short, mid = (32, 2, 5), (64, 2, 5)
+            pick = short
+            if _rounds_cost(per_sm, _resident(short, head_dim, elt_bytes, paged, smem_limit)) > \
+                    1.1 * _rounds_cost(per_sm, _resident(mid, head_dim, elt_bytes, paged, smem_limit)):
+                pick = mid
         elif not paged and tokens_per_split <= 2048:
             pick = (32, 2, 4)
         else:
@@ -549,6 +553,15 @@ def _resident(pick: tuple, head_dim: int, elt_bytes: int, paged: bool, smem_limi
     measured 5.4-8 KB above _kv_bytes; an SM's shared memory is about the per-block limit + 1 KB)."""
     cfg = dict(BLOCK_N=pick[0], num_warps=pick[1], num_stages=pick[2])
     return max(1, (smem_limit + 1024) // (_kv_bytes(cfg, head_dim, elt_bytes, paged) + 8192))
+
+
+def _rounds_cost(per_sm: int, resident: int) -> float:
+    """Time of ``per_sm`` equal programs on one SM that holds ``resident`` at once, in units of
+    one program's share of the SM's bandwidth: full rounds cost their programs, a last round at
+    least half a full one (a lone program cannot draw the SM's bandwidth)."""
+    rounds = -(-per_sm // resident)
+    last = per_sm - (rounds - 1) * resident
+    return (rounds - 1) * resident + max(last, 0.5 * resident)
 
 
 def _kv_bytes(cfg: dict, head_dim: int, elt_bytes: int, paged: bool) -> int:

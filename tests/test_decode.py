@@ -724,10 +724,12 @@ def test_model_config_follows_programs_and_split_length(monkeypatch):
     assert pick(True, 128, 128) == (64, 4, 5)                       # one 128-token tile or less: the default
     assert pick(True, 131072, 256) == (64, 2, 5) and pick(False, 4096, 256) == (64, 4, 3)
     assert pick(True, 8192, 512) == (32, 2, 5) and pick(True, 32768, 512) == (128, 4, 5)
-    # paged, many programs: 32-token tiles while an SM holds all of its programs at once (five
-    # per SM on an H200), else 64-token tiles (768 programs = 5.8 per SM)
+    # paged, many programs: 32-token tiles (five resident per SM on an H200) unless their last
+    # round is nearly empty where 64-token ones (three resident) fill theirs: 768 programs = 5.8
+    # per SM; 1024 = 7.8: two nearly full rounds
     assert pick(True, 2048, 660) == (32, 2, 5) and pick(True, 2048, 768) == (64, 2, 5)
-    assert pick(True, 1024, 1024) == (64, 2, 5) and pick(False, 1024, 1024) == (32, 2, 4)
+    assert pick(True, 1024, 1024) == (32, 2, 5) and pick(False, 1024, 1024) == (32, 2, 4)
+    assert FD._rounds_cost(6, 5) == 7.5 and FD._rounds_cost(6, 3) == 6 and FD._rounds_cost(8, 5) == 8
     assert FD._resident((32, 2, 5), 128, 2, True, 227 * 1024) == 5
     assert pick(False, 2048, 512) == (32, 2, 4) and pick(False, 32768, 512) == (128, 4, 3)
     assert FD.fixed_config(True, 128, 16) == dict(FD.DEFAULT_GPU_CONFIG[True])   # no program count
