@@ -964,6 +964,9 @@ def test_matmul_all_reduce_pieces_sim():
     out = torch.full((5, 17), float("nan"))
     y = nd.matmul_all_reduce(a, w.T, ctx=one, out=out)
     assert y is out and _rel(y.double(), a.double() @ w.double().T) < 1e-5
+    # the call keeps its plan under plan_key (what the bench reports as auto's pick)
+    from numasched.distributed.matmul_all_reduce import plan_key
+    assert one.plans[plan_key(a, w.T)].M == 5 and one.plans[plan_key(a, w.T)].N == 17
     plan = nd.plan_matmul_all_reduce(a, w.T, world=2, bulk_ok=False)
     assert plan.gemm == "numasched" and plan.all_reduce in ("oneshot", "twoshot") and "GEMM numasched" in plan.describe()
     sim = nd.SimWorld(2)

@@ -114,6 +114,12 @@ def _overlap_s(gemm_s: float, ar_s: float, k: int) -> float:
     return max(gemm_s, ar_s) + min(gemm_s, ar_s) / k + (k - 1) * OVERLAP_CHUNK_US * 1e-6
 
 
+def plan_key(a, b_local, impl: str = "auto", gemm: str = "auto") -> tuple:
+    """Key of the plan a ``matmul_all_reduce`` call keeps in ``ctx.plans`` (what it chose is
+    ``ctx.plans[plan_key(a, b_local)]`` after the call)."""
+    return ("matmul_all_reduce", tuple(a.shape), tuple(b_local.shape), a.dtype, impl, gemm)
+
+
 def matmul_all_reduce(a, b_local, *, ctx, impl: str = "auto", gemm: str = "auto", out=None, check: bool = True,
                       residual=None, norm_weight=None, eps: float = 1e-6):
     """``sum over ranks of a @ b_local``, returned on every rank (M, N).
@@ -140,7 +146,7 @@ def matmul_all_reduce(a, b_local, *, ctx, impl: str = "auto", gemm: str = "auto"
     if not hasattr(ctx, "_ensure_usable") or not hasattr(ctx, "plans"):
         raise TypeError(f"matmul_all_reduce: ctx must be a context from numasched.distributed.init() (or a rank of a "
                         f"SimWorld), got {type(ctx).__name__}")
-    key = ("matmul_all_reduce", tuple(a.shape), tuple(b_local.shape), a.dtype, impl, gemm)
+    key = plan_key(a, b_local, impl, gemm)
     plan = ctx.plans.get(key)
     if plan is None:
         _check_operands(ctx, "a", a, "b_local", b_local, "K_local")
