@@ -730,6 +730,7 @@ def test_model_config_follows_programs_and_split_length(monkeypatch):
     assert pick(True, 2048, 660) == (32, 2, 5) and pick(True, 2048, 768) == (64, 2, 5)
     assert pick(True, 1024, 1024) == (32, 2, 5) and pick(False, 1024, 1024) == (32, 2, 4)
     assert FD._rounds_cost(6, 5) == 7.5 and FD._rounds_cost(6, 3) == 6 and FD._rounds_cost(8, 5) == 8
+    assert pick(True, 2048, 3072) == (32, 2, 5) and pick(True, 2048, 4096) == (64, 2, 5)   # 23 and 31 per SM
     assert FD._resident((32, 2, 5), 128, 2, True, 227 * 1024) == 5
     assert pick(False, 2048, 512) == (32, 2, 4) and pick(False, 32768, 512) == (128, 4, 3)
     assert FD.fixed_config(True, 128, 16) == dict(FD.DEFAULT_GPU_CONFIG[True])   # no program count
