@@ -55,11 +55,12 @@ class Options:
         gemm_schedule: "model" (numasched.gemm_schedule picks kernel, tiles and split-K from a
             model of the GPU: no tuning at run time) or "autotune" (Triton's autotuner over the
             tiled kernel's configs, on the first call of each shape).
-        decode_schedule: "autotune" (Triton's autotuner over the layout's configs, on the first
-            call of each tokens-per-split class; with ``autotune`` on) or "model" (the kernel
-            config from the programs and tokens per split, numasched.kernels.flash_decode.
-            fixed_config: no tuning at run time). Autotune stays the default: in the Llama-3-8B
-            TP-2 decoder it was 2 % faster at 16 x 8k (5.19 against 5.29 ms per step, H200).
+        decode_schedule: "model" (the kernel config from the programs and tokens per split,
+            numasched.kernels.flash_decode.fixed_config: no tuning at run time) or "autotune"
+            (Triton's autotuner over the layout's configs, on the first call of each
+            tokens-per-split class; with ``autotune`` on). The model is the default since
+            2026-11-23: on shapes off the issue grid (H200, batch 3-96 x 768-12000 tokens) the
+            autotuner, tuned on the first shape of a class, ran 0.78-0.97x of what the model ran.
         gemm_table: a table of tuned schedules (``numasched tune-gemm``) the chooser consults
             first; None: the model alone.
         gemm_splitk_tma: the split-K GEMM reads its operands through TMA descriptors where they
@@ -91,7 +92,7 @@ class Options:
     dist_tma: Optional[bool] = None
     gemm_schedule: str = "model"
     gemm_table: Optional[str] = None
-    decode_schedule: str = "autotune"
+    decode_schedule: str = "model"
     gemm_splitk_tma: bool = True
     pdl: bool = True
     pdl_trigger: str = "late"
@@ -159,7 +160,7 @@ def from_env(environ=None) -> Options:
                    dist_tma=None if tma not in ("0", "1") else tma == "1",
                    gemm_schedule=env.get("NUMASCHED_GEMM_SCHEDULE", "model"),
                    gemm_table=env.get("NUMASCHED_GEMM_TABLE") or None,
-                   decode_schedule=env.get("NUMASCHED_DECODE_SCHEDULE", "autotune"),
+                   decode_schedule=env.get("NUMASCHED_DECODE_SCHEDULE", "model"),
                    gemm_splitk_tma=flag("NUMASCHED_GEMM_SPLITK_TMA", True),
                    pdl=flag("NUMASCHED_PDL", True),
                    pdl_trigger=_trigger(env.get("NUMASCHED_PDL_TRIGGER", "late")),

@@ -750,7 +750,7 @@ def test_model_config_follows_programs_and_split_length(monkeypatch):
     assert FD.fixed_config(True, 128, 16, 32768, 2, 32, 58, 99 * 1024) == dict(FD.DEFAULT_GPU_CONFIG[True])
     monkeypatch.setattr(caps, "is_hip", lambda: True)
     assert pick(False, 32768, 128)[0] == 64                         # AMD LDS
-    assert options.Options().decode_schedule == "autotune"
+    assert options.Options().decode_schedule == "model"
     with pytest.raises(ValueError, match="decode_schedule"):
         options.Options(decode_schedule="tuned")
 
