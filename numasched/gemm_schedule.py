@@ -93,6 +93,11 @@ STREAMK_MIN_ROWS = 1024
 # an SM then streams at most this share of its fair bandwidth, so more, smaller units pay (H200:
 # 3 x 5003 x 4093 ran 60 us unsplit and 27 us in 4 splits; 97 x 3001 x 1537 38 vs 25 in 2).
 MISALIGNED_SM_BW_SHARE = 0.5
+# ... and without cp.async the pipeline's stages go through registers: K blocks of 128-256 then
+# ran 2-20x as long as 64 (H200, bench/results/gemm-late-full/: 3 x 5003 x 4093 16x128x128 in 3
+# splits 104 us against 24 with 16x128x64 in 6; 301 x 7001 x 3011 128x64x128 921 us; 97 x 3001 x
+# 1537 128x64x128 in 2 splits 103 against 24 with 128x64x64): misaligned operands take 64.
+MISALIGNED_MAX_BLOCK_K = 64
 # The stream-K phase's K iterations cost this much more than the model's streaming/tensor time
 # (pipeline restarts per piece, partial tiles through L2; fitted to the same run).
 STREAMK_PIECE_COST = 1.5
@@ -265,6 +270,8 @@ def _choose(M: int, N: int, K: int, elt: int, machine: Machine, splitk_only: boo
             aligned: bool = True) -> Schedule:
     best = None
     for s in candidates(M, N, K, elt, machine, splitk_only=splitk_only or elt > 2):
+        if not aligned and s.block_k > MISALIGNED_MAX_BLOCK_K:
+            continue
         t = estimate(s, M, N, K, elt, machine, splitk_tma, aligned)
         if best is None or t < best.est_s * 0.999:
             best = replace(s, est_s=t)

@@ -949,5 +949,8 @@ def test_chooser_splits_more_when_rows_are_not_16_byte_aligned():
     odd = GS.choose(97, 3001, 1537, torch.bfloat16, splitk_only=True, aligned=False)
     assert odd.split_k > aligned.split_k or odd.est_s > aligned.est_s
     assert odd.split_k >= 2
+    # without vector loads, K blocks beyond 64 ran 2-20x as long: never picked for such rows
+    for m, n, k in ((3, 5003, 4093), (13, 4111, 2053), (97, 3001, 1537), (301, 7001, 3011), (1, 4097, 8191)):
+        assert GS.choose(m, n, k, torch.bfloat16, aligned=False).block_k <= GS.MISALIGNED_MAX_BLOCK_K
     # aligned shapes: unchanged by the flag's default
     assert GS.choose(64, 4096, 4096, torch.bfloat16) == GS.choose(64, 4096, 4096, torch.bfloat16, aligned=True)
