@@ -47,7 +47,8 @@ class Options:
             (one device sync per call, skipped inside CUDA-graph capture). With False, an
             out-of-range page index is clamped by the kernel to the last page (wrong output for
             that sequence, never an out-of-bounds read); see docs/api.md.
-        decode_combine: how flash_decode merges split partials: "auto", "fused" (the last split
+        decode_combine: how flash_decode merges split partials: "auto" (fused up to 16 rows and
+            numasched.decode.FUSED_MAX_SPLITS splits, else the kernel), "fused" (the last split
             to finish merges, one launch) or "kernel" (a second launch).
         gemm_flatten: fuse the persistent GEMM's tile and K loops (the pipeliner then prefetches
             the next tile during an epilogue).
