@@ -164,10 +164,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _parse(argv):
     args = build_parser().parse_args(argv)
+    if args.ragged and args.pages not in (None, [PAGE]):
+        build_parser().error(f"--pages: --ragged times pages of {PAGE} only")
     if args.pages is None:
         args.pages = list(MULTI_PAGES) if args.sq else [PAGE]
-    if args.ragged and args.pages != [PAGE]:
-        build_parser().error(f"--pages: --ragged times pages of {PAGE} only")
     return args
 
 
@@ -496,8 +496,10 @@ def _bench(args) -> int:
             # is no combine); plans are cached with the options in their key: each mode gets its own
             res = {}
             out = None
-            picked = numasched.plan_decode(q, k, v, cache_seqlens=lens, block_table=bt, mapping=args.mapping).combine
-            res["combine"] = picked
+            with numasched.options.use(decode_combine="auto"):
+                plan = numasched.plan_decode(q, k, v, cache_seqlens=lens, block_table=bt, mapping=args.mapping)
+            picked = plan.combine
+            res["combine"], res["splits"] = picked, plan.num_splits
             modes = ["auto"] + {"fused": ["kernel"], "kernel": ["fused"]}.get(picked, [])
             for combine in modes:
                 with numasched.options.use(decode_combine=combine):
@@ -512,7 +514,10 @@ def _bench(args) -> int:
                 fn = lambda: numasched.flash_decode(q, k, v, cache_seqlens=lens, block_table=bt,  # noqa: E731
                                                     num_splits=s, mapping=args.mapping)
                 t, tg, _ = timed(fn, notes, f"numasched {layout} S={s}")
-                ours[f"{layout} S={s}"] = {"auto": t, "auto_graph": tg, "splits": s}
+                with numasched.options.use(decode_combine="auto"):
+                    comb = numasched.plan_decode(q, k, v, cache_seqlens=lens, block_table=bt, num_splits=s,
+                                                 mapping=args.mapping).combine
+                ours[f"{layout} S={s}"] = {"auto": t, "auto_graph": tg, "splits": s, "combine": comb}
             return out
 
         # -- contiguous (B, HK, L, D): the peers' layout; ours on its transpose view
@@ -568,7 +573,8 @@ def _bench(args) -> int:
         # one of the row's page size (contiguous rows: of the first page size)
         for layout, res in ours.items():
             page = int(layout.split()[1]) if layout.startswith("paged") else args.pages[0]
-            peers["flashinfer"], peers_graph["flashinfer"] = fi_pages.get(page, (None, None))
+            if fi is not None:
+                peers["flashinfer"], peers_graph["flashinfer"] = fi_pages.get(page, (None, None))
             got = {k: v for k, v in peers.items() if v is not None}
             got_g = {k: (peers_graph.get(k) or v) for k, v in got.items()}
             best_name = min(got_g, key=got_g.get) if got_g else None

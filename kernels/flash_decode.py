@@ -491,7 +491,8 @@ def fixed_config(paged: bool, head_dim: int, block_g: int = 16, tokens_per_split
     * P > 3 SMs: contiguous T <= 2048: 32-token tiles of 2 warps (four resident per SM, so the
       grid is about one wave); paged T <= 8192: 32-token tiles of 2 warps, unless rounds of
       resident programs (``_resident``: five per SM on an H200) leave a nearly empty last round
-      that 64-token tiles (three resident) fill (``_rounds_cost``), or take five rounds or more:
+      that 64-token tiles (three resident) fill (``_rounds_cost``), or an SM has five full rounds
+      of them or more (25+ programs per SM on an H200):
       at 768 programs, 5.8 per SM, 32-token tiles took 1.28-1.30x as long, at 1024 they were
       faster, at 4096 slower; longer splits 128-token tiles (many waves of one per SM, the last
       nearly full).
@@ -514,7 +515,7 @@ def fixed_config(paged: bool, head_dim: int, block_g: int = 16, tokens_per_split
             pick = (64, 2, 5) if paged else (64, 4, 3)
         elif paged and tokens_per_split <= 8192:
             # 32-token tiles, unless their last round of resident programs is nearly empty where
-            # 64-token ones fill theirs, or they run five rounds or more (768 programs, 5.8 per
+            # 64-token ones fill theirs, or an SM has five full rounds or more (768 programs, 5.8 per
             # SM: 32-token tiles, five resident, took 1.3x as long; 1024 programs, 7.8 per SM:
             # 2-5 % faster at 4k-8k tokens; 4096 programs, 31 per SM: 2-6 % slower)
             per_sm = -(-programs // num_sms)

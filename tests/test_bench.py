@@ -152,6 +152,7 @@ def test_decode_bench_page_sizes(capsys):
     assert decode._parse([]).pages == [decode.PAGE]
     assert decode._parse(["--sq", "2"]).pages == decode.MULTI_PAGES
     assert decode._parse(["--pages", "16", "64"]).pages == [16, 64]
+    assert decode._parse(["--ragged", "--sq", "2"]).ragged   # no --pages given: no complaint
     with pytest.raises(SystemExit):
         decode._parse(["--ragged", "--pages", "64"])
     assert "--pages" in capsys.readouterr().err

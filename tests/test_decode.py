@@ -611,7 +611,8 @@ def test_gpu_real_sizes(dtype, H, HK, Dh, paged, combine, fixed_config, poisoned
 @gpu
 @pytest.mark.parametrize("paged", [False, True])
 def test_gpu_autotuned(paged, poisoned, launches):
-    # the autotuned path (the configs the benchmark uses), long enough for many splits
+    # the autotuned path (options.decode_schedule="autotune"; the default is the model), long
+    # enough for many splits; forced on, since the device runs set NUMASCHED_AUTOTUNE=0
     B, H, HK, Dh, L, page = 2, 32, 8, 128, 32768, 16
     lens = torch.tensor([32768, 20000], dtype=torch.int32)
     if paged:
@@ -619,7 +620,9 @@ def test_gpu_autotuned(paged, poisoned, launches):
     else:
         q, k, v = make_contiguous(B, H, HK, Dh, L, torch.bfloat16, "cuda")
         bt, lens = None, lens.cuda()
-    out, lse = numasched.flash_decode(q, k, v, cache_seqlens=lens, block_table=bt, return_lse=True)
+    with options.use(autotune=True, decode_schedule="autotune"):
+        plan = numasched.plan_decode(q, k, v, cache_seqlens=lens, block_table=bt)
+        out, lse = plan.run(q, k, v, lens, bt, return_lse=True)
     check(out, lse, *reference(q, k, v, lens, bt), torch.bfloat16)
 
 
@@ -730,7 +733,7 @@ def test_model_config_follows_programs_and_split_length(monkeypatch):
     assert pick(True, 2048, 660) == (32, 2, 5) and pick(True, 2048, 768) == (64, 2, 5)
     assert pick(True, 1024, 1024) == (32, 2, 5) and pick(False, 1024, 1024) == (32, 2, 4)
     assert FD._rounds_cost(6, 5) == 7.5 and FD._rounds_cost(6, 3) == 6 and FD._rounds_cost(8, 5) == 8
-    assert pick(True, 2048, 3072) == (32, 2, 5) and pick(True, 2048, 4096) == (64, 2, 5)   # 23 and 31 per SM
+    assert pick(True, 2048, 3072) == (32, 2, 5) and pick(True, 2048, 4096) == (64, 2, 5)   # 24 and 32 per SM (five resident): under and over five full rounds
     assert FD._resident((32, 2, 5), 128, 2, True, 227 * 1024) == 5
     assert pick(False, 2048, 512) == (32, 2, 4) and pick(False, 32768, 512) == (128, 4, 3)
     assert FD.fixed_config(True, 128, 16) == dict(FD.DEFAULT_GPU_CONFIG[True])   # no program count
@@ -759,9 +762,10 @@ def test_model_config_against_the_measured_sweeps(monkeypatch):
     """The config model against the H200 sweeps it was built from (every config of a layout
     timed at several split counts, bench/results/decode-configs-*-h200-2026-11-23.csv; each
     sweep compared within itself): its pick must have been timed, and be within 5 % of the best
-    config at >= 90 % of the (sweep, point, split) groups and within 40 % everywhere (points of
-    12-20 us read up to 1.5x apart between runs: 8 x 512 contiguous, 2 splits, 128/4/3 took 11.9
-    us in one sweep and 18 in another). A change to the model that this fails needs new sweeps."""
+    config at >= 90 % of the (sweep, point, split) groups, within 15 % wherever the best took 30
+    us or more, and within 40 % below (points of 12-20 us read up to 1.5x apart between runs: 8 x
+    512 contiguous, 2 splits, 128/4/3 took 11.9 us in one sweep and 18 in another). A change to
+    the model that this fails needs new sweeps."""
     import csv
     import pathlib
 
@@ -784,6 +788,6 @@ def test_model_config_against_the_measured_sweeps(monkeypatch):
         pick = f"{c['BLOCK_N']}/{c['num_warps']}/{c['num_stages']}"
         assert pick in times, (heads, B, L, layout, S, pick)
         ratios.append(times[pick] / min(times.values()))
+        assert ratios[-1] <= (1.15 if min(times.values()) >= 30 else 1.40), (heads, B, L, layout, S, pick, times)
     assert len(ratios) >= 100
     assert sum(r <= 1.05 for r in ratios) >= 0.9 * len(ratios), sorted(ratios)[-8:]
-    assert max(ratios) <= 1.40, max(ratios)

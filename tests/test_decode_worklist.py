@@ -538,8 +538,9 @@ def test_gpu_autotuned_and_cuda_graph_while_lengths_grow(paged_cache, launches):
         q, k, v = contiguous(B, H, HK, Dh, L, torch.bfloat16, "cuda", seed=2)
         bt = None
     lens = torch.tensor(lens0, dtype=torch.int32, device="cuda")
-    plan = numasched.plan_decode_worklist(q, k, v, lengths=lens0, cache_seqlens=lens, block_table=bt)
-    plan.run(q, k, v, lens, bt)  # compile and tune before capturing
+    with options.use(autotune=True, decode_schedule="autotune"):   # the default is the model
+        plan = numasched.plan_decode_worklist(q, k, v, lengths=lens0, cache_seqlens=lens, block_table=bt)
+        plan.run(q, k, v, lens, bt)  # compile and tune before capturing
     torch.cuda.synchronize()
     assert plan.config is not None
     graph = torch.cuda.CUDAGraph()
