@@ -30,7 +30,8 @@ and three taxes (docs/models.md has the definitions and their limits):
                    negative where they overlap
     launch_tax     eager step - graph step: the host's launch work that a graph removes
 
-Prefill: ``--prompt`` tokens at batch 1, eager and as a CUDA-graph replay. Generate: batch 1,
+Prefill: ``--prompt`` tokens at batch 1, eager and as a CUDA-graph replay, with the same
+components (at ``--prompt`` rows; attention is the causal prefill) and taxes. Generate: batch 1,
 ``--prompt`` prefilled then ``--new`` greedy steps (graph replays, argmax on the device), timed
 as a whole. Targets (Llama-3-8B, H200): decode step >= 1.15x torch at TP 2 and >= 1.00x at TP 1,
 prefill of 4k tokens >= 1.10x at TP 2. Points whose weights + KV cache would not fit in
@@ -289,30 +290,37 @@ def _backend(name, ctx, dctx):
                             fuse_swiglu=ctx.args.fuse_swiglu)
 
 
-def _components(ctx, model, be, cache) -> Dict[str, float]:
-    """Each component of one decode step timed alone in its own CUDA graph (ms, one layer or the
-    per-step part); see the module doc."""
+def _parts(model, be, cache, seq: Optional[int] = None) -> Dict[str, Callable[[], object]]:
+    """The components of one step as closures over fresh inputs (one layer, or the per-step
+    part): a decode step (``seq`` None: one token per sequence of ``cache``) or the prefill of
+    ``seq`` tokens at batch 1 (``cache`` empty). See the module doc."""
     import torch
     import torch.nn.functional as F
 
     from numasched.models.llama import _elementwise
 
     L, s = model.layers[0], model.spec
-    B, E, D = cache.batch, s.hidden, s.head_dim
+    T = cache.batch if seq is None else seq     # rows of the step's GEMMs
+    E, D = s.hidden, s.head_dim
     hq, hk, il = model.heads_local, model.kv_heads_local, model.inter_local
     dev, dt = model.device, model.dtype
-    x, x2 = (torch.randn(B, E, device=dev, dtype=dt) for _ in range(2))
-    a = torch.randn(B, hq * D, device=dev, dtype=dt)
-    act = torch.randn(B, il, device=dev, dtype=dt)
-    q = torch.randn(B, hq, D, device=dev, dtype=dt)
-    qkv = torch.randn(B, (hq + 2 * hk) * D, device=dev, dtype=dt)
-    gu = torch.randn(B, 2 * il, device=dev, dtype=dt)
-    ids = torch.zeros(B, dtype=torch.int64, device=dev)
-    cs = model.rope_table(cache.capacity)[:B]
+    x, x2 = (torch.randn(T, E, device=dev, dtype=dt) for _ in range(2))
+    a = torch.randn(T, hq * D, device=dev, dtype=dt)
+    act = torch.randn(T, il, device=dev, dtype=dt)
+    qkv = torch.randn(T, (hq + 2 * hk) * D, device=dev, dtype=dt)
+    gu = torch.randn(T, 2 * il, device=dev, dtype=dt)
+    ids = torch.zeros(T, dtype=torch.int64, device=dev)
     ew = lambda n: _elementwise(n, model.compile_elementwise)  # noqa: E731
     local = (lambda t, w: torch.matmul(t, w.t())) if be.name == "torch" else (  # noqa: E731
         lambda t, w: __import__("numasched").matmul(t, w.t(), mapping=be.mapping))
-    cache.begin_decode()   # the write slots the elementwise part uses
+    if seq is None:
+        cs = model.rope_table(cache.capacity)[:T]
+        q = torch.randn(T, hq, D, device=dev, dtype=dt)
+        cache.begin_decode()   # the write slots the elementwise part uses
+    else:
+        cache.begin_prefill(seq)
+        cs = model.rope_table(seq)[:seq]
+        q, k, v = ew("qkv_rope")(qkv, cs[:, 0], cs[:, 1], hq, hk, D, L.q_norm, L.k_norm, s.eps)
 
     def gemm_in():
         be.linear(x, L.wqkv)
@@ -327,29 +335,43 @@ def _components(ctx, model, be, cache) -> Dict[str, float]:
         be.row_parallel(act, L.wdown)
 
     def attention():
-        be.decode_attention(q, cache, 0)
+        if seq is None:
+            be.decode_attention(q, cache, 0)
+        else:
+            be.prefill_attention(q, k, v, 1, seq)
 
     def elementwise():   # what one layer does besides its GEMMs, attention and collectives
         ew("rms_norm")(x, L.ln1, s.eps)
-        _, k, v = ew("qkv_rope")(qkv, cs[:, 0], cs[:, 1], hq, hk, D, L.q_norm, L.k_norm, s.eps)
-        cache.write(0, k, v)
+        _, k_, v_ = ew("qkv_rope")(qkv, cs[:, 0], cs[:, 1], hq, hk, D, L.q_norm, L.k_norm, s.eps)
+        cache.write(0, k_, v_)
         ew("add_rms_norm")(x2, x, L.ln2, s.eps)
         ew("silu_mul")(gu, il)
         ew("add_rms_norm")(x2, x, L.ln1, s.eps)
 
     def head():
-        cache.begin_decode()
-        model.rope_table(cache.capacity).index_select(0, cache.positions)
-        F.embedding(ids, model.embed)
-        model._logits(x, be)
+        if seq is None:
+            cache.begin_decode()
+            model.rope_table(cache.capacity).index_select(0, cache.positions)
+            F.embedding(ids, model.embed)
+            model._logits(x, be)
+        else:
+            model.rope_table(seq)[:seq].repeat(1, 1, 1)
+            F.embedding(ids, model.embed)
+            model._logits(x[-1:], be)   # the last prompt token's logits
 
+    return dict(gemm_in=gemm_in, gemm_out=gemm_out, row_parallel=row_parallel, attention=attention,
+                elementwise=elementwise, head=head)
+
+
+def _components(ctx, model, be, cache, seq: Optional[int] = None) -> Dict[str, float]:
+    """Each component of one step (:func:`_parts`) timed alone in its own CUDA graph (ms)."""
     out = {}
-    for name, fn in (("gemm_in", gemm_in), ("gemm_out", gemm_out), ("row_parallel", row_parallel),
-                     ("attention", attention), ("elementwise", elementwise), ("head", head)):
+    for name, fn in _parts(model, be, cache, seq).items():
         try:
             out[name] = ctx.graph_ms(fn)
         except Exception as e:  # noqa: BLE001 - reported, the step timing stands
-            ctx.notes.append(f"{be.name} component {name}: {type(e).__name__}: {str(e)[:120]}")
+            ctx.notes.append(f"{be.name} {'prefill ' if seq else ''}component {name}: {type(e).__name__}: "
+                             f"{str(e)[:120]}")
             out[name] = float("nan")
     return out
 
@@ -422,6 +444,10 @@ def _prefill_rows(ctx, model, backends) -> List[dict]:
             pre[f"{name}_eager_ms"] = ctx.timed(fn)
             pre[f"{name}_step_ms"] = ctx.graph_ms(fn)
             pre[f"{name}_tok_s"] = S * 1e3 / pre[f"{name}_step_ms"]
+            pre[f"{name}_launch_tax_ms"] = pre[f"{name}_eager_ms"] - pre[f"{name}_step_ms"]
+            if not args.no_taxes:
+                cache.reset()
+                _taxes(pre, name, _components(ctx, model, be, cache, S), model.spec.layers)
         except Exception as e:  # noqa: BLE001
             ctx.notes.append(f"prefill {name}: {type(e).__name__}: {str(e)[:200]}")
             pre[f"{name}_step_ms"] = float("nan")
@@ -463,21 +489,22 @@ def _columns(backends) -> List[str]:
     return cols + ["note"]
 
 
-TAX_COLUMNS = ["batch", "context", "backend", "step_ms", "sum_components_ms", "bulk_sync_tax_ms", "locality_tax_ms",
+TAX_COLUMNS = ["kind", "batch", "context", "backend", "step_ms", "sum_components_ms", "bulk_sync_tax_ms", "locality_tax_ms",
                "launch_tax_ms"] + [f"{c}_ms" for c in COMPONENTS]
 
 
 def _tax_rows(rows, backends) -> List[dict]:
-    """One row per (decode point, backend): the step, its components x layers and the taxes."""
+    """One row per (decode point or prefill, backend): the step, its components x layers and the
+    taxes."""
     out = []
     for r in rows:
-        if r["kind"] != "decode":
+        if r["kind"] not in ("decode", "prefill"):
             continue
         for b in backends:
             if r.get(f"{b}_sum_components_ms") is None and r.get(f"{b}_launch_tax_ms") is None:
                 continue
-            row = dict(batch=r["batch"], context=r["context"], backend=b)
-            row.update({c: r.get(f"{b}_{c}") for c in TAX_COLUMNS[3:]})
+            row = dict(kind=r["kind"], batch=r["batch"], context=r["context"], backend=b)
+            row.update({c: r.get(f"{b}_{c}") for c in TAX_COLUMNS[4:]})
             out.append(row)
     return out
 

@@ -270,6 +270,26 @@ def test_bench_e2e_dry_run_lists_points_and_contenders(capsys):
         e2e.build_parser().parse_args(["--batch", "1,x"])
 
 
+@pytest.mark.parametrize("backend", ["torch", "numasched"])
+def test_bench_e2e_component_parts_run(backend):
+    """The components the bench times alone (decode step and prefill) run with each backend on
+    the model and cache they are built from (CPU; on the GPU each is captured in a graph)."""
+    from numasched.bench import e2e
+
+    hf = hf_model("llama", seed=8)
+    model = TPDecoder.from_hf(hf)
+    be = TorchBackend(1) if backend == "torch" else NumaschedBackend(1)
+    for seq in (None, 5):
+        cache = be.new_cache(model, batch=2 if seq is None else 1, capacity=16)
+        if seq is None:
+            model.prefill(torch.zeros(2, 4, dtype=torch.int64), cache, be)
+        parts = e2e._parts(model, be, cache, seq)
+        assert set(parts) == set(e2e.COMPONENTS)
+        for name, fn in parts.items():
+            fn()
+        assert cache.lens.tolist() == ([4, 4] if seq is None else [5])
+
+
 def test_bench_e2e_is_a_suite_and_needs_a_gpu_to_run(tmp_path):
     from numasched.bench.cli import SUITES
 
