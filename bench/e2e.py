@@ -445,12 +445,15 @@ def _prefill_rows(ctx, model, backends) -> List[dict]:
             pre[f"{name}_step_ms"] = ctx.graph_ms(fn)
             pre[f"{name}_tok_s"] = S * 1e3 / pre[f"{name}_step_ms"]
             pre[f"{name}_launch_tax_ms"] = pre[f"{name}_eager_ms"] - pre[f"{name}_step_ms"]
-            if not args.no_taxes:
-                cache.reset()
-                _taxes(pre, name, _components(ctx, model, be, cache, S), model.spec.layers)
         except Exception as e:  # noqa: BLE001
             ctx.notes.append(f"prefill {name}: {type(e).__name__}: {str(e)[:200]}")
             pre[f"{name}_step_ms"] = float("nan")
+        if not args.no_taxes and pre[f"{name}_step_ms"] == pre[f"{name}_step_ms"]:
+            try:   # the components alone (the step's figures above stand if this fails)
+                cache.reset()
+                _taxes(pre, name, _components(ctx, model, be, cache, S), model.spec.layers)
+            except Exception as e:  # noqa: BLE001
+                ctx.notes.append(f"prefill {name} components: {type(e).__name__}: {str(e)[:200]}")
         if not args.no_generate:
             try:   # prefill, then --new greedy steps from one captured step (lens advances in the graph)
                 cache.reset()
