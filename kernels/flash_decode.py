@@ -373,7 +373,8 @@ def _combine_kernel(PO, PL, O, LSE, H, S, stride_ob, stride_os, stride_oh, strid
 # takes a stage of its own ahead of the K/V loads it addresses, checked by compiling for sm_90),
 # so paged configs use more stages.
 # Small tiles with 2 warps give more independent programs per SM (fewer cross-warp reductions per
-# byte); large tiles with 8 warps move more bytes per iteration. The autotuner picks per shape.
+# byte); large tiles with 8 warps move more bytes per iteration. fixed_config picks by default;
+# with decode_schedule="autotune" the autotuner picks among these per tokens-per-split class.
 _CONTIGUOUS_CONFIGS = [(32, 2, 4), (64, 2, 3), (32, 4, 4), (64, 4, 3), (64, 4, 4), (64, 4, 5), (64, 8, 4),
                        (128, 4, 3), (128, 8, 3), (128, 8, 4)]
 _PAGED_CONFIGS = [(32, 2, 5), (64, 2, 5), (32, 4, 5), (32, 4, 7), (64, 4, 5), (64, 4, 7), (64, 8, 5),
@@ -481,7 +482,8 @@ def fixed_config(paged: bool, head_dim: int, block_g: int = 16, tokens_per_split
     """The config of the model (no autotuning; also used during graph capture before a shape was
     tuned), from the tokens per split T and the programs P of the launch on ``num_sms`` SMs
     (one tile of <= 16 rows, 16-bit d <= 128 on NVIDIA; otherwise, or without P and T, the
-    64-token DEFAULT_GPU_CONFIG). A pick whose K/V tiles exceed ``smem_limit`` (the device's
+    64-token DEFAULT_GPU_CONFIG, with 32-token tiles for head_dim > 128 and 8 warps for row
+    tiles of 32+). A pick whose K/V tiles exceed ``smem_limit`` (the device's
     shared memory per block: 99 KB on sm_86/89) falls back to the default:
 
     * P <= SMs and T >= 256: 128-token tiles (one program per SM streams with two 64 KB tiles
@@ -576,8 +578,7 @@ def _kv_bytes(cfg: dict, head_dim: int, elt_bytes: int, paged: bool) -> int:
 
 # On the interpreter (CPU tests) one small config keeps the runs short.
 INTERPRET_CONFIG = dict(BLOCK_N=16, num_warps=4, num_stages=1)
-# Fixed GPU configs: used when autotuning is off (NUMASCHED_AUTOTUNE=0; GPU tests, to keep compiles
-# few), and while a CUDA graph is being captured before this key was tuned (autotuning launches
-# and synchronises, which capture forbids).
+# The fallback of fixed_config (no program count or split length, shapes outside its rules, tiles
+# too big for the device's shared memory).
 DEFAULT_GPU_CONFIG = {False: dict(BLOCK_N=64, num_warps=4, num_stages=3),  # contiguous
                       True: dict(BLOCK_N=64, num_warps=4, num_stages=5)}  # paged

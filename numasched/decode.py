@@ -315,7 +315,8 @@ class DecodePlan(Plan):
         grid: programs of the split kernel (batch * kv_heads * row_groups * num_splits).
         row_groups: programs per (batch, kv_head, split): 1, or more when q_len * heads / kv_heads
             (token, head) rows of a multi-token decode exceed one program's tile.
-        config: kernel config (None until autotuning has chosen one).
+        config: kernel config: the model's (kernels/flash_decode.fixed_config) or the one given;
+            None only under ``decode_schedule="autotune"`` until the first run has tuned it.
         workspace_bytes: partial buffers per stream (fp32).
         tensors: the TensorSig of each argument the plan was made for.
     """
@@ -598,7 +599,8 @@ def plan_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, sc
 
     Args: as :func:`flash_decode`, plus
         config: a fixed kernel config ``dict(BLOCK_N=..., num_warps=..., num_stages=...)`` instead
-            of autotuning (benchmarks, sweeps).
+            of the model's pick (or the autotuner's under ``decode_schedule="autotune"``):
+            benchmarks, sweeps.
         options: :class:`numasched.options.Options` for this plan (default: the current ones).
     """
     if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):

@@ -1,12 +1,14 @@
 """The GEMM schedule chooser: tile shape, split-K and kernel from a model, no run-time tuning.
 
-For ``C (M, N) = A (M, K) @ B (K, N)`` it weighs two kernels:
+For ``C (M, N) = A (M, K) @ B (K, N)`` it weighs three kernels:
 
 * ``splitk`` (kernels/gemm_splitk.py): pointer loads, any BLOCK_M from 16, each output tile's K
   range cut into ``split_k`` work units merged in the same launch. The inference regime: M is a
   batch (1-256), there are few tiles, and the time is B's bytes streamed from memory.
-* ``tiled`` (kernels/gemm.py): 128 x 256 (or 256 x 128) tiles through TMA and wgmma, persistent
-  or one program per tile. Large M: the time is tensor-core work.
+* ``tiled`` (kernels/gemm.py): persistent TMA/wgmma tiles of 128 x 256, 128 x 128, 64 x 128 or
+  64 x 256. Medium and large M: the time is tensor-core work.
+* ``streamk`` (kernels/gemm_streamk.py): whole waves of tiles, then the remainder's K iterations
+  in equal pieces (from 1024 rows, up to a few waves of tiles).
 
 The model (:func:`estimate`) prices each candidate on a :class:`Machine` (SMs, shared memory,
 HBM bandwidth, tensor rate, L2 bandwidth):
@@ -20,7 +22,8 @@ HBM bandwidth, tensor rate, L2 bandwidth):
 * a split-K tile pays for writing and re-reading its fp32 partials through L2 and one
   synchronisation; every launch pays a fixed cost.
 
-:func:`choose` returns the cheapest candidate, unless a tuned table (``numasched tune-gemm``,
+:func:`choose` returns the cheapest candidate (operands whose rows are not 16-byte aligned only
+with K blocks of at most MISALIGNED_MAX_BLOCK_K, at MISALIGNED_SM_BW_SHARE), unless a tuned table (``numasched tune-gemm``,
 ``options.gemm_table``) has an entry for the shape. No AMD GPU was available: the AMD machine
 figures are datasheet numbers and the model has been checked on an H200 only.
 """

@@ -41,8 +41,9 @@ class Options:
     """What a plan may depend on besides its call's arguments.
 
     Attributes:
-        autotune: on a GPU, tune kernel configs on the first call of a new shape class (False:
-            the fixed configs, no tuning; the interpreter never tunes).
+        autotune: on a GPU, tune kernel configs on the first call of a new shape class (prefill
+            attention; decode and GEMM only with ``decode_schedule`` / ``gemm_schedule=
+            "autotune"``; False: the fixed configs, no tuning; the interpreter never tunes).
         check_data: flash_decode reads ``cache_seqlens`` and ``block_table`` to range-check them
             (one device sync per call, skipped inside CUDA-graph capture). With False, an
             out-of-range page index is clamped by the kernel to the last page (wrong output for
