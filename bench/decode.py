@@ -415,6 +415,18 @@ def _setup(args):
     return dev, torch.bfloat16, stream_read_bw(), torch.cuda.get_device_properties(dev).multi_processor_count, fi
 
 
+def _paged_cache(B: int, L: int, page: int, HK: int, D: int, dev, dt):
+    """Random K and V pages (pages, page, HK, D) for B sequences of L tokens (a partial last page),
+    scattered by a random permutation: ``(k_pages, v_pages, block_table (B, ceil(L / page)))``."""
+    import torch
+
+    per_seq = -(-L // page)
+    pages = B * per_seq
+    kp = torch.randn(pages, page, HK, D, device=dev, dtype=dt)
+    vp = torch.randn(pages, page, HK, D, device=dev, dtype=dt)
+    return kp, vp, torch.randperm(pages, device=dev, dtype=torch.int32).view(B, per_seq)
+
+
 def _flashinfer_decode(fi, args, q, kp, vp, indptr, indices, last, dims, notes, timer):
     """FlashInfer's paged decode on (kp, vp) with this page table, with and without tensor cores
     (``--flashinfer-both``; else the one its docs advise for the group size): (best eager time,
@@ -552,11 +564,8 @@ def _bench(args) -> int:
         # -- paged: pages scattered by a random permutation (a context shorter than a page: one page)
         fi_pages: Dict[int, tuple] = {}  # page size -> FlashInfer's (eager ms, graph ms)
         for page in args.pages:
-            per_seq = -(-L // page)
-            pages = B * per_seq
-            kp = torch.randn(pages, page, HK, D, device=dev, dtype=dt)
-            vp = torch.randn(pages, page, HK, D, device=dev, dtype=dt)
-            bt = torch.randperm(pages, device=dev, dtype=torch.int32).view(B, per_seq)
+            kp, vp, bt = _paged_cache(B, L, page, HK, D, dev, dt)
+            per_seq = bt.shape[1]
             run_ours(f"paged {page}", kp, vp, bt)
             if fi is not None:
                 indptr = torch.arange(B + 1, device=dev, dtype=torch.int32) * per_seq
@@ -706,11 +715,8 @@ def _bench_multi(args) -> int:
 
         # -- paged: pages scattered by a random permutation; FlashInfer's paged prefill beside ours
         for page in args.pages:
-            per_seq = -(-L // page)
-            pages = B * per_seq
-            kp = torch.randn(pages, page, HK, D, device=dev, dtype=dt)
-            vp = torch.randn(pages, page, HK, D, device=dev, dtype=dt)
-            bt = torch.randperm(pages, device=dev, dtype=torch.int32).view(B, per_seq)
+            kp, vp, bt = _paged_cache(B, L, page, HK, D, dev, dt)
+            per_seq = bt.shape[1]
             for sq in args.sq:
                 run_ours(sq, f"paged {page}", kp, vp, bt)
                 if fi is None:

@@ -161,6 +161,16 @@ def test_decode_bench_page_sizes(capsys):
     assert "paged 16, combine auto" in out and "paged 64, combine auto" in out
 
 
+def test_decode_bench_paged_cache_covers_a_partial_last_page():
+    import torch
+
+    from numasched.bench import decode
+
+    kp, vp, bt = decode._paged_cache(2, 20, 16, 3, 8, "cpu", torch.float32)
+    assert kp.shape == vp.shape == (4, 16, 3, 8) and bt.shape == (2, 2)
+    assert sorted(bt.flatten().tolist()) == [0, 1, 2, 3]   # every page once, scattered
+
+
 def test_decode_configs_script_dry_run():
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "decode_configs.py"), "--dry-run", "--batch", "2",
                         "--ctx", "4096", "--splits", "4"], capture_output=True, text=True, timeout=120)
