@@ -427,6 +427,17 @@ def _paged_cache(B: int, L: int, page: int, HK: int, D: int, dev, dt):
     return kp, vp, torch.randperm(pages, device=dev, dtype=torch.int32).view(B, per_seq)
 
 
+def _flashinfer_pages(bt, L: int, page: int):
+    """FlashInfer's page table for ``bt`` (B, pages per sequence), every sequence L tokens:
+    ``(indptr, indices, last_page_len)``."""
+    import torch
+
+    B, per_seq = bt.shape
+    indptr = torch.arange(B + 1, device=bt.device, dtype=torch.int32) * per_seq
+    last = torch.full((B,), L - (per_seq - 1) * page, dtype=torch.int32, device=bt.device)
+    return indptr, bt.reshape(-1), last
+
+
 def _flashinfer_decode(fi, args, q, kp, vp, indptr, indices, last, dims, notes, timer):
     """FlashInfer's paged decode on (kp, vp) with this page table, with and without tensor cores
     (``--flashinfer-both``; else the one its docs advise for the group size): (best eager time,
@@ -565,13 +576,10 @@ def _bench(args) -> int:
         fi_pages: Dict[int, tuple] = {}  # page size -> FlashInfer's (eager ms, graph ms)
         for page in args.pages:
             kp, vp, bt = _paged_cache(B, L, page, HK, D, dev, dt)
-            per_seq = bt.shape[1]
             run_ours(f"paged {page}", kp, vp, bt)
             if fi is not None:
-                indptr = torch.arange(B + 1, device=dev, dtype=torch.int32) * per_seq
-                last = torch.full((B,), L - (per_seq - 1) * page, dtype=torch.int32, device=dev)
                 fi_pages[page] = _flashinfer_decode(
-                    fi, args, q, kp, vp, indptr, bt.reshape(-1), last, (H, HK, D, page, dt, dev), notes,
+                    fi, args, q, kp, vp, *_flashinfer_pages(bt, L, page), (H, HK, D, page, dt, dev), notes,
                     lambda fn, name: timed(fn, notes, name))[:2]
             del kp, vp, bt
             torch.cuda.empty_cache()
@@ -716,7 +724,6 @@ def _bench_multi(args) -> int:
         # -- paged: pages scattered by a random permutation; FlashInfer's paged prefill beside ours
         for page in args.pages:
             kp, vp, bt = _paged_cache(B, L, page, HK, D, dev, dt)
-            per_seq = bt.shape[1]
             for sq in args.sq:
                 run_ours(sq, f"paged {page}", kp, vp, bt)
                 if fi is None:
@@ -724,9 +731,7 @@ def _bench_multi(args) -> int:
                 ws = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device=dev)
                 try:
                     w = fi.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
-                    w.plan(torch.arange(B + 1, device=dev, dtype=torch.int32) * sq,
-                           torch.arange(B + 1, device=dev, dtype=torch.int32) * per_seq, bt.reshape(-1),
-                           torch.full((B,), L - (per_seq - 1) * page, dtype=torch.int32, device=dev),
+                    w.plan(torch.arange(B + 1, device=dev, dtype=torch.int32) * sq, *_flashinfer_pages(bt, L, page),
                            H, HK, D, page, causal=True, q_data_type=dt, kv_data_type=dt)
                 except Exception as e:  # noqa: BLE001
                     notes[sq].append(f"flashinfer prefill page {page} plan: {type(e).__name__}: {str(e)[:80]}")

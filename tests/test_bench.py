@@ -169,6 +169,8 @@ def test_decode_bench_paged_cache_covers_a_partial_last_page():
     kp, vp, bt = decode._paged_cache(2, 20, 16, 3, 8, "cpu", torch.float32)
     assert kp.shape == vp.shape == (4, 16, 3, 8) and bt.shape == (2, 2)
     assert sorted(bt.flatten().tolist()) == [0, 1, 2, 3]   # every page once, scattered
+    indptr, indices, last = decode._flashinfer_pages(bt, 20, 16)
+    assert indptr.tolist() == [0, 2, 4] and torch.equal(indices, bt.reshape(-1)) and last.tolist() == [4, 4]
 
 
 def test_decode_configs_script_dry_run():
