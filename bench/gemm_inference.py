@@ -61,8 +61,75 @@ def build_parser() -> argparse.ArgumentParser:
                    help="schedules timed besides the chooser's pick, next best by the model (default 6)")
     p.add_argument("--calls", type=positive_int, default=20, help="calls per CUDA graph (default 20)")
     p.add_argument("--out-dir", type=out_dir, default=None, help="results folder (default: see numasched.bench.common)")
+    p.add_argument("--precompile", type=nonneg_int, default=0, metavar="WORKERS",
+                   help="compile every schedule to be timed first, in this many processes (Triton's on-disk "
+                        "cache then serves the timed run; default 0: compile on first use)")
     p.add_argument("--dry-run", action="store_true", help="print the points and contenders and exit (no GPU needed)")
     return p
+
+
+def _contenders(m: int, n: int, k: int, tma: bool, chosen, top: int, machine) -> list:
+    """(estimate s, schedule) of the chooser's pick, then the next ``top`` schedules as the plan's
+    chooser ranks them (TMA split-K, alignment), duplicates dropped."""
+    from numasched import gemm_schedule as GS
+
+    ranked = sorted((GS.estimate(s, m, n, k, 2, machine, splitk_tma=tma, aligned=tma), i, s)
+                    for i, s in enumerate(GS.candidates(m, n, k, 2, machine, splitk_only=not tma)))
+    out, seen = [], set()
+    for est, _, s in [(chosen.est_s, -1, chosen)] + ranked[: top + 1]:
+        if s.describe() not in seen:
+            seen.add(s.describe())
+            out.append((est, s))
+    return out
+
+
+def _compile_one(task) -> str:
+    """Worker of --precompile: run one (shape, schedule) once so Triton compiles and caches it."""
+    import torch
+
+    import numasched
+    from numasched.gemm_schedule import Schedule
+
+    m, n, k, fields = task
+    try:
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        numasched.plan_matmul(x, w.T, schedule=Schedule(**fields)).run(x, w.T)
+        torch.cuda.synchronize()
+        return ""
+    except Exception as e:  # reported by the timed pass too
+        return f"{m}x{n}x{k} {fields}: {type(e).__name__}: {str(e)[:200]}"
+
+
+def precompile(points, top: int, workers: int, machine) -> None:
+    """Compile, in ``workers`` processes, every kernel variant the timed pass will launch (one task
+    per distinct schedule and operand alignment)."""
+    import dataclasses
+    import multiprocessing as mp
+    import time
+
+    import torch
+
+    import numasched
+
+    t0 = time.time()
+    tasks, seen = [], set()
+    for _, _, m, n, k in points:
+        x = torch.empty(m, k, device="cuda", dtype=torch.bfloat16)
+        w = torch.empty(n, k, device="cuda", dtype=torch.bfloat16)
+        tma = _tma_ok(x, w)
+        chosen = numasched.plan_matmul(x, w.T).schedule
+        del x, w
+        for _, s in _contenders(m, n, k, tma, chosen, top, machine):
+            key = (s.describe(), tma, m % 16 == 0, n % 16 == 0, k % 16 == 0, m == 1)
+            if key not in seen:
+                seen.add(key)
+                fields = {f.name: getattr(s, f.name) for f in dataclasses.fields(s) if f.name != "est_s"}
+                tasks.append((m, n, k, fields))
+    with mp.get_context("spawn").Pool(workers) as pool:
+        errs = [e for e in pool.imap_unordered(_compile_one, tasks) if e]
+    print(f"precompiled {len(tasks)} kernel variants in {time.time() - t0:.0f} s with {workers} processes"
+          + (f"; {len(errs)} failed, first: {errs[0]}" if errs else ""), flush=True)
 
 
 def _tma_ok(x, w) -> bool:
@@ -99,6 +166,8 @@ def main(argv=None) -> int:
     stream = stream_read_bw()
     l2 = torch.cuda.get_device_properties(dev).L2_cache_size
     rows, log = [], []
+    if args.precompile:
+        precompile(points, args.top, args.precompile, machine)
     for model, proj, m, n, k in progress(points, "gemm_inference"):
         torch.manual_seed(0)
         w_bytes = n * k * 2
@@ -112,16 +181,10 @@ def main(argv=None) -> int:
         # read the operands), then the model's next best schedules of the same kind of set
         own = numasched.plan_matmul(x, ws[0].T, outs[0])
         chosen = own.schedule
-        # the model's next best, ranked as the plan's chooser ranks them (TMA split-K, alignment)
-        tma = _tma_ok(x, ws[0])
-        ranked = sorted((GS.estimate(s, m, n, k, 2, machine, splitk_tma=tma, aligned=tma), i, s)
-                        for i, s in enumerate(GS.candidates(m, n, k, 2, machine, splitk_only=not tma)))
         tried = {}
         err = None
-        for est, _, s in [(chosen.est_s, -1, chosen)] + ranked[: args.top + 1]:
+        for est, s in _contenders(m, n, k, _tma_ok(x, ws[0]), chosen, args.top, machine):
             key = s.describe()
-            if key in tried:
-                continue
             try:
                 plans = [numasched.plan_matmul(x, w.T, outs[0], schedule=s) for w in ws[:1]]
                 plan = plans[0]
