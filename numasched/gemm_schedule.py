@@ -38,7 +38,7 @@ import torch
 
 from . import caps
 
-__all__ = ["Machine", "Schedule", "candidates", "estimate", "choose", "load_table"]
+__all__ = ["Machine", "Schedule", "candidates", "estimate", "choose", "inflight_bytes", "load_table"]
 
 
 @dataclass(frozen=True)
@@ -101,6 +101,13 @@ MISALIGNED_SM_BW_SHARE = 0.5
 # splits 104 us against 24 with 16x128x64 in 6; 301 x 7001 x 3011 128x64x128 921 us; 97 x 3001 x
 # 1537 128x64x128 in 2 splits 103 against 24 with 128x64x64): misaligned operands take 64.
 MISALIGNED_MAX_BLOCK_K = 64
+# Ties (schedules the model prices the same: one tile shape with another K block) go to the one
+# with more bytes in flight per SM, from 32-row tiles: on the H200 (bench/results/gemm-sweep-*,
+# 25 schedules timed per point at M = 64-1024) 128 x 64 tiles ran 3-5 % faster with K blocks of
+# 128 in 4 stages than of 64 in 6, 128 x 128 ones 4-8 % slower with 128 in 3 stages, 64 x 32 ones
+# faster with three resident programs of K 64; with 16-row tiles (M <= 16) the deeper K blocks
+# ran 1-5 % slower, so those keep the first of the ties.
+TIE_MIN_BLOCK_M = 32
 # The stream-K phase's K iterations cost this much more than the model's streaming/tensor time
 # (pipeline restarts per piece, partial tiles through L2; fitted to the same run).
 STREAMK_PIECE_COST = 1.5
@@ -276,9 +283,25 @@ def _choose(M: int, N: int, K: int, elt: int, machine: Machine, splitk_only: boo
         if not aligned and s.block_k > MISALIGNED_MAX_BLOCK_K:
             continue
         t = estimate(s, M, N, K, elt, machine, splitk_tma, aligned)
-        if best is None or t < best.est_s * 0.999:
+        # the model prices bytes and flops, not the pipeline: among equal estimates (the same
+        # tiles with another K block) the deeper pipeline wins (see inflight_bytes)
+        if (best is None or t < best.est_s * 0.999
+                or (t <= best.est_s * 1.001 and s.block_m >= TIE_MIN_BLOCK_M
+                    and inflight_bytes(s, elt, machine) > inflight_bytes(best, elt, machine))):
             best = replace(s, est_s=t)
     return best
+
+
+def inflight_bytes(s: Schedule, elt: int, machine: Machine) -> int:
+    """Operand bytes an SM has in flight: the loads of ``stages - 1`` K blocks ahead, times the
+    programs resident on the SM (split-K only; the TMA tiles are persistent, one per SM)."""
+    from .kernels.gemm_splitk import shared_bytes
+
+    occ = 1
+    if s.kind == "splitk":
+        smem = shared_bytes(s.block_m, s.block_n, s.block_k, s.num_stages, elt)
+        occ = max(1, min(machine.smem_bytes // max(smem, 1), machine.warps_per_sm // (2 * s.num_warps), 4))
+    return occ * max(1, s.num_stages - 1) * (s.block_m + s.block_n) * s.block_k * elt
 
 
 def _table_key(M: int, N: int, K: int, dtype: torch.dtype, machine: str) -> str:

@@ -954,3 +954,28 @@ def test_chooser_splits_more_when_rows_are_not_16_byte_aligned():
         assert GS.choose(m, n, k, torch.bfloat16, aligned=False).block_k <= GS.MISALIGNED_MAX_BLOCK_K
     # aligned shapes: unchanged by the flag's default
     assert GS.choose(64, 4096, 4096, torch.bfloat16) == GS.choose(64, 4096, 4096, torch.bfloat16, aligned=True)
+
+
+@pytest.mark.parametrize("m,n,k", [(128, 4096, 4096), (128, 5120, 5120), (256, 4096, 4096), (64, 14336, 8192),
+                                   (192, 6144, 4096), (1000, 3000, 2048), (4, 4096, 4096)])
+def test_chooser_breaks_ties_by_bytes_in_flight(m, n, k):
+    """Schedules the model prices the same (one tile, another K block and stage count) are told
+    apart by the operand bytes an SM keeps in flight, from 32-row tiles; 16-row tiles keep the
+    first tie (on the H200 their deeper K blocks ran 1-5 % slower)."""
+    from dataclasses import replace
+
+    from numasched import gemm_schedule as GS
+
+    machine = GS.Machine.of(None)
+    pick = GS.choose(m, n, k, torch.bfloat16)
+    ties = [s for s in GS.candidates(m, n, k, 2, machine)
+            if abs(GS.estimate(s, m, n, k, 2, machine) / pick.est_s - 1) <= 1e-3]
+    assert replace(pick, est_s=float("nan")).describe() in {s.describe() for s in ties}
+    mine = GS.inflight_bytes(pick, 2, machine)
+    if pick.block_m >= GS.TIE_MIN_BLOCK_M:
+        assert all(GS.inflight_bytes(s, 2, machine) <= mine for s in ties
+                   if s.block_m >= GS.TIE_MIN_BLOCK_M), [s.describe() for s in ties]
+    # a 128 x 64 split-K tile takes K blocks of 128 in 4 stages over 64 in 6: more bytes ahead
+    a = GS.Schedule("splitk", 128, 64, 64, 1, 8, 6)
+    b = GS.Schedule("splitk", 128, 64, 128, 1, 8, 4)
+    assert GS.inflight_bytes(b, 2, machine) > GS.inflight_bytes(a, 2, machine)
