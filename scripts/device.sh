@@ -16,8 +16,8 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 ||
 dev=$(python3 -c "import torch;n=torch.cuda.get_device_name(0).lower();print('h200' if 'h200' in n else 'h100' if 'h100' in n else 'gpu')")
 step() { echo "=== $1 ($(date +%T))"; }
 # results written by this run come back even if the call runs out of time: copied to $OUT every 20 s
-touch /tmp/run-start
-sync_results() { find bench/results -type f -newer /tmp/run-start | tar czf "$OUT/results.tgz.part" -T - 2>/dev/null && mv "$OUT/results.tgz.part" "$OUT/results.tgz"; }
+[ -e "$OUT/.run-start" ] || touch "$OUT/.run-start"  # one marker per call: every step's results come back
+sync_results() { find bench/results -type f -newer "$OUT/.run-start" | tar czf "$OUT/results.tgz.part" -T - 2>/dev/null && mv "$OUT/results.tgz.part" "$OUT/results.tgz"; }
 ( while sleep 20; do sync_results; done ) &
 copier=$!
 for s in "$@"; do
