@@ -114,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(numasched.matmul_swiglu; default off: measured -2.6%% to +2%% per step)")
     p.add_argument("--ar-impl", default="auto",
                    help="numasched's all-reduce impl for matmul_all_reduce / all_reduce (auto: their cost model)")
+    p.add_argument("--prefill-overlap", type=positive_int, default=None,
+                   help="numasched's prefill row chunks (NumaschedBackend prefill_overlap; default: 2 at TP > 1, "
+                        "1: one bulk-synchronous step)")
     p.add_argument("--heap-gb", type=positive_float, default=2.0,
                    help="numasched.distributed symmetric heap per GPU at TP > 1 (GiB)")
     p.add_argument("--seed", type=nonneg_int, default=0, help="weight seed")
@@ -287,7 +290,7 @@ def _backend(name, ctx, dctx):
         return TorchBackend(ctx.world)
     # no status read per distributed call (it synchronises an eager step); ctx.check() after each point
     return NumaschedBackend(ctx.world, dctx, impl=ctx.args.ar_impl, check=False, fuse_norm=ctx.args.fuse_norm,
-                            fuse_swiglu=ctx.args.fuse_swiglu)
+                            fuse_swiglu=ctx.args.fuse_swiglu, prefill_overlap=ctx.args.prefill_overlap)
 
 
 def _parts(model, be, cache, seq: Optional[int] = None) -> Dict[str, Callable[[], object]]:

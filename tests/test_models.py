@@ -94,6 +94,31 @@ def test_numasched_backend_matches_transformers(family, decode_steps):
     assert log.count("matmul_swiglu") == (1 + decode_steps) * 2
 
 
+@pytest.mark.parametrize("family,chunks", [("llama", 2), ("qwen3", 3)])
+def test_overlapped_prefill_in_row_chunks_matches_transformers(family, chunks, monkeypatch):
+    """A one-prompt prefill in row chunks (numasched backend, prefill_overlap): chunk c attends to
+    the keys of chunks 0..c bottom-right aligned, writes its rows of the cache, and the decode steps
+    after it read them; the logits match transformers' and the one-step prefill's."""
+    from numasched import observe
+
+    monkeypatch.setattr(NumaschedBackend, "OVERLAP_MIN_ROWS", 4)
+    hf = hf_model(family, seed=4)
+    ids = torch.randint(0, 128, (1, 16), generator=torch.Generator().manual_seed(5))
+    model = TPDecoder.from_hf(hf)
+    be = NumaschedBackend(1, prefill_overlap=chunks)
+    assert be.prefill_chunks(1, 13) == chunks and be.prefill_chunks(2, 13) == 1 and be.prefill_chunks(1, 7) == 1
+    assert NumaschedBackend(1).prefill_chunks(1, 4096) == 1   # TP 1 by default: nothing to overlap
+    with observe.record() as log:
+        got = run_teacher_forced(model, be, ids, prompt=13)
+    ref = reference(hf, ids)
+    assert rel(got, ref) < 1e-4
+    assert log.count("attention") == 2 * chunks   # one causal attention per chunk and layer
+    plain = run_teacher_forced(model, NumaschedBackend(1), ids, prompt=13)
+    assert rel(got, plain) < 1e-5
+    with pytest.raises(ValueError, match="prefill_overlap"):
+        NumaschedBackend(1, prefill_overlap=0)
+
+
 def test_contiguous_window_equals_the_length_mask():
     """The torch cache's unmasked window (benchmarks) gives the masked path's logits."""
     hf = hf_model("llama", seed=4)
@@ -388,6 +413,32 @@ def _tp_gpu_main() -> int:
             if rank == 0:
                 print(f"{'PASS' if ok else 'FAIL'} tp {world} {family} {name}: rel err {e:.2e} (eager), "
                       f"{eg:.2e} (graph decode)", flush=True)
+        if "numasched" in backends:   # one long prompt: the overlapped prefill (two row chunks, three streams)
+            be = backends["numasched"]
+            plain = NumaschedBackend(world, be.ctx, prefill_overlap=1)
+            long_ids = torch.randint(0, hf.config.vocab_size, (1, 1100), device="cuda",
+                                     generator=torch.Generator("cuda").manual_seed(1))
+            want = model.prefill(long_ids, plain.new_cache(model, batch=1, capacity=1104, page_size=16), plain)
+            cache = be.new_cache(model, batch=1, capacity=1104, page_size=16)
+            assert be.prefill_chunks(1, 1100) == 2
+            eager = model.prefill(long_ids, cache, be).clone()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                model.prefill(long_ids, cache, be)
+            torch.cuda.current_stream().wait_stream(side)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                out = model.prefill(long_ids, cache, be)
+            out.fill_(float("nan"))
+            g.replay()
+            torch.cuda.synchronize()
+            e1, e2 = rel(eager, want), rel(out, want)
+            ok = e1 < 2e-2 and e2 < 2e-2
+            failed += not ok
+            if rank == 0:
+                print(f"{'PASS' if ok else 'FAIL'} tp {world} {family} numasched overlapped prefill of 1100 tokens: "
+                      f"rel err vs one step {e1:.2e} (eager), {e2:.2e} (graph)", flush=True)
         del hf
     flag = torch.tensor([failed], device="cuda")
     dist.all_reduce(flag)

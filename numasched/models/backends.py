@@ -92,6 +92,24 @@ class Backend:
     def prefill_attention(self, q, k, v, batch: int, seq: int) -> torch.Tensor:
         raise NotImplementedError
 
+    # -- a prefill in row chunks whose all-reduces overlap the next chunk's compute (TPDecoder)
+    def prefill_chunks(self, batch: int, seq: int) -> int:
+        """Row chunks of a prefill (1: the whole prompt as one bulk-synchronous step)."""
+        return 1
+
+    def linear_into(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """``x @ w.T`` written into ``out`` (a buffer another stream reads next)."""
+        return torch.matmul(x, w.t(), out=out)
+
+    def all_reduce_(self, x: torch.Tensor) -> torch.Tensor:
+        """The all-reduce of ``x`` in place."""
+        return self.all_reduce(x)
+
+    def prefill_attention_rows(self, q, k, v) -> torch.Tensor:
+        """The last ``q.shape[0]`` rows of a causal prefill of one sequence: q (rows, H, D)
+        against the first L tokens' k/v (L, HK, D), bottom-right aligned; -> (rows, H * D)."""
+        raise NotImplementedError
+
     def decode_attention(self, q, cache, layer: int) -> torch.Tensor:
         raise NotImplementedError
 
@@ -186,6 +204,10 @@ class NumaschedBackend(Backend):
         residual add and the next RMSNorm as one kernel
         (numasched.distributed.all_reduce_add_rmsnorm). On by default: on two H200s it took the
         Llama-3-8B decode step from 1.02-1.05x to 1.04-1.12x the bulk-synchronous baseline.
+    prefill_overlap: row chunks of a one-prompt prefill (default: 2 at TP > 1 with at least
+        OVERLAP_MIN_ROWS rows each, else 1). Chunk c + 1 runs its attention and GEMMs on a second
+        CUDA stream while chunk c's all-reduces run on a third (TPDecoder._stack_overlapped), so
+        the all-reduces of a prefill overlap compute instead of stalling it.
     fuse_swiglu: where numasched's GEMM runs (decode sizes), the gate/up projection and
         ``silu(gate) * up`` in one launch (numasched.matmul_swiglu) instead of a GEMM and an
         elementwise kernel. Off by default: on two H200s (Llama-3-8B, TP 2) it changed the decode
@@ -198,7 +220,7 @@ class NumaschedBackend(Backend):
 
     def __init__(self, tp_size: Optional[int] = None, ctx=None, *, group=None, fuse_all_reduce: bool = True,
                  mapping: str = "auto", impl: str = "auto", check: bool = True, gemm: str = "auto",
-                 fuse_norm: bool = True, fuse_swiglu: bool = False):
+                 fuse_norm: bool = True, fuse_swiglu: bool = False, prefill_overlap: Optional[int] = None):
         if tp_size is None:
             tp_size = getattr(ctx, "world", None) or _dist_world(group)[1]
         super().__init__(tp_size, group)
@@ -215,6 +237,10 @@ class NumaschedBackend(Backend):
             raise ValueError(f"impl must be one of {known}, got {impl!r}")
         self.impl, self.check, self.gemm, self.fuse_norm = impl, bool(check), gemm, bool(fuse_norm)
         self.fuse_swiglu = bool(fuse_swiglu)
+        if prefill_overlap is not None and (isinstance(prefill_overlap, bool) or not isinstance(prefill_overlap, int)
+                                            or prefill_overlap < 1):
+            raise ValueError(f"prefill_overlap must be a positive int or None, got {prefill_overlap!r}")
+        self.prefill_overlap = prefill_overlap
         import numasched
 
         self._ns = numasched
@@ -266,6 +292,33 @@ class NumaschedBackend(Backend):
         return add_norm(self.row_parallel(x, w), h, norm_w, eps)
 
     FUSE_NORM_MAX_ROWS = 256
+    # a prefill chunk has at least this many rows (its GEMMs stay at cuBLAS's large-M rate)
+    OVERLAP_MIN_ROWS = 512
+
+    def prefill_chunks(self, batch, seq):
+        # default: two chunks at TP > 1 (the all-reduces then have compute to hide behind), none at
+        # TP 1; an explicit prefill_overlap applies at any TP. One prompt at a time (batch 1).
+        n = self.prefill_overlap if self.prefill_overlap is not None else (2 if self.tp_size > 1 else 1)
+        if batch != 1 or n < 2:
+            return 1
+        return max(1, min(n, seq // self.OVERLAP_MIN_ROWS))
+
+    def linear_into(self, x, w, out):
+        if self._gemm_engine(x.shape[0]) == "torch":
+            return torch.matmul(x, w.t(), out=out)
+        return self._ns.matmul(x, w.t(), out=out, mapping=self.mapping)
+
+    def all_reduce_(self, x):
+        if self.tp_size == 1:
+            return x
+        return self._nd.all_reduce(x, ctx=self.ctx, impl=self._AR_IMPL.get(self.impl, self.impl), check=self.check,
+                                   out=x)
+
+    def prefill_attention_rows(self, q, k, v):
+        rows, H, D = q.shape
+        out, _ = self._ns.attention_forward(q[None].transpose(1, 2), k[None].transpose(1, 2), v[None].transpose(1, 2),
+                                            causal=True, causal_offset=k.shape[0] - rows, mapping=self.mapping)
+        return out.transpose(1, 2).reshape(rows, H * D)
 
     def row_parallel(self, x, w):
         if self.tp_size == 1:

@@ -91,8 +91,16 @@ class _KVCache:
     def _index(self, pos: torch.Tensor) -> torch.Tensor:  # pragma: no cover - per layout
         raise NotImplementedError
 
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:  # pragma: no cover - per layout
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int = 0) -> None:  # pragma: no cover
+        """Write k, v (tokens, kv_heads, head_dim) of the tokens ``start``, ``start + 1``, ... of
+        this step's write slots (all of them by default)."""
         raise NotImplementedError
+
+    def _write_rows(self, start: int, tokens: int, per_token: int = 1) -> torch.Tensor:
+        """This step's write index for ``tokens`` tokens from token ``start``."""
+        if start == 0 and tokens * per_token == self._write_index.numel():
+            return self._write_index
+        return self._write_index[start * per_token:(start + tokens) * per_token]
 
 
 class PagedKVCache(_KVCache):
@@ -129,11 +137,12 @@ class PagedKVCache(_KVCache):
         pages = torch.gather(self.block_table, 1, torch.div(pos, ps, rounding_mode="floor").to(torch.int64))
         return (pages.to(torch.int64) * ps + pos % ps).reshape(-1)
 
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int = 0) -> None:
         """k, v (tokens, kv_heads, head_dim), tokens in (sequence, position) order."""
         flat = (self.num_pages * self.page_size, self.kv_heads, self.head_dim)
-        self.k_all[layer].view(flat).index_copy_(0, self._write_index, k)
-        self.v_all[layer].view(flat).index_copy_(0, self._write_index, v)
+        idx = self._write_rows(start, k.shape[0])
+        self.k_all[layer].view(flat).index_copy_(0, idx, k)
+        self.v_all[layer].view(flat).index_copy_(0, idx, v)
 
 
 class ContiguousKVCache(_KVCache):
@@ -183,7 +192,8 @@ class ContiguousKVCache(_KVCache):
         (sequence, position, head) order to match k.reshape(tokens * kv_heads, D)."""
         return (self._rows[:, None, :] + pos.to(torch.int64)[:, :, None]).reshape(-1)
 
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int = 0) -> None:
         flat = (self.batch * self.kv_heads * self.capacity, self.head_dim)
-        self.k_all[layer].view(flat).index_copy_(0, self._write_index, k.reshape(-1, self.head_dim))
-        self.v_all[layer].view(flat).index_copy_(0, self._write_index, v.reshape(-1, self.head_dim))
+        idx = self._write_rows(start, k.shape[0], self.kv_heads)
+        self.k_all[layer].view(flat).index_copy_(0, idx, k.reshape(-1, self.head_dim))
+        self.v_all[layer].view(flat).index_copy_(0, idx, v.reshape(-1, self.head_dim))

@@ -420,6 +420,8 @@ class TPDecoder:
         s, hq, hk, D = self.spec, self.heads_local, self.kv_heads_local, self.spec.head_dim
         norm, add_norm, qkv_rope_, swiglu = (self._ew(n) for n in ("rms_norm", "add_rms_norm", "qkv_rope",
                                                                       "silu_mul"))
+        if seq is not None and (chunks := backend.prefill_chunks(batch, seq)) > 1:
+            return self._stack_overlapped(ids, cs, cache, backend, chunks)
         cos, sin = cs[:, 0], cs[:, 1]
         h = F.embedding(ids, self.embed)
         x = norm(h, self.layers[0].ln1, s.eps)
@@ -436,6 +438,92 @@ class TPDecoder:
             h, x = backend.row_parallel_add_norm(backend.linear_swiglu(x, L.wgu, self.inter_local, swiglu), L.wdown,
                                                  h, nxt, s.eps, add_norm)
         return x
+
+    def _stack_overlapped(self, ids: torch.Tensor, cs: torch.Tensor, cache, backend, chunks: int) -> torch.Tensor:
+        """:meth:`_stack` for the prefill of one prompt in ``chunks`` row blocks that overlap their
+        all-reduces with each other's compute (``backend.prefill_chunks``).
+
+        Chunk c's layers run on stream c (chunk 0 on the caller's stream), every all-reduce on one
+        high-priority communication stream, in the order the loop issues them (so the ranks'
+        collectives stay in one order and never run two at a time on one context): while chunk 0's
+        o_proj sum crosses the link, chunk 1 computes its attention, and so on. Chunk c attends
+        to the keys of chunks 0..c (causal, bottom-right aligned), which the other streams wrote into a
+        ring of two per-layer K/V buffers; events order every hand-over. On CPU the same order runs
+        on one stream. Returns the final-normed hidden states (T, hidden), as :meth:`_stack`."""
+        import contextlib
+
+        s, hq, hk, D = self.spec, self.heads_local, self.kv_heads_local, self.spec.head_dim
+        norm, add_norm, qkv_rope_, swiglu = (self._ew(n) for n in ("rms_norm", "add_rms_norm", "qkv_rope",
+                                                                      "silu_mul"))
+        T = ids.shape[0]
+        step = -(-T // chunks)
+        bounds = [(a, min(step, T - a)) for a in range(0, T, step)]
+        n = len(bounds)
+        cuda = ids.is_cuda
+        if cuda:
+            main = torch.cuda.current_stream()
+            streams = [main] + [torch.cuda.Stream(device=ids.device) for _ in range(n - 1)]
+            comm = torch.cuda.Stream(device=ids.device, priority=-1)   # its blocks are scheduled first
+            for st in streams[1:] + [comm]:
+                st.wait_stream(main)
+            on = torch.cuda.stream
+            event = lambda st: st.record_event()  # noqa: E731
+            wait = lambda st, ev: st.wait_event(ev)  # noqa: E731
+        else:
+            streams, comm = [None] * n, None
+            on = lambda st: contextlib.nullcontext()  # noqa: E731
+            event = lambda st: None  # noqa: E731
+            wait = lambda st, ev: None  # noqa: E731
+        # made on the caller's stream before the fork, freed after the join: safe on every stream
+        y = [torch.empty(rows, s.hidden, device=ids.device, dtype=self.dtype) for _, rows in bounds]
+        kbuf = [torch.empty(T, hk, D, device=ids.device, dtype=self.dtype) for _ in range(2)]
+        vbuf = [torch.empty(T, hk, D, device=ids.device, dtype=self.dtype) for _ in range(2)]
+        kv_ready = [[None] * len(self.layers) for _ in bounds]
+        attn_done = [[None] * len(self.layers) for _ in bounds]
+
+        def all_reduce(c):  # chunk c's y[c] on the communication stream, then back
+            wait(comm, event(streams[c]))
+            with on(comm):
+                backend.all_reduce_(y[c])
+            wait(streams[c], event(comm))
+
+        h, x = [None] * n, [None] * n
+        for c, (a, rows) in enumerate(bounds):
+            with on(streams[c]):
+                h[c] = F.embedding(ids[a:a + rows], self.embed)
+                x[c] = norm(h[c], self.layers[0].ln1, s.eps)
+        for i, L in enumerate(self.layers):
+            ring = i % 2
+            nxt = self.layers[i + 1].ln1 if i + 1 < len(self.layers) else self.norm
+            for c, (a, rows) in enumerate(bounds):
+                st = streams[c]
+                with on(st):
+                    if i >= 2:   # the ring slot is free once the later chunks read it two layers ago
+                        for later in range(c + 1, n):
+                            wait(st, attn_done[later][i - 2])
+                    qkv = backend.linear(x[c], L.wqkv)
+                    q, k, v = qkv_rope_(qkv, cs[a:a + rows, 0], cs[a:a + rows, 1], hq, hk, D, L.q_norm, L.k_norm,
+                                        s.eps)
+                    cache.write(i, k, v, start=a)
+                    kbuf[ring][a:a + rows].copy_(k)
+                    vbuf[ring][a:a + rows].copy_(v)
+                    kv_ready[c][i] = event(st)
+                    for before in range(c):
+                        wait(st, kv_ready[before][i])
+                    att = backend.prefill_attention_rows(q, kbuf[ring][:a + rows], vbuf[ring][:a + rows])
+                    attn_done[c][i] = event(st)
+                    backend.linear_into(att, L.wo, y[c])
+                    all_reduce(c)
+                    h[c], x[c] = add_norm(y[c], h[c], L.ln2, s.eps)
+                    backend.linear_into(backend.linear_swiglu(x[c], L.wgu, self.inter_local, swiglu), L.wdown, y[c])
+                    all_reduce(c)
+                    h[c], x[c] = add_norm(y[c], h[c], nxt, s.eps)
+        if cuda:
+            for st in streams[1:] + [comm]:
+                main.wait_stream(st)
+            for xc, st in zip(x[1:], streams[1:]):
+                xc.record_stream(main)   # made on another stream, read by the caller's
+        return torch.cat(x)
 
     def _logits(self, x: torch.Tensor, backend) -> torch.Tensor:
         logits = backend.linear(x, self.lm_head)
