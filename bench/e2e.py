@@ -115,8 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ar-impl", default="auto",
                    help="numasched's all-reduce impl for matmul_all_reduce / all_reduce (auto: their cost model)")
     p.add_argument("--prefill-overlap", type=positive_int, default=None,
-                   help="numasched's prefill row chunks (NumaschedBackend prefill_overlap; default: 2 at TP > 1, "
-                        "1: one bulk-synchronous step)")
+                   help="numasched's prefill row chunks, overlapping all-reduces with compute (NumaschedBackend "
+                        "prefill_overlap; default 1: one step)")
     p.add_argument("--heap-gb", type=positive_float, default=2.0,
                    help="numasched.distributed symmetric heap per GPU at TP > 1 (GiB)")
     p.add_argument("--seed", type=nonneg_int, default=0, help="weight seed")

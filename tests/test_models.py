@@ -107,7 +107,7 @@ def test_overlapped_prefill_in_row_chunks_matches_transformers(family, chunks, m
     model = TPDecoder.from_hf(hf)
     be = NumaschedBackend(1, prefill_overlap=chunks)
     assert be.prefill_chunks(1, 13) == chunks and be.prefill_chunks(2, 13) == 1 and be.prefill_chunks(1, 7) == 1
-    assert NumaschedBackend(1).prefill_chunks(1, 4096) == 1   # TP 1 by default: nothing to overlap
+    assert NumaschedBackend(1).prefill_chunks(1, 4096) == 1   # opt-in
     with observe.record() as log:
         got = run_teacher_forced(model, be, ids, prompt=13)
     ref = reference(hf, ids)
@@ -414,8 +414,8 @@ def _tp_gpu_main() -> int:
                 print(f"{'PASS' if ok else 'FAIL'} tp {world} {family} {name}: rel err {e:.2e} (eager), "
                       f"{eg:.2e} (graph decode)", flush=True)
         if "numasched" in backends:   # one long prompt: the overlapped prefill (two row chunks, three streams)
-            be = backends["numasched"]
-            plain = NumaschedBackend(world, be.ctx, prefill_overlap=1)
+            plain = backends["numasched"]
+            be = NumaschedBackend(world, plain.ctx, prefill_overlap=2)
             long_ids = torch.randint(0, hf.config.vocab_size, (1, 1100), device="cuda",
                                      generator=torch.Generator("cuda").manual_seed(1))
             want = model.prefill(long_ids, plain.new_cache(model, batch=1, capacity=1104, page_size=16), plain)

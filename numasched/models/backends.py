@@ -204,10 +204,13 @@ class NumaschedBackend(Backend):
         residual add and the next RMSNorm as one kernel
         (numasched.distributed.all_reduce_add_rmsnorm). On by default: on two H200s it took the
         Llama-3-8B decode step from 1.02-1.05x to 1.04-1.12x the bulk-synchronous baseline.
-    prefill_overlap: row chunks of a one-prompt prefill (default: 2 at TP > 1 with at least
-        OVERLAP_MIN_ROWS rows each, else 1). Chunk c + 1 runs its attention and GEMMs on a second
+    prefill_overlap: row chunks of a one-prompt prefill (at least OVERLAP_MIN_ROWS rows each;
+        default None = 1: one bulk step). Chunk c + 1 runs its attention and GEMMs on a second
         CUDA stream while chunk c's all-reduces run on a third (TPDecoder._stack_overlapped), so
-        the all-reduces of a prefill overlap compute instead of stalling it.
+        the all-reduces can overlap compute. Opt-in: on two H200s (Llama-3-8B, TP 2, 4096 tokens)
+        2 / 4 chunks ran 0.98 / 1.00x torch's bulk-synchronous prefill against 1.00x in one step
+        (bench/results/e2e-s10-overlap*): the all-reduces hidden are paid back by GEMMs of half
+        the rows (fewer tiles per wave).
     fuse_swiglu: where numasched's GEMM runs (decode sizes), the gate/up projection and
         ``silu(gate) * up`` in one launch (numasched.matmul_swiglu) instead of a GEMM and an
         elementwise kernel. Off by default: on two H200s (Llama-3-8B, TP 2) it changed the decode
@@ -296,9 +299,8 @@ class NumaschedBackend(Backend):
     OVERLAP_MIN_ROWS = 512
 
     def prefill_chunks(self, batch, seq):
-        # default: two chunks at TP > 1 (the all-reduces then have compute to hide behind), none at
-        # TP 1; an explicit prefill_overlap applies at any TP. One prompt at a time (batch 1).
-        n = self.prefill_overlap if self.prefill_overlap is not None else (2 if self.tp_size > 1 else 1)
+        # opt-in (default 1): on two H200s it did not pay (see the class doc). One prompt at a time.
+        n = self.prefill_overlap if self.prefill_overlap is not None else 1
         if batch != 1 or n < 2:
             return 1
         return max(1, min(n, seq // self.OVERLAP_MIN_ROWS))
