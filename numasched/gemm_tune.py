@@ -17,8 +17,11 @@ import argparse
 import json
 import math
 import sys
+import time
 
 __all__ = ["tune", "graph_us", "add_parser"]
+
+WARM_S = 0.02   # graph_us: seconds of replays before the timed ones
 
 
 def graph_us(fn_i, copies: int, calls: int) -> float:
@@ -38,8 +41,16 @@ def graph_us(fn_i, copies: int, calls: int) -> float:
     with torch.cuda.graph(g):
         for i in range(calls):
             fn_i(i % copies)
-    g.replay()
-    torch.cuda.synchronize()
+    # replay for at least WARM_S first: a timing of a few ms right after the host-side gap
+    # between points (allocations, planning, capture) may catch the GPU's clocks ramping up (on the
+    # H200 the first contender timed at a point, the chooser's pick, ran up to 1.46x a near-identical
+    # schedule timed after it at M = 1-2; bench/results/gemm-tie-full/)
+    t0 = time.perf_counter()
+    while True:
+        g.replay()
+        torch.cuda.synchronize()
+        if time.perf_counter() - t0 >= WARM_S:
+            break
     times = []
     for _ in range(7):
         st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
