@@ -190,6 +190,14 @@ def check_decode_data(shape: DecodeShape, cache_seqlens, block_table) -> None:
 PROGRAMS_PER_SM = 1
 # Cost of starting a program, in tokens of streaming (first-load latency, partial write).
 PROGRAM_OVERHEAD_TOKENS = 128
+# A split decode also pays once for its merge (the partials' stores, the ticket, the last program's
+# loads: the combine's latency), in tokens of streaming. Fitted to an H200 sweep of splits 1/2/4/8
+# at batch 2-32 x 512/1024 tokens for 32/8, 64/8, 28/4 and 32/32 heads, contiguous and paged
+# (bench/results/decode-s10-shortsplits/): 64 (batch, kv_head) pairs x 512 tokens ran 13.6-13.8 us
+# in one split against 15.4-16.1 in two (cuDNN 13.6-13.9); with this term the pick is within 3 %
+# of the sweep's best at 102 of 120 points (90 without), worst 1.11x (1.18x). It moves 10 picks
+# of the issue's grid and the off-grid batches, all to one split at 512-2048 tokens.
+SPLIT_MERGE_TOKENS = 256
 # Splits as short as one 64-token block still pay off when they fill the GPU (batch 1 x 1k: 16
 # splits of 64 tokens, 13.4 us, against 16.7 us with 4 splits of 256).
 MIN_SPLIT_TOKENS = 64
@@ -213,7 +221,8 @@ def choose_num_splits(batch: int, kv_heads: int, max_seqlen: int, num_sms: int) 
     """Splits per (batch, kv_head) for a cache of ``max_seqlen`` tokens on ``num_sms`` SMs/CUs.
 
     Model: programs run in waves of ``num_sms * PROGRAMS_PER_SM``; a program costs its chunk of
-    tokens (in whole SPLIT_TILE_TOKENS tiles) plus a fixed overhead. Among 1 .. min(MAX_SPLITS,
+    tokens (in whole SPLIT_TILE_TOKENS tiles) plus a fixed overhead, and more than one split adds
+    SPLIT_MERGE_TOKENS once (the merge). Among 1 .. min(MAX_SPLITS,
     max_seqlen // MIN_SPLIT_TOKENS) splits, pick the lowest ``waves * (tile-rounded tokens per
     split + overhead)`` (the fewest splits within 2% of it). So batch * kv_heads * splits reaches
     about PROGRAMS_PER_SM programs per SM when the context is long enough, the last wave is not
@@ -226,7 +235,7 @@ def choose_num_splits(batch: int, kv_heads: int, max_seqlen: int, num_sms: int) 
     # a split streams whole tiles: 2048 tokens in 31 splits are 67 tokens each, i.e. a 64-token tile
     # and a 3-token one, as slow as 128 (32 splits of exactly one tile are faster)
     costs = [-(-items * s // slots) * (_round_up(-(-max(max_seqlen, 1) // s), SPLIT_TILE_TOKENS)
-                                       + PROGRAM_OVERHEAD_TOKENS)
+                                       + PROGRAM_OVERHEAD_TOKENS) + (SPLIT_MERGE_TOKENS if s > 1 else 0)
              for s in range(1, s_max + 1)]
     # the fewest splits within 2% of the best (fewer partials to write and merge)
     return next(s for s, c in enumerate(costs, 1) if c <= 1.02 * min(costs))

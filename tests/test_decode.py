@@ -269,6 +269,11 @@ def test_choose_num_splits():
     assert D.choose_num_splits(1, 8, 512, sms) == 512 // D.MIN_SPLIT_TOKENS
     # many pairs: one split, no combine
     assert D.choose_num_splits(128, 8, 1024, sms) == 1
+    # 64 pairs of a short context: the merge costs more than a second wave of tiles saves (H200:
+    # 13.6-13.8 us in one split against 15.4-16.1 in two; bench/results/decode-s10-shortsplits/)
+    for B, HK in [(8, 8), (16, 4), (2, 32)]:
+        assert D.choose_num_splits(B, HK, 512, sms) == 1
+    assert D.SPLIT_MERGE_TOKENS > 0
     assert D.choose_num_splits(32, 8, 8192, sms) == 1
     assert D.choose_num_splits(1, 1, 100, sms) == 1
     assert D.choose_num_splits(1, 1, 0, sms) == 1
