@@ -31,7 +31,9 @@ and three taxes (docs/models.md has the definitions and their limits):
     launch_tax     eager step - graph step: the host's launch work that a graph removes
 
 Prefill: ``--prompt`` tokens at batch 1, eager and as a CUDA-graph replay, with the same
-components (at ``--prompt`` rows; attention is the causal prefill) and taxes. Generate: batch 1,
+components (at ``--prompt`` rows; attention is the causal prefill) and taxes; the step and
+component graphs of both backends are timed in turns (three rounds, the median), so that GPU
+clock and temperature drift does not favour the backend timed first. Generate: batch 1,
 ``--prompt`` prefilled then ``--new`` greedy steps (graph replays, argmax on the device), timed
 as a whole. Targets (Llama-3-8B, H200): decode step >= 1.15x torch at TP 2 and >= 1.00x at TP 1,
 prefill of 4k tokens >= 1.10x at TP 2. Points whose weights + KV cache would not fit in
@@ -269,6 +271,30 @@ class _Ctx:
         self.barrier()
         return self.slowest(bench_fixed_ms(fn, warmup=self.args.warmup, iters=self.args.iters, calls=calls))
 
+    def timed_turns(self, fns: Dict[object, Callable[[], object]], rounds: int = 3) -> Dict[object, float]:
+        """Median ms per call of each of ``fns``, timed in turns: every function once per round
+        (``iters / rounds`` samples each), the median of its rounds. Contenders timed one after the
+        other see the GPU in different states (clocks, temperature: identical cuBLAS calls differed
+        by about 10 % between the two backends' turns on the H200s); in turns, each sees them all."""
+        from .common import bench_fixed_ms
+
+        per = max(5, self.args.iters // rounds)
+        samples: Dict[object, List[float]] = {k: [] for k in fns}
+        for _ in range(rounds):
+            for key, fn in fns.items():
+                self.barrier()
+                samples[key].append(self.slowest(bench_fixed_ms(fn, warmup=self.args.warmup, iters=per)))
+        return {k: sorted(v)[len(v) // 2] for k, v in samples.items()}
+
+    def capture(self, fn: Callable[[], object]):
+        """``fn`` warmed up and captured in a CUDA graph (every rank at once)."""
+        from .common import capture, warm_up_for_capture
+
+        self.barrier()
+        warm_up_for_capture(fn, 2)
+        self.barrier()
+        return capture(fn)
+
     def graph_ms(self, fn: Callable[[], object], calls: int = 1) -> float:
         """ms of one call of ``fn`` replayed from a CUDA graph (warmed up, captured, replayed ``calls``
         times per sample)."""
@@ -439,24 +465,47 @@ def _prefill_rows(ctx, model, backends) -> List[dict]:
     ids = torch.randint(0, model.spec.vocab, (1, S), device="cuda", generator=g)
     pre = dict(kind="prefill", model=args.model, tp=args.tp, layers=model.spec.layers, batch=1, context=S)
     gen = dict(kind="generate", model=args.model, tp=args.tp, layers=model.spec.layers, batch=1, context=S)
+    # 1. per backend: the eager prefill, then the step and (taxes) each component captured in graphs
+    state: Dict[str, dict] = {}
     for name, be in backends.items():
         cache = be.new_cache(model, batch=1, capacity=_capacity(S, args.new, args.page_size),
                              page_size=args.page_size)
+        graphs = {}
+        state[name] = dict(be=be, cache=cache, graphs=graphs)
         try:
-            fn = lambda: model.prefill(ids, cache, be)  # noqa: E731
+            fn = lambda be=be, cache=cache: model.prefill(ids, cache, be)  # noqa: E731
             pre[f"{name}_eager_ms"] = ctx.timed(fn)
-            pre[f"{name}_step_ms"] = ctx.graph_ms(fn)
-            pre[f"{name}_tok_s"] = S * 1e3 / pre[f"{name}_step_ms"]
-            pre[f"{name}_launch_tax_ms"] = pre[f"{name}_eager_ms"] - pre[f"{name}_step_ms"]
+            graphs["step"] = ctx.capture(fn)
         except Exception as e:  # noqa: BLE001
             ctx.notes.append(f"prefill {name}: {type(e).__name__}: {str(e)[:200]}")
             pre[f"{name}_step_ms"] = float("nan")
-        if not args.no_taxes and pre[f"{name}_step_ms"] == pre[f"{name}_step_ms"]:
-            try:   # the components alone (the step's figures above stand if this fails)
-                cache.reset()
-                _taxes(pre, name, _components(ctx, model, be, cache, S), model.spec.layers)
-            except Exception as e:  # noqa: BLE001
+            continue
+        if not args.no_taxes:
+            cache.reset()
+            try:
+                parts = _parts(model, be, cache, S)
+            except Exception as e:  # noqa: BLE001 - the step's figures stand
                 ctx.notes.append(f"prefill {name} components: {type(e).__name__}: {str(e)[:200]}")
+                parts = {}
+            for part, pfn in parts.items():
+                try:
+                    graphs[part] = ctx.capture(pfn)
+                except Exception as e:  # noqa: BLE001
+                    ctx.notes.append(f"{name} prefill component {part}: {type(e).__name__}: {str(e)[:120]}")
+    # 2. every graph of every backend timed in turns (_Ctx.timed_turns)
+    times = ctx.timed_turns({(name, key): g.replay for name, st in state.items() for key, g in st["graphs"].items()})
+    for name, st in state.items():
+        if (name, "step") in times:
+            pre[f"{name}_step_ms"] = times[(name, "step")]
+            pre[f"{name}_tok_s"] = S * 1e3 / pre[f"{name}_step_ms"]
+            pre[f"{name}_launch_tax_ms"] = pre[f"{name}_eager_ms"] - pre[f"{name}_step_ms"]
+        comp = {key: times.get((name, key), float("nan")) for key in COMPONENTS}
+        if not args.no_taxes and (name, "step") in times:
+            _taxes(pre, name, comp, model.spec.layers)
+        st["graphs"].clear()
+    # 3. per backend: prefill + generate
+    for name, st in state.items():
+        be, cache = st["be"], st["cache"]
         if not args.no_generate:
             try:   # prefill, then --new greedy steps from one captured step (lens advances in the graph)
                 cache.reset()
@@ -476,8 +525,9 @@ def _prefill_rows(ctx, model, backends) -> List[dict]:
             except Exception as e:  # noqa: BLE001
                 ctx.notes.append(f"generate {name}: {type(e).__name__}: {str(e)[:200]}")
                 gen[f"{name}_step_ms"] = float("nan")
-        del cache
-        torch.cuda.empty_cache()
+        st.clear()
+    state.clear()
+    torch.cuda.empty_cache()
     rows = [pre] + ([] if args.no_generate else [gen])
     for r in rows:
         if r.get("numasched_step_ms") and r.get("torch_step_ms"):

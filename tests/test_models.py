@@ -315,6 +315,28 @@ def test_bench_e2e_component_parts_run(backend):
         assert cache.lens.tolist() == ([4, 4] if seq is None else [5])
 
 
+def test_bench_e2e_times_contenders_in_turns(monkeypatch):
+    """The prefill's step and component graphs of both backends are timed in turns: every one
+    once per round, each result the median of its rounds (the run-order drift is shared)."""
+    import argparse
+
+    from numasched.bench import common, e2e
+
+    calls, clock = [], iter(range(1, 100))
+
+    def fake_bench(fn, *, warmup, iters, calls=1):
+        fn()
+        return float(next(clock))
+
+    monkeypatch.setattr(common, "bench_fixed_ms", fake_bench)
+    ctx = e2e._Ctx(argparse.Namespace(tp=1, iters=20, warmup=1))
+    monkeypatch.setattr(ctx, "barrier", lambda: None)
+    fns = {(b, k): (lambda b=b, k=k: calls.append((b, k))) for b in ("numasched", "torch") for k in ("step", "gemm_in")}
+    got = ctx.timed_turns(fns, rounds=3)
+    assert calls == list(fns) * 3            # round-robin, not one contender's rounds back to back
+    assert got == {key: float(i + 1 + len(fns)) for i, key in enumerate(fns)}   # the middle round
+
+
 def test_bench_e2e_is_a_suite_and_needs_a_gpu_to_run(tmp_path):
     from numasched.bench.cli import SUITES
 
