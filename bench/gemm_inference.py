@@ -107,6 +107,8 @@ def precompile(points, top: int, workers: int, machine) -> None:
     import dataclasses
     import multiprocessing as mp
     import time
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
 
     import torch
 
@@ -126,8 +128,18 @@ def precompile(points, top: int, workers: int, machine) -> None:
                 seen.add(key)
                 fields = {f.name: getattr(s, f.name) for f in dataclasses.fields(s) if f.name != "est_s"}
                 tasks.append((m, n, k, fields))
-    with mp.get_context("spawn").Pool(workers) as pool:
-        errs = [e for e in pool.imap_unordered(_compile_one, tasks) if e]
+    errs = []
+    # a worker that dies (a compiler abort, a fault) breaks the pool instead of hanging it; the
+    # timed pass then compiles what is left on first use
+    with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
+        futures = [pool.submit(_compile_one, t) for t in tasks]
+        for f in futures:
+            try:
+                e = f.result(timeout=600)
+            except (BrokenProcessPool, TimeoutError) as exc:
+                e = f"worker lost: {type(exc).__name__}"
+            if e:
+                errs.append(e)
     print(f"precompiled {len(tasks)} kernel variants in {time.time() - t0:.0f} s with {workers} processes"
           + (f"; {len(errs)} failed, first: {errs[0]}" if errs else ""), flush=True)
 

@@ -224,7 +224,9 @@ def choose_num_splits(batch: int, kv_heads: int, max_seqlen: int, num_sms: int) 
     tokens (in whole SPLIT_TILE_TOKENS tiles) plus a fixed overhead, and more than one split adds
     SPLIT_MERGE_TOKENS once (the merge). Among 1 .. min(MAX_SPLITS,
     max_seqlen // MIN_SPLIT_TOKENS) splits, pick the lowest ``waves * (tile-rounded tokens per
-    split + overhead)`` (the fewest splits within 2% of it). So batch * kv_heads * splits reaches
+    split + overhead) + (merge if splits > 1)`` (the fewest splits within 2% of it). The
+    constants were fitted on an H200 (the merge term on 2-4 splits with the fused combine and 8
+    with the combine kernel); no AMD GPU was measured. So batch * kv_heads * splits reaches
     about PROGRAMS_PER_SM programs per SM when the context is long enough, the last wave is not
     mostly empty, and one split (no combine at all) is used when there are enough (batch, kv_head)
     pairs.

@@ -279,15 +279,23 @@ def choose(M: int, N: int, K: int, dtype: torch.dtype, device: Optional[torch.de
 def _choose(M: int, N: int, K: int, elt: int, machine: Machine, splitk_only: bool, splitk_tma: bool = False,
             aligned: bool = True) -> Schedule:
     best = None
+    scored = []
     for s in candidates(M, N, K, elt, machine, splitk_only=splitk_only or elt > 2):
         if not aligned and s.block_k > MISALIGNED_MAX_BLOCK_K:
             continue
         t = estimate(s, M, N, K, elt, machine, splitk_tma, aligned)
-        # the model prices bytes and flops, not the pipeline: among equal estimates (the same
-        # tiles with another K block) the deeper pipeline wins (see inflight_bytes)
-        if (best is None or t < best.est_s * 0.999
-                or (t <= best.est_s * 1.001 and s.block_m >= TIE_MIN_BLOCK_M
-                    and inflight_bytes(s, elt, machine) > inflight_bytes(best, elt, machine))):
+        scored.append((s, t))
+        if best is None or t < best.est_s * 0.999:
+            best = replace(s, est_s=t)
+    if best is None or best.block_m < TIE_MIN_BLOCK_M:
+        return best
+    # the model prices bytes and flops, not the pipeline: among the pick's ties (the same kernel,
+    # tile and split with another K block and stage count, estimated within 0.1 %) the deeper
+    # pipeline wins (see inflight_bytes)
+    shape = (best.kind, best.block_m, best.block_n, best.split_k)
+    for s, t in scored:
+        if ((s.kind, s.block_m, s.block_n, s.split_k) == shape and t <= best.est_s * 1.001
+                and inflight_bytes(s, elt, machine) > inflight_bytes(best, elt, machine)):
             best = replace(s, est_s=t)
     return best
 

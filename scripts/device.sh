@@ -6,7 +6,8 @@
 # ARGS ('+' becomes a space) to the suite, e.g. bench-decode:--heads+gqa
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+if [ -z "${OUT:-}" ]; then OUT=/tmp/out; rm -f "$OUT/.run-start"; fi   # a local run: its own results only
+mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \

@@ -102,8 +102,12 @@ class Backend:
         return torch.matmul(x, w.t(), out=out)
 
     def all_reduce_(self, x: torch.Tensor) -> torch.Tensor:
-        """The all-reduce of ``x`` in place."""
+        """The all-reduce of ``x`` in place, without reading its status (the caller calls
+        :meth:`check_peers` once its streams have joined)."""
         return self.all_reduce(x)
+
+    def check_peers(self) -> None:
+        """Raise if a peer failed in the collectives since the last check (no-op by default)."""
 
     def prefill_attention_rows(self, q, k, v) -> torch.Tensor:
         """The last ``q.shape[0]`` rows of a causal prefill of one sequence: q (rows, H, D)
@@ -313,8 +317,14 @@ class NumaschedBackend(Backend):
     def all_reduce_(self, x):
         if self.tp_size == 1:
             return x
-        return self._nd.all_reduce(x, ctx=self.ctx, impl=self._AR_IMPL.get(self.impl, self.impl), check=self.check,
+        # no status read here: it would block the host on the communication stream mid-prefill
+        return self._nd.all_reduce(x, ctx=self.ctx, impl=self._AR_IMPL.get(self.impl, self.impl), check=False,
                                    out=x)
+
+    def check_peers(self):
+        if self.check and self.ctx is not None and not (torch.cuda.is_available()
+                                                        and torch.cuda.is_current_stream_capturing()):
+            self.ctx.check()
 
     def prefill_attention_rows(self, q, k, v):
         rows, H, D = q.shape

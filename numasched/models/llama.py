@@ -461,9 +461,9 @@ class TPDecoder:
         n = len(bounds)
         cuda = ids.is_cuda
         if cuda:
-            main = torch.cuda.current_stream()
-            streams = [main] + [torch.cuda.Stream(device=ids.device) for _ in range(n - 1)]
-            comm = torch.cuda.Stream(device=ids.device, priority=-1)   # its blocks are scheduled first
+            main = torch.cuda.current_stream(ids.device)
+            side, comm = _overlap_streams(ids.device, n - 1, main)
+            streams = [main] + side
             for st in streams[1:] + [comm]:
                 st.wait_stream(main)
             on = torch.cuda.stream
@@ -523,6 +523,7 @@ class TPDecoder:
                 main.wait_stream(st)
             for xc, st in zip(x[1:], streams[1:]):
                 xc.record_stream(main)   # made on another stream, read by the caller's
+        backend.check_peers()   # the all-reduces above did not read their status (no host sync mid-step)
         return torch.cat(x)
 
     def _logits(self, x: torch.Tensor, backend) -> torch.Tensor:
@@ -562,3 +563,25 @@ class TPDecoder:
         logits = self._logits(x, backend)
         cache.end_decode(advance)
         return logits
+
+
+# The overlapped prefill's streams, made once per device (torch.cuda.Stream() draws from a pool
+# of 32 per priority: new ones per call would multiply per-stream buffers and could hand back the
+# caller's own stream, which would silently serialise the chunks).
+_OVERLAP_STREAMS: Dict[tuple, tuple] = {}
+
+
+def _overlap_streams(device: torch.device, n_side: int, main) -> tuple:
+    """``n_side`` side streams and one high-priority communication stream on ``device``, none of
+    them ``main``."""
+    key = (device.type, device.index if device.index is not None else torch.cuda.current_device())
+    side, comm = _OVERLAP_STREAMS.get(key, ([], None))
+    fresh = lambda **kw: next(st for st in (torch.cuda.Stream(device=device, **kw) for _ in range(64))  # noqa: E731
+                              if st != main and st not in side and st != comm)
+    side = [st for st in side if st != main]
+    while len(side) < n_side:
+        side.append(fresh())
+    if comm is None or comm == main:
+        comm = fresh(priority=-1)   # its blocks are scheduled first (eager launches)
+    _OVERLAP_STREAMS[key] = (side, comm)
+    return side[:n_side], comm
