@@ -298,12 +298,7 @@ class _Ctx:
     def graph_ms(self, fn: Callable[[], object], calls: int = 1) -> float:
         """ms of one call of ``fn`` replayed from a CUDA graph (warmed up, captured, replayed ``calls``
         times per sample)."""
-        from .common import capture, warm_up_for_capture
-
-        self.barrier()
-        warm_up_for_capture(fn, 2)
-        self.barrier()
-        g = capture(fn)
+        g = self.capture(fn)
         ms = self.timed(g.replay, calls)
         del g
         return ms

@@ -397,6 +397,10 @@ class TPDecoder:
     def _ew(self, name: str) -> Callable:
         return _elementwise(name, self.compile_elementwise)
 
+    def _layer_ops(self) -> tuple:
+        """A layer's elementwise kernels: RMSNorm, residual add + RMSNorm, QKV split + RoPE, SwiGLU."""
+        return tuple(self._ew(n) for n in ("rms_norm", "add_rms_norm", "qkv_rope", "silu_mul"))
+
     def rope_table(self, n: int) -> torch.Tensor:
         """(n, 2, head_dim) cos/sin for positions 0..n-1 in the model dtype (grown on demand; call
         with the cache capacity before capturing a graph)."""
@@ -417,11 +421,10 @@ class TPDecoder:
     def _stack(self, ids: torch.Tensor, cs: torch.Tensor, cache, backend, batch: int, seq: Optional[int]):
         """Every layer on token ids (T,) with cos/sin (T, 2, D); seq None: one decode token per
         sequence. Returns the final-normed hidden states (T, hidden)."""
-        s, hq, hk, D = self.spec, self.heads_local, self.kv_heads_local, self.spec.head_dim
-        norm, add_norm, qkv_rope_, swiglu = (self._ew(n) for n in ("rms_norm", "add_rms_norm", "qkv_rope",
-                                                                      "silu_mul"))
         if seq is not None and (chunks := backend.prefill_chunks(batch, seq)) > 1:
             return self._stack_overlapped(ids, cs, cache, backend, chunks)
+        s, hq, hk, D = self.spec, self.heads_local, self.kv_heads_local, self.spec.head_dim
+        norm, add_norm, qkv_rope_, swiglu = self._layer_ops()
         cos, sin = cs[:, 0], cs[:, 1]
         h = F.embedding(ids, self.embed)
         x = norm(h, self.layers[0].ln1, s.eps)
@@ -453,8 +456,7 @@ class TPDecoder:
         import contextlib
 
         s, hq, hk, D = self.spec, self.heads_local, self.kv_heads_local, self.spec.head_dim
-        norm, add_norm, qkv_rope_, swiglu = (self._ew(n) for n in ("rms_norm", "add_rms_norm", "qkv_rope",
-                                                                      "silu_mul"))
+        norm, add_norm, qkv_rope_, swiglu = self._layer_ops()
         T = ids.shape[0]
         step = -(-T // chunks)
         bounds = [(a, min(step, T - a)) for a in range(0, T, step)]
