@@ -117,6 +117,11 @@ def test_overlapped_prefill_in_row_chunks_matches_transformers(family, chunks, m
     assert rel(got, plain) < 1e-5
     with pytest.raises(ValueError, match="prefill_overlap"):
         NumaschedBackend(1, prefill_overlap=0)
+    cache = be.new_cache(model, batch=1, capacity=16, page_size=4)
+    cache.begin_prefill(6)
+    kv = torch.zeros(4, model.kv_heads_local, model.spec.head_dim)
+    with pytest.raises(ValueError, match="start=3"):
+        cache.write(0, kv, kv, start=3)   # tokens 3..6 of a 6-token step
 
 
 def test_contiguous_window_equals_the_length_mask():

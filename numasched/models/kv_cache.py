@@ -97,9 +97,13 @@ class _KVCache:
         raise NotImplementedError
 
     def _write_rows(self, start: int, tokens: int, per_token: int = 1) -> torch.Tensor:
-        """This step's write index for ``tokens`` tokens from token ``start``."""
-        if start == 0 and tokens * per_token == self._write_index.numel():
+        """This step's write index for ``tokens`` tokens from token ``start`` (tokens counted in
+        the step's (sequence, position) order)."""
+        total = self._write_index.numel() // per_token
+        if start == 0 and tokens == total:
             return self._write_index
+        if not (0 <= start and start + tokens <= total):
+            raise ValueError(f"start={start} with {tokens} tokens is outside this step's {total} write slots")
         return self._write_index[start * per_token:(start + tokens) * per_token]
 
 
