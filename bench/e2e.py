@@ -264,26 +264,24 @@ class _Ctx:
 
             dist.barrier()
 
-    def timed(self, fn: Callable[[], object], calls: int = 1) -> float:
-        """Median ms per call over a fixed number of samples (every rank the same count)."""
+    def timed(self, fn: Callable[[], object], calls: int = 1, iters: Optional[int] = None) -> float:
+        """Median ms per call over a fixed number of samples (``iters``, default ``--iters``; every
+        rank the same count)."""
         from .common import bench_fixed_ms
 
         self.barrier()
-        return self.slowest(bench_fixed_ms(fn, warmup=self.args.warmup, iters=self.args.iters, calls=calls))
+        return self.slowest(bench_fixed_ms(fn, warmup=self.args.warmup, iters=iters or self.args.iters, calls=calls))
 
     def timed_turns(self, fns: Dict[object, Callable[[], object]], rounds: int = 3) -> Dict[object, float]:
         """Median ms per call of each of ``fns``, timed in turns: every function once per round
         (``iters / rounds`` samples each), the median of its rounds. Contenders timed one after the
         other see the GPU in different states (clocks, temperature: identical cuBLAS calls differed
         by about 10 % between the two backends' turns on the H200s); in turns, each sees them all."""
-        from .common import bench_fixed_ms
-
         per = max(5, self.args.iters // rounds)
         samples: Dict[object, List[float]] = {k: [] for k in fns}
         for _ in range(rounds):
             for key, fn in fns.items():
-                self.barrier()
-                samples[key].append(self.slowest(bench_fixed_ms(fn, warmup=self.args.warmup, iters=per)))
+                samples[key].append(self.timed(fn, iters=per))
         return {k: sorted(v)[len(v) // 2] for k, v in samples.items()}
 
     def capture(self, fn: Callable[[], object]):
@@ -387,15 +385,15 @@ def _parts(model, be, cache, seq: Optional[int] = None) -> Dict[str, Callable[[]
                 elementwise=elementwise, head=head)
 
 
-def _components(ctx, model, be, cache, seq: Optional[int] = None) -> Dict[str, float]:
-    """Each component of one step (:func:`_parts`) timed alone in its own CUDA graph (ms)."""
+def _components(ctx, model, be, cache) -> Dict[str, float]:
+    """Each component of one decode step (:func:`_parts`) timed alone in its own CUDA graph (ms;
+    the prefill's are timed in turns with the other backend's, in :func:`_prefill_rows`)."""
     out = {}
-    for name, fn in _parts(model, be, cache, seq).items():
+    for name, fn in _parts(model, be, cache).items():
         try:
             out[name] = ctx.graph_ms(fn)
         except Exception as e:  # noqa: BLE001 - reported, the step timing stands
-            ctx.notes.append(f"{be.name} {'prefill ' if seq else ''}component {name}: {type(e).__name__}: "
-                             f"{str(e)[:120]}")
+            ctx.notes.append(f"{be.name} component {name}: {type(e).__name__}: {str(e)[:120]}")
             out[name] = float("nan")
     return out
 

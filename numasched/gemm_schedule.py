@@ -221,13 +221,10 @@ def candidates(M: int, N: int, K: int, elt: int, machine: Machine, *, splitk_onl
 def estimate(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machine, splitk_tma: bool = False,
              aligned: bool = True) -> float:
     """Modelled time of ``s`` in seconds (see the module doc)."""
-    from .kernels.gemm_splitk import shared_bytes
-
     tiles = _cdiv(M, s.block_m) * _cdiv(N, s.block_n)
     kps = _cdiv(_cdiv(K, s.split_k), s.block_k) * s.block_k
     units = tiles * s.split_k
-    smem = shared_bytes(s.block_m, s.block_n, s.block_k, s.num_stages, elt)
-    occ = max(1, min(machine.smem_bytes // max(smem, 1), machine.warps_per_sm // (2 * s.num_warps), 4))
+    occ = _resident(s, elt, machine)
     slots = machine.sms * occ
     if s.kind == "tiled" and s.persistent:
         slots = machine.sms
@@ -303,13 +300,16 @@ def _choose(M: int, N: int, K: int, elt: int, machine: Machine, splitk_only: boo
 def inflight_bytes(s: Schedule, elt: int, machine: Machine) -> int:
     """Operand bytes an SM has in flight: the loads of ``stages - 1`` K blocks ahead, times the
     programs resident on the SM (split-K only; the TMA tiles are persistent, one per SM)."""
+    occ = _resident(s, elt, machine) if s.kind == "splitk" else 1
+    return occ * max(1, s.num_stages - 1) * (s.block_m + s.block_n) * s.block_k * elt
+
+
+def _resident(s: Schedule, elt: int, machine: Machine) -> int:
+    """Programs of ``s`` one SM holds at once (shared memory, warps; at most 4)."""
     from .kernels.gemm_splitk import shared_bytes
 
-    occ = 1
-    if s.kind == "splitk":
-        smem = shared_bytes(s.block_m, s.block_n, s.block_k, s.num_stages, elt)
-        occ = max(1, min(machine.smem_bytes // max(smem, 1), machine.warps_per_sm // (2 * s.num_warps), 4))
-    return occ * max(1, s.num_stages - 1) * (s.block_m + s.block_n) * s.block_k * elt
+    smem = shared_bytes(s.block_m, s.block_n, s.block_k, s.num_stages, elt)
+    return max(1, min(machine.smem_bytes // max(smem, 1), machine.warps_per_sm // (2 * s.num_warps), 4))
 
 
 def _table_key(M: int, N: int, K: int, dtype: torch.dtype, machine: str) -> str:
