@@ -64,19 +64,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--precompile", type=nonneg_int, default=0, metavar="WORKERS",
                    help="compile every schedule to be timed first, in this many processes (Triton's on-disk "
                         "cache then serves the timed run; default 0: compile on first use)")
+    p.add_argument("--extra", type=_schedule_list, default=[], metavar="SCHEDULES",
+                   help="schedules timed at every point besides the model's ('; '-separated, as the results name "
+                        "them, e.g. 'streamk 128x256x64 w8 s4 persistent'); where one does not fit a point it is "
+                        "reported as failed there")
     p.add_argument("--dry-run", action="store_true", help="print the points and contenders and exit (no GPU needed)")
     return p
 
 
-def _contenders(m: int, n: int, k: int, tma: bool, chosen, top: int, machine) -> list:
+def _schedule_list(text: str) -> list:
+    from numasched.gemm_schedule import Schedule
+
+    try:
+        return [Schedule.parse(t) for t in text.split(";") if t.strip()]
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _contenders(m: int, n: int, k: int, tma: bool, chosen, top: int, machine, extra=()) -> list:
     """(estimate s, schedule) of the chooser's pick, then the next ``top`` schedules as the plan's
-    chooser ranks them (TMA split-K, alignment), duplicates dropped."""
+    chooser ranks them (TMA split-K, alignment), then the ``extra`` ones, duplicates dropped."""
     from numasched import gemm_schedule as GS
 
     ranked = sorted((GS.estimate(s, m, n, k, 2, machine, splitk_tma=tma, aligned=tma), i, s)
                     for i, s in enumerate(GS.candidates(m, n, k, 2, machine, splitk_only=not tma)))
+    more = [(GS.estimate(s, m, n, k, 2, machine, splitk_tma=tma, aligned=tma), 0, s) for s in extra]
     out, seen = [], set()
-    for est, _, s in [(chosen.est_s, -1, chosen)] + ranked[: top + 1]:
+    for est, _, s in [(chosen.est_s, -1, chosen)] + ranked[: top + 1] + more:
         if s.describe() not in seen:
             seen.add(s.describe())
             out.append((est, s))
@@ -101,7 +115,7 @@ def _compile_one(task) -> str:
         return f"{m}x{n}x{k} {fields}: {type(e).__name__}: {str(e)[:200]}"
 
 
-def precompile(points, top: int, workers: int, machine) -> None:
+def precompile(points, top: int, workers: int, machine, extra=()) -> None:
     """Compile, in ``workers`` processes, every kernel variant the timed pass will launch (one task
     per distinct schedule and operand alignment)."""
     import dataclasses
@@ -122,7 +136,7 @@ def precompile(points, top: int, workers: int, machine) -> None:
         tma = _tma_ok(x, w)
         chosen = numasched.plan_matmul(x, w.T).schedule
         del x, w
-        for _, s in _contenders(m, n, k, tma, chosen, top, machine):
+        for _, s in _contenders(m, n, k, tma, chosen, top, machine, extra):
             key = (s.describe(), tma, m % 16 == 0, n % 16 == 0, k % 16 == 0, m == 1)
             if key not in seen:
                 seen.add(key)
@@ -179,7 +193,7 @@ def main(argv=None) -> int:
     l2 = torch.cuda.get_device_properties(dev).L2_cache_size
     rows, log = [], []
     if args.precompile:
-        precompile(points, args.top, args.precompile, machine)
+        precompile(points, args.top, args.precompile, machine, args.extra)
     for model, proj, m, n, k in progress(points, "gemm_inference"):
         torch.manual_seed(0)
         w_bytes = n * k * 2
@@ -195,7 +209,7 @@ def main(argv=None) -> int:
         chosen = own.schedule
         tried = {}
         err = None
-        for est, s in _contenders(m, n, k, _tma_ok(x, ws[0]), chosen, args.top, machine):
+        for est, s in _contenders(m, n, k, _tma_ok(x, ws[0]), chosen, args.top, machine, args.extra):
             key = s.describe()
             try:
                 plans = [numasched.plan_matmul(x, w.T, outs[0], schedule=s) for w in ws[:1]]

@@ -10,10 +10,11 @@ times, 1.21 tiles' worth of work. Stream-K hands the remainder out by K iteratio
 2. **Stream-K phase.** The remaining tiles' K iterations (``iters_per_tile`` each, BLOCK_K wide)
    form one range cut into P equal contiguous pieces of ``iters_per_program``, piece p to
    program p (NumPy twin: ``numasched.mappings.streamk_units_reference``). A piece may start
-   or end inside a tile; a program walks its piece tile by tile. A tile covered by one piece is
-   stored at once. Otherwise each piece's fp32 partial goes to the workspace (two slots per
-   program: the partial tile at the start of its piece and the one at its end; every tile in
-   between is whole) and takes a ticket (an atomic counter per tile); the program that takes the
+   or end inside a tile: it covers the tail of one tile and the head of the next at most (fewer
+   tiles remain than programs), and the head runs first (``HEAD_FIRST``) so that all programs
+   read nearby K columns at once. A tile covered by one piece is stored at once. Otherwise each
+   piece's fp32 partial goes to the workspace (two slots per program: the tail's partial and the
+   head's) and takes a ticket (an atomic counter per tile); the program that takes the
    last ticket sums the tile's partials **in program order** (deterministic: the same sum
    whichever finishes last), applies the epilogue, stores, and resets the counter for the next
    launch and for CUDA-graph replays. Nothing waits on another program, so nothing can hang.
@@ -67,7 +68,8 @@ def gemm_streamk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
                         MAPPING: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                         BLOCK_K: tl.constexpr, FIX_N: tl.constexpr, HAS_BIAS: tl.constexpr,
                         HAS_RES: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
-                        A_TRANS: tl.constexpr, B_TRANS: tl.constexpr, PDL: tl.constexpr = False):
+                        A_TRANS: tl.constexpr, B_TRANS: tl.constexpr, HEAD_FIRST: tl.constexpr = True,
+                        PDL: tl.constexpr = False):
     pdl_enter(PDL)  # PDL: wait for the previous kernel here (kernels/pdl.py)
     pid = tl.program_id(0)
     P = tl.num_programs(0)
@@ -90,47 +92,61 @@ def gemm_streamk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
     #    (Handing them out in the order of the policy's domain remap would put a tile's pieces on
     #    one XCD; the simulator found that it raises the partials' L2 hits on an MI300X but lowers
     #    the operands' more: numasched/sim/streamk.py, docs/mappings.md.) ``v`` names the piece.
+    #    Fewer tiles remain than programs, so a piece (W <= I iterations) lies in one tile or in
+    #    two: the tail [k_lo, I) of the tile it starts in and the head [0, k_end) of the next.
+    #    HEAD_FIRST runs the head first: every program is then at K iteration tau or
+    #    tau + (I - W) at time tau, so the programs read the same narrow band of A and B columns
+    #    at once and L2 serves it as in a data-parallel wave. (Tail first, the programs' K
+    #    positions spread over the whole of K, the band is all of A and B, and on an H200 the
+    #    pieces ran 1.3-1.9x the model's time.)
     v = pid
     W = iters_per_program
     total = (num_tiles - dp_tiles) * I
     it = v * W
     end = tl.minimum(it + W, total)
     first_tile = it // I  # the tile this program's piece starts in: its partial goes to slot 0
+    tail_lo = it - first_tile * I
+    tail_hi = tl.minimum(I, tail_lo + (end - it))
+    head_hi = end - (first_tile + 1) * I  # > 0: the piece runs into the next tile
     tile_elems = BLOCK_M * BLOCK_N
-    while it < end:
-        t = it // I
-        k_lo = it - t * I
-        k_hi = tl.minimum(I, k_lo + (end - it))
-        tm, tn = gemm_tile(dp_tiles + t, NM, NN, MAPPING)
-        acc = _acc_iters(a, b, tm, tn, k_lo, k_hi, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-                         BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, A_TRANS, B_TRANS, INPUT_PRECISION)
-        offs_m = tm * BLOCK_M + offs_bm
-        if (k_lo == 0) & (k_hi == I):
-            _epilogue_store(acc, c, bias, res, offs_m, tn * BLOCK_N + offs_bn, M, N,
-                            stride_cm, stride_cn, stride_rm, stride_rn, HAS_BIAS, HAS_RES)
+    for seg in range(2):
+        if HEAD_FIRST:
+            head = seg == 0
         else:
-            slot = tl.where(t == first_tile, 0, 1)
-            base = (v * 2 + slot).to(tl.int64) * tile_elems
-            tl.store(ws + base + offs_bm[:, None] * BLOCK_N + offs_bn[None, :], acc)
-            # every thread's stores before the release of the ticket; the last arrival reads the
-            # others' partials through L2 (.cg), never a stale L1 line
-            tl.debug_barrier()
-            p_first = (t * I) // W
-            p_last = ((t + 1) * I - 1) // W
-            ctr = counters + t
-            ticket = tl.atomic_add(ctr, 1, sem="acq_rel")
-            if ticket == p_last - p_first:
-                for h in tl.static_range(BLOCK_N // FIX_N):
-                    cols = h * FIX_N + tl.arange(0, FIX_N)
-                    tot = tl.zeros((BLOCK_M, FIX_N), dtype=tl.float32)
-                    for p in range(p_first, p_last + 1):  # program order: the same sum every time
-                        ps = tl.where((p * W) // I == t, 0, 1)
-                        pb = (p * 2 + ps).to(tl.int64) * tile_elems
-                        tot += tl.load(ws + pb + offs_bm[:, None] * BLOCK_N + cols[None, :], cache_modifier=".cg")
-                    _epilogue_store(tot, c, bias, res, offs_m, tn * BLOCK_N + cols, M, N,
-                                    stride_cm, stride_cn, stride_rm, stride_rn, HAS_BIAS, HAS_RES)
-                tl.atomic_xchg(ctr, 0)  # ready for the next launch
-        it += k_hi - k_lo
+            head = seg == 1
+        t = tl.where(head, first_tile + 1, first_tile)
+        k_lo = tl.where(head, 0, tail_lo)
+        k_hi = tl.where(head, head_hi, tail_hi)
+        if (it < end) & (k_hi > k_lo):
+            tm, tn = gemm_tile(dp_tiles + t, NM, NN, MAPPING)
+            acc = _acc_iters(a, b, tm, tn, k_lo, k_hi, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                             BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, A_TRANS, B_TRANS, INPUT_PRECISION)
+            offs_m = tm * BLOCK_M + offs_bm
+            if (k_lo == 0) & (k_hi == I):
+                _epilogue_store(acc, c, bias, res, offs_m, tn * BLOCK_N + offs_bn, M, N,
+                                stride_cm, stride_cn, stride_rm, stride_rn, HAS_BIAS, HAS_RES)
+            else:
+                slot = tl.where(t == first_tile, 0, 1)
+                base = (v * 2 + slot).to(tl.int64) * tile_elems
+                tl.store(ws + base + offs_bm[:, None] * BLOCK_N + offs_bn[None, :], acc)
+                # every thread's stores before the release of the ticket; the last arrival reads the
+                # others' partials through L2 (.cg), never a stale L1 line
+                tl.debug_barrier()
+                p_first = (t * I) // W
+                p_last = ((t + 1) * I - 1) // W
+                ctr = counters + t
+                ticket = tl.atomic_add(ctr, 1, sem="acq_rel")
+                if ticket == p_last - p_first:
+                    for h in tl.static_range(BLOCK_N // FIX_N):
+                        cols = h * FIX_N + tl.arange(0, FIX_N)
+                        tot = tl.zeros((BLOCK_M, FIX_N), dtype=tl.float32)
+                        for p in range(p_first, p_last + 1):  # program order: the same sum every time
+                            ps = tl.where((p * W) // I == t, 0, 1)
+                            pb = (p * 2 + ps).to(tl.int64) * tile_elems
+                            tot += tl.load(ws + pb + offs_bm[:, None] * BLOCK_N + cols[None, :], cache_modifier=".cg")
+                        _epilogue_store(tot, c, bias, res, offs_m, tn * BLOCK_N + cols, M, N,
+                                        stride_cm, stride_cn, stride_rm, stride_rn, HAS_BIAS, HAS_RES)
+                    tl.atomic_xchg(ctr, 0)  # ready for the next launch
     pdl_late(PDL)  # every K iteration of this program is done (PDL "late": the next kernel may launch)
 
 

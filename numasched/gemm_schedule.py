@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from dataclasses import dataclass, replace
 from typing import Optional
 
@@ -145,6 +146,18 @@ class Schedule:
         if self.persistent:
             s += " persistent"
         return s
+
+    @classmethod
+    def parse(cls, text: str) -> "Schedule":
+        """The schedule :meth:`describe` names, e.g. ``"streamk 128x256x64 w8 s4 persistent"``."""
+        m = re.fullmatch(r"\s*(splitk|tiled|streamk)\s+(\d+)x(\d+)x(\d+)\s+w(\d+)\s+s(\d+)"
+                         r"(?:\s+split(\d+))?(\s+persistent)?\s*", str(text))
+        if not m:
+            raise ValueError(f"a schedule reads like 'streamk 128x256x64 w8 s4 persistent' "
+                             f"(kind BMxBNxBK wWARPS sSTAGES [splitN] [persistent]), got {text!r}")
+        kind, bm, bn, bk, w, st, split, pers = m.groups()
+        return cls(kind, int(bm), int(bn), int(bk), int(split or 1), int(w), int(st), bool(pers),
+                   kind == "tiled" and int(bn) >= 256)
 
     def config(self) -> dict:
         """Keyword arguments of the kernel's launch."""

@@ -192,3 +192,22 @@ def test_decode_plan_with_fixed_config_and_splits_runs(device):
     ref = torch.nn.functional.scaled_dot_product_attention(q[:, :, None], k.transpose(1, 2).repeat_interleave(4, 1),
                                                            v.transpose(1, 2).repeat_interleave(4, 1))[:, :, 0]
     assert torch.allclose(out, ref, atol=1e-4, rtol=1e-4)
+
+
+def test_gemm_inference_extra_schedules_are_parsed_and_timed_beside_the_model():
+    """--extra names schedules as the results do; they join the contenders (after the model's
+    pick and its next ones, duplicates dropped), and a malformed one is refused naming the form."""
+    from numasched.bench import gemm_inference as GI
+    from numasched import gemm_schedule as GS
+
+    args = GI.build_parser().parse_args(["--extra", "streamk 128x256x64 w8 s4 persistent; tiled 128x128x64 w8 s4 "
+                                         "persistent", "--dry-run"])
+    assert [s.describe() for s in args.extra] == ["streamk 128x256x64 w8 s4 persistent",
+                                                  "tiled 128x128x64 w8 s4 persistent"]
+    machine = GS._KNOWN["h200"]
+    chosen = GS._choose(512, 5120, 5120, 2, machine, False, True, True)
+    got = [s.describe() for _, s in GI._contenders(512, 5120, 5120, True, chosen, 2, machine, args.extra)]
+    assert got[0] == chosen.describe() and got[-2:] == [s.describe() for s in args.extra]
+    assert len(got) == len(set(got))
+    with pytest.raises(SystemExit):
+        GI.build_parser().parse_args(["--extra", "streamk 128x256 w8"])

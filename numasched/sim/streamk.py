@@ -46,11 +46,14 @@ class StreamKGemmModel(GemmModel):
         mapping: the GEMM policy the kernel takes ("auto": the topology's pick).
         piece_order: "program" (the kernel: piece p to program p) or "remap" (the policy's
             domain remap over the programs).
+        head_first: a piece's head in the next tile (K from 0) before its tail (the kernel's
+            default, ``options.gemm_streamk_head_first``); False: the tail first.
     """
 
     programs: int = 0
     mapping: str = "auto"
     piece_order: str = "program"
+    head_first: bool = True
     schedule_dependent = True
 
     def __post_init__(self):
@@ -59,6 +62,8 @@ class StreamKGemmModel(GemmModel):
             raise ValueError(f"programs must be an integer >= 0, got {self.programs!r}")
         if self.piece_order not in PIECE_ORDERS:
             raise ValueError(f"piece_order must be one of {PIECE_ORDERS}, got {self.piece_order!r}")
+        if not isinstance(self.head_first, (bool, np.bool_)):
+            raise TypeError(f"head_first must be a bool, got {self.head_first!r}")
 
     @property
     def schedule_name(self) -> str:
@@ -82,7 +87,7 @@ class StreamKGemmModel(GemmModel):
         pol = M.resolve(self.mapping, "gemm", topology, self.gemm_grid)
         bound = replace(self, programs=P)
         units = M.streamk_units_reference(pol, self.gemm_grid, self.k_steps, P, X, piece_order=self.piece_order,
-                                          with_ids=True)
+                                          with_ids=True, head_first=self.head_first)
         object.__setattr__(bound, "_units", units)
         object.__setattr__(bound, "_policy_name", pol.name)
         return bound
@@ -98,11 +103,11 @@ class StreamKGemmModel(GemmModel):
         prog, tm, tn, lo, hi, tile, v = (a[:, i] for i in range(7))
         n_of = np.bincount(tile, minlength=int(tile.max()) + 1)
         n = n_of[tile]
-        # the kernel's workspace: slot 0 of virtual program v for the tile its piece starts in, 1 else
-        first_tile = np.full(self.programs, -1, dtype=np.int64)
-        for i in range(a.shape[0] - 1, -1, -1):
-            if n[i] > 1:
-                first_tile[v[i]] = tile[i]
+        # the kernel's workspace: slot 0 of virtual program v for the tile its piece starts in (the
+        # lower tile id of its split tiles, whichever part runs first), 1 else
+        first_tile = np.full(self.programs, np.iinfo(np.int64).max, dtype=np.int64)
+        split = n > 1
+        np.minimum.at(first_tile, v[split], tile[split])
         slot = v * 2 + (tile != first_tile[v]).astype(np.int64)
         return dict(prog=prog, tm=tm, tn=tn, lo=lo, hi=hi, tile=tile, slot=slot, n=n)
 
@@ -202,4 +207,5 @@ class StreamKGemmModel(GemmModel):
 
     def describe(self) -> str:
         return (f"stream-K gemm M={self.m} N={self.n} K={self.k} tiles {self.block_m}x{self.block_n}x{self.block_k}, "
-                f"{self.programs or 'one per CU'} programs, pieces in {self.piece_order} order")
+                f"{self.programs or 'one per CU'} programs, pieces in {self.piece_order} order, "
+                f"{'head' if self.head_first else 'tail'} first")
