@@ -5,8 +5,8 @@ numasched schedule a few times under torch.profiler and prints every GPU kernel 
 with its mean time (cuBLAS's kernel names carry its tile, cluster and split-K / stream-K choice).
 Run it under Nsight Compute to see where a schedule's time goes, e.g.
 
-    ncu --kernel-name regex:gemm --launch-skip 3 --launch-count 2 --section SpeedOfLight \\
-        --section MemoryWorkloadAnalysis python scripts/gemm_probe.py --shapes 1024x2560x8192 --no-cublas
+    ncu --kernel-name regex:gemm --section SpeedOfLight --section MemoryWorkloadAnalysis \\
+        python scripts/gemm_probe.py --shapes 1024x2560x8192 --no-cublas --no-profiler --calls 1
 
     python scripts/gemm_probe.py --shapes 512x5120x5120,1024x2560x8192 \\
         --schedules "streamk 128x256x64 w8 s4 persistent; tiled 128x256x64 w8 s4 persistent"
@@ -24,6 +24,8 @@ def main(argv=None) -> int:
     p.add_argument("--schedules", default="", help="'; '-separated numasched schedules (as the bench names them)")
     p.add_argument("--calls", type=int, default=5, help="calls of each contender (default 5)")
     p.add_argument("--no-cublas", action="store_true", help="only numasched's schedules")
+    p.add_argument("--no-profiler", action="store_true",
+                   help="run the calls without torch.profiler (under Nsight Compute, which CUPTI cannot share)")
     args = p.parse_args(argv)
     import torch
 
@@ -52,6 +54,12 @@ def main(argv=None) -> int:
             for _ in range(3):   # compile, warm up
                 fn()
             torch.cuda.synchronize()
+            if args.no_profiler:
+                for _ in range(args.calls):
+                    fn()
+                torch.cuda.synchronize()
+                print(f"  {name}: {args.calls} calls", flush=True)
+                continue
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
                 for _ in range(args.calls):
                     fn()
