@@ -82,7 +82,7 @@ def split_units_reference(policy, pids, grid, splits: int, num_domains: int):
 
 
 def streamk_units_reference(policy, grid, iters_per_tile: int, programs: int, num_domains: int, *,
-                            piece_order: str = "program", with_ids: bool = False, head_first: bool = True) -> list:
+                            piece_order: str = "program", with_ids: bool = False, k_aligned: bool = False) -> list:
     """NumPy twin of the stream-K kernel's work assignment (kernels/gemm_streamk.py): for each
     physical program 0..programs-1 the list of (tile_m, tile_n, k_lo, k_hi) it computes, in K
     iterations. Whole waves first (program p: tile ids p, p + programs, ...), then the stream-K
@@ -91,7 +91,7 @@ def streamk_units_reference(policy, grid, iters_per_tile: int, programs: int, nu
     domain under a chiplet policy; an alternative the simulator compares, numasched/sim/streamk.py);
     every tile id goes through the policy (remap over all tiles, then its order) as ``gemm_tile``
     does. ``with_ids``: entries are (tile_m, tile_n, k_lo, k_hi, tile_id, virtual_program);
-    ``head_first``: a piece's two parts in the kernel's order (see :func:`streamk_pieces`)."""
+    ``k_aligned``: a piece's two parts in the kernel's order (see :func:`streamk_pieces`)."""
     if piece_order not in ("remap", "program"):
         raise ValueError(f"piece_order must be 'remap' or 'program', got {piece_order!r}")
     from ._registry import GemmGrid, check_num_domains, get, positive_int
@@ -107,7 +107,7 @@ def streamk_units_reference(policy, grid, iters_per_tile: int, programs: int, nu
     tile_of = policy.reference(np.arange(T), grid, X)           # tile id -> (tm, tn)
     v_of = (np.asarray(policy.remap.reference(np.arange(P), P, X, policy.remap_param), dtype=np.int64)
             if piece_order == "remap" else np.arange(P, dtype=np.int64))
-    virt = streamk_pieces(T, I, P, head_first=head_first)
+    virt = streamk_pieces(T, I, P, k_aligned=k_aligned)
     out = []
     for p in range(P):
         v = int(v_of[p])
@@ -130,13 +130,13 @@ def streamk_split(tiles: int, iters_per_tile: int, programs: int) -> tuple:
     return dp, -(-rest // programs) if rest else 0
 
 
-def streamk_pieces(tiles: int, iters_per_tile: int, programs: int, *, head_first: bool = True) -> list:
+def streamk_pieces(tiles: int, iters_per_tile: int, programs: int, *, k_aligned: bool = False) -> list:
     """The reference partition in tile-id space: for each virtual program (the position of a
     program in the policy's remap order), its list of (tile, k_lo, k_hi) in iterations, in the
     order the kernel computes them: data-parallel tiles first (those by physical program: tile p,
     p + programs, ...), then its stream-K piece. Fewer tiles remain than programs, so a piece is
-    the tail of one tile and the head of the next at most; ``head_first`` (the kernel's default,
-    ``options.gemm_streamk_head_first``) lists the head (K from 0) before the tail.
+    the tail of one tile and the head of the next at most; ``k_aligned``
+    (``options.gemm_streamk_k_aligned``) lists the head (K from 0) before the tail.
     ``numasched.mappings.streamk_units_reference`` maps it through a policy."""
     dp, W = streamk_split(tiles, iters_per_tile, programs)
     out = [[(t, 0, iters_per_tile) for t in range(p, dp, programs)] for p in range(programs)]
@@ -150,5 +150,5 @@ def streamk_pieces(tiles: int, iters_per_tile: int, programs: int, *, head_first
             hi = min(iters_per_tile, lo + end - it)
             segs.append((dp + t, lo, hi))
             it += hi - lo
-        out[p].extend(segs[::-1] if head_first else segs)
+        out[p].extend(segs[::-1] if k_aligned else segs)
     return out

@@ -385,7 +385,7 @@ class GemmPlan(Plan):
         use_tma = self._take_tma_views(tma_views)
         const = dict(MAPPING=self._mapping_arg, FIX_N=min(bn, 128), HAS_BIAS=self._epi[0], HAS_RES=self._epi[1],
                      INPUT_PRECISION=self._precision, USE_TMA=use_tma, A_TRANS=self.a_trans, B_TRANS=self.b_trans,
-                     HEAD_FIRST=self._opts.gemm_streamk_head_first)
+                     K_ALIGNED=self._opts.gemm_streamk_k_aligned)
         self._sizes = (Mdim, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
                        *self._res_stride, dp, iters, W)
         self._launch = Launch(KSK.gemm_streamk_kernel, (P,), const, config=cfg, device=self.device, interpret=interp,

@@ -793,18 +793,17 @@ def test_streamk_pieces_cover_every_iteration_once(tiles, iters, programs):
     dp, W = split_work(tiles, iters, programs)
     assert dp % programs == 0 and 0 <= tiles - dp < programs
     seen = {}
-    for p, ps in enumerate(pieces(tiles, iters, programs)):
+    for p, ps in enumerate(pieces(tiles, iters, programs, k_aligned=True)):
         sk = [(t, lo, hi) for t, lo, hi in ps if t >= dp]
         assert all(lo == 0 and hi == iters for t, lo, hi in ps if t < dp)
         assert sum(hi - lo for _, lo, hi in sk) <= W
         partial = [x for x in sk if (x[1], x[2]) != (0, iters)]
         assert len(sk) <= 2 and len(partial) <= 2, "a piece: the tail of one tile and the head of the next"
-        if len(sk) == 2:  # the head (K from 0, in the next tile) runs first
+        if len(sk) == 2:  # K-aligned: the head (K from 0, in the next tile) runs first
             assert sk[0][0] == sk[1][0] + 1 and sk[0][1] == 0 and sk[1][2] == iters
         flat = sorted((t - dp) * iters + k for t, lo, hi in sk for k in range(lo, hi))
         assert flat == list(range(p * W, p * W + len(flat))), "a piece is one contiguous range"
-        tail_first = [x for x in pieces(tiles, iters, programs, head_first=False)[p] if x[0] >= dp]
-        assert tail_first == sk[::-1]
+        assert [x for x in pieces(tiles, iters, programs)[p] if x[0] >= dp] == sk[::-1], "the default: tail first"
         for t, lo, hi in ps:
             for k in range(lo, hi):
                 assert (t, k) not in seen
@@ -829,13 +828,13 @@ def test_streamk_matches_float64(m, n, k, programs, topo, policy):
 
 @cpu
 @pytest.mark.parametrize("m,n,k,programs", [(17, 80, 33, 4), (64, 64, 300, 9)])
-def test_streamk_tail_first_order_matches_float64(m, n, k, programs):
-    """The former piece order (options.gemm_streamk_head_first=False, kept to compare) is as
-    correct: only the order of a piece's two parts differs."""
+def test_streamk_k_aligned_order_matches_float64(m, n, k, programs):
+    """The K-aligned piece order (options.gemm_streamk_k_aligned: a piece's head in the next tile
+    before its tail) is as correct: only the order of a piece's two parts differs."""
     a, b = _operands(m, n, k, torch.float32, tb=True, seed=m + k)
-    with numasched.options.use(gemm_streamk_head_first=False):
+    with numasched.options.use(gemm_streamk_k_aligned=True):
         plan = numasched.plan_matmul(a, b, schedule=_streamk(), num_programs=programs)
-        assert plan._launch.kwargs["HEAD_FIRST"] is False
+        assert plan._launch.kwargs["K_ALIGNED"] is True
         c = plan.run(a, b, _poisoned(m, n, torch.float32))
     assert _rel_err(c, a, b) < 1e-5
 

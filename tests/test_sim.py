@@ -268,6 +268,21 @@ def test_streamk_remap_order_keeps_partials_in_one_xcd_l2():
     assert hit["remap"] > hit["program"]
 
 
+def test_streamk_k_aligned_pieces_read_fewer_hbm_bytes_when_operands_exceed_l2():
+    """H200 model (one 50 MB L2): 96 tiles of 128 x 256 on 132 SMs are all cut into pieces. Tail
+    first, the programs' K positions spread over all of K and A + B (122 MB) stream from HBM
+    several times; K-aligned (a piece's head in the next tile first) they stay within a band of
+    I - W K iterations, so fewer bytes come from HBM -- still more than the data-parallel
+    kernel's single pass, which reads each operand byte about once."""
+    m, n, k = 320, 8192, 7168
+    dp = sim.simulate("h200", sim.GemmModel(m, n, k, 128, 256, 64), "auto").hbm_bytes
+    tail, aligned = (sim.simulate("h200", sim.StreamKGemmModel(m, n, k, 128, 256, 64, k_aligned=a), "auto").hbm_bytes
+                     for a in (False, True))
+    floor = (m * k + n * k) * 2
+    assert dp < 1.05 * floor
+    assert aligned < 0.6 * tail and dp < aligned
+
+
 def test_cli_streamk_compares_both_orders(capsys):
     from numasched.cli import main
 
@@ -275,5 +290,6 @@ def test_cli_streamk_compares_both_orders(capsys):
                  "--streamk", "--mapping", "chiplet_tiled", "--programs", "40", "--json", "--no-progress"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [r["mapping"] for r in rows] == ["chiplet_tiled", "chiplet_tiled stream-K (program order)",
-                                           "chiplet_tiled stream-K (remap order)"]
+                                           "chiplet_tiled stream-K (remap order)",
+                                           "chiplet_tiled stream-K (program order, K-aligned)"]
     assert main(["simulate", "--kernel", "decode", "--streamk", "--no-progress"]) == 2

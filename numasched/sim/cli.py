@@ -69,7 +69,7 @@ def add_parser(subparsers):
     g.add_argument("--k", type=positive_int, default=8192, help="GEMM inner dimension")
     g.add_argument("--streamk", action="store_true",
                    help="beside each policy's data-parallel GEMM, the stream-K kernel with its pieces by program "
-                        "id (the kernel) and in the policy's domain-remap order (numasched/sim/streamk.py); "
+                        "id (the kernel), in the policy's domain-remap order and K-aligned (numasched/sim/streamk.py); "
                         "--programs: persistent programs (default one per CU)")
     t = p.add_argument_group("tiles and machine")
     t.add_argument("--tile", type=_tile, default=None, help="tile sizes MxN or MxNxK (overrides --block-*)")
@@ -346,7 +346,8 @@ def run(args) -> int:
 
 
 def streamk_results(topo, model, names, programs: int, kw) -> list:
-    """Per policy: the data-parallel GemmModel, then the stream-K kernel in both piece orders."""
+    """Per policy: the data-parallel GemmModel, then the stream-K kernel in both piece orders, and
+    by program id K-aligned (options.gemm_streamk_k_aligned)."""
     from .core import simulate
     from .models import GemmModel
     from .streamk import PIECE_ORDERS, StreamKGemmModel
@@ -356,9 +357,9 @@ def streamk_results(topo, model, names, programs: int, kw) -> list:
     out = []
     for name in names:
         out.append(simulate(topo, model, name, **kw))
-        for order in PIECE_ORDERS:
+        for order, k_aligned in [(o, False) for o in PIECE_ORDERS] + [("program", True)]:
             sk = StreamKGemmModel(model.m, model.n, model.k, model.block_m, model.block_n, model.block_k,
-                                  model.dtype_bytes, programs, name, order)
+                                  model.dtype_bytes, programs, name, order, k_aligned)
             out.append(simulate(topo, sk, "auto", **kw))
     return out
 

@@ -46,14 +46,14 @@ class StreamKGemmModel(GemmModel):
         mapping: the GEMM policy the kernel takes ("auto": the topology's pick).
         piece_order: "program" (the kernel: piece p to program p) or "remap" (the policy's
             domain remap over the programs).
-        head_first: a piece's head in the next tile (K from 0) before its tail (the kernel's
-            default, ``options.gemm_streamk_head_first``); False: the tail first.
+        k_aligned: a piece's head in the next tile (K from 0) before its tail
+            (``options.gemm_streamk_k_aligned``); False (the kernel's default): the tail first.
     """
 
     programs: int = 0
     mapping: str = "auto"
     piece_order: str = "program"
-    head_first: bool = True
+    k_aligned: bool = False
     schedule_dependent = True
 
     def __post_init__(self):
@@ -62,12 +62,13 @@ class StreamKGemmModel(GemmModel):
             raise ValueError(f"programs must be an integer >= 0, got {self.programs!r}")
         if self.piece_order not in PIECE_ORDERS:
             raise ValueError(f"piece_order must be one of {PIECE_ORDERS}, got {self.piece_order!r}")
-        if not isinstance(self.head_first, (bool, np.bool_)):
-            raise TypeError(f"head_first must be a bool, got {self.head_first!r}")
+        if not isinstance(self.k_aligned, (bool, np.bool_)):
+            raise TypeError(f"k_aligned must be a bool, got {self.k_aligned!r}")
 
     @property
     def schedule_name(self) -> str:
-        return f"{getattr(self, '_policy_name', self.mapping)} stream-K ({self.piece_order} order)"
+        aligned = ", K-aligned" if self.k_aligned else ""
+        return f"{getattr(self, '_policy_name', self.mapping)} stream-K ({self.piece_order} order{aligned})"
 
     @property
     def gemm_grid(self):
@@ -87,7 +88,7 @@ class StreamKGemmModel(GemmModel):
         pol = M.resolve(self.mapping, "gemm", topology, self.gemm_grid)
         bound = replace(self, programs=P)
         units = M.streamk_units_reference(pol, self.gemm_grid, self.k_steps, P, X, piece_order=self.piece_order,
-                                          with_ids=True, head_first=self.head_first)
+                                          with_ids=True, k_aligned=self.k_aligned)
         object.__setattr__(bound, "_units", units)
         object.__setattr__(bound, "_policy_name", pol.name)
         return bound
@@ -207,5 +208,5 @@ class StreamKGemmModel(GemmModel):
 
     def describe(self) -> str:
         return (f"stream-K gemm M={self.m} N={self.n} K={self.k} tiles {self.block_m}x{self.block_n}x{self.block_k}, "
-                f"{self.programs or 'one per CU'} programs, pieces in {self.piece_order} order, "
-                f"{'head' if self.head_first else 'tail'} first")
+                f"{self.programs or 'one per CU'} programs, pieces in {self.piece_order} order, " +
+                ("K-aligned" if self.k_aligned else "tail first"))
