@@ -68,7 +68,8 @@ class Backend:
         return out.view(self.tp_size, T, N).permute(1, 0, 2).reshape(T, self.tp_size * N)
 
     # the operations that differ
-    def linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    def linear(self, x: torch.Tensor, w: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``x @ w.T``; written into ``out`` when given (e.g. a buffer another stream reads next)."""
         raise NotImplementedError
 
     def row_parallel(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -86,7 +87,10 @@ class Backend:
         (numasched: ``fuse_swiglu=True``)."""
         return swiglu(self.linear(x, w), n)
 
-    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+    def all_reduce(self, x: torch.Tensor, *, out: Optional[torch.Tensor] = None, check: bool = True) -> torch.Tensor:
+        """The sum of ``x`` over the TP group, into ``out`` when given (``x`` itself: in place).
+        ``check=False``: the call reads no status (no host sync, e.g. mid-prefill on another
+        stream); the caller calls :meth:`check_peers` once its streams have joined."""
         raise NotImplementedError
 
     def prefill_attention(self, q, k, v, batch: int, seq: int) -> torch.Tensor:
@@ -96,15 +100,6 @@ class Backend:
     def prefill_chunks(self, batch: int, seq: int) -> int:
         """Row chunks of a prefill (1: the whole prompt as one bulk-synchronous step)."""
         return 1
-
-    def linear_into(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """``x @ w.T`` written into ``out`` (a buffer another stream reads next)."""
-        return torch.matmul(x, w.t(), out=out)
-
-    def all_reduce_(self, x: torch.Tensor) -> torch.Tensor:
-        """The all-reduce of ``x`` in place, without reading its status (the caller calls
-        :meth:`check_peers` once its streams have joined)."""
-        return self.all_reduce(x)
 
     def check_peers(self) -> None:
         """Raise if a peer failed in the collectives since the last check (no-op by default)."""
@@ -152,14 +147,17 @@ class TorchBackend(Backend):
         with sdpa_kernel(self._sdpa, set_priority=True):
             return F.scaled_dot_product_attention(q, k, v, **kw)
 
-    def linear(self, x, w):
-        return F.linear(x, w)
+    def linear(self, x, w, out=None):
+        return F.linear(x, w) if out is None else torch.matmul(x, w.t(), out=out)
 
-    def all_reduce(self, x):
+    def all_reduce(self, x, *, out=None, check=True):
+        # NCCL reduces in place and has no status to read
         if self.tp_size > 1:
             import torch.distributed as dist
 
             dist.all_reduce(x, group=self.group)
+        if out is not None and out is not x:
+            return out.copy_(x)
         return x
 
     def row_parallel(self, x, w):
@@ -261,10 +259,10 @@ class NumaschedBackend(Backend):
                                    f"numasched backend needs them at tp_size > 1")
             self._nd = nd
 
-    def linear(self, x, w):
+    def linear(self, x, w, out=None):
         if self._gemm_engine(x.shape[0]) == "torch":
-            return F.linear(x, w)
-        return self._ns.matmul(x, w.t(), mapping=self.mapping)
+            return F.linear(x, w) if out is None else torch.matmul(x, w.t(), out=out)
+        return self._ns.matmul(x, w.t(), out=out, mapping=self.mapping)
 
     def linear_swiglu(self, x, w, n, swiglu):
         # one launch where numasched's GEMM runs (decode sizes): numasched.matmul_swiglu
@@ -285,10 +283,11 @@ class NumaschedBackend(Backend):
     _AR_IMPL = {"bulk": "nccl", "fused": "auto", "overlap": "auto"}
     _MAR_IMPL = {"nccl": "bulk"}
 
-    def all_reduce(self, x):
+    def all_reduce(self, x, *, out=None, check=True):
         if self.tp_size == 1:
-            return x
-        return self._nd.all_reduce(x, ctx=self.ctx, impl=self._AR_IMPL.get(self.impl, self.impl), check=self.check)
+            return x if out is None or out is x else out.copy_(x)
+        return self._nd.all_reduce(x, ctx=self.ctx, impl=self._AR_IMPL.get(self.impl, self.impl),
+                                   check=self.check and check, out=out)
 
     def row_parallel_add_norm(self, x, w, h, norm_w, eps, add_norm):
         # fused: GEMM, then one kernel for the all-reduce, the residual add and the norm (one-shot:
@@ -308,18 +307,6 @@ class NumaschedBackend(Backend):
         if batch != 1 or n < 2:
             return 1
         return max(1, min(n, seq // self.OVERLAP_MIN_ROWS))
-
-    def linear_into(self, x, w, out):
-        if self._gemm_engine(x.shape[0]) == "torch":
-            return torch.matmul(x, w.t(), out=out)
-        return self._ns.matmul(x, w.t(), out=out, mapping=self.mapping)
-
-    def all_reduce_(self, x):
-        if self.tp_size == 1:
-            return x
-        # no status read here: it would block the host on the communication stream mid-prefill
-        return self._nd.all_reduce(x, ctx=self.ctx, impl=self._AR_IMPL.get(self.impl, self.impl), check=False,
-                                   out=x)
 
     def check_peers(self):
         if self.check and self.ctx is not None and not (torch.cuda.is_available()

@@ -486,7 +486,8 @@ class TPDecoder:
         def all_reduce(c):  # chunk c's y[c] on the communication stream, then back
             wait(comm, event(streams[c]))
             with on(comm):
-                backend.all_reduce_(y[c])
+                # in place, no status read: it would block the host mid-prefill (check_peers below)
+                backend.all_reduce(y[c], out=y[c], check=False)
             wait(streams[c], event(comm))
 
         h, x = [None] * n, [None] * n
@@ -514,10 +515,10 @@ class TPDecoder:
                         wait(st, kv_ready[before][i])
                     att = backend.prefill_attention_rows(q, kbuf[ring][:a + rows], vbuf[ring][:a + rows])
                     attn_done[c][i] = event(st)
-                    backend.linear_into(att, L.wo, y[c])
+                    backend.linear(att, L.wo, out=y[c])
                     all_reduce(c)
                     h[c], x[c] = add_norm(y[c], h[c], L.ln2, s.eps)
-                    backend.linear_into(backend.linear_swiglu(x[c], L.wgu, self.inter_local, swiglu), L.wdown, y[c])
+                    backend.linear(backend.linear_swiglu(x[c], L.wgu, self.inter_local, swiglu), L.wdown, out=y[c])
                     all_reduce(c)
                     h[c], x[c] = add_norm(y[c], h[c], nxt, s.eps)
         if cuda:
