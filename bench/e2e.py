@@ -22,6 +22,10 @@ and the step split into its components, each timed alone in its own CUDA graph x
     elementwise    norms, RoPE, SwiGLU, residual adds, K/V writes (shared code)
     head           per-step work outside the layers: positions, embedding, final lm_head (+ gather)
 
+(numasched with ``--prefill-seq-parallel``, prefill: gemm_in gathers its rows
+(all_gather_matmul), row_parallel reduce-scatters them (matmul_reduce_scatter), and the norms and
+residual adds of elementwise run on 1/tp of the rows, as the sequence-parallel step does)
+
 and three taxes (docs/models.md has the definitions and their limits):
 
     bulk_sync_tax  layers x (row_parallel - gemm_out): communication the GEMMs do not hide
@@ -119,6 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefill-overlap", type=positive_int, default=None,
                    help="numasched's prefill row chunks, overlapping all-reduces with compute (NumaschedBackend "
                         "prefill_overlap; default 1: one step)")
+    p.add_argument("--prefill-seq-parallel", action=argparse.BooleanOptionalAction, default=False,
+                   help="numasched's TP prefill sequence-parallel: all_gather_matmul / matmul_reduce_scatter "
+                        "around each projection, norms on 1/tp of the rows (NumaschedBackend prefill_seq_parallel; "
+                        "default off: all-reduces)")
     p.add_argument("--heap-gb", type=positive_float, default=2.0,
                    help="numasched.distributed symmetric heap per GPU at TP > 1 (GiB)")
     p.add_argument("--seed", type=nonneg_int, default=0, help="weight seed")
@@ -309,7 +317,8 @@ def _backend(name, ctx, dctx):
         return TorchBackend(ctx.world)
     # no status read per distributed call (it synchronises an eager step); ctx.check() after each point
     return NumaschedBackend(ctx.world, dctx, impl=ctx.args.ar_impl, check=False, fuse_norm=ctx.args.fuse_norm,
-                            fuse_swiglu=ctx.args.fuse_swiglu, prefill_overlap=ctx.args.prefill_overlap)
+                            fuse_swiglu=ctx.args.fuse_swiglu, prefill_overlap=ctx.args.prefill_overlap,
+                            prefill_seq_parallel=ctx.args.prefill_seq_parallel)
 
 
 def _parts(model, be, cache, seq: Optional[int] = None) -> Dict[str, Callable[[], object]]:
@@ -344,7 +353,16 @@ def _parts(model, be, cache, seq: Optional[int] = None) -> Dict[str, Callable[[]
         cs = model.rope_table(seq)[:seq]
         q, k, v = ew("qkv_rope")(qkv, cs[:, 0], cs[:, 1], hq, hk, D, L.q_norm, L.k_norm, s.eps)
 
+    # a sequence-parallel prefill: the column-parallel GEMMs gather their rows, the row-parallel
+    # ones reduce-scatter theirs, and the norms see 1/tp of the rows
+    sp = seq is not None and be.seq_parallel(1, seq)
+    xs, x2s = (x[:T // be.tp_size], x2[:T // be.tp_size]) if sp else (x, x2)
+
     def gemm_in():
+        if sp:
+            be.all_gather_linear(xs, L.wqkv)
+            be.all_gather_linear(xs, L.wgu)
+            return
         be.linear(x, L.wqkv)
         be.linear(x, L.wgu)
 
@@ -353,6 +371,10 @@ def _parts(model, be, cache, seq: Optional[int] = None) -> Dict[str, Callable[[]
         local(act, L.wdown)
 
     def row_parallel():
+        if sp:
+            be.linear_reduce_scatter(a, L.wo)
+            be.linear_reduce_scatter(act, L.wdown)
+            return
         be.row_parallel(a, L.wo)
         be.row_parallel(act, L.wdown)
 
@@ -363,12 +385,12 @@ def _parts(model, be, cache, seq: Optional[int] = None) -> Dict[str, Callable[[]
             be.prefill_attention(q, k, v, 1, seq)
 
     def elementwise():   # what one layer does besides its GEMMs, attention and collectives
-        ew("rms_norm")(x, L.ln1, s.eps)
+        ew("rms_norm")(xs, L.ln1, s.eps)
         _, k_, v_ = ew("qkv_rope")(qkv, cs[:, 0], cs[:, 1], hq, hk, D, L.q_norm, L.k_norm, s.eps)
         cache.write(0, k_, v_)
-        ew("add_rms_norm")(x2, x, L.ln2, s.eps)
+        ew("add_rms_norm")(x2s, xs, L.ln2, s.eps)
         ew("silu_mul")(gu, il)
-        ew("add_rms_norm")(x2, x, L.ln1, s.eps)
+        ew("add_rms_norm")(x2s, xs, L.ln1, s.eps)
 
     def head():
         if seq is None:

@@ -236,6 +236,17 @@ def test_random_weights_are_slices_of_one_model():
     assert not torch.equal(other.embed, full.embed)
 
 
+def test_seq_parallel_prefill_arguments():
+    """The option is a bool, exclusive with the row-chunk overlap, and off at TP 1."""
+    from numasched.models.backends import NumaschedBackend
+
+    with pytest.raises(TypeError, match="prefill_seq_parallel"):
+        TorchBackend(1, prefill_seq_parallel="yes")
+    with pytest.raises(ValueError, match="prefill_seq_parallel and prefill_overlap"):
+        NumaschedBackend(1, prefill_seq_parallel=True, prefill_overlap=2)
+    assert not NumaschedBackend(1, prefill_seq_parallel=True).seq_parallel(1, 4096)
+
+
 # ----------------------------------------------------------------------------- TP 2, CPU, gloo
 def _free_port() -> int:
     with socket.socket() as s:
@@ -257,6 +268,21 @@ def _tp2_worker(rank, world, port, out_path):
                 model = TPDecoder.from_hf(hf, tp_rank=rank, tp_size=world, head=head)
                 got = run_teacher_forced(model, TorchBackend(world), ids, prompt=6)
                 errs[f"{family}/{head}"] = rel(got, reference(hf, ids))
+            # the sequence-parallel prefill: 2 x 6 prompt rows, 6 per rank (then the same decode)
+            calls = []
+
+            class Counted(TorchBackend):
+                def linear_reduce_scatter(self, x, w):
+                    calls.append(x.shape[0])
+                    return super().linear_reduce_scatter(x, w)
+
+            model = TPDecoder.from_hf(hf, tp_rank=rank, tp_size=world)
+            got = run_teacher_forced(model, Counted(world, prefill_seq_parallel=True), ids, prompt=6)
+            errs[f"{family}/seq_parallel"] = rel(got, reference(hf, ids))
+            errs[f"{family}/seq_parallel_calls"] = calls
+            # rows that do not split evenly over the ranks (1 x 5) take the bulk path
+            odd = TorchBackend(world, prefill_seq_parallel=True)
+            assert odd.seq_parallel(2, 5) and not odd.seq_parallel(1, 5)
         if rank == 0:
             with open(out_path, "w") as f:
                 f.write(repr(errs))
@@ -281,8 +307,12 @@ def test_tp2_torch_backend_over_gloo_matches_transformers(tmp_path):
             p.kill()
         pytest.fail("the two gloo ranks did not finish in 120 s")
     errs = eval(out.read_text())
-    assert set(errs) == {"llama/vocab_parallel", "llama/replicated", "qwen3/vocab_parallel", "qwen3/replicated"}
+    calls = {k: errs.pop(k) for k in [k for k in errs if k.endswith("_calls")]}
+    assert set(errs) == {"llama/vocab_parallel", "llama/replicated", "qwen3/vocab_parallel", "qwen3/replicated",
+                         "llama/seq_parallel", "qwen3/seq_parallel"}
     assert max(errs.values()) < 1e-4, errs
+    for c in calls.values():   # O and down per layer, each over all 12 prompt rows (decode: never)
+        assert c and len(c) % 2 == 0 and set(c) == {12}, calls
 
 
 # ----------------------------------------------------------------------------- bench e2e (no GPU)
@@ -466,6 +496,28 @@ def _tp_gpu_main() -> int:
             if rank == 0:
                 print(f"{'PASS' if ok else 'FAIL'} tp {world} {family} numasched overlapped prefill of 1100 tokens: "
                       f"rel err vs one step {e1:.2e} (eager), {e2:.2e} (graph)", flush=True)
+            # the sequence-parallel prefill (all_gather_matmul / matmul_reduce_scatter), eager and graph
+            sp = NumaschedBackend(world, plain.ctx, prefill_seq_parallel=True)
+            assert sp.seq_parallel(1, 1100)
+            cache = sp.new_cache(model, batch=1, capacity=1104, page_size=16)
+            eager = model.prefill(long_ids, cache, sp).clone()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                model.prefill(long_ids, cache, sp)
+            torch.cuda.current_stream().wait_stream(side)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                out = model.prefill(long_ids, cache, sp)
+            out.fill_(float("nan"))
+            g.replay()
+            torch.cuda.synchronize()
+            e1, e2 = rel(eager, want), rel(out, want)
+            ok = e1 < 2e-2 and e2 < 2e-2
+            failed += not ok
+            if rank == 0:
+                print(f"{'PASS' if ok else 'FAIL'} tp {world} {family} numasched sequence-parallel prefill of 1100 "
+                      f"tokens: rel err vs bulk {e1:.2e} (eager), {e2:.2e} (graph)", flush=True)
         del hf
     flag = torch.tensor([failed], device="cuda")
     dist.all_reduce(flag)

@@ -39,6 +39,12 @@ def _dist_world(group=None) -> tuple:
     return 0, 1
 
 
+def _flag(name: str, v) -> bool:
+    if not isinstance(v, bool):
+        raise TypeError(f"{name} must be True or False, got {v!r}")
+    return v
+
+
 class Backend:
     """Interface (and the parts both backends share). ``tp_size`` must equal the model's."""
 
@@ -66,6 +72,44 @@ class Backend:
         gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         gather(out, x.contiguous(), group=self.group)
         return out.view(self.tp_size, T, N).permute(1, 0, 2).reshape(T, self.tp_size * N)
+
+    # -- a sequence-parallel prefill (TPDecoder._stack_seq_parallel): the residual stream, the norms
+    # and the residual adds on this rank's 1/tp of the rows; each column-parallel projection
+    # all-gathers its input rows, each row-parallel one reduce-scatters its output rows
+    prefill_seq_parallel = False
+
+    def seq_parallel(self, batch: int, seq: int) -> bool:
+        """Whether a prefill of ``batch`` x ``seq`` tokens runs sequence-parallel."""
+        return bool(self.prefill_seq_parallel) and self.tp_size > 1 and (batch * seq) % self.tp_size == 0
+
+    def all_gather_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """(T / tp, N) on every rank -> (T, N), rank r's rows at [r * T / tp, ...)."""
+        if self.tp_size == 1:
+            return x
+        import torch.distributed as dist
+
+        out = torch.empty((self.tp_size * x.shape[0], x.shape[1]), dtype=x.dtype, device=x.device)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        gather(out, x.contiguous(), group=self.group)
+        return out
+
+    def reduce_scatter_rows(self, y: torch.Tensor) -> torch.Tensor:
+        """(T, N) on every rank -> this rank's (T / tp, N) rows of the sum over ranks."""
+        if self.tp_size == 1:
+            return y
+        import torch.distributed as dist
+
+        out = torch.empty((y.shape[0] // self.tp_size, y.shape[1]), dtype=y.dtype, device=y.device)
+        dist.reduce_scatter_tensor(out, y.contiguous(), group=self.group)
+        return out
+
+    def all_gather_linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """``all_gather_rows(x) @ w.T``: a column-parallel projection of the gathered rows."""
+        return self.linear(self.all_gather_rows(x), w)
+
+    def linear_reduce_scatter(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """``reduce_scatter_rows(x @ w.T)``: a row-parallel projection, this rank's rows of its sum."""
+        return self.reduce_scatter_rows(self.linear(x, w))
 
     # the operations that differ
     def linear(self, x: torch.Tensor, w: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -119,16 +163,21 @@ class TorchBackend(Backend):
     sdpa_backends: SDPA backends in priority order (names of ``torch.nn.attention.SDPBackend``);
         default cuDNN, then FlashAttention, memory-efficient, math: the first that takes the
         inputs runs. None of them on CPU (torch picks).
+    prefill_seq_parallel: run a TP prefill sequence-parallel (Megatron style: NCCL all-gather
+        before each column-parallel projection, reduce-scatter after each row-parallel one, norms
+        and residual adds on 1/tp of the rows); default False: the bulk-synchronous all-reduces.
     """
 
     name = "torch"
     cache_class = ContiguousKVCache
     DEFAULT_SDPA = ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
 
-    def __init__(self, tp_size: Optional[int] = None, group=None, sdpa_backends: Optional[Sequence[str]] = DEFAULT_SDPA):
+    def __init__(self, tp_size: Optional[int] = None, group=None, sdpa_backends: Optional[Sequence[str]] = DEFAULT_SDPA,
+                 *, prefill_seq_parallel: bool = False):
         if tp_size is None:
             tp_size = _dist_world(group)[1]
         super().__init__(tp_size, group)
+        self.prefill_seq_parallel = _flag("prefill_seq_parallel", prefill_seq_parallel)
         self._sdpa = None
         if sdpa_backends:
             from torch.nn.attention import SDPBackend
@@ -213,6 +262,12 @@ class NumaschedBackend(Backend):
         2 / 4 chunks ran 0.98 / 1.00x torch's bulk-synchronous prefill against 1.00x in one step
         (bench/results/e2e-s10-overlap*): the all-reduces hidden are paid back by GEMMs of half
         the rows (fewer tiles per wave).
+    prefill_seq_parallel: run a TP prefill sequence-parallel: ``all_gather_matmul`` for the
+        column-parallel projections (QKV, gate/up), ``matmul_reduce_scatter`` for the row-parallel
+        ones (O, down), each with ``impl="auto"`` (fused or NCCL + cuBLAS by the cost model), and
+        the residual adds and norms on 1/tp of the rows. Opt-in, not yet timed on GPUs (the
+        all-reduce bytes are the same; the elementwise work per rank is 1/tp). Exclusive with
+        ``prefill_overlap``.
     fuse_swiglu: where numasched's GEMM runs (decode sizes), the gate/up projection and
         ``silu(gate) * up`` in one launch (numasched.matmul_swiglu) instead of a GEMM and an
         elementwise kernel. Off by default: on two H200s (Llama-3-8B, TP 2) it changed the decode
@@ -225,7 +280,8 @@ class NumaschedBackend(Backend):
 
     def __init__(self, tp_size: Optional[int] = None, ctx=None, *, group=None, fuse_all_reduce: bool = True,
                  mapping: str = "auto", impl: str = "auto", check: bool = True, gemm: str = "auto",
-                 fuse_norm: bool = True, fuse_swiglu: bool = False, prefill_overlap: Optional[int] = None):
+                 fuse_norm: bool = True, fuse_swiglu: bool = False, prefill_overlap: Optional[int] = None,
+                 prefill_seq_parallel: bool = False):
         if tp_size is None:
             tp_size = getattr(ctx, "world", None) or _dist_world(group)[1]
         super().__init__(tp_size, group)
@@ -235,6 +291,8 @@ class NumaschedBackend(Backend):
         if ctx is not None and getattr(ctx, "world", self.tp_size) != self.tp_size:
             raise ValueError(f"ctx spans {ctx.world} ranks but tp_size is {self.tp_size}")
         self.ctx, self.fuse_all_reduce, self.mapping = ctx, bool(fuse_all_reduce), mapping
+        if self.group is None and ctx is not None:   # the row / column gathers run on the TP group
+            self.group = getattr(ctx, "group", None)
         if gemm not in ("auto", "numasched", "torch"):
             raise ValueError(f"gemm must be 'auto', 'numasched' or 'torch', got {gemm!r}")
         known = ("auto", "oneshot", "twoshot", "nccl", "bulk", "fused", "overlap")
@@ -246,6 +304,9 @@ class NumaschedBackend(Backend):
                                             or prefill_overlap < 1):
             raise ValueError(f"prefill_overlap must be a positive int or None, got {prefill_overlap!r}")
         self.prefill_overlap = prefill_overlap
+        self.prefill_seq_parallel = _flag("prefill_seq_parallel", prefill_seq_parallel)
+        if self.prefill_seq_parallel and (prefill_overlap or 1) > 1:
+            raise ValueError("prefill_seq_parallel and prefill_overlap are two ways to run a TP prefill: pass one")
         import numasched
 
         self._ns = numasched
@@ -253,7 +314,8 @@ class NumaschedBackend(Backend):
         if self.tp_size > 1:
             import numasched.distributed as nd
 
-            missing = [f for f in ("matmul_all_reduce", "all_reduce") if not hasattr(nd, f)]
+            needed = ("matmul_all_reduce", "all_reduce", "all_gather_matmul", "matmul_reduce_scatter")
+            missing = [f for f in needed if not hasattr(nd, f)]
             if missing:
                 raise RuntimeError(f"numasched.distributed has no {', '.join(missing)} in this version: the "
                                    f"numasched backend needs them at tp_size > 1")
@@ -318,6 +380,20 @@ class NumaschedBackend(Backend):
         out, _ = self._ns.attention_forward(q[None].transpose(1, 2), k[None].transpose(1, 2), v[None].transpose(1, 2),
                                             causal=True, causal_offset=k.shape[0] - rows, mapping=self.mapping)
         return out.transpose(1, 2).reshape(rows, H * D)
+
+    _AG_IMPL = {"bulk": "bulk", "nccl": "bulk"}   # the sequence-parallel prefill's two collectives
+
+    def all_gather_linear(self, x, w):
+        if self.tp_size == 1:
+            return self.linear(x, w)
+        return self._nd.all_gather_matmul(x, w.t(), ctx=self.ctx, mapping=self.mapping,
+                                          impl=self._AG_IMPL.get(self.impl, "auto"), check=self.check)
+
+    def linear_reduce_scatter(self, x, w):
+        if self.tp_size == 1:
+            return self.linear(x, w)
+        return self._nd.matmul_reduce_scatter(x, w.t(), ctx=self.ctx, mapping=self.mapping,
+                                              impl=self._AG_IMPL.get(self.impl, "auto"), check=self.check)
 
     def row_parallel(self, x, w):
         if self.tp_size == 1:

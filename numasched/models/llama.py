@@ -423,6 +423,8 @@ class TPDecoder:
         sequence. Returns the final-normed hidden states (T, hidden)."""
         if seq is not None and (chunks := backend.prefill_chunks(batch, seq)) > 1:
             return self._stack_overlapped(ids, cs, cache, backend, chunks)
+        if seq is not None and backend.seq_parallel(batch, seq):
+            return self._stack_seq_parallel(ids, cs, cache, backend, batch, seq)
         s, hq, hk, D = self.spec, self.heads_local, self.kv_heads_local, self.spec.head_dim
         norm, add_norm, qkv_rope_, swiglu = self._layer_ops()
         cos, sin = cs[:, 0], cs[:, 1]
@@ -441,6 +443,33 @@ class TPDecoder:
             h, x = backend.row_parallel_add_norm(backend.linear_swiglu(x, L.wgu, self.inter_local, swiglu), L.wdown,
                                                  h, nxt, s.eps, add_norm)
         return x
+
+    def _stack_seq_parallel(self, ids: torch.Tensor, cs: torch.Tensor, cache, backend, batch: int, seq: int):
+        """The prefill sequence-parallel (Megatron style): this rank keeps rows [r T / tp, (r + 1)
+        T / tp) of the residual stream and normalises only those; a column-parallel projection
+        all-gathers its input rows (``backend.all_gather_linear``), a row-parallel one
+        reduce-scatters its output rows (``backend.linear_reduce_scatter``); RoPE, the cache
+        write and attention see all T rows of this rank's heads. The bytes moved equal the
+        all-reduces' (an all-reduce is a reduce-scatter and an all-gather); the norms, residual
+        adds and their memory traffic are 1/tp per rank. Returns all T final-normed rows."""
+        s, hq, hk, D = self.spec, self.heads_local, self.kv_heads_local, self.spec.head_dim
+        norm, add_norm, qkv_rope_, swiglu = self._layer_ops()
+        cos, sin = cs[:, 0], cs[:, 1]
+        T = ids.shape[0]
+        rows = T // self.tp_size
+        mine = slice(self.tp_rank * rows, (self.tp_rank + 1) * rows)
+        h = F.embedding(ids[mine], self.embed)
+        x = norm(h, self.layers[0].ln1, s.eps)
+        for i, L in enumerate(self.layers):
+            qkv = backend.all_gather_linear(x, L.wqkv)
+            q, k, v = qkv_rope_(qkv, cos, sin, hq, hk, D, L.q_norm, L.k_norm, s.eps)
+            cache.write(i, k, v)
+            a = backend.prefill_attention(q, k, v, batch, seq)
+            h, x = add_norm(backend.linear_reduce_scatter(a, L.wo), h, L.ln2, s.eps)
+            nxt = self.layers[i + 1].ln1 if i + 1 < len(self.layers) else self.norm
+            g = swiglu(backend.all_gather_linear(x, L.wgu), self.inter_local)
+            h, x = add_norm(backend.linear_reduce_scatter(g, L.wdown), h, nxt, s.eps)
+        return backend.all_gather_rows(x)
 
     def _stack_overlapped(self, ids: torch.Tensor, cs: torch.Tensor, cache, backend, chunks: int) -> torch.Tensor:
         """:meth:`_stack` for the prefill of one prompt in ``chunks`` row blocks that overlap their
