@@ -97,9 +97,8 @@ def gemm_streamk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
     #    K_ALIGNED runs the head first: every program is then at K iteration tau or
     #    tau + (I - W) at time tau, so the programs read one narrow band of A and B columns at
     #    once, as a data-parallel wave does. Tail first (the default, the order measured so far),
-    #    the programs' K positions spread over the whole of K. (The pieces ran 1.3-1.9x the
-    #    model's time on an H200; the simulator's H200 reads 19 % fewer HBM bytes K-aligned at
-    #    1024 x 2560 x 8192, 128 x 256 tiles. Not yet timed on a GPU.)
+    #    the programs' K positions spread over the whole of K. (The simulator's H200 reads
+    #    0.39-1.00x the HBM bytes K-aligned: scripts/sim_streamk_orders.py. Not yet timed.)
     v = pid
     W = iters_per_program
     total = (num_tiles - dp_tiles) * I
