@@ -433,6 +433,25 @@ def test_gpu_graph_decode_step_matches_eager(backend):
 
 
 # ----------------------------------------------------------------------------- several GPUs (torchrun)
+def _long_prefill_errors(model, be, ids, want) -> tuple:
+    """A one-prompt prefill with backend ``be``, eager and replayed from a CUDA graph (output
+    poisoned first): its relative errors against ``want``."""
+    cache = be.new_cache(model, batch=1, capacity=ids.shape[1] + 4, page_size=16)
+    eager = model.prefill(ids, cache, be).clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):   # a warm-up off the capturing stream, as graphs need
+        model.prefill(ids, cache, be)
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = model.prefill(ids, cache, be)
+    out.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    return rel(eager, want), rel(out, want)
+
+
 def _tp_gpu_main() -> int:
     """Under torchrun: each rank shards transformers' model (2 layers of the 8B presets, bf16);
     both backends' TP logits (prefill + teacher-forced decode, eager and CUDA graph) against
@@ -470,54 +489,21 @@ def _tp_gpu_main() -> int:
             if rank == 0:
                 print(f"{'PASS' if ok else 'FAIL'} tp {world} {family} {name}: rel err {e:.2e} (eager), "
                       f"{eg:.2e} (graph decode)", flush=True)
-        if "numasched" in backends:   # one long prompt: the overlapped prefill (two row chunks, three streams)
+        if "numasched" in backends:   # one long prompt: the overlapped prefill and the sequence-parallel one
             plain = backends["numasched"]
-            be = NumaschedBackend(world, plain.ctx, prefill_overlap=2)
             long_ids = torch.randint(0, hf.config.vocab_size, (1, 1100), device="cuda",
                                      generator=torch.Generator("cuda").manual_seed(1))
             want = model.prefill(long_ids, plain.new_cache(model, batch=1, capacity=1104, page_size=16), plain)
-            cache = be.new_cache(model, batch=1, capacity=1104, page_size=16)
-            assert be.prefill_chunks(1, 1100) == 2
-            eager = model.prefill(long_ids, cache, be).clone()
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                model.prefill(long_ids, cache, be)
-            torch.cuda.current_stream().wait_stream(side)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                out = model.prefill(long_ids, cache, be)
-            out.fill_(float("nan"))
-            g.replay()
-            torch.cuda.synchronize()
-            e1, e2 = rel(eager, want), rel(out, want)
-            ok = e1 < 2e-2 and e2 < 2e-2
-            failed += not ok
-            if rank == 0:
-                print(f"{'PASS' if ok else 'FAIL'} tp {world} {family} numasched overlapped prefill of 1100 tokens: "
-                      f"rel err vs one step {e1:.2e} (eager), {e2:.2e} (graph)", flush=True)
-            # the sequence-parallel prefill (all_gather_matmul / matmul_reduce_scatter), eager and graph
-            sp = NumaschedBackend(world, plain.ctx, prefill_seq_parallel=True)
-            assert sp.seq_parallel(1, 1100)
-            cache = sp.new_cache(model, batch=1, capacity=1104, page_size=16)
-            eager = model.prefill(long_ids, cache, sp).clone()
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                model.prefill(long_ids, cache, sp)
-            torch.cuda.current_stream().wait_stream(side)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                out = model.prefill(long_ids, cache, sp)
-            out.fill_(float("nan"))
-            g.replay()
-            torch.cuda.synchronize()
-            e1, e2 = rel(eager, want), rel(out, want)
-            ok = e1 < 2e-2 and e2 < 2e-2
-            failed += not ok
-            if rank == 0:
-                print(f"{'PASS' if ok else 'FAIL'} tp {world} {family} numasched sequence-parallel prefill of 1100 "
-                      f"tokens: rel err vs bulk {e1:.2e} (eager), {e2:.2e} (graph)", flush=True)
+            overlap = NumaschedBackend(world, plain.ctx, prefill_overlap=2)   # two row chunks, three streams
+            seqpar = NumaschedBackend(world, plain.ctx, prefill_seq_parallel=True)
+            assert overlap.prefill_chunks(1, 1100) == 2 and seqpar.seq_parallel(1, 1100)
+            for what, be in (("overlapped", overlap), ("sequence-parallel", seqpar)):
+                e1, e2 = _long_prefill_errors(model, be, long_ids, want)
+                ok = e1 < 2e-2 and e2 < 2e-2
+                failed += not ok
+                if rank == 0:
+                    print(f"{'PASS' if ok else 'FAIL'} tp {world} {family} numasched {what} prefill of 1100 tokens: "
+                          f"rel err vs one bulk step {e1:.2e} (eager), {e2:.2e} (graph)", flush=True)
         del hf
     flag = torch.tensor([failed], device="cuda")
     dist.all_reduce(flag)
