@@ -24,7 +24,9 @@ and the step split into its components, each timed alone in its own CUDA graph x
 
 (numasched with ``--prefill-seq-parallel``, prefill: gemm_in gathers its rows
 (all_gather_matmul), row_parallel reduce-scatters them (matmul_reduce_scatter), and the norms and
-residual adds of elementwise run on 1/tp of the rows, as the sequence-parallel step does)
+residual adds of elementwise run on 1/tp of the rows, as the sequence-parallel step does; the
+all-gathers then sit in gemm_in, so bulk_sync_tax counts the reduce-scatters only, and the final
+gather of the rows for the logits falls in the locality tax)
 
 and three taxes (docs/models.md has the definitions and their limits):
 
@@ -195,7 +197,10 @@ def _dry_run(args) -> int:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.prefill_seq_parallel and (args.prefill_overlap or 1) > 1:
+        parser.error("--prefill-seq-parallel and --prefill-overlap are two ways to run the prefill: pass one")
     _settle(args)
     try:
         _spec(args)[1].check_tp(args.tp)

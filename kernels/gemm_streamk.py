@@ -94,9 +94,9 @@ def gemm_streamk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
     #    the operands' more: numasched/sim/streamk.py, docs/mappings.md.) ``v`` names the piece.
     #    Fewer tiles remain than programs, so a piece (W <= I iterations) lies in one tile or in
     #    two: the tail [k_lo, I) of the tile it starts in and the head [0, k_end) of the next.
-    #    K_ALIGNED runs the head first: every program is then at K iteration tau or
-    #    tau + (I - W) at time tau, so the programs read one narrow band of A and B columns at
-    #    once, as a data-parallel wave does. Tail first (the default, the order measured so far),
+    #    K_ALIGNED runs the head first: every program is then within K iterations
+    #    [tau, tau + I - W] at time tau (a piece that crosses a tile at tau or tau + I - W), so
+    #    the programs read one band of A and B columns at once, as a data-parallel wave does. Tail first (the default, the order measured so far),
     #    the programs' K positions spread over the whole of K. (The simulator's H200 reads
     #    0.39-1.00x the HBM bytes K-aligned: scripts/sim_streamk_orders.py. Not yet timed.)
     v = pid

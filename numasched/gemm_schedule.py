@@ -156,8 +156,9 @@ class Schedule:
             raise ValueError(f"a schedule reads like 'streamk 128x256x64 w8 s4 persistent' "
                              f"(kind BMxBNxBK wWARPS sSTAGES [splitN] [persistent]), got {text!r}")
         kind, bm, bn, bk, w, st, split, pers = m.groups()
+        # the name does not carry the epilogue: subtiled as the chooser's candidates have it (128 x 256)
         return cls(kind, int(bm), int(bn), int(bk), int(split or 1), int(w), int(st), bool(pers),
-                   kind == "tiled" and int(bn) >= 256)
+                   kind == "tiled" and int(bm) >= 128 and int(bn) >= 256)
 
     def config(self) -> dict:
         """Keyword arguments of the kernel's launch."""

@@ -997,3 +997,16 @@ def test_chooser_breaks_ties_by_bytes_in_flight(m, n, k):
     a = GS.Schedule("splitk", 128, 64, 64, 1, 8, 6)
     b = GS.Schedule("splitk", 128, 64, 128, 1, 8, 4)
     assert GS.inflight_bytes(b, 2, machine) > GS.inflight_bytes(a, 2, machine)
+
+
+def test_schedule_names_parse_back_to_the_chooser_s_schedules():
+    """Every schedule the chooser weighs reads back from its name (the results' and --extra's
+    form), epilogue included; a malformed name is refused showing the form."""
+    from numasched import gemm_schedule as GS
+
+    machine = GS._KNOWN["h200"]
+    for m, n, k in [(1, 4096, 4096), (64, 6144, 4096), (512, 5120, 5120), (1024, 2560, 8192), (4096, 4096, 4096)]:
+        for s in GS.candidates(m, n, k, 2, machine):
+            assert GS.Schedule.parse(s.describe()) == s, s
+    with pytest.raises(ValueError, match="kind BMxBNxBK"):
+        GS.Schedule.parse("tiled 128x256 w8")

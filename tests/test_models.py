@@ -283,6 +283,13 @@ def _tp2_worker(rank, world, port, out_path):
             # rows that do not split evenly over the ranks (1 x 5) take the bulk path
             odd = TorchBackend(world, prefill_seq_parallel=True)
             assert odd.seq_parallel(2, 5) and not odd.seq_parallel(1, 5)
+            # a model sharded for another rank than this process's: refused, not silently wrong
+            swapped = TPDecoder.from_hf(hf, tp_rank=world - 1 - rank, tp_size=world)
+            try:
+                swapped.prefill(ids[:, :6], odd.new_cache(swapped, batch=2, capacity=9, page_size=4), odd)
+                errs[f"{family}/swapped_refused"] = False
+            except ValueError as e:
+                errs[f"{family}/swapped_refused"] = "needs them equal" in str(e)
         if rank == 0:
             with open(out_path, "w") as f:
                 f.write(repr(errs))
@@ -308,6 +315,8 @@ def test_tp2_torch_backend_over_gloo_matches_transformers(tmp_path):
         pytest.fail("the two gloo ranks did not finish in 120 s")
     errs = eval(out.read_text())
     calls = {k: errs.pop(k) for k in [k for k in errs if k.endswith("_calls")]}
+    refused = {k: errs.pop(k) for k in [k for k in errs if k.endswith("_refused")]}
+    assert len(refused) == 2 and all(refused.values()), refused
     assert set(errs) == {"llama/vocab_parallel", "llama/replicated", "qwen3/vocab_parallel", "qwen3/replicated",
                          "llama/seq_parallel", "qwen3/seq_parallel"}
     assert max(errs.values()) < 1e-4, errs
@@ -496,8 +505,10 @@ def _tp_gpu_main() -> int:
             want = model.prefill(long_ids, plain.new_cache(model, batch=1, capacity=1104, page_size=16), plain)
             overlap = NumaschedBackend(world, plain.ctx, prefill_overlap=2)   # two row chunks, three streams
             seqpar = NumaschedBackend(world, plain.ctx, prefill_seq_parallel=True)
-            assert overlap.prefill_chunks(1, 1100) == 2 and seqpar.seq_parallel(1, 1100)
+            assert overlap.prefill_chunks(1, 1100) == 2 and seqpar.seq_parallel(1, 1100) == (1100 % world == 0)
             for what, be in (("overlapped", overlap), ("sequence-parallel", seqpar)):
+                if what == "sequence-parallel" and 1100 % world:
+                    continue   # 1100 rows do not split over this many ranks: the bulk path, checked above
                 e1, e2 = _long_prefill_errors(model, be, long_ids, want)
                 ok = e1 < 2e-2 and e2 < 2e-2
                 failed += not ok
@@ -526,3 +537,11 @@ def test_tp2_on_gpus_matches_transformers():
 
 if __name__ == "__main__":
     sys.exit(_tp_gpu_main())
+
+
+def test_bench_e2e_refuses_two_prefill_modes(capsys):
+    from numasched.bench import e2e
+
+    with pytest.raises(SystemExit):
+        e2e.main(["--dry-run", "--prefill-seq-parallel", "--prefill-overlap", "2"])
+    assert "--prefill-seq-parallel and --prefill-overlap" in capsys.readouterr().err

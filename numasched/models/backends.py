@@ -82,6 +82,15 @@ class Backend:
         """Whether a prefill of ``batch`` x ``seq`` tokens runs sequence-parallel."""
         return bool(self.prefill_seq_parallel) and self.tp_size > 1 and (batch * seq) % self.tp_size == 0
 
+    def group_rank(self) -> int:
+        """This process's rank in the TP group the row gathers run on (the model's tp_rank must
+        equal it: the sequence-parallel prefill keeps rows by the model's rank)."""
+        if self.tp_size == 1:
+            return 0
+        import torch.distributed as dist
+
+        return dist.get_rank(self.group)
+
     def all_gather_rows(self, x: torch.Tensor) -> torch.Tensor:
         """(T / tp, N) on every rank -> (T, N), rank r's rows at [r * T / tp, ...)."""
         if self.tp_size == 1:
@@ -200,13 +209,14 @@ class TorchBackend(Backend):
         return F.linear(x, w) if out is None else torch.matmul(x, w.t(), out=out)
 
     def all_reduce(self, x, *, out=None, check=True):
-        # NCCL reduces in place and has no status to read
+        # NCCL reduces in place (into out, x left alone when out is another tensor) and has no
+        # status to read
+        if out is not None and out is not x:
+            x = out.copy_(x)
         if self.tp_size > 1:
             import torch.distributed as dist
 
             dist.all_reduce(x, group=self.group)
-        if out is not None and out is not x:
-            return out.copy_(x)
         return x
 
     def row_parallel(self, x, w):
@@ -264,7 +274,8 @@ class NumaschedBackend(Backend):
         the rows (fewer tiles per wave).
     prefill_seq_parallel: run a TP prefill sequence-parallel: ``all_gather_matmul`` for the
         column-parallel projections (QKV, gate/up), ``matmul_reduce_scatter`` for the row-parallel
-        ones (O, down), each with ``impl="auto"`` (fused or NCCL + cuBLAS by the cost model), and
+        ones (O, down), with ``impl="auto"`` (fused or NCCL + cuBLAS by the cost model; "bulk"
+        where ``impl`` is "bulk"/"nccl" or ``gemm="torch"``, "fused" where ``impl="fused"``), and
         the residual adds and norms on 1/tp of the rows. Opt-in, not yet timed on GPUs (the
         all-reduce bytes are the same; the elementwise work per rank is 1/tp). Exclusive with
         ``prefill_overlap``.
@@ -381,19 +392,28 @@ class NumaschedBackend(Backend):
                                             causal=True, causal_offset=k.shape[0] - rows, mapping=self.mapping)
         return out.transpose(1, 2).reshape(rows, H * D)
 
-    _AG_IMPL = {"bulk": "bulk", "nccl": "bulk"}   # the sequence-parallel prefill's two collectives
+    def _seq_impl(self) -> str:
+        """The sequence-parallel prefill's collectives: "bulk" (NCCL + torch.matmul) where the
+        backend asks for NCCL or for torch's GEMM, "fused" where it asks for fused kernels, else
+        their cost model ("auto")."""
+        if self.impl in ("bulk", "nccl") or self.gemm == "torch":
+            return "bulk"
+        return "fused" if self.impl == "fused" else "auto"
+
+    def group_rank(self):
+        return 0 if self.tp_size == 1 else self.ctx.rank
 
     def all_gather_linear(self, x, w):
         if self.tp_size == 1:
             return self.linear(x, w)
-        return self._nd.all_gather_matmul(x, w.t(), ctx=self.ctx, mapping=self.mapping,
-                                          impl=self._AG_IMPL.get(self.impl, "auto"), check=self.check)
+        return self._nd.all_gather_matmul(x, w.t(), ctx=self.ctx, mapping=self.mapping, impl=self._seq_impl(),
+                                          check=self.check)
 
     def linear_reduce_scatter(self, x, w):
         if self.tp_size == 1:
             return self.linear(x, w)
-        return self._nd.matmul_reduce_scatter(x, w.t(), ctx=self.ctx, mapping=self.mapping,
-                                              impl=self._AG_IMPL.get(self.impl, "auto"), check=self.check)
+        return self._nd.matmul_reduce_scatter(x, w.t(), ctx=self.ctx, mapping=self.mapping, impl=self._seq_impl(),
+                                              check=self.check)
 
     def row_parallel(self, x, w):
         if self.tp_size == 1:

@@ -452,6 +452,10 @@ class TPDecoder:
         write and attention see all T rows of this rank's heads. The bytes moved equal the
         all-reduces' (an all-reduce is a reduce-scatter and an all-gather); the norms, residual
         adds and their memory traffic are 1/tp per rank. Returns all T final-normed rows."""
+        if backend.group_rank() != self.tp_rank:   # rows are kept by our rank, gathered by the group's
+            raise ValueError(f"the model holds shard {self.tp_rank} but this process is rank "
+                             f"{backend.group_rank()} of the backend's TP group: the sequence-parallel prefill "
+                             f"needs them equal")
         s, hq, hk, D = self.spec, self.heads_local, self.kv_heads_local, self.spec.head_dim
         norm, add_norm, qkv_rope_, swiglu = self._layer_ops()
         cos, sin = cs[:, 0], cs[:, 1]
