@@ -80,7 +80,8 @@ def _reduce_chunk(x_ptr, recv, span, c, g, m, out_ptr, flags_ptr, P, p, target, 
 def all_reduce_kernel(x_ptr, out_ptr, buf_ptr, buf2_ptr, flags_ptr, status_ptr, epoch_ptr, counters_ptr,
                       heap_bases, rank, n, shard, iters, wait_bound,
                       WORLD: tl.constexpr, BLOCK: tl.constexpr, TWO_SHOT: tl.constexpr, STAGES: tl.constexpr,
-                      BUMP_EPOCH: tl.constexpr, WAIT_CLOCK: tl.constexpr, PDL: tl.constexpr = False):
+                      BUMP_EPOCH: tl.constexpr, WAIT_CLOCK: tl.constexpr, PDL: tl.constexpr = False,
+                      ONE_PROGRAM: tl.constexpr = False):
     pdl_enter(PDL)  # PDL: wait for the previous kernel here (kernels/pdl.py)
     # x_ptr, out_ptr: (n,) contiguous (out may be x). buf_ptr: heap (2, WORLD, span) received
     # copies (span = shard: n rounded up to 16 one-shot, the shard two-shot); buf2_ptr: heap (2, WORLD * shard) reduced shards
@@ -179,14 +180,15 @@ def all_reduce_kernel(x_ptr, out_ptr, buf_ptr, buf2_ptr, flags_ptr, status_ptr, 
                             else:
                                 _st(out_ptr + g, _ld(reduced + g, m, False), m, False)
 
-    epoch_end(epoch_ptr, counters_ptr, P, e, BUMP_EPOCH)
+    epoch_end(epoch_ptr, counters_ptr, P, e, BUMP_EPOCH, ONE_PROGRAM)
 
 
 @triton.jit(do_not_specialize=["M", "iters"])
 def all_reduce_add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, res_out_ptr, y_ptr, buf_ptr, flags_ptr, status_ptr,
                                   epoch_ptr, counters_ptr, heap_bases, rank, M, N, iters, eps, wait_bound,
                                   WORLD: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
-                                  BUMP_EPOCH: tl.constexpr, WAIT_CLOCK: tl.constexpr, PDL: tl.constexpr = False):
+                                  BUMP_EPOCH: tl.constexpr, WAIT_CLOCK: tl.constexpr, PDL: tl.constexpr = False,
+                                  ONE_PROGRAM: tl.constexpr = False):
     """One-shot all-reduce of x (M, N) fused with the transformer's residual add and RMSNorm:
 
         s = sum over ranks of x        (fp32 in rank order, rounded to x's dtype, as an all-reduce returns it)
@@ -243,4 +245,4 @@ def all_reduce_add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, res_out_ptr, y_ptr, buf
                 tl.store(y_ptr + row * N + cols, (w.to(tl.float32) * normed.to(tl.float32)).to(y_ptr.dtype.element_ty),
                          mask=m)
 
-    epoch_end(epoch_ptr, counters_ptr, P, e, BUMP_EPOCH)
+    epoch_end(epoch_ptr, counters_ptr, P, e, BUMP_EPOCH, ONE_PROGRAM)

@@ -111,9 +111,16 @@ def epoch_begin(epoch_ptr):
 
 
 @triton.jit
-def epoch_end(epoch_ptr, counters_ptr, num_programs, target, BUMP: tl.constexpr):
+def epoch_end(epoch_ptr, counters_ptr, num_programs, target, BUMP: tl.constexpr, ONE: tl.constexpr = False):
     """Count this program out; the last one resets the ticket/exit counters and (if BUMP) publishes
-    ``epoch = target``. ``counters_ptr[0]`` is the tile-ticket counter, ``[1]`` the exit counter."""
+    ``epoch = target``. ``counters_ptr[0]`` is the tile-ticket counter, ``[1]`` the exit counter.
+    ONE (a grid of one program that takes no tickets, e.g. a small all-reduce): that program is
+    the last and every read of the epoch was its own, so it only publishes the epoch (one atomic
+    on the way out of a latency-bound call instead of four)."""
+    if ONE:
+        if BUMP:
+            tl.atomic_xchg(epoch_ptr, target, sem="release", scope="gpu")
+        return
     done = tl.atomic_add(counters_ptr + 1, 1, sem="acq_rel", scope="gpu")
     if done == num_programs - 1:
         tl.atomic_xchg(counters_ptr + 0, 0, sem="relaxed", scope="gpu")

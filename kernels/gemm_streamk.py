@@ -96,8 +96,9 @@ def gemm_streamk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
     #    two: the tail [k_lo, I) of the tile it starts in and the head [0, k_end) of the next.
     #    K_ALIGNED runs the head first: every program is then within K iterations
     #    [tau, tau + I - W] at time tau (a piece that crosses a tile at tau or tau + I - W), so
-    #    the programs read one band of A and B columns at once, as a data-parallel wave does. Tail first (the default, the order measured so far),
-    #    the programs' K positions spread over the whole of K. (The simulator's H200 reads
+    #    the programs read one band of A and B columns at once, as a data-parallel wave does.
+    #    Tail first (the default, the order measured so far), the programs' K positions spread
+    #    over the whole of K. (The simulator's H200 reads
     #    0.39-1.00x the HBM bytes K-aligned: scripts/sim_streamk_orders.py. Not yet timed.)
     v = pid
     W = iters_per_program

@@ -642,6 +642,8 @@ for two in (False, True):
                 WAIT_CLOCK=True)
     c = compile_(dist_allreduce.all_reduce_kernel, vals, sm90, 8)
     res["ar2" if two else "ar1"] = dict(ptx=c.asm["ptx"])
+vals.update(TWO_SHOT=False, shard=4112, ONE_PROGRAM=True)   # a one-program grid (a small all-reduce)
+res["ar1_one"] = dict(ptx=compile_(dist_allreduce.all_reduce_kernel, vals, sm90, 8).asm["ptx"])
 try:
     c = compile_(dist_gemm.all_gather_matmul_kernel, ag_values(M.get("chiplet_tiled"), clock=False),
                  GPUTarget("hip", "gfx942", 64),
@@ -700,6 +702,13 @@ def test_kernels_compile_for_hopper(subprocess_result):
         assert re.search(r"(ld|atom)\.global\.sys\.acquire", k["ptx"])
     # the one-kernel GEMM + all-reduce: partial tiles released to the peer, acquired before the sum,
     # and the K loop pipelined (4 stages of a 16 x 128 A tile and a 128 x 64 B tile in shared memory)
+    # a one-program grid leaves with one epoch release, without the exit counter's gpu-scope atomics
+    # (the relaxed "or"s set a dead peer's status bit: the timeout path only)
+    exit_atom = r"atom\.global\.gpu\.(acq_rel\.add|relaxed\.exch|release\.exch)"
+    gpu_atoms = lambda ptx: len(re.findall(exit_atom, ptx))  # noqa: E731
+    one, many = subprocess_result["ar1_one"]["ptx"], subprocess_result["ar1"]["ptx"]
+    assert gpu_atoms(one) == 1 and gpu_atoms(many) == 4, (gpu_atoms(one), gpu_atoms(many))
+    assert re.search(r"atom\.global\.gpu\.release\.exch", one)
     arn = subprocess_result["arn"]   # the fused all-reduce + add + RMSNorm: vector stores to the peer, flags
     assert "st.global.v4" in arn["ptx"] and re.search(r"atom\.global\.sys\.release\.exch", arn["ptx"])
     assert subprocess_result["one_row"]   # M = 1 compiles (it once broke: an int 1 became a constant)

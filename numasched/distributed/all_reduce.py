@@ -143,7 +143,7 @@ class AllReduce(_Op):
             from numasched.kernels.dist_allreduce import all_reduce_kernel
 
             kw = dict(WORLD=ctx.world, BLOCK=c["BLOCK"], TWO_SHOT=two, STAGES=stages, BUMP_EPOCH=phase == last,
-                      WAIT_CLOCK=ctx.wait_clock)
+                      WAIT_CLOCK=ctx.wait_clock, ONE_PROGRAM=c["programs"] == 1)
             if ctx.device.type != "cpu":
                 kw["num_warps"] = c["num_warps"]
             return all_reduce_kernel, kw

@@ -101,7 +101,7 @@ class AllReduceAddRmsnorm(_Op):
             from numasched.kernels.dist_allreduce import all_reduce_add_rmsnorm_kernel
 
             kw = dict(WORLD=ctx.world, BLOCK_N=c["BLOCK_N"], STAGES=stages, BUMP_EPOCH=phase in ("full", "consume"),
-                      WAIT_CLOCK=ctx.wait_clock)
+                      WAIT_CLOCK=ctx.wait_clock, ONE_PROGRAM=c["programs"] == 1)
             if _on_gpu(x):
                 kw["num_warps"] = c["num_warps"]
             return all_reduce_add_rmsnorm_kernel, kw
