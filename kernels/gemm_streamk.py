@@ -98,8 +98,8 @@ def gemm_streamk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
     #    [tau, tau + I - W] at time tau (a piece that crosses a tile at tau or tau + I - W), so
     #    the programs read one band of A and B columns at once, as a data-parallel wave does.
     #    Tail first (the default, the order measured so far), the programs' K positions spread
-    #    over the whole of K. (The simulator's H200 reads
-    #    0.39-1.00x the HBM bytes K-aligned: scripts/sim_streamk_orders.py. Not yet timed.)
+    #    over the whole of K. (The simulator's H200 reads 0.39-1.00x the HBM bytes K-aligned:
+    #    scripts/sim_streamk_orders.py. Not yet timed on a GPU.)
     v = pid
     W = iters_per_program
     total = (num_tiles - dp_tiles) * I
