@@ -280,6 +280,13 @@ def _tp2_worker(rank, world, port, out_path):
             got = run_teacher_forced(model, Counted(world, prefill_seq_parallel=True), ids, prompt=6)
             errs[f"{family}/seq_parallel"] = rel(got, reference(hf, ids))
             errs[f"{family}/seq_parallel_calls"] = calls
+            # the last-token logits alone (each rank's last rows through one small all-reduce), with
+            # prompts whose ends fall on either rank (2 x 4: rows 3 and 7, 4 per rank) or one only
+            for shape in ((2, 4), (1, 8), (2, 3)):
+                p_ids = ids[: shape[0], : shape[1]]
+                be = TorchBackend(world, prefill_seq_parallel=True)
+                last = model.prefill(p_ids, be.new_cache(model, batch=shape[0], capacity=9, page_size=4), be)
+                errs[f"{family}/seq_parallel_last_{shape[0]}x{shape[1]}"] = rel(last, reference(hf, p_ids)[:, -1])
             # rows that do not split evenly over the ranks (1 x 5) take the bulk path
             odd = TorchBackend(world, prefill_seq_parallel=True)
             assert odd.seq_parallel(2, 5) and not odd.seq_parallel(1, 5)
@@ -317,8 +324,9 @@ def test_tp2_torch_backend_over_gloo_matches_transformers(tmp_path):
     calls = {k: errs.pop(k) for k in [k for k in errs if k.endswith("_calls")]}
     refused = {k: errs.pop(k) for k in [k for k in errs if k.endswith("_refused")]}
     assert len(refused) == 2 and all(refused.values()), refused
-    assert set(errs) == {"llama/vocab_parallel", "llama/replicated", "qwen3/vocab_parallel", "qwen3/replicated",
-                         "llama/seq_parallel", "qwen3/seq_parallel"}
+    assert set(errs) == {f"{f}/{k}" for f in ("llama", "qwen3") for k in (
+        "vocab_parallel", "replicated", "seq_parallel", "seq_parallel_last_2x4", "seq_parallel_last_1x8",
+        "seq_parallel_last_2x3")}
     assert max(errs.values()) < 1e-4, errs
     for c in calls.values():   # O and down per layer, each over all 12 prompt rows (decode: never)
         assert c and len(c) % 2 == 0 and set(c) == {12}, calls

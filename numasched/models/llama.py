@@ -418,13 +418,19 @@ class TPDecoder:
             raise TypeError(f"cache is a {type(cache).__name__}; the {backend.name} backend reads a "
                             f"{backend.cache_class.__name__} (backend.new_cache(model, ...))")
 
-    def _stack(self, ids: torch.Tensor, cs: torch.Tensor, cache, backend, batch: int, seq: Optional[int]):
+    def _stack(self, ids: torch.Tensor, cs: torch.Tensor, cache, backend, batch: int, seq: Optional[int],
+               last_only: bool = False):
         """Every layer on token ids (T,) with cos/sin (T, 2, D); seq None: one decode token per
-        sequence. Returns the final-normed hidden states (T, hidden)."""
+        sequence. Returns the final-normed hidden states (T, hidden), or with ``last_only`` (a
+        prefill) those of each sequence's last token (batch, hidden)."""
+        if seq is not None and backend.seq_parallel(batch, seq) and backend.prefill_chunks(batch, seq) == 1:
+            return self._stack_seq_parallel(ids, cs, cache, backend, batch, seq, last_only)
+        x = self._stack_rows(ids, cs, cache, backend, batch, seq)
+        return x.view(batch, seq, -1)[:, -1] if last_only else x
+
+    def _stack_rows(self, ids: torch.Tensor, cs: torch.Tensor, cache, backend, batch: int, seq: Optional[int]):
         if seq is not None and (chunks := backend.prefill_chunks(batch, seq)) > 1:
             return self._stack_overlapped(ids, cs, cache, backend, chunks)
-        if seq is not None and backend.seq_parallel(batch, seq):
-            return self._stack_seq_parallel(ids, cs, cache, backend, batch, seq)
         s, hq, hk, D = self.spec, self.heads_local, self.kv_heads_local, self.spec.head_dim
         norm, add_norm, qkv_rope_, swiglu = self._layer_ops()
         cos, sin = cs[:, 0], cs[:, 1]
@@ -444,14 +450,18 @@ class TPDecoder:
                                                  h, nxt, s.eps, add_norm)
         return x
 
-    def _stack_seq_parallel(self, ids: torch.Tensor, cs: torch.Tensor, cache, backend, batch: int, seq: int):
+    def _stack_seq_parallel(self, ids: torch.Tensor, cs: torch.Tensor, cache, backend, batch: int, seq: int,
+                            last_only: bool):
         """The prefill sequence-parallel (Megatron style): this rank keeps rows [r T / tp, (r + 1)
         T / tp) of the residual stream and normalises only those; a column-parallel projection
         all-gathers its input rows (``backend.all_gather_linear``), a row-parallel one
         reduce-scatters its output rows (``backend.linear_reduce_scatter``); RoPE, the cache
         write and attention see all T rows of this rank's heads. The bytes moved equal the
         all-reduces' (an all-reduce is a reduce-scatter and an all-gather); the norms, residual
-        adds and their memory traffic are 1/tp per rank. Returns all T final-normed rows."""
+        adds and their memory traffic are 1/tp per rank. Returns all T final-normed rows
+        (gathered), or with ``last_only`` each sequence's last row: every rank puts the ones it
+        holds into a zero (batch, hidden) block and one small all-reduce assembles them (exact:
+        one non-zero term per element)."""
         if backend.group_rank() != self.tp_rank:   # rows are kept by our rank, gathered by the group's
             raise ValueError(f"the model holds shard {self.tp_rank} but this process is rank "
                              f"{backend.group_rank()} of the backend's TP group: the sequence-parallel prefill "
@@ -473,7 +483,17 @@ class TPDecoder:
             nxt = self.layers[i + 1].ln1 if i + 1 < len(self.layers) else self.norm
             g = swiglu(backend.all_gather_linear(x, L.wgu), self.inter_local)
             h, x = add_norm(backend.linear_reduce_scatter(g, L.wdown), h, nxt, s.eps)
-        return backend.all_gather_rows(x)
+        if not last_only:
+            return backend.all_gather_rows(x)
+        # sequence b ends at row b * seq + seq - 1; ours are [start, start + rows): the sequences
+        # b0 <= b < b1, every seq-th of our rows (a strided slice: no index tensor, graph-safe)
+        last = torch.zeros(batch, x.shape[1], device=x.device, dtype=x.dtype)
+        b0 = max(0, -(-(mine.start - seq + 1) // seq))
+        b1 = min(batch, -(-(mine.stop - seq + 1) // seq))
+        if b1 > b0:
+            first = b0 * seq + seq - 1 - mine.start
+            last[b0:b1] = x[first::seq][:b1 - b0]
+        return backend.all_reduce(last)
 
     def _stack_overlapped(self, ids: torch.Tensor, cs: torch.Tensor, cache, backend, chunks: int) -> torch.Tensor:
         """:meth:`_stack` for the prefill of one prompt in ``chunks`` row blocks that overlap their
@@ -580,9 +600,7 @@ class TPDecoder:
         B, S = ids.shape
         cache.begin_prefill(S)
         cs = self.rope_table(S)[:S].repeat(B, 1, 1)
-        x = self._stack(ids.reshape(-1), cs, cache, backend, B, S)
-        if not all_logits:
-            x = x.view(B, S, -1)[:, -1]
+        x = self._stack(ids.reshape(-1), cs, cache, backend, B, S, last_only=not all_logits)
         logits = self._logits(x, backend)
         return logits.view(B, S, -1) if all_logits else logits
 
