@@ -39,6 +39,11 @@ def _dist_world(group=None) -> tuple:
     return 0, 1
 
 
+def _torch_linear(x: torch.Tensor, w: torch.Tensor, out: Optional[torch.Tensor]) -> torch.Tensor:
+    """cuBLAS's ``x @ w.T``, into ``out`` when given."""
+    return F.linear(x, w) if out is None else torch.matmul(x, w.t(), out=out)
+
+
 def _flag(name: str, v) -> bool:
     if not isinstance(v, bool):
         raise TypeError(f"{name} must be True or False, got {v!r}")
@@ -64,14 +69,8 @@ class Backend:
         """(T, N_local) on every rank -> (T, N_local * world), rank r's columns at [r * N_local, ...)."""
         if self.tp_size == 1:
             return x
-        import torch.distributed as dist
-
         T, N = x.shape
-        out = torch.empty((self.tp_size * T, N), dtype=x.dtype, device=x.device)
-        # all_gather_single where it exists (torch >= 2.13 deprecates the older name)
-        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-        gather(out, x.contiguous(), group=self.group)
-        return out.view(self.tp_size, T, N).permute(1, 0, 2).reshape(T, self.tp_size * N)
+        return self.all_gather_rows(x).view(self.tp_size, T, N).permute(1, 0, 2).reshape(T, self.tp_size * N)
 
     # -- a sequence-parallel prefill (TPDecoder._stack_seq_parallel): the residual stream, the norms
     # and the residual adds on this rank's 1/tp of the rows; each column-parallel projection
@@ -98,6 +97,7 @@ class Backend:
         import torch.distributed as dist
 
         out = torch.empty((self.tp_size * x.shape[0], x.shape[1]), dtype=x.dtype, device=x.device)
+        # all_gather_single where it exists (torch >= 2.13 deprecates the older name)
         gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         gather(out, x.contiguous(), group=self.group)
         return out
@@ -206,7 +206,7 @@ class TorchBackend(Backend):
             return F.scaled_dot_product_attention(q, k, v, **kw)
 
     def linear(self, x, w, out=None):
-        return F.linear(x, w) if out is None else torch.matmul(x, w.t(), out=out)
+        return _torch_linear(x, w, out)
 
     def all_reduce(self, x, *, out=None, check=True):
         # NCCL reduces in place (into out, x left alone when out is another tensor) and has no
@@ -334,7 +334,7 @@ class NumaschedBackend(Backend):
 
     def linear(self, x, w, out=None):
         if self._gemm_engine(x.shape[0]) == "torch":
-            return F.linear(x, w) if out is None else torch.matmul(x, w.t(), out=out)
+            return _torch_linear(x, w, out)
         return self._ns.matmul(x, w.t(), out=out, mapping=self.mapping)
 
     def linear_swiglu(self, x, w, n, swiglu):

@@ -423,14 +423,16 @@ class TPDecoder:
         """Every layer on token ids (T,) with cos/sin (T, 2, D); seq None: one decode token per
         sequence. Returns the final-normed hidden states (T, hidden), or with ``last_only`` (a
         prefill) those of each sequence's last token (batch, hidden)."""
-        if seq is not None and backend.seq_parallel(batch, seq) and backend.prefill_chunks(batch, seq) == 1:
+        if seq is not None and (chunks := backend.prefill_chunks(batch, seq)) > 1:
+            x = self._stack_overlapped(ids, cs, cache, backend, chunks)
+        elif seq is not None and backend.seq_parallel(batch, seq):
             return self._stack_seq_parallel(ids, cs, cache, backend, batch, seq, last_only)
-        x = self._stack_rows(ids, cs, cache, backend, batch, seq)
+        else:
+            x = self._stack_bulk(ids, cs, cache, backend, batch, seq)
         return x.view(batch, seq, -1)[:, -1] if last_only else x
 
-    def _stack_rows(self, ids: torch.Tensor, cs: torch.Tensor, cache, backend, batch: int, seq: Optional[int]):
-        if seq is not None and (chunks := backend.prefill_chunks(batch, seq)) > 1:
-            return self._stack_overlapped(ids, cs, cache, backend, chunks)
+    def _stack_bulk(self, ids: torch.Tensor, cs: torch.Tensor, cache, backend, batch: int, seq: Optional[int]):
+        """Every layer on all T rows, each row-parallel projection all-reduced (bulk-synchronous)."""
         s, hq, hk, D = self.spec, self.heads_local, self.kv_heads_local, self.spec.head_dim
         norm, add_norm, qkv_rope_, swiglu = self._layer_ops()
         cos, sin = cs[:, 0], cs[:, 1]
