@@ -191,6 +191,11 @@ def _dry_run(args) -> int:
                       f"slowest rank's median" + ("" if args.no_taxes else
                                                   "; components " + ", ".join(COMPONENTS) + " each in its own graph"))
     if args.tp > 1:
+        mode = ("sequence-parallel (all_gather_matmul / matmul_reduce_scatter, norms on 1/tp of the rows)"
+                if args.prefill_seq_parallel else
+                f"{args.prefill_overlap} overlapped row chunks" if (args.prefill_overlap or 1) > 1 else
+                "one bulk step (all-reduces)")
+        contenders.append(f"numasched prefill: {mode}")
         contenders.append(f"launch: torchrun --nproc-per-node {args.tp} (NCCL multicast off)")
     return print_plan("e2e", lines, contenders)
 

@@ -553,3 +553,5 @@ def test_bench_e2e_refuses_two_prefill_modes(capsys):
     with pytest.raises(SystemExit):
         e2e.main(["--dry-run", "--prefill-seq-parallel", "--prefill-overlap", "2"])
     assert "--prefill-seq-parallel and --prefill-overlap" in capsys.readouterr().err
+    assert e2e.main(["--dry-run", "--tp", "2", "--prefill-seq-parallel"]) == 0
+    assert "numasched prefill: sequence-parallel" in capsys.readouterr().out
