@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--precompile", type=nonneg_int, default=0, metavar="WORKERS",
                    help="compile every schedule to be timed first, in this many processes (Triton's on-disk "
                         "cache then serves the timed run; default 0: compile on first use)")
-    p.add_argument("--extra", type=_schedule_list, default=[], metavar="SCHEDULES",
+    p.add_argument("--extra", type=schedule_list, default=[], metavar="SCHEDULES",
                    help="schedules timed at every point besides the model's ('; '-separated, as the results name "
                         "them, e.g. 'streamk 128x256x64 w8 s4 persistent'); where one does not fit a point it is "
                         "reported as failed there")
@@ -72,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _schedule_list(text: str) -> list:
+def schedule_list(text: str) -> list:
+    """argparse type: '; '-separated schedule names (``Schedule.describe``'s form) -> schedules."""
     from numasched.gemm_schedule import Schedule
 
     try:

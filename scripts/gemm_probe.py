@@ -19,9 +19,13 @@ import sys
 
 
 def main(argv=None) -> int:
+    from numasched.argtypes import shape_list
+    from numasched.bench.gemm_inference import schedule_list
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shapes", required=True, help="comma-separated MxNxK")
-    p.add_argument("--schedules", default="", help="'; '-separated numasched schedules (as the bench names them)")
+    p.add_argument("--shapes", required=True, type=shape_list, help="comma-separated MxNxK")
+    p.add_argument("--schedules", type=schedule_list, default=[],
+                   help="'; '-separated numasched schedules (as the bench names them)")
     p.add_argument("--calls", type=int, default=5, help="calls of each contender (default 5)")
     p.add_argument("--no-cublas", action="store_true", help="only numasched's schedules")
     p.add_argument("--no-profiler", action="store_true",
@@ -30,14 +34,12 @@ def main(argv=None) -> int:
     import torch
 
     import numasched
-    from numasched.gemm_schedule import Schedule
 
     if not torch.cuda.is_available():
         print("gemm_probe: needs a CUDA GPU", file=sys.stderr)
         return 2
-    shapes = [tuple(int(v) for v in s.lower().split("x")) for s in args.shapes.split(",") if s.strip()]
-    scheds = [Schedule.parse(t) for t in args.schedules.split(";") if t.strip()]
-    for m, n, k in shapes:
+    scheds = args.schedules
+    for m, n, k in args.shapes:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
         ref = torch.matmul(x.double(), w.double().T)
