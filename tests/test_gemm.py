@@ -1010,3 +1010,98 @@ def test_schedule_names_parse_back_to_the_chooser_s_schedules():
             assert GS.Schedule.parse(s.describe()) == s, s
     with pytest.raises(ValueError, match="kind BMxBNxBK"):
         GS.Schedule.parse("tiled 128x256 w8")
+
+
+# ------------------------------------------------------------------------------ wide tiles
+def _wide(bm=16, bn=48, bk=16):
+    from numasched.gemm_schedule import Schedule
+
+    return Schedule("tiled", bm, bn, bk, 1, 4, 1, True)
+
+
+def test_wide_parts_and_schedule_names():
+    """A wide tile is a power of two plus a smaller one; names round-trip; other widths refused."""
+    from numasched.gemm_schedule import Schedule, wide_parts
+
+    assert wide_parts(160) == (128, 32) and wide_parts(192) == (128, 64) and wide_parts(256) == (256, 0)
+    assert wide_parts(48) == (32, 16)
+    for bad in (168, 96 + 8, 130, 24):
+        with pytest.raises(ValueError, match="power of two"):
+            wide_parts(bad)
+    s = Schedule.parse("tiled 128x160x64 w8 s4 persistent")
+    assert s.block_n == 160 and not s.subtile and s.describe() == "tiled 128x160x64 w8 s4 persistent"
+    cfg = s.config()
+    assert (cfg["BLOCK_N"], cfg["BLOCK_N2"], cfg["EPILOGUE_SUBTILE"]) == (128, 32, False)
+    assert "BLOCK_N2" not in Schedule.parse("tiled 128x256x64 w8 s4 persistent").config()
+    with pytest.raises(ValueError, match="BLOCK_N"):
+        Schedule.parse("streamk 128x160x64 w8 s4 persistent")   # wide tiles are the tiled kernel's
+    with pytest.raises(ValueError, match="power of two"):
+        Schedule.parse("tiled 128x168x64 w8 s4 persistent")
+
+
+@cpu
+@pytest.mark.parametrize("path", ["pointer", "tma"])
+@pytest.mark.parametrize("m,n,k,bn,programs", [(40, 100, 52, 48, 3), (17, 48, 36, 48, 2), (33, 200, 72, 80, 4),
+                                               (5, 28, 20, 48, 1)])
+def test_wide_tiles_match_float64(path, m, n, k, bn, programs):
+    """Tiles BLOCK_N + BLOCK_N2 wide in the interpreter (both parts, N cut inside either part or
+    beyond the second, a persistent walk of several tiles per program), TMA and pointer paths."""
+    a, b = _operands(m, n, k, torch.float32, tb=True, seed=m + n + k)
+    plan = numasched.plan_matmul(a, b, schedule=_wide(bn=bn), path=path, num_programs=programs)
+    assert plan.kernel == "tiled" and plan._launch.kwargs["BLOCK_N2"] == bn - (1 << (bn.bit_length() - 1))
+    c = plan.run(a, b, _poisoned(m, n, torch.float32))
+    assert _rel_err(c, a, b) < 1e-5
+
+
+@cpu
+@pytest.mark.parametrize("path", ["pointer", "tma"])
+def test_wide_tiles_take_the_epilogue_and_transposed_inputs(path):
+    a, b = _operands(24, 88, 40, torch.float16, ta=True, tb=False, seed=3)
+    bias = torch.randn(88, dtype=torch.float16)
+    res = torch.randn(24, 88, dtype=torch.float16)
+    plan = numasched.plan_matmul(a, b, schedule=_wide(bn=48), path=path, bias=bias, residual=res,
+                                 num_programs=2)
+    c = plan.run(a, b, _poisoned(24, 88, torch.float16), bias=bias, residual=res)
+    ref = a.double() @ b.double() + bias.double() + res.double()
+    assert ((c.double() - ref).norm() / ref.norm()).item() < TOL[torch.float16]
+
+
+def test_chooser_takes_wide_tiles_where_they_fill_the_waves():
+    """512 x 5120: 80 tiles of 128 x 256 on 132 SMs (one wave at 61 %), 128 tiles of 128 x 160:
+    the model prices the wide tile lower; 4096 x 4096 at 1024 rows fills whole waves with 128 x 256."""
+    from numasched import gemm_schedule as GS
+
+    h200 = GS.Machine.of(None)
+    wide = GS.Schedule("tiled", 128, 160, 64, 1, 8, 4, True)
+    dp = GS.Schedule("tiled", 128, 256, 64, 1, 8, 4, True, True)
+    assert GS.estimate(wide, 512, 5120, 5120, 2, h200) < 0.85 * GS.estimate(dp, 512, 5120, 5120, 2, h200)
+    assert GS.estimate(wide, 1024, 4096, 4096, 2, h200) > GS.estimate(dp, 1024, 4096, 4096, 2, h200)
+    assert GS.choose(512, 5120, 5120, torch.bfloat16).block_n in (160, 192)
+
+
+@gpu
+@pytest.mark.parametrize("m,n,k,bn", [(512, 5120, 5120, 160), (1000, 2561, 1000, 192), (129, 3000, 4096, 160)])
+def test_gpu_wide_tiles_real_sizes_and_cuda_graph(m, n, k, bn):
+    """Wide tiles on the GPU (TMA operands, F.linear's w.T) with bias and residual, eager and
+    replayed in a CUDA graph on fresh data."""
+    from numasched.gemm_schedule import Schedule
+
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    res = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    for epi in ({}, dict(bias=bias, residual=res)):
+        plan = numasched.plan_matmul(x, w.T, schedule=Schedule("tiled", 128, bn, 64, 1, 8, 4, True), **epi)
+        assert plan._launch.kwargs.get("BLOCK_N2") == bn - 128
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        plan.run(x, w.T, out, **epi)
+        ref = x.double() @ w.double().T + (bias.double() + res.double() if epi else 0)
+        assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            plan.run(x, w.T, out, **epi)
+        x.normal_()
+        out.fill_(float("nan"))
+        g.replay()
+        ref = x.double() @ w.double().T + (bias.double() + res.double() if epi else 0)
+        assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
