@@ -98,59 +98,6 @@ def gemm_tile_acc(a, b, off_m, off_n, M, N, K,
     return acc
 
 
-
-@triton.jit
-def gemm_wide_tile_acc(a, b, b2, off_m, off_n, M, N, K,
-                       stride_am, stride_ak, stride_bk, stride_bn,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_N2: tl.constexpr, BLOCK_K: tl.constexpr,
-                       USE_TMA: tl.constexpr, A_TRANS: tl.constexpr, B_TRANS: tl.constexpr,
-                       INPUT_PRECISION: tl.constexpr, INT64: tl.constexpr):
-    """The two fp32 accumulators of a tile BLOCK_N + BLOCK_N2 columns wide (160 = 128 + 32,
-    192 = 128 + 64): Triton's blocks are powers of two, so a wide tile is two of them fed by one
-    K loop that loads A once. Such tiles exist for wave quantisation: 5120 columns make 20 tiles
-    of 256 but 32 of 160, so 512 rows give 80 or 128 tiles for 132 SMs (cuBLAS runs 128 x 168
-    tiles there). ``b2`` describes B with the second part's block ([BLOCK_N2, BLOCK_K] or
-    [BLOCK_K, BLOCK_N2]) on the TMA path; on the pointer path it is B's pointer again."""
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc2 = tl.zeros((BLOCK_M, BLOCK_N2), dtype=tl.float32)
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    off_n2 = off_n + BLOCK_N
-    if USE_TMA:
-        for ki in tl.range(0, k_tiles):
-            off_k = ki * BLOCK_K
-            if A_TRANS:
-                a_tile = a.load([off_k, off_m]).T
-            else:
-                a_tile = a.load([off_m, off_k])
-            if B_TRANS:
-                b_tile = b.load([off_n, off_k]).T
-                b2_tile = b2.load([off_n2, off_k]).T
-            else:
-                b_tile = b.load([off_k, off_n])
-                b2_tile = b2.load([off_k, off_n2])
-            acc = tl.dot(a_tile, b_tile, acc, input_precision=INPUT_PRECISION)
-            acc2 = tl.dot(a_tile, b2_tile, acc2, input_precision=INPUT_PRECISION)
-    else:
-        offs_m, offs_n = _tile_offsets(off_m, off_n, BLOCK_M, BLOCK_N, INT64)
-        _, offs_n2 = _tile_offsets(off_m, off_n2, BLOCK_M, BLOCK_N2, INT64)
-        mask_m = offs_m < M
-        a_rows = a + offs_m[:, None] * stride_am
-        b_cols = b + offs_n[None, :] * stride_bn
-        b2_cols = b2 + offs_n2[None, :] * stride_bn
-        for ki in range(0, k_tiles):
-            offs_k = ki * BLOCK_K + tl.arange(0, BLOCK_K)
-            if INT64:
-                offs_k = offs_k.to(tl.int64)
-            mask_k = offs_k < K
-            a_tile = tl.load(a_rows + offs_k[None, :] * stride_ak, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-            b_tile = tl.load(b_cols + offs_k[:, None] * stride_bk, mask=mask_k[:, None] & (offs_n < N)[None, :],
-                             other=0.0)
-            b2_tile = tl.load(b2_cols + offs_k[:, None] * stride_bk, mask=mask_k[:, None] & (offs_n2 < N)[None, :],
-                              other=0.0)
-            acc = tl.dot(a_tile, b_tile, acc, input_precision=INPUT_PRECISION)
-            acc2 = tl.dot(a_tile, b2_tile, acc2, input_precision=INPUT_PRECISION)
-    return acc, acc2
-
 @triton.jit
 def _store_tile(c, c_desc, bias, res, acc, off_m, off_n, M, N, stride_cm, stride_cn, stride_rm, stride_rn,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, C_TMA: tl.constexpr,
@@ -182,39 +129,28 @@ def _store_tile(c, c_desc, bias, res, acc, off_m, off_n, M, N, stride_cm, stride
 
 
 @triton.jit
-def _gemm_one_tile(tile, num_tiles, NM, NN, a, b, b2, c, c_desc, c2_desc, bias, res, M, N, K,
+def _gemm_one_tile(tile, num_tiles, NM, NN, a, b, c, c_desc, bias, res, M, N, K,
                    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, stride_rm, stride_rn,
                    MAPPING: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    USE_TMA: tl.constexpr, A_TRANS: tl.constexpr, B_TRANS: tl.constexpr, C_TMA: tl.constexpr,
                    EPILOGUE_SUBTILE: tl.constexpr, INPUT_PRECISION: tl.constexpr, INT64: tl.constexpr,
                    K_LOOP_WS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
-                   PDL: tl.constexpr, LAST: tl.constexpr, BLOCK_N2: tl.constexpr):
+                   PDL: tl.constexpr, LAST: tl.constexpr):
     # The policy: a domain remap of the tile id, then the tile it names (a tile order).
     tm, tn = gemm_tile(tile, NM, NN, MAPPING)
     off_m = tm * BLOCK_M
-    off_n = tn * (BLOCK_N + BLOCK_N2)
-    if BLOCK_N2 > 0:  # a wide tile: two parts, one K loop
-        acc, acc2 = gemm_wide_tile_acc(a, b, b2, off_m, off_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-                                       BLOCK_M, BLOCK_N, BLOCK_N2, BLOCK_K, USE_TMA, A_TRANS, B_TRANS,
-                                       INPUT_PRECISION, INT64)
-        if LAST:
-            pdl_late(PDL)
-        _store_tile(c, c_desc, bias, res, acc, off_m, off_n, M, N, stride_cm, stride_cn, stride_rm, stride_rn,
-                    BLOCK_M, BLOCK_N, C_TMA, False, INT64, HAS_BIAS, HAS_RES)
-        _store_tile(c, c2_desc, bias, res, acc2, off_m, off_n + BLOCK_N, M, N, stride_cm, stride_cn, stride_rm,
-                    stride_rn, BLOCK_M, BLOCK_N2, C_TMA, False, INT64, HAS_BIAS, HAS_RES)
-    else:
-        acc = gemm_tile_acc(a, b, off_m, off_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-                            BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, A_TRANS, B_TRANS, INPUT_PRECISION, INT64, K_LOOP_WS)
-        if LAST:  # this program's last tile: its K loop is done (PDL "late": the next kernel may launch)
-            pdl_late(PDL)
-        _store_tile(c, c_desc, bias, res, acc, off_m, off_n, M, N, stride_cm, stride_cn, stride_rm, stride_rn,
-                    BLOCK_M, BLOCK_N, C_TMA, EPILOGUE_SUBTILE, INT64, HAS_BIAS, HAS_RES)
+    off_n = tn * BLOCK_N
+    acc = gemm_tile_acc(a, b, off_m, off_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                        BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, A_TRANS, B_TRANS, INPUT_PRECISION, INT64, K_LOOP_WS)
+    if LAST:  # this program's last tile: its K loop is done (PDL "late": the next kernel may launch)
+        pdl_late(PDL)
+    _store_tile(c, c_desc, bias, res, acc, off_m, off_n, M, N, stride_cm, stride_cn, stride_rm, stride_rn,
+                BLOCK_M, BLOCK_N, C_TMA, EPILOGUE_SUBTILE, INT64, HAS_BIAS, HAS_RES)
 
 
 @triton.jit
-def gemm_kernel(a, b, b2, c, c_desc, c2_desc, bias, res, M, N, K,
+def gemm_kernel(a, b, c, c_desc, bias, res, M, N, K,
                 stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, stride_rm, stride_rn,
                 MAPPING: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -222,15 +158,13 @@ def gemm_kernel(a, b, b2, c, c_desc, c2_desc, bias, res, M, N, K,
                 EPILOGUE_SUBTILE: tl.constexpr, USE_TMA: tl.constexpr, A_TRANS: tl.constexpr,
                 B_TRANS: tl.constexpr, C_TMA: tl.constexpr, INPUT_PRECISION: tl.constexpr,
                 INT64: tl.constexpr, HAS_BIAS: tl.constexpr = False, HAS_RES: tl.constexpr = False,
-                PDL: tl.constexpr = False, BLOCK_N2: tl.constexpr = 0):
+                PDL: tl.constexpr = False):
     """C (M, N) = A (M, K) @ B (K, N) (+ bias[n]) (+ res[m, n]); ``c`` is always C's pointer (its
-    dtype is the output's), ``c_desc`` its descriptor when C_TMA. BLOCK_N2 > 0: tiles BLOCK_N +
-    BLOCK_N2 wide (gemm_wide_tile_acc), ``b2`` / ``c2_desc`` B's and C's descriptors with the
-    second part's block (``b2`` is B's pointer again on the pointer path; both unused otherwise)."""
+    dtype is the output's), ``c_desc`` its descriptor when C_TMA."""
     pdl_enter(PDL)  # PDL: wait for the previous kernel here (kernels/pdl.py)
     pid = tl.program_id(0)
     NM = tl.cdiv(M, BLOCK_M)
-    NN = tl.cdiv(N, BLOCK_N + BLOCK_N2)
+    NN = tl.cdiv(N, BLOCK_N)
     num_tiles = NM * NN
     if PERSISTENT:
         # flatten fuses the tile and K loops so the pipeliner prefetches the next tile's operands
@@ -238,18 +172,18 @@ def gemm_kernel(a, b, b2, c, c_desc, c2_desc, bias, res, M, N, K,
         # it: see gpu_configs).
         for tile in tl.range(pid, num_tiles, tl.num_programs(0), flatten=FLATTEN,
                              warp_specialize=WARP_SPECIALIZE):
-            _gemm_one_tile(tile, num_tiles, NM, NN, a, b, b2, c, c_desc, c2_desc, bias, res, M, N, K,
+            _gemm_one_tile(tile, num_tiles, NM, NN, a, b, c, c_desc, bias, res, M, N, K,
                            stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, stride_rm, stride_rn,
                            MAPPING, BLOCK_M, BLOCK_N, BLOCK_K,
                            USE_TMA, A_TRANS, B_TRANS, C_TMA, EPILOGUE_SUBTILE, INPUT_PRECISION, INT64, False,
-                           HAS_BIAS, HAS_RES, PDL, False, BLOCK_N2)
+                           HAS_BIAS, HAS_RES, PDL, False)
         pdl_late(PDL)  # persistent: after the last tile (its epilogue is short against the loop)
     else:
-        _gemm_one_tile(pid, num_tiles, NM, NN, a, b, b2, c, c_desc, c2_desc, bias, res, M, N, K,
+        _gemm_one_tile(pid, num_tiles, NM, NN, a, b, c, c_desc, bias, res, M, N, K,
                        stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, stride_rm, stride_rn,
                        MAPPING, BLOCK_M, BLOCK_N, BLOCK_K,
                        USE_TMA, A_TRANS, B_TRANS, C_TMA, EPILOGUE_SUBTILE, INPUT_PRECISION, INT64,
-                       WARP_SPECIALIZE, HAS_BIAS, HAS_RES, PDL, True, BLOCK_N2)
+                       WARP_SPECIALIZE, HAS_BIAS, HAS_RES, PDL, True)
 
 
 late_point(gemm_kernel)

@@ -430,7 +430,7 @@ class GemmPlan(Plan):
                      HAS_RES=self._epi[1])
 
         def grid_of(kw):  # plain integer arithmetic: triton.cdiv is a slower call on the host
-            tiles = -(-Mdim // kw["BLOCK_M"]) * -(-N // (kw["BLOCK_N"] + kw.get("BLOCK_N2", 0)))
+            tiles = -(-Mdim // kw["BLOCK_M"]) * -(-N // kw["BLOCK_N"])
             if kw["PERSISTENT"]:
                 return (num_programs or persistent_programs(tiles, nsm, X),)
             return (tiles,)
@@ -440,8 +440,7 @@ class GemmPlan(Plan):
             config = schedule.config()
             config["FLATTEN"] = bool(config["PERSISTENT"]) and flatten
             config["EPILOGUE_SUBTILE"] = bool(config["EPILOGUE_SUBTILE"]) and use_tma
-            width = config["BLOCK_N"] + config.get("BLOCK_N2", 0)
-            if any(self._epi) and config["BLOCK_M"] * width >= 128 * 256 and config["num_stages"] > 3:
+            if any(self._epi) and config["BLOCK_M"] * config["BLOCK_N"] >= 128 * 256 and config["num_stages"] > 3:
                 # the bias / residual epilogue stages its tile through shared memory too: 128 x 256
                 # with 4 stages needs 262 KB on sm_90 (over the 227 KB limit; found by the GPU
                 # test of a linear layer with its residual), 3 stages 213 KB
@@ -516,15 +515,6 @@ class GemmPlan(Plan):
                                                  None if c_desc is None else c_desc.block_shape))
         return a_desc, b_desc, c_desc
 
-    def _wide_descriptors(self, b, c):
-        """B's and C's descriptors with the second part's block of a wide tile (BLOCK_N2)."""
-        kw = self._launch.kwargs
-        bm, bn2, bk = kw["BLOCK_M"], kw["BLOCK_N2"], kw["BLOCK_K"]
-        _, bv, cv = self._views
-        D = HostDesc if self._launch.compiled is not None else TensorDescriptor  # the first launch compiles
-        b2 = D(b, bv[1], bv[2], [bn2, bk] if self.b_trans else [bk, bn2])
-        return b2, (D(c, cv[1], cv[2], [bm, bn2]) if self.c_tma else None)
-
     def _args_for(self, a, b, out, bias, residual, ptrs: bool):
         """The launch's arguments (pointers as integers with ``ptrs``: the direct path)."""
         def p(t):
@@ -546,10 +536,7 @@ class GemmPlan(Plan):
             a_arg, b_arg, c_desc = self._descriptors(a, b, out)
         else:
             a_arg, b_arg, c_desc = p(a), p(b), None
-        b2_arg = c2_desc = None
-        if self._launch.kwargs.get("BLOCK_N2"):  # a wide tile's second part
-            b2_arg, c2_desc = self._wide_descriptors(b, out) if self.path == "tma" else (p(b), None)
-        return (a_arg, b_arg, b2_arg, p(out), c_desc, c2_desc, p(bias) if bias is not None else p(out),
+        return (a_arg, b_arg, p(out), c_desc, p(bias) if bias is not None else p(out),
                 p(residual) if residual is not None else p(out), *self._sizes)
 
     def _run(self, a, b, out=None, bias=None, residual=None) -> torch.Tensor:

@@ -39,7 +39,7 @@ import torch
 
 from . import caps
 
-__all__ = ["Machine", "Schedule", "candidates", "estimate", "choose", "inflight_bytes", "load_table", "wide_parts"]
+__all__ = ["Machine", "Schedule", "candidates", "estimate", "choose", "inflight_bytes", "load_table"]
 
 
 @dataclass(frozen=True)
@@ -109,10 +109,6 @@ MISALIGNED_MAX_BLOCK_K = 64
 # faster with three resident programs of K 64; with 16-row tiles (M <= 16) the deeper K blocks
 # ran 1-5 % slower, so those keep the first of the ties.
 TIE_MIN_BLOCK_M = 32
-# A wide tile (160 = 128 + 32 or 192 = 128 + 64 columns) runs its narrow part as a second, small
-# wgmma that reads the A tile from shared memory again: this share of the tensor rate (a first
-# guess, to be fitted on the H200).
-WIDE_MMA_EFFICIENCY = 0.92
 # The stream-K phase's K iterations cost this much more than the model's streaming/tensor time
 # (pipeline restarts per piece, partial tiles through L2; fitted to the same run).
 STREAMK_PIECE_COST = 1.5
@@ -160,12 +156,6 @@ class Schedule:
             raise ValueError(f"a schedule reads like 'streamk 128x256x64 w8 s4 persistent' "
                              f"(kind BMxBNxBK wWARPS sSTAGES [splitN] [persistent]), got {text!r}")
         kind, bm, bn, bk, w, st, split, pers = m.groups()
-        if kind != "tiled" or int(bn) & (int(bn) - 1) == 0:
-            for name, v in (("BLOCK_M", bm), ("BLOCK_N", bn), ("BLOCK_K", bk)):
-                if int(v) & (int(v) - 1):
-                    raise ValueError(f"{name} of a {kind} schedule is a power of two, got {v} in {text!r}")
-        else:
-            wide_parts(int(bn))  # a wide tiled tile: two powers of two
         # the name does not carry the epilogue: subtiled as the chooser's candidates have it (128 x 256)
         return cls(kind, int(bm), int(bn), int(bk), int(split or 1), int(w), int(st), bool(pers),
                    kind == "tiled" and int(bm) >= 128 and int(bn) >= 256)
@@ -175,26 +165,9 @@ class Schedule:
         cfg = dict(BLOCK_M=self.block_m, BLOCK_N=self.block_n, BLOCK_K=self.block_k, num_warps=self.num_warps,
                    num_stages=self.num_stages)
         if self.kind == "tiled":
-            main, extra = wide_parts(self.block_n)
-            cfg.update(BLOCK_N=main, PERSISTENT=self.persistent, FLATTEN=self.persistent, WARP_SPECIALIZE=False,
-                       EPILOGUE_SUBTILE=self.subtile and not extra)
-            if extra:
-                cfg["BLOCK_N2"] = extra
+            cfg.update(PERSISTENT=self.persistent, FLATTEN=self.persistent, WARP_SPECIALIZE=False,
+                       EPILOGUE_SUBTILE=self.subtile)
         return cfg
-
-
-def wide_parts(block_n: int) -> tuple:
-    """``(main, extra)``: a tile width as the tiled kernel runs it, a power of two plus a smaller
-    one (160 -> (128, 32), 192 -> (128, 64); 256 -> (256, 0)); ValueError for other widths."""
-    bn = int(block_n)
-    if bn > 0 and bn & (bn - 1) == 0:
-        return bn, 0
-    main = 1 << (bn.bit_length() - 1)
-    extra = bn - main
-    if extra < 16 or extra & (extra - 1):
-        raise ValueError(f"a tile width is a power of two or the sum of two (at least 16 each, e.g. 160 = 128 + 32), "
-                         f"got {bn}")
-    return main, extra
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -248,11 +221,6 @@ def candidates(M: int, N: int, K: int, elt: int, machine: Machine, *, splitk_onl
         out.append(Schedule("tiled", 128, 128, 64, 1, 8, 4, True, False))
         out.append(Schedule("tiled", 64, 128, 64, 1, 4, 4, True, False))
         out.append(Schedule("tiled", 64, 256, 64, 1, 8, 4, True, False))
-        # wide tiles (a power of two plus a smaller one, kernels/gemm.py gemm_wide_tile_acc): tile
-        # counts between the powers of two, so medium M fills the SMs' waves (512 x 5120: 80
-        # tiles of 128 x 256 on 132 SMs, 128 of 128 x 160)
-        for bm, bn in ((128, 160), (128, 192), (64, 160), (64, 192)):
-            out.append(Schedule("tiled", bm, bn, 64, 1, 8 if bm >= 128 else 4, 4, True, False))
         # stream-K (kernels/gemm_streamk.py): whole waves of tiles, then the remainder's K
         # iterations in equal pieces, so a last wave that would be mostly empty is not paid whole.
         # Offered up to STREAMK_MAX_WAVES waves of tiles: beyond, the remainder is a small share of
@@ -283,8 +251,6 @@ def estimate(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machine, sp
     rate = machine.tensor_flops / min(active, machine.sms) / (occ if active >= machine.sms else 1)
     if s.kind == "splitk" and s.block_m >= 64 and not splitk_tma:
         rate *= SPLITK_MMA_EFFICIENCY  # operands through registers, not TMA + wgmma from shared memory
-    if s.kind == "tiled" and s.block_n & (s.block_n - 1):
-        rate *= WIDE_MMA_EFFICIENCY  # a wide tile's narrow part: a small wgmma that re-reads A
     t_comp = 2.0 * s.block_m * s.block_n * kps / rate
     if s.kind == "streamk":
         # whole waves, then the remainder's K iterations shared equally by every SM; each program

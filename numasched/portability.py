@@ -349,12 +349,6 @@ def _gemm(path: str, dtype: str, persistent: bool, cfg=None, a_trans=False, b_tr
         ctma = c_tma and tma
         values["c_desc"] = (f"tensordesc<{dtype}[{bm}, {bn // 2 if kw['EPILOGUE_SUBTILE'] else bn}]>"
                             if ctma else None)
-        bn2 = kw.get("BLOCK_N2", 0)  # a wide tile's second part (gemm_wide_tile_acc)
-        values["b2"] = values["c2_desc"] = None
-        if bn2:
-            values["b2"] = ((f"tensordesc<{dtype}[{bn2}, {bk}]>" if b_trans else f"tensordesc<{dtype}[{bk}, {bn2}]>")
-                            if tma else f"*{dtype}")
-            values["c2_desc"] = f"tensordesc<{dtype}[{bm}, {bn2}]>" if ctma else None
         prec = ("ieee" if dtype == "fp32" else None) if precision == "default" else precision
         values.update(kw, MAPPING=mappings.get(policy).constexpr(num_domains), USE_TMA=tma, A_TRANS=a_trans,
                       B_TRANS=b_trans, C_TMA=ctma, INPUT_PRECISION=prec, INT64=int64)
