@@ -217,8 +217,11 @@ def candidates(M: int, N: int, K: int, elt: int, machine: Machine, *, splitk_onl
         # (4 stages: timed faster than 3 at 20 of 44 medium-M points on the H200, never slower by
         # more than noise)
         out.append(Schedule("tiled", 128, 256, 64, 1, 8, 4, True, True))
-        # smaller TMA tiles, so a medium M (128-1024) still gives every SM a tile
-        out.append(Schedule("tiled", 128, 128, 64, 1, 8, 4, True, False))
+        # smaller TMA tiles, so a medium M (128-1024) still gives every SM a tile. (Not 128 x
+        # 128: the split-K kernel's unsplit 128 x 128 tiles, TMA-fed with 6 stages, which the
+        # model prices the same, ran faster at 222 of 269 points timed side by side on the H200
+        # and no more than 5 % slower at 258, median 1.07x, e.g. 256 x 6144 x 4096 23.8 against
+        # 28.8 us; bench/results/gemm-s12/ and earlier gemm-* runs)
         out.append(Schedule("tiled", 64, 128, 64, 1, 4, 4, True, False))
         out.append(Schedule("tiled", 64, 256, 64, 1, 8, 4, True, False))
         # stream-K (kernels/gemm_streamk.py): whole waves of tiles, then the remainder's K

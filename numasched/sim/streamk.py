@@ -47,7 +47,7 @@ class StreamKGemmModel(GemmModel):
         piece_order: "program" (the kernel: piece p to program p) or "remap" (the policy's
             domain remap over the programs).
         k_aligned: a piece's head in the next tile (K from 0) before its tail
-            (``options.gemm_streamk_k_aligned``); False (the kernel's default): the tail first.
+            (``options.gemm_streamk_k_aligned``, on by default); False: the tail first.
     """
 
     programs: int = 0
