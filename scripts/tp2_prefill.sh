@@ -16,7 +16,8 @@ for mode in seqpar bulk; do
     bulk) extra=() ;;
     seqpar) extra=(--prefill-seq-parallel) ;;
   esac
-  timeout -k 10 ${TP2_E2E_TIMEOUT:-190} numasched bench e2e "${common[@]}" "${extra[@]}" --out-dir "$res/$mode" 2>&1 | tail -12
+  timeout -k 10 ${TP2_E2E_TIMEOUT:-190} numasched bench e2e "${common[@]}" "${extra[@]}" --out-dir "$res/$mode" 2>&1 \
+    | tee "$res/e2e-$mode-$dev.log" | grep -vE "^\s*$" | grep -E "Error|error|prefill|Traceback|File .*numasched|speedup|ms" | tail -25
   cp -r "$res" "$out/" 2>/dev/null || true
 done
 cp -r "$res" "$out/" 2>/dev/null || true

@@ -632,12 +632,26 @@ def _overlap_streams(device: torch.device, n_side: int, main) -> tuple:
     them ``main``."""
     key = (device.type, device.index if device.index is not None else torch.cuda.current_device())
     side, comm = _OVERLAP_STREAMS.get(key, ([], None))
-    fresh = lambda **kw: next(st for st in (torch.cuda.Stream(device=device, **kw) for _ in range(64))  # noqa: E731
-                              if st != main and st not in side and st != comm)
-    side = [st for st in side if st != main]
+    # compared by their handles: a CUDA stream compared with None (or another type) through
+    # ``!=`` answers False in torch 2.11, which refused every fresh stream on the H200s
+    def taken(st) -> bool:
+        h = st.cuda_stream
+        return h == main.cuda_stream or any(h == x.cuda_stream for x in side) or (comm is not None and
+                                                                                    h == comm.cuda_stream)
+
+    def fresh(**kw):
+        for _ in range(64):
+            st = torch.cuda.Stream(device=device, **kw)
+            if not taken(st):
+                return st
+        raise RuntimeError(f"no CUDA stream on {device} other than the caller's and the prefill's own "
+                           f"after 64 tries")
+
+    side = [st for st in side if st.cuda_stream != main.cuda_stream]
     while len(side) < n_side:
         side.append(fresh())
-    if comm is None or comm == main:
+    if comm is None or comm.cuda_stream == main.cuda_stream:
+        comm = None
         comm = fresh(priority=-1)   # its blocks are scheduled first (eager launches)
     _OVERLAP_STREAMS[key] = (side, comm)
     return side[:n_side], comm
