@@ -512,6 +512,10 @@ def _prefill_rows(ctx, model, backends) -> List[dict]:
             except Exception as e:  # noqa: BLE001 - the step's figures stand
                 ctx.notes.append(f"prefill {name} components: {type(e).__name__}: {str(e)[:200]}")
                 parts = {}
+            # the closures hold the components' inputs, which the graphs read: kept alive until
+            # every graph of every backend has been timed (dropped with the next backend's
+            # parts, their memory was reused or unmapped: an illegal address on two H200s)
+            state[name]["parts"] = parts
             for part, pfn in parts.items():
                 try:
                     graphs[part] = ctx.capture(pfn)
@@ -528,6 +532,7 @@ def _prefill_rows(ctx, model, backends) -> List[dict]:
         if not args.no_taxes and (name, "step") in times:
             _taxes(pre, name, comp, model.spec.layers)
         st["graphs"].clear()
+        st.pop("parts", None)
     # 3. per backend: prefill + generate
     for name, st in state.items():
         be, cache = st["be"], st["cache"]
