@@ -5,8 +5,9 @@ For ``C (M, N) = A (M, K) @ B (K, N)`` it weighs three kernels:
 * ``splitk`` (kernels/gemm_splitk.py): pointer loads, any BLOCK_M from 16, each output tile's K
   range cut into ``split_k`` work units merged in the same launch. The inference regime: M is a
   batch (1-256), there are few tiles, and the time is B's bytes streamed from memory.
-* ``tiled`` (kernels/gemm.py): persistent TMA/wgmma tiles of 128 x 256, 128 x 128, 64 x 128 or
-  64 x 256. Medium and large M: the time is tensor-core work.
+* ``tiled`` (kernels/gemm.py): persistent TMA/wgmma tiles of 128 x 256, 64 x 128 or 64 x 256
+  (128 x 128 tiles run in the split-K kernel, unsplit). Medium and large M: the time is
+  tensor-core work.
 * ``streamk`` (kernels/gemm_streamk.py): whole waves of tiles, then the remainder's K iterations
   in equal pieces (from 1024 rows, up to a few waves of tiles).
 
