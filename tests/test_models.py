@@ -124,6 +124,37 @@ def test_overlapped_prefill_in_row_chunks_matches_transformers(family, chunks, m
         cache.write(0, kv, kv, start=3)   # tokens 3..6 of a 6-token step
 
 
+def test_overlap_streams_are_fresh_cached_and_never_the_callers(monkeypatch):
+    """The overlapped prefill's side and communication streams: none is the caller's stream, none
+    repeats, and they are kept per device. torch.cuda.Stream answers ``!= None`` with False in
+    torch 2.11 (its C base's comparison), which made every fresh stream look taken on two H200s;
+    the fake below compares the same way and hands the caller's handle back first."""
+    from numasched.models import llama as LL
+
+    class FakeStream:
+        pool = iter([7, 7, 11, 7, 12, 13, 7, 14])   # 7: the caller's stream, handed out again
+
+        def __init__(self, device=None, priority=0):
+            self.cuda_stream, self.priority = next(FakeStream.pool), priority
+
+        def __eq__(self, o):
+            return isinstance(o, FakeStream) and o.cuda_stream == self.cuda_stream
+
+        def __ne__(self, o):   # as torch.Stream's slot: False for other types, None included
+            return isinstance(o, FakeStream) and o.cuda_stream != self.cuda_stream
+
+    monkeypatch.setattr(torch.cuda, "Stream", FakeStream)
+    monkeypatch.setattr(LL, "_OVERLAP_STREAMS", {})
+    main = FakeStream.__new__(FakeStream)
+    main.cuda_stream, main.priority = 7, 0
+    dev = torch.device("cuda", 0)
+    side, comm = LL._overlap_streams(dev, 2, main)
+    handles = [st.cuda_stream for st in side] + [comm.cuda_stream]
+    assert handles == [11, 12, 13] and comm.priority == -1
+    side2, comm2 = LL._overlap_streams(dev, 3, main)   # cached, one more side stream
+    assert side2[:2] == side and comm2 is comm and side2[2].cuda_stream == 14
+
+
 def test_contiguous_window_equals_the_length_mask():
     """The torch cache's unmasked window (benchmarks) gives the masked path's logits."""
     hf = hf_model("llama", seed=4)
