@@ -651,7 +651,6 @@ def _overlap_streams(device: torch.device, n_side: int, main) -> tuple:
     while len(side) < n_side:
         side.append(fresh())
     if comm is None or comm.cuda_stream == main.cuda_stream:
-        comm = None
         comm = fresh(priority=-1)   # its blocks are scheduled first (eager launches)
     _OVERLAP_STREAMS[key] = (side, comm)
     return side[:n_side], comm
