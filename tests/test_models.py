@@ -208,7 +208,7 @@ def test_spec_from_config_reads_transformers_and_presets():
     assert (s.family, s.qk_norm, s.head_dim, s.kv_heads, s.rope_type) == ("qwen3", True, 16, 2, "default")
     s = spec_from_config(hf_model("llama").config)
     assert s.rope_type == "llama3" and s.rope_factor == 8.0 and not s.qk_norm
-    for name, cls in (("llama3-8b", LlamaConfig), ("qwen3-8b", Qwen3Config)):
+    for name, cls in (("llama3-8b", LlamaConfig), ("qwen3-8b", Qwen3Config), ("qwen3-32b", Qwen3Config)):
         cfg = preset_config(name)
         assert spec_from_config(cls(**{k: v for k, v in cfg.items() if k != "model_type"})) == spec_from_config(cfg)
     s = spec_from_config(preset_config("llama3-8b"))
@@ -216,6 +216,9 @@ def test_spec_from_config_reads_transformers_and_presets():
         32, 4096, 32, 8, 14336, 128256, 500000.0)
     assert 8.0e9 < s.param_count() < 8.1e9   # Llama-3-8B: 8.03B
     assert spec_from_config(preset_config("qwen3-8b", layers=2)).layers == 2
+    s = spec_from_config(preset_config("qwen3-32b"))
+    assert 32.5e9 < s.param_count() < 33.0e9   # Qwen3-32B: 32.8B
+    s.check_tp(8)
 
 
 @pytest.mark.parametrize("change,match", [

@@ -127,7 +127,7 @@ def spec_from_config(config) -> DecoderSpec:
                        rope_theta=float(rope.get("rope_theta", 10000.0)), rope_type=rope_type, **extra)
 
 
-# Public configs of two 8B models (transformers' field names), for benchmarks without a download.
+# Public configs (transformers' field names), for benchmarks without a download.
 PRESETS: Dict[str, dict] = {
     "llama3-8b": dict(model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
                       num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
@@ -140,6 +140,12 @@ PRESETS: Dict[str, dict] = {
                      rms_norm_eps=1e-6, max_position_embeddings=40960, tie_word_embeddings=False,
                      hidden_act="silu", attention_bias=False,
                      rope_parameters=dict(rope_type="default", rope_theta=1000000.0)),
+    # 64 query heads over 8 K/V heads: TP 8 leaves one K/V head per rank
+    "qwen3-32b": dict(model_type="qwen3", vocab_size=151936, hidden_size=5120, intermediate_size=25600,
+                      num_hidden_layers=64, num_attention_heads=64, num_key_value_heads=8, head_dim=128,
+                      rms_norm_eps=1e-6, max_position_embeddings=40960, tie_word_embeddings=False,
+                      hidden_act="silu", attention_bias=False,
+                      rope_parameters=dict(rope_type="default", rope_theta=1000000.0)),
 }
 
 

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Tensor parallelism on every GPU of the machine (issue 15: 4 and 8 GPUs), for
+# `scripts/device.sh tp-many:PARTS`. PARTS, '+'-separated, in the order given:
+#   models   the TP decoder against transformers (tests/test_models.py under torchrun, eager + graph,
+#            overlapped and sequence-parallel prefill)
+#   worker   every collective against a single-GPU reference (tests/dist_worker.py --quick)
+#   llama    bench e2e, Llama-3-8B at TP N: batch 1, 4, 16 x context 2k, 8k, 32k, prefill of 4096 tokens
+#   qwen     bench e2e, Qwen3-32B at TP N: batch 1, 4, 16 x context 2k, 32k, prefill of 4096 tokens
+#   coll     bench collectives --quick (auto vs NCCL, bulk, torch symm_mem)
+# Writes under bench/results/tp<N>-s13/. Usage: tp_many.sh OUT_DIR DEV PARTS
+set -uo pipefail
+out=${1:?OUT_DIR}; dev=${2:-gpu}; parts=${3:-models+worker+llama+qwen+coll}
+n=${NPROC:-$(nvidia-smi -L | wc -l)}
+res=bench/results/tp$n-s13; mkdir -p "$res"
+keep() { cp -r "$res" "$out/" 2>/dev/null || true; }
+for part in ${parts//+/ }; do
+  echo "--- tp $n: $part ($(date +%T))"
+  case $part in
+    models) timeout -k 10 ${TP_TEST_TIMEOUT:-200} torchrun --nproc-per-node=$n tests/test_models.py 2>&1 \
+              | tee "$res/models-tp$n-$dev.log" | grep -E "PASS|FAIL|ALL|Error" | tail -20 ;;
+    worker) timeout -k 10 ${DIST_TIMEOUT:-240} torchrun --nproc-per-node=$n tests/dist_worker.py --quick 2>&1 \
+              | tee "$res/dist-worker-tp$n-$dev.log" | grep -E "PASS|FAIL|ALL|Error|error|Timeout|hung" | tail -40 ;;
+    llama) timeout -k 10 ${TP_E2E_TIMEOUT:-300} numasched bench e2e --model llama3-8b --tp $n --batch 1,4,16 \
+             --context 2048,8192,32768 --prompt 4096 --no-generate --out-dir "$res/llama3-8b" 2>&1 \
+             | tee "$res/e2e-llama3-8b-tp$n-$dev.log" | grep -E "Error|error|Traceback|decode|prefill|speedup" | tail -30 ;;
+    qwen) timeout -k 10 ${TP_E2E_TIMEOUT:-300} numasched bench e2e --model qwen3-32b --tp $n --batch 1,4,16 \
+            --context 2048,32768 --prompt 4096 --no-generate --out-dir "$res/qwen3-32b" 2>&1 \
+            | tee "$res/e2e-qwen3-32b-tp$n-$dev.log" | grep -E "Error|error|Traceback|decode|prefill|speedup" | tail -30 ;;
+    coll) timeout -k 10 ${TP_COLL_TIMEOUT:-240} numasched bench collectives --quick --nproc $n --out-dir "$res/collectives" 2>&1 \
+            | tee "$res/collectives-tp$n-$dev.log" | tail -40 ;;
+    *) echo "unknown part $part" ;;
+  esac
+  keep
+done
