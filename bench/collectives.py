@@ -76,6 +76,19 @@ def _points(args, world):
     return pts
 
 
+def _without_nproc(argv) -> list:
+    """The arguments for the workers: ``--nproc N`` / ``--nproc=N`` dropped (torchrun gets it)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--nproc":
+            skip = True
+        elif not a.startswith("--nproc="):
+            out.append(a)
+    return out
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.dry_run:
@@ -93,7 +106,7 @@ def main(argv=None) -> int:
         print(f"numasched bench collectives needs 2+ GPUs (found {n})", file=sys.stderr)
         return 2
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={n}", "-m", "numasched.bench.collectives",
-           "--worker"] + [a for a in (argv or sys.argv[1:]) if not a.startswith("--nproc")]
+           "--worker"] + _without_nproc(sys.argv[1:] if argv is None else argv)
     print("launching:", " ".join(cmd), flush=True)
     return subprocess.call(cmd, env=dict(os.environ, **ENV))
 

@@ -211,3 +211,14 @@ def test_gemm_inference_extra_schedules_are_parsed_and_timed_beside_the_model():
     assert len(got) == len(set(got))
     with pytest.raises(SystemExit):
         GI.build_parser().parse_args(["--extra", "streamk 128x256 w8"])
+
+
+def test_collectives_launcher_passes_no_nproc_to_its_workers():
+    """`--nproc 4` (two words) once reached the workers as a stray "4": every rank exited with a usage error."""
+    from numasched.bench.collectives import _without_nproc, build_parser
+
+    for argv in (["--quick", "--nproc", "4", "--out-dir", "x"], ["--nproc=4", "--quick", "--out-dir", "x"]):
+        fwd = _without_nproc(argv)
+        assert fwd == ["--quick", "--out-dir", "x"]
+        args = build_parser().parse_args(["--worker", *fwd])   # the worker's parser accepts what is left
+        assert args.quick and args.nproc is None

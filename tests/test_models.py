@@ -589,3 +589,32 @@ def test_bench_e2e_refuses_two_prefill_modes(capsys):
     assert "--prefill-seq-parallel and --prefill-overlap" in capsys.readouterr().err
     assert e2e.main(["--dry-run", "--tp", "2", "--prefill-seq-parallel"]) == 0
     assert "numasched prefill: sequence-parallel" in capsys.readouterr().out
+
+
+def test_compiled_elementwise_survives_many_row_counts():
+    """A server's prefill lengths vary: fullgraph static compiles per length hit dynamo's recompile
+    limit and raise (they did at TP 4). The wrapper compiles the decode-size shapes statically,
+    the rest once with dynamic shapes, and matches the eager op at every length."""
+    import torch._dynamo as dynamo
+    from numasched.models.llama import CompiledElementwise, add_rms_norm, qkv_rope
+
+    dynamo.reset()
+    plain = torch.compile(add_rms_norm, dynamic=False, fullgraph=True, backend="eager")
+    w = torch.rand(8) + 0.5
+    with pytest.raises(Exception, match="fullgraph"):
+        for t in range(1, 12):   # the former code's way: fails at the ninth shape
+            plain(torch.randn(t, 8), torch.randn(t, 8), w, 1e-6)
+    dynamo.reset()
+    op = CompiledElementwise(add_rms_norm, static_rows=16, static_shapes=10, backend="eager")
+    for t in [*range(1, 17), 40, 41, 300, 7, 1000, 1100 // 4]:
+        x, r = torch.randn(t, 8, dtype=torch.float64), torch.randn(t, 8, dtype=torch.float64)
+        got, want = op(x, r, w.double(), 1e-6), add_rms_norm(x, r, w.double(), 1e-6)
+        for g, e in zip(got, want):
+            torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-12)
+    assert len(op.keys) == 10   # the first ten small shapes static, the rest dynamic
+    rope = CompiledElementwise(qkv_rope, static_rows=4, static_shapes=2, backend="eager")
+    for t in (1, 3, 5, 9, 300, 301):
+        qkv, cos, sin = torch.randn(t, 4 * 6), torch.randn(t, 6), torch.randn(t, 6)
+        for g, e in zip(rope(qkv, cos, sin, 2, 1, 6, None, None, 1e-6), qkv_rope(qkv, cos, sin, 2, 1, 6, None, None, 1e-6)):
+            torch.testing.assert_close(g, e)
+    dynamo.reset()

@@ -22,6 +22,7 @@ gpt-fast; on CPU it runs eagerly.
 from __future__ import annotations
 
 import math
+import types
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Mapping, Optional
 
@@ -220,11 +221,49 @@ _ELEMENTWISE = {"rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "qkv_rope": 
 _COMPILED: Dict[str, Callable] = {}
 
 
+def _guard_key(args) -> tuple:
+    """What torch.compile specialises a static compile on: each tensor's shape, strides, dtype and
+    device, every other argument's value."""
+    return tuple((tuple(a.shape), a.stride(), a.dtype, a.device) if isinstance(a, torch.Tensor) else (type(a), a)
+                 for a in args)
+
+
+class CompiledElementwise:
+    """One elementwise op under torch.compile (fullgraph): a static kernel per decode-size input
+    (at most ``static_rows`` rows, the first ``static_shapes`` distinct inputs: the batch sizes a
+    server captures graphs for), one dynamic-shape kernel for the rest. A static compile per
+    prefill length would reach dynamo's recompile limit, which fullgraph turns into an error (it
+    did at TP 4: the overlapped and sequence-parallel prefills' row counts). ``backend`` is
+    torch.compile's ("eager" in CPU tests)."""
+
+    def __init__(self, fn: Callable, *, static_rows: int = 256, static_shapes: int = 16, backend: str = "inductor"):
+        self.fn, self.static_rows, self.static_shapes = fn, static_rows, static_shapes
+        self.static = torch.compile(fn, dynamic=False, fullgraph=True, backend=backend)
+        # its own code object: dynamo keeps compiled code (and counts recompiles) per code object
+        code = fn.__code__.replace(co_name=fn.__name__ + "_dynamic")
+        twin = types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
+        self.dynamic = torch.compile(twin, dynamic=True, fullgraph=True, backend=backend)
+        self.keys: set = set()
+
+    def __call__(self, *args):
+        if args[0].shape[0] > self.static_rows:
+            return self.dynamic(*args)
+        key = _guard_key(args)
+        if key in self.keys:
+            return self.static(*args)
+        if len(self.keys) >= self.static_shapes:
+            return self.dynamic(*args)
+        self.keys.add(key)
+        limit = max(torch._dynamo.config.recompile_limit, self.static_shapes + 4)
+        with torch._dynamo.config.patch(recompile_limit=limit):   # only the call that compiles pays for it
+            return self.static(*args)
+
+
 def _elementwise(name: str, compiled: bool) -> Callable:
     if not compiled:
         return _ELEMENTWISE[name]
     if name not in _COMPILED:
-        _COMPILED[name] = torch.compile(_ELEMENTWISE[name], dynamic=False, fullgraph=True)
+        _COMPILED[name] = CompiledElementwise(_ELEMENTWISE[name])
     return _COMPILED[name]
 
 
