@@ -33,7 +33,7 @@ stage on every rank before the next (the interpreter runs one program at a time)
 import triton
 import triton.language as tl
 
-from numasched.kernels.dist_common import epoch_begin, epoch_end, signal, translate, wait_flag
+from numasched.kernels.dist_common import epoch_begin, epoch_end, signal_peers, translate, wait_flag
 from numasched.kernels.pdl import pdl_enter
 
 
@@ -127,9 +127,7 @@ def all_reduce_kernel(x_ptr, out_ptr, buf_ptr, buf2_ptr, flags_ptr, status_ptr, 
                                 _push_chunk(x_ptr + c, recv + rank * span + c, d, rank, heap_bases, m, True)
                             else:
                                 _push_chunk(x_ptr + c, recv + rank * span + c, d, rank, heap_bases, m, False)
-                for d in tl.static_range(WORLD):
-                    if d != rank:
-                        signal(flag0, base + i + 1, rank, d, heap_bases)
+                signal_peers(flag0, base + i + 1, rank, heap_bases, WORLD, WAIT_CLOCK)
         # ---- stage 2: reduce chunk i - 1 (two-shot: of our own shard, then push the sum to every peer)
         if (STAGES & 2) != 0:
             j = i - 1
@@ -158,9 +156,7 @@ def all_reduce_kernel(x_ptr, out_ptr, buf_ptr, buf2_ptr, flags_ptr, status_ptr, 
                             if d != rank:
                                 _st(translate(reduced + g, rank, d, heap_bases), res, m, False)
                 if TWO_SHOT:
-                    for d in tl.static_range(WORLD):
-                        if d != rank:
-                            signal(flag1, base + j + 1, rank, d, heap_bases)
+                    signal_peers(flag1, base + j + 1, rank, heap_bases, WORLD, WAIT_CLOCK)
         # ---- stage 3 (two-shot): gather chunk i - 2 of every peer's reduced shard
         if TWO_SHOT:
             if (STAGES & 4) != 0:
@@ -219,9 +215,7 @@ def all_reduce_add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, res_out_ptr, y_ptr, buf
                 for d in tl.static_range(WORLD):
                     if d != rank:
                         tl.store(translate(recv + rank * part + row * N + cols, rank, d, heap_bases), v, mask=m)
-                for d in tl.static_range(WORLD):
-                    if d != rank:
-                        signal(flag, base + i + 1, rank, d, heap_bases)
+                signal_peers(flag, base + i + 1, rank, heap_bases, WORLD, WAIT_CLOCK)
         if (STAGES & 2) != 0:
             j = i - 1
             if j >= 0:

@@ -57,6 +57,36 @@ def signal(flag_ptr, value, rank, to_rank, heap_bases):
 
 
 @triton.jit
+def fence_sys():
+    """``fence.acq_rel.sys``: this thread's earlier memory operations (and those ordered before
+    them, as by a CTA barrier) before its later ones, for every observer on the system. Inline
+    PTX: compiled NVIDIA kernels only (callers gate it with a constexpr)."""
+    tl.inline_asm_elementwise("fence.acq_rel.sys; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False,
+                              pack=1)
+
+
+@triton.jit
+def signal_peers(flag_ptr, value, rank, heap_bases, WORLD: tl.constexpr, ONE_FENCE: tl.constexpr):
+    """``signal`` to every peer (every rank but ours), after all of this program's stores.
+
+    Each release atomic of ``signal`` carries its own system-scope fence, and the fences run one
+    after another, a round trip over the link each: 1 at two ranks, 3 at four, 7 at eight.
+    ``ONE_FENCE`` (compiled NVIDIA kernels) fences once, then writes the flags relaxed: a fence
+    followed by a strong write is a release pattern in the PTX memory model, the same ordering.
+    """
+    tl.debug_barrier()
+    if ONE_FENCE:
+        fence_sys()
+        for d in tl.static_range(WORLD):
+            if d != rank:
+                tl.atomic_xchg(translate(flag_ptr, rank, d, heap_bases), value, sem="relaxed", scope="sys")
+    else:
+        for d in tl.static_range(WORLD):
+            if d != rank:
+                tl.atomic_xchg(translate(flag_ptr, rank, d, heap_bases), value, sem="release", scope="sys")
+
+
+@triton.jit
 def clock_ns():
     """The GPU's global nanosecond timer (``%globaltimer``). Inline PTX: compiled NVIDIA kernels
     only (callers gate it with a constexpr)."""

@@ -18,7 +18,7 @@ here for the same reason as in :mod:`.dist_gemm` (each call waits for data from 
 import triton
 import triton.language as tl
 
-from .dist_common import epoch_begin, epoch_end, signal, translate, wait_flag
+from .dist_common import epoch_begin, epoch_end, signal_peers, translate, wait_flag
 
 
 @triton.jit
@@ -52,7 +52,7 @@ def decode_exchange_combine_kernel(
                 rl = rl_ptr + ((slot * WORLD + rank) * B + b).to(tl.int64) * H
                 tl.store(translate(ro, rank, dest, heap_bases) + packed, o, mask=m2)
                 tl.store(translate(rl, rank, dest, heap_bases) + h, lse, mask=hm)
-                signal(flags_ptr + rank * B + b, e, rank, dest, heap_bases)
+            signal_peers(flags_ptr + rank * B + b, e, rank, heap_bases, WORLD, WAIT_CLOCK)
         if DO_COMBINE:
             m = tl.full((BLOCK_H,), float("-inf"), tl.float32)
             s = tl.zeros((BLOCK_H,), tl.float32)

@@ -23,7 +23,7 @@ rank before stage 2). Host side: numasched/distributed/matmul_all_reduce.py (``i
 import triton
 import triton.language as tl
 
-from .dist_common import epoch_begin, epoch_end, signal, translate, wait_flag
+from .dist_common import epoch_begin, epoch_end, signal_peers, translate, wait_flag
 from .dist_gemm import _tile_matmul
 from numasched.kernels.pdl import pdl_enter
 
@@ -83,9 +83,7 @@ def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, a_desc, b_desc, fl
                     acc = _tile_matmul(a_ptr, stride_am, stride_ak, rows % M, b_ptr, stride_bk, stride_bn, cols % N,
                                        K, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
                 if i >= 1:
-                    for d in tl.static_range(WORLD):
-                        if d != rank:
-                            signal(flags_ptr + rank * T + (t - P), e, rank, d, heap_bases)
+                    signal_peers(flags_ptr + rank * T + (t - P), e, rank, heap_bases, WORLD, WAIT_CLOCK)
                 mask = (rows[:, None] < M) & (cols[None, :] < N)
                 part_tile = acc.to(recv_ptr.dtype.element_ty)
                 dst = recv + rank * part + rows.to(tl.int64)[:, None] * N + cols[None, :]
@@ -98,9 +96,7 @@ def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, a_desc, b_desc, fl
                 tl.debug_barrier()
             else:   # past the last tile: raise the last tile's flag
                 if i >= 1:
-                    for d in tl.static_range(WORLD):
-                        if d != rank:
-                            signal(flags_ptr + rank * T + (p + (i - 1) * P), e, rank, d, heap_bases)
+                    signal_peers(flags_ptr + rank * T + (p + (i - 1) * P), e, rank, heap_bases, WORLD, WAIT_CLOCK)
         # ---- stage 2: sum tile i - 1 over the ranks
         if (STAGES & 2) != 0:
             j = i - 1
