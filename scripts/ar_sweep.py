@@ -1,6 +1,9 @@
 """All-reduce config sweep (chunk size, warps, programs per SM) against NCCL and torch symm_mem,
 CUDA-graph replays, to set numasched.distributed.all_reduce's config and the cost model's
-constants. Run: NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node 2 scripts/ar_sweep.py"""
+constants. Run: NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node 2 scripts/ar_sweep.py
+AR_SIZES (bytes) and AR_CONFIGS ("chunk_bytes/warps/per_sm,...") override the grids below."""
+import os
+
 import torch
 import torch.distributed as dist
 
@@ -9,6 +12,10 @@ from numasched.bench.common import bench_fixed_ms, init_rank, warm_up_for_captur
 
 SIZES = [64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 CONFIGS = [(16384, 8, 1), (32768, 8, 1), (16384, 8, 2), (8192, 4, 2), (65536, 16, 1), (32768, 8, 2)]
+if os.environ.get("AR_SIZES"):
+    SIZES = [int(v) for v in os.environ["AR_SIZES"].split(",")]
+if os.environ.get("AR_CONFIGS"):
+    CONFIGS = [tuple(int(f) for f in c.split("/")) for c in os.environ["AR_CONFIGS"].split(",")]
 
 
 def main():
@@ -42,6 +49,8 @@ def main():
         symm_mem.rendezvous(sb, group)
         sb.copy_(x)
         line.append(f"symm2 {graph_us(lambda: torch.ops.symm_mem.two_shot_all_reduce_(sb, 'sum', group)):.1f}")
+        ob = symm_mem.empty(n, dtype=torch.bfloat16, device="cuda")
+        line.append(f"symm1 {graph_us(lambda: torch.ops.symm_mem.one_shot_all_reduce_out(sb, 'sum', group, ob)):.1f}")
         for block_bytes, warps, per_sm in CONFIGS:
             config = dict(BLOCK=block_bytes // 2, num_warps=warps, programs_per_sm=per_sm)
             for impl in ("oneshot", "twoshot"):

@@ -1324,3 +1324,24 @@ def test_first_use_compiles_the_variant_that_runs(monkeypatch):
     _common._Op._run(ctx, plan, call, "phase", 4, ("x",), (), (), lambda: (K(), {"BLOCK": 128, "num_warps": 4}))
     launch = plan.launchers["phase", 4, ()]
     assert seen == launch.kwargs and seen["launch_pdl"] is True and seen["PDL"] in (1, 2)
+
+
+def test_all_reduce_chunks_small_sizes_whole():
+    """Decode-size all-reduces: chunks of at most 4 KB that divide n where a power of two down to
+    512 bytes does (a partial chunk's stores are scalar: 8 KB in one 16 KB chunk took twice as
+    long on 4 H200s), 16 KB chunks above 256 KB."""
+    from numasched.distributed.all_reduce import SMALL_BYTES, _cfg
+
+    bf, f32 = torch.bfloat16, torch.float32
+    assert _cfg(bf, True, 4096)["BLOCK"] == 2048            # Llama hidden at batch 1: two whole 4 KB chunks
+    assert _cfg(bf, True, 5120)["BLOCK"] == 1024            # Qwen3-32B's 5120: five whole 2 KB chunks
+    assert _cfg(f32, True, 4096)["BLOCK"] == 1024
+    assert _cfg(bf, True, 12291)["BLOCK"] == 2048           # odd n: 4 KB chunks, the last one partial
+    assert _cfg(bf, True, SMALL_BYTES // 2 + 2)["BLOCK"] == 8192
+    for hidden in (2048, 2560, 3584, 4096, 5120, 7168, 8192):
+        for batch in (1, 2, 3, 4, 8, 16):
+            n = hidden * batch
+            c = _cfg(bf, True, n)
+            if n * 2 <= SMALL_BYTES:
+                assert n % c["BLOCK"] == 0 and c["BLOCK"] * 2 <= 4096, (n, c)
+                assert c["num_warps"] * 32 * 16 == c["BLOCK"] * 2   # one 16-byte vector per thread

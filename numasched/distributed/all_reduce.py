@@ -8,6 +8,8 @@ by :mod:`.cost`). The sum is taken in fp32 in rank order: every rank gets bit-id
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from numasched._validate import check_tensor
@@ -20,11 +22,26 @@ IMPLS = ("auto", "oneshot", "twoshot", "nccl")
 MAX_PROGRAMS = 1024
 
 
-def _cfg(dtype, gpu: bool) -> dict:
+SMALL_BYTES = 256 << 10   # decode-size all-reduces: small chunks that divide n
+
+
+def _cfg(dtype, gpu: bool, n: Optional[int] = None) -> dict:
     if not gpu:   # the interpreter: tiny chunks, so a test covers several chunks and programs
         return dict(BLOCK=64, num_warps=4)
+    es = torch.empty((), dtype=dtype).element_size()
+    if n is not None and n * es <= SMALL_BYTES:
+        # At most 4 KB a chunk, the largest power of two (down to 512 bytes) that divides n: a
+        # partial chunk stores element by element (its mask is not provably 16-aligned), and
+        # 8 KB in one 16 KB chunk took 15.1 us on 4 H200s (9.1 on 2), in 4-8 KB chunks 6.0-7.5
+        # (bench/results/tp4-s13/ar-sweep-small-*.log). One 16-byte vector per thread.
+        block = 4096 // es
+        while block > 512 // es and n % block:
+            block //= 2
+        if n % block:
+            block = 4096 // es
+        return dict(BLOCK=block, num_warps=max(1, min(8, block * es // 512)))
     # 16 KB per chunk: 256 threads x 4 vectors of 16 bytes in flight per trip
-    return dict(BLOCK=16384 // torch.empty((), dtype=dtype).element_size(), num_warps=8)
+    return dict(BLOCK=16384 // es, num_warps=8)
 
 
 def _check_impl(impl, allowed=IMPLS, name="impl"):
@@ -48,7 +65,7 @@ class AllReduce(_Op):
             chosen = impl
         if world == 1 and chosen != "nccl":
             chosen = "oneshot"   # a copy (no peer)
-        cfg = dict(_cfg(dt, _on_gpu(x)), **(cfg or {}))
+        cfg = dict(_cfg(dt, _on_gpu(x), n), **(cfg or {}))
         per_sm = cfg.pop("programs_per_sm", 1)
         block = cfg["BLOCK"]
         two = chosen == "twoshot"
