@@ -8,7 +8,7 @@
 #   qwen     bench e2e, Qwen3-32B at TP N: batch 1, 4, 16 x context 2k, 32k, prefill of 4096 tokens
 #   coll     bench collectives --quick (auto vs NCCL, bulk, torch symm_mem)
 #   ar       bench collectives --only ar (the all-reduce alone, every size)
-#   decode   both models' decode grids alone (no components, no eager step, no prefill): a re-check
+#   decode   both models' (or $TP_MODELS') decode grids alone (no components, no eager step, no prefill): a re-check
 # Writes under bench/results/tp<N>-s13/. Usage: tp_many.sh OUT_DIR DEV PARTS
 set -uo pipefail
 out=${1:?OUT_DIR}; dev=${2:-gpu}; parts=${3:-models+worker+llama+qwen+coll}
@@ -32,7 +32,7 @@ for part in ${parts//+/ }; do
             | tee "$res/collectives-tp$n-$dev.log" | tail -40 ;;
     ar) timeout -k 10 ${TP_COLL_TIMEOUT:-240} numasched bench collectives --only ar --nproc $n --out-dir "$res/ar" 2>&1 \
           | tee "$res/ar-tp$n-$dev.log" | grep -E "all_r|auto vs" | tail -30 ;;
-    decode) for model in llama3-8b qwen3-32b; do
+    decode) for model in ${TP_MODELS:-llama3-8b qwen3-32b}; do
               timeout -k 10 ${TP_E2E_TIMEOUT:-200} numasched bench e2e --model $model --tp $n --batch 1,4,16 \
                 --context 2048,32768 --prompt 0 --no-taxes --no-eager --out-dir "$res/decode-$model" 2>&1 \
                 | tee "$res/e2e-decode-$model-tp$n-$dev.log" | grep -E "Error|error|Traceback|^decode|speedup" | tail -12
