@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-__all__ = ["Link", "LINK", "all_reduce_s", "choose_all_reduce", "fused_matmul_all_reduce_s", "gemm_engine", "set_link"]
+__all__ = ["Link", "LINK", "LINKS", "all_reduce_s", "choose_all_reduce", "fused_matmul_all_reduce_s", "gemm_engine",
+           "link_for", "set_link"]
 
 
 @dataclass(frozen=True)
@@ -39,18 +40,37 @@ class Link:
 
 
 LINK = Link()
+# Four H200s of one host (bench/results/tp4-s13/ar/, 2026-11-26): two-shot's three stages and
+# W - 1 peers per stage cost more latency and bandwidth than at two ranks (1 / 4 / 16 MB: 20.1 /
+# 41.0 / 116 us); NCCL's large-message algorithm is faster per ring byte (16 / 64 MB: 98.8 / 323
+# us) and its small one slower (8 KB - 1 MB: 12.9-21.5 us); one-shot 15.5 / 24.1 us at 512 KB / 1 MB.
+# With these the model picks the measured fastest of numasched/NCCL at all 10 sizes of that run.
+LINKS = {2: LINK, 4: replace(LINK, oneshot_us=7.5, oneshot_bw=200e9, twoshot_us=13.0, twoshot_bw=235e9,
+                             nccl_us=12.5, nccl_large_us=24.0, nccl_large_bw=337e9)}
 
 
-def set_link(**fields) -> Link:
-    """Replace model constants (e.g. after measuring another machine); returns the new Link."""
+def link_for(world: int, link: Link = None) -> Link:
+    """``link`` if given, else the constants measured at the largest world size <= ``world``
+    (8 ranks use the 4-rank constants: no 8-GPU machine has been measured)."""
+    if link is not None:
+        return link
+    fits = [w for w in LINKS if w <= world]
+    return LINKS[max(fits)] if fits else LINK
+
+
+def set_link(world: int = 2, **fields) -> Link:
+    """Replace model constants for ``world`` ranks (e.g. after measuring another machine);
+    returns the new Link."""
     global LINK
-    LINK = replace(LINK, **fields)
-    return LINK
+    LINKS[world] = replace(link_for(world), **fields)
+    if world == 2:
+        LINK = LINKS[2]
+    return LINKS[world]
 
 
 def all_reduce_s(impl: str, nbytes: int, world: int, link: Link = None) -> float:
     """Estimated seconds of one all-reduce of ``nbytes`` per rank over ``world`` ranks."""
-    L = link or LINK
+    L = link_for(world, link)
     if world <= 1:
         return 0.0
     ring = 2 * (world - 1) / world * nbytes
@@ -105,7 +125,7 @@ def nccl_move_s(nbytes_received: int, link: Link = None) -> float:
 def gemm_collective_s(op: str, impl: str, M: int, N: int, K: int, dtype, world: int, link: Link = None) -> float:
     """Modelled seconds of ``op`` ("all_gather_matmul": M rows in all, K, N per rank;
     "matmul_reduce_scatter": M rows, K per rank, N) run as ``impl`` ("fused" or "bulk")."""
-    L = link or LINK
+    L = link_for(world, link)
     es = _elt(dtype)
     shard = max(1, M // world)
     if op == "all_gather_matmul":
@@ -139,7 +159,7 @@ def fused_matmul_all_reduce_s(M: int, N: int, K: int, dtype, world: int, num_sms
                               link: Link = None) -> float:
     """Modelled seconds of numasched's fused GEMM + all-reduce kernel for an (M, K) x (K, N)
     partial product on each of ``world`` ranks (big-tile path: M >= FUSED_AR_MIN_ROWS)."""
-    L = link or LINK
+    L = link_for(world, link)
     tiles = -(-M // FUSED_AR_TILE[0]) * -(-N // FUSED_AR_TILE[1])
     waves = -(-tiles // max(1, num_sms))
     wave_eff = tiles / (waves * max(1, num_sms))
