@@ -86,9 +86,11 @@ def _contenders(m: int, n: int, k: int, tma: bool, chosen, top: int, machine, ex
     """(estimate s, schedule) of the chooser's pick, then the next ``top`` schedules as the plan's
     chooser ranks them (TMA split-K, alignment), then the ``extra`` ones, duplicates dropped."""
     from numasched import gemm_schedule as GS
+    from numasched import options
 
+    tail = options.current().gemm_tail_split   # NUMASCHED_GEMM_TAIL_SPLIT=1: the tail schedules compete
     ranked = sorted((GS.estimate(s, m, n, k, 2, machine, splitk_tma=tma, aligned=tma), i, s)
-                    for i, s in enumerate(GS.candidates(m, n, k, 2, machine, splitk_only=not tma)))
+                    for i, s in enumerate(GS.candidates(m, n, k, 2, machine, splitk_only=not tma, tail=tail)))
     more = [(GS.estimate(s, m, n, k, 2, machine, splitk_tma=tma, aligned=tma), 0, s) for s in extra]
     out, seen = [], set()
     for est, _, s in [(chosen.est_s, -1, chosen)] + ranked[: top + 1] + more:

@@ -17,6 +17,10 @@ SPLIT_K parts, one program each, and a tile's partial sums are merged in the sam
    takes the last ticket sums the SPLIT_K partials **in split order** (the result does not depend
    on which program finished last: deterministic), applies the epilogue, stores, and resets the
    counter for the next launch (and for CUDA-graph replays).
+4. TAIL (a medium M: more tiles than one wave, fewer than a whole number of waves): the first
+   ``whole_tiles`` tiles (the full waves) run whole, and only the remaining tiles are cut into
+   SPLIT_K parts, so the last wave keeps every SM busy instead of a fraction of them
+   (``gemm_tail_unit``); a whole tile stores as in 3, a part as in 3's merge.
 
 Epilogue: ``+ bias[n]`` (HAS_BIAS), ``+ residual[m, n]`` (HAS_RES), then the output's dtype.
 Host planning (the schedule choice, workspace, counters) is numasched/gemm.py's.
@@ -24,7 +28,7 @@ Host planning (the schedule choice, workspace, counters) is numasched/gemm.py's.
 import triton
 import triton.language as tl
 
-from numasched.mappings.jit import gemm_split_unit
+from numasched.mappings.jit import gemm_split_unit, gemm_tail_unit
 from numasched.kernels.pdl import late_point, pdl_enter, pdl_late, pdl_trigger, prefetch_l2
 
 
@@ -98,20 +102,65 @@ def _prefetch_b(b, n0, N, k_lo, k_hi, stride_bk, stride_bn, BLOCK_K: tl.constexp
 
 
 @triton.jit
+def _store_tile(acc, acc_u, c, bias, res, offs_m, offs_n, M, N, stride_cm, stride_cn, stride_rm, stride_rn,
+                HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, GLU: tl.constexpr):
+    if GLU:
+        _glu_store(acc, acc_u, c, offs_m, offs_n, M, N, stride_cm, stride_cn)
+    else:
+        _epilogue_store(acc, c, bias, res, offs_m, offs_n, M, N, stride_cm, stride_cn, stride_rm, stride_rn,
+                        HAS_BIAS, HAS_RES)
+
+
+@triton.jit
+def _merge_parts(acc, acc_u, c, bias, res, ws, counters, tm, tn, split, NM, NN, offs_m, offs_n, M, N,
+                 stride_cm, stride_cn, stride_rm, stride_rn, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, GLU: tl.constexpr):
+    # partial tile -> workspace [SPLIT_K, NM*BLOCK_M, NN*BLOCK_N] (fp32, padded: no masks);
+    # GLU: the up half's partials in a second such block after it
+    ld = NN * BLOCK_N
+    plane = (NM * BLOCK_M).to(tl.int64) * ld
+    rows = offs_m[:, None].to(tl.int64) * ld + offs_n[None, :]
+    tl.store(ws + split * plane + rows, acc)
+    if GLU:
+        tl.store(ws + (SPLIT_K + split) * plane + rows, acc_u)
+    # every thread's stores before the release of the ticket; the last arrival reads the
+    # others' partials through L2 (.cg), never a stale L1 line
+    tl.debug_barrier()
+    ctr = counters + tm * NN + tn
+    ticket = tl.atomic_add(ctr, 1, sem="acq_rel")
+    if ticket == SPLIT_K - 1:
+        total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for s in range(0, SPLIT_K):  # split order: the same sum whoever arrives last
+            total += tl.load(ws + s * plane + rows, cache_modifier=".cg")
+        if GLU:
+            total_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for s in range(0, SPLIT_K):
+                total_u += tl.load(ws + (SPLIT_K + s) * plane + rows, cache_modifier=".cg")
+            _glu_store(total, total_u, c, offs_m, offs_n, M, N, stride_cm, stride_cn)
+        else:
+            _epilogue_store(total, c, bias, res, offs_m, offs_n, M, N, stride_cm, stride_cn, stride_rm,
+                            stride_rn, HAS_BIAS, HAS_RES)
+        tl.atomic_xchg(ctr, 0)  # ready for the next launch
+
+
+@triton.jit
 def gemm_splitk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
                        stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, stride_rm, stride_rn,
-                       k_per_split,
+                       k_per_split, whole_tiles,
                        MAPPING: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
                        HAS_RES: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
                        A_TRANS: tl.constexpr, B_TRANS: tl.constexpr, GLU: tl.constexpr = False,
-                       PDL: tl.constexpr = False, PREFETCH_B: tl.constexpr = False):
+                       PDL: tl.constexpr = False, PREFETCH_B: tl.constexpr = False, TAIL: tl.constexpr = False):
     # GLU (numasched.matmul_swiglu): B holds 2N columns, gate then up; the program accumulates
     # both halves of its tile's columns (two B tiles per K step) and stores silu(gate) * up (N
     # columns), so the MLP's activation costs no kernel and no round trip of the 2N-wide output
     NM = tl.cdiv(M, BLOCK_M)
     NN = tl.cdiv(N, BLOCK_N)
-    tm, tn, split = gemm_split_unit(tl.program_id(0), NM, NN, SPLIT_K, MAPPING)
+    if TAIL:   # whole tiles first, then the remainder's tiles in SPLIT_K parts (whole_tiles: host)
+        tm, tn, split, whole = gemm_tail_unit(tl.program_id(0), NM, NN, whole_tiles, SPLIT_K, MAPPING)
+    else:
+        tm, tn, split = gemm_split_unit(tl.program_id(0), NM, NN, SPLIT_K, MAPPING)
     offs_m = tm * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tn * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_m = offs_m < M
@@ -120,6 +169,8 @@ def gemm_splitk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
     # ---- this unit's K range (a multiple of BLOCK_K long; the last split may be shorter or empty)
     k_lo = split * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
+    if TAIL:
+        k_hi = tl.where(whole, K, k_hi)
     if PREFETCH_B:
         # PDL: the weights (B) are no earlier kernel's output, so this unit's B lines are asked
         # into L2 while the previous kernel still runs (pointer path; kernels/pdl.py)
@@ -157,39 +208,19 @@ def gemm_splitk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
                 acc_u = tl.dot(a_t, b_u, acc_u, input_precision=INPUT_PRECISION)
     pdl_late(PDL)  # the K loop is done (PDL "late": the next kernel may launch)
 
-    if SPLIT_K == 1:
-        if GLU:
-            _glu_store(acc, acc_u, c, offs_m, offs_n, M, N, stride_cm, stride_cn)
+    if TAIL:
+        if whole:
+            _store_tile(acc, acc_u, c, bias, res, offs_m, offs_n, M, N, stride_cm, stride_cn, stride_rm, stride_rn,
+                        HAS_BIAS, HAS_RES, GLU)
         else:
-            _epilogue_store(acc, c, bias, res, offs_m, offs_n, M, N, stride_cm, stride_cn, stride_rm, stride_rn,
-                            HAS_BIAS, HAS_RES)
+            _merge_parts(acc, acc_u, c, bias, res, ws, counters, tm, tn, split, NM, NN, offs_m, offs_n, M, N,
+                         stride_cm, stride_cn, stride_rm, stride_rn, SPLIT_K, BLOCK_M, BLOCK_N, HAS_BIAS, HAS_RES, GLU)
+    elif SPLIT_K == 1:
+        _store_tile(acc, acc_u, c, bias, res, offs_m, offs_n, M, N, stride_cm, stride_cn, stride_rm, stride_rn,
+                    HAS_BIAS, HAS_RES, GLU)
     else:
-        # partial tile -> workspace [SPLIT_K, NM*BLOCK_M, NN*BLOCK_N] (fp32, padded: no masks);
-        # GLU: the up half's partials in a second such block after it
-        ld = NN * BLOCK_N
-        plane = (NM * BLOCK_M).to(tl.int64) * ld
-        rows = offs_m[:, None].to(tl.int64) * ld + offs_n[None, :]
-        tl.store(ws + split * plane + rows, acc)
-        if GLU:
-            tl.store(ws + (SPLIT_K + split) * plane + rows, acc_u)
-        # every thread's stores before the release of the ticket; the last arrival reads the
-        # others' partials through L2 (.cg), never a stale L1 line
-        tl.debug_barrier()
-        ctr = counters + tm * NN + tn
-        ticket = tl.atomic_add(ctr, 1, sem="acq_rel")
-        if ticket == SPLIT_K - 1:
-            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for s in range(0, SPLIT_K):  # split order: the same sum whoever arrives last
-                total += tl.load(ws + s * plane + rows, cache_modifier=".cg")
-            if GLU:
-                total_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                for s in range(0, SPLIT_K):
-                    total_u += tl.load(ws + (SPLIT_K + s) * plane + rows, cache_modifier=".cg")
-                _glu_store(total, total_u, c, offs_m, offs_n, M, N, stride_cm, stride_cn)
-            else:
-                _epilogue_store(total, c, bias, res, offs_m, offs_n, M, N, stride_cm, stride_cn, stride_rm,
-                                stride_rn, HAS_BIAS, HAS_RES)
-            tl.atomic_xchg(ctr, 0)  # ready for the next launch
+        _merge_parts(acc, acc_u, c, bias, res, ws, counters, tm, tn, split, NM, NN, offs_m, offs_n, M, N,
+                     stride_cm, stride_cn, stride_rm, stride_rn, SPLIT_K, BLOCK_M, BLOCK_N, HAS_BIAS, HAS_RES, GLU)
 
 
 late_point(gemm_splitk_kernel)

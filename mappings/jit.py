@@ -63,3 +63,18 @@ def gemm_split_unit(pid, tiles_m, tiles_n, splits, MAPPING: tl.constexpr):
     g = MAPPING[0](pid, tiles_m * tiles_n * splits, MAPPING[4], MAPPING[1])
     tm, tn = MAPPING[2](g // splits, tiles_m, tiles_n, MAPPING[4], MAPPING[3])
     return tm, tn, g % splits
+
+
+@triton.jit
+def gemm_tail_unit(pid, tiles_m, tiles_n, whole_tiles, splits, MAPPING: tl.constexpr):
+    """(tile_m, tile_n, split, whole) for a grid whose first ``whole_tiles`` tiles (in the policy's
+    order: the full waves) run whole and whose remaining tiles are cut into ``splits`` K parts
+    each, so the last wave's work is spread over every SM. Units 0 .. whole_tiles - 1 are whole
+    tiles, then a remainder tile's splits are consecutive; the domain remap runs over all units."""
+    units = whole_tiles + (tiles_m * tiles_n - whole_tiles) * splits
+    g = MAPPING[0](pid, units, MAPPING[4], MAPPING[1])
+    whole = g < whole_tiles
+    rest = tl.maximum(g - whole_tiles, 0)
+    tile = tl.where(whole, g, whole_tiles + rest // splits)
+    tm, tn = MAPPING[2](tile, tiles_m, tiles_n, MAPPING[4], MAPPING[3])
+    return tm, tn, tl.where(whole, 0, rest % splits), whole

@@ -244,6 +244,7 @@ class GemmPlan(Plan):
         self.policy = self.grid = self.config = self.schedule = None
         self.kernel = "tiled"
         self.split_k = 1
+        self.tail_whole_tiles = 0   # split-K tail schedules: the tiles that run whole
         self.path, self.a_trans, self.b_trans, self.c_tma, self.int64 = "pointer", False, False, False, False
         self.persistent = persistent
         self._out_shape = (Mdim, N)
@@ -282,7 +283,8 @@ class GemmPlan(Plan):
                 schedule = _sched.choose(Mdim, N, K, a.dtype, dev, table=options.gemm_table,
                                          splitk_only=not tma_ok or self.int64,
                                          splitk_tma=options.gemm_splitk_tma and tma_ok and not self.int64,
-                                         aligned=a_view is not None and b_view is not None)
+                                         aligned=a_view is not None and b_view is not None,
+                                         tail=options.gemm_tail_split)
         if schedule is not None and schedule.kind == "streamk":
             # TMA on Hopper (path "auto" or "tma"), or in the interpreter when asked (path="tma")
             can_tma = (not self.int64 and a_view is not None and b_view is not None and TensorDescriptor is not None
@@ -304,7 +306,8 @@ class GemmPlan(Plan):
             splitk_tma = (options.gemm_splitk_tma and not self.int64 and a_view is not None and b_view is not None
                           and TensorDescriptor is not None and (interp or (caps.tma_supported(dev) and bm >= 64)))
             self._plan_splitk(a, b, c, schedule, split_k, interp, (a_view, b_view) if splitk_tma else None,
-                              prefetch=options.pdl and options.pdl_prefetch and not interp and caps.pdl_supported(dev))
+                              prefetch=options.pdl and options.pdl_prefetch and not interp and caps.pdl_supported(dev),
+                              num_programs=num_programs)
         else:
             self._plan_tiled(a, b, c, a_view, b_view, schedule, path, config, persistent, num_programs, options,
                              interp)
@@ -314,7 +317,8 @@ class GemmPlan(Plan):
         self._freeze()
 
     # ---------------------------------------------------------------- the two kernels
-    def _plan_splitk(self, a, b, c, schedule, split_k, interp, tma_views=None, prefetch: bool = False) -> None:
+    def _plan_splitk(self, a, b, c, schedule, split_k, interp, tma_views=None, prefetch: bool = False,
+                     num_programs=None) -> None:
         from ._launch import Launch
         from .kernels import gemm_splitk as KS
 
@@ -344,9 +348,18 @@ class GemmPlan(Plan):
                      INPUT_PRECISION=self._precision, USE_TMA=use_tma, A_TRANS=self.a_trans, B_TRANS=self.b_trans)
         if prefetch and not use_tma:   # options.pdl_prefetch: B's lines into L2 before the PDL wait
             const["PREFETCH_B"] = True
+        # tail (Schedule.tail): the whole waves' tiles whole, the rest in S parts; the waves are
+        # the SMs times the programs one holds, or ``num_programs`` slots when given
+        whole, grid = 0, self._tiles * S
+        if schedule is not None and schedule.tail and S > 1:
+            elt = torch.empty((), dtype=a.dtype).element_size()
+            slots = None if num_programs is None else max(1, int(num_programs))
+            whole, grid = _sched.tail_split(schedule, self._tiles, elt, _sched.Machine.of(self.device), slots)
+            const["TAIL"] = True
+        self.tail_whole_tiles = whole
         self._sizes = (Mdim, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
-                       *self._res_stride, self._kps)
-        self._launch = Launch(KS.gemm_splitk_kernel, (self._tiles * S,), const, config=cfg, device=self.device,
+                       *self._res_stride, self._kps, whole)
+        self._launch = Launch(KS.gemm_splitk_kernel, (grid,), const, config=cfg, device=self.device,
                               interpret=interp, options=self._opts)
 
     def _take_tma_views(self, tma_views) -> bool:

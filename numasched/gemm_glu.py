@@ -117,7 +117,7 @@ class SwiGLUPlan(Plan):
         c = out if out is not None else torch.empty((Mdim, n), dtype=dtype, device="meta")
         self._c_stride = c.stride()
         self._sizes = (Mdim, n, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
-                       0, 0, self._kps)
+                       0, 0, self._kps, 0)
         const = dict(MAPPING=self.policy.constexpr(self.topology.num_domains), SPLIT_K=S, HAS_BIAS=False,
                      HAS_RES=False, INPUT_PRECISION="ieee" if self._upcast else input_precision(dtype),
                      USE_TMA=use_tma, A_TRANS=bool(use_tma and a_view[0]), B_TRANS=bool(use_tma and b_view[0]),

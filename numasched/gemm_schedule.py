@@ -34,7 +34,7 @@ import functools
 import json
 import re
 from dataclasses import dataclass, replace
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
@@ -138,28 +138,36 @@ class Schedule:
     num_stages: int = 3
     persistent: bool = False
     subtile: bool = False
+    tail: bool = False   # split-K: only the tiles past the last whole wave are split (split_k ways)
     est_s: float = float("nan")
+
+    def __post_init__(self):
+        if self.tail and self.kind != "splitk":
+            raise ValueError(f"tail=True is a split-K schedule's (kind 'splitk'), got kind {self.kind!r}")
 
     def describe(self) -> str:
         s = f"{self.kind} {self.block_m}x{self.block_n}x{self.block_k} w{self.num_warps} s{self.num_stages}"
         if self.split_k > 1:
             s += f" split{self.split_k}"
+        if self.tail:
+            s += " tail"
         if self.persistent:
             s += " persistent"
         return s
 
     @classmethod
     def parse(cls, text: str) -> "Schedule":
-        """The schedule :meth:`describe` names, e.g. ``"streamk 128x256x64 w8 s4 persistent"``."""
+        """The schedule :meth:`describe` names, e.g. ``"streamk 128x256x64 w8 s4 persistent"`` or
+        ``"splitk 128x128x64 w8 s6 split4 tail"``."""
         m = re.fullmatch(r"\s*(splitk|tiled|streamk)\s+(\d+)x(\d+)x(\d+)\s+w(\d+)\s+s(\d+)"
-                         r"(?:\s+split(\d+))?(\s+persistent)?\s*", str(text))
+                         r"(?:\s+split(\d+))?(\s+tail)?(\s+persistent)?\s*", str(text))
         if not m:
             raise ValueError(f"a schedule reads like 'streamk 128x256x64 w8 s4 persistent' "
-                             f"(kind BMxBNxBK wWARPS sSTAGES [splitN] [persistent]), got {text!r}")
-        kind, bm, bn, bk, w, st, split, pers = m.groups()
+                             f"(kind BMxBNxBK wWARPS sSTAGES [splitN] [tail] [persistent]), got {text!r}")
+        kind, bm, bn, bk, w, st, split, tail, pers = m.groups()
         # the name does not carry the epilogue: subtiled as the chooser's candidates have it (128 x 256)
         return cls(kind, int(bm), int(bn), int(bk), int(split or 1), int(w), int(st), bool(pers),
-                   kind == "tiled" and int(bm) >= 128 and int(bn) >= 256)
+                   kind == "tiled" and int(bm) >= 128 and int(bn) >= 256, bool(tail))
 
     def config(self) -> dict:
         """Keyword arguments of the kernel's launch."""
@@ -186,8 +194,10 @@ def _stages(bm: int, bn: int, bk: int, elt: int, smem: int, want: int = 6) -> in
     return 0
 
 
-def candidates(M: int, N: int, K: int, elt: int, machine: Machine, *, splitk_only: bool = False) -> list:
-    """The schedules the chooser weighs for this shape (estimates not filled in)."""
+def candidates(M: int, N: int, K: int, elt: int, machine: Machine, *, splitk_only: bool = False,
+               tail: bool = False) -> list:
+    """The schedules the chooser weighs for this shape (estimates not filled in); ``tail``
+    (options.gemm_tail_split): also the split-K schedules that split only the last wave's tiles."""
     from .kernels import gemm_splitk as KS
 
     out = []
@@ -211,6 +221,13 @@ def candidates(M: int, N: int, K: int, elt: int, machine: Machine, *, splitk_onl
                     if s > max_split:
                         break
                     out.append(Schedule("splitk", bm, bn, bk, s, warps, stages))
+                    # tail: only where there is a whole wave and a remainder (else it is the plain one)
+                    if tail and s > 1 and bm >= 64:
+                        plain = Schedule("splitk", bm, bn, bk, 1, warps, stages)
+                        slots = machine.sms * _resident(plain, elt, machine)
+                        tiles = _cdiv(M, bm) * _cdiv(N, bn)
+                        if tiles > slots and tiles % slots:
+                            out.append(Schedule("splitk", bm, bn, bk, s, warps, stages, tail=True))
     if not splitk_only and elt <= 2 and not caps.is_hip():
         # the TMA tiles the autotuner used to pick for large problems (bench/results/gemm-h200-*),
         # persistent: one program per tile lost up to 1.4x at M = 512-2048 on the H200
@@ -239,37 +256,27 @@ def candidates(M: int, N: int, K: int, elt: int, machine: Machine, *, splitk_onl
 def estimate(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machine, splitk_tma: bool = False,
              aligned: bool = True) -> float:
     """Modelled time of ``s`` in seconds (see the module doc)."""
+    if s.tail:
+        return _tail_estimate(s, M, N, K, elt, machine, splitk_tma, aligned)
     tiles = _cdiv(M, s.block_m) * _cdiv(N, s.block_n)
     kps = _cdiv(_cdiv(K, s.split_k), s.block_k) * s.block_k
     units = tiles * s.split_k
-    occ = _resident(s, elt, machine)
-    slots = machine.sms * occ
-    if s.kind == "tiled" and s.persistent:
-        slots = machine.sms
-    active = min(units, slots)
+    unit, slots = _unit_s(s, kps, units, elt, machine, splitk_tma, aligned)
     waves = _cdiv(units, slots)
-    fair = machine.hbm_bytes_per_s / active
-    share = machine.sm_bw_share if aligned else MISALIGNED_SM_BW_SHARE
-    bw = min(fair, share * machine.hbm_bytes_per_s / machine.sms / occ)
-    t_mem = (s.block_n * kps * elt + A_WEIGHT * s.block_m * kps * elt) / bw
-    rate = machine.tensor_flops / min(active, machine.sms) / (occ if active >= machine.sms else 1)
-    if s.kind == "splitk" and s.block_m >= 64 and not splitk_tma:
-        rate *= SPLITK_MMA_EFFICIENCY  # operands through registers, not TMA + wgmma from shared memory
-    t_comp = 2.0 * s.block_m * s.block_n * kps / rate
     if s.kind == "streamk":
         # whole waves, then the remainder's K iterations shared equally by every SM; each program
         # starts about two pieces and the split tiles' fp32 partials go through L2 and back
         dp_waves = units // slots
         rest = units - dp_waves * slots
-        t = dp_waves * (max(t_mem, t_comp) + machine.unit_start_s) + machine.launch_s
+        t = dp_waves * (unit + machine.unit_start_s) + machine.launch_s
         if rest:
-            t += STREAMK_PIECE_COST * rest / slots * max(t_mem, t_comp) + 2 * machine.unit_start_s
+            t += STREAMK_PIECE_COST * rest / slots * unit + 2 * machine.unit_start_s
             t += 2 * 2 * slots * s.block_m * s.block_n * 4 / machine.l2_bytes_per_s + machine.reduce_sync_s
         floor = max((M * K + K * N + M * N) * elt / machine.hbm_bytes_per_s, 2.0 * M * N * K / machine.tensor_flops)
         return max(t, floor + machine.launch_s)
     # a data-parallel grid, persistent or not, pays for its last wave whole: the SMs that run two
     # tiles set the time
-    t = waves * (max(t_mem, t_comp) + machine.unit_start_s) + machine.launch_s
+    t = waves * (unit + machine.unit_start_s) + machine.launch_s
     if s.split_k > 1:
         t += tiles * s.split_k * s.block_m * s.block_n * 4 * 2 / machine.l2_bytes_per_s + machine.reduce_sync_s
     # the whole problem can go no faster than its bytes at full bandwidth and its flops at full rate
@@ -277,25 +284,78 @@ def estimate(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machine, sp
     return max(t, floor + machine.launch_s)
 
 
+def _unit_s(s: Schedule, kps: int, units: int, elt: int, machine: Machine, splitk_tma: bool, aligned: bool):
+    """(seconds of one work unit of ``kps`` K columns when ``units`` of them run, the grid's
+    slots): the slower of its bytes at its share of the bandwidth and its flops at its share of
+    the tensor rate."""
+    occ = _resident(s, elt, machine)
+    slots = machine.sms * occ
+    if s.kind == "tiled" and s.persistent:
+        slots = machine.sms
+    active = min(units, slots)
+    fair = machine.hbm_bytes_per_s / active
+    share = machine.sm_bw_share if aligned else MISALIGNED_SM_BW_SHARE
+    bw = min(fair, share * machine.hbm_bytes_per_s / machine.sms / occ)
+    t_mem = (s.block_n * kps * elt + A_WEIGHT * s.block_m * kps * elt) / bw
+    rate = machine.tensor_flops / min(active, machine.sms) / (occ if active >= machine.sms else 1)
+    if s.kind == "splitk" and s.block_m >= 64 and not splitk_tma:
+        rate *= SPLITK_MMA_EFFICIENCY  # operands through registers, not TMA + wgmma from shared memory
+    return max(t_mem, 2.0 * s.block_m * s.block_n * kps / rate), slots
+
+
+def tail_split(s: Schedule, tiles: int, elt: int, machine: Machine, slots: Optional[int] = None) -> Tuple[int, int]:
+    """(whole tiles, grid size) of a tail schedule: the tiles of the whole waves run whole, the
+    remaining ones in ``s.split_k`` parts. ``slots``: programs resident at once (default: the
+    SMs times the programs of ``s`` one SM holds)."""
+    if slots is None:
+        slots = machine.sms * _resident(s, elt, machine)
+    whole = (tiles // max(1, slots)) * max(1, slots)
+    return whole, whole + (tiles - whole) * s.split_k
+
+
+def _tail_estimate(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machine, splitk_tma: bool,
+                   aligned: bool) -> float:
+    """A tail schedule: the whole waves as the unsplit kernel runs them, then one (or a few)
+    waves of the remainder's parts, plus their partials through L2."""
+    tiles = _cdiv(M, s.block_m) * _cdiv(N, s.block_n)
+    whole, _ = tail_split(s, tiles, elt, machine)
+    plain = replace(s, split_k=1, tail=False)
+    t = machine.launch_s
+    if whole:
+        unit, slots = _unit_s(plain, _cdiv(K, s.block_k) * s.block_k, whole, elt, machine, splitk_tma, aligned)
+        t += (whole // slots) * (unit + machine.unit_start_s)
+    rest = tiles - whole
+    if rest:
+        kps = _cdiv(_cdiv(K, s.split_k), s.block_k) * s.block_k
+        units = rest * s.split_k
+        unit, slots = _unit_s(s, kps, units, elt, machine, splitk_tma, aligned)
+        t += _cdiv(units, slots) * (unit + machine.unit_start_s)
+        if s.split_k > 1:
+            t += units * s.block_m * s.block_n * 4 * 2 / machine.l2_bytes_per_s + machine.reduce_sync_s
+    floor = max((M * K + K * N + M * N) * elt / machine.hbm_bytes_per_s, 2.0 * M * N * K / machine.tensor_flops)
+    return max(t, floor + machine.launch_s)
+
+
 def choose(M: int, N: int, K: int, dtype: torch.dtype, device: Optional[torch.device] = None, *,
            table: Optional[str] = None, splitk_only: bool = False, splitk_tma: bool = False,
-           aligned: bool = True) -> Schedule:
-    """The schedule for this GEMM: a tuned table's entry if it has one, else the model's pick."""
+           aligned: bool = True, tail: bool = False) -> Schedule:
+    """The schedule for this GEMM: a tuned table's entry if it has one, else the model's pick
+    (``tail``: tail split-K schedules among the candidates, options.gemm_tail_split)."""
     elt = torch.empty((), dtype=dtype).element_size()
     machine = Machine.of(device)
     if table is not None:
         hit = load_table(table).get(_table_key(M, N, K, dtype, machine.name))
         if hit is not None:
             return Schedule(**hit)
-    return _choose(M, N, K, elt, machine, splitk_only, splitk_tma, aligned)
+    return _choose(M, N, K, elt, machine, splitk_only, splitk_tma, aligned, tail)
 
 
 @functools.lru_cache(maxsize=4096)
 def _choose(M: int, N: int, K: int, elt: int, machine: Machine, splitk_only: bool, splitk_tma: bool = False,
-            aligned: bool = True) -> Schedule:
+            aligned: bool = True, tail: bool = False) -> Schedule:
     best = None
     scored = []
-    for s in candidates(M, N, K, elt, machine, splitk_only=splitk_only or elt > 2):
+    for s in candidates(M, N, K, elt, machine, splitk_only=splitk_only or elt > 2, tail=tail):
         if not aligned and s.block_k > MISALIGNED_MAX_BLOCK_K:
             continue
         t = estimate(s, M, N, K, elt, machine, splitk_tma, aligned)
@@ -307,9 +367,9 @@ def _choose(M: int, N: int, K: int, elt: int, machine: Machine, splitk_only: boo
     # the model prices bytes and flops, not the pipeline: among the pick's ties (the same kernel,
     # tile and split with another K block and stage count, estimated within 0.1 %) the deeper
     # pipeline wins (see inflight_bytes)
-    shape = (best.kind, best.block_m, best.block_n, best.split_k)
+    shape = (best.kind, best.block_m, best.block_n, best.split_k, best.tail)
     for s, t in scored:
-        if ((s.kind, s.block_m, s.block_n, s.split_k) == shape and t <= best.est_s * 1.001
+        if ((s.kind, s.block_m, s.block_n, s.split_k, s.tail) == shape and t <= best.est_s * 1.001
                 and inflight_bytes(s, elt, machine) > inflight_bytes(best, elt, machine)):
             best = replace(s, est_s=t)
     return best

@@ -19,6 +19,7 @@ numasched is imported (they are not read per call):
     NUMASCHED_GEMM_TABLE        gemm_table (a path)
     NUMASCHED_GEMM_SPLITK_TMA=0 gemm_splitk_tma -> False
     NUMASCHED_GEMM_STREAMK_K_ALIGNED=0 gemm_streamk_k_aligned -> False
+    NUMASCHED_GEMM_TAIL_SPLIT=1 gemm_tail_split -> True
     NUMASCHED_PDL=0             pdl -> False
     NUMASCHED_PDL_TRIGGER       pdl_trigger ("early", "late" or "none"; 1 / 0 mean early / none)
     NUMASCHED_PDL_PREFETCH=1    pdl_prefetch -> True
@@ -77,6 +78,10 @@ class Options:
             H200 at 16 medium-M points (bench/results/gemm-s12/gap/) it ran 0.64-1.08x the
             tail-first order's time (1024 x 2560 x 8192: 73 against 100 us; 320 x 8192 x 7168:
             82 against 118) and read 0.29x its DRAM bytes (Nsight Compute, 1024 x 2560 x 8192).
+        gemm_tail_split: the chooser also weighs split-K schedules that split only the tiles past
+            the last whole wave (``Schedule.tail``, kernels/gemm_splitk.py), the wave
+            quantisation the medium-M GEMMs lose to (bench/results/README.md, twelfth session).
+            Off until a GPU run has timed them: an explicit ``schedule=`` runs one regardless.
         pdl: launch numasched's kernels with programmatic dependent launch on NVIDIA sm_90+ (each
             kernel's launch and start overlap the kernel before it in the stream; the kernel
             waits for it before touching memory: kernels/pdl.py). Off elsewhere.
@@ -104,13 +109,14 @@ class Options:
     decode_schedule: str = "model"
     gemm_splitk_tma: bool = True
     gemm_streamk_k_aligned: bool = True
+    gemm_tail_split: bool = False
     pdl: bool = True
     pdl_trigger: str = "late"
     pdl_prefetch: bool = False
 
     def __post_init__(self):
-        for f in ("autotune", "check_data", "gemm_flatten", "gemm_splitk_tma", "gemm_streamk_k_aligned", "pdl",
-                  "pdl_prefetch"):
+        for f in ("autotune", "check_data", "gemm_flatten", "gemm_splitk_tma", "gemm_streamk_k_aligned",
+                  "gemm_tail_split", "pdl", "pdl_prefetch"):
             if not isinstance(getattr(self, f), bool):
                 raise TypeError(f"Options.{f} must be a bool, got {getattr(self, f)!r}")
         if isinstance(self.pdl_trigger, bool):  # the former bool form
@@ -174,6 +180,7 @@ def from_env(environ=None) -> Options:
                    decode_schedule=env.get("NUMASCHED_DECODE_SCHEDULE", "model"),
                    gemm_splitk_tma=flag("NUMASCHED_GEMM_SPLITK_TMA", True),
                    gemm_streamk_k_aligned=flag("NUMASCHED_GEMM_STREAMK_K_ALIGNED", True),
+                   gemm_tail_split=flag("NUMASCHED_GEMM_TAIL_SPLIT", False),
                    pdl=flag("NUMASCHED_PDL", True),
                    pdl_trigger=_trigger(env.get("NUMASCHED_PDL_TRIGGER", "late")),
                    pdl_prefetch=flag("NUMASCHED_PDL_PREFETCH", False))

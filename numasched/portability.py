@@ -377,6 +377,26 @@ def _gemm_streamk(tma: bool, bm: int = 128, bn: int = 256, stages: int = 4):
     return build
 
 
+def _gemm_splitk_medium(tail: bool):
+    def build(vendor):
+        from numasched import mappings
+        from numasched.kernels import gemm_splitk as K
+
+        # a medium-M GEMM (1024 x 2560 x 8192) in TMA-fed 128 x 128 tiles: 160 tiles, one wave of
+        # 132 whole and, with TAIL, the 28 left over in 4 K parts
+        bm, bn, bk = 128, 128, 64
+        values = dict(c="*bf16", bias=None, res=None, ws="*fp32", counters="*i32",
+                      M=1024, N=2560, K=8192, stride_am=8192, stride_ak=1, stride_bk=1, stride_bn=8192,
+                      stride_cm=2560, stride_cn=1, stride_rm=0, stride_rn=0, k_per_split=2048,
+                      whole_tiles=132 if tail else 0,
+                      MAPPING=mappings.get("grouped").constexpr(1), SPLIT_K=4 if tail else 1, BLOCK_M=bm,
+                      BLOCK_N=bn, BLOCK_K=bk, HAS_BIAS=False, HAS_RES=False, INPUT_PRECISION=None, USE_TMA=True,
+                      A_TRANS=False, B_TRANS=True, TAIL=tail,
+                      a=f"tensordesc<bf16[{bm}, {bk}]>", b=f"tensordesc<bf16[{bn}, {bk}]>")
+        return K.gemm_splitk_kernel, values, 8, 6
+    return build
+
+
 def _gemm_splitk(prefetch: bool, row_major_b: bool = False):
     def build(vendor):
         from numasched import caps, mappings
@@ -386,7 +406,7 @@ def _gemm_splitk(prefetch: bool, row_major_b: bool = False):
         # 6 stages, split 4; B is the (N, K) weight read through pointers)
         values = dict(a="*bf16", b="*bf16", c="*bf16", bias=None, res=None, ws="*fp32", counters="*i32",
                       M=1, N=6144, K=4096, stride_am=4096, stride_ak=1, stride_bk=1, stride_bn=4096,
-                      stride_cm=6144, stride_cn=1, stride_rm=0, stride_rn=0, k_per_split=1024,
+                      stride_cm=6144, stride_cn=1, stride_rm=0, stride_rn=0, k_per_split=1024, whole_tiles=0,
                       MAPPING=mappings.get("grouped").constexpr(1), SPLIT_K=4, BLOCK_M=16, BLOCK_N=64,
                       BLOCK_K=128, HAS_BIAS=False, HAS_RES=False, INPUT_PRECISION=None, USE_TMA=False,
                       A_TRANS=False, B_TRANS=False, PREFETCH_B=prefetch)
@@ -562,6 +582,10 @@ VARIANTS: List[Variant] = [
     Variant("gemm_splitk", "bf16-pointer-decode-prefetch-rowmajor-b", _gemm_splitk(True, True),
             off={"amd": "prefetch.global.L2 is NVIDIA PTX; the host sets PREFETCH_B on sm_90+ only"},
             note="PREFETCH_B with a row-major (K, N) B: lines along N"),
+    Variant("gemm_splitk", "bf16-tma-128x128", _gemm_splitk_medium(False), off={"amd": _TMA_OFF},
+            note="unsplit 128x128x64 TMA tiles, 8 warps, 6 stages (the chooser's medium-M split-K tile)"),
+    Variant("gemm_splitk", "bf16-tma-128x128-tail", _gemm_splitk_medium(True), off={"amd": _TMA_OFF},
+            note="the same with TAIL: the whole wave's tiles whole, the remainder in 4 K parts"),
     Variant("dist", "all_gather_matmul-pointer", _all_gather(False),
             note="world 2, 128x256x64, 8 warps, 3 stages (the host's bf16 config); " + _CLOCK_NOTE),
     Variant("dist", "all_gather_matmul-pointer-2stage", _all_gather(False, 2), off={"nvidia": _AMD_CFG},

@@ -591,6 +591,55 @@ def test_splitk_is_deterministic_and_resets_its_counters():
 
 
 @cpu
+@pytest.mark.parametrize("m,n,k,slots,split", [(40, 40, 64, 4, 3), (33, 70, 50, 2, 2), (16, 80, 96, 5, 4),
+                                                (20, 20, 40, 8, 2)])
+@pytest.mark.parametrize("policy", ["grouped", "chiplet_tiled"])
+def test_splitk_tail_matches_float64(m, n, k, slots, split, policy):
+    """Schedule.tail: the whole waves' tiles (``num_programs`` slots a wave here) run whole, the
+    remainder's in ``split`` parts merged by the last one; with bias and a residual, output
+    poisoned first, twice (the tile counters reset), in a topology with several domains."""
+    from numasched.gemm_schedule import Schedule
+
+    a, b = _operands(m, n, k, torch.float32, tb=True, seed=m + n + k)
+    bias, res = torch.randn(n), torch.randn(m, n)
+    want = a.double() @ b.double() + bias.double() + res.double()
+    sched = Schedule("splitk", 16, 16, 16, split, 4, 1, tail=True)
+    with topology.use("mi300x" if policy == "chiplet_tiled" else topology.current()):
+        plan = numasched.plan_matmul(a, b, schedule=sched, num_programs=slots, mapping=policy, bias=bias, residual=res)
+        tiles = -(-m // 16) * -(-n // 16)
+        assert plan.kernel == "splitk" and plan.tail_whole_tiles == (tiles // slots) * slots
+        assert plan._launch.grid[0] == plan.tail_whole_tiles + (tiles - plan.tail_whole_tiles) * split
+        for _ in range(2):
+            out = torch.full((m, n), float("nan"))
+            c = plan.run(a, b, out=out, bias=bias, residual=res)
+            assert ((c.double() - want).norm() / want.norm()).item() < 1e-5
+    assert "split{} tail".format(split) in sched.describe() and Schedule.parse(sched.describe()) == sched
+
+
+def test_tail_schedule_model_and_candidates():
+    """The model prices a tail schedule between its whole waves and its split remainder: at a
+    medium M with a partial last wave it beats the plain tile it splits; candidates only with
+    the option, and only where a whole wave and a remainder exist."""
+    from numasched import gemm_schedule as GS
+
+    m = GS.Machine.of(None)
+    plain = GS.Schedule("splitk", 128, 128, 64, 1, 8, 6)
+    tail = GS.Schedule("splitk", 128, 128, 64, 4, 8, 6, tail=True)
+    slots = m.sms * GS._resident(plain, 2, m)
+    M, N, K = 1024, 2560, 8192                  # 160 tiles of 128 x 128: one wave and 28 left over
+    tiles = (M // 128) * (N // 128)
+    assert slots < tiles < 2 * slots
+    assert GS.estimate(tail, M, N, K, 2, m, True) < GS.estimate(plain, M, N, K, 2, m, True)
+    assert GS.tail_split(tail, tiles, 2, m) == (slots, slots + (tiles - slots) * 4)
+    without = GS.candidates(M, N, K, 2, m)
+    with_tail = GS.candidates(M, N, K, 2, m, tail=True)
+    assert not any(s.tail for s in without) and any(s.tail for s in with_tail)
+    assert not any(s.tail for s in GS.candidates(16, 4096, 4096, 2, m, tail=True))   # one partial wave only
+    with pytest.raises(ValueError, match="tail=True"):
+        GS.Schedule("tiled", 128, 128, 64, 2, tail=True)
+
+
+@cpu
 @pytest.mark.parametrize("kernel", ["splitk", "tiled"])
 @pytest.mark.parametrize("out_dtype", [None, torch.float16])
 def test_epilogue_bias_residual_and_out_dtype(kernel, out_dtype):
@@ -692,10 +741,19 @@ def test_gpu_inference_shapes_chosen_schedule(m, n, k):
 
 
 @gpu
-def test_gpu_splitk_in_a_cuda_graph_replays_right():
-    x = torch.randn(4, 4096, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
-    plan = numasched.plan_matmul(x, w.T, split_k=4)
+@pytest.mark.parametrize("rows,tail", [(4, False), (1024, True)])
+def test_gpu_splitk_in_a_cuda_graph_replays_right(rows, tail):
+    """Decode-size split-K, and a tail schedule at a medium M (one wave of 128 x 128 tiles whole,
+    the rest in four K parts, TMA-fed) replayed in a CUDA graph on fresh inputs."""
+    from numasched.gemm_schedule import Schedule
+
+    x = torch.randn(rows, 4096, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(2560 if tail else 4096, 4096, device="cuda", dtype=torch.bfloat16)
+    if tail:
+        plan = numasched.plan_matmul(x, w.T, schedule=Schedule.parse("splitk 128x128x64 w8 s6 split4 tail"))
+        assert 0 < plan.tail_whole_tiles < plan._tiles
+    else:
+        plan = numasched.plan_matmul(x, w.T, split_k=4)
     plan.run(x, w.T)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
