@@ -293,10 +293,12 @@ def _tp2_worker(rank, world, port, out_path):
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
+    # four ranks need four K/V heads (one per rank) and eight query heads
+    heads = {} if world <= 2 else dict(num_attention_heads=2 * world, num_key_value_heads=world)
     try:
         errs = {}
         for family in ("llama", "qwen3"):
-            hf = hf_model(family, seed=11)       # the same weights on every rank (same seed)
+            hf = hf_model(family, seed=11, **heads)   # the same weights on every rank (same seed)
             ids = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(12))
             for head in ("vocab_parallel", "replicated"):
                 model = TPDecoder.from_hf(hf, tp_rank=rank, tp_size=world, head=head)
@@ -323,7 +325,7 @@ def _tp2_worker(rank, world, port, out_path):
                 errs[f"{family}/seq_parallel_last_{shape[0]}x{shape[1]}"] = rel(last, reference(hf, p_ids)[:, -1])
             # rows that do not split evenly over the ranks (1 x 5) take the bulk path
             odd = TorchBackend(world, prefill_seq_parallel=True)
-            assert odd.seq_parallel(2, 5) and not odd.seq_parallel(1, 5)
+            assert odd.seq_parallel(world, 5) and not odd.seq_parallel(1, 5)
             # a model sharded for another rank than this process's: refused, not silently wrong
             swapped = TPDecoder.from_hf(hf, tp_rank=world - 1 - rank, tp_size=world)
             try:
@@ -338,22 +340,25 @@ def _tp2_worker(rank, world, port, out_path):
         dist.destroy_process_group()
 
 
-def test_tp2_torch_backend_over_gloo_matches_transformers(tmp_path):
+@pytest.mark.parametrize("world", [2, 4])
+def test_tp2_torch_backend_over_gloo_matches_transformers(tmp_path, world):
+    """TP 2 and TP 4 (the Megatron sharding of every layer, the vocabulary-parallel and replicated
+    heads, the sequence-parallel prefill) against transformers, over gloo on CPU."""
     import torch.multiprocessing as mp
 
     out = tmp_path / "errs.txt"
     try:
-        procs = mp.start_processes(_tp2_worker, args=(2, _free_port(), str(out)), nprocs=2, join=False,
+        procs = mp.start_processes(_tp2_worker, args=(world, _free_port(), str(out)), nprocs=world, join=False,
                                    start_method="spawn")
     except (OSError, RuntimeError) as e:
         pytest.skip(f"cannot spawn processes here: {e}")
-    for _ in range(120):
+    for _ in range(240):
         if procs.join(timeout=1):
             break
     else:
         for p in procs.processes:
             p.kill()
-        pytest.fail("the two gloo ranks did not finish in 120 s")
+        pytest.fail(f"the {world} gloo ranks did not finish in 240 s")
     errs = eval(out.read_text())
     calls = {k: errs.pop(k) for k in [k for k in errs if k.endswith("_calls")]}
     refused = {k: errs.pop(k) for k in [k for k in errs if k.endswith("_refused")]}
