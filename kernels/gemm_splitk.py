@@ -130,16 +130,13 @@ def _merge_parts(acc, acc_u, c, bias, res, ws, counters, tm, tn, split, NM, NN, 
     ticket = tl.atomic_add(ctr, 1, sem="acq_rel")
     if ticket == SPLIT_K - 1:
         total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        total_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # GLU: the up half (unused otherwise)
         for s in range(0, SPLIT_K):  # split order: the same sum whoever arrives last
             total += tl.load(ws + s * plane + rows, cache_modifier=".cg")
-        if GLU:
-            total_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for s in range(0, SPLIT_K):
+            if GLU:
                 total_u += tl.load(ws + (SPLIT_K + s) * plane + rows, cache_modifier=".cg")
-            _glu_store(total, total_u, c, offs_m, offs_n, M, N, stride_cm, stride_cn)
-        else:
-            _epilogue_store(total, c, bias, res, offs_m, offs_n, M, N, stride_cm, stride_cn, stride_rm,
-                            stride_rn, HAS_BIAS, HAS_RES)
+        _store_tile(total, total_u, c, bias, res, offs_m, offs_n, M, N, stride_cm, stride_cn, stride_rm, stride_rn,
+                    HAS_BIAS, HAS_RES, GLU)
         tl.atomic_xchg(ctr, 0)  # ready for the next launch
 
 
