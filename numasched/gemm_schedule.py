@@ -223,11 +223,10 @@ def candidates(M: int, N: int, K: int, elt: int, machine: Machine, *, splitk_onl
                     out.append(Schedule("splitk", bm, bn, bk, s, warps, stages))
                     # tail: only where there is a whole wave and a remainder (else it is the plain one)
                     if tail and s > 1 and bm >= 64:
-                        plain = Schedule("splitk", bm, bn, bk, 1, warps, stages)
-                        slots = machine.sms * _resident(plain, elt, machine)
+                        tailed = Schedule("splitk", bm, bn, bk, s, warps, stages, tail=True)
                         tiles = _cdiv(M, bm) * _cdiv(N, bn)
-                        if tiles > slots and tiles % slots:
-                            out.append(Schedule("splitk", bm, bn, bk, s, warps, stages, tail=True))
+                        if 0 < tail_split(tailed, tiles, elt, machine)[0] < tiles:
+                            out.append(tailed)
     if not splitk_only and elt <= 2 and not caps.is_hip():
         # the TMA tiles the autotuner used to pick for large problems (bench/results/gemm-h200-*),
         # persistent: one program per tile lost up to 1.4x at M = 512-2048 on the H200
@@ -272,16 +271,18 @@ def estimate(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machine, sp
         if rest:
             t += STREAMK_PIECE_COST * rest / slots * unit + 2 * machine.unit_start_s
             t += 2 * 2 * slots * s.block_m * s.block_n * 4 / machine.l2_bytes_per_s + machine.reduce_sync_s
-        floor = max((M * K + K * N + M * N) * elt / machine.hbm_bytes_per_s, 2.0 * M * N * K / machine.tensor_flops)
-        return max(t, floor + machine.launch_s)
+        return max(t, _floor_s(M, N, K, elt, machine) + machine.launch_s)
     # a data-parallel grid, persistent or not, pays for its last wave whole: the SMs that run two
     # tiles set the time
     t = waves * (unit + machine.unit_start_s) + machine.launch_s
     if s.split_k > 1:
         t += tiles * s.split_k * s.block_m * s.block_n * 4 * 2 / machine.l2_bytes_per_s + machine.reduce_sync_s
-    # the whole problem can go no faster than its bytes at full bandwidth and its flops at full rate
-    floor = max((M * K + K * N + M * N) * elt / machine.hbm_bytes_per_s, 2.0 * M * N * K / machine.tensor_flops)
-    return max(t, floor + machine.launch_s)
+    return max(t, _floor_s(M, N, K, elt, machine) + machine.launch_s)
+
+
+def _floor_s(M: int, N: int, K: int, elt: int, machine: Machine) -> float:
+    """The whole problem can go no faster than its bytes at full bandwidth and its flops at full rate."""
+    return max(streaming_floor_s(M, N, K, elt, machine), 2.0 * M * N * K / machine.tensor_flops)
 
 
 def _unit_s(s: Schedule, kps: int, units: int, elt: int, machine: Machine, splitk_tma: bool, aligned: bool):
@@ -332,8 +333,7 @@ def _tail_estimate(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machi
         t += _cdiv(units, slots) * (unit + machine.unit_start_s)
         if s.split_k > 1:
             t += units * s.block_m * s.block_n * 4 * 2 / machine.l2_bytes_per_s + machine.reduce_sync_s
-    floor = max((M * K + K * N + M * N) * elt / machine.hbm_bytes_per_s, 2.0 * M * N * K / machine.tensor_flops)
-    return max(t, floor + machine.launch_s)
+    return max(t, _floor_s(M, N, K, elt, machine) + machine.launch_s)
 
 
 def choose(M: int, N: int, K: int, dtype: torch.dtype, device: Optional[torch.device] = None, *,
@@ -407,7 +407,7 @@ def load_table(path: str) -> dict:
 def table_entry(M: int, N: int, K: int, dtype: torch.dtype, machine: str, s: Schedule) -> tuple:
     """(key, value) of a tuned table."""
     d = {k: getattr(s, k) for k in ("kind", "block_m", "block_n", "block_k", "split_k", "num_warps", "num_stages",
-                                    "persistent", "subtile", "est_s")}
+                                    "persistent", "subtile", "tail", "est_s")}
     return _table_key(M, N, K, dtype, machine), d
 
 

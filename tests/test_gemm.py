@@ -715,7 +715,14 @@ def test_tuned_table_overrides_the_model(tmp_path):
     path.write_text(json.dumps({"schedules": {key: val}}))
     got = GS.choose(7, 100, 300, torch.bfloat16, table=str(path))
     assert (got.kind, got.block_m, got.block_n, got.block_k, got.split_k) == ("splitk", 32, 64, 128, 3)
-    assert GS.choose(8, 100, 300, torch.bfloat16, table=str(path)).split_k != 3 or True  # other shapes: the model
+    # other shapes: the model's pick
+    assert GS.choose(8, 100, 300, torch.bfloat16, table=str(path)) == GS.choose(8, 100, 300, torch.bfloat16)
+    # a tail schedule keeps its tail through the table
+    tailed = GS.Schedule("splitk", 128, 128, 64, 4, 8, 6, tail=True)
+    key2, val2 = GS.table_entry(1024, 2560, 8192, torch.bfloat16, "H200", tailed)
+    path.write_text(json.dumps({"schedules": {key: val, key2: val2}}))
+    GS.load_table.cache_clear()
+    assert GS.choose(1024, 2560, 8192, torch.bfloat16, table=str(path)).tail
     bad = tmp_path / "bad.json"
     bad.write_text("[]")
     with pytest.raises(ValueError, match="not a numasched GEMM table"):
