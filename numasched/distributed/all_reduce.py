@@ -28,7 +28,7 @@ SMALL_BYTES = 256 << 10   # decode-size all-reduces: small chunks that divide n
 def _cfg(dtype, gpu: bool, n: Optional[int] = None) -> dict:
     if not gpu:   # the interpreter: tiny chunks, so a test covers several chunks and programs
         return dict(BLOCK=64, num_warps=4)
-    es = torch.empty((), dtype=dtype).element_size()
+    es = dtype.itemsize
     if n is not None and n * es <= SMALL_BYTES:
         # At most 4 KB a chunk, the largest power of two (down to 512 bytes) that divides n: a
         # partial chunk stores element by element (its mask is not provably 16-aligned), and

@@ -237,7 +237,7 @@ class CompiledElementwise:
     torch.compile's ("eager" in CPU tests)."""
 
     def __init__(self, fn: Callable, *, static_rows: int = 256, static_shapes: int = 16, backend: str = "inductor"):
-        self.fn, self.static_rows, self.static_shapes = fn, static_rows, static_shapes
+        self.static_rows, self.static_shapes = static_rows, static_shapes
         self.static = torch.compile(fn, dynamic=False, fullgraph=True, backend=backend)
         # its own code object: dynamo keeps compiled code (and counts recompiles) per code object
         code = fn.__code__.replace(co_name=fn.__name__ + "_dynamic")
