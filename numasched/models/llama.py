@@ -224,8 +224,8 @@ _COMPILED: Dict[str, Callable] = {}
 def _guard_key(args) -> tuple:
     """What torch.compile specialises a static compile on: each tensor's shape, strides, dtype and
     device, every other argument's value."""
-    return tuple((tuple(a.shape), a.stride(), a.dtype, a.device) if isinstance(a, torch.Tensor) else (type(a), a)
-                 for a in args)
+    return tuple([(a.shape, a.stride(), a.dtype, a.device) if isinstance(a, torch.Tensor) else (type(a), a)
+                  for a in args])   # a list first: 1.8 us against 2.5 for a generator (eager steps call it per op)
 
 
 class CompiledElementwise:
