@@ -15,6 +15,13 @@ out=${1:?OUT_DIR}; dev=${2:-gpu}; parts=${3:-models+worker+llama+qwen+coll}
 n=${NPROC:-$(nvidia-smi -L | wc -l)}
 res=bench/results/tp$n-s13; mkdir -p "$res"
 keep() { cp -r "$res" "$out/" 2>/dev/null || true; }
+# e2e NAME MODEL CONTEXTS TIMEOUT ARGS...: bench e2e at TP n, batch 1, 4, 16, into $res/NAME
+e2e() {
+  local name=$1 model=$2 ctx=$3 limit=$4; shift 4
+  timeout -k 10 $limit numasched bench e2e --model $model --tp $n --batch 1,4,16 --context $ctx "$@" \
+    --out-dir "$res/$name" 2>&1 | tee "$res/e2e-$name-tp$n-$dev.log" \
+    | grep -E "Error|error|Traceback|^decode|^prefill|speedup" | tail -30
+}
 for part in ${parts//+/ }; do
   echo "--- tp $n: $part ($(date +%T))"
   case $part in
@@ -22,20 +29,14 @@ for part in ${parts//+/ }; do
               | tee "$res/models-tp$n-$dev.log" | grep -E "PASS|FAIL|ALL|Error" | tail -20 ;;
     worker) timeout -k 10 ${DIST_TIMEOUT:-240} torchrun --nproc-per-node=$n tests/dist_worker.py --quick 2>&1 \
               | tee "$res/dist-worker-tp$n-$dev.log" | grep -E "PASS|FAIL|ALL|Error|error|Timeout|hung" | tail -40 ;;
-    llama) timeout -k 10 ${TP_E2E_TIMEOUT:-300} numasched bench e2e --model llama3-8b --tp $n --batch 1,4,16 \
-             --context 2048,8192,32768 --prompt 4096 --no-generate --out-dir "$res/llama3-8b" 2>&1 \
-             | tee "$res/e2e-llama3-8b-tp$n-$dev.log" | grep -E "Error|error|Traceback|decode|prefill|speedup" | tail -30 ;;
-    qwen) timeout -k 10 ${TP_E2E_TIMEOUT:-300} numasched bench e2e --model qwen3-32b --tp $n --batch 1,4,16 \
-            --context 2048,32768 --prompt 4096 --no-generate --out-dir "$res/qwen3-32b" 2>&1 \
-            | tee "$res/e2e-qwen3-32b-tp$n-$dev.log" | grep -E "Error|error|Traceback|decode|prefill|speedup" | tail -30 ;;
+    llama) e2e llama3-8b llama3-8b 2048,8192,32768 ${TP_E2E_TIMEOUT:-300} --prompt 4096 --no-generate ;;
+    qwen) e2e qwen3-32b qwen3-32b 2048,32768 ${TP_E2E_TIMEOUT:-300} --prompt 4096 --no-generate ;;
     coll) timeout -k 10 ${TP_COLL_TIMEOUT:-240} numasched bench collectives --quick --nproc $n --out-dir "$res/collectives" 2>&1 \
             | tee "$res/collectives-tp$n-$dev.log" | tail -40 ;;
     ar) timeout -k 10 ${TP_COLL_TIMEOUT:-240} numasched bench collectives --only ar --nproc $n --out-dir "$res/ar" 2>&1 \
           | tee "$res/ar-tp$n-$dev.log" | grep -E "all_r|auto vs" | tail -30 ;;
     decode) for model in ${TP_MODELS:-llama3-8b qwen3-32b}; do
-              timeout -k 10 ${TP_E2E_TIMEOUT:-200} numasched bench e2e --model $model --tp $n --batch 1,4,16 \
-                --context 2048,32768 --prompt 0 --no-taxes --no-eager --out-dir "$res/decode-$model" 2>&1 \
-                | tee "$res/e2e-decode-$model-tp$n-$dev.log" | grep -E "Error|error|Traceback|^decode|speedup" | tail -12
+              e2e decode-$model $model 2048,32768 ${TP_E2E_TIMEOUT:-200} --prompt 0 --no-taxes --no-eager
             done ;;
     *) echo "unknown part $part" ;;
   esac
