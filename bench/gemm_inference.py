@@ -88,7 +88,7 @@ def _contenders(m: int, n: int, k: int, tma: bool, chosen, top: int, machine, ex
     from numasched import gemm_schedule as GS
     from numasched import options
 
-    tail = options.current().gemm_tail_split   # NUMASCHED_GEMM_TAIL_SPLIT=1: the tail schedules compete
+    tail = options.current().gemm_tail_split   # on by default (NUMASCHED_GEMM_TAIL_SPLIT=0: without the tail schedules)
     ranked = sorted((GS.estimate(s, m, n, k, 2, machine, splitk_tma=tma, aligned=tma), i, s)
                     for i, s in enumerate(GS.candidates(m, n, k, 2, machine, splitk_only=not tma, tail=tail)))
     more = [(GS.estimate(s, m, n, k, 2, machine, splitk_tma=tma, aligned=tma), 0, s) for s in extra]

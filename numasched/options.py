@@ -19,7 +19,7 @@ numasched is imported (they are not read per call):
     NUMASCHED_GEMM_TABLE        gemm_table (a path)
     NUMASCHED_GEMM_SPLITK_TMA=0 gemm_splitk_tma -> False
     NUMASCHED_GEMM_STREAMK_K_ALIGNED=0 gemm_streamk_k_aligned -> False
-    NUMASCHED_GEMM_TAIL_SPLIT=1 gemm_tail_split -> True
+    NUMASCHED_GEMM_TAIL_SPLIT=0 gemm_tail_split -> False
     NUMASCHED_PDL=0             pdl -> False
     NUMASCHED_PDL_TRIGGER       pdl_trigger ("early", "late" or "none"; 1 / 0 mean early / none)
     NUMASCHED_PDL_PREFETCH=1    pdl_prefetch -> True
@@ -81,7 +81,9 @@ class Options:
         gemm_tail_split: the chooser also weighs split-K schedules that split only the tiles past
             the last whole wave (``Schedule.tail``, kernels/gemm_splitk.py), the wave
             quantisation the medium-M GEMMs lose to (bench/results/README.md, twelfth session).
-            Off until a GPU run has timed them: an explicit ``schedule=`` runs one regardless.
+            On by default: timed on an H200 at the grid's 44 points of M = 128-1024
+            (bench/results/gemm-s14-tail/) the chooser's pick went from cuBLAS / ours 0.883 to
+            0.901 (geomean; 512 x 14336 x 8192: 242 -> 185 us, 512 x 5120 x 12800: 140 -> 107).
         pdl: launch numasched's kernels with programmatic dependent launch on NVIDIA sm_90+ (each
             kernel's launch and start overlap the kernel before it in the stream; the kernel
             waits for it before touching memory: kernels/pdl.py). Off elsewhere.
@@ -109,7 +111,7 @@ class Options:
     decode_schedule: str = "model"
     gemm_splitk_tma: bool = True
     gemm_streamk_k_aligned: bool = True
-    gemm_tail_split: bool = False
+    gemm_tail_split: bool = True
     pdl: bool = True
     pdl_trigger: str = "late"
     pdl_prefetch: bool = False
@@ -180,7 +182,7 @@ def from_env(environ=None) -> Options:
                    decode_schedule=env.get("NUMASCHED_DECODE_SCHEDULE", "model"),
                    gemm_splitk_tma=flag("NUMASCHED_GEMM_SPLITK_TMA", True),
                    gemm_streamk_k_aligned=flag("NUMASCHED_GEMM_STREAMK_K_ALIGNED", True),
-                   gemm_tail_split=flag("NUMASCHED_GEMM_TAIL_SPLIT", False),
+                   gemm_tail_split=flag("NUMASCHED_GEMM_TAIL_SPLIT", True),
                    pdl=flag("NUMASCHED_PDL", True),
                    pdl_trigger=_trigger(env.get("NUMASCHED_PDL_TRIGGER", "late")),
                    pdl_prefetch=flag("NUMASCHED_PDL_PREFETCH", False))
