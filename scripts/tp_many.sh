@@ -9,11 +9,11 @@
 #   coll     bench collectives --quick (auto vs NCCL, bulk, torch symm_mem)
 #   ar       bench collectives --only ar (the all-reduce alone, every size)
 #   decode   both models' (or $TP_MODELS') decode grids alone (no components, no eager step, no prefill): a re-check
-# Writes under bench/results/tp<N>-s13/. Usage: tp_many.sh OUT_DIR DEV PARTS
+# Writes under bench/results/tp<N>-DATE/ (or tp<N>-$TP_TAG/). Usage: tp_many.sh OUT_DIR DEV PARTS
 set -uo pipefail
 out=${1:?OUT_DIR}; dev=${2:-gpu}; parts=${3:-models+worker+llama+qwen+coll}
 n=${NPROC:-$(nvidia-smi -L | wc -l)}
-res=bench/results/tp$n-s13; mkdir -p "$res"
+res=bench/results/tp$n-${TP_TAG:-$(date +%Y-%m-%d)}; mkdir -p "$res"   # TP_TAG: the folder's suffix
 keep() { cp -r "$res" "$out/" 2>/dev/null || true; }
 # e2e NAME MODEL CONTEXTS TIMEOUT ARGS...: bench e2e at TP n, batch 1, 4, 16, into $res/NAME
 e2e() {
