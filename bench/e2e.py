@@ -120,6 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fuse-swiglu", action=argparse.BooleanOptionalAction, default=False,
                    help="numasched: gate/up projection + silu(gate) * up in one launch at decode sizes "
                         "(numasched.matmul_swiglu; default off: measured -2.6%% to +2%% per step)")
+    p.add_argument("--fuse-rope-cache", action=argparse.BooleanOptionalAction, default=False,
+                   help="numasched: a decode step's QKV split + RoPE + paged cache write in one launch "
+                        "(numasched.qkv_rope_cache; default off until timed)")
     p.add_argument("--ar-impl", default="auto",
                    help="numasched's all-reduce impl for matmul_all_reduce / all_reduce (auto: their cost model)")
     p.add_argument("--prefill-overlap", type=positive_int, default=None,
@@ -328,7 +331,8 @@ def _backend(name, ctx, dctx):
     # no status read per distributed call (it synchronises an eager step); ctx.check() after each point
     return NumaschedBackend(ctx.world, dctx, impl=ctx.args.ar_impl, check=False, fuse_norm=ctx.args.fuse_norm,
                             fuse_swiglu=ctx.args.fuse_swiglu, prefill_overlap=ctx.args.prefill_overlap,
-                            prefill_seq_parallel=ctx.args.prefill_seq_parallel)
+                            prefill_seq_parallel=ctx.args.prefill_seq_parallel,
+                            fuse_rope_cache=ctx.args.fuse_rope_cache)
 
 
 def _parts(model, be, cache, seq: Optional[int] = None) -> Dict[str, Callable[[], object]]:
@@ -396,8 +400,12 @@ def _parts(model, be, cache, seq: Optional[int] = None) -> Dict[str, Callable[[]
 
     def elementwise():   # what one layer does besides its GEMMs, attention and collectives
         ew("rms_norm")(xs, L.ln1, s.eps)
-        _, k_, v_ = ew("qkv_rope")(qkv, cs[:, 0], cs[:, 1], hq, hk, D, L.q_norm, L.k_norm, s.eps)
-        cache.write(0, k_, v_)
+        if seq is None:   # the decode step's path (one launch where the backend fuses it)
+            be.rope_cache_write(qkv, cs[:, 0], cs[:, 1], hq, hk, D, L.q_norm, L.k_norm, s.eps, cache, 0,
+                                ew("qkv_rope"))
+        else:
+            _, k_, v_ = ew("qkv_rope")(qkv, cs[:, 0], cs[:, 1], hq, hk, D, L.q_norm, L.k_norm, s.eps)
+            cache.write(0, k_, v_)
         ew("add_rms_norm")(x2s, xs, L.ln2, s.eps)
         ew("silu_mul")(gu, il)
         ew("add_rms_norm")(x2s, xs, L.ln1, s.eps)

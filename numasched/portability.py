@@ -524,6 +524,20 @@ def _xcc_id(vendor):
     return K._xcc_id_kernel, dict(out_ptr="*i32"), 1, 1
 
 
+
+def _rope_cache(qk_norm: bool):
+    def build(vendor):
+        from numasched.kernels import rope_cache as K
+
+        # Llama-3-8B at TP 2 (16 q heads, 4 kv heads, d128), a decode step of 16 tokens, pages of 16
+        values = dict(QKV="*bf16", COS="*bf16", SIN="*bf16", QW="*bf16", KW="*bf16", Q_OUT="*bf16", K_CACHE="*bf16",
+                      V_CACHE="*bf16", SLOTS="*i64", T=16, stride_qkv_t=3072, stride_cos_t=128, stride_sin_t=128,
+                      stride_q_t=2048, stride_q_h=128, stride_kc_row=512, stride_kc_h=128, stride_vc_row=512,
+                      stride_vc_h=128, eps=1e-6, rows=8192, HQ=16, HK=4, HEAD_DIM=128, BLOCK_D=128, BLOCK_T=16,
+                      QK_NORM=qk_norm)
+        return K.qkv_rope_cache_kernel, values, 4, 1
+    return build
+
 _AMD_CFG = ("an LDS-sized config for gfx942 (64 KiB of LDS per workgroup, less than the host's config above "
             "needs); NVIDIA plans the config above")
 _AMD_CFG_NOTE = "the config above with fewer stages, so that it fits gfx942's 64 KiB of LDS (AMD only)"
@@ -586,6 +600,9 @@ VARIANTS: List[Variant] = [
             note="unsplit 128x128x64 TMA tiles, 8 warps, 6 stages (the chooser's medium-M split-K tile)"),
     Variant("gemm_splitk", "bf16-tma-128x128-tail", _gemm_splitk_medium(True), off={"amd": _TMA_OFF},
             note="the same with TAIL: the whole wave's tiles whole, the remainder in 4 K parts"),
+    Variant("rope_cache", "bf16-d128-llama", _rope_cache(False),
+            note="QKV split + RoPE + paged K/V write, 16 tokens x 16/4 heads, 4 warps"),
+    Variant("rope_cache", "bf16-d128-qk-norm", _rope_cache(True), note="the same with Qwen3's per-head q/k norms"),
     Variant("dist", "all_gather_matmul-pointer", _all_gather(False),
             note="world 2, 128x256x64, 8 warps, 3 stages (the host's bf16 config); " + _CLOCK_NOTE),
     Variant("dist", "all_gather_matmul-pointer-2stage", _all_gather(False, 2), off={"nvidia": _AMD_CFG},

@@ -9,6 +9,7 @@
 #   coll     bench collectives --quick (auto vs NCCL, bulk, torch symm_mem)
 #   ar       bench collectives --only ar (the all-reduce alone, every size)
 #   decode   both models' (or $TP_MODELS') decode grids alone (no components, no eager step, no prefill): a re-check
+#   rope     Llama-3-8B's decode grid with and without --fuse-rope-cache, one after the other (components kept)
 # Writes under bench/results/tp<N>-DATE/ (or tp<N>-$TP_TAG/). Usage: tp_many.sh OUT_DIR DEV PARTS
 set -uo pipefail
 out=${1:?OUT_DIR}; dev=${2:-gpu}; parts=${3:-models+worker+llama+qwen+coll}
@@ -38,6 +39,9 @@ for part in ${parts//+/ }; do
     decode) for model in ${TP_MODELS:-llama3-8b qwen3-32b}; do
               e2e decode-$model $model 2048,32768 ${TP_E2E_TIMEOUT:-200} --prompt 0 --no-taxes --no-eager
             done ;;
+    rope) for fuse in no-fuse-rope-cache fuse-rope-cache; do
+            e2e $fuse-llama3-8b llama3-8b 2048,8192,32768 ${TP_E2E_TIMEOUT:-240} --prompt 0 --no-eager --$fuse
+          done ;;
     *) echo "unknown part $part" ;;
   esac
   keep

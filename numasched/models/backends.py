@@ -134,6 +134,16 @@ class Backend:
         backend may fuse the three (numasched: ``fuse_norm=True``)."""
         return add_norm(self.row_parallel(x, w), h, norm_w, eps)
 
+    def rope_cache_write(self, qkv, cos, sin, heads: int, kv_heads: int, head_dim: int, q_w, k_w, eps: float,
+                         cache, layer: int, qkv_rope):
+        """A decode step's q from the fused QKV rows, after rotating q and k (Qwen3: per-head norms
+        first) and writing k and v into ``cache`` at the step's slots; ``qkv_rope`` is the shared
+        (compiled) elementwise kernel. A backend may fuse the three kernels (numasched:
+        ``fuse_rope_cache=True``)."""
+        q, k, v = qkv_rope(qkv, cos, sin, heads, kv_heads, head_dim, q_w, k_w, eps)
+        cache.write(layer, k, v)
+        return q
+
     def linear_swiglu(self, x, w, n: int, swiglu):
         """``silu(x @ w[:n].T) * (x @ w[n:].T)``: the MLP's gate/up projection and its activation;
         ``swiglu`` is the shared (compiled) elementwise kernel. A backend may fuse the two
@@ -284,6 +294,10 @@ class NumaschedBackend(Backend):
         elementwise kernel. Off by default: on two H200s (Llama-3-8B, TP 2) it changed the decode
         step by -2.6 % at batch 1 (its M = 1 kernel is slower than the GEMM + compiled SwiGLU
         pair) and by -1 % to +2 % at batch 4-16 (bench/results/e2e-llama3-8b-swiglu-2xh200-*).
+    fuse_rope_cache: in a decode step, split the QKV rows, rotate q and k and write k and v into
+        the paged cache in one launch (numasched.qkv_rope_cache) instead of the compiled
+        elementwise kernel and two ``index_copy_`` scatters (three kernel boundaries per layer).
+        Opt-in until timed on a GPU (correct on CPU against transformers; compiled for sm_90).
     """
 
     name = "numasched"
@@ -292,7 +306,7 @@ class NumaschedBackend(Backend):
     def __init__(self, tp_size: Optional[int] = None, ctx=None, *, group=None, fuse_all_reduce: bool = True,
                  mapping: str = "auto", impl: str = "auto", check: bool = True, gemm: str = "auto",
                  fuse_norm: bool = True, fuse_swiglu: bool = False, prefill_overlap: Optional[int] = None,
-                 prefill_seq_parallel: bool = False):
+                 prefill_seq_parallel: bool = False, fuse_rope_cache: bool = False):
         if tp_size is None:
             tp_size = getattr(ctx, "world", None) or _dist_world(group)[1]
         super().__init__(tp_size, group)
@@ -311,6 +325,7 @@ class NumaschedBackend(Backend):
             raise ValueError(f"impl must be one of {known}, got {impl!r}")
         self.impl, self.check, self.gemm, self.fuse_norm = impl, bool(check), gemm, bool(fuse_norm)
         self.fuse_swiglu = bool(fuse_swiglu)
+        self.fuse_rope_cache = _flag("fuse_rope_cache", fuse_rope_cache)
         if prefill_overlap is not None and (isinstance(prefill_overlap, bool) or not isinstance(prefill_overlap, int)
                                             or prefill_overlap < 1):
             raise ValueError(f"prefill_overlap must be a positive int or None, got {prefill_overlap!r}")
@@ -342,6 +357,13 @@ class NumaschedBackend(Backend):
         if self.fuse_swiglu and self._gemm_engine(x.shape[0]) == "numasched":
             return self._ns.matmul_swiglu(x, w.t())
         return swiglu(self.linear(x, w), n)
+
+    def rope_cache_write(self, qkv, cos, sin, heads, kv_heads, head_dim, q_w, k_w, eps, cache, layer, qkv_rope):
+        if not (self.fuse_rope_cache and isinstance(cache, PagedKVCache)):
+            return super().rope_cache_write(qkv, cos, sin, heads, kv_heads, head_dim, q_w, k_w, eps, cache, layer,
+                                            qkv_rope)
+        return self._ns.qkv_rope_cache(qkv, cos, sin, cache.k(layer), cache.v(layer), cache.write_slots(qkv.shape[0]),
+                                       heads=heads, kv_heads=kv_heads, q_weight=q_w, k_weight=k_w, eps=eps)
 
     def _gemm_engine(self, m: int) -> str:
         """numasched's GEMM where it matches cuBLAS (M <= 64 on the H200 inference grid), else

@@ -96,6 +96,14 @@ class _KVCache:
         this step's write slots (all of them by default)."""
         raise NotImplementedError
 
+    def write_slots(self, tokens: int, start: int = 0) -> torch.Tensor:
+        """This step's flat write slots (int64 on the device) of ``tokens`` tokens from token
+        ``start``: what :meth:`write` writes at (paged: page * page_size + offset), for a kernel
+        that writes the cache itself (numasched.qkv_rope_cache)."""
+        if self.layout != "paged":
+            raise NotImplementedError(f"write_slots: a {self.layout} cache writes one row per (token, head)")
+        return self._write_rows(start, tokens)
+
     def _write_rows(self, start: int, tokens: int, per_token: int = 1) -> torch.Tensor:
         """This step's write index for ``tokens`` tokens from token ``start`` (tokens counted in
         the step's (sequence, position) order)."""

@@ -485,11 +485,12 @@ class TPDecoder:
         x = norm(h, self.layers[0].ln1, s.eps)
         for i, L in enumerate(self.layers):
             qkv = backend.linear(x, L.wqkv)
-            q, k, v = qkv_rope_(qkv, cos, sin, hq, hk, D, L.q_norm, L.k_norm, s.eps)
-            cache.write(i, k, v)
-            if seq is None:
+            if seq is None:   # rotate, write the cache (one launch where the backend fuses them), attend
+                q = backend.rope_cache_write(qkv, cos, sin, hq, hk, D, L.q_norm, L.k_norm, s.eps, cache, i, qkv_rope_)
                 a = backend.decode_attention(q, cache, i)
             else:
+                q, k, v = qkv_rope_(qkv, cos, sin, hq, hk, D, L.q_norm, L.k_norm, s.eps)
+                cache.write(i, k, v)
                 a = backend.prefill_attention(q, k, v, batch, seq)
             h, x = backend.row_parallel_add_norm(a, L.wo, h, L.ln2, s.eps, add_norm)
             nxt = self.layers[i + 1].ln1 if i + 1 < len(self.layers) else self.norm

@@ -1,0 +1,238 @@
+"""QKV split + RoPE + KV-cache write in one launch: check, plan, run.
+
+    q = numasched.qkv_rope_cache(qkv, cos, sin, k_cache, v_cache, slots, heads=32, kv_heads=8)
+    plan = numasched.plan_qkv_rope_cache(qkv, cos, sin, k_cache, v_cache, slots, heads=32, kv_heads=8)
+    q = plan.run(qkv, cos, sin, k_cache, v_cache, slots)      # every step (graph-safe)
+
+A decoder layer's fused QKV projection gives rows of ``(heads + 2 kv_heads) * head_dim``: q heads,
+then k heads, then v heads. Before attention, q and k are rotated (RoPE; Qwen3 first normalises
+each head, ``q_weight`` / ``k_weight``) and k and v are written into the cache's slots. Done as
+an elementwise kernel and two ``index_copy_`` scatters, that is three kernel boundaries per layer
+for a few KB at decode sizes; here it is one (kernels/rope_cache.py), and q is the only output.
+
+Arguments: ``qkv`` (T, (heads + 2 kv_heads) D), ``cos``/``sin`` (T, D) (the halves' frequencies
+repeated, as transformers builds them), ``k_cache``/``v_cache`` any shape ending in (kv_heads, D)
+whose leading dimensions flatten to rows (a paged cache (pages, page_size, kv_heads, D): row =
+page * page_size + offset), ``slots`` (T,) int32/int64: the row each token's k and v go to.
+With ``options.check_data`` (the default) the slots are range-checked on the host (one device
+sync; never inside a CUDA-graph capture); the kernel clamps them into the cache either way, so a
+bad slot writes a wrong row, never outside the cache.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import caps
+from . import observe as _observe
+from . import options as _options
+from ._plan import PLANS, Plan, signature
+from ._validate import check_int32_indexing, check_tensor
+
+__all__ = ["qkv_rope_cache", "plan_qkv_rope_cache", "check_qkv_rope_cache", "RopeCachePlan"]
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+BLOCK_T = 16   # tokens per program: a decode step's batch in one program row, prefill in row blocks
+
+
+def _positive_int(name: str, v) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+    return v
+
+
+def _rows(name: str, cache: torch.Tensor, kv_heads: int, d: int) -> torch.Tensor:
+    """``cache`` as (rows, kv_heads, D) without a copy (ValueError naming it if it cannot be)."""
+    if cache.dim() < 3 or tuple(cache.shape[-2:]) != (kv_heads, d):
+        raise ValueError(f"{name} must end in (kv_heads, head_dim) = ({kv_heads}, {d}), got shape {tuple(cache.shape)}")
+    if cache.stride(-1) != 1:
+        raise ValueError(f"{name}'s last dimension must be contiguous (stride 1), got strides {cache.stride()}")
+    try:
+        return cache.view(-1, kv_heads, d)
+    except RuntimeError:
+        raise ValueError(f"{name} (shape {tuple(cache.shape)}, strides {cache.stride()}) cannot be viewed as "
+                         f"(rows, {kv_heads}, {d}) without a copy: its leading dimensions must be one "
+                         f"uniform run of rows") from None
+
+
+def check_qkv_rope_cache(qkv, cos, sin, k_cache, v_cache, slots, *, heads: int, kv_heads: int,
+                         q_weight=None, k_weight=None, out=None) -> tuple:
+    """Check without reading data; returns (T, heads, kv_heads, head_dim, dtype)."""
+    heads, kv_heads = _positive_int("heads", heads), _positive_int("kv_heads", kv_heads)
+    check_tensor("qkv", qkv, ndim=2, dtypes=DTYPES)
+    T, width = qkv.shape
+    if width % (heads + 2 * kv_heads):
+        raise ValueError(f"qkv has {width} columns, not a multiple of heads + 2 kv_heads = {heads + 2 * kv_heads}")
+    d = width // (heads + 2 * kv_heads)
+    if d % 2:
+        raise ValueError(f"head_dim (qkv's columns / (heads + 2 kv_heads)) must be even for RoPE, got {d}")
+    if qkv.stride(1) != 1:
+        raise ValueError(f"qkv's columns must be contiguous (stride 1), got strides {qkv.stride()}")
+    dt, dev = qkv.dtype, qkv.device
+    for name, t in (("cos", cos), ("sin", sin)):
+        check_tensor(name, t, ndim=2, dtypes=(dt,), device=dev)
+        if tuple(t.shape) != (T, d) or t.stride(1) != 1:
+            raise ValueError(f"{name} must be a ({T}, {d}) tensor with contiguous rows, got shape "
+                             f"{tuple(t.shape)}, strides {t.stride()}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        check_tensor(name, t, dtypes=(dt,), device=dev)
+        _rows(name, t, kv_heads, d)
+        check_int32_indexing(name, t)
+    check_tensor("slots", slots, ndim=1, dtypes=(torch.int32, torch.int64), device=dev)
+    if slots.shape[0] != T:
+        raise ValueError(f"slots must hold one row per token ({T}), got {slots.shape[0]}")
+    if (q_weight is None) != (k_weight is None):
+        raise ValueError("q_weight and k_weight go together (Qwen3's per-head norms): pass both or neither")
+    for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
+        if w is not None:
+            check_tensor(name, w, ndim=1, dtypes=(dt,), device=dev)
+            if w.shape[0] != d or w.stride(0) != 1:
+                raise ValueError(f"{name} must be a contiguous ({d},) tensor, got shape {tuple(w.shape)}")
+    if out is not None:
+        check_tensor("out", out, ndim=3, dtypes=(dt,), device=dev)
+        if tuple(out.shape) != (T, heads, d) or out.stride(2) != 1:
+            raise ValueError(f"out must be a ({T}, {heads}, {d}) tensor with contiguous heads, got shape "
+                             f"{tuple(out.shape)}, strides {out.stride()}")
+    check_int32_indexing("qkv", qkv)
+    return T, heads, kv_heads, d, dt
+
+
+def check_slots(slots: torch.Tensor, rows: int) -> None:
+    """Range check of the slots (reads them: one device sync)."""
+    bad = (slots < 0) | (slots >= rows)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0, 0])
+        raise ValueError(f"slots[{i}] = {int(slots[i])} is outside the cache's rows [0, {rows})")
+
+
+class RopeCachePlan(Plan):
+    """A planned :func:`qkv_rope_cache`. Attributes: T, heads, kv_heads, head_dim, qk_norm, rows
+    (the cache's), mode ("kernel", "interpreter", "torch", "empty"), grid, config, tensors."""
+
+    op = "qkv_rope_cache"
+
+    def __init__(self, qkv, cos, sin, k_cache, v_cache, slots, *, heads: int, kv_heads: int, q_weight=None,
+                 k_weight=None, eps: float = 1e-6, out=None, options: Optional[_options.Options] = None):
+        T, H, HK, d, dt = check_qkv_rope_cache(qkv, cos, sin, k_cache, v_cache, slots, heads=heads,
+                                               kv_heads=kv_heads, q_weight=q_weight, k_weight=k_weight, out=out)
+        self.options = options if options is not None else _options.current()
+        self.T, self.heads, self.kv_heads, self.head_dim, self.eps = T, H, HK, d, float(eps)
+        self.qk_norm = q_weight is not None
+        self.rows = _rows("k_cache", k_cache, HK, d).shape[0]
+        if _rows("v_cache", v_cache, HK, d).shape[0] != self.rows:
+            raise ValueError(f"k_cache has {self.rows} rows but v_cache {_rows('v_cache', v_cache, HK, d).shape[0]}")
+        self.tensors = dict(qkv=signature(qkv), cos=signature(cos), sin=signature(sin), k_cache=signature(k_cache),
+                            v_cache=signature(v_cache), slots=signature(slots), q_weight=signature(q_weight),
+                            k_weight=signature(k_weight), out=signature(out))
+        self.device = qkv.device
+        self.policy = self.topology = None
+        self.workspace_bytes = 0
+        self.mode = "empty" if T == 0 else caps.launch_mode(self.device)
+        self.grid, self.config, self._launch = (), None, None
+        if self.mode in ("kernel", "interpreter"):
+            from ._launch import Launch
+            from .kernels import rope_cache as K
+
+            bd = 1 << max(0, (d - 1).bit_length())
+            self.config = dict(num_warps=4 if BLOCK_T * bd >= 2048 else 2)
+            self.grid = (-(-T // BLOCK_T), H + 2 * HK)
+            const = dict(HQ=H, HK=HK, HEAD_DIM=d, BLOCK_D=bd, BLOCK_T=BLOCK_T, QK_NORM=self.qk_norm)
+            self._launch = Launch(K.qkv_rope_cache_kernel, self.grid, const, config=self.config, device=self.device,
+                                  interpret=self.mode == "interpreter", options=self.options)
+        self._freeze()
+
+    def run(self, qkv, cos, sin, k_cache, v_cache, slots, q_weight=None, k_weight=None, out=None) -> torch.Tensor:
+        """Rotate q into ``out`` (a new (T, heads, head_dim) tensor when None) and write the rotated
+        k and the v of each token into row ``slots[t]`` of the caches; returns q."""
+        self.check_signatures(qkv=qkv, cos=cos, sin=sin, k_cache=k_cache, v_cache=v_cache, slots=slots,
+                              q_weight=q_weight, k_weight=k_weight,
+                              out=out if self.tensors["out"] is not None else None)
+        T, H, HK, d = self.T, self.heads, self.kv_heads, self.head_dim
+        if out is None:
+            out = torch.empty((T, H, d), dtype=qkv.dtype, device=qkv.device)
+        elif self.tensors["out"] is None:
+            check_tensor("out", out, ndim=3, dtypes=(qkv.dtype,), device=qkv.device)
+            if tuple(out.shape) != (T, H, d) or out.stride() != (H * d, d, 1):
+                raise ValueError(f"out must be a contiguous ({T}, {H}, {d}) tensor for this plan (it was made "
+                                 f"without out), got shape {tuple(out.shape)}, strides {out.stride()}")
+        if self.mode == "empty":
+            return out
+        if self.options.check_data and not caps.capturing(self.device):
+            check_slots(slots, self.rows)
+        kf, vf = k_cache.view(-1, HK, d), v_cache.view(-1, HK, d)
+        if self.mode == "torch":
+            if _observe.OBSERVERS:
+                _observe.notify(self.op, "torch", (), (out,), self,
+                                f"no Triton kernel can run on {self.device} (CPU tensors need TRITON_INTERPRET=1)")
+            q, k, v = reference(qkv, cos, sin, H, HK, q_weight, k_weight, self.eps)
+            idx = slots.to(torch.int64).clamp(0, self.rows - 1)
+            kf.index_copy_(0, idx, k)
+            vf.index_copy_(0, idx, v)
+            return out.copy_(q)
+        if _observe.OBSERVERS:
+            # only q is a whole output: the caches are written at their slots (poisoning them would
+            # erase the earlier tokens)
+            _observe.notify(self.op, "kernel", self.grid, (out,), self)
+        qw = q_weight if q_weight is not None else qkv
+        kw = k_weight if k_weight is not None else qkv
+        with caps.launch_device(qkv):
+            self._launch(qkv, cos, sin, qw, kw, out, kf, vf, slots, T, qkv.stride(0), cos.stride(0), sin.stride(0),
+                         out.stride(0), out.stride(1), kf.stride(0), kf.stride(1), vf.stride(0), vf.stride(1),
+                         self.eps, self.rows)
+        return out
+
+
+def reference(qkv, cos, sin, heads: int, kv_heads: int, q_weight=None, k_weight=None, eps: float = 1e-6):
+    """(q, k, v) as transformers computes them (RMSNorm in fp32 rounded to the dtype, then
+    ``x * cos + rotate_half(x) * sin``), in the inputs' dtype: the torch fallback and the tests'
+    reference (pass float64 tensors for an exact one)."""
+    T = qkv.shape[0]
+    d = qkv.shape[1] // (heads + 2 * kv_heads)
+    q = qkv[:, :heads * d].reshape(T, heads, d)
+    k = qkv[:, heads * d:(heads + kv_heads) * d].reshape(T, kv_heads, d)
+    v = qkv[:, (heads + kv_heads) * d:].reshape(T, kv_heads, d)
+
+    def norm(x, w):
+        xf = x.float() if x.dtype != torch.float64 else x
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        return w * xf.to(x.dtype)
+
+    if q_weight is not None:
+        q, k = norm(q, q_weight), norm(k, k_weight)
+    c, s = cos[:, None, :], sin[:, None, :]
+
+    def rot(x):
+        h = d // 2
+        return x * c + torch.cat((-x[..., h:], x[..., :h]), -1) * s
+
+    return rot(q), rot(k), v.clone()
+
+
+def plan_qkv_rope_cache(qkv, cos, sin, k_cache, v_cache, slots, *, heads: int, kv_heads: int, q_weight=None,
+                        k_weight=None, eps: float = 1e-6, out=None,
+                        options: Optional[_options.Options] = None) -> RopeCachePlan:
+    """Plan :func:`qkv_rope_cache` for tensors like these (only their signatures are read)."""
+    return RopeCachePlan(qkv, cos, sin, k_cache, v_cache, slots, heads=heads, kv_heads=kv_heads, q_weight=q_weight,
+                         k_weight=k_weight, eps=eps, out=out, options=options)
+
+
+def _key(qkv, cos, sin, k_cache, v_cache, slots, heads, kv_heads, q_weight, k_weight, eps, out):
+    sig = lambda t: None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15)  # noqa: E731
+    return ("qkv_rope_cache", sig(qkv), sig(cos), sig(sin), sig(k_cache), sig(v_cache), sig(slots), heads, kv_heads,
+            sig(q_weight), sig(k_weight), float(eps), sig(out), qkv.device.type != "cuda" and caps.interpreting(),
+            _options._CURRENT)
+
+
+def qkv_rope_cache(qkv, cos, sin, k_cache, v_cache, slots, *, heads: int, kv_heads: int, q_weight=None,
+                   k_weight=None, eps: float = 1e-6, out=None) -> torch.Tensor:
+    """Split ``qkv``, (normalise and) rotate q and k, write k and v into row ``slots[t]`` of the
+    caches; returns q (T, heads, head_dim). See the module doc."""
+    key, plan = PLANS.find(_key, qkv, cos, sin, k_cache, v_cache, slots, heads, kv_heads, q_weight, k_weight, eps,
+                           out)
+    if plan is None:
+        plan = RopeCachePlan(qkv, cos, sin, k_cache, v_cache, slots, heads=heads, kv_heads=kv_heads,
+                             q_weight=q_weight, k_weight=k_weight, eps=eps, out=out)
+        if key is not None:
+            PLANS.put(key, plan)
+    return plan.run(qkv, cos, sin, k_cache, v_cache, slots, q_weight, k_weight, out)

@@ -1,0 +1,181 @@
+"""numasched.qkv_rope_cache: the QKV split + RoPE + KV-cache write kernel against a float64
+reference (interpreter on CPU; the real sizes on a GPU), its checks, its plan."""
+import pytest
+import torch
+
+import numasched
+from numasched.rope_cache import check_qkv_rope_cache, plan_qkv_rope_cache, qkv_rope_cache, reference
+
+
+def _case(T, H, HK, D, dtype, norm, pages=7, page_size=4, device="cpu", seed=0):
+    g = torch.Generator(device).manual_seed(seed)
+    qkv = torch.randn(T, (H + 2 * HK) * D, generator=g, device=device).to(dtype)
+    pos = torch.arange(T, device=device, dtype=torch.float64)[:, None] * torch.rand(
+        D // 2, generator=g, device=device, dtype=torch.float64)[None, :]
+    emb = torch.cat((pos, pos), -1)
+    cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+    qw = (1 + 0.3 * torch.randn(D, generator=g, device=device)).to(dtype) if norm else None
+    kw = (1 + 0.3 * torch.randn(D, generator=g, device=device)).to(dtype) if norm else None
+    kc = torch.full((pages, page_size, HK, D), float("nan"), dtype=dtype, device=device)   # poisoned
+    vc = kc.clone()
+    slots = torch.randperm(pages * page_size, generator=g, device=device)[:T]
+    return qkv, cos, sin, qw, kw, kc, vc, slots
+
+
+def _want(qkv, cos, sin, qw, kw, H, HK, eps=1e-6):
+    f = (lambda t: None if t is None else t.double())
+    return reference(qkv.double(), cos.double(), sin.double(), H, HK, f(qw), f(kw), eps)
+
+
+def _rel(a, b):
+    return ((a.double() - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+
+
+@pytest.mark.parametrize("T,H,HK,D,dtype,norm", [
+    (1, 4, 1, 16, torch.float32, False),        # one token, group of 4
+    (5, 5, 1, 32, torch.float32, True),         # group of 5, Qwen3's norms
+    (19, 6, 3, 16, torch.float16, True),        # two row blocks, a partial one
+    (17, 7, 7, 8, torch.float16, False),        # MHA, tiny heads
+    (3, 2, 2, 24, torch.float32, False),        # head_dim not a power of two (masked lanes)
+])
+def test_matches_float64_reference_and_writes_only_its_slots(T, H, HK, D, dtype, norm):
+    qkv, cos, sin, qw, kw, kc, vc, slots = _case(T, H, HK, D, dtype, norm, pages=8)
+    if dtype == torch.float32:
+        slots = slots.to(torch.int32)   # both index dtypes
+    q = qkv_rope_cache(qkv, cos, sin, kc, vc, slots, heads=H, kv_heads=HK, q_weight=qw, k_weight=kw)
+    rq, rk, rv = _want(qkv, cos, sin, qw, kw, H, HK)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    kf, vf = kc.view(-1, HK, D), vc.view(-1, HK, D)
+    idx = slots.to(torch.int64)
+    assert q.shape == (T, H, D) and q.dtype == dtype
+    assert _rel(q, rq) < tol and _rel(kf[idx], rk) < tol and _rel(vf[idx], rv) < tol
+    # every other row of the caches is untouched (still NaN)
+    other = torch.ones(kf.shape[0], dtype=torch.bool)
+    other[idx] = False
+    assert torch.isnan(kf[other]).all() and torch.isnan(vf[other]).all()
+
+
+def test_out_and_plan_reuse_and_signature_checks():
+    T, H, HK, D = 4, 4, 2, 16
+    qkv, cos, sin, qw, kw, kc, vc, slots = _case(T, H, HK, D, torch.float32, False)
+    plan = plan_qkv_rope_cache(qkv, cos, sin, kc, vc, slots, heads=H, kv_heads=HK)
+    assert plan.grid == (1, H + 2 * HK) and plan.rows == kc.shape[0] * kc.shape[1]
+    out = torch.full((T, H, D), float("nan"))
+    assert plan.run(qkv, cos, sin, kc, vc, slots, out=out) is out
+    rq, rk, _ = _want(qkv, cos, sin, None, None, H, HK)
+    assert _rel(out, rq) < 1e-5
+    # a second step: new rows, new slots, same plan (the graph-safe path)
+    qkv2 = torch.randn_like(qkv)
+    slots2 = (slots + 1) % plan.rows
+    q2 = plan.run(qkv2, cos, sin, kc, vc, slots2)
+    assert _rel(kc.view(-1, HK, D)[slots2], _want(qkv2, cos, sin, None, None, H, HK)[1]) < 1e-5
+    assert _rel(q2, _want(qkv2, cos, sin, None, None, H, HK)[0]) < 1e-5
+    with pytest.raises(ValueError, match="qkv"):
+        plan.run(qkv[:2], cos, sin, kc, vc, slots)
+    with pytest.raises(ValueError, match="q_weight was None"):
+        plan.run(qkv, cos, sin, kc, vc, slots, q_weight=torch.ones(D), k_weight=torch.ones(D))
+
+
+def test_strided_cos_sin_views_as_the_decoder_passes_them():
+    """The decoder's cos/sin are views of one (T, 2, D) table (row stride 2 D)."""
+    T, H, HK, D = 6, 2, 1, 16
+    qkv, cos, sin, _, _, kc, vc, slots = _case(T, H, HK, D, torch.float32, False)
+    cs = torch.stack((cos, sin), 1)
+    q = qkv_rope_cache(qkv, cs[:, 0], cs[:, 1], kc, vc, slots, heads=H, kv_heads=HK)
+    assert _rel(q, _want(qkv, cos, sin, None, None, H, HK)[0]) < 1e-5
+
+
+def test_bad_slots_are_named_and_never_written_outside_the_cache():
+    T, H, HK, D = 3, 2, 1, 8
+    qkv, cos, sin, _, _, kc, vc, slots = _case(T, H, HK, D, torch.float32, False, pages=2, page_size=4)
+    bad = slots.clone()
+    bad[1] = 8   # the cache has 8 rows
+    with pytest.raises(ValueError, match=r"slots\[1\] = 8 is outside the cache's rows \[0, 8\)"):
+        qkv_rope_cache(qkv, cos, sin, kc, vc, bad, heads=H, kv_heads=HK)
+    # checks off: clamped into the cache (a wrong row, never out of bounds)
+    big = torch.full((2 * 8 + 8, HK, D), 7.0)     # the cache followed by a guard region
+    k_in, v_in = big[:8], torch.full((8, HK, D), 7.0)
+    with numasched.options.use(check_data=False):
+        qkv_rope_cache(qkv, cos, sin, k_in, v_in, torch.tensor([2, 1000, -5]), heads=H, kv_heads=HK)
+    assert (big[8:] == 7.0).all()
+    _, rk, rv = _want(qkv, cos, sin, None, None, H, HK)
+    assert _rel(k_in[2], rk[0]) < 1e-5 and _rel(k_in[7], rk[1]) < 1e-5 and _rel(v_in[0], rv[2]) < 1e-5
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(heads=0), "heads must be an integer >= 1"),
+    (dict(qkv_cols=-1), "qkv has .* columns, not a multiple"),
+    (dict(cos_rows=-1), "cos must be a"),
+    (dict(k_heads=3), "k_cache must end in"),
+    (dict(slots_len=-1), "slots must hold one row per token"),
+    (dict(slots_dtype=torch.float32), "slots"),
+    (dict(only_q_weight=True), "q_weight and k_weight go together"),
+    (dict(cache_dtype=torch.float16), "k_cache"),
+    (dict(strided_cache=True), "cannot be viewed as"),
+])
+def test_bad_arguments_are_named(change, match):
+    T, H, HK, D = 4, 2, 1, 8
+    qkv, cos, sin, _, _, kc, vc, slots = _case(T, H, HK, D, torch.float32, False)
+    kw = dict(heads=change.get("heads", H), kv_heads=HK)
+    if "qkv_cols" in change:
+        qkv = qkv[:, :-1]
+    if "cos_rows" in change:
+        cos = cos[:-1]
+    if "k_heads" in change:
+        kc = torch.zeros(7, 4, 3, D)
+    if "slots_len" in change:
+        slots = slots[:-1]
+    if "slots_dtype" in change:
+        slots = slots.to(change["slots_dtype"])
+    if "only_q_weight" in change:
+        kw["q_weight"] = torch.ones(D)
+    if "cache_dtype" in change:
+        kc = kc.to(change["cache_dtype"])
+    if "strided_cache" in change:
+        kc = torch.zeros(7, 9, HK, D)[:, ::2]   # rows 16 apart, pages 72: no uniform run
+    with pytest.raises((ValueError, TypeError), match=match):
+        check_qkv_rope_cache(qkv, cos, sin, kc, vc, slots, **kw)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("norm", [False, True])
+def test_gpu_llama_sizes_in_a_cuda_graph(norm):
+    """Llama-3-8B at TP 2 (16 q heads, 4 kv heads, d128), 16 tokens, pages of 16, bf16: eager, then
+    replayed from a CUDA graph on new inputs (output poisoned first)."""
+    T, H, HK, D = 16, 16, 4, 128
+    qkv, cos, sin, qw, kw, kc, vc, slots = _case(T, H, HK, D, torch.bfloat16, norm, pages=64, page_size=16,
+                                                 device="cuda")
+    q = qkv_rope_cache(qkv, cos, sin, kc, vc, slots, heads=H, kv_heads=HK, q_weight=qw, k_weight=kw)
+    rq, rk, rv = _want(qkv, cos, sin, qw, kw, H, HK)
+    kf, vf = kc.view(-1, HK, D), vc.view(-1, HK, D)
+    assert _rel(q, rq) < 1e-2 and _rel(kf[slots], rk) < 1e-2 and _rel(vf[slots], rv) < 1e-2
+    out = torch.empty_like(q)
+    with numasched.options.use(check_data=False):
+        qkv_rope_cache(qkv, cos, sin, kc, vc, slots, heads=H, kv_heads=HK, q_weight=qw, k_weight=kw, out=out)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            qkv_rope_cache(qkv, cos, sin, kc, vc, slots, heads=H, kv_heads=HK, q_weight=qw, k_weight=kw, out=out)
+    qkv.copy_(torch.randn_like(qkv))
+    slots.copy_(torch.randperm(kf.shape[0], device="cuda")[:T])
+    out.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    rq, rk, _ = _want(qkv, cos, sin, qw, kw, H, HK)
+    assert _rel(out, rq) < 1e-2 and _rel(kf[slots], rk) < 1e-2
+
+
+def test_torch_fallback_without_interpreter_and_empty_steps(monkeypatch):
+    from numasched import observe
+
+    T, H, HK, D = 5, 3, 1, 16
+    qkv, cos, sin, qw, kw, kc, vc, slots = _case(T, H, HK, D, torch.float32, True)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    plan = plan_qkv_rope_cache(qkv, cos, sin, kc, vc, slots, heads=H, kv_heads=HK, q_weight=qw, k_weight=kw)
+    assert plan.mode == "torch"
+    with observe.record() as log:
+        q = plan.run(qkv, cos, sin, kc, vc, slots, qw, kw)
+    assert log.kernels() == ["torch"]
+    rq, rk, rv = _want(qkv, cos, sin, qw, kw, H, HK)
+    assert _rel(q, rq) < 1e-5 and _rel(kc.view(-1, HK, D)[slots], rk) < 1e-5
+    empty = plan_qkv_rope_cache(qkv[:0], cos[:0], sin[:0], kc, vc, slots[:0], heads=H, kv_heads=HK)
+    assert empty.mode == "empty" and empty.run(qkv[:0], cos[:0], sin[:0], kc, vc, slots[:0]).shape == (0, H, D)
