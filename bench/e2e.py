@@ -193,6 +193,11 @@ def _dry_run(args) -> int:
     contenders.append(f"timing: CUDA-graph replays, {args.new} steps per sample, {args.warmup}+{args.iters} samples, "
                       f"slowest rank's median" + ("" if args.no_taxes else
                                                   "; components " + ", ".join(COMPONENTS) + " each in its own graph"))
+    if "numasched" in args.backends:
+        fused = [name for name, on in (("all-reduce + add + RMSNorm", args.fuse_norm and args.tp > 1),
+                                        ("gate/up + SwiGLU", args.fuse_swiglu),
+                                        ("QKV split + RoPE + cache write", args.fuse_rope_cache)) if on]
+        contenders.append("numasched decode fusions: " + (", ".join(fused) or "none"))
     if args.tp > 1:
         mode = ("sequence-parallel (all_gather_matmul / matmul_reduce_scatter, norms on 1/tp of the rows)"
                 if args.prefill_seq_parallel else
