@@ -10,11 +10,14 @@ into the cache's slots): three kernel boundaries per layer for a few KB of data.
 * HQ <= h < HQ + HK: a key head: (norm,) rotate, store into row ``slots[t]`` of the K cache;
 * else a value head: copied into row ``slots[t]`` of the V cache.
 
+A slot outside the cache's rows (-1: a padding token) writes nothing.
+
 RoPE as transformers applies it: ``y = x * cos + rotate_half(x) * sin`` with cos/sin (T, D)
 (the two halves' frequencies repeated), ``rotate_half(x)[j] = -x[j + D/2]`` for j < D/2 and
 ``x[j - D/2]`` above. The per-head norm follows transformers' RMSNorm: normalise in fp32, round to
 the input's dtype, scale by the weight (rounded to the dtype again); the rotation runs in fp32
-and rounds once on the store. Host side: numasched/rope_cache.py.
+and rounds once on the store (transformers' eager code rounds each product and the sum: the two
+differ by about one unit in the last place). Host side: numasched/rope_cache.py.
 """
 import triton
 import triton.language as tl
@@ -31,9 +34,9 @@ def _normed(x, w_ptr, offs, dmask, r, DTYPE: tl.constexpr):
 
 @triton.jit
 def _slot(SLOTS, t, tmask, rows):
-    # bounded: a bad slot (checks off) writes a wrong row, never outside the cache
-    slot = tl.load(SLOTS + t, mask=tmask, other=0).to(tl.int64)
-    return tl.minimum(tl.maximum(slot, 0), rows - 1)
+    # (row, write?): a slot outside [0, rows) -- -1 marks a padding token -- writes nothing
+    slot = tl.load(SLOTS + t, mask=tmask, other=-1).to(tl.int64)
+    return slot, (slot >= 0) & (slot < rows)
 
 
 @triton.jit
@@ -70,10 +73,10 @@ def qkv_rope_cache_kernel(QKV, COS, SIN, QW, KW, Q_OUT, K_CACHE, V_CACHE, SLOTS,
         if h < HQ:
             tl.store(Q_OUT + t64[:, None] * stride_q_t + h * stride_q_h + d[None, :], y.to(DTYPE), mask=mask)
         else:
-            slot = _slot(SLOTS, t, tmask, rows)
+            slot, ok = _slot(SLOTS, t, tmask, rows)
             tl.store(K_CACHE + slot[:, None] * stride_kc_row + (h - HQ) * stride_kc_h + d[None, :], y.to(DTYPE),
-                     mask=mask)
+                     mask=mask & ok[:, None])
     else:
-        slot = _slot(SLOTS, t, tmask, rows)
+        slot, ok = _slot(SLOTS, t, tmask, rows)
         tl.store(V_CACHE + slot[:, None] * stride_vc_row + (h - HQ - HK) * stride_vc_h + d[None, :], x.to(DTYPE),
-                 mask=mask)
+                 mask=mask & ok[:, None])

@@ -137,6 +137,9 @@ class SwiGLUPlan(Plan):
             if tuple(out.shape) != (self.M, self.n) or out.stride() != (self.n, 1):
                 raise ValueError(f"out must be a contiguous ({self.M}, {self.n}) tensor for this plan (it was made "
                                  f"without out), got shape {tuple(out.shape)} with strides {out.stride()}")
+            if out.data_ptr() % 16:
+                raise ValueError("out's data pointer is not 16-byte aligned (the plan's kernel is specialised "
+                                 "for aligned outputs); make a plan with out= for it")
         if self.mode == "empty":
             return out.zero_() if self.K == 0 else out
         if self.mode == "torch":

@@ -13,10 +13,10 @@ for a few KB at decode sizes; here it is one (kernels/rope_cache.py), and q is t
 Arguments: ``qkv`` (T, (heads + 2 kv_heads) D), ``cos``/``sin`` (T, D) (the halves' frequencies
 repeated, as transformers builds them), ``k_cache``/``v_cache`` any shape ending in (kv_heads, D)
 whose leading dimensions flatten to rows (a paged cache (pages, page_size, kv_heads, D): row =
-page * page_size + offset), ``slots`` (T,) int32/int64: the row each token's k and v go to.
-With ``options.check_data`` (the default) the slots are range-checked on the host (one device
-sync; never inside a CUDA-graph capture); the kernel clamps them into the cache either way, so a
-bad slot writes a wrong row, never outside the cache.
+page * page_size + offset), ``slots`` (T,) contiguous int32/int64: the row each token's k and v
+go to, or -1 for a token whose k and v are not written (padding). With ``options.check_data``
+(the default) the slots are range-checked on the host (one device sync; never inside a CUDA-graph
+capture); the kernel writes no slot outside [0, rows) either way.
 """
 from __future__ import annotations
 
@@ -48,6 +48,8 @@ def _rows(name: str, cache: torch.Tensor, kv_heads: int, d: int) -> torch.Tensor
         raise ValueError(f"{name} must end in (kv_heads, head_dim) = ({kv_heads}, {d}), got shape {tuple(cache.shape)}")
     if cache.stride(-1) != 1:
         raise ValueError(f"{name}'s last dimension must be contiguous (stride 1), got strides {cache.stride()}")
+    if cache.numel() == 0:
+        raise ValueError(f"{name} has no rows (shape {tuple(cache.shape)})")
     try:
         return cache.view(-1, kv_heads, d)
     except RuntimeError:
@@ -57,16 +59,19 @@ def _rows(name: str, cache: torch.Tensor, kv_heads: int, d: int) -> torch.Tensor
 
 
 def check_qkv_rope_cache(qkv, cos, sin, k_cache, v_cache, slots, *, heads: int, kv_heads: int,
-                         q_weight=None, k_weight=None, out=None) -> tuple:
+                         q_weight=None, k_weight=None, eps: float = 1e-6, out=None) -> tuple:
     """Check without reading data; returns (T, heads, kv_heads, head_dim, dtype)."""
     heads, kv_heads = _positive_int("heads", heads), _positive_int("kv_heads", kv_heads)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < float("inf"):
+        raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
     check_tensor("qkv", qkv, ndim=2, dtypes=DTYPES)
     T, width = qkv.shape
     if width % (heads + 2 * kv_heads):
         raise ValueError(f"qkv has {width} columns, not a multiple of heads + 2 kv_heads = {heads + 2 * kv_heads}")
     d = width // (heads + 2 * kv_heads)
-    if d % 2:
-        raise ValueError(f"head_dim (qkv's columns / (heads + 2 kv_heads)) must be even for RoPE, got {d}")
+    if d == 0 or d % 2:
+        raise ValueError(f"head_dim (qkv's columns / (heads + 2 kv_heads)) must be even and positive for RoPE, "
+                         f"got {d}")
     if qkv.stride(1) != 1:
         raise ValueError(f"qkv's columns must be contiguous (stride 1), got strides {qkv.stride()}")
     dt, dev = qkv.dtype, qkv.device
@@ -75,20 +80,25 @@ def check_qkv_rope_cache(qkv, cos, sin, k_cache, v_cache, slots, *, heads: int, 
         if tuple(t.shape) != (T, d) or t.stride(1) != 1:
             raise ValueError(f"{name} must be a ({T}, {d}) tensor with contiguous rows, got shape "
                              f"{tuple(t.shape)}, strides {t.stride()}")
+    rows = []
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         check_tensor(name, t, dtypes=(dt,), device=dev)
-        _rows(name, t, kv_heads, d)
-        check_int32_indexing(name, t)
+        rows.append(_rows(name, t, kv_heads, d).shape[0])   # rows are indexed in int64 by the kernel
+    if rows[0] != rows[1]:
+        raise ValueError(f"k_cache has {rows[0]} rows but v_cache has {rows[1]}")
     check_tensor("slots", slots, ndim=1, dtypes=(torch.int32, torch.int64), device=dev)
     if slots.shape[0] != T:
         raise ValueError(f"slots must hold one row per token ({T}), got {slots.shape[0]}")
+    if T > 1 and slots.stride(0) != 1:
+        raise ValueError(f"slots must be contiguous (stride 1), got stride {slots.stride(0)}; call .contiguous()")
     if (q_weight is None) != (k_weight is None):
         raise ValueError("q_weight and k_weight go together (Qwen3's per-head norms): pass both or neither")
     for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
         if w is not None:
             check_tensor(name, w, ndim=1, dtypes=(dt,), device=dev)
-            if w.shape[0] != d or w.stride(0) != 1:
-                raise ValueError(f"{name} must be a contiguous ({d},) tensor, got shape {tuple(w.shape)}")
+            if w.shape[0] != d or (d > 1 and w.stride(0) != 1):
+                raise ValueError(f"{name} must be a contiguous ({d},) tensor, got shape {tuple(w.shape)}, "
+                                 f"strides {w.stride()}")
     if out is not None:
         check_tensor("out", out, ndim=3, dtypes=(dt,), device=dev)
         if tuple(out.shape) != (T, heads, d) or out.stride(2) != 1:
@@ -99,11 +109,11 @@ def check_qkv_rope_cache(qkv, cos, sin, k_cache, v_cache, slots, *, heads: int, 
 
 
 def check_slots(slots: torch.Tensor, rows: int) -> None:
-    """Range check of the slots (reads them: one device sync)."""
-    bad = (slots < 0) | (slots >= rows)
+    """Range check of the slots (reads them: one device sync); -1 (not written) is allowed."""
+    bad = (slots < -1) | (slots >= rows)
     if bool(bad.any()):
         i = int(bad.nonzero()[0, 0])
-        raise ValueError(f"slots[{i}] = {int(slots[i])} is outside the cache's rows [0, {rows})")
+        raise ValueError(f"slots[{i}] = {int(slots[i])} is outside the cache's rows [0, {rows}) (or -1: not written)")
 
 
 class RopeCachePlan(Plan):
@@ -115,13 +125,12 @@ class RopeCachePlan(Plan):
     def __init__(self, qkv, cos, sin, k_cache, v_cache, slots, *, heads: int, kv_heads: int, q_weight=None,
                  k_weight=None, eps: float = 1e-6, out=None, options: Optional[_options.Options] = None):
         T, H, HK, d, dt = check_qkv_rope_cache(qkv, cos, sin, k_cache, v_cache, slots, heads=heads,
-                                               kv_heads=kv_heads, q_weight=q_weight, k_weight=k_weight, out=out)
+                                               kv_heads=kv_heads, q_weight=q_weight, k_weight=k_weight, eps=eps,
+                                               out=out)
         self.options = options if options is not None else _options.current()
         self.T, self.heads, self.kv_heads, self.head_dim, self.eps = T, H, HK, d, float(eps)
         self.qk_norm = q_weight is not None
         self.rows = _rows("k_cache", k_cache, HK, d).shape[0]
-        if _rows("v_cache", v_cache, HK, d).shape[0] != self.rows:
-            raise ValueError(f"k_cache has {self.rows} rows but v_cache {_rows('v_cache', v_cache, HK, d).shape[0]}")
         self.tensors = dict(qkv=signature(qkv), cos=signature(cos), sin=signature(sin), k_cache=signature(k_cache),
                             v_cache=signature(v_cache), slots=signature(slots), q_weight=signature(q_weight),
                             k_weight=signature(k_weight), out=signature(out))
@@ -153,9 +162,10 @@ class RopeCachePlan(Plan):
             out = torch.empty((T, H, d), dtype=qkv.dtype, device=qkv.device)
         elif self.tensors["out"] is None:
             check_tensor("out", out, ndim=3, dtypes=(qkv.dtype,), device=qkv.device)
-            if tuple(out.shape) != (T, H, d) or out.stride() != (H * d, d, 1):
-                raise ValueError(f"out must be a contiguous ({T}, {H}, {d}) tensor for this plan (it was made "
-                                 f"without out), got shape {tuple(out.shape)}, strides {out.stride()}")
+            if tuple(out.shape) != (T, H, d) or out.stride() != (H * d, d, 1) or out.data_ptr() % 16:
+                raise ValueError(f"out must be a contiguous, 16-byte aligned ({T}, {H}, {d}) tensor for this plan "
+                                 f"(it was made without out), got shape {tuple(out.shape)}, strides {out.stride()}"
+                                 f"{', a misaligned data pointer' if out.data_ptr() % 16 else ''}")
         if self.mode == "empty":
             return out
         if self.options.check_data and not caps.capturing(self.device):
@@ -166,9 +176,10 @@ class RopeCachePlan(Plan):
                 _observe.notify(self.op, "torch", (), (out,), self,
                                 f"no Triton kernel can run on {self.device} (CPU tensors need TRITON_INTERPRET=1)")
             q, k, v = reference(qkv, cos, sin, H, HK, q_weight, k_weight, self.eps)
-            idx = slots.to(torch.int64).clamp(0, self.rows - 1)
-            kf.index_copy_(0, idx, k)
-            vf.index_copy_(0, idx, v)
+            idx = slots.to(torch.int64)
+            keep = (idx >= 0) & (idx < self.rows)   # as the kernel: a slot outside the rows writes nothing
+            kf.index_copy_(0, idx[keep], k[keep])
+            vf.index_copy_(0, idx[keep], v[keep])
             return out.copy_(q)
         if _observe.OBSERVERS:
             # only q is a whole output: the caches are written at their slots (poisoning them would
@@ -228,6 +239,7 @@ def qkv_rope_cache(qkv, cos, sin, k_cache, v_cache, slots, *, heads: int, kv_hea
                    k_weight=None, eps: float = 1e-6, out=None) -> torch.Tensor:
     """Split ``qkv``, (normalise and) rotate q and k, write k and v into row ``slots[t]`` of the
     caches; returns q (T, heads, head_dim). See the module doc."""
+    _positive_int("heads", heads), _positive_int("kv_heads", kv_heads)   # before the key: True == 1
     key, plan = PLANS.find(_key, qkv, cos, sin, k_cache, v_cache, slots, heads, kv_heads, q_weight, k_weight, eps,
                            out)
     if plan is None:

@@ -93,6 +93,11 @@ def test_swiglu_argument_errors_name_the_argument():
         numasched.matmul_swiglu(x, torch.randn(8, 6).double())
     with pytest.raises(ValueError, match="split-K Schedule"):
         numasched.plan_matmul_swiglu(x, torch.randn(8, 6), schedule=Schedule("tiled", 128, 256, 64))
+    # a plan made without out refuses an out its kernel was not specialised for
+    b = torch.randn(8, 6)
+    plan = numasched.plan_matmul_swiglu(x, b)
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        plan.run(x, b, out=torch.empty(10)[1:].view(3, 3))
 
 
 @gpu

@@ -85,21 +85,46 @@ def test_strided_cos_sin_views_as_the_decoder_passes_them():
     assert _rel(q, _want(qkv, cos, sin, None, None, H, HK)[0]) < 1e-5
 
 
-def test_bad_slots_are_named_and_never_written_outside_the_cache():
+def test_bad_slots_are_named_and_padding_slots_write_nothing():
     T, H, HK, D = 3, 2, 1, 8
     qkv, cos, sin, _, _, kc, vc, slots = _case(T, H, HK, D, torch.float32, False, pages=2, page_size=4)
     bad = slots.clone()
     bad[1] = 8   # the cache has 8 rows
     with pytest.raises(ValueError, match=r"slots\[1\] = 8 is outside the cache's rows \[0, 8\)"):
         qkv_rope_cache(qkv, cos, sin, kc, vc, bad, heads=H, kv_heads=HK)
-    # checks off: clamped into the cache (a wrong row, never out of bounds)
-    big = torch.full((2 * 8 + 8, HK, D), 7.0)     # the cache followed by a guard region
+    # -1 (padding) passes the check and writes nothing; with the checks off, neither does any
+    # other slot outside [0, rows): the guard rows after the cache stay as they were
+    big = torch.full((2 * 8 + 8, HK, D), 7.0)
     k_in, v_in = big[:8], torch.full((8, HK, D), 7.0)
-    with numasched.options.use(check_data=False):
-        qkv_rope_cache(qkv, cos, sin, k_in, v_in, torch.tensor([2, 1000, -5]), heads=H, kv_heads=HK)
-    assert (big[8:] == 7.0).all()
+    qkv_rope_cache(qkv, cos, sin, k_in, v_in, torch.tensor([2, -1, 5]), heads=H, kv_heads=HK)
     _, rk, rv = _want(qkv, cos, sin, None, None, H, HK)
-    assert _rel(k_in[2], rk[0]) < 1e-5 and _rel(k_in[7], rk[1]) < 1e-5 and _rel(v_in[0], rv[2]) < 1e-5
+    assert _rel(k_in[2], rk[0]) < 1e-5 and _rel(v_in[5], rv[2]) < 1e-5
+    assert (k_in[[0, 1, 3, 4, 6, 7]] == 7.0).all() and (v_in[[0, 1, 3, 4, 6, 7]] == 7.0).all()
+    with numasched.options.use(check_data=False):
+        qkv_rope_cache(qkv, cos, sin, k_in, v_in, torch.tensor([1000, -5, 6]), heads=H, kv_heads=HK)
+    assert (big[8:] == 7.0).all() and (k_in[[0, 1, 3, 4, 7]] == 7.0).all()
+    assert _rel(k_in[6], rk[2]) < 1e-5
+
+
+def test_strided_slots_misaligned_out_and_empty_caches_are_refused():
+    T, H, HK, D = 3, 2, 1, 8
+    qkv, cos, sin, _, _, kc, vc, slots = _case(T, H, HK, D, torch.float32, False)
+    strided = torch.stack((slots, slots), 1)[:, 0]
+    with pytest.raises(ValueError, match="slots must be contiguous"):
+        qkv_rope_cache(qkv, cos, sin, kc, vc, strided, heads=H, kv_heads=HK)
+    plan = plan_qkv_rope_cache(qkv, cos, sin, kc, vc, slots, heads=H, kv_heads=HK)
+    buf = torch.empty(T * H * D + 1)
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        plan.run(qkv, cos, sin, kc, vc, slots, out=buf[1:].view(T, H, D))
+    with pytest.raises(ValueError, match="k_cache has no rows"):
+        check_qkv_rope_cache(qkv, cos, sin, kc[:0], vc[:0], slots, heads=H, kv_heads=HK)
+    with pytest.raises(ValueError, match="k_cache has 28 rows but v_cache has 24"):
+        check_qkv_rope_cache(qkv, cos, sin, kc, vc[:6], slots, heads=H, kv_heads=HK)
+    for eps in (-1.0, float("nan"), "x", True):
+        with pytest.raises(ValueError, match="eps must be a finite number"):
+            check_qkv_rope_cache(qkv, cos, sin, kc, vc, slots, heads=H, kv_heads=HK, eps=eps)
+    with pytest.raises(ValueError, match="heads must be an integer"):
+        qkv_rope_cache(qkv, cos, sin, kc, vc, slots, heads=True, kv_heads=HK)
 
 
 @pytest.mark.parametrize("change,match", [
