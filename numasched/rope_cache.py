@@ -28,18 +28,12 @@ from . import caps
 from . import observe as _observe
 from . import options as _options
 from ._plan import PLANS, Plan, signature
-from ._validate import check_int32_indexing, check_tensor
+from ._validate import check_int32_indexing, check_positive_int, check_tensor
 
 __all__ = ["qkv_rope_cache", "plan_qkv_rope_cache", "check_qkv_rope_cache", "RopeCachePlan"]
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 BLOCK_T = 16   # tokens per program: a decode step's batch in one program row, prefill in row blocks
-
-
-def _positive_int(name: str, v) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
-    return v
 
 
 def _rows(name: str, cache: torch.Tensor, kv_heads: int, d: int) -> torch.Tensor:
@@ -61,7 +55,8 @@ def _rows(name: str, cache: torch.Tensor, kv_heads: int, d: int) -> torch.Tensor
 def check_qkv_rope_cache(qkv, cos, sin, k_cache, v_cache, slots, *, heads: int, kv_heads: int,
                          q_weight=None, k_weight=None, eps: float = 1e-6, out=None) -> tuple:
     """Check without reading data; returns (T, heads, kv_heads, head_dim, dtype)."""
-    heads, kv_heads = _positive_int("heads", heads), _positive_int("kv_heads", kv_heads)
+    heads = check_positive_int("heads", heads, allow_none=False)
+    kv_heads = check_positive_int("kv_heads", kv_heads, allow_none=False)
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < float("inf"):
         raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
     check_tensor("qkv", qkv, ndim=2, dtypes=DTYPES)
@@ -194,30 +189,33 @@ class RopeCachePlan(Plan):
         return out
 
 
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' RMSNorm: normalise in fp32 (float64 stays float64), round to x's dtype, then
+    scale. The decoder's norms (numasched.models) are this function."""
+    xf = x if x.dtype == torch.float64 else x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return w * xf.to(x.dtype)
+
+
+def _rotate(x, cos, sin):
+    h = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., h:], x[..., :h]), -1) * sin
+
+
 def reference(qkv, cos, sin, heads: int, kv_heads: int, q_weight=None, k_weight=None, eps: float = 1e-6):
-    """(q, k, v) as transformers computes them (RMSNorm in fp32 rounded to the dtype, then
-    ``x * cos + rotate_half(x) * sin``), in the inputs' dtype: the torch fallback and the tests'
-    reference (pass float64 tensors for an exact one)."""
+    """Contiguous (q, k, v) of the fused QKV rows as transformers computes them (Qwen3's per-head
+    RMSNorm when the weights are given, then ``x * cos + rotate_half(x) * sin``), in the inputs'
+    dtype: the torch fallback, the decoder's unfused path (numasched.models.llama.qkv_rope) and
+    the tests' reference (pass float64 tensors for an exact one)."""
     T = qkv.shape[0]
     d = qkv.shape[1] // (heads + 2 * kv_heads)
-    q = qkv[:, :heads * d].reshape(T, heads, d)
-    k = qkv[:, heads * d:(heads + kv_heads) * d].reshape(T, kv_heads, d)
-    v = qkv[:, (heads + kv_heads) * d:].reshape(T, kv_heads, d)
-
-    def norm(x, w):
-        xf = x.float() if x.dtype != torch.float64 else x
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-        return w * xf.to(x.dtype)
-
+    q = qkv[:, :heads * d].view(T, heads, d)
+    k = qkv[:, heads * d:(heads + kv_heads) * d].view(T, kv_heads, d)
+    v = qkv[:, (heads + kv_heads) * d:].view(T, kv_heads, d)
     if q_weight is not None:
-        q, k = norm(q, q_weight), norm(k, k_weight)
+        q, k = rms_norm(q, q_weight, eps), rms_norm(k, k_weight, eps)
     c, s = cos[:, None, :], sin[:, None, :]
-
-    def rot(x):
-        h = d // 2
-        return x * c + torch.cat((-x[..., h:], x[..., :h]), -1) * s
-
-    return rot(q), rot(k), v.clone()
+    return _rotate(q, c, s).contiguous(), _rotate(k, c, s).contiguous(), v.contiguous()
 
 
 def plan_qkv_rope_cache(qkv, cos, sin, k_cache, v_cache, slots, *, heads: int, kv_heads: int, q_weight=None,
@@ -239,7 +237,8 @@ def qkv_rope_cache(qkv, cos, sin, k_cache, v_cache, slots, *, heads: int, kv_hea
                    k_weight=None, eps: float = 1e-6, out=None) -> torch.Tensor:
     """Split ``qkv``, (normalise and) rotate q and k, write k and v into row ``slots[t]`` of the
     caches; returns q (T, heads, head_dim). See the module doc."""
-    _positive_int("heads", heads), _positive_int("kv_heads", kv_heads)   # before the key: True == 1
+    # before the key, where True == 1 would find a plan made for heads=1
+    check_positive_int("heads", heads, allow_none=False), check_positive_int("kv_heads", kv_heads, allow_none=False)
     key, plan = PLANS.find(_key, qkv, cos, sin, k_cache, v_cache, slots, heads, kv_heads, q_weight, k_weight, eps,
                            out)
     if plan is None:

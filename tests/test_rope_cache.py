@@ -123,12 +123,12 @@ def test_strided_slots_misaligned_out_and_empty_caches_are_refused():
     for eps in (-1.0, float("nan"), "x", True):
         with pytest.raises(ValueError, match="eps must be a finite number"):
             check_qkv_rope_cache(qkv, cos, sin, kc, vc, slots, heads=H, kv_heads=HK, eps=eps)
-    with pytest.raises(ValueError, match="heads must be an integer"):
+    with pytest.raises(TypeError, match="heads must be a positive int"):
         qkv_rope_cache(qkv, cos, sin, kc, vc, slots, heads=True, kv_heads=HK)
 
 
 @pytest.mark.parametrize("change,match", [
-    (dict(heads=0), "heads must be an integer >= 1"),
+    (dict(heads=0), "heads must be >= 1"),
     (dict(qkv_cols=-1), "qkv has .* columns, not a multiple"),
     (dict(cos_rows=-1), "cos must be a"),
     (dict(k_heads=3), "k_cache must end in"),

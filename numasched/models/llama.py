@@ -29,6 +29,9 @@ from typing import Callable, Dict, List, Mapping, Optional
 import torch
 import torch.nn.functional as F
 
+from numasched.rope_cache import reference as rope_reference
+from numasched.rope_cache import rms_norm
+
 ROPE_TYPES = ("default", "llama3")
 FAMILIES = ("llama", "qwen3")
 
@@ -180,36 +183,18 @@ def rope_inv_freq(spec: DecoderSpec) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- elementwise (shared)
-def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """transformers' RMSNorm: normalise in fp32, round to x's dtype, then scale."""
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return w * xf.to(x.dtype)
-
-
 def add_rms_norm(y: torch.Tensor, h: torch.Tensor, w: torch.Tensor, eps: float):
     """(h + y, rms_norm(h + y)): the residual add and the next norm, one kernel when compiled."""
     h = h + y
     return h, rms_norm(h, w, eps)
 
 
-def _rotate(x, cos, sin):
-    d = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., d:], x[..., :d]), -1) * sin
-
-
 def qkv_rope(qkv, cos, sin, hq: int, hk: int, d: int, q_w: Optional[torch.Tensor], k_w: Optional[torch.Tensor],
              eps: float):
     """Split the fused QKV output (T, (hq + 2 hk) d), apply Qwen3's per-head q/k norms when given,
-    rotate q and k (cos/sin (T, d)); returns contiguous q (T, hq, d), k and v (T, hk, d)."""
-    T = qkv.shape[0]
-    q = qkv[:, :hq * d].view(T, hq, d)
-    k = qkv[:, hq * d:(hq + hk) * d].view(T, hk, d)
-    v = qkv[:, (hq + hk) * d:].view(T, hk, d)
-    if q_w is not None:
-        q, k = rms_norm(q, q_w, eps), rms_norm(k, k_w, eps)
-    c, s = cos[:, None, :], sin[:, None, :]
-    return _rotate(q, c, s).contiguous(), _rotate(k, c, s).contiguous(), v.contiguous()
+    rotate q and k (cos/sin (T, d)); returns contiguous q (T, hq, d), k and v (T, hk, d): the torch
+    math of numasched.qkv_rope_cache (one kernel with the cache write), compiled on CUDA."""
+    return rope_reference(qkv, cos, sin, hq, hk, q_w, k_w, eps)
 
 
 def silu_mul(gu: torch.Tensor, n: int) -> torch.Tensor:
