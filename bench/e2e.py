@@ -120,9 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fuse-swiglu", action=argparse.BooleanOptionalAction, default=False,
                    help="numasched: gate/up projection + silu(gate) * up in one launch at decode sizes "
                         "(numasched.matmul_swiglu; default off: measured -2.6%% to +2%% per step)")
-    p.add_argument("--fuse-rope-cache", action=argparse.BooleanOptionalAction, default=False,
+    p.add_argument("--fuse-rope-cache", action=argparse.BooleanOptionalAction, default=True,
                    help="numasched: a decode step's QKV split + RoPE + paged cache write in one launch "
-                        "(numasched.qkv_rope_cache; default off until timed)")
+                        "(numasched.qkv_rope_cache; default on, --no-fuse-rope-cache for the unfused sequence)")
     p.add_argument("--ar-impl", default="auto",
                    help="numasched's all-reduce impl for matmul_all_reduce / all_reduce (auto: their cost model)")
     p.add_argument("--prefill-overlap", type=positive_int, default=None,

@@ -12,7 +12,7 @@ res=bench/results/gemm-splitk-probe; mkdir -p "$res"
 S="splitk 128x128x64 w8 s6; splitk 128x128x64 w8 s6 split2; splitk 128x128x64 w8 s6 split4; splitk 128x128x64 w8 s6 split4 tail; splitk 128x64x64 w8 s6 split3"
 P=128x2560x8192,512x2560x8192,512x5120x5120
 timeout 150 python3 scripts/gemm_probe.py --shapes $P --schedules "$S" 2>&1 | tee "$res/probe-$dev.log" | tail -40
-timeout 240 ncu --kernel-name regex:gemm --section SpeedOfLight --section MemoryWorkloadAnalysis \
+timeout 240 ncu --clock-control none --kernel-name regex:gemm --section SpeedOfLight --section MemoryWorkloadAnalysis \
   --section WarpStateStats --section LaunchStats --section Occupancy --csv --page details \
   python3 scripts/gemm_probe.py --shapes 128x2560x8192,512x2560x8192 --no-cublas --no-profiler --calls 1 \
   --schedules "$S" > "$res/ncu-$dev.csv" 2>&1

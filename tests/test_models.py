@@ -94,19 +94,23 @@ def test_numasched_backend_matches_transformers(family, decode_steps):
     assert log.count("matmul_swiglu") == (1 + decode_steps) * 2
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3"])
-def test_fused_rope_cache_write_matches_transformers(family):
-    """fuse_rope_cache: each decode step's QKV split + RoPE (+ Qwen3's q/k norms) + paged cache
-    write is one numasched.qkv_rope_cache launch per layer, and the logits still match."""
+@pytest.mark.parametrize("family,fuse", [("llama", True), ("qwen3", True), ("llama", False), ("qwen3", False)])
+def test_fused_rope_cache_write_matches_transformers(family, fuse):
+    """fuse_rope_cache (the default): each decode step's QKV split + RoPE (+ Qwen3's q/k norms) +
+    paged cache write is one numasched.qkv_rope_cache launch per layer, and the logits still
+    match; False keeps the unfused sequence, also matching."""
     from numasched import observe
 
     hf = hf_model(family, seed=4)
     ids = torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(5))
+    backend = NumaschedBackend(1) if fuse else NumaschedBackend(1, fuse_rope_cache=False)
+    assert backend.fuse_rope_cache is fuse
     with observe.record() as log:
-        got = run_teacher_forced(TPDecoder.from_hf(hf), NumaschedBackend(1, fuse_rope_cache=True), ids, prompt=5)
+        got = run_teacher_forced(TPDecoder.from_hf(hf), backend, ids, prompt=5)
     assert rel(got, reference(hf, ids)) < 1e-4
     assert not log.fallbacks()
-    assert log.count("qkv_rope_cache") == 2 * 3   # 2 layers x 3 decode steps (the prefill keeps its path)
+    # 2 layers x 3 decode steps (the prefill keeps its path)
+    assert log.count("qkv_rope_cache") == (2 * 3 if fuse else 0)
     with pytest.raises(TypeError, match="fuse_rope_cache"):
         NumaschedBackend(1, fuse_rope_cache=1)
 
@@ -488,11 +492,11 @@ def test_gpu_bf16_matches_transformers(family, backend):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend", ["numasched", "numasched-rope-cache", "torch"])
+@pytest.mark.parametrize("backend", ["numasched", "numasched-unfused-rope", "torch"])
 def test_gpu_graph_decode_step_matches_eager(backend):
     model = TPDecoder.random(preset_config("llama3-8b", layers=2), dtype=torch.bfloat16, device="cuda", seed=1)
     be = (TorchBackend(1) if backend == "torch"
-          else NumaschedBackend(1, fuse_rope_cache=backend == "numasched-rope-cache"))
+          else NumaschedBackend(1, fuse_rope_cache=backend != "numasched-unfused-rope"))
     B, S = 4, 100
     ids = torch.randint(0, model.spec.vocab, (B, S + 3), device="cuda")
     results = []
@@ -542,7 +546,7 @@ def _tp_gpu_main() -> int:
         import numasched.distributed as nd
 
         backends["numasched"] = NumaschedBackend(world, nd.init(heap_bytes=1 << 30))
-        backends["numasched rope+cache"] = NumaschedBackend(world, backends["numasched"].ctx, fuse_rope_cache=True)
+        backends["numasched unfused rope"] = NumaschedBackend(world, backends["numasched"].ctx, fuse_rope_cache=False)
     except Exception as e:  # noqa: BLE001 - reported; the torch backend is still checked
         print(f"[rank {rank}] numasched backend unavailable: {type(e).__name__}: {e}", flush=True)
     failed = 0
