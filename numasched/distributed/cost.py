@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 __all__ = ["Link", "LINK", "LINKS", "all_reduce_s", "choose_all_reduce", "fused_matmul_all_reduce_s", "gemm_engine",
-           "link_for", "set_link"]
+           "gemm_time_s", "link_for", "set_link"]
 
 
 @dataclass(frozen=True)
@@ -115,6 +115,40 @@ def gemm_s(M: int, N: int, K: int, dtype) -> float:
     return choose(max(M, 1), max(N, 1), max(K, 1), dtype).est_s
 
 
+# The schedule model ranks schedules; its absolute times run high from a few hundred rows (on
+# the inference grid of two H200 runs, bench/results/gemm-s14-full/, the geomean of estimate /
+# measured per M: 0.90 at 128, 1.19 at 256, 1.28 at 512, 1.32 at 1024, 1.37 at 4096), and cuBLAS
+# runs those sizes faster than numasched (cuBLAS time / numasched's: 0.90 at M = 128-256, 0.88 at
+# 512, 0.94 at 1024, 0.98 from 2048; about 1.0-1.05 up to 64 rows). GEMM + collective choices
+# compare a numasched GEMM (fused) with cuBLAS ones (bulk, symm_mem) plus fixed costs of tens of
+# microseconds, so they price GEMMs with these measured ratios (log-linear in M between points).
+EST_OVER_MEASURED = {128: 1.0, 256: 1.19, 512: 1.28, 1024: 1.32, 4096: 1.37}
+CUBLAS_OVER_NUMASCHED = {64: 1.0, 128: 0.90, 512: 0.88, 1024: 0.94, 2048: 0.98}
+
+
+def _log_interp(x: int, table: dict) -> float:
+    import math
+
+    xs = sorted(table)
+    lx = math.log2(max(x, 1))
+    if lx <= math.log2(xs[0]):
+        return table[xs[0]]
+    for lo, hi in zip(xs, xs[1:]):
+        if lx <= math.log2(hi):
+            f = (lx - math.log2(lo)) / (math.log2(hi) - math.log2(lo))
+            return table[lo] * (1 - f) + table[hi] * f
+    return table[xs[-1]]
+
+
+def gemm_time_s(M: int, N: int, K: int, dtype, engine: str = "numasched") -> float:
+    """Expected seconds of an (M, K) x (K, N) GEMM run by ``engine`` ("numasched" or "torch",
+    i.e. cuBLAS): :func:`gemm_s` corrected by the measured ratios above."""
+    if engine not in ("numasched", "torch"):
+        raise ValueError(f"engine must be 'numasched' or 'torch', got {engine!r}")
+    t = gemm_s(M, N, K, dtype) / _log_interp(M, EST_OVER_MEASURED)
+    return t * _log_interp(M, CUBLAS_OVER_NUMASCHED) if engine == "torch" else t
+
+
 def nccl_move_s(nbytes_received: int, link: Link = None) -> float:
     """NCCL all-gather / reduce-scatter in which each rank receives ``nbytes_received``."""
     L = link or LINK
@@ -134,12 +168,13 @@ def gemm_collective_s(op: str, impl: str, M: int, N: int, K: int, dtype, world: 
         moved = (world - 1) * shard * N * es
     else:
         raise ValueError(f"unknown op {op!r}")
-    if impl == "bulk":
-        return gemm_s(M, N, K, dtype) + nccl_move_s(moved, L)
+    if impl == "bulk":   # NCCL, then torch.matmul
+        return gemm_time_s(M, N, K, dtype, "torch") + nccl_move_s(moved, L)
     if impl == "fused":
-        return max(world * gemm_s(shard, N, K, dtype), moved / L.push_bw) + (FUSED_FIXED_US + L.flag_us) * 1e-6
-    if impl == "symm_mem":
-        return gemm_s(M, N, K, dtype) + SYMM_MEM_FIXED_US[op] * 1e-6
+        return (max(world * gemm_time_s(shard, N, K, dtype), moved / L.push_bw)
+                + (FUSED_FIXED_US + L.flag_us) * 1e-6)
+    if impl == "symm_mem":   # copy engine overlapped with cuBLAS: a floor, then the GEMM plus its tail
+        return max(_symm_mem_min_us(op, world), SYMM_MEM_OVER_US[op] + gemm_time_s(M, N, K, dtype, "torch") * 1e6) * 1e-6
     raise ValueError(f"unknown implementation {impl!r}")
 
 
@@ -167,10 +202,21 @@ def fused_matmul_all_reduce_s(M: int, N: int, K: int, dtype, world: int, num_sms
     return gemm_s(M, N, K, dtype) / wave_eff + pushed / L.push_bw + L.flag_us * 1e-6
 
 
-# torch symmetric memory's fused ops (copy engine + cuBLAS, overlapped): the GEMM plus a fixed
-# cost, fitted to the two-H200 run of 2026-11-23 (bench/results/collectives-2xh200-2026-11-23.csv:
-# all-gather 32 us at M = 16, GEMM + 17 us at M = 4096; reduce-scatter 62 us at M = 16).
-SYMM_MEM_FIXED_US = {"all_gather_matmul": 18.0, "matmul_reduce_scatter": 45.0}
+# torch symmetric memory's fused ops (copy engine + cuBLAS, overlapped): flat at small M, then the
+# cuBLAS GEMM plus a tail. Two H200s (bench/results/tp2-s14/collectives/, Llama-3-8B QKV and down
+# projections): all-gather + matmul 32.7 / 36.2 / 42.4 us at M = 16 / 64 / 256, GEMM + 14-29 us
+# at 1024-4096; matmul + reduce-scatter 66 us at M = 16-256, GEMM + 15-19 us at 1024-4096. (A
+# fixed cost on top of the GEMM, as before, made "auto" run the bulk path at M = 1024, 0.89x the
+# best, and the fused kernel at 4096-16384, 0.95-0.98x.)
+# Four H200s (bench/results/tp4-s13/collectives/): floors of 54-57 and 90-94 us.
+SYMM_MEM_MIN_US = {2: {"all_gather_matmul": 33.0, "matmul_reduce_scatter": 64.0},
+                   4: {"all_gather_matmul": 54.0, "matmul_reduce_scatter": 92.0}}
+SYMM_MEM_OVER_US = {"all_gather_matmul": 25.0, "matmul_reduce_scatter": 20.0}
+
+
+def _symm_mem_min_us(op: str, world: int) -> float:
+    fits = [w for w in SYMM_MEM_MIN_US if w <= world]
+    return SYMM_MEM_MIN_US[max(fits) if fits else min(SYMM_MEM_MIN_US)][op]
 
 
 def choose_gemm_collective(op: str, M: int, N: int, K: int, dtype, world: int, *, bulk_ok: bool = True,
