@@ -1,7 +1,7 @@
 """``numasched bench collectives``: all-reduce and the GEMM collectives at tensor-parallel sizes,
 ``impl="auto"`` against every baseline, side by side in one run (2+ GPUs; launches torchrun).
 
-    numasched bench collectives [--quick] [--nproc N] [--only ar,mar,ag,rs] [--m 16,64,...]
+    numasched bench collectives [--quick] [--nproc N] [--only ar,mar,ag,rs] [--rows 16,64,...]
 
 Every time is a CUDA-graph replay (a graph of ``--calls`` calls, divided by that count; the
 slowest rank's median of ``--iters`` replays), so host launch work is out of every number.
@@ -47,7 +47,8 @@ def build_parser():
     p.add_argument("--nproc", type=int, default=None, help="GPUs (default: all)")
     p.add_argument("--only", default="ar,mar,ag,rs", help="subset of ar (all_reduce), mar (matmul_all_reduce), "
                                                            "ag (all_gather_matmul), rs (matmul_reduce_scatter)")
-    p.add_argument("--m", default=",".join(map(str, M_GRID)), help="rows of the GEMM collectives")
+    p.add_argument("--rows", "--m", dest="m", default=",".join(map(str, M_GRID)),
+                   help="rows (M) of the GEMM collectives, comma-separated")
     p.add_argument("--calls", type=int, default=5, help="calls per captured graph")
     p.add_argument("--iters", type=int, default=20, help="timed replays per method")
     p.add_argument("--dry-run", action="store_true", help="print the planned points and exit")
@@ -77,13 +78,17 @@ def _points(args, world):
 
 
 def _without_nproc(argv) -> list:
-    """The arguments for the workers: ``--nproc N`` / ``--nproc=N`` dropped (torchrun gets it)."""
+    """The arguments for the workers: ``--nproc N`` / ``--nproc=N`` dropped (torchrun gets it), ``--m``
+    spelled ``--rows``."""
     out, skip = [], False
     for a in argv:
         if skip:
             skip = False
         elif a == "--nproc":
             skip = True
+        elif a == "--m" or a.startswith("--m="):
+            # torchrun's parser takes "--m" for an abbreviation of its own options (ambiguous, exits)
+            out.append("--rows" + a[3:])
         elif not a.startswith("--nproc="):
             out.append(a)
     return out

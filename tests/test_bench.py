@@ -222,3 +222,21 @@ def test_collectives_launcher_passes_no_nproc_to_its_workers():
         assert fwd == ["--quick", "--out-dir", "x"]
         args = build_parser().parse_args(["--worker", *fwd])   # the worker's parser accepts what is left
         assert args.quick and args.nproc is None
+
+
+def test_collectives_launcher_spells_rows_for_torchrun():
+    """`--m 48,384` reached torchrun's own parser, which took "--m" for an ambiguous abbreviation of
+    its options (--max-restarts, --module, ...) and exited; the workers now get `--rows`."""
+    import argparse
+    import importlib
+
+    from numasched.bench.collectives import _without_nproc, build_parser
+
+    for argv in (["--only", "ag", "--m", "48,384"], ["--only", "ag", "--m=48,384"], ["--rows", "48,384", "--only", "ag"]):
+        fwd = _without_nproc(argv)
+        assert "--m" not in fwd and not any(a.startswith("--m=") for a in fwd)
+        assert build_parser().parse_args(["--worker", *fwd]).m == "48,384"
+        # torchrun's parser accepts the forwarded arguments after the module name
+        run = importlib.import_module("torch.distributed.run")
+        ns = run.get_args_parser().parse_args(["--nproc-per-node=2", "-m", "numasched.bench.collectives", "--worker", *fwd])
+        assert isinstance(ns, argparse.Namespace) and ns.training_script_args[-len(fwd):] == fwd
