@@ -106,6 +106,7 @@ def gemm_engine(m: int) -> str:
 # time is modelled as W GEMMs of one shard. Fitted to the two-H200 runs of 2026-11-22 (fused
 # 48 us vs bulk 26 us at M = 16, 183 vs 241 us at M = 2048; bench/results/distributed-*.csv).
 FUSED_FIXED_US = 20.0
+FUSED_GEMM_OVER_WHOLE = 1.05
 
 
 def gemm_s(M: int, N: int, K: int, dtype) -> float:
@@ -171,8 +172,11 @@ def gemm_collective_s(op: str, impl: str, M: int, N: int, K: int, dtype, world: 
     if impl == "bulk":   # NCCL, then torch.matmul
         return gemm_time_s(M, N, K, dtype, "torch") + nccl_move_s(moved, L)
     if impl == "fused":
-        return (max(world * gemm_time_s(shard, N, K, dtype), moved / L.push_bw)
-                + (FUSED_FIXED_US + L.flag_us) * 1e-6)
+        # W GEMMs of one row shard each, and never less than the whole GEMM and its per-tile flags
+        # and pushes (FUSED_GEMM_OVER_WHOLE): the schedule model's time per row is not monotonic
+        # in M, and its dip at 768 rows once had "auto" run the fused kernel at 1536 (0.85x)
+        g = max(world * gemm_time_s(shard, N, K, dtype), FUSED_GEMM_OVER_WHOLE * gemm_time_s(M, N, K, dtype))
+        return max(g, moved / L.push_bw) + (FUSED_FIXED_US + L.flag_us) * 1e-6
     if impl == "symm_mem":   # copy engine overlapped with cuBLAS: a floor, then the GEMM plus its tail
         return max(_symm_mem_min_us(op, world), SYMM_MEM_OVER_US[op] + gemm_time_s(M, N, K, dtype, "torch") * 1e6) * 1e-6
     raise ValueError(f"unknown implementation {impl!r}")
