@@ -679,4 +679,14 @@ def test_compiled_elementwise_prefill_compile_keeps_the_widths_static():
         for g, e in zip(rope(qkv, cos, sin, 2, 1, 6, None, None, 1e-6), qkv_rope(qkv, cos, sin, 2, 1, 6, None, None, 1e-6)):
             torch.testing.assert_close(g, e)
     assert len(seen) == 1 and len(seen[0]) == 1, seen
+    # other widths (another model or TP size in the same process) recompile it, past dynamo's
+    # default limit of 8 without a fullgraph error
+    seen.clear()
+    for width in range(9, 9 + 12):
+        x, r = torch.randn(300, width), torch.randn(300, width)
+        wt = torch.rand(width) + 0.5
+        for g, e in zip(op(x, r, wt, 1e-6), add_rms_norm(x, r, wt, 1e-6)):
+            torch.testing.assert_close(g, e)
+        op(torch.randn(400, width), torch.randn(400, width), wt, 1e-6)   # no recompile for the rows
+    assert len(seen) == 12 and all(len(v) == 1 for v in seen), seen
     dynamo.reset()

@@ -232,6 +232,7 @@ class CompiledElementwise:
         twin = types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
         self._dynamic = torch.compile(twin, dynamic=False, fullgraph=True, backend=backend)
         self.keys: set = set()
+        self.dynamic_keys: set = set()
 
     def dynamic(self, *args):
         """The one compile for any row count: dim 0 of the 2-D+ tensors with the first argument's
@@ -241,7 +242,16 @@ class CompiledElementwise:
             for a in args:
                 if isinstance(a, torch.Tensor) and a.dim() >= 2 and a.shape[0] == rows:
                     torch._dynamo.maybe_mark_dynamic(a, 0)
-        return self._dynamic(*args)
+        # each new set of widths (another model, another TP size) is a recompile of the one
+        # function: lift dynamo's limit for those calls only (the patch costs ~17 us a call)
+        key = tuple([(a.shape[1:] if a.dim() and a.shape[0] == rows else a.shape, a.stride(), a.dtype, a.device)
+                     if isinstance(a, torch.Tensor) else (type(a), a) for a in args])
+        if key in self.dynamic_keys:
+            return self._dynamic(*args)
+        self.dynamic_keys.add(key)
+        limit = max(torch._dynamo.config.recompile_limit, len(self.dynamic_keys) + 8)
+        with torch._dynamo.config.patch(recompile_limit=limit):
+            return self._dynamic(*args)
 
     def __call__(self, *args):
         if args[0].shape[0] > self.static_rows:
