@@ -62,8 +62,9 @@ TARGETS = {1: 1.00, 2: 1.15, 4: 1.15, 8: 1.15}   # decode step, ours vs torch, b
 PREFILL_TARGET = {2: 1.10}
 COMPONENTS = ("gemm_in", "gemm_out", "row_parallel", "attention", "elementwise", "head")
 CONTENDERS = {
-    "numasched": "numasched.matmul (W.T views), attention_forward (causal prefill), flash_decode (paged KV, "
-                 "page --page-size), numasched.distributed.matmul_all_reduce for o_proj/down_proj at TP > 1",
+    "numasched": "numasched.matmul at <= 64 rows (W.T views; cuBLAS above), flash_decode (paged KV, page "
+                 "--page-size), the decode-step fusions, numasched.distributed.matmul_all_reduce for o_proj/down_proj "
+                 "at TP > 1; the causal prefill's attention per --prefill-attention",
     "torch": "F.linear (cuBLAS), SDPA (cuDNN first, then flash/efficient/math) over a contiguous static cache, "
              "dist.all_reduce (NCCL) after o_proj/down_proj: bulk-synchronous, gpt-fast style",
 }
@@ -123,6 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fuse-rope-cache", action=argparse.BooleanOptionalAction, default=True,
                    help="numasched: a decode step's QKV split + RoPE + paged cache write in one launch "
                         "(numasched.qkv_rope_cache; default on, --no-fuse-rope-cache for the unfused sequence)")
+    p.add_argument("--prefill-attention", choices=("auto", "numasched", "torch"), default="auto",
+                   help="numasched backend's prefill attention: numasched.attention_forward, torch's SDPA "
+                        "(cuDNN first) or auto (default: SDPA on NVIDIA GPUs, where cuDNN's was faster)")
     p.add_argument("--ar-impl", default="auto",
                    help="numasched's all-reduce impl for matmul_all_reduce / all_reduce (auto: their cost model)")
     p.add_argument("--prefill-overlap", type=positive_int, default=None,
@@ -198,6 +202,10 @@ def _dry_run(args) -> int:
                                         ("gate/up + SwiGLU", args.fuse_swiglu),
                                         ("QKV split + RoPE + cache write", args.fuse_rope_cache)) if on]
         contenders.append("numasched decode fusions: " + (", ".join(fused) or "none"))
+        if args.prompt:
+            contenders.append(f"numasched prefill attention: {args.prefill_attention}"
+                              + (" (SDPA, cuDNN first, on NVIDIA GPUs; numasched.attention_forward elsewhere)"
+                                 if args.prefill_attention == "auto" else ""))
     if args.tp > 1:
         mode = ("sequence-parallel (all_gather_matmul / matmul_reduce_scatter, norms on 1/tp of the rows)"
                 if args.prefill_seq_parallel else
@@ -337,7 +345,7 @@ def _backend(name, ctx, dctx):
     return NumaschedBackend(ctx.world, dctx, impl=ctx.args.ar_impl, check=False, fuse_norm=ctx.args.fuse_norm,
                             fuse_swiglu=ctx.args.fuse_swiglu, prefill_overlap=ctx.args.prefill_overlap,
                             prefill_seq_parallel=ctx.args.prefill_seq_parallel,
-                            fuse_rope_cache=ctx.args.fuse_rope_cache)
+                            fuse_rope_cache=ctx.args.fuse_rope_cache, prefill_attention=ctx.args.prefill_attention)
 
 
 def _parts(model, be, cache, seq: Optional[int] = None) -> Dict[str, Callable[[], object]]:

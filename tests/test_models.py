@@ -94,6 +94,27 @@ def test_numasched_backend_matches_transformers(family, decode_steps):
     assert log.count("matmul_swiglu") == (1 + decode_steps) * 2
 
 
+@pytest.mark.parametrize("family,engine", [("llama", "torch"), ("qwen3", "torch"), ("llama", "numasched")])
+def test_prefill_attention_engine_matches_transformers(family, engine):
+    """prefill_attention="torch" runs the prefill's causal attention through SDPA (as the torch
+    backend does), "numasched" through attention_forward; both match transformers, and "auto"
+    resolves to numasched's kernel off NVIDIA GPUs (here: CPU)."""
+    from numasched import observe
+
+    hf = hf_model(family, seed=6)
+    ids = torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(7))
+    backend = NumaschedBackend(1, prefill_attention=engine)
+    assert backend.prefill_engine(torch.device("cpu")) == engine
+    with observe.record() as log:
+        got = run_teacher_forced(TPDecoder.from_hf(hf), backend, ids, prompt=5)
+    assert rel(got, reference(hf, ids)) < 1e-4
+    assert (log.count("attention") > 0) == (engine == "numasched"), log.ops()
+    auto = NumaschedBackend(1)
+    assert auto.prefill_engine(torch.device("cpu")) == "numasched"
+    with pytest.raises(ValueError, match="prefill_attention"):
+        NumaschedBackend(1, prefill_attention="cudnn")
+
+
 @pytest.mark.parametrize("family,fuse", [("llama", True), ("qwen3", True), ("llama", False), ("qwen3", False)])
 def test_fused_rope_cache_write_matches_transformers(family, fuse):
     """fuse_rope_cache (the default): each decode step's QKV split + RoPE (+ Qwen3's q/k norms) +
@@ -492,11 +513,13 @@ def test_gpu_bf16_matches_transformers(family, backend):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend", ["numasched", "numasched-unfused-rope", "torch"])
+@pytest.mark.parametrize("backend", ["numasched", "numasched-alternatives", "torch"])
 def test_gpu_graph_decode_step_matches_eager(backend):
     model = TPDecoder.random(preset_config("llama3-8b", layers=2), dtype=torch.bfloat16, device="cuda", seed=1)
     be = (TorchBackend(1) if backend == "torch"
-          else NumaschedBackend(1, fuse_rope_cache=backend != "numasched-unfused-rope"))
+          else NumaschedBackend(1) if backend == "numasched"
+          # the other defaults' alternatives: the unfused decode step, numasched's prefill attention
+          else NumaschedBackend(1, fuse_rope_cache=False, prefill_attention="numasched"))
     B, S = 4, 100
     ids = torch.randint(0, model.spec.vocab, (B, S + 3), device="cuda")
     results = []
@@ -546,7 +569,8 @@ def _tp_gpu_main() -> int:
         import numasched.distributed as nd
 
         backends["numasched"] = NumaschedBackend(world, nd.init(heap_bytes=1 << 30))
-        backends["numasched unfused rope"] = NumaschedBackend(world, backends["numasched"].ctx, fuse_rope_cache=False)
+        backends["numasched unfused rope, numasched prefill attention"] = NumaschedBackend(
+            world, backends["numasched"].ctx, fuse_rope_cache=False, prefill_attention="numasched")
     except Exception as e:  # noqa: BLE001 - reported; the torch backend is still checked
         print(f"[rank {rank}] numasched backend unavailable: {type(e).__name__}: {e}", flush=True)
     failed = 0

@@ -176,6 +176,36 @@ class Backend:
         raise NotImplementedError
 
 
+def _sdpa_backends(names: Optional[Sequence[str]]):
+    """torch.nn.attention.SDPBackend members for ``names`` (None / empty: torch picks)."""
+    if not names:
+        return None
+    from torch.nn.attention import SDPBackend
+
+    try:
+        return [getattr(SDPBackend, n) for n in names]
+    except AttributeError as e:
+        raise ValueError(f"sdpa_backends: unknown SDPA backend ({e}); names of torch.nn.attention.SDPBackend") from None
+
+
+def _sdpa(backends, q, k, v, **kw):
+    """F.scaled_dot_product_attention with ``backends`` in priority order on CUDA."""
+    if backends is None or q.device.type != "cuda":
+        return F.scaled_dot_product_attention(q, k, v, **kw)
+    from torch.nn.attention import sdpa_kernel
+
+    with sdpa_kernel(backends, set_priority=True):
+        return F.scaled_dot_product_attention(q, k, v, **kw)
+
+
+def _causal_sdpa(backends, q, k, v, batch: int, seq: int) -> torch.Tensor:
+    """A causal prefill through SDPA: q (T, H, D), k/v (T, HK, D), T = batch * seq -> (T, H * D)."""
+    T, H, D = q.shape
+    qt, kt, vt = (t.view(batch, seq, -1, D).transpose(1, 2) for t in (q, k, v))
+    out = _sdpa(backends, qt, kt, vt, is_causal=True, **({"enable_gqa": True} if H != k.shape[1] else {}))
+    return out.transpose(1, 2).reshape(T, H * D)
+
+
 class TorchBackend(Backend):
     """torch ops, NCCL (gloo on CPU) and SDPA: the bulk-synchronous baseline (gpt-fast style).
 
@@ -197,23 +227,10 @@ class TorchBackend(Backend):
             tp_size = _dist_world(group)[1]
         super().__init__(tp_size, group)
         self.prefill_seq_parallel = _flag("prefill_seq_parallel", prefill_seq_parallel)
-        self._sdpa = None
-        if sdpa_backends:
-            from torch.nn.attention import SDPBackend
-
-            try:
-                self._sdpa = [getattr(SDPBackend, n) for n in sdpa_backends]
-            except AttributeError as e:
-                raise ValueError(f"sdpa_backends: unknown SDPA backend ({e}); names of torch.nn.attention."
-                                 f"SDPBackend") from None
+        self._sdpa = _sdpa_backends(sdpa_backends)
 
     def _attn(self, q, k, v, **kw):
-        if self._sdpa is None or q.device.type != "cuda":
-            return F.scaled_dot_product_attention(q, k, v, **kw)
-        from torch.nn.attention import sdpa_kernel
-
-        with sdpa_kernel(self._sdpa, set_priority=True):
-            return F.scaled_dot_product_attention(q, k, v, **kw)
+        return _sdpa(self._sdpa, q, k, v, **kw)
 
     def linear(self, x, w, out=None):
         return _torch_linear(x, w, out)
@@ -234,11 +251,7 @@ class TorchBackend(Backend):
 
     def prefill_attention(self, q, k, v, batch, seq):
         """q (T, H, D), k/v (T, HK, D) with T = batch * seq -> (T, H * D), causal."""
-        T, H, D = q.shape
-        HK = k.shape[1]
-        qt, kt, vt = (t.view(batch, seq, -1, D).transpose(1, 2) for t in (q, k, v))
-        out = self._attn(qt, kt, vt, is_causal=True, **({"enable_gqa": True} if H != HK else {}))
-        return out.transpose(1, 2).reshape(T, H * D)
+        return _causal_sdpa(self._sdpa, q, k, v, batch, seq)
 
     def decode_attention(self, q, cache: ContiguousKVCache, layer):
         """q (B, H, D) against the cache after this step's write, as a one-row SDPA query with
@@ -258,8 +271,9 @@ class TorchBackend(Backend):
 
 
 class NumaschedBackend(Backend):
-    """numasched's kernels: matmul, attention_forward, flash_decode over a paged cache, and the
-    fused GEMM + all-reduce of numasched.distributed at TP > 1.
+    """numasched's kernels: matmul, flash_decode over a paged cache, the fused decode-step kernels
+    and the collectives of numasched.distributed at TP > 1; cuBLAS / cuDNN where numasched's
+    kernels were measured slower (``gemm``, ``prefill_attention``).
 
     ctx: the ``numasched.distributed`` context (``numasched.distributed.init(...)``), required
         when tp_size > 1 (never used at TP 1).
@@ -294,6 +308,14 @@ class NumaschedBackend(Backend):
         elementwise kernel. Off by default: on two H200s (Llama-3-8B, TP 2) it changed the decode
         step by -2.6 % at batch 1 (its M = 1 kernel is slower than the GEMM + compiled SwiGLU
         pair) and by -1 % to +2 % at batch 4-16 (bench/results/e2e-llama3-8b-swiglu-2xh200-*).
+    prefill_attention: the causal attention of a one-step prefill: "numasched"
+        (numasched.attention_forward), "torch" (SDPA, cuDNN first, as the torch backend runs it) or
+        "auto" (default): torch's on NVIDIA GPUs, where cuDNN's prefill kernel is faster
+        (numasched's ran 0.73-0.88x cuDNN at head_dim 128 and 0.89-0.97x at 64 on an H200,
+        bench/results/prefill-h200-*; Triton 3.6 does not warp-specialise on Hopper), numasched's
+        elsewhere (AMD GPUs: not measured; CPU). Decode attention is always numasched's
+        flash_decode, and the row-chunked prefill (``prefill_overlap``) keeps numasched's kernel
+        (its chunks are bottom-right aligned).
     fuse_rope_cache: in a decode step, split the QKV rows, rotate q and k and write k and v into
         the paged cache in one launch (numasched.qkv_rope_cache) instead of the compiled
         elementwise kernel and two ``index_copy_`` scatters (three kernel boundaries per layer).
@@ -308,7 +330,8 @@ class NumaschedBackend(Backend):
     def __init__(self, tp_size: Optional[int] = None, ctx=None, *, group=None, fuse_all_reduce: bool = True,
                  mapping: str = "auto", impl: str = "auto", check: bool = True, gemm: str = "auto",
                  fuse_norm: bool = True, fuse_swiglu: bool = False, prefill_overlap: Optional[int] = None,
-                 prefill_seq_parallel: bool = False, fuse_rope_cache: bool = True):
+                 prefill_seq_parallel: bool = False, fuse_rope_cache: bool = True,
+                 prefill_attention: str = "auto"):
         if tp_size is None:
             tp_size = getattr(ctx, "world", None) or _dist_world(group)[1]
         super().__init__(tp_size, group)
@@ -328,6 +351,10 @@ class NumaschedBackend(Backend):
         self.impl, self.check, self.gemm, self.fuse_norm = impl, bool(check), gemm, bool(fuse_norm)
         self.fuse_swiglu = bool(fuse_swiglu)
         self.fuse_rope_cache = _flag("fuse_rope_cache", fuse_rope_cache)
+        if prefill_attention not in ("auto", "numasched", "torch"):
+            raise ValueError(f"prefill_attention must be 'auto', 'numasched' or 'torch', got {prefill_attention!r}")
+        self.prefill_attention_impl = prefill_attention
+        self._sdpa = _sdpa_backends(TorchBackend.DEFAULT_SDPA)
         if prefill_overlap is not None and (isinstance(prefill_overlap, bool) or not isinstance(prefill_overlap, int)
                                             or prefill_overlap < 1):
             raise ValueError(f"prefill_overlap must be a positive int or None, got {prefill_overlap!r}")
@@ -447,7 +474,17 @@ class NumaschedBackend(Backend):
                                               check=self.check, gemm=self.gemm)
         return self.all_reduce(self.linear(x, w))
 
+    def prefill_engine(self, device: torch.device) -> str:
+        """Which kernel runs a one-step prefill's attention on ``device``: "numasched" or "torch"."""
+        if self.prefill_attention_impl != "auto":
+            return self.prefill_attention_impl
+        from numasched import caps
+
+        return "torch" if device.type == "cuda" and not caps.is_hip() else "numasched"
+
     def prefill_attention(self, q, k, v, batch, seq):
+        if self.prefill_engine(q.device) == "torch":
+            return _causal_sdpa(self._sdpa, q, k, v, batch, seq)
         T, H, D = q.shape
         qt, kt, vt = (t.view(batch, seq, -1, D).transpose(1, 2) for t in (q, k, v))
         out, _ = self._ns.attention_forward(qt, kt, vt, causal=True, mapping=self.mapping)
