@@ -713,4 +713,18 @@ def test_compiled_elementwise_prefill_compile_keeps_the_widths_static():
             torch.testing.assert_close(g, e)
         op(torch.randn(400, width), torch.randn(400, width), wt, 1e-6)   # no recompile for the rows
     assert len(seen) == 12 and all(len(v) == 1 for v in seen), seen
+    # the caller's tensors carry no dynamic mark into a later static compile
+    x = torch.randn(300, 8)
+    op(x, torch.randn(300, 8), w, 1e-6)
+    assert not getattr(x, "_dynamo_weak_dynamic_indices", None) and not getattr(x, "_dynamo_dynamic_indices", None)
+    # rows 0 / 1 past the static slots (dynamo specialises them) under many widths: no limit error
+    small = CompiledElementwise(add_rms_norm, static_rows=4, static_shapes=1, backend=backend)
+    small(torch.randn(2, 8), torch.randn(2, 8), w, 1e-6)   # the one static slot
+    for width in range(9, 9 + 10):
+        wt = torch.rand(width) + 0.5
+        small(torch.randn(300, width), torch.randn(300, width), wt, 1e-6)
+        for rows in (1, 0):
+            x, r = torch.randn(rows, width), torch.randn(rows, width)
+            for g, e in zip(small(x, r, wt, 1e-6), add_rms_norm(x, r, wt, 1e-6)):
+                torch.testing.assert_close(g, e)
     dynamo.reset()

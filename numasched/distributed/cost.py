@@ -123,6 +123,7 @@ def gemm_s(M: int, N: int, K: int, dtype) -> float:
 # 512, 0.94 at 1024, 0.98 from 2048; about 1.0-1.05 up to 64 rows). GEMM + collective choices
 # compare a numasched GEMM (fused) with cuBLAS ones (bulk, symm_mem) plus fixed costs of tens of
 # microseconds, so they price GEMMs with these measured ratios (log-linear in M between points).
+# (Up to 128 rows the estimate is used as it is: 0.90-1.02 there, the ranking's own regime.)
 EST_OVER_MEASURED = {128: 1.0, 256: 1.19, 512: 1.28, 1024: 1.32, 4096: 1.37}
 CUBLAS_OVER_NUMASCHED = {64: 1.0, 128: 0.90, 512: 0.88, 1024: 0.94, 2048: 0.98}
 
@@ -212,7 +213,8 @@ def fused_matmul_all_reduce_s(M: int, N: int, K: int, dtype, world: int, num_sms
 # at 1024-4096; matmul + reduce-scatter 66 us at M = 16-256, GEMM + 15-19 us at 1024-4096. (A
 # fixed cost on top of the GEMM, as before, made "auto" run the bulk path at M = 1024, 0.89x the
 # best, and the fused kernel at 4096-16384, 0.95-0.98x.)
-# Four H200s (bench/results/tp4-s13/collectives/): floors of 54-57 and 90-94 us.
+# Four H200s (bench/results/tp4-s13/collectives/): floors of 54-57 and 90-94 us. Eight ranks use
+# the four-rank floors (no 8-GPU machine has been measured: an extrapolation, as link_for's).
 SYMM_MEM_MIN_US = {2: {"all_gather_matmul": 33.0, "matmul_reduce_scatter": 64.0},
                    4: {"all_gather_matmul": 54.0, "matmul_reduce_scatter": 92.0}}
 SYMM_MEM_OVER_US = {"all_gather_matmul": 25.0, "matmul_reduce_scatter": 20.0}

@@ -313,7 +313,8 @@ class NumaschedBackend(Backend):
         "auto" (default): torch's on NVIDIA GPUs, where cuDNN's prefill kernel is faster
         (numasched's ran 0.73-0.88x cuDNN at head_dim 128 and 0.89-0.97x at 64 on an H200,
         bench/results/prefill-h200-*; Triton 3.6 does not warp-specialise on Hopper), numasched's
-        elsewhere (AMD GPUs: not measured; CPU). Decode attention is always numasched's
+        elsewhere (AMD GPUs: not measured; CPU); ``mapping`` then applies to numasched's kernels
+        only. Decode attention is always numasched's
         flash_decode, and the row-chunked prefill (``prefill_overlap``) keeps numasched's kernel
         (its chunks are bottom-right aligned).
     fuse_rope_cache: in a decode step, split the QKV rows, rotate q and k and write k and v into

@@ -236,16 +236,24 @@ class CompiledElementwise:
 
     def dynamic(self, *args):
         """The one compile for any row count: dim 0 of the 2-D+ tensors with the first argument's
-        rows is marked dynamic, every other size stays a constant."""
+        rows is marked dynamic (on fresh aliases: the caller's tensors keep no mark that a later
+        static compile would see), every other size stays a constant."""
+        # (a 1-D argument of ``rows`` elements is not marked: it would compile per length; the
+        # elementwise ops here take per-row data only as 2-D+ tensors)
         rows = args[0].shape[0]
+        row_shaped = [isinstance(a, torch.Tensor) and a.dim() >= 2 and a.shape[0] == rows for a in args]
         if rows >= 2:   # 0 and 1 are specialised by dynamo whatever the mark
-            for a in args:
-                if isinstance(a, torch.Tensor) and a.dim() >= 2 and a.shape[0] == rows:
+            args = tuple(a[:] if r else a for a, r in zip(args, row_shaped))
+            for a, r in zip(args, row_shaped):
+                if r:
                     torch._dynamo.maybe_mark_dynamic(a, 0)
-        # each new set of widths (another model, another TP size) is a recompile of the one
-        # function: lift dynamo's limit for those calls only (the patch costs ~17 us a call)
-        key = tuple([(a.shape[1:] if a.dim() and a.shape[0] == rows else a.shape, a.stride(), a.dtype, a.device)
-                     if isinstance(a, torch.Tensor) else (type(a), a) for a in args])
+        # each new set of widths (another model, another TP size; rows 0 and 1, which dynamo
+        # specialises) is a recompile of the one function: lift dynamo's limit for those calls
+        # only (the patch costs ~17 us a call). A row-shaped tensor's key leaves out what varies
+        # with the rows (its first size and its strides, which a transposed view scales by them)
+        key = (min(rows, 2),) + tuple([
+            ((a.shape[1:], a.is_contiguous(), a.dtype, a.device) if r else (a.shape, a.stride(), a.dtype, a.device))
+            if isinstance(a, torch.Tensor) else (type(a), a) for a, r in zip(args, row_shaped)])
         if key in self.dynamic_keys:
             return self._dynamic(*args)
         self.dynamic_keys.add(key)
