@@ -52,10 +52,14 @@ LINKS = {2: LINK, 4: replace(LINK, oneshot_us=7.5, oneshot_bw=200e9, twoshot_us=
 def link_for(world: int, link: Link = None) -> Link:
     """``link`` if given, else the constants measured at the largest world size <= ``world``
     (8 ranks use the 4-rank constants: no 8-GPU machine has been measured)."""
-    if link is not None:
-        return link
-    fits = [w for w in LINKS if w <= world]
-    return LINKS[max(fits)] if fits else LINK
+    return link if link is not None else _measured_at(LINKS, world)
+
+
+def _measured_at(table: dict, world: int):
+    """``table``'s entry for the largest measured world size <= ``world`` (the smallest one's below
+    every measured size)."""
+    fits = [w for w in table if w <= world]
+    return table[max(fits) if fits else min(table)]
 
 
 def set_link(world: int = 2, **fields) -> Link:
@@ -221,8 +225,7 @@ SYMM_MEM_OVER_US = {"all_gather_matmul": 25.0, "matmul_reduce_scatter": 20.0}
 
 
 def _symm_mem_min_us(op: str, world: int) -> float:
-    fits = [w for w in SYMM_MEM_MIN_US if w <= world]
-    return SYMM_MEM_MIN_US[max(fits) if fits else min(SYMM_MEM_MIN_US)][op]
+    return _measured_at(SYMM_MEM_MIN_US, world)[op]
 
 
 def choose_gemm_collective(op: str, M: int, N: int, K: int, dtype, world: int, *, bulk_ok: bool = True,
