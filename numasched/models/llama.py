@@ -222,7 +222,8 @@ class CompiledElementwise:
     dynamic there (dim 0 of the row-shaped tensors, marked per call): with every size symbolic
     (``dynamic=True``) the hidden and head sizes became runtime values too, and the prefill's
     elementwise work took 2.6x as long (Llama-3-8B, 4096 tokens, TP 2 on two H200s: 15.2 against
-    5.8 ms, both backends; TP 1 on an H100: 26.8 against 10.4 ms, the step 116.9 against 104.6). ``backend`` is torch.compile's ("eager" in CPU tests)."""
+    5.8 ms, both backends; TP 1 on an H100: 26.8 against 10.4 ms, the step 116.9 against 104.6).
+    ``backend`` is torch.compile's ("eager" in CPU tests)."""
 
     def __init__(self, fn: Callable, *, static_rows: int = 256, static_shapes: int = 16, backend: str = "inductor"):
         self.static_rows, self.static_shapes = static_rows, static_shapes
