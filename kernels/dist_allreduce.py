@@ -20,7 +20,9 @@ two-shot (``TWO_SHOT=True``): rank r owns shard r of ``shard`` elements; chunk i
 One-shot moves (W-1) n elements out of each rank, two-shot 2 (W-1)/W n: the host picks.
 
 Stages lag one chunk behind each other so a program never waits for the chunk it has just pushed
-(whose stores are still in flight over NVLink), and pushing overlaps reducing.
+(whose stores are still in flight over NVLink), and pushing overlaps reducing. ``BULK`` (large
+messages) runs each stage over all of a program's chunks before its one signal instead: a signal
+is a system-scope fence, a round trip over the link, and the pipelined loop pays two per chunk.
 
 Flags are int64 counters, one per (phase, source rank, program). Chunk i of call e raises its
 flag to ``(e - 1) * iters + i + 1``: values only grow across calls, so nothing is ever cleared
@@ -76,12 +78,88 @@ def _reduce_chunk(x_ptr, recv, span, c, g, m, out_ptr, flags_ptr, P, p, target, 
     return res
 
 
+@triton.jit
+def _stage_push(x_ptr, recv, span, nn, i, P, p, offs, rank, heap_bases, WORLD: tl.constexpr, BLOCK: tl.constexpr,
+                TWO_SHOT: tl.constexpr):
+    """Stage 1 for chunk i: two-shot, x's chunk of shard d into rank d's receive slot; one-shot,
+    x's chunk into every peer's. No signal (the caller raises it)."""
+    c0 = (i * P + p).to(tl.int64) * BLOCK
+    c = c0 + offs                                      # offset inside a shard (or x)
+    if TWO_SHOT:
+        for d in tl.static_range(WORLD):
+            if d != rank:
+                lim = tl.minimum(span, nn - d * span)   # this shard's length
+                m = c < lim
+                if c0 + BLOCK <= lim:
+                    _push_chunk(x_ptr + d * span + c, recv + rank * span + c, d, rank, heap_bases, m, True)
+                else:
+                    _push_chunk(x_ptr + d * span + c, recv + rank * span + c, d, rank, heap_bases, m, False)
+    else:
+        m = c < nn
+        for d in tl.static_range(WORLD):
+            if d != rank:
+                if c0 + BLOCK <= nn:
+                    _push_chunk(x_ptr + c, recv + rank * span + c, d, rank, heap_bases, m, True)
+                else:
+                    _push_chunk(x_ptr + c, recv + rank * span + c, d, rank, heap_bases, m, False)
+
+
+@triton.jit
+def _stage_reduce(x_ptr, out_ptr, recv, reduced, span, nn, j, target, flags_ptr, P, p, offs, rank, heap_bases,
+                  status_ptr, wait_bound, WORLD: tl.constexpr, BLOCK: tl.constexpr, TWO_SHOT: tl.constexpr,
+                  WAIT_CLOCK: tl.constexpr):
+    """Stage 2 for chunk j once the peers' flag 0 reaches ``target``: sum it (two-shot: of our own
+    shard, and push the sum into every peer's reduced slot). No signal."""
+    c0 = (j * P + p).to(tl.int64) * BLOCK
+    c = c0 + offs
+    if TWO_SHOT:
+        lim = tl.minimum(span, nn - rank * span)
+        g = rank * span + c
+    else:
+        lim = nn
+        g = c
+    m = c < lim
+    if c0 + BLOCK <= lim:
+        res = _reduce_chunk(x_ptr, recv, span, c, g, m, out_ptr, flags_ptr, P, p, target, rank, status_ptr,
+                            wait_bound, WORLD, BLOCK, WAIT_CLOCK, True)
+        if TWO_SHOT:
+            for d in tl.static_range(WORLD):
+                if d != rank:
+                    _st(translate(reduced + g, rank, d, heap_bases), res, m, True)
+    else:
+        res = _reduce_chunk(x_ptr, recv, span, c, g, m, out_ptr, flags_ptr, P, p, target, rank, status_ptr,
+                            wait_bound, WORLD, BLOCK, WAIT_CLOCK, False)
+        if TWO_SHOT:
+            for d in tl.static_range(WORLD):
+                if d != rank:
+                    _st(translate(reduced + g, rank, d, heap_bases), res, m, False)
+
+
+@triton.jit
+def _stage_gather(out_ptr, reduced, span, nn, k, target, flags_ptr, P, p, offs, rank, status_ptr, wait_bound,
+                  WORLD: tl.constexpr, BLOCK: tl.constexpr, WAIT_CLOCK: tl.constexpr):
+    """Stage 3 (two-shot) for chunk k: once each peer's flag 1 reaches ``target``, copy its reduced
+    chunk from our reduced slots into out."""
+    c0 = (k * P + p).to(tl.int64) * BLOCK
+    c = c0 + offs
+    for src in tl.static_range(WORLD):
+        if src != rank:
+            g = src * span + c
+            lim = tl.minimum(span, nn - src * span)
+            m = c < lim
+            wait_flag(flags_ptr + (WORLD + src) * P + p, target, src, status_ptr, wait_bound, WAIT_CLOCK)
+            if c0 + BLOCK <= lim:
+                _st(out_ptr + g, _ld(reduced + g, m, True), m, True)
+            else:
+                _st(out_ptr + g, _ld(reduced + g, m, False), m, False)
+
+
 @triton.jit(do_not_specialize=["n", "iters"])
 def all_reduce_kernel(x_ptr, out_ptr, buf_ptr, buf2_ptr, flags_ptr, status_ptr, epoch_ptr, counters_ptr,
                       heap_bases, rank, n, shard, iters, wait_bound,
                       WORLD: tl.constexpr, BLOCK: tl.constexpr, TWO_SHOT: tl.constexpr, STAGES: tl.constexpr,
                       BUMP_EPOCH: tl.constexpr, WAIT_CLOCK: tl.constexpr, PDL: tl.constexpr = False,
-                      ONE_PROGRAM: tl.constexpr = False):
+                      ONE_PROGRAM: tl.constexpr = False, BULK: tl.constexpr = False):
     pdl_enter(PDL)  # PDL: wait for the previous kernel here (kernels/pdl.py)
     # x_ptr, out_ptr: (n,) contiguous (out may be x). buf_ptr: heap (2, WORLD, span) received
     # copies (span = shard: n rounded up to 16 one-shot, the shard two-shot); buf2_ptr: heap (2, WORLD * shard) reduced shards
@@ -102,79 +180,45 @@ def all_reduce_kernel(x_ptr, out_ptr, buf_ptr, buf2_ptr, flags_ptr, status_ptr, 
     flag0 = flags_ptr + rank * P + p                        # (0, rank, p): ours, as peers see it
     flag1 = flags_ptr + (WORLD + rank) * P + p              # (1, rank, p)
 
-    for i in range(0, iters + 2):   # stages run 0, 1 and 2 chunks behind (one-shot: the last trip idles)
-        # ---- stage 1: push chunk i
+    if BULK:
+        # Large messages: each stage over all of this program's chunks, then one signal. Two
+        # system-scope fences a call instead of two a chunk, and every push of a stage in flight
+        # at once; the flags jump straight to the call's last value, base + iters.
+        done = base + iters
         if (STAGES & 1) != 0:
-            if i < iters:
-                c0 = (i * P + p).to(tl.int64) * BLOCK
-                c = c0 + offs                                      # offset inside a shard (or x)
-                if TWO_SHOT:
-                    for d in tl.static_range(WORLD):
-                        if d != rank:
-                            lim = tl.minimum(span, nn - d * span)   # this shard's length
-                            m = c < lim
-                            if c0 + BLOCK <= lim:
-                                _push_chunk(x_ptr + d * span + c, recv + rank * span + c, d, rank, heap_bases, m,
-                                            True)
-                            else:
-                                _push_chunk(x_ptr + d * span + c, recv + rank * span + c, d, rank, heap_bases, m,
-                                            False)
-                else:
-                    m = c < nn
-                    for d in tl.static_range(WORLD):
-                        if d != rank:
-                            if c0 + BLOCK <= nn:
-                                _push_chunk(x_ptr + c, recv + rank * span + c, d, rank, heap_bases, m, True)
-                            else:
-                                _push_chunk(x_ptr + c, recv + rank * span + c, d, rank, heap_bases, m, False)
-                signal_peers(flag0, base + i + 1, rank, heap_bases, WORLD, WAIT_CLOCK)
-        # ---- stage 2: reduce chunk i - 1 (two-shot: of our own shard, then push the sum to every peer)
+            for i in range(0, iters):
+                _stage_push(x_ptr, recv, span, nn, i, P, p, offs, rank, heap_bases, WORLD, BLOCK, TWO_SHOT)
+            signal_peers(flag0, done, rank, heap_bases, WORLD, WAIT_CLOCK)
         if (STAGES & 2) != 0:
-            j = i - 1
-            if (j >= 0) & (j < iters):
-                c0 = (j * P + p).to(tl.int64) * BLOCK
-                c = c0 + offs
-                if TWO_SHOT:
-                    lim = tl.minimum(span, nn - rank * span)
-                    g = rank * span + c
-                else:
-                    lim = nn
-                    g = c
-                m = c < lim
-                if c0 + BLOCK <= lim:
-                    res = _reduce_chunk(x_ptr, recv, span, c, g, m, out_ptr, flags_ptr, P, p, base + j + 1, rank,
-                                        status_ptr, wait_bound, WORLD, BLOCK, WAIT_CLOCK, True)
-                    if TWO_SHOT:
-                        for d in tl.static_range(WORLD):
-                            if d != rank:
-                                _st(translate(reduced + g, rank, d, heap_bases), res, m, True)
-                else:
-                    res = _reduce_chunk(x_ptr, recv, span, c, g, m, out_ptr, flags_ptr, P, p, base + j + 1, rank,
-                                        status_ptr, wait_bound, WORLD, BLOCK, WAIT_CLOCK, False)
-                    if TWO_SHOT:
-                        for d in tl.static_range(WORLD):
-                            if d != rank:
-                                _st(translate(reduced + g, rank, d, heap_bases), res, m, False)
-                if TWO_SHOT:
-                    signal_peers(flag1, base + j + 1, rank, heap_bases, WORLD, WAIT_CLOCK)
-        # ---- stage 3 (two-shot): gather chunk i - 2 of every peer's reduced shard
+            for j in range(0, iters):
+                _stage_reduce(x_ptr, out_ptr, recv, reduced, span, nn, j, done, flags_ptr, P, p, offs, rank,
+                              heap_bases, status_ptr, wait_bound, WORLD, BLOCK, TWO_SHOT, WAIT_CLOCK)
+            if TWO_SHOT:
+                signal_peers(flag1, done, rank, heap_bases, WORLD, WAIT_CLOCK)
         if TWO_SHOT:
             if (STAGES & 4) != 0:
-                k = i - 2
-                if (k >= 0) & (k < iters):
-                    c0 = (k * P + p).to(tl.int64) * BLOCK
-                    c = c0 + offs
-                    for src in tl.static_range(WORLD):
-                        if src != rank:
-                            g = src * span + c
-                            lim = tl.minimum(span, nn - src * span)
-                            m = c < lim
-                            wait_flag(flags_ptr + (WORLD + src) * P + p, base + k + 1, src, status_ptr, wait_bound,
-                                      WAIT_CLOCK)
-                            if c0 + BLOCK <= lim:
-                                _st(out_ptr + g, _ld(reduced + g, m, True), m, True)
-                            else:
-                                _st(out_ptr + g, _ld(reduced + g, m, False), m, False)
+                for k in range(0, iters):
+                    _stage_gather(out_ptr, reduced, span, nn, k, done, flags_ptr, P, p, offs, rank, status_ptr,
+                                  wait_bound, WORLD, BLOCK, WAIT_CLOCK)
+    else:
+        for i in range(0, iters + 2):   # stages run 0, 1 and 2 chunks behind (one-shot: the last trip idles)
+            if (STAGES & 1) != 0:       # stage 1: push chunk i
+                if i < iters:
+                    _stage_push(x_ptr, recv, span, nn, i, P, p, offs, rank, heap_bases, WORLD, BLOCK, TWO_SHOT)
+                    signal_peers(flag0, base + i + 1, rank, heap_bases, WORLD, WAIT_CLOCK)
+            if (STAGES & 2) != 0:       # stage 2: reduce chunk i - 1
+                j = i - 1
+                if (j >= 0) & (j < iters):
+                    _stage_reduce(x_ptr, out_ptr, recv, reduced, span, nn, j, base + j + 1, flags_ptr, P, p, offs,
+                                  rank, heap_bases, status_ptr, wait_bound, WORLD, BLOCK, TWO_SHOT, WAIT_CLOCK)
+                    if TWO_SHOT:
+                        signal_peers(flag1, base + j + 1, rank, heap_bases, WORLD, WAIT_CLOCK)
+            if TWO_SHOT:                # stage 3: gather chunk i - 2 of every peer's reduced shard
+                if (STAGES & 4) != 0:
+                    k = i - 2
+                    if (k >= 0) & (k < iters):
+                        _stage_gather(out_ptr, reduced, span, nn, k, base + k + 1, flags_ptr, P, p, offs, rank,
+                                      status_ptr, wait_bound, WORLD, BLOCK, WAIT_CLOCK)
 
     epoch_end(epoch_ptr, counters_ptr, P, e, BUMP_EPOCH, ONE_PROGRAM)
 

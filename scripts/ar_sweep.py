@@ -1,7 +1,9 @@
 """All-reduce config sweep (chunk size, warps, programs per SM) against NCCL and torch symm_mem,
 CUDA-graph replays, to set numasched.distributed.all_reduce's config and the cost model's
 constants. Run: NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node 2 scripts/ar_sweep.py
-AR_SIZES (bytes) and AR_CONFIGS ("chunk_bytes/warps/per_sm,...") override the grids below."""
+AR_SIZES (bytes) and AR_CONFIGS ("chunk_bytes/warps/per_sm[/bulk],...") override the grids below;
+bulk 1 runs each stage over all of a program's chunks before one signal (the kernel's BULK).
+The copy-engine two-shot (impl="ce") is timed once per size."""
 import os
 
 import torch
@@ -51,15 +53,22 @@ def main():
         line.append(f"symm2 {graph_us(lambda: torch.ops.symm_mem.two_shot_all_reduce_(sb, 'sum', group)):.1f}")
         ob = symm_mem.empty(n, dtype=torch.bfloat16, device="cuda")
         line.append(f"symm1 {graph_us(lambda: torch.ops.symm_mem.one_shot_all_reduce_out(sb, 'sum', group, ob)):.1f}")
-        for block_bytes, warps, per_sm in CONFIGS:
-            config = dict(BLOCK=block_bytes // 2, num_warps=warps, programs_per_sm=per_sm)
+        try:
+            line.append(f"ce {graph_us(lambda: nd.all_reduce(x, ctx=ctx, impl='ce', out=out, check=False)):.1f}")
+            ctx.check("sweep")
+        except Exception as e:  # noqa: BLE001
+            line.append(f"ce ERR {type(e).__name__}")
+        for block_bytes, warps, per_sm, *rest in CONFIGS:
+            bulk = bool(rest and rest[0])
+            config = dict(BLOCK=block_bytes // 2, num_warps=warps, programs_per_sm=per_sm, BULK=bulk)
+            name = f"{block_bytes >> 10}k/w{warps}/x{per_sm}{'/bulk' if bulk else ''}"
             for impl in ("oneshot", "twoshot"):
                 try:
                     t = graph_us(lambda: nd.all_reduce(x, ctx=ctx, impl=impl, out=out, check=False, config=config))
                     ctx.check("sweep")
-                    line.append(f"{impl[:3]}{block_bytes >> 10}k/w{warps}/x{per_sm} {t:.1f}")
+                    line.append(f"{impl[:3]}{name} {t:.1f}")
                 except Exception as e:  # noqa: BLE001
-                    line.append(f"{impl[:3]}{block_bytes >> 10}k/w{warps}/x{per_sm} ERR {type(e).__name__}")
+                    line.append(f"{impl[:3]}{name} ERR {type(e).__name__}")
         if R == 0:
             print(" | ".join(line), flush=True)
     dist.barrier()

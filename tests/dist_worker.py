@@ -384,7 +384,7 @@ def check_all_reduce(ctx, quick):
     msgs, ok = [], Expect()
     for i, n in enumerate(sizes):
         for dt in ((BF, torch.float32) if n == 4097 else (BF,)):
-            for impl in ("oneshot", "twoshot", "nccl", "auto"):
+            for impl in ("oneshot", "twoshot", "nccl", "ce", "auto"):
                 for rep in range(2):
                     x = randn(n, dtype=dt, seed=1000 * i + 10 * rep + R)
                     ref = gather_rows(x.double().reshape(1, -1)).sum(0)
@@ -399,6 +399,10 @@ def check_all_reduce(ctx, quick):
     ref = gather_rows(x.double().reshape(1, -1)).sum(0).reshape(3, 1000)
     y = nd.all_reduce(x, ctx=ctx, out=x)
     ok(y is x and rel(x, ref) < 1e-2, "in place (out=x) wrong")
+    x = randn(3, 1000, seed=7 + R)
+    ref = gather_rows(x.double().reshape(1, -1)).sum(0).reshape(3, 1000)
+    y = nd.all_reduce(x, ctx=ctx, out=x, impl="ce")
+    ok(y is x and rel(x, ref) < 1e-2 and same_everywhere(x), "impl='ce' in place (out=x) wrong")
     return ok.done("; ".join(msgs))
 
 
@@ -463,9 +467,11 @@ def check_all_reduce_graph(ctx, quick):
     a2 = randn(1024, 2048, seed=54 + R)
     z2 = torch.empty((1024, 4096), device="cuda", dtype=BF)
     z3 = torch.empty((16, 4096), device="cuda", dtype=BF)
+    y2 = torch.empty_like(x)
 
     def calls():
         nd.all_reduce(x, ctx=ctx, out=y, check=False)
+        nd.all_reduce(x, ctx=ctx, out=y2, check=False, impl="ce")   # copy-engine copies in the graph
         nd.matmul_all_reduce(a, w.T, ctx=ctx, out=z, check=False)
         nd.matmul_all_reduce(a2, w.T, ctx=ctx, out=z2, check=False, impl="overlap")   # side stream in the graph
         nd.matmul_all_reduce(a, w.T, ctx=ctx, out=z3, check=False, impl="fused")
@@ -480,6 +486,7 @@ def check_all_reduce_graph(ctx, quick):
         ok.call(f"replay {i}: ctx.check", ctx.check, "graph replay")
         ref = gather_rows(x.double().reshape(1, -1)).sum(0)
         ok(rel(y, ref) < 1e-2, f"replay {i}: all_reduce wrong")
+        ok(rel(y2, ref) < 1e-2 and same_everywhere(y2), f"replay {i}: all_reduce impl='ce' wrong")
         zr = a.double() @ w.double().T
         dist.all_reduce(zr)
         ok(rel(z, zr) < 1e-2, f"replay {i}: matmul_all_reduce wrong")

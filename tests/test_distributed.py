@@ -642,6 +642,8 @@ for two in (False, True):
                 WAIT_CLOCK=True)
     c = compile_(dist_allreduce.all_reduce_kernel, vals, sm90, 8)
     res["ar2" if two else "ar1"] = dict(ptx=c.asm["ptx"])
+    c = compile_(dist_allreduce.all_reduce_kernel, dict(vals, BULK=True), sm90, 8)
+    res["ar2_bulk" if two else "ar1_bulk"] = dict(ptx=c.asm["ptx"])
 vals.update(TWO_SHOT=False, shard=4112, ONE_PROGRAM=True)   # a one-program grid (a small all-reduce)
 res["ar1_one"] = dict(ptx=compile_(dist_allreduce.all_reduce_kernel, vals, sm90, 8).asm["ptx"])
 res["ar1_one_w4"] = dict(ptx=compile_(dist_allreduce.all_reduce_kernel, dict(vals, WORLD=4), sm90, 8).asm["ptx"])
@@ -715,6 +717,10 @@ def test_kernels_compile_for_hopper(subprocess_result):
     assert not re.search(r"\.acquire", subprocess_result["ce_sum"]["ptx"])
     # all-reduce: whole chunks move as 16-byte vectors to the peer whatever n is (4099 here), flags
     # are released and acquired at scope sys
+    # BULK compiles to the same 16-byte pushes, released and acquired flags
+    for two in ("ar1", "ar2"):
+        bulk = subprocess_result[two + "_bulk"]["ptx"]
+        assert "st.global.v4" in bulk and _released(bulk) and re.search(r"(ld|atom)\.global\.sys\.acquire", bulk)
     for k in (subprocess_result["ar1"], subprocess_result["ar2"]):
         assert "st.global.v4" in k["ptx"] and _released(k["ptx"])
         # the whole-chunk pushes to the peer are vectors too, not only the local stores: a receive
@@ -892,7 +898,8 @@ def test_ctx_none_is_a_type_error_naming_ctx(op):
 @pytest.mark.parametrize("world,impl,n,dtype", [
     (2, "oneshot", 1, torch.float32), (2, "oneshot", 200, torch.float16), (2, "twoshot", 131, torch.float32),
     (3, "oneshot", 130, torch.float32), (3, "twoshot", 257, torch.float32), (4, "twoshot", 64, torch.float16),
-    (4, "auto", 300, torch.float32)])
+    (4, "auto", 300, torch.float32), (2, "ce", 1, torch.float32), (2, "ce", 131, torch.float16),
+    (3, "ce", 257, torch.float32), (4, "ce", 5, torch.float32)])
 def test_all_reduce_sim(world, impl, n, dtype):
     """The kernels for 2-4 simulated ranks: float64 reference on fresh data every call (the
     epochs advance and the double buffers alternate), NaN-poisoned outputs, bitwise-equal on
@@ -925,6 +932,21 @@ def test_all_reduce_in_place_and_shapes():
     assert torch.allclose(res[1], ys[0] + ys[1])
     with pytest.raises(ValueError, match="config: keys BLOCK"):
         sim.run_each("all_reduce", [((y,), dict(config=dict(BLOCK=24))) for y in ys])
+    # BULK (each stage over all of a program's chunks, one signal): several chunks per program,
+    # three calls (the flags' targets move by whole calls), both schedules
+    for impl in ("oneshot", "twoshot"):
+        for call in range(3):
+            ws = [torch.randn(901) for _ in range(2)]   # one plan: its epochs advance
+            cfg = dict(BLOCK=32, programs_per_sm=1, BULK=True)
+            res = sim.run_each("all_reduce", [((w,), dict(impl=impl, config=cfg)) for w in ws])
+            assert _rel(res[0].double(), ws[0].double() + ws[1].double()) < 1e-6 and torch.equal(res[0], res[1])
+    with pytest.raises(ValueError, match="BULK"):
+        sim.run_each("all_reduce", [((y,), dict(config=dict(BULK=1))) for y in ys])
+    # the copy-engine two-shot in place (its pushes read x's shards before the gather overwrites them)
+    zs = [torch.randn(4, 33) for _ in range(2)]
+    ref = zs[0].double() + zs[1].double()
+    res = sim.run_each("all_reduce", [((z,), dict(impl="ce", out=z)) for z in zs])
+    assert res[1] is zs[1] and _rel(zs[0].double(), ref) < 1e-6 and torch.equal(zs[0], zs[1])
 
 
 def test_all_reduce_timeout_names_the_missing_rank():
@@ -933,6 +955,10 @@ def test_all_reduce_timeout_names_the_missing_rank():
     sim.run("all_reduce", [(x,) for x in xs], impl="twoshot")
     with pytest.raises(TimeoutError, match=r"rank\(s\) \[2\] never signalled"):
         sim.run("all_reduce", [(x,) for x in xs], impl="twoshot", skip_ranks=[2])
+    sim = nd.SimWorld(3, max_spins=5)
+    sim.run("all_reduce", [(x,) for x in xs], impl="ce")
+    with pytest.raises(TimeoutError, match=r"rank\(s\) \[1\] never signalled"):
+        sim.run("all_reduce", [(x,) for x in xs], impl="ce", skip_ranks=[1])
 
 
 def test_groups_inside_a_larger_world():

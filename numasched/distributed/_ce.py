@@ -193,3 +193,64 @@ def _null():
     import contextlib
 
     return contextlib.nullcontext()
+
+
+def all_reduce_ce(ctx, plan, call, phase):
+    """Two-shot all-reduce whose data moves by copy engine (``impl="ce"``): SMs only sum.
+
+    For a caller that overlaps it with compute on another stream (the row-chunked TP prefill):
+    the SM-driven kernels (one-shot, two-shot) take SMs from the GEMMs they overlap, the copy
+    engine does not. Shard s of the flat tensor (``span`` elements, the last one shorter) is
+    reduced by rank s. Call e on rank R, all on the current stream:
+
+    push    for dest = R+1, R+2, ...: wait ack_rs[dest] >= e-1 (dest has summed the previous
+            call's partial), copy x[shard dest] into dest's recv[R], set dest's ready_rs[R] = e
+    reduce  wait ready_rs[src] >= e for every peer; out[shard R] = sum of the W partials in rank
+            order (fp32; every rank gets bit-identical results); set each src's ack_rs[R] = e;
+            then for dest = R+1, ...: wait ack_ag[dest] >= e-1, copy out[shard R] into dest's
+            gath[R], set dest's ready_ag[R] = e
+    gather  for src = R+1, ...: wait ready_ag[src] >= e, out[shard src] = gath[src] (a local
+            copy), set src's ack_ag[R] = e; then the epoch moves on
+
+    ``out`` may be ``x`` (in place): every read of x[shard s] is stream-ordered before the write
+    of out[shard s]. The waits are one-program kernels (see sum_partials_kernel)."""
+    from numasched.kernels.dist_ce import sum_partials_kernel
+
+    c, t, bf = call.cfg, call.tensors, plan.bufs
+    R, W, n, span = ctx.rank, ctx.world, c["n"], c["span"]
+    xf, of = t["x"].reshape(-1), t["out"].reshape(-1)
+    flags, epoch, recv, gath = bf["flags"], bf["epoch"], bf["recv"], bf["gath"]
+    ready_rs, ack_rs, ready_ag, ack_ag = flags[0], flags[1], flags[2], flags[3]
+    lo = lambda s: min(n, s * span)  # noqa: E731
+    shard = lambda v, s: v[lo(s):lo(s + 1)]  # noqa: E731
+    size = lambda s: lo(s + 1) - lo(s)  # noqa: E731
+    peers = [(R + i) % W for i in range(1, W)]
+
+    def push(src_view, dst_view, dest, ready, ack):
+        _wait(ctx, ack, epoch, dest, dest, 1)
+        if src_view.numel():
+            copy_to_peer(ctx, dst_view, src_view, dest)
+        _signal(ctx, ready, epoch, dest, R)
+
+    if phase in ("full", "push"):
+        for dest in peers:   # into dest's recv at our slot, sized by dest's shard
+            push(shard(xf, dest), recv[R * size(dest):(R + 1) * size(dest)], dest, ready_rs, ack_rs)
+    if phase in ("full", "reduce"):
+        for src in peers:
+            _wait(ctx, ready_rs, epoch, src, src, 0)
+        m = size(R)
+        block = 128 if ctx.device.type == "cpu" else 2048
+        sum_partials_kernel[(max(1, -(-m // block)),)](shard(xf, R), recv[:W * m], shard(of, R), R, m, WORLD=W,
+                                                       BLOCK=block)
+        for src in peers:
+            _signal(ctx, ack_rs, epoch, src, R)
+        for dest in peers:
+            push(shard(of, R), gath[lo(R):lo(R + 1)], dest, ready_ag, ack_ag)
+    if phase in ("full", "gather"):
+        for src in peers:
+            _wait(ctx, ready_ag, epoch, src, src, 0)
+            if size(src):
+                shard(of, src).copy_(gath[lo(src):lo(src + 1)])
+            _signal(ctx, ack_ag, epoch, src, R)
+        epoch.add_(1)
+    return None if phase == "push" else t["out"]

@@ -3,8 +3,10 @@
 Implementations (``impl=``): ``"oneshot"`` (each rank pushes its whole tensor to every peer and
 sums W copies: one exchange, (W-1) n elements out of each rank), ``"twoshot"`` (reduce-scatter
 then all-gather over the heap: two exchanges, 2 (W-1)/W n elements), ``"nccl"``
-(``torch.distributed.all_reduce`` on the context's group), and ``"auto"`` (default: the cheapest
-by :mod:`.cost`). The sum is taken in fp32 in rank order: every rank gets bit-identical results.
+(``torch.distributed.all_reduce`` on the context's group), ``"ce"`` (two-shot with the data moved
+by the copy engine, so that it takes no SMs from compute it overlaps: see ``_ce.all_reduce_ce``;
+never picked by "auto", which times calls alone), and ``"auto"`` (default: the cheapest by
+:mod:`.cost`). The sum is taken in fp32 in rank order: every rank gets bit-identical results.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from numasched._validate import check_tensor
 from . import cost
 from ._common import DTYPES, Call, _aligned, _bulk_ok, _cdiv, _check_device, _on_gpu, _Op, register, run
 
-IMPLS = ("auto", "oneshot", "twoshot", "nccl")
+IMPLS = ("auto", "oneshot", "twoshot", "nccl", "ce")
 # flags (2 phases, W sources, programs): sized for this many programs whatever the GPU
 MAX_PROGRAMS = 1024
 
@@ -69,6 +71,11 @@ class AllReduce(_Op):
         per_sm = cfg.pop("programs_per_sm", 1)
         block = cfg["BLOCK"]
         two = chosen == "twoshot"
+        if chosen == "ce":   # shards of ceil(n / world) elements; the copy engine needs no chunking
+            span = _cdiv(max(n, 1), world)
+            header = dict(op="all_reduce", numel=n, dtype=str(dt), impl=chosen, world=world)
+            return Call("all_reduce", ("all_reduce", n, dt, chosen), header, dict(x=x),
+                        dict(n=n, span=span, impl=chosen, world=world))
         # a shard is a whole number of chunks, so every rank's shard starts 16-element aligned
         span = _cdiv(_cdiv(n, world), block) * block if two else _cdiv(max(n, 1), 16) * 16
         chunks = max(1, _cdiv(span, block))
@@ -85,6 +92,8 @@ class AllReduce(_Op):
         c, W, dt = call.cfg, call.cfg["world"], call.tensors["x"].dtype
         if c["impl"] == "nccl" or W == 1:
             return []
+        if c["impl"] == "ce":   # ready/ack of the reduce-scatter and of the all-gather; receive slots
+            return [("flags", (4, W), torch.int64), ("recv", (W * c["span"],), dt), ("gath", (W * c["span"],), dt)]
         bufs = [("flags", (2, W, MAX_PROGRAMS), torch.int64), ("recv", (2, W, c["span"]), dt)]
         if c["impl"] == "twoshot":
             bufs.append(("reduced", (2, W * c["span"]), dt))
@@ -114,18 +123,25 @@ class AllReduce(_Op):
             def pow2(v, lo):
                 return isinstance(v, int) and not isinstance(v, bool) and v >= lo and v & (v - 1) == 0
 
-            bad = set(config) - {"BLOCK", "num_warps", "programs_per_sm"}
+            bad = set(config) - {"BLOCK", "num_warps", "programs_per_sm", "BULK"}
             ok = (not bad and pow2(config.get("BLOCK", 16), 16) and pow2(config.get("num_warps", 1), 1)
-                  and isinstance(config.get("programs_per_sm", 1), int) and config.get("programs_per_sm", 1) >= 1)
+                  and isinstance(config.get("programs_per_sm", 1), int) and config.get("programs_per_sm", 1) >= 1
+                  and isinstance(config.get("BULK", False), bool))
             if not ok:
                 raise ValueError(f"config: keys BLOCK (a power of two >= 16 elements), num_warps (a power of two), "
-                                 f"programs_per_sm (an int >= 1); got {config}")
+                                 f"programs_per_sm (an int >= 1), BULK (True / False); got {config}")
         call = cls.describe(x, world=ctx.world, impl=impl, num_sms=ctx.num_sms, cfg=config, bulk_ok=_bulk_ok(ctx))
         if call.cfg["impl"] == "nccl" and not hasattr(ctx, "group"):
             raise ValueError("impl='nccl' needs a real context (numasched.distributed.init); a simulated rank has no "
                              "process group")
         call.tensors["out"] = out
         return call
+
+    @staticmethod
+    def _launch_ce(ctx, plan, call, phase):
+        from ._ce import all_reduce_ce
+
+        return all_reduce_ce(ctx, plan, call, phase)
 
     @staticmethod
     def _launch_fused(ctx, plan, call, phase):
@@ -160,7 +176,7 @@ class AllReduce(_Op):
             from numasched.kernels.dist_allreduce import all_reduce_kernel
 
             kw = dict(WORLD=ctx.world, BLOCK=c["BLOCK"], TWO_SHOT=two, STAGES=stages, BUMP_EPOCH=phase == last,
-                      WAIT_CLOCK=ctx.wait_clock, ONE_PROGRAM=c["programs"] == 1)
+                      WAIT_CLOCK=ctx.wait_clock, ONE_PROGRAM=c["programs"] == 1, BULK=bool(c.get("BULK", False)))
             if ctx.device.type != "cpu":
                 kw["num_warps"] = c["num_warps"]
             return all_reduce_kernel, kw
@@ -174,10 +190,10 @@ def all_reduce(x, *, ctx, impl: str = "auto", out=None, check: bool = True, conf
 
     x: any shape, contiguous, fp16/bf16/fp32, on this rank's GPU. out: a tensor of x's shape
     and dtype (``out=x`` reduces in place); default a new one. impl: "auto" (the cost model's
-    pick among "oneshot", "twoshot" and "nccl"; see :mod:`numasched.distributed.cost`), or one of
-    them. Graph-capturable like the other ops (call once before capturing); a peer that never
+    pick among "oneshot", "twoshot" and "nccl"; see :mod:`numasched.distributed.cost`), one of
+    them, or "ce" (two-shot by copy engine: for overlapping compute on another stream). Graph-capturable like the other ops (call once before capturing); a peer that never
     arrives gives TimeoutError naming it (``check=False``: call ``ctx.check()`` yourself).
     config: override of the kernel config (``BLOCK`` elements per chunk, ``num_warps``,
-    ``programs_per_sm``), for tuning (scripts/ar_sweep.py); every rank must pass the same.
+    ``programs_per_sm``, ``BULK``: each stage over all of a program's chunks, then one signal), for tuning (scripts/ar_sweep.py); every rank must pass the same.
     """
     return run(ctx, "all_reduce", x, impl=impl, out=out, check=check, config=config)

@@ -156,6 +156,11 @@ class Backend:
         stream); the caller calls :meth:`check_peers` once its streams have joined."""
         raise NotImplementedError
 
+    def all_reduce_overlapped(self, x: torch.Tensor) -> torch.Tensor:
+        """In-place all-reduce of ``x`` issued on a communication stream while other streams
+        compute (the row-chunked prefill); reads no status (the caller calls :meth:`check_peers`)."""
+        return self.all_reduce(x, out=x, check=False)
+
     def prefill_attention(self, q, k, v, batch: int, seq: int) -> torch.Tensor:
         raise NotImplementedError
 
@@ -414,6 +419,17 @@ class NumaschedBackend(Backend):
             return x if out is None or out is x else out.copy_(x)
         return self._nd.all_reduce(x, ctx=self.ctx, impl=self._AR_IMPL.get(self.impl, self.impl),
                                    check=self.check and check, out=out)
+
+    def all_reduce_overlapped(self, x):
+        # the copy-engine two-shot: the SM kernels would take SMs from the GEMMs they overlap
+        if self.tp_size == 1:
+            return x
+        impl = self.OVERLAP_AR_IMPL if self.impl in ("auto", "overlap", "fused") else self._AR_IMPL.get(self.impl,
+                                                                                                         self.impl)
+        return self._nd.all_reduce(x, ctx=self.ctx, impl=impl, check=False, out=x)
+
+    # the all-reduce of a row-chunked prefill (all_reduce_overlapped) when impl is "auto"
+    OVERLAP_AR_IMPL = "ce"
 
     def row_parallel_add_norm(self, x, w, h, norm_w, eps, add_norm):
         # fused: GEMM, then one kernel for the all-reduce, the residual add and the norm (one-shot:

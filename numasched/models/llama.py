@@ -605,7 +605,7 @@ class TPDecoder:
             wait(comm, event(streams[c]))
             with on(comm):
                 # in place, no status read: it would block the host mid-prefill (check_peers below)
-                backend.all_reduce(y[c], out=y[c], check=False)
+                backend.all_reduce_overlapped(y[c])
             wait(streams[c], event(comm))
 
         h, x = [None] * n, [None] * n
