@@ -1391,7 +1391,7 @@ def test_first_use_compiles_the_variant_that_runs(monkeypatch):
 def test_all_reduce_chunks_small_sizes_whole():
     """Decode-size all-reduces: chunks of at most 4 KB that divide n where a power of two down to
     512 bytes does (a partial chunk's stores are scalar: 8 KB in one 16 KB chunk took twice as
-    long on 4 H200s), 16 KB chunks above 256 KB."""
+    long on 4 H200s); above 256 KB the BULK schedule, 32 KB chunks one-shot, 16 KB two-shot."""
     from numasched.distributed.all_reduce import SMALL_BYTES, _cfg
 
     bf, f32 = torch.bfloat16, torch.float32
@@ -1399,7 +1399,9 @@ def test_all_reduce_chunks_small_sizes_whole():
     assert _cfg(bf, True, 5120)["BLOCK"] == 1024            # Qwen3-32B's 5120: five whole 2 KB chunks
     assert _cfg(f32, True, 4096)["BLOCK"] == 1024
     assert _cfg(bf, True, 12291)["BLOCK"] == 2048           # odd n: 4 KB chunks, the last one partial
-    assert _cfg(bf, True, SMALL_BYTES // 2 + 2)["BLOCK"] == 8192
+    big = _cfg(bf, True, SMALL_BYTES // 2 + 2)
+    assert big["BLOCK"] == 16384 and big["BULK"] and _cfg(bf, True, SMALL_BYTES, two=True)["BLOCK"] == 8192
+    assert not _cfg(bf, True, 4096).get("BULK") and not _cfg(bf, False, 1 << 20).get("BULK")   # decode sizes, CPU
     for hidden in (2048, 2560, 3584, 4096, 5120, 7168, 8192):
         for batch in (1, 2, 3, 4, 8, 16):
             n = hidden * batch

@@ -27,7 +27,7 @@ MAX_PROGRAMS = 1024
 SMALL_BYTES = 256 << 10   # decode-size all-reduces: small chunks that divide n
 
 
-def _cfg(dtype, gpu: bool, n: Optional[int] = None) -> dict:
+def _cfg(dtype, gpu: bool, n: Optional[int] = None, two: bool = False) -> dict:
     if not gpu:   # the interpreter: tiny chunks, so a test covers several chunks and programs
         return dict(BLOCK=64, num_warps=4)
     es = dtype.itemsize
@@ -42,8 +42,12 @@ def _cfg(dtype, gpu: bool, n: Optional[int] = None) -> dict:
         if n % block:
             block = 4096 // es
         return dict(BLOCK=block, num_warps=max(1, min(8, block * es // 512)))
-    # 16 KB per chunk: 256 threads x 4 vectors of 16 bytes in flight per trip
-    return dict(BLOCK=16384 // es, num_warps=8)
+    # Above 256 KB: BULK (every chunk of a stage pushed, then one signal: a signal is a
+    # system-scope fence, and the pipelined loop's two per chunk held two-shot at 79 us for 16 MB
+    # and 139 for 32 MB on two H100s, NCCL's speed; BULK 64 / 112, torch symm_mem's two-shot 62 /
+    # 111), 16 KB chunks two-shot and 32 KB one-shot (one-shot 1 / 4 MB: 12.0 / 22.2 us, against
+    # 12.1 / 24.7 pipelined). scripts/ar_sweep.py, bench/results/ar-s16/ar-sweep-2xh100.log.
+    return dict(BLOCK=(16384 if two else 32768) // es, num_warps=8, BULK=True)
 
 
 def _check_impl(impl, allowed=IMPLS, name="impl"):
@@ -67,7 +71,7 @@ class AllReduce(_Op):
             chosen = impl
         if world == 1 and chosen != "nccl":
             chosen = "oneshot"   # a copy (no peer)
-        cfg = dict(_cfg(dt, _on_gpu(x), n), **(cfg or {}))
+        cfg = dict(_cfg(dt, _on_gpu(x), n, chosen == "twoshot"), **(cfg or {}))
         per_sm = cfg.pop("programs_per_sm", 1)
         block = cfg["BLOCK"]
         two = chosen == "twoshot"

@@ -24,13 +24,16 @@ class Link:
     collectives on 2026-11-23 (bench/results/collectives-*.csv, ar_sweep-*.log): numasched
     one-shot 7.6 / 10.8 / 24.3 / 80.7 / 308 us and two-shot 10.6 / 13.2 / 22.8 / 67.9 / 255 us at
     64 KB / 1 / 4 / 16 / 64 MB per rank; NCCL 10.2 / 15.2 / 33.5 / 75.6 / 247 us (it changes
-    algorithm with the size: two regimes).
+    algorithm with the size: two regimes). One-shot and two-shot refitted on 2026-11-26 to the
+    kernels' BULK schedule above 256 KB (two H100s, NV18 as the H200s; scripts/ar_sweep.py,
+    bench/results/ar-s16/): one-shot 12.0 / 22.2 / 70.6 / 134 us and two-shot 15.7 / 25.4 / 64.2 /
+    112 us at 1 / 4 / 16 / 32 MB.
     """
 
     oneshot_us: float = 7.0
-    oneshot_bw: float = 220e9      # bytes each rank sends, (W-1) n, per second
-    twoshot_us: float = 10.0
-    twoshot_bw: float = 270e9      # 2 (W-1)/W n per second
+    oneshot_bw: float = 255e9      # bytes each rank sends, (W-1) n, per second
+    twoshot_us: float = 13.0
+    twoshot_bw: float = 340e9      # 2 (W-1)/W n per second
     nccl_us: float = 9.5
     nccl_bw: float = 180e9         # small messages
     nccl_large_us: float = 18.0
