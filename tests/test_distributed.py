@@ -1401,6 +1401,7 @@ def test_all_reduce_chunks_small_sizes_whole():
     assert _cfg(bf, True, 12291)["BLOCK"] == 2048           # odd n: 4 KB chunks, the last one partial
     big = _cfg(bf, True, SMALL_BYTES // 2 + 2)
     assert big["BLOCK"] == 16384 and big["BULK"] and _cfg(bf, True, SMALL_BYTES, two=True)["BLOCK"] == 8192
+    assert _cfg(bf, True, SMALL_BYTES, world=4)["BLOCK"] == 8192   # one-shot at 4 ranks: 16 KB chunks
     assert not _cfg(bf, True, 4096).get("BULK") and not _cfg(bf, False, 1 << 20).get("BULK")   # decode sizes, CPU
     for hidden in (2048, 2560, 3584, 4096, 5120, 7168, 8192):
         for batch in (1, 2, 3, 4, 8, 16):

@@ -27,7 +27,7 @@ MAX_PROGRAMS = 1024
 SMALL_BYTES = 256 << 10   # decode-size all-reduces: small chunks that divide n
 
 
-def _cfg(dtype, gpu: bool, n: Optional[int] = None, two: bool = False) -> dict:
+def _cfg(dtype, gpu: bool, n: Optional[int] = None, two: bool = False, world: int = 2) -> dict:
     if not gpu:   # the interpreter: tiny chunks, so a test covers several chunks and programs
         return dict(BLOCK=64, num_warps=4)
     es = dtype.itemsize
@@ -45,9 +45,11 @@ def _cfg(dtype, gpu: bool, n: Optional[int] = None, two: bool = False) -> dict:
     # Above 256 KB: BULK (every chunk of a stage pushed, then one signal: a signal is a
     # system-scope fence, and the pipelined loop's two per chunk held two-shot at 79 us for 16 MB
     # and 139 for 32 MB on two H100s, NCCL's speed; BULK 64 / 112, torch symm_mem's two-shot 62 /
-    # 111), 16 KB chunks two-shot and 32 KB one-shot (one-shot 1 / 4 MB: 12.0 / 22.2 us, against
-    # 12.1 / 24.7 pipelined). scripts/ar_sweep.py, bench/results/ar-s16/ar-sweep-2xh100.log.
-    return dict(BLOCK=(16384 if two else 32768) // es, num_warps=8, BULK=True)
+    # 111; on four H100s 122 -> 115 at 16 MB, 433 -> 354 at 64 MB). Chunks of 16 KB, one-shot 32 KB
+    # at two ranks (1 / 4 MB: 12.0 / 22.2 us against 12.1 / 24.7 pipelined; at four ranks 32 KB
+    # lost at 4 MB, 69.9 against 61.4 us with 16 KB). scripts/ar_sweep.py, bench/results/ar-s16/.
+    big_one = not two and world <= 2
+    return dict(BLOCK=(32768 if big_one else 16384) // es, num_warps=8, BULK=True)
 
 
 def _check_impl(impl, allowed=IMPLS, name="impl"):
@@ -71,7 +73,7 @@ class AllReduce(_Op):
             chosen = impl
         if world == 1 and chosen != "nccl":
             chosen = "oneshot"   # a copy (no peer)
-        cfg = dict(_cfg(dt, _on_gpu(x), n, chosen == "twoshot"), **(cfg or {}))
+        cfg = dict(_cfg(dt, _on_gpu(x), n, chosen == "twoshot", world), **(cfg or {}))
         per_sm = cfg.pop("programs_per_sm", 1)
         block = cfg["BLOCK"]
         two = chosen == "twoshot"
