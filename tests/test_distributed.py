@@ -1399,8 +1399,8 @@ def test_all_reduce_chunks_small_sizes_whole():
     assert _cfg(bf, True, 5120)["BLOCK"] == 1024            # Qwen3-32B's 5120: five whole 2 KB chunks
     assert _cfg(f32, True, 4096)["BLOCK"] == 1024
     assert _cfg(bf, True, 12291)["BLOCK"] == 2048           # odd n: 4 KB chunks, the last one partial
-    big = _cfg(bf, True, SMALL_BYTES // 2 + 2)
-    assert big["BLOCK"] == 16384 and big["BULK"] and _cfg(bf, True, SMALL_BYTES, two=True)["BLOCK"] == 8192
+    big = _cfg(bf, True, 2 << 20)
+    assert big["BLOCK"] == 16384 and big["BULK"] and _cfg(bf, True, SMALL_BYTES)["BLOCK"] == 8192 and _cfg(bf, True, SMALL_BYTES, two=True)["BLOCK"] == 8192
     assert _cfg(bf, True, SMALL_BYTES, world=4)["BLOCK"] == 8192   # one-shot at 4 ranks: 16 KB chunks
     assert not _cfg(bf, True, 4096).get("BULK") and not _cfg(bf, False, 1 << 20).get("BULK")   # decode sizes, CPU
     for hidden in (2048, 2560, 3584, 4096, 5120, 7168, 8192):

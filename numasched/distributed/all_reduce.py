@@ -45,10 +45,11 @@ def _cfg(dtype, gpu: bool, n: Optional[int] = None, two: bool = False, world: in
     # Above 256 KB: BULK (every chunk of a stage pushed, then one signal: a signal is a
     # system-scope fence, and the pipelined loop's two per chunk held two-shot at 79 us for 16 MB
     # and 139 for 32 MB on two H100s, NCCL's speed; BULK 64 / 112, torch symm_mem's two-shot 62 /
-    # 111; on four H100s 122 -> 115 at 16 MB, 433 -> 354 at 64 MB). Chunks of 16 KB, one-shot 32 KB
-    # at two ranks (1 / 4 MB: 12.0 / 22.2 us against 12.1 / 24.7 pipelined; at four ranks 32 KB
-    # lost at 4 MB, 69.9 against 61.4 us with 16 KB). scripts/ar_sweep.py, bench/results/ar-s16/.
-    big_one = not two and world <= 2
+    # 111; on four H100s 122 -> 115 at 16 MB, 433 -> 354 at 64 MB). Chunks of 16 KB; one-shot from
+    # 4 MB at two ranks 32 KB (22.2 against 23.6 us; 1 MB 12.0 / 12.2, a tie, where 32 KB chunks
+    # leave 32 programs; at four ranks 32 KB lost at 4 MB, 69.9 against 61.4 us).
+    # scripts/ar_sweep.py, bench/results/ar-s16/.
+    big_one = not two and world <= 2 and n * es >= 4 << 20
     return dict(BLOCK=(32768 if big_one else 16384) // es, num_warps=8, BULK=True)
 
 
