@@ -4,6 +4,7 @@ against the same model on torch ops (cuBLAS, NCCL, SDPA with cuDNN first), both 
     numasched bench e2e --model llama3-8b --tp 1 --batch 1,4,16 --context 2048,8192,32768 --prompt 4096 --new 32
     numasched bench e2e --model llama3-8b --tp 2 ...     # launches torchrun itself (or run it under torchrun)
     numasched bench e2e --quick --layers 4               # a few points on 4 layers
+    numasched bench e2e --tp 2 --isolate ...             # each backend in its own launch (unbiased)
     numasched bench e2e --dry-run                        # what it would run, without a GPU
 
 The model is numasched.models.TPDecoder with random bf16 weights (the public config numbers,
@@ -39,7 +40,12 @@ and three taxes (docs/models.md has the definitions and their limits):
 Prefill: ``--prompt`` tokens at batch 1, eager and as a CUDA-graph replay, with the same
 components (at ``--prompt`` rows; attention is the causal prefill) and taxes; the step and
 component graphs of both backends are timed in turns (three rounds, the median), so that GPU
-clock and temperature drift does not favour the backend timed first. Generate: batch 1,
+clock and temperature drift does not favour the backend timed first. Turns do not remove a
+second bias: side by side in one process, the backend built and captured second ran its prefill
+step 2-4 % slower and its decode step up to 2 % slower (two H100s, TP 2, either order), whatever
+the cause (memory placement beside the other backend's graphs is the likely one). ``--isolate``
+runs each backend in a process (or torchrun launch) of its own and merges the rows: the figures
+to compare. Generate: batch 1,
 ``--prompt`` prefilled then ``--new`` greedy steps (graph replays, argmax on the device), timed
 as a whole. Targets (Llama-3-8B, H200): decode step >= 1.15x torch at TP 2, 4 and 8 and >= 1.00x at TP 1,
 prefill of 4k tokens >= 1.10x at TP 2. Points whose weights + KV cache would not fit in
@@ -141,6 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=nonneg_int, default=0, help="weight seed")
     p.add_argument("--out-dir", type=out_dir, default=None,
                    help="results folder (default: see numasched.bench.common; passed to the ranks)")
+    p.add_argument("--isolate", action="store_true",
+                   help="each backend in a process of its own (one launch per backend, rows merged): side by "
+                        "side in one process the backend that ran second prefilled up to 4%% slower (two H100s)")
     p.add_argument("--dry-run", action="store_true", help="print the points and contenders and exit (no GPU needed)")
     return p
 
@@ -232,6 +241,8 @@ def main(argv=None) -> int:
         return _dry_run(args)
     if args.out_dir:   # the ranks (and this process) write there: numasched.bench.common.results_dir
         os.environ["NUMASCHED_RESULTS_DIR"] = str(os.path.abspath(args.out_dir))
+    if args.isolate and len(args.backends) > 1 and "RANK" not in os.environ:
+        return _isolated(args, argv)
     if args.tp > 1 and not ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
         return _launch(args, argv)
     from .common import check_runnable
@@ -254,6 +265,97 @@ def _launch(args, argv) -> int:
            *argv]
     print("launching:", " ".join(cmd), flush=True)
     return subprocess.call(cmd, env=dict(os.environ, **ENV))
+
+
+def _drop(argv: List[str], *options: str) -> List[str]:
+    """``argv`` without ``options`` (given as ``--opt value``, ``--opt=value`` or, for a flag, ``--opt``)."""
+    flags = {"--isolate"}
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        name = a.split("=", 1)[0]
+        if name in options:
+            skip = "=" not in a and name not in flags
+            continue
+        out.append(a)
+    return out
+
+
+def merge_rows(runs: Dict[str, List[dict]], tp: int) -> List[dict]:
+    """The rows of one-backend runs (``runs``: backend -> its rows) as one side-by-side table:
+    rows of the same kind, batch and context merged, the speedup and target of each recomputed."""
+    merged: Dict[tuple, dict] = {}
+    for rows in runs.values():
+        for r in rows:
+            key = (r.get("kind"), r.get("batch"), r.get("context"))
+            merged.setdefault(key, {}).update({k: v for k, v in r.items() if k not in ("speedup", "target")})
+    out = list(merged.values())
+    for r in out:
+        ns, tr = r.get("numasched_step_ms"), r.get("torch_step_ms")
+        if isinstance(ns, (int, float)) and isinstance(tr, (int, float)) and ns == ns and tr == tr and ns > 0:
+            r["speedup"] = tr / ns
+            t = (TARGETS if r.get("kind") == "decode" else PREFILL_TARGET if r.get("kind") == "prefill" else {}).get(tp)
+            if t is not None:
+                r["target"] = f"{'met' if r['speedup'] >= t else 'missed'} (>= {t:.2f}x)"
+    return out
+
+
+def _isolated(args, argv) -> int:
+    """``--isolate``: one run per backend (its own process, or torchrun launch at --tp > 1), each
+    into ``OUT/isolated-<backend>/``, then their rows merged and written as one run's."""
+    import json
+    from pathlib import Path
+
+    from .common import results_dir
+
+    base = results_dir(args.out_dir)
+    rest = _drop(argv, "--isolate", "--backends", "--out-dir")
+    runs = {}
+    for b in args.backends:
+        sub = base / f"isolated-{b}"
+        cmd = [sys.executable, "-m", "numasched.bench.e2e", *rest, "--backends", b, "--out-dir", str(sub)]
+        print("isolated run:", " ".join(cmd), flush=True)
+        rc = subprocess.call(cmd)
+        if rc:
+            return rc
+        files = sorted(p for p in Path(sub).glob(f"e2e-{args.model}-*.json") if "-taxes-" not in p.name)
+        if not files:
+            print(f"numasched bench e2e --isolate: the {b} run wrote no e2e-{args.model}-*.json under {sub}",
+                  file=sys.stderr)
+            return 1
+        runs[b] = json.loads(files[-1].read_text())["rows"]
+    rows = merge_rows(runs, args.tp)
+    _write(args, rows, [f"isolated: each backend in its own process ({', '.join(args.backends)})"],
+           _spec(args)[1])
+    return 0
+
+
+def _write(args, rows: List[dict], notes: List[str], spec) -> None:
+    """Rank 0's output: the table, CSV/JSON/plot, the taxes table and a summary."""
+    from .common import write_results
+
+    dec = [r for r in rows if r["kind"] == "decode" and r.get("speedup") is not None]
+    lines = []
+    if dec:
+        sp = [r["speedup"] for r in dec]
+        lines.append(f"decode step speedup (torch / numasched, CUDA graphs): {min(sp):.3f}-{max(sp):.3f}x over "
+                     f"{len(sp)} points" + (f"; target >= {TARGETS[args.tp]:.2f}x met at "
+                                            f"{sum(s >= TARGETS[args.tp] for s in sp)}/{len(sp)}"
+                                            if args.tp in TARGETS else ""))
+    lines += [f"note: {n}" for n in notes]
+    summary = "\n".join(lines)
+    meta = dict(args={k: v for k, v in vars(args).items() if k != "out_dir"}, spec=spec.__dict__, notes=notes)
+    paths = write_results(f"e2e-{args.model}", rows, columns=_columns(args.backends), plot=_plot,
+                          out_dir=args.out_dir, gpus=args.tp, log=summary, meta=meta)
+    taxes = _tax_rows(rows, args.backends)
+    if taxes:   # components x layers and the taxes (ms), one row per point and backend
+        paths.update({f"taxes_{k}": v for k, v in write_results(
+            f"e2e-{args.model}-taxes", taxes, columns=TAX_COLUMNS, out_dir=args.out_dir, gpus=args.tp, log="",
+            meta=meta).items()})
+    print(summary)
+    print("written:", ", ".join(str(v) for v in paths.values()), flush=True)
 
 
 # ============================================================================ worker (every rank)
@@ -708,29 +810,7 @@ def _worker(args) -> int:
             rows.append(row)
             ctx.say("ROW " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
     if ctx.rank == 0:
-        from .common import write_results
-
-        dec = [r for r in rows if r["kind"] == "decode" and r.get("speedup") is not None]
-        lines = []
-        if dec:
-            sp = [r["speedup"] for r in dec]
-            lines.append(f"decode step speedup (torch / numasched, CUDA graphs): {min(sp):.3f}-{max(sp):.3f}x over "
-                         f"{len(sp)} points" + (f"; target >= {TARGETS[args.tp]:.2f}x met at "
-                                                f"{sum(s >= TARGETS[args.tp] for s in sp)}/{len(sp)}"
-                                                if args.tp in TARGETS else ""))
-        lines += [f"note: {n}" for n in ctx.notes]
-        summary = "\n".join(lines)
-        meta = dict(args={k: v for k, v in vars(args).items() if k != "out_dir"}, spec=spec.__dict__,
-                    notes=ctx.notes)
-        paths = write_results(f"e2e-{args.model}", rows, columns=_columns(args.backends), plot=_plot,
-                              out_dir=args.out_dir, gpus=args.tp, log=summary, meta=meta)
-        taxes = _tax_rows(rows, args.backends)
-        if taxes:   # components x layers and the taxes (ms), one row per point and backend
-            paths.update({f"taxes_{k}": v for k, v in write_results(
-                f"e2e-{args.model}-taxes", taxes, columns=TAX_COLUMNS, out_dir=args.out_dir, gpus=args.tp, log="",
-                meta=meta).items()})
-        print(summary)
-        print("written:", ", ".join(str(v) for v in paths.values()), flush=True)
+        _write(args, rows, ctx.notes, spec)
     if args.tp > 1:
         ctx.barrier()
         sys.stdout.flush()

@@ -16,10 +16,11 @@ out=${1:?OUT_DIR}; dev=${2:-gpu}; parts=${3:-models+worker+llama+qwen+coll}
 n=${NPROC:-$(nvidia-smi -L | wc -l)}
 res=bench/results/tp$n-${TP_TAG:-$(date +%Y-%m-%d)}; mkdir -p "$res"   # TP_TAG: the folder's suffix
 keep() { cp -r "$res" "$out/" 2>/dev/null || true; }
-# e2e NAME MODEL CONTEXTS TIMEOUT ARGS...: bench e2e at TP n, batch 1, 4, 16, into $res/NAME
+# e2e NAME MODEL CONTEXTS TIMEOUT ARGS...: bench e2e at TP n, batch 1, 4, 16, into $res/NAME, each
+# backend in its own launch (--isolate: the one run second in a shared process ran 2-4 % slower)
 e2e() {
   local name=$1 model=$2 ctx=$3 limit=$4; shift 4
-  timeout -k 10 $limit numasched bench e2e --model $model --tp $n --batch 1,4,16 --context $ctx "$@" \
+  timeout -k 10 $limit numasched bench e2e --isolate --model $model --tp $n --batch 1,4,16 --context $ctx "$@" \
     --out-dir "$res/$name" 2>&1 | tee "$res/e2e-$name-tp$n-$dev.log" \
     | grep -E "Error|error|Traceback|^decode|^prefill|speedup" | tail -30
 }
@@ -30,8 +31,8 @@ for part in ${parts//+/ }; do
               | tee "$res/models-tp$n-$dev.log" | grep -E "PASS|FAIL|ALL|Error" | tail -20 ;;
     worker) timeout -k 10 ${DIST_TIMEOUT:-240} torchrun --nproc-per-node=$n tests/dist_worker.py --quick 2>&1 \
               | tee "$res/dist-worker-tp$n-$dev.log" | grep -E "PASS|FAIL|ALL|Error|error|Timeout|hung" | tail -40 ;;
-    llama) e2e llama3-8b llama3-8b 2048,8192,32768 ${TP_E2E_TIMEOUT:-300} --prompt 4096 --no-generate ;;
-    qwen) e2e qwen3-32b qwen3-32b 2048,32768 ${TP_E2E_TIMEOUT:-300} --prompt 4096 --no-generate ;;
+    llama) e2e llama3-8b llama3-8b 2048,8192,32768 ${TP_E2E_TIMEOUT:-420} --prompt 4096 --no-generate ;;
+    qwen) e2e qwen3-32b qwen3-32b 2048,32768 ${TP_E2E_TIMEOUT:-420} --prompt 4096 --no-generate ;;
     coll) timeout -k 10 ${TP_COLL_TIMEOUT:-240} numasched bench collectives --quick --nproc $n --out-dir "$res/collectives" 2>&1 \
             | tee "$res/collectives-tp$n-$dev.log" | tail -40 ;;
     ar) timeout -k 10 ${TP_COLL_TIMEOUT:-240} numasched bench collectives --only ar --nproc $n --out-dir "$res/ar" 2>&1 \

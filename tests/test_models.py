@@ -470,6 +470,39 @@ def test_bench_e2e_times_contenders_in_turns(monkeypatch):
     assert got == {key: float(i + 1 + len(fns)) for i, key in enumerate(fns)}   # the middle round
 
 
+def test_bench_e2e_isolate_runs_each_backend_alone_and_merges(monkeypatch, tmp_path, capsys):
+    """--isolate: one launch per backend (without --isolate, with its own --backends and out dir),
+    then one table of both with the speedups and targets recomputed from the two runs' rows."""
+    import json
+
+    from numasched.bench import e2e
+
+    assert e2e._drop(["--tp", "2", "--isolate", "--backends", "numasched,torch", "--out-dir=x", "--batch", "1"],
+                     "--isolate", "--backends", "--out-dir") == ["--tp", "2", "--batch", "1"]
+    step = {"numasched": {"decode": 3.0, "prefill": 50.0}, "torch": {"decode": 3.6, "prefill": 53.0}}
+    launched = []
+
+    def fake_call(cmd, **kw):   # what one backend's run writes
+        b, out = cmd[cmd.index("--backends") + 1], cmd[cmd.index("--out-dir") + 1]
+        assert "--isolate" not in cmd and cmd.count("--backends") == 1
+        launched.append(b)
+        rows = [dict(kind=k, model="llama3-8b", tp=2, layers=32, batch=1, context=c, **{f"{b}_step_ms": v})
+                for (k, c), v in ((("decode", 2048), step[b]["decode"]), (("prefill", 4096), step[b]["prefill"]))]
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "e2e-llama3-8b-2xcpu-2026-11-26.json"), "w") as f:
+            json.dump({"env": {}, "rows": rows}, f)
+        return 0
+
+    monkeypatch.setattr(e2e.subprocess, "call", fake_call)
+    assert e2e.main(["--tp", "2", "--isolate", "--batch", "1", "--context", "2048", "--no-taxes",
+                     "--out-dir", str(tmp_path)]) == 0
+    assert launched == ["numasched", "torch"]
+    merged = {r["kind"]: r for r in json.loads(next(tmp_path.glob("e2e-llama3-8b-*.json")).read_text())["rows"]}
+    assert merged["decode"]["speedup"] == pytest.approx(1.2) and merged["decode"]["target"].startswith("met")
+    assert merged["prefill"]["speedup"] == pytest.approx(1.06) and merged["prefill"]["target"].startswith("missed")
+    assert merged["prefill"]["numasched_step_ms"] == 50.0 and merged["prefill"]["torch_step_ms"] == 53.0
+
+
 def test_bench_e2e_is_a_suite_and_needs_a_gpu_to_run(tmp_path):
     from numasched.bench.cli import SUITES
 

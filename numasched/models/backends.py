@@ -297,10 +297,12 @@ class NumaschedBackend(Backend):
     prefill_overlap: row chunks of a one-prompt prefill (at least OVERLAP_MIN_ROWS rows each;
         default None = 1: one bulk step). Chunk c + 1 runs its attention and GEMMs on a second
         CUDA stream while chunk c's all-reduces run on a third (TPDecoder._stack_overlapped), so
-        the all-reduces can overlap compute. Opt-in: on two H200s (Llama-3-8B, TP 2, 4096 tokens)
-        2 / 4 chunks ran 0.98 / 1.00x torch's bulk-synchronous prefill against 1.00x in one step
-        (bench/results/e2e-s10-overlap*): the all-reduces hidden are paid back by GEMMs of half
-        the rows (fewer tiles per wave).
+        the all-reduces can overlap compute. Those all-reduces move their data by copy engine
+        (``all_reduce_overlapped``: impl "ce", no SMs taken from the GEMMs they overlap). Opt-in:
+        on two H100s (Llama-3-8B, TP 2, 4096 tokens; bench/results/tp2-s16-*overlap*) 2 / 4 chunks
+        ran 1.027 / 0.968x torch's bulk-synchronous prefill against 1.035-1.055x in one step, and
+        2 chunks with the SM two-shot 0.964x in the same call (two H200s, tenth session: 0.98 /
+        1.00x): the copy engine's 16 MB all-reduce takes 104 us against the SM two-shot's 64.
     prefill_seq_parallel: run a TP prefill sequence-parallel: ``all_gather_matmul`` for the
         column-parallel projections (QKV, gate/up), ``matmul_reduce_scatter`` for the row-parallel
         ones (O, down), with ``impl="auto"`` (fused or NCCL + cuBLAS by the cost model; "bulk"
