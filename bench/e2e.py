@@ -241,7 +241,9 @@ def main(argv=None) -> int:
         return _dry_run(args)
     if args.out_dir:   # the ranks (and this process) write there: numasched.bench.common.results_dir
         os.environ["NUMASCHED_RESULTS_DIR"] = str(os.path.abspath(args.out_dir))
-    if args.isolate and len(args.backends) > 1 and "RANK" not in os.environ:
+    if args.isolate and len(args.backends) > 1:
+        if "RANK" in os.environ:   # every rank would run both backends side by side again
+            parser.error("--isolate launches one run per backend itself: start it outside torchrun")
         return _isolated(args, argv)
     if args.tp > 1 and not ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
         return _launch(args, argv)
@@ -310,25 +312,30 @@ def _isolated(args, argv) -> int:
 
     from .common import results_dir
 
+    import time
+
     base = results_dir(args.out_dir)
     rest = _drop(argv, "--isolate", "--backends", "--out-dir")
-    runs = {}
+    runs, notes = {}, [f"isolated: each backend in its own process ({', '.join(args.backends)})"]
     for b in args.backends:
         sub = base / f"isolated-{b}"
         cmd = [sys.executable, "-m", "numasched.bench.e2e", *rest, "--backends", b, "--out-dir", str(sub)]
         print("isolated run:", " ".join(cmd), flush=True)
+        start = time.time() - 1.0
         rc = subprocess.call(cmd)
         if rc:
             return rc
-        files = sorted(p for p in Path(sub).glob(f"e2e-{args.model}-*.json") if "-taxes-" not in p.name)
+        # this launch's file only: the folder may hold earlier runs' (another TP size, GPU or date)
+        files = sorted((p for p in Path(sub).glob(f"e2e-{args.model}-*.json")
+                        if "-taxes-" not in p.name and p.stat().st_mtime >= start), key=lambda p: p.stat().st_mtime)
         if not files:
             print(f"numasched bench e2e --isolate: the {b} run wrote no e2e-{args.model}-*.json under {sub}",
                   file=sys.stderr)
             return 1
-        runs[b] = json.loads(files[-1].read_text())["rows"]
-    rows = merge_rows(runs, args.tp)
-    _write(args, rows, [f"isolated: each backend in its own process ({', '.join(args.backends)})"],
-           _spec(args)[1])
+        got = json.loads(files[-1].read_text())
+        runs[b] = got["rows"]
+        notes += [f"{b}: {n}" for n in got.get("env", {}).get("notes", [])]
+    _write(args, merge_rows(runs, args.tp), notes, _spec(args)[1])
     return 0
 
 

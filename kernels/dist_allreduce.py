@@ -120,19 +120,24 @@ def _stage_reduce(x_ptr, out_ptr, recv, reduced, span, nn, j, target, flags_ptr,
         g = c
     m = c < lim
     if c0 + BLOCK <= lim:
-        res = _reduce_chunk(x_ptr, recv, span, c, g, m, out_ptr, flags_ptr, P, p, target, rank, status_ptr,
-                            wait_bound, WORLD, BLOCK, WAIT_CLOCK, True)
-        if TWO_SHOT:
-            for d in tl.static_range(WORLD):
-                if d != rank:
-                    _st(translate(reduced + g, rank, d, heap_bases), res, m, True)
+        _reduce_share(x_ptr, out_ptr, recv, reduced, span, c, g, m, flags_ptr, P, p, target, rank, heap_bases,
+                      status_ptr, wait_bound, WORLD, BLOCK, TWO_SHOT, WAIT_CLOCK, True)
     else:
-        res = _reduce_chunk(x_ptr, recv, span, c, g, m, out_ptr, flags_ptr, P, p, target, rank, status_ptr,
-                            wait_bound, WORLD, BLOCK, WAIT_CLOCK, False)
-        if TWO_SHOT:
-            for d in tl.static_range(WORLD):
-                if d != rank:
-                    _st(translate(reduced + g, rank, d, heap_bases), res, m, False)
+        _reduce_share(x_ptr, out_ptr, recv, reduced, span, c, g, m, flags_ptr, P, p, target, rank, heap_bases,
+                      status_ptr, wait_bound, WORLD, BLOCK, TWO_SHOT, WAIT_CLOCK, False)
+
+
+@triton.jit
+def _reduce_share(x_ptr, out_ptr, recv, reduced, span, c, g, m, flags_ptr, P, p, target, rank, heap_bases,
+                  status_ptr, wait_bound, WORLD: tl.constexpr, BLOCK: tl.constexpr, TWO_SHOT: tl.constexpr,
+                  WAIT_CLOCK: tl.constexpr, EVEN: tl.constexpr):
+    """One chunk of stage 2: the sum (stored at out + g), and two-shot its push to every peer."""
+    res = _reduce_chunk(x_ptr, recv, span, c, g, m, out_ptr, flags_ptr, P, p, target, rank, status_ptr, wait_bound,
+                        WORLD, BLOCK, WAIT_CLOCK, EVEN)
+    if TWO_SHOT:
+        for d in tl.static_range(WORLD):
+            if d != rank:
+                _st(translate(reduced + g, rank, d, heap_bases), res, m, EVEN)
 
 
 @triton.jit

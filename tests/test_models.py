@@ -501,6 +501,30 @@ def test_bench_e2e_isolate_runs_each_backend_alone_and_merges(monkeypatch, tmp_p
     assert merged["decode"]["speedup"] == pytest.approx(1.2) and merged["decode"]["target"].startswith("met")
     assert merged["prefill"]["speedup"] == pytest.approx(1.06) and merged["prefill"]["target"].startswith("missed")
     assert merged["prefill"]["numasched_step_ms"] == 50.0 and merged["prefill"]["torch_step_ms"] == 53.0
+    # a later run into the same folder merges its own files, not an earlier run's left beside them
+    step["torch"]["prefill"] = 40.0
+    old = tmp_path / "isolated-torch" / "e2e-llama3-8b-4xcpu-2026-11-26.json"
+    os.replace(tmp_path / "isolated-torch" / "e2e-llama3-8b-2xcpu-2026-11-26.json", old)
+    os.utime(old, (1, 1))
+    real_call = fake_call
+
+    def later_call(cmd, **kw):   # the new run's file sorts before the stale one by name
+        rc = real_call(cmd, **kw)
+        out = cmd[cmd.index("--out-dir") + 1]
+        new = os.path.join(out, "e2e-llama3-8b-2xcpu-2026-11-26.json")
+        os.replace(new, os.path.join(out, "e2e-llama3-8b-2xabc-2026-11-26.json"))
+        return rc
+
+    monkeypatch.setattr(e2e.subprocess, "call", later_call)
+    for f in tmp_path.glob("e2e-llama3-8b-*"):
+        f.unlink()
+    assert e2e.main(["--tp", "2", "--isolate", "--batch", "1", "--context", "2048", "--no-taxes",
+                     "--out-dir", str(tmp_path)]) == 0
+    merged = {r["kind"]: r for r in json.loads(next(tmp_path.glob("e2e-llama3-8b-*.json")).read_text())["rows"]}
+    assert merged["prefill"]["torch_step_ms"] == 40.0
+    monkeypatch.setenv("RANK", "0")   # under torchrun: refused, not silently side by side
+    with pytest.raises(SystemExit):
+        e2e.main(["--tp", "2", "--isolate", "--out-dir", str(tmp_path)])
 
 
 def test_bench_e2e_is_a_suite_and_needs_a_gpu_to_run(tmp_path):

@@ -137,6 +137,8 @@ class AllReduce(_Op):
             if not ok:
                 raise ValueError(f"config: keys BLOCK (a power of two >= 16 elements), num_warps (a power of two), "
                                  f"programs_per_sm (an int >= 1), BULK (True / False); got {config}")
+        if config is not None and impl == "ce":
+            raise ValueError("config tunes the one-shot / two-shot kernels; impl='ce' (copy engine) takes none")
         call = cls.describe(x, world=ctx.world, impl=impl, num_sms=ctx.num_sms, cfg=config, bulk_ok=_bulk_ok(ctx))
         if call.cfg["impl"] == "nccl" and not hasattr(ctx, "group"):
             raise ValueError("impl='nccl' needs a real context (numasched.distributed.init); a simulated rank has no "
