@@ -4,7 +4,7 @@ against the same model on torch ops (cuBLAS, NCCL, SDPA with cuDNN first), both 
     numasched bench e2e --model llama3-8b --tp 1 --batch 1,4,16 --context 2048,8192,32768 --prompt 4096 --new 32
     numasched bench e2e --model llama3-8b --tp 2 ...     # launches torchrun itself (or run it under torchrun)
     numasched bench e2e --quick --layers 4               # a few points on 4 layers
-    numasched bench e2e --tp 2 --isolate ...             # each backend in its own launch (unbiased)
+    numasched bench e2e --tp 2 --no-isolate ...          # both backends in one process (faster, biased)
     numasched bench e2e --dry-run                        # what it would run, without a GPU
 
 The model is numasched.models.TPDecoder with random bf16 weights (the public config numbers,
@@ -44,8 +44,8 @@ clock and temperature drift does not favour the backend timed first. Turns do no
 second bias: side by side in one process, the backend built and captured second ran its prefill
 step 2-4 % slower and its decode step up to 2 % slower (two H100s, TP 2, either order), whatever
 the cause (memory placement beside the other backend's graphs is the likely one). ``--isolate``
-runs each backend in a process (or torchrun launch) of its own and merges the rows: the figures
-to compare. Generate: batch 1,
+(the default) runs each backend in a process (or torchrun launch) of its own and merges the
+rows: the figures to compare; ``--no-isolate`` runs them side by side in one (faster). Generate: batch 1,
 ``--prompt`` prefilled then ``--new`` greedy steps (graph replays, argmax on the device), timed
 as a whole. Targets (Llama-3-8B, H200): decode step >= 1.15x torch at TP 2, 4 and 8 and >= 1.00x at TP 1,
 prefill of 4k tokens >= 1.10x at TP 2. Points whose weights + KV cache would not fit in
@@ -147,9 +147,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=nonneg_int, default=0, help="weight seed")
     p.add_argument("--out-dir", type=out_dir, default=None,
                    help="results folder (default: see numasched.bench.common; passed to the ranks)")
-    p.add_argument("--isolate", action="store_true",
-                   help="each backend in a process of its own (one launch per backend, rows merged): side by "
-                        "side in one process the backend that ran second prefilled up to 4%% slower (two H100s)")
+    p.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=True,
+                   help="each backend in a process of its own (one launch per backend, rows merged; the "
+                        "default): side by side in one process (--no-isolate, faster) the backend that ran "
+                        "second prefilled up to 4%% slower (two H100s)")
     p.add_argument("--dry-run", action="store_true", help="print the points and contenders and exit (no GPU needed)")
     return p
 
@@ -243,8 +244,12 @@ def main(argv=None) -> int:
         os.environ["NUMASCHED_RESULTS_DIR"] = str(os.path.abspath(args.out_dir))
     if args.isolate and len(args.backends) > 1:
         if "RANK" in os.environ:   # every rank would run both backends side by side again
-            parser.error("--isolate launches one run per backend itself: start it outside torchrun")
-        return _isolated(args, argv)
+            parser.error("--isolate (the default) launches one run per backend itself: start the bench "
+                         "outside torchrun, or pass --no-isolate to run the backends side by side")
+        from .common import check_runnable
+
+        rc = check_runnable("e2e")   # once, before any launch
+        return rc if rc is not None else _isolated(args, argv)
     if args.tp > 1 and not ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
         return _launch(args, argv)
     from .common import check_runnable
@@ -271,7 +276,7 @@ def _launch(args, argv) -> int:
 
 def _drop(argv: List[str], *options: str) -> List[str]:
     """``argv`` without ``options`` (given as ``--opt value``, ``--opt=value`` or, for a flag, ``--opt``)."""
-    flags = {"--isolate"}
+    flags = {"--isolate", "--no-isolate"}
     out, skip = [], False
     for a in argv:
         if skip:
@@ -315,7 +320,7 @@ def _isolated(args, argv) -> int:
     import time
 
     base = results_dir(args.out_dir)
-    rest = _drop(argv, "--isolate", "--backends", "--out-dir")
+    rest = _drop(argv, "--isolate", "--no-isolate", "--backends", "--out-dir") + ["--no-isolate"]
     runs, notes = {}, [f"isolated: each backend in its own process ({', '.join(args.backends)})"]
     for b in args.backends:
         sub = base / f"isolated-{b}"

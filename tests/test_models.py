@@ -484,7 +484,7 @@ def test_bench_e2e_isolate_runs_each_backend_alone_and_merges(monkeypatch, tmp_p
 
     def fake_call(cmd, **kw):   # what one backend's run writes
         b, out = cmd[cmd.index("--backends") + 1], cmd[cmd.index("--out-dir") + 1]
-        assert "--isolate" not in cmd and cmd.count("--backends") == 1
+        assert "--isolate" not in cmd and "--no-isolate" in cmd and cmd.count("--backends") == 1
         launched.append(b)
         rows = [dict(kind=k, model="llama3-8b", tp=2, layers=32, batch=1, context=c, **{f"{b}_step_ms": v})
                 for (k, c), v in ((("decode", 2048), step[b]["decode"]), (("prefill", 4096), step[b]["prefill"]))]
@@ -493,8 +493,11 @@ def test_bench_e2e_isolate_runs_each_backend_alone_and_merges(monkeypatch, tmp_p
             json.dump({"env": {}, "rows": rows}, f)
         return 0
 
+    from numasched.bench import common
+
+    monkeypatch.setattr(common, "check_runnable", lambda suite: None)   # no GPU needed: the launches are fakes
     monkeypatch.setattr(e2e.subprocess, "call", fake_call)
-    assert e2e.main(["--tp", "2", "--isolate", "--batch", "1", "--context", "2048", "--no-taxes",
+    assert e2e.main(["--tp", "2", "--batch", "1", "--context", "2048", "--no-taxes",   # --isolate: the default
                      "--out-dir", str(tmp_path)]) == 0
     assert launched == ["numasched", "torch"]
     merged = {r["kind"]: r for r in json.loads(next(tmp_path.glob("e2e-llama3-8b-*.json")).read_text())["rows"]}
