@@ -242,22 +242,18 @@ def main(argv=None) -> int:
         return _dry_run(args)
     if args.out_dir:   # the ranks (and this process) write there: numasched.bench.common.results_dir
         os.environ["NUMASCHED_RESULTS_DIR"] = str(os.path.abspath(args.out_dir))
-    if args.isolate and len(args.backends) > 1:
-        if "RANK" in os.environ:   # every rank would run both backends side by side again
-            parser.error("--isolate (the default) launches one run per backend itself: start the bench "
-                         "outside torchrun, or pass --no-isolate to run the backends side by side")
-        from .common import check_runnable
-
-        rc = check_runnable("e2e")   # once, before any launch
-        return rc if rc is not None else _isolated(args, argv)
-    if args.tp > 1 and not ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
+    isolate = args.isolate and len(args.backends) > 1
+    if isolate and "RANK" in os.environ:   # every rank would run both backends side by side again
+        parser.error("--isolate (the default) launches one run per backend itself: start the bench "
+                     "outside torchrun, or pass --no-isolate to run the backends side by side")
+    if args.tp > 1 and not isolate and not ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
         return _launch(args, argv)
     from .common import check_runnable
 
-    rc = check_runnable("e2e")
+    rc = check_runnable("e2e")   # isolated: once, before any launch
     if rc is not None:
         return rc
-    return _worker(args)
+    return _isolated(args, argv) if isolate else _worker(args)
 
 
 def _launch(args, argv) -> int:
@@ -313,11 +309,10 @@ def _isolated(args, argv) -> int:
     """``--isolate``: one run per backend (its own process, or torchrun launch at --tp > 1), each
     into ``OUT/isolated-<backend>/``, then their rows merged and written as one run's."""
     import json
+    import time
     from pathlib import Path
 
     from .common import results_dir
-
-    import time
 
     base = results_dir(args.out_dir)
     rest = _drop(argv, "--isolate", "--no-isolate", "--backends", "--out-dir") + ["--no-isolate"]

@@ -416,19 +416,17 @@ class NumaschedBackend(Backend):
     _AR_IMPL = {"bulk": "nccl", "fused": "auto", "overlap": "auto"}
     _MAR_IMPL = {"nccl": "bulk"}
 
-    def all_reduce(self, x, *, out=None, check=True):
+    def all_reduce(self, x, *, out=None, check=True, impl=None):
+        """``impl``: this call's all-reduce implementation (default: the backend's ``impl``)."""
         if self.tp_size == 1:
             return x if out is None or out is x else out.copy_(x)
-        return self._nd.all_reduce(x, ctx=self.ctx, impl=self._AR_IMPL.get(self.impl, self.impl),
+        return self._nd.all_reduce(x, ctx=self.ctx, impl=impl or self._AR_IMPL.get(self.impl, self.impl),
                                    check=self.check and check, out=out)
 
     def all_reduce_overlapped(self, x):
         # the copy-engine two-shot: the SM kernels would take SMs from the GEMMs they overlap
-        if self.tp_size == 1:
-            return x
-        impl = self.OVERLAP_AR_IMPL if self.impl in ("auto", "overlap", "fused") else self._AR_IMPL.get(self.impl,
-                                                                                                         self.impl)
-        return self._nd.all_reduce(x, ctx=self.ctx, impl=impl, check=False, out=x)
+        impl = self.OVERLAP_AR_IMPL if self.impl in ("auto", "overlap", "fused") else None
+        return self.all_reduce(x, out=x, check=False, impl=impl)
 
     # the all-reduce of a row-chunked prefill (all_reduce_overlapped) when impl is "auto"
     OVERLAP_AR_IMPL = "ce"
