@@ -27,6 +27,8 @@ def main(argv=None) -> int:
     p.add_argument("--schedules", type=schedule_list, default=[],
                    help="'; '-separated numasched schedules (as the bench names them)")
     p.add_argument("--calls", type=int, default=5, help="calls of each contender (default 5)")
+    p.add_argument("--ab-option", default=None,
+                   help="a bool numasched option (e.g. gemm_splitk_ticket_first): each schedule runs with it off and on")
     p.add_argument("--no-cublas", action="store_true", help="only numasched's schedules")
     p.add_argument("--no-profiler", action="store_true",
                    help="run the calls without torch.profiler (under Nsight Compute, which CUPTI cannot share)")
@@ -44,9 +46,13 @@ def main(argv=None) -> int:
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
         ref = torch.matmul(x.double(), w.double().T)
         contenders = [] if args.no_cublas else [("cuBLAS", lambda: torch.matmul(x, w.T))]
-        for s in [None] + scheds:
-            plan = numasched.plan_matmul(x, w.T, schedule=s)
+        variants = [None] if args.ab_option is None else [{args.ab_option: False}, {args.ab_option: True}]
+        for s, opt in [(s, o) for s in [None] + scheds for o in variants]:
+            with numasched.options.use(**(opt or {})):
+                plan = numasched.plan_matmul(x, w.T, schedule=s)
             name = f"numasched {plan.schedule.describe() if plan.schedule else plan.kernel}" + (" (model)" if s is None else "")
+            if opt:
+                name += f" [{args.ab_option}={int(opt[args.ab_option])}]"
             out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
             got = plan.run(x, w.T, out).double()
             err = ((got - ref).norm() / ref.norm()).item()
