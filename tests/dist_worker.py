@@ -467,6 +467,7 @@ def check_all_reduce_graph(ctx, quick):
     a2 = randn(1024, 2048, seed=54 + R)
     z2 = torch.empty((1024, 4096), device="cuda", dtype=BF)
     z3 = torch.empty((16, 4096), device="cuda", dtype=BF)
+    z4 = torch.empty((1024, 4096), device="cuda", dtype=BF)   # fused from 256 rows: communication programs
     y2 = torch.empty_like(x)
 
     def calls():
@@ -475,6 +476,7 @@ def check_all_reduce_graph(ctx, quick):
         nd.matmul_all_reduce(a, w.T, ctx=ctx, out=z, check=False)
         nd.matmul_all_reduce(a2, w.T, ctx=ctx, out=z2, check=False, impl="overlap")   # side stream in the graph
         nd.matmul_all_reduce(a, w.T, ctx=ctx, out=z3, check=False, impl="fused")
+        nd.matmul_all_reduce(a2, w.T, ctx=ctx, out=z4, check=False, impl="fused")
 
     graph = capture_on_every_rank(calls)
     ok = Expect()
@@ -494,6 +496,7 @@ def check_all_reduce_graph(ctx, quick):
         zr2 = a2.double() @ w.double().T
         dist.all_reduce(zr2)
         ok(rel(z2, zr2) < 1e-2, f"replay {i}: matmul_all_reduce impl='overlap' wrong")
+        ok(rel(z4, zr2) < 1e-2 and same_everywhere(z4), f"replay {i}: matmul_all_reduce impl='fused' 1024 rows wrong")
         a2.copy_(randn(1024, 2048, seed=900 + 10 * i + R))
     return ok.done("5 replays")
 

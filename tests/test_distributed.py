@@ -115,13 +115,14 @@ def test_context_does_not_import_the_op_modules():
 
 def test_one_module_per_collective():
     """Each collective's module registers its op; the package's public names are the functions."""
+    variants = {"matmul_all_reduce_cs": "matmul_all_reduce"}   # a second kernel of a collective: its module
     assert set(nd.OPS) == {"all_gather_matmul", "matmul_reduce_scatter", "flash_decode_distributed", "all_reduce",
-                           "matmul_all_reduce", "all_reduce_add_rmsnorm"}
+                           "matmul_all_reduce", "all_reduce_add_rmsnorm", *variants}
     for name, op in nd.OPS.items():
-        mod = importlib.import_module(f"numasched.distributed.{name}")
+        mod = importlib.import_module(f"numasched.distributed.{variants.get(name, name)}")
         assert op.__module__ == mod.__name__ and op.name == name
-        fn = getattr(nd, name)
-        assert isinstance(fn, types.FunctionType) and fn is getattr(mod, name)
+        fn = getattr(nd, variants.get(name, name))
+        assert isinstance(fn, types.FunctionType) and fn is getattr(mod, variants.get(name, name))
         for part in ("describe", "buffers", "prepare", "_launch_fused"):
             assert part in vars(op), f"{name} lacks its own {part}"
     assert nd.SimWorld.__module__ == "numasched.distributed._sim"
@@ -1135,7 +1136,42 @@ def test_matmul_all_reduce_fused_sim(world, M, K, N, dtype, tma):
         _fused_case(world, M, K, N, dtype, weight_view=tma == "w.T")
 
 
-def _fused_case(world, M, K, N, dtype, weight_view=False):
+@pytest.mark.parametrize("world,M,K,N,dtype,tma,comm", [(2, 5, 40, 33, torch.float32, False, 1),
+                                                         (3, 40, 32, 64, torch.float32, False, 2),
+                                                         (2, 33, 16, 20, torch.float16, False, 3),
+                                                         (4, 17, 24, 48, torch.float32, False, 2),
+                                                         (2, 20, 32, 48, torch.float32, True, 2),
+                                                         (3, 24, 32, 64, torch.float32, "w.T", 1)])
+def test_matmul_all_reduce_comm_programs_sim(world, M, K, N, dtype, tma, comm):
+    """impl="fused" with dedicated communication programs (matmul_all_reduce_cs_kernel, what a GPU
+    runs from 256 rows): GEMM programs leave partials, the owner of each tile sums every rank's
+    in rank order, the others copy its sum: float64 reference, NaN-poisoned outputs, three calls
+    on fresh data, bit-identical on every rank, flags at the last epoch."""
+    with options.use(dist_tma=bool(tma)):
+        sim = _fused_case(world, M, K, N, dtype, weight_view=tma == "w.T", op="matmul_all_reduce_cs",
+                          kw=dict(comm=comm))
+    plan = next(iter(sim.ranks[0].plans.values()))
+    assert plan.bufs["flags"].shape[0] == world + 1 and int(plan.bufs["epoch"]) == 3
+    T = plan.bufs["flags"].shape[1]
+    owned = [t for t in range(T) if t % world == 0]
+    assert (plan.bufs["flags"][:world, owned] == 3).all()   # every rank's partial of our tiles
+    if world > 1:   # the owners' sums of the tiles rank 0 does not own
+        assert (plan.bufs["flags"][world, [t for t in range(T) if t % world]] == 3).all()
+
+
+def test_matmul_all_reduce_comm_programs_timeout():
+    """A rank that never runs: the owners of its tiles wait for its partials and time out naming it."""
+    sim = nd.SimWorld(2, max_spins=5)
+    A = [torch.randn(8, 16) for _ in range(2)]
+    B = [torch.randn(16, 16) for _ in range(2)]
+    sim.run_each("matmul_all_reduce_cs", [((A[r], B[r]), dict(comm=1)) for r in range(2)])
+    with pytest.raises(TimeoutError, match=r"rank\(s\) \[0\] never signalled"):
+        sim.run_each("matmul_all_reduce_cs", [((A[r], B[r]), dict(comm=1)) for r in range(2)], skip_ranks=[0])
+    with pytest.raises(ValueError, match="comm must be >= 1"):
+        nd.SimWorld(2).run_each("matmul_all_reduce_cs", [((A[r], B[r]), dict(comm=0)) for r in range(2)])
+
+
+def _fused_case(world, M, K, N, dtype, weight_view=False, op="matmul_all_reduce", kw=None):
     sim = nd.SimWorld(world)
     g = torch.Generator().manual_seed(world * 100 + M)
     for call in range(3):
@@ -1144,12 +1180,13 @@ def _fused_case(world, M, K, N, dtype, weight_view=False):
         if weight_view:   # the w.T of an F.linear weight: the descriptor of its (N, K) storage
             B = [b.T.contiguous().T for b in B]
         outs = [torch.full((M, N), float("nan"), dtype=dtype) for _ in range(world)]
-        res = sim.run_each("matmul_all_reduce", [((A[r], B[r]), dict(out=outs[r])) for r in range(world)])
+        res = sim.run_each(op, [((A[r], B[r]), dict(out=outs[r], **(kw or {}))) for r in range(world)])
         ref = sum(A[r].double() @ B[r].double() for r in range(world))
         tol = 1e-5 if dtype == torch.float32 else 1e-2
         for r in range(world):
             assert res[r] is outs[r] and _rel(res[r].double(), ref) < tol, (call, r)
             assert torch.equal(res[r], res[0])
+    return sim
 
 
 def test_matmul_all_reduce_fused_timeout_and_plan():

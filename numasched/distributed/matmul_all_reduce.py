@@ -8,6 +8,7 @@ all-reduce in place on the same stream (no host synchronisation, graph-capturabl
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -165,7 +166,8 @@ def matmul_all_reduce(a, b_local, *, ctx, impl: str = "auto", gemm: str = "auto"
         _gemm(plan.gemm if plan.gemm in ("torch", "numasched") else cost.gemm_engine(plan.M), a, b_local, c)
         return run(ctx, "all_reduce_add_rmsnorm", c, residual, norm_weight, eps, out=out, check=check)
     if plan.all_reduce == "fused":
-        return run(ctx, "matmul_all_reduce", a, b_local, out=out, check=check)
+        op = "matmul_all_reduce_cs" if _use_comm_programs(ctx, a) else "matmul_all_reduce"
+        return run(ctx, op, a, b_local, out=out, check=check)
     c = _output(out, (plan.M, plan.N), a, "fused")
     if not c.is_contiguous():
         raise ValueError("out must be contiguous (the all-reduce sums it in place)")
@@ -334,3 +336,87 @@ class MatmulAllReduceFused(_Op):
 
         _Op._run(ctx, plan, call, phase, programs, args, layout, () if phase == "push" else (out,), build)
         return None if phase == "push" else out
+
+
+# ----------------------------------------------------------------------------- impl="fused", big tiles
+# From FUSED_BIG_TILE_ROWS rows on a GPU, impl="fused" runs the kernel with dedicated
+# communication programs (kernels/dist_gemm_ar.py, matmul_all_reduce_cs_kernel): the GEMM on all
+# SMs but these, which exchange and sum the tiles as the GEMM programs finish them.
+# NUMASCHED_FUSED_AR_COMM=0 keeps the kernel whose GEMM programs push their own tiles.
+FUSED_COMM_PROGRAMS = int(os.environ.get("NUMASCHED_FUSED_AR_COMM", "16"))
+# a communication program moves a tile in slices of this many rows (registers: 64-bit offsets)
+FUSED_CS_SUB_ROWS = int(os.environ.get("NUMASCHED_FUSED_AR_SUB", "64"))
+
+
+def _use_comm_programs(ctx, a) -> bool:
+    return (FUSED_COMM_PROGRAMS > 0 and ctx.device.type == "cuda" and a.shape[0] >= FUSED_BIG_TILE_ROWS
+            and a.element_size() == 2 and getattr(ctx, "num_sms", 0) > 2 * FUSED_COMM_PROGRAMS)
+
+
+@register
+class MatmulAllReduceCS(MatmulAllReduceFused):
+    """``impl="fused"`` with dedicated communication programs (``comm`` of the grid's programs):
+    buffers flags (WORLD + 1, tiles) and planes (2, M, N) (our partials, the tiles we own summed)."""
+
+    name = "matmul_all_reduce_cs"
+    sim_phases = ("push", "reduce", "consume")
+
+    @staticmethod
+    def describe(a, b_local, *, world, cfg=None, impl="fused", comm=None) -> Call:
+        call = MatmulAllReduceFused.describe(a, b_local, world=world, cfg=cfg, impl="fused")
+        comm = int(FUSED_COMM_PROGRAMS if comm is None else comm)
+        if comm < 1:
+            raise ValueError(f"comm must be >= 1 (communication programs), got {comm}")
+        call.op = MatmulAllReduceCS.name
+        call.key = (MatmulAllReduceCS.name, comm) + call.key[1:]
+        call.header = dict(call.header, op=MatmulAllReduceCS.name, comm=comm)
+        call.cfg = dict(call.cfg, comm=comm)
+        return call
+
+    @staticmethod
+    def buffers(call) -> list:
+        c, W = call.cfg, call.cfg["world"]
+        return [("flags", (W + 1, c["tiles"]), torch.int64), ("parts", (2, c["M"], c["N"]), call.tensors["a"].dtype)]
+
+    @classmethod
+    def prepare(cls, ctx, a, b_local, *, out=None, comm=None):
+        _check_operands(ctx, "a", a, "b_local", b_local, "K_local")
+        check_int32_indexing("a", a)
+        check_int32_indexing("b_local", b_local)
+        call = cls.describe(a, b_local, world=ctx.world, comm=comm)
+        call.tensors["out"] = _output(out, (call.cfg["M"], call.cfg["N"]), a, "fused")
+        return call
+
+    @staticmethod
+    def _launch_fused(ctx, plan, call, phase):
+        c, t, bf = call.cfg, call.tensors, plan.bufs
+        a, b, out = t["a"], t["b_local"], t["out"]
+        comm = c["comm"]
+        programs = max(1, min(ctx.num_sms - comm, c["tiles"])) + comm
+        b_trans = b.stride(1) != 1 and b.stride(0) == 1
+        b_store = b.T if b_trans else b
+        use_tma = c["USE_TMA"] and _tma_ok(a, b_store)
+        if use_tma:
+            bblock = [c["BLOCK_N"], c["BLOCK_K"]] if b_trans else [c["BLOCK_K"], c["BLOCK_N"]]
+            descs = (_desc(a, [c["BLOCK_M"], c["BLOCK_K"]]), _desc(b_store, bblock))
+        else:
+            descs = (None, None)
+        args = (a, b, out, bf["parts"], *descs, bf["flags"], ctx.status, bf["epoch"], bf["counters"], ctx.heap_bases,
+                ctx.rank, c["M"], c["N"], c["Kl"], a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+                out.stride(0), out.stride(1), ctx.wait_bound)
+        layout = (use_tma, b_trans, _aligned(a), a.stride(), _aligned(b), b.stride(), _aligned(out), out.stride())
+        stages = {"full": 7, "push": 1, "reduce": 2, "consume": 4, "nocomm": 1}.get(phase, 7)
+
+        def build():
+            from numasched.kernels.dist_gemm_ar import matmul_all_reduce_cs_kernel
+
+            kw = dict(WORLD=ctx.world, COMM=comm, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"],
+                      EVEN_K=c["Kl"] % c["BLOCK_K"] == 0, USE_TMA=use_tma, B_TRANS=use_tma and b_trans,
+                      STAGES=stages, BUMP_EPOCH=phase in ("full", "consume", "nocomm"), WAIT_CLOCK=ctx.wait_clock,
+                      SUB=min(FUSED_CS_SUB_ROWS, c["BLOCK_M"]))
+            if ctx.device.type != "cpu":
+                kw.update(num_warps=c["num_warps"], num_stages=c["num_stages"])
+            return matmul_all_reduce_cs_kernel, kw
+
+        _Op._run(ctx, plan, call, phase, programs, args, layout, () if phase in ("push", "reduce") else (out,), build)
+        return None if phase in ("push", "reduce") else out
