@@ -121,12 +121,13 @@ def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, a_desc, b_desc, fl
 
 # ============================================================================ dedicated communication programs
 @triton.jit
-def _cs_gemm_tiles(a_ptr, b_ptr, parts_ptr, a_desc, b_desc, flags_ptr, heap_bases, rank, M, N, K, T, TN, g, PG, e,
-                   stride_am, stride_ak, stride_bk, stride_bn, WORLD: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, USE_TMA: tl.constexpr,
-                   B_TRANS: tl.constexpr):
-    """GEMM program ``g``: tiles g, g + PG, ...; each partial tile into our heap's plane 0 (in the
-    output's dtype), then ``flags[rank, t] = e`` on the tile's owner (rank t % WORLD)."""
+def _cs_gemm_tiles(a_ptr, b_ptr, planes_ptr, a_desc, b_desc, flags_ptr, heap_bases, rank, M, N, K, T, TN, g, PG, e,
+                   stride_am, stride_ak, stride_bk, stride_bn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, B_TRANS: tl.constexpr):
+    """GEMM program ``g``: tiles g, g + PG, ...; each partial tile into our plane ``rank`` (output
+    dtype), then our own ``flags[rank, t] = e``."""
+    plane = (tl.zeros([], tl.int64) + M) * N
+    mine = planes_ptr + rank * plane
     for t in range(g, T, PG):
         tm = t // TN
         tn = t % TN
@@ -138,13 +139,21 @@ def _cs_gemm_tiles(a_ptr, b_ptr, parts_ptr, a_desc, b_desc, flags_ptr, heap_base
             acc = _tile_matmul(a_ptr, stride_am, stride_ak, rows % M, b_ptr, stride_bk, stride_bn, cols % N,
                                K, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
         mask = (rows[:, None] < M) & (cols[None, :] < N)
-        tl.store(parts_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], acc.to(parts_ptr.dtype.element_ty),
-                 mask=mask)
-        signal(flags_ptr + rank * T + t, e, rank, t % WORLD, heap_bases)
+        tl.store(mine + rows.to(tl.int64)[:, None] * N + cols[None, :], acc.to(planes_ptr.dtype.element_ty), mask=mask)
+        signal(flags_ptr + rank * T + t, e, rank, rank, heap_bases)
 
 
 @triton.jit
-def matmul_all_reduce_cs_kernel(a_ptr, b_ptr, out_ptr, parts_ptr, a_desc, b_desc, flags_ptr, status_ptr, epoch_ptr,
+def _cs_slice(tm, tn, r0, M, N, SUB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Rows r0 .. r0 + SUB of tile (tm, tn): offsets in a dense (M, N) plane, rows, columns, mask."""
+    rows = tm * BLOCK_M + r0 + tl.arange(0, SUB)
+    cols = tn * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
+    return rows.to(tl.int64)[:, None] * N + cols[None, :], rows, cols, mask
+
+
+@triton.jit
+def matmul_all_reduce_cs_kernel(a_ptr, b_ptr, out_ptr, planes_ptr, a_desc, b_desc, flags_ptr, status_ptr, epoch_ptr,
                                 counters_ptr, heap_bases, rank, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
                                 stride_om, stride_on, wait_bound,
                                 WORLD: tl.constexpr, COMM: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -155,24 +164,29 @@ def matmul_all_reduce_cs_kernel(a_ptr, b_ptr, out_ptr, parts_ptr, a_desc, b_desc
     """The same sum with the exchange taken off the GEMM's SMs. When every GEMM program pushes its
     tile at the end of each K loop (the kernel above) the programs of a wave push at once: the
     link bursts while the tensor cores idle, then idles while they compute. Here the last
-    ``COMM`` programs only communicate, at their own pace, while the others only compute:
+    ``COMM`` programs only communicate, at their own pace, while the others only compute.
+    ``planes`` (heap, WORLD + 1 planes of M x N): plane s < WORLD holds rank s's partials of the
+    tiles we own (ours: of every tile), plane WORLD the sums of the tiles we do not own.
 
-        GEMM program g < P - COMM   tiles g, g + (P - COMM), ...: acc -> our heap's plane 0 (the
-                                    partial, output dtype); ``flags[rank, t] = e`` on the tile's
-                                    owner, rank t % WORLD (stage 1)
-        comm program c              tiles c, c + COMM, ... in order; a tile we own: wait for every
-                                    rank's partial, sum them in rank order (peers' read over the
-                                    link), store ``out`` and our plane 1, ``flags[WORLD, t] = e``
-                                    on every peer (stage 2); a tile we do not own: wait for its
-                                    owner's flag, read the sum from its plane 1 into ``out``
-                                    (stage 4)
+        GEMM program g < P - COMM   tiles g, g + (P - COMM), ...: acc -> our plane ``rank``;
+                                    our ``flags[rank, t] = e`` (stage 1)
+        comm program c, pass 1      tiles c, c + COMM, ... in order, once our GEMM left them: a
+                                    tile owned by a peer (rank t % WORLD) is pushed to the owner's
+                                    plane ``rank`` and its ``flags[rank, t]`` raised; a tile we own
+                                    waits for every peer's, is summed in rank order into ``out``
+                                    and pushed to every peer's plane WORLD, ``flags[WORLD, t]``
+                                    raised there (stages 2 and 4: the CPU simulation runs
+                                    every rank's pushes before any rank's sums)
+        comm program c, pass 2      the tiles a peer owns: wait for its flag, plane WORLD -> ``out``
+                                    (stage 8)
 
-    One rank sums each tile and the others copy it: bit-identical outputs everywhere. Buffers are
-    single: a rank's partial of tile t is read by the owner before the owner raises the flag that
-    the rank waits for before it exits, and a plane-1 tile is rewritten only after every rank's
-    partial of the next call arrived, i.e. after every rank left this call. Comm programs only
-    wait for GEMM programs (of any rank) or for comm programs of the same index, which take the
-    tiles in the same order: no cycle. Host side: numasched/distributed/matmul_all_reduce.py."""
+    Only pushes cross the link (remote loads are latency-bound: a first version that pulled ran at
+    a few GB/s per SM). One rank sums each tile and the others copy it: bit-identical outputs
+    everywhere. Buffers are single: a peer's partial of tile t is read by the owner before the
+    owner raises the flag that the peer waits for (pass 2) before it leaves the call, and a sum
+    is rewritten only after the peer's partial of the next call arrived. Pass 1 waits only for
+    GEMM programs (ours, or a peer's through its pass 1, which waits only for its GEMM), pass 2
+    for pass 1: no cycle. Host side: numasched/distributed/matmul_all_reduce.py."""
     pdl_enter(PDL)
     e = epoch_begin(epoch_ptr)
     p = tl.program_id(0)
@@ -181,45 +195,54 @@ def matmul_all_reduce_cs_kernel(a_ptr, b_ptr, out_ptr, parts_ptr, a_desc, b_desc
     TN = tl.cdiv(N, BLOCK_N)
     T = tl.cdiv(M, BLOCK_M) * TN
     plane = (tl.zeros([], tl.int64) + M) * N   # M may be the constant 1
-    res_ptr = parts_ptr + plane
+    mine = planes_ptr + rank * plane
+    sums = planes_ptr + WORLD * plane
     if p < PG:
         if (STAGES & 1) != 0:
-            _cs_gemm_tiles(a_ptr, b_ptr, parts_ptr, a_desc, b_desc, flags_ptr, heap_bases, rank, M, N, K, T, TN, p,
-                           PG, e, stride_am, stride_ak, stride_bk, stride_bn, WORLD, BLOCK_M, BLOCK_N, BLOCK_K,
-                           EVEN_K, USE_TMA, B_TRANS)
+            _cs_gemm_tiles(a_ptr, b_ptr, planes_ptr, a_desc, b_desc, flags_ptr, heap_bases, rank, M, N, K, T, TN, p,
+                           PG, e, stride_am, stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
+                           USE_TMA, B_TRANS)
     else:
-        for t in range(p - PG, T, COMM):
-            tm = t // TN
-            tn = t % TN
-            owner = t % WORLD
-            if owner == rank:
-                if (STAGES & 2) != 0:
+        if (STAGES & 6) != 0:
+            for t in range(p - PG, T, COMM):
+                tm = t // TN
+                tn = t % TN
+                owner = t % WORLD
+                wait_flag(flags_ptr + rank * T + t, e, rank, status_ptr, wait_bound, WAIT_CLOCK)   # our GEMM's
+                if (owner != rank) & ((STAGES & 2) != 0):
+                    for r0 in tl.static_range(0, BLOCK_M, SUB):
+                        offs, rows, cols, mask = _cs_slice(tm, tn, r0, M, N, SUB, BLOCK_M, BLOCK_N)
+                        y = tl.load(mine + offs, mask=mask)
+                        tl.store(translate(mine + offs, rank, owner, heap_bases), y, mask=mask)
+                    signal(flags_ptr + rank * T + t, e, rank, owner, heap_bases)
+                if (owner == rank) & ((STAGES & 4) != 0):
                     for src in tl.static_range(WORLD):
-                        wait_flag(flags_ptr + src * T + t, e, src, status_ptr, wait_bound, WAIT_CLOCK)
+                        if src != rank:
+                            wait_flag(flags_ptr + src * T + t, e, src, status_ptr, wait_bound, WAIT_CLOCK)
                     # in slices of SUB rows: a whole tile's 64-bit offsets alone would fill the registers
                     for r0 in tl.static_range(0, BLOCK_M, SUB):
-                        rows = tm * BLOCK_M + r0 + tl.arange(0, SUB)
-                        cols = tn * BLOCK_N + tl.arange(0, BLOCK_N)
-                        mask = (rows[:, None] < M) & (cols[None, :] < N)
-                        offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
+                        offs, rows, cols, mask = _cs_slice(tm, tn, r0, M, N, SUB, BLOCK_M, BLOCK_N)
                         total = tl.zeros((SUB, BLOCK_N), dtype=tl.float32)
                         for src in tl.static_range(WORLD):   # rank order: one rounding, copied everywhere
-                            total += tl.load(translate(parts_ptr + offs, rank, src, heap_bases), mask=mask, other=0.0,
-                                             cache_modifier=".cg").to(tl.float32)
+                            total += tl.load(planes_ptr + src * plane + offs, mask=mask, other=0.0).to(tl.float32)
                         y = total.to(out_ptr.dtype.element_ty)
                         tl.store(out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :] * stride_on, y,
                                  mask=mask)
-                        tl.store(res_ptr + offs, y.to(res_ptr.dtype.element_ty), mask=mask)
+                        for d in tl.static_range(WORLD):
+                            if d != rank:
+                                tl.store(translate(sums + offs, rank, d, heap_bases), y.to(sums.dtype.element_ty),
+                                         mask=mask)
                     signal_peers(flags_ptr + WORLD * T + t, e, rank, heap_bases, WORLD, False)
-            else:
-                if (STAGES & 4) != 0:
+        if (STAGES & 8) != 0:
+            for t in range(p - PG, T, COMM):
+                owner = t % WORLD
+                if owner != rank:
+                    tm = t // TN
+                    tn = t % TN
                     wait_flag(flags_ptr + WORLD * T + t, e, owner, status_ptr, wait_bound, WAIT_CLOCK)
                     for r0 in tl.static_range(0, BLOCK_M, SUB):
-                        rows = tm * BLOCK_M + r0 + tl.arange(0, SUB)
-                        cols = tn * BLOCK_N + tl.arange(0, BLOCK_N)
-                        mask = (rows[:, None] < M) & (cols[None, :] < N)
-                        y = tl.load(translate(res_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], rank, owner,
-                                              heap_bases), mask=mask, other=0.0, cache_modifier=".cg")
+                        offs, rows, cols, mask = _cs_slice(tm, tn, r0, M, N, SUB, BLOCK_M, BLOCK_N)
+                        y = tl.load(sums + offs, mask=mask)
                         tl.store(out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :] * stride_on,
                                  y.to(out_ptr.dtype.element_ty), mask=mask)
     epoch_end(epoch_ptr, counters_ptr, P, e, BUMP_EPOCH)

@@ -18,7 +18,7 @@ from numasched.bench.common import bench_fixed_ms, init_rank, warm_up_for_captur
 from numasched.distributed._common import run
 
 SHAPES = [(1024, 4096, 2048), (4096, 4096, 2048), (4096, 4096, 7168), (16384, 4096, 2048), (2048, 5120, 12800)]
-COMM = [8, 16, 24]
+COMM = [16, 24, 32]
 if os.environ.get("MAR_SHAPES"):
     SHAPES = [tuple(int(v) for v in s.split("x")) for s in os.environ["MAR_SHAPES"].split(",")]
 if os.environ.get("MAR_COMM"):

@@ -356,10 +356,11 @@ def _use_comm_programs(ctx, a) -> bool:
 @register
 class MatmulAllReduceCS(MatmulAllReduceFused):
     """``impl="fused"`` with dedicated communication programs (``comm`` of the grid's programs):
-    buffers flags (WORLD + 1, tiles) and planes (2, M, N) (our partials, the tiles we own summed)."""
+    buffers flags (WORLD + 1, tiles) and planes (WORLD + 1, M, N) (each rank's partials of the
+    tiles we own, ours of every tile; the sums of the tiles a peer owns)."""
 
     name = "matmul_all_reduce_cs"
-    sim_phases = ("push", "reduce", "consume")
+    sim_phases = ("push", "send", "reduce", "consume")
 
     @staticmethod
     def describe(a, b_local, *, world, cfg=None, impl="fused", comm=None) -> Call:
@@ -376,7 +377,8 @@ class MatmulAllReduceCS(MatmulAllReduceFused):
     @staticmethod
     def buffers(call) -> list:
         c, W = call.cfg, call.cfg["world"]
-        return [("flags", (W + 1, c["tiles"]), torch.int64), ("parts", (2, c["M"], c["N"]), call.tensors["a"].dtype)]
+        return [("flags", (W + 1, c["tiles"]), torch.int64),
+                ("planes", (W + 1, c["M"], c["N"]), call.tensors["a"].dtype)]
 
     @classmethod
     def prepare(cls, ctx, a, b_local, *, out=None, comm=None):
@@ -401,11 +403,11 @@ class MatmulAllReduceCS(MatmulAllReduceFused):
             descs = (_desc(a, [c["BLOCK_M"], c["BLOCK_K"]]), _desc(b_store, bblock))
         else:
             descs = (None, None)
-        args = (a, b, out, bf["parts"], *descs, bf["flags"], ctx.status, bf["epoch"], bf["counters"], ctx.heap_bases,
+        args = (a, b, out, bf["planes"], *descs, bf["flags"], ctx.status, bf["epoch"], bf["counters"], ctx.heap_bases,
                 ctx.rank, c["M"], c["N"], c["Kl"], a.stride(0), a.stride(1), b.stride(0), b.stride(1),
                 out.stride(0), out.stride(1), ctx.wait_bound)
         layout = (use_tma, b_trans, _aligned(a), a.stride(), _aligned(b), b.stride(), _aligned(out), out.stride())
-        stages = {"full": 7, "push": 1, "reduce": 2, "consume": 4, "nocomm": 1}.get(phase, 7)
+        stages = {"full": 15, "push": 1, "send": 2, "reduce": 4, "consume": 8, "nocomm": 1}.get(phase, 15)
 
         def build():
             from numasched.kernels.dist_gemm_ar import matmul_all_reduce_cs_kernel
@@ -418,5 +420,6 @@ class MatmulAllReduceCS(MatmulAllReduceFused):
                 kw.update(num_warps=c["num_warps"], num_stages=c["num_stages"])
             return matmul_all_reduce_cs_kernel, kw
 
-        _Op._run(ctx, plan, call, phase, programs, args, layout, () if phase in ("push", "reduce") else (out,), build)
-        return None if phase in ("push", "reduce") else out
+        partial = phase in ("push", "send", "reduce")
+        _Op._run(ctx, plan, call, phase, programs, args, layout, () if partial else (out,), build)
+        return None if partial else out
