@@ -23,7 +23,7 @@ rank before stage 2). Host side: numasched/distributed/matmul_all_reduce.py (``i
 import triton
 import triton.language as tl
 
-from .dist_common import epoch_begin, epoch_end, signal, signal_peers, translate, wait_flag
+from .dist_common import epoch_begin, epoch_end, fence_sys, signal, signal_peers, translate, wait_flag
 from .dist_gemm import _tile_matmul
 from numasched.kernels.pdl import pdl_enter
 
@@ -144,6 +144,23 @@ def _cs_gemm_tiles(a_ptr, b_ptr, planes_ptr, a_desc, b_desc, flags_ptr, heap_bas
 
 
 @triton.jit
+def _cs_fence(ONE_FENCE: tl.constexpr):
+    """Every thread's stores so far before the flags raised next (ONE_FENCE: one system-scope
+    fence here, then relaxed flag writes; else each flag write is a release)."""
+    tl.debug_barrier()
+    if ONE_FENCE:
+        fence_sys()
+
+
+@triton.jit
+def _cs_raise(flag_ptr, e, rank, to_rank, heap_bases, ONE_FENCE: tl.constexpr):
+    if ONE_FENCE:
+        tl.atomic_xchg(translate(flag_ptr, rank, to_rank, heap_bases), e, sem="relaxed", scope="sys")
+    else:
+        tl.atomic_xchg(translate(flag_ptr, rank, to_rank, heap_bases), e, sem="release", scope="sys")
+
+
+@triton.jit
 def _cs_slice(tm, tn, r0, M, N, SUB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Rows r0 .. r0 + SUB of tile (tm, tn): offsets in a dense (M, N) plane, rows, columns, mask."""
     rows = tm * BLOCK_M + r0 + tl.arange(0, SUB)
@@ -160,7 +177,7 @@ def matmul_all_reduce_cs_kernel(a_ptr, b_ptr, out_ptr, planes_ptr, a_desc, b_des
                                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
                                 USE_TMA: tl.constexpr, B_TRANS: tl.constexpr, STAGES: tl.constexpr,
                                 BUMP_EPOCH: tl.constexpr, WAIT_CLOCK: tl.constexpr, SUB: tl.constexpr = 32,
-                                PDL: tl.constexpr = False):
+                                GROUP: tl.constexpr = 1, ONE_FENCE: tl.constexpr = False, PDL: tl.constexpr = False):
     """The same sum with the exchange taken off the GEMM's SMs. When every GEMM program pushes its
     tile at the end of each K loop (the kernel above) the programs of a wave push at once: the
     link bursts while the tensor cores idle, then idles while they compute. Here the last
@@ -204,35 +221,52 @@ def matmul_all_reduce_cs_kernel(a_ptr, b_ptr, out_ptr, planes_ptr, a_desc, b_des
                            USE_TMA, B_TRANS)
     else:
         if (STAGES & 6) != 0:
-            for t in range(p - PG, T, COMM):
-                tm = t // TN
-                tn = t % TN
-                owner = t % WORLD
-                wait_flag(flags_ptr + rank * T + t, e, rank, status_ptr, wait_bound, WAIT_CLOCK)   # our GEMM's
-                if (owner != rank) & ((STAGES & 2) != 0):
-                    for r0 in tl.static_range(0, BLOCK_M, SUB):
-                        offs, rows, cols, mask = _cs_slice(tm, tn, r0, M, N, SUB, BLOCK_M, BLOCK_N)
-                        y = tl.load(mine + offs, mask=mask)
-                        tl.store(translate(mine + offs, rank, owner, heap_bases), y, mask=mask)
-                    signal(flags_ptr + rank * T + t, e, rank, owner, heap_bases)
-                if (owner == rank) & ((STAGES & 4) != 0):
-                    for src in tl.static_range(WORLD):
-                        if src != rank:
-                            wait_flag(flags_ptr + src * T + t, e, src, status_ptr, wait_bound, WAIT_CLOCK)
-                    # in slices of SUB rows: a whole tile's 64-bit offsets alone would fill the registers
-                    for r0 in tl.static_range(0, BLOCK_M, SUB):
-                        offs, rows, cols, mask = _cs_slice(tm, tn, r0, M, N, SUB, BLOCK_M, BLOCK_N)
-                        total = tl.zeros((SUB, BLOCK_N), dtype=tl.float32)
-                        for src in tl.static_range(WORLD):   # rank order: one rounding, copied everywhere
-                            total += tl.load(planes_ptr + src * plane + offs, mask=mask, other=0.0).to(tl.float32)
-                        y = total.to(out_ptr.dtype.element_ty)
-                        tl.store(out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :] * stride_on, y,
-                                 mask=mask)
-                        for d in tl.static_range(WORLD):
-                            if d != rank:
-                                tl.store(translate(sums + offs, rank, d, heap_bases), y.to(sums.dtype.element_ty),
-                                         mask=mask)
-                    signal_peers(flags_ptr + WORLD * T + t, e, rank, heap_bases, WORLD, False)
+            # GROUP of this program's tiles at a time: their pushes, one system-scope fence, their
+            # flags; then the sums of the ones we own, one fence, their flags (a fence per tile
+            # waits for the tile's remote stores to land before the next tile's can start). Pushes
+            # before sums inside a group: a peer's sum may wait for our push of a tile of the group.
+            for g0 in range(p - PG, T, COMM * GROUP):
+                if (STAGES & 2) != 0:
+                    for j in tl.static_range(GROUP):
+                        t = g0 + j * COMM
+                        if (t < T) & (t % WORLD != rank):
+                            wait_flag(flags_ptr + rank * T + t, e, rank, status_ptr, wait_bound, WAIT_CLOCK)
+                            for r0 in tl.static_range(0, BLOCK_M, SUB):
+                                offs, rows, cols, mask = _cs_slice(t // TN, t % TN, r0, M, N, SUB, BLOCK_M, BLOCK_N)
+                                y = tl.load(mine + offs, mask=mask)
+                                tl.store(translate(mine + offs, rank, t % WORLD, heap_bases), y, mask=mask)
+                    _cs_fence(ONE_FENCE)
+                    for j in tl.static_range(GROUP):
+                        t = g0 + j * COMM
+                        if (t < T) & (t % WORLD != rank):
+                            _cs_raise(flags_ptr + rank * T + t, e, rank, t % WORLD, heap_bases, ONE_FENCE)
+                if (STAGES & 4) != 0:
+                    for j in tl.static_range(GROUP):
+                        t = g0 + j * COMM
+                        if (t < T) & (t % WORLD == rank):
+                            for src in tl.static_range(WORLD):
+                                wait_flag(flags_ptr + src * T + t, e, src, status_ptr, wait_bound, WAIT_CLOCK)
+                            # in slices of SUB rows: a whole tile's 64-bit offsets would fill the registers
+                            for r0 in tl.static_range(0, BLOCK_M, SUB):
+                                offs, rows, cols, mask = _cs_slice(t // TN, t % TN, r0, M, N, SUB, BLOCK_M, BLOCK_N)
+                                total = tl.zeros((SUB, BLOCK_N), dtype=tl.float32)
+                                for src in tl.static_range(WORLD):   # rank order: one rounding, copied everywhere
+                                    total += tl.load(planes_ptr + src * plane + offs, mask=mask,
+                                                     other=0.0).to(tl.float32)
+                                y = total.to(out_ptr.dtype.element_ty)
+                                tl.store(out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :] * stride_on,
+                                         y, mask=mask)
+                                for d in tl.static_range(WORLD):
+                                    if d != rank:
+                                        tl.store(translate(sums + offs, rank, d, heap_bases),
+                                                 y.to(sums.dtype.element_ty), mask=mask)
+                    _cs_fence(ONE_FENCE)
+                    for j in tl.static_range(GROUP):
+                        t = g0 + j * COMM
+                        if (t < T) & (t % WORLD == rank):
+                            for d in tl.static_range(WORLD):
+                                if d != rank:
+                                    _cs_raise(flags_ptr + WORLD * T + t, e, rank, d, heap_bases, ONE_FENCE)
         if (STAGES & 8) != 0:
             for t in range(p - PG, T, COMM):
                 owner = t % WORLD

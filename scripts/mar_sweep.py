@@ -6,7 +6,7 @@ bulk (cuBLAS + NCCL), impl="fused" with the GEMM programs pushing their own tile
 (matmul_all_reduce_cs_kernel, one column per count, and the same kernel with its communication
 off: the GEMM programs' time alone). Every fused result is checked against bulk's.
 Run: NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node 2 scripts/mar_sweep.py
-MAR_SHAPES ("MxNxK_local,...") and MAR_COMM ("8,16,...") override the grids below."""
+MAR_SHAPES ("MxNxK_local,...") and MAR_COMM ("programs/group,...") override the grids below."""
 import os
 
 import torch
@@ -18,11 +18,11 @@ from numasched.bench.common import bench_fixed_ms, init_rank, warm_up_for_captur
 from numasched.distributed._common import run
 
 SHAPES = [(1024, 4096, 2048), (4096, 4096, 2048), (4096, 4096, 7168), (16384, 4096, 2048), (2048, 5120, 12800)]
-COMM = [16, 24, 32]
+COMM = [(24, 4), (32, 4), (32, 8), (48, 4)]   # (communication programs, tiles between fences)
 if os.environ.get("MAR_SHAPES"):
     SHAPES = [tuple(int(v) for v in s.split("x")) for s in os.environ["MAR_SHAPES"].split(",")]
 if os.environ.get("MAR_COMM"):
-    COMM = [int(v) for v in os.environ["MAR_COMM"].split(",")]
+    COMM = [tuple(int(f) for f in v.split("/")) for v in os.environ["MAR_COMM"].split(",")]
 
 
 def main():
@@ -73,9 +73,10 @@ def main():
         timed("bulk", lambda: nd.matmul_all_reduce(a, b, ctx=ctx, impl="bulk", out=out, check=False))
         timed("fused_push", lambda: run(ctx, "matmul_all_reduce", a, b, out=out, check=False),
               lambda: run(ctx, "matmul_all_reduce", a, b, out=out))
-        for cp in COMM:
-            timed(f"cs{cp}", lambda cp=cp: run(ctx, "matmul_all_reduce_cs", a, b, out=out, comm=cp, check=False),
-                  lambda cp=cp: run(ctx, "matmul_all_reduce_cs", a, b, out=out, comm=cp))
+        for cp, gr in COMM:
+            kw = dict(comm=cp, group=gr)
+            timed(f"cs{cp}/g{gr}", lambda kw=kw: run(ctx, "matmul_all_reduce_cs", a, b, out=out, check=False, **kw),
+                  lambda kw=kw: run(ctx, "matmul_all_reduce_cs", a, b, out=out, **kw))
         if R == 0:
             print(" | ".join(line), flush=True)
     dist.barrier()

@@ -1136,20 +1136,20 @@ def test_matmul_all_reduce_fused_sim(world, M, K, N, dtype, tma):
         _fused_case(world, M, K, N, dtype, weight_view=tma == "w.T")
 
 
-@pytest.mark.parametrize("world,M,K,N,dtype,tma,comm", [(2, 5, 40, 33, torch.float32, False, 1),
-                                                         (3, 40, 32, 64, torch.float32, False, 2),
-                                                         (2, 33, 16, 20, torch.float16, False, 3),
-                                                         (4, 17, 24, 48, torch.float32, False, 2),
-                                                         (2, 20, 32, 48, torch.float32, True, 2),
-                                                         (3, 24, 32, 64, torch.float32, "w.T", 1)])
-def test_matmul_all_reduce_comm_programs_sim(world, M, K, N, dtype, tma, comm):
+@pytest.mark.parametrize("world,M,K,N,dtype,tma,comm,group", [(2, 5, 40, 33, torch.float32, False, 1, 1),
+                                                               (3, 40, 32, 64, torch.float32, False, 2, 4),
+                                                               (2, 33, 16, 20, torch.float16, False, 3, 2),
+                                                               (4, 17, 24, 48, torch.float32, False, 2, 3),
+                                                               (2, 20, 32, 48, torch.float32, True, 2, 1),
+                                                               (3, 24, 32, 64, torch.float32, "w.T", 1, 5)])
+def test_matmul_all_reduce_comm_programs_sim(world, M, K, N, dtype, tma, comm, group):
     """impl="fused" with dedicated communication programs (matmul_all_reduce_cs_kernel, what a GPU
     runs from 256 rows): GEMM programs leave partials, the owner of each tile sums every rank's
     in rank order, the others copy its sum: float64 reference, NaN-poisoned outputs, three calls
     on fresh data, bit-identical on every rank, flags at the last epoch."""
     with options.use(dist_tma=bool(tma)):
         sim = _fused_case(world, M, K, N, dtype, weight_view=tma == "w.T", op="matmul_all_reduce_cs",
-                          kw=dict(comm=comm))
+                          kw=dict(comm=comm, group=group))
     plan = next(iter(sim.ranks[0].plans.values()))
     assert plan.bufs["flags"].shape[0] == world + 1 and int(plan.bufs["epoch"]) == 3
     T = plan.bufs["flags"].shape[1]

@@ -346,6 +346,8 @@ class MatmulAllReduceFused(_Op):
 FUSED_COMM_PROGRAMS = int(os.environ.get("NUMASCHED_FUSED_AR_COMM", "16"))
 # a communication program moves a tile in slices of this many rows (registers: 64-bit offsets)
 FUSED_CS_SUB_ROWS = int(os.environ.get("NUMASCHED_FUSED_AR_SUB", "64"))
+# ... and pushes this many of its tiles between two system-scope fences
+FUSED_CS_GROUP = int(os.environ.get("NUMASCHED_FUSED_AR_GROUP", "4"))
 
 
 def _use_comm_programs(ctx, a) -> bool:
@@ -363,15 +365,18 @@ class MatmulAllReduceCS(MatmulAllReduceFused):
     sim_phases = ("push", "send", "reduce", "consume")
 
     @staticmethod
-    def describe(a, b_local, *, world, cfg=None, impl="fused", comm=None) -> Call:
+    def describe(a, b_local, *, world, cfg=None, impl="fused", comm=None, group=None) -> Call:
         call = MatmulAllReduceFused.describe(a, b_local, world=world, cfg=cfg, impl="fused")
         comm = int(FUSED_COMM_PROGRAMS if comm is None else comm)
+        group = int(FUSED_CS_GROUP if group is None else group)
         if comm < 1:
             raise ValueError(f"comm must be >= 1 (communication programs), got {comm}")
+        if group < 1:
+            raise ValueError(f"group must be >= 1 (tiles a communication program pushes between fences), got {group}")
         call.op = MatmulAllReduceCS.name
-        call.key = (MatmulAllReduceCS.name, comm) + call.key[1:]
-        call.header = dict(call.header, op=MatmulAllReduceCS.name, comm=comm)
-        call.cfg = dict(call.cfg, comm=comm)
+        call.key = (MatmulAllReduceCS.name, comm, group) + call.key[1:]
+        call.header = dict(call.header, op=MatmulAllReduceCS.name, comm=comm, group=group)
+        call.cfg = dict(call.cfg, comm=comm, group=group)
         return call
 
     @staticmethod
@@ -381,11 +386,11 @@ class MatmulAllReduceCS(MatmulAllReduceFused):
                 ("planes", (W + 1, c["M"], c["N"]), call.tensors["a"].dtype)]
 
     @classmethod
-    def prepare(cls, ctx, a, b_local, *, out=None, comm=None):
+    def prepare(cls, ctx, a, b_local, *, out=None, comm=None, group=None):
         _check_operands(ctx, "a", a, "b_local", b_local, "K_local")
         check_int32_indexing("a", a)
         check_int32_indexing("b_local", b_local)
-        call = cls.describe(a, b_local, world=ctx.world, comm=comm)
+        call = cls.describe(a, b_local, world=ctx.world, comm=comm, group=group)
         call.tensors["out"] = _output(out, (call.cfg["M"], call.cfg["N"]), a, "fused")
         return call
 
@@ -415,7 +420,8 @@ class MatmulAllReduceCS(MatmulAllReduceFused):
             kw = dict(WORLD=ctx.world, COMM=comm, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"],
                       EVEN_K=c["Kl"] % c["BLOCK_K"] == 0, USE_TMA=use_tma, B_TRANS=use_tma and b_trans,
                       STAGES=stages, BUMP_EPOCH=phase in ("full", "consume", "nocomm"), WAIT_CLOCK=ctx.wait_clock,
-                      SUB=min(FUSED_CS_SUB_ROWS, c["BLOCK_M"]))
+                      SUB=min(FUSED_CS_SUB_ROWS, c["BLOCK_M"]), GROUP=c["group"],
+                      ONE_FENCE=ctx.device.type == "cuda")
             if ctx.device.type != "cpu":
                 kw.update(num_warps=c["num_warps"], num_stages=c["num_stages"])
             return matmul_all_reduce_cs_kernel, kw
