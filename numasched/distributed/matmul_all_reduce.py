@@ -339,15 +339,19 @@ class MatmulAllReduceFused(_Op):
 
 
 # ----------------------------------------------------------------------------- impl="fused", big tiles
-# From FUSED_BIG_TILE_ROWS rows on a GPU, impl="fused" runs the kernel with dedicated
-# communication programs (kernels/dist_gemm_ar.py, matmul_all_reduce_cs_kernel): the GEMM on all
-# SMs but these, which exchange and sum the tiles as the GEMM programs finish them.
-# NUMASCHED_FUSED_AR_COMM=0 keeps the kernel whose GEMM programs push their own tiles.
-FUSED_COMM_PROGRAMS = int(os.environ.get("NUMASCHED_FUSED_AR_COMM", "16"))
+# Opt-in (NUMASCHED_FUSED_AR_COMM=N): from FUSED_BIG_TILE_ROWS rows on a GPU, impl="fused" runs
+# the kernel with N dedicated communication programs (kernels/dist_gemm_ar.py,
+# matmul_all_reduce_cs_kernel): the GEMM on the other SMs, the exchange and the sums on these.
+# Off by default: on two H100s (scripts/mar_sweep.py, bench/results/mar-s17/) it was slower than
+# the kernel whose GEMM programs push their own tiles at every shape and setting tried (4096 x
+# 4096 x 2048: 211-423 us against 194-199; cuBLAS + NCCL 236-245): a program moving tiles
+# through its registers to a peer drains a few GB/s (pulling them was slower still), so it
+# takes 32+ SMs from the GEMM to carry the exchange.
+FUSED_COMM_PROGRAMS = int(os.environ.get("NUMASCHED_FUSED_AR_COMM", "0"))
 # a communication program moves a tile in slices of this many rows (registers: 64-bit offsets)
 FUSED_CS_SUB_ROWS = int(os.environ.get("NUMASCHED_FUSED_AR_SUB", "64"))
-# ... and pushes this many of its tiles between two system-scope fences
-FUSED_CS_GROUP = int(os.environ.get("NUMASCHED_FUSED_AR_GROUP", "4"))
+# ... and pushes this many of its tiles between two system-scope fences (more measured slower)
+FUSED_CS_GROUP = int(os.environ.get("NUMASCHED_FUSED_AR_GROUP", "1"))
 
 
 def _use_comm_programs(ctx, a) -> bool:
@@ -367,7 +371,7 @@ class MatmulAllReduceCS(MatmulAllReduceFused):
     @staticmethod
     def describe(a, b_local, *, world, cfg=None, impl="fused", comm=None, group=None) -> Call:
         call = MatmulAllReduceFused.describe(a, b_local, world=world, cfg=cfg, impl="fused")
-        comm = int(FUSED_COMM_PROGRAMS if comm is None else comm)
+        comm = int((FUSED_COMM_PROGRAMS or 32) if comm is None else comm)
         group = int(FUSED_CS_GROUP if group is None else group)
         if comm < 1:
             raise ValueError(f"comm must be >= 1 (communication programs), got {comm}")
