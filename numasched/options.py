@@ -89,7 +89,9 @@ class Options:
             partial, so the last one keeps its own in registers and reads one partial fewer; it
             waits (a bounded spin) for the others' stores, which are already under way
             (kernels/gemm_splitk.py). The sum is in split order either way (deterministic).
-            Off by default until timed against the store-first merge on a GPU.
+            Off: on an H100 it ran slower where the parts finish together (128 x 2560 x 8192 in 6
+            parts 33.2 -> 40.5 us) and 1-3 % faster only in two-wave splits
+            (bench/results/gemm-merge-probe/).
         pdl: launch numasched's kernels with programmatic dependent launch on NVIDIA sm_90+ (each
             kernel's launch and start overlap the kernel before it in the stream; the kernel
             waits for it before touching memory: kernels/pdl.py). Off elsewhere.
