@@ -4,7 +4,9 @@
     numasched bench collectives [--quick] [--nproc N] [--only ar,mar,ag,rs] [--rows 16,64,...]
 
 Every time is a CUDA-graph replay (a graph of ``--calls`` calls, divided by that count; the
-slowest rank's median of ``--iters`` replays), so host launch work is out of every number.
+slowest rank's median of ``--iters`` replays), so host launch work is out of every number. A
+point's contenders are captured first and then timed in interleaved rounds (alternating order):
+timed one after the other, identical kernels under two names differed by up to 4 %.
 
 all_reduce (bf16, bytes per rank): numasched one-shot, two-shot and auto (the cost model's pick,
 named in ``auto_impl``) against NCCL (``dist.all_reduce``) and torch symmetric memory
@@ -31,6 +33,8 @@ ENV = dict(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NUMASCHED
 AR_SIZES = [8 << 10, 64 << 10, 256 << 10, 512 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 AR_OFF_GRID = [24 << 10 | 6, (3 << 20) + 1000]   # sizes that are not powers of two
 M_GRID = [16, 64, 256, 1024, 4096, 16384]
+# a point's contenders are captured first, then timed in this many interleaved rounds (flush())
+ROUNDS = 4
 # (name, N, K) of Llama-3-8B and Qwen3-32B projections; K or N is divided by the world size
 MAR_SHAPES = [("llama8b.o", 4096, 4096), ("llama8b.down", 4096, 14336), ("qwen32b.o", 5120, 8192),
               ("qwen32b.down", 5120, 25600)]
@@ -147,8 +151,10 @@ def _worker(args) -> int:
         if R == 0:
             print(msg, flush=True)
 
-    def graph_us(fn):
-        """Slowest rank's median us per call of ``fn`` replayed from a CUDA graph of --calls calls."""
+    pending = []   # (column, graph) of the current point, timed together by flush()
+
+    def graph_us(key, fn):
+        """Capture a CUDA graph of --calls calls of ``fn`` for column ``key``; flush() times it."""
         try:
             warm_up_for_capture(fn, 2)
             dist.barrier()
@@ -157,16 +163,36 @@ def _worker(args) -> int:
                 for _ in range(args.calls):
                     fn()
             torch.cuda.synchronize()
-            dist.barrier()
-            us = bench_fixed_ms(g.replay, warmup=3, iters=args.iters) * 1e3 / args.calls
             ctx.check("bench")
         except Exception as e:  # noqa: BLE001
             say(f"    failed: {type(e).__name__}: {str(e)[:160]}")
-            us = float("inf")
-        x = torch.tensor([us], device="cuda")
-        dist.all_reduce(x, op=dist.ReduceOp.MAX)
-        v = float(x)
-        return nan if v == float("inf") else v
+            g = None
+        ok = torch.tensor([0.0 if g is None else 1.0], device="cuda")
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN)   # a graph every rank could capture, or none
+        pending.append((key, g if float(ok) > 0 else None))
+
+    def flush(row):
+        """Time the point's graphs in ROUNDS interleaved rounds (alternating order), so that a drift
+        of the clocks or of the link during the point falls on every contender alike; each column
+        is the slowest rank's median us per call over its rounds' samples."""
+        samples = {key: [] for key, _ in pending}
+        live = [(key, g) for key, g in pending if g is not None]
+        per_round = max(3, args.iters // ROUNDS)
+        for r in range(ROUNDS):
+            for key, g in (live if r % 2 == 0 else live[::-1]):
+                dist.barrier()
+                try:
+                    samples[key].append(bench_fixed_ms(g.replay, warmup=1, iters=per_round) * 1e3 / args.calls)
+                    ctx.check("bench")
+                except Exception as e:  # noqa: BLE001
+                    say(f"    failed: {type(e).__name__}: {str(e)[:160]}")
+                    samples[key].append(float("inf"))
+        for key, _ in pending:
+            v = sorted(samples[key])[len(samples[key]) // 2] if samples[key] else float("inf")
+            x = torch.tensor([v], device="cuda")
+            dist.all_reduce(x, op=dist.ReduceOp.MAX)
+            row[key] = nan if float(x) == float("inf") else float(x)
+        pending.clear()
 
     def rel(x, ref):
         return float(torch.linalg.vector_norm(x.double() - ref.double()) / torch.linalg.vector_norm(ref.double()))
@@ -197,22 +223,21 @@ def _worker(args) -> int:
             ref = x.double()
             dist.all_reduce(ref)
             nbuf = x.clone()
-            row["nccl_us"] = graph_us(lambda: dist.all_reduce(nbuf))
+            graph_us("nccl_us", lambda: dist.all_reduce(nbuf))
             if has_symm:
                 sb = symm_buffer(n)
                 sb.copy_(x)
                 so = torch.empty_like(x)
-                row["symm1_us"] = graph_us(lambda: torch.ops.symm_mem.one_shot_all_reduce_out(sb, "sum", group, so))
-                row["symm2_us"] = graph_us(lambda: torch.ops.symm_mem.two_shot_all_reduce_(sb, "sum", group))
+                graph_us("symm1_us", lambda: torch.ops.symm_mem.one_shot_all_reduce_out(sb, "sum", group, so))
+                graph_us("symm2_us", lambda: torch.ops.symm_mem.two_shot_all_reduce_(sb, "sum", group))
             errs = []
             for impl in ("oneshot", "twoshot", "auto"):
                 errs.append(rel(nd.all_reduce(x, ctx=ctx, impl=impl, out=out), ref))
-                row[f"{impl}_us"] = graph_us(lambda: nd.all_reduce(x, ctx=ctx, impl=impl, out=out, check=False))
+                graph_us(f"{impl}_us", lambda: nd.all_reduce(x, ctx=ctx, impl=impl, out=out, check=False))
             row["auto_impl"] = cost.choose_all_reduce(extra, W)
             row["est_auto_us"] = cost.all_reduce_s(row["auto_impl"], extra, W) * 1e6
             row["est_bulk_us"] = cost.all_reduce_s("nccl", extra, W) * 1e6
-            peers = {k: row.get(k, nan) for k in ("nccl_us", "symm1_us", "symm2_us")}
-            row["busbw_GBs"] = 2 * (W - 1) / W * extra / (row["auto_us"] * 1e-6) / 1e9
+            peer_keys = ("nccl_us", "symm1_us", "symm2_us")
         elif op == "matmul_all_reduce":
             N, Kl = extra
             a = torch.randn(m, Kl, device="cuda", dtype=bf, generator=g)
@@ -223,11 +248,11 @@ def _worker(args) -> int:
             ref = a.double() @ w.double().T
             dist.all_reduce(ref)
             c = torch.empty(m, N, device="cuda", dtype=bf)
-            row["bulk_us"] = graph_us(lambda: (torch.matmul(a, b, out=c), dist.all_reduce(c)))
+            graph_us("bulk_us", lambda: (torch.matmul(a, b, out=c), dist.all_reduce(c)))
             if has_symm:
                 sb = symm_buffer(m * N).view(m, N)
                 so = torch.empty(m * N, device="cuda", dtype=bf)
-                row["symm_us"] = graph_us(lambda: (torch.matmul(a, b, out=sb),
+                graph_us("symm_us", lambda: (torch.matmul(a, b, out=sb),
                                                    torch.ops.symm_mem.one_shot_all_reduce_out(sb.view(-1), "sum",
                                                                                               group, so)))
             # every variant timed below is checked first (the largest error is reported)
@@ -238,16 +263,16 @@ def _worker(args) -> int:
             # heap allow, which a bare plan_matmul_all_reduce does not know)
             plan = ctx.plans[mar_plan_key(a, b)]
             row["auto_impl"] = f"{plan.impl}:{plan.gemm}+{plan.all_reduce}"
-            row["auto_us"] = graph_us(lambda: nd.matmul_all_reduce(a, b, ctx=ctx, out=out, check=False))
-            row["two_kernels_us"] = graph_us(lambda: nd.matmul_all_reduce(a, b, ctx=ctx, out=out, check=False,
+            graph_us("auto_us", lambda: nd.matmul_all_reduce(a, b, ctx=ctx, out=out, check=False))
+            graph_us("two_kernels_us", lambda: nd.matmul_all_reduce(a, b, ctx=ctx, out=out, check=False,
                                                                           gemm="numasched", impl="oneshot"))
-            row["fused_us"] = graph_us(lambda: nd.matmul_all_reduce(a, b, ctx=ctx, out=out, check=False,
+            graph_us("fused_us", lambda: nd.matmul_all_reduce(a, b, ctx=ctx, out=out, check=False,
                                                                     impl="fused"))
-            row["overlap_us"] = graph_us(lambda: nd.matmul_all_reduce(a, b, ctx=ctx, out=out, check=False,
+            graph_us("overlap_us", lambda: nd.matmul_all_reduce(a, b, ctx=ctx, out=out, check=False,
                                                                       impl="overlap"))
             row["est_auto_us"] = plan.est_us
             row["est_bulk_us"] = nd.plan_matmul_all_reduce(a, b, world=W, impl="bulk").est_us
-            peers = {k: row.get(k, nan) for k in ("bulk_us", "symm_us")}
+            peer_keys = ("bulk_us", "symm_us")
         else:
             ag = op == "all_gather_matmul"
             if ag:
@@ -273,19 +298,22 @@ def _worker(args) -> int:
                 fn = nd.matmul_reduce_scatter
                 dims = (Mt, N, Kl)
             row["bytes"] = dims[0] * dims[1] * 2
-            row["bulk_us"] = graph_us(bulk)
+            graph_us("bulk_us", bulk)
             if has_symm:
-                row["symm_us"] = graph_us(symm)
+                graph_us("symm_us", symm)
             ref = fn(a, b, ctx=ctx, impl="bulk")
             row["err"] = max(rel(fn(a, b, ctx=ctx, impl=i), ref) for i in ("auto", "fused"))
-            row["fused_us"] = graph_us(lambda: fn(a, b, ctx=ctx, impl="fused", check=False))
-            row["auto_us"] = graph_us(lambda: fn(a, b, ctx=ctx, impl="auto", check=False))
+            graph_us("fused_us", lambda: fn(a, b, ctx=ctx, impl="fused", check=False))
+            graph_us("auto_us", lambda: fn(a, b, ctx=ctx, impl="auto", check=False))
             row["auto_impl"] = cost.choose_gemm_collective(op, *dims, bf, W, symm_mem_ok=has_symm)
             row["est_auto_us"] = cost.gemm_collective_s(op, row["auto_impl"], *dims, bf, W) * 1e6
             row["est_bulk_us"] = cost.gemm_collective_s(op, "bulk", *dims, bf, W) * 1e6
-            peers = {k: row.get(k, nan) for k in ("bulk_us", "symm_us")}
+            peer_keys = ("bulk_us", "symm_us")
+        flush(row)
         if op == "all_reduce":
             row["err"] = max(errs)
+            row["busbw_GBs"] = 2 * (W - 1) / W * extra / (row["auto_us"] * 1e-6) / 1e9
+        peers = {k: row.get(k, nan) for k in peer_keys}
         live = {k: v for k, v in peers.items() if v == v}
         if live:
             best = min(live, key=live.get)
