@@ -46,14 +46,72 @@ def _tile_acc_tma(a_desc, off_m, b_desc, off_n, K, BLOCK_M: tl.constexpr, BLOCK_
 
 
 @triton.jit
+def _push_chunk(src, dst_base, rank, heap_bases, r0, rows0, cols0, M, N, WORLD: tl.constexpr, CH: tl.constexpr,
+                BLOCK_N: tl.constexpr):
+    """Rows r0 .. r0 + CH of a pushed tile (top-left (rows0, cols0)) from our copy ``src`` (an
+    (M, N) plane of our heap) to every peer's ``dst_base`` plane."""
+    rows = rows0 + r0 + tl.arange(0, CH)
+    cols = cols0 + tl.arange(0, BLOCK_N)
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
+    offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
+    v = tl.load(src + offs, mask=mask, cache_modifier=".cg")
+    for d in tl.static_range(WORLD):
+        if d != rank:
+            tl.store(translate(dst_base + offs, rank, d, heap_bases), v, mask=mask)
+
+
+@triton.jit
+def _acc_pushing(a_ptr, stride_am, stride_ak, rm, b_ptr, stride_bk, stride_bn, rn, a_desc, off_m, b_desc, off_n,
+                 K, src, dst_base, rank, heap_bases, prev_rows0, prev_cols0, prev_ok, M, N,
+                 WORLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, B_TRANS: tl.constexpr, CH: tl.constexpr):
+    """This tile's fp32 accumulator while the previous tile goes to the peers CH rows per K step
+    (its first BLOCK_M / CH steps; the rest after the loop when K is short): a tile pushed at
+    once after its K loop stalls the program until the link drains it, and every program of a
+    wave pushes at the same time, so the link bursts while the tensor cores wait."""
+    NCH: tl.constexpr = BLOCK_M // CH
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    kt = tl.cdiv(K, BLOCK_K)
+    if not USE_TMA:
+        rk = tl.arange(0, BLOCK_K)
+        a_ptrs = a_ptr + rm[:, None] * stride_am + rk[None, :] * stride_ak
+        b_ptrs = b_ptr + rk[:, None] * stride_bk + rn[None, :] * stride_bn
+    for k in range(0, kt):
+        if USE_TMA:
+            a = a_desc.load([off_m, k * BLOCK_K])
+            if B_TRANS:
+                b = b_desc.load([off_n, k * BLOCK_K]).T
+            else:
+                b = b_desc.load([k * BLOCK_K, off_n])
+        else:
+            if EVEN_K:
+                a = tl.load(a_ptrs)
+                b = tl.load(b_ptrs)
+            else:
+                a = tl.load(a_ptrs, mask=rk[None, :] < K - k * BLOCK_K, other=0.0)
+                b = tl.load(b_ptrs, mask=rk[:, None] < K - k * BLOCK_K, other=0.0)
+            a_ptrs += BLOCK_K * stride_ak
+            b_ptrs += BLOCK_K * stride_bk
+        acc = tl.dot(a, b, acc)
+        if prev_ok & (k < NCH):
+            _push_chunk(src, dst_base, rank, heap_bases, k * CH, prev_rows0, prev_cols0, M, N, WORLD, CH, BLOCK_N)
+    if prev_ok:
+        for k in range(kt, NCH):
+            _push_chunk(src, dst_base, rank, heap_bases, k * CH, prev_rows0, prev_cols0, M, N, WORLD, CH, BLOCK_N)
+    return acc
+
+
+@triton.jit
 def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, a_desc, b_desc, flags_ptr, status_ptr, epoch_ptr,
                              counters_ptr, heap_bases, rank, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
                              stride_om, stride_on, wait_bound,
                              WORLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                              EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, B_TRANS: tl.constexpr,
                              STAGES: tl.constexpr, BUMP_EPOCH: tl.constexpr, WAIT_CLOCK: tl.constexpr,
-                             PDL: tl.constexpr = False):
+                             DEFER: tl.constexpr = False, CH: tl.constexpr = 4, PDL: tl.constexpr = False):
     pdl_enter(PDL)  # PDL: wait for the previous kernel here (kernels/pdl.py)
+    # DEFER: a tile goes to our own plane only; the peers get it CH rows per K step of the next
+    # tile (_acc_pushing), the last tile's after the loop
     # a: (M, K), b: (K, N) this rank's operands (USE_TMA: also as descriptors); out: (M, N);
     # recv: heap (2, WORLD, M, N) in out's dtype; flags: heap int64 (WORLD, tiles)
     e = epoch_begin(epoch_ptr)
@@ -76,7 +134,14 @@ def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, a_desc, b_desc, fl
                 tn = t % TN
                 rows = tm * BLOCK_M + tl.arange(0, BLOCK_M)
                 cols = tn * BLOCK_N + tl.arange(0, BLOCK_N)
-                if USE_TMA:
+                if DEFER:   # tile i - 1 goes to the peers during this K loop
+                    pt = t - P
+                    acc = _acc_pushing(a_ptr, stride_am, stride_ak, rows % M, b_ptr, stride_bk, stride_bn, cols % N,
+                                       a_desc, tm * BLOCK_M, b_desc, tn * BLOCK_N, K, recv + rank * part,
+                                       recv + rank * part, rank, heap_bases, (pt // TN) * BLOCK_M,
+                                       (pt % TN) * BLOCK_N, i >= 1, M, N, WORLD, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
+                                       USE_TMA, B_TRANS, CH)
+                elif USE_TMA:
                     acc = _tile_acc_tma(a_desc, tm * BLOCK_M, b_desc, tn * BLOCK_N, K, BLOCK_M, BLOCK_N, BLOCK_K,
                                         B_TRANS)
                 else:
@@ -90,13 +155,18 @@ def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, a_desc, b_desc, fl
                 for d in tl.static_range(WORLD):
                     if d == rank:
                         tl.store(dst, part_tile, mask=mask)
-                    else:
+                    elif not DEFER:
                         tl.store(translate(dst, rank, d, heap_bases), part_tile, mask=mask)
-                # our own copy is read back in stage 2 by other threads of this program
+                # our own copy is read back (stage 2; DEFER: the next K loop) by other threads
                 tl.debug_barrier()
-            else:   # past the last tile: raise the last tile's flag
+            else:   # past the last tile: (DEFER: push it, then) raise its flag
                 if i >= 1:
-                    signal_peers(flags_ptr + rank * T + (p + (i - 1) * P), e, rank, heap_bases, WORLD, WAIT_CLOCK)
+                    lt = p + (i - 1) * P
+                    if DEFER:
+                        for k in range(0, BLOCK_M // CH):
+                            _push_chunk(recv + rank * part, recv + rank * part, rank, heap_bases, k * CH,
+                                        (lt // TN) * BLOCK_M, (lt % TN) * BLOCK_N, M, N, WORLD, CH, BLOCK_N)
+                    signal_peers(flags_ptr + rank * T + lt, e, rank, heap_bases, WORLD, WAIT_CLOCK)
         # ---- stage 2: sum tile i - 1 over the ranks
         if (STAGES & 2) != 0:
             j = i - 1

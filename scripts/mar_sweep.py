@@ -2,11 +2,13 @@
 
 For each (M, N, K_local): torch.matmul and numasched.matmul alone, numasched's all-reduce alone,
 bulk (cuBLAS + NCCL), impl="fused" with the GEMM programs pushing their own tiles
-(matmul_all_reduce_kernel) and with COMM dedicated communication programs
+(matmul_all_reduce_kernel: at once after each K loop, and DEFER: a few rows per K step of the
+next tile) and with COMM dedicated communication programs
 (matmul_all_reduce_cs_kernel, one column per count, and the same kernel with its communication
 off: the GEMM programs' time alone). Every fused result is checked against bulk's.
 Run: NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node 2 scripts/mar_sweep.py
 MAR_SHAPES ("MxNxK_local,...") and MAR_COMM ("programs/group,...") override the grids below."""
+import importlib
 import os
 
 import torch
@@ -17,8 +19,11 @@ import numasched.distributed as nd
 from numasched.bench.common import bench_fixed_ms, init_rank, warm_up_for_capture
 from numasched.distributed._common import run
 
+mar = importlib.import_module("numasched.distributed.matmul_all_reduce")
+DEFER0 = mar.FUSED_DEFER_PUSH
+
 SHAPES = [(1024, 4096, 2048), (4096, 4096, 2048), (4096, 4096, 7168), (16384, 4096, 2048), (2048, 5120, 12800)]
-COMM = [(24, 4), (32, 4), (32, 8), (48, 4)]   # (communication programs, tiles between fences)
+COMM = [(32, 1)]   # (communication programs, tiles between fences)
 if os.environ.get("MAR_SHAPES"):
     SHAPES = [tuple(int(v) for v in s.split("x")) for s in os.environ["MAR_SHAPES"].split(",")]
 if os.environ.get("MAR_COMM"):
@@ -71,8 +76,11 @@ def main():
         timed("ns_gemm", lambda: numasched.matmul(a, b, out=c))
         timed("ar", lambda: nd.all_reduce(c, ctx=ctx, out=c, check=False))
         timed("bulk", lambda: nd.matmul_all_reduce(a, b, ctx=ctx, impl="bulk", out=out, check=False))
-        timed("fused_push", lambda: run(ctx, "matmul_all_reduce", a, b, out=out, check=False),
-              lambda: run(ctx, "matmul_all_reduce", a, b, out=out))
+        for name, defer in (("fused_push", False), ("fused_defer", True)):
+            mar.FUSED_DEFER_PUSH = defer   # read when a call is described: each value its own plan
+            timed(name, lambda: run(ctx, "matmul_all_reduce", a, b, out=out, check=False),
+                  lambda: run(ctx, "matmul_all_reduce", a, b, out=out))
+        mar.FUSED_DEFER_PUSH = DEFER0
         for cp, gr in COMM:
             kw = dict(comm=cp, group=gr)
             timed(f"cs{cp}/g{gr}", lambda kw=kw: run(ctx, "matmul_all_reduce_cs", a, b, out=out, check=False, **kw),

@@ -1136,6 +1136,23 @@ def test_matmul_all_reduce_fused_sim(world, M, K, N, dtype, tma):
         _fused_case(world, M, K, N, dtype, weight_view=tma == "w.T")
 
 
+@pytest.mark.parametrize("world,M,K,N,dtype,tma", [(2, 40, 40, 33, torch.float32, False),
+                                                    (3, 33, 96, 40, torch.float32, False),
+                                                    (2, 48, 32, 48, torch.float32, True),
+                                                    (4, 17, 24, 48, torch.float16, False)])
+def test_matmul_all_reduce_fused_deferred_push_sim(world, M, K, N, dtype, tma, monkeypatch):
+    """The fused kernel with DEFER (what a GPU runs from 256 rows): a tile reaches the peers a
+    chunk of rows per K step of the program's next tile (the rest after its K loop when K is
+    short, the last tile after the loop); same checks as impl="fused"."""
+    mar = importlib.import_module("numasched.distributed.matmul_all_reduce")
+    base = mar._fused_cfg
+    monkeypatch.setattr(mar, "_fused_cfg", lambda M_, dt, gpu: dict(base(M_, dt, gpu), DEFER=True))
+    with options.use(dist_tma=bool(tma)):
+        sim = _fused_case(world, M, K, N, dtype)
+    plan = next(iter(sim.ranks[0].plans.values()))
+    assert dict(plan.launchers[next(iter(plan.launchers))].kwargs).get("DEFER") is True
+
+
 @pytest.mark.parametrize("world,M,K,N,dtype,tma,comm,group", [(2, 5, 40, 33, torch.float32, False, 1, 1),
                                                                (3, 40, 32, 64, torch.float32, False, 2, 4),
                                                                (2, 33, 16, 20, torch.float16, False, 3, 2),

@@ -240,6 +240,9 @@ def _overlapped(ctx, plan, a, b, c):
 # ----------------------------------------------------------------------------- impl="fused"
 # rows from which the fused kernel takes the big TMA-fed tiles of the other fused GEMMs
 FUSED_BIG_TILE_ROWS = 256
+# ... and pushes each tile a few rows per K step of the next (kernels/dist_gemm_ar.py, DEFER)
+# instead of at once after its K loop (NUMASCHED_FUSED_AR_DEFER=0: at once)
+FUSED_DEFER_PUSH = os.environ.get("NUMASCHED_FUSED_AR_DEFER", "1") != "0"
 
 
 def _fused_cfg(M: int, dtype, gpu: bool) -> dict:
@@ -250,7 +253,8 @@ def _fused_cfg(M: int, dtype, gpu: bool) -> dict:
         return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, num_warps=4, num_stages=1, USE_TMA=tma)
     elt = torch.empty((), dtype=dtype).element_size()
     if M >= FUSED_BIG_TILE_ROWS and elt == 2:
-        return dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3, USE_TMA=tma)
+        return dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3, USE_TMA=tma,
+                    DEFER=FUSED_DEFER_PUSH)
     bm = min(64, max(16, 1 << max(0, M - 1).bit_length()))
     # decode-sized M streams the weight: narrow column tiles give every SM a strip of it
     return dict(BLOCK_M=bm, BLOCK_N=64, BLOCK_K=128 if elt == 2 else 64, num_warps=4, num_stages=4, USE_TMA=False)
@@ -330,6 +334,8 @@ class MatmulAllReduceFused(_Op):
             kw = dict(WORLD=ctx.world, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"],
                       EVEN_K=c["Kl"] % c["BLOCK_K"] == 0, USE_TMA=use_tma, B_TRANS=use_tma and b_trans, STAGES=stages,
                       BUMP_EPOCH=phase in ("full", "consume"), WAIT_CLOCK=ctx.wait_clock)
+            if c.get("DEFER"):   # 32 chunks a tile (4 rows of 128): about 2 KB a K step per program
+                kw.update(DEFER=True, CH=max(1, c["BLOCK_M"] // 32))
             if ctx.device.type != "cpu":
                 kw.update(num_warps=c["num_warps"], num_stages=c["num_stages"])
             return matmul_all_reduce_kernel, kw
