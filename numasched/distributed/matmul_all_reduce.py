@@ -240,9 +240,12 @@ def _overlapped(ctx, plan, a, b, c):
 # ----------------------------------------------------------------------------- impl="fused"
 # rows from which the fused kernel takes the big TMA-fed tiles of the other fused GEMMs
 FUSED_BIG_TILE_ROWS = 256
-# ... and pushes each tile a few rows per K step of the next (kernels/dist_gemm_ar.py, DEFER)
-# instead of at once after its K loop (NUMASCHED_FUSED_AR_DEFER=0: at once)
-FUSED_DEFER_PUSH = os.environ.get("NUMASCHED_FUSED_AR_DEFER", "1") != "0"
+# Opt-in (NUMASCHED_FUSED_AR_DEFER=1): push each tile a few rows per K step of the next
+# (kernels/dist_gemm_ar.py, DEFER) instead of at once after its K loop. On two H100s
+# (bench/results/mar-s17/mar-defer-2xh100.log) 4096 x 4096 x 2048 went 196.5 -> 187.0 us, but
+# 4096 x 4096 x 7168 424.9 -> 434.6 and 16384 x 4096 x 2048 693.1 -> 753.0: spreading the pushes
+# over the K loop does not hide them (the GEMM alone: 94 / 307 / 369 us).
+FUSED_DEFER_PUSH = os.environ.get("NUMASCHED_FUSED_AR_DEFER", "0") == "1"
 
 
 def _fused_cfg(M: int, dtype, gpu: bool) -> dict:
