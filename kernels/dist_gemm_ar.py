@@ -47,7 +47,7 @@ def _tile_acc_tma(a_desc, off_m, b_desc, off_n, K, BLOCK_M: tl.constexpr, BLOCK_
 
 @triton.jit
 def _push_chunk(src, dst_base, rank, heap_bases, r0, rows0, cols0, M, N, WORLD: tl.constexpr, CH: tl.constexpr,
-                BLOCK_N: tl.constexpr):
+                BLOCK_N: tl.constexpr, REMOTE: tl.constexpr = True):
     """Rows r0 .. r0 + CH of a pushed tile (top-left (rows0, cols0)) from our copy ``src`` (an
     (M, N) plane of our heap) to every peer's ``dst_base`` plane."""
     rows = rows0 + r0 + tl.arange(0, CH)
@@ -57,14 +57,15 @@ def _push_chunk(src, dst_base, rank, heap_bases, r0, rows0, cols0, M, N, WORLD: 
     v = tl.load(src + offs, mask=mask, cache_modifier=".cg")
     for d in tl.static_range(WORLD):
         if d != rank:
-            tl.store(translate(dst_base + offs, rank, d, heap_bases), v, mask=mask)
+            tl.store(translate(dst_base + offs, rank, d if REMOTE else rank, heap_bases), v, mask=mask)
 
 
 @triton.jit
 def _acc_pushing(a_ptr, stride_am, stride_ak, rm, b_ptr, stride_bk, stride_bn, rn, a_desc, off_m, b_desc, off_n,
                  K, src, dst_base, rank, heap_bases, prev_rows0, prev_cols0, prev_ok, M, N,
                  WORLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, B_TRANS: tl.constexpr, CH: tl.constexpr):
+                 EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, B_TRANS: tl.constexpr, CH: tl.constexpr,
+                 REMOTE: tl.constexpr):
     """This tile's fp32 accumulator while the previous tile goes to the peers CH rows per K step
     (its first BLOCK_M / CH steps; the rest after the loop when K is short): a tile pushed at
     once after its K loop stalls the program until the link drains it, and every program of a
@@ -94,10 +95,12 @@ def _acc_pushing(a_ptr, stride_am, stride_ak, rm, b_ptr, stride_bk, stride_bn, r
             b_ptrs += BLOCK_K * stride_bk
         acc = tl.dot(a, b, acc)
         if prev_ok & (k < NCH):
-            _push_chunk(src, dst_base, rank, heap_bases, k * CH, prev_rows0, prev_cols0, M, N, WORLD, CH, BLOCK_N)
+            _push_chunk(src, dst_base, rank, heap_bases, k * CH, prev_rows0, prev_cols0, M, N, WORLD, CH, BLOCK_N,
+                        REMOTE)
     if prev_ok:
         for k in range(kt, NCH):
-            _push_chunk(src, dst_base, rank, heap_bases, k * CH, prev_rows0, prev_cols0, M, N, WORLD, CH, BLOCK_N)
+            _push_chunk(src, dst_base, rank, heap_bases, k * CH, prev_rows0, prev_cols0, M, N, WORLD, CH, BLOCK_N,
+                        REMOTE)
     return acc
 
 
@@ -108,10 +111,13 @@ def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, a_desc, b_desc, fl
                              WORLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                              EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, B_TRANS: tl.constexpr,
                              STAGES: tl.constexpr, BUMP_EPOCH: tl.constexpr, WAIT_CLOCK: tl.constexpr,
-                             DEFER: tl.constexpr = False, CH: tl.constexpr = 4, PDL: tl.constexpr = False):
+                             DEFER: tl.constexpr = False, CH: tl.constexpr = 4, REMOTE: tl.constexpr = True,
+                             PDL: tl.constexpr = False):
     pdl_enter(PDL)  # PDL: wait for the previous kernel here (kernels/pdl.py)
     # DEFER: a tile goes to our own plane only; the peers get it CH rows per K step of the next
-    # tile (_acc_pushing), the last tile's after the loop
+    # tile (_acc_pushing), the last tile's after the loop. REMOTE=False (timing only, phase
+    # "nocomm"): the pushes land in our own heap and nobody waits (the flags still go out): the
+    # kernel's time without the remote stores, its results wrong
     # a: (M, K), b: (K, N) this rank's operands (USE_TMA: also as descriptors); out: (M, N);
     # recv: heap (2, WORLD, M, N) in out's dtype; flags: heap int64 (WORLD, tiles)
     e = epoch_begin(epoch_ptr)
@@ -140,7 +146,7 @@ def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, a_desc, b_desc, fl
                                        a_desc, tm * BLOCK_M, b_desc, tn * BLOCK_N, K, recv + rank * part,
                                        recv + rank * part, rank, heap_bases, (pt // TN) * BLOCK_M,
                                        (pt % TN) * BLOCK_N, i >= 1, M, N, WORLD, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
-                                       USE_TMA, B_TRANS, CH)
+                                       USE_TMA, B_TRANS, CH, REMOTE)
                 elif USE_TMA:
                     acc = _tile_acc_tma(a_desc, tm * BLOCK_M, b_desc, tn * BLOCK_N, K, BLOCK_M, BLOCK_N, BLOCK_K,
                                         B_TRANS)
@@ -156,7 +162,7 @@ def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, a_desc, b_desc, fl
                     if d == rank:
                         tl.store(dst, part_tile, mask=mask)
                     elif not DEFER:
-                        tl.store(translate(dst, rank, d, heap_bases), part_tile, mask=mask)
+                        tl.store(translate(dst, rank, d if REMOTE else rank, heap_bases), part_tile, mask=mask)
                 # our own copy is read back (stage 2; DEFER: the next K loop) by other threads
                 tl.debug_barrier()
             else:   # past the last tile: (DEFER: push it, then) raise its flag
@@ -165,7 +171,7 @@ def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, a_desc, b_desc, fl
                     if DEFER:
                         for k in range(0, BLOCK_M // CH):
                             _push_chunk(recv + rank * part, recv + rank * part, rank, heap_bases, k * CH,
-                                        (lt // TN) * BLOCK_M, (lt % TN) * BLOCK_N, M, N, WORLD, CH, BLOCK_N)
+                                        (lt // TN) * BLOCK_M, (lt % TN) * BLOCK_N, M, N, WORLD, CH, BLOCK_N, REMOTE)
                     signal_peers(flags_ptr + rank * T + lt, e, rank, heap_bases, WORLD, WAIT_CLOCK)
         # ---- stage 2: sum tile i - 1 over the ranks
         if (STAGES & 2) != 0:
@@ -180,7 +186,7 @@ def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, a_desc, b_desc, fl
                 offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
                 total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
                 for src in tl.static_range(WORLD):   # rank order: the same rounding on every rank
-                    if src != rank:
+                    if (src != rank) & REMOTE:
                         wait_flag(flags_ptr + src * T + t, e, src, status_ptr, wait_bound, WAIT_CLOCK)
                     total += tl.load(recv + src * part + offs, mask=mask, other=0.0).to(tl.float32)
                 o_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :] * stride_on

@@ -3,7 +3,8 @@
 For each (M, N, K_local): torch.matmul and numasched.matmul alone, numasched's all-reduce alone,
 bulk (cuBLAS + NCCL), impl="fused" with the GEMM programs pushing their own tiles
 (matmul_all_reduce_kernel: at once after each K loop, and DEFER: a few rows per K step of the
-next tile) and with COMM dedicated communication programs
+next tile; each also with its pushes into its own heap, ``_noremote``: the time without the
+remote stores) and with COMM dedicated communication programs
 (matmul_all_reduce_cs_kernel, one column per count, and the same kernel with its communication
 off: the GEMM programs' time alone). Every fused result is checked against bulk's.
 Run: NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node 2 scripts/mar_sweep.py
@@ -80,6 +81,9 @@ def main():
             mar.FUSED_DEFER_PUSH = defer   # read when a call is described: each value its own plan
             timed(name, lambda: run(ctx, "matmul_all_reduce", a, b, out=out, check=False),
                   lambda: run(ctx, "matmul_all_reduce", a, b, out=out))
+            # the same kernel with its pushes into our own heap: its time without remote stores
+            timed(f"{name}_noremote", lambda: run(ctx, "matmul_all_reduce", a, b, out=out, check=False,
+                                                  communicate=False))
         mar.FUSED_DEFER_PUSH = DEFER0
         for cp, gr in COMM:
             kw = dict(comm=cp, group=gr)

@@ -1153,6 +1153,22 @@ def test_matmul_all_reduce_fused_deferred_push_sim(world, M, K, N, dtype, tma, m
     assert dict(plan.launchers[next(iter(plan.launchers))].kwargs).get("DEFER") is True
 
 
+def test_matmul_all_reduce_fused_without_remote_stores_is_timing_only():
+    """communicate=False (phase "nocomm"): the kernel's pushes land in each rank's own heap and
+    it waits for nobody (timing only), the epoch moves on, and a normal call afterwards is right."""
+    sim = nd.SimWorld(2)
+    g = torch.Generator().manual_seed(5)
+    A = [torch.randn(20, 24, generator=g) for _ in range(2)]
+    B = [torch.randn(24, 40, generator=g) for _ in range(2)]
+    ref = sum(A[r].double() @ B[r].double() for r in range(2))
+    for communicate in (False, True):
+        res = sim.run_each("matmul_all_reduce", [((A[r], B[r]), dict(communicate=communicate)) for r in range(2)])
+        assert all(torch.isfinite(y).all() for y in res)
+    assert all(_rel(y.double(), ref) < 1e-5 for y in res)
+    plan = next(iter(sim.ranks[0].plans.values()))   # (the simulation launches each of its phases)
+    assert any(dict(lc.kwargs).get("REMOTE") is False for lc in plan.launchers.values())
+
+
 @pytest.mark.parametrize("world,M,K,N,dtype,tma,comm,group", [(2, 5, 40, 33, torch.float32, False, 1, 1),
                                                                (3, 40, 32, 64, torch.float32, False, 2, 4),
                                                                (2, 33, 16, 20, torch.float16, False, 3, 2),

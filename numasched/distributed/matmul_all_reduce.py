@@ -303,12 +303,13 @@ class MatmulAllReduceFused(_Op):
         return [("flags", (W, c["tiles"]), torch.int64), ("recv", (2, W, c["M"], c["N"]), call.tensors["a"].dtype)]
 
     @classmethod
-    def prepare(cls, ctx, a, b_local, *, out=None):
+    def prepare(cls, ctx, a, b_local, *, out=None, communicate=True):
         _check_operands(ctx, "a", a, "b_local", b_local, "K_local")
         check_int32_indexing("a", a)
         check_int32_indexing("b_local", b_local)
         call = cls.describe(a, b_local, world=ctx.world)
         call.tensors["out"] = _output(out, (call.cfg["M"], call.cfg["N"]), a, "fused")
+        call.extra["communicate"] = bool(communicate)   # False: timing only (phase "nocomm")
         return call
 
     @staticmethod
@@ -336,9 +337,11 @@ class MatmulAllReduceFused(_Op):
 
             kw = dict(WORLD=ctx.world, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"],
                       EVEN_K=c["Kl"] % c["BLOCK_K"] == 0, USE_TMA=use_tma, B_TRANS=use_tma and b_trans, STAGES=stages,
-                      BUMP_EPOCH=phase in ("full", "consume"), WAIT_CLOCK=ctx.wait_clock)
+                      BUMP_EPOCH=phase in ("full", "consume", "nocomm"), WAIT_CLOCK=ctx.wait_clock)
             if c.get("DEFER"):   # 32 chunks a tile (4 rows of 128): about 2 KB a K step per program
                 kw.update(DEFER=True, CH=max(1, c["BLOCK_M"] // 32))
+            if phase == "nocomm":   # pushes into our own heap: the time without remote stores
+                kw.update(REMOTE=False)
             if ctx.device.type != "cpu":
                 kw.update(num_warps=c["num_warps"], num_stages=c["num_stages"])
             return matmul_all_reduce_kernel, kw
