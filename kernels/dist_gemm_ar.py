@@ -112,12 +112,13 @@ def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, a_desc, b_desc, fl
                              EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, B_TRANS: tl.constexpr,
                              STAGES: tl.constexpr, BUMP_EPOCH: tl.constexpr, WAIT_CLOCK: tl.constexpr,
                              DEFER: tl.constexpr = False, CH: tl.constexpr = 4, REMOTE: tl.constexpr = True,
-                             PDL: tl.constexpr = False):
+                             REL32: tl.constexpr = False, PDL: tl.constexpr = False):
     pdl_enter(PDL)  # PDL: wait for the previous kernel here (kernels/pdl.py)
     # DEFER: a tile goes to our own plane only; the peers get it CH rows per K step of the next
     # tile (_acc_pushing), the last tile's after the loop. REMOTE=False (timing only, phase
     # "nocomm"): the pushes land in our own heap and nobody waits (the flags still go out): the
-    # kernel's time without the remote stores, its results wrong
+    # kernel's time without the remote stores, its results wrong. REL32: the tile epilogue and the
+    # sums address a tile as a scalar 64-bit base plus 32-bit offsets (fewer instructions a tile)
     # a: (M, K), b: (K, N) this rank's operands (USE_TMA: also as descriptors); out: (M, N);
     # recv: heap (2, WORLD, M, N) in out's dtype; flags: heap int64 (WORLD, tiles)
     e = epoch_begin(epoch_ptr)
@@ -157,12 +158,22 @@ def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, a_desc, b_desc, fl
                     signal_peers(flags_ptr + rank * T + (t - P), e, rank, heap_bases, WORLD, WAIT_CLOCK)
                 mask = (rows[:, None] < M) & (cols[None, :] < N)
                 part_tile = acc.to(recv_ptr.dtype.element_ty)
-                dst = recv + rank * part + rows.to(tl.int64)[:, None] * N + cols[None, :]
-                for d in tl.static_range(WORLD):
-                    if d == rank:
-                        tl.store(dst, part_tile, mask=mask)
-                    elif not DEFER:
-                        tl.store(translate(dst, rank, d if REMOTE else rank, heap_bases), part_tile, mask=mask)
+                if REL32:   # a scalar 64-bit tile base, 32-bit offsets inside the tile
+                    tbase = recv + rank * part + (tm * BLOCK_M).to(tl.int64) * N + tn * BLOCK_N
+                    loc = tl.arange(0, BLOCK_M)[:, None] * N + tl.arange(0, BLOCK_N)[None, :]
+                    for d in tl.static_range(WORLD):
+                        if d == rank:
+                            tl.store(tbase + loc, part_tile, mask=mask)
+                        elif not DEFER:
+                            tl.store(translate(tbase, rank, d if REMOTE else rank, heap_bases) + loc, part_tile,
+                                     mask=mask)
+                else:
+                    dst = recv + rank * part + rows.to(tl.int64)[:, None] * N + cols[None, :]
+                    for d in tl.static_range(WORLD):
+                        if d == rank:
+                            tl.store(dst, part_tile, mask=mask)
+                        elif not DEFER:
+                            tl.store(translate(dst, rank, d if REMOTE else rank, heap_bases), part_tile, mask=mask)
                 # our own copy is read back (stage 2; DEFER: the next K loop) by other threads
                 tl.debug_barrier()
             else:   # past the last tile: (DEFER: push it, then) raise its flag
@@ -183,14 +194,25 @@ def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, a_desc, b_desc, fl
                 rows = tm * BLOCK_M + tl.arange(0, BLOCK_M)
                 cols = tn * BLOCK_N + tl.arange(0, BLOCK_N)
                 mask = (rows[:, None] < M) & (cols[None, :] < N)
-                offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
                 total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                for src in tl.static_range(WORLD):   # rank order: the same rounding on every rank
-                    if (src != rank) & REMOTE:
-                        wait_flag(flags_ptr + src * T + t, e, src, status_ptr, wait_bound, WAIT_CLOCK)
-                    total += tl.load(recv + src * part + offs, mask=mask, other=0.0).to(tl.float32)
-                o_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :] * stride_on
-                tl.store(o_ptrs, total.to(out_ptr.dtype.element_ty), mask=mask)
+                if REL32:
+                    tile0 = (tm * BLOCK_M).to(tl.int64) * N + tn * BLOCK_N
+                    loc = tl.arange(0, BLOCK_M)[:, None] * N + tl.arange(0, BLOCK_N)[None, :]
+                    for src in tl.static_range(WORLD):   # rank order: the same rounding on every rank
+                        if (src != rank) & REMOTE:
+                            wait_flag(flags_ptr + src * T + t, e, src, status_ptr, wait_bound, WAIT_CLOCK)
+                        total += tl.load(recv + src * part + tile0 + loc, mask=mask, other=0.0).to(tl.float32)
+                    obase = out_ptr + (tm * BLOCK_M).to(tl.int64) * stride_om + (tn * BLOCK_N).to(tl.int64) * stride_on
+                    oloc = tl.arange(0, BLOCK_M)[:, None] * stride_om + tl.arange(0, BLOCK_N)[None, :] * stride_on
+                    tl.store(obase + oloc, total.to(out_ptr.dtype.element_ty), mask=mask)
+                else:
+                    offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
+                    for src in tl.static_range(WORLD):   # rank order: the same rounding on every rank
+                        if (src != rank) & REMOTE:
+                            wait_flag(flags_ptr + src * T + t, e, src, status_ptr, wait_bound, WAIT_CLOCK)
+                        total += tl.load(recv + src * part + offs, mask=mask, other=0.0).to(tl.float32)
+                    o_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :] * stride_on
+                    tl.store(o_ptrs, total.to(out_ptr.dtype.element_ty), mask=mask)
 
     epoch_end(epoch_ptr, counters_ptr, P, e, BUMP_EPOCH)
 

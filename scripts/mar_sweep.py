@@ -21,14 +21,17 @@ from numasched.bench.common import bench_fixed_ms, init_rank, warm_up_for_captur
 from numasched.distributed._common import run
 
 mar = importlib.import_module("numasched.distributed.matmul_all_reduce")
-DEFER0 = mar.FUSED_DEFER_PUSH
+DEFER0, REL0 = mar.FUSED_DEFER_PUSH, mar.FUSED_REL32
+# (column, DEFER, REL32) of the self-pushing kernel
+VARIANTS = [("fused_push64", False, False), ("fused_push", False, True), ("fused_defer", True, True)]
 
 SHAPES = [(1024, 4096, 2048), (4096, 4096, 2048), (4096, 4096, 7168), (16384, 4096, 2048), (2048, 5120, 12800)]
 COMM = [(32, 1)]   # (communication programs, tiles between fences)
 if os.environ.get("MAR_SHAPES"):
     SHAPES = [tuple(int(v) for v in s.split("x")) for s in os.environ["MAR_SHAPES"].split(",")]
 if os.environ.get("MAR_COMM"):
-    COMM = [tuple(int(f) for f in v.split("/")) for v in os.environ["MAR_COMM"].split(",")]
+    COMM = [] if os.environ["MAR_COMM"] == "none" else [tuple(int(f) for f in v.split("/"))
+                                                        for v in os.environ["MAR_COMM"].split(",")]
 
 
 def main():
@@ -77,14 +80,15 @@ def main():
         timed("ns_gemm", lambda: numasched.matmul(a, b, out=c))
         timed("ar", lambda: nd.all_reduce(c, ctx=ctx, out=c, check=False))
         timed("bulk", lambda: nd.matmul_all_reduce(a, b, ctx=ctx, impl="bulk", out=out, check=False))
-        for name, defer in (("fused_push", False), ("fused_defer", True)):
-            mar.FUSED_DEFER_PUSH = defer   # read when a call is described: each value its own plan
+        for name, defer, rel32 in VARIANTS:
+            # read when a call is described: each setting its own plan
+            mar.FUSED_DEFER_PUSH, mar.FUSED_REL32 = defer, rel32
             timed(name, lambda: run(ctx, "matmul_all_reduce", a, b, out=out, check=False),
                   lambda: run(ctx, "matmul_all_reduce", a, b, out=out))
             # the same kernel with its pushes into our own heap: its time without remote stores
             timed(f"{name}_noremote", lambda: run(ctx, "matmul_all_reduce", a, b, out=out, check=False,
                                                   communicate=False))
-        mar.FUSED_DEFER_PUSH = DEFER0
+        mar.FUSED_DEFER_PUSH, mar.FUSED_REL32 = DEFER0, REL0
         for cp, gr in COMM:
             kw = dict(comm=cp, group=gr)
             timed(f"cs{cp}/g{gr}", lambda kw=kw: run(ctx, "matmul_all_reduce_cs", a, b, out=out, check=False, **kw),

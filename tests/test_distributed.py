@@ -1140,17 +1140,20 @@ def test_matmul_all_reduce_fused_sim(world, M, K, N, dtype, tma):
                                                     (3, 33, 96, 40, torch.float32, False),
                                                     (2, 48, 32, 48, torch.float32, True),
                                                     (4, 17, 24, 48, torch.float16, False)])
-def test_matmul_all_reduce_fused_deferred_push_sim(world, M, K, N, dtype, tma, monkeypatch):
-    """The fused kernel with DEFER (what a GPU runs from 256 rows): a tile reaches the peers a
-    chunk of rows per K step of the program's next tile (the rest after its K loop when K is
-    short, the last tile after the loop); same checks as impl="fused"."""
+@pytest.mark.parametrize("defer", [True, False])
+def test_matmul_all_reduce_fused_big_tile_options_sim(world, M, K, N, dtype, tma, defer, monkeypatch):
+    """The fused kernel's big-tile options (what a GPU runs from 256 rows): REL32 (tiles addressed
+    as a 64-bit base plus 32-bit offsets) and DEFER (a tile reaches the peers a chunk of rows per
+    K step of the program's next tile, the rest after its K loop when K is short, the last tile
+    after the loop); same checks as impl="fused"."""
     mar = importlib.import_module("numasched.distributed.matmul_all_reduce")
     base = mar._fused_cfg
-    monkeypatch.setattr(mar, "_fused_cfg", lambda M_, dt, gpu: dict(base(M_, dt, gpu), DEFER=True))
+    monkeypatch.setattr(mar, "_fused_cfg", lambda M_, dt, gpu: dict(base(M_, dt, gpu), DEFER=defer, REL32=True))
     with options.use(dist_tma=bool(tma)):
         sim = _fused_case(world, M, K, N, dtype)
     plan = next(iter(sim.ranks[0].plans.values()))
-    assert dict(plan.launchers[next(iter(plan.launchers))].kwargs).get("DEFER") is True
+    kw = dict(plan.launchers[next(iter(plan.launchers))].kwargs)
+    assert kw.get("DEFER", False) is defer and kw.get("REL32") is True
 
 
 def test_matmul_all_reduce_fused_without_remote_stores_is_timing_only():

@@ -246,6 +246,8 @@ FUSED_BIG_TILE_ROWS = 256
 # 4096 x 4096 x 7168 424.9 -> 434.6 and 16384 x 4096 x 2048 693.1 -> 753.0: spreading the pushes
 # over the K loop does not hide them (the GEMM alone: 94 / 307 / 369 us).
 FUSED_DEFER_PUSH = os.environ.get("NUMASCHED_FUSED_AR_DEFER", "0") == "1"
+# 32-bit offsets inside a tile in the epilogue and the sums (kernels/dist_gemm_ar.py, REL32)
+FUSED_REL32 = os.environ.get("NUMASCHED_FUSED_AR_REL32", "1") != "0"
 
 
 def _fused_cfg(M: int, dtype, gpu: bool) -> dict:
@@ -257,7 +259,7 @@ def _fused_cfg(M: int, dtype, gpu: bool) -> dict:
     elt = torch.empty((), dtype=dtype).element_size()
     if M >= FUSED_BIG_TILE_ROWS and elt == 2:
         return dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3, USE_TMA=tma,
-                    DEFER=FUSED_DEFER_PUSH)
+                    DEFER=FUSED_DEFER_PUSH, REL32=FUSED_REL32)
     bm = min(64, max(16, 1 << max(0, M - 1).bit_length()))
     # decode-sized M streams the weight: narrow column tiles give every SM a strip of it
     return dict(BLOCK_M=bm, BLOCK_N=64, BLOCK_K=128 if elt == 2 else 64, num_warps=4, num_stages=4, USE_TMA=False)
@@ -338,6 +340,8 @@ class MatmulAllReduceFused(_Op):
             kw = dict(WORLD=ctx.world, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"],
                       EVEN_K=c["Kl"] % c["BLOCK_K"] == 0, USE_TMA=use_tma, B_TRANS=use_tma and b_trans, STAGES=stages,
                       BUMP_EPOCH=phase in ("full", "consume", "nocomm"), WAIT_CLOCK=ctx.wait_clock)
+            if c.get("REL32"):
+                kw.update(REL32=True)
             if c.get("DEFER"):   # 32 chunks a tile (4 rows of 128): about 2 KB a K step per program
                 kw.update(DEFER=True, CH=max(1, c["BLOCK_M"] // 32))
             if phase == "nocomm":   # pushes into our own heap: the time without remote stores
