@@ -134,6 +134,26 @@ def warm_up_for_capture(fn: Callable[[], object], times: int = 1) -> None:
     torch.cuda.synchronize()
 
 
+def dist_graph_us(fn: Callable[[], object], *, calls: int = 5, iters: int = 15) -> float:
+    """Microseconds per call of ``fn`` replayed from a CUDA graph of ``calls`` calls, the slowest
+    rank's median of ``iters`` replays (every rank of the default process group calls it)."""
+    import torch
+    import torch.distributed as dist
+
+    warm_up_for_capture(fn, 2)
+    dist.barrier()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    torch.cuda.synchronize()
+    dist.barrier()
+    us = bench_fixed_ms(g.replay, warmup=3, iters=iters) * 1e3 / calls
+    x = torch.tensor([us], device="cuda")
+    dist.all_reduce(x, op=dist.ReduceOp.MAX)
+    return float(x)
+
+
 def capture(fn: Callable[[], object]):
     """One call of ``fn`` recorded in a CUDA graph (warm it up first); replay with ``.replay()``."""
     import torch

@@ -114,79 +114,30 @@ def _store_tile(acc, acc_u, c, bias, res, offs_m, offs_n, M, N, stride_cm, strid
 @triton.jit
 def _merge_parts(acc, acc_u, c, bias, res, ws, counters, tm, tn, split, NM, NN, offs_m, offs_n, M, N,
                  stride_cm, stride_cn, stride_rm, stride_rn, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, GLU: tl.constexpr,
-                 TICKET_FIRST: tl.constexpr = False):
+                 BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, GLU: tl.constexpr):
     # partial tile -> workspace [SPLIT_K, NM*BLOCK_M, NN*BLOCK_N] (fp32, padded: no masks);
     # GLU: the up half's partials in a second such block after it
     ld = NN * BLOCK_N
     plane = (NM * BLOCK_M).to(tl.int64) * ld
     rows = offs_m[:, None].to(tl.int64) * ld + offs_n[None, :]
+    tl.store(ws + split * plane + rows, acc)
+    if GLU:
+        tl.store(ws + (SPLIT_K + split) * plane + rows, acc_u)
+    # every thread's stores before the release of the ticket; the last arrival reads the
+    # others' partials through L2 (.cg), never a stale L1 line
+    tl.debug_barrier()
     ctr = counters + tm * NN + tn
-    if TICKET_FIRST:
-        # ticket first: the last arrival keeps its partial in registers (no store, one partial
-        # fewer to read: an SM moves about 64 bytes a clock, and a 128 x 128 fp32 partial is 64 KB);
-        # the others store theirs and count them on a second counter (``counters[NM*NN + tile]``)
-        ticket = tl.atomic_add(ctr, 1, sem="relaxed")
-        last = ticket == SPLIT_K - 1
-        arrived = ticket >= 0
-        if not last:
-            tl.store(ws + split * plane + rows, acc)
-            if GLU:
-                tl.store(ws + (SPLIT_K + split) * plane + rows, acc_u)
-            tl.debug_barrier()   # every thread's stores before the release
-            tl.atomic_add(ctr + NM * NN, 1, sem="release")
-        else:
-            arrived = _wait_parts(ctr + NM * NN, SPLIT_K - 1)
-    else:
-        tl.store(ws + split * plane + rows, acc)
-        if GLU:
-            tl.store(ws + (SPLIT_K + split) * plane + rows, acc_u)
-        # every thread's stores before the release of the ticket; the last arrival reads the
-        # others' partials through L2 (.cg), never a stale L1 line
-        tl.debug_barrier()
-        ticket = tl.atomic_add(ctr, 1, sem="acq_rel")
-        last = ticket == SPLIT_K - 1
-    if last:
+    ticket = tl.atomic_add(ctr, 1, sem="acq_rel")
+    if ticket == SPLIT_K - 1:
         total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         total_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # GLU: the up half (unused otherwise)
-        if TICKET_FIRST:
-            # split order, its own part (the fp32 values it would have stored) in its place
-            for s in range(0, split):
-                total += tl.load(ws + s * plane + rows, cache_modifier=".cg")
-                if GLU:
-                    total_u += tl.load(ws + (SPLIT_K + s) * plane + rows, cache_modifier=".cg")
-            total += acc
+        for s in range(0, SPLIT_K):  # split order: the same sum whoever arrives last
+            total += tl.load(ws + s * plane + rows, cache_modifier=".cg")
             if GLU:
-                total_u += acc_u
-            for s in range(split + 1, SPLIT_K):
-                total += tl.load(ws + s * plane + rows, cache_modifier=".cg")
-                if GLU:
-                    total_u += tl.load(ws + (SPLIT_K + s) * plane + rows, cache_modifier=".cg")
-            total = tl.where(arrived, total, float("nan"))  # a part never came: NaN, not a hang
-        else:
-            for s in range(0, SPLIT_K):  # split order: the same sum whoever arrives last
-                total += tl.load(ws + s * plane + rows, cache_modifier=".cg")
-                if GLU:
-                    total_u += tl.load(ws + (SPLIT_K + s) * plane + rows, cache_modifier=".cg")
+                total_u += tl.load(ws + (SPLIT_K + s) * plane + rows, cache_modifier=".cg")
         _store_tile(total, total_u, c, bias, res, offs_m, offs_n, M, N, stride_cm, stride_cn, stride_rm, stride_rn,
                     HAS_BIAS, HAS_RES, GLU)
         tl.atomic_xchg(ctr, 0)  # ready for the next launch
-        if TICKET_FIRST:
-            tl.atomic_xchg(ctr + NM * NN, 0)
-
-
-@triton.jit
-def _wait_parts(ready, need):
-    """Spin until ``*ready`` reaches ``need`` (acquire). The parts counted there took their
-    tickets before this program: they are past their K loops and storing, so the wait is a few
-    microseconds. The bound (about a second) turns a corrupted counter into NaNs in the tile
-    instead of a hang: returns whether every part arrived."""
-    n = tl.atomic_add(ready, 0, sem="acquire")
-    polls = 0
-    while (n < need) & (polls < 16_000_000):
-        n = tl.atomic_add(ready, 0, sem="acquire")
-        polls += 1
-    return n >= need
 
 
 @triton.jit
@@ -197,8 +148,7 @@ def gemm_splitk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
                        HAS_RES: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
                        A_TRANS: tl.constexpr, B_TRANS: tl.constexpr, GLU: tl.constexpr = False,
-                       PDL: tl.constexpr = False, PREFETCH_B: tl.constexpr = False, TAIL: tl.constexpr = False,
-                       TICKET_FIRST: tl.constexpr = False):
+                       PDL: tl.constexpr = False, PREFETCH_B: tl.constexpr = False, TAIL: tl.constexpr = False):
     # GLU (numasched.matmul_swiglu): B holds 2N columns, gate then up; the program accumulates
     # both halves of its tile's columns (two B tiles per K step) and stores silu(gate) * up (N
     # columns), so the MLP's activation costs no kernel and no round trip of the 2N-wide output
@@ -261,15 +211,13 @@ def gemm_splitk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
                         HAS_BIAS, HAS_RES, GLU)
         else:
             _merge_parts(acc, acc_u, c, bias, res, ws, counters, tm, tn, split, NM, NN, offs_m, offs_n, M, N,
-                         stride_cm, stride_cn, stride_rm, stride_rn, SPLIT_K, BLOCK_M, BLOCK_N, HAS_BIAS, HAS_RES, GLU,
-                         TICKET_FIRST)
+                         stride_cm, stride_cn, stride_rm, stride_rn, SPLIT_K, BLOCK_M, BLOCK_N, HAS_BIAS, HAS_RES, GLU)
     elif SPLIT_K == 1:
         _store_tile(acc, acc_u, c, bias, res, offs_m, offs_n, M, N, stride_cm, stride_cn, stride_rm, stride_rn,
                     HAS_BIAS, HAS_RES, GLU)
     else:
         _merge_parts(acc, acc_u, c, bias, res, ws, counters, tm, tn, split, NM, NN, offs_m, offs_n, M, N,
-                     stride_cm, stride_cn, stride_rm, stride_rn, SPLIT_K, BLOCK_M, BLOCK_N, HAS_BIAS, HAS_RES, GLU,
-                     TICKET_FIRST)
+                     stride_cm, stride_cn, stride_rm, stride_rn, SPLIT_K, BLOCK_M, BLOCK_N, HAS_BIAS, HAS_RES, GLU)
 
 
 late_point(gemm_splitk_kernel)

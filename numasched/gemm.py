@@ -209,8 +209,7 @@ def _splitk_buffers(device: torch.device, ws_numel: int, tiles: int, stream: int
     # grow-only (numasched._plan.grow_only): plans cache these addresses in their launch arguments
     # and captured graphs hold them; a replaced buffer must never be freed
     key = (device.type, device.index, stream)
-    # two counters per tile: tickets, then (options.gemm_splitk_ticket_first) partials stored
-    ctr = grow_only(_CTRS, key, 2 * tiles, torch.int32, device, zero=True, minimum=4096)
+    ctr = grow_only(_CTRS, key, tiles, torch.int32, device, zero=True, minimum=4096)
     if capturing:
         return torch.empty(ws_numel, dtype=torch.float32, device=device), ctr
     return grow_only(_WS, key, ws_numel, torch.float32, device), ctr
@@ -347,8 +346,6 @@ class GemmPlan(Plan):
         use_tma = self._take_tma_views(tma_views)
         const = dict(MAPPING=self._mapping_arg, SPLIT_K=S, HAS_BIAS=self._epi[0], HAS_RES=self._epi[1],
                      INPUT_PRECISION=self._precision, USE_TMA=use_tma, A_TRANS=self.a_trans, B_TRANS=self.b_trans)
-        if S > 1 and self._opts.gemm_splitk_ticket_first:
-            const["TICKET_FIRST"] = True
         if prefetch and not use_tma:   # options.pdl_prefetch: B's lines into L2 before the PDL wait
             const["PREFETCH_B"] = True
         # tail (Schedule.tail): the whole waves' tiles whole, the rest in S parts; the waves are

@@ -122,8 +122,6 @@ class SwiGLUPlan(Plan):
                      HAS_RES=False, INPUT_PRECISION="ieee" if self._upcast else input_precision(dtype),
                      USE_TMA=use_tma, A_TRANS=bool(use_tma and a_view[0]), B_TRANS=bool(use_tma and b_view[0]),
                      GLU=True)
-        if S > 1 and options.gemm_splitk_ticket_first:
-            const["TICKET_FIRST"] = True
         self.grid = (self._tiles * S,)
         self._launch = Launch(KS.gemm_splitk_kernel, self.grid, const, config=cfg, device=dev, interpret=interp,
                               options=options)

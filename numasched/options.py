@@ -20,7 +20,6 @@ numasched is imported (they are not read per call):
     NUMASCHED_GEMM_SPLITK_TMA=0 gemm_splitk_tma -> False
     NUMASCHED_GEMM_STREAMK_K_ALIGNED=0 gemm_streamk_k_aligned -> False
     NUMASCHED_GEMM_TAIL_SPLIT=0 gemm_tail_split -> False
-    NUMASCHED_GEMM_SPLITK_TICKET_FIRST=1 gemm_splitk_ticket_first -> True
     NUMASCHED_PDL=0             pdl -> False
     NUMASCHED_PDL_TRIGGER       pdl_trigger ("early", "late" or "none"; 1 / 0 mean early / none)
     NUMASCHED_PDL_PREFETCH=1    pdl_prefetch -> True
@@ -85,13 +84,6 @@ class Options:
             On by default: timed on an H200 at the grid's 44 points of M = 128-1024
             (bench/results/gemm-s14-tail/) the chooser's pick went from cuBLAS / ours 0.883 to
             0.901 (geomean; 512 x 14336 x 8192: 242 -> 185 us, 512 x 5120 x 12800: 140 -> 107).
-        gemm_splitk_ticket_first: a split-K tile's parts take their ticket before storing their
-            partial, so the last one keeps its own in registers and reads one partial fewer; it
-            waits (a bounded spin) for the others' stores, which are already under way
-            (kernels/gemm_splitk.py). The sum is in split order either way (deterministic).
-            Off: on an H100 it ran slower where the parts finish together (128 x 2560 x 8192 in 6
-            parts 33.2 -> 40.5 us) and 1-3 % faster only in two-wave splits
-            (bench/results/gemm-merge-probe/).
         pdl: launch numasched's kernels with programmatic dependent launch on NVIDIA sm_90+ (each
             kernel's launch and start overlap the kernel before it in the stream; the kernel
             waits for it before touching memory: kernels/pdl.py). Off elsewhere.
@@ -120,14 +112,13 @@ class Options:
     gemm_splitk_tma: bool = True
     gemm_streamk_k_aligned: bool = True
     gemm_tail_split: bool = True
-    gemm_splitk_ticket_first: bool = False
     pdl: bool = True
     pdl_trigger: str = "late"
     pdl_prefetch: bool = False
 
     def __post_init__(self):
         for f in ("autotune", "check_data", "gemm_flatten", "gemm_splitk_tma", "gemm_streamk_k_aligned",
-                  "gemm_tail_split", "gemm_splitk_ticket_first", "pdl", "pdl_prefetch"):
+                  "gemm_tail_split", "pdl", "pdl_prefetch"):
             if not isinstance(getattr(self, f), bool):
                 raise TypeError(f"Options.{f} must be a bool, got {getattr(self, f)!r}")
         if isinstance(self.pdl_trigger, bool):  # the former bool form
@@ -192,7 +183,6 @@ def from_env(environ=None) -> Options:
                    gemm_splitk_tma=flag("NUMASCHED_GEMM_SPLITK_TMA", True),
                    gemm_streamk_k_aligned=flag("NUMASCHED_GEMM_STREAMK_K_ALIGNED", True),
                    gemm_tail_split=flag("NUMASCHED_GEMM_TAIL_SPLIT", True),
-                   gemm_splitk_ticket_first=flag("NUMASCHED_GEMM_SPLITK_TICKET_FIRST", False),
                    pdl=flag("NUMASCHED_PDL", True),
                    pdl_trigger=_trigger(env.get("NUMASCHED_PDL_TRIGGER", "late")),
                    pdl_prefetch=flag("NUMASCHED_PDL_PREFETCH", False))

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 import numasched.distributed as nd
-from numasched.bench.common import bench_fixed_ms, init_rank, warm_up_for_capture
+from numasched.bench.common import dist_graph_us, init_rank
 
 SIZES = [64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 CONFIGS = [(16384, 8, 1), (32768, 8, 1), (16384, 8, 2), (8192, 4, 2), (65536, 16, 1), (32768, 8, 2)]
@@ -26,19 +26,7 @@ def main():
     group = dist.group.WORLD.group_name
     from torch.distributed import _symmetric_memory as symm_mem
 
-    def graph_us(fn, calls=5):
-        warm_up_for_capture(fn, 2)
-        dist.barrier()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for _ in range(calls):
-                fn()
-        torch.cuda.synchronize()
-        dist.barrier()
-        us = bench_fixed_ms(g.replay, warmup=3, iters=15) * 1e3 / calls
-        x = torch.tensor([us], device="cuda")
-        dist.all_reduce(x, op=dist.ReduceOp.MAX)
-        return float(x)
+    graph_us = dist_graph_us
 
     for nbytes in SIZES:
         n = nbytes // 2

@@ -2,7 +2,7 @@
 # Runs on a lent GPU machine (torch/triton preinstalled there, no network): installs numasched
 # without dependencies, the carried wheels (.whl/: flashinfer, tvm-ffi, iris) into /tmp/site,
 # then each step given as an argument, logging to $OUT. Steps: env probe tests bench-quick
-# bench-decode bench-prefill bench-gemm bench-policies sanitizer l2 gemm-gap gemm-tail gemm-splitk-probe gemm-unit-probe gemm-merge-probe tp2-prefill tp-many[:PARTS] report dist-worker[:ARGS] script-NAME[:ARGS]; "bench-SUITE:ARGS" passes
+# bench-decode bench-prefill bench-gemm bench-policies sanitizer l2 gemm-gap gemm-tail gemm-splitk-probe gemm-unit-probe tp2-prefill tp-many[:PARTS] report dist-worker[:ARGS] script-NAME[:ARGS]; "bench-SUITE:ARGS" passes
 # ARGS ('+' becomes a space) to the suite, e.g. bench-decode:--heads+gqa
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -55,7 +55,6 @@ for s in "$@"; do
     gemm-tail) bash scripts/gemm_tail.sh "$OUT" "$dev" ;;   # split-K tail schedules timed (issue 13)
     gemm-splitk-probe) bash scripts/gemm_splitk_probe.sh "$OUT" "$dev" ;;   # why split-K units run slow (issue 13)
     gemm-unit-probe) bash scripts/gemm_unit_probe.sh "$OUT" "$dev" ;;   # a split-K unit's fixed part (issue 13)
-    gemm-merge-probe) bash scripts/gemm_merge_probe.sh "$OUT" "$dev" ;;   # split-K merge: store-first vs ticket-first (issue 13)
     tp2-prefill) bash scripts/tp2_prefill.sh "$OUT" "$dev" ;;   # the TP 2 prefill modes (issue 14), 2 GPUs
     tp-many*) parts=""; [[ $s == *:* ]] && parts=${s#*:}   # TP on every GPU (issue 15): tp-many:models+worker+llama+qwen+coll
               bash scripts/tp_many.sh "$OUT" "$dev" "${parts:-models+worker+llama+qwen+coll}" ;;

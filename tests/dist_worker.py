@@ -422,12 +422,6 @@ def check_matmul_all_reduce(ctx, quick):
             e = rel(y, ref)
             ok(y is out and e < 1e-2, f"{impl} {(M, Kl, N)}: relative error {e:.2e}")
             ok(same_everywhere(y), f"{impl} {(M, Kl, N)}: ranks disagree")
-        if M >= 256:   # the opt-in kernel with communication programs (NUMASCHED_FUSED_AR_COMM)
-            from numasched.distributed._common import run as run_op
-            for comm, group in ((16, 1), (32, 4)):
-                out = torch.full((M, N), float("nan"), device="cuda", dtype=BF)
-                y = run_op(ctx, "matmul_all_reduce_cs", a, w.T, out=out, comm=comm, group=group)
-                ok(y is out and rel(y, ref) < 1e-2 and same_everywhere(y), f"comm programs {comm}/{group} {(M, Kl, N)}")
         plan = nd.plan_matmul_all_reduce(a, w.T, world=W)
         msgs.append(f"{M}x{Kl}x{N}: {plan.impl} {plan.gemm}+{plan.all_reduce} {e:.1e}")
         if M <= 256:   # the layer epilogue fused into the all-reduce: residual add + RMSNorm

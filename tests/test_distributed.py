@@ -115,14 +115,13 @@ def test_context_does_not_import_the_op_modules():
 
 def test_one_module_per_collective():
     """Each collective's module registers its op; the package's public names are the functions."""
-    variants = {"matmul_all_reduce_cs": "matmul_all_reduce"}   # a second kernel of a collective: its module
     assert set(nd.OPS) == {"all_gather_matmul", "matmul_reduce_scatter", "flash_decode_distributed", "all_reduce",
-                           "matmul_all_reduce", "all_reduce_add_rmsnorm", *variants}
+                           "matmul_all_reduce", "all_reduce_add_rmsnorm"}
     for name, op in nd.OPS.items():
-        mod = importlib.import_module(f"numasched.distributed.{variants.get(name, name)}")
+        mod = importlib.import_module(f"numasched.distributed.{name}")
         assert op.__module__ == mod.__name__ and op.name == name
-        fn = getattr(nd, variants.get(name, name))
-        assert isinstance(fn, types.FunctionType) and fn is getattr(mod, variants.get(name, name))
+        fn = getattr(nd, name)
+        assert isinstance(fn, types.FunctionType) and fn is getattr(mod, name)
         for part in ("describe", "buffers", "prepare", "_launch_fused"):
             assert part in vars(op), f"{name} lacks its own {part}"
     assert nd.SimWorld.__module__ == "numasched.distributed._sim"
@@ -1136,24 +1135,21 @@ def test_matmul_all_reduce_fused_sim(world, M, K, N, dtype, tma):
         _fused_case(world, M, K, N, dtype, weight_view=tma == "w.T")
 
 
-@pytest.mark.parametrize("world,M,K,N,dtype,tma", [(2, 40, 40, 33, torch.float32, False),
-                                                    (3, 33, 96, 40, torch.float32, False),
-                                                    (2, 48, 32, 48, torch.float32, True),
-                                                    (4, 17, 24, 48, torch.float16, False)])
-@pytest.mark.parametrize("defer", [True, False])
-def test_matmul_all_reduce_fused_big_tile_options_sim(world, M, K, N, dtype, tma, defer, monkeypatch):
-    """The fused kernel's big-tile options (what a GPU runs from 256 rows): REL32 (tiles addressed
-    as a 64-bit base plus 32-bit offsets) and DEFER (a tile reaches the peers a chunk of rows per
-    K step of the program's next tile, the rest after its K loop when K is short, the last tile
-    after the loop); same checks as impl="fused"."""
-    mar = importlib.import_module("numasched.distributed.matmul_all_reduce")
-    base = mar._fused_cfg
-    monkeypatch.setattr(mar, "_fused_cfg", lambda M_, dt, gpu: dict(base(M_, dt, gpu), DEFER=defer, REL32=True))
-    with options.use(dist_tma=bool(tma)):
-        sim = _fused_case(world, M, K, N, dtype)
-    plan = next(iter(sim.ranks[0].plans.values()))
-    kw = dict(plan.launchers[next(iter(plan.launchers))].kwargs)
-    assert kw.get("DEFER", False) is defer and kw.get("REL32") is True
+def _fused_case(world, M, K, N, dtype, weight_view=False):
+    sim = nd.SimWorld(world)
+    g = torch.Generator().manual_seed(world * 100 + M)
+    for call in range(3):
+        A = [torch.randn(M, K, generator=g).to(dtype) for _ in range(world)]
+        B = [torch.randn(K, N, generator=g).to(dtype) for _ in range(world)]
+        if weight_view:   # the w.T of an F.linear weight: the descriptor of its (N, K) storage
+            B = [b.T.contiguous().T for b in B]
+        outs = [torch.full((M, N), float("nan"), dtype=dtype) for _ in range(world)]
+        res = sim.run_each("matmul_all_reduce", [((A[r], B[r]), dict(out=outs[r])) for r in range(world)])
+        ref = sum(A[r].double() @ B[r].double() for r in range(world))
+        tol = 1e-5 if dtype == torch.float32 else 1e-2
+        for r in range(world):
+            assert res[r] is outs[r] and _rel(res[r].double(), ref) < tol, (call, r)
+            assert torch.equal(res[r], res[0])
 
 
 def test_matmul_all_reduce_fused_without_remote_stores_is_timing_only():
@@ -1170,59 +1166,6 @@ def test_matmul_all_reduce_fused_without_remote_stores_is_timing_only():
     assert all(_rel(y.double(), ref) < 1e-5 for y in res)
     plan = next(iter(sim.ranks[0].plans.values()))   # (the simulation launches each of its phases)
     assert any(dict(lc.kwargs).get("REMOTE") is False for lc in plan.launchers.values())
-
-
-@pytest.mark.parametrize("world,M,K,N,dtype,tma,comm,group", [(2, 5, 40, 33, torch.float32, False, 1, 1),
-                                                               (3, 40, 32, 64, torch.float32, False, 2, 4),
-                                                               (2, 33, 16, 20, torch.float16, False, 3, 2),
-                                                               (4, 17, 24, 48, torch.float32, False, 2, 3),
-                                                               (2, 20, 32, 48, torch.float32, True, 2, 1),
-                                                               (3, 24, 32, 64, torch.float32, "w.T", 1, 5)])
-def test_matmul_all_reduce_comm_programs_sim(world, M, K, N, dtype, tma, comm, group):
-    """impl="fused" with dedicated communication programs (matmul_all_reduce_cs_kernel, what a GPU
-    runs from 256 rows): GEMM programs leave partials, the owner of each tile sums every rank's
-    in rank order, the others copy its sum: float64 reference, NaN-poisoned outputs, three calls
-    on fresh data, bit-identical on every rank, flags at the last epoch."""
-    with options.use(dist_tma=bool(tma)):
-        sim = _fused_case(world, M, K, N, dtype, weight_view=tma == "w.T", op="matmul_all_reduce_cs",
-                          kw=dict(comm=comm, group=group))
-    plan = next(iter(sim.ranks[0].plans.values()))
-    assert plan.bufs["flags"].shape[0] == world + 1 and int(plan.bufs["epoch"]) == 3
-    T = plan.bufs["flags"].shape[1]
-    owned = [t for t in range(T) if t % world == 0]
-    assert (plan.bufs["flags"][:world, owned] == 3).all()   # every rank's partial of our tiles
-    if world > 1:   # the owners' sums of the tiles rank 0 does not own
-        assert (plan.bufs["flags"][world, [t for t in range(T) if t % world]] == 3).all()
-
-
-def test_matmul_all_reduce_comm_programs_timeout():
-    """A rank that never runs: the owners of its tiles wait for its partials and time out naming it."""
-    sim = nd.SimWorld(2, max_spins=5)
-    A = [torch.randn(8, 16) for _ in range(2)]
-    B = [torch.randn(16, 16) for _ in range(2)]
-    sim.run_each("matmul_all_reduce_cs", [((A[r], B[r]), dict(comm=1)) for r in range(2)])
-    with pytest.raises(TimeoutError, match=r"rank\(s\) \[0\] never signalled"):
-        sim.run_each("matmul_all_reduce_cs", [((A[r], B[r]), dict(comm=1)) for r in range(2)], skip_ranks=[0])
-    with pytest.raises(ValueError, match="comm must be >= 1"):
-        nd.SimWorld(2).run_each("matmul_all_reduce_cs", [((A[r], B[r]), dict(comm=0)) for r in range(2)])
-
-
-def _fused_case(world, M, K, N, dtype, weight_view=False, op="matmul_all_reduce", kw=None):
-    sim = nd.SimWorld(world)
-    g = torch.Generator().manual_seed(world * 100 + M)
-    for call in range(3):
-        A = [torch.randn(M, K, generator=g).to(dtype) for _ in range(world)]
-        B = [torch.randn(K, N, generator=g).to(dtype) for _ in range(world)]
-        if weight_view:   # the w.T of an F.linear weight: the descriptor of its (N, K) storage
-            B = [b.T.contiguous().T for b in B]
-        outs = [torch.full((M, N), float("nan"), dtype=dtype) for _ in range(world)]
-        res = sim.run_each(op, [((A[r], B[r]), dict(out=outs[r], **(kw or {}))) for r in range(world)])
-        ref = sum(A[r].double() @ B[r].double() for r in range(world))
-        tol = 1e-5 if dtype == torch.float32 else 1e-2
-        for r in range(world):
-            assert res[r] is outs[r] and _rel(res[r].double(), ref) < tol, (call, r)
-            assert torch.equal(res[r], res[0])
-    return sim
 
 
 def test_matmul_all_reduce_fused_timeout_and_plan():

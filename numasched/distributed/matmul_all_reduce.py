@@ -8,7 +8,6 @@ all-reduce in place on the same stream (no host synchronisation, graph-capturabl
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -166,8 +165,7 @@ def matmul_all_reduce(a, b_local, *, ctx, impl: str = "auto", gemm: str = "auto"
         _gemm(plan.gemm if plan.gemm in ("torch", "numasched") else cost.gemm_engine(plan.M), a, b_local, c)
         return run(ctx, "all_reduce_add_rmsnorm", c, residual, norm_weight, eps, out=out, check=check)
     if plan.all_reduce == "fused":
-        op = "matmul_all_reduce_cs" if _use_comm_programs(ctx, a) else "matmul_all_reduce"
-        return run(ctx, op, a, b_local, out=out, check=check)
+        return run(ctx, "matmul_all_reduce", a, b_local, out=out, check=check)
     c = _output(out, (plan.M, plan.N), a, "fused")
     if not c.is_contiguous():
         raise ValueError("out must be contiguous (the all-reduce sums it in place)")
@@ -240,14 +238,6 @@ def _overlapped(ctx, plan, a, b, c):
 # ----------------------------------------------------------------------------- impl="fused"
 # rows from which the fused kernel takes the big TMA-fed tiles of the other fused GEMMs
 FUSED_BIG_TILE_ROWS = 256
-# Opt-in (NUMASCHED_FUSED_AR_DEFER=1): push each tile a few rows per K step of the next
-# (kernels/dist_gemm_ar.py, DEFER) instead of at once after its K loop. On two H100s
-# (bench/results/mar-s17/mar-defer-2xh100.log) 4096 x 4096 x 2048 went 196.5 -> 187.0 us, but
-# 4096 x 4096 x 7168 424.9 -> 434.6 and 16384 x 4096 x 2048 693.1 -> 753.0: spreading the pushes
-# over the K loop does not hide them (the GEMM alone: 94 / 307 / 369 us).
-FUSED_DEFER_PUSH = os.environ.get("NUMASCHED_FUSED_AR_DEFER", "0") == "1"
-# 32-bit offsets inside a tile in the epilogue and the sums (kernels/dist_gemm_ar.py, REL32)
-FUSED_REL32 = os.environ.get("NUMASCHED_FUSED_AR_REL32", "1") != "0"
 
 
 def _fused_cfg(M: int, dtype, gpu: bool) -> dict:
@@ -258,8 +248,7 @@ def _fused_cfg(M: int, dtype, gpu: bool) -> dict:
         return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, num_warps=4, num_stages=1, USE_TMA=tma)
     elt = torch.empty((), dtype=dtype).element_size()
     if M >= FUSED_BIG_TILE_ROWS and elt == 2:
-        return dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3, USE_TMA=tma,
-                    DEFER=FUSED_DEFER_PUSH, REL32=FUSED_REL32)
+        return dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3, USE_TMA=tma)
     bm = min(64, max(16, 1 << max(0, M - 1).bit_length()))
     # decode-sized M streams the weight: narrow column tiles give every SM a strip of it
     return dict(BLOCK_M=bm, BLOCK_N=64, BLOCK_K=128 if elt == 2 else 64, num_warps=4, num_stages=4, USE_TMA=False)
@@ -340,11 +329,7 @@ class MatmulAllReduceFused(_Op):
             kw = dict(WORLD=ctx.world, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"],
                       EVEN_K=c["Kl"] % c["BLOCK_K"] == 0, USE_TMA=use_tma, B_TRANS=use_tma and b_trans, STAGES=stages,
                       BUMP_EPOCH=phase in ("full", "consume", "nocomm"), WAIT_CLOCK=ctx.wait_clock)
-            if c.get("REL32"):
-                kw.update(REL32=True)
-            if c.get("DEFER"):   # 32 chunks a tile (4 rows of 128): about 2 KB a K step per program
-                kw.update(DEFER=True, CH=max(1, c["BLOCK_M"] // 32))
-            if phase == "nocomm":   # pushes into our own heap: the time without remote stores
+            if phase == "nocomm":   # pushes into our own heap, no waits: the time without the exchange
                 kw.update(REMOTE=False)
             if ctx.device.type != "cpu":
                 kw.update(num_warps=c["num_warps"], num_stages=c["num_stages"])
@@ -352,100 +337,3 @@ class MatmulAllReduceFused(_Op):
 
         _Op._run(ctx, plan, call, phase, programs, args, layout, () if phase == "push" else (out,), build)
         return None if phase == "push" else out
-
-
-# ----------------------------------------------------------------------------- impl="fused", big tiles
-# Opt-in (NUMASCHED_FUSED_AR_COMM=N): from FUSED_BIG_TILE_ROWS rows on a GPU, impl="fused" runs
-# the kernel with N dedicated communication programs (kernels/dist_gemm_ar.py,
-# matmul_all_reduce_cs_kernel): the GEMM on the other SMs, the exchange and the sums on these.
-# Off by default: on two H100s (scripts/mar_sweep.py, bench/results/mar-s17/) it was slower than
-# the kernel whose GEMM programs push their own tiles at every shape and setting tried (4096 x
-# 4096 x 2048: 211-423 us against 194-199; cuBLAS + NCCL 236-245): a program moving tiles
-# through its registers to a peer drains a few GB/s (pulling them was slower still), so it
-# takes 32+ SMs from the GEMM to carry the exchange.
-FUSED_COMM_PROGRAMS = int(os.environ.get("NUMASCHED_FUSED_AR_COMM", "0"))
-# a communication program moves a tile in slices of this many rows (registers: 64-bit offsets)
-FUSED_CS_SUB_ROWS = int(os.environ.get("NUMASCHED_FUSED_AR_SUB", "64"))
-# ... and pushes this many of its tiles between two system-scope fences (more measured slower)
-FUSED_CS_GROUP = int(os.environ.get("NUMASCHED_FUSED_AR_GROUP", "1"))
-
-
-def _use_comm_programs(ctx, a) -> bool:
-    return (FUSED_COMM_PROGRAMS > 0 and ctx.device.type == "cuda" and a.shape[0] >= FUSED_BIG_TILE_ROWS
-            and a.element_size() == 2 and getattr(ctx, "num_sms", 0) > 2 * FUSED_COMM_PROGRAMS)
-
-
-@register
-class MatmulAllReduceCS(MatmulAllReduceFused):
-    """``impl="fused"`` with dedicated communication programs (``comm`` of the grid's programs):
-    buffers flags (WORLD + 1, tiles) and planes (WORLD + 1, M, N) (each rank's partials of the
-    tiles we own, ours of every tile; the sums of the tiles a peer owns)."""
-
-    name = "matmul_all_reduce_cs"
-    sim_phases = ("push", "send", "reduce", "consume")
-
-    @staticmethod
-    def describe(a, b_local, *, world, cfg=None, impl="fused", comm=None, group=None) -> Call:
-        call = MatmulAllReduceFused.describe(a, b_local, world=world, cfg=cfg, impl="fused")
-        comm = int((FUSED_COMM_PROGRAMS or 32) if comm is None else comm)
-        group = int(FUSED_CS_GROUP if group is None else group)
-        if comm < 1:
-            raise ValueError(f"comm must be >= 1 (communication programs), got {comm}")
-        if group < 1:
-            raise ValueError(f"group must be >= 1 (tiles a communication program pushes between fences), got {group}")
-        call.op = MatmulAllReduceCS.name
-        call.key = (MatmulAllReduceCS.name, comm, group) + call.key[1:]
-        call.header = dict(call.header, op=MatmulAllReduceCS.name, comm=comm, group=group)
-        call.cfg = dict(call.cfg, comm=comm, group=group)
-        return call
-
-    @staticmethod
-    def buffers(call) -> list:
-        c, W = call.cfg, call.cfg["world"]
-        return [("flags", (W + 1, c["tiles"]), torch.int64),
-                ("planes", (W + 1, c["M"], c["N"]), call.tensors["a"].dtype)]
-
-    @classmethod
-    def prepare(cls, ctx, a, b_local, *, out=None, comm=None, group=None):
-        _check_operands(ctx, "a", a, "b_local", b_local, "K_local")
-        check_int32_indexing("a", a)
-        check_int32_indexing("b_local", b_local)
-        call = cls.describe(a, b_local, world=ctx.world, comm=comm, group=group)
-        call.tensors["out"] = _output(out, (call.cfg["M"], call.cfg["N"]), a, "fused")
-        return call
-
-    @staticmethod
-    def _launch_fused(ctx, plan, call, phase):
-        c, t, bf = call.cfg, call.tensors, plan.bufs
-        a, b, out = t["a"], t["b_local"], t["out"]
-        comm = c["comm"]
-        programs = max(1, min(ctx.num_sms - comm, c["tiles"])) + comm
-        b_trans = b.stride(1) != 1 and b.stride(0) == 1
-        b_store = b.T if b_trans else b
-        use_tma = c["USE_TMA"] and _tma_ok(a, b_store)
-        if use_tma:
-            bblock = [c["BLOCK_N"], c["BLOCK_K"]] if b_trans else [c["BLOCK_K"], c["BLOCK_N"]]
-            descs = (_desc(a, [c["BLOCK_M"], c["BLOCK_K"]]), _desc(b_store, bblock))
-        else:
-            descs = (None, None)
-        args = (a, b, out, bf["planes"], *descs, bf["flags"], ctx.status, bf["epoch"], bf["counters"], ctx.heap_bases,
-                ctx.rank, c["M"], c["N"], c["Kl"], a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-                out.stride(0), out.stride(1), ctx.wait_bound)
-        layout = (use_tma, b_trans, _aligned(a), a.stride(), _aligned(b), b.stride(), _aligned(out), out.stride())
-        stages = {"full": 15, "push": 1, "send": 2, "reduce": 4, "consume": 8, "nocomm": 1}.get(phase, 15)
-
-        def build():
-            from numasched.kernels.dist_gemm_ar import matmul_all_reduce_cs_kernel
-
-            kw = dict(WORLD=ctx.world, COMM=comm, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"],
-                      EVEN_K=c["Kl"] % c["BLOCK_K"] == 0, USE_TMA=use_tma, B_TRANS=use_tma and b_trans,
-                      STAGES=stages, BUMP_EPOCH=phase in ("full", "consume", "nocomm"), WAIT_CLOCK=ctx.wait_clock,
-                      SUB=min(FUSED_CS_SUB_ROWS, c["BLOCK_M"]), GROUP=c["group"],
-                      ONE_FENCE=ctx.device.type == "cuda")
-            if ctx.device.type != "cpu":
-                kw.update(num_warps=c["num_warps"], num_stages=c["num_stages"])
-            return matmul_all_reduce_cs_kernel, kw
-
-        partial = phase in ("push", "send", "reduce")
-        _Op._run(ctx, plan, call, phase, programs, args, layout, () if partial else (out,), build)
-        return None if partial else out
