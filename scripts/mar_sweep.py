@@ -4,10 +4,12 @@ For each (M, N, K_local): torch.matmul and numasched.matmul alone, numasched's a
 bulk (cuBLAS + NCCL), impl="fused" (matmul_all_reduce_kernel: every program pushes each tile to
 the peers after its K loop, sums a tile later) and the same kernel with its pushes into its own
 heap and no waits (``communicate=False``, timing only: the kernel's time without the exchange).
-The fused result is checked against bulk's. The seventeenth session's variants (dedicated
+Each fused config in TILES (the default's 128 x 256 tiles, 128 x 128 tiles two programs per SM)
+is timed, and checked against bulk's result. The seventeenth session's variants (dedicated
 communication programs, pushes spread over the next K loop) ran slower: bench/results/mar-s17/.
 Run: NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node 2 scripts/mar_sweep.py
 MAR_SHAPES ("MxNxK_local,...") overrides the grid below."""
+import importlib
 import os
 
 import torch
@@ -18,6 +20,12 @@ import numasched.distributed as nd
 from numasched.bench.common import dist_graph_us, init_rank
 from numasched.distributed._common import run
 
+mar = importlib.import_module("numasched.distributed.matmul_all_reduce")
+TILE0 = mar.FUSED_BIG_TILE
+# (column, the fused kernel's big-tile config): the default, and 128 x 128 tiles two per SM
+TILES = [("fused", TILE0),
+         ("fused_128x128x2", dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=3, per_sm=2)),
+         ("fused_128x128x1", dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3, per_sm=1))]
 SHAPES = [(1024, 4096, 2048), (4096, 4096, 2048), (4096, 4096, 7168), (16384, 4096, 2048), (2048, 5120, 12800)]
 if os.environ.get("MAR_SHAPES"):
     SHAPES = [tuple(int(v) for v in s.split("x")) for s in os.environ["MAR_SHAPES"].split(",")]
@@ -54,9 +62,13 @@ def main():
         timed("ns_gemm", lambda: numasched.matmul(a, b, out=c))
         timed("ar", lambda: nd.all_reduce(c, ctx=ctx, out=c, check=False))
         timed("bulk", lambda: nd.matmul_all_reduce(a, b, ctx=ctx, impl="bulk", out=out, check=False))
-        timed("fused", lambda: run(ctx, "matmul_all_reduce", a, b, out=out, check=False),
-              lambda: run(ctx, "matmul_all_reduce", a, b, out=out))
-        timed("fused_noremote", lambda: run(ctx, "matmul_all_reduce", a, b, out=out, check=False, communicate=False))
+        for name, tile in TILES:
+            mar.FUSED_BIG_TILE = tile   # read when a call is described: each config its own plan
+            timed(name, lambda: run(ctx, "matmul_all_reduce", a, b, out=out, check=False),
+                  lambda: run(ctx, "matmul_all_reduce", a, b, out=out))
+            timed(f"{name}_noremote", lambda: run(ctx, "matmul_all_reduce", a, b, out=out, check=False,
+                                                  communicate=False))
+        mar.FUSED_BIG_TILE = TILE0
         if R == 0:
             print(" | ".join(line), flush=True)
     dist.barrier()

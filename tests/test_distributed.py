@@ -1150,6 +1150,21 @@ def _fused_case(world, M, K, N, dtype, weight_view=False):
         for r in range(world):
             assert res[r] is outs[r] and _rel(res[r].double(), ref) < tol, (call, r)
             assert torch.equal(res[r], res[0])
+    return sim
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_matmul_all_reduce_fused_two_programs_per_sm_sim(world, monkeypatch):
+    """A big-tile config with ``per_sm`` = 2 (FUSED_BIG_TILE): a grid of up to 2 x SMs programs,
+    each still pairing only with the same program of its peers; same checks as impl="fused"."""
+    mar = importlib.import_module("numasched.distributed.matmul_all_reduce")
+    base = mar._fused_cfg
+    monkeypatch.setattr(mar, "_fused_cfg", lambda M_, dt, gpu: dict(base(M_, dt, gpu), per_sm=2))
+    sim = _fused_case(world, 40, 24, 48, torch.float32)
+    plan = next(iter(sim.ranks[0].plans.values()))
+    tiles = plan.bufs["flags"].shape[1]
+    grids = {k[1] for k in plan.launchers}
+    assert grids == {min(2 * sim.ranks[0].num_sms, tiles)} and min(grids) > sim.ranks[0].num_sms
 
 
 def test_matmul_all_reduce_fused_without_remote_stores_is_timing_only():

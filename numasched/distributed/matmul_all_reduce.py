@@ -238,6 +238,11 @@ def _overlapped(ctx, plan, a, b, c):
 # ----------------------------------------------------------------------------- impl="fused"
 # rows from which the fused kernel takes the big TMA-fed tiles of the other fused GEMMs
 FUSED_BIG_TILE_ROWS = 256
+# ... and their config; ``per_sm``: programs per SM (the grid is at most SMs x per_sm programs).
+# Untimed alternative for the next GPU session (scripts/mar_sweep.py): 128 x 128 tiles, 4 warps,
+# 3 stages, 2 per SM (96 KB of shared memory and 255 registers each, offline sm_90 compile), so
+# one program's epilogue and exchange overlap the other's K loop on the same SM.
+FUSED_BIG_TILE = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3, per_sm=1)
 
 
 def _fused_cfg(M: int, dtype, gpu: bool) -> dict:
@@ -248,7 +253,7 @@ def _fused_cfg(M: int, dtype, gpu: bool) -> dict:
         return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, num_warps=4, num_stages=1, USE_TMA=tma)
     elt = torch.empty((), dtype=dtype).element_size()
     if M >= FUSED_BIG_TILE_ROWS and elt == 2:
-        return dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3, USE_TMA=tma)
+        return dict(FUSED_BIG_TILE, USE_TMA=tma)
     bm = min(64, max(16, 1 << max(0, M - 1).bit_length()))
     # decode-sized M streams the weight: narrow column tiles give every SM a strip of it
     return dict(BLOCK_M=bm, BLOCK_N=64, BLOCK_K=128 if elt == 2 else 64, num_warps=4, num_stages=4, USE_TMA=False)
@@ -307,7 +312,7 @@ class MatmulAllReduceFused(_Op):
     def _launch_fused(ctx, plan, call, phase):
         c, t, bf = call.cfg, call.tensors, plan.bufs
         a, b, out = t["a"], t["b_local"], t["out"]
-        programs = max(1, min(ctx.num_sms, c["tiles"]))
+        programs = max(1, min(ctx.num_sms * c.get("per_sm", 1), c["tiles"]))
         # TMA: A row-major; B row-major (K, N) or the transposed view of a (N, K) weight (w.T)
         b_trans = b.stride(1) != 1 and b.stride(0) == 1
         b_store = b.T if b_trans else b
