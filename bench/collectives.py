@@ -253,8 +253,7 @@ def _worker(args) -> int:
                 sb = symm_buffer(m * N).view(m, N)
                 so = torch.empty(m * N, device="cuda", dtype=bf)
                 graph_us("symm_us", lambda: (torch.matmul(a, b, out=sb),
-                                                   torch.ops.symm_mem.one_shot_all_reduce_out(sb.view(-1), "sum",
-                                                                                              group, so)))
+                                             torch.ops.symm_mem.one_shot_all_reduce_out(sb.view(-1), "sum", group, so)))
             # every variant timed below is checked first (the largest error is reported)
             row["err"] = max(rel(nd.matmul_all_reduce(a, b, ctx=ctx, out=out, **kw), ref)
                              for kw in ({}, dict(impl="fused"), dict(gemm="numasched", impl="oneshot"),
@@ -265,11 +264,9 @@ def _worker(args) -> int:
             row["auto_impl"] = f"{plan.impl}:{plan.gemm}+{plan.all_reduce}"
             graph_us("auto_us", lambda: nd.matmul_all_reduce(a, b, ctx=ctx, out=out, check=False))
             graph_us("two_kernels_us", lambda: nd.matmul_all_reduce(a, b, ctx=ctx, out=out, check=False,
-                                                                          gemm="numasched", impl="oneshot"))
-            graph_us("fused_us", lambda: nd.matmul_all_reduce(a, b, ctx=ctx, out=out, check=False,
-                                                                    impl="fused"))
-            graph_us("overlap_us", lambda: nd.matmul_all_reduce(a, b, ctx=ctx, out=out, check=False,
-                                                                      impl="overlap"))
+                                                                    gemm="numasched", impl="oneshot"))
+            graph_us("fused_us", lambda: nd.matmul_all_reduce(a, b, ctx=ctx, out=out, check=False, impl="fused"))
+            graph_us("overlap_us", lambda: nd.matmul_all_reduce(a, b, ctx=ctx, out=out, check=False, impl="overlap"))
             row["est_auto_us"] = plan.est_us
             row["est_bulk_us"] = nd.plan_matmul_all_reduce(a, b, world=W, impl="bulk").est_us
             peer_keys = ("bulk_us", "symm_us")
