@@ -28,7 +28,7 @@ def main(argv=None) -> int:
                    help="'; '-separated numasched schedules (as the bench names them)")
     p.add_argument("--calls", type=int, default=5, help="calls of each contender (default 5)")
     p.add_argument("--ab-option", default=None,
-                   help="a bool numasched option (e.g. gemm_splitk_ticket_first): each schedule runs with it off and on")
+                   help="a bool numasched option (e.g. gemm_tail_split): each schedule runs with it off and on")
     p.add_argument("--no-cublas", action="store_true", help="only numasched's schedules")
     p.add_argument("--no-profiler", action="store_true",
                    help="run the calls without torch.profiler (under Nsight Compute, which CUPTI cannot share)")
