@@ -69,36 +69,19 @@ def _glu_store(g, u, c, offs_m, offs_n, M, N, stride_cm, stride_cn):
     tl.store(c + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, y.to(c.dtype.element_ty), mask=mask)
 
 
-@triton.constexpr_function
-def _lines(block_k, line):
-    return max(1, int(block_k) // int(line))
-
-
 @triton.jit
-def _prefetch_b(b, n0, N, k_lo, k_hi, stride_bk, stride_bn, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
-    """L2 prefetch of B[k_lo:k_hi, n0:n0 + BLOCK_N]: one address per 128-byte line along B's
-    unit-stride dimension (K for a weight's ``W.T`` view, N for a row-major B), every element
-    when neither is unit-stride. (Each branch names its own tensors: the branches' shapes differ,
-    and Triton merges the names an if/else leaves behind.)"""
-    LINE: tl.constexpr = 1024 // b.dtype.element_ty.primitive_bitwidth  # elements per 128-byte line
-    if stride_bk == 1:
-        n_a = n0 + tl.arange(0, BLOCK_N)
-        k_a = tl.arange(0, _lines(BLOCK_K, LINE)) * LINE
-        for k0 in range(k_lo, k_hi, BLOCK_K):
-            prefetch_l2(b + n_a[None, :].to(tl.int64) * stride_bn + (k0 + k_a)[:, None],
-                        ((k0 + k_a) < k_hi)[:, None] & (n_a < N)[None, :])
-    elif stride_bn == 1:
-        n_b = n0 + tl.arange(0, _lines(BLOCK_N, LINE)) * LINE
-        k_b = tl.arange(0, BLOCK_K)
-        for k0 in range(k_lo, k_hi, BLOCK_K):
-            prefetch_l2(b + (k0 + k_b)[:, None].to(tl.int64) * stride_bk + n_b[None, :],
-                        ((k0 + k_b) < k_hi)[:, None] & (n_b < N)[None, :])
-    else:
-        n_c = n0 + tl.arange(0, BLOCK_N)
-        k_c = tl.arange(0, BLOCK_K)
-        for k0 in range(k_lo, k_hi, BLOCK_K):
-            prefetch_l2(b + (k0 + k_c)[:, None].to(tl.int64) * stride_bk + n_c[None, :].to(tl.int64) * stride_bn,
-                        ((k0 + k_c) < k_hi)[:, None] & (n_c < N)[None, :])
+def _prefetch_b(b, n0, N, k_lo, k_hi, stride_bn, BLOCK_N: tl.constexpr, GLU: tl.constexpr):
+    """L2 prefetch of this unit's B: B is a weight's ``W.T`` view (unit stride along K), so each
+    of its BLOCK_N columns' K range [k_lo, k_hi) is one contiguous run of W's row, one bulk
+    prefetch each (GLU: the up half's columns N + n too). The host sets PREFETCH_B only where
+    every run is 16-byte aligned and a multiple of 16 bytes long."""
+    n = n0 + tl.arange(0, BLOCK_N)
+    run = b + n.to(tl.int64) * stride_bn + k_lo
+    nbytes = (k_hi - k_lo) * (b.dtype.element_ty.primitive_bitwidth // 8) + tl.zeros([BLOCK_N], tl.int32)
+    live = (n < N) & (k_hi > k_lo)
+    prefetch_l2(run, nbytes, live)
+    if GLU:
+        prefetch_l2(run + N.to(tl.int64) * stride_bn, nbytes, live)
 
 
 @triton.jit
@@ -148,7 +131,7 @@ def gemm_splitk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
                        HAS_RES: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
                        A_TRANS: tl.constexpr, B_TRANS: tl.constexpr, GLU: tl.constexpr = False,
-                       PDL: tl.constexpr = False, PREFETCH_B: tl.constexpr = False, TAIL: tl.constexpr = False):
+                       PDL: tl.constexpr = False, PREFETCH_B: tl.constexpr = 0, TAIL: tl.constexpr = False):
     # GLU (numasched.matmul_swiglu): B holds 2N columns, gate then up; the program accumulates
     # both halves of its tile's columns (two B tiles per K step) and stores silu(gate) * up (N
     # columns), so the MLP's activation costs no kernel and no round trip of the 2N-wide output
@@ -168,11 +151,13 @@ def gemm_splitk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
     k_hi = tl.minimum(k_lo + k_per_split, K)
     if TAIL:
         k_hi = tl.where(whole, K, k_hi)
-    if PREFETCH_B:
-        # PDL: the weights (B) are no earlier kernel's output, so this unit's B lines are asked
-        # into L2 while the previous kernel still runs (pointer path; kernels/pdl.py)
+    if PREFETCH_B > 0:
+        # PDL: the weights (B) are no earlier kernel's output, so the first PREFETCH_B programs
+        # (the host's L2 budget: those resident while the previous kernel runs) ask their B
+        # into L2 before they wait for it (pointer path, B a W.T view; kernels/pdl.py)
         pdl_trigger(PDL)
-        _prefetch_b(b, tn * BLOCK_N, N, k_lo, k_hi, stride_bk, stride_bn, BLOCK_K, BLOCK_N)
+        if tl.program_id(0) < PREFETCH_B:
+            _prefetch_b(b, tn * BLOCK_N, N, k_lo, k_hi, stride_bn, BLOCK_N, GLU)
     pdl_enter(PDL)  # PDL: wait for the previous kernel here (kernels/pdl.py)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # GLU: the up half (unused otherwise)
@@ -235,6 +220,23 @@ BLOCK_MS = (16, 32, 64, 128)
 BLOCK_NS = (32, 64, 128)
 BLOCK_KS = (64, 128, 256)
 INTERPRETER_CONFIG = config(16, 16, 16, 4, 1)
+
+
+def prefetch_programs(b, K: int, k_per_split: int, block_n: int, grid: int, l2_bytes: int, tail: bool = False,
+                      halves: int = 1) -> int:
+    """PREFETCH_B of a launch (``options.pdl_prefetch``): 0 where B is not a weight's ``W.T`` view
+    whose per-column K runs are 16-byte aligned multiples of 16 bytes (the bulk prefetch's rule),
+    else how many programs prefetch: as many as half the L2 holds (the programs resident while
+    the previous kernel runs take the lowest ids; a weight larger than that is streamed as
+    usual past its first part). ``halves``: 2 for the SwiGLU kernel (gate and up columns);
+    ``tail``: whole tiles read all of K."""
+    elt = b.element_size()
+    if b.dim() != 2 or b.stride(0) != 1 or l2_bytes <= 0 or grid <= 0:
+        return 0
+    if b.data_ptr() % 16 or (b.stride(1) * elt) % 16 or (K * elt) % 16 or (k_per_split * elt) % 16:
+        return 0
+    per_program = block_n * (K if tail else min(K, k_per_split)) * elt * halves
+    return int(max(1, min(grid, (l2_bytes // 2) // per_program)))
 
 
 def shared_bytes(block_m: int, block_n: int, block_k: int, num_stages: int, elt: int) -> int:

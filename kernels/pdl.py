@@ -92,10 +92,12 @@ def pdl_value(trigger: str, late: bool) -> int:
 
 
 @triton.jit
-def prefetch_l2(ptrs, mask):
-    """An L2 prefetch hint for each address where ``mask`` holds (NVIDIA ``prefetch.global.L2``):
-    nothing is returned and nothing waits, so it may run before :func:`pdl_enter`'s wait on data
-    the previous kernel does not write (weights). Not for the interpreter (inline PTX)."""
+def prefetch_l2(ptrs, nbytes, mask):
+    """Ask ``nbytes`` bytes from each address where ``mask`` holds into L2 (NVIDIA sm_90
+    ``cp.async.bulk.prefetch.L2``: one instruction per contiguous run, carried out by the TMA
+    unit; nothing is returned and nothing waits), so it may run before :func:`pdl_enter`'s wait
+    on data the previous kernel does not write (weights). Addresses 16-byte aligned, ``nbytes`` a
+    multiple of 16 (the host checks). Not for the interpreter (inline PTX)."""
     tl.inline_asm_elementwise(
-        "{ .reg .pred pf; setp.ne.s32 pf, $2, 0; @pf prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
-        "=r,l,r", [ptrs, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+        "{ .reg .pred pf; setp.ne.s32 pf, $3, 0; @pf cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+        "=r,l,r,r", [ptrs, nbytes, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)

@@ -106,6 +106,18 @@ def _smem_optin(index: int) -> int:
     return int(getattr(p, "shared_memory_per_block_optin", 0) or 48 * 1024)
 
 
+@functools.lru_cache(maxsize=None)
+def _l2_size(index: int) -> int:
+    return int(getattr(torch.cuda.get_device_properties(index), "L2_cache_size", 0) or 0)
+
+
+def l2_bytes(device: torch.device) -> int:
+    """The GPU's L2 capacity in bytes (0 where torch does not say; the interpreter's CPU: 0)."""
+    if device.type != "cuda":
+        return 0
+    return _l2_size(_index(device))
+
+
 def shared_memory_per_block(device: torch.device) -> int:
     """Shared memory (AMD: LDS) one block may use on ``device``, bytes (the opt-in maximum;
     the interpreter's CPU: unbounded)."""

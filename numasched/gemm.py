@@ -346,8 +346,6 @@ class GemmPlan(Plan):
         use_tma = self._take_tma_views(tma_views)
         const = dict(MAPPING=self._mapping_arg, SPLIT_K=S, HAS_BIAS=self._epi[0], HAS_RES=self._epi[1],
                      INPUT_PRECISION=self._precision, USE_TMA=use_tma, A_TRANS=self.a_trans, B_TRANS=self.b_trans)
-        if prefetch and not use_tma:   # options.pdl_prefetch: B's lines into L2 before the PDL wait
-            const["PREFETCH_B"] = True
         # tail (Schedule.tail): the whole waves' tiles whole, the rest in S parts; the waves are
         # the SMs times the programs one holds, or ``num_programs`` slots when given
         whole, grid = 0, self._tiles * S
@@ -357,6 +355,10 @@ class GemmPlan(Plan):
             whole, grid = _sched.tail_split(schedule, self._tiles, elt, _sched.Machine.of(self.device), slots)
             const["TAIL"] = True
         self.tail_whole_tiles = whole
+        if prefetch and not use_tma:   # options.pdl_prefetch: B into L2 before the PDL wait
+            const["PREFETCH_B"] = KS.prefetch_programs(b, K, self._kps, cfg["BLOCK_N"], grid,
+                                                       caps.l2_bytes(self.device), tail=bool(whole))
+        self.prefetch_programs = const.get("PREFETCH_B", 0)
         self._sizes = (Mdim, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
                        *self._res_stride, self._kps, whole)
         self._launch = Launch(KS.gemm_splitk_kernel, (grid,), const, config=cfg, device=self.device,

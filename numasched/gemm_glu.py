@@ -123,6 +123,10 @@ class SwiGLUPlan(Plan):
                      USE_TMA=use_tma, A_TRANS=bool(use_tma and a_view[0]), B_TRANS=bool(use_tma and b_view[0]),
                      GLU=True)
         self.grid = (self._tiles * S,)
+        if (options.pdl and options.pdl_prefetch and not interp and not use_tma
+                and caps.pdl_supported(dev)):   # B into L2 before the PDL wait (kernels/pdl.py)
+            const["PREFETCH_B"] = KS.prefetch_programs(b, K, self._kps, cfg["BLOCK_N"], self.grid[0],
+                                                       caps.l2_bytes(dev), halves=2)
         self._launch = Launch(KS.gemm_splitk_kernel, self.grid, const, config=cfg, device=dev, interpret=interp,
                               options=options)
         self._freeze()

@@ -397,7 +397,7 @@ def _gemm_splitk_medium(tail: bool):
     return build
 
 
-def _gemm_splitk(prefetch: bool, row_major_b: bool = False):
+def _gemm_splitk(prefetch: bool, glu: bool = False):
     def build(vendor):
         from numasched import caps, mappings
         from numasched.kernels import gemm_splitk as K
@@ -409,9 +409,9 @@ def _gemm_splitk(prefetch: bool, row_major_b: bool = False):
                       stride_cm=6144, stride_cn=1, stride_rm=0, stride_rn=0, k_per_split=1024, whole_tiles=0,
                       MAPPING=mappings.get("grouped").constexpr(1), SPLIT_K=4, BLOCK_M=16, BLOCK_N=64,
                       BLOCK_K=128, HAS_BIAS=False, HAS_RES=False, INPUT_PRECISION=None, USE_TMA=False,
-                      A_TRANS=False, B_TRANS=False, PREFETCH_B=prefetch)
-        if row_major_b:   # B (K, N) row-major: N is the unit-stride dimension
-            values.update(stride_bk=6144, stride_bn=1)
+                      A_TRANS=False, B_TRANS=False, PREFETCH_B=96 if prefetch else 0)
+        if glu:   # numasched.matmul_swiglu: B holds 2N columns (gate, up), the output N
+            values.update(N=3072, stride_cm=3072, GLU=True)
         # AMD: the host caps the pipeline stages to the LDS (numasched.caps.AMD_MAX_STAGES)
         return K.gemm_splitk_kernel, values, 4, 6 if vendor == "nvidia" else caps.AMD_MAX_STAGES["gemm"]
     return build
@@ -591,11 +591,12 @@ VARIANTS: List[Variant] = [
             note="split-K 16x64x128, 4 warps, 6 stages (AMD: the capped stages), split 4 (M = 1 against a W.T "
                  "weight)"),
     Variant("gemm_splitk", "bf16-pointer-decode-prefetch", _gemm_splitk(True),
-            off={"amd": "prefetch.global.L2 is NVIDIA PTX; the host sets PREFETCH_B on sm_90+ only"},
-            note="the same with PREFETCH_B (options.pdl_prefetch): B's lines into L2 before the PDL wait"),
-    Variant("gemm_splitk", "bf16-pointer-decode-prefetch-rowmajor-b", _gemm_splitk(True, True),
-            off={"amd": "prefetch.global.L2 is NVIDIA PTX; the host sets PREFETCH_B on sm_90+ only"},
-            note="PREFETCH_B with a row-major (K, N) B: lines along N"),
+            off={"amd": "cp.async.bulk.prefetch.L2 is NVIDIA PTX; the host sets PREFETCH_B on sm_90+ only"},
+            note="the same with PREFETCH_B (options.pdl_prefetch): the first 96 programs' B into L2 before "
+                 "the PDL wait"),
+    Variant("gemm_splitk", "bf16-pointer-decode-glu-prefetch", _gemm_splitk(True, glu=True),
+            off={"amd": "cp.async.bulk.prefetch.L2 is NVIDIA PTX; the host sets PREFETCH_B on sm_90+ only"},
+            note="the SwiGLU form (GLU: gate and up columns) with PREFETCH_B"),
     Variant("gemm_splitk", "bf16-tma-128x128", _gemm_splitk_medium(False), off={"amd": _TMA_OFF},
             note="unsplit 128x128x64 TMA tiles, 8 warps, 6 stages (the chooser's medium-M split-K tile)"),
     Variant("gemm_splitk", "bf16-tma-128x128-tail", _gemm_splitk_medium(True), off={"amd": _TMA_OFF},

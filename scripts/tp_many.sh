@@ -10,6 +10,9 @@
 #   ar       bench collectives --only ar (the all-reduce alone, every size)
 #   decode   both models' (or $TP_MODELS') decode grids alone (no components, no eager step, no prefill): a re-check
 #   rope     Llama-3-8B's decode grid with and without --fuse-rope-cache, one after the other (components kept)
+#   prefetch Llama-3-8B's decode grid: torch, then numasched with options.pdl_prefetch off, on, and on with
+#            --fuse-swiglu (the decode GEMMs' weights into L2 before their PDL wait), each in its own launch
+#   mar      scripts/mar_sweep.py (the fused GEMM + all-reduce's tile configs at large M)
 # Writes under bench/results/tp<N>-DATE/ (or tp<N>-$TP_TAG/). Usage: tp_many.sh OUT_DIR DEV PARTS
 set -uo pipefail
 out=${1:?OUT_DIR}; dev=${2:-gpu}; parts=${3:-models+worker+llama+qwen+coll}
@@ -43,6 +46,15 @@ for part in ${parts//+/ }; do
     rope) for fuse in no-fuse-rope-cache fuse-rope-cache; do
             e2e $fuse-llama3-8b llama3-8b 2048,8192,32768 ${TP_E2E_TIMEOUT:-240} --prompt 0 --no-eager --$fuse
           done ;;
+    prefetch) e2e prefetch-torch llama3-8b 2048,8192,32768 ${TP_E2E_TIMEOUT:-200} --prompt 0 --no-taxes --no-eager --iters ${TP_ITERS:-10} \
+                --backends torch
+              for v in off on swiglu; do
+                NUMASCHED_PDL_PREFETCH=$([[ $v == off ]] && echo 0 || echo 1) e2e prefetch-$v llama3-8b 2048,8192,32768 \
+                  ${TP_E2E_TIMEOUT:-200} --prompt 0 --no-taxes --no-eager --iters ${TP_ITERS:-10} --backends numasched \
+                  $([[ $v == swiglu ]] && echo --fuse-swiglu)
+              done ;;
+    mar) NCCL_NVLS_ENABLE=0 timeout -k 10 ${TP_MAR_TIMEOUT:-240} torchrun --nproc-per-node=$n scripts/mar_sweep.py 2>&1 \
+           | tee "$res/mar-sweep-tp$n-$dev.log" | tail -40 ;;
     *) echo "unknown part $part" ;;
   esac
   keep

@@ -1075,3 +1075,29 @@ def test_schedule_names_parse_back_to_the_chooser_s_schedules():
             assert GS.Schedule.parse(s.describe()) == s, s
     with pytest.raises(ValueError, match="kind BMxBNxBK"):
         GS.Schedule.parse("tiled 128x256 w8")
+
+
+def test_prefetch_programs_budget_and_alignment_rules():
+    """options.pdl_prefetch's host rule (kernels/gemm_splitk.prefetch_programs): a bulk L2
+    prefetch needs B as a W.T view with 16-byte aligned, 16-byte multiple K runs; the programs
+    that prefetch hold at most half the L2, at least one, at most the grid."""
+    from numasched.kernels.gemm_splitk import prefetch_programs
+
+    w = torch.empty(3072, 4096, dtype=torch.bfloat16)   # a weight (N, K); B = W.T, stride (1, K)
+    b = w.T
+    l2 = 50 * 2 ** 20
+    per = 64 * 1024 * 2                                  # BLOCK_N 64, 1024 of K a split, 2 bytes
+    n = prefetch_programs(b, 4096, 1024, 64, 192, l2)
+    assert n == min(192, (l2 // 2) // per) and 0 < n <= 192
+    assert prefetch_programs(b, 4096, 1024, 64, 10, l2) == 10            # the grid caps it
+    assert prefetch_programs(b, 4096, 1024, 64, 192, 1) == 1             # at least one program
+    assert prefetch_programs(b, 4096, 1024, 64, 192, l2, halves=2) == max(1, min(192, (l2 // 2) // (2 * per)))
+    assert prefetch_programs(b, 4096, 1024, 64, 192, l2, tail=True) == max(1, min(192, (l2 // 2) // (4 * per)))
+    # no prefetch: B row-major (K, N) (its K runs are strided), misaligned base or K run, no L2
+    assert prefetch_programs(torch.empty(4096, 3072, dtype=torch.bfloat16), 4096, 1024, 64, 192, l2) == 0
+    assert prefetch_programs(torch.empty(3072 * 4096 + 1, dtype=torch.bfloat16)[1:].view(3072, 4096).T,
+                             4096, 1024, 64, 192, l2) == 0
+    odd = torch.empty(3072, 4100, dtype=torch.bfloat16)[:, :4092].T      # rows of 4100: 16-B aligned; K 4092 not
+    assert prefetch_programs(odd, 4092, 1024, 64, 192, l2) == 0
+    assert prefetch_programs(b, 4096, 1020, 64, 192, l2) == 0            # a split's run not a multiple of 16 B
+    assert prefetch_programs(b, 4096, 1024, 64, 192, 0) == 0

@@ -327,11 +327,13 @@ def test_pdl_chain_in_a_cuda_graph_reads_each_predecessors_output(prefetch, trig
     x = torch.randn(8, 256, device=dev, dtype=torch.float16)
     k = torch.randn(1, 512, 2, 128, device=dev, dtype=torch.float16)
     v = torch.randn_like(k)
+    wg = (torch.randn(512, 256, device=dev, dtype=torch.float16) / 16).T   # SwiGLU gate/up, a W.T view
 
     def step():
         y = x
         for w in ws:
             y = numasched.matmul(y, w)
+        y = numasched.matmul_swiglu(y, wg)     # 256 columns: gate 256 -> silu(g) * u
         q = y[:1].reshape(1, 2, 128)           # depends on the last GEMM
         return numasched.flash_decode(q, k, v)
 
@@ -339,6 +341,8 @@ def test_pdl_chain_in_a_cuda_graph_reads_each_predecessors_output(prefetch, trig
         ref_y = x.double()
         for w in ws:
             ref_y = ref_y @ w.double()
+        gu = ref_y @ wg.double()
+        ref_y = torch.nn.functional.silu(gu[:, :256]) * gu[:, 256:]
         qd = ref_y[:1].reshape(1, 2, 1, 128)
         kd, vd = k.double().transpose(1, 2), v.double().transpose(1, 2)
         ref = torch.softmax(qd @ kd.transpose(-1, -2) / 128 ** 0.5, -1) @ vd

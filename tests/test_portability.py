@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 SM90_SUBSET = [
     "flash_decode/contiguous-fused-bf16-d128-g4", "combine/bf16-d128-s16", "attention_fwd/bf16-d128-causal-tma",
     "gemm/bf16-tma-persistent", "dist/all_gather_matmul-tma", "dist/decode_exchange_combine", "probe/l2_latency",
-    "gemm_splitk/bf16-pointer-decode-prefetch", "gemm_splitk/bf16-pointer-decode-prefetch-rowmajor-b",
+    "gemm_splitk/bf16-pointer-decode-prefetch", "gemm_splitk/bf16-pointer-decode-glu-prefetch",
 ] + [v.key for v in PT.VARIANTS if "nvidia" in v.off]
 
 # (variant, vendor) pairs switched off, and why (a word the reason must contain)
@@ -35,7 +35,7 @@ EXPECTED_OFF = {
     **{(v.key, "nvidia"): "LDS" for v in PT.VARIANTS if "stage" in v.name},
     ("probe/xcc_id", "nvidia"): "AMD ISA",
     ("gemm_splitk/bf16-pointer-decode-prefetch", "amd"): "NVIDIA PTX",
-    ("gemm_splitk/bf16-pointer-decode-prefetch-rowmajor-b", "amd"): "NVIDIA PTX",
+    ("gemm_splitk/bf16-pointer-decode-glu-prefetch", "amd"): "NVIDIA PTX",
 }
 
 
@@ -132,21 +132,27 @@ def test_signature_and_targets():
 
 
 def test_splitk_prefetch_comes_before_the_pdl_wait():
-    """sm_90 PTX of the decode-size split-K GEMM with PREFETCH_B: the weight prefetches are
-    issued, and before the griddepcontrol.wait; without PREFETCH_B there are none."""
+    """sm_90 PTX of the decode-size split-K GEMM with PREFETCH_B: the weight's bulk L2 prefetches
+    are issued, before the griddepcontrol.wait (the SwiGLU form: gate and up columns, twice as
+    many); without PREFETCH_B there are none."""
     code = ("import json; from numasched import portability as P\n"
             "out = {}\n"
-            "for v in ('bf16-pointer-decode-prefetch', 'bf16-pointer-decode-prefetch-rowmajor-b', "
+            "for v in ('bf16-pointer-decode-prefetch', 'bf16-pointer-decode-glu-prefetch', "
             "'bf16-pointer-decode'):\n"
             "    r = P.compile_variant('gemm_splitk', v, 'sm90', keep_asm=True)\n"
             "    out[v] = r['asm']['ptx'] if r['ok'] else r['error']\n"
             "print(json.dumps(out))\n")
     ptx = compiled_json(code)
-    for v in ("bf16-pointer-decode-prefetch", "bf16-pointer-decode-prefetch-rowmajor-b"):
+    op = "cp.async.bulk.prefetch.L2.global"
+    counts = {}
+    for v in ("bf16-pointer-decode-prefetch", "bf16-pointer-decode-glu-prefetch"):
         pre = ptx[v]
-        assert "prefetch.global.L2" in pre and "griddepcontrol.wait" in pre, v
-        assert pre.index("prefetch.global.L2") < pre.index("griddepcontrol.wait"), v
-    assert "prefetch.global.L2" not in ptx["bf16-pointer-decode"]
+        assert op in pre and "griddepcontrol.wait" in pre, v
+        assert pre.index(op) < pre.index("griddepcontrol.wait"), v
+        assert pre.rindex(op) < pre.index("griddepcontrol.wait"), v
+        counts[v] = pre.count(op)
+    assert counts["bf16-pointer-decode-glu-prefetch"] == 2 * counts["bf16-pointer-decode-prefetch"]
+    assert op not in ptx["bf16-pointer-decode"] and "prefetch.global.L2" not in ptx["bf16-pointer-decode"]
 
 
 def test_late_pdl_trigger_comes_after_the_k_loop():
