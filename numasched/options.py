@@ -94,11 +94,13 @@ class Options:
             decode-size GEMMs back to back (M = 1-256, 44 shapes) ran at 1.006 / 0.939 / 0.999
             of cuBLAS (geomean) with late / early / none, and the Llama-3-8B decode step was the
             same with late and early (bench/results/README.md, eighth session).
-        pdl_prefetch: with ``pdl``, the split-K GEMM (pointer path: decode-size tiles) asks its
-            weight lines into L2 before it waits for the previous kernel (kernels/pdl.py). Off:
-            measured on an H200 it made the Llama-3-8B decode step 1.05-1.34x slower (1 x 2k:
-            6.31 against 4.71 ms; bench/results/README.md, eighth session): one prefetch per
-            line in a loop before the wait costs more than the overlap gains.
+        pdl_prefetch: with ``pdl``, the decode-size split-K GEMM (pointer path, a weight's W.T
+            view; also matmul_swiglu) asks its weights into L2 before it waits for the previous
+            kernel: one bulk prefetch (``cp.async.bulk.prefetch.L2``) per K run of each column,
+            from the first programs, within half the L2 (kernels/pdl.py). Off: on two H100s
+            (Llama-3-8B, TP 2, decode grid; bench/results/tp2-s18/prefetch-*) it made every step
+            0.45-0.56 ms slower (1 x 2k 4.17 against 3.61 ms, 16 x 32k 15.50 against 15.03), as
+            the earlier per-line prefetch did on an H200 (eighth session: 1.05-1.34x slower).
     """
 
     autotune: bool = True
