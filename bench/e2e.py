@@ -127,9 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fuse-swiglu", action=argparse.BooleanOptionalAction, default=False,
                    help="numasched: gate/up projection + silu(gate) * up in one launch at decode sizes "
                         "(numasched.matmul_swiglu; default off: measured -2.6%% to +2%% per step)")
-    p.add_argument("--fuse-swiglu-down", action=argparse.BooleanOptionalAction, default=False,
-                   help="numasched: silu(gate) * up formed by the down projection's operand loads at decode "
-                        "sizes (numasched.swiglu_matmul) instead of an elementwise kernel")
+    p.add_argument("--pdl-swiglu", action=argparse.BooleanOptionalAction, default=False,
+                   help="numasched: silu(gate) * up by numasched.swiglu (a PDL-launched kernel between the "
+                        "decode-size GEMMs) instead of the compiled elementwise kernel")
     p.add_argument("--fuse-rope-cache", action=argparse.BooleanOptionalAction, default=True,
                    help="numasched: a decode step's QKV split + RoPE + paged cache write in one launch "
                         "(numasched.qkv_rope_cache; default on, --no-fuse-rope-cache for the unfused sequence)")
@@ -213,7 +213,7 @@ def _dry_run(args) -> int:
     if "numasched" in args.backends:
         fused = [name for name, on in (("all-reduce + add + RMSNorm", args.fuse_norm and args.tp > 1),
                                         ("gate/up + SwiGLU", args.fuse_swiglu),
-                                        ("SwiGLU + down", args.fuse_swiglu_down),
+                                        ("SwiGLU by a PDL kernel", args.pdl_swiglu),
                                         ("QKV split + RoPE + cache write", args.fuse_rope_cache)) if on]
         contenders.append("numasched decode fusions: " + (", ".join(fused) or "none"))
         if args.prompt:
@@ -236,8 +236,6 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.prefill_seq_parallel and (args.prefill_overlap or 1) > 1:
         parser.error("--prefill-seq-parallel and --prefill-overlap are two ways to run the prefill: pass one")
-    if args.fuse_swiglu and args.fuse_swiglu_down:
-        parser.error("--fuse-swiglu and --fuse-swiglu-down put the activation on two sides of the MLP: pass one")
     _settle(args)
     try:
         _spec(args)[1].check_tp(args.tp)
@@ -461,7 +459,7 @@ def _backend(name, ctx, dctx):
                             fuse_swiglu=ctx.args.fuse_swiglu, prefill_overlap=ctx.args.prefill_overlap,
                             prefill_seq_parallel=ctx.args.prefill_seq_parallel,
                             fuse_rope_cache=ctx.args.fuse_rope_cache, prefill_attention=ctx.args.prefill_attention,
-                            fuse_swiglu_down=ctx.args.fuse_swiglu_down)
+                            pdl_swiglu=ctx.args.pdl_swiglu)
 
 
 def _parts(model, be, cache, seq: Optional[int] = None) -> Dict[str, Callable[[], object]]:

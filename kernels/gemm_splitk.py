@@ -62,15 +62,6 @@ def load_ab_tma(a, b, tm, tn, k0, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, 
 
 
 @triton.jit
-def _swiglu_tile(g, u):
-    """silu(g) * u as the MLP's elementwise step computes it (F.silu(g) * u): silu in fp32,
-    rounded to the dtype, times u, rounded again."""
-    gf = g.to(tl.float32)
-    act = (gf / (1.0 + tl.exp(-gf))).to(g.dtype)
-    return (act.to(tl.float32) * u.to(tl.float32)).to(g.dtype)
-
-
-@triton.jit
 def _glu_store(g, u, c, offs_m, offs_n, M, N, stride_cm, stride_cn):
     """SwiGLU epilogue: silu(g) * u in fp32, then the output's dtype."""
     y = g / (1.0 + tl.exp(-g)) * u
@@ -140,14 +131,10 @@ def gemm_splitk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
                        HAS_RES: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
                        A_TRANS: tl.constexpr, B_TRANS: tl.constexpr, GLU: tl.constexpr = False,
-                       PDL: tl.constexpr = False, PREFETCH_B: tl.constexpr = 0, TAIL: tl.constexpr = False,
-                       GLU_A: tl.constexpr = False):
+                       PDL: tl.constexpr = False, PREFETCH_B: tl.constexpr = 0, TAIL: tl.constexpr = False):
     # GLU (numasched.matmul_swiglu): B holds 2N columns, gate then up; the program accumulates
     # both halves of its tile's columns (two B tiles per K step) and stores silu(gate) * up (N
-    # columns), so the MLP's activation costs no kernel and no round trip of the 2N-wide output.
-    # GLU_A (numasched.swiglu_matmul; pointer path): A holds 2K columns, gate then up, and the
-    # operand is silu(gate) * up, formed tile by tile as it is loaded: the MLP's down projection
-    # takes the activation with its A loads, and the activation's kernel and round trip go away
+    # columns), so the MLP's activation costs no kernel and no round trip of the 2N-wide output
     NM = tl.cdiv(M, BLOCK_M)
     NN = tl.cdiv(N, BLOCK_N)
     if TAIL:   # whole tiles first, then the remainder's tiles in SPLIT_K parts (whole_tiles: host)
@@ -195,9 +182,6 @@ def gemm_splitk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
             offs_k = k0 + tl.arange(0, BLOCK_K)
             mask_k = offs_k < k_hi
             a_t = tl.load(a_rows + offs_k[None, :] * stride_ak, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-            if GLU_A:   # A is the gate half; its up half sits K columns on: the operand is silu(g) * u
-                a_t = _swiglu_tile(a_t, tl.load(a_rows + (offs_k + K)[None, :] * stride_ak,
-                                                mask=mask_m[:, None] & mask_k[None, :], other=0.0))
             b_t = tl.load(b_cols + offs_k[:, None] * stride_bk, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
             acc = tl.dot(a_t, b_t, acc, input_precision=INPUT_PRECISION)
             if GLU:

@@ -15,15 +15,12 @@ The schedule is the model's split-K pick for the (M, 2n, K) GEMM (numasched.gemm
 half its tile width, so the launch has as many programs reading as many weight bytes each as
 the plain projection would. Meant for decode-sized M (the split-K kernel's regime); any M runs.
 
-The other side of the activation, ``swiglu_matmul``: the MLP's down projection of the gate/up
-projection's (M, 2k) output ``h``,
+The activation alone, for a gate/up projection run as a plain GEMM:
 
-    y = numasched.swiglu_matmul(h, w_down.T)          # (silu(h[:, :k]) * h[:, k:]) @ w_down.T
+    y = numasched.swiglu(gu)       # silu(gu[:, :n]) * gu[:, n:], one PDL-launched kernel
 
-forms ``silu(gate) * up`` tile by tile as the split-K kernel loads its A operand (``GLU_A``,
-pointer loads), so the gate/up projection stays the plain GEMM (its full rate) and the
-activation costs neither a kernel nor the (M, k) round trip. The same split-K schedule as the
-plain (M, N, k) GEMM; decode-sized M.
+(kernels/swiglu.py): between two of numasched's GEMMs it keeps the chain of dependent launches
+that a compiled elementwise kernel breaks.
 """
 from __future__ import annotations
 
@@ -37,13 +34,13 @@ from . import mappings as M
 from . import observe as _observe
 from . import options as _options
 from . import topology as _topology
-from ._plan import PLANS, Plan, signature, upcast_like
+from ._plan import PLANS, Plan, fast_signature, signature, upcast_like
 from ._route import plain_eager
 from ._validate import check_int32_indexing, check_tensor
 from .gemm import SUPPORTED_DTYPES, TensorDescriptor, _splitk_buffers, input_precision, tma_view
 
-__all__ = ["matmul_swiglu", "plan_matmul_swiglu", "check_matmul_swiglu", "SwiGLUPlan", "swiglu_matmul",
-           "plan_swiglu_matmul", "check_swiglu_matmul"]
+__all__ = ["matmul_swiglu", "plan_matmul_swiglu", "check_matmul_swiglu", "SwiGLUPlan", "swiglu", "check_swiglu",
+           "SwiGLUActPlan"]
 
 
 def check_matmul_swiglu(a, b, out=None):
@@ -66,45 +63,16 @@ def check_matmul_swiglu(a, b, out=None):
     return Mdim, n, K, a.dtype
 
 
-def check_swiglu_matmul(h, b, out=None):
-    """Check without reading data; returns (M, N, k, dtype). ``h`` is (M, 2k): gate columns, then
-    up columns (a gate/up projection's output); ``b`` is (k, N) (``w.T`` of a down projection)."""
-    check_tensor("h", h, ndim=2, dtypes=SUPPORTED_DTYPES)
-    check_tensor("b", b, ndim=2, dtypes=(h.dtype,), device=h.device)
-    Mdim, two_k = h.shape
-    if two_k % 2 or two_k == 0:
-        raise ValueError(f"h must have an even, positive number of columns (gate then up), got {two_k}")
-    k = two_k // 2
-    if b.shape[0] != k:
-        raise ValueError(f"b has {b.shape[0]} rows but h's gate half has {k} columns (they must be equal)")
-    N = b.shape[1]
-    if out is not None:
-        check_tensor("out", out, ndim=2, dtypes=(h.dtype,), device=h.device)
-        if tuple(out.shape) != (Mdim, N):
-            raise ValueError(f"out must have shape {(Mdim, N)}, got {tuple(out.shape)}")
-    for name, t in (("h", h), ("b", b)):
-        check_int32_indexing(name, t)
-    return Mdim, N, k, h.dtype
-
-
 class SwiGLUPlan(Plan):
-    """A planned SwiGLU GEMM (:func:`plan_matmul_swiglu`; ``side="in"``: :func:`plan_swiglu_matmul`).
-    Attributes: M, n (the output's columns), K (the GEMM's reduction length); side ("out": the
-    activation on the output, "in": on the A operand); schedule (the split-K Schedule: of the
-    (M, 2n, K) GEMM with "out", of the (M, n, K) one with "in"); block_n (the kernel's tile: with
-    "out" half the schedule's); split_k; path ("tma" or "pointer"); mode ("kernel",
-    "interpreter", "torch", "empty"); grid; config; workspace_bytes; tensors."""
+    """A planned SwiGLU GEMM (:func:`plan_matmul_swiglu`). Attributes: M, n, K; schedule (the
+    split-K Schedule for the (M, 2n, K) GEMM); block_n (the GLU tile: half the schedule's);
+    split_k; path ("tma" or "pointer"); mode ("kernel", "interpreter", "torch", "empty"); grid;
+    config; workspace_bytes; tensors."""
 
     op = "matmul_swiglu"
 
-    def __init__(self, a, b, out=None, *, schedule=None, options: Optional[_options.Options] = None,
-                 side: str = "out"):
-        if side not in ("out", "in"):
-            raise ValueError(f"side must be 'out' or 'in', got {side!r}")
-        self.side = side
-        if side == "in":
-            self.op = "swiglu_matmul"
-        Mdim, n, K, dtype = (check_matmul_swiglu if side == "out" else check_swiglu_matmul)(a, b, out)
+    def __init__(self, a, b, out=None, *, schedule=None, options: Optional[_options.Options] = None):
+        Mdim, n, K, dtype = check_matmul_swiglu(a, b, out)
         options = options if options is not None else _options.current()
         self.M, self.n, self.K = Mdim, n, K
         self.tensors = dict(a=signature(a), b=signature(b), out=signature(out))
@@ -122,20 +90,17 @@ class SwiGLUPlan(Plan):
 
         interp = self.mode == "interpreter"
         self._upcast = interp and dtype == torch.bfloat16  # the interpreter's bf16 dot is wrong
-        glu_out = side == "out"
         a_view, b_view = tma_view(a), tma_view(b)
-        # side "in" forms its operand from two A loads: pointer loads only
-        tma_possible = (glu_out and options.gemm_splitk_tma and a_view is not None and b_view is not None
+        tma_possible = (options.gemm_splitk_tma and a_view is not None and b_view is not None
                         and TensorDescriptor is not None)
         if schedule is None and not interp:
-            schedule = _sched.choose(Mdim, 2 * n if glu_out else n, K, dtype, dev, splitk_only=True,
+            schedule = _sched.choose(Mdim, 2 * n, K, dtype, dev, splitk_only=True,
                                      splitk_tma=tma_possible and caps.tma_supported(dev))
         if schedule is not None:
             if schedule.kind != "splitk":
                 raise ValueError(f"schedule must be a split-K Schedule, got kind {schedule.kind!r}")
             cfg = dict(schedule.config())
-            if glu_out:
-                cfg["BLOCK_N"] = max(16, schedule.block_n // 2)
+            cfg["BLOCK_N"] = max(16, schedule.block_n // 2)
             S = schedule.split_k
         else:  # the interpreter: small tiles, split while there are few tiles (tests the merge)
             cfg = dict(KS.INTERPRETER_CONFIG)
@@ -149,7 +114,7 @@ class SwiGLUPlan(Plan):
         self._kps = -(-(-(-K // S)) // bk) * bk
         NM, NN = -(-Mdim // cfg["BLOCK_M"]), -(-n // cfg["BLOCK_N"])
         self._tiles = NM * NN
-        self._ws_numel = (2 if glu_out else 1) * S * NM * cfg["BLOCK_M"] * NN * cfg["BLOCK_N"] if S > 1 else 0
+        self._ws_numel = 2 * S * NM * cfg["BLOCK_M"] * NN * cfg["BLOCK_N"] if S > 1 else 0
         self.workspace_bytes = 4 * self._ws_numel
         # TMA as the split-K GEMM takes it: Hopper, tiles of 64+ rows (or the interpreter when asked)
         use_tma = tma_possible and ((interp and schedule is not None)
@@ -164,19 +129,18 @@ class SwiGLUPlan(Plan):
         const = dict(MAPPING=self.policy.constexpr(self.topology.num_domains), SPLIT_K=S, HAS_BIAS=False,
                      HAS_RES=False, INPUT_PRECISION="ieee" if self._upcast else input_precision(dtype),
                      USE_TMA=use_tma, A_TRANS=bool(use_tma and a_view[0]), B_TRANS=bool(use_tma and b_view[0]),
-                     **({"GLU": True} if glu_out else {"GLU_A": True}))
+                     GLU=True)
         self.grid = (self._tiles * S,)
         if (options.pdl and options.pdl_prefetch and not interp and not use_tma
                 and caps.pdl_supported(dev)):   # B into L2 before the PDL wait (kernels/pdl.py)
             const["PREFETCH_B"] = KS.prefetch_programs(b, K, self._kps, cfg["BLOCK_N"], self.grid[0],
-                                                       caps.l2_bytes(dev), halves=2 if glu_out else 1)
+                                                       caps.l2_bytes(dev), halves=2)
         self._launch = Launch(KS.gemm_splitk_kernel, self.grid, const, config=cfg, device=dev, interpret=interp,
                               options=options)
         self._freeze()
 
     def run(self, a, b, out=None) -> torch.Tensor:
-        """``silu(a @ b[:, :n]) * (a @ b[:, n:])`` (side "in": ``(silu(a[:, :K]) * a[:, K:]) @ b``)
-        into ``out`` (a new (M, n) tensor when None)."""
+        """``silu(a @ b[:, :n]) * (a @ b[:, n:])`` into ``out`` (a new (M, n) tensor when None)."""
         self.check_signatures(a=a, b=b, out=out if self.tensors["out"] is not None else None)
         if out is None:
             out = torch.empty((self.M, self.n), dtype=a.dtype, device=a.device)
@@ -194,9 +158,6 @@ class SwiGLUPlan(Plan):
             if _observe.OBSERVERS:
                 _observe.notify(self.op, "torch", (), (out,), self,
                                 f"no Triton kernel can run on {self.device} (CPU tensors need TRITON_INTERPRET=1)")
-            if self.side == "in":
-                act = torch.nn.functional.silu(a[:, :self.K].float()).to(a.dtype).float() * a[:, self.K:].float()
-                return out.copy_(act.to(a.dtype).float() @ b.float())
             gu = a.float() @ b.float()
             return out.copy_(torch.nn.functional.silu(gu[:, :self.n]) * gu[:, self.n:])
         res = out
@@ -230,28 +191,22 @@ def plan_matmul_swiglu(a, b, out=None, *, schedule=None, options: Optional[_opti
     return SwiGLUPlan(a, b, out, schedule=schedule, options=options)
 
 
-def plan_swiglu_matmul(h, b, out=None, *, schedule=None, options: Optional[_options.Options] = None) -> SwiGLUPlan:
-    """Plan :func:`swiglu_matmul` for operands like these (only their signatures are read).
-    ``schedule``: a split-K Schedule of the (M, N, k) GEMM to use instead of the model's."""
-    return SwiGLUPlan(h, b, out, schedule=schedule, options=options, side="in")
-
-
-def _key(a, b, out, side="out"):
-    return ("matmul_swiglu", side, a.shape, a.stride(), a.dtype, a.device, a.data_ptr() & 15, b.shape, b.stride(),
+def _key(a, b, out):
+    return ("matmul_swiglu", a.shape, a.stride(), a.dtype, a.device, a.data_ptr() & 15, b.shape, b.stride(),
             b.device, b.data_ptr() & 15, None if out is None else (out.shape, out.stride(), out.data_ptr() & 15),
             a.device.type != "cuda" and caps.interpreting(), _topology._CURRENT, _options._CURRENT)
 
 
-def _run(a, b, out=None, side="out"):
-    key, plan = PLANS.find(_key, a, b, out, side)
+def _run(a, b, out=None):
+    key, plan = PLANS.find(_key, a, b, out)
     if plan is None:
-        plan = SwiGLUPlan(a, b, out, side=side)
+        plan = SwiGLUPlan(a, b, out)
         if key is not None:
             PLANS.put(key, plan)
     return plan.run(a, b, out)
 
 
-# torch.compile, fake tensors and dispatch modes see one custom op per side (no autograd: inference)
+# torch.compile, fake tensors and dispatch modes see one custom op (no autograd: inference)
 @torch.library.custom_op("numasched::matmul_swiglu", mutates_args=())
 def _swiglu_op(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     check_matmul_swiglu(a, b)
@@ -264,40 +219,106 @@ def _swiglu_fake(a, b):
     return a.new_empty((Mdim, n), dtype=dtype)
 
 
-@torch.library.custom_op("numasched::swiglu_matmul", mutates_args=())
-def _swiglu_in_op(h: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    check_swiglu_matmul(h, b)
-    return _run(h, b, None, "in")
-
-
-@_swiglu_in_op.register_fake
-def _swiglu_in_fake(h, b):
-    Mdim, N, _, dtype = check_swiglu_matmul(h, b)
-    return h.new_empty((Mdim, N), dtype=dtype)
-
-
-def _call(name, check, op, side, a, b, out):
-    check(a, b, out)
-    if plain_eager(a, b, out):
-        return _run(a, b, out, side)
-    if any(t is not None and t.requires_grad for t in (a, b, out)) and torch.is_grad_enabled():
-        raise RuntimeError(f"{name} has no backward (inference only); run it under torch.no_grad()")
-    return op(a, b) if out is None else out.copy_(op(a, b))
-
-
 def matmul_swiglu(a: torch.Tensor, b: torch.Tensor, *, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``silu(a @ b[:, :n]) * (a @ b[:, n:])`` for a (M, K) and b (K, 2n) (any strides; ``w.T`` of a
     (2n, K) gate/up weight is read without a copy), fp32 accumulation, one launch. Returns (M, n)
     in a's dtype (into ``out`` when given). Plans are cached per signature. Inference only (no
     autograd); under torch.compile it is the custom op ``numasched::matmul_swiglu``."""
-    return _call("matmul_swiglu", check_matmul_swiglu, torch.ops.numasched.matmul_swiglu, "out", a, b, out)
+    check_matmul_swiglu(a, b, out)
+    if plain_eager(a, b, out):
+        return _run(a, b, out)
+    if any(t is not None and t.requires_grad for t in (a, b, out)) and torch.is_grad_enabled():
+        raise RuntimeError("matmul_swiglu has no backward (inference only); run it under torch.no_grad()")
+    if out is not None:
+        return out.copy_(torch.ops.numasched.matmul_swiglu(a, b))
+    return torch.ops.numasched.matmul_swiglu(a, b)
 
 
-def swiglu_matmul(h: torch.Tensor, b: torch.Tensor, *, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``(silu(h[:, :k]) * h[:, k:]) @ b`` for h (M, 2k) (a gate/up projection's output: gate
-    columns, then up) and b (k, N) (any strides; ``w.T`` of a (N, k) down-projection weight is
-    read without a copy): the activation is formed as the GEMM loads its operand (silu in fp32,
-    rounded, times up, rounded: as ``F.silu(g) * u``), fp32 accumulation, one launch. Returns
-    (M, N) in h's dtype (into ``out`` when given). Plans are cached per signature. Inference only;
-    under torch.compile it is the custom op ``numasched::swiglu_matmul``."""
-    return _call("swiglu_matmul", check_swiglu_matmul, torch.ops.numasched.swiglu_matmul, "in", h, b, out)
+# ---------------------------------------------------------------- the activation alone
+def check_swiglu(gu, out=None):
+    """Check without reading data; returns (M, n, dtype). ``gu`` is (M, 2n): gate columns, then up
+    columns, unit stride along them (a gate/up projection's output)."""
+    check_tensor("gu", gu, ndim=2, dtypes=SUPPORTED_DTYPES)
+    Mdim, two_n = gu.shape
+    if two_n % 2 or two_n == 0:
+        raise ValueError(f"gu must have an even, positive number of columns (gate then up), got {two_n}")
+    if gu.stride(1) != 1 and Mdim > 0:
+        raise ValueError(f"gu's columns must be contiguous (stride 1), got strides {gu.stride()}")
+    n = two_n // 2
+    if out is not None:
+        check_tensor("out", out, ndim=2, dtypes=(gu.dtype,), device=gu.device)
+        if tuple(out.shape) != (Mdim, n):
+            raise ValueError(f"out must have shape {(Mdim, n)}, got {tuple(out.shape)}")
+        if out.stride(1) != 1 and Mdim > 0:
+            raise ValueError(f"out's columns must be contiguous (stride 1), got strides {out.stride()}")
+    for name, t in (("gu", gu), ("out", out)):
+        if t is not None:
+            check_int32_indexing(name, t)
+    return Mdim, n, gu.dtype
+
+
+class SwiGLUActPlan(Plan):
+    """A planned :func:`swiglu` (M, n; grid; mode: "kernel", "interpreter", "torch", "empty")."""
+
+    op = "swiglu"
+
+    def __init__(self, gu, out=None, *, options: Optional[_options.Options] = None):
+        Mdim, n, _ = check_swiglu(gu, out)
+        self.M, self.n = Mdim, n
+        self.tensors = dict(gu=signature(gu), out=signature(out))
+        self.device = gu.device
+        self.mode = "empty" if Mdim == 0 else caps.launch_mode(gu.device)
+        self.grid, self._launch = (), None
+        if self.mode in ("kernel", "interpreter"):
+            from ._launch import Launch
+            from .kernels import swiglu as K
+
+            bn = K.BLOCK_N if self.mode == "kernel" else 64
+            self.grid = (Mdim, -(-n // bn))
+            self._launch = Launch(K.swiglu_kernel, self.grid, dict(BLOCK_N=bn), config={"num_warps": 4},
+                                  device=gu.device, interpret=self.mode == "interpreter", options=options)
+        self._freeze()
+
+    def run(self, gu, out=None) -> torch.Tensor:
+        """``silu(gu[:, :n]) * gu[:, n:]`` into ``out`` (a new (M, n) tensor when None)."""
+        self.check_signatures(gu=gu, out=out if self.tensors["out"] is not None else None)
+        if out is None:
+            out = torch.empty((self.M, self.n), dtype=gu.dtype, device=gu.device)
+        elif self.tensors["out"] is None:   # the kernel was specialised for the plan's own output
+            check_swiglu(gu, out)
+            if out.stride() != (self.n, 1) or out.data_ptr() % 16:
+                raise ValueError(f"out must be a contiguous, 16-byte aligned ({self.M}, {self.n}) tensor for this "
+                                 f"plan (it was made without out), got strides {out.stride()}; make a plan with out=")
+        if self.mode == "empty":
+            return out
+        if self.mode == "torch":
+            if _observe.OBSERVERS:
+                _observe.notify(self.op, "torch", (), (out,), self,
+                                f"no Triton kernel can run on {self.device} (CPU tensors need TRITON_INTERPRET=1)")
+            return out.copy_(torch.nn.functional.silu(gu[:, :self.n]) * gu[:, self.n:])
+        if _observe.OBSERVERS:
+            _observe.notify(self.op, "kernel", self.grid, (out,), self)
+        with caps.launch_device(gu):
+            self._launch(gu, out, self.n, gu.stride(0), out.stride(0))
+        return out
+
+
+def _act_key(gu, out):
+    return ("swiglu", fast_signature(gu), fast_signature(out), gu.device.type != "cuda" and caps.interpreting(),
+            _options._CURRENT)
+
+
+def swiglu(gu: torch.Tensor, *, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``silu(gu[:, :n]) * gu[:, n:]`` for gu (M, 2n) (gate columns, then up): silu in fp32,
+    rounded to the dtype, times up, rounded (as ``F.silu(g) * u``). One kernel, launched with
+    programmatic dependent launch on NVIDIA sm_90+ (kernels/swiglu.py). Returns (M, n) (into
+    ``out`` when given); plans cached per signature. Inference only (no autograd)."""
+    check_swiglu(gu, out)
+    if any(t is not None and t.requires_grad for t in (gu, out)) and torch.is_grad_enabled():
+        raise RuntimeError("swiglu has no backward (inference only); run it under torch.no_grad()")
+    key, plan = PLANS.find(_act_key, gu, out)
+    if plan is None:
+        plan = SwiGLUActPlan(gu, out)
+        if key is not None:
+            PLANS.put(key, plan)
+    return plan.run(gu, out)

@@ -397,7 +397,7 @@ def _gemm_splitk_medium(tail: bool):
     return build
 
 
-def _gemm_splitk(prefetch: bool, glu: bool = False, glu_a: bool = False):
+def _gemm_splitk(prefetch: bool, glu: bool = False):
     def build(vendor):
         from numasched import caps, mappings
         from numasched.kernels import gemm_splitk as K
@@ -412,8 +412,6 @@ def _gemm_splitk(prefetch: bool, glu: bool = False, glu_a: bool = False):
                       A_TRANS=False, B_TRANS=False, PREFETCH_B=96 if prefetch else 0)
         if glu:   # numasched.matmul_swiglu: B holds 2N columns (gate, up), the output N
             values.update(N=3072, stride_cm=3072, GLU=True)
-        if glu_a:   # numasched.swiglu_matmul: A holds 2K columns (gate, up)
-            values.update(stride_am=8192, GLU_A=True)
         # AMD: the host caps the pipeline stages to the LDS (numasched.caps.AMD_MAX_STAGES)
         return K.gemm_splitk_kernel, values, 4, 6 if vendor == "nvidia" else caps.AMD_MAX_STAGES["gemm"]
     return build
@@ -596,8 +594,6 @@ VARIANTS: List[Variant] = [
             off={"amd": "cp.async.bulk.prefetch.L2 is NVIDIA PTX; the host sets PREFETCH_B on sm_90+ only"},
             note="the same with PREFETCH_B (options.pdl_prefetch): the first 96 programs' B into L2 before "
                  "the PDL wait"),
-    Variant("gemm_splitk", "bf16-pointer-decode-glu-a", _gemm_splitk(False, glu_a=True),
-            note="the down projection with the activation in its operand loads (GLU_A: A holds gate and up)"),
     Variant("gemm_splitk", "bf16-pointer-decode-glu-prefetch", _gemm_splitk(True, glu=True),
             off={"amd": "cp.async.bulk.prefetch.L2 is NVIDIA PTX; the host sets PREFETCH_B on sm_90+ only"},
             note="the SwiGLU form (GLU: gate and up columns) with PREFETCH_B"),

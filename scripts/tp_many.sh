@@ -12,8 +12,8 @@
 #   rope     Llama-3-8B's decode grid with and without --fuse-rope-cache, one after the other (components kept)
 #   prefetch Llama-3-8B's decode grid: torch, then numasched with options.pdl_prefetch off, on, and on with
 #            --fuse-swiglu (the decode GEMMs' weights into L2 before their PDL wait), each in its own launch
-#   swigludown Llama-3-8B's decode grid: torch, numasched, numasched --fuse-swiglu-down (the activation in the
-#            down projection's operand loads), each in its own launch
+#   swiglu   Llama-3-8B's decode grid: torch, numasched, numasched --pdl-swiglu (the activation by
+#            numasched.swiglu, a PDL-launched kernel, not the compiled one), each in its own launch
 #   mar      scripts/mar_sweep.py (the fused GEMM + all-reduce's tile configs at large M)
 # Writes under bench/results/tp<N>-DATE/ (or tp<N>-$TP_TAG/). Usage: tp_many.sh OUT_DIR DEV PARTS
 set -uo pipefail
@@ -55,12 +55,12 @@ for part in ${parts//+/ }; do
                   ${TP_E2E_TIMEOUT:-200} --prompt 0 --no-taxes --no-eager --iters ${TP_ITERS:-10} --backends numasched \
                   $([[ $v == swiglu ]] && echo --fuse-swiglu)
               done ;;
-    swigludown) e2e swigludown-torch llama3-8b 2048,8192,32768 ${TP_E2E_TIMEOUT:-200} --prompt 0 --no-taxes --no-eager \
-                  --iters ${TP_ITERS:-10} --backends torch
-                for v in no-fuse-swiglu-down fuse-swiglu-down; do
-                  e2e swigludown-$v llama3-8b 2048,8192,32768 ${TP_E2E_TIMEOUT:-200} --prompt 0 --no-taxes --no-eager \
-                    --iters ${TP_ITERS:-10} --backends numasched --$v
-                done ;;
+    swiglu) e2e swiglu-torch llama3-8b 2048,8192,32768 ${TP_E2E_TIMEOUT:-200} --prompt 0 --no-taxes --no-eager \
+              --iters ${TP_ITERS:-10} --backends torch
+            for v in no-pdl-swiglu pdl-swiglu; do
+              e2e swiglu-$v llama3-8b 2048,8192,32768 ${TP_E2E_TIMEOUT:-200} --prompt 0 --no-taxes --no-eager \
+                --iters ${TP_ITERS:-10} --backends numasched --$v
+            done ;;
     mar) NCCL_NVLS_ENABLE=0 timeout -k 10 ${TP_MAR_TIMEOUT:-240} torchrun --nproc-per-node=$n scripts/mar_sweep.py 2>&1 \
            | tee "$res/mar-sweep-tp$n-$dev.log" | tail -40 ;;
     *) echo "unknown part $part" ;;

@@ -156,117 +156,63 @@ def test_swiglu_under_torch_compile_and_fake_tensors():
         numasched.matmul_swiglu(x.requires_grad_(), b)
 
 
-# ---- numasched.swiglu_matmul: the activation on the A side, (silu(h[:, :k]) * h[:, k:]) @ b
-def _data_in(m, n, k, dtype, wt=True, seed=0, device="cpu"):
+# ---- numasched.swiglu: the activation alone (its own PDL-launched kernel)
+def _gu(m, n, dtype, seed=0, device="cpu", wide=0):
     g = torch.Generator().manual_seed(seed)
-    h = torch.randn(m, 2 * k, generator=g).to(device=device, dtype=dtype)
-    w = torch.randn(n, k, generator=g).to(device=device, dtype=dtype) / k ** 0.5
-    return h, (w.T if wt else w.T.contiguous())
+    buf = torch.randn(m, 2 * n + wide, generator=g).to(device=device, dtype=dtype) * 3
+    return buf[:, :2 * n]   # wide > 0: rows of a wider buffer (a strided, non-contiguous gu)
 
 
-def _err_in(y, h, b):
-    assert not torch.isnan(y).any(), "unwritten (NaN-poisoned) output"
-    k = b.shape[0]
-    act = (F.silu(h[:, :k].double()) * h[:, k:].double())
-    r = act @ b.double()
-    return ((y.double() - r).norm() / r.norm().clamp_min(1e-30)).item()
+def _act_ref(gu):
+    n = gu.shape[1] // 2
+    return F.silu(gu[:, :n].double()) * gu[:, n:].double()
 
 
 @cpu
-@pytest.mark.parametrize("m,n,k,dtype", [(1, 40, 64, torch.float32), (5, 24, 200, torch.float32),
-                                         (17, 33, 97, torch.float16), (2, 7, 35, torch.float32)])
-@pytest.mark.parametrize("wt", [True, False])
-def test_swiglu_matmul_matches_float64(m, n, k, dtype, wt):
-    h, b = _data_in(m, n, k, dtype, wt, seed=m + n + k)
-    plan = numasched.plan_swiglu_matmul(h, b)
+@pytest.mark.parametrize("m,n,dtype,wide", [(1, 40, torch.float32, 0), (5, 2100, torch.float32, 0),
+                                            (16, 96, torch.float16, 0), (3, 33, torch.bfloat16, 10),
+                                            (2, 7, torch.float32, 3)])
+def test_swiglu_activation_matches_float64(m, n, dtype, wide):
+    gu = _gu(m, n, dtype, seed=m + n, wide=wide)
     out = torch.full((m, n), float("nan"), dtype=dtype)
-    y = plan.run(h, b, out)
-    assert y is out and plan.side == "in" and plan.path == "pointer"
-    assert _err_in(y, h, b) < TOL[dtype]
+    y = numasched.swiglu(gu, out=out)
+    assert y is out and not torch.isnan(y).any()
+    r = _act_ref(gu)
+    assert ((y.double() - r).norm() / r.norm()).item() < TOL[dtype]
+    # the plan without out writes a new tensor; the same values
+    assert torch.equal(numasched.swiglu(gu), y)
 
 
-@cpu
-@pytest.mark.parametrize("split_k", [1, 3])
-def test_swiglu_matmul_forced_splits_are_deterministic(split_k):
-    """A given split-K schedule keeps its tile (no halving: the activation is on A), merges in
-    split order (the same bits every call) and resets its counters; the one call agrees."""
-    from numasched import gemm as api
-
-    h, b = _data_in(6, 40, 160, torch.float32, seed=4)
-    s = Schedule("splitk", 16, 32, 16, split_k, 4, 2)
-    plan = numasched.plan_swiglu_matmul(h, b, schedule=s)
-    first = plan.run(h, b, torch.full((6, 40), float("nan")))
-    assert plan.split_k == split_k and plan.block_n == 32 and _err_in(first, h, b) < 1e-5
-    for _ in range(2):
-        assert torch.equal(plan.run(h, b), first)
-    if split_k > 1:
-        assert int(api._CTRS[("cpu", None, 0)][:plan._tiles].abs().sum()) == 0
-    assert _err_in(numasched.swiglu_matmul(h, b), h, b) < 1e-5   # its own (default) schedule
-
-
-@cpu
-def test_swiglu_matmul_equals_the_two_step_form():
-    """The fused operand is F.silu(g) * u as the model's elementwise step rounds it (fp16):
-    the same GEMM on that tensor gives the same result to the GEMM's own rounding."""
-    h, b = _data_in(4, 48, 64, torch.float16, seed=9)
-    two_step = numasched.matmul(F.silu(h[:, :64]) * h[:, 64:], b)
-    y = numasched.swiglu_matmul(h, b)
-    assert (y.float() - two_step.float()).abs().max().item() <= 2e-3 * two_step.float().abs().max().item()
-
-
-def test_swiglu_matmul_argument_errors_name_the_argument():
-    h = torch.randn(3, 8)
-    with pytest.raises(ValueError, match="h must have an even, positive number of columns"):
-        numasched.swiglu_matmul(torch.randn(3, 7), torch.randn(4, 5))
-    with pytest.raises(ValueError, match="b has 5 rows but h's gate half has 4"):
-        numasched.swiglu_matmul(h, torch.randn(5, 6))
-    with pytest.raises(ValueError, match=r"out must have shape \(3, 6\)"):
-        numasched.swiglu_matmul(h, torch.randn(4, 6), out=torch.empty(3, 5))
+def test_swiglu_activation_argument_errors_name_the_argument():
+    with pytest.raises(ValueError, match="gu must have an even, positive number of columns"):
+        numasched.swiglu(torch.randn(3, 7))
+    with pytest.raises(ValueError, match="gu's columns must be contiguous"):
+        numasched.swiglu(torch.randn(8, 3).T)
+    with pytest.raises(ValueError, match=r"out must have shape \(3, 4\)"):
+        numasched.swiglu(torch.randn(3, 8), out=torch.empty(3, 5))
     with pytest.raises(TypeError):
-        numasched.swiglu_matmul(h, torch.randn(4, 6).double())
-    with pytest.raises(ValueError, match="split-K Schedule"):
-        numasched.plan_swiglu_matmul(h, torch.randn(4, 6), schedule=Schedule("tiled", 128, 256, 64))
-    with pytest.raises(ValueError, match="side must be"):
-        numasched.gemm_glu.SwiGLUPlan(h, torch.randn(4, 6), side="up")
-
-
-@cpu
-def test_swiglu_matmul_under_torch_compile_and_fake_tensors():
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    with FakeTensorMode():
-        y = numasched.swiglu_matmul(torch.empty(3, 16), torch.empty(8, 10))
-    assert y.shape == (3, 10) and y.dtype == torch.float32
-    h, b = _data_in(4, 24, 32, torch.float32, seed=2)
-    f = torch.compile(lambda h, b: numasched.swiglu_matmul(h, b) * 2, backend="eager", fullgraph=True)
-    assert torch.allclose(f(h, b), 2 * numasched.swiglu_matmul(h, b))
+        numasched.swiglu(torch.randn(3, 8), out=torch.empty(3, 4, dtype=torch.float64))
     with pytest.raises(RuntimeError, match="no backward"):
-        numasched.swiglu_matmul(h.requires_grad_(), b)
+        numasched.swiglu(torch.randn(3, 8, requires_grad=True))
+    plan = numasched.gemm_glu.SwiGLUActPlan(torch.randn(3, 8))
+    with pytest.raises(ValueError, match="made without out"):
+        plan.run(torch.randn(3, 8), out=torch.empty(3, 8)[:, :4])
 
 
 @gpu
-@pytest.mark.parametrize("m,n,k", [(1, 4096, 7168), (4, 4096, 7168), (16, 4096, 14336), (64, 5120, 12800),
-                                   (3, 1001, 777)])
-def test_gpu_swiglu_matmul_decode_sizes(m, n, k):
-    h, b = _data_in(m, n, k, torch.bfloat16, seed=m, device="cuda")
+@pytest.mark.parametrize("m,n", [(1, 7168), (16, 14336), (64, 12800), (3, 1001)])
+def test_gpu_swiglu_activation_decode_sizes_and_graph(m, n):
+    gu = _gu(m, n, torch.bfloat16, seed=m, device="cuda")
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-    y = numasched.plan_swiglu_matmul(h, b).run(h, b, out)
-    assert _err_in(y, h, b) < 1e-2
-
-
-@gpu
-def test_gpu_swiglu_matmul_in_a_cuda_graph():
-    h, b = _data_in(8, 4096, 7168, torch.bfloat16, device="cuda")
-    plan = numasched.plan_swiglu_matmul(h, b)
-    out = torch.empty(8, 4096, dtype=torch.bfloat16, device="cuda")
-    plan.run(h, b, out)
-    torch.cuda.synchronize()
+    numasched.swiglu(gu, out=out)
+    r = _act_ref(gu)
+    assert ((out.double() - r).norm() / r.norm()).item() < 1e-2
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        plan.run(h, b, out)
-    for _ in range(3):
-        h.normal_()
-        out.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        assert _err_in(out, h, b) < 1e-2
+        numasched.swiglu(gu, out=out)
+    gu.normal_()
+    out.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    r = _act_ref(gu)
+    assert ((out.double() - r).norm() / r.norm()).item() < 1e-2

@@ -95,24 +95,22 @@ def test_numasched_backend_matches_transformers(family, decode_steps):
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
-def test_swiglu_in_the_down_projection_matches_transformers(family):
-    """fuse_swiglu_down: the activation formed by the down projection's operand loads
-    (numasched.swiglu_matmul) at decode sizes; the gate/up projection stays numasched.matmul."""
+def test_pdl_swiglu_matches_transformers(family):
+    """pdl_swiglu: the activation between the MLP's projections by numasched.swiglu (its own
+    kernel) at decode sizes; the projections stay numasched.matmul."""
     from numasched import observe
 
     hf = hf_model(family, seed=4)
     ids = torch.randint(0, 128, (2, 7), generator=torch.Generator().manual_seed(5))
     with observe.record() as log:
-        got = run_teacher_forced(TPDecoder.from_hf(hf), NumaschedBackend(1, fuse_swiglu_down=True), ids, prompt=5)
+        got = run_teacher_forced(TPDecoder.from_hf(hf), NumaschedBackend(1, pdl_swiglu=True), ids, prompt=5)
     assert rel(got, reference(hf, ids)) < 1e-4
     assert not log.fallbacks()
-    # per step: 2 layers x (qkv, gate/up, o) + the head through matmul; each layer's down in swiglu_matmul
-    assert log.count("swiglu_matmul") == 3 * 2 and log.count("matmul_swiglu") == 0
-    assert log.count("matmul") == 3 * (2 * 3 + 1)
-    with pytest.raises(ValueError, match="pass one"):
-        NumaschedBackend(1, fuse_swiglu=True, fuse_swiglu_down=True)
-    with pytest.raises(TypeError, match="fuse_swiglu_down"):
-        NumaschedBackend(1, fuse_swiglu_down=1)
+    # per step: 2 layers x (qkv, o, gate/up, down) + the head; each layer's activation in swiglu
+    assert log.count("swiglu") == 3 * 2 and log.count("matmul_swiglu") == 0
+    assert log.count("matmul") == 3 * (2 * 4 + 1)
+    with pytest.raises(TypeError, match="pdl_swiglu"):
+        NumaschedBackend(1, pdl_swiglu=1)
 
 
 @pytest.mark.parametrize("family,engine", [("llama", "torch"), ("qwen3", "torch"), ("llama", "numasched")])
@@ -600,8 +598,8 @@ def test_gpu_graph_decode_step_matches_eager(backend):
     be = (TorchBackend(1) if backend == "torch"
           else NumaschedBackend(1) if backend == "numasched"
           # the other defaults' alternatives: the unfused decode step, numasched's prefill attention,
-          # the activation in the down projection
-          else NumaschedBackend(1, fuse_rope_cache=False, prefill_attention="numasched", fuse_swiglu_down=True))
+          # the activation by numasched's kernel
+          else NumaschedBackend(1, fuse_rope_cache=False, prefill_attention="numasched", pdl_swiglu=True))
     B, S = 4, 100
     ids = torch.randint(0, model.spec.vocab, (B, S + 3), device="cuda")
     results = []
@@ -653,8 +651,7 @@ def _tp_gpu_main() -> int:
         backends["numasched"] = NumaschedBackend(world, nd.init(heap_bytes=1 << 30))
         backends["numasched unfused rope, numasched prefill attention"] = NumaschedBackend(
             world, backends["numasched"].ctx, fuse_rope_cache=False, prefill_attention="numasched")
-        backends["numasched swiglu in the down projection"] = NumaschedBackend(
-            world, backends["numasched"].ctx, fuse_swiglu_down=True)
+        backends["numasched swiglu kernel"] = NumaschedBackend(world, backends["numasched"].ctx, pdl_swiglu=True)
     except Exception as e:  # noqa: BLE001 - reported; the torch backend is still checked
         print(f"[rank {rank}] numasched backend unavailable: {type(e).__name__}: {e}", flush=True)
     failed = 0
@@ -723,9 +720,6 @@ def test_bench_e2e_refuses_two_prefill_modes(capsys):
     with pytest.raises(SystemExit):
         e2e.main(["--dry-run", "--prefill-seq-parallel", "--prefill-overlap", "2"])
     assert "--prefill-seq-parallel and --prefill-overlap" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        e2e.main(["--dry-run", "--fuse-swiglu", "--fuse-swiglu-down"])
-    assert "--fuse-swiglu and --fuse-swiglu-down" in capsys.readouterr().err
     assert e2e.main(["--dry-run", "--tp", "2", "--prefill-seq-parallel"]) == 0
     assert "numasched prefill: sequence-parallel" in capsys.readouterr().out
 

@@ -150,14 +150,6 @@ class Backend:
         (numasched: ``fuse_swiglu=True``)."""
         return swiglu(self.linear(x, w), n)
 
-    def mlp_add_norm(self, x, w_gate_up, w_down, n: int, h, norm_w, eps: float, swiglu, add_norm):
-        """A layer's MLP and what follows it: ``h + down(silu(gate) * up)`` and its RMSNorm with
-        norm_w, from the normed input ``x``; ``swiglu`` / ``add_norm`` are the shared (compiled)
-        elementwise kernels. A backend may fuse the activation into either projection
-        (numasched: ``fuse_swiglu``, ``fuse_swiglu_down``)."""
-        return self.row_parallel_add_norm(self.linear_swiglu(x, w_gate_up, n, swiglu), w_down, h, norm_w, eps,
-                                          add_norm)
-
     def all_reduce(self, x: torch.Tensor, *, out: Optional[torch.Tensor] = None, check: bool = True) -> torch.Tensor:
         """The sum of ``x`` over the TP group, into ``out`` when given (``x`` itself: in place).
         ``check=False``: the call reads no status (no host sync, e.g. mid-prefill on another
@@ -318,10 +310,10 @@ class NumaschedBackend(Backend):
         the residual adds and norms on 1/tp of the rows. Opt-in, not yet timed on GPUs (the
         all-reduce bytes are the same; the elementwise work per rank is 1/tp). Exclusive with
         ``prefill_overlap``.
-    fuse_swiglu_down: where numasched's GEMM runs (decode sizes), ``silu(gate) * up`` formed by
-        the down projection as it loads its operand (numasched.swiglu_matmul) instead of an
-        elementwise kernel between the two projections; the gate/up projection stays the plain
-        GEMM. Exclusive with ``fuse_swiglu`` (the activation on the gate/up side).
+    pdl_swiglu: where numasched's GEMM runs (decode sizes), ``silu(gate) * up`` by numasched's
+        own kernel (numasched.swiglu, launched with programmatic dependent launch between the two
+        projections' GEMMs) instead of the compiled elementwise one, whose launch makes both
+        neighbouring GEMMs wait for a full drain.
     fuse_swiglu: where numasched's GEMM runs (decode sizes), the gate/up projection and
         ``silu(gate) * up`` in one launch (numasched.matmul_swiglu) instead of a GEMM and an
         elementwise kernel. Off by default: on two H200s (Llama-3-8B, TP 2) it changed the decode
@@ -352,7 +344,7 @@ class NumaschedBackend(Backend):
                  mapping: str = "auto", impl: str = "auto", check: bool = True, gemm: str = "auto",
                  fuse_norm: bool = True, fuse_swiglu: bool = False, prefill_overlap: Optional[int] = None,
                  prefill_seq_parallel: bool = False, fuse_rope_cache: bool = True,
-                 prefill_attention: str = "auto", fuse_swiglu_down: bool = False):
+                 prefill_attention: str = "auto", pdl_swiglu: bool = False):
         if tp_size is None:
             tp_size = getattr(ctx, "world", None) or _dist_world(group)[1]
         super().__init__(tp_size, group)
@@ -371,9 +363,7 @@ class NumaschedBackend(Backend):
             raise ValueError(f"impl must be one of {known}, got {impl!r}")
         self.impl, self.check, self.gemm, self.fuse_norm = impl, bool(check), gemm, bool(fuse_norm)
         self.fuse_swiglu = bool(fuse_swiglu)
-        self.fuse_swiglu_down = _flag("fuse_swiglu_down", fuse_swiglu_down)
-        if self.fuse_swiglu and self.fuse_swiglu_down:
-            raise ValueError("fuse_swiglu and fuse_swiglu_down put the activation on two sides of the MLP: pass one")
+        self.pdl_swiglu = _flag("pdl_swiglu", pdl_swiglu)
         self.fuse_rope_cache = _flag("fuse_rope_cache", fuse_rope_cache)
         if prefill_attention not in ("auto", "numasched", "torch"):
             raise ValueError(f"prefill_attention must be 'auto', 'numasched' or 'torch', got {prefill_attention!r}")
@@ -409,18 +399,9 @@ class NumaschedBackend(Backend):
         # one launch where numasched's GEMM runs (decode sizes): numasched.matmul_swiglu
         if self.fuse_swiglu and self._gemm_engine(x.shape[0]) == "numasched":
             return self._ns.matmul_swiglu(x, w.t())
+        if self.pdl_swiglu and self._gemm_engine(x.shape[0]) == "numasched":
+            return self._ns.swiglu(self.linear(x, w))
         return swiglu(self.linear(x, w), n)
-
-    def mlp_add_norm(self, x, w_gate_up, w_down, n, h, norm_w, eps, swiglu, add_norm):
-        # the activation in the down projection's operand loads where numasched's GEMM runs
-        if not (self.fuse_swiglu_down and self._gemm_engine(x.shape[0]) == "numasched"):
-            return super().mlp_add_norm(x, w_gate_up, w_down, n, h, norm_w, eps, swiglu, add_norm)
-        y = self._ns.swiglu_matmul(self.linear(x, w_gate_up), w_down.t())
-        if self.tp_size == 1:
-            return add_norm(y, h, norm_w, eps)
-        if self.fuse_norm and x.shape[0] <= self.FUSE_NORM_MAX_ROWS:
-            return self._nd.all_reduce_add_rmsnorm(y, h, norm_w, eps, ctx=self.ctx, check=self.check)
-        return add_norm(self.all_reduce(y, out=y), h, norm_w, eps)
 
     def rope_cache_write(self, qkv, cos, sin, heads, kv_heads, head_dim, q_w, k_w, eps, cache, layer, qkv_rope):
         if not (self.fuse_rope_cache and isinstance(cache, PagedKVCache)):

@@ -511,7 +511,8 @@ class TPDecoder:
                 a = backend.prefill_attention(q, k, v, batch, seq)
             h, x = backend.row_parallel_add_norm(a, L.wo, h, L.ln2, s.eps, add_norm)
             nxt = self.layers[i + 1].ln1 if i + 1 < len(self.layers) else self.norm
-            h, x = backend.mlp_add_norm(x, L.wgu, L.wdown, self.inter_local, h, nxt, s.eps, swiglu, add_norm)
+            h, x = backend.row_parallel_add_norm(backend.linear_swiglu(x, L.wgu, self.inter_local, swiglu), L.wdown,
+                                                 h, nxt, s.eps, add_norm)
         return x
 
     def _stack_seq_parallel(self, ids: torch.Tensor, cs: torch.Tensor, cache, backend, batch: int, seq: int,
