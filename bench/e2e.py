@@ -127,9 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fuse-swiglu", action=argparse.BooleanOptionalAction, default=False,
                    help="numasched: gate/up projection + silu(gate) * up in one launch at decode sizes "
                         "(numasched.matmul_swiglu; default off: measured -2.6%% to +2%% per step)")
-    p.add_argument("--pdl-swiglu", action=argparse.BooleanOptionalAction, default=False,
+    p.add_argument("--pdl-swiglu", action=argparse.BooleanOptionalAction, default=True,
                    help="numasched: silu(gate) * up by numasched.swiglu (a PDL-launched kernel between the "
-                        "decode-size GEMMs) instead of the compiled elementwise kernel")
+                        "decode-size GEMMs; default on, --no-pdl-swiglu for the compiled elementwise kernel)")
     p.add_argument("--fuse-rope-cache", action=argparse.BooleanOptionalAction, default=True,
                    help="numasched: a decode step's QKV split + RoPE + paged cache write in one launch "
                         "(numasched.qkv_rope_cache; default on, --no-fuse-rope-cache for the unfused sequence)")

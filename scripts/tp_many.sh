@@ -13,7 +13,8 @@
 #   prefetch Llama-3-8B's decode grid: torch, then numasched with options.pdl_prefetch off, on, and on with
 #            --fuse-swiglu (the decode GEMMs' weights into L2 before their PDL wait), each in its own launch
 #   swiglu   Llama-3-8B's decode grid: torch, numasched, numasched --pdl-swiglu (the activation by
-#            numasched.swiglu, a PDL-launched kernel, not the compiled one), each in its own launch
+#            numasched.swiglu, a PDL-launched kernel, not the compiled one), each in its own launch;
+#            TP_SWIGLU_VARIANTS="pdl-swiglu fuse-swiglu" for the activation fused into the gate/up GEMM
 #   mar      scripts/mar_sweep.py (the fused GEMM + all-reduce's tile configs at large M)
 # Writes under bench/results/tp<N>-DATE/ (or tp<N>-$TP_TAG/). Usage: tp_many.sh OUT_DIR DEV PARTS
 set -uo pipefail
@@ -57,7 +58,7 @@ for part in ${parts//+/ }; do
               done ;;
     swiglu) e2e swiglu-torch llama3-8b 2048,8192,32768 ${TP_E2E_TIMEOUT:-200} --prompt 0 --no-taxes --no-eager \
               --iters ${TP_ITERS:-10} --backends torch
-            for v in no-pdl-swiglu pdl-swiglu; do
+            for v in ${TP_SWIGLU_VARIANTS:-no-pdl-swiglu pdl-swiglu}; do
               e2e swiglu-$v llama3-8b 2048,8192,32768 ${TP_E2E_TIMEOUT:-200} --prompt 0 --no-taxes --no-eager \
                 --iters ${TP_ITERS:-10} --backends numasched --$v
             done ;;

@@ -598,8 +598,8 @@ def test_gpu_graph_decode_step_matches_eager(backend):
     be = (TorchBackend(1) if backend == "torch"
           else NumaschedBackend(1) if backend == "numasched"
           # the other defaults' alternatives: the unfused decode step, numasched's prefill attention,
-          # the activation by numasched's kernel
-          else NumaschedBackend(1, fuse_rope_cache=False, prefill_attention="numasched", pdl_swiglu=True))
+          # the compiled activation
+          else NumaschedBackend(1, fuse_rope_cache=False, prefill_attention="numasched", pdl_swiglu=False))
     B, S = 4, 100
     ids = torch.randint(0, model.spec.vocab, (B, S + 3), device="cuda")
     results = []
@@ -651,7 +651,7 @@ def _tp_gpu_main() -> int:
         backends["numasched"] = NumaschedBackend(world, nd.init(heap_bytes=1 << 30))
         backends["numasched unfused rope, numasched prefill attention"] = NumaschedBackend(
             world, backends["numasched"].ctx, fuse_rope_cache=False, prefill_attention="numasched")
-        backends["numasched swiglu kernel"] = NumaschedBackend(world, backends["numasched"].ctx, pdl_swiglu=True)
+        backends["numasched compiled swiglu"] = NumaschedBackend(world, backends["numasched"].ctx, pdl_swiglu=False)
     except Exception as e:  # noqa: BLE001 - reported; the torch backend is still checked
         print(f"[rank {rank}] numasched backend unavailable: {type(e).__name__}: {e}", flush=True)
     failed = 0
