@@ -103,7 +103,8 @@ def test_pdl_swiglu_matches_transformers(family):
     hf = hf_model(family, seed=4)
     ids = torch.randint(0, 128, (2, 7), generator=torch.Generator().manual_seed(5))
     with observe.record() as log:
-        got = run_teacher_forced(TPDecoder.from_hf(hf), NumaschedBackend(1, pdl_swiglu=True), ids, prompt=5)
+        got = run_teacher_forced(TPDecoder.from_hf(hf), NumaschedBackend(1, fuse_swiglu=False, pdl_swiglu=True), ids,
+                                 prompt=5)
     assert rel(got, reference(hf, ids)) < 1e-4
     assert not log.fallbacks()
     # per step: 2 layers x (qkv, o, gate/up, down) + the head; each layer's activation in swiglu
@@ -599,7 +600,8 @@ def test_gpu_graph_decode_step_matches_eager(backend):
           else NumaschedBackend(1) if backend == "numasched"
           # the other defaults' alternatives: the unfused decode step, numasched's prefill attention,
           # the compiled activation
-          else NumaschedBackend(1, fuse_rope_cache=False, prefill_attention="numasched", pdl_swiglu=False))
+          else NumaschedBackend(1, fuse_rope_cache=False, prefill_attention="numasched", fuse_swiglu=False,
+                                 pdl_swiglu=False))
     B, S = 4, 100
     ids = torch.randint(0, model.spec.vocab, (B, S + 3), device="cuda")
     results = []
@@ -651,7 +653,7 @@ def _tp_gpu_main() -> int:
         backends["numasched"] = NumaschedBackend(world, nd.init(heap_bytes=1 << 30))
         backends["numasched unfused rope, numasched prefill attention"] = NumaschedBackend(
             world, backends["numasched"].ctx, fuse_rope_cache=False, prefill_attention="numasched")
-        backends["numasched compiled swiglu"] = NumaschedBackend(world, backends["numasched"].ctx, pdl_swiglu=False)
+        backends["numasched swiglu kernel"] = NumaschedBackend(world, backends["numasched"].ctx, fuse_swiglu=False)
     except Exception as e:  # noqa: BLE001 - reported; the torch backend is still checked
         print(f"[rank {rank}] numasched backend unavailable: {type(e).__name__}: {e}", flush=True)
     failed = 0

@@ -313,14 +313,18 @@ class NumaschedBackend(Backend):
     pdl_swiglu: where numasched's GEMM runs (decode sizes), ``silu(gate) * up`` by numasched's
         own kernel (numasched.swiglu, launched with programmatic dependent launch between the two
         projections' GEMMs) instead of the compiled elementwise one, whose launch makes both
-        neighbouring GEMMs wait for a full drain. On by default: on two H100s (Llama-3-8B, TP 2)
-        the decode step was 0.2-0.5 % faster at each of the 9 grid points (e.g. 16 x 8k 6.677
-        against 6.702 ms; bench/results/tp2-s18/swiglu-*).
+        neighbouring GEMMs wait for a full drain. Applies where ``fuse_swiglu`` is off; on by
+        default: on two H100s (Llama-3-8B, TP 2) the decode step was 0.2-0.5 % faster than with
+        the compiled kernel at each of the 9 grid points (e.g. 16 x 8k 6.677 against 6.702 ms;
+        bench/results/tp2-s18/swiglu-*).
     fuse_swiglu: where numasched's GEMM runs (decode sizes), the gate/up projection and
         ``silu(gate) * up`` in one launch (numasched.matmul_swiglu) instead of a GEMM and an
-        elementwise kernel. Off by default: on two H200s (Llama-3-8B, TP 2) it changed the decode
-        step by -2.6 % at batch 1 (its M = 1 kernel is slower than the GEMM + compiled SwiGLU
-        pair) and by -1 % to +2 % at batch 4-16 (bench/results/e2e-llama3-8b-swiglu-2xh200-*).
+        elementwise kernel. On by default since the eighteenth session: on two H100s (Llama-3-8B,
+        TP 2, the 9-point decode grid, one call) it took the step 0.2-1.0 % below numasched.swiglu's
+        (``pdl_swiglu``) and 0.5-1.4 % below the compiled kernel's at every point (16 x 8k 6.636
+        against 6.677 and 6.702 ms; bench/results/tp2-s18/swiglu-*). (The sixth session, on two
+        H200s and before PDL, had measured -2.6 % at batch 1 and -1 % to +2 % at 4-16: not
+        re-measured on H200s since.) ``False``: the GEMM, then the activation per ``pdl_swiglu``.
     prefill_attention: the causal attention of a one-step prefill: "numasched"
         (numasched.attention_forward), "torch" (SDPA, cuDNN first, as the torch backend runs it) or
         "auto" (default): torch's on NVIDIA GPUs, where cuDNN's prefill kernel is faster
@@ -344,7 +348,7 @@ class NumaschedBackend(Backend):
 
     def __init__(self, tp_size: Optional[int] = None, ctx=None, *, group=None, fuse_all_reduce: bool = True,
                  mapping: str = "auto", impl: str = "auto", check: bool = True, gemm: str = "auto",
-                 fuse_norm: bool = True, fuse_swiglu: bool = False, prefill_overlap: Optional[int] = None,
+                 fuse_norm: bool = True, fuse_swiglu: bool = True, prefill_overlap: Optional[int] = None,
                  prefill_seq_parallel: bool = False, fuse_rope_cache: bool = True,
                  prefill_attention: str = "auto", pdl_swiglu: bool = True):
         if tp_size is None:
