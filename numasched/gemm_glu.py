@@ -308,17 +308,36 @@ def _act_key(gu, out):
             _options._CURRENT)
 
 
-def swiglu(gu: torch.Tensor, *, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``silu(gu[:, :n]) * gu[:, n:]`` for gu (M, 2n) (gate columns, then up): silu in fp32,
-    rounded to the dtype, times up, rounded (as ``F.silu(g) * u``). One kernel, launched with
-    programmatic dependent launch on NVIDIA sm_90+ (kernels/swiglu.py). Returns (M, n) (into
-    ``out`` when given); plans cached per signature. Inference only (no autograd)."""
-    check_swiglu(gu, out)
-    if any(t is not None and t.requires_grad for t in (gu, out)) and torch.is_grad_enabled():
-        raise RuntimeError("swiglu has no backward (inference only); run it under torch.no_grad()")
+def _act_run(gu, out=None):
     key, plan = PLANS.find(_act_key, gu, out)
     if plan is None:
         plan = SwiGLUActPlan(gu, out)
         if key is not None:
             PLANS.put(key, plan)
     return plan.run(gu, out)
+
+
+@torch.library.custom_op("numasched::swiglu", mutates_args=())
+def _act_op(gu: torch.Tensor) -> torch.Tensor:
+    check_swiglu(gu)
+    return _act_run(gu)
+
+
+@_act_op.register_fake
+def _act_fake(gu):
+    Mdim, n, dtype = check_swiglu(gu)
+    return gu.new_empty((Mdim, n), dtype=dtype)
+
+
+def swiglu(gu: torch.Tensor, *, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``silu(gu[:, :n]) * gu[:, n:]`` for gu (M, 2n) (gate columns, then up): silu in fp32,
+    rounded to the dtype, times up, rounded (as ``F.silu(g) * u``). One kernel, launched with
+    programmatic dependent launch on NVIDIA sm_90+ (kernels/swiglu.py). Returns (M, n) (into
+    ``out`` when given); plans cached per signature. Inference only (no autograd); under
+    torch.compile it is the custom op ``numasched::swiglu``."""
+    check_swiglu(gu, out)
+    if plain_eager(gu, out):
+        return _act_run(gu, out)
+    if any(t is not None and t.requires_grad for t in (gu, out)) and torch.is_grad_enabled():
+        raise RuntimeError("swiglu has no backward (inference only); run it under torch.no_grad()")
+    return torch.ops.numasched.swiglu(gu) if out is None else out.copy_(torch.ops.numasched.swiglu(gu))

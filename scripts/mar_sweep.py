@@ -4,8 +4,9 @@ For each (M, N, K_local): torch.matmul and numasched.matmul alone, numasched's a
 bulk (cuBLAS + NCCL), impl="fused" (matmul_all_reduce_kernel: every program pushes each tile to
 the peers after its K loop, sums a tile later) and the same kernel with its pushes into its own
 heap and no waits (``communicate=False``, timing only: the kernel's time without the exchange).
-Each fused config in TILES (the default's 128 x 256 tiles, 128 x 128 tiles two programs per SM)
-is timed, and checked against bulk's result. The seventeenth session's variants (dedicated
+Each fused config in TILES (the default's 128 x 256 tiles, 128 x 128 tiles two programs per SM,
+128 x 128 with 8 warps) is timed, and checked against bulk's result (eighteenth session, two
+H100s: the default fastest at every shape; bench/results/tp2-s18/mar-sweep-tp2-h100.log). The seventeenth session's variants (dedicated
 communication programs, pushes spread over the next K loop) ran slower: bench/results/mar-s17/.
 Run: NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node 2 scripts/mar_sweep.py
 MAR_SHAPES ("MxNxK_local,...") overrides the grid below."""

@@ -216,3 +216,15 @@ def test_gpu_swiglu_activation_decode_sizes_and_graph(m, n):
     torch.cuda.synchronize()
     r = _act_ref(gu)
     assert ((out.double() - r).norm() / r.norm()).item() < 1e-2
+
+
+@cpu
+def test_swiglu_activation_under_torch_compile_and_fake_tensors():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        y = numasched.swiglu(torch.empty(3, 16))
+    assert y.shape == (3, 8) and y.dtype == torch.float32
+    gu = _gu(4, 24, torch.float32, seed=5)
+    f = torch.compile(lambda gu: numasched.swiglu(gu) * 2, backend="eager", fullgraph=True)
+    assert torch.allclose(f(gu), 2 * numasched.swiglu(gu))

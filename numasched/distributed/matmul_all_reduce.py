@@ -239,9 +239,10 @@ def _overlapped(ctx, plan, a, b, c):
 # rows from which the fused kernel takes the big TMA-fed tiles of the other fused GEMMs
 FUSED_BIG_TILE_ROWS = 256
 # ... and their config; ``per_sm``: programs per SM (the grid is at most SMs x per_sm programs).
-# Untimed alternative for the next GPU session (scripts/mar_sweep.py): 128 x 128 tiles, 4 warps,
-# 3 stages, 2 per SM (96 KB of shared memory and 255 registers each, offline sm_90 compile), so
-# one program's epilogue and exchange overlap the other's K loop on the same SM.
+# Timed against 128 x 128 tiles, 4 warps, 3 stages, 2 per SM (one program's epilogue and
+# exchange beside the other's K loop) and 128 x 128 with 8 warps (scripts/mar_sweep.py, two
+# H100s, bench/results/tp2-s18/mar-sweep-tp2-h100.log): both slower at every shape (4096 x 4096
+# x 2048: 191.6 against 209.8 and 224.7 us).
 FUSED_BIG_TILE = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3, per_sm=1)
 
 
