@@ -155,6 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="each backend in a process of its own (one launch per backend, rows merged; the "
                         "default): side by side in one process (--no-isolate, faster) the backend that ran "
                         "second prefilled up to 4%% slower (two H100s)")
+    p.add_argument("--timeline", action="store_true",
+                   help="also replay each decode step's graph under torch.profiler: per step the kernels' own time "
+                        "by kind and the idle time between kernels (bench/timeline.py; e2e-<model>-timeline-*)")
     p.add_argument("--dry-run", action="store_true", help="print the points and contenders and exit (no GPU needed)")
     return p
 
@@ -366,8 +369,33 @@ def _write(args, rows: List[dict], notes: List[str], spec) -> None:
         paths.update({f"taxes_{k}": v for k, v in write_results(
             f"e2e-{args.model}-taxes", taxes, columns=TAX_COLUMNS, out_dir=args.out_dir, gpus=args.tp, log="",
             meta=meta).items()})
+    timeline = timeline_rows(rows, args.backends)
+    if timeline:   # --timeline: per point and backend, the graph's kernels by kind and the idle time
+        paths.update({f"timeline_{k}": v for k, v in write_results(
+            f"e2e-{args.model}-timeline", timeline, columns=TIMELINE_COLUMNS, out_dir=args.out_dir, gpus=args.tp,
+            log="", meta=meta).items()})
     print(summary)
     print("written:", ", ".join(str(v) for v in paths.values()), flush=True)
+
+
+TIMELINE_COLUMNS = ["kind", "batch", "context", "backend", "what", "ms_per_step"]
+
+
+def timeline_rows(rows, backends) -> List[dict]:
+    """The ``--timeline`` summaries of ``rows`` as a long table: per decode point and backend the
+    step's span, the kernels' busy time, the idle time between kernels, then each kernel kind."""
+    out = []
+    for r in rows:
+        for b in backends:
+            t = r.get(f"{b}_timeline")
+            if not isinstance(t, dict):
+                continue
+            base = dict(kind=r.get("kind"), batch=r.get("batch"), context=r.get("context"), backend=b)
+            for what, key in (("(span)", "span_ms"), ("(kernels busy)", "busy_ms"),
+                              ("(idle between kernels)", "gap_ms")):
+                out.append(dict(base, what=what, ms_per_step=t[key]))
+            out += [dict(base, what=k, ms_per_step=v) for k, v in t["by_kind"].items()]
+    return out
 
 
 # ============================================================================ worker (every rank)
@@ -593,6 +621,12 @@ def _decode_point(ctx, model, backends, batch: int, context: int) -> dict:
             runner = DecodeRunner(model, be, cache, advance=False)
             row[f"{name}_step_ms"] = ctx.timed(runner.graph.replay, calls=args.new)
             row[f"{name}_tok_s"] = batch * 1e3 / row[f"{name}_step_ms"]
+            if args.timeline:   # every rank replays (the graphs hold collectives); rank 0 reports its own
+                from .timeline import describe, kernel_intervals, summarize
+
+                ctx.barrier()
+                row[f"{name}_timeline"] = summarize(kernel_intervals(runner.graph.replay, steps=8), 8)
+                ctx.say(f"timeline {name} batch {batch} context {context}: {describe(row[f'{name}_timeline'])}")
             if not args.no_eager:
                 row[f"{name}_eager_ms"] = ctx.timed(runner.step_eager, calls=1)
                 row[f"{name}_launch_tax_ms"] = row[f"{name}_eager_ms"] - row[f"{name}_step_ms"]

@@ -15,6 +15,8 @@
 #   swiglu   Llama-3-8B's decode grid: torch, numasched, numasched --pdl-swiglu (the activation by
 #            numasched.swiglu, a PDL-launched kernel, not the compiled one), each in its own launch;
 #            TP_SWIGLU_VARIANTS="pdl-swiglu fuse-swiglu" for the activation fused into the gate/up GEMM
+#   timeline Llama-3-8B's decode grid with --timeline: each step's kernels by kind and the idle time
+#            between them, both backends (bench/timeline.py)
 #   mar      scripts/mar_sweep.py (the fused GEMM + all-reduce's tile configs at large M)
 # Writes under bench/results/tp<N>-DATE/ (or tp<N>-$TP_TAG/). Usage: tp_many.sh OUT_DIR DEV PARTS
 set -uo pipefail
@@ -62,6 +64,8 @@ for part in ${parts//+/ }; do
               e2e swiglu-$v llama3-8b 2048,8192,32768 ${TP_E2E_TIMEOUT:-200} --prompt 0 --no-taxes --no-eager \
                 --iters ${TP_ITERS:-10} --backends numasched --$v
             done ;;
+    timeline) e2e timeline-llama3-8b llama3-8b 2048,8192,32768 ${TP_E2E_TIMEOUT:-300} --prompt 0 --no-taxes --no-eager \
+                --iters ${TP_ITERS:-10} --timeline ;;
     mar) NCCL_NVLS_ENABLE=0 timeout -k 10 ${TP_MAR_TIMEOUT:-240} torchrun --nproc-per-node=$n scripts/mar_sweep.py 2>&1 \
            | tee "$res/mar-sweep-tp$n-$dev.log" | tail -40 ;;
     *) echo "unknown part $part" ;;

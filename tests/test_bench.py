@@ -240,3 +240,37 @@ def test_collectives_launcher_spells_rows_for_torchrun():
         run = importlib.import_module("torch.distributed.run")
         ns = run.get_args_parser().parse_args(["--nproc-per-node=2", "-m", "numasched.bench.collectives", "--worker", *fwd])
         assert isinstance(ns, argparse.Namespace) and ns.training_script_args[-len(fwd):] == fwd
+
+
+def test_timeline_summary_counts_overlaps_once_and_idle_time_per_step():
+    """bench/timeline.py's arithmetic on recorded kernels: two steps, overlapping kernels (PDL)
+    counted once in busy, each kernel's own time in its kind, gaps where no kernel ran."""
+    from numasched.bench.timeline import kind_of, summarize
+
+    us = [("gemm_splitk_kernel", 0, 10), ("all_reduce_add_rmsnorm_kernel", 8, 14),   # 2 us overlap
+          ("_flash_decode_kernel", 20, 30),                                           # 6 us idle before
+          ("gemm_splitk_kernel", 100, 110), ("ncclDevKernel_AllReduce", 112, 120)]    # step 2
+    s = summarize(us, steps=2)
+    assert s["span_ms"] == pytest.approx(120 / 1e3 / 2)
+    assert s["busy_ms"] == pytest.approx((14 + 10 + 10 + 8) / 1e3 / 2)
+    assert s["gap_ms"] == pytest.approx((120 - 42) / 1e3 / 2)
+    assert s["kernels"] == 2.5
+    assert s["by_kind"]["gemm (numasched split-K)"] == pytest.approx(20 / 1e3 / 2)
+    assert list(s["by_kind"])[0] == "gemm (numasched split-K)"   # largest first
+    assert kind_of("ncclDevKernel_AllReduce") == "nccl" and kind_of("triton_poi_fused_add_0") == "elementwise (compiled)"
+    assert kind_of("sm90_xmma_gemm_bf16") == "gemm (cuBLAS)" and kind_of("mystery") == "other"
+    assert summarize([], 3)["gap_ms"] == 0.0
+    with pytest.raises(ValueError, match="steps"):
+        summarize(us, 0)
+
+
+def test_e2e_timeline_rows_and_flag():
+    from numasched.bench import e2e
+
+    t = dict(span_ms=1.0, busy_ms=0.8, gap_ms=0.2, kernels=10, by_kind={"gemm": 0.5, "nccl": 0.3})
+    rows = [dict(kind="decode", batch=1, context=2048, numasched_timeline=t, torch_step_ms=1.0),
+            dict(kind="decode", batch=4, context=2048)]
+    out = e2e.timeline_rows(rows, ["numasched", "torch"])
+    assert [r["what"] for r in out] == ["(span)", "(kernels busy)", "(idle between kernels)", "gemm", "nccl"]
+    assert out[2]["ms_per_step"] == 0.2 and all(r["backend"] == "numasched" and r["batch"] == 1 for r in out)
+    assert e2e.main(["--dry-run", "--timeline"]) == 0
