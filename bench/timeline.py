@@ -102,6 +102,8 @@ def kernel_intervals(fn: Callable[[], object], steps: int = 8) -> List[Tuple[str
 
 def describe(s: Dict[str, object], top: int = 8) -> str:
     """One line: span, busy, gap, kernels per step and the largest kinds."""
+    if not s["kernels"]:
+        return "no kernels recorded (the profiler's CUDA activity saw none of the replays)"
     kinds = ", ".join(f"{k} {v:.3f}" for k, v in list(s["by_kind"].items())[:top])
     return (f"span {s['span_ms']:.3f} ms, kernels busy {s['busy_ms']:.3f}, idle between kernels {s['gap_ms']:.3f} "
             f"({s['kernels']:.0f} kernels a step); by kind (ms): {kinds}")
