@@ -9,6 +9,7 @@ Every operation has one shape: a pure check, a frozen plan from a public plannin
     numasched.attention_forward(q, k, v, ...)                 plan_attention(...).run(...)
     numasched.matmul(a, b, ...)                               plan_matmul(...).run(...)
     numasched.matmul_swiglu(x, w_gate_up.T)                   plan_matmul_swiglu(...).run(...)
+    numasched.swiglu(gate_up)                                 plan_swiglu(...).run(...)
     numasched.qkv_rope_cache(qkv, cos, sin, k_cache, ...)     plan_qkv_rope_cache(...).run(...)
 
 CPU-only users can import this package: Triton kernels compile on first use, and Iris (the
@@ -40,6 +41,7 @@ _LAZY = {
     "matmul_swiglu": "numasched.gemm_glu",
     "plan_matmul_swiglu": "numasched.gemm_glu",
     "swiglu": "numasched.gemm_glu",
+    "plan_swiglu": "numasched.gemm_glu",
     "SwiGLUPlan": "numasched.gemm_glu",
     "gemm_glu": "numasched.gemm_glu",
     "qkv_rope_cache": "numasched.rope_cache",

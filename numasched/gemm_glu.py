@@ -39,8 +39,8 @@ from ._route import plain_eager
 from ._validate import check_int32_indexing, check_tensor
 from .gemm import SUPPORTED_DTYPES, TensorDescriptor, _splitk_buffers, input_precision, tma_view
 
-__all__ = ["matmul_swiglu", "plan_matmul_swiglu", "check_matmul_swiglu", "SwiGLUPlan", "swiglu", "check_swiglu",
-           "SwiGLUActPlan"]
+__all__ = ["matmul_swiglu", "plan_matmul_swiglu", "check_matmul_swiglu", "SwiGLUPlan", "swiglu", "plan_swiglu",
+           "check_swiglu", "SwiGLUActPlan"]
 
 
 def check_matmul_swiglu(a, b, out=None):
@@ -301,6 +301,11 @@ class SwiGLUActPlan(Plan):
         with caps.launch_device(gu):
             self._launch(gu, out, self.n, gu.stride(0), out.stride(0))
         return out
+
+
+def plan_swiglu(gu, out=None, *, options: Optional[_options.Options] = None) -> SwiGLUActPlan:
+    """Plan :func:`swiglu` for tensors like these (only their signatures are read)."""
+    return SwiGLUActPlan(gu, out, options=options)
 
 
 def _act_key(gu, out):

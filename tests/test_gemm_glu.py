@@ -194,7 +194,7 @@ def test_swiglu_activation_argument_errors_name_the_argument():
         numasched.swiglu(torch.randn(3, 8), out=torch.empty(3, 4, dtype=torch.float64))
     with pytest.raises(RuntimeError, match="no backward"):
         numasched.swiglu(torch.randn(3, 8, requires_grad=True))
-    plan = numasched.gemm_glu.SwiGLUActPlan(torch.randn(3, 8))
+    plan = numasched.plan_swiglu(torch.randn(3, 8))
     with pytest.raises(ValueError, match="made without out"):
         plan.run(torch.randn(3, 8), out=torch.empty(3, 8)[:, :4])
 
