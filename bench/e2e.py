@@ -335,7 +335,8 @@ def _isolated(args, argv) -> int:
             return rc
         # this launch's file only: the folder may hold earlier runs' (another TP size, GPU or date)
         files = sorted((p for p in Path(sub).glob(f"e2e-{args.model}-*.json")
-                        if "-taxes-" not in p.name and p.stat().st_mtime >= start), key=lambda p: p.stat().st_mtime)
+                        if "-taxes-" not in p.name and "-timeline-" not in p.name and p.stat().st_mtime >= start),
+                       key=lambda p: p.stat().st_mtime)
         if not files:
             print(f"numasched bench e2e --isolate: the {b} run wrote no e2e-{args.model}-*.json under {sub}",
                   file=sys.stderr)

@@ -358,7 +358,6 @@ class GemmPlan(Plan):
         if prefetch and not use_tma:   # options.pdl_prefetch: B into L2 before the PDL wait
             const["PREFETCH_B"] = KS.prefetch_programs(b, K, self._kps, cfg["BLOCK_N"], grid,
                                                        caps.l2_bytes(self.device), tail=bool(whole))
-        self.prefetch_programs = const.get("PREFETCH_B", 0)
         self._sizes = (Mdim, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
                        *self._res_stride, self._kps, whole)
         self._launch = Launch(KS.gemm_splitk_kernel, (grid,), const, config=cfg, device=self.device,

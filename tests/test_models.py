@@ -550,6 +550,40 @@ def test_bench_e2e_isolate_runs_each_backend_alone_and_merges(monkeypatch, tmp_p
         e2e.main(["--tp", "2", "--isolate", "--out-dir", str(tmp_path)])
 
 
+def test_bench_e2e_isolate_merges_the_main_rows_beside_a_timeline(monkeypatch, tmp_path):
+    """--timeline writes a second table after the main one; an isolated run merges the main
+    rows (not the later-written timeline file's) and writes the merged timeline table."""
+    import json
+    import time
+
+    from numasched.bench import common, e2e
+
+    t = dict(span_ms=3.0, busy_ms=2.9, gap_ms=0.1, kernels=300, by_kind={"gemm": 1.5})
+
+    def fake_call(cmd, **kw):
+        b, out = cmd[cmd.index("--backends") + 1], cmd[cmd.index("--out-dir") + 1]
+        assert "--timeline" in cmd
+        os.makedirs(out, exist_ok=True)
+        row = dict(kind="decode", model="llama3-8b", tp=2, layers=32, batch=1, context=2048,
+                   **{f"{b}_step_ms": 3.0 if b == "numasched" else 3.6, f"{b}_timeline": t})
+        with open(os.path.join(out, "e2e-llama3-8b-2xcpu-2026-11-26.json"), "w") as f:
+            json.dump({"env": {}, "rows": [row]}, f)
+        time.sleep(0.02)
+        with open(os.path.join(out, "e2e-llama3-8b-timeline-2xcpu-2026-11-26.json"), "w") as f:
+            json.dump({"env": {}, "rows": e2e.timeline_rows([row], [b])}, f)
+        return 0
+
+    monkeypatch.setattr(common, "check_runnable", lambda suite: None)
+    monkeypatch.setattr(e2e.subprocess, "call", fake_call)
+    assert e2e.main(["--tp", "2", "--batch", "1", "--context", "2048", "--no-taxes", "--timeline",
+                     "--out-dir", str(tmp_path)]) == 0
+    main = json.loads(next(p for p in tmp_path.glob("e2e-llama3-8b-*.json") if "-timeline-" not in p.name)
+                      .read_text())["rows"]
+    assert main[0]["speedup"] == pytest.approx(1.2)
+    tl = json.loads(next(tmp_path.glob("e2e-llama3-8b-timeline-*.json")).read_text())["rows"]
+    assert {r["backend"] for r in tl} == {"numasched", "torch"} and len(tl) == 2 * 4
+
+
 def test_bench_e2e_is_a_suite_and_needs_a_gpu_to_run(tmp_path):
     from numasched.bench.cli import SUITES
 

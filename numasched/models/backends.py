@@ -402,11 +402,13 @@ class NumaschedBackend(Backend):
         return self._ns.matmul(x, w.t(), out=out, mapping=self.mapping)
 
     def linear_swiglu(self, x, w, n, swiglu):
-        # one launch where numasched's GEMM runs (decode sizes): numasched.matmul_swiglu
-        if self.fuse_swiglu and self._gemm_engine(x.shape[0]) == "numasched":
-            return self._ns.matmul_swiglu(x, w.t())
-        if self.pdl_swiglu and self._gemm_engine(x.shape[0]) == "numasched":
-            return self._ns.swiglu(self.linear(x, w))
+        # where numasched's GEMM runs (decode sizes): one launch (numasched.matmul_swiglu), or the
+        # GEMM then numasched's PDL-launched activation (numasched.swiglu)
+        if self._gemm_engine(x.shape[0]) == "numasched":
+            if self.fuse_swiglu:
+                return self._ns.matmul_swiglu(x, w.t())
+            if self.pdl_swiglu:
+                return self._ns.swiglu(self.linear(x, w))
         return swiglu(self.linear(x, w), n)
 
     def rope_cache_write(self, qkv, cos, sin, heads, kv_heads, head_dim, q_w, k_w, eps, cache, layer, qkv_rope):
