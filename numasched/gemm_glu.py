@@ -225,13 +225,18 @@ def matmul_swiglu(a: torch.Tensor, b: torch.Tensor, *, out: Optional[torch.Tenso
     in a's dtype (into ``out`` when given). Plans are cached per signature. Inference only (no
     autograd); under torch.compile it is the custom op ``numasched::matmul_swiglu``."""
     check_matmul_swiglu(a, b, out)
-    if plain_eager(a, b, out):
-        return _run(a, b, out)
-    if any(t is not None and t.requires_grad for t in (a, b, out)) and torch.is_grad_enabled():
-        raise RuntimeError("matmul_swiglu has no backward (inference only); run it under torch.no_grad()")
-    if out is not None:
-        return out.copy_(torch.ops.numasched.matmul_swiglu(a, b))
-    return torch.ops.numasched.matmul_swiglu(a, b)
+    return _route("matmul_swiglu", _run, torch.ops.numasched.matmul_swiglu, (a, b), out)
+
+
+def _route(name, eager, op, args, out):
+    """A checked call of this module's ops: the eager plan where it may run without the
+    dispatcher, else the custom op ``op`` (no autograd: refused by name)."""
+    if plain_eager(*args, out):
+        return eager(*args, out)
+    if any(t is not None and t.requires_grad for t in (*args, out)) and torch.is_grad_enabled():
+        raise RuntimeError(f"{name} has no backward (inference only); run it under torch.no_grad()")
+    y = op(*args)
+    return y if out is None else out.copy_(y)
 
 
 # ---------------------------------------------------------------- the activation alone
@@ -341,8 +346,4 @@ def swiglu(gu: torch.Tensor, *, out: Optional[torch.Tensor] = None) -> torch.Ten
     ``out`` when given); plans cached per signature. Inference only (no autograd); under
     torch.compile it is the custom op ``numasched::swiglu``."""
     check_swiglu(gu, out)
-    if plain_eager(gu, out):
-        return _act_run(gu, out)
-    if any(t is not None and t.requires_grad for t in (gu, out)) and torch.is_grad_enabled():
-        raise RuntimeError("swiglu has no backward (inference only); run it under torch.no_grad()")
-    return torch.ops.numasched.swiglu(gu) if out is None else out.copy_(torch.ops.numasched.swiglu(gu))
+    return _route("swiglu", _act_run, torch.ops.numasched.swiglu, (gu,), out)
