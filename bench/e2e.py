@@ -379,12 +379,13 @@ def _write(args, rows: List[dict], notes: List[str], spec) -> None:
     print("written:", ", ".join(str(v) for v in paths.values()), flush=True)
 
 
-TIMELINE_COLUMNS = ["kind", "batch", "context", "backend", "what", "ms_per_step"]
+TIMELINE_COLUMNS = ["kind", "batch", "context", "backend", "what", "ms_per_step", "owned_ms_per_step"]
 
 
 def timeline_rows(rows, backends) -> List[dict]:
     """The ``--timeline`` summaries of ``rows`` as a long table: per decode point and backend the
-    step's span, the kernels' busy time, the idle time between kernels, then each kernel kind."""
+    step's span, the kernels' busy time, the idle time between kernels, then each kernel kind: its
+    kernels' summed time and the part of the busy time it owns (bench/timeline.py)."""
     out = []
     for r in rows:
         for b in backends:
@@ -394,8 +395,9 @@ def timeline_rows(rows, backends) -> List[dict]:
             base = dict(kind=r.get("kind"), batch=r.get("batch"), context=r.get("context"), backend=b)
             for what, key in (("(span)", "span_ms"), ("(kernels busy)", "busy_ms"),
                               ("(idle between kernels)", "gap_ms")):
-                out.append(dict(base, what=what, ms_per_step=t[key]))
-            out += [dict(base, what=k, ms_per_step=v) for k, v in t["by_kind"].items()]
+                out.append(dict(base, what=what, ms_per_step=t[key], owned_ms_per_step=t[key]))
+            own = t.get("own_by_kind", {})
+            out += [dict(base, what=k, ms_per_step=v, owned_ms_per_step=own.get(k)) for k, v in t["by_kind"].items()]
     return out
 
 

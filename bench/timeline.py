@@ -8,8 +8,12 @@ time between them (the kernel-boundary tax measured, not inferred).
 of a graph replay) and returns the kernels it saw. ``summarize`` is plain arithmetic on them
 (tested on CPU): ``span`` is first start to last end over the steps, ``busy`` the union of the
 kernels' intervals (kernels that overlap, e.g. under programmatic dependent launch, count once),
-``gap`` = span - busy: time in which no kernel of the graph ran, and ``by_kind`` each kind's
-summed kernel time (overlaps counted in each kernel), all per step in ms.
+``gap`` = span - busy: time in which no kernel of the graph ran, ``by_kind`` each kind's
+summed kernel time (overlaps counted in each kernel: under PDL a kernel's time includes its wait
+for the one before), and ``own_by_kind`` each kind's share of the busy time: a kernel owns the
+time by which it moves the end of the work done so far (its end minus the later of its start and
+the latest end before it), so a kernel that launched early and waited costs only what it added
+and the owned times sum to ``busy``; all per step in ms.
 """
 from __future__ import annotations
 
@@ -70,11 +74,16 @@ def summarize(intervals: Sequence[Tuple[str, float, float]], steps: int) -> Dict
     busy += cur_e - cur_s
     span = max(e for _, e, _ in iv) - iv[0][0]
     by_kind: Dict[str, float] = {}
+    own: Dict[str, float] = {}
+    frontier = iv[0][0]
     for s, e, n in iv:
         k = kind_of(n)
         by_kind[k] = by_kind.get(k, 0.0) + (e - s) / 1e3 / steps
+        own[k] = own.get(k, 0.0) + max(0.0, e - max(s, frontier)) / 1e3 / steps
+        frontier = max(frontier, e)
     return dict(span_ms=span / 1e3 / steps, busy_ms=busy / 1e3 / steps, gap_ms=(span - busy) / 1e3 / steps,
-                kernels=len(iv) / steps, by_kind=dict(sorted(by_kind.items(), key=lambda kv: -kv[1])))
+                kernels=len(iv) / steps, by_kind=dict(sorted(by_kind.items(), key=lambda kv: -kv[1])),
+                own_by_kind=dict(sorted(own.items(), key=lambda kv: -kv[1])))
 
 
 def kernel_intervals(fn: Callable[[], object], steps: int = 8) -> List[Tuple[str, float, float]]:
@@ -104,6 +113,8 @@ def describe(s: Dict[str, object], top: int = 8) -> str:
     """One line: span, busy, gap, kernels per step and the largest kinds."""
     if not s["kernels"]:
         return "no kernels recorded (the profiler's CUDA activity saw none of the replays)"
-    kinds = ", ".join(f"{k} {v:.3f}" for k, v in list(s["by_kind"].items())[:top])
+    own = s.get("own_by_kind", {})
+    kinds = ", ".join(f"{k} {v:.3f}" + (f" (owns {own[k]:.3f})" if k in own else "")
+                      for k, v in list(s["by_kind"].items())[:top])
     return (f"span {s['span_ms']:.3f} ms, kernels busy {s['busy_ms']:.3f}, idle between kernels {s['gap_ms']:.3f} "
             f"({s['kernels']:.0f} kernels a step); by kind (ms): {kinds}")

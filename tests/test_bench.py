@@ -257,6 +257,10 @@ def test_timeline_summary_counts_overlaps_once_and_idle_time_per_step():
     assert s["kernels"] == 2.5
     assert s["by_kind"]["gemm (numasched split-K)"] == pytest.approx(20 / 1e3 / 2)
     assert list(s["by_kind"])[0] == "gemm (numasched split-K)"   # largest first
+    # owned: the norm kernel that started at 8 under the GEMM adds 4 (10 -> 14); the owned times sum to busy
+    assert s["own_by_kind"]["all-reduce + add + norm"] == pytest.approx(4 / 1e3 / 2)
+    assert s["own_by_kind"]["gemm (numasched split-K)"] == pytest.approx(20 / 1e3 / 2)
+    assert sum(s["own_by_kind"].values()) == pytest.approx(s["busy_ms"])
     assert kind_of("ncclDevKernel_AllReduce") == "nccl" and kind_of("triton_poi_fused_add_0") == "elementwise (compiled)"
     assert kind_of("sm90_xmma_gemm_bf16") == "gemm (cuBLAS)" and kind_of("mystery") == "other"
     assert summarize([], 3)["gap_ms"] == 0.0
@@ -273,4 +277,5 @@ def test_e2e_timeline_rows_and_flag():
     out = e2e.timeline_rows(rows, ["numasched", "torch"])
     assert [r["what"] for r in out] == ["(span)", "(kernels busy)", "(idle between kernels)", "gemm", "nccl"]
     assert out[2]["ms_per_step"] == 0.2 and all(r["backend"] == "numasched" and r["batch"] == 1 for r in out)
+    assert out[3]["owned_ms_per_step"] is None   # a summary without owned times (older runs) leaves them empty
     assert e2e.main(["--dry-run", "--timeline"]) == 0
