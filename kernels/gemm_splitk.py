@@ -190,18 +190,14 @@ def gemm_splitk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # GLU: the up half (unused otherwise)
     k_start = k_lo
-    if PRELOAD_B > 0:   # the preloaded blocks' products first, then the loop from the next block
+    if PRELOAD_B > 0:
+        # the preloaded blocks' A now (its loads overlap the loop), their products after the loop:
+        # the loop's pipeline starts right after the wait, on the blocks not yet loaded
         a_rows0 = a + offs_m[:, None].to(tl.int64) * stride_am
-        a_t = tl.load(a_rows0 + ks0[None, :] * stride_ak, mask=mask_m[:, None] & (ks0 < k_hi)[None, :], other=0.0)
-        acc = tl.dot(a_t, b_pre0, acc, input_precision=INPUT_PRECISION)
-        if GLU:
-            acc_u = tl.dot(a_t, bu_pre0, acc_u, input_precision=INPUT_PRECISION)
+        a_pre0 = tl.load(a_rows0 + ks0[None, :] * stride_ak, mask=mask_m[:, None] & (ks0 < k_hi)[None, :], other=0.0)
         if PRELOAD_B > 1:
-            a_t = tl.load(a_rows0 + ks1[None, :] * stride_ak, mask=mask_m[:, None] & (ks1 < k_hi)[None, :],
-                          other=0.0)
-            acc = tl.dot(a_t, b_pre1, acc, input_precision=INPUT_PRECISION)
-            if GLU:
-                acc_u = tl.dot(a_t, bu_pre1, acc_u, input_precision=INPUT_PRECISION)
+            a_pre1 = tl.load(a_rows0 + ks1[None, :] * stride_ak, mask=mask_m[:, None] & (ks1 < k_hi)[None, :],
+                             other=0.0)
         k_start = k_lo + PRELOAD_B * BLOCK_K
     if USE_TMA:
         # descriptors (Hopper): A (M, K) or its (K, M) storage (A_TRANS), B (K, N) or its (N, K)
@@ -230,6 +226,14 @@ def gemm_splitk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
                 b_u = tl.load(b + (offs_n[None, :].to(tl.int64) + N) * stride_bn + offs_k[:, None] * stride_bk,
                               mask=mask_k[:, None] & mask_n[None, :], other=0.0)
                 acc_u = tl.dot(a_t, b_u, acc_u, input_precision=INPUT_PRECISION)
+    if PRELOAD_B > 0:   # the blocks loaded before the wait (a fixed place in the sum: deterministic)
+        acc = tl.dot(a_pre0, b_pre0, acc, input_precision=INPUT_PRECISION)
+        if GLU:
+            acc_u = tl.dot(a_pre0, bu_pre0, acc_u, input_precision=INPUT_PRECISION)
+        if PRELOAD_B > 1:
+            acc = tl.dot(a_pre1, b_pre1, acc, input_precision=INPUT_PRECISION)
+            if GLU:
+                acc_u = tl.dot(a_pre1, bu_pre1, acc_u, input_precision=INPUT_PRECISION)
     pdl_late(PDL)  # the K loop is done (PDL "late": the next kernel may launch)
 
     if TAIL:
