@@ -128,9 +128,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="numasched: gate/up projection + silu(gate) * up in one launch at decode sizes "
                         "(numasched.matmul_swiglu; default on: 0.2-1.0%% per step on two H100s; "
                         "--no-fuse-swiglu for the GEMM then the activation)")
-    p.add_argument("--static-weights", action=argparse.BooleanOptionalAction, default=False,
-                   help="numasched: options.pdl_static_weights (the model's weights are frozen, so each "
-                        "decode GEMM loads its first weight blocks before its PDL wait)")
     p.add_argument("--pdl-swiglu", action=argparse.BooleanOptionalAction, default=True,
                    help="numasched: silu(gate) * up by numasched.swiglu (a PDL-launched kernel between the "
                         "decode-size GEMMs; default on, --no-pdl-swiglu for the compiled elementwise kernel)")
@@ -825,8 +822,7 @@ def _worker(args) -> int:
     from numasched.models import TPDecoder
 
     ctx = _Ctx(args)
-    # no host sync per flash_decode call (lengths are ours); frozen weights (--static-weights)
-    numasched.options.set(check_data=False, pdl_static_weights=bool(args.static_weights))
+    numasched.options.set(check_data=False)   # no host sync per flash_decode call (lengths are ours)
     try:
         import torch._dynamo.config as dc
 

@@ -85,17 +85,6 @@ def _prefetch_b(b, n0, N, k_lo, k_hi, stride_bn, BLOCK_N: tl.constexpr, GLU: tl.
 
 
 @triton.jit
-def static_b_block(b, offs_n, mask_n, ks, k_hi, col0, stride_bn, stride_bk):
-    """B's (len(ks), BLOCK_N) block at K offsets ``ks`` (zeros from ``k_hi``) of columns
-    ``col0 + offs_n``. The one load a kernel may make before its PDL wait (PRELOAD_B): the host
-    sets PRELOAD_B only where the caller declared B static (options.pdl_static_weights: a weight
-    no kernel still running writes; tests/test_launch.py allows this helper, on ``b`` only)."""
-    mk = (ks < k_hi)[:, None] & mask_n[None, :]
-    return tl.load(b + (col0 + offs_n[None, :]).to(tl.int64) * stride_bn + ks[:, None] * stride_bk, mask=mk,
-                   other=0.0)
-
-
-@triton.jit
 def _store_tile(acc, acc_u, c, bias, res, offs_m, offs_n, M, N, stride_cm, stride_cn, stride_rm, stride_rn,
                 HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, GLU: tl.constexpr):
     if GLU:
@@ -142,8 +131,7 @@ def gemm_splitk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
                        HAS_RES: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
                        A_TRANS: tl.constexpr, B_TRANS: tl.constexpr, GLU: tl.constexpr = False,
-                       PDL: tl.constexpr = False, PREFETCH_B: tl.constexpr = 0, TAIL: tl.constexpr = False,
-                       PRELOAD_B: tl.constexpr = 0):
+                       PDL: tl.constexpr = False, PREFETCH_B: tl.constexpr = 0, TAIL: tl.constexpr = False):
     # GLU (numasched.matmul_swiglu): B holds 2N columns, gate then up; the program accumulates
     # both halves of its tile's columns (two B tiles per K step) and stores silu(gate) * up (N
     # columns), so the MLP's activation costs no kernel and no round trip of the 2N-wide output
@@ -170,35 +158,9 @@ def gemm_splitk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
         pdl_trigger(PDL)
         if tl.program_id(0) < PREFETCH_B:
             _prefetch_b(b, tn * BLOCK_N, N, k_lo, k_hi, stride_bn, BLOCK_N, GLU)
-    if PRELOAD_B > 0:
-        # B is a weight no kernel still running writes (the caller says so:
-        # options.pdl_static_weights), so this unit's first PRELOAD_B (1 or 2) K blocks of B are loaded into
-        # registers before the PDL wait: their latency and bytes overlap the previous kernel
-        # (its tail, or an all-reduce's wait on NVLink) instead of following it (pointer path)
-        pdl_trigger(PDL)
-        ks0 = k_lo + tl.arange(0, BLOCK_K)
-        ks1 = ks0 + BLOCK_K
-        b_pre0 = static_b_block(b, offs_n, mask_n, ks0, k_hi, 0, stride_bn, stride_bk)
-        if GLU:
-            bu_pre0 = static_b_block(b, offs_n, mask_n, ks0, k_hi, N, stride_bn, stride_bk)
-        if PRELOAD_B > 1:
-            b_pre1 = static_b_block(b, offs_n, mask_n, ks1, k_hi, 0, stride_bn, stride_bk)
-            if GLU:
-                bu_pre1 = static_b_block(b, offs_n, mask_n, ks1, k_hi, N, stride_bn, stride_bk)
-    tl.static_assert(not (USE_TMA and PRELOAD_B > 0), "PRELOAD_B is for the pointer path")
     pdl_enter(PDL)  # PDL: wait for the previous kernel here (kernels/pdl.py)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # GLU: the up half (unused otherwise)
-    k_start = k_lo
-    if PRELOAD_B > 0:
-        # the preloaded blocks' A now (its loads overlap the loop), their products after the loop:
-        # the loop's pipeline starts right after the wait, on the blocks not yet loaded
-        a_rows0 = a + offs_m[:, None].to(tl.int64) * stride_am
-        a_pre0 = tl.load(a_rows0 + ks0[None, :] * stride_ak, mask=mask_m[:, None] & (ks0 < k_hi)[None, :], other=0.0)
-        if PRELOAD_B > 1:
-            a_pre1 = tl.load(a_rows0 + ks1[None, :] * stride_ak, mask=mask_m[:, None] & (ks1 < k_hi)[None, :],
-                             other=0.0)
-        k_start = k_lo + PRELOAD_B * BLOCK_K
     if USE_TMA:
         # descriptors (Hopper): A (M, K) or its (K, M) storage (A_TRANS), B (K, N) or its (N, K)
         # storage (B_TRANS, a weight W of F.linear); a split starts on a BLOCK_K boundary, so a
@@ -216,7 +178,7 @@ def gemm_splitk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
     else:
         a_rows = a + offs_m[:, None].to(tl.int64) * stride_am
         b_cols = b + offs_n[None, :].to(tl.int64) * stride_bn
-        for k0 in range(k_start, k_hi, BLOCK_K):
+        for k0 in range(k_lo, k_hi, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
             mask_k = offs_k < k_hi
             a_t = tl.load(a_rows + offs_k[None, :] * stride_ak, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
@@ -226,14 +188,6 @@ def gemm_splitk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
                 b_u = tl.load(b + (offs_n[None, :].to(tl.int64) + N) * stride_bn + offs_k[:, None] * stride_bk,
                               mask=mask_k[:, None] & mask_n[None, :], other=0.0)
                 acc_u = tl.dot(a_t, b_u, acc_u, input_precision=INPUT_PRECISION)
-    if PRELOAD_B > 0:   # the blocks loaded before the wait (a fixed place in the sum: deterministic)
-        acc = tl.dot(a_pre0, b_pre0, acc, input_precision=INPUT_PRECISION)
-        if GLU:
-            acc_u = tl.dot(a_pre0, bu_pre0, acc_u, input_precision=INPUT_PRECISION)
-        if PRELOAD_B > 1:
-            acc = tl.dot(a_pre1, b_pre1, acc, input_precision=INPUT_PRECISION)
-            if GLU:
-                acc_u = tl.dot(a_pre1, bu_pre1, acc_u, input_precision=INPUT_PRECISION)
     pdl_late(PDL)  # the K loop is done (PDL "late": the next kernel may launch)
 
     if TAIL:
@@ -283,18 +237,6 @@ def prefetch_programs(b, K: int, k_per_split: int, block_n: int, grid: int, l2_b
         return 0
     per_program = block_n * (K if tail else min(K, k_per_split)) * elt * halves
     return int(max(1, min(grid, (l2_bytes // 2) // per_program)))
-
-
-# registers a program may spend on B blocks loaded before its PDL wait (PRELOAD_B): two blocks of
-# the decode GEMMs' 32 x 256 tiles (16 KB each, 32 registers a thread at 4 warps)
-PRELOAD_BYTES = 32 * 1024
-
-
-def preload_blocks(block_n: int, block_k: int, k_per_split: int, elt: int, halves: int = 1) -> int:
-    """PRELOAD_B of a pointer-path launch whose B is static (options.pdl_static_weights): as many
-    of the split's first K blocks (at most 2) as PRELOAD_BYTES holds; 0 where not even one fits."""
-    per_block = block_n * block_k * elt * halves
-    return int(max(0, min(2, -(-k_per_split // block_k), PRELOAD_BYTES // per_block)))
 
 
 def shared_bytes(block_m: int, block_n: int, block_k: int, num_stages: int, elt: int) -> int:

@@ -355,10 +355,6 @@ class GemmPlan(Plan):
             whole, grid = _sched.tail_split(schedule, self._tiles, elt, _sched.Machine.of(self.device), slots)
             const["TAIL"] = True
         self.tail_whole_tiles = whole
-        if (not use_tma and self._opts.pdl and self._opts.pdl_static_weights
-                and (interp or caps.pdl_supported(self.device))):
-            # B static (a weight): its first K blocks into registers before the PDL wait
-            const["PRELOAD_B"] = KS.preload_blocks(cfg["BLOCK_N"], bk, self._kps, b.element_size())
         if prefetch and not use_tma:   # options.pdl_prefetch: B into L2 before the PDL wait
             const["PREFETCH_B"] = KS.prefetch_programs(b, K, self._kps, cfg["BLOCK_N"], grid,
                                                        caps.l2_bytes(self.device), tail=bool(whole))

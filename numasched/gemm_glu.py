@@ -131,9 +131,6 @@ class SwiGLUPlan(Plan):
                      USE_TMA=use_tma, A_TRANS=bool(use_tma and a_view[0]), B_TRANS=bool(use_tma and b_view[0]),
                      GLU=True)
         self.grid = (self._tiles * S,)
-        if not use_tma and options.pdl and options.pdl_static_weights and (interp or caps.pdl_supported(dev)):
-            # B static (a weight): its first K blocks (gate and up) into registers before the PDL wait
-            const["PRELOAD_B"] = KS.preload_blocks(cfg["BLOCK_N"], bk, self._kps, b.element_size(), halves=2)
         if (options.pdl and options.pdl_prefetch and not interp and not use_tma
                 and caps.pdl_supported(dev)):   # B into L2 before the PDL wait (kernels/pdl.py)
             const["PREFETCH_B"] = KS.prefetch_programs(b, K, self._kps, cfg["BLOCK_N"], self.grid[0],

@@ -23,7 +23,6 @@ numasched is imported (they are not read per call):
     NUMASCHED_PDL=0             pdl -> False
     NUMASCHED_PDL_TRIGGER       pdl_trigger ("early", "late" or "none"; 1 / 0 mean early / none)
     NUMASCHED_PDL_PREFETCH=1    pdl_prefetch -> True
-    NUMASCHED_PDL_STATIC_WEIGHTS=1 pdl_static_weights -> True
 """
 from __future__ import annotations
 
@@ -102,12 +101,6 @@ class Options:
             (Llama-3-8B, TP 2, decode grid; bench/results/tp2-s18/prefetch-*) it made every step
             0.45-0.56 ms slower (1 x 2k 4.17 against 3.61 ms, 16 x 32k 15.50 against 15.03), as
             the earlier per-line prefetch did on an H200 (eighth session: 1.05-1.34x slower).
-        pdl_static_weights: with ``pdl``, the split-K GEMM's B (pointer path: the decode sizes)
-            and matmul_swiglu's are weights that no kernel still running writes, so each program
-            loads its first one or two K blocks of B before it waits for the previous kernel
-            (kernels/gemm_splitk.py PRELOAD_B). Off by default: set it for inference with frozen
-            weights only (a B that the kernel just before writes would be read before it is
-            written); the TP decoder's bench sets it.
     """
 
     autotune: bool = True
@@ -124,11 +117,10 @@ class Options:
     pdl: bool = True
     pdl_trigger: str = "late"
     pdl_prefetch: bool = False
-    pdl_static_weights: bool = False
 
     def __post_init__(self):
         for f in ("autotune", "check_data", "gemm_flatten", "gemm_splitk_tma", "gemm_streamk_k_aligned",
-                  "gemm_tail_split", "pdl", "pdl_prefetch", "pdl_static_weights"):
+                  "gemm_tail_split", "pdl", "pdl_prefetch"):
             if not isinstance(getattr(self, f), bool):
                 raise TypeError(f"Options.{f} must be a bool, got {getattr(self, f)!r}")
         if isinstance(self.pdl_trigger, bool):  # the former bool form
@@ -195,8 +187,7 @@ def from_env(environ=None) -> Options:
                    gemm_tail_split=flag("NUMASCHED_GEMM_TAIL_SPLIT", True),
                    pdl=flag("NUMASCHED_PDL", True),
                    pdl_trigger=_trigger(env.get("NUMASCHED_PDL_TRIGGER", "late")),
-                   pdl_prefetch=flag("NUMASCHED_PDL_PREFETCH", False),
-                   pdl_static_weights=flag("NUMASCHED_PDL_STATIC_WEIGHTS", False))
+                   pdl_prefetch=flag("NUMASCHED_PDL_PREFETCH", False))
 
 
 _CURRENT = from_env()

@@ -72,9 +72,6 @@ def run(M, N, K, layers, spin_us, budgets, pf_progs, chunk):
     res["spin alone"] = t(chain(0, 1, gemm=False))
     res["gemm alone"] = t(chain(0, 1, spin=False))
     res["spin + gemm"] = t(chain(0, 1))
-    with numasched.options.use(pdl_static_weights=True):   # first B blocks loaded before the PDL wait
-        res["spin + gemm (static weights)"] = t(chain(0, 1))
-        res["gemm alone (static weights)"] = t(chain(0, 1, spin=False))
     for b in budgets:
         bb = min(int(b * 2**20), N * K * 2) // 16 * 16
         for progs in pf_progs:

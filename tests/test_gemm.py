@@ -576,39 +576,6 @@ def test_splitk_matches_float64(m, n, k, split_k, topo, policy):
 
 
 @cpu
-@pytest.mark.parametrize("m,n,k,split_k", [(1, 37, 53, 1), (3, 64, 300, 2), (17, 129, 97, 5), (2, 5, 1, 1),
-                                           (4, 40, 40, 3)])
-def test_splitk_with_weights_loaded_before_the_pdl_wait_matches_float64(m, n, k, split_k):
-    """options.pdl_static_weights: each program's first one or two K blocks of B come before the
-    PDL wait (PRELOAD_B), then the K loop from the next block; splits of one, two and more blocks
-    (and empty ones) give the float64 product, output poisoned, with bias and a residual."""
-    from numasched.kernels import gemm_splitk as KS
-
-    a, b = _operands(m, n, k, torch.float32, tb=True, seed=m * 5 + k)
-    g = torch.Generator().manual_seed(k)
-    bias, res = torch.randn(n, generator=g), torch.randn(m, n, generator=g)
-    with options.use(pdl_static_weights=True, gemm_splitk_tma=False):   # the pointer path
-        plan = numasched.plan_matmul(a, b, bias=bias, residual=res, split_k=split_k)
-        pre = plan._launch.kwargs.get("PRELOAD_B", 0)
-        out = torch.full((m, n), float("nan"))
-        c = plan.run(a, b, out, bias=bias, residual=res)
-    bk = KS.INTERPRETER_CONFIG["BLOCK_K"]
-    assert KS.preload_blocks(KS.INTERPRETER_CONFIG["BLOCK_N"], bk, plan._kps, 4) == min(2, -(-plan._kps // bk))
-    assert pre == KS.preload_blocks(KS.INTERPRETER_CONFIG["BLOCK_N"], bk, plan._kps, 4) > 0
-    ref = a.double() @ b.double() + bias.double() + res.double()
-    assert c is out and ((c.double() - ref).norm() / ref.norm()).item() < 1e-5
-
-
-def test_preload_blocks_rule():
-    from numasched.kernels.gemm_splitk import PRELOAD_BYTES, preload_blocks
-
-    assert preload_blocks(32, 256, 4096, 2) == 2                      # the decode GEMMs' 16 KB blocks
-    assert preload_blocks(32, 256, 256, 2) == 1                       # a split of one block
-    assert preload_blocks(128, 128, 4096, 2, halves=2) == PRELOAD_BYTES // (128 * 128 * 2 * 2)
-    assert preload_blocks(128, 256, 4096, 2) == 0                     # 64 KB a block: none
-
-
-@cpu
 def test_splitk_is_deterministic_and_resets_its_counters():
     from numasched import gemm as api_
 
@@ -805,47 +772,6 @@ def test_gpu_splitk_in_a_cuda_graph_replays_right(rows, tail):
         torch.cuda.synchronize()
         ref = x.double() @ w.double().T
         assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-2
-
-
-@gpu
-@pytest.mark.parametrize("rows", [1, 4, 16])
-def test_gpu_static_weights_chain_in_a_cuda_graph(rows):
-    """options.pdl_static_weights: three decode GEMMs back to back (each one's A the output of
-    the one before, B a weight loaded before the PDL wait) and matmul_swiglu, in one CUDA graph,
-    replayed on fresh inputs with the outputs poisoned: every product is the float64 one, so A
-    is read after the wait even though B was read before it."""
-    g = torch.Generator(device="cuda").manual_seed(rows)
-    ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g) / k ** 0.5
-          for n, k in ((3072, 4096), (4096, 3072), (2 * 7168, 4096))]
-    x = torch.randn(rows, 4096, device="cuda", dtype=torch.bfloat16, generator=g)
-    with options.use(pdl_static_weights=True):
-        plans = [numasched.plan_matmul(x, ws[0].T), numasched.plan_matmul(torch.empty(rows, 3072, device="cuda",
-                 dtype=torch.bfloat16), ws[1].T)]
-        glu = numasched.plan_matmul_swiglu(x, ws[2].T)
-        assert all(p._launch.kwargs.get("PRELOAD_B", 0) > 0 for p in plans)
-
-        def step():
-            h = plans[0].run(x, ws[0].T)
-            y = plans[1].run(h, ws[1].T)
-            return h, y, glu.run(y, ws[2].T)
-
-        step()
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            h, y, z = step()
-    for _ in range(3):
-        x.normal_(generator=g)
-        for t in (h, y, z):
-            t.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        rh = x.double() @ ws[0].double().T
-        ry = h.double() @ ws[1].double().T
-        gu = y.double() @ ws[2].double().T
-        rz = torch.nn.functional.silu(gu[:, :7168]) * gu[:, 7168:]
-        for out, ref in ((h, rh), (y, ry), (z, rz)):
-            assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
 
 
 # ------------------------------------------------------------------------------ TMA-fed split-K (option)

@@ -66,17 +66,6 @@ def test_swiglu_through_tma_descriptors_and_forced_splits(split_k):
 
 
 @cpu
-@pytest.mark.parametrize("m,n,k", [(5, 24, 200), (2, 7, 35), (1, 40, 16)])
-def test_swiglu_with_weights_loaded_before_the_pdl_wait(m, n, k):
-    """options.pdl_static_weights: the gate and up blocks of the first K steps before the wait."""
-    x, b = _data(m, n, k, torch.float32, seed=m * k)
-    with options.use(pdl_static_weights=True, gemm_splitk_tma=False):   # the pointer path
-        plan = numasched.plan_matmul_swiglu(x, b)
-        y = plan.run(x, b, torch.full((m, n), float("nan")))
-    assert plan.path == "pointer" and plan._launch.kwargs["PRELOAD_B"] > 0 and _err(y, x, b) < 1e-5
-
-
-@cpu
 def test_swiglu_is_deterministic_and_resets_its_counters():
     from numasched import gemm as api
 

@@ -283,10 +283,6 @@ def test_every_pdl_kernel_waits_before_touching_memory():
             name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)
             if name in memory:
                 bad.append(name)
-            elif name == "static_b_block":
-                # PRELOAD_B: a static weight's first blocks (the host's rule); of B and nothing else
-                if not (call.args and getattr(call.args[0], "id", None) == "b"):
-                    bad.append(name)
             elif isinstance(f, ast.Name) and name in helpers and name not in seen:
                 bad += touches(helpers[name], helpers, seen | {name})
             elif isinstance(f, ast.Name) and name not in helpers and name not in imported_index_math \
