@@ -228,12 +228,25 @@ def all_reduce_kernel(x_ptr, out_ptr, buf_ptr, buf2_ptr, flags_ptr, status_ptr, 
     epoch_end(epoch_ptr, counters_ptr, P, e, BUMP_EPOCH, ONE_PROGRAM)
 
 
+@triton.jit
+def _add_norm_store(total, r_in, w, res_out_ptr, y_ptr, x_ptr, offs, m, N, eps):
+    """s = total rounded to x's dtype (as an all-reduce returns it); r = residual + s, rounded
+    (the new residual stream, stored); y = w * round(r / rms(r)) (transformers' RMSNorm)."""
+    s = total.to(x_ptr.dtype.element_ty)
+    r = (r_in + s.to(tl.float32)).to(res_out_ptr.dtype.element_ty)
+    tl.store(res_out_ptr + offs, r, mask=m)
+    rf = r.to(tl.float32)
+    inv = 1.0 / tl.sqrt(tl.sum(rf * rf, 0) / N + eps)
+    normed = (rf * inv).to(y_ptr.dtype.element_ty)
+    tl.store(y_ptr + offs, (w * normed.to(tl.float32)).to(y_ptr.dtype.element_ty), mask=m)
+
+
 @triton.jit(do_not_specialize=["M", "iters"])
 def all_reduce_add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, res_out_ptr, y_ptr, buf_ptr, flags_ptr, status_ptr,
                                   epoch_ptr, counters_ptr, heap_bases, rank, M, N, iters, eps, wait_bound,
                                   WORLD: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
                                   BUMP_EPOCH: tl.constexpr, WAIT_CLOCK: tl.constexpr, PDL: tl.constexpr = False,
-                                  ONE_PROGRAM: tl.constexpr = False):
+                                  ONE_PROGRAM: tl.constexpr = False, ONE_ROW: tl.constexpr = False):
     """One-shot all-reduce of x (M, N) fused with the transformer's residual add and RMSNorm:
 
         s = sum over ranks of x        (fp32 in rank order, rounded to x's dtype, as an all-reduce returns it)
@@ -242,7 +255,8 @@ def all_reduce_add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, res_out_ptr, y_ptr, buf
 
     Program p owns rows p, p + P, ... (a row must be whole for its norm: decode-sized M). Stage 1
     pushes row i to every peer and raises flag (rank, p) to ``(epoch - 1) * iters + i + 1``;
-    stage 2, one row behind, waits, sums, adds, normalises and stores r and y. buf: heap
+    stage 2, one row behind, waits, sums, adds, normalises and stores r and y (ONE_ROW, a row per
+    program: stage 2 loads all but the peers' parts before it waits). buf: heap
     (2, WORLD, M, N) in x's dtype; flags: heap int64 (WORLD, P)."""
     pdl_enter(PDL)  # PDL: wait for the previous kernel here (kernels/pdl.py)
     e = epoch_begin(epoch_ptr)
@@ -255,37 +269,55 @@ def all_reduce_add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, res_out_ptr, y_ptr, buf
     recv = buf_ptr + (slot * WORLD).to(tl.int64) * part
     base = (e - 1).to(tl.int64) * iters
     flag = flags_ptr + rank * P + p
-    for i in range(0, iters + 1):
+    if ONE_ROW:
+        # decode (iters == 1: a row per program; the host's NUMASCHED_ARN_ONE_ROW=0 for the A/B): the row's own part, its residual and the norm weight are
+        # loaded before the wait for the peers' parts, so their latency hides under the link's
+        # round trip instead of following it; then the same sum, in rank order, as below
+        row = p.to(tl.int64)
+        m = cmask & (row < M)
         if (STAGES & 1) != 0:
-            if i < iters:
-                row = (p + i * P).to(tl.int64)
-                m = cmask & (row < M)
-                v = tl.load(x_ptr + row * N + cols, mask=m)
-                for d in tl.static_range(WORLD):
-                    if d != rank:
-                        tl.store(translate(recv + rank * part + row * N + cols, rank, d, heap_bases), v, mask=m)
-                signal_peers(flag, base + i + 1, rank, heap_bases, WORLD, WAIT_CLOCK)
+            v = tl.load(x_ptr + row * N + cols, mask=m)
+            for d in tl.static_range(WORLD):
+                if d != rank:
+                    tl.store(translate(recv + rank * part + row * N + cols, rank, d, heap_bases), v, mask=m)
+            signal_peers(flag, base + 1, rank, heap_bases, WORLD, WAIT_CLOCK)
         if (STAGES & 2) != 0:
-            j = i - 1
-            if j >= 0:
-                row = (p + j * P).to(tl.int64)
-                m = cmask & (row < M)
-                total = tl.zeros([BLOCK_N], dtype=tl.float32)
-                for src in tl.static_range(WORLD):
-                    if src == rank:
-                        total += tl.load(x_ptr + row * N + cols, mask=m, other=0.0).to(tl.float32)
-                    else:
-                        wait_flag(flags_ptr + src * P + p, base + j + 1, src, status_ptr, wait_bound, WAIT_CLOCK)
-                        total += tl.load(recv + src * part + row * N + cols, mask=m, other=0.0).to(tl.float32)
-                s = total.to(x_ptr.dtype.element_ty)
-                r = (tl.load(res_ptr + row * N + cols, mask=m, other=0.0).to(tl.float32)
-                     + s.to(tl.float32)).to(res_out_ptr.dtype.element_ty)
-                tl.store(res_out_ptr + row * N + cols, r, mask=m)
-                rf = r.to(tl.float32)
-                inv = 1.0 / tl.sqrt(tl.sum(rf * rf, 0) / N + eps)
-                normed = (rf * inv).to(y_ptr.dtype.element_ty)
-                w = tl.load(w_ptr + cols, mask=cmask, other=0.0)
-                tl.store(y_ptr + row * N + cols, (w.to(tl.float32) * normed.to(tl.float32)).to(y_ptr.dtype.element_ty),
-                         mask=m)
+            own = tl.load(x_ptr + row * N + cols, mask=m, other=0.0).to(tl.float32)
+            r_in = tl.load(res_ptr + row * N + cols, mask=m, other=0.0).to(tl.float32)
+            w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+            total = tl.zeros([BLOCK_N], dtype=tl.float32)
+            for src in tl.static_range(WORLD):
+                if src == rank:
+                    total += own
+                else:
+                    wait_flag(flags_ptr + src * P + p, base + 1, src, status_ptr, wait_bound, WAIT_CLOCK)
+                    total += tl.load(recv + src * part + row * N + cols, mask=m, other=0.0).to(tl.float32)
+            _add_norm_store(total, r_in, w, res_out_ptr, y_ptr, x_ptr, row * N + cols, m, N, eps)
+    else:
+        for i in range(0, iters + 1):
+            if (STAGES & 1) != 0:
+                if i < iters:
+                    row = (p + i * P).to(tl.int64)
+                    m = cmask & (row < M)
+                    v = tl.load(x_ptr + row * N + cols, mask=m)
+                    for d in tl.static_range(WORLD):
+                        if d != rank:
+                            tl.store(translate(recv + rank * part + row * N + cols, rank, d, heap_bases), v, mask=m)
+                    signal_peers(flag, base + i + 1, rank, heap_bases, WORLD, WAIT_CLOCK)
+            if (STAGES & 2) != 0:
+                j = i - 1
+                if j >= 0:
+                    row = (p + j * P).to(tl.int64)
+                    m = cmask & (row < M)
+                    total = tl.zeros([BLOCK_N], dtype=tl.float32)
+                    for src in tl.static_range(WORLD):
+                        if src == rank:
+                            total += tl.load(x_ptr + row * N + cols, mask=m, other=0.0).to(tl.float32)
+                        else:
+                            wait_flag(flags_ptr + src * P + p, base + j + 1, src, status_ptr, wait_bound, WAIT_CLOCK)
+                            total += tl.load(recv + src * part + row * N + cols, mask=m, other=0.0).to(tl.float32)
+                    r_in = tl.load(res_ptr + row * N + cols, mask=m, other=0.0).to(tl.float32)
+                    w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+                    _add_norm_store(total, r_in, w, res_out_ptr, y_ptr, x_ptr, row * N + cols, m, N, eps)
 
     epoch_end(epoch_ptr, counters_ptr, P, e, BUMP_EPOCH, ONE_PROGRAM)

@@ -10,6 +10,8 @@ program: meant for decode-sized M (the one-shot all-reduce's regime).
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from numasched._validate import check_tensor
@@ -101,7 +103,8 @@ class AllReduceAddRmsnorm(_Op):
             from numasched.kernels.dist_allreduce import all_reduce_add_rmsnorm_kernel
 
             kw = dict(WORLD=ctx.world, BLOCK_N=c["BLOCK_N"], STAGES=stages, BUMP_EPOCH=phase in ("full", "consume"),
-                      WAIT_CLOCK=ctx.wait_clock, ONE_PROGRAM=c["programs"] == 1)
+                      WAIT_CLOCK=ctx.wait_clock, ONE_PROGRAM=c["programs"] == 1,
+                      ONE_ROW=c["iters"] == 1 and os.environ.get("NUMASCHED_ARN_ONE_ROW", "1") != "0")
             if _on_gpu(x):
                 kw["num_warps"] = c["num_warps"]
             return all_reduce_add_rmsnorm_kernel, kw
