@@ -35,7 +35,8 @@ stage on every rank before the next (the interpreter runs one program at a time)
 import triton
 import triton.language as tl
 
-from numasched.kernels.dist_common import epoch_begin, epoch_end, signal_peers, translate, wait_flag
+from numasched.kernels.dist_common import (epoch_begin, epoch_end, ll_tag, signal_peers, store_words, translate,
+                                           wait_flag, wait_words)
 from numasched.kernels.pdl import pdl_enter
 
 
@@ -229,6 +230,32 @@ def all_reduce_kernel(x_ptr, out_ptr, buf_ptr, buf2_ptr, flags_ptr, status_ptr, 
 
 
 @triton.jit
+def _ll_pack(v, tag):
+    """A row (BLOCK_N elements of 16 or 32 bits) as LL words: two 16-bit elements' bits (or one
+    32-bit element's) in the low half of each int64, ``tag`` in the high half."""
+    if v.dtype.primitive_bitwidth == 16:
+        bits = v.to(tl.uint16, bitcast=True)
+        lo, hi = tl.split(tl.reshape(bits, (v.shape[0] // 2, 2)))
+        d32 = lo.to(tl.uint32) | (hi.to(tl.uint32) << 16)
+    else:
+        d32 = v.to(tl.uint32, bitcast=True)
+    return (tag.to(tl.int64) << 32) | d32.to(tl.int64)
+
+
+@triton.jit
+def _ll_unpack(w, dtype: tl.constexpr):
+    """The row's elements (fp32) from its LL words (``dtype``: the row's)."""
+    d32 = (w & 0xFFFFFFFF).to(tl.uint32)
+    if dtype.primitive_bitwidth == 16:
+        lo = (d32 & 0xFFFF).to(tl.uint16)
+        hi = (d32 >> 16).to(tl.uint16)
+        out = tl.reshape(tl.join(lo, hi), (w.shape[0] * 2,)).to(dtype, bitcast=True).to(tl.float32)
+    else:
+        out = d32.to(dtype, bitcast=True).to(tl.float32)
+    return out
+
+
+@triton.jit
 def _add_norm_store(total, r_in, w, res_out_ptr, y_ptr, x_ptr, offs, m, N, eps):
     """s = total rounded to x's dtype (as an all-reduce returns it); r = residual + s, rounded
     (the new residual stream, stored); y = w * round(r / rms(r)) (transformers' RMSNorm)."""
@@ -243,10 +270,11 @@ def _add_norm_store(total, r_in, w, res_out_ptr, y_ptr, x_ptr, offs, m, N, eps):
 
 @triton.jit(do_not_specialize=["M", "iters"])
 def all_reduce_add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, res_out_ptr, y_ptr, buf_ptr, flags_ptr, status_ptr,
-                                  epoch_ptr, counters_ptr, heap_bases, rank, M, N, iters, eps, wait_bound,
+                                  epoch_ptr, counters_ptr, heap_bases, rank, M, N, iters, eps, wait_bound, ll_ptr,
                                   WORLD: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
                                   BUMP_EPOCH: tl.constexpr, WAIT_CLOCK: tl.constexpr, PDL: tl.constexpr = False,
-                                  ONE_PROGRAM: tl.constexpr = False, ONE_ROW: tl.constexpr = False):
+                                  ONE_PROGRAM: tl.constexpr = False, ONE_ROW: tl.constexpr = False,
+                                  LL: tl.constexpr = False):
     """One-shot all-reduce of x (M, N) fused with the transformer's residual add and RMSNorm:
 
         s = sum over ranks of x        (fp32 in rank order, rounded to x's dtype, as an all-reduce returns it)
@@ -256,7 +284,9 @@ def all_reduce_add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, res_out_ptr, y_ptr, buf
     Program p owns rows p, p + P, ... (a row must be whole for its norm: decode-sized M). Stage 1
     pushes row i to every peer and raises flag (rank, p) to ``(epoch - 1) * iters + i + 1``;
     stage 2, one row behind, waits, sums, adds, normalises and stores r and y (ONE_ROW, a row per
-    program: stage 2 loads all but the peers' parts before it waits). buf: heap
+    program: stage 2 loads all but the peers' parts before it waits; with LL the row goes as
+    tagged 8-byte words into ll_ptr, heap int64 (2, WORLD, M, ceil(N / PACK)), and is waited for
+    word by word: no fence, no flag). buf: heap
     (2, WORLD, M, N) in x's dtype; flags: heap int64 (WORLD, P)."""
     pdl_enter(PDL)  # PDL: wait for the previous kernel here (kernels/pdl.py)
     e = epoch_begin(epoch_ptr)
@@ -275,12 +305,27 @@ def all_reduce_add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, res_out_ptr, y_ptr, buf
         # round trip instead of following it; then the same sum, in rank order, as below
         row = p.to(tl.int64)
         m = cmask & (row < M)
+        # LL: PACK elements a word (16-bit dtypes 2, 32-bit 1); words of rows past M are not sent
+        PACK: tl.constexpr = 2 if x_ptr.dtype.element_ty.primitive_bitwidth == 16 else 1
+        llw = (N + PACK - 1) // PACK
+        words = tl.arange(0, BLOCK_N // PACK)
+        wmask = (words < llw) & (row < M)
+        ll_part = tl.zeros([], tl.int64) + M * llw
+        ll_recv = ll_ptr + (slot * WORLD).to(tl.int64) * ll_part + row * llw + words
+        tag = ll_tag(e)
         if (STAGES & 1) != 0:
             v = tl.load(x_ptr + row * N + cols, mask=m)
-            for d in tl.static_range(WORLD):
-                if d != rank:
-                    tl.store(translate(recv + rank * part + row * N + cols, rank, d, heap_bases), v, mask=m)
-            signal_peers(flag, base + 1, rank, heap_bases, WORLD, WAIT_CLOCK)
+            if LL:
+                packed = _ll_pack(v, tag)
+                for d in tl.static_range(WORLD):
+                    if d != rank:
+                        store_words(translate(ll_recv + rank * ll_part, rank, d, heap_bases), packed, wmask,
+                                    WAIT_CLOCK)   # WAIT_CLOCK: a compiled NVIDIA kernel
+            else:
+                for d in tl.static_range(WORLD):
+                    if d != rank:
+                        tl.store(translate(recv + rank * part + row * N + cols, rank, d, heap_bases), v, mask=m)
+                signal_peers(flag, base + 1, rank, heap_bases, WORLD, WAIT_CLOCK)
         if (STAGES & 2) != 0:
             own = tl.load(x_ptr + row * N + cols, mask=m, other=0.0).to(tl.float32)
             r_in = tl.load(res_ptr + row * N + cols, mask=m, other=0.0).to(tl.float32)
@@ -289,6 +334,9 @@ def all_reduce_add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, res_out_ptr, y_ptr, buf
             for src in tl.static_range(WORLD):
                 if src == rank:
                     total += own
+                elif LL:
+                    got = wait_words(ll_recv + src * ll_part, wmask, tag, src, status_ptr, wait_bound, WAIT_CLOCK)
+                    total += _ll_unpack(got, x_ptr.dtype.element_ty)
                 else:
                     wait_flag(flags_ptr + src * P + p, base + 1, src, status_ptr, wait_bound, WAIT_CLOCK)
                     total += tl.load(recv + src * part + row * N + cols, mask=m, other=0.0).to(tl.float32)

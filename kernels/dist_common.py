@@ -135,6 +135,59 @@ def fence_proxy_async():
 
 
 @triton.jit
+def ll_tag(e):
+    """The tag an LL word of epoch ``e`` carries in its high half: in [1, 2^31 - 1], never 0 (the
+    heap's initial contents) and never the tag of epoch e - 2 (the last use of the same buffer)."""
+    return (e % 0x7FFFFFFF) + 1
+
+
+@triton.jit
+def store_words(ptrs, words, mask, NV: tl.constexpr):
+    """LL: each int64 of ``words`` to ``ptrs`` (where ``mask``) by one 8-byte relaxed store at
+    system scope (``NV``, compiled NVIDIA kernels: inline PTX ``st.relaxed.sys.global.b64``, so
+    a reader on another GPU sees each word whole); elsewhere (the interpreter) a plain store."""
+    if NV:
+        tl.inline_asm_elementwise(
+            "{ .reg .pred pw; setp.ne.s32 pw, $3, 0; @pw st.relaxed.sys.global.b64 [$1], $2; mov.u32 $0, 0; }",
+            "=r,l,l,r", [ptrs, words, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        tl.store(ptrs, words, mask=mask)
+
+
+@triton.jit
+def wait_words(ptrs, mask, tag, src, status_ptr, bound, CLOCK: tl.constexpr):
+    """LL ("low latency", as NCCL's protocol): spin until every int64 word at ``ptrs`` where
+    ``mask`` holds carries ``tag`` in its high 32 bits (each word is written whole by one 8-byte
+    store, data in its low half: the tag itself says the data arrived, no flag, no fence).
+    Volatile loads (not cached in L1); bounded like :func:`wait_flag` (status bit ``src`` on
+    timeout). Returns the words."""
+    w = tl.load(ptrs, mask=mask, other=0, volatile=True)
+    missing = tl.sum(tl.where(mask & ((w >> 32) != tag), 1, 0), 0)
+    if missing != 0:
+        dead = tl.atomic_add(status_ptr, 0, sem="relaxed", scope="gpu")
+        limit = tl.where(dead != 0, 0, bound).to(tl.int64)
+        if CLOCK:
+            deadline = clock_ns() + limit
+            late = limit <= 0
+            spins = 0
+            while (missing != 0) & (late == 0):
+                w = tl.load(ptrs, mask=mask, other=0, volatile=True)
+                missing = tl.sum(tl.where(mask & ((w >> 32) != tag), 1, 0), 0)
+                spins += 1
+                if spins % 64 == 0:
+                    late = clock_ns() > deadline
+        else:
+            spins = 0
+            while (missing != 0) & (spins < limit):
+                w = tl.load(ptrs, mask=mask, other=0, volatile=True)
+                missing = tl.sum(tl.where(mask & ((w >> 32) != tag), 1, 0), 0)
+                spins += 1
+        if missing != 0:
+            tl.atomic_or(status_ptr, 1 << src, sem="relaxed", scope="gpu")
+    return w
+
+
+@triton.jit
 def epoch_begin(epoch_ptr):
     """The epoch of this call (previous epoch + 1); read once at the start of every program."""
     return tl.load(epoch_ptr) + 1

@@ -17,6 +17,9 @@
 #            TP_SWIGLU_VARIANTS="pdl-swiglu fuse-swiglu" for the activation fused into the gate/up GEMM
 #   timeline Llama-3-8B's decode grid with --timeline: each step's kernels by kind and the idle time
 #            between them, both backends (bench/timeline.py)
+#   arn      Llama-3-8B's decode grid: torch, then numasched with the fused all-reduce + add + norm's
+#            exchange by flag (NUMASCHED_ARN_LL=0) and by LL words (=1), each in its own launch, twice
+#            in alternating order (run "NUMASCHED_ARN_LL=1 tp-many:models+worker" first: correctness)
 #   mar      scripts/mar_sweep.py (the fused GEMM + all-reduce's tile configs at large M)
 # Writes under bench/results/tp<N>-DATE/ (or tp<N>-$TP_TAG/). Usage: tp_many.sh OUT_DIR DEV PARTS
 set -uo pipefail
@@ -66,6 +69,13 @@ for part in ${parts//+/ }; do
             done ;;
     timeline) e2e timeline-llama3-8b llama3-8b 2048,8192,32768 ${TP_E2E_TIMEOUT:-300} --prompt 0 --no-taxes --no-eager \
                 --iters ${TP_ITERS:-10} --timeline ;;
+    arn) e2e arn-torch llama3-8b 2048,8192,32768 ${TP_E2E_TIMEOUT:-200} --prompt 0 --no-taxes --no-eager \
+           --iters ${TP_ITERS:-10} --backends torch
+         for v in 0 1 1 0; do
+           k=$((${k:-0} + 1))
+           NUMASCHED_ARN_LL=$v e2e arn-ll$v-$k llama3-8b 2048,8192,32768 ${TP_E2E_TIMEOUT:-200} --prompt 0 --no-taxes \
+             --no-eager --iters ${TP_ITERS:-10} --backends numasched
+         done ;;
     mar) NCCL_NVLS_ENABLE=0 timeout -k 10 ${TP_MAR_TIMEOUT:-240} torchrun --nproc-per-node=$n scripts/mar_sweep.py 2>&1 \
            | tee "$res/mar-sweep-tp$n-$dev.log" | tail -40 ;;
     *) echo "unknown part $part" ;;

@@ -630,11 +630,13 @@ c = compile_(dist_gemm_ar.matmul_all_reduce_kernel, vals, sm90, 8, 3)
 res["mar_tma"] = dict(ptx=c.asm["ptx"], shared=c.metadata.shared)
 vals = dict(x_ptr="*bf16", res_ptr="*bf16", w_ptr="*bf16", res_out_ptr="*bf16", y_ptr="*bf16", buf_ptr="*bf16",
             flags_ptr="*i64", status_ptr="*i32", epoch_ptr="*i64", counters_ptr="*i32", heap_bases="*i64", rank=0,
-            M=16, N=4096, iters=3, eps=1e-5, wait_bound=10**6, WORLD=2, BLOCK_N=4096, STAGES=3, BUMP_EPOCH=True,
-            WAIT_CLOCK=True)
+            M=16, N=4096, iters=3, eps=1e-5, wait_bound=10**6, ll_ptr="*i64", WORLD=2, BLOCK_N=4096, STAGES=3,
+            BUMP_EPOCH=True, WAIT_CLOCK=True)
 vals["eps"] = "fp32"
 c = compile_(dist_allreduce.all_reduce_add_rmsnorm_kernel, vals, sm90, 8)
 res["arn"] = dict(ptx=c.asm["ptx"])
+c = compile_(dist_allreduce.all_reduce_add_rmsnorm_kernel, dict(vals, iters=1, ONE_ROW=True, LL=True), sm90, 8)
+res["arn_ll"] = dict(ptx=c.asm["ptx"])
 for two in (False, True):
     vals = dict(x_ptr="*bf16", out_ptr="*bf16", buf_ptr="*bf16", buf2_ptr="*bf16", flags_ptr="*i64",
                 status_ptr="*i32", epoch_ptr="*i64", counters_ptr="*i32", heap_bases="*i64", rank=0, n=4099,
@@ -1237,6 +1239,38 @@ def test_all_reduce_add_rmsnorm_sim(world, M, N, dtype):
             assert r_out is resids[r] and y is outs[r]          # the residual stream is updated in place
             assert _rel(r_out.double(), r_ref.double()) < tol and _rel(y.double(), y_ref) < tol, (call, r)
             assert torch.equal(y, got[0][1]) and torch.equal(r_out, got[0][0])
+
+
+@pytest.mark.parametrize("ll", ["0", "1"])
+@pytest.mark.parametrize("world,M,N,dtype", [(2, 3, 40, torch.float32), (3, 2, 64, torch.float16),
+                                              (2, 3, 37, torch.bfloat16), (4, 2, 16, torch.float32)])
+def test_all_reduce_add_rmsnorm_one_row_and_ll_sim(monkeypatch, ll, world, M, N, dtype):
+    """A row per program (M <= the simulation's 3 SMs): the loads before the wait, and the LL
+    exchange (NUMASCHED_ARN_LL=1: rows as tagged 8-byte words, 16-bit dtypes two to a word, odd
+    N) give the unfused reference, bit-identical on every rank, over calls that reuse both
+    buffer slots; a rank that never sends makes its peers raise TimeoutError naming it."""
+    monkeypatch.setenv("NUMASCHED_ARN_LL", ll)
+    sim = nd.SimWorld(world, max_spins=20)
+    g = torch.Generator().manual_seed(M * N + world)
+    for call in range(3):
+        xs = [torch.randn(M, N, generator=g).to(dtype) for _ in range(world)]
+        res = torch.randn(M, N, generator=g).to(dtype)
+        w = (1 + 0.1 * torch.randn(N, generator=g)).to(dtype)
+        r_ref, y_ref = _add_rmsnorm_ref(xs, res, w, 1e-5)
+        resids = [res.clone() for _ in range(world)]
+        outs = [torch.full((M, N), float("nan"), dtype=dtype) for _ in range(world)]
+        got = sim.run_each("all_reduce_add_rmsnorm", [((xs[r], resids[r], w, 1e-5), dict(out=outs[r]))
+                                                      for r in range(world)])
+        (key, plan), = sim.ranks[0].plans.items()
+        assert key[-2] is True and key[-1] == (ll == "1") and ("recv_ll" in plan.bufs) == (ll == "1")
+        tol = 1e-5 if dtype == torch.float32 else 1e-2
+        for r in range(world):
+            assert _rel(got[r][0].double(), r_ref.double()) < tol and _rel(got[r][1].double(), y_ref) < tol, (call, r)
+            assert torch.equal(got[r][1], got[0][1]) and torch.equal(got[r][0], got[0][0])
+    x = [torch.randn(M, N).to(dtype) for _ in range(world)]
+    with pytest.raises(TimeoutError, match=rf"rank\(s\) \[{world - 1}\] never signalled"):
+        sim.run_each("all_reduce_add_rmsnorm", [((x[r], torch.zeros(M, N, dtype=dtype), torch.ones(N, dtype=dtype),
+                                                   1e-5), {}) for r in range(world)], skip_ranks=[world - 1])
 
 
 def test_all_reduce_add_rmsnorm_checks_and_one_rank():

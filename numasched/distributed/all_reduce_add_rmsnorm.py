@@ -38,17 +38,27 @@ class AllReduceAddRmsnorm(_Op):
                       programs=programs, world=world)
         # every dtype the compiled kernel is specialised for is in the key (a plan's thin launch
         # reuses its compiled kernel for every later call of the key)
-        key = ("all_reduce_add_rmsnorm", M, N, x.dtype, rdt, wdt, programs)
-        return Call("all_reduce_add_rmsnorm", key, header, dict(x=x),
-                    dict(M=M, N=N, BLOCK_N=block_n, programs=programs, iters=_cdiv(M, programs), world=world,
-                         num_warps=4 if block_n <= 2048 else 8 if block_n <= 8192 else 16))
+        iters = _cdiv(M, programs)
+        # a row per program (decode): the loads before the wait (ONE_ROW; NUMASCHED_ARN_ONE_ROW=0
+        # turns it off for an A/B) and, opt-in until timed, the LL exchange (NUMASCHED_ARN_LL=1:
+        # tagged 8-byte words, twice the bytes over the link, no fence and no flag)
+        one_row = iters == 1 and os.environ.get("NUMASCHED_ARN_ONE_ROW", "1") != "0"
+        ll = one_row and os.environ.get("NUMASCHED_ARN_LL", "0") == "1"
+        key = ("all_reduce_add_rmsnorm", M, N, x.dtype, rdt, wdt, programs, one_row, ll)
+        return Call("all_reduce_add_rmsnorm", key, dict(header, ll=ll), dict(x=x),
+                    dict(M=M, N=N, BLOCK_N=block_n, programs=programs, iters=iters, world=world, one_row=one_row,
+                         ll=ll, num_warps=4 if block_n <= 2048 else 8 if block_n <= 8192 else 16))
 
     @staticmethod
     def buffers(call) -> list:
         c, W = call.cfg, call.cfg["world"]
         if W == 1:
             return []
-        return [("flags", (W, MAX_PROGRAMS), torch.int64), ("recv", (2, W, c["M"], c["N"]), call.tensors["x"].dtype)]
+        bufs = [("flags", (W, MAX_PROGRAMS), torch.int64), ("recv", (2, W, c["M"], c["N"]), call.tensors["x"].dtype)]
+        if c.get("ll"):   # LL words: two 16-bit elements (or one 32-bit) and a tag each
+            pack = 2 if call.tensors["x"].element_size() == 2 else 1
+            bufs.append(("recv_ll", (2, W, c["M"], _cdiv(c["N"], pack)), torch.int64))
+        return bufs
 
     @classmethod
     def prepare(cls, ctx, x, residual, weight, eps, *, residual_out=None, out=None):
@@ -95,7 +105,8 @@ class AllReduceAddRmsnorm(_Op):
             return res_out, y
         bf = plan.bufs
         args = (x, res, w, res_out, y, bf["recv"], bf["flags"], ctx.status, bf["epoch"], bf["counters"],
-                ctx.heap_bases, ctx.rank, c["M"], c["N"], c["iters"], call.extra["eps"], ctx.wait_bound)
+                ctx.heap_bases, ctx.rank, c["M"], c["N"], c["iters"], call.extra["eps"], ctx.wait_bound,
+                bf["recv_ll"] if c.get("ll") else bf["flags"])
         layout = tuple(_aligned(v) for v in (x, res, w, res_out, y))
         stages = {"full": 3, "push": 1, "consume": 2}[phase]
 
@@ -104,7 +115,7 @@ class AllReduceAddRmsnorm(_Op):
 
             kw = dict(WORLD=ctx.world, BLOCK_N=c["BLOCK_N"], STAGES=stages, BUMP_EPOCH=phase in ("full", "consume"),
                       WAIT_CLOCK=ctx.wait_clock, ONE_PROGRAM=c["programs"] == 1,
-                      ONE_ROW=c["iters"] == 1 and os.environ.get("NUMASCHED_ARN_ONE_ROW", "1") != "0")
+                      ONE_ROW=c["one_row"], LL=c["ll"])
             if _on_gpu(x):
                 kw["num_warps"] = c["num_warps"]
             return all_reduce_add_rmsnorm_kernel, kw
