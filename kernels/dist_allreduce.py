@@ -314,7 +314,7 @@ def all_reduce_add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, res_out_ptr, y_ptr, buf
         ll_recv = ll_ptr + (slot * WORLD).to(tl.int64) * ll_part + row * llw + words
         tag = ll_tag(e)
         if (STAGES & 1) != 0:
-            v = tl.load(x_ptr + row * N + cols, mask=m)
+            v = tl.load(x_ptr + row * N + cols, mask=m, other=0.0)   # (LL: the last word's lane past N is 0)
             if LL:
                 packed = _ll_pack(v, tag)
                 for d in tl.static_range(WORLD):
@@ -336,7 +336,7 @@ def all_reduce_add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, res_out_ptr, y_ptr, buf
                     total += own
                 elif LL:
                     got = wait_words(ll_recv + src * ll_part, wmask, tag, src, status_ptr, wait_bound, WAIT_CLOCK)
-                    total += _ll_unpack(got, x_ptr.dtype.element_ty)
+                    total += tl.where(cmask, _ll_unpack(got, x_ptr.dtype.element_ty), 0.0)
                 else:
                     wait_flag(flags_ptr + src * P + p, base + 1, src, status_ptr, wait_bound, WAIT_CLOCK)
                     total += tl.load(recv + src * part + row * N + cols, mask=m, other=0.0).to(tl.float32)
