@@ -469,8 +469,13 @@ def check_all_reduce_graph(ctx, quick):
     z3 = torch.empty((16, 4096), device="cuda", dtype=BF)
     z4 = torch.empty((1024, 4096), device="cuda", dtype=BF)   # fused from 256 rows: communication programs
     y2 = torch.empty_like(x)
+    # the decoder's all-reduce + residual add + RMSNorm at decode size (a row per program; with
+    # NUMASCHED_ARN_LL=1 in the environment, the LL exchange)
+    xn, hn, ln = randn(4, 4096, seed=55 + R), randn(4, 4096, seed=56), randn(4096, seed=57)
+    rn, yn = torch.empty_like(xn), torch.empty_like(xn)
 
     def calls():
+        nd.all_reduce_add_rmsnorm(xn, hn, ln, 1e-5, ctx=ctx, residual_out=rn, out=yn, check=False)
         nd.all_reduce(x, ctx=ctx, out=y, check=False)
         nd.all_reduce(x, ctx=ctx, out=y2, check=False, impl="ce")   # copy-engine copies in the graph
         nd.matmul_all_reduce(a, w.T, ctx=ctx, out=z, check=False)
@@ -483,9 +488,17 @@ def check_all_reduce_graph(ctx, quick):
     for i in range(5):
         x.copy_(randn(4096, seed=700 + 10 * i + R))
         a.copy_(randn(16, 2048, seed=800 + 10 * i + R))
+        xn.copy_(randn(4, 4096, seed=600 + 10 * i + R))
+        for t in (rn, yn):
+            t.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
         ok.call(f"replay {i}: ctx.check", ctx.check, "graph replay")
+        sn = gather_rows(xn.double().reshape(1, -1)).sum(0).reshape(4, 4096)
+        r_ref = (hn.double() + sn.to(BF).double()).to(BF).double()
+        y_ref = ln.double() * (r_ref * torch.rsqrt(r_ref.pow(2).mean(-1, keepdim=True) + 1e-5)).to(BF).double()
+        ok(rel(rn, r_ref) < 1e-2 and rel(yn, y_ref) < 2e-2 and same_everywhere(yn),
+           f"replay {i}: all_reduce_add_rmsnorm wrong ({rel(rn, r_ref):.1e}, {rel(yn, y_ref):.1e})")
         ref = gather_rows(x.double().reshape(1, -1)).sum(0)
         ok(rel(y, ref) < 1e-2, f"replay {i}: all_reduce wrong")
         ok(rel(y2, ref) < 1e-2 and same_everywhere(y2), f"replay {i}: all_reduce impl='ce' wrong")
