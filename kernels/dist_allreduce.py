@@ -243,16 +243,14 @@ def _ll_pack(v, tag):
 
 
 @triton.jit
-def _ll_unpack(w, dtype: tl.constexpr):
-    """The row's elements (fp32) from its LL words (``dtype``: the row's)."""
-    d32 = (w & 0xFFFFFFFF).to(tl.uint32)
+def _ll_element(w, cols, dtype: tl.constexpr):
+    """Element ``cols`` of a row (fp32) from ``w``, the LL word that holds it (loaded per element,
+    in the row's own layout: the norm's sum then runs in the same order as with the flag path)."""
     if dtype.primitive_bitwidth == 16:
-        lo = (d32 & 0xFFFF).to(tl.uint16)
-        hi = (d32 >> 16).to(tl.uint16)
-        out = tl.reshape(tl.join(lo, hi), (w.shape[0] * 2,)).to(dtype, bitcast=True).to(tl.float32)
+        bits = ((w >> (16 * (cols % 2)).to(tl.int64)) & 0xFFFF).to(tl.uint16)
     else:
-        out = d32.to(dtype, bitcast=True).to(tl.float32)
-    return out
+        bits = (w & 0xFFFFFFFF).to(tl.uint32)
+    return bits.to(dtype, bitcast=True).to(tl.float32)
 
 
 @triton.jit
@@ -311,7 +309,8 @@ def all_reduce_add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, res_out_ptr, y_ptr, buf
         words = tl.arange(0, BLOCK_N // PACK)
         wmask = (words < llw) & (row < M)
         ll_part = tl.zeros([], tl.int64) + M * llw
-        ll_recv = ll_ptr + (slot * WORLD).to(tl.int64) * ll_part + row * llw + words
+        ll_row = ll_ptr + (slot * WORLD).to(tl.int64) * ll_part + row * llw
+        ll_recv = ll_row + words
         tag = ll_tag(e)
         if (STAGES & 1) != 0:
             v = tl.load(x_ptr + row * N + cols, mask=m, other=0.0)   # (LL: the last word's lane past N is 0)
@@ -334,9 +333,10 @@ def all_reduce_add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, res_out_ptr, y_ptr, buf
             for src in tl.static_range(WORLD):
                 if src == rank:
                     total += own
-                elif LL:
-                    got = wait_words(ll_recv + src * ll_part, wmask, tag, src, status_ptr, wait_bound, WAIT_CLOCK)
-                    total += tl.where(cmask, _ll_unpack(got, x_ptr.dtype.element_ty), 0.0)
+                elif LL:   # each element's word (a word twice for 16-bit elements), polled until tagged
+                    got = wait_words(ll_row + src * ll_part + cols // PACK, m, tag, src, status_ptr, wait_bound,
+                                     WAIT_CLOCK)
+                    total += tl.where(m, _ll_element(got, cols, x_ptr.dtype.element_ty), 0.0)
                 else:
                     wait_flag(flags_ptr + src * P + p, base + 1, src, status_ptr, wait_bound, WAIT_CLOCK)
                     total += tl.load(recv + src * part + row * N + cols, mask=m, other=0.0).to(tl.float32)

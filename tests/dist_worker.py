@@ -435,6 +435,42 @@ def check_matmul_all_reduce(ctx, quick):
     return ok.done("; ".join(msgs))
 
 
+def check_arn_exchanges_agree(ctx, quick):
+    """The decode-size all-reduce + add + RMSNorm by flag and by LL words (NUMASCHED_ARN_LL, read
+    when a call is planned) give the same bits, over many calls without a host sync and with one
+    rank made late now and then (torch.cuda._sleep), at 1, 4 and 16 rows."""
+    R, W = ctx.rank, ctx.world
+    ok, msgs = Expect(), []
+    saved = os.environ.get("NUMASCHED_ARN_LL")
+    try:
+        for M in (1, 4, 16):
+            h, ln = randn(M, 4096, seed=61), randn(4096, seed=62)
+            bad = torch.zeros((), device="cuda", dtype=torch.int64)
+            g = torch.Generator(device="cuda").manual_seed(63 + R)
+            calls = 24 if quick else 200
+            for i in range(calls):
+                x = torch.randn(M, 4096, device="cuda", generator=g).to(BF)
+                if R == W - 1 and i % 5 == 0:
+                    torch.cuda._sleep(20000 * (1 + i % 3))   # a late rank: the other waits for its words
+                outs = []
+                for ll in ("0", "1"):
+                    os.environ["NUMASCHED_ARN_LL"] = ll
+                    outs.append(nd.all_reduce_add_rmsnorm(x, h, ln, 1e-5, ctx=ctx, residual_out=torch.empty_like(h),
+                                                         check=False))
+                bad += (outs[0][0] != outs[1][0]).sum() + (outs[0][1] != outs[1][1]).sum()
+            torch.cuda.synchronize()
+            ok.call(f"M={M}: ctx.check", ctx.check, "all_reduce_add_rmsnorm")
+            ok(int(bad) == 0, f"M={M}: flag and LL exchanges differ in {int(bad)} elements over {calls} calls")
+            ok(same_everywhere(outs[1][1]), f"M={M}: ranks disagree (LL)")
+            msgs.append(f"M={M}: {calls} calls, {int(bad)} differing")
+    finally:
+        if saved is None:
+            os.environ.pop("NUMASCHED_ARN_LL", None)
+        else:
+            os.environ["NUMASCHED_ARN_LL"] = saved
+    return ok.done("; ".join(msgs))
+
+
 def check_bulk_and_auto(ctx, quick):
     """impl='bulk' and 'auto' of the two GEMM collectives, at a small and a large M."""
     R, W = ctx.rank, ctx.world
@@ -557,7 +593,7 @@ def check_group(ctx, quick):
     return ok.done(f"group of {W} (members {members}) and singletons ok; timeout in a graph named the missing rank")
 
 
-CHECKS = [check_all_reduce, check_matmul_all_reduce, check_bulk_and_auto, check_all_reduce_graph, check_group,
+CHECKS = [check_all_reduce, check_matmul_all_reduce, check_arn_exchanges_agree, check_bulk_and_auto, check_all_reduce_graph, check_group,
           check_all_gather_matmul, check_matmul_reduce_scatter, check_first_calls, check_fused_pointer_path,
           check_flash_decode_distributed, check_back_to_back, check_cuda_graph, check_comm_off, check_header_mismatch,
           check_heap_too_small, check_timeout]

@@ -43,7 +43,8 @@ class AllReduceAddRmsnorm(_Op):
         # turns it off for an A/B) and, opt-in until timed, the LL exchange (NUMASCHED_ARN_LL=1:
         # tagged 8-byte words, twice the bytes over the link, no fence and no flag)
         one_row = iters == 1 and os.environ.get("NUMASCHED_ARN_ONE_ROW", "1") != "0"
-        ll = one_row and os.environ.get("NUMASCHED_ARN_LL", "0") == "1"
+        # (LL's system-scope stores are NVIDIA PTX: not on ROCm)
+        ll = one_row and os.environ.get("NUMASCHED_ARN_LL", "0") == "1" and torch.version.hip is None
         key = ("all_reduce_add_rmsnorm", M, N, x.dtype, rdt, wdt, programs, one_row, ll)
         return Call("all_reduce_add_rmsnorm", key, dict(header, ll=ll), dict(x=x),
                     dict(M=M, N=N, BLOCK_N=block_n, programs=programs, iters=iters, world=world, one_row=one_row,
