@@ -95,6 +95,33 @@ def clock_ns():
 
 
 @triton.jit
+def _wait_budget(status_ptr, bound, CLOCK: tl.constexpr):
+    """(end, late) of a bounded wait that found its data missing: ``end`` the deadline in
+    ``%globaltimer`` ns (``CLOCK``) or the poll count; ``late`` already (a bound of 0, or an
+    earlier wait of this rank timed out: later waits give up at once, so a kernel with many tiles
+    per program does not take tiles x timeout to report a dead peer)."""
+    dead = tl.atomic_add(status_ptr, 0, sem="relaxed", scope="gpu")
+    limit = tl.where(dead != 0, 0, bound).to(tl.int64)
+    if CLOCK:
+        end = clock_ns() + limit
+    else:
+        end = limit
+    return end, limit <= 0
+
+
+@triton.jit
+def _wait_over(spins, end, late, CLOCK: tl.constexpr):
+    """Whether a wait that has polled ``spins`` times is past its ``end`` (the clock is read every
+    64 polls: a timer read costs about as much as a poll)."""
+    if CLOCK:
+        if spins % 64 == 0:
+            late = clock_ns() > end
+    else:
+        late = spins >= end
+    return late
+
+
+@triton.jit
 def wait_flag(flag_ptr, target, src, status_ptr, bound, CLOCK: tl.constexpr):
     """Spin (acquire, scope "sys") until ``*flag_ptr >= target``; bounded by ``bound``: nanoseconds
     of wall-clock time if ``CLOCK``, else polls.
@@ -103,24 +130,12 @@ def wait_flag(flag_ptr, target, src, status_ptr, bound, CLOCK: tl.constexpr):
     """
     v = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
     if v < target:
-        # once any wait of this rank has timed out, later waits give up at once: a kernel with many
-        # tiles per program must not take (tiles x timeout) to report a dead peer
-        dead = tl.atomic_add(status_ptr, 0, sem="relaxed", scope="gpu")
-        limit = tl.where(dead != 0, 0, bound).to(tl.int64)
-        if CLOCK:
-            deadline = clock_ns() + limit
-            late = limit <= 0
-            spins = 0
-            while (v < target) & (late == 0):
-                v = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
-                spins += 1
-                if spins % 64 == 0:   # the timer read costs about as much as a poll
-                    late = clock_ns() > deadline
-        else:
-            spins = 0
-            while (v < target) & (spins < limit):
-                v = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
-                spins += 1
+        end, late = _wait_budget(status_ptr, bound, CLOCK)
+        spins = 0
+        while (v < target) & (late == 0):
+            v = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
+            spins += 1
+            late = _wait_over(spins, end, late, CLOCK)
         if v < target:
             tl.atomic_or(status_ptr, 1 << src, sem="relaxed", scope="gpu")
     return v >= target
@@ -164,24 +179,13 @@ def wait_words(ptrs, mask, tag, src, status_ptr, bound, CLOCK: tl.constexpr):
     w = tl.load(ptrs, mask=mask, other=0, volatile=True)
     missing = tl.sum(tl.where(mask & ((w >> 32) != tag), 1, 0), 0)
     if missing != 0:
-        dead = tl.atomic_add(status_ptr, 0, sem="relaxed", scope="gpu")
-        limit = tl.where(dead != 0, 0, bound).to(tl.int64)
-        if CLOCK:
-            deadline = clock_ns() + limit
-            late = limit <= 0
-            spins = 0
-            while (missing != 0) & (late == 0):
-                w = tl.load(ptrs, mask=mask, other=0, volatile=True)
-                missing = tl.sum(tl.where(mask & ((w >> 32) != tag), 1, 0), 0)
-                spins += 1
-                if spins % 64 == 0:
-                    late = clock_ns() > deadline
-        else:
-            spins = 0
-            while (missing != 0) & (spins < limit):
-                w = tl.load(ptrs, mask=mask, other=0, volatile=True)
-                missing = tl.sum(tl.where(mask & ((w >> 32) != tag), 1, 0), 0)
-                spins += 1
+        end, late = _wait_budget(status_ptr, bound, CLOCK)
+        spins = 0
+        while (missing != 0) & (late == 0):
+            w = tl.load(ptrs, mask=mask, other=0, volatile=True)
+            missing = tl.sum(tl.where(mask & ((w >> 32) != tag), 1, 0), 0)
+            spins += 1
+            late = _wait_over(spins, end, late, CLOCK)
         if missing != 0:
             tl.atomic_or(status_ptr, 1 << src, sem="relaxed", scope="gpu")
     return w

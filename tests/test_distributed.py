@@ -1219,12 +1219,13 @@ def _add_rmsnorm_ref(xs, res, w, eps):
     return r, (w.double() * (rf * torch.rsqrt(rf.pow(2).mean(-1, keepdim=True) + eps)).to(r.dtype).double())
 
 
-@pytest.mark.parametrize("world,M,N,dtype", [(2, 3, 40, torch.float32), (3, 5, 64, torch.float16),
-                                              (2, 7, 100, torch.float32), (4, 2, 16, torch.float32)])
-def test_all_reduce_add_rmsnorm_sim(world, M, N, dtype):
-    sim = nd.SimWorld(world)
-    g = torch.Generator().manual_seed(M * N)
-    for call in range(3):
+def _check_add_rmsnorm_calls(sim, world, M, N, dtype, seed, on_plan=None, calls=3):
+    """``calls`` calls of all_reduce_add_rmsnorm in ``sim`` on fresh data (outputs poisoned):
+    each rank's residual (updated in place) and normed output against the float64 reference, and
+    the same bits on every rank. ``on_plan(key, plan)``: rank 0's one plan after each call."""
+    g = torch.Generator().manual_seed(seed)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    for call in range(calls):
         xs = [torch.randn(M, N, generator=g).to(dtype) for _ in range(world)]
         res = torch.randn(M, N, generator=g).to(dtype)
         w = (1 + 0.1 * torch.randn(N, generator=g)).to(dtype)
@@ -1233,12 +1234,20 @@ def test_all_reduce_add_rmsnorm_sim(world, M, N, dtype):
         outs = [torch.full((M, N), float("nan"), dtype=dtype) for _ in range(world)]
         got = sim.run_each("all_reduce_add_rmsnorm", [((xs[r], resids[r], w, 1e-5), dict(out=outs[r]))
                                                       for r in range(world)])
-        tol = 1e-5 if dtype == torch.float32 else 1e-2
+        if on_plan is not None:
+            (key, plan), = sim.ranks[0].plans.items()
+            on_plan(key, plan)
         for r in range(world):
             r_out, y = got[r]
             assert r_out is resids[r] and y is outs[r]          # the residual stream is updated in place
             assert _rel(r_out.double(), r_ref.double()) < tol and _rel(y.double(), y_ref) < tol, (call, r)
             assert torch.equal(y, got[0][1]) and torch.equal(r_out, got[0][0])
+
+
+@pytest.mark.parametrize("world,M,N,dtype", [(2, 3, 40, torch.float32), (3, 5, 64, torch.float16),
+                                              (2, 7, 100, torch.float32), (4, 2, 16, torch.float32)])
+def test_all_reduce_add_rmsnorm_sim(world, M, N, dtype):
+    _check_add_rmsnorm_calls(nd.SimWorld(world), world, M, N, dtype, seed=M * N)
 
 
 @pytest.mark.parametrize("ll", ["0", "1"])
@@ -1251,22 +1260,11 @@ def test_all_reduce_add_rmsnorm_one_row_and_ll_sim(monkeypatch, ll, world, M, N,
     buffer slots; a rank that never sends makes its peers raise TimeoutError naming it."""
     monkeypatch.setenv("NUMASCHED_ARN_LL", ll)
     sim = nd.SimWorld(world, max_spins=20)
-    g = torch.Generator().manual_seed(M * N + world)
-    for call in range(3):
-        xs = [torch.randn(M, N, generator=g).to(dtype) for _ in range(world)]
-        res = torch.randn(M, N, generator=g).to(dtype)
-        w = (1 + 0.1 * torch.randn(N, generator=g)).to(dtype)
-        r_ref, y_ref = _add_rmsnorm_ref(xs, res, w, 1e-5)
-        resids = [res.clone() for _ in range(world)]
-        outs = [torch.full((M, N), float("nan"), dtype=dtype) for _ in range(world)]
-        got = sim.run_each("all_reduce_add_rmsnorm", [((xs[r], resids[r], w, 1e-5), dict(out=outs[r]))
-                                                      for r in range(world)])
-        (key, plan), = sim.ranks[0].plans.items()
+
+    def on_plan(key, plan):
         assert key[-2] is True and key[-1] == (ll == "1") and ("recv_ll" in plan.bufs) == (ll == "1")
-        tol = 1e-5 if dtype == torch.float32 else 1e-2
-        for r in range(world):
-            assert _rel(got[r][0].double(), r_ref.double()) < tol and _rel(got[r][1].double(), y_ref) < tol, (call, r)
-            assert torch.equal(got[r][1], got[0][1]) and torch.equal(got[r][0], got[0][0])
+
+    _check_add_rmsnorm_calls(sim, world, M, N, dtype, seed=M * N + world, on_plan=on_plan)
     x = [torch.randn(M, N).to(dtype) for _ in range(world)]
     with pytest.raises(TimeoutError, match=rf"rank\(s\) \[{world - 1}\] never signalled"):
         sim.run_each("all_reduce_add_rmsnorm", [((x[r], torch.zeros(M, N, dtype=dtype), torch.ones(N, dtype=dtype),
