@@ -33,6 +33,7 @@ ENV = dict(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NUMASCHED
 AR_SIZES = [8 << 10, 64 << 10, 256 << 10, 512 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 AR_OFF_GRID = [24 << 10 | 6, (3 << 20) + 1000]   # sizes that are not powers of two
 M_GRID = [16, 64, 256, 1024, 4096, 16384]
+ARN_ROWS = [1, 4, 16, 64]   # decode batches (a row per program up to the SMs)
 # a point's contenders are captured first, then timed in this many interleaved rounds (flush())
 ROUNDS = 4
 # (name, N, K) of Llama-3-8B and Qwen3-32B projections; K or N is divided by the world size
@@ -41,7 +42,7 @@ MAR_SHAPES = [("llama8b.o", 4096, 4096), ("llama8b.down", 4096, 14336), ("qwen32
 AG_SHAPES = [("llama8b.qkv", 6144, 4096), ("qwen32b.gate_up", 51200, 5120)]
 RS_SHAPES = [("llama8b.down", 4096, 14336), ("qwen32b.o", 5120, 8192)]
 COLS = ["op", "shape", "M", "bytes", "nccl_us", "symm1_us", "symm2_us", "oneshot_us", "twoshot_us", "bulk_us",
-        "symm_us", "fused_us", "two_kernels_us", "overlap_us", "auto_us", "auto_impl", "best_peer", "x_vs_best", "busbw_GBs", "est_auto_us",
+        "symm_us", "fused_us", "two_kernels_us", "overlap_us", "flag_us", "ll_us", "auto_us", "auto_impl", "best_peer", "x_vs_best", "busbw_GBs", "est_auto_us",
         "est_bulk_us", "err"]
 
 
@@ -50,7 +51,9 @@ def build_parser():
     p.add_argument("--quick", action="store_true", help="fewer sizes and shapes")
     p.add_argument("--nproc", type=int, default=None, help="GPUs (default: all)")
     p.add_argument("--only", default="ar,mar,ag,rs", help="subset of ar (all_reduce), mar (matmul_all_reduce), "
-                                                           "ag (all_gather_matmul), rs (matmul_reduce_scatter)")
+                                                           "ag (all_gather_matmul), rs (matmul_reduce_scatter); "
+                                                           "arn (the decoder's all-reduce + add + RMSNorm at decode "
+                                                           "rows, flag against LL exchange) only when named")
     p.add_argument("--rows", "--m", dest="m", default=",".join(map(str, M_GRID)),
                    help="rows (M) of the GEMM collectives, comma-separated")
     p.add_argument("--calls", type=int, default=5, help="calls per captured graph")
@@ -75,6 +78,8 @@ def _points(args, world):
     if "ag" in only:
         pts += [("all_gather_matmul", f"{n} K={K} N_local={N // world}", m, (N // world, K))
                 for n, N, K in shapes(AG_SHAPES) for m in ms]
+    if "arn" in only:
+        pts += [("all_reduce_add_rmsnorm", "N=4096", m, 4096) for m in ARN_ROWS]
     if "rs" in only:
         pts += [("matmul_reduce_scatter", f"{n} K_local={K // world} N={N}", m, (N, K // world))
                 for n, N, K in shapes(RS_SHAPES) for m in ms]
@@ -270,6 +275,43 @@ def _worker(args) -> int:
             row["est_auto_us"] = plan.est_us
             row["est_bulk_us"] = nd.plan_matmul_all_reduce(a, b, world=W, impl="bulk").est_us
             peer_keys = ("bulk_us", "symm_us")
+        elif op == "all_reduce_add_rmsnorm":
+            # NCCL + torch's add and RMSNorm (bulk) against numasched's kernel with each exchange
+            # (NUMASCHED_ARN_LL is read when a call is planned: each setting its own plan)
+            N = extra
+            x = torch.randn(m, N, device="cuda", dtype=bf, generator=g)
+            h = torch.randn(m, N, device="cuda", dtype=bf, generator=torch.Generator(device="cuda").manual_seed(7))
+            ln = 1 + 0.1 * torch.randn(N, device="cuda", dtype=bf, generator=torch.Generator(device="cuda").manual_seed(8))
+            row["bytes"] = m * N * 2
+            s_ref = x.double()
+            dist.all_reduce(s_ref)
+            r_ref = (h.double() + s_ref.to(bf).double()).to(bf)
+            y_ref = torch.nn.functional.rms_norm(r_ref.float(), (N,), ln.float(), 1e-5)
+            c, r_out, y = x.clone(), torch.empty_like(x), torch.empty_like(x)
+
+            def bulk():
+                c.copy_(x)
+                dist.all_reduce(c)
+                r_out.copy_(h + c)
+                return torch.nn.functional.rms_norm(r_out, (N,), ln, 1e-5)
+
+            graph_us("bulk_us", bulk)
+            errs, saved = [], os.environ.get("NUMASCHED_ARN_LL")
+            for ll, key in (("0", "flag_us"), ("1", "ll_us")):
+                os.environ["NUMASCHED_ARN_LL"] = ll
+                nd.all_reduce_add_rmsnorm(x, h, ln, 1e-5, ctx=ctx, residual_out=r_out, out=y)
+                errs.append(max(rel(r_out, r_ref), rel(y, y_ref)))
+                graph_us(key, lambda: nd.all_reduce_add_rmsnorm(x, h, ln, 1e-5, ctx=ctx, residual_out=r_out, out=y,
+                                                                check=False))
+            if saved is None:
+                os.environ.pop("NUMASCHED_ARN_LL", None)
+            else:
+                os.environ["NUMASCHED_ARN_LL"] = saved
+            graph_us("auto_us", lambda: nd.all_reduce_add_rmsnorm(x, h, ln, 1e-5, ctx=ctx, residual_out=r_out, out=y,
+                                                                  check=False))
+            row["err"] = max(errs)
+            row["auto_impl"] = "ll" if saved == "1" else "flag"
+            peer_keys = ("bulk_us",)
         else:
             ag = op == "all_gather_matmul"
             if ag:

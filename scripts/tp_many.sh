@@ -17,7 +17,8 @@
 #            TP_SWIGLU_VARIANTS="pdl-swiglu fuse-swiglu" for the activation fused into the gate/up GEMM
 #   timeline Llama-3-8B's decode grid with --timeline: each step's kernels by kind and the idle time
 #            between them, both backends (bench/timeline.py)
-#   arn      Llama-3-8B's decode grid: torch, then numasched with the fused all-reduce + add + norm's
+#   arn      the fused all-reduce + add + norm alone at 1-64 rows (bench collectives --only arn: NCCL + torch,
+#            flag and LL exchanges), then Llama-3-8B's decode grid: torch, then numasched with its
 #            exchange by flag (NUMASCHED_ARN_LL=0) and by LL words (=1), each in its own launch, twice
 #            in alternating order (run "NUMASCHED_ARN_LL=1 tp-many:models+worker" first: correctness)
 #   mar      scripts/mar_sweep.py (the fused GEMM + all-reduce's tile configs at large M)
@@ -69,7 +70,9 @@ for part in ${parts//+/ }; do
             done ;;
     timeline) e2e timeline-llama3-8b llama3-8b 2048,8192,32768 ${TP_E2E_TIMEOUT:-300} --prompt 0 --no-taxes --no-eager \
                 --iters ${TP_ITERS:-10} --timeline ;;
-    arn) e2e arn-torch llama3-8b 2048,8192,32768 ${TP_E2E_TIMEOUT:-200} --prompt 0 --no-taxes --no-eager \
+    arn) timeout -k 10 ${TP_COLL_TIMEOUT:-240} numasched bench collectives --only arn --nproc $n --out-dir "$res/arn" 2>&1 \
+           | tee "$res/arn-collectives-tp$n-$dev.log" | grep -E "ROW|Error|error" | tail -10
+         e2e arn-torch llama3-8b 2048,8192,32768 ${TP_E2E_TIMEOUT:-200} --prompt 0 --no-taxes --no-eager \
            --iters ${TP_ITERS:-10} --backends torch
          for v in 0 1 1 0; do
            k=$((${k:-0} + 1))

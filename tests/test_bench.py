@@ -242,6 +242,16 @@ def test_collectives_launcher_spells_rows_for_torchrun():
         assert isinstance(ns, argparse.Namespace) and ns.training_script_args[-len(fwd):] == fwd
 
 
+def test_collectives_arn_points_only_when_named():
+    from numasched.bench import collectives as C
+
+    a = C.build_parser().parse_args([])
+    assert not any(p[0] == "all_reduce_add_rmsnorm" for p in C._points(a, 2))
+    pts = C._points(C.build_parser().parse_args(["--only", "arn"]), 2)
+    assert [p[2] for p in pts] == C.ARN_ROWS and all(p[0] == "all_reduce_add_rmsnorm" for p in pts)
+    assert {"flag_us", "ll_us"} <= set(C.COLS)
+
+
 def test_timeline_summary_counts_overlaps_once_and_idle_time_per_step():
     """bench/timeline.py's arithmetic on recorded kernels: two steps, overlapping kernels (PDL)
     counted once in busy, each kernel's own time in its kind, gaps where no kernel ran."""
