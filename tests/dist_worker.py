@@ -402,7 +402,8 @@ def check_all_reduce(ctx, quick):
     x = randn(3, 1000, seed=7 + R)
     ref = gather_rows(x.double().reshape(1, -1)).sum(0).reshape(3, 1000)
     y = nd.all_reduce(x, ctx=ctx, out=x, impl="ce")
-    ok(y is x and rel(x, ref) < 1e-2 and same_everywhere(x), "impl='ce' in place (out=x) wrong")
+    same = same_everywhere(x)   # a collective: every rank calls it, whatever its own result
+    ok(y is x and rel(x, ref) < 1e-2 and same, "impl='ce' in place (out=x) wrong")
     return ok.done("; ".join(msgs))
 
 
@@ -430,7 +431,8 @@ def check_matmul_all_reduce(ctx, quick):
             r_ref = (h.double() + ref.to(BF).double()).to(BF).double()
             y_ref = ln.double() * (r_ref * torch.rsqrt(r_ref.pow(2).mean(-1, keepdim=True) + 1e-5)).to(BF).double()
             r, y = nd.matmul_all_reduce(a, w.T, ctx=ctx, residual=h, norm_weight=ln, eps=1e-5)
-            ok(r is h and rel(r, r_ref) < 1e-2 and rel(y, y_ref) < 2e-2 and same_everywhere(y),
+            same = same_everywhere(y)   # a collective: every rank calls it, whatever its own result
+            ok(r is h and rel(r, r_ref) < 1e-2 and rel(y, y_ref) < 2e-2 and same,
                f"{(M, Kl, N)}: fused residual + RMSNorm wrong ({rel(r, r_ref):.1e}, {rel(y, y_ref):.1e})")
     return ok.done("; ".join(msgs))
 
@@ -441,7 +443,8 @@ def check_arn_exchanges_agree(ctx, quick):
     rank made late now and then (torch.cuda._sleep), at 1, 4 and 16 rows."""
     R, W = ctx.rank, ctx.world
     ok, msgs = Expect(), []
-    saved = os.environ.get("NUMASCHED_ARN_LL")
+    saved = {k: os.environ.get(k) for k in ("NUMASCHED_ARN_LL", "NUMASCHED_ARN_ONE_ROW")}
+    os.environ["NUMASCHED_ARN_ONE_ROW"] = "1"   # LL needs the row-per-program path
     try:
         for M in (1, 4, 16):
             h, ln = randn(M, 4096, seed=61), randn(4096, seed=62)
@@ -450,24 +453,28 @@ def check_arn_exchanges_agree(ctx, quick):
             calls = 24 if quick else 200
             for i in range(calls):
                 x = torch.randn(M, 4096, device="cuda", generator=g).to(BF)
-                if R == W - 1 and i % 5 == 0:
-                    torch.cuda._sleep(20000 * (1 + i % 3))   # a late rank: the other waits for its words
                 outs = []
                 for ll in ("0", "1"):
+                    if R == W - 1 and i % 5 == (0 if ll == "0" else 2):
+                        torch.cuda._sleep(20000 * (1 + i % 3))   # a late rank: the others wait for its part
                     os.environ["NUMASCHED_ARN_LL"] = ll
                     outs.append(nd.all_reduce_add_rmsnorm(x, h, ln, 1e-5, ctx=ctx, residual_out=torch.empty_like(h),
                                                          check=False))
                 bad += (outs[0][0] != outs[1][0]).sum() + (outs[0][1] != outs[1][1]).sum()
             torch.cuda.synchronize()
             ok.call(f"M={M}: ctx.check", ctx.check, "all_reduce_add_rmsnorm")
+            ok(any(k[0] == "all_reduce_add_rmsnorm" and k[1] == M and k[-1] is True for k in ctx.plans
+                   if isinstance(k, tuple)), f"M={M}: no LL plan was made (the comparison would be vacuous)")
             ok(int(bad) == 0, f"M={M}: flag and LL exchanges differ in {int(bad)} elements over {calls} calls")
-            ok(same_everywhere(outs[1][1]), f"M={M}: ranks disagree (LL)")
+            same = same_everywhere(outs[1][1])
+            ok(same, f"M={M}: ranks disagree (LL)")
             msgs.append(f"M={M}: {calls} calls, {int(bad)} differing")
     finally:
-        if saved is None:
-            os.environ.pop("NUMASCHED_ARN_LL", None)
-        else:
-            os.environ["NUMASCHED_ARN_LL"] = saved
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     return ok.done("; ".join(msgs))
 
 
@@ -533,19 +540,21 @@ def check_all_reduce_graph(ctx, quick):
         sn = gather_rows(xn.double().reshape(1, -1)).sum(0).reshape(4, 4096)
         r_ref = (hn.double() + sn.to(BF).double()).to(BF).double()
         y_ref = ln.double() * (r_ref * torch.rsqrt(r_ref.pow(2).mean(-1, keepdim=True) + 1e-5)).to(BF).double()
-        ok(rel(rn, r_ref) < 1e-2 and rel(yn, y_ref) < 2e-2 and same_everywhere(yn),
+        # every rank makes every collective call (same_everywhere first, never skipped by an `and`)
+        same = [same_everywhere(t) for t in (yn, y2, z3, z4)]
+        ok(rel(rn, r_ref) < 1e-2 and rel(yn, y_ref) < 2e-2 and same[0],
            f"replay {i}: all_reduce_add_rmsnorm wrong ({rel(rn, r_ref):.1e}, {rel(yn, y_ref):.1e})")
         ref = gather_rows(x.double().reshape(1, -1)).sum(0)
         ok(rel(y, ref) < 1e-2, f"replay {i}: all_reduce wrong")
-        ok(rel(y2, ref) < 1e-2 and same_everywhere(y2), f"replay {i}: all_reduce impl='ce' wrong")
+        ok(rel(y2, ref) < 1e-2 and same[1], f"replay {i}: all_reduce impl='ce' wrong")
         zr = a.double() @ w.double().T
         dist.all_reduce(zr)
         ok(rel(z, zr) < 1e-2, f"replay {i}: matmul_all_reduce wrong")
-        ok(rel(z3, zr) < 1e-2 and same_everywhere(z3), f"replay {i}: matmul_all_reduce impl='fused' wrong")
+        ok(rel(z3, zr) < 1e-2 and same[2], f"replay {i}: matmul_all_reduce impl='fused' wrong")
         zr2 = a2.double() @ w.double().T
         dist.all_reduce(zr2)
         ok(rel(z2, zr2) < 1e-2, f"replay {i}: matmul_all_reduce impl='overlap' wrong")
-        ok(rel(z4, zr2) < 1e-2 and same_everywhere(z4), f"replay {i}: matmul_all_reduce impl='fused' 1024 rows wrong")
+        ok(rel(z4, zr2) < 1e-2 and same[3], f"replay {i}: matmul_all_reduce impl='fused' 1024 rows wrong")
         a2.copy_(randn(1024, 2048, seed=900 + 10 * i + R))
     return ok.done("5 replays")
 

@@ -741,6 +741,9 @@ def test_kernels_compile_for_hopper(subprocess_result):
     assert re.search(r"atom\.global\.gpu\.release\.exch", one)
     arn = subprocess_result["arn"]   # the fused all-reduce + add + RMSNorm: vector stores to the peer, flags
     assert "st.global.v4" in arn["ptx"] and _released(arn["ptx"])
+    ll = subprocess_result["arn_ll"]["ptx"]   # LL: 8-byte system-scope stores, volatile polls, no fence
+    assert "st.relaxed.sys.global.b64" in ll and "ld.volatile.global" in ll and "%globaltimer" in ll
+    assert "fence.acq_rel.sys" not in ll and not re.search(r"atom\.global\.sys", ll)
     assert subprocess_result["one_row"]   # M = 1 compiles (it once broke: an int 1 became a constant)
     mar = subprocess_result["mar"]
     assert _released(mar["ptx"])

@@ -20,6 +20,7 @@ from ._common import DTYPES, Call, _aligned, _cdiv, _check_device, _on_gpu, _Op,
 
 MAX_PROGRAMS = 1024
 MAX_N = 16384   # a row is one register block
+LL_MAX_N = 8192
 
 
 @register
@@ -43,8 +44,10 @@ class AllReduceAddRmsnorm(_Op):
         # turns it off for an A/B) and, opt-in until timed, the LL exchange (NUMASCHED_ARN_LL=1:
         # tagged 8-byte words, twice the bytes over the link, no fence and no flag)
         one_row = iters == 1 and os.environ.get("NUMASCHED_ARN_ONE_ROW", "1") != "0"
-        # (LL's system-scope stores are NVIDIA PTX: not on ROCm)
-        ll = one_row and os.environ.get("NUMASCHED_ARN_LL", "0") == "1" and torch.version.hip is None
+        # (LL's system-scope stores are NVIDIA PTX: not on ROCm; rows of up to 8192 elements: at
+        # 16384 the sm_90 compile spills 788 bytes)
+        ll = (one_row and os.environ.get("NUMASCHED_ARN_LL", "0") == "1" and torch.version.hip is None
+              and N <= LL_MAX_N)
         key = ("all_reduce_add_rmsnorm", M, N, x.dtype, rdt, wdt, programs, one_row, ll)
         return Call("all_reduce_add_rmsnorm", key, dict(header, ll=ll), dict(x=x),
                     dict(M=M, N=N, BLOCK_N=block_n, programs=programs, iters=iters, world=world, one_row=one_row,
