@@ -281,7 +281,8 @@ def _worker(args) -> int:
             N = extra
             x = torch.randn(m, N, device="cuda", dtype=bf, generator=g)
             h = torch.randn(m, N, device="cuda", dtype=bf, generator=torch.Generator(device="cuda").manual_seed(7))
-            ln = 1 + 0.1 * torch.randn(N, device="cuda", dtype=bf, generator=torch.Generator(device="cuda").manual_seed(8))
+            g2 = torch.Generator(device="cuda").manual_seed(8)
+            ln = 1 + 0.1 * torch.randn(N, device="cuda", dtype=bf, generator=g2)
             row["bytes"] = m * N * 2
             s_ref = x.double()
             dist.all_reduce(s_ref)

@@ -230,6 +230,16 @@ def all_reduce_kernel(x_ptr, out_ptr, buf_ptr, buf2_ptr, flags_ptr, status_ptr, 
 
 
 @triton.jit
+def _push_row(v, dst, m, flag, value, rank, heap_bases, WORLD: tl.constexpr, WAIT_CLOCK: tl.constexpr):
+    """The row ``v`` into every peer's copy of ``dst`` (our heap's address), then ``flag`` raised
+    to ``value`` on every peer (signal_peers: after the stores)."""
+    for d in tl.static_range(WORLD):
+        if d != rank:
+            tl.store(translate(dst, rank, d, heap_bases), v, mask=m)
+    signal_peers(flag, value, rank, heap_bases, WORLD, WAIT_CLOCK)
+
+
+@triton.jit
 def _ll_pack(v, tag):
     """A row (BLOCK_N elements of 16 or 32 bits) as LL words: two 16-bit elements' bits (or one
     32-bit element's) in the low half of each int64, ``tag`` in the high half."""
@@ -298,9 +308,10 @@ def all_reduce_add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, res_out_ptr, y_ptr, buf
     base = (e - 1).to(tl.int64) * iters
     flag = flags_ptr + rank * P + p
     if ONE_ROW:
-        # decode (iters == 1: a row per program; the host's NUMASCHED_ARN_ONE_ROW=0 for the A/B): the row's own part, its residual and the norm weight are
-        # loaded before the wait for the peers' parts, so their latency hides under the link's
-        # round trip instead of following it; then the same sum, in rank order, as below
+        # decode (iters == 1: a row per program; NUMASCHED_ARN_ONE_ROW=0 on the host for an A/B):
+        # the row's own part, its residual and the norm weight are loaded before the wait for the
+        # peers' parts, so their latency hides under the link's round trip instead of following
+        # it; then the same sum, in rank order, as below
         row = p.to(tl.int64)
         m = cmask & (row < M)
         # LL: PACK elements a word (16-bit dtypes 2, 32-bit 1); words of rows past M are not sent
@@ -321,10 +332,8 @@ def all_reduce_add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, res_out_ptr, y_ptr, buf
                         store_words(translate(ll_recv + rank * ll_part, rank, d, heap_bases), packed, wmask,
                                     WAIT_CLOCK)   # WAIT_CLOCK: a compiled NVIDIA kernel
             else:
-                for d in tl.static_range(WORLD):
-                    if d != rank:
-                        tl.store(translate(recv + rank * part + row * N + cols, rank, d, heap_bases), v, mask=m)
-                signal_peers(flag, base + 1, rank, heap_bases, WORLD, WAIT_CLOCK)
+                _push_row(v, recv + rank * part + row * N + cols, m, flag, base + 1, rank, heap_bases, WORLD,
+                          WAIT_CLOCK)
         if (STAGES & 2) != 0:
             own = tl.load(x_ptr + row * N + cols, mask=m, other=0.0).to(tl.float32)
             r_in = tl.load(res_ptr + row * N + cols, mask=m, other=0.0).to(tl.float32)
@@ -348,10 +357,8 @@ def all_reduce_add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, res_out_ptr, y_ptr, buf
                     row = (p + i * P).to(tl.int64)
                     m = cmask & (row < M)
                     v = tl.load(x_ptr + row * N + cols, mask=m)
-                    for d in tl.static_range(WORLD):
-                        if d != rank:
-                            tl.store(translate(recv + rank * part + row * N + cols, rank, d, heap_bases), v, mask=m)
-                    signal_peers(flag, base + i + 1, rank, heap_bases, WORLD, WAIT_CLOCK)
+                    _push_row(v, recv + rank * part + row * N + cols, m, flag, base + i + 1, rank, heap_bases, WORLD,
+                              WAIT_CLOCK)
             if (STAGES & 2) != 0:
                 j = i - 1
                 if j >= 0:
