@@ -33,7 +33,9 @@ ENV = dict(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NUMASCHED
 AR_SIZES = [8 << 10, 64 << 10, 256 << 10, 512 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 AR_OFF_GRID = [24 << 10 | 6, (3 << 20) + 1000]   # sizes that are not powers of two
 M_GRID = [16, 64, 256, 1024, 4096, 16384]
-ARN_ROWS = [1, 4, 16, 64]   # decode batches (a row per program up to the SMs)
+# decode batches (a row per program up to the SMs) at Llama-3-8B's hidden size, and around the LL /
+# flag crossing (options.arn_exchange="auto") at Qwen3-32B's
+ARN_POINTS = [(4096, m) for m in (1, 2, 4, 6, 8, 12, 16, 64)] + [(5120, m) for m in (1, 4, 5, 8, 16)]
 # a point's contenders are captured first, then timed in this many interleaved rounds (flush())
 ROUNDS = 4
 # (name, N, K) of Llama-3-8B and Qwen3-32B projections; K or N is divided by the world size
@@ -79,7 +81,7 @@ def _points(args, world):
         pts += [("all_gather_matmul", f"{n} K={K} N_local={N // world}", m, (N // world, K))
                 for n, N, K in shapes(AG_SHAPES) for m in ms]
     if "arn" in only:
-        pts += [("all_reduce_add_rmsnorm", "N=4096", m, 4096) for m in ARN_ROWS]
+        pts += [("all_reduce_add_rmsnorm", f"N={n}", m, n) for n, m in ARN_POINTS]
     if "rs" in only:
         pts += [("matmul_reduce_scatter", f"{n} K_local={K // world} N={N}", m, (N, K // world))
                 for n, N, K in shapes(RS_SHAPES) for m in ms]
@@ -130,7 +132,9 @@ def _worker(args) -> int:
     import torch.distributed as dist
 
     import numasched.distributed as nd
+    from numasched import options as ns_options
     from numasched.distributed import cost
+    from numasched.distributed.all_reduce_add_rmsnorm import AllReduceAddRmsnorm
     from numasched.distributed.matmul_all_reduce import plan_key as mar_plan_key
 
     from .common import bench_fixed_ms, init_rank, warm_up_for_capture, write_results
@@ -277,7 +281,6 @@ def _worker(args) -> int:
             peer_keys = ("bulk_us", "symm_us")
         elif op == "all_reduce_add_rmsnorm":
             # NCCL + torch's add and RMSNorm (bulk) against numasched's kernel with each exchange
-            # (NUMASCHED_ARN_LL is read when a call is planned: each setting its own plan)
             N = extra
             x = torch.randn(m, N, device="cuda", dtype=bf, generator=g)
             h = torch.randn(m, N, device="cuda", dtype=bf, generator=torch.Generator(device="cuda").manual_seed(7))
@@ -297,26 +300,20 @@ def _worker(args) -> int:
                 return torch.nn.functional.rms_norm(r_out, (N,), ln, 1e-5)
 
             graph_us("bulk_us", bulk)
-            errs, saved = [], os.environ.get("NUMASCHED_ARN_LL")
-            try:
-                for ll, key in (("0", "flag_us"), ("1", "ll_us")):
-                    os.environ["NUMASCHED_ARN_LL"] = ll
+            errs = []
+            for exchange, key in (("flag", "flag_us"), ("ll", "ll_us")):
+                # options.arn_exchange is in the plan's key: each setting its own plan
+                with ns_options.use(arn_exchange=exchange):
                     nd.all_reduce_add_rmsnorm(x, h, ln, 1e-5, ctx=ctx, residual_out=r_out, out=y)
                     errs.append(max(rel(r_out, r_ref), rel(y, y_ref)))
                     graph_us(key, lambda: nd.all_reduce_add_rmsnorm(x, h, ln, 1e-5, ctx=ctx, residual_out=r_out,
                                                                     out=y, check=False))
-            finally:
-                if saved is None:
-                    os.environ.pop("NUMASCHED_ARN_LL", None)
-                else:
-                    os.environ["NUMASCHED_ARN_LL"] = saved
             graph_us("auto_us", lambda: nd.all_reduce_add_rmsnorm(x, h, ln, 1e-5, ctx=ctx, residual_out=r_out, out=y,
                                                                   check=False))
-            # what each column ran: the plans' keys end (one_row, ll); NUMASCHED_ARN_ONE_ROW=0 or ROCm
-            # leave LL off, and the ll column then times the flag exchange (said in the label)
-            kinds = sorted({("ll" if k[-1] else "flag") for k in ctx.plans
-                            if isinstance(k, tuple) and k[0] == op and k[1] == m})
-            row["auto_impl"] = "+".join(kinds)
+            # what auto ran (options.arn_exchange as set, "auto" by default); arn_one_row=False or
+            # ROCm leave LL off, and the ll column then times the flag exchange
+            row["auto_impl"] = "ll" if AllReduceAddRmsnorm.describe(x, h, ln, world=W, num_sms=ctx.num_sms).cfg["ll"] \
+                else "flag"
             row["err"] = max(errs)
             peer_keys = ("bulk_us",)
         else:

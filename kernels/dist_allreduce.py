@@ -308,7 +308,7 @@ def all_reduce_add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, res_out_ptr, y_ptr, buf
     base = (e - 1).to(tl.int64) * iters
     flag = flags_ptr + rank * P + p
     if ONE_ROW:
-        # decode (iters == 1: a row per program; NUMASCHED_ARN_ONE_ROW=0 on the host for an A/B):
+        # decode (iters == 1: a row per program; options.arn_one_row=False on the host for an A/B):
         # the row's own part, its residual and the norm weight are loaded before the wait for the
         # peers' parts, so their latency hides under the link's round trip instead of following
         # it; then the same sum, in rank order, as below

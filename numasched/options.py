@@ -23,6 +23,8 @@ numasched is imported (they are not read per call):
     NUMASCHED_PDL=0             pdl -> False
     NUMASCHED_PDL_TRIGGER       pdl_trigger ("early", "late" or "none"; 1 / 0 mean early / none)
     NUMASCHED_PDL_PREFETCH=1    pdl_prefetch -> True
+    NUMASCHED_ARN_LL=0/1        arn_exchange -> "flag" / "ll"
+    NUMASCHED_ARN_ONE_ROW=0     arn_one_row -> False
 """
 from __future__ import annotations
 
@@ -35,7 +37,8 @@ __all__ = ["Options", "current", "set", "use", "from_env"]
 
 COMBINE_MODES = ("auto", "fused", "kernel")
 SCHEDULE_MODES = ("model", "autotune")  # gemm_schedule, decode_schedule
-TRIGGER_MODES = ("early", "late", "none")  # numasched.kernels.pdl.TRIGGER_MODES (not imported: no triton here)
+TRIGGER_MODES = ("early", "late", "none")
+ARN_EXCHANGES = ("auto", "flag", "ll")  # numasched.kernels.pdl.TRIGGER_MODES (not imported: no triton here)
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,19 @@ class Options:
             (Llama-3-8B, TP 2, decode grid; bench/results/tp2-s18/prefetch-*) it made every step
             0.45-0.56 ms slower (1 x 2k 4.17 against 3.61 ms, 16 x 32k 15.50 against 15.03), as
             the earlier per-line prefetch did on an H200 (eighth session: 1.05-1.34x slower).
+        arn_one_row: the distributed all-reduce + add + RMSNorm gives each program one row where
+            the rows fit one wave (decode) and loads its own part, the residual and the weight
+            before it waits for the peers (kernels/dist_allreduce.py). On by default: on two
+            H100s it made the Llama-3-8B TP 2 decode step 19-44 us faster at all 9 grid points
+            (bench/results/tp2-s19e/). False: the row loop of larger M at every size.
+        arn_exchange: how that kernel's row-per-program path takes the peers' rows: "flag" (the
+            rows, a fence, then a flag per program), "ll" (tagged 8-byte words: no fence and no
+            flag, twice the bytes over the link; NVIDIA, rows of up to 8192 elements) or "auto"
+            (LL up to ``numasched.distributed.all_reduce_add_rmsnorm.LL_AUTO_BYTES`` of rows per
+            rank, the flag above). Timed on two H100s (bench/results/tp2-s20/): 4096 columns,
+            bf16, LL 6.82 / 8.15 / 9.68 / 19.6 us against the flag's 7.05 / 8.38 / 8.90 / 10.4
+            at 1 / 4 / 16 / 64 rows; the Llama-3-8B decode step 20-35 us faster at batch 1 and 4,
+            65-70 us slower at 16.
     """
 
     autotune: bool = True
@@ -117,10 +133,12 @@ class Options:
     pdl: bool = True
     pdl_trigger: str = "late"
     pdl_prefetch: bool = False
+    arn_one_row: bool = True
+    arn_exchange: str = "auto"
 
     def __post_init__(self):
         for f in ("autotune", "check_data", "gemm_flatten", "gemm_splitk_tma", "gemm_streamk_k_aligned",
-                  "gemm_tail_split", "pdl", "pdl_prefetch"):
+                  "gemm_tail_split", "pdl", "pdl_prefetch", "arn_one_row"):
             if not isinstance(getattr(self, f), bool):
                 raise TypeError(f"Options.{f} must be a bool, got {getattr(self, f)!r}")
         if isinstance(self.pdl_trigger, bool):  # the former bool form
@@ -128,6 +146,8 @@ class Options:
         if self.pdl_trigger not in TRIGGER_MODES:
             raise ValueError(f"Options.pdl_trigger must be one of {TRIGGER_MODES} (or a bool), "
                              f"got {self.pdl_trigger!r}")
+        if self.arn_exchange not in ARN_EXCHANGES:
+            raise ValueError(f"Options.arn_exchange must be one of {ARN_EXCHANGES}, got {self.arn_exchange!r}")
         if self.decode_combine not in COMBINE_MODES:
             raise ValueError(f"Options.decode_combine must be one of {COMBINE_MODES}, got {self.decode_combine!r}")
         if self.dist_tma is not None and not isinstance(self.dist_tma, bool):
@@ -175,6 +195,7 @@ def from_env(environ=None) -> Options:
         return default if v is None else v != "0"
 
     tma = env.get("NUMASCHED_DIST_TMA")
+    ll = env.get("NUMASCHED_ARN_LL")
     return Options(autotune=flag("NUMASCHED_AUTOTUNE", True), check_data=flag("NUMASCHED_CHECK_DATA", True),
                    decode_combine=env.get("NUMASCHED_DECODE_COMBINE", "auto"),
                    gemm_flatten=flag("NUMASCHED_GEMM_FLATTEN", True),
@@ -187,7 +208,9 @@ def from_env(environ=None) -> Options:
                    gemm_tail_split=flag("NUMASCHED_GEMM_TAIL_SPLIT", True),
                    pdl=flag("NUMASCHED_PDL", True),
                    pdl_trigger=_trigger(env.get("NUMASCHED_PDL_TRIGGER", "late")),
-                   pdl_prefetch=flag("NUMASCHED_PDL_PREFETCH", False))
+                   pdl_prefetch=flag("NUMASCHED_PDL_PREFETCH", False),
+                   arn_one_row=flag("NUMASCHED_ARN_ONE_ROW", True),
+                   arn_exchange="auto" if ll in (None, "") else "flag" if ll == "0" else "ll" if ll == "1" else ll)
 
 
 _CURRENT = from_env()

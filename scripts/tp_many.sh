@@ -21,6 +21,9 @@
 #            flag and LL exchanges), then Llama-3-8B's decode grid: torch, then numasched with its
 #            exchange by flag (NUMASCHED_ARN_LL=0) and by LL words (=1), each in its own launch, twice
 #            in alternating order (run "NUMASCHED_ARN_LL=1 tp-many:models+worker" first: correctness)
+#   arnk     the first half of arn alone (the kernel, no decode grid)
+#   final    Llama-3-8B's decode grid with the defaults: torch, numasched, torch, numasched, each in its own
+#            launch (the spread between launches of one backend is the noise of the ratio)
 #   mar      scripts/mar_sweep.py (the fused GEMM + all-reduce's tile configs at large M)
 # Writes under bench/results/tp<N>-DATE/ (or tp<N>-$TP_TAG/). Usage: tp_many.sh OUT_DIR DEV PARTS
 set -uo pipefail
@@ -70,8 +73,9 @@ for part in ${parts//+/ }; do
             done ;;
     timeline) e2e timeline-llama3-8b llama3-8b 2048,8192,32768 ${TP_E2E_TIMEOUT:-300} --prompt 0 --no-taxes --no-eager \
                 --iters ${TP_ITERS:-10} --timeline ;;
-    arn) timeout -k 10 ${TP_COLL_TIMEOUT:-240} numasched bench collectives --only arn --nproc $n --out-dir "$res/arn" 2>&1 \
-           | tee "$res/arn-collectives-tp$n-$dev.log" | grep -E "ROW|Error|error" | tail -10
+    arn|arnk) timeout -k 10 ${TP_COLL_TIMEOUT:-240} numasched bench collectives --only arn --nproc $n --out-dir "$res/arn" 2>&1 \
+           | tee "$res/arn-collectives-tp$n-$dev.log" | grep -E "ROW|Error|error" | tail -20
+         [[ $part == arnk ]] && { keep; continue; }
          e2e arn-torch llama3-8b 2048,8192,32768 ${TP_E2E_TIMEOUT:-200} --prompt 0 --no-taxes --no-eager \
            --iters ${TP_ITERS:-10} --backends torch
          for v in 0 1 1 0; do
@@ -79,6 +83,12 @@ for part in ${parts//+/ }; do
            NUMASCHED_ARN_LL=$v e2e arn-ll$v-$k llama3-8b 2048,8192,32768 ${TP_E2E_TIMEOUT:-200} --prompt 0 --no-taxes \
              --no-eager --iters ${TP_ITERS:-10} --backends numasched
          done ;;
+    final) for k in 1 2; do
+             for b in torch numasched; do
+               e2e final-$b-$k llama3-8b 2048,8192,32768 ${TP_E2E_TIMEOUT:-200} --prompt 0 --no-taxes --no-eager \
+                 --iters ${TP_ITERS:-10} --backends $b
+             done
+           done ;;
     mar) NCCL_NVLS_ENABLE=0 timeout -k 10 ${TP_MAR_TIMEOUT:-240} torchrun --nproc-per-node=$n scripts/mar_sweep.py 2>&1 \
            | tee "$res/mar-sweep-tp$n-$dev.log" | tail -40 ;;
     *) echo "unknown part $part" ;;

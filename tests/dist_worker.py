@@ -438,43 +438,35 @@ def check_matmul_all_reduce(ctx, quick):
 
 
 def check_arn_exchanges_agree(ctx, quick):
-    """The decode-size all-reduce + add + RMSNorm by flag and by LL words (NUMASCHED_ARN_LL, read
-    when a call is planned) give the same bits, over many calls without a host sync and with one
-    rank made late now and then (torch.cuda._sleep), at 1, 4 and 16 rows."""
+    """The decode-size all-reduce + add + RMSNorm by flag and by LL words (options.arn_exchange, in
+    the plan's key) give the same bits, over many calls without a host sync and with one rank made
+    late now and then (torch.cuda._sleep), at 1, 4 and 16 rows."""
     R, W = ctx.rank, ctx.world
     ok, msgs = Expect(), []
-    saved = {k: os.environ.get(k) for k in ("NUMASCHED_ARN_LL", "NUMASCHED_ARN_ONE_ROW")}
-    os.environ["NUMASCHED_ARN_ONE_ROW"] = "1"   # LL needs the row-per-program path
-    try:
-        for M in (1, 4, 16):
-            h, ln = randn(M, 4096, seed=61), randn(4096, seed=62)
-            bad = torch.zeros((), device="cuda", dtype=torch.int64)
-            g = torch.Generator(device="cuda").manual_seed(63 + R)
-            calls = 24 if quick else 200
-            for i in range(calls):
-                x = torch.randn(M, 4096, device="cuda", generator=g).to(BF)
-                outs = []
-                for ll in ("0", "1"):
-                    if R == W - 1 and i % 5 == (0 if ll == "0" else 2):
-                        torch.cuda._sleep(20000 * (1 + i % 3))   # a late rank: the others wait for its part
-                    os.environ["NUMASCHED_ARN_LL"] = ll
+    for M in (1, 4, 16):
+        h, ln = randn(M, 4096, seed=61), randn(4096, seed=62)
+        bad = torch.zeros((), device="cuda", dtype=torch.int64)
+        g = torch.Generator(device="cuda").manual_seed(63 + R)
+        calls = 24 if quick else 200
+        for i in range(calls):
+            x = torch.randn(M, 4096, device="cuda", generator=g).to(BF)
+            outs = []
+            for exchange in ("flag", "ll"):
+                if R == W - 1 and i % 5 == (0 if exchange == "flag" else 2):
+                    torch.cuda._sleep(20000 * (1 + i % 3))   # a late rank: the others wait for its part
+                # LL needs the row-per-program path
+                with numasched.options.use(arn_exchange=exchange, arn_one_row=True):
                     outs.append(nd.all_reduce_add_rmsnorm(x, h, ln, 1e-5, ctx=ctx, residual_out=torch.empty_like(h),
                                                          check=False))
-                bad += (outs[0][0] != outs[1][0]).sum() + (outs[0][1] != outs[1][1]).sum()
-            torch.cuda.synchronize()
-            ok.call(f"M={M}: ctx.check", ctx.check, "all_reduce_add_rmsnorm")
-            ok(any(k[0] == "all_reduce_add_rmsnorm" and k[1] == M and k[-1] is True for k in ctx.plans
-                   if isinstance(k, tuple)), f"M={M}: no LL plan was made (the comparison would be vacuous)")
-            ok(int(bad) == 0, f"M={M}: flag and LL exchanges differ in {int(bad)} elements over {calls} calls")
-            same = same_everywhere(outs[1][1])
-            ok(same, f"M={M}: ranks disagree (LL)")
-            msgs.append(f"M={M}: {calls} calls, {int(bad)} differing")
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+            bad += (outs[0][0] != outs[1][0]).sum() + (outs[0][1] != outs[1][1]).sum()
+        torch.cuda.synchronize()
+        ok.call(f"M={M}: ctx.check", ctx.check, "all_reduce_add_rmsnorm")
+        ok(any(k[0] == "all_reduce_add_rmsnorm" and k[1] == M and k[-1] is True for k in ctx.plans
+               if isinstance(k, tuple)), f"M={M}: no LL plan was made (the comparison would be vacuous)")
+        ok(int(bad) == 0, f"M={M}: flag and LL exchanges differ in {int(bad)} elements over {calls} calls")
+        same = same_everywhere(outs[1][1])
+        ok(same, f"M={M}: ranks disagree (LL)")
+        msgs.append(f"M={M}: {calls} calls, {int(bad)} differing")
     return ok.done("; ".join(msgs))
 
 
@@ -512,13 +504,16 @@ def check_all_reduce_graph(ctx, quick):
     z3 = torch.empty((16, 4096), device="cuda", dtype=BF)
     z4 = torch.empty((1024, 4096), device="cuda", dtype=BF)   # fused from 256 rows: communication programs
     y2 = torch.empty_like(x)
-    # the decoder's all-reduce + residual add + RMSNorm at decode size (a row per program; with
-    # NUMASCHED_ARN_LL=1 in the environment, the LL exchange)
+    # the decoder's all-reduce + residual add + RMSNorm at decode size, a row per program: 4 rows by
+    # the LL exchange, 16 by the flag (options.arn_exchange="auto")
     xn, hn, ln = randn(4, 4096, seed=55 + R), randn(4, 4096, seed=56), randn(4096, seed=57)
     rn, yn = torch.empty_like(xn), torch.empty_like(xn)
+    xm, hm = randn(16, 4096, seed=58 + R), randn(16, 4096, seed=59)
+    rm, ym = torch.empty_like(xm), torch.empty_like(xm)
 
     def calls():
         nd.all_reduce_add_rmsnorm(xn, hn, ln, 1e-5, ctx=ctx, residual_out=rn, out=yn, check=False)
+        nd.all_reduce_add_rmsnorm(xm, hm, ln, 1e-5, ctx=ctx, residual_out=rm, out=ym, check=False)
         nd.all_reduce(x, ctx=ctx, out=y, check=False)
         nd.all_reduce(x, ctx=ctx, out=y2, check=False, impl="ce")   # copy-engine copies in the graph
         nd.matmul_all_reduce(a, w.T, ctx=ctx, out=z, check=False)
@@ -532,7 +527,8 @@ def check_all_reduce_graph(ctx, quick):
         x.copy_(randn(4096, seed=700 + 10 * i + R))
         a.copy_(randn(16, 2048, seed=800 + 10 * i + R))
         xn.copy_(randn(4, 4096, seed=600 + 10 * i + R))
-        for t in (rn, yn):
+        xm.copy_(randn(16, 4096, seed=650 + 10 * i + R))
+        for t in (rn, yn, rm, ym):
             t.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
@@ -544,6 +540,12 @@ def check_all_reduce_graph(ctx, quick):
         same = [same_everywhere(t) for t in (yn, y2, z3, z4)]
         ok(rel(rn, r_ref) < 1e-2 and rel(yn, y_ref) < 2e-2 and same[0],
            f"replay {i}: all_reduce_add_rmsnorm wrong ({rel(rn, r_ref):.1e}, {rel(yn, y_ref):.1e})")
+        sm = gather_rows(xm.double().reshape(1, -1)).sum(0).reshape(16, 4096)
+        rm_ref = (hm.double() + sm.to(BF).double()).to(BF).double()
+        ym_ref = ln.double() * (rm_ref * torch.rsqrt(rm_ref.pow(2).mean(-1, keepdim=True) + 1e-5)).to(BF).double()
+        same_m = same_everywhere(ym)
+        ok(rel(rm, rm_ref) < 1e-2 and rel(ym, ym_ref) < 2e-2 and same_m,
+           f"replay {i}: all_reduce_add_rmsnorm 16 rows wrong ({rel(rm, rm_ref):.1e}, {rel(ym, ym_ref):.1e})")
         ref = gather_rows(x.double().reshape(1, -1)).sum(0)
         ok(rel(y, ref) < 1e-2, f"replay {i}: all_reduce wrong")
         ok(rel(y2, ref) < 1e-2 and same[1], f"replay {i}: all_reduce impl='ce' wrong")

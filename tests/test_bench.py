@@ -248,7 +248,8 @@ def test_collectives_arn_points_only_when_named():
     a = C.build_parser().parse_args([])
     assert not any(p[0] == "all_reduce_add_rmsnorm" for p in C._points(a, 2))
     pts = C._points(C.build_parser().parse_args(["--only", "arn"]), 2)
-    assert [p[2] for p in pts] == C.ARN_ROWS and all(p[0] == "all_reduce_add_rmsnorm" for p in pts)
+    assert [(p[3], p[2]) for p in pts] == C.ARN_POINTS and all(p[0] == "all_reduce_add_rmsnorm" for p in pts)
+    assert {1, 16} <= {m for _, m in C.ARN_POINTS} and len({n for n, _ in C.ARN_POINTS}) >= 2
     assert {"flag_us", "ll_us"} <= set(C.COLS)
 
 

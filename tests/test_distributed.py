@@ -1256,22 +1256,47 @@ def test_all_reduce_add_rmsnorm_sim(world, M, N, dtype):
 @pytest.mark.parametrize("ll", ["0", "1"])
 @pytest.mark.parametrize("world,M,N,dtype", [(2, 3, 40, torch.float32), (3, 2, 64, torch.float16),
                                               (2, 3, 37, torch.bfloat16), (4, 2, 16, torch.float32)])
-def test_all_reduce_add_rmsnorm_one_row_and_ll_sim(monkeypatch, ll, world, M, N, dtype):
+def test_all_reduce_add_rmsnorm_one_row_and_ll_sim(ll, world, M, N, dtype):
     """A row per program (M <= the simulation's 3 SMs): the loads before the wait, and the LL
-    exchange (NUMASCHED_ARN_LL=1: rows as tagged 8-byte words, 16-bit dtypes two to a word, odd
-    N) give the unfused reference, bit-identical on every rank, over calls that reuse both
+    exchange (options.arn_exchange="ll": rows as tagged 8-byte words, 16-bit dtypes two to a word,
+    odd N) give the unfused reference, bit-identical on every rank, over calls that reuse both
     buffer slots; a rank that never sends makes its peers raise TimeoutError naming it."""
-    monkeypatch.setenv("NUMASCHED_ARN_LL", ll)
     sim = nd.SimWorld(world, max_spins=20)
 
     def on_plan(key, plan):
         assert key[-2] is True and key[-1] == (ll == "1") and ("recv_ll" in plan.bufs) == (ll == "1")
 
-    _check_add_rmsnorm_calls(sim, world, M, N, dtype, seed=M * N + world, on_plan=on_plan)
-    x = [torch.randn(M, N).to(dtype) for _ in range(world)]
-    with pytest.raises(TimeoutError, match=rf"rank\(s\) \[{world - 1}\] never signalled"):
-        sim.run_each("all_reduce_add_rmsnorm", [((x[r], torch.zeros(M, N, dtype=dtype), torch.ones(N, dtype=dtype),
-                                                   1e-5), {}) for r in range(world)], skip_ranks=[world - 1])
+    with options.use(arn_exchange="ll" if ll == "1" else "flag"):
+        _check_add_rmsnorm_calls(sim, world, M, N, dtype, seed=M * N + world, on_plan=on_plan)
+        x = [torch.randn(M, N).to(dtype) for _ in range(world)]
+        with pytest.raises(TimeoutError, match=rf"rank\(s\) \[{world - 1}\] never signalled"):
+            sim.run_each("all_reduce_add_rmsnorm", [((x[r], torch.zeros(M, N, dtype=dtype), torch.ones(N, dtype=dtype),
+                                                       1e-5), {}) for r in range(world)], skip_ranks=[world - 1])
+
+
+def test_all_reduce_add_rmsnorm_exchange_choice():
+    """options.arn_exchange: "auto" takes LL for rows of up to LL_AUTO_BYTES a rank and the flag
+    above, "ll" / "flag" force one (LL only on the row-per-program path, rows of up to LL_MAX_N);
+    the environment's NUMASCHED_ARN_LL maps to it; a bad value is refused naming the option."""
+    from numasched.distributed.all_reduce_add_rmsnorm import LL_AUTO_BYTES, LL_MAX_N, AllReduceAddRmsnorm
+
+    def ll(M, N, dtype=torch.bfloat16, **opts):
+        with options.use(**opts):
+            x = torch.empty(M, N, dtype=dtype)
+            return AllReduceAddRmsnorm.describe(x, x, x[0], world=2, num_sms=132).cfg["ll"]
+
+    rows = LL_AUTO_BYTES // (4096 * 2)
+    assert ll(1, 4096) and ll(rows, 4096) and not ll(rows + 1, 4096)
+    assert ll(rows // 2, 4096, torch.float32) and not ll(rows // 2 + 1, 4096, torch.float32)
+    assert ll(64, 4096, arn_exchange="ll") and not ll(1, 4096, arn_exchange="flag")
+    assert not ll(1, LL_MAX_N * 2, arn_exchange="ll") and not ll(1, 4096, arn_one_row=False)
+    assert not ll(200, 4096, arn_exchange="ll")   # more rows than SMs: the row loop, flag only
+    assert options.from_env({"NUMASCHED_ARN_LL": "1"}).arn_exchange == "ll"
+    assert options.from_env({"NUMASCHED_ARN_LL": "0"}).arn_exchange == "flag"
+    assert options.from_env({}).arn_exchange == "auto" and options.from_env({}).arn_one_row
+    assert not options.from_env({"NUMASCHED_ARN_ONE_ROW": "0"}).arn_one_row
+    with pytest.raises(ValueError, match="arn_exchange"):
+        options.Options(arn_exchange="fast")
 
 
 def test_all_reduce_add_rmsnorm_checks_and_one_rank():

@@ -10,10 +10,9 @@ program: meant for decode-sized M (the one-shot all-reduce's regime).
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
+from numasched import options as _options
 from numasched._validate import check_tensor
 
 from ._common import DTYPES, Call, _aligned, _cdiv, _check_device, _on_gpu, _Op, register, run
@@ -21,6 +20,10 @@ from ._common import DTYPES, Call, _aligned, _cdiv, _check_device, _on_gpu, _Op,
 MAX_PROGRAMS = 1024
 MAX_N = 16384   # a row is one register block
 LL_MAX_N = 8192
+# options.arn_exchange="auto": LL up to this many bytes of rows per rank. Two H100s, 4096 bf16
+# columns (bench/results/tp2-s20/): LL 0.23 us faster at 1 and 4 rows (8 and 32 KB), 0.8 slower at
+# 16 (128 KB), 9 slower at 64; the lines cross near 6 rows (48 KB).
+LL_AUTO_BYTES = 48 << 10
 
 
 @register
@@ -40,14 +43,16 @@ class AllReduceAddRmsnorm(_Op):
         # every dtype the compiled kernel is specialised for is in the key (a plan's thin launch
         # reuses its compiled kernel for every later call of the key)
         iters = _cdiv(M, programs)
-        # a row per program (decode): the loads before the wait (ONE_ROW; NUMASCHED_ARN_ONE_ROW=0
-        # turns it off for an A/B) and, opt-in until timed, the LL exchange (NUMASCHED_ARN_LL=1:
-        # tagged 8-byte words, twice the bytes over the link, no fence and no flag)
-        one_row = iters == 1 and os.environ.get("NUMASCHED_ARN_ONE_ROW", "1") != "0"
+        # a row per program (decode): the loads before the wait (options.arn_one_row) and the
+        # exchange (options.arn_exchange: LL's tagged 8-byte words, twice the bytes over the link,
+        # no fence and no flag, where the rows are small; "auto" picks by their bytes)
+        opt = _options.current()
+        one_row = iters == 1 and opt.arn_one_row
         # (LL's system-scope stores are NVIDIA PTX: not on ROCm; rows of up to 8192 elements: at
         # 16384 the sm_90 compile spills 788 bytes)
-        ll = (one_row and os.environ.get("NUMASCHED_ARN_LL", "0") == "1" and torch.version.hip is None
-              and N <= LL_MAX_N)
+        ll_ok = one_row and torch.version.hip is None and N <= LL_MAX_N
+        ll = ll_ok and (opt.arn_exchange == "ll"
+                        or opt.arn_exchange == "auto" and M * N * x.element_size() <= LL_AUTO_BYTES)
         key = ("all_reduce_add_rmsnorm", M, N, x.dtype, rdt, wdt, programs, one_row, ll)
         return Call("all_reduce_add_rmsnorm", key, dict(header, ll=ll), dict(x=x),
                     dict(M=M, N=N, BLOCK_N=block_n, programs=programs, iters=iters, world=world, one_row=one_row,
