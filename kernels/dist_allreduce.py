@@ -253,11 +253,13 @@ def _ll_pack(v, tag):
 
 
 @triton.jit
-def _ll_element(w, cols, dtype: tl.constexpr):
-    """Element ``cols`` of a row (fp32) from ``w``, the LL word that holds it (loaded per element,
-    in the row's own layout: the norm's sum then runs in the same order as with the flag path)."""
+def _ll_unpack(w, dtype: tl.constexpr):
+    """A row (fp32) from its LL words ``w`` (the inverse of :func:`_ll_pack`): each word polled once,
+    then its two 16-bit elements interleaved back into the row's order (a layout change on chip)."""
     if dtype.primitive_bitwidth == 16:
-        bits = ((w >> (16 * (cols % 2)).to(tl.int64)) & 0xFFFF).to(tl.uint16)
+        lo = (w & 0xFFFF).to(tl.uint16)
+        hi = ((w >> 16) & 0xFFFF).to(tl.uint16)
+        bits = tl.reshape(tl.join(lo, hi), (w.shape[0] * 2,))
     else:
         bits = (w & 0xFFFFFFFF).to(tl.uint32)
     return bits.to(dtype, bitcast=True).to(tl.float32)
@@ -342,10 +344,9 @@ def all_reduce_add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, res_out_ptr, y_ptr, buf
             for src in tl.static_range(WORLD):
                 if src == rank:
                     total += own
-                elif LL:   # each element's word (a word twice for 16-bit elements), polled until tagged
-                    got = wait_words(ll_row + src * ll_part + cols // PACK, m, tag, src, status_ptr, wait_bound,
-                                     WAIT_CLOCK)
-                    total += tl.where(m, _ll_element(got, cols, x_ptr.dtype.element_ty), 0.0)
+                elif LL:   # the peer's words, polled until every one is tagged, then unpacked
+                    got = wait_words(ll_recv + src * ll_part, wmask, tag, src, status_ptr, wait_bound, WAIT_CLOCK)
+                    total += tl.where(m, _ll_unpack(got, x_ptr.dtype.element_ty), 0.0)
                 else:
                     wait_flag(flags_ptr + src * P + p, base + 1, src, status_ptr, wait_bound, WAIT_CLOCK)
                     total += tl.load(recv + src * part + row * N + cols, mask=m, other=0.0).to(tl.float32)
