@@ -17,7 +17,14 @@ memory bandwidth. The plan, top to bottom:
    ``numasched.mappings.jit.decode_item``), so every policy runs with this one kernel.
 3. Each split keeps an online softmax (running max ``m``, running sum ``l``, accumulator) in the
    log2 domain, and writes a normalised partial output plus its log2-sum-exp.
-4. The partials are merged by a log-sum-exp combine: either a second small kernel, or inside the
+4. (PREFETCH_TOKENS, ``options.decode_prefetch``, PDL only) Before its PDL wait a program asks the
+   first PREFETCH_TOKENS tokens of its chunk into L2 (one bulk prefetch per token row of K and of
+   V). The cache rows before the newest are written by earlier steps, so reading them early is
+   safe, and the kernel before this one (the RoPE + cache write) barely uses the memory bus: the
+   loop then starts on L2 hits. The length and page indices it reads before the wait only pick
+   prefetch addresses (clamped into the cache): a stale value costs a useless prefetch, never a
+   wrong result.
+5. The partials are merged by a log-sum-exp combine: either a second small kernel, or inside the
    first one by whichever split of a (batch, kv_head) finishes last (an atomic arrival counter
    that the last arrival resets, so the kernel can be replayed in a CUDA graph). With one split
    the first kernel writes the output directly.
@@ -39,7 +46,7 @@ import triton.language as tl
 from numasched import caps
 from numasched.caps import LN2 as _LN2
 from numasched.mappings.jit import decode_item
-from numasched.kernels.pdl import pdl_enter
+from numasched.kernels.pdl import pdl_enter, pdl_trigger, prefetch_l2
 
 LN2 = tl.constexpr(_LN2)
 
@@ -221,6 +228,38 @@ def _attend(q, K, V, BLOCK_TABLE, b64, kvh64, lo, hi, row_hi, offs_n, offs_d, qk
     return m_i, l_i, acc
 
 
+@triton.jit
+def _prefetch_kv(K, V, SEQLENS, BLOCK_TABLE, b, kvh, split, S, seqlen_max, num_pages,
+                 stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh, stride_sb, stride_tb, stride_tp,
+                 HAS_SEQLENS: tl.constexpr, PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, TOKENS: tl.constexpr):
+    """L2 prefetch of the first TOKENS token rows of K and V of this program's chunk (step 4 of the
+    module doc): the chunk as the kernel computes it, from a length and page indices read now
+    (before the PDL wait: hints only, clamped into the cache). One row is HEAD_DIM elements, a
+    multiple of 16 bytes (the host checks)."""
+    if HAS_SEQLENS:
+        seqlen = tl.minimum(tl.maximum(tl.load(SEQLENS + b * stride_sb), 0), seqlen_max)
+    else:
+        seqlen = seqlen_max
+    chunk = tl.cdiv(seqlen, S)
+    lo = split * chunk
+    hi = tl.minimum(lo + chunk, seqlen)
+    n = lo + tl.arange(0, TOKENS)
+    live = n < hi
+    b64 = b.to(tl.int64)
+    if PAGE_SIZE == 0:
+        k_row = K + b64 * stride_kb + n.to(tl.int64) * stride_kn
+        v_row = V + b64 * stride_vb + n.to(tl.int64) * stride_vn
+    else:
+        page = tl.load(BLOCK_TABLE + b64 * stride_tb + (n // PAGE_SIZE) * stride_tp, mask=live, other=0)
+        page = tl.minimum(tl.maximum(page, 0), num_pages - 1).to(tl.int64)
+        slot = (n % PAGE_SIZE).to(tl.int64)
+        k_row = K + page * stride_kb + slot * stride_kn
+        v_row = V + page * stride_vb + slot * stride_vn
+    nbytes = tl.zeros([TOKENS], tl.int32) + HEAD_DIM * (K.dtype.element_ty.primitive_bitwidth // 8)
+    prefetch_l2(k_row + kvh.to(tl.int64) * stride_kh, nbytes, live)
+    prefetch_l2(v_row + kvh.to(tl.int64) * stride_vh, nbytes, live)
+
+
 # ----------------------------------------------------------------------------- split kernel
 @triton.jit
 def _flash_decode_kernel(
@@ -243,7 +282,14 @@ def _flash_decode_kernel(
     BLOCK_N: tl.constexpr,
     MAPPING: tl.constexpr,
     PDL: tl.constexpr = False,  # programmatic dependent launch (kernels/pdl.py)
+    PREFETCH_TOKENS: tl.constexpr = 0,  # tokens of the chunk asked into L2 before the PDL wait (step 4)
 ):
+    if PREFETCH_TOKENS > 0:   # step 4 (the host sets it with PDL, one query token, ROW_GROUPS == 1)
+        pdl_trigger(PDL)
+        pb, pkvh, psplit = decode_item(tl.program_id(0), B, HK, S, MAPPING)
+        _prefetch_kv(K, V, SEQLENS, BLOCK_TABLE, pb, pkvh, psplit, S, seqlen_max, num_pages,
+                     stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh, stride_sb, stride_tb, stride_tp,
+                     HAS_SEQLENS, PAGE_SIZE, HEAD_DIM, PREFETCH_TOKENS)
     pdl_enter(PDL)  # PDL: wait for the previous kernel here (kernels/pdl.py)
     # -- which (batch, kv_head, split) this program owns: the policy decides. Row groups of one
     #    KV head are neighbouring "heads" of the policy's grid (they read the same K/V).

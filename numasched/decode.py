@@ -329,6 +329,9 @@ class DecodePlan(Plan):
         config: kernel config: the model's (kernels/flash_decode.fixed_config) or the one given;
             None only under ``decode_schedule="autotune"`` until the first run has tuned it.
         workspace_bytes: partial buffers per stream (fp32).
+        prefetch_tokens: tokens of each program's chunk asked into L2 before its PDL wait
+            (``options.decode_prefetch`` rounded up to a power of two; 0 where it does not apply:
+            no PDL, several query tokens, rows not 16-byte aligned, the interpreter).
         tensors: the TensorSig of each argument the plan was made for.
     """
 
@@ -364,6 +367,7 @@ class DecodePlan(Plan):
         self.grid = ()
         self.config = None
         self.workspace_bytes = 0
+        self.prefetch_tokens = 0   # options.decode_prefetch, where it applies (below)
         self._launches = ()
         if mode in ("empty", "torch"):
             self._freeze()
@@ -413,6 +417,16 @@ class DecodePlan(Plan):
                     INT64=int64, INPUT_PRECISION=precision, COMBINE_BLOCK_S=block_s, SQ=Sq, ROW_GROUPS=R,
                     MAPPING=self.policy.constexpr(self.topology.num_domains))
         self._tune_key = tune_key
+        # options.decode_prefetch: the chunk's first tokens into L2 before the PDL wait (one query
+        # token; a power of two of at least 16 lanes; token rows of a multiple of 16 bytes at
+        # 16-byte aligned addresses, as the bulk prefetch needs)
+        elt = k_cache.element_size()
+        if (options.decode_prefetch and mode == "kernel" and Sq == 1 and R == 1 and caps.pdl_supported(dev)
+                and options.pdl and (D * elt) % 16 == 0
+                and all(t.data_ptr() % 16 == 0 and all((st * elt) % 16 == 0 for st in t.stride()[:-1])
+                        for t in (k_cache, v_cache))):
+            self.prefetch_tokens = max(16, _next_pow2(options.decode_prefetch))
+            meta["PREFETCH_TOKENS"] = self.prefetch_tokens
         fixed = K.fixed_config(paged, D, block_g, -(-shape.capacity // S), k_cache.element_size(), B * HK * R * S,
                                caps.num_sms(dev), caps.shared_memory_per_block(dev))
         from ._launch import Launch

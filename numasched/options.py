@@ -23,6 +23,7 @@ numasched is imported (they are not read per call):
     NUMASCHED_PDL=0             pdl -> False
     NUMASCHED_PDL_TRIGGER       pdl_trigger ("early", "late" or "none"; 1 / 0 mean early / none)
     NUMASCHED_PDL_PREFETCH=1    pdl_prefetch -> True
+    NUMASCHED_DECODE_PREFETCH=N decode_prefetch -> N
     NUMASCHED_ARN_LL=0/1        arn_exchange -> "flag" / "ll"
     NUMASCHED_ARN_ONE_ROW=0     arn_one_row -> False
 """
@@ -104,6 +105,10 @@ class Options:
             (Llama-3-8B, TP 2, decode grid; bench/results/tp2-s18/prefetch-*) it made every step
             0.45-0.56 ms slower (1 x 2k 4.17 against 3.61 ms, 16 x 32k 15.50 against 15.03), as
             the earlier per-line prefetch did on an H200 (eighth session: 1.05-1.34x slower).
+        decode_prefetch: with ``pdl``, flash_decode's programs (one query token per sequence) ask
+            the first this-many tokens of their K/V chunk into L2 before they wait for the
+            previous kernel (kernels/flash_decode.py, step 4): in a decode step that kernel is the
+            small RoPE + cache write, which leaves the memory bus idle. 0: off.
         arn_one_row: the distributed all-reduce + add + RMSNorm gives each program one row where
             the rows fit one wave (decode) and loads its own part, the residual and the weight
             before it waits for the peers (kernels/dist_allreduce.py). On by default: on two
@@ -133,6 +138,7 @@ class Options:
     pdl: bool = True
     pdl_trigger: str = "late"
     pdl_prefetch: bool = False
+    decode_prefetch: int = 0
     arn_one_row: bool = True
     arn_exchange: str = "auto"
 
@@ -146,6 +152,9 @@ class Options:
         if self.pdl_trigger not in TRIGGER_MODES:
             raise ValueError(f"Options.pdl_trigger must be one of {TRIGGER_MODES} (or a bool), "
                              f"got {self.pdl_trigger!r}")
+        if isinstance(self.decode_prefetch, bool) or not isinstance(self.decode_prefetch, int) \
+                or not 0 <= self.decode_prefetch <= 4096:
+            raise ValueError(f"Options.decode_prefetch must be an int of tokens in [0, 4096], got {self.decode_prefetch!r}")
         if self.arn_exchange not in ARN_EXCHANGES:
             raise ValueError(f"Options.arn_exchange must be one of {ARN_EXCHANGES}, got {self.arn_exchange!r}")
         if self.decode_combine not in COMBINE_MODES:
@@ -196,6 +205,7 @@ def from_env(environ=None) -> Options:
 
     tma = env.get("NUMASCHED_DIST_TMA")
     ll = env.get("NUMASCHED_ARN_LL")
+    pre = env.get("NUMASCHED_DECODE_PREFETCH", "").strip()
     return Options(autotune=flag("NUMASCHED_AUTOTUNE", True), check_data=flag("NUMASCHED_CHECK_DATA", True),
                    decode_combine=env.get("NUMASCHED_DECODE_COMBINE", "auto"),
                    gemm_flatten=flag("NUMASCHED_GEMM_FLATTEN", True),
@@ -209,6 +219,7 @@ def from_env(environ=None) -> Options:
                    pdl=flag("NUMASCHED_PDL", True),
                    pdl_trigger=_trigger(env.get("NUMASCHED_PDL_TRIGGER", "late")),
                    pdl_prefetch=flag("NUMASCHED_PDL_PREFETCH", False),
+                   decode_prefetch=int(pre) if pre else 0,
                    arn_one_row=flag("NUMASCHED_ARN_ONE_ROW", True),
                    arn_exchange="auto" if ll in (None, "") else "flag" if ll == "0" else "ll" if ll == "1" else ll)
 

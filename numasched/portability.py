@@ -251,7 +251,7 @@ _PREC_NOTE = ("bf16 dots with input precision None (the target's default), as th
 
 
 # ---- flash decode
-def _decode(paged: bool, combine: int, stages=None):
+def _decode(paged: bool, combine: int, stages=None, prefetch: int = 0):
     def build(vendor):
         from numasched.kernels import flash_decode as K
 
@@ -266,7 +266,7 @@ def _decode(paged: bool, combine: int, stages=None):
                       stride_lb=HK * G, stride_ls=0, stride_lh=1, tune_key=4,
                       G=G, BLOCK_G=16, HEAD_DIM=D, BLOCK_D=D, PAGE_SIZE=ps, HAS_SEQLENS=True, COMBINE=combine,
                       INT64=False, INPUT_PRECISION=None, COMBINE_BLOCK_S=16, SQ=1, ROW_GROUPS=1, BLOCK_N=64,
-                      MAPPING=_mapping("head_first"))
+                      MAPPING=_mapping("head_first"), PREFETCH_TOKENS=prefetch)
         cfg = K.DEFAULT_GPU_CONFIG[paged]
         return K._flash_decode_kernel, values, cfg["num_warps"], stages or cfg["num_stages"]
     return build
@@ -551,6 +551,13 @@ VARIANTS: List[Variant] = [
     Variant("flash_decode", "paged16-fused-bf16-d128-g4", _decode(True, 2),
             note="page size 16, BLOCK_N 64, 4 warps, 5 stages (the host's fixed config); combine fused; "
                  + _PREC_NOTE),
+    Variant("flash_decode", "paged16-fused-bf16-d128-g4-prefetch", _decode(True, 2, prefetch=128),
+            off={"amd": "cp.async.bulk.prefetch.L2 is NVIDIA PTX; the host sets PREFETCH_TOKENS on sm_90+ only"},
+            note="the same with PREFETCH_TOKENS 128 (options.decode_prefetch): the chunk's first tokens into L2 "
+                 "before the PDL wait"),
+    Variant("flash_decode", "contiguous-fused-bf16-d128-g4-prefetch", _decode(False, 2, prefetch=128),
+            off={"amd": "cp.async.bulk.prefetch.L2 is NVIDIA PTX; the host sets PREFETCH_TOKENS on sm_90+ only"},
+            note="the contiguous layout with PREFETCH_TOKENS 128"),
     Variant("flash_decode", "paged16-fused-bf16-d128-g4-3stage", _decode(True, 2, 3), off={"nvidia": _AMD_CFG},
             note=_AMD_CFG_NOTE),
     Variant("flash_decode_worklist", "contiguous-bf16-d128-g4", _decode_worklist(False),

@@ -24,6 +24,9 @@
 #   arnk     the first half of arn alone (the kernel, no decode grid)
 #   final    Llama-3-8B's decode grid with the defaults: torch, numasched, torch, numasched, each in its own
 #            launch (the spread between launches of one backend is the noise of the ratio)
+#   kvpf     Llama-3-8B's decode grid: torch, then numasched with options.decode_prefetch (the decode's first
+#            K/V tokens into L2 before its PDL wait) at each of $TP_KVPF_VALUES (default "0 128 0 128"),
+#            each in its own launch
 #   mar      scripts/mar_sweep.py (the fused GEMM + all-reduce's tile configs at large M)
 # Writes under bench/results/tp<N>-DATE/ (or tp<N>-$TP_TAG/). Usage: tp_many.sh OUT_DIR DEV PARTS
 set -uo pipefail
@@ -89,6 +92,14 @@ for part in ${parts//+/ }; do
                  --iters ${TP_ITERS:-10} --backends $b
              done
            done ;;
+    kvpf) e2e kvpf-torch llama3-8b 2048,8192,32768 ${TP_E2E_TIMEOUT:-200} --prompt 0 --no-taxes --no-eager \
+            --iters ${TP_ITERS:-10} --backends torch
+          k=0
+          for v in ${TP_KVPF_VALUES:-0 128 0 128}; do
+            k=$((k + 1))
+            NUMASCHED_DECODE_PREFETCH=$v e2e kvpf-$v-$k llama3-8b 2048,8192,32768 ${TP_E2E_TIMEOUT:-200} --prompt 0 \
+              --no-taxes --no-eager --iters ${TP_ITERS:-10} --backends numasched
+          done ;;
     mar) NCCL_NVLS_ENABLE=0 timeout -k 10 ${TP_MAR_TIMEOUT:-240} torchrun --nproc-per-node=$n scripts/mar_sweep.py 2>&1 \
            | tee "$res/mar-sweep-tp$n-$dev.log" | tail -40 ;;
     *) echo "unknown part $part" ;;

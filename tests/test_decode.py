@@ -796,3 +796,26 @@ def test_model_config_against_the_measured_sweeps(monkeypatch):
         assert ratios[-1] <= (1.15 if min(times.values()) >= 30 else 1.40), (heads, B, L, layout, S, pick, times)
     assert len(ratios) >= 100
     assert sum(r <= 1.05 for r in ratios) >= 0.9 * len(ratios), sorted(ratios)[-8:]
+
+
+def test_decode_prefetch_option():
+    """options.decode_prefetch: tokens (0 off, at most 4096) from NUMASCHED_DECODE_PREFETCH; a bad
+    value is refused naming the option; a plan off the GPU (no PDL) never sets the prefetch, and
+    its result is the same with the option on."""
+    assert options.from_env({}).decode_prefetch == 0
+    assert options.from_env({"NUMASCHED_DECODE_PREFETCH": "128"}).decode_prefetch == 128
+    for bad in (-1, 5000, True, 1.5):
+        with pytest.raises((ValueError, TypeError), match="decode_prefetch"):
+            options.Options(decode_prefetch=bad)
+    torch.manual_seed(3)
+    q = torch.randn(2, 4, 32)
+    k, v = torch.randn(2, 96, 2, 32), torch.randn(2, 96, 2, 32)
+    lens = torch.tensor([96, 50], dtype=torch.int32)
+    outs = []
+    for tokens in (0, 128):
+        with options.use(decode_prefetch=tokens):
+            plan = numasched.plan_decode(q, k, v, cache_seqlens=lens, num_splits=2)
+            assert plan.prefetch_tokens == 0
+            outs.append(plan.run(q, k, v, cache_seqlens=lens))
+    assert torch.equal(outs[0][0] if isinstance(outs[0], tuple) else outs[0],
+                       outs[1][0] if isinstance(outs[1], tuple) else outs[1])

@@ -265,7 +265,10 @@ def test_every_pdl_kernel_waits_before_touching_memory():
     """A kernel launched with PDL may start while its predecessor still runs: nothing before its
     wait (kernels/pdl.py: ``pdl_enter``) may load, store or do atomics; index arithmetic, the
     early trigger and L2 prefetches of weights are allowed (helpers of the same module are
-    followed; imported index-math helpers are allowlisted)."""
+    followed; imported index-math helpers are allowlisted). One exception, named here: flash_decode's
+    ``_prefetch_kv`` loads a sequence length and page indices before the wait, which only pick the
+    addresses of L2 prefetches (clamped into the cache; a stale value costs a useless prefetch),
+    and asks earlier steps' K/V rows into L2; it must store nothing."""
     import ast
     import inspect
 
@@ -275,6 +278,7 @@ def test_every_pdl_kernel_waits_before_touching_memory():
     memory = {"load", "store", "atomic_add", "atomic_xchg", "atomic_cas", "atomic_max", "atomic_min", "atomic_or",
               "atomic_and", "gdc_wait"}
     imported_index_math = {"gemm_split_unit", "gemm_tail_unit", "gemm_tile", "decode_item"}
+    hints = {"_prefetch_kv"}   # loads that only pick prefetch addresses (the docstring)
 
     def touches(node, helpers, seen) -> list:
         bad = []
@@ -283,6 +287,10 @@ def test_every_pdl_kernel_waits_before_touching_memory():
             name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)
             if name in memory:
                 bad.append(name)
+            elif isinstance(f, ast.Name) and name in hints:
+                stores = [n for n in ast.walk(helpers[name]) if isinstance(n, ast.Call)
+                          and getattr(n.func, "attr", getattr(n.func, "id", None)) in memory - {"load"}]
+                bad += [f"{name} stores"] if stores else []
             elif isinstance(f, ast.Name) and name in helpers and name not in seen:
                 bad += touches(helpers[name], helpers, seen | {name})
             elif isinstance(f, ast.Name) and name not in helpers and name not in imported_index_math \
@@ -317,7 +325,7 @@ def test_every_pdl_kernel_waits_before_touching_memory():
 def test_pdl_chain_in_a_cuda_graph_reads_each_predecessors_output(prefetch, trigger):
     """Dependent launches (decode-size GEMMs, weights plain and as ``W.T`` views, then a decode
     reading a GEMM's output) captured in one graph with PDL on, with and without the split-K
-    GEMM's weight prefetch before the wait, each trigger mode: every kernel must see its
+    GEMM's weight prefetch and the decode's K/V prefetch before the wait, each trigger mode: every kernel must see its
     predecessor's writes (outputs poisoned between replays)."""
     import numasched
 
@@ -339,7 +347,8 @@ def test_pdl_chain_in_a_cuda_graph_reads_each_predecessors_output(prefetch, trig
         q = y[:1].reshape(1, 2, 128)           # depends on the last GEMM
         return numasched.flash_decode(q, k, v)
 
-    with options.use(pdl=True, pdl_prefetch=prefetch, pdl_trigger=trigger):
+    # prefetch: also the decode's K/V rows into L2 before its wait (options.decode_prefetch)
+    with options.use(pdl=True, pdl_prefetch=prefetch, pdl_trigger=trigger, decode_prefetch=128 if prefetch else 0):
         ref_y = x.double()
         for w in ws:
             ref_y = ref_y @ w.double()

@@ -11,6 +11,7 @@ asserts the exact set of them and that each states its reason.
 """
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +28,7 @@ SM90_SUBSET = [
     "flash_decode/contiguous-fused-bf16-d128-g4", "combine/bf16-d128-s16", "attention_fwd/bf16-d128-causal-tma",
     "gemm/bf16-tma-persistent", "dist/all_gather_matmul-tma", "dist/decode_exchange_combine", "probe/l2_latency",
     "gemm_splitk/bf16-pointer-decode-prefetch", "gemm_splitk/bf16-pointer-decode-glu-prefetch",
+    "flash_decode/paged16-fused-bf16-d128-g4-prefetch", "flash_decode/contiguous-fused-bf16-d128-g4-prefetch",
 ] + [v.key for v in PT.VARIANTS if "nvidia" in v.off]
 
 # (variant, vendor) pairs switched off, and why (a word the reason must contain)
@@ -36,6 +38,8 @@ EXPECTED_OFF = {
     ("probe/xcc_id", "nvidia"): "AMD ISA",
     ("gemm_splitk/bf16-pointer-decode-prefetch", "amd"): "NVIDIA PTX",
     ("gemm_splitk/bf16-pointer-decode-glu-prefetch", "amd"): "NVIDIA PTX",
+    ("flash_decode/paged16-fused-bf16-d128-g4-prefetch", "amd"): "NVIDIA PTX",
+    ("flash_decode/contiguous-fused-bf16-d128-g4-prefetch", "amd"): "NVIDIA PTX",
 }
 
 
@@ -153,6 +157,33 @@ def test_splitk_prefetch_comes_before_the_pdl_wait():
         counts[v] = pre.count(op)
     assert counts["bf16-pointer-decode-glu-prefetch"] == 2 * counts["bf16-pointer-decode-prefetch"]
     assert op not in ptx["bf16-pointer-decode"] and "prefetch.global.L2" not in ptx["bf16-pointer-decode"]
+
+
+def test_decode_kv_prefetch_comes_before_the_pdl_wait():
+    """sm_90 PTX of flash_decode with PREFETCH_TOKENS (options.decode_prefetch): the chunk's K and
+    V rows are bulk-prefetched into L2 before the griddepcontrol.wait, and nothing else touches
+    the cache before it (the only loads there are the length and the page indices, which pick the
+    addresses); without it there are no prefetches."""
+    code = ("import json; from numasched import portability as P\n"
+            "out = {}\n"
+            "for v in ('paged16-fused-bf16-d128-g4-prefetch', 'contiguous-fused-bf16-d128-g4-prefetch', "
+            "'paged16-fused-bf16-d128-g4'):\n"
+            "    r = P.compile_variant('flash_decode', v, 'sm90', keep_asm=True)\n"
+            "    out[v] = r['asm']['ptx'] if r['ok'] else r['error']\n"
+            "print(json.dumps(out))\n")
+    ptx = compiled_json(code)
+    op = "cp.async.bulk.prefetch.L2.global"
+    for v in ("paged16-fused-bf16-d128-g4-prefetch", "contiguous-fused-bf16-d128-g4-prefetch"):
+        pre = ptx[v]
+        assert op in pre and "griddepcontrol.wait" in pre, v
+        wait = pre.index("griddepcontrol.wait")
+        assert pre.rindex(op) < wait, v
+        head = pre[:wait]
+        # before the wait: the length (and, paged, the page indices) only; no cache loads, no stores
+        assert "st.global" not in head and "cp.async.cg" not in head and "cp.async.ca" not in head, v
+        loads = re.findall(r"ld\.global[.\w]*\.b(\d+)", head)
+        assert all(int(w) <= 32 for w in loads), (v, loads)
+    assert op not in ptx["paged16-fused-bf16-d128-g4"]
 
 
 def test_late_pdl_trigger_comes_after_the_k_loop():
