@@ -215,6 +215,12 @@ MAX_SPLITS = 256
 # per split count and group size) with 2-4 splits, 0.97-0.98 with 8, 0.91-0.99 with 16 and 0.84
 # (worst 0.735) with 32 splits of 7 heads.
 FUSED_MAX_SPLITS = 4
+# options.decode_prefetch applies from this batch up. Llama-3-8B TP 2 decode step on two H100s,
+# 128 tokens, each setting in two launches (bench/results/tp2-s20d/): batch 16 25-67 us a step
+# faster (2k-32k), batch 4 -9 to +4 us, batch 1 11-33 us slower: the RoPE + cache write before the
+# attention gives the prefetch its idle bus for longer the more tokens it writes, and at batch 1
+# the prefetch's dependent loads (length, page indices) fall on the critical path.
+PREFETCH_MIN_BATCH = 16
 
 
 def choose_num_splits(batch: int, kv_heads: int, max_seqlen: int, num_sms: int) -> int:
@@ -331,7 +337,8 @@ class DecodePlan(Plan):
         workspace_bytes: partial buffers per stream (fp32).
         prefetch_tokens: tokens of each program's chunk asked into L2 before its PDL wait
             (``options.decode_prefetch`` rounded up to a power of two; 0 where it does not apply:
-            no PDL, several query tokens, rows not 16-byte aligned, the interpreter).
+            a batch below PREFETCH_MIN_BATCH, no PDL, several query tokens, rows not 16-byte
+            aligned, the interpreter).
         tensors: the TensorSig of each argument the plan was made for.
     """
 
@@ -418,10 +425,11 @@ class DecodePlan(Plan):
                     MAPPING=self.policy.constexpr(self.topology.num_domains))
         self._tune_key = tune_key
         # options.decode_prefetch: the chunk's first tokens into L2 before the PDL wait (one query
-        # token; a power of two of at least 16 lanes; token rows of a multiple of 16 bytes at
-        # 16-byte aligned addresses, as the bulk prefetch needs)
+        # token, batch >= PREFETCH_MIN_BATCH; a power of two of at least 16 lanes; token rows of a
+        # multiple of 16 bytes at 16-byte aligned addresses, as the bulk prefetch needs)
         elt = k_cache.element_size()
-        if (options.decode_prefetch and mode == "kernel" and Sq == 1 and R == 1 and caps.pdl_supported(dev)
+        if (options.decode_prefetch and mode == "kernel" and Sq == 1 and R == 1 and B >= PREFETCH_MIN_BATCH
+                and caps.pdl_supported(dev)
                 and options.pdl and (D * elt) % 16 == 0
                 and all(t.data_ptr() % 16 == 0 and all((st * elt) % 16 == 0 for st in t.stride()[:-1])
                         for t in (k_cache, v_cache))):

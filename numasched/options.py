@@ -23,7 +23,7 @@ numasched is imported (they are not read per call):
     NUMASCHED_PDL=0             pdl -> False
     NUMASCHED_PDL_TRIGGER       pdl_trigger ("early", "late" or "none"; 1 / 0 mean early / none)
     NUMASCHED_PDL_PREFETCH=1    pdl_prefetch -> True
-    NUMASCHED_DECODE_PREFETCH=N decode_prefetch -> N
+    NUMASCHED_DECODE_PREFETCH=N decode_prefetch -> N (0: off)
     NUMASCHED_ARN_LL=0/1        arn_exchange -> "flag" / "ll"
     NUMASCHED_ARN_ONE_ROW=0     arn_one_row -> False
 """
@@ -105,10 +105,14 @@ class Options:
             (Llama-3-8B, TP 2, decode grid; bench/results/tp2-s18/prefetch-*) it made every step
             0.45-0.56 ms slower (1 x 2k 4.17 against 3.61 ms, 16 x 32k 15.50 against 15.03), as
             the earlier per-line prefetch did on an H200 (eighth session: 1.05-1.34x slower).
-        decode_prefetch: with ``pdl``, flash_decode's programs (one query token per sequence) ask
-            the first this-many tokens of their K/V chunk into L2 before they wait for the
-            previous kernel (kernels/flash_decode.py, step 4): in a decode step that kernel is the
-            small RoPE + cache write, which leaves the memory bus idle. 0: off.
+        decode_prefetch: with ``pdl``, flash_decode's programs (one query token per sequence,
+            batches of ``numasched.decode.PREFETCH_MIN_BATCH`` = 16 and more) ask the first
+            this-many tokens of their K/V chunk into L2 before they wait for the previous kernel
+            (kernels/flash_decode.py, step 4): in a decode step that kernel is the small RoPE +
+            cache write, which leaves the memory bus idle. 0: off. Default 128: on two H100s
+            (Llama-3-8B, TP 2, bench/results/tp2-s20d/) it made the batch-16 steps 25-67 us
+            faster (16 x 8k 6.538 against 6.581 ms; 16 x 32k 14.820 against 14.887); at batch 1
+            it cost 11-33 us and at batch 4 -9 to +4, hence the batch floor.
         arn_one_row: the distributed all-reduce + add + RMSNorm gives each program one row where
             the rows fit one wave (decode) and loads its own part, the residual and the weight
             before it waits for the peers (kernels/dist_allreduce.py). On by default: on two
@@ -117,11 +121,12 @@ class Options:
         arn_exchange: how that kernel's row-per-program path takes the peers' rows: "flag" (the
             rows, a fence, then a flag per program), "ll" (tagged 8-byte words: no fence and no
             flag, twice the bytes over the link; NVIDIA, rows of up to 8192 elements) or "auto"
-            (LL up to ``numasched.distributed.all_reduce_add_rmsnorm.LL_AUTO_BYTES`` of rows per
-            rank, the flag above). Timed on two H100s (bench/results/tp2-s20/): 4096 columns,
-            bf16, LL 6.82 / 8.15 / 9.68 / 19.6 us against the flag's 7.05 / 8.38 / 8.90 / 10.4
-            at 1 / 4 / 16 / 64 rows; the Llama-3-8B decode step 20-35 us faster at batch 1 and 4,
-            65-70 us slower at 16.
+            (LL up to ``numasched.distributed.all_reduce_add_rmsnorm.LL_AUTO_BYTES`` = 48 KB of
+            rows per rank and rows of up to ``LL_AUTO_MAX_N`` = 4096 elements, the flag
+            otherwise). Timed on two H100s (bench/results/tp2-s20/): 4096 columns, bf16, LL 6.82 /
+            8.15 / 9.68 / 19.6 us against the flag's 7.05 / 8.38 / 8.90 / 10.4 at 1 / 4 / 16 / 64
+            rows; the Llama-3-8B decode step 20-35 us faster at batch 1 and 4, 63-72 us slower at
+            16. At 5120 columns LL was slower at every row count (tp2-s20b/, tp2-s20c/).
     """
 
     autotune: bool = True
@@ -138,7 +143,7 @@ class Options:
     pdl: bool = True
     pdl_trigger: str = "late"
     pdl_prefetch: bool = False
-    decode_prefetch: int = 0
+    decode_prefetch: int = 128
     arn_one_row: bool = True
     arn_exchange: str = "auto"
 
@@ -219,7 +224,7 @@ def from_env(environ=None) -> Options:
                    pdl=flag("NUMASCHED_PDL", True),
                    pdl_trigger=_trigger(env.get("NUMASCHED_PDL_TRIGGER", "late")),
                    pdl_prefetch=flag("NUMASCHED_PDL_PREFETCH", False),
-                   decode_prefetch=int(pre) if pre else 0,
+                   decode_prefetch=int(pre) if pre else Options.decode_prefetch,
                    arn_one_row=flag("NUMASCHED_ARN_ONE_ROW", True),
                    arn_exchange="auto" if ll in (None, "") else "flag" if ll == "0" else "ll" if ll == "1" else ll)
 

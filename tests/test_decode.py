@@ -799,10 +799,11 @@ def test_model_config_against_the_measured_sweeps(monkeypatch):
 
 
 def test_decode_prefetch_option():
-    """options.decode_prefetch: tokens (0 off, at most 4096) from NUMASCHED_DECODE_PREFETCH; a bad
+    """options.decode_prefetch: tokens (0 off, at most 4096; default 128) from NUMASCHED_DECODE_PREFETCH; a bad
     value is refused naming the option; a plan off the GPU (no PDL) never sets the prefetch, and
     its result is the same with the option on."""
-    assert options.from_env({}).decode_prefetch == 0
+    assert options.from_env({}).decode_prefetch == options.Options().decode_prefetch == 128
+    assert options.from_env({"NUMASCHED_DECODE_PREFETCH": "0"}).decode_prefetch == 0
     assert options.from_env({"NUMASCHED_DECODE_PREFETCH": "128"}).decode_prefetch == 128
     for bad in (-1, 5000, True, 1.5):
         with pytest.raises((ValueError, TypeError), match="decode_prefetch"):

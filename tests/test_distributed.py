@@ -1275,10 +1275,10 @@ def test_all_reduce_add_rmsnorm_one_row_and_ll_sim(ll, world, M, N, dtype):
 
 
 def test_all_reduce_add_rmsnorm_exchange_choice():
-    """options.arn_exchange: "auto" takes LL for rows of up to LL_AUTO_BYTES a rank and the flag
-    above, "ll" / "flag" force one (LL only on the row-per-program path, rows of up to LL_MAX_N);
+    """options.arn_exchange: "auto" takes LL for rows of up to LL_AUTO_BYTES a rank and
+    LL_AUTO_MAX_N columns and the flag otherwise, "ll" / "flag" force one (LL only on the row-per-program path, rows of up to LL_MAX_N);
     the environment's NUMASCHED_ARN_LL maps to it; a bad value is refused naming the option."""
-    from numasched.distributed.all_reduce_add_rmsnorm import LL_AUTO_BYTES, LL_MAX_N, AllReduceAddRmsnorm
+    from numasched.distributed.all_reduce_add_rmsnorm import LL_AUTO_BYTES, LL_AUTO_MAX_N, LL_MAX_N, AllReduceAddRmsnorm
 
     def ll(M, N, dtype=torch.bfloat16, **opts):
         with options.use(**opts):
@@ -1288,6 +1288,7 @@ def test_all_reduce_add_rmsnorm_exchange_choice():
     rows = LL_AUTO_BYTES // (4096 * 2)
     assert ll(1, 4096) and ll(rows, 4096) and not ll(rows + 1, 4096)
     assert ll(rows // 2, 4096, torch.float32) and not ll(rows // 2 + 1, 4096, torch.float32)
+    assert not ll(1, LL_AUTO_MAX_N + 1024) and ll(1, LL_AUTO_MAX_N + 1024, arn_exchange="ll")   # 5120: flag
     assert ll(64, 4096, arn_exchange="ll") and not ll(1, 4096, arn_exchange="flag")
     assert not ll(1, LL_MAX_N * 2, arn_exchange="ll") and not ll(1, 4096, arn_one_row=False)
     assert not ll(200, 4096, arn_exchange="ll")   # more rows than SMs: the row loop, flag only

@@ -322,13 +322,15 @@ def test_every_pdl_kernel_waits_before_touching_memory():
 @pytest.mark.gpu
 @pytest.mark.parametrize("prefetch,trigger", [(False, "early"), (True, "early"), (False, "late"), (True, "late"),
                                               (False, "none")])
-def test_pdl_chain_in_a_cuda_graph_reads_each_predecessors_output(prefetch, trigger):
+def test_pdl_chain_in_a_cuda_graph_reads_each_predecessors_output(monkeypatch, prefetch, trigger):
     """Dependent launches (decode-size GEMMs, weights plain and as ``W.T`` views, then a decode
     reading a GEMM's output) captured in one graph with PDL on, with and without the split-K
     GEMM's weight prefetch and the decode's K/V prefetch before the wait, each trigger mode: every kernel must see its
     predecessor's writes (outputs poisoned between replays)."""
     import numasched
+    import numasched.decode
 
+    monkeypatch.setattr(numasched.decode, "PREFETCH_MIN_BATCH", 1)   # the batch-1 decode below prefetches too
     dev = "cuda"
     torch.manual_seed(0)
     ws = [torch.randn(256, 256, device=dev, dtype=torch.float16) / 16 for _ in range(4)]

@@ -20,10 +20,13 @@ from ._common import DTYPES, Call, _aligned, _cdiv, _check_device, _on_gpu, _Op,
 MAX_PROGRAMS = 1024
 MAX_N = 16384   # a row is one register block
 LL_MAX_N = 8192
-# options.arn_exchange="auto": LL up to this many bytes of rows per rank. Two H100s, 4096 bf16
-# columns (bench/results/tp2-s20/): LL 0.23 us faster at 1 and 4 rows (8 and 32 KB), 0.8 slower at
-# 16 (128 KB), 9 slower at 64; the lines cross near 6 rows (48 KB).
+# options.arn_exchange="auto": LL up to this many bytes of rows per rank, rows of up to
+# LL_AUTO_MAX_N elements. Two H100s, bf16 (bench/results/tp2-s20*/arn/, three calls): at 4096
+# columns LL 0.2-0.7 us faster at 1-6 rows (8-48 KB), even at 8, 0.2-1.0 slower at 12-16, 9
+# slower at 64; at 5120 columns (rows padded to 8192 lanes) slower at every row count (1 row: 9.87
+# against 8.51 us, 7.93 against 6.90), so LL stays off there.
 LL_AUTO_BYTES = 48 << 10
+LL_AUTO_MAX_N = 4096
 
 
 @register
@@ -51,8 +54,8 @@ class AllReduceAddRmsnorm(_Op):
         # (LL's system-scope stores are NVIDIA PTX: not on ROCm; rows of up to 8192 elements: at
         # 16384 the sm_90 compile spills 788 bytes)
         ll_ok = one_row and torch.version.hip is None and N <= LL_MAX_N
-        ll = ll_ok and (opt.arn_exchange == "ll"
-                        or opt.arn_exchange == "auto" and M * N * x.element_size() <= LL_AUTO_BYTES)
+        ll = ll_ok and (opt.arn_exchange == "ll" or opt.arn_exchange == "auto" and N <= LL_AUTO_MAX_N
+                        and M * N * x.element_size() <= LL_AUTO_BYTES)
         key = ("all_reduce_add_rmsnorm", M, N, x.dtype, rdt, wdt, programs, one_row, ll)
         return Call("all_reduce_add_rmsnorm", key, dict(header, ll=ll), dict(x=x),
                     dict(M=M, N=N, BLOCK_N=block_n, programs=programs, iters=iters, world=world, one_row=one_row,
