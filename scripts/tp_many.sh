@@ -34,11 +34,11 @@ out=${1:?OUT_DIR}; dev=${2:-gpu}; parts=${3:-models+worker+llama+qwen+coll}
 n=${NPROC:-$(nvidia-smi -L | wc -l)}
 res=bench/results/tp$n-${TP_TAG:-$(date +%Y-%m-%d)}; mkdir -p "$res"   # TP_TAG: the folder's suffix
 keep() { cp -r "$res" "$out/" 2>/dev/null || true; }
-# e2e NAME MODEL CONTEXTS TIMEOUT ARGS...: bench e2e at TP n, batch 1, 4, 16, into $res/NAME, each
+# e2e NAME MODEL CONTEXTS TIMEOUT ARGS...: bench e2e at TP n, batch 1, 4, 16 (or $TP_BATCHES), into $res/NAME, each
 # backend in its own launch (--isolate: the one run second in a shared process ran 2-4 % slower)
 e2e() {
   local name=$1 model=$2 ctx=$3 limit=$4; shift 4
-  timeout -k 10 $limit numasched bench e2e --isolate --model $model --tp $n --batch 1,4,16 --context $ctx "$@" \
+  timeout -k 10 $limit numasched bench e2e --isolate --model $model --tp $n --batch ${TP_BATCHES:-1,4,16} --context $ctx "$@" \
     --out-dir "$res/$name" 2>&1 | tee "$res/e2e-$name-tp$n-$dev.log" \
     | grep -E "Error|error|Traceback|^decode|^prefill|speedup" | tail -30
 }
