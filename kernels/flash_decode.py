@@ -229,6 +229,20 @@ def _attend(q, K, V, BLOCK_TABLE, b64, kvh64, lo, hi, row_hi, offs_n, offs_d, qk
 
 
 @triton.jit
+def _split_range(SEQLENS, b, stride_sb, seqlen_max, S, split, HAS_SEQLENS: tl.constexpr):
+    """(seqlen, lo, hi): sequence b's length and its split's token range. The sequence is cut into
+    S near-equal chunks (balanced per sequence; a chunk need not be a multiple of BLOCK_N, its last
+    tile is masked); a length outside [0, capacity] is clamped, so no read goes beyond the cache."""
+    if HAS_SEQLENS:
+        seqlen = tl.minimum(tl.maximum(tl.load(SEQLENS + b * stride_sb), 0), seqlen_max)
+    else:
+        seqlen = seqlen_max
+    chunk = tl.cdiv(seqlen, S)
+    lo = split * chunk
+    return seqlen, lo, tl.minimum(lo + chunk, seqlen)
+
+
+@triton.jit
 def _prefetch_kv(K, V, SEQLENS, BLOCK_TABLE, b, kvh, split, S, seqlen_max, num_pages,
                  stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh, stride_sb, stride_tb, stride_tp,
                  HAS_SEQLENS: tl.constexpr, PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, TOKENS: tl.constexpr):
@@ -236,13 +250,7 @@ def _prefetch_kv(K, V, SEQLENS, BLOCK_TABLE, b, kvh, split, S, seqlen_max, num_p
     module doc): the chunk as the kernel computes it, from a length and page indices read now
     (before the PDL wait: hints only, clamped into the cache). One row is HEAD_DIM elements, a
     multiple of 16 bytes (the host checks)."""
-    if HAS_SEQLENS:
-        seqlen = tl.minimum(tl.maximum(tl.load(SEQLENS + b * stride_sb), 0), seqlen_max)
-    else:
-        seqlen = seqlen_max
-    chunk = tl.cdiv(seqlen, S)
-    lo = split * chunk
-    hi = tl.minimum(lo + chunk, seqlen)
+    _, lo, hi = _split_range(SEQLENS, b, stride_sb, seqlen_max, S, split, HAS_SEQLENS)
     n = lo + tl.arange(0, TOKENS)
     live = n < hi
     b64 = b.to(tl.int64)
@@ -303,16 +311,8 @@ def _flash_decode_kernel(
         kvh = kvr // ROW_GROUPS
         rg = kvr % ROW_GROUPS
 
-    # -- this split's token range: the sequence is cut into S near-equal chunks (balanced per
-    #    sequence; a chunk need not be a multiple of BLOCK_N, its last tile is masked)
-    if HAS_SEQLENS:
-        # bounded: a length outside [0, capacity] reads no memory beyond the cache
-        seqlen = tl.minimum(tl.maximum(tl.load(SEQLENS + b * stride_sb), 0), seqlen_max)
-    else:
-        seqlen = seqlen_max
-    chunk = tl.cdiv(seqlen, S)
-    lo = split * chunk
-    hi = tl.minimum(lo + chunk, seqlen)
+    # -- this split's token range
+    seqlen, lo, hi = _split_range(SEQLENS, b, stride_sb, seqlen_max, S, split, HAS_SEQLENS)
 
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
