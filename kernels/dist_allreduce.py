@@ -295,8 +295,8 @@ def all_reduce_add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, res_out_ptr, y_ptr, buf
     pushes row i to every peer and raises flag (rank, p) to ``(epoch - 1) * iters + i + 1``;
     stage 2, one row behind, waits, sums, adds, normalises and stores r and y (ONE_ROW, a row per
     program: stage 2 loads all but the peers' parts before it waits; with LL the row goes as
-    tagged 8-byte words into ll_ptr, heap int64 (2, WORLD, M, ceil(N / PACK)), and is waited for
-    word by word: no fence, no flag). buf: heap
+    tagged 8-byte words into ll_ptr, heap int64 (2, WORLD, M, ceil(N / PACK)), polled until every
+    word carries the call's tag: no fence, no flag). buf: heap
     (2, WORLD, M, N) in x's dtype; flags: heap int64 (WORLD, P)."""
     pdl_enter(PDL)  # PDL: wait for the previous kernel here (kernels/pdl.py)
     e = epoch_begin(epoch_ptr)

@@ -19,11 +19,12 @@ memory bandwidth. The plan, top to bottom:
    log2 domain, and writes a normalised partial output plus its log2-sum-exp.
 4. (PREFETCH_TOKENS, ``options.decode_prefetch``, PDL only) Before its PDL wait a program asks the
    first PREFETCH_TOKENS tokens of its chunk into L2 (one bulk prefetch per token row of K and of
-   V). The cache rows before the newest are written by earlier steps, so reading them early is
-   safe, and the kernel before this one (the RoPE + cache write) barely uses the memory bus: the
-   loop then starts on L2 hits. The length and page indices it reads before the wait only pick
-   prefetch addresses (clamped into the cache): a stale value costs a useless prefetch, never a
-   wrong result.
+   V), and the kernel before this one (the RoPE + cache write) barely uses the memory bus: the
+   loop then starts on L2 hits. A prefetch returns no data, so it is safe even on the newest row,
+   which that kernel may be writing at the time (L2 is where the GPU's writes meet: the loop reads
+   the written row). The length and page indices it reads before the wait only pick prefetch
+   addresses (clamped into the cache): a stale value costs a useless prefetch, never a wrong
+   result; the kernel reads both again after the wait.
 5. The partials are merged by a log-sum-exp combine: either a second small kernel, or inside the
    first one by whichever split of a (batch, kv_head) finishes last (an atomic arrival counter
    that the last arrival resets, so the kernel can be replayed in a CUDA graph). With one split

@@ -38,8 +38,8 @@ __all__ = ["Options", "current", "set", "use", "from_env"]
 
 COMBINE_MODES = ("auto", "fused", "kernel")
 SCHEDULE_MODES = ("model", "autotune")  # gemm_schedule, decode_schedule
-TRIGGER_MODES = ("early", "late", "none")
-ARN_EXCHANGES = ("auto", "flag", "ll")  # numasched.kernels.pdl.TRIGGER_MODES (not imported: no triton here)
+TRIGGER_MODES = ("early", "late", "none")  # numasched.kernels.pdl.TRIGGER_MODES (not imported: no triton here)
+ARN_EXCHANGES = ("auto", "flag", "ll")
 
 
 @dataclass(frozen=True)
@@ -112,7 +112,8 @@ class Options:
             cache write, which leaves the memory bus idle. 0: off. Default 128: on two H100s
             (Llama-3-8B, TP 2, bench/results/tp2-s20d/) it made the batch-16 steps 25-67 us
             faster (16 x 8k 6.538 against 6.581 ms; 16 x 32k 14.820 against 14.887); at batch 1
-            it cost 11-33 us and at batch 4 -9 to +4, hence the batch floor.
+            it cost 11-33 us and at batch 4 between 4 us faster and 9 slower, hence the batch
+            floor. The count is rounded up to a power of two and to one token per thread.
         arn_one_row: the distributed all-reduce + add + RMSNorm gives each program one row where
             the rows fit one wave (decode) and loads its own part, the residual and the weight
             before it waits for the peers (kernels/dist_allreduce.py). On by default: on two
@@ -209,8 +210,13 @@ def from_env(environ=None) -> Options:
         return default if v is None else v != "0"
 
     tma = env.get("NUMASCHED_DIST_TMA")
-    ll = env.get("NUMASCHED_ARN_LL")
+    ll = env.get("NUMASCHED_ARN_LL", "").strip().lower()
+    exchange = {"": "auto", "auto": "auto", "0": "flag", "flag": "flag", "1": "ll", "ll": "ll"}.get(ll)
+    if exchange is None:
+        raise ValueError(f"NUMASCHED_ARN_LL must be 1 / ll, 0 / flag or auto, got {env.get('NUMASCHED_ARN_LL')!r}")
     pre = env.get("NUMASCHED_DECODE_PREFETCH", "").strip()
+    if pre and not pre.isdigit():
+        raise ValueError(f"NUMASCHED_DECODE_PREFETCH must be a number of tokens (0: off), got {pre!r}")
     return Options(autotune=flag("NUMASCHED_AUTOTUNE", True), check_data=flag("NUMASCHED_CHECK_DATA", True),
                    decode_combine=env.get("NUMASCHED_DECODE_COMBINE", "auto"),
                    gemm_flatten=flag("NUMASCHED_GEMM_FLATTEN", True),
@@ -226,7 +232,7 @@ def from_env(environ=None) -> Options:
                    pdl_prefetch=flag("NUMASCHED_PDL_PREFETCH", False),
                    decode_prefetch=int(pre) if pre else Options.decode_prefetch,
                    arn_one_row=flag("NUMASCHED_ARN_ONE_ROW", True),
-                   arn_exchange="auto" if ll in (None, "") else "flag" if ll == "0" else "ll" if ll == "1" else ll)
+                   arn_exchange=exchange)
 
 
 _CURRENT = from_env()

@@ -81,8 +81,9 @@ for part in ${parts//+/ }; do
          [[ $part == arnk ]] && { keep; continue; }
          e2e arn-torch llama3-8b 2048,8192,32768 ${TP_E2E_TIMEOUT:-200} --prompt 0 --no-taxes --no-eager \
            --iters ${TP_ITERS:-10} --backends torch
+         k=0
          for v in 0 1 1 0; do
-           k=$((${k:-0} + 1))
+           k=$((k + 1))
            NUMASCHED_ARN_LL=$v e2e arn-ll$v-$k llama3-8b 2048,8192,32768 ${TP_E2E_TIMEOUT:-200} --prompt 0 --no-taxes \
              --no-eager --iters ${TP_ITERS:-10} --backends numasched
          done ;;

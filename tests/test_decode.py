@@ -804,6 +804,8 @@ def test_decode_prefetch_option():
     its result is the same with the option on."""
     assert options.from_env({}).decode_prefetch == options.Options().decode_prefetch == 128
     assert options.from_env({"NUMASCHED_DECODE_PREFETCH": "0"}).decode_prefetch == 0
+    with pytest.raises(ValueError, match="NUMASCHED_DECODE_PREFETCH"):
+        options.from_env({"NUMASCHED_DECODE_PREFETCH": "on"})
     assert options.from_env({"NUMASCHED_DECODE_PREFETCH": "128"}).decode_prefetch == 128
     for bad in (-1, 5000, True, 1.5):
         with pytest.raises((ValueError, TypeError), match="decode_prefetch"):
@@ -820,3 +822,72 @@ def test_decode_prefetch_option():
             outs.append(plan.run(q, k, v, cache_seqlens=lens))
     assert torch.equal(outs[0][0] if isinstance(outs[0], tuple) else outs[0],
                        outs[1][0] if isinstance(outs[1], tuple) else outs[1])
+
+
+@gpu
+@pytest.mark.parametrize("dtype,Dh", [(torch.bfloat16, 128), (torch.float16, 80), (torch.float32, 64)])
+@pytest.mark.parametrize("paged", [False, True])
+def test_gpu_decode_prefetch_changes_no_bit(dtype, Dh, paged):
+    """options.decode_prefetch (K/V rows into L2 before the PDL wait) is a hint: batch 16 (the
+    prefetch on), ragged lengths, the same bits as without it; garbage lengths and pages with the
+    checks off stay in bounds (clamped). Then the decode step's pattern in one CUDA graph: the
+    RoPE + cache write (a PDL kernel writing the newest K/V row) right before the decode, replayed
+    on new inputs, equals the eager steps without PDL."""
+    torch.manual_seed(0)
+    B, HK, G, L, ps = 16, 4, 4, 1000, 16
+    q = torch.randn(B, HK * G, Dh, device="cuda", dtype=dtype)
+    lens = torch.randint(1, L + 1, (B,), device="cuda", dtype=torch.int32)
+    if paged:
+        k = torch.randn(B * L // ps + 8, ps, HK, Dh, device="cuda", dtype=dtype)
+        bt = torch.randperm(k.shape[0], device="cuda")[:B * (L // ps)].view(B, -1).int()
+    else:
+        k, bt = torch.randn(B, L, HK, Dh, device="cuda", dtype=dtype), None
+    v = torch.randn_like(k)
+    outs = []
+    for tokens in (0, 128):
+        with options.use(decode_prefetch=tokens):
+            plan = numasched.plan_decode(q, k, v, cache_seqlens=lens, block_table=bt)
+            assert (plan.prefetch_tokens > 0) == (tokens > 0 and caps.pdl_supported(q.device))
+            outs.append(plan.run(q, k, v, cache_seqlens=lens, block_table=bt))
+    torch.cuda.synchronize()
+    assert torch.equal(outs[0], outs[1])
+    bad_lens = lens.clone()
+    bad_lens[0], bad_lens[1] = -7, 10 ** 6
+    bad_bt = None
+    if paged:
+        bad_bt = bt.clone()
+        bad_bt[2], bad_bt[3] = -1, 10 ** 6
+    with options.use(decode_prefetch=128, check_data=False):
+        out = numasched.flash_decode(q, k, v, cache_seqlens=bad_lens, block_table=bad_bt)
+        torch.cuda.synchronize()
+    assert torch.isfinite(out[2:]).all()
+
+    if not paged or dtype == torch.float32:
+        return   # the step pattern once per 16-bit dtype, on the model's paged layout
+    from numasched.rope_cache import qkv_rope_cache
+
+    H = HK * G
+    qkv = torch.randn(B, (H + 2 * HK) * Dh, device="cuda", dtype=dtype)
+    cos, sin = torch.randn(B, Dh, device="cuda", dtype=dtype), torch.randn(B, Dh, device="cuda", dtype=dtype)
+    # each sequence's newest token goes to its last slot (page bt[b, (len - 1) // ps])
+    slots = (bt.long().gather(1, ((lens.long() - 1) // ps)[:, None])[:, 0] * ps + (lens.long() - 1) % ps)
+
+    def step():
+        qq = qkv_rope_cache(qkv, cos, sin, k, v, slots, heads=H, kv_heads=HK)
+        return numasched.flash_decode(qq.view(B, H, Dh), k, v, cache_seqlens=lens, block_table=bt)
+
+    with options.use(decode_prefetch=128, check_data=False):
+        step()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = step()
+    for i in range(4):
+        qkv.copy_(torch.randn_like(qkv))
+        k.copy_(torch.randn_like(k))
+        v.copy_(torch.randn_like(v))
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        with options.use(pdl=False, decode_prefetch=0, check_data=False):
+            want = step()
+        torch.testing.assert_close(out, want, rtol=0, atol=0, msg=f"replay {i}")

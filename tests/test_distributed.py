@@ -1296,6 +1296,9 @@ def test_all_reduce_add_rmsnorm_exchange_choice():
     assert options.from_env({"NUMASCHED_ARN_LL": "0"}).arn_exchange == "flag"
     assert options.from_env({}).arn_exchange == "auto" and options.from_env({}).arn_one_row
     assert not options.from_env({"NUMASCHED_ARN_ONE_ROW": "0"}).arn_one_row
+    assert options.from_env({"NUMASCHED_ARN_LL": "flag"}).arn_exchange == "flag"
+    with pytest.raises(ValueError, match="NUMASCHED_ARN_LL"):
+        options.from_env({"NUMASCHED_ARN_LL": "yes"})
     with pytest.raises(ValueError, match="arn_exchange"):
         options.Options(arn_exchange="fast")
 

@@ -183,6 +183,9 @@ def test_decode_kv_prefetch_comes_before_the_pdl_wait():
         assert "st.global" not in head and "cp.async.cg" not in head and "cp.async.ca" not in head, v
         loads = re.findall(r"ld\.global[.\w]*\.b(\d+)", head)
         assert all(int(w) <= 32 for w in loads), (v, loads)
+        # the length is read again after the wait: the early (possibly stale) value only aimed
+        # the prefetches
+        assert re.search(r"ld\.global[.\w]*\.b32", pre[wait:]), v
     assert op not in ptx["paged16-fused-bf16-d128-g4"]
 
 

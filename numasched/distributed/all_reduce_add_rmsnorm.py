@@ -22,7 +22,7 @@ MAX_N = 16384   # a row is one register block
 LL_MAX_N = 8192
 # options.arn_exchange="auto": LL up to this many bytes of rows per rank, rows of up to
 # LL_AUTO_MAX_N elements. Two H100s, bf16 (bench/results/tp2-s20*/arn/, three calls): at 4096
-# columns LL 0.2-0.7 us faster at 1-6 rows (8-48 KB), even at 8, 0.2-1.0 slower at 12-16, 9
+# columns LL 0-0.7 us faster at 1-6 rows (8-48 KB), even at 8, 0.2-1.0 slower at 12-16, 9
 # slower at 64; at 5120 columns (rows padded to 8192 lanes) slower at every row count (1 row: 9.87
 # against 8.51 us, 7.93 against 6.90), so LL stays off there.
 LL_AUTO_BYTES = 48 << 10
