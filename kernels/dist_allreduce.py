@@ -322,8 +322,7 @@ def all_reduce_add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, res_out_ptr, y_ptr, buf
         words = tl.arange(0, BLOCK_N // PACK)
         wmask = (words < llw) & (row < M)
         ll_part = tl.zeros([], tl.int64) + M * llw
-        ll_row = ll_ptr + (slot * WORLD).to(tl.int64) * ll_part + row * llw
-        ll_recv = ll_row + words
+        ll_recv = ll_ptr + (slot * WORLD).to(tl.int64) * ll_part + row * llw + words
         tag = ll_tag(e)
         if (STAGES & 1) != 0:
             v = tl.load(x_ptr + row * N + cols, mask=m, other=0.0)   # (LL: the last word's lane past N is 0)

@@ -293,15 +293,9 @@ def _flash_decode_kernel(
     PDL: tl.constexpr = False,  # programmatic dependent launch (kernels/pdl.py)
     PREFETCH_TOKENS: tl.constexpr = 0,  # tokens of the chunk asked into L2 before the PDL wait (step 4)
 ):
-    if PREFETCH_TOKENS > 0:   # step 4 (the host sets it with PDL, one query token, ROW_GROUPS == 1)
-        pdl_trigger(PDL)
-        pb, pkvh, psplit = decode_item(tl.program_id(0), B, HK, S, MAPPING)
-        _prefetch_kv(K, V, SEQLENS, BLOCK_TABLE, pb, pkvh, psplit, S, seqlen_max, num_pages,
-                     stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh, stride_sb, stride_tb, stride_tp,
-                     HAS_SEQLENS, PAGE_SIZE, HEAD_DIM, PREFETCH_TOKENS)
-    pdl_enter(PDL)  # PDL: wait for the previous kernel here (kernels/pdl.py)
     # -- which (batch, kv_head, split) this program owns: the policy decides. Row groups of one
-    #    KV head are neighbouring "heads" of the policy's grid (they read the same K/V).
+    #    KV head are neighbouring "heads" of the policy's grid (they read the same K/V). Index
+    #    math only: it may run before the PDL wait.
     if ROW_GROUPS == 1:
         b, kvh, split = decode_item(tl.program_id(0), B, HK, S, MAPPING)
         item = b.to(tl.int64) * HK + kvh  # arrival counter of the fused combine
@@ -311,6 +305,12 @@ def _flash_decode_kernel(
         item = b.to(tl.int64) * (HK * ROW_GROUPS) + kvr
         kvh = kvr // ROW_GROUPS
         rg = kvr % ROW_GROUPS
+    if PREFETCH_TOKENS > 0:   # step 4 (the host sets it with PDL, one query token, ROW_GROUPS == 1)
+        pdl_trigger(PDL)
+        _prefetch_kv(K, V, SEQLENS, BLOCK_TABLE, b, kvh, split, S, seqlen_max, num_pages,
+                     stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh, stride_sb, stride_tb, stride_tp,
+                     HAS_SEQLENS, PAGE_SIZE, HEAD_DIM, PREFETCH_TOKENS)
+    pdl_enter(PDL)  # PDL: wait for the previous kernel here (kernels/pdl.py)
 
     # -- this split's token range
     seqlen, lo, hi = _split_range(SEQLENS, b, stride_sb, seqlen_max, S, split, HAS_SEQLENS)
