@@ -217,9 +217,10 @@ MAX_SPLITS = 256
 FUSED_MAX_SPLITS = 4
 # options.decode_prefetch applies from this batch up. Llama-3-8B TP 2 decode step on two H100s,
 # 128 tokens, each setting in two launches (bench/results/tp2-s20d/): batch 16 25-67 us a step
-# faster (2k-32k), batch 4 between 4 us faster and 9 slower, batch 1 11-33 us slower: the RoPE + cache write before the
-# attention gives the prefetch its idle bus for longer the more tokens it writes, and at batch 1
-# the prefetch's dependent loads (length, page indices) fall on the critical path.
+# faster (2k-32k), batch 4 between 4 us faster and 9 slower, batch 1 11-33 us slower: the RoPE +
+# cache write before the attention gives the prefetch its idle bus for longer the more tokens it
+# writes, and at batch 1 the prefetch's dependent loads (length, page indices) fall on the
+# critical path.
 PREFETCH_MIN_BATCH = 16
 
 
@@ -337,9 +338,8 @@ class DecodePlan(Plan):
         workspace_bytes: partial buffers per stream (fp32).
         prefetch_tokens: tokens of each program's chunk asked into L2 before its PDL wait
             (``options.decode_prefetch`` rounded up to a power of two and to one per thread; 0 where
-            it does not apply:
-            a batch below PREFETCH_MIN_BATCH, no PDL, several query tokens, rows not 16-byte
-            aligned, the interpreter).
+            it does not apply: a batch below PREFETCH_MIN_BATCH, no PDL, several query tokens, rows
+            not 16-byte aligned, the interpreter).
         tensors: the TensorSig of each argument the plan was made for.
     """
 
@@ -425,13 +425,13 @@ class DecodePlan(Plan):
                     INT64=int64, INPUT_PRECISION=precision, COMBINE_BLOCK_S=block_s, SQ=Sq, ROW_GROUPS=R,
                     MAPPING=self.policy.constexpr(self.topology.num_domains))
         self._tune_key = tune_key
-        fixed = K.fixed_config(paged, D, block_g, -(-shape.capacity // S), k_cache.element_size(), B * HK * R * S,
+        elt = k_cache.element_size()
+        fixed = K.fixed_config(paged, D, block_g, -(-shape.capacity // S), elt, B * HK * R * S,
                                caps.num_sms(dev), caps.shared_memory_per_block(dev))
         # options.decode_prefetch: the chunk's first tokens into L2 before the PDL wait (one query
         # token, batch >= PREFETCH_MIN_BATCH; token rows of a multiple of 16 bytes at 16-byte
         # aligned addresses, as the bulk prefetch needs). Lanes: a power of two, at least one per
         # thread of the fixed config (fewer would repeat a lane's prefetch on several threads).
-        elt = k_cache.element_size()
         sigs = (self.tensors["k_cache"], self.tensors["v_cache"])
         if (options.decode_prefetch and mode == "kernel" and Sq == 1 and R == 1 and B >= PREFETCH_MIN_BATCH
                 and caps.pdl_supported(dev) and options.pdl and (D * elt) % 16 == 0

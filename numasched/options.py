@@ -160,7 +160,8 @@ class Options:
                              f"got {self.pdl_trigger!r}")
         if isinstance(self.decode_prefetch, bool) or not isinstance(self.decode_prefetch, int) \
                 or not 0 <= self.decode_prefetch <= 4096:
-            raise ValueError(f"Options.decode_prefetch must be an int of tokens in [0, 4096], got {self.decode_prefetch!r}")
+            raise ValueError(f"Options.decode_prefetch must be an int of tokens in [0, 4096], "
+                             f"got {self.decode_prefetch!r}")
         if self.arn_exchange not in ARN_EXCHANGES:
             raise ValueError(f"Options.arn_exchange must be one of {ARN_EXCHANGES}, got {self.arn_exchange!r}")
         if self.decode_combine not in COMBINE_MODES:

@@ -1276,8 +1276,9 @@ def test_all_reduce_add_rmsnorm_one_row_and_ll_sim(ll, world, M, N, dtype):
 
 def test_all_reduce_add_rmsnorm_exchange_choice():
     """options.arn_exchange: "auto" takes LL for rows of up to LL_AUTO_BYTES a rank and
-    LL_AUTO_MAX_N columns and the flag otherwise, "ll" / "flag" force one (LL only on the row-per-program path, rows of up to LL_MAX_N);
-    the environment's NUMASCHED_ARN_LL maps to it; a bad value is refused naming the option."""
+    LL_AUTO_MAX_N columns and the flag otherwise, "ll" / "flag" force one (LL only on the
+    row-per-program path, rows of up to LL_MAX_N); the environment's NUMASCHED_ARN_LL maps to it;
+    a bad value is refused naming the option or the variable."""
     from numasched.distributed.all_reduce_add_rmsnorm import LL_AUTO_BYTES, LL_AUTO_MAX_N, LL_MAX_N, AllReduceAddRmsnorm
 
     def ll(M, N, dtype=torch.bfloat16, **opts):
