@@ -118,6 +118,33 @@ def _decode_mapping(text: str) -> str:
                                      f"got {text!r}")
 
 
+def _option_variant(text: str):
+    """argparse type of --variant: NAME=VALUE of a numasched option (``numasched.options.Options``),
+    the value typed as the option's default is (bool: 1/0/true/false, int, or a string)."""
+    import dataclasses
+
+    from numasched import options
+
+    name, sep, raw = text.partition("=")
+    fields = {f.name: f for f in dataclasses.fields(options.Options)}
+    if not sep or name not in fields:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE with NAME one of {sorted(fields)}, got {text!r}")
+    default = getattr(options.Options(), name)
+    try:
+        if isinstance(default, bool):
+            if raw.lower() not in ("1", "0", "true", "false"):
+                raise ValueError(raw)
+            value = raw.lower() in ("1", "true")
+        elif isinstance(default, int):
+            value = int(raw)
+        else:
+            value = raw
+        options.Options(**{name: value})
+    except (ValueError, TypeError) as e:
+        raise argparse.ArgumentTypeError(f"--variant {text!r}: {e}")
+    return name, value
+
+
 def build_parser() -> argparse.ArgumentParser:
     from numasched.argtypes import nonneg_int, out_dir, positive_float, positive_int
 
@@ -140,6 +167,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="time FlashInfer with and without tensor cores (default: tensor cores for group >= 4)")
     p.add_argument("--sweep-splits", type=positive_int, nargs="*", default=None,
                    help="also time numasched at these split counts (extra rows; data for the split heuristic)")
+    p.add_argument("--variant", type=_option_variant, action="append", default=[],
+                   help="also time numasched with this option set (NAME=VALUE, e.g. decode_tma=1; repeatable): "
+                        "an extra row per layout, timed in the same run as the default")
+    p.add_argument("--no-paged", action="store_true", help="contiguous layouts only (no paged cache, no FlashInfer)")
     p.add_argument("--rep", type=positive_int, default=100, help="timing window per measurement, ms")
     p.add_argument("--no-graph", action="store_true", help="skip the CUDA-graph timings")
     p.add_argument("--sq", type=_q_lens, default=None,
@@ -168,6 +199,12 @@ def _parse(argv):
         build_parser().error(f"--pages: --ragged times pages of {PAGE} only")
     if args.pages is None:
         args.pages = list(MULTI_PAGES) if args.sq else [PAGE]
+    if args.no_paged:
+        if args.sq or args.ragged:
+            build_parser().error("--no-paged: the single-token grid only (not with --sq or --ragged)")
+        args.pages = []
+    if args.variant and (args.sq or args.ragged):
+        build_parser().error("--variant: the single-token grid only (not with --sq or --ragged)")
     return args
 
 
@@ -194,9 +231,11 @@ def _dry_run(args) -> int:
                      + (f", also splits {args.sweep_splits}" if args.sweep_splits else ""))
     contenders = [f"numasched ({args.mapping}) {layout}, combine auto, and fused or kernel (the other)"
                   for layout in ["contiguous (BHLD view)", "contiguous (BLHD)"] + [f"paged {p}" for p in args.pages]]
+    contenders += [f"numasched with {name}={value}, each layout" for name, value in args.variant]
     contenders += [f"SDPA {be}" for be in SDPA_BACKENDS]
     contenders += [] if args.no_flex else ["FlexAttention (torch.compile)"]
-    contenders += [] if args.no_flashinfer else [f"FlashInfer paged decode, pages {args.pages} (if importable)"]
+    contenders += [] if (args.no_flashinfer or not args.pages) else [
+        f"FlashInfer paged decode, pages {args.pages} (if importable)"]
     contenders += [] if args.no_graph else ["each also as a CUDA-graph replay"]
     return print_plan("decode", lines, contenders)
 
@@ -541,6 +580,17 @@ def _bench(args) -> int:
                     comb = numasched.plan_decode(q, k, v, cache_seqlens=lens, block_table=bt, num_splits=s,
                                                  mapping=args.mapping).combine
                 ours[f"{layout} S={s}"] = {"auto": t, "auto_graph": tg, "splits": s, "combine": comb}
+            for name, value in args.variant:
+                with numasched.options.use(**{name: value}):
+                    fn = lambda: numasched.flash_decode(q, k, v, cache_seqlens=lens, block_table=bt,  # noqa: E731
+                                                        mapping=args.mapping)
+                    t, tg, o = timed(fn, notes, f"numasched {layout} {name}={value}")
+                    vplan = numasched.plan_decode(q, k, v, cache_seqlens=lens, block_table=bt, mapping=args.mapping)
+                if o is not None and out is not None and not torch.allclose(o.float(), out.float(), atol=2e-2, rtol=2e-2):
+                    notes.append(f"{name}={value}: output differs from the default's by "
+                                 f"{(o.float() - out.float()).abs().max().item():.3g}")
+                ours[f"{layout} [{name}={value}]"] = {"auto": t, "auto_graph": tg, "splits": vplan.num_splits,
+                                                      "combine": vplan.combine}
             return out
 
         # -- contiguous (B, HK, L, D): the peers' layout; ours on its transpose view
@@ -589,7 +639,7 @@ def _bench(args) -> int:
         # -- rows: a peer that cannot be captured counts with its eager time; FlashInfer is the
         # one of the row's page size (contiguous rows: of the first page size)
         for layout, res in ours.items():
-            page = int(layout.split()[1]) if layout.startswith("paged") else args.pages[0]
+            page = int(layout.split()[1]) if layout.startswith("paged") else (args.pages or [None])[0]
             if fi is not None:
                 peers["flashinfer"], peers_graph["flashinfer"] = fi_pages.get(page, (None, None))
             got = {k: v for k, v in peers.items() if v is not None}

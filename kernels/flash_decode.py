@@ -155,10 +155,38 @@ def _combine_rows(PO, PL, O, LSE, prow, o_off, l_off, rmask, S,
 
 # ----------------------------------------------------------------------------- the KV loop
 @triton.jit
+def _softmax_step(q, k, v, m_i, l_i, acc, n, valid, row_hi, qk_scale,
+                  CAUSAL_ROWS: tl.constexpr, MASKED: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    """One tile of the online softmax: scores of the rows ``q`` against the tile's keys ``k``
+    (tokens ``n``), then the running max / sum / accumulator updated with the tile's values ``v``.
+    ``MASKED``: columns outside ``valid`` score -inf (a partial tile; its masked K/V rows were
+    loaded as zeros); ``CAUSAL_ROWS``: row r sees only tokens < row_hi[r] (and may see none)."""
+    qk = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale
+    if not CAUSAL_ROWS:
+        if MASKED:
+            qk = tl.where(valid[None, :], qk, float("-inf"))
+        # -- every tile has at least one valid column, so m_new is finite
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        alpha = tl.math.exp2(m_i - m_new)
+        p = tl.math.exp2(qk - m_new[:, None])
+    else:
+        qk = tl.where(n[None, :] < row_hi[:, None], qk, float("-inf"))
+        # -- a row may have seen nothing yet (m = -inf): exponents against 0 instead
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m_i - m_safe)
+        p = tl.math.exp2(qk - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _attend(q, K, V, BLOCK_TABLE, b64, kvh64, lo, hi, row_hi, offs_n, offs_d, qk_scale, num_pages,
             stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh, stride_tb, stride_tp,
             CAUSAL_ROWS: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-            HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, INT64: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+            HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, INT64: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+            KD=None, VD=None):
     """Online softmax of the BLOCK_G query rows ``q`` over the tokens [lo, hi) of sequence b64's KV
     head kvh64; returns (m, l, acc) in the log2 domain (scores times ``qk_scale``), unnormalised.
 
@@ -168,7 +196,14 @@ def _attend(q, K, V, BLOCK_TABLE, b64, kvh64, lo, hi, row_hi, offs_n, offs_d, qk
     otherwise every row sees every token of the range. Shared by the split kernel and the worklist
     kernel (kernels/flash_decode_worklist.py). ``offs_n``, ``offs_d``: tl.arange(0, BLOCK_N) and
     tl.arange(0, BLOCK_D) of the caller (made there: the compiled code then matches the loop's
-    former inline form)."""
+    former inline form).
+
+    ``KD``/``VD`` (contiguous cache, NVIDIA sm_90+): TMA descriptors of K and V as 4-D (batch,
+    token, kv_head, head_dim) tensors with boxes of (1, BLOCK_N, 1, BLOCK_D). The whole tiles of
+    the range then arrive by bulk tensor copies (one instruction per box, no per-thread address
+    math; a padded head dim is zero-filled by the copy), and only the last, partial tile takes the
+    masked loads: a TMA box past ``hi`` would read the cache's rows beyond the sequence, whose
+    values (possibly NaN) must not meet a zero probability."""
     if PAGE_SIZE == 0:
         k_base = K + b64 * stride_kb + kvh64 * stride_kh
         v_base = V + b64 * stride_vb + kvh64 * stride_vh
@@ -181,7 +216,18 @@ def _attend(q, K, V, BLOCK_TABLE, b64, kvh64, lo, hi, row_hi, offs_n, offs_d, qk
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
 
-    for start in range(lo, hi, BLOCK_N):
+    first = lo
+    if KD is not None:
+        whole = lo + (hi - lo) // BLOCK_N * BLOCK_N
+        b32 = b64.to(tl.int32)
+        kvh32 = kvh64.to(tl.int32)
+        for start in range(lo, whole, BLOCK_N):
+            k = KD.load([b32, start, kvh32, 0]).reshape(BLOCK_N, BLOCK_D)
+            v = VD.load([b32, start, kvh32, 0]).reshape(BLOCK_N, BLOCK_D)
+            m_i, l_i, acc = _softmax_step(q, k, v, m_i, l_i, acc, start + offs_n, offs_n < BLOCK_N, row_hi,
+                                          qk_scale, CAUSAL_ROWS, False, INPUT_PRECISION)
+        first = whole
+    for start in range(first, hi, BLOCK_N):
         n = start + offs_n
         nmask = n < hi
         # -- row offsets of this tile's tokens (paged: through the block table)
@@ -208,24 +254,9 @@ def _attend(q, K, V, BLOCK_TABLE, b64, kvh64, lo, hi, row_hi, offs_n, offs_d, qk
         else:
             kv_mask = nmask[:, None] & (offs_d[None, :] < HEAD_DIM)
         k = tl.load(k_base + k_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        qk = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale
-        if not CAUSAL_ROWS:
-            qk = tl.where(nmask[None, :], qk, float("-inf"))
-            # -- online softmax: every tile has at least one valid column, so m_new is finite
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            alpha = tl.math.exp2(m_i - m_new)
-            p = tl.math.exp2(qk - m_new[:, None])
-        else:
-            qk = tl.where(n[None, :] < row_hi[:, None], qk, float("-inf"))
-            # -- a row may have seen nothing yet (m = -inf): exponents against 0 instead
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.math.exp2(m_i - m_safe)
-            p = tl.math.exp2(qk - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_base + v_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = _softmax_step(q, k, v, m_i, l_i, acc, n, nmask, row_hi, qk_scale, CAUSAL_ROWS, True,
+                                      INPUT_PRECISION)
     return m_i, l_i, acc
 
 
@@ -281,6 +312,7 @@ def _flash_decode_kernel(
     stride_sb, stride_tb, stride_tp,
     stride_ob, stride_os, stride_oh, stride_lb, stride_ls, stride_lh,  # *_os, *_ls: per token (SQ > 1)
     tune_key,  # unused in the kernel: tokens-per-split bucket and layout, so autotune re-tunes per class
+    KD, VD,  # None, or TMA descriptors of K and V (contiguous cache; _attend)
     G: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     PAGE_SIZE: tl.constexpr,  # 0: contiguous cache
     HAS_SEQLENS: tl.constexpr,
@@ -347,7 +379,7 @@ def _flash_decode_kernel(
 
     m_i, l_i, acc = _attend(q, K, V, BLOCK_TABLE, b64, kvh64, lo, hi, row_hi, offs_n, offs_d, qk_scale, num_pages,
                             stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh, stride_tb, stride_tp,
-                            SQ > 1, BLOCK_G, BLOCK_N, BLOCK_D, HEAD_DIM, PAGE_SIZE, INT64, INPUT_PRECISION)
+                            SQ > 1, BLOCK_G, BLOCK_N, BLOCK_D, HEAD_DIM, PAGE_SIZE, INT64, INPUT_PRECISION, KD, VD)
 
     nonempty = l_i > 0
     l_safe = tl.where(nonempty, l_i, 1.0)

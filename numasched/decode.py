@@ -49,7 +49,13 @@ from . import observe as _observe
 from . import options as _options
 from . import topology as _topology
 from ._plan import _REG, PLANS, Plan, fast_signature, grow_only, scratch, signature
+from ._launch import HostDesc
 from ._route import mapping_token, plain_eager, warn_once
+
+try:  # TMA descriptors (options.decode_tma)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except Exception:  # pragma: no cover - Triton without tensor descriptors
+    TensorDescriptor = None
 from ._validate import check_positive_int, check_same, check_tensor
 
 __all__ = ["flash_decode", "plan_decode", "check_decode", "DecodePlan", "DecodeShape", "choose_num_splits"]
@@ -340,6 +346,8 @@ class DecodePlan(Plan):
             (``options.decode_prefetch`` rounded up to a power of two and to one per thread; 0 where
             it does not apply: a batch below PREFETCH_MIN_BATCH, no PDL, several query tokens, rows
             not 16-byte aligned, the interpreter).
+        tma: the whole K/V tiles arrive by TMA (``options.decode_tma``; contiguous cache, NVIDIA
+            sm_90+ or the interpreter, 16-byte aligned rows, a known kernel config).
         tensors: the TensorSig of each argument the plan was made for.
     """
 
@@ -376,6 +384,8 @@ class DecodePlan(Plan):
         self.config = None
         self.workspace_bytes = 0
         self.prefetch_tokens = 0   # options.decode_prefetch, where it applies (below)
+        self.tma = False           # options.decode_tma, where it applies (below)
+        self._tma_views = None
         self._launches = ()
         if mode in ("empty", "torch"):
             self._freeze()
@@ -461,6 +471,15 @@ class DecodePlan(Plan):
                                    device=dev, interpret=mode == "interpreter", options=self.options))
         self._launches = tuple(launches)
         self._split = split
+        # options.decode_tma: 4-D (batch, token, kv_head, head_dim) descriptors of K and V, boxes of
+        # one BLOCK_N-token tile of one head (the config must be known: the box is its BLOCK_N)
+        if (options.decode_tma and not paged and self.config is not None and TensorDescriptor is not None
+                and (mode == "interpreter" or (mode == "kernel" and caps.tma_supported(dev)))
+                and all(sig.aligned and sig.stride[-1] == 1 and all((st * elt) % 16 == 0 for st in sig.stride[:-1])
+                        for sig in sigs)):
+            self.tma = True
+            box = [1, int(self.config["BLOCK_N"]), 1, meta["BLOCK_D"]]
+            self._tma_views = tuple((tuple(sig.shape), tuple(sig.stride), box) for sig in sigs)
         self._args_cache = None
         if mode == "kernel":
             self._args_cache = self._scalars(q, k_cache, v_cache, cache_seqlens, block_table)
@@ -552,8 +571,9 @@ class DecodePlan(Plan):
             # data_ptr() nor asks the driver about each pointer; the plan checked the devices)
             tensors = tuple(t.data_ptr() for t in tensors)
         so = self._so if thin else _strides_arg(out.stride(), lse.stride(), s.q_4d)
+        descs = self._descriptors(k_cache, v_cache, light=thin and self._split.compiled is not None)
         with caps.launch_device(q):
-            split(*tensors, *self._args_cache, *so, self._tune_key)
+            split(*tensors, *self._args_cache, *so, self._tune_key, *descs)
             if self.combine == "kernel":
                 if _observe.OBSERVERS:
                     _observe.notify(self.op, "flash_decode.combine", (s.batch * s.q_len * s.heads,), (out, lse), self)
@@ -578,7 +598,7 @@ class DecodePlan(Plan):
         so = _strides_arg(out.stride(), lse.stride(), s.q_4d)
         self._split(q, k_cache, v_cache, counter if cache_seqlens is None else cache_seqlens,
                     counter if block_table is None else block_table, out, lse, po, pl, counter, *args,
-                    *so, self._tune_key)
+                    *so, self._tune_key, *self._descriptors(k_cache, v_cache, light=False))
         if self.combine == "kernel":
             if _observe.OBSERVERS:
                 _observe.notify(self.op, "flash_decode.combine", (s.batch * s.q_len * s.heads,), (res_out, lse), self)
@@ -586,6 +606,16 @@ class DecodePlan(Plan):
         if out is not res_out:
             res_out.copy_(out)
         return res_out, lse
+
+    def _descriptors(self, k_cache, v_cache, light: bool) -> tuple:
+        """(KD, VD) of the split kernel: None without TMA; Triton's TensorDescriptor for a launch
+        through Triton's path, the light HostDesc once the kernel is compiled (the plan checked
+        the layout)."""
+        if not self.tma:
+            return None, None
+        make = HostDesc if light else TensorDescriptor
+        return tuple(make(t, list(shape), list(stride), box)
+                     for t, (shape, stride, box) in zip((k_cache, v_cache), self._tma_views))
 
     def _fallback_reason(self) -> str:
         return (f"the Triton kernel cannot run on {self.device} tensors (needs a GPU, or TRITON_INTERPRET=1 for "

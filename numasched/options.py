@@ -24,6 +24,7 @@ numasched is imported (they are not read per call):
     NUMASCHED_PDL_TRIGGER       pdl_trigger ("early", "late" or "none"; 1 / 0 mean early / none)
     NUMASCHED_PDL_PREFETCH=1    pdl_prefetch -> True
     NUMASCHED_DECODE_PREFETCH=N decode_prefetch -> N (0: off)
+    NUMASCHED_DECODE_TMA=0/1    decode_tma -> False / True
     NUMASCHED_ARN_LL=0/1        arn_exchange -> "flag" / "ll"
     NUMASCHED_ARN_ONE_ROW=0     arn_one_row -> False
 """
@@ -114,6 +115,11 @@ class Options:
             faster (16 x 8k 6.538 against 6.581 ms; 16 x 32k 14.820 against 14.887); at batch 1
             it cost 11-33 us and at batch 4 between 4 us faster and 9 slower, hence the batch
             floor. The count is rounded up to a power of two and to one token per thread.
+        decode_tma: flash_decode loads the whole K/V tiles of a contiguous cache by TMA (bulk
+            tensor copies into shared memory; NVIDIA sm_90+, 16-byte aligned rows, the model's or
+            a given kernel config) instead of per-thread async copies; the last, partial tile of a
+            split keeps the masked loads (kernels/flash_decode.py, ``_attend``). Off by default
+            until timed against the pointer path.
         arn_one_row: the distributed all-reduce + add + RMSNorm gives each program one row where
             the rows fit one wave (decode) and loads its own part, the residual and the weight
             before it waits for the peers (kernels/dist_allreduce.py). On by default: on two
@@ -145,12 +151,13 @@ class Options:
     pdl_trigger: str = "late"
     pdl_prefetch: bool = False
     decode_prefetch: int = 128
+    decode_tma: bool = False
     arn_one_row: bool = True
     arn_exchange: str = "auto"
 
     def __post_init__(self):
         for f in ("autotune", "check_data", "gemm_flatten", "gemm_splitk_tma", "gemm_streamk_k_aligned",
-                  "gemm_tail_split", "pdl", "pdl_prefetch", "arn_one_row"):
+                  "gemm_tail_split", "pdl", "pdl_prefetch", "arn_one_row", "decode_tma"):
             if not isinstance(getattr(self, f), bool):
                 raise TypeError(f"Options.{f} must be a bool, got {getattr(self, f)!r}")
         if isinstance(self.pdl_trigger, bool):  # the former bool form
@@ -232,6 +239,7 @@ def from_env(environ=None) -> Options:
                    pdl_trigger=_trigger(env.get("NUMASCHED_PDL_TRIGGER", "late")),
                    pdl_prefetch=flag("NUMASCHED_PDL_PREFETCH", False),
                    decode_prefetch=int(pre) if pre else Options.decode_prefetch,
+                   decode_tma=flag("NUMASCHED_DECODE_TMA", Options.decode_tma),
                    arn_one_row=flag("NUMASCHED_ARN_ONE_ROW", True),
                    arn_exchange=exchange)
 

@@ -251,7 +251,8 @@ _PREC_NOTE = ("bf16 dots with input precision None (the target's default), as th
 
 
 # ---- flash decode
-def _decode(paged: bool, combine: int, stages=None, prefetch: int = 0):
+def _decode(paged: bool, combine: int, stages=None, prefetch: int = 0, tma: bool = False, block_n: int = 64,
+            warps=None):
     def build(vendor):
         from numasched.kernels import flash_decode as K
 
@@ -265,10 +266,12 @@ def _decode(paged: bool, combine: int, stages=None, prefetch: int = 0):
                       stride_sb=1, stride_tb=L // 16, stride_tp=1, stride_ob=HK * G * D, stride_os=0, stride_oh=D,
                       stride_lb=HK * G, stride_ls=0, stride_lh=1, tune_key=4,
                       G=G, BLOCK_G=16, HEAD_DIM=D, BLOCK_D=D, PAGE_SIZE=ps, HAS_SEQLENS=True, COMBINE=combine,
-                      INT64=False, INPUT_PRECISION=None, COMBINE_BLOCK_S=16, SQ=1, ROW_GROUPS=1, BLOCK_N=64,
-                      MAPPING=_mapping("head_first"), PREFETCH_TOKENS=prefetch)
+                      INT64=False, INPUT_PRECISION=None, COMBINE_BLOCK_S=16, SQ=1, ROW_GROUPS=1, BLOCK_N=block_n,
+                      MAPPING=_mapping("head_first"), PREFETCH_TOKENS=prefetch,
+                      KD=f"tensordesc<bf16[1, {block_n}, 1, {D}]>" if tma else None,
+                      VD=f"tensordesc<bf16[1, {block_n}, 1, {D}]>" if tma else None)
         cfg = K.DEFAULT_GPU_CONFIG[paged]
-        return K._flash_decode_kernel, values, cfg["num_warps"], stages or cfg["num_stages"]
+        return K._flash_decode_kernel, values, warps or cfg["num_warps"], stages or cfg["num_stages"]
     return build
 
 
@@ -558,6 +561,14 @@ VARIANTS: List[Variant] = [
     Variant("flash_decode", "contiguous-fused-bf16-d128-g4-prefetch", _decode(False, 2, prefetch=128),
             off={"amd": "cp.async.bulk.prefetch.L2 is NVIDIA PTX; the host sets PREFETCH_TOKENS on sm_90+ only"},
             note="the contiguous layout with PREFETCH_TOKENS 128"),
+    Variant("flash_decode", "contiguous-fused-bf16-d128-g4-tma", _decode(False, 2, tma=True), off={"amd": _TMA_OFF},
+            note="options.decode_tma: the whole K/V tiles by TMA (4-D boxes of one tile of one head), the "
+                 "partial last tile by masked loads"),
+    Variant("flash_decode", "contiguous-none-bf16-d128-g4-tma-128", _decode(False, 0, tma=True, block_n=128),
+            off={"amd": _TMA_OFF}, note="the same with the long-split config (128-token tiles, 4 warps, 3 stages), "
+                                        "one split"),
+    Variant("flash_decode", "contiguous-none-bf16-d128-g4-128", _decode(False, 0, block_n=128),
+            note="the long-split config (128-token tiles, 4 warps, 3 stages), one split, pointer loads"),
     Variant("flash_decode", "paged16-fused-bf16-d128-g4-3stage", _decode(True, 2, 3), off={"nvidia": _AMD_CFG},
             note=_AMD_CFG_NOTE),
     Variant("flash_decode_worklist", "contiguous-bf16-d128-g4", _decode_worklist(False),

@@ -891,3 +891,95 @@ def test_gpu_decode_prefetch_changes_no_bit(dtype, Dh, paged):
         with options.use(pdl=False, decode_prefetch=0, check_data=False):
             want = step()
         torch.testing.assert_close(out, want, rtol=0, atol=0, msg=f"replay {i}")
+
+
+# ----------------------------------------------------------------------------- options.decode_tma
+@pytest.mark.parametrize("dtype,Dh", [(torch.float32, 32), (torch.float16, 24)])
+@pytest.mark.parametrize("view", ["BLHD", "BHLD"])
+def test_decode_tma_interpreted(dtype, Dh, view, poisoned, launches):
+    """options.decode_tma: the whole tiles by TMA boxes, the partial last tile by masked loads. Splits
+    whose chunks are not tile multiples (unaligned starts), lengths 0, 1 and the capacity, NaN in
+    the cache rows beyond each length (a box past the length would read them), a head dim padded
+    to the tile (24 -> 32: the box's zero fill), both contiguous layouts; the same result as the
+    pointer path against the float64 reference."""
+    B, H, HK, L = 4, 8, 2, 75
+    q, k, v = make_contiguous(B, H, HK, Dh, L, dtype, DEVICE, seed=5)
+    if view == "BHLD":   # SDPA's layout, as flash_decode sees it through a transpose
+        k, v = k.transpose(1, 2).contiguous().transpose(1, 2), v.transpose(1, 2).contiguous().transpose(1, 2)
+    lens = torch.tensor([75, 0, 1, 50], dtype=torch.int32, device=DEVICE)
+    ref = reference(q, k, v, lens)
+    for b, n in enumerate(lens.tolist()):
+        k[b, n:], v[b, n:] = float("nan"), float("nan")
+    outs = {}
+    for tma in (False, True):
+        for splits in (1, 3):
+            with options.use(decode_tma=tma):
+                plan = numasched.plan_decode(q, k, v, cache_seqlens=lens, num_splits=splits)
+                assert plan.tma == tma
+                out, lse = plan.run(q, k, v, cache_seqlens=lens, return_lse=True)
+            check(out, lse, *ref, dtype)
+            outs[tma, splits] = out
+    for splits in (1, 3):
+        torch.testing.assert_close(outs[True, splits], outs[False, splits], rtol=0, atol=TOL[dtype] / 10)
+
+
+def test_decode_tma_where_it_applies():
+    """decode_tma is off by default and from NUMASCHED_DECODE_TMA; a plan takes TMA only for a
+    contiguous cache whose rows are 16-byte aligned (a paged cache, or a head dim of 20 fp16
+    elements, 40 bytes, keep the pointer loads and stay correct)."""
+    assert options.Options().decode_tma is False and options.from_env({}).decode_tma is False
+    assert options.from_env({"NUMASCHED_DECODE_TMA": "1"}).decode_tma is True
+    with pytest.raises(TypeError, match="decode_tma"):
+        options.Options(decode_tma=1)
+    lens = torch.tensor([9, 30], dtype=torch.int32)
+    with options.use(decode_tma=True):
+        q, k, v = make_contiguous(2, 4, 2, 20, 30, torch.float16, DEVICE)
+        plan = numasched.plan_decode(q, k, v, cache_seqlens=lens)
+        assert not plan.tma
+        check(*plan.run(q, k, v, cache_seqlens=lens, return_lse=True), *reference(q, k, v, lens), torch.float16)
+        q, k, v, bt, lens = make_paged(2, 4, 2, 32, 8, 4, lens, torch.float32, DEVICE)
+        plan = numasched.plan_decode(q, k, v, cache_seqlens=lens, block_table=bt)
+        assert not plan.tma
+
+
+@gpu
+@pytest.mark.parametrize("dtype,Dh", [(torch.bfloat16, 128), (torch.float16, 96), (torch.float32, 64),
+                                      (torch.bfloat16, 256)])
+@pytest.mark.parametrize("B,L", [(1, 5000), (32, 700)])
+def test_gpu_decode_tma(dtype, Dh, B, L, poisoned):
+    """TMA tiles on the GPU: the model's configs (one split and several; 128-, 64- and 32-token
+    tiles), ragged lengths with NaN beyond them, both contiguous layouts; the pointer path's result
+    within a rounding, the float64 reference within tolerance; then in a CUDA graph, replayed on
+    new data."""
+    torch.manual_seed(1)
+    HK, G = 8, 4
+    q = torch.randn(B, HK * G, Dh, device="cuda", dtype=dtype)
+    lens = torch.randint(0, L + 1, (B,), device="cuda", dtype=torch.int32)
+    lens[0] = L
+    for view in ("BLHD", "BHLD"):
+        shape = (B, L, HK, Dh) if view == "BLHD" else (B, HK, L, Dh)
+        k, v = (torch.randn(shape, device="cuda", dtype=dtype) for _ in range(2))
+        if view == "BHLD":
+            k, v = k.transpose(1, 2), v.transpose(1, 2)
+        ref = reference(q, k, v, lens)
+        for b, n in enumerate(lens.tolist()):
+            k[b, n:], v[b, n:] = float("nan"), float("nan")
+        with options.use(decode_tma=False):
+            want = numasched.flash_decode(q, k, v, cache_seqlens=lens)
+        with options.use(decode_tma=True):
+            plan = numasched.plan_decode(q, k, v, cache_seqlens=lens)
+            assert plan.tma
+            out, lse = plan.run(q, k, v, cache_seqlens=lens, return_lse=True)
+            check(out, lse, *ref, dtype)
+            torch.testing.assert_close(out, want, rtol=TOL[dtype] / 4, atol=TOL[dtype] / 4)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                got = plan.run(q, k, v, cache_seqlens=lens)
+        for _ in range(2):
+            q.copy_(torch.randn_like(q))
+            got.fill_(float("nan"))
+            g.replay()
+            torch.cuda.synchronize()
+            with options.use(decode_tma=False):
+                want = numasched.flash_decode(q, k, v, cache_seqlens=lens)
+            torch.testing.assert_close(got, want, rtol=TOL[dtype] / 4, atol=TOL[dtype] / 4)
