@@ -226,7 +226,11 @@ FUSED_MAX_SPLITS = 4
 # faster (2k-32k), batch 4 between 4 us faster and 9 slower, batch 1 11-33 us slower: the RoPE +
 # cache write before the attention gives the prefetch its idle bus for longer the more tokens it
 # writes, and at batch 1 the prefetch's dependent loads (length, page indices) fall on the
-# critical path.
+# critical path. And only while the grid is one program per SM at most: back to back
+# (flash_decode after flash_decode, the issue-12 grid on an H100, bench/results/decode-s21-tma/)
+# the prefetch cost 3-4.6 % at 1024 programs (128 x 512 32/8, 32 x 512 32/32), 1-2 % at 1024
+# programs of 2k tokens and 0.7-0.9 % at 256 (32 x 512 32/8), nothing measurable with 32k tokens
+# and more; every measured gain (the TP 2 step at batch 16) had 128 programs on 132 SMs.
 PREFETCH_MIN_BATCH = 16
 
 
@@ -344,8 +348,8 @@ class DecodePlan(Plan):
         workspace_bytes: partial buffers per stream (fp32).
         prefetch_tokens: tokens of each program's chunk asked into L2 before its PDL wait
             (``options.decode_prefetch`` rounded up to a power of two and to one per thread; 0 where
-            it does not apply: a batch below PREFETCH_MIN_BATCH, no PDL, several query tokens, rows
-            not 16-byte aligned, the interpreter).
+            it does not apply: a batch below PREFETCH_MIN_BATCH, more programs than SMs, no PDL,
+            several query tokens, rows not 16-byte aligned, the interpreter).
         tma: the whole K/V tiles arrive by TMA (``options.decode_tma``; contiguous cache, NVIDIA
             sm_90+ or the interpreter, 16-byte aligned rows, a known kernel config).
         tensors: the TensorSig of each argument the plan was made for.
@@ -444,6 +448,7 @@ class DecodePlan(Plan):
         # thread of the fixed config (fewer would repeat a lane's prefetch on several threads).
         sigs = (self.tensors["k_cache"], self.tensors["v_cache"])
         if (options.decode_prefetch and mode == "kernel" and Sq == 1 and R == 1 and B >= PREFETCH_MIN_BATCH
+                and B * HK * S <= caps.num_sms(dev)
                 and caps.pdl_supported(dev) and options.pdl and (D * elt) % 16 == 0
                 and all(sig.aligned and all((st * elt) % 16 == 0 for st in sig.stride[:-1]) for sig in sigs)):
             self.prefetch_tokens = max(32 * fixed["num_warps"], _next_pow2(options.decode_prefetch))

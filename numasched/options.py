@@ -114,12 +114,15 @@ class Options:
             (Llama-3-8B, TP 2, bench/results/tp2-s20d/) it made the batch-16 steps 25-67 us
             faster (16 x 8k 6.538 against 6.581 ms; 16 x 32k 14.820 against 14.887); at batch 1
             it cost 11-33 us and at batch 4 between 4 us faster and 9 slower, hence the batch
-            floor. The count is rounded up to a power of two and to one token per thread.
+            floor. Only where the grid has no more programs than SMs: back to back, with several
+            programs per SM, it cost up to 4.6 % (bench/results/decode-s21-tma/). The count is
+            rounded up to a power of two and to one token per thread.
         decode_tma: flash_decode loads the whole K/V tiles of a contiguous cache by TMA (bulk
             tensor copies into shared memory; NVIDIA sm_90+, 16-byte aligned rows, the model's or
             a given kernel config) instead of per-thread async copies; the last, partial tile of a
-            split keeps the masked loads (kernels/flash_decode.py, ``_attend``). Off by default
-            until timed against the pointer path.
+            split keeps the masked loads (kernels/flash_decode.py, ``_attend``). Off: on an H100
+            (issue-12 grid, batch 1-128 x 512-128k, bench/results/decode-s21-tma/) it ran 0.990x
+            the pointer loads (geomean), 0.95-0.97x on short contexts, equal from 32k tokens.
         arn_one_row: the distributed all-reduce + add + RMSNorm gives each program one row where
             the rows fit one wave (decode) and loads its own part, the residual and the weight
             before it waits for the peers (kernels/dist_allreduce.py). On by default: on two
