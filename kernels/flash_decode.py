@@ -570,14 +570,17 @@ def fixed_config(paged: bool, head_dim: int, block_g: int = 16, tokens_per_split
     * SMs < P <= 3 SMs: 64-token tiles (three resident programs per SM: every program starts
       at once; contiguous 4 warps, paged 2 warps);
     * P > 3 SMs: contiguous T <= 2048: 32-token tiles of 2 warps (four resident per SM, so the
-      grid is about one wave); paged T <= 8192: 32-token tiles of 2 warps, unless rounds of
-      resident programs (``_resident``: five per SM on an H200) leave a nearly empty last round
-      that 64-token tiles (three resident) fill (``_rounds_cost``), or an SM has five full rounds
-      of them or more (25+ programs per SM on an H200):
-      at 768 programs, 5.8 per SM, 32-token tiles took 1.28-1.30x as long, at 1024 they were
-      faster, at 4096 slower; longer splits 128-token tiles (many waves of one per SM, the last
+      grid is about one wave); paged T <= 8192: 32-token tiles of 2 warps while the grid is one
+      round of resident programs (``_resident``: five per SM on an H100/H200), 64-token tiles of
+      2 warps beyond (at 768 programs, 5.8 per SM, 32-token tiles took 1.11-1.31x as long on
+      both GPUs; at 1024-2048 programs up to 1.21x on an H100 with 1k-token splits, within
+      -4..+8 % on an H200); longer splits 128-token tiles (many waves of one per SM, the last
       nearly full).
 
+    Paged rule with one round, measured on an H100 (pages of 16 and 64, 512-2048 programs, 1k-8k
+    tokens, bench/results/decode-s21-paged/): the pick within 5 % of the best at 49/49 points
+    (worst 1.02; the former rounds rule 33/49, worst 1.21), and on the H200 sweeps' paged groups
+    78/82 (former 76/82).
     Measured on an H200 (bf16, d128; bench/results/decode-configs-*-h200-2026-11-23.csv): the pick
     is within 5 % of the best config of its sweep at 106 of 117 (sweep, point, split count)
     groups (batch 1-128 x 512-128k tokens, 1-32 splits, contiguous and pages of 16; the former
@@ -595,17 +598,13 @@ def fixed_config(paged: bool, head_dim: int, block_g: int = 16, tokens_per_split
         elif programs <= 3 * num_sms:
             pick = (64, 2, 5) if paged else (64, 4, 3)
         elif paged and tokens_per_split <= 8192:
-            # 32-token tiles, unless their last round of resident programs is nearly empty where
-            # 64-token ones fill theirs, or an SM has five full rounds or more (768 programs, 5.8 per
-            # SM: 32-token tiles, five resident, took 1.3x as long; 1024 programs, 7.8 per SM:
-            # 2-5 % faster at 4k-8k tokens; 4096 programs, 31 per SM: 2-6 % slower)
+            # 32-token tiles while every program is resident at once (one round: five per SM),
+            # 64-token ones beyond (768 programs, 5.8 per SM: 32-token tiles took 1.11-1.31x as
+            # long on both GPUs; 1024-2048 programs on an H100 up to 1.21x, on an H200 within
+            # -4..+8 % of the 64-token ones)
             per_sm = -(-programs // num_sms)
             short, mid = (32, 2, 5), (64, 2, 5)
-            r_short = _resident(short, head_dim, elt_bytes, paged, smem_limit)
-            pick = short
-            if per_sm >= 5 * r_short or _rounds_cost(per_sm, r_short) > \
-                    1.1 * _rounds_cost(per_sm, _resident(mid, head_dim, elt_bytes, paged, smem_limit)):
-                pick = mid
+            pick = short if per_sm <= _resident(short, head_dim, elt_bytes, paged, smem_limit) else mid
         elif not paged and tokens_per_split <= 2048:
             pick = (32, 2, 4)
         else:
@@ -638,15 +637,6 @@ def _resident(pick: tuple, head_dim: int, elt_bytes: int, paged: bool, smem_limi
     measured 5.4-8 KB above _kv_bytes; an SM's shared memory is about the per-block limit + 1 KB)."""
     cfg = dict(BLOCK_N=pick[0], num_warps=pick[1], num_stages=pick[2])
     return max(1, (smem_limit + 1024) // (_kv_bytes(cfg, head_dim, elt_bytes, paged) + 8192))
-
-
-def _rounds_cost(per_sm: int, resident: int) -> float:
-    """Time of ``per_sm`` equal programs on one SM that holds ``resident`` at once, in units of
-    one program's share of the SM's bandwidth: full rounds cost their programs, a last round at
-    least half a full one (a lone program cannot draw the SM's bandwidth)."""
-    rounds = -(-per_sm // resident)
-    last = per_sm - (rounds - 1) * resident
-    return (rounds - 1) * resident + max(last, 0.5 * resident)
 
 
 def _kv_bytes(cfg: dict, head_dim: int, elt_bytes: int, paged: bool) -> int:
