@@ -983,3 +983,52 @@ def test_gpu_decode_tma(dtype, Dh, B, L, poisoned):
             with options.use(decode_tma=False):
                 want = numasched.flash_decode(q, k, v, cache_seqlens=lens)
             torch.testing.assert_close(got, want, rtol=TOL[dtype] / 4, atol=TOL[dtype] / 4)
+
+
+def test_decode_table_prefetch_option():
+    """decode_table_prefetch: off by default, from NUMASCHED_DECODE_TABLE_PREFETCH; a plan takes it
+    only for a paged cache on an NVIDIA sm_90+ GPU (the interpreter and a contiguous cache never)."""
+    assert options.Options().decode_table_prefetch is False
+    assert options.from_env({"NUMASCHED_DECODE_TABLE_PREFETCH": "1"}).decode_table_prefetch is True
+    with pytest.raises(TypeError, match="decode_table_prefetch"):
+        options.Options(decode_table_prefetch="yes")
+    lens = torch.tensor([9, 30], dtype=torch.int32)
+    q, k, v, bt, lens = make_paged(2, 4, 2, 32, 8, 4, lens, torch.float32, DEVICE)
+    with options.use(decode_table_prefetch=True):
+        plan = numasched.plan_decode(q, k, v, cache_seqlens=lens, block_table=bt)
+        assert plan.table_prefetch == (plan.mode == "kernel" and caps.nvidia_sm90_plus(q.device))
+        check(*plan.run(q, k, v, cache_seqlens=lens, block_table=bt, return_lse=True),
+              *reference(q, k, v, lens, bt), torch.float32)
+
+
+@gpu
+@pytest.mark.parametrize("page", [1, 16, 64, 256])
+def test_gpu_decode_table_prefetch_changes_no_bit(page):
+    """The block-table prefetch is a hint: every page size (1: one entry per token, many lines a
+    chunk), ragged lengths, several splits and one, -1 in unused slots; the same bits as without
+    it, eagerly and in a CUDA graph."""
+    torch.manual_seed(2)
+    B, HK, G, D, L = 24, 4, 4, 128, 3000
+    per = -(-L // page)
+    lens = torch.randint(0, L + 1, (B,), device="cuda", dtype=torch.int32)
+    k = torch.randn(B * per + 4, page, HK, D, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    bt = torch.randperm(k.shape[0], device="cuda")[:B * per].view(B, per).int()
+    bt = torch.where(torch.arange(per, device="cuda")[None, :] * page < lens[:, None].long(), bt, -1).int()
+    q = torch.randn(B, HK * G, D, device="cuda", dtype=torch.bfloat16)
+    for splits in (None, 1, 5):
+        outs = []
+        for on in (False, True):
+            with options.use(decode_table_prefetch=on):
+                plan = numasched.plan_decode(q, k, v, cache_seqlens=lens, block_table=bt, num_splits=splits)
+                assert plan.table_prefetch == on
+                outs.append(plan.run(q, k, v, cache_seqlens=lens, block_table=bt))
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    got = plan.run(q, k, v, cache_seqlens=lens, block_table=bt)
+                got.fill_(float("nan"))
+                g.replay()
+                outs.append(got)
+        torch.cuda.synchronize()
+        for o in outs[1:]:
+            assert torch.equal(o, outs[0]), splits
