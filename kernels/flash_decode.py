@@ -30,12 +30,6 @@ memory bandwidth. The plan, top to bottom:
    that the last arrival resets, so the kernel can be replayed in a CUDA graph). With one split
    the first kernel writes the output directly.
 
-6. (TABLE_PREFETCH, ``options.decode_table_prefetch``, paged caches, NVIDIA) After the wait a
-   program asks the block-table lines of its chunk into L2 at once. The loop reads a page index
-   one pipeline stage ahead of the K/V rows it addresses, and the table is cold in a decode step
-   (each layer streams far more KV than L2 holds, evicting it): without the prefetch each new
-   line of indices is a DRAM round trip inside that chain.
-
 The KV cache is either contiguous ``(batch, max_len, kv_heads, head_dim)`` with any strides
 (only the last dimension unit-stride), or paged ``(num_pages, page_size, kv_heads, head_dim)``
 with an int32 block table ``(batch, max_pages)``; positions at or beyond a sequence's length
@@ -53,7 +47,7 @@ import triton.language as tl
 from numasched import caps
 from numasched.caps import LN2 as _LN2
 from numasched.mappings.jit import decode_item
-from numasched.kernels.pdl import pdl_enter, pdl_trigger, prefetch_l2, prefetch_line_l2
+from numasched.kernels.pdl import pdl_enter, pdl_trigger, prefetch_l2
 
 LN2 = tl.constexpr(_LN2)
 
@@ -306,17 +300,6 @@ def _prefetch_kv(K, V, SEQLENS, BLOCK_TABLE, b, kvh, split, S, seqlen_max, num_p
     prefetch_l2(v_row + kvh.to(tl.int64) * stride_vh, nbytes, live)
 
 
-@triton.jit
-def _prefetch_table(BLOCK_TABLE, b, lo, hi, stride_tb, stride_tp, PAGE_SIZE: tl.constexpr, LINES: tl.constexpr):
-    """L2 prefetch of the block-table lines that map this program's tokens [lo, hi) (step 6 of the
-    module doc): one address per 128-byte line of entries, LINES at most from the chunk's first
-    page on. Only entries the loop itself reads are addressed (hi is within the cache)."""
-    last = (hi - 1) // PAGE_SIZE
-    entry = lo // PAGE_SIZE + tl.arange(0, LINES) * tl.maximum(32 // stride_tp, 1)
-    prefetch_line_l2(BLOCK_TABLE + b.to(tl.int64) * stride_tb + entry.to(tl.int64) * stride_tp,
-                     (entry <= last) & (hi > lo))
-
-
 # ----------------------------------------------------------------------------- split kernel
 @triton.jit
 def _flash_decode_kernel(
@@ -341,7 +324,6 @@ def _flash_decode_kernel(
     MAPPING: tl.constexpr,
     PDL: tl.constexpr = False,  # programmatic dependent launch (kernels/pdl.py)
     PREFETCH_TOKENS: tl.constexpr = 0,  # tokens of the chunk asked into L2 before the PDL wait (step 4)
-    TABLE_PREFETCH: tl.constexpr = 0,  # lines of the block table asked into L2 after the wait (step 6)
 ):
     # -- which (batch, kv_head, split) this program owns: the policy decides. Row groups of one
     #    KV head are neighbouring "heads" of the policy's grid (they read the same K/V). Index
@@ -364,8 +346,6 @@ def _flash_decode_kernel(
 
     # -- this split's token range
     seqlen, lo, hi = _split_range(SEQLENS, b, stride_sb, seqlen_max, S, split, HAS_SEQLENS)
-    if PAGE_SIZE > 0 and TABLE_PREFETCH > 0:   # step 6
-        _prefetch_table(BLOCK_TABLE, b, lo, hi, stride_tb, stride_tp, PAGE_SIZE, TABLE_PREFETCH)
 
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)

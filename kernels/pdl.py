@@ -101,13 +101,3 @@ def prefetch_l2(ptrs, nbytes, mask):
     tl.inline_asm_elementwise(
         "{ .reg .pred pf; setp.ne.s32 pf, $3, 0; @pf cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
         "=r,l,r,r", [ptrs, nbytes, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def prefetch_line_l2(ptrs, mask):
-    """Ask the 128-byte line of each address where ``mask`` holds into L2 (``prefetch.global.L2``;
-    nothing returned, nothing waits): for small metadata a kernel will read through a chain of
-    dependent loads (a paged cache's block table). NVIDIA only, not for the interpreter."""
-    tl.inline_asm_elementwise(
-        "{ .reg .pred pf; setp.ne.s32 pf, $2, 0; @pf prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
-        "=r,l,r", [ptrs, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)

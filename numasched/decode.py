@@ -232,9 +232,6 @@ FUSED_MAX_SPLITS = 4
 # programs of 2k tokens and 0.7-0.9 % at 256 (32 x 512 32/8), nothing measurable with 32k tokens
 # and more; every measured gain (the TP 2 step at batch 16) had 128 programs on 132 SMs.
 PREFETCH_MIN_BATCH = 16
-# Block-table lines (32 entries each) a program of a paged decode asks into L2 after its wait
-# (options.decode_table_prefetch): its chunk's first 2048 pages at most.
-TABLE_PREFETCH_LINES = 64
 
 
 def choose_num_splits(batch: int, kv_heads: int, max_seqlen: int, num_sms: int) -> int:
@@ -353,8 +350,6 @@ class DecodePlan(Plan):
             (``options.decode_prefetch`` rounded up to a power of two and to one per thread; 0 where
             it does not apply: a batch below PREFETCH_MIN_BATCH, more programs than SMs, no PDL,
             several query tokens, rows not 16-byte aligned, the interpreter).
-        table_prefetch: each program asks its chunk's block-table lines into L2 after its wait
-            (``options.decode_table_prefetch``; a paged cache on NVIDIA sm_90+).
         tma: the whole K/V tiles arrive by TMA (``options.decode_tma``; contiguous cache, NVIDIA
             sm_90+ or the interpreter, 16-byte aligned rows, a known kernel config).
         tensors: the TensorSig of each argument the plan was made for.
@@ -394,7 +389,6 @@ class DecodePlan(Plan):
         self.workspace_bytes = 0
         self.prefetch_tokens = 0   # options.decode_prefetch, where it applies (below)
         self.tma = False           # options.decode_tma, where it applies (below)
-        self.table_prefetch = False  # options.decode_table_prefetch, where it applies (below)
         self._tma_views = None
         self._launches = ()
         if mode in ("empty", "torch"):
@@ -459,12 +453,6 @@ class DecodePlan(Plan):
                 and all(sig.aligned and all((st * elt) % 16 == 0 for st in sig.stride[:-1]) for sig in sigs)):
             self.prefetch_tokens = max(32 * fixed["num_warps"], _next_pow2(options.decode_prefetch))
             meta["PREFETCH_TOKENS"] = self.prefetch_tokens
-        # options.decode_table_prefetch: the chunk's block-table lines into L2 after the wait
-        # (TABLE_PREFETCH_LINES lines of 32 entries: 32k tokens of pages of 16)
-        self.table_prefetch = (bool(options.decode_table_prefetch) and paged and mode == "kernel"
-                               and caps.nvidia_sm90_plus(dev))
-        if self.table_prefetch:
-            meta["TABLE_PREFETCH"] = TABLE_PREFETCH_LINES
         from ._launch import Launch
 
         if mode == "interpreter":

@@ -25,7 +25,6 @@ numasched is imported (they are not read per call):
     NUMASCHED_PDL_PREFETCH=1    pdl_prefetch -> True
     NUMASCHED_DECODE_PREFETCH=N decode_prefetch -> N (0: off)
     NUMASCHED_DECODE_TMA=0/1    decode_tma -> False / True
-    NUMASCHED_DECODE_TABLE_PREFETCH=0/1 decode_table_prefetch -> False / True
     NUMASCHED_ARN_LL=0/1        arn_exchange -> "flag" / "ll"
     NUMASCHED_ARN_ONE_ROW=0     arn_one_row -> False
 """
@@ -124,10 +123,6 @@ class Options:
             split keeps the masked loads (kernels/flash_decode.py, ``_attend``). Off: on an H100
             (issue-12 grid, batch 1-128 x 512-128k, bench/results/decode-s21-tma/) it ran 0.990x
             the pointer loads (geomean), 0.95-0.97x on short contexts, equal from 32k tokens.
-        decode_table_prefetch: flash_decode on a paged cache (NVIDIA) asks the block-table lines of
-            each program's chunk into L2 right after its PDL wait, so the loop's page-index loads,
-            which feed the K/V addresses one pipeline stage later, do not each wait on DRAM (in a
-            decode step the table is evicted between layers). Off until timed.
         arn_one_row: the distributed all-reduce + add + RMSNorm gives each program one row where
             the rows fit one wave (decode) and loads its own part, the residual and the weight
             before it waits for the peers (kernels/dist_allreduce.py). On by default: on two
@@ -160,13 +155,12 @@ class Options:
     pdl_prefetch: bool = False
     decode_prefetch: int = 128
     decode_tma: bool = False
-    decode_table_prefetch: bool = False
     arn_one_row: bool = True
     arn_exchange: str = "auto"
 
     def __post_init__(self):
         for f in ("autotune", "check_data", "gemm_flatten", "gemm_splitk_tma", "gemm_streamk_k_aligned",
-                  "gemm_tail_split", "pdl", "pdl_prefetch", "arn_one_row", "decode_tma", "decode_table_prefetch"):
+                  "gemm_tail_split", "pdl", "pdl_prefetch", "arn_one_row", "decode_tma"):
             if not isinstance(getattr(self, f), bool):
                 raise TypeError(f"Options.{f} must be a bool, got {getattr(self, f)!r}")
         if isinstance(self.pdl_trigger, bool):  # the former bool form
@@ -249,7 +243,6 @@ def from_env(environ=None) -> Options:
                    pdl_prefetch=flag("NUMASCHED_PDL_PREFETCH", False),
                    decode_prefetch=int(pre) if pre else Options.decode_prefetch,
                    decode_tma=flag("NUMASCHED_DECODE_TMA", Options.decode_tma),
-                   decode_table_prefetch=flag("NUMASCHED_DECODE_TABLE_PREFETCH", Options.decode_table_prefetch),
                    arn_one_row=flag("NUMASCHED_ARN_ONE_ROW", True),
                    arn_exchange=exchange)
 

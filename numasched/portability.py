@@ -252,7 +252,7 @@ _PREC_NOTE = ("bf16 dots with input precision None (the target's default), as th
 
 # ---- flash decode
 def _decode(paged: bool, combine: int, stages=None, prefetch: int = 0, tma: bool = False, block_n: int = 64,
-            warps=None, table: int = 0):
+            warps=None):
     def build(vendor):
         from numasched.kernels import flash_decode as K
 
@@ -267,7 +267,7 @@ def _decode(paged: bool, combine: int, stages=None, prefetch: int = 0, tma: bool
                       stride_lb=HK * G, stride_ls=0, stride_lh=1, tune_key=4,
                       G=G, BLOCK_G=16, HEAD_DIM=D, BLOCK_D=D, PAGE_SIZE=ps, HAS_SEQLENS=True, COMBINE=combine,
                       INT64=False, INPUT_PRECISION=None, COMBINE_BLOCK_S=16, SQ=1, ROW_GROUPS=1, BLOCK_N=block_n,
-                      MAPPING=_mapping("head_first"), PREFETCH_TOKENS=prefetch, TABLE_PREFETCH=table,
+                      MAPPING=_mapping("head_first"), PREFETCH_TOKENS=prefetch,
                       KD=f"tensordesc<bf16[1, {block_n}, 1, {D}]>" if tma else None,
                       VD=f"tensordesc<bf16[1, {block_n}, 1, {D}]>" if tma else None)
         cfg = K.DEFAULT_GPU_CONFIG[paged]
@@ -561,9 +561,6 @@ VARIANTS: List[Variant] = [
     Variant("flash_decode", "contiguous-fused-bf16-d128-g4-prefetch", _decode(False, 2, prefetch=128),
             off={"amd": "cp.async.bulk.prefetch.L2 is NVIDIA PTX; the host sets PREFETCH_TOKENS on sm_90+ only"},
             note="the contiguous layout with PREFETCH_TOKENS 128"),
-    Variant("flash_decode", "paged16-fused-bf16-d128-g4-table", _decode(True, 2, table=64),
-            off={"amd": "prefetch.global.L2 is NVIDIA PTX; the host sets TABLE_PREFETCH on sm_90+ only"},
-            note="options.decode_table_prefetch: the chunk's block-table lines into L2 after the PDL wait"),
     Variant("flash_decode", "contiguous-fused-bf16-d128-g4-tma", _decode(False, 2, tma=True), off={"amd": _TMA_OFF},
             note="options.decode_tma: the whole K/V tiles by TMA (4-D boxes of one tile of one head), the "
                  "partial last tile by masked loads"),
