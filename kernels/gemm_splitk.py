@@ -131,8 +131,7 @@ def gemm_splitk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
                        HAS_RES: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
                        A_TRANS: tl.constexpr, B_TRANS: tl.constexpr, GLU: tl.constexpr = False,
-                       PDL: tl.constexpr = False, PREFETCH_B: tl.constexpr = 0, TAIL: tl.constexpr = False,
-                       MERGE: tl.constexpr = 0):
+                       PDL: tl.constexpr = False, PREFETCH_B: tl.constexpr = 0, TAIL: tl.constexpr = False):
     # GLU (numasched.matmul_swiglu): B holds 2N columns, gate then up; the program accumulates
     # both halves of its tile's columns (two B tiles per K step) and stores silu(gate) * up (N
     # columns), so the MLP's activation costs no kernel and no round trip of the 2N-wide output
@@ -201,11 +200,6 @@ def gemm_splitk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
     elif SPLIT_K == 1:
         _store_tile(acc, acc_u, c, bias, res, offs_m, offs_n, M, N, stride_cm, stride_cn, stride_rm, stride_rn,
                     HAS_BIAS, HAS_RES, GLU)
-    elif MERGE == 1:
-        # the partial only: gemm_splitk_reduce_kernel (launched next, under PDL) sums the parts
-        ld = NN * BLOCK_N
-        tl.store(ws + split * (NM * BLOCK_M).to(tl.int64) * ld + offs_m[:, None].to(tl.int64) * ld + offs_n[None, :],
-                 acc)
     else:
         _merge_parts(acc, acc_u, c, bias, res, ws, counters, tm, tn, split, NM, NN, offs_m, offs_n, M, N,
                      stride_cm, stride_cn, stride_rm, stride_rn, SPLIT_K, BLOCK_M, BLOCK_N, HAS_BIAS, HAS_RES, GLU)
@@ -213,27 +207,6 @@ def gemm_splitk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
 
 late_point(gemm_splitk_kernel)
 
-
-@triton.jit
-def gemm_splitk_reduce_kernel(ws, c, bias, res, M, N, ld, plane, stride_cm, stride_cn, stride_rm, stride_rn,
-                              SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                              HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr = False):
-    """The split-K merge as a kernel of its own (MERGE == 1): the SPLIT_K fp32 partial planes of
-    the workspace (row stride ``ld``, ``plane`` elements apart) summed in split order, the
-    epilogue, the store. Under PDL it launches while the split kernel's epilogues run and waits
-    for its completion (which orders the partial stores: no ticket, no fence)."""
-    pdl_enter(PDL)
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    rows = offs_m[:, None].to(tl.int64) * ld + offs_n[None, :]
-    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for s in tl.static_range(SPLIT_K):
-        total += tl.load(ws + s * plane + rows, mask=mask, other=0.0)
-    _epilogue_store(total, c, bias, res, offs_m, offs_n, M, N, stride_cm, stride_cn, stride_rm, stride_rn,
-                    HAS_BIAS, HAS_RES)
 
 
 # ------------------------------------------------------------------------------------ configs
