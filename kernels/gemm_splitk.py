@@ -208,7 +208,6 @@ def gemm_splitk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
 late_point(gemm_splitk_kernel)
 
 
-
 # ------------------------------------------------------------------------------------ configs
 def config(block_m: int, block_n: int, block_k: int, num_warps: int, num_stages: int) -> dict:
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages)
