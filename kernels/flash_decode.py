@@ -569,8 +569,10 @@ def fixed_config(paged: bool, head_dim: int, block_g: int = 16, tokens_per_split
       in flight; with 256-1024 tokens per split they took 0.6-0.95x the time of 64-token ones);
     * SMs < P <= 3 SMs: 64-token tiles (three resident programs per SM: every program starts
       at once; contiguous 4 warps, paged 2 warps);
-    * P > 3 SMs: contiguous T <= 2048: 32-token tiles of 2 warps (four resident per SM, so the
-      grid is about one wave); paged T <= 8192: 32-token tiles of 2 warps while the grid is one
+    * P > 3 SMs: contiguous T <= 2048: 32-token tiles of 2 warps while the grid is one round of
+      resident programs (four per SM), beyond it 64-token tiles of 4 warps up to T = 1024 and
+      128-token ones above (H100 sweep, 768-4096 programs: the pick within 4 % of the best at
+      35/35 points, the former 32-token rule 33/35, worst 1.19); paged T <= 8192: 32-token tiles of 2 warps while the grid is one
       round of resident programs (``_resident``: five per SM on an H100/H200), 64-token tiles of
       2 warps beyond (at 768 programs, 5.8 per SM, 32-token tiles took 1.11-1.31x as long on
       both GPUs; at 1024-2048 programs up to 1.21x on an H100 with 1k-token splits, within
@@ -606,7 +608,15 @@ def fixed_config(paged: bool, head_dim: int, block_g: int = 16, tokens_per_split
             short, mid = (32, 2, 5), (64, 2, 5)
             pick = short if per_sm <= _resident(short, head_dim, elt_bytes, paged, smem_limit) else mid
         elif not paged and tokens_per_split <= 2048:
-            pick = (32, 2, 4)
+            # the same one-round rule: 32-token tiles while every program is resident at once (four
+            # per SM), beyond it 64-token tiles up to 1024 tokens a split and 128-token ones above
+            # (H100, 768-4096 programs: 32-token tiles took up to 1.19x as long; the H200 sweeps'
+            # points of more than one round, 1024 programs, agree within 1 %)
+            per_sm = -(-programs // num_sms)
+            if per_sm <= _resident((32, 2, 4), head_dim, elt_bytes, paged, smem_limit):
+                pick = (32, 2, 4)
+            else:
+                pick = (64, 4, 3) if tokens_per_split <= 1024 else LONG_SPLIT_CONFIG[paged]
         else:
             pick = LONG_SPLIT_CONFIG[paged]
         if pick is not None:

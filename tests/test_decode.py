@@ -723,8 +723,8 @@ def test_model_config_follows_programs_and_split_length(monkeypatch):
 
     monkeypatch.setattr(caps, "is_hip", lambda: False)
 
-    def pick(paged, tokens, programs, d=128, elt=2, block_g=16):
-        c = FD.fixed_config(paged, d, block_g, tokens, elt, programs, 132)
+    def pick(paged, tokens, programs, d=128, elt=2, block_g=16, smem=227 * 1024):   # H100/H200
+        c = FD.fixed_config(paged, d, block_g, tokens, elt, programs, 132, smem)
         return (c["BLOCK_N"], c["num_warps"], c["num_stages"])
 
     assert pick(True, 2048, 128) == (128, 4, 5) and pick(False, 2048, 128) == (128, 4, 3)   # 1 x 32k, 16 splits
@@ -735,7 +735,12 @@ def test_model_config_follows_programs_and_split_length(monkeypatch):
     # paged, many programs: 32-token tiles while they are all resident at once (five per SM on an
     # H100/H200: up to 660 programs on 132 SMs), 64-token tiles beyond
     assert pick(True, 2048, 660) == (32, 2, 5) and pick(True, 2048, 661) == (64, 2, 5)
-    assert pick(True, 1024, 1024) == (64, 2, 5) and pick(False, 1024, 1024) == (32, 2, 4)
+    assert pick(True, 1024, 1024) == (64, 2, 5)
+    # contiguous, many programs of splits up to 2048 tokens: 32-token tiles for one round (four
+    # resident per SM: 528 programs), beyond it 64-token tiles up to 1024 tokens, 128-token above
+    assert pick(False, 1024, 528) == (32, 2, 4) and pick(False, 1024, 529) == (64, 4, 3)
+    assert pick(False, 1024, 1024) == (64, 4, 3) and pick(False, 2048, 1024) == (128, 4, 3)
+    assert pick(False, 512, 4096) == (64, 4, 3)
     assert pick(True, 2048, 4096) == (64, 2, 5) and pick(True, 8192, 768) == (64, 2, 5)
     assert FD._resident((32, 2, 5), 128, 2, True, 227 * 1024) == 5
     assert pick(False, 2048, 512) == (32, 2, 4) and pick(False, 32768, 512) == (128, 4, 3)
@@ -778,8 +783,9 @@ def test_model_config_against_the_measured_sweeps(monkeypatch):
 
     monkeypatch.setattr(caps, "is_hip", lambda: False)
     results = pathlib.Path(__file__).parent.parent / "bench" / "results"
-    files = sorted(results.glob("decode-configs-*-h200-2026-11-23.csv")) + [results / "decode-s21-paged" / "configs-h100.csv"]
-    assert len(files) >= 4
+    files = sorted(results.glob("decode-configs-*-h200-2026-11-23.csv")) + [
+        results / "decode-s21-paged" / "configs-h100.csv", results / "decode-s21-paged" / "configs-contiguous-h100.csv"]
+    assert len(files) >= 5
     groups: dict = {}
     for f in files:
         for r in csv.DictReader(open(f)):
@@ -789,7 +795,7 @@ def test_model_config_against_the_measured_sweeps(monkeypatch):
     ratios = []
     for (_, heads, B, L, layout, S), times in groups.items():
         HK = int(heads.split("/")[1])
-        c = FD.fixed_config("paged" in layout, 128, 16, -(-L // S), 2, B * HK * S, 132)   # H100/H200: 132 SMs
+        c = FD.fixed_config("paged" in layout, 128, 16, -(-L // S), 2, B * HK * S, 132, 227 * 1024)   # H100/H200
         pick = f"{c['BLOCK_N']}/{c['num_warps']}/{c['num_stages']}"
         assert pick in times, (heads, B, L, layout, S, pick)
         ratios.append(times[pick] / min(times.values()))
