@@ -232,6 +232,11 @@ FUSED_MAX_SPLITS = 4
 # programs of 2k tokens and 0.7-0.9 % at 256 (32 x 512 32/8), nothing measurable with 32k tokens
 # and more; every measured gain (the TP 2 step at batch 16) had 128 programs on 132 SMs.
 PREFETCH_MIN_BATCH = 16
+# ... and only where the prefetch is at most this fraction of a program's chunk (128 tokens: splits
+# of 1024 tokens and more). flash_decode after flash_decode (H100, 16-32 x 512, 128 programs,
+# bench/results/decode-s21-prefetch/) ran 4-9 % slower with it on chunks of 512 tokens, 0.4-1.2 %
+# on 2048, the same from 8k; the TP 2 step's gain at 16 x 2k had chunks of 1024.
+PREFETCH_CHUNK_RATIO = 8
 
 
 def choose_num_splits(batch: int, kv_heads: int, max_seqlen: int, num_sms: int) -> int:
@@ -348,7 +353,8 @@ class DecodePlan(Plan):
         workspace_bytes: partial buffers per stream (fp32).
         prefetch_tokens: tokens of each program's chunk asked into L2 before its PDL wait
             (``options.decode_prefetch`` rounded up to a power of two and to one per thread; 0 where
-            it does not apply: a batch below PREFETCH_MIN_BATCH, more programs than SMs, no PDL,
+            it does not apply: a batch below PREFETCH_MIN_BATCH, more programs than SMs, splits
+            shorter than PREFETCH_CHUNK_RATIO times the prefetch, no PDL,
             several query tokens, rows not 16-byte aligned, the interpreter).
         tma: the whole K/V tiles arrive by TMA (``options.decode_tma``; contiguous cache, NVIDIA
             sm_90+ or the interpreter, 16-byte aligned rows, a known kernel config).
@@ -447,11 +453,12 @@ class DecodePlan(Plan):
         # aligned addresses, as the bulk prefetch needs). Lanes: a power of two, at least one per
         # thread of the fixed config (fewer would repeat a lane's prefetch on several threads).
         sigs = (self.tensors["k_cache"], self.tensors["v_cache"])
-        if (options.decode_prefetch and mode == "kernel" and Sq == 1 and R == 1 and B >= PREFETCH_MIN_BATCH
-                and B * HK * S <= caps.num_sms(dev)
+        tokens = max(32 * fixed["num_warps"], _next_pow2(options.decode_prefetch)) if options.decode_prefetch else 0
+        if (tokens and mode == "kernel" and Sq == 1 and R == 1 and B >= PREFETCH_MIN_BATCH
+                and B * HK * S <= caps.num_sms(dev) and -(-shape.capacity // S) >= PREFETCH_CHUNK_RATIO * tokens
                 and caps.pdl_supported(dev) and options.pdl and (D * elt) % 16 == 0
                 and all(sig.aligned and all((st * elt) % 16 == 0 for st in sig.stride[:-1]) for sig in sigs)):
-            self.prefetch_tokens = max(32 * fixed["num_warps"], _next_pow2(options.decode_prefetch))
+            self.prefetch_tokens = tokens
             meta["PREFETCH_TOKENS"] = self.prefetch_tokens
         from ._launch import Launch
 

@@ -114,8 +114,10 @@ class Options:
             (Llama-3-8B, TP 2, bench/results/tp2-s20d/) it made the batch-16 steps 25-67 us
             faster (16 x 8k 6.538 against 6.581 ms; 16 x 32k 14.820 against 14.887); at batch 1
             it cost 11-33 us and at batch 4 between 4 us faster and 9 slower, hence the batch
-            floor. Only where the grid has no more programs than SMs: back to back, with several
-            programs per SM, it cost up to 4.6 % (bench/results/decode-s21-tma/). The count is
+            floor. Only where the grid has no more programs than SMs and each split is at least
+            eight times the prefetch (numasched.decode.PREFETCH_CHUNK_RATIO): back to back it cost
+            up to 4.6 % with several programs per SM and 4-9 % on splits of 512 tokens
+            (bench/results/decode-s21-tma/, decode-s21-prefetch/). The count is
             rounded up to a power of two and to one token per thread.
         decode_tma: flash_decode loads the whole K/V tiles of a contiguous cache by TMA (bulk
             tensor copies into shared memory; NVIDIA sm_90+, 16-byte aligned rows, the model's or

@@ -833,12 +833,13 @@ def test_decode_prefetch_option():
 @gpu
 @pytest.mark.parametrize("dtype,Dh", [(torch.bfloat16, 128), (torch.float16, 80), (torch.float32, 64)])
 @pytest.mark.parametrize("paged", [False, True])
-def test_gpu_decode_prefetch_changes_no_bit(dtype, Dh, paged):
+def test_gpu_decode_prefetch_changes_no_bit(dtype, Dh, paged, monkeypatch):
     """options.decode_prefetch (K/V rows into L2 before the PDL wait) is a hint: batch 16 (the
     prefetch on), ragged lengths, the same bits as without it; garbage lengths and pages with the
     checks off stay in bounds (clamped). Then the decode step's pattern in one CUDA graph: the
     RoPE + cache write (a PDL kernel writing the newest K/V row) right before the decode, replayed
     on new inputs, equals the eager steps without PDL."""
+    monkeypatch.setattr(D, "PREFETCH_CHUNK_RATIO", 0)   # the prefetch on these short splits too
     torch.manual_seed(0)
     B, HK, G, L, ps = 16, 4, 4, 1000, 16
     q = torch.randn(B, HK * G, Dh, device="cuda", dtype=dtype)

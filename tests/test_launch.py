@@ -329,7 +329,8 @@ def test_pdl_chain_in_a_cuda_graph_reads_each_predecessors_output(monkeypatch, p
     import numasched
     import numasched.decode
 
-    monkeypatch.setattr(numasched.decode, "PREFETCH_MIN_BATCH", 1)   # the batch-1 decode below prefetches too
+    monkeypatch.setattr(numasched.decode, "PREFETCH_MIN_BATCH", 1)   # the batch-1 decode below prefetches too,
+    monkeypatch.setattr(numasched.decode, "PREFETCH_CHUNK_RATIO", 0)  # its short splits as well
     dev = "cuda"
     torch.manual_seed(0)
     ws = [torch.randn(256, 256, device=dev, dtype=torch.float16) / 16 for _ in range(4)]
