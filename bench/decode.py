@@ -586,7 +586,8 @@ def _bench(args) -> int:
                                                         mapping=args.mapping)
                     t, tg, o = timed(fn, notes, f"numasched {layout} {name}={value}")
                     vplan = numasched.plan_decode(q, k, v, cache_seqlens=lens, block_table=bt, mapping=args.mapping)
-                if o is not None and out is not None and not torch.allclose(o.float(), out.float(), atol=2e-2, rtol=2e-2):
+                if (o is not None and out is not None
+                        and not torch.allclose(o.float(), out.float(), atol=2e-2, rtol=2e-2)):
                     notes.append(f"{name}={value}: output differs from the default's by "
                                  f"{(o.float() - out.float()).abs().max().item():.3g}")
                 ours[f"{layout} [{name}={value}]"] = {"auto": t, "auto_graph": tg, "splits": vplan.num_splits,
