@@ -576,8 +576,8 @@ def fixed_config(paged: bool, head_dim: int, block_g: int = 16, tokens_per_split
       tiles of 2 warps while the grid is one round of resident programs (``_resident``: five
       per SM on an H100/H200), 64-token tiles of 2 warps beyond (at 768 programs, 5.8 per SM,
       32-token tiles took 1.11-1.31x as long on both GPUs; at 1024-2048 programs up to 1.21x on
-      an H100 with 1k-token splits, within -4..+8 % on an H200); longer splits 128-token tiles (many waves of one per SM, the last
-      nearly full).
+      an H100 with 1k-token splits, within -4..+8 % on an H200); longer splits 128-token tiles
+      (many waves of one per SM, the last nearly full).
 
     Paged rule with one round, measured on an H100 (pages of 16 and 64, 512-2048 programs, 1k-8k
     tokens, bench/results/decode-s21-paged/): the pick within 5 % of the best at 49/49 points
