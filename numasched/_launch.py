@@ -23,6 +23,11 @@ from triton import knobs
 from . import caps
 from .caps import interpreted, nested_jit_interpreted, run_interpreted  # noqa: F401
 
+try:  # host-side TMA descriptors (triton >= 3.3); the interpreter understands them too
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - older triton
+    TensorDescriptor = None
+
 _RUNTIME = knobs.runtime
 _raw_stream = caps._raw_stream
 

@@ -49,13 +49,8 @@ from . import observe as _observe
 from . import options as _options
 from . import topology as _topology
 from ._plan import _REG, PLANS, Plan, fast_signature, grow_only, scratch, signature
-from ._launch import HostDesc
+from ._launch import HostDesc, TensorDescriptor
 from ._route import mapping_token, plain_eager, warn_once
-
-try:  # TMA descriptors (options.decode_tma)
-    from triton.tools.tensor_descriptor import TensorDescriptor
-except Exception:  # pragma: no cover - Triton without tensor descriptors
-    TensorDescriptor = None
 from ._validate import check_positive_int, check_same, check_tensor
 
 __all__ = ["flash_decode", "plan_decode", "check_decode", "DecodePlan", "DecodeShape", "choose_num_splits"]
@@ -354,8 +349,8 @@ class DecodePlan(Plan):
         prefetch_tokens: tokens of each program's chunk asked into L2 before its PDL wait
             (``options.decode_prefetch`` rounded up to a power of two and to one per thread; 0 where
             it does not apply: a batch below PREFETCH_MIN_BATCH, more programs than SMs, splits
-            shorter than PREFETCH_CHUNK_RATIO times the prefetch, no PDL,
-            several query tokens, rows not 16-byte aligned, the interpreter).
+            shorter than PREFETCH_CHUNK_RATIO times the prefetch, no PDL, several query tokens,
+            rows not 16-byte aligned, the interpreter).
         tma: the whole K/V tiles arrive by TMA (``options.decode_tma``; contiguous cache, NVIDIA
             sm_90+ or the interpreter, 16-byte aligned rows, a known kernel config).
         tensors: the TensorSig of each argument the plan was made for.

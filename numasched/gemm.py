@@ -35,7 +35,7 @@ from . import mappings as M
 from . import observe as _observe
 from . import options as _options
 from . import topology as _topology
-from ._launch import HostDesc
+from ._launch import HostDesc, TensorDescriptor  # TensorDescriptor: None on a Triton without them
 from ._plan import _REG, PLANS, Plan, fast_signature, grow_only, signature, upcast_like
 from ._route import mapping_token, plain_eager, warn_once
 from ._validate import INT32_MAX, check_same, check_tensor
@@ -43,11 +43,6 @@ from ._validate import INT32_MAX, check_same, check_tensor
 __all__ = ["matmul", "plan_matmul", "check_matmul", "GemmPlan", "SUPPORTED_DTYPES"]
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
-try:  # host-side TMA descriptors (triton >= 3.3); the interpreter understands them too
-    from triton.tools.tensor_descriptor import TensorDescriptor
-except ImportError:  # pragma: no cover - older triton
-    TensorDescriptor = None
 
 
 # ----------------------------------------------------------------------------------- checks

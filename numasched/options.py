@@ -117,8 +117,8 @@ class Options:
             floor. Only where the grid has no more programs than SMs and each split is at least
             eight times the prefetch (numasched.decode.PREFETCH_CHUNK_RATIO): back to back it cost
             up to 4.6 % with several programs per SM and 4-9 % on splits of 512 tokens
-            (bench/results/decode-s21-tma/, decode-s21-prefetch/). The count is
-            rounded up to a power of two and to one token per thread.
+            (bench/results/decode-s21-tma/, decode-s21-prefetch/). The count is rounded up to a
+            power of two and to one token per thread.
         decode_tma: flash_decode loads the whole K/V tiles of a contiguous cache by TMA (bulk
             tensor copies into shared memory; NVIDIA sm_90+, 16-byte aligned rows, the model's or
             a given kernel config) instead of per-thread async copies; the last, partial tile of a

@@ -251,8 +251,7 @@ _PREC_NOTE = ("bf16 dots with input precision None (the target's default), as th
 
 
 # ---- flash decode
-def _decode(paged: bool, combine: int, stages=None, prefetch: int = 0, tma: bool = False, block_n: int = 64,
-            warps=None):
+def _decode(paged: bool, combine: int, stages=None, prefetch: int = 0, tma: bool = False, block_n: int = 64):
     def build(vendor):
         from numasched.kernels import flash_decode as K
 
@@ -271,7 +270,7 @@ def _decode(paged: bool, combine: int, stages=None, prefetch: int = 0, tma: bool
                       KD=f"tensordesc<bf16[1, {block_n}, 1, {D}]>" if tma else None,
                       VD=f"tensordesc<bf16[1, {block_n}, 1, {D}]>" if tma else None)
         cfg = K.DEFAULT_GPU_CONFIG[paged]
-        return K._flash_decode_kernel, values, warps or cfg["num_warps"], stages or cfg["num_stages"]
+        return K._flash_decode_kernel, values, cfg["num_warps"], stages or cfg["num_stages"]
     return build
 
 
