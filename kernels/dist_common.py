@@ -150,19 +150,6 @@ def fence_proxy_async():
 
 
 @triton.jit
-def bulk_store_wait(NV: tl.constexpr):
-    """Wait until this program's bulk (TMA) stores have been written, not only read out of shared
-    memory (Triton's own wait is ``cp.async.bulk.wait_group.read``), and order them before later
-    generic accesses (a flag's release, a load of what was stored). Every thread waits: the groups
-    belong to the thread that issued them. ``NV``: compiled NVIDIA kernels (inline PTX); the
-    interpreter's stores are done when issued."""
-    if NV:
-        tl.inline_asm_elementwise("cp.async.bulk.wait_group 0; fence.proxy.async.global; mov.u32 $0, 0;", "=r", [],
-                                  dtype=tl.int32, is_pure=False, pack=1)
-    tl.debug_barrier()
-
-
-@triton.jit
 def ll_tag(e):
     """The tag an LL word of epoch ``e`` carries in its high half: in [1, 2^31 - 1], never 0 (the
     heap's initial contents) and never the tag of epoch e - 2 (the last use of the same buffer)."""

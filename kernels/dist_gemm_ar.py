@@ -23,7 +23,7 @@ rank before stage 2). Host side: numasched/distributed/matmul_all_reduce.py (``i
 import triton
 import triton.language as tl
 
-from .dist_common import bulk_store_wait, epoch_begin, epoch_end, signal_peers, translate, wait_flag
+from .dist_common import epoch_begin, epoch_end, signal_peers, translate, wait_flag
 from .dist_gemm import _tile_matmul
 from numasched.kernels.pdl import pdl_enter
 
@@ -46,38 +46,13 @@ def _tile_acc_tma(a_desc, off_m, b_desc, off_n, K, BLOCK_M: tl.constexpr, BLOCK_
 
 
 @triton.jit
-def _recv_desc(base, M, N, part, WORLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """A device-side TMA descriptor of a receive buffer (2 slots x WORLD sources of (M, N), at
-    ``base`` in some rank's heap) as [2 * WORLD, M, N] blocks of half tiles: a tile's rows past M
-    are clipped at its own block, never written into the next source's."""
-    return tl.make_tensor_descriptor(base, shape=[2 * WORLD, M, N], strides=[part, N, 1],
-                                     block_shape=[1, BLOCK_M, BLOCK_N // 2])
-
-
-@triton.jit
-def _halves(tile, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The column halves of a (BLOCK_M, BLOCK_N) tile as [1, BLOCK_M, BLOCK_N // 2] boxes: a bulk
-    store stages its box in shared memory, and two whole 64 KB tiles beside the K loop's operand
-    stages do not fit an SM (278 KB compiled for sm_90; halves: 213 KB)."""
-    h0, h1 = tile.reshape(BLOCK_M, 2, BLOCK_N // 2).permute(0, 2, 1).split()
-    return h0.reshape(1, BLOCK_M, BLOCK_N // 2), h1.reshape(1, BLOCK_M, BLOCK_N // 2)
-
-
-@triton.jit
-def _store_halves(desc, at, h0, h1, BLOCK_N: tl.constexpr):
-    desc.store(at, h0)
-    desc.store([at[0], at[1], at[2] + BLOCK_N // 2], h1)
-
-
-@triton.jit
 def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, a_desc, b_desc, flags_ptr, status_ptr, epoch_ptr,
                              counters_ptr, heap_bases, rank, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
                              stride_om, stride_on, wait_bound,
                              WORLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                              EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, B_TRANS: tl.constexpr,
                              STAGES: tl.constexpr, BUMP_EPOCH: tl.constexpr, WAIT_CLOCK: tl.constexpr,
-                             REMOTE: tl.constexpr = True, PDL: tl.constexpr = False, TMA_STORE: tl.constexpr = 0,
-                             NV: tl.constexpr = False):
+                             REMOTE: tl.constexpr = True, PDL: tl.constexpr = False):
     pdl_enter(PDL)  # PDL: wait for the previous kernel here (kernels/pdl.py)
     # REMOTE=False (timing only, communicate=False): the pushes land in our own heap and nobody
     # waits (the flags still go out): the kernel's time without the exchange, its results wrong
@@ -92,10 +67,6 @@ def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, a_desc, b_desc, fl
     mine = tl.cdiv(T - p, P)                     # tiles of this program
     part = (tl.zeros([], tl.int64) + M) * N   # M may be the constant 1 (batch-1 decode)
     recv = recv_ptr + (slot * WORLD).to(tl.int64) * part
-    if TMA_STORE > 1:
-        own_desc = _recv_desc(recv_ptr, M, N, part, WORLD, BLOCK_M, BLOCK_N)
-        out_desc = tl.make_tensor_descriptor(out_ptr, shape=[M, N], strides=[stride_om, 1],
-                                             block_shape=[BLOCK_M, BLOCK_N // 2])
     for i in range(0, mine + 1):
         # ---- stage 1: compute tile i; raise tile i-1's flag (its remote stores drained during
         #      this tile's K loop: raised right after its stores, the release fence would stall
@@ -114,36 +85,22 @@ def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, a_desc, b_desc, fl
                     acc = _tile_matmul(a_ptr, stride_am, stride_ak, rows % M, b_ptr, stride_bk, stride_bn, cols % N,
                                        K, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
                 if i >= 1:
-                    if TMA_STORE > 0:   # tile i-1's bulk stores have landed before its flag goes out
-                        bulk_store_wait(NV)
                     signal_peers(flags_ptr + rank * T + (t - P), e, rank, heap_bases, WORLD, WAIT_CLOCK)
-                part_tile = acc.to(recv_ptr.dtype.element_ty)
                 mask = (rows[:, None] < M) & (cols[None, :] < N)
+                part_tile = acc.to(recv_ptr.dtype.element_ty)
                 # the tile as a scalar 64-bit base plus 32-bit offsets (1 % faster than 64-bit
                 # offsets per element at 4096 x 4096 x 2048 on two H100s)
                 tbase = recv + rank * part + (tm * BLOCK_M).to(tl.int64) * N + tn * BLOCK_N
                 loc = tl.arange(0, BLOCK_M)[:, None] * N + tl.arange(0, BLOCK_N)[None, :]
-                if TMA_STORE > 0:
-                    h0, h1 = _halves(part_tile, BLOCK_M, BLOCK_N)
-                    at = [slot * WORLD + rank, tm * BLOCK_M, tn * BLOCK_N]
                 for d in tl.static_range(WORLD):
                     if d == rank:
-                        if TMA_STORE > 1:
-                            _store_halves(own_desc, at, h0, h1, BLOCK_N)
-                        else:
-                            tl.store(tbase + loc, part_tile, mask=mask)
-                    elif TMA_STORE > 0:
-                        peer = _recv_desc(translate(recv_ptr, rank, d if REMOTE else rank, heap_bases), M, N, part,
-                                          WORLD, BLOCK_M, BLOCK_N)
-                        _store_halves(peer, at, h0, h1, BLOCK_N)
+                        tl.store(tbase + loc, part_tile, mask=mask)
                     else:
                         tl.store(translate(tbase, rank, d if REMOTE else rank, heap_bases) + loc, part_tile, mask=mask)
                 # our own copy is read back in stage 2 by other threads of this program
                 tl.debug_barrier()
             else:   # past the last tile: raise the last tile's flag
                 if i >= 1:
-                    if TMA_STORE > 0:
-                        bulk_store_wait(NV)
                     signal_peers(flags_ptr + rank * T + (p + (i - 1) * P), e, rank, heap_bases, WORLD, WAIT_CLOCK)
         # ---- stage 2: sum tile i - 1 over the ranks
         if (STAGES & 2) != 0:
@@ -162,13 +119,8 @@ def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, a_desc, b_desc, fl
                     if (src != rank) & REMOTE:
                         wait_flag(flags_ptr + src * T + t, e, src, status_ptr, wait_bound, WAIT_CLOCK)
                     total += tl.load(recv + src * part + tile0 + loc, mask=mask, other=0.0).to(tl.float32)
-                if TMA_STORE > 1:
-                    o0, o1 = _halves(total.to(out_ptr.dtype.element_ty), BLOCK_M, BLOCK_N)
-                    out_desc.store([tm * BLOCK_M, tn * BLOCK_N], o0.reshape(BLOCK_M, BLOCK_N // 2))
-                    out_desc.store([tm * BLOCK_M, tn * BLOCK_N + BLOCK_N // 2], o1.reshape(BLOCK_M, BLOCK_N // 2))
-                else:
-                    obase = out_ptr + (tm * BLOCK_M).to(tl.int64) * stride_om + (tn * BLOCK_N).to(tl.int64) * stride_on
-                    oloc = tl.arange(0, BLOCK_M)[:, None] * stride_om + tl.arange(0, BLOCK_N)[None, :] * stride_on
-                    tl.store(obase + oloc, total.to(out_ptr.dtype.element_ty), mask=mask)
+                obase = out_ptr + (tm * BLOCK_M).to(tl.int64) * stride_om + (tn * BLOCK_N).to(tl.int64) * stride_on
+                oloc = tl.arange(0, BLOCK_M)[:, None] * stride_om + tl.arange(0, BLOCK_N)[None, :] * stride_on
+                tl.store(obase + oloc, total.to(out_ptr.dtype.element_ty), mask=mask)
 
     epoch_end(epoch_ptr, counters_ptr, P, e, BUMP_EPOCH)

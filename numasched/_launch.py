@@ -265,23 +265,6 @@ def _raw_launcher(k) -> tuple:
     return launch, run.launch_cooperative_grid, run.launch_pdl, (), ()
 
 
-def _scratch_alloc(size: int, alignment: int, stream):
-    # device-side tensor descriptors need a little global memory per program
-    import torch
-
-    return torch.empty(size, dtype=torch.int8, device="cuda")
-
-
-def ensure_scratch_allocator() -> None:
-    """Give Triton an allocator for the global scratch of kernels that make tensor descriptors on
-    the device (``tl.make_tensor_descriptor``), unless the caller already set one."""
-    import triton
-    from triton.runtime import _allocation
-
-    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
-        triton.set_allocator(_scratch_alloc)
-
-
 class HostDesc:
     """A host-side TMA descriptor as Triton's launcher reads it (base, shape, strides, padding),
     without the checks of ``TensorDescriptor.__init__``: for launches of a compiled kernel whose

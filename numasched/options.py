@@ -27,7 +27,6 @@ numasched is imported (they are not read per call):
     NUMASCHED_DECODE_TMA=0/1    decode_tma -> False / True
     NUMASCHED_ARN_LL=0/1        arn_exchange -> "flag" / "ll"
     NUMASCHED_ARN_ONE_ROW=0     arn_one_row -> False
-    NUMASCHED_DIST_TMA_STORE=N  dist_tma_store -> N (0, 1 or 2)
 """
 from __future__ import annotations
 
@@ -62,11 +61,6 @@ class Options:
         gemm_flatten: fuse the persistent GEMM's tile and K loops (the pipeliner then prefetches
             the next tile during an epilogue).
         dist_tma: TMA descriptors in the fused distributed GEMMs; None: on Hopper+ NVIDIA GPUs.
-        dist_tma_store: how the fused GEMM + all-reduce's TMA-fed tiles leave the program
-            (kernels/dist_gemm_ar.py, ``TMA_STORE``): 0 plain stores from registers; 1 the pushes
-            to the peers by bulk (TMA) stores, staged in shared memory and drained while the
-            program runs its next K loop; 2 every store of the tile so (its own partial and the
-            output too). Needs ``dist_tma``'s descriptors (device-side ones for the stores).
         gemm_schedule: "model" (numasched.gemm_schedule picks kernel, tiles and split-K from a
             model of the GPU: no tuning at run time) or "autotune" (Triton's autotuner over the
             tiled kernel's configs, on the first call of each shape).
@@ -165,7 +159,6 @@ class Options:
     decode_tma: bool = False
     arn_one_row: bool = True
     arn_exchange: str = "auto"
-    dist_tma_store: int = 0
 
     def __post_init__(self):
         for f in ("autotune", "check_data", "gemm_flatten", "gemm_splitk_tma", "gemm_streamk_k_aligned",
@@ -185,8 +178,6 @@ class Options:
             raise ValueError(f"Options.arn_exchange must be one of {ARN_EXCHANGES}, got {self.arn_exchange!r}")
         if self.decode_combine not in COMBINE_MODES:
             raise ValueError(f"Options.decode_combine must be one of {COMBINE_MODES}, got {self.decode_combine!r}")
-        if isinstance(self.dist_tma_store, bool) or self.dist_tma_store not in (0, 1, 2):
-            raise ValueError(f"Options.dist_tma_store must be 0, 1 or 2, got {self.dist_tma_store!r}")
         if self.dist_tma is not None and not isinstance(self.dist_tma, bool):
             raise TypeError(f"Options.dist_tma must be True, False or None, got {self.dist_tma!r}")
         for f in ("gemm_schedule", "decode_schedule"):
@@ -237,9 +228,6 @@ def from_env(environ=None) -> Options:
     if exchange is None:
         raise ValueError(f"NUMASCHED_ARN_LL must be 1 / ll, 0 / flag or auto, got {env.get('NUMASCHED_ARN_LL')!r}")
     pre = env.get("NUMASCHED_DECODE_PREFETCH", "").strip()
-    ts = env.get("NUMASCHED_DIST_TMA_STORE", "").strip()
-    if ts and ts not in ("0", "1", "2"):
-        raise ValueError(f"NUMASCHED_DIST_TMA_STORE must be 0, 1 or 2, got {ts!r}")
     if pre and not pre.isdigit():
         raise ValueError(f"NUMASCHED_DECODE_PREFETCH must be a number of tokens (0: off), got {pre!r}")
     return Options(autotune=flag("NUMASCHED_AUTOTUNE", True), check_data=flag("NUMASCHED_CHECK_DATA", True),
@@ -258,8 +246,7 @@ def from_env(environ=None) -> Options:
                    decode_prefetch=int(pre) if pre else Options.decode_prefetch,
                    decode_tma=flag("NUMASCHED_DECODE_TMA", Options.decode_tma),
                    arn_one_row=flag("NUMASCHED_ARN_ONE_ROW", True),
-                   arn_exchange=exchange,
-                   dist_tma_store=int(ts) if ts else Options.dist_tma_store)
+                   arn_exchange=exchange)
 
 
 _CURRENT = from_env()

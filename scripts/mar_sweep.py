@@ -27,10 +27,6 @@ TILE0 = mar.FUSED_BIG_TILE
 TILES = [("fused", TILE0),
          ("fused_128x128x2", dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=3, per_sm=2)),
          ("fused_128x128x1", dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3, per_sm=1))]
-if os.environ.get("MAR_TILES"):   # e.g. MAR_TILES=fused: only the default tile
-    TILES = [t for t in TILES if t[0] in os.environ["MAR_TILES"].split(",")]
-# options.dist_tma_store values timed for each tile config (MAR_STORES="0,1,2"): how a tile leaves
-STORES = [int(v) for v in os.environ.get("MAR_STORES", "0").split(",")]
 SHAPES = [(1024, 4096, 2048), (4096, 4096, 2048), (4096, 4096, 7168), (16384, 4096, 2048), (2048, 5120, 12800)]
 if os.environ.get("MAR_SHAPES"):
     SHAPES = [tuple(int(v) for v in s.split("x")) for s in os.environ["MAR_SHAPES"].split(",")]
@@ -67,14 +63,12 @@ def main():
         timed("ns_gemm", lambda: numasched.matmul(a, b, out=c))
         timed("ar", lambda: nd.all_reduce(c, ctx=ctx, out=c, check=False))
         timed("bulk", lambda: nd.matmul_all_reduce(a, b, ctx=ctx, impl="bulk", out=out, check=False))
-        for (name, tile), store in [(t, s) for t in TILES for s in STORES]:
+        for name, tile in TILES:
             mar.FUSED_BIG_TILE = tile   # read when a call is described: each config its own plan
-            name = name if len(STORES) == 1 else f"{name}_st{store}"
-            with numasched.options.use(dist_tma_store=store):
-                timed(name, lambda: run(ctx, "matmul_all_reduce", a, b, out=out, check=False),
-                      lambda: run(ctx, "matmul_all_reduce", a, b, out=out))
-                timed(f"{name}_noremote", lambda: run(ctx, "matmul_all_reduce", a, b, out=out, check=False,
-                                                      communicate=False))
+            timed(name, lambda: run(ctx, "matmul_all_reduce", a, b, out=out, check=False),
+                  lambda: run(ctx, "matmul_all_reduce", a, b, out=out))
+            timed(f"{name}_noremote", lambda: run(ctx, "matmul_all_reduce", a, b, out=out, check=False,
+                                                  communicate=False))
         mar.FUSED_BIG_TILE = TILE0
         if R == 0:
             print(" | ".join(line), flush=True)

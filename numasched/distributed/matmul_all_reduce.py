@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 import torch
 
-from numasched import options as _options
 from numasched._validate import check_int32_indexing
 
 from . import cost
@@ -252,12 +251,10 @@ def _fused_cfg(M: int, dtype, gpu: bool) -> dict:
 
     tma = _tma_default(gpu)
     if not gpu:   # the interpreter: its dot needs >= 16
-        return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, num_warps=4, num_stages=1, USE_TMA=tma,
-                    TMA_STORE=_options.current().dist_tma_store if tma else 0)
+        return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, num_warps=4, num_stages=1, USE_TMA=tma)
     elt = torch.empty((), dtype=dtype).element_size()
     if M >= FUSED_BIG_TILE_ROWS and elt == 2:
-        # the tiles leave by bulk stores where options.dist_tma_store asks (TMA-fed tiles only)
-        return dict(FUSED_BIG_TILE, USE_TMA=tma, TMA_STORE=_options.current().dist_tma_store if tma else 0)
+        return dict(FUSED_BIG_TILE, USE_TMA=tma)
     bm = min(64, max(16, 1 << max(0, M - 1).bit_length()))
     # decode-sized M streams the weight: narrow column tiles give every SM a strip of it
     return dict(BLOCK_M=bm, BLOCK_N=64, BLOCK_K=128 if elt == 2 else 64, num_warps=4, num_stages=4, USE_TMA=False)
@@ -329,12 +326,7 @@ class MatmulAllReduceFused(_Op):
         args = (a, b, out, bf["recv"], *descs, bf["flags"], ctx.status, bf["epoch"], bf["counters"], ctx.heap_bases,
                 ctx.rank, c["M"], c["N"], c["Kl"], a.stride(0), a.stride(1), b.stride(0), b.stride(1),
                 out.stride(0), out.stride(1), ctx.wait_bound)
-        # bulk stores need 16-byte rows in recv and out (else this launch stores from registers)
-        elt = out.element_size()
-        tma_store = c.get("TMA_STORE", 0) if (use_tma and (c["N"] * elt) % 16 == 0 and out.stride(1) == 1
-                                             and (out.stride(0) * elt) % 16 == 0 and _aligned(out)) else 0
-        layout = (use_tma, b_trans, _aligned(a), a.stride(), _aligned(b), b.stride(), _aligned(out), out.stride(),
-                  tma_store)
+        layout = (use_tma, b_trans, _aligned(a), a.stride(), _aligned(b), b.stride(), _aligned(out), out.stride())
         stages = {"full": 3, "push": 1, "consume": 2}.get(phase, 3)
 
         def build():
@@ -345,11 +337,6 @@ class MatmulAllReduceFused(_Op):
                       BUMP_EPOCH=phase in ("full", "consume", "nocomm"), WAIT_CLOCK=ctx.wait_clock)
             if phase == "nocomm":   # pushes into our own heap, no waits: the time without the exchange
                 kw.update(REMOTE=False)
-            if tma_store:   # device-side descriptors: Triton's global scratch
-                from numasched._launch import ensure_scratch_allocator
-
-                ensure_scratch_allocator()
-                kw.update(TMA_STORE=tma_store, NV=ctx.device.type == "cuda" and torch.version.hip is None)
             if ctx.device.type != "cpu":
                 kw.update(num_warps=c["num_warps"], num_stages=c["num_stages"])
             return matmul_all_reduce_kernel, kw
