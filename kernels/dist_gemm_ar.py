@@ -52,7 +52,7 @@ def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, a_desc, b_desc, fl
                              WORLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                              EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, B_TRANS: tl.constexpr,
                              STAGES: tl.constexpr, BUMP_EPOCH: tl.constexpr, WAIT_CLOCK: tl.constexpr,
-                             REMOTE: tl.constexpr = True, PDL: tl.constexpr = False):
+                             REMOTE: tl.constexpr = True, PDL: tl.constexpr = False, LAG: tl.constexpr = True):
     pdl_enter(PDL)  # PDL: wait for the previous kernel here (kernels/pdl.py)
     # REMOTE=False (timing only, communicate=False): the pushes land in our own heap and nobody
     # waits (the flags still go out): the kernel's time without the exchange, its results wrong
@@ -67,60 +67,98 @@ def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, a_desc, b_desc, fl
     mine = tl.cdiv(T - p, P)                     # tiles of this program
     part = (tl.zeros([], tl.int64) + M) * N   # M may be the constant 1 (batch-1 decode)
     recv = recv_ptr + (slot * WORLD).to(tl.int64) * part
-    for i in range(0, mine + 1):
-        # ---- stage 1: compute tile i; raise tile i-1's flag (its remote stores drained during
-        #      this tile's K loop: raised right after its stores, the release fence would stall
-        #      the program until they land); then push tile i
-        if (STAGES & 1) != 0:
-            if i < mine:
-                t = p + i * P
-                tm = t // TN
-                tn = t % TN
-                rows = tm * BLOCK_M + tl.arange(0, BLOCK_M)
-                cols = tn * BLOCK_N + tl.arange(0, BLOCK_N)
-                if USE_TMA:
-                    acc = _tile_acc_tma(a_desc, tm * BLOCK_M, b_desc, tn * BLOCK_N, K, BLOCK_M, BLOCK_N, BLOCK_K,
-                                        B_TRANS)
-                else:
-                    acc = _tile_matmul(a_ptr, stride_am, stride_ak, rows % M, b_ptr, stride_bk, stride_bn, cols % N,
-                                       K, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
-                if i >= 1:
-                    signal_peers(flags_ptr + rank * T + (t - P), e, rank, heap_bases, WORLD, WAIT_CLOCK)
-                mask = (rows[:, None] < M) & (cols[None, :] < N)
-                part_tile = acc.to(recv_ptr.dtype.element_ty)
-                # the tile as a scalar 64-bit base plus 32-bit offsets (1 % faster than 64-bit
-                # offsets per element at 4096 x 4096 x 2048 on two H100s)
-                tbase = recv + rank * part + (tm * BLOCK_M).to(tl.int64) * N + tn * BLOCK_N
-                loc = tl.arange(0, BLOCK_M)[:, None] * N + tl.arange(0, BLOCK_N)[None, :]
-                for d in tl.static_range(WORLD):
-                    if d == rank:
-                        tl.store(tbase + loc, part_tile, mask=mask)
-                    else:
-                        tl.store(translate(tbase, rank, d if REMOTE else rank, heap_bases) + loc, part_tile, mask=mask)
-                # our own copy is read back in stage 2 by other threads of this program
-                tl.debug_barrier()
-            else:   # past the last tile: raise the last tile's flag
-                if i >= 1:
-                    signal_peers(flags_ptr + rank * T + (p + (i - 1) * P), e, rank, heap_bases, WORLD, WAIT_CLOCK)
-        # ---- stage 2: sum tile i - 1 over the ranks
-        if (STAGES & 2) != 0:
-            j = i - 1
-            if j >= 0:
-                t = p + j * P
-                tm = t // TN
-                tn = t % TN
-                rows = tm * BLOCK_M + tl.arange(0, BLOCK_M)
-                cols = tn * BLOCK_N + tl.arange(0, BLOCK_N)
-                mask = (rows[:, None] < M) & (cols[None, :] < N)
-                tile0 = (tm * BLOCK_M).to(tl.int64) * N + tn * BLOCK_N
-                loc = tl.arange(0, BLOCK_M)[:, None] * N + tl.arange(0, BLOCK_N)[None, :]
-                total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                for src in tl.static_range(WORLD):   # rank order: the same rounding on every rank
-                    if (src != rank) & REMOTE:
-                        wait_flag(flags_ptr + src * T + t, e, src, status_ptr, wait_bound, WAIT_CLOCK)
-                    total += tl.load(recv + src * part + tile0 + loc, mask=mask, other=0.0).to(tl.float32)
+    if not LAG:
+        # LAG=False (two ranks): each tile summed as soon as it is pushed. Only the peer's copy is
+        # stored; ours stays in registers, rounded to the partials' dtype as the peer's is, and
+        # the two are added in fp32 (a + b == b + a: the same bits on both ranks, and as LAG's
+        # rank-order sum). The tile is not read back: 192 KB of memory traffic a 128 x 256 bf16
+        # tile (push, the peer's partial read, the output) instead of 320. The price: the program
+        # waits for the peer's tile right after its own push. (The CPU simulation's consume
+        # phase, another launch, recomputes the tile.)
+        tl.static_assert(WORLD == 2, "LAG=False is the two-rank form")
+        peer = 1 - rank
+        for i in range(0, mine):
+            t = p + i * P
+            tm = t // TN
+            tn = t % TN
+            rows = tm * BLOCK_M + tl.arange(0, BLOCK_M)
+            cols = tn * BLOCK_N + tl.arange(0, BLOCK_N)
+            if USE_TMA:
+                acc = _tile_acc_tma(a_desc, tm * BLOCK_M, b_desc, tn * BLOCK_N, K, BLOCK_M, BLOCK_N, BLOCK_K, B_TRANS)
+            else:
+                acc = _tile_matmul(a_ptr, stride_am, stride_ak, rows % M, b_ptr, stride_bk, stride_bn, cols % N,
+                                   K, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+            own = acc.to(recv_ptr.dtype.element_ty)
+            mask = (rows[:, None] < M) & (cols[None, :] < N)
+            tile0 = (tm * BLOCK_M).to(tl.int64) * N + tn * BLOCK_N
+            loc = tl.arange(0, BLOCK_M)[:, None] * N + tl.arange(0, BLOCK_N)[None, :]
+            if (STAGES & 1) != 0:
+                tl.store(translate(recv + rank * part + tile0, rank, peer if REMOTE else rank, heap_bases) + loc, own,
+                         mask=mask)
+                signal_peers(flags_ptr + rank * T + t, e, rank, heap_bases, WORLD, WAIT_CLOCK)
+            if (STAGES & 2) != 0:
+                if REMOTE:
+                    wait_flag(flags_ptr + peer * T + t, e, peer, status_ptr, wait_bound, WAIT_CLOCK)
+                theirs = tl.load(recv + peer * part + tile0 + loc, mask=mask, other=0.0)
+                total = own.to(tl.float32) + theirs.to(tl.float32)
                 obase = out_ptr + (tm * BLOCK_M).to(tl.int64) * stride_om + (tn * BLOCK_N).to(tl.int64) * stride_on
                 oloc = tl.arange(0, BLOCK_M)[:, None] * stride_om + tl.arange(0, BLOCK_N)[None, :] * stride_on
                 tl.store(obase + oloc, total.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        for i in range(0, mine + 1):
+            # ---- stage 1: compute tile i; raise tile i-1's flag (its remote stores drained during
+            #      this tile's K loop: raised right after its stores, the release fence would stall
+            #      the program until they land); then push tile i
+            if (STAGES & 1) != 0:
+                if i < mine:
+                    t = p + i * P
+                    tm = t // TN
+                    tn = t % TN
+                    rows = tm * BLOCK_M + tl.arange(0, BLOCK_M)
+                    cols = tn * BLOCK_N + tl.arange(0, BLOCK_N)
+                    if USE_TMA:
+                        acc = _tile_acc_tma(a_desc, tm * BLOCK_M, b_desc, tn * BLOCK_N, K, BLOCK_M, BLOCK_N, BLOCK_K,
+                                            B_TRANS)
+                    else:
+                        acc = _tile_matmul(a_ptr, stride_am, stride_ak, rows % M, b_ptr, stride_bk, stride_bn, cols % N,
+                                           K, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+                    if i >= 1:
+                        signal_peers(flags_ptr + rank * T + (t - P), e, rank, heap_bases, WORLD, WAIT_CLOCK)
+                    mask = (rows[:, None] < M) & (cols[None, :] < N)
+                    part_tile = acc.to(recv_ptr.dtype.element_ty)
+                    # the tile as a scalar 64-bit base plus 32-bit offsets (1 % faster than 64-bit
+                    # offsets per element at 4096 x 4096 x 2048 on two H100s)
+                    tbase = recv + rank * part + (tm * BLOCK_M).to(tl.int64) * N + tn * BLOCK_N
+                    loc = tl.arange(0, BLOCK_M)[:, None] * N + tl.arange(0, BLOCK_N)[None, :]
+                    for d in tl.static_range(WORLD):
+                        if d == rank:
+                            tl.store(tbase + loc, part_tile, mask=mask)
+                        else:
+                            tl.store(translate(tbase, rank, d if REMOTE else rank, heap_bases) + loc, part_tile, mask=mask)
+                    # our own copy is read back in stage 2 by other threads of this program
+                    tl.debug_barrier()
+                else:   # past the last tile: raise the last tile's flag
+                    if i >= 1:
+                        signal_peers(flags_ptr + rank * T + (p + (i - 1) * P), e, rank, heap_bases, WORLD, WAIT_CLOCK)
+            # ---- stage 2: sum tile i - 1 over the ranks
+            if (STAGES & 2) != 0:
+                j = i - 1
+                if j >= 0:
+                    t = p + j * P
+                    tm = t // TN
+                    tn = t % TN
+                    rows = tm * BLOCK_M + tl.arange(0, BLOCK_M)
+                    cols = tn * BLOCK_N + tl.arange(0, BLOCK_N)
+                    mask = (rows[:, None] < M) & (cols[None, :] < N)
+                    tile0 = (tm * BLOCK_M).to(tl.int64) * N + tn * BLOCK_N
+                    loc = tl.arange(0, BLOCK_M)[:, None] * N + tl.arange(0, BLOCK_N)[None, :]
+                    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                    for src in tl.static_range(WORLD):   # rank order: the same rounding on every rank
+                        if (src != rank) & REMOTE:
+                            wait_flag(flags_ptr + src * T + t, e, src, status_ptr, wait_bound, WAIT_CLOCK)
+                        total += tl.load(recv + src * part + tile0 + loc, mask=mask, other=0.0).to(tl.float32)
+                    obase = out_ptr + (tm * BLOCK_M).to(tl.int64) * stride_om + (tn * BLOCK_N).to(tl.int64) * stride_on
+                    oloc = tl.arange(0, BLOCK_M)[:, None] * stride_om + tl.arange(0, BLOCK_N)[None, :] * stride_on
+                    tl.store(obase + oloc, total.to(out_ptr.dtype.element_ty), mask=mask)
 
     epoch_end(epoch_ptr, counters_ptr, P, e, BUMP_EPOCH)

@@ -1172,6 +1172,31 @@ def test_matmul_all_reduce_fused_two_programs_per_sm_sim(world, monkeypatch):
     assert grids == {min(2 * sim.ranks[0].num_sms, tiles)} and min(grids) > sim.ranks[0].num_sms
 
 
+@pytest.mark.parametrize("world,M,K,N", [(2, 37, 24, 40), (2, 16, 48, 16), (3, 24, 16, 48)])
+def test_matmul_all_reduce_fused_unlagged_sim(world, M, K, N, monkeypatch):
+    """A config with ``LAG`` False (two ranks): each tile summed right after its push, our own
+    partial kept in registers (rounded as the peer's is); same checks as impl="fused"
+    (bit-identical on every rank), and the same bits as the lagged kernel. Other world sizes keep
+    the lagged kernel."""
+    mar = importlib.import_module("numasched.distributed.matmul_all_reduce")
+    g = torch.Generator().manual_seed(9)
+    A = [torch.randn(M, K, generator=g).half() for _ in range(world)]
+    B = [torch.randn(K, N, generator=g).half() for _ in range(world)]
+    lagged = nd.SimWorld(world).run("matmul_all_reduce", [(A[r], B[r]) for r in range(world)])
+    base = mar._fused_cfg
+    monkeypatch.setattr(mar, "_fused_cfg", lambda M_, dt, gpu: dict(base(M_, dt, gpu), LAG=False))
+    sim = _fused_case(world, M, K, N, torch.float16)
+    plan = next(iter(sim.ranks[0].plans.values()))
+    assert {dict(lc.kwargs)["LAG"] for lc in plan.launchers.values()} == {world != 2}
+    unlagged = sim.run("matmul_all_reduce", [(A[r], B[r]) for r in range(world)])
+    assert all(torch.equal(x, y) for x, y in zip(unlagged, lagged))
+    if world == 2:   # a rank that stops: its peer's wait is bounded and names it
+        slow = nd.SimWorld(2, max_spins=5)
+        slow.run("matmul_all_reduce", [(A[r], B[r]) for r in range(2)])
+        with pytest.raises(TimeoutError, match=r"rank\(s\) \[1\] never signalled"):
+            slow.run("matmul_all_reduce", [(A[r], B[r]) for r in range(2)], skip_ranks=[1])
+
+
 def test_matmul_all_reduce_fused_without_remote_stores_is_timing_only():
     """communicate=False (phase "nocomm"): the kernel's pushes land in each rank's own heap and
     it waits for nobody (timing only), the epoch moves on, and a normal call afterwards is right."""
