@@ -1182,8 +1182,9 @@ def test_matmul_all_reduce_fused_unlagged_sim(world, M, K, N, monkeypatch):
     g = torch.Generator().manual_seed(9)
     A = [torch.randn(M, K, generator=g).half() for _ in range(world)]
     B = [torch.randn(K, N, generator=g).half() for _ in range(world)]
-    lagged = nd.SimWorld(world).run("matmul_all_reduce", [(A[r], B[r]) for r in range(world)])
     base = mar._fused_cfg
+    monkeypatch.setattr(mar, "_fused_cfg", lambda M_, dt, gpu: dict(base(M_, dt, gpu), LAG=True))
+    lagged = nd.SimWorld(world).run("matmul_all_reduce", [(A[r], B[r]) for r in range(world)])
     monkeypatch.setattr(mar, "_fused_cfg", lambda M_, dt, gpu: dict(base(M_, dt, gpu), LAG=False))
     sim = _fused_case(world, M, K, N, torch.float16)
     plan = next(iter(sim.ranks[0].plans.values()))
@@ -1195,6 +1196,15 @@ def test_matmul_all_reduce_fused_unlagged_sim(world, M, K, N, monkeypatch):
         slow.run("matmul_all_reduce", [(A[r], B[r]) for r in range(2)])
         with pytest.raises(TimeoutError, match=r"rank\(s\) \[1\] never signalled"):
             slow.run("matmul_all_reduce", [(A[r], B[r]) for r in range(2)], skip_ranks=[1])
+
+
+def test_matmul_all_reduce_fused_lags_only_with_several_tiles_per_program():
+    """The default: two ranks with at most one tile per program run unlagged, more tiles (or
+    other world sizes) lagged."""
+    def lags(world, M):
+        sim = _fused_case(world, M, 16, 32, torch.float32)   # 16 x 16 tiles, 3 programs
+        return {dict(lc.kwargs)["LAG"] for p in sim.ranks[0].plans.values() for lc in p.launchers.values()}
+    assert lags(2, 16) == {False} and lags(2, 48) == {True} and lags(3, 16) == {True}
 
 
 def test_matmul_all_reduce_fused_without_remote_stores_is_timing_only():

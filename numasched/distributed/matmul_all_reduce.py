@@ -314,6 +314,14 @@ class MatmulAllReduceFused(_Op):
         c, t, bf = call.cfg, call.tensors, plan.bufs
         a, b, out = t["a"], t["b_local"], t["out"]
         programs = max(1, min(ctx.num_sms * c.get("per_sm", 1), c["tiles"]))
+        # Two ranks and one tile per program: the unlagged kernel (LAG=False) does the same
+        # exchange with less memory traffic (no own partial stored and read back), and the lag
+        # has nothing to hide there (a program's only tile is summed right after its push either
+        # way). Two H100s, 1024 x 4096 x 2048: 59.0 against 62.4 us. With several tiles per
+        # program the lag hides the peer's push and the unlagged form lost (4096 x 4096 x 2048:
+        # 218.8 against 195.8; bench/results/tp2-s22/mar-sweep-tp2-h100.log). The config's LAG
+        # overrides (scripts/mar_sweep.py); other world sizes always lag.
+        lag = bool(c.get("LAG", c["tiles"] > programs)) or ctx.world != 2
         # TMA: A row-major; B row-major (K, N) or the transposed view of a (N, K) weight (w.T)
         b_trans = b.stride(1) != 1 and b.stride(0) == 1
         b_store = b.T if b_trans else b
@@ -335,7 +343,7 @@ class MatmulAllReduceFused(_Op):
             kw = dict(WORLD=ctx.world, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"],
                       EVEN_K=c["Kl"] % c["BLOCK_K"] == 0, USE_TMA=use_tma, B_TRANS=use_tma and b_trans, STAGES=stages,
                       BUMP_EPOCH=phase in ("full", "consume", "nocomm"), WAIT_CLOCK=ctx.wait_clock,
-                      LAG=c.get("LAG", True) or ctx.world != 2)   # the unlagged form is two-rank
+                      LAG=lag)
             if phase == "nocomm":   # pushes into our own heap, no waits: the time without the exchange
                 kw.update(REMOTE=False)
             if ctx.device.type != "cpu":
