@@ -523,12 +523,16 @@ def check_all_reduce_graph(ctx, quick):
 
     graph = capture_on_every_rank(calls)
     ok = Expect()
-    # (rows, columns) -> LL of every all_reduce_add_rmsnorm plan this process made (earlier checks
-    # made some of 4 or 16 rows with other widths: keyed by rows alone, those overwrote these)
-    arn = {(k[1], k[2]): k[-1] for k in ctx.plans if isinstance(k, tuple) and k[0] == "all_reduce_add_rmsnorm"}
-    ok(arn.get((4, 4096)) is True and arn.get((16, 4096)) is False,
-       f"the graph's all_reduce_add_rmsnorm exchanges: {arn} (want LL at 4 x 4096, the flag at 16 x 4096: "
-       "options.arn_exchange='auto')")
+    # the plans the graph's two calls took (earlier checks made plans of the same shapes with the
+    # exchange forced, so the plan table alone does not say which one ran): LL at 4 rows, the flag
+    # at 16 (options.arn_exchange="auto"), and those plans made
+    from numasched.distributed._common import OPS
+    took = {}
+    for xx, hh in ((xn, hn), (xm, hm)):
+        call = OPS["all_reduce_add_rmsnorm"].prepare(ctx, xx, hh, ln, 1e-5)
+        took[xx.shape[0]] = (call.key in ctx.plans, call.cfg["ll"])
+    ok(took == {4: (True, True), 16: (True, False)}, f"the graph's all_reduce_add_rmsnorm plans (made, LL): {took} "
+       "(want LL at 4 x 4096, the flag at 16 x 4096: options.arn_exchange='auto')")
     for i in range(5):
         x.copy_(randn(4096, seed=700 + 10 * i + R))
         a.copy_(randn(16, 2048, seed=800 + 10 * i + R))
