@@ -72,7 +72,8 @@ from ._plan import Plan, grow_only, signature
 from ._validate import check_positive_int, check_tensor
 
 __all__ = ["plan_decode_worklist", "DecodeWorklistPlan", "Worklist", "build_worklist", "check_lengths",
-           "GRANULE", "MIN_PIECE_TOKENS", "MIN_CHUNK_TOKENS", "ITEM_OVERHEAD_TOKENS", "PROGRAMS_PER_SM"]
+           "GRANULE", "MIN_PIECE_TOKENS", "MIN_CHUNK_TOKENS", "ITEM_OVERHEAD_TOKENS", "PROGRAMS_PER_SM",
+           "SPLIT_MIN_PAIRS_PER_SM", "choose_schedule"]
 
 # Items are cut at multiples of this many tokens (every BLOCK_N of the configs divides it, so only
 # a pair's last item ends in a partial tile).
@@ -92,6 +93,17 @@ ITEM_OVERHEAD_TOKENS = D.PROGRAM_OVERHEAD_TOKENS
 # FlashInfer (geomean over 70 rows) and 0.94-1.07 of the streaming read at >= 1 GB
 # (bench/results/decode_ragged-h200-2026-11-23.*); one program per SM was not compared.
 PROGRAMS_PER_SM = 2
+# schedule="auto": from this many (sequence, KV head) pairs per SM on, the plan runs the split
+# kernel (numasched.flash_decode's plan) instead of the work list. With that many pairs the split
+# kernel's programs already come in many waves that the GPU balances by itself, and its
+# per-length tile config streams faster than the work list's fixed 64-token one. One H100, ragged
+# batches (lengths uniform in [L/16, L]; bench/results/decode-s22-ragged/): at 1024-4096 pairs
+# (7.8-31 per SM) the split kernel took 0.947-1.010x the work list's time (17 of 24 rows faster,
+# MHA 128 x 4k 0.947); at 256-512 pairs (1.9-3.9 per SM) 1.01-1.14x (the work list faster at 23
+# of 24 rows). On one locality domain only: on several (MI300X) the work list's per-domain queues
+# keep a KV head's chunks in one L2, which the split kernel does not (simulator, not measured).
+SPLIT_MIN_PAIRS_PER_SM = 6
+SCHEDULES = ("auto", "worklist", "split")
 WORK_FIELDS = 8  # int32 fields per work item (kernels/flash_decode_worklist.py)
 
 
@@ -390,6 +402,13 @@ def program_domains(topology, num_programs: int, queues="auto") -> np.ndarray:
     return pids % int(queues)
 
 
+def choose_schedule(pairs: int, num_sms: int, num_domains: int) -> str:
+    """``schedule="auto"``: "split" (numasched.flash_decode's split kernel) for a batch of at least
+    ``SPLIT_MIN_PAIRS_PER_SM`` (sequence, KV head) pairs per SM on a GPU of one locality domain,
+    else "worklist" (see SPLIT_MIN_PAIRS_PER_SM)."""
+    return "split" if num_domains == 1 and pairs >= SPLIT_MIN_PAIRS_PER_SM * num_sms else "worklist"
+
+
 # ----------------------------------------------------------------------------- the plan
 class DecodeWorklistPlan(Plan):
     """A planned ragged-batch decode: made by :func:`plan_decode_worklist`, run with :meth:`run`.
@@ -408,13 +427,19 @@ class DecodeWorklistPlan(Plan):
         config: kernel config (None until autotuning has chosen one).
         workspace_bytes: fp32 partial buffers per stream.
         tensors: the TensorSig of each argument the plan was made for.
+        schedule: what ``run`` launches: "worklist" (the persistent work-list kernel) or "split"
+            (the split kernel of :func:`numasched.plan_decode`, ``split_plan``, for batches of many
+            pairs: :func:`choose_schedule`); the work list is planned either way.
     """
 
     op = "flash_decode_worklist"
 
     def __init__(self, q, k_cache, v_cache, cache_seqlens, block_table, *, lengths, scale, num_programs, queues,
-                 chunk_tokens, config, options: _options.Options, mode: Optional[str] = None):
+                 chunk_tokens, config, options: _options.Options, mode: Optional[str] = None,
+                 schedule: str = "worklist"):
         check_tensor("q", q)
+        if schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
         if q.dim() == 4:
             raise ValueError(f"q must have 3 dimensions (batch, heads, head_dim) for the work-list decode, got shape "
                              f"{tuple(q.shape)}; multi-token decode (a 4-D q) runs on numasched.plan_decode")
@@ -441,6 +466,16 @@ class DecodeWorklistPlan(Plan):
             mode = "empty" if shape.batch == 0 else caps.launch_mode(dev)
         self.mode = mode
         B, H, HK, Dh = shape.batch, shape.heads, shape.kv_heads, shape.head_dim
+        if schedule == "auto":
+            # a caller's own grid, chunk or config asks for the work-list kernel
+            forced = num_programs is not None or chunk_tokens is not None or config is not None or queues != "auto"
+            schedule = "worklist" if forced or mode != "kernel" else choose_schedule(
+                B * HK, caps.num_sms(dev), self.topology.num_domains)
+        self.schedule = schedule
+        # the split kernel's plan: run() reads no device data (no range checks: check_data off)
+        self.split_plan = None if schedule == "worklist" else D.plan_decode(
+            q, k_cache, v_cache, cache_seqlens=cache_seqlens, block_table=block_table, scale=scale,
+            options=options.replace(check_data=False))
         G = H // HK
         P = int(num_programs) if num_programs is not None else PROGRAMS_PER_SM * caps.num_sms(dev)
         wl = build_worklist(lens, HK, P, program_domains(self.topology, P, queues), group=G,
@@ -514,13 +549,14 @@ class DecodeWorklistPlan(Plan):
                  chunk_tokens=getattr(self, "chunk_tokens", None), num_items=getattr(self, "num_items", None),
                  split_pairs=wl.split_pairs if wl is not None else None,
                  balance=round(self.balance, 4) if hasattr(self, "balance") else None,
-                 mode=getattr(self, "mode", None))
+                 mode=getattr(self, "mode", None), schedule=getattr(self, "schedule", None))
         return d
 
     def __repr__(self) -> str:
         d = self.describe()
         topo = getattr(d.get("topology"), "name", d.get("topology"))
-        return (f"DecodeWorklistPlan(topology={topo!r}, grid={d.get('grid')}, queues={d['num_queues']}, "
+        return (f"DecodeWorklistPlan(schedule={d['schedule']!r}, topology={topo!r}, grid={d.get('grid')}, "
+                f"queues={d['num_queues']}, "
                 f"items={d['num_items']}, chunk_tokens={d['chunk_tokens']}, balance={d['balance']}, "
                 f"config={d.get('config')}, workspace_bytes={d.get('workspace_bytes')})")
 
@@ -607,6 +643,8 @@ class DecodeWorklistPlan(Plan):
         return (o, l) if return_lse else o
 
     def _run(self, q, k_cache, v_cache, cache_seqlens, block_table, out=None, lse=None, want_lse=True):
+        if self.split_plan is not None:
+            return self.split_plan._run(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, want_lse)
         s = self.shape
         dev = self.device
         out, lse, thin = D.prepare_outputs(self, q, out, lse, want_lse)
@@ -656,8 +694,8 @@ class DecodeWorklistPlan(Plan):
 # ----------------------------------------------------------------------------- planning
 def plan_decode_worklist(q, k_cache, v_cache, *, lengths, cache_seqlens=None, block_table=None, scale=None,
                          num_programs: Optional[int] = None, queues="auto", chunk_tokens: Optional[int] = None,
-                         config: Optional[dict] = None, options: Optional[_options.Options] = None
-                         ) -> DecodeWorklistPlan:
+                         config: Optional[dict] = None, options: Optional[_options.Options] = None,
+                         schedule: str = "auto") -> DecodeWorklistPlan:
     """Plan a ragged-batch decode: the batch cut into work items of near-equal cost for a
     persistent kernel (module doc). Make it once per batch layout, run it every step.
 
@@ -675,6 +713,10 @@ def plan_decode_worklist(q, k_cache, v_cache, *, lengths, cache_seqlens=None, bl
         config: a fixed kernel config ``dict(BLOCK_N=..., num_warps=..., num_stages=...)``.
         options: :class:`numasched.options.Options` (``autotune``; ``check_data`` is not used:
             run never reads device data).
+        schedule: "auto" (default: the split kernel of :func:`numasched.plan_decode` for batches
+            of at least ``SPLIT_MIN_PAIRS_PER_SM`` pairs per SM on one locality domain, where it
+            was measured faster, else the work list; a given num_programs, chunk_tokens, config
+            or queues means the work list), "worklist" or "split".
     """
     if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
         if not 0 <= cache_seqlens <= caps.INT32_MAX:
@@ -685,4 +727,4 @@ def plan_decode_worklist(q, k_cache, v_cache, *, lengths, cache_seqlens=None, bl
         raise TypeError(f"options must be a numasched.options.Options, got {type(options).__name__}")
     return DecodeWorklistPlan(q, k_cache, v_cache, cache_seqlens, block_table, lengths=lengths, scale=scale,
                               num_programs=num_programs, queues=queues, chunk_tokens=chunk_tokens, config=config,
-                              options=opts)
+                              options=opts, schedule=schedule)

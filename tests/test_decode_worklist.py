@@ -122,6 +122,43 @@ def test_paged_ragged(page, dtype, topo, launches):
     check(out, lse, *reference(q, k, v, lens_l, bt), dtype)
 
 
+@pytest.mark.parametrize("paged_cache", [False, True])
+def test_split_schedule_runs_the_split_kernel(paged_cache):
+    """schedule="split": the plan runs numasched.plan_decode's split kernel on the same ragged
+    batch (lengths 0 and 1 included), right against the float64 reference, with run still
+    reading no device data (the split plan's range checks off)."""
+    B, H, HK, Dh = 6, 8, 2, 32
+    if paged_cache:
+        q, k, v, bt = paged(B, H, HK, Dh, 16, 7, RAGGED, torch.float32, DEVICE, seed=3)
+    else:
+        q, k, v = contiguous(B, H, HK, Dh, 100, torch.float32, DEVICE, seed=3)
+        bt = None
+    lens = torch.tensor(RAGGED, dtype=torch.int32, device=DEVICE)
+    plan = numasched.plan_decode_worklist(q, k, v, lengths=RAGGED, cache_seqlens=lens, block_table=bt,
+                                          schedule="split")
+    assert plan.schedule == "split" and plan.split_plan is not None and not plan.split_plan.check_data
+    assert "schedule='split'" in repr(plan) and plan.describe()["schedule"] == "split"
+    with observe.record(poison=True) as log:
+        out, lse = plan.run(q, k, v, lens, bt, return_lse=True)
+    assert log.count("flash_decode") > 0 and log.count("flash_decode_worklist") == 0
+    check(out, lse, *reference(q, k, v, RAGGED, bt), torch.float32)
+
+
+def test_auto_schedule_rule():
+    """schedule="auto": the split kernel from SPLIT_MIN_PAIRS_PER_SM pairs per SM on one locality
+    domain, the work list below it and on several domains; a caller's own grid, chunk, config or
+    queues, and the interpreter, keep the work list."""
+    n = W.SPLIT_MIN_PAIRS_PER_SM
+    assert W.choose_schedule(n * 132, 132, 1) == "split" and W.choose_schedule(n * 132 - 1, 132, 1) == "worklist"
+    assert W.choose_schedule(100 * 304, 304, 8) == "worklist"
+    B, H, HK, Dh = 6, 8, 2, 32
+    q, k, v = contiguous(B, H, HK, Dh, 100, torch.float32, DEVICE, seed=4)
+    plan = numasched.plan_decode_worklist(q, k, v, lengths=RAGGED)
+    assert plan.schedule == "worklist" and plan.split_plan is None   # interpreter (or few pairs)
+    with pytest.raises(ValueError, match="schedule must be one of"):
+        numasched.plan_decode_worklist(q, k, v, lengths=RAGGED, schedule="static")
+
+
 def test_automatic_cuts_and_default_programs(launches):
     # the planner's own cuts (no chunk_tokens): on the interpreter's pretend GPU (8 SMs, 16 programs)
     # the 600-token sequence is cut into several items, the short ones stay whole
@@ -554,3 +591,31 @@ def test_gpu_autotuned_and_cuda_graph_while_lengths_grow(paged_cache, launches):
         torch.cuda.synchronize()
         check(out, lse, *reference(q, k, v, now, bt), torch.bfloat16)
     assert not plan.stale(lens0 + 48)
+
+
+@gpu
+def test_gpu_auto_schedule_split_in_a_cuda_graph():
+    """schedule="auto" at a batch of many pairs (128 x 8 KV heads: 1024 pairs, past
+    SPLIT_MIN_PAIRS_PER_SM on a Hopper GPU) takes the split kernel; right against the float64
+    reference in a CUDA graph while the lengths change on the device, zero-length sequences too."""
+    B, H, HK, Dh, L = 128, 32, 8, 128, 1024
+    lens0 = np.random.default_rng(5).integers(L // 16, L - 64, B)
+    lens0[:2] = (0, 1)
+    q, k, v = contiguous(B, H, HK, Dh, L, torch.bfloat16, "cuda", seed=6)
+    lens = torch.tensor(lens0, dtype=torch.int32, device="cuda")
+    plan = numasched.plan_decode_worklist(q, k, v, lengths=lens0, cache_seqlens=lens)
+    want = W.choose_schedule(B * HK, caps.num_sms(q.device), topology.current().num_domains)
+    assert plan.schedule == want == "split"
+    plan.run(q, k, v, lens)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = plan.run(q, k, v, lens, return_lse=True)
+    for step in range(3):
+        now = lens0 + 16 * step
+        lens.copy_(torch.tensor(now, dtype=torch.int32))
+        q.copy_(torch.randn_like(q))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        check(out, lse, *reference(q, k, v, now), torch.bfloat16)
