@@ -31,9 +31,8 @@ The plan (:func:`build_worklist`, pure NumPy; the simulator uses it too). Each (
   and the parts of at most two long ones), so every program ends within one cut's slack of the
   mean. Odd-ranked programs of a queue run their run backwards, so the two parts of a pair cut
   between neighbours run at the same time (both first or both last) and the merge finds the
-  partials in the L2 they were written to. Cuts fall on multiples of ``GRANULE`` tokens and
-  leave at least ``MIN_PIECE_TOKENS`` on either side (a pair shorter than ``MIN_CHUNK_TOKENS`` =
-  128 is never cut); a piece that cannot
+  partials in the L2 they were written to. Cuts fall on multiples of ``GRANULE`` tokens and leave at least ``MIN_PIECE_TOKENS`` on
+  either side (a pair shorter than ``MIN_CHUNK_TOKENS`` = 256 is never cut); a piece that cannot
   be cut goes whole to whichever side leaves the smaller error. The overhead of the items the cuts
   add is part of the budgets. ``chunk_tokens`` is the longest item.
 * **Items.** Pair p's items are numbered j = 0..n-1 by start; the last one is open-ended
@@ -76,19 +75,14 @@ __all__ = ["plan_decode_worklist", "DecodeWorklistPlan", "Worklist", "build_work
            "GRANULE", "MIN_PIECE_TOKENS", "MIN_CHUNK_TOKENS", "ITEM_OVERHEAD_TOKENS", "PROGRAMS_PER_SM",
            "SPLIT_MIN_PAIRS_PER_SM", "choose_schedule"]
 
-# Items are cut at multiples of this many tokens. A cut that falls inside a kernel tile (32 within
-# the 64-token tiles of the fixed config) costs the item a masked partial tile at its end and
-# an unaligned start; the kernel handles any range. 32 instead of 128 (a multiple of every tile,
-# twenty-first session and before): on the ragged grid's work-list points (fewer than
-# SPLIT_MIN_PAIRS_PER_SM pairs per SM, 264 programs) the planned max/mean program cost falls from
-# 1.029 (mean) and 1.117 (worst) to 1.007 and 1.026 (planner only; timed: bench/results/README.md,
-# twenty-second session).
-GRANULE = 32
-# Shortest piece a cut leaves on either side: a pair shorter than twice this (128 tokens) is never
-# cut (no partials, no merge); one 64-token tile at least. (128 balanced better than 256 at the same
-# items per program: max/mean program cost 1.017 against 1.027 over ragged batches of >= 1 GB,
-# 8-128 x 4k-64k, on 264 and 608 programs.)
-MIN_PIECE_TOKENS = 64
+# Items are cut at multiples of this many tokens (every BLOCK_N of the configs divides it, so only
+# a pair's last item ends in a partial tile).
+GRANULE = 128
+# Shortest piece a cut leaves on either side: a pair shorter than twice this (256 tokens) is never
+# cut (no partials, no merge). 128 balanced better than 256 at the same items per program (planner
+# only: max/mean program cost 1.017 against 1.027 over ragged batches of >= 1 GB, 8-128 x 4k-64k,
+# on 264 and 608 programs).
+MIN_PIECE_TOKENS = 128
 MIN_CHUNK_TOKENS = 2 * MIN_PIECE_TOKENS
 # Cost of an item beyond its tokens, in tokens of streaming: q load, pipeline fill, partial write
 # (the split heuristic's per-program overhead, numasched.decode.PROGRAM_OVERHEAD_TOKENS).
