@@ -76,7 +76,10 @@ __all__ = ["plan_decode_worklist", "DecodeWorklistPlan", "Worklist", "build_work
            "SPLIT_MIN_PAIRS_PER_SM", "choose_schedule"]
 
 # Items are cut at multiples of this many tokens (every BLOCK_N of the configs divides it, so only
-# a pair's last item ends in a partial tile).
+# a pair's last item ends in a partial tile). Finer cuts (32, pieces of 64) planned much better
+# balance on the ragged grid's work-list points (max/mean 1.029 -> 1.007 mean, 1.117 -> 1.026
+# worst) but did not run faster on an H100 (48 rows: 0.999x geomean, 28/4 8 x 4k 34.5 -> 35.7 us;
+# bench/results/decode-s22-ragged-g32/): the cuts inside tiles cost what the balance gained.
 GRANULE = 128
 # Shortest piece a cut leaves on either side: a pair shorter than twice this (256 tokens) is never
 # cut (no partials, no merge). 128 balanced better than 256 at the same items per program (planner
