@@ -13,6 +13,11 @@ apart (so a program does not wait for the tile whose stores are still in flight)
     stage 2  wait for every peer's ``flags[src, t] >= epoch``, sum the W partials of the tile in
              rank order 0..W-1 (fp32: bit-identical on every rank), store ``out[rows, cols]``
 
+``LAG=False`` (two ranks; the host's choice where every program has at most one tile): each tile
+is summed right after its push, our own partial kept in registers instead of stored and read
+back (less memory traffic; the same bits, since fp32 addition of the two rounded partials
+commutes).
+
 Partials travel in the output's dtype (as an all-reduce of the GEMM's output would; summed in
 fp32). Small M takes narrow pointer-loaded tiles (every SM streams a strip of the weight); large M
 the TMA-fed 128 x 256 tiles of the other fused GEMMs, so the tiles' pushes overlap the GEMM. ``recv`` is double-buffered by the
@@ -134,7 +139,8 @@ def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, a_desc, b_desc, fl
                         if d == rank:
                             tl.store(tbase + loc, part_tile, mask=mask)
                         else:
-                            tl.store(translate(tbase, rank, d if REMOTE else rank, heap_bases) + loc, part_tile, mask=mask)
+                            tl.store(translate(tbase, rank, d if REMOTE else rank, heap_bases) + loc, part_tile,
+                                     mask=mask)
                     # our own copy is read back in stage 2 by other threads of this program
                     tl.debug_barrier()
                 else:   # past the last tile: raise the last tile's flag
