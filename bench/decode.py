@@ -184,6 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=nonneg_int, default=0, help="--ragged: seed of the length draws")
     p.add_argument("--programs", type=positive_int, default=None,
                    help="--ragged: work-list programs (default numasched.decode_worklist.PROGRAMS_PER_SM per SM)")
+    p.add_argument("--worklist-config", type=_worklist_config, default=None, metavar="BN/W/ST",
+                   help="--ragged: the work-list kernel's config (BLOCK_N/num_warps/num_stages) instead of the model's "
+                        "(a given config also means the work list at every point)")
     p.add_argument("--host", action="store_true",
                    help="only measure host time per eager numasched.flash_decode call, SDPA cuDNN beside it (GPU)")
     p.add_argument("--calls", type=positive_int, default=1000, help="calls per --host measurement")
@@ -852,6 +855,15 @@ RAGGED_COLUMNS = ["heads", "batch", "ctx", "len_min", "len_mean", "useful_GB", "
                   "max_abs_err_vs_static", "max_abs_err_vs_peer", "note"]
 
 
+def _worklist_config(text: str) -> dict:
+    """--worklist-config BN/W/ST -> the kernel config dict."""
+    try:
+        bn, w, st = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a config is BLOCK_N/num_warps/num_stages, e.g. 64/2/5; got {text!r}")
+    return dict(BLOCK_N=bn, num_warps=w, num_stages=st)
+
+
 def _bench_ragged(args) -> int:
     """--ragged: the split kernel, the work-list plan, FlashInfer and SDPA on ragged batches."""
     import torch
@@ -865,6 +877,7 @@ def _bench_ragged(args) -> int:
     dev, dt, read_bw, sms, (fi, fi_err) = _setup(args)
     graph = not args.no_graph
     rows: List[Dict] = []
+    wl_config = args.worklist_config
 
     for hname, B, L in progress(_points(args), description="decode --ragged"):
         H, HK = HEADS[hname]
@@ -890,7 +903,7 @@ def _bench_ragged(args) -> int:
             fn = lambda: numasched.flash_decode(q, k, v, cache_seqlens=lens, block_table=bt)  # noqa: E731
             res["static"], res["static_graph"], o_static = _timed(fn, notes, f"static {layout}", args.rep, graph)
             plan = numasched.plan_decode_worklist(q, k, v, lengths=lens_np, cache_seqlens=lens, block_table=bt,
-                                                  num_programs=args.programs)
+                                                  num_programs=args.programs, config=wl_config)
             fn = lambda: plan.run(q, k, v, lens, bt)  # noqa: E731
             res["worklist"], res["worklist_graph"], o_wl = _timed(fn, notes, f"worklist {layout}", args.rep, graph)
             res.update(items=plan.num_items, programs=plan.num_programs, balance=round(plan.balance, 4))

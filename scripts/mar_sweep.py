@@ -22,26 +22,7 @@ from numasched.bench.common import dist_graph_us, init_rank
 from numasched.distributed._common import run
 
 mar = importlib.import_module("numasched.distributed.matmul_all_reduce")
-# Timing probes (results wrong, compiled before anything else so no cached kernel is reused):
-# MAR_NOWAIT=1 makes the fused kernel's waits for the peers' partials no-ops (the pushes and the
-# flags still go out); MAR_NOSIGNAL=1 (with MAR_NOWAIT) also drops the flags and their fences.
-if os.environ.get("MAR_NOWAIT") == "1":
-    import triton
-    import triton.language as tl
 
-    from numasched.kernels import dist_gemm_ar
-
-    @triton.jit
-    def _no_wait(flag_ptr, target, src, status_ptr, bound, CLOCK: tl.constexpr):
-        return True
-
-    dist_gemm_ar.wait_flag = _no_wait
-    if os.environ.get("MAR_NOSIGNAL") == "1":
-        @triton.jit
-        def _no_signal(flag_ptr, value, rank, heap_bases, WORLD: tl.constexpr, ONE_FENCE: tl.constexpr):
-            pass
-
-        dist_gemm_ar.signal_peers = _no_signal
 TILE0 = mar.FUSED_BIG_TILE
 # (column, the fused kernel's big-tile config): the default, and 128 x 128 tiles two per SM
 TILES = [("fused", TILE0),
