@@ -51,6 +51,31 @@ def _tile_acc_tma(a_desc, off_m, b_desc, off_n, K, BLOCK_M: tl.constexpr, BLOCK_
 
 
 @triton.jit
+def _tile_at(t, TN, a_ptr, a_desc, b_ptr, b_desc, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+             USE_TMA: tl.constexpr, B_TRANS: tl.constexpr):
+    """Output tile ``t`` (row-major over TN column tiles): (tm, tn, rows, cols, fp32 acc)."""
+    tm = t // TN
+    tn = t % TN
+    rows = tm * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tn * BLOCK_N + tl.arange(0, BLOCK_N)
+    if USE_TMA:
+        acc = _tile_acc_tma(a_desc, tm * BLOCK_M, b_desc, tn * BLOCK_N, K, BLOCK_M, BLOCK_N, BLOCK_K, B_TRANS)
+    else:
+        acc = _tile_matmul(a_ptr, stride_am, stride_ak, rows % M, b_ptr, stride_bk, stride_bn, cols % N,
+                           K, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+    return tm, tn, rows, cols, acc
+
+
+@triton.jit
+def _store_out(total, out_ptr, tm, tn, mask, stride_om, stride_on, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The summed tile into ``out`` in its dtype (any strides)."""
+    obase = out_ptr + (tm * BLOCK_M).to(tl.int64) * stride_om + (tn * BLOCK_N).to(tl.int64) * stride_on
+    oloc = tl.arange(0, BLOCK_M)[:, None] * stride_om + tl.arange(0, BLOCK_N)[None, :] * stride_on
+    tl.store(obase + oloc, total.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, a_desc, b_desc, flags_ptr, status_ptr, epoch_ptr,
                              counters_ptr, heap_bases, rank, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
                              stride_om, stride_on, wait_bound,
@@ -84,15 +109,9 @@ def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, a_desc, b_desc, fl
         peer = 1 - rank
         for i in range(0, mine):
             t = p + i * P
-            tm = t // TN
-            tn = t % TN
-            rows = tm * BLOCK_M + tl.arange(0, BLOCK_M)
-            cols = tn * BLOCK_N + tl.arange(0, BLOCK_N)
-            if USE_TMA:
-                acc = _tile_acc_tma(a_desc, tm * BLOCK_M, b_desc, tn * BLOCK_N, K, BLOCK_M, BLOCK_N, BLOCK_K, B_TRANS)
-            else:
-                acc = _tile_matmul(a_ptr, stride_am, stride_ak, rows % M, b_ptr, stride_bk, stride_bn, cols % N,
-                                   K, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+            tm, tn, rows, cols, acc = _tile_at(t, TN, a_ptr, a_desc, b_ptr, b_desc, M, N, K, stride_am, stride_ak,
+                                               stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, USE_TMA,
+                                               B_TRANS)
             own = acc.to(recv_ptr.dtype.element_ty)
             mask = (rows[:, None] < M) & (cols[None, :] < N)
             tile0 = (tm * BLOCK_M).to(tl.int64) * N + tn * BLOCK_N
@@ -105,10 +124,8 @@ def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, a_desc, b_desc, fl
                 if REMOTE:
                     wait_flag(flags_ptr + peer * T + t, e, peer, status_ptr, wait_bound, WAIT_CLOCK)
                 theirs = tl.load(recv + peer * part + tile0 + loc, mask=mask, other=0.0)
-                total = own.to(tl.float32) + theirs.to(tl.float32)
-                obase = out_ptr + (tm * BLOCK_M).to(tl.int64) * stride_om + (tn * BLOCK_N).to(tl.int64) * stride_on
-                oloc = tl.arange(0, BLOCK_M)[:, None] * stride_om + tl.arange(0, BLOCK_N)[None, :] * stride_on
-                tl.store(obase + oloc, total.to(out_ptr.dtype.element_ty), mask=mask)
+                _store_out(own.to(tl.float32) + theirs.to(tl.float32), out_ptr, tm, tn, mask, stride_om, stride_on,
+                           BLOCK_M, BLOCK_N)
     else:
         for i in range(0, mine + 1):
             # ---- stage 1: compute tile i; raise tile i-1's flag (its remote stores drained during
@@ -117,16 +134,9 @@ def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, a_desc, b_desc, fl
             if (STAGES & 1) != 0:
                 if i < mine:
                     t = p + i * P
-                    tm = t // TN
-                    tn = t % TN
-                    rows = tm * BLOCK_M + tl.arange(0, BLOCK_M)
-                    cols = tn * BLOCK_N + tl.arange(0, BLOCK_N)
-                    if USE_TMA:
-                        acc = _tile_acc_tma(a_desc, tm * BLOCK_M, b_desc, tn * BLOCK_N, K, BLOCK_M, BLOCK_N, BLOCK_K,
-                                            B_TRANS)
-                    else:
-                        acc = _tile_matmul(a_ptr, stride_am, stride_ak, rows % M, b_ptr, stride_bk, stride_bn, cols % N,
-                                           K, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+                    tm, tn, rows, cols, acc = _tile_at(t, TN, a_ptr, a_desc, b_ptr, b_desc, M, N, K, stride_am,
+                                                       stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K,
+                                                       EVEN_K, USE_TMA, B_TRANS)
                     if i >= 1:
                         signal_peers(flags_ptr + rank * T + (t - P), e, rank, heap_bases, WORLD, WAIT_CLOCK)
                     mask = (rows[:, None] < M) & (cols[None, :] < N)
@@ -163,8 +173,6 @@ def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, a_desc, b_desc, fl
                         if (src != rank) & REMOTE:
                             wait_flag(flags_ptr + src * T + t, e, src, status_ptr, wait_bound, WAIT_CLOCK)
                         total += tl.load(recv + src * part + tile0 + loc, mask=mask, other=0.0).to(tl.float32)
-                    obase = out_ptr + (tm * BLOCK_M).to(tl.int64) * stride_om + (tn * BLOCK_N).to(tl.int64) * stride_on
-                    oloc = tl.arange(0, BLOCK_M)[:, None] * stride_om + tl.arange(0, BLOCK_N)[None, :] * stride_on
-                    tl.store(obase + oloc, total.to(out_ptr.dtype.element_ty), mask=mask)
+                    _store_out(total, out_ptr, tm, tn, mask, stride_om, stride_on, BLOCK_M, BLOCK_N)
 
     epoch_end(epoch_ptr, counters_ptr, P, e, BUMP_EPOCH)
