@@ -208,6 +208,8 @@ def _parse(argv):
         args.pages = []
     if args.variant and (args.sq or args.ragged):
         build_parser().error("--variant: the single-token grid only (not with --sq or --ragged)")
+    if (args.worklist_config is not None or args.programs is not None) and not args.ragged:
+        build_parser().error("--worklist-config and --programs go with --ragged")
     return args
 
 
@@ -848,8 +850,8 @@ def _bench_multi(args) -> int:
     return 0
 
 
-RAGGED_COLUMNS = ["heads", "batch", "ctx", "len_min", "len_mean", "useful_GB", "layout", "splits", "items", "programs",
-                  "balance", "static_us", "static_graph_us", "worklist_us", "worklist_graph_us", "worklist_vs_static",
+RAGGED_COLUMNS = ["heads", "batch", "ctx", "len_min", "len_mean", "useful_GB", "layout", "splits", "schedule", "items",
+                  "programs", "balance", "static_us", "static_graph_us", "worklist_us", "worklist_graph_us", "worklist_vs_static",
                   "best_peer", "best_peer_us", "ratio_vs_best_peer", "ratio_eager", "frac_stream_read",
                   "static_frac_stream_read", "flashinfer_us", "flashinfer_graph_us", "sdpa_mask_us", "sdpa_mask_graph_us",
                   "max_abs_err_vs_static", "max_abs_err_vs_peer", "note"]
@@ -857,10 +859,15 @@ RAGGED_COLUMNS = ["heads", "batch", "ctx", "len_min", "len_mean", "useful_GB", "
 
 def _worklist_config(text: str) -> dict:
     """--worklist-config BN/W/ST -> the kernel config dict."""
+    from numasched.decode_worklist import GRANULE
+
     try:
         bn, w, st = (int(x) for x in text.split("/"))
     except ValueError:
         raise argparse.ArgumentTypeError(f"a config is BLOCK_N/num_warps/num_stages, e.g. 64/2/5; got {text!r}")
+    if min(bn, w, st) < 1 or bn & (bn - 1) or GRANULE % bn or w & (w - 1):
+        raise argparse.ArgumentTypeError(f"{text!r}: BLOCK_N must be a power of two dividing {GRANULE}, num_warps a "
+                                         f"power of two and num_stages >= 1")
     return dict(BLOCK_N=bn, num_warps=w, num_stages=st)
 
 
@@ -906,7 +913,9 @@ def _bench_ragged(args) -> int:
                                                   num_programs=args.programs, config=wl_config)
             fn = lambda: plan.run(q, k, v, lens, bt)  # noqa: E731
             res["worklist"], res["worklist_graph"], o_wl = _timed(fn, notes, f"worklist {layout}", args.rep, graph)
-            res.update(items=plan.num_items, programs=plan.num_programs, balance=round(plan.balance, 4))
+            # schedule: what the "worklist" columns timed (the plan's choice; "split": the split kernel)
+            res.update(items=plan.num_items, programs=plan.num_programs, balance=round(plan.balance, 4),
+                       schedule=plan.schedule)
             if o_static is not None and o_wl is not None:
                 res["err_static"] = (o_wl.float() - o_static.float()).abs().max().item()
             ours[layout] = res
@@ -965,8 +974,8 @@ def _bench_ragged(args) -> int:
             t, tg = res.get("worklist"), res.get("worklist_graph")
             ts, tsg = res.get("static"), res.get("static_graph")
             t_eff, ts_eff = tg or t, tsg or ts
-            row = dict(base, layout=layout, items=res.get("items"), programs=res.get("programs"),
-                       balance=res.get("balance"))
+            row = dict(base, layout=layout, schedule=res.get("schedule"), items=res.get("items"),
+                       programs=res.get("programs"), balance=res.get("balance"))
             row["static_us"] = ts * 1e3 if ts else None
             row["static_graph_us"] = tsg * 1e3 if tsg else ("n/a" if ts else None)
             row["worklist_us"] = t * 1e3 if t else None

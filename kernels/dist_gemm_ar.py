@@ -168,11 +168,16 @@ def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, a_desc, b_desc, fl
                     mask = (rows[:, None] < M) & (cols[None, :] < N)
                     tile0 = (tm * BLOCK_M).to(tl.int64) * N + tn * BLOCK_N
                     loc = tl.arange(0, BLOCK_M)[:, None] * N + tl.arange(0, BLOCK_N)[None, :]
-                    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                    for src in tl.static_range(WORLD):   # rank order: the same rounding on every rank
+                    # rank order: the same rounding on every rank; the sum starts from rank 0's
+                    # partial (not from +0: two -0 partials sum to -0, as the unlagged form's do)
+                    for src in tl.static_range(WORLD):
                         if (src != rank) & REMOTE:
                             wait_flag(flags_ptr + src * T + t, e, src, status_ptr, wait_bound, WAIT_CLOCK)
-                        total += tl.load(recv + src * part + tile0 + loc, mask=mask, other=0.0).to(tl.float32)
+                        x = tl.load(recv + src * part + tile0 + loc, mask=mask, other=0.0).to(tl.float32)
+                        if src == 0:
+                            total = x
+                        else:
+                            total += x
                     _store_out(total, out_ptr, tm, tn, mask, stride_om, stride_on, BLOCK_M, BLOCK_N)
 
     epoch_end(epoch_ptr, counters_ptr, P, e, BUMP_EPOCH)

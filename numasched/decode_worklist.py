@@ -103,8 +103,9 @@ PROGRAMS_PER_SM = 2
 # batches (lengths uniform in [L/16, L]; bench/results/decode-s22-ragged/): at 1024-4096 pairs
 # (7.8-31 per SM) the split kernel took 0.947-1.010x the work list's time (17 of 24 rows faster,
 # MHA 128 x 4k 0.947); at 256-512 pairs (1.9-3.9 per SM) 1.01-1.14x (the work list faster at 23
-# of 24 rows). On one locality domain only: on several (MI300X) the work list's per-domain queues
-# keep a KV head's chunks in one L2, which the split kernel does not (simulator, not measured).
+# of 24 rows). Nothing was measured between 3.9 and 7.8 pairs per SM: 6 splits the gap. On one
+# locality domain only: on several (MI300X) the work list's per-domain queues keep a KV head's
+# chunks in one L2, which the split kernel does not (simulator, not measured).
 SPLIT_MIN_PAIRS_PER_SM = 6
 SCHEDULES = ("auto", "worklist", "split")
 WORK_FIELDS = 8  # int32 fields per work item (kernels/flash_decode_worklist.py)
@@ -432,7 +433,9 @@ class DecodeWorklistPlan(Plan):
         tensors: the TensorSig of each argument the plan was made for.
         schedule: what ``run`` launches: "worklist" (the persistent work-list kernel) or "split"
             (the split kernel of :func:`numasched.plan_decode`, ``split_plan``, for batches of many
-            pairs: :func:`choose_schedule`); the work list is planned either way.
+            pairs: :func:`choose_schedule`); the work list is planned either way (``worklist``,
+            ``balance``), but with "split" nothing of it goes to the device, and ``grid``,
+            ``config`` and ``workspace_bytes`` are the split plan's.
     """
 
     op = "flash_decode_worklist"
@@ -500,6 +503,13 @@ class DecodeWorklistPlan(Plan):
         self._views: dict = {}
         self._launch = None
         self.work = self.prog_ptr = None
+        if self.split_plan is not None:
+            # the split kernel runs: its grid, config and workspace are what a launch uses (the
+            # work list above stays for inspection; nothing of it goes to the device)
+            sp = self.split_plan
+            self.grid, self.config, self.workspace_bytes = sp.grid, sp.config, sp.workspace_bytes
+            self._freeze()
+            return
         if mode in ("empty", "torch"):
             self._freeze()
             return
@@ -575,12 +585,15 @@ class DecodeWorklistPlan(Plan):
     def stale(self, lengths, tolerance: float = 0.1) -> bool:
         """Whether a new plan for these lengths (host values, e.g. the lengths after some decode
         steps) would balance the programs markedly better: this plan's predicted slowest program
-        more than ``tolerance`` above a fresh plan's. The plan stays *correct* either way."""
+        more than ``tolerance`` above a fresh plan's. The plan stays *correct* either way. Never
+        with the split schedule (its programs follow the run-time lengths: nothing to re-plan)."""
         if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)):
             raise TypeError(f"tolerance must be a number, got {type(tolerance).__name__}")
         if not tolerance >= 0:
             raise ValueError(f"tolerance must be >= 0, got {tolerance!r}")
         lens = check_lengths(lengths, self.shape.batch, self.shape.capacity)
+        if self.schedule == "split":
+            return False
         wl = self.worklist
         fresh = build_worklist(lens, wl.kv_heads, wl.num_programs, wl.domains, group=wl.group)
         now = self.worklist.program_cost_for(lens).max()

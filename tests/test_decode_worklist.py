@@ -138,6 +138,9 @@ def test_split_schedule_runs_the_split_kernel(paged_cache):
                                           schedule="split")
     assert plan.schedule == "split" and plan.split_plan is not None and not plan.split_plan.check_data
     assert "schedule='split'" in repr(plan) and plan.describe()["schedule"] == "split"
+    # what a launch uses is the split plan's; nothing of the work list went to the device
+    assert plan.grid == plan.split_plan.grid and plan.workspace_bytes == plan.split_plan.workspace_bytes
+    assert plan.work is None and plan.prog_ptr is None and not plan.stale([100] * B, tolerance=0.0)
     with observe.record(poison=True) as log:
         out, lse = plan.run(q, k, v, lens, bt, return_lse=True)
     assert log.count("flash_decode") > 0 and log.count("flash_decode_worklist") == 0
