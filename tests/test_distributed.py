@@ -628,6 +628,8 @@ vals.update(a_desc="tensordesc<bf16[128, 64]>", b_desc="tensordesc<bf16[256, 64]
             M=4096, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64)   # b = w.T of an F.linear weight
 c = compile_(dist_gemm_ar.matmul_all_reduce_kernel, vals, sm90, 8, 3)
 res["mar_tma"] = dict(ptx=c.asm["ptx"], shared=c.metadata.shared)
+c = compile_(dist_gemm_ar.matmul_all_reduce_kernel, dict(vals, LAG=False), sm90, 8, 3)   # one tile per program
+res["mar_unlagged"] = dict(ptx=c.asm["ptx"], shared=c.metadata.shared)
 vals = dict(x_ptr="*bf16", res_ptr="*bf16", w_ptr="*bf16", res_out_ptr="*bf16", y_ptr="*bf16", buf_ptr="*bf16",
             flags_ptr="*i64", status_ptr="*i32", epoch_ptr="*i64", counters_ptr="*i32", heap_bases="*i64", rank=0,
             M=16, N=4096, iters=3, eps=1e-5, wait_bound=10**6, ll_ptr="*i64", WORLD=2, BLOCK_N=4096, STAGES=3,
@@ -752,6 +754,9 @@ def test_kernels_compile_for_hopper(subprocess_result):
     big = subprocess_result["mar_tma"]   # large M: TMA-fed wgmma tiles, 16-byte pushes, within an SM's smem
     assert "cp.async.bulk.tensor" in big["ptx"] and "wgmma" in big["ptx"] and "st.global.v4" in big["ptx"]
     assert big["shared"] <= 232448
+    one = subprocess_result["mar_unlagged"]   # the unlagged form: the same pipeline, one push, a wait, no reload
+    assert "wgmma" in one["ptx"] and _released(one["ptx"]) and re.search(r"(ld|atom)\.global\.sys\.acquire", one["ptx"])
+    assert one["shared"] <= 232448
     # waits are bounded by the GPU clock on NVIDIA (a poll count is far too long under contention)
     for k in (ag, rs, dec, subprocess_result["ce_wait"], subprocess_result["ar1"], mar):
         assert "%globaltimer" in k["ptx"]
