@@ -321,7 +321,8 @@ class MatmulAllReduceFused(_Op):
         # program the lag hides the peer's push and the unlagged form lost (4096 x 4096 x 2048:
         # 218.8 against 195.8; bench/results/tp2-s22/mar-sweep-tp2-h100.log). The config's LAG
         # overrides (scripts/mar_sweep.py); other world sizes always lag.
-        lag = bool(c.get("LAG", c["tiles"] > programs)) or ctx.world != 2
+        lag = c.get("LAG")
+        lag = (c["tiles"] > programs if lag is None else bool(lag)) or ctx.world != 2
         # TMA: A row-major; B row-major (K, N) or the transposed view of a (N, K) weight (w.T)
         b_trans = b.stride(1) != 1 and b.stride(0) == 1
         b_store = b.T if b_trans else b
