@@ -851,8 +851,8 @@ def _bench_multi(args) -> int:
 
 
 RAGGED_COLUMNS = ["heads", "batch", "ctx", "len_min", "len_mean", "useful_GB", "layout", "splits", "schedule", "items",
-                  "programs", "balance", "static_us", "static_graph_us", "worklist_us", "worklist_graph_us", "worklist_vs_static",
-                  "best_peer", "best_peer_us", "ratio_vs_best_peer", "ratio_eager", "frac_stream_read",
+                  "programs", "balance", "static_us", "static_graph_us", "worklist_us", "worklist_graph_us",
+                  "worklist_vs_static", "best_peer", "best_peer_us", "ratio_vs_best_peer", "ratio_eager", "frac_stream_read",
                   "static_frac_stream_read", "flashinfer_us", "flashinfer_graph_us", "sdpa_mask_us", "sdpa_mask_graph_us",
                   "max_abs_err_vs_static", "max_abs_err_vs_peer", "note"]
 
