@@ -22,7 +22,6 @@ from numasched.bench.common import dist_graph_us, init_rank
 from numasched.distributed._common import run
 
 mar = importlib.import_module("numasched.distributed.matmul_all_reduce")
-
 TILE0 = mar.FUSED_BIG_TILE
 # (column, the fused kernel's big-tile config): the default, and 128 x 128 tiles two per SM
 TILES = [("fused", TILE0),
