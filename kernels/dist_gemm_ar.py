@@ -88,13 +88,110 @@ def _store_out(total, out_ptr, tm, tn, mask, stride_om, stride_on, BLOCK_M: tl.c
 
 
 @triton.jit
+def _copy_sum(t, TN, recv, part, peer, out_ptr, flags_ptr, T, e, status_ptr, wait_bound, M, N, stride_om, stride_on,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WAIT_CLOCK: tl.constexpr, REMOTE: tl.constexpr):
+    """PAIRS: the sum of peer-owned tile ``t``, pushed by its owner into our ``recv[slot, peer]``,
+    into ``out`` once its flag is up."""
+    tm, tn, rows, cols, mask, tile0, loc = _tile_place(t, TN, M, N, BLOCK_M, BLOCK_N)
+    if REMOTE:
+        wait_flag(flags_ptr + peer * T + t, e, peer, status_ptr, wait_bound, WAIT_CLOCK)
+    x = tl.load(recv + peer * part + tile0 + loc, mask=mask, other=0.0)
+    _store_out(x, out_ptr, tm, tn, mask, stride_om, stride_on, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _pairs(a_ptr, b_ptr, out_ptr, recv, a_desc, b_desc, flags_ptr, status_ptr, heap_bases, rank, e, p, P, T, TN,
+           part, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_om, stride_on, wait_bound,
+           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+           USE_TMA: tl.constexpr, B_TRANS: tl.constexpr, STAGES: tl.constexpr, WAIT_CLOCK: tl.constexpr,
+           REMOTE: tl.constexpr):
+    """PAIRS (two ranks, several tiles per program): an all-reduce in two halves per tile pair.
+
+    Output tiles go in pairs (2q, 2q + 1); rank r owns tile 2q + r of each. Program p takes pairs
+    p, p + P, ... and for each computes first the tile its peer owns (A: its partial pushed into
+    the peer's recv[slot, rank]), then its own (B: the peer's partial of it, pushed during the
+    peer's A, is summed with ours, kept in registers; the sum goes to out and to the peer's recv).
+    The peer's sum of the tile we pushed arrives during our next pair and is copied into out then
+    (C). So no program waits for a tile just computed (the peer pushed it a K loop earlier), each
+    flag goes up a K loop after its stores (the release fence finds them drained), and every tile
+    crosses the link twice in all (partial one way, sum the other), as in the one-shot form.
+    The sum is the same fp32 addition of the two rounded partials as in the other forms (two
+    ranks: a + b == b + a), computed once by the owner: the same bits on both ranks.
+    STAGES 7 runs the interleaved loop; the CPU simulation runs A (1), B (2) and C (4) as three
+    launches, each flag raised right after its stores."""
+    peer = 1 - rank
+    DEFER: tl.constexpr = STAGES == 7
+    mine = tl.cdiv(tl.cdiv(T, 2) - p, P)   # pairs of this program
+    for i in range(0, mine + 1):
+        q = p + i * P
+        t_o = 2 * q + 1 - rank     # the peer's tile of pair q
+        t_m = 2 * q + rank         # ours
+        tp_o = t_o - 2 * P         # the previous pair's
+        tp_m = t_m - 2 * P
+        has_o = (i < mine) & (t_o < T)
+        has_m = (i < mine) & (t_m < T)
+        # ---- A: the peer's tile, its partial pushed
+        if (STAGES & 1) != 0:
+            if has_o:
+                tm, tn, rows, cols, mask, tile0, loc = _tile_place(t_o, TN, M, N, BLOCK_M, BLOCK_N)
+                acc = _tile_acc(tm, tn, rows, cols, a_ptr, a_desc, b_ptr, b_desc, M, N, K, stride_am, stride_ak,
+                                stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, USE_TMA, B_TRANS)
+                if DEFER:   # the previous pair's sum left during this K loop
+                    if (i >= 1) & (tp_m < T):
+                        signal_peers(flags_ptr + rank * T + tp_m, e, rank, heap_bases, 2, WAIT_CLOCK)
+                tl.store(translate(recv + rank * part + tile0, rank, peer if REMOTE else rank, heap_bases) + loc,
+                         acc.to(recv.dtype.element_ty), mask=mask)
+                if DEFER:
+                    if not has_m:   # no K loop of ours follows to hide the fence behind
+                        signal_peers(flags_ptr + rank * T + t_o, e, rank, heap_bases, 2, WAIT_CLOCK)
+                else:
+                    signal_peers(flags_ptr + rank * T + t_o, e, rank, heap_bases, 2, WAIT_CLOCK)
+            elif DEFER:
+                if (i >= 1) & (tp_m < T):
+                    signal_peers(flags_ptr + rank * T + tp_m, e, rank, heap_bases, 2, WAIT_CLOCK)
+        # ---- B: our tile, summed with the peer's partial (C for the previous pair before the wait)
+        if (STAGES & 2) != 0:
+            if has_m:
+                tm, tn, rows, cols, mask, tile0, loc = _tile_place(t_m, TN, M, N, BLOCK_M, BLOCK_N)
+                acc = _tile_acc(tm, tn, rows, cols, a_ptr, a_desc, b_ptr, b_desc, M, N, K, stride_am, stride_ak,
+                                stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, USE_TMA, B_TRANS)
+                own = acc.to(recv.dtype.element_ty)
+                if DEFER:
+                    if has_o:   # A's push drained during this K loop
+                        signal_peers(flags_ptr + rank * T + t_o, e, rank, heap_bases, 2, WAIT_CLOCK)
+                    if (i >= 1) & (tp_o < T):
+                        _copy_sum(tp_o, TN, recv, part, peer, out_ptr, flags_ptr, T, e, status_ptr, wait_bound, M, N,
+                                  stride_om, stride_on, BLOCK_M, BLOCK_N, WAIT_CLOCK, REMOTE)
+                if REMOTE:
+                    wait_flag(flags_ptr + peer * T + t_m, e, peer, status_ptr, wait_bound, WAIT_CLOCK)
+                theirs = tl.load(recv + peer * part + tile0 + loc, mask=mask, other=0.0)
+                total = (own.to(tl.float32) + theirs.to(tl.float32)).to(recv.dtype.element_ty)
+                _store_out(total, out_ptr, tm, tn, mask, stride_om, stride_on, BLOCK_M, BLOCK_N)
+                tl.store(translate(recv + rank * part + tile0, rank, peer if REMOTE else rank, heap_bases) + loc,
+                         total, mask=mask)
+                if not DEFER:
+                    signal_peers(flags_ptr + rank * T + t_m, e, rank, heap_bases, 2, WAIT_CLOCK)
+            elif DEFER:   # no B this time (the last, odd pair, or the loop's end)
+                if (i >= 1) & (tp_o < T):
+                    _copy_sum(tp_o, TN, recv, part, peer, out_ptr, flags_ptr, T, e, status_ptr, wait_bound, M, N,
+                              stride_om, stride_on, BLOCK_M, BLOCK_N, WAIT_CLOCK, REMOTE)
+        # ---- C (the simulation's third launch): the peer's sums into out
+        if (STAGES & 4) != 0:
+            if not DEFER:
+                if has_o:
+                    _copy_sum(t_o, TN, recv, part, peer, out_ptr, flags_ptr, T, e, status_ptr, wait_bound, M, N,
+                              stride_om, stride_on, BLOCK_M, BLOCK_N, WAIT_CLOCK, REMOTE)
+
+
+@triton.jit
 def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, a_desc, b_desc, flags_ptr, status_ptr, epoch_ptr,
                              counters_ptr, heap_bases, rank, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
                              stride_om, stride_on, wait_bound,
                              WORLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                              EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, B_TRANS: tl.constexpr,
                              STAGES: tl.constexpr, BUMP_EPOCH: tl.constexpr, WAIT_CLOCK: tl.constexpr,
-                             REMOTE: tl.constexpr = True, PDL: tl.constexpr = False, LAG: tl.constexpr = True):
+                             REMOTE: tl.constexpr = True, PDL: tl.constexpr = False, LAG: tl.constexpr = True,
+                             PAIRS: tl.constexpr = False):
     pdl_enter(PDL)  # PDL: wait for the previous kernel here (kernels/pdl.py)
     # REMOTE=False (timing only, communicate=False): the pushes land in our own heap and nobody
     # waits (the flags still go out): the kernel's time without the exchange, its results wrong
@@ -109,7 +206,11 @@ def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, a_desc, b_desc, fl
     mine = tl.cdiv(T - p, P)                     # tiles of this program
     part = (tl.zeros([], tl.int64) + M) * N   # M may be the constant 1 (batch-1 decode)
     recv = recv_ptr + (slot * WORLD).to(tl.int64) * part
-    if not LAG:
+    if PAIRS:
+        _pairs(a_ptr, b_ptr, out_ptr, recv, a_desc, b_desc, flags_ptr, status_ptr, heap_bases, rank, e, p, P, T, TN,
+               part, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_om, stride_on, wait_bound,
+               BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, USE_TMA, B_TRANS, STAGES, WAIT_CLOCK, REMOTE)
+    elif not LAG:
         # LAG=False (two ranks): each tile summed as soon as it is pushed. Only the peer's copy is
         # stored; ours stays in registers, rounded to the partials' dtype as the peer's is, and
         # the two are added in fp32 (a + b == b + a: the same bits on both ranks, and as LAG's

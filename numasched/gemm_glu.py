@@ -63,6 +63,21 @@ def check_matmul_swiglu(a, b, out=None):
     return Mdim, n, K, a.dtype
 
 
+# Prefill sizes: 128 x 256 tiles of the (M, 2n, K) GEMM (a 128 x 128 gate tile and its up tile),
+# unsplit, 3 stages. The model's split-K pick there (128 x 128, 6 stages: 128 x 64 GLU tiles)
+# ran 1.2x the time of cuBLAS's GEMM + the compiled activation; these tiles ran 0.96-0.99x it at
+# 1024-8192 rows and 0.97 at 512 (one H100, n = 7168 and 14336, K = 4096, graph replays;
+# bench/results/glu-s23/glu_prefill_probe-h100.log).
+GLU_BIG_SCHEDULE = _sched.Schedule.parse("splitk 128x256x64 w8 s3")
+GLU_BIG_MIN_ROWS = 512
+
+
+def big_tiles(M: int, n: int, dtype) -> bool:
+    """Whether :data:`GLU_BIG_SCHEDULE` runs an (M, n) SwiGLU GEMM: from GLU_BIG_MIN_ROWS rows
+    of 2-byte operands (the sizes it was measured at)."""
+    return M >= GLU_BIG_MIN_ROWS and n >= 128 and torch.empty((), dtype=dtype).element_size() == 2
+
+
 class SwiGLUPlan(Plan):
     """A planned SwiGLU GEMM (:func:`plan_matmul_swiglu`). Attributes: M, n, K; schedule (the
     split-K Schedule for the (M, 2n, K) GEMM); block_n (the GLU tile: half the schedule's);
@@ -94,8 +109,11 @@ class SwiGLUPlan(Plan):
         tma_possible = (options.gemm_splitk_tma and a_view is not None and b_view is not None
                         and TensorDescriptor is not None)
         if schedule is None and not interp:
-            schedule = _sched.choose(Mdim, 2 * n, K, dtype, dev, splitk_only=True,
-                                     splitk_tma=tma_possible and caps.tma_supported(dev))
+            if big_tiles(Mdim, n, dtype) and tma_possible and caps.tma_supported(dev):
+                schedule = GLU_BIG_SCHEDULE
+            else:
+                schedule = _sched.choose(Mdim, 2 * n, K, dtype, dev, splitk_only=True,
+                                         splitk_tma=tma_possible and caps.tma_supported(dev))
         if schedule is not None:
             if schedule.kind != "splitk":
                 raise ValueError(f"schedule must be a split-K Schedule, got kind {schedule.kind!r}")

@@ -190,8 +190,15 @@ def check_fused_pointer_path(ctx, quick):
         part = ar.float() @ br.float()
         dist.all_reduce(part)
         e2 = rel(nd.matmul_reduce_scatter(ar, br, ctx=ctx), part[R * 300:(R + 1) * 300])
-    assert e1 < 1e-2 and e2 < 1e-2, (e1, e2)
-    return f"all_gather_matmul {e1:.1e}, matmul_reduce_scatter {e2:.1e}"
+        # GEMM + all-reduce with several tiles per program (two ranks: PAIRS), K not a multiple of 64
+        am, bm = randn(4608, 1000, seed=45 + R), randn(1000, 1100, seed=46 + R)
+        part = am.float() @ bm.float()
+        dist.all_reduce(part)
+        y = nd.matmul_all_reduce(am, bm, ctx=ctx, impl="fused")
+        e3 = rel(y, part)
+        same = same_everywhere(y)
+    assert e1 < 1e-2 and e2 < 1e-2 and e3 < 1e-2 and same, (e1, e2, e3, same)
+    return f"all_gather_matmul {e1:.1e}, matmul_reduce_scatter {e2:.1e}, matmul_all_reduce {e3:.1e}"
 
 
 def check_flash_decode_distributed(ctx, quick):
@@ -409,8 +416,9 @@ def check_all_reduce(ctx, quick):
 
 def check_matmul_all_reduce(ctx, quick):
     R, W = ctx.rank, ctx.world
+    # 4480 x 1100: 175 tiles of 128 x 256, an odd count of more than one per program (PAIRS)
     shapes = [(1, 14336 // W, 4096), (16, 4096 // W, 4096), (256, 14336 // W, 4096), (37, 999, 515),
-              (2050, 4096 // W, 4096)]
+              (2050, 4096 // W, 4096), (4480, 1400 // W, 1100)]
     msgs, ok = [], Expect()
     for i, (M, Kl, N) in enumerate(shapes):
         a = randn(M, Kl, seed=300 * i + R)

@@ -1174,7 +1174,8 @@ def test_matmul_all_reduce_fused_two_programs_per_sm_sim(world, monkeypatch):
     plan = next(iter(sim.ranks[0].plans.values()))
     tiles = plan.bufs["flags"].shape[1]
     grids = {k[1] for k in plan.launchers}
-    assert grids == {min(2 * sim.ranks[0].num_sms, tiles)} and min(grids) > sim.ranks[0].num_sms
+    units = -(-tiles // 2) if world == 2 else tiles   # two ranks: programs take tile pairs (PAIRS)
+    assert grids == {min(2 * sim.ranks[0].num_sms, units)} and min(grids) > sim.ranks[0].num_sms
 
 
 @pytest.mark.parametrize("world,M,K,N", [(2, 37, 24, 40), (2, 16, 48, 16), (3, 24, 16, 48)])
@@ -1207,13 +1208,49 @@ def test_matmul_all_reduce_fused_unlagged_sim(world, M, K, N, monkeypatch):
             slow.run("matmul_all_reduce", [(A[r], B[r]) for r in range(2)], skip_ranks=[1])
 
 
+@pytest.mark.parametrize("M,K,N", [(40, 24, 48), (48, 40, 64), (17, 16, 80)])
+def test_matmul_all_reduce_fused_pairs_sim(M, K, N, monkeypatch):
+    """Two ranks, several tiles per program: the default is PAIRS (each tile pair's all-reduce
+    in two halves: the peer's tile pushed first, ours summed with its partial, the sum sent back;
+    the simulation runs the halves and the copy of the peer's sums as three launches). Odd tile
+    counts (the last pair has one tile), several pairs per program; the same checks as
+    impl="fused" and the same bits as the lagged one-shot kernel, signed zeros included; a rank
+    that stops is named within the bound."""
+    mar = importlib.import_module("numasched.distributed.matmul_all_reduce")
+    g = torch.Generator().manual_seed(M)
+    A = [torch.randn(M, K, generator=g).half() for _ in range(2)]
+    B = [torch.randn(K, N, generator=g).half() for _ in range(2)]
+    for r in range(2):   # out[0, 0]: both partials a tiny negative that rounds to -0 in fp16
+        A[r][0], B[r][:, 0] = 1e-5, -1e-5
+    base = mar._fused_cfg
+    monkeypatch.setattr(mar, "_fused_cfg", lambda M_, dt, gpu: dict(base(M_, dt, gpu), LAG=True, PAIRS=False))
+    lagged = nd.SimWorld(2).run("matmul_all_reduce", [(A[r], B[r]) for r in range(2)])
+    monkeypatch.setattr(mar, "_fused_cfg", base)
+    sim = _fused_case(2, M, K, N, torch.float16)
+    plan = next(iter(sim.ranks[0].plans.values()))
+    tiles = plan.bufs["flags"].shape[1]
+    assert tiles > 2 * sim.ranks[0].num_sms   # several pairs per program
+    assert {dict(lc.kwargs)["PAIRS"] for lc in plan.launchers.values()} == {True}
+    assert {k[1] for k in plan.launchers} == {sim.ranks[0].num_sms}
+    paired = sim.run("matmul_all_reduce", [(A[r], B[r]) for r in range(2)])
+    assert all(torch.equal(x.view(torch.int16), y.view(torch.int16)) for x, y in zip(paired, lagged))
+    assert all(y[0, 0] == 0 and torch.signbit(y[0, 0]) for y in paired)
+    for skip in (0, 1):
+        slow = nd.SimWorld(2, max_spins=5)
+        slow.run("matmul_all_reduce", [(A[r], B[r]) for r in range(2)])
+        with pytest.raises(TimeoutError, match=rf"rank\(s\) \[{skip}\] never signalled"):
+            slow.run("matmul_all_reduce", [(A[r], B[r]) for r in range(2)], skip_ranks=[skip])
+
+
 def test_matmul_all_reduce_fused_lags_only_with_several_tiles_per_program():
     """The default: two ranks with at most one tile per program run unlagged, more tiles (or
     other world sizes) lagged."""
     def lags(world, M):
         sim = _fused_case(world, M, 16, 32, torch.float32)   # 16 x 16 tiles, 3 programs
-        return {dict(lc.kwargs)["LAG"] for p in sim.ranks[0].plans.values() for lc in p.launchers.values()}
-    assert lags(2, 16) == {False} and lags(2, 48) == {True} and lags(3, 16) == {True}
+        return {(dict(lc.kwargs)["LAG"], dict(lc.kwargs)["PAIRS"]) for p in sim.ranks[0].plans.values()
+                for lc in p.launchers.values()}
+    # two ranks with several tiles per program take tile pairs (PAIRS: the LAG flag unused there)
+    assert lags(2, 16) == {(False, False)} and lags(2, 48) == {(True, True)} and lags(3, 16) == {(True, False)}
 
 
 def test_matmul_all_reduce_fused_without_remote_stores_is_timing_only():

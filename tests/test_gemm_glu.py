@@ -111,6 +111,39 @@ def test_gpu_swiglu_decode_sizes(m, n, k):
 
 
 @gpu
+@pytest.mark.parametrize("m,n,k", [(512, 7168, 4096), (1000, 1111, 640), (4096, 7168, 4096)])
+def test_gpu_swiglu_prefill_sizes(m, n, k):
+    """From GLU_BIG_MIN_ROWS rows the plan takes the big-tile schedule (odd sizes too)."""
+    from numasched import gemm_glu
+
+    x, b = _data(m, n, k, torch.bfloat16, seed=m, device="cuda")
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    plan = numasched.plan_matmul_swiglu(x, b)
+    y = plan.run(x, b, out)
+    assert plan.schedule == gemm_glu.GLU_BIG_SCHEDULE and plan.block_n == 128 and plan.path == "tma"
+    assert _err(y, x, b) < 1e-2
+
+
+@cpu
+def test_swiglu_big_tile_rule():
+    """The prefill rule: 2-byte operands from GLU_BIG_MIN_ROWS rows; its schedule is a 128 x 128
+    gate tile and its up tile (half the (M, 2n) GEMM's 128 x 256), unsplit; it runs (interpreter,
+    fp16, a small K) and matches float64."""
+    from numasched import gemm_glu
+
+    R = gemm_glu.GLU_BIG_MIN_ROWS
+    assert gemm_glu.big_tiles(R, 7168, torch.bfloat16) and gemm_glu.big_tiles(R, 7168, torch.float16)
+    assert not gemm_glu.big_tiles(R - 1, 7168, torch.bfloat16)
+    assert not gemm_glu.big_tiles(R, 7168, torch.float32) and not gemm_glu.big_tiles(R, 64, torch.bfloat16)
+    s = gemm_glu.GLU_BIG_SCHEDULE
+    assert (s.kind, s.block_m, s.block_n, s.split_k) == ("splitk", 128, 256, 1)
+    x, b = _data(130, 136, 64, torch.float16, seed=3)
+    plan = numasched.plan_matmul_swiglu(x, b, schedule=s)
+    y = plan.run(x, b, torch.full((130, 136), float("nan"), dtype=torch.float16))
+    assert plan.block_n == 128 and plan.split_k == 1 and _err(y, x, b) < 1e-2
+
+
+@gpu
 def test_gpu_swiglu_in_a_cuda_graph():
     x, b = _data(8, 7168, 4096, torch.bfloat16, device="cuda")
     plan = numasched.plan_matmul_swiglu(x, b)

@@ -266,7 +266,7 @@ class MatmulAllReduceFused(_Op):
     op (buffers per call signature, header check, SimWorld phases)."""
 
     name = "matmul_all_reduce"
-    sim_phases = ("push", "consume")
+    sim_phases = ("push", "consume", "gather")
 
     @staticmethod
     def describe(a, b_local, *, world, cfg=None, impl="fused") -> Call:
@@ -313,7 +313,8 @@ class MatmulAllReduceFused(_Op):
     def _launch_fused(ctx, plan, call, phase):
         c, t, bf = call.cfg, call.tensors, plan.bufs
         a, b, out = t["a"], t["b_local"], t["out"]
-        programs = max(1, min(ctx.num_sms * c.get("per_sm", 1), c["tiles"]))
+        slots = ctx.num_sms * c.get("per_sm", 1)
+        programs = max(1, min(slots, c["tiles"]))
         # Two ranks and one tile per program: the unlagged kernel (LAG=False) does the same
         # exchange with less memory traffic (no own partial stored and read back), and the lag
         # has nothing to hide there (a program's only tile is summed right after its push either
@@ -323,6 +324,15 @@ class MatmulAllReduceFused(_Op):
         # overrides (scripts/mar_sweep.py); other world sizes always lag.
         lag = c.get("LAG")
         lag = (c["tiles"] > programs if lag is None else bool(lag)) or ctx.world != 2
+        # Two ranks and several tiles per program: PAIRS (the kernel's _pairs: each tile pair's
+        # all-reduce in two halves, the peer's tile first, so no program waits for a tile just
+        # computed). The config's PAIRS overrides (None: this rule).
+        pairs = c.get("PAIRS")
+        pairs = ctx.world == 2 and (c["tiles"] > programs if pairs is None else bool(pairs))
+        if pairs:
+            programs = max(1, min(slots, _cdiv(c["tiles"], 2)))
+        if phase == "gather" and not pairs:   # the simulation's third launch: only PAIRS has one
+            return out
         # TMA: A row-major; B row-major (K, N) or the transposed view of a (N, K) weight (w.T)
         b_trans = b.stride(1) != 1 and b.stride(0) == 1
         b_store = b.T if b_trans else b
@@ -336,15 +346,16 @@ class MatmulAllReduceFused(_Op):
                 ctx.rank, c["M"], c["N"], c["Kl"], a.stride(0), a.stride(1), b.stride(0), b.stride(1),
                 out.stride(0), out.stride(1), ctx.wait_bound)
         layout = (use_tma, b_trans, _aligned(a), a.stride(), _aligned(b), b.stride(), _aligned(out), out.stride())
-        stages = {"full": 3, "push": 1, "consume": 2}.get(phase, 3)
+        stages = {"push": 1, "consume": 2, "gather": 4}.get(phase, 7)
+        last = "gather" if pairs else "consume"
 
         def build():
             from numasched.kernels.dist_gemm_ar import matmul_all_reduce_kernel
 
             kw = dict(WORLD=ctx.world, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"],
                       EVEN_K=c["Kl"] % c["BLOCK_K"] == 0, USE_TMA=use_tma, B_TRANS=use_tma and b_trans, STAGES=stages,
-                      BUMP_EPOCH=phase in ("full", "consume", "nocomm"), WAIT_CLOCK=ctx.wait_clock,
-                      LAG=lag)
+                      BUMP_EPOCH=phase in ("full", last, "nocomm"), WAIT_CLOCK=ctx.wait_clock,
+                      LAG=lag, PAIRS=pairs)
             if phase == "nocomm":   # pushes into our own heap, no waits: the time without the exchange
                 kw.update(REMOTE=False)
             if ctx.device.type != "cpu":

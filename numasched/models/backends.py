@@ -325,6 +325,9 @@ class NumaschedBackend(Backend):
         against 6.677 and 6.702 ms; bench/results/tp2-s18/swiglu-*). (The sixth session, on two
         H200s and before PDL, had measured -2.6 % at batch 1 and -1 % to +2 % at 4-16: not
         re-measured on H200s since.) ``False``: the GEMM, then the activation per ``pdl_swiglu``.
+        With ``gemm="auto"`` it also covers prefill sizes on Hopper (from
+        ``gemm_glu.GLU_BIG_MIN_ROWS`` rows, big tiles), where the projection is otherwise cuBLAS's:
+        one H100, 4096 x 4096 -> 2 x 7168, 738 against 771 us for cuBLAS + the compiled activation.
     prefill_attention: the causal attention of a one-step prefill: "numasched"
         (numasched.attention_forward), "torch" (SDPA, cuDNN first, as the torch backend runs it) or
         "auto" (default): torch's on NVIDIA GPUs, where cuDNN's prefill kernel is faster
@@ -403,7 +406,11 @@ class NumaschedBackend(Backend):
 
     def linear_swiglu(self, x, w, n, swiglu):
         # where numasched's GEMM runs (decode sizes): one launch (numasched.matmul_swiglu), or the
-        # GEMM then numasched's PDL-launched activation (numasched.swiglu)
+        # GEMM then numasched's PDL-launched activation (numasched.swiglu); prefill sizes (from
+        # GLU_BIG_MIN_ROWS rows, unless gemm="torch") the one launch too, its big-tile schedule
+        # (gemm_glu.big_tiles): the (M, 2n) projection never goes to memory
+        if self.fuse_swiglu and self._glu_big(x, n):
+            return self._ns.matmul_swiglu(x, w.t())
         if self._gemm_engine(x.shape[0]) == "numasched":
             if self.fuse_swiglu:
                 return self._ns.matmul_swiglu(x, w.t())
@@ -417,6 +424,13 @@ class NumaschedBackend(Backend):
                                             qkv_rope)
         return self._ns.qkv_rope_cache(qkv, cos, sin, cache.k(layer), cache.v(layer), cache.write_slots(qkv.shape[0]),
                                        heads=heads, kv_heads=kv_heads, q_weight=q_w, k_weight=k_w, eps=eps)
+
+    def _glu_big(self, x, n: int) -> bool:
+        from numasched import caps
+        from numasched.gemm_glu import big_tiles
+
+        return self.gemm == "auto" and x.is_cuda and caps.tma_supported(x.device) and big_tiles(x.shape[0], n,
+                                                                                               x.dtype)
 
     def _gemm_engine(self, m: int) -> str:
         """numasched's GEMM where it matches cuBLAS (M <= 64 on the H200 inference grid), else
