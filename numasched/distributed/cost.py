@@ -209,6 +209,14 @@ FUSED_AR_MIN_ROWS = 256
 # two-kernel path at 16384 x 4096 x 2048, 0.86x the fused kernel, once the two-shot sped up.
 FUSED_AR_GEMM_OVER = 1.10
 FUSED_AR_PUSH_HIDDEN = 0.5
+# Two ranks with several tiles per program run PAIRS (each tile pair's all-reduce in two halves,
+# the peer's tile first). Two H200s (bench/results/tp2-s23-a/mar-sweep-tp2-h200.log): 4096 x 4096
+# x 2048 171.3 us and x 7168 379.2 (cuBLAS 95.1 / 301.2, the two-kernel path with the two-shot
+# 205 / 415): its GEMM at about cuBLAS's rate and about 75 us of the 32 MB's push not hidden at
+# both. Fitted to those ratios against the two-kernel path as this module prices it (the
+# schedule model's GEMM estimate plus the all-reduce's).
+FUSED_PAIRS_GEMM_OVER = 0.94
+FUSED_PAIRS_PUSH_EXPOSED = 0.75
 
 
 def fused_matmul_all_reduce_s(M: int, N: int, K: int, dtype, world: int, num_sms: int = 132,
@@ -217,9 +225,14 @@ def fused_matmul_all_reduce_s(M: int, N: int, K: int, dtype, world: int, num_sms
     partial product on each of ``world`` ranks (big-tile path: M >= FUSED_AR_MIN_ROWS)."""
     L = link_for(world, link)
     tiles = -(-M // FUSED_AR_TILE[0]) * -(-N // FUSED_AR_TILE[1])
+    pushed = (world - 1) * M * N * _elt(dtype)
+    if world == 2 and tiles > num_sms:   # PAIRS: programs take tile pairs
+        rounds = -(-(-(-tiles // 2)) // max(1, num_sms))
+        wave_eff = tiles / (2 * rounds * max(1, num_sms))
+        return (FUSED_PAIRS_GEMM_OVER * gemm_s(M, N, K, dtype) / wave_eff
+                + FUSED_PAIRS_PUSH_EXPOSED * pushed / L.push_bw + L.flag_us * 1e-6)
     waves = -(-tiles // max(1, num_sms))
     wave_eff = tiles / (waves * max(1, num_sms))
-    pushed = (world - 1) * M * N * _elt(dtype)
     hidden = FUSED_AR_PUSH_HIDDEN * (waves - 1) / waves
     return (FUSED_AR_GEMM_OVER * gemm_s(M, N, K, dtype) / wave_eff + (1 - hidden) * pushed / L.push_bw
             + L.flag_us * 1e-6)
