@@ -1208,7 +1208,7 @@ def test_matmul_all_reduce_fused_unlagged_sim(world, M, K, N, monkeypatch):
             slow.run("matmul_all_reduce", [(A[r], B[r]) for r in range(2)], skip_ranks=[1])
 
 
-@pytest.mark.parametrize("M,K,N", [(40, 24, 48), (48, 40, 64), (17, 16, 80)])
+@pytest.mark.parametrize("M,K,N", [(170, 24, 16), (48, 40, 64), (17, 16, 80)])
 def test_matmul_all_reduce_fused_pairs_sim(M, K, N, monkeypatch):
     """Two ranks, several tiles per program: the default is PAIRS (each tile pair's all-reduce
     in two halves: the peer's tile pushed first, ours summed with its partial, the sum sent back;
@@ -1229,7 +1229,7 @@ def test_matmul_all_reduce_fused_pairs_sim(M, K, N, monkeypatch):
     sim = _fused_case(2, M, K, N, torch.float16)
     plan = next(iter(sim.ranks[0].plans.values()))
     tiles = plan.bufs["flags"].shape[1]
-    assert tiles > 2 * sim.ranks[0].num_sms   # several pairs per program
+    assert tiles > 2 * sim.ranks[0].num_sms   # several pairs per program (11, 12 and 10 tiles on 3)
     assert {dict(lc.kwargs)["PAIRS"] for lc in plan.launchers.values()} == {True}
     assert {k[1] for k in plan.launchers} == {sim.ranks[0].num_sms}
     paired = sim.run("matmul_all_reduce", [(A[r], B[r]) for r in range(2)])
@@ -1240,6 +1240,13 @@ def test_matmul_all_reduce_fused_pairs_sim(M, K, N, monkeypatch):
         slow.run("matmul_all_reduce", [(A[r], B[r]) for r in range(2)])
         with pytest.raises(TimeoutError, match=rf"rank\(s\) \[{skip}\] never signalled"):
             slow.run("matmul_all_reduce", [(A[r], B[r]) for r in range(2)], skip_ranks=[skip])
+
+
+def test_fused_pairs_only_where_pairs_add_no_round():
+    from numasched.distributed.cost import fused_pairs
+
+    assert not fused_pairs(132, 132) and fused_pairs(133, 132) and fused_pairs(264, 132)
+    assert not fused_pairs(320, 132) and fused_pairs(512, 132) and not fused_pairs(9, 3)
 
 
 def test_matmul_all_reduce_fused_lags_only_with_several_tiles_per_program():

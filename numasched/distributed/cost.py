@@ -215,8 +215,21 @@ FUSED_AR_PUSH_HIDDEN = 0.5
 # 205 / 415): its GEMM at about cuBLAS's rate and about 75 us of the 32 MB's push not hidden at
 # both. Fitted to those ratios against the two-kernel path as this module prices it (the
 # schedule model's GEMM estimate plus the all-reduce's).
-FUSED_PAIRS_GEMM_OVER = 0.94
+# (0.94 fits those two; 1.02 keeps the two H100 points where PAIRS lost to NCCL + cuBLAS or
+# nearly did, 16384 x 5120 x 12800: 3547 against 3482 us and 2048 x 4096 x 7168: 209 against 216,
+# on the right side: bench/results/tp2-s23-b/mar-sweep-tp2-h100.log.)
+FUSED_PAIRS_GEMM_OVER = 1.02
 FUSED_PAIRS_PUSH_EXPOSED = 0.75
+
+
+def fused_pairs(tiles: int, programs: int) -> bool:
+    """Whether the two-rank fused GEMM + all-reduce takes tile pairs (PAIRS): with several tiles
+    per program, and only where pairs do not add a round of tiles (a program does two tiles a
+    pair: 320 tiles on 132 programs are three rounds one tile at a time but four in pairs, and
+    ran 612 against 498 us at 2048 x 5120 x 12800 on two H100s)."""
+    programs = max(1, programs)
+    rounds = -(-tiles // programs)
+    return rounds > 1 and 2 * -(-(-(-tiles // 2)) // programs) <= rounds
 
 
 def fused_matmul_all_reduce_s(M: int, N: int, K: int, dtype, world: int, num_sms: int = 132,
@@ -226,7 +239,7 @@ def fused_matmul_all_reduce_s(M: int, N: int, K: int, dtype, world: int, num_sms
     L = link_for(world, link)
     tiles = -(-M // FUSED_AR_TILE[0]) * -(-N // FUSED_AR_TILE[1])
     pushed = (world - 1) * M * N * _elt(dtype)
-    if world == 2 and tiles > num_sms:   # PAIRS: programs take tile pairs
+    if world == 2 and fused_pairs(tiles, num_sms):   # PAIRS: programs take tile pairs
         rounds = -(-(-(-tiles // 2)) // max(1, num_sms))
         wave_eff = tiles / (2 * rounds * max(1, num_sms))
         return (FUSED_PAIRS_GEMM_OVER * gemm_s(M, N, K, dtype) / wave_eff

@@ -326,9 +326,12 @@ class MatmulAllReduceFused(_Op):
         lag = (c["tiles"] > programs if lag is None else bool(lag)) or ctx.world != 2
         # Two ranks and several tiles per program: PAIRS (the kernel's _pairs: each tile pair's
         # all-reduce in two halves, the peer's tile first, so no program waits for a tile just
-        # computed). The config's PAIRS overrides (None: this rule).
+        # computed) where pairs add no round of tiles (cost.fused_pairs). Two H100s, against the
+        # lagged one-shot: 4096 x 4096 x 2048 177 against 192 us, x 7168 394 against 421, 16384 x
+        # 4096 x 2048 568 against 672 (bench/results/tp2-s23-b/mar-sweep-tp2-h100.log). The
+        # config's PAIRS overrides (None: this rule).
         pairs = c.get("PAIRS")
-        pairs = ctx.world == 2 and (c["tiles"] > programs if pairs is None else bool(pairs))
+        pairs = ctx.world == 2 and (cost.fused_pairs(c["tiles"], slots) if pairs is None else bool(pairs))
         if pairs:
             programs = max(1, min(slots, _cdiv(c["tiles"], 2)))
         if phase == "gather" and not pairs:   # the simulation's third launch: only PAIRS has one
