@@ -40,11 +40,14 @@ def _slot(SLOTS, t, tmask, rows):
 
 
 @triton.jit
-def qkv_rope_cache_kernel(QKV, COS, SIN, QW, KW, Q_OUT, K_CACHE, V_CACHE, SLOTS,
+def qkv_rope_cache_kernel(QKV, COS, SIN, QW, KW, Q_OUT, K_CACHE, V_CACHE, SLOTS, K_OUT, V_OUT,
                           T, stride_qkv_t, stride_cos_t, stride_sin_t, stride_q_t, stride_q_h,
                           stride_kc_row, stride_kc_h, stride_vc_row, stride_vc_h, eps, rows,
                           HQ: tl.constexpr, HK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                          BLOCK_T: tl.constexpr, QK_NORM: tl.constexpr, PDL: tl.constexpr = False):
+                          BLOCK_T: tl.constexpr, QK_NORM: tl.constexpr, KV_OUT: tl.constexpr = False,
+                          PDL: tl.constexpr = False):
+    # KV_OUT (a prefill, whose attention reads k and v contiguous): the rotated k and the v of
+    # every token also go to K_OUT / V_OUT, contiguous (T, HK, HEAD_DIM)
     pdl_enter(PDL)  # PDL: wait for the previous kernel (the QKV projection) here (kernels/pdl.py)
     h = tl.program_id(1)
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -76,7 +79,11 @@ def qkv_rope_cache_kernel(QKV, COS, SIN, QW, KW, Q_OUT, K_CACHE, V_CACHE, SLOTS,
             slot, ok = _slot(SLOTS, t, tmask, rows)
             tl.store(K_CACHE + slot[:, None] * stride_kc_row + (h - HQ) * stride_kc_h + d[None, :], y.to(DTYPE),
                      mask=mask & ok[:, None])
+            if KV_OUT:
+                tl.store(K_OUT + (t64[:, None] * HK + (h - HQ)) * HEAD_DIM + d[None, :], y.to(DTYPE), mask=mask)
     else:
         slot, ok = _slot(SLOTS, t, tmask, rows)
         tl.store(V_CACHE + slot[:, None] * stride_vc_row + (h - HQ - HK) * stride_vc_h + d[None, :], x.to(DTYPE),
                  mask=mask & ok[:, None])
+        if KV_OUT:
+            tl.store(V_OUT + (t64[:, None] * HK + (h - HQ - HK)) * HEAD_DIM + d[None, :], x.to(DTYPE), mask=mask)

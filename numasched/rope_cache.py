@@ -118,13 +118,15 @@ class RopeCachePlan(Plan):
     op = "qkv_rope_cache"
 
     def __init__(self, qkv, cos, sin, k_cache, v_cache, slots, *, heads: int, kv_heads: int, q_weight=None,
-                 k_weight=None, eps: float = 1e-6, out=None, options: Optional[_options.Options] = None):
+                 k_weight=None, eps: float = 1e-6, out=None, return_kv: bool = False,
+                 options: Optional[_options.Options] = None):
         T, H, HK, d, dt = check_qkv_rope_cache(qkv, cos, sin, k_cache, v_cache, slots, heads=heads,
                                                kv_heads=kv_heads, q_weight=q_weight, k_weight=k_weight, eps=eps,
                                                out=out)
         self.options = options if options is not None else _options.current()
         self.T, self.heads, self.kv_heads, self.head_dim, self.eps = T, H, HK, d, float(eps)
         self.qk_norm = q_weight is not None
+        self.return_kv = bool(return_kv)
         self.rows = _rows("k_cache", k_cache, HK, d).shape[0]
         self.tensors = dict(qkv=signature(qkv), cos=signature(cos), sin=signature(sin), k_cache=signature(k_cache),
                             v_cache=signature(v_cache), slots=signature(slots), q_weight=signature(q_weight),
@@ -141,14 +143,16 @@ class RopeCachePlan(Plan):
             bd = 1 << max(0, (d - 1).bit_length())
             self.config = dict(num_warps=4 if BLOCK_T * bd >= 2048 else 2)
             self.grid = (-(-T // BLOCK_T), H + 2 * HK)
-            const = dict(HQ=H, HK=HK, HEAD_DIM=d, BLOCK_D=bd, BLOCK_T=BLOCK_T, QK_NORM=self.qk_norm)
+            const = dict(HQ=H, HK=HK, HEAD_DIM=d, BLOCK_D=bd, BLOCK_T=BLOCK_T, QK_NORM=self.qk_norm,
+                         KV_OUT=self.return_kv)
             self._launch = Launch(K.qkv_rope_cache_kernel, self.grid, const, config=self.config, device=self.device,
                                   interpret=self.mode == "interpreter", options=self.options)
         self._freeze()
 
-    def run(self, qkv, cos, sin, k_cache, v_cache, slots, q_weight=None, k_weight=None, out=None) -> torch.Tensor:
+    def run(self, qkv, cos, sin, k_cache, v_cache, slots, q_weight=None, k_weight=None, out=None):
         """Rotate q into ``out`` (a new (T, heads, head_dim) tensor when None) and write the rotated
-        k and the v of each token into row ``slots[t]`` of the caches; returns q."""
+        k and the v of each token into row ``slots[t]`` of the caches; returns q, or with
+        ``return_kv`` (q, k, v), k and v new contiguous (T, kv_heads, head_dim) tensors."""
         self.check_signatures(qkv=qkv, cos=cos, sin=sin, k_cache=k_cache, v_cache=v_cache, slots=slots,
                               q_weight=q_weight, k_weight=k_weight,
                               out=out if self.tensors["out"] is not None else None)
@@ -161,8 +165,10 @@ class RopeCachePlan(Plan):
                 raise ValueError(f"out must be a contiguous, 16-byte aligned ({T}, {H}, {d}) tensor for this plan "
                                  f"(it was made without out), got shape {tuple(out.shape)}, strides {out.stride()}"
                                  f"{', a misaligned data pointer' if out.data_ptr() % 16 else ''}")
+        kv = ((torch.empty((T, HK, d), dtype=qkv.dtype, device=qkv.device),
+               torch.empty((T, HK, d), dtype=qkv.dtype, device=qkv.device)) if self.return_kv else ())
         if self.mode == "empty":
-            return out
+            return (out, *kv) if kv else out
         if self.options.check_data and not caps.capturing(self.device):
             check_slots(slots, self.rows)
         kf, vf = k_cache.view(-1, HK, d), v_cache.view(-1, HK, d)
@@ -175,18 +181,22 @@ class RopeCachePlan(Plan):
             keep = (idx >= 0) & (idx < self.rows)   # as the kernel: a slot outside the rows writes nothing
             kf.index_copy_(0, idx[keep], k[keep])
             vf.index_copy_(0, idx[keep], v[keep])
+            if kv:
+                kv[0].copy_(k), kv[1].copy_(v)
+                return out.copy_(q), *kv
             return out.copy_(q)
         if _observe.OBSERVERS:
             # only q is a whole output: the caches are written at their slots (poisoning them would
             # erase the earlier tokens)
-            _observe.notify(self.op, "kernel", self.grid, (out,), self)
+            _observe.notify(self.op, "kernel", self.grid, (out, *kv), self)
         qw = q_weight if q_weight is not None else qkv
         kw = k_weight if k_weight is not None else qkv
+        ko, vo = kv if kv else (out, out)
         with caps.launch_device(qkv):
-            self._launch(qkv, cos, sin, qw, kw, out, kf, vf, slots, T, qkv.stride(0), cos.stride(0), sin.stride(0),
-                         out.stride(0), out.stride(1), kf.stride(0), kf.stride(1), vf.stride(0), vf.stride(1),
-                         self.eps, self.rows)
-        return out
+            self._launch(qkv, cos, sin, qw, kw, out, kf, vf, slots, ko, vo, T, qkv.stride(0), cos.stride(0),
+                         sin.stride(0), out.stride(0), out.stride(1), kf.stride(0), kf.stride(1), vf.stride(0),
+                         vf.stride(1), self.eps, self.rows)
+        return (out, *kv) if kv else out
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -219,31 +229,34 @@ def reference(qkv, cos, sin, heads: int, kv_heads: int, q_weight=None, k_weight=
 
 
 def plan_qkv_rope_cache(qkv, cos, sin, k_cache, v_cache, slots, *, heads: int, kv_heads: int, q_weight=None,
-                        k_weight=None, eps: float = 1e-6, out=None,
+                        k_weight=None, eps: float = 1e-6, out=None, return_kv: bool = False,
                         options: Optional[_options.Options] = None) -> RopeCachePlan:
     """Plan :func:`qkv_rope_cache` for tensors like these (only their signatures are read)."""
     return RopeCachePlan(qkv, cos, sin, k_cache, v_cache, slots, heads=heads, kv_heads=kv_heads, q_weight=q_weight,
-                         k_weight=k_weight, eps=eps, out=out, options=options)
+                         k_weight=k_weight, eps=eps, out=out, return_kv=return_kv, options=options)
 
 
-def _key(qkv, cos, sin, k_cache, v_cache, slots, heads, kv_heads, q_weight, k_weight, eps, out):
+def _key(qkv, cos, sin, k_cache, v_cache, slots, heads, kv_heads, q_weight, k_weight, eps, out, return_kv):
     sig = lambda t: None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15)  # noqa: E731
     return ("qkv_rope_cache", sig(qkv), sig(cos), sig(sin), sig(k_cache), sig(v_cache), sig(slots), heads, kv_heads,
-            sig(q_weight), sig(k_weight), float(eps), sig(out), qkv.device.type != "cuda" and caps.interpreting(),
-            _options._CURRENT)
+            sig(q_weight), sig(k_weight), float(eps), sig(out), bool(return_kv),
+            qkv.device.type != "cuda" and caps.interpreting(), _options._CURRENT)
 
 
 def qkv_rope_cache(qkv, cos, sin, k_cache, v_cache, slots, *, heads: int, kv_heads: int, q_weight=None,
-                   k_weight=None, eps: float = 1e-6, out=None) -> torch.Tensor:
+                   k_weight=None, eps: float = 1e-6, out=None, return_kv: bool = False):
     """Split ``qkv``, (normalise and) rotate q and k, write k and v into row ``slots[t]`` of the
-    caches; returns q (T, heads, head_dim). See the module doc."""
+    caches; returns q (T, heads, head_dim), or with ``return_kv`` (q, k, v): the rotated k and
+    the v of every token also as new contiguous (T, kv_heads, head_dim) tensors (a prefill's
+    attention reads them so; one launch instead of an elementwise kernel and two scatters).
+    See the module doc."""
     # before the key, where True == 1 would find a plan made for heads=1
     check_positive_int("heads", heads, allow_none=False), check_positive_int("kv_heads", kv_heads, allow_none=False)
     key, plan = PLANS.find(_key, qkv, cos, sin, k_cache, v_cache, slots, heads, kv_heads, q_weight, k_weight, eps,
-                           out)
+                           out, return_kv)
     if plan is None:
         plan = RopeCachePlan(qkv, cos, sin, k_cache, v_cache, slots, heads=heads, kv_heads=kv_heads,
-                             q_weight=q_weight, k_weight=k_weight, eps=eps, out=out)
+                             q_weight=q_weight, k_weight=k_weight, eps=eps, out=out, return_kv=return_kv)
         if key is not None:
             PLANS.put(key, plan)
     return plan.run(qkv, cos, sin, k_cache, v_cache, slots, q_weight, k_weight, out)

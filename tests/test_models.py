@@ -138,8 +138,9 @@ def test_prefill_attention_engine_matches_transformers(family, engine):
 @pytest.mark.parametrize("family,fuse", [("llama", True), ("qwen3", True), ("llama", False), ("qwen3", False)])
 def test_fused_rope_cache_write_matches_transformers(family, fuse):
     """fuse_rope_cache (the default): each decode step's QKV split + RoPE (+ Qwen3's q/k norms) +
-    paged cache write is one numasched.qkv_rope_cache launch per layer, and the logits still
-    match; False keeps the unfused sequence, also matching."""
+    paged cache write is one numasched.qkv_rope_cache launch per layer, the one-step prefill's too
+    (its k and v also returned for its attention), and the logits still match; False keeps the
+    unfused sequence, also matching."""
     from numasched import observe
 
     hf = hf_model(family, seed=4)
@@ -150,8 +151,8 @@ def test_fused_rope_cache_write_matches_transformers(family, fuse):
         got = run_teacher_forced(TPDecoder.from_hf(hf), backend, ids, prompt=5)
     assert rel(got, reference(hf, ids)) < 1e-4
     assert not log.fallbacks()
-    # 2 layers x 3 decode steps (the prefill keeps its path)
-    assert log.count("qkv_rope_cache") == (2 * 3 if fuse else 0)
+    # 2 layers x (the prefill + 3 decode steps)
+    assert log.count("qkv_rope_cache") == (2 * 4 if fuse else 0)
     with pytest.raises(TypeError, match="fuse_rope_cache"):
         NumaschedBackend(1, fuse_rope_cache=1)
 

@@ -55,6 +55,25 @@ def test_matches_float64_reference_and_writes_only_its_slots(T, H, HK, D, dtype,
     assert torch.isnan(kf[other]).all() and torch.isnan(vf[other]).all()
 
 
+@pytest.mark.parametrize("T,H,HK,D,dtype,norm", [(19, 6, 3, 16, torch.float16, True), (5, 4, 1, 32, torch.float32, False)])
+def test_return_kv_gives_contiguous_k_and_v_of_every_token(T, H, HK, D, dtype, norm):
+    """return_kv (a prefill's attention reads k and v contiguous): the rotated k and the v of every
+    token, padding tokens (slot -1) included, besides the cache rows; q as without it."""
+    qkv, cos, sin, qw, kw, kc, vc, slots = _case(T, H, HK, D, dtype, norm, pages=8, seed=3)
+    slots[1] = -1   # a padding token: not in the cache, still in k and v
+    q, k, v = qkv_rope_cache(qkv, cos, sin, kc, vc, slots, heads=H, kv_heads=HK, q_weight=qw, k_weight=kw,
+                             return_kv=True)
+    rq, rk, rv = _want(qkv, cos, sin, qw, kw, H, HK)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    assert k.shape == v.shape == (T, HK, D) and k.is_contiguous() and v.is_contiguous()
+    assert _rel(q, rq) < tol and _rel(k, rk) < tol and _rel(v, rv) < tol
+    keep = slots >= 0
+    kf, vf = kc.view(-1, HK, D), vc.view(-1, HK, D)
+    assert torch.equal(kf[slots[keep]], k[keep]) and torch.equal(vf[slots[keep]], v[keep])
+    q2 = qkv_rope_cache(qkv, cos, sin, kc, vc, slots, heads=H, kv_heads=HK, q_weight=qw, k_weight=kw)
+    assert isinstance(q2, torch.Tensor) and torch.equal(q2, q)   # a plan of its own without return_kv
+
+
 def test_out_and_plan_reuse_and_signature_checks():
     T, H, HK, D = 4, 4, 2, 16
     qkv, cos, sin, qw, kw, kc, vc, slots = _case(T, H, HK, D, torch.float32, False)
@@ -187,6 +206,21 @@ def test_gpu_llama_sizes_in_a_cuda_graph(norm):
     torch.cuda.synchronize()
     rq, rk, _ = _want(qkv, cos, sin, qw, kw, H, HK)
     assert _rel(out, rq) < 1e-2 and _rel(kf[slots], rk) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("norm", [False, True])
+def test_gpu_prefill_size_with_k_and_v_returned(norm):
+    """A 4096-token prefill at the Llama-3-8B TP 2 shape, pages of 16, bf16, return_kv."""
+    T, H, HK, D = 4096, 16, 4, 128
+    qkv, cos, sin, qw, kw, kc, vc, slots = _case(T, H, HK, D, torch.bfloat16, norm, pages=300, page_size=16,
+                                                 device="cuda")
+    q, k, v = qkv_rope_cache(qkv, cos, sin, kc, vc, slots, heads=H, kv_heads=HK, q_weight=qw, k_weight=kw,
+                             return_kv=True)
+    rq, rk, rv = _want(qkv, cos, sin, qw, kw, H, HK)
+    kf, vf = kc.view(-1, HK, D), vc.view(-1, HK, D)
+    assert _rel(q, rq) < 1e-2 and _rel(k, rk) < 1e-2 and _rel(v, rv) < 1e-2
+    assert torch.equal(kf[slots], k) and torch.equal(vf[slots], v)
 
 
 def test_torch_fallback_without_interpreter_and_empty_steps(monkeypatch):

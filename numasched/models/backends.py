@@ -144,6 +144,15 @@ class Backend:
         cache.write(layer, k, v)
         return q
 
+    def prefill_rope_cache(self, qkv, cos, sin, heads: int, kv_heads: int, head_dim: int, q_w, k_w, eps: float,
+                           cache, layer: int, qkv_rope):
+        """A one-step prefill's (q, k, v) from the fused QKV rows (k rotated), with k and v also
+        written into ``cache`` at the step's slots. A backend may fuse the kernels (numasched:
+        ``fuse_rope_cache=True``)."""
+        q, k, v = qkv_rope(qkv, cos, sin, heads, kv_heads, head_dim, q_w, k_w, eps)
+        cache.write(layer, k, v)
+        return q, k, v
+
     def linear_swiglu(self, x, w, n: int, swiglu):
         """``silu(x @ w[:n].T) * (x @ w[n:].T)``: the MLP's gate/up projection and its activation;
         ``swiglu`` is the shared (compiled) elementwise kernel. A backend may fuse the two
@@ -343,7 +352,8 @@ class NumaschedBackend(Backend):
         elementwise kernel and two ``index_copy_`` scatters (three kernel boundaries per layer).
         On by default: Llama-3-8B's decode step went from 1.007-1.057x to 1.011-1.098x the torch
         baseline at TP 1 (one H200) and from 1.038-1.255x to 1.056-1.333x at TP 2 (two H200s;
-        bench/results/e2e-s15-tp1/, tp2-s15/). ``False``: the unfused sequence.
+        bench/results/e2e-s15-tp1/, tp2-s15/). A one-step prefill too, the kernel also giving k
+        and v contiguous for its attention (``return_kv``). ``False``: the unfused sequence.
     """
 
     name = "numasched"
@@ -424,6 +434,17 @@ class NumaschedBackend(Backend):
                                             qkv_rope)
         return self._ns.qkv_rope_cache(qkv, cos, sin, cache.k(layer), cache.v(layer), cache.write_slots(qkv.shape[0]),
                                        heads=heads, kv_heads=kv_heads, q_weight=q_w, k_weight=k_w, eps=eps)
+
+    def prefill_rope_cache(self, qkv, cos, sin, heads, kv_heads, head_dim, q_w, k_w, eps, cache, layer, qkv_rope):
+        # one launch (numasched.qkv_rope_cache with return_kv) instead of the compiled elementwise
+        # kernel and two index_copy_ scatters: one H100, 4096 tokens at the Llama-3-8B TP 2 shape,
+        # 35.8 + 21.4 us before (bench/results/ew-s23/)
+        if not (self.fuse_rope_cache and isinstance(cache, PagedKVCache)):
+            return super().prefill_rope_cache(qkv, cos, sin, heads, kv_heads, head_dim, q_w, k_w, eps, cache, layer,
+                                              qkv_rope)
+        return self._ns.qkv_rope_cache(qkv, cos, sin, cache.k(layer), cache.v(layer), cache.write_slots(qkv.shape[0]),
+                                       heads=heads, kv_heads=kv_heads, q_weight=q_w, k_weight=k_w, eps=eps,
+                                       return_kv=True)
 
     def _glu_big(self, x, n: int) -> bool:
         from numasched import caps

@@ -506,8 +506,8 @@ class TPDecoder:
                 q = backend.rope_cache_write(qkv, cos, sin, hq, hk, D, L.q_norm, L.k_norm, s.eps, cache, i, qkv_rope_)
                 a = backend.decode_attention(q, cache, i)
             else:
-                q, k, v = qkv_rope_(qkv, cos, sin, hq, hk, D, L.q_norm, L.k_norm, s.eps)
-                cache.write(i, k, v)
+                q, k, v = backend.prefill_rope_cache(qkv, cos, sin, hq, hk, D, L.q_norm, L.k_norm, s.eps, cache, i,
+                                                     qkv_rope_)
                 a = backend.prefill_attention(q, k, v, batch, seq)
             h, x = backend.row_parallel_add_norm(a, L.wo, h, L.ln2, s.eps, add_norm)
             nxt = self.layers[i + 1].ln1 if i + 1 < len(self.layers) else self.norm
