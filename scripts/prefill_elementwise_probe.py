@@ -57,7 +57,7 @@ def main():
         }
         for name, (fn, nbytes) in cases.items():
             us = graph_replay_ms(fn) * 1e3
-            print(f"T {T} {name:13s} {us:8.1f} us  {nbytes / 1e6:7.1f} MB  {nbytes / us / 1e6:6.0f} GB/s  "
+            print(f"T {T} {name:13s} {us:8.1f} us  {nbytes / 1e6:7.1f} MB  {nbytes / us / 1e3:6.0f} GB/s  "
                   f"{nbytes / us / 1e-6 / bw:.2f} of the streaming read", flush=True)
 
 
