@@ -15,12 +15,15 @@ CUDA graph and replayed at that position (``--new`` replays back to back per tim
 Reported per point and backend: ms per step (graph), tokens/s (batch / step), the eager step,
 and the step split into its components, each timed alone in its own CUDA graph x layers:
 
-    gemm_in        the QKV and gate/up GEMMs (column-parallel, no communication)
+    gemm_in        the QKV and gate/up GEMMs (column-parallel, no communication); where the
+                   backend runs gate/up and SwiGLU as one kernel (numasched's matmul_swiglu),
+                   that kernel, and the activation leaves elementwise
     gemm_out       the o_proj and down_proj GEMMs alone (their local part)
     row_parallel   o_proj and down_proj with their all-reduce (numasched: the fused call;
                    torch: GEMM then NCCL all-reduce); = gemm_out at TP 1
     attention      decode attention over the cache
-    elementwise    norms, RoPE, SwiGLU, residual adds, K/V writes (shared code)
+    elementwise    norms, RoPE, SwiGLU, residual adds, K/V writes (shared compiled kernels, or
+                   the backend's fused RoPE + cache write where it has one)
     head           per-step work outside the layers: positions, embedding, final lm_head (+ gather)
 
 (numasched with ``--prefill-seq-parallel``, prefill: gemm_in gathers its rows
@@ -531,13 +534,20 @@ def _parts(model, be, cache, seq: Optional[int] = None) -> Dict[str, Callable[[]
     sp = seq is not None and be.seq_parallel(1, seq)
     xs, x2s = (x[:T // be.tp_size], x2[:T // be.tp_size]) if sp else (x, x2)
 
+    # where the backend runs the gate/up projection and its activation as one kernel, that kernel
+    # is a GEMM of gemm_in and the activation leaves elementwise
+    glu = not sp and be.fuses_swiglu(x, il)
+
     def gemm_in():
         if sp:
             be.all_gather_linear(xs, L.wqkv)
             be.all_gather_linear(xs, L.wgu)
             return
         be.linear(x, L.wqkv)
-        be.linear(x, L.wgu)
+        if glu:
+            be.linear_swiglu(x, L.wgu, il, ew("silu_mul"))
+        else:
+            be.linear(x, L.wgu)
 
     def gemm_out():
         local(a, L.wo)
@@ -562,11 +572,15 @@ def _parts(model, be, cache, seq: Optional[int] = None) -> Dict[str, Callable[[]
         if seq is None:   # the decode step's path (one launch where the backend fuses it)
             be.rope_cache_write(qkv, cs[:, 0], cs[:, 1], hq, hk, D, L.q_norm, L.k_norm, s.eps, cache, 0,
                                 ew("qkv_rope"))
-        else:
+        elif sp:
             _, k_, v_ = ew("qkv_rope")(qkv, cs[:, 0], cs[:, 1], hq, hk, D, L.q_norm, L.k_norm, s.eps)
             cache.write(0, k_, v_)
+        else:   # the one-step prefill's path (one launch where the backend fuses it)
+            be.prefill_rope_cache(qkv, cs[:, 0], cs[:, 1], hq, hk, D, L.q_norm, L.k_norm, s.eps, cache, 0,
+                                  ew("qkv_rope"))
         ew("add_rms_norm")(x2s, xs, L.ln2, s.eps)
-        ew("silu_mul")(gu, il)
+        if not glu:
+            ew("silu_mul")(gu, il)
         ew("add_rms_norm")(x2s, xs, L.ln1, s.eps)
 
     def head():

@@ -458,15 +458,25 @@ def test_bench_e2e_component_parts_run(backend):
     hf = hf_model("llama", seed=8)
     model = TPDecoder.from_hf(hf)
     be = TorchBackend(1) if backend == "torch" else NumaschedBackend(1)
+    from numasched import observe
+
     for seq in (None, 5):
         cache = be.new_cache(model, batch=2 if seq is None else 1, capacity=16)
         if seq is None:
             model.prefill(torch.zeros(2, 4, dtype=torch.int64), cache, be)
         parts = e2e._parts(model, be, cache, seq)
         assert set(parts) == set(e2e.COMPONENTS)
+        launches = {}
         for name, fn in parts.items():
-            fn()
+            with observe.record() as log:
+                fn()
+            launches[name] = log
         assert cache.lens.tolist() == ([4, 4] if seq is None else [5])
+        # the components take the backend's fused paths: the gate/up + SwiGLU kernel in gemm_in
+        # (numasched at these sizes), the fused RoPE + cache write in elementwise
+        fused = backend == "numasched"
+        assert launches["gemm_in"].count("matmul_swiglu") == (1 if fused else 0)
+        assert launches["elementwise"].count("qkv_rope_cache") == (1 if fused else 0)
 
 
 def test_bench_e2e_times_contenders_in_turns(monkeypatch):

@@ -153,6 +153,11 @@ class Backend:
         cache.write(layer, k, v)
         return q, k, v
 
+    def fuses_swiglu(self, x, n: int) -> bool:
+        """Whether :meth:`linear_swiglu` runs the projection and the activation as one kernel for
+        rows like ``x`` (the benchmark's components count the activation as a GEMM's then)."""
+        return False
+
     def linear_swiglu(self, x, w, n: int, swiglu):
         """``silu(x @ w[:n].T) * (x @ w[n:].T)``: the MLP's gate/up projection and its activation;
         ``swiglu`` is the shared (compiled) elementwise kernel. A backend may fuse the two
@@ -414,16 +419,17 @@ class NumaschedBackend(Backend):
             return _torch_linear(x, w, out)
         return self._ns.matmul(x, w.t(), out=out, mapping=self.mapping)
 
+    def fuses_swiglu(self, x, n):
+        return self.fuse_swiglu and (self._glu_big(x, n) or self._gemm_engine(x.shape[0]) == "numasched")
+
     def linear_swiglu(self, x, w, n, swiglu):
         # where numasched's GEMM runs (decode sizes): one launch (numasched.matmul_swiglu), or the
         # GEMM then numasched's PDL-launched activation (numasched.swiglu); prefill sizes (from
         # GLU_BIG_MIN_ROWS rows, unless gemm="torch") the one launch too, its big-tile schedule
         # (gemm_glu.big_tiles): the (M, 2n) projection never goes to memory
-        if self.fuse_swiglu and self._glu_big(x, n):
+        if self.fuses_swiglu(x, n):
             return self._ns.matmul_swiglu(x, w.t())
         if self._gemm_engine(x.shape[0]) == "numasched":
-            if self.fuse_swiglu:
-                return self._ns.matmul_swiglu(x, w.t())
             if self.pdl_swiglu:
                 return self._ns.swiglu(self.linear(x, w))
         return swiglu(self.linear(x, w), n)
