@@ -16,7 +16,8 @@ apart (so a program does not wait for the tile whose stores are still in flight)
 ``LAG=False`` (two ranks; the host's choice where every program has at most one tile): each tile
 is summed right after its push, our own partial kept in registers instead of stored and read
 back (less memory traffic; the same bits, since fp32 addition of the two rounded partials
-commutes).
+commutes). ``PAIRS`` (two ranks, several tiles per program, where pairs add no round of tiles):
+the all-reduce of each tile pair in two halves, the peer's tile first (``_pairs`` below).
 
 Partials travel in the output's dtype (as an all-reduce of the GEMM's output would; summed in
 fp32). Small M takes narrow pointer-loaded tiles (every SM streams a strip of the weight); large M
@@ -207,6 +208,7 @@ def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, a_desc, b_desc, fl
     part = (tl.zeros([], tl.int64) + M) * N   # M may be the constant 1 (batch-1 decode)
     recv = recv_ptr + (slot * WORLD).to(tl.int64) * part
     if PAIRS:
+        tl.static_assert(WORLD == 2, "PAIRS is the two-rank form")
         _pairs(a_ptr, b_ptr, out_ptr, recv, a_desc, b_desc, flags_ptr, status_ptr, heap_bases, rank, e, p, P, T, TN,
                part, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_om, stride_on, wait_bound,
                BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, USE_TMA, B_TRANS, STAGES, WAIT_CLOCK, REMOTE)
