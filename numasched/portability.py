@@ -533,7 +533,8 @@ def _rope_cache(qk_norm: bool):
 
         # Llama-3-8B at TP 2 (16 q heads, 4 kv heads, d128), a decode step of 16 tokens, pages of 16
         values = dict(QKV="*bf16", COS="*bf16", SIN="*bf16", QW="*bf16", KW="*bf16", Q_OUT="*bf16", K_CACHE="*bf16",
-                      V_CACHE="*bf16", SLOTS="*i64", K_OUT="*bf16", V_OUT="*bf16", T=16, stride_qkv_t=3072, stride_cos_t=128, stride_sin_t=128,
+                      V_CACHE="*bf16", SLOTS="*i64", K_OUT="*bf16", V_OUT="*bf16", T=16, stride_qkv_t=3072,
+                      stride_cos_t=128, stride_sin_t=128,
                       stride_q_t=2048, stride_q_h=128, stride_kc_row=512, stride_kc_h=128, stride_vc_row=512,
                       stride_vc_h=128, eps=1e-6, rows=8192, HQ=16, HK=4, HEAD_DIM=128, BLOCK_D=128, BLOCK_T=16,
                       QK_NORM=qk_norm)
