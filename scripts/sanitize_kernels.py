@@ -137,6 +137,34 @@ def gemm_cases():
     g = numasched.matmul_swiglu(a, w.T)
     gu = ref
     check("matmul_swiglu", g, torch.nn.functional.silu(gu[:, :192]) * gu[:, 192:], 2e-2)
+    # the twenty-third session's: matmul_swiglu's prefill tiles (128 x 256, from 512 rows; odd sizes)
+    a2 = torch.randn(515, 320, device=DEV, dtype=BF16)
+    w2 = torch.randn(2 * 136, 320, device=DEV, dtype=BF16)
+    gu2 = a2.double() @ w2.double().T
+    check("matmul_swiglu prefill tiles", numasched.matmul_swiglu(a2, w2.T),
+          torch.nn.functional.silu(gu2[:, :136]) * gu2[:, 136:], 2e-2)
+
+
+def rope_cases():
+    """qkv_rope_cache, a decode step and a prefill returning k and v (the twenty-third session's),
+    a padding slot (-1) among them."""
+    from numasched.rope_cache import reference
+
+    T, H, HK, D = 37, 8, 2, 64
+    qkv = torch.randn(T, (H + 2 * HK) * D, device=DEV, dtype=BF16)
+    ang = torch.arange(T, device=DEV, dtype=torch.float32)[:, None] * torch.rand(D // 2, device=DEV)[None, :]
+    cos, sin = (torch.cat((f(ang), f(ang)), -1).to(BF16) for f in (torch.cos, torch.sin))
+    kc = torch.full((8, 16, HK, D), float("nan"), device=DEV, dtype=BF16)
+    vc = kc.clone()
+    slots = torch.randperm(128, device=DEV)[:T]
+    slots[3] = -1
+    rq, rk, rv = reference(qkv.double(), cos.double(), sin.double(), H, HK)
+    q = numasched.qkv_rope_cache(qkv, cos, sin, kc, vc, slots, heads=H, kv_heads=HK)
+    check("qkv_rope_cache", q, rq, 1e-2)
+    q, k, v = numasched.qkv_rope_cache(qkv, cos, sin, kc, vc, slots, heads=H, kv_heads=HK, return_kv=True)
+    check("qkv_rope_cache return_kv q", q, rq, 1e-2)
+    check("qkv_rope_cache return_kv k", k, rk, 1e-2)
+    check("qkv_rope_cache return_kv v", v, rv, 1e-2)
 
 
 if __name__ == "__main__":
@@ -148,6 +176,7 @@ if __name__ == "__main__":
     attention_cases()
     decode_cases()
     gemm_cases()
+    rope_cases()
     if DEV == "cuda":
         torch.cuda.synchronize()
     print("ALL OK" if not failures else f"FAILED: {failures}", flush=True)
