@@ -89,6 +89,18 @@ def _store_out(total, out_ptr, tm, tn, mask, stride_om, stride_on, BLOCK_M: tl.c
 
 
 @triton.jit
+def _push(x, recv, part, tile0, loc, mask, rank, to, heap_bases, REMOTE: tl.constexpr):
+    """Tile ``x`` into rank ``to``'s ``recv[slot, rank]`` (REMOTE=False: our own heap's)."""
+    tl.store(translate(recv + rank * part + tile0, rank, to if REMOTE else rank, heap_bases) + loc, x, mask=mask)
+
+
+@triton.jit
+def _raise(flags_ptr, T, t, e, rank, heap_bases, WORLD: tl.constexpr, ONE_FENCE: tl.constexpr):
+    """Our flag of tile ``t`` up to epoch ``e`` on every peer, after this program's stores."""
+    signal_peers(flags_ptr + rank * T + t, e, rank, heap_bases, WORLD, ONE_FENCE)
+
+
+@triton.jit
 def _copy_sum(t, TN, recv, part, peer, out_ptr, flags_ptr, T, e, status_ptr, wait_bound, M, N, stride_om, stride_on,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WAIT_CLOCK: tl.constexpr, REMOTE: tl.constexpr):
     """PAIRS: the sum of peer-owned tile ``t``, pushed by its owner into our ``recv[slot, peer]``,
@@ -139,17 +151,16 @@ def _pairs(a_ptr, b_ptr, out_ptr, recv, a_desc, b_desc, flags_ptr, status_ptr, h
                                 stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, USE_TMA, B_TRANS)
                 if DEFER:   # the previous pair's sum left during this K loop
                     if (i >= 1) & (tp_m < T):
-                        signal_peers(flags_ptr + rank * T + tp_m, e, rank, heap_bases, 2, WAIT_CLOCK)
-                tl.store(translate(recv + rank * part + tile0, rank, peer if REMOTE else rank, heap_bases) + loc,
-                         acc.to(recv.dtype.element_ty), mask=mask)
+                        _raise(flags_ptr, T, tp_m, e, rank, heap_bases, 2, WAIT_CLOCK)
+                _push(acc.to(recv.dtype.element_ty), recv, part, tile0, loc, mask, rank, peer, heap_bases, REMOTE)
                 if DEFER:
                     if not has_m:   # no K loop of ours follows to hide the fence behind
-                        signal_peers(flags_ptr + rank * T + t_o, e, rank, heap_bases, 2, WAIT_CLOCK)
+                        _raise(flags_ptr, T, t_o, e, rank, heap_bases, 2, WAIT_CLOCK)
                 else:
-                    signal_peers(flags_ptr + rank * T + t_o, e, rank, heap_bases, 2, WAIT_CLOCK)
+                    _raise(flags_ptr, T, t_o, e, rank, heap_bases, 2, WAIT_CLOCK)
             elif DEFER:
                 if (i >= 1) & (tp_m < T):
-                    signal_peers(flags_ptr + rank * T + tp_m, e, rank, heap_bases, 2, WAIT_CLOCK)
+                    _raise(flags_ptr, T, tp_m, e, rank, heap_bases, 2, WAIT_CLOCK)
         # ---- B: our tile, summed with the peer's partial (C for the previous pair before the wait)
         if (STAGES & 2) != 0:
             if has_m:
@@ -159,7 +170,7 @@ def _pairs(a_ptr, b_ptr, out_ptr, recv, a_desc, b_desc, flags_ptr, status_ptr, h
                 own = acc.to(recv.dtype.element_ty)
                 if DEFER:
                     if has_o:   # A's push drained during this K loop
-                        signal_peers(flags_ptr + rank * T + t_o, e, rank, heap_bases, 2, WAIT_CLOCK)
+                        _raise(flags_ptr, T, t_o, e, rank, heap_bases, 2, WAIT_CLOCK)
                     if (i >= 1) & (tp_o < T):
                         _copy_sum(tp_o, TN, recv, part, peer, out_ptr, flags_ptr, T, e, status_ptr, wait_bound, M, N,
                                   stride_om, stride_on, BLOCK_M, BLOCK_N, WAIT_CLOCK, REMOTE)
@@ -168,10 +179,9 @@ def _pairs(a_ptr, b_ptr, out_ptr, recv, a_desc, b_desc, flags_ptr, status_ptr, h
                 theirs = tl.load(recv + peer * part + tile0 + loc, mask=mask, other=0.0)
                 total = (own.to(tl.float32) + theirs.to(tl.float32)).to(recv.dtype.element_ty)
                 _store_out(total, out_ptr, tm, tn, mask, stride_om, stride_on, BLOCK_M, BLOCK_N)
-                tl.store(translate(recv + rank * part + tile0, rank, peer if REMOTE else rank, heap_bases) + loc,
-                         total, mask=mask)
+                _push(total, recv, part, tile0, loc, mask, rank, peer, heap_bases, REMOTE)
                 if not DEFER:
-                    signal_peers(flags_ptr + rank * T + t_m, e, rank, heap_bases, 2, WAIT_CLOCK)
+                    _raise(flags_ptr, T, t_m, e, rank, heap_bases, 2, WAIT_CLOCK)
             elif DEFER:   # no B this time (the last, odd pair, or the loop's end)
                 if (i >= 1) & (tp_o < T):
                     _copy_sum(tp_o, TN, recv, part, peer, out_ptr, flags_ptr, T, e, status_ptr, wait_bound, M, N,
@@ -229,9 +239,8 @@ def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, a_desc, b_desc, fl
                             stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, USE_TMA, B_TRANS)
             own = acc.to(recv_ptr.dtype.element_ty)
             if (STAGES & 1) != 0:
-                tl.store(translate(recv + rank * part + tile0, rank, peer if REMOTE else rank, heap_bases) + loc, own,
-                         mask=mask)
-                signal_peers(flags_ptr + rank * T + t, e, rank, heap_bases, WORLD, WAIT_CLOCK)
+                _push(own, recv, part, tile0, loc, mask, rank, peer, heap_bases, REMOTE)
+                _raise(flags_ptr, T, t, e, rank, heap_bases, WORLD, WAIT_CLOCK)
             if (STAGES & 2) != 0:
                 if REMOTE:
                     wait_flag(flags_ptr + peer * T + t, e, peer, status_ptr, wait_bound, WAIT_CLOCK)
@@ -250,20 +259,19 @@ def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, a_desc, b_desc, fl
                     acc = _tile_acc(tm, tn, rows, cols, a_ptr, a_desc, b_ptr, b_desc, M, N, K, stride_am, stride_ak,
                                     stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, USE_TMA, B_TRANS)
                     if i >= 1:
-                        signal_peers(flags_ptr + rank * T + (t - P), e, rank, heap_bases, WORLD, WAIT_CLOCK)
+                        _raise(flags_ptr, T, t - P, e, rank, heap_bases, WORLD, WAIT_CLOCK)
                     part_tile = acc.to(recv_ptr.dtype.element_ty)
                     tbase = recv + rank * part + tile0
                     for d in tl.static_range(WORLD):
                         if d == rank:
                             tl.store(tbase + loc, part_tile, mask=mask)
                         else:
-                            tl.store(translate(tbase, rank, d if REMOTE else rank, heap_bases) + loc, part_tile,
-                                     mask=mask)
+                            _push(part_tile, recv, part, tile0, loc, mask, rank, d, heap_bases, REMOTE)
                     # our own copy is read back in stage 2 by other threads of this program
                     tl.debug_barrier()
                 else:   # past the last tile: raise the last tile's flag
                     if i >= 1:
-                        signal_peers(flags_ptr + rank * T + (p + (i - 1) * P), e, rank, heap_bases, WORLD, WAIT_CLOCK)
+                        _raise(flags_ptr, T, p + (i - 1) * P, e, rank, heap_bases, WORLD, WAIT_CLOCK)
             # ---- stage 2: sum tile i - 1 over the ranks
             if (STAGES & 2) != 0:
                 j = i - 1

@@ -75,7 +75,7 @@ GLU_BIG_MIN_ROWS = 512
 def big_tiles(M: int, n: int, dtype) -> bool:
     """Whether :data:`GLU_BIG_SCHEDULE` runs an (M, n) SwiGLU GEMM: from GLU_BIG_MIN_ROWS rows
     of 2-byte operands (the sizes it was measured at)."""
-    return M >= GLU_BIG_MIN_ROWS and n >= 128 and torch.empty((), dtype=dtype).element_size() == 2
+    return M >= GLU_BIG_MIN_ROWS and n >= 128 and dtype.itemsize == 2
 
 
 class SwiGLUPlan(Plan):

@@ -182,7 +182,8 @@ class RopeCachePlan(Plan):
             kf.index_copy_(0, idx[keep], k[keep])
             vf.index_copy_(0, idx[keep], v[keep])
             if kv:
-                kv[0].copy_(k), kv[1].copy_(v)
+                kv[0].copy_(k)
+                kv[1].copy_(v)
                 return out.copy_(q), *kv
             return out.copy_(q)
         if _observe.OBSERVERS:

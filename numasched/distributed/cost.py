@@ -227,9 +227,12 @@ def fused_pairs(tiles: int, programs: int) -> bool:
     per program, and only where pairs do not add a round of tiles (a program does two tiles a
     pair: 320 tiles on 132 programs are three rounds one tile at a time but four in pairs, and
     ran 612 against 498 us at 2048 x 5120 x 12800 on two H100s)."""
-    programs = max(1, programs)
-    rounds = -(-tiles // programs)
-    return rounds > 1 and 2 * -(-(-(-tiles // 2)) // programs) <= rounds
+    return _rounds(tiles, programs) > 1 and 2 * _rounds(-(-tiles // 2), programs) <= _rounds(tiles, programs)
+
+
+def _rounds(units: int, programs: int) -> int:
+    """Rounds of ``units`` work units on ``programs`` programs, one unit a program a round."""
+    return -(-units // max(1, programs))
 
 
 def fused_matmul_all_reduce_s(M: int, N: int, K: int, dtype, world: int, num_sms: int = 132,
@@ -240,8 +243,7 @@ def fused_matmul_all_reduce_s(M: int, N: int, K: int, dtype, world: int, num_sms
     tiles = -(-M // FUSED_AR_TILE[0]) * -(-N // FUSED_AR_TILE[1])
     pushed = (world - 1) * M * N * _elt(dtype)
     if world == 2 and fused_pairs(tiles, num_sms):   # PAIRS: programs take tile pairs
-        rounds = -(-(-(-tiles // 2)) // max(1, num_sms))
-        wave_eff = tiles / (2 * rounds * max(1, num_sms))
+        wave_eff = tiles / (2 * _rounds(-(-tiles // 2), num_sms) * max(1, num_sms))
         return (FUSED_PAIRS_GEMM_OVER * gemm_s(M, N, K, dtype) / wave_eff
                 + FUSED_PAIRS_PUSH_EXPOSED * pushed / L.push_bw + L.flag_us * 1e-6)
     waves = -(-tiles // max(1, num_sms))

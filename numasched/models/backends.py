@@ -453,8 +453,11 @@ class NumaschedBackend(Backend):
                                        return_kv=True)
 
     def _glu_big(self, x, n: int) -> bool:
+        from numasched.gemm_glu import GLU_BIG_MIN_ROWS, big_tiles
+
+        if x.shape[0] < GLU_BIG_MIN_ROWS:   # decode sizes: nothing more to ask (a per-step host path)
+            return False
         from numasched import caps
-        from numasched.gemm_glu import big_tiles
 
         return self.gemm == "auto" and x.is_cuda and caps.tma_supported(x.device) and big_tiles(x.shape[0], n,
                                                                                                x.dtype)
