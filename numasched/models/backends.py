@@ -140,9 +140,8 @@ class Backend:
         first) and writing k and v into ``cache`` at the step's slots; ``qkv_rope`` is the shared
         (compiled) elementwise kernel. A backend may fuse the three kernels (numasched:
         ``fuse_rope_cache=True``)."""
-        q, k, v = qkv_rope(qkv, cos, sin, heads, kv_heads, head_dim, q_w, k_w, eps)
-        cache.write(layer, k, v)
-        return q
+        return Backend.prefill_rope_cache(self, qkv, cos, sin, heads, kv_heads, head_dim, q_w, k_w, eps, cache, layer,
+                                          qkv_rope)[0]
 
     def prefill_rope_cache(self, qkv, cos, sin, heads: int, kv_heads: int, head_dim: int, q_w, k_w, eps: float,
                            cache, layer: int, qkv_rope):
@@ -438,8 +437,7 @@ class NumaschedBackend(Backend):
         if not (self.fuse_rope_cache and isinstance(cache, PagedKVCache)):
             return super().rope_cache_write(qkv, cos, sin, heads, kv_heads, head_dim, q_w, k_w, eps, cache, layer,
                                             qkv_rope)
-        return self._ns.qkv_rope_cache(qkv, cos, sin, cache.k(layer), cache.v(layer), cache.write_slots(qkv.shape[0]),
-                                       heads=heads, kv_heads=kv_heads, q_weight=q_w, k_weight=k_w, eps=eps)
+        return self._fused_rope(qkv, cos, sin, heads, kv_heads, q_w, k_w, eps, cache, layer, return_kv=False)
 
     def prefill_rope_cache(self, qkv, cos, sin, heads, kv_heads, head_dim, q_w, k_w, eps, cache, layer, qkv_rope):
         # one launch (numasched.qkv_rope_cache with return_kv) instead of the compiled elementwise
@@ -448,9 +446,12 @@ class NumaschedBackend(Backend):
         if not (self.fuse_rope_cache and isinstance(cache, PagedKVCache)):
             return super().prefill_rope_cache(qkv, cos, sin, heads, kv_heads, head_dim, q_w, k_w, eps, cache, layer,
                                               qkv_rope)
+        return self._fused_rope(qkv, cos, sin, heads, kv_heads, q_w, k_w, eps, cache, layer, return_kv=True)
+
+    def _fused_rope(self, qkv, cos, sin, heads, kv_heads, q_w, k_w, eps, cache, layer, *, return_kv: bool):
         return self._ns.qkv_rope_cache(qkv, cos, sin, cache.k(layer), cache.v(layer), cache.write_slots(qkv.shape[0]),
                                        heads=heads, kv_heads=kv_heads, q_weight=q_w, k_weight=k_w, eps=eps,
-                                       return_kv=True)
+                                       return_kv=return_kv)
 
     def _glu_big(self, x, n: int) -> bool:
         from numasched.gemm_glu import GLU_BIG_MIN_ROWS, big_tiles
