@@ -126,7 +126,9 @@ class RopeCachePlan(Plan):
         self.options = options if options is not None else _options.current()
         self.T, self.heads, self.kv_heads, self.head_dim, self.eps = T, H, HK, d, float(eps)
         self.qk_norm = q_weight is not None
-        self.return_kv = bool(return_kv)
+        if not isinstance(return_kv, bool):
+            raise TypeError(f"return_kv must be True or False, got {return_kv!r}")
+        self.return_kv = return_kv
         self.rows = _rows("k_cache", k_cache, HK, d).shape[0]
         self.tensors = dict(qkv=signature(qkv), cos=signature(cos), sin=signature(sin), k_cache=signature(k_cache),
                             v_cache=signature(v_cache), slots=signature(slots), q_weight=signature(q_weight),
@@ -251,8 +253,10 @@ def qkv_rope_cache(qkv, cos, sin, k_cache, v_cache, slots, *, heads: int, kv_hea
     the v of every token also as new contiguous (T, kv_heads, head_dim) tensors (a prefill's
     attention reads them so; one launch instead of an elementwise kernel and two scatters).
     See the module doc."""
-    # before the key, where True == 1 would find a plan made for heads=1
+    # before the key, where True == 1 would find a plan made for heads=1 (and 1 one made for return_kv=True)
     check_positive_int("heads", heads, allow_none=False), check_positive_int("kv_heads", kv_heads, allow_none=False)
+    if not isinstance(return_kv, bool):
+        raise TypeError(f"return_kv must be True or False, got {return_kv!r}")
     key, plan = PLANS.find(_key, qkv, cos, sin, k_cache, v_cache, slots, heads, kv_heads, q_weight, k_weight, eps,
                            out, return_kv)
     if plan is None:

@@ -72,6 +72,8 @@ def test_return_kv_gives_contiguous_k_and_v_of_every_token(T, H, HK, D, dtype, n
     assert torch.equal(kf[slots[keep]], k[keep]) and torch.equal(vf[slots[keep]], v[keep])
     q2 = qkv_rope_cache(qkv, cos, sin, kc, vc, slots, heads=H, kv_heads=HK, q_weight=qw, k_weight=kw)
     assert isinstance(q2, torch.Tensor) and torch.equal(q2, q)   # a plan of its own without return_kv
+    with pytest.raises(TypeError, match="return_kv"):
+        qkv_rope_cache(qkv, cos, sin, kc, vc, slots, heads=H, kv_heads=HK, q_weight=qw, k_weight=kw, return_kv=1)
 
 
 def test_out_and_plan_reuse_and_signature_checks():
