@@ -137,6 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fuse-rope-cache", action=argparse.BooleanOptionalAction, default=True,
                    help="numasched: a decode step's QKV split + RoPE + paged cache write in one launch "
                         "(numasched.qkv_rope_cache; default on, --no-fuse-rope-cache for the unfused sequence)")
+    p.add_argument("--fuse-residual", action=argparse.BooleanOptionalAction, default=True,
+                   help="numasched: the residual add in the fused GEMM + all-reduce's epilogue where a row-parallel "
+                        "projection runs that kernel (prefill sizes), then the RMSNorm alone (default on, "
+                        "--no-fuse-residual for the sum, then the compiled add + RMSNorm)")
     p.add_argument("--prefill-attention", choices=("auto", "numasched", "torch"), default="auto",
                    help="numasched backend's prefill attention: numasched.attention_forward, torch's SDPA "
                         "(cuDNN first) or auto (default: SDPA on NVIDIA GPUs, where cuDNN's was faster)")
@@ -224,6 +228,9 @@ def _dry_run(args) -> int:
                                         ("QKV split + RoPE + cache write", args.fuse_rope_cache)) if on]
         contenders.append("numasched decode fusions: " + (", ".join(fused) or "none"))
         if args.prompt:
+            if args.tp > 1:
+                contenders.append("numasched prefill: residual add in the fused GEMM + all-reduce: "
+                                  + ("on" if args.fuse_residual else "off"))
             contenders.append(f"numasched prefill attention: {args.prefill_attention}"
                               + (" (SDPA, cuDNN first, on NVIDIA GPUs; numasched.attention_forward elsewhere)"
                                  if args.prefill_attention == "auto" else ""))
@@ -494,7 +501,7 @@ def _backend(name, ctx, dctx):
                             fuse_swiglu=ctx.args.fuse_swiglu, prefill_overlap=ctx.args.prefill_overlap,
                             prefill_seq_parallel=ctx.args.prefill_seq_parallel,
                             fuse_rope_cache=ctx.args.fuse_rope_cache, prefill_attention=ctx.args.prefill_attention,
-                            pdl_swiglu=ctx.args.pdl_swiglu)
+                            pdl_swiglu=ctx.args.pdl_swiglu, fuse_residual=ctx.args.fuse_residual)
 
 
 def _parts(model, be, cache, seq: Optional[int] = None) -> Dict[str, Callable[[], object]]:
@@ -537,6 +544,9 @@ def _parts(model, be, cache, seq: Optional[int] = None) -> Dict[str, Callable[[]
     # where the backend runs the gate/up projection and its activation as one kernel, that kernel
     # is a GEMM of gemm_in and the activation leaves elementwise
     glu = not sp and be.fuses_swiglu(x, il)
+    # where the row-parallel projections add the residual in their kernel, the add leaves
+    # elementwise (the norms there run alone)
+    res_o, res_d = (not sp and be.fuses_residual(a, L.wo), not sp and be.fuses_residual(act, L.wdown))
 
     def gemm_in():
         if sp:
@@ -558,8 +568,8 @@ def _parts(model, be, cache, seq: Optional[int] = None) -> Dict[str, Callable[[]
             be.linear_reduce_scatter(a, L.wo)
             be.linear_reduce_scatter(act, L.wdown)
             return
-        be.row_parallel(a, L.wo)
-        be.row_parallel(act, L.wdown)
+        be.row_parallel_residual(a, L.wo, x2) if res_o else be.row_parallel(a, L.wo)
+        be.row_parallel_residual(act, L.wdown, x2) if res_d else be.row_parallel(act, L.wdown)
 
     def attention():
         if seq is None:
@@ -578,10 +588,10 @@ def _parts(model, be, cache, seq: Optional[int] = None) -> Dict[str, Callable[[]
         else:   # the one-step prefill's path (one launch where the backend fuses it)
             be.prefill_rope_cache(qkv, cs[:, 0], cs[:, 1], hq, hk, D, L.q_norm, L.k_norm, s.eps, cache, 0,
                                   ew("qkv_rope"))
-        ew("add_rms_norm")(x2s, xs, L.ln2, s.eps)
+        ew("rms_norm")(x2s, L.ln2, s.eps) if res_o else ew("add_rms_norm")(x2s, xs, L.ln2, s.eps)
         if not glu:
             ew("silu_mul")(gu, il)
-        ew("add_rms_norm")(x2s, xs, L.ln1, s.eps)
+        ew("rms_norm")(x2s, L.ln1, s.eps) if res_d else ew("add_rms_norm")(x2s, xs, L.ln1, s.eps)
 
     def head():
         if seq is None:

@@ -81,11 +81,31 @@ def _tile_acc(tm, tn, rows, cols, a_ptr, a_desc, b_ptr, b_desc, M, N, K, stride_
 
 
 @triton.jit
-def _store_out(total, out_ptr, tm, tn, mask, stride_om, stride_on, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The summed tile into ``out`` in its dtype (any strides)."""
-    obase = out_ptr + (tm * BLOCK_M).to(tl.int64) * stride_om + (tn * BLOCK_N).to(tl.int64) * stride_on
-    oloc = tl.arange(0, BLOCK_M)[:, None] * stride_om + tl.arange(0, BLOCK_N)[None, :] * stride_on
-    tl.store(obase + oloc, total.to(out_ptr.dtype.element_ty), mask=mask)
+def _store_out(total, out_ptr, tm, tn, tile0, loc, mask, stride_om, stride_on, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr, CONTIG: tl.constexpr):
+    """The summed tile into ``out`` in its dtype: any strides, or with CONTIG (a contiguous out)
+    at the receive buffer's offsets tile0 + loc, in registers already (fewer registers: the
+    PAIRS epilogue with a residual spilled with a second set of offsets)."""
+    if CONTIG:
+        tl.store(out_ptr + tile0 + loc, total.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        obase = out_ptr + (tm * BLOCK_M).to(tl.int64) * stride_om + (tn * BLOCK_N).to(tl.int64) * stride_on
+        oloc = tl.arange(0, BLOCK_M)[:, None] * stride_om + tl.arange(0, BLOCK_N)[None, :] * stride_on
+        tl.store(obase + oloc, total.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _plus_residual(total, out_ptr, tile0, loc, mask, RESIDUAL: tl.constexpr):
+    """RESIDUAL: ``out`` (contiguous: CONTIG) holds the layer's residual; the tile's sum,
+    rounded to out's dtype as an all-reduce's output is, added to it in fp32 and rounded again:
+    the bits of ``h + sum`` after the unfused all-reduce. Else the sum as it is. The tile's
+    offsets are the receive buffer's (tile0 + loc), not recomputed from strides: no second set
+    of per-element offsets in registers (the PAIRS epilogue spilled with one)."""
+    if RESIDUAL:
+        h = tl.load(out_ptr + tile0 + loc, mask=mask, other=0.0)
+        dt = out_ptr.dtype.element_ty
+        total = (total.to(dt).to(tl.float32) + h.to(tl.float32)).to(dt)
+    return total
 
 
 @triton.jit
@@ -102,14 +122,15 @@ def _raise(flags_ptr, T, t, e, rank, heap_bases, WORLD: tl.constexpr, ONE_FENCE:
 
 @triton.jit
 def _copy_sum(t, TN, recv, part, peer, out_ptr, flags_ptr, T, e, status_ptr, wait_bound, M, N, stride_om, stride_on,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WAIT_CLOCK: tl.constexpr, REMOTE: tl.constexpr):
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WAIT_CLOCK: tl.constexpr, REMOTE: tl.constexpr,
+              CONTIG: tl.constexpr):
     """PAIRS: the sum of peer-owned tile ``t``, pushed by its owner into our ``recv[slot, peer]``,
     into ``out`` once its flag is up."""
     tm, tn, rows, cols, mask, tile0, loc = _tile_place(t, TN, M, N, BLOCK_M, BLOCK_N)
     if REMOTE:
         wait_flag(flags_ptr + peer * T + t, e, peer, status_ptr, wait_bound, WAIT_CLOCK)
     x = tl.load(recv + peer * part + tile0 + loc, mask=mask, other=0.0)
-    _store_out(x, out_ptr, tm, tn, mask, stride_om, stride_on, BLOCK_M, BLOCK_N)
+    _store_out(x, out_ptr, tm, tn, tile0, loc, mask, stride_om, stride_on, BLOCK_M, BLOCK_N, CONTIG)
 
 
 @triton.jit
@@ -117,7 +138,7 @@ def _pairs(a_ptr, b_ptr, out_ptr, recv, a_desc, b_desc, flags_ptr, status_ptr, h
            part, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_om, stride_on, wait_bound,
            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
            USE_TMA: tl.constexpr, B_TRANS: tl.constexpr, STAGES: tl.constexpr, WAIT_CLOCK: tl.constexpr,
-           REMOTE: tl.constexpr):
+           REMOTE: tl.constexpr, RESIDUAL: tl.constexpr, CONTIG: tl.constexpr):
     """PAIRS (two ranks, several tiles per program): an all-reduce in two halves per tile pair.
 
     Output tiles go in pairs (2q, 2q + 1); rank r owns tile 2q + r of each. Program p takes pairs
@@ -173,25 +194,28 @@ def _pairs(a_ptr, b_ptr, out_ptr, recv, a_desc, b_desc, flags_ptr, status_ptr, h
                         _raise(flags_ptr, T, t_o, e, rank, heap_bases, 2, WAIT_CLOCK)
                     if (i >= 1) & (tp_o < T):
                         _copy_sum(tp_o, TN, recv, part, peer, out_ptr, flags_ptr, T, e, status_ptr, wait_bound, M, N,
-                                  stride_om, stride_on, BLOCK_M, BLOCK_N, WAIT_CLOCK, REMOTE)
+                                  stride_om, stride_on, BLOCK_M, BLOCK_N, WAIT_CLOCK, REMOTE, CONTIG)
                 if REMOTE:
                     wait_flag(flags_ptr + peer * T + t_m, e, peer, status_ptr, wait_bound, WAIT_CLOCK)
                 theirs = tl.load(recv + peer * part + tile0 + loc, mask=mask, other=0.0)
                 total = (own.to(tl.float32) + theirs.to(tl.float32)).to(recv.dtype.element_ty)
-                _store_out(total, out_ptr, tm, tn, mask, stride_om, stride_on, BLOCK_M, BLOCK_N)
+                # RESIDUAL: the owner adds the residual (the same on every rank in TP) and sends
+                # h + sum, so the peer's copy (C) stores it as it comes
+                total = _plus_residual(total, out_ptr, tile0, loc, mask, RESIDUAL)
+                _store_out(total, out_ptr, tm, tn, tile0, loc, mask, stride_om, stride_on, BLOCK_M, BLOCK_N, CONTIG)
                 _push(total, recv, part, tile0, loc, mask, rank, peer, heap_bases, REMOTE)
                 if not DEFER:
                     _raise(flags_ptr, T, t_m, e, rank, heap_bases, 2, WAIT_CLOCK)
             elif DEFER:   # no B this time (the last, odd pair, or the loop's end)
                 if (i >= 1) & (tp_o < T):
                     _copy_sum(tp_o, TN, recv, part, peer, out_ptr, flags_ptr, T, e, status_ptr, wait_bound, M, N,
-                              stride_om, stride_on, BLOCK_M, BLOCK_N, WAIT_CLOCK, REMOTE)
+                              stride_om, stride_on, BLOCK_M, BLOCK_N, WAIT_CLOCK, REMOTE, CONTIG)
         # ---- C (the simulation's third launch): the peer's sums into out
         if (STAGES & 4) != 0:
             if not DEFER:
                 if has_o:
                     _copy_sum(t_o, TN, recv, part, peer, out_ptr, flags_ptr, T, e, status_ptr, wait_bound, M, N,
-                              stride_om, stride_on, BLOCK_M, BLOCK_N, WAIT_CLOCK, REMOTE)
+                              stride_om, stride_on, BLOCK_M, BLOCK_N, WAIT_CLOCK, REMOTE, CONTIG)
 
 
 @triton.jit
@@ -202,12 +226,16 @@ def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, a_desc, b_desc, fl
                              EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, B_TRANS: tl.constexpr,
                              STAGES: tl.constexpr, BUMP_EPOCH: tl.constexpr, WAIT_CLOCK: tl.constexpr,
                              REMOTE: tl.constexpr = True, PDL: tl.constexpr = False, LAG: tl.constexpr = True,
-                             PAIRS: tl.constexpr = False):
+                             PAIRS: tl.constexpr = False, RESIDUAL: tl.constexpr = False,
+                             CONTIG: tl.constexpr = False):
     pdl_enter(PDL)  # PDL: wait for the previous kernel here (kernels/pdl.py)
     # REMOTE=False (timing only, communicate=False): the pushes land in our own heap and nobody
     # waits (the flags still go out): the kernel's time without the exchange, its results wrong
     # a: (M, K), b: (K, N) this rank's operands (USE_TMA: also as descriptors); out: (M, N);
-    # recv: heap (2, WORLD, M, N) in out's dtype; flags: heap int64 (WORLD, tiles)
+    # recv: heap (2, WORLD, M, N) in out's dtype; flags: heap int64 (WORLD, tiles); RESIDUAL: out
+    # holds the layer's residual (the same on every rank) and gets residual + sum; CONTIG: out is
+    # contiguous (RESIDUAL needs it), its tiles addressed at the receive buffer's offsets
+    tl.static_assert(CONTIG or not RESIDUAL, "RESIDUAL reads a contiguous out")
     e = epoch_begin(epoch_ptr)
     slot = (e % 2).to(tl.int32)   # the epoch is int64; buffer arithmetic stays 32-bit
     p = tl.program_id(0)
@@ -221,7 +249,8 @@ def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, a_desc, b_desc, fl
         tl.static_assert(WORLD == 2, "PAIRS is the two-rank form")
         _pairs(a_ptr, b_ptr, out_ptr, recv, a_desc, b_desc, flags_ptr, status_ptr, heap_bases, rank, e, p, P, T, TN,
                part, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_om, stride_on, wait_bound,
-               BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, USE_TMA, B_TRANS, STAGES, WAIT_CLOCK, REMOTE)
+               BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, USE_TMA, B_TRANS, STAGES, WAIT_CLOCK, REMOTE, RESIDUAL,
+               CONTIG)
     elif not LAG:
         # LAG=False (two ranks): each tile summed as soon as it is pushed. Only the peer's copy is
         # stored; ours stays in registers, rounded to the partials' dtype as the peer's is, and
@@ -245,8 +274,8 @@ def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, a_desc, b_desc, fl
                 if REMOTE:
                     wait_flag(flags_ptr + peer * T + t, e, peer, status_ptr, wait_bound, WAIT_CLOCK)
                 theirs = tl.load(recv + peer * part + tile0 + loc, mask=mask, other=0.0)
-                _store_out(own.to(tl.float32) + theirs.to(tl.float32), out_ptr, tm, tn, mask, stride_om, stride_on,
-                           BLOCK_M, BLOCK_N)
+                total = _plus_residual(own.to(tl.float32) + theirs.to(tl.float32), out_ptr, tile0, loc, mask, RESIDUAL)
+                _store_out(total, out_ptr, tm, tn, tile0, loc, mask, stride_om, stride_on, BLOCK_M, BLOCK_N, CONTIG)
     else:
         for i in range(0, mine + 1):
             # ---- stage 1: compute tile i; raise tile i-1's flag (its remote stores drained during
@@ -288,6 +317,7 @@ def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, a_desc, b_desc, fl
                             total = x
                         else:
                             total += x
-                    _store_out(total, out_ptr, tm, tn, mask, stride_om, stride_on, BLOCK_M, BLOCK_N)
+                    total = _plus_residual(total, out_ptr, tile0, loc, mask, RESIDUAL)
+                    _store_out(total, out_ptr, tm, tn, tile0, loc, mask, stride_om, stride_on, BLOCK_M, BLOCK_N, CONTIG)
 
     epoch_end(epoch_ptr, counters_ptr, P, e, BUMP_EPOCH)

@@ -442,6 +442,16 @@ def check_matmul_all_reduce(ctx, quick):
             same = same_everywhere(y)   # a collective: every rank calls it, whatever its own result
             ok(r is h and rel(r, r_ref) < 1e-2 and rel(y, y_ref) < 2e-2 and same,
                f"{(M, Kl, N)}: fused residual + RMSNorm wrong ({rel(r, r_ref):.1e}, {rel(y, y_ref):.1e})")
+        # the residual alone (a prefill's add in the epilogue where the plan is fused): the bits of
+        # the plain call's sum added to it, in place, the same on every rank
+        for impl in ("auto", "fused"):
+            h = randn(M, N, seed=300 * i + 97)           # the same residual stream on every rank
+            plain = nd.matmul_all_reduce(a, w.T, ctx=ctx, impl=impl)
+            want = h + plain
+            r = nd.matmul_all_reduce(a, w.T, ctx=ctx, impl=impl, residual=h)
+            same = same_everywhere(r)
+            ok(r is h and torch.equal(r, want) and same,
+               f"{impl} {(M, Kl, N)}: residual add wrong ({rel(r, want):.1e}, same on every rank: {same})")
     return ok.done("; ".join(msgs))
 
 

@@ -1242,6 +1242,55 @@ def test_matmul_all_reduce_fused_pairs_sim(M, K, N, monkeypatch):
             slow.run("matmul_all_reduce", [(A[r], B[r]) for r in range(2)], skip_ranks=[skip])
 
 
+@pytest.mark.parametrize("world,M,form", [(2, 170, "pairs"), (2, 17, "pairs"), (2, 16, "unlagged"),
+                                           (2, 48, "lagged"), (3, 40, "lagged")])
+def test_matmul_all_reduce_fused_residual_sim(world, M, form, monkeypatch):
+    """``residual`` (the prefill's residual add in the fused kernel's epilogue): every form gives
+    the raw bits of ``residual + sum`` of the plain call, on every rank, in place; the residual
+    must be the same on every rank (the owner of a tile adds it), and its absence on one rank
+    is caught by the header check; bad arguments are refused by name."""
+    mar = importlib.import_module("numasched.distributed.matmul_all_reduce")
+    base = mar._fused_cfg
+    extra = {"pairs": dict(PAIRS=True), "unlagged": dict(LAG=False, PAIRS=False),
+             "lagged": dict(LAG=True, PAIRS=False)}[form]
+    monkeypatch.setattr(mar, "_fused_cfg", lambda M_, dt, gpu: dict(base(M_, dt, gpu), **extra))
+    K, N = 24, 40
+    g = torch.Generator().manual_seed(M + world)
+    A = [torch.randn(M, K, generator=g).half() for _ in range(world)]
+    B = [torch.randn(K, N, generator=g).half() for _ in range(world)]
+    h = torch.randn(M, N, generator=g).half()
+    sim = nd.SimWorld(world)
+    plain = sim.run("matmul_all_reduce", [(A[r], B[r]) for r in range(world)])
+    hs = [h.clone() for _ in range(world)]
+    got = sim.run_each("matmul_all_reduce", [((A[r], B[r]), dict(residual=hs[r])) for r in range(world)])
+    want = (h.float() + plain[0].float()).half()
+    ref = h.double() + sum(A[r].double() @ B[r].double() for r in range(world))
+    assert _rel(want.double(), ref) < 1e-2
+    for r in range(world):
+        assert got[r] is hs[r]
+        assert torch.equal(got[r].view(torch.int16), want.view(torch.int16)), r
+    # a strided out (the kernel's strided stores; a contiguous one takes the sum's offsets)
+    outs = [torch.full((N, M), float("nan")).half().T for _ in range(world)]
+    strided = sim.run_each("matmul_all_reduce", [((A[r], B[r]), dict(out=outs[r])) for r in range(world)])
+    assert all(torch.equal(x.view(torch.int16), plain[0].view(torch.int16)) for x in strided)
+    with pytest.raises(ValueError, match="residual must be contiguous"):
+        sim.run("matmul_all_reduce", [(A[r], B[r]) for r in range(world)], residual=h.T.contiguous().T)
+    plan = sim.ranks[0].plans[next(k for k in sim.ranks[0].plans if k[-1] is True)]
+    kw = [dict(lc.kwargs) for lc in plan.launchers.values()]
+    assert {k["RESIDUAL"] for k in kw} == {True}
+    assert {k["PAIRS"] for k in kw} == {form == "pairs"}
+    with pytest.raises(ValueError, match="residual is True on rank 0 but False on rank 1"):
+        sim.run_each("matmul_all_reduce", [((A[0], B[0]), dict(residual=h.clone()))]
+                     + [((A[r], B[r]), {}) for r in range(1, world)])
+    with pytest.raises(ValueError, match="residual"):
+        sim.run("matmul_all_reduce", [(A[r], B[r]) for r in range(world)], residual=h[:-1].clone())
+    with pytest.raises(ValueError, match="residual"):
+        sim.run("matmul_all_reduce", [(A[r], B[r]) for r in range(world)], residual=h.clone(),
+                out=torch.empty_like(h))
+    with pytest.raises(TypeError, match="residual"):
+        sim.run("matmul_all_reduce", [(A[r], B[r]) for r in range(world)], residual=h.float())
+
+
 def test_fused_pairs_only_where_pairs_add_no_round():
     from numasched.distributed.cost import fused_pairs
 
@@ -1400,8 +1449,17 @@ def test_all_reduce_add_rmsnorm_checks_and_one_rank():
     r_ref, y_ref = _add_rmsnorm_ref([a @ w.T], h, ln, 1e-6)
     r, y = nd.matmul_all_reduce(a, w.T, ctx=one, residual=h.clone(), norm_weight=ln, eps=1e-6)
     assert _rel(r.double(), r_ref.double()) < 1e-5 and _rel(y.double(), y_ref) < 1e-5
-    with pytest.raises(ValueError, match="pass both residual and norm_weight"):
-        nd.matmul_all_reduce(a, w.T, ctx=one, residual=h)
+    with pytest.raises(ValueError, match="norm_weight needs residual"):
+        nd.matmul_all_reduce(a, w.T, ctx=one, norm_weight=ln)
+    # residual alone: the sum added into it in place (an unfused plan: the sum, then the add)
+    h2 = h.clone()
+    got = nd.matmul_all_reduce(a, w.T, ctx=one, residual=h2)
+    assert got is h2 and torch.equal(got, h + nd.matmul_all_reduce(a, w.T, ctx=one))
+    assert nd.matmul_all_reduce_plan(one, a, w.T).impl != "fused"
+    with pytest.raises(ValueError, match="out or residual"):
+        nd.matmul_all_reduce(a, w.T, ctx=one, residual=h.clone(), out=torch.empty_like(h))
+    with pytest.raises(ValueError, match="residual must have shape"):
+        nd.matmul_all_reduce(a, w.T, ctx=one, residual=h[:, :8].clone())
     sim = nd.SimWorld(2)
     x = torch.randn(4, 16)
     with pytest.raises(ValueError, match="residual has shape"):

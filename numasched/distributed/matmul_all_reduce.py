@@ -29,7 +29,7 @@ OVERLAP_CHUNKS = 4
 OVERLAP_CHUNK_US = 4.0
 GEMMS = ("auto", "numasched", "torch")
 
-__all__ = ["MatmulAllReducePlan", "plan_matmul_all_reduce", "matmul_all_reduce"]
+__all__ = ["MatmulAllReducePlan", "plan_matmul_all_reduce", "matmul_all_reduce_plan", "matmul_all_reduce"]
 
 
 @dataclass(frozen=True)
@@ -142,10 +142,46 @@ def matmul_all_reduce(a, b_local, *, ctx, impl: str = "auto", gemm: str = "auto"
     (:func:`numasched.distributed.all_reduce_add_rmsnorm`): returns ``(residual + sum, rmsnorm(
     residual + sum) * norm_weight)`` with ``residual`` updated in place; the GEMM's output then
     lands in a scratch tensor (``out`` is the normalised output). One-shot: decode-sized M.
+    residual alone: returns ``residual`` with the sum added in place (the bits of ``residual +
+    sum``). Where the plan is fused the add is in the kernel's epilogue: the owner of a tile adds
+    its residual and sends the result, so ``residual`` must hold the same values on every rank
+    (the replicated residual stream of tensor parallelism); the sum never goes to memory alone
+    (a prefill's residual add then reads one tensor fewer). Otherwise the sum, then an add.
     """
     if not hasattr(ctx, "_ensure_usable") or not hasattr(ctx, "plans"):
         raise TypeError(f"matmul_all_reduce: ctx must be a context from numasched.distributed.init() (or a rank of a "
                         f"SimWorld), got {type(ctx).__name__}")
+    plan = matmul_all_reduce_plan(ctx, a, b_local, impl=impl, gemm=gemm)
+    if norm_weight is not None:
+        if residual is None:
+            raise ValueError("norm_weight needs residual (the fused add + RMSNorm)")
+        c = torch.empty((plan.M, plan.N), dtype=a.dtype, device=a.device)
+        _gemm(plan.gemm if plan.gemm in ("torch", "numasched") else cost.gemm_engine(plan.M), a, b_local, c)
+        return run(ctx, "all_reduce_add_rmsnorm", c, residual, norm_weight, eps, out=out, check=check)
+    if residual is not None:
+        if out is not None:
+            raise ValueError("pass out or residual, not both: without norm_weight the sum is added into residual "
+                             "in place")
+        _check_residual(residual, a, (plan.M, plan.N))
+        if plan.all_reduce == "fused":   # the add in the kernel's epilogue
+            return run(ctx, "matmul_all_reduce", a, b_local, residual=residual, check=check)
+        return residual.add_(matmul_all_reduce(a, b_local, ctx=ctx, impl=impl, gemm=gemm, check=check))
+    if plan.all_reduce == "fused":
+        return run(ctx, "matmul_all_reduce", a, b_local, out=out, check=check)
+    c = _output(out, (plan.M, plan.N), a, "fused")
+    if not c.is_contiguous():
+        raise ValueError("out must be contiguous (the all-reduce sums it in place)")
+    if plan.chunks > 1:
+        return _overlapped(ctx, plan, a, b_local, c)
+    _gemm(plan.gemm, a, b_local, c)
+    if plan.world == 1:
+        return c
+    return run(ctx, "all_reduce", c, impl=plan.all_reduce, out=c, check=check)
+
+
+def matmul_all_reduce_plan(ctx, a, b_local, *, impl: str = "auto", gemm: str = "auto") -> MatmulAllReducePlan:
+    """The plan a ``matmul_all_reduce(a, b_local, ctx=ctx, impl=impl, gemm=gemm)`` call runs
+    (made and kept in ``ctx.plans`` on first use, as the call would): e.g. whether it is fused."""
     key = plan_key(a, b_local, impl, gemm)
     plan = ctx.plans.get(key)
     if plan is None:
@@ -158,23 +194,17 @@ def matmul_all_reduce(a, b_local, *, ctx, impl: str = "auto", gemm: str = "auto"
     else:   # cheap re-checks of what the key does not cover
         if a.device != ctx.device or b_local.device != ctx.device or b_local.dtype != a.dtype:
             _check_operands(ctx, "a", a, "b_local", b_local, "K_local")
-    if residual is not None or norm_weight is not None:
-        if residual is None or norm_weight is None:
-            raise ValueError("pass both residual and norm_weight (the fused add + RMSNorm), or neither")
-        c = torch.empty((plan.M, plan.N), dtype=a.dtype, device=a.device)
-        _gemm(plan.gemm if plan.gemm in ("torch", "numasched") else cost.gemm_engine(plan.M), a, b_local, c)
-        return run(ctx, "all_reduce_add_rmsnorm", c, residual, norm_weight, eps, out=out, check=check)
-    if plan.all_reduce == "fused":
-        return run(ctx, "matmul_all_reduce", a, b_local, out=out, check=check)
-    c = _output(out, (plan.M, plan.N), a, "fused")
-    if not c.is_contiguous():
-        raise ValueError("out must be contiguous (the all-reduce sums it in place)")
-    if plan.chunks > 1:
-        return _overlapped(ctx, plan, a, b_local, c)
-    _gemm(plan.gemm, a, b_local, c)
-    if plan.world == 1:
-        return c
-    return run(ctx, "all_reduce", c, impl=plan.all_reduce, out=c, check=check)
+    return plan
+
+
+def _check_residual(residual, a, shape) -> None:
+    from numasched._validate import check_tensor
+
+    check_tensor("residual", residual, ndim=2, dtypes=(a.dtype,), device=a.device)
+    if tuple(residual.shape) != tuple(shape):
+        raise ValueError(f"residual must have shape {tuple(shape)} (M, N), got {tuple(residual.shape)}")
+    if not residual.is_contiguous():
+        raise ValueError("residual must be contiguous (the fused kernel reads and writes it at the sum's offsets)")
 
 
 def _fused_tma_layout(a, b) -> bool:
@@ -269,7 +299,7 @@ class MatmulAllReduceFused(_Op):
     sim_phases = ("push", "consume", "gather")
 
     @staticmethod
-    def describe(a, b_local, *, world, cfg=None, impl="fused") -> Call:
+    def describe(a, b_local, *, world, cfg=None, impl="fused", residual: bool = False) -> Call:
         M, Kl = a.shape
         N = b_local.shape[1]
         # heap sizing (required_heap_bytes): "auto" may pick the fused kernel from 256 rows (its
@@ -284,11 +314,13 @@ class MatmulAllReduceFused(_Op):
             return AllReduce.describe(out, world=world, impl=ar)
         cfg = cfg or _fused_cfg(M, a.dtype, _on_gpu(a))
         tiles = _cdiv(M, cfg["BLOCK_M"]) * _cdiv(N, cfg["BLOCK_N"])
+        # residual: every rank must add one (the owner of a tile adds it for all): in the header
         header = dict(op="matmul_all_reduce", a_shape=tuple(a.shape), b_local_shape=tuple(b_local.shape),
-                      dtype=str(a.dtype), impl="fused", world=world, config=tuple(sorted(cfg.items())))
-        key = ("matmul_all_reduce", M, Kl, N, a.dtype, tuple(sorted(cfg.items())))
+                      dtype=str(a.dtype), impl="fused", world=world, config=tuple(sorted(cfg.items())),
+                      residual=bool(residual))
+        key = ("matmul_all_reduce", M, Kl, N, a.dtype, tuple(sorted(cfg.items())), bool(residual))
         return Call("matmul_all_reduce", key, header, dict(a=a, b_local=b_local),
-                    dict(cfg, M=M, N=N, Kl=Kl, tiles=tiles, world=world, impl="fused"))
+                    dict(cfg, M=M, N=N, Kl=Kl, tiles=tiles, world=world, impl="fused", residual=bool(residual)))
 
     @staticmethod
     def buffers(call) -> list:
@@ -300,11 +332,16 @@ class MatmulAllReduceFused(_Op):
         return [("flags", (W, c["tiles"]), torch.int64), ("recv", (2, W, c["M"], c["N"]), call.tensors["a"].dtype)]
 
     @classmethod
-    def prepare(cls, ctx, a, b_local, *, out=None, communicate=True):
+    def prepare(cls, ctx, a, b_local, *, out=None, residual=None, communicate=True):
         _check_operands(ctx, "a", a, "b_local", b_local, "K_local")
         check_int32_indexing("a", a)
         check_int32_indexing("b_local", b_local)
-        call = cls.describe(a, b_local, world=ctx.world)
+        call = cls.describe(a, b_local, world=ctx.world, residual=residual is not None)
+        if residual is not None:   # the kernel adds the sum into it in place
+            if out is not None:
+                raise ValueError("pass out or residual, not both: with residual the sum is added into it in place")
+            _check_residual(residual, a, (call.cfg["M"], call.cfg["N"]))
+            out = residual
         call.tensors["out"] = _output(out, (call.cfg["M"], call.cfg["N"]), a, "fused")
         call.extra["communicate"] = bool(communicate)   # False: timing only (phase "nocomm")
         return call
@@ -358,7 +395,7 @@ class MatmulAllReduceFused(_Op):
             kw = dict(WORLD=ctx.world, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"],
                       EVEN_K=c["Kl"] % c["BLOCK_K"] == 0, USE_TMA=use_tma, B_TRANS=use_tma and b_trans, STAGES=stages,
                       BUMP_EPOCH=phase in ("full", last, "nocomm"), WAIT_CLOCK=ctx.wait_clock,
-                      LAG=lag, PAIRS=pairs)
+                      LAG=lag, PAIRS=pairs, RESIDUAL=c["residual"], CONTIG=out.is_contiguous())
             if phase == "nocomm":   # pushes into our own heap, no waits: the time without the exchange
                 kw.update(REMOTE=False)
             if ctx.device.type != "cpu":

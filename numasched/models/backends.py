@@ -128,11 +128,24 @@ class Backend:
     def row_parallel(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def row_parallel_add_norm(self, x, w, h, norm_w, eps: float, add_norm):
+    def row_parallel_add_norm(self, x, w, h, norm_w, eps: float, add_norm, norm=None):
         """(h + row_parallel(x, w), its RMSNorm with norm_w): the projection and the layer's
-        residual add + next norm; ``add_norm`` is the shared (compiled) elementwise kernel. A
-        backend may fuse the three (numasched: ``fuse_norm=True``)."""
+        residual add + next norm; ``add_norm`` (and ``norm``, the RMSNorm alone) are the shared
+        (compiled) elementwise kernels. A backend may fuse the three (numasched: ``fuse_norm=True``)
+        or the first two (numasched: ``fuse_residual=True``, then ``norm``). ``h`` may be updated
+        in place."""
         return add_norm(self.row_parallel(x, w), h, norm_w, eps)
+
+    def fuses_residual(self, x, w) -> bool:
+        """Whether :meth:`row_parallel_add_norm` adds the residual inside the row-parallel
+        projection for rows like ``x`` (then only the norm follows; the benchmark's components
+        count the add as the projection's)."""
+        return False
+
+    def row_parallel_residual(self, x, w, h):
+        """``h += row_parallel(x, w)`` in place, returning ``h`` (fused where
+        :meth:`fuses_residual`)."""
+        return h.add_(self.row_parallel(x, w))
 
     def rope_cache_write(self, qkv, cos, sin, heads: int, kv_heads: int, head_dim: int, q_w, k_w, eps: float,
                          cache, layer: int, qkv_rope):
@@ -358,6 +371,11 @@ class NumaschedBackend(Backend):
         baseline at TP 1 (one H200) and from 1.038-1.255x to 1.056-1.333x at TP 2 (two H200s;
         bench/results/e2e-s15-tp1/, tp2-s15/). A one-step prefill too, the kernel also giving k
         and v contiguous for its attention (``return_kv``). ``False``: the unfused sequence.
+    fuse_residual: where a row-parallel projection runs the fused GEMM + all-reduce (prefill
+        sizes; decode sizes fuse the add and the norm into the all-reduce, ``fuse_norm``), the
+        residual add in that kernel's epilogue (``matmul_all_reduce(residual=h)``), then the
+        RMSNorm alone, instead of the sum to memory and the compiled add + RMSNorm reading it
+        back. On by default; ``False``: the sum, then the compiled add + RMSNorm.
     """
 
     name = "numasched"
@@ -367,7 +385,7 @@ class NumaschedBackend(Backend):
                  mapping: str = "auto", impl: str = "auto", check: bool = True, gemm: str = "auto",
                  fuse_norm: bool = True, fuse_swiglu: bool = True, prefill_overlap: Optional[int] = None,
                  prefill_seq_parallel: bool = False, fuse_rope_cache: bool = True,
-                 prefill_attention: str = "auto", pdl_swiglu: bool = True):
+                 prefill_attention: str = "auto", pdl_swiglu: bool = True, fuse_residual: bool = True):
         if tp_size is None:
             tp_size = getattr(ctx, "world", None) or _dist_world(group)[1]
         super().__init__(tp_size, group)
@@ -388,6 +406,7 @@ class NumaschedBackend(Backend):
         self.fuse_swiglu = bool(fuse_swiglu)
         self.pdl_swiglu = _flag("pdl_swiglu", pdl_swiglu)
         self.fuse_rope_cache = _flag("fuse_rope_cache", fuse_rope_cache)
+        self.fuse_residual = _flag("fuse_residual", fuse_residual)
         if prefill_attention not in ("auto", "numasched", "torch"):
             raise ValueError(f"prefill_attention must be 'auto', 'numasched' or 'torch', got {prefill_attention!r}")
         self.prefill_attention_impl = prefill_attention
@@ -491,13 +510,34 @@ class NumaschedBackend(Backend):
     # the all-reduce of a row-chunked prefill (all_reduce_overlapped) when impl is "auto"
     OVERLAP_AR_IMPL = "ce"
 
-    def row_parallel_add_norm(self, x, w, h, norm_w, eps, add_norm):
+    def row_parallel_add_norm(self, x, w, h, norm_w, eps, add_norm, norm=None):
         # fused: GEMM, then one kernel for the all-reduce, the residual add and the norm (one-shot:
         # decode-sized rows only; larger M keeps the all-reduce the cost model picks)
         if self.fuse_norm and self.tp_size > 1 and x.shape[0] <= self.FUSE_NORM_MAX_ROWS:
             return self._nd.matmul_all_reduce(x, w.t(), ctx=self.ctx, check=self.check, gemm=self.gemm,
                                               residual=h, norm_weight=norm_w, eps=eps)
+        if norm is not None and self.fuses_residual(x, w):
+            # the fused GEMM + all-reduce adds the residual in its epilogue (h + sum: the bits of
+            # the unfused add), so the norm reads one tensor instead of the sum and the residual
+            # and writes one fewer (4096 x 4096 bf16: 64 MB less traffic per projection)
+            h = self.row_parallel_residual(x, w, h)
+            return h, norm(h, norm_w, eps)
         return add_norm(self.row_parallel(x, w), h, norm_w, eps)
+
+    def fuses_residual(self, x, w) -> bool:
+        # TP, the residual fusion on, and the projection's plan the fused GEMM + all-reduce
+        if not (self.fuse_residual and self.fuse_all_reduce and self.tp_size > 1
+                and x.shape[0] > self.FUSE_NORM_MAX_ROWS):
+            return False
+        plan = self._nd.matmul_all_reduce_plan(self.ctx, x, w.t(), impl=self._MAR_IMPL.get(self.impl, self.impl),
+                                               gemm=self.gemm)
+        return plan.impl == "fused"
+
+    def row_parallel_residual(self, x, w, h):
+        if not self.fuses_residual(x, w):
+            return super().row_parallel_residual(x, w, h)
+        return self._nd.matmul_all_reduce(x, w.t(), ctx=self.ctx, impl=self._MAR_IMPL.get(self.impl, self.impl),
+                                          check=self.check, gemm=self.gemm, residual=h)
 
     FUSE_NORM_MAX_ROWS = 256
     # a prefill chunk has at least this many rows (its GEMMs stay at cuBLAS's large-M rate)

@@ -509,10 +509,10 @@ class TPDecoder:
                 q, k, v = backend.prefill_rope_cache(qkv, cos, sin, hq, hk, D, L.q_norm, L.k_norm, s.eps, cache, i,
                                                      qkv_rope_)
                 a = backend.prefill_attention(q, k, v, batch, seq)
-            h, x = backend.row_parallel_add_norm(a, L.wo, h, L.ln2, s.eps, add_norm)
+            h, x = backend.row_parallel_add_norm(a, L.wo, h, L.ln2, s.eps, add_norm, norm)
             nxt = self.layers[i + 1].ln1 if i + 1 < len(self.layers) else self.norm
             h, x = backend.row_parallel_add_norm(backend.linear_swiglu(x, L.wgu, self.inter_local, swiglu), L.wdown,
-                                                 h, nxt, s.eps, add_norm)
+                                                 h, nxt, s.eps, add_norm, norm)
         return x
 
     def _stack_seq_parallel(self, ids: torch.Tensor, cs: torch.Tensor, cache, backend, batch: int, seq: int,
