@@ -141,6 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="numasched: the residual add in the fused GEMM + all-reduce's epilogue where a row-parallel "
                         "projection runs that kernel (prefill sizes), then the RMSNorm alone (default on, "
                         "--no-fuse-residual for the sum, then the compiled add + RMSNorm)")
+    p.add_argument("--heap-residual", action=argparse.BooleanOptionalAction, default=True,
+                   help="numasched, TP 2: the prefill's residual stream in the symmetric heap, so the fused GEMM + "
+                        "all-reduce stores each sum straight into the peer's (default on; --no-heap-residual: "
+                        "receive slots and a copy)")
     p.add_argument("--prefill-attention", choices=("auto", "numasched", "torch"), default="auto",
                    help="numasched backend's prefill attention: numasched.attention_forward, torch's SDPA "
                         "(cuDNN first) or auto (default: SDPA on NVIDIA GPUs, where cuDNN's was faster)")
@@ -230,7 +234,9 @@ def _dry_run(args) -> int:
         if args.prompt:
             if args.tp > 1:
                 contenders.append("numasched prefill: residual add in the fused GEMM + all-reduce: "
-                                  + ("on" if args.fuse_residual else "off"))
+                                  + ("on" if args.fuse_residual else "off")
+                                  + (", residual stream in the symmetric heap" if args.fuse_residual
+                                     and args.heap_residual and args.tp == 2 else ""))
             contenders.append(f"numasched prefill attention: {args.prefill_attention}"
                               + (" (SDPA, cuDNN first, on NVIDIA GPUs; numasched.attention_forward elsewhere)"
                                  if args.prefill_attention == "auto" else ""))
@@ -501,7 +507,8 @@ def _backend(name, ctx, dctx):
                             fuse_swiglu=ctx.args.fuse_swiglu, prefill_overlap=ctx.args.prefill_overlap,
                             prefill_seq_parallel=ctx.args.prefill_seq_parallel,
                             fuse_rope_cache=ctx.args.fuse_rope_cache, prefill_attention=ctx.args.prefill_attention,
-                            pdl_swiglu=ctx.args.pdl_swiglu, fuse_residual=ctx.args.fuse_residual)
+                            pdl_swiglu=ctx.args.pdl_swiglu, fuse_residual=ctx.args.fuse_residual,
+                            heap_residual=ctx.args.heap_residual)
 
 
 def _parts(model, be, cache, seq: Optional[int] = None) -> Dict[str, Callable[[], object]]:
@@ -518,7 +525,8 @@ def _parts(model, be, cache, seq: Optional[int] = None) -> Dict[str, Callable[[]
     E, D = s.hidden, s.head_dim
     hq, hk, il = model.heads_local, model.kv_heads_local, model.inter_local
     dev, dt = model.device, model.dtype
-    x, x2 = (torch.randn(T, E, device=dev, dtype=dt) for _ in range(2))
+    x = torch.randn(T, E, device=dev, dtype=dt)
+    x2 = be.residual_stream(torch.randn(T, E, device=dev, dtype=dt))   # where the step keeps it
     a = torch.randn(T, hq * D, device=dev, dtype=dt)
     act = torch.randn(T, il, device=dev, dtype=dt)
     qkv = torch.randn(T, (hq + 2 * hk) * D, device=dev, dtype=dt)

@@ -123,14 +123,16 @@ def _raise(flags_ptr, T, t, e, rank, heap_bases, WORLD: tl.constexpr, ONE_FENCE:
 @triton.jit
 def _copy_sum(t, TN, recv, part, peer, out_ptr, flags_ptr, T, e, status_ptr, wait_bound, M, N, stride_om, stride_on,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WAIT_CLOCK: tl.constexpr, REMOTE: tl.constexpr,
-              CONTIG: tl.constexpr):
+              CONTIG: tl.constexpr, DIRECT: tl.constexpr):
     """PAIRS: the sum of peer-owned tile ``t``, pushed by its owner into our ``recv[slot, peer]``,
-    into ``out`` once its flag is up."""
+    into ``out`` once its flag is up (DIRECT: the owner stored it into our ``out`` itself; only
+    the wait, so that ``out`` is whole when the kernel ends)."""
     tm, tn, rows, cols, mask, tile0, loc = _tile_place(t, TN, M, N, BLOCK_M, BLOCK_N)
     if REMOTE:
         wait_flag(flags_ptr + peer * T + t, e, peer, status_ptr, wait_bound, WAIT_CLOCK)
-    x = tl.load(recv + peer * part + tile0 + loc, mask=mask, other=0.0)
-    _store_out(x, out_ptr, tm, tn, tile0, loc, mask, stride_om, stride_on, BLOCK_M, BLOCK_N, CONTIG)
+    if not DIRECT:
+        x = tl.load(recv + peer * part + tile0 + loc, mask=mask, other=0.0)
+        _store_out(x, out_ptr, tm, tn, tile0, loc, mask, stride_om, stride_on, BLOCK_M, BLOCK_N, CONTIG)
 
 
 @triton.jit
@@ -138,7 +140,7 @@ def _pairs(a_ptr, b_ptr, out_ptr, recv, a_desc, b_desc, flags_ptr, status_ptr, h
            part, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_om, stride_on, wait_bound,
            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
            USE_TMA: tl.constexpr, B_TRANS: tl.constexpr, STAGES: tl.constexpr, WAIT_CLOCK: tl.constexpr,
-           REMOTE: tl.constexpr, RESIDUAL: tl.constexpr, CONTIG: tl.constexpr):
+           REMOTE: tl.constexpr, RESIDUAL: tl.constexpr, CONTIG: tl.constexpr, DIRECT: tl.constexpr):
     """PAIRS (two ranks, several tiles per program): an all-reduce in two halves per tile pair.
 
     Output tiles go in pairs (2q, 2q + 1); rank r owns tile 2q + r of each. Program p takes pairs
@@ -151,6 +153,11 @@ def _pairs(a_ptr, b_ptr, out_ptr, recv, a_desc, b_desc, flags_ptr, status_ptr, h
     crosses the link twice in all (partial one way, sum the other), as in the one-shot form.
     The sum is the same fp32 addition of the two rounded partials as in the other forms (two
     ranks: a + b == b + a), computed once by the owner: the same bits on both ranks.
+    DIRECT (``out`` in the symmetric heap at the same offset on both ranks): the owner stores the
+    sum straight into the peer's ``out``, and C only waits for its flag: no receive slot written
+    and read back, no copy (a quarter of the epilogue's memory traffic). The peer's ``out`` is
+    free to take it: the sum of a tile exists only after the peer pushed its partial of it in
+    this call, i.e. after every earlier reader of its ``out`` on its stream.
     STAGES 7 runs the interleaved loop; the CPU simulation runs A (1), B (2) and C (4) as three
     launches, each flag raised right after its stores."""
     peer = 1 - rank
@@ -194,7 +201,7 @@ def _pairs(a_ptr, b_ptr, out_ptr, recv, a_desc, b_desc, flags_ptr, status_ptr, h
                         _raise(flags_ptr, T, t_o, e, rank, heap_bases, 2, WAIT_CLOCK)
                     if (i >= 1) & (tp_o < T):
                         _copy_sum(tp_o, TN, recv, part, peer, out_ptr, flags_ptr, T, e, status_ptr, wait_bound, M, N,
-                                  stride_om, stride_on, BLOCK_M, BLOCK_N, WAIT_CLOCK, REMOTE, CONTIG)
+                                  stride_om, stride_on, BLOCK_M, BLOCK_N, WAIT_CLOCK, REMOTE, CONTIG, DIRECT)
                 if REMOTE:
                     wait_flag(flags_ptr + peer * T + t_m, e, peer, status_ptr, wait_bound, WAIT_CLOCK)
                 theirs = tl.load(recv + peer * part + tile0 + loc, mask=mask, other=0.0)
@@ -203,19 +210,23 @@ def _pairs(a_ptr, b_ptr, out_ptr, recv, a_desc, b_desc, flags_ptr, status_ptr, h
                 # h + sum, so the peer's copy (C) stores it as it comes
                 total = _plus_residual(total, out_ptr, tile0, loc, mask, RESIDUAL)
                 _store_out(total, out_ptr, tm, tn, tile0, loc, mask, stride_om, stride_on, BLOCK_M, BLOCK_N, CONTIG)
-                _push(total, recv, part, tile0, loc, mask, rank, peer, heap_bases, REMOTE)
+                if DIRECT:   # into the peer's out (a contiguous out: the receive buffer's offsets)
+                    tl.store(translate(out_ptr + tile0, rank, peer if REMOTE else rank, heap_bases) + loc, total,
+                             mask=mask)
+                else:
+                    _push(total, recv, part, tile0, loc, mask, rank, peer, heap_bases, REMOTE)
                 if not DEFER:
                     _raise(flags_ptr, T, t_m, e, rank, heap_bases, 2, WAIT_CLOCK)
             elif DEFER:   # no B this time (the last, odd pair, or the loop's end)
                 if (i >= 1) & (tp_o < T):
                     _copy_sum(tp_o, TN, recv, part, peer, out_ptr, flags_ptr, T, e, status_ptr, wait_bound, M, N,
-                              stride_om, stride_on, BLOCK_M, BLOCK_N, WAIT_CLOCK, REMOTE, CONTIG)
+                              stride_om, stride_on, BLOCK_M, BLOCK_N, WAIT_CLOCK, REMOTE, CONTIG, DIRECT)
         # ---- C (the simulation's third launch): the peer's sums into out
         if (STAGES & 4) != 0:
             if not DEFER:
                 if has_o:
                     _copy_sum(t_o, TN, recv, part, peer, out_ptr, flags_ptr, T, e, status_ptr, wait_bound, M, N,
-                              stride_om, stride_on, BLOCK_M, BLOCK_N, WAIT_CLOCK, REMOTE, CONTIG)
+                              stride_om, stride_on, BLOCK_M, BLOCK_N, WAIT_CLOCK, REMOTE, CONTIG, DIRECT)
 
 
 @triton.jit
@@ -227,7 +238,7 @@ def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, a_desc, b_desc, fl
                              STAGES: tl.constexpr, BUMP_EPOCH: tl.constexpr, WAIT_CLOCK: tl.constexpr,
                              REMOTE: tl.constexpr = True, PDL: tl.constexpr = False, LAG: tl.constexpr = True,
                              PAIRS: tl.constexpr = False, RESIDUAL: tl.constexpr = False,
-                             CONTIG: tl.constexpr = False):
+                             CONTIG: tl.constexpr = False, DIRECT: tl.constexpr = False):
     pdl_enter(PDL)  # PDL: wait for the previous kernel here (kernels/pdl.py)
     # REMOTE=False (timing only, communicate=False): the pushes land in our own heap and nobody
     # waits (the flags still go out): the kernel's time without the exchange, its results wrong
@@ -235,7 +246,10 @@ def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, a_desc, b_desc, fl
     # recv: heap (2, WORLD, M, N) in out's dtype; flags: heap int64 (WORLD, tiles); RESIDUAL: out
     # holds the layer's residual (the same on every rank) and gets residual + sum; CONTIG: out is
     # contiguous (RESIDUAL needs it), its tiles addressed at the receive buffer's offsets
+    # DIRECT (PAIRS): out in the symmetric heap at the same offset on every rank, the sums stored
+    # into the peer's out
     tl.static_assert(CONTIG or not RESIDUAL, "RESIDUAL reads a contiguous out")
+    tl.static_assert(not DIRECT or (PAIRS and CONTIG), "DIRECT is PAIRS' with a contiguous out")
     e = epoch_begin(epoch_ptr)
     slot = (e % 2).to(tl.int32)   # the epoch is int64; buffer arithmetic stays 32-bit
     p = tl.program_id(0)
@@ -250,7 +264,7 @@ def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, a_desc, b_desc, fl
         _pairs(a_ptr, b_ptr, out_ptr, recv, a_desc, b_desc, flags_ptr, status_ptr, heap_bases, rank, e, p, P, T, TN,
                part, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_om, stride_on, wait_bound,
                BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, USE_TMA, B_TRANS, STAGES, WAIT_CLOCK, REMOTE, RESIDUAL,
-               CONTIG)
+               CONTIG, DIRECT)
     elif not LAG:
         # LAG=False (two ranks): each tile summed as soon as it is pushed. Only the peer's copy is
         # stored; ours stays in registers, rounded to the partials' dtype as the peer's is, and

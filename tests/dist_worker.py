@@ -445,13 +445,21 @@ def check_matmul_all_reduce(ctx, quick):
         # the residual alone (a prefill's add in the epilogue where the plan is fused): the bits of
         # the plain call's sum added to it, in place, the same on every rank
         for impl in ("auto", "fused"):
-            h = randn(M, N, seed=300 * i + 97)           # the same residual stream on every rank
+            h0 = randn(M, N, seed=300 * i + 97)          # the same residual stream on every rank
+            h = h0.clone()
             plain = nd.matmul_all_reduce(a, w.T, ctx=ctx, impl=impl)
             want = h + plain
             r = nd.matmul_all_reduce(a, w.T, ctx=ctx, impl=impl, residual=h)
             same = same_everywhere(r)
             ok(r is h and torch.equal(r, want) and same,
                f"{impl} {(M, Kl, N)}: residual add wrong ({rel(r, want):.1e}, same on every rank: {same})")
+            if impl == "fused" and M > 256:   # in the symmetric heap: the peer stores its sums into it
+                hh = ctx.alloc((M, N), BF, what="a residual")   # the same offset on every rank
+                hh.copy_(h0)
+                r = nd.matmul_all_reduce(a, w.T, ctx=ctx, impl=impl, residual=hh)
+                same = same_everywhere(r)
+                ok(r is hh and torch.equal(r, want) and same,
+                   f"{impl} {(M, Kl, N)}: residual in the heap wrong ({rel(r, want):.1e}, same everywhere: {same})")
     return ok.done("; ".join(msgs))
 
 

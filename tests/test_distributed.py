@@ -1275,6 +1275,23 @@ def test_matmul_all_reduce_fused_residual_sim(world, M, form, monkeypatch):
     assert all(torch.equal(x.view(torch.int16), plain[0].view(torch.int16)) for x in strided)
     with pytest.raises(ValueError, match="residual must be contiguous"):
         sim.run("matmul_all_reduce", [(A[r], B[r]) for r in range(world)], residual=h.T.contiguous().T)
+    # out / residual in the symmetric heap at the same offset on every rank: with two ranks and
+    # PAIRS the owner stores each sum straight into its peer's out (DIRECT); the same bits
+    heap_out = [sim.ranks[r].alloc((M, N), torch.float16, what="out") for r in range(world)]
+    direct = sim.run_each("matmul_all_reduce", [((A[r], B[r]), dict(out=heap_out[r])) for r in range(world)])
+    assert all(torch.equal(x.view(torch.int16), plain[0].view(torch.int16)) for x in direct)
+    for r in range(world):
+        heap_out[r].copy_(h)
+    direct = sim.run_each("matmul_all_reduce", [((A[r], B[r]), dict(residual=heap_out[r])) for r in range(world)])
+    assert all(x is heap_out[r] and torch.equal(x.view(torch.int16), want.view(torch.int16))
+               for r, x in enumerate(direct))
+    kws = [dict(lc.kwargs) for p in sim.ranks[0].plans.values() if hasattr(p, "launchers")
+           for lc in p.launchers.values()]
+    assert any(k.get("DIRECT") for k in kws) == (form == "pairs")
+    if world == 2:   # one rank's out in the heap, the other's not: refused by name when the plan is made
+        with pytest.raises(ValueError, match="out_heap_offset"):
+            sim.run_each("matmul_all_reduce", [((A[0], B[0]), dict(out=heap_out[0])),
+                                               ((A[1], B[1]), dict(out=torch.empty(M, N).half()))])
     plan = sim.ranks[0].plans[next(k for k in sim.ranks[0].plans if k[-1] is True)]
     kw = [dict(lc.kwargs) for lc in plan.launchers.values()]
     assert {k["RESIDUAL"] for k in kw} == {True}

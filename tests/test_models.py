@@ -731,12 +731,15 @@ def _tp_gpu_main() -> int:
             # it) with the residual add in its epilogue, and without
             fused = NumaschedBackend(world, plain.ctx, impl="fused")
             fused_sum = NumaschedBackend(world, plain.ctx, impl="fused", fuse_residual=False)
+            fused_slots = NumaschedBackend(world, plain.ctx, impl="fused", heap_residual=False)
             assert overlap.prefill_chunks(1, 1100) == 2 and seqpar.seq_parallel(1, 1100) == (1100 % world == 0)
             L = model.layers[0]
             assert all(fused.fuses_residual(torch.empty(1100, w.shape[1], device="cuda", dtype=w.dtype), w)
                        for w in (L.wo, L.wdown))
             for what, be in (("overlapped", overlap), ("sequence-parallel", seqpar),
-                             ("fused GEMM + all-reduce + residual", fused), ("fused GEMM + all-reduce", fused_sum)):
+                             ("fused GEMM + all-reduce + residual (heap stream)", fused),
+                             ("fused GEMM + all-reduce + residual (receive slots)", fused_slots),
+                             ("fused GEMM + all-reduce", fused_sum)):
                 if what == "sequence-parallel" and 1100 % world:
                     continue   # 1100 rows do not split over this many ranks: the bulk path, checked above
                 e1, e2 = _long_prefill_errors(model, be, long_ids, want)

@@ -66,6 +66,16 @@ class _Base:
         self.used_bytes += nbytes
         return self._alloc(numel, dtype).view(*shape)
 
+    def heap_offset(self, t: torch.Tensor) -> Optional[int]:
+        """The byte offset of ``t``'s first element from this rank's heap base where all of ``t``
+        lies in the symmetric heap (a tensor from :meth:`alloc`, or a view of one), else None.
+        Tensors at the same offset on every rank are symmetric: a peer can store into ours."""
+        if t.device != self.device or t.numel() == 0:
+            return None
+        off = t.data_ptr() - self._heap_base()
+        extent = (sum((n - 1) * st for n, st in zip(t.shape, t.stride())) + 1) * t.element_size()
+        return off if off >= 0 and off + extent <= self._heap_span() else None
+
     # --------------------------------------------------------------- errors
     def check(self, op: str = "distributed op") -> None:
         """Raise TimeoutError if a wait gave up (reads a device word: synchronizes the stream)."""
@@ -177,7 +187,8 @@ class DistContext(_Base):
         except Exception as e:  # OSError without a CUDA runtime, ImportError without the package
             raise ImportError(f"numasched.distributed needs Iris: pip install tokenspeed-iris ({e})") from e
         # a group context sub-allocates one slab: the Iris heap gets room for its power-of-two rounding
-        self.iris = iris.iris(int(heap_bytes) * (1 if group is None else 2), allocator_type=allocator)
+        self._iris_bytes = int(heap_bytes) * (1 if group is None else 2)
+        self.iris = iris.iris(self._iris_bytes, allocator_type=allocator)
         self.allocator = allocator
         self.device = torch.device(f"cuda:{dev}")
         bases = self.iris.get_heap_bases()
@@ -208,6 +219,12 @@ class DistContext(_Base):
         # grid polls at once); AMD keeps the calibrated poll count (no clock path written yet)
         self.wait_clock = torch.version.hip is None
         dist.barrier()
+
+    def _heap_base(self) -> int:
+        return self.heap_bases_host[self.rank]
+
+    def _heap_span(self) -> int:
+        return self._iris_bytes
 
     def _alloc(self, numel, dtype):
         if self._slab is None:

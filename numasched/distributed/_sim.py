@@ -29,6 +29,12 @@ class _SimRank(_Base):
     def heap_bases(self):
         return self.world_.heap_bases
 
+    def _heap_base(self) -> int:
+        return self.heap.data_ptr()
+
+    def _heap_span(self) -> int:
+        return self.heap.numel()
+
     def _alloc(self, numel, dtype):
         nbytes = numel * torch.empty((), dtype=dtype).element_size()
         off = self.bump

@@ -299,7 +299,7 @@ class MatmulAllReduceFused(_Op):
     sim_phases = ("push", "consume", "gather")
 
     @staticmethod
-    def describe(a, b_local, *, world, cfg=None, impl="fused", residual: bool = False) -> Call:
+    def describe(a, b_local, *, world, cfg=None, impl="fused", residual: bool = False, out_offset=None) -> Call:
         M, Kl = a.shape
         N = b_local.shape[1]
         # heap sizing (required_heap_bytes): "auto" may pick the fused kernel from 256 rows (its
@@ -314,13 +314,17 @@ class MatmulAllReduceFused(_Op):
             return AllReduce.describe(out, world=world, impl=ar)
         cfg = cfg or _fused_cfg(M, a.dtype, _on_gpu(a))
         tiles = _cdiv(M, cfg["BLOCK_M"]) * _cdiv(N, cfg["BLOCK_N"])
-        # residual: every rank must add one (the owner of a tile adds it for all): in the header
+        # residual: every rank must add one (the owner of a tile adds it for all); out_offset: a
+        # contiguous out in the symmetric heap, where the peers may store the sums (PAIRS), must
+        # be at the same offset on every rank: both in the header (checked when a plan is made)
+        # and in the key (a new offset makes a new plan, so it is checked too)
         header = dict(op="matmul_all_reduce", a_shape=tuple(a.shape), b_local_shape=tuple(b_local.shape),
                       dtype=str(a.dtype), impl="fused", world=world, config=tuple(sorted(cfg.items())),
-                      residual=bool(residual))
-        key = ("matmul_all_reduce", M, Kl, N, a.dtype, tuple(sorted(cfg.items())), bool(residual))
+                      residual=bool(residual), out_heap_offset=out_offset)
+        key = ("matmul_all_reduce", M, Kl, N, a.dtype, tuple(sorted(cfg.items())), out_offset, bool(residual))
         return Call("matmul_all_reduce", key, header, dict(a=a, b_local=b_local),
-                    dict(cfg, M=M, N=N, Kl=Kl, tiles=tiles, world=world, impl="fused", residual=bool(residual)))
+                    dict(cfg, M=M, N=N, Kl=Kl, tiles=tiles, world=world, impl="fused", residual=bool(residual),
+                         out_offset=out_offset))
 
     @staticmethod
     def buffers(call) -> list:
@@ -336,12 +340,14 @@ class MatmulAllReduceFused(_Op):
         _check_operands(ctx, "a", a, "b_local", b_local, "K_local")
         check_int32_indexing("a", a)
         check_int32_indexing("b_local", b_local)
-        call = cls.describe(a, b_local, world=ctx.world, residual=residual is not None)
         if residual is not None:   # the kernel adds the sum into it in place
             if out is not None:
                 raise ValueError("pass out or residual, not both: with residual the sum is added into it in place")
-            _check_residual(residual, a, (call.cfg["M"], call.cfg["N"]))
+            _check_residual(residual, a, (a.shape[0], b_local.shape[1]))
             out = residual
+        # two ranks and a contiguous out in the symmetric heap: the peer may store its sums there
+        off = ctx.heap_offset(out) if out is not None and ctx.world == 2 and out.is_contiguous() else None
+        call = cls.describe(a, b_local, world=ctx.world, residual=residual is not None, out_offset=off)
         call.tensors["out"] = _output(out, (call.cfg["M"], call.cfg["N"]), a, "fused")
         call.extra["communicate"] = bool(communicate)   # False: timing only (phase "nocomm")
         return call
@@ -395,7 +401,8 @@ class MatmulAllReduceFused(_Op):
             kw = dict(WORLD=ctx.world, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"],
                       EVEN_K=c["Kl"] % c["BLOCK_K"] == 0, USE_TMA=use_tma, B_TRANS=use_tma and b_trans, STAGES=stages,
                       BUMP_EPOCH=phase in ("full", last, "nocomm"), WAIT_CLOCK=ctx.wait_clock,
-                      LAG=lag, PAIRS=pairs, RESIDUAL=c["residual"], CONTIG=out.is_contiguous())
+                      LAG=lag, PAIRS=pairs, RESIDUAL=c["residual"], CONTIG=out.is_contiguous(),
+                      DIRECT=pairs and c["out_offset"] is not None)
             if phase == "nocomm":   # pushes into our own heap, no waits: the time without the exchange
                 kw.update(REMOTE=False)
             if ctx.device.type != "cpu":

@@ -136,6 +136,11 @@ class Backend:
         in place."""
         return add_norm(self.row_parallel(x, w), h, norm_w, eps)
 
+    def residual_stream(self, h: torch.Tensor) -> torch.Tensor:
+        """The residual stream a step starts from (``h``, the embeddings): ``h`` itself, or a copy
+        where the backend wants it (numasched: in the symmetric heap, ``heap_residual``)."""
+        return h
+
     def fuses_residual(self, x, w) -> bool:
         """Whether :meth:`row_parallel_add_norm` adds the residual inside the row-parallel
         projection for rows like ``x`` (then only the norm follows; the benchmark's components
@@ -376,6 +381,10 @@ class NumaschedBackend(Backend):
         residual add in that kernel's epilogue (``matmul_all_reduce(residual=h)``), then the
         RMSNorm alone, instead of the sum to memory and the compiled add + RMSNorm reading it
         back. On by default; ``False``: the sum, then the compiled add + RMSNorm.
+    heap_residual: with ``fuse_residual`` at two ranks, the prefill's residual stream in the
+        symmetric heap (one buffer of ``ctx``'s heap, reused), so that kernel's owner of a tile
+        stores the sum straight into its peer's stream instead of a receive slot the peer copies
+        from. On by default (off where the heap has no room); ``False``: the receive slots.
     """
 
     name = "numasched"
@@ -385,7 +394,8 @@ class NumaschedBackend(Backend):
                  mapping: str = "auto", impl: str = "auto", check: bool = True, gemm: str = "auto",
                  fuse_norm: bool = True, fuse_swiglu: bool = True, prefill_overlap: Optional[int] = None,
                  prefill_seq_parallel: bool = False, fuse_rope_cache: bool = True,
-                 prefill_attention: str = "auto", pdl_swiglu: bool = True, fuse_residual: bool = True):
+                 prefill_attention: str = "auto", pdl_swiglu: bool = True, fuse_residual: bool = True,
+                 heap_residual: bool = True):
         if tp_size is None:
             tp_size = getattr(ctx, "world", None) or _dist_world(group)[1]
         super().__init__(tp_size, group)
@@ -407,6 +417,8 @@ class NumaschedBackend(Backend):
         self.pdl_swiglu = _flag("pdl_swiglu", pdl_swiglu)
         self.fuse_rope_cache = _flag("fuse_rope_cache", fuse_rope_cache)
         self.fuse_residual = _flag("fuse_residual", fuse_residual)
+        self.heap_residual = _flag("heap_residual", heap_residual)
+        self._stream = None   # the residual stream's heap buffer (residual_stream)
         if prefill_attention not in ("auto", "numasched", "torch"):
             raise ValueError(f"prefill_attention must be 'auto', 'numasched' or 'torch', got {prefill_attention!r}")
         self.prefill_attention_impl = prefill_attention
@@ -532,6 +544,23 @@ class NumaschedBackend(Backend):
         plan = self._nd.matmul_all_reduce_plan(self.ctx, x, w.t(), impl=self._MAR_IMPL.get(self.impl, self.impl),
                                                gemm=self.gemm)
         return plan.impl == "fused"
+
+    def residual_stream(self, h):
+        # two ranks, prefill sizes: a copy in the symmetric heap (one buffer, grown to a power of
+        # two of rows, at the same offset on both ranks: both make the same calls), where the
+        # fused GEMM + all-reduce's owner of a tile stores h + sum into its peer's stream directly
+        if not (self.heap_residual and self.fuse_residual and self.fuse_all_reduce and self.tp_size == 2
+                and h.is_cuda and h.dim() == 2 and h.shape[0] > self.FUSE_NORM_MAX_ROWS):
+            return h
+        from numasched.distributed._common import alloc_bytes
+
+        buf = self._stream
+        if buf is None or buf.dtype != h.dtype or buf.numel() < h.numel():
+            numel = (1 << (h.shape[0] - 1).bit_length()) * h.shape[1]
+            if self.ctx.used_bytes + alloc_bytes(numel * h.element_size()) > self.ctx.heap_bytes:
+                return h   # no room (the same verdict on both ranks: their heaps are used alike)
+            buf = self._stream = self.ctx.alloc((numel,), h.dtype, what="the residual stream")
+        return buf[:h.numel()].view(h.shape).copy_(h)
 
     def row_parallel_residual(self, x, w, h):
         if not self.fuses_residual(x, w):
