@@ -79,6 +79,27 @@ CONTENDERS = {
 }
 
 
+# The numasched backend's switches (``NumaschedBackend``'s keyword of the same name), each on by
+# default, ``--no-...`` for the alternative named in its help.
+BACKEND_SWITCHES = (
+    ("--fuse-norm", "numasched at TP > 1: all-reduce + residual add + RMSNorm in one kernel "
+                    "(all_reduce_add_rmsnorm; default on, --no-fuse-norm for the unfused sequence)"),
+    ("--fuse-swiglu", "numasched: gate/up projection + silu(gate) * up in one launch at decode sizes "
+                      "(numasched.matmul_swiglu; default on: 0.2-1.0%% per step on two H100s; "
+                      "--no-fuse-swiglu for the GEMM then the activation)"),
+    ("--pdl-swiglu", "numasched: silu(gate) * up by numasched.swiglu (a PDL-launched kernel between the "
+                     "decode-size GEMMs; default on, --no-pdl-swiglu for the compiled elementwise kernel)"),
+    ("--fuse-rope-cache", "numasched: a decode step's QKV split + RoPE + paged cache write in one launch "
+                          "(numasched.qkv_rope_cache; default on, --no-fuse-rope-cache for the unfused sequence)"),
+    ("--fuse-residual", "numasched: the residual add in the fused GEMM + all-reduce's epilogue where a "
+                        "row-parallel projection runs that kernel (prefill sizes), then the RMSNorm alone "
+                        "(default on, --no-fuse-residual for the sum, then the compiled add + RMSNorm)"),
+    ("--heap-residual", "numasched, TP 2: the prefill's residual stream in the symmetric heap, so the fused "
+                        "GEMM + all-reduce stores each sum straight into the peer's (default on; "
+                        "--no-heap-residual: receive slots and a copy)"),
+)
+
+
 def _int_list(text: str) -> List[int]:
     from numasched.argtypes import positive_int
 
@@ -124,27 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="elementwise ops eagerly instead of torch.compile'd (both backends)")
     p.add_argument("--mem-fraction", type=unit_float, default=0.9,
                    help="skip points whose KV cache would exceed this fraction of the free GPU memory")
-    p.add_argument("--fuse-norm", action=argparse.BooleanOptionalAction, default=True,
-                   help="numasched at TP > 1: all-reduce + residual add + RMSNorm in one kernel "
-                        "(all_reduce_add_rmsnorm; default on, --no-fuse-norm for the unfused sequence)")
-    p.add_argument("--fuse-swiglu", action=argparse.BooleanOptionalAction, default=True,
-                   help="numasched: gate/up projection + silu(gate) * up in one launch at decode sizes "
-                        "(numasched.matmul_swiglu; default on: 0.2-1.0%% per step on two H100s; "
-                        "--no-fuse-swiglu for the GEMM then the activation)")
-    p.add_argument("--pdl-swiglu", action=argparse.BooleanOptionalAction, default=True,
-                   help="numasched: silu(gate) * up by numasched.swiglu (a PDL-launched kernel between the "
-                        "decode-size GEMMs; default on, --no-pdl-swiglu for the compiled elementwise kernel)")
-    p.add_argument("--fuse-rope-cache", action=argparse.BooleanOptionalAction, default=True,
-                   help="numasched: a decode step's QKV split + RoPE + paged cache write in one launch "
-                        "(numasched.qkv_rope_cache; default on, --no-fuse-rope-cache for the unfused sequence)")
-    p.add_argument("--fuse-residual", action=argparse.BooleanOptionalAction, default=True,
-                   help="numasched: the residual add in the fused GEMM + all-reduce's epilogue where a row-parallel "
-                        "projection runs that kernel (prefill sizes), then the RMSNorm alone (default on, "
-                        "--no-fuse-residual for the sum, then the compiled add + RMSNorm)")
-    p.add_argument("--heap-residual", action=argparse.BooleanOptionalAction, default=True,
-                   help="numasched, TP 2: the prefill's residual stream in the symmetric heap, so the fused GEMM + "
-                        "all-reduce stores each sum straight into the peer's (default on; --no-heap-residual: "
-                        "receive slots and a copy)")
+    for flag, text in BACKEND_SWITCHES:   # the numasched backend's fusions, each on by default
+        p.add_argument(flag, action=argparse.BooleanOptionalAction, default=True, help=text)
     p.add_argument("--prefill-attention", choices=("auto", "numasched", "torch"), default="auto",
                    help="numasched backend's prefill attention: numasched.attention_forward, torch's SDPA "
                         "(cuDNN first) or auto (default: SDPA on NVIDIA GPUs, where cuDNN's was faster)")
