@@ -8,6 +8,9 @@
 #   qwen     bench e2e, Qwen3-32B at TP N: batch 1, 4, 16 x context 2k, 32k, prefill of 4096 tokens
 #   prefill  bench e2e, Llama-3-8B at TP N: the prefill of 4096 tokens (and one decode point, batch 1
 #            x 2k), each backend in its own launch, with components
+#   prefillab the prefill of 4096 tokens with the defaults, then with each of $TP_PREFILL_VARIANTS (default
+#            "no-fuse-swiglu no-heap-residual no-fuse-residual": bench e2e switches) in turn, each backend in
+#            its own launch (one call: the A/B of this session's prefill fusions)
 #   coll     bench collectives --quick (auto vs NCCL, bulk, torch symm_mem)
 #   ar       bench collectives --only ar (the all-reduce alone, every size)
 #   decode   both models' (or $TP_MODELS') decode grids alone (no components, no eager step, no prefill): a re-check
@@ -54,6 +57,10 @@ for part in ${parts//+/ }; do
     llama) e2e llama3-8b llama3-8b 2048,8192,32768 ${TP_E2E_TIMEOUT:-420} --prompt 4096 --no-generate ;;
     qwen) e2e qwen3-32b qwen3-32b 2048,32768 ${TP_E2E_TIMEOUT:-420} --prompt 4096 --no-generate ;;
     prefill) TP_BATCHES=1 e2e llama3-8b-prefill llama3-8b 2048 ${TP_E2E_TIMEOUT:-300} --prompt 4096 --no-generate ;;
+    prefillab) TP_BATCHES=1 e2e prefill-default llama3-8b 2048 ${TP_E2E_TIMEOUT:-150} --prompt 4096 --no-generate
+               for v in ${TP_PREFILL_VARIANTS:-no-fuse-swiglu no-heap-residual no-fuse-residual}; do
+                 TP_BATCHES=1 e2e prefill-$v llama3-8b 2048 ${TP_E2E_TIMEOUT:-150} --prompt 4096 --no-generate --$v
+               done ;;
     coll) timeout -k 10 ${TP_COLL_TIMEOUT:-240} numasched bench collectives --quick --nproc $n --out-dir "$res/collectives" 2>&1 \
             | tee "$res/collectives-tp$n-$dev.log" | tail -40 ;;
     ar) timeout -k 10 ${TP_COLL_TIMEOUT:-240} numasched bench collectives --only ar --nproc $n --out-dir "$res/ar" 2>&1 \
