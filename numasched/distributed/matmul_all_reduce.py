@@ -147,6 +147,11 @@ def matmul_all_reduce(a, b_local, *, ctx, impl: str = "auto", gemm: str = "auto"
     its residual and sends the result, so ``residual`` must hold the same values on every rank
     (the replicated residual stream of tensor parallelism); the sum never goes to memory alone
     (a prefill's residual add then reads one tensor fewer). Otherwise the sum, then an add.
+
+    An ``out`` (or ``residual``) in the symmetric heap (``ctx.alloc``) at the same offset on both
+    of two ranks lets the fused kernel's tile pairs store each sum straight into the peer's
+    tensor (no receive slot, no copy); the offset is part of the plan's header, so ranks that
+    disagree are refused when the plan is made.
     """
     if not hasattr(ctx, "_ensure_usable") or not hasattr(ctx, "plans"):
         raise TypeError(f"matmul_all_reduce: ctx must be a context from numasched.distributed.init() (or a rank of a "
