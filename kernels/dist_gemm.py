@@ -24,7 +24,8 @@ GEMM + reduce-scatter (A sharded by columns (M, Kl), B by rows (Kl, N); rank r r
   registers straight into the owner's partial buffer ``P[slot][rank]`` (fused sequential), then
   the owner's flag ``flag[rank, tile] = epoch`` is set;
 * this rank's own slice comes last: for each tile it waits for every peer's partial tile and sums
-  the partials in rank order 0..world-1 (fp32), then writes the output.
+  the partials, its own rounded to the output's dtype as the peers' are, in rank order
+  0..world-1 (fp32), then writes the output.
 
 Double buffering (``slot = epoch mod 2``) is enough to keep a push of call e+2 from overwriting a
 buffer a slow peer still reads in call e: the pusher's call e+1 could only finish after receiving
@@ -188,27 +189,41 @@ def matmul_reduce_scatter_kernel(
                 signal(flags_ptr + rank * TS + pend_tile, e, rank, pend_dest, heap_bases)
                 pend_dest = -1
         mask = (rows[:, None] < Ms) & (cols[None, :] < N)
-        offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
+        # a scalar 64-bit base plus 32-bit offsets, not a 64-bit offset per element: with those
+        # the 128 x 256 epilogue needed 912 bytes of spills (sm_90, 255 registers)
+        tile0 = (tm * BLOCK_M).to(tl.int64) * N + tn * BLOCK_N
+        loc = tl.arange(0, BLOCK_M)[:, None] * N + tl.arange(0, BLOCK_N)[None, :]
         tile = tm * TN + tn
+        # the partial in the output's dtype, as a reduce-scatter of the GEMM's output would have
+        # it; the fp32 accumulator is dead from here (fewer registers in the epilogue)
+        own = acc.to(p_ptr.dtype.element_ty)
         if dest != rank:
-            mine = p_ptr + (slot * WORLD + rank).to(tl.int64) * part + offs
+            mine = p_ptr + (slot * WORLD + rank).to(tl.int64) * part + tile0
             if COMM:   # from registers straight into the owner's partial buffer; its flag next trip
-                tl.store(translate(mine, rank, dest, heap_bases), acc.to(p_ptr.dtype.element_ty), mask=mask)
+                tl.store(translate(mine, rank, dest, heap_bases) + loc, own, mask=mask)
                 pend_dest = dest
                 pend_tile = tile
             else:      # communication off (timing): same work, local store
-                tl.store(mine, acc.to(p_ptr.dtype.element_ty), mask=mask)
+                tl.store(mine + loc, own, mask=mask)
         else:
-            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for src in tl.static_range(WORLD):   # fixed order 0..WORLD-1: same rounding on every rank
+            # rank order 0..WORLD-1 from rank 0's partial (not from +0): the same rounding as a sum
+            # of the ranks' rounded partials in that order
+            for src in tl.static_range(WORLD):
                 if src == rank:
-                    total += acc
+                    x = own.to(tl.float32)
                 elif COMM:
                     wait_flag(flags_ptr + src * TS + tile, e, src, status_ptr, wait_bound, WAIT_CLOCK)
-                    theirs = tl.load(p_ptr + (slot * WORLD + src).to(tl.int64) * part + offs, mask=mask, other=0.0)
-                    total += theirs.to(tl.float32)
-            o_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :] * stride_on
-            tl.store(o_ptrs, total.to(out_ptr.dtype.element_ty), mask=mask)
+                    x = tl.load(p_ptr + (slot * WORLD + src).to(tl.int64) * part + tile0 + loc, mask=mask,
+                                other=0.0).to(tl.float32)
+                else:   # communication off (timing): the peers' partials count as zeros
+                    x = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                if src == 0:
+                    total = x
+                else:
+                    total += x
+            obase = out_ptr + (tm * BLOCK_M).to(tl.int64) * stride_om + (tn * BLOCK_N).to(tl.int64) * stride_on
+            oloc = tl.arange(0, BLOCK_M)[:, None] * stride_om + tl.arange(0, BLOCK_N)[None, :] * stride_on
+            tl.store(obase + oloc, total.to(out_ptr.dtype.element_ty), mask=mask)
         t = next_ticket(counters_ptr, TICKET_LO)
     if COMM:
         if pend_dest >= 0:
