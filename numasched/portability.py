@@ -462,6 +462,25 @@ def _reduce_scatter(tma: bool, stages=None):
     return build
 
 
+def _gemm_all_reduce(tma: bool, **flags):
+    def build(vendor):
+        from numasched.kernels import dist_gemm_ar as K
+
+        c = _dist_cfg(vendor)
+        bm, bn, bk = c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"]
+        # B as the w.T view of a (N, K) weight: its descriptor is of the (N, K) storage
+        descs = (dict(a_desc=f"tensordesc<bf16[{bm}, {bk}]>", b_desc=f"tensordesc<bf16[{bn}, {bk}]>") if tma
+                 else dict(a_desc=None, b_desc=None))
+        values = dict(a_ptr=_PTR, b_ptr=_PTR, out_ptr=_PTR, recv_ptr=_PTR, **descs, flags_ptr="*i64",
+                      status_ptr="*i32", epoch_ptr="*i64", counters_ptr="*i32", heap_bases="*i64", rank=0,
+                      M=4096, N=4096, K=7168, stride_am=7168, stride_ak=1, stride_bk=1, stride_bn=7168,
+                      stride_om=4096, stride_on=1, wait_bound=10**6, WORLD=2, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                      EVEN_K=True, USE_TMA=tma, B_TRANS=tma, STAGES=7, BUMP_EPOCH=True,
+                      WAIT_CLOCK=vendor == "nvidia", **flags)
+        return K.matmul_all_reduce_kernel, values, c["num_warps"], c["num_stages"]
+    return build
+
+
 def _decode_exchange(vendor):
     from numasched.kernels import dist_decode as K
 
@@ -633,6 +652,17 @@ VARIANTS: List[Variant] = [
     Variant("dist", "matmul_reduce_scatter-pointer-2stage", _reduce_scatter(False, 2), off={"nvidia": _AMD_CFG},
             note=_AMD_CFG_NOTE),
     Variant("dist", "matmul_reduce_scatter-tma", _reduce_scatter(True), off={"amd": _TMA_OFF}),
+    Variant("dist", "matmul_all_reduce-tma-lagged", _gemm_all_reduce(True, CONTIG=True), off={"amd": _TMA_OFF},
+            note="world 2, 4096 x 4096 x 7168 (Llama-3-8B's down projection at 4096 rows), 128x256x64, 8 warps, "
+                 "3 stages, the lagged one-shot form"),
+    Variant("dist", "matmul_all_reduce-tma-pairs", _gemm_all_reduce(True, PAIRS=True, CONTIG=True),
+            off={"amd": _TMA_OFF}, note="tile pairs (PAIRS), the TP prefill's form"),
+    Variant("dist", "matmul_all_reduce-tma-pairs-residual-direct",
+            _gemm_all_reduce(True, PAIRS=True, CONTIG=True, RESIDUAL=True, DIRECT=True), off={"amd": _TMA_OFF},
+            note="tile pairs with the residual add and the sums stored into the peer's out (the TP 2 prefill's "
+                 "default)"),
+    Variant("dist", "matmul_all_reduce-pointer-lagged", _gemm_all_reduce(False),
+            note="the lagged form through pointer loads and strided stores (pre-Hopper and AMD); " + _CLOCK_NOTE),
     Variant("dist", "decode_exchange_combine", _decode_exchange, note="world 2, 32 heads x 128; " + _CLOCK_NOTE),
     Variant("dist", "remote_copy", _remote_copy, note="BLOCK 8192, 8 warps"),
     Variant("dist", "spin_probe", _spin_probe, note="poll-count bound (CLOCK False), as spin_ns launches it"),
