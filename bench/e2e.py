@@ -528,7 +528,7 @@ def _parts(model, be, cache, seq: Optional[int] = None) -> Dict[str, Callable[[]
     hq, hk, il = model.heads_local, model.kv_heads_local, model.inter_local
     dev, dt = model.device, model.dtype
     x = torch.randn(T, E, device=dev, dtype=dt)
-    x2 = be.residual_stream(torch.randn(T, E, device=dev, dtype=dt))   # where the step keeps it
+    x2 = be.residual_stream(torch.randn(T, E, device=dev, dtype=dt), (L.wo, L.wdown))   # where the step keeps it
     a = torch.randn(T, hq * D, device=dev, dtype=dt)
     act = torch.randn(T, il, device=dev, dtype=dt)
     qkv = torch.randn(T, (hq + 2 * hk) * D, device=dev, dtype=dt)

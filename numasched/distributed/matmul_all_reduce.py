@@ -150,8 +150,10 @@ def matmul_all_reduce(a, b_local, *, ctx, impl: str = "auto", gemm: str = "auto"
 
     An ``out`` (or ``residual``) in the symmetric heap (``ctx.alloc``) at the same offset on both
     of two ranks lets the fused kernel's tile pairs store each sum straight into the peer's
-    tensor (no receive slot, no copy); the offset is part of the plan's header, so ranks that
-    disagree are refused when the plan is made.
+    tensor (no receive slot, no copy). The offset is part of the plan's header and key: ranks
+    that disagree are refused when a rank first makes that plan; where both ranks already hold
+    the plans they ask for, they wait for each other in different plans and time out naming the
+    rank, as any mismatched collective call does.
     """
     if not hasattr(ctx, "_ensure_usable") or not hasattr(ctx, "plans"):
         raise TypeError(f"matmul_all_reduce: ctx must be a context from numasched.distributed.init() (or a rank of a "
@@ -226,11 +228,16 @@ def _fused_fits(ctx, a, b) -> bool:
     heap (a new signature allocates them and the heap never frees): "auto" does not pick it where
     it would exhaust the heap that the all-reduce alone fits in. The same on every rank (the heap
     is used in the same order everywhere)."""
+    return ctx.used_bytes + fused_heap_bytes(ctx, a, b) <= ctx.heap_bytes
+
+
+def fused_heap_bytes(ctx, a, b_local) -> int:
+    """Heap bytes the fused kernel's buffers take for a call like ``(a, b_local)`` (one plan)."""
     from ._common import _numel, alloc_bytes
 
-    need = sum(alloc_bytes(_numel(shape) * torch.empty((), dtype=dt).element_size())
-               for _, shape, dt in MatmulAllReduceFused.buffers(MatmulAllReduceFused.describe(a, b, world=ctx.world)))
-    return ctx.used_bytes + need <= ctx.heap_bytes
+    return sum(alloc_bytes(_numel(shape) * torch.empty((), dtype=dt).element_size())
+               for _, shape, dt in MatmulAllReduceFused.buffers(MatmulAllReduceFused.describe(a, b_local,
+                                                                                            world=ctx.world)))
 
 
 def _gemm(engine: str, a, b, c):
@@ -295,6 +302,14 @@ def _fused_cfg(M: int, dtype, gpu: bool) -> dict:
     return dict(BLOCK_M=bm, BLOCK_N=64, BLOCK_K=128 if elt == 2 else 64, num_warps=4, num_stages=4, USE_TMA=False)
 
 
+def _pairs(ctx, c) -> bool:
+    """Whether the fused kernel runs in tile pairs (PAIRS) for config ``c`` on ``ctx``: two ranks
+    and ``cost.fused_pairs`` (the config's PAIRS overrides)."""
+    pairs = c.get("PAIRS")
+    slots = ctx.num_sms * c.get("per_sm", 1)
+    return ctx.world == 2 and (cost.fused_pairs(c["tiles"], slots) if pairs is None else bool(pairs))
+
+
 @register
 class MatmulAllReduceFused(_Op):
     """``impl="fused"``: the GEMM + all-reduce kernel (kernels/dist_gemm_ar.py) as a collective
@@ -350,9 +365,14 @@ class MatmulAllReduceFused(_Op):
                 raise ValueError("pass out or residual, not both: with residual the sum is added into it in place")
             _check_residual(residual, a, (a.shape[0], b_local.shape[1]))
             out = residual
-        # two ranks and a contiguous out in the symmetric heap: the peer may store its sums there
-        off = ctx.heap_offset(out) if out is not None and ctx.world == 2 and out.is_contiguous() else None
-        call = cls.describe(a, b_local, world=ctx.world, residual=residual is not None, out_offset=off)
+        call = cls.describe(a, b_local, world=ctx.world, residual=residual is not None)
+        # tile pairs and a contiguous out in the symmetric heap: the peer stores its sums there
+        # (DIRECT), so the offset joins the header and key; elsewhere it changes nothing (no plan
+        # of its own per offset, no refusal of ranks whose offsets differ)
+        if out is not None and out.is_contiguous() and _pairs(ctx, call.cfg):
+            off = ctx.heap_offset(out)
+            if off is not None:
+                call = cls.describe(a, b_local, world=ctx.world, residual=residual is not None, out_offset=off)
         call.tensors["out"] = _output(out, (call.cfg["M"], call.cfg["N"]), a, "fused")
         call.extra["communicate"] = bool(communicate)   # False: timing only (phase "nocomm")
         return call
@@ -378,8 +398,7 @@ class MatmulAllReduceFused(_Op):
         # lagged one-shot: 4096 x 4096 x 2048 177 against 192 us, x 7168 394 against 421, 16384 x
         # 4096 x 2048 568 against 672 (bench/results/tp2-s23-b/mar-sweep-tp2-h100.log). The
         # config's PAIRS overrides (None: this rule).
-        pairs = c.get("PAIRS")
-        pairs = ctx.world == 2 and (cost.fused_pairs(c["tiles"], slots) if pairs is None else bool(pairs))
+        pairs = _pairs(ctx, c)
         if pairs:
             programs = max(1, min(slots, _cdiv(c["tiles"], 2)))
         if phase == "gather" and not pairs:   # the simulation's third launch: only PAIRS has one

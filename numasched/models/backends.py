@@ -136,9 +136,10 @@ class Backend:
         in place."""
         return add_norm(self.row_parallel(x, w), h, norm_w, eps)
 
-    def residual_stream(self, h: torch.Tensor) -> torch.Tensor:
+    def residual_stream(self, h: torch.Tensor, row_parallel_weights=()) -> torch.Tensor:
         """The residual stream a step starts from (``h``, the embeddings): ``h`` itself, or a copy
-        where the backend wants it (numasched: in the symmetric heap, ``heap_residual``)."""
+        where the backend wants it (numasched: in the symmetric heap, ``heap_residual``, where the
+        row-parallel projections with these weights all add the residual in their kernel)."""
         return h
 
     def fuses_residual(self, x, w) -> bool:
@@ -547,19 +548,30 @@ class NumaschedBackend(Backend):
                                                gemm=self.gemm)
         return plan.impl == "fused"
 
-    def residual_stream(self, h):
+    def residual_stream(self, h, row_parallel_weights=()):
         # two ranks, prefill sizes: a copy in the symmetric heap (one buffer, grown to a power of
         # two of rows, at the same offset on both ranks: both make the same calls), where the
-        # fused GEMM + all-reduce's owner of a tile stores h + sum into its peer's stream directly
+        # fused GEMM + all-reduce's owner of a tile stores h + sum into its peer's stream directly.
+        # Only where every row-parallel projection adds the residual in that kernel: one that
+        # does not returns a new h (the compiled add + norm), and the stream would leave the heap
+        # after the first layer (its fused calls then asking for plans of another key)
         if not (self.heap_residual and self.fuse_residual and self.fuse_all_reduce and self.tp_size == 2
-                and h.is_cuda and h.dim() == 2 and h.shape[0] > self.FUSE_NORM_MAX_ROWS):
+                and h.is_cuda and h.dim() == 2 and h.shape[0] > self.FUSE_NORM_MAX_ROWS and row_parallel_weights):
+            return h
+        xs = [torch.empty((h.shape[0], w.shape[1]), device=h.device, dtype=h.dtype) for w in row_parallel_weights]
+        if not all(self.fuses_residual(x, w) for x, w in zip(xs, row_parallel_weights)):
             return h
         from numasched.distributed._common import alloc_bytes
+        from numasched.distributed.matmul_all_reduce import fused_heap_bytes
 
         buf = self._stream
         if buf is None or buf.dtype != h.dtype or buf.numel() < h.numel():
             numel = (1 << (h.shape[0] - 1).bit_length()) * h.shape[1]
-            if self.ctx.used_bytes + alloc_bytes(numel * h.element_size()) > self.ctx.heap_bytes:
+            # room for the stream and for the fused calls' own buffers (counted as if none were
+            # made yet: their plans chose the fused kernel before the stream took any heap)
+            need = alloc_bytes(numel * h.element_size()) + sum(fused_heap_bytes(self.ctx, x, w.t())
+                                                               for x, w in zip(xs, row_parallel_weights))
+            if self.ctx.used_bytes + need > self.ctx.heap_bytes:
                 return h   # no room (the same verdict on both ranks: their heaps are used alike)
             buf = self._stream = self.ctx.alloc((numel,), h.dtype, what="the residual stream")
         return buf[:h.numel()].view(h.shape).copy_(h)

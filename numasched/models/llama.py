@@ -498,7 +498,8 @@ class TPDecoder:
         s, hq, hk, D = self.spec, self.heads_local, self.kv_heads_local, self.spec.head_dim
         norm, add_norm, qkv_rope_, swiglu = self._layer_ops()
         cos, sin = cs[:, 0], cs[:, 1]
-        h = backend.residual_stream(F.embedding(ids, self.embed))
+        L0 = self.layers[0]
+        h = backend.residual_stream(F.embedding(ids, self.embed), (L0.wo, L0.wdown))
         x = norm(h, self.layers[0].ln1, s.eps)
         for i, L in enumerate(self.layers):
             qkv = backend.linear(x, L.wqkv)
