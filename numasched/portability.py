@@ -444,16 +444,24 @@ def _all_gather(tma: bool, stages=None):
     return build
 
 
+def _row_parallel_args(c, tma: bool, b_trans: bool) -> dict:
+    """The arguments the two row-parallel fused GEMMs share: A and B (descriptors on the TMA path;
+    B_TRANS: B's descriptor is of a (N, K) weight's storage), status, counters, heap, rank."""
+    bm, bn, bk = c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"]
+    b_box = f"[{bn}, {bk}]" if b_trans else f"[{bk}, {bn}]"
+    descs = (dict(a_desc=f"tensordesc<bf16[{bm}, {bk}]>", b_desc=f"tensordesc<bf16{b_box}>") if tma
+             else dict(a_desc=None, b_desc=None))
+    return dict(a_ptr=_PTR, b_ptr=_PTR, out_ptr=_PTR, **descs, status_ptr="*i32", counters_ptr="*i32",
+                heap_bases="*i64", rank=0)
+
+
 def _reduce_scatter(tma: bool, stages=None):
     def build(vendor):
         from numasched.kernels import dist_gemm as K
 
         c = _dist_cfg(vendor, stages)
         bm, bn, bk = c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"]
-        descs = (dict(a_desc=f"tensordesc<bf16[{bm}, {bk}]>", b_desc=f"tensordesc<bf16[{bk}, {bn}]>") if tma
-                 else dict(a_desc=None, b_desc=None))
-        values = dict(a_ptr=_PTR, b_ptr=_PTR, out_ptr=_PTR, p_ptr=_PTR, **descs, flags_ptr="*i32",
-                      status_ptr="*i32", epoch_ptr="*i32", counters_ptr="*i32", heap_bases="*i64", rank=0,
+        values = dict(**_row_parallel_args(c, tma, False), p_ptr=_PTR, flags_ptr="*i32", epoch_ptr="*i32",
                       Ms=8192, N=8192, Kl=14336, stride_am=14336, stride_ak=1, stride_bk=8192, stride_bn=1,
                       stride_om=8192, stride_on=1, num_programs=132, wait_bound=10**6, TICKET_LO=0,
                       TICKET_HI=4096, MAPPING=_mapping("grouped"), WORLD=2, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
@@ -469,10 +477,7 @@ def _gemm_all_reduce(tma: bool, **flags):
         c = _dist_cfg(vendor)
         bm, bn, bk = c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"]
         # B as the w.T view of a (N, K) weight: its descriptor is of the (N, K) storage
-        descs = (dict(a_desc=f"tensordesc<bf16[{bm}, {bk}]>", b_desc=f"tensordesc<bf16[{bn}, {bk}]>") if tma
-                 else dict(a_desc=None, b_desc=None))
-        values = dict(a_ptr=_PTR, b_ptr=_PTR, out_ptr=_PTR, recv_ptr=_PTR, **descs, flags_ptr="*i64",
-                      status_ptr="*i32", epoch_ptr="*i64", counters_ptr="*i32", heap_bases="*i64", rank=0,
+        values = dict(**_row_parallel_args(c, tma, True), recv_ptr=_PTR, flags_ptr="*i64", epoch_ptr="*i64",
                       M=4096, N=4096, K=7168, stride_am=7168, stride_ak=1, stride_bk=1, stride_bn=7168,
                       stride_om=4096, stride_on=1, wait_bound=10**6, WORLD=2, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
                       EVEN_K=True, USE_TMA=tma, B_TRANS=tma, STAGES=7, BUMP_EPOCH=True,
