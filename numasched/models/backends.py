@@ -539,10 +539,13 @@ class NumaschedBackend(Backend):
             return h, norm(h, norm_w, eps)
         return add_norm(self.row_parallel(x, w), h, norm_w, eps)
 
+    def _residual_in_kernel(self) -> bool:
+        """The residual fusion on, at TP, where row-parallel projections run numasched's collectives."""
+        return self.fuse_residual and self.fuse_all_reduce and self.tp_size > 1
+
     def fuses_residual(self, x, w) -> bool:
-        # TP, the residual fusion on, and the projection's plan the fused GEMM + all-reduce
-        if not (self.fuse_residual and self.fuse_all_reduce and self.tp_size > 1
-                and x.shape[0] > self.FUSE_NORM_MAX_ROWS):
+        # the switches, prefill rows, and the projection's plan the fused GEMM + all-reduce
+        if not (self._residual_in_kernel() and x.shape[0] > self.FUSE_NORM_MAX_ROWS):
             return False
         plan = self._nd.matmul_all_reduce_plan(self.ctx, x, w.t(), impl=self._MAR_IMPL.get(self.impl, self.impl),
                                                gemm=self.gemm)
@@ -555,8 +558,8 @@ class NumaschedBackend(Backend):
         # Only where every row-parallel projection adds the residual in that kernel: one that
         # does not returns a new h (the compiled add + norm), and the stream would leave the heap
         # after the first layer (its fused calls then asking for plans of another key)
-        if not (self.heap_residual and self.fuse_residual and self.fuse_all_reduce and self.tp_size == 2
-                and h.is_cuda and h.dim() == 2 and h.shape[0] > self.FUSE_NORM_MAX_ROWS and row_parallel_weights):
+        if not (self.heap_residual and self._residual_in_kernel() and self.tp_size == 2 and h.is_cuda
+                and h.dim() == 2 and h.shape[0] > self.FUSE_NORM_MAX_ROWS and row_parallel_weights):
             return h
         xs = [torch.empty((h.shape[0], w.shape[1]), device=h.device, dtype=h.dtype) for w in row_parallel_weights]
         if not all(self.fuses_residual(x, w) for x, w in zip(xs, row_parallel_weights)):
@@ -577,7 +580,9 @@ class NumaschedBackend(Backend):
         return buf[:h.numel()].view(h.shape).copy_(h)
 
     def row_parallel_residual(self, x, w, h):
-        if not self.fuses_residual(x, w):
+        # matmul_all_reduce(residual=) adds in the kernel where its plan is fused and after the
+        # sum elsewhere (the same bits): no second look at the plan here
+        if not self._residual_in_kernel():
             return super().row_parallel_residual(x, w, h)
         return self._nd.matmul_all_reduce(x, w.t(), ctx=self.ctx, impl=self._MAR_IMPL.get(self.impl, self.impl),
                                           check=self.check, gemm=self.gemm, residual=h)
