@@ -27,6 +27,7 @@ numasched is imported (they are not read per call):
     NUMASCHED_DECODE_TMA=0/1    decode_tma -> False / True
     NUMASCHED_ARN_LL=0/1        arn_exchange -> "flag" / "ll"
     NUMASCHED_ARN_ONE_ROW=0     arn_one_row -> False
+    NUMASCHED_FUSED_AR_STAGES=N fused_ar_stages -> N (pipeline stages; unset: the config's)
 """
 from __future__ import annotations
 
@@ -139,6 +140,10 @@ class Options:
             8.15 / 9.68 / 19.6 us against the flag's 7.05 / 8.38 / 8.90 / 10.4 at 1 / 4 / 16 / 64
             rows; the Llama-3-8B decode step 20-35 us faster at batch 1 and 4, 63-72 us slower at
             16. At 5120 columns LL was slower at every row count (tp2-s20b/, tp2-s20c/).
+        fused_ar_stages: the pipeline stages (TMA loads in flight per K loop) of the fused GEMM +
+            all-reduce's 128 x 256 tiles (numasched.distributed.matmul_all_reduce.FUSED_BIG_TILE);
+            None: that config's. For measuring one against the other in a whole model (bench e2e
+            reads the environment): 2-4 fit the shared memory of an H100 / H200.
     """
 
     autotune: bool = True
@@ -159,6 +164,7 @@ class Options:
     decode_tma: bool = False
     arn_one_row: bool = True
     arn_exchange: str = "auto"
+    fused_ar_stages: Optional[int] = None
 
     def __post_init__(self):
         for f in ("autotune", "check_data", "gemm_flatten", "gemm_splitk_tma", "gemm_streamk_k_aligned",
@@ -174,6 +180,9 @@ class Options:
                 or not 0 <= self.decode_prefetch <= 4096:
             raise ValueError(f"Options.decode_prefetch must be an int of tokens in [0, 4096], "
                              f"got {self.decode_prefetch!r}")
+        if self.fused_ar_stages is not None and (isinstance(self.fused_ar_stages, bool) or self.fused_ar_stages
+                                                 not in (2, 3, 4)):
+            raise ValueError(f"Options.fused_ar_stages must be 2, 3, 4 or None, got {self.fused_ar_stages!r}")
         if self.arn_exchange not in ARN_EXCHANGES:
             raise ValueError(f"Options.arn_exchange must be one of {ARN_EXCHANGES}, got {self.arn_exchange!r}")
         if self.decode_combine not in COMBINE_MODES:
@@ -230,6 +239,9 @@ def from_env(environ=None) -> Options:
     pre = env.get("NUMASCHED_DECODE_PREFETCH", "").strip()
     if pre and not pre.isdigit():
         raise ValueError(f"NUMASCHED_DECODE_PREFETCH must be a number of tokens (0: off), got {pre!r}")
+    stages = env.get("NUMASCHED_FUSED_AR_STAGES", "").strip()
+    if stages and not stages.isdigit():
+        raise ValueError(f"NUMASCHED_FUSED_AR_STAGES must be a number of stages, got {stages!r}")
     return Options(autotune=flag("NUMASCHED_AUTOTUNE", True), check_data=flag("NUMASCHED_CHECK_DATA", True),
                    decode_combine=env.get("NUMASCHED_DECODE_COMBINE", "auto"),
                    gemm_flatten=flag("NUMASCHED_GEMM_FLATTEN", True),
@@ -246,7 +258,8 @@ def from_env(environ=None) -> Options:
                    decode_prefetch=int(pre) if pre else Options.decode_prefetch,
                    decode_tma=flag("NUMASCHED_DECODE_TMA", Options.decode_tma),
                    arn_one_row=flag("NUMASCHED_ARN_ONE_ROW", True),
-                   arn_exchange=exchange)
+                   arn_exchange=exchange,
+                   fused_ar_stages=int(stages) if stages else None)
 
 
 _CURRENT = from_env()

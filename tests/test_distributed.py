@@ -1674,3 +1674,23 @@ def test_all_reduce_chunks_small_sizes_whole():
             if n * 2 <= SMALL_BYTES:
                 assert n % c["BLOCK"] == 0 and c["BLOCK"] * 2 <= 4096, (n, c)
                 assert c["num_warps"] * 32 * 16 == c["BLOCK"] * 2   # one 16-byte vector per thread
+
+
+def test_fused_ar_stages_option():
+    """options.fused_ar_stages (NUMASCHED_FUSED_AR_STAGES) sets the pipeline stages of the fused
+    GEMM + all-reduce's big tiles, and only theirs; a bad value is refused by name."""
+    from numasched import options
+
+    mar = importlib.import_module("numasched.distributed.matmul_all_reduce")
+    assert mar._fused_cfg(4096, torch.bfloat16, True)["num_stages"] == mar.FUSED_BIG_TILE["num_stages"]
+    narrow = mar._fused_cfg(16, torch.bfloat16, True)
+    with options.use(fused_ar_stages=2):
+        assert mar._fused_cfg(4096, torch.bfloat16, True)["num_stages"] == 2
+        assert mar._fused_cfg(16, torch.bfloat16, True) == narrow   # the narrow tiles keep theirs
+        assert mar._fused_cfg(4096, torch.bfloat16, True)["BLOCK_N"] == mar.FUSED_BIG_TILE["BLOCK_N"]
+    assert options.from_env({"NUMASCHED_FUSED_AR_STAGES": "4"}).fused_ar_stages == 4
+    assert options.from_env({}).fused_ar_stages is None
+    with pytest.raises(ValueError, match="NUMASCHED_FUSED_AR_STAGES"):
+        options.from_env({"NUMASCHED_FUSED_AR_STAGES": "four"})
+    with pytest.raises(ValueError, match="fused_ar_stages"):
+        options.Options(fused_ar_stages=7)

@@ -296,7 +296,10 @@ def _fused_cfg(M: int, dtype, gpu: bool) -> dict:
         return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, num_warps=4, num_stages=1, USE_TMA=tma)
     elt = torch.empty((), dtype=dtype).element_size()
     if M >= FUSED_BIG_TILE_ROWS and elt == 2:
-        return dict(FUSED_BIG_TILE, USE_TMA=tma)
+        from numasched import options
+
+        stages = options.current().fused_ar_stages   # a measurement's override (None: the config's)
+        return dict(FUSED_BIG_TILE, USE_TMA=tma, **({} if stages is None else dict(num_stages=stages)))
     bm = min(64, max(16, 1 << max(0, M - 1).bit_length()))
     # decode-sized M streams the weight: narrow column tiles give every SM a strip of it
     return dict(BLOCK_M=bm, BLOCK_N=64, BLOCK_K=128 if elt == 2 else 64, num_warps=4, num_stages=4, USE_TMA=False)
