@@ -97,6 +97,10 @@ BACKEND_SWITCHES = (
     ("--heap-residual", "numasched, TP 2: the prefill's residual stream in the symmetric heap, so the fused "
                         "GEMM + all-reduce stores each sum straight into the peer's (default on; "
                         "--no-heap-residual: receive slots and a copy)"),
+    ("--fold-norms", "numasched: the model's norm weights folded into the QKV and gate/up weights "
+                     "(TPDecoder.fold_norms), and its prefill norm-free: the RoPE + cache kernel and the SwiGLU "
+                     "GEMM scale each row by its 1 / rms, no normalised rows written (default on; "
+                     "--no-fold-norms for the norms)"),
 )
 
 
@@ -239,6 +243,9 @@ def _dry_run(args) -> int:
                                   + ("on" if args.fuse_residual else "off")
                                   + (", residual stream in the symmetric heap" if args.fuse_residual
                                      and args.heap_residual and args.tp == 2 else ""))
+            contenders.append("numasched prefill norms: " + ("folded into the QKV and gate/up weights, norm-free "
+                                                             "(row scales in the RoPE + cache and SwiGLU kernels)"
+                                                             if args.fold_norms else "RMSNorm kernels"))
             contenders.append(f"numasched prefill attention: {args.prefill_attention}"
                               + (" (SDPA, cuDNN first, on NVIDIA GPUs; numasched.attention_forward elsewhere)"
                                  if args.prefill_attention == "auto" else ""))
@@ -510,7 +517,7 @@ def _backend(name, ctx, dctx):
                             prefill_seq_parallel=ctx.args.prefill_seq_parallel,
                             fuse_rope_cache=ctx.args.fuse_rope_cache, prefill_attention=ctx.args.prefill_attention,
                             pdl_swiglu=ctx.args.pdl_swiglu, fuse_residual=ctx.args.fuse_residual,
-                            heap_residual=ctx.args.heap_residual)
+                            heap_residual=ctx.args.heap_residual, fold_norms=ctx.args.fold_norms)
 
 
 def _parts(model, be, cache, seq: Optional[int] = None) -> Dict[str, Callable[[], object]]:
@@ -557,6 +564,10 @@ def _parts(model, be, cache, seq: Optional[int] = None) -> Dict[str, Callable[[]
     # where the row-parallel projections add the residual in their kernel, the add leaves
     # elementwise (the norms there run alone)
     res_o, res_d = (not sp and be.fuses_residual(a, L.wo), not sp and be.fuses_residual(act, L.wdown))
+    # a norm-free prefill (folded norms): the projections' consumers scale rows by 1 / rms, and
+    # the norms give way to that reduction (rms_inv)
+    free = seq is not None and not sp and model.norms_folded and be.norm_free(T)
+    rs = torch.rand(T, device=dev, dtype=torch.float32) + 0.5 if free else None
 
     def gemm_in():
         if sp:
@@ -565,7 +576,7 @@ def _parts(model, be, cache, seq: Optional[int] = None) -> Dict[str, Callable[[]
             return
         be.linear(x, L.wqkv)
         if glu:
-            be.linear_swiglu(x, L.wgu, il, ew("silu_mul"))
+            be.linear_swiglu(x, L.wgu, il, ew("silu_mul"), row_scale=rs)
         else:
             be.linear(x, L.wgu)
 
@@ -588,7 +599,8 @@ def _parts(model, be, cache, seq: Optional[int] = None) -> Dict[str, Callable[[]
             be.prefill_attention(q, k, v, 1, seq)
 
     def elementwise():   # what one layer does besides its GEMMs, attention and collectives
-        ew("rms_norm")(xs, L.ln1, s.eps)
+        # (two norms: after the o projection and after the down projection, the next layer's
+        # first; an RMSNorm at the layer's start counted the second one twice until 2026-11-26)
         if seq is None:   # the decode step's path (one launch where the backend fuses it)
             be.rope_cache_write(qkv, cs[:, 0], cs[:, 1], hq, hk, D, L.q_norm, L.k_norm, s.eps, cache, 0,
                                 ew("qkv_rope"))
@@ -597,7 +609,17 @@ def _parts(model, be, cache, seq: Optional[int] = None) -> Dict[str, Callable[[]
             cache.write(0, k_, v_)
         else:   # the one-step prefill's path (one launch where the backend fuses it)
             be.prefill_rope_cache(qkv, cs[:, 0], cs[:, 1], hq, hk, D, L.q_norm, L.k_norm, s.eps, cache, 0,
-                                  ew("qkv_rope"))
+                                  ew("qkv_rope"), row_scale=rs)
+        if free:   # the two norms' reductions (their adds are the projections' where res_o / res_d)
+            ew("rms_inv")(x2s, s.eps)
+            if not res_o:
+                x2s.add_(xs)
+            if not glu:
+                ew("silu_mul")(gu, il)
+            ew("rms_inv")(x2s, s.eps)
+            if not res_d:
+                x2s.add_(xs)
+            return
         ew("rms_norm")(x2s, L.ln2, s.eps) if res_o else ew("add_rms_norm")(x2s, xs, L.ln2, s.eps)
         if not glu:
             ew("silu_mul")(gu, il)
@@ -873,6 +895,10 @@ def _worker(args) -> int:
             f"bf16 weights, TP {args.tp}")
     model = TPDecoder.random(cfg, dtype=torch.bfloat16, device="cuda", tp_rank=ctx.rank, tp_size=args.tp,
                              seed=args.seed, compile_elementwise=not args.no_compile)
+    if "numasched" in args.backends and args.fold_norms:
+        # the same function (unit norms after the fold; a run with both backends gives torch's the
+        # folded model too: the same kernels, its norms with unit weights)
+        model.fold_norms()
     backends = {n: _backend(n, ctx, dctx) for n in args.backends}
     rows = []
     free = -ctx.slowest(-float(torch.cuda.mem_get_info()[0]))   # the least free memory of any rank: all skip alike

@@ -86,8 +86,11 @@ def _prefetch_b(b, n0, N, k_lo, k_hi, stride_bn, BLOCK_N: tl.constexpr, GLU: tl.
 
 @triton.jit
 def _store_tile(acc, acc_u, c, bias, res, offs_m, offs_n, M, N, stride_cm, stride_cn, stride_rm, stride_rn,
-                HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, GLU: tl.constexpr):
+                HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, GLU: tl.constexpr, ROW_SCALE: tl.constexpr = False):
     if GLU:
+        if ROW_SCALE:   # bias holds one fp32 factor per row of A: (s a) @ b = s (a @ b), before the activation
+            s = tl.load(bias + offs_m, mask=offs_m < M, other=0.0)[:, None]
+            acc, acc_u = acc * s, acc_u * s
         _glu_store(acc, acc_u, c, offs_m, offs_n, M, N, stride_cm, stride_cn)
     else:
         _epilogue_store(acc, c, bias, res, offs_m, offs_n, M, N, stride_cm, stride_cn, stride_rm, stride_rn,
@@ -97,7 +100,8 @@ def _store_tile(acc, acc_u, c, bias, res, offs_m, offs_n, M, N, stride_cm, strid
 @triton.jit
 def _merge_parts(acc, acc_u, c, bias, res, ws, counters, tm, tn, split, NM, NN, offs_m, offs_n, M, N,
                  stride_cm, stride_cn, stride_rm, stride_rn, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, GLU: tl.constexpr):
+                 BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, GLU: tl.constexpr,
+                 ROW_SCALE: tl.constexpr = False):
     # partial tile -> workspace [SPLIT_K, NM*BLOCK_M, NN*BLOCK_N] (fp32, padded: no masks);
     # GLU: the up half's partials in a second such block after it
     ld = NN * BLOCK_N
@@ -119,7 +123,7 @@ def _merge_parts(acc, acc_u, c, bias, res, ws, counters, tm, tn, split, NM, NN, 
             if GLU:
                 total_u += tl.load(ws + (SPLIT_K + s) * plane + rows, cache_modifier=".cg")
         _store_tile(total, total_u, c, bias, res, offs_m, offs_n, M, N, stride_cm, stride_cn, stride_rm, stride_rn,
-                    HAS_BIAS, HAS_RES, GLU)
+                    HAS_BIAS, HAS_RES, GLU, ROW_SCALE)
         tl.atomic_xchg(ctr, 0)  # ready for the next launch
 
 
@@ -131,10 +135,13 @@ def gemm_splitk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
                        HAS_RES: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
                        A_TRANS: tl.constexpr, B_TRANS: tl.constexpr, GLU: tl.constexpr = False,
-                       PDL: tl.constexpr = False, PREFETCH_B: tl.constexpr = 0, TAIL: tl.constexpr = False):
+                       PDL: tl.constexpr = False, PREFETCH_B: tl.constexpr = 0, TAIL: tl.constexpr = False,
+                       ROW_SCALE: tl.constexpr = False):
     # GLU (numasched.matmul_swiglu): B holds 2N columns, gate then up; the program accumulates
     # both halves of its tile's columns (two B tiles per K step) and stores silu(gate) * up (N
-    # columns), so the MLP's activation costs no kernel and no round trip of the 2N-wide output
+    # columns), so the MLP's activation costs no kernel and no round trip of the 2N-wide output.
+    # ROW_SCALE (GLU): ``bias`` holds an fp32 factor per row of A, applied to both halves before
+    # the activation (an RMSNorm whose weight was folded into B: its 1/rms per row)
     NM = tl.cdiv(M, BLOCK_M)
     NN = tl.cdiv(N, BLOCK_N)
     if TAIL:   # whole tiles first, then the remainder's tiles in SPLIT_K parts (whole_tiles: host)
@@ -193,16 +200,18 @@ def gemm_splitk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
     if TAIL:
         if whole:
             _store_tile(acc, acc_u, c, bias, res, offs_m, offs_n, M, N, stride_cm, stride_cn, stride_rm, stride_rn,
-                        HAS_BIAS, HAS_RES, GLU)
+                        HAS_BIAS, HAS_RES, GLU, ROW_SCALE)
         else:
             _merge_parts(acc, acc_u, c, bias, res, ws, counters, tm, tn, split, NM, NN, offs_m, offs_n, M, N,
-                         stride_cm, stride_cn, stride_rm, stride_rn, SPLIT_K, BLOCK_M, BLOCK_N, HAS_BIAS, HAS_RES, GLU)
+                         stride_cm, stride_cn, stride_rm, stride_rn, SPLIT_K, BLOCK_M, BLOCK_N, HAS_BIAS, HAS_RES, GLU,
+                         ROW_SCALE)
     elif SPLIT_K == 1:
         _store_tile(acc, acc_u, c, bias, res, offs_m, offs_n, M, N, stride_cm, stride_cn, stride_rm, stride_rn,
-                    HAS_BIAS, HAS_RES, GLU)
+                    HAS_BIAS, HAS_RES, GLU, ROW_SCALE)
     else:
         _merge_parts(acc, acc_u, c, bias, res, ws, counters, tm, tn, split, NM, NN, offs_m, offs_n, M, N,
-                     stride_cm, stride_cn, stride_rm, stride_rn, SPLIT_K, BLOCK_M, BLOCK_N, HAS_BIAS, HAS_RES, GLU)
+                     stride_cm, stride_cn, stride_rm, stride_rn, SPLIT_K, BLOCK_M, BLOCK_N, HAS_BIAS, HAS_RES, GLU,
+                     ROW_SCALE)
 
 
 late_point(gemm_splitk_kernel)

@@ -40,14 +40,16 @@ def _slot(SLOTS, t, tmask, rows):
 
 
 @triton.jit
-def qkv_rope_cache_kernel(QKV, COS, SIN, QW, KW, Q_OUT, K_CACHE, V_CACHE, SLOTS, K_OUT, V_OUT,
+def qkv_rope_cache_kernel(QKV, COS, SIN, QW, KW, Q_OUT, K_CACHE, V_CACHE, SLOTS, K_OUT, V_OUT, RS,
                           T, stride_qkv_t, stride_cos_t, stride_sin_t, stride_q_t, stride_q_h,
                           stride_kc_row, stride_kc_h, stride_vc_row, stride_vc_h, eps, rows,
                           HQ: tl.constexpr, HK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                           BLOCK_T: tl.constexpr, QK_NORM: tl.constexpr, KV_OUT: tl.constexpr = False,
-                          PDL: tl.constexpr = False):
+                          PDL: tl.constexpr = False, ROW_SCALE: tl.constexpr = False):
     # KV_OUT (a prefill, whose attention reads k and v contiguous): the rotated k and the v of
-    # every token also go to K_OUT / V_OUT, contiguous (T, HK, HEAD_DIM)
+    # every token also go to K_OUT / V_OUT, contiguous (T, HK, HEAD_DIM). ROW_SCALE: token t's
+    # row counts as RS[t] (fp32) times the stored one (the layer's RMSNorm folded into the QKV
+    # weight: its 1 / rms per token, applied here instead of to the projection's input)
     pdl_enter(PDL)  # PDL: wait for the previous kernel (the QKV projection) here (kernels/pdl.py)
     h = tl.program_id(1)
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -59,11 +61,16 @@ def qkv_rope_cache_kernel(QKV, COS, SIN, QW, KW, Q_OUT, K_CACHE, V_CACHE, SLOTS,
     DTYPE: tl.constexpr = Q_OUT.dtype.element_ty
     row = QKV + t64[:, None] * stride_qkv_t + h * HEAD_DIM
     x = tl.load(row + d[None, :], mask=mask, other=0.0).to(tl.float32)
+    if ROW_SCALE:
+        rs = tl.load(RS + t, mask=tmask, other=0.0)[:, None]
+        x = x * rs
     if h < HQ + HK:
         # the partner element of rotate_half and its sign
         HALF: tl.constexpr = HEAD_DIM // 2
         partner = tl.where(d < HALF, d + HALF, d - HALF)
         xp = tl.load(row + partner[None, :], mask=mask, other=0.0).to(tl.float32)
+        if ROW_SCALE:
+            xp = xp * rs
         if QK_NORM:
             r = tl.math.rsqrt(tl.sum(x * x, 1) / HEAD_DIM + eps)
             if h < HQ:

@@ -43,9 +43,10 @@ __all__ = ["matmul_swiglu", "plan_matmul_swiglu", "check_matmul_swiglu", "SwiGLU
            "check_swiglu", "SwiGLUActPlan"]
 
 
-def check_matmul_swiglu(a, b, out=None):
+def check_matmul_swiglu(a, b, out=None, row_scale=None):
     """Check without reading data; returns (M, n, K, dtype). ``b`` is (K, 2n): gate columns, then
-    up columns (``w.T`` of an F.linear weight whose first n rows are the gate's)."""
+    up columns (``w.T`` of an F.linear weight whose first n rows are the gate's); ``row_scale``
+    (M,) contiguous fp32, one factor per row of ``a``."""
     check_tensor("a", a, ndim=2, dtypes=SUPPORTED_DTYPES)
     check_tensor("b", b, ndim=2, dtypes=(a.dtype,), device=a.device)
     Mdim, K = a.shape
@@ -58,6 +59,11 @@ def check_matmul_swiglu(a, b, out=None):
         check_tensor("out", out, ndim=2, dtypes=(a.dtype,), device=a.device)
         if tuple(out.shape) != (Mdim, n):
             raise ValueError(f"out must have shape {(Mdim, n)}, got {tuple(out.shape)}")
+    if row_scale is not None:
+        check_tensor("row_scale", row_scale, ndim=1, dtypes=(torch.float32,), device=a.device)
+        if row_scale.shape[0] != Mdim or (Mdim > 1 and row_scale.stride(0) != 1):
+            raise ValueError(f"row_scale must be a contiguous ({Mdim},) fp32 tensor (one factor per row of a), got "
+                             f"shape {tuple(row_scale.shape)}, strides {row_scale.stride()}")
     for name, t in (("a", a), ("b", b)):
         check_int32_indexing(name, t)
     return Mdim, n, K, a.dtype
@@ -82,15 +88,17 @@ class SwiGLUPlan(Plan):
     """A planned SwiGLU GEMM (:func:`plan_matmul_swiglu`). Attributes: M, n, K; schedule (the
     split-K Schedule for the (M, 2n, K) GEMM); block_n (the GLU tile: half the schedule's);
     split_k; path ("tma" or "pointer"); mode ("kernel", "interpreter", "torch", "empty"); grid;
-    config; workspace_bytes; tensors."""
+    config; workspace_bytes; tensors; row_scale (whether the plan takes one)."""
 
     op = "matmul_swiglu"
 
-    def __init__(self, a, b, out=None, *, schedule=None, options: Optional[_options.Options] = None):
-        Mdim, n, K, dtype = check_matmul_swiglu(a, b, out)
+    def __init__(self, a, b, out=None, *, schedule=None, options: Optional[_options.Options] = None,
+                 row_scale=None):
+        Mdim, n, K, dtype = check_matmul_swiglu(a, b, out, row_scale)
         options = options if options is not None else _options.current()
         self.M, self.n, self.K = Mdim, n, K
-        self.tensors = dict(a=signature(a), b=signature(b), out=signature(out))
+        self.row_scale = row_scale is not None
+        self.tensors = dict(a=signature(a), b=signature(b), out=signature(out), row_scale=signature(row_scale))
         self.device = dev = a.device
         self.topology = _topology.current()
         self.schedule = self.config = self.policy = None
@@ -147,7 +155,7 @@ class SwiGLUPlan(Plan):
         const = dict(MAPPING=self.policy.constexpr(self.topology.num_domains), SPLIT_K=S, HAS_BIAS=False,
                      HAS_RES=False, INPUT_PRECISION="ieee" if self._upcast else input_precision(dtype),
                      USE_TMA=use_tma, A_TRANS=bool(use_tma and a_view[0]), B_TRANS=bool(use_tma and b_view[0]),
-                     GLU=True)
+                     GLU=True, ROW_SCALE=self.row_scale)
         self.grid = (self._tiles * S,)
         if (options.pdl and options.pdl_prefetch and not interp and not use_tma
                 and caps.pdl_supported(dev)):   # B into L2 before the PDL wait (kernels/pdl.py)
@@ -157,9 +165,10 @@ class SwiGLUPlan(Plan):
                               options=options)
         self._freeze()
 
-    def run(self, a, b, out=None) -> torch.Tensor:
-        """``silu(a @ b[:, :n]) * (a @ b[:, n:])`` into ``out`` (a new (M, n) tensor when None)."""
-        self.check_signatures(a=a, b=b, out=out if self.tensors["out"] is not None else None)
+    def run(self, a, b, out=None, row_scale=None) -> torch.Tensor:
+        """``silu(a @ b[:, :n]) * (a @ b[:, n:])`` into ``out`` (a new (M, n) tensor when None); with
+        ``row_scale`` (a plan made with one) row i of ``a`` counts as ``row_scale[i] * a[i]``."""
+        self.check_signatures(a=a, b=b, out=out if self.tensors["out"] is not None else None, row_scale=row_scale)
         if out is None:
             out = torch.empty((self.M, self.n), dtype=a.dtype, device=a.device)
         elif self.tensors["out"] is None:
@@ -177,6 +186,8 @@ class SwiGLUPlan(Plan):
                 _observe.notify(self.op, "torch", (), (out,), self,
                                 f"no Triton kernel can run on {self.device} (CPU tensors need TRITON_INTERPRET=1)")
             gu = a.float() @ b.float()
+            if row_scale is not None:
+                gu = gu * row_scale[:, None]
             return out.copy_(torch.nn.functional.silu(gu[:, :self.n]) * gu[:, self.n:])
         res = out
         if self._upcast:   # fp32 stand-ins with the planned strides (the kernel's arguments)
@@ -197,53 +208,62 @@ class SwiGLUPlan(Plan):
         if _observe.OBSERVERS:
             _observe.notify(self.op, "splitk", self.grid, (res,), self)
         with caps.launch_device(a):
-            self._launch(a_arg, b_arg, out, out, out, ws, ctr, *self._sizes)
+            self._launch(a_arg, b_arg, out, row_scale if row_scale is not None else out, out, ws, ctr, *self._sizes)
         if out is not res:
             res.copy_(out)
         return res
 
 
-def plan_matmul_swiglu(a, b, out=None, *, schedule=None, options: Optional[_options.Options] = None) -> SwiGLUPlan:
+def plan_matmul_swiglu(a, b, out=None, *, schedule=None, options: Optional[_options.Options] = None,
+                       row_scale=None) -> SwiGLUPlan:
     """Plan :func:`matmul_swiglu` for operands like these (only their signatures are read).
     ``schedule``: a split-K Schedule of the (M, 2n, K) GEMM to use instead of the model's."""
-    return SwiGLUPlan(a, b, out, schedule=schedule, options=options)
+    return SwiGLUPlan(a, b, out, schedule=schedule, options=options, row_scale=row_scale)
 
 
-def _key(a, b, out):
+def _key(a, b, out, row_scale=None):
     return ("matmul_swiglu", a.shape, a.stride(), a.dtype, a.device, a.data_ptr() & 15, b.shape, b.stride(),
             b.device, b.data_ptr() & 15, None if out is None else (out.shape, out.stride(), out.data_ptr() & 15),
-            a.device.type != "cuda" and caps.interpreting(), _topology._CURRENT, _options._CURRENT)
+            row_scale is not None, a.device.type != "cuda" and caps.interpreting(), _topology._CURRENT,
+            _options._CURRENT)
 
 
-def _run(a, b, out=None):
-    key, plan = PLANS.find(_key, a, b, out)
+def _run(a, b, out=None, row_scale=None):
+    key, plan = PLANS.find(_key, a, b, out, row_scale)
     if plan is None:
-        plan = SwiGLUPlan(a, b, out)
+        plan = SwiGLUPlan(a, b, out, row_scale=row_scale)
         if key is not None:
             PLANS.put(key, plan)
-    return plan.run(a, b, out)
+    return plan.run(a, b, out, row_scale)
 
 
 # torch.compile, fake tensors and dispatch modes see one custom op (no autograd: inference)
 @torch.library.custom_op("numasched::matmul_swiglu", mutates_args=())
-def _swiglu_op(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    check_matmul_swiglu(a, b)
-    return _run(a, b)
+def _swiglu_op(a: torch.Tensor, b: torch.Tensor, row_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+    check_matmul_swiglu(a, b, None, row_scale)
+    return _run(a, b, None, row_scale)
 
 
 @_swiglu_op.register_fake
-def _swiglu_fake(a, b):
-    Mdim, n, _, dtype = check_matmul_swiglu(a, b)
+def _swiglu_fake(a, b, row_scale=None):
+    Mdim, n, _, dtype = check_matmul_swiglu(a, b, None, row_scale)
     return a.new_empty((Mdim, n), dtype=dtype)
 
 
-def matmul_swiglu(a: torch.Tensor, b: torch.Tensor, *, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+def matmul_swiglu(a: torch.Tensor, b: torch.Tensor, *, out: Optional[torch.Tensor] = None,
+                  row_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``silu(a @ b[:, :n]) * (a @ b[:, n:])`` for a (M, K) and b (K, 2n) (any strides; ``w.T`` of a
     (2n, K) gate/up weight is read without a copy), fp32 accumulation, one launch. Returns (M, n)
-    in a's dtype (into ``out`` when given). Plans are cached per signature. Inference only (no
-    autograd); under torch.compile it is the custom op ``numasched::matmul_swiglu``."""
-    check_matmul_swiglu(a, b, out)
-    return _route("matmul_swiglu", _run, torch.ops.numasched.matmul_swiglu, (a, b), out)
+    in a's dtype (into ``out`` when given). ``row_scale`` (M,) fp32: row i of ``a`` counts as
+    ``row_scale[i] * a[i]``, applied to the fp32 accumulators before the activation (an RMSNorm
+    whose weight is folded into ``b``: its 1 / rms per row, so the normalised rows never go to
+    memory). Plans are cached per signature. Inference only (no autograd); under torch.compile
+    it is the custom op ``numasched::matmul_swiglu``."""
+    check_matmul_swiglu(a, b, out, row_scale)
+    if row_scale is None:
+        return _route("matmul_swiglu", _run, torch.ops.numasched.matmul_swiglu, (a, b), out)
+    return _route("matmul_swiglu", lambda a_, b_, s_, o_: _run(a_, b_, o_, s_), torch.ops.numasched.matmul_swiglu,
+                  (a, b, row_scale), out)
 
 
 def _route(name, eager, op, args, out):

@@ -53,7 +53,7 @@ def _rows(name: str, cache: torch.Tensor, kv_heads: int, d: int) -> torch.Tensor
 
 
 def check_qkv_rope_cache(qkv, cos, sin, k_cache, v_cache, slots, *, heads: int, kv_heads: int,
-                         q_weight=None, k_weight=None, eps: float = 1e-6, out=None) -> tuple:
+                         q_weight=None, k_weight=None, eps: float = 1e-6, out=None, row_scale=None) -> tuple:
     """Check without reading data; returns (T, heads, kv_heads, head_dim, dtype)."""
     heads = check_positive_int("heads", heads, allow_none=False)
     kv_heads = check_positive_int("kv_heads", kv_heads, allow_none=False)
@@ -99,6 +99,11 @@ def check_qkv_rope_cache(qkv, cos, sin, k_cache, v_cache, slots, *, heads: int, 
         if tuple(out.shape) != (T, heads, d) or out.stride(2) != 1:
             raise ValueError(f"out must be a ({T}, {heads}, {d}) tensor with contiguous heads, got shape "
                              f"{tuple(out.shape)}, strides {out.stride()}")
+    if row_scale is not None:
+        check_tensor("row_scale", row_scale, ndim=1, dtypes=(torch.float32,), device=dev)
+        if row_scale.shape[0] != T or (T > 1 and row_scale.stride(0) != 1):
+            raise ValueError(f"row_scale must be a contiguous ({T},) fp32 tensor (one factor per token), got shape "
+                             f"{tuple(row_scale.shape)}, strides {row_scale.stride()}")
     check_int32_indexing("qkv", qkv)
     return T, heads, kv_heads, d, dt
 
@@ -113,16 +118,18 @@ def check_slots(slots: torch.Tensor, rows: int) -> None:
 
 class RopeCachePlan(Plan):
     """A planned :func:`qkv_rope_cache`. Attributes: T, heads, kv_heads, head_dim, qk_norm, rows
-    (the cache's), mode ("kernel", "interpreter", "torch", "empty"), grid, config, tensors."""
+    (the cache's), row_scale (whether it takes one), mode ("kernel", "interpreter", "torch",
+    "empty"), grid, config, tensors."""
 
     op = "qkv_rope_cache"
 
     def __init__(self, qkv, cos, sin, k_cache, v_cache, slots, *, heads: int, kv_heads: int, q_weight=None,
                  k_weight=None, eps: float = 1e-6, out=None, return_kv: bool = False,
-                 options: Optional[_options.Options] = None):
+                 options: Optional[_options.Options] = None, row_scale=None):
         T, H, HK, d, dt = check_qkv_rope_cache(qkv, cos, sin, k_cache, v_cache, slots, heads=heads,
                                                kv_heads=kv_heads, q_weight=q_weight, k_weight=k_weight, eps=eps,
-                                               out=out)
+                                               out=out, row_scale=row_scale)
+        self.row_scale = row_scale is not None
         self.options = options if options is not None else _options.current()
         self.T, self.heads, self.kv_heads, self.head_dim, self.eps = T, H, HK, d, float(eps)
         self.qk_norm = q_weight is not None
@@ -132,7 +139,7 @@ class RopeCachePlan(Plan):
         self.rows = _rows("k_cache", k_cache, HK, d).shape[0]
         self.tensors = dict(qkv=signature(qkv), cos=signature(cos), sin=signature(sin), k_cache=signature(k_cache),
                             v_cache=signature(v_cache), slots=signature(slots), q_weight=signature(q_weight),
-                            k_weight=signature(k_weight), out=signature(out))
+                            k_weight=signature(k_weight), out=signature(out), row_scale=signature(row_scale))
         self.device = qkv.device
         self.policy = self.topology = None
         self.workspace_bytes = 0
@@ -146,18 +153,19 @@ class RopeCachePlan(Plan):
             self.config = dict(num_warps=4 if BLOCK_T * bd >= 2048 else 2)
             self.grid = (-(-T // BLOCK_T), H + 2 * HK)
             const = dict(HQ=H, HK=HK, HEAD_DIM=d, BLOCK_D=bd, BLOCK_T=BLOCK_T, QK_NORM=self.qk_norm,
-                         KV_OUT=self.return_kv)
+                         KV_OUT=self.return_kv, ROW_SCALE=self.row_scale)
             self._launch = Launch(K.qkv_rope_cache_kernel, self.grid, const, config=self.config, device=self.device,
                                   interpret=self.mode == "interpreter", options=self.options)
         self._freeze()
 
-    def run(self, qkv, cos, sin, k_cache, v_cache, slots, q_weight=None, k_weight=None, out=None):
+    def run(self, qkv, cos, sin, k_cache, v_cache, slots, q_weight=None, k_weight=None, out=None, row_scale=None):
         """Rotate q into ``out`` (a new (T, heads, head_dim) tensor when None) and write the rotated
         k and the v of each token into row ``slots[t]`` of the caches; returns q, or with
-        ``return_kv`` (q, k, v), k and v new contiguous (T, kv_heads, head_dim) tensors."""
+        ``return_kv`` (q, k, v), k and v new contiguous (T, kv_heads, head_dim) tensors. With
+        ``row_scale`` (a plan made with one), token t's row is first multiplied by row_scale[t]."""
         self.check_signatures(qkv=qkv, cos=cos, sin=sin, k_cache=k_cache, v_cache=v_cache, slots=slots,
                               q_weight=q_weight, k_weight=k_weight,
-                              out=out if self.tensors["out"] is not None else None)
+                              out=out if self.tensors["out"] is not None else None, row_scale=row_scale)
         T, H, HK, d = self.T, self.heads, self.kv_heads, self.head_dim
         if out is None:
             out = torch.empty((T, H, d), dtype=qkv.dtype, device=qkv.device)
@@ -178,7 +186,8 @@ class RopeCachePlan(Plan):
             if _observe.OBSERVERS:
                 _observe.notify(self.op, "torch", (), (out,), self,
                                 f"no Triton kernel can run on {self.device} (CPU tensors need TRITON_INTERPRET=1)")
-            q, k, v = reference(qkv, cos, sin, H, HK, q_weight, k_weight, self.eps)
+            src = qkv if row_scale is None else (qkv.float() * row_scale[:, None]).to(qkv.dtype)
+            q, k, v = reference(src, cos, sin, H, HK, q_weight, k_weight, self.eps)
             idx = slots.to(torch.int64)
             keep = (idx >= 0) & (idx < self.rows)   # as the kernel: a slot outside the rows writes nothing
             kf.index_copy_(0, idx[keep], k[keep])
@@ -196,7 +205,8 @@ class RopeCachePlan(Plan):
         kw = k_weight if k_weight is not None else qkv
         ko, vo = kv if kv else (out, out)
         with caps.launch_device(qkv):
-            self._launch(qkv, cos, sin, qw, kw, out, kf, vf, slots, ko, vo, T, qkv.stride(0), cos.stride(0),
+            self._launch(qkv, cos, sin, qw, kw, out, kf, vf, slots, ko, vo, row_scale if row_scale is not None else cos,
+                         T, qkv.stride(0), cos.stride(0),
                          sin.stride(0), out.stride(0), out.stride(1), kf.stride(0), kf.stride(1), vf.stride(0),
                          vf.stride(1), self.eps, self.rows)
         return (out, *kv) if kv else out
@@ -233,35 +243,39 @@ def reference(qkv, cos, sin, heads: int, kv_heads: int, q_weight=None, k_weight=
 
 def plan_qkv_rope_cache(qkv, cos, sin, k_cache, v_cache, slots, *, heads: int, kv_heads: int, q_weight=None,
                         k_weight=None, eps: float = 1e-6, out=None, return_kv: bool = False,
-                        options: Optional[_options.Options] = None) -> RopeCachePlan:
+                        options: Optional[_options.Options] = None, row_scale=None) -> RopeCachePlan:
     """Plan :func:`qkv_rope_cache` for tensors like these (only their signatures are read)."""
     return RopeCachePlan(qkv, cos, sin, k_cache, v_cache, slots, heads=heads, kv_heads=kv_heads, q_weight=q_weight,
-                         k_weight=k_weight, eps=eps, out=out, return_kv=return_kv, options=options)
+                         k_weight=k_weight, eps=eps, out=out, return_kv=return_kv, options=options,
+                         row_scale=row_scale)
 
 
-def _key(qkv, cos, sin, k_cache, v_cache, slots, heads, kv_heads, q_weight, k_weight, eps, out, return_kv):
+def _key(qkv, cos, sin, k_cache, v_cache, slots, heads, kv_heads, q_weight, k_weight, eps, out, return_kv,
+         row_scale=None):
     sig = lambda t: None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15)  # noqa: E731
     return ("qkv_rope_cache", sig(qkv), sig(cos), sig(sin), sig(k_cache), sig(v_cache), sig(slots), heads, kv_heads,
-            sig(q_weight), sig(k_weight), float(eps), sig(out), bool(return_kv),
+            sig(q_weight), sig(k_weight), float(eps), sig(out), bool(return_kv), sig(row_scale),
             qkv.device.type != "cuda" and caps.interpreting(), _options._CURRENT)
 
 
 def qkv_rope_cache(qkv, cos, sin, k_cache, v_cache, slots, *, heads: int, kv_heads: int, q_weight=None,
-                   k_weight=None, eps: float = 1e-6, out=None, return_kv: bool = False):
+                   k_weight=None, eps: float = 1e-6, out=None, return_kv: bool = False, row_scale=None):
     """Split ``qkv``, (normalise and) rotate q and k, write k and v into row ``slots[t]`` of the
     caches; returns q (T, heads, head_dim), or with ``return_kv`` (q, k, v): the rotated k and
     the v of every token also as new contiguous (T, kv_heads, head_dim) tensors (a prefill's
     attention reads them so; one launch instead of an elementwise kernel and two scatters).
-    See the module doc."""
+    ``row_scale`` (T,) fp32: token t's row counts as ``row_scale[t] * qkv[t]`` (the layer's
+    RMSNorm with its weight folded into the QKV weight: its 1 / rms per token). See the module doc."""
     # before the key, where True == 1 would find a plan made for heads=1 (and 1 one made for return_kv=True)
     check_positive_int("heads", heads, allow_none=False), check_positive_int("kv_heads", kv_heads, allow_none=False)
     if not isinstance(return_kv, bool):
         raise TypeError(f"return_kv must be True or False, got {return_kv!r}")
     key, plan = PLANS.find(_key, qkv, cos, sin, k_cache, v_cache, slots, heads, kv_heads, q_weight, k_weight, eps,
-                           out, return_kv)
+                           out, return_kv, row_scale)
     if plan is None:
         plan = RopeCachePlan(qkv, cos, sin, k_cache, v_cache, slots, heads=heads, kv_heads=kv_heads,
-                             q_weight=q_weight, k_weight=k_weight, eps=eps, out=out, return_kv=return_kv)
+                             q_weight=q_weight, k_weight=k_weight, eps=eps, out=out, return_kv=return_kv,
+                             row_scale=row_scale)
         if key is not None:
             PLANS.put(key, plan)
-    return plan.run(qkv, cos, sin, k_cache, v_cache, slots, q_weight, k_weight, out)
+    return plan.run(qkv, cos, sin, k_cache, v_cache, slots, q_weight, k_weight, out, row_scale)

@@ -81,6 +81,32 @@ def test_swiglu_is_deterministic_and_resets_its_counters():
     assert torch.equal(numasched.matmul_swiglu(x, b), first)
 
 
+@pytest.mark.parametrize("m,n,k,dtype,split_k,tma", [(5, 24, 200, torch.float32, 1, False),
+                                                     (17, 33, 97, torch.float16, 1, False),
+                                                     (6, 24, 160, torch.float32, 3, True),
+                                                     (6, 24, 160, torch.float32, 1, True)])
+def test_swiglu_row_scale_matches_float64(m, n, k, dtype, split_k, tma):
+    """row_scale (a folded RMSNorm's 1 / rms per row): row i of a counts as s[i] * a[i], in the
+    unsplit store, the split merge and the TMA path; a plan made with it refuses a call without."""
+    x, b = _data(m, n, k, dtype, seed=m + k)
+    sc = torch.rand(m, generator=torch.Generator().manual_seed(m)) * 3 + 0.1
+    xs = (x.double() * sc.double()[:, None])
+    sched = Schedule("splitk", 16, 32, 16, split_k, 4, 2) if tma else None
+    with options.use(gemm_splitk_tma=tma):
+        plan = numasched.plan_matmul_swiglu(x, b, schedule=sched, row_scale=sc)
+        y = plan.run(x, b, torch.full((m, n), float("nan"), dtype=dtype), sc)
+    assert plan.row_scale and (plan.path == "tma") == tma and plan.split_k == (split_k if tma else plan.split_k)
+    assert _err(y, xs, b) < TOL[dtype]
+    if not tma:   # the one call plans the same kernel
+        assert torch.equal(numasched.matmul_swiglu(x, b, row_scale=sc), y)
+    with pytest.raises(ValueError, match="row_scale is missing"):
+        plan.run(x, b)
+    with pytest.raises(TypeError, match="row_scale has dtype torch.float64"):
+        numasched.matmul_swiglu(x, b, row_scale=sc.double())
+    with pytest.raises(ValueError, match="row_scale must be a contiguous"):
+        numasched.matmul_swiglu(x, b, row_scale=torch.ones(m + 1))
+
+
 def test_swiglu_argument_errors_name_the_argument():
     x = torch.randn(3, 8)
     with pytest.raises(ValueError, match="even, positive number of columns"):

@@ -95,6 +95,47 @@ def test_numasched_backend_matches_transformers(family, decode_steps):
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_folded_norms_prefill_norm_free_matches_transformers(family, monkeypatch):
+    """TPDecoder.fold_norms(): the norm weights folded into the QKV and gate/up weights; the
+    numasched backend's prefill then runs norm-free (the RoPE + cache kernel and the SwiGLU GEMM
+    scale each row by its 1 / rms; no normalised rows), the decode steps run the norms with unit
+    weights. Logits match transformers' (norm weights perturbed, so the fold matters) for both
+    backends; the norm-free path is what ran, and only at prefill."""
+    from numasched import observe
+    from numasched.models import backends as B
+
+    monkeypatch.setattr(NumaschedBackend, "NORM_FREE_MIN_ROWS", 4)
+    hf = hf_model(family, seed=6)
+    ids = torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(7))
+    model = TPDecoder.from_hf(hf)
+    L0 = model.layers[0]
+    wqkv, ln1 = L0.wqkv.clone(), L0.ln1.clone()
+    assert model.fold_norms() is model and model.norms_folded and model.fold_norms() is model   # once
+    assert torch.equal(L0.wqkv, wqkv * ln1[None, :]) and torch.equal(L0.ln1, torch.ones_like(ln1))
+    calls = []
+    base = NumaschedBackend.norm_free
+    monkeypatch.setattr(NumaschedBackend, "norm_free", lambda self, rows: calls.append(rows) or base(self, rows))
+    scaled = []
+    real = B._scaled_rows
+    monkeypatch.setattr(B, "_scaled_rows", lambda y, s_: scaled.append(y.shape) or real(y, s_))
+    with observe.record() as log:
+        got = run_teacher_forced(model, NumaschedBackend(1, fuse_swiglu=True), ids, prompt=6)
+    ref = reference(hf, ids)
+    assert rel(got, ref) < 1e-4
+    assert calls == [12] and not scaled   # the prefill (2 x 6 rows) only; row scales in the kernels
+    assert not log.fallbacks() and log.count("matmul_swiglu") == 3 * 2 and log.count("qkv_rope_cache") == 3 * 2
+    # a backend that does not fold (and the torch backend) runs the folded model's unit norms
+    assert rel(run_teacher_forced(model, NumaschedBackend(1, fold_norms=False), ids, prompt=6), ref) < 1e-4
+    assert rel(run_teacher_forced(model, TorchBackend(1), ids, prompt=6), ref) < 1e-4
+    assert len(calls) == 2
+    # the unfused forms of the row scales (no fused SwiGLU, no fused RoPE + cache)
+    be = NumaschedBackend(1, fuse_swiglu=False, fuse_rope_cache=False, pdl_swiglu=False)
+    assert rel(run_teacher_forced(model, be, ids, prompt=6), ref) < 1e-4 and len(scaled) == 2 * 2
+    with pytest.raises(TypeError, match="fold_norms"):
+        NumaschedBackend(1, fold_norms=1)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_pdl_swiglu_matches_transformers(family):
     """pdl_swiglu: the activation between the MLP's projections by numasched.swiglu (its own
     kernel) at decode sizes; the projections stay numasched.matmul."""
@@ -748,6 +789,23 @@ def _tp_gpu_main() -> int:
                 if rank == 0:
                     print(f"{'PASS' if ok else 'FAIL'} tp {world} {family} numasched {what} prefill of 1100 tokens: "
                           f"rel err vs one bulk step {e1:.2e} (eager), {e2:.2e} (graph)", flush=True)
+            # the norm weights folded into the projections (TPDecoder.fold_norms): the prefill
+            # norm-free (the row scales in the RoPE + cache kernel and the SwiGLU GEMM), the
+            # decode steps with unit norms
+            folded = TPDecoder.from_hf(hf, tp_rank=rank, tp_size=world).fold_norms()
+            assert plain.norm_free(1100) and not plain.norm_free(72)   # the 36-token prompts (2 x 36 rows) keep their norms
+            for what, be in (("norm-free (folded norms)", plain),
+                             ("norm-free (folded norms), fused GEMM + all-reduce + residual (heap stream)", fused)):
+                e1, e2 = _long_prefill_errors(folded, be, long_ids, want)
+                got = run_teacher_forced(folded, be, ids, prompt=36, page_size=16)
+                e3 = rel(got, ref)
+                ok = e1 < 2e-2 and e2 < 2e-2 and e3 < 3e-2
+                failed += not ok
+                if rank == 0:
+                    print(f"{'PASS' if ok else 'FAIL'} tp {world} {family} numasched {what}: prefill of 1100 tokens "
+                          f"rel err vs the unfolded bulk step {e1:.2e} (eager), {e2:.2e} (graph); 36 + 4 "
+                          f"teacher-forced vs transformers {e3:.2e}", flush=True)
+            del folded
         del hf
     flag = torch.tensor([failed], device="cuda")
     dist.all_reduce(flag)

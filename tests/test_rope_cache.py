@@ -55,6 +55,31 @@ def test_matches_float64_reference_and_writes_only_its_slots(T, H, HK, D, dtype,
     assert torch.isnan(kf[other]).all() and torch.isnan(vf[other]).all()
 
 
+@pytest.mark.parametrize("T,H,HK,D,dtype,norm", [(19, 6, 3, 16, torch.float16, True), (5, 4, 1, 32, torch.float32, False),
+                                                (1, 2, 2, 16, torch.float32, True)])
+def test_row_scale_scales_each_token_first(T, H, HK, D, dtype, norm):
+    """row_scale (a folded RMSNorm's 1 / rms per token): token t's row counts as s[t] * qkv[t]
+    before the per-head norms and the rotation, for q, the cache's k and v and the returned k, v;
+    a plan made with it refuses a call without it, and a bad one is named."""
+    qkv, cos, sin, qw, kw, kc, vc, slots = _case(T, H, HK, D, dtype, norm, pages=8, seed=T)
+    sc = torch.rand(T, generator=torch.Generator().manual_seed(T)) * 3 + 0.1
+    q, k, v = qkv_rope_cache(qkv, cos, sin, kc, vc, slots, heads=H, kv_heads=HK, q_weight=qw, k_weight=kw,
+                             return_kv=True, row_scale=sc)
+    rq, rk, rv = _want(qkv.double() * sc.double()[:, None], cos, sin, qw, kw, H, HK)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    idx = slots.to(torch.int64)
+    assert _rel(q, rq) < tol and _rel(k, rk) < tol and _rel(v, rv) < tol
+    assert _rel(kc.view(-1, HK, D)[idx], rk) < tol and _rel(vc.view(-1, HK, D)[idx], rv) < tol
+    plan = plan_qkv_rope_cache(qkv, cos, sin, kc, vc, slots, heads=H, kv_heads=HK, q_weight=qw, k_weight=kw,
+                               row_scale=sc)
+    assert plan.row_scale
+    with pytest.raises(ValueError, match="row_scale is missing"):
+        plan.run(qkv, cos, sin, kc, vc, slots, qw, kw)
+    with pytest.raises(ValueError, match=r"row_scale must be a contiguous \(%d,\) fp32" % T):
+        qkv_rope_cache(qkv, cos, sin, kc, vc, slots, heads=H, kv_heads=HK, q_weight=qw, k_weight=kw,
+                       row_scale=torch.ones(T + 1))
+
+
 @pytest.mark.parametrize("T,H,HK,D,dtype,norm", [(19, 6, 3, 16, torch.float16, True), (5, 4, 1, 32, torch.float32, False)])
 def test_return_kv_gives_contiguous_k_and_v_of_every_token(T, H, HK, D, dtype, norm):
     """return_kv (a prefill's attention reads k and v contiguous): the rotated k and the v of every

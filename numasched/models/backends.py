@@ -50,6 +50,11 @@ def _flag(name: str, v) -> bool:
     return v
 
 
+def _scaled_rows(y, s):
+    """``s[i] * y[i]`` in fp32, rounded to y's dtype (the unfused form of a row scale)."""
+    return (y.float() * s[:, None]).to(y.dtype)
+
+
 class Backend:
     """Interface (and the parts both backends share). ``tp_size`` must equal the model's."""
 
@@ -163,10 +168,13 @@ class Backend:
                                           qkv_rope)[0]
 
     def prefill_rope_cache(self, qkv, cos, sin, heads: int, kv_heads: int, head_dim: int, q_w, k_w, eps: float,
-                           cache, layer: int, qkv_rope):
+                           cache, layer: int, qkv_rope, row_scale=None):
         """A one-step prefill's (q, k, v) from the fused QKV rows (k rotated), with k and v also
-        written into ``cache`` at the step's slots. A backend may fuse the kernels (numasched:
-        ``fuse_rope_cache=True``)."""
+        written into ``cache`` at the step's slots. ``row_scale`` (T,) fp32: token t's row counts
+        as ``row_scale[t] * qkv[t]`` (a norm-free prefill, :meth:`norm_free`). A backend may fuse
+        the kernels (numasched: ``fuse_rope_cache=True``)."""
+        if row_scale is not None:
+            qkv = _scaled_rows(qkv, row_scale)
         q, k, v = qkv_rope(qkv, cos, sin, heads, kv_heads, head_dim, q_w, k_w, eps)
         cache.write(layer, k, v)
         return q, k, v
@@ -176,11 +184,19 @@ class Backend:
         rows like ``x`` (the benchmark's components count the activation as a GEMM's then)."""
         return False
 
-    def linear_swiglu(self, x, w, n: int, swiglu):
+    def linear_swiglu(self, x, w, n: int, swiglu, row_scale=None):
         """``silu(x @ w[:n].T) * (x @ w[n:].T)``: the MLP's gate/up projection and its activation;
-        ``swiglu`` is the shared (compiled) elementwise kernel. A backend may fuse the two
+        ``swiglu`` is the shared (compiled) elementwise kernel; ``row_scale`` (M,) fp32: row i of
+        ``x`` counts as ``row_scale[i] * x[i]`` (a norm-free prefill). A backend may fuse the two
         (numasched: ``fuse_swiglu=True``)."""
-        return swiglu(self.linear(x, w), n)
+        gu = self.linear(x, w)
+        return swiglu(gu if row_scale is None else _scaled_rows(gu, row_scale), n)
+
+    def norm_free(self, rows: int) -> bool:
+        """Whether a prefill of ``rows`` rows of a model with folded norms (TPDecoder.fold_norms)
+        skips writing the normalised rows: the projections read the residual stream and
+        :meth:`prefill_rope_cache` / :meth:`linear_swiglu` scale by each row's 1 / rms."""
+        return False
 
     def all_reduce(self, x: torch.Tensor, *, out: Optional[torch.Tensor] = None, check: bool = True) -> torch.Tensor:
         """The sum of ``x`` over the TP group, into ``out`` when given (``x`` itself: in place).
@@ -388,6 +404,12 @@ class NumaschedBackend(Backend):
         stores the sum straight into its peer's stream instead of a receive slot the peer copies
         from. On by default (off where the heap has no room); ``False``: the receive slots. Two
         H100s, the same prefill in one call: 55.97 against 56.30 ms (bench/results/tp2-s24c/).
+    fold_norms: a prefill (from NORM_FREE_MIN_ROWS rows) of a model whose norm weights are folded
+        into its projections (``TPDecoder.fold_norms()``) runs norm-free (:meth:`norm_free`): the
+        QKV and gate/up projections read the residual stream, the RoPE + cache kernel and the
+        SwiGLU GEMM scale each row by the norm's 1 / rms, computed by one reduction over the
+        stream. Two RMSNorms per layer write no normalised rows and read none back. On by
+        default (a model that is not folded runs its norms as before); ``False``: the norms.
     """
 
     name = "numasched"
@@ -398,7 +420,7 @@ class NumaschedBackend(Backend):
                  fuse_norm: bool = True, fuse_swiglu: bool = True, prefill_overlap: Optional[int] = None,
                  prefill_seq_parallel: bool = False, fuse_rope_cache: bool = True,
                  prefill_attention: str = "auto", pdl_swiglu: bool = True, fuse_residual: bool = True,
-                 heap_residual: bool = True):
+                 heap_residual: bool = True, fold_norms: bool = True):
         if tp_size is None:
             tp_size = getattr(ctx, "world", None) or _dist_world(group)[1]
         super().__init__(tp_size, group)
@@ -421,6 +443,7 @@ class NumaschedBackend(Backend):
         self.fuse_rope_cache = _flag("fuse_rope_cache", fuse_rope_cache)
         self.fuse_residual = _flag("fuse_residual", fuse_residual)
         self.heap_residual = _flag("heap_residual", heap_residual)
+        self.fold_norms = _flag("fold_norms", fold_norms)
         self._stream = None   # the residual stream's heap buffer (residual_stream)
         if prefill_attention not in ("auto", "numasched", "torch"):
             raise ValueError(f"prefill_attention must be 'auto', 'numasched' or 'torch', got {prefill_attention!r}")
@@ -455,13 +478,16 @@ class NumaschedBackend(Backend):
     def fuses_swiglu(self, x, n):
         return self.fuse_swiglu and (self._glu_big(x, n) or self._gemm_engine(x.shape[0]) == "numasched")
 
-    def linear_swiglu(self, x, w, n, swiglu):
+    def linear_swiglu(self, x, w, n, swiglu, row_scale=None):
         # where numasched's GEMM runs (decode sizes): one launch (numasched.matmul_swiglu), or the
         # GEMM then numasched's PDL-launched activation (numasched.swiglu); prefill sizes (from
         # GLU_BIG_MIN_ROWS rows, unless gemm="torch") the one launch too, its big-tile schedule
-        # (gemm_glu.big_tiles): the (M, 2n) projection never goes to memory
+        # (gemm_glu.big_tiles): the (M, 2n) projection never goes to memory (a norm-free
+        # prefill's row scale applied to its accumulators)
         if self.fuses_swiglu(x, n):
-            return self._ns.matmul_swiglu(x, w.t())
+            return self._ns.matmul_swiglu(x, w.t(), row_scale=row_scale)
+        if row_scale is not None:
+            return super().linear_swiglu(x, w, n, swiglu, row_scale)
         if self._gemm_engine(x.shape[0]) == "numasched":
             if self.pdl_swiglu:
                 return self._ns.swiglu(self.linear(x, w))
@@ -473,19 +499,30 @@ class NumaschedBackend(Backend):
                                             qkv_rope)
         return self._fused_rope(qkv, cos, sin, heads, kv_heads, q_w, k_w, eps, cache, layer, return_kv=False)
 
-    def prefill_rope_cache(self, qkv, cos, sin, heads, kv_heads, head_dim, q_w, k_w, eps, cache, layer, qkv_rope):
+    def prefill_rope_cache(self, qkv, cos, sin, heads, kv_heads, head_dim, q_w, k_w, eps, cache, layer, qkv_rope,
+                           row_scale=None):
         # one launch (numasched.qkv_rope_cache with return_kv) instead of the compiled elementwise
         # kernel and two index_copy_ scatters: one H100, 4096 tokens at the Llama-3-8B TP 2 shape,
-        # 35.8 + 21.4 us before (bench/results/ew-s23/)
+        # 35.8 + 21.4 us before (bench/results/ew-s23/); a norm-free prefill's row scale in it too
         if not (self.fuse_rope_cache and isinstance(cache, PagedKVCache)):
             return super().prefill_rope_cache(qkv, cos, sin, heads, kv_heads, head_dim, q_w, k_w, eps, cache, layer,
-                                              qkv_rope)
-        return self._fused_rope(qkv, cos, sin, heads, kv_heads, q_w, k_w, eps, cache, layer, return_kv=True)
+                                              qkv_rope, row_scale)
+        return self._fused_rope(qkv, cos, sin, heads, kv_heads, q_w, k_w, eps, cache, layer, return_kv=True,
+                                row_scale=row_scale)
 
-    def _fused_rope(self, qkv, cos, sin, heads, kv_heads, q_w, k_w, eps, cache, layer, *, return_kv: bool):
+    def _fused_rope(self, qkv, cos, sin, heads, kv_heads, q_w, k_w, eps, cache, layer, *, return_kv: bool,
+                    row_scale=None):
         return self._ns.qkv_rope_cache(qkv, cos, sin, cache.k(layer), cache.v(layer), cache.write_slots(qkv.shape[0]),
                                        heads=heads, kv_heads=kv_heads, q_weight=q_w, k_weight=k_w, eps=eps,
-                                       return_kv=return_kv)
+                                       return_kv=return_kv, row_scale=row_scale)
+
+    def norm_free(self, rows):
+        # prefill sizes (the decode step's norms are fused into its all-reduce): the normalised
+        # rows' write and read back (two per layer: 4096 x 4096 bf16, 64 MB of traffic each) give
+        # way to a reduction that reads the stream once (rms_inv) and a scale in the kernels
+        return self.fold_norms and rows >= self.NORM_FREE_MIN_ROWS
+
+    NORM_FREE_MIN_ROWS = 257
 
     def _glu_big(self, x, n: int) -> bool:
         from numasched.gemm_glu import GLU_BIG_MIN_ROWS, big_tiles

@@ -202,7 +202,15 @@ def silu_mul(gu: torch.Tensor, n: int) -> torch.Tensor:
     return F.silu(gu[:, :n]) * gu[:, n:]
 
 
-_ELEMENTWISE = {"rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "qkv_rope": qkv_rope, "silu_mul": silu_mul}
+def rms_inv(h: torch.Tensor, eps: float) -> torch.Tensor:
+    """1 / rms of each row of h (T,) in fp32, as RMSNorm computes it: where a norm's weight is
+    folded into the next projection (TPDecoder.fold_norms), the projection's consumer scales its
+    rows by this instead of the projection reading normalised rows."""
+    return torch.rsqrt(h.float().pow(2).mean(-1) + eps)
+
+
+_ELEMENTWISE = {"rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "qkv_rope": qkv_rope, "silu_mul": silu_mul,
+                "rms_inv": rms_inv}
 _COMPILED: Dict[str, Callable] = {}
 
 
@@ -342,6 +350,7 @@ class TPDecoder:
         self.compile_elementwise = bool(compile_elementwise)
         self._inv_freq = rope_inv_freq(spec).to(self.device)
         self._rope = torch.empty(0, 2, spec.head_dim, dtype=self.dtype, device=self.device)
+        self.norms_folded = False
 
     # -- construction
     @classmethod
@@ -448,6 +457,25 @@ class TPDecoder:
             return cls.from_weights(spec, get, tp_rank=tp_rank, tp_size=tp_size, dtype=dtype, device=device,
                                     head=head, compile_elementwise=compile_elementwise)
 
+    @torch.no_grad()
+    def fold_norms(self) -> "TPDecoder":
+        """Fold each layer's two RMSNorm weights into the projection that reads the norm's output
+        (in place): ``wqkv[:, j] *= ln1[j]``, ``wgu[:, j] *= ln2[j]``, and the norms' weights
+        become ones. The model computes the same function (up to the rounding of the products to
+        the weights' dtype); a backend may then skip writing the normalised rows of a prefill
+        and scale the projections' outputs by each row's 1 / rms instead (``Backend.norm_free``:
+        numasched's SwiGLU GEMM and RoPE kernels take the factors). The final norm (before the
+        LM head) keeps its weight. Returns the model; a second call does nothing."""
+        if self.norms_folded:
+            return self
+        for L in self.layers:
+            L.wqkv.copy_((L.wqkv.float() * L.ln1.float()[None, :]).to(L.wqkv.dtype))
+            L.wgu.copy_((L.wgu.float() * L.ln2.float()[None, :]).to(L.wgu.dtype))
+            L.ln1 = torch.ones_like(L.ln1)
+            L.ln2 = torch.ones_like(L.ln2)
+        self.norms_folded = True
+        return self
+
     def nbytes(self) -> int:
         """Bytes of this rank's weights."""
         ts = [self.embed, self.norm, self.lm_head]
@@ -500,7 +528,12 @@ class TPDecoder:
         cos, sin = cs[:, 0], cs[:, 1]
         L0 = self.layers[0]
         h = backend.residual_stream(F.embedding(ids, self.embed), (L0.wo, L0.wdown))
-        x = norm(h, self.layers[0].ln1, s.eps)
+        # norm-free (a prefill of a model with folded norms, where the backend asks for it): the
+        # projections read the residual stream itself and their consumers scale each row by the
+        # norm's 1 / rms (r): the normalised rows never go to memory
+        free = seq is not None and self.norms_folded and backend.norm_free(h.shape[0])
+        inv = self._ew("rms_inv") if free else None
+        x, r = (h, inv(h, s.eps)) if free else (norm(h, L0.ln1, s.eps), None)
         for i, L in enumerate(self.layers):
             qkv = backend.linear(x, L.wqkv)
             if seq is None:   # rotate, write the cache (one launch where the backend fuses them), attend
@@ -508,10 +541,18 @@ class TPDecoder:
                 a = backend.decode_attention(q, cache, i)
             else:
                 q, k, v = backend.prefill_rope_cache(qkv, cos, sin, hq, hk, D, L.q_norm, L.k_norm, s.eps, cache, i,
-                                                     qkv_rope_)
+                                                     qkv_rope_, row_scale=r)
                 a = backend.prefill_attention(q, k, v, batch, seq)
+            last = i + 1 == len(self.layers)
+            if free:
+                h = backend.row_parallel_residual(a, L.wo, h)
+                x, r = h, inv(h, s.eps)
+                h = backend.row_parallel_residual(backend.linear_swiglu(x, L.wgu, self.inter_local, swiglu,
+                                                                        row_scale=r), L.wdown, h)
+                x, r = (norm(h, self.norm, s.eps), None) if last else (h, inv(h, s.eps))
+                continue
             h, x = backend.row_parallel_add_norm(a, L.wo, h, L.ln2, s.eps, add_norm, norm)
-            nxt = self.layers[i + 1].ln1 if i + 1 < len(self.layers) else self.norm
+            nxt = self.norm if last else self.layers[i + 1].ln1
             h, x = backend.row_parallel_add_norm(backend.linear_swiglu(x, L.wgu, self.inter_local, swiglu), L.wdown,
                                                  h, nxt, s.eps, add_norm, norm)
         return x
