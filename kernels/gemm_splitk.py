@@ -86,11 +86,11 @@ def _prefetch_b(b, n0, N, k_lo, k_hi, stride_bn, BLOCK_N: tl.constexpr, GLU: tl.
 
 @triton.jit
 def _store_tile(acc, acc_u, c, bias, res, offs_m, offs_n, M, N, stride_cm, stride_cn, stride_rm, stride_rn,
-                HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, GLU: tl.constexpr, ROW_SCALE: tl.constexpr = False):
+                HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, GLU: tl.constexpr, ROW_SCALE: tl.constexpr = False,
+                scale=None):
     if GLU:
-        if ROW_SCALE:   # bias holds one fp32 factor per row of A: (s a) @ b = s (a @ b), before the activation
-            s = tl.load(bias + offs_m, mask=offs_m < M, other=0.0)[:, None]
-            acc, acc_u = acc * s, acc_u * s
+        if ROW_SCALE:   # one fp32 factor per row of A (loaded before the K loop): (s a) @ b = s (a @ b)
+            acc, acc_u = acc * scale[:, None], acc_u * scale[:, None]
         _glu_store(acc, acc_u, c, offs_m, offs_n, M, N, stride_cm, stride_cn)
     else:
         _epilogue_store(acc, c, bias, res, offs_m, offs_n, M, N, stride_cm, stride_cn, stride_rm, stride_rn,
@@ -101,7 +101,7 @@ def _store_tile(acc, acc_u, c, bias, res, offs_m, offs_n, M, N, stride_cm, strid
 def _merge_parts(acc, acc_u, c, bias, res, ws, counters, tm, tn, split, NM, NN, offs_m, offs_n, M, N,
                  stride_cm, stride_cn, stride_rm, stride_rn, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, GLU: tl.constexpr,
-                 ROW_SCALE: tl.constexpr = False):
+                 ROW_SCALE: tl.constexpr = False, scale=None):
     # partial tile -> workspace [SPLIT_K, NM*BLOCK_M, NN*BLOCK_N] (fp32, padded: no masks);
     # GLU: the up half's partials in a second such block after it
     ld = NN * BLOCK_N
@@ -123,7 +123,7 @@ def _merge_parts(acc, acc_u, c, bias, res, ws, counters, tm, tn, split, NM, NN, 
             if GLU:
                 total_u += tl.load(ws + (SPLIT_K + s) * plane + rows, cache_modifier=".cg")
         _store_tile(total, total_u, c, bias, res, offs_m, offs_n, M, N, stride_cm, stride_cn, stride_rm, stride_rn,
-                    HAS_BIAS, HAS_RES, GLU, ROW_SCALE)
+                    HAS_BIAS, HAS_RES, GLU, ROW_SCALE, scale)
         tl.atomic_xchg(ctr, 0)  # ready for the next launch
 
 
@@ -166,6 +166,10 @@ def gemm_splitk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
         if tl.program_id(0) < PREFETCH_B:
             _prefetch_b(b, tn * BLOCK_N, N, k_lo, k_hi, stride_bn, BLOCK_N, GLU)
     pdl_enter(PDL)  # PDL: wait for the previous kernel here (kernels/pdl.py)
+    if ROW_SCALE:   # the rows' factors (``bias``) now: their load latency hides under the K loop
+        scale = tl.load(bias + offs_m, mask=mask_m, other=0.0)
+    else:
+        scale = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # GLU: the up half (unused otherwise)
     if USE_TMA:
@@ -200,18 +204,18 @@ def gemm_splitk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
     if TAIL:
         if whole:
             _store_tile(acc, acc_u, c, bias, res, offs_m, offs_n, M, N, stride_cm, stride_cn, stride_rm, stride_rn,
-                        HAS_BIAS, HAS_RES, GLU, ROW_SCALE)
+                        HAS_BIAS, HAS_RES, GLU, ROW_SCALE, scale)
         else:
             _merge_parts(acc, acc_u, c, bias, res, ws, counters, tm, tn, split, NM, NN, offs_m, offs_n, M, N,
                          stride_cm, stride_cn, stride_rm, stride_rn, SPLIT_K, BLOCK_M, BLOCK_N, HAS_BIAS, HAS_RES, GLU,
-                         ROW_SCALE)
+                         ROW_SCALE, scale)
     elif SPLIT_K == 1:
         _store_tile(acc, acc_u, c, bias, res, offs_m, offs_n, M, N, stride_cm, stride_cn, stride_rm, stride_rn,
-                    HAS_BIAS, HAS_RES, GLU, ROW_SCALE)
+                    HAS_BIAS, HAS_RES, GLU, ROW_SCALE, scale)
     else:
         _merge_parts(acc, acc_u, c, bias, res, ws, counters, tm, tn, split, NM, NN, offs_m, offs_n, M, N,
                      stride_cm, stride_cn, stride_rm, stride_rn, SPLIT_K, BLOCK_M, BLOCK_N, HAS_BIAS, HAS_RES, GLU,
-                     ROW_SCALE)
+                     ROW_SCALE, scale)
 
 
 late_point(gemm_splitk_kernel)

@@ -10,6 +10,7 @@ Llama-3-8B MLP at TP 1 and TP 2 (n = 14336, 7168; K = 4096):
     cublas+act      the same, then the compiled silu(g) * u   (what the prefill runs now)
     swiglu[SCHED]   numasched.matmul_swiglu with the plan's schedule ("plan") or a named one
                     (Schedule.parse of the (M, 2n, K) GEMM: the GLU tile is half its width)
+    swiglu[plan, row_scale]  the plan's with a factor per row (a norm-free prefill's form)
 
 Errors are against the fp32 product of the same bf16 operands. Run: python3 scripts/glu_prefill_probe.py
 [--rows 512,4096] [--schedules "splitk 128x256x64 w8 s4,..."]
@@ -49,6 +50,11 @@ def main():
             row = {"cublas": lambda: F.linear(x, w), "cublas+act": lambda: act(F.linear(x, w), n)}
             plan = numasched.plan_matmul_swiglu(x, w.t())
             row[f"swiglu[plan {plan.schedule.describe() if plan.schedule else '-'}]"] = lambda pl=plan: pl.run(x, w.t())
+            # a norm-free prefill's form (TPDecoder.fold_norms): each row scaled by a factor on the
+            # accumulators (unit factors here, so the error column still compares with ref)
+            ones = torch.ones(M, device="cuda", dtype=torch.float32)
+            plan_rs = numasched.plan_matmul_swiglu(x, w.t(), row_scale=ones)
+            row["swiglu[plan, row_scale]"] = lambda pl=plan_rs: pl.run(x, w.t(), None, ones)
             for text in [s for s in args.schedules.split(",") if s.strip()]:
                 try:
                     pl = numasched.plan_matmul_swiglu(x, w.t(), schedule=Schedule.parse(text))
