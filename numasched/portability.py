@@ -379,6 +379,26 @@ def _gemm_streamk(tma: bool, bm: int = 128, bn: int = 256, stages: int = 4):
     return build
 
 
+def _gemm_glu_prefill(row_scale: bool):
+    def build(vendor):
+        from numasched import mappings
+        from numasched.kernels import gemm_splitk as K
+
+        # numasched.matmul_swiglu at prefill sizes (gemm_glu.GLU_BIG_SCHEDULE): Llama-3-8B's gate/up
+        # at TP 2, 4096 x (2 x 7168) x 4096, a 128 x 128 gate tile and its up tile, unsplit;
+        # row_scale: a norm-free prefill's factor per row (``bias``, fp32) on the accumulators
+        bm, bn, bk = 128, 128, 64
+        values = dict(c="*bf16", bias="*fp32" if row_scale else None, res=None, ws="*fp32", counters="*i32",
+                      M=4096, N=7168, K=4096, stride_am=4096, stride_ak=1, stride_bk=1, stride_bn=4096,
+                      stride_cm=7168, stride_cn=1, stride_rm=0, stride_rn=0, k_per_split=4096, whole_tiles=0,
+                      MAPPING=mappings.get("grouped").constexpr(1), SPLIT_K=1, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                      HAS_BIAS=False, HAS_RES=False, INPUT_PRECISION=None, USE_TMA=True, A_TRANS=False,
+                      B_TRANS=True, GLU=True, ROW_SCALE=row_scale,
+                      a=f"tensordesc<bf16[{bm}, {bk}]>", b=f"tensordesc<bf16[{bn}, {bk}]>")
+        return K.gemm_splitk_kernel, values, 8, 3
+    return build
+
+
 def _gemm_splitk_medium(tail: bool):
     def build(vendor):
         from numasched import mappings
@@ -551,17 +571,18 @@ def _xcc_id(vendor):
 
 
 
-def _rope_cache(qk_norm: bool):
+def _rope_cache(qk_norm: bool, prefill: bool = False):
     def build(vendor):
         from numasched.kernels import rope_cache as K
 
-        # Llama-3-8B at TP 2 (16 q heads, 4 kv heads, d128), a decode step of 16 tokens, pages of 16
+        # Llama-3-8B at TP 2 (16 q heads, 4 kv heads, d128), a decode step of 16 tokens, pages of 16;
+        # prefill: 4096 tokens, k and v also returned, each token's row scaled (a norm-free prefill)
         values = dict(QKV="*bf16", COS="*bf16", SIN="*bf16", QW="*bf16", KW="*bf16", Q_OUT="*bf16", K_CACHE="*bf16",
-                      V_CACHE="*bf16", SLOTS="*i64", K_OUT="*bf16", V_OUT="*bf16", T=16, stride_qkv_t=3072,
-                      stride_cos_t=128, stride_sin_t=128,
+                      V_CACHE="*bf16", SLOTS="*i64", K_OUT="*bf16", V_OUT="*bf16", RS="*fp32" if prefill else "*bf16",
+                      T=4096 if prefill else 16, stride_qkv_t=3072, stride_cos_t=128, stride_sin_t=128,
                       stride_q_t=2048, stride_q_h=128, stride_kc_row=512, stride_kc_h=128, stride_vc_row=512,
                       stride_vc_h=128, eps=1e-6, rows=8192, HQ=16, HK=4, HEAD_DIM=128, BLOCK_D=128, BLOCK_T=16,
-                      QK_NORM=qk_norm)
+                      QK_NORM=qk_norm, KV_OUT=prefill, ROW_SCALE=prefill)
         return K.qkv_rope_cache_kernel, values, 4, 1
     return build
 
@@ -639,6 +660,10 @@ VARIANTS: List[Variant] = [
     Variant("gemm_splitk", "bf16-pointer-decode-glu-prefetch", _gemm_splitk(True, glu=True),
             off={"amd": "cp.async.bulk.prefetch.L2 is NVIDIA PTX; the host sets PREFETCH_B on sm_90+ only"},
             note="the SwiGLU form (GLU: gate and up columns) with PREFETCH_B"),
+    Variant("gemm_splitk", "bf16-tma-glu-prefill", _gemm_glu_prefill(False), off={"amd": _TMA_OFF},
+            note="matmul_swiglu's prefill tiles (128 x 128 gate + up, 8 warps, 3 stages, unsplit)"),
+    Variant("gemm_splitk", "bf16-tma-glu-prefill-row-scale", _gemm_glu_prefill(True), off={"amd": _TMA_OFF},
+            note="the same with a factor per row on the accumulators (a norm-free prefill)"),
     Variant("gemm_splitk", "bf16-tma-128x128", _gemm_splitk_medium(False), off={"amd": _TMA_OFF},
             note="unsplit 128x128x64 TMA tiles, 8 warps, 6 stages (the chooser's medium-M split-K tile)"),
     Variant("gemm_splitk", "bf16-tma-128x128-tail", _gemm_splitk_medium(True), off={"amd": _TMA_OFF},
@@ -646,6 +671,8 @@ VARIANTS: List[Variant] = [
     Variant("rope_cache", "bf16-d128-llama", _rope_cache(False),
             note="QKV split + RoPE + paged K/V write, 16 tokens x 16/4 heads, 4 warps"),
     Variant("rope_cache", "bf16-d128-qk-norm", _rope_cache(True), note="the same with Qwen3's per-head q/k norms"),
+    Variant("rope_cache", "bf16-d128-prefill-row-scale", _rope_cache(False, prefill=True),
+            note="a norm-free prefill's: 4096 tokens, k and v returned, each row scaled by its 1 / rms"),
     Variant("dist", "all_gather_matmul-pointer", _all_gather(False),
             note="world 2, 128x256x64, 8 warps, 3 stages (the host's bf16 config); " + _CLOCK_NOTE),
     Variant("dist", "all_gather_matmul-pointer-2stage", _all_gather(False, 2), off={"nvidia": _AMD_CFG},
