@@ -605,10 +605,12 @@ class NumaschedBackend(Backend):
         # whether every projection fuses, per row count and shapes: their plans are kept, so the
         # verdict holds (asked once: the plan lookup wants operands, two scratch tensors)
         key = (h.shape[0], h.dtype, tuple(tuple(w.shape) for w in row_parallel_weights))
+        inputs = lambda: [torch.empty((h.shape[0], w.shape[1]), device=h.device, dtype=h.dtype)  # noqa: E731
+                          for w in row_parallel_weights]   # the projections' inputs, for their plans
         fuse = self._stream_fuses.get(key)
         if fuse is None:
-            xs = [torch.empty((h.shape[0], w.shape[1]), device=h.device, dtype=h.dtype) for w in row_parallel_weights]
-            fuse = self._stream_fuses[key] = all(self.fuses_residual(x, w) for x, w in zip(xs, row_parallel_weights))
+            fuse = self._stream_fuses[key] = all(self.fuses_residual(x, w) for x, w in zip(inputs(),
+                                                                                            row_parallel_weights))
         if not fuse:
             return h
         from numasched.distributed._common import alloc_bytes
@@ -616,7 +618,7 @@ class NumaschedBackend(Backend):
 
         buf = self._stream
         if buf is None or buf.dtype != h.dtype or buf.numel() < h.numel():
-            xs = [torch.empty((h.shape[0], w.shape[1]), device=h.device, dtype=h.dtype) for w in row_parallel_weights]
+            xs = inputs()
             numel = (1 << (h.shape[0] - 1).bit_length()) * h.shape[1]
             # room for the stream and for the fused calls' own buffers (counted as if none were
             # made yet: their plans chose the fused kernel before the stream took any heap)
