@@ -57,6 +57,19 @@ def signal(flag_ptr, value, rank, to_rank, heap_bases):
 
 
 @triton.jit
+def cta_barrier(ASM: tl.constexpr):
+    """Every thread of the program here before any goes on (``__syncthreads``). ``ASM`` (compiled
+    NVIDIA kernels): as inline PTX ``bar.sync 0``, the same instruction, which Triton's software
+    pipeliner does not see: it leaves a loop holding a ``tl.debug_barrier`` unpipelined (Triton
+    3.6), so a persistent loop whose epilogue raises a flag would refill its operand pipeline at
+    every tile."""
+    if ASM:
+        tl.inline_asm_elementwise("bar.sync 0; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        tl.debug_barrier()
+
+
+@triton.jit
 def fence_sys():
     """``fence.acq_rel.sys``: this thread's earlier memory operations (and those ordered before
     them, as by a CTA barrier) before its later ones, for every observer on the system. Inline
@@ -66,15 +79,17 @@ def fence_sys():
 
 
 @triton.jit
-def signal_peers(flag_ptr, value, rank, heap_bases, WORLD: tl.constexpr, ONE_FENCE: tl.constexpr):
+def signal_peers(flag_ptr, value, rank, heap_bases, WORLD: tl.constexpr, ONE_FENCE: tl.constexpr,
+                 BAR_ASM: tl.constexpr = False):
     """``signal`` to every peer (every rank but ours), after all of this program's stores.
 
     Each release atomic of ``signal`` carries its own system-scope fence, and the fences run one
     after another, a round trip over the link each: 1 at two ranks, 3 at four, 7 at eight.
     ``ONE_FENCE`` (compiled NVIDIA kernels) fences once, then writes the flags relaxed: a fence
     followed by a strong write is a release pattern in the PTX memory model, the same ordering.
+    ``BAR_ASM``: the CTA barrier as inline PTX (see ``cta_barrier``).
     """
-    tl.debug_barrier()
+    cta_barrier(BAR_ASM)
     if ONE_FENCE:
         fence_sys()
         for d in tl.static_range(WORLD):

@@ -230,6 +230,92 @@ def _pairs(a_ptr, b_ptr, out_ptr, recv, a_desc, b_desc, flags_ptr, status_ptr, h
 
 
 @triton.jit
+def _raise_flat(flags_ptr, T, t, e, rank, heap_bases):
+    """``_raise`` in ``_pairs_flat`` (two ranks, compiled NVIDIA): one fence, the CTA barrier as
+    inline PTX, which keeps the loop pipelined (dist_common.cta_barrier)."""
+    signal_peers(flags_ptr + rank * T + t, e, rank, heap_bases, 2, True, True)
+
+
+@triton.jit
+def _flat_tile(j, n, odd_last, rank, p, P):
+    """(half, tile) of a program's ``j``-th tile in ``_pairs_flat``: half 0 the peer's tile of pair
+    ``j // 2`` (A), 1 ours (B); an odd last pair's single tile is rank 0's B or rank 1's A."""
+    half = (j % 2) | ((j == n - 1) & odd_last & (rank == 0)).to(tl.int32)
+    return half, 2 * (p + (j // 2) * P) + (half + 1 - rank) % 2
+
+
+@triton.jit
+def _pairs_flat(out_ptr, recv, a_desc, b_desc, flags_ptr, status_ptr, heap_bases, rank, e, p, P, T, TN,
+                part, M, N, K, stride_om, stride_on, wait_bound,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, B_TRANS: tl.constexpr,
+                WAIT_CLOCK: tl.constexpr, REMOTE: tl.constexpr, RESIDUAL: tl.constexpr, CONTIG: tl.constexpr,
+                DIRECT: tl.constexpr):
+    """PAIRS' interleaved loop (STAGES 7, TMA) as one loop over this program's tiles with the K
+    loop directly inside it, so that Triton fuses the two (``flatten``) and the pipeliner issues
+    the next tile's first operand loads before this tile's epilogue (the pushes, the peer's
+    partial and the residual read, the stores): the operand pipeline no longer drains and refills
+    at every tile. The same tiles, order, waits and stores as ``_pairs`` with STAGES 7; tile ``j``
+    of the program is half ``j % 2`` of pair ``j // 2`` (0: the peer's tile A, 1: ours B), except
+    that an odd last pair (T odd) has one tile: rank 0's B or rank 1's A. Every epilogue first
+    raises the previous tile's flag (its stores drained during this K loop)."""
+    peer = 1 - rank
+    mine = tl.cdiv(tl.cdiv(T, 2) - p, P)     # pairs of this program
+    q_last = p + (mine - 1) * P
+    odd_last = (mine > 0) & (2 * q_last + 1 >= T)
+    n = 2 * mine - odd_last.to(tl.int32)     # tiles of this program
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    for j in tl.range(0, n, flatten=True):
+        i = j // 2
+        half, t = _flat_tile(j, n, odd_last, rank, p, P)
+        tm = t // TN
+        tn = t % TN
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, k_tiles):
+            a = a_desc.load([tm * BLOCK_M, k * BLOCK_K])
+            if B_TRANS:
+                b = b_desc.load([tn * BLOCK_N, k * BLOCK_K]).T
+            else:
+                b = b_desc.load([k * BLOCK_K, tn * BLOCK_N])
+            acc = tl.dot(a, b, acc)
+        # ---- epilogue. Its tensor work is predicated (masks), not branched: Triton 3.6's loop
+        # fusion fails on an scf.if that uses the K loop's accumulator
+        if j >= 1:
+            _raise_flat(flags_ptr, T, _flat_tile(j - 1, n, odd_last, rank, p, P)[1], e, rank, heap_bases)
+        tm, tn, rows, cols, mask, tile0, loc = _tile_place(t, TN, M, N, BLOCK_M, BLOCK_N)
+        own = acc.to(recv.dtype.element_ty)
+        is_b = half != 0
+        # A: the peer's tile, our partial pushed
+        _push(own, recv, part, tile0, loc, mask & (half == 0), rank, peer, heap_bases, REMOTE)
+        # B: ours; first C of the previous pair's peer tile, then the sum
+        if is_b & (i >= 1):
+            _copy_sum(t - 2 * P + 1 - 2 * rank, TN, recv, part, peer, out_ptr, flags_ptr, T, e, status_ptr,
+                      wait_bound, M, N, stride_om, stride_on, BLOCK_M, BLOCK_N, WAIT_CLOCK, REMOTE, CONTIG, DIRECT)
+        if is_b & REMOTE:
+            wait_flag(flags_ptr + peer * T + t, e, peer, status_ptr, wait_bound, WAIT_CLOCK)
+        mask_b = mask & is_b
+        theirs = tl.load(recv + peer * part + tile0 + loc, mask=mask_b, other=0.0)
+        total = (own.to(tl.float32) + theirs.to(tl.float32)).to(recv.dtype.element_ty)
+        total = _plus_residual(total, out_ptr, tile0, loc, mask_b, RESIDUAL)
+        _store_out(total, out_ptr, tm, tn, tile0, loc, mask_b, stride_om, stride_on, BLOCK_M, BLOCK_N, CONTIG)
+        if DIRECT:
+            tl.store(translate(out_ptr + tile0, rank, peer if REMOTE else rank, heap_bases) + loc, total,
+                     mask=mask_b)
+        else:
+            _push(total, recv, part, tile0, loc, mask_b, rank, peer, heap_bases, REMOTE)
+    # ---- tail: the last tile's flag, then C of the peer tiles no B of ours copied: the last
+    # pair's (rank 0 in an odd last pair has none), and with rank 1's odd last pair (A only)
+    # also the pair before's
+    if n > 0:
+        _raise_flat(flags_ptr, T, _flat_tile(n - 1, n, odd_last, rank, p, P)[1], e, rank, heap_bases)
+    if (rank == 1) & odd_last & (mine >= 2):
+        _copy_sum(2 * (q_last - P), TN, recv, part, peer, out_ptr, flags_ptr, T, e, status_ptr, wait_bound,
+                  M, N, stride_om, stride_on, BLOCK_M, BLOCK_N, WAIT_CLOCK, REMOTE, CONTIG, DIRECT)
+    if (mine > 0) & ((rank == 1) | (not odd_last)):
+        _copy_sum(2 * q_last + 1 - rank, TN, recv, part, peer, out_ptr, flags_ptr, T, e, status_ptr, wait_bound,
+                  M, N, stride_om, stride_on, BLOCK_M, BLOCK_N, WAIT_CLOCK, REMOTE, CONTIG, DIRECT)
+
+
+@triton.jit
 def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, a_desc, b_desc, flags_ptr, status_ptr, epoch_ptr,
                              counters_ptr, heap_bases, rank, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
                              stride_om, stride_on, wait_bound,
@@ -238,7 +324,8 @@ def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, a_desc, b_desc, fl
                              STAGES: tl.constexpr, BUMP_EPOCH: tl.constexpr, WAIT_CLOCK: tl.constexpr,
                              REMOTE: tl.constexpr = True, PDL: tl.constexpr = False, LAG: tl.constexpr = True,
                              PAIRS: tl.constexpr = False, RESIDUAL: tl.constexpr = False,
-                             CONTIG: tl.constexpr = False, DIRECT: tl.constexpr = False):
+                             CONTIG: tl.constexpr = False, DIRECT: tl.constexpr = False,
+                             FLAT: tl.constexpr = False):
     pdl_enter(PDL)  # PDL: wait for the previous kernel here (kernels/pdl.py)
     # REMOTE=False (timing only, communicate=False): the pushes land in our own heap and nobody
     # waits (the flags still go out): the kernel's time without the exchange, its results wrong
@@ -261,10 +348,16 @@ def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, a_desc, b_desc, fl
     recv = recv_ptr + (slot * WORLD).to(tl.int64) * part
     if PAIRS:
         tl.static_assert(WORLD == 2, "PAIRS is the two-rank form")
-        _pairs(a_ptr, b_ptr, out_ptr, recv, a_desc, b_desc, flags_ptr, status_ptr, heap_bases, rank, e, p, P, T, TN,
-               part, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_om, stride_on, wait_bound,
-               BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, USE_TMA, B_TRANS, STAGES, WAIT_CLOCK, REMOTE, RESIDUAL,
-               CONTIG, DIRECT)
+        if FLAT:
+            tl.static_assert(USE_TMA and STAGES == 7, "FLAT is the TMA form's interleaved loop")
+            _pairs_flat(out_ptr, recv, a_desc, b_desc, flags_ptr, status_ptr, heap_bases, rank, e, p, P, T, TN,
+                        part, M, N, K, stride_om, stride_on, wait_bound, BLOCK_M, BLOCK_N, BLOCK_K, B_TRANS,
+                        WAIT_CLOCK, REMOTE, RESIDUAL, CONTIG, DIRECT)
+        else:
+            _pairs(a_ptr, b_ptr, out_ptr, recv, a_desc, b_desc, flags_ptr, status_ptr, heap_bases, rank, e, p, P,
+                   T, TN, part, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_om, stride_on,
+                   wait_bound, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, USE_TMA, B_TRANS, STAGES, WAIT_CLOCK, REMOTE,
+                   RESIDUAL, CONTIG, DIRECT)
     elif not LAG:
         # LAG=False (two ranks): each tile summed as soon as it is pushed. Only the peer's copy is
         # stored; ours stays in registers, rounded to the partials' dtype as the peer's is, and

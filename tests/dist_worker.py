@@ -460,6 +460,29 @@ def check_matmul_all_reduce(ctx, quick):
                 same = same_everywhere(r)
                 ok(r is hh and torch.equal(r, want) and same,
                    f"{impl} {(M, Kl, N)}: residual in the heap wrong ({rel(r, want):.1e}, same everywhere: {same})")
+    # the tile pairs as one loop over (tile, K step) (options.fused_ar_flat, two ranks) against a K
+    # loop per tile: the same bits, plain and with the residual in the heap (the peer's sums
+    # stored into it). 9088 x 1100: 355 tiles, 178 pairs: some programs two, one an odd last pair
+    from numasched import options
+
+    M, Kl, N = 9088, 1400 // W, 1100
+    a, w = randn(M, Kl, seed=4000 + R), randn(N, Kl, seed=4050 + R)
+    h0 = randn(M, N, seed=4099)
+    ref = a.double() @ w.double().T
+    dist.all_reduce(ref)
+    got = []
+    for flat in (False, True):
+        with options.use(fused_ar_flat=flat):
+            y = nd.matmul_all_reduce(a, w.T, ctx=ctx, impl="fused")
+            hh = ctx.alloc((M, N), BF, what="a residual")
+            hh.copy_(h0)
+            r = nd.matmul_all_reduce(a, w.T, ctx=ctx, impl="fused", residual=hh)
+            got.append((y.clone(), r.clone(), same_everywhere(y) and same_everywhere(r)))
+            ok(rel(y, ref) < 1e-2 and torch.equal(r, h0 + y),
+               f"fused_ar_flat={flat} {(M, Kl, N)}: wrong ({rel(y, ref):.1e}, residual {rel(r, h0 + y):.1e})")
+    ok(got[0][2] and got[1][2] and torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1]),
+       f"{(M, Kl, N)}: fused_ar_flat changes the bits or ranks disagree")
+    msgs.append(f"{M}x{Kl}x{N} flat/per-tile same bits")
     return ok.done("; ".join(msgs))
 
 

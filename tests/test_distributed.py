@@ -630,6 +630,12 @@ c = compile_(dist_gemm_ar.matmul_all_reduce_kernel, vals, sm90, 8, 3)
 res["mar_tma"] = dict(ptx=c.asm["ptx"], shared=c.metadata.shared)
 c = compile_(dist_gemm_ar.matmul_all_reduce_kernel, dict(vals, LAG=False), sm90, 8, 3)   # one tile per program
 res["mar_unlagged"] = dict(ptx=c.asm["ptx"], shared=c.metadata.shared)
+# the TP prefill's form: tile pairs, residual, sums into the peer's out; FLAT: one loop over (tile, K step)
+pairs = dict(vals, PAIRS=True, CONTIG=True, RESIDUAL=True, DIRECT=True, STAGES=7)
+for flat in (False, True):
+    c = compile_(dist_gemm_ar.matmul_all_reduce_kernel, dict(pairs, FLAT=flat), sm90, 8, 3)
+    res["mar_pairs_flat" if flat else "mar_pairs"] = dict(ttgir=c.asm["ttgir"], ptx=c.asm["ptx"],
+                                                          shared=c.metadata.shared)
 vals = dict(x_ptr="*bf16", res_ptr="*bf16", w_ptr="*bf16", res_out_ptr="*bf16", y_ptr="*bf16", buf_ptr="*bf16",
             flags_ptr="*i64", status_ptr="*i32", epoch_ptr="*i64", counters_ptr="*i32", heap_bases="*i64", rank=0,
             M=16, N=4096, iters=3, eps=1e-5, wait_bound=10**6, ll_ptr="*i64", WORLD=2, BLOCK_N=4096, STAGES=3,
@@ -675,6 +681,34 @@ def subprocess_result():
 
 def test_import_does_not_import_iris(subprocess_result):
     assert "init_process_group" in subprocess_result["init_error"]
+
+
+def _loop_bodies(ttgir: str):
+    """Each scf.for of a TTGIR listing with its body (the lines up to its closing brace)."""
+    lines = ttgir.splitlines()
+    for i, line in enumerate(lines):
+        if "scf.for" in line:
+            indent = len(line) - len(line.lstrip())
+            end = next(j for j in range(i + 1, len(lines))
+                       if lines[j].strip().startswith("}") and len(lines[j]) - len(lines[j].lstrip()) == indent)
+            yield "\n".join(lines[i:end])
+
+
+def test_fused_all_reduce_flat_loop_is_one_pipelined_loop(subprocess_result):
+    """FLAT (the TP prefill's tile pairs through TMA): Triton fuses the tile and K loops, so one
+    loop holds the wgmma, the TMA loads and the epilogue's flag exchange, with the operand
+    pipeline's three stages (the next tile's loads in flight during an epilogue). Without FLAT the
+    K loop is a loop of its own. A tl.debug_barrier in the epilogue would leave the loop
+    unpipelined (one stage's shared memory): the flag's CTA barrier is inline PTX there."""
+    flat, per_tile = subprocess_result["mar_pairs_flat"], subprocess_result["mar_pairs"]
+    # an innermost loop (no scf.for inside) holding both the wgmma and a flag's exchange
+    both = lambda body: ("warp_group_dot" in body and "atomic_rmw exch" in body  # noqa: E731
+                         and "scf.for" not in body.split("\n", 1)[1])
+    assert any(both(b) for b in _loop_bodies(flat["ttgir"]))
+    assert not any(both(b) for b in _loop_bodies(per_tile["ttgir"]))
+    stage = (128 * 64 + 256 * 64) * 2   # one stage of A and B tiles, bf16
+    assert flat["shared"] >= 3 * stage and per_tile["shared"] >= 3 * stage
+    assert "bar.sync 0" in flat["ttgir"] and _released(flat["ptx"])
 
 
 def _released(ptx: str) -> bool:
@@ -1694,3 +1728,22 @@ def test_fused_ar_stages_option():
         options.from_env({"NUMASCHED_FUSED_AR_STAGES": "four"})
     with pytest.raises(ValueError, match="fused_ar_stages"):
         options.Options(fused_ar_stages=7)
+
+
+def test_fused_ar_flat_option():
+    """options.fused_ar_flat (NUMASCHED_FUSED_AR_FLAT) overrides the big tiles' FLAT; None keeps
+    the config's; a bad value is refused by name."""
+    from numasched import options
+
+    mar = importlib.import_module("numasched.distributed.matmul_all_reduce")
+    assert mar._fused_cfg(4096, torch.bfloat16, True)["FLAT"] is mar.FUSED_BIG_TILE["FLAT"]
+    for flat in (False, True):
+        with options.use(fused_ar_flat=flat):
+            assert mar._fused_cfg(4096, torch.bfloat16, True)["FLAT"] is flat
+            assert "FLAT" not in mar._fused_cfg(16, torch.bfloat16, True)
+    assert options.from_env({"NUMASCHED_FUSED_AR_FLAT": "0"}).fused_ar_flat is False
+    assert options.from_env({}).fused_ar_flat is None
+    with pytest.raises(ValueError, match="NUMASCHED_FUSED_AR_FLAT"):
+        options.from_env({"NUMASCHED_FUSED_AR_FLAT": "yes"})
+    with pytest.raises(TypeError, match="fused_ar_flat"):
+        options.Options(fused_ar_flat=1)

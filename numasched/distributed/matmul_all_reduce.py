@@ -285,7 +285,10 @@ FUSED_BIG_TILE_ROWS = 256
 # exchange beside the other's K loop) and 128 x 128 with 8 warps (scripts/mar_sweep.py, two
 # H100s, bench/results/tp2-s18/mar-sweep-tp2-h100.log): both slower at every shape (4096 x 4096
 # x 2048: 191.6 against 209.8 and 224.7 us).
-FUSED_BIG_TILE = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3, per_sm=1)
+# FLAT (PAIRS with TMA): the persistent tile loop and the K loop fused into one pipelined loop, so
+# the next tile's operand loads are in flight during a tile's epilogue (kernels/dist_gemm_ar.py,
+# _pairs_flat); options.fused_ar_flat overrides.
+FUSED_BIG_TILE = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3, per_sm=1, FLAT=True)
 
 
 def _fused_cfg(M: int, dtype, gpu: bool) -> dict:
@@ -298,8 +301,10 @@ def _fused_cfg(M: int, dtype, gpu: bool) -> dict:
     if M >= FUSED_BIG_TILE_ROWS and elt == 2:
         from numasched import options
 
-        stages = options.current().fused_ar_stages   # a measurement's override (None: the config's)
-        return dict(FUSED_BIG_TILE, USE_TMA=tma, **({} if stages is None else dict(num_stages=stages)))
+        o = options.current()   # a measurement's overrides (None: the config's)
+        stages = {} if o.fused_ar_stages is None else dict(num_stages=o.fused_ar_stages)
+        return dict(FUSED_BIG_TILE, USE_TMA=tma, **stages,
+                    **({} if o.fused_ar_flat is None else dict(FLAT=o.fused_ar_flat)))
     bm = min(64, max(16, 1 << max(0, M - 1).bit_length()))
     # decode-sized M streams the weight: narrow column tiles give every SM a strip of it
     return dict(BLOCK_M=bm, BLOCK_N=64, BLOCK_K=128 if elt == 2 else 64, num_warps=4, num_stages=4, USE_TMA=False)
@@ -429,7 +434,8 @@ class MatmulAllReduceFused(_Op):
                       EVEN_K=c["Kl"] % c["BLOCK_K"] == 0, USE_TMA=use_tma, B_TRANS=use_tma and b_trans, STAGES=stages,
                       BUMP_EPOCH=phase in ("full", last, "nocomm"), WAIT_CLOCK=ctx.wait_clock,
                       LAG=lag, PAIRS=pairs, RESIDUAL=c["residual"], CONTIG=out.is_contiguous(),
-                      DIRECT=pairs and c["out_offset"] is not None)
+                      DIRECT=pairs and c["out_offset"] is not None,
+                      FLAT=bool(pairs and use_tma and stages == 7 and c.get("FLAT", False)))
             if phase == "nocomm":   # pushes into our own heap, no waits: the time without the exchange
                 kw.update(REMOTE=False)
             if ctx.device.type != "cpu":
