@@ -46,13 +46,14 @@ def translate(ptr, from_rank, to_rank, heap_bases):
 
 
 @triton.jit
-def signal(flag_ptr, value, rank, to_rank, heap_bases):
+def signal(flag_ptr, value, rank, to_rank, heap_bases, BAR_ASM: tl.constexpr = False):
     """Publish ``value`` in ``to_rank``'s copy of ``flag_ptr`` after all of this program's stores.
 
     The CTA barrier makes every thread's earlier stores precede the single-thread release atomic;
     scope "sys" makes them visible to the peer GPU (scope "gpu" is not enough across NVLink).
+    ``BAR_ASM``: the CTA barrier as inline PTX (see ``cta_barrier``).
     """
-    tl.debug_barrier()
+    cta_barrier(BAR_ASM)
     tl.atomic_xchg(translate(flag_ptr, rank, to_rank, heap_bases), value, sem="release", scope="sys")
 
 

@@ -149,21 +149,108 @@ def all_gather_matmul_kernel(
 
 # ============================================================================ GEMM + reduce-scatter
 @triton.jit
+def _rs_flat(out_ptr, p_ptr, a_desc, b_desc, flags_ptr, status_ptr, heap_bases, rank, e, slot, Ms, N, Kl,
+             stride_om, stride_on, num_programs, wait_bound, TICKET_LO, TICKET_HI, TMS, TN, TS, part,
+             MAPPING: tl.constexpr, WORLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+             BLOCK_K: tl.constexpr, COMM: tl.constexpr, WAIT_CLOCK: tl.constexpr, OUT_CONTIG: tl.constexpr):
+    """The reduce-scatter's tiles with static tickets (program p: LO + p, LO + p + P, ...; the
+    same order, peer slices first) in one loop over (tile, K step) that Triton fuses and
+    pipelines, so the next tile's operand loads are in flight during an epilogue. A dynamic
+    ticket (an atomic per tile) would make the tile loop a while loop, which Triton does not fuse.
+    The epilogue's tensor work is predicated (masks), not branched, and each flag goes up one
+    tile late (after the next K loop), before the program waits for anything, as in the
+    ticketed loop. The CTA barriers before the flags are inline PTX (dist_common.cta_barrier)."""
+    p = tl.program_id(0)
+    k_tiles = tl.cdiv(Kl, BLOCK_K)
+    for t in tl.range(TICKET_LO + p, TICKET_HI, num_programs, flatten=True):
+        dest, tm, tn = shard_order(t, rank, WORLD, 1, TMS, TN, MAPPING)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, k_tiles):
+            a = a_desc.load([dest * Ms + tm * BLOCK_M, k * BLOCK_K])
+            b = b_desc.load([k * BLOCK_K, tn * BLOCK_N])
+            acc = tl.dot(a, b, acc)
+        # ---- epilogue: first the previous tile's flag (its stores drained during this K loop)
+        if COMM & (t - num_programs >= TICKET_LO):
+            pdest, ptm, ptn = shard_order(t - num_programs, rank, WORLD, 1, TMS, TN, MAPPING)
+            if pdest != rank:
+                signal(flags_ptr + rank * TS + ptm * TN + ptn, e, rank, pdest, heap_bases, True)
+        rows = tm * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = tn * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask = (rows[:, None] < Ms) & (cols[None, :] < N)
+        tile0 = (tm * BLOCK_M).to(tl.int64) * N + tn * BLOCK_N
+        loc = tl.arange(0, BLOCK_M)[:, None] * N + tl.arange(0, BLOCK_N)[None, :]
+        tile = tm * TN + tn
+        own = acc.to(p_ptr.dtype.element_ty)
+        peer_tile = dest != rank
+        # a peer's tile: into its partial buffer (communication off, timing: our own)
+        mine = p_ptr + (slot * WORLD + rank).to(tl.int64) * part + tile0
+        if COMM:
+            tl.store(translate(mine, rank, dest, heap_bases) + loc, own, mask=mask & peer_tile)
+        else:
+            tl.store(mine + loc, own, mask=mask & peer_tile)
+        # ours: the ranks' partials summed in rank order 0..WORLD-1
+        ours = mask & (dest == rank)
+        if WORLD == 2:   # a + b == b + a: the peer's partial loaded in its dtype and added (no spills)
+            total = own.to(tl.float32)
+            if COMM:
+                if dest == rank:
+                    wait_flag(flags_ptr + (1 - rank) * TS + tile, e, 1 - rank, status_ptr, wait_bound, WAIT_CLOCK)
+                x = tl.load(p_ptr + (slot * WORLD + 1 - rank).to(tl.int64) * part + tile0 + loc, mask=ours, other=0.0)
+                total = total + x.to(tl.float32)
+        for src in tl.static_range(WORLD if WORLD != 2 else 0):
+            if src == rank:
+                x = own.to(tl.float32)
+            elif COMM:
+                if dest == rank:
+                    wait_flag(flags_ptr + src * TS + tile, e, src, status_ptr, wait_bound, WAIT_CLOCK)
+                x = tl.load(p_ptr + (slot * WORLD + src).to(tl.int64) * part + tile0 + loc, mask=ours,
+                            other=0.0).to(tl.float32)
+            else:
+                x = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            if src == 0:
+                total = x
+            else:
+                total += x
+        if OUT_CONTIG:   # the partials' offsets (no second set of offsets in registers)
+            tl.store(out_ptr + tile0 + loc, total.to(out_ptr.dtype.element_ty), mask=ours)
+        else:
+            obase = out_ptr + (tm * BLOCK_M).to(tl.int64) * stride_om + (tn * BLOCK_N).to(tl.int64) * stride_on
+            oloc = tl.arange(0, BLOCK_M)[:, None] * stride_om + tl.arange(0, BLOCK_N)[None, :] * stride_on
+            tl.store(obase + oloc, total.to(out_ptr.dtype.element_ty), mask=ours)
+    # the last tile's flag
+    last = TICKET_LO + p + (tl.cdiv(TICKET_HI - TICKET_LO - p, num_programs) - 1) * num_programs
+    if COMM & (last >= TICKET_LO + p):
+        ldest, ltm, ltn = shard_order(last, rank, WORLD, 1, TMS, TN, MAPPING)
+        if ldest != rank:
+            signal(flags_ptr + rank * TS + ltm * TN + ltn, e, rank, ldest, heap_bases, True)
+
+
+@triton.jit
 def matmul_reduce_scatter_kernel(
         a_ptr, b_ptr, out_ptr, p_ptr, a_desc, b_desc, flags_ptr, status_ptr, epoch_ptr, counters_ptr, heap_bases,
         rank, Ms, N, Kl, stride_am, stride_ak, stride_bk, stride_bn, stride_om, stride_on,
         num_programs, wait_bound, TICKET_LO, TICKET_HI,
         MAPPING: tl.constexpr, WORLD: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-        COMM: tl.constexpr, BUMP_EPOCH: tl.constexpr, USE_TMA: tl.constexpr, WAIT_CLOCK: tl.constexpr):
+        COMM: tl.constexpr, BUMP_EPOCH: tl.constexpr, USE_TMA: tl.constexpr, WAIT_CLOCK: tl.constexpr,
+        FLAT: tl.constexpr = False, OUT_CONTIG: tl.constexpr = False):
     # a_ptr: (WORLD*Ms, Kl); b_ptr: (Kl, N); out_ptr: (Ms, N); p_ptr: heap [2, WORLD, Ms, N]
     # partial tiles (slot, src); flags_ptr: heap int32 [WORLD, TMS*TN]. USE_TMA: a_desc, b_desc.
+    # FLAT (TMA, compiled NVIDIA): static tickets, one loop over (tile, K step) (_rs_flat below);
+    # OUT_CONTIG there: out is contiguous, (Ms, N) with row stride N.
     e = epoch_begin(epoch_ptr)
     slot = (e % 2).to(tl.int32)   # the epoch is int64; buffer arithmetic and TMA offsets stay 32-bit
     TMS = tl.cdiv(Ms, BLOCK_M)
     TN = tl.cdiv(N, BLOCK_N)
     TS = TMS * TN
     part = (tl.zeros([], tl.int64) + Ms) * N   # Ms may be the constant 1
+    if FLAT:
+        tl.static_assert(USE_TMA, "FLAT is the TMA form")
+        _rs_flat(out_ptr, p_ptr, a_desc, b_desc, flags_ptr, status_ptr, heap_bases, rank, e, slot, Ms, N, Kl,
+                 stride_om, stride_on, num_programs, wait_bound, TICKET_LO, TICKET_HI, TMS, TN, TS, part,
+                 MAPPING, WORLD, BLOCK_M, BLOCK_N, BLOCK_K, COMM, WAIT_CLOCK, OUT_CONTIG)
+        epoch_end(epoch_ptr, counters_ptr, num_programs, e, BUMP_EPOCH)
+        return
 
     # The flag of a pushed tile is raised one tile late: its release fence waits until the tile's
     # remote stores have landed, which over NVLink takes about as long as a short-K tile's GEMM.

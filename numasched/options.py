@@ -28,7 +28,7 @@ numasched is imported (they are not read per call):
     NUMASCHED_ARN_LL=0/1        arn_exchange -> "flag" / "ll"
     NUMASCHED_ARN_ONE_ROW=0     arn_one_row -> False
     NUMASCHED_FUSED_AR_STAGES=N fused_ar_stages -> N (pipeline stages; unset: the config's)
-    NUMASCHED_FUSED_AR_FLAT=0|1 fused_ar_flat -> False / True (unset: the config's)
+    NUMASCHED_FUSED_FLAT=0|1 fused_flat -> False / True (unset: the config's)
 """
 from __future__ import annotations
 
@@ -145,9 +145,9 @@ class Options:
             all-reduce's 128 x 256 tiles (numasched.distributed.matmul_all_reduce.FUSED_BIG_TILE);
             None: that config's. For measuring one against the other in a whole model (bench e2e
             reads the environment): 2-4 fit the shared memory of an H100 / H200.
-        fused_ar_flat: the fused GEMM + all-reduce's tile pairs (two ranks, TMA) as one loop over
-            (tile, K step), pipelined across tiles (True) or a K loop per tile (False); None: the
-            config's (FUSED_BIG_TILE's FLAT). For A/Bs in a whole model.
+        fused_flat: the fused GEMM + all-reduce's tile pairs (two ranks, TMA) and the fused GEMM +
+            reduce-scatter's tiles (TMA) as one loop over (tile, K step), pipelined across tiles
+            (True), or a K loop per tile (False); None: the configs' (FLAT: on). For A/Bs.
     """
 
     autotune: bool = True
@@ -169,7 +169,7 @@ class Options:
     arn_one_row: bool = True
     arn_exchange: str = "auto"
     fused_ar_stages: Optional[int] = None
-    fused_ar_flat: Optional[bool] = None
+    fused_flat: Optional[bool] = None
 
     def __post_init__(self):
         for f in ("autotune", "check_data", "gemm_flatten", "gemm_splitk_tma", "gemm_streamk_k_aligned",
@@ -188,8 +188,8 @@ class Options:
         if self.fused_ar_stages is not None and (isinstance(self.fused_ar_stages, bool) or self.fused_ar_stages
                                                  not in (2, 3, 4)):
             raise ValueError(f"Options.fused_ar_stages must be 2, 3, 4 or None, got {self.fused_ar_stages!r}")
-        if self.fused_ar_flat is not None and not isinstance(self.fused_ar_flat, bool):
-            raise TypeError(f"Options.fused_ar_flat must be a bool or None, got {self.fused_ar_flat!r}")
+        if self.fused_flat is not None and not isinstance(self.fused_flat, bool):
+            raise TypeError(f"Options.fused_flat must be a bool or None, got {self.fused_flat!r}")
         if self.arn_exchange not in ARN_EXCHANGES:
             raise ValueError(f"Options.arn_exchange must be one of {ARN_EXCHANGES}, got {self.arn_exchange!r}")
         if self.decode_combine not in COMBINE_MODES:
@@ -246,9 +246,9 @@ def from_env(environ=None) -> Options:
     pre = env.get("NUMASCHED_DECODE_PREFETCH", "").strip()
     if pre and not pre.isdigit():
         raise ValueError(f"NUMASCHED_DECODE_PREFETCH must be a number of tokens (0: off), got {pre!r}")
-    flat = env.get("NUMASCHED_FUSED_AR_FLAT", "").strip()
+    flat = env.get("NUMASCHED_FUSED_FLAT", "").strip()
     if flat not in ("", "0", "1"):
-        raise ValueError(f"NUMASCHED_FUSED_AR_FLAT must be 0 or 1, got {flat!r}")
+        raise ValueError(f"NUMASCHED_FUSED_FLAT must be 0 or 1, got {flat!r}")
     stages = env.get("NUMASCHED_FUSED_AR_STAGES", "").strip()
     if stages and not stages.isdigit():
         raise ValueError(f"NUMASCHED_FUSED_AR_STAGES must be a number of stages, got {stages!r}")
@@ -270,7 +270,7 @@ def from_env(environ=None) -> Options:
                    arn_one_row=flag("NUMASCHED_ARN_ONE_ROW", True),
                    arn_exchange=exchange,
                    fused_ar_stages=int(stages) if stages else None,
-                   fused_ar_flat=None if not flat else flat == "1")
+                   fused_flat=None if not flat else flat == "1")
 
 
 _CURRENT = from_env()

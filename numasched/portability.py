@@ -475,7 +475,7 @@ def _row_parallel_args(c, tma: bool, b_trans: bool) -> dict:
                 heap_bases="*i64", rank=0)
 
 
-def _reduce_scatter(tma: bool, stages=None):
+def _reduce_scatter(tma: bool, stages=None, flat: bool = False):
     def build(vendor):
         from numasched.kernels import dist_gemm as K
 
@@ -485,7 +485,8 @@ def _reduce_scatter(tma: bool, stages=None):
                       Ms=8192, N=8192, Kl=14336, stride_am=14336, stride_ak=1, stride_bk=8192, stride_bn=1,
                       stride_om=8192, stride_on=1, num_programs=132, wait_bound=10**6, TICKET_LO=0,
                       TICKET_HI=4096, MAPPING=_mapping("grouped"), WORLD=2, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-                      EVEN_K=True, COMM=True, BUMP_EPOCH=True, USE_TMA=tma, WAIT_CLOCK=vendor == "nvidia")
+                      EVEN_K=True, COMM=True, BUMP_EPOCH=True, USE_TMA=tma, WAIT_CLOCK=vendor == "nvidia",
+                      FLAT=flat, OUT_CONTIG=flat)
         return K.matmul_reduce_scatter_kernel, values, c["num_warps"], c["num_stages"]
     return build
 
@@ -683,16 +684,23 @@ VARIANTS: List[Variant] = [
             note="world 2, 128x256x64, 8 warps, 3 stages; " + _CLOCK_NOTE),
     Variant("dist", "matmul_reduce_scatter-pointer-2stage", _reduce_scatter(False, 2), off={"nvidia": _AMD_CFG},
             note=_AMD_CFG_NOTE),
-    Variant("dist", "matmul_reduce_scatter-tma", _reduce_scatter(True), off={"amd": _TMA_OFF}),
+    Variant("dist", "matmul_reduce_scatter-tma", _reduce_scatter(True, flat=True), off={"amd": _TMA_OFF},
+            note="static tickets in one loop over (tile, K step) (FLAT), a contiguous out"),
+    Variant("dist", "matmul_reduce_scatter-tma-ticketed", _reduce_scatter(True), off={"amd": _TMA_OFF},
+            note="dynamic tickets, a K loop per tile (options.fused_flat=False)"),
     Variant("dist", "matmul_all_reduce-tma-lagged", _gemm_all_reduce(True, CONTIG=True), off={"amd": _TMA_OFF},
             note="world 2, 4096 x 4096 x 7168 (Llama-3-8B's down projection at 4096 rows), 128x256x64, 8 warps, "
                  "3 stages, the lagged one-shot form"),
-    Variant("dist", "matmul_all_reduce-tma-pairs", _gemm_all_reduce(True, PAIRS=True, CONTIG=True),
-            off={"amd": _TMA_OFF}, note="tile pairs (PAIRS), the TP prefill's form"),
+    Variant("dist", "matmul_all_reduce-tma-pairs", _gemm_all_reduce(True, PAIRS=True, CONTIG=True, FLAT=True),
+            off={"amd": _TMA_OFF}, note="tile pairs (PAIRS) in one loop over (tile, K step) (FLAT), the TP prefill's form"),
     Variant("dist", "matmul_all_reduce-tma-pairs-residual-direct",
+            _gemm_all_reduce(True, PAIRS=True, CONTIG=True, RESIDUAL=True, DIRECT=True, FLAT=True),
+            off={"amd": _TMA_OFF},
+            note="tile pairs with the residual add and the sums stored into the peer's out, FLAT (the TP 2 "
+                 "prefill's default)"),
+    Variant("dist", "matmul_all_reduce-tma-pairs-residual-direct-per-tile",
             _gemm_all_reduce(True, PAIRS=True, CONTIG=True, RESIDUAL=True, DIRECT=True), off={"amd": _TMA_OFF},
-            note="tile pairs with the residual add and the sums stored into the peer's out (the TP 2 prefill's "
-                 "default)"),
+            note="the same with a K loop per tile (options.fused_flat=False)"),
     Variant("dist", "matmul_all_reduce-pointer-lagged", _gemm_all_reduce(False),
             note="the lagged form through pointer loads and strided stores (pre-Hopper and AMD); " + _CLOCK_NOTE),
     Variant("dist", "decode_exchange_combine", _decode_exchange, note="world 2, 32 heads x 128; " + _CLOCK_NOTE),

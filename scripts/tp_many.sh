@@ -12,7 +12,7 @@
 #            "no-fuse-swiglu no-heap-residual no-fuse-residual": bench e2e switches) in turn, each backend in
 #            its own launch (one call: the A/B of this session's prefill fusions)
 #   flatab   the prefill of 4096 tokens (no components): both backends with the defaults, then numasched with
-#            NUMASCHED_FUSED_AR_FLAT=0 (the fused GEMM + all-reduce's K loop per tile) and =1, each in its own launch
+#            NUMASCHED_FUSED_FLAT=0 (the fused GEMM + all-reduce's K loop per tile) and =1, each in its own launch
 #   coll     bench collectives --quick (auto vs NCCL, bulk, torch symm_mem)
 #   ar       bench collectives --only ar (the all-reduce alone, every size)
 #   decode   both models' (or $TP_MODELS') decode grids alone (no components, no eager step, no prefill): a re-check
@@ -65,7 +65,7 @@ for part in ${parts//+/ }; do
                done ;;
     flatab) TP_BATCHES=1 e2e prefill-flat llama3-8b 2048 ${TP_E2E_TIMEOUT:-150} --prompt 4096 --no-generate --no-taxes
             for v in 0 1; do
-              NUMASCHED_FUSED_AR_FLAT=$v TP_BATCHES=1 e2e prefill-flat$v llama3-8b 2048 ${TP_E2E_TIMEOUT:-150} --prompt 4096 \
+              NUMASCHED_FUSED_FLAT=$v TP_BATCHES=1 e2e prefill-flat$v llama3-8b 2048 ${TP_E2E_TIMEOUT:-150} --prompt 4096 \
                 --no-generate --no-taxes --backends numasched
             done ;;
     coll) timeout -k 10 ${TP_COLL_TIMEOUT:-240} numasched bench collectives --quick --nproc $n --out-dir "$res/collectives" 2>&1 \

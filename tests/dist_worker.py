@@ -150,6 +150,28 @@ def check_matmul_reduce_scatter(ctx, quick):
             e = rel(y, ref)
             ok(e < 1e-2, f"{impl} {(M, Kl, N)}: relative error {e:.2e}")
             msgs.append(f"{impl} {M}x{Kl}x{N}: {e:.1e}")
+    # the fused tiles as one loop over (tile, K step) with static tickets (options.fused_flat) against
+    # ticketed tiles with a K loop each: the same bits, into a contiguous out and a strided one.
+    # 9000 x 1100: 4500 rows a rank (a partial row tile), 360 tiles, 2-3 a program
+    from numasched import options
+
+    M, Kl, N = 9000, 700, 1100
+    a, b = randn(M, Kl, seed=5000 + R), randn(Kl, N, seed=5050 + R)
+    part = a.float() @ b.float()
+    dist.all_reduce(part)
+    Ms = M // W
+    ref = part[R * Ms:(R + 1) * Ms]
+    got = []
+    for flat in (False, True):
+        with options.use(fused_flat=flat):
+            y = nd.matmul_reduce_scatter(a, b, ctx=ctx, impl="fused")
+            wide = torch.full((Ms, N + 8), float("nan"), device="cuda", dtype=BF)
+            z = nd.matmul_reduce_scatter(a, b, ctx=ctx, impl="fused", out=wide[:, :N])
+            ok(rel(y, ref) < 1e-2 and torch.equal(y, z) and not wide[:, N:].isfinite().any(),
+               f"fused_flat={flat} {(M, Kl, N)}: wrong ({rel(y, ref):.1e}, strided out {rel(z, ref):.1e})")
+            got.append(y.clone())
+    ok(torch.equal(got[0], got[1]), f"{(M, Kl, N)}: fused_flat changes the bits")
+    msgs.append(f"{M}x{Kl}x{N} flat/ticketed same bits")
     return ok.done("; ".join(msgs))
 
 
@@ -460,7 +482,7 @@ def check_matmul_all_reduce(ctx, quick):
                 same = same_everywhere(r)
                 ok(r is hh and torch.equal(r, want) and same,
                    f"{impl} {(M, Kl, N)}: residual in the heap wrong ({rel(r, want):.1e}, same everywhere: {same})")
-    # the tile pairs as one loop over (tile, K step) (options.fused_ar_flat, two ranks) against a K
+    # the tile pairs as one loop over (tile, K step) (options.fused_flat, two ranks) against a K
     # loop per tile: the same bits, plain and with the residual in the heap (the peer's sums
     # stored into it). 9088 x 1100: 355 tiles, 178 pairs: some programs two, one an odd last pair
     from numasched import options
@@ -472,16 +494,16 @@ def check_matmul_all_reduce(ctx, quick):
     dist.all_reduce(ref)
     got = []
     for flat in (False, True):
-        with options.use(fused_ar_flat=flat):
+        with options.use(fused_flat=flat):
             y = nd.matmul_all_reduce(a, w.T, ctx=ctx, impl="fused")
             hh = ctx.alloc((M, N), BF, what="a residual")
             hh.copy_(h0)
             r = nd.matmul_all_reduce(a, w.T, ctx=ctx, impl="fused", residual=hh)
             got.append((y.clone(), r.clone(), same_everywhere(y) and same_everywhere(r)))
             ok(rel(y, ref) < 1e-2 and torch.equal(r, h0 + y),
-               f"fused_ar_flat={flat} {(M, Kl, N)}: wrong ({rel(y, ref):.1e}, residual {rel(r, h0 + y):.1e})")
+               f"fused_flat={flat} {(M, Kl, N)}: wrong ({rel(y, ref):.1e}, residual {rel(r, h0 + y):.1e})")
     ok(got[0][2] and got[1][2] and torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1]),
-       f"{(M, Kl, N)}: fused_ar_flat changes the bits or ranks disagree")
+       f"{(M, Kl, N)}: fused_flat changes the bits or ranks disagree")
     msgs.append(f"{M}x{Kl}x{N} flat/per-tile same bits")
     return ok.done("; ".join(msgs))
 

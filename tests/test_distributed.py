@@ -598,6 +598,8 @@ vals = dict(a_ptr="*bf16", b_ptr="*bf16", out_ptr="*bf16", p_ptr="*bf16", a_desc
 c = compile_(dist_gemm.matmul_reduce_scatter_kernel, vals, sm90, 8)
 res["rs"] = dict(ptx=c.asm["ptx"], shared=c.metadata.shared)
 compile_(dist_gemm.matmul_reduce_scatter_kernel, dict(vals, Ms=1), sm90, 8)   # one row per rank
+c = compile_(dist_gemm.matmul_reduce_scatter_kernel, dict(vals, FLAT=True, OUT_CONTIG=True), sm90, 8)
+res["rs_flat"] = dict(ttgir=c.asm["ttgir"], ptx=c.asm["ptx"], shared=c.metadata.shared)
 vals = dict(out_ptr="*bf16", lse_ptr="*fp32", ro_ptr="*bf16", rl_ptr="*fp32", flags_ptr="*i64", res_ptr="*bf16",
             res_lse_ptr="*fp32", status_ptr="*i32", epoch_ptr="*i64", counters_ptr="*i32", heap_bases="*i64",
             rank=0, B=16, H=32, D=128, stride_ob=4096, stride_oh=128, stride_od=1, stride_lb=32, stride_lh=1,
@@ -694,17 +696,19 @@ def _loop_bodies(ttgir: str):
             yield "\n".join(lines[i:end])
 
 
-def test_fused_all_reduce_flat_loop_is_one_pipelined_loop(subprocess_result):
-    """FLAT (the TP prefill's tile pairs through TMA): Triton fuses the tile and K loops, so one
+def test_fused_flat_loops_are_one_pipelined_loop(subprocess_result):
+    """FLAT (the TP prefill's tile pairs through TMA, the reduce-scatter's tiles): Triton fuses the tile and K loops, so one
     loop holds the wgmma, the TMA loads and the epilogue's flag exchange, with the operand
     pipeline's three stages (the next tile's loads in flight during an epilogue). Without FLAT the
     K loop is a loop of its own. A tl.debug_barrier in the epilogue would leave the loop
     unpipelined (one stage's shared memory): the flag's CTA barrier is inline PTX there."""
-    flat, per_tile = subprocess_result["mar_pairs_flat"], subprocess_result["mar_pairs"]
+    flat, per_tile, rs_flat = (subprocess_result[k] for k in ("mar_pairs_flat", "mar_pairs", "rs_flat"))
     # an innermost loop (no scf.for inside) holding both the wgmma and a flag's exchange
     both = lambda body: ("warp_group_dot" in body and "atomic_rmw exch" in body  # noqa: E731
                          and "scf.for" not in body.split("\n", 1)[1])
     assert any(both(b) for b in _loop_bodies(flat["ttgir"]))
+    assert any(both(b) for b in _loop_bodies(rs_flat["ttgir"]))   # the reduce-scatter's static tickets
+    assert rs_flat["shared"] >= 3 * (128 * 64 + 256 * 64) * 2 and _released(rs_flat["ptx"])
     assert not any(both(b) for b in _loop_bodies(per_tile["ttgir"]))
     stage = (128 * 64 + 256 * 64) * 2   # one stage of A and B tiles, bf16
     assert flat["shared"] >= 3 * stage and per_tile["shared"] >= 3 * stage
@@ -1730,20 +1734,24 @@ def test_fused_ar_stages_option():
         options.Options(fused_ar_stages=7)
 
 
-def test_fused_ar_flat_option():
-    """options.fused_ar_flat (NUMASCHED_FUSED_AR_FLAT) overrides the big tiles' FLAT; None keeps
+def test_fused_flat_option():
+    """options.fused_flat (NUMASCHED_FUSED_FLAT) overrides the big tiles' FLAT; None keeps
     the config's; a bad value is refused by name."""
     from numasched import options
 
     mar = importlib.import_module("numasched.distributed.matmul_all_reduce")
     assert mar._fused_cfg(4096, torch.bfloat16, True)["FLAT"] is mar.FUSED_BIG_TILE["FLAT"]
     for flat in (False, True):
-        with options.use(fused_ar_flat=flat):
+        with options.use(fused_flat=flat):
             assert mar._fused_cfg(4096, torch.bfloat16, True)["FLAT"] is flat
             assert "FLAT" not in mar._fused_cfg(16, torch.bfloat16, True)
-    assert options.from_env({"NUMASCHED_FUSED_AR_FLAT": "0"}).fused_ar_flat is False
-    assert options.from_env({}).fused_ar_flat is None
-    with pytest.raises(ValueError, match="NUMASCHED_FUSED_AR_FLAT"):
-        options.from_env({"NUMASCHED_FUSED_AR_FLAT": "yes"})
-    with pytest.raises(TypeError, match="fused_ar_flat"):
-        options.Options(fused_ar_flat=1)
+    common = importlib.import_module("numasched.distributed._common")
+    assert common._gemm_cfg(torch.bfloat16, True, 4096)["FLAT"] is True   # the reduce-scatter's tiles
+    with options.use(fused_flat=False):
+        assert common._gemm_cfg(torch.bfloat16, True, 4096)["FLAT"] is False
+    assert options.from_env({"NUMASCHED_FUSED_FLAT": "0"}).fused_flat is False
+    assert options.from_env({}).fused_flat is None
+    with pytest.raises(ValueError, match="NUMASCHED_FUSED_FLAT"):
+        options.from_env({"NUMASCHED_FUSED_FLAT": "yes"})
+    with pytest.raises(TypeError, match="fused_flat"):
+        options.Options(fused_flat=1)

@@ -97,9 +97,12 @@ def _gemm_cfg(dtype, gpu: bool, n: int) -> dict:
         return dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, num_warps=4, num_stages=3, COMM_PROGRAMS=16,
                     PUSH_CHUNK=8192, USE_TMA=tma)
     bn = 256 if n >= 256 else 128
-    # PUSH_CHUNK: 32 KB of bf16 per loop trip of a pushing program (8 x 16 B in flight per thread)
+    # PUSH_CHUNK: 32 KB of bf16 per loop trip of a pushing program (8 x 16 B in flight per thread);
+    # FLAT: the reduce-scatter's tiles as one pipelined loop over (tile, K step) where TMA feeds it
+    # (kernels/dist_gemm.py, _rs_flat; options.fused_flat overrides)
+    flat = _options.current().fused_flat
     return dict(BLOCK_M=128, BLOCK_N=bn, BLOCK_K=64, num_warps=8, num_stages=3, COMM_PROGRAMS=16,
-                PUSH_CHUNK=16384, USE_TMA=tma)
+                PUSH_CHUNK=16384, USE_TMA=tma, FLAT=True if flat is None else flat)
 
 
 def _tma_default(gpu: bool) -> bool:

@@ -287,7 +287,7 @@ FUSED_BIG_TILE_ROWS = 256
 # x 2048: 191.6 against 209.8 and 224.7 us).
 # FLAT (PAIRS with TMA): the persistent tile loop and the K loop fused into one pipelined loop, so
 # the next tile's operand loads are in flight during a tile's epilogue (kernels/dist_gemm_ar.py,
-# _pairs_flat); options.fused_ar_flat overrides.
+# _pairs_flat); options.fused_flat overrides.
 FUSED_BIG_TILE = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3, per_sm=1, FLAT=True)
 
 
@@ -304,7 +304,7 @@ def _fused_cfg(M: int, dtype, gpu: bool) -> dict:
         o = options.current()   # a measurement's overrides (None: the config's)
         stages = {} if o.fused_ar_stages is None else dict(num_stages=o.fused_ar_stages)
         return dict(FUSED_BIG_TILE, USE_TMA=tma, **stages,
-                    **({} if o.fused_ar_flat is None else dict(FLAT=o.fused_ar_flat)))
+                    **({} if o.fused_flat is None else dict(FLAT=o.fused_flat)))
     bm = min(64, max(16, 1 << max(0, M - 1).bit_length()))
     # decode-sized M streams the weight: narrow column tiles give every SM a strip of it
     return dict(BLOCK_M=bm, BLOCK_N=64, BLOCK_K=128 if elt == 2 else 64, num_warps=4, num_stages=4, USE_TMA=False)
