@@ -76,6 +76,9 @@ def check_matmul_swiglu(a, b, out=None, row_scale=None):
 # bench/results/glu-s23/glu_prefill_probe-h100.log).
 GLU_BIG_SCHEDULE = _sched.Schedule.parse("splitk 128x256x64 w8 s3")
 GLU_BIG_MIN_ROWS = 512
+# The persistent kernel (kernels/gemm_glu.py: one program per SM, tile and K loops fused so the
+# operand pipeline runs across tiles, a TMA store): a "tiled ... persistent" schedule names it.
+GLU_PERSISTENT_SCHEDULE = _sched.Schedule.parse("tiled 128x256x64 w8 s3 persistent")
 
 
 def big_tiles(M: int, n: int, dtype) -> bool:
@@ -122,9 +125,14 @@ class SwiGLUPlan(Plan):
             else:
                 schedule = _sched.choose(Mdim, 2 * n, K, dtype, dev, splitk_only=True,
                                          splitk_tma=tma_possible and caps.tma_supported(dev))
+        if schedule is not None and schedule.kind == "tiled":
+            self._plan_persistent(a, b, out, a_view, b_view, schedule, tma_possible, interp, dtype, options)
+            self._freeze()
+            return
         if schedule is not None:
             if schedule.kind != "splitk":
-                raise ValueError(f"schedule must be a split-K Schedule, got kind {schedule.kind!r}")
+                raise ValueError(f"schedule must be a split-K Schedule or a persistent tiled one, got kind "
+                                 f"{schedule.kind!r}")
             cfg = dict(schedule.config())
             cfg["BLOCK_N"] = max(16, schedule.block_n // 2)
             S = schedule.split_k
@@ -165,6 +173,62 @@ class SwiGLUPlan(Plan):
                               options=options)
         self._freeze()
 
+    def _plan_persistent(self, a, b, out, a_view, b_view, schedule, tma_possible, interp, dtype, options):
+        """The persistent kernel (kernels/gemm_glu.py) for a "tiled ... persistent" schedule: TMA
+        descriptors for A (row-major), B (either order) and the output; about one program per SM."""
+        from ._launch import Launch
+        from .kernels import gemm_glu as KG
+
+        why = ("schedule must be persistent" if not schedule.persistent
+               else "TMA descriptors are off or not supported here" if not tma_possible
+               else "a must be row-major (unit stride along K)" if a_view[0]
+               else None)
+        if why is None and not interp and not caps.tma_supported(self.device):
+            why = f"{self.device} has no TMA"
+        if why is not None:
+            raise ValueError(f"schedule {schedule.describe()!r} runs the persistent SwiGLU kernel: {why}")
+        cfg = dict(BLOCK_M=schedule.block_m, BLOCK_N=max(16, schedule.block_n // 2), BLOCK_K=schedule.block_k,
+                   num_warps=4 if interp else schedule.num_warps, num_stages=1 if interp else schedule.num_stages)
+        if interp:   # the interpreter: its dot needs >= 16; small tiles so that programs loop over several
+            cfg.update(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16)
+        self.schedule, self.split_k, self.block_n, self.config = schedule, 1, cfg["BLOCK_N"], cfg
+        self.path = "tma-persistent"
+        NM, NN = -(-self.M // cfg["BLOCK_M"]), -(-self.n // cfg["BLOCK_N"])
+        self._tiles, self._ws_numel = NM * NN, 0
+        self.grid = (max(1, min(self._tiles, 3 if interp else caps.num_sms(self.device))),)
+        self._views = (a_view, b_view)
+        # the output through a TMA descriptor where one can address it (row-major, 16-byte aligned
+        # base and row stride: a contiguous out of n % 8 == 0 bf16 columns), else masked stores
+        if out is not None:
+            cv = tma_view(out)
+            self._c_stride = out.stride()
+        else:   # run() makes a contiguous (M, n) out
+            cv = (False,) if (self.n * dtype.itemsize) % 16 == 0 else None
+            self._c_stride = (self.n, 1)
+        self._c_tma = cv is not None and not cv[0]
+        self.policy = M.resolve("auto", "gemm", self.topology, M.GemmGrid(max(1, NM), max(1, NN)))
+        const = dict(MAPPING=self.policy.constexpr(self.topology.num_domains), BLOCK_M=cfg["BLOCK_M"],
+                     BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], B_TRANS=bool(b_view[0]),
+                     ROW_SCALE=self.row_scale, C_TMA=self._c_tma)
+        self._launch = Launch(KG.glu_persistent_kernel, self.grid, const, config=cfg, device=self.device,
+                              interpret=interp, options=options)
+
+    def _run_persistent(self, a, b, out, row_scale):
+        (_, ashape, astr), (bt, bshape, bstr) = self._views
+        bm, bn, bk = self.config["BLOCK_M"], self.config["BLOCK_N"], self.config["BLOCK_K"]
+        a_desc = TensorDescriptor(a, ashape, astr, [bm, bk])
+        b_desc = TensorDescriptor(b, bshape, bstr, [bn, bk] if bt else [bk, bn])
+        c_desc = None
+        if self._c_tma:
+            c_view = tma_view(out)
+            if c_view is None or c_view[0]:
+                raise ValueError("out's data pointer is not 16-byte aligned (the plan's kernel stores through a "
+                                 "TMA descriptor); make a plan with out= for it")
+            c_desc = TensorDescriptor(out, c_view[1], c_view[2], [bm, bn])
+        with caps.launch_device(a):
+            self._launch(a_desc, b_desc, c_desc, out, row_scale if row_scale is not None else out, self.M, self.n,
+                         self.K, out.stride(0), out.stride(1))
+
     def run(self, a, b, out=None, row_scale=None) -> torch.Tensor:
         """``silu(a @ b[:, :n]) * (a @ b[:, n:])`` into ``out`` (a new (M, n) tensor when None); with
         ``row_scale`` (a plan made with one) row i of ``a`` counts as ``row_scale[i] * a[i]``."""
@@ -193,6 +257,13 @@ class SwiGLUPlan(Plan):
         if self._upcast:   # fp32 stand-ins with the planned strides (the kernel's arguments)
             a, b = upcast_like(a), upcast_like(b)
             out = torch.empty_strided((self.M, self.n), self._c_stride, dtype=torch.float32, device=a.device)
+        if self.path == "tma-persistent":
+            if _observe.OBSERVERS:
+                _observe.notify(self.op, "glu_persistent", self.grid, (res,), self)
+            self._run_persistent(a, b, out, row_scale)
+            if out is not res:
+                res.copy_(out)
+            return res
         dev = self.device
         if self._ws_numel:
             ws, ctr = _splitk_buffers(dev, self._ws_numel, self._tiles, caps.stream_handle(dev), caps.capturing(dev))

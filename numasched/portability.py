@@ -399,6 +399,22 @@ def _gemm_glu_prefill(row_scale: bool):
     return build
 
 
+def _glu_persistent(row_scale: bool, stages: int = 3):
+    def build(vendor):
+        from numasched import mappings
+        from numasched.kernels import gemm_glu as K
+
+        # numasched.matmul_swiglu at prefill sizes: the persistent kernel, Llama-3-8B's gate/up at
+        # TP 2 (4096 x (2 x 7168) x 4096), 128 x 128 gate and up tiles, the weight's (2N, K) storage
+        bm, bn, bk = 128, 128, 64
+        values = dict(a_desc=f"tensordesc<bf16[{bm}, {bk}]>", b_desc=f"tensordesc<bf16[{bn}, {bk}]>",
+                      c_desc=f"tensordesc<bf16[{bm}, {bn}]>", scale="*fp32", M=4096, N=7168, K=4096,
+                      MAPPING=mappings.get("grouped").constexpr(1), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                      B_TRANS=True, ROW_SCALE=row_scale)
+        return K.glu_persistent_kernel, values, 8, stages
+    return build
+
+
 def _gemm_splitk_medium(tail: bool):
     def build(vendor):
         from numasched import mappings
@@ -661,6 +677,11 @@ VARIANTS: List[Variant] = [
     Variant("gemm_splitk", "bf16-pointer-decode-glu-prefetch", _gemm_splitk(True, glu=True),
             off={"amd": "cp.async.bulk.prefetch.L2 is NVIDIA PTX; the host sets PREFETCH_B on sm_90+ only"},
             note="the SwiGLU form (GLU: gate and up columns) with PREFETCH_B"),
+    Variant("gemm_glu", "bf16-tma-persistent", _glu_persistent(False), off={"amd": _TMA_OFF},
+            note="matmul_swiglu's prefill kernel: persistent, tile and K loops fused, 128 x 128 gate + up, 8 warps, "
+                 "3 stages"),
+    Variant("gemm_glu", "bf16-tma-persistent-row-scale", _glu_persistent(True), off={"amd": _TMA_OFF},
+            note="the same with a factor per row (the norm-free prefill)"),
     Variant("gemm_splitk", "bf16-tma-glu-prefill", _gemm_glu_prefill(False), off={"amd": _TMA_OFF},
             note="matmul_swiglu's prefill tiles (128 x 128 gate + up, 8 warps, 3 stages, unsplit)"),
     Variant("gemm_splitk", "bf16-tma-glu-prefill-row-scale", _gemm_glu_prefill(True), off={"amd": _TMA_OFF},

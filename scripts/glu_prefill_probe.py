@@ -11,6 +11,8 @@ Llama-3-8B MLP at TP 1 and TP 2 (n = 14336, 7168; K = 4096):
     swiglu[SCHED]   numasched.matmul_swiglu with the plan's schedule ("plan") or a named one
                     (Schedule.parse of the (M, 2n, K) GEMM: the GLU tile is half its width)
     swiglu[plan, row_scale]  the plan's with a factor per row (a norm-free prefill's form)
+    swiglu[tiled ... persistent]  the persistent kernel (kernels/gemm_glu.py), with and without
+                    row factors
 
 Errors are against the fp32 product of the same bf16 operands. Run: python3 scripts/glu_prefill_probe.py
 [--rows 512,4096] [--schedules "splitk 128x256x64 w8 s4,..."]
@@ -62,6 +64,9 @@ def main():
                     print(f"M {M} n {n} {text}: {type(e).__name__}: {e}", flush=True)
                     continue
                 row[f"swiglu[{text.strip()}]"] = lambda pl=pl: pl.run(x, w.t())
+                if "persistent" in text:   # the persistent kernel with row factors too
+                    pl = numasched.plan_matmul_swiglu(x, w.t(), schedule=Schedule.parse(text), row_scale=ones)
+                    row[f"swiglu[{text.strip()}, row_scale]"] = lambda pl=pl: pl.run(x, w.t(), None, ones)
             out = []
             for name, fn in row.items():
                 try:

@@ -107,6 +107,55 @@ def test_swiglu_row_scale_matches_float64(m, n, k, dtype, split_k, tma):
         numasched.matmul_swiglu(x, b, row_scale=torch.ones(m + 1))
 
 
+@cpu
+@pytest.mark.parametrize("m,n,k,dtype,wt,scale", [(37, 40, 80, torch.float32, True, False),
+                                                 (37, 40, 80, torch.float32, False, True),
+                                                 (50, 24, 48, torch.float16, True, True),
+                                                 (9, 70, 40, torch.bfloat16, True, False),
+                                                 (20, 36, 24, torch.float32, True, "transposed")])
+def test_swiglu_persistent_kernel_matches_float64(m, n, k, dtype, wt, scale):
+    """The persistent prefill kernel (a "tiled ... persistent" schedule; interpreter: 16 x 16
+    tiles, three programs, so each loops over several tiles): gate tiles whose last columns run
+    into the up half (n not a multiple of the tile), partial row tiles, K not a multiple of 16,
+    B in both orders, with and without row factors; into a given out and a new one; outputs a
+    TMA descriptor cannot address (bf16 rows of 70 elements, a column-major out) by masked
+    stores."""
+    from numasched import gemm_glu
+
+    x, b = _data(m, n, k, dtype, wt, seed=m * n + k)
+    transposed = scale == "transposed"
+    sc = torch.rand(m, generator=torch.Generator().manual_seed(k)) * 3 + 0.1 if scale and not transposed else None
+    want = x.double() * sc.double()[:, None] if sc is not None else x
+    out = torch.full((n, m), float("nan"), dtype=dtype).T if transposed else torch.full((m, n), float("nan"),
+                                                                                          dtype=dtype)
+    with options.use(gemm_splitk_tma=True):
+        plan = numasched.plan_matmul_swiglu(x, b, out if transposed else None,
+                                            schedule=gemm_glu.GLU_PERSISTENT_SCHEDULE, row_scale=sc)
+        y = plan.run(x, b, out, sc)
+        y2 = None if transposed else plan.run(x, b, None, sc)
+    assert plan.path == "tma-persistent" and plan.grid == (3,) and plan._tiles > 3
+    assert plan._c_tma == (not transposed and (n * dtype.itemsize) % 16 == 0)
+    assert y is out and _err(y, want, b) < TOL[dtype]
+    assert y2 is None or torch.equal(y2, y)
+
+
+@cpu
+def test_swiglu_persistent_schedule_refusals_name_the_reason():
+    from numasched import gemm_glu
+
+    x, b = _data(8, 16, 32, torch.float32, seed=1)
+    with options.use(gemm_splitk_tma=True):
+        with pytest.raises(ValueError, match="schedule must be persistent"):
+            numasched.plan_matmul_swiglu(x, b, schedule=Schedule.parse("tiled 128x256x64 w8 s3"))
+        with pytest.raises(ValueError, match="a must be row-major"):
+            numasched.plan_matmul_swiglu(x.T.contiguous().T, b, schedule=gemm_glu.GLU_PERSISTENT_SCHEDULE)
+    with options.use(gemm_splitk_tma=False):
+        with pytest.raises(ValueError, match="TMA descriptors are off"):
+            numasched.plan_matmul_swiglu(x, b, schedule=gemm_glu.GLU_PERSISTENT_SCHEDULE)
+    with pytest.raises(ValueError, match="split-K Schedule or a persistent tiled one"):
+        numasched.plan_matmul_swiglu(x, b, schedule=Schedule.parse("streamk 128x256x64 w8 s3"))
+
+
 def test_swiglu_argument_errors_name_the_argument():
     x = torch.randn(3, 8)
     with pytest.raises(ValueError, match="even, positive number of columns"):
@@ -117,7 +166,7 @@ def test_swiglu_argument_errors_name_the_argument():
         numasched.matmul_swiglu(x, torch.randn(8, 6), out=torch.empty(3, 6))
     with pytest.raises(TypeError):
         numasched.matmul_swiglu(x, torch.randn(8, 6).double())
-    with pytest.raises(ValueError, match="split-K Schedule"):
+    with pytest.raises(ValueError, match="schedule must be persistent"):
         numasched.plan_matmul_swiglu(x, torch.randn(8, 6), schedule=Schedule("tiled", 128, 256, 64))
     # a plan made without out refuses an out its kernel was not specialised for
     b = torch.randn(8, 6)
@@ -148,6 +197,24 @@ def test_gpu_swiglu_prefill_sizes(m, n, k):
     y = plan.run(x, b, out)
     assert plan.schedule == gemm_glu.GLU_BIG_SCHEDULE and plan.block_n == 128 and plan.path == "tma"
     assert _err(y, x, b) < 1e-2
+
+
+@gpu
+@pytest.mark.parametrize("m,n,k,scale", [(512, 7168, 4096, False), (1000, 1111, 640, True), (4096, 7168, 4096, True)])
+def test_gpu_swiglu_persistent_kernel(m, n, k, scale):
+    """The persistent prefill kernel in bf16 at prefill sizes (odd ones too), with and without row
+    factors, poisoned outputs, against float64; two calls give the same bits."""
+    from numasched import gemm_glu
+
+    x, b = _data(m, n, k, torch.bfloat16, seed=m + 1, device="cuda")
+    sc = torch.rand(m, device="cuda") * 2 + 0.25 if scale else None
+    want = x.double() * sc.double()[:, None] if scale else x
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    plan = numasched.plan_matmul_swiglu(x, b, schedule=gemm_glu.GLU_PERSISTENT_SCHEDULE, row_scale=sc)
+    y = plan.run(x, b, out, sc)
+    assert plan.path == "tma-persistent" and plan.block_n == 128
+    assert _err(y, want, b) < 1e-2
+    assert torch.equal(plan.run(x, b, None, sc), y)
 
 
 @cpu
