@@ -57,7 +57,8 @@ def main():
             ones = torch.ones(M, device="cuda", dtype=torch.float32)
             plan_rs = numasched.plan_matmul_swiglu(x, w.t(), row_scale=ones)
             row["swiglu[plan, row_scale]"] = lambda pl=plan_rs: pl.run(x, w.t(), None, ones)
-            for text in [s for s in args.schedules.split(",") if s.strip()]:
+            # '_' stands for a space (scripts/device.sh passes no spaces inside an argument)
+            for text in [s.replace("_", " ") for s in args.schedules.split(",") if s.strip()]:
                 try:
                     pl = numasched.plan_matmul_swiglu(x, w.t(), schedule=Schedule.parse(text))
                 except Exception as e:   # a schedule this shape cannot take: say so, go on
