@@ -79,6 +79,7 @@ GLU_BIG_MIN_ROWS = 512
 # The persistent kernel (kernels/gemm_glu.py: one program per SM, tile and K loops fused so the
 # operand pipeline runs across tiles, a TMA store): a "tiled ... persistent" schedule names it.
 GLU_PERSISTENT_SCHEDULE = _sched.Schedule.parse("tiled 128x256x64 w8 s3 persistent")
+GLU_PERSISTENT_BY_DEFAULT = False   # options.glu_persistent overrides
 
 
 def big_tiles(M: int, n: int, dtype) -> bool:
@@ -121,7 +122,10 @@ class SwiGLUPlan(Plan):
                         and TensorDescriptor is not None)
         if schedule is None and not interp:
             if big_tiles(Mdim, n, dtype) and tma_possible and caps.tma_supported(dev):
-                schedule = GLU_BIG_SCHEDULE
+                persistent = options.glu_persistent
+                persistent = GLU_PERSISTENT_BY_DEFAULT if persistent is None else persistent
+                # the persistent kernel reads A through a row-major descriptor
+                schedule = GLU_PERSISTENT_SCHEDULE if persistent and not a_view[0] else GLU_BIG_SCHEDULE
             else:
                 schedule = _sched.choose(Mdim, 2 * n, K, dtype, dev, splitk_only=True,
                                          splitk_tma=tma_possible and caps.tma_supported(dev))

@@ -29,6 +29,7 @@ numasched is imported (they are not read per call):
     NUMASCHED_ARN_ONE_ROW=0     arn_one_row -> False
     NUMASCHED_FUSED_AR_STAGES=N fused_ar_stages -> N (pipeline stages; unset: the config's)
     NUMASCHED_FUSED_FLAT=0|1 fused_flat -> False / True (unset: the config's)
+    NUMASCHED_GLU_PERSISTENT=0|1 glu_persistent -> False / True (unset: numasched.gemm_glu's default)
 """
 from __future__ import annotations
 
@@ -148,6 +149,9 @@ class Options:
         fused_flat: the fused GEMM + all-reduce's tile pairs (two ranks, TMA) and the fused GEMM +
             reduce-scatter's tiles (TMA) as one loop over (tile, K step), pipelined across tiles
             (True), or a K loop per tile (False); None: the configs' (FLAT: on). For A/Bs.
+        glu_persistent: matmul_swiglu at prefill sizes (numasched.gemm_glu.big_tiles) by the
+            persistent kernel (True: GLU_PERSISTENT_SCHEDULE) or the split-K kernel's unsplit tiles
+            (False: GLU_BIG_SCHEDULE); None: gemm_glu.GLU_PERSISTENT_BY_DEFAULT.
     """
 
     autotune: bool = True
@@ -170,6 +174,7 @@ class Options:
     arn_exchange: str = "auto"
     fused_ar_stages: Optional[int] = None
     fused_flat: Optional[bool] = None
+    glu_persistent: Optional[bool] = None
 
     def __post_init__(self):
         for f in ("autotune", "check_data", "gemm_flatten", "gemm_splitk_tma", "gemm_streamk_k_aligned",
@@ -188,8 +193,9 @@ class Options:
         if self.fused_ar_stages is not None and (isinstance(self.fused_ar_stages, bool) or self.fused_ar_stages
                                                  not in (2, 3, 4)):
             raise ValueError(f"Options.fused_ar_stages must be 2, 3, 4 or None, got {self.fused_ar_stages!r}")
-        if self.fused_flat is not None and not isinstance(self.fused_flat, bool):
-            raise TypeError(f"Options.fused_flat must be a bool or None, got {self.fused_flat!r}")
+        for f in ("fused_flat", "glu_persistent"):
+            if getattr(self, f) is not None and not isinstance(getattr(self, f), bool):
+                raise TypeError(f"Options.{f} must be a bool or None, got {getattr(self, f)!r}")
         if self.arn_exchange not in ARN_EXCHANGES:
             raise ValueError(f"Options.arn_exchange must be one of {ARN_EXCHANGES}, got {self.arn_exchange!r}")
         if self.decode_combine not in COMBINE_MODES:
@@ -246,9 +252,12 @@ def from_env(environ=None) -> Options:
     pre = env.get("NUMASCHED_DECODE_PREFETCH", "").strip()
     if pre and not pre.isdigit():
         raise ValueError(f"NUMASCHED_DECODE_PREFETCH must be a number of tokens (0: off), got {pre!r}")
-    flat = env.get("NUMASCHED_FUSED_FLAT", "").strip()
-    if flat not in ("", "0", "1"):
-        raise ValueError(f"NUMASCHED_FUSED_FLAT must be 0 or 1, got {flat!r}")
+    tri = {}
+    for name in ("NUMASCHED_FUSED_FLAT", "NUMASCHED_GLU_PERSISTENT"):
+        v = env.get(name, "").strip()
+        if v not in ("", "0", "1"):
+            raise ValueError(f"{name} must be 0 or 1, got {v!r}")
+        tri[name] = None if not v else v == "1"
     stages = env.get("NUMASCHED_FUSED_AR_STAGES", "").strip()
     if stages and not stages.isdigit():
         raise ValueError(f"NUMASCHED_FUSED_AR_STAGES must be a number of stages, got {stages!r}")
@@ -270,7 +279,7 @@ def from_env(environ=None) -> Options:
                    arn_one_row=flag("NUMASCHED_ARN_ONE_ROW", True),
                    arn_exchange=exchange,
                    fused_ar_stages=int(stages) if stages else None,
-                   fused_flat=None if not flat else flat == "1")
+                   fused_flat=tri["NUMASCHED_FUSED_FLAT"], glu_persistent=tri["NUMASCHED_GLU_PERSISTENT"])
 
 
 _CURRENT = from_env()

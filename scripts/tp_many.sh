@@ -13,6 +13,8 @@
 #            its own launch (one call: the A/B of this session's prefill fusions)
 #   flatab   the prefill of 4096 tokens (no components): both backends with the defaults, then numasched with
 #            NUMASCHED_FUSED_FLAT=0 (the fused GEMM + all-reduce's K loop per tile) and =1, each in its own launch
+#   rsab     bench collectives --only rs at $TP_RS_ROWS (default 256,1024,2048,4096,16384) rows, the fused
+#            reduce-scatter with its defaults, then with NUMASCHED_FUSED_FLAT=0 (ticketed tiles, a K loop each)
 #   coll     bench collectives --quick (auto vs NCCL, bulk, torch symm_mem)
 #   ar       bench collectives --only ar (the all-reduce alone, every size)
 #   decode   both models' (or $TP_MODELS') decode grids alone (no components, no eager step, no prefill): a re-check
@@ -68,6 +70,11 @@ for part in ${parts//+/ }; do
               NUMASCHED_FUSED_FLAT=$v TP_BATCHES=1 e2e prefill-flat$v llama3-8b 2048 ${TP_E2E_TIMEOUT:-150} --prompt 4096 \
                 --no-generate --no-taxes --backends numasched
             done ;;
+    rsab) for v in 1 0; do
+            NUMASCHED_FUSED_FLAT=$v timeout -k 10 ${TP_COLL_TIMEOUT:-240} numasched bench collectives --only rs \
+              --rows ${TP_RS_ROWS:-256,1024,2048,4096,16384} --nproc $n --out-dir "$res/rs-flat$v" 2>&1 \
+              | tee "$res/rs-flat$v-tp$n-$dev.log" | grep -E "matmul_reduce_scatter|Error|error" | tail -14
+          done ;;
     coll) timeout -k 10 ${TP_COLL_TIMEOUT:-240} numasched bench collectives --quick --nproc $n --out-dir "$res/collectives" 2>&1 \
             | tee "$res/collectives-tp$n-$dev.log" | tail -40 ;;
     ar) timeout -k 10 ${TP_COLL_TIMEOUT:-240} numasched bench collectives --only ar --nproc $n --out-dir "$res/ar" 2>&1 \

@@ -188,15 +188,20 @@ def test_gpu_swiglu_decode_sizes(m, n, k):
 @gpu
 @pytest.mark.parametrize("m,n,k", [(512, 7168, 4096), (1000, 1111, 640), (4096, 7168, 4096)])
 def test_gpu_swiglu_prefill_sizes(m, n, k):
-    """From GLU_BIG_MIN_ROWS rows the plan takes the big-tile schedule (odd sizes too)."""
+    """From GLU_BIG_MIN_ROWS rows the plan takes the persistent kernel or the big split-K tiles
+    (options.glu_persistent; odd sizes too)."""
     from numasched import gemm_glu
 
     x, b = _data(m, n, k, torch.bfloat16, seed=m, device="cuda")
-    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-    plan = numasched.plan_matmul_swiglu(x, b)
-    y = plan.run(x, b, out)
-    assert plan.schedule == gemm_glu.GLU_BIG_SCHEDULE and plan.block_n == 128 and plan.path == "tma"
-    assert _err(y, x, b) < 1e-2
+    for persistent in (None, False, True):   # options.glu_persistent (None: the module's default)
+        out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        with options.use(glu_persistent=persistent):
+            plan = numasched.plan_matmul_swiglu(x, b)
+            y = plan.run(x, b, out)
+        want = gemm_glu.GLU_PERSISTENT_BY_DEFAULT if persistent is None else persistent
+        assert plan.schedule == (gemm_glu.GLU_PERSISTENT_SCHEDULE if want else gemm_glu.GLU_BIG_SCHEDULE)
+        assert plan.block_n == 128 and plan.path == ("tma-persistent" if want else "tma")
+        assert _err(y, x, b) < 1e-2
 
 
 @gpu
