@@ -13,6 +13,9 @@
 #            its own launch (one call: the A/B of this session's prefill fusions)
 #   flatab   the prefill of 4096 tokens (no components): both backends with the defaults, then numasched with
 #            NUMASCHED_FUSED_FLAT=0 (the fused GEMM + all-reduce's K loop per tile) and =1, each in its own launch
+#   envab    the prefill of 4096 tokens (no components): torch, then numasched once per assignment in $TP_ENVAB
+#            (e.g. "NUMASCHED_GLU_PERSISTENT=1 NUMASCHED_GLU_PERSISTENT=0 NUMASCHED_GLU_PERSISTENT=1"), each in
+#            its own launch with that variable set
 #   rsab     bench collectives --only rs at $TP_RS_ROWS (default 256,1024,2048,4096,16384) rows, the fused
 #            reduce-scatter with its defaults, then with NUMASCHED_FUSED_FLAT=0 (ticketed tiles, a K loop each)
 #   coll     bench collectives --quick (auto vs NCCL, bulk, torch symm_mem)
@@ -70,6 +73,14 @@ for part in ${parts//+/ }; do
               NUMASCHED_FUSED_FLAT=$v TP_BATCHES=1 e2e prefill-flat$v llama3-8b 2048 ${TP_E2E_TIMEOUT:-150} --prompt 4096 \
                 --no-generate --no-taxes --backends numasched
             done ;;
+    envab) TP_BATCHES=1 e2e prefill-torch llama3-8b 2048 ${TP_E2E_TIMEOUT:-150} --prompt 4096 --no-generate --no-taxes \
+             --backends torch
+           k=0
+           for v in ${TP_ENVAB:?TP_ENVAB: assignments to compare}; do
+             k=$((k + 1))
+             ( export "$v"; TP_BATCHES=1 e2e prefill-$k-${v//=/-} llama3-8b 2048 ${TP_E2E_TIMEOUT:-150} --prompt 4096 \
+                 --no-generate --no-taxes --backends numasched )
+           done ;;
     rsab) for v in 1 0; do
             NUMASCHED_FUSED_FLAT=$v timeout -k 10 ${TP_COLL_TIMEOUT:-240} numasched bench collectives --only rs \
               --rows ${TP_RS_ROWS:-256,1024,2048,4096,16384} --nproc $n --out-dir "$res/rs-flat$v" 2>&1 \
