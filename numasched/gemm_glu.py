@@ -78,6 +78,10 @@ GLU_BIG_SCHEDULE = _sched.Schedule.parse("splitk 128x256x64 w8 s3")
 GLU_BIG_MIN_ROWS = 512
 # The persistent kernel (kernels/gemm_glu.py: one program per SM, tile and K loops fused so the
 # operand pipeline runs across tiles, a TMA store): a "tiled ... persistent" schedule names it.
+# Off by default: slower than the split-K kernel's tiles at every size timed (one H100,
+# bench/results/glu-persistent-s26/: 4096 x 2 x 7168 x 4096 900.9 us against 732.4, 534 TF/s
+# against 657; 4 stages, 128 x 128 and K 128 tiles slower still), though its fused loop keeps
+# two wgmma groups in flight as the split-K kernel's does.
 GLU_PERSISTENT_SCHEDULE = _sched.Schedule.parse("tiled 128x256x64 w8 s3 persistent")
 GLU_PERSISTENT_BY_DEFAULT = False   # options.glu_persistent overrides
 

@@ -408,9 +408,9 @@ def _glu_persistent(row_scale: bool, stages: int = 3):
         # TP 2 (4096 x (2 x 7168) x 4096), 128 x 128 gate and up tiles, the weight's (2N, K) storage
         bm, bn, bk = 128, 128, 64
         values = dict(a_desc=f"tensordesc<bf16[{bm}, {bk}]>", b_desc=f"tensordesc<bf16[{bn}, {bk}]>",
-                      c_desc=f"tensordesc<bf16[{bm}, {bn}]>", scale="*fp32", M=4096, N=7168, K=4096,
-                      MAPPING=mappings.get("grouped").constexpr(1), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-                      B_TRANS=True, ROW_SCALE=row_scale)
+                      c_desc=f"tensordesc<bf16[{bm}, {bn}]>", c="*bf16", scale="*fp32", M=4096, N=7168, K=4096,
+                      stride_cm=7168, stride_cn=1, MAPPING=mappings.get("grouped").constexpr(1), BLOCK_M=bm,
+                      BLOCK_N=bn, BLOCK_K=bk, B_TRANS=True, ROW_SCALE=row_scale, C_TMA=True)
         return K.glu_persistent_kernel, values, 8, stages
     return build
 
