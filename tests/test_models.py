@@ -128,9 +128,22 @@ def test_folded_norms_prefill_norm_free_matches_transformers(family, monkeypatch
     assert rel(run_teacher_forced(model, NumaschedBackend(1, fold_norms=False), ids, prompt=6), ref) < 1e-4
     assert rel(run_teacher_forced(model, TorchBackend(1), ids, prompt=6), ref) < 1e-4
     assert len(calls) == 2
-    # the unfused forms of the row scales (no fused SwiGLU, no fused RoPE + cache)
+    # the unfused form of the RoPE's row scale (no fused RoPE + cache): the (M, q + 2 kv) rows
+    be = NumaschedBackend(1, fuse_swiglu=True, fuse_rope_cache=False)
+    assert rel(run_teacher_forced(model, be, ids, prompt=6), ref) < 1e-4 and len(scaled) == 2
+    # without the fused SwiGLU GEMM the prefill keeps its norms (an unfused gate/up would scale
+    # its (M, 2n) output in a pass of its own): no row scale anywhere, the same logits
     be = NumaschedBackend(1, fuse_swiglu=False, fuse_rope_cache=False, pdl_swiglu=False)
-    assert rel(run_teacher_forced(model, be, ids, prompt=6), ref) < 1e-4 and len(scaled) == 2 * 2
+    assert not be.norm_free(12) and NumaschedBackend(1, fuse_swiglu=True).norm_free(12)
+    assert rel(run_teacher_forced(model, be, ids, prompt=6), ref) < 1e-4 and len(scaled) == 2
+    # the backend's own unfused row scale (a direct call): s[i] * the projection's row i
+    x, w = torch.randn(5, 16), torch.randn(12, 16)
+    s_ = torch.rand(5) + 0.5
+    from numasched.models.llama import silu_mul
+
+    y = NumaschedBackend(1, fuse_swiglu=False, pdl_swiglu=False).linear_swiglu(x, w, 6, silu_mul, row_scale=s_)
+    gu = (x.double() * s_.double()[:, None]) @ w.double().T
+    assert rel(y, torch.nn.functional.silu(gu[:, :6]) * gu[:, 6:]) < 1e-5
     with pytest.raises(TypeError, match="fold_norms"):
         NumaschedBackend(1, fold_norms=1)
 

@@ -523,8 +523,11 @@ class NumaschedBackend(Backend):
     def norm_free(self, rows):
         # prefill sizes (the decode step's norms are fused into its all-reduce): the normalised
         # rows' write and read back (two per layer: 4096 x 4096 bf16, 64 MB of traffic each) give
-        # way to a reduction that reads the stream once (rms_inv) and a scale in the kernels
-        return self.fold_norms and rows >= self.NORM_FREE_MIN_ROWS
+        # way to a reduction that reads the stream once (rms_inv) and a scale in the kernels.
+        # Only with the fused SwiGLU GEMM: unfused, the (M, 2n) gate/up output would be scaled in
+        # a pass of its own (two H200s, Llama-3-8B TP 2, 4096 tokens: 70.8 ms against 56.6,
+        # bench/results/tp2-s26d/)
+        return self.fold_norms and self.fuse_swiglu and rows >= self.NORM_FREE_MIN_ROWS
 
     NORM_FREE_MIN_ROWS = 257
 
