@@ -71,6 +71,16 @@ def cta_barrier(ASM: tl.constexpr):
 
 
 @triton.jit
+def tma_store_drain():
+    """Wait until this thread's TMA stores (``cp.async.bulk`` groups) have completed, writes
+    included (``cp.async.bulk.wait_group 0``), so that a flag raised next finds them landed; then
+    ``fence.proxy.async`` orders them (async proxy) before the flag's generic-proxy release.
+    Inline PTX: compiled NVIDIA kernels only."""
+    tl.inline_asm_elementwise("cp.async.bulk.wait_group 0; fence.proxy.async.global; mov.u32 $0, 0;", "=r", [],
+                              dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def fence_sys():
     """``fence.acq_rel.sys``: this thread's earlier memory operations (and those ordered before
     them, as by a CTA barrier) before its later ones, for every observer on the system. Inline

@@ -29,7 +29,7 @@ rank before stage 2). Host side: numasched/distributed/matmul_all_reduce.py (``i
 import triton
 import triton.language as tl
 
-from .dist_common import epoch_begin, epoch_end, signal_peers, translate, wait_flag
+from .dist_common import epoch_begin, epoch_end, signal_peers, tma_store_drain, translate, wait_flag
 from .dist_gemm import _tile_matmul
 from numasched.kernels.pdl import pdl_enter
 
@@ -249,7 +249,7 @@ def _pairs_flat(out_ptr, recv, a_desc, b_desc, flags_ptr, status_ptr, heap_bases
                 part, M, N, K, stride_om, stride_on, wait_bound,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, B_TRANS: tl.constexpr,
                 WAIT_CLOCK: tl.constexpr, REMOTE: tl.constexpr, RESIDUAL: tl.constexpr, CONTIG: tl.constexpr,
-                DIRECT: tl.constexpr):
+                DIRECT: tl.constexpr, TMA_PUSH: tl.constexpr):
     """PAIRS' interleaved loop (STAGES 7, TMA) as one loop over this program's tiles with the K
     loop directly inside it, so that Triton fuses the two (``flatten``) and the pipeliner issues
     the next tile's first operand loads before this tile's epilogue (the pushes, the peer's
@@ -257,13 +257,25 @@ def _pairs_flat(out_ptr, recv, a_desc, b_desc, flags_ptr, status_ptr, heap_bases
     at every tile. The same tiles, order, waits and stores as ``_pairs`` with STAGES 7; tile ``j``
     of the program is half ``j % 2`` of pair ``j // 2`` (0: the peer's tile A, 1: ours B), except
     that an odd last pair (T odd) has one tile: rank 0's B or rank 1's A. Every epilogue first
-    raises the previous tile's flag (its stores drained during this K loop)."""
+    raises the previous tile's flag (its stores drained during this K loop).
+
+    TMA_PUSH (not DIRECT; N a multiple of 8): each epilogue's one push, the partial (A) or the
+    sum (B), leaves as two asynchronous TMA stores of half a tile through a descriptor of the
+    peer's receive slot (made in the kernel: ``tl.make_tensor_descriptor`` on the translated
+    address), so the program goes on to its next K loop while the 64 KB cross the link, instead
+    of holding the load/store units with 16-byte remote stores. A's partial is the same ``total``
+    as B's sum with the peer's partial and the residual read as zeros (masked), so one store
+    serves both. The flag goes up a K loop later, after a wait for the stores' completion."""
     peer = 1 - rank
     mine = tl.cdiv(tl.cdiv(T, 2) - p, P)     # pairs of this program
     q_last = p + (mine - 1) * P
     odd_last = (mine > 0) & (2 * q_last + 1 >= T)
     n = 2 * mine - odd_last.to(tl.int32)     # tiles of this program
     k_tiles = tl.cdiv(K, BLOCK_K)
+    if TMA_PUSH:
+        tl.static_assert(not DIRECT, "TMA_PUSH pushes into the receive slots")
+        push_desc = tl.make_tensor_descriptor(translate(recv + rank * part, rank, peer if REMOTE else rank, heap_bases),
+                                              shape=[M, N], strides=[N, 1], block_shape=[BLOCK_M, BLOCK_N // 2])
     for j in tl.range(0, n, flatten=True):
         i = j // 2
         half, t = _flat_tile(j, n, odd_last, rank, p, P)
@@ -280,12 +292,15 @@ def _pairs_flat(out_ptr, recv, a_desc, b_desc, flags_ptr, status_ptr, heap_bases
         # ---- epilogue. Its tensor work is predicated (masks), not branched: Triton 3.6's loop
         # fusion fails on an scf.if that uses the K loop's accumulator
         if j >= 1:
+            if TMA_PUSH:   # the previous push's TMA stores complete before its flag
+                tma_store_drain()
             _raise_flat(flags_ptr, T, _flat_tile(j - 1, n, odd_last, rank, p, P)[1], e, rank, heap_bases)
         tm, tn, rows, cols, mask, tile0, loc = _tile_place(t, TN, M, N, BLOCK_M, BLOCK_N)
         own = acc.to(recv.dtype.element_ty)
         is_b = half != 0
         # A: the peer's tile, our partial pushed
-        _push(own, recv, part, tile0, loc, mask & (half == 0), rank, peer, heap_bases, REMOTE)
+        if not TMA_PUSH:
+            _push(own, recv, part, tile0, loc, mask & (half == 0), rank, peer, heap_bases, REMOTE)
         # B: ours; first C of the previous pair's peer tile, then the sum
         if is_b & (i >= 1):
             _copy_sum(t - 2 * P + 1 - 2 * rank, TN, recv, part, peer, out_ptr, flags_ptr, T, e, status_ptr,
@@ -297,7 +312,12 @@ def _pairs_flat(out_ptr, recv, a_desc, b_desc, flags_ptr, status_ptr, heap_bases
         total = (own.to(tl.float32) + theirs.to(tl.float32)).to(recv.dtype.element_ty)
         total = _plus_residual(total, out_ptr, tile0, loc, mask_b, RESIDUAL)
         _store_out(total, out_ptr, tm, tn, tile0, loc, mask_b, stride_om, stride_on, BLOCK_M, BLOCK_N, CONTIG)
-        if DIRECT:
+        if TMA_PUSH:   # A: total is own (zeros added, up to a zero's sign); B: the sum
+            halves = tl.permute(tl.reshape(total, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+            x0, x1 = tl.split(halves)
+            push_desc.store([tm * BLOCK_M, tn * BLOCK_N], x0)   # TMA clips what lies past M and N
+            push_desc.store([tm * BLOCK_M, tn * BLOCK_N + BLOCK_N // 2], x1)
+        elif DIRECT:
             tl.store(translate(out_ptr + tile0, rank, peer if REMOTE else rank, heap_bases) + loc, total,
                      mask=mask_b)
         else:
@@ -306,6 +326,8 @@ def _pairs_flat(out_ptr, recv, a_desc, b_desc, flags_ptr, status_ptr, heap_bases
     # pair's (rank 0 in an odd last pair has none), and with rank 1's odd last pair (A only)
     # also the pair before's
     if n > 0:
+        if TMA_PUSH:
+            tma_store_drain()
         _raise_flat(flags_ptr, T, _flat_tile(n - 1, n, odd_last, rank, p, P)[1], e, rank, heap_bases)
     if (rank == 1) & odd_last & (mine >= 2):
         _copy_sum(2 * (q_last - P), TN, recv, part, peer, out_ptr, flags_ptr, T, e, status_ptr, wait_bound,
@@ -325,7 +347,7 @@ def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, a_desc, b_desc, fl
                              REMOTE: tl.constexpr = True, PDL: tl.constexpr = False, LAG: tl.constexpr = True,
                              PAIRS: tl.constexpr = False, RESIDUAL: tl.constexpr = False,
                              CONTIG: tl.constexpr = False, DIRECT: tl.constexpr = False,
-                             FLAT: tl.constexpr = False):
+                             FLAT: tl.constexpr = False, TMA_PUSH: tl.constexpr = False):
     pdl_enter(PDL)  # PDL: wait for the previous kernel here (kernels/pdl.py)
     # REMOTE=False (timing only, communicate=False): the pushes land in our own heap and nobody
     # waits (the flags still go out): the kernel's time without the exchange, its results wrong
@@ -352,7 +374,7 @@ def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, a_desc, b_desc, fl
             tl.static_assert(USE_TMA and STAGES == 7, "FLAT is the TMA form's interleaved loop")
             _pairs_flat(out_ptr, recv, a_desc, b_desc, flags_ptr, status_ptr, heap_bases, rank, e, p, P, T, TN,
                         part, M, N, K, stride_om, stride_on, wait_bound, BLOCK_M, BLOCK_N, BLOCK_K, B_TRANS,
-                        WAIT_CLOCK, REMOTE, RESIDUAL, CONTIG, DIRECT)
+                        WAIT_CLOCK, REMOTE, RESIDUAL, CONTIG, DIRECT, TMA_PUSH)
         else:
             _pairs(a_ptr, b_ptr, out_ptr, recv, a_desc, b_desc, flags_ptr, status_ptr, heap_bases, rank, e, p, P,
                    T, TN, part, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_om, stride_on,

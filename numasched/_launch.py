@@ -282,3 +282,21 @@ def _grid3(grid) -> tuple:
         return (grid, 1, 1)
     g = tuple(int(x) for x in grid)
     return g + (1,) * (3 - len(g))
+
+
+def _scratch_alloc(size: int, alignment: int, stream):
+    # device-side tensor descriptors need a little global memory per program
+    import torch
+
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def ensure_scratch_allocator() -> None:
+    """Give Triton an allocator for kernels that need global scratch per launch (device-side
+    tensor descriptors, ``tl.make_tensor_descriptor``), unless one is set already. Such kernels
+    launch through the compiled kernel's own ``run``, which allocates it (see _raw_launcher)."""
+    import triton
+    from triton.runtime import _allocation
+
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(_scratch_alloc)

@@ -36,6 +36,7 @@ from . import mappings as M
 from . import observe as _observe
 from . import options as _options
 from . import topology as _topology
+from ._launch import ensure_scratch_allocator
 from ._plan import _REG, PLANS, Plan, scratch, signature
 from ._route import mapping_token, plain_eager, warn_once
 from ._validate import check_bool, check_int32_indexing, check_same, check_scale, check_tensor
@@ -118,19 +119,6 @@ def _tma_ok(*tensors) -> bool:
     return True
 
 
-def _scratch_alloc(size: int, alignment: int, stream):
-    # device-side tensor descriptors need a little global memory per program
-    return torch.empty(size, dtype=torch.int8, device="cuda")
-
-
-def _ensure_allocator() -> None:
-    import triton
-    from triton.runtime import _allocation
-
-    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
-        triton.set_allocator(_scratch_alloc)
-
-
 _TMA_BROKEN: list = []  # set when the TMA variant failed to compile here (then never tried again)
 
 
@@ -211,7 +199,7 @@ class AttentionPlan(Plan):
             else:
                 cfg = None
             if self.tma:
-                _ensure_allocator()  # device-side descriptors take their scratch from it
+                ensure_scratch_allocator()  # device-side descriptors take their scratch from it
             if cfg is None:
                 self._launch = Launch(K.attn_fwd_kernel, grid_of, const, device=dev, tuner=K.attn_fwd_autotuned,
                                       fixed=fixed)

@@ -719,6 +719,11 @@ VARIANTS: List[Variant] = [
             off={"amd": _TMA_OFF},
             note="tile pairs with the residual add and the sums stored into the peer's out, FLAT (the TP 2 "
                  "prefill's default)"),
+    Variant("dist", "matmul_all_reduce-tma-pairs-residual-tma-push",
+            _gemm_all_reduce(True, PAIRS=True, CONTIG=True, RESIDUAL=True, FLAT=True, TMA_PUSH=True),
+            off={"amd": _TMA_OFF},
+            note="FLAT tile pairs with the residual add, the pushes as TMA stores into the peer's receive slots "
+                 "(options.fused_tma_push; 213 KB of shared memory)"),
     Variant("dist", "matmul_all_reduce-tma-pairs-residual-direct-per-tile",
             _gemm_all_reduce(True, PAIRS=True, CONTIG=True, RESIDUAL=True, DIRECT=True), off={"amd": _TMA_OFF},
             note="the same with a K loop per tile (options.fused_flat=False)"),

@@ -493,18 +493,20 @@ def check_matmul_all_reduce(ctx, quick):
     ref = a.double() @ w.double().T
     dist.all_reduce(ref)
     got = []
-    for flat in (False, True):
-        with options.use(fused_flat=flat):
+    # (FLAT, TMA_PUSH): the per-tile loop, FLAT, FLAT with the pushes as TMA stores
+    for flat, push in ((False, False), (True, False), (True, True)):
+        with options.use(fused_flat=flat, fused_tma_push=push):
             y = nd.matmul_all_reduce(a, w.T, ctx=ctx, impl="fused")
             hh = ctx.alloc((M, N), BF, what="a residual")
             hh.copy_(h0)
             r = nd.matmul_all_reduce(a, w.T, ctx=ctx, impl="fused", residual=hh)
             got.append((y.clone(), r.clone(), same_everywhere(y) and same_everywhere(r)))
             ok(rel(y, ref) < 1e-2 and torch.equal(r, h0 + y),
-               f"fused_flat={flat} {(M, Kl, N)}: wrong ({rel(y, ref):.1e}, residual {rel(r, h0 + y):.1e})")
-    ok(got[0][2] and got[1][2] and torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1]),
-       f"{(M, Kl, N)}: fused_flat changes the bits or ranks disagree")
-    msgs.append(f"{M}x{Kl}x{N} flat/per-tile same bits")
+               f"fused_flat={flat} fused_tma_push={push} {(M, Kl, N)}: wrong ({rel(y, ref):.1e}, "
+               f"residual {rel(r, h0 + y):.1e})")
+    ok(all(g[2] for g in got) and all(torch.equal(got[0][0], g[0]) and torch.equal(got[0][1], g[1]) for g in got),
+       f"{(M, Kl, N)}: fused_flat / fused_tma_push change the bits or ranks disagree")
+    msgs.append(f"{M}x{Kl}x{N} per-tile/flat/TMA-push same bits")
     return ok.done("; ".join(msgs))
 
 

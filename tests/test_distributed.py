@@ -638,6 +638,8 @@ for flat in (False, True):
     c = compile_(dist_gemm_ar.matmul_all_reduce_kernel, dict(pairs, FLAT=flat), sm90, 8, 3)
     res["mar_pairs_flat" if flat else "mar_pairs"] = dict(ttgir=c.asm["ttgir"], ptx=c.asm["ptx"],
                                                           shared=c.metadata.shared)
+c = compile_(dist_gemm_ar.matmul_all_reduce_kernel, dict(pairs, FLAT=True, DIRECT=False, TMA_PUSH=True), sm90, 8, 3)
+res["mar_tma_push"] = dict(ptx=c.asm["ptx"], shared=c.metadata.shared, scratch=c.metadata.global_scratch_size)
 vals = dict(x_ptr="*bf16", res_ptr="*bf16", w_ptr="*bf16", res_out_ptr="*bf16", y_ptr="*bf16", buf_ptr="*bf16",
             flags_ptr="*i64", status_ptr="*i32", epoch_ptr="*i64", counters_ptr="*i32", heap_bases="*i64", rank=0,
             M=16, N=4096, iters=3, eps=1e-5, wait_bound=10**6, ll_ptr="*i64", WORLD=2, BLOCK_N=4096, STAGES=3,
@@ -713,6 +715,21 @@ def test_fused_flat_loops_are_one_pipelined_loop(subprocess_result):
     stage = (128 * 64 + 256 * 64) * 2   # one stage of A and B tiles, bf16
     assert flat["shared"] >= 3 * stage and per_tile["shared"] >= 3 * stage
     assert "bar.sync 0" in flat["ttgir"] and _released(flat["ptx"])
+
+
+def test_fused_all_reduce_tma_push_drains_before_its_flag(subprocess_result):
+    """TMA_PUSH: the pushes are TMA stores (global <- shared) through a descriptor made in the
+    kernel (global scratch per program); before a flag goes up the stores are waited for with
+    their writes (``cp.async.bulk.wait_group 0``, not the ``.read`` form that only frees shared
+    memory) and ordered before the flag (fence.proxy.async, then the release); it fits an H100's
+    shared memory with three stages."""
+    r = subprocess_result["mar_tma_push"]
+    ptx = r["ptx"]
+    assert "cp.async.bulk.tensor.2d.global.shared" in ptx and r["scratch"] > 0
+    drain = ptx.find("cp.async.bulk.wait_group 0;")
+    assert drain >= 0 and ptx.find("fence.proxy.async.global", drain) > drain
+    assert _released(ptx[drain:])
+    assert r["shared"] <= 227 * 1024
 
 
 def _released(ptx: str) -> bool:
@@ -1755,3 +1772,9 @@ def test_fused_flat_option():
         options.from_env({"NUMASCHED_FUSED_FLAT": "yes"})
     with pytest.raises(TypeError, match="fused_flat"):
         options.Options(fused_flat=1)
+    with options.use(fused_tma_push=True):
+        assert mar._fused_cfg(4096, torch.bfloat16, True)["TMA_PUSH"] is True
+    assert mar._fused_cfg(4096, torch.bfloat16, True)["TMA_PUSH"] is mar.FUSED_BIG_TILE["TMA_PUSH"]
+    assert options.from_env({"NUMASCHED_FUSED_TMA_PUSH": "1"}).fused_tma_push is True
+    with pytest.raises(ValueError, match="NUMASCHED_FUSED_TMA_PUSH"):
+        options.from_env({"NUMASCHED_FUSED_TMA_PUSH": "on"})

@@ -288,7 +288,10 @@ FUSED_BIG_TILE_ROWS = 256
 # FLAT (PAIRS with TMA): the persistent tile loop and the K loop fused into one pipelined loop, so
 # the next tile's operand loads are in flight during a tile's epilogue (kernels/dist_gemm_ar.py,
 # _pairs_flat); options.fused_flat overrides.
-FUSED_BIG_TILE = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3, per_sm=1, FLAT=True)
+# TMA_PUSH (FLAT): the pushes as asynchronous TMA stores into the peer's receive slots (off: not
+# yet timed; options.fused_tma_push overrides).
+FUSED_BIG_TILE = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3, per_sm=1, FLAT=True,
+                      TMA_PUSH=False)
 
 
 def _fused_cfg(M: int, dtype, gpu: bool) -> dict:
@@ -304,7 +307,8 @@ def _fused_cfg(M: int, dtype, gpu: bool) -> dict:
         o = options.current()   # a measurement's overrides (None: the config's)
         stages = {} if o.fused_ar_stages is None else dict(num_stages=o.fused_ar_stages)
         return dict(FUSED_BIG_TILE, USE_TMA=tma, **stages,
-                    **({} if o.fused_flat is None else dict(FLAT=o.fused_flat)))
+                    **({} if o.fused_flat is None else dict(FLAT=o.fused_flat)),
+                    **({} if o.fused_tma_push is None else dict(TMA_PUSH=o.fused_tma_push)))
     bm = min(64, max(16, 1 << max(0, M - 1).bit_length()))
     # decode-sized M streams the weight: narrow column tiles give every SM a strip of it
     return dict(BLOCK_M=bm, BLOCK_N=64, BLOCK_K=128 if elt == 2 else 64, num_warps=4, num_stages=4, USE_TMA=False)
@@ -426,6 +430,11 @@ class MatmulAllReduceFused(_Op):
         layout = (use_tma, b_trans, _aligned(a), a.stride(), _aligned(b), b.stride(), _aligned(out), out.stride())
         stages = {"push": 1, "consume": 2, "gather": 4}.get(phase, 7)
         last = "gather" if pairs else "consume"
+        flat = bool(pairs and use_tma and stages == 7 and c.get("FLAT", False))
+        # TMA_PUSH (FLAT, compiled): the pushes as TMA stores through a descriptor of the peer's
+        # receive slot, made in the kernel (rows of 16-byte multiples; scratch per launch)
+        tma_push = (flat and bool(c.get("TMA_PUSH")) and ctx.device.type != "cpu"
+                    and (c["N"] * out.element_size()) % 16 == 0)
 
         def build():
             from numasched.kernels.dist_gemm_ar import matmul_all_reduce_kernel
@@ -434,8 +443,12 @@ class MatmulAllReduceFused(_Op):
                       EVEN_K=c["Kl"] % c["BLOCK_K"] == 0, USE_TMA=use_tma, B_TRANS=use_tma and b_trans, STAGES=stages,
                       BUMP_EPOCH=phase in ("full", last, "nocomm"), WAIT_CLOCK=ctx.wait_clock,
                       LAG=lag, PAIRS=pairs, RESIDUAL=c["residual"], CONTIG=out.is_contiguous(),
-                      DIRECT=pairs and c["out_offset"] is not None,
-                      FLAT=bool(pairs and use_tma and stages == 7 and c.get("FLAT", False)))
+                      DIRECT=pairs and c["out_offset"] is not None and not tma_push, FLAT=flat,
+                      TMA_PUSH=tma_push)
+            if tma_push:
+                from numasched._launch import ensure_scratch_allocator
+
+                ensure_scratch_allocator()
             if phase == "nocomm":   # pushes into our own heap, no waits: the time without the exchange
                 kw.update(REMOTE=False)
             if ctx.device.type != "cpu":
