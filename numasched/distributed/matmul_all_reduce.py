@@ -288,8 +288,10 @@ FUSED_BIG_TILE_ROWS = 256
 # FLAT (PAIRS with TMA): the persistent tile loop and the K loop fused into one pipelined loop, so
 # the next tile's operand loads are in flight during a tile's epilogue (kernels/dist_gemm_ar.py,
 # _pairs_flat); options.fused_flat overrides.
-# TMA_PUSH (FLAT): the pushes as asynchronous TMA stores into the peer's receive slots (off: not
-# yet timed; options.fused_tma_push overrides).
+# TMA_PUSH (FLAT): the pushes as asynchronous TMA stores into the peer's receive slots. Off: the
+# same bits, but slower on two H200s (bench/results/tp2-s26e/mar-sweep-tp2-h200.log: 205.2 against
+# 172.8 us at 4096 x 4096 x 2048, 426.9 against 378.3 at x 7168, 713.0 against 547.7 at 16384 rows;
+# the TP 2 prefill 55.83 against 54.74 ms); options.fused_tma_push overrides.
 FUSED_BIG_TILE = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3, per_sm=1, FLAT=True,
                       TMA_PUSH=False)
 
