@@ -3,8 +3,8 @@ default) and the persistent kernel (kernels/gemm_glu.py), Llama-3-8B's gate/up a
 2 x 7168 x 4096, bf16), three calls each, no CUDA graph (ncu profiles kernel launches).
 Run: ncu --clock-control none -k regex:glu_persistent_kernel|gemm_splitk_kernel --launch-skip 2
 --launch-count 1 --section SpeedOfLight --section WarpStateStats python3 scripts/glu_ncu.py [KIND]
-where KIND is "splitk", "persistent" or "persistent-ptr" (its pointer stores; default: the first
-two). ``--time``: CUDA-graph replay times of the three, twice, no profiler."""
+where KIND is "splitk" or "persistent" (default: both, split-K first). ``--time``: CUDA-graph
+replay times of the two, twice, no profiler."""
 import sys
 
 import torch
@@ -14,22 +14,12 @@ from numasched import gemm_glu
 
 
 def _plan(kind, x, w, out):
-    if kind == "splitk":
-        return numasched.plan_matmul_swiglu(x, w.t(), out, schedule=gemm_glu.GLU_BIG_SCHEDULE)
-    if kind == "persistent":
-        return numasched.plan_matmul_swiglu(x, w.t(), out, schedule=gemm_glu.GLU_PERSISTENT_SCHEDULE)
-    # "persistent-ptr": the persistent kernel with masked pointer stores instead of its TMA store
-    # (the plan is told that no descriptor can address out)
-    real = gemm_glu.tma_view
-    gemm_glu.tma_view = lambda t: None if t is out else real(t)
-    try:
-        return numasched.plan_matmul_swiglu(x, w.t(), out, schedule=gemm_glu.GLU_PERSISTENT_SCHEDULE)
-    finally:
-        gemm_glu.tma_view = real
+    sched = gemm_glu.GLU_BIG_SCHEDULE if kind == "splitk" else gemm_glu.GLU_PERSISTENT_SCHEDULE
+    return numasched.plan_matmul_swiglu(x, w.t(), out, schedule=sched)
 
 
 def main():
-    if sys.argv[1:2] == ["--time"]:   # CUDA-graph replay times of the three forms, no profiler
+    if sys.argv[1:2] == ["--time"]:   # CUDA-graph replay times of the two kernels, no profiler
         from numasched.bench.common import graph_replay_ms
 
         M, n, K = 4096, 7168, 4096
@@ -37,7 +27,7 @@ def main():
         w = torch.randn(2 * n, K, device="cuda", dtype=torch.bfloat16) / K ** 0.5
         out = torch.empty(M, n, device="cuda", dtype=torch.bfloat16)
         ref = torch.nn.functional.silu(x.float() @ w[:n].float().t()) * (x.float() @ w[n:].float().t())
-        for kind in ("splitk", "persistent", "persistent-ptr", "splitk", "persistent", "persistent-ptr"):
+        for kind in ("splitk", "persistent", "splitk", "persistent"):
             plan = _plan(kind, x, w, out)
             us = graph_replay_ms(lambda: plan.run(x, w.t(), out)) * 1e3
             out.fill_(float("nan"))
