@@ -149,6 +149,15 @@ def all_gather_matmul_kernel(
 
 # ============================================================================ GEMM + reduce-scatter
 @triton.jit
+def _rs_signal_pushed(t, flags_ptr, e, rank, heap_bases, TMS, TN, TS, MAPPING: tl.constexpr, WORLD: tl.constexpr):
+    """Ticket ``t``'s flag on its owner, if it was a peer's tile (pushed); the CTA barrier as
+    inline PTX (FLAT's loop stays pipelined)."""
+    dest, tm, tn = shard_order(t, rank, WORLD, 1, TMS, TN, MAPPING)
+    if dest != rank:
+        signal(flags_ptr + rank * TS + tm * TN + tn, e, rank, dest, heap_bases, True)
+
+
+@triton.jit
 def _rs_flat(out_ptr, p_ptr, a_desc, b_desc, flags_ptr, status_ptr, heap_bases, rank, e, slot, Ms, N, Kl,
              stride_om, stride_on, num_programs, wait_bound, TICKET_LO, TICKET_HI, TMS, TN, TS, part,
              MAPPING: tl.constexpr, WORLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -159,7 +168,9 @@ def _rs_flat(out_ptr, p_ptr, a_desc, b_desc, flags_ptr, status_ptr, heap_bases, 
     ticket (an atomic per tile) would make the tile loop a while loop, which Triton does not fuse.
     The epilogue's tensor work is predicated (masks), not branched, and each flag goes up one
     tile late (after the next K loop), before the program waits for anything, as in the
-    ticketed loop. The CTA barriers before the flags are inline PTX (dist_common.cta_barrier)."""
+    ticketed loop. The CTA barriers before the flags are inline PTX (dist_common.cta_barrier).
+    Two ranks (at four the rank-order sum spilled 1.7 KB of registers, sm_90)."""
+    tl.static_assert(WORLD == 2, "FLAT is the two-rank form")
     p = tl.program_id(0)
     k_tiles = tl.cdiv(Kl, BLOCK_K)
     for t in tl.range(TICKET_LO + p, TICKET_HI, num_programs, flatten=True):
@@ -171,9 +182,7 @@ def _rs_flat(out_ptr, p_ptr, a_desc, b_desc, flags_ptr, status_ptr, heap_bases, 
             acc = tl.dot(a, b, acc)
         # ---- epilogue: first the previous tile's flag (its stores drained during this K loop)
         if COMM & (t - num_programs >= TICKET_LO):
-            pdest, ptm, ptn = shard_order(t - num_programs, rank, WORLD, 1, TMS, TN, MAPPING)
-            if pdest != rank:
-                signal(flags_ptr + rank * TS + ptm * TN + ptn, e, rank, pdest, heap_bases, True)
+            _rs_signal_pushed(t - num_programs, flags_ptr, e, rank, heap_bases, TMS, TN, TS, MAPPING, WORLD)
         rows = tm * BLOCK_M + tl.arange(0, BLOCK_M)
         cols = tn * BLOCK_N + tl.arange(0, BLOCK_N)
         mask = (rows[:, None] < Ms) & (cols[None, :] < N)
@@ -188,29 +197,15 @@ def _rs_flat(out_ptr, p_ptr, a_desc, b_desc, flags_ptr, status_ptr, heap_bases, 
             tl.store(translate(mine, rank, dest, heap_bases) + loc, own, mask=mask & peer_tile)
         else:
             tl.store(mine + loc, own, mask=mask & peer_tile)
-        # ours: the ranks' partials summed in rank order 0..WORLD-1
+        # ours: our partial plus the peer's (two ranks: a + b == b + a, the rank-order sum's bits),
+        # the peer's loaded in its dtype and added (no spills; off: its partial counts as zeros)
         ours = mask & (dest == rank)
-        if WORLD == 2:   # a + b == b + a: the peer's partial loaded in its dtype and added (no spills)
-            total = own.to(tl.float32)
-            if COMM:
-                if dest == rank:
-                    wait_flag(flags_ptr + (1 - rank) * TS + tile, e, 1 - rank, status_ptr, wait_bound, WAIT_CLOCK)
-                x = tl.load(p_ptr + (slot * WORLD + 1 - rank).to(tl.int64) * part + tile0 + loc, mask=ours, other=0.0)
-                total = total + x.to(tl.float32)
-        for src in tl.static_range(WORLD if WORLD != 2 else 0):
-            if src == rank:
-                x = own.to(tl.float32)
-            elif COMM:
-                if dest == rank:
-                    wait_flag(flags_ptr + src * TS + tile, e, src, status_ptr, wait_bound, WAIT_CLOCK)
-                x = tl.load(p_ptr + (slot * WORLD + src).to(tl.int64) * part + tile0 + loc, mask=ours,
-                            other=0.0).to(tl.float32)
-            else:
-                x = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            if src == 0:
-                total = x
-            else:
-                total += x
+        total = own.to(tl.float32)
+        if COMM:
+            if dest == rank:
+                wait_flag(flags_ptr + (1 - rank) * TS + tile, e, 1 - rank, status_ptr, wait_bound, WAIT_CLOCK)
+            x = tl.load(p_ptr + (slot * WORLD + 1 - rank).to(tl.int64) * part + tile0 + loc, mask=ours, other=0.0)
+            total = total + x.to(tl.float32)
         if OUT_CONTIG:   # the partials' offsets (no second set of offsets in registers)
             tl.store(out_ptr + tile0 + loc, total.to(out_ptr.dtype.element_ty), mask=ours)
         else:
@@ -220,9 +215,7 @@ def _rs_flat(out_ptr, p_ptr, a_desc, b_desc, flags_ptr, status_ptr, heap_bases, 
     # the last tile's flag
     last = TICKET_LO + p + (tl.cdiv(TICKET_HI - TICKET_LO - p, num_programs) - 1) * num_programs
     if COMM & (last >= TICKET_LO + p):
-        ldest, ltm, ltn = shard_order(last, rank, WORLD, 1, TMS, TN, MAPPING)
-        if ldest != rank:
-            signal(flags_ptr + rank * TS + ltm * TN + ltn, e, rank, ldest, heap_bases, True)
+        _rs_signal_pushed(last, flags_ptr, e, rank, heap_bases, TMS, TN, TS, MAPPING, WORLD)
 
 
 @triton.jit

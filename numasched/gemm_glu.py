@@ -209,11 +209,9 @@ class SwiGLUPlan(Plan):
         # base and row stride: a contiguous out of n % 8 == 0 bf16 columns), else masked stores
         if out is not None:
             cv = tma_view(out)
-            self._c_stride = out.stride()
+            self._c_tma, self._c_stride = cv is not None and not cv[0], out.stride()
         else:   # run() makes a contiguous (M, n) out
-            cv = (False,) if (self.n * dtype.itemsize) % 16 == 0 else None
-            self._c_stride = (self.n, 1)
-        self._c_tma = cv is not None and not cv[0]
+            self._c_tma, self._c_stride = (self.n * dtype.itemsize) % 16 == 0, (self.n, 1)
         self.policy = M.resolve("auto", "gemm", self.topology, M.GemmGrid(max(1, NM), max(1, NN)))
         const = dict(MAPPING=self.policy.constexpr(self.topology.num_domains), BLOCK_M=cfg["BLOCK_M"],
                      BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], B_TRANS=bool(b_view[0]),

@@ -126,8 +126,8 @@ class MatmulReduceScatter(_Op):
         def build():
             from numasched.kernels.dist_gemm import matmul_reduce_scatter_kernel
 
-            # FLAT: static tickets in one pipelined loop (GPU, TMA, the whole ticket range; two ranks:
-            # at four the rank-order sum's registers spilled 1.7 KB, sm_90)
+            # FLAT: static tickets in one pipelined loop (GPU, TMA, the whole ticket range, two ranks:
+            # kernels/dist_gemm.py, _rs_flat)
             flat = (bool(c.get("FLAT")) and use_tma and ctx.device.type != "cpu" and phase in ("full", "nocomm")
                     and ctx.world == 2)
             kw = _Op._gemm_kw(ctx, c, c["Kl"], use_tma, COMM=phase != "nocomm",
