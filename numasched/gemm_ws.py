@@ -1,0 +1,116 @@
+"""Host side of the warp-specialised Hopper GEMM (kernels/gemm_ws.py): check -> plan -> run.
+
+``WsGemmPlan(a, b, out)`` checks that the kernel can take the operands (an sm_90 GPU, 16-bit
+floats, TMA-compatible strides), makes the three TMA descriptors once, and ``run`` launches one
+program per SM (fewer when there are fewer tiles). The plan is reusable while the tensors' data
+pointers stay the same (``run`` re-makes the descriptors when they change), so it works under CUDA
+graphs.
+
+``supported(a, b, out)`` says why not, as a string, or returns None; numasched.gemm consults it
+before it offers the kernel as a schedule.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+__all__ = ["WsConfig", "WsGemmPlan", "supported", "DEFAULT_CONFIG"]
+
+
+@dataclass(frozen=True)
+class WsConfig:
+    block_n: int = 256
+    stages: int = 3
+    group_m: int = 8
+    block_m: int = 128   # two consumer warpgroups of 64 rows
+    block_k: int = 64
+    consumer_regs: int = 232
+    loader_regs: int = 40
+    maxnreg: int = 168   # 12 warps (3 warpgroups) x 168 = 64512 of the SM's 65536 registers
+
+    def smem_bytes(self, elem: int = 2) -> int:
+        stage = (self.block_m + self.block_n) * self.block_k * elem
+        return self.stages * stage + self.block_m * self.block_n * elem + 1024
+
+
+DEFAULT_CONFIG = WsConfig()
+
+
+def _tma_ok(t: torch.Tensor) -> bool:
+    """A 2-D view TMA can address: unit stride along its last dimension, the other 16-byte aligned."""
+    return (t.dim() == 2 and t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0
+            and t.data_ptr() % 16 == 0)
+
+
+def supported(a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None) -> Optional[str]:
+    """None when the kernel can compute ``out = a @ b``; otherwise the reason, naming the argument."""
+    from numasched.kernels.gemm_ws import HAVE_GLUON
+
+    if not HAVE_GLUON:
+        return "this triton has no Gluon"
+    if a.device.type != "cuda" or torch.cuda.get_device_capability(a.device)[0] != 9:
+        return "needs an sm_90 GPU (Hopper)"
+    if a.dtype not in (torch.bfloat16, torch.float16) or b.dtype != a.dtype:
+        return "a and b must both be bf16 or both fp16"
+    if not _tma_ok(a):
+        return "a must be row-major with 16-byte aligned rows"
+    if not (_tma_ok(b) or _tma_ok(b.t())):
+        return "b must be (K, N) row-major or the transpose of an (N, K) row-major weight"
+    if out is not None and (out.dtype != a.dtype or not _tma_ok(out)):
+        return "out must be row-major with 16-byte aligned rows, in a's dtype"
+    return None
+
+
+class WsGemmPlan:
+    """``out (M, N) = a (M, K) @ b (K, N)`` by the warp-specialised kernel, for these operands."""
+
+    def __init__(self, a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None,
+                 config: WsConfig = DEFAULT_CONFIG, num_programs: Optional[int] = None):
+        if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
+            raise ValueError(f"a {tuple(a.shape)} and b {tuple(b.shape)} are not (M, K) and (K, N)")
+        why = supported(a, b, out)
+        if why:
+            raise ValueError(f"the warp-specialised GEMM cannot run this: {why}")
+        self.M, self.K = a.shape
+        self.N = b.shape[1]
+        self.config = config
+        self.b_kmajor = not _tma_ok(b)   # b = w.t() of an (N, K) weight
+        cfg = config
+        tiles = -(-self.M // cfg.block_m) * -(-self.N // cfg.block_n)
+        sms = torch.cuda.get_device_properties(a.device).multi_processor_count
+        self.num_programs = max(1, min(tiles, num_programs or sms))
+        self._key = None
+        self._descs = None
+
+    def _make_descriptors(self, a, b, c):
+        from triton.experimental.gluon import language as gl
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+        cfg = self.config
+        dt = gl.bfloat16 if a.dtype == torch.bfloat16 else gl.float16
+
+        def desc(t, block):
+            return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, dt))
+
+        a_d = desc(a, [cfg.block_m, cfg.block_k])
+        b_d = desc(b.t(), [cfg.block_n, cfg.block_k]) if self.b_kmajor else desc(b, [cfg.block_k, cfg.block_n])
+        c_d = desc(c, [cfg.block_m // 2, cfg.block_n])
+        return a_d, b_d, c_d
+
+    def run(self, a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        from numasched.kernels.gemm_ws import gemm_ws_kernel
+
+        if out is None:
+            out = torch.empty(self.M, self.N, device=a.device, dtype=a.dtype)
+        key = (a.data_ptr(), b.data_ptr(), out.data_ptr())
+        if key != self._key:
+            self._descs = self._make_descriptors(a, b, out)
+            self._key = key
+        cfg = self.config
+        gemm_ws_kernel[(self.num_programs,)](*self._descs, self.M, self.N, self.K,
+                                             STAGES=cfg.stages, GROUP_M=cfg.group_m,
+                                             CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=cfg.loader_regs,
+                                             num_warps=4, maxnreg=cfg.maxnreg)
+        return out
