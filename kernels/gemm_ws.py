@@ -16,6 +16,11 @@ warps of a program split the work three ways, and they talk through mbarriers on
   store. The store drains while the next tile's K loop runs, and the loader has already fetched
   that tile's first stages.
 
+``GLU`` makes it the SwiGLU GEMM of an MLP (numasched.gemm_glu): B is the (K, 2n) gate/up
+weight, each stage holds a gate box and the matching up box, each consumer keeps two 64 x BLOCK_N
+accumulators, and the epilogue stores ``silu(gate) * up`` (with ``ROW_SCALE``, both first times a
+factor per row, a norm folded into the GEMM).
+
 No barrier spans the whole CTA inside the K loop. A, B and C go through host TMA descriptors, so
 edges need no masks: TMA zero-fills the loads outside the tensor and clips the stores.
 
@@ -26,13 +31,12 @@ Gluon has no interpreter: the CPU suite compiles this kernel for sm_90 offline a
 structure (tests/test_gemm_ws.py); correctness and speed come from the GPU tests and
 ``scripts/gemm_ws_probe.py``.
 """
-from __future__ import annotations
-
 try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                                    warpgroup_mma, warpgroup_mma_wait)
+    from triton.language.core import _aggregate as aggregate
     HAVE_GLUON = True
 except ImportError:  # pragma: no cover - triton without Gluon
     HAVE_GLUON = False
@@ -40,6 +44,33 @@ except ImportError:  # pragma: no cover - triton without Gluon
 CONSUMER_ROWS = 64  # rows of the tile one consumer warpgroup owns (wgmma's M per warpgroup)
 
 if HAVE_GLUON:
+
+    @aggregate
+    class WsArgs:
+        """What every partition sees. The constexpr fields stay compile-time inside the partitions
+        (a worker's plain arguments would not)."""
+        a_desc: tma.tensor_descriptor
+        b_desc: tma.tensor_descriptor
+        c_desc: tma.tensor_descriptor
+        a_bufs: gl.shared_memory_descriptor
+        b_bufs: gl.shared_memory_descriptor   # STAGES slots; GLU: 2 x STAGES (gate, up, gate, ...)
+        ready: gl.shared_memory_descriptor
+        empty: gl.shared_memory_descriptor
+        scale: gl.tensor                      # (M,) fp32 row factors (ROW_SCALE), else unread
+        M: gl.tensor
+        N: gl.tensor                          # output columns (GLU: n; the up rows start at n)
+        K: gl.tensor
+        GROUP_M: gl.constexpr
+        GLU: gl.constexpr
+        ROW_SCALE: gl.constexpr
+
+        @gluon.constexpr_function
+        def __init__(self, a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, scale, M, N, K,
+                     GROUP_M, GLU, ROW_SCALE):
+            self.a_desc, self.b_desc, self.c_desc = a_desc, b_desc, c_desc
+            self.a_bufs, self.b_bufs, self.ready, self.empty = a_bufs, b_bufs, ready, empty
+            self.scale, self.M, self.N, self.K = scale, M, N, K
+            self.GROUP_M, self.GLU, self.ROW_SCALE = gl.constexpr(GROUP_M), gl.constexpr(GLU), gl.constexpr(ROW_SCALE)
 
     @gluon.jit
     def _tile_of(t, NM, NN, GROUP_M: gl.constexpr):
@@ -52,106 +83,147 @@ if HAVE_GLUON:
         return first_m + local % rows, local // rows
 
     @gluon.jit
-    def _loader(a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M: gl.constexpr):
+    def _load_b(p, off_n, k, bar, slot):
+        """B's box of columns [off_n, off_n + BLOCK_N) and K rows [k, k + BLOCK_K) into ``slot``.
+        B (K, N) stored as (N, K), the weight of F.linear, comes in (BLOCK_N, BLOCK_K) boxes."""
+        BLOCK_K: gl.constexpr = p.a_desc.block_type.shape[1]
+        if p.b_desc.block_type.shape[1] == BLOCK_K:
+            tma.async_copy_global_to_shared(p.b_desc, [off_n, k], bar, slot)
+        else:
+            tma.async_copy_global_to_shared(p.b_desc, [k, off_n], bar, slot)
+
+    @gluon.jit
+    def _b_operand(p, slot):
+        """A B slot as wgmma's (BLOCK_K, BLOCK_N) operand (a transposed view for (N, K) boxes)."""
+        BLOCK_K: gl.constexpr = p.a_desc.block_type.shape[1]
+        if p.b_desc.block_type.shape[1] == BLOCK_K:
+            return slot.permute((1, 0))
+        else:
+            return slot
+
+    @gluon.jit
+    def _loader(p, ROLE: gl.constexpr):
         """One warp: TMA loads of every (tile, K step) of this program, STAGES ahead of the wgmma."""
-        BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
-        BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
-        BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
-        STAGES: gl.constexpr = a_bufs.type.shape[0]
-        # B (K, N) stored as (N, K), the weight of F.linear, comes in (BLOCK_N, BLOCK_K) boxes
-        B_KMAJOR: gl.constexpr = b_desc.block_type.shape[1] == BLOCK_K
-        NBYTES: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
-        NM = gl.cdiv(M, BLOCK_M)
-        NN = gl.cdiv(N, BLOCK_N)
-        k_steps = gl.cdiv(K, BLOCK_K)
+        BLOCK_M: gl.constexpr = p.a_desc.block_type.shape[0]
+        BLOCK_K: gl.constexpr = p.a_desc.block_type.shape[1]
+        BLOCK_N: gl.constexpr = p.c_desc.block_type.shape[1]
+        STAGES: gl.constexpr = p.a_bufs.type.shape[0]
+        NB: gl.constexpr = 2 if p.GLU else 1
+        NBYTES: gl.constexpr = p.a_desc.block_type.nbytes + NB * p.b_desc.block_type.nbytes
+        NM = gl.cdiv(p.M, BLOCK_M)
+        NN = gl.cdiv(p.N, BLOCK_N)
+        k_steps = gl.cdiv(p.K, BLOCK_K)
         it = 0
         for t in range(gl.program_id(0), NM * NN, gl.num_programs(0)):
-            tm, tn = _tile_of(t, NM, NN, GROUP_M)
+            tm, tn = _tile_of(t, NM, NN, p.GROUP_M)
             off_m = tm * BLOCK_M
             off_n = tn * BLOCK_N
             for kk in range(k_steps):
                 s = it % STAGES
                 # slots start free: the first wait on each passes (phase 1 of a fresh barrier)
-                mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
-                bar = ready.index(s)
+                mbarrier.wait(p.empty.index(s), ((it // STAGES) & 1) ^ 1)
+                bar = p.ready.index(s)
                 mbarrier.expect(bar, NBYTES)
-                tma.async_copy_global_to_shared(a_desc, [off_m, kk * BLOCK_K], bar, a_bufs.index(s))
-                if B_KMAJOR:
-                    tma.async_copy_global_to_shared(b_desc, [off_n, kk * BLOCK_K], bar, b_bufs.index(s))
+                tma.async_copy_global_to_shared(p.a_desc, [off_m, kk * BLOCK_K], bar, p.a_bufs.index(s))
+                if p.GLU:   # the gate's columns, then the up's (n further on)
+                    _load_b(p, off_n, kk * BLOCK_K, bar, p.b_bufs.index(2 * s))
+                    _load_b(p, p.N + off_n, kk * BLOCK_K, bar, p.b_bufs.index(2 * s + 1))
                 else:
-                    tma.async_copy_global_to_shared(b_desc, [kk * BLOCK_K, off_n], bar, b_bufs.index(s))
+                    _load_b(p, off_n, kk * BLOCK_K, bar, p.b_bufs.index(s))
                 it += 1
 
     @gluon.jit
-    def _consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, M, N, K,
-                  GROUP_M: gl.constexpr, ROLE: gl.constexpr):
+    def _consumer(p, ROLE: gl.constexpr):
         """One warpgroup: rows [ROLE * 64, ROLE * 64 + 64) of every tile of this program."""
-        BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
-        BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
-        BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
-        ROWS: gl.constexpr = c_desc.block_type.shape[0]
-        STAGES: gl.constexpr = a_bufs.type.shape[0]
-        # B (K, N) stored as (N, K), the weight of F.linear, comes in (BLOCK_N, BLOCK_K) boxes
-        B_KMAJOR: gl.constexpr = b_desc.block_type.shape[1] == BLOCK_K
+        BLOCK_M: gl.constexpr = p.a_desc.block_type.shape[0]
+        BLOCK_K: gl.constexpr = p.a_desc.block_type.shape[1]
+        BLOCK_N: gl.constexpr = p.c_desc.block_type.shape[1]
+        ROWS: gl.constexpr = p.c_desc.block_type.shape[0]
+        STAGES: gl.constexpr = p.a_bufs.type.shape[0]
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                              instr_shape=[16, BLOCK_N, 16])
-        c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
-        NM = gl.cdiv(M, BLOCK_M)
-        NN = gl.cdiv(N, BLOCK_N)
-        k_steps = gl.cdiv(K, BLOCK_K)
+        c_smem = gl.allocate_shared_memory(p.c_desc.dtype, p.c_desc.block_type.shape, p.c_desc.layout)
+        NM = gl.cdiv(p.M, BLOCK_M)
+        NN = gl.cdiv(p.N, BLOCK_N)
+        k_steps = gl.cdiv(p.K, BLOCK_K)
         acc = gl.zeros((ROWS, BLOCK_N), gl.float32, acc_layout)
+        acc_up = gl.zeros((ROWS, BLOCK_N), gl.float32, acc_layout)   # GLU only
         it = 0
         for t in range(gl.program_id(0), NM * NN, gl.num_programs(0)):
-            tm, tn = _tile_of(t, NM, NN, GROUP_M)
+            tm, tn = _tile_of(t, NM, NN, p.GROUP_M)
             prev = 0
             for kk in range(k_steps):
                 s = it % STAGES
-                mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-                a = a_bufs.index(s).slice(ROLE * ROWS, ROWS, dim=0)
-                if B_KMAJOR:
-                    b = b_bufs.index(s).permute((1, 0))
+                mbarrier.wait(p.ready.index(s), (it // STAGES) & 1)
+                a = p.a_bufs.index(s).slice(ROLE * ROWS, ROWS, dim=0)
+                if p.GLU:
+                    acc = warpgroup_mma(a, _b_operand(p, p.b_bufs.index(2 * s)), acc, use_acc=kk > 0,
+                                        is_async=True)
+                    acc_up = warpgroup_mma(a, _b_operand(p, p.b_bufs.index(2 * s + 1)), acc_up, use_acc=kk > 0,
+                                           is_async=True)
+                    # this step's two wgmma in flight: the previous step's are done, its slot is free
+                    acc, acc_up = warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc_up))
                 else:
-                    b = b_bufs.index(s)
-                acc = warpgroup_mma(a, b, acc, use_acc=kk > 0, is_async=True)
-                # one wgmma in flight: the previous step's is done, so its slot is free
-                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-                mbarrier.arrive(empty.index(prev), count=1, pred=kk > 0)
+                    acc = warpgroup_mma(a, _b_operand(p, p.b_bufs.index(s)), acc, use_acc=kk > 0, is_async=True)
+                    # one wgmma in flight: the previous step's is done, so its slot is free
+                    acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+                mbarrier.arrive(p.empty.index(prev), count=1, pred=kk > 0)
                 prev = s
                 it += 1
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            mbarrier.arrive(empty.index(prev), count=1, pred=k_steps > 0)
+            if p.GLU:
+                acc, acc_up = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_up))
+            else:
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            mbarrier.arrive(p.empty.index(prev), count=1, pred=k_steps > 0)
+            row0 = tm * BLOCK_M + ROLE * ROWS
+            if p.GLU:
+                g = acc
+                u = acc_up
+                if p.ROW_SCALE:   # (s a) @ b = s (a @ b): the factor on both accumulators
+                    rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, acc_layout))
+                    f = gl.load(p.scale + rows, mask=rows < p.M, other=0.0)[:, None]
+                    g = g * f
+                    u = u * f
+                y = g / (1.0 + gl.exp(-g)) * u
+            else:
+                y = acc
             # epilogue: the previous tile's store has had this whole K loop to drain
             tma.store_wait(pendings=0)
-            c_smem.store(acc.to(c_desc.dtype))
+            c_smem.store(y.to(p.c_desc.dtype))
             fence_async_shared()
-            tma.async_copy_shared_to_global(c_desc, [tm * BLOCK_M + ROLE * ROWS, tn * BLOCK_N], c_smem)
+            tma.async_copy_shared_to_global(p.c_desc, [row0, tn * BLOCK_N], c_smem)
         tma.store_wait(pendings=0)
 
     # The partitions' entry points: a worker's arguments cannot carry a constexpr of their own.
     @gluon.jit
-    def _consumer_lo(a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M: gl.constexpr):
-        _consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M, 0)
+    def _consumer_lo(p):
+        _consumer(p, 0)
 
     @gluon.jit
-    def _consumer_hi(a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M: gl.constexpr):
-        _consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M, 1)
+    def _consumer_hi(p):
+        _consumer(p, 1)
 
     @gluon.jit
-    def gemm_ws_kernel(a_desc, b_desc, c_desc, M, N, K,
-                       STAGES: gl.constexpr, GROUP_M: gl.constexpr,
+    def _loader_main(p):
+        _loader(p, 0)
+
+    @gluon.jit(do_not_specialize=["M", "N", "K"])   # M == 1 stays a value (WsArgs holds tensors)
+    def gemm_ws_kernel(a_desc, b_desc, c_desc, scale, M, N, K,
+                       STAGES: gl.constexpr, GROUP_M: gl.constexpr, GLU: gl.constexpr, ROW_SCALE: gl.constexpr,
                        CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr):
-        """C (M, N) = A (M, K) @ B (K, N); launched with num_warps=4 (the first consumer warpgroup)
-        and one program per SM at most."""
+        """C (M, N) = A (M, K) @ B (K, N), or (GLU) silu(A @ B[:, :N]) * (A @ B[:, N:]); launched
+        with num_warps=4 (the first consumer warpgroup) and at most one program per SM."""
+        NB: gl.constexpr = 2 if GLU else 1
         a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
-        b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+        b_bufs = gl.allocate_shared_memory(b_desc.dtype, [NB * STAGES] + b_desc.block_type.shape, b_desc.layout)
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=2)   # one arrive per consumer warpgroup
-        args = (a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M)
+        p = WsArgs(a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, scale, M, N, K, GROUP_M, GLU, ROW_SCALE)
         gl.warp_specialize([
-            (_consumer_lo, args),
-            (_consumer_hi, args),
-            (_loader, args),
+            (_consumer_lo, (p,)),
+            (_consumer_hi, (p,)),
+            (_loader_main, (p,)),
         ], [4, 1], [CONSUMER_REGS, LOADER_REGS])

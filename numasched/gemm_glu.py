@@ -84,6 +84,10 @@ GLU_BIG_MIN_ROWS = 512
 # two wgmma groups in flight as the split-K kernel's does.
 GLU_PERSISTENT_SCHEDULE = _sched.Schedule.parse("tiled 128x256x64 w8 s3 persistent")
 GLU_PERSISTENT_BY_DEFAULT = False   # options.glu_persistent overrides
+# The warp-specialised Gluon kernel (kernels/gemm_ws.py, GLU form: a loader warp, two consumer
+# warpgroups, no CTA-wide barrier in the K loop) at the same sizes, where it can take the operands
+# (numasched.gemm_ws.supported: Hopper, 16-byte aligned rows).
+GLU_WS_BY_DEFAULT = False   # options.glu_ws overrides
 
 
 def big_tiles(M: int, n: int, dtype) -> bool:
@@ -124,6 +128,10 @@ class SwiGLUPlan(Plan):
         a_view, b_view = tma_view(a), tma_view(b)
         tma_possible = (options.gemm_splitk_tma and a_view is not None and b_view is not None
                         and TensorDescriptor is not None)
+        if schedule is None and not interp and big_tiles(Mdim, n, dtype) and self._plan_ws(a, b, out, row_scale,
+                                                                                         options):
+            self._freeze()
+            return
         if schedule is None and not interp:
             if big_tiles(Mdim, n, dtype) and tma_possible and caps.tma_supported(dev):
                 persistent = options.glu_persistent
@@ -180,6 +188,18 @@ class SwiGLUPlan(Plan):
         self._launch = Launch(KS.gemm_splitk_kernel, self.grid, const, config=cfg, device=dev, interpret=interp,
                               options=options)
         self._freeze()
+
+    def _plan_ws(self, a, b, out, row_scale, options) -> bool:
+        """The warp-specialised kernel when the options ask for it and it can take the operands."""
+        from . import gemm_ws as W
+
+        ws = options.glu_ws if options.glu_ws is not None else GLU_WS_BY_DEFAULT
+        if not ws or W.supported(a, b, out) is not None:
+            return False
+        self._ws = W.WsGemmPlan(a, b, out, config=W.GLU_CONFIG, row_scale=row_scale)
+        self.path, self.config, self.block_n = "ws", W.GLU_CONFIG, W.GLU_CONFIG.block_n
+        self.grid = (self._ws.num_programs,)
+        return True
 
     def _plan_persistent(self, a, b, out, a_view, b_view, schedule, tma_possible, interp, dtype, options):
         """The persistent kernel (kernels/gemm_glu.py) for a "tiled ... persistent" schedule: TMA
@@ -263,6 +283,11 @@ class SwiGLUPlan(Plan):
         if self._upcast:   # fp32 stand-ins with the planned strides (the kernel's arguments)
             a, b = upcast_like(a), upcast_like(b)
             out = torch.empty_strided((self.M, self.n), self._c_stride, dtype=torch.float32, device=a.device)
+        if self.path == "ws":
+            if _observe.OBSERVERS:
+                _observe.notify(self.op, "gemm_ws", self.grid, (res,), self)
+            with caps.launch_device(a):
+                return self._ws.run(a, b, out, row_scale)
         if self.path == "tma-persistent":
             if _observe.OBSERVERS:
                 _observe.notify(self.op, "glu_persistent", self.grid, (res,), self)

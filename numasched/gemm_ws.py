@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-__all__ = ["WsConfig", "WsGemmPlan", "supported", "DEFAULT_CONFIG"]
+__all__ = ["WsConfig", "WsGemmPlan", "supported", "descriptor_type", "DEFAULT_CONFIG", "GLU_CONFIG"]
 
 
 @dataclass(frozen=True)
@@ -29,13 +29,25 @@ class WsConfig:
     consumer_regs: int = 232
     loader_regs: int = 40
     maxnreg: int = 168   # 12 warps (3 warpgroups) x 168 = 64512 of the SM's 65536 registers
+    glu: bool = False    # the SwiGLU form: a gate and an up box of block_n columns per stage
 
     def smem_bytes(self, elem: int = 2) -> int:
-        stage = (self.block_m + self.block_n) * self.block_k * elem
+        stage = (self.block_m + (2 if self.glu else 1) * self.block_n) * self.block_k * elem
         return self.stages * stage + self.block_m * self.block_n * elem + 1024
 
 
 DEFAULT_CONFIG = WsConfig()
+# SwiGLU: 128 x 128 output tiles (a 128 x 256 tile of the gate/up GEMM), 4 stages of 48 KB
+GLU_CONFIG = WsConfig(block_n=128, stages=4, glu=True)
+
+
+def descriptor_type(dtype: str, block) -> str:
+    """The signature type of a host descriptor of ``block`` ("bf16"/"fp16") as the Gluon JIT sees it
+    (offline compiles: numasched.portability)."""
+    from triton.experimental.gluon import language as gl
+
+    layout = gl.NVMMASharedLayout.get_default_for(list(block), {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype])
+    return f"tensordesc<{dtype}[{block[0]}, {block[1]}],{layout!r}>"
 
 
 def _tma_ok(t: torch.Tensor) -> bool:
@@ -48,33 +60,47 @@ def supported(a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = No
     """None when the kernel can compute ``out = a @ b``; otherwise the reason, naming the argument."""
     from numasched.kernels.gemm_ws import HAVE_GLUON
 
+    if a.dtype not in (torch.bfloat16, torch.float16) or b.dtype != a.dtype:
+        return f"a and b must both be bf16 or both fp16 (a {a.dtype}, b {b.dtype})"
+    if not _tma_ok(a):
+        return "a must be row-major with 16-byte aligned rows (K a multiple of 8)"
+    if not (_tma_ok(b) or _tma_ok(b.t())):
+        return ("b must be (K, N) row-major or the transpose of an (N, K) row-major weight, "
+                "with 16-byte aligned rows")
+    if out is not None and (out.dtype != a.dtype or not _tma_ok(out)):
+        return "out must be row-major with 16-byte aligned rows (N a multiple of 8), in a's dtype"
     if not HAVE_GLUON:
         return "this triton has no Gluon"
     if a.device.type != "cuda" or torch.cuda.get_device_capability(a.device)[0] != 9:
         return "needs an sm_90 GPU (Hopper)"
-    if a.dtype not in (torch.bfloat16, torch.float16) or b.dtype != a.dtype:
-        return "a and b must both be bf16 or both fp16"
-    if not _tma_ok(a):
-        return "a must be row-major with 16-byte aligned rows"
-    if not (_tma_ok(b) or _tma_ok(b.t())):
-        return "b must be (K, N) row-major or the transpose of an (N, K) row-major weight"
-    if out is not None and (out.dtype != a.dtype or not _tma_ok(out)):
-        return "out must be row-major with 16-byte aligned rows, in a's dtype"
+    if b.device != a.device or (out is not None and out.device != a.device):
+        return "a, b and out must be on one device"
     return None
 
 
 class WsGemmPlan:
-    """``out (M, N) = a (M, K) @ b (K, N)`` by the warp-specialised kernel, for these operands."""
+    """``out (M, N) = a (M, K) @ b (K, N)`` by the warp-specialised kernel, for these operands.
+    With a ``config`` of ``glu=True``: b is (K, 2n) (gate columns, then up), out is (M, n) and gets
+    ``silu(a @ b[:, :n]) * (a @ b[:, n:])``, each row of both first times ``row_scale`` when the
+    plan is made with one ((M,) fp32)."""
 
     def __init__(self, a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None,
-                 config: WsConfig = DEFAULT_CONFIG, num_programs: Optional[int] = None):
+                 config: WsConfig = DEFAULT_CONFIG, num_programs: Optional[int] = None,
+                 row_scale: Optional[torch.Tensor] = None):
         if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
             raise ValueError(f"a {tuple(a.shape)} and b {tuple(b.shape)} are not (M, K) and (K, N)")
         why = supported(a, b, out)
         if why:
             raise ValueError(f"the warp-specialised GEMM cannot run this: {why}")
         self.M, self.K = a.shape
-        self.N = b.shape[1]
+        self.N = b.shape[1] // 2 if config.glu else b.shape[1]
+        if config.glu and b.shape[1] % 2:
+            raise ValueError(f"b must have an even number of columns (gate then up), got {b.shape[1]}")
+        if out is not None and tuple(out.shape) != (self.M, self.N):
+            raise ValueError(f"out must have shape {(self.M, self.N)}, got {tuple(out.shape)}")
+        if row_scale is not None and not config.glu:
+            raise ValueError("row_scale is for the SwiGLU form (a config with glu=True)")
+        self.row_scale = row_scale is not None
         self.config = config
         self.b_kmajor = not _tma_ok(b)   # b = w.t() of an (N, K) weight
         cfg = config
@@ -99,9 +125,12 @@ class WsGemmPlan:
         c_d = desc(c, [cfg.block_m // 2, cfg.block_n])
         return a_d, b_d, c_d
 
-    def run(self, a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def run(self, a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None,
+            row_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
         from numasched.kernels.gemm_ws import gemm_ws_kernel
 
+        if (row_scale is not None) != self.row_scale:
+            raise ValueError("row_scale must be given exactly when the plan was made with one")
         if out is None:
             out = torch.empty(self.M, self.N, device=a.device, dtype=a.dtype)
         key = (a.data_ptr(), b.data_ptr(), out.data_ptr())
@@ -109,8 +138,10 @@ class WsGemmPlan:
             self._descs = self._make_descriptors(a, b, out)
             self._key = key
         cfg = self.config
-        gemm_ws_kernel[(self.num_programs,)](*self._descs, self.M, self.N, self.K,
-                                             STAGES=cfg.stages, GROUP_M=cfg.group_m,
+        gemm_ws_kernel[(self.num_programs,)](*self._descs, row_scale if row_scale is not None else out,
+                                             self.M, self.N, self.K,
+                                             STAGES=cfg.stages, GROUP_M=cfg.group_m, GLU=cfg.glu,
+                                             ROW_SCALE=self.row_scale,
                                              CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=cfg.loader_regs,
                                              num_warps=4, maxnreg=cfg.maxnreg)
         return out

@@ -88,7 +88,7 @@ def _signature(fn, values: dict):
     are marked so), or anything for a constexpr parameter (and None for an unused runtime argument,
     e.g. an absent descriptor). Pointers are marked 16-byte aligned (what torch allocations give).
     """
-    if type(fn).__name__ != "JITFunction":
+    if type(fn).__name__ not in ("JITFunction", "GluonJITFunction"):
         raise Interpreted("offline compiles need a process without TRITON_INTERPRET=1 (Triton picks the "
                           "interpreter when a kernel is defined): run it in a subprocess without the variable")
     missing = [n for n in fn.arg_names if n not in values]
@@ -193,6 +193,8 @@ def compile_kernel(fn, values: dict, target: str = "sm90", *, num_warps: int = 4
         opts["launch_pdl"] = True
     if maxnreg is not None:  # NVIDIA's register cap per thread (a launch option, as the host passes it)
         opts["maxnreg"] = int(maxnreg)
+    if type(fn).__name__ == "GluonJITFunction":   # Gluon (explicit layouts, NVIDIA only here)
+        from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
     k = triton.compile(ASTSource(fn, sig, const, attrs), target=tgt, options=opts)
     ttgir = k.asm.get("ttgir", "")
     out = dict(shared_bytes=int(k.metadata.shared), registers=None, arch_vgprs=None, agprs=None, sgprs=None,
@@ -244,6 +246,8 @@ def _mapping(name: str):
 _PTR = "*bf16"
 _TMA_OFF = ("TMA tensor descriptors (cp.async.bulk.tensor) are NVIDIA sm_90+; on AMD the host plans the "
             "pointer path (caps.tma_supported is False on ROCm)")
+_GLUON_OFF = ("the warp-specialised GEMM is Gluon code for NVIDIA sm_90 (wgmma, TMA, mbarriers, setmaxnreg); "
+              "AMD runs the Triton GEMM kernels")
 _CLOCK_NOTE = ("WAIT_CLOCK: sm90 True (%globaltimer wait bound); AMD False: %globaltimer is NVIDIA PTX, the "
                "wait is bounded by a poll count (ctx.wait_clock is False on ROCm)")
 _PREC_NOTE = ("bf16 dots with input precision None (the target's default), as the host passes for 16-bit "
@@ -412,6 +416,23 @@ def _glu_persistent(row_scale: bool, stages: int = 3):
                       stride_cm=7168, stride_cn=1, MAPPING=mappings.get("grouped").constexpr(1), BLOCK_M=bm,
                       BLOCK_N=bn, BLOCK_K=bk, B_TRANS=True, ROW_SCALE=row_scale, C_TMA=True)
         return K.glu_persistent_kernel, values, 8, stages
+    return build
+
+
+def _gemm_ws(block_n: int = 256, stages: int = 3, b_kmajor: bool = True, glu: bool = False, row_scale=False):
+    def build(vendor):
+        from numasched.gemm_ws import WsConfig, descriptor_type
+        from numasched.kernels.gemm_ws import gemm_ws_kernel
+
+        cfg = WsConfig(block_n=block_n, stages=stages, glu=glu)
+        b_block = [cfg.block_n, cfg.block_k] if b_kmajor else [cfg.block_k, cfg.block_n]
+        values = dict(a_desc=descriptor_type("bf16", [cfg.block_m, cfg.block_k]),
+                      b_desc=descriptor_type("bf16", b_block),
+                      c_desc=descriptor_type("bf16", [cfg.block_m // 2, cfg.block_n]),
+                      scale="*fp32", M=8192, N=8192, K=8192, STAGES=cfg.stages, GROUP_M=cfg.group_m,
+                      GLU=glu, ROW_SCALE=row_scale,
+                      CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=cfg.loader_regs)
+        return gemm_ws_kernel, values, 4, 1, dict(maxnreg=cfg.maxnreg)
     return build
 
 
@@ -686,6 +707,12 @@ VARIANTS: List[Variant] = [
             note="matmul_swiglu's prefill tiles (128 x 128 gate + up, 8 warps, 3 stages, unsplit)"),
     Variant("gemm_splitk", "bf16-tma-glu-prefill-row-scale", _gemm_glu_prefill(True), off={"amd": _TMA_OFF},
             note="the same with a factor per row on the accumulators (a norm-free prefill)"),
+    Variant("gemm_ws", "bf16-128x256-s3", _gemm_ws(), off={"amd": _GLUON_OFF},
+            note="warp-specialised (Gluon): a loader warp, two consumer warpgroups, maxnreg 168"),
+    Variant("gemm_ws", "bf16-128x128-s5-b-rowmajor", _gemm_ws(128, 5, b_kmajor=False), off={"amd": _GLUON_OFF},
+            note="B as a (K, N) row-major tensor"),
+    Variant("gemm_ws", "bf16-glu-128x128-s4-row-scale", _gemm_ws(128, 4, glu=True, row_scale=True),
+            off={"amd": _GLUON_OFF}, note="SwiGLU: a gate and an up box per stage, two accumulators per warpgroup"),
     Variant("gemm_splitk", "bf16-tma-128x128", _gemm_splitk_medium(False), off={"amd": _TMA_OFF},
             note="unsplit 128x128x64 TMA tiles, 8 warps, 6 stages (the chooser's medium-M split-K tile)"),
     Variant("gemm_splitk", "bf16-tma-128x128-tail", _gemm_splitk_medium(True), off={"amd": _TMA_OFF},

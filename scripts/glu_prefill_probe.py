@@ -13,17 +13,21 @@ Llama-3-8B MLP at TP 1 and TP 2 (n = 14336, 7168; K = 4096):
     swiglu[plan, row_scale]  the plan's with a factor per row (a norm-free prefill's form)
     swiglu[tiled ... persistent]  the persistent kernel (kernels/gemm_glu.py), with and without
                     row factors
+    swiglu[ws], swiglu[ws, row_scale]  the warp-specialised Gluon kernel (kernels/gemm_ws.py, GLU)
+    ws-gemm         the warp-specialised kernel as the plain (M, 2n, K) GEMM (against cublas)
 
 Errors are against the fp32 product of the same bf16 operands. Run: python3 scripts/glu_prefill_probe.py
 [--rows 512,4096] [--schedules "splitk 128x256x64 w8 s4,..."]
 """
 import argparse
+import dataclasses
 
 import torch
 import torch.nn.functional as F
 
 import numasched
 from numasched.bench.common import graph_replay_ms
+from numasched import gemm_ws
 from numasched.gemm_schedule import Schedule
 from numasched.models.llama import CompiledElementwise, silu_mul
 
@@ -57,6 +61,16 @@ def main():
             ones = torch.ones(M, device="cuda", dtype=torch.float32)
             plan_rs = numasched.plan_matmul_swiglu(x, w.t(), row_scale=ones)
             row["swiglu[plan, row_scale]"] = lambda pl=plan_rs: pl.run(x, w.t(), None, ones)
+            ws_opts = dataclasses.replace(numasched.options.current(), glu_ws=True)
+            for name, rs in (("swiglu[ws]", None), ("swiglu[ws, row_scale]", ones)):
+                pl = numasched.plan_matmul_swiglu(x, w.t(), row_scale=rs, options=ws_opts)
+                if pl.path == "ws":
+                    row[name] = lambda pl=pl, rs=rs: pl.run(x, w.t(), None, rs)
+                else:
+                    print(f"M {M} n {n}: {name} not planned (path {pl.path})", flush=True)
+            if gemm_ws.supported(x, w.t()) is None:
+                ws_plain = gemm_ws.WsGemmPlan(x, w.t())
+                row["ws-gemm"] = lambda pl=ws_plain: pl.run(x, w.t())
             # '_' stands for a space (scripts/device.sh passes no spaces inside an argument)
             for text in [s.replace("_", " ") for s in args.schedules.split(",") if s.strip()]:
                 try:
@@ -76,7 +90,7 @@ def main():
                     out.append(f"{name} FAILED {type(e).__name__}: {str(e)[:80]}")
                     continue
                 err = ""
-                if name != "cublas":
+                if name not in ("cublas", "ws-gemm"):
                     y = fn().float()
                     err = f" err {((y - ref).norm() / ref.norm()).item():.1e}"
                 out.append(f"{name} {us:.1f} us ({flop / us / 1e6:.0f} TF/s){err}")

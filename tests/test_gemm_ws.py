@@ -1,0 +1,179 @@
+"""The warp-specialised Gluon GEMM (kernels/gemm_ws.py, numasched/gemm_ws.py).
+
+Gluon has no interpreter: on CPU the kernel is compiled for sm_90 (in a subprocess without
+TRITON_INTERPRET) and its structure checked; correctness runs on a Hopper GPU (``-m gpu``).
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from numasched.gemm_ws import WsConfig, WsGemmPlan, supported
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+_COMPILE = r"""
+import json
+from numasched import portability as P
+rows = {}
+for v in ("bf16-128x256-s3", "bf16-128x128-s5-b-rowmajor", "bf16-glu-128x128-s4-row-scale"):
+    r = P.compile_variant("gemm_ws", v, "sm90", keep_asm=True)
+    r["ptx"] = "\n".join(" ".join(l.split()) for l in r.pop("asm", {}).get("ptx", "").splitlines())
+    rows[v] = r
+print("RESULT" + json.dumps(rows))
+"""
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, cwd=REPO, env=env,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.split("RESULT", 1)[1])
+
+
+def _k_loop_windows(ptx: str):
+    """The consumer's K-step code: from each operand wait (mbarrier.try_wait) that precedes a
+    ``wgmma.wait_group 1`` to the slot release (mbarrier.arrive) after it."""
+    lines = ptx.splitlines()
+    for i, line in enumerate(lines):
+        if re.search(r"wgmma\.wait_group\.sync\.aligned [12];", line):
+            start = max(j for j in range(i) if "mbarrier.try_wait" in lines[j])
+            end = next(j for j in range(i, len(lines)) if "mbarrier.arrive" in lines[j])
+            yield lines[start:end + 1]
+
+
+def test_compiles_for_hopper_warp_specialised(compiled):
+    for name, r in compiled.items():
+        assert r["status"] == "ok", (name, r["error"])
+        assert r["spill_bytes"] == 0 and r["fits"], name
+        ptx = r["ptx"]
+        # a loader warpgroup gives registers up, the two consumer warpgroups take them
+        assert "setmaxnreg.dec.sync.aligned.u32 40;" in ptx, name
+        assert ptx.count("setmaxnreg.inc.sync.aligned.u32 232;") >= 1, name
+        assert "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes" in ptx, name
+        n = 256 if "128x256" in name else 128
+        if "glu" in name:   # silu's exponential in the epilogue, the row factors loaded
+            assert "ex2.approx" in ptx and "ld.global" in ptx, name
+        assert f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16" in ptx, name
+
+
+def test_k_loop_has_no_cta_wide_barrier(compiled):
+    """What the kernel is for: between a consumer's operand wait and its slot release there is
+    at most a barrier of its own warpgroup (``bar.sync N, 128``), never one of the whole CTA."""
+    for name, r in compiled.items():
+        windows = list(_k_loop_windows(r["ptx"]))
+        assert len(windows) == 2, name          # one K loop per consumer warpgroup
+        for w in windows:
+            bars = [x.strip() for x in w if re.search(r"\bbar(rier)?\.sync\b", x)]
+            assert all(re.fullmatch(r"bar\.sync\s+\d+,\s*128;", b) for b in bars), (name, bars)
+            # BLOCK_K 64 = 4 x k16, for the gate and the up accumulator in the SwiGLU form
+            assert sum("wgmma.mma_async" in x for x in w) == (8 if "glu" in name else 4), name
+
+
+def test_supported_names_the_argument():
+    a = torch.zeros(64, 64, dtype=torch.bfloat16)
+    b = torch.zeros(64, 64, dtype=torch.bfloat16)
+    assert "a and b" in supported(a.float(), b.float())
+    assert supported(torch.zeros(64, 63, dtype=torch.bfloat16)[:, :62], b[:62]).startswith("a must")
+    assert supported(a, torch.zeros(64, 70, dtype=torch.bfloat16)[:, :65]).startswith("b must")
+    assert supported(a, b, torch.zeros(64, 64, dtype=torch.float16)).startswith("out must")
+    assert "sm_90" in supported(a, b) or "Gluon" in supported(a, b)   # right operands, no Hopper here
+    with pytest.raises(ValueError, match="not \\(M, K\\) and \\(K, N\\)"):
+        WsGemmPlan(a, b[:32])
+    with pytest.raises(ValueError, match="cannot run this"):
+        WsGemmPlan(a, b)
+
+
+def test_config_fits_shared_memory():
+    for cfg in (WsConfig(), WsConfig(block_n=128, stages=5)):
+        assert cfg.smem_bytes() <= 227 * 1024
+
+
+# ------------------------------------------------------------------------------------------ GPU
+def _hopper():
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("b_weight", [True, False])
+@pytest.mark.parametrize("cfg", [WsConfig(), WsConfig(block_n=128, stages=5, group_m=1)], ids=["256s3", "128s5"])
+@pytest.mark.parametrize("M,N,K", [(1, 264, 72), (97, 520, 1000), (300, 4096, 4096), (1031, 1000, 3000),
+                                   (4096, 2048, 512)])
+def test_matches_float64(M, N, K, cfg, b_weight, dtype):
+    torch.manual_seed(M + N + K)
+    a = torch.randn(M, K, device="cuda", dtype=dtype)
+    w = torch.randn(N, K, device="cuda", dtype=dtype)
+    b = w.t() if b_weight else w.t().contiguous()
+    out = torch.full((M, N), float("nan"), device="cuda", dtype=dtype)
+    WsGemmPlan(a, b, out, config=cfg).run(a, b, out)
+    ref = a.double() @ b.double()
+    assert ((out.double() - ref).abs().max() / ref.abs().max()).item() < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")
+def test_cuda_graph_replay_sees_new_inputs():
+    a = torch.randn(512, 1024, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(768, 1024, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(512, 768, device="cuda", dtype=torch.bfloat16)
+    plan = WsGemmPlan(a, w.t(), out)
+    plan.run(a, w.t(), out)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        plan.run(a, w.t(), out)
+    for _ in range(3):
+        a.copy_(torch.randn_like(a))
+        out.fill_(float("nan"))
+        g.replay()
+        ref = a.double() @ w.double().t()
+        assert ((out.double() - ref).abs().max() / ref.abs().max()).item() < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("b_weight", [True, False])
+@pytest.mark.parametrize("with_scale", [False, True])
+@pytest.mark.parametrize("M,n,K", [(1, 136, 72), (300, 520, 1000), (1031, 7168, 4096), (4096, 1000, 512)])
+def test_swiglu_form_matches_float64(M, n, K, with_scale, b_weight):
+    from numasched.gemm_ws import GLU_CONFIG
+
+    torch.manual_seed(M + n + K)
+    a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(2 * n, K, device="cuda", dtype=torch.bfloat16) / K ** 0.5
+    b = w.t() if b_weight else w.t().contiguous()
+    scale = torch.rand(M, device="cuda", dtype=torch.float32) + 0.5 if with_scale else None
+    out = torch.full((M, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    WsGemmPlan(a, b, out, config=GLU_CONFIG, row_scale=scale).run(a, b, out, scale)
+    gu = a.double() @ b.double()
+    if with_scale:
+        gu = gu * scale.double()[:, None]
+    ref = torch.nn.functional.silu(gu[:, :n]) * gu[:, n:]
+    assert ((out.double() - ref).abs().max() / ref.abs().max()).item() < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")
+def test_matmul_swiglu_routes_prefill_sizes_to_it():
+    import dataclasses
+
+    import numasched
+
+    opts = dataclasses.replace(numasched.options.current(), glu_ws=True)
+    a = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(2 * 768, 1024, device="cuda", dtype=torch.bfloat16) / 32
+    plan = numasched.plan_matmul_swiglu(a, w.t(), options=opts)
+    assert plan.path == "ws"
+    out = plan.run(a, w.t())
+    gu = a.double() @ w.double().t()
+    ref = torch.nn.functional.silu(gu[:, :768]) * gu[:, 768:]
+    assert ((out.double() - ref).abs().max() / ref.abs().max()).item() < 1e-2
+    off = numasched.plan_matmul_swiglu(a, w.t(), options=dataclasses.replace(opts, glu_ws=False))
+    assert off.path != "ws"
