@@ -16,10 +16,11 @@ warps of a program split the work three ways, and they talk through mbarriers on
   store. The store drains while the next tile's K loop runs, and the loader has already fetched
   that tile's first stages.
 
-``GLU`` makes it the SwiGLU GEMM of an MLP (numasched.gemm_glu): B is the (K, 2n) gate/up
-weight, each stage holds a gate box and the matching up box, each consumer keeps two 64 x BLOCK_N
-accumulators, and the epilogue stores ``silu(gate) * up`` (with ``ROW_SCALE``, both first times a
-factor per row, a norm folded into the GEMM).
+``GLU`` makes it the SwiGLU GEMM of an MLP (numasched.gemm_glu): B is the transpose of the
+(2n, K) gate/up weight, each stage's B slot holds a gate box and the matching up box stacked, so
+one wgmma of twice the width accumulates both (a thread holds the same columns of the two
+halves), and the epilogue stores ``silu(gate) * up`` (with ``ROW_SCALE``, both first times a
+factor per row: a norm folded into the GEMM).
 
 No barrier spans the whole CTA inside the K loop. A, B and C go through host TMA descriptors, so
 edges need no masks: TMA zero-fills the loads outside the tensor and clips the stores.
@@ -53,7 +54,7 @@ if HAVE_GLUON:
         b_desc: tma.tensor_descriptor
         c_desc: tma.tensor_descriptor
         a_bufs: gl.shared_memory_descriptor
-        b_bufs: gl.shared_memory_descriptor   # STAGES slots; GLU: 2 x STAGES (gate, up, gate, ...)
+        b_bufs: gl.shared_memory_descriptor   # STAGES slots (GLU: gate rows then up rows in each)
         ready: gl.shared_memory_descriptor
         empty: gl.shared_memory_descriptor
         scale: gl.tensor                      # (M,) fp32 row factors (ROW_SCALE), else unread
@@ -125,9 +126,10 @@ if HAVE_GLUON:
                 bar = p.ready.index(s)
                 mbarrier.expect(bar, NBYTES)
                 tma.async_copy_global_to_shared(p.a_desc, [off_m, kk * BLOCK_K], bar, p.a_bufs.index(s))
-                if p.GLU:   # the gate's columns, then the up's (n further on)
-                    _load_b(p, off_n, kk * BLOCK_K, bar, p.b_bufs.index(2 * s))
-                    _load_b(p, p.N + off_n, kk * BLOCK_K, bar, p.b_bufs.index(2 * s + 1))
+                if p.GLU:   # the gate's rows, then the up's (n further on), as one (2 BLOCK_N, BLOCK_K) slot
+                    slot = p.b_bufs.index(s)
+                    _load_b(p, off_n, kk * BLOCK_K, bar, slot.slice(0, BLOCK_N, dim=0))
+                    _load_b(p, p.N + off_n, kk * BLOCK_K, bar, slot.slice(BLOCK_N, BLOCK_N, dim=0))
                 else:
                     _load_b(p, off_n, kk * BLOCK_K, bar, p.b_bufs.index(s))
                 it += 1
@@ -140,14 +142,16 @@ if HAVE_GLUON:
         BLOCK_N: gl.constexpr = p.c_desc.block_type.shape[1]
         ROWS: gl.constexpr = p.c_desc.block_type.shape[0]
         STAGES: gl.constexpr = p.a_bufs.type.shape[0]
+        # GLU: the gate and the up tile side by side, one wgmma of twice the width (columns
+        # [0, BLOCK_N) the gate's, [BLOCK_N, 2 BLOCK_N) the up's)
+        ACC_N: gl.constexpr = 2 * BLOCK_N if p.GLU else BLOCK_N
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                             instr_shape=[16, BLOCK_N, 16])
+                                                             instr_shape=[16, ACC_N, 16])
         c_smem = gl.allocate_shared_memory(p.c_desc.dtype, p.c_desc.block_type.shape, p.c_desc.layout)
         NM = gl.cdiv(p.M, BLOCK_M)
         NN = gl.cdiv(p.N, BLOCK_N)
         k_steps = gl.cdiv(p.K, BLOCK_K)
-        acc = gl.zeros((ROWS, BLOCK_N), gl.float32, acc_layout)
-        acc_up = gl.zeros((ROWS, BLOCK_N), gl.float32, acc_layout)   # GLU only
+        acc = gl.zeros((ROWS, ACC_N), gl.float32, acc_layout)
         it = 0
         for t in range(gl.program_id(0), NM * NN, gl.num_programs(0)):
             tm, tn = _tile_of(t, NM, NN, p.GROUP_M)
@@ -156,34 +160,22 @@ if HAVE_GLUON:
                 s = it % STAGES
                 mbarrier.wait(p.ready.index(s), (it // STAGES) & 1)
                 a = p.a_bufs.index(s).slice(ROLE * ROWS, ROWS, dim=0)
-                if p.GLU:
-                    acc = warpgroup_mma(a, _b_operand(p, p.b_bufs.index(2 * s)), acc, use_acc=kk > 0,
-                                        is_async=True)
-                    acc_up = warpgroup_mma(a, _b_operand(p, p.b_bufs.index(2 * s + 1)), acc_up, use_acc=kk > 0,
-                                           is_async=True)
-                    # this step's two wgmma in flight: the previous step's are done, its slot is free
-                    acc, acc_up = warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc_up))
-                else:
-                    acc = warpgroup_mma(a, _b_operand(p, p.b_bufs.index(s)), acc, use_acc=kk > 0, is_async=True)
-                    # one wgmma in flight: the previous step's is done, so its slot is free
-                    acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+                acc = warpgroup_mma(a, _b_operand(p, p.b_bufs.index(s)), acc, use_acc=kk > 0, is_async=True)
+                # one wgmma in flight: the previous step's is done, so its slot is free
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
                 mbarrier.arrive(p.empty.index(prev), count=1, pred=kk > 0)
                 prev = s
                 it += 1
-            if p.GLU:
-                acc, acc_up = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_up))
-            else:
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             mbarrier.arrive(p.empty.index(prev), count=1, pred=k_steps > 0)
             row0 = tm * BLOCK_M + ROLE * ROWS
             if p.GLU:
-                g = acc
-                u = acc_up
-                if p.ROW_SCALE:   # (s a) @ b = s (a @ b): the factor on both accumulators
+                y = acc
+                if p.ROW_SCALE:   # (s a) @ b = s (a @ b): the factor on both halves
                     rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, acc_layout))
-                    f = gl.load(p.scale + rows, mask=rows < p.M, other=0.0)[:, None]
-                    g = g * f
-                    u = u * f
+                    y = y * gl.load(p.scale + rows, mask=rows < p.M, other=0.0)[:, None]
+                # a thread holds the same columns of both halves: the split moves no data
+                g, u = y.reshape([ROWS, 2, BLOCK_N]).permute(0, 2, 1).split()
                 y = g / (1.0 + gl.exp(-g)) * u
             else:
                 y = acc
@@ -213,9 +205,13 @@ if HAVE_GLUON:
                        CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr):
         """C (M, N) = A (M, K) @ B (K, N), or (GLU) silu(A @ B[:, :N]) * (A @ B[:, N:]); launched
         with num_warps=4 (the first consumer warpgroup) and at most one program per SM."""
-        NB: gl.constexpr = 2 if GLU else 1
+        # GLU: a gate box and an up box per stage, stacked along N (B as (N, K) boxes only)
+        gl.static_assert(not GLU or b_desc.block_type.shape[1] == a_desc.block_type.shape[1],
+                         "the SwiGLU form takes B as the transpose of an (2n, K) weight")
+        B_ROWS: gl.constexpr = 2 * b_desc.block_type.shape[0] if GLU else b_desc.block_type.shape[0]
         a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
-        b_bufs = gl.allocate_shared_memory(b_desc.dtype, [NB * STAGES] + b_desc.block_type.shape, b_desc.layout)
+        b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, B_ROWS, b_desc.block_type.shape[1]],
+                                           b_desc.layout)
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):

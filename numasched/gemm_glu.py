@@ -194,7 +194,7 @@ class SwiGLUPlan(Plan):
         from . import gemm_ws as W
 
         ws = options.glu_ws if options.glu_ws is not None else GLU_WS_BY_DEFAULT
-        if not ws or W.supported(a, b, out) is not None:
+        if not ws or W.supported(a, b, out, glu=True) is not None:
             return False
         self._ws = W.WsGemmPlan(a, b, out, config=W.GLU_CONFIG, row_scale=row_scale)
         self.path, self.config, self.block_n = "ws", W.GLU_CONFIG, W.GLU_CONFIG.block_n

@@ -56,8 +56,9 @@ def _tma_ok(t: torch.Tensor) -> bool:
             and t.data_ptr() % 16 == 0)
 
 
-def supported(a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None) -> Optional[str]:
-    """None when the kernel can compute ``out = a @ b``; otherwise the reason, naming the argument."""
+def supported(a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None, glu: bool = False) -> Optional[str]:
+    """None when the kernel can compute ``out = a @ b`` (``glu``: the SwiGLU form); otherwise the
+    reason, naming the argument."""
     from numasched.kernels.gemm_ws import HAVE_GLUON
 
     if a.dtype not in (torch.bfloat16, torch.float16) or b.dtype != a.dtype:
@@ -67,6 +68,8 @@ def supported(a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = No
     if not (_tma_ok(b) or _tma_ok(b.t())):
         return ("b must be (K, N) row-major or the transpose of an (N, K) row-major weight, "
                 "with 16-byte aligned rows")
+    if glu and _tma_ok(b) and b.shape[1] > 1:
+        return "b must be the transpose of a row-major (2n, K) gate/up weight for the SwiGLU form"
     if out is not None and (out.dtype != a.dtype or not _tma_ok(out)):
         return "out must be row-major with 16-byte aligned rows (N a multiple of 8), in a's dtype"
     if not HAVE_GLUON:
@@ -89,7 +92,7 @@ class WsGemmPlan:
                  row_scale: Optional[torch.Tensor] = None):
         if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
             raise ValueError(f"a {tuple(a.shape)} and b {tuple(b.shape)} are not (M, K) and (K, N)")
-        why = supported(a, b, out)
+        why = supported(a, b, out, glu=config.glu)
         if why:
             raise ValueError(f"the warp-specialised GEMM cannot run this: {why}")
         self.M, self.K = a.shape
