@@ -249,7 +249,7 @@ def _pairs_flat(out_ptr, recv, a_desc, b_desc, flags_ptr, status_ptr, heap_bases
                 part, M, N, K, stride_om, stride_on, wait_bound,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, B_TRANS: tl.constexpr,
                 WAIT_CLOCK: tl.constexpr, REMOTE: tl.constexpr, RESIDUAL: tl.constexpr, CONTIG: tl.constexpr,
-                DIRECT: tl.constexpr, TMA_PUSH: tl.constexpr):
+                DIRECT: tl.constexpr, TMA_PUSH: tl.constexpr, WAITS: tl.constexpr = True):
     """PAIRS' interleaved loop (STAGES 7, TMA) as one loop over this program's tiles with the K
     loop directly inside it, so that Triton fuses the two (``flatten``) and the pipeliner issues
     the next tile's first operand loads before this tile's epilogue (the pushes, the peer's
@@ -265,7 +265,10 @@ def _pairs_flat(out_ptr, recv, a_desc, b_desc, flags_ptr, status_ptr, heap_bases
     address), so the program goes on to its next K loop while the 64 KB cross the link, instead
     of holding the load/store units with 16-byte remote stores. A's partial is the same ``total``
     as B's sum with the peer's partial and the residual read as zeros (masked), so one store
-    serves both. The flag goes up a K loop later, after a wait for the stores' completion."""
+    serves both. The flag goes up a K loop later, after a wait for the stores' completion.
+
+    WAITS=False (timing only, communicate="nowait"): the same pushes and flags, no wait for the
+    peer's: what the waits cost against the full exchange (the results are not whole)."""
     peer = 1 - rank
     mine = tl.cdiv(tl.cdiv(T, 2) - p, P)     # pairs of this program
     q_last = p + (mine - 1) * P
@@ -304,8 +307,9 @@ def _pairs_flat(out_ptr, recv, a_desc, b_desc, flags_ptr, status_ptr, heap_bases
         # B: ours; first C of the previous pair's peer tile, then the sum
         if is_b & (i >= 1):
             _copy_sum(t - 2 * P + 1 - 2 * rank, TN, recv, part, peer, out_ptr, flags_ptr, T, e, status_ptr,
-                      wait_bound, M, N, stride_om, stride_on, BLOCK_M, BLOCK_N, WAIT_CLOCK, REMOTE, CONTIG, DIRECT)
-        if is_b & REMOTE:
+                      wait_bound, M, N, stride_om, stride_on, BLOCK_M, BLOCK_N, WAIT_CLOCK, REMOTE and WAITS, CONTIG,
+                      DIRECT)
+        if is_b & REMOTE & WAITS:
             wait_flag(flags_ptr + peer * T + t, e, peer, status_ptr, wait_bound, WAIT_CLOCK)
         mask_b = mask & is_b
         theirs = tl.load(recv + peer * part + tile0 + loc, mask=mask_b, other=0.0)
@@ -331,10 +335,10 @@ def _pairs_flat(out_ptr, recv, a_desc, b_desc, flags_ptr, status_ptr, heap_bases
         _raise_flat(flags_ptr, T, _flat_tile(n - 1, n, odd_last, rank, p, P)[1], e, rank, heap_bases)
     if (rank == 1) & odd_last & (mine >= 2):
         _copy_sum(2 * (q_last - P), TN, recv, part, peer, out_ptr, flags_ptr, T, e, status_ptr, wait_bound,
-                  M, N, stride_om, stride_on, BLOCK_M, BLOCK_N, WAIT_CLOCK, REMOTE, CONTIG, DIRECT)
+                  M, N, stride_om, stride_on, BLOCK_M, BLOCK_N, WAIT_CLOCK, REMOTE and WAITS, CONTIG, DIRECT)
     if (mine > 0) & ((rank == 1) | (not odd_last)):
         _copy_sum(2 * q_last + 1 - rank, TN, recv, part, peer, out_ptr, flags_ptr, T, e, status_ptr, wait_bound,
-                  M, N, stride_om, stride_on, BLOCK_M, BLOCK_N, WAIT_CLOCK, REMOTE, CONTIG, DIRECT)
+                  M, N, stride_om, stride_on, BLOCK_M, BLOCK_N, WAIT_CLOCK, REMOTE and WAITS, CONTIG, DIRECT)
 
 
 @triton.jit
@@ -347,7 +351,8 @@ def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, a_desc, b_desc, fl
                              REMOTE: tl.constexpr = True, PDL: tl.constexpr = False, LAG: tl.constexpr = True,
                              PAIRS: tl.constexpr = False, RESIDUAL: tl.constexpr = False,
                              CONTIG: tl.constexpr = False, DIRECT: tl.constexpr = False,
-                             FLAT: tl.constexpr = False, TMA_PUSH: tl.constexpr = False):
+                             FLAT: tl.constexpr = False, TMA_PUSH: tl.constexpr = False,
+                             WAITS: tl.constexpr = True):
     pdl_enter(PDL)  # PDL: wait for the previous kernel here (kernels/pdl.py)
     # REMOTE=False (timing only, communicate=False): the pushes land in our own heap and nobody
     # waits (the flags still go out): the kernel's time without the exchange, its results wrong
@@ -374,7 +379,7 @@ def matmul_all_reduce_kernel(a_ptr, b_ptr, out_ptr, recv_ptr, a_desc, b_desc, fl
             tl.static_assert(USE_TMA and STAGES == 7, "FLAT is the TMA form's interleaved loop")
             _pairs_flat(out_ptr, recv, a_desc, b_desc, flags_ptr, status_ptr, heap_bases, rank, e, p, P, T, TN,
                         part, M, N, K, stride_om, stride_on, wait_bound, BLOCK_M, BLOCK_N, BLOCK_K, B_TRANS,
-                        WAIT_CLOCK, REMOTE, RESIDUAL, CONTIG, DIRECT, TMA_PUSH)
+                        WAIT_CLOCK, REMOTE, RESIDUAL, CONTIG, DIRECT, TMA_PUSH, WAITS)
         else:
             _pairs(a_ptr, b_ptr, out_ptr, recv, a_desc, b_desc, flags_ptr, status_ptr, heap_bases, rank, e, p, P,
                    T, TN, part, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_om, stride_on,

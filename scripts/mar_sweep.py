@@ -3,7 +3,9 @@
 For each (M, N, K_local): torch.matmul and numasched.matmul alone, numasched's all-reduce alone,
 bulk (cuBLAS + NCCL), impl="fused" (matmul_all_reduce_kernel: every program pushes each tile to
 the peers after its K loop, sums a tile later) and the same kernel with its pushes into its own
-heap and no waits (``communicate=False``, timing only: the kernel's time without the exchange).
+heap and no waits (``communicate=False``, timing only: the kernel's time without the exchange),
+and (the default tiles) with its pushes to the peer but no waits (``communicate="nowait"``,
+timing only: the exchange's traffic without its synchronisation).
 Each fused config in TILES (the default's 128 x 256 tiles, 128 x 128 tiles two programs per SM,
 128 x 128 with 8 warps) is timed, and checked against bulk's result (eighteenth session, two
 H100s: the default fastest at every shape; bench/results/tp2-s18/mar-sweep-tp2-h100.log). The seventeenth session's variants (dedicated
@@ -76,6 +78,9 @@ def main():
                   lambda: run(ctx, "matmul_all_reduce", a, b, out=out))
             timed(f"{name}_noremote", lambda: run(ctx, "matmul_all_reduce", a, b, out=out, check=False,
                                                   communicate=False))
+            if name == "fused":   # the FLAT pairs pushing to the peer without waiting for its data
+                timed(f"{name}_nowait", lambda: run(ctx, "matmul_all_reduce", a, b, out=out, check=False,
+                                                    communicate="nowait"))
         mar.FUSED_BIG_TILE = TILE0
         if R == 0:
             print(" | ".join(line), flush=True)

@@ -12,6 +12,8 @@ Each op (one module per collective: :mod:`.all_gather_matmul`, :mod:`.matmul_red
 and is launched in one of these phases:
     full     one fused kernel (GPU)
     nocomm   the same kernel with communication switched off (timing only: peers' rows are wrong)
+    nowait   matmul_all_reduce's FLAT pairs pushing to the peer but never waiting for its data
+             (timing only: what the waits cost, against "full")
     push / consume   the producer part, then the consumer part (SimWorld: interpreter, one rank
              at a time, so every rank's push must run before any rank waits)
 
@@ -290,8 +292,11 @@ class _Op:
     def launch(cls, ctx, plan, call, *, phase="full"):
         """Run one phase of the call: ``communicate=False`` makes any phase the timing-only
         "nocomm"; impl="ce" goes to the copy-engine pair, everything else to the fused kernel."""
-        if not call.extra.get("communicate", True):
+        comm = call.extra.get("communicate", True)
+        if comm is False:
             phase = "nocomm"
+        elif comm == "nowait":   # timing only (matmul_all_reduce's FLAT pairs): pushes, no waits
+            phase = "nowait"
         if call.cfg.get("impl") in ("ce", "bulk", "symm_mem"):
             impl = call.cfg["impl"]
             if observe.OBSERVERS:

@@ -388,7 +388,8 @@ class MatmulAllReduceFused(_Op):
             if off is not None:
                 call = cls.describe(a, b_local, world=ctx.world, residual=residual is not None, out_offset=off)
         call.tensors["out"] = _output(out, (call.cfg["M"], call.cfg["N"]), a, "fused")
-        call.extra["communicate"] = bool(communicate)   # False: timing only (phase "nocomm")
+        # False: timing only (phase "nocomm"); "nowait": timing only, the pushes without the waits
+        call.extra["communicate"] = "nowait" if communicate == "nowait" else bool(communicate)
         return call
 
     @staticmethod
@@ -443,7 +444,7 @@ class MatmulAllReduceFused(_Op):
 
             kw = dict(WORLD=ctx.world, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"],
                       EVEN_K=c["Kl"] % c["BLOCK_K"] == 0, USE_TMA=use_tma, B_TRANS=use_tma and b_trans, STAGES=stages,
-                      BUMP_EPOCH=phase in ("full", last, "nocomm"), WAIT_CLOCK=ctx.wait_clock,
+                      BUMP_EPOCH=phase in ("full", last, "nocomm", "nowait"), WAIT_CLOCK=ctx.wait_clock,
                       LAG=lag, PAIRS=pairs, RESIDUAL=c["residual"], CONTIG=out.is_contiguous(),
                       DIRECT=pairs and c["out_offset"] is not None and not tma_push, FLAT=flat,
                       TMA_PUSH=tma_push)
@@ -453,6 +454,10 @@ class MatmulAllReduceFused(_Op):
                 ensure_scratch_allocator()
             if phase == "nocomm":   # pushes into our own heap, no waits: the time without the exchange
                 kw.update(REMOTE=False)
+            if phase == "nowait":   # pushes to the peer, no waits: what the waits cost (FLAT pairs only)
+                if not (flat and pairs and use_tma):
+                    raise ValueError('communicate="nowait" times the FLAT tile pairs only (two ranks, TMA)')
+                kw.update(WAITS=False)
             if ctx.device.type != "cpu":
                 kw.update(num_warps=c["num_warps"], num_stages=c["num_stages"])
             return matmul_all_reduce_kernel, kw
