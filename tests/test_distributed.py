@@ -1397,6 +1397,16 @@ def test_matmul_all_reduce_fused_without_remote_stores_is_timing_only():
     assert any(dict(lc.kwargs).get("REMOTE") is False for lc in plan.launchers.values())
 
 
+def test_matmul_all_reduce_nowait_is_refused_off_the_flat_pairs():
+    """communicate="nowait" (timing only) exists for the FLAT tile pairs of a Hopper GPU; the
+    simulation's pointer kernel refuses it by name instead of running something else."""
+    sim = nd.SimWorld(2)
+    A = [torch.randn(20, 24) for _ in range(2)]
+    B = [torch.randn(24, 40) for _ in range(2)]
+    with pytest.raises(ValueError, match="nowait"):
+        sim.run_each("matmul_all_reduce", [((A[r], B[r]), dict(communicate="nowait")) for r in range(2)])
+
+
 def test_matmul_all_reduce_fused_timeout_and_plan():
     sim = nd.SimWorld(2, max_spins=5)
     A = [torch.randn(8, 16) for _ in range(2)]
