@@ -53,6 +53,7 @@ if HAVE_GLUON:
         a_desc: tma.tensor_descriptor
         b_desc: tma.tensor_descriptor
         c_desc: tma.tensor_descriptor
+        peer_desc: tma.tensor_descriptor       # PEER_PUSH: C's twin in a peer GPU's memory
         a_bufs: gl.shared_memory_descriptor
         b_bufs: gl.shared_memory_descriptor   # STAGES slots (GLU: gate rows then up rows in each)
         ready: gl.shared_memory_descriptor
@@ -64,11 +65,13 @@ if HAVE_GLUON:
         GROUP_M: gl.constexpr
         GLU: gl.constexpr
         ROW_SCALE: gl.constexpr
+        PEER_PUSH: gl.constexpr
 
         @gluon.constexpr_function
-        def __init__(self, a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, scale, M, N, K,
-                     GROUP_M, GLU, ROW_SCALE):
-            self.a_desc, self.b_desc, self.c_desc = a_desc, b_desc, c_desc
+        def __init__(self, a_desc, b_desc, c_desc, peer_desc, a_bufs, b_bufs, ready, empty, scale, M, N, K,
+                     GROUP_M, GLU, ROW_SCALE, PEER_PUSH):
+            self.a_desc, self.b_desc, self.c_desc, self.peer_desc = a_desc, b_desc, c_desc, peer_desc
+            self.PEER_PUSH = gl.constexpr(PEER_PUSH)
             self.a_bufs, self.b_bufs, self.ready, self.empty = a_bufs, b_bufs, ready, empty
             self.scale, self.M, self.N, self.K = scale, M, N, K
             self.GROUP_M, self.GLU, self.ROW_SCALE = gl.constexpr(GROUP_M), gl.constexpr(GLU), gl.constexpr(ROW_SCALE)
@@ -184,6 +187,8 @@ if HAVE_GLUON:
             c_smem.store(y.to(p.c_desc.dtype))
             fence_async_shared()
             tma.async_copy_shared_to_global(p.c_desc, [row0, tn * BLOCK_N], c_smem)
+            if p.PEER_PUSH:   # the same tile into the peer's copy, from the same shared tile (asynchronous)
+                tma.async_copy_shared_to_global(p.peer_desc, [row0, tn * BLOCK_N], c_smem)
         tma.store_wait(pendings=0)
 
     # The partitions' entry points: a worker's arguments cannot carry a constexpr of their own.
@@ -200,11 +205,13 @@ if HAVE_GLUON:
         _loader(p, 0)
 
     @gluon.jit(do_not_specialize=["M", "N", "K"])   # M == 1 stays a value (WsArgs holds tensors)
-    def gemm_ws_kernel(a_desc, b_desc, c_desc, scale, M, N, K,
+    def gemm_ws_kernel(a_desc, b_desc, c_desc, peer_desc, scale, M, N, K,
                        STAGES: gl.constexpr, GROUP_M: gl.constexpr, GLU: gl.constexpr, ROW_SCALE: gl.constexpr,
-                       CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr):
+                       CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, PEER_PUSH: gl.constexpr = False):
         """C (M, N) = A (M, K) @ B (K, N), or (GLU) silu(A @ B[:, :N]) * (A @ B[:, N:]); launched
-        with num_warps=4 (the first consumer warpgroup) and at most one program per SM."""
+        with num_warps=4 (the first consumer warpgroup) and at most one program per SM. PEER_PUSH
+        (a probe of the fused GEMM + all-reduce's traffic, scripts/ws_push_probe.py): each tile is
+        also TMA-stored into ``peer_desc`` (C's twin in another GPU's memory; otherwise c_desc)."""
         # GLU: a gate box and an up box per stage, stacked along N (B as (N, K) boxes only)
         gl.static_assert(not GLU or b_desc.block_type.shape[1] == a_desc.block_type.shape[1],
                          "the SwiGLU form takes B as the transpose of an (2n, K) weight")
@@ -217,7 +224,8 @@ if HAVE_GLUON:
         for i in gl.static_range(STAGES):
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=2)   # one arrive per consumer warpgroup
-        p = WsArgs(a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, scale, M, N, K, GROUP_M, GLU, ROW_SCALE)
+        p = WsArgs(a_desc, b_desc, c_desc, peer_desc, a_bufs, b_bufs, ready, empty, scale, M, N, K, GROUP_M, GLU,
+                   ROW_SCALE, PEER_PUSH)
         gl.warp_specialize([
             (_consumer_lo, (p,)),
             (_consumer_hi, (p,)),

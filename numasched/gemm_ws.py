@@ -89,7 +89,10 @@ class WsGemmPlan:
 
     def __init__(self, a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None,
                  config: WsConfig = DEFAULT_CONFIG, num_programs: Optional[int] = None,
-                 row_scale: Optional[torch.Tensor] = None):
+                 row_scale: Optional[torch.Tensor] = None, peer_out_ptr: Optional[int] = None):
+        """``peer_out_ptr`` (a probe, scripts/ws_push_probe.py): the address, valid on this GPU
+        (a peer's memory mapped here, e.g. by the symmetric heap), of a twin of ``out`` that every
+        tile is also TMA-stored into."""
         if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
             raise ValueError(f"a {tuple(a.shape)} and b {tuple(b.shape)} are not (M, K) and (K, N)")
         why = supported(a, b, out, glu=config.glu)
@@ -104,6 +107,10 @@ class WsGemmPlan:
         if row_scale is not None and not config.glu:
             raise ValueError("row_scale is for the SwiGLU form (a config with glu=True)")
         self.row_scale = row_scale is not None
+        self.peer = peer_out_ptr
+        if peer_out_ptr is not None and (peer_out_ptr % 16 or config.glu):
+            raise ValueError("peer_out_ptr must be 16-byte aligned, for the plain GEMM")
+        self._peer = None
         self.config = config
         self.b_kmajor = not _tma_ok(b)   # b = w.t() of an (N, K) weight
         cfg = config
@@ -128,6 +135,26 @@ class WsGemmPlan:
         c_d = desc(c, [cfg.block_m // 2, cfg.block_n])
         return a_d, b_d, c_d
 
+    def _peer_desc(self, out):
+        """A descriptor of out's twin at ``peer_out_ptr`` (same shape, strides and dtype)."""
+        if self._peer is None:
+            from triton.experimental.gluon import language as gl
+            from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+            class _At:   # what a descriptor reads of its base: the address and the dtype
+                def __init__(self, ptr, dtype):
+                    self.ptr, self.dtype = ptr, dtype
+
+                def data_ptr(self):
+                    return self.ptr
+
+            cfg = self.config
+            block = [cfg.block_m // 2, cfg.block_n]
+            dt = gl.bfloat16 if out.dtype == torch.bfloat16 else gl.float16
+            self._peer = TensorDescriptor(_At(self.peer, out.dtype), list(out.shape), list(out.stride()), block,
+                                          gl.NVMMASharedLayout.get_default_for(block, dt))
+        return self._peer
+
     def run(self, a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None,
             row_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
         from numasched.kernels.gemm_ws import gemm_ws_kernel
@@ -141,10 +168,12 @@ class WsGemmPlan:
             self._descs = self._make_descriptors(a, b, out)
             self._key = key
         cfg = self.config
-        gemm_ws_kernel[(self.num_programs,)](*self._descs, row_scale if row_scale is not None else out,
+        a_d, b_d, c_d = self._descs
+        peer = self._peer_desc(out) if self.peer is not None else c_d
+        gemm_ws_kernel[(self.num_programs,)](a_d, b_d, c_d, peer, row_scale if row_scale is not None else out,
                                              self.M, self.N, self.K,
                                              STAGES=cfg.stages, GROUP_M=cfg.group_m, GLU=cfg.glu,
                                              ROW_SCALE=self.row_scale,
                                              CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=cfg.loader_regs,
-                                             num_warps=4, maxnreg=cfg.maxnreg)
+                                             PEER_PUSH=self.peer is not None, num_warps=4, maxnreg=cfg.maxnreg)
         return out
