@@ -7,7 +7,8 @@ the warp-specialised GEMM (kernels/gemm_ws.py) stores each tile into its local C
 same shared-memory tile, into a twin of C in the peer's symmetric heap (PEER_PUSH): the same
 bytes over the link as the exchange (every tile once), issued by TMA, which the consumer
 warpgroups never wait on for more than the shared-memory read. Columns (us, CUDA-graph replays,
-two ranks): cuBLAS, numasched.matmul, the WS GEMM, the WS GEMM + peer push, the fused
+two ranks): cuBLAS, numasched.matmul, the WS GEMM, the WS GEMM + peer push, the same second
+store into a twin in our own memory (what a second TMA store costs without the link), the fused
 matmul_all_reduce (default) and its no-exchange time. The peer's copy is checked after the runs.
 Run: NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node 2 scripts/ws_push_probe.py [MxNxK,...]
 """
@@ -22,7 +23,7 @@ from numasched.bench.common import dist_graph_us, init_rank
 from numasched.distributed._common import run
 from numasched.gemm_ws import WsGemmPlan
 
-SHAPES = "4096x4096x2048,4096x4096x7168,16384x4096x2048"
+SHAPES = "4096x4096x2048,4096x4096x7168,16384x4096x2048,1024x4096x2048,4096x14336x4096"
 
 
 def main():
@@ -45,6 +46,7 @@ def main():
         peer_ptr = ctx.heap_bases_host[peer] + off   # the peer's twin (same offset in its heap)
         ws = WsGemmPlan(a, b, out)
         ws_push = WsGemmPlan(a, b, out, peer_out_ptr=peer_ptr)
+        ws_local = WsGemmPlan(a, b, out, peer_out_ptr=twin.data_ptr())   # the twin in our own memory
         line = [f"{M}x{N}x{K}"]
 
         def timed(name, fn):
@@ -59,6 +61,7 @@ def main():
         timed("ns_gemm", lambda: numasched.matmul(a, b, out=out))
         timed("ws", lambda: ws.run(a, b, out))
         timed("ws_push", lambda: ws_push.run(a, b, out))
+        timed("ws_push_local", lambda: ws_local.run(a, b, out))
         out2 = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
         timed("fused", lambda: run(ctx, "matmul_all_reduce", a, b, out=out2, check=False))
         timed("fused_noremote", lambda: run(ctx, "matmul_all_reduce", a, b, out=out2, check=False,
