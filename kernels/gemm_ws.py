@@ -106,7 +106,7 @@ if HAVE_GLUON:
             return slot
 
     @gluon.jit
-    def _loader(p, ROLE: gl.constexpr):
+    def _loader(p):
         """One warp: TMA loads of every (tile, K step) of this program, STAGES ahead of the wgmma."""
         BLOCK_M: gl.constexpr = p.a_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = p.a_desc.block_type.shape[1]
@@ -191,7 +191,7 @@ if HAVE_GLUON:
                 tma.async_copy_shared_to_global(p.peer_desc, [row0, tn * BLOCK_N], c_smem)
         tma.store_wait(pendings=0)
 
-    # The partitions' entry points: a worker's arguments cannot carry a constexpr of their own.
+    # The consumers' entry points: a worker's arguments cannot carry a constexpr of their own.
     @gluon.jit
     def _consumer_lo(p):
         _consumer(p, 0)
@@ -199,10 +199,6 @@ if HAVE_GLUON:
     @gluon.jit
     def _consumer_hi(p):
         _consumer(p, 1)
-
-    @gluon.jit
-    def _loader_main(p):
-        _loader(p, 0)
 
     @gluon.jit(do_not_specialize=["M", "N", "K"])   # M == 1 stays a value (WsArgs holds tensors)
     def gemm_ws_kernel(a_desc, b_desc, c_desc, peer_desc, scale, M, N, K,
@@ -229,5 +225,5 @@ if HAVE_GLUON:
         gl.warp_specialize([
             (_consumer_lo, (p,)),
             (_consumer_hi, (p,)),
-            (_loader_main, (p,)),
+            (_loader, (p,)),
         ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
