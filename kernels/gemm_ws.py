@@ -155,6 +155,14 @@ if HAVE_GLUON:
         NN = gl.cdiv(p.N, BLOCK_N)
         k_steps = gl.cdiv(p.K, BLOCK_K)
         acc = gl.zeros((ROWS, ACC_N), gl.float32, acc_layout)
+        # PEER_PUSH 2 (paced): the previous tile's copy leaves in column chunks of the peer
+        # descriptor's width, spread over this tile's K loop (the rest after it)
+        CH: gl.constexpr = p.peer_desc.block_type.shape[1]
+        NCH: gl.constexpr = BLOCK_N // CH
+        pace = gl.maximum(k_steps // NCH, 1)
+        prow = 0
+        pcol = 0
+        done = 0
         it = 0
         for t in range(gl.program_id(0), NM * NN, gl.num_programs(0)):
             tm, tn = _tile_of(t, NM, NN, p.GROUP_M)
@@ -167,8 +175,18 @@ if HAVE_GLUON:
                 # one wgmma in flight: the previous step's is done, so its slot is free
                 acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
                 mbarrier.arrive(p.empty.index(prev), count=1, pred=kk > 0)
+                if p.PEER_PUSH == 2:
+                    for j in gl.static_range(NCH):
+                        if (done > 0) & (kk == j * pace):
+                            tma.async_copy_shared_to_global(p.peer_desc, [prow, pcol + j * CH],
+                                                            c_smem.slice(j * CH, CH, dim=1))
                 prev = s
                 it += 1
+            if p.PEER_PUSH == 2:   # chunks the K loop was too short to reach
+                for j in gl.static_range(NCH):
+                    if (done > 0) & (j * pace >= k_steps):
+                        tma.async_copy_shared_to_global(p.peer_desc, [prow, pcol + j * CH],
+                                                        c_smem.slice(j * CH, CH, dim=1))
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             mbarrier.arrive(p.empty.index(prev), count=1, pred=k_steps > 0)
             row0 = tm * BLOCK_M + ROLE * ROWS
@@ -187,8 +205,15 @@ if HAVE_GLUON:
             c_smem.store(y.to(p.c_desc.dtype))
             fence_async_shared()
             tma.async_copy_shared_to_global(p.c_desc, [row0, tn * BLOCK_N], c_smem)
-            if p.PEER_PUSH:   # the same tile into the peer's copy, from the same shared tile (asynchronous)
+            if p.PEER_PUSH == 1:   # the same tile into the peer's copy, from the same shared tile (asynchronous)
                 tma.async_copy_shared_to_global(p.peer_desc, [row0, tn * BLOCK_N], c_smem)
+            prow = row0
+            pcol = tn * BLOCK_N
+            done += 1
+        if p.PEER_PUSH == 2:   # the last tile's copy
+            for j in gl.static_range(NCH):
+                if done > 0:
+                    tma.async_copy_shared_to_global(p.peer_desc, [prow, pcol + j * CH], c_smem.slice(j * CH, CH, dim=1))
         tma.store_wait(pendings=0)
 
     # The consumers' entry points: a worker's arguments cannot carry a constexpr of their own.
@@ -203,11 +228,13 @@ if HAVE_GLUON:
     @gluon.jit(do_not_specialize=["M", "N", "K"])   # M == 1 stays a value (WsArgs holds tensors)
     def gemm_ws_kernel(a_desc, b_desc, c_desc, peer_desc, scale, M, N, K,
                        STAGES: gl.constexpr, GROUP_M: gl.constexpr, GLU: gl.constexpr, ROW_SCALE: gl.constexpr,
-                       CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, PEER_PUSH: gl.constexpr = False):
+                       CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, PEER_PUSH: gl.constexpr = 0):
         """C (M, N) = A (M, K) @ B (K, N), or (GLU) silu(A @ B[:, :N]) * (A @ B[:, N:]); launched
         with num_warps=4 (the first consumer warpgroup) and at most one program per SM. PEER_PUSH
         (a probe of the fused GEMM + all-reduce's traffic, scripts/ws_push_probe.py): each tile is
-        also TMA-stored into ``peer_desc`` (C's twin in another GPU's memory; otherwise c_desc)."""
+        also TMA-stored into ``peer_desc`` (C's twin in another GPU's memory; otherwise c_desc):
+        1 at once after the local store, 2 in column chunks of peer_desc's block width spread
+        over the next tile's K loop (paced, so a wave's copies do not all hit the link at once)."""
         # GLU: a gate box and an up box per stage, stacked along N (B as (N, K) boxes only)
         gl.static_assert(not GLU or b_desc.block_type.shape[1] == a_desc.block_type.shape[1],
                          "the SwiGLU form takes B as the transpose of an (2n, K) weight")

@@ -89,10 +89,12 @@ class WsGemmPlan:
 
     def __init__(self, a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None,
                  config: WsConfig = DEFAULT_CONFIG, num_programs: Optional[int] = None,
-                 row_scale: Optional[torch.Tensor] = None, peer_out_ptr: Optional[int] = None):
+                 row_scale: Optional[torch.Tensor] = None, peer_out_ptr: Optional[int] = None,
+                 peer_paced: bool = False):
         """``peer_out_ptr`` (a probe, scripts/ws_push_probe.py): the address, valid on this GPU
         (a peer's memory mapped here, e.g. by the symmetric heap), of a twin of ``out`` that every
-        tile is also TMA-stored into."""
+        tile is also TMA-stored into: at once, or (``peer_paced``) in 64-column chunks spread over
+        the next tile's K loop."""
         if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
             raise ValueError(f"a {tuple(a.shape)} and b {tuple(b.shape)} are not (M, K) and (K, N)")
         why = supported(a, b, out, glu=config.glu)
@@ -108,6 +110,7 @@ class WsGemmPlan:
             raise ValueError("row_scale is for the SwiGLU form (a config with glu=True)")
         self.row_scale = row_scale is not None
         self.peer = peer_out_ptr
+        self.peer_mode = 0 if peer_out_ptr is None else (2 if peer_paced else 1)
         if peer_out_ptr is not None and (peer_out_ptr % 16 or config.glu):
             raise ValueError("peer_out_ptr must be 16-byte aligned, for the plain GEMM")
         self._peer = None
@@ -149,7 +152,7 @@ class WsGemmPlan:
                     return self.ptr
 
             cfg = self.config
-            block = [cfg.block_m // 2, cfg.block_n]
+            block = [cfg.block_m // 2, 64 if self.peer_mode == 2 else cfg.block_n]
             dt = gl.bfloat16 if out.dtype == torch.bfloat16 else gl.float16
             self._peer = TensorDescriptor(_At(self.peer, out.dtype), list(out.shape), list(out.stride()), block,
                                           gl.NVMMASharedLayout.get_default_for(block, dt))
@@ -175,5 +178,5 @@ class WsGemmPlan:
                                              STAGES=cfg.stages, GROUP_M=cfg.group_m, GLU=cfg.glu,
                                              ROW_SCALE=self.row_scale,
                                              CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=cfg.loader_regs,
-                                             PEER_PUSH=self.peer is not None, num_warps=4, maxnreg=cfg.maxnreg)
+                                             PEER_PUSH=self.peer_mode, num_warps=4, maxnreg=cfg.maxnreg)
         return out

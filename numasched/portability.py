@@ -420,7 +420,7 @@ def _glu_persistent(row_scale: bool, stages: int = 3):
 
 
 def _gemm_ws(block_n: int = 256, stages: int = 3, b_kmajor: bool = True, glu: bool = False, row_scale=False,
-             peer_push: bool = False):
+             peer_push: int = 0):
     def build(vendor):
         from numasched.gemm_ws import WsConfig, descriptor_type
         from numasched.kernels.gemm_ws import gemm_ws_kernel
@@ -430,9 +430,9 @@ def _gemm_ws(block_n: int = 256, stages: int = 3, b_kmajor: bool = True, glu: bo
         values = dict(a_desc=descriptor_type("bf16", [cfg.block_m, cfg.block_k]),
                       b_desc=descriptor_type("bf16", b_block),
                       c_desc=descriptor_type("bf16", [cfg.block_m // 2, cfg.block_n]),
-                      peer_desc=descriptor_type("bf16", [cfg.block_m // 2, cfg.block_n]),
+                      peer_desc=descriptor_type("bf16", [cfg.block_m // 2, 64 if peer_push == 2 else cfg.block_n]),
                       scale="*fp32", M=8192, N=8192, K=8192, STAGES=cfg.stages, GROUP_M=cfg.group_m,
-                      GLU=glu, ROW_SCALE=row_scale, PEER_PUSH=peer_push,
+                      GLU=glu, ROW_SCALE=row_scale, PEER_PUSH=int(peer_push),
                       CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=cfg.loader_regs)
         return gemm_ws_kernel, values, 4, 1, dict(maxnreg=cfg.maxnreg)
     return build
@@ -713,8 +713,10 @@ VARIANTS: List[Variant] = [
             note="warp-specialised (Gluon): a loader warp, two consumer warpgroups, maxnreg 168"),
     Variant("gemm_ws", "bf16-128x128-s5-b-rowmajor", _gemm_ws(128, 5, b_kmajor=False), off={"amd": _GLUON_OFF},
             note="B as a (K, N) row-major tensor"),
-    Variant("gemm_ws", "bf16-128x256-s3-peer-push", _gemm_ws(peer_push=True), off={"amd": _GLUON_OFF},
+    Variant("gemm_ws", "bf16-128x256-s3-peer-push", _gemm_ws(peer_push=1), off={"amd": _GLUON_OFF},
             note="a probe: every tile also TMA-stored into a peer GPU's twin of C"),
+    Variant("gemm_ws", "bf16-128x256-s3-peer-paced", _gemm_ws(peer_push=2), off={"amd": _GLUON_OFF},
+            note="a probe: the twin's copy in 64-column chunks spread over the next K loop"),
     Variant("gemm_ws", "bf16-glu-128x128-s4-row-scale", _gemm_ws(128, 4, glu=True, row_scale=True),
             off={"amd": _GLUON_OFF}, note="SwiGLU: a gate and an up box per stage, two accumulators per warpgroup"),
     Variant("gemm_splitk", "bf16-tma-128x128", _gemm_splitk_medium(False), off={"amd": _TMA_OFF},

@@ -8,7 +8,8 @@ same shared-memory tile, into a twin of C in the peer's symmetric heap (PEER_PUS
 bytes over the link as the exchange (every tile once), issued by TMA, which the consumer
 warpgroups never wait on for more than the shared-memory read. Columns (us, CUDA-graph replays,
 two ranks): cuBLAS, numasched.matmul, the WS GEMM, the WS GEMM + peer push, the same second
-store into a twin in our own memory (what a second TMA store costs without the link), the fused
+store into a twin in our own memory (what a second TMA store costs without the link), the peer
+push paced (64-column chunks spread over the next tile's K loop), the fused
 matmul_all_reduce (default) and its no-exchange time. The peer's copy is checked after the runs.
 Run: NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node 2 scripts/ws_push_probe.py [MxNxK,...]
 """
@@ -47,6 +48,7 @@ def main():
         ws = WsGemmPlan(a, b, out)
         ws_push = WsGemmPlan(a, b, out, peer_out_ptr=peer_ptr)
         ws_local = WsGemmPlan(a, b, out, peer_out_ptr=twin.data_ptr())   # the twin in our own memory
+        ws_paced = WsGemmPlan(a, b, out, peer_out_ptr=peer_ptr, peer_paced=True)
         line = [f"{M}x{N}x{K}"]
 
         def timed(name, fn):
@@ -62,20 +64,22 @@ def main():
         timed("ws", lambda: ws.run(a, b, out))
         timed("ws_push", lambda: ws_push.run(a, b, out))
         timed("ws_push_local", lambda: ws_local.run(a, b, out))
+        timed("ws_push_paced", lambda: ws_paced.run(a, b, out))
         out2 = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
         timed("fused", lambda: run(ctx, "matmul_all_reduce", a, b, out=out2, check=False))
         timed("fused_noremote", lambda: run(ctx, "matmul_all_reduce", a, b, out=out2, check=False,
                                             communicate=False))
         # the peer's copy: after one more push and a barrier, our twin holds the peer's C
-        twin.fill_(float("nan"))
-        dist.barrier()
-        ws_push.run(a, b, out)
-        torch.cuda.synchronize()
-        dist.barrier()
         theirs = [torch.empty_like(out) for _ in range(W)]
-        dist.all_gather(theirs, out)
-        ok = torch.equal(twin, theirs[peer])
-        line.append("peer copy " + ("exact" if ok else "WRONG"))
+        for name, plan in (("push", ws_push), ("paced", ws_paced)):
+            twin.fill_(float("nan"))
+            torch.cuda.synchronize()
+            dist.barrier()
+            plan.run(a, b, out)
+            torch.cuda.synchronize()
+            dist.barrier()
+            dist.all_gather(theirs, out)
+            line.append(f"{name} copy " + ("exact" if torch.equal(twin, theirs[peer]) else "WRONG"))
         if R == 0:
             print(" | ".join(line), flush=True)
         dist.barrier()
