@@ -32,6 +32,7 @@ numasched is imported (they are not read per call):
     NUMASCHED_FUSED_TMA_PUSH=0|1 fused_tma_push -> False / True (unset: the config's)
     NUMASCHED_GLU_PERSISTENT=0|1 glu_persistent -> False / True (unset: numasched.gemm_glu's default)
     NUMASCHED_GLU_WS=0|1        glu_ws -> False / True (unset: numasched.gemm_glu's default)
+    NUMASCHED_FUSED_WS=0|1      fused_ws -> False / True (unset: the config's)
 """
 from __future__ import annotations
 
@@ -159,6 +160,9 @@ class Options:
             (False: GLU_BIG_SCHEDULE); None: gemm_glu.GLU_PERSISTENT_BY_DEFAULT.
         glu_ws: matmul_swiglu at prefill sizes on Hopper by the warp-specialised Gluon kernel
             (True: kernels/gemm_ws.py) or the Triton kernels (False); None: gemm_glu.GLU_WS_BY_DEFAULT.
+        fused_ws: the two-rank fused GEMM + all-reduce's tile pairs on Hopper by the
+            warp-specialised Gluon kernel (True: kernels/dist_gemm_ar_ws.py) or the Triton one
+            (False); None: the config's (FUSED_BIG_TILE's WS).
     """
 
     autotune: bool = True
@@ -184,6 +188,7 @@ class Options:
     glu_persistent: Optional[bool] = None
     fused_tma_push: Optional[bool] = None
     glu_ws: Optional[bool] = None
+    fused_ws: Optional[bool] = None
 
     def __post_init__(self):
         for f in ("autotune", "check_data", "gemm_flatten", "gemm_splitk_tma", "gemm_streamk_k_aligned",
@@ -202,7 +207,7 @@ class Options:
         if self.fused_ar_stages is not None and (isinstance(self.fused_ar_stages, bool) or self.fused_ar_stages
                                                  not in (2, 3, 4)):
             raise ValueError(f"Options.fused_ar_stages must be 2, 3, 4 or None, got {self.fused_ar_stages!r}")
-        for f in ("fused_flat", "glu_persistent", "fused_tma_push", "glu_ws"):
+        for f in ("fused_flat", "glu_persistent", "fused_tma_push", "glu_ws", "fused_ws"):
             if getattr(self, f) is not None and not isinstance(getattr(self, f), bool):
                 raise TypeError(f"Options.{f} must be a bool or None, got {getattr(self, f)!r}")
         if self.arn_exchange not in ARN_EXCHANGES:
@@ -262,7 +267,8 @@ def from_env(environ=None) -> Options:
     if pre and not pre.isdigit():
         raise ValueError(f"NUMASCHED_DECODE_PREFETCH must be a number of tokens (0: off), got {pre!r}")
     tri = {}
-    for name in ("NUMASCHED_FUSED_FLAT", "NUMASCHED_GLU_PERSISTENT", "NUMASCHED_FUSED_TMA_PUSH", "NUMASCHED_GLU_WS"):
+    for name in ("NUMASCHED_FUSED_FLAT", "NUMASCHED_GLU_PERSISTENT", "NUMASCHED_FUSED_TMA_PUSH", "NUMASCHED_GLU_WS",
+                 "NUMASCHED_FUSED_WS"):
         v = env.get(name, "").strip()
         if v not in ("", "0", "1"):
             raise ValueError(f"{name} must be 0 or 1, got {v!r}")
@@ -289,7 +295,8 @@ def from_env(environ=None) -> Options:
                    arn_exchange=exchange,
                    fused_ar_stages=int(stages) if stages else None,
                    fused_flat=tri["NUMASCHED_FUSED_FLAT"], glu_persistent=tri["NUMASCHED_GLU_PERSISTENT"],
-                   fused_tma_push=tri["NUMASCHED_FUSED_TMA_PUSH"], glu_ws=tri["NUMASCHED_GLU_WS"])
+                   fused_tma_push=tri["NUMASCHED_FUSED_TMA_PUSH"], glu_ws=tri["NUMASCHED_GLU_WS"],
+                   fused_ws=tri["NUMASCHED_FUSED_WS"])
 
 
 _CURRENT = from_env()

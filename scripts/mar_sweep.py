@@ -33,7 +33,8 @@ TILES = [("fused", TILE0),
          ("fused_lag", dict(TILE0, LAG=True, PAIRS=False)),   # summed a tile later (one-shot, before PAIRS)
          ("fused_s4", dict(TILE0, num_stages=4)),   # four TMA loads in flight (196 KB of shared memory)
          ("fused_noflat", dict(TILE0, FLAT=False)),   # a K loop per tile (before the twenty-sixth session)
-         ("fused_tmapush", dict(TILE0, TMA_PUSH=True))]   # FLAT's pushes as TMA stores
+         ("fused_tmapush", dict(TILE0, TMA_PUSH=True)),   # FLAT's pushes as TMA stores
+         ("fused_ws", dict(TILE0, WS=True))]   # the pairs on the warp-specialised Gluon kernel
 if os.environ.get("MAR_TILES"):   # e.g. MAR_TILES=fused,fused_nolag
     TILES = [t for t in TILES if t[0] in os.environ["MAR_TILES"].split(",")]
 SHAPES = [(1024, 4096, 2048), (4096, 4096, 2048), (4096, 4096, 7168), (16384, 4096, 2048), (2048, 5120, 12800)]

@@ -507,6 +507,30 @@ def check_matmul_all_reduce(ctx, quick):
     ok(all(g[2] for g in got) and all(torch.equal(got[0][0], g[0]) and torch.equal(got[0][1], g[1]) for g in got),
        f"{(M, Kl, N)}: fused_flat / fused_tma_push change the bits or ranks disagree")
     msgs.append(f"{M}x{Kl}x{N} per-tile/flat/TMA-push same bits")
+    # the tile pairs on the warp-specialised Gluon kernel (options.fused_ws; Hopper, M a multiple
+    # of 64, rows of 16 bytes): through the receive slots (plain out) and DIRECT (the residual in
+    # the heap); against the Triton FLAT kernel's result
+    from numasched.kernels.gemm_ws import HAVE_GLUON
+
+    if HAVE_GLUON and torch.cuda.get_device_capability()[0] == 9:
+        M, Kl, N = 9088, 1400 // W, 1104
+        a, w = randn(M, Kl, seed=4100 + R), randn(N, Kl, seed=4150 + R)
+        ref = a.double() @ w.double().T
+        dist.all_reduce(ref)
+        h0 = randn(M, N, seed=4199)
+        res = {}
+        for ws in (False, True):
+            with options.use(fused_ws=ws):
+                y = nd.matmul_all_reduce(a, w.T, ctx=ctx, impl="fused")
+                hh = ctx.alloc((M, N), BF, what="a residual")
+                hh.copy_(h0)
+                r = nd.matmul_all_reduce(a, w.T, ctx=ctx, impl="fused", residual=hh)
+                res[ws] = (y.clone(), r.clone(), same_everywhere(y) and same_everywhere(r))
+                ok(rel(y, ref) < 1e-2 and torch.equal(r, h0 + y),
+                   f"fused_ws={ws} {(M, Kl, N)}: wrong ({rel(y, ref):.1e}, residual {rel(r, h0 + y):.1e})")
+        ok(res[True][2], f"fused_ws {(M, Kl, N)}: ranks disagree")
+        same = torch.equal(res[True][0], res[False][0]) and torch.equal(res[True][1], res[False][1])
+        msgs.append(f"{M}x{Kl}x{N} WS {'same bits as' if same else 'within 1e-2 of'} FLAT")
     return ok.done("; ".join(msgs))
 
 

@@ -1227,7 +1227,7 @@ def test_matmul_all_reduce_fused_two_programs_per_sm_sim(world, monkeypatch):
     monkeypatch.setattr(mar, "_fused_cfg", lambda M_, dt, gpu: dict(base(M_, dt, gpu), per_sm=2))
     sim = _fused_case(world, 40, 24, 48, torch.float32)
     plan = next(iter(sim.ranks[0].plans.values()))
-    tiles = plan.bufs["flags"].shape[1]
+    tiles = plan.bufs["flags"].shape[1] // 2   # (W, 2 x tiles): per half tile (the WS kernel)
     grids = {k[1] for k in plan.launchers}
     units = -(-tiles // 2) if world == 2 else tiles   # two ranks: programs take tile pairs (PAIRS)
     assert grids == {min(2 * sim.ranks[0].num_sms, units)} and min(grids) > sim.ranks[0].num_sms
@@ -1283,7 +1283,7 @@ def test_matmul_all_reduce_fused_pairs_sim(M, K, N, monkeypatch):
     monkeypatch.setattr(mar, "_fused_cfg", base)
     sim = _fused_case(2, M, K, N, torch.float16)
     plan = next(iter(sim.ranks[0].plans.values()))
-    tiles = plan.bufs["flags"].shape[1]
+    tiles = plan.bufs["flags"].shape[1] // 2   # (W, 2 x tiles): per half tile (the WS kernel)
     assert tiles > 2 * sim.ranks[0].num_sms   # several pairs per program (11, 12 and 10 tiles on 3)
     assert {dict(lc.kwargs)["PAIRS"] for lc in plan.launchers.values()} == {True}
     assert {k[1] for k in plan.launchers} == {sim.ranks[0].num_sms}

@@ -25,6 +25,10 @@ for v in ("bf16-128x256-s3", "bf16-128x128-s5-b-rowmajor", "bf16-glu-128x128-s4-
     r = P.compile_variant("gemm_ws", v, "sm90", keep_asm=True)
     r["ptx"] = "\n".join(" ".join(l.split()) for l in r.pop("asm", {}).get("ptx", "").splitlines())
     rows[v] = r
+for v in ("matmul_all_reduce-ws-residual-direct", "matmul_all_reduce-ws"):
+    r = P.compile_variant("dist", v, "sm90", keep_asm=True)
+    r["ptx"] = "\n".join(" ".join(l.split()) for l in r.pop("asm", {}).get("ptx", "").splitlines())
+    rows["mar:" + v] = r
 print("RESULT" + json.dumps(rows))
 """
 
@@ -51,6 +55,8 @@ def _k_loop_windows(ptx: str):
 
 def test_compiles_for_hopper_warp_specialised(compiled):
     for name, r in compiled.items():
+        if name.startswith("mar:"):
+            continue
         assert r["status"] == "ok", (name, r["error"])
         assert r["spill_bytes"] == 0 and r["fits"], name
         ptx = r["ptx"]
@@ -72,12 +78,33 @@ def test_k_loop_has_no_cta_wide_barrier(compiled):
     """What the kernel is for: between a consumer's operand wait and its slot release there is
     at most a barrier of its own warpgroup (``bar.sync N, 128``), never one of the whole CTA."""
     for name, r in compiled.items():
+        if name.startswith("mar:"):
+            continue
         windows = list(_k_loop_windows(r["ptx"]))
         assert len(windows) == 2, name          # one K loop per consumer warpgroup
         for w in windows:
             bars = [x.strip() for x in w if re.search(r"\bbar(rier)?\.sync\b", x)]
             assert all(re.fullmatch(r"bar\.sync\s+\d+,\s*128;", b) for b in bars), (name, bars)
             assert sum("wgmma.mma_async" in x for x in w) == 4, name   # BLOCK_K 64 = 4 x k16
+
+
+def test_fused_all_reduce_on_the_ws_kernel_compiles(compiled):
+    """kernels/dist_gemm_ar_ws.py: warp-specialised as the GEMM, its K loops free of CTA-wide
+    barriers, its flags raised after the TMA copies completed (not only read) and the async
+    proxy fenced, with a system-scope release; bounded acquire polls."""
+    for name in ("mar:matmul_all_reduce-ws-residual-direct", "mar:matmul_all_reduce-ws"):
+        r = compiled[name]
+        assert r["status"] == "ok", (name, r["error"])
+        assert r["fits"] and r["spill_bytes"] <= 64, (name, r["spill_bytes"])
+        ptx = r["ptx"]
+        assert "setmaxnreg.dec.sync.aligned.u32 40;" in ptx and "m64n256k16" in ptx, name
+        assert "cp.async.bulk.wait_group 0; fence.proxy.async.global;" in ptx, name
+        assert "atom.global.sys.release.exch.b64" in ptx and "ld.global.sys.acquire.b64" in ptx, name
+        windows = list(_k_loop_windows(ptx))
+        assert len(windows) == 2, name
+        for w in windows:
+            bars = [x.strip() for x in w if re.search(r"\bbar(rier)?\.sync\b", x)]
+            assert all(re.fullmatch(r"bar\.sync\s+\d+,\s*128;", b) for b in bars), (name, bars)
 
 
 def test_supported_names_the_argument():

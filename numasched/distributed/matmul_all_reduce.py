@@ -292,8 +292,10 @@ FUSED_BIG_TILE_ROWS = 256
 # same bits, but slower on two H200s (bench/results/tp2-s26e/mar-sweep-tp2-h200.log: 205.2 against
 # 172.8 us at 4096 x 4096 x 2048, 426.9 against 378.3 at x 7168, 713.0 against 547.7 at 16384 rows;
 # the TP 2 prefill 55.83 against 54.74 ms); options.fused_tma_push overrides.
+# WS (two ranks, Hopper, Gluon): the tile pairs on the warp-specialised kernel instead
+# (kernels/dist_gemm_ar_ws.py: TMA copies paced over the next K loop); options.fused_ws overrides.
 FUSED_BIG_TILE = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3, per_sm=1, FLAT=True,
-                      TMA_PUSH=False)
+                      TMA_PUSH=False, WS=False)
 
 
 def _fused_cfg(M: int, dtype, gpu: bool) -> dict:
@@ -310,10 +312,79 @@ def _fused_cfg(M: int, dtype, gpu: bool) -> dict:
         stages = {} if o.fused_ar_stages is None else dict(num_stages=o.fused_ar_stages)
         return dict(FUSED_BIG_TILE, USE_TMA=tma, **stages,
                     **({} if o.fused_flat is None else dict(FLAT=o.fused_flat)),
-                    **({} if o.fused_tma_push is None else dict(TMA_PUSH=o.fused_tma_push)))
+                    **({} if o.fused_tma_push is None else dict(TMA_PUSH=o.fused_tma_push)),
+                    **({} if o.fused_ws is None else dict(WS=o.fused_ws)))
     bm = min(64, max(16, 1 << max(0, M - 1).bit_length()))
     # decode-sized M streams the weight: narrow column tiles give every SM a strip of it
     return dict(BLOCK_M=bm, BLOCK_N=64, BLOCK_K=128 if elt == 2 else 64, num_warps=4, num_stages=4, USE_TMA=False)
+
+
+def _ws_ok(ctx, a, b_store, out, c) -> bool:
+    """Whether the warp-specialised kernel can take this call (see kernels/dist_gemm_ar_ws.py)."""
+    from numasched.kernels.gemm_ws import HAVE_GLUON
+
+    elt = out.element_size()
+    return (HAVE_GLUON and ctx.device.type == "cuda" and torch.cuda.get_device_capability(ctx.device)[0] == 9
+            and (c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"]) == (128, 256, 64) and c["M"] % 64 == 0
+            and out.is_contiguous() and a.dtype in (torch.bfloat16, torch.float16)
+            and (c["N"] * elt) % 16 == 0 and (c["Kl"] * elt) % 16 == 0)
+
+
+def _launch_ws(ctx, plan, c, a, b_store, b_trans, out, bf, programs):
+    """Launch kernels/dist_gemm_ar_ws.py: descriptors of our and the peer's out and receive
+    slots (the peer's at the same heap offsets: their addresses mapped here), cached per data
+    pointers in the plan."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from numasched.gemm_ws import WsConfig
+    from numasched.kernels.dist_gemm_ar_ws import matmul_all_reduce_ws_kernel
+
+    direct = c.get("out_offset") is not None
+    key = ("ws", a.data_ptr(), b_store.data_ptr(), out.data_ptr(), bf["recv"].data_ptr(), direct)
+    descs = plan.launchers.get(key)
+    if descs is None:
+        cfg = WsConfig()
+        dt = gl.bfloat16 if a.dtype == torch.bfloat16 else gl.float16
+        peer = 1 - ctx.rank
+
+        def at_peer(t):
+            return ctx.heap_bases_host[peer] + (t.data_ptr() - ctx.heap_bases_host[ctx.rank])
+
+        def desc(base, shape, strides, block):
+            return TensorDescriptor(base, list(shape), list(strides), block, gl.NVMMASharedLayout.get_default_for(block, dt))
+
+        half, chunk = [cfg.block_m // 2, cfg.block_n], [cfg.block_m // 2, 64]
+        M, N = c["M"], c["N"]
+        recv2 = bf["recv"].view(-1, N)   # (2 slots x 2 ranks x M, N)
+        bblock = [cfg.block_n, cfg.block_k] if b_trans else [cfg.block_k, cfg.block_n]
+        descs = (desc(a, a.shape, a.stride(), [cfg.block_m, cfg.block_k]),
+                 desc(b_store, b_store.shape, b_store.stride(), bblock),
+                 desc(out, (M, N), (N, 1), half),
+                 desc(_At(at_peer(out), out.dtype) if direct else out, (M, N), (N, 1), chunk),
+                 desc(recv2, recv2.shape, recv2.stride(), half),
+                 desc(_At(at_peer(recv2), out.dtype), recv2.shape, recv2.stride(), chunk),
+                 _At(at_peer(bf["flags"]), torch.int64))
+        plan.launchers[key] = descs
+    *tensor_descs, peer_flags = descs
+    cfg = WsConfig()
+    matmul_all_reduce_ws_kernel[(programs,)](*tensor_descs, bf["flags"], peer_flags, ctx.status, bf["epoch"],
+                                             bf["counters"], int(ctx.max_spins), ctx.rank, c["M"], c["N"], c["Kl"],
+                                             STAGES=cfg.stages, RESIDUAL=bool(c["residual"]), DIRECT=direct,
+                                             CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=cfg.loader_regs,
+                                             num_warps=4, maxnreg=cfg.maxnreg)
+    return out
+
+
+class _At:
+    """A device address with a dtype, as a kernel argument or a descriptor's base: a peer's
+    buffer mapped into this GPU's address space (the symmetric heap)."""
+
+    def __init__(self, ptr: int, dtype):
+        self.ptr, self.dtype = int(ptr), dtype
+
+    def data_ptr(self) -> int:
+        return self.ptr
 
 
 def _pairs(ctx, c) -> bool:
@@ -367,7 +438,8 @@ class MatmulAllReduceFused(_Op):
 
             return AllReduce.buffers(call)
         c, W = call.cfg, call.cfg["world"]
-        return [("flags", (W, c["tiles"]), torch.int64), ("recv", (2, W, c["M"], c["N"]), call.tensors["a"].dtype)]
+        # flags: (W, 2 x tiles): the WS kernel's are per half tile (the Triton kernel's per tile, in the first half)
+        return [("flags", (W, 2 * c["tiles"]), torch.int64), ("recv", (2, W, c["M"], c["N"]), call.tensors["a"].dtype)]
 
     @classmethod
     def prepare(cls, ctx, a, b_local, *, out=None, residual=None, communicate=True):
@@ -438,6 +510,10 @@ class MatmulAllReduceFused(_Op):
         # receive slot, made in the kernel (rows of 16-byte multiples; scratch per launch)
         tma_push = (flat and bool(c.get("TMA_PUSH")) and ctx.device.type != "cpu"
                     and (c["N"] * out.element_size()) % 16 == 0)
+
+        if (c.get("WS") and phase == "full" and pairs and use_tma and ctx.world == 2
+                and _ws_ok(ctx, a, b_store, out, c)):
+            return _launch_ws(ctx, plan, c, a, b_store, b_trans, out, bf, programs)
 
         def build():
             from numasched.kernels.dist_gemm_ar import matmul_all_reduce_kernel
