@@ -1397,6 +1397,21 @@ def test_matmul_all_reduce_fused_without_remote_stores_is_timing_only():
     assert any(dict(lc.kwargs).get("REMOTE") is False for lc in plan.launchers.values())
 
 
+def test_matmul_all_reduce_ws_default_and_override():
+    """The warp-specialised pairs: by default (WS None) only where a call is captured into a CUDA
+    graph, from WS_MIN_ROWS rows (decided at launch); options.fused_ws forces either way."""
+    from numasched import options
+
+    mar = importlib.import_module("numasched.distributed.matmul_all_reduce")
+    assert mar.FUSED_BIG_TILE["WS"] is None and mar.WS_MIN_ROWS >= 256
+    assert mar._fused_cfg(4096, torch.bfloat16, True)["WS"] is None
+    for ws in (True, False):
+        with options.use(fused_ws=ws):
+            assert mar._fused_cfg(4096, torch.bfloat16, True)["WS"] is ws
+    with pytest.raises(TypeError, match="fused_ws"):
+        options.Options(fused_ws=1)
+
+
 def test_matmul_all_reduce_nowait_is_refused_off_the_flat_pairs():
     """communicate="nowait" (timing only) exists for the FLAT tile pairs of a Hopper GPU; the
     simulation's pointer kernel refuses it by name instead of running something else."""
