@@ -162,8 +162,7 @@ class Options:
             (True: kernels/gemm_ws.py) or the Triton kernels (False); None: gemm_glu.GLU_WS_BY_DEFAULT.
         fused_ws: the two-rank fused GEMM + all-reduce's tile pairs on Hopper by the
             warp-specialised Gluon kernel (True: kernels/dist_gemm_ar_ws.py) or the Triton one
-            (False), eager or captured; None: the config's (FUSED_BIG_TILE's WS: inside CUDA
-            graphs from matmul_all_reduce.WS_MIN_ROWS rows).
+            (False), eager or captured; None: the config's (FUSED_BIG_TILE's WS: off).
     """
 
     autotune: bool = True
