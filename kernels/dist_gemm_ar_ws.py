@@ -40,7 +40,7 @@ try:
                                                                    warpgroup_mma, warpgroup_mma_wait)
     from triton.language.core import _aggregate as aggregate
 
-    from numasched.kernels.gemm_ws import HAVE_GLUON, _b_operand, _load_b
+    from numasched.kernels.gemm_ws import HAVE_GLUON, _load_b, _mma_step, _stage_a
 except ImportError:  # pragma: no cover - triton without Gluon
     HAVE_GLUON = False
 
@@ -137,7 +137,6 @@ if HAVE_GLUON:
         BLOCK_M: gl.constexpr = p.a_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = p.a_desc.block_type.shape[1]
         BLOCK_N: gl.constexpr = p.out_desc.block_type.shape[1]
-        STAGES: gl.constexpr = p.a_bufs.type.shape[0]
         NBYTES: gl.constexpr = p.a_desc.block_type.nbytes + p.b_desc.block_type.nbytes
         TN = gl.cdiv(p.N, BLOCK_N)
         T = gl.cdiv(p.M, BLOCK_M) * TN
@@ -149,11 +148,7 @@ if HAVE_GLUON:
             off_m = (t // TN) * BLOCK_M
             off_n = (t % TN) * BLOCK_N
             for kk in range(k_steps):
-                s = it % STAGES
-                mbarrier.wait(p.empty.index(s), ((it // STAGES) & 1) ^ 1)
-                bar = p.ready.index(s)
-                mbarrier.expect(bar, NBYTES)
-                tma.async_copy_global_to_shared(p.a_desc, [off_m, kk * BLOCK_K], bar, p.a_bufs.index(s))
+                bar, s = _stage_a(p, it, off_m, kk, NBYTES)
                 _load_b(p, off_n, kk * BLOCK_K, bar, p.b_bufs.index(s))
                 it += 1
 
@@ -164,7 +159,6 @@ if HAVE_GLUON:
         BLOCK_K: gl.constexpr = p.a_desc.block_type.shape[1]
         BLOCK_N: gl.constexpr = p.out_desc.block_type.shape[1]
         ROWS: gl.constexpr = p.out_desc.block_type.shape[0]
-        STAGES: gl.constexpr = p.a_bufs.type.shape[0]
         CH: gl.constexpr = p.recv_peer_desc.block_type.shape[1]
         NCH: gl.constexpr = BLOCK_N // CH
         dt: gl.constexpr = p.out_desc.dtype
@@ -197,12 +191,7 @@ if HAVE_GLUON:
             col0 = (t % TN) * BLOCK_N
             prev = 0
             for kk in range(k_steps):
-                s = it % STAGES
-                mbarrier.wait(p.ready.index(s), (it // STAGES) & 1)
-                a = p.a_bufs.index(s).slice(ROLE * ROWS, ROWS, dim=0)
-                acc = warpgroup_mma(a, _b_operand(p, p.b_bufs.index(s)), acc, use_acc=kk > 0, is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-                mbarrier.arrive(p.empty.index(prev), count=1, pred=kk > 0)
+                acc, s = _mma_step(p, acc, it, kk, prev, ROLE, ROWS)
                 # the previous half tile's copy, paced over this K loop
                 for c in gl.static_range(NCH):
                     if (pending != 0) & (kk == c * pace):

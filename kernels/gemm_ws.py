@@ -106,12 +106,39 @@ if HAVE_GLUON:
             return slot
 
     @gluon.jit
+    def _stage_a(p, it, off_m, kk, NBYTES: gl.constexpr):
+        """The loader's step ``it``: wait for its slot to be free, arm the slot's ready barrier
+        with NBYTES, load A's box. Returns (the barrier, the slot) for B's boxes."""
+        BLOCK_K: gl.constexpr = p.a_desc.block_type.shape[1]
+        STAGES: gl.constexpr = p.a_bufs.type.shape[0]
+        s = it % STAGES
+        # slots start free: the first wait on each passes (phase 1 of a fresh barrier)
+        mbarrier.wait(p.empty.index(s), ((it // STAGES) & 1) ^ 1)
+        bar = p.ready.index(s)
+        mbarrier.expect(bar, NBYTES)
+        tma.async_copy_global_to_shared(p.a_desc, [off_m, kk * BLOCK_K], bar, p.a_bufs.index(s))
+        return bar, s
+
+    @gluon.jit
+    def _mma_step(p, acc, it, kk, prev, ROLE: gl.constexpr, ROWS: gl.constexpr):
+        """A consumer's step ``it`` (K step ``kk`` of its tile): wait for the slot, one async wgmma
+        on its rows, keep one in flight; the previous step's is then done and its slot ``prev``
+        is freed. Returns (acc, this slot)."""
+        STAGES: gl.constexpr = p.a_bufs.type.shape[0]
+        s = it % STAGES
+        mbarrier.wait(p.ready.index(s), (it // STAGES) & 1)
+        a = p.a_bufs.index(s).slice(ROLE * ROWS, ROWS, dim=0)
+        acc = warpgroup_mma(a, _b_operand(p, p.b_bufs.index(s)), acc, use_acc=kk > 0, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+        mbarrier.arrive(p.empty.index(prev), count=1, pred=kk > 0)
+        return acc, s
+
+    @gluon.jit
     def _loader(p):
         """One warp: TMA loads of every (tile, K step) of this program, STAGES ahead of the wgmma."""
         BLOCK_M: gl.constexpr = p.a_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = p.a_desc.block_type.shape[1]
         BLOCK_N: gl.constexpr = p.c_desc.block_type.shape[1]
-        STAGES: gl.constexpr = p.a_bufs.type.shape[0]
         NB: gl.constexpr = 2 if p.GLU else 1
         NBYTES: gl.constexpr = p.a_desc.block_type.nbytes + NB * p.b_desc.block_type.nbytes
         NM = gl.cdiv(p.M, BLOCK_M)
@@ -123,12 +150,7 @@ if HAVE_GLUON:
             off_m = tm * BLOCK_M
             off_n = tn * BLOCK_N
             for kk in range(k_steps):
-                s = it % STAGES
-                # slots start free: the first wait on each passes (phase 1 of a fresh barrier)
-                mbarrier.wait(p.empty.index(s), ((it // STAGES) & 1) ^ 1)
-                bar = p.ready.index(s)
-                mbarrier.expect(bar, NBYTES)
-                tma.async_copy_global_to_shared(p.a_desc, [off_m, kk * BLOCK_K], bar, p.a_bufs.index(s))
+                bar, s = _stage_a(p, it, off_m, kk, NBYTES)
                 if p.GLU:   # the gate's rows, then the up's (n further on), as one (2 BLOCK_N, BLOCK_K) slot
                     slot = p.b_bufs.index(s)
                     _load_b(p, off_n, kk * BLOCK_K, bar, slot.slice(0, BLOCK_N, dim=0))
@@ -144,7 +166,6 @@ if HAVE_GLUON:
         BLOCK_K: gl.constexpr = p.a_desc.block_type.shape[1]
         BLOCK_N: gl.constexpr = p.c_desc.block_type.shape[1]
         ROWS: gl.constexpr = p.c_desc.block_type.shape[0]
-        STAGES: gl.constexpr = p.a_bufs.type.shape[0]
         # GLU: the gate and the up tile side by side, one wgmma of twice the width (columns
         # [0, BLOCK_N) the gate's, [BLOCK_N, 2 BLOCK_N) the up's)
         ACC_N: gl.constexpr = 2 * BLOCK_N if p.GLU else BLOCK_N
@@ -168,13 +189,7 @@ if HAVE_GLUON:
             tm, tn = _tile_of(t, NM, NN, p.GROUP_M)
             prev = 0
             for kk in range(k_steps):
-                s = it % STAGES
-                mbarrier.wait(p.ready.index(s), (it // STAGES) & 1)
-                a = p.a_bufs.index(s).slice(ROLE * ROWS, ROWS, dim=0)
-                acc = warpgroup_mma(a, _b_operand(p, p.b_bufs.index(s)), acc, use_acc=kk > 0, is_async=True)
-                # one wgmma in flight: the previous step's is done, so its slot is free
-                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-                mbarrier.arrive(p.empty.index(prev), count=1, pred=kk > 0)
+                acc, s = _mma_step(p, acc, it, kk, prev, ROLE, ROWS)
                 if p.PEER_PUSH == 2:
                     for j in gl.static_range(NCH):
                         if (done > 0) & (kk == j * pace):
