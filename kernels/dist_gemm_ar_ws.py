@@ -26,6 +26,10 @@ for the peer's flags of its A tiles (the sums it needs in ``out``; not DIRECT: c
 ``recv`` into ``out``). Every wait is bounded (polls); on a timeout it sets the peer's bit in the
 status word, which the host turns into a TimeoutError naming the rank.
 
+``RS`` makes it ``matmul_reduce_scatter`` of two ranks: M is a slice's rows (a has 2 M), tile
+pair q is the peer slice's tile q (our partial leaves, paced, into the peer's receive slot) and
+ours (the peer's partial read, the sum stored into our slice); nothing goes back.
+
 Flags: ``flags[src, 2 t + half]`` holds the epoch of the last call whose half tile arrived from
 rank src. The epoch is read at the start and the last program to leave publishes it (as the
 Triton kernels' epoch_begin / epoch_end).
@@ -70,16 +74,17 @@ if HAVE_GLUON:
         K: gl.tensor
         RESIDUAL: gl.constexpr
         DIRECT: gl.constexpr
+        RS: gl.constexpr                       # the reduce-scatter: M is a slice's rows (see the module doc)
 
         @gluon.constexpr_function
         def __init__(self, a_desc, b_desc, out_desc, out_peer_desc, recv_desc, recv_peer_desc, a_bufs, b_bufs,
-                     ready, empty, flags, peer_flags, status, bound, e, rank, M, N, K, RESIDUAL, DIRECT):
+                     ready, empty, flags, peer_flags, status, bound, e, rank, M, N, K, RESIDUAL, DIRECT, RS):
             self.a_desc, self.b_desc, self.out_desc, self.out_peer_desc = a_desc, b_desc, out_desc, out_peer_desc
             self.recv_desc, self.recv_peer_desc = recv_desc, recv_peer_desc
             self.a_bufs, self.b_bufs, self.ready, self.empty = a_bufs, b_bufs, ready, empty
             self.flags, self.peer_flags, self.status, self.bound = flags, peer_flags, status, bound
             self.e, self.rank, self.M, self.N, self.K = e, rank, M, N, K
-            self.RESIDUAL, self.DIRECT = gl.constexpr(RESIDUAL), gl.constexpr(DIRECT)
+            self.RESIDUAL, self.DIRECT, self.RS = gl.constexpr(RESIDUAL), gl.constexpr(DIRECT), gl.constexpr(RS)
 
     @gluon.jit
     def _my_tiles(T, rank):
@@ -97,6 +102,32 @@ if HAVE_GLUON:
         an odd last pair's single tile is rank 0's B or rank 1's A (dist_gemm_ar._flat_tile)."""
         half = (j % 2) | ((j == n - 1) & odd_last & (rank == 0)).to(gl.int32)
         return half, 2 * (p + (j // 2) * P) + (half + 1 - rank) % 2
+
+    @gluon.jit
+    def _schedule(p, T):
+        """(n, odd_last, p, P): the program's tile count. RS: pairs (the peer's slice tile q, ours
+        q) for q = p, p + P, ... below T, the tiles of a slice; else _my_tiles."""
+        if p.RS:
+            pid = gl.program_id(0)
+            P = gl.num_programs(0)
+            mine = gl.cdiv(T - pid, P)
+            return 2 * mine, mine < 0, pid, P
+        else:
+            return _my_tiles(T, p.rank)
+
+    @gluon.jit
+    def _tile_at(p, j, n, odd_last, pid, P, TN, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+        """(half, tile id (flags), A's first row, out's first row, first column) of the program's
+        j-th tile. RS: tile q of the peer's slice (half 0: A's rows there) or of ours (half 1);
+        out is our slice. Else the pair order over the whole output."""
+        if p.RS:
+            half = j % 2
+            q = pid + (j // 2) * P
+            dest = gl.where(half == 0, 1 - p.rank, p.rank)
+            return half, q, dest * p.M + (q // TN) * BLOCK_M, (q // TN) * BLOCK_M, (q % TN) * BLOCK_N
+        else:
+            half, t = _pair_tile(j, n, odd_last, p.rank, pid, P)
+            return half, t, (t // TN) * BLOCK_M, (t // TN) * BLOCK_M, (t % TN) * BLOCK_N
 
     @gluon.jit
     def _wait_flag(ptr, target, src, status, bound):
@@ -140,13 +171,11 @@ if HAVE_GLUON:
         NBYTES: gl.constexpr = p.a_desc.block_type.nbytes + p.b_desc.block_type.nbytes
         TN = gl.cdiv(p.N, BLOCK_N)
         T = gl.cdiv(p.M, BLOCK_M) * TN
-        n, odd_last, pid, P = _my_tiles(T, p.rank)
+        n, odd_last, pid, P = _schedule(p, T)
         k_steps = gl.cdiv(p.K, BLOCK_K)
         it = 0
         for j in range(n):
-            half, t = _pair_tile(j, n, odd_last, p.rank, pid, P)
-            off_m = (t // TN) * BLOCK_M
-            off_n = (t % TN) * BLOCK_N
+            half, t, off_m, o_row, off_n = _tile_at(p, j, n, odd_last, pid, P, TN, BLOCK_M, BLOCK_N)
             for kk in range(k_steps):
                 bar, s = _stage_a(p, it, off_m, kk, NBYTES)
                 _load_b(p, off_n, kk * BLOCK_K, bar, p.b_bufs.index(s))
@@ -169,7 +198,7 @@ if HAVE_GLUON:
         mbarrier.init(lbar, count=1)
         TN = gl.cdiv(p.N, BLOCK_N)
         T = gl.cdiv(p.M, BLOCK_M) * TN
-        n, odd_last, pid, P = _my_tiles(T, p.rank)
+        n, odd_last, pid, P = _schedule(p, T)
         k_steps = gl.cdiv(p.K, BLOCK_K)
         peer = 1 - p.rank
         slot = (p.e % 2).to(gl.int32)
@@ -186,9 +215,8 @@ if HAVE_GLUON:
         p_recv = 0
         p_flag = 0
         for j in range(n):
-            half, t = _pair_tile(j, n, odd_last, p.rank, pid, P)
-            row0 = (t // TN) * BLOCK_M + ROLE * ROWS
-            col0 = (t % TN) * BLOCK_N
+            half, t, a_row, o_row, col0 = _tile_at(p, j, n, odd_last, pid, P, TN, BLOCK_M, BLOCK_N)
+            row0 = o_row + ROLE * ROWS
             prev = 0
             for kk in range(k_steps):
                 acc, s = _mma_step(p, acc, it, kk, prev, ROLE, ROWS)
@@ -238,6 +266,8 @@ if HAVE_GLUON:
                     tma.async_copy_shared_to_global(p.out_desc, [row0, col0], stage)
                     p_recv = 0 if p.DIRECT else 1
                 pending = 1
+                if p.RS:   # the reduce-scatter sends partials only: our slice's sums stay here
+                    pending = (half == 0).to(gl.int32)
                 p_row = row0
                 p_col = col0
                 p_flag = flag
@@ -246,20 +276,20 @@ if HAVE_GLUON:
             for c in gl.static_range(NCH):
                 _copy_chunk(p, stage, c, p_row, p_col, p_recv != 0, own_rows + p_row)
             _raise_flag(p.peer_flags + p_flag, p.e)
-        # ---- the peer's sums of our A tiles: in out (DIRECT) or in recv (copied here)
-        for j in range(n):
-            half, t = _pair_tile(j, n, odd_last, p.rank, pid, P)
-            row0 = (t // TN) * BLOCK_M + ROLE * ROWS
+        # ---- the peer's sums of our A tiles: in out (DIRECT) or in recv (copied here); none (RS)
+        for j in range(0 if p.RS else n):
+            half, t, a_row, o_row, c0 = _tile_at(p, j, n, odd_last, pid, P, TN, BLOCK_M, BLOCK_N)
+            row0 = o_row + ROLE * ROWS
             if (half == 0) & (row0 < p.M):
                 _wait_flag(p.flags + (peer * T + t) * 2 + ROLE, p.e, peer, p.status, p.bound)
                 if not p.DIRECT:
                     gl.thread_barrier()
                     fence_async_shared()
                     mbarrier.expect(lbar, ROWS * BLOCK_N * 2)
-                    tma.async_copy_global_to_shared(p.recv_desc, [peer_rows + row0, (t % TN) * BLOCK_N], lbar, stage)
+                    tma.async_copy_global_to_shared(p.recv_desc, [peer_rows + row0, c0], lbar, stage)
                     mbarrier.wait(lbar, lphase)
                     lphase ^= 1
-                    tma.async_copy_shared_to_global(p.out_desc, [row0, (t % TN) * BLOCK_N], stage)
+                    tma.async_copy_shared_to_global(p.out_desc, [row0, c0], stage)
                     tma.store_wait(pendings=0)
         tma.store_wait(pendings=0)
 
@@ -275,9 +305,11 @@ if HAVE_GLUON:
     def matmul_all_reduce_ws_kernel(a_desc, b_desc, out_desc, out_peer_desc, recv_desc, recv_peer_desc,
                                     flags, peer_flags, status, epoch, counters, bound, rank, M, N, K,
                                     STAGES: gl.constexpr, RESIDUAL: gl.constexpr, DIRECT: gl.constexpr,
-                                    CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr):
-        """Two ranks: out = sum over ranks of a @ b (see the module doc). num_warps=4, about one
-        program per SM, at most one per tile pair."""
+                                    CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, RS: gl.constexpr = False):
+        """Two ranks: out = sum over ranks of a @ b (see the module doc); RS: out = our slice of it
+        (M: a slice's rows; a has 2 M). num_warps=4, about one program per SM, at most one per
+        tile pair."""
+        gl.static_assert(not (RS and (RESIDUAL or DIRECT)), "the reduce-scatter has no residual, no DIRECT")
         e = gl.load(epoch) + 1
         a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
         b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
@@ -287,7 +319,7 @@ if HAVE_GLUON:
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=2)
         p = MarArgs(a_desc, b_desc, out_desc, out_peer_desc, recv_desc, recv_peer_desc, a_bufs, b_bufs, ready,
-                    empty, flags, peer_flags, status, bound, e, rank, M, N, K, RESIDUAL, DIRECT)
+                    empty, flags, peer_flags, status, bound, e, rank, M, N, K, RESIDUAL, DIRECT, RS)
         gl.warp_specialize([
             (_mar_consumer_lo, (p,)),
             (_mar_consumer_hi, (p,)),

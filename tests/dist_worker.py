@@ -172,6 +172,25 @@ def check_matmul_reduce_scatter(ctx, quick):
             got.append(y.clone())
     ok(torch.equal(got[0], got[1]), f"{(M, Kl, N)}: fused_flat changes the bits")
     msgs.append(f"{M}x{Kl}x{N} flat/ticketed same bits")
+    # the tile pairs on the warp-specialised Gluon kernel (options.fused_ws, RS; Hopper, a slice's
+    # rows a multiple of 64, rows of 16 bytes, a contiguous out): B as a weight's w.T and (K, N)
+    from numasched.kernels.gemm_ws import HAVE_GLUON
+
+    if W == 2 and HAVE_GLUON and torch.cuda.get_device_capability()[0] == 9:
+        M, Kl, N = 9088, 700, 1104   # 4544 rows a rank: 36 tile rows, the last one half
+        a, w = randn(M, Kl, seed=5100 + R), randn(N, Kl, seed=5150 + R)
+        part = a.float() @ w.float().T
+        dist.all_reduce(part)
+        Ms = M // W
+        ref = part[R * Ms:(R + 1) * Ms]
+        for b in (w.T, w.T.contiguous()):
+            res = {}
+            for ws in (False, True):
+                with options.use(fused_ws=ws):
+                    res[ws] = nd.matmul_reduce_scatter(a, b, ctx=ctx, impl="fused").clone()
+                ok(rel(res[ws], ref) < 1e-2, f"fused_ws={ws} {(M, Kl, N)}: wrong ({rel(res[ws], ref):.1e})")
+            same = torch.equal(res[True], res[False])
+            msgs.append(f"{M}x{Kl}x{N} WS {'same bits as' if same else 'within 1e-2 of'} the Triton kernel")
     return ok.done("; ".join(msgs))
 
 

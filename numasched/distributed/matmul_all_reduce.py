@@ -14,7 +14,7 @@ import torch
 
 from numasched._validate import check_int32_indexing
 
-from . import cost
+from . import _ws, cost
 from ._common import Call, _aligned, _bulk_ok, _cdiv, _check_operands, _desc, _on_gpu, _Op, _output, _tma_default, _tma_ok
 from ._common import register, run
 
@@ -326,74 +326,6 @@ def _fused_cfg(M: int, dtype, gpu: bool) -> dict:
     return dict(BLOCK_M=bm, BLOCK_N=64, BLOCK_K=128 if elt == 2 else 64, num_warps=4, num_stages=4, USE_TMA=False)
 
 
-def _ws_ok(ctx, a, b_store, out, c) -> bool:
-    """Whether the warp-specialised kernel can take this call (see kernels/dist_gemm_ar_ws.py)."""
-    from numasched.kernels.gemm_ws import HAVE_GLUON
-
-    elt = out.element_size()
-    return (HAVE_GLUON and ctx.device.type == "cuda" and torch.cuda.get_device_capability(ctx.device)[0] == 9
-            and (c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"]) == (128, 256, 64) and c["M"] % 64 == 0
-            and out.is_contiguous() and a.dtype in (torch.bfloat16, torch.float16)
-            and (c["N"] * elt) % 16 == 0 and (c["Kl"] * elt) % 16 == 0)
-
-
-def _launch_ws(ctx, plan, c, a, b_store, b_trans, out, bf, programs):
-    """Launch kernels/dist_gemm_ar_ws.py: descriptors of our and the peer's out and receive
-    slots (the peer's at the same heap offsets: their addresses mapped here), cached per data
-    pointers in the plan."""
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    from numasched.gemm_ws import WsConfig
-    from numasched.kernels.dist_gemm_ar_ws import matmul_all_reduce_ws_kernel
-
-    direct = c.get("out_offset") is not None
-    key = ("ws", a.data_ptr(), b_store.data_ptr(), out.data_ptr(), bf["recv"].data_ptr(), direct)
-    descs = plan.launchers.get(key)
-    if descs is None:
-        cfg = WsConfig()
-        dt = gl.bfloat16 if a.dtype == torch.bfloat16 else gl.float16
-        peer = 1 - ctx.rank
-
-        def at_peer(t):
-            return ctx.heap_bases_host[peer] + (t.data_ptr() - ctx.heap_bases_host[ctx.rank])
-
-        def desc(base, shape, strides, block):
-            return TensorDescriptor(base, list(shape), list(strides), block, gl.NVMMASharedLayout.get_default_for(block, dt))
-
-        half, chunk = [cfg.block_m // 2, cfg.block_n], [cfg.block_m // 2, 64]
-        M, N = c["M"], c["N"]
-        recv2 = bf["recv"].view(-1, N)   # (2 slots x 2 ranks x M, N)
-        bblock = [cfg.block_n, cfg.block_k] if b_trans else [cfg.block_k, cfg.block_n]
-        descs = (desc(a, a.shape, a.stride(), [cfg.block_m, cfg.block_k]),
-                 desc(b_store, b_store.shape, b_store.stride(), bblock),
-                 desc(out, (M, N), (N, 1), half),
-                 desc(_At(at_peer(out), out.dtype) if direct else out, (M, N), (N, 1), chunk),
-                 desc(recv2, recv2.shape, recv2.stride(), half),
-                 desc(_At(at_peer(recv2), out.dtype), recv2.shape, recv2.stride(), chunk),
-                 _At(at_peer(bf["flags"]), torch.int64))
-        plan.launchers[key] = descs
-    *tensor_descs, peer_flags = descs
-    cfg = WsConfig()
-    matmul_all_reduce_ws_kernel[(programs,)](*tensor_descs, bf["flags"], peer_flags, ctx.status, bf["epoch"],
-                                             bf["counters"], int(ctx.max_spins), ctx.rank, c["M"], c["N"], c["Kl"],
-                                             STAGES=cfg.stages, RESIDUAL=bool(c["residual"]), DIRECT=direct,
-                                             CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=cfg.loader_regs,
-                                             num_warps=4, maxnreg=cfg.maxnreg)
-    return out
-
-
-class _At:
-    """A device address with a dtype, as a kernel argument or a descriptor's base: a peer's
-    buffer mapped into this GPU's address space (the symmetric heap)."""
-
-    def __init__(self, ptr: int, dtype):
-        self.ptr, self.dtype = int(ptr), dtype
-
-    def data_ptr(self) -> int:
-        return self.ptr
-
-
 def _pairs(ctx, c) -> bool:
     """Whether the fused kernel runs in tile pairs (PAIRS) for config ``c`` on ``ctx``: two ranks
     and ``cost.fused_pairs`` (the config's PAIRS overrides)."""
@@ -519,8 +451,12 @@ class MatmulAllReduceFused(_Op):
                     and (c["N"] * out.element_size()) % 16 == 0)
 
         if (c.get("WS") and phase == "full" and pairs and use_tma and ctx.world == 2
-                and _ws_ok(ctx, a, b_store, out, c)):
-            return _launch_ws(ctx, plan, c, a, b_store, b_trans, out, bf, programs)
+                and (c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"]) == (128, 256, 64)
+                and _ws.ws_ok(ctx, a, b_store, out, c["M"], c["N"], c["Kl"])):
+            return _ws.launch(ctx, plan, a=a, b_store=b_store, b_trans=b_trans, out=out, recv=bf["recv"],
+                              flags=bf["flags"], epoch=bf["epoch"], counters=bf["counters"], programs=programs,
+                              rows=c["M"], N=c["N"], K=c["Kl"], residual=bool(c["residual"]),
+                              direct=c.get("out_offset") is not None, rs=False)
 
         def build():
             from numasched.kernels.dist_gemm_ar import matmul_all_reduce_kernel

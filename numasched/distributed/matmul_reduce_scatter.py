@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import torch
 
+from numasched import options
 from numasched._validate import check_int32_indexing
 
-from . import _common
+from . import _common, _ws
 from ._common import Call, Plan, _aligned, _bulk_ok, _cdiv, _check_operands, _desc, _make_plan, _on_gpu, _Op
 from ._common import _auto_symm_mem_ok, group_name
 from ._common import _output, _policy, _resolve_impl, _tma_ok, register, run
@@ -42,7 +43,8 @@ class MatmulReduceScatter(_Op):
             if W > 1:
                 bufs.append(("partials", (W, c["Ms"], c["N"]), call.tensors["a"].dtype))
             return bufs
-        bufs = [("flags", (W, c["TMS"] * c["TN"]), torch.int64)]
+        # (W, 2 x tiles): the WS kernel's flags are per half tile (options.fused_ws; the Triton kernel's in the first half)
+        bufs = [("flags", (W, 2 * c["TMS"] * c["TN"]), torch.int64)]
         if W > 1:
             bufs.append(("partials", (2, W, c["Ms"], c["N"]), call.tensors["a"].dtype))
         return bufs
@@ -113,6 +115,15 @@ class MatmulReduceScatter(_Op):
             partials = out
         else:
             partials = bf["partials"]
+        b_trans = b.stride(1) != 1 and b.stride(0) == 1   # w.T of an (N, K) weight
+        if (W == 2 and phase == "full" and options.current().fused_ws
+                and _ws.ws_ok(ctx, a, b.T if b_trans else b, out, c["Ms"], c["N"], c["Kl"])):
+            # the tile pairs on the warp-specialised kernel (RS): one pair a (peer, ours) slice tile
+            ts = -(-c["Ms"] // 128) * -(-c["N"] // 256)
+            return _ws.launch(ctx, plan, a=a, b_store=b.T if b_trans else b, b_trans=b_trans, out=out,
+                              recv=partials, flags=bf["flags"], epoch=bf["epoch"], counters=bf["counters"],
+                              programs=max(1, min(ctx.num_sms, ts)), rows=c["Ms"], N=c["N"], K=c["Kl"],
+                              residual=False, direct=False, rs=True)
         use_tma = c["USE_TMA"] and _tma_ok(a, b)
         if use_tma:
             descs = (_desc(a, [c["BLOCK_M"], c["BLOCK_K"]]), _desc(b, [c["BLOCK_K"], c["BLOCK_N"]]))
