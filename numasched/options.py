@@ -160,9 +160,9 @@ class Options:
             (False: GLU_BIG_SCHEDULE); None: gemm_glu.GLU_PERSISTENT_BY_DEFAULT.
         glu_ws: matmul_swiglu at prefill sizes on Hopper by the warp-specialised Gluon kernel
             (True: kernels/gemm_ws.py) or the Triton kernels (False); None: gemm_glu.GLU_WS_BY_DEFAULT.
-        fused_ws: the two-rank fused GEMM + all-reduce's tile pairs on Hopper by the
-            warp-specialised Gluon kernel (True: kernels/dist_gemm_ar_ws.py) or the Triton one
-            (False), eager or captured; None: the config's (FUSED_BIG_TILE's WS: off).
+        fused_ws: the two-rank fused GEMM + all-reduce's and GEMM + reduce-scatter's tile pairs
+            on Hopper by the warp-specialised Gluon kernel (True: kernels/dist_gemm_ar_ws.py) or
+            the Triton ones (False), eager or captured; None: the configs' (off).
     """
 
     autotune: bool = True
