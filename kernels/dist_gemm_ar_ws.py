@@ -163,6 +163,17 @@ if HAVE_GLUON:
             tma.async_copy_shared_to_global(p.out_peer_desc, [row, col + j * CH], stage.slice(j * CH, CH, dim=1))
 
     @gluon.jit
+    def _fill_stage(desc, row, col, lbar, lphase, stage):
+        """A (64, BLOCK_N) box of ``desc`` into the staging tile by TMA (after every thread's last
+        read of it, ordered before the async write); returns the barrier's next phase."""
+        gl.thread_barrier()
+        fence_async_shared()
+        mbarrier.expect(lbar, stage.type.shape[0] * stage.type.shape[1] * 2)
+        tma.async_copy_global_to_shared(desc, [row, col], lbar, stage)
+        mbarrier.wait(lbar, lphase)
+        return lphase ^ 1
+
+    @gluon.jit
     def _mar_loader(p):
         """One warp: TMA loads of every (tile, K step) of this program in the pair order."""
         BLOCK_M: gl.constexpr = p.a_desc.block_type.shape[0]
@@ -243,22 +254,12 @@ if HAVE_GLUON:
                     p_recv = 1
                 else:           # B: ours; the peer's partial, (the residual,) the sum
                     _wait_flag(p.flags + (peer * T + t) * 2 + ROLE, p.e, peer, p.status, p.bound)
-                    gl.thread_barrier()
-                    fence_async_shared()
-                    mbarrier.expect(lbar, ROWS * BLOCK_N * 2)
-                    tma.async_copy_global_to_shared(p.recv_desc, [peer_rows + row0, col0], lbar, stage)
-                    mbarrier.wait(lbar, lphase)
-                    lphase ^= 1
+                    lphase = _fill_stage(p.recv_desc, peer_rows + row0, col0, lbar, lphase, stage)
                     # in place in the accumulator (the next tile's first wgmma ignores it): no
                     # second fp32 tile in registers; our partial rounded as the peer's was
                     acc = acc.to(dt).to(gl.float32) + stage.load(acc_layout).to(gl.float32)
                     if p.RESIDUAL:   # out holds the residual: h + sum, rounded as the unfused ops'
-                        gl.thread_barrier()
-                        fence_async_shared()
-                        mbarrier.expect(lbar, ROWS * BLOCK_N * 2)
-                        tma.async_copy_global_to_shared(p.out_desc, [row0, col0], lbar, stage)
-                        mbarrier.wait(lbar, lphase)
-                        lphase ^= 1
+                        lphase = _fill_stage(p.out_desc, row0, col0, lbar, lphase, stage)
                         acc = acc.to(dt).to(gl.float32) + stage.load(acc_layout).to(gl.float32)
                     gl.thread_barrier()
                     stage.store(acc.to(dt))
@@ -283,12 +284,7 @@ if HAVE_GLUON:
             if (half == 0) & (row0 < p.M):
                 _wait_flag(p.flags + (peer * T + t) * 2 + ROLE, p.e, peer, p.status, p.bound)
                 if not p.DIRECT:
-                    gl.thread_barrier()
-                    fence_async_shared()
-                    mbarrier.expect(lbar, ROWS * BLOCK_N * 2)
-                    tma.async_copy_global_to_shared(p.recv_desc, [peer_rows + row0, c0], lbar, stage)
-                    mbarrier.wait(lbar, lphase)
-                    lphase ^= 1
+                    lphase = _fill_stage(p.recv_desc, peer_rows + row0, c0, lbar, lphase, stage)
                     tma.async_copy_shared_to_global(p.out_desc, [row0, c0], stage)
                     tma.store_wait(pendings=0)
         tma.store_wait(pendings=0)
