@@ -6,8 +6,9 @@ program per SM (fewer when there are fewer tiles). The plan is reusable while th
 pointers stay the same (``run`` re-makes the descriptors when they change), so it works under CUDA
 graphs.
 
-``supported(a, b, out)`` says why not, as a string, or returns None; numasched.gemm consults it
-before it offers the kernel as a schedule.
+``supported(a, b, out)`` says why not, as a string, or returns None; ``matmul_swiglu`` consults
+it before it plans the kernel (``options.glu_ws``). ``host_descriptor`` and ``DeviceAddress`` are
+shared with the fused collectives on the same kernel (numasched.distributed._ws).
 """
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from typing import Optional
 
 import torch
 
-__all__ = ["WsConfig", "WsGemmPlan", "supported", "descriptor_type", "DEFAULT_CONFIG", "GLU_CONFIG"]
+__all__ = ["WsConfig", "WsGemmPlan", "supported", "descriptor_type", "host_descriptor", "DeviceAddress",
+           "DEFAULT_CONFIG", "GLU_CONFIG"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,27 @@ def descriptor_type(dtype: str, block) -> str:
 
     layout = gl.NVMMASharedLayout.get_default_for(list(block), {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype])
     return f"tensordesc<{dtype}[{block[0]}, {block[1]}],{layout!r}>"
+
+
+class DeviceAddress:
+    """A device address with a dtype, as a kernel argument or a descriptor's base: e.g. a peer
+    GPU's buffer mapped into this GPU's address space by the symmetric heap."""
+
+    def __init__(self, ptr: int, dtype):
+        self.ptr, self.dtype = int(ptr), dtype
+
+    def data_ptr(self) -> int:
+        return self.ptr
+
+
+def host_descriptor(base, shape, strides, block):
+    """A Gluon host TMA descriptor of ``base`` (a tensor or a DeviceAddress, 16-bit) with the
+    default NVMMA shared layout of ``block``."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    dt = gl.bfloat16 if base.dtype == torch.bfloat16 else gl.float16
+    return TensorDescriptor(base, list(shape), list(strides), list(block), gl.NVMMASharedLayout.get_default_for(block, dt))
 
 
 def _tma_ok(t: torch.Tensor) -> bool:
@@ -124,38 +147,19 @@ class WsGemmPlan:
         self._descs = None
 
     def _make_descriptors(self, a, b, c):
-        from triton.experimental.gluon import language as gl
-        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
         cfg = self.config
-        dt = gl.bfloat16 if a.dtype == torch.bfloat16 else gl.float16
-
-        def desc(t, block):
-            return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, dt))
-
-        a_d = desc(a, [cfg.block_m, cfg.block_k])
-        b_d = desc(b.t(), [cfg.block_n, cfg.block_k]) if self.b_kmajor else desc(b, [cfg.block_k, cfg.block_n])
-        c_d = desc(c, [cfg.block_m // 2, cfg.block_n])
-        return a_d, b_d, c_d
+        bt = b.t()
+        return (host_descriptor(a, a.shape, a.stride(), [cfg.block_m, cfg.block_k]),
+                host_descriptor(bt, bt.shape, bt.stride(), [cfg.block_n, cfg.block_k]) if self.b_kmajor
+                else host_descriptor(b, b.shape, b.stride(), [cfg.block_k, cfg.block_n]),
+                host_descriptor(c, c.shape, c.stride(), [cfg.block_m // 2, cfg.block_n]))
 
     def _peer_desc(self, out):
         """A descriptor of out's twin at ``peer_out_ptr`` (same shape, strides and dtype)."""
         if self._peer is None:
-            from triton.experimental.gluon import language as gl
-            from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-            class _At:   # what a descriptor reads of its base: the address and the dtype
-                def __init__(self, ptr, dtype):
-                    self.ptr, self.dtype = ptr, dtype
-
-                def data_ptr(self):
-                    return self.ptr
-
             cfg = self.config
             block = [cfg.block_m // 2, 64 if self.peer_mode == 2 else cfg.block_n]
-            dt = gl.bfloat16 if out.dtype == torch.bfloat16 else gl.float16
-            self._peer = TensorDescriptor(_At(self.peer, out.dtype), list(out.shape), list(out.stride()), block,
-                                          gl.NVMMASharedLayout.get_default_for(block, dt))
+            self._peer = host_descriptor(DeviceAddress(self.peer, out.dtype), out.shape, out.stride(), block)
         return self._peer
 
     def run(self, a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None,

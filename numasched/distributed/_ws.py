@@ -24,54 +24,39 @@ def ws_ok(ctx, a, b_store, out, rows: int, N: int, K: int) -> bool:
             and (N * elt) % 16 == 0 and (K * elt) % 16 == 0)
 
 
-class _At:
-    """A device address with a dtype, as a kernel argument or a descriptor's base: a peer's
-    buffer mapped into this GPU's address space (the symmetric heap)."""
-
-    def __init__(self, ptr: int, dtype):
-        self.ptr, self.dtype = int(ptr), dtype
-
-    def data_ptr(self) -> int:
-        return self.ptr
-
-
-def launch(ctx, plan, *, a, b_store, b_trans, out, recv, flags, epoch, counters, programs, rows, N, K,
-           residual: bool, direct: bool, rs: bool):
+def launch(ctx, plan, *, a, b_store, b_trans, out, recv, flags, epoch, counters, rows, N, K,
+           residual: bool, direct: bool, rs: bool, programs=None):
     """One launch of kernels/dist_gemm_ar_ws.py (see its doc): ``rows`` out's rows (RS: a slice's),
-    ``recv`` the (2, 2, rows, N) receive slots, ``flags`` at least (2, 2 x tiles) int64."""
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    from numasched.gemm_ws import WsConfig
+    ``recv`` the (2, 2, rows, N) receive slots, ``flags`` at least (2, 2 x tiles) int64;
+    ``programs`` default: one per tile pair (RS: a slice's tiles), at most one per SM."""
+    from numasched.gemm_ws import DeviceAddress as At
+    from numasched.gemm_ws import WsConfig, host_descriptor
     from numasched.kernels.dist_gemm_ar_ws import matmul_all_reduce_ws_kernel
 
     cfg = WsConfig()
     tiles = -(-rows // cfg.block_m) * -(-N // cfg.block_n)
+    if programs is None:
+        programs = max(1, min(ctx.num_sms, tiles if rs else -(-tiles // 2)))
     if flags.shape[-1] < 2 * tiles:
         raise ValueError(f"flags has {flags.shape[-1]} slots a rank, the kernel needs {2 * tiles}")
     key = ("ws", a.data_ptr(), b_store.data_ptr(), out.data_ptr(), recv.data_ptr(), direct, rs)
     descs = plan.launchers.get(key)
     if descs is None:
-        dt = gl.bfloat16 if a.dtype == torch.bfloat16 else gl.float16
         peer = 1 - ctx.rank
 
         def at_peer(t):
-            return ctx.heap_bases_host[peer] + (t.data_ptr() - ctx.heap_bases_host[ctx.rank])
-
-        def desc(base, shape, strides, block):
-            return TensorDescriptor(base, list(shape), list(strides), block,
-                                    gl.NVMMASharedLayout.get_default_for(block, dt))
+            return At(ctx.heap_bases_host[peer] + (t.data_ptr() - ctx.heap_bases_host[ctx.rank]), t.dtype)
 
         half, chunk = [cfg.block_m // 2, cfg.block_n], [cfg.block_m // 2, 64]
         recv2 = recv.view(-1, N)   # (2 slots x 2 ranks x rows, N)
         bblock = [cfg.block_n, cfg.block_k] if b_trans else [cfg.block_k, cfg.block_n]
-        descs = (desc(a, a.shape, a.stride(), [cfg.block_m, cfg.block_k]),
-                 desc(b_store, b_store.shape, b_store.stride(), bblock),
-                 desc(out, (rows, N), (N, 1), half),
-                 desc(_At(at_peer(out), out.dtype) if direct else out, (rows, N), (N, 1), chunk),
-                 desc(recv2, recv2.shape, recv2.stride(), half),
-                 desc(_At(at_peer(recv2), out.dtype), recv2.shape, recv2.stride(), chunk),
-                 _At(at_peer(flags), torch.int64))
+        descs = (host_descriptor(a, a.shape, a.stride(), [cfg.block_m, cfg.block_k]),
+                 host_descriptor(b_store, b_store.shape, b_store.stride(), bblock),
+                 host_descriptor(out, (rows, N), (N, 1), half),
+                 host_descriptor(at_peer(out) if direct else out, (rows, N), (N, 1), chunk),
+                 host_descriptor(recv2, recv2.shape, recv2.stride(), half),
+                 host_descriptor(at_peer(recv2), recv2.shape, recv2.stride(), chunk),
+                 at_peer(flags))
         plan.launchers[key] = descs
     *tensor_descs, peer_flags = descs
     matmul_all_reduce_ws_kernel[(programs,)](*tensor_descs, flags, peer_flags, ctx.status, epoch, counters,

@@ -116,14 +116,13 @@ class MatmulReduceScatter(_Op):
         else:
             partials = bf["partials"]
         b_trans = b.stride(1) != 1 and b.stride(0) == 1   # w.T of an (N, K) weight
+        b_store = b.T if b_trans else b
         if (W == 2 and phase == "full" and options.current().fused_ws
-                and _ws.ws_ok(ctx, a, b.T if b_trans else b, out, c["Ms"], c["N"], c["Kl"])):
+                and _ws.ws_ok(ctx, a, b_store, out, c["Ms"], c["N"], c["Kl"])):
             # the tile pairs on the warp-specialised kernel (RS): one pair a (peer, ours) slice tile
-            ts = -(-c["Ms"] // 128) * -(-c["N"] // 256)
-            return _ws.launch(ctx, plan, a=a, b_store=b.T if b_trans else b, b_trans=b_trans, out=out,
-                              recv=partials, flags=bf["flags"], epoch=bf["epoch"], counters=bf["counters"],
-                              programs=max(1, min(ctx.num_sms, ts)), rows=c["Ms"], N=c["N"], K=c["Kl"],
-                              residual=False, direct=False, rs=True)
+            return _ws.launch(ctx, plan, a=a, b_store=b_store, b_trans=b_trans, out=out, recv=partials,
+                              flags=bf["flags"], epoch=bf["epoch"], counters=bf["counters"], rows=c["Ms"],
+                              N=c["N"], K=c["Kl"], residual=False, direct=False, rs=True)
         use_tma = c["USE_TMA"] and _tma_ok(a, b)
         if use_tma:
             descs = (_desc(a, [c["BLOCK_M"], c["BLOCK_K"]]), _desc(b, [c["BLOCK_K"], c["BLOCK_N"]]))
