@@ -246,8 +246,8 @@ def _mapping(name: str):
 _PTR = "*bf16"
 _TMA_OFF = ("TMA tensor descriptors (cp.async.bulk.tensor) are NVIDIA sm_90+; on AMD the host plans the "
             "pointer path (caps.tma_supported is False on ROCm)")
-_GLUON_OFF = ("the warp-specialised GEMM is Gluon code for NVIDIA sm_90 (wgmma, TMA, mbarriers, setmaxnreg); "
-              "AMD runs the Triton GEMM kernels")
+_GLUON_OFF = ("the warp-specialised kernels (kernels/gemm_ws.py, dist_gemm_ar_ws.py) are Gluon code for NVIDIA "
+              "sm_90 (wgmma, TMA, mbarriers, setmaxnreg); AMD runs the Triton kernels")
 _CLOCK_NOTE = ("WAIT_CLOCK: sm90 True (%globaltimer wait bound); AMD False: %globaltimer is NVIDIA PTX, the "
                "wait is bounded by a poll count (ctx.wait_clock is False on ROCm)")
 _PREC_NOTE = ("bf16 dots with input precision None (the target's default), as the host passes for 16-bit "
