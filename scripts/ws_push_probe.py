@@ -22,6 +22,7 @@ import numasched
 import numasched.distributed as nd
 from numasched.bench.common import dist_graph_us, init_rank
 from numasched.distributed._common import run
+from numasched.distributed._ws import peer_address
 from numasched.gemm_ws import WsGemmPlan
 
 SHAPES = "4096x4096x2048,4096x4096x7168,16384x4096x2048,1024x4096x2048,4096x14336x4096"
@@ -43,8 +44,7 @@ def main():
         b = w.T
         out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
         twin = ctx.alloc((M, N), torch.bfloat16, what="ws_push_probe twin")   # the peer writes here
-        off = twin.data_ptr() - ctx.heap_bases_host[R]
-        peer_ptr = ctx.heap_bases_host[peer] + off   # the peer's twin (same offset in its heap)
+        peer_ptr = peer_address(ctx, twin).data_ptr()   # the peer's twin (same offset in its heap)
         ws = WsGemmPlan(a, b, out)
         ws_push = WsGemmPlan(a, b, out, peer_out_ptr=peer_ptr)
         ws_local = WsGemmPlan(a, b, out, peer_out_ptr=twin.data_ptr())   # the twin in our own memory

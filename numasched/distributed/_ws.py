@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["ws_ok", "launch"]
+__all__ = ["ws_ok", "launch", "peer_address"]
 
 
 def ws_ok(ctx, a, b_store, out, rows: int, N: int, K: int) -> bool:
@@ -24,12 +24,20 @@ def ws_ok(ctx, a, b_store, out, rows: int, N: int, K: int) -> bool:
             and (N * elt) % 16 == 0 and (K * elt) % 16 == 0)
 
 
+def peer_address(ctx, t: torch.Tensor):
+    """The peer's copy of heap tensor ``t`` (two ranks: the same offset in its heap), as a
+    DeviceAddress valid on this GPU."""
+    from numasched.gemm_ws import DeviceAddress
+
+    peer = 1 - ctx.rank
+    return DeviceAddress(ctx.heap_bases_host[peer] + (t.data_ptr() - ctx.heap_bases_host[ctx.rank]), t.dtype)
+
+
 def launch(ctx, plan, *, a, b_store, b_trans, out, recv, flags, epoch, counters, rows, N, K,
            residual: bool, direct: bool, rs: bool, programs=None):
     """One launch of kernels/dist_gemm_ar_ws.py (see its doc): ``rows`` out's rows (RS: a slice's),
     ``recv`` the (2, 2, rows, N) receive slots, ``flags`` at least (2, 2 x tiles) int64;
     ``programs`` default: one per tile pair (RS: a slice's tiles), at most one per SM."""
-    from numasched.gemm_ws import DeviceAddress as At
     from numasched.gemm_ws import WsConfig, host_descriptor
     from numasched.kernels.dist_gemm_ar_ws import matmul_all_reduce_ws_kernel
 
@@ -42,21 +50,16 @@ def launch(ctx, plan, *, a, b_store, b_trans, out, recv, flags, epoch, counters,
     key = ("ws", a.data_ptr(), b_store.data_ptr(), out.data_ptr(), recv.data_ptr(), direct, rs)
     descs = plan.launchers.get(key)
     if descs is None:
-        peer = 1 - ctx.rank
-
-        def at_peer(t):
-            return At(ctx.heap_bases_host[peer] + (t.data_ptr() - ctx.heap_bases_host[ctx.rank]), t.dtype)
-
         half, chunk = [cfg.block_m // 2, cfg.block_n], [cfg.block_m // 2, 64]
         recv2 = recv.view(-1, N)   # (2 slots x 2 ranks x rows, N)
         bblock = [cfg.block_n, cfg.block_k] if b_trans else [cfg.block_k, cfg.block_n]
         descs = (host_descriptor(a, a.shape, a.stride(), [cfg.block_m, cfg.block_k]),
                  host_descriptor(b_store, b_store.shape, b_store.stride(), bblock),
                  host_descriptor(out, (rows, N), (N, 1), half),
-                 host_descriptor(at_peer(out) if direct else out, (rows, N), (N, 1), chunk),
+                 host_descriptor(peer_address(ctx, out) if direct else out, (rows, N), (N, 1), chunk),
                  host_descriptor(recv2, recv2.shape, recv2.stride(), half),
-                 host_descriptor(at_peer(recv2), recv2.shape, recv2.stride(), chunk),
-                 at_peer(flags))
+                 host_descriptor(peer_address(ctx, recv2), recv2.shape, recv2.stride(), chunk),
+                 peer_address(ctx, flags))
         plan.launchers[key] = descs
     *tensor_descs, peer_flags = descs
     matmul_all_reduce_ws_kernel[(programs,)](*tensor_descs, flags, peer_flags, ctx.status, epoch, counters,
