@@ -1,10 +1,9 @@
 """Host side of the warp-specialised Hopper GEMM (kernels/gemm_ws.py): check -> plan -> run.
 
 ``WsGemmPlan(a, b, out)`` checks that the kernel can take the operands (an sm_90 GPU, 16-bit
-floats, TMA-compatible strides), makes the three TMA descriptors once, and ``run`` launches one
-program per SM (fewer when there are fewer tiles). The plan is reusable while the tensors' data
-pointers stay the same (``run`` re-makes the descriptors when they change), so it works under CUDA
-graphs.
+floats, TMA-compatible strides), and ``run`` launches one program per SM (fewer when there are
+fewer tiles) through a thin launch (numasched._launch): Gluon's Python path on the first call, the compiled kernel's C launcher after,
+with the TMA descriptors' tensor maps cached by base pointer. Under CUDA graphs: first call eager.
 
 ``supported(a, b, out)`` says why not, as a string, or returns None; ``matmul_swiglu`` consults
 it before it plans the kernel (``options.glu_ws``). ``host_descriptor`` and ``DeviceAddress`` are
@@ -136,51 +135,38 @@ class WsGemmPlan:
         self.peer_mode = 0 if peer_out_ptr is None else (2 if peer_paced else 1)
         if peer_out_ptr is not None and (peer_out_ptr % 16 or config.glu):
             raise ValueError("peer_out_ptr must be 16-byte aligned, for the plain GEMM")
-        self._peer = None
         self.config = config
         self.b_kmajor = not _tma_ok(b)   # b = w.t() of an (N, K) weight
         cfg = config
         tiles = -(-self.M // cfg.block_m) * -(-self.N // cfg.block_n)
         sms = torch.cuda.get_device_properties(a.device).multi_processor_count
         self.num_programs = max(1, min(tiles, num_programs or sms))
-        self._key = None
-        self._descs = None
-
-    def _make_descriptors(self, a, b, c):
-        cfg = self.config
-        bt = b.t()
-        return (host_descriptor(a, a.shape, a.stride(), [cfg.block_m, cfg.block_k]),
-                host_descriptor(bt, bt.shape, bt.stride(), [cfg.block_n, cfg.block_k]) if self.b_kmajor
-                else host_descriptor(b, b.shape, b.stride(), [cfg.block_k, cfg.block_n]),
-                host_descriptor(c, c.shape, c.stride(), [cfg.block_m // 2, cfg.block_n]))
-
-    def _peer_desc(self, out):
-        """A descriptor of out's twin at ``peer_out_ptr`` (same shape, strides and dtype)."""
-        if self._peer is None:
-            cfg = self.config
-            block = [cfg.block_m // 2, 64 if self.peer_mode == 2 else cfg.block_n]
-            self._peer = host_descriptor(DeviceAddress(self.peer, out.dtype), out.shape, out.stride(), block)
-        return self._peer
+        self._launch = None
 
     def run(self, a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None,
             row_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+        from numasched._launch import HostDesc, Launch
         from numasched.kernels.gemm_ws import gemm_ws_kernel
 
         if (row_scale is not None) != self.row_scale:
             raise ValueError("row_scale must be given exactly when the plan was made with one")
         if out is None:
             out = torch.empty(self.M, self.N, device=a.device, dtype=a.dtype)
-        key = (a.data_ptr(), b.data_ptr(), out.data_ptr())
-        if key != self._key:
-            self._descs = self._make_descriptors(a, b, out)
-            self._key = key
         cfg = self.config
-        a_d, b_d, c_d = self._descs
-        peer = self._peer_desc(out) if self.peer is not None else c_d
-        gemm_ws_kernel[(self.num_programs,)](a_d, b_d, c_d, peer, row_scale if row_scale is not None else out,
-                                             self.M, self.N, self.K,
-                                             STAGES=cfg.stages, GROUP_M=cfg.group_m, GLU=cfg.glu,
-                                             ROW_SCALE=self.row_scale,
-                                             CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=cfg.loader_regs,
-                                             PEER_PUSH=self.peer_mode, num_warps=4, maxnreg=cfg.maxnreg)
+        if self._launch is None:   # the thin launch: Gluon's Python path once, then the C launcher
+            self._launch = Launch(gemm_ws_kernel, self.num_programs,
+                                  dict(STAGES=cfg.stages, GROUP_M=cfg.group_m, GLU=cfg.glu, ROW_SCALE=self.row_scale,
+                                       CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=cfg.loader_regs,
+                                       PEER_PUSH=self.peer_mode, num_warps=4, maxnreg=cfg.maxnreg), device=a.device)
+        # the first launch takes Gluon descriptors (their layouts), later ones plain ones whose
+        # tensor maps the launch caches by base pointer
+        desc = host_descriptor if self._launch.compiled is None else HostDesc
+        bt = b.t()
+        c_d = desc(out, out.shape, out.stride(), [cfg.block_m // 2, cfg.block_n])
+        peer = c_d if self.peer is None else desc(DeviceAddress(self.peer, out.dtype), out.shape, out.stride(),
+                                                  [cfg.block_m // 2, 64 if self.peer_mode == 2 else cfg.block_n])
+        self._launch(desc(a, a.shape, a.stride(), [cfg.block_m, cfg.block_k]),
+                     desc(bt, bt.shape, bt.stride(), [cfg.block_n, cfg.block_k]) if self.b_kmajor
+                     else desc(b, b.shape, b.stride(), [cfg.block_k, cfg.block_n]),
+                     c_d, peer, row_scale if row_scale is not None else out, self.M, self.N, self.K)
         return out

@@ -152,6 +152,23 @@ def test_matches_float64(M, N, K, cfg, b_weight, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")
+def test_thin_launch_takes_fresh_tensors_each_call():
+    """After the first call the plan launches through the compiled kernel's C launcher; new
+    operand and output tensors each call (an eager user's) must still be read and written."""
+    w = torch.randn(640, 512, device="cuda", dtype=torch.bfloat16)
+    plan = None
+    for i in range(4):
+        a = torch.randn(384, 512, device="cuda", dtype=torch.bfloat16)
+        out = torch.full((384, 640), float("nan"), device="cuda", dtype=torch.bfloat16)
+        plan = plan or WsGemmPlan(a, w.t(), out)
+        plan.run(a, w.t(), out)
+        ref = a.double() @ w.double().t()
+        assert ((out.double() - ref).abs().max() / ref.abs().max()).item() < 1e-2, i
+    assert plan._launch.raw is not None, "the later calls did not take the C launcher"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")
 def test_cuda_graph_replay_sees_new_inputs():
     a = torch.randn(512, 1024, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(768, 1024, device="cuda", dtype=torch.bfloat16)

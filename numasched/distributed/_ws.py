@@ -38,6 +38,7 @@ def launch(ctx, plan, *, a, b_store, b_trans, out, recv, flags, epoch, counters,
     """One launch of kernels/dist_gemm_ar_ws.py (see its doc): ``rows`` out's rows (RS: a slice's),
     ``recv`` the (2, 2, rows, N) receive slots, ``flags`` at least (2, 2 x tiles) int64;
     ``programs`` default: one per tile pair (RS: a slice's tiles), at most one per SM."""
+    from numasched._launch import HostDesc, Launch
     from numasched.gemm_ws import WsConfig, host_descriptor
     from numasched.kernels.dist_gemm_ar_ws import matmul_all_reduce_ws_kernel
 
@@ -47,24 +48,26 @@ def launch(ctx, plan, *, a, b_store, b_trans, out, recv, flags, epoch, counters,
         programs = max(1, min(ctx.num_sms, tiles if rs else -(-tiles // 2)))
     if flags.shape[-1] < 2 * tiles:
         raise ValueError(f"flags has {flags.shape[-1]} slots a rank, the kernel needs {2 * tiles}")
-    key = ("ws", a.data_ptr(), b_store.data_ptr(), out.data_ptr(), recv.data_ptr(), direct, rs)
-    descs = plan.launchers.get(key)
-    if descs is None:
-        half, chunk = [cfg.block_m // 2, cfg.block_n], [cfg.block_m // 2, 64]
-        recv2 = recv.view(-1, N)   # (2 slots x 2 ranks x rows, N)
-        bblock = [cfg.block_n, cfg.block_k] if b_trans else [cfg.block_k, cfg.block_n]
-        descs = (host_descriptor(a, a.shape, a.stride(), [cfg.block_m, cfg.block_k]),
-                 host_descriptor(b_store, b_store.shape, b_store.stride(), bblock),
-                 host_descriptor(out, (rows, N), (N, 1), half),
-                 host_descriptor(peer_address(ctx, out) if direct else out, (rows, N), (N, 1), chunk),
-                 host_descriptor(recv2, recv2.shape, recv2.stride(), half),
-                 host_descriptor(peer_address(ctx, recv2), recv2.shape, recv2.stride(), chunk),
-                 peer_address(ctx, flags))
-        plan.launchers[key] = descs
-    *tensor_descs, peer_flags = descs
-    matmul_all_reduce_ws_kernel[(programs,)](*tensor_descs, flags, peer_flags, ctx.status, epoch, counters,
-                                             int(ctx.max_spins), ctx.rank, rows, N, K,
-                                             STAGES=cfg.stages, RESIDUAL=residual, DIRECT=direct, RS=rs,
-                                             CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=cfg.loader_regs,
-                                             num_warps=4, maxnreg=cfg.maxnreg)
+    # the thin launch (numasched._launch): Gluon's Python path once per constexpr set, then the
+    # compiled kernel's C launcher, the descriptors' tensor maps cached by base pointer
+    key = ("ws", residual, direct, rs, programs)
+    run = plan.launchers.get(key)
+    if run is None:
+        run = Launch(matmul_all_reduce_ws_kernel, programs,
+                     dict(STAGES=cfg.stages, RESIDUAL=residual, DIRECT=direct, RS=rs,
+                          CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=cfg.loader_regs,
+                          num_warps=4, maxnreg=cfg.maxnreg), device=ctx.device)
+        plan.launchers[key] = run
+    # the first launch takes Gluon descriptors (their layouts), later ones plain ones
+    desc = host_descriptor if run.compiled is None else HostDesc
+    half, chunk = [cfg.block_m // 2, cfg.block_n], [cfg.block_m // 2, 64]
+    recv2 = recv.view(-1, N)   # (2 slots x 2 ranks x rows, N)
+    bblock = [cfg.block_n, cfg.block_k] if b_trans else [cfg.block_k, cfg.block_n]
+    run(desc(a, a.shape, a.stride(), [cfg.block_m, cfg.block_k]),
+        desc(b_store, b_store.shape, b_store.stride(), bblock),
+        desc(out, (rows, N), (N, 1), half),
+        desc(peer_address(ctx, out) if direct else out, (rows, N), (N, 1), chunk),
+        desc(recv2, recv2.shape, recv2.stride(), half),
+        desc(peer_address(ctx, recv2), recv2.shape, recv2.stride(), chunk),
+        flags, peer_address(ctx, flags), ctx.status, epoch, counters, int(ctx.max_spins), ctx.rank, rows, N, K)
     return out
