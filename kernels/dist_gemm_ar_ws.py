@@ -26,9 +26,10 @@ for the peer's flags of its A tiles (the sums it needs in ``out``; not DIRECT: c
 ``recv`` into ``out``). Every wait is bounded (polls); on a timeout it sets the peer's bit in the
 status word, which the host turns into a TimeoutError naming the rank.
 
-``RS`` makes it ``matmul_reduce_scatter`` of two ranks: M is a slice's rows (a has 2 M), tile
-pair q is the peer slice's tile q (our partial leaves, paced, into the peer's receive slot) and
-ours (the peer's partial read, the sum stored into our slice); nothing goes back.
+``RS`` makes it ``matmul_reduce_scatter`` of two ranks: M is a slice's rows (a has 2 M). Programs
+walk the peer slice's tiles (our partial leaves, paced, into the peer's receive slot), then ours
+(the peer's partial read, the sum stored into our slice), as one list; nothing goes back. Every
+program raises its A tiles' flags before its first wait, so no two programs wait on each other.
 
 Flags: ``flags[src, 2 t + half]`` holds the epoch of the last call whose half tile arrived from
 rank src. The epoch is read at the start and the last program to leave publishes it (as the
@@ -105,13 +106,15 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _schedule(p, T):
-        """(n, odd_last, p, P): the program's tile count. RS: pairs (the peer's slice tile q, ours
-        q) for q = p, p + P, ... below T, the tiles of a slice; else _my_tiles."""
+        """(n, odd_last, p, P): the program's tile count. RS: positions p, p + P, ... below 2 T
+        (T a slice's tiles): the peer slice's T tiles, then ours (no pairs: 2 T tiles take
+        ceil(2 T / P) rounds, pairs 2 ceil(T / P): 4 against 3 at 160 tiles on 132 SMs); else
+        _my_tiles."""
         if p.RS:
             pid = gl.program_id(0)
             P = gl.num_programs(0)
-            mine = gl.cdiv(T - pid, P)
-            return 2 * mine, mine < 0, pid, P
+            n = gl.cdiv(2 * T - pid, P)
+            return n, n < 0, pid, P
         else:
             return _my_tiles(T, p.rank)
 
@@ -121,8 +124,10 @@ if HAVE_GLUON:
         j-th tile. RS: tile q of the peer's slice (half 0: A's rows there) or of ours (half 1);
         out is our slice. Else the pair order over the whole output."""
         if p.RS:
-            half = j % 2
-            q = pid + (j // 2) * P
+            T = gl.cdiv(p.M, BLOCK_M) * TN
+            pos = pid + j * P
+            half = (pos >= T).to(gl.int32)
+            q = pos - half * T
             dest = gl.where(half == 0, 1 - p.rank, p.rank)
             return half, q, dest * p.M + (q // TN) * BLOCK_M, (q // TN) * BLOCK_M, (q % TN) * BLOCK_N
         else:

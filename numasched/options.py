@@ -162,7 +162,8 @@ class Options:
             (True: kernels/gemm_ws.py) or the Triton kernels (False); None: gemm_glu.GLU_WS_BY_DEFAULT.
         fused_ws: the two-rank fused GEMM + all-reduce's and GEMM + reduce-scatter's tile pairs
             on Hopper by the warp-specialised Gluon kernel (True: kernels/dist_gemm_ar_ws.py) or
-            the Triton ones (False), eager or captured; None: the configs' (off).
+            the Triton ones (False), eager or captured; None: on for two ranks of Hopper GPUs
+            (matmul_reduce_scatter where distributed.cost.rs_ws_pays; distributed._ws.ws_wanted).
     """
 
     autotune: bool = True

@@ -19,7 +19,7 @@
 #   rsab     bench collectives --only rs at $TP_RS_ROWS (default 256,1024,2048,4096,16384) rows, the fused
 #            reduce-scatter with its defaults, then with NUMASCHED_FUSED_FLAT=0 (ticketed tiles, a K loop each)
 #   rswsab   bench collectives --only rs,mar at $TP_RS_ROWS rows with NUMASCHED_FUSED_WS=1 (the tile pairs on
-#            the warp-specialised Gluon kernel), then =0
+#            the warp-specialised Gluon kernel), then =0 ($TP_WS_VALUES, default "1 0"; "def": unset)
 #   coll     bench collectives --quick (auto vs NCCL, bulk, torch symm_mem)
 #   ar       bench collectives --only ar (the all-reduce alone, every size)
 #   decode   both models' (or $TP_MODELS') decode grids alone (no components, no eager step, no prefill): a re-check
@@ -83,10 +83,11 @@ for part in ${parts//+/ }; do
              ( export "$v"; TP_BATCHES=1 e2e prefill-$k-${v//=/-} llama3-8b 2048 ${TP_E2E_TIMEOUT:-150} --prompt 4096 \
                  --no-generate --no-taxes --backends numasched )
            done ;;
-    rswsab) for v in 1 0; do
-            NUMASCHED_FUSED_WS=$v timeout -k 10 ${TP_COLL_TIMEOUT:-240} numasched bench collectives --only rs,mar \
+    rswsab) for v in ${TP_WS_VALUES:-1 0}; do   # "def": the variable unset (the defaults)
+            ( [ "$v" = def ] && unset NUMASCHED_FUSED_WS || export NUMASCHED_FUSED_WS=$v
+            timeout -k 10 ${TP_COLL_TIMEOUT:-240} numasched bench collectives --only rs,mar \
               --rows ${TP_RS_ROWS:-256,1024,2048,4096,16384} --nproc $n --out-dir "$res/rsws$v" 2>&1 \
-              | tee "$res/rsws$v-tp$n-$dev.log" | grep -E "matmul_reduce_scatter|matmul_all_reduce|Error|error" | tail -24
+              | tee "$res/rsws$v-tp$n-$dev.log" | grep -E "matmul_reduce_scatter|matmul_all_reduce|Error|error" | tail -24 )
           done ;;
     rsab) for v in 1 0; do
             NUMASCHED_FUSED_FLAT=$v timeout -k 10 ${TP_COLL_TIMEOUT:-240} numasched bench collectives --only rs \

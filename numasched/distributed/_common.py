@@ -165,7 +165,7 @@ def _check_impl(impl):
 
 
 def _resolve_impl(op: str, impl: str, M: int, N: int, K: int, dtype, world: int, bulk_ok: bool,
-                  symm_ok: bool = False) -> str:
+                  symm_ok: bool = False, ws: bool = False, num_sms: int = 132) -> str:
     """``impl`` with "auto" replaced by the cost model's pick (numasched.distributed.cost)."""
     _check_impl(impl)
     if impl != "auto":
@@ -175,7 +175,8 @@ def _resolve_impl(op: str, impl: str, M: int, N: int, K: int, dtype, world: int,
         return impl
     from . import cost
 
-    return cost.choose_gemm_collective(op, M, N, K, dtype, world, bulk_ok=bulk_ok, symm_mem_ok=symm_ok)
+    return cost.choose_gemm_collective(op, M, N, K, dtype, world, bulk_ok=bulk_ok, symm_mem_ok=symm_ok, ws=ws,
+                                       num_sms=num_sms)
 
 
 def _bulk_ok(ctx) -> bool:

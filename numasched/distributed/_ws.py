@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["ws_ok", "launch", "peer_address"]
+__all__ = ["ws_ok", "ws_wanted", "launch", "peer_address"]
 
 
 def ws_ok(ctx, a, b_store, out, rows: int, N: int, K: int) -> bool:
@@ -24,6 +24,21 @@ def ws_ok(ctx, a, b_store, out, rows: int, N: int, K: int) -> bool:
             and (N * elt) % 16 == 0 and (K * elt) % 16 == 0)
 
 
+def ws_wanted(ctx) -> bool:
+    """Whether the fused ops of ``ctx`` take the warp-specialised kernel where it can run:
+    ``options.fused_ws`` when set, else on by default for two ranks of Hopper GPUs with Gluon
+    (the tile pairs of ``matmul_all_reduce``; ``matmul_reduce_scatter`` where
+    ``cost.rs_ws_pays``). The per-call checks (``ws_ok``) come on top."""
+    from numasched import options
+    from numasched.kernels.gemm_ws import HAVE_GLUON
+
+    o = options.current().fused_ws
+    if o is not None:
+        return bool(o)
+    return (HAVE_GLUON and ctx.world == 2 and ctx.device.type == "cuda"
+            and torch.cuda.get_device_capability(ctx.device)[0] == 9)
+
+
 def peer_address(ctx, t: torch.Tensor):
     """The peer's copy of heap tensor ``t`` (two ranks: the same offset in its heap), as a
     DeviceAddress valid on this GPU."""
@@ -37,7 +52,7 @@ def launch(ctx, plan, *, a, b_store, b_trans, out, recv, flags, epoch, counters,
            residual: bool, direct: bool, rs: bool, programs=None):
     """One launch of kernels/dist_gemm_ar_ws.py (see its doc): ``rows`` out's rows (RS: a slice's),
     ``recv`` the (2, 2, rows, N) receive slots, ``flags`` at least (2, 2 x tiles) int64;
-    ``programs`` default: one per tile pair (RS: a slice's tiles), at most one per SM."""
+    ``programs`` default: one per tile pair (RS: per tile of both slices), at most one per SM."""
     from numasched._launch import HostDesc, Launch
     from numasched.gemm_ws import WsConfig, host_descriptor
     from numasched.kernels.dist_gemm_ar_ws import matmul_all_reduce_ws_kernel
@@ -45,7 +60,7 @@ def launch(ctx, plan, *, a, b_store, b_trans, out, recv, flags, epoch, counters,
     cfg = WsConfig()
     tiles = -(-rows // cfg.block_m) * -(-N // cfg.block_n)
     if programs is None:
-        programs = max(1, min(ctx.num_sms, tiles if rs else -(-tiles // 2)))
+        programs = max(1, min(ctx.num_sms, 2 * tiles if rs else -(-tiles // 2)))
     if flags.shape[-1] < 2 * tiles:
         raise ValueError(f"flags has {flags.shape[-1]} slots a rank, the kernel needs {2 * tiles}")
     # the thin launch (numasched._launch): Gluon's Python path once per constexpr set, then the

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-__all__ = ["Link", "LINK", "LINKS", "all_reduce_s", "choose_all_reduce", "fused_matmul_all_reduce_s", "gemm_engine",
+__all__ = ["Link", "LINK", "LINKS", "all_reduce_s", "choose_all_reduce", "fused_matmul_all_reduce_s", "gemm_engine", "rs_ws_pays",
            "gemm_time_s", "link_for", "set_link"]
 
 
@@ -165,9 +165,23 @@ def nccl_move_s(nbytes_received: int, link: Link = None) -> float:
                L.nccl_large_us * 1e-6 + nbytes_received / L.nccl_large_bw)
 
 
-def gemm_collective_s(op: str, impl: str, M: int, N: int, K: int, dtype, world: int, link: Link = None) -> float:
+def rs_ws_pays(M: int, N: int, world: int, num_sms: int = 132) -> bool:
+    """Whether the two-rank reduce-scatter runs on the warp-specialised kernel by default
+    (kernels/dist_gemm_ar_ws.py, RS): where its 2 T tiles (T a slice's 128 x 256 tiles) take more
+    than one round of programs, so each partial's copy to the peer is paced over a next tile's K
+    loop. In one round every copy leaves after the last K loop, unhidden: two H100s,
+    bench/results/tp2-s28a/, 147.5 against the Triton kernel's 95.6 us at 1024 x 4096 x 7168 (T 64),
+    174.8 against 189.6 at 2048 rows (T 128, two rounds)."""
+    T = -(-(M // max(world, 1)) // RS_WS_TILE[0]) * -(-N // RS_WS_TILE[1])
+    return world == 2 and 2 * T > num_sms
+
+
+def gemm_collective_s(op: str, impl: str, M: int, N: int, K: int, dtype, world: int, link: Link = None,
+                      ws: bool = False, num_sms: int = 132) -> float:
     """Modelled seconds of ``op`` ("all_gather_matmul": M rows in all, K, N per rank;
-    "matmul_reduce_scatter": M rows, K per rank, N) run as ``impl`` ("fused" or "bulk")."""
+    "matmul_reduce_scatter": M rows, K per rank, N) run as ``impl`` ("fused", "bulk" or
+    "symm_mem"). ``ws``: the fused reduce-scatter may take the warp-specialised kernel (a Hopper
+    GPU, two ranks: numasched.distributed._ws.ws_ok); it does where :func:`rs_ws_pays`."""
     L = link_for(world, link)
     es = _elt(dtype)
     shard = max(1, M // world)
@@ -179,6 +193,13 @@ def gemm_collective_s(op: str, impl: str, M: int, N: int, K: int, dtype, world: 
         raise ValueError(f"unknown op {op!r}")
     if impl == "bulk":   # NCCL, then torch.matmul
         return gemm_time_s(M, N, K, dtype, "torch") + nccl_move_s(moved, L)
+    if impl == "fused" and op == "matmul_reduce_scatter" and ws and rs_ws_pays(M, N, world, num_sms):
+        # the warp-specialised GEMM runs at cuBLAS's rate; its 2 T tiles in rounds of num_sms; the
+        # copies' exposed part a fixed share of the moved bytes at push_bw
+        T = -(-shard // RS_WS_TILE[0]) * -(-N // RS_WS_TILE[1])
+        eff = 2 * T / (_rounds(2 * T, num_sms) * num_sms)
+        return (gemm_time_s(M, N, K, dtype, "torch") / eff + RS_WS_PUSH_EXPOSED * moved / L.push_bw
+                + L.flag_us * 1e-6)
     if impl == "fused":
         # W GEMMs of one row shard each, and never less than the whole GEMM and its per-tile flags
         # and pushes (FUSED_GEMM_OVER_WHOLE): the schedule model's time per row is not monotonic
@@ -186,7 +207,11 @@ def gemm_collective_s(op: str, impl: str, M: int, N: int, K: int, dtype, world: 
         g = max(world * gemm_time_s(shard, N, K, dtype), FUSED_GEMM_OVER_WHOLE * gemm_time_s(M, N, K, dtype))
         return max(g, moved / L.push_bw) + (FUSED_FIXED_US + L.flag_us) * 1e-6
     if impl == "symm_mem":   # copy engine overlapped with cuBLAS: a floor, then the GEMM plus its tail
-        return max(_symm_mem_min_us(op, world), SYMM_MEM_OVER_US[op] + gemm_time_s(M, N, K, dtype, "torch") * 1e6) * 1e-6
+        tail = SYMM_MEM_OVER_US[op]
+        per_mb = SYMM_MEM_TAIL_US_PER_MB.get(op)
+        if per_mb is not None:
+            tail = max(tail, per_mb * moved / 2**20 - SYMM_MEM_TAIL_OFFSET_US)
+        return max(_symm_mem_min_us(op, world), tail + gemm_time_s(M, N, K, dtype, "torch") * 1e6) * 1e-6
     raise ValueError(f"unknown implementation {impl!r}")
 
 
@@ -264,6 +289,19 @@ def fused_matmul_all_reduce_s(M: int, N: int, K: int, dtype, world: int, num_sms
 SYMM_MEM_MIN_US = {2: {"all_gather_matmul": 33.0, "matmul_reduce_scatter": 64.0},
                    4: {"all_gather_matmul": 54.0, "matmul_reduce_scatter": 92.0}}
 SYMM_MEM_OVER_US = {"all_gather_matmul": 25.0, "matmul_reduce_scatter": 20.0}
+# The reduce-scatter's tail grows with the bytes each rank receives: on two H100s and two H200s
+# (bench/results/tp2-s28a/rsws*-tp2-h100.log, tp2-s26b/rs-flat1-tp2-h200.log, Llama-3-8B down and
+# Qwen3-32B o at 1024-16384 rows) its time less the model's cuBLAS GEMM is 21-28 us at 4-10 MB,
+# 50-62 at 17-21 MB and 255-280 at 67-84 MB: about 3.4 us a MiB less 7.5 (the fixed tail alone
+# had "auto" take it at 4096 and 16384 rows, 0.96-0.99x the Triton fused kernel).
+SYMM_MEM_TAIL_US_PER_MB = {"matmul_reduce_scatter": 3.4}
+SYMM_MEM_TAIL_OFFSET_US = 7.5
+# The reduce-scatter on the warp-specialised kernel (rs_ws_pays): against the model's cuBLAS GEMM,
+# 175 / 356 / 1484 us for 175 / 343 / 1365 at 2048 / 4096 / 16384 x 4096 x 7168 and 1073 for 980
+# at 16384 x 5120 x 4096 (two H100s, tp2-s28a/rsws1, pair order): 0-0.6 of the copies' time at
+# push_bw not hidden; 0.4 fits all four within 6 %.
+RS_WS_TILE = (128, 256)
+RS_WS_PUSH_EXPOSED = 0.4
 
 
 def _symm_mem_min_us(op: str, world: int) -> float:
@@ -271,13 +309,14 @@ def _symm_mem_min_us(op: str, world: int) -> float:
 
 
 def choose_gemm_collective(op: str, M: int, N: int, K: int, dtype, world: int, *, bulk_ok: bool = True,
-                           symm_mem_ok: bool = False, link: Link = None) -> str:
+                           symm_mem_ok: bool = False, link: Link = None, ws: bool = False,
+                           num_sms: int = 132) -> str:
     """"fused", "bulk" or "symm_mem" for one call, by :func:`gemm_collective_s` ("fused" where
     neither other is possible: the simulation)."""
     if not bulk_ok or world == 1:
         return "fused"
     impls = ("fused", "bulk", "symm_mem") if symm_mem_ok else ("fused", "bulk")
-    t = {impl: gemm_collective_s(op, impl, M, N, K, dtype, world, link) for impl in impls}
+    t = {impl: gemm_collective_s(op, impl, M, N, K, dtype, world, link, ws=ws, num_sms=num_sms) for impl in impls}
     return min(t, key=t.get)
 
 

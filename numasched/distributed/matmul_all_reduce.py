@@ -296,13 +296,12 @@ FUSED_BIG_TILE_ROWS = 256
 # (kernels/dist_gemm_ar_ws.py: TMA copies paced over the next K loop). The same bits as the
 # Triton kernel (tests/dist_worker.py) and faster on two H100s (bench/results/tp2-s27f/: 147.0
 # against 175.1 us at 4096 x 4096 x 2048, 365.8 against 407.6 at x 7168, 533.9 against 576.5 at
-# 16384 rows; the TP 2 prefill 55.20 / 54.55 against 56.26 / 55.76 ms, tp2-s27f/, tp2-s27g/). Off
-# by default for now: its launch goes through Gluon's Python path (about 0.5 ms a call eager,
-# against the Triton kernel's thin launch), and taking it inside CUDA graphs only needs its first
-# compile and module load done before a capture, which no GPU has run yet. options.fused_ws
-# (NUMASCHED_FUSED_WS=1) turns it on, eager and captured.
+# 16384 rows; the TP 2 prefill 55.20 / 54.55 against 56.26 / 55.76 ms, tp2-s27f/, tp2-s27g/). On
+# by default there (WS None: numasched.distributed._ws.ws_wanted) since its launch is thin as the
+# Triton kernel's (numasched._launch.Launch: was Gluon's Python path, about 0.5 ms a call eager);
+# options.fused_ws (NUMASCHED_FUSED_WS=0|1) overrides, eager and captured.
 FUSED_BIG_TILE = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3, per_sm=1, FLAT=True,
-                      TMA_PUSH=False, WS=False)
+                      TMA_PUSH=False, WS=None)
 
 
 def _fused_cfg(M: int, dtype, gpu: bool) -> dict:
@@ -450,7 +449,10 @@ class MatmulAllReduceFused(_Op):
         tma_push = (flat and bool(c.get("TMA_PUSH")) and ctx.device.type != "cpu"
                     and (c["N"] * out.element_size()) % 16 == 0)
 
-        if (c.get("WS") and phase == "full" and pairs and use_tma and ctx.world == 2
+        ws = c.get("WS")
+        if ws is None:   # the default: on two ranks of Hopper GPUs (see FUSED_BIG_TILE)
+            ws = _ws.ws_wanted(ctx)
+        if (ws and phase == "full" and pairs and use_tma and ctx.world == 2
                 and (c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"]) == (128, 256, 64)
                 and _ws.ws_ok(ctx, a, b_store, out, c["M"], c["N"], c["Kl"])):
             return _ws.launch(ctx, plan, a=a, b_store=b_store, b_trans=b_trans, out=out, recv=bf["recv"],

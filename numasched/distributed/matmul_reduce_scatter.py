@@ -6,7 +6,7 @@ import torch
 from numasched import options
 from numasched._validate import check_int32_indexing
 
-from . import _common, _ws
+from . import _common, _ws, cost
 from ._common import Call, Plan, _aligned, _bulk_ok, _cdiv, _check_operands, _desc, _make_plan, _on_gpu, _Op
 from ._common import _auto_symm_mem_ok, group_name
 from ._common import _output, _policy, _resolve_impl, _tma_ok, register, run
@@ -18,12 +18,17 @@ class MatmulReduceScatter(_Op):
     sim_phases = ("push", "consume")
 
     @staticmethod
-    def describe(a, b_local, *, world, mapping="auto", impl="auto", cfg=None, bulk_ok=True, symm_ok=False) -> Call:
+    def describe(a, b_local, *, world, mapping="auto", impl="auto", cfg=None, bulk_ok=True, symm_ok=False,
+                 ws=False, num_sms=132) -> Call:
+        """``ws``: the warp-specialised kernel may run it (numasched.distributed._ws.ws_wanted); it
+        does where ``cost.rs_ws_pays`` (or always, under ``options.fused_ws=True``)."""
         M, Kl = a.shape
         N = b_local.shape[1]
         Ms = M // world
-        impl = _resolve_impl("matmul_reduce_scatter", impl, M, N, Kl, a.dtype, world, bulk_ok, symm_ok)
+        impl = _resolve_impl("matmul_reduce_scatter", impl, M, N, Kl, a.dtype, world, bulk_ok, symm_ok, ws, num_sms)
         cfg = cfg or _common._gemm_cfg(a.dtype, _on_gpu(a), N)
+        if ws and impl == "fused" and (options.current().fused_ws or cost.rs_ws_pays(M, N, world, num_sms)):
+            cfg = dict(cfg, WS=True)
         tms, tn = _cdiv(Ms, cfg["BLOCK_M"]), _cdiv(N, cfg["BLOCK_N"])
         policy, nd = _policy(mapping, tms, tn)
         header = dict(op="matmul_reduce_scatter", a_shape=tuple(a.shape), b_local_shape=tuple(b_local.shape),
@@ -58,7 +63,8 @@ class MatmulReduceScatter(_Op):
         check_int32_indexing("a", a)
         check_int32_indexing("b_local", b_local)
         call = cls.describe(a, b_local, world=ctx.world, mapping=mapping, impl=impl, bulk_ok=_bulk_ok(ctx),
-                            symm_ok=_auto_symm_mem_ok(ctx))
+                            symm_ok=_auto_symm_mem_ok(ctx), ws=_ws.ws_wanted(ctx),
+                            num_sms=getattr(ctx, "num_sms", 132))
         call.tensors["out"] = _output(out, (call.cfg["Ms"], call.cfg["N"]), a, call.cfg["impl"])
         call.extra["communicate"] = bool(communicate)
         call.extra["out_given"] = out is not None
@@ -117,7 +123,7 @@ class MatmulReduceScatter(_Op):
             partials = bf["partials"]
         b_trans = b.stride(1) != 1 and b.stride(0) == 1   # w.T of an (N, K) weight
         b_store = b.T if b_trans else b
-        if (W == 2 and phase == "full" and options.current().fused_ws
+        if (W == 2 and phase == "full" and c.get("WS")
                 and _ws.ws_ok(ctx, a, b_store, out, c["Ms"], c["N"], c["Kl"])):
             # the tile pairs on the warp-specialised kernel (RS): one pair a (peer, ours) slice tile
             return _ws.launch(ctx, plan, a=a, b_store=b_store, b_trans=b_trans, out=out, recv=partials,
