@@ -134,6 +134,7 @@ def _worker(args) -> int:
     import numasched.distributed as nd
     from numasched import options as ns_options
     from numasched.distributed import cost
+    from numasched.distributed._ws import ws_wanted
     from numasched.distributed.all_reduce_add_rmsnorm import AllReduceAddRmsnorm
     from numasched.distributed.matmul_all_reduce import plan_key as mar_plan_key
 
@@ -348,8 +349,10 @@ def _worker(args) -> int:
             row["err"] = max(rel(fn(a, b, ctx=ctx, impl=i), ref) for i in ("auto", "fused"))
             graph_us("fused_us", lambda: fn(a, b, ctx=ctx, impl="fused", check=False))
             graph_us("auto_us", lambda: fn(a, b, ctx=ctx, impl="auto", check=False))
-            row["auto_impl"] = cost.choose_gemm_collective(op, *dims, bf, W, symm_mem_ok=has_symm)
-            row["est_auto_us"] = cost.gemm_collective_s(op, row["auto_impl"], *dims, bf, W) * 1e6
+            # the model as the op consults it (the WS reduce-scatter on two Hopper ranks)
+            ws = dict(ws=ws_wanted(ctx), num_sms=ctx.num_sms)
+            row["auto_impl"] = cost.choose_gemm_collective(op, *dims, bf, W, symm_mem_ok=has_symm, **ws)
+            row["est_auto_us"] = cost.gemm_collective_s(op, row["auto_impl"], *dims, bf, W, **ws) * 1e6
             row["est_bulk_us"] = cost.gemm_collective_s(op, "bulk", *dims, bf, W) * 1e6
             peer_keys = ("bulk_us", "symm_us")
         flush(row)

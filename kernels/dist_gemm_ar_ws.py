@@ -27,8 +27,9 @@ for the peer's flags of its A tiles (the sums it needs in ``out``; not DIRECT: c
 status word, which the host turns into a TimeoutError naming the rank.
 
 ``RS`` makes it ``matmul_reduce_scatter`` of two ranks: M is a slice's rows (a has 2 M). Programs
-walk the peer slice's tiles (our partial leaves, paced, into the peer's receive slot), then ours
-(the peer's partial read, the sum stored into our slice), as one list; nothing goes back. Every
+walk the peer slice's tiles (our partial leaves, paced, into the peer's receive slot) and ours
+(the peer's partial read, the sum stored into our slice): in pairs (``RS_PAIRS``) or as one list,
+the peer's first; nothing goes back. Every
 program raises its A tiles' flags before its first wait, so no two programs wait on each other.
 
 Flags: ``flags[src, 2 t + half]`` holds the epoch of the last call whose half tile arrived from
@@ -76,16 +77,18 @@ if HAVE_GLUON:
         RESIDUAL: gl.constexpr
         DIRECT: gl.constexpr
         RS: gl.constexpr                       # the reduce-scatter: M is a slice's rows (see the module doc)
+        RS_PAIRS: gl.constexpr                 # RS in pairs (the peer slice's tile q, then ours)
 
         @gluon.constexpr_function
         def __init__(self, a_desc, b_desc, out_desc, out_peer_desc, recv_desc, recv_peer_desc, a_bufs, b_bufs,
-                     ready, empty, flags, peer_flags, status, bound, e, rank, M, N, K, RESIDUAL, DIRECT, RS):
+                     ready, empty, flags, peer_flags, status, bound, e, rank, M, N, K, RESIDUAL, DIRECT, RS, RS_PAIRS):
             self.a_desc, self.b_desc, self.out_desc, self.out_peer_desc = a_desc, b_desc, out_desc, out_peer_desc
             self.recv_desc, self.recv_peer_desc = recv_desc, recv_peer_desc
             self.a_bufs, self.b_bufs, self.ready, self.empty = a_bufs, b_bufs, ready, empty
             self.flags, self.peer_flags, self.status, self.bound = flags, peer_flags, status, bound
             self.e, self.rank, self.M, self.N, self.K = e, rank, M, N, K
             self.RESIDUAL, self.DIRECT, self.RS = gl.constexpr(RESIDUAL), gl.constexpr(DIRECT), gl.constexpr(RS)
+            self.RS_PAIRS = gl.constexpr(RS_PAIRS)
 
     @gluon.jit
     def _my_tiles(T, rank):
@@ -106,14 +109,18 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _schedule(p, T):
-        """(n, odd_last, p, P): the program's tile count. RS: positions p, p + P, ... below 2 T
-        (T a slice's tiles): the peer slice's T tiles, then ours (no pairs: 2 T tiles take
-        ceil(2 T / P) rounds, pairs 2 ceil(T / P): 4 against 3 at 160 tiles on 132 SMs); else
-        _my_tiles."""
+        """(n, odd_last, p, P): the program's tile count. RS (T a slice's tiles): RS_PAIRS, pairs
+        (the peer slice's tile q, then ours) for q = p, p + P, ...; else positions p, p + P, ...
+        below 2 T, the peer slice's T tiles then ours (2 ceil(T / P) rounds against ceil(2 T / P):
+        4 against 3 at 160 tiles on 132 SMs; where they are equal, pairs spread the copies evenly
+        over the call). Else _my_tiles."""
         if p.RS:
             pid = gl.program_id(0)
             P = gl.num_programs(0)
-            n = gl.cdiv(2 * T - pid, P)
+            if p.RS_PAIRS:
+                n = 2 * gl.cdiv(T - pid, P)
+            else:
+                n = gl.cdiv(2 * T - pid, P)
             return n, n < 0, pid, P
         else:
             return _my_tiles(T, p.rank)
@@ -124,10 +131,14 @@ if HAVE_GLUON:
         j-th tile. RS: tile q of the peer's slice (half 0: A's rows there) or of ours (half 1);
         out is our slice. Else the pair order over the whole output."""
         if p.RS:
-            T = gl.cdiv(p.M, BLOCK_M) * TN
-            pos = pid + j * P
-            half = (pos >= T).to(gl.int32)
-            q = pos - half * T
+            if p.RS_PAIRS:
+                half = j % 2
+                q = pid + (j // 2) * P
+            else:
+                T = gl.cdiv(p.M, BLOCK_M) * TN
+                pos = pid + j * P
+                half = (pos >= T).to(gl.int32)
+                q = pos - half * T
             dest = gl.where(half == 0, 1 - p.rank, p.rank)
             return half, q, dest * p.M + (q // TN) * BLOCK_M, (q // TN) * BLOCK_M, (q % TN) * BLOCK_N
         else:
@@ -306,7 +317,8 @@ if HAVE_GLUON:
     def matmul_all_reduce_ws_kernel(a_desc, b_desc, out_desc, out_peer_desc, recv_desc, recv_peer_desc,
                                     flags, peer_flags, status, epoch, counters, bound, rank, M, N, K,
                                     STAGES: gl.constexpr, RESIDUAL: gl.constexpr, DIRECT: gl.constexpr,
-                                    CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, RS: gl.constexpr = False):
+                                    CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, RS: gl.constexpr = False,
+                                    RS_PAIRS: gl.constexpr = False):
         """Two ranks: out = sum over ranks of a @ b (see the module doc); RS: out = our slice of it
         (M: a slice's rows; a has 2 M). num_warps=4, about one program per SM, at most one per
         tile pair."""
@@ -320,7 +332,7 @@ if HAVE_GLUON:
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=2)
         p = MarArgs(a_desc, b_desc, out_desc, out_peer_desc, recv_desc, recv_peer_desc, a_bufs, b_bufs, ready,
-                    empty, flags, peer_flags, status, bound, e, rank, M, N, K, RESIDUAL, DIRECT, RS)
+                    empty, flags, peer_flags, status, bound, e, rank, M, N, K, RESIDUAL, DIRECT, RS, RS_PAIRS)
         gl.warp_specialize([
             (_mar_consumer_lo, (p,)),
             (_mar_consumer_hi, (p,)),

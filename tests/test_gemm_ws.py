@@ -25,7 +25,8 @@ for v in ("bf16-128x256-s3", "bf16-128x128-s5-b-rowmajor", "bf16-glu-128x128-s4-
     r = P.compile_variant("gemm_ws", v, "sm90", keep_asm=True)
     r["ptx"] = "\n".join(" ".join(l.split()) for l in r.pop("asm", {}).get("ptx", "").splitlines())
     rows[v] = r
-for v in ("matmul_all_reduce-ws-residual-direct", "matmul_all_reduce-ws"):
+for v in ("matmul_all_reduce-ws-residual-direct", "matmul_all_reduce-ws", "matmul_reduce_scatter-ws",
+          "matmul_reduce_scatter-ws-pairs"):
     r = P.compile_variant("dist", v, "sm90", keep_asm=True)
     r["ptx"] = "\n".join(" ".join(l.split()) for l in r.pop("asm", {}).get("ptx", "").splitlines())
     rows["mar:" + v] = r
@@ -89,10 +90,12 @@ def test_k_loop_has_no_cta_wide_barrier(compiled):
 
 
 def test_fused_all_reduce_on_the_ws_kernel_compiles(compiled):
-    """kernels/dist_gemm_ar_ws.py: warp-specialised as the GEMM, its K loops free of CTA-wide
+    """kernels/dist_gemm_ar_ws.py (all-reduce and reduce-scatter forms): warp-specialised as the
+    GEMM, its K loops free of CTA-wide
     barriers, its flags raised after the TMA copies completed (not only read) and the async
     proxy fenced, with a system-scope release; bounded acquire polls."""
-    for name in ("mar:matmul_all_reduce-ws-residual-direct", "mar:matmul_all_reduce-ws"):
+    for name in ("mar:matmul_all_reduce-ws-residual-direct", "mar:matmul_all_reduce-ws",
+                 "mar:matmul_reduce_scatter-ws", "mar:matmul_reduce_scatter-ws-pairs"):
         r = compiled[name]
         assert r["status"] == "ok", (name, r["error"])
         assert r["fits"] and r["spill_bytes"] <= 64, (name, r["spill_bytes"])

@@ -65,11 +65,15 @@ def launch(ctx, plan, *, a, b_store, b_trans, out, recv, flags, epoch, counters,
         raise ValueError(f"flags has {flags.shape[-1]} slots a rank, the kernel needs {2 * tiles}")
     # the thin launch (numasched._launch): Gluon's Python path once per constexpr set, then the
     # compiled kernel's C launcher, the descriptors' tensor maps cached by base pointer
-    key = ("ws", residual, direct, rs, programs)
+    # RS: pairs unless they add a round of tiles (cost.fused_pairs' rule, over a slice's tiles)
+    from . import cost
+
+    rs_pairs = rs and 2 * cost._rounds(tiles, programs) <= cost._rounds(2 * tiles, programs)
+    key = ("ws", residual, direct, rs, rs_pairs, programs)
     run = plan.launchers.get(key)
     if run is None:
         run = Launch(matmul_all_reduce_ws_kernel, programs,
-                     dict(STAGES=cfg.stages, RESIDUAL=residual, DIRECT=direct, RS=rs,
+                     dict(STAGES=cfg.stages, RESIDUAL=residual, DIRECT=direct, RS=rs, RS_PAIRS=rs_pairs,
                           CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=cfg.loader_regs,
                           num_warps=4, maxnreg=cfg.maxnreg), device=ctx.device)
         plan.launchers[key] = run
