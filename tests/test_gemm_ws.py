@@ -91,9 +91,8 @@ def test_k_loop_has_no_cta_wide_barrier(compiled):
 
 def test_fused_all_reduce_on_the_ws_kernel_compiles(compiled):
     """kernels/dist_gemm_ar_ws.py (all-reduce and reduce-scatter forms): warp-specialised as the
-    GEMM, its K loops free of CTA-wide
-    barriers, its flags raised after the TMA copies completed (not only read) and the async
-    proxy fenced, with a system-scope release; bounded acquire polls."""
+    GEMM, its K loops free of CTA-wide barriers, its flags raised after the TMA copies completed
+    (not only read) and the async proxy fenced, with a system-scope release; bounded acquire polls."""
     for name in ("mar:matmul_all_reduce-ws-residual-direct", "mar:matmul_all_reduce-ws",
                  "mar:matmul_reduce_scatter-ws", "mar:matmul_reduce_scatter-ws-pairs"):
         r = compiled[name]
