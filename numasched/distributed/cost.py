@@ -172,7 +172,7 @@ def rs_ws_pays(M: int, N: int, world: int, num_sms: int = 132) -> bool:
     loop. In one round every copy leaves after the last K loop, unhidden: two H100s,
     bench/results/tp2-s28a/, 147.5 against the Triton kernel's 95.6 us at 1024 x 4096 x 7168 (T 64),
     174.8 against 189.6 at 2048 rows (T 128, two rounds)."""
-    T = -(-(M // max(world, 1)) // RS_WS_TILE[0]) * -(-N // RS_WS_TILE[1])
+    T = -(-(M // max(world, 1)) // RS_TILE[0]) * -(-N // RS_TILE[1])
     return world == 2 and 2 * T > num_sms
 
 
@@ -193,13 +193,14 @@ def gemm_collective_s(op: str, impl: str, M: int, N: int, K: int, dtype, world: 
         raise ValueError(f"unknown op {op!r}")
     if impl == "bulk":   # NCCL, then torch.matmul
         return gemm_time_s(M, N, K, dtype, "torch") + nccl_move_s(moved, L)
-    if impl == "fused" and op == "matmul_reduce_scatter" and ws and rs_ws_pays(M, N, world, num_sms):
-        # the warp-specialised GEMM runs at cuBLAS's rate; its 2 T tiles in rounds of num_sms; the
-        # copies' exposed part a fixed share of the moved bytes at push_bw
-        T = -(-shard // RS_WS_TILE[0]) * -(-N // RS_WS_TILE[1])
-        eff = 2 * T / (_rounds(2 * T, num_sms) * num_sms)
-        return (gemm_time_s(M, N, K, dtype, "torch") / eff + RS_WS_PUSH_EXPOSED * moved / L.push_bw
-                + L.flag_us * 1e-6)
+    if impl == "fused" and op == "matmul_reduce_scatter" and es == 2 and world == 2:
+        # rounds of 128 x BLOCK_N tiles (every slice's) on one program per SM, a tile's K loop at
+        # RS_SM_FLOPS, times the kernel's measured factor (see RS_WS_OVER)
+        bn = 256 if N >= 256 else 128
+        tiles = world * -(-shard // 128) * -(-N // bn)
+        tile_s = 2 * 128 * bn * K / RS_SM_FLOPS
+        over = RS_WS_OVER if ws and rs_ws_pays(M, N, world, num_sms) else RS_TRITON_OVER
+        return over * _rounds(tiles, num_sms) * tile_s + L.flag_us * 1e-6
     if impl == "fused":
         # W GEMMs of one row shard each, and never less than the whole GEMM and its per-tile flags
         # and pushes (FUSED_GEMM_OVER_WHOLE): the schedule model's time per row is not monotonic
@@ -209,7 +210,7 @@ def gemm_collective_s(op: str, impl: str, M: int, N: int, K: int, dtype, world: 
     if impl == "symm_mem":   # copy engine overlapped with cuBLAS: a floor, then the GEMM plus its tail
         tail = SYMM_MEM_OVER_US[op]
         per_mb = SYMM_MEM_TAIL_US_PER_MB.get(op)
-        if per_mb is not None:
+        if per_mb is not None and world == 2:   # measured on two ranks
             tail = max(tail, per_mb * moved / 2**20 - SYMM_MEM_TAIL_OFFSET_US)
         return max(_symm_mem_min_us(op, world), tail + gemm_time_s(M, N, K, dtype, "torch") * 1e6) * 1e-6
     raise ValueError(f"unknown implementation {impl!r}")
@@ -296,12 +297,18 @@ SYMM_MEM_OVER_US = {"all_gather_matmul": 25.0, "matmul_reduce_scatter": 20.0}
 # had "auto" take it at 4096 and 16384 rows, 0.96-0.99x the Triton fused kernel).
 SYMM_MEM_TAIL_US_PER_MB = {"matmul_reduce_scatter": 3.4}
 SYMM_MEM_TAIL_OFFSET_US = 7.5
-# The reduce-scatter on the warp-specialised kernel (rs_ws_pays): against the model's cuBLAS GEMM,
-# 175 / 356 / 1484 us for 175 / 343 / 1365 at 2048 / 4096 / 16384 x 4096 x 7168 and 1073 for 980
-# at 16384 x 5120 x 4096 (two H100s, tp2-s28a/rsws1, pair order): 0-0.6 of the copies' time at
-# push_bw not hidden; 0.4 fits all four within 6 %.
-RS_WS_TILE = (128, 256)
-RS_WS_PUSH_EXPOSED = 0.4
+# The fused reduce-scatter (16-bit, two ranks measured) as rounds of tiles: each program takes a
+# 128 x 256 tile's whole K loop, so its time is the rounds of all slices' tiles on the SMs times
+# a tile's time at a per-SM rate (700 TFLOP/s on 132 SMs, Hopper's dense bf16 as cuBLAS reaches
+# it), times a factor. Two H100s (bench/results/tp2-s28a/, tp2-s28c/, Llama-3-8B down and Qwen3-32B
+# o at 1024-16384 rows): the Triton kernel 1.07-1.18x, the warp-specialised one (rs_ws_pays)
+# 1.00-1.10x (geomean 1.05); under one round (T < SMs: 16-256 rows) the Triton kernel 0.87-0.89x.
+# (The earlier form, W GEMMs of a row shard, put the Triton kernel at 147 us at 1024 x 4096 x 7168,
+# measured 95: "auto" ran torch's at 112. It stays for more ranks, whose kernel was not re-measured.)
+RS_SM_FLOPS = 700e12 / 132
+RS_TILE = (128, 256)
+RS_TRITON_OVER = 1.10
+RS_WS_OVER = 1.05
 
 
 def _symm_mem_min_us(op: str, world: int) -> float:
