@@ -33,6 +33,11 @@ _raw_stream = caps._raw_stream
 
 # ------------------------------------------------------------------------------ launch
 _OPTION_NAMES = ("num_warps", "num_stages", "num_ctas", "maxnreg", "launch_pdl")
+# tensor maps a Launch keeps (by descriptor position and base pointer; 128 bytes each): one
+# launch serves every layer of a model, so a weight per layer and a heap buffer per layer at
+# several positions (the WS collectives: six descriptors) must fit, or eager calls re-encode
+# them each time (a first-in-first-out cache of 64 held less than one TP step's)
+_DESC_CACHE = 1024
 
 
 def wants_pdl(fn, device, interpret: bool, opts=None) -> bool:
@@ -166,7 +171,7 @@ class Launch:
                 exp = cache.get(key)
                 if exp is None:
                     exp = _make_tensordesc_arg(d, meta)
-                    if len(cache) >= 64:
+                    if len(cache) >= _DESC_CACHE:
                         cache.pop(next(iter(cache)))
                     cache[key] = exp
             out += full[prev:pos]
