@@ -384,6 +384,7 @@ def _worker(args) -> int:
 
 def _plot(rows, path):
     import matplotlib.pyplot as plt
+    from .common import save_plot
 
     ar = [r for r in rows if r["op"] == "all_reduce"]
     other = [r for r in rows if r["op"] != "all_reduce" and r.get("x_vs_best") == r.get("x_vs_best")]
@@ -410,7 +411,7 @@ def _plot(rows, path):
     ax.set_ylabel("best baseline time / auto time")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_plot(fig, path)
 
 
 if __name__ == "__main__":

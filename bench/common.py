@@ -43,6 +43,29 @@ def results_dir(out_dir=None) -> Path:
     return repo if repo.is_dir() else Path.cwd() / "bench-results"
 
 
+def compact_png(path) -> bool:
+    """Rewrite the PNG at ``path`` with a palette of at most 256 colours (plots have a few dozen):
+    about a third of the bytes, so the committed results stay small enough to travel with the
+    working tree to a GPU machine. Returns False (file left as it is) when it already has a
+    palette or Pillow (matplotlib's own dependency) is missing."""
+    try:
+        from PIL import Image
+    except ImportError:   # pragma: no cover - matplotlib always brings Pillow
+        return False
+    with Image.open(path) as im:
+        if im.mode == "P":
+            return False
+        q = im.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE)
+    q.save(path, format="PNG", optimize=True)
+    return True
+
+
+def save_plot(fig, path) -> None:
+    """``fig.savefig(path)`` at 120 dpi, then :func:`compact_png`."""
+    fig.savefig(path, dpi=120)
+    compact_png(path)
+
+
 def __getattr__(name):
     # RESULTS_DIR: the default results folder, resolved when read (the working directory of the run)
     if name == "RESULTS_DIR":

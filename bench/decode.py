@@ -1066,6 +1066,7 @@ def _write_partial(rows: List[Dict], out_dir, suite: str = "decode", columns: Op
 
 def _plot(rows, path):
     import matplotlib.pyplot as plt
+    from .common import save_plot
 
     heads = sorted({r["heads"] for r in rows if r.get("ours_TBps")})
     fig, axes = plt.subplots(1, max(1, len(heads)), figsize=(7 * max(1, len(heads)), 4.5), squeeze=False)
@@ -1089,7 +1090,7 @@ def _plot(rows, path):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_plot(fig, path)
     plt.close(fig)
 
 

@@ -826,6 +826,7 @@ def _tax_rows(rows, backends) -> List[dict]:
 
 def _plot(rows, path):
     import matplotlib.pyplot as plt
+    from .common import save_plot
 
     dec = [r for r in rows if r["kind"] == "decode"]
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
@@ -868,7 +869,7 @@ def _plot(rows, path):
         axes[2].legend(fontsize=7)
     fig.suptitle(f"{rows[0]['model']} TP {tp}, {rows[0]['layers']} layers" if rows else "")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_plot(fig, path)
 
 
 def _worker(args) -> int:

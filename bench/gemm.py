@@ -72,6 +72,7 @@ def _time(fn, graph: bool) -> float:
 
 def _plot(rows, path):
     import matplotlib.pyplot as plt
+    from .common import save_plot
 
     names = [r["shape"] for r in rows]
     x = range(len(rows))
@@ -83,7 +84,7 @@ def _plot(rows, path):
     ax.set_ylabel("TFLOP/s")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_plot(fig, path)
     plt.close(fig)
 
 

@@ -193,6 +193,7 @@ def _l2(args) -> int:
 
 def _plot(rows, path):
     import matplotlib.pyplot as plt
+    from .common import save_plot
 
     sizes = list(dict.fromkeys(r["size"] for r in rows))
     fig, axes = plt.subplots(1, len(sizes), figsize=(4.2 * len(sizes), 4), squeeze=False)
@@ -204,7 +205,7 @@ def _plot(rows, path):
         ax.set_title(size, fontsize=9)
         ax.set_ylabel(sub[0]["unit"])
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_plot(fig, path)
 
 
 KINDS = ("prefill", "decode", "gemm")

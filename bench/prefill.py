@@ -99,6 +99,7 @@ def _write_partial(rows, cols, out_dir) -> None:
 
 def _plot(rows, path):
     import matplotlib.pyplot as plt
+    from .common import save_plot
 
     keys = sorted({(r["head_dim"], r["causal"]) for r in rows})
     fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 4), squeeze=False)
@@ -115,7 +116,7 @@ def _plot(rows, path):
         ax.set_ylabel("TFLOP/s (CUDA graph replay where measured)")
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_plot(fig, path)
 
 
 PEERS = ("flash", "cudnn", "efficient")

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -290,3 +291,23 @@ def test_e2e_timeline_rows_and_flag():
     assert out[2]["ms_per_step"] == 0.2 and all(r["backend"] == "numasched" and r["batch"] == 1 for r in out)
     assert out[3]["owned_ms_per_step"] is None   # a summary without owned times (older runs) leaves them empty
     assert e2e.main(["--dry-run", "--timeline"]) == 0
+
+
+def test_compact_png_keeps_the_pixels_of_a_plot(tmp_path):
+    """bench.common.compact_png: a plot's few colours survive the palette exactly, the file gets
+    smaller, and a second pass leaves it alone."""
+    Image = pytest.importorskip("PIL.Image")
+    from numasched.bench.common import compact_png
+
+    rng = np.random.default_rng(0)
+    colours = np.array([[255, 255, 255], [31, 119, 180], [255, 127, 14], [44, 160, 44], [0, 0, 0]], np.uint8)
+    rgb = colours[rng.integers(0, len(colours), size=(120, 200))]
+    path = tmp_path / "plot.png"
+    Image.fromarray(np.dstack([rgb, np.full(rgb.shape[:2], 255, np.uint8)]), "RGBA").save(path)
+    size = path.stat().st_size
+    assert compact_png(path) is True
+    with Image.open(path) as im:
+        assert im.mode == "P"
+        assert np.array_equal(np.asarray(im.convert("RGB")), rgb)
+    assert path.stat().st_size < size
+    assert compact_png(path) is False
