@@ -18,6 +18,7 @@ Keeping ranks in step when a check fails on one rank only:
     then stops the others), instead of waiting for NCCL's 300 s watchdog.
 """
 import argparse
+import contextlib
 import datetime
 import os
 import sys
@@ -177,21 +178,48 @@ def check_matmul_reduce_scatter(ctx, quick):
     from numasched.kernels.gemm_ws import HAVE_GLUON
 
     if W == 2 and HAVE_GLUON and torch.cuda.get_device_capability()[0] == 9:
-        M, Kl, N = 9088, 700, 1104   # 4544 rows a rank: 36 tile rows, the last one half
-        a, w = randn(M, Kl, seed=5100 + R), randn(N, Kl, seed=5150 + R)
-        part = a.float() @ w.float().T
-        dist.all_reduce(part)
-        Ms = M // W
-        ref = part[R * Ms:(R + 1) * Ms]
-        for b in (w.T, w.T.contiguous()):
-            res = {}
-            for ws in (False, True):
-                with options.use(fused_ws=ws):
-                    res[ws] = nd.matmul_reduce_scatter(a, b, ctx=ctx, impl="fused").clone()
-                ok(rel(res[ws], ref) < 1e-2, f"fused_ws={ws} {(M, Kl, N)}: wrong ({rel(res[ws], ref):.1e})")
-            same = torch.equal(res[True], res[False])
-            msgs.append(f"{M}x{Kl}x{N} WS {'same bits as' if same else 'within 1e-2 of'} the Triton kernel")
+        # 4544 rows a rank: 36 tile rows, the last one half, 180 tiles a slice (the flat order on
+        # 132 SMs); 4032 rows: 224 tiles a slice (pairs add no round: the pair order)
+        for (M, Kl, N), pairs in (((9088, 700, 1104), False), ((8064, 700, 1600), True)):
+            a, w = randn(M, Kl, seed=5100 + R), randn(N, Kl, seed=5150 + R)
+            part = a.float() @ w.float().T
+            dist.all_reduce(part)
+            Ms = M // W
+            ref = part[R * Ms:(R + 1) * Ms]
+            for b in (w.T, w.T.contiguous()):
+                res = {}
+                for ws in (False, True):
+                    with options.use(fused_ws=ws), _ws_launches() as took:
+                        res[ws] = nd.matmul_reduce_scatter(a, b, ctx=ctx, impl="fused").clone()
+                    ok(rel(res[ws], ref) < 1e-2, f"fused_ws={ws} {(M, Kl, N)}: wrong ({rel(res[ws], ref):.1e})")
+                    ok(took == ([(False, False, True, {pairs})] if ws else []),
+                       f"fused_ws={ws} {(M, Kl, N)}: WS launches {took} (the reduce-scatter, pairs={pairs}, expected)")
+                same = torch.equal(res[True], res[False])
+                msgs.append(f"{M}x{Kl}x{N} WS ({'pairs' if pairs else 'flat'}) "
+                            f"{'same bits as' if same else 'within 1e-2 of'} the Triton kernel")
     return ok.done("; ".join(msgs))
+
+
+@contextlib.contextmanager
+def _ws_launches():
+    """The warp-specialised launches (numasched.distributed._ws.launch) made inside the block, as
+    (residual, direct, rs, rs_pairs) tuples: whether a call took the WS kernel, and in which form."""
+    from numasched.distributed import _ws
+
+    seen, launch = [], _ws.launch
+
+    def spy(ctx, plan, **kw):
+        out = launch(ctx, plan, **kw)
+        forms = {k[4] for k in plan.launchers if isinstance(k, tuple) and k[:4] == ("ws", kw["residual"],
+                                                                                      kw["direct"], kw["rs"])}
+        seen.append((kw["residual"], kw["direct"], kw["rs"], forms))
+        return out
+
+    _ws.launch = spy
+    try:
+        yield seen
+    finally:
+        _ws.launch = launch
 
 
 def _decode_inputs(R, W, B=4, H=32, HK=8, D=128, S=4096, seed=0):
@@ -424,6 +452,42 @@ def check_timeout(ctx, quick):
     raise AssertionError("no TimeoutError")
 
 
+def check_timeout_ws(ctx, quick):
+    """The warp-specialised fused GEMM + all-reduce and GEMM + reduce-scatter (the defaults at
+    prefill sizes on two Hopper ranks) with a peer that never comes: rank 0 runs the all-reduce
+    and rank 1 the reduce-scatter, so each waits for flags the other never raises; each must raise
+    TimeoutError naming the other within 2 x timeout_s, not hang. Breaks the context: run it alone
+    (--only timeout_ws) or last."""
+    from numasched.distributed import _ws
+
+    R, W = ctx.rank, ctx.world
+    if W != 2 or not _ws.ws_wanted(ctx):
+        return "skipped: the WS kernels run on two Hopper ranks"
+    if ctx.broken:
+        return "skipped: the context is already out of step (run it alone: --only timeout_ws)"
+    # 256 tiles of 128 x 256 (tile pairs on 132 SMs); 4096 rows a slice (a multiple of 64)
+    a, b = randn(8192, 700, seed=61 + R), randn(1000, 700, seed=62).T
+    ops = ("matmul_all_reduce", "matmul_reduce_scatter")
+    for op in ops:   # plans made, kernels compiled, and the WS kernel taken, on both ranks
+        with _ws_launches() as took:
+            getattr(nd, op)(a, b, ctx=ctx, impl="fused")
+        torch.cuda.synchronize()
+        assert took, f"{op}: the WS kernel did not run"
+    dist.barrier()
+    op, peer = ops[R], 1 - R
+    t0 = time.perf_counter()
+    try:
+        getattr(nd, op)(a, b, ctx=ctx, impl="fused")
+        torch.cuda.synchronize()
+        ctx.check()
+    except TimeoutError as e:
+        dt = time.perf_counter() - t0
+        assert str(peer) in str(e), f"{op}: the TimeoutError does not name rank {peer}: {e}"
+        assert dt < 2 * ctx.timeout_s + 10, f"{op}: the TimeoutError took {dt:.0f} s (timeout_s={ctx.timeout_s})"
+        return f"{op} (WS) after {dt:.1f} s: {str(e)[:100]}"
+    raise AssertionError(f"no TimeoutError from the WS {op}")
+
+
 def check_all_reduce(ctx, quick):
     """Every impl and size against a float64 sum of every rank's data; identical on every rank;
     in place; repeated calls."""
@@ -532,14 +596,16 @@ def check_matmul_all_reduce(ctx, quick):
     from numasched.kernels.gemm_ws import HAVE_GLUON
 
     if HAVE_GLUON and torch.cuda.get_device_capability()[0] == 9:
-        M, Kl, N = 9088, 1400 // W, 1104
+        # 256 tiles of 128 x 256 (the last tile row half, the last column partial): tile pairs
+        # on 132 SMs, so the WS kernel runs (it takes pairs only)
+        M, Kl, N = 8128, 1400 // W, 1000
         a, w = randn(M, Kl, seed=4100 + R), randn(N, Kl, seed=4150 + R)
         ref = a.double() @ w.double().T
         dist.all_reduce(ref)
         h0 = randn(M, N, seed=4199)
         res = {}
         for ws in (False, True):
-            with options.use(fused_ws=ws):
+            with options.use(fused_ws=ws), _ws_launches() as took:
                 y = nd.matmul_all_reduce(a, w.T, ctx=ctx, impl="fused")
                 hh = ctx.alloc((M, N), BF, what="a residual")
                 hh.copy_(h0)
@@ -547,6 +613,9 @@ def check_matmul_all_reduce(ctx, quick):
                 res[ws] = (y.clone(), r.clone(), same_everywhere(y) and same_everywhere(r))
                 ok(rel(y, ref) < 1e-2 and torch.equal(r, h0 + y),
                    f"fused_ws={ws} {(M, Kl, N)}: wrong ({rel(y, ref):.1e}, residual {rel(r, h0 + y):.1e})")
+            # WS: plain (through the receive slots), then DIRECT (the residual in the heap)
+            ok([t[:3] for t in took] == ([(False, False, False), (True, True, False)] if ws and W == 2 else []),
+               f"fused_ws={ws} {(M, Kl, N)}: WS launches {took}")
         ok(res[True][2], f"fused_ws {(M, Kl, N)}: ranks disagree")
         same = torch.equal(res[True][0], res[False][0]) and torch.equal(res[True][1], res[False][1])
         msgs.append(f"{M}x{Kl}x{N} WS {'same bits as' if same else 'within 1e-2 of'} FLAT")
@@ -733,7 +802,7 @@ def check_group(ctx, quick):
 CHECKS = [check_all_reduce, check_matmul_all_reduce, check_arn_exchanges_agree, check_bulk_and_auto, check_all_reduce_graph, check_group,
           check_all_gather_matmul, check_matmul_reduce_scatter, check_first_calls, check_fused_pointer_path,
           check_flash_decode_distributed, check_back_to_back, check_cuda_graph, check_comm_off, check_header_mismatch,
-          check_heap_too_small, check_timeout]
+          check_heap_too_small, check_timeout, check_timeout_ws]
 
 
 def _agree(group, R, W, ok: bool, broken: bool):
@@ -747,14 +816,15 @@ def _agree(group, R, W, ok: bool, broken: bool):
 
 def run_checks(ctx, checks, *, quick=False, limit=150.0, repeat=1, agree_group=None, last_breaks=None):
     """Run ``checks`` on every rank, agreeing on each outcome before the next; returns
-    (failed: [(check name, failing ranks)], stopped: bool). ``last_breaks``: the check allowed to
-    leave the context out of step (the timeout check)."""
+    (failed: [(check name, failing ranks)], stopped: bool). ``last_breaks``: the check (or a tuple
+    of them) allowed to leave the context out of step (the timeout checks)."""
     R, W = ctx.rank, ctx.world
     dog = Watchdog(R, stream=sys.stdout)
+    breakers = last_breaks if isinstance(last_breaks, tuple) else (last_breaks,)
     failed = []
     for rep in range(repeat):
         for fn in checks:
-            if fn is last_breaks and rep < repeat - 1:
+            if fn in breakers and rep < repeat - 1:
                 continue    # it breaks the context: only in the last round
             name = fn.__name__[len("check_"):] + (f"#{rep + 1}" if repeat > 1 else "")
             t0 = time.perf_counter()
@@ -771,7 +841,7 @@ def run_checks(ctx, checks, *, quick=False, limit=150.0, repeat=1, agree_group=N
                         ok, msg = False, f"{msg}; torch.cuda.synchronize: {type(e).__name__}: {e}"
             print(f"[rank {R}] {'PASS' if ok else 'FAIL'} {name} ({time.perf_counter() - t0:.1f} s): {msg}", flush=True)
             try:
-                passed, broken = _agree(agree_group, R, W, ok, bool(ctx.broken) and fn is not last_breaks)
+                passed, broken = _agree(agree_group, R, W, ok, bool(ctx.broken) and fn not in breakers)
             except Exception as e:  # noqa: BLE001 - a peer never finished the check
                 print(f"[rank {R}] FAIL {name}: the other ranks did not report within the bounded wait "
                       f"({type(e).__name__}: {str(e)[:200]}); stopping", flush=True)
@@ -821,7 +891,7 @@ def main():
               flush=True)
     selected = [fn for fn in CHECKS if not only or fn.__name__[len("check_"):] in only]
     failed, stopped = run_checks(ctx, selected, quick=args.quick, limit=limit, repeat=args.repeat,
-                                 agree_group=agree_group, last_breaks=check_timeout)
+                                 agree_group=agree_group, last_breaks=(check_timeout, check_timeout_ws))
     return finish(R, failed, stopped)
 
 
