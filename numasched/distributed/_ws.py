@@ -27,8 +27,8 @@ def ws_ok(ctx, a, b_store, out, rows: int, N: int, K: int) -> bool:
 def ws_wanted(ctx) -> bool:
     """Whether the fused ops of ``ctx`` take the warp-specialised kernel where it can run:
     ``options.fused_ws`` when set, else on by default for two ranks of Hopper GPUs with Gluon
-    (the tile pairs of ``matmul_all_reduce``; ``matmul_reduce_scatter`` where
-    ``cost.rs_ws_pays``). The per-call checks (``ws_ok``) come on top."""
+    (the tile pairs of ``matmul_all_reduce`` with out outside the heap; ``matmul_reduce_scatter``
+    where ``cost.rs_ws_pays``). The per-call checks (``ws_ok``) come on top."""
     from numasched import options
     from numasched.kernels.gemm_ws import HAVE_GLUON
 
