@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 __all__ = ["Link", "LINK", "LINKS", "all_reduce_s", "choose_all_reduce", "fused_matmul_all_reduce_s", "gemm_engine", "rs_ws_pays",
-           "gemm_time_s", "link_for", "set_link"]
+           "gemm_time_s", "link_for", "set_link", "two_kernel_gemm_s"]
 
 
 @dataclass(frozen=True)
@@ -261,22 +261,56 @@ def _rounds(units: int, programs: int) -> int:
     return -(-units // max(1, programs))
 
 
+# Two ranks, refit in the twenty-eighth session (two H100s, bench/results/tp2-s28a/, s28b/, s28d/,
+# s28e/: Llama-3-8B o / down and Qwen3-32B o / down, 512-16384 rows, on and off the grid): priced
+# against the model's cuBLAS GEMM (gemm_time_s), as the two-kernel paths are, the kernel's time is
+# that GEMM over its wave efficiency plus a share of the pushed bytes at push_bw: the median share
+# 0.3 for the warp-specialised tile pairs, 0.6 for the Triton pairs, 0.9 one tile at a time. With
+# the long-GEMM rate below, its picks over those 54 points: the worst 0.967 of the faster path, two
+# below 0.99, and against the best baseline (NCCL + cuBLAS, torch symm_mem) 0.979 at worst (4096 x
+# 5120 x 12800); the form above picked the two-kernel path where the fused kernel was 1.27x faster
+# (6144 x 5120 x 4096): 0.785 of the faster path at worst, 12 points below 0.99.
+FUSED_AR2_EXPOSED = {"ws": 0.3, "pairs": 0.6, "single": 0.9}
+# The one regime where that fails: a GEMM of milliseconds. At 16384 x 5120 x 12800 (3.1 ms of
+# cuBLAS GEMM) the fused kernel ran 3807 / 3888 us (WS) and 3952 / 4188 (Triton pairs) against
+# 3573-3582 for cuBLAS + the two-shot (tp2-s28a/b/e; tp2-s23-b: 3547 against 3482): its GEMM at
+# about 1.17x cuBLAS's time, where every shorter point (up to 1.4 ms: 16384 x 4096 x 7168) ran at
+# it. Why is not measured (clocks under sustained tensor and link load are one guess); the model
+# prices GEMMs longer than FUSED_AR2_LONG_S at that rate.
+FUSED_AR2_LONG_S = 2e-3
+FUSED_AR2_LONG_OVER = 1.17
+
+
 def fused_matmul_all_reduce_s(M: int, N: int, K: int, dtype, world: int, num_sms: int = 132,
-                              link: Link = None) -> float:
+                              link: Link = None, ws: bool = False) -> float:
     """Modelled seconds of numasched's fused GEMM + all-reduce kernel for an (M, K) x (K, N)
-    partial product on each of ``world`` ranks (big-tile path: M >= FUSED_AR_MIN_ROWS)."""
+    partial product on each of ``world`` ranks (big-tile path: M >= FUSED_AR_MIN_ROWS). Two ranks:
+    on the scale of :func:`gemm_time_s` (``ws``: the tile pairs run on the warp-specialised
+    kernel); more: on :func:`gemm_s`'s (compare with the two-kernel paths on the same scale:
+    :func:`two_kernel_gemm_s`)."""
     L = link_for(world, link)
     tiles = -(-M // FUSED_AR_TILE[0]) * -(-N // FUSED_AR_TILE[1])
     pushed = (world - 1) * M * N * _elt(dtype)
-    if world == 2 and fused_pairs(tiles, num_sms):   # PAIRS: programs take tile pairs
-        wave_eff = tiles / (2 * _rounds(-(-tiles // 2), num_sms) * max(1, num_sms))
-        return (FUSED_PAIRS_GEMM_OVER * gemm_s(M, N, K, dtype) / wave_eff
-                + FUSED_PAIRS_PUSH_EXPOSED * pushed / L.push_bw + L.flag_us * 1e-6)
+    pairs = world == 2 and fused_pairs(tiles, num_sms)
+    if world == 2:
+        units = 2 * _rounds(-(-tiles // 2), num_sms) if pairs else _rounds(tiles, num_sms)
+        wave_eff = tiles / (units * max(1, num_sms))
+        share = FUSED_AR2_EXPOSED["ws" if ws and pairs else "pairs" if pairs else "single"]
+        g = gemm_time_s(M, N, K, dtype, "torch")
+        if g > FUSED_AR2_LONG_S:
+            g *= FUSED_AR2_LONG_OVER
+        return g / wave_eff + share * pushed / L.push_bw + L.flag_us * 1e-6
     waves = -(-tiles // max(1, num_sms))
     wave_eff = tiles / (waves * max(1, num_sms))
     hidden = FUSED_AR_PUSH_HIDDEN * (waves - 1) / waves
     return (FUSED_AR_GEMM_OVER * gemm_s(M, N, K, dtype) / wave_eff + (1 - hidden) * pushed / L.push_bw
             + L.flag_us * 1e-6)
+
+
+def two_kernel_gemm_s(M: int, N: int, K: int, dtype, world: int, engine: str = "torch") -> float:
+    """The GEMM of a two-kernel GEMM + all-reduce on the scale :func:`fused_matmul_all_reduce_s`
+    uses for ``world`` ranks: :func:`gemm_time_s` of ``engine`` for two, :func:`gemm_s` for more."""
+    return gemm_time_s(M, N, K, dtype, engine) if world == 2 else gemm_s(M, N, K, dtype)
 
 
 # torch symmetric memory's fused ops (copy engine + cuBLAS, overlapped): flat at small M, then the

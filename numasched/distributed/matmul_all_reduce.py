@@ -68,11 +68,13 @@ class MatmulAllReducePlan:
 
 
 def plan_matmul_all_reduce(a, b_local, *, world: int, impl: str = "auto", gemm: str = "auto",
-                           bulk_ok: bool = True, fused_ok: bool = False, num_sms: int = 132) -> MatmulAllReducePlan:
+                           bulk_ok: bool = True, fused_ok: bool = False, num_sms: int = 132,
+                           ws: bool = False) -> MatmulAllReducePlan:
     """The plan for ``a`` (M, K_local) @ ``b_local`` (K_local, N) summed over ``world`` ranks
     (shapes only: meta tensors work). ``bulk_ok``: NCCL is available (a real context);
     ``fused_ok``: "auto" may weigh the one-kernel fused path (its TMA-fed big tiles run here:
-    a Hopper GPU, 16-bit operands); ``num_sms``: the GPU's SMs (wave quantisation of that kernel)."""
+    a Hopper GPU, 16-bit operands); ``num_sms``: the GPU's SMs (wave quantisation of that kernel);
+    ``ws``: its tile pairs run on the warp-specialised kernel (distributed._ws.ws_wanted)."""
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     if gemm not in GEMMS:
@@ -88,7 +90,7 @@ def plan_matmul_all_reduce(a, b_local, *, world: int, impl: str = "auto", gemm: 
         engine = "torch" if gemm == "auto" else gemm
         est = g_s + cost.all_reduce_s("nccl", nbytes, world)
         return MatmulAllReducePlan(M, N, Kl, a.dtype, world, engine, "nccl", est * 1e6)
-    fused_s = cost.fused_matmul_all_reduce_s(M, N, Kl, a.dtype, world, num_sms)
+    fused_s = cost.fused_matmul_all_reduce_s(M, N, Kl, a.dtype, world, num_sms, ws=ws)
     if impl == "fused":
         return MatmulAllReducePlan(M, N, Kl, a.dtype, world, "fused", "fused", fused_s * 1e6)
     if impl == "overlap":
@@ -101,7 +103,8 @@ def plan_matmul_all_reduce(a, b_local, *, world: int, impl: str = "auto", gemm: 
         ar = cost.choose_all_reduce(nbytes, world, allowed=allowed)
     else:
         ar = impl
-    est = g_s + cost.all_reduce_s(ar, nbytes, world)
+    # on the fused kernel's scale (cost.fused_matmul_all_reduce_s)
+    est = cost.two_kernel_gemm_s(M, N, Kl, a.dtype, world, engine) + cost.all_reduce_s(ar, nbytes, world)
     if (impl == "auto" and gemm == "auto" and fused_ok and world > 1 and a.element_size() == 2
             and M >= cost.FUSED_AR_MIN_ROWS and fused_s < est):
         return MatmulAllReducePlan(M, N, Kl, a.dtype, world, "fused", "fused", fused_s * 1e6)
@@ -197,7 +200,8 @@ def matmul_all_reduce_plan(ctx, a, b_local, *, impl: str = "auto", gemm: str = "
                     and _fused_fits(ctx, a, b_local))
         plan = ctx.plans[key] = plan_matmul_all_reduce(a, b_local, world=ctx.world, impl=impl, gemm=gemm,
                                                        bulk_ok=_bulk_ok(ctx), fused_ok=fused_ok,
-                                                       num_sms=getattr(ctx, "num_sms", 132))
+                                                       num_sms=getattr(ctx, "num_sms", 132),
+                                                       ws=fused_ok and _ws.ws_wanted(ctx))
     else:   # cheap re-checks of what the key does not cover
         if a.device != ctx.device or b_local.device != ctx.device or b_local.dtype != a.dtype:
             _check_operands(ctx, "a", a, "b_local", b_local, "K_local")
