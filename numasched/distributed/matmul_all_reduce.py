@@ -88,7 +88,7 @@ def plan_matmul_all_reduce(a, b_local, *, world: int, impl: str = "auto", gemm: 
                          f"process group")
     if impl == "bulk":
         engine = "torch" if gemm == "auto" else gemm
-        est = g_s + cost.all_reduce_s("nccl", nbytes, world)
+        est = cost.two_kernel_gemm_s(M, N, Kl, a.dtype, world, engine) + cost.all_reduce_s("nccl", nbytes, world)
         return MatmulAllReducePlan(M, N, Kl, a.dtype, world, engine, "nccl", est * 1e6)
     fused_s = cost.fused_matmul_all_reduce_s(M, N, Kl, a.dtype, world, num_sms, ws=ws)
     if impl == "fused":
