@@ -235,6 +235,51 @@ def test_protocol_model_first_use_needs_a_barrier(op):
     assert caught > 0
 
 
+@pytest.mark.parametrize("rs,pairs", [(False, True), (True, True), (True, False)])
+def test_ws_tile_order_covers_every_tile_once(rs, pairs):
+    """protocol.ws_tiles (the WS kernel's _schedule / _tile_at in Python): over all programs each
+    rank takes every tile once (the reduce-scatter: each slice's tiles, the peer's as A), A tiles
+    being the peer's; one list takes ceil(2 T / P) rounds, pairs 2 ceil(T / P)."""
+    for T in range(1, 41):
+        for P in range(1, 13):
+            for r in (0, 1):
+                lists = [protocol.ws_tiles(r, T, pid, P, rs, pairs) for pid in range(P)]
+                got = sorted(x for lst in lists for x in lst)
+                if rs:
+                    assert got == sorted((h, q) for h in (0, 1) for q in range(T)), (T, P, r)
+                    rounds = max(len(lst) for lst in lists)
+                    assert rounds == (2 * -(-T // P) if pairs else -(-2 * T // P)), (T, P, rounds)
+                else:
+                    assert sorted(t for _, t in got) == list(range(T)), (T, P, r)
+                    assert all((h == 0) == (t % 2 != r) for h, t in got), (T, P, r)
+
+
+@pytest.mark.parametrize("op", list(protocol.WS_OPS))
+def test_protocol_model_ws_kernel(op):
+    """The two-rank WS kernel's exchange (copies paced over the next K loop, the flag after it and
+    before the next wait): no deadlock, no stale or overwritten read, over random interleavings;
+    without the first-use barrier it fails, and so does a flag raised after the next tile's wait
+    (the pair orders: both ranks' programs wait for each other)."""
+    for seed in range(6):
+        for items, progs in ((1, 1), (3, 2), (5, 3), (8, 3)):
+            protocol.simulate(op, 2, calls=4, items=items, num_programs=progs, seed=seed)
+    unbarriered = late = 0
+    for seed in range(12):
+        try:
+            protocol.simulate(op, 2, calls=3, items=4, num_programs=2, seed=seed, init_barrier=False)
+        except protocol.ProtocolError:
+            unbarriered += 1
+        try:
+            protocol.simulate(op + "_late_flag", 2, calls=3, items=4, num_programs=2, seed=seed)
+        except protocol.ProtocolError as e:
+            assert "deadlock" in str(e)
+            late += 1
+    assert unbarriered > 0
+    assert late > 0 or op == "matmul_reduce_scatter_ws"   # one list: A tiles first, no wait between
+    with pytest.raises(ValueError, match="two-rank"):
+        protocol.simulate(op, 4, calls=1, items=2, num_programs=1)
+
+
 def test_first_call_of_a_signature_waits_for_every_rank():
     """_common.run synchronises (ctx.barrier) once after creating a signature's buffers, before launching."""
     events = []

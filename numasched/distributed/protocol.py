@@ -17,6 +17,10 @@ own call from start to finish (no push of a later call overwrote it: the double-
 argument in kernels/dist_gemm.py); flags never go backwards. ``slots=1`` (single buffering)
 must fail this check for world >= 2, which shows the check can fail.
 
+The two-rank warp-specialised kernel (``_ws`` ops: the all-reduce's tile pairs, the
+reduce-scatter in one list or in pairs) is modelled per consumer: ``ws_tiles`` is its tile order,
+and a tile's copy to the peer and its flag come during and after the next tile's K loop.
+
 The step lists mirror the kernels: all-gather (producers push every row block to every peer,
 consumers wait per (src, row block)), reduce-scatter (every tile of a peer's slice pushed from
 registers; own tiles wait on every peer), decode (each batch row pushed to every peer, then
@@ -45,8 +49,78 @@ class ProtocolError(AssertionError):
     pass
 
 
+WS_OPS = ("matmul_all_reduce_ws", "matmul_reduce_scatter_ws", "matmul_reduce_scatter_ws_pairs")
+
+
+def ws_tiles(rank: int, tiles: int, pid: int, programs: int, rs: bool, pairs: bool = True) -> List[Tuple[int, int]]:
+    """The (half, tile) list program ``pid`` of the two-rank warp-specialised kernel walks
+    (kernels/dist_gemm_ar_ws.py, ``_schedule`` / ``_tile_at``): half 0 is a tile whose partial goes
+    to the peer (A), half 1 one of ours (B). ``rs``: tiles of a slice (A: the peer slice's tile,
+    B: ours), in pairs or as one list (the peer's first); else the all-reduce's tile pairs over the
+    whole output, tile t being rank t % 2's (an odd last pair: rank 0's B, rank 1's A)."""
+    P = programs
+    if rs:
+        if pairs:
+            return [(j % 2, pid + (j // 2) * P) for j in range(2 * max(0, -(-(tiles - pid) // P)))]
+        out = []
+        for j in range(max(0, -(-(2 * tiles - pid) // P))):
+            pos = pid + j * P
+            out.append((int(pos >= tiles), pos - tiles * int(pos >= tiles)))
+        return out
+    mine = max(0, -(-(-(-tiles // 2) - pid) // P))
+    q_last = pid + (mine - 1) * P
+    odd_last = mine > 0 and 2 * q_last + 1 >= tiles
+    n = 2 * mine - int(odd_last)
+    out = []
+    for j in range(n):
+        half = (j % 2) | int(j == n - 1 and odd_last and rank == 0)
+        out.append((half, 2 * (pid + (j // 2) * P) + (half + 1 - rank) % 2))
+    return out
+
+
+def _ws_program(rank: int, tiles: List[Tuple[int, int]], rs: bool, late_flag: bool = False) -> List[Step]:
+    """Steps of one WS consumer: a staged tile's copy to the peer leaves during the next tile's K
+    loop and its flag goes up after that loop, before the next tile's own wait; B waits for the
+    peer's partial and reads it (all-reduce: then its sum goes back the same way); the all-reduce
+    ends waiting for the peer's sums of its A tiles. ``late_flag`` (a model-only fault): the flag
+    after the next tile's wait instead, which must deadlock."""
+    peer = 1 - rank
+    steps: List[Step] = []
+    pending = None
+    for half, t in tiles:
+        late: List[Step] = []
+        if pending is not None:   # paced over this tile's K loop, flagged after it
+            steps.append(("push", peer, pending))
+            (late if late_flag else steps).append(("signal", peer, pending))
+            pending = None
+        if half == 0:
+            pending = t
+        else:
+            steps += [("wait", peer, t), ("read", peer, t), ("done", peer, t)]
+            if not rs:
+                pending = t
+        steps += late
+    if pending is not None:
+        steps += [("push", peer, pending), ("signal", peer, pending)]
+    if not rs:
+        for half, t in tiles:
+            if half == 0:
+                steps += [("wait", peer, t), ("read", peer, t), ("done", peer, t)]
+    return steps
+
+
 def programs_for(op: str, rank: int, world: int, items: int, num_programs: int, rng: random.Random) -> List[List[Step]]:
     """The step lists of one call of ``op`` on ``rank`` (work split over ``num_programs`` programs)."""
+    if op.startswith(WS_OPS):   # + "_late_flag": the model-only fault of _ws_program
+        base = op[:-len("_late_flag")] if op.endswith("_late_flag") else op
+        if base not in WS_OPS:
+            raise ValueError(f"unknown op {op!r}")
+        if world != 2:
+            raise ValueError(f"{op} is a two-rank kernel, got world {world}")
+        rs = base.startswith("matmul_reduce_scatter")
+        return [_ws_program(rank, ws_tiles(rank, items, pid, num_programs, rs, base.endswith("_pairs")), rs,
+                            late_flag=op.endswith("_late_flag"))
+                for pid in range(num_programs)] or [[]]
     peers_from = [(rank + i) % world for i in range(1, world)]
     work: List[List[Step]] = []
     if op == "all_gather_matmul":
