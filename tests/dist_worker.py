@@ -454,10 +454,11 @@ def check_timeout(ctx, quick):
 
 def check_timeout_ws(ctx, quick):
     """The warp-specialised fused GEMM + all-reduce and GEMM + reduce-scatter (the defaults at
-    prefill sizes on two Hopper ranks) with a peer that never comes: rank 0 runs the all-reduce
-    and rank 1 the reduce-scatter, so each waits for flags the other never raises; each must raise
-    TimeoutError naming the other within 2 x timeout_s, not hang. Breaks the context: run it alone
-    (--only timeout_ws) or last."""
+    prefill sizes on two Hopper ranks) with a peer that never comes, inside CUDA graphs: both
+    ranks capture one graph of each op; rank 0 replays the all-reduce's and rank 1 the
+    reduce-scatter's, so each waits for flags the other never raises. Each must finish its replay
+    within 2 x timeout_s and raise TimeoutError naming the other at ctx.check(), not hang. Breaks
+    the context: run it alone (--only timeout_ws) or last."""
     from numasched.distributed import _ws
 
     R, W = ctx.rank, ctx.world
@@ -468,24 +469,24 @@ def check_timeout_ws(ctx, quick):
     # 256 tiles of 128 x 256 (tile pairs on 132 SMs); 4096 rows a slice (a multiple of 64)
     a, b = randn(8192, 700, seed=61 + R), randn(1000, 700, seed=62).T
     ops = ("matmul_all_reduce", "matmul_reduce_scatter")
-    for op in ops:   # plans made, kernels compiled, and the WS kernel taken, on both ranks
+    graphs = {}
+    for op in ops:   # plans, compiles and the WS kernel taken eagerly on both ranks, then captured
         with _ws_launches() as took:
-            getattr(nd, op)(a, b, ctx=ctx, impl="fused")
-        torch.cuda.synchronize()
-        assert took, f"{op}: the WS kernel did not run"
-    dist.barrier()
+            graphs[op] = capture_on_every_rank(lambda op=op: getattr(nd, op)(a, b, ctx=ctx, impl="fused",
+                                                                             check=False))
+        assert len(took) == 2, f"{op}: the WS kernel did not run (eager, then captured): {took}"
     op, peer = ops[R], 1 - R
     t0 = time.perf_counter()
+    graphs[op].replay()
+    torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    assert dt < 2 * ctx.timeout_s + 10, f"{op}: the replay took {dt:.0f} s (timeout_s={ctx.timeout_s})"
     try:
-        getattr(nd, op)(a, b, ctx=ctx, impl="fused")
-        torch.cuda.synchronize()
-        ctx.check()
+        ctx.check("graph replay")
     except TimeoutError as e:
-        dt = time.perf_counter() - t0
         assert str(peer) in str(e), f"{op}: the TimeoutError does not name rank {peer}: {e}"
-        assert dt < 2 * ctx.timeout_s + 10, f"{op}: the TimeoutError took {dt:.0f} s (timeout_s={ctx.timeout_s})"
-        return f"{op} (WS) after {dt:.1f} s: {str(e)[:100]}"
-    raise AssertionError(f"no TimeoutError from the WS {op}")
+        return f"{op} (WS, graph replay) gave up after {dt:.1f} s: {str(e)[:100]}"
+    raise AssertionError(f"no TimeoutError after replaying the WS {op} alone")
 
 
 def check_all_reduce(ctx, quick):
