@@ -254,6 +254,17 @@ def test_ws_tile_order_covers_every_tile_once(rs, pairs):
                     assert all((h == 0) == (t % 2 != r) for h, t in got), (T, P, r)
 
 
+def test_ws_reduce_scatter_order_never_adds_a_round():
+    """cost.rs_ws_pairs picks the order (pairs or one list) whose longest program list, in
+    protocol.ws_tiles, is the shorter, and pairs on a tie."""
+    for T in range(1, 300, 7):
+        for P in (1, 5, 64, 132):
+            rounds = {pairs: max(len(protocol.ws_tiles(0, T, pid, P, True, pairs)) for pid in range(P))
+                      for pairs in (True, False)}
+            pick = nd.cost.rs_ws_pairs(T, P)
+            assert rounds[pick] == min(rounds.values()) and (pick or rounds[True] > rounds[False]), (T, P, rounds)
+
+
 @pytest.mark.parametrize("op", list(protocol.WS_OPS))
 def test_protocol_model_ws_kernel(op):
     """The two-rank WS kernel's exchange (copies paced over the next K loop, the flag after it and

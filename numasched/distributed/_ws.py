@@ -65,10 +65,9 @@ def launch(ctx, plan, *, a, b_store, b_trans, out, recv, flags, epoch, counters,
         raise ValueError(f"flags has {flags.shape[-1]} slots a rank, the kernel needs {2 * tiles}")
     # the thin launch (numasched._launch): Gluon's Python path once per constexpr set, then the
     # compiled kernel's C launcher, the descriptors' tensor maps cached by base pointer
-    # RS: pairs unless they add a round of tiles (cost.fused_pairs' rule, over a slice's tiles)
     from . import cost
 
-    rs_pairs = rs and 2 * cost._rounds(tiles, programs) <= cost._rounds(2 * tiles, programs)
+    rs_pairs = rs and cost.rs_ws_pairs(tiles, programs)
     key = ("ws", residual, direct, rs, rs_pairs, programs)
     run = plan.launchers.get(key)
     if run is None:

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-__all__ = ["Link", "LINK", "LINKS", "all_reduce_s", "choose_all_reduce", "fused_matmul_all_reduce_s", "gemm_engine", "rs_ws_pays",
-           "gemm_time_s", "link_for", "set_link", "two_kernel_gemm_s"]
+__all__ = ["Link", "LINK", "LINKS", "all_reduce_s", "choose_all_reduce", "fused_matmul_all_reduce_s", "gemm_engine",
+           "rs_ws_pays", "rs_ws_pairs", "gemm_time_s", "link_for", "set_link", "two_kernel_gemm_s"]
 
 
 @dataclass(frozen=True)
@@ -174,6 +174,16 @@ def rs_ws_pays(M: int, N: int, world: int, num_sms: int = 132) -> bool:
     174.8 against 189.6 at 2048 rows (T 128, two rounds)."""
     T = -(-(M // max(world, 1)) // RS_TILE[0]) * -(-N // RS_TILE[1])
     return world == 2 and 2 * T > num_sms
+
+
+def rs_ws_pairs(tiles: int, programs: int) -> bool:
+    """Whether the WS reduce-scatter walks its 2 x ``tiles`` tiles (a slice's ``tiles``, the
+    peer's and ours) in pairs (the peer slice's tile q, then ours) rather than as one list: where
+    pairs add no round (2 ceil(T / P) against ceil(2 T / P); 160 tiles on 132 programs: four
+    rounds in pairs, three in one list, 204.7 against 160-166 us at 2048 x 5120 x 4096 on two
+    H100s). Where they are equal, pairs: at 16384 x 4096 x 7168 they ran 1484-1593 us in four calls,
+    the one list 1604 in one (bench/results/tp2-s28a/ to s28e/)."""
+    return 2 * _rounds(tiles, programs) <= _rounds(2 * tiles, programs)
 
 
 def gemm_collective_s(op: str, impl: str, M: int, N: int, K: int, dtype, world: int, link: Link = None,
