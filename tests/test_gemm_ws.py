@@ -227,3 +227,63 @@ def test_matmul_swiglu_routes_prefill_sizes_to_it():
     assert ((out.double() - ref).abs().max() / ref.abs().max()).item() < 1e-2
     off = numasched.plan_matmul_swiglu(a, w.t(), options=dataclasses.replace(opts, glu_ws=False))
     assert off.path != "ws"
+
+
+def test_ws_collective_launch_paths_pass_the_same_geometry(monkeypatch):
+    """distributed._ws.launch (CPU, a recording stand-in for the compiled launch): the first call
+    hands Gluon descriptors to the launch, the next plain ones of the same base, shape, strides and
+    block, the third with the same pointers reuses that argument list through the C-launcher path,
+    and a new operand pointer builds a new one."""
+    import types
+
+    from numasched import _launch
+    from numasched.distributed import _ws
+
+    class Recorder:
+        def __init__(self, fn, grid, kwargs, device):
+            self.kwargs, self.compiled, self.raw, self.calls, self.fulls = kwargs, None, None, [], []
+
+        def __call__(self, *args):
+            self.calls.append(args)
+            self.compiled = self.raw = object()
+
+        def full_args(self, args):
+            return tuple(args)
+
+        def call_full(self, full):
+            self.fulls.append(full)
+
+    monkeypatch.setattr(_launch, "Launch", Recorder)
+    rows, N, K = 256, 512, 128
+    heap = torch.zeros(1 << 22, dtype=torch.bfloat16)
+    out, recv = heap[:rows * N].view(rows, N), heap[rows * N:5 * rows * N].view(2, 2, rows, N)
+    flags = torch.zeros(2, 2 * 8, dtype=torch.int64)
+    ctx = types.SimpleNamespace(rank=0, num_sms=132, max_spins=1000, device=torch.device("cpu"),
+                                heap_bases_host=[heap.data_ptr(), heap.data_ptr() + (1 << 30)],
+                                status=torch.zeros(1, dtype=torch.int32))
+    plan = types.SimpleNamespace(launchers={}, launches=0)
+    w = torch.randn(N, K, dtype=torch.bfloat16)
+    a1, a2 = torch.randn(rows, K, dtype=torch.bfloat16), torch.randn(rows, K, dtype=torch.bfloat16)
+    kw = dict(b_store=w, b_trans=True, out=out, recv=recv, flags=flags, epoch=torch.zeros(1, dtype=torch.int64),
+              counters=torch.zeros(2, dtype=torch.int32), rows=rows, N=N, K=K, residual=False, direct=True, rs=False)
+    for a in (a1, a1, a1, a2):
+        _ws.launch(ctx, plan, a=a, **kw)
+    (run,) = [v for k, v in plan.launchers.items() if k[0] == "ws"]
+    assert len(run.calls) == 3 and len(run.fulls) == 1 and plan.launches == 4
+    first, second, fresh = run.calls
+    assert run.fulls[0] == second   # the cached list is the second call's, reused as it is
+
+    def geometry(d):
+        return (d.base.data_ptr(), list(d.shape), list(d.strides), list(d.block_shape))
+
+    assert [type(d).__name__ for d in first[:6]] == ["TensorDescriptor"] * 6
+    assert [type(d) for d in second[:6]] == [_launch.HostDesc] * 6
+    assert [geometry(d) for d in first[:6]] == [geometry(d) for d in second[:6]]
+    def plain(x):   # pointer arguments (tensors, the peer's flags) by address
+        return ("ptr", x.data_ptr()) if hasattr(x, "data_ptr") else x
+
+    assert [plain(x) for x in first[6:]] == [plain(x) for x in second[6:]]
+    assert geometry(fresh[0])[0] == a2.data_ptr() and geometry(second[0])[0] == a1.data_ptr()
+    # the peer's out and receive slots: this rank's offsets in the peer's heap
+    assert geometry(first[3])[0] == ctx.heap_bases_host[1] + (out.data_ptr() - heap.data_ptr())
+    assert geometry(first[5])[0] == ctx.heap_bases_host[1] + (recv.data_ptr() - heap.data_ptr())
