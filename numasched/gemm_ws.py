@@ -2,8 +2,9 @@
 
 ``WsGemmPlan(a, b, out)`` checks that the kernel can take the operands (an sm_90 GPU, 16-bit
 floats, TMA-compatible strides), and ``run`` launches one program per SM (fewer when there are
-fewer tiles) through a thin launch (numasched._launch): Gluon's Python path on the first call, the compiled kernel's C launcher after,
-with the TMA descriptors' tensor maps cached by base pointer. Under CUDA graphs: first call eager.
+fewer tiles) through a thin launch (numasched._launch): Gluon's Python path on the first call,
+the compiled kernel's C launcher after, with the TMA descriptors' tensor maps cached by base
+pointer. Under CUDA graphs: first call eager.
 
 ``supported(a, b, out)`` says why not, as a string, or returns None; ``matmul_swiglu`` consults
 it before it plans the kernel (``options.glu_ws``). ``host_descriptor`` and ``DeviceAddress`` are
@@ -16,8 +17,8 @@ from typing import Optional
 
 import torch
 
-__all__ = ["WsConfig", "WsGemmPlan", "supported", "descriptor_type", "host_descriptor", "DeviceAddress",
-           "DEFAULT_CONFIG", "GLU_CONFIG"]
+__all__ = ["WsConfig", "WsGemmPlan", "supported", "descriptor_type", "host_descriptor", "descriptor_maker",
+           "DeviceAddress", "DEFAULT_CONFIG", "GLU_CONFIG"]
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,15 @@ def host_descriptor(base, shape, strides, block):
 
     dt = gl.bfloat16 if base.dtype == torch.bfloat16 else gl.float16
     return TensorDescriptor(base, list(shape), list(strides), list(block), gl.NVMMASharedLayout.get_default_for(block, dt))
+
+
+def descriptor_maker(launch):
+    """How to make the descriptors of a launch of a Gluon kernel (numasched._launch.Launch): Gluon
+    ones (their layouts: the first launch compiles from them) until it has compiled, then plain
+    ones (base, shape, strides, block), whose tensor maps the launch caches."""
+    from numasched._launch import HostDesc
+
+    return host_descriptor if launch.compiled is None else HostDesc
 
 
 def _tma_ok(t: torch.Tensor) -> bool:
@@ -145,7 +155,7 @@ class WsGemmPlan:
 
     def run(self, a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None,
             row_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
-        from numasched._launch import HostDesc, Launch
+        from numasched._launch import Launch
         from numasched.kernels.gemm_ws import gemm_ws_kernel
 
         if (row_scale is not None) != self.row_scale:
@@ -158,9 +168,7 @@ class WsGemmPlan:
                                   dict(STAGES=cfg.stages, GROUP_M=cfg.group_m, GLU=cfg.glu, ROW_SCALE=self.row_scale,
                                        CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=cfg.loader_regs,
                                        PEER_PUSH=self.peer_mode, num_warps=4, maxnreg=cfg.maxnreg), device=a.device)
-        # the first launch takes Gluon descriptors (their layouts), later ones plain ones whose
-        # tensor maps the launch caches by base pointer
-        desc = host_descriptor if self._launch.compiled is None else HostDesc
+        desc = descriptor_maker(self._launch)
         bt = b.t()
         c_d = desc(out, out.shape, out.stride(), [cfg.block_m // 2, cfg.block_n])
         peer = c_d if self.peer is None else desc(DeviceAddress(self.peer, out.dtype), out.shape, out.stride(),

@@ -54,7 +54,7 @@ def launch(ctx, plan, *, a, b_store, b_trans, out, recv, flags, epoch, counters,
     ``recv`` the (2, 2, rows, N) receive slots, ``flags`` at least (2, 2 x tiles) int64;
     ``programs`` default: one per tile pair (RS: per tile of both slices), at most one per SM."""
     from numasched._launch import HostDesc, Launch
-    from numasched.gemm_ws import WsConfig, host_descriptor
+    from numasched.gemm_ws import WsConfig, descriptor_maker
     from numasched.kernels.dist_gemm_ar_ws import matmul_all_reduce_ws_kernel
 
     cfg = WsConfig()
@@ -88,8 +88,7 @@ def launch(ctx, plan, *, a, b_store, b_trans, out, recv, flags, epoch, counters,
             run.call_full(full)
             plan.launches += 1
             return out
-    # the first launch takes Gluon descriptors (their layouts), later ones plain ones
-    desc = host_descriptor if run.compiled is None else HostDesc
+    desc = descriptor_maker(run)
     half, chunk = [cfg.block_m // 2, cfg.block_n], [cfg.block_m // 2, 64]
     recv2 = recv.view(-1, N)   # (2 slots x 2 ranks x rows, N)
     bblock = [cfg.block_n, cfg.block_k] if b_trans else [cfg.block_k, cfg.block_n]
