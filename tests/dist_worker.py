@@ -180,7 +180,9 @@ def check_matmul_reduce_scatter(ctx, quick):
     if W == 2 and HAVE_GLUON and torch.cuda.get_device_capability()[0] == 9:
         # 4544 rows a rank: 36 tile rows, the last one half, 180 tiles a slice (the flat order on
         # 132 SMs); 4032 rows: 224 tiles a slice (pairs add no round: the pair order)
-        for (M, Kl, N), pairs in (((9088, 700, 1104), False), ((8064, 700, 1600), True)):
+        # K_local 704: A's rows 1408 bytes, a TMA multiple of 16 (at 700 ws_ok refused and the
+        # Triton kernel ran: the spy caught it)
+        for (M, Kl, N), pairs in (((9088, 704, 1104), False), ((8064, 704, 1600), True)):
             a, w = randn(M, Kl, seed=5100 + R), randn(N, Kl, seed=5150 + R)
             part = a.float() @ w.float().T
             dist.all_reduce(part)
@@ -467,7 +469,7 @@ def check_timeout_ws(ctx, quick):
     if ctx.broken:
         return "skipped: the context is already out of step (run it alone: --only timeout_ws)"
     # 256 tiles of 128 x 256 (tile pairs on 132 SMs); 4096 rows a slice (a multiple of 64)
-    a, b = randn(8192, 700, seed=61 + R), randn(1000, 700, seed=62).T
+    a, b = randn(8192, 704, seed=61 + R), randn(1000, 704, seed=62).T
     ops = ("matmul_all_reduce", "matmul_reduce_scatter")
     graphs = {}
     for op in ops:   # plans, compiles and the WS kernel taken eagerly on both ranks, then captured
@@ -599,7 +601,7 @@ def check_matmul_all_reduce(ctx, quick):
     if HAVE_GLUON and torch.cuda.get_device_capability()[0] == 9:
         # 256 tiles of 128 x 256 (the last tile row half, the last column partial): tile pairs
         # on 132 SMs, so the WS kernel runs (it takes pairs only)
-        M, Kl, N = 8128, 1400 // W, 1000
+        M, Kl, N = 8128, 1408 // W, 1000   # A's rows of 16-byte multiples (TMA; 700 ran Triton)
         a, w = randn(M, Kl, seed=4100 + R), randn(N, Kl, seed=4150 + R)
         ref = a.double() @ w.double().T
         dist.all_reduce(ref)
