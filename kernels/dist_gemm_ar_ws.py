@@ -23,8 +23,9 @@ programs finishes together; its copies at once would queue on the link). After t
 consumer waits for the copy's completion (``cp.async.bulk.wait_group 0``), fences the async proxy
 and raises the half tile's flag in the peer's memory (release, system scope). At the end it waits
 for the peer's flags of its A tiles (the sums it needs in ``out``; not DIRECT: copies them from
-``recv`` into ``out``). Every wait is bounded (polls); on a timeout it sets the peer's bit in the
-status word, which the host turns into a TimeoutError naming the rank.
+``recv`` into ``out``). Every wait is bounded (``timeout_s`` of ``%globaltimer``); on a timeout
+it sets the peer's bit in the status word, which the host turns into a TimeoutError naming the
+rank.
 
 ``RS`` makes it ``matmul_reduce_scatter`` of two ranks: M is a slice's rows (a has 2 M). Programs
 walk the peer slice's tiles (our partial leaves, paced, into the peer's receive slot) and ours
@@ -68,7 +69,7 @@ if HAVE_GLUON:
         flags: gl.tensor                       # our flags (2, 2 T) int64
         peer_flags: gl.tensor                  # the peer's flags
         status: gl.tensor                      # int32 status word (bit r: rank r timed out)
-        bound: gl.tensor                       # polls a wait may take
+        bound: gl.tensor                       # ns a wait may take (%globaltimer)
         e: gl.tensor                           # this call's epoch
         rank: gl.tensor
         M: gl.tensor
@@ -146,17 +147,28 @@ if HAVE_GLUON:
             return half, t, (t // TN) * BLOCK_M, (t // TN) * BLOCK_M, (t % TN) * BLOCK_N
 
     @gluon.jit
+    def _clock_ns():
+        """The GPU's global nanosecond timer (``%globaltimer``)."""
+        return gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False,
+                                         pack=1)
+
+    @gluon.jit
     def _wait_flag(ptr, target, src, status, bound):
-        """Spin (acquire, system scope) until *ptr >= target, at most ``bound`` polls; on timeout set
-        bit ``src`` of the status word (later waits then give up at once)."""
+        """Spin (acquire, system scope) until *ptr >= target, for at most ``bound`` ns of
+        ``%globaltimer`` (read every 64 polls); on timeout set bit ``src`` of the status word
+        (later waits then give up at once). A poll count was no bound: on two H100s 10 s of the
+        Triton kernels' polls took the WS consumers 112 s (tp2-s29b)."""
         v = gl.atomic_add(ptr, 0, sem="acquire", scope="sys")
         if v < target:
             dead = gl.atomic_add(status, 0, sem="relaxed", scope="gpu")
-            limit = gl.where(dead != 0, 0, bound)
+            end = _clock_ns() + gl.where(dead != 0, 0, bound).to(gl.int64)
+            late = (dead != 0).to(gl.int32)
             spins = 0
-            while (v < target) & (spins < limit):
+            while (v < target) & (late == 0):
                 v = gl.atomic_add(ptr, 0, sem="acquire", scope="sys")
                 spins += 1
+                if spins % 64 == 0:
+                    late = (_clock_ns() > end).to(gl.int32)
             if v < target:
                 gl.atomic_or(status, 1 << src, sem="relaxed", scope="gpu")
 
@@ -264,6 +276,10 @@ if HAVE_GLUON:
             pending = 0
             if row0 < p.M:   # M is a multiple of 64: a half tile is whole or absent
                 flag = (p.rank * T + t) * 2 + ROLE
+                if p.RS:   # our last sum's TMA store may still read the staging tile (the all-reduce's
+                    # next flag waits for it: _raise_flag); RS sends no sums, so wait here
+                    tma.store_wait(pendings=0)
+                    gl.thread_barrier()
                 if half == 0:   # A: our partial of the peer's tile, into its recv
                     stage.store(acc.to(dt))
                     fence_async_shared()

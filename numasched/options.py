@@ -163,7 +163,7 @@ class Options:
         fused_ws: the two-rank fused GEMM + all-reduce's and GEMM + reduce-scatter's tile pairs
             on Hopper by the warp-specialised Gluon kernel (True: kernels/dist_gemm_ar_ws.py) or
             the Triton ones (False), eager or captured; None: on for two ranks of Hopper GPUs
-            (matmul_all_reduce with out outside the heap; matmul_reduce_scatter where
+            (matmul_all_reduce's tile pairs, DIRECT included; matmul_reduce_scatter where
             distributed.cost.rs_ws_pays; distributed._ws.ws_wanted).
     """
 

@@ -258,7 +258,7 @@ def test_ws_collective_launch_paths_pass_the_same_geometry(monkeypatch):
     heap = torch.zeros(1 << 22, dtype=torch.bfloat16)
     out, recv = heap[:rows * N].view(rows, N), heap[rows * N:5 * rows * N].view(2, 2, rows, N)
     flags = torch.zeros(2, 2 * 8, dtype=torch.int64)
-    ctx = types.SimpleNamespace(rank=0, num_sms=132, max_spins=1000, device=torch.device("cpu"),
+    ctx = types.SimpleNamespace(rank=0, num_sms=132, max_spins=1000, timeout_s=10.0, device=torch.device("cpu"),
                                 heap_bases_host=[heap.data_ptr(), heap.data_ptr() + (1 << 30)],
                                 status=torch.zeros(1, dtype=torch.int32))
     plan = types.SimpleNamespace(launchers={}, launches=0)

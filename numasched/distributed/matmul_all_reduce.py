@@ -302,12 +302,12 @@ FUSED_BIG_TILE_ROWS = 256
 # against 175.1 us at 4096 x 4096 x 2048, 365.8 against 407.6 at x 7168, 533.9 against 576.5 at
 # 16384 rows; the TP 2 prefill 55.20 / 54.55 against 56.26 / 55.76 ms, tp2-s27f/, tp2-s27g/). On
 # by default there (WS None: numasched.distributed._ws.ws_wanted) since its launch is thin as the
-# Triton kernel's (numasched._launch.Launch: was Gluon's Python path, about 0.5 ms a call eager),
-# for out outside the heap: its sums exactly the Triton kernel's on two H100s (scripts/mar_sweep.py,
-# out poisoned, three shapes, tp2-s27f/). Not yet DIRECT (the sums stored into the peer's out in the
-# heap: the TP prefill's residual stream, 1.111-1.118x torch on two H100s against 1.075-1.088x,
-# tp2-s28c/, tp2-s28f/, tp2-s28g/): no GPU has checked its numbers (the dist_worker check of the
-# twenty-seventh session ran the Triton kernel at a shape without pairs; fixed, not yet run).
+# Triton kernel's (numasched._launch.Launch: was Gluon's Python path, about 0.5 ms a call eager).
+# Its sums are exactly the Triton kernel's on two H100s: out outside the heap (scripts/mar_sweep.py,
+# out poisoned, three shapes, tp2-s27f/) and DIRECT (the sums stored into the peer's out in the
+# heap: the TP prefill's residual stream; tests/dist_worker.py with a spy that the WS kernel ran,
+# tp2-s29b/). The TP 2 prefill: 1.111-1.118x torch on two H100s against the Triton kernel's
+# 1.075-1.088x (tp2-s28c/, tp2-s28f/, tp2-s28g/).
 # options.fused_ws (NUMASCHED_FUSED_WS=0|1) overrides, eager and captured, DIRECT included.
 FUSED_BIG_TILE = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3, per_sm=1, FLAT=True,
                       TMA_PUSH=False, WS=None)
@@ -459,8 +459,8 @@ class MatmulAllReduceFused(_Op):
                     and (c["N"] * out.element_size()) % 16 == 0)
 
         ws = c.get("WS")
-        if ws is None:   # the default: on two ranks of Hopper GPUs, not yet DIRECT (see FUSED_BIG_TILE)
-            ws = _ws.ws_wanted(ctx) and c.get("out_offset") is None
+        if ws is None:   # the default: on two ranks of Hopper GPUs (see FUSED_BIG_TILE)
+            ws = _ws.ws_wanted(ctx)
         if (ws and phase == "full" and pairs and use_tma and ctx.world == 2
                 and (c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"]) == (128, 256, 64)
                 and _ws.ws_ok(ctx, a, b_store, out, c["M"], c["N"], c["Kl"])):
