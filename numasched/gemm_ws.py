@@ -158,6 +158,9 @@ class WsGemmPlan:
         from numasched._launch import Launch
         from numasched.kernels.gemm_ws import gemm_ws_kernel
 
+        if (b.stride(1) != 1) != self.b_kmajor:   # the compiled B box is the plan's orientation
+            want = "the transpose of an (N, K) weight" if self.b_kmajor else "(K, N) row-major"
+            raise ValueError(f"b must be laid out as at plan time ({want}), got strides {tuple(b.stride())}")
         if (row_scale is not None) != self.row_scale:
             raise ValueError("row_scale must be given exactly when the plan was made with one")
         if out is None:

@@ -254,6 +254,10 @@ def test_ws_collective_launch_paths_pass_the_same_geometry(monkeypatch):
             self.fulls.append(full)
 
     monkeypatch.setattr(_launch, "Launch", Recorder)
+
+    def first_b_block(run):
+        return run.calls[0][1].block_shape
+
     rows, N, K = 256, 512, 128
     heap = torch.zeros(1 << 22, dtype=torch.bfloat16)
     out, recv = heap[:rows * N].view(rows, N), heap[rows * N:5 * rows * N].view(2, 2, rows, N)
@@ -270,6 +274,12 @@ def test_ws_collective_launch_paths_pass_the_same_geometry(monkeypatch):
         _ws.launch(ctx, plan, a=a, **kw)
     (run,) = [v for k, v in plan.launchers.items() if k[0] == "ws"]
     assert len(run.calls) == 3 and len(run.fulls) == 1 and plan.launches == 4
+    # B as (K, N) row-major on the same plan: a launch of its own (the compiled B box differs;
+    # sharing one gave wrong sums on two H100s), with (K, N) boxes
+    _ws.launch(ctx, plan, a=a1, **dict(kw, b_store=w.t().contiguous(), b_trans=False))
+    runs = {k[-1]: v for k, v in plan.launchers.items() if k[0] == "ws"}
+    assert set(runs) == {True, False} and len(run.calls) == 3
+    assert list(runs[False].calls[0][1].block_shape) == [64, 256] and list(first_b_block(run)) == [256, 64]
     first, second, fresh = run.calls
     assert run.fulls[0] == second   # the cached list is the second call's, reused as it is
 

@@ -73,7 +73,10 @@ def launch(ctx, plan, *, a, b_store, b_trans, out, recv, flags, epoch, counters,
     from . import cost
 
     rs_pairs = rs and cost.rs_ws_pairs(tiles, programs)
-    key = ("ws", residual, direct, rs, rs_pairs, programs)
+    # B's orientation is in the key: it decides the compiled kernel's B box ((N, K) or (K, N));
+    # one plan serves both (its key has no strides), and a kernel compiled for one misreads the
+    # other (the reduce-scatter's sums were wrong for the second layout: dist_worker, tp2-s29c)
+    key = ("ws", residual, direct, rs, rs_pairs, programs, bool(b_trans))
     run = plan.launchers.get(key)
     if run is None:
         run = Launch(matmul_all_reduce_ws_kernel, programs,
