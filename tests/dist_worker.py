@@ -613,11 +613,14 @@ def check_matmul_all_reduce(ctx, quick):
                 hh = ctx.alloc((M, N), BF, what="a residual")
                 hh.copy_(h0)
                 r = nd.matmul_all_reduce(a, w.T, ctx=ctx, impl="fused", residual=hh)
+                y2 = nd.matmul_all_reduce(a, w.T.contiguous(), ctx=ctx, impl="fused")   # B as (K, N)
                 res[ws] = (y.clone(), r.clone(), same_everywhere(y) and same_everywhere(r))
-                ok(rel(y, ref) < 1e-2 and torch.equal(r, h0 + y),
-                   f"fused_ws={ws} {(M, Kl, N)}: wrong ({rel(y, ref):.1e}, residual {rel(r, h0 + y):.1e})")
-            # WS: plain (through the receive slots), then DIRECT (the residual in the heap)
-            ok([t[:3] for t in took] == ([(False, False, False), (True, True, False)] if ws and W == 2 else []),
+                ok(rel(y, ref) < 1e-2 and torch.equal(r, h0 + y) and torch.equal(y2, y),
+                   f"fused_ws={ws} {(M, Kl, N)}: wrong ({rel(y, ref):.1e}, residual {rel(r, h0 + y):.1e}, "
+                   f"B as (K, N) {rel(y2, ref):.1e})")
+            # WS: plain (through the receive slots), DIRECT (the residual in the heap), B as (K, N)
+            ok([t[:3] for t in took] == ([(False, False, False), (True, True, False), (False, False, False)]
+                                         if ws and W == 2 else []),
                f"fused_ws={ws} {(M, Kl, N)}: WS launches {took}")
         ok(res[True][2], f"fused_ws {(M, Kl, N)}: ranks disagree")
         same = torch.equal(res[True][0], res[False][0]) and torch.equal(res[True][1], res[False][1])
