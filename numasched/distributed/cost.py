@@ -222,7 +222,13 @@ def gemm_collective_s(op: str, impl: str, M: int, N: int, K: int, dtype, world: 
         per_mb = SYMM_MEM_TAIL_US_PER_MB.get(op)
         if per_mb is not None and world == 2:   # measured on two ranks
             tail = max(tail, per_mb * moved / 2**20 - SYMM_MEM_TAIL_OFFSET_US)
-        return max(_symm_mem_min_us(op, world), tail + gemm_time_s(M, N, K, dtype, "torch") * 1e6) * 1e-6
+        g = gemm_time_s(M, N, K, dtype, "torch")
+        if op == "matmul_reduce_scatter":
+            # its cuBLAS GEMMs are one per destination rank, of a slice's rows each: two H100s,
+            # Llama-3-8B down at 768 rows took 120 us against 115 at 1024 (tp2-s29d), where the
+            # whole GEMM's model put it at 83 and auto ran it (0.75x the best)
+            g = max(g, world * gemm_time_s(shard, N, K, dtype, "torch"))
+        return max(_symm_mem_min_us(op, world), tail + g * 1e6) * 1e-6
     raise ValueError(f"unknown implementation {impl!r}")
 
 
