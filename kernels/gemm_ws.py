@@ -269,3 +269,174 @@ if HAVE_GLUON:
             (_consumer_hi, (p,)),
             (_loader, (p,)),
         ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+
+
+# ---------------------------------------------------------------------------------------------
+# Stream-K form: where a GEMM has too few 128 x BLOCK_N tiles to fill the GPU (a decode or
+# medium-M projection: 40 tiles at 512 x 2560), whole tiles leave SMs idle and split-K by a fixed
+# factor rounds badly. Here the T x KS iterations (tiles x K steps, tiles in grouped order) are cut
+# into P equal ranges, one per program: program p takes [p TOT / P, (p + 1) TOT / P). A range
+# holds whole tiles (stored as above) and at most two pieces of tiles shared with its neighbours.
+# A piece's fp32 partial goes to a workspace slot of its program (one for the piece at the range's
+# start, one for its end); the program that finishes a tile's last piece (an atomic ticket per
+# half tile) sums the tile's partials in the order of their programs, so the sum's bits do not
+# depend on which program came last, and resets the ticket for the next call (CUDA graphs).
+if HAVE_GLUON:
+
+    @aggregate
+    class SkArgs:
+        """What every partition of the stream-K kernel sees."""
+        a_desc: tma.tensor_descriptor
+        b_desc: tma.tensor_descriptor
+        c_desc: tma.tensor_descriptor
+        a_bufs: gl.shared_memory_descriptor
+        b_bufs: gl.shared_memory_descriptor
+        ready: gl.shared_memory_descriptor
+        empty: gl.shared_memory_descriptor
+        work: gl.tensor        # fp32 (P, 2 ends, 2 halves, 64, BLOCK_N) partials
+        tickets: gl.tensor     # int32 (2 T): zero between calls
+        M: gl.tensor
+        N: gl.tensor
+        K: gl.tensor
+        GROUP_M: gl.constexpr
+
+        @gluon.constexpr_function
+        def __init__(self, a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, work, tickets, M, N, K, GROUP_M):
+            self.a_desc, self.b_desc, self.c_desc = a_desc, b_desc, c_desc
+            self.a_bufs, self.b_bufs, self.ready, self.empty = a_bufs, b_bufs, ready, empty
+            self.work, self.tickets, self.M, self.N, self.K = work, tickets, M, N, K
+            self.GROUP_M = gl.constexpr(GROUP_M)
+
+    @gluon.jit
+    def _sk_geometry(p):
+        """(tiles across, tiles down, K steps, total iterations, this range's start and end)."""
+        BLOCK_M: gl.constexpr = p.a_desc.block_type.shape[0]
+        BLOCK_K: gl.constexpr = p.a_desc.block_type.shape[1]
+        BLOCK_N: gl.constexpr = p.c_desc.block_type.shape[1]
+        NM = gl.cdiv(p.M, BLOCK_M)
+        NN = gl.cdiv(p.N, BLOCK_N)
+        ks = gl.cdiv(p.K, BLOCK_K)
+        tot = NM * NN * ks
+        pid = gl.program_id(0)
+        P = gl.num_programs(0)
+        return NM, NN, ks, tot, (pid * tot) // P, ((pid + 1) * tot) // P
+
+    @gluon.jit
+    def _sk_owner(i, tot, P):
+        """The program whose range holds iteration i (the largest q with q tot / P <= i)."""
+        return ((i + 1) * P - 1) // tot
+
+    @gluon.jit
+    def _sk_loader(p):
+        """One warp: the TMA loads of this program's range, piece by piece."""
+        BLOCK_M: gl.constexpr = p.a_desc.block_type.shape[0]
+        BLOCK_K: gl.constexpr = p.a_desc.block_type.shape[1]
+        BLOCK_N: gl.constexpr = p.c_desc.block_type.shape[1]
+        NBYTES: gl.constexpr = p.a_desc.block_type.nbytes + p.b_desc.block_type.nbytes
+        NM, NN, ks, tot, start, end = _sk_geometry(p)
+        i = start
+        it = 0
+        while i < end:
+            t = i // ks
+            k0 = i - t * ks
+            k1 = gl.minimum(ks, end - t * ks)
+            tm, tn = _tile_of(t, NM, NN, p.GROUP_M)
+            for kk in range(k0, k1):
+                bar, s = _stage_a(p, it, tm * BLOCK_M, kk, NBYTES)
+                _load_b(p, tn * BLOCK_N, kk * BLOCK_K, bar, p.b_bufs.index(s))
+                it += 1
+            i = t * ks + k1
+
+    @gluon.jit
+    def _sk_consumer(p, ROLE: gl.constexpr):
+        """One warpgroup: rows [ROLE * 64, ROLE * 64 + 64) of every piece of this program's range."""
+        BLOCK_M: gl.constexpr = p.a_desc.block_type.shape[0]
+        BLOCK_N: gl.constexpr = p.c_desc.block_type.shape[1]
+        ROWS: gl.constexpr = p.c_desc.block_type.shape[0]
+        CH: gl.constexpr = 64   # the merge's column chunk (a 64 x 64 fp32 tile: 32 registers a thread)
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                             instr_shape=[16, BLOCK_N, 16])
+        ch_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, CH, 16])
+        c_smem = gl.allocate_shared_memory(p.c_desc.dtype, p.c_desc.block_type.shape, p.c_desc.layout)
+        NM, NN, ks, tot, start, end = _sk_geometry(p)
+        P = gl.num_programs(0)
+        pid = gl.program_id(0)
+        SLOT: gl.constexpr = ROWS * BLOCK_N
+        acc = gl.zeros((ROWS, BLOCK_N), gl.float32, acc_layout)
+        i = start
+        it = 0
+        while i < end:
+            t = i // ks
+            k0 = i - t * ks
+            k1 = gl.minimum(ks, end - t * ks)
+            tm, tn = _tile_of(t, NM, NN, p.GROUP_M)
+            prev = 0
+            for kk in range(k0, k1):
+                acc, s = _mma_step(p, acc, it, kk - k0, prev, ROLE, ROWS)
+                prev = s
+                it += 1
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            mbarrier.arrive(p.empty.index(prev), count=1, pred=k1 > k0)
+            row0 = tm * BLOCK_M + ROLE * ROWS
+            first = _sk_owner(t * ks, tot, P)
+            last = _sk_owner(t * ks + ks - 1, tot, P)
+            tma.store_wait(pendings=0)   # the previous tile's store has read c_smem
+            if first == last:   # the whole tile is this program's: store it
+                c_smem.store(acc.to(p.c_desc.dtype))
+                fence_async_shared()
+                tma.async_copy_shared_to_global(p.c_desc, [row0, tn * BLOCK_N], c_smem)
+            else:
+                # our piece's partial into our slot (0: the piece at our range's start, 1: its end)
+                end_slot = (i != start).to(gl.int32)
+                r_a = gl.arange(0, ROWS, layout=gl.SliceLayout(1, acc_layout))
+                c_a = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
+                gl.store(p.work + ((pid * 2 + end_slot) * 2 + ROLE) * SLOT + r_a[:, None] * BLOCK_N + c_a[None, :],
+                         acc)
+                gl.thread_barrier()
+                ticket = gl.atomic_add(p.tickets + t * 2 + ROLE, 1, sem="acq_rel", scope="gpu")
+                if ticket == last - first:   # the tile's last piece: sum every program's, in order
+                    gl.atomic_xchg(p.tickets + t * 2 + ROLE, 0, sem="relaxed", scope="gpu")
+                    r_c = gl.arange(0, ROWS, layout=gl.SliceLayout(1, ch_layout))
+                    c_c = gl.arange(0, CH, layout=gl.SliceLayout(0, ch_layout))
+                    offs_c = r_c[:, None] * BLOCK_N + c_c[None, :]
+                    for c in gl.static_range(BLOCK_N // CH):
+                        part = gl.zeros((ROWS, CH), gl.float32, ch_layout)
+                        for q in range(first, last + 1):
+                            q_end = (q * tot // P < t * ks).to(gl.int32)   # q's range began before this tile
+                            part += gl.load(p.work + ((q * 2 + q_end) * 2 + ROLE) * SLOT + c * CH + offs_c,
+                                            cache_modifier=".cg")
+                        c_smem.slice(c * CH, CH, dim=1).store(part.to(p.c_desc.dtype))
+                    fence_async_shared()
+                    tma.async_copy_shared_to_global(p.c_desc, [row0, tn * BLOCK_N], c_smem)
+            i = t * ks + k1
+        tma.store_wait(pendings=0)
+
+    @gluon.jit
+    def _sk_consumer_lo(p):
+        _sk_consumer(p, 0)
+
+    @gluon.jit
+    def _sk_consumer_hi(p):
+        _sk_consumer(p, 1)
+
+    @gluon.jit(do_not_specialize=["M", "N", "K"])
+    def gemm_ws_streamk_kernel(a_desc, b_desc, c_desc, work, tickets, M, N, K,
+                               STAGES: gl.constexpr, GROUP_M: gl.constexpr,
+                               CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr):
+        """C (M, N) = A (M, K) @ B (K, N) in the stream-K order above; P programs (at most one per
+        SM, at most T x KS), num_warps=4. ``work``: fp32, P x 2 x 2 x 64 x BLOCK_N; ``tickets``:
+        int32, 2 T, zero before the first call (each call leaves them zero)."""
+        a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
+        b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=2)
+        p = SkArgs(a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, work, tickets, M, N, K, GROUP_M)
+        gl.warp_specialize([
+            (_sk_consumer_lo, (p,)),
+            (_sk_consumer_hi, (p,)),
+            (_sk_loader, (p,)),
+        ], [4, 1], [CONSUMER_REGS, LOADER_REGS])

@@ -18,7 +18,7 @@ from typing import Optional
 import torch
 
 __all__ = ["WsConfig", "WsGemmPlan", "supported", "descriptor_type", "host_descriptor", "descriptor_maker",
-           "DeviceAddress", "DEFAULT_CONFIG", "GLU_CONFIG"]
+           "DeviceAddress", "DEFAULT_CONFIG", "GLU_CONFIG", "STREAMK_CONFIG", "streamk_ranges"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,7 @@ class WsConfig:
     loader_regs: int = 40
     maxnreg: int = 168   # 12 warps (3 warpgroups) x 168 = 64512 of the SM's 65536 registers
     glu: bool = False    # the SwiGLU form: a gate and an up box of block_n columns per stage
+    streamk: bool = False   # equal K ranges per program, partials summed in-kernel (kernels/gemm_ws.py)
 
     def smem_bytes(self, elem: int = 2) -> int:
         stage = (self.block_m + (2 if self.glu else 1) * self.block_n) * self.block_k * elem
@@ -41,6 +42,8 @@ class WsConfig:
 DEFAULT_CONFIG = WsConfig()
 # SwiGLU: 128 x 128 output tiles (a 128 x 256 tile of the gate/up GEMM), 4 stages of 48 KB
 GLU_CONFIG = WsConfig(block_n=128, stages=4, glu=True)
+# stream-K: the same tiles and ring, the iterations cut evenly over the SMs
+STREAMK_CONFIG = WsConfig(streamk=True)
 
 
 def descriptor_type(dtype: str, block) -> str:
@@ -151,6 +154,21 @@ class WsGemmPlan:
         tiles = -(-self.M // cfg.block_m) * -(-self.N // cfg.block_n)
         sms = torch.cuda.get_device_properties(a.device).multi_processor_count
         self.num_programs = max(1, min(tiles, num_programs or sms))
+        if cfg.streamk:
+            if cfg.glu or peer_out_ptr is not None or row_scale is not None:
+                raise ValueError("the stream-K form is for the plain GEMM (no glu, row_scale or peer copy)")
+            total = tiles * -(-self.K // cfg.block_k)
+            if total < 1:
+                raise ValueError(f"the stream-K form needs K >= 1, got K={self.K}")
+            self.num_programs = max(1, min(total, num_programs or sms))
+            if total * (self.num_programs + 1) >= 2**31:   # the kernel's range arithmetic is int32
+                raise ValueError(f"the stream-K form's iteration count ({total} on {self.num_programs} programs) "
+                                 "overflows int32; use the data-parallel config")
+            # fp32 partials: two slots (a range's first and last piece) of two 64-row halves a program;
+            # tickets per half tile, zero between calls (the kernel leaves them so)
+            self.work = torch.empty(self.num_programs * 4 * (cfg.block_m // 2) * cfg.block_n, device=a.device,
+                                    dtype=torch.float32)
+            self.tickets = torch.zeros(2 * tiles, device=a.device, dtype=torch.int32)
         self._launch = None
 
     def run(self, a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None,
@@ -166,6 +184,8 @@ class WsGemmPlan:
         if out is None:
             out = torch.empty(self.M, self.N, device=a.device, dtype=a.dtype)
         cfg = self.config
+        if cfg.streamk:
+            return self._run_streamk(a, b, out)
         if self._launch is None:   # the thin launch: Gluon's Python path once, then the C launcher
             self._launch = Launch(gemm_ws_kernel, self.num_programs,
                                   dict(STAGES=cfg.stages, GROUP_M=cfg.group_m, GLU=cfg.glu, ROW_SCALE=self.row_scale,
@@ -181,3 +201,41 @@ class WsGemmPlan:
                      else desc(b, b.shape, b.stride(), [cfg.block_k, cfg.block_n]),
                      c_d, peer, row_scale if row_scale is not None else out, self.M, self.N, self.K)
         return out
+
+    def _run_streamk(self, a, b, out):
+        from numasched._launch import Launch
+        from numasched.kernels.gemm_ws import gemm_ws_streamk_kernel
+
+        cfg = self.config
+        if self._launch is None:
+            self._launch = Launch(gemm_ws_streamk_kernel, self.num_programs,
+                                  dict(STAGES=cfg.stages, GROUP_M=cfg.group_m, CONSUMER_REGS=cfg.consumer_regs,
+                                       LOADER_REGS=cfg.loader_regs, num_warps=4, maxnreg=cfg.maxnreg),
+                                  device=a.device)
+        desc = descriptor_maker(self._launch)
+        bt = b.t()
+        self._launch(desc(a, a.shape, a.stride(), [cfg.block_m, cfg.block_k]),
+                     desc(bt, bt.shape, bt.stride(), [cfg.block_n, cfg.block_k]) if self.b_kmajor
+                     else desc(b, b.shape, b.stride(), [cfg.block_k, cfg.block_n]),
+                     desc(out, out.shape, out.stride(), [cfg.block_m // 2, cfg.block_n]),
+                     self.work, self.tickets, self.M, self.N, self.K)
+        return out
+
+
+def streamk_ranges(tiles: int, k_steps: int, programs: int):
+    """The stream-K kernel's schedule, as the kernel computes it: per program its (tile, first K
+    step, end K step) pieces, and per tile (first, last) owning programs. A host twin of
+    kernels/gemm_ws.py's range arithmetic for tests and the cost model."""
+    total = tiles * k_steps
+    owner = lambda i: ((i + 1) * programs - 1) // total  # noqa: E731
+    pieces = []
+    for p in range(programs):
+        start, end = p * total // programs, (p + 1) * total // programs
+        mine, i = [], start
+        while i < end:
+            t = i // k_steps
+            k1 = min(k_steps, end - t * k_steps)
+            mine.append((t, i - t * k_steps, k1))
+            i = t * k_steps + k1
+        pieces.append(mine)
+    return pieces, [(owner(t * k_steps), owner(t * k_steps + k_steps - 1)) for t in range(tiles)]

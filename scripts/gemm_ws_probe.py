@@ -4,7 +4,7 @@ One GPU, bf16, ``out = x @ w.T`` as F.linear has it (w is (N, K) row-major), CUD
 Each config of the kernel is first checked against the fp32 product of the same operands (its
 output poisoned with NaN before the call), then timed beside torch.matmul (cuBLAS) and
 numasched.matmul (the model's schedule). Run: python3 scripts/gemm_ws_probe.py [--shapes
-M:N:K,...] [--configs BN/STAGES/GROUP_M,...] [--b-rowmajor]
+M:N:K,...] [--configs BN/STAGES/GROUP_M|sk,...] [--b-rowmajor] ("sk": the stream-K form)
 """
 import argparse
 
@@ -31,9 +31,12 @@ def main():
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, numasched {numasched.__version__}")
     configs = []
     for c in args.configs.split(","):
+        if c == "sk":   # the stream-K form (128 x 256 tiles, 3 stages)
+            configs.append(WsConfig(streamk=True))
+            continue
         bn, st, gm = (int(x) for x in c.split("/"))
         configs.append(WsConfig(block_n=bn, stages=st, group_m=gm))
-    print(f"{'M x N x K':>22} {'cublas':>8} {'numasched':>9} " + " ".join(f"{c.block_n}/{c.stages}/{c.group_m}".rjust(10) for c in configs)
+    print(f"{'M x N x K':>22} {'cublas':>8} {'numasched':>9} " + " ".join(("sk" if c.streamk else f"{c.block_n}/{c.stages}/{c.group_m}").rjust(10) for c in configs)
           + "   best/cublas  TFLOP/s(best)  max rel err")
     for spec in args.shapes.split(","):
         M, N, K = (int(x) for x in spec.split(":"))

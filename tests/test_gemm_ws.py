@@ -10,6 +10,8 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 
 from numasched.gemm_ws import WsConfig, WsGemmPlan, supported
@@ -297,3 +299,86 @@ def test_ws_collective_launch_paths_pass_the_same_geometry(monkeypatch):
     # the peer's out and receive slots: this rank's offsets in the peer's heap
     assert geometry(first[3])[0] == ctx.heap_bases_host[1] + (out.data_ptr() - heap.data_ptr())
     assert geometry(first[5])[0] == ctx.heap_bases_host[1] + (recv.data_ptr() - heap.data_ptr())
+
+
+@settings(max_examples=200, deadline=None)
+@given(tiles=st.integers(1, 300), k_steps=st.integers(1, 200), sms=st.integers(1, 140))
+def test_streamk_ranges_cover_every_iteration_once(tiles, k_steps, sms):
+    """The stream-K schedule (numasched.gemm_ws.streamk_ranges, the kernel's arithmetic): every
+    (tile, K step) in exactly one program's range; a range holds at most two pieces of shared tiles
+    (its first and its last), the rest whole tiles; a tile's owners are the programs that hold a
+    piece of it, and the slot the merger reads for each (a range that began before the tile: its
+    last piece) is the slot that program wrote."""
+    from numasched.gemm_ws import streamk_ranges
+
+    programs = min(sms, tiles * k_steps)
+    pieces, owners = streamk_ranges(tiles, k_steps, programs)
+    seen = {}
+    total = tiles * k_steps
+    for p, mine in enumerate(pieces):
+        assert mine, "an empty range"
+        start = p * total // programs
+        shared = []
+        for j, (t, k0, k1) in enumerate(mine):
+            assert 0 <= k0 < k1 <= k_steps
+            for k in range(k0, k1):
+                assert (t, k) not in seen
+                seen[(t, k)] = p
+            first, last = owners[t]
+            if first != last:
+                shared.append(j)
+                slot = int(t * k_steps + k0 != start)          # the writer's slot
+                assert slot == int(p * total // programs < t * k_steps)   # the merger's rule
+            else:
+                assert (k0, k1) == (0, k_steps) and first == p
+        assert all(j in (0, len(mine) - 1) for j in shared)
+    assert len(seen) == total
+    for t, (first, last) in enumerate(owners):
+        assert {seen[(t, k)] for k in range(k_steps)} == set(range(first, last + 1))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("b_weight", [True, False])
+@pytest.mark.parametrize("M,N,K", [(1, 264, 72), (97, 520, 1000), (512, 2560, 8192), (300, 4096, 4096),
+                                   (1031, 1000, 3000), (128, 256, 64), (4096, 2048, 512)])
+def test_streamk_matches_float64_and_repeats_its_bits(M, N, K, b_weight, dtype):
+    from numasched.gemm_ws import STREAMK_CONFIG
+
+    torch.manual_seed(M + N + K)
+    a = torch.randn(M, K, device="cuda", dtype=dtype)
+    w = torch.randn(N, K, device="cuda", dtype=dtype)
+    b = w.t() if b_weight else w.t().contiguous()
+    out = torch.full((M, N), float("nan"), device="cuda", dtype=dtype)
+    plan = WsGemmPlan(a, b, out, config=STREAMK_CONFIG)
+    plan.run(a, b, out)
+    ref = a.double() @ b.double()
+    assert ((out.double() - ref).abs().max() / ref.abs().max()).item() < 1e-2
+    first = out.clone()
+    for _ in range(3):   # the tickets are back at zero; the merge order fixes the bits
+        out.fill_(float("nan"))
+        plan.run(a, b, out)
+        assert torch.equal(out, first)
+    assert not plan.tickets.any()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")
+def test_streamk_cuda_graph_replay_sees_new_inputs():
+    from numasched.gemm_ws import STREAMK_CONFIG
+
+    a = torch.randn(256, 5120, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(1536, 5120, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(256, 1536, device="cuda", dtype=torch.bfloat16)
+    plan = WsGemmPlan(a, w.t(), out, config=STREAMK_CONFIG)
+    plan.run(a, w.t(), out)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        plan.run(a, w.t(), out)
+    for _ in range(3):
+        a.copy_(torch.randn_like(a))
+        out.fill_(float("nan"))
+        g.replay()
+        ref = a.double() @ w.double().t()
+        assert ((out.double() - ref).abs().max() / ref.abs().max()).item() < 1e-2
