@@ -299,13 +299,15 @@ if HAVE_GLUON:
         N: gl.tensor
         K: gl.tensor
         GROUP_M: gl.constexpr
+        FIXUP: gl.constexpr    # False: partial pieces are dropped (a timing probe: wrong sums)
 
         @gluon.constexpr_function
-        def __init__(self, a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, work, tickets, M, N, K, GROUP_M):
+        def __init__(self, a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, work, tickets, M, N, K, GROUP_M,
+                     FIXUP):
             self.a_desc, self.b_desc, self.c_desc = a_desc, b_desc, c_desc
             self.a_bufs, self.b_bufs, self.ready, self.empty = a_bufs, b_bufs, ready, empty
             self.work, self.tickets, self.M, self.N, self.K = work, tickets, M, N, K
-            self.GROUP_M = gl.constexpr(GROUP_M)
+            self.GROUP_M, self.FIXUP = gl.constexpr(GROUP_M), gl.constexpr(FIXUP)
 
     @gluon.jit
     def _sk_geometry(p):
@@ -386,7 +388,7 @@ if HAVE_GLUON:
                 c_smem.store(acc.to(p.c_desc.dtype))
                 fence_async_shared()
                 tma.async_copy_shared_to_global(p.c_desc, [row0, tn * BLOCK_N], c_smem)
-            else:
+            elif p.FIXUP:
                 # our piece's partial into our slot (0: the piece at our range's start, 1: its end)
                 end_slot = (i != start).to(gl.int32)
                 r_a = gl.arange(0, ROWS, layout=gl.SliceLayout(1, acc_layout))
@@ -423,7 +425,7 @@ if HAVE_GLUON:
     @gluon.jit(do_not_specialize=["M", "N", "K"])
     def gemm_ws_streamk_kernel(a_desc, b_desc, c_desc, work, tickets, M, N, K,
                                STAGES: gl.constexpr, GROUP_M: gl.constexpr,
-                               CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr):
+                               CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, FIXUP: gl.constexpr = True):
         """C (M, N) = A (M, K) @ B (K, N) in the stream-K order above; P programs (at most one per
         SM, at most T x KS), num_warps=4. ``work``: fp32, P x 2 x 2 x 64 x BLOCK_N; ``tickets``:
         int32, 2 T, zero before the first call (each call leaves them zero)."""
@@ -434,7 +436,7 @@ if HAVE_GLUON:
         for i in gl.static_range(STAGES):
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=2)
-        p = SkArgs(a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, work, tickets, M, N, K, GROUP_M)
+        p = SkArgs(a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, work, tickets, M, N, K, GROUP_M, FIXUP)
         gl.warp_specialize([
             (_sk_consumer_lo, (p,)),
             (_sk_consumer_hi, (p,)),

@@ -169,6 +169,7 @@ class WsGemmPlan:
             self.work = torch.empty(self.num_programs * 4 * (cfg.block_m // 2) * cfg.block_n, device=a.device,
                                     dtype=torch.float32)
             self.tickets = torch.zeros(2 * tiles, device=a.device, dtype=torch.int32)
+            self.fixup = True   # False: a timing probe that drops the partial pieces (scripts/gemm_sk_probe.py)
         self._launch = None
 
     def run(self, a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None,
@@ -210,7 +211,8 @@ class WsGemmPlan:
         if self._launch is None:
             self._launch = Launch(gemm_ws_streamk_kernel, self.num_programs,
                                   dict(STAGES=cfg.stages, GROUP_M=cfg.group_m, CONSUMER_REGS=cfg.consumer_regs,
-                                       LOADER_REGS=cfg.loader_regs, num_warps=4, maxnreg=cfg.maxnreg),
+                                       LOADER_REGS=cfg.loader_regs, FIXUP=self.fixup, num_warps=4,
+                                       maxnreg=cfg.maxnreg),
                                   device=a.device)
         desc = descriptor_maker(self._launch)
         bt = b.t()
