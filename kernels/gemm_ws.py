@@ -355,7 +355,7 @@ if HAVE_GLUON:
         BLOCK_M: gl.constexpr = p.a_desc.block_type.shape[0]
         BLOCK_N: gl.constexpr = p.c_desc.block_type.shape[1]
         ROWS: gl.constexpr = p.c_desc.block_type.shape[0]
-        CH: gl.constexpr = 64   # the merge's column chunk (a 64 x 64 fp32 tile: 32 registers a thread)
+        CH: gl.constexpr = BLOCK_N // 2   # the merge's column chunk (64 x 128 fp32: 64 registers a thread)
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                              instr_shape=[16, BLOCK_N, 16])
         ch_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -365,7 +365,6 @@ if HAVE_GLUON:
         P = gl.num_programs(0)
         pid = gl.program_id(0)
         SLOT: gl.constexpr = ROWS * BLOCK_N
-        acc = gl.zeros((ROWS, BLOCK_N), gl.float32, acc_layout)
         i = start
         it = 0
         while i < end:
@@ -373,6 +372,9 @@ if HAVE_GLUON:
             k0 = i - t * ks
             k1 = gl.minimum(ks, end - t * ks)
             tm, tn = _tile_of(t, NM, NN, p.GROUP_M)
+            # a piece's own accumulator (its first wgmma ignores it): dead during the merge below,
+            # whose loads then have the registers
+            acc = gl.zeros((ROWS, BLOCK_N), gl.float32, acc_layout)
             prev = 0
             for kk in range(k0, k1):
                 acc, s = _mma_step(p, acc, it, kk - k0, prev, ROLE, ROWS)
@@ -388,7 +390,7 @@ if HAVE_GLUON:
                 c_smem.store(acc.to(p.c_desc.dtype))
                 fence_async_shared()
                 tma.async_copy_shared_to_global(p.c_desc, [row0, tn * BLOCK_N], c_smem)
-            elif p.FIXUP:
+            elif p.FIXUP & (row0 < p.M):   # (a half tile below M: nothing to store, no ticket)
                 # our piece's partial into our slot (0: the piece at our range's start, 1: its end)
                 end_slot = (i != start).to(gl.int32)
                 r_a = gl.arange(0, ROWS, layout=gl.SliceLayout(1, acc_layout))
@@ -403,11 +405,19 @@ if HAVE_GLUON:
                     c_c = gl.arange(0, CH, layout=gl.SliceLayout(0, ch_layout))
                     offs_c = r_c[:, None] * BLOCK_N + c_c[None, :]
                     for c in gl.static_range(BLOCK_N // CH):
+                        # two programs' partials in flight at once (the merge is latency-bound:
+                        # one at a time it cost 30-50 us on an H100), added in program order
                         part = gl.zeros((ROWS, CH), gl.float32, ch_layout)
-                        for q in range(first, last + 1):
-                            q_end = (q * tot // P < t * ks).to(gl.int32)   # q's range began before this tile
-                            part += gl.load(p.work + ((q * 2 + q_end) * 2 + ROLE) * SLOT + c * CH + offs_c,
-                                            cache_modifier=".cg")
+                        for q in range(first, last + 1, 2):
+                            q2 = gl.minimum(q + 1, last)
+                            e1 = (q * tot // P < t * ks).to(gl.int32)   # q's range began before this tile
+                            e2 = (q2 * tot // P < t * ks).to(gl.int32)
+                            l1 = gl.load(p.work + ((q * 2 + e1) * 2 + ROLE) * SLOT + c * CH + offs_c,
+                                         cache_modifier=".cg")
+                            l2 = gl.load(p.work + ((q2 * 2 + e2) * 2 + ROLE) * SLOT + c * CH + offs_c,
+                                         cache_modifier=".cg")
+                            part = part + l1
+                            part = part + gl.where(q + 1 <= last, l2, 0.0)
                         c_smem.slice(c * CH, CH, dim=1).store(part.to(p.c_desc.dtype))
                     fence_async_shared()
                     tma.async_copy_shared_to_global(p.c_desc, [row0, tn * BLOCK_N], c_smem)
