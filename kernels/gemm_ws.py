@@ -390,37 +390,38 @@ if HAVE_GLUON:
                 c_smem.store(acc.to(p.c_desc.dtype))
                 fence_async_shared()
                 tma.async_copy_shared_to_global(p.c_desc, [row0, tn * BLOCK_N], c_smem)
-            elif p.FIXUP & (row0 < p.M):   # (a half tile below M: nothing to store, no ticket)
-                # our piece's partial into our slot (0: the piece at our range's start, 1: its end)
-                end_slot = (i != start).to(gl.int32)
-                r_a = gl.arange(0, ROWS, layout=gl.SliceLayout(1, acc_layout))
-                c_a = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
-                gl.store(p.work + ((pid * 2 + end_slot) * 2 + ROLE) * SLOT + r_a[:, None] * BLOCK_N + c_a[None, :],
-                         acc)
-                gl.thread_barrier()
-                ticket = gl.atomic_add(p.tickets + t * 2 + ROLE, 1, sem="acq_rel", scope="gpu")
-                if ticket == last - first:   # the tile's last piece: sum every program's, in order
-                    gl.atomic_xchg(p.tickets + t * 2 + ROLE, 0, sem="relaxed", scope="gpu")
-                    r_c = gl.arange(0, ROWS, layout=gl.SliceLayout(1, ch_layout))
-                    c_c = gl.arange(0, CH, layout=gl.SliceLayout(0, ch_layout))
-                    offs_c = r_c[:, None] * BLOCK_N + c_c[None, :]
-                    for c in gl.static_range(BLOCK_N // CH):
-                        # two programs' partials in flight at once (the merge is latency-bound:
-                        # one at a time it cost 30-50 us on an H100), added in program order
-                        part = gl.zeros((ROWS, CH), gl.float32, ch_layout)
-                        for q in range(first, last + 1, 2):
-                            q2 = gl.minimum(q + 1, last)
-                            e1 = (q * tot // P < t * ks).to(gl.int32)   # q's range began before this tile
-                            e2 = (q2 * tot // P < t * ks).to(gl.int32)
-                            l1 = gl.load(p.work + ((q * 2 + e1) * 2 + ROLE) * SLOT + c * CH + offs_c,
-                                         cache_modifier=".cg")
-                            l2 = gl.load(p.work + ((q2 * 2 + e2) * 2 + ROLE) * SLOT + c * CH + offs_c,
-                                         cache_modifier=".cg")
-                            part = part + l1
-                            part = part + gl.where(q + 1 <= last, l2, 0.0)
-                        c_smem.slice(c * CH, CH, dim=1).store(part.to(p.c_desc.dtype))
-                    fence_async_shared()
-                    tma.async_copy_shared_to_global(p.c_desc, [row0, tn * BLOCK_N], c_smem)
+            elif p.FIXUP:   # (constexpr: the probe without it drops partial pieces)
+                if row0 < p.M:   # (a half tile below M: nothing to store, no ticket)
+                    # our piece's partial into our slot (0: the piece at our range's start, 1: its end)
+                    end_slot = (i != start).to(gl.int32)
+                    r_a = gl.arange(0, ROWS, layout=gl.SliceLayout(1, acc_layout))
+                    c_a = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
+                    gl.store(p.work + ((pid * 2 + end_slot) * 2 + ROLE) * SLOT + r_a[:, None] * BLOCK_N + c_a[None, :],
+                             acc)
+                    gl.thread_barrier()
+                    ticket = gl.atomic_add(p.tickets + t * 2 + ROLE, 1, sem="acq_rel", scope="gpu")
+                    if ticket == last - first:   # the tile's last piece: sum every program's, in order
+                        gl.atomic_xchg(p.tickets + t * 2 + ROLE, 0, sem="relaxed", scope="gpu")
+                        r_c = gl.arange(0, ROWS, layout=gl.SliceLayout(1, ch_layout))
+                        c_c = gl.arange(0, CH, layout=gl.SliceLayout(0, ch_layout))
+                        offs_c = r_c[:, None] * BLOCK_N + c_c[None, :]
+                        for c in gl.static_range(BLOCK_N // CH):
+                            # two programs' partials in flight at once (the merge is latency-bound:
+                            # one at a time it cost 30-50 us on an H100), added in program order
+                            part = gl.zeros((ROWS, CH), gl.float32, ch_layout)
+                            for q in range(first, last + 1, 2):
+                                q2 = gl.minimum(q + 1, last)
+                                e1 = (q * tot // P < t * ks).to(gl.int32)   # q's range began before this tile
+                                e2 = (q2 * tot // P < t * ks).to(gl.int32)
+                                l1 = gl.load(p.work + ((q * 2 + e1) * 2 + ROLE) * SLOT + c * CH + offs_c,
+                                             cache_modifier=".cg")
+                                l2 = gl.load(p.work + ((q2 * 2 + e2) * 2 + ROLE) * SLOT + c * CH + offs_c,
+                                             cache_modifier=".cg")
+                                part = part + l1
+                                part = part + gl.where(q + 1 <= last, l2, 0.0)
+                            c_smem.slice(c * CH, CH, dim=1).store(part.to(p.c_desc.dtype))
+                        fence_async_shared()
+                        tma.async_copy_shared_to_global(p.c_desc, [row0, tn * BLOCK_N], c_smem)
             i = t * ks + k1
         tma.store_wait(pendings=0)
 
