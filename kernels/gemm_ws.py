@@ -299,7 +299,7 @@ if HAVE_GLUON:
         N: gl.tensor
         K: gl.tensor
         GROUP_M: gl.constexpr
-        FIXUP: gl.constexpr    # False: partial pieces are dropped (a timing probe: wrong sums)
+        FIXUP: gl.constexpr    # 1; a timing probe's 0 / 2 / 3 (see _sk_consumer): wrong sums
 
         @gluon.constexpr_function
         def __init__(self, a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, work, tickets, M, N, K, GROUP_M,
@@ -390,7 +390,8 @@ if HAVE_GLUON:
                 c_smem.store(acc.to(p.c_desc.dtype))
                 fence_async_shared()
                 tma.async_copy_shared_to_global(p.c_desc, [row0, tn * BLOCK_N], c_smem)
-            elif p.FIXUP:   # (constexpr: the probe without it drops partial pieces)
+            elif p.FIXUP > 0:   # (constexpr: the probe's 0 drops partial pieces, 3 stores them only,
+                # 2 stores them and takes tickets: timing only)
                 if row0 < p.M:   # (a half tile below M: nothing to store, no ticket)
                     # our piece's partial into our slot (0: the piece at our range's start, 1: its end)
                     end_slot = (i != start).to(gl.int32)
@@ -398,30 +399,37 @@ if HAVE_GLUON:
                     c_a = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
                     gl.store(p.work + ((pid * 2 + end_slot) * 2 + ROLE) * SLOT + r_a[:, None] * BLOCK_N + c_a[None, :],
                              acc)
-                    gl.thread_barrier()
-                    ticket = gl.atomic_add(p.tickets + t * 2 + ROLE, 1, sem="acq_rel", scope="gpu")
-                    if ticket == last - first:   # the tile's last piece: sum every program's, in order
-                        gl.atomic_xchg(p.tickets + t * 2 + ROLE, 0, sem="relaxed", scope="gpu")
-                        r_c = gl.arange(0, ROWS, layout=gl.SliceLayout(1, ch_layout))
-                        c_c = gl.arange(0, CH, layout=gl.SliceLayout(0, ch_layout))
-                        offs_c = r_c[:, None] * BLOCK_N + c_c[None, :]
-                        for c in gl.static_range(BLOCK_N // CH):
-                            # two programs' partials in flight at once (the merge is latency-bound:
-                            # one at a time it cost 30-50 us on an H100), added in program order
-                            part = gl.zeros((ROWS, CH), gl.float32, ch_layout)
-                            for q in range(first, last + 1, 2):
-                                q2 = gl.minimum(q + 1, last)
-                                e1 = (q * tot // P < t * ks).to(gl.int32)   # q's range began before this tile
-                                e2 = (q2 * tot // P < t * ks).to(gl.int32)
-                                l1 = gl.load(p.work + ((q * 2 + e1) * 2 + ROLE) * SLOT + c * CH + offs_c,
-                                             cache_modifier=".cg")
-                                l2 = gl.load(p.work + ((q2 * 2 + e2) * 2 + ROLE) * SLOT + c * CH + offs_c,
-                                             cache_modifier=".cg")
-                                part = part + l1
-                                part = part + gl.where(q + 1 <= last, l2, 0.0)
-                            c_smem.slice(c * CH, CH, dim=1).store(part.to(p.c_desc.dtype))
-                        fence_async_shared()
-                        tma.async_copy_shared_to_global(p.c_desc, [row0, tn * BLOCK_N], c_smem)
+                    if p.FIXUP != 3:
+                        gl.thread_barrier()
+                        ticket = gl.atomic_add(p.tickets + t * 2 + ROLE, 1, sem="acq_rel", scope="gpu")
+                    else:
+                        ticket = 0
+                    if p.FIXUP == 2:   # the probe's tickets: reset each call
+                        if ticket == last - first:
+                            gl.atomic_xchg(p.tickets + t * 2 + ROLE, 0, sem="relaxed", scope="gpu")
+                    if p.FIXUP == 1:
+                        if ticket == last - first:   # the tile's last piece: sum every program's, in order
+                            gl.atomic_xchg(p.tickets + t * 2 + ROLE, 0, sem="relaxed", scope="gpu")
+                            r_c = gl.arange(0, ROWS, layout=gl.SliceLayout(1, ch_layout))
+                            c_c = gl.arange(0, CH, layout=gl.SliceLayout(0, ch_layout))
+                            offs_c = r_c[:, None] * BLOCK_N + c_c[None, :]
+                            for c in gl.static_range(BLOCK_N // CH):
+                                # two programs' partials in flight at once (the merge is latency-bound:
+                                # one at a time it cost 30-50 us on an H100), added in program order
+                                part = gl.zeros((ROWS, CH), gl.float32, ch_layout)
+                                for q in range(first, last + 1, 2):
+                                    q2 = gl.minimum(q + 1, last)
+                                    e1 = (q * tot // P < t * ks).to(gl.int32)   # q's range began before this tile
+                                    e2 = (q2 * tot // P < t * ks).to(gl.int32)
+                                    l1 = gl.load(p.work + ((q * 2 + e1) * 2 + ROLE) * SLOT + c * CH + offs_c,
+                                                 cache_modifier=".cg")
+                                    l2 = gl.load(p.work + ((q2 * 2 + e2) * 2 + ROLE) * SLOT + c * CH + offs_c,
+                                                 cache_modifier=".cg")
+                                    part = part + l1
+                                    part = part + gl.where(q + 1 <= last, l2, 0.0)
+                                c_smem.slice(c * CH, CH, dim=1).store(part.to(p.c_desc.dtype))
+                            fence_async_shared()
+                            tma.async_copy_shared_to_global(p.c_desc, [row0, tn * BLOCK_N], c_smem)
             i = t * ks + k1
         tma.store_wait(pendings=0)
 
@@ -436,7 +444,7 @@ if HAVE_GLUON:
     @gluon.jit(do_not_specialize=["M", "N", "K"])
     def gemm_ws_streamk_kernel(a_desc, b_desc, c_desc, work, tickets, M, N, K,
                                STAGES: gl.constexpr, GROUP_M: gl.constexpr,
-                               CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, FIXUP: gl.constexpr = True):
+                               CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, FIXUP: gl.constexpr = 1):
         """C (M, N) = A (M, K) @ B (K, N) in the stream-K order above; P programs (at most one per
         SM, at most T x KS), num_warps=4. ``work``: fp32, P x 2 x 2 x 64 x BLOCK_N; ``tickets``:
         int32, 2 T, zero before the first call (each call leaves them zero)."""

@@ -169,7 +169,7 @@ class WsGemmPlan:
             self.work = torch.empty(self.num_programs * 4 * (cfg.block_m // 2) * cfg.block_n, device=a.device,
                                     dtype=torch.float32)
             self.tickets = torch.zeros(2 * tiles, device=a.device, dtype=torch.int32)
-            self.fixup = True   # False: a timing probe that drops the partial pieces (scripts/gemm_sk_probe.py)
+            self.fixup = 1   # a timing probe's 0, 2, 3 (kernels/gemm_ws.py; scripts/gemm_sk_probe.py): wrong sums
         self._launch = None
 
     def run(self, a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None,

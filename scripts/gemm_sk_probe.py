@@ -1,6 +1,7 @@
 """Where the stream-K form of the WS GEMM (kernels/gemm_ws.py) spends its time, one GPU, bf16,
 out = x @ w.T, CUDA-graph replays, us: cuBLAS, the data-parallel WS kernel, stream-K on every SM,
-stream-K without its fix-up (partial pieces dropped: wrong sums, timing only), and stream-K on
+stream-K without its fix-up (partial pieces dropped: wrong sums, timing only), with the
+partials stored only, stored and ticketed (no merge), and stream-K on
 fewer programs, with a loader of 88 registers, and with 128 x 128 tiles in 4 stages. Run: python3 scripts/gemm_sk_probe.py [--shapes M:N:K,...]"""
 import argparse
 
@@ -19,7 +20,7 @@ def main():
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     print(f"device {torch.cuda.get_device_name()}, {sms} SMs")
-    print(f"{'M x N x K':>20} {'cublas':>8} {'dp':>8} {'sk':>8} {'sk-nofix':>9} {'sk-P/2':>8} {'sk-P/4':>8} {'sk-L88':>8} {'sk-s4':>8}  err(sk)")
+    print(f"{'M x N x K':>20} {'cublas':>8} {'dp':>8} {'sk':>8} {'sk-nofix':>9} {'sk-store':>8} {'sk-tkt':>8} {'sk-P/2':>8} {'sk-P/4':>8} {'sk-L88':>8} {'sk-s4':>8}  err(sk)")
     for spec in args.shapes.split(","):
         M, N, K = (int(v) for v in spec.split(":"))
         x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
@@ -34,9 +35,10 @@ def main():
         sk.run(x, w.t(), out)
         err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
         t["sk"] = graph_replay_ms(lambda: sk.run(x, w.t(), out)) * 1e3
-        nofix = WsGemmPlan(x, w.t(), out, config=STREAMK_CONFIG)
-        nofix.fixup = False
-        t["nofix"] = graph_replay_ms(lambda: nofix.run(x, w.t(), out)) * 1e3
+        for mode in (0, 3, 2):   # partial pieces dropped; stored only; stored and ticketed (no merge)
+            probe = WsGemmPlan(x, w.t(), out, config=STREAMK_CONFIG)
+            probe.fixup = mode
+            t[f"fix{mode}"] = graph_replay_ms(lambda: probe.run(x, w.t(), out)) * 1e3
         for d in (2, 4):
             pl = WsGemmPlan(x, w.t(), out, config=STREAMK_CONFIG, num_programs=sms // d)
             t[f"p{d}"] = graph_replay_ms(lambda: pl.run(x, w.t(), out)) * 1e3
