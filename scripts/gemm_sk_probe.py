@@ -1,8 +1,9 @@
 """Where the stream-K form of the WS GEMM (kernels/gemm_ws.py) spends its time, one GPU, bf16,
-out = x @ w.T, CUDA-graph replays, us: cuBLAS, the data-parallel WS kernel, stream-K on every SM,
-stream-K without its fix-up (partial pieces dropped: wrong sums, timing only), with the
-partials stored only, stored and ticketed (no merge), and stream-K on
-fewer programs, with a loader of 88 registers, and with 128 x 128 tiles in 4 stages. Run: python3 scripts/gemm_sk_probe.py [--shapes M:N:K,...]"""
+out = x @ w.T, CUDA-graph replays, us: cuBLAS, the data-parallel WS kernel, stream-K on every SM;
+then timing-only forms with wrong sums: partial pieces dropped (no fix-up), partials stored only,
+stored and ticketed (no merge); stream-K on a half and a quarter of the SMs, with a loader of 88
+registers, and with 128 x 128 tiles in 4 stages. Run: python3 scripts/gemm_sk_probe.py
+[--shapes M:N:K,...]"""
 import argparse
 
 import torch
@@ -20,7 +21,8 @@ def main():
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     print(f"device {torch.cuda.get_device_name()}, {sms} SMs")
-    print(f"{'M x N x K':>20} {'cublas':>8} {'dp':>8} {'sk':>8} {'sk-nofix':>9} {'sk-store':>8} {'sk-tkt':>8} {'sk-P/2':>8} {'sk-P/4':>8} {'sk-L88':>8} {'sk-s4':>8}  err(sk)")
+    cols = ("cublas", "dp", "sk", "sk-nofix", "sk-store", "sk-tkt", "sk-P/2", "sk-P/4", "sk-L88", "sk-s4")
+    print(f"{'M x N x K':>20} " + " ".join(f"{c:>8}" for c in cols) + "  err(sk)")
     for spec in args.shapes.split(","):
         M, N, K = (int(v) for v in spec.split(":"))
         x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
