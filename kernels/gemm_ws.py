@@ -294,20 +294,26 @@ if HAVE_GLUON:
         ready: gl.shared_memory_descriptor
         empty: gl.shared_memory_descriptor
         work: gl.tensor        # fp32 (P, 2 ends, 2 halves, 64, BLOCK_N) partials
-        tickets: gl.tensor     # int32 (2 T): zero between calls
+        tickets: gl.tensor     # int32 (2, 2 T): per half tile, arrivals then departures (MERGE 1); zero between calls
+        c_ptr: gl.tensor       # C itself (MERGE 1 stores its row bands with plain stores)
+        stride_cm: gl.tensor
+        status: gl.tensor      # int32: bit 0 set when a MERGE 1 wait ran out of time
+        bound: gl.tensor       # ns a MERGE 1 wait may take (%globaltimer)
         M: gl.tensor
         N: gl.tensor
         K: gl.tensor
         GROUP_M: gl.constexpr
         FIXUP: gl.constexpr    # 1; a timing probe's 0 / 2 / 3 (see _sk_consumer): wrong sums
+        MERGE: gl.constexpr    # 0: the tile's last piece sums it; 1: every contributor sums a band of rows
 
         @gluon.constexpr_function
-        def __init__(self, a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, work, tickets, M, N, K, GROUP_M,
-                     FIXUP):
+        def __init__(self, a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, work, tickets, c_ptr, stride_cm,
+                     status, bound, M, N, K, GROUP_M, FIXUP, MERGE):
             self.a_desc, self.b_desc, self.c_desc = a_desc, b_desc, c_desc
             self.a_bufs, self.b_bufs, self.ready, self.empty = a_bufs, b_bufs, ready, empty
             self.work, self.tickets, self.M, self.N, self.K = work, tickets, M, N, K
-            self.GROUP_M, self.FIXUP = gl.constexpr(GROUP_M), gl.constexpr(FIXUP)
+            self.c_ptr, self.stride_cm, self.status, self.bound = c_ptr, stride_cm, status, bound
+            self.GROUP_M, self.FIXUP, self.MERGE = gl.constexpr(GROUP_M), gl.constexpr(FIXUP), gl.constexpr(MERGE)
 
     @gluon.jit
     def _sk_geometry(p):
@@ -404,6 +410,8 @@ if HAVE_GLUON:
                         ticket = gl.atomic_add(p.tickets + t * 2 + ROLE, 1, sem="acq_rel", scope="gpu")
                     else:
                         ticket = 0
+                    if p.MERGE == 1:   # the arrival only: the bands are summed after the range (below)
+                        ticket = -1
                     if p.FIXUP == 2:   # the probe's tickets: reset each call
                         if ticket == last - first:
                             gl.atomic_xchg(p.tickets + t * 2 + ROLE, 0, sem="relaxed", scope="gpu")
@@ -432,6 +440,81 @@ if HAVE_GLUON:
                             tma.async_copy_shared_to_global(p.c_desc, [row0, tn * BLOCK_N], c_smem)
             i = t * ks + k1
         tma.store_wait(pendings=0)
+        if p.MERGE == 1:
+            if p.FIXUP == 1:
+                _sk_band_merge(p, ROLE, NM, NN, ks, tot, start, end)
+
+    @gluon.jit
+    def _sk_band_merge(p, ROLE: gl.constexpr, NM, NN, ks, tot, start, end):
+        """MERGE 1: after its range, a program takes a share of each tile it shares (its range's first
+        and last piece): once every contributor's partial has arrived (a bounded acquire poll), it
+        sums rows bands j, j + n, ... of the tile's n partials in program order and stores them into
+        C; the last to leave resets the tile's two counters. Every contributor reads 1 / n of the
+        partials, where the tile's last piece read them all (MERGE 0): the merge's bytes spread over
+        n SMs instead of one. All ranges end together, so the waits are short."""
+        BLOCK_M: gl.constexpr = p.a_desc.block_type.shape[0]
+        BLOCK_N: gl.constexpr = p.c_desc.block_type.shape[1]
+        ROWS: gl.constexpr = p.c_desc.block_type.shape[0]
+        RB: gl.constexpr = 8                      # rows of a band: 8 x BLOCK_N fp32, 16 a thread
+        SLOT: gl.constexpr = ROWS * BLOCK_N
+        band: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
+        rr = gl.arange(0, RB, layout=gl.SliceLayout(1, band))
+        cc = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, band))
+        offs = rr[:, None] * BLOCK_N + cc[None, :]
+        pid = gl.program_id(0)
+        P = gl.num_programs(0)
+        T = NM * NN
+        t0 = start // ks
+        t_last = (end - 1) // ks
+        for which in gl.static_range(2):
+            t = t0 if which == 0 else t_last
+            first = _sk_owner(t * ks, tot, P)
+            last = _sk_owner(t * ks + ks - 1, tot, P)
+            tm, tn = _tile_of(t, NM, NN, p.GROUP_M)
+            row0 = tm * BLOCK_M + ROLE * ROWS
+            mine = (first != last) & (row0 < p.M) & ((which == 0) | (t_last != t0))
+            if mine:
+                n = last - first + 1
+                arrived = p.tickets + t * 2 + ROLE
+                v = gl.atomic_add(arrived, 0, sem="acquire", scope="gpu")
+                if v < n:
+                    stop = _sk_clock_ns() + p.bound
+                    late = 0
+                    spins = 0
+                    while (v < n) & (late == 0):
+                        v = gl.atomic_add(arrived, 0, sem="acquire", scope="gpu")
+                        spins += 1
+                        if spins % 64 == 0:
+                            late = (_sk_clock_ns() > stop).to(gl.int32)
+                    if v < n:
+                        gl.atomic_or(p.status, 1, sem="relaxed", scope="gpu")
+                cols = tn * BLOCK_N + cc
+                for b in range(pid - first, ROWS // RB, n):
+                    part = gl.zeros((RB, BLOCK_N), gl.float32, band)
+                    for q in range(first, last + 1, 2):   # two programs' partials in flight, in order
+                        q2 = gl.minimum(q + 1, last)
+                        e1 = (q * tot // P < t * ks).to(gl.int32)   # q's range began before this tile
+                        e2 = (q2 * tot // P < t * ks).to(gl.int32)
+                        l1 = gl.load(p.work + ((q * 2 + e1) * 2 + ROLE) * SLOT + b * RB * BLOCK_N + offs,
+                                     cache_modifier=".cg")
+                        l2 = gl.load(p.work + ((q2 * 2 + e2) * 2 + ROLE) * SLOT + b * RB * BLOCK_N + offs,
+                                     cache_modifier=".cg")
+                        part = part + l1
+                        part = part + gl.where(q + 1 <= last, l2, 0.0)
+                    rows = row0 + b * RB + rr
+                    gl.store(p.c_ptr + rows[:, None] * p.stride_cm + cols[None, :], part.to(p.c_ptr.dtype.element_ty),
+                             mask=(rows[:, None] < p.M) & (cols[None, :] < p.N))
+                gl.thread_barrier()
+                gone = gl.atomic_add(p.tickets + 2 * T + t * 2 + ROLE, 1, sem="acq_rel", scope="gpu")
+                if gone == n - 1:   # everyone has passed the wait: ready for the next call
+                    gl.atomic_xchg(arrived, 0, sem="relaxed", scope="gpu")
+                    gl.atomic_xchg(p.tickets + 2 * T + t * 2 + ROLE, 0, sem="relaxed", scope="gpu")
+
+    @gluon.jit
+    def _sk_clock_ns():
+        """The GPU's global nanosecond timer (``%globaltimer``)."""
+        return gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False,
+                                         pack=1)
 
     @gluon.jit
     def _sk_consumer_lo(p):
@@ -442,12 +525,14 @@ if HAVE_GLUON:
         _sk_consumer(p, 1)
 
     @gluon.jit(do_not_specialize=["M", "N", "K"])
-    def gemm_ws_streamk_kernel(a_desc, b_desc, c_desc, work, tickets, M, N, K,
+    def gemm_ws_streamk_kernel(a_desc, b_desc, c_desc, work, tickets, c_ptr, stride_cm, status, bound, M, N, K,
                                STAGES: gl.constexpr, GROUP_M: gl.constexpr,
-                               CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, FIXUP: gl.constexpr = 1):
+                               CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, FIXUP: gl.constexpr = 1,
+                               MERGE: gl.constexpr = 0):
         """C (M, N) = A (M, K) @ B (K, N) in the stream-K order above; P programs (at most one per
         SM, at most T x KS), num_warps=4. ``work``: fp32, P x 2 x 2 x 64 x BLOCK_N; ``tickets``:
-        int32, 2 T, zero before the first call (each call leaves them zero)."""
+        int32, 4 T, zero before the first call (each call leaves them zero); ``c_ptr`` / ``stride_cm``
+        C for MERGE 1's plain stores, ``status`` / ``bound`` its waits' error bit and bound (ns)."""
         a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
         b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -455,7 +540,8 @@ if HAVE_GLUON:
         for i in gl.static_range(STAGES):
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=2)
-        p = SkArgs(a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, work, tickets, M, N, K, GROUP_M, FIXUP)
+        p = SkArgs(a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, work, tickets, c_ptr, stride_cm, status, bound,
+                   M, N, K, GROUP_M, FIXUP, MERGE)
         gl.warp_specialize([
             (_sk_consumer_lo, (p,)),
             (_sk_consumer_hi, (p,)),

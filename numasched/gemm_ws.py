@@ -33,6 +33,7 @@ class WsConfig:
     maxnreg: int = 168   # 12 warps (3 warpgroups) x 168 = 64512 of the SM's 65536 registers
     glu: bool = False    # the SwiGLU form: a gate and an up box of block_n columns per stage
     streamk: bool = False   # equal K ranges per program, partials summed in-kernel (kernels/gemm_ws.py)
+    sk_merge: int = 0       # stream-K's fix-up: 0 the tile's last piece sums it, 1 every contributor a band
 
     def smem_bytes(self, elem: int = 2) -> int:
         stage = (self.block_m + (2 if self.glu else 1) * self.block_n) * self.block_k * elem
@@ -44,6 +45,7 @@ DEFAULT_CONFIG = WsConfig()
 GLU_CONFIG = WsConfig(block_n=128, stages=4, glu=True)
 # stream-K: the same tiles and ring, the iterations cut evenly over the SMs
 STREAMK_CONFIG = WsConfig(streamk=True)
+SK_WAIT_NS = 10**9   # the banded merge's bound on a wait for a tile's pieces (all ranges end together)
 
 
 def descriptor_type(dtype: str, block) -> str:
@@ -168,7 +170,8 @@ class WsGemmPlan:
             # tickets per half tile, zero between calls (the kernel leaves them so)
             self.work = torch.empty(self.num_programs * 4 * (cfg.block_m // 2) * cfg.block_n, device=a.device,
                                     dtype=torch.float32)
-            self.tickets = torch.zeros(2 * tiles, device=a.device, dtype=torch.int32)
+            self.tickets = torch.zeros(4 * tiles, device=a.device, dtype=torch.int32)
+            self.status = torch.zeros(1, device=a.device, dtype=torch.int32)   # sk_merge 1: a wait ran out
             self.fixup = 1   # a timing probe's 0, 2, 3 (kernels/gemm_ws.py; scripts/gemm_sk_probe.py): wrong sums
         self._launch = None
 
@@ -211,8 +214,8 @@ class WsGemmPlan:
         if self._launch is None:
             self._launch = Launch(gemm_ws_streamk_kernel, self.num_programs,
                                   dict(STAGES=cfg.stages, GROUP_M=cfg.group_m, CONSUMER_REGS=cfg.consumer_regs,
-                                       LOADER_REGS=cfg.loader_regs, FIXUP=self.fixup, num_warps=4,
-                                       maxnreg=cfg.maxnreg),
+                                       LOADER_REGS=cfg.loader_regs, FIXUP=self.fixup, MERGE=cfg.sk_merge,
+                                       num_warps=4, maxnreg=cfg.maxnreg),
                                   device=a.device)
         desc = descriptor_maker(self._launch)
         bt = b.t()
@@ -220,8 +223,16 @@ class WsGemmPlan:
                      desc(bt, bt.shape, bt.stride(), [cfg.block_n, cfg.block_k]) if self.b_kmajor
                      else desc(b, b.shape, b.stride(), [cfg.block_k, cfg.block_n]),
                      desc(out, out.shape, out.stride(), [cfg.block_m // 2, cfg.block_n]),
-                     self.work, self.tickets, self.M, self.N, self.K)
+                     self.work, self.tickets, out, out.stride(0), self.status, SK_WAIT_NS, self.M, self.N, self.K)
         return out
+
+    def check(self):
+        """Raise if a stream-K call's banded merge (``sk_merge=1``) gave up waiting for a piece
+        (a program not resident beside the others, e.g. fewer SMs than the plan's programs): its
+        output is then wrong. Synchronises with the GPU."""
+        if getattr(self, "status", None) is not None and int(self.status.item()):
+            raise RuntimeError(f"the stream-K GEMM's merge waited more than {SK_WAIT_NS / 1e9:g} s for a tile's "
+                               f"pieces ({self.num_programs} programs: were they all resident?)")
 
 
 def streamk_ranges(tiles: int, k_steps: int, programs: int):

@@ -419,7 +419,7 @@ def _glu_persistent(row_scale: bool, stages: int = 3):
     return build
 
 
-def _gemm_ws_streamk(b_kmajor: bool = True):
+def _gemm_ws_streamk(b_kmajor: bool = True, merge: int = 0):
     def build(vendor):
         from numasched.gemm_ws import WsConfig, descriptor_type
         from numasched.kernels.gemm_ws import gemm_ws_streamk_kernel
@@ -429,8 +429,9 @@ def _gemm_ws_streamk(b_kmajor: bool = True):
         values = dict(a_desc=descriptor_type("bf16", [cfg.block_m, cfg.block_k]),
                       b_desc=descriptor_type("bf16", b_block),
                       c_desc=descriptor_type("bf16", [cfg.block_m // 2, cfg.block_n]),
-                      work="*fp32", tickets="*i32", M=512, N=2560, K=8192, STAGES=cfg.stages,
-                      GROUP_M=cfg.group_m, CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=cfg.loader_regs)
+                      work="*fp32", tickets="*i32", c_ptr="*bf16", stride_cm=2560, status="*i32", bound=10**9,
+                      M=512, N=2560, K=8192, STAGES=cfg.stages, GROUP_M=cfg.group_m,
+                      CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=cfg.loader_regs, MERGE=merge)
         return gemm_ws_streamk_kernel, values, 4, 1, dict(maxnreg=cfg.maxnreg)
     return build
 
@@ -753,6 +754,8 @@ VARIANTS: List[Variant] = [
             note="stream-K: equal K ranges per program, partials summed by the tile's last piece"),
     Variant("gemm_ws", "bf16-128x256-s3-streamk-b-rowmajor", _gemm_ws_streamk(False), off={"amd": _GLUON_OFF},
             note="the stream-K form with B as a (K, N) row-major tensor"),
+    Variant("gemm_ws", "bf16-128x256-s3-streamk-bands", _gemm_ws_streamk(merge=1), off={"amd": _GLUON_OFF},
+            note="stream-K whose fix-up every contributor shares (a band of rows each, after its range)"),
     Variant("gemm_ws", "bf16-128x256-s3-peer-push", _gemm_ws(peer_push=1), off={"amd": _GLUON_OFF},
             note="a probe: every tile also TMA-stored into a peer GPU's twin of C"),
     Variant("gemm_ws", "bf16-128x256-s3-peer-paced", _gemm_ws(peer_push=2), off={"amd": _GLUON_OFF},

@@ -1,9 +1,9 @@
 """Where the stream-K form of the WS GEMM (kernels/gemm_ws.py) spends its time, one GPU, bf16,
 out = x @ w.T, CUDA-graph replays, us: cuBLAS, the data-parallel WS kernel, stream-K on every SM;
-then timing-only forms with wrong sums: partial pieces dropped (no fix-up), partials stored only,
-stored and ticketed (no merge); stream-K on a half and a quarter of the SMs, with a loader of 88
-registers, and with 128 x 128 tiles in 4 stages. Run: python3 scripts/gemm_sk_probe.py
-[--shapes M:N:K,...]"""
+timing-only forms with wrong sums (partial pieces dropped, i.e. no fix-up; partials stored only;
+stored and ticketed, no merge); the banded merge (sk_merge=1: every contributor sums a band of
+rows after its range); stream-K on a half and a quarter of the SMs, with a loader of 88 registers,
+and with 128 x 128 tiles in 4 stages. Run: python3 scripts/gemm_sk_probe.py [--shapes M:N:K,...]"""
 import argparse
 
 import torch
@@ -21,8 +21,8 @@ def main():
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     print(f"device {torch.cuda.get_device_name()}, {sms} SMs")
-    cols = ("cublas", "dp", "sk", "sk-nofix", "sk-store", "sk-tkt", "sk-P/2", "sk-P/4", "sk-L88", "sk-s4")
-    print(f"{'M x N x K':>20} " + " ".join(f"{c:>8}" for c in cols) + "  err(sk)")
+    cols = ("cublas", "dp", "sk", "sk-nofix", "sk-store", "sk-tkt", "sk-bands", "sk-P/2", "sk-P/4", "sk-L88", "sk-s4")
+    print(f"{'M x N x K':>20} " + " ".join(f"{c:>8}" for c in cols) + "  err(sk, bands)")
     for spec in args.shapes.split(","):
         M, N, K = (int(v) for v in spec.split(":"))
         x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
@@ -41,6 +41,12 @@ def main():
             probe = WsGemmPlan(x, w.t(), out, config=STREAMK_CONFIG)
             probe.fixup = mode
             t[f"fix{mode}"] = graph_replay_ms(lambda: probe.run(x, w.t(), out)) * 1e3
+        bands = WsGemmPlan(x, w.t(), out, config=dataclasses.replace(STREAMK_CONFIG, sk_merge=1))
+        out.fill_(float("nan"))
+        bands.run(x, w.t(), out)
+        err = max(err, ((out.float() - ref).abs().max() / ref.abs().max()).item())
+        t["bands"] = graph_replay_ms(lambda: bands.run(x, w.t(), out)) * 1e3
+        bands.check()
         for d in (2, 4):
             pl = WsGemmPlan(x, w.t(), out, config=STREAMK_CONFIG, num_programs=sms // d)
             t[f"p{d}"] = graph_replay_ms(lambda: pl.run(x, w.t(), out)) * 1e3

@@ -339,11 +339,14 @@ def test_streamk_ranges_cover_every_iteration_once(tiles, k_steps, sms):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("merge", [0, 1], ids=["last-piece", "bands"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("b_weight", [True, False])
 @pytest.mark.parametrize("M,N,K", [(1, 264, 72), (97, 520, 1000), (512, 2560, 8192), (300, 4096, 4096),
-                                   (1031, 1000, 3000), (128, 256, 64), (4096, 2048, 512)])
-def test_streamk_matches_float64_and_repeats_its_bits(M, N, K, b_weight, dtype):
+                                   (1031, 1000, 3000), (128, 256, 64), (4096, 2048, 512), (128, 2560, 8192)])
+def test_streamk_matches_float64_and_repeats_its_bits(M, N, K, b_weight, dtype, merge):
+    import dataclasses
+
     from numasched.gemm_ws import STREAMK_CONFIG
 
     torch.manual_seed(M + N + K)
@@ -351,7 +354,7 @@ def test_streamk_matches_float64_and_repeats_its_bits(M, N, K, b_weight, dtype):
     w = torch.randn(N, K, device="cuda", dtype=dtype)
     b = w.t() if b_weight else w.t().contiguous()
     out = torch.full((M, N), float("nan"), device="cuda", dtype=dtype)
-    plan = WsGemmPlan(a, b, out, config=STREAMK_CONFIG)
+    plan = WsGemmPlan(a, b, out, config=dataclasses.replace(STREAMK_CONFIG, sk_merge=merge))
     plan.run(a, b, out)
     ref = a.double() @ b.double()
     assert ((out.double() - ref).abs().max() / ref.abs().max()).item() < 1e-2
@@ -361,6 +364,7 @@ def test_streamk_matches_float64_and_repeats_its_bits(M, N, K, b_weight, dtype):
         plan.run(a, b, out)
         assert torch.equal(out, first)
     assert not plan.tickets.any()
+    plan.check()   # no wait ran out
 
 
 @pytest.mark.gpu
