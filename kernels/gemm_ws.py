@@ -335,6 +335,14 @@ if HAVE_GLUON:
         return ((i + 1) * P - 1) // tot
 
     @gluon.jit
+    def _sk_piece(p, i, end, ks, NM, NN):
+        """The piece that starts at iteration i of a range ending at ``end``: (tile, first and end K
+        step, tile row, tile column)."""
+        t = i // ks
+        tm, tn = _tile_of(t, NM, NN, p.GROUP_M)
+        return t, i - t * ks, gl.minimum(ks, end - t * ks), tm, tn
+
+    @gluon.jit
     def _sk_loader(p):
         """One warp: the TMA loads of this program's range, piece by piece."""
         BLOCK_M: gl.constexpr = p.a_desc.block_type.shape[0]
@@ -345,10 +353,7 @@ if HAVE_GLUON:
         i = start
         it = 0
         while i < end:
-            t = i // ks
-            k0 = i - t * ks
-            k1 = gl.minimum(ks, end - t * ks)
-            tm, tn = _tile_of(t, NM, NN, p.GROUP_M)
+            t, k0, k1, tm, tn = _sk_piece(p, i, end, ks, NM, NN)
             for kk in range(k0, k1):
                 bar, s = _stage_a(p, it, tm * BLOCK_M, kk, NBYTES)
                 _load_b(p, tn * BLOCK_N, kk * BLOCK_K, bar, p.b_bufs.index(s))
@@ -374,10 +379,7 @@ if HAVE_GLUON:
         i = start
         it = 0
         while i < end:
-            t = i // ks
-            k0 = i - t * ks
-            k1 = gl.minimum(ks, end - t * ks)
-            tm, tn = _tile_of(t, NM, NN, p.GROUP_M)
+            t, k0, k1, tm, tn = _sk_piece(p, i, end, ks, NM, NN)
             # a piece's own accumulator (its first wgmma ignores it): dead during the merge below,
             # whose loads then have the registers
             acc = gl.zeros((ROWS, BLOCK_N), gl.float32, acc_layout)

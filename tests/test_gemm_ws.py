@@ -136,6 +136,20 @@ def _hopper():
     return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
 
 
+def _operands(M, N, K, dtype, b_weight):
+    """Fresh a (M, K), b (K, N) (a weight's w.T, or row-major), out poisoned with NaN, and the
+    float64 reference."""
+    torch.manual_seed(M + N + K)
+    a = torch.randn(M, K, device="cuda", dtype=dtype)
+    w = torch.randn(N, K, device="cuda", dtype=dtype)
+    b = w.t() if b_weight else w.t().contiguous()
+    return a, b, torch.full((M, N), float("nan"), device="cuda", dtype=dtype), a.double() @ b.double()
+
+
+def _rel(out, ref):
+    return ((out.double() - ref).abs().max() / ref.abs().max()).item()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -144,14 +158,9 @@ def _hopper():
 @pytest.mark.parametrize("M,N,K", [(1, 264, 72), (97, 520, 1000), (300, 4096, 4096), (1031, 1000, 3000),
                                    (4096, 2048, 512)])
 def test_matches_float64(M, N, K, cfg, b_weight, dtype):
-    torch.manual_seed(M + N + K)
-    a = torch.randn(M, K, device="cuda", dtype=dtype)
-    w = torch.randn(N, K, device="cuda", dtype=dtype)
-    b = w.t() if b_weight else w.t().contiguous()
-    out = torch.full((M, N), float("nan"), device="cuda", dtype=dtype)
+    a, b, out, ref = _operands(M, N, K, dtype, b_weight)
     WsGemmPlan(a, b, out, config=cfg).run(a, b, out)
-    ref = a.double() @ b.double()
-    assert ((out.double() - ref).abs().max() / ref.abs().max()).item() < 1e-2
+    assert _rel(out, ref) < 1e-2
 
 
 @pytest.mark.gpu
@@ -349,15 +358,10 @@ def test_streamk_matches_float64_and_repeats_its_bits(M, N, K, b_weight, dtype, 
 
     from numasched.gemm_ws import STREAMK_CONFIG
 
-    torch.manual_seed(M + N + K)
-    a = torch.randn(M, K, device="cuda", dtype=dtype)
-    w = torch.randn(N, K, device="cuda", dtype=dtype)
-    b = w.t() if b_weight else w.t().contiguous()
-    out = torch.full((M, N), float("nan"), device="cuda", dtype=dtype)
+    a, b, out, ref = _operands(M, N, K, dtype, b_weight)
     plan = WsGemmPlan(a, b, out, config=dataclasses.replace(STREAMK_CONFIG, sk_merge=merge))
     plan.run(a, b, out)
-    ref = a.double() @ b.double()
-    assert ((out.double() - ref).abs().max() / ref.abs().max()).item() < 1e-2
+    assert _rel(out, ref) < 1e-2
     first = out.clone()
     for _ in range(3):   # the tickets are back at zero; the merge order fixes the bits
         out.fill_(float("nan"))
