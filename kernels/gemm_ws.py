@@ -281,6 +281,15 @@ if HAVE_GLUON:
 # start, one for its end); the program that finishes a tile's last piece (an atomic ticket per
 # half tile) sums the tile's partials in the order of their programs, so the sum's bits do not
 # depend on which program came last, and resets the ticket for the next call (CUDA graphs).
+#
+# On an H100 that merge cost 27-70 us (bench/results, twenty-ninth session): one SM reads every
+# partial of its tile. Two alternatives, compiled but not yet run on a GPU:
+# * MERGE 1 (banded): after its range, every contributor of a shared tile waits for the tile's
+#   partials (a bounded poll; all ranges end together) and sums a band of rows of all of them, in
+#   contributor order, so the merge's reads spread over the tile's n SMs;
+# * SPLIT S (with MERGE 1): split-K units (tile, K part) instead of ranges, taken p, p + P, ...:
+#   every tile's part s at the same K offset at once (K lockstep), where the ranges' scattered
+#   offsets read 50 MB of operands through a 50 MB L2 at 512 x 2560 x 8192.
 if HAVE_GLUON:
 
     @aggregate
@@ -293,7 +302,7 @@ if HAVE_GLUON:
         b_bufs: gl.shared_memory_descriptor
         ready: gl.shared_memory_descriptor
         empty: gl.shared_memory_descriptor
-        work: gl.tensor        # fp32 (P, 2 ends, 2 halves, 64, BLOCK_N) partials
+        work: gl.tensor        # fp32 (P, 2 ends, 2 halves, 64, BLOCK_N) partials (SPLIT: (T x S, 2 halves, ...))
         tickets: gl.tensor     # int32 (2, 2 T): per half tile, arrivals then departures (MERGE 1); zero between calls
         c_ptr: gl.tensor       # C itself (MERGE 1 stores its row bands with plain stores)
         stride_cm: gl.tensor
@@ -305,15 +314,17 @@ if HAVE_GLUON:
         GROUP_M: gl.constexpr
         FIXUP: gl.constexpr    # 1; a timing probe's 0 / 2 / 3 (see _sk_consumer): wrong sums
         MERGE: gl.constexpr    # 0: the tile's last piece sums it; 1: every contributor sums a band of rows
+        SPLIT: gl.constexpr    # 0: stream-K ranges; S >= 2: split-K units (tile, K part) in K lockstep (MERGE 1)
 
         @gluon.constexpr_function
         def __init__(self, a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, work, tickets, c_ptr, stride_cm,
-                     status, bound, M, N, K, GROUP_M, FIXUP, MERGE):
+                     status, bound, M, N, K, GROUP_M, FIXUP, MERGE, SPLIT):
             self.a_desc, self.b_desc, self.c_desc = a_desc, b_desc, c_desc
             self.a_bufs, self.b_bufs, self.ready, self.empty = a_bufs, b_bufs, ready, empty
             self.work, self.tickets, self.M, self.N, self.K = work, tickets, M, N, K
             self.c_ptr, self.stride_cm, self.status, self.bound = c_ptr, stride_cm, status, bound
             self.GROUP_M, self.FIXUP, self.MERGE = gl.constexpr(GROUP_M), gl.constexpr(FIXUP), gl.constexpr(MERGE)
+            self.SPLIT = gl.constexpr(SPLIT)
 
     @gluon.jit
     def _sk_geometry(p):
@@ -343,6 +354,27 @@ if HAVE_GLUON:
         return t, i - t * ks, gl.minimum(ks, end - t * ks), tm, tn
 
     @gluon.jit
+    def _split_piece(p, u, ks, NM, NN):
+        """SPLIT: unit u is K part u % S of tile u // S: (tile, first and end K step, tile row, tile
+        column). Programs take units u = p, p + P, ...: the parts of a tile run side by side, each
+        at its own K offset, and every tile's part s at the same one (K lockstep: a tile row's
+        programs read the same K slice of A at once)."""
+        t = u // p.SPLIT
+        part = u - t * p.SPLIT
+        tm, tn = _tile_of(t, NM, NN, p.GROUP_M)
+        return t, part * ks // p.SPLIT, (part + 1) * ks // p.SPLIT, tm, tn
+
+    @gluon.jit
+    def _slot(p, q, t, ks, tot, P, ROLE: gl.constexpr):
+        """The workspace slot of contributor q's partial of tile t (this half): SPLIT, q is the unit;
+        else q is the program, and its slot 1 holds the piece at its range's end (a range that
+        began before the tile)."""
+        if p.SPLIT > 0:
+            return q * 2 + ROLE
+        else:
+            return (q * 2 + (q * tot // P < t * ks).to(gl.int32)) * 2 + ROLE
+
+    @gluon.jit
     def _sk_loader(p):
         """One warp: the TMA loads of this program's range, piece by piece."""
         BLOCK_M: gl.constexpr = p.a_desc.block_type.shape[0]
@@ -350,15 +382,23 @@ if HAVE_GLUON:
         BLOCK_N: gl.constexpr = p.c_desc.block_type.shape[1]
         NBYTES: gl.constexpr = p.a_desc.block_type.nbytes + p.b_desc.block_type.nbytes
         NM, NN, ks, tot, start, end = _sk_geometry(p)
-        i = start
         it = 0
-        while i < end:
-            t, k0, k1, tm, tn = _sk_piece(p, i, end, ks, NM, NN)
-            for kk in range(k0, k1):
-                bar, s = _stage_a(p, it, tm * BLOCK_M, kk, NBYTES)
-                _load_b(p, tn * BLOCK_N, kk * BLOCK_K, bar, p.b_bufs.index(s))
-                it += 1
-            i = t * ks + k1
+        if p.SPLIT > 0:
+            for u in range(gl.program_id(0), NM * NN * p.SPLIT, gl.num_programs(0)):
+                t, k0, k1, tm, tn = _split_piece(p, u, ks, NM, NN)
+                for kk in range(k0, k1):
+                    bar, s = _stage_a(p, it, tm * BLOCK_M, kk, NBYTES)
+                    _load_b(p, tn * BLOCK_N, kk * BLOCK_K, bar, p.b_bufs.index(s))
+                    it += 1
+        else:
+            i = start
+            while i < end:
+                t, k0, k1, tm, tn = _sk_piece(p, i, end, ks, NM, NN)
+                for kk in range(k0, k1):
+                    bar, s = _stage_a(p, it, tm * BLOCK_M, kk, NBYTES)
+                    _load_b(p, tn * BLOCK_N, kk * BLOCK_K, bar, p.b_bufs.index(s))
+                    it += 1
+                i = t * ks + k1
 
     @gluon.jit
     def _sk_consumer(p, ROLE: gl.constexpr):
@@ -376,6 +416,9 @@ if HAVE_GLUON:
         P = gl.num_programs(0)
         pid = gl.program_id(0)
         SLOT: gl.constexpr = ROWS * BLOCK_N
+        if p.SPLIT > 0:
+            _split_consumer(p, ROLE, NM, NN, ks, tot)
+            return
         i = start
         it = 0
         while i < end:
@@ -402,11 +445,7 @@ if HAVE_GLUON:
                 # 2 stores them and takes tickets: timing only)
                 if row0 < p.M:   # (a half tile below M: nothing to store, no ticket)
                     # our piece's partial into our slot (0: the piece at our range's start, 1: its end)
-                    end_slot = (i != start).to(gl.int32)
-                    r_a = gl.arange(0, ROWS, layout=gl.SliceLayout(1, acc_layout))
-                    c_a = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
-                    gl.store(p.work + ((pid * 2 + end_slot) * 2 + ROLE) * SLOT + r_a[:, None] * BLOCK_N + c_a[None, :],
-                             acc)
+                    _store_partial(p, acc, (pid * 2 + (i != start).to(gl.int32)) * 2 + ROLE)
                     if p.FIXUP != 3:
                         gl.thread_barrier()
                         ticket = gl.atomic_add(p.tickets + t * 2 + ROLE, 1, sem="acq_rel", scope="gpu")
@@ -429,11 +468,9 @@ if HAVE_GLUON:
                                 part = gl.zeros((ROWS, CH), gl.float32, ch_layout)
                                 for q in range(first, last + 1, 2):
                                     q2 = gl.minimum(q + 1, last)
-                                    e1 = (q * tot // P < t * ks).to(gl.int32)   # q's range began before this tile
-                                    e2 = (q2 * tot // P < t * ks).to(gl.int32)
-                                    l1 = gl.load(p.work + ((q * 2 + e1) * 2 + ROLE) * SLOT + c * CH + offs_c,
+                                    l1 = gl.load(p.work + _slot(p, q, t, ks, tot, P, ROLE) * SLOT + c * CH + offs_c,
                                                  cache_modifier=".cg")
-                                    l2 = gl.load(p.work + ((q2 * 2 + e2) * 2 + ROLE) * SLOT + c * CH + offs_c,
+                                    l2 = gl.load(p.work + _slot(p, q2, t, ks, tot, P, ROLE) * SLOT + c * CH + offs_c,
                                                  cache_modifier=".cg")
                                     part = part + l1
                                     part = part + gl.where(q + 1 <= last, l2, 0.0)
@@ -447,13 +484,68 @@ if HAVE_GLUON:
                 _sk_band_merge(p, ROLE, NM, NN, ks, tot, start, end)
 
     @gluon.jit
+    def _store_partial(p, acc, slot):
+        """A piece's fp32 accumulator (one half tile) into workspace slot ``slot``."""
+        BLOCK_N: gl.constexpr = p.c_desc.block_type.shape[1]
+        ROWS: gl.constexpr = p.c_desc.block_type.shape[0]
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                             instr_shape=[16, BLOCK_N, 16])
+        r = gl.arange(0, ROWS, layout=gl.SliceLayout(1, acc_layout))
+        c = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
+        gl.store(p.work + slot * (ROWS * BLOCK_N) + r[:, None] * BLOCK_N + c[None, :], acc)
+
+    @gluon.jit
+    def _split_consumer(p, ROLE: gl.constexpr, NM, NN, ks, tot):
+        """SPLIT: one warpgroup's units (see _split_piece): each unit's partial into its slot and an
+        arrival on its tile's counter; after the last unit, its band of each of its units' tiles."""
+        BLOCK_M: gl.constexpr = p.a_desc.block_type.shape[0]
+        BLOCK_N: gl.constexpr = p.c_desc.block_type.shape[1]
+        ROWS: gl.constexpr = p.c_desc.block_type.shape[0]
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                             instr_shape=[16, BLOCK_N, 16])
+        units = NM * NN * p.SPLIT
+        it = 0
+        for u in range(gl.program_id(0), units, gl.num_programs(0)):
+            t, k0, k1, tm, tn = _split_piece(p, u, ks, NM, NN)
+            acc = gl.zeros((ROWS, BLOCK_N), gl.float32, acc_layout)
+            prev = 0
+            for kk in range(k0, k1):
+                acc, s = _mma_step(p, acc, it, kk - k0, prev, ROLE, ROWS)
+                prev = s
+                it += 1
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            mbarrier.arrive(p.empty.index(prev), count=1, pred=k1 > k0)
+            if tm * BLOCK_M + ROLE * ROWS < p.M:   # (a half tile below M: nothing to store, no arrival)
+                _store_partial(p, acc, u * 2 + ROLE)
+                gl.thread_barrier()
+                gl.atomic_add(p.tickets + t * 2 + ROLE, 1, sem="release", scope="gpu")
+        for u in range(gl.program_id(0), units, gl.num_programs(0)):
+            t = u // p.SPLIT
+            first = t * p.SPLIT
+            _band_merge_tile(p, ROLE, t, u - first, first, first + p.SPLIT - 1, NM, NN, ks, tot)
+
+    @gluon.jit
     def _sk_band_merge(p, ROLE: gl.constexpr, NM, NN, ks, tot, start, end):
-        """MERGE 1: after its range, a program takes a share of each tile it shares (its range's first
-        and last piece): once every contributor's partial has arrived (a bounded acquire poll), it
-        sums rows bands j, j + n, ... of the tile's n partials in program order and stores them into
-        C; the last to leave resets the tile's two counters. Every contributor reads 1 / n of the
+        """MERGE 1 (stream-K): after its range, a program takes its share of each tile it shares (its
+        range's first and last piece) by _band_merge_tile. Every contributor reads 1 / n of the
         partials, where the tile's last piece read them all (MERGE 0): the merge's bytes spread over
         n SMs instead of one. All ranges end together, so the waits are short."""
+        P = gl.num_programs(0)
+        t0 = start // ks
+        t_last = (end - 1) // ks
+        for which in gl.static_range(2):
+            t = t0 if which == 0 else t_last
+            first = _sk_owner(t * ks, tot, P)
+            last = _sk_owner(t * ks + ks - 1, tot, P)
+            if (first != last) & ((which == 0) | (t_last != t0)):
+                _band_merge_tile(p, ROLE, t, gl.program_id(0) - first, first, last, NM, NN, ks, tot)
+
+    @gluon.jit
+    def _band_merge_tile(p, ROLE: gl.constexpr, t, j, first, last, NM, NN, ks, tot):
+        """Contributor j of tile t's half ROLE (contributors first ... last: programs, or SPLIT's
+        units): once every contributor's partial has arrived (a bounded acquire poll), sum row bands
+        j, j + n, ... of the n partials in contributor order and store them into C; the last to
+        leave resets the tile's two counters for the next call."""
         BLOCK_M: gl.constexpr = p.a_desc.block_type.shape[0]
         BLOCK_N: gl.constexpr = p.c_desc.block_type.shape[1]
         ROWS: gl.constexpr = p.c_desc.block_type.shape[0]
@@ -463,54 +555,44 @@ if HAVE_GLUON:
         rr = gl.arange(0, RB, layout=gl.SliceLayout(1, band))
         cc = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, band))
         offs = rr[:, None] * BLOCK_N + cc[None, :]
-        pid = gl.program_id(0)
         P = gl.num_programs(0)
         T = NM * NN
-        t0 = start // ks
-        t_last = (end - 1) // ks
-        for which in gl.static_range(2):
-            t = t0 if which == 0 else t_last
-            first = _sk_owner(t * ks, tot, P)
-            last = _sk_owner(t * ks + ks - 1, tot, P)
-            tm, tn = _tile_of(t, NM, NN, p.GROUP_M)
-            row0 = tm * BLOCK_M + ROLE * ROWS
-            mine = (first != last) & (row0 < p.M) & ((which == 0) | (t_last != t0))
-            if mine:
-                n = last - first + 1
-                arrived = p.tickets + t * 2 + ROLE
-                v = gl.atomic_add(arrived, 0, sem="acquire", scope="gpu")
+        tm, tn = _tile_of(t, NM, NN, p.GROUP_M)
+        row0 = tm * BLOCK_M + ROLE * ROWS
+        if row0 < p.M:
+            n = last - first + 1
+            arrived = p.tickets + t * 2 + ROLE
+            v = gl.atomic_add(arrived, 0, sem="acquire", scope="gpu")
+            if v < n:
+                stop = _sk_clock_ns() + p.bound
+                late = 0
+                spins = 0
+                while (v < n) & (late == 0):
+                    v = gl.atomic_add(arrived, 0, sem="acquire", scope="gpu")
+                    spins += 1
+                    if spins % 64 == 0:
+                        late = (_sk_clock_ns() > stop).to(gl.int32)
                 if v < n:
-                    stop = _sk_clock_ns() + p.bound
-                    late = 0
-                    spins = 0
-                    while (v < n) & (late == 0):
-                        v = gl.atomic_add(arrived, 0, sem="acquire", scope="gpu")
-                        spins += 1
-                        if spins % 64 == 0:
-                            late = (_sk_clock_ns() > stop).to(gl.int32)
-                    if v < n:
-                        gl.atomic_or(p.status, 1, sem="relaxed", scope="gpu")
-                cols = tn * BLOCK_N + cc
-                for b in range(pid - first, ROWS // RB, n):
-                    part = gl.zeros((RB, BLOCK_N), gl.float32, band)
-                    for q in range(first, last + 1, 2):   # two programs' partials in flight, in order
-                        q2 = gl.minimum(q + 1, last)
-                        e1 = (q * tot // P < t * ks).to(gl.int32)   # q's range began before this tile
-                        e2 = (q2 * tot // P < t * ks).to(gl.int32)
-                        l1 = gl.load(p.work + ((q * 2 + e1) * 2 + ROLE) * SLOT + b * RB * BLOCK_N + offs,
-                                     cache_modifier=".cg")
-                        l2 = gl.load(p.work + ((q2 * 2 + e2) * 2 + ROLE) * SLOT + b * RB * BLOCK_N + offs,
-                                     cache_modifier=".cg")
-                        part = part + l1
-                        part = part + gl.where(q + 1 <= last, l2, 0.0)
-                    rows = row0 + b * RB + rr
-                    gl.store(p.c_ptr + rows[:, None] * p.stride_cm + cols[None, :], part.to(p.c_ptr.dtype.element_ty),
-                             mask=(rows[:, None] < p.M) & (cols[None, :] < p.N))
-                gl.thread_barrier()
-                gone = gl.atomic_add(p.tickets + 2 * T + t * 2 + ROLE, 1, sem="acq_rel", scope="gpu")
-                if gone == n - 1:   # everyone has passed the wait: ready for the next call
-                    gl.atomic_xchg(arrived, 0, sem="relaxed", scope="gpu")
-                    gl.atomic_xchg(p.tickets + 2 * T + t * 2 + ROLE, 0, sem="relaxed", scope="gpu")
+                    gl.atomic_or(p.status, 1, sem="relaxed", scope="gpu")
+            cols = tn * BLOCK_N + cc
+            for b in range(j, ROWS // RB, n):
+                part = gl.zeros((RB, BLOCK_N), gl.float32, band)
+                for q in range(first, last + 1, 2):   # two contributors' partials in flight, in order
+                    q2 = gl.minimum(q + 1, last)
+                    l1 = gl.load(p.work + _slot(p, q, t, ks, tot, P, ROLE) * SLOT + b * RB * BLOCK_N + offs,
+                                 cache_modifier=".cg")
+                    l2 = gl.load(p.work + _slot(p, q2, t, ks, tot, P, ROLE) * SLOT + b * RB * BLOCK_N + offs,
+                                 cache_modifier=".cg")
+                    part = part + l1
+                    part = part + gl.where(q + 1 <= last, l2, 0.0)
+                rows = row0 + b * RB + rr
+                gl.store(p.c_ptr + rows[:, None] * p.stride_cm + cols[None, :], part.to(p.c_ptr.dtype.element_ty),
+                         mask=(rows[:, None] < p.M) & (cols[None, :] < p.N))
+            gl.thread_barrier()
+            gone = gl.atomic_add(p.tickets + 2 * T + t * 2 + ROLE, 1, sem="acq_rel", scope="gpu")
+            if gone == n - 1:   # everyone has passed the wait: ready for the next call
+                gl.atomic_xchg(arrived, 0, sem="relaxed", scope="gpu")
+                gl.atomic_xchg(p.tickets + 2 * T + t * 2 + ROLE, 0, sem="relaxed", scope="gpu")
 
     @gluon.jit
     def _sk_clock_ns():
@@ -530,9 +612,10 @@ if HAVE_GLUON:
     def gemm_ws_streamk_kernel(a_desc, b_desc, c_desc, work, tickets, c_ptr, stride_cm, status, bound, M, N, K,
                                STAGES: gl.constexpr, GROUP_M: gl.constexpr,
                                CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, FIXUP: gl.constexpr = 1,
-                               MERGE: gl.constexpr = 0):
+                               MERGE: gl.constexpr = 0, SPLIT: gl.constexpr = 0):
         """C (M, N) = A (M, K) @ B (K, N) in the stream-K order above; P programs (at most one per
-        SM, at most T x KS), num_warps=4. ``work``: fp32, P x 2 x 2 x 64 x BLOCK_N; ``tickets``:
+        SM, at most T x KS), num_warps=4. ``work``: fp32, P x 2 x 2 x 64 x BLOCK_N (SPLIT: T x S x
+        2 x 64 x BLOCK_N); ``tickets``:
         int32, 4 T, zero before the first call (each call leaves them zero); ``c_ptr`` / ``stride_cm``
         C for MERGE 1's plain stores, ``status`` / ``bound`` its waits' error bit and bound (ns)."""
         a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
@@ -543,7 +626,7 @@ if HAVE_GLUON:
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=2)
         p = SkArgs(a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, work, tickets, c_ptr, stride_cm, status, bound,
-                   M, N, K, GROUP_M, FIXUP, MERGE)
+                   M, N, K, GROUP_M, FIXUP, MERGE, SPLIT)
         gl.warp_specialize([
             (_sk_consumer_lo, (p,)),
             (_sk_consumer_hi, (p,)),

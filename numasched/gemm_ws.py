@@ -18,7 +18,8 @@ from typing import Optional
 import torch
 
 __all__ = ["WsConfig", "WsGemmPlan", "supported", "descriptor_type", "host_descriptor", "descriptor_maker",
-           "DeviceAddress", "DEFAULT_CONFIG", "GLU_CONFIG", "STREAMK_CONFIG", "streamk_ranges"]
+           "DeviceAddress", "DEFAULT_CONFIG", "GLU_CONFIG", "STREAMK_CONFIG", "streamk_ranges", "split_parts",
+           "merge_bands"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class WsConfig:
     glu: bool = False    # the SwiGLU form: a gate and an up box of block_n columns per stage
     streamk: bool = False   # equal K ranges per program, partials summed in-kernel (kernels/gemm_ws.py)
     sk_merge: int = 0       # stream-K's fix-up: 0 the tile's last piece sums it, 1 every contributor a band
+    sk_split: int = 0       # S >= 2: split-K units (tile, K part) in K lockstep instead of ranges (bands)
 
     def smem_bytes(self, elem: int = 2) -> int:
         stage = (self.block_m + (2 if self.glu else 1) * self.block_n) * self.block_k * elem
@@ -46,6 +48,7 @@ GLU_CONFIG = WsConfig(block_n=128, stages=4, glu=True)
 # stream-K: the same tiles and ring, the iterations cut evenly over the SMs
 STREAMK_CONFIG = WsConfig(streamk=True)
 SK_WAIT_NS = 10**9   # the banded merge's bound on a wait for a tile's pieces (all ranges end together)
+SK_SPLIT_MAX_UNITS = 1024   # split-K units (their fp32 partials: 128 KB each, 128 MB at most)
 
 
 def descriptor_type(dtype: str, block) -> str:
@@ -159,17 +162,32 @@ class WsGemmPlan:
         if cfg.streamk:
             if cfg.glu or peer_out_ptr is not None or row_scale is not None:
                 raise ValueError("the stream-K form is for the plain GEMM (no glu, row_scale or peer copy)")
-            total = tiles * -(-self.K // cfg.block_k)
+            k_steps = -(-self.K // cfg.block_k)
+            total = tiles * k_steps
             if total < 1:
                 raise ValueError(f"the stream-K form needs K >= 1, got K={self.K}")
-            self.num_programs = max(1, min(total, num_programs or sms))
-            if total * (self.num_programs + 1) >= 2**31:   # the kernel's range arithmetic is int32
-                raise ValueError(f"the stream-K form's iteration count ({total} on {self.num_programs} programs) "
-                                 "overflows int32; use the data-parallel config")
-            # fp32 partials: two slots (a range's first and last piece) of two 64-row halves a program;
-            # tickets per half tile, zero between calls (the kernel leaves them so)
-            self.work = torch.empty(self.num_programs * 4 * (cfg.block_m // 2) * cfg.block_n, device=a.device,
-                                    dtype=torch.float32)
+            half = (cfg.block_m // 2) * cfg.block_n
+            if cfg.sk_split:
+                if cfg.sk_split < 2 or cfg.sk_merge != 1:
+                    raise ValueError(f"sk_split must be >= 2 and take sk_merge=1 (the banded merge), got "
+                                     f"sk_split={cfg.sk_split}, sk_merge={cfg.sk_merge}")
+                self.split = min(cfg.sk_split, k_steps)   # no empty K parts
+                units = tiles * self.split
+                if units > SK_SPLIT_MAX_UNITS:
+                    raise ValueError(f"{tiles} tiles x {self.split} K parts = {units} units: more than "
+                                     f"{SK_SPLIT_MAX_UNITS} (their partials' workspace); use a smaller sk_split")
+                self.num_programs = max(1, min(units, num_programs or sms))
+                slots = 2 * units   # one a unit, two halves
+            else:
+                self.split = 0
+                self.num_programs = max(1, min(total, num_programs or sms))
+                if total * (self.num_programs + 1) >= 2**31:   # the kernel's range arithmetic is int32
+                    raise ValueError(f"the stream-K form's iteration count ({total} on {self.num_programs} "
+                                     "programs) overflows int32; use the data-parallel config")
+                slots = 4 * self.num_programs   # a range's first and last piece, two halves each
+            # fp32 partials; tickets per half tile (arrivals, departures), zero between calls (the
+            # kernel leaves them so)
+            self.work = torch.empty(slots * half, device=a.device, dtype=torch.float32)
             self.tickets = torch.zeros(4 * tiles, device=a.device, dtype=torch.int32)
             self.status = torch.zeros(1, device=a.device, dtype=torch.int32)   # sk_merge 1: a wait ran out
             self.fixup = 1   # a timing probe's 0, 2, 3 (kernels/gemm_ws.py; scripts/gemm_sk_probe.py): wrong sums
@@ -215,7 +233,7 @@ class WsGemmPlan:
             self._launch = Launch(gemm_ws_streamk_kernel, self.num_programs,
                                   dict(STAGES=cfg.stages, GROUP_M=cfg.group_m, CONSUMER_REGS=cfg.consumer_regs,
                                        LOADER_REGS=cfg.loader_regs, FIXUP=self.fixup, MERGE=cfg.sk_merge,
-                                       num_warps=4, maxnreg=cfg.maxnreg),
+                                       SPLIT=self.split, num_warps=4, maxnreg=cfg.maxnreg),
                                   device=a.device)
         desc = descriptor_maker(self._launch)
         bt = b.t()
@@ -252,3 +270,15 @@ def streamk_ranges(tiles: int, k_steps: int, programs: int):
             i = t * k_steps + k1
         pieces.append(mine)
     return pieces, [(owner(t * k_steps), owner(t * k_steps + k_steps - 1)) for t in range(tiles)]
+
+
+def split_parts(k_steps: int, split: int):
+    """``sk_split``'s K parts of a tile, as the kernel cuts them (kernels/gemm_ws.py,
+    ``_split_piece``): part s is K steps [s k_steps / S, (s + 1) k_steps / S)."""
+    return [(s * k_steps // split, (s + 1) * k_steps // split) for s in range(split)]
+
+
+def merge_bands(n: int, rows: int = 64, band: int = 8):
+    """The banded merge's share of each of a tile's n contributors (``_band_merge_tile``): contributor
+    j sums row bands j, j + n, ... of a half tile's ``rows`` rows, ``band`` rows each."""
+    return [list(range(j, rows // band, n)) for j in range(n)]

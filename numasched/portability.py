@@ -419,7 +419,7 @@ def _glu_persistent(row_scale: bool, stages: int = 3):
     return build
 
 
-def _gemm_ws_streamk(b_kmajor: bool = True, merge: int = 0):
+def _gemm_ws_streamk(b_kmajor: bool = True, merge: int = 0, split: int = 0):
     def build(vendor):
         from numasched.gemm_ws import WsConfig, descriptor_type
         from numasched.kernels.gemm_ws import gemm_ws_streamk_kernel
@@ -431,7 +431,7 @@ def _gemm_ws_streamk(b_kmajor: bool = True, merge: int = 0):
                       c_desc=descriptor_type("bf16", [cfg.block_m // 2, cfg.block_n]),
                       work="*fp32", tickets="*i32", c_ptr="*bf16", stride_cm=2560, status="*i32", bound=10**9,
                       M=512, N=2560, K=8192, STAGES=cfg.stages, GROUP_M=cfg.group_m,
-                      CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=cfg.loader_regs, MERGE=merge)
+                      CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=cfg.loader_regs, MERGE=merge, SPLIT=split)
         return gemm_ws_streamk_kernel, values, 4, 1, dict(maxnreg=cfg.maxnreg)
     return build
 
@@ -756,6 +756,8 @@ VARIANTS: List[Variant] = [
             note="the stream-K form with B as a (K, N) row-major tensor"),
     Variant("gemm_ws", "bf16-128x256-s3-streamk-bands", _gemm_ws_streamk(merge=1), off={"amd": _GLUON_OFF},
             note="stream-K whose fix-up every contributor shares (a band of rows each, after its range)"),
+    Variant("gemm_ws", "bf16-128x256-s3-split3", _gemm_ws_streamk(merge=1, split=3), off={"amd": _GLUON_OFF},
+            note="split-K in three K parts in lockstep, the banded merge"),
     Variant("gemm_ws", "bf16-128x256-s3-peer-push", _gemm_ws(peer_push=1), off={"amd": _GLUON_OFF},
             note="a probe: every tile also TMA-stored into a peer GPU's twin of C"),
     Variant("gemm_ws", "bf16-128x256-s3-peer-paced", _gemm_ws(peer_push=2), off={"amd": _GLUON_OFF},

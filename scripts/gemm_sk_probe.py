@@ -2,8 +2,9 @@
 out = x @ w.T, CUDA-graph replays, us: cuBLAS, the data-parallel WS kernel, stream-K on every SM;
 timing-only forms with wrong sums (partial pieces dropped, i.e. no fix-up; partials stored only;
 stored and ticketed, no merge); the banded merge (sk_merge=1: every contributor sums a band of
-rows after its range); stream-K on a half and a quarter of the SMs, with a loader of 88 registers,
-and with 128 x 128 tiles in 4 stages. Run: python3 scripts/gemm_sk_probe.py [--shapes M:N:K,...]"""
+rows after its range); split-K in K lockstep with that merge (sk_split = SMs / tiles); stream-K
+on a half and a quarter of the SMs, with a loader of 88 registers, and with 128 x 128 tiles in 4
+stages. Run: python3 scripts/gemm_sk_probe.py [--shapes M:N:K,...]"""
 import argparse
 
 import torch
@@ -21,8 +22,9 @@ def main():
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     print(f"device {torch.cuda.get_device_name()}, {sms} SMs")
-    cols = ("cublas", "dp", "sk", "sk-nofix", "sk-store", "sk-tkt", "sk-bands", "sk-P/2", "sk-P/4", "sk-L88", "sk-s4")
-    print(f"{'M x N x K':>20} " + " ".join(f"{c:>8}" for c in cols) + "  err(sk, bands)")
+    cols = ("cublas", "dp", "sk", "sk-nofix", "sk-store", "sk-tkt", "sk-bands", "split", "sk-P/2", "sk-P/4", "sk-L88",
+            "sk-s4")
+    print(f"{'M x N x K':>20} " + " ".join(f"{c:>8}" for c in cols) + "  err(sk, bands, split)")
     for spec in args.shapes.split(","):
         M, N, K = (int(v) for v in spec.split(":"))
         x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
@@ -47,6 +49,19 @@ def main():
         err = max(err, ((out.float() - ref).abs().max() / ref.abs().max()).item())
         t["bands"] = graph_replay_ms(lambda: bands.run(x, w.t(), out)) * 1e3
         bands.check()
+        # split-K in K lockstep with the banded merge: S = SMs // tiles K parts (at least 2)
+        tiles = -(-M // 128) * -(-N // 256)
+        try:
+            split = WsGemmPlan(x, w.t(), out, config=dataclasses.replace(STREAMK_CONFIG, sk_merge=1,
+                                                                           sk_split=max(2, sms // tiles)))
+            out.fill_(float("nan"))
+            split.run(x, w.t(), out)
+            err = max(err, ((out.float() - ref).abs().max() / ref.abs().max()).item())
+            t["split"] = graph_replay_ms(lambda: split.run(x, w.t(), out)) * 1e3
+            split.check()
+        except ValueError as e:   # too many units for the workspace
+            print(f"  split: {e}")
+            t["split"] = float("nan")
         for d in (2, 4):
             pl = WsGemmPlan(x, w.t(), out, config=STREAMK_CONFIG, num_programs=sms // d)
             t[f"p{d}"] = graph_replay_ms(lambda: pl.run(x, w.t(), out)) * 1e3

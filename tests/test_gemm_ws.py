@@ -150,6 +150,12 @@ def _rel(out, ref):
     return ((out.double() - ref).abs().max() / ref.abs().max()).item()
 
 
+# the stream-K forms: the tile's last piece merges; every contributor a band; split-K in lockstep
+_SK_FORMS = {"last-piece": WsConfig(streamk=True), "bands": WsConfig(streamk=True, sk_merge=1),
+             "split3": WsConfig(streamk=True, sk_merge=1, sk_split=3),
+             "split8": WsConfig(streamk=True, sk_merge=1, sk_split=8)}
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -182,9 +188,9 @@ def test_thin_launch_takes_fresh_tensors_each_call():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("M,N,K,cfg", [(512, 768, 1024, WsConfig()), (256, 1536, 5120, WsConfig(streamk=True)),
-                                       (256, 1536, 5120, WsConfig(streamk=True, sk_merge=1))],
-                         ids=["data-parallel", "stream-k", "stream-k-bands"])
+@pytest.mark.parametrize("M,N,K,cfg", [(512, 768, 1024, WsConfig()), (256, 1536, 5120, _SK_FORMS["last-piece"]),
+                                       (256, 1536, 5120, _SK_FORMS["bands"]), (256, 1536, 5120, _SK_FORMS["split3"])],
+                         ids=["data-parallel", "stream-k", "stream-k-bands", "split-k-3"])
 def test_cuda_graph_replay_sees_new_inputs(M, N, K, cfg):
     a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
@@ -349,20 +355,32 @@ def test_streamk_ranges_cover_every_iteration_once(tiles, k_steps, sms):
         assert {seen[(t, k)] for k in range(k_steps)} == set(range(first, last + 1))
 
 
+@settings(max_examples=200, deadline=None)
+@given(k_steps=st.integers(1, 400), split=st.integers(2, 16), n=st.integers(2, 40))
+def test_split_parts_and_merge_bands_cover_once(k_steps, split, n):
+    """sk_split's K parts (the kernel's arithmetic): contiguous, in order, none empty once S is
+    capped at the K steps (as WsGemmPlan caps it); the banded merge's shares: every row band of a
+    half tile summed by exactly one contributor, whatever n."""
+    from numasched.gemm_ws import merge_bands, split_parts
+
+    S = min(split, k_steps)
+    parts = split_parts(k_steps, S)
+    assert parts[0][0] == 0 and parts[-1][1] == k_steps
+    assert all(a < b for a, b in parts) and all(parts[i][1] == parts[i + 1][0] for i in range(S - 1))
+    shares = merge_bands(n)
+    assert sorted(b for share in shares for b in share) == list(range(8))
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("merge", [0, 1], ids=["last-piece", "bands"])
+@pytest.mark.parametrize("form", list(_SK_FORMS))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("b_weight", [True, False])
 @pytest.mark.parametrize("M,N,K", [(1, 264, 72), (97, 520, 1000), (512, 2560, 8192), (300, 4096, 4096),
                                    (1031, 1000, 3000), (128, 256, 64), (4096, 2048, 512), (128, 2560, 8192)])
-def test_streamk_matches_float64_and_repeats_its_bits(M, N, K, b_weight, dtype, merge):
-    import dataclasses
-
-    from numasched.gemm_ws import STREAMK_CONFIG
-
+def test_streamk_matches_float64_and_repeats_its_bits(M, N, K, b_weight, dtype, form):
     a, b, out, ref = _operands(M, N, K, dtype, b_weight)
-    plan = WsGemmPlan(a, b, out, config=dataclasses.replace(STREAMK_CONFIG, sk_merge=merge))
+    plan = WsGemmPlan(a, b, out, config=_SK_FORMS[form])
     plan.run(a, b, out)
     assert _rel(out, ref) < 1e-2
     first = out.clone()
