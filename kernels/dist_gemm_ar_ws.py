@@ -69,7 +69,7 @@ if HAVE_GLUON:
         flags: gl.tensor                       # our flags (2, 2 T) int64
         peer_flags: gl.tensor                  # the peer's flags
         status: gl.tensor                      # int32 status word (bit r: rank r timed out)
-        bound: gl.tensor                       # ns a wait may take (%globaltimer)
+        bound: gl.tensor                       # us a wait may take (%globaltimer; int32 for any timeout)
         e: gl.tensor                           # this call's epoch
         rank: gl.tensor
         M: gl.tensor
@@ -154,14 +154,14 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _wait_flag(ptr, target, src, status, bound):
-        """Spin (acquire, system scope) until *ptr >= target, for at most ``bound`` ns of
+        """Spin (acquire, system scope) until *ptr >= target, for at most ``bound`` us of
         ``%globaltimer`` (read every 64 polls); on timeout set bit ``src`` of the status word
         (later waits then give up at once). A poll count was no bound: on two H100s 10 s of the
         Triton kernels' polls took the WS consumers 112 s (tp2-s29b)."""
         v = gl.atomic_add(ptr, 0, sem="acquire", scope="sys")
         if v < target:
             dead = gl.atomic_add(status, 0, sem="relaxed", scope="gpu")
-            end = _clock_ns() + gl.where(dead != 0, 0, bound).to(gl.int64)
+            end = _clock_ns() + gl.where(dead != 0, 0, bound).to(gl.int64) * 1000
             late = (dead != 0).to(gl.int32)
             spins = 0
             while (v < target) & (late == 0):

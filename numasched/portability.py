@@ -468,7 +468,7 @@ def _gemm_all_reduce_ws(residual: bool = True, direct: bool = True, rs: bool = F
                       out_desc=descriptor_type("bf16", half), out_peer_desc=descriptor_type("bf16", chunk),
                       recv_desc=descriptor_type("bf16", half), recv_peer_desc=descriptor_type("bf16", chunk),
                       flags="*i64", peer_flags="*i64", status="*i32", epoch="*i64", counters="*i32",
-                      bound=10**10, rank=3, M=4096, N=4096, K=7168, STAGES=cfg.stages, RESIDUAL=residual,
+                      bound=10**7, rank=3, M=4096, N=4096, K=7168, STAGES=cfg.stages, RESIDUAL=residual,
                       DIRECT=direct, CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=cfg.loader_regs, RS=rs,
                       RS_PAIRS=rs_pairs)
         return matmul_all_reduce_ws_kernel, values, 4, 1, dict(maxnreg=cfg.maxnreg)

@@ -48,9 +48,11 @@ def peer_address(ctx, t: torch.Tensor):
     return DeviceAddress(ctx.heap_bases_host[peer] + (t.data_ptr() - ctx.heap_bases_host[ctx.rank]), t.dtype)
 
 
-def _bound_ns(ctx) -> int:
-    """A wait's bound in the WS kernel: ``timeout_s`` in ns of the GPU's global timer."""
-    return int(ctx.timeout_s * 1e9)
+def _bound_us(ctx) -> int:
+    """A wait's bound in the WS kernel: ``timeout_s`` in us of the GPU's global timer (an int32
+    for any timeout below 35 minutes, so the compiled kernel's argument type does not change with
+    it: the C launcher reuses one compile)."""
+    return min(int(ctx.timeout_s * 1e6), 2**31 - 1)
 
 
 def launch(ctx, plan, *, a, b_store, b_trans, out, recv, flags, epoch, counters, rows, N, K,
@@ -89,7 +91,7 @@ def launch(ctx, plan, *, a, b_store, b_trans, out, recv, flags, epoch, counters,
         # made once (descriptors expanded into their tensor maps): an eager call's host work is
         # a key and a lookup (the shapes are the plan's; strides are in the key)
         fkey = (a.data_ptr(), a.stride(), b_store.data_ptr(), b_store.stride(), out.data_ptr(), recv.data_ptr(),
-                flags.data_ptr(), epoch.data_ptr(), counters.data_ptr(), _bound_ns(ctx))
+                flags.data_ptr(), epoch.data_ptr(), counters.data_ptr(), _bound_us(ctx))
         fulls = plan.launchers.setdefault(("ws-full",) + key[1:], {})
         full = fulls.get(fkey)
         if full is not None:
@@ -106,7 +108,7 @@ def launch(ctx, plan, *, a, b_store, b_trans, out, recv, flags, epoch, counters,
             desc(peer_address(ctx, out) if direct else out, (rows, N), (N, 1), chunk),
             desc(recv2, recv2.shape, recv2.stride(), half),
             desc(peer_address(ctx, recv2), recv2.shape, recv2.stride(), chunk),
-            flags, peer_address(ctx, flags), ctx.status, epoch, counters, _bound_ns(ctx), ctx.rank, rows, N, K)
+            flags, peer_address(ctx, flags), ctx.status, epoch, counters, _bound_us(ctx), ctx.rank, rows, N, K)
     if plan.launches == 0:
         # compile on every rank, then line them up, before any waits (a rank still compiling a
         # Gluon kernel, seconds, must not look dead): as the Triton kernels' first launch
