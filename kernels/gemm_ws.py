@@ -451,12 +451,10 @@ if HAVE_GLUON:
                         ticket = gl.atomic_add(p.tickets + t * 2 + ROLE, 1, sem="acq_rel", scope="gpu")
                     else:
                         ticket = 0
-                    if p.MERGE == 1:   # the arrival only: the bands are summed after the range (below)
-                        ticket = -1
                     if p.FIXUP == 2:   # the probe's tickets: reset each call
                         if ticket == last - first:
                             gl.atomic_xchg(p.tickets + t * 2 + ROLE, 0, sem="relaxed", scope="gpu")
-                    if p.FIXUP == 1:
+                    if (p.FIXUP == 1) & (p.MERGE == 0):
                         if ticket == last - first:   # the tile's last piece: sum every program's, in order
                             gl.atomic_xchg(p.tickets + t * 2 + ROLE, 0, sem="relaxed", scope="gpu")
                             r_c = gl.arange(0, ROWS, layout=gl.SliceLayout(1, ch_layout))
@@ -564,14 +562,18 @@ if HAVE_GLUON:
             arrived = p.tickets + t * 2 + ROLE
             v = gl.atomic_add(arrived, 0, sem="acquire", scope="gpu")
             if v < n:
-                stop = _sk_clock_ns() + p.bound
-                late = 0
+                # a wait after one that timed out gives up at once; the clock is read as the
+                # warpgroup's maximum, so every warp leaves the loop at the same poll (a warp that
+                # left alone would meet the others' poll barrier with its next one: a hang)
+                dead = gl.atomic_add(p.status, 0, sem="relaxed", scope="gpu")
+                stop = _uniform_clock_ns() + p.bound
+                late = (dead != 0).to(gl.int32)
                 spins = 0
                 while (v < n) & (late == 0):
                     v = gl.atomic_add(arrived, 0, sem="acquire", scope="gpu")
                     spins += 1
                     if spins % 64 == 0:
-                        late = (_sk_clock_ns() > stop).to(gl.int32)
+                        late = (_uniform_clock_ns() > stop).to(gl.int32)
                 if v < n:
                     gl.atomic_or(p.status, 1, sem="relaxed", scope="gpu")
             cols = tn * BLOCK_N + cc
@@ -586,7 +588,8 @@ if HAVE_GLUON:
                     part = part + l1
                     part = part + gl.where(q + 1 <= last, l2, 0.0)
                 rows = row0 + b * RB + rr
-                gl.store(p.c_ptr + rows[:, None] * p.stride_cm + cols[None, :], part.to(p.c_ptr.dtype.element_ty),
+                gl.store(p.c_ptr + rows[:, None].to(gl.int64) * p.stride_cm + cols[None, :],
+                         part.to(p.c_ptr.dtype.element_ty),
                          mask=(rows[:, None] < p.M) & (cols[None, :] < p.N))
             gl.thread_barrier()
             gone = gl.atomic_add(p.tickets + 2 * T + t * 2 + ROLE, 1, sem="acq_rel", scope="gpu")
@@ -595,10 +598,13 @@ if HAVE_GLUON:
                 gl.atomic_xchg(p.tickets + 2 * T + t * 2 + ROLE, 0, sem="relaxed", scope="gpu")
 
     @gluon.jit
-    def _sk_clock_ns():
-        """The GPU's global nanosecond timer (``%globaltimer``)."""
-        return gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False,
-                                         pack=1)
+    def _uniform_clock_ns():
+        """The GPU's global nanosecond timer (``%globaltimer``) as one value for the whole warpgroup:
+        each thread reads its own (an inline asm runs in every thread), the maximum is shared."""
+        lay: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+        now = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False,
+                                        pack=1)
+        return gl.max(gl.full([128], 0, gl.int64, lay) + now, axis=0)
 
     @gluon.jit
     def _sk_consumer_lo(p):

@@ -159,6 +159,10 @@ class WsGemmPlan:
         tiles = -(-self.M // cfg.block_m) * -(-self.N // cfg.block_n)
         sms = torch.cuda.get_device_properties(a.device).multi_processor_count
         self.num_programs = max(1, min(tiles, num_programs or sms))
+        if cfg.sk_merge not in (0, 1) or cfg.sk_split < 0:
+            raise ValueError(f"config.sk_merge must be 0 or 1 and sk_split >= 0, got {cfg.sk_merge}, {cfg.sk_split}")
+        if not cfg.streamk and (cfg.sk_merge or cfg.sk_split):
+            raise ValueError("config.sk_merge and sk_split are for the stream-K form (streamk=True)")
         if cfg.streamk:
             if cfg.glu or peer_out_ptr is not None or row_scale is not None:
                 raise ValueError("the stream-K form is for the plain GEMM (no glu, row_scale or peer copy)")
@@ -171,11 +175,12 @@ class WsGemmPlan:
                 if cfg.sk_split < 2 or cfg.sk_merge != 1:
                     raise ValueError(f"sk_split must be >= 2 and take sk_merge=1 (the banded merge), got "
                                      f"sk_split={cfg.sk_split}, sk_merge={cfg.sk_merge}")
-                self.split = min(cfg.sk_split, k_steps)   # no empty K parts
+                if tiles > SK_SPLIT_MAX_UNITS:
+                    raise ValueError(f"{tiles} tiles: more than {SK_SPLIT_MAX_UNITS} split-K units (their "
+                                     "partials' workspace); use sk_split=0 (stream-K ranges)")
+                # no empty K parts, and at most SK_SPLIT_MAX_UNITS units
+                self.split = min(cfg.sk_split, k_steps, SK_SPLIT_MAX_UNITS // tiles)
                 units = tiles * self.split
-                if units > SK_SPLIT_MAX_UNITS:
-                    raise ValueError(f"{tiles} tiles x {self.split} K parts = {units} units: more than "
-                                     f"{SK_SPLIT_MAX_UNITS} (their partials' workspace); use a smaller sk_split")
                 self.num_programs = max(1, min(units, num_programs or sms))
                 slots = 2 * units   # one a unit, two halves
             else:
@@ -188,6 +193,10 @@ class WsGemmPlan:
             # fp32 partials; tickets per half tile (arrivals, departures), zero between calls (the
             # kernel leaves them so)
             self.work = torch.empty(slots * half, device=a.device, dtype=torch.float32)
+            if cfg.sk_merge == 1 and self.num_programs > sms:
+                # the banded merge waits for other programs' partials: all must be resident at once
+                raise ValueError(f"num_programs={num_programs} exceeds the {sms} SMs: the banded merge (sk_merge=1) "
+                                 "needs every program resident (one per SM)")
             self.tickets = torch.zeros(4 * tiles, device=a.device, dtype=torch.int32)
             self.status = torch.zeros(1, device=a.device, dtype=torch.int32)   # sk_merge 1: a wait ran out
             self.fixup = 1   # a timing probe's 0, 2, 3 (kernels/gemm_ws.py; scripts/gemm_sk_probe.py): wrong sums
@@ -246,9 +255,13 @@ class WsGemmPlan:
 
     def check(self):
         """Raise if a stream-K call's banded merge (``sk_merge=1``) gave up waiting for a piece
-        (a program not resident beside the others, e.g. fewer SMs than the plan's programs): its
-        output is then wrong. Synchronises with the GPU."""
+        (a program not resident beside the others, e.g. SMs taken by another kernel that waits on
+        this one): its output is then wrong. Clears the error and the plan's counters, so the
+        next call starts clean. Synchronises with the GPU."""
         if getattr(self, "status", None) is not None and int(self.status.item()):
+            # the counters of a call that gave up are not back at zero: clear them for the next
+            self.tickets.zero_()
+            self.status.zero_()
             raise RuntimeError(f"the stream-K GEMM's merge waited more than {SK_WAIT_NS / 1e9:g} s for a tile's "
                                f"pieces ({self.num_programs} programs: were they all resident?)")
 

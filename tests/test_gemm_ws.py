@@ -386,7 +386,38 @@ def test_streamk_matches_float64_and_repeats_its_bits(M, N, K, b_weight, dtype, 
     first = out.clone()
     for _ in range(3):   # the tickets are back at zero; the merge order fixes the bits
         out.fill_(float("nan"))
+        plan.work.fill_(float("nan"))   # a partial read before it was written shows
         plan.run(a, b, out)
         assert torch.equal(out, first)
     assert not plan.tickets.any()
     plan.check()   # no wait ran out
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("form", list(_SK_FORMS))
+@pytest.mark.parametrize("programs", [1, 2, 7])
+def test_streamk_on_few_programs(form, programs):
+    """Few programs: a range spans many tiles, and split-K programs own several units of one tile
+    (the banded merge's contributor then departs once per unit)."""
+    a, b, out, ref = _operands(300, 1000, 3000, torch.bfloat16, True)
+    plan = WsGemmPlan(a, b, out, config=_SK_FORMS[form], num_programs=programs)
+    plan.work.fill_(float("nan"))
+    plan.run(a, b, out)
+    assert _rel(out, ref) < 1e-2
+    assert not plan.tickets.any()
+    plan.check()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")
+def test_streamk_config_errors_name_the_field():
+    a, b, out, _ = _operands(256, 512, 512, torch.bfloat16, True)
+    for cfg, field in ((WsConfig(sk_merge=1), "sk_merge"), (WsConfig(streamk=True, sk_merge=2), "sk_merge"),
+                       (WsConfig(streamk=True, sk_split=4), "sk_split"),
+                       (WsConfig(streamk=True, sk_split=-1), "sk_split")):
+        with pytest.raises(ValueError, match=field):
+            WsGemmPlan(a, b, out, config=cfg)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    with pytest.raises(ValueError, match="num_programs"):
+        WsGemmPlan(a, b, out, config=_SK_FORMS["bands"], num_programs=sms + 1)
