@@ -47,7 +47,7 @@ try:
                                                                    warpgroup_mma, warpgroup_mma_wait)
     from triton.language.core import _aggregate as aggregate
 
-    from numasched.kernels.gemm_ws import HAVE_GLUON, _load_b, _mma_step, _stage_a, _uniform_clock_ns
+    from numasched.kernels.gemm_ws import HAVE_GLUON, _load_b, _mma_step, _stage_a
 except ImportError:  # pragma: no cover - triton without Gluon
     HAVE_GLUON = False
 
@@ -147,6 +147,16 @@ if HAVE_GLUON:
             return half, t, (t // TN) * BLOCK_M, (t // TN) * BLOCK_M, (t % TN) * BLOCK_N
 
     @gluon.jit
+    def _clock_ns():
+        """The GPU's global nanosecond timer (``%globaltimer``), as this thread reads it. (Warps read
+        it nanoseconds apart, so at a timeout one warp could leave the poll loop a poll before the
+        others, whose polls' broadcasts share a barrier: a window of nanoseconds in a 10 s wait.
+        Taking the warpgroup's maximum instead (gemm_ws._uniform_clock_ns) added 8-12 bytes of
+        spills to the reduce-scatter forms; kernels/dist_common.py's wait_flag reads it the same way.)"""
+        return gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False,
+                                         pack=1)
+
+    @gluon.jit
     def _wait_flag(ptr, target, src, status, bound):
         """Spin (acquire, system scope) until *ptr >= target, for at most ``bound`` us of
         ``%globaltimer`` (read every 64 polls); on timeout set bit ``src`` of the status word
@@ -155,16 +165,14 @@ if HAVE_GLUON:
         v = gl.atomic_add(ptr, 0, sem="acquire", scope="sys")
         if v < target:
             dead = gl.atomic_add(status, 0, sem="relaxed", scope="gpu")
-            # the clock as the warpgroup's maximum: every warp leaves the loop at the same poll (each
-            # poll's broadcast has a barrier of the warpgroup; a warp that left alone would hang it)
-            end = _uniform_clock_ns() + gl.where(dead != 0, 0, bound).to(gl.int64) * 1000
+            end = _clock_ns() + gl.where(dead != 0, 0, bound).to(gl.int64) * 1000
             late = (dead != 0).to(gl.int32)
             spins = 0
             while (v < target) & (late == 0):
                 v = gl.atomic_add(ptr, 0, sem="acquire", scope="sys")
                 spins += 1
                 if spins % 64 == 0:
-                    late = (_uniform_clock_ns() > end).to(gl.int32)
+                    late = (_clock_ns() > end).to(gl.int32)
             if v < target:
                 gl.atomic_or(status, 1 << src, sem="relaxed", scope="gpu")
 
