@@ -375,6 +375,25 @@ if HAVE_GLUON:
             return (q * 2 + (q * tot // P < t * ks).to(gl.int32)) * 2 + ROLE
 
     @gluon.jit
+    def _piece_mma(p, it, k0, k1, ROLE: gl.constexpr):
+        """A consumer's K steps [k0, k1) of one piece into a fresh accumulator (its first wgmma
+        ignores it; made per piece, it is dead during a merge, whose loads then have the
+        registers), the ring's slots freed behind it. Returns (the accumulator, the ring step)."""
+        BLOCK_N: gl.constexpr = p.c_desc.block_type.shape[1]
+        ROWS: gl.constexpr = p.c_desc.block_type.shape[0]
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                             instr_shape=[16, BLOCK_N, 16])
+        acc = gl.zeros((ROWS, BLOCK_N), gl.float32, acc_layout)
+        prev = 0
+        for kk in range(k0, k1):
+            acc, s = _mma_step(p, acc, it, kk - k0, prev, ROLE, ROWS)
+            prev = s
+            it += 1
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        mbarrier.arrive(p.empty.index(prev), count=1, pred=k1 > k0)
+        return acc, it
+
+    @gluon.jit
     def _sk_loader(p):
         """One warp: the TMA loads of this program's range, piece by piece."""
         BLOCK_M: gl.constexpr = p.a_desc.block_type.shape[0]
@@ -407,8 +426,6 @@ if HAVE_GLUON:
         BLOCK_N: gl.constexpr = p.c_desc.block_type.shape[1]
         ROWS: gl.constexpr = p.c_desc.block_type.shape[0]
         CH: gl.constexpr = BLOCK_N // 2   # the merge's column chunk (64 x 128 fp32: 64 registers a thread)
-        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                             instr_shape=[16, BLOCK_N, 16])
         ch_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, CH, 16])
         c_smem = gl.allocate_shared_memory(p.c_desc.dtype, p.c_desc.block_type.shape, p.c_desc.layout)
@@ -423,16 +440,7 @@ if HAVE_GLUON:
         it = 0
         while i < end:
             t, k0, k1, tm, tn = _sk_piece(p, i, end, ks, NM, NN)
-            # a piece's own accumulator (its first wgmma ignores it): dead during the merge below,
-            # whose loads then have the registers
-            acc = gl.zeros((ROWS, BLOCK_N), gl.float32, acc_layout)
-            prev = 0
-            for kk in range(k0, k1):
-                acc, s = _mma_step(p, acc, it, kk - k0, prev, ROLE, ROWS)
-                prev = s
-                it += 1
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            mbarrier.arrive(p.empty.index(prev), count=1, pred=k1 > k0)
+            acc, it = _piece_mma(p, it, k0, k1, ROLE)
             row0 = tm * BLOCK_M + ROLE * ROWS
             first = _sk_owner(t * ks, tot, P)
             last = _sk_owner(t * ks + ks - 1, tot, P)
@@ -497,22 +505,12 @@ if HAVE_GLUON:
         """SPLIT: one warpgroup's units (see _split_piece): each unit's partial into its slot and an
         arrival on its tile's counter; after the last unit, its band of each of its units' tiles."""
         BLOCK_M: gl.constexpr = p.a_desc.block_type.shape[0]
-        BLOCK_N: gl.constexpr = p.c_desc.block_type.shape[1]
         ROWS: gl.constexpr = p.c_desc.block_type.shape[0]
-        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                             instr_shape=[16, BLOCK_N, 16])
         units = NM * NN * p.SPLIT
         it = 0
         for u in range(gl.program_id(0), units, gl.num_programs(0)):
             t, k0, k1, tm, tn = _split_piece(p, u, ks, NM, NN)
-            acc = gl.zeros((ROWS, BLOCK_N), gl.float32, acc_layout)
-            prev = 0
-            for kk in range(k0, k1):
-                acc, s = _mma_step(p, acc, it, kk - k0, prev, ROLE, ROWS)
-                prev = s
-                it += 1
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            mbarrier.arrive(p.empty.index(prev), count=1, pred=k1 > k0)
+            acc, it = _piece_mma(p, it, k0, k1, ROLE)
             if tm * BLOCK_M + ROLE * ROWS < p.M:   # (a half tile below M: nothing to store, no arrival)
                 _store_partial(p, acc, u * 2 + ROLE)
                 gl.thread_barrier()
