@@ -10,7 +10,10 @@ Per point, side by side in one run, all in CUDA graphs of R calls (median of rep
 * cuBLAS: ``torch.matmul(x, W.T)``;
 * numasched: ``numasched.matmul(x, W.T)``: the schedule the model chose (no tuning);
 * "best": the fastest of the chooser's pick and the next ``--top`` schedules by the model's
-  estimate, each timed the same way (the autotuned reference the chooser is judged against).
+  estimate, each timed the same way (the autotuned reference the chooser is judged against);
+* with ``--ws``: the warp-specialised Gluon GEMM's forms (numasched.gemm_ws: data-parallel,
+  stream-K, its banded merge, split-K in K lockstep), not offered by the chooser yet, and
+  cuBLAS time / the faster of ours and theirs (``ratio_with_ws``).
 
 Each call of a graph reads its own copy of W (enough copies to exceed 2x the L2), so the weights
 come from HBM as they do in a model's forward pass, for cuBLAS and numasched alike. Reported: us
@@ -68,8 +71,34 @@ def build_parser() -> argparse.ArgumentParser:
                    help="schedules timed at every point besides the model's ('; '-separated, as the results name "
                         "them, e.g. 'streamk 128x256x64 w8 s4 persistent'); where one does not fit a point it is "
                         "reported as failed there")
+    p.add_argument("--ws", type=ws_forms, default=[], metavar="FORMS",
+                   help="also time the warp-specialised Gluon GEMM's forms at every point (Hopper; comma-separated "
+                        f"of {', '.join(WS_FORMS)}): columns ws_FORM_us, checked like the schedules")
     p.add_argument("--dry-run", action="store_true", help="print the points and contenders and exit (no GPU needed)")
     return p
+
+
+# the WS GEMM's forms (numasched.gemm_ws): data-parallel tiles; stream-K with the last piece's merge;
+# stream-K with the banded merge; split-K in K lockstep (S = SMs // tiles, at least 2) with it
+WS_FORMS = ("dp", "sk", "bands", "split")
+
+
+def ws_forms(text: str) -> list:
+    """argparse type: comma-separated WS GEMM forms."""
+    forms = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [f for f in forms if f not in WS_FORMS]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown WS forms {bad}; choose from {', '.join(WS_FORMS)}")
+    return forms
+
+
+def ws_config(form: str, m: int, n: int, sms: int):
+    """The WsConfig of a form at an (m, n) output (split-K: S = SMs // tiles of 128 x 256, at least 2)."""
+    from numasched.gemm_ws import WsConfig
+
+    tiles = -(-m // 128) * -(-n // 256)
+    return {"dp": WsConfig(), "sk": WsConfig(streamk=True), "bands": WsConfig(streamk=True, sk_merge=1),
+            "split": WsConfig(streamk=True, sk_merge=1, sk_split=max(2, sms // tiles))}[form]
 
 
 def schedule_list(text: str) -> list:
@@ -161,6 +190,40 @@ def precompile(points, top: int, workers: int, machine, extra=()) -> None:
           + (f"; {len(errs)} failed, first: {errs[0]}" if errs else ""), flush=True)
 
 
+def _time_ws(forms, x, ws, outs, ref, copies, calls, graph_us, log, where) -> dict:
+    """us of each WS GEMM form at this point (inf where it cannot run or is wrong: output poisoned,
+    checked against cuBLAS's result as the schedules are)."""
+    import torch
+
+    from numasched.gemm_ws import WsGemmPlan, supported
+
+    times = {}
+    if not forms:
+        return times
+    why = supported(x, ws[0].T, outs[0])
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+    for form in forms:
+        t = float("inf")
+        if why is None:
+            try:
+                plan = WsGemmPlan(x, ws[0].T, outs[0], config=ws_config(form, x.shape[0], ws[0].shape[0], sms))
+                outs[0].fill_(float("nan"))
+                plan.run(x, ws[0].T, outs[0])
+                e = ((outs[0].float() - ref.float()).norm() / ref.float().norm()).item()
+                if e < 1e-2:
+                    t = graph_us(lambda i, plan=plan: plan.run(x, ws[i].T, outs[i]), copies, calls)
+                    if hasattr(plan, "check"):
+                        plan.check()
+                else:
+                    log.append(f"{where}: WS {form} WRONG: relative error {e:.2e}")
+                    print(log[-1], flush=True)
+            except Exception as e:  # a form that cannot take the point (e.g. too many split-K units)
+                log.append(f"{where}: WS {form} failed: {type(e).__name__}: {str(e)[:200]}")
+                print(log[-1], flush=True)
+        times[form] = t
+    return times
+
+
 def _tma_ok(x, w) -> bool:
     """Whether TMA can read both operands (16-byte aligned rows): else the tiled kernel is off."""
     from numasched.gemm import tma_view
@@ -243,6 +306,7 @@ def main(argv=None) -> int:
                 log.append(msg)
                 t = float("inf")
             tried[key] = (t, est)
+        ws_times = _time_ws(args.ws, x, ws, outs, ref, copies, args.calls, graph_us, log, f"{model} {proj} M={m}")
         ours = tried[chosen.describe()][0]
         best_key = min(tried, key=lambda kk: tried[kk][0])
         best = tried[best_key][0]
@@ -254,6 +318,11 @@ def main(argv=None) -> int:
                    rel_err=None if err is None else float(f"{err:.2e}"),
                    # every timed schedule (us; the model's estimate), for fitting the model
                    timed=";".join(f"{kk}={v[0]:.2f}/{v[1] * 1e6:.2f}" for kk, v in tried.items()))
+        for form, t in ws_times.items():
+            row[f"ws_{form}_us"] = round(t, 2) if math.isfinite(t) else None
+        if ws_times:
+            fastest = min([ours] + [t for t in ws_times.values() if math.isfinite(t)])
+            row["ratio_with_ws"] = round(cublas / fastest, 3)
         rows.append(row)
         del ws, outs
         torch.cuda.empty_cache()
@@ -263,6 +332,11 @@ def main(argv=None) -> int:
     summary = (f"cuBLAS time / ours: min {min(ratios):.3f}, geomean {geo:.3f} over {len(ratios)} points; "
                f"points >= 0.95: {sum(r >= 0.95 for r in ratios)}/{len(ratios)}; chooser within 5% of the best of "
                f"the timed schedules: {len(within)}/{len(rows)}")
+    with_ws = [r["ratio_with_ws"] for r in rows if r.get("ratio_with_ws")]
+    if with_ws:
+        g = math.exp(sum(math.log(x) for x in with_ws) / len(with_ws))
+        summary += (f"; with the WS forms ({','.join(args.ws)}) where faster: min {min(with_ws):.3f}, geomean "
+                    f"{g:.3f}, points >= 0.95: {sum(r >= 0.95 for r in with_ws)}/{len(with_ws)}")
     if stream:
         fr = [r["stream_frac"] for r in rows if r["stream_frac"]]
         if fr:

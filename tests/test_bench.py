@@ -214,6 +214,20 @@ def test_gemm_inference_extra_schedules_are_parsed_and_timed_beside_the_model():
         GI.build_parser().parse_args(["--extra", "streamk 128x256 w8"])
 
 
+def test_gemm_inference_ws_forms_are_parsed_and_configured():
+    """--ws takes the WS GEMM's forms by name (an unknown one refused, naming the choices); split-K
+    gets S = SMs // tiles K parts, at least 2."""
+    from numasched.bench import gemm_inference as GI
+
+    assert GI.build_parser().parse_args(["--ws", "dp,split", "--dry-run"]).ws == ["dp", "split"]
+    with pytest.raises(SystemExit):
+        GI.build_parser().parse_args(["--ws", "dp,nope"])
+    assert GI.ws_config("split", 128, 2560, 132).sk_split == 13    # 10 tiles
+    assert GI.ws_config("split", 512, 2560, 132).sk_split == 3     # 40 tiles
+    assert GI.ws_config("split", 4096, 6144, 132).sk_split == 2    # 768 tiles: at least 2
+    assert GI.ws_config("bands", 512, 2560, 132).sk_merge == 1 and not GI.ws_config("dp", 1, 1, 132).streamk
+
+
 def test_collectives_launcher_passes_no_nproc_to_its_workers():
     """`--nproc 4` (two words) once reached the workers as a stray "4": every rank exited with a usage error."""
     from numasched.bench.collectives import _without_nproc, build_parser
