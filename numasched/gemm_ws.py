@@ -190,13 +190,13 @@ class WsGemmPlan:
                     raise ValueError(f"the stream-K form's iteration count ({total} on {self.num_programs} "
                                      "programs) overflows int32; use the data-parallel config")
                 slots = 4 * self.num_programs   # a range's first and last piece, two halves each
-            # fp32 partials; tickets per half tile (arrivals, departures), zero between calls (the
-            # kernel leaves them so)
-            self.work = torch.empty(slots * half, device=a.device, dtype=torch.float32)
             if cfg.sk_merge == 1 and self.num_programs > sms:
                 # the banded merge waits for other programs' partials: all must be resident at once
                 raise ValueError(f"num_programs={num_programs} exceeds the {sms} SMs: the banded merge (sk_merge=1) "
                                  "needs every program resident (one per SM)")
+            # fp32 partials; tickets per half tile (arrivals, departures), zero between calls (the
+            # kernel leaves them so)
+            self.work = torch.empty(slots * half, device=a.device, dtype=torch.float32)
             self.tickets = torch.zeros(4 * tiles, device=a.device, dtype=torch.int32)
             self.status = torch.zeros(1, device=a.device, dtype=torch.int32)   # sk_merge 1: a wait ran out
             self.fixup = 1   # a timing probe's 0, 2, 3 (kernels/gemm_ws.py; scripts/gemm_sk_probe.py): wrong sums
@@ -223,15 +223,20 @@ class WsGemmPlan:
                                        CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=cfg.loader_regs,
                                        PEER_PUSH=self.peer_mode, num_warps=4, maxnreg=cfg.maxnreg), device=a.device)
         desc = descriptor_maker(self._launch)
-        bt = b.t()
-        c_d = desc(out, out.shape, out.stride(), [cfg.block_m // 2, cfg.block_n])
+        a_d, b_d, c_d = self._descriptors(desc, a, b, out)
         peer = c_d if self.peer is None else desc(DeviceAddress(self.peer, out.dtype), out.shape, out.stride(),
                                                   [cfg.block_m // 2, 64 if self.peer_mode == 2 else cfg.block_n])
-        self._launch(desc(a, a.shape, a.stride(), [cfg.block_m, cfg.block_k]),
-                     desc(bt, bt.shape, bt.stride(), [cfg.block_n, cfg.block_k]) if self.b_kmajor
-                     else desc(b, b.shape, b.stride(), [cfg.block_k, cfg.block_n]),
-                     c_d, peer, row_scale if row_scale is not None else out, self.M, self.N, self.K)
+        self._launch(a_d, b_d, c_d, peer, row_scale if row_scale is not None else out, self.M, self.N, self.K)
         return out
+
+    def _descriptors(self, desc, a, b, out):
+        """A's (BLOCK_M, BLOCK_K) boxes, B's in the plan's orientation, out's half-tile boxes."""
+        cfg = self.config
+        bt = b.t()
+        return (desc(a, a.shape, a.stride(), [cfg.block_m, cfg.block_k]),
+                desc(bt, bt.shape, bt.stride(), [cfg.block_n, cfg.block_k]) if self.b_kmajor
+                else desc(b, b.shape, b.stride(), [cfg.block_k, cfg.block_n]),
+                desc(out, out.shape, out.stride(), [cfg.block_m // 2, cfg.block_n]))
 
     def _run_streamk(self, a, b, out):
         from numasched._launch import Launch
@@ -244,12 +249,7 @@ class WsGemmPlan:
                                        LOADER_REGS=cfg.loader_regs, FIXUP=self.fixup, MERGE=cfg.sk_merge,
                                        SPLIT=self.split, num_warps=4, maxnreg=cfg.maxnreg),
                                   device=a.device)
-        desc = descriptor_maker(self._launch)
-        bt = b.t()
-        self._launch(desc(a, a.shape, a.stride(), [cfg.block_m, cfg.block_k]),
-                     desc(bt, bt.shape, bt.stride(), [cfg.block_n, cfg.block_k]) if self.b_kmajor
-                     else desc(b, b.shape, b.stride(), [cfg.block_k, cfg.block_n]),
-                     desc(out, out.shape, out.stride(), [cfg.block_m // 2, cfg.block_n]),
+        self._launch(*self._descriptors(descriptor_maker(self._launch), a, b, out),
                      self.work, self.tickets, out, out.stride(0), self.status, SK_WAIT_NS, self.M, self.N, self.K)
         return out
 
@@ -269,7 +269,7 @@ class WsGemmPlan:
 def streamk_ranges(tiles: int, k_steps: int, programs: int):
     """The stream-K kernel's schedule, as the kernel computes it: per program its (tile, first K
     step, end K step) pieces, and per tile (first, last) owning programs. A host twin of
-    kernels/gemm_ws.py's range arithmetic for tests and the cost model."""
+    kernels/gemm_ws.py's range arithmetic (property-tested)."""
     total = tiles * k_steps
     owner = lambda i: ((i + 1) * programs - 1) // total  # noqa: E731
     pieces = []
