@@ -314,7 +314,7 @@ if HAVE_GLUON:
         GROUP_M: gl.constexpr
         FIXUP: gl.constexpr    # 1; a timing probe's 0 / 2 / 3 (see _sk_consumer): wrong sums
         MERGE: gl.constexpr    # 0: the tile's last piece sums it; 1: every contributor sums a band of rows
-        SPLIT: gl.constexpr    # 0: stream-K ranges; S >= 2: split-K units (tile, K part) in K lockstep (MERGE 1)
+        SPLIT: gl.constexpr    # 0: stream-K ranges; S >= 1: split-K units (tile, K part) in K lockstep (MERGE 1)
 
         @gluon.constexpr_function
         def __init__(self, a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, work, tickets, c_ptr, stride_cm,
