@@ -394,29 +394,33 @@ if HAVE_GLUON:
         return acc, it
 
     @gluon.jit
-    def _sk_loader(p):
-        """One warp: the TMA loads of this program's range, piece by piece."""
+    def _load_piece(p, it, tm, tn, k0, k1):
+        """The loader's TMA loads of K steps [k0, k1) of tile (tm, tn) into the ring from step
+        ``it``; returns the ring's next step (the consumers' _piece_mma walks the same steps)."""
         BLOCK_M: gl.constexpr = p.a_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = p.a_desc.block_type.shape[1]
         BLOCK_N: gl.constexpr = p.c_desc.block_type.shape[1]
         NBYTES: gl.constexpr = p.a_desc.block_type.nbytes + p.b_desc.block_type.nbytes
+        for kk in range(k0, k1):
+            bar, s = _stage_a(p, it, tm * BLOCK_M, kk, NBYTES)
+            _load_b(p, tn * BLOCK_N, kk * BLOCK_K, bar, p.b_bufs.index(s))
+            it += 1
+        return it
+
+    @gluon.jit
+    def _sk_loader(p):
+        """One warp: the TMA loads of this program's range (or split-K units), piece by piece."""
         NM, NN, ks, tot, start, end = _sk_geometry(p)
         it = 0
         if p.SPLIT > 0:
             for u in range(gl.program_id(0), NM * NN * p.SPLIT, gl.num_programs(0)):
                 t, k0, k1, tm, tn = _split_piece(p, u, ks, NM, NN)
-                for kk in range(k0, k1):
-                    bar, s = _stage_a(p, it, tm * BLOCK_M, kk, NBYTES)
-                    _load_b(p, tn * BLOCK_N, kk * BLOCK_K, bar, p.b_bufs.index(s))
-                    it += 1
+                it = _load_piece(p, it, tm, tn, k0, k1)
         else:
             i = start
             while i < end:
                 t, k0, k1, tm, tn = _sk_piece(p, i, end, ks, NM, NN)
-                for kk in range(k0, k1):
-                    bar, s = _stage_a(p, it, tm * BLOCK_M, kk, NBYTES)
-                    _load_b(p, tn * BLOCK_N, kk * BLOCK_K, bar, p.b_bufs.index(s))
-                    it += 1
+                it = _load_piece(p, it, tm, tn, k0, k1)
                 i = t * ks + k1
 
     @gluon.jit
