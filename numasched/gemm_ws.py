@@ -190,7 +190,7 @@ class WsGemmPlan:
                     raise ValueError(f"the stream-K form's iteration count ({total} on {self.num_programs} "
                                      "programs) overflows int32; use the data-parallel config")
                 slots = 4 * self.num_programs   # a range's first and last piece, two halves each
-            if cfg.sk_merge == 1 and self.num_programs > sms:
+            if cfg.sk_merge == 1 and max(self.num_programs, num_programs or 0) > sms:
                 # the banded merge waits for other programs' partials: all must be resident at once
                 raise ValueError(f"num_programs={num_programs} exceeds the {sms} SMs: the banded merge (sk_merge=1) "
                                  "needs every program resident (one per SM)")
