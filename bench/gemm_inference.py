@@ -79,14 +79,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # the WS GEMM's forms (numasched.gemm_ws): data-parallel tiles; stream-K with the last piece's merge;
-# stream-K with the banded merge; split-K in K lockstep (S = SMs // tiles, at least 2) with it
-WS_FORMS = ("dp", "sk", "bands", "split")
+# stream-K with the banded merge; split-K in K lockstep (S = SMs // tiles, at least 2) with it;
+# "wNNN": data-parallel tiles NNN columns wide in two boxes (gemm_ws.wide_config, e.g. w160)
+WS_FORMS = ("dp", "sk", "bands", "split", "wNNN")
 
 
 def ws_forms(text: str) -> list:
     """argparse type: comma-separated WS GEMM forms."""
+    from numasched.gemm_ws import wide_config
+
     forms = [t.strip() for t in text.split(",") if t.strip()]
-    bad = [f for f in forms if f not in WS_FORMS]
+    bad = []
+    for f in forms:
+        if f[:1] == "w" and f[1:].isdigit():
+            try:
+                wide_config(int(f[1:]))
+            except ValueError as e:
+                bad.append(f"{f} ({e})")
+        elif f not in WS_FORMS[:-1]:
+            bad.append(f)
     if bad:
         raise argparse.ArgumentTypeError(f"unknown WS forms {bad}; choose from {', '.join(WS_FORMS)}")
     return forms
@@ -94,8 +105,10 @@ def ws_forms(text: str) -> list:
 
 def ws_config(form: str, m: int, n: int, sms: int):
     """The WsConfig of a form at an (m, n) output (split-K: S = SMs // tiles of 128 x 256, at least 2)."""
-    from numasched.gemm_ws import WsConfig
+    from numasched.gemm_ws import WsConfig, wide_config
 
+    if form[:1] == "w":
+        return wide_config(int(form[1:]))
     tiles = -(-m // 128) * -(-n // 256)
     return {"dp": WsConfig(), "sk": WsConfig(streamk=True), "bands": WsConfig(streamk=True, sk_merge=1),
             "split": WsConfig(streamk=True, sk_merge=1, sk_split=max(2, sms // tiles))}[form]

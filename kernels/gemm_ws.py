@@ -54,8 +54,11 @@ if HAVE_GLUON:
         b_desc: tma.tensor_descriptor
         c_desc: tma.tensor_descriptor
         peer_desc: tma.tensor_descriptor       # PEER_PUSH: C's twin in a peer GPU's memory
+        b1_desc: tma.tensor_descriptor         # N1 > 0: B's boxes of the tile's last N1 columns
+        c1_desc: tma.tensor_descriptor         # N1 > 0: C's half-tile boxes of those columns
         a_bufs: gl.shared_memory_descriptor
         b_bufs: gl.shared_memory_descriptor   # STAGES slots (GLU: gate rows then up rows in each)
+        b1_bufs: gl.shared_memory_descriptor  # N1 > 0: STAGES slots of the second box
         ready: gl.shared_memory_descriptor
         empty: gl.shared_memory_descriptor
         scale: gl.tensor                      # (M,) fp32 row factors (ROW_SCALE), else unread
@@ -66,12 +69,15 @@ if HAVE_GLUON:
         GLU: gl.constexpr
         ROW_SCALE: gl.constexpr
         PEER_PUSH: gl.constexpr
+        N1: gl.constexpr          # 0, or a tile of BLOCK_N + N1 columns in two power-of-two boxes
+        B_KMAJOR: gl.constexpr    # B's boxes are (columns, K) boxes of an (N, K) weight
 
         @gluon.constexpr_function
-        def __init__(self, a_desc, b_desc, c_desc, peer_desc, a_bufs, b_bufs, ready, empty, scale, M, N, K,
-                     GROUP_M, GLU, ROW_SCALE, PEER_PUSH):
+        def __init__(self, a_desc, b_desc, c_desc, peer_desc, b1_desc, c1_desc, a_bufs, b_bufs, b1_bufs, ready,
+                     empty, scale, M, N, K, GROUP_M, GLU, ROW_SCALE, PEER_PUSH, N1, B_KMAJOR):
             self.a_desc, self.b_desc, self.c_desc, self.peer_desc = a_desc, b_desc, c_desc, peer_desc
-            self.PEER_PUSH = gl.constexpr(PEER_PUSH)
+            self.b1_desc, self.c1_desc, self.b1_bufs = b1_desc, c1_desc, b1_bufs
+            self.PEER_PUSH, self.N1, self.B_KMAJOR = gl.constexpr(PEER_PUSH), gl.constexpr(N1), gl.constexpr(B_KMAJOR)
             self.a_bufs, self.b_bufs, self.ready, self.empty = a_bufs, b_bufs, ready, empty
             self.scale, self.M, self.N, self.K = scale, M, N, K
             self.GROUP_M, self.GLU, self.ROW_SCALE = gl.constexpr(GROUP_M), gl.constexpr(GLU), gl.constexpr(ROW_SCALE)
@@ -87,23 +93,34 @@ if HAVE_GLUON:
         return first_m + local % rows, local // rows
 
     @gluon.jit
-    def _load_b(p, off_n, k, bar, slot):
-        """B's box of columns [off_n, off_n + BLOCK_N) and K rows [k, k + BLOCK_K) into ``slot``.
-        B (K, N) stored as (N, K), the weight of F.linear, comes in (BLOCK_N, BLOCK_K) boxes."""
-        BLOCK_K: gl.constexpr = p.a_desc.block_type.shape[1]
-        if p.b_desc.block_type.shape[1] == BLOCK_K:
-            tma.async_copy_global_to_shared(p.b_desc, [off_n, k], bar, slot)
+    def _load_box(desc, KMAJOR: gl.constexpr, off_n, k, bar, slot):
+        """B's box of ``desc`` at columns off_n and K rows k into ``slot``. B (K, N) stored as
+        (N, K), the weight of F.linear (KMAJOR), comes in (columns, BLOCK_K) boxes."""
+        if KMAJOR:
+            tma.async_copy_global_to_shared(desc, [off_n, k], bar, slot)
         else:
-            tma.async_copy_global_to_shared(p.b_desc, [k, off_n], bar, slot)
+            tma.async_copy_global_to_shared(desc, [k, off_n], bar, slot)
 
     @gluon.jit
-    def _b_operand(p, slot):
-        """A B slot as wgmma's (BLOCK_K, BLOCK_N) operand (a transposed view for (N, K) boxes)."""
-        BLOCK_K: gl.constexpr = p.a_desc.block_type.shape[1]
-        if p.b_desc.block_type.shape[1] == BLOCK_K:
+    def _box_operand(slot, KMAJOR: gl.constexpr):
+        """A B slot as wgmma's (BLOCK_K, columns) operand (a transposed view for (N, K) boxes)."""
+        if KMAJOR:
             return slot.permute((1, 0))
         else:
             return slot
+
+    @gluon.jit
+    def _load_b(p, off_n, k, bar, slot):
+        """B's box of columns [off_n, off_n + BLOCK_N) and K rows [k, k + BLOCK_K) into ``slot``
+        (the orientation read off the box: BLOCK_N != BLOCK_K here)."""
+        BLOCK_K: gl.constexpr = p.a_desc.block_type.shape[1]
+        _load_box(p.b_desc, p.b_desc.block_type.shape[1] == BLOCK_K, off_n, k, bar, slot)
+
+    @gluon.jit
+    def _b_operand(p, slot):
+        """A B slot as wgmma's (BLOCK_K, BLOCK_N) operand."""
+        BLOCK_K: gl.constexpr = p.a_desc.block_type.shape[1]
+        return _box_operand(slot, p.b_desc.block_type.shape[1] == BLOCK_K)
 
     @gluon.jit
     def _stage_a(p, it, off_m, kk, NBYTES: gl.constexpr):
@@ -134,27 +151,46 @@ if HAVE_GLUON:
         return acc, s
 
     @gluon.jit
+    def _mma_step2(p, acc, acc1, it, kk, prev, ROLE: gl.constexpr, ROWS: gl.constexpr):
+        """_mma_step of a tile in two boxes (N1 > 0): two async wgmmas on the same A rows, one per
+        box and accumulator; the previous step's pair is done after ``wait(2)``."""
+        STAGES: gl.constexpr = p.a_bufs.type.shape[0]
+        s = it % STAGES
+        mbarrier.wait(p.ready.index(s), (it // STAGES) & 1)
+        a = p.a_bufs.index(s).slice(ROLE * ROWS, ROWS, dim=0)
+        acc = warpgroup_mma(a, _box_operand(p.b_bufs.index(s), p.B_KMAJOR), acc, use_acc=kk > 0, is_async=True)
+        acc1 = warpgroup_mma(a, _box_operand(p.b1_bufs.index(s), p.B_KMAJOR), acc1, use_acc=kk > 0, is_async=True)
+        acc, acc1 = warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc1))
+        mbarrier.arrive(p.empty.index(prev), count=1, pred=kk > 0)
+        return acc, acc1, s
+
+    @gluon.jit
     def _loader(p):
         """One warp: TMA loads of every (tile, K step) of this program, STAGES ahead of the wgmma."""
         BLOCK_M: gl.constexpr = p.a_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = p.a_desc.block_type.shape[1]
         BLOCK_N: gl.constexpr = p.c_desc.block_type.shape[1]
         NB: gl.constexpr = 2 if p.GLU else 1
-        NBYTES: gl.constexpr = p.a_desc.block_type.nbytes + NB * p.b_desc.block_type.nbytes
+        NBYTES: gl.constexpr = (p.a_desc.block_type.nbytes + NB * p.b_desc.block_type.nbytes
+                                + (p.b1_desc.block_type.nbytes if p.N1 > 0 else 0))
+        TILE_N: gl.constexpr = BLOCK_N + p.N1
         NM = gl.cdiv(p.M, BLOCK_M)
-        NN = gl.cdiv(p.N, BLOCK_N)
+        NN = gl.cdiv(p.N, TILE_N)
         k_steps = gl.cdiv(p.K, BLOCK_K)
         it = 0
         for t in range(gl.program_id(0), NM * NN, gl.num_programs(0)):
             tm, tn = _tile_of(t, NM, NN, p.GROUP_M)
             off_m = tm * BLOCK_M
-            off_n = tn * BLOCK_N
+            off_n = tn * TILE_N
             for kk in range(k_steps):
                 bar, s = _stage_a(p, it, off_m, kk, NBYTES)
                 if p.GLU:   # the gate's rows, then the up's (n further on), as one (2 BLOCK_N, BLOCK_K) slot
                     slot = p.b_bufs.index(s)
                     _load_b(p, off_n, kk * BLOCK_K, bar, slot.slice(0, BLOCK_N, dim=0))
                     _load_b(p, p.N + off_n, kk * BLOCK_K, bar, slot.slice(BLOCK_N, BLOCK_N, dim=0))
+                elif p.N1 > 0:   # the tile's two boxes: BLOCK_N columns, then N1
+                    _load_box(p.b_desc, p.B_KMAJOR, off_n, kk * BLOCK_K, bar, p.b_bufs.index(s))
+                    _load_box(p.b1_desc, p.B_KMAJOR, off_n + BLOCK_N, kk * BLOCK_K, bar, p.b1_bufs.index(s))
                 else:
                     _load_b(p, off_n, kk * BLOCK_K, bar, p.b_bufs.index(s))
                 it += 1
@@ -172,10 +208,16 @@ if HAVE_GLUON:
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                              instr_shape=[16, ACC_N, 16])
         c_smem = gl.allocate_shared_memory(p.c_desc.dtype, p.c_desc.block_type.shape, p.c_desc.layout)
+        TILE_N: gl.constexpr = BLOCK_N + p.N1
         NM = gl.cdiv(p.M, BLOCK_M)
-        NN = gl.cdiv(p.N, BLOCK_N)
+        NN = gl.cdiv(p.N, TILE_N)
         k_steps = gl.cdiv(p.K, BLOCK_K)
         acc = gl.zeros((ROWS, ACC_N), gl.float32, acc_layout)
+        if p.N1 > 0:   # the second box's accumulator and output tile
+            acc1_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                                  instr_shape=[16, p.N1, 16])
+            acc1 = gl.zeros((ROWS, p.N1), gl.float32, acc1_layout)
+            c1_smem = gl.allocate_shared_memory(p.c1_desc.dtype, p.c1_desc.block_type.shape, p.c1_desc.layout)
         # PEER_PUSH 2 (paced): the previous tile's copy leaves in column chunks of the peer
         # descriptor's width, spread over this tile's K loop (the rest after it)
         CH: gl.constexpr = p.peer_desc.block_type.shape[1]
@@ -189,7 +231,10 @@ if HAVE_GLUON:
             tm, tn = _tile_of(t, NM, NN, p.GROUP_M)
             prev = 0
             for kk in range(k_steps):
-                acc, s = _mma_step(p, acc, it, kk, prev, ROLE, ROWS)
+                if p.N1 > 0:
+                    acc, acc1, s = _mma_step2(p, acc, acc1, it, kk, prev, ROLE, ROWS)
+                else:
+                    acc, s = _mma_step(p, acc, it, kk, prev, ROLE, ROWS)
                 if p.PEER_PUSH == 2:
                     for j in gl.static_range(NCH):
                         if (done > 0) & (kk == j * pace):
@@ -202,7 +247,10 @@ if HAVE_GLUON:
                     if (done > 0) & (j * pace >= k_steps):
                         tma.async_copy_shared_to_global(p.peer_desc, [prow, pcol + j * CH],
                                                         c_smem.slice(j * CH, CH, dim=1))
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            if p.N1 > 0:
+                acc, acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc1))
+            else:
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             mbarrier.arrive(p.empty.index(prev), count=1, pred=k_steps > 0)
             row0 = tm * BLOCK_M + ROLE * ROWS
             if p.GLU:
@@ -218,8 +266,12 @@ if HAVE_GLUON:
             # epilogue: the previous tile's store has had this whole K loop to drain
             tma.store_wait(pendings=0)
             c_smem.store(y.to(p.c_desc.dtype))
+            if p.N1 > 0:
+                c1_smem.store(acc1.to(p.c1_desc.dtype))
             fence_async_shared()
-            tma.async_copy_shared_to_global(p.c_desc, [row0, tn * BLOCK_N], c_smem)
+            tma.async_copy_shared_to_global(p.c_desc, [row0, tn * TILE_N], c_smem)
+            if p.N1 > 0:   # (TMA clips a box past N, wholly or in part)
+                tma.async_copy_shared_to_global(p.c1_desc, [row0, tn * TILE_N + BLOCK_N], c1_smem)
             if p.PEER_PUSH == 1:   # the same tile into the peer's copy, from the same shared tile (asynchronous)
                 tma.async_copy_shared_to_global(p.peer_desc, [row0, tn * BLOCK_N], c_smem)
             prow = row0
@@ -241,15 +293,24 @@ if HAVE_GLUON:
         _consumer(p, 1)
 
     @gluon.jit(do_not_specialize=["M", "N", "K"])   # M == 1 stays a value (WsArgs holds tensors)
-    def gemm_ws_kernel(a_desc, b_desc, c_desc, peer_desc, scale, M, N, K,
+    def gemm_ws_kernel(a_desc, b_desc, c_desc, peer_desc, b1_desc, c1_desc, scale, M, N, K,
                        STAGES: gl.constexpr, GROUP_M: gl.constexpr, GLU: gl.constexpr, ROW_SCALE: gl.constexpr,
-                       CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, PEER_PUSH: gl.constexpr = 0):
+                       CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, PEER_PUSH: gl.constexpr = 0,
+                       N1: gl.constexpr = 0, B_KMAJOR: gl.constexpr = True):
         """C (M, N) = A (M, K) @ B (K, N), or (GLU) silu(A @ B[:, :N]) * (A @ B[:, N:]); launched
         with num_warps=4 (the first consumer warpgroup) and at most one program per SM. PEER_PUSH
         (a probe of the fused GEMM + all-reduce's traffic, scripts/ws_push_probe.py): each tile is
         also TMA-stored into ``peer_desc`` (C's twin in another GPU's memory; otherwise c_desc):
         1 at once after the local store, 2 in column chunks of peer_desc's block width spread
-        over the next tile's K loop (paced, so a wave's copies do not all hit the link at once)."""
+        over the next tile's K loop (paced, so a wave's copies do not all hit the link at once).
+
+        N1 > 0: tiles of BLOCK_N + N1 columns, Triton's blocks being powers of two: B's boxes of
+        ``b1_desc`` (N1 columns) beside ``b_desc``'s, a second accumulator and ``c1_desc``'s output
+        boxes (otherwise both descriptors are unread); B_KMAJOR says how B's boxes lie (a box of
+        64 x 64 could be either). Widths such as 80, 96, 160 or 192 fill the
+        SMs where 256 or 128 would leave a wave part-empty (512 x 2560: 40 tiles of 256 columns, 128
+        of 80; cuBLAS's own tiles there are 80 or 168 wide)."""
+        gl.static_assert(N1 == 0 or (not GLU and PEER_PUSH == 0), "N1 > 0 is for the plain GEMM")
         # GLU: a gate box and an up box per stage, stacked along N (B as (N, K) boxes only)
         gl.static_assert(not GLU or b_desc.block_type.shape[1] == a_desc.block_type.shape[1],
                          "the SwiGLU form takes B as the transpose of an (2n, K) weight")
@@ -257,13 +318,17 @@ if HAVE_GLUON:
         a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
         b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, B_ROWS, b_desc.block_type.shape[1]],
                                            b_desc.layout)
+        if N1 > 0:
+            b1_bufs = gl.allocate_shared_memory(b1_desc.dtype, [STAGES] + b1_desc.block_type.shape, b1_desc.layout)
+        else:
+            b1_bufs = b_bufs
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=2)   # one arrive per consumer warpgroup
-        p = WsArgs(a_desc, b_desc, c_desc, peer_desc, a_bufs, b_bufs, ready, empty, scale, M, N, K, GROUP_M, GLU,
-                   ROW_SCALE, PEER_PUSH)
+        p = WsArgs(a_desc, b_desc, c_desc, peer_desc, b1_desc, c1_desc, a_bufs, b_bufs, b1_bufs, ready, empty, scale,
+                   M, N, K, GROUP_M, GLU, ROW_SCALE, PEER_PUSH, N1, B_KMAJOR)
         gl.warp_specialize([
             (_consumer_lo, (p,)),
             (_consumer_hi, (p,)),

@@ -18,7 +18,7 @@ from typing import Optional
 import torch
 
 __all__ = ["WsConfig", "WsGemmPlan", "supported", "descriptor_type", "host_descriptor", "descriptor_maker",
-           "DeviceAddress", "DEFAULT_CONFIG", "GLU_CONFIG", "STREAMK_CONFIG", "streamk_ranges", "split_parts",
+           "DeviceAddress", "DEFAULT_CONFIG", "wide_config", "GLU_CONFIG", "STREAMK_CONFIG", "streamk_ranges", "split_parts",
            "merge_bands"]
 
 
@@ -36,10 +36,34 @@ class WsConfig:
     streamk: bool = False   # equal K ranges per program, partials summed in-kernel (kernels/gemm_ws.py)
     sk_merge: int = 0       # stream-K's fix-up: 0 the tile's last piece sums it, 1 every contributor a band
     sk_split: int = 0       # S >= 2: split-K units (tile, K part) in K lockstep instead of ranges (bands)
+    block_n1: int = 0       # > 0: tiles of block_n + block_n1 columns in two boxes (80 = 64 + 16, 160 = 128 + 32)
+
+    @property
+    def tile_n(self) -> int:
+        """Output columns of a tile."""
+        return self.block_n + self.block_n1
 
     def smem_bytes(self, elem: int = 2) -> int:
-        stage = (self.block_m + (2 if self.glu else 1) * self.block_n) * self.block_k * elem
-        return self.stages * stage + self.block_m * self.block_n * elem + 1024
+        stage = (self.block_m + (2 if self.glu else 1) * self.block_n + self.block_n1) * self.block_k * elem
+        return self.stages * stage + self.block_m * self.tile_n * elem + 1024
+
+
+def wide_config(tile_n: int, smem: int = 227 * 1024) -> WsConfig:
+    """The data-parallel config of tiles ``tile_n`` columns wide (a multiple of 16 from 80 to 256):
+    a power-of-two box, then a second of the rest, power of two too (80 = 64 + 16, 96 = 64 + 32,
+    160 = 128 + 32, 192 = 128 + 64), and as many stages (3-6) as fit in ``smem`` bytes."""
+    if tile_n % 16 or not 80 <= tile_n <= 256:   # (64: one box as wide as BLOCK_K, its orientation ambiguous)
+        raise ValueError(f"tile_n must be a multiple of 16 from 80 to 256, got {tile_n}")
+    n0 = 1 << (tile_n.bit_length() - 1)
+    n1 = tile_n - n0
+    if n1 & (n1 - 1):
+        raise ValueError(f"tile_n={tile_n} is not two power-of-two boxes ({n0} + {n1})")
+    cfg = WsConfig(block_n=n0, block_n1=n1)
+    for stages in range(6, 2, -1):
+        c = WsConfig(block_n=n0, block_n1=n1, stages=stages)
+        if c.smem_bytes() <= smem:
+            return c
+    return cfg
 
 
 DEFAULT_CONFIG = WsConfig()
@@ -156,7 +180,15 @@ class WsGemmPlan:
         self.config = config
         self.b_kmajor = not _tma_ok(b)   # b = w.t() of an (N, K) weight
         cfg = config
-        tiles = -(-self.M // cfg.block_m) * -(-self.N // cfg.block_n)
+        if cfg.block_n1:
+            if cfg.block_n1 & (cfg.block_n1 - 1) or not 16 <= cfg.block_n1 <= cfg.block_n:
+                raise ValueError(f"config.block_n1 must be a power of two from 16 to block_n={cfg.block_n}, "
+                                 f"got {cfg.block_n1}")
+            if cfg.glu or cfg.streamk or peer_out_ptr is not None:
+                raise ValueError("config.block_n1 (two-box tiles) is for the plain data-parallel GEMM")
+        elif cfg.block_n == cfg.block_k:   # the kernel reads B's orientation off a one-box tile's shape
+            raise ValueError(f"config.block_n must differ from block_k={cfg.block_k} in a one-box tile")
+        tiles = -(-self.M // cfg.block_m) * -(-self.N // cfg.tile_n)
         sms = torch.cuda.get_device_properties(a.device).multi_processor_count
         self.num_programs = max(1, min(tiles, num_programs or sms))
         if cfg.sk_merge not in (0, 1) or cfg.sk_split < 0:
@@ -221,22 +253,27 @@ class WsGemmPlan:
             self._launch = Launch(gemm_ws_kernel, self.num_programs,
                                   dict(STAGES=cfg.stages, GROUP_M=cfg.group_m, GLU=cfg.glu, ROW_SCALE=self.row_scale,
                                        CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=cfg.loader_regs,
-                                       PEER_PUSH=self.peer_mode, num_warps=4, maxnreg=cfg.maxnreg), device=a.device)
+                                       PEER_PUSH=self.peer_mode, N1=cfg.block_n1, B_KMAJOR=self.b_kmajor,
+                                       num_warps=4, maxnreg=cfg.maxnreg), device=a.device)
         desc = descriptor_maker(self._launch)
         a_d, b_d, c_d = self._descriptors(desc, a, b, out)
         peer = c_d if self.peer is None else desc(DeviceAddress(self.peer, out.dtype), out.shape, out.stride(),
                                                   [cfg.block_m // 2, 64 if self.peer_mode == 2 else cfg.block_n])
-        self._launch(a_d, b_d, c_d, peer, row_scale if row_scale is not None else out, self.M, self.N, self.K)
+        b1_d, c1_d = self._descriptors(desc, a, b, out, cfg.block_n1)[1:] if cfg.block_n1 else (b_d, c_d)
+        self._launch(a_d, b_d, c_d, peer, b1_d, c1_d, row_scale if row_scale is not None else out,
+                     self.M, self.N, self.K)
         return out
 
-    def _descriptors(self, desc, a, b, out):
-        """A's (BLOCK_M, BLOCK_K) boxes, B's in the plan's orientation, out's half-tile boxes."""
+    def _descriptors(self, desc, a, b, out, cols: Optional[int] = None):
+        """A's (BLOCK_M, BLOCK_K) boxes, B's of ``cols`` (block_n) columns in the plan's
+        orientation, out's half-tile boxes of as many columns."""
         cfg = self.config
+        cols = cols or cfg.block_n
         bt = b.t()
         return (desc(a, a.shape, a.stride(), [cfg.block_m, cfg.block_k]),
-                desc(bt, bt.shape, bt.stride(), [cfg.block_n, cfg.block_k]) if self.b_kmajor
-                else desc(b, b.shape, b.stride(), [cfg.block_k, cfg.block_n]),
-                desc(out, out.shape, out.stride(), [cfg.block_m // 2, cfg.block_n]))
+                desc(bt, bt.shape, bt.stride(), [cols, cfg.block_k]) if self.b_kmajor
+                else desc(b, b.shape, b.stride(), [cfg.block_k, cols]),
+                desc(out, out.shape, out.stride(), [cfg.block_m // 2, cols]))
 
     def _run_streamk(self, a, b, out):
         from numasched._launch import Launch

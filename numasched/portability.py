@@ -437,19 +437,24 @@ def _gemm_ws_streamk(b_kmajor: bool = True, merge: int = 0, split: int = 0):
 
 
 def _gemm_ws(block_n: int = 256, stages: int = 3, b_kmajor: bool = True, glu: bool = False, row_scale=False,
-             peer_push: int = 0):
+             peer_push: int = 0, tile_n: int = 0):
     def build(vendor):
-        from numasched.gemm_ws import WsConfig, descriptor_type
+        from numasched.gemm_ws import WsConfig, descriptor_type, wide_config
+
         from numasched.kernels.gemm_ws import gemm_ws_kernel
 
-        cfg = WsConfig(block_n=block_n, stages=stages, glu=glu)
-        b_block = [cfg.block_n, cfg.block_k] if b_kmajor else [cfg.block_k, cfg.block_n]
+        cfg = wide_config(tile_n) if tile_n else WsConfig(block_n=block_n, stages=stages, glu=glu)
+        box = lambda n: [n, cfg.block_k] if b_kmajor else [cfg.block_k, n]  # noqa: E731
+        b_block = box(cfg.block_n)
+        n1 = cfg.block_n1 or cfg.block_n
         values = dict(a_desc=descriptor_type("bf16", [cfg.block_m, cfg.block_k]),
                       b_desc=descriptor_type("bf16", b_block),
                       c_desc=descriptor_type("bf16", [cfg.block_m // 2, cfg.block_n]),
                       peer_desc=descriptor_type("bf16", [cfg.block_m // 2, 64 if peer_push == 2 else cfg.block_n]),
+                      b1_desc=descriptor_type("bf16", box(n1)),
+                      c1_desc=descriptor_type("bf16", [cfg.block_m // 2, n1]),
                       scale="*fp32", M=8192, N=8192, K=8192, STAGES=cfg.stages, GROUP_M=cfg.group_m,
-                      GLU=glu, ROW_SCALE=row_scale, PEER_PUSH=int(peer_push),
+                      GLU=glu, ROW_SCALE=row_scale, PEER_PUSH=int(peer_push), N1=cfg.block_n1, B_KMAJOR=b_kmajor,
                       CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=cfg.loader_regs)
         return gemm_ws_kernel, values, 4, 1, dict(maxnreg=cfg.maxnreg)
     return build
@@ -750,6 +755,12 @@ VARIANTS: List[Variant] = [
             note="warp-specialised (Gluon): a loader warp, two consumer warpgroups, maxnreg 168"),
     Variant("gemm_ws", "bf16-128x128-s5-b-rowmajor", _gemm_ws(128, 5, b_kmajor=False), off={"amd": _GLUON_OFF},
             note="B as a (K, N) row-major tensor"),
+    Variant("gemm_ws", "bf16-128x160-wide", _gemm_ws(tile_n=160), off={"amd": _GLUON_OFF},
+            note="tiles of 160 columns in two boxes (128 + 32), two accumulators a warpgroup"),
+    Variant("gemm_ws", "bf16-128x80-wide", _gemm_ws(tile_n=80), off={"amd": _GLUON_OFF},
+            note="tiles of 80 columns (64 + 16 boxes)"),
+    Variant("gemm_ws", "bf16-128x192-wide-b-rowmajor", _gemm_ws(tile_n=192, b_kmajor=False), off={"amd": _GLUON_OFF},
+            note="tiles of 192 columns (128 + 64 boxes), B as a (K, N) row-major tensor"),
     Variant("gemm_ws", "bf16-128x256-s3-streamk", _gemm_ws_streamk(), off={"amd": _GLUON_OFF},
             note="stream-K: equal K ranges per program, partials summed by the tile's last piece"),
     Variant("gemm_ws", "bf16-128x256-s3-streamk-b-rowmajor", _gemm_ws_streamk(False), off={"amd": _GLUON_OFF},

@@ -226,6 +226,12 @@ def test_gemm_inference_ws_forms_are_parsed_and_configured():
     assert GI.ws_config("split", 512, 2560, 132).sk_split == 3     # 40 tiles
     assert GI.ws_config("split", 4096, 6144, 132).sk_split == 2    # 768 tiles: at least 2
     assert GI.ws_config("bands", 512, 2560, 132).sk_merge == 1 and not GI.ws_config("dp", 1, 1, 132).streamk
+    # wNNN: two-box data-parallel tiles of that width; widths that are not two power-of-two boxes refused
+    assert GI.build_parser().parse_args(["--ws", "w160,w80", "--dry-run"]).ws == ["w160", "w80"]
+    assert GI.ws_config("w160", 512, 5120, 132).tile_n == 160 and GI.ws_config("w80", 1, 1, 132).block_n1 == 16
+    for bad in ("w176", "w64", "wx"):
+        with pytest.raises(SystemExit):
+            GI.build_parser().parse_args(["--ws", bad])
 
 
 def test_collectives_launcher_passes_no_nproc_to_its_workers():

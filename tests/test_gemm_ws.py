@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 import torch
 
-from numasched.gemm_ws import WsConfig, WsGemmPlan, supported
+from numasched.gemm_ws import WsConfig, WsGemmPlan, supported, wide_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -23,7 +23,8 @@ import json
 from numasched import portability as P
 rows = {}
 for v in ("bf16-128x256-s3", "bf16-128x128-s5-b-rowmajor", "bf16-glu-128x128-s4-row-scale",
-          "bf16-128x256-s3-peer-push", "bf16-128x256-s3-peer-paced"):
+          "bf16-128x256-s3-peer-push", "bf16-128x256-s3-peer-paced", "bf16-128x160-wide", "bf16-128x80-wide",
+          "bf16-128x192-wide-b-rowmajor"):
     r = P.compile_variant("gemm_ws", v, "sm90", keep_asm=True)
     r["ptx"] = "\n".join(" ".join(l.split()) for l in r.pop("asm", {}).get("ptx", "").splitlines())
     rows[v] = r
@@ -45,12 +46,16 @@ def compiled():
     return json.loads(r.stdout.split("RESULT", 1)[1])
 
 
-def _k_loop_windows(ptx: str):
+# two-box tiles: (box widths) by variant
+_WIDE = {"bf16-128x160-wide": (128, 32), "bf16-128x80-wide": (64, 16), "bf16-128x192-wide-b-rowmajor": (128, 64)}
+
+
+def _k_loop_windows(ptx: str, in_flight: int = 1):
     """The consumer's K-step code: from each operand wait (mbarrier.try_wait) that precedes a
-    ``wgmma.wait_group 1`` to the slot release (mbarrier.arrive) after it."""
+    ``wgmma.wait_group in_flight`` to the slot release (mbarrier.arrive) after it."""
     lines = ptx.splitlines()
     for i, line in enumerate(lines):
-        if "wgmma.wait_group.sync.aligned 1;" in line:
+        if f"wgmma.wait_group.sync.aligned {in_flight};" in line:
             start = max(j for j in range(i) if "mbarrier.try_wait" in lines[j])
             end = next(j for j in range(i, len(lines)) if "mbarrier.arrive" in lines[j])
             yield lines[start:end + 1]
@@ -70,11 +75,13 @@ def test_compiles_for_hopper_warp_specialised(compiled):
         n = 256 if "128x256" in name or "glu" in name else 128   # GLU: gate and up side by side
         stores = ptx.count("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group")
         # per consumer: C, and its peer twin at once or in four 64-column chunks (in the K loop,
-        # after it when the loop is short, after the last tile)
-        assert stores == {"peer-push": 4, "peer-paced": 2 + 2 * 12}.get(name.split("s3-")[-1], 2), name
+        # after it when the loop is short, after the last tile); two-box tiles: a store per box
+        assert stores == {"peer-push": 4, "peer-paced": 2 + 2 * 12}.get(name.split("s3-")[-1],
+                                                                         4 if name in _WIDE else 2), name
         if "glu" in name:   # silu's exponential in the epilogue, the row factors loaded
             assert "ex2.approx" in ptx and "ld.global" in ptx, name
-        assert f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16" in ptx, name
+        for n in _WIDE.get(name, (n,)):   # one wgmma shape per box
+            assert f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16" in ptx, (name, n)
 
 
 def test_k_loop_has_no_cta_wide_barrier(compiled):
@@ -83,12 +90,14 @@ def test_k_loop_has_no_cta_wide_barrier(compiled):
     for name, r in compiled.items():
         if name.startswith("mar:"):
             continue
-        windows = list(_k_loop_windows(r["ptx"]))
+        wide = name in _WIDE   # two boxes: two wgmma groups a step, the previous pair waited for
+        windows = list(_k_loop_windows(r["ptx"], 2 if wide else 1))
         assert len(windows) == 2, name          # one K loop per consumer warpgroup
         for w in windows:
             bars = [x.strip() for x in w if re.search(r"\bbar(rier)?\.sync\b", x)]
             assert all(re.fullmatch(r"bar\.sync\s+\d+,\s*128;", b) for b in bars), (name, bars)
-            assert sum("wgmma.mma_async" in x for x in w) == 4, name   # BLOCK_K 64 = 4 x k16
+            # BLOCK_K 64 = 4 x k16 per box
+            assert sum("wgmma.mma_async" in x for x in w) == (8 if wide else 4), name
 
 
 def test_fused_all_reduce_on_the_ws_kernel_compiles(compiled):
@@ -131,6 +140,27 @@ def test_config_fits_shared_memory():
         assert cfg.smem_bytes() <= 227 * 1024
 
 
+@pytest.mark.parametrize("tile_n", range(64, 257, 16))
+def test_wide_config_cuts_a_tile_into_two_power_of_two_boxes(tile_n):
+    """wide_config: tile_n = block_n + block_n1, both powers of two (block_n1 may be 0), block_n the
+    larger; the deepest ring of 3-6 stages that fits; widths that are not two such boxes refused."""
+    n0 = 1 << (tile_n.bit_length() - 1)
+    if (tile_n - n0) & (tile_n - n0 - 1) or tile_n < 80:
+        with pytest.raises(ValueError, match="tile_n"):
+            wide_config(tile_n)
+        return
+    cfg = wide_config(tile_n)
+    assert cfg.tile_n == tile_n and cfg.block_n == n0 and cfg.block_n1 == tile_n - n0
+    assert cfg.smem_bytes() <= 227 * 1024 and 3 <= cfg.stages <= 6
+    assert cfg.stages == 6 or WsConfig(block_n=n0, block_n1=cfg.block_n1, stages=cfg.stages + 1).smem_bytes() > 227 * 1024
+
+
+def test_wide_config_errors_name_the_field():
+    for bad in (48, 72, 272):
+        with pytest.raises(ValueError, match="tile_n"):
+            wide_config(bad)
+
+
 # ------------------------------------------------------------------------------------------ GPU
 def _hopper():
     return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
@@ -171,6 +201,33 @@ def test_matches_float64(M, N, K, cfg, b_weight, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("b_weight", [True, False])
+@pytest.mark.parametrize("tile_n", [80, 96, 144, 160, 192])
+@pytest.mark.parametrize("M,N,K", [(97, 520, 1000), (300, 2560, 4096), (1031, 1000, 3000), (128, 8, 64)])
+def test_wide_tiles_match_float64(M, N, K, tile_n, b_weight):
+    """Two-box tiles: N cut at tile_n (the second box partly or wholly past N at the edge)."""
+    for dtype in (torch.bfloat16, torch.float16):
+        a, b, out, ref = _operands(M, N, K, dtype, b_weight)
+        plan = WsGemmPlan(a, b, out, config=wide_config(tile_n))
+        plan.run(a, b, out)
+        assert _rel(out, ref) < 1e-2, dtype
+        out.fill_(float("nan"))   # again, through the C launcher
+        plan.run(a, b, out)
+        assert _rel(out, ref) < 1e-2, dtype
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")
+def test_wide_config_refuses_other_forms():
+    a, b, out, _ = _operands(256, 512, 512, torch.bfloat16, True)
+    for cfg in (WsConfig(block_n=128, block_n1=48), WsConfig(block_n=64, block_n1=128), WsConfig(block_n=64),
+                WsConfig(block_n=128, block_n1=32, streamk=True)):
+        with pytest.raises(ValueError, match="block_n"):
+            WsGemmPlan(a, b, out, config=cfg)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")
 def test_thin_launch_takes_fresh_tensors_each_call():
     """After the first call the plan launches through the compiled kernel's C launcher; new
     operand and output tensors each call (an eager user's) must still be read and written."""
@@ -189,8 +246,9 @@ def test_thin_launch_takes_fresh_tensors_each_call():
 @pytest.mark.gpu
 @pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("M,N,K,cfg", [(512, 768, 1024, WsConfig()), (256, 1536, 5120, _SK_FORMS["last-piece"]),
-                                       (256, 1536, 5120, _SK_FORMS["bands"]), (256, 1536, 5120, _SK_FORMS["split3"])],
-                         ids=["data-parallel", "stream-k", "stream-k-bands", "split-k-3"])
+                                       (256, 1536, 5120, _SK_FORMS["bands"]), (256, 1536, 5120, _SK_FORMS["split3"]),
+                                       (512, 2600, 1024, WsConfig(block_n=64, block_n1=16, stages=6))],
+                         ids=["data-parallel", "stream-k", "stream-k-bands", "split-k-3", "wide-80"])
 def test_cuda_graph_replay_sees_new_inputs(M, N, K, cfg):
     a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
