@@ -12,8 +12,10 @@ Per point, side by side in one run, all in CUDA graphs of R calls (median of rep
 * "best": the fastest of the chooser's pick and the next ``--top`` schedules by the model's
   estimate, each timed the same way (the autotuned reference the chooser is judged against);
 * with ``--ws``: the warp-specialised Gluon GEMM's forms (numasched.gemm_ws: data-parallel,
-  stream-K, its banded merge, split-K in K lockstep), not offered by the chooser yet, and
-  cuBLAS time / the faster of ours and theirs (``ratio_with_ws``).
+  stream-K, its banded merge, split-K in K lockstep, two-box widths ``wNNN``), and cuBLAS time /
+  the faster of ours and theirs (``ratio_with_ws``). The chooser itself takes the WS widths from
+  gemm_schedule.WS_MIN_ROWS rows (options.gemm_ws): there "best" also times the next Triton
+  schedules.
 
 Each call of a graph reads its own copy of W (enough copies to exceed 2x the L2), so the weights
 come from HBM as they do in a model's forward pass, for cuBLAS and numasched alike. Reported: us
@@ -131,11 +133,16 @@ def _contenders(m: int, n: int, k: int, tma: bool, chosen, top: int, machine, ex
     from numasched import options
 
     tail = options.current().gemm_tail_split   # on by default (NUMASCHED_GEMM_TAIL_SPLIT=0: without the tail schedules)
-    ranked = sorted((GS.estimate(s, m, n, k, 2, machine, splitk_tma=tma, aligned=tma), i, s)
-                    for i, s in enumerate(GS.candidates(m, n, k, 2, machine, splitk_only=not tma, tail=tail)))
+
+    def ranked(ws):
+        return sorted((GS.estimate(s, m, n, k, 2, machine, splitk_tma=tma, aligned=tma), i, s)
+                      for i, s in enumerate(GS.candidates(m, n, k, 2, machine, splitk_only=not tma, tail=tail, ws=ws)))
+    # where the chooser took the WS kernel's widths: the next ones of those and of the Triton
+    # schedules, so "best" is the faster of both families
+    ranks = ranked(False)[: top + 1] if chosen.kind != "ws" else ranked(True)[: top + 1] + ranked(False)[: top + 1]
     more = [(GS.estimate(s, m, n, k, 2, machine, splitk_tma=tma, aligned=tma), 0, s) for s in extra]
     out, seen = [], set()
-    for est, _, s in [(chosen.est_s, -1, chosen)] + ranked[: top + 1] + more:
+    for est, _, s in [(chosen.est_s, -1, chosen)] + ranks + more:
         if s.describe() not in seen:
             seen.add(s.describe())
             out.append((est, s))

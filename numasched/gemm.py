@@ -279,7 +279,15 @@ class GemmPlan(Plan):
                                          splitk_only=not tma_ok or self.int64,
                                          splitk_tma=options.gemm_splitk_tma and tma_ok and not self.int64,
                                          aligned=a_view is not None and b_view is not None,
-                                         tail=options.gemm_tail_split)
+                                         tail=options.gemm_tail_split,
+                                         ws=options.gemm_ws and self._ws_why(a, b, out, bias, residual, dtype) is None)
+        if schedule is not None and schedule.kind == "ws":
+            why = self._ws_why(a, b, out, bias, residual, dtype)
+            if why is not None:
+                raise ValueError(f"schedule {schedule.describe()!r}: the warp-specialised GEMM cannot run this: {why}")
+            self._plan_ws(a, b, out, schedule)
+            self._freeze()
+            return
         if schedule is not None and schedule.kind == "streamk":
             # TMA on Hopper (path "auto" or "tma"), or in the interpreter when asked (path="tma")
             can_tma = (not self.int64 and a_view is not None and b_view is not None and TensorDescriptor is not None
@@ -311,7 +319,26 @@ class GemmPlan(Plan):
         self._sync_config()
         self._freeze()
 
-    # ---------------------------------------------------------------- the two kernels
+    # ---------------------------------------------------------------- the kernels
+    def _ws_why(self, a, b, out, bias, residual, dtype) -> Optional[str]:
+        """Why the warp-specialised kernel (numasched.gemm_ws) cannot compute this product, or None."""
+        if bias is not None or residual is not None or dtype != a.dtype:
+            return "it has no bias, residual or output dtype epilogue"
+        if self.int64:
+            return "its sizes overflow 32-bit offsets"
+        from .gemm_ws import supported
+
+        return supported(a, b, out)
+
+    def _plan_ws(self, a, b, out, schedule) -> None:
+        from .gemm_ws import WsGemmPlan, wide_config
+
+        self.kernel, self.schedule, self.path = "ws", schedule, "tma"
+        self.persistent = True
+        self._ws = WsGemmPlan(a, b, out, config=wide_config(schedule.block_n))
+        self.grid = (self._ws.num_programs,)
+        self.config = dict(BLOCK_M=128, BLOCK_N=schedule.block_n, BLOCK_K=64, num_stages=self._ws.config.stages)
+
     def _plan_splitk(self, a, b, c, schedule, split_k, interp, tma_views=None, prefetch: bool = False,
                      num_programs=None) -> None:
         from ._launch import Launch
@@ -552,6 +579,11 @@ class GemmPlan(Plan):
         mode = self.mode
         if out is None:
             out = a.new_empty(self._out_shape, dtype=self.out_dtype)
+        if self.kernel == "ws":
+            if _observe.OBSERVERS:
+                _observe.notify(self.op, "matmul", self.grid, (out,), self)
+            with caps.launch_device(a):
+                return self._ws.run(a, b, out)
         launch = self._launch
         if launch is not None and launch.raw is not None and not _observe.OBSERVERS:
             # compiled, direct path: the whole argument list depends only on the pointers

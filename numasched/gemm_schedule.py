@@ -113,6 +113,22 @@ TIE_MIN_BLOCK_M = 32
 # The stream-K phase's K iterations cost this much more than the model's streaming/tensor time
 # (pipeline restarts per piece, partial tiles through L2; fitted to the same run).
 STREAMK_PIECE_COST = 1.5
+# The warp-specialised Gluon GEMM (kernels/gemm_ws.py, Hopper, 16-bit, no bias or residual):
+# data-parallel tiles of 128 rows and WS_TILE_NS columns (two power-of-two boxes: 80 = 64 + 16,
+# 160 = 128 + 32), a loader warp feeding two wgmma warpgroups, persistent. Its widths fill the
+# SMs where 128 and 256 leave a wave part-empty, as cuBLAS's 80-, 168-wide tiles do. Timed on an
+# H100 beside the Triton pick at M = 128-2048 (bench/results/gemm-ws-s30/, 55 points x 7 widths)
+# the best width ran 0.80-1.0x the Triton pick's time from 512 rows (one point 1.05x) and was
+# mixed below (0.9-1.14x at 256 rows): from WS_MIN_ROWS the chooser takes the WS family, the
+# width by the model below; under it the Triton schedules.
+WS_TILE_NS = (256, 192, 160, 144, 128, 96, 80)
+WS_MIN_ROWS = 512
+# The WS model, per K step of 64 per tile: the slowest of the tile's flops at its SM's share of
+# the tensor rate (WS_RATE times the machine's, as if WS_EXTRA_COLS more columns: the fixed cost
+# of a step), B's and A's bytes from HBM (B shared by the tile rows of a group of 8, A by as many
+# tile columns) at WS_HBM times the streaming rate and both from L2 at WS_L2 times its rate; plus
+# WS_TILE_START_S a tile. Fitted to the 385 times above (rms log error 0.097, worst 0.29).
+WS_RATE, WS_HBM, WS_L2, WS_EXTRA_COLS, WS_TILE_START_S = 1.151, 1.137, 1.092, 26.5, 1.82e-6
 
 
 @functools.lru_cache(maxsize=None)
@@ -129,7 +145,7 @@ def _machine_of_index(idx: int) -> Machine:
 class Schedule:
     """One way to run a GEMM: the kernel and its config, with the model's estimate."""
 
-    kind: str  # "splitk", "tiled" or "streamk"
+    kind: str  # "splitk", "tiled", "streamk" or "ws" (kernels/gemm_ws.py: block_n any of WS_TILE_NS)
     block_m: int
     block_n: int
     block_k: int
@@ -159,7 +175,7 @@ class Schedule:
     def parse(cls, text: str) -> "Schedule":
         """The schedule :meth:`describe` names, e.g. ``"streamk 128x256x64 w8 s4 persistent"`` or
         ``"splitk 128x128x64 w8 s6 split4 tail"``."""
-        m = re.fullmatch(r"\s*(splitk|tiled|streamk)\s+(\d+)x(\d+)x(\d+)\s+w(\d+)\s+s(\d+)"
+        m = re.fullmatch(r"\s*(splitk|tiled|streamk|ws)\s+(\d+)x(\d+)x(\d+)\s+w(\d+)\s+s(\d+)"
                          r"(?:\s+split(\d+))?(\s+tail)?(\s+persistent)?\s*", str(text))
         if not m:
             raise ValueError(f"a schedule reads like 'streamk 128x256x64 w8 s4 persistent' "
@@ -195,11 +211,17 @@ def _stages(bm: int, bn: int, bk: int, elt: int, smem: int, want: int = 6) -> in
 
 
 def candidates(M: int, N: int, K: int, elt: int, machine: Machine, *, splitk_only: bool = False,
-               tail: bool = False) -> list:
+               tail: bool = False, ws: bool = False) -> list:
     """The schedules the chooser weighs for this shape (estimates not filled in); ``tail``
-    (options.gemm_tail_split): also the split-K schedules that split only the last wave's tiles."""
+    (options.gemm_tail_split): also the split-K schedules that split only the last wave's tiles;
+    ``ws`` (the operands fit the warp-specialised kernel, options.gemm_ws): from WS_MIN_ROWS rows
+    its widths instead of the Triton schedules."""
     from .kernels import gemm_splitk as KS
 
+    if ws and M >= WS_MIN_ROWS and elt == 2:
+        from .gemm_ws import wide_config
+
+        return [Schedule("ws", 128, n, 64, 1, 4, wide_config(n).stages, True) for n in WS_TILE_NS]
     out = []
     bms = sorted({bm for bm in KS.BLOCK_MS if bm >= min(M, 16) and (bm <= 2 * max(M, 16) or bm == 16)})
     for bm in bms:
@@ -255,6 +277,8 @@ def candidates(M: int, N: int, K: int, elt: int, machine: Machine, *, splitk_onl
 def estimate(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machine, splitk_tma: bool = False,
              aligned: bool = True) -> float:
     """Modelled time of ``s`` in seconds (see the module doc)."""
+    if s.kind == "ws":
+        return _ws_estimate(s, M, N, K, elt, machine)
     if s.tail:
         return _tail_estimate(s, M, N, K, elt, machine, splitk_tma, aligned)
     tiles = _cdiv(M, s.block_m) * _cdiv(N, s.block_n)
@@ -278,6 +302,21 @@ def estimate(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machine, sp
     if s.split_k > 1:
         t += tiles * s.split_k * s.block_m * s.block_n * 4 * 2 / machine.l2_bytes_per_s + machine.reduce_sync_s
     return max(t, _floor_s(M, N, K, elt, machine) + machine.launch_s)
+
+
+def _ws_estimate(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machine) -> float:
+    """The WS kernel's time (see WS_RATE): whole waves of tiles, each its K steps at the slowest
+    of flops, HBM bytes and L2 bytes at its share of the machine."""
+    W, bk = s.block_n, s.block_k
+    nm, nn = _cdiv(M, s.block_m), _cdiv(N, W)
+    tiles = nm * nn
+    active = min(tiles, machine.sms)
+    b_box, a_box = W * bk * elt, s.block_m * bk * elt
+    flops = 2.0 * s.block_m * (W + WS_EXTRA_COLS) * bk / (WS_RATE * machine.tensor_flops / machine.sms)
+    hbm = (b_box / min(nm, 8) + a_box / min(nn, 8)) / (WS_HBM * machine.hbm_bytes_per_s / active)
+    l2 = (a_box + b_box) / (WS_L2 * machine.l2_bytes_per_s / active)
+    step = max(flops, hbm, l2)
+    return _cdiv(tiles, machine.sms) * (_cdiv(K, bk) * step + WS_TILE_START_S) + machine.launch_s
 
 
 def _floor_s(M: int, N: int, K: int, elt: int, machine: Machine) -> float:
@@ -338,24 +377,25 @@ def _tail_estimate(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machi
 
 def choose(M: int, N: int, K: int, dtype: torch.dtype, device: Optional[torch.device] = None, *,
            table: Optional[str] = None, splitk_only: bool = False, splitk_tma: bool = False,
-           aligned: bool = True, tail: bool = False) -> Schedule:
+           aligned: bool = True, tail: bool = False, ws: bool = False) -> Schedule:
     """The schedule for this GEMM: a tuned table's entry if it has one, else the model's pick
-    (``tail``: tail split-K schedules among the candidates, options.gemm_tail_split)."""
+    (``tail``: tail split-K schedules among the candidates, options.gemm_tail_split; ``ws``: the
+    operands fit the warp-specialised kernel, see candidates)."""
     elt = torch.empty((), dtype=dtype).element_size()
     machine = Machine.of(device)
     if table is not None:
         hit = load_table(table).get(_table_key(M, N, K, dtype, machine.name))
         if hit is not None:
             return Schedule(**hit)
-    return _choose(M, N, K, elt, machine, splitk_only, splitk_tma, aligned, tail)
+    return _choose(M, N, K, elt, machine, splitk_only, splitk_tma, aligned, tail, ws)
 
 
 @functools.lru_cache(maxsize=4096)
 def _choose(M: int, N: int, K: int, elt: int, machine: Machine, splitk_only: bool, splitk_tma: bool = False,
-            aligned: bool = True, tail: bool = False) -> Schedule:
+            aligned: bool = True, tail: bool = False, ws: bool = False) -> Schedule:
     best = None
     scored = []
-    for s in candidates(M, N, K, elt, machine, splitk_only=splitk_only or elt > 2, tail=tail):
+    for s in candidates(M, N, K, elt, machine, splitk_only=splitk_only or elt > 2, tail=tail, ws=ws):
         if not aligned and s.block_k > MISALIGNED_MAX_BLOCK_K:
             continue
         t = estimate(s, M, N, K, elt, machine, splitk_tma, aligned)

@@ -20,6 +20,7 @@ numasched is imported (they are not read per call):
     NUMASCHED_GEMM_SPLITK_TMA=0 gemm_splitk_tma -> False
     NUMASCHED_GEMM_STREAMK_K_ALIGNED=0 gemm_streamk_k_aligned -> False
     NUMASCHED_GEMM_TAIL_SPLIT=0 gemm_tail_split -> False
+    NUMASCHED_GEMM_WS=0         gemm_ws -> False
     NUMASCHED_PDL=0             pdl -> False
     NUMASCHED_PDL_TRIGGER       pdl_trigger ("early", "late" or "none"; 1 / 0 mean early / none)
     NUMASCHED_PDL_PREFETCH=1    pdl_prefetch -> True
@@ -95,6 +96,11 @@ class Options:
             On by default: timed on an H200 at the grid's 44 points of M = 128-1024
             (bench/results/gemm-s14-tail/) the chooser's pick went from cuBLAS / ours 0.883 to
             0.901 (geomean; 512 x 14336 x 8192: 242 -> 185 us, 512 x 5120 x 12800: 140 -> 107).
+        gemm_ws: the chooser also weighs the warp-specialised Gluon GEMM (kernels/gemm_ws.py) on
+            Hopper, with tiles of 80-256 columns (two power-of-two boxes), for bf16/fp16 without
+            bias or residual: from gemm_schedule.WS_MIN_ROWS rows it takes those (the width by the
+            model). On by default: on an H100 at M = 512-2048 it ran 0.80-1.0x the Triton pick's
+            time (bench/results/gemm-ws-s30/: 512 x 5120 x 5120 40.6 against 56.2 us).
         pdl: launch numasched's kernels with programmatic dependent launch on NVIDIA sm_90+ (each
             kernel's launch and start overlap the kernel before it in the stream; the kernel
             waits for it before touching memory: kernels/pdl.py). Off elsewhere.
@@ -178,6 +184,7 @@ class Options:
     gemm_splitk_tma: bool = True
     gemm_streamk_k_aligned: bool = True
     gemm_tail_split: bool = True
+    gemm_ws: bool = True
     pdl: bool = True
     pdl_trigger: str = "late"
     pdl_prefetch: bool = False
@@ -194,7 +201,7 @@ class Options:
 
     def __post_init__(self):
         for f in ("autotune", "check_data", "gemm_flatten", "gemm_splitk_tma", "gemm_streamk_k_aligned",
-                  "gemm_tail_split", "pdl", "pdl_prefetch", "arn_one_row", "decode_tma"):
+                  "gemm_tail_split", "gemm_ws", "pdl", "pdl_prefetch", "arn_one_row", "decode_tma"):
             if not isinstance(getattr(self, f), bool):
                 raise TypeError(f"Options.{f} must be a bool, got {getattr(self, f)!r}")
         if isinstance(self.pdl_trigger, bool):  # the former bool form
@@ -288,6 +295,7 @@ def from_env(environ=None) -> Options:
                    gemm_splitk_tma=flag("NUMASCHED_GEMM_SPLITK_TMA", True),
                    gemm_streamk_k_aligned=flag("NUMASCHED_GEMM_STREAMK_K_ALIGNED", True),
                    gemm_tail_split=flag("NUMASCHED_GEMM_TAIL_SPLIT", True),
+                   gemm_ws=flag("NUMASCHED_GEMM_WS", True),
                    pdl=flag("NUMASCHED_PDL", True),
                    pdl_trigger=_trigger(env.get("NUMASCHED_PDL_TRIGGER", "late")),
                    pdl_prefetch=flag("NUMASCHED_PDL_PREFETCH", False),

@@ -1077,6 +1077,84 @@ def test_schedule_names_parse_back_to_the_chooser_s_schedules():
         GS.Schedule.parse("tiled 128x256 w8")
 
 
+def test_chooser_takes_the_ws_widths_from_512_rows():
+    """options.gemm_ws: where the operands fit the warp-specialised kernel the chooser weighs its
+    tile widths from gemm_schedule.WS_MIN_ROWS rows (only those), none below; their names parse
+    back; the model's width is the timed best within 5 % at >= 85 % of the recorded H100 run's
+    points and no more than 5 % slower than the Triton pick at >= 90 % (bench/results/gemm-ws-s30/)."""
+    import csv
+
+    from numasched import gemm_schedule as GS
+
+    h100 = GS._KNOWN["h100"]
+    assert not any(s.kind == "ws" for s in GS.candidates(256, 5120, 5120, 2, h100, ws=True))
+    assert not any(s.kind == "ws" for s in GS.candidates(4096, 5120, 5120, 2, h100, ws=False))
+    wide = GS.candidates(512, 5120, 5120, 2, h100, ws=True)
+    assert {s.block_n for s in wide} == set(GS.WS_TILE_NS) and all(s.kind == "ws" for s in wide)
+    for s in wide:
+        assert GS.Schedule.parse(s.describe()) == s, s
+    assert not any(s.kind == "ws" for s in GS.candidates(512, 5120, 5120, 4, h100, ws=True))   # fp32: no
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "results", "gemm-ws-s30", "gemm_inference-widths-h100-2026-11-27.csv")
+    forms = {"dp": 256, "w192": 192, "w160": 160, "w144": 144, "w128": 128, "w96": 96, "w80": 80}
+    n = near_best = near_triton = 0
+    for r in csv.DictReader(open(path)):
+        m, nn, k = int(r["M"]), int(r["N"]), int(r["K"])
+        if m < GS.WS_MIN_ROWS:
+            continue
+        pick = GS._choose(m, nn, k, 2, h100, False, True, True, True, True)
+        assert pick.kind == "ws", (m, nn, k, pick)
+        t = {w: float(r[f"ws_{f}_us"]) for f, w in forms.items()}
+        n += 1
+        near_best += t[pick.block_n] <= 1.05 * min(t.values())
+        near_triton += t[pick.block_n] <= 1.05 * float(r["ours_us"])
+    assert n >= 30 and near_best >= 0.85 * n and near_triton >= 0.9 * n, (n, near_best, near_triton)
+    # the widths where the last wave would be mostly empty at 256 columns: 40 tiles of 256 -> 128 of 80
+    assert GS._choose(512, 2560, 8192, 2, h100, False, True, True, True, True).block_n == 80
+
+
+def test_ws_schedule_refused_where_the_kernel_cannot_run(device):
+    """A "ws" schedule asked for explicitly where the warp-specialised kernel cannot run (no
+    Hopper here, or a bias) is refused naming why; the chooser never offers it there."""
+    from numasched.gemm_schedule import Schedule
+
+    a = torch.randn(512, 256, device=device, dtype=torch.float16)
+    w = torch.randn(384, 256, device=device, dtype=torch.float16)
+    with pytest.raises(ValueError, match="warp-specialised GEMM cannot run this"):
+        numasched.plan_matmul(a, w.T, schedule=Schedule.parse("ws 128x160x64 w4 s4 persistent"),
+                              bias=torch.zeros(384, device=device, dtype=torch.float16))
+    assert numasched.plan_matmul(a, w.T).kernel != "ws" or torch.cuda.is_available()
+
+
+@gpu
+@pytest.mark.parametrize("m,n,k", [(512, 2560, 8192), (1031, 5000, 1000), (600, 4096, 2048)])
+def test_gpu_ws_route_matches_float64(m, n, k):
+    """From 512 rows on Hopper the chooser takes the WS kernel (a width of its model): fresh
+    inputs, poisoned output, in a CUDA graph too; with a bias, or gemm_ws off, the Triton kernels."""
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    plan = numasched.plan_matmul(x, w.T, out)
+    if torch.cuda.get_device_capability()[0] == 9:
+        assert plan.kernel == "ws" and plan.schedule.kind == "ws", plan.schedule
+    plan.run(x, w.T, out)
+    ref = x.double() @ w.double().T
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        plan.run(x, w.T, out)
+    x.copy_(torch.randn_like(x))
+    out.fill_(float("nan"))
+    g.replay()
+    ref = x.double() @ w.double().T
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    assert numasched.plan_matmul(x, w.T, bias=bias).kernel != "ws"
+    with numasched.options.use(gemm_ws=False):
+        assert numasched.plan_matmul(x, w.T).kernel != "ws"
+    y = numasched.matmul(x, w.T)      # the cached-plan call path
+    assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-2
+
+
 def test_prefetch_programs_budget_and_alignment_rules():
     """options.pdl_prefetch's host rule (kernels/gemm_splitk.prefetch_programs): a bulk L2
     prefetch needs B as a W.T view with 16-byte aligned, 16-byte multiple K runs; the programs
