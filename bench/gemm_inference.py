@@ -82,23 +82,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 # the WS GEMM's forms (numasched.gemm_ws): data-parallel tiles; stream-K with the last piece's merge;
 # stream-K with the banded merge; split-K in K lockstep (S = SMs // tiles, at least 2) with it;
-# "wNNN": data-parallel tiles NNN columns wide in two boxes (gemm_ws.wide_config, e.g. w160)
-WS_FORMS = ("dp", "sk", "bands", "split", "wNNN")
+# "wNNN": data-parallel tiles NNN columns wide in two boxes (gemm_ws.wide_config, e.g. w160);
+# "kNNN": split-K in K lockstep with tiles NNN (64, 128) columns wide, S = SMs // tiles
+WS_FORMS = ("dp", "sk", "bands", "split", "wNNN", "kNNN")
 
 
 def ws_forms(text: str) -> list:
     """argparse type: comma-separated WS GEMM forms."""
-    from numasched.gemm_ws import wide_config
+    from numasched.gemm_ws import split_config, wide_config
 
     forms = [t.strip() for t in text.split(",") if t.strip()]
     bad = []
     for f in forms:
-        if f[:1] == "w" and f[1:].isdigit():
+        if f[:1] in "wk" and f[1:].isdigit():
             try:
-                wide_config(int(f[1:]))
+                wide_config(int(f[1:])) if f[0] == "w" else split_config(int(f[1:]), 2)
             except ValueError as e:
                 bad.append(f"{f} ({e})")
-        elif f not in WS_FORMS[:-1]:
+        elif f not in WS_FORMS[:-2]:
             bad.append(f)
     if bad:
         raise argparse.ArgumentTypeError(f"unknown WS forms {bad}; choose from {', '.join(WS_FORMS)}")
@@ -107,10 +108,13 @@ def ws_forms(text: str) -> list:
 
 def ws_config(form: str, m: int, n: int, sms: int):
     """The WsConfig of a form at an (m, n) output (split-K: S = SMs // tiles of 128 x 256, at least 2)."""
-    from numasched.gemm_ws import WsConfig, wide_config
+    from numasched.gemm_ws import WsConfig, split_config, wide_config
 
     if form[:1] == "w":
         return wide_config(int(form[1:]))
+    if form[:1] == "k":
+        bn = int(form[1:])
+        return split_config(bn, sms // (-(-m // 128) * -(-n // bn)))
     tiles = -(-m // 128) * -(-n // 256)
     return {"dp": WsConfig(), "sk": WsConfig(streamk=True), "bands": WsConfig(streamk=True, sk_merge=1),
             "split": WsConfig(streamk=True, sk_merge=1, sk_split=max(2, sms // tiles))}[form]

@@ -18,7 +18,7 @@ from typing import Optional
 import torch
 
 __all__ = ["WsConfig", "WsGemmPlan", "supported", "descriptor_type", "host_descriptor", "descriptor_maker",
-           "DeviceAddress", "DEFAULT_CONFIG", "wide_config", "GLU_CONFIG", "STREAMK_CONFIG", "streamk_ranges", "split_parts",
+           "DeviceAddress", "DEFAULT_CONFIG", "wide_config", "split_config", "GLU_CONFIG", "STREAMK_CONFIG", "streamk_ranges", "split_parts",
            "merge_bands"]
 
 
@@ -46,6 +46,16 @@ class WsConfig:
     def smem_bytes(self, elem: int = 2) -> int:
         stage = (self.block_m + (2 if self.glu else 1) * self.block_n + self.block_n1) * self.block_k * elem
         return self.stages * stage + self.block_m * self.tile_n * elem + 1024
+
+
+def split_config(block_n: int, split: int, smem: int = 200 * 1024) -> WsConfig:
+    """Split-K in K lockstep with the banded merge (``sk_split``), tiles of 128 x ``block_n`` (64,
+    128 or 256), as many stages (3-8) as fit in ``smem`` bytes of operand ring."""
+    if block_n not in (64, 128, 256):
+        raise ValueError(f"block_n must be 64, 128 or 256 for the split-K form, got {block_n}")
+    stage = (128 + block_n) * 64 * 2
+    return WsConfig(block_n=block_n, stages=max(3, min(8, smem // stage)), streamk=True, sk_merge=1,
+                    sk_split=max(2, split))
 
 
 def wide_config(tile_n: int, smem: int = 227 * 1024) -> WsConfig:
@@ -186,8 +196,10 @@ class WsGemmPlan:
                                  f"got {cfg.block_n1}")
             if cfg.glu or cfg.streamk or peer_out_ptr is not None:
                 raise ValueError("config.block_n1 (two-box tiles) is for the plain data-parallel GEMM")
-        elif cfg.block_n == cfg.block_k:   # the kernel reads B's orientation off a one-box tile's shape
-            raise ValueError(f"config.block_n must differ from block_k={cfg.block_k} in a one-box tile")
+        elif cfg.block_n == cfg.block_k and not self.b_kmajor:
+            # the kernel reads B's orientation off a one-box tile's shape: a square box is taken as
+            # an (N, K) weight's
+            raise ValueError(f"config.block_n must differ from block_k={cfg.block_k} for a (K, N) row-major b")
         tiles = -(-self.M // cfg.block_m) * -(-self.N // cfg.tile_n)
         sms = torch.cuda.get_device_properties(a.device).multi_processor_count
         self.num_programs = max(1, min(tiles, num_programs or sms))

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 import torch
 
-from numasched.gemm_ws import WsConfig, WsGemmPlan, supported, wide_config
+from numasched.gemm_ws import WsConfig, WsGemmPlan, split_config, supported, wide_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -220,10 +220,14 @@ def test_wide_tiles_match_float64(M, N, K, tile_n, b_weight):
 @pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")
 def test_wide_config_refuses_other_forms():
     a, b, out, _ = _operands(256, 512, 512, torch.bfloat16, True)
-    for cfg in (WsConfig(block_n=128, block_n1=48), WsConfig(block_n=64, block_n1=128), WsConfig(block_n=64),
+    for cfg in (WsConfig(block_n=128, block_n1=48), WsConfig(block_n=64, block_n1=128),
                 WsConfig(block_n=128, block_n1=32, streamk=True)):
         with pytest.raises(ValueError, match="block_n"):
             WsGemmPlan(a, b, out, config=cfg)
+    # a 64 x 64 box of a (K, N) row-major b would be read as an (N, K) weight's
+    with pytest.raises(ValueError, match="row-major b"):
+        WsGemmPlan(a, b.contiguous(), out, config=WsConfig(block_n=64))
+    WsGemmPlan(a, b, out, config=WsConfig(block_n=64))   # a weight's w.T: fine
 
 
 @pytest.mark.gpu
@@ -479,3 +483,30 @@ def test_streamk_config_errors_name_the_field():
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     with pytest.raises(ValueError, match="num_programs"):
         WsGemmPlan(a, b, out, config=_SK_FORMS["bands"], num_programs=sms + 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("block_n", [64, 128])
+@pytest.mark.parametrize("M,N,K", [(128, 4096, 4096), (256, 2600, 8200), (97, 1000, 3000)])
+def test_narrow_split_k_matches_float64(M, N, K, block_n):
+    """split_config: split-K in K lockstep with 128 x 64 / 128 x 128 tiles, poisoned output,
+    twice (the tickets back at zero between calls)."""
+    a, b, out, ref = _operands(M, N, K, torch.bfloat16, True)
+    tiles = -(-M // 128) * -(-N // block_n)
+    plan = WsGemmPlan(a, b, out, config=split_config(block_n, 132 // tiles))
+    for _ in range(2):
+        out.fill_(float("nan"))
+        plan.run(a, b, out)
+        plan.check()
+        assert _rel(out, ref) < 1e-2
+
+
+def test_split_config_fits_and_refuses_other_widths():
+    for bn in (64, 128, 256):
+        cfg = split_config(bn, 4)
+        assert cfg.streamk and cfg.sk_merge == 1 and cfg.sk_split == 4 and 3 <= cfg.stages <= 8
+        assert cfg.stages * (128 + bn) * 64 * 2 <= 200 * 1024
+    assert split_config(128, 1).sk_split == 2
+    with pytest.raises(ValueError, match="block_n"):
+        split_config(96, 2)
