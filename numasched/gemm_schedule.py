@@ -123,12 +123,19 @@ STREAMK_PIECE_COST = 1.5
 # width by the model below; under it the Triton schedules.
 WS_TILE_NS = (256, 192, 160, 144, 128, 96, 80)
 WS_MIN_ROWS = 512
+# ... and where the WS model gives at least WS_MIN_S: at 512-1024 rows and 10 us or less (1000^3,
+# 768^3, 512 x 1024 x 1024, 1024 x 2048 x 1024) the Triton split-K tiles ran 0.80-0.95x its time on
+# the H100 (their fixed costs are smaller); from 25 us the two were even or WS ahead.
+WS_MIN_S = 12e-6
 # The WS model, per K step of 64 per tile: the slowest of the tile's flops at its SM's share of
-# the tensor rate (WS_RATE times the machine's, as if WS_EXTRA_COLS more columns: the fixed cost
-# of a step), B's and A's bytes from HBM (B shared by the tile rows of a group of 8, A by as many
-# tile columns) at WS_HBM times the streaming rate and both from L2 at WS_L2 times its rate; plus
-# WS_TILE_START_S a tile. Fitted to the 385 times above (rms log error 0.097, worst 0.29).
-WS_RATE, WS_HBM, WS_L2, WS_EXTRA_COLS, WS_TILE_START_S = 1.151, 1.137, 1.092, 26.5, 1.82e-6
+# the tensor rate (WS_RATE times the machine's; a two-box tile as if WS_TWO_BOX_COLS more columns:
+# the second wgmma's fixed cost), B's and A's bytes from HBM (B shared by the tile rows of a group
+# of 8, A by as many tile columns) at WS_HBM times the streaming rate and both from L2 at WS_L2
+# times its rate, WS_MISALIGNED more where a row of K is not a whole number of 128-byte lines
+# (each box row then spans two); plus WS_TILE_START_S a tile. Fitted to the 673 WS times of this
+# session's H100 runs (bench/results/gemm-ws-s30/: the widths run, the grid twice, 15 shapes off
+# it; rms log error 0.089, worst 0.30).
+WS_RATE, WS_HBM, WS_L2, WS_TWO_BOX_COLS, WS_MISALIGNED, WS_TILE_START_S = 1.018, 1.118, 1.084, 15.4, 0.56, 1.42e-6
 
 
 @functools.lru_cache(maxsize=None)
@@ -215,13 +222,15 @@ def candidates(M: int, N: int, K: int, elt: int, machine: Machine, *, splitk_onl
     """The schedules the chooser weighs for this shape (estimates not filled in); ``tail``
     (options.gemm_tail_split): also the split-K schedules that split only the last wave's tiles;
     ``ws`` (the operands fit the warp-specialised kernel, options.gemm_ws): from WS_MIN_ROWS rows
-    its widths instead of the Triton schedules."""
+    and WS_MIN_S of modelled time its widths instead of the Triton schedules."""
     from .kernels import gemm_splitk as KS
 
     if ws and M >= WS_MIN_ROWS and elt == 2:
         from .gemm_ws import wide_config
 
-        return [Schedule("ws", 128, n, 64, 1, 4, wide_config(n).stages, True) for n in WS_TILE_NS]
+        wide = [Schedule("ws", 128, n, 64, 1, 4, wide_config(n).stages, True) for n in WS_TILE_NS]
+        if min(_ws_estimate(s, M, N, K, elt, machine) for s in wide) >= WS_MIN_S:
+            return wide
     out = []
     bms = sorted({bm for bm in KS.BLOCK_MS if bm >= min(M, 16) and (bm <= 2 * max(M, 16) or bm == 16)})
     for bm in bms:
@@ -312,9 +321,11 @@ def _ws_estimate(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machine
     tiles = nm * nn
     active = min(tiles, machine.sms)
     b_box, a_box = W * bk * elt, s.block_m * bk * elt
-    flops = 2.0 * s.block_m * (W + WS_EXTRA_COLS) * bk / (WS_RATE * machine.tensor_flops / machine.sms)
-    hbm = (b_box / min(nm, 8) + a_box / min(nn, 8)) / (WS_HBM * machine.hbm_bytes_per_s / active)
-    l2 = (a_box + b_box) / (WS_L2 * machine.l2_bytes_per_s / active)
+    cols = W + (WS_TWO_BOX_COLS if W & (W - 1) else 0)
+    flops = 2.0 * s.block_m * cols * bk / (WS_RATE * machine.tensor_flops / machine.sms)
+    lines = 1.0 + (WS_MISALIGNED if (K * elt) % 128 else 0.0)
+    hbm = lines * (b_box / min(nm, 8) + a_box / min(nn, 8)) / (WS_HBM * machine.hbm_bytes_per_s / active)
+    l2 = lines * (a_box + b_box) / (WS_L2 * machine.l2_bytes_per_s / active)
     step = max(flops, hbm, l2)
     return _cdiv(tiles, machine.sms) * (_cdiv(K, bk) * step + WS_TILE_START_S) + machine.launch_s
 

@@ -98,9 +98,10 @@ class Options:
             0.901 (geomean; 512 x 14336 x 8192: 242 -> 185 us, 512 x 5120 x 12800: 140 -> 107).
         gemm_ws: the chooser also weighs the warp-specialised Gluon GEMM (kernels/gemm_ws.py) on
             Hopper, with tiles of 80-256 columns (two power-of-two boxes), for bf16/fp16 without
-            bias or residual: from gemm_schedule.WS_MIN_ROWS rows it takes those (the width by the
-            model). On by default: on an H100 at M = 512-2048 it ran 0.80-1.0x the Triton pick's
-            time (bench/results/gemm-ws-s30/: 512 x 5120 x 5120 40.6 against 56.2 us).
+            bias or residual: from gemm_schedule.WS_MIN_ROWS rows (and WS_MIN_S of modelled time)
+            it takes those, the width by the model. On by default: on an H100 the issue's grid went
+            from cuBLAS / ours 0.978 to 0.992 (geomean; 512 rows 0.852 -> 0.936, 1024 0.914 ->
+            0.956, 4096 0.956 -> 0.999; bench/results/gemm-ws-s30/grid-ws-off, grid-ws-on2).
         pdl: launch numasched's kernels with programmatic dependent launch on NVIDIA sm_90+ (each
             kernel's launch and start overlap the kernel before it in the stream; the kernel
             waits for it before touching memory: kernels/pdl.py). Off elsewhere.
