@@ -57,7 +57,8 @@ class Machine:
     launch_s: float = 2.5e-6      # a launch, seen from the GPU (graph replay)
     unit_start_s: float = 0.8e-6  # a program's first loads and pipeline fill
     sm_bw_share: float = 1.5      # an SM alone streams at most this many times its fair share
-    reduce_sync_s: float = 5.0e-6  # split-K: the ticket and the last program's merge (see SPLITK_PARTIAL_COST)
+    reduce_sync_s: float = 2.0e-6  # split-K: the ticket and the last program's merge
+    splitk_partial_cost: float = 1.0   # split-K's fp32 partials cost this many times their bytes through L2
 
     @staticmethod
     def of(device: Optional[torch.device] = None) -> "Machine":
@@ -73,7 +74,13 @@ class Machine:
 # 2300 TFLOP/s), derated like the NVIDIA ones -- no AMD GPU was available to measure.
 _KNOWN = {
     "h200": Machine("H200", 132, 227 * 1024, 4.3e12, 7.9e14, 1.2e13),
-    "h100": Machine("H100", 132, 227 * 1024, 3.0e12, 7.9e14, 1.1e13),
+    # the H100's split-K merge refit to a sweep of 21 schedules at each of 33 points of M = 64-256
+    # (bench/results/gemm-ws-s30/sweep-h100/): its fp32 partials at 1.5x their L2 bytes and 5 us of
+    # sync took the pick's time over the best timed from 0.938 to 0.975 (geomean), within 5 % at
+    # 20 -> 26 points (the 128 x 128 tiles in 2-6 K parts it took at 128 rows ran 1.2-1.3x the
+    # 128 x 64 tiles in fewer). The H200's sweep (gemm-sweep-*) is indifferent at M <= 256 (0.973
+    # -> 0.974) and its grid run of this session had 3 of 7 changed picks slower: it keeps 1x, 2 us.
+    "h100": Machine("H100", 132, 227 * 1024, 3.0e12, 7.9e14, 1.1e13, reduce_sync_s=5.0e-6, splitk_partial_cost=1.5),
     "mi300x": Machine("MI300X", 304, 64 * 1024, 4.2e12, 9.0e14, 1.4e13),
     "mi355x": Machine("MI355X", 256, 160 * 1024, 6.4e12, 1.6e15, 1.6e13),
 }
@@ -85,14 +92,6 @@ A_WEIGHT = 0.1
 # The split-K kernel's big tiles reach a fraction of the TMA-fed tiled kernel's tensor rate (its
 # operands come through registers); fitted to the medium-M points (M = 128-1024) of the H200 runs.
 SPLITK_MMA_EFFICIENCY = 0.5
-# Split-K's fp32 partials cost this many times their bytes through L2 (written, then read by the
-# merge), and the merge's ticket and sync Machine.reduce_sync_s (5 us, was 2). Refit to two sweeps
-# of ~21-25 schedules per point: the H200's 68 points of M = 64-2048 (bench/results/gemm-sweep-*)
-# and the H100's 33 of M = 64-256 (gemm-ws-s30/sweep-h100/). The pick's time over the best timed
-# (geomean) went 0.972 -> 0.981 (H200) and 0.938 -> 0.975 (H100), within 5 % at 57 -> 59 and
-# 20 -> 26 points: the 128 x 128 tiles in 2-6 K parts it took at 128 rows ran 1.2-1.3x the
-# 128 x 64 tiles in fewer parts.
-SPLITK_PARTIAL_COST = 1.5
 
 
 # Stream-K is weighed for problems of at most this many waves of output tiles, and from this many
@@ -317,7 +316,7 @@ def estimate(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machine, sp
     # tiles set the time
     t = waves * (unit + machine.unit_start_s) + machine.launch_s
     if s.split_k > 1:
-        t += (SPLITK_PARTIAL_COST * tiles * s.split_k * s.block_m * s.block_n * 4 * 2 / machine.l2_bytes_per_s
+        t += (machine.splitk_partial_cost * tiles * s.split_k * s.block_m * s.block_n * 4 * 2 / machine.l2_bytes_per_s
               + machine.reduce_sync_s)
     return max(t, _floor_s(M, N, K, elt, machine) + machine.launch_s)
 
@@ -391,7 +390,8 @@ def _tail_estimate(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machi
         unit, slots = _unit_s(s, kps, units, elt, machine, splitk_tma, aligned)
         t += _cdiv(units, slots) * (unit + machine.unit_start_s)
         if s.split_k > 1:
-            t += SPLITK_PARTIAL_COST * units * s.block_m * s.block_n * 4 * 2 / machine.l2_bytes_per_s + machine.reduce_sync_s
+            t += (machine.splitk_partial_cost * units * s.block_m * s.block_n * 4 * 2 / machine.l2_bytes_per_s
+                  + machine.reduce_sync_s)
     return max(t, _floor_s(M, N, K, elt, machine) + machine.launch_s)
 
 
