@@ -58,6 +58,12 @@ def config_kwargs(config) -> dict:
     return dict(config)
 
 
+def hooked() -> bool:
+    """Whether a profiler listens to Triton's launches (then launches go through Triton's path,
+    which reports them, not through a cached argument list)."""
+    return bool(_RUNTIME.launch_enter_hook.calls or _RUNTIME.launch_exit_hook.calls)
+
+
 class Launch:
     """One kernel of a plan.
 
@@ -115,7 +121,7 @@ class Launch:
 
     def __call__(self, *args) -> None:
         raw = self.raw
-        if raw is not None and not (_RUNTIME.launch_enter_hook.calls or _RUNTIME.launch_exit_hook.calls):
+        if raw is not None and not hooked():
             # the compiled kernel's C launcher itself: no Python wrapper between
             g = self.grid
             k = self.compiled

@@ -248,7 +248,7 @@ class WsGemmPlan:
 
     def run(self, a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None,
             row_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
-        from numasched._launch import Launch
+        from numasched._launch import HostDesc, Launch, hooked
         from numasched.kernels.gemm_ws import gemm_ws_kernel
 
         if (b.stride(1) != 1) != self.b_kmajor:   # the compiled B box is the plan's orientation
@@ -267,13 +267,31 @@ class WsGemmPlan:
                                        CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=cfg.loader_regs,
                                        PEER_PUSH=self.peer_mode, N1=cfg.block_n1, B_KMAJOR=self.b_kmajor,
                                        num_warps=4, maxnreg=cfg.maxnreg), device=a.device)
-        desc = descriptor_maker(self._launch)
+            self._fulls = {}
+        run = self._launch
+        scale = row_scale if row_scale is not None else out
+        fkey = None
+        if run.raw is not None and not hooked():
+            # the C launcher with the whole argument list of these data pointers, made once
+            # (descriptors expanded into their tensor maps): an eager call's host work is a key
+            # and a lookup (shapes are the plan's; strides are in the key)
+            fkey = (a.data_ptr(), a.stride(), b.data_ptr(), b.stride(), out.data_ptr(), out.stride(0), scale.data_ptr())
+            full = self._fulls.get(fkey)
+            if full is not None:
+                run.call_full(full)
+                return out
+        desc = descriptor_maker(run)
         a_d, b_d, c_d = self._descriptors(desc, a, b, out)
         peer = c_d if self.peer is None else desc(DeviceAddress(self.peer, out.dtype), out.shape, out.stride(),
                                                   [cfg.block_m // 2, 64 if self.peer_mode == 2 else cfg.block_n])
         b1_d, c1_d = self._descriptors(desc, a, b, out, cfg.block_n1)[1:] if cfg.block_n1 else (b_d, c_d)
-        self._launch(a_d, b_d, c_d, peer, b1_d, c1_d, row_scale if row_scale is not None else out,
-                     self.M, self.N, self.K)
+        args = (a_d, b_d, c_d, peer, b1_d, c1_d, scale.data_ptr() if fkey is not None else scale,
+                self.M, self.N, self.K)
+        run(*args)
+        if fkey is not None and desc is HostDesc:
+            if len(self._fulls) >= 64:
+                self._fulls.pop(next(iter(self._fulls)))
+            self._fulls[fkey] = run.full_args(args)
         return out
 
     def _descriptors(self, desc, a, b, out, cols: Optional[int] = None):

@@ -60,7 +60,7 @@ def launch(ctx, plan, *, a, b_store, b_trans, out, recv, flags, epoch, counters,
     """One launch of kernels/dist_gemm_ar_ws.py (see its doc): ``rows`` out's rows (RS: a slice's),
     ``recv`` the (2, 2, rows, N) receive slots, ``flags`` at least (2, 2 x tiles) int64;
     ``programs`` default: one per tile pair (RS: per tile of both slices), at most one per SM."""
-    from numasched._launch import HostDesc, Launch
+    from numasched._launch import HostDesc, Launch, hooked
     from numasched.gemm_ws import WsConfig, descriptor_maker
     from numasched.kernels.dist_gemm_ar_ws import matmul_all_reduce_ws_kernel
 
@@ -86,7 +86,7 @@ def launch(ctx, plan, *, a, b_store, b_trans, out, recv, flags, epoch, counters,
                           CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=cfg.loader_regs,
                           num_warps=4, maxnreg=cfg.maxnreg), device=ctx.device)
         plan.launchers[key] = run
-    if run.raw is not None:
+    if run.raw is not None and not hooked():
         # the compiled kernel's C launcher with the whole argument list of these data pointers,
         # made once (descriptors expanded into their tensor maps): an eager call's host work is
         # a key and a lookup (the shapes are the plan's; strides are in the key)
