@@ -25,6 +25,8 @@ warning. Under the interpreter, bf16 runs in fp32 (the interpreter's bf16 dot is
 """
 from __future__ import annotations
 
+import functools
+
 from typing import Optional, Union
 
 import torch
@@ -275,12 +277,14 @@ class GemmPlan(Plan):
             if interp:
                 schedule = None  # the interpreter: the small split-K config below
             elif options.gemm_schedule == "model":
-                schedule = _sched.choose(Mdim, N, K, a.dtype, dev, table=options.gemm_table,
-                                         splitk_only=not tma_ok or self.int64,
-                                         splitk_tma=options.gemm_splitk_tma and tma_ok and not self.int64,
-                                         aligned=a_view is not None and b_view is not None,
-                                         tail=options.gemm_tail_split,
-                                         ws=options.gemm_ws and self._ws_why(a, b, out, bias, residual, dtype) is None)
+                ws_ok = options.gemm_ws and self._ws_why(a, b, out, bias, residual, dtype) is None
+                choose = functools.partial(_sched.choose, Mdim, N, K, a.dtype, dev, splitk_only=not tma_ok or self.int64,
+                                           splitk_tma=options.gemm_splitk_tma and tma_ok and not self.int64,
+                                           aligned=a_view is not None and b_view is not None,
+                                           tail=options.gemm_tail_split, ws=ws_ok)
+                schedule = choose(table=options.gemm_table)
+                if schedule is not None and schedule.kind == "ws" and not ws_ok:   # a table's WS entry it cannot take
+                    schedule = choose(table=None)
         if schedule is not None and schedule.kind == "ws":
             why = self._ws_why(a, b, out, bias, residual, dtype)
             if why is not None:

@@ -14,6 +14,7 @@ Tuning happens when this command runs, never inside a call.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import sys
@@ -83,10 +84,16 @@ def tune(shapes, *, top: int = 6, calls: int = 20, dtype=None, log=print) -> dic
         ws = [torch.randn(n, k, device=dev, dtype=dtype) for _ in range(copies)]
         outs = [torch.empty(m, n, device=dev, dtype=dtype) for _ in range(copies)]
         own = numasched.plan_matmul(x, ws[0].T, outs[0])
-        tma = own.path == "tma" or own.kernel == "tiled"
-        cands = GS.candidates(m, n, k, elt, machine, splitk_only=not tma)
-        ranked = [own.schedule] + [s for _, _, s in sorted((GS.estimate(s, m, n, k, elt, machine), i, s)
-                                                            for i, s in enumerate(cands))]
+        tma = own.path == "tma" or own.kernel in ("tiled", "ws")
+
+        def by_model(use_ws):
+            cands = GS.candidates(m, n, k, elt, machine, splitk_only=not tma, ws=use_ws)
+            return [s for _, _, s in sorted((GS.estimate(s, m, n, k, elt, machine), i, s) for i, s in enumerate(cands))]
+        ranked = [own.schedule]
+        if own.kernel == "ws":   # the chooser took the WS widths: time them and the Triton schedules in turn
+            ranked += [s for pair in itertools.zip_longest(by_model(True), by_model(False)) for s in pair]
+        else:
+            ranked += by_model(False)
         seen, best = set(), None
         for s in ranked:
             if s is None or s.describe() in seen or len(seen) > top:

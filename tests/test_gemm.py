@@ -1224,6 +1224,32 @@ def test_gpu_ws_route_matches_float64(m, n, k):
     assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-2
 
 
+@gpu
+def test_gpu_tuned_ws_entry_falls_back_where_the_kernel_cannot_run(tmp_path):
+    """A tuned table's WS entry serves the plain product; a call with a bias at the same shape
+    (the table's key has no epilogue) takes the model's Triton pick instead of failing."""
+    import json
+
+    from numasched import gemm_schedule as GS
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("needs an sm_90 GPU")
+    x = torch.randn(640, 1024, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(2560, 1024, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(2560, device="cuda", dtype=torch.bfloat16)
+    name = GS.Machine.of(x.device).name
+    key, val = GS.table_entry(640, 2560, 1024, torch.bfloat16, name, GS.Schedule.parse("ws 128x160x64 w4 s5 persistent"))
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"schedules": {key: val}}))
+    with numasched.options.use(gemm_table=str(path)):
+        assert numasched.plan_matmul(x, w.T).kernel == "ws"
+        plan = numasched.plan_matmul(x, w.T, bias=bias)
+        assert plan.kernel != "ws"
+        y = plan.run(x, w.T, bias=bias)
+    ref = x.double() @ w.double().T + bias.double()
+    assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-2
+
+
 def test_prefetch_programs_budget_and_alignment_rules():
     """options.pdl_prefetch's host rule (kernels/gemm_splitk.prefetch_programs): a bulk L2
     prefetch needs B as a W.T view with 16-byte aligned, 16-byte multiple K runs; the programs
