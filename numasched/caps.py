@@ -145,6 +145,14 @@ def nvidia_sm90_plus(device: torch.device) -> bool:
     return capability(device)[0] >= 9
 
 
+def hopper(device: torch.device) -> bool:
+    """An NVIDIA sm_90 GPU (H100, H200), what the warp-specialised Gluon kernels are written for
+    (ROCm's torch reports gfx9 parts as capability 9.x too: never those)."""
+    if device.type != "cuda" or is_hip():
+        return False
+    return capability(device)[0] == 9
+
+
 def tma_supported(device: torch.device) -> bool:
     """Hopper-class TMA (tensor descriptors): NVIDIA sm_90+ only; never on AMD or the interpreter."""
     return nvidia_sm90_plus(device)

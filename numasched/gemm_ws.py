@@ -148,8 +148,10 @@ def supported(a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = No
         return "out must be row-major with 16-byte aligned rows (N a multiple of 8), in a's dtype"
     if not HAVE_GLUON:
         return "this triton has no Gluon"
-    if a.device.type != "cuda" or torch.cuda.get_device_capability(a.device)[0] != 9:
-        return "needs an sm_90 GPU (Hopper)"
+    from . import caps
+
+    if not caps.hopper(a.device):
+        return "needs an NVIDIA sm_90 GPU (Hopper)"
     if b.device != a.device or (out is not None and out.device != a.device):
         return "a, b and out must be on one device"
     return None

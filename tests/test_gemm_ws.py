@@ -163,7 +163,7 @@ def test_wide_config_errors_name_the_field():
 
 # ------------------------------------------------------------------------------------------ GPU
 def _hopper():
-    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+    return torch.cuda.is_available() and torch.version.hip is None and torch.cuda.get_device_capability()[0] == 9
 
 
 def _operands(M, N, K, dtype, b_weight):
@@ -512,3 +512,18 @@ def test_split_config_fits_and_refuses_other_widths():
     assert split_config(128, 1).sk_split == 2
     with pytest.raises(ValueError, match="block_n"):
         split_config(96, 2)
+
+
+def test_hopper_check_never_takes_an_amd_part(monkeypatch):
+    """caps.hopper (what gemm_ws.supported and the WS collectives ask): ROCm's torch reports an
+    MI300X (gfx942) as capability 9.4, which must not read as an sm_90 GPU."""
+    from numasched import caps
+
+    monkeypatch.setattr(caps, "capability", lambda device: (9, 4))
+    monkeypatch.setattr(torch.version, "hip", "6.2", raising=False)
+    assert not caps.hopper(torch.device("cuda", 0))
+    monkeypatch.setattr(torch.version, "hip", None, raising=False)
+    assert caps.hopper(torch.device("cuda", 0))
+    monkeypatch.setattr(caps, "capability", lambda device: (10, 0))
+    assert not caps.hopper(torch.device("cuda", 0))
+    assert not caps.hopper(torch.device("cpu"))

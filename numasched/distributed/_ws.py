@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from numasched import caps
+
 __all__ = ["ws_ok", "ws_wanted", "launch", "peer_address"]
 
 
@@ -18,8 +20,7 @@ def ws_ok(ctx, a, b_store, out, rows: int, N: int, K: int) -> bool:
     from numasched.kernels.gemm_ws import HAVE_GLUON
 
     elt = out.element_size()
-    return (HAVE_GLUON and ctx.world == 2 and ctx.device.type == "cuda"
-            and torch.cuda.get_device_capability(ctx.device)[0] == 9 and rows % 64 == 0
+    return (HAVE_GLUON and ctx.world == 2 and caps.hopper(ctx.device) and rows % 64 == 0
             and out.is_contiguous() and a.dtype in (torch.bfloat16, torch.float16) and a.stride(1) == 1
             and (N * elt) % 16 == 0 and (K * elt) % 16 == 0)
 
@@ -35,8 +36,7 @@ def ws_wanted(ctx) -> bool:
     o = options.current().fused_ws
     if o is not None:
         return bool(o)
-    return (HAVE_GLUON and ctx.world == 2 and ctx.device.type == "cuda"
-            and torch.cuda.get_device_capability(ctx.device)[0] == 9)
+    return HAVE_GLUON and ctx.world == 2 and caps.hopper(ctx.device)
 
 
 def peer_address(ctx, t: torch.Tensor):
