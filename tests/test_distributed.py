@@ -1752,7 +1752,8 @@ def test_bounded_only_context_keeps_auto_off_torch_symm_mem(monkeypatch):
     ("tp2-s15-h100/coll-full/offgrid/collectives-2xh100-2026-11-26.csv", 2, False, False, 8, 4),  # M = 48-6144
     ("tp2-s28d/collectives/collectives-2xh100-2026-11-27.csv", 2, True, True, 12, 11),   # the defaults
     ("tp2-s28b/rsws0/collectives-2xh100-2026-11-27.csv", 2, False, True, 10, 6),         # the Triton kernel
-    ("tp2-s29d/rswsdef/collectives-2xh100-2026-11-27.csv", 2, True, True, 10, 7)])       # defaults, 768 rows
+    ("tp2-s29d/rswsdef/collectives-2xh100-2026-11-27.csv", 2, True, True, 10, 7),        # defaults, 768 rows
+    ("tp2-s30a/rswsdef/collectives-2xh100-2026-11-27.csv", 2, True, True, 10, 8)])       # 768-6144 rows
 def test_gemm_collective_choice_against_recorded_times(csv_path, world, ws, rs_rows, points, good):
     """The cost model's pick for all_gather_matmul / matmul_reduce_scatter, priced with the
     measured GEMM ratios and torch symm_mem's floor + tail, against the three paths' times recorded
@@ -1783,7 +1784,8 @@ def test_gemm_collective_choice_against_recorded_times(csv_path, world, ws, rs_r
 @pytest.mark.parametrize("csv_path,points,good", [
     ("tp2-s28b/rswsdef/collectives-2xh100-2026-11-27.csv", 11, 10),
     ("tp2-s28e/rswsdef/collectives-2xh100-2026-11-27.csv", 18, 17),
-    ("tp2-s29d/rswsdef/collectives-2xh100-2026-11-27.csv", 8, 6)])
+    ("tp2-s29d/rswsdef/collectives-2xh100-2026-11-27.csv", 8, 6),
+    ("tp2-s30a/rswsdef/collectives-2xh100-2026-11-27.csv", 5, 4)])
 def test_matmul_all_reduce_choice_against_recorded_times(csv_path, points, good):
     """plan_matmul_all_reduce's pick (fused or the two-kernel path the plan would run), against
     the times recorded on two H100s with the WS defaults (bench collectives, Llama-3-8B and
