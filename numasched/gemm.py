@@ -277,7 +277,7 @@ class GemmPlan(Plan):
             if interp:
                 schedule = None  # the interpreter: the small split-K config below
             elif options.gemm_schedule == "model":
-                ws_ok = options.gemm_ws and self._ws_why(a, b, out, bias, residual, dtype) is None
+                ws_ok = options.gemm_ws and self._ws_why(a, b, out, bias, residual, dtype, mapping) is None
                 choose = functools.partial(_sched.choose, Mdim, N, K, a.dtype, dev, splitk_only=not tma_ok or self.int64,
                                            splitk_tma=options.gemm_splitk_tma and tma_ok and not self.int64,
                                            aligned=a_view is not None and b_view is not None,
@@ -286,7 +286,12 @@ class GemmPlan(Plan):
                 if schedule is not None and schedule.kind == "ws" and not ws_ok:   # a table's WS entry it cannot take
                     schedule = choose(table=None)
         if schedule is not None and schedule.kind == "ws":
-            why = self._ws_why(a, b, out, bias, residual, dtype)
+            if (schedule.block_m, schedule.block_k, schedule.split_k) != (128, 64, 1):
+                why = "its tiles are 128 rows by block_n columns with K steps of 64, unsplit"
+            elif split_k is not None or explicit_tiled:
+                why = "it takes no split_k, config, path, persistent or num_programs (the schedule says it all)"
+            else:
+                why = self._ws_why(a, b, out, bias, residual, dtype, mapping)
             if why is not None:
                 raise ValueError(f"schedule {schedule.describe()!r}: the warp-specialised GEMM cannot run this: {why}")
             self._plan_ws(a, b, out, schedule)
@@ -324,10 +329,12 @@ class GemmPlan(Plan):
         self._freeze()
 
     # ---------------------------------------------------------------- the kernels
-    def _ws_why(self, a, b, out, bias, residual, dtype) -> Optional[str]:
+    def _ws_why(self, a, b, out, bias, residual, dtype, mapping) -> Optional[str]:
         """Why the warp-specialised kernel (numasched.gemm_ws) cannot compute this product, or None."""
         if bias is not None or residual is not None or dtype != a.dtype:
             return "it has no bias, residual or output dtype epilogue"
+        if not (isinstance(mapping, str) and mapping == "auto"):
+            return "it walks its tiles in its own grouped order (mapping='auto' only)"
         if self.int64:
             return "its sizes overflow 32-bit offsets"
         from .gemm_ws import supported
@@ -341,7 +348,9 @@ class GemmPlan(Plan):
         self.persistent = True
         self._ws = WsGemmPlan(a, b, out, config=wide_config(schedule.block_n))
         self.grid = (self._ws.num_programs,)
-        self.config = dict(BLOCK_M=128, BLOCK_N=schedule.block_n, BLOCK_K=64, num_stages=self._ws.config.stages)
+        cfg = self._ws.config
+        self.config = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.tile_n, BLOCK_K=cfg.block_k, num_warps=4,
+                           num_stages=cfg.stages)
 
     def _plan_splitk(self, a, b, c, schedule, split_k, interp, tma_views=None, prefetch: bool = False,
                      num_programs=None) -> None:

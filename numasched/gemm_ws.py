@@ -146,6 +146,10 @@ def supported(a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = No
         return "b must be the transpose of a row-major (2n, K) gate/up weight for the SwiGLU form"
     if out is not None and (out.dtype != a.dtype or not _tma_ok(out)):
         return "out must be row-major with 16-byte aligned rows (N a multiple of 8), in a's dtype"
+    n = b.shape[1] // 2 if glu else b.shape[1]
+    if out is None and (n * a.element_size()) % 16:
+        # the out a call makes is contiguous: its rows must suit TMA too
+        return f"the output's rows must be 16-byte aligned (N a multiple of {16 // a.element_size()}), got N={n}"
     if not HAVE_GLUON:
         return "this triton has no Gluon"
     from . import caps
@@ -178,6 +182,10 @@ class WsGemmPlan:
             raise ValueError(f"the warp-specialised GEMM cannot run this: {why}")
         self.M, self.K = a.shape
         self.N = b.shape[1] // 2 if config.glu else b.shape[1]
+        # what the launch's descriptors are made for: the thin launch caches their tensor maps by
+        # base pointer, so a call's operands must be laid out as these
+        self._layout = (tuple(a.shape), a.stride(), tuple(b.shape), b.stride(),
+                        None if out is None else out.stride())
         if config.glu and b.shape[1] % 2:
             raise ValueError(f"b must have an even number of columns (gate then up), got {b.shape[1]}")
         if out is not None and tuple(out.shape) != (self.M, self.N):
@@ -256,6 +264,14 @@ class WsGemmPlan:
         if (b.stride(1) != 1) != self.b_kmajor:   # the compiled B box is the plan's orientation
             want = "the transpose of an (N, K) weight" if self.b_kmajor else "(K, N) row-major"
             raise ValueError(f"b must be laid out as at plan time ({want}), got strides {tuple(b.stride())}")
+        la, sa, lb, sb, so = self._layout
+        if (tuple(a.shape), a.stride(), tuple(b.shape), b.stride()) != (la, sa, lb, sb):
+            raise ValueError(f"a and b must have the plan's shapes and strides (a {la} {sa}, b {lb} {sb}), got a "
+                             f"{tuple(a.shape)} {a.stride()}, b {tuple(b.shape)} {b.stride()}")
+        if out is not None and (tuple(out.shape) != (self.M, self.N)
+                                or out.stride() != (so or (self.N, 1))):
+            raise ValueError(f"out must be ({self.M}, {self.N}) with strides {so or (self.N, 1)}, got "
+                             f"{tuple(out.shape)} {out.stride()}")
         if (row_scale is not None) != self.row_scale:
             raise ValueError("row_scale must be given exactly when the plan was made with one")
         if out is None:
@@ -291,9 +307,11 @@ class WsGemmPlan:
                 self.M, self.N, self.K)
         run(*args)
         if fkey is not None and desc is HostDesc:
-            if len(self._fulls) >= 64:
-                self._fulls.pop(next(iter(self._fulls)))
-            self._fulls[fkey] = run.full_args(args)
+            full = run.full_args(args)
+            if not any(isinstance(x, torch.Tensor) for x in full):   # (pointers only: it holds no tensor)
+                if len(self._fulls) >= 64:
+                    self._fulls.pop(next(iter(self._fulls)))
+                self._fulls[fkey] = full
         return out
 
     def _descriptors(self, desc, a, b, out, cols: Optional[int] = None):

@@ -1188,10 +1188,18 @@ def test_ws_schedule_refused_where_the_kernel_cannot_run(device):
 
     a = torch.randn(512, 256, device=device, dtype=torch.float16)
     w = torch.randn(384, 256, device=device, dtype=torch.float16)
-    with pytest.raises(ValueError, match="warp-specialised GEMM cannot run this"):
-        numasched.plan_matmul(a, w.T, schedule=Schedule.parse("ws 128x160x64 w4 s4 persistent"),
-                              bias=torch.zeros(384, device=device, dtype=torch.float16))
-    assert numasched.plan_matmul(a, w.T).kernel != "ws" or torch.cuda.is_available()
+    ws = Schedule.parse("ws 128x160x64 w4 s4 persistent")
+    with pytest.raises(ValueError, match="warp-specialised GEMM cannot run this: it has no bias"):
+        numasched.plan_matmul(a, w.T, schedule=ws, bias=torch.zeros(384, device=device, dtype=torch.float16))
+    with pytest.raises(ValueError, match="own grouped order"):
+        numasched.plan_matmul(a, w.T, schedule=ws, mapping="grouped")
+    # the schedule's fields and the call's tiling arguments it cannot honour are refused, not dropped
+    with pytest.raises(ValueError, match="128 rows"):
+        numasched.plan_matmul(a, w.T, schedule=Schedule.parse("ws 64x160x64 w4 s4 persistent"))
+    with pytest.raises(ValueError, match="128 rows"):
+        numasched.plan_matmul(a, w.T, schedule=Schedule.parse("ws 128x160x64 w4 s4 split2 persistent"))
+    with pytest.raises(ValueError, match="no split_k"):
+        numasched.plan_matmul(a, w.T, schedule=ws, num_programs=4)
 
 
 @gpu
@@ -1218,8 +1226,16 @@ def test_gpu_ws_route_matches_float64(m, n, k):
     assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
     bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
     assert numasched.plan_matmul(x, w.T, bias=bias).kernel != "ws"
+    assert numasched.plan_matmul(x, w.T, mapping="grouped").kernel != "ws"
     with numasched.options.use(gemm_ws=False):
         assert numasched.plan_matmul(x, w.T).kernel != "ws"
+    # an output row the kernel's TMA cannot address (N not a multiple of 8: an LM head's vocabulary)
+    w_odd = torch.randn(1004 + 3, k, device="cuda", dtype=torch.bfloat16)
+    plan_odd = numasched.plan_matmul(x, w_odd.T)
+    assert plan_odd.kernel != "ws"
+    y_odd = plan_odd.run(x, w_odd.T)
+    ref_odd = x.double() @ w_odd.double().T
+    assert ((y_odd.double() - ref_odd).norm() / ref_odd.norm()).item() < 1e-2
     y = numasched.matmul(x, w.T)      # the cached-plan call path
     assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-2
 
