@@ -139,14 +139,13 @@ def _contenders(m: int, n: int, k: int, tma: bool, chosen, top: int, machine, ex
     tail = options.current().gemm_tail_split   # on by default (NUMASCHED_GEMM_TAIL_SPLIT=0: without the tail schedules)
 
     def ranked(ws):
-        return sorted((GS.estimate(s, m, n, k, 2, machine, splitk_tma=tma, aligned=tma), i, s)
-                      for i, s in enumerate(GS.candidates(m, n, k, 2, machine, splitk_only=not tma, tail=tail, ws=ws)))
+        return GS.ranked(m, n, k, 2, machine, splitk_only=not tma, tail=tail, ws=ws, splitk_tma=tma, aligned=tma)
     # where the chooser took the WS kernel's widths: the next ones of those and of the Triton
     # schedules, so "best" is the faster of both families
     ranks = ranked(False)[: top + 1] if chosen.kind != "ws" else ranked(True)[: top + 1] + ranked(False)[: top + 1]
-    more = [(GS.estimate(s, m, n, k, 2, machine, splitk_tma=tma, aligned=tma), 0, s) for s in extra]
+    more = [(GS.estimate(s, m, n, k, 2, machine, splitk_tma=tma, aligned=tma), s) for s in extra]
     out, seen = [], set()
-    for est, _, s in [(chosen.est_s, -1, chosen)] + ranks + more:
+    for est, s in [(chosen.est_s, chosen)] + ranks + more:
         if s.describe() not in seen:
             seen.add(s.describe())
             out.append((est, s))

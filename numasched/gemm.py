@@ -273,11 +273,13 @@ class GemmPlan(Plan):
         tma_ok = (not interp) and TensorDescriptor is not None and caps.tma_supported(dev) \
             and a_view is not None and b_view is not None
         explicit_tiled = (config is not None or path != "auto" or persistent is not None or num_programs is not None)
+        # why the warp-specialised kernel cannot take this product (None: it can), asked once
+        ws_why = functools.cache(lambda: self._ws_why(a, b, out, bias, residual, dtype, mapping))
         if schedule is None and split_k is None and not explicit_tiled:
             if interp:
                 schedule = None  # the interpreter: the small split-K config below
             elif options.gemm_schedule == "model":
-                ws_ok = options.gemm_ws and self._ws_why(a, b, out, bias, residual, dtype, mapping) is None
+                ws_ok = options.gemm_ws and ws_why() is None
                 choose = functools.partial(_sched.choose, Mdim, N, K, a.dtype, dev, splitk_only=not tma_ok or self.int64,
                                            splitk_tma=options.gemm_splitk_tma and tma_ok and not self.int64,
                                            aligned=a_view is not None and b_view is not None,
@@ -291,7 +293,7 @@ class GemmPlan(Plan):
             elif split_k is not None or explicit_tiled:
                 why = "it takes no split_k, config, path, persistent or num_programs (the schedule says it all)"
             else:
-                why = self._ws_why(a, b, out, bias, residual, dtype, mapping)
+                why = ws_why()
             if why is not None:
                 raise ValueError(f"schedule {schedule.describe()!r}: the warp-specialised GEMM cannot run this: {why}")
             self._plan_ws(a, b, out, schedule)

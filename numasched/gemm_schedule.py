@@ -40,7 +40,7 @@ import torch
 
 from . import caps
 
-__all__ = ["Machine", "Schedule", "candidates", "estimate", "choose", "inflight_bytes", "load_table"]
+__all__ = ["Machine", "Schedule", "candidates", "ranked", "estimate", "choose", "inflight_bytes", "load_table"]
 
 
 @dataclass(frozen=True)
@@ -288,6 +288,15 @@ def candidates(M: int, N: int, K: int, elt: int, machine: Machine, *, splitk_onl
             if stages >= 2 and M >= STREAMK_MIN_ROWS and _cdiv(M, bm) * _cdiv(N, bn) <= STREAMK_MAX_WAVES * machine.sms:
                 out.append(Schedule("streamk", bm, bn, 64, 1, 8, stages, True, False))
     return out
+
+
+def ranked(M: int, N: int, K: int, elt: int, machine: Machine, *, splitk_only: bool = False, tail: bool = False,
+           ws: bool = False, splitk_tma: bool = False, aligned: bool = True) -> list:
+    """(estimate s, schedule) of every candidate (see :func:`candidates`), cheapest first (ties in
+    candidate order): what ``tune-gemm`` and ``bench gemm_inference`` time after the pick."""
+    cands = candidates(M, N, K, elt, machine, splitk_only=splitk_only, tail=tail, ws=ws)
+    scored = sorted((estimate(s, M, N, K, elt, machine, splitk_tma, aligned), i, s) for i, s in enumerate(cands))
+    return [(t, s) for t, _, s in scored]
 
 
 def estimate(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machine, splitk_tma: bool = False,

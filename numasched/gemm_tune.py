@@ -87,8 +87,7 @@ def tune(shapes, *, top: int = 6, calls: int = 20, dtype=None, log=print) -> dic
         tma = own.path == "tma" or own.kernel in ("tiled", "ws")
 
         def by_model(use_ws):
-            cands = GS.candidates(m, n, k, elt, machine, splitk_only=not tma, ws=use_ws)
-            return [s for _, _, s in sorted((GS.estimate(s, m, n, k, elt, machine), i, s) for i, s in enumerate(cands))]
+            return [s for _, s in GS.ranked(m, n, k, elt, machine, splitk_only=not tma, ws=use_ws)]
         ranked = [own.schedule]
         if own.kernel == "ws":   # the chooser took the WS widths: time them and the Triton schedules in turn
             ranked += [s for pair in itertools.zip_longest(by_model(True), by_model(False)) for s in pair]
