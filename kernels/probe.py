@@ -108,3 +108,17 @@ def _xcc_id_kernel(out_ptr):
     xcc = tl.inline_asm_elementwise("s_getreg_b32 $0, hwreg(HW_REG_XCC_ID, 0, 4)", "=s", [], dtype=tl.int32,
                                     is_pure=False, pack=1)
     tl.store(out_ptr + pid, xcc)
+
+
+@triton.jit
+def stream_read_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, UNROLL: tl.constexpr):
+    # A streaming read of n words: each program sums BLOCK * UNROLL of them (UNROLL independent
+    # loads in flight per thread) and stores one float, so the loads cannot be dropped. The
+    # benchmarks' limit for reading a buffer of a given size in the same setting as a kernel
+    # (numasched.probe.bandwidth.read_graph_us); plain loads, so it runs in the interpreter too.
+    base = tl.program_id(0).to(tl.int64) * BLOCK * UNROLL
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for u in tl.static_range(UNROLL):
+        offs = base + u * BLOCK + tl.arange(0, BLOCK)
+        acc += tl.load(x_ptr + offs, mask=offs < n, other=0).to(tl.float32)
+    tl.store(out_ptr + tl.program_id(0), tl.sum(acc, axis=0))

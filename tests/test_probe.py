@@ -291,6 +291,38 @@ def test_layout_device_code_in_kernels_and_no_bench_import():
         assert hasattr(P, name), name
 
 
+def test_read_graph_us_reads_every_word_of_each_buffer_it_times():
+    """The same-size read (the GEMM bench's limit for reading W once): its kernel's sums cover
+    every word of the buffer timed (interpreter), each buffer in turn, and bad buffers are refused."""
+    from numasched.kernels.probe import stream_read_kernel
+    from numasched.probe.bandwidth import READ_CONFIGS, read_graph_us
+
+    gen = torch.Generator().manual_seed(7)
+    # small integer words (exact in the kernel's fp32 sum), seen as bf16 pairs
+    bufs = [torch.randint(-1000, 1000, (37, 25), generator=gen, dtype=torch.int32).view(torch.bfloat16) for _ in range(3)]
+    seen = []
+
+    def timer(fn_i, copies, calls):
+        assert copies == len(bufs) and calls == 5
+        for i in range(copies):
+            out = fn_i(i)
+            seen.append(out)
+        return float(len(seen))  # decreasing "times" would pick the last; increasing keeps the first
+
+    assert read_graph_us(bufs, 5, timer) == 3.0  # torch's sum timed first, kept as the fastest
+    assert len(seen) == 3 * (1 + len(READ_CONFIGS))
+    n = bufs[0].numel() // 2
+    words = bufs[1].view(-1).view(torch.int32)
+    grid = -(-n // (64 * 4))
+    sink = torch.full((grid,), float("nan"))
+    stream_read_kernel[(grid,)](words, sink, n, BLOCK=64, UNROLL=4)
+    assert sink.sum().item() == words.double().sum().item()
+    with pytest.raises(ValueError, match="bufs"):
+        read_graph_us([bufs[0], bufs[1][:, :10]], 5, timer)
+    with pytest.raises(ValueError, match="bufs"):
+        read_graph_us([torch.zeros(3, dtype=torch.bfloat16)], 5, timer)
+
+
 # ------------------------------------------------------------------------------ GPU
 @pytest.mark.gpu
 def test_quick_probe_on_gpu(tmp_path):

@@ -2,7 +2,7 @@
 benchmarks' bandwidth limit: ``numasched.bench.common`` re-exports :func:`stream_read_bw`)."""
 from __future__ import annotations
 
-__all__ = ["stream_read_bw"]
+__all__ = ["stream_read_bw", "read_graph_us", "READ_CONFIGS"]
 
 _CACHE: dict = {}
 
@@ -18,3 +18,35 @@ def stream_read_bw() -> float:
         _CACHE["read"] = x.numel() * 4 / (ms * 1e-3)
         del x
     return _CACHE["read"]
+
+
+# (BLOCK words, UNROLL loads in flight per thread, warps) of kernels/probe.stream_read_kernel
+READ_CONFIGS = ((2048, 4, 8), (4096, 4, 8), (1024, 8, 4))
+
+
+def read_graph_us(bufs, calls: int, timer) -> float:
+    """Microseconds per read of one of ``bufs`` (same-size tensors, read in turn) in the setting of a
+    kernel timed with ``timer(fn_i, copies, calls)`` (numasched.gemm_tune.graph_us: CUDA-graph
+    replays, call i reading buffer i mod copies): the fastest of torch's sum and
+    kernels/probe.stream_read_kernel in READ_CONFIGS. The limit of a kernel that reads those bytes
+    once: fixed costs (launch, ramp-up, drain) included, as they are in the kernel's time, where
+    :func:`stream_read_bw` is the rate of a 1 GiB read."""
+    import torch
+
+    from ..kernels.probe import stream_read_kernel
+
+    if not bufs or any(b.shape != bufs[0].shape or b.dtype != bufs[0].dtype or not b.is_contiguous() for b in bufs):
+        raise ValueError("bufs: a non-empty list of contiguous tensors of one shape and dtype")
+    nbytes = bufs[0].numel() * bufs[0].element_size()
+    if nbytes % 4:
+        raise ValueError(f"bufs: {nbytes} bytes each, not a whole number of 4-byte words")
+    words = [b.view(-1).view(torch.int32) for b in bufs]
+    n = nbytes // 4
+    best = timer(lambda i: words[i].sum(), len(bufs), calls)
+    for block, unroll, warps in READ_CONFIGS:
+        grid = (-(-n // (block * unroll)),)
+        sink = torch.empty(grid[0], device=bufs[0].device, dtype=torch.float32)
+        best = min(best, timer(lambda i, block=block, unroll=unroll, warps=warps, sink=sink, grid=grid:
+                               stream_read_kernel[grid](words[i], sink, n, BLOCK=block, UNROLL=unroll, num_warps=warps),
+                               len(bufs), calls))
+    return best
