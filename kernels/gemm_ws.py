@@ -45,6 +45,9 @@ except ImportError:  # pragma: no cover - triton without Gluon
 CONSUMER_ROWS = 64  # rows of the tile one consumer warpgroup owns (wgmma's M per warpgroup)
 
 if HAVE_GLUON:
+    # the banded merge's partials in flight per contributor (RB x BLOCK_N fp32 each: 16 registers a
+    # thread at BLOCK_N 256)
+    MERGE_FLIGHT = gl.constexpr(8)
 
     @aggregate
     class WsArgs:
@@ -348,11 +351,13 @@ if HAVE_GLUON:
 # depend on which program came last, and resets the ticket for the next call (CUDA graphs).
 #
 # On an H100 that merge cost 27-70 us (bench/results, twenty-ninth session): one SM reads every
-# partial of its tile. Two alternatives, compiled but not yet run on a GPU:
+# partial of its tile. Two alternatives (correct on an H100, thirtieth session; their merge's loads
+# were then two partials at a time, a chain of L2 round trips: now MERGE_FLIGHT at once):
 # * MERGE 1 (banded): after its range, every contributor of a shared tile waits for the tile's
 #   partials (a bounded poll; all ranges end together) and sums a band of rows of all of them, in
 #   contributor order, so the merge's reads spread over the tile's n SMs;
-# * SPLIT S (with MERGE 1): split-K units (tile, K part) instead of ranges, taken p, p + P, ...:
+# * SPLIT (with MERGE 1; S = ``nsplit``, a run-time value): split-K units (tile, K part) instead
+#   of ranges, taken p, p + P, ...:
 #   every tile's part s at the same K offset at once (K lockstep), where the ranges' scattered
 #   offsets read 50 MB of operands through a 50 MB L2 at 512 x 2560 x 8192.
 if HAVE_GLUON:
@@ -379,17 +384,19 @@ if HAVE_GLUON:
         GROUP_M: gl.constexpr
         FIXUP: gl.constexpr    # 1; a timing probe's 0 / 2 / 3 (see _sk_consumer): wrong sums
         MERGE: gl.constexpr    # 0: the tile's last piece sums it; 1: every contributor sums a band of rows
-        SPLIT: gl.constexpr    # 0: stream-K ranges; S >= 1: split-K units (tile, K part) in K lockstep (MERGE 1)
+        SPLIT: gl.constexpr    # False: stream-K ranges; True: split-K units (tile, K part) in K lockstep (MERGE 1)
+        S: gl.tensor           # SPLIT: the K parts of a tile (>= 2)
 
         @gluon.constexpr_function
         def __init__(self, a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, work, tickets, c_ptr, stride_cm,
-                     status, bound, M, N, K, GROUP_M, FIXUP, MERGE, SPLIT):
+                     status, bound, M, N, K, GROUP_M, FIXUP, MERGE, SPLIT, S):
             self.a_desc, self.b_desc, self.c_desc = a_desc, b_desc, c_desc
             self.a_bufs, self.b_bufs, self.ready, self.empty = a_bufs, b_bufs, ready, empty
             self.work, self.tickets, self.M, self.N, self.K = work, tickets, M, N, K
             self.c_ptr, self.stride_cm, self.status, self.bound = c_ptr, stride_cm, status, bound
             self.GROUP_M, self.FIXUP, self.MERGE = gl.constexpr(GROUP_M), gl.constexpr(FIXUP), gl.constexpr(MERGE)
             self.SPLIT = gl.constexpr(SPLIT)
+            self.S = S
 
     @gluon.jit
     def _sk_geometry(p):
@@ -424,17 +431,17 @@ if HAVE_GLUON:
         column). Programs take units u = p, p + P, ...: the parts of a tile run side by side, each
         at its own K offset, and every tile's part s at the same one (K lockstep: a tile row's
         programs read the same K slice of A at once)."""
-        t = u // p.SPLIT
-        part = u - t * p.SPLIT
+        t = u // p.S
+        part = u - t * p.S
         tm, tn = _tile_of(t, NM, NN, p.GROUP_M)
-        return t, part * ks // p.SPLIT, (part + 1) * ks // p.SPLIT, tm, tn
+        return t, part * ks // p.S, (part + 1) * ks // p.S, tm, tn
 
     @gluon.jit
     def _slot(p, q, t, ks, tot, P, ROLE: gl.constexpr):
         """The workspace slot of contributor q's partial of tile t (this half): SPLIT, q is the unit;
         else q is the program, and its slot 1 holds the piece at its range's end (a range that
         began before the tile)."""
-        if p.SPLIT > 0:
+        if p.SPLIT:
             return q * 2 + ROLE
         else:
             return (q * 2 + (q * tot // P < t * ks).to(gl.int32)) * 2 + ROLE
@@ -477,8 +484,8 @@ if HAVE_GLUON:
         """One warp: the TMA loads of this program's range (or split-K units), piece by piece."""
         NM, NN, ks, tot, start, end = _sk_geometry(p)
         it = 0
-        if p.SPLIT > 0:
-            for u in range(gl.program_id(0), NM * NN * p.SPLIT, gl.num_programs(0)):
+        if p.SPLIT:
+            for u in range(gl.program_id(0), NM * NN * p.S, gl.num_programs(0)):
                 t, k0, k1, tm, tn = _split_piece(p, u, ks, NM, NN)
                 it = _load_piece(p, it, tm, tn, k0, k1)
         else:
@@ -502,7 +509,7 @@ if HAVE_GLUON:
         P = gl.num_programs(0)
         pid = gl.program_id(0)
         SLOT: gl.constexpr = ROWS * BLOCK_N
-        if p.SPLIT > 0:
+        if p.SPLIT:
             _split_consumer(p, ROLE, NM, NN, ks, tot)
             return
         i = start
@@ -572,22 +579,24 @@ if HAVE_GLUON:
     @gluon.jit
     def _split_consumer(p, ROLE: gl.constexpr, NM, NN, ks, tot):
         """SPLIT: one warpgroup's units (see _split_piece): each unit's partial into its slot and an
-        arrival on its tile's counter; after the last unit, its band of each of its units' tiles."""
+        arrival on its tile's counter; after the last unit, its band of each of its units' tiles.
+        (FIXUP 0, a timing probe's: the K loops alone, nothing stored.)"""
         BLOCK_M: gl.constexpr = p.a_desc.block_type.shape[0]
         ROWS: gl.constexpr = p.c_desc.block_type.shape[0]
-        units = NM * NN * p.SPLIT
+        units = NM * NN * p.S
         it = 0
         for u in range(gl.program_id(0), units, gl.num_programs(0)):
             t, k0, k1, tm, tn = _split_piece(p, u, ks, NM, NN)
             acc, it = _piece_mma(p, it, k0, k1, ROLE)
-            if tm * BLOCK_M + ROLE * ROWS < p.M:   # (a half tile below M: nothing to store, no arrival)
+            if (tm * BLOCK_M + ROLE * ROWS < p.M) & (p.FIXUP > 0):   # (a half tile below M: no store, no arrival)
                 _store_partial(p, acc, u * 2 + ROLE)
                 gl.thread_barrier()
                 gl.atomic_add(p.tickets + t * 2 + ROLE, 1, sem="release", scope="gpu")
-        for u in range(gl.program_id(0), units, gl.num_programs(0)):
-            t = u // p.SPLIT
-            first = t * p.SPLIT
-            _band_merge_tile(p, ROLE, t, u - first, first, first + p.SPLIT - 1, NM, NN, ks, tot)
+        if p.FIXUP > 0:
+            for u in range(gl.program_id(0), units, gl.num_programs(0)):
+                t = u // p.S
+                first = t * p.S
+                _band_merge_tile(p, ROLE, t, u - first, first, first + p.S - 1, NM, NN, ks, tot)
 
     @gluon.jit
     def _sk_band_merge(p, ROLE: gl.constexpr, NM, NN, ks, tot, start, end):
@@ -614,7 +623,7 @@ if HAVE_GLUON:
         BLOCK_M: gl.constexpr = p.a_desc.block_type.shape[0]
         BLOCK_N: gl.constexpr = p.c_desc.block_type.shape[1]
         ROWS: gl.constexpr = p.c_desc.block_type.shape[0]
-        RB: gl.constexpr = 8                      # rows of a band: 8 x BLOCK_N fp32, 16 a thread
+        RB: gl.constexpr = 8                      # rows of a band: 8 x BLOCK_N fp32, 16 a thread (x MERGE_FLIGHT)
         SLOT: gl.constexpr = ROWS * BLOCK_N
         band: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
         rr = gl.arange(0, RB, layout=gl.SliceLayout(1, band))
@@ -646,14 +655,15 @@ if HAVE_GLUON:
             cols = tn * BLOCK_N + cc
             for b in range(j, ROWS // RB, n):
                 part = gl.zeros((RB, BLOCK_N), gl.float32, band)
-                for q in range(first, last + 1, 2):   # two contributors' partials in flight, in order
-                    q2 = gl.minimum(q + 1, last)
-                    l1 = gl.load(p.work + _slot(p, q, t, ks, tot, P, ROLE) * SLOT + b * RB * BLOCK_N + offs,
-                                 cache_modifier=".cg")
-                    l2 = gl.load(p.work + _slot(p, q2, t, ks, tot, P, ROLE) * SLOT + b * RB * BLOCK_N + offs,
-                                 cache_modifier=".cg")
-                    part = part + l1
-                    part = part + gl.where(q + 1 <= last, l2, 0.0)
+                for q0 in range(first, last + 1, MERGE_FLIGHT):
+                    # MERGE_FLIGHT contributors' partials in flight at once (independent loads of one
+                    # unrolled block: one L2 round trip, where one or two at a time made the merge a
+                    # chain of them), added in contributor order (the same bits whoever came last)
+                    for g in gl.static_range(MERGE_FLIGHT):
+                        q = gl.minimum(q0 + g, last)
+                        part_q = gl.load(p.work + _slot(p, q, t, ks, tot, P, ROLE) * SLOT + b * RB * BLOCK_N + offs,
+                                         cache_modifier=".cg")
+                        part = part + gl.where(q0 + g <= last, part_q, 0.0)
                 rows = row0 + b * RB + rr
                 gl.store(p.c_ptr + rows[:, None].to(gl.int64) * p.stride_cm + cols[None, :],
                          part.to(p.c_ptr.dtype.element_ty),
@@ -681,14 +691,14 @@ if HAVE_GLUON:
     def _sk_consumer_hi(p):
         _sk_consumer(p, 1)
 
-    @gluon.jit(do_not_specialize=["M", "N", "K"])
+    @gluon.jit(do_not_specialize=["M", "N", "K", "nsplit"])
     def gemm_ws_streamk_kernel(a_desc, b_desc, c_desc, work, tickets, c_ptr, stride_cm, status, bound, M, N, K,
-                               STAGES: gl.constexpr, GROUP_M: gl.constexpr,
+                               nsplit, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
                                CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, FIXUP: gl.constexpr = 1,
-                               MERGE: gl.constexpr = 0, SPLIT: gl.constexpr = 0):
+                               MERGE: gl.constexpr = 0, SPLIT: gl.constexpr = False):
         """C (M, N) = A (M, K) @ B (K, N) in the stream-K order above; P programs (at most one per
         SM, at most T x KS), num_warps=4. ``work``: fp32, P x 2 x 2 x 64 x BLOCK_N (SPLIT: T x S x
-        2 x 64 x BLOCK_N); ``tickets``:
+        2 x 64 x BLOCK_N, S = ``nsplit``; unused otherwise); ``tickets``:
         int32, 4 T, zero before the first call (each call leaves them zero); ``c_ptr`` / ``stride_cm``
         C for MERGE 1's plain stores, ``status`` / ``bound`` its waits' error bit and bound (ns)."""
         a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
@@ -699,7 +709,7 @@ if HAVE_GLUON:
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=2)
         p = SkArgs(a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, work, tickets, c_ptr, stride_cm, status, bound,
-                   M, N, K, GROUP_M, FIXUP, MERGE, SPLIT)
+                   M, N, K, GROUP_M, FIXUP, MERGE, SPLIT, gl.to_tensor(nsplit))
         gl.warp_specialize([
             (_sk_consumer_lo, (p,)),
             (_sk_consumer_hi, (p,)),

@@ -333,10 +333,11 @@ class WsGemmPlan:
             self._launch = Launch(gemm_ws_streamk_kernel, self.num_programs,
                                   dict(STAGES=cfg.stages, GROUP_M=cfg.group_m, CONSUMER_REGS=cfg.consumer_regs,
                                        LOADER_REGS=cfg.loader_regs, FIXUP=self.fixup, MERGE=cfg.sk_merge,
-                                       SPLIT=self.split, num_warps=4, maxnreg=cfg.maxnreg),
+                                       SPLIT=self.split > 0, num_warps=4, maxnreg=cfg.maxnreg),
                                   device=a.device)
         self._launch(*self._descriptors(descriptor_maker(self._launch), a, b, out),
-                     self.work, self.tickets, out, out.stride(0), self.status, SK_WAIT_NS, self.M, self.N, self.K)
+                     self.work, self.tickets, out, out.stride(0), self.status, SK_WAIT_NS, self.M, self.N, self.K,
+                     max(self.split, 1))
         return out
 
     def check(self):

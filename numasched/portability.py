@@ -430,8 +430,8 @@ def _gemm_ws_streamk(b_kmajor: bool = True, merge: int = 0, split: int = 0):
                       b_desc=descriptor_type("bf16", b_block),
                       c_desc=descriptor_type("bf16", [cfg.block_m // 2, cfg.block_n]),
                       work="*fp32", tickets="*i32", c_ptr="*bf16", stride_cm=2560, status="*i32", bound=10**9,
-                      M=512, N=2560, K=8192, STAGES=cfg.stages, GROUP_M=cfg.group_m,
-                      CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=cfg.loader_regs, MERGE=merge, SPLIT=split)
+                      M=512, N=2560, K=8192, nsplit=max(split, 1), STAGES=cfg.stages, GROUP_M=cfg.group_m,
+                      CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=cfg.loader_regs, MERGE=merge, SPLIT=split > 0)
         return gemm_ws_streamk_kernel, values, 4, 1, dict(maxnreg=cfg.maxnreg)
     return build
 

@@ -38,10 +38,10 @@ def read_graph_us(bufs, calls: int, timer) -> float:
     if not bufs or any(b.shape != bufs[0].shape or b.dtype != bufs[0].dtype or not b.is_contiguous() for b in bufs):
         raise ValueError("bufs: a non-empty list of contiguous tensors of one shape and dtype")
     nbytes = bufs[0].numel() * bufs[0].element_size()
-    if nbytes % 4:
-        raise ValueError(f"bufs: {nbytes} bytes each, not a whole number of 4-byte words")
-    words = [b.view(-1).view(torch.int32) for b in bufs]
-    n = nbytes // 4
+    # read as the widest words the size divides into (the kernel's loads are vectorised either way)
+    word = next(w for w in (torch.int32, torch.int16, torch.uint8) if nbytes % w.itemsize == 0)
+    words = [b.view(-1).view(torch.uint8).view(word) for b in bufs]
+    n = nbytes // word.itemsize
     best = timer(lambda i: words[i].sum(), len(bufs), calls)
     for block, unroll, warps in READ_CONFIGS:
         grid = (-(-n // (block * unroll)),)

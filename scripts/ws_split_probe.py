@@ -1,0 +1,80 @@
+"""Split-K in K lockstep on the warp-specialised GEMM (numasched.gemm_ws.split_config: tiles of 128
+x 64/128/256, S K parts, the banded merge with MERGE_FLIGHT partials in flight) at M = 64-256
+(issue 13's medium-M gap), against cuBLAS and the chooser's pick. Per width, S = SMs // tiles (one
+unit per SM) and half of it; the fastest also without its merge (FIXUP 0: wrong sums, the K loops'
+time). One GPU, bf16, y = x @ W.T, CUDA graphs of --calls calls, each reading its own copy of W.
+
+Run: python3 scripts/ws_split_probe.py [--m 64,128,256] [--shapes MxNxK,...]"""
+import argparse
+import math
+
+import torch
+
+from numasched.bench.gemm_inference import NK
+from numasched.gemm import plan_matmul
+from numasched.gemm_tune import graph_us
+from numasched.gemm_ws import WsGemmPlan, split_config
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--m", default="64,128,256")
+    ap.add_argument("--shapes", default=None, help="MxNxK,... (replaces the grid)")
+    ap.add_argument("--calls", type=int, default=20)
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    props = torch.cuda.get_device_properties(dev)
+    sms, l2 = props.multi_processor_count, props.L2_cache_size
+    print(f"device {props.name}, {sms} SMs")
+    if args.shapes:
+        points = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    else:
+        points = [(m, n, k) for _, _, n, k in NK for m in (int(v) for v in args.m.split(","))]
+    wins = []
+    for M, N, K in points:
+        copies = max(2, math.ceil(2 * l2 / (N * K * 2)) + 1)
+        ws = [torch.randn(N, K, device=dev, dtype=torch.bfloat16) / K ** 0.5 for _ in range(copies)]
+        x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
+        outs = [torch.empty(M, N, device=dev, dtype=torch.bfloat16) for _ in range(copies)]
+        ref = x.double() @ ws[0].double().T
+        row = {"cublas": graph_us(lambda i: torch.matmul(x, ws[i].T, out=outs[i]), copies, args.calls)}
+        pick = plan_matmul(x, ws[0].T, outs[0])
+        row["pick"] = graph_us(lambda i: pick.run(x, ws[i].T, outs[i]), copies, args.calls)
+        best = (float("inf"), None)
+        for bn in (64, 128, 256):
+            tiles = -(-M // 128) * -(-N // bn)
+            s1 = max(2, sms // tiles)
+            for S in sorted({s1, max(2, s1 // 2)}, reverse=True):
+                key = f"w{bn}s{S}"
+                try:
+                    pl = WsGemmPlan(x, ws[0].T, outs[0], config=split_config(bn, S))
+                    outs[0].fill_(float("nan"))
+                    pl.run(x, ws[0].T, outs[0])
+                    err = ((outs[0].double() - ref).abs().max() / ref.abs().max()).item()
+                    if not err < 1e-2:
+                        raise AssertionError(f"rel err {err:.2e}")
+                    row[key] = graph_us(lambda i, pl=pl: pl.run(x, ws[i].T, outs[i]), copies, args.calls)
+                    pl.check()
+                    if row[key] < best[0]:
+                        best = (row[key], (bn, S))
+                except Exception as e:  # report, go on
+                    print(f"  {M}x{N}x{K} {key}: {type(e).__name__}: {str(e).splitlines()[0][:140]}")
+                    row[key] = float("nan")
+        if best[1] is not None:
+            bn, S = best[1]
+            nofix = WsGemmPlan(x, ws[0].T, outs[0], config=split_config(bn, S))
+            nofix.fixup = 0
+            row["nofix"] = graph_us(lambda i: nofix.run(x, ws[i].T, outs[i]), copies, args.calls)
+        wins.append(row["cublas"] / min(row["pick"], best[0]))
+        print(f"{M:>4} x {N:>5} x {K:>5} cublas {row['cublas']:.2f} pick {row['pick']:.2f} "
+              f"({pick.schedule.describe() if pick.schedule else pick.kernel}) best split {best[0]:.2f} {best[1]} "
+              f"cublas/pick {row['cublas'] / row['pick']:.3f} cublas/split {row['cublas'] / best[0]:.3f} "
+              f"merge cost {best[0] - row.get('nofix', float('nan')):.2f} us", flush=True)
+        print("    " + "; ".join(f"{k}={v:.2f}" for k, v in row.items()), flush=True)
+        del ws, outs
+    g = math.exp(sum(math.log(w) for w in wins) / len(wins))
+    print(f"cuBLAS / faster of (pick, best split): geomean {g:.3f}, >= 0.95 at {sum(w >= 0.95 for w in wins)}/{len(wins)}")
+
+
+if __name__ == "__main__":
+    main()
