@@ -45,9 +45,12 @@ except ImportError:  # pragma: no cover - triton without Gluon
 CONSUMER_ROWS = 64  # rows of the tile one consumer warpgroup owns (wgmma's M per warpgroup)
 
 if HAVE_GLUON:
-    # the banded merge's partials in flight per contributor (RB x BLOCK_N fp32 each: 16 registers a
-    # thread at BLOCK_N 256)
-    MERGE_FLIGHT = gl.constexpr(8)
+    @gluon.constexpr_function
+    def _band_layout(block_n):
+        """The banded merge's rows: 16-byte vectors, a warp's threads across BLOCK_N columns (no
+        thread holds another's elements at 64 or 128 columns), four warps down."""
+        cols = min(32, block_n // 4)
+        return gl.BlockedLayout([1, 4], [32 // cols, cols], [4, 1], [1, 0])
 
     @aggregate
     class WsArgs:
@@ -352,7 +355,7 @@ if HAVE_GLUON:
 #
 # On an H100 that merge cost 27-70 us (bench/results, twenty-ninth session): one SM reads every
 # partial of its tile. Two alternatives (correct on an H100, thirtieth session; their merge's loads
-# were then two partials at a time, a chain of L2 round trips: now MERGE_FLIGHT at once):
+# were then two partials at a time, a chain of L2 round trips: now 64 / MERGE_RB at once):
 # * MERGE 1 (banded): after its range, every contributor of a shared tile waits for the tile's
 #   partials (a bounded poll; all ranges end together) and sums a band of rows of all of them, in
 #   contributor order, so the merge's reads spread over the tile's n SMs;
@@ -382,20 +385,22 @@ if HAVE_GLUON:
         N: gl.tensor
         K: gl.tensor
         GROUP_M: gl.constexpr
-        FIXUP: gl.constexpr    # 1; a timing probe's 0 / 2 / 3 (see _sk_consumer): wrong sums
+        FIXUP: gl.constexpr    # 1; a timing probe's 0 / 2 / 3 / 4 (see _sk_consumer, _split_consumer): wrong sums
         MERGE: gl.constexpr    # 0: the tile's last piece sums it; 1: every contributor sums a band of rows
+        MERGE_RB: gl.constexpr  # MERGE 1: rows of a band; 64 / MERGE_RB contributors' bands in flight at once
         SPLIT: gl.constexpr    # False: stream-K ranges; True: split-K units (tile, K part) in K lockstep (MERGE 1)
         S: gl.tensor           # SPLIT: the K parts of a tile (>= 2)
 
         @gluon.constexpr_function
         def __init__(self, a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, work, tickets, c_ptr, stride_cm,
-                     status, bound, M, N, K, GROUP_M, FIXUP, MERGE, SPLIT, S):
+                     status, bound, M, N, K, GROUP_M, FIXUP, MERGE, MERGE_RB, SPLIT, S):
             self.a_desc, self.b_desc, self.c_desc = a_desc, b_desc, c_desc
             self.a_bufs, self.b_bufs, self.ready, self.empty = a_bufs, b_bufs, ready, empty
             self.work, self.tickets, self.M, self.N, self.K = work, tickets, M, N, K
             self.c_ptr, self.stride_cm, self.status, self.bound = c_ptr, stride_cm, status, bound
             self.GROUP_M, self.FIXUP, self.MERGE = gl.constexpr(GROUP_M), gl.constexpr(FIXUP), gl.constexpr(MERGE)
             self.SPLIT = gl.constexpr(SPLIT)
+            self.MERGE_RB = gl.constexpr(MERGE_RB)
             self.S = S
 
     @gluon.jit
@@ -580,7 +585,8 @@ if HAVE_GLUON:
     def _split_consumer(p, ROLE: gl.constexpr, NM, NN, ks, tot):
         """SPLIT: one warpgroup's units (see _split_piece): each unit's partial into its slot and an
         arrival on its tile's counter; after the last unit, its band of each of its units' tiles.
-        (FIXUP 0, a timing probe's: the K loops alone, nothing stored.)"""
+        (A timing probe's FIXUP, wrong sums: 0 the K loops alone, nothing stored; 3 the partials
+        stored; 2 stored and arrived on; 4 everything but the wait for the other parts.)"""
         BLOCK_M: gl.constexpr = p.a_desc.block_type.shape[0]
         ROWS: gl.constexpr = p.c_desc.block_type.shape[0]
         units = NM * NN * p.S
@@ -588,11 +594,14 @@ if HAVE_GLUON:
         for u in range(gl.program_id(0), units, gl.num_programs(0)):
             t, k0, k1, tm, tn = _split_piece(p, u, ks, NM, NN)
             acc, it = _piece_mma(p, it, k0, k1, ROLE)
-            if (tm * BLOCK_M + ROLE * ROWS < p.M) & (p.FIXUP > 0):   # (a half tile below M: no store, no arrival)
+            # (a half tile below M: no store, no arrival; FIXUP 0: never, by a test the compiler
+            # cannot fold, so the accumulator stays live and the K loop compiles as in FIXUP 1)
+            if (tm * BLOCK_M + ROLE * ROWS < p.M) & ((p.FIXUP > 0) | (p.M < 0)):
                 _store_partial(p, acc, u * 2 + ROLE)
-                gl.thread_barrier()
-                gl.atomic_add(p.tickets + t * 2 + ROLE, 1, sem="release", scope="gpu")
-        if p.FIXUP > 0:
+                if p.FIXUP != 3:
+                    gl.thread_barrier()
+                    gl.atomic_add(p.tickets + t * 2 + ROLE, 1, sem="release", scope="gpu")
+        if (p.FIXUP == 1) | (p.FIXUP == 4):
             for u in range(gl.program_id(0), units, gl.num_programs(0)):
                 t = u // p.S
                 first = t * p.S
@@ -623,9 +632,10 @@ if HAVE_GLUON:
         BLOCK_M: gl.constexpr = p.a_desc.block_type.shape[0]
         BLOCK_N: gl.constexpr = p.c_desc.block_type.shape[1]
         ROWS: gl.constexpr = p.c_desc.block_type.shape[0]
-        RB: gl.constexpr = 8                      # rows of a band: 8 x BLOCK_N fp32, 16 a thread (x MERGE_FLIGHT)
+        RB: gl.constexpr = p.MERGE_RB            # rows of a band
+        FLIGHT: gl.constexpr = ROWS // RB        # contributors' bands in flight: 64 x BLOCK_N fp32 (BLOCK_N / 2 a thread)
         SLOT: gl.constexpr = ROWS * BLOCK_N
-        band: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
+        band: gl.constexpr = _band_layout(BLOCK_N)
         rr = gl.arange(0, RB, layout=gl.SliceLayout(1, band))
         cc = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, band))
         offs = rr[:, None] * BLOCK_N + cc[None, :]
@@ -637,7 +647,7 @@ if HAVE_GLUON:
             n = last - first + 1
             arrived = p.tickets + t * 2 + ROLE
             v = gl.atomic_add(arrived, 0, sem="acquire", scope="gpu")
-            if v < n:
+            if (v < n) & (p.FIXUP != 4):   # (FIXUP 4, a timing probe's: no wait, wrong sums)
                 # a wait after one that timed out gives up at once; the clock is read as the
                 # warpgroup's maximum, so every warp leaves the loop at the same poll (a warp that
                 # left alone would meet the others' poll barrier with its next one: a hang)
@@ -652,19 +662,24 @@ if HAVE_GLUON:
                         late = (_uniform_clock_ns() > stop).to(gl.int32)
                 if v < n:
                     gl.atomic_or(p.status, 1, sem="relaxed", scope="gpu")
+            # a part missing after the wait: the band is stored as NaN, never as a partial sum
+            missing = (v < n) & (p.FIXUP != 4)
             cols = tn * BLOCK_N + cc
             for b in range(j, ROWS // RB, n):
                 part = gl.zeros((RB, BLOCK_N), gl.float32, band)
-                for q0 in range(first, last + 1, MERGE_FLIGHT):
-                    # MERGE_FLIGHT contributors' partials in flight at once (independent loads of one
+                for q0 in range(first, last + 1, FLIGHT):
+                    # FLIGHT contributors' partials in flight at once (independent loads of one
                     # unrolled block: one L2 round trip, where one or two at a time made the merge a
-                    # chain of them), added in contributor order (the same bits whoever came last)
-                    for g in gl.static_range(MERGE_FLIGHT):
+                    # chain of them), added in contributor order (the same bits whoever came last);
+                    # past the last contributor the loads are masked off (no traffic: L2's bandwidth
+                    # is what the merge of a whole GPU's partials spends)
+                    for g in gl.static_range(FLIGHT):
                         q = gl.minimum(q0 + g, last)
                         part_q = gl.load(p.work + _slot(p, q, t, ks, tot, P, ROLE) * SLOT + b * RB * BLOCK_N + offs,
-                                         cache_modifier=".cg")
-                        part = part + gl.where(q0 + g <= last, part_q, 0.0)
+                                         mask=(offs >= 0) & (q0 + g <= last), other=0.0, cache_modifier=".cg")
+                        part = part + part_q
                 rows = row0 + b * RB + rr
+                part = gl.where(missing, float("nan"), part)
                 gl.store(p.c_ptr + rows[:, None].to(gl.int64) * p.stride_cm + cols[None, :],
                          part.to(p.c_ptr.dtype.element_ty),
                          mask=(rows[:, None] < p.M) & (cols[None, :] < p.N))
@@ -695,7 +710,7 @@ if HAVE_GLUON:
     def gemm_ws_streamk_kernel(a_desc, b_desc, c_desc, work, tickets, c_ptr, stride_cm, status, bound, M, N, K,
                                nsplit, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
                                CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, FIXUP: gl.constexpr = 1,
-                               MERGE: gl.constexpr = 0, SPLIT: gl.constexpr = False):
+                               MERGE: gl.constexpr = 0, SPLIT: gl.constexpr = False, MERGE_RB: gl.constexpr = 8):
         """C (M, N) = A (M, K) @ B (K, N) in the stream-K order above; P programs (at most one per
         SM, at most T x KS), num_warps=4. ``work``: fp32, P x 2 x 2 x 64 x BLOCK_N (SPLIT: T x S x
         2 x 64 x BLOCK_N, S = ``nsplit``; unused otherwise); ``tickets``:
@@ -709,7 +724,7 @@ if HAVE_GLUON:
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=2)
         p = SkArgs(a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, work, tickets, c_ptr, stride_cm, status, bound,
-                   M, N, K, GROUP_M, FIXUP, MERGE, SPLIT, gl.to_tensor(nsplit))
+                   M, N, K, GROUP_M, FIXUP, MERGE, MERGE_RB, SPLIT, gl.to_tensor(nsplit))
         gl.warp_specialize([
             (_sk_consumer_lo, (p,)),
             (_sk_consumer_hi, (p,)),

@@ -288,8 +288,10 @@ class GemmPlan(Plan):
                 if schedule is not None and schedule.kind == "ws" and not ws_ok:   # a table's WS entry it cannot take
                     schedule = choose(table=None)
         if schedule is not None and schedule.kind == "ws":
-            if (schedule.block_m, schedule.block_k, schedule.split_k) != (128, 64, 1):
-                why = "its tiles are 128 rows by block_n columns with K steps of 64, unsplit"
+            if (schedule.block_m, schedule.block_k) != (128, 64) or schedule.split_k < 1:
+                why = "its tiles are 128 rows by block_n columns with K steps of 64"
+            elif schedule.split_k > 1 and schedule.block_n not in _sched.WS_SPLIT_NS:
+                why = f"its split-K form takes tiles of {' / '.join(map(str, _sched.WS_SPLIT_NS))} columns"
             elif split_k is not None or explicit_tiled:
                 why = "it takes no split_k, config, path, persistent or num_programs (the schedule says it all)"
             else:
@@ -344,11 +346,15 @@ class GemmPlan(Plan):
         return supported(a, b, out)
 
     def _plan_ws(self, a, b, out, schedule) -> None:
-        from .gemm_ws import WsGemmPlan, wide_config
+        from .gemm_ws import WsGemmPlan, split_config, wide_config
 
         self.kernel, self.schedule, self.path = "ws", schedule, "tma"
         self.persistent = True
-        self._ws = WsGemmPlan(a, b, out, config=wide_config(schedule.block_n))
+        if schedule.split_k > 1:   # split-K in K lockstep, the banded merge (one unit per SM)
+            self._ws = WsGemmPlan(a, b, out, config=split_config(schedule.block_n, schedule.split_k))
+            self.split_k = self._ws.split
+        else:
+            self._ws = WsGemmPlan(a, b, out, config=wide_config(schedule.block_n))
         self.grid = (self._ws.num_programs,)
         cfg = self._ws.config
         self.config = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.tile_n, BLOCK_K=cfg.block_k, num_warps=4,

@@ -143,6 +143,21 @@ WS_MIN_S = 12e-6
 # session's H100 runs (bench/results/gemm-ws-s30/: the widths run, the grid twice, 15 shapes off
 # it; rms log error 0.089, worst 0.30).
 WS_RATE, WS_HBM, WS_L2, WS_TWO_BOX_COLS, WS_MISALIGNED, WS_TILE_START_S = 1.018, 1.118, 1.084, 15.4, 0.56, 1.42e-6
+# Under WS_MIN_ROWS, from WS_SPLIT_MIN_ROWS: the WS kernel's split-K form (gemm_ws.split_config:
+# tiles of 128 x WS_SPLIT_NS, S K parts in K lockstep, one unit per SM, the banded merge): every
+# SM streams the weight where the tiles alone fill a few (K loops on all SMs ran 0.82-0.98x
+# cuBLAS's time at M = 128, K >= 8192 on an H100), then the fp32 partials (S per tile) go to L2
+# and back at WS_SPLIT_PARTIAL_L2 of its rate, plus WS_SPLIT_SYNC_S (arrivals, the wait, the
+# bands' stores). Fitted to 40 times of 8 shapes, M = 64-256, on an H100 (bench/results/
+# ws-split-s31/: loop x 0.98, rms log error 0.074).
+WS_SPLIT_NS = (64, 128, 256)
+WS_SPLITS = (2, 3, 4, 6, 8)
+WS_SPLIT_MIN_ROWS = 64
+WS_SPLIT_PARTIAL_L2, WS_SPLIT_SYNC_S = 0.10, 2.4e-6
+# ... taken only where its estimate is under WS_SPLIT_MARGIN times the best Triton schedule's: the
+# Triton model's estimates ran 0.93-1.67x their measured times at those 8 shapes (the split form's
+# 0.92-1.09x), so a small modelled lead was no lead (128 x 4096 x 4096: 22.0 against 19.0 us)
+WS_SPLIT_MARGIN = 0.95
 
 
 @functools.lru_cache(maxsize=None)
@@ -239,6 +254,15 @@ def candidates(M: int, N: int, K: int, elt: int, machine: Machine, *, splitk_onl
         if min(_ws_estimate(s, M, N, K, elt, machine) for s in wide) >= WS_MIN_S:
             return wide
     out = []
+    if ws and WS_SPLIT_MIN_ROWS <= M < WS_MIN_ROWS and elt == 2:
+        from .gemm_ws import split_config
+
+        ks = _cdiv(K, 64)
+        for n in WS_SPLIT_NS:
+            tiles = _cdiv(M, 128) * _cdiv(N, n)
+            for S in WS_SPLITS:
+                if tiles * S <= machine.sms and S <= ks // 2:   # one unit per SM, two K steps a part
+                    out.append(Schedule("ws", 128, n, 64, S, 4, split_config(n, S).stages, True))
     bms = sorted({bm for bm in KS.BLOCK_MS if bm >= min(M, 16) and (bm <= 2 * max(M, 16) or bm == 16)})
     for bm in bms:
         for bn in KS.BLOCK_NS:
@@ -336,7 +360,8 @@ def _ws_estimate(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machine
     W, bk = s.block_n, s.block_k
     nm, nn = _cdiv(M, s.block_m), _cdiv(N, W)
     tiles = nm * nn
-    active = min(tiles, machine.sms)
+    S = s.split_k
+    active = min(tiles * S, machine.sms)
     b_box, a_box = W * bk * elt, s.block_m * bk * elt
     cols = W + (WS_TWO_BOX_COLS if W & (W - 1) else 0)
     flops = 2.0 * s.block_m * cols * bk / (WS_RATE * machine.tensor_flops / machine.sms)
@@ -344,6 +369,11 @@ def _ws_estimate(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machine
     hbm = lines * (b_box / min(nm, 8) + a_box / min(nn, 8)) / (WS_HBM * machine.hbm_bytes_per_s / active)
     l2 = lines * (a_box + b_box) / (WS_L2 * machine.l2_bytes_per_s / active)
     step = max(flops, hbm, l2)
+    if S > 1:   # the split-K form: one wave of units of K / S steps, then the partials' merge
+        rows = min(nm * s.block_m, _cdiv(M, s.block_m // 2) * (s.block_m // 2))   # half tiles below M store nothing
+        partials = rows * nn * W * 4 * S
+        return (_cdiv(tiles * S, machine.sms) * (_cdiv(_cdiv(K, bk), S) * step + WS_TILE_START_S) + machine.launch_s
+                + partials / (WS_SPLIT_PARTIAL_L2 * machine.l2_bytes_per_s) + WS_SPLIT_SYNC_S)
     return _cdiv(tiles, machine.sms) * (_cdiv(K, bk) * step + WS_TILE_START_S) + machine.launch_s
 
 
@@ -429,8 +459,10 @@ def _choose(M: int, N: int, K: int, elt: int, machine: Machine, splitk_only: boo
             continue
         t = estimate(s, M, N, K, elt, machine, splitk_tma, aligned)
         scored.append((s, t))
-        if best is None or t < best.est_s * 0.999:
-            best = replace(s, est_s=t)
+        if s.kind == "ws" and s.split_k > 1:
+            t /= WS_SPLIT_MARGIN   # (compared with a margin; the schedule keeps its own estimate below)
+        if best is None or t < best_t * 0.999:
+            best, best_t = replace(s, est_s=scored[-1][1]), t
     if best is None or best.block_m < TIE_MIN_BLOCK_M:
         return best
     # the model prices bytes and flops, not the pipeline: among the pick's ties (the same kernel,

@@ -252,7 +252,8 @@ class WsGemmPlan:
             self.work = torch.empty(slots * half, device=a.device, dtype=torch.float32)
             self.tickets = torch.zeros(4 * tiles, device=a.device, dtype=torch.int32)
             self.status = torch.zeros(1, device=a.device, dtype=torch.int32)   # sk_merge 1: a wait ran out
-            self.fixup = 1   # a timing probe's 0, 2, 3 (kernels/gemm_ws.py; scripts/gemm_sk_probe.py): wrong sums
+            self.fixup = 1   # a timing probe's 0, 2, 3, 4 (kernels/gemm_ws.py; scripts/ws_split_probe.py): wrong sums
+            self._stream_bufs = {}
         self._launch = None
 
     def run(self, a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None,
@@ -333,22 +334,40 @@ class WsGemmPlan:
             self._launch = Launch(gemm_ws_streamk_kernel, self.num_programs,
                                   dict(STAGES=cfg.stages, GROUP_M=cfg.group_m, CONSUMER_REGS=cfg.consumer_regs,
                                        LOADER_REGS=cfg.loader_regs, FIXUP=self.fixup, MERGE=cfg.sk_merge,
-                                       SPLIT=self.split > 0, num_warps=4, maxnreg=cfg.maxnreg),
+                                       SPLIT=self.split > 0, MERGE_RB=merge_rows(self.split, cfg.block_n),
+                                       num_warps=4, maxnreg=cfg.maxnreg),
                                   device=a.device)
+        # partials and counters per stream: two streams running this plan at once must not share
+        # tickets (the plan's own serve the first stream it runs on)
+        from numasched import caps
+
+        key = caps.stream_handle(a.device)
+        bufs = self._stream_bufs.get(key)
+        if bufs is None:
+            bufs = ((self.work, self.tickets, self.status) if not self._stream_bufs else
+                    (torch.empty_like(self.work), torch.zeros_like(self.tickets), torch.zeros_like(self.status)))
+            self._stream_bufs[key] = bufs
+        work, tickets, status = bufs
         self._launch(*self._descriptors(descriptor_maker(self._launch), a, b, out),
-                     self.work, self.tickets, out, out.stride(0), self.status, SK_WAIT_NS, self.M, self.N, self.K,
+                     work, tickets, out, out.stride(0), status, SK_WAIT_NS, self.M, self.N, self.K,
                      max(self.split, 1))
         return out
 
     def check(self):
         """Raise if a stream-K call's banded merge (``sk_merge=1``) gave up waiting for a piece
         (a program not resident beside the others, e.g. SMs taken by another kernel that waits on
-        this one): its output is then wrong. Clears the error and the plan's counters, so the
-        next call starts clean. Synchronises with the GPU."""
-        if getattr(self, "status", None) is not None and int(self.status.item()):
-            # the counters of a call that gave up are not back at zero: clear them for the next
-            self.tickets.zero_()
-            self.status.zero_()
+        this one): its output's bands whose parts were missing are then NaN. Clears the error
+        and the counters (every stream's), so the next call starts clean. Synchronises with the GPU."""
+        if getattr(self, "status", None) is None:
+            return
+        bad = False
+        for _, tickets, status in list(self._stream_bufs.values()) or [(None, self.tickets, self.status)]:
+            if int(status.item()):
+                # the counters of a call that gave up are not back at zero: clear them for the next
+                tickets.zero_()
+                status.zero_()
+                bad = True
+        if bad:
             raise RuntimeError(f"the stream-K GEMM's merge waited more than {SK_WAIT_NS / 1e9:g} s for a tile's "
                                f"pieces ({self.num_programs} programs: were they all resident?)")
 
@@ -370,6 +389,20 @@ def streamk_ranges(tiles: int, k_steps: int, programs: int):
             i = t * k_steps + k1
         pieces.append(mine)
     return pieces, [(owner(t * k_steps), owner(t * k_steps + k_steps - 1)) for t in range(tiles)]
+
+
+def merge_rows(split: int, block_n: int) -> int:
+    """Rows of the banded merge's bands (kernels/gemm_ws.py ``MERGE_RB``): 64 / RB contributors'
+    bands go in flight at once, so a split of S parts takes bands of 64 / S rows (one round trip
+    per band, each contributor a band or two), 8 for stream-K ranges and from 8 parts (at least
+    8 rows at 64 columns, 4 at wider tiles: the band layout's rows)."""
+    floor = 8 if block_n <= 64 else 4
+    if split <= 0:
+        return 8
+    rows = 64
+    while rows > floor and rows * split > 64:
+        rows //= 2
+    return rows
 
 
 def split_parts(k_steps: int, split: int):

@@ -61,10 +61,14 @@ def main():
                     print(f"  {M}x{N}x{K} {key}: {type(e).__name__}: {str(e).splitlines()[0][:140]}")
                     row[key] = float("nan")
         if best[1] is not None:
+            # the fastest form taken apart (wrong sums): K loops only, + partial stores, + arrivals,
+            # + the merge without its wait
             bn, S = best[1]
-            nofix = WsGemmPlan(x, ws[0].T, outs[0], config=split_config(bn, S))
-            nofix.fixup = 0
-            row["nofix"] = graph_us(lambda i: nofix.run(x, ws[i].T, outs[i]), copies, args.calls)
+            for mode, name in ((0, "nofix"), (3, "store"), (2, "arrive"), (4, "nowait")):
+                probe = WsGemmPlan(x, ws[0].T, outs[0], config=split_config(bn, S))
+                probe.fixup = mode
+                row[name] = graph_us(lambda i, probe=probe: probe.run(x, ws[i].T, outs[i]), copies, args.calls)
+                probe.tickets.zero_()
         wins.append(row["cublas"] / min(row["pick"], best[0]))
         print(f"{M:>4} x {N:>5} x {K:>5} cublas {row['cublas']:.2f} pick {row['pick']:.2f} "
               f"({pick.schedule.describe() if pick.schedule else pick.kernel}) best split {best[0]:.2f} {best[1]} "

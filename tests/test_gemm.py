@@ -4,6 +4,7 @@ CPU: the Triton interpreter on tiny shapes (fp32 with IEEE products, fp16; bf16 
 the interpreter), against a float64 reference on fresh random inputs, outputs poisoned with NaN.
 GPU (marked gpu): bf16/fp16/fp32 at real sizes, TMA vs pointer path, torch.compile and CUDA graphs.
 """
+import math
 import os
 import warnings
 
@@ -1087,7 +1088,8 @@ def test_chooser_takes_the_ws_widths_from_512_rows():
     from numasched import gemm_schedule as GS
 
     h100 = GS._KNOWN["h100"]
-    assert not any(s.kind == "ws" for s in GS.candidates(256, 5120, 5120, 2, h100, ws=True))
+    # under WS_MIN_ROWS only the split-K form (tested below)
+    assert all(s.split_k > 1 for s in GS.candidates(256, 5120, 5120, 2, h100, ws=True) if s.kind == "ws")
     assert not any(s.kind == "ws" for s in GS.candidates(4096, 5120, 5120, 2, h100, ws=False))
     wide = GS.candidates(512, 5120, 5120, 2, h100, ws=True)
     assert {s.block_n for s in wide} == set(GS.WS_TILE_NS) and all(s.kind == "ws" for s in wide)
@@ -1113,6 +1115,50 @@ def test_chooser_takes_the_ws_widths_from_512_rows():
     # tiny products stay with the Triton tiles (their fixed costs are smaller)
     for m, nn, k in ((1000, 1000, 1000), (768, 768, 768), (1024, 2048, 1024)):
         assert GS._choose(m, nn, k, 2, h100, False, True, True, True, True).kind != "ws", (m, nn, k)
+
+
+def test_chooser_weighs_the_ws_split_form_from_64_rows():
+    """From gemm_schedule.WS_SPLIT_MIN_ROWS to WS_MIN_ROWS rows, where the operands fit the WS
+    kernel, the split-K form (tiles of WS_SPLIT_NS columns, S K parts, at most one unit per SM,
+    two K steps a part) is among the candidates, nowhere else; its names parse back; its model
+    matches the H100 probe's 40 times (bench/results/ws-split-s31/) to an rms log error under 0.1
+    and puts the fastest timed form within 5 % at 6 of its 8 shapes; the model takes it where its
+    K loop on every SM pays (128 x 4096 x 14336), not at 4096 x 4096."""
+    import re
+
+    from numasched import gemm_schedule as GS
+
+    h100 = GS._KNOWN["h100"]
+    for m in (GS.WS_SPLIT_MIN_ROWS, 128, 256):
+        split = [s for s in GS.candidates(m, 5120, 12800, 2, h100, ws=True) if s.kind == "ws"]
+        assert split and all(s.split_k > 1 and s.block_n in GS.WS_SPLIT_NS for s in split), m
+        for s in split:
+            tiles = -(-m // 128) * -(-5120 // s.block_n)
+            assert tiles * s.split_k <= h100.sms and s.split_k <= 12800 // 64 // 2
+            assert GS.Schedule.parse(s.describe()) == s
+    assert not any(s.kind == "ws" for s in GS.candidates(GS.WS_SPLIT_MIN_ROWS - 1, 5120, 12800, 2, h100, ws=True))
+    assert not any(s.kind == "ws" for s in GS.candidates(128, 5120, 12800, 2, h100, ws=False))
+    assert not any(s.kind == "ws" for s in GS.candidates(128, 5120, 12800, 4, h100, ws=True))   # fp32: no
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "results",
+                        "ws-split-s31", "ws_split_probe-h100.log")
+    lines = open(path).read().splitlines()
+    errs, near = [], 0
+    shapes = 0
+    for i, line in enumerate(lines):
+        head = re.match(r"\s*(\d+) x\s+(\d+) x\s+(\d+) cublas", line)
+        if not head:
+            continue
+        M, N, K = map(int, head.groups())
+        timed = {(int(bn), int(S)): float(v) for bn, S, v in re.findall(r"w(\d+)s(\d+)=([\d.]+)", lines[i + 1])}
+        est = {k: GS.estimate(GS.Schedule("ws", 128, k[0], 64, k[1], 4, 4, True), M, N, K, 2, h100) * 1e6 for k in timed}
+        errs += [math.log(est[k] / timed[k]) for k in timed]
+        near += timed[min(est, key=est.get)] <= 1.05 * min(timed.values())
+        shapes += 1
+    assert shapes == 8 and len(errs) == 40
+    assert math.sqrt(sum(e * e for e in errs) / len(errs)) < 0.1
+    assert near >= 6, near
+    assert GS._choose(128, 4096, 14336, 2, h100, False, True, True, True, True).kind == "ws"
+    assert GS._choose(128, 4096, 4096, 2, h100, False, True, True, True, True).kind != "ws"
 
 
 @pytest.mark.parametrize("machine,runs,want", [
@@ -1196,10 +1242,59 @@ def test_ws_schedule_refused_where_the_kernel_cannot_run(device):
     # the schedule's fields and the call's tiling arguments it cannot honour are refused, not dropped
     with pytest.raises(ValueError, match="128 rows"):
         numasched.plan_matmul(a, w.T, schedule=Schedule.parse("ws 64x160x64 w4 s4 persistent"))
-    with pytest.raises(ValueError, match="128 rows"):
+    with pytest.raises(ValueError, match="split-K form takes tiles of 64 / 128 / 256 columns"):
         numasched.plan_matmul(a, w.T, schedule=Schedule.parse("ws 128x160x64 w4 s4 split2 persistent"))
     with pytest.raises(ValueError, match="no split_k"):
         numasched.plan_matmul(a, w.T, schedule=ws, num_programs=4)
+
+
+@gpu
+@pytest.mark.parametrize("m,n,k,bn,split", [(128, 4096, 14336, 128, 2), (64, 2560, 8192, 64, 3), (200, 1000, 3000, 256, 4),
+                                            (97, 384, 1024, 64, 8)])
+def test_gpu_ws_split_schedule_matches_float64_in_graphs_and_on_two_streams(m, n, k, bn, split):
+    """The WS split-K form through numasched (a ws schedule with split_k): fresh inputs, poisoned
+    output, float64 reference; the same bits on every call and in CUDA-graph replays (the merge
+    sums the parts in order); two streams running the plan at once each get their own counters."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the WS kernel is Hopper's")
+    from numasched.gemm_schedule import Schedule
+
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    plan = numasched.plan_matmul(x, w.T, out, schedule=Schedule.parse(f"ws 128x{bn}x64 w4 s4 split{split} persistent"))
+    assert plan.kernel == "ws" and plan.split_k == split
+    plan.run(x, w.T, out)
+    ref = x.double() @ w.double().T
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
+    first = out.clone()
+    for _ in range(3):
+        out.fill_(float("nan"))
+        plan.run(x, w.T, out)
+        assert torch.equal(out, first)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        plan.run(x, w.T, out)
+    for _ in range(2):
+        x.copy_(torch.randn_like(x))
+        out.fill_(float("nan"))
+        g.replay()
+        ref = x.double() @ w.double().T
+        assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
+    # two streams at once: each its own partials and tickets
+    outs = [torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    torch.cuda.synchronize()
+    for _ in range(5):
+        for s_, o in zip(streams, outs):
+            with torch.cuda.stream(s_):
+                plan.run(x, w.T, o)
+    torch.cuda.synchronize()
+    ref = x.double() @ w.double().T
+    for o in outs:
+        assert ((o.double() - ref).norm() / ref.norm()).item() < 1e-2
+    plan._ws.check()
+
 
 
 @gpu
