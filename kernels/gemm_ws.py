@@ -386,8 +386,7 @@ if HAVE_GLUON:
         K: gl.tensor
         GROUP_M: gl.constexpr
         FIXUP: gl.constexpr    # 1; a timing probe's 0 / 2 / 3 / 4 (see _sk_consumer, _split_consumer): wrong sums
-        MERGE: gl.constexpr    # 0: the tile's last piece sums it; 1: every contributor sums a band of rows;
-                               # 2 (SPLIT): the tile's last part, by ticket, adds the others' to its own
+        MERGE: gl.constexpr    # 0: the tile's last piece sums it; 1: every contributor sums a band of rows
         MERGE_RB: gl.constexpr  # MERGE 1: rows of a band; 64 / MERGE_RB contributors' bands in flight at once
         SPLIT: gl.constexpr    # False: stream-K ranges; True: split-K units (tile, K part) in K lockstep (MERGE 1)
         S: gl.tensor           # SPLIT: the K parts of a tile (>= 2)
@@ -595,76 +594,18 @@ if HAVE_GLUON:
         for u in range(gl.program_id(0), units, gl.num_programs(0)):
             t, k0, k1, tm, tn = _split_piece(p, u, ks, NM, NN)
             acc, it = _piece_mma(p, it, k0, k1, ROLE)
-            if p.MERGE == 2:
-                if tm * BLOCK_M + ROLE * ROWS < p.M:
-                    _ticket_merge(p, acc, u, t, tm, tn, ROLE)
             # (a half tile below M: no store, no arrival; FIXUP 0: never, by a test the compiler
             # cannot fold, so the accumulator stays live and the K loop compiles as in FIXUP 1)
-            elif (tm * BLOCK_M + ROLE * ROWS < p.M) & ((p.FIXUP > 0) | (p.M < 0)):
+            if (tm * BLOCK_M + ROLE * ROWS < p.M) & ((p.FIXUP > 0) | (p.M < 0)):
                 _store_partial(p, acc, u * 2 + ROLE)
                 if p.FIXUP != 3:
                     gl.thread_barrier()
                     gl.atomic_add(p.tickets + t * 2 + ROLE, 1, sem="release", scope="gpu")
-        if ((p.FIXUP == 1) | (p.FIXUP == 4)) & (p.MERGE == 1):
+        if (p.FIXUP == 1) | (p.FIXUP == 4):
             for u in range(gl.program_id(0), units, gl.num_programs(0)):
                 t = u // p.S
                 first = t * p.S
                 _band_merge_tile(p, ROLE, t, u - first, first, first + p.S - 1, NM, NN, ks, tot)
-
-    @gluon.jit
-    def _ticket_merge(p, acc, u, t, tm, tn, ROLE: gl.constexpr):
-        """MERGE 2 (SPLIT): a ticket first (per half tile); every part but the last stores its fp32
-        partial and counts itself stored (release); the last waits for the S - 1 stores (a bounded
-        acquire poll: all parts run in K lockstep, so the wait is about one store), adds the others'
-        partials to its accumulator in part order (the same bits whoever is last; with two parts
-        a + b == b + a), stores C and resets both counters for the next call. One partial's bytes
-        fewer than the banded merge writes and reads, and no second pass over the tile."""
-        BLOCK_M: gl.constexpr = p.a_desc.block_type.shape[0]
-        BLOCK_N: gl.constexpr = p.c_desc.block_type.shape[1]
-        ROWS: gl.constexpr = p.c_desc.block_type.shape[0]
-        SLOT: gl.constexpr = ROWS * BLOCK_N
-        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                             instr_shape=[16, BLOCK_N, 16])
-        r = gl.arange(0, ROWS, layout=gl.SliceLayout(1, acc_layout))
-        c = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
-        offs = r[:, None] * BLOCK_N + c[None, :]
-        T = gl.cdiv(p.M, BLOCK_M) * gl.cdiv(p.N, BLOCK_N)
-        first = t * p.S
-        mine = u - first
-        ticket = gl.atomic_add(p.tickets + t * 2 + ROLE, 1, sem="acq_rel", scope="gpu")
-        stored = p.tickets + 2 * T + t * 2 + ROLE
-        if ticket < p.S - 1:
-            gl.store(p.work + (u * 2 + ROLE) * SLOT + offs, acc)
-            gl.thread_barrier()
-            gl.atomic_add(stored, 1, sem="release", scope="gpu")
-        else:
-            v = gl.atomic_add(stored, 0, sem="acquire", scope="gpu")
-            if v < p.S - 1:
-                dead = gl.atomic_add(p.status, 0, sem="relaxed", scope="gpu")
-                stop = _uniform_clock_ns() + p.bound
-                late = (dead != 0).to(gl.int32)
-                spins = 0
-                while (v < p.S - 1) & (late == 0):
-                    v = gl.atomic_add(stored, 0, sem="acquire", scope="gpu")
-                    spins += 1
-                    if spins % 64 == 0:
-                        late = (_uniform_clock_ns() > stop).to(gl.int32)
-                if v < p.S - 1:
-                    gl.atomic_or(p.status, 1, sem="relaxed", scope="gpu")
-            total = gl.load(p.work + (first * 2 + ROLE) * SLOT + offs, mask=(offs >= 0) & (mine != 0), other=0.0,
-                            cache_modifier=".cg") + gl.where(mine == 0, acc, 0.0)
-            for q in range(1, p.S):
-                part_q = gl.load(p.work + ((first + q) * 2 + ROLE) * SLOT + offs, mask=(offs >= 0) & (mine != q),
-                                 other=0.0, cache_modifier=".cg")
-                total = total + (part_q + gl.where(mine == q, acc, 0.0))
-            # a part missing after the wait: NaN, never a partial sum
-            total = gl.where(v < p.S - 1, float("nan"), total)
-            rows = tm * BLOCK_M + ROLE * ROWS + r
-            cols = tn * BLOCK_N + c
-            gl.store(p.c_ptr + rows[:, None].to(gl.int64) * p.stride_cm + cols[None, :],
-                     total.to(p.c_ptr.dtype.element_ty), mask=(rows[:, None] < p.M) & (cols[None, :] < p.N))
-            gl.atomic_xchg(p.tickets + t * 2 + ROLE, 0, sem="relaxed", scope="gpu")
-            gl.atomic_xchg(stored, 0, sem="relaxed", scope="gpu")
 
     @gluon.jit
     def _sk_band_merge(p, ROLE: gl.constexpr, NM, NN, ks, tot, start, end):

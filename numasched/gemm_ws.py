@@ -34,8 +34,7 @@ class WsConfig:
     maxnreg: int = 168   # 12 warps (3 warpgroups) x 168 = 64512 of the SM's 65536 registers
     glu: bool = False    # the SwiGLU form: a gate and an up box of block_n columns per stage
     streamk: bool = False   # equal K ranges per program, partials summed in-kernel (kernels/gemm_ws.py)
-    sk_merge: int = 0       # stream-K's fix-up: 0 the tile's last piece sums it, 1 every contributor a band,
-                            # 2 (sk_split only) the tile's last part by ticket adds the others' partials
+    sk_merge: int = 0       # stream-K's fix-up: 0 the tile's last piece sums it, 1 every contributor a band
     sk_split: int = 0       # S >= 2: split-K units (tile, K part) in K lockstep instead of ranges (bands)
     block_n1: int = 0       # > 0: tiles of block_n + block_n1 columns in two boxes (80 = 64 + 16, 160 = 128 + 32)
 
@@ -49,17 +48,13 @@ class WsConfig:
         return self.stages * stage + self.block_m * self.tile_n * elem + 1024
 
 
-def split_config(block_n: int, split: int, smem: int = 200 * 1024, merge: int = 1) -> WsConfig:
-    """Split-K in K lockstep (``sk_split``), tiles of 128 x ``block_n`` (64, 128 or 256), as many
-    stages (3-8) as fit in ``smem`` bytes of operand ring; ``merge`` 1 the banded merge, 2 the
-    last part's by ticket (tiles of 64 or 128 columns: its accumulator, a partial and the sum in
-    registers)."""
+def split_config(block_n: int, split: int, smem: int = 200 * 1024) -> WsConfig:
+    """Split-K in K lockstep with the banded merge (``sk_split``), tiles of 128 x ``block_n`` (64,
+    128 or 256), as many stages (3-8) as fit in ``smem`` bytes of operand ring."""
     if block_n not in (64, 128, 256):
         raise ValueError(f"block_n must be 64, 128 or 256 for the split-K form, got {block_n}")
-    if merge not in (1, 2) or (merge == 2 and block_n > 128):
-        raise ValueError(f"merge must be 1, or 2 with block_n <= 128, got merge={merge}, block_n={block_n}")
     stage = (128 + block_n) * 64 * 2
-    return WsConfig(block_n=block_n, stages=max(3, min(8, smem // stage)), streamk=True, sk_merge=merge,
+    return WsConfig(block_n=block_n, stages=max(3, min(8, smem // stage)), streamk=True, sk_merge=1,
                     sk_split=max(2, split))
 
 
@@ -217,9 +212,8 @@ class WsGemmPlan:
         tiles = -(-self.M // cfg.block_m) * -(-self.N // cfg.tile_n)
         sms = torch.cuda.get_device_properties(a.device).multi_processor_count
         self.num_programs = max(1, min(tiles, num_programs or sms))
-        if cfg.sk_merge not in (0, 1, 2) or cfg.sk_split < 0 or (cfg.sk_merge == 2 and not cfg.sk_split):
-            raise ValueError(f"config.sk_merge must be 0 or 1 (or 2 with sk_split) and sk_split >= 0, got "
-                             f"{cfg.sk_merge}, {cfg.sk_split}")
+        if cfg.sk_merge not in (0, 1) or cfg.sk_split < 0:
+            raise ValueError(f"config.sk_merge must be 0 or 1 and sk_split >= 0, got {cfg.sk_merge}, {cfg.sk_split}")
         if not cfg.streamk and (cfg.sk_merge or cfg.sk_split):
             raise ValueError("config.sk_merge and sk_split are for the stream-K form (streamk=True)")
         if cfg.streamk:
@@ -231,8 +225,8 @@ class WsGemmPlan:
                 raise ValueError(f"the stream-K form needs K >= 1, got K={self.K}")
             half = (cfg.block_m // 2) * cfg.block_n
             if cfg.sk_split:
-                if cfg.sk_split < 2 or cfg.sk_merge not in (1, 2):
-                    raise ValueError(f"sk_split must be >= 2 and take sk_merge=1 or 2, got "
+                if cfg.sk_split < 2 or cfg.sk_merge != 1:
+                    raise ValueError(f"sk_split must be >= 2 and take sk_merge=1 (the banded merge), got "
                                      f"sk_split={cfg.sk_split}, sk_merge={cfg.sk_merge}")
                 if tiles > SK_SPLIT_MAX_UNITS:
                     raise ValueError(f"{tiles} tiles: more than {SK_SPLIT_MAX_UNITS} split-K units (their "
@@ -249,7 +243,7 @@ class WsGemmPlan:
                     raise ValueError(f"the stream-K form's iteration count ({total} on {self.num_programs} "
                                      "programs) overflows int32; use the data-parallel config")
                 slots = 4 * self.num_programs   # a range's first and last piece, two halves each
-            if cfg.sk_merge >= 1 and max(self.num_programs, num_programs or 0) > sms:
+            if cfg.sk_merge == 1 and max(self.num_programs, num_programs or 0) > sms:
                 # the banded merge waits for other programs' partials: all must be resident at once
                 raise ValueError(f"num_programs={num_programs} exceeds the {sms} SMs: the banded merge (sk_merge=1) "
                                  "needs every program resident (one per SM)")

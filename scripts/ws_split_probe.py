@@ -1,5 +1,5 @@
 """Split-K in K lockstep on the warp-specialised GEMM (numasched.gemm_ws.split_config: tiles of 128
-x 64/128/256, S K parts; the banded merge (wNsS) and the last part's ticket merge (tNsS)) at M = 64-256
+x 64/128/256, S K parts, the banded merge with MERGE_FLIGHT partials in flight) at M = 64-256
 (issue 13's medium-M gap), against cuBLAS and the chooser's pick. Per width, S = SMs // tiles (one
 unit per SM) and half of it; the fastest also without its merge (FIXUP 0: wrong sums, the K loops'
 time). One GPU, bf16, y = x @ W.T, CUDA graphs of --calls calls, each reading its own copy of W.
@@ -41,37 +41,31 @@ def main():
         pick = plan_matmul(x, ws[0].T, outs[0])
         row["pick"] = graph_us(lambda i: pick.run(x, ws[i].T, outs[i]), copies, args.calls)
         best = (float("inf"), None)
-        forms = []
         for bn in (64, 128, 256):
             tiles = -(-M // 128) * -(-N // bn)
             s1 = max(2, sms // tiles)
-            forms += [(bn, S, 1) for S in sorted({s1, max(2, s1 // 2)}, reverse=True)]
-            if bn <= 128:   # the ticket merge (merge=2) at two and three parts
-                forms += [(bn, S, 2) for S in (2, 3) if tiles * S <= sms]
-        for bn, S, merge in forms:
-            key = f"{'w' if merge == 1 else 't'}{bn}s{S}"
-            try:
-                pl = WsGemmPlan(x, ws[0].T, outs[0], config=split_config(bn, S, merge=merge))
-                outs[0].fill_(float("nan"))
-                pl.run(x, ws[0].T, outs[0])
-                err = ((outs[0].double() - ref).abs().max() / ref.abs().max()).item()
-                if not err < 1e-2:
-                    raise AssertionError(f"rel err {err:.2e}")
-                row[key] = graph_us(lambda i, pl=pl: pl.run(x, ws[i].T, outs[i]), copies, args.calls)
-                pl.check()
-                if row[key] < best[0]:
-                    best = (row[key], (bn, S, merge))
-            except Exception as e:  # report, go on
-                print(f"  {M}x{N}x{K} {key}: {type(e).__name__}: {str(e).splitlines()[0][:140]}")
-                row[key] = float("nan")
+            for S in sorted({s1, max(2, s1 // 2)}, reverse=True):
+                key = f"w{bn}s{S}"
+                try:
+                    pl = WsGemmPlan(x, ws[0].T, outs[0], config=split_config(bn, S))
+                    outs[0].fill_(float("nan"))
+                    pl.run(x, ws[0].T, outs[0])
+                    err = ((outs[0].double() - ref).abs().max() / ref.abs().max()).item()
+                    if not err < 1e-2:
+                        raise AssertionError(f"rel err {err:.2e}")
+                    row[key] = graph_us(lambda i, pl=pl: pl.run(x, ws[i].T, outs[i]), copies, args.calls)
+                    pl.check()
+                    if row[key] < best[0]:
+                        best = (row[key], (bn, S))
+                except Exception as e:  # report, go on
+                    print(f"  {M}x{N}x{K} {key}: {type(e).__name__}: {str(e).splitlines()[0][:140]}")
+                    row[key] = float("nan")
         if best[1] is not None:
             # the fastest form taken apart (wrong sums): K loops only, + partial stores, + arrivals,
             # + the merge without its wait
-            bn, S, merge = best[1]
+            bn, S = best[1]
             for mode, name in ((0, "nofix"), (3, "store"), (2, "arrive"), (4, "nowait")):
-                if merge == 2 and mode != 0:
-                    continue
-                probe = WsGemmPlan(x, ws[0].T, outs[0], config=split_config(bn, S, merge=merge))
+                probe = WsGemmPlan(x, ws[0].T, outs[0], config=split_config(bn, S))
                 probe.fixup = mode
                 row[name] = graph_us(lambda i, probe=probe: probe.run(x, ws[i].T, outs[i]), copies, args.calls)
                 probe.tickets.zero_()

@@ -185,9 +185,7 @@ def _rel(out, ref):
 # the stream-K forms: the tile's last piece merges; every contributor a band; split-K in lockstep
 _SK_FORMS = {"last-piece": WsConfig(streamk=True), "bands": WsConfig(streamk=True, sk_merge=1),
              "split3": WsConfig(streamk=True, sk_merge=1, sk_split=3),
-             "split8": WsConfig(streamk=True, sk_merge=1, sk_split=8),
-             # the split form's ticket merge (the last part adds the others'), 128 and 64 columns
-             "ticket2": split_config(128, 2, merge=2), "ticket3": split_config(64, 3, merge=2)}
+             "split8": WsConfig(streamk=True, sk_merge=1, sk_split=8)}
 
 
 @pytest.mark.gpu
