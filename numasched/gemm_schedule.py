@@ -143,16 +143,19 @@ WS_MIN_S = 12e-6
 # session's H100 runs (bench/results/gemm-ws-s30/: the widths run, the grid twice, 15 shapes off
 # it; rms log error 0.089, worst 0.30).
 WS_RATE, WS_HBM, WS_L2, WS_TWO_BOX_COLS, WS_MISALIGNED, WS_TILE_START_S = 1.018, 1.118, 1.084, 15.4, 0.56, 1.42e-6
-# Under WS_MIN_ROWS, from WS_SPLIT_MIN_ROWS: the WS kernel's split-K form (gemm_ws.split_config:
+# From WS_SPLIT_MIN_ROWS to WS_SPLIT_MAX_ROWS rows (one 128-row tile row, at least half full): the
+# WS kernel's split-K form (gemm_ws.split_config:
 # tiles of 128 x WS_SPLIT_NS, S K parts in K lockstep, one unit per SM, the banded merge): every
 # SM streams the weight where the tiles alone fill a few (K loops on all SMs ran 0.82-0.98x
 # cuBLAS's time at M = 128, K >= 8192 on an H100), then the fp32 partials (S per tile) go to L2
 # and back at WS_SPLIT_PARTIAL_L2 of its rate, plus WS_SPLIT_SYNC_S (arrivals, the wait, the
 # bands' stores). Fitted to 40 times of 8 shapes, M = 64-256, on an H100 (bench/results/
-# ws-split-s31/: loop x 0.98, rms log error 0.074).
+# ws-split-s31/: loop x 0.98, rms log error 0.074). At 64 rows (half the tile's MMA rows idle; the
+# Triton 64-row tiles ran 43.6 against 51.1 us at 64 x 4096 x 14336) and at 256 (three of four
+# picks slower: 256 x 5120 x 5120 41.8 against 29.3) it lost in the grid run (ws-split-s31/mid-h100/).
 WS_SPLIT_NS = (64, 128, 256)
 WS_SPLITS = (2, 3, 4, 6, 8)
-WS_SPLIT_MIN_ROWS = 64
+WS_SPLIT_MIN_ROWS, WS_SPLIT_MAX_ROWS = 65, 128
 WS_SPLIT_PARTIAL_L2, WS_SPLIT_SYNC_S = 0.10, 2.4e-6
 # ... taken only where its estimate is under WS_SPLIT_MARGIN times the best Triton schedule's: the
 # Triton model's estimates ran 0.93-1.67x their measured times at those 8 shapes (the split form's
@@ -254,7 +257,7 @@ def candidates(M: int, N: int, K: int, elt: int, machine: Machine, *, splitk_onl
         if min(_ws_estimate(s, M, N, K, elt, machine) for s in wide) >= WS_MIN_S:
             return wide
     out = []
-    if ws and WS_SPLIT_MIN_ROWS <= M < WS_MIN_ROWS and elt == 2:
+    if ws and WS_SPLIT_MIN_ROWS <= M <= WS_SPLIT_MAX_ROWS and elt == 2:
         from .gemm_ws import split_config
 
         ks = _cdiv(K, 64)

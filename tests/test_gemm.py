@@ -1088,8 +1088,9 @@ def test_chooser_takes_the_ws_widths_from_512_rows():
     from numasched import gemm_schedule as GS
 
     h100 = GS._KNOWN["h100"]
-    # under WS_MIN_ROWS only the split-K form (tested below)
-    assert all(s.split_k > 1 for s in GS.candidates(256, 5120, 5120, 2, h100, ws=True) if s.kind == "ws")
+    # under WS_MIN_ROWS only the split-K form, at 65-128 rows (tested below)
+    assert not any(s.kind == "ws" for s in GS.candidates(256, 5120, 5120, 2, h100, ws=True))
+    assert all(s.split_k > 1 for s in GS.candidates(128, 5120, 5120, 2, h100, ws=True) if s.kind == "ws")
     assert not any(s.kind == "ws" for s in GS.candidates(4096, 5120, 5120, 2, h100, ws=False))
     wide = GS.candidates(512, 5120, 5120, 2, h100, ws=True)
     assert {s.block_n for s in wide} == set(GS.WS_TILE_NS) and all(s.kind == "ws" for s in wide)
@@ -1117,8 +1118,8 @@ def test_chooser_takes_the_ws_widths_from_512_rows():
         assert GS._choose(m, nn, k, 2, h100, False, True, True, True, True).kind != "ws", (m, nn, k)
 
 
-def test_chooser_weighs_the_ws_split_form_from_64_rows():
-    """From gemm_schedule.WS_SPLIT_MIN_ROWS to WS_MIN_ROWS rows, where the operands fit the WS
+def test_chooser_weighs_the_ws_split_form_from_65_to_128_rows():
+    """From gemm_schedule.WS_SPLIT_MIN_ROWS to WS_SPLIT_MAX_ROWS rows, where the operands fit the WS
     kernel, the split-K form (tiles of WS_SPLIT_NS columns, S K parts, at most one unit per SM,
     two K steps a part) is among the candidates, nowhere else; its names parse back; its model
     matches the H100 probe's 40 times (bench/results/ws-split-s31/) to an rms log error under 0.1
@@ -1129,14 +1130,15 @@ def test_chooser_weighs_the_ws_split_form_from_64_rows():
     from numasched import gemm_schedule as GS
 
     h100 = GS._KNOWN["h100"]
-    for m in (GS.WS_SPLIT_MIN_ROWS, 128, 256):
+    for m in (GS.WS_SPLIT_MIN_ROWS, 100, GS.WS_SPLIT_MAX_ROWS):
         split = [s for s in GS.candidates(m, 5120, 12800, 2, h100, ws=True) if s.kind == "ws"]
         assert split and all(s.split_k > 1 and s.block_n in GS.WS_SPLIT_NS for s in split), m
         for s in split:
             tiles = -(-m // 128) * -(-5120 // s.block_n)
             assert tiles * s.split_k <= h100.sms and s.split_k <= 12800 // 64 // 2
             assert GS.Schedule.parse(s.describe()) == s
-    assert not any(s.kind == "ws" for s in GS.candidates(GS.WS_SPLIT_MIN_ROWS - 1, 5120, 12800, 2, h100, ws=True))
+    for m in (GS.WS_SPLIT_MIN_ROWS - 1, GS.WS_SPLIT_MAX_ROWS + 1, 256):
+        assert not any(s.kind == "ws" for s in GS.candidates(m, 5120, 12800, 2, h100, ws=True)), m
     assert not any(s.kind == "ws" for s in GS.candidates(128, 5120, 12800, 2, h100, ws=False))
     assert not any(s.kind == "ws" for s in GS.candidates(128, 5120, 12800, 4, h100, ws=True))   # fp32: no
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "results",
