@@ -388,13 +388,12 @@ if HAVE_GLUON:
         FIXUP: gl.constexpr    # 1; a timing probe's 0 / 2 / 3 / 4 (see _sk_consumer, _split_consumer): wrong sums
         MERGE: gl.constexpr    # 0: the tile's last piece sums it; 1: every contributor sums a band of rows
         MERGE_RB: gl.constexpr  # MERGE 1: rows of a band; 64 / MERGE_RB contributors' bands in flight at once
-        BAND_STORE: gl.constexpr  # SPLIT: partials stored in the band layout (through shared memory)
         SPLIT: gl.constexpr    # False: stream-K ranges; True: split-K units (tile, K part) in K lockstep (MERGE 1)
         S: gl.tensor           # SPLIT: the K parts of a tile (>= 2)
 
         @gluon.constexpr_function
         def __init__(self, a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, work, tickets, c_ptr, stride_cm,
-                     status, bound, M, N, K, GROUP_M, FIXUP, MERGE, MERGE_RB, BAND_STORE, SPLIT, S):
+                     status, bound, M, N, K, GROUP_M, FIXUP, MERGE, MERGE_RB, SPLIT, S):
             self.a_desc, self.b_desc, self.c_desc = a_desc, b_desc, c_desc
             self.a_bufs, self.b_bufs, self.ready, self.empty = a_bufs, b_bufs, ready, empty
             self.work, self.tickets, self.M, self.N, self.K = work, tickets, M, N, K
@@ -402,7 +401,6 @@ if HAVE_GLUON:
             self.GROUP_M, self.FIXUP, self.MERGE = gl.constexpr(GROUP_M), gl.constexpr(FIXUP), gl.constexpr(MERGE)
             self.SPLIT = gl.constexpr(SPLIT)
             self.MERGE_RB = gl.constexpr(MERGE_RB)
-            self.BAND_STORE = gl.constexpr(BAND_STORE)
             self.S = S
 
     @gluon.jit
@@ -579,17 +577,9 @@ if HAVE_GLUON:
         ROWS: gl.constexpr = p.c_desc.block_type.shape[0]
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                              instr_shape=[16, BLOCK_N, 16])
-        if p.BAND_STORE:
-            # in the merge's band layout (16-byte vectors, whole rows a warp; converted through
-            # shared memory): the accumulator's own layout writes 8 bytes a thread, 32-byte pieces
-            band: gl.constexpr = _band_layout(BLOCK_N)
-            rb = gl.arange(0, ROWS, layout=gl.SliceLayout(1, band))
-            cb = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, band))
-            gl.store(p.work + slot * (ROWS * BLOCK_N) + rb[:, None] * BLOCK_N + cb[None, :], gl.convert_layout(acc, band))
-        else:
-            r = gl.arange(0, ROWS, layout=gl.SliceLayout(1, acc_layout))
-            c = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
-            gl.store(p.work + slot * (ROWS * BLOCK_N) + r[:, None] * BLOCK_N + c[None, :], acc)
+        r = gl.arange(0, ROWS, layout=gl.SliceLayout(1, acc_layout))
+        c = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
+        gl.store(p.work + slot * (ROWS * BLOCK_N) + r[:, None] * BLOCK_N + c[None, :], acc)
 
     @gluon.jit
     def _split_consumer(p, ROLE: gl.constexpr, NM, NN, ks, tot):
@@ -720,8 +710,7 @@ if HAVE_GLUON:
     def gemm_ws_streamk_kernel(a_desc, b_desc, c_desc, work, tickets, c_ptr, stride_cm, status, bound, M, N, K,
                                nsplit, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
                                CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, FIXUP: gl.constexpr = 1,
-                               MERGE: gl.constexpr = 0, SPLIT: gl.constexpr = False, MERGE_RB: gl.constexpr = 8,
-                               BAND_STORE: gl.constexpr = False):
+                               MERGE: gl.constexpr = 0, SPLIT: gl.constexpr = False, MERGE_RB: gl.constexpr = 8):
         """C (M, N) = A (M, K) @ B (K, N) in the stream-K order above; P programs (at most one per
         SM, at most T x KS), num_warps=4. ``work``: fp32, P x 2 x 2 x 64 x BLOCK_N (SPLIT: T x S x
         2 x 64 x BLOCK_N, S = ``nsplit``; unused otherwise); ``tickets``:
@@ -735,7 +724,7 @@ if HAVE_GLUON:
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=2)
         p = SkArgs(a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, work, tickets, c_ptr, stride_cm, status, bound,
-                   M, N, K, GROUP_M, FIXUP, MERGE, MERGE_RB, BAND_STORE, SPLIT, gl.to_tensor(nsplit))
+                   M, N, K, GROUP_M, FIXUP, MERGE, MERGE_RB, SPLIT, gl.to_tensor(nsplit))
         gl.warp_specialize([
             (_sk_consumer_lo, (p,)),
             (_sk_consumer_hi, (p,)),

@@ -37,7 +37,6 @@ class WsConfig:
     sk_merge: int = 0       # stream-K's fix-up: 0 the tile's last piece sums it, 1 every contributor a band
     sk_split: int = 0       # S >= 2: split-K units (tile, K part) in K lockstep instead of ranges (bands)
     block_n1: int = 0       # > 0: tiles of block_n + block_n1 columns in two boxes (80 = 64 + 16, 160 = 128 + 32)
-    sk_band_store: bool = False   # sk_split: partials stored as 16-byte row vectors (a 32 KB+ shared-memory pass)
 
     @property
     def tile_n(self) -> int:
@@ -49,17 +48,14 @@ class WsConfig:
         return self.stages * stage + self.block_m * self.tile_n * elem + 1024
 
 
-def split_config(block_n: int, split: int, smem: int = 200 * 1024, band_store: bool = False) -> WsConfig:
+def split_config(block_n: int, split: int, smem: int = 200 * 1024) -> WsConfig:
     """Split-K in K lockstep with the banded merge (``sk_split``), tiles of 128 x ``block_n`` (64,
-    128 or 256), as many stages (3-8) as fit in ``smem`` bytes of operand ring (``band_store``:
-    less the two warpgroups' 64 x ``block_n`` fp32 conversion buffers)."""
+    128 or 256), as many stages (3-8) as fit in ``smem`` bytes of operand ring."""
     if block_n not in (64, 128, 256):
         raise ValueError(f"block_n must be 64, 128 or 256 for the split-K form, got {block_n}")
     stage = (128 + block_n) * 64 * 2
-    if band_store:
-        smem -= 2 * 64 * block_n * 4
     return WsConfig(block_n=block_n, stages=max(3, min(8, smem // stage)), streamk=True, sk_merge=1,
-                    sk_split=max(2, split), sk_band_store=band_store)
+                    sk_split=max(2, split))
 
 
 def wide_config(tile_n: int, smem: int = 227 * 1024) -> WsConfig:
@@ -339,7 +335,6 @@ class WsGemmPlan:
                                   dict(STAGES=cfg.stages, GROUP_M=cfg.group_m, CONSUMER_REGS=cfg.consumer_regs,
                                        LOADER_REGS=cfg.loader_regs, FIXUP=self.fixup, MERGE=cfg.sk_merge,
                                        SPLIT=self.split > 0, MERGE_RB=merge_rows(self.split, cfg.block_n),
-                                       BAND_STORE=cfg.sk_band_store,
                                        num_warps=4, maxnreg=cfg.maxnreg),
                                   device=a.device)
         # partials and counters per stream: two streams running this plan at once must not share

@@ -64,15 +64,6 @@ def main():
             # the fastest form taken apart (wrong sums): K loops only, + partial stores, + arrivals,
             # + the merge without its wait
             bn, S = best[1]
-            # the same form with its partials stored as 16-byte row vectors (fewer stages)
-            bs = WsGemmPlan(x, ws[0].T, outs[0], config=split_config(bn, S, band_store=True))
-            outs[0].fill_(float("nan"))
-            bs.run(x, ws[0].T, outs[0])
-            err = ((outs[0].double() - ref).abs().max() / ref.abs().max()).item()
-            row["bstore"] = graph_us(lambda i: bs.run(x, ws[i].T, outs[i]), copies, args.calls) if err < 1e-2 else float("nan")
-            bs_store = WsGemmPlan(x, ws[0].T, outs[0], config=split_config(bn, S, band_store=True))
-            bs_store.fixup = 3
-            row["bstore-store"] = graph_us(lambda i: bs_store.run(x, ws[i].T, outs[i]), copies, args.calls)
             for mode, name in ((0, "nofix"), (3, "store"), (2, "arrive"), (4, "nowait")):
                 probe = WsGemmPlan(x, ws[0].T, outs[0], config=split_config(bn, S))
                 probe.fixup = mode
