@@ -455,7 +455,7 @@ def choose(M: int, N: int, K: int, dtype: torch.dtype, device: Optional[torch.de
 @functools.lru_cache(maxsize=4096)
 def _choose(M: int, N: int, K: int, elt: int, machine: Machine, splitk_only: bool, splitk_tma: bool = False,
             aligned: bool = True, tail: bool = False, ws: bool = False) -> Schedule:
-    best = None
+    best, best_t = None, float("inf")
     scored = []
     for s in candidates(M, N, K, elt, machine, splitk_only=splitk_only or elt > 2, tail=tail, ws=ws):
         if not aligned and s.block_k > MISALIGNED_MAX_BLOCK_K:
@@ -464,7 +464,7 @@ def _choose(M: int, N: int, K: int, elt: int, machine: Machine, splitk_only: boo
         scored.append((s, t))
         if s.kind == "ws" and s.split_k > 1:
             t /= WS_SPLIT_MARGIN   # (compared with a margin; the schedule keeps its own estimate below)
-        if best is None or t < best_t * 0.999:
+        if t < best_t * 0.999:
             best, best_t = replace(s, est_s=scored[-1][1]), t
     if best is None or best.block_m < TIE_MIN_BLOCK_M:
         return best

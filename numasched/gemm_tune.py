@@ -20,7 +20,7 @@ import math
 import sys
 import time
 
-__all__ = ["tune", "graph_us", "add_parser"]
+__all__ = ["tune", "graph_us", "linear_operands", "baseline_us", "checked_us", "add_parser"]
 
 WARM_S = 0.02   # graph_us: seconds of replays before the timed ones
 
@@ -62,6 +62,46 @@ def graph_us(fn_i, copies: int, calls: int) -> float:
         times.append(st.elapsed_time(en) * 1e3 / calls)
     times.sort()
     return times[len(times) // 2]
+
+
+def linear_operands(M: int, N: int, K: int, dtype=None, device=None):
+    """(x, ws, outs, ref, copies) for timing ``y = x @ W.T`` as a model's layer runs it: x (M, K),
+    enough copies of a weight W (N, K) (scaled by 1 / sqrt(K)) that a graph of calls, call i
+    reading copy i mod copies, streams them from HBM (more than twice the L2), one output per
+    copy, and the float64 product of x and the first copy."""
+    import torch
+
+    device = device or torch.device("cuda")
+    dtype = dtype or torch.bfloat16
+    l2 = torch.cuda.get_device_properties(device).L2_cache_size
+    copies = max(2, math.ceil(2 * l2 / (N * K * torch.empty((), dtype=dtype).element_size())) + 1)
+    ws = [torch.randn(N, K, device=device, dtype=dtype) / K ** 0.5 for _ in range(copies)]
+    x = torch.randn(M, K, device=device, dtype=dtype)
+    outs = [torch.empty(M, N, device=device, dtype=dtype) for _ in range(copies)]
+    return x, ws, outs, x.double() @ ws[0].double().T, copies
+
+
+def baseline_us(x, ws, outs, copies: int, calls: int):
+    """({"cublas": us, "pick": us}, the chooser's plan) of ``linear_operands``' product: torch.matmul
+    and numasched's own pick, each in CUDA graphs of ``calls`` calls (graph_us)."""
+    import torch
+
+    import numasched
+
+    pick = numasched.plan_matmul(x, ws[0].T, outs[0])
+    return ({"cublas": graph_us(lambda i: torch.matmul(x, ws[i].T, out=outs[i]), copies, calls),
+             "pick": graph_us(lambda i: pick.run(x, ws[i].T, outs[i]), copies, calls)}, pick)
+
+
+def checked_us(plan, x, ws, outs, ref, copies: int, calls: int) -> float:
+    """``plan.run(x, w.T, out)``'s graph_us time over ``linear_operands``' copies, after one call
+    into a poisoned output checked against ``ref`` (AssertionError beyond 1e-2 relative)."""
+    outs[0].fill_(float("nan"))
+    plan.run(x, ws[0].T, outs[0])
+    err = ((outs[0].double() - ref).abs().max() / ref.abs().max()).item()
+    if not err < 1e-2:
+        raise AssertionError(f"relative error {err:.2e}")
+    return graph_us(lambda i: plan.run(x, ws[i].T, outs[i]), copies, calls)
 
 
 def tune(shapes, *, top: int = 6, calls: int = 20, dtype=None, log=print) -> dict:

@@ -8,14 +8,13 @@ also stream-K at M = 128 and 256 (128-row tiles). One GPU, bf16, y = x @ W.T, CU
 
 Run: python3 scripts/gemv_probe.py [--m 1,16] [--mid] [--calls 20]"""
 import argparse
-import math
 
 import torch
 
 from numasched import gemm_schedule as GS
 from numasched.bench.gemm_inference import NK, OFF_GRID
 from numasched.gemm import plan_matmul
-from numasched.gemm_tune import graph_us
+from numasched.gemm_tune import baseline_us, checked_us, graph_us, linear_operands
 from numasched.probe.bandwidth import read_graph_us, stream_read_bw
 
 SMALL = ("16x32x256 w4 s6", "16x64x128 w4 s6", "16x64x256 w4 s5", "16x128x64 w4 s6")
@@ -39,14 +38,8 @@ def main():
         points += [(m, n, k) for _, _, n, k in NK for m in (128, 256)]
     reads = {}
     for M, N, K in points:
-        copies = max(2, math.ceil(2 * l2 / (N * K * 2)) + 1)
-        ws = [torch.randn(N, K, device=dev, dtype=torch.bfloat16) / K ** 0.5 for _ in range(copies)]
-        x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
-        outs = [torch.empty(M, N, device=dev, dtype=torch.bfloat16) for _ in range(copies)]
-        ref = x.double() @ ws[0].double().T
-        row = {"cublas": graph_us(lambda i: torch.matmul(x, ws[i].T, out=outs[i]), copies, args.calls)}
-        pick = plan_matmul(x, ws[0].T, outs[0])
-        row["pick"] = graph_us(lambda i: pick.run(x, ws[i].T, outs[i]), copies, args.calls)
+        x, ws, outs, ref, copies = linear_operands(M, N, K, device=dev)
+        row, pick = baseline_us(x, ws, outs, copies, args.calls)
         names = [pick.schedule.describe() if pick.schedule else pick.kernel]
         tiles = SMALL if M <= 16 else MID
         for t in tiles:
@@ -56,12 +49,7 @@ def main():
                     try:
                         s = GS.Schedule.parse(f"streamk {t} persistent")
                         pl = plan_matmul(x, ws[0].T, outs[0], schedule=s, num_programs=mult * sms, path=path)
-                        outs[0].fill_(float("nan"))
-                        pl.run(x, ws[0].T, outs[0])
-                        err = ((outs[0].double() - ref).abs().max() / ref.abs().max()).item()
-                        if not err < 1e-2:
-                            raise AssertionError(f"rel err {err:.2e}")
-                        row[key] = graph_us(lambda i, pl=pl: pl.run(x, ws[i].T, outs[i]), copies, args.calls)
+                        row[key] = checked_us(pl, x, ws, outs, ref, copies, args.calls)
                     except Exception as e:  # report, go on
                         print(f"  {M}x{N}x{K} {key}: {type(e).__name__}: {str(e).splitlines()[0][:140]}")
                         row[key] = float("nan")

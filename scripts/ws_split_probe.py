@@ -11,8 +11,7 @@ import math
 import torch
 
 from numasched.bench.gemm_inference import NK
-from numasched.gemm import plan_matmul
-from numasched.gemm_tune import graph_us
+from numasched.gemm_tune import baseline_us, checked_us, graph_us, linear_operands
 from numasched.gemm_ws import WsGemmPlan, split_config
 
 
@@ -24,7 +23,7 @@ def main():
     args = ap.parse_args()
     dev = torch.device("cuda")
     props = torch.cuda.get_device_properties(dev)
-    sms, l2 = props.multi_processor_count, props.L2_cache_size
+    sms = props.multi_processor_count
     print(f"device {props.name}, {sms} SMs")
     if args.shapes:
         points = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
@@ -32,14 +31,8 @@ def main():
         points = [(m, n, k) for _, _, n, k in NK for m in (int(v) for v in args.m.split(","))]
     wins = []
     for M, N, K in points:
-        copies = max(2, math.ceil(2 * l2 / (N * K * 2)) + 1)
-        ws = [torch.randn(N, K, device=dev, dtype=torch.bfloat16) / K ** 0.5 for _ in range(copies)]
-        x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
-        outs = [torch.empty(M, N, device=dev, dtype=torch.bfloat16) for _ in range(copies)]
-        ref = x.double() @ ws[0].double().T
-        row = {"cublas": graph_us(lambda i: torch.matmul(x, ws[i].T, out=outs[i]), copies, args.calls)}
-        pick = plan_matmul(x, ws[0].T, outs[0])
-        row["pick"] = graph_us(lambda i: pick.run(x, ws[i].T, outs[i]), copies, args.calls)
+        x, ws, outs, ref, copies = linear_operands(M, N, K, device=dev)
+        row, pick = baseline_us(x, ws, outs, copies, args.calls)
         best = (float("inf"), None)
         for bn in (64, 128, 256):
             tiles = -(-M // 128) * -(-N // bn)
@@ -48,12 +41,7 @@ def main():
                 key = f"w{bn}s{S}"
                 try:
                     pl = WsGemmPlan(x, ws[0].T, outs[0], config=split_config(bn, S))
-                    outs[0].fill_(float("nan"))
-                    pl.run(x, ws[0].T, outs[0])
-                    err = ((outs[0].double() - ref).abs().max() / ref.abs().max()).item()
-                    if not err < 1e-2:
-                        raise AssertionError(f"rel err {err:.2e}")
-                    row[key] = graph_us(lambda i, pl=pl: pl.run(x, ws[i].T, outs[i]), copies, args.calls)
+                    row[key] = checked_us(pl, x, ws, outs, ref, copies, args.calls)
                     pl.check()
                     if row[key] < best[0]:
                         best = (row[key], (bn, S))
