@@ -138,12 +138,10 @@ def _contenders(m: int, n: int, k: int, tma: bool, chosen, top: int, machine, ex
     from numasched import gemm_schedule as GS
     from numasched import options
 
-    opts = options.current()
-    tail = opts.gemm_tail_split   # on by default (NUMASCHED_GEMM_TAIL_SPLIT=0: without the tail schedules)
+    tail = options.current().gemm_tail_split   # on by default (NUMASCHED_GEMM_TAIL_SPLIT=0: without the tail schedules)
 
     def ranked(ws):
-        return GS.ranked(m, n, k, 2, machine, splitk_only=not tma, tail=tail, ws=ws, splitk_tma=tma, aligned=tma,
-                         balanced=opts.gemm_balanced)
+        return GS.ranked(m, n, k, 2, machine, splitk_only=not tma, tail=tail, ws=ws, splitk_tma=tma, aligned=tma)
     # where the chooser took the WS kernel's widths: the next ones of those and of the Triton
     # schedules, so "best" is the faster of both families
     ranks = ranked(False)[: top + 1] if chosen.kind != "ws" else ranked(True)[: top + 1] + ranked(False)[: top + 1]

@@ -18,17 +18,9 @@ SPLIT_K parts, one program each, and a tile's partial sums are merged in the sam
    on which program finished last: deterministic), applies the epilogue, stores, and resets the
    counter for the next launch (and for CUDA-graph replays).
 4. TAIL (a medium M: more tiles than one wave, fewer than a whole number of waves): the first
-   ``tile_arg`` tiles (the full waves) run whole, and only the remaining tiles are cut into
+   ``whole_tiles`` tiles (the full waves) run whole, and only the remaining tiles are cut into
    SPLIT_K parts, so the last wave keeps every SM busy instead of a fraction of them
    (``gemm_tail_unit``); a whole tile stores as in 3, a part as in 3's merge.
-
-5. BALANCED (SPLIT_K == 1, pointer loads; a weight-streaming M, one tile row): N is cut into
-   ``tile_arg`` groups of equal columns (group g starts at floor(g N / groups): sizes differ by
-   one at most), one program each, its BLOCK_N columns masked to the group. The host makes the
-   group count a whole number of waves (SMs times the programs one holds), so every SM streams
-   the same bytes: fixed BLOCK_N tiles leave 52 of 132 SMs idle at N = 2560 (80 tiles of 32),
-   or put two on some SMs and one on others (224 tiles). Masked columns cost no memory traffic,
-   only padded dot work the tensor cores have to spare.
 
 Epilogue: ``+ bias[n]`` (HAS_BIAS), ``+ residual[m, n]`` (HAS_RES), then the output's dtype.
 Host planning (the schedule choice, workspace, counters) is numasched/gemm.py's.
@@ -78,15 +70,15 @@ def _glu_store(g, u, c, offs_m, offs_n, M, N, stride_cm, stride_cn):
 
 
 @triton.jit
-def _prefetch_b(b, n0, n_end, N, k_lo, k_hi, stride_bn, BLOCK_N: tl.constexpr, GLU: tl.constexpr):
+def _prefetch_b(b, n0, N, k_lo, k_hi, stride_bn, BLOCK_N: tl.constexpr, GLU: tl.constexpr):
     """L2 prefetch of this unit's B: B is a weight's ``W.T`` view (unit stride along K), so each
     of its BLOCK_N columns' K range [k_lo, k_hi) is one contiguous run of W's row, one bulk
-    prefetch each (GLU: the up half's columns N + n too); its columns end at ``n_end``. The host
-    sets PREFETCH_B only where every run is 16-byte aligned and a multiple of 16 bytes long."""
+    prefetch each (GLU: the up half's columns N + n too). The host sets PREFETCH_B only where
+    every run is 16-byte aligned and a multiple of 16 bytes long."""
     n = n0 + tl.arange(0, BLOCK_N)
     run = b + n.to(tl.int64) * stride_bn + k_lo
     nbytes = (k_hi - k_lo) * (b.dtype.element_ty.primitive_bitwidth // 8) + tl.zeros([BLOCK_N], tl.int32)
-    live = (n < n_end) & (k_hi > k_lo)
+    live = (n < N) & (k_hi > k_lo)
     prefetch_l2(run, nbytes, live)
     if GLU:
         prefetch_l2(run + N.to(tl.int64) * stride_bn, nbytes, live)
@@ -138,38 +130,28 @@ def _merge_parts(acc, acc_u, c, bias, res, ws, counters, tm, tn, split, NM, NN, 
 @triton.jit
 def gemm_splitk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
                        stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, stride_rm, stride_rn,
-                       k_per_split, tile_arg,
+                       k_per_split, whole_tiles,
                        MAPPING: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
                        HAS_RES: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
                        A_TRANS: tl.constexpr, B_TRANS: tl.constexpr, GLU: tl.constexpr = False,
                        PDL: tl.constexpr = False, PREFETCH_B: tl.constexpr = 0, TAIL: tl.constexpr = False,
-                       ROW_SCALE: tl.constexpr = False, BALANCED: tl.constexpr = False):
+                       ROW_SCALE: tl.constexpr = False):
     # GLU (numasched.matmul_swiglu): B holds 2N columns, gate then up; the program accumulates
     # both halves of its tile's columns (two B tiles per K step) and stores silu(gate) * up (N
     # columns), so the MLP's activation costs no kernel and no round trip of the 2N-wide output.
     # ROW_SCALE (GLU): ``bias`` holds an fp32 factor per row of A, applied to both halves before
     # the activation (an RMSNorm whose weight was folded into B: its 1/rms per row)
-    # TAIL: ``tile_arg`` = the tiles that run whole; BALANCED: the column groups (both host's)
     NM = tl.cdiv(M, BLOCK_M)
-    if BALANCED:
-        NN = tile_arg
-    else:
-        NN = tl.cdiv(N, BLOCK_N)
-    if TAIL:   # whole tiles first, then the remainder's tiles in SPLIT_K parts
-        tm, tn, split, whole = gemm_tail_unit(tl.program_id(0), NM, NN, tile_arg, SPLIT_K, MAPPING)
+    NN = tl.cdiv(N, BLOCK_N)
+    if TAIL:   # whole tiles first, then the remainder's tiles in SPLIT_K parts (whole_tiles: host)
+        tm, tn, split, whole = gemm_tail_unit(tl.program_id(0), NM, NN, whole_tiles, SPLIT_K, MAPPING)
     else:
         tm, tn, split = gemm_split_unit(tl.program_id(0), NM, NN, SPLIT_K, MAPPING)
     offs_m = tm * BLOCK_M + tl.arange(0, BLOCK_M)
-    if BALANCED:   # group tn: columns [tn N / NN, (tn + 1) N / NN), at most BLOCK_N of them
-        n_lo = ((tn.to(tl.int64) * N) // NN).to(tl.int32)
-        n_end = (((tn + 1).to(tl.int64) * N) // NN).to(tl.int32)
-    else:
-        n_lo = tn * BLOCK_N
-        n_end = N
-    offs_n = n_lo + tl.arange(0, BLOCK_N)
+    offs_n = tn * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_m = offs_m < M
-    mask_n = offs_n < n_end
+    mask_n = offs_n < N
 
     # ---- this unit's K range (a multiple of BLOCK_K long; the last split may be shorter or empty)
     k_lo = split * k_per_split
@@ -182,7 +164,7 @@ def gemm_splitk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
         # into L2 before they wait for it (pointer path, B a W.T view; kernels/pdl.py)
         pdl_trigger(PDL)
         if tl.program_id(0) < PREFETCH_B:
-            _prefetch_b(b, n_lo, n_end, N, k_lo, k_hi, stride_bn, BLOCK_N, GLU)
+            _prefetch_b(b, tn * BLOCK_N, N, k_lo, k_hi, stride_bn, BLOCK_N, GLU)
     pdl_enter(PDL)  # PDL: wait for the previous kernel here (kernels/pdl.py)
     if ROW_SCALE:   # the rows' factors (``bias``) now: their load latency hides under the K loop
         scale = tl.load(bias + offs_m, mask=mask_m, other=0.0)
@@ -221,17 +203,17 @@ def gemm_splitk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
 
     if TAIL:
         if whole:
-            _store_tile(acc, acc_u, c, bias, res, offs_m, offs_n, M, n_end, stride_cm, stride_cn, stride_rm, stride_rn,
+            _store_tile(acc, acc_u, c, bias, res, offs_m, offs_n, M, N, stride_cm, stride_cn, stride_rm, stride_rn,
                         HAS_BIAS, HAS_RES, GLU, ROW_SCALE, scale)
         else:
-            _merge_parts(acc, acc_u, c, bias, res, ws, counters, tm, tn, split, NM, NN, offs_m, offs_n, M, n_end,
+            _merge_parts(acc, acc_u, c, bias, res, ws, counters, tm, tn, split, NM, NN, offs_m, offs_n, M, N,
                          stride_cm, stride_cn, stride_rm, stride_rn, SPLIT_K, BLOCK_M, BLOCK_N, HAS_BIAS, HAS_RES, GLU,
                          ROW_SCALE, scale)
     elif SPLIT_K == 1:
-        _store_tile(acc, acc_u, c, bias, res, offs_m, offs_n, M, n_end, stride_cm, stride_cn, stride_rm, stride_rn,
+        _store_tile(acc, acc_u, c, bias, res, offs_m, offs_n, M, N, stride_cm, stride_cn, stride_rm, stride_rn,
                     HAS_BIAS, HAS_RES, GLU, ROW_SCALE, scale)
     else:
-        _merge_parts(acc, acc_u, c, bias, res, ws, counters, tm, tn, split, NM, NN, offs_m, offs_n, M, n_end,
+        _merge_parts(acc, acc_u, c, bias, res, ws, counters, tm, tn, split, NM, NN, offs_m, offs_n, M, N,
                      stride_cm, stride_cn, stride_rm, stride_rn, SPLIT_K, BLOCK_M, BLOCK_N, HAS_BIAS, HAS_RES, GLU,
                      ROW_SCALE, scale)
 

@@ -283,7 +283,7 @@ class GemmPlan(Plan):
                 choose = functools.partial(_sched.choose, Mdim, N, K, a.dtype, dev, splitk_only=not tma_ok or self.int64,
                                            splitk_tma=options.gemm_splitk_tma and tma_ok and not self.int64,
                                            aligned=a_view is not None and b_view is not None,
-                                           tail=options.gemm_tail_split, ws=ws_ok, balanced=options.gemm_balanced)
+                                           tail=options.gemm_tail_split, ws=ws_ok)
                 schedule = choose(table=options.gemm_table)
                 if schedule is not None and schedule.kind == "ws" and not ws_ok:   # a table's WS entry it cannot take
                     schedule = choose(table=None)
@@ -319,7 +319,7 @@ class GemmPlan(Plan):
             # (GPU: for tiles of 64+ rows only; at 16-32 rows the pointer loads measured faster on
             # the H200, e.g. 11.4 against 13.0 us at 1 x 4096 x 4096)
             bm = schedule.block_m if schedule is not None else 16
-            splitk_tma = (options.gemm_splitk_tma and not self.int64 and not (schedule is not None and schedule.balanced) and a_view is not None and b_view is not None
+            splitk_tma = (options.gemm_splitk_tma and not self.int64 and a_view is not None and b_view is not None
                           and TensorDescriptor is not None and (interp or (caps.tma_supported(dev) and bm >= 64)))
             self._plan_splitk(a, b, c, schedule, split_k, interp, (a_view, b_view) if splitk_tma else None,
                               prefetch=options.pdl and options.pdl_prefetch and not interp and caps.pdl_supported(dev),
@@ -397,22 +397,12 @@ class GemmPlan(Plan):
             slots = None if num_programs is None else max(1, int(num_programs))
             whole, grid = _sched.tail_split(schedule, self._tiles, elt, _sched.Machine.of(self.device), slots)
             const["TAIL"] = True
-        self.tail_whole_tiles = tile_arg = whole
-        if schedule is not None and schedule.balanced:
-            # whole waves of equal column groups (kernels/gemm_splitk.py, BALANCED): one tile row
-            if S != 1 or NM != 1 or use_tma:
-                raise ValueError(f"schedule {schedule.describe()!r}: balanced column groups take one tile row "
-                                 f"(M <= {cfg['BLOCK_M']}), no split_k and pointer loads")
-            elt = torch.empty((), dtype=a.dtype).element_size()
-            slots = None if num_programs is None else max(1, int(num_programs))
-            tile_arg = grid = self._tiles = _sched.balanced_groups(schedule, N, elt, _sched.Machine.of(self.device),
-                                                                   slots)
-            const["BALANCED"] = True
+        self.tail_whole_tiles = whole
         if prefetch and not use_tma:   # options.pdl_prefetch: B into L2 before the PDL wait
             const["PREFETCH_B"] = KS.prefetch_programs(b, K, self._kps, cfg["BLOCK_N"], grid,
                                                        caps.l2_bytes(self.device), tail=bool(whole))
         self._sizes = (Mdim, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
-                       *self._res_stride, self._kps, tile_arg)
+                       *self._res_stride, self._kps, whole)
         self._launch = Launch(KS.gemm_splitk_kernel, (grid,), const, config=cfg, device=self.device,
                               interpret=interp, options=self._opts)
 

@@ -188,15 +188,10 @@ class Schedule:
     subtile: bool = False
     tail: bool = False   # split-K: only the tiles past the last whole wave are split (split_k ways)
     est_s: float = float("nan")
-    # split-K, unsplit, one tile row: N cut into whole waves of equal column groups (balanced_groups)
-    balanced: bool = False
 
     def __post_init__(self):
         if self.tail and self.kind != "splitk":
             raise ValueError(f"tail=True is a split-K schedule's (kind 'splitk'), got kind {self.kind!r}")
-        if self.balanced and (self.kind != "splitk" or self.split_k != 1 or self.tail or self.block_m >= 64):
-            raise ValueError(f"balanced=True is an unsplit split-K schedule's with tiles of 16 or 32 rows, got "
-                             f"{self.describe()!r}")
 
     def describe(self) -> str:
         s = f"{self.kind} {self.block_m}x{self.block_n}x{self.block_k} w{self.num_warps} s{self.num_stages}"
@@ -204,8 +199,6 @@ class Schedule:
             s += f" split{self.split_k}"
         if self.tail:
             s += " tail"
-        if self.balanced:
-            s += " balanced"
         if self.persistent:
             s += " persistent"
         return s
@@ -215,14 +208,14 @@ class Schedule:
         """The schedule :meth:`describe` names, e.g. ``"streamk 128x256x64 w8 s4 persistent"`` or
         ``"splitk 128x128x64 w8 s6 split4 tail"``."""
         m = re.fullmatch(r"\s*(splitk|tiled|streamk|ws)\s+(\d+)x(\d+)x(\d+)\s+w(\d+)\s+s(\d+)"
-                         r"(?:\s+split(\d+))?(\s+tail)?(\s+balanced)?(\s+persistent)?\s*", str(text))
+                         r"(?:\s+split(\d+))?(\s+tail)?(\s+persistent)?\s*", str(text))
         if not m:
             raise ValueError(f"a schedule reads like 'streamk 128x256x64 w8 s4 persistent' "
-                             f"(kind BMxBNxBK wWARPS sSTAGES [splitN] [tail] [balanced] [persistent]), got {text!r}")
-        kind, bm, bn, bk, w, st, split, tail, bal, pers = m.groups()
+                             f"(kind BMxBNxBK wWARPS sSTAGES [splitN] [tail] [persistent]), got {text!r}")
+        kind, bm, bn, bk, w, st, split, tail, pers = m.groups()
         # the name does not carry the epilogue: subtiled as the chooser's candidates have it (128 x 256)
         return cls(kind, int(bm), int(bn), int(bk), int(split or 1), int(w), int(st), bool(pers),
-                   kind == "tiled" and int(bm) >= 128 and int(bn) >= 256, bool(tail), balanced=bool(bal))
+                   kind == "tiled" and int(bm) >= 128 and int(bn) >= 256, bool(tail))
 
     def config(self) -> dict:
         """Keyword arguments of the kernel's launch."""
@@ -250,11 +243,9 @@ def _stages(bm: int, bn: int, bk: int, elt: int, smem: int, want: int = 6) -> in
 
 
 def candidates(M: int, N: int, K: int, elt: int, machine: Machine, *, splitk_only: bool = False,
-               tail: bool = False, ws: bool = False, balanced: bool = False) -> list:
+               tail: bool = False, ws: bool = False) -> list:
     """The schedules the chooser weighs for this shape (estimates not filled in); ``tail``
     (options.gemm_tail_split): also the split-K schedules that split only the last wave's tiles;
-    ``balanced`` (options.gemm_balanced): also the unsplit 16- and 32-row tiles in whole waves of
-    equal column groups (one tile row);
     ``ws`` (the operands fit the warp-specialised kernel, options.gemm_ws): from WS_MIN_ROWS rows
     and WS_MIN_S of modelled time its widths instead of the Triton schedules."""
     from .kernels import gemm_splitk as KS
@@ -295,10 +286,6 @@ def candidates(M: int, N: int, K: int, elt: int, machine: Machine, *, splitk_onl
                     if s > max_split:
                         break
                     out.append(Schedule("splitk", bm, bn, bk, s, warps, stages))
-                    if balanced and s == 1 and M <= bm <= 32:
-                        bal = Schedule("splitk", bm, bn, bk, 1, warps, stages, balanced=True)
-                        if balanced_groups(bal, N, elt, machine) != _cdiv(N, bn):
-                            out.append(bal)
                     # tail: only where there is a whole wave and a remainder (else it is the plain one)
                     if tail and s > 1 and bm >= 64:
                         tailed = Schedule("splitk", bm, bn, bk, s, warps, stages, tail=True)
@@ -331,10 +318,10 @@ def candidates(M: int, N: int, K: int, elt: int, machine: Machine, *, splitk_onl
 
 
 def ranked(M: int, N: int, K: int, elt: int, machine: Machine, *, splitk_only: bool = False, tail: bool = False,
-           ws: bool = False, splitk_tma: bool = False, aligned: bool = True, balanced: bool = False) -> list:
+           ws: bool = False, splitk_tma: bool = False, aligned: bool = True) -> list:
     """(estimate s, schedule) of every candidate (see :func:`candidates`), cheapest first (ties in
     candidate order): what ``tune-gemm`` and ``bench gemm_inference`` time after the pick."""
-    cands = candidates(M, N, K, elt, machine, splitk_only=splitk_only, tail=tail, ws=ws, balanced=balanced)
+    cands = candidates(M, N, K, elt, machine, splitk_only=splitk_only, tail=tail, ws=ws)
     scored = sorted((estimate(s, M, N, K, elt, machine, splitk_tma, aligned), i, s) for i, s in enumerate(cands))
     return [(t, s) for t, _, s in scored]
 
@@ -347,13 +334,9 @@ def estimate(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machine, sp
     if s.tail:
         return _tail_estimate(s, M, N, K, elt, machine, splitk_tma, aligned)
     tiles = _cdiv(M, s.block_m) * _cdiv(N, s.block_n)
-    cols = s.block_n
-    if s.balanced:   # whole waves of groups of N / groups columns (one tile row)
-        tiles = balanced_groups(s, N, elt, machine)
-        cols = N / tiles
     kps = _cdiv(_cdiv(K, s.split_k), s.block_k) * s.block_k
     units = tiles * s.split_k
-    unit, slots = _unit_s(s, kps, units, elt, machine, splitk_tma, aligned, cols)
+    unit, slots = _unit_s(s, kps, units, elt, machine, splitk_tma, aligned)
     waves = _cdiv(units, slots)
     if s.kind == "streamk":
         # whole waves, then the remainder's K iterations shared equally by every SM; each program
@@ -402,11 +385,10 @@ def _floor_s(M: int, N: int, K: int, elt: int, machine: Machine) -> float:
     return max(streaming_floor_s(M, N, K, elt, machine), 2.0 * M * N * K / machine.tensor_flops)
 
 
-def _unit_s(s: Schedule, kps: int, units: int, elt: int, machine: Machine, splitk_tma: bool, aligned: bool,
-            cols: Optional[float] = None):
+def _unit_s(s: Schedule, kps: int, units: int, elt: int, machine: Machine, splitk_tma: bool, aligned: bool):
     """(seconds of one work unit of ``kps`` K columns when ``units`` of them run, the grid's
-    slots): the slower of its bytes (``cols`` of B's columns: BLOCK_N unless given) at its share
-    of the bandwidth and its flops at its share of the tensor rate."""
+    slots): the slower of its bytes at its share of the bandwidth and its flops at its share of
+    the tensor rate."""
     occ = _resident(s, elt, machine)
     slots = machine.sms * occ
     if s.kind == "tiled" and s.persistent:
@@ -415,21 +397,11 @@ def _unit_s(s: Schedule, kps: int, units: int, elt: int, machine: Machine, split
     fair = machine.hbm_bytes_per_s / active
     share = machine.sm_bw_share if aligned else MISALIGNED_SM_BW_SHARE
     bw = min(fair, share * machine.hbm_bytes_per_s / machine.sms / occ)
-    t_mem = ((s.block_n if cols is None else cols) * kps * elt + A_WEIGHT * s.block_m * kps * elt) / bw
+    t_mem = (s.block_n * kps * elt + A_WEIGHT * s.block_m * kps * elt) / bw
     rate = machine.tensor_flops / min(active, machine.sms) / (occ if active >= machine.sms else 1)
     if s.kind == "splitk" and s.block_m >= 64 and not splitk_tma:
         rate *= SPLITK_MMA_EFFICIENCY  # operands through registers, not TMA + wgmma from shared memory
     return max(t_mem, 2.0 * s.block_m * s.block_n * kps / rate), slots
-
-
-def balanced_groups(s: Schedule, N: int, elt: int, machine: Machine, slots: Optional[int] = None) -> int:
-    """Column groups of a balanced schedule: the fewest whole waves (``slots`` programs each: the
-    SMs times the programs of ``s`` one SM holds, unless given) with at most BLOCK_N columns a
-    group, and no more groups than columns."""
-    if slots is None:
-        slots = machine.sms * _resident(s, elt, machine)
-    slots = max(1, slots)
-    return max(1, min(N, _cdiv(_cdiv(N, s.block_n), slots) * slots))
 
 
 def tail_split(s: Schedule, tiles: int, elt: int, machine: Machine, slots: Optional[int] = None) -> Tuple[int, int]:
@@ -467,27 +439,25 @@ def _tail_estimate(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machi
 
 def choose(M: int, N: int, K: int, dtype: torch.dtype, device: Optional[torch.device] = None, *,
            table: Optional[str] = None, splitk_only: bool = False, splitk_tma: bool = False,
-           aligned: bool = True, tail: bool = False, ws: bool = False, balanced: bool = False) -> Schedule:
+           aligned: bool = True, tail: bool = False, ws: bool = False) -> Schedule:
     """The schedule for this GEMM: a tuned table's entry if it has one, else the model's pick
     (``tail``: tail split-K schedules among the candidates, options.gemm_tail_split; ``ws``: the
-    operands fit the warp-specialised kernel; ``balanced``: balanced column groups, options.gemm_balanced;
-    see candidates)."""
+    operands fit the warp-specialised kernel, see candidates)."""
     elt = torch.empty((), dtype=dtype).element_size()
     machine = Machine.of(device)
     if table is not None:
         hit = load_table(table).get(_table_key(M, N, K, dtype, machine.name))
         if hit is not None:
             return Schedule(**hit)
-    return _choose(M, N, K, elt, machine, splitk_only, splitk_tma, aligned, tail, ws, balanced)
+    return _choose(M, N, K, elt, machine, splitk_only, splitk_tma, aligned, tail, ws)
 
 
 @functools.lru_cache(maxsize=4096)
 def _choose(M: int, N: int, K: int, elt: int, machine: Machine, splitk_only: bool, splitk_tma: bool = False,
-            aligned: bool = True, tail: bool = False, ws: bool = False, balanced: bool = False) -> Schedule:
+            aligned: bool = True, tail: bool = False, ws: bool = False) -> Schedule:
     best, best_t = None, float("inf")
     scored = []
-    for s in candidates(M, N, K, elt, machine, splitk_only=splitk_only or elt > 2, tail=tail, ws=ws,
-                        balanced=balanced):
+    for s in candidates(M, N, K, elt, machine, splitk_only=splitk_only or elt > 2, tail=tail, ws=ws):
         if not aligned and s.block_k > MISALIGNED_MAX_BLOCK_K:
             continue
         t = estimate(s, M, N, K, elt, machine, splitk_tma, aligned)
@@ -501,9 +471,9 @@ def _choose(M: int, N: int, K: int, elt: int, machine: Machine, splitk_only: boo
     # the model prices bytes and flops, not the pipeline: among the pick's ties (the same kernel,
     # tile and split with another K block and stage count, estimated within 0.1 %) the deeper
     # pipeline wins (see inflight_bytes)
-    shape = (best.kind, best.block_m, best.block_n, best.split_k, best.tail, best.balanced)
+    shape = (best.kind, best.block_m, best.block_n, best.split_k, best.tail)
     for s, t in scored:
-        if ((s.kind, s.block_m, s.block_n, s.split_k, s.tail, s.balanced) == shape and t <= best.est_s * 1.001
+        if ((s.kind, s.block_m, s.block_n, s.split_k, s.tail) == shape and t <= best.est_s * 1.001
                 and inflight_bytes(s, elt, machine) > inflight_bytes(best, elt, machine)):
             best = replace(s, est_s=t)
     return best
@@ -541,7 +511,7 @@ def load_table(path: str) -> dict:
 def table_entry(M: int, N: int, K: int, dtype: torch.dtype, machine: str, s: Schedule) -> tuple:
     """(key, value) of a tuned table."""
     d = {k: getattr(s, k) for k in ("kind", "block_m", "block_n", "block_k", "split_k", "num_warps", "num_stages",
-                                    "persistent", "subtile", "tail", "balanced", "est_s")}
+                                    "persistent", "subtile", "tail", "est_s")}
     return _table_key(M, N, K, dtype, machine), d
 
 

@@ -20,7 +20,6 @@ numasched is imported (they are not read per call):
     NUMASCHED_GEMM_SPLITK_TMA=0 gemm_splitk_tma -> False
     NUMASCHED_GEMM_STREAMK_K_ALIGNED=0 gemm_streamk_k_aligned -> False
     NUMASCHED_GEMM_TAIL_SPLIT=0 gemm_tail_split -> False
-    NUMASCHED_GEMM_BALANCED=0/1 gemm_balanced -> False / True
     NUMASCHED_GEMM_WS=0         gemm_ws -> False
     NUMASCHED_PDL=0             pdl -> False
     NUMASCHED_PDL_TRIGGER       pdl_trigger ("early", "late" or "none"; 1 / 0 mean early / none)
@@ -97,10 +96,6 @@ class Options:
             On by default: timed on an H200 at the grid's 44 points of M = 128-1024
             (bench/results/gemm-s14-tail/) the chooser's pick went from cuBLAS / ours 0.883 to
             0.901 (geomean; 512 x 14336 x 8192: 242 -> 185 us, 512 x 5120 x 12800: 140 -> 107).
-        gemm_balanced: the chooser also weighs unsplit split-K schedules of 16- and 32-row tiles
-            that cut N into whole waves of equal column groups (``Schedule.balanced``,
-            kernels/gemm_splitk.py), for a weight-streaming M whose fixed tiles leave SMs idle or
-            unevenly loaded (80 tiles on 132 SMs, or 224: two on some SMs, one on others).
         gemm_ws: the chooser also weighs the warp-specialised Gluon GEMM (kernels/gemm_ws.py) on
             Hopper, with tiles of 80-256 columns (two power-of-two boxes), for bf16/fp16 without
             bias or residual: from gemm_schedule.WS_MIN_ROWS rows (and WS_MIN_S of modelled time)
@@ -190,7 +185,6 @@ class Options:
     gemm_splitk_tma: bool = True
     gemm_streamk_k_aligned: bool = True
     gemm_tail_split: bool = True
-    gemm_balanced: bool = False
     gemm_ws: bool = True
     pdl: bool = True
     pdl_trigger: str = "late"
@@ -208,7 +202,7 @@ class Options:
 
     def __post_init__(self):
         for f in ("autotune", "check_data", "gemm_flatten", "gemm_splitk_tma", "gemm_streamk_k_aligned",
-                  "gemm_tail_split", "gemm_balanced", "gemm_ws", "pdl", "pdl_prefetch", "arn_one_row", "decode_tma"):
+                  "gemm_tail_split", "gemm_ws", "pdl", "pdl_prefetch", "arn_one_row", "decode_tma"):
             if not isinstance(getattr(self, f), bool):
                 raise TypeError(f"Options.{f} must be a bool, got {getattr(self, f)!r}")
         if isinstance(self.pdl_trigger, bool):  # the former bool form
@@ -302,7 +296,6 @@ def from_env(environ=None) -> Options:
                    gemm_splitk_tma=flag("NUMASCHED_GEMM_SPLITK_TMA", True),
                    gemm_streamk_k_aligned=flag("NUMASCHED_GEMM_STREAMK_K_ALIGNED", True),
                    gemm_tail_split=flag("NUMASCHED_GEMM_TAIL_SPLIT", True),
-                   gemm_balanced=flag("NUMASCHED_GEMM_BALANCED", Options.gemm_balanced),
                    gemm_ws=flag("NUMASCHED_GEMM_WS", True),
                    pdl=flag("NUMASCHED_PDL", True),
                    pdl_trigger=_trigger(env.get("NUMASCHED_PDL_TRIGGER", "late")),

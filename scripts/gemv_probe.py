@@ -6,11 +6,7 @@ this setting: numasched.probe.bandwidth.read_graph_us) and the 1 GiB streaming r
 also stream-K at M = 128 and 256 (128-row tiles). One GPU, bf16, y = x @ W.T, CUDA graphs of
 --calls calls, each reading its own copy of W (copies exceed twice the L2), us per call.
 
-With --family balanced (the default): every unsplit 16-row split-K tile the chooser weighs, as
-fixed BLOCK_N tiles and as balanced column groups (kernels/gemm_splitk.py BALANCED: N cut into
-whole waves of equal groups), the latter also with twice the waves (--waves).
-
-Run: python3 scripts/gemv_probe.py [--m 1,16] [--family balanced|streamk] [--mid] [--calls 20]"""
+Run: python3 scripts/gemv_probe.py [--m 1,16] [--mid] [--calls 20]"""
 import argparse
 
 import torch
@@ -29,8 +25,6 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--m", default="1,16")
     ap.add_argument("--mid", action="store_true")
-    ap.add_argument("--family", choices=("balanced", "streamk"), default="balanced")
-    ap.add_argument("--waves", default="1,2", help="balanced: slot multiples timed (1: the plan's own)")
     ap.add_argument("--calls", type=int, default=20)
     args = ap.parse_args()
     dev = torch.device("cuda")
@@ -48,22 +42,6 @@ def main():
         row, pick = baseline_us(x, ws, outs, copies, args.calls)
         names = [pick.schedule.describe() if pick.schedule else pick.kernel]
         tiles = SMALL if M <= 16 else MID
-        if args.family == "balanced" and M <= 16:
-            tiles = ()
-            machine = GS.Machine.of(dev)
-            for s in GS.candidates(M, N, K, 2, machine, balanced=True):
-                if s.kind != "splitk" or s.split_k != 1 or s.block_m != 16 or s.tail:
-                    continue
-                slots = sms * GS._resident(s, 2, machine)
-                for mult in ([1] if not s.balanced else [int(v) for v in args.waves.split(",")]):
-                    key = f"{s.describe().replace('splitk ', '').replace(' w4', '')}" + (f" x{mult}" if mult > 1 else "")
-                    try:
-                        pl = plan_matmul(x, ws[0].T, outs[0], schedule=s,
-                                         num_programs=mult * slots if s.balanced else None)
-                        row["sk " + key] = checked_us(pl, x, ws, outs, ref, copies, args.calls)
-                    except Exception as e:  # report, go on
-                        print(f"  {M}x{N}x{K} {key}: {type(e).__name__}: {str(e).splitlines()[0][:140]}")
-                        row["sk " + key] = float("nan")
         for t in tiles:
             for mult in (1, 2):
                 for path in ("tma", "pointer"):
@@ -90,12 +68,6 @@ def main():
         print(f"{M:>4} x {N:>5} x {K:>5} cublas {row['cublas']:.2f} pick {row['pick']:.2f} ({names[0]}) "
               f"best sk {best_sk:.2f} ({best_key}) cublas/sk {row['cublas'] / best_sk:.3f} cublas/pick "
               f"{row['cublas'] / row['pick']:.3f}{extra}", flush=True)
-        if args.family == "balanced" and M <= 16:
-            fixed = min((v for k, v in row.items() if k.startswith("sk ") and "balanced" not in k and v == v),
-                        default=float("nan"))
-            bal = min((v for k, v in row.items() if "balanced" in k and v == v), default=float("nan"))
-            print(f"    best fixed {fixed:.2f} best balanced {bal:.2f} (fixed / balanced {fixed / bal:.3f}; "
-                  f"cublas / balanced {row['cublas'] / bal:.3f}; read / balanced {row['read'] / bal:.3f})", flush=True)
         print("    " + "; ".join(f"{k}={v:.2f}" for k, v in row.items()), flush=True)
         del ws, outs
 
