@@ -198,7 +198,16 @@ PROGRAM_OVERHEAD_TOKENS = 128
 # in one split against 15.4-16.1 in two (cuDNN 13.6-13.9); with this term the pick is within 3 %
 # of the sweep's best at 102 of 120 points (90 without), worst 1.11x (1.18x). It moves 10 picks
 # of the issue's grid and the off-grid batches, all to one split at 512-2048 tokens.
-SPLIT_MERGE_TOKENS = 256
+# Refit to 384 with an H100 sweep of the same kind (splits 1/2/4/8, batch 1-32 x 512/1024, four
+# head configs, both contiguous layouts; bench/results/decode-s32/): at 32 pairs x 512 tokens
+# (32/8 and 64/8 at batch 4, 28/4 at 8, 32/32 at 1: the grid's slowest points against cuDNN,
+# 0.93-0.96) one split ran 13.5-13.6 us against 13.8-14.3 in four (cuDNN 13.3-13.5), and the
+# H200 sweep agrees (12.6-12.8 against 13.0-13.1). Picks within 3 % of the sweep's best: H100
+# 60 -> 66 of 72, H200 49 -> 51 of 60; no other pick of the issue's grid moves. A paged cache
+# keeps 256 (PAGED_SPLIT_MERGE_TOKENS): there one split of 512 tokens was 1.5-3 % slower than four
+# on the H200 (pages of 16, the same three head configs), its chain of page-index loads longer.
+SPLIT_MERGE_TOKENS = 384
+PAGED_SPLIT_MERGE_TOKENS = 256
 # Splits as short as one 64-token block still pay off when they fill the GPU (batch 1 x 1k: 16
 # splits of 64 tokens, 13.4 us, against 16.7 us with 4 splits of 256).
 MIN_SPLIT_TOKENS = 64
@@ -234,13 +243,13 @@ PREFETCH_MIN_BATCH = 16
 PREFETCH_CHUNK_RATIO = 8
 
 
-def choose_num_splits(batch: int, kv_heads: int, max_seqlen: int, num_sms: int) -> int:
+def choose_num_splits(batch: int, kv_heads: int, max_seqlen: int, num_sms: int, paged: bool = False) -> int:
     """Splits per (batch, kv_head) for a cache of ``max_seqlen`` tokens on ``num_sms`` SMs/CUs.
 
     Model: programs run in waves of ``num_sms * PROGRAMS_PER_SM``; a program costs its chunk of
     tokens (in whole SPLIT_TILE_TOKENS tiles) plus a fixed overhead, and more than one split adds
-    SPLIT_MERGE_TOKENS once (the merge). Among 1 .. min(MAX_SPLITS,
-    max_seqlen // MIN_SPLIT_TOKENS) splits, pick the lowest ``waves * (tile-rounded tokens per
+    SPLIT_MERGE_TOKENS once (the merge; PAGED_SPLIT_MERGE_TOKENS for a paged cache). Among
+    1 .. min(MAX_SPLITS, max_seqlen // MIN_SPLIT_TOKENS) splits, pick the lowest ``waves * (tile-rounded tokens per
     split + overhead) + (merge if splits > 1)`` (the fewest splits within 2% of it). The
     constants were fitted on an H200 (the merge term on 2-4 splits with the fused combine and 8
     with the combine kernel); no AMD GPU was measured. So batch * kv_heads * splits reaches
@@ -253,8 +262,9 @@ def choose_num_splits(batch: int, kv_heads: int, max_seqlen: int, num_sms: int) 
     s_max = max(1, min(MAX_SPLITS, max_seqlen // MIN_SPLIT_TOKENS))
     # a split streams whole tiles: 2048 tokens in 31 splits are 67 tokens each, i.e. a 64-token tile
     # and a 3-token one, as slow as 128 (32 splits of exactly one tile are faster)
+    merge = PAGED_SPLIT_MERGE_TOKENS if paged else SPLIT_MERGE_TOKENS
     costs = [-(-items * s // slots) * (_round_up(-(-max(max_seqlen, 1) // s), SPLIT_TILE_TOKENS)
-                                       + PROGRAM_OVERHEAD_TOKENS) + (SPLIT_MERGE_TOKENS if s > 1 else 0)
+                                       + PROGRAM_OVERHEAD_TOKENS) + (merge if s > 1 else 0)
              for s in range(1, s_max + 1)]
     # the fewest splits within 2% of the best (fewer partials to write and merge)
     return next(s for s, c in enumerate(costs, 1) if c <= 1.02 * min(costs))
@@ -403,7 +413,7 @@ class DecodePlan(Plan):
         block_g, R = K.row_tiling(Sq, G)
         self.row_groups = R
         S = int(num_splits) if num_splits is not None else choose_num_splits(B, HK * R, shape.capacity,
-                                                                             caps.num_sms(dev))
+                                                                             caps.num_sms(dev), shape.page_size > 0)
         grid_w = M.DecodeGrid(B, HK * R, S)  # checks the program count fits int32
         self.policy = M.resolve(mapping, "decode", self.topology, grid_w)
         self.num_splits = S

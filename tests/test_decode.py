@@ -273,6 +273,13 @@ def test_choose_num_splits():
     # 13.6-13.8 us in one split against 15.4-16.1 in two; bench/results/decode-s10-shortsplits/)
     for B, HK in [(8, 8), (16, 4), (2, 32)]:
         assert D.choose_num_splits(B, HK, 512, sms) == 1
+    # ... and 32 pairs of 512 tokens (H100 and H200 sweeps: one split 2-5 % faster than four;
+    # bench/results/decode-s32/), while 16 pairs still split (eight: 1.1-1.2x faster than one)
+    for B, HK in [(4, 8), (8, 4), (1, 32)]:
+        assert D.choose_num_splits(B, HK, 512, sms) == 1
+    assert D.choose_num_splits(2, 8, 512, sms) == 8
+    # a paged cache keeps the split there (H200, pages of 16: four splits 1.5-3 % faster than one)
+    assert D.choose_num_splits(4, 8, 512, sms, paged=True) == 4
     assert D.SPLIT_MERGE_TOKENS > 0
     assert D.choose_num_splits(32, 8, 8192, sms) == 1
     assert D.choose_num_splits(1, 1, 100, sms) == 1
