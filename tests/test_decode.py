@@ -811,6 +811,34 @@ def test_model_config_against_the_measured_sweeps(monkeypatch):
     assert sum(r <= 1.05 for r in ratios) >= 0.9 * len(ratios), sorted(ratios)[-8:]
 
 
+def test_split_rule_against_the_measured_sweeps():
+    """choose_num_splits against the split sweeps its merge terms were fitted to (splits 1/2/4/8
+    at batch 1-32 x 512/1024, four head configs: the H200's of the tenth session, contiguous and
+    paged, and the H100's of the thirty-second, contiguous; graph times, each sweep compared
+    within itself): the pick must have been timed, be within 3 % of the best at >= 85 % of the
+    points and within 12 % everywhere. A change to the rule that this fails needs new sweeps."""
+    import csv
+    import pathlib
+
+    results = pathlib.Path(__file__).parent.parent / "bench" / "results"
+    files = [results / "decode-s10-shortsplits" / "decode-h200-2026-11-23.csv",
+             results / "decode-s32" / "decode-h100-2026-11-27.csv"]
+    points: dict = {}
+    for f in files:
+        for r in csv.DictReader(open(f)):
+            base, _, split = r["layout"].partition(" S=")
+            key = (f.name, r["heads"], int(r["batch"]), int(r["ctx"]), base)
+            points.setdefault(key, {})[int(split or r["splits"])] = float(r["ours_graph_us"])
+    ratios = []
+    for (_, heads, B, L, layout), times in points.items():
+        S = D.choose_num_splits(B, int(heads.split("/")[1]), L, 132, paged="paged" in layout)
+        assert S in times, (heads, B, L, layout, S, times)
+        ratios.append(times[S] / min(times.values()))
+        assert ratios[-1] <= 1.12, (heads, B, L, layout, S, times)
+    assert len(ratios) >= 150
+    assert sum(r <= 1.03 for r in ratios) >= 0.85 * len(ratios), sorted(ratios)[-8:]
+
+
 def test_decode_prefetch_option():
     """options.decode_prefetch: tokens (0 off, at most 4096; default 128) from NUMASCHED_DECODE_PREFETCH; a bad
     value is refused naming the option; a plan off the GPU (no PDL) never sets the prefetch, and
