@@ -208,6 +208,16 @@ PROGRAM_OVERHEAD_TOKENS = 128
 # on the H200 (pages of 16, the same three head configs), its chain of page-index loads longer.
 SPLIT_MERGE_TOKENS = 384
 PAGED_SPLIT_MERGE_TOKENS = 256
+# HBM serves about this many programs per SM streaming at a program's full rate: more programs
+# (splits) then add merge work and no bandwidth. An H100 sweep at 64 (batch, kv_head) pairs x 1k-8k
+# tokens (bench/results/decode-s32-64pairs/: 32/8 and 64/8 at batch 8, 28/4 at 16): one split ran
+# 1-10 % faster than the rule's two at 23 of 24 points (e.g. 22.9-23.9 against 24.5-25.3 us at
+# 1k, 103-107 against 105-108 at 8k), three and four splits slower still; the H200's sweep agrees
+# at 1k (contiguous 3-7 %, paged within 1 %). So the token cost of any split count is at least the
+# pairs' tokens spread over that many streams -- where the pairs alone make at least half of them
+# (fewer: every split count's programs have streams to spare, and the H200's 16 splits for batch
+# 1 up to 128k stand). Picks within 3 % of the sweeps' best: H100 73 -> 88 of 88, H200 80 -> 86 of 90.
+STREAMS_PER_SM = 0.5
 # Splits as short as one 64-token block still pay off when they fill the GPU (batch 1 x 1k: 16
 # splits of 64 tokens, 13.4 us, against 16.7 us with 4 splits of 256).
 MIN_SPLIT_TOKENS = 64
@@ -250,7 +260,9 @@ def choose_num_splits(batch: int, kv_heads: int, max_seqlen: int, num_sms: int, 
     tokens (in whole SPLIT_TILE_TOKENS tiles) plus a fixed overhead, and more than one split adds
     SPLIT_MERGE_TOKENS once (the merge; PAGED_SPLIT_MERGE_TOKENS for a paged cache). Among
     1 .. min(MAX_SPLITS, max_seqlen // MIN_SPLIT_TOKENS) splits, pick the lowest ``waves * (tile-rounded tokens per
-    split + overhead) + (merge if splits > 1)`` (the fewest splits within 2% of it). The
+    split + overhead, at least the bandwidth floor) + (merge if splits > 1)`` (the fewest splits
+    within 2% of it; the floor: every pair's tokens over STREAMS_PER_SM * num_sms streams, where
+    the pairs make at least half of them). The
     constants were fitted on an H200 (the merge term on 2-4 splits with the fused combine and 8
     with the combine kernel); no AMD GPU was measured. So batch * kv_heads * splits reaches
     about PROGRAMS_PER_SM programs per SM when the context is long enough, the last wave is not
@@ -263,8 +275,10 @@ def choose_num_splits(batch: int, kv_heads: int, max_seqlen: int, num_sms: int, 
     # a split streams whole tiles: 2048 tokens in 31 splits are 67 tokens each, i.e. a 64-token tile
     # and a 3-token one, as slow as 128 (32 splits of exactly one tile are faster)
     merge = PAGED_SPLIT_MERGE_TOKENS if paged else SPLIT_MERGE_TOKENS
-    costs = [-(-items * s // slots) * (_round_up(-(-max(max_seqlen, 1) // s), SPLIT_TILE_TOKENS)
-                                       + PROGRAM_OVERHEAD_TOKENS) + (merge if s > 1 else 0)
+    streams = STREAMS_PER_SM * num_sms
+    floor = items * max(max_seqlen, 1) / streams if 2 * items >= streams else 0.0
+    costs = [max(-(-items * s // slots) * (_round_up(-(-max(max_seqlen, 1) // s), SPLIT_TILE_TOKENS)
+                                           + PROGRAM_OVERHEAD_TOKENS), floor) + (merge if s > 1 else 0)
              for s in range(1, s_max + 1)]
     # the fewest splits within 2% of the best (fewer partials to write and merge)
     return next(s for s, c in enumerate(costs, 1) if c <= 1.02 * min(costs))

@@ -264,7 +264,11 @@ def test_choose_num_splits():
     # the choices the H200 split sweep found best (bench/results/decode-sweep-h200-2026-11-22.csv)
     for ctx in (1024, 8192, 32768, 131072):
         assert D.choose_num_splits(1, 8, ctx, sms) == 16, ctx
-    assert D.choose_num_splits(8, 8, 1024, sms) == 2
+    # 64 pairs: their programs nearly saturate HBM, one split (H100: 1-10 % faster than two at
+    # 1k-8k, bench/results/decode-s32-64pairs/); 16 pairs at 1k still split
+    for L in (1024, 4096, 16384):
+        assert D.choose_num_splits(8, 8, L, sms) == 1
+    assert D.choose_num_splits(2, 8, 1024, sms) > 1
     # a short context: splits of at least MIN_SPLIT_TOKENS, even if the GPU is not filled
     assert D.choose_num_splits(1, 8, 512, sms) == 512 // D.MIN_SPLIT_TOKENS
     # many pairs: one split, no combine
@@ -812,17 +816,19 @@ def test_model_config_against_the_measured_sweeps(monkeypatch):
 
 
 def test_split_rule_against_the_measured_sweeps():
-    """choose_num_splits against the split sweeps its merge terms were fitted to (splits 1/2/4/8
-    at batch 1-32 x 512/1024, four head configs: the H200's of the tenth session, contiguous and
-    paged, and the H100's of the thirty-second, contiguous; graph times, each sweep compared
-    within itself): the pick must have been timed, be within 3 % of the best at >= 85 % of the
-    points and within 12 % everywhere. A change to the rule that this fails needs new sweeps."""
+    """choose_num_splits against the split sweeps its merge terms and stream floor were fitted to
+    (splits 1/2/4/8 at batch 1-32 x 512/1024, four head configs: the H200's of the tenth session,
+    contiguous and paged, and the H100's of the thirty-second, contiguous; splits 1-4 at 64 pairs x
+    1k-8k, H100; graph times, each sweep compared within itself): the pick must have been timed,
+    be within 3 % of the best at >= 92 % of the points and within 12 % everywhere. A change to the
+    rule that this fails needs new sweeps."""
     import csv
     import pathlib
 
     results = pathlib.Path(__file__).parent.parent / "bench" / "results"
     files = [results / "decode-s10-shortsplits" / "decode-h200-2026-11-23.csv",
-             results / "decode-s32" / "decode-h100-2026-11-27.csv"]
+             results / "decode-s32" / "decode-h100-2026-11-27.csv",
+             *sorted((results / "decode-s32-64pairs").glob("*.csv"))]
     points: dict = {}
     for f in files:
         for r in csv.DictReader(open(f)):
@@ -835,8 +841,8 @@ def test_split_rule_against_the_measured_sweeps():
         assert S in times, (heads, B, L, layout, S, times)
         ratios.append(times[S] / min(times.values()))
         assert ratios[-1] <= 1.12, (heads, B, L, layout, S, times)
-    assert len(ratios) >= 150
-    assert sum(r <= 1.03 for r in ratios) >= 0.85 * len(ratios), sorted(ratios)[-8:]
+    assert len(ratios) >= 200
+    assert sum(r <= 1.03 for r in ratios) >= 0.92 * len(ratios), sorted(ratios)[-8:]
 
 
 def test_decode_prefetch_option():
