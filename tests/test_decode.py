@@ -819,7 +819,8 @@ def test_split_rule_against_the_measured_sweeps():
     """choose_num_splits against the split sweeps its merge terms and stream floor were fitted to
     (splits 1/2/4/8 at batch 1-32 x 512/1024, four head configs: the H200's of the tenth session,
     contiguous and paged, and the H100's of the thirty-second, contiguous; splits 1-4 at 64 pairs x
-    1k-8k, H100; graph times, each sweep compared within itself): the pick must have been timed,
+    1k-8k and 6-24 at batch 1-4 x 8k-128k, H100; graph times, each sweep compared within itself):
+    the pick must have been timed,
     be within 3 % of the best at >= 92 % of the points and within 12 % everywhere. A change to the
     rule that this fails needs new sweeps."""
     import csv
@@ -828,7 +829,8 @@ def test_split_rule_against_the_measured_sweeps():
     results = pathlib.Path(__file__).parent.parent / "bench" / "results"
     files = [results / "decode-s10-shortsplits" / "decode-h200-2026-11-23.csv",
              results / "decode-s32" / "decode-h100-2026-11-27.csv",
-             *sorted((results / "decode-s32-64pairs").glob("*.csv"))]
+             *sorted((results / "decode-s32-64pairs").glob("*.csv")),
+             results / "decode-s32-long" / "decode-h100-2026-11-27.csv"]
     points: dict = {}
     for f in files:
         for r in csv.DictReader(open(f)):
@@ -841,7 +843,7 @@ def test_split_rule_against_the_measured_sweeps():
         assert S in times, (heads, B, L, layout, S, times)
         ratios.append(times[S] / min(times.values()))
         assert ratios[-1] <= 1.12, (heads, B, L, layout, S, times)
-    assert len(ratios) >= 200
+    assert len(ratios) >= 250
     assert sum(r <= 1.03 for r in ratios) >= 0.92 * len(ratios), sorted(ratios)[-8:]
 
 
