@@ -257,14 +257,14 @@ def choose_num_splits(batch: int, kv_heads: int, max_seqlen: int, num_sms: int, 
     """Splits per (batch, kv_head) for a cache of ``max_seqlen`` tokens on ``num_sms`` SMs/CUs.
 
     Model: programs run in waves of ``num_sms * PROGRAMS_PER_SM``; a program costs its chunk of
-    tokens (in whole SPLIT_TILE_TOKENS tiles) plus a fixed overhead, and more than one split adds
-    SPLIT_MERGE_TOKENS once (the merge; PAGED_SPLIT_MERGE_TOKENS for a paged cache). Among
-    1 .. min(MAX_SPLITS, max_seqlen // MIN_SPLIT_TOKENS) splits, pick the lowest ``waves * (tile-rounded tokens per
-    split + overhead, at least the bandwidth floor) + (merge if splits > 1)`` (the fewest splits
-    within 2% of it; the floor: every pair's tokens over STREAMS_PER_SM * num_sms streams, where
-    the pairs make at least half of them). The
-    constants were fitted on an H200 (the merge term on 2-4 splits with the fused combine and 8
-    with the combine kernel); no AMD GPU was measured. So batch * kv_heads * splits reaches
+    tokens (in whole SPLIT_TILE_TOKENS tiles) plus a fixed overhead; the waves cost at least the
+    bandwidth floor (every pair's tokens over ``STREAMS_PER_SM * num_sms`` streams, applied where
+    the pairs alone make at least half of them); more than one split adds SPLIT_MERGE_TOKENS once
+    (the merge; PAGED_SPLIT_MERGE_TOKENS for a paged cache). Among 1 .. min(MAX_SPLITS,
+    max_seqlen // MIN_SPLIT_TOKENS) splits, pick the lowest ``max(waves * (tile-rounded tokens per
+    split + overhead), floor) + (merge if splits > 1)`` (the fewest splits within 2% of it). The
+    constants were fitted on H200 and H100 sweeps (bench/results/decode-s10-shortsplits/,
+    decode-s32*/); no AMD GPU was measured. So batch * kv_heads * splits reaches
     about PROGRAMS_PER_SM programs per SM when the context is long enough, the last wave is not
     mostly empty, and one split (no combine at all) is used when there are enough (batch, kv_head)
     pairs.
@@ -272,11 +272,11 @@ def choose_num_splits(batch: int, kv_heads: int, max_seqlen: int, num_sms: int, 
     items = max(1, batch * kv_heads)
     slots = max(1, num_sms * PROGRAMS_PER_SM)
     s_max = max(1, min(MAX_SPLITS, max_seqlen // MIN_SPLIT_TOKENS))
-    # a split streams whole tiles: 2048 tokens in 31 splits are 67 tokens each, i.e. a 64-token tile
-    # and a 3-token one, as slow as 128 (32 splits of exactly one tile are faster)
     merge = PAGED_SPLIT_MERGE_TOKENS if paged else SPLIT_MERGE_TOKENS
     streams = STREAMS_PER_SM * num_sms
     floor = items * max(max_seqlen, 1) / streams if 2 * items >= streams else 0.0
+    # a split streams whole tiles: 2048 tokens in 31 splits are 67 tokens each, i.e. a 64-token tile
+    # and a 3-token one, as slow as 128 (32 splits of exactly one tile are faster)
     costs = [max(-(-items * s // slots) * (_round_up(-(-max(max_seqlen, 1) // s), SPLIT_TILE_TOKENS)
                                            + PROGRAM_OVERHEAD_TOKENS), floor) + (merge if s > 1 else 0)
              for s in range(1, s_max + 1)]
