@@ -813,8 +813,8 @@ def _bench_multi(args) -> int:
             _, groups = row_tiling(sq, H // HK)
             for layout, (t, tg) in ours[sq].items():
                 t_eff = tg or t
-                row = dict(base, q_len=sq, layout=layout, splits=choose_num_splits(B, HK * groups, L, sms),
-                           row_groups=groups)
+                row = dict(base, q_len=sq, layout=layout, row_groups=groups,
+                           splits=choose_num_splits(B, HK * groups, L, sms, paged="paged" in layout))
                 row["ours_us"] = t * 1e3 if t else None
                 row["ours_graph_us"] = tg * 1e3 if tg else ("n/a" if t else None)
                 row["ours_TBps"] = nbytes / (t_eff * 1e-3) / 1e12 if t_eff else None
