@@ -232,7 +232,7 @@ def _dry_run(args) -> int:
     lines = []
     for hname, H, HK, B, L, kv_gb in _dry_points(args, lines):
         lines.append(f"{hname} {H}/{HK} batch {B} ctx {L} d{HEAD_DIM}: K+V {kv_gb:.3f} GB, "
-                     f"{choose_num_splits(B, HK, L, sms)} splits on {sms} SMs"
+                     f"{_splits_text(B, HK, L, sms, args.pages)} on {sms} SMs"
                      + (f", also splits {args.sweep_splits}" if args.sweep_splits else ""))
     contenders = [f"numasched ({args.mapping}) {layout}, combine auto, and fused or kernel (the other)"
                   for layout in ["contiguous (BHLD view)", "contiguous (BLHD)"] + [f"paged {p}" for p in args.pages]]
@@ -256,7 +256,7 @@ def _dry_run_multi(args, sms: int) -> int:
         for sq in args.sq:
             block_g, groups = row_tiling(sq, H // HK)
             lines.append(f"{hname} {H}/{HK} batch {B} ctx {L} q_len {sq} d{HEAD_DIM}: K+V {kv_gb:.3f} GB, rows "
-                         f"{block_g} x {groups} group(s), {choose_num_splits(B, HK * groups, L, sms)} splits on "
+                         f"{block_g} x {groups} group(s), {_splits_text(B, HK * groups, L, sms, args.pages)} on "
                          f"{sms} SMs")
     contenders = [f"numasched ({args.mapping}) q (batch, q_len, heads, d), {layout}"
                   for layout in ["contiguous (BHLD view)"] + [f"paged {p}" for p in args.pages]]
@@ -277,6 +277,15 @@ def _points(args):
     # explicitly (--batch and --ctx both given) are all run
     capped = not ragged and not (args.batch and args.ctx)
     return [(h, b, c) for h in heads for b in batches for c in contexts if not capped or b * c <= MAX_TOKENS]
+
+
+def _splits_text(B: int, pairs_per_seq: int, L: int, sms: int, pages) -> str:
+    """The split count of a contiguous cache, and a paged one's where it differs (dry runs)."""
+    from numasched.decode import choose_num_splits
+
+    s = choose_num_splits(B, pairs_per_seq, L, sms)
+    p = choose_num_splits(B, pairs_per_seq, L, sms, paged=True)
+    return f"{s} splits" + (f" ({p} paged)" if pages and p != s else "")
 
 
 def _dry_points(args, lines: list, what: str = "K+V"):
@@ -975,7 +984,8 @@ def _bench_ragged(args) -> int:
             ts, tsg = res.get("static"), res.get("static_graph")
             t_eff, ts_eff = tg or t, tsg or ts
             row = dict(base, layout=layout, schedule=res.get("schedule"), items=res.get("items"),
-                       programs=res.get("programs"), balance=res.get("balance"))
+                       programs=res.get("programs"), balance=res.get("balance"),
+                       splits=choose_num_splits(B, HK, L, sms, paged=layout.startswith("paged")))
             row["static_us"] = ts * 1e3 if ts else None
             row["static_graph_us"] = tsg * 1e3 if tsg else ("n/a" if ts else None)
             row["worklist_us"] = t * 1e3 if t else None

@@ -201,11 +201,13 @@ PROGRAM_OVERHEAD_TOKENS = 128
 # Refit to 384 with an H100 sweep of the same kind (splits 1/2/4/8, batch 1-32 x 512/1024, four
 # head configs, both contiguous layouts; bench/results/decode-s32/): at 32 pairs x 512 tokens
 # (32/8 and 64/8 at batch 4, 28/4 at 8, 32/32 at 1: the grid's slowest points against cuDNN,
-# 0.93-0.96) one split ran 13.5-13.6 us against 13.8-14.3 in four (cuDNN 13.3-13.5), and the
-# H200 sweep agrees (12.6-12.8 against 13.0-13.1). Picks within 3 % of the sweep's best: H100
-# 60 -> 66 of 72, H200 49 -> 51 of 60; no other pick of the issue's grid moves. A paged cache
-# keeps 256 (PAGED_SPLIT_MERGE_TOKENS): there one split of 512 tokens was 1.5-3 % slower than four
-# on the H200 (pages of 16, the same three head configs), its chain of page-index loads longer.
+# 0.93-0.96) one split ran 13.5-13.6 us against 13.8-14.3 in four (cuDNN 13.3-13.5; eight
+# splits within 1.5 % of one either way). On the H200 sweep one split was 0.2-3 % faster than
+# four there, and eight another 1-4 % faster (the rule does not take eight: the merge term that
+# would cost the others more). Picks within 3 % of the sweep's best: H100 60 -> 66 of 72, H200
+# 49 -> 51 of 60; no other pick of the issue's grid moves. A paged cache keeps 256
+# (PAGED_SPLIT_MERGE_TOKENS): there one split of 512 tokens was 1.5-3 % slower than four on the
+# H200 (pages of 16, the same three head configs; eight 4-10 % faster than four, not taken either).
 SPLIT_MERGE_TOKENS = 384
 PAGED_SPLIT_MERGE_TOKENS = 256
 # HBM serves about this many programs per SM streaming at a program's full rate: more programs
@@ -214,10 +216,13 @@ PAGED_SPLIT_MERGE_TOKENS = 256
 # 1-10 % faster than the rule's two at 23 of 24 points (e.g. 22.9-23.9 against 24.5-25.3 us at
 # 1k, 103-107 against 105-108 at 8k), three and four splits slower still; the H200's sweep agrees
 # at 1k (contiguous 3-7 %, paged within 1 %). So the token cost of any split count is at least the
-# pairs' tokens spread over that many streams -- where the pairs alone make at least half of them
-# (fewer: every split count's programs have streams to spare, and the H200's 16 splits for batch
-# 1 up to 128k stand). Picks within 3 % of the sweeps' best: H100 73 -> 88 of 88, H200 80 -> 86 of 90.
+# pairs' tokens spread over that many streams -- from FLOOR_MIN_PAIRS_PER_SM pairs per SM (64 pairs
+# on 132 SMs, the fewest measured) up. Below, the chain cost alone decides, as measured: at 8-32
+# pairs x 8k-128k (bench/results/decode-s32-long/) the floor would have taken 10 splits at 1 x
+# 32k (32/8), and 12 ran 4.6 % slower than the 16 picked; pair counts between 32 and 64 were not
+# measured. Picks within 3 % of the sweeps' best: H100 73 -> 88 of 88, H200 80 -> 86 of 90.
 STREAMS_PER_SM = 0.5
+FLOOR_MIN_PAIRS_PER_SM = 0.48
 # Splits as short as one 64-token block still pay off when they fill the GPU (batch 1 x 1k: 16
 # splits of 64 tokens, 13.4 us, against 16.7 us with 4 splits of 256).
 MIN_SPLIT_TOKENS = 64
@@ -258,23 +263,26 @@ def choose_num_splits(batch: int, kv_heads: int, max_seqlen: int, num_sms: int, 
 
     Model: programs run in waves of ``num_sms * PROGRAMS_PER_SM``; a program costs its chunk of
     tokens (in whole SPLIT_TILE_TOKENS tiles) plus a fixed overhead; the waves cost at least the
-    bandwidth floor (every pair's tokens over ``STREAMS_PER_SM * num_sms`` streams, applied where
-    the pairs alone make at least half of them); more than one split adds SPLIT_MERGE_TOKENS once
+    bandwidth floor (every pair's tokens over ``STREAMS_PER_SM * num_sms`` streams, applied from
+    FLOOR_MIN_PAIRS_PER_SM pairs per SM); more than one split adds SPLIT_MERGE_TOKENS once
     (the merge; PAGED_SPLIT_MERGE_TOKENS for a paged cache). Among 1 .. min(MAX_SPLITS,
     max_seqlen // MIN_SPLIT_TOKENS) splits, pick the lowest ``max(waves * (tile-rounded tokens per
     split + overhead), floor) + (merge if splits > 1)`` (the fewest splits within 2% of it). The
     constants were fitted on H200 and H100 sweeps (bench/results/decode-s10-shortsplits/,
-    decode-s32*/); no AMD GPU was measured. So batch * kv_heads * splits reaches
-    about PROGRAMS_PER_SM programs per SM when the context is long enough, the last wave is not
-    mostly empty, and one split (no combine at all) is used when there are enough (batch, kv_head)
-    pairs.
+    decode-s32*/); no AMD GPU was measured. So with few pairs batch * kv_heads * splits reaches
+    about PROGRAMS_PER_SM programs per SM when the context is long enough and the last wave is not
+    mostly empty, and from about half as many pairs as SMs one split (no combine at all) is used
+    (at 64 pairs on 132 SMs up to about 16k tokens): those programs already stream at about the
+    memory's rate.
     """
     items = max(1, batch * kv_heads)
     slots = max(1, num_sms * PROGRAMS_PER_SM)
     s_max = max(1, min(MAX_SPLITS, max_seqlen // MIN_SPLIT_TOKENS))
     merge = PAGED_SPLIT_MERGE_TOKENS if paged else SPLIT_MERGE_TOKENS
-    streams = STREAMS_PER_SM * num_sms
-    floor = items * max(max_seqlen, 1) / streams if 2 * items >= streams else 0.0
+    sms = max(1, num_sms)
+    floor = 0.0
+    if items >= FLOOR_MIN_PAIRS_PER_SM * sms:
+        floor = items * max(max_seqlen, 1) / (STREAMS_PER_SM * sms)
     # a split streams whole tiles: 2048 tokens in 31 splits are 67 tokens each, i.e. a 64-token tile
     # and a 3-token one, as slow as 128 (32 splits of exactly one tile are faster)
     costs = [max(-(-items * s // slots) * (_round_up(-(-max(max_seqlen, 1) // s), SPLIT_TILE_TOKENS)

@@ -100,7 +100,7 @@ def main(argv=None) -> int:
         for B in args.batch:
             for L in args.ctx:
                 print(f"B={B} ctx={L} heads {H}/{HK} {layout}: auto splits (132 SMs) "
-                      f"{choose_num_splits(B, HK, L, 132)}; splits {args.splits} x configs {configs}; "
+                      f"{choose_num_splits(B, HK, L, 132, paged=bool(args.page))}; splits {args.splits} x configs {configs}; "
                       f"work list {args.worklist} programs per SM")
         return 0
     if not torch.cuda.is_available():
@@ -122,7 +122,7 @@ def main(argv=None) -> int:
                 lens = torch.full((B,), L, device=dev, dtype=torch.int32)
                 run = ((q, k, v), dict(cache_seqlens=lens, block_table=bt))
                 gb = 2 * B * L * HK * D * 2 / 1e9
-                auto = choose_num_splits(B, HK, L, nsm)
+                auto = choose_num_splits(B, HK, L, nsm, paged=bool(args.page))
                 print(f"B={B} ctx={L} heads {H}/{HK} {layout} ({gb:.2f} GB): auto splits {auto}", flush=True)
                 if not args.no_auto:
                     plan = numasched.plan_decode(q, k, v, cache_seqlens=lens, block_table=bt)  # tunes on first run
