@@ -203,9 +203,10 @@ PROGRAM_OVERHEAD_TOKENS = 128
 # (32/8 and 64/8 at batch 4, 28/4 at 8, 32/32 at 1: the grid's slowest points against cuDNN,
 # 0.93-0.96) one split ran 13.5-13.6 us against 13.8-14.3 in four (cuDNN 13.3-13.5; eight
 # splits within 1.5 % of one either way). On the H200 sweep one split was 0.2-3 % faster than
-# four there, and eight another 1-4 % faster (the rule does not take eight: the merge term that
-# would cost the others more). Picks within 3 % of the sweep's best: H100 60 -> 66 of 72, H200
-# 49 -> 51 of 60; no other pick of the grid moves. A paged cache keeps 256
+# four there, and eight another 1-4 % faster (not taken: no single merge term picks eight there
+# without moving points the sweeps have faster as they are). Picks within 3 % of the sweep's
+# best: H100 60 -> 66 of 72, H200 49 -> 51 of 60; no other pick of the grid moves. A paged
+# cache keeps 256
 # (PAGED_SPLIT_MERGE_TOKENS): there one split of 512 tokens was 1.5-3 % slower than four on the
 # H200 (pages of 16, the same three head configs; eight 4-10 % faster than four, not taken either).
 SPLIT_MERGE_TOKENS = 384
