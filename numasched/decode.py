@@ -206,9 +206,9 @@ PROGRAM_OVERHEAD_TOKENS = 128
 # four there, and eight another 1-4 % faster (not taken: no single merge term picks eight there
 # without moving points the sweeps have faster as they are). Picks within 3 % of the sweep's
 # best: H100 60 -> 66 of 72, H200 49 -> 51 of 60; no other pick of the grid moves. A paged
-# cache keeps 256
-# (PAGED_SPLIT_MERGE_TOKENS): there one split of 512 tokens was 1.5-3 % slower than four on the
-# H200 (pages of 16, the same three head configs; eight 4-10 % faster than four, not taken either).
+# cache keeps 256 (PAGED_SPLIT_MERGE_TOKENS): there one split of 512 tokens was 1.5-3 % slower
+# than four on the H200 (pages of 16, the same three head configs; eight 4-10 % faster than
+# four, not taken either).
 SPLIT_MERGE_TOKENS = 384
 PAGED_SPLIT_MERGE_TOKENS = 256
 # HBM serves about this many programs per SM streaming at a program's full rate: more programs
