@@ -215,8 +215,6 @@ def _parse(argv):
 
 def _dry_run(args) -> int:
     """The points (with the split count numasched would pick) and the contenders, nothing timed."""
-    from numasched.decode import choose_num_splits
-
     from .common import print_plan
 
     sms = 132  # H200/H100 SXM: the split counts a GPU run would use there
@@ -246,7 +244,6 @@ def _dry_run(args) -> int:
 
 
 def _dry_run_multi(args, sms: int) -> int:
-    from numasched.decode import choose_num_splits
     from numasched.kernels.flash_decode import row_tiling
 
     from .common import print_plan
