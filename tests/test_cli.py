@@ -308,7 +308,8 @@ def test_gemm_rank_eval_scores_recorded_timings(tmp_path, capsys):
     """scripts/gemm_rank_eval.py: at each recorded point the model's first choice among the timed
     schedules against the fastest, from a gemm_inference CSV and a gemv_probe log. Here the model
     prices 16 x 128 x 64 below 16 x 32 x 256 at a large weight (the recorded H100 runs) while the
-    latter ran faster: one miss; a patched model that prices the former higher has none."""
+    latter ran faster: a miss at both compared points (a point with one timed schedule is not
+    compared); a patched model that prices the former higher has none."""
     from numasched import gemm_schedule as GS
 
     mod = _script("gemm_rank_eval")
