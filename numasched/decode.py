@@ -224,6 +224,15 @@ PAGED_SPLIT_MERGE_TOKENS = 256
 # measured. Picks within 3 % of the sweeps' best: H100 73 -> 88 of 88, H200 80 -> 86 of 90.
 STREAMS_PER_SM = 0.5
 FLOOR_MIN_PAIRS_PER_SM = 0.48
+# ... but the memory's full rate needs (nearly) every SM streaming: where the floor applies, it
+# grows by IDLE_SM_COST per unit of the waves' mean idle fraction (1 - programs / (waves * SMs)).
+# An H100 sweep at 96 pairs x 16k-32k (bench/results/decode-s33-sweep/, decode-s33-pairs/: 32/8 at
+# batch 12) ran one split (96 programs, 2.91 TB/s) 5-7 % slower than four or eight (2.9 and 5.8
+# waves, 3.0 TB/s; cuDNN 3.04), while 128 pairs in one split reach cuDNN's rate (the grid,
+# decode-s33-grid/); and at 64 pairs a paged cache's one split (48 % of the SMs) ran 6-8 % slower
+# than two to four at 8k (FlashInfer 3-4 % ahead), where a contiguous one is within 2 % either way.
+# Picks within 3 % of the sweeps' best: 374 -> 380 of 400 (H200 + H100).
+IDLE_SM_COST = 0.15
 # Splits as short as one 64-token block still pay off when they fill the GPU (batch 1 x 1k: 16
 # splits of 64 tokens, 13.4 us, against 16.7 us with 4 splits of 256).
 MIN_SPLIT_TOKENS = 64
@@ -281,14 +290,16 @@ def choose_num_splits(batch: int, kv_heads: int, max_seqlen: int, num_sms: int, 
     s_max = max(1, min(MAX_SPLITS, max_seqlen // MIN_SPLIT_TOKENS))
     merge = PAGED_SPLIT_MERGE_TOKENS if paged else SPLIT_MERGE_TOKENS
     sms = max(1, num_sms)
-    floor = 0.0
-    if items >= FLOOR_MIN_PAIRS_PER_SM * sms:
-        floor = items * max(max_seqlen, 1) / (STREAMS_PER_SM * sms)
-    # a split streams whole tiles: 2048 tokens in 31 splits are 67 tokens each, i.e. a 64-token tile
-    # and a 3-token one, as slow as 128 (32 splits of exactly one tile are faster)
-    costs = [max(-(-items * s // slots) * (_round_up(-(-max(max_seqlen, 1) // s), SPLIT_TILE_TOKENS)
-                                           + PROGRAM_OVERHEAD_TOKENS), floor) + (merge if s > 1 else 0)
-             for s in range(1, s_max + 1)]
+    floored = items >= FLOOR_MIN_PAIRS_PER_SM * sms
+    floor = items * max(max_seqlen, 1) / (STREAMS_PER_SM * sms) if floored else 0.0
+    costs = []
+    for s in range(1, s_max + 1):
+        waves = -(-items * s // slots)
+        # a split streams whole tiles: 2048 tokens in 31 splits are 67 tokens each, i.e. a 64-token
+        # tile and a 3-token one, as slow as 128 (32 splits of exactly one tile are faster)
+        chain = waves * (_round_up(-(-max(max_seqlen, 1) // s), SPLIT_TILE_TOKENS) + PROGRAM_OVERHEAD_TOKENS)
+        idle = 1.0 - items * s / (waves * slots) if floored else 0.0
+        costs.append(max(chain, floor * (1.0 + IDLE_SM_COST * max(idle, 0.0))) + (merge if s > 1 else 0))
     # the fewest splits within 2% of the best (fewer partials to write and merge)
     return next(s for s, c in enumerate(costs, 1) if c <= 1.02 * min(costs))
 

@@ -266,8 +266,14 @@ def test_choose_num_splits():
         assert D.choose_num_splits(1, 8, ctx, sms) == 16, ctx
     # 64 pairs: their programs nearly saturate HBM, one split (H100: 1-10 % faster than two at
     # 1k-8k, bench/results/decode-s32-64pairs/); 16 pairs at 1k still split
-    for L in (1024, 4096, 16384):
+    for L in (1024, 4096):
         assert D.choose_num_splits(8, 8, L, sms) == 1
+    # ... but a paged cache of 8k tokens in one split (half the SMs streaming) ran 6-8 % slower than
+    # two to four (bench/results/decode-s33-sweep/), and at 96 pairs x 16k-32k one split (96 of 132
+    # SMs) 5-7 % slower than four: the floor grows with the SMs left idle
+    assert D.choose_num_splits(8, 8, 8192, sms, paged=True) > 1
+    assert D.choose_num_splits(12, 8, 16384, sms) > 1 and D.choose_num_splits(12, 8, 2048, sms) == 1
+    assert D.choose_num_splits(16, 8, 32768, sms) == 1  # 128 pairs: every SM streams already
     assert D.choose_num_splits(2, 8, 1024, sms) > 1
     # a short context: splits of at least MIN_SPLIT_TOKENS, even if the GPU is not filled
     assert D.choose_num_splits(1, 8, 512, sms) == 512 // D.MIN_SPLIT_TOKENS
@@ -820,7 +826,8 @@ def test_split_rule_against_the_measured_sweeps():
     """choose_num_splits against the split sweeps its merge terms and stream floor were fitted to
     (splits 1/2/4/8 at batch 1-32 x 512/1024, four head configs: the H200's of the tenth session,
     contiguous and paged, and the H100's of the thirty-second, contiguous; splits 1-4 at 64 pairs x
-    1k-8k and 6-24 at batch 1-4 x 8k-128k, H100; graph times, each sweep compared within itself;
+    1k-8k and 6-24 at batch 1-4 x 8k-128k, H100; the thirty-third's at 32-96 pairs x 2k-32k,
+    contiguous and paged, H100; graph times, each sweep compared within itself;
     a point's default row counts as a timing of the split count it took then): the pick must have
     been timed, be within 3 % of the best at >= 92 % of the points and within 12 % everywhere (the
     worst, 1.10: the H200's paged 32/8 4 x 512 in four splits, where eight ran 12.4 us against
@@ -832,7 +839,9 @@ def test_split_rule_against_the_measured_sweeps():
     files = [results / "decode-s10-shortsplits" / "decode-h200-2026-11-23.csv",
              results / "decode-s32" / "decode-h100-2026-11-27.csv",
              *sorted((results / "decode-s32-64pairs").glob("*.csv")),
-             results / "decode-s32-long" / "decode-h100-2026-11-27.csv"]
+             results / "decode-s32-long" / "decode-h100-2026-11-27.csv",
+             results / "decode-s33-pairs" / "decode-h100-2026-11-27.csv",
+             results / "decode-s33-sweep" / "decode-h100-2026-11-27.csv"]
     points: dict = {}
     for f in files:
         for r in csv.DictReader(open(f)):
@@ -853,8 +862,8 @@ def test_split_rule_against_the_measured_sweeps():
         assert S in times, (heads, B, L, layout, S, times)
         ratios.append(times[S] / min(times.values()))
         assert ratios[-1] <= 1.12, (heads, B, L, layout, S, times)
-    assert len(ratios) >= 250
-    assert sum(r <= 1.03 for r in ratios) >= 0.92 * len(ratios), sorted(ratios)[-8:]
+    assert len(ratios) >= 400
+    assert sum(r <= 1.03 for r in ratios) >= 0.94 * len(ratios), sorted(ratios)[-8:]
 
 
 def test_decode_prefetch_option():
