@@ -234,7 +234,7 @@ FLOOR_MIN_PAIRS_PER_SM = 0.48
 # Picks within 3 % of the sweeps' best: 374 -> 380 of 400 (H200 + H100). Checked afterwards on
 # sweeps it was not fitted to (decode-s33-check/: 80, 96 and 112 pairs x 8k-32k, three head
 # configs; decode-s33-64pairs/: the grid's 64-pair points it moved): 30 -> 38 of 45 and paged
-# 64 pairs x 8k-16k at 1.000-1.034 of FlashInfer (one split: 0.929-0.983); the contiguous 64-pair
+# 64 pairs x 8k at 1.012-1.034 of FlashInfer (one split: 0.952-0.983); the contiguous 64-pair
 # points it moved to two splits ran 0.998-1.026 of cuDNN (one split 0.996-1.053). Not captured:
 # 80 pairs, where one split was best and the term takes three (2-4 % slower, contiguous), and
 # 112 pairs, where eight beat one by 2-4 %.
