@@ -453,6 +453,9 @@ def _tp2_worker(rank, world, port, out_path):
         if rank == 0:
             with open(out_path, "w") as f:
                 f.write(repr(errs))
+        # every rank done with its collectives before any tears its gloo pairs down (a clean-clone CI
+        # run once had rank 1 abort in its exit, "terminate called without an active exception")
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
