@@ -239,6 +239,18 @@ FLOOR_MIN_PAIRS_PER_SM = 0.48
 # 80 pairs, where one split was best and the term takes three (2-4 % slower, contiguous), and
 # 112 pairs, where eight beat one by 2-4 %.
 IDLE_SM_COST = 0.15
+# A paged cache's programs stream better two to an SM (their page-table loads hide behind the other
+# program's), so between PAGED_FILL_MIN_PAIRS_PER_SM and FLOOR_MIN_PAIRS_PER_SM pairs per SM (32-63
+# pairs on 132 SMs) it takes at least the most splits, a power of two, that keep the grid within
+# PAGED_PROGRAMS_PER_SM programs per SM. Sweeps: at 32 pairs eight splits ran 1-10 % faster than the
+# rule's four (H200, 512-1024 tokens, pages of 16: bench/results/decode-s10-shortsplits/; H100, 2k-32k,
+# pages of 16 and 64: decode-s33-sweep/; within 0.1 % at 32k), at 40 pairs four 1-5 % faster than
+# three, at 48 pairs x 2k four 1-2 % faster than two. Picks within 3 % of the sweeps' best 450 ->
+# 461 of 477, worst 1.10 -> 1.05; no sweep's paged point slower by more than 0.4 %. Below 32
+# pairs (16 pairs x 1k: sixteen splits, never timed) and for a contiguous cache (four and eight
+# within 3 % either way at 32 pairs) the cost model alone decides.
+PAGED_FILL_MIN_PAIRS_PER_SM = 0.24
+PAGED_PROGRAMS_PER_SM = 2
 # Splits as short as one 64-token block still pay off when they fill the GPU (batch 1 x 1k: 16
 # splits of 64 tokens, 13.4 us, against 16.7 us with 4 splits of 256).
 MIN_SPLIT_TOKENS = 64
@@ -307,7 +319,13 @@ def choose_num_splits(batch: int, kv_heads: int, max_seqlen: int, num_sms: int, 
         idle = 1.0 - items * s / (waves * slots) if floored else 0.0
         costs.append(max(chain, floor * (1.0 + IDLE_SM_COST * max(idle, 0.0))) + (merge if s > 1 else 0))
     # the fewest splits within 2% of the best (fewer partials to write and merge)
-    return next(s for s, c in enumerate(costs, 1) if c <= 1.02 * min(costs))
+    pick = next(s for s, c in enumerate(costs, 1) if c <= 1.02 * min(costs))
+    if paged and PAGED_FILL_MIN_PAIRS_PER_SM * sms <= items < FLOOR_MIN_PAIRS_PER_SM * sms:
+        fill = 1   # the most splits (a power of two) that keep PAGED_PROGRAMS_PER_SM programs per SM
+        while 2 * fill <= s_max and items * 2 * fill <= PAGED_PROGRAMS_PER_SM * slots:
+            fill *= 2
+        pick = max(pick, fill)
+    return pick
 
 
 # ----------------------------------------------------------------------------- per-stream buffers

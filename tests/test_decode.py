@@ -288,9 +288,13 @@ def test_choose_num_splits():
     for B, HK in [(4, 8), (8, 4), (1, 32)]:
         assert D.choose_num_splits(B, HK, 512, sms) == 1
     assert D.choose_num_splits(2, 8, 512, sms) == 8
-    # a paged cache keeps the split there (H200, pages of 16: four splits 1.5-3 % faster than one;
-    # eight, which the rule does not take, 4-10 % faster still)
-    assert D.choose_num_splits(4, 8, 512, sms, paged=True) == 4
+    # a paged cache keeps the split there, and fills two programs per SM (H200, pages of 16: four
+    # splits 1.5-3 % faster than one, eight 4-10 % faster still; H100 at 2k-32k: eight 0-4 % faster
+    # than four), from 32 pairs up to the floor's 64; 16 pairs keep the cost model's pick
+    assert D.choose_num_splits(4, 8, 512, sms, paged=True) == 8
+    assert D.choose_num_splits(4, 8, 4096, sms, paged=True) == 8 and D.choose_num_splits(4, 8, 4096, sms) == 4
+    assert D.choose_num_splits(5, 8, 4096, sms, paged=True) == 4
+    assert D.choose_num_splits(2, 8, 1024, sms, paged=True) == D.choose_num_splits(2, 8, 1024, sms, paged=False) == 8
     assert D.SPLIT_MERGE_TOKENS > 0
     assert D.choose_num_splits(32, 8, 8192, sms) == 1
     assert D.choose_num_splits(1, 1, 100, sms) == 1
