@@ -21,7 +21,10 @@ HBM bandwidth, tensor rate, L2 bandwidth):
   K range`` flops (padded rows cost too) at its SM's share of the tensor rate; its time is the
   larger of the two plus a fixed start-up (first loads, pipeline fill);
 * a split-K tile pays for writing and re-reading its fp32 partials through L2 and one
-  synchronisation; every launch pays a fixed cost.
+  synchronisation; every launch pays a fixed cost;
+* split-K tiles of at most 16 rows (the weights streamed once, M <= 16) are priced per SM instead
+  (:func:`_weight_stream_s`): programs dealt to the SMs round-robin, the SMs sharing HBM as they
+  drain, one start, a cost for co-resident programs.
 
 :func:`choose` returns the cheapest candidate (operands whose rows are not 16-byte aligned only
 with K blocks of at most MISALIGNED_MAX_BLOCK_K, at MISALIGNED_SM_BW_SHARE), unless a tuned table (``numasched tune-gemm``,
@@ -117,6 +120,21 @@ MISALIGNED_MAX_BLOCK_K = 64
 # faster with three resident programs of K 64; with 16-row tiles (M <= 16) the deeper K blocks
 # ran 1-5 % slower, so those keep the first of the ties.
 TIE_MIN_BLOCK_M = 32
+# Split-K tiles of at most WEIGHT_STREAM_MAX_ROWS rows (M <= 16: the weights streamed once) are
+# priced per SM (_weight_stream_s): programs go to the SMs round-robin, each SM streams its
+# programs' bytes at most at its programs' rate (sm_bw_share of the fair share each, `occ` at a
+# time), the SMs share HBM and one that finishes early hands its share on (the others then run at
+# their cap), the start cost is paid once (an SM's next program starts as its last one drains),
+# and SMs that hold two or more programs at once run CO_RESIDENT_COST slower. The per-wave model
+# charged a part-empty last wave whole and co-residency nothing: on the H100 it took 16 x 128 x
+# 64 (two programs per SM, 86-88 us at 28672 x 4096) over 16 x 128 x 128 in 5 stages (one per SM,
+# 1.7 waves: 81-82 us; gemv-s32/, gemm-s31/gemv-h100/). Scored on the recorded timings
+# (scripts/gemm_rank_eval.py): the pick within 3 % of the best timed at 137 of 142 H100 points with
+# M <= 16 (131 before), 280 of 308 at every M (274), 418 of 488 of the WS sweeps (403), no changed
+# pick more than 1.2 % slower; the H200's 558 recorded points with M <= 16 are unchanged (491 ->
+# 490). CO_RESIDENT_COST from 0.07 to 0.3 gives the same picks.
+WEIGHT_STREAM_MAX_ROWS = 16
+CO_RESIDENT_COST = 0.10
 # The stream-K phase's K iterations cost this much more than the model's streaming/tensor time
 # (pipeline restarts per piece, partial tiles through L2; fitted to the same run).
 STREAMK_PIECE_COST = 1.5
@@ -333,6 +351,8 @@ def estimate(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machine, sp
         return _ws_estimate(s, M, N, K, elt, machine)
     if s.tail:
         return _tail_estimate(s, M, N, K, elt, machine, splitk_tma, aligned)
+    if s.kind == "splitk" and s.block_m <= WEIGHT_STREAM_MAX_ROWS and aligned:
+        return _weight_stream_s(s, M, N, K, elt, machine)
     tiles = _cdiv(M, s.block_m) * _cdiv(N, s.block_n)
     kps = _cdiv(_cdiv(K, s.split_k), s.block_k) * s.block_k
     units = tiles * s.split_k
@@ -355,6 +375,60 @@ def estimate(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machine, sp
         t += (machine.splitk_partial_cost * tiles * s.split_k * s.block_m * s.block_n * 4 * 2 / machine.l2_bytes_per_s
               + machine.reduce_sync_s)
     return max(t, _floor_s(M, N, K, elt, machine) + machine.launch_s)
+
+
+def _weight_stream_s(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machine) -> float:
+    """A split-K schedule of at most WEIGHT_STREAM_MAX_ROWS-row tiles (see CO_RESIDENT_COST): the
+    SMs' bytes shared out over HBM as they drain, one start, the co-residency cost, the merge."""
+    tiles = _cdiv(M, s.block_m) * _cdiv(N, s.block_n)
+    kps = _cdiv(_cdiv(K, s.split_k), s.block_k) * s.block_k
+    units = tiles * s.split_k
+    occ = _resident(s, elt, machine)
+    n = machine.sms
+    unit_bytes = (s.block_n + A_WEIGHT * s.block_m) * kps * elt
+    prog_cap = machine.sm_bw_share * machine.hbm_bytes_per_s / n / occ   # a program's rate, as _unit_s
+    q, r = divmod(units, n)   # round-robin: r SMs run q + 1 programs, the others q
+    sms = []                  # [SMs, bytes left per SM, the SM's rate cap]
+    for count, progs in ((r, q + 1), (n - r, q)):
+        if count and progs:
+            sms.append([count, progs * unit_bytes, progs * prog_cap / _cdiv(progs, occ)])
+    t = _drain_s(sms, machine.hbm_bytes_per_s)
+    if min(occ, q + (1 if r else 0)) > 1:   # two or more programs at once on an SM
+        t *= 1.0 + CO_RESIDENT_COST
+    t += machine.launch_s + machine.unit_start_s
+    if s.split_k > 1:
+        t += (machine.splitk_partial_cost * tiles * s.split_k * s.block_m * s.block_n * 4 * 2 / machine.l2_bytes_per_s
+              + machine.reduce_sync_s)
+    return max(t, _floor_s(M, N, K, elt, machine) + machine.launch_s)
+
+
+def _drain_s(groups: list, bandwidth: float) -> float:
+    """Seconds until groups of SMs (``[count, bytes left each, rate cap each]``) have read their
+    bytes, sharing ``bandwidth``: each SM runs at min(its cap, a common level) with the level set
+    so the SMs use the whole bandwidth (or every cap when that is less); a group that finishes
+    leaves its share to the others."""
+    groups = [list(g) + [g[1]] for g in groups if g[0] > 0 and g[1] > 0]   # + the bytes at the start
+    t = 0.0
+    while groups:
+        caps = sorted(g[2] for g in groups)
+        if sum(g[0] * g[2] for g in groups) <= bandwidth:
+            level = caps[-1]
+        else:   # the level where sum(count * min(cap, level)) == bandwidth
+            level, used, left = 0.0, 0.0, sum(g[0] for g in groups)
+            for cap in caps:
+                if used + left * cap >= bandwidth:
+                    level = (bandwidth - used) / left
+                    break
+                took = sum(g[0] for g in groups if g[2] == cap)
+                used += took * cap
+                left -= took
+        rates = [min(g[2], level) for g in groups]
+        dt = min(g[1] / rate for g, rate in zip(groups, rates))
+        t += dt
+        for g, rate in zip(groups, rates):
+            g[1] -= rate * dt
+        groups = [g for g in groups if g[1] > 1e-9 * g[3]]
+    return t
 
 
 def _ws_estimate(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machine) -> float:

@@ -1205,6 +1205,54 @@ def test_triton_model_ranks_the_swept_schedules(machine, runs, want):
     assert n >= 30 and ok >= want[0] * n and math.exp(logs / n) >= want[1], (n, ok, math.exp(logs / n))
 
 
+def test_drain_shares_the_bandwidth_as_sms_finish():
+    """_drain_s: SMs under their caps split the bandwidth; when a group finishes, the rest speed up
+    to their caps; with the caps below the bandwidth the caps set the time."""
+    from numasched import gemm_schedule as GS
+
+    # 100 SMs of 1 MB at a 40 GB/s cap on 2 TB/s: the bandwidth binds (20 GB/s each): 50 us
+    assert GS._drain_s([[100, 1e6, 40e9]], 2e12) == pytest.approx(50e-6)
+    # 10 SMs: their caps bind (400 GB/s in all): 25 us
+    assert GS._drain_s([[10, 1e6, 40e9]], 2e12) == pytest.approx(25e-6)
+    # 100 SMs of 1 MB and 50 of 2 MB, 40 GB/s caps, 3 TB/s: 20 GB/s each until the first 100 finish
+    # (50 us), then the 50 run at their cap with 1 MB left: 25 us more
+    assert GS._drain_s([[100, 1e6, 40e9], [50, 2e6, 40e9]], 3e12) == pytest.approx(75e-6)
+    # unequal caps: 10 SMs capped at 5 GB/s read 0.1 MB (20 us) while 90 share the other 950 GB/s,
+    # then the 90 share all 1 TB/s for what they have left
+    left = 1e6 - 20e-6 * 0.95e12 / 90
+    assert GS._drain_s([[10, 1e5, 5e9], [90, 1e6, 1e12]], 1e12) == pytest.approx(20e-6 + left / (1e12 / 90))
+    assert GS._drain_s([], 1e12) == 0.0 and GS._drain_s([[0, 1e6, 1e9], [5, 0.0, 1e9]], 1e12) == 0.0
+
+
+def test_weight_stream_model_ranks_the_recorded_small_m_timings():
+    """The 16-row split-K model (GS._weight_stream_s) against every recorded H100 timing at M <= 16
+    (bench/results/gemm-s31/: the grid twice and a run with the top 12 schedules; gemv-s32/: every
+    unsplit 16-row tile at M = 1 and 16 of the grid's weights): the pick among the timed schedules
+    within 3 % of the fastest at >= 135 of the 142 points (137 when written; 131 with the per-wave
+    model it replaced), and at the gate/up weight 28672 x 4096 one program per SM (16 x 128 x 128,
+    81-82 us) over two (16 x 128 x 64, 86-88 us)."""
+    import glob
+    import importlib.util
+
+    from numasched import gemm_schedule as GS
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("gemm_rank_eval", os.path.join(root, "scripts", "gemm_rank_eval.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    files = sorted(p for p in glob.glob(os.path.join(root, "bench", "results", "gemm-s31", "*", "*.csv"))
+                   if not p.endswith(".partial.csv"))
+    files.append(os.path.join(root, "bench", "results", "gemv-s32", "gemv_probe-h100.log"))
+    h100 = GS._KNOWN["h100"]
+    res = mod.score(mod.read_points(files, 16), h100)
+    assert len(res) == 142
+    assert sum(r <= 1.03 for r, _, _ in res.values()) >= 135, sorted(r for r, _, _ in res.values())[-10:]
+    one, two = (GS.estimate(GS.Schedule.parse(n), 1, 28672, 4096, 2, h100)
+                for n in ("splitk 16x128x128 w4 s5", "splitk 16x128x64 w4 s6"))
+    assert one < two
+    assert GS._choose(1, 28672, 4096, 2, h100, False, False, True, False, True).describe() == "splitk 16x128x128 w4 s5"
+
+
 def test_ws_model_picks_the_timed_best_width_off_the_widths_run():
     """The WS widths the model picks, against every width timed at a point in this session's other
     H100 runs (the grid twice, 15 shapes off it: 2-4 widths each): within 5 % of the fastest at
