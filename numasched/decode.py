@@ -292,16 +292,19 @@ def choose_num_splits(batch: int, kv_heads: int, max_seqlen: int, num_sms: int, 
     Model: programs run in waves of ``num_sms * PROGRAMS_PER_SM``; a program costs its chunk of
     tokens (in whole SPLIT_TILE_TOKENS tiles) plus a fixed overhead; the waves cost at least the
     bandwidth floor (every pair's tokens over ``STREAMS_PER_SM * num_sms`` streams, applied from
-    FLOOR_MIN_PAIRS_PER_SM pairs per SM); more than one split adds SPLIT_MERGE_TOKENS once
-    (the merge; PAGED_SPLIT_MERGE_TOKENS for a paged cache). Among 1 .. min(MAX_SPLITS,
+    FLOOR_MIN_PAIRS_PER_SM pairs per SM; while the pairs are fewer than the wave's slots it grows
+    by IDLE_SM_COST times the waves' idle fraction); more than one split adds SPLIT_MERGE_TOKENS
+    once (the merge; PAGED_SPLIT_MERGE_TOKENS for a paged cache). Among 1 .. min(MAX_SPLITS,
     max_seqlen // MIN_SPLIT_TOKENS) splits, pick the lowest ``max(waves * (tile-rounded tokens per
-    split + overhead), floor) + (merge if splits > 1)`` (the fewest splits within 2% of it). The
+    split + overhead), floor) + (merge if splits > 1)`` (the fewest splits within 2% of it); a paged
+    cache of PAGED_FILL_MIN_PAIRS_PER_SM up to FLOOR_MIN_PAIRS_PER_SM pairs per SM then takes at
+    least the most power-of-two splits that keep PAGED_PROGRAMS_PER_SM programs per SM. The
     constants were fitted on H200 and H100 sweeps (bench/results/decode-s10-shortsplits/,
-    decode-s32*/); no AMD GPU was measured. So with few pairs batch * kv_heads * splits reaches
-    about PROGRAMS_PER_SM programs per SM when the context is long enough and the last wave is not
-    mostly empty, and from about half as many pairs as SMs one split (no combine at all) is used
-    (at 64 pairs on 132 SMs up to about 16k tokens): those programs already stream at about the
-    memory's rate.
+    decode-s32*/, decode-s33*/); no AMD GPU was measured. So with few pairs batch * kv_heads *
+    splits reaches about PROGRAMS_PER_SM programs per SM when the context is long enough and the
+    last wave is not mostly empty, and from about half as many pairs as SMs one split (no combine
+    at all) is used while the context is short (64 pairs on 132 SMs: up to 4k tokens; two splits
+    from 7k contiguous, 5k paged): those programs already stream at about the memory's rate.
     """
     items = max(1, batch * kv_heads)
     slots = max(1, num_sms * PROGRAMS_PER_SM)
@@ -316,13 +319,14 @@ def choose_num_splits(batch: int, kv_heads: int, max_seqlen: int, num_sms: int, 
         # a split streams whole tiles: 2048 tokens in 31 splits are 67 tokens each, i.e. a 64-token
         # tile and a 3-token one, as slow as 128 (32 splits of exactly one tile are faster)
         chain = waves * (_round_up(-(-max(max_seqlen, 1) // s), SPLIT_TILE_TOKENS) + PROGRAM_OVERHEAD_TOKENS)
-        idle = 1.0 - items * s / (waves * slots) if floored else 0.0
+        # (only while one split leaves SMs idle: past one wave the term was never timed)
+        idle = 1.0 - items * s / (waves * slots) if floored and items < slots else 0.0
         costs.append(max(chain, floor * (1.0 + IDLE_SM_COST * max(idle, 0.0))) + (merge if s > 1 else 0))
     # the fewest splits within 2% of the best (fewer partials to write and merge)
     pick = next(s for s, c in enumerate(costs, 1) if c <= 1.02 * min(costs))
     if paged and PAGED_FILL_MIN_PAIRS_PER_SM * sms <= items < FLOOR_MIN_PAIRS_PER_SM * sms:
         fill = 1   # the most splits (a power of two) that keep PAGED_PROGRAMS_PER_SM programs per SM
-        while 2 * fill <= s_max and items * 2 * fill <= PAGED_PROGRAMS_PER_SM * slots:
+        while 2 * fill <= s_max and items * 2 * fill <= PAGED_PROGRAMS_PER_SM * sms:
             fill *= 2
         pick = max(pick, fill)
     return pick

@@ -305,7 +305,7 @@ def _fill(pieces: list, weights, min_piece: int, unit: int) -> list:
     # indivisible (e.g. items of a few tokens, each paying the item overhead): a leveled fill
     # (same caps) is taken when it spreads the bins less. Its pad is halved while it still fits: a
     # pad of a whole cut's slack can fill the first bins to the cap again (19 sequences, a few
-    # tokens each but one, on 8 programs: 0-917 tokens with the full pad, 453-917 with 3/8 of it).
+    # tokens each but one, on 8 programs: 0-917 tokens with the full pad, 453-917 with half).
     pad = min(max((e - s + ITEM_OVERHEAD_TOKENS for _, s, e in pieces), default=0),
               2 * min_piece + unit + 2 * ITEM_OVERHEAD_TOKENS)
     for _ in range(4):

@@ -125,7 +125,8 @@ TIE_MIN_BLOCK_M = 32
 # programs' bytes at most at its programs' rate (sm_bw_share of the fair share each, `occ` at a
 # time), the SMs share HBM and one that finishes early hands its share on (the others then run at
 # their cap), the start cost is paid once (an SM's next program starts as its last one drains),
-# and SMs that hold two or more programs at once run CO_RESIDENT_COST slower. The per-wave model
+# and a grid that puts two or more programs at once on an SM takes CO_RESIDENT_COST longer. The
+# gate is the tile (16 rows), not M: 16-row tiles are candidates at any M. The per-wave model
 # charged a part-empty last wave whole and co-residency nothing: on the H100 it took 16 x 128 x
 # 64 (two programs per SM, 86-88 us at 28672 x 4096) over 16 x 128 x 128 in 5 stages (one per SM,
 # 1.7 waves: 81-82 us; gemv-s32/, gemm-s31/gemv-h100/). Scored on the recorded timings
@@ -410,11 +411,10 @@ def _drain_s(groups: list, bandwidth: float) -> float:
     groups = [list(g) + [g[1]] for g in groups if g[0] > 0 and g[1] > 0]   # + the bytes at the start
     t = 0.0
     while groups:
-        caps = sorted(g[2] for g in groups)
-        if sum(g[0] * g[2] for g in groups) <= bandwidth:
-            level = caps[-1]
-        else:   # the level where sum(count * min(cap, level)) == bandwidth
-            level, used, left = 0.0, 0.0, sum(g[0] for g in groups)
+        caps = sorted({g[2] for g in groups})
+        level = caps[-1]   # every SM at its cap, unless that needs more than the bandwidth
+        if sum(g[0] * g[2] for g in groups) > bandwidth:   # the level where sum(count * min(cap, level)) == bandwidth
+            used, left = 0.0, sum(g[0] for g in groups)
             for cap in caps:
                 if used + left * cap >= bandwidth:
                     level = (bandwidth - used) / left

@@ -6,6 +6,7 @@ GPU (marked gpu): bf16/fp16/fp32 at real sizes, TMA vs pointer path, torch.compi
 """
 import math
 import os
+import random
 import warnings
 
 import pytest
@@ -1222,6 +1223,28 @@ def test_drain_shares_the_bandwidth_as_sms_finish():
     left = 1e6 - 20e-6 * 0.95e12 / 90
     assert GS._drain_s([[10, 1e5, 5e9], [90, 1e6, 1e12]], 1e12) == pytest.approx(20e-6 + left / (1e12 / 90))
     assert GS._drain_s([], 1e12) == 0.0 and GS._drain_s([[0, 1e6, 1e9], [5, 0.0, 1e9]], 1e12) == 0.0
+    # groups sharing a cap below the level (a review's case: it divided by zero): two SMs at their
+    # 1 GB/s cap, the third takes the other 8 GB/s and finishes first (125 us), then the two at cap
+    assert GS._drain_s([[1, 1e6, 1e9], [1, 1e6, 1e9], [1, 1e6, 1e12]], 1e10) == pytest.approx(1e-3)
+    # ... against a fine time-stepped simulation on random groups
+    rng = random.Random(5)
+    for _ in range(30):
+        groups = [[rng.randint(1, 40), rng.choice([1e5, 5e5, 1e6, 3e6]), rng.choice([1e9, 2e9, 5e9, 2e10])]
+                  for _ in range(rng.randint(1, 5))]
+        bw = rng.choice([1e10, 5e10, 2e11])
+        left = [list(g) for g in groups]
+        t, dt = 0.0, GS._drain_s(groups, bw) / 400   # about 400 steps
+        while any(g[1] > 0 for g in left):
+            live = [g for g in left if g[1] > 0]
+            caps = sorted({g[2] for g in live})
+            lo, hi = 0.0, caps[-1]
+            for _ in range(30):   # the water level by bisection
+                mid = (lo + hi) / 2
+                lo, hi = (mid, hi) if sum(g[0] * min(g[2], mid) for g in live) < bw else (lo, mid)
+            for g in live:
+                g[1] -= min(g[2], hi) * dt
+            t += dt
+        assert GS._drain_s(groups, bw) == pytest.approx(t, rel=2e-2), groups
 
 
 def test_weight_stream_model_ranks_the_recorded_small_m_timings():
