@@ -321,7 +321,7 @@ def choose_num_splits(batch: int, kv_heads: int, max_seqlen: int, num_sms: int, 
         chain = waves * (_round_up(-(-max(max_seqlen, 1) // s), SPLIT_TILE_TOKENS) + PROGRAM_OVERHEAD_TOKENS)
         # (only while one split leaves SMs idle: past one wave the term was never timed)
         idle = 1.0 - items * s / (waves * slots) if floored and items < slots else 0.0
-        costs.append(max(chain, floor * (1.0 + IDLE_SM_COST * max(idle, 0.0))) + (merge if s > 1 else 0))
+        costs.append(max(chain, floor * (1.0 + IDLE_SM_COST * idle)) + (merge if s > 1 else 0))
     # the fewest splits within 2% of the best (fewer partials to write and merge)
     pick = next(s for s, c in enumerate(costs, 1) if c <= 1.02 * min(costs))
     if paged and PAGED_FILL_MIN_PAIRS_PER_SM * sms <= items < FLOOR_MIN_PAIRS_PER_SM * sms:

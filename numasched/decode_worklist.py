@@ -245,8 +245,7 @@ def _greedy(pieces: list, caps_, min_piece: int, unit: int, level: bool = False,
     # a leveled bin may pass its share by one uncuttable piece (at most one cut's slack), so every
     # bin takes at least its share and the last one never overflows
     if pad is None:
-        pad = min(max((e - s + ITEM_OVERHEAD_TOKENS for _, s, e in pieces), default=0),
-                  2 * min_piece + unit + 2 * ITEM_OVERHEAD_TOKENS)
+        pad = _leveled_pad(pieces, min_piece, unit)
 
     def room_of(k):
         if not level:
@@ -272,6 +271,12 @@ def _greedy(pieces: list, caps_, min_piece: int, unit: int, level: bool = False,
                 return None
             room = room_of(k)
     return out
+
+
+def _leveled_pad(pieces: list, min_piece: int, unit: int) -> float:
+    """The leveled fill's default pad: one cut's slack, or the largest piece if that is less."""
+    return min(max((e - s + ITEM_OVERHEAD_TOKENS for _, s, e in pieces), default=0),
+               2 * min_piece + unit + 2 * ITEM_OVERHEAD_TOKENS)
 
 
 def _spread(bins, weights) -> float:
@@ -306,8 +311,7 @@ def _fill(pieces: list, weights, min_piece: int, unit: int) -> list:
     # (same caps) is taken when it spreads the bins less. Its pad is halved while it still fits: a
     # pad of a whole cut's slack can fill the first bins to the cap again (19 sequences, a few
     # tokens each but one, on 8 programs: 0-917 tokens with the full pad, 453-917 with half).
-    pad = min(max((e - s + ITEM_OVERHEAD_TOKENS for _, s, e in pieces), default=0),
-              2 * min_piece + unit + 2 * ITEM_OVERHEAD_TOKENS)
+    pad = _leveled_pad(pieces, min_piece, unit)
     for _ in range(4):
         leveled = _greedy(pieces, hi * w, min_piece, unit, level=True, pad=pad)
         if leveled is None:

@@ -371,11 +371,16 @@ def estimate(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machine, sp
         return max(t, _floor_s(M, N, K, elt, machine) + machine.launch_s)
     # a data-parallel grid, persistent or not, pays for its last wave whole: the SMs that run two
     # tiles set the time
-    t = waves * (unit + machine.unit_start_s) + machine.launch_s
-    if s.split_k > 1:
-        t += (machine.splitk_partial_cost * tiles * s.split_k * s.block_m * s.block_n * 4 * 2 / machine.l2_bytes_per_s
-              + machine.reduce_sync_s)
+    t = waves * (unit + machine.unit_start_s) + machine.launch_s + _splitk_merge_s(s, tiles, machine)
     return max(t, _floor_s(M, N, K, elt, machine) + machine.launch_s)
+
+
+def _splitk_merge_s(s: Schedule, tiles: int, machine: Machine) -> float:
+    """A split-K schedule's merge: its fp32 partials written to L2 and read back, one sync."""
+    if s.split_k <= 1:
+        return 0.0
+    return (machine.splitk_partial_cost * tiles * s.split_k * s.block_m * s.block_n * 4 * 2 / machine.l2_bytes_per_s
+            + machine.reduce_sync_s)
 
 
 def _weight_stream_s(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machine) -> float:
@@ -396,10 +401,7 @@ def _weight_stream_s(s: Schedule, M: int, N: int, K: int, elt: int, machine: Mac
     t = _drain_s(sms, machine.hbm_bytes_per_s)
     if min(occ, q + (1 if r else 0)) > 1:   # two or more programs at once on an SM
         t *= 1.0 + CO_RESIDENT_COST
-    t += machine.launch_s + machine.unit_start_s
-    if s.split_k > 1:
-        t += (machine.splitk_partial_cost * tiles * s.split_k * s.block_m * s.block_n * 4 * 2 / machine.l2_bytes_per_s
-              + machine.reduce_sync_s)
+    t += machine.launch_s + machine.unit_start_s + _splitk_merge_s(s, tiles, machine)
     return max(t, _floor_s(M, N, K, elt, machine) + machine.launch_s)
 
 
