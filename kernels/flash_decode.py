@@ -557,7 +557,8 @@ def combine_block_s(splits: int) -> int:
 
 
 def fixed_config(paged: bool, head_dim: int, block_g: int = 16, tokens_per_split: int = 0,
-                 elt_bytes: int = 2, programs: int = 0, num_sms: int = 0, smem_limit: int = SMEM_LIMIT) -> dict:
+                 elt_bytes: int = 2, programs: int = 0, num_sms: int = 0, smem_limit: int = SMEM_LIMIT,
+                 fused: bool = False) -> dict:
     """The config of the model (no autotuning; also used during graph capture before a shape was
     tuned), from the tokens per split T and the programs P of the launch on ``num_sms`` SMs
     (one tile of <= 16 rows, 16-bit d <= 128 on NVIDIA; otherwise, or without P and T, the
@@ -574,7 +575,8 @@ def fixed_config(paged: bool, head_dim: int, block_g: int = 16, tokens_per_split
       128-token ones above (H100 sweep, 768-4096 programs: the pick within 4 % of the best at
       35/35 points, the former 32-token rule 33/35, worst 1.19); paged T <= 8192: 32-token
       tiles of 2 warps while the grid is one round of resident programs (``_resident``: five
-      per SM on an H100/H200), 64-token tiles of 2 warps beyond (at 768 programs, 5.8 per SM,
+      per SM on an H100/H200, four with the fused combine, ``fused``: its registers), 64-token
+      tiles of 2 warps beyond (at 768 programs, 5.8 per SM,
       32-token tiles took 1.11-1.31x as long on both GPUs; at 1024-2048 programs up to 1.21x on
       an H100 with 1k-token splits, within -4..+8 % on an H200); longer splits 128-token tiles
       (many waves of one per SM, the last nearly full).
@@ -606,14 +608,14 @@ def fixed_config(paged: bool, head_dim: int, block_g: int = 16, tokens_per_split
             # -4..+8 % of the 64-token ones)
             per_sm = -(-programs // num_sms)
             short, mid = (32, 2, 5), (64, 2, 5)
-            pick = short if per_sm <= _resident(short, head_dim, elt_bytes, paged, smem_limit) else mid
+            pick = short if per_sm <= _resident(short, head_dim, elt_bytes, paged, smem_limit, fused) else mid
         elif not paged and tokens_per_split <= 2048:
             # the same one-round rule: 32-token tiles while every program is resident at once (four
             # per SM), beyond it 64-token tiles up to 1024 tokens a split and 128-token ones above
             # (H100, 768-4096 programs: 32-token tiles took up to 1.19x as long; the H200 sweeps'
             # points of more than one round, 1024 programs, agree within 1 %)
             per_sm = -(-programs // num_sms)
-            if per_sm <= _resident((32, 2, 4), head_dim, elt_bytes, paged, smem_limit):
+            if per_sm <= _resident((32, 2, 4), head_dim, elt_bytes, paged, smem_limit, fused):
                 pick = (32, 2, 4)
             else:
                 pick = (64, 4, 3) if tokens_per_split <= 1024 else LONG_SPLIT_CONFIG[paged]
@@ -641,12 +643,30 @@ def fixed_config(paged: bool, head_dim: int, block_g: int = 16, tokens_per_split
     return cfg
 
 
-def _resident(pick: tuple, head_dim: int, elt_bytes: int, paged: bool, smem_limit: int) -> int:
+# Registers per thread of the 2-warp tiles with the fused combine (COMBINE=2: the last split's
+# program merges): sm_90 compiles of the d128 bf16 kernel took 184 (contiguous, 32-token tiles)
+# and 190 (paged) against 128-139 without it, 255 for the 64-token paged tile (192 without). An
+# NVIDIA SM's register file is four 16K-register quarters, each warp's registers in one of them
+# (allocated per warp in 256-register units), so at 190 a quarter holds two warps and an SM four
+# 2-warp programs where shared memory alone would hold five. Measured (H100, pages of 16, 32/8
+# heads, batch 17-24 x 4k-32k, bench/results/decode-s34-past1wave/): 544-640 programs of the
+# 32-token paged tile in 3-4 splits (fused) ran 1.18-1.27x as long as 3, 5 or 6 splits, as a
+# second round of a few programs would.
+FUSED_COMBINE_REGISTERS = 192
+SM_REGISTER_QUARTERS, QUARTER_REGISTERS = 4, 16384
+
+
+def _resident(pick: tuple, head_dim: int, elt_bytes: int, paged: bool, smem_limit: int, fused: bool = False) -> int:
     """Programs of config ``pick`` (BLOCK_N, warps, stages) one SM holds at once, by shared memory
     (the K/V tiles plus about 8 KB of the kernel's own: sm_90 compiles of the d128 bf16 kernel
-    measured 5.4-8 KB above _kv_bytes; an SM's shared memory is about the per-block limit + 1 KB)."""
+    measured 5.4-8 KB above _kv_bytes; an SM's shared memory is about the per-block limit + 1 KB)
+    and, for a 2-warp tile with the fused combine, by registers (FUSED_COMBINE_REGISTERS)."""
     cfg = dict(BLOCK_N=pick[0], num_warps=pick[1], num_stages=pick[2])
-    return max(1, (smem_limit + 1024) // (_kv_bytes(cfg, head_dim, elt_bytes, paged) + 8192))
+    n = max(1, (smem_limit + 1024) // (_kv_bytes(cfg, head_dim, elt_bytes, paged) + 8192))
+    if fused and pick[1] == 2:
+        per_warp = -(-FUSED_COMBINE_REGISTERS * 32 // 256) * 256
+        n = min(n, max(1, SM_REGISTER_QUARTERS * (QUARTER_REGISTERS // per_warp) // pick[1]))
+    return n
 
 
 def _kv_bytes(cfg: dict, head_dim: int, elt_bytes: int, paged: bool) -> int:

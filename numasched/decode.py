@@ -514,7 +514,7 @@ class DecodePlan(Plan):
         self._tune_key = tune_key
         elt = k_cache.element_size()
         fixed = K.fixed_config(paged, D, block_g, -(-shape.capacity // S), elt, B * HK * R * S,
-                               caps.num_sms(dev), caps.shared_memory_per_block(dev))
+                               caps.num_sms(dev), caps.shared_memory_per_block(dev), fused=combine == 2)
         # options.decode_prefetch: the chunk's first tokens into L2 before the PDL wait (one query
         # token, batch >= PREFETCH_MIN_BATCH; token rows of a multiple of 16 bytes at 16-byte
         # aligned addresses, as the bulk prefetch needs). Lanes: a power of two, at least one per

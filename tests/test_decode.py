@@ -745,8 +745,8 @@ def test_model_config_follows_programs_and_split_length(monkeypatch):
 
     monkeypatch.setattr(caps, "is_hip", lambda: False)
 
-    def pick(paged, tokens, programs, d=128, elt=2, block_g=16, smem=227 * 1024):   # H100/H200
-        c = FD.fixed_config(paged, d, block_g, tokens, elt, programs, 132, smem)
+    def pick(paged, tokens, programs, d=128, elt=2, block_g=16, smem=227 * 1024, fused=False):   # H100/H200
+        c = FD.fixed_config(paged, d, block_g, tokens, elt, programs, 132, smem, fused=fused)
         return (c["BLOCK_N"], c["num_warps"], c["num_stages"])
 
     assert pick(True, 2048, 128) == (128, 4, 5) and pick(False, 2048, 128) == (128, 4, 3)   # 1 x 32k, 16 splits
@@ -765,6 +765,13 @@ def test_model_config_follows_programs_and_split_length(monkeypatch):
     assert pick(False, 512, 4096) == (64, 4, 3)
     assert pick(True, 2048, 4096) == (64, 2, 5) and pick(True, 8192, 768) == (64, 2, 5)
     assert FD._resident((32, 2, 5), 128, 2, True, 227 * 1024) == 5
+    # the fused combine's registers (190 a thread at 2 warps): four per SM, so 529-660 programs of
+    # it take the 64-token tiles (544 programs in a second round of 16 ran 1.18-1.27x as long)
+    assert FD._resident((32, 2, 5), 128, 2, True, 227 * 1024, fused=True) == 4
+    assert FD._resident((32, 2, 4), 128, 2, False, 227 * 1024, fused=True) == 4   # shared memory: 4 either way
+    assert FD._resident((64, 4, 3), 128, 2, False, 227 * 1024, fused=True) == 3   # 4 warps: shared memory decides
+    assert pick(True, 2048, 528, fused=True) == (32, 2, 5) and pick(True, 2048, 544, fused=True) == (64, 2, 5)
+    assert pick(True, 2048, 544) == (32, 2, 5)                       # the combine kernel: five fit
     assert pick(False, 2048, 512) == (32, 2, 4) and pick(False, 32768, 512) == (128, 4, 3)
     assert FD.fixed_config(True, 128, 16) == dict(FD.DEFAULT_GPU_CONFIG[True])   # no program count
     assert pick(True, 32768, 128, elt=4)[0] == 64                   # fp32: the default
@@ -831,7 +838,9 @@ def test_split_rule_against_the_measured_sweeps():
     (splits 1/2/4/8 at batch 1-32 x 512/1024, four head configs: the H200's of the tenth session,
     contiguous and paged, and the H100's of the thirty-second, contiguous; splits 1-4 at 64 pairs x
     1k-8k and 6-24 at batch 1-4 x 8k-128k, H100; the thirty-third's at 32-112 pairs x 2k-32k,
-    contiguous and paged, H100, the check run of its idle-SM term included; graph times, each
+    contiguous and paged, H100, the check run of its idle-SM term included; the thirty-fourth's
+    at 32 pairs (4 and 8 splits, 512-128k) and 136-248 pairs x 4k-32k (splits 1-6, where one split
+    runs up to 8.5 % slower than the best: not modelled yet); graph times, each
     sweep compared within itself;
     a point's default row counts as a timing of the split count it took then): the pick must have
     been timed, be within 3 % of the best at >= 93 % of the points (0.966 when written) and within
@@ -847,7 +856,9 @@ def test_split_rule_against_the_measured_sweeps():
              results / "decode-s33-pairs" / "decode-h100-2026-11-27.csv",
              results / "decode-s33-sweep" / "decode-h100-2026-11-27.csv",
              *sorted((results / "decode-s33-check").glob("*/*.csv")),
-             *sorted((results / "decode-s33-64pairs").glob("*/*.csv"))]
+             *sorted((results / "decode-s33-64pairs").glob("*/*.csv")),
+             *sorted((results / "decode-s34-fill").glob("*/decode-h100-2026-11-27*.csv")),
+             results / "decode-s34-past1wave" / "decode-h100-2026-11-27.csv"]
     points: dict = {}
     for f in files:
         for r in csv.DictReader(open(f)):
@@ -856,6 +867,9 @@ def test_split_rule_against_the_measured_sweeps():
                 S, us = int(split or r["splits"]), float(r["ours_graph_us"])
             except ValueError:
                 continue
+            programs = int(r["batch"]) * int(r["heads"].split("/")[1]) * S
+            if "paged" in base and 1 < S <= D.FUSED_MAX_SPLITS and 4 * 132 < programs <= 5 * 132:
+                continue   # the 32-token tile with the fused combine at five per SM: no longer planned
             # a default row counts as a timing of the split count its plan took at the time, unless
             # the sweep timed that count itself
             key = (str(f.relative_to(results)), r["heads"], int(r["batch"]), int(r["ctx"]), base)
@@ -868,7 +882,7 @@ def test_split_rule_against_the_measured_sweeps():
         assert S in times, (heads, B, L, layout, S, times)
         ratios.append(times[S] / min(times.values()))
         assert ratios[-1] <= 1.12, (heads, B, L, layout, S, times)
-    assert len(ratios) >= 400
+    assert len(ratios) >= 650
     assert sum(r <= 1.03 for r in ratios) >= 0.93 * len(ratios), sorted(ratios)[-8:]
 
 
