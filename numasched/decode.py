@@ -251,6 +251,21 @@ IDLE_SM_COST = 0.15
 # within 3 % either way at 32 pairs) the cost model alone decides.
 PAGED_FILL_MIN_PAIRS_PER_SM = 0.24
 PAGED_PROGRAMS_PER_SM = 2
+# Past one wave: a contiguous cache of more pairs than SMs in one split puts two programs on some
+# SMs (co-resident) and one on the others, and the SMs with two set the time. Measured on an H100
+# (32/8 heads at batch 17-31, 28/4 at 40-56: 136-248 pairs x 4k-32k, splits 1-6;
+# bench/results/decode-s34-past1wave/, decode-s34-past1wave-b/): one split ran up to 8.5 % slower
+# than the best (192 pairs x 16k-32k: 1146 against 1056 us), and four splits of at least
+# PAST_WAVE_MIN_SPLIT_TOKENS (one 128-token program per SM at a time, 4-8 waves the block
+# scheduler evens out) were within 1.5 % of the best at 8k-32k wherever more than
+# PAST_WAVE_MIN_SHORT of the SMs hold one program fewer (up to 240 pairs on 132 SMs; at 248 one and
+# four splits were within 2.5 % of each other). Shorter splits (4k tokens) ran 4-9 % slower in four
+# than in one. Picks within 3 % of the best over the 170 swept points past one wave 146 -> 165;
+# no point of the issue's grid moves (its pair counts are 128 and 256 there). A paged cache keeps
+# the cost model's pick (four splits ranged 0.99-1.06x of one). No AMD GPU was measured.
+PAST_WAVE_SPLITS = 4
+PAST_WAVE_MIN_SPLIT_TOKENS = 2048
+PAST_WAVE_MIN_SHORT = 0.125
 # Splits as short as one 64-token block still pay off when they fill the GPU (batch 1 x 1k: 16
 # splits of 64 tokens, 13.4 us, against 16.7 us with 4 splits of 256).
 MIN_SPLIT_TOKENS = 64
@@ -298,7 +313,8 @@ def choose_num_splits(batch: int, kv_heads: int, max_seqlen: int, num_sms: int, 
     max_seqlen // MIN_SPLIT_TOKENS) splits, pick the lowest ``max(waves * (tile-rounded tokens per
     split + overhead), floor) + (merge if splits > 1)`` (the fewest splits within 2% of it); a paged
     cache of PAGED_FILL_MIN_PAIRS_PER_SM up to FLOOR_MIN_PAIRS_PER_SM pairs per SM then takes at
-    least the most power-of-two splits that keep PAGED_PROGRAMS_PER_SM programs per SM. The
+    least the most power-of-two splits that keep PAGED_PROGRAMS_PER_SM programs per SM, and a
+    contiguous cache of SMs to 2 SMs' worth of pairs at least PAST_WAVE_SPLITS long splits. The
     constants were fitted on H200 and H100 sweeps (bench/results/decode-s10-shortsplits/,
     decode-s32*/, decode-s33*/); no AMD GPU was measured. So with few pairs batch * kv_heads *
     splits reaches about PROGRAMS_PER_SM programs per SM when the context is long enough and the
@@ -324,6 +340,9 @@ def choose_num_splits(batch: int, kv_heads: int, max_seqlen: int, num_sms: int, 
         costs.append(max(chain, floor * (1.0 + IDLE_SM_COST * idle)) + (merge if s > 1 else 0))
     # the fewest splits within 2% of the best (fewer partials to write and merge)
     pick = next(s for s, c in enumerate(costs, 1) if c <= 1.02 * min(costs))
+    if (not paged and sms < items and 2.0 - items / sms > PAST_WAVE_MIN_SHORT
+            and max_seqlen // PAST_WAVE_SPLITS >= PAST_WAVE_MIN_SPLIT_TOKENS):
+        pick = max(pick, PAST_WAVE_SPLITS)   # past one wave: even the SMs' loads (PAST_WAVE_SPLITS)
     if paged and PAGED_FILL_MIN_PAIRS_PER_SM * sms <= items < FLOOR_MIN_PAIRS_PER_SM * sms:
         fill = 1   # the most splits (a power of two) that keep PAGED_PROGRAMS_PER_SM programs per SM
         while 2 * fill <= s_max and items * 2 * fill <= PAGED_PROGRAMS_PER_SM * sms:
