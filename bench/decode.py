@@ -518,7 +518,7 @@ def _bench(args) -> int:
     import torch.nn.functional as F
 
     import numasched
-    from numasched.decode import choose_num_splits
+    from numasched.decode import choose_num_splits, stream_scale
 
     from .common import progress, write_results
 
@@ -555,7 +555,7 @@ def _bench(args) -> int:
             rows.append(dict(base, layout="-", note=f"skipped: K+V {kv_bytes / 1e9:.1f} GB > --max-gb"))
             continue
         nbytes = kv_bytes + 2 * B * H * D * 2
-        splits = choose_num_splits(B, HK, L, sms)
+        splits = choose_num_splits(B, HK, L, sms, stream_scale=stream_scale(dev))
         q = torch.randn(B, H, D, device=dev, dtype=dt)
         q4 = q.view(B, H, 1, D)
         lens = torch.full((B,), L, dtype=torch.int32, device=dev)
@@ -714,7 +714,7 @@ def _bench_multi(args) -> int:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     import numasched
-    from numasched.decode import choose_num_splits
+    from numasched.decode import choose_num_splits, stream_scale
     from numasched.kernels.flash_decode import row_tiling
 
     from .common import progress, write_results
@@ -820,7 +820,8 @@ def _bench_multi(args) -> int:
             for layout, (t, tg) in ours[sq].items():
                 t_eff = tg or t
                 row = dict(base, q_len=sq, layout=layout, row_groups=groups,
-                           splits=choose_num_splits(B, HK * groups, L, sms, paged="paged" in layout))
+                           splits=choose_num_splits(B, HK * groups, L, sms, paged="paged" in layout,
+                                                    stream_scale=stream_scale(dev)))
                 row["ours_us"] = t * 1e3 if t else None
                 row["ours_graph_us"] = tg * 1e3 if tg else ("n/a" if t else None)
                 row["ours_TBps"] = nbytes / (t_eff * 1e-3) / 1e12 if t_eff else None
@@ -883,7 +884,7 @@ def _bench_ragged(args) -> int:
     import torch.nn.functional as F
 
     import numasched
-    from numasched.decode import choose_num_splits
+    from numasched.decode import choose_num_splits, stream_scale
 
     from .common import progress, write_results
 
@@ -899,7 +900,8 @@ def _bench_ragged(args) -> int:
         useful = 2 * int(lens_np.sum()) * HK * D * 2
         nbytes = useful + 2 * B * H * D * 2
         base = dict(heads=f"{H}/{HK}", batch=B, ctx=L, len_min=int(lens_np.min()), len_mean=round(float(lens_np.mean())),
-                    useful_GB=round(useful / 1e9, 3), splits=choose_num_splits(B, HK, L, sms))
+                    useful_GB=round(useful / 1e9, 3),
+                    splits=choose_num_splits(B, HK, L, sms, stream_scale=stream_scale(dev)))
         if 2 * B * L * HK * D * 2 > args.max_gb * 1e9:
             rows.append(dict(base, layout="-", note="skipped: padded K+V > --max-gb"))
             continue
@@ -982,7 +984,8 @@ def _bench_ragged(args) -> int:
             t_eff, ts_eff = tg or t, tsg or ts
             row = dict(base, layout=layout, schedule=res.get("schedule"), items=res.get("items"),
                        programs=res.get("programs"), balance=res.get("balance"),
-                       splits=choose_num_splits(B, HK, L, sms, paged=layout.startswith("paged")))
+                       splits=choose_num_splits(B, HK, L, sms, paged=layout.startswith("paged"),
+                                                stream_scale=stream_scale(dev)))
             row["static_us"] = ts * 1e3 if ts else None
             row["static_graph_us"] = tsg * 1e3 if tsg else ("n/a" if ts else None)
             row["worklist_us"] = t * 1e3 if t else None

@@ -224,6 +224,18 @@ PAGED_SPLIT_MERGE_TOKENS = 256
 # measured. Picks within 3 % of the sweeps' best: H100 73 -> 88 of 88, H200 80 -> 86 of 90.
 STREAMS_PER_SM = 0.5
 FLOOR_MIN_PAIRS_PER_SM = 0.48
+# ... on the H100's memory per SM. A GPU with more bandwidth per SM needs more streams to fill it
+# (a program's rate is its bytes in flight over the latency, which does not grow with it): the
+# floor's streams grow by STREAMS_BW_GAIN of the excess (stream_scale). On an H200 (4.3 against
+# 3.0 TB/s on 132 SMs: 1.22x the streams) the H100's constant kept one split for 64 pairs x 4k
+# tokens, 52.6-60.1 us against 47.8-49.8 in two (the H200 grid, bench/results/decode-s34-grid-h200/,
+# beside the seventh session's H200 grid in two splits; cuDNN and FlashInfer within 0.5 % in both);
+# with it two from 2k (one split 1.00-1.04x of two at 2k, 0.94-0.98x at 1k, where it keeps one).
+# Gains from 0.46 to 0.69 pick the same on every H200 sweep and grid point recorded (the H200
+# split sweep, decode-s10-shortsplits/: within 3 % of the best at 117 of 120 either way); the
+# full gain (1.43x) took two splits at 1k (6 % slower). GPUs with less bandwidth per SM (the
+# MI300X's CUs by the datasheet) keep the H100's constant: nothing was measured there.
+STREAMS_BW_GAIN = 0.5
 # ... but the memory's full rate needs (nearly) every SM streaming: where the floor applies, it
 # grows by IDLE_SM_COST per unit of the waves' mean idle fraction (1 - programs / (waves * SMs)).
 # An H100 sweep at 96 pairs x 16k-32k (bench/results/decode-s33-sweep/, decode-s33-pairs/: 32/8 at
@@ -301,12 +313,26 @@ PREFETCH_MIN_BATCH = 16
 PREFETCH_CHUNK_RATIO = 8
 
 
-def choose_num_splits(batch: int, kv_heads: int, max_seqlen: int, num_sms: int, paged: bool = False) -> int:
+def stream_scale(device) -> float:
+    """The split rule's stream factor for ``device`` (see STREAMS_BW_GAIN): 1 off CUDA and on GPUs
+    with at most the H100's bandwidth per SM."""
+    if device is None or torch.device(device).type != "cuda":
+        return 1.0
+    from .gemm_schedule import _KNOWN, Machine
+
+    m, ref = Machine.of(torch.device(device)), _KNOWN["h100"]
+    ratio = (m.hbm_bytes_per_s / m.sms) / (ref.hbm_bytes_per_s / ref.sms)
+    return 1.0 + STREAMS_BW_GAIN * max(0.0, ratio - 1.0)
+
+
+def choose_num_splits(batch: int, kv_heads: int, max_seqlen: int, num_sms: int, paged: bool = False,
+                      stream_scale: float = 1.0) -> int:
     """Splits per (batch, kv_head) for a cache of ``max_seqlen`` tokens on ``num_sms`` SMs/CUs.
 
     Model: programs run in waves of ``num_sms * PROGRAMS_PER_SM``; a program costs its chunk of
     tokens (in whole SPLIT_TILE_TOKENS tiles) plus a fixed overhead; the waves cost at least the
-    bandwidth floor (every pair's tokens over ``STREAMS_PER_SM * num_sms`` streams, applied from
+    bandwidth floor (every pair's tokens over ``STREAMS_PER_SM * stream_scale * num_sms`` streams,
+    ``stream_scale`` from :func:`stream_scale` of the GPU, applied from
     FLOOR_MIN_PAIRS_PER_SM pairs per SM; while the pairs are fewer than the wave's slots it grows
     by IDLE_SM_COST times the waves' idle fraction); more than one split adds SPLIT_MERGE_TOKENS
     once (the merge; PAGED_SPLIT_MERGE_TOKENS for a paged cache). Among 1 .. min(MAX_SPLITS,
@@ -328,7 +354,7 @@ def choose_num_splits(batch: int, kv_heads: int, max_seqlen: int, num_sms: int, 
     merge = PAGED_SPLIT_MERGE_TOKENS if paged else SPLIT_MERGE_TOKENS
     sms = max(1, num_sms)
     floored = items >= FLOOR_MIN_PAIRS_PER_SM * sms
-    floor = items * max(max_seqlen, 1) / (STREAMS_PER_SM * sms) if floored else 0.0
+    floor = items * max(max_seqlen, 1) / (STREAMS_PER_SM * stream_scale * sms) if floored else 0.0
     costs = []
     for s in range(1, s_max + 1):
         waves = -(-items * s // slots)
@@ -493,8 +519,8 @@ class DecodePlan(Plan):
         self._K = K
         block_g, R = K.row_tiling(Sq, G)
         self.row_groups = R
-        S = int(num_splits) if num_splits is not None else choose_num_splits(B, HK * R, shape.capacity,
-                                                                             caps.num_sms(dev), shape.page_size > 0)
+        S = int(num_splits) if num_splits is not None else choose_num_splits(
+            B, HK * R, shape.capacity, caps.num_sms(dev), shape.page_size > 0, stream_scale(dev))
         grid_w = M.DecodeGrid(B, HK * R, S)  # checks the program count fits int32
         self.policy = M.resolve(mapping, "decode", self.topology, grid_w)
         self.num_splits = S

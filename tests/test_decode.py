@@ -879,14 +879,34 @@ def test_split_rule_against_the_measured_sweeps():
             times = points.setdefault(key, {})
             if split or S not in times:
                 times[S] = us
+    h200 = 1.0 + D.STREAMS_BW_GAIN * (4.3 / 3.0 - 1.0)   # stream_scale of an H200 (gemm_schedule._KNOWN)
     ratios = []
-    for (_, heads, B, L, layout), times in points.items():
-        S = D.choose_num_splits(B, int(heads.split("/")[1]), L, 132, paged="paged" in layout)
+    for (src, heads, B, L, layout), times in points.items():
+        S = D.choose_num_splits(B, int(heads.split("/")[1]), L, 132, paged="paged" in layout,
+                                stream_scale=h200 if "h200" in src else 1.0)
         assert S in times, (heads, B, L, layout, S, times)
         ratios.append(times[S] / min(times.values()))
         assert ratios[-1] <= 1.12, (heads, B, L, layout, S, times)
     assert len(ratios) >= 780
     assert sum(r <= 1.03 for r in ratios) >= 0.93 * len(ratios), sorted(ratios)[-8:]
+
+
+def test_split_rule_streams_follow_the_bandwidth_per_sm(monkeypatch):
+    """stream_scale: 1 off CUDA and for the H100; an H200 (1.43x the bandwidth per SM) takes
+    STREAMS_BW_GAIN of the excess, so 64 pairs x 2k-4k take two splits there (one split ran 1.10-1.21x
+    as long at 4k on the H200 grid) and keep one on an H100 (one split 1-10 % faster, H100 sweeps);
+    a GPU with less bandwidth per SM keeps the H100's constant."""
+    from numasched import gemm_schedule as GS
+
+    assert D.stream_scale(torch.device("cpu")) == 1.0 and D.stream_scale(None) == 1.0
+    for name, want in (("h100", 1.0), ("h200", 1.0 + D.STREAMS_BW_GAIN * (4.3 / 3.0 - 1.0)), ("mi300x", 1.0)):
+        monkeypatch.setattr(GS.Machine, "of", staticmethod(lambda device=None, _m=GS._KNOWN[name]: _m))
+        assert D.stream_scale(torch.device("cuda", 0)) == pytest.approx(want)
+    h200 = 1.0 + D.STREAMS_BW_GAIN * (4.3 / 3.0 - 1.0)
+    for paged in (False, True):
+        assert [D.choose_num_splits(8, 8, L, 132, paged) for L in (2048, 4096)] == [1, 1]
+        assert [D.choose_num_splits(8, 8, L, 132, paged, h200) for L in (2048, 4096)] == [2, 2]
+    assert D.choose_num_splits(8, 8, 1024, 132, False, h200) == 1   # 1k: one split, 6 % faster on the H200
 
 
 def test_split_rule_past_one_wave():
