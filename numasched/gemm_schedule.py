@@ -122,7 +122,7 @@ MISALIGNED_MAX_BLOCK_K = 64
 TIE_MIN_BLOCK_M = 32
 # Split-K tiles of at most WEIGHT_STREAM_MAX_ROWS rows (M <= 16: the weights streamed once) are
 # priced per SM (_weight_stream_s): programs go to the SMs round-robin, each SM streams its
-# programs' bytes at most at its programs' rate (WEIGHT_STREAM_SM_SHARE of the fair share each, `occ` at a
+# programs' bytes at most at its programs' rate (WEIGHT_STREAM_SM_BYTES_PER_S shared by `occ` at a
 # time), the SMs share HBM and one that finishes early hands its share on (the others then run at
 # their cap), the start cost is paid once (an SM's next program starts as its last one drains),
 # and a grid that puts two or more programs at once on an SM takes CO_RESIDENT_COST longer. The
@@ -134,16 +134,21 @@ TIE_MIN_BLOCK_M = 32
 # M <= 16 (131 before), 280 of 308 at every M (274), 418 of 488 of the WS sweeps (403), no changed
 # pick more than 1.2 % slower; the H200's 558 recorded points with M <= 16 are unchanged (491 ->
 # 490). CO_RESIDENT_COST from 0.07 to 0.3 gives the same picks.
-# An SM streaming 16-row tiles reaches WEIGHT_STREAM_SM_SHARE times its fair share once others are
-# done (the machine's sm_bw_share, 1.5, is the tiled kernels'): at 25600 x 5120 (200 tiles of 16 x
-# 128, 68 SMs with a second) 16 x 128 x 128 in 5 stages ran 89.0-91.1 us at M = 1-16 on an H100,
-# no slower per byte than at 28672 x 4096 (224 tiles), which needs the 68 SMs at 1.94x their share
-# (the 1.5 cap priced it 100.6 and took the 64 x 256 TMA tiles, 94.8-98.3 us; gemm-s34/m16-grid/).
-# Scored on every recorded timing: H100 M <= 16 187 -> 192 of 197 within 3 %, every M 330 -> 335
-# of 363, the WS sweeps and the H200's recorded points unchanged (917/1054, 588/714).
+# An SM streaming 16-row tiles once others are done reaches at least WEIGHT_STREAM_SM_BYTES_PER_S
+# (a rate of the SM's own loads in flight, not a share of the GPU's bandwidth), or the machine's
+# sm_bw_share of its fair share where that is more: at 25600 x 5120 (200 tiles of 16 x 128, 68 SMs
+# with a second) 16 x 128 x 128 in 5 stages ran 89.0-91.1 us at M = 1-16 on an H100, no slower per
+# byte than at 28672 x 4096 (224 tiles), which needs the 68 SMs at 44 GB/s, 1.94x their share (the
+# 1.5x cap priced it 100.6 us and took the 64 x 256 TMA tiles, 94.8-98.3; gemm-s34/m16-grid/). On
+# an H200 1.5x its share is more (49 GB/s): its picks stay as they were timed. Only where some SMs
+# run more programs than others (more programs than SMs): grids of fewer programs, each SM alone
+# from the start, were not measured (at 1 x 1024 x 5120 the higher cap would take 32 unsplit
+# programs over 128 split ones). Scored on every
+# recorded timing: H100 M <= 16 187 -> 192 of 197 within 3 %, every M 330 -> 335 of 363, the WS
+# sweeps and the H200's recorded points unchanged (917/1054, 588/714).
 WEIGHT_STREAM_MAX_ROWS = 16
 CO_RESIDENT_COST = 0.10
-WEIGHT_STREAM_SM_SHARE = 2.0
+WEIGHT_STREAM_SM_BYTES_PER_S = 45.5e9
 # The stream-K phase's K iterations cost this much more than the model's streaming/tensor time
 # (pipeline restarts per piece, partial tiles through L2; fitted to the same run).
 STREAMK_PIECE_COST = 1.5
@@ -400,7 +405,10 @@ def _weight_stream_s(s: Schedule, M: int, N: int, K: int, elt: int, machine: Mac
     occ = _resident(s, elt, machine)
     n = machine.sms
     unit_bytes = (s.block_n + A_WEIGHT * s.block_m) * kps * elt
-    prog_cap = WEIGHT_STREAM_SM_SHARE * machine.hbm_bytes_per_s / n / occ   # a program's rate
+    sm_cap = machine.sm_bw_share * machine.hbm_bytes_per_s / n
+    if units > n:   # SMs left to drain after a shared phase (measured there only)
+        sm_cap = max(sm_cap, WEIGHT_STREAM_SM_BYTES_PER_S)
+    prog_cap = sm_cap / occ   # a program's rate
     q, r = divmod(units, n)   # round-robin: r SMs run q + 1 programs, the others q
     sms = []                  # [SMs, bytes left per SM, the SM's rate cap]
     for count, progs in ((r, q + 1), (n - r, q)):
