@@ -217,7 +217,8 @@ def _dry_run(args) -> int:
     """The points (with the split count numasched would pick) and the contenders, nothing timed."""
     from .common import print_plan
 
-    sms = 132  # H200/H100 SXM: the split counts a GPU run would use there
+    sms = 132  # H100 SXM: the split counts a GPU run would use there (an H200 takes two splits at
+    # 64 pairs x 2k-4k where an H100 takes one: numasched.decode.stream_scale)
     if args.ragged and not args.host:
         return _dry_run_ragged(args, sms)
     if args.sq and not args.host:

@@ -650,8 +650,9 @@ def fixed_config(paged: bool, head_dim: int, block_g: int = 16, tokens_per_split
 # (allocated per warp in 256-register units), so at 190 a quarter holds two warps and an SM four
 # 2-warp programs where shared memory alone would hold five. Measured (H100, pages of 16, 32/8
 # heads, batch 17-24 x 4k-32k, bench/results/decode-s34-past1wave/): 544-640 programs of the
-# 32-token paged tile in 3-4 splits (fused) ran 1.18-1.27x as long as 3, 5 or 6 splits, as a
-# second round of a few programs would.
+# 32-token paged tile in 3-4 splits (fused) ran 1.17-1.29x as long as the best other split count,
+# as a second round of a few programs would. Counted for head tiles of 128 (d 65-128, as
+# measured); smaller heads take fewer registers and were not compiled for it.
 FUSED_COMBINE_REGISTERS = 192
 SM_REGISTER_QUARTERS, QUARTER_REGISTERS = 4, 16384
 
@@ -663,7 +664,7 @@ def _resident(pick: tuple, head_dim: int, elt_bytes: int, paged: bool, smem_limi
     and, for a 2-warp tile with the fused combine, by registers (FUSED_COMBINE_REGISTERS)."""
     cfg = dict(BLOCK_N=pick[0], num_warps=pick[1], num_stages=pick[2])
     n = max(1, (smem_limit + 1024) // (_kv_bytes(cfg, head_dim, elt_bytes, paged) + 8192))
-    if fused and pick[1] == 2:
+    if fused and pick[1] == 2 and int(max(16, _pow2_at_least(head_dim))) == 128:
         per_warp = -(-FUSED_COMBINE_REGISTERS * 32 // 256) * 256
         n = min(n, max(1, SM_REGISTER_QUARTERS * (QUARTER_REGISTERS // per_warp) // pick[1]))
     return n

@@ -230,7 +230,8 @@ FLOOR_MIN_PAIRS_PER_SM = 0.48
 # 3.0 TB/s on 132 SMs: 1.22x the streams) the H100's constant kept one split for 64 pairs x 4k
 # tokens, 52.6-60.1 us against 47.8-49.8 in two (the H200 grid, bench/results/decode-s34-grid-h200/,
 # beside the seventh session's H200 grid in two splits; cuDNN and FlashInfer within 0.5 % in both);
-# with it two from 2k (one split 1.00-1.04x of two at 2k, 0.94-0.98x at 1k, where it keeps one).
+# with it two from 2k (one split 1.00-1.04x of two at 2k; at 1k 0.94x, where a contiguous cache
+# keeps one, and 0.98x for a paged one, which takes two there).
 # Gains from 0.46 to 0.69 pick the same on every H200 sweep and grid point recorded (the H200
 # split sweep, decode-s10-shortsplits/: within 3 % of the best at 117 of 120 either way); the
 # full gain (1.43x) took two splits at 1k (6 % slower). GPUs with less bandwidth per SM (the
@@ -314,15 +315,23 @@ PREFETCH_CHUNK_RATIO = 8
 
 
 def stream_scale(device) -> float:
-    """The split rule's stream factor for ``device`` (see STREAMS_BW_GAIN): 1 off CUDA and on GPUs
-    with at most the H100's bandwidth per SM."""
-    if device is None or torch.device(device).type != "cuda":
+    """The split rule's stream factor for ``device`` (see STREAMS_BW_GAIN): from the measured
+    bandwidth of a known NVIDIA GPU (numasched.gemm_schedule's table) with its full SM count, so
+    today more than 1 on an H200 only; 1 off CUDA, on AMD, on GPUs not in the table (their
+    bandwidth is a guess), on partitions of one (MIG: fewer SMs) and where the bandwidth per SM is
+    at most the H100's."""
+    if device is None or torch.device(device).type != "cuda" or caps.is_hip():
         return 1.0
-    from .gemm_schedule import _KNOWN, Machine
+    from .gemm_schedule import _KNOWN
 
-    m, ref = Machine.of(torch.device(device)), _KNOWN["h100"]
-    ratio = (m.hbm_bytes_per_s / m.sms) / (ref.hbm_bytes_per_s / ref.sms)
-    return 1.0 + STREAMS_BW_GAIN * max(0.0, ratio - 1.0)
+    props = torch.cuda.get_device_properties(caps._index(torch.device(device)))
+    name, ref = props.name.lower(), _KNOWN["h100"]
+    for key in ("h100", "h200"):
+        m = _KNOWN[key]
+        if key in name and props.multi_processor_count == m.sms:
+            ratio = (m.hbm_bytes_per_s / m.sms) / (ref.hbm_bytes_per_s / ref.sms)
+            return 1.0 + STREAMS_BW_GAIN * max(0.0, ratio - 1.0)
+    return 1.0
 
 
 def choose_num_splits(batch: int, kv_heads: int, max_seqlen: int, num_sms: int, paged: bool = False,
@@ -340,9 +349,11 @@ def choose_num_splits(batch: int, kv_heads: int, max_seqlen: int, num_sms: int, 
     split + overhead), floor) + (merge if splits > 1)`` (the fewest splits within 2% of it); a paged
     cache of PAGED_FILL_MIN_PAIRS_PER_SM up to FLOOR_MIN_PAIRS_PER_SM pairs per SM then takes at
     least the most power-of-two splits that keep PAGED_PROGRAMS_PER_SM programs per SM, and a
-    contiguous cache of SMs to 2 SMs' worth of pairs at least PAST_WAVE_SPLITS long splits. The
+    contiguous cache of more pairs than SMs (while more than PAST_WAVE_MIN_SHORT of the SMs would
+    hold one program fewer in one split: up to 1.875 pairs per SM) at least PAST_WAVE_SPLITS splits
+    where they are PAST_WAVE_MIN_SPLIT_TOKENS long or more. The
     constants were fitted on H200 and H100 sweeps (bench/results/decode-s10-shortsplits/,
-    decode-s32*/, decode-s33*/); no AMD GPU was measured. So with few pairs batch * kv_heads *
+    decode-s32*/, decode-s33*/, decode-s34*/); no AMD GPU was measured. So with few pairs batch * kv_heads *
     splits reaches about PROGRAMS_PER_SM programs per SM when the context is long enough and the
     last wave is not mostly empty, and from about half as many pairs as SMs one split (no combine
     at all) is used while the context is short (64 pairs on 132 SMs: up to 4k tokens; two splits

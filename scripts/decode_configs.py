@@ -20,7 +20,7 @@ import torch
 import numasched
 from numasched.bench.common import graph_replay_ms
 from numasched.cli import nonneg_int, positive_int
-from numasched.decode import choose_num_splits
+from numasched.decode import choose_num_splits, stream_scale
 
 # (BLOCK_N, num_warps, num_stages) tried per layout: the autotuner's candidates
 # (numasched/kernels/flash_decode.py, read only)
@@ -122,7 +122,7 @@ def main(argv=None) -> int:
                 lens = torch.full((B,), L, device=dev, dtype=torch.int32)
                 run = ((q, k, v), dict(cache_seqlens=lens, block_table=bt))
                 gb = 2 * B * L * HK * D * 2 / 1e9
-                auto = choose_num_splits(B, HK, L, nsm, paged=bool(args.page))
+                auto = choose_num_splits(B, HK, L, nsm, paged=bool(args.page), stream_scale=stream_scale(dev))
                 print(f"B={B} ctx={L} heads {H}/{HK} {layout} ({gb:.2f} GB): auto splits {auto}", flush=True)
                 if not args.no_auto:
                     plan = numasched.plan_decode(q, k, v, cache_seqlens=lens, block_table=bt)  # tunes on first run
