@@ -276,6 +276,10 @@ PAGED_PROGRAMS_PER_SM = 2
 # than in one. Picks within 3 % of the best over the 170 swept points past one wave 146 -> 165;
 # no point of the issue's grid moves (its pair counts are 128 and 256 there). A paged cache keeps
 # the cost model's pick (four splits ranged 0.99-1.06x of one). No AMD GPU was measured.
+# The minimum split length grows with stream_scale, as the floor's streams do: on an H200
+# (bench/results/decode-s35-past1wave-h200/: 160-224 pairs x 8k-32k, splits 1-6) four splits of
+# 2048 tokens ran 1.00-1.05x the time of one (24 x 8k: 203 against 194 us), four of 4096 and 8192
+# within 0.2 % of the best; with the scaled length (2492 tokens there) the 8k points keep one.
 PAST_WAVE_SPLITS = 4
 PAST_WAVE_MIN_SPLIT_TOKENS = 2048
 PAST_WAVE_MIN_SHORT = 0.125
@@ -351,7 +355,7 @@ def choose_num_splits(batch: int, kv_heads: int, max_seqlen: int, num_sms: int, 
     least the most power-of-two splits that keep PAGED_PROGRAMS_PER_SM programs per SM, and a
     contiguous cache of more pairs than SMs (while more than PAST_WAVE_MIN_SHORT of the SMs would
     hold one program fewer in one split: up to 1.875 pairs per SM) at least PAST_WAVE_SPLITS splits
-    where they are PAST_WAVE_MIN_SPLIT_TOKENS long or more. The
+    where they are PAST_WAVE_MIN_SPLIT_TOKENS * stream_scale long or more. The
     constants were fitted on H200 and H100 sweeps (bench/results/decode-s10-shortsplits/,
     decode-s32*/, decode-s33*/, decode-s34*/); no AMD GPU was measured. So with few pairs batch * kv_heads *
     splits reaches about PROGRAMS_PER_SM programs per SM when the context is long enough and the
@@ -378,7 +382,7 @@ def choose_num_splits(batch: int, kv_heads: int, max_seqlen: int, num_sms: int, 
     # the fewest splits within 2% of the best (fewer partials to write and merge)
     pick = next(s for s, c in enumerate(costs, 1) if c <= 1.02 * min(costs))
     if (not paged and sms < items and 2.0 - items / sms > PAST_WAVE_MIN_SHORT
-            and max_seqlen // PAST_WAVE_SPLITS >= PAST_WAVE_MIN_SPLIT_TOKENS):
+            and max_seqlen // PAST_WAVE_SPLITS >= PAST_WAVE_MIN_SPLIT_TOKENS * stream_scale):
         pick = max(pick, PAST_WAVE_SPLITS)   # past one wave: even the SMs' loads (PAST_WAVE_SPLITS)
     if paged and PAGED_FILL_MIN_PAIRS_PER_SM * sms <= items < FLOOR_MIN_PAIRS_PER_SM * sms:
         fill = 1   # the most splits (a power of two) that keep PAGED_PROGRAMS_PER_SM programs per SM

@@ -842,7 +842,9 @@ def test_split_rule_against_the_measured_sweeps():
     1k-8k and 6-24 at batch 1-4 x 8k-128k, H100; the thirty-third's at 32-112 pairs x 2k-32k,
     contiguous and paged, H100, the check run of its idle-SM term included; the thirty-fourth's
     at 32 pairs (4 and 8 splits, 512-128k) and 136-248 pairs x 4k-32k (splits 1-6, two runs, three
-    head configs: PAST_WAVE_SPLITS) and its check run (64/8 and 32/32, 152-224 pairs); graph times, each
+    head configs: PAST_WAVE_SPLITS) and its check run (64/8 and 32/32, 152-224 pairs); the
+    thirty-fifth's on an H200 (64 pairs x 1k-4k, four head configs, contiguous and pages of 16/64,
+    splits 1-3: stream_scale; 160-224 pairs x 8k-32k, splits 1-6); graph times, each
     sweep compared within itself;
     a point's default row counts as a timing of the split count it took then): the pick must have
     been timed, be within 3 % of the best at >= 93 % of the points (0.966 when written) and within
@@ -862,7 +864,9 @@ def test_split_rule_against_the_measured_sweeps():
              *sorted((results / "decode-s34-fill").glob("*/decode-h100-2026-11-27*.csv")),
              results / "decode-s34-past1wave" / "decode-h100-2026-11-27.csv",
              *sorted((results / "decode-s34-past1wave-b").glob("*/decode-h100-2026-11-27.csv")),
-             *sorted((results / "decode-s34-past1wave-check").glob("*/decode-h100-2026-11-27.csv"))]
+             *sorted((results / "decode-s34-past1wave-check").glob("*/decode-h100-2026-11-27.csv")),
+             *sorted((results / "decode-s35-64pairs").glob("*/decode-h200-2026-11-27.csv")),
+             results / "decode-s35-past1wave-h200" / "decode-h200-2026-11-27.csv"]
     points: dict = {}
     for f in files:
         for r in csv.DictReader(open(f)):
