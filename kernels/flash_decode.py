@@ -456,7 +456,7 @@ def _combine_kernel(PO, PL, O, LSE, H, S, stride_ob, stride_os, stride_oh, strid
 # with decode_schedule="autotune" the autotuner picks among these per tokens-per-split class.
 _CONTIGUOUS_CONFIGS = [(32, 2, 4), (64, 2, 3), (32, 4, 4), (64, 4, 3), (64, 4, 4), (64, 4, 5), (64, 8, 4),
                        (128, 4, 3), (128, 8, 3), (128, 8, 4)]
-_PAGED_CONFIGS = [(32, 2, 5), (64, 2, 5), (32, 4, 5), (32, 4, 7), (64, 4, 5), (64, 4, 7), (64, 8, 5),
+_PAGED_CONFIGS = [(32, 2, 5), (64, 2, 5), (64, 2, 7), (32, 4, 5), (32, 4, 7), (64, 4, 5), (64, 4, 7), (64, 8, 5),
                   (128, 4, 5), (128, 8, 5)]
 _GPU_CONFIGS = [triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=st)
                 for bn, w, st in sorted(set(_CONTIGUOUS_CONFIGS) | set(_PAGED_CONFIGS))]
@@ -558,7 +558,7 @@ def combine_block_s(splits: int) -> int:
 
 def fixed_config(paged: bool, head_dim: int, block_g: int = 16, tokens_per_split: int = 0,
                  elt_bytes: int = 2, programs: int = 0, num_sms: int = 0, smem_limit: int = SMEM_LIMIT,
-                 fused: bool = False) -> dict:
+                 fused: bool = False, stream_scale: float = 1.0) -> dict:
     """The config of the model (no autotuning; also used during graph capture before a shape was
     tuned), from the tokens per split T and the programs P of the launch on ``num_sms`` SMs
     (one tile of <= 16 rows, 16-bit d <= 128 on NVIDIA; otherwise, or without P and T, the
@@ -578,8 +578,11 @@ def fixed_config(paged: bool, head_dim: int, block_g: int = 16, tokens_per_split
       per SM on an H100/H200, four with the fused combine, ``fused``: its registers), 64-token
       tiles of 2 warps beyond (at 768 programs, 5.8 per SM,
       32-token tiles took 1.11-1.31x as long on both GPUs; at 1024-2048 programs up to 1.21x on
-      an H100 with 1k-token splits, within -4..+8 % on an H200); longer splits 128-token tiles
-      (many waves of one per SM, the last nearly full).
+      an H100 with 1k-token splits, within -4..+8 % on an H200); on a GPU of more bandwidth
+      per SM (``stream_scale`` >= DEEP_PAGED_MIN_STREAM_SCALE: the H200) those 64-token tiles
+      keep one more K/V tile in flight (DEEP_PAGED_CONFIG) for splits of DEEP_PAGED_MIN_TOKENS
+      and more while the grid is at most DEEP_PAGED_MAX_PER_SM programs per SM; longer splits
+      128-token tiles (many waves of one per SM, the last nearly full).
 
     Paged rule with one round, measured on an H100 (pages of 16 and 64, 512-2048 programs, 1k-8k
     tokens, bench/results/decode-s21-paged/): the pick within 5 % of the best at 49/49 points
@@ -608,6 +611,9 @@ def fixed_config(paged: bool, head_dim: int, block_g: int = 16, tokens_per_split
             # -4..+8 % of the 64-token ones)
             per_sm = -(-programs // num_sms)
             short, mid = (32, 2, 5), (64, 2, 5)
+            if (stream_scale >= DEEP_PAGED_MIN_STREAM_SCALE and tokens_per_split >= DEEP_PAGED_MIN_TOKENS
+                    and per_sm <= DEEP_PAGED_MAX_PER_SM):
+                mid = DEEP_PAGED_CONFIG
             pick = short if per_sm <= _resident(short, head_dim, elt_bytes, paged, smem_limit, fused) else mid
         elif not paged and tokens_per_split <= 2048:
             # the same one-round rule: 32-token tiles while every program is resident at once (four
@@ -642,6 +648,18 @@ def fixed_config(paged: bool, head_dim: int, block_g: int = 16, tokens_per_split
             cfg["BLOCK_N"] //= 2
     return cfg
 
+
+# The paged 64-token tile one K/V tile deeper (three in flight, two programs per SM: 192 KB an SM
+# against three programs of two) where the memory is faster per SM. H200 sweeps (32/8 heads,
+# 768-1024 programs, one split; bench/results/decode-configs-joint-h200-2026-11-23.csv,
+# decode-s35-configs-h200/): at 4k-8k tokens 1.1-4.8 % faster than five stages (128 x 8k: 954
+# against 999 us, FlashInfer 959), at 1k-2k within -5..+3 %; 64/8 heads at 768 programs 1.6-1.9 %
+# and at 2048 programs 3.8-4.5 % slower. No H100 sweep of it at these sizes (seventh session:
+# 0.9-2.5 % slower there).
+DEEP_PAGED_CONFIG = (64, 2, 7)
+DEEP_PAGED_MIN_STREAM_SCALE = 1.1
+DEEP_PAGED_MIN_TOKENS = 4096
+DEEP_PAGED_MAX_PER_SM = 8
 
 # Registers per thread of the 2-warp tiles with the fused combine (COMBINE=2: the last split's
 # program merges): sm_90 compiles of the d128 bf16 kernel took 184 (contiguous, 32-token tiles)

@@ -534,8 +534,9 @@ class DecodePlan(Plan):
         self._K = K
         block_g, R = K.row_tiling(Sq, G)
         self.row_groups = R
+        streams = stream_scale(dev)
         S = int(num_splits) if num_splits is not None else choose_num_splits(
-            B, HK * R, shape.capacity, caps.num_sms(dev), shape.page_size > 0, stream_scale(dev))
+            B, HK * R, shape.capacity, caps.num_sms(dev), shape.page_size > 0, streams)
         grid_w = M.DecodeGrid(B, HK * R, S)  # checks the program count fits int32
         self.policy = M.resolve(mapping, "decode", self.topology, grid_w)
         self.num_splits = S
@@ -574,7 +575,8 @@ class DecodePlan(Plan):
         self._tune_key = tune_key
         elt = k_cache.element_size()
         fixed = K.fixed_config(paged, D, block_g, -(-shape.capacity // S), elt, B * HK * R * S,
-                               caps.num_sms(dev), caps.shared_memory_per_block(dev), fused=combine == 2)
+                               caps.num_sms(dev), caps.shared_memory_per_block(dev), fused=combine == 2,
+                               stream_scale=streams)
         # options.decode_prefetch: the chunk's first tokens into L2 before the PDL wait (one query
         # token, batch >= PREFETCH_MIN_BATCH; token rows of a multiple of 16 bytes at 16-byte
         # aligned addresses, as the bulk prefetch needs). Lanes: a power of two, at least one per
