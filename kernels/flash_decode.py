@@ -457,7 +457,7 @@ def _combine_kernel(PO, PL, O, LSE, H, S, stride_ob, stride_os, stride_oh, strid
 _CONTIGUOUS_CONFIGS = [(32, 2, 4), (64, 2, 3), (32, 4, 4), (64, 4, 3), (64, 4, 4), (64, 4, 5), (64, 8, 4),
                        (128, 4, 3), (128, 8, 3), (128, 8, 4)]
 _PAGED_CONFIGS = [(32, 2, 5), (64, 2, 5), (64, 2, 7), (32, 4, 5), (32, 4, 7), (64, 4, 5), (64, 4, 7), (64, 8, 5),
-                  (128, 4, 5), (128, 8, 5)]
+                  (128, 4, 5), (128, 4, 7), (128, 8, 5)]
 _GPU_CONFIGS = [triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=st)
                 for bn, w, st in sorted(set(_CONTIGUOUS_CONFIGS) | set(_PAGED_CONFIGS))]
 SMEM_LIMIT = 200 * 1024
@@ -582,7 +582,9 @@ def fixed_config(paged: bool, head_dim: int, block_g: int = 16, tokens_per_split
       per SM (``stream_scale`` >= DEEP_PAGED_MIN_STREAM_SCALE: the H200) those 64-token tiles
       keep one more K/V tile in flight (DEEP_PAGED_CONFIG) for splits of DEEP_PAGED_MIN_TOKENS
       and more while the grid is at most DEEP_PAGED_MAX_PER_SM programs per SM; longer splits
-      128-token tiles (many waves of one per SM, the last nearly full).
+      128-token tiles (many waves of one per SM, the last nearly full), there 64-token tiles of
+      the deep form at 6-8 programs per SM and 128-token tiles one K/V tile deeper
+      (DEEP_LONG_CONFIG) from DEEP_LONG_MIN_PER_SM programs per SM.
 
     Paged rule with one round, measured on an H100 (pages of 16 and 64, 512-2048 programs, 1k-8k
     tokens, bench/results/decode-s21-paged/): the pick within 5 % of the best at 49/49 points
@@ -615,6 +617,16 @@ def fixed_config(paged: bool, head_dim: int, block_g: int = 16, tokens_per_split
                     and per_sm <= DEEP_PAGED_MAX_PER_SM):
                 mid = DEEP_PAGED_CONFIG
             pick = short if per_sm <= _resident(short, head_dim, elt_bytes, paged, smem_limit, fused) else mid
+        elif paged and stream_scale >= DEEP_PAGED_MIN_STREAM_SCALE:
+            # longer paged splits on a GPU of more bandwidth per SM: the 128-token tile holds two
+            # K/V tiles in flight (128 KB an SM), the deeper forms three (192 KB), as the mid rule
+            per_sm = -(-programs // num_sms)
+            if per_sm >= DEEP_LONG_MIN_PER_SM:
+                pick = DEEP_LONG_CONFIG
+            elif _resident((32, 2, 5), head_dim, elt_bytes, paged, smem_limit, fused) < per_sm <= DEEP_PAGED_MAX_PER_SM:
+                pick = DEEP_PAGED_CONFIG
+            else:
+                pick = LONG_SPLIT_CONFIG[paged]
         elif not paged and tokens_per_split <= 2048:
             # the same one-round rule: 32-token tiles while every program is resident at once (four
             # per SM), beyond it 64-token tiles up to 1024 tokens a split and 128-token ones above
@@ -660,6 +672,14 @@ DEEP_PAGED_CONFIG = (64, 2, 7)
 DEEP_PAGED_MIN_STREAM_SCALE = 1.1
 DEEP_PAGED_MIN_TOKENS = 4096
 DEEP_PAGED_MAX_PER_SM = 8
+# Longer paged splits (> 8192 tokens) on such a GPU, 640-4096 programs (H200 sweeps,
+# bench/results/decode-s35-configs-h200/; FlashInfer led the grid there by 1.5-3.5 %): against
+# the 128-token tile of five stages, the deep 64-token tile ran 1.1-2.3 % faster at 768-1024
+# programs (6-8 per SM) and 12 % slower at 640 (two resident: a third round of a few programs);
+# the 128-token tile of seven stages 2.9-3.8 % faster at 2048-4096 programs (16-31 per SM),
+# 0.3-2.6 % slower at 640-1024. Between 8 and 16 programs per SM: not measured, the five stages.
+DEEP_LONG_CONFIG = (128, 4, 7)
+DEEP_LONG_MIN_PER_SM = 16
 
 # Registers per thread of the 2-warp tiles with the fused combine (COMBINE=2: the last split's
 # program merges): sm_90 compiles of the d128 bf16 kernel took 184 (contiguous, 32-token tiles)
