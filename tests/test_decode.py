@@ -799,7 +799,7 @@ def test_model_config_follows_programs_and_split_length(monkeypatch):
             for d in (64, 96, 128, 256):
                 for tokens in (100, 4096, 1 << 20):
                     for programs in (8, 200, 1000, 3000):
-                        for limit, ss in ((FD.SMEM_LIMIT, 1.0), (FD.SMEM_LIMIT, 1.5), (99 * 1024, 1.5)):
+                        for limit, ss in ((FD.SMEM_LIMIT, 1.0), (FD.SMEM_LIMIT, 1.5), (99 * 1024, 1.0), (99 * 1024, 1.5)):
                             c = FD.fixed_config(paged, d, 16, tokens, elt, programs, 132, limit, stream_scale=ss)
                             block_d = max(16, 1 << (d - 1).bit_length())   # the kernel's padded head dim
                             smem = 2 * c["BLOCK_N"] * block_d * elt * FD._kv_buffers(c["num_stages"], paged)
