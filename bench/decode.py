@@ -548,11 +548,12 @@ def _bench(args) -> int:
         tg = _graph_ms(fn, args.rep, notes, name) if (graph and t is not None) else None
         return t, tg, out
 
-    # The first point runs twice and its first pass is dropped: a run's first timed contender of
-    # ours read 6 % slower than the same plan later in the point (H200, three runs of this
-    # session's sweeps: 21.3 against 20.1 us at 32/8 8 x 1k), and one grid point read 0.92 of
-    # cuDNN where the run before had 1.007.
-    schedule = ([(pts[0], True)] if pts else []) + [(p, False) for p in pts]
+    # The first point (within --max-gb) runs twice, its first pass dropped: a run's first timed
+    # contender of ours read 6 % slower than the same plan later in the point (H200, three runs of
+    # the thirty-fifth session's sweeps: 21.3 against 20.1 us at 32/8 8 x 1k), and one grid point
+    # read 0.92 of cuDNN where the run before had 1.007.
+    fits = [p for p in pts if 2 * p[1] * p[2] * HEADS[p[0]][1] * HEAD_DIM * 2 <= args.max_gb * 1e9]
+    schedule = [(fits[0], True)] * bool(fits) + [(p, False) for p in pts]
     for (hname, B, L), warm in progress(schedule, description="decode"):
         first_row = len(rows)
         H, HK = HEADS[hname]

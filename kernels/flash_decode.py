@@ -456,8 +456,11 @@ def _combine_kernel(PO, PL, O, LSE, H, S, stride_ob, stride_os, stride_oh, strid
 # with decode_schedule="autotune" the autotuner picks among these per tokens-per-split class.
 _CONTIGUOUS_CONFIGS = [(32, 2, 4), (64, 2, 3), (32, 4, 4), (64, 4, 3), (64, 4, 4), (64, 4, 5), (64, 8, 4),
                        (128, 4, 3), (128, 8, 3), (128, 8, 4)]
-_PAGED_CONFIGS = [(32, 2, 5), (64, 2, 5), (64, 2, 7), (32, 4, 5), (32, 4, 7), (64, 4, 5), (64, 4, 7), (64, 8, 5),
+_PAGED_CONFIGS = [(32, 2, 5), (64, 2, 5), (32, 4, 5), (32, 4, 7), (64, 4, 5), (64, 4, 7), (64, 8, 5),
                   (128, 4, 5), (128, 4, 7), (128, 8, 5)]
+# (the model's deep 64-token paged tile, DEEP_PAGED_CONFIG, is not among them: the tune buckets of
+# splits past 2048 tokens offer 128-token tiles only, and below that it ran within -5..+3 % of
+# five stages)
 _GPU_CONFIGS = [triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=st)
                 for bn, w, st in sorted(set(_CONTIGUOUS_CONFIGS) | set(_PAGED_CONFIGS))]
 SMEM_LIMIT = 200 * 1024
@@ -581,10 +584,11 @@ def fixed_config(paged: bool, head_dim: int, block_g: int = 16, tokens_per_split
       an H100 with 1k-token splits, within -4..+8 % on an H200); on a GPU of more bandwidth
       per SM (``stream_scale`` >= DEEP_PAGED_MIN_STREAM_SCALE: the H200) those 64-token tiles
       keep one more K/V tile in flight (DEEP_PAGED_CONFIG) for splits of DEEP_PAGED_MIN_TOKENS
-      and more while the grid is at most DEEP_PAGED_MAX_PER_SM programs per SM; longer splits
-      128-token tiles (many waves of one per SM, the last nearly full), there 64-token tiles of
-      the deep form at 6-8 programs per SM and 128-token tiles one K/V tile deeper
-      (DEEP_LONG_CONFIG) from DEEP_LONG_MIN_PER_SM programs per SM.
+      and more at DEEP_PAGED_MIN_PER_SM to DEEP_PAGED_MAX_PER_SM programs per SM; longer splits
+      128-token tiles (many waves of one per SM, the last nearly full), on such a GPU the deep
+      64-token tiles at 7-8 programs per SM and from DEEP_LONG_MIN_PER_SM programs per SM the
+      128-token tile one K/V tile deeper (DEEP_LONG_CONFIG). The figures below are for
+      ``stream_scale`` 1 (the rule without the deep tiles).
 
     Paged rule with one round, measured on an H100 (pages of 16 and 64, 512-2048 programs, 1k-8k
     tokens, bench/results/decode-s21-paged/): the pick within 5 % of the best at 49/49 points
@@ -612,21 +616,16 @@ def fixed_config(paged: bool, head_dim: int, block_g: int = 16, tokens_per_split
             # long on both GPUs; 1024-2048 programs on an H100 up to 1.21x, on an H200 within
             # -4..+8 % of the 64-token ones)
             per_sm = -(-programs // num_sms)
-            short, mid = (32, 2, 5), (64, 2, 5)
-            if (stream_scale >= DEEP_PAGED_MIN_STREAM_SCALE and tokens_per_split >= DEEP_PAGED_MIN_TOKENS
-                    and per_sm <= DEEP_PAGED_MAX_PER_SM):
-                mid = DEEP_PAGED_CONFIG
-            pick = short if per_sm <= _resident(short, head_dim, elt_bytes, paged, smem_limit, fused) else mid
+            short = (32, 2, 5)
+            deep = _deep_paged(False, tokens_per_split, per_sm, head_dim, elt_bytes, smem_limit, stream_scale)
+            pick = short if per_sm <= _resident(short, head_dim, elt_bytes, paged, smem_limit, fused) else (
+                deep or (64, 2, 5))
         elif paged and stream_scale >= DEEP_PAGED_MIN_STREAM_SCALE:
             # longer paged splits on a GPU of more bandwidth per SM: the 128-token tile holds two
             # K/V tiles in flight (128 KB an SM), the deeper forms three (192 KB), as the mid rule
             per_sm = -(-programs // num_sms)
-            if per_sm >= DEEP_LONG_MIN_PER_SM:
-                pick = DEEP_LONG_CONFIG
-            elif _resident((32, 2, 5), head_dim, elt_bytes, paged, smem_limit, fused) < per_sm <= DEEP_PAGED_MAX_PER_SM:
-                pick = DEEP_PAGED_CONFIG
-            else:
-                pick = LONG_SPLIT_CONFIG[paged]
+            pick = (_deep_paged(True, tokens_per_split, per_sm, head_dim, elt_bytes, smem_limit, stream_scale)
+                    or LONG_SPLIT_CONFIG[paged])
         elif not paged and tokens_per_split <= 2048:
             # the same one-round rule: 32-token tiles while every program is resident at once (four
             # per SM), beyond it 64-token tiles up to 1024 tokens a split and 128-token ones above
@@ -662,24 +661,46 @@ def fixed_config(paged: bool, head_dim: int, block_g: int = 16, tokens_per_split
 
 
 # The paged 64-token tile one K/V tile deeper (three in flight, two programs per SM: 192 KB an SM
-# against three programs of two) where the memory is faster per SM. H200 sweeps (32/8 heads,
-# 768-1024 programs, one split; bench/results/decode-configs-joint-h200-2026-11-23.csv,
-# decode-s35-configs-h200/): at 4k-8k tokens 1.1-4.8 % faster than five stages (128 x 8k: 954
-# against 999 us, FlashInfer 959), at 1k-2k within -5..+3 %; 64/8 heads at 768 programs 1.6-1.9 %
-# and at 2048 programs 3.8-4.5 % slower. No H100 sweep of it at these sizes (seventh session:
-# 0.9-2.5 % slower there).
+# against three programs of two) where the memory is faster per SM. H200 sweeps (one split;
+# bench/results/decode-configs-joint-h200-2026-11-23.csv, decode-s35-configs-h200/): at 1024
+# programs (8 per SM) and 4k-8k tokens 3.0-4.8 % faster than five stages (32/8 128 x 8k: 954
+# against 999 us, FlashInfer 959), at 1k-2k within -5..+3 %; at 768 programs (6 per SM) +1.1 %
+# (32/8) and -1.6..-1.9 % (64/8), so from DEEP_PAGED_MIN_PER_SM (7-8 per SM: 793-1056 programs on
+# 132 SMs); at 2048 programs 3.8-4.5 % slower. No H100 sweep of it at these sizes (seventh
+# session: 0.9-2.5 % slower there).
 DEEP_PAGED_CONFIG = (64, 2, 7)
 DEEP_PAGED_MIN_STREAM_SCALE = 1.1
 DEEP_PAGED_MIN_TOKENS = 4096
+DEEP_PAGED_MIN_PER_SM = 7
 DEEP_PAGED_MAX_PER_SM = 8
 # Longer paged splits (> 8192 tokens) on such a GPU, 640-4096 programs (H200 sweeps,
 # bench/results/decode-s35-configs-h200/; FlashInfer led the grid there by 1.5-3.5 %): against
-# the 128-token tile of five stages, the deep 64-token tile ran 1.1-2.3 % faster at 768-1024
-# programs (6-8 per SM) and 12 % slower at 640 (two resident: a third round of a few programs);
-# the 128-token tile of seven stages 2.9-3.8 % faster at 2048-4096 programs (16-31 per SM),
-# 0.3-2.6 % slower at 640-1024. Between 8 and 16 programs per SM: not measured, the five stages.
+# the 128-token tile of five stages, the deep 64-token tile ran 1.1 % faster at 1024 programs
+# (8 per SM), 2.3 % at 768 (6 per SM: not taken, as above) and 12 % slower at 640 (two resident:
+# a third round of a few programs); the 128-token tile of seven stages 2.9-3.8 % faster at
+# 2048-4096 programs (16-31 per SM), 0.3-2.6 % slower at 640-1024. Between 8 and 16 programs per
+# SM: not measured, the five stages.
 DEEP_LONG_CONFIG = (128, 4, 7)
 DEEP_LONG_MIN_PER_SM = 16
+
+
+def _deep_paged(long: bool, tokens_per_split: int, per_sm: int, head_dim: int, elt_bytes: int,
+                smem_limit: int, stream_scale: float):
+    """The deeper paged tile for a grid of ``per_sm`` programs per SM (DEEP_PAGED_*, DEEP_LONG_*;
+    ``long``: splits past the mid rule's 8192 tokens), or None: a GPU of at most
+    DEEP_PAGED_MIN_STREAM_SCALE, another grid, or a tile the device's shared memory holds fewer
+    of than the rule counts (two of the 64-token form, one of the 128-token one)."""
+    if stream_scale < DEEP_PAGED_MIN_STREAM_SCALE:
+        return None
+    if DEEP_PAGED_MIN_PER_SM <= per_sm <= DEEP_PAGED_MAX_PER_SM and tokens_per_split >= DEEP_PAGED_MIN_TOKENS:
+        pick, need = DEEP_PAGED_CONFIG, 2
+    elif long and per_sm >= DEEP_LONG_MIN_PER_SM:
+        pick, need = DEEP_LONG_CONFIG, 1
+    else:
+        return None
+    cfg = dict(BLOCK_N=pick[0], num_warps=pick[1], num_stages=pick[2])
+    fits = (smem_limit + 1024) // (_kv_bytes(cfg, head_dim, elt_bytes, True) + 8192)
+    return pick if fits >= need else None
 
 # Registers per thread of the 2-warp tiles with the fused combine (COMBINE=2: the last split's
 # program merges): sm_90 compiles of the d128 bf16 kernel took 184 (contiguous, 32-token tiles)

@@ -765,21 +765,27 @@ def test_model_config_follows_programs_and_split_length(monkeypatch):
     assert pick(False, 512, 4096) == (64, 4, 3)
     assert pick(True, 2048, 4096) == (64, 2, 5) and pick(True, 8192, 768) == (64, 2, 5)
     # a GPU of more bandwidth per SM (the H200's stream_scale): paged tiles one K/V tile deeper,
-    # 64-token ones at 6-8 programs per SM from 4096 tokens a split, 128-token ones from 16 per SM
-    # past 8192 tokens; short splits, one round and the H100 as before
+    # 64-token ones at 7-8 programs per SM from 4096 tokens a split, 128-token ones from 16 per SM
+    # past 8192 tokens; short splits, one round, 6 per SM and the H100 as before
     h200 = 1.0 + D.STREAMS_BW_GAIN * (4.3 / 3.0 - 1.0)
 
     def deep(tokens, programs, **kw):
         c = FD.fixed_config(True, 128, 16, tokens, 2, programs, 132, 227 * 1024, stream_scale=h200, **kw)
         return (c["BLOCK_N"], c["num_warps"], c["num_stages"])
 
-    assert deep(4096, 1024) == deep(8192, 768) == deep(16384, 1024) == FD.DEEP_PAGED_CONFIG == (64, 2, 7)
+    assert deep(4096, 1024) == deep(8192, 800) == deep(16384, 1024) == FD.DEEP_PAGED_CONFIG == (64, 2, 7)
     assert deep(2048, 1024) == (64, 2, 5) and deep(4096, 2048) == (64, 2, 5)   # short splits; 15.5 per SM
+    assert deep(8192, 768) == (64, 2, 5) and deep(24576, 768) == (128, 4, 5)   # 6 per SM: mixed, not taken
     assert deep(4096, 600) == (32, 2, 5) and deep(16384, 640) == (128, 4, 5)   # one round of short tiles
     assert deep(16384, 4096) == deep(32768, 2048) == FD.DEEP_LONG_CONFIG == (128, 4, 7)
     assert deep(32768, 1500) == (128, 4, 5) and deep(32768, 64) == (128, 4, 5)   # 12 per SM; one wave
     assert pick(True, 4096, 1024) == (64, 2, 5) and pick(True, 16384, 4096) == (128, 4, 5)   # the H100
     assert deep(4096, 1024, fused=True) == (64, 2, 7)
+    assert deep(16384, 640, fused=True) == (128, 4, 5) and deep(8192, 640, fused=True) == (64, 2, 5)
+    # a GPU that holds fewer of the deep tiles than the rule counts (99 KB a block) keeps its configs
+    for tokens, programs in ((4096, 1024), (16384, 4096)):
+        small = FD.fixed_config(True, 128, 16, tokens, 2, programs, 132, 99 * 1024, stream_scale=h200)
+        assert small == FD.fixed_config(True, 128, 16, tokens, 2, programs, 132, 99 * 1024)
     assert FD._resident((32, 2, 5), 128, 2, True, 227 * 1024) == 5
     # the fused combine's registers (190 a thread at 2 warps): four per SM, so 529-660 programs of
     # it take the 64-token tiles (544 programs in a second round of 16 ran 1.18-1.27x as long)
@@ -799,7 +805,8 @@ def test_model_config_follows_programs_and_split_length(monkeypatch):
             for d in (64, 96, 128, 256):
                 for tokens in (100, 4096, 1 << 20):
                     for programs in (8, 200, 1000, 3000):
-                        for limit, ss in ((FD.SMEM_LIMIT, 1.0), (FD.SMEM_LIMIT, 1.5), (99 * 1024, 1.0), (99 * 1024, 1.5)):
+                        for limit, ss in ((FD.SMEM_LIMIT, 1.0), (FD.SMEM_LIMIT, 1.5),
+                                          (99 * 1024, 1.0), (99 * 1024, 1.5)):
                             c = FD.fixed_config(paged, d, 16, tokens, elt, programs, 132, limit, stream_scale=ss)
                             block_d = max(16, 1 << (d - 1).bit_length())   # the kernel's padded head dim
                             smem = 2 * c["BLOCK_N"] * block_d * elt * FD._kv_buffers(c["num_stages"], paged)
