@@ -515,6 +515,16 @@ def _flashinfer_decode(fi, args, q, kp, vp, indptr, indices, last, dims, notes, 
     return best, best_g, out
 
 
+def _schedule(pts: List[tuple], max_gb: float) -> List[tuple]:
+    """((heads, batch, ctx), warm) in the order run: the first point within ``max_gb`` GB of K+V
+    once more at the start, as a warm-up whose rows are dropped. A run's first timed contender of
+    ours read 6 % slower than the same plan later in the point (H200, three runs of the
+    thirty-fifth session's sweeps: 21.3 against 20.1 us at 32/8 8 x 1k), and one grid point read
+    0.92 of cuDNN where the run before had 1.007."""
+    fits = [p for p in pts if 2 * p[1] * p[2] * HEADS[p[0]][1] * HEAD_DIM * 2 <= max_gb * 1e9]
+    return ([(fits[0], True)] if fits else []) + [(p, False) for p in pts]
+
+
 def _bench(args) -> int:
     import torch
     import torch.nn.functional as F
@@ -548,13 +558,7 @@ def _bench(args) -> int:
         tg = _graph_ms(fn, args.rep, notes, name) if (graph and t is not None) else None
         return t, tg, out
 
-    # The first point (within --max-gb) runs twice, its first pass dropped: a run's first timed
-    # contender of ours read 6 % slower than the same plan later in the point (H200, three runs of
-    # the thirty-fifth session's sweeps: 21.3 against 20.1 us at 32/8 8 x 1k), and one grid point
-    # read 0.92 of cuDNN where the run before had 1.007.
-    fits = [p for p in pts if 2 * p[1] * p[2] * HEADS[p[0]][1] * HEAD_DIM * 2 <= args.max_gb * 1e9]
-    schedule = [(fits[0], True)] * bool(fits) + [(p, False) for p in pts]
-    for (hname, B, L), warm in progress(schedule, description="decode"):
+    for (hname, B, L), warm in progress(_schedule(pts, args.max_gb), description="decode"):
         first_row = len(rows)
         H, HK = HEADS[hname]
         D = HEAD_DIM

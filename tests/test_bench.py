@@ -147,6 +147,19 @@ def test_decode_bench_leaves_the_process_options_alone(capsys):
     assert f"{choose_num_splits(1, 8, 1024, 132)} splits on 132 SMs" in capsys.readouterr().out
 
 
+def test_decode_bench_warms_up_on_its_first_point_that_fits():
+    """bench decode runs its first point within --max-gb once more first, as a warm-up whose rows
+    are dropped; every point still runs once, in order."""
+    from numasched.bench import decode
+
+    pts = [("gqa", 128, 131072), ("gqa", 1, 512), ("mha", 2, 1024)]
+    sched = decode._schedule(pts, max_gb=1.0)   # 128 x 128k of 32/8 heads: 68.7 GB, skipped
+    assert sched[0] == (("gqa", 1, 512), True)
+    assert [p for p, warm in sched if not warm] == pts and sum(w for _, w in sched) == 1
+    assert decode._schedule(pts, max_gb=1e-6) == [(p, False) for p in pts]   # none fits: no warm-up
+    assert decode._schedule([], 10.0) == []
+
+
 def test_decode_bench_page_sizes(capsys):
     from numasched.bench import decode
 
