@@ -698,9 +698,7 @@ def _deep_paged(long: bool, tokens_per_split: int, per_sm: int, head_dim: int, e
         pick, need = DEEP_LONG_CONFIG, 1
     else:
         return None
-    cfg = dict(BLOCK_N=pick[0], num_warps=pick[1], num_stages=pick[2])
-    fits = (smem_limit + 1024) // (_kv_bytes(cfg, head_dim, elt_bytes, True) + 8192)
-    return pick if fits >= need else None
+    return pick if _smem_resident(pick, head_dim, elt_bytes, True, smem_limit) >= need else None
 
 # Registers per thread of the 2-warp tiles with the fused combine (COMBINE=2: the last split's
 # program merges): sm_90 compiles of the d128 bf16 kernel took 184 (contiguous, 32-token tiles)
@@ -718,15 +716,21 @@ SM_REGISTER_QUARTERS, QUARTER_REGISTERS = 4, 16384
 
 def _resident(pick: tuple, head_dim: int, elt_bytes: int, paged: bool, smem_limit: int, fused: bool = False) -> int:
     """Programs of config ``pick`` (BLOCK_N, warps, stages) one SM holds at once, by shared memory
-    (the K/V tiles plus about 8 KB of the kernel's own: sm_90 compiles of the d128 bf16 kernel
-    measured 5.4-8 KB above _kv_bytes; an SM's shared memory is about the per-block limit + 1 KB)
-    and, for a 2-warp tile with the fused combine, by registers (FUSED_COMBINE_REGISTERS)."""
-    cfg = dict(BLOCK_N=pick[0], num_warps=pick[1], num_stages=pick[2])
-    n = max(1, (smem_limit + 1024) // (_kv_bytes(cfg, head_dim, elt_bytes, paged) + 8192))
+    (_smem_resident) and, for a 2-warp tile with the fused combine, by registers (FUSED_COMBINE_REGISTERS); at
+    least one."""
+    n = max(1, _smem_resident(pick, head_dim, elt_bytes, paged, smem_limit))
     if fused and pick[1] == 2 and int(max(16, _pow2_at_least(head_dim))) == 128:
         per_warp = -(-FUSED_COMBINE_REGISTERS * 32 // 256) * 256
         n = min(n, max(1, SM_REGISTER_QUARTERS * (QUARTER_REGISTERS // per_warp) // pick[1]))
     return n
+
+
+def _smem_resident(pick: tuple, head_dim: int, elt_bytes: int, paged: bool, smem_limit: int) -> int:
+    """Programs of config ``pick`` that an SM's shared memory holds (0: not even one): the K/V
+    tiles plus about 8 KB of the kernel's own (sm_90 compiles of the d128 bf16 kernel measured
+    5.4-8 KB above _kv_bytes); an SM's shared memory is about the per-block limit + 1 KB."""
+    cfg = dict(BLOCK_N=pick[0], num_warps=pick[1], num_stages=pick[2])
+    return (smem_limit + 1024) // (_kv_bytes(cfg, head_dim, elt_bytes, paged) + 8192)
 
 
 def _kv_bytes(cfg: dict, head_dim: int, elt_bytes: int, paged: bool) -> int:
