@@ -515,13 +515,18 @@ def _flashinfer_decode(fi, args, q, kp, vp, indptr, indices, last, dims, notes, 
     return best, best_g, out
 
 
+def _kv_bytes(hname: str, B: int, L: int) -> int:
+    """K + V bytes of a bf16 cache of B sequences of L tokens with the head config's KV heads."""
+    return 2 * B * L * HEADS[hname][1] * HEAD_DIM * 2
+
+
 def _schedule(pts: List[tuple], max_gb: float) -> List[tuple]:
     """((heads, batch, ctx), warm) in the order run: the first point within ``max_gb`` GB of K+V
     once more at the start, as a warm-up whose rows are dropped. A run's first timed contender of
     ours read 6 % slower than the same plan later in the point (H200, three runs of the
     thirty-fifth session's sweeps: 21.3 against 20.1 us at 32/8 8 x 1k), and one grid point read
     0.92 of cuDNN where the run before had 1.007."""
-    fits = [p for p in pts if 2 * p[1] * p[2] * HEADS[p[0]][1] * HEAD_DIM * 2 <= max_gb * 1e9]
+    fits = [p for p in pts if _kv_bytes(*p) <= max_gb * 1e9]
     return ([(fits[0], True)] if fits else []) + [(p, False) for p in pts]
 
 
@@ -562,7 +567,7 @@ def _bench(args) -> int:
         first_row = len(rows)
         H, HK = HEADS[hname]
         D = HEAD_DIM
-        kv_bytes = 2 * B * L * HK * D * 2
+        kv_bytes = _kv_bytes(hname, B, L)
         base = dict(heads=f"{H}/{HK}", batch=B, ctx=L, kv_GB=round(kv_bytes / 1e9, 3))
         if kv_bytes > args.max_gb * 1e9:
             if not warm:
