@@ -540,6 +540,7 @@ def _bench(args) -> int:
     from .common import progress, write_results
 
     dev, dt, read_bw, sms, (fi, fi_err) = _setup(args)
+    streams = stream_scale(dev)   # the split rule's, as DecodePlan takes it
     flex = None
     if not args.no_flex:
         from torch.nn.attention.flex_attention import flex_attention
@@ -574,7 +575,7 @@ def _bench(args) -> int:
                 rows.append(dict(base, layout="-", note=f"skipped: K+V {kv_bytes / 1e9:.1f} GB > --max-gb"))
             continue
         nbytes = kv_bytes + 2 * B * H * D * 2
-        splits = choose_num_splits(B, HK, L, sms, stream_scale=stream_scale(dev))
+        splits = choose_num_splits(B, HK, L, sms, stream_scale=streams)
         q = torch.randn(B, H, D, device=dev, dtype=dt)
         q4 = q.view(B, H, 1, D)
         lens = torch.full((B,), L, dtype=torch.int32, device=dev)
@@ -747,6 +748,7 @@ def _bench_multi(args) -> int:
     except ImportError:  # older torch: the boolean mask peer remains
         causal_lower_right = None
     dev, dt, read_bw, sms, (fi, fi_err) = _setup(args)
+    streams = stream_scale(dev)   # the split rule's, as DecodePlan takes it
     graph = not args.no_graph
     rows: List[Dict] = []
 
@@ -844,7 +846,7 @@ def _bench_multi(args) -> int:
                 t_eff = tg or t
                 row = dict(base, q_len=sq, layout=layout, row_groups=groups,
                            splits=choose_num_splits(B, HK * groups, L, sms, paged="paged" in layout,
-                                                    stream_scale=stream_scale(dev)))
+                                                    stream_scale=streams))
                 row["ours_us"] = t * 1e3 if t else None
                 row["ours_graph_us"] = tg * 1e3 if tg else ("n/a" if t else None)
                 row["ours_TBps"] = nbytes / (t_eff * 1e-3) / 1e12 if t_eff else None
@@ -912,6 +914,7 @@ def _bench_ragged(args) -> int:
     from .common import progress, write_results
 
     dev, dt, read_bw, sms, (fi, fi_err) = _setup(args)
+    streams = stream_scale(dev)   # the split rule's, as DecodePlan takes it
     graph = not args.no_graph
     rows: List[Dict] = []
     wl_config = args.worklist_config
@@ -924,7 +927,7 @@ def _bench_ragged(args) -> int:
         nbytes = useful + 2 * B * H * D * 2
         base = dict(heads=f"{H}/{HK}", batch=B, ctx=L, len_min=int(lens_np.min()), len_mean=round(float(lens_np.mean())),
                     useful_GB=round(useful / 1e9, 3),
-                    splits=choose_num_splits(B, HK, L, sms, stream_scale=stream_scale(dev)))
+                    splits=choose_num_splits(B, HK, L, sms, stream_scale=streams))
         if 2 * B * L * HK * D * 2 > args.max_gb * 1e9:
             rows.append(dict(base, layout="-", note="skipped: padded K+V > --max-gb"))
             continue
@@ -1008,7 +1011,7 @@ def _bench_ragged(args) -> int:
             row = dict(base, layout=layout, schedule=res.get("schedule"), items=res.get("items"),
                        programs=res.get("programs"), balance=res.get("balance"),
                        splits=choose_num_splits(B, HK, L, sms, paged=layout.startswith("paged"),
-                                                stream_scale=stream_scale(dev)))
+                                                stream_scale=streams))
             row["static_us"] = ts * 1e3 if ts else None
             row["static_graph_us"] = tsg * 1e3 if tsg else ("n/a" if ts else None)
             row["worklist_us"] = t * 1e3 if t else None
