@@ -22,9 +22,17 @@ SPLIT_K parts, one program each, and a tile's partial sums are merged in the sam
    SPLIT_K parts, so the last wave keeps every SM busy instead of a fraction of them
    (``gemm_tail_unit``); a whole tile stores as in 3, a part as in 3's merge.
 
+Pointer loads of a K that is not a multiple of 16 (K_VEC, host: :func:`k_vector`): Triton knows an
+integer argument only as a multiple of 16 or not, so the rows of A and the columns of a W.T view
+(K-contiguous) would load one element at a time. Where K and those operands' leading strides are
+multiples of 8 (4, 2) elements, the kernel rounds them down to that multiple (a no-op the
+compiler's alignment analysis understands) and the loads are 16- (8-, 4-) byte vectors again.
+
 Epilogue: ``+ bias[n]`` (HAS_BIAS), ``+ residual[m, n]`` (HAS_RES), then the output's dtype.
 Host planning (the schedule choice, workspace, counters) is numasched/gemm.py's.
 """
+import math
+
 import triton
 import triton.language as tl
 
@@ -128,6 +136,14 @@ def _merge_parts(acc, acc_u, c, bias, res, ws, counters, tm, tn, split, NM, NN, 
 
 
 @triton.jit
+def _multiple(x, V: tl.constexpr):
+    # x, a multiple of V (the host's word), written so that Triton's alignment analysis knows it
+    if V > 1:
+        x = x // V * V
+    return x
+
+
+@triton.jit
 def gemm_splitk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
                        stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, stride_rm, stride_rn,
                        k_per_split, whole_tiles,
@@ -136,7 +152,7 @@ def gemm_splitk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
                        HAS_RES: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
                        A_TRANS: tl.constexpr, B_TRANS: tl.constexpr, GLU: tl.constexpr = False,
                        PDL: tl.constexpr = False, PREFETCH_B: tl.constexpr = 0, TAIL: tl.constexpr = False,
-                       ROW_SCALE: tl.constexpr = False):
+                       ROW_SCALE: tl.constexpr = False, A_K_VEC: tl.constexpr = 1, B_K_VEC: tl.constexpr = 1):
     # GLU (numasched.matmul_swiglu): B holds 2N columns, gate then up; the program accumulates
     # both halves of its tile's columns (two B tiles per K step) and stores silu(gate) * up (N
     # columns), so the MLP's activation costs no kernel and no round trip of the 2N-wide output.
@@ -187,6 +203,10 @@ def gemm_splitk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
                     b_u = b.load([k0, N + tn * BLOCK_N])
                 acc_u = tl.dot(a_t, b_u, acc_u, input_precision=INPUT_PRECISION)
     else:
+        # K_VEC (host): K and the K-contiguous operands' leading strides are multiples of it
+        stride_am = _multiple(stride_am, A_K_VEC)
+        stride_bn = _multiple(stride_bn, B_K_VEC)
+        k_hi = _multiple(k_hi, max(A_K_VEC, B_K_VEC))
         a_rows = a + offs_m[:, None].to(tl.int64) * stride_am
         b_cols = b + offs_n[None, :].to(tl.int64) * stride_bn
         for k0 in range(k_lo, k_hi, BLOCK_K):
@@ -250,6 +270,25 @@ def prefetch_programs(b, K: int, k_per_split: int, block_n: int, grid: int, l2_b
         return 0
     per_program = block_n * (K if tail else min(K, k_per_split)) * elt * halves
     return int(max(1, min(grid, (l2_bytes // 2) // per_program)))
+
+
+def k_vector(K: int, k_per_split: int, a_stride: tuple, b_stride: tuple, elt: int) -> tuple:
+    """(A_K_VEC, B_K_VEC) of a pointer-path launch: for A (M, K) and B (K, N) each K-contiguous
+    operand gets the largest power of two of at most 16 bytes of elements that divides K, the K
+    per split and its leading stride -- where Triton would not know it itself (K and the stride
+    multiples of 16 elements: 1, the kernel as before)."""
+    a_k = a_stride[1] == 1
+    b_k = b_stride[0] == 1
+    leads = ([a_stride[0]] if a_k else []) + ([b_stride[1]] if b_k else [])
+    if not leads:
+        return 1, 1
+    g = math.gcd(K, k_per_split, *leads)
+    if g % 16 == 0:
+        return 1, 1
+    v = 16 // elt
+    while v > 1 and g % v:
+        v //= 2
+    return (v if a_k else 1), (v if b_k else 1)
 
 
 def shared_bytes(block_m: int, block_n: int, block_k: int, num_stages: int, elt: int) -> int:

@@ -733,7 +733,9 @@ def test_tuned_table_overrides_the_model(tmp_path):
 
 @gpu
 @pytest.mark.parametrize("m,n,k", [(1, 4096, 4096), (7, 2560, 8192), (16, 5003, 4093), (64, 8192, 2048),
-                                   (256, 6144, 4096), (1024, 4096, 4096)])
+                                   (256, 6144, 4096), (1024, 4096, 4096),
+                                   # K of 8 and 4 mod 16 (the pointer path's K_VEC)
+                                   (7, 14000, 5000), (24, 9000, 3000), (333, 4500, 4500), (5, 3000, 4102)])
 def test_gpu_inference_shapes_chosen_schedule(m, n, k):
     # y = x @ W.T + bias + residual, as a linear layer with its residual add; the chosen schedule
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -807,6 +809,45 @@ def test_splitk_tma_falls_back_to_pointers_when_not_describable():
     with options.use(gemm_splitk_tma=True):
         plan = numasched.plan_matmul(a, b, split_k=2)
     assert plan.path == "pointer" and _rel_err(plan.run(a, b), a, b) < 1e-5
+
+
+def test_k_vector_tells_the_kernel_what_triton_cannot_see():
+    """kernels/gemm_splitk.k_vector: the pointer path's K vector width, for the K-contiguous
+    operands only, where K, the K per split and their leading strides are not all multiples of
+    16 elements (Triton's own specialisation covers those)."""
+    from numasched.kernels.gemm_splitk import k_vector
+
+    a_rows, w_t = lambda K: (K, 1), lambda K: (1, K)      # A (M, K) row-major; B = W.T of a (N, K) W
+    assert k_vector(4096, 512, a_rows(4096), w_t(4096), 2) == (1, 1)     # Triton knows: unchanged
+    assert k_vector(5000, 640, a_rows(5000), w_t(5000), 2) == (8, 8)     # 16-byte rows (K = 8 mod 16)
+    assert k_vector(4500, 1536, a_rows(4500), w_t(4500), 2) == (4, 4)    # 8-byte rows
+    assert k_vector(4102, 1408, a_rows(4102), w_t(4102), 2) == (2, 2)
+    assert k_vector(4093, 1024, a_rows(4093), w_t(4093), 2) == (1, 1)    # odd K: one element at a time
+    assert k_vector(36, 64, a_rows(36), w_t(36), 4) == (4, 4)            # fp32: 16 bytes are 4 elements
+    assert k_vector(5000, 640, a_rows(5000), (4096, 1), 2) == (8, 1)     # B N-contiguous: A only
+    assert k_vector(5000, 640, (5001, 1), w_t(5000), 2) == (1, 1)        # a leading stride of 5001
+    assert k_vector(5000, 640, (1, 7), (4096, 1), 2) == (1, 1)           # neither K-contiguous
+
+
+@cpu
+@pytest.mark.parametrize("k,dtype,want", [(40, torch.float16, 8), (36, torch.float16, 4), (38, torch.float16, 2),
+                                          (37, torch.float16, 1), (36, torch.float32, 4), (200, torch.float16, 8)])
+@pytest.mark.parametrize("split_k", [1, 3])
+def test_splitk_pointer_path_with_k_vectors_matches_float64(k, dtype, want, split_k):
+    """The split-K kernel's pointer loads with K_VEC (a K of 8 mod 16 loads 16-byte vectors on a
+    GPU): the constexprs the plan passes, and the product, against float64, with the weight as a
+    W.T view and A a row slice of a wider matrix (its leading stride k + 8)."""
+    g = torch.Generator().manual_seed(k * 3 + split_k)
+    a = torch.randn(9, k + 8, generator=g)[:, :k].to(dtype)
+    b = torch.randn(44, k, generator=g).to(dtype).T
+    with options.use(gemm_splitk_tma=False):
+        plan = numasched.plan_matmul(a, b, split_k=split_k)
+        c = plan.run(a, b, _poisoned(9, 44, dtype))
+    assert plan.path == "pointer" and plan.split_k == split_k
+    kw = plan._launch.kwargs
+    expect = want if math.gcd(k, plan._kps, k + 8) % 16 else 1
+    assert (kw.get("A_K_VEC", 1), kw.get("B_K_VEC", 1)) == (expect, expect)
+    assert _rel_err(c, a, b) < TOL[dtype]
 
 
 def test_chooser_models_tma_split_k_at_the_tensor_rate():

@@ -43,7 +43,7 @@ def _err(y, x, b):
 @cpu
 @pytest.mark.parametrize("m,n,k,dtype", [(1, 40, 64, torch.float32), (5, 24, 200, torch.float32),
                                          (17, 33, 97, torch.float16), (3, 16, 48, torch.float32),
-                                         (2, 7, 35, torch.float32)])
+                                         (2, 7, 35, torch.float32), (4, 24, 36, torch.float16)])
 @pytest.mark.parametrize("wt", [True, False])
 def test_swiglu_matches_float64(m, n, k, dtype, wt):
     x, b = _data(m, n, k, dtype, wt, seed=m + n + k)
@@ -177,7 +177,7 @@ def test_swiglu_argument_errors_name_the_argument():
 
 @gpu
 @pytest.mark.parametrize("m,n,k", [(1, 7168, 4096), (4, 14336, 4096), (16, 7168, 4096), (64, 12800, 5120),
-                                   (3, 1001, 777)])
+                                   (3, 1001, 777), (5, 7000, 5000)])
 def test_gpu_swiglu_decode_sizes(m, n, k):
     x, b = _data(m, n, k, torch.bfloat16, seed=m, device="cuda")
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
