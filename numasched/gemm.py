@@ -212,6 +212,33 @@ def _splitk_buffers(device: torch.device, ws_numel: int, tiles: int, stream: int
     return grow_only(_WS, key, ws_numel, torch.float32, device), ctr
 
 
+# A's rows realigned (options.gemm_align_a): per (device, stream, dtype), grow-only like the
+# split-K buffers (launch arguments cached by pointer hold their address), fresh while capturing
+_APAD: dict = {}
+
+
+def _aligned_rows(a: torch.Tensor, kp: int, capturing: bool) -> torch.Tensor:
+    """An (M, K) view of a buffer whose rows are ``kp`` elements (whole 128-byte lines), for
+    this stream; not yet filled."""
+    m, k = a.shape
+    dev = a.device
+    if capturing:
+        buf = torch.empty(m * kp, dtype=a.dtype, device=dev)
+    else:
+        buf = grow_only(_APAD, (dev.type, dev.index, caps.stream_handle(dev), a.dtype), m * kp, a.dtype, dev)
+    return buf[:m * kp].view(m, kp)[:, :k]
+
+
+def _align_a_wanted(a: torch.Tensor, M: int, N: int, K: int, options: _options.Options, interp: bool) -> int:
+    """The row length (elements) A is copied to before the kernel (options.gemm_align_a), or 0."""
+    es = a.element_size()
+    if options.gemm_align_a is False or a.stride(1) != 1 or M < 2 or (K * es) % 128 == 0 or (K * es) % 16:
+        return 0
+    if options.gemm_align_a is None and (interp or not _sched.align_a_pays(M, N, K, es)):
+        return 0
+    return -(-K * es // 128) * 128 // es
+
+
 # ----------------------------------------------------------------------------------- the plan
 class GemmPlan(Plan):
     """A planned matmul: made by :func:`plan_matmul`, run with :meth:`run`.
@@ -247,6 +274,7 @@ class GemmPlan(Plan):
         self._out_shape = (Mdim, N)
         self._launch = None
         self._epi = (bias is not None, residual is not None)
+        self._a_rows = 0   # options.gemm_align_a (below)
         if Mdim == 0 or N == 0:
             self.mode = "empty"
         elif K == 0:
@@ -257,6 +285,11 @@ class GemmPlan(Plan):
             self._freeze()
             return
         interp = self.mode == "interpreter"
+        # rows of A that are not whole 128-byte lines (options.gemm_align_a): run() copies A into
+        # a buffer of aligned rows first, and the kernel is planned for that buffer's layout
+        self._a_rows = _align_a_wanted(a, Mdim, N, K, options, interp)
+        if self._a_rows:   # (a stand-in of that layout: run() fills this stream's buffer)
+            a = torch.empty_strided((Mdim, K), (self._a_rows, 1), dtype=a.dtype, device=dev)
         self._upcast = interp and a.dtype == torch.bfloat16  # the interpreter's bf16 dot is wrong
         # a stand-in for the output: its layout is what the plan is made for
         c = out if out is not None else torch.empty((Mdim, N), dtype=dtype, device="meta")
@@ -603,6 +636,8 @@ class GemmPlan(Plan):
         mode = self.mode
         if out is None:
             out = a.new_empty(self._out_shape, dtype=self.out_dtype)
+        if self._a_rows:   # options.gemm_align_a: A into whole 128-byte rows first
+            a = _aligned_rows(a, self._a_rows, caps.capturing(self.device)).copy_(a)
         if self.kernel == "ws":
             if _observe.OBSERVERS:
                 _observe.notify(self.op, "matmul", self.grid, (out,), self)

@@ -34,6 +34,7 @@ numasched is imported (they are not read per call):
     NUMASCHED_GLU_PERSISTENT=0|1 glu_persistent -> False / True (unset: numasched.gemm_glu's default)
     NUMASCHED_GLU_WS=0|1        glu_ws -> False / True (unset: numasched.gemm_glu's default)
     NUMASCHED_FUSED_WS=0|1      fused_ws -> False / True (unset: the config's)
+    NUMASCHED_GEMM_ALIGN_A=0|1  gemm_align_a -> False / True (unset: where gemm_schedule.align_a_pays)
 """
 from __future__ import annotations
 
@@ -172,6 +173,11 @@ class Options:
             the Triton ones (False), eager or captured; None: on for two ranks of Hopper GPUs
             (matmul_all_reduce's tile pairs, DIRECT included; matmul_reduce_scatter where
             distributed.cost.rs_ws_pays; distributed._ws.ws_wanted).
+        gemm_align_a: numasched.matmul copies A into rows of whole 128-byte lines first where its
+            rows are not (K * element size not a multiple of 128, A K-contiguous): every tile
+            column re-reads A, and a misaligned row costs two lines per load (True: always there,
+            also in the interpreter; False: never; None: on a GPU where
+            gemm_schedule.align_a_pays, i.e. A's re-reads outweigh the copy).
     """
 
     autotune: bool = True
@@ -199,6 +205,7 @@ class Options:
     fused_tma_push: Optional[bool] = None
     glu_ws: Optional[bool] = None
     fused_ws: Optional[bool] = None
+    gemm_align_a: Optional[bool] = None
 
     def __post_init__(self):
         for f in ("autotune", "check_data", "gemm_flatten", "gemm_splitk_tma", "gemm_streamk_k_aligned",
@@ -217,7 +224,7 @@ class Options:
         if self.fused_ar_stages is not None and (isinstance(self.fused_ar_stages, bool) or self.fused_ar_stages
                                                  not in (2, 3, 4)):
             raise ValueError(f"Options.fused_ar_stages must be 2, 3, 4 or None, got {self.fused_ar_stages!r}")
-        for f in ("fused_flat", "glu_persistent", "fused_tma_push", "glu_ws", "fused_ws"):
+        for f in ("fused_flat", "glu_persistent", "fused_tma_push", "glu_ws", "fused_ws", "gemm_align_a"):
             if getattr(self, f) is not None and not isinstance(getattr(self, f), bool):
                 raise TypeError(f"Options.{f} must be a bool or None, got {getattr(self, f)!r}")
         if self.arn_exchange not in ARN_EXCHANGES:
@@ -278,7 +285,7 @@ def from_env(environ=None) -> Options:
         raise ValueError(f"NUMASCHED_DECODE_PREFETCH must be a number of tokens (0: off), got {pre!r}")
     tri = {}
     for name in ("NUMASCHED_FUSED_FLAT", "NUMASCHED_GLU_PERSISTENT", "NUMASCHED_FUSED_TMA_PUSH", "NUMASCHED_GLU_WS",
-                 "NUMASCHED_FUSED_WS"):
+                 "NUMASCHED_FUSED_WS", "NUMASCHED_GEMM_ALIGN_A"):
         v = env.get(name, "").strip()
         if v not in ("", "0", "1"):
             raise ValueError(f"{name} must be 0 or 1, got {v!r}")
@@ -307,7 +314,7 @@ def from_env(environ=None) -> Options:
                    fused_ar_stages=int(stages) if stages else None,
                    fused_flat=tri["NUMASCHED_FUSED_FLAT"], glu_persistent=tri["NUMASCHED_GLU_PERSISTENT"],
                    fused_tma_push=tri["NUMASCHED_FUSED_TMA_PUSH"], glu_ws=tri["NUMASCHED_GLU_WS"],
-                   fused_ws=tri["NUMASCHED_FUSED_WS"])
+                   fused_ws=tri["NUMASCHED_FUSED_WS"], gemm_align_a=tri["NUMASCHED_GEMM_ALIGN_A"])
 
 
 _CURRENT = from_env()

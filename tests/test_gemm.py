@@ -735,7 +735,9 @@ def test_tuned_table_overrides_the_model(tmp_path):
 @pytest.mark.parametrize("m,n,k", [(1, 4096, 4096), (7, 2560, 8192), (16, 5003, 4093), (64, 8192, 2048),
                                    (256, 6144, 4096), (1024, 4096, 4096),
                                    # K of 8 and 4 mod 16 (the pointer path's K_VEC)
-                                   (7, 14000, 5000), (24, 9000, 3000), (333, 4500, 4500), (5, 3000, 4102)])
+                                   (7, 14000, 5000), (24, 9000, 3000), (333, 4500, 4500), (5, 3000, 4102),
+                                   # A copied into whole 128-byte rows first (gemm_align_a)
+                                   (128, 7000, 5000), (1000, 3000, 5000)])
 def test_gpu_inference_shapes_chosen_schedule(m, n, k):
     # y = x @ W.T + bias + residual, as a linear layer with its residual add; the chosen schedule
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -772,6 +774,29 @@ def test_gpu_splitk_in_a_cuda_graph_replays_right(rows, tail):
         y = plan.run(x, w.T)
     for _ in range(3):
         x.normal_()
+        g.replay()
+        torch.cuda.synchronize()
+        ref = x.double() @ w.double().T
+        assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+@gpu
+@pytest.mark.parametrize("m,n,k", [(128, 7000, 5000), (1000, 3000, 5000)])
+def test_gpu_realigned_a_in_a_cuda_graph_replays_right(m, n, k):
+    """A's rows of 10000 bytes are copied into whole 128-byte lines first (gemm_align_a, by the
+    rule at these sizes), inside the captured graph too: fresh x each replay, float64 reference."""
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    plan = numasched.plan_matmul(x, w.T)
+    assert plan._a_rows == 5056, plan.schedule
+    plan.run(x, w.T)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = plan.run(x, w.T)
+    for _ in range(3):
+        x.normal_()
+        y.fill_(float("nan"))
         g.replay()
         torch.cuda.synchronize()
         ref = x.double() @ w.double().T
@@ -848,6 +873,47 @@ def test_splitk_pointer_path_with_k_vectors_matches_float64(k, dtype, want, spli
     expect = want if math.gcd(k, plan._kps, k + 8) % 16 else 1
     assert (kw.get("A_K_VEC", 1), kw.get("B_K_VEC", 1)) == (expect, expect)
     assert _rel_err(c, a, b) < TOL[dtype]
+
+
+def test_align_a_pays_only_for_misaligned_rows_reread_enough():
+    """gemm_schedule.align_a_pays: rows of 16-byte multiples that are not whole 128-byte lines,
+    re-read by enough tile columns (ALIGN_A_MIN_BYTES); never for aligned or odd rows."""
+    from numasched import gemm_schedule as GS
+
+    assert GS.align_a_pays(128, 7000, 5000, 2) and GS.align_a_pays(1000, 3000, 5000, 2)
+    assert not GS.align_a_pays(128, 7000, 5056, 2)           # 10112 bytes: whole lines
+    assert not GS.align_a_pays(128, 7000, 4093, 2)           # odd: not even 16-byte rows
+    assert not GS.align_a_pays(16, 6144, 4104, 2)            # 6 MB of re-reads: the copy would cost more
+    assert GS.align_a_pays(128, 7000, 2500, 4) and not GS.align_a_pays(128, 7000, 2528, 4)   # fp32
+
+
+@cpu
+@pytest.mark.parametrize("m,n,k,dtype", [(9, 44, 40, torch.float16), (5, 30, 36, torch.float32),
+                                         (33, 20, 120, torch.float16)])
+@pytest.mark.parametrize("kind", ["splitk", "tiled", "splitk_tma"])
+def test_matmul_with_a_realigned_matches_float64(m, n, k, dtype, kind):
+    """options.gemm_align_a=True: A is copied into rows of whole 128-byte lines before the
+    kernel (planned for that layout); results against float64 with bias and residual, twice
+    (the stream's buffer reused), A itself untouched."""
+    g = torch.Generator().manual_seed(m + k)
+    a = torch.randn(m, k, generator=g).to(dtype)
+    w = torch.randn(n, k, generator=g).to(dtype)
+    bias, res = torch.randn(n, generator=g).to(dtype), torch.randn(m, n, generator=g).to(dtype)
+    a0 = a.clone()
+    kw = dict(split_k=3) if kind != "tiled" else dict(path="pointer")
+    with options.use(gemm_align_a=True, gemm_splitk_tma=kind == "splitk_tma"):
+        plan = numasched.plan_matmul(a, w.T, bias=bias, residual=res, **kw)
+        for _ in range(2):
+            c = plan.run(a, w.T, _poisoned(m, n, dtype), bias=bias, residual=res)
+            ref = a.double() @ w.double().T + bias.double() + res.double()
+            assert ((c.double() - ref).norm() / ref.norm()).item() < TOL[dtype]
+    assert plan._a_rows == 128 // a.element_size() * -(-k * a.element_size() // 128)
+    assert torch.equal(a, a0)
+    if kind == "splitk_tma":
+        assert plan.path == "tma"
+    with options.use(gemm_align_a=False):
+        assert numasched.plan_matmul(a, w.T, **kw)._a_rows == 0
+    assert numasched.plan_matmul(a, w.T, **kw)._a_rows == 0, "auto: never in the interpreter"
 
 
 def test_chooser_models_tma_split_k_at_the_tensor_rate():
