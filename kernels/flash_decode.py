@@ -47,7 +47,7 @@ import triton.language as tl
 from numasched import caps
 from numasched.caps import LN2 as _LN2
 from numasched.mappings.jit import decode_item
-from numasched.kernels.pdl import pdl_enter, pdl_trigger, prefetch_l2
+from numasched.kernels.pdl import late_point, pdl_enter, pdl_late, pdl_trigger, prefetch_l2
 
 LN2 = tl.constexpr(_LN2)
 
@@ -380,6 +380,11 @@ def _flash_decode_kernel(
     m_i, l_i, acc = _attend(q, K, V, BLOCK_TABLE, b64, kvh64, lo, hi, row_hi, offs_n, offs_d, qk_scale, num_pages,
                             stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh, stride_tb, stride_tp,
                             SQ > 1, BLOCK_G, BLOCK_N, BLOCK_D, HEAD_DIM, PAGE_SIZE, INT64, INPUT_PRECISION, KD, VD)
+    # PDL "late": the next kernel launches once every program is past its K/V loop, not at the
+    # start: an early launch placed the next call's programs in this one's free SM slots, and
+    # they piled up unevenly (32/8 32 x 32k back to back, H200: 986 us with the early trigger,
+    # 945 without PDL, cuDNN 936; bench/results/decode-s36-pdl/)
+    pdl_late(PDL)
 
     nonempty = l_i > 0
     l_safe = tl.where(nonempty, l_i, 1.0)
@@ -423,6 +428,9 @@ def _flash_decode_kernel(
                     _combine_rows(PO, PL, O, LSE, prow, o_off, l_off, gmask, S, BLOCK_G, HEAD_DIM, BLOCK_D,
                                   64 // BLOCK_G, ".cg")
                 tl.atomic_xchg(ctr, 0)  # ready for the next launch (and CUDA graph replays)
+
+
+late_point(_flash_decode_kernel)
 
 
 @triton.jit

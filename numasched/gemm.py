@@ -229,6 +229,23 @@ def _aligned_rows(a: torch.Tensor, kp: int, capturing: bool) -> torch.Tensor:
     return buf[:m * kp].view(m, kp)[:, :k]
 
 
+def _row_copy_launch(a: torch.Tensor, kp: int, interp: bool, options: _options.Options):
+    """The launch that copies A into rows of ``kp`` elements (kernels/copy_rows.py)."""
+    import math
+
+    from ._launch import Launch
+    from .kernels import copy_rows as CR
+
+    m, k = a.shape
+    bk = CR.block_k(k)
+    g = math.gcd(k, a.stride(0), kp)
+    vec = 16 // a.element_size()
+    while vec > 1 and g % vec:
+        vec //= 2
+    return Launch(CR.copy_rows_kernel, (m, -(-k // bk)), dict(BLOCK_K=bk, VEC=vec), config=dict(num_warps=4),
+                  device=a.device, interpret=interp, options=options)
+
+
 def _align_a_wanted(a: torch.Tensor, M: int, N: int, K: int, options: _options.Options, interp: bool) -> int:
     """The row length (elements) A is copied to before the kernel (options.gemm_align_a), or 0."""
     es = a.element_size()
@@ -289,6 +306,7 @@ class GemmPlan(Plan):
         # a buffer of aligned rows first, and the kernel is planned for that buffer's layout
         self._a_rows = _align_a_wanted(a, Mdim, N, K, options, interp)
         if self._a_rows:   # (a stand-in of that layout: run() fills this stream's buffer)
+            self._a_copy = _row_copy_launch(a, self._a_rows, interp, options)
             a = torch.empty_strided((Mdim, K), (self._a_rows, 1), dtype=a.dtype, device=dev)
         self._upcast = interp and a.dtype == torch.bfloat16  # the interpreter's bf16 dot is wrong
         # a stand-in for the output: its layout is what the plan is made for
@@ -637,7 +655,10 @@ class GemmPlan(Plan):
         if out is None:
             out = a.new_empty(self._out_shape, dtype=self.out_dtype)
         if self._a_rows:   # options.gemm_align_a: A into whole 128-byte rows first
-            a = _aligned_rows(a, self._a_rows, caps.capturing(self.device)).copy_(a)
+            dst = _aligned_rows(a, self._a_rows, caps.capturing(self.device))
+            with caps.launch_device(a):
+                self._a_copy(a, dst, self.K, a.stride(0), self._a_rows)
+            a = dst
         if self.kernel == "ws":
             if _observe.OBSERVERS:
                 _observe.notify(self.op, "matmul", self.grid, (out,), self)

@@ -245,9 +245,11 @@ def test_pdl_only_for_kernels_that_wait_on_sm90_with_the_option(monkeypatch, gpu
         _launch.Launch(k5, (4,), {"A": 3}, device=cuda, config={"num_warps": 4})("x", 10)
         assert k5.calls[0][2]["PDL"] == 1
     for fn in (gemm.gemm_kernel, gemm_splitk.gemm_splitk_kernel, gemm_streamk.gemm_streamk_kernel,
-               gemm.tuned_kernel("tma", None, False)):
+               gemm.tuned_kernel("tma", None, False), flash_decode._flash_decode_kernel):
         assert pdl.has_late_point(fn)
-    assert not pdl.has_late_point(flash_decode._flash_decode_kernel)
+    from numasched.kernels import copy_rows
+
+    assert not pdl.has_late_point(flash_decode._combine_kernel) and not pdl.has_late_point(copy_rows.copy_rows_kernel)
     assert [pdl.pdl_value(t, late) for t in pdl.TRIGGER_MODES for late in (False, True)] == [1, 1, 1, 3, 2, 2]
     assert pdl.TRIGGER_MODES == options.TRIGGER_MODES
     # a plan's own options win over the current ones
