@@ -318,6 +318,16 @@ PREFETCH_MIN_BATCH = 16
 PREFETCH_CHUNK_RATIO = 8
 
 
+# PDL trigger (options.pdl_trigger "late", the default): the split kernel lets the next kernel
+# launch after its K/V loop (kernels/flash_decode.py) where the call reads at least this many
+# bytes of K and V, else at its start. Side by side on an H200 (bench/results/decode-s36-pdl/, 75
+# rows of batch 1-128 x 512-32k, graph replays): the early trigger ran 2-3 % faster at batch 1 x
+# 512-2k (10-13 us), the late one 1 % faster at 1 x 32k and 4 % at 32/8 32 x 32k back to back
+# (986 against 945 us without PDL: the next call's programs, placed early, piled up unevenly);
+# elsewhere within 0.5 %.
+PDL_LATE_MIN_BYTES = 128 << 20
+
+
 def stream_scale(device) -> float:
     """The split rule's stream factor for ``device`` (see STREAMS_BW_GAIN): from the measured
     bandwidth of a known NVIDIA GPU (numasched.gemm_schedule's table) with its full SM count, so
@@ -605,6 +615,8 @@ class DecodePlan(Plan):
         else:
             split = Launch(K._flash_decode_kernel, self.grid, meta, device=dev, tuner=K._flash_decode_tuned,
                            fixed=fixed, options=self.options)
+        if split.kwargs.get("PDL") == 3 and B * HK * shape.capacity * D * elt * 2 < PDL_LATE_MIN_BYTES:
+            split.kwargs["PDL"] = 1   # a short call: the next kernel launches at the start (see below)
         launches = [split]
         if combine == 1:
             launches.append(Launch(K._combine_kernel, (B * Sq * H,),

@@ -197,18 +197,23 @@ WS_SPLIT_MARGIN = 0.95
 
 # A whose rows are not whole 128-byte lines (K * element size a multiple of 16 but not of 128):
 # every tile column re-reads A from L2, and each of its loads spans two lines. Copying A into
-# aligned rows first (numasched.gemm, options.gemm_align_a) pays where those re-reads -- A's
-# bytes times the tile columns, counted at 128 columns -- reach ALIGN_A_MIN_BYTES: measured on an
-# H200 with A padded by hand (bench/results/gemm-s36/align/): 128 x 7000 x 5000 44.4 -> 27.0 us
-# (cuBLAS 24.0; 70 MB re-read), 1000 x 3000 x 5000 65.6 -> 50.1 (240 MB), 200 x 8000 x 6000 51.0
-# -> 46.3 (151 MB), 100 x 6000 x 4000 25.2 -> 21.8 (38 MB), 16 x 6144 x 4104 20.9 -> 17.9 (6 MB),
-# the copy itself not counted there.
+# aligned rows first (numasched.gemm, options.gemm_align_a; kernels/copy_rows.py) pays where
+# those re-reads -- A's bytes times the tile columns, counted at 128 columns -- reach
+# ALIGN_A_MIN_BYTES, at ALIGN_A_MIN_ROWS up to the WS kernel's rows (WS_MIN_ROWS). Measured on an
+# H200 (bench/results/gemm-s36/): with A padded by hand, the copy not counted, 128 x 7000 x 5000
+# 44.4 -> 27.0 us (cuBLAS 24.0), 200 x 8000 x 6000 51.0 -> 46.3, 100 x 6000 x 4000 25.2 -> 21.8,
+# 1000 x 3000 x 5000 (WS) 65.6 -> 50.1, 16 x 6144 x 4104 20.9 -> 17.9. With the copy through
+# torch's strided copy_ (first form), end to end: 128 x 7000 x 5000 1.40x, 256 x 6000 x 5000 1.30x,
+# 64 x 5000 x 3000 1.07x, but 0.90-0.98x at the WS points (512-3000 rows) and at 100 x 6000 x 4000
+# and 200 x 8000 x 6000, and 0.92-0.95x under 64 rows (re-reads of 6-24 MB). The row-copy kernel
+# that replaced it (16-byte vectors, PDL) was not timed yet: the WS rows stay off.
 ALIGN_A_MIN_BYTES = 32e6
+ALIGN_A_MIN_ROWS = 64
 
 
 def align_a_pays(M: int, N: int, K: int, elt: int) -> bool:
     """Whether numasched.matmul copies A into whole 128-byte rows first (see ALIGN_A_MIN_BYTES)."""
-    if (K * elt) % 128 == 0 or (K * elt) % 16:
+    if (K * elt) % 128 == 0 or (K * elt) % 16 or not ALIGN_A_MIN_ROWS <= M < WS_MIN_ROWS:
         return False
     return _cdiv(N, 128) * M * K * elt >= ALIGN_A_MIN_BYTES
 
