@@ -162,6 +162,16 @@ STREAMK_PIECE_COST = 1.5
 # width by the model below; under it the Triton schedules.
 WS_TILE_NS = (256, 192, 160, 144, 128, 96, 80)
 WS_MIN_ROWS = 512
+# ... and from WS_FILL_MIN_ROWS rows where the model's width gives at least WS_FILL x the SMs in
+# tiles and K is at least WS_FILL_MIN_K (64 K steps a tile): every width timed at 256 rows beside
+# the Triton pick (bench/results/gemm-s36/ws256/, H200; gemm-ws-s30/, H100), the model's width
+# ran 1.00-1.10x faster on the H200 at the 7 of 11 projections that meet both (5120 x 12800
+# 1.10, 14336 x 8192 1.08, 5120 x 5120 1.05, 28672 x 4096 1.03; on the H100 0.96-1.11, geomean
+# 1.02) and 0.73-0.96x at the 4 that do not (2560 x 8192: 64 tiles; 4096 x 4096 and 4096 x
+# 14336: 104; 8192 x 2048: 32 K steps). The WS model's estimates there ran 0.90-1.04x the times.
+WS_FILL_MIN_ROWS = 256
+WS_FILL = 0.8
+WS_FILL_MIN_K = 4096
 # ... and where the WS model gives at least WS_MIN_S: at 512-1024 rows and 10 us or less (1000^3,
 # 768^3, 512 x 1024 x 1024, 1024 x 2048 x 1024) the Triton split-K tiles ran 0.80-0.95x its time on
 # the H100 (their fixed costs are smaller); from 25 us the two were even or WS ahead.
@@ -305,11 +315,13 @@ def candidates(M: int, N: int, K: int, elt: int, machine: Machine, *, splitk_onl
     and WS_MIN_S of modelled time its widths instead of the Triton schedules."""
     from .kernels import gemm_splitk as KS
 
-    if ws and M >= WS_MIN_ROWS and elt == 2:
+    if ws and elt == 2 and (M >= WS_MIN_ROWS or (M >= WS_FILL_MIN_ROWS and K >= WS_FILL_MIN_K)):
         from .gemm_ws import wide_config
 
         wide = [Schedule("ws", 128, n, 64, 1, 4, wide_config(n).stages, True) for n in WS_TILE_NS]
-        if min(_ws_estimate(s, M, N, K, elt, machine) for s in wide) >= WS_MIN_S:
+        t, best = min((_ws_estimate(s, M, N, K, elt, machine), i) for i, s in enumerate(wide))
+        fills = _cdiv(M, 128) * _cdiv(N, wide[best].block_n) >= WS_FILL * machine.sms
+        if t >= WS_MIN_S and (M >= WS_MIN_ROWS or fills):
             return wide
     out = []
     if ws and WS_SPLIT_MIN_ROWS <= M <= WS_SPLIT_MAX_ROWS and elt == 2:

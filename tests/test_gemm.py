@@ -1197,8 +1197,12 @@ def test_chooser_takes_the_ws_widths_from_512_rows():
     from numasched import gemm_schedule as GS
 
     h100 = GS._KNOWN["h100"]
-    # under WS_MIN_ROWS only the split-K form, at 65-128 rows (tested below)
-    assert not any(s.kind == "ws" for s in GS.candidates(256, 5120, 5120, 2, h100, ws=True))
+    # under WS_MIN_ROWS: from WS_FILL_MIN_ROWS where the model's width fills the SMs and K is
+    # long enough, else only the split-K form, at 65-128 rows (tested below)
+    assert all(s.kind == "ws" for s in GS.candidates(256, 5120, 5120, 2, h100, ws=True))     # 128 tiles of 80
+    assert not any(s.kind == "ws" for s in GS.candidates(256, 2560, 8192, 2, h100, ws=True))  # 64 tiles
+    assert not any(s.kind == "ws" for s in GS.candidates(256, 8192, 2048, 2, h100, ws=True))  # 32 K steps
+    assert not any(s.kind == "ws" for s in GS.candidates(255, 5120, 5120, 2, h100, ws=True))
     assert all(s.split_k > 1 for s in GS.candidates(128, 5120, 5120, 2, h100, ws=True) if s.kind == "ws")
     assert not any(s.kind == "ws" for s in GS.candidates(4096, 5120, 5120, 2, h100, ws=False))
     wide = GS.candidates(512, 5120, 5120, 2, h100, ws=True)
@@ -1246,8 +1250,10 @@ def test_chooser_weighs_the_ws_split_form_from_65_to_128_rows():
             tiles = -(-m // 128) * -(-5120 // s.block_n)
             assert tiles * s.split_k <= h100.sms and s.split_k <= 12800 // 64 // 2
             assert GS.Schedule.parse(s.describe()) == s
-    for m in (GS.WS_SPLIT_MIN_ROWS - 1, GS.WS_SPLIT_MAX_ROWS + 1, 256):
+    for m in (GS.WS_SPLIT_MIN_ROWS - 1, GS.WS_SPLIT_MAX_ROWS + 1, 255):
         assert not any(s.kind == "ws" for s in GS.candidates(m, 5120, 12800, 2, h100, ws=True)), m
+    # (at 256 rows the data-parallel widths, not the split form: WS_FILL_MIN_ROWS)
+    assert all(s.kind == "ws" and s.split_k == 1 for s in GS.candidates(256, 5120, 12800, 2, h100, ws=True))
     assert not any(s.kind == "ws" for s in GS.candidates(128, 5120, 12800, 2, h100, ws=False))
     assert not any(s.kind == "ws" for s in GS.candidates(128, 5120, 12800, 4, h100, ws=True))   # fp32: no
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "results",
