@@ -324,7 +324,8 @@ PREFETCH_CHUNK_RATIO = 8
 # rows of batch 1-128 x 512-32k, graph replays): the early trigger ran 2-3 % faster at batch 1 x
 # 512-2k (10-13 us), the late one 1 % faster at 1 x 32k and 4 % at 32/8 32 x 32k back to back
 # (986 against 945 us without PDL: the next call's programs, placed early, piled up unevenly);
-# elsewhere within 0.5 %.
+# elsewhere within 0.5 %. The plan counts the cache's capacity (it is made per layout, the
+# lengths are data), so a large cache holding short sequences takes the late trigger.
 PDL_LATE_MIN_BYTES = 128 << 20
 
 

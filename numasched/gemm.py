@@ -249,9 +249,12 @@ def _row_copy_launch(a: torch.Tensor, kp: int, interp: bool, options: _options.O
 def _align_a_wanted(a: torch.Tensor, M: int, N: int, K: int, options: _options.Options, interp: bool) -> int:
     """The row length (elements) A is copied to before the kernel (options.gemm_align_a), or 0."""
     es = a.element_size()
-    if options.gemm_align_a is False or a.stride(1) != 1 or M < 2 or (K * es) % 128 == 0 or (K * es) % 16:
+    # A's own rows already whole lines (e.g. a K-slice of a wider, aligned buffer): nothing to do;
+    # K not a multiple of 16 bytes: W's rows are misaligned too (no TMA), out of this rule's reach
+    if options.gemm_align_a is False or a.stride(1) != 1 or M < 2 or (a.stride(0) * es) % 128 == 0 \
+            or (K * es) % 16:
         return 0
-    if options.gemm_align_a is None and (interp or not _sched.align_a_pays(M, N, K, es)):
+    if options.gemm_align_a is None and (interp or not _sched.align_a_pays(M, N, K, es, lead=a.stride(0))):
         return 0
     return -(-K * es // 128) * 128 // es
 
@@ -291,7 +294,7 @@ class GemmPlan(Plan):
         self._out_shape = (Mdim, N)
         self._launch = None
         self._epi = (bias is not None, residual is not None)
-        self._a_rows = 0   # options.gemm_align_a (below)
+        self._a_rows = self._a_bytes = 0   # options.gemm_align_a (below)
         if Mdim == 0 or N == 0:
             self.mode = "empty"
         elif K == 0:
@@ -308,6 +311,7 @@ class GemmPlan(Plan):
         if self._a_rows:   # (a stand-in of that layout: run() fills this stream's buffer)
             self._a_copy = _row_copy_launch(a, self._a_rows, interp, options)
             a = torch.empty_strided((Mdim, K), (self._a_rows, 1), dtype=a.dtype, device=dev)
+            self._a_bytes = Mdim * self._a_rows * a.element_size()   # counted in workspace_bytes
         self._upcast = interp and a.dtype == torch.bfloat16  # the interpreter's bf16 dot is wrong
         # a stand-in for the output: its layout is what the plan is made for
         c = out if out is not None else torch.empty((Mdim, N), dtype=dtype, device="meta")
@@ -350,6 +354,7 @@ class GemmPlan(Plan):
             if why is not None:
                 raise ValueError(f"schedule {schedule.describe()!r}: the warp-specialised GEMM cannot run this: {why}")
             self._plan_ws(a, b, out, schedule)
+            self.workspace_bytes += self._a_bytes
             self._freeze()
             return
         if schedule is not None and schedule.kind == "streamk":
@@ -381,6 +386,7 @@ class GemmPlan(Plan):
         self._blocks = None
         self._args: dict = {}
         self._sync_config()
+        self.workspace_bytes += self._a_bytes
         self._freeze()
 
     # ---------------------------------------------------------------- the kernels

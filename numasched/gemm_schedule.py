@@ -209,7 +209,8 @@ WS_SPLIT_MARGIN = 0.95
 # every tile column re-reads A from L2, and each of its loads spans two lines. Copying A into
 # aligned rows first (numasched.gemm, options.gemm_align_a; kernels/copy_rows.py) pays where
 # those re-reads -- A's bytes times the tile columns, counted at 128 columns -- reach
-# ALIGN_A_MIN_BYTES, at ALIGN_A_MIN_ROWS up to the WS kernel's rows (WS_MIN_ROWS). Measured on an
+# ALIGN_A_MIN_BYTES, at ALIGN_A_MIN_ROWS up to the WS kernel's rows (WS_MIN_ROWS, and from
+# WS_FILL_MIN_ROWS where K >= WS_FILL_MIN_K: the WS kernel may take those). Measured on an
 # H200 (bench/results/gemm-s36/): with A padded by hand, the copy not counted, 128 x 7000 x 5000
 # 44.4 -> 27.0 us (cuBLAS 24.0), 200 x 8000 x 6000 51.0 -> 46.3, 100 x 6000 x 4000 25.2 -> 21.8,
 # 1000 x 3000 x 5000 (WS) 65.6 -> 50.1, 16 x 6144 x 4104 20.9 -> 17.9. With the copy through
@@ -221,9 +222,14 @@ ALIGN_A_MIN_BYTES = 32e6
 ALIGN_A_MIN_ROWS = 64
 
 
-def align_a_pays(M: int, N: int, K: int, elt: int) -> bool:
-    """Whether numasched.matmul copies A into whole 128-byte rows first (see ALIGN_A_MIN_BYTES)."""
-    if (K * elt) % 128 == 0 or (K * elt) % 16 or not ALIGN_A_MIN_ROWS <= M < WS_MIN_ROWS:
+def align_a_pays(M: int, N: int, K: int, elt: int, lead: Optional[int] = None) -> bool:
+    """Whether numasched.matmul copies A (rows of ``lead`` elements apart, default K) into whole
+    128-byte rows first (see ALIGN_A_MIN_BYTES): not where the WS kernel may take the product
+    (from WS_MIN_ROWS, or WS_FILL_MIN_ROWS with K >= WS_FILL_MIN_K), untimed with the copy."""
+    lead = K if lead is None else lead
+    if (lead * elt) % 128 == 0 or (K * elt) % 16 or not ALIGN_A_MIN_ROWS <= M < WS_MIN_ROWS:
+        return False
+    if M >= WS_FILL_MIN_ROWS and K >= WS_FILL_MIN_K:
         return False
     return _cdiv(N, 128) * M * K * elt >= ALIGN_A_MIN_BYTES
 

@@ -767,28 +767,12 @@ def test_gpu_splitk_in_a_cuda_graph_replays_right(rows, tail):
         assert 0 < plan.tail_whole_tiles < plan._tiles
     else:
         plan = numasched.plan_matmul(x, w.T, split_k=4)
-    plan.run(x, w.T)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        y = plan.run(x, w.T)
-    for _ in range(3):
-        x.normal_()
-        g.replay()
-        torch.cuda.synchronize()
-        ref = x.double() @ w.double().T
-        assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-2
+    _graph_replays_right(plan, x, w)
 
 
-@gpu
-@pytest.mark.parametrize("m,n,k", [(128, 7000, 5000), (256, 6000, 5000)])
-def test_gpu_realigned_a_in_a_cuda_graph_replays_right(m, n, k):
-    """A's rows of 10000 bytes are copied into whole 128-byte lines first (gemm_align_a, by the
-    rule at these sizes), inside the captured graph too: fresh x each replay, float64 reference."""
-    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-    plan = numasched.plan_matmul(x, w.T)
-    assert plan._a_rows == 5056, plan.schedule
+def _graph_replays_right(plan, x, w):
+    """``plan`` (y = x @ w.T) captured in a CUDA graph after an eager call, replayed three times
+    on fresh x with the output poisoned, against float64."""
     plan.run(x, w.T)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
@@ -801,6 +785,18 @@ def test_gpu_realigned_a_in_a_cuda_graph_replays_right(m, n, k):
         torch.cuda.synchronize()
         ref = x.double() @ w.double().T
         assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+@gpu
+@pytest.mark.parametrize("m,n,k,rows", [(128, 7000, 5000, 5056), (256, 6000, 3000, 3008)])
+def test_gpu_realigned_a_in_a_cuda_graph_replays_right(m, n, k, rows):
+    """A's rows of 10000 / 6000 bytes are copied into whole 128-byte lines first (gemm_align_a,
+    by the rule at these sizes), inside the captured graph too: fresh x each replay, float64."""
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    plan = numasched.plan_matmul(x, w.T)
+    assert plan._a_rows == rows, plan.schedule
+    _graph_replays_right(plan, x, w)
 
 
 # ------------------------------------------------------------------------------ TMA-fed split-K (option)
@@ -880,8 +876,11 @@ def test_align_a_pays_only_for_misaligned_rows_reread_enough():
     re-read by enough tile columns (ALIGN_A_MIN_BYTES); never for aligned or odd rows."""
     from numasched import gemm_schedule as GS
 
-    assert GS.align_a_pays(128, 7000, 5000, 2) and GS.align_a_pays(256, 6000, 5000, 2)
+    assert GS.align_a_pays(128, 7000, 5000, 2) and GS.align_a_pays(256, 6000, 3000, 2)
+    assert GS.align_a_pays(128, 7000, 5056, 2, lead=5060)   # whole-line K, rows 5060 apart
     assert not GS.align_a_pays(1000, 3000, 5000, 2)          # the WS kernel's rows: not timed with the copy
+    assert not GS.align_a_pays(256, 6000, 5000, 2)           # WS from 256 rows (fill rule): likewise
+    assert not GS.align_a_pays(128, 7000, 5000, 2, lead=5056)   # A a K-slice of whole-line rows
     assert not GS.align_a_pays(128, 7000, 5056, 2)           # 10112 bytes: whole lines
     assert not GS.align_a_pays(128, 7000, 4093, 2)           # odd: not even 16-byte rows
     assert not GS.align_a_pays(16, 6144, 4104, 2)            # 6 MB of re-reads: the copy would cost more
@@ -909,7 +908,12 @@ def test_matmul_with_a_realigned_matches_float64(m, n, k, dtype, kind):
             ref = a.double() @ w.double().T + bias.double() + res.double()
             assert ((c.double() - ref).norm() / ref.norm()).item() < TOL[dtype]
     assert plan._a_rows == 128 // a.element_size() * -(-k * a.element_size() // 128)
+    assert plan.workspace_bytes >= m * plan._a_rows * a.element_size()
     assert torch.equal(a, a0)
+    wide = torch.zeros(m, plan._a_rows, dtype=dtype)
+    wide[:, :k] = a
+    with options.use(gemm_align_a=True):   # A a K-slice of whole-line rows already: no copy
+        assert numasched.plan_matmul(wide[:, :k], w.T, **kw)._a_rows == 0
     if kind == "splitk_tma":
         assert plan.path == "tma"
     with options.use(gemm_align_a=False):
