@@ -173,6 +173,11 @@ class Plan:
             if w.aligned and not _aligned(t):
                 raise ValueError(f"{self.op} plan: {name}'s data pointer is not 16-byte aligned, unlike the tensor "
                                  f"the plan was made for; make a new plan for it")
+            if not w.aligned and _aligned(t):
+                # the plan's kernels compile at their first call, for the alignment they see then:
+                # a plan made for an unaligned tensor keeps to unaligned ones
+                raise ValueError(f"{self.op} plan: {name}'s data pointer is 16-byte aligned, unlike the tensor the "
+                                 f"plan was made for (its kernels may be compiled for either); make a new plan for it")
 
     def describe(self) -> dict:
         """The plan's public attributes as a dict (for printing and logging)."""

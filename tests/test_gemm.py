@@ -563,6 +563,21 @@ def test_launch_plans_are_reused_only_for_the_same_signature():
     assert len(PLANS.plans("matmul")) == 3 and _rel_err(c4, a, b) < TOL[torch.float16]
 
 
+@cpu
+def test_a_plan_keeps_to_the_alignment_it_was_made_for():
+    """A plan compiles its kernels at the first call, for the pointer alignment it sees: one made
+    for a 16-byte aligned operand refuses an unaligned one and the other way round, naming it."""
+    big = torch.randn(40 * 32 + 8, dtype=torch.float16)
+    odd, even = big[1:1 + 40 * 32].view(40, 32), big[8:8 + 40 * 32].view(40, 32)
+    b = torch.randn(32, 24, dtype=torch.float16)
+    plan = numasched.plan_matmul(odd, b)
+    assert _rel_err(plan.run(odd, b), odd, b) < TOL[torch.float16]
+    with pytest.raises(ValueError, match="a's data pointer is 16-byte aligned"):
+        plan.run(even, b)
+    with pytest.raises(ValueError, match="a's data pointer is not 16-byte aligned"):
+        numasched.plan_matmul(even, b).run(odd, b)
+
+
 # ------------------------------------------------------------------------------ split-K, epilogue, chooser
 @cpu
 @pytest.mark.parametrize("m,n,k", [(1, 37, 53), (3, 64, 300), (17, 129, 97), (2, 5, 1)])
