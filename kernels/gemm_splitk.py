@@ -22,11 +22,13 @@ SPLIT_K parts, one program each, and a tile's partial sums are merged in the sam
    SPLIT_K parts, so the last wave keeps every SM busy instead of a fraction of them
    (``gemm_tail_unit``); a whole tile stores as in 3, a part as in 3's merge.
 
-Pointer loads of a K that is not a multiple of 16 (K_VEC, host: :func:`k_vector`): Triton knows an
-integer argument only as a multiple of 16 or not, so the rows of A and the columns of a W.T view
-(K-contiguous) would load one element at a time. Where K and those operands' leading strides are
-multiples of 8 (4, 2) elements, the kernel rounds them down to that multiple (a no-op the
-compiler's alignment analysis understands) and the loads are 16- (8-, 4-) byte vectors again.
+Pointer loads of a K that is not a multiple of 16 (A_K_VEC / B_K_VEC, host: :func:`k_vector`):
+Triton knows an integer argument only as a multiple of 16 or not, so the rows of A and the columns
+of a W.T view (K-contiguous) would load one element at a time. Where K and those operands' leading
+strides are multiples of 8 (4, 2) elements, the kernel rounds them down to that multiple (a no-op
+the compiler's alignment analysis understands) and the loads are 16- (8-, 4-) byte vectors again.
+The same for an M-contiguous A (A_M_VEC: M and its leading stride) and an N-contiguous B
+(B_N_VEC: N and its leading stride).
 
 Epilogue: ``+ bias[n]`` (HAS_BIAS), ``+ residual[m, n]`` (HAS_RES), then the output's dtype.
 Host planning (the schedule choice, workspace, counters) is numasched/gemm.py's.
@@ -152,12 +154,15 @@ def gemm_splitk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
                        HAS_RES: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
                        A_TRANS: tl.constexpr, B_TRANS: tl.constexpr, GLU: tl.constexpr = False,
                        PDL: tl.constexpr = False, PREFETCH_B: tl.constexpr = 0, TAIL: tl.constexpr = False,
-                       ROW_SCALE: tl.constexpr = False, A_K_VEC: tl.constexpr = 1, B_K_VEC: tl.constexpr = 1):
+                       ROW_SCALE: tl.constexpr = False, A_K_VEC: tl.constexpr = 1, B_K_VEC: tl.constexpr = 1,
+                       A_M_VEC: tl.constexpr = 1, B_N_VEC: tl.constexpr = 1):
     # GLU (numasched.matmul_swiglu): B holds 2N columns, gate then up; the program accumulates
     # both halves of its tile's columns (two B tiles per K step) and stores silu(gate) * up (N
     # columns), so the MLP's activation costs no kernel and no round trip of the 2N-wide output.
     # ROW_SCALE (GLU): ``bias`` holds an fp32 factor per row of A, applied to both halves before
     # the activation (an RMSNorm whose weight was folded into B: its 1/rms per row)
+    M = _multiple(M, A_M_VEC)   # (the *_VEC constexprs: see "Pointer loads" above; no-ops otherwise)
+    N = _multiple(N, B_N_VEC)
     NM = tl.cdiv(M, BLOCK_M)
     NN = tl.cdiv(N, BLOCK_N)
     if TAIL:   # whole tiles first, then the remainder's tiles in SPLIT_K parts (whole_tiles: host)
@@ -207,6 +212,8 @@ def gemm_splitk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
         stride_am = _multiple(stride_am, A_K_VEC)
         stride_bn = _multiple(stride_bn, B_K_VEC)
         k_hi = _multiple(k_hi, max(A_K_VEC, B_K_VEC))
+        stride_ak = _multiple(stride_ak, A_M_VEC)   # an M-contiguous A / N-contiguous B: their leading strides
+        stride_bk = _multiple(stride_bk, B_N_VEC)
         a_rows = a + offs_m[:, None].to(tl.int64) * stride_am
         b_cols = b + offs_n[None, :].to(tl.int64) * stride_bn
         for k0 in range(k_lo, k_hi, BLOCK_K):
@@ -272,23 +279,31 @@ def prefetch_programs(b, K: int, k_per_split: int, block_n: int, grid: int, l2_b
     return int(max(1, min(grid, (l2_bytes // 2) // per_program)))
 
 
-def k_vector(K: int, k_per_split: int, a_stride: tuple, b_stride: tuple, elt: int) -> tuple:
-    """(A_K_VEC, B_K_VEC) of a pointer-path launch: for A (M, K) and B (K, N) each K-contiguous
-    operand gets the largest power of two of at most 16 bytes of elements that divides K, the K
-    per split and its leading stride -- where Triton would not know it itself (K and the stride
-    multiples of 16 elements: 1, the kernel as before)."""
-    a_k = a_stride[1] == 1
-    b_k = b_stride[0] == 1
-    leads = ([a_stride[0]] if a_k else []) + ([b_stride[1]] if b_k else [])
-    if not leads:
-        return 1, 1
-    g = math.gcd(K, k_per_split, *leads)
+def _vector(elt: int, *sizes: int) -> int:
+    """The largest power of two of at most 16 bytes of elements dividing every one of ``sizes``,
+    or 1 where they are all multiples of 16 elements already (Triton's own specialisation)."""
+    g = math.gcd(*sizes)
     if g % 16 == 0:
-        return 1, 1
+        return 1
     v = 16 // elt
     while v > 1 and g % v:
         v //= 2
-    return (v if a_k else 1), (v if b_k else 1)
+    return v
+
+
+def k_vector(M: int, N: int, K: int, k_per_split: int, a_stride: tuple, b_stride: tuple, elt: int) -> dict:
+    """The vector constexprs of a pointer-path launch, for A (M, K) and B (K, N): a K-contiguous
+    operand's width divides K, the K per split and its leading stride (A_K_VEC, B_K_VEC); an
+    M-contiguous A's divides M and its leading stride (A_M_VEC), an N-contiguous B's N and its
+    leading stride (B_N_VEC). 1 where Triton knows it itself (multiples of 16 elements) and for
+    an operand with neither dimension contiguous."""
+    a_k, b_k = a_stride[1] == 1, b_stride[0] == 1
+    a_m, b_n = a_stride[0] == 1 and not a_k, b_stride[1] == 1 and not b_k
+    leads = ([a_stride[0]] if a_k else []) + ([b_stride[1]] if b_k else [])
+    vk = _vector(elt, K, k_per_split, *leads) if leads else 1
+    return dict(A_K_VEC=vk if a_k else 1, B_K_VEC=vk if b_k else 1,
+                A_M_VEC=_vector(elt, M, a_stride[1]) if a_m else 1,
+                B_N_VEC=_vector(elt, N, b_stride[0]) if b_n else 1)
 
 
 def shared_bytes(block_m: int, block_n: int, block_k: int, num_stages: int, elt: int) -> int:

@@ -457,7 +457,7 @@ class GemmPlan(Plan):
         self.tail_whole_tiles = whole
         if not use_tma:   # pointer loads: K's vector width where Triton would not see it (K_VEC)
             elt = a.element_size()
-            const["A_K_VEC"], const["B_K_VEC"] = KS.k_vector(K, self._kps, a.stride(), b.stride(), elt)
+            const.update(KS.k_vector(Mdim, N, K, self._kps, a.stride(), b.stride(), elt))
         if prefetch and not use_tma:   # options.pdl_prefetch: B into L2 before the PDL wait
             const["PREFETCH_B"] = KS.prefetch_programs(b, K, self._kps, cfg["BLOCK_N"], grid,
                                                        caps.l2_bytes(self.device), tail=bool(whole))

@@ -181,7 +181,7 @@ class SwiGLUPlan(Plan):
                      USE_TMA=use_tma, A_TRANS=bool(use_tma and a_view[0]), B_TRANS=bool(use_tma and b_view[0]),
                      GLU=True, ROW_SCALE=self.row_scale)
         if not use_tma:   # pointer loads: K's vector width where Triton would not see it (kernels/gemm_splitk.py)
-            const["A_K_VEC"], const["B_K_VEC"] = KS.k_vector(K, self._kps, a.stride(), b.stride(), a.element_size())
+            const.update(KS.k_vector(Mdim, n, K, self._kps, a.stride(), b.stride(), a.element_size()))
         self.grid = (self._tiles * S,)
         if (options.pdl and options.pdl_prefetch and not interp and not use_tma
                 and caps.pdl_supported(dev)):   # B into L2 before the PDL wait (kernels/pdl.py)

@@ -848,21 +848,27 @@ def test_splitk_tma_falls_back_to_pointers_when_not_describable():
 
 
 def test_k_vector_tells_the_kernel_what_triton_cannot_see():
-    """kernels/gemm_splitk.k_vector: the pointer path's K vector width, for the K-contiguous
-    operands only, where K, the K per split and their leading strides are not all multiples of
-    16 elements (Triton's own specialisation covers those)."""
+    """kernels/gemm_splitk.k_vector: the pointer path's vector widths where Triton cannot see
+    them (sizes and leading strides not all multiples of 16 elements): along K for K-contiguous
+    operands, along M for an M-contiguous A, along N for an N-contiguous B."""
     from numasched.kernels.gemm_splitk import k_vector
 
+    def kv(M, N, K, kps, a_stride, b_stride, elt=2):
+        r = k_vector(M, N, K, kps, a_stride, b_stride, elt)
+        return r["A_K_VEC"], r["B_K_VEC"], r["A_M_VEC"], r["B_N_VEC"]
+
     a_rows, w_t = lambda K: (K, 1), lambda K: (1, K)      # A (M, K) row-major; B = W.T of a (N, K) W
-    assert k_vector(4096, 512, a_rows(4096), w_t(4096), 2) == (1, 1)     # Triton knows: unchanged
-    assert k_vector(5000, 640, a_rows(5000), w_t(5000), 2) == (8, 8)     # 16-byte rows (K = 8 mod 16)
-    assert k_vector(4500, 1536, a_rows(4500), w_t(4500), 2) == (4, 4)    # 8-byte rows
-    assert k_vector(4102, 1408, a_rows(4102), w_t(4102), 2) == (2, 2)
-    assert k_vector(4093, 1024, a_rows(4093), w_t(4093), 2) == (1, 1)    # odd K: one element at a time
-    assert k_vector(36, 64, a_rows(36), w_t(36), 4) == (4, 4)            # fp32: 16 bytes are 4 elements
-    assert k_vector(5000, 640, a_rows(5000), (4096, 1), 2) == (8, 1)     # B N-contiguous: A only
-    assert k_vector(5000, 640, (5001, 1), w_t(5000), 2) == (1, 1)        # a leading stride of 5001
-    assert k_vector(5000, 640, (1, 7), (4096, 1), 2) == (1, 1)           # neither K-contiguous
+    assert kv(7, 4096, 4096, 512, a_rows(4096), w_t(4096)) == (1, 1, 1, 1)     # Triton knows: unchanged
+    assert kv(7, 4096, 5000, 640, a_rows(5000), w_t(5000)) == (8, 8, 1, 1)     # 16-byte rows (K = 8 mod 16)
+    assert kv(7, 4096, 4500, 1536, a_rows(4500), w_t(4500)) == (4, 4, 1, 1)    # 8-byte rows
+    assert kv(7, 4096, 4102, 1408, a_rows(4102), w_t(4102)) == (2, 2, 1, 1)
+    assert kv(7, 4096, 4093, 1024, a_rows(4093), w_t(4093)) == (1, 1, 1, 1)    # odd K: one element at a time
+    assert k_vector(7, 64, 36, 64, a_rows(36), w_t(36), 4)["A_K_VEC"] == 4      # fp32: 16 bytes are 4 elements
+    assert kv(7, 5000, 5000, 640, a_rows(5000), (5000, 1)) == (8, 1, 1, 8)     # B (K, N) row-major: along N
+    assert kv(7, 5001, 5000, 640, a_rows(5000), (5001, 1)) == (8, 1, 1, 1)     # N odd: B one at a time
+    assert kv(7, 5000, 5000, 640, (5001, 1), w_t(5000)) == (1, 1, 1, 1)        # a leading stride of 5001
+    assert kv(40, 4096, 5000, 640, (1, 40), w_t(5000)) == (1, 8, 8, 1)         # A (K, M) storage, M = 40
+    assert kv(7, 4096, 5000, 640, (1, 7), (4096, 1)) == (1, 1, 1, 1)          # M odd; N = 4096 known
 
 
 @cpu
@@ -883,6 +889,26 @@ def test_splitk_pointer_path_with_k_vectors_matches_float64(k, dtype, want, spli
     kw = plan._launch.kwargs
     expect = want if math.gcd(k, plan._kps, k + 8) % 16 else 1
     assert (kw.get("A_K_VEC", 1), kw.get("B_K_VEC", 1)) == (expect, expect)
+    assert _rel_err(c, a, b) < TOL[dtype]
+
+
+@cpu
+@pytest.mark.parametrize("m,n,dtype", [(40, 44, torch.float16), (36, 20, torch.float16), (12, 36, torch.float32)])
+@pytest.mark.parametrize("split_k", [1, 2])
+def test_splitk_pointer_path_with_m_and_n_vectors_matches_float64(m, n, dtype, split_k):
+    """A stored (K, M) (an x.T) and B stored (K, N) row-major, M and N of 8 / 4 mod 16: the
+    plan passes A_M_VEC / B_N_VEC and the product matches float64."""
+    g = torch.Generator().manual_seed(m * 5 + n)
+    k = 48
+    a = torch.randn(k, m, generator=g).to(dtype).T
+    b = torch.randn(k, n, generator=g).to(dtype)
+    with options.use(gemm_splitk_tma=False):
+        plan = numasched.plan_matmul(a, b, split_k=split_k)
+        c = plan.run(a, b, _poisoned(m, n, dtype))
+    kw = plan._launch.kwargs
+    es = a.element_size()
+    vec = lambda x: max(v for v in (1, 2, 4, 8) if v * es <= 16 and x % v == 0) if x % 16 else 1  # noqa: E731
+    assert (kw.get("A_M_VEC", 1), kw.get("B_N_VEC", 1)) == (vec(m), vec(n))
     assert _rel_err(c, a, b) < TOL[dtype]
 
 
