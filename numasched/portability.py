@@ -480,6 +480,14 @@ def _gemm_all_reduce_ws(residual: bool = True, direct: bool = True, rs: bool = F
     return build
 
 
+def _copy_rows(vendor):
+    from numasched.kernels import copy_rows as CR
+
+    # A (M, 5000) bf16 into rows of 5056 (whole 128-byte lines: numasched.gemm, options.gemm_align_a)
+    values = dict(src="*bf16", dst="*bf16", K=5000, stride_s=5000, stride_d=5056, BLOCK_K=CR.block_k(5000), VEC=8)
+    return CR.copy_rows_kernel, values, 4, 1
+
+
 def _gemm_splitk_medium(tail: bool):
     def build(vendor):
         from numasched import mappings
@@ -500,7 +508,7 @@ def _gemm_splitk_medium(tail: bool):
     return build
 
 
-def _gemm_splitk(prefetch: bool, glu: bool = False):
+def _gemm_splitk(prefetch: bool, glu: bool = False, kvec: int = 0):
     def build(vendor):
         from numasched import caps, mappings
         from numasched.kernels import gemm_splitk as K
@@ -515,6 +523,8 @@ def _gemm_splitk(prefetch: bool, glu: bool = False):
                       A_TRANS=False, B_TRANS=False, PREFETCH_B=96 if prefetch else 0)
         if glu:   # numasched.matmul_swiglu: B holds 2N columns (gate, up), the output N
             values.update(N=3072, stride_cm=3072, GLU=True)
+        if kvec:   # K = 5000 (8 mod 16): the vector hints the host gives (gemm_splitk.k_vector)
+            values.update(K=5000, stride_am=5000, stride_bn=5000, k_per_split=1280, A_K_VEC=kvec, B_K_VEC=kvec)
         # AMD: the host caps the pipeline stages to the LDS (numasched.caps.AMD_MAX_STAGES)
         return K.gemm_splitk_kernel, values, 4, 6 if vendor == "nvidia" else caps.AMD_MAX_STAGES["gemm"]
     return build
@@ -735,6 +745,9 @@ VARIANTS: List[Variant] = [
     Variant("gemm_splitk", "bf16-pointer-decode", _gemm_splitk(False),
             note="split-K 16x64x128, 4 warps, 6 stages (AMD: the capped stages), split 4 (M = 1 against a W.T "
                  "weight)"),
+    Variant("gemm_splitk", "bf16-pointer-decode-kvec", _gemm_splitk(False, kvec=8),
+            note="the same at K = 5000 with A_K_VEC = B_K_VEC = 8 (16-byte loads; without them one element at a time)"),
+    Variant("copy_rows", "bf16-k5000", _copy_rows, note="A's rows into whole 128-byte lines (options.gemm_align_a)"),
     Variant("gemm_splitk", "bf16-pointer-decode-prefetch", _gemm_splitk(True),
             off={"amd": "cp.async.bulk.prefetch.L2 is NVIDIA PTX; the host sets PREFETCH_B on sm_90+ only"},
             note="the same with PREFETCH_B (options.pdl_prefetch): the first 96 programs' B into L2 before "

@@ -29,6 +29,7 @@ SM90_SUBSET = [
     "gemm/bf16-tma-persistent", "dist/all_gather_matmul-tma", "dist/decode_exchange_combine", "probe/l2_latency",
     "gemm_splitk/bf16-pointer-decode-prefetch", "gemm_splitk/bf16-pointer-decode-glu-prefetch",
     "flash_decode/paged16-fused-bf16-d128-g4-prefetch", "flash_decode/contiguous-fused-bf16-d128-g4-prefetch",
+    "gemm_splitk/bf16-pointer-decode-kvec", "copy_rows/bf16-k5000",
 ] + [v.key for v in PT.VARIANTS if "nvidia" in v.off]
 
 # (variant, vendor) pairs switched off, and why (a word the reason must contain)
@@ -190,6 +191,28 @@ def test_decode_kv_prefetch_comes_before_the_pdl_wait():
     assert op not in ptx["paged16-fused-bf16-d128-g4"]
 
 
+def test_k_vectors_make_pointer_loads_16_bytes_wide():
+    """sm_90 PTX of the decode-size split-K tile at K = 5000 (kernels/gemm_splitk.k_vector):
+    without the hints every operand element is its own 2-byte load; with A_K_VEC = B_K_VEC = 8
+    the loads are 16-byte cp.async, as at K = 4096. The row copy of A moves 16-byte vectors."""
+    code = ("import json, re; from numasched import portability as P\n"
+            "out = {}\n"
+            "fn, values, w, s = P.find('gemm_splitk', 'bf16-pointer-decode-kvec').build('nvidia')\n"
+            "for vec in (1, 8):\n"
+            "    ptx = P.compile_kernel(fn, dict(values, A_K_VEC=vec, B_K_VEC=vec), 'sm90', num_warps=w, num_stages=s,"
+            " keep_asm=True)['asm']['ptx']\n"
+            "    out[vec] = [len(re.findall(r'ld\\.global(?:\\.\\w+)*\\.b16', ptx)),"
+            " len(re.findall(r'cp\\.async\\.c[ag]\\.shared\\.global[^;]*, 0x10[,;]', ptx))]\n"
+            "fn, values, w, s = P.find('copy_rows', 'bf16-k5000').build('nvidia')\n"
+            "ptx = P.compile_kernel(fn, values, 'sm90', num_warps=w, num_stages=s, keep_asm=True)['asm']['ptx']\n"
+            "out['copy'] = [len(re.findall(r'ld\\.global(?:\\.\\w+)*\\.v4', ptx)), len(re.findall(r'\\.b16 ', ptx))]\n"
+            "print(json.dumps(out))\n")
+    got = compiled_json(code, timeout=600)
+    assert got["1"][0] > 0 and got["1"][1] == 0, got        # one element at a time
+    assert got["8"][0] == 0 and got["8"][1] > 0, got        # 16-byte cp.async
+    assert got["copy"][0] > 0, got
+
+
 def test_late_pdl_trigger_comes_after_the_k_loop():
     """sm_90 PTX of the GEMM kernels with PDL = 3 ("late", kernels/pdl.py): the wait comes first
     and the launch_dependents after every tensor-core instruction; with PDL = 1 the trigger
@@ -197,14 +220,15 @@ def test_late_pdl_trigger_comes_after_the_k_loop():
     code = ("import json; from numasched import portability as P\n"
             "out = {}\n"
             "for kern, var in (('gemm_splitk', 'bf16-pointer-decode'), ('gemm', 'bf16-tma-persistent'), "
-            "('gemm', 'bf16-pointer'), ('gemm_streamk', 'bf16-tma-128x128')):\n"
+            "('gemm', 'bf16-pointer'), ('gemm_streamk', 'bf16-tma-128x128'), "
+            "('flash_decode', 'contiguous-fused-bf16-d128-g4')):\n"
             "    fn, values, w, s, *x = P.find(kern, var).build('nvidia')\n"
             "    for pdl in (1, 3):\n"
             "        r = P.compile_kernel(fn, dict(values, PDL=pdl), 'sm90', num_warps=w, num_stages=s, keep_asm=True)\n"
             "        out[f'{kern}/{var}/{pdl}'] = r['asm']['ptx']\n"
             "print(json.dumps(out))\n")
     ptx = compiled_json(code, timeout=600)
-    assert len(ptx) == 8
+    assert len(ptx) == 10
     for key, text in ptx.items():
         wait, trig = text.index("griddepcontrol.wait"), text.index("griddepcontrol.launch_dependents")
         last = max(text.rfind("wgmma.mma_async"), text.rfind("mma.sync"))
