@@ -279,7 +279,7 @@ def prefetch_programs(b, K: int, k_per_split: int, block_n: int, grid: int, l2_b
     return int(max(1, min(grid, (l2_bytes // 2) // per_program)))
 
 
-def _vector(elt: int, *sizes: int) -> int:
+def vector_width(elt: int, *sizes: int) -> int:
     """The largest power of two of at most 16 bytes of elements dividing every one of ``sizes``,
     or 1 where they are all multiples of 16 elements already (Triton's own specialisation)."""
     g = math.gcd(*sizes)
@@ -300,10 +300,10 @@ def k_vector(M: int, N: int, K: int, k_per_split: int, a_stride: tuple, b_stride
     a_k, b_k = a_stride[1] == 1, b_stride[0] == 1
     a_m, b_n = a_stride[0] == 1 and not a_k, b_stride[1] == 1 and not b_k
     leads = ([a_stride[0]] if a_k else []) + ([b_stride[1]] if b_k else [])
-    vk = _vector(elt, K, k_per_split, *leads) if leads else 1
+    vk = vector_width(elt, K, k_per_split, *leads) if leads else 1
     return dict(A_K_VEC=vk if a_k else 1, B_K_VEC=vk if b_k else 1,
-                A_M_VEC=_vector(elt, M, a_stride[1]) if a_m else 1,
-                B_N_VEC=_vector(elt, N, b_stride[0]) if b_n else 1)
+                A_M_VEC=vector_width(elt, M, a_stride[1]) if a_m else 1,
+                B_N_VEC=vector_width(elt, N, b_stride[0]) if b_n else 1)
 
 
 def shared_bytes(block_m: int, block_n: int, block_k: int, num_stages: int, elt: int) -> int:

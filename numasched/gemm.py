@@ -231,17 +231,13 @@ def _aligned_rows(a: torch.Tensor, kp: int, capturing: bool) -> torch.Tensor:
 
 def _row_copy_launch(a: torch.Tensor, kp: int, interp: bool, options: _options.Options):
     """The launch that copies A into rows of ``kp`` elements (kernels/copy_rows.py)."""
-    import math
-
     from ._launch import Launch
     from .kernels import copy_rows as CR
+    from .kernels.gemm_splitk import vector_width
 
     m, k = a.shape
     bk = CR.block_k(k)
-    g = math.gcd(k, a.stride(0), kp)
-    vec = 16 // a.element_size()
-    while vec > 1 and g % vec:
-        vec //= 2
+    vec = vector_width(a.element_size(), k, a.stride(0), kp)
     return Launch(CR.copy_rows_kernel, (m, -(-k // bk)), dict(BLOCK_K=bk, VEC=vec), config=dict(num_warps=4),
                   device=a.device, interpret=interp, options=options)
 
