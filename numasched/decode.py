@@ -617,7 +617,7 @@ class DecodePlan(Plan):
             split = Launch(K._flash_decode_kernel, self.grid, meta, device=dev, tuner=K._flash_decode_tuned,
                            fixed=fixed, options=self.options)
         if split.kwargs.get("PDL") == 3 and B * HK * shape.capacity * D * elt * 2 < PDL_LATE_MIN_BYTES:
-            split.kwargs["PDL"] = 1   # a short call: the next kernel launches at the start (see below)
+            split.kwargs["PDL"] = 1   # a short call: the next kernel launches at the start (PDL_LATE_MIN_BYTES)
         launches = [split]
         if combine == 1:
             launches.append(Launch(K._combine_kernel, (B * Sq * H,),
