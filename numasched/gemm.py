@@ -250,7 +250,7 @@ def _align_a_wanted(a: torch.Tensor, M: int, N: int, K: int, options: _options.O
     if options.gemm_align_a is False or a.stride(1) != 1 or M < 2 or (a.stride(0) * es) % 128 == 0 \
             or (K * es) % 16:
         return 0
-    if options.gemm_align_a is None and (interp or not _sched.align_a_pays(M, N, K, es, lead=a.stride(0))):
+    if options.gemm_align_a is None and (interp or not _sched.align_a_pays(M, K, es, lead=a.stride(0))):
         return 0
     return -(-K * es // 128) * 128 // es
 

@@ -34,6 +34,7 @@ figures are datasheet numbers and the model has been checked on an H200 only.
 from __future__ import annotations
 
 import functools
+import math
 import json
 import re
 from dataclasses import dataclass, replace
@@ -206,32 +207,34 @@ WS_SPLIT_MARGIN = 0.95
 
 
 # A whose rows are not whole 128-byte lines (K * element size a multiple of 16 but not of 128):
-# every tile column re-reads A from L2, and each of its loads spans two lines. Copying A into
-# aligned rows first (numasched.gemm, options.gemm_align_a; kernels/copy_rows.py) pays where
-# those re-reads -- A's bytes times the tile columns, counted at 128 columns -- reach
-# ALIGN_A_MIN_BYTES, at ALIGN_A_MIN_ROWS up to the WS kernel's rows (WS_MIN_ROWS, and from
-# WS_FILL_MIN_ROWS where K >= WS_FILL_MIN_K: the WS kernel may take those). Measured on an
-# H200 (bench/results/gemm-s36/): with A padded by hand, the copy not counted, 128 x 7000 x 5000
-# 44.4 -> 27.0 us (cuBLAS 24.0), 200 x 8000 x 6000 51.0 -> 46.3, 100 x 6000 x 4000 25.2 -> 21.8,
-# 1000 x 3000 x 5000 (WS) 65.6 -> 50.1, 16 x 6144 x 4104 20.9 -> 17.9. With the copy through
-# torch's strided copy_ (first form), end to end: 128 x 7000 x 5000 1.40x, 256 x 6000 x 5000 1.30x,
-# 64 x 5000 x 3000 1.07x, but 0.90-0.98x at the WS points (512-3000 rows) and at 100 x 6000 x 4000
-# and 200 x 8000 x 6000, and 0.92-0.95x under 64 rows (re-reads of 6-24 MB). The row-copy kernel
-# that replaced it (16-byte vectors, PDL) was not timed yet: the WS rows stay off.
-ALIGN_A_MIN_BYTES = 32e6
-ALIGN_A_MIN_ROWS = 64
+# every tile column re-reads A, and a load of a row that does not start on a line spans two.
+# numasched.gemm copies A into whole-line rows first (options.gemm_align_a; kernels/copy_rows.py)
+# where the rows' offsets make most of them cross a line: row r starts at r * (row bytes) mod 128,
+# so with gcd(row bytes, 128) = 16 seven rows in eight are misaligned, with 32 three in four,
+# with 64 one in two. Timed on an H200 with the row-copy kernel, forced on against off at 31
+# shapes off the grid (bench/results/gemm-s37/oldA*, newA*: 2-3500 rows, every kernel kind):
+# - rows 16 bytes off a line pattern (gcd 16) from 16 rows: faster at 19 of 20 shapes, 1.00-1.62x
+#   (geomean about 1.10; 128 x 7000 x 5000 47.1 -> 29.1 us, 64 x 5000 x 3000 16.2 -> 11.9,
+#   2048 x 3000 x 5000 (WS) 125.8 -> 113.4, 16 x 6144 x 4104 20.2 -> 18.4), the one slower 0.98x;
+# - gcd 32, 64 or 96: 0.91-1.07x (geomean below 1: 1300 x 2608 x 10128 0.91, 96 x 10736 x 7696
+#   0.96), not copied;
+# - under 16 rows (7 x 14000 x 5000): 0.99x, not copied.
+# The thirty-sixth session's rule (re-reads of 32 MB at 64-511 rows, torch's strided copy) took
+# 8 of these shapes, three of them slower.
+ALIGN_A_MIN_ROWS = 16
+ALIGN_A_OFFSET_GCD = 16
 
 
-def align_a_pays(M: int, N: int, K: int, elt: int, lead: Optional[int] = None) -> bool:
-    """Whether numasched.matmul copies A (rows of ``lead`` elements apart, default K) into whole
-    128-byte rows first (see ALIGN_A_MIN_BYTES): not where the WS kernel may take the product
-    (from WS_MIN_ROWS, or WS_FILL_MIN_ROWS with K >= WS_FILL_MIN_K), untimed with the copy."""
+def align_a_pays(M: int, K: int, elt: int, lead: Optional[int] = None) -> bool:
+    """Whether numasched.matmul copies A (M rows of K elements of ``elt`` bytes, rows ``lead``
+    elements apart, default K) into whole 128-byte rows first: from ALIGN_A_MIN_ROWS rows, where
+    the rows' offsets into the lines have the pattern gcd(row bytes, 128) <= ALIGN_A_OFFSET_GCD
+    (see above; a row stride that is not even a 16-byte multiple is worse still); never where K
+    is not a multiple of 16 bytes (no vector loads either way)."""
     lead = K if lead is None else lead
-    if (lead * elt) % 128 == 0 or (K * elt) % 16 or not ALIGN_A_MIN_ROWS <= M < WS_MIN_ROWS:
+    if (lead * elt) % 128 == 0 or (K * elt) % 16 or M < ALIGN_A_MIN_ROWS:
         return False
-    if M >= WS_FILL_MIN_ROWS and K >= WS_FILL_MIN_K:
-        return False
-    return _cdiv(N, 128) * M * K * elt >= ALIGN_A_MIN_BYTES
+    return math.gcd(lead * elt, 128) <= ALIGN_A_OFFSET_GCD
 
 
 @functools.lru_cache(maxsize=None)

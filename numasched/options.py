@@ -177,7 +177,7 @@ class Options:
             rows are not (K * element size not a multiple of 128, A K-contiguous): every tile
             column re-reads A, and a misaligned row costs two lines per load (True: always there,
             also in the interpreter; False: never; None: on a GPU where
-            gemm_schedule.align_a_pays, i.e. A's re-reads outweigh the copy).
+            gemm_schedule.align_a_pays: from 16 rows, most rows crossing a line).
     """
 
     autotune: bool = True

@@ -912,20 +912,22 @@ def test_splitk_pointer_path_with_m_and_n_vectors_matches_float64(m, n, dtype, s
     assert _rel_err(c, a, b) < TOL[dtype]
 
 
-def test_align_a_pays_only_for_misaligned_rows_reread_enough():
-    """gemm_schedule.align_a_pays: rows of 16-byte multiples that are not whole 128-byte lines,
-    re-read by enough tile columns (ALIGN_A_MIN_BYTES); never for aligned or odd rows."""
+def test_align_a_pays_where_most_rows_cross_a_line():
+    """gemm_schedule.align_a_pays: from 16 rows, where K is a 16-byte multiple and the rows'
+    offsets into the 128-byte lines have gcd 16 (7 rows in 8 misaligned); never for aligned
+    rows, odd K, fewer rows, or offsets of gcd 32/64 (half or a quarter of the rows aligned)."""
     from numasched import gemm_schedule as GS
 
-    assert GS.align_a_pays(128, 7000, 5000, 2) and GS.align_a_pays(256, 6000, 3000, 2)
-    assert GS.align_a_pays(128, 7000, 5056, 2, lead=5060)   # whole-line K, rows 5060 apart
-    assert not GS.align_a_pays(1000, 3000, 5000, 2)          # the WS kernel's rows: not timed with the copy
-    assert not GS.align_a_pays(256, 6000, 5000, 2)           # WS from 256 rows (fill rule): likewise
-    assert not GS.align_a_pays(128, 7000, 5000, 2, lead=5056)   # A a K-slice of whole-line rows
-    assert not GS.align_a_pays(128, 7000, 5056, 2)           # 10112 bytes: whole lines
-    assert not GS.align_a_pays(128, 7000, 4093, 2)           # odd: not even 16-byte rows
-    assert not GS.align_a_pays(16, 6144, 4104, 2)            # 6 MB of re-reads: the copy would cost more
-    assert GS.align_a_pays(128, 7000, 2500, 4) and not GS.align_a_pays(128, 7000, 2528, 4)   # fp32
+    assert GS.align_a_pays(128, 5000, 2) and GS.align_a_pays(256, 3000, 2)   # 10000, 6000 bytes
+    assert GS.align_a_pays(2048, 5000, 2) and GS.align_a_pays(16, 4104, 2)   # WS rows, 16 rows
+    assert GS.align_a_pays(128, 5056, 2, lead=5060)   # whole-line K, rows 5060 apart
+    assert not GS.align_a_pays(128, 5000, 2, lead=5056)   # A a K-slice of whole-line rows
+    assert not GS.align_a_pays(128, 5056, 2)           # 10112 bytes: whole lines
+    assert not GS.align_a_pays(128, 4093, 2)           # odd: not even 16-byte rows
+    assert not GS.align_a_pays(15, 4104, 2)            # under 16 rows
+    assert not GS.align_a_pays(96, 7696, 2)            # 15392 bytes: gcd 32, 3 rows in 4
+    assert not GS.align_a_pays(80, 7264, 2)            # gcd 64: every other row aligned
+    assert GS.align_a_pays(128, 2500, 4) and not GS.align_a_pays(128, 2528, 4)   # fp32
 
 
 @cpu
