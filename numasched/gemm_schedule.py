@@ -204,6 +204,19 @@ WS_SPLIT_PARTIAL_L2, WS_SPLIT_SYNC_S = 0.10, 2.4e-6
 # Triton model's estimates ran 0.93-1.67x their measured times at those 8 shapes (the split form's
 # 0.92-1.09x), so a small modelled lead was no lead (128 x 4096 x 4096: 22.0 against 19.0 us)
 WS_SPLIT_MARGIN = 0.95
+# At 65-128 rows, two 64-row split-K tiles per tile column, unsplit, every unit on its own SM in
+# one wave (two row tiles times the columns at most the SMs): the two tiles of a column run at
+# once and read the same W tile, which comes from HBM once and from L2 for the other; priced as
+# W's bytes halved (row_pair_shares_w). Timed on an H200 beside the pick (bench/results/gemm-s37/
+# rows64-*): 128 x 4096 x 4096 64 x 64 x 128 12.6 us against 18.3 (cuBLAS 14.0), 128 x 2560 x 8192
+# 17.9 against 24.7, 128 x 4096 x 14336 34.3 against 40.9, 100 x 6000 x 4000 64 x 128 x 128 20.0
+# against 25.5, within 1 % at 128 x {6144, 8192} x ..., where 64 x 128 tiles fill one wave. Where W's
+# rows are not whole 32-byte sectors the pairs ran slower (128 x 7000 x 5000 35.3 against 28.3,
+# 120 x 3748 x 11000 43.5 against 40.5), and split pairs were not timed: neither is priced so.
+# Scored on every recorded H200 timing (scripts/gemm_rank_eval.py, the current candidates): the
+# pick within 3 % of the best timed at 1542 of 1758 points (1537 before), within 5 % at 1600
+# (1594); the H100's 857 points 748 / 791 (749 / 791).
+ROW_PAIR_W_SHARE = 2
 
 
 # A whose rows are not whole 128-byte lines (K * element size a multiple of 16 but not of 128):
@@ -414,7 +427,8 @@ def estimate(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machine, sp
     tiles = _cdiv(M, s.block_m) * _cdiv(N, s.block_n)
     kps = _cdiv(_cdiv(K, s.split_k), s.block_k) * s.block_k
     units = tiles * s.split_k
-    unit, slots = _unit_s(s, kps, units, elt, machine, splitk_tma, aligned)
+    unit, slots = _unit_s(s, kps, units, elt, machine, splitk_tma, aligned,
+                          ROW_PAIR_W_SHARE if row_pair_shares_w(s, M, K, units, elt, machine) else 1)
     waves = _cdiv(units, slots)
     if s.kind == "streamk":
         # whole waves, then the remainder's K iterations shared equally by every SM; each program
@@ -521,10 +535,19 @@ def _floor_s(M: int, N: int, K: int, elt: int, machine: Machine) -> float:
     return max(streaming_floor_s(M, N, K, elt, machine), 2.0 * M * N * K / machine.tensor_flops)
 
 
-def _unit_s(s: Schedule, kps: int, units: int, elt: int, machine: Machine, splitk_tma: bool, aligned: bool):
+def row_pair_shares_w(s: Schedule, M: int, K: int, units: int, elt: int, machine: Machine) -> bool:
+    """Whether the two 64-row tiles of each tile column read W once from HBM between them (see
+    ROW_PAIR_W_SHARE): unsplit split-K tiles of 64 rows at 65-128 rows, every unit on its own SM
+    in one wave, W's rows whole 32-byte sectors."""
+    return (s.kind == "splitk" and s.block_m == 64 and s.split_k == 1 and not s.tail and _cdiv(M, 64) == 2
+            and units <= machine.sms and (K * elt) % 32 == 0)
+
+
+def _unit_s(s: Schedule, kps: int, units: int, elt: int, machine: Machine, splitk_tma: bool, aligned: bool,
+            w_share: int = 1):
     """(seconds of one work unit of ``kps`` K columns when ``units`` of them run, the grid's
     slots): the slower of its bytes at its share of the bandwidth and its flops at its share of
-    the tensor rate."""
+    the tensor rate; ``w_share`` units read each W tile from HBM between them (the rest from L2)."""
     occ = _resident(s, elt, machine)
     slots = machine.sms * occ
     if s.kind == "tiled" and s.persistent:
@@ -533,7 +556,7 @@ def _unit_s(s: Schedule, kps: int, units: int, elt: int, machine: Machine, split
     fair = machine.hbm_bytes_per_s / active
     share = machine.sm_bw_share if aligned else MISALIGNED_SM_BW_SHARE
     bw = min(fair, share * machine.hbm_bytes_per_s / machine.sms / occ)
-    t_mem = (s.block_n * kps * elt + A_WEIGHT * s.block_m * kps * elt) / bw
+    t_mem = (s.block_n * kps * elt / w_share + A_WEIGHT * s.block_m * kps * elt) / bw
     rate = machine.tensor_flops / min(active, machine.sms) / (occ if active >= machine.sms else 1)
     if s.kind == "splitk" and s.block_m >= 64 and not splitk_tma:
         rate *= SPLITK_MMA_EFFICIENCY  # operands through registers, not TMA + wgmma from shared memory

@@ -1283,8 +1283,9 @@ def test_chooser_weighs_the_ws_split_form_from_65_to_128_rows():
     kernel, the split-K form (tiles of WS_SPLIT_NS columns, S K parts, at most one unit per SM,
     two K steps a part) is among the candidates, nowhere else; its names parse back; its model
     matches the H100 probe's 40 times (bench/results/ws-split-s31/) to an rms log error under 0.1
-    and puts the fastest timed form within 5 % at 6 of its 8 shapes; the model takes it where its
-    K loop on every SM pays (128 x 4096 x 14336), not at 4096 x 4096."""
+    and puts the fastest timed form within 5 % at 6 of its 8 shapes; the model prices it under the
+    128-row Triton tiles where its K loop on every SM pays (128 x 4096 x 14336; the 64-row pair is
+    taken there now), and does not take it at 4096 x 4096."""
     import re
 
     from numasched import gemm_schedule as GS
@@ -1321,8 +1322,35 @@ def test_chooser_weighs_the_ws_split_form_from_65_to_128_rows():
     assert shapes == 8 and len(errs) == 40
     assert math.sqrt(sum(e * e for e in errs) / len(errs)) < 0.1
     assert near >= 6, near
-    assert GS._choose(128, 4096, 14336, 2, h100, False, True, True, True, True).kind == "ws"
+    # where its K loop on every SM pays it is weighed against the row pair (ROW_PAIR_W_SHARE),
+    # priced within 2 % of it there on the H100 (the margin then keeps the Triton pair)
+    pick = GS._choose(128, 4096, 14336, 2, h100, False, True, True, True, True)
+    assert pick.kind == "ws" or GS.row_pair_shares_w(pick, 128, 14336, 2 * -(-4096 // pick.block_n), 2, h100), pick
+    assert GS.estimate(GS.Schedule.parse("ws 128x128x64 w4 s6 split2 persistent"), 128, 4096, 14336, 2, h100) \
+        < GS.estimate(GS.Schedule.parse("splitk 128x128x64 w8 s6 split3"), 128, 4096, 14336, 2, h100, True)
     assert GS._choose(128, 4096, 4096, 2, h100, False, True, True, True, True).kind != "ws"
+
+
+def test_row_pairs_share_w_only_unsplit_in_one_wave_on_sector_rows():
+    """gemm_schedule.row_pair_shares_w: the two 64-row split-K tiles of a column at 65-128 rows,
+    unsplit, every unit on its own SM, W's rows whole 32-byte sectors; the chooser then takes
+    them at 128 x 4096 x 4096 (12.6 us against 18.3 for the former pick on an H200), not at 256
+    rows or where W's rows are 16 bytes off a sector (128 x 7000 x 5000)."""
+    from numasched import gemm_schedule as GS
+
+    h200 = GS._KNOWN["h200"]
+    pair = GS.Schedule.parse("splitk 64x64x128 w4 s6")
+    assert GS.row_pair_shares_w(pair, 128, 4096, 128, 2, h200)
+    assert GS.row_pair_shares_w(pair, 65, 4096, 128, 2, h200)
+    assert not GS.row_pair_shares_w(pair, 64, 4096, 64, 2, h200)        # one row tile
+    assert not GS.row_pair_shares_w(pair, 129, 4096, 192, 2, h200)      # three
+    assert not GS.row_pair_shares_w(pair, 128, 4096, 160, 2, h200)      # past one wave
+    assert not GS.row_pair_shares_w(pair, 128, 5000, 128, 2, h200)      # 10000-byte rows
+    assert not GS.row_pair_shares_w(GS.Schedule.parse("splitk 64x64x128 w4 s6 split2"), 128, 4096, 128, 2, h200)
+    assert not GS.row_pair_shares_w(GS.Schedule.parse("splitk 128x64x128 w8 s4"), 256, 4096, 128, 2, h200)
+    assert GS._choose(128, 4096, 4096, 2, h200, False, True, True, True, True).describe() == pair.describe()
+    assert GS._choose(128, 7000, 5000, 2, h200, False, True, True, True, True).block_m == 128
+    assert GS.estimate(pair, 128, 4096, 4096, 2, h200, True) < 0.8 * GS.estimate(pair, 128, 4096, 4104, 2, h200, True)
 
 
 @pytest.mark.parametrize("machine,runs,want", [
