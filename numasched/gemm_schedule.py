@@ -204,18 +204,22 @@ WS_SPLIT_PARTIAL_L2, WS_SPLIT_SYNC_S = 0.10, 2.4e-6
 # Triton model's estimates ran 0.93-1.67x their measured times at those 8 shapes (the split form's
 # 0.92-1.09x), so a small modelled lead was no lead (128 x 4096 x 4096: 22.0 against 19.0 us)
 WS_SPLIT_MARGIN = 0.95
-# At 65-128 rows, two 64-row split-K tiles per tile column, unsplit, every unit on its own SM in
+# At 112-128 rows, two 64-row split-K tiles per tile column, unsplit, every unit on its own SM in
 # one wave (two row tiles times the columns at most the SMs): the two tiles of a column run at
 # once and read the same W tile, which comes from HBM once and from L2 for the other; priced as
-# W's bytes halved (row_pair_shares_w). Timed on an H200 beside the pick (bench/results/gemm-s37/
-# rows64-*): 128 x 4096 x 4096 64 x 64 x 128 12.6 us against 18.3 (cuBLAS 14.0), 128 x 2560 x 8192
-# 17.9 against 24.7, 128 x 4096 x 14336 34.3 against 40.9, 100 x 6000 x 4000 64 x 128 x 128 20.0
-# against 25.5, within 1 % at 128 x {6144, 8192} x ..., where 64 x 128 tiles fill one wave. Where W's
-# rows are not whole 32-byte sectors the pairs ran slower (128 x 7000 x 5000 35.3 against 28.3,
-# 120 x 3748 x 11000 43.5 against 40.5), and split pairs were not timed: neither is priced so.
-# Scored on every recorded H200 timing (scripts/gemm_rank_eval.py, the current candidates): the
-# pick within 3 % of the best timed at 1542 of 1758 points (1537 before), within 5 % at 1600
-# (1594); the H100's 857 points 748 / 791 (749 / 791).
+# W's bytes halved (row_pair_shares_w). Timed on an H200 (bench/results/gemm-s37/rows64-*,
+# pair-*): at 128 rows 64 x 64 x 128 ran 12.2-12.6 us at 4096 x 4096 against 18.3 for the former
+# pick (cuBLAS 14.0), 17.9 against 24.7 at 2560 x 8192, 34.1-34.3 against 40.9-42.6 at
+# 4096 x 14336 (cuBLAS 37.7), and within 2 % of it at 128 x {6144, 8192} x ... and 5120 x 5120.
+# With a part-empty second tile it lost: 97 x 4096 x 14336 50.6 against 43.2 for 128 x 128 x 64
+# in 3 splits, and 66-80 rows ran 0.42-0.68 of cuBLAS (the second tile streams all of W for 2-16
+# rows); hence from ROW_PAIR_MIN_ROWS (the second tile at least 3/4 full; 112-127 rows not yet
+# timed against the former pick). Where W's rows are not whole 32-byte sectors the pairs ran
+# slower (128 x 7000 x 5000 35.3 against 28.3), and split pairs were not timed: neither is priced
+# so. Scored on the recorded timings of the current candidates (scripts/gemm_rank_eval.py's
+# score): H200 pick within 3 % of the best timed at 1541 of 1758 points (1537 without the
+# pairs), within 5 % at 1599 (1594); H100 689 / 723 of 761 (690 / 723).
+ROW_PAIR_MIN_ROWS = 112
 ROW_PAIR_W_SHARE = 2
 
 
@@ -537,10 +541,10 @@ def _floor_s(M: int, N: int, K: int, elt: int, machine: Machine) -> float:
 
 def row_pair_shares_w(s: Schedule, M: int, K: int, units: int, elt: int, machine: Machine) -> bool:
     """Whether the two 64-row tiles of each tile column read W once from HBM between them (see
-    ROW_PAIR_W_SHARE): unsplit split-K tiles of 64 rows at 65-128 rows, every unit on its own SM
-    in one wave, W's rows whole 32-byte sectors."""
-    return (s.kind == "splitk" and s.block_m == 64 and s.split_k == 1 and not s.tail and _cdiv(M, 64) == 2
-            and units <= machine.sms and (K * elt) % 32 == 0)
+    ROW_PAIR_W_SHARE): unsplit split-K tiles of 64 rows at ROW_PAIR_MIN_ROWS-128 rows, every unit
+    on its own SM in one wave, W's rows whole 32-byte sectors."""
+    return (s.kind == "splitk" and s.block_m == 64 and s.split_k == 1 and not s.tail
+            and ROW_PAIR_MIN_ROWS <= M <= 128 and units <= machine.sms and (K * elt) % 32 == 0)
 
 
 def _unit_s(s: Schedule, kps: int, units: int, elt: int, machine: Machine, splitk_tma: bool, aligned: bool,
