@@ -215,9 +215,9 @@ WS_SPLIT_MARGIN = 0.95
 # in 3 splits, and 66-80 rows ran 0.42-0.68 of cuBLAS (the second tile streams all of W for 2-16
 # rows); hence from ROW_PAIR_MIN_ROWS (the second tile at least 3/4 full). At 112, 120 and 127
 # rows (pair-112/) the pair took 0.77-0.87x the time of the best 128-row schedule at 4096 x 4096,
-# 2560 x 8192 and 4096 x 14336 (9 of 9), 0.99-1.00x at 6144 x 4096 and 5120 x 5120. Where W's rows are not whole 32-byte sectors the pairs ran
-# slower (128 x 7000 x 5000 35.3 against 28.3), and split pairs were not timed: neither is priced
-# so. Scored on the recorded timings of the current candidates (scripts/gemm_rank_eval.py's
+# 2560 x 8192 and 4096 x 14336 (9 of 9), 0.99-1.00x at 6144 x 4096 and 5120 x 5120. Where W's
+# rows are not whole 32-byte sectors the pairs ran slower (128 x 7000 x 5000 35.3 against 28.3),
+# and split pairs were not timed: neither is priced so. Scored on the recorded timings of the current candidates (scripts/gemm_rank_eval.py's
 # score): H200 pick within 3 % of the best timed at 1541 of 1758 points (1537 without the
 # pairs), within 5 % at 1599 (1594); H100 689 / 723 of 761 (690 / 723).
 ROW_PAIR_MIN_ROWS = 112
