@@ -6,7 +6,9 @@ in 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, against the projections of
 14336x8192, 8192x7168) and Qwen3-32B at TP 2 (5120x5120, 25600x5120, 5120x12800), plus squares
 1k-16k and shapes off the grid (odd M, N, K).
 
-Per point, side by side in one run, all in CUDA graphs of R calls (median of replays / R):
+Per point, side by side in one run, all in CUDA graphs of R calls (median of replays / R; cuBLAS,
+the pick and the fastest other schedule timed a second time at the end of the point, each
+keeping the faster of its two):
 * cuBLAS: ``torch.matmul(x, W.T)``;
 * numasched: ``numasched.matmul(x, W.T)``: the schedule the model chose (no tuning);
 * "best": the fastest of the chooser's pick and the next ``--top`` schedules by the model's
@@ -293,12 +295,15 @@ def main(argv=None) -> int:
         ws = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) for _ in range(copies)]
         outs = [torch.empty(m, n, device=dev, dtype=torch.bfloat16) for _ in range(copies)]
         ref = torch.matmul(x, ws[0].T)
-        cublas = graph_us(lambda i: torch.matmul(x, ws[i].T, out=outs[i]), copies, args.calls)
+        def cublas_call(i):
+            torch.matmul(x, ws[i].T, out=outs[i])
+
+        cublas = graph_us(cublas_call, copies, args.calls)
         # what numasched.matmul itself runs (the plan's own choice: it knows whether TMA can
         # read the operands), then the model's next best schedules of the same kind of set
         own = numasched.plan_matmul(x, ws[0].T, outs[0])
         chosen = own.schedule
-        tried = {}
+        tried, calls = {}, {}
         err = None
         for est, s in _contenders(m, n, k, _tma_ok(x, ws[0]), chosen, args.top, machine, args.extra):
             key = s.describe()
@@ -310,6 +315,7 @@ def main(argv=None) -> int:
                     plan._run(x, ws[i].T, outs[i])
 
                 t = graph_us(call, copies, args.calls)
+                calls[key] = call
                 # every timed schedule is checked, not only the pick (output poisoned first)
                 outs[0].fill_(float("nan"))
                 got = plan.run(x, ws[0].T, outs[0])
@@ -331,6 +337,16 @@ def main(argv=None) -> int:
                 log.append(msg)
                 t = float("inf")
             tried[key] = (t, est)
+        # cuBLAS, the pick and the fastest other schedule again, last, each keeping the faster of
+        # its two timings: the first timings of a point can catch the clocks low after the
+        # host-side gap (the first point of a projection after the last one's M = 4096 ran up to
+        # 1.27x the next M's time with the same schedule, bench/results/gemm-s37/grid)
+        others = [kk for kk in tried if kk != chosen.describe() and math.isfinite(tried[kk][0])]
+        again = [chosen.describe()] + ([min(others, key=lambda kk: tried[kk][0])] if others else [])
+        for kk in again:
+            if kk in calls and math.isfinite(tried[kk][0]):
+                tried[kk] = (min(tried[kk][0], graph_us(calls[kk], copies, args.calls)), tried[kk][1])
+        cublas = min(cublas, graph_us(cublas_call, copies, args.calls))
         if m <= 16 and (n, k) not in reads:   # the limit of reading W once in this setting
             reads[(n, k)] = read_graph_us(ws, args.calls, graph_us)
         ws_times = _time_ws(args.ws, x, ws, outs, ref, copies, args.calls, graph_us, log, f"{model} {proj} M={m}")

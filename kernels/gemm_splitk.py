@@ -155,7 +155,7 @@ def gemm_splitk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
                        A_TRANS: tl.constexpr, B_TRANS: tl.constexpr, GLU: tl.constexpr = False,
                        PDL: tl.constexpr = False, PREFETCH_B: tl.constexpr = 0, TAIL: tl.constexpr = False,
                        ROW_SCALE: tl.constexpr = False, A_K_VEC: tl.constexpr = 1, B_K_VEC: tl.constexpr = 1,
-                       A_M_VEC: tl.constexpr = 1, B_N_VEC: tl.constexpr = 1):
+                       A_M_VEC: tl.constexpr = 1, B_N_VEC: tl.constexpr = 1, A_PTR: tl.constexpr = False):
     # GLU (numasched.matmul_swiglu): B holds 2N columns, gate then up; the program accumulates
     # both halves of its tile's columns (two B tiles per K step) and stores silu(gate) * up (N
     # columns), so the MLP's activation costs no kernel and no round trip of the 2N-wide output.
@@ -196,9 +196,23 @@ def gemm_splitk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
     if USE_TMA:
         # descriptors (Hopper): A (M, K) or its (K, M) storage (A_TRANS), B (K, N) or its (N, K)
         # storage (B_TRANS, a weight W of F.linear); a split starts on a BLOCK_K boundary, so a
-        # block never crosses into the next split, and past K the descriptor reads zeros
+        # block never crosses into the next split, and past K the descriptor reads zeros.
+        # A_PTR: A (K-contiguous) through masked pointer loads and only B through its descriptor,
+        # so a tile whose rows run past M reads no box out of A's bounds (options.gemm_splitk_operands)
+        if A_PTR:
+            stride_am = _multiple(stride_am, A_K_VEC)
+            k_hi = _multiple(k_hi, A_K_VEC)
+            a_rows = a + offs_m[:, None].to(tl.int64) * stride_am
         for k0 in range(k_lo, k_hi, BLOCK_K):
-            a_t, b_t = load_ab_tma(a, b, tm, tn, k0, BLOCK_M, BLOCK_N, A_TRANS, B_TRANS)
+            if A_PTR:
+                offs_k = k0 + tl.arange(0, BLOCK_K)
+                a_t = tl.load(a_rows + offs_k[None, :], mask=mask_m[:, None] & (offs_k[None, :] < k_hi), other=0.0)
+                if B_TRANS:
+                    b_t = b.load([tn * BLOCK_N, k0]).T
+                else:
+                    b_t = b.load([k0, tn * BLOCK_N])
+            else:
+                a_t, b_t = load_ab_tma(a, b, tm, tn, k0, BLOCK_M, BLOCK_N, A_TRANS, B_TRANS)
             acc = tl.dot(a_t, b_t, acc, input_precision=INPUT_PRECISION)
             if GLU:
                 # a gate tile's last columns past N read the first up columns: masked on store

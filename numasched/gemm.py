@@ -291,6 +291,7 @@ class GemmPlan(Plan):
         self._launch = None
         self._epi = (bias is not None, residual is not None)
         self._a_rows = self._a_bytes = 0   # options.gemm_align_a (below)
+        self.a_pointer = False   # split-K on TMA: A through pointers instead (options.gemm_splitk_operands)
         if Mdim == 0 or N == 0:
             self.mode = "empty"
         elif K == 0:
@@ -367,15 +368,20 @@ class GemmPlan(Plan):
         elif split_k is not None or (schedule is not None and schedule.kind == "splitk") or \
                 (interp and not explicit_tiled):
             # TMA-fed split-K (options.gemm_splitk_tma): Hopper, or the interpreter (which reads
-            # descriptors too), both operands describable, 32-bit offsets
-            # (GPU: for tiles of 64+ rows only; at 16-32 rows the pointer loads measured faster on
-            # the H200, e.g. 11.4 against 13.0 us at 1 x 4096 x 4096)
+            # descriptors too), both operands describable, 32-bit offsets; which operands go
+            # through descriptors: options.gemm_splitk_operands (auto: gemm_schedule.splitk_operands,
+            # the interpreter both)
             bm = schedule.block_m if schedule is not None else 16
-            splitk_tma = (options.gemm_splitk_tma and not self.int64 and a_view is not None and b_view is not None
-                          and TensorDescriptor is not None and (interp or (caps.tma_supported(dev) and bm >= 64)))
+            operands = options.gemm_splitk_operands
+            if operands == "auto":
+                operands = "tma" if interp else _sched.splitk_operands(bm, Mdim)
+            splitk_tma = (options.gemm_splitk_tma and operands != "pointer" and not self.int64 and a_view is not None
+                          and b_view is not None and TensorDescriptor is not None
+                          and (interp or caps.tma_supported(dev)))
             self._plan_splitk(a, b, c, schedule, split_k, interp, (a_view, b_view) if splitk_tma else None,
                               prefetch=options.pdl and options.pdl_prefetch and not interp and caps.pdl_supported(dev),
-                              num_programs=num_programs)
+                              num_programs=num_programs,
+                              a_pointer=splitk_tma and operands == "b_tma" and not a_view[0] and a.stride(1) == 1)
         else:
             self._plan_tiled(a, b, c, a_view, b_view, schedule, path, config, persistent, num_programs, options,
                              interp)
@@ -414,7 +420,7 @@ class GemmPlan(Plan):
                            num_stages=cfg.stages)
 
     def _plan_splitk(self, a, b, c, schedule, split_k, interp, tma_views=None, prefetch: bool = False,
-                     num_programs=None) -> None:
+                     num_programs=None, a_pointer: bool = False) -> None:
         from ._launch import Launch
         from .kernels import gemm_splitk as KS
 
@@ -454,6 +460,9 @@ class GemmPlan(Plan):
         if not use_tma:   # pointer loads: K's vector width where Triton would not see it (K_VEC)
             elt = a.element_size()
             const.update(KS.k_vector(Mdim, N, K, self._kps, a.stride(), b.stride(), elt))
+        self.a_pointer = bool(use_tma and a_pointer)
+        if self.a_pointer:   # A (K-contiguous) through pointers, B through its descriptor
+            const.update(A_PTR=True, A_K_VEC=KS.vector_width(a.element_size(), K, self._kps, a.stride(0)))
         if prefetch and not use_tma:   # options.pdl_prefetch: B into L2 before the PDL wait
             const["PREFETCH_B"] = KS.prefetch_programs(b, K, self._kps, cfg["BLOCK_N"], grid,
                                                        caps.l2_bytes(self.device), tail=bool(whole))
@@ -641,6 +650,8 @@ class GemmPlan(Plan):
                 ws = ctr = out
             if self.path == "tma":
                 a_arg, b_arg, _ = self._descriptors(a, b, out)
+                if self.a_pointer:
+                    a_arg = p(a)
             else:
                 a_arg, b_arg = p(a), p(b)
             return (a_arg, b_arg, p(out), p(bias) if bias is not None else p(out),

@@ -35,6 +35,7 @@ numasched is imported (they are not read per call):
     NUMASCHED_GLU_WS=0|1        glu_ws -> False / True (unset: numasched.gemm_glu's default)
     NUMASCHED_FUSED_WS=0|1      fused_ws -> False / True (unset: the config's)
     NUMASCHED_GEMM_ALIGN_A=0|1  gemm_align_a -> False / True (unset: where gemm_schedule.align_a_pays)
+    NUMASCHED_GEMM_SPLITK_OPERANDS gemm_splitk_operands ("auto", "tma", "b_tma" or "pointer")
 """
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ COMBINE_MODES = ("auto", "fused", "kernel")
 SCHEDULE_MODES = ("model", "autotune")  # gemm_schedule, decode_schedule
 TRIGGER_MODES = ("early", "late", "none")  # numasched.kernels.pdl.TRIGGER_MODES (not imported: no triton here)
 ARN_EXCHANGES = ("auto", "flag", "ll")
+SPLITK_OPERANDS = ("auto", "tma", "b_tma", "pointer")  # gemm_splitk_operands
 
 
 @dataclass(frozen=True)
@@ -178,6 +180,11 @@ class Options:
             column re-reads A, and a misaligned row costs two lines per load (True: always there,
             also in the interpreter; False: never; None: on a GPU where
             gemm_schedule.align_a_pays: from 16 rows, most rows crossing a line).
+        gemm_splitk_operands: how the split-K GEMM reads its operands on Hopper where TMA can
+            (``gemm_splitk_tma`` on, both operands describable): "tma" (both through descriptors,
+            any tile), "b_tma" (the weight B through its descriptor, A through masked pointer
+            loads: no box past A's last row), "pointer" (both through pointers) or "auto"
+            (numasched.gemm_schedule.splitk_operands: by the tile's rows and M).
     """
 
     autotune: bool = True
@@ -206,6 +213,7 @@ class Options:
     glu_ws: Optional[bool] = None
     fused_ws: Optional[bool] = None
     gemm_align_a: Optional[bool] = None
+    gemm_splitk_operands: str = "auto"
 
     def __post_init__(self):
         for f in ("autotune", "check_data", "gemm_flatten", "gemm_splitk_tma", "gemm_streamk_k_aligned",
@@ -227,6 +235,9 @@ class Options:
         for f in ("fused_flat", "glu_persistent", "fused_tma_push", "glu_ws", "fused_ws", "gemm_align_a"):
             if getattr(self, f) is not None and not isinstance(getattr(self, f), bool):
                 raise TypeError(f"Options.{f} must be a bool or None, got {getattr(self, f)!r}")
+        if self.gemm_splitk_operands not in SPLITK_OPERANDS:
+            raise ValueError(f"Options.gemm_splitk_operands must be one of {SPLITK_OPERANDS}, "
+                             f"got {self.gemm_splitk_operands!r}")
         if self.arn_exchange not in ARN_EXCHANGES:
             raise ValueError(f"Options.arn_exchange must be one of {ARN_EXCHANGES}, got {self.arn_exchange!r}")
         if self.decode_combine not in COMBINE_MODES:
@@ -314,7 +325,8 @@ def from_env(environ=None) -> Options:
                    fused_ar_stages=int(stages) if stages else None,
                    fused_flat=tri["NUMASCHED_FUSED_FLAT"], glu_persistent=tri["NUMASCHED_GLU_PERSISTENT"],
                    fused_tma_push=tri["NUMASCHED_FUSED_TMA_PUSH"], glu_ws=tri["NUMASCHED_GLU_WS"],
-                   fused_ws=tri["NUMASCHED_FUSED_WS"], gemm_align_a=tri["NUMASCHED_GEMM_ALIGN_A"])
+                   fused_ws=tri["NUMASCHED_FUSED_WS"], gemm_align_a=tri["NUMASCHED_GEMM_ALIGN_A"],
+                   gemm_splitk_operands=env.get("NUMASCHED_GEMM_SPLITK_OPERANDS", "auto").strip() or "auto")
 
 
 _CURRENT = from_env()

@@ -839,6 +839,37 @@ def test_splitk_through_tma_descriptors_matches_float64(m, n, k, split_k, ta, tb
 
 
 @cpu
+@pytest.mark.parametrize("m,n,k,split_k,tb,dtype,lead", [(5, 40, 64, 2, True, torch.float32, 64),
+                                                         (37, 24, 200, 3, False, torch.float16, 208),
+                                                         (16, 48, 88, 1, True, torch.float16, 88)])
+def test_splitk_a_through_pointers_b_through_tma_matches_float64(m, n, k, split_k, tb, dtype, lead):
+    """options.gemm_splitk_operands="b_tma": A through masked pointer loads (tile rows past M,
+    a padded row stride, K not a multiple of 16), only B through its descriptor; the result
+    agrees with float64 and with both operands through descriptors."""
+    torch.manual_seed(m * k + n)
+    a = torch.randn(m, lead, dtype=dtype)[:, :k]
+    _, b = _operands(m, n, k, dtype, tb=tb, seed=m + n)
+    with options.use(gemm_splitk_tma=True, gemm_splitk_operands="b_tma"):
+        plan = numasched.plan_matmul(a, b, split_k=split_k)
+        c = plan.run(a, b, _poisoned(m, n, dtype))
+    assert plan.kernel == "splitk" and plan.path == "tma" and plan.a_pointer and plan.b_trans == tb
+    ref = a.double() @ b.double()
+    assert ((c.double() - ref).norm() / ref.norm()).item() < TOL[dtype]
+    with options.use(gemm_splitk_tma=True, gemm_splitk_operands="tma"):
+        both = numasched.plan_matmul(a, b, split_k=split_k)
+        other = both.run(a, b)
+    assert not both.a_pointer and ((other.double() - c.double()).norm() / c.double().norm()).item() < 1e-6
+    with options.use(gemm_splitk_operands="pointer"):
+        assert numasched.plan_matmul(a, b, split_k=split_k).path == "pointer"
+
+
+def test_splitk_operands_option_is_checked():
+    with pytest.raises(ValueError, match="gemm_splitk_operands"):
+        options.Options(gemm_splitk_operands="a_tma")
+    assert options.from_env({"NUMASCHED_GEMM_SPLITK_OPERANDS": "b_tma"}).gemm_splitk_operands == "b_tma"
+
+
+@cpu
 def test_splitk_tma_falls_back_to_pointers_when_not_describable():
     a = torch.randn(7, 13)            # a leading stride of 13 floats is not 16-byte aligned
     b = torch.randn(13, 9)
