@@ -258,13 +258,16 @@ def align_a_pays(M: int, K: int, elt: int, lead: Optional[int] = None) -> bool:
 # The split-K kernel on Hopper (options.gemm_splitk_tma): tiles of SPLITK_TMA_MIN_ROWS rows or
 # more read B (the weight) through its TMA descriptor; smaller ones both operands through
 # pointers (at 16-32 rows the pointer loads measured faster on the H200, e.g. 11.4 against 13.0
-# us at 1 x 4096 x 4096). A goes through its descriptor too, unless the last tile row is at most
-# half full: there A's box runs past its last row for half of it or more, and the same schedule
-# ran 1.2-1.6x longer than with A through masked pointer loads (H200, bench/results/gemm-s38/
-# rows-probe: 64-row tiles at M = 32, 5120 x 5120 64 x 64 x 128 20.3 against 16.4 us, 8192 x
-# 7168 38.0 against 30.6, 2560 x 8192 64 x 32 x 256 26.7 against 17.1; two 64-row tile rows at
-# M = 96 1.1-1.3x at 3 of 4 shapes), while a row three quarters full or more (M = 48, 96-127
-# rows in 128-row tiles) ran within a few per cent either way or faster through the descriptor.
+# us at 1 x 4096 x 4096). A goes through its descriptor too, unless the last tile row is less
+# than SPLITK_A_BOX_MIN_FILL full: there A's box runs past its last row for a quarter of it or
+# more, and the same schedule ran up to 1.6x longer than with A through masked pointer loads
+# (H200, bench/results/gemm-s38/rows-probe and m17: 64-row tiles at M = 32, 5120 x 5120
+# 64 x 64 x 128 20.3 against 16.4 us, 8192 x 7168 38.0 against 30.6, 2560 x 8192 64 x 32 x 256
+# 26.7 against 17.1; at M = 40 through the descriptor 18.2, 33.0, 22.1 us where M = 32 through
+# pointers took 16.5, 30.6, 17.2; two 64-row tile rows at M = 96 1.1-1.3x at 3 of 4 shapes), while
+# a row three quarters full or more (M = 48, 96-127 rows in 128-row tiles) ran within a few per
+# cent either way, or faster through the descriptor (128 x 64 x 128 at 96 x 4096 x 4096: 17.9 against 20.5).
+SPLITK_A_BOX_MIN_FILL = 0.75
 SPLITK_TMA_MIN_ROWS = 64
 
 
@@ -275,7 +278,7 @@ def splitk_operands(block_m: int, M: int) -> str:
     if block_m < SPLITK_TMA_MIN_ROWS:
         return "pointer"
     last = M % block_m
-    return "b_tma" if 0 < last <= block_m // 2 else "tma"
+    return "b_tma" if 0 < last < SPLITK_A_BOX_MIN_FILL * block_m else "tma"
 
 
 @functools.lru_cache(maxsize=None)

@@ -863,6 +863,19 @@ def test_splitk_a_through_pointers_b_through_tma_matches_float64(m, n, k, split_
         assert numasched.plan_matmul(a, b, split_k=split_k).path == "pointer"
 
 
+def test_splitk_reads_a_through_pointers_where_its_last_tile_row_is_under_three_quarters_full():
+    """gemm_schedule.splitk_operands: 64+-row tiles take B through TMA, and A too unless the last
+    tile row is less than SPLITK_A_BOX_MIN_FILL full (A's box would run past its last row);
+    smaller tiles read both through pointers."""
+    from numasched import gemm_schedule as GS
+
+    assert GS.splitk_operands(64, 32) == GS.splitk_operands(64, 40) == GS.splitk_operands(64, 47) == "b_tma"
+    assert GS.splitk_operands(64, 48) == GS.splitk_operands(64, 64) == GS.splitk_operands(64, 128) == "tma"
+    assert GS.splitk_operands(128, 72) == GS.splitk_operands(128, 140) == "b_tma"
+    assert GS.splitk_operands(128, 96) == GS.splitk_operands(128, 127) == "tma"
+    assert GS.splitk_operands(32, 20) == GS.splitk_operands(16, 1) == "pointer"
+
+
 def test_splitk_operands_option_is_checked():
     with pytest.raises(ValueError, match="gemm_splitk_operands"):
         options.Options(gemm_splitk_operands="a_tma")
