@@ -9,7 +9,7 @@ descriptors: A's box runs past its last row), "b_tma" (A through masked pointer 
 its descriptor), "pointer" (both through pointers). Every result is checked against float64.
 Prints one CSV line per timing: M,N,K,schedule,operands,us,cublas_us.
 
-Run: python3 scripts/gemm_rows_probe.py [--ms 1,16,32,...] [--shapes NxK,...] [--csv FILE]"""
+Run: python3 scripts/gemm_rows_probe.py [--ms 1,16,32,...] [--shapes NxK,...] [--schedules 'S; S'] [--csv FILE]"""
 import argparse
 import sys
 
@@ -36,6 +36,7 @@ def main(argv=None) -> int:
     p.add_argument("--ms", default=",".join(map(str, MS)))
     p.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES))
     p.add_argument("--calls", type=int, default=20)
+    p.add_argument("--schedules", default=None, help="'; '-separated schedules timed at every M (default: by M)")
     p.add_argument("--csv", default=None)
     args = p.parse_args(argv)
     import numasched
@@ -51,7 +52,8 @@ def main(argv=None) -> int:
         for m in ms:
             x, ws, outs, ref, copies = linear_operands(m, n, k)
             cublas = graph_us(lambda i: torch.matmul(x, ws[i].T, out=outs[i]), copies, args.calls)
-            for name in schedules(m):
+            names = [t.strip() for t in args.schedules.split(";") if t.strip()] if args.schedules else schedules(m)
+            for name in names:
                 s = Schedule.parse(name)
                 for mode in MODES:
                     try:
