@@ -372,9 +372,10 @@ class GemmPlan(Plan):
             # through descriptors: options.gemm_splitk_operands (auto: gemm_schedule.splitk_operands,
             # the interpreter both)
             bm = schedule.block_m if schedule is not None else 16
+            bn = schedule.block_n if schedule is not None else 64
             operands = options.gemm_splitk_operands
             if operands == "auto":
-                operands = "tma" if interp else _sched.splitk_operands(bm, Mdim)
+                operands = "tma" if interp else _sched.splitk_operands(bm, bn, Mdim)
             splitk_tma = (options.gemm_splitk_tma and operands != "pointer" and not self.int64 and a_view is not None
                           and b_view is not None and TensorDescriptor is not None
                           and (interp or caps.tma_supported(dev)))

@@ -255,30 +255,41 @@ def align_a_pays(M: int, K: int, elt: int, lead: Optional[int] = None) -> bool:
     return math.gcd(lead * elt, 128) <= ALIGN_A_OFFSET_GCD
 
 
-# The split-K kernel on Hopper (options.gemm_splitk_tma): tiles of SPLITK_TMA_MIN_ROWS rows or
-# more read B (the weight) through its TMA descriptor; smaller ones both operands through
-# pointers (at 16-32 rows the pointer loads measured faster on the H200, e.g. 11.4 against 13.0
-# us at 1 x 4096 x 4096). A goes through its descriptor too, unless the last tile row is less
-# than SPLITK_A_BOX_MIN_FILL full: there A's box runs past its last row for a quarter of it or
-# more, and the same schedule ran up to 1.6x longer than with A through masked pointer loads
-# (H200, bench/results/gemm-s38/rows-probe and m17: 64-row tiles at M = 32, 5120 x 5120
-# 64 x 64 x 128 20.3 against 16.4 us, 8192 x 7168 38.0 against 30.6, 2560 x 8192 64 x 32 x 256
-# 26.7 against 17.1; at M = 40 through the descriptor 18.2, 33.0, 22.1 us where M = 32 through
-# pointers took 16.5, 30.6, 17.2; two 64-row tile rows at M = 96 1.1-1.3x at 3 of 4 shapes), while
-# a row three quarters full or more (M = 48, 96-127 rows in 128-row tiles) ran within a few per
-# cent either way, or faster through the descriptor (128 x 64 x 128 at 96 x 4096 x 4096: 17.9 against 20.5).
+# How the split-K kernel reads its operands on Hopper (options.gemm_splitk_tma), by tile, timed
+# on an H200 with the same schedule read three ways (bench/results/gemm-s38/rows-probe*: both
+# through TMA descriptors, B only with A through masked pointer loads, both through pointers):
+# - tiles of 64+ rows: through the descriptors, unless the last tile row is less than
+#   SPLITK_A_BOX_MIN_FILL full: there A's box runs past its last row for a quarter of it or more,
+#   and the same schedule ran up to 1.6x longer than with A through pointers (64-row tiles at
+#   M = 32: 5120 x 5120 64 x 64 x 128 20.3 against 16.4 us, 8192 x 7168 38.0 against 30.6, 2560 x
+#   8192 64 x 32 x 256 26.7 against 17.1; at M = 40 through the descriptor 18.2, 33.0, 22.1 where
+#   M = 32 through pointers took 16.5, 30.6, 17.2); with the last row three quarters full or more
+#   (M = 48, 96-127 rows in 128-row tiles) within a few per cent either way (128 x 64 x 128 at
+#   96 x 4096 x 4096: 17.9 through the descriptor against 20.5). Over 66 points of M = 36-88 on
+#   the 11 projections the chooser's picks went from 0.822 to 0.915 of cuBLAS (geomean);
+# - 16-row tiles (the whole box past M at M = 1 cost nothing measurable): 128 columns through
+#   the descriptors 0.88x the pointers' time (geomean of 28 points, 14 shapes, at most 1.003x),
+#   64 columns 0.95-1.0x, 32 columns through pointers (the descriptors 1.07-1.13x);
+# - 32-row tiles: 32 and 128 columns through the descriptors (0.94-0.97x, 0.90x), 64 columns with
+#   A through pointers (0.92x; both through the descriptors 1.03-1.08x); a last row under three
+#   quarters full as the 64+-row tiles (B only), 32 columns there through pointers (B only ran
+#   1.10-1.12x).
 SPLITK_A_BOX_MIN_FILL = 0.75
-SPLITK_TMA_MIN_ROWS = 64
 
 
-def splitk_operands(block_m: int, M: int) -> str:
+def splitk_operands(block_m: int, block_n: int, M: int) -> str:
     """How the split-K kernel reads its operands on Hopper (options.gemm_splitk_operands "auto"):
     "tma" (both through descriptors), "b_tma" (B through its descriptor, A through masked
-    pointer loads) or "pointer" (see SPLITK_TMA_MIN_ROWS)."""
-    if block_m < SPLITK_TMA_MIN_ROWS:
-        return "pointer"
+    pointer loads) or "pointer" (see SPLITK_A_BOX_MIN_FILL)."""
+    if block_m <= 16:
+        return "tma" if block_n >= 64 else "pointer"
     last = M % block_m
-    return "b_tma" if 0 < last < SPLITK_A_BOX_MIN_FILL * block_m else "tma"
+    ragged = 0 < last < SPLITK_A_BOX_MIN_FILL * block_m
+    if block_m == 32 and block_n == 32:
+        return "pointer" if ragged else "tma"
+    if ragged or (block_m == 32 and block_n == 64):
+        return "b_tma"
+    return "tma"
 
 
 @functools.lru_cache(maxsize=None)

@@ -863,17 +863,21 @@ def test_splitk_a_through_pointers_b_through_tma_matches_float64(m, n, k, split_
         assert numasched.plan_matmul(a, b, split_k=split_k).path == "pointer"
 
 
-def test_splitk_reads_a_through_pointers_where_its_last_tile_row_is_under_three_quarters_full():
-    """gemm_schedule.splitk_operands: 64+-row tiles take B through TMA, and A too unless the last
-    tile row is less than SPLITK_A_BOX_MIN_FILL full (A's box would run past its last row);
-    smaller tiles read both through pointers."""
+def test_splitk_operands_by_tile_and_the_last_tile_rows_fill():
+    """gemm_schedule.splitk_operands: which operands the split-K kernel reads through TMA, by
+    tile (16-row tiles of 64+ columns, 32-row tiles of 32 or 128, 64+-row tiles: both; 32 x 64:
+    B only; 16 x 32: neither), and B only (32 x 32: neither) where the last tile row is less than
+    SPLITK_A_BOX_MIN_FILL full."""
     from numasched import gemm_schedule as GS
 
-    assert GS.splitk_operands(64, 32) == GS.splitk_operands(64, 40) == GS.splitk_operands(64, 47) == "b_tma"
-    assert GS.splitk_operands(64, 48) == GS.splitk_operands(64, 64) == GS.splitk_operands(64, 128) == "tma"
-    assert GS.splitk_operands(128, 72) == GS.splitk_operands(128, 140) == "b_tma"
-    assert GS.splitk_operands(128, 96) == GS.splitk_operands(128, 127) == "tma"
-    assert GS.splitk_operands(32, 20) == GS.splitk_operands(16, 1) == "pointer"
+    op = GS.splitk_operands
+    assert op(64, 64, 32) == op(64, 32, 40) == op(64, 128, 47) == op(128, 64, 72) == op(128, 128, 140) == "b_tma"
+    assert op(64, 64, 48) == op(64, 32, 64) == op(64, 128, 128) == op(128, 64, 96) == op(128, 64, 127) == "tma"
+    assert op(16, 64, 1) == op(16, 128, 16) == op(16, 64, 13) == "tma"
+    assert op(16, 32, 1) == op(16, 32, 16) == "pointer"
+    assert op(32, 32, 32) == op(32, 128, 24) == op(32, 32, 24) == "tma"
+    assert op(32, 64, 32) == op(32, 64, 24) == op(32, 128, 20) == "b_tma"
+    assert op(32, 32, 20) == "pointer"
 
 
 def test_splitk_operands_option_is_checked():
