@@ -146,16 +146,55 @@ def _multiple(x, V: tl.constexpr):
 
 
 @triton.jit
+def _load_b_tma(b, tn, k0, BLOCK_N: tl.constexpr, B_TRANS: tl.constexpr, N_OFF):
+    if B_TRANS:
+        return b.load([N_OFF + tn * BLOCK_N, k0]).T
+    else:
+        return b.load([k0, N_OFF + tn * BLOCK_N])
+
+
+@triton.jit
+def _k_loop_tma(a, b, acc, acc_u, tm, tn, k_lo, k_hi, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr, A_TRANS: tl.constexpr, B_TRANS: tl.constexpr, GLU: tl.constexpr,
+                INPUT_PRECISION: tl.constexpr):
+    """The K loop with A and B through their descriptors (GLU: the up half's B tile too; a gate
+    tile's last columns past N read the first up columns: masked on store)."""
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        a_t, b_t = load_ab_tma(a, b, tm, tn, k0, BLOCK_M, BLOCK_N, A_TRANS, B_TRANS)
+        acc = tl.dot(a_t, b_t, acc, input_precision=INPUT_PRECISION)
+        if GLU:
+            acc_u = tl.dot(a_t, _load_b_tma(b, tn, k0, BLOCK_N, B_TRANS, N), acc_u, input_precision=INPUT_PRECISION)
+    return acc, acc_u
+
+
+@triton.jit
+def _k_loop_a_pointer(a, b, acc, acc_u, tn, offs_m, mask_m, k_lo, k_hi, stride_am, N, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr, B_TRANS: tl.constexpr, GLU: tl.constexpr,
+                      INPUT_PRECISION: tl.constexpr, A_K_VEC: tl.constexpr):
+    """The K loop with A (K-contiguous) through masked pointer loads and B through its descriptor."""
+    stride_am = _multiple(stride_am, A_K_VEC)
+    k_hi = _multiple(k_hi, A_K_VEC)
+    a_rows = a + offs_m[:, None].to(tl.int64) * stride_am
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        a_t = tl.load(a_rows + offs_k[None, :], mask=mask_m[:, None] & (offs_k[None, :] < k_hi), other=0.0)
+        acc = tl.dot(a_t, _load_b_tma(b, tn, k0, BLOCK_N, B_TRANS, 0), acc, input_precision=INPUT_PRECISION)
+        if GLU:
+            acc_u = tl.dot(a_t, _load_b_tma(b, tn, k0, BLOCK_N, B_TRANS, N), acc_u, input_precision=INPUT_PRECISION)
+    return acc, acc_u
+
+
+@triton.jit
 def gemm_splitk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
                        stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, stride_rm, stride_rn,
-                       k_per_split, whole_tiles,
+                       k_per_split, whole_tiles, a_ptr,
                        MAPPING: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
                        HAS_RES: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
                        A_TRANS: tl.constexpr, B_TRANS: tl.constexpr, GLU: tl.constexpr = False,
                        PDL: tl.constexpr = False, PREFETCH_B: tl.constexpr = 0, TAIL: tl.constexpr = False,
                        ROW_SCALE: tl.constexpr = False, A_K_VEC: tl.constexpr = 1, B_K_VEC: tl.constexpr = 1,
-                       A_M_VEC: tl.constexpr = 1, B_N_VEC: tl.constexpr = 1, A_PTR: tl.constexpr = False):
+                       A_M_VEC: tl.constexpr = 1, B_N_VEC: tl.constexpr = 1, A_PTR: tl.constexpr = 0):
     # GLU (numasched.matmul_swiglu): B holds 2N columns, gate then up; the program accumulates
     # both halves of its tile's columns (two B tiles per K step) and stores silu(gate) * up (N
     # columns), so the MLP's activation costs no kernel and no round trip of the 2N-wide output.
@@ -197,30 +236,23 @@ def gemm_splitk_kernel(a, b, c, bias, res, ws, counters, M, N, K,
         # descriptors (Hopper): A (M, K) or its (K, M) storage (A_TRANS), B (K, N) or its (N, K)
         # storage (B_TRANS, a weight W of F.linear); a split starts on a BLOCK_K boundary, so a
         # block never crosses into the next split, and past K the descriptor reads zeros.
-        # A_PTR: A (K-contiguous) through masked pointer loads and only B through its descriptor,
-        # so a tile whose rows run past M reads no box out of A's bounds (options.gemm_splitk_operands)
-        if A_PTR:
-            stride_am = _multiple(stride_am, A_K_VEC)
-            k_hi = _multiple(k_hi, A_K_VEC)
-            a_rows = a + offs_m[:, None].to(tl.int64) * stride_am
-        for k0 in range(k_lo, k_hi, BLOCK_K):
-            if A_PTR:
-                offs_k = k0 + tl.arange(0, BLOCK_K)
-                a_t = tl.load(a_rows + offs_k[None, :], mask=mask_m[:, None] & (offs_k[None, :] < k_hi), other=0.0)
-                if B_TRANS:
-                    b_t = b.load([tn * BLOCK_N, k0]).T
-                else:
-                    b_t = b.load([k0, tn * BLOCK_N])
+        # A_PTR (options.gemm_splitk_operands): A (K-contiguous) through masked pointer loads, so
+        # a tile whose rows run past M reads no box out of A's bounds -- 1: every tile (``a`` is
+        # the pointer), 2: the last tile row where it is partial (``a_ptr``; the others through
+        # ``a``, the descriptor)
+        if A_PTR == 1:
+            acc, acc_u = _k_loop_a_pointer(a, b, acc, acc_u, tn, offs_m, mask_m, k_lo, k_hi, stride_am, N, BLOCK_N,
+                                           BLOCK_K, B_TRANS, GLU, INPUT_PRECISION, A_K_VEC)
+        elif A_PTR == 2:
+            if (tm + 1) * BLOCK_M > M:
+                acc, acc_u = _k_loop_a_pointer(a_ptr, b, acc, acc_u, tn, offs_m, mask_m, k_lo, k_hi, stride_am, N,
+                                               BLOCK_N, BLOCK_K, B_TRANS, GLU, INPUT_PRECISION, A_K_VEC)
             else:
-                a_t, b_t = load_ab_tma(a, b, tm, tn, k0, BLOCK_M, BLOCK_N, A_TRANS, B_TRANS)
-            acc = tl.dot(a_t, b_t, acc, input_precision=INPUT_PRECISION)
-            if GLU:
-                # a gate tile's last columns past N read the first up columns: masked on store
-                if B_TRANS:
-                    b_u = b.load([N + tn * BLOCK_N, k0]).T
-                else:
-                    b_u = b.load([k0, N + tn * BLOCK_N])
-                acc_u = tl.dot(a_t, b_u, acc_u, input_precision=INPUT_PRECISION)
+                acc, acc_u = _k_loop_tma(a, b, acc, acc_u, tm, tn, k_lo, k_hi, N, BLOCK_M, BLOCK_N, BLOCK_K, A_TRANS,
+                                         B_TRANS, GLU, INPUT_PRECISION)
+        else:
+            acc, acc_u = _k_loop_tma(a, b, acc, acc_u, tm, tn, k_lo, k_hi, N, BLOCK_M, BLOCK_N, BLOCK_K, A_TRANS,
+                                     B_TRANS, GLU, INPUT_PRECISION)
     else:
         # K_VEC (host): K and the K-contiguous operands' leading strides are multiples of it
         stride_am = _multiple(stride_am, A_K_VEC)

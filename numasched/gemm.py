@@ -291,7 +291,7 @@ class GemmPlan(Plan):
         self._launch = None
         self._epi = (bias is not None, residual is not None)
         self._a_rows = self._a_bytes = 0   # options.gemm_align_a (below)
-        self.a_pointer = False   # split-K on TMA: A through pointers instead (options.gemm_splitk_operands)
+        self.a_pointer = ""   # split-K on TMA: A through pointers ("b_tma", "b_tma_last": options.gemm_splitk_operands)
         if Mdim == 0 or N == 0:
             self.mode = "empty"
         elif K == 0:
@@ -382,7 +382,8 @@ class GemmPlan(Plan):
             self._plan_splitk(a, b, c, schedule, split_k, interp, (a_view, b_view) if splitk_tma else None,
                               prefetch=options.pdl and options.pdl_prefetch and not interp and caps.pdl_supported(dev),
                               num_programs=num_programs,
-                              a_pointer=splitk_tma and operands == "b_tma" and not a_view[0] and a.stride(1) == 1)
+                              a_pointer=(operands if splitk_tma and operands in ("b_tma", "b_tma_last")
+                                         and not a_view[0] and a.stride(1) == 1 else ""))
         else:
             self._plan_tiled(a, b, c, a_view, b_view, schedule, path, config, persistent, num_programs, options,
                              interp)
@@ -421,7 +422,7 @@ class GemmPlan(Plan):
                            num_stages=cfg.stages)
 
     def _plan_splitk(self, a, b, c, schedule, split_k, interp, tma_views=None, prefetch: bool = False,
-                     num_programs=None, a_pointer: bool = False) -> None:
+                     num_programs=None, a_pointer: str = "") -> None:
         from ._launch import Launch
         from .kernels import gemm_splitk as KS
 
@@ -461,9 +462,12 @@ class GemmPlan(Plan):
         if not use_tma:   # pointer loads: K's vector width where Triton would not see it (K_VEC)
             elt = a.element_size()
             const.update(KS.k_vector(Mdim, N, K, self._kps, a.stride(), b.stride(), elt))
-        self.a_pointer = bool(use_tma and a_pointer)
-        if self.a_pointer:   # A (K-contiguous) through pointers, B through its descriptor
-            const.update(A_PTR=True, A_K_VEC=KS.vector_width(a.element_size(), K, self._kps, a.stride(0)))
+        # A (K-contiguous) through pointers, B through its descriptor: in every tile ("b_tma"), or
+        # in the last tile row where it is partial ("b_tma_last")
+        if use_tma and (a_pointer == "b_tma" or (a_pointer == "b_tma_last" and Mdim % cfg["BLOCK_M"])):
+            self.a_pointer = a_pointer
+            const.update(A_PTR=1 if self.a_pointer == "b_tma" else 2,
+                         A_K_VEC=KS.vector_width(a.element_size(), K, self._kps, a.stride(0)))
         if prefetch and not use_tma:   # options.pdl_prefetch: B into L2 before the PDL wait
             const["PREFETCH_B"] = KS.prefetch_programs(b, K, self._kps, cfg["BLOCK_N"], grid,
                                                        caps.l2_bytes(self.device), tail=bool(whole))
@@ -649,14 +653,20 @@ class GemmPlan(Plan):
                 ws, ctr = _splitk_buffers(dev, self._ws_numel, self._tiles, caps.stream_handle(dev), caps.capturing(dev))
             else:
                 ws = ctr = out
+            a_ptr = p(out)   # (a stand-in where the kernel reads A through no pointer)
             if self.path == "tma":
                 a_arg, b_arg, _ = self._descriptors(a, b, out)
-                if self.a_pointer:
+                if self.a_pointer == "b_tma":
                     a_arg = p(a)
+                elif self.a_pointer:
+                    a_ptr = p(a)
             else:
                 a_arg, b_arg = p(a), p(b)
+            if self.kernel == "streamk":
+                return (a_arg, b_arg, p(out), p(bias) if bias is not None else p(out),
+                        p(residual) if residual is not None else p(out), p(ws), p(ctr), *self._sizes)
             return (a_arg, b_arg, p(out), p(bias) if bias is not None else p(out),
-                    p(residual) if residual is not None else p(out), p(ws), p(ctr), *self._sizes)
+                    p(residual) if residual is not None else p(out), p(ws), p(ctr), *self._sizes, a_ptr)
         if self.path == "tma":
             a_arg, b_arg, c_desc = self._descriptors(a, b, out)
         else:

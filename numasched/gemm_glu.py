@@ -312,7 +312,7 @@ class SwiGLUPlan(Plan):
         if _observe.OBSERVERS:
             _observe.notify(self.op, "splitk", self.grid, (res,), self)
         with caps.launch_device(a):
-            self._launch(a_arg, b_arg, out, row_scale if row_scale is not None else out, out, ws, ctr, *self._sizes)
+            self._launch(a_arg, b_arg, out, row_scale if row_scale is not None else out, out, ws, ctr, *self._sizes, out)
         if out is not res:
             res.copy_(out)
         return res

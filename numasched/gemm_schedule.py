@@ -260,7 +260,8 @@ def align_a_pays(M: int, K: int, elt: int, lead: Optional[int] = None) -> bool:
 # through TMA descriptors, B only with A through masked pointer loads, both through pointers):
 # - tiles of 64+ rows: through the descriptors, unless the last tile row is less than
 #   SPLITK_A_BOX_MIN_FILL full: there A's box runs past its last row for a quarter of it or more,
-#   and the same schedule ran up to 1.6x longer than with A through pointers (64-row tiles at
+#   and the same schedule ran up to 1.6x longer than with A through pointers (which that row
+#   then takes; full rows keep the descriptor, which ran 3-16 % faster than pointers there) (64-row tiles at
 #   M = 32: 5120 x 5120 64 x 64 x 128 20.3 against 16.4 us, 8192 x 7168 38.0 against 30.6, 2560 x
 #   8192 64 x 32 x 256 26.7 against 17.1; at M = 40 through the descriptor 18.2, 33.0, 22.1 where
 #   M = 32 through pointers took 16.5, 30.6, 17.2); with the last row three quarters full or more
@@ -280,16 +281,17 @@ SPLITK_A_BOX_MIN_FILL = 0.75
 def splitk_operands(block_m: int, block_n: int, M: int) -> str:
     """How the split-K kernel reads its operands on Hopper (options.gemm_splitk_operands "auto"):
     "tma" (both through descriptors), "b_tma" (B through its descriptor, A through masked
-    pointer loads) or "pointer" (see SPLITK_A_BOX_MIN_FILL)."""
+    pointer loads), "b_tma_last" (so in the last tile row, the others as "tma") or "pointer"
+    (see SPLITK_A_BOX_MIN_FILL)."""
     if block_m <= 16:
         return "tma" if block_n >= 64 else "pointer"
     last = M % block_m
     ragged = 0 < last < SPLITK_A_BOX_MIN_FILL * block_m
     if block_m == 32 and block_n == 32:
         return "pointer" if ragged else "tma"
-    if ragged or (block_m == 32 and block_n == 64):
+    if block_m == 32 and block_n == 64:
         return "b_tma"
-    return "tma"
+    return "b_tma_last" if ragged else "tma"
 
 
 @functools.lru_cache(maxsize=None)

@@ -35,7 +35,7 @@ numasched is imported (they are not read per call):
     NUMASCHED_GLU_WS=0|1        glu_ws -> False / True (unset: numasched.gemm_glu's default)
     NUMASCHED_FUSED_WS=0|1      fused_ws -> False / True (unset: the config's)
     NUMASCHED_GEMM_ALIGN_A=0|1  gemm_align_a -> False / True (unset: where gemm_schedule.align_a_pays)
-    NUMASCHED_GEMM_SPLITK_OPERANDS gemm_splitk_operands ("auto", "tma", "b_tma" or "pointer")
+    NUMASCHED_GEMM_SPLITK_OPERANDS gemm_splitk_operands ("auto", "tma", "b_tma", "b_tma_last", "pointer")
 """
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ COMBINE_MODES = ("auto", "fused", "kernel")
 SCHEDULE_MODES = ("model", "autotune")  # gemm_schedule, decode_schedule
 TRIGGER_MODES = ("early", "late", "none")  # numasched.kernels.pdl.TRIGGER_MODES (not imported: no triton here)
 ARN_EXCHANGES = ("auto", "flag", "ll")
-SPLITK_OPERANDS = ("auto", "tma", "b_tma", "pointer")  # gemm_splitk_operands
+SPLITK_OPERANDS = ("auto", "tma", "b_tma", "b_tma_last", "pointer")  # gemm_splitk_operands
 
 
 @dataclass(frozen=True)
@@ -183,7 +183,8 @@ class Options:
         gemm_splitk_operands: how the split-K GEMM reads its operands on Hopper where TMA can
             (``gemm_splitk_tma`` on, both operands describable): "tma" (both through descriptors,
             any tile), "b_tma" (the weight B through its descriptor, A through masked pointer
-            loads: no box past A's last row), "pointer" (both through pointers) or "auto"
+            loads: no box past A's last row), "b_tma_last" (so in the last tile row where it is
+            partial, the others as "tma"), "pointer" (both through pointers) or "auto"
             (numasched.gemm_schedule.splitk_operands: by the tile's rows and M).
     """
 

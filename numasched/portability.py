@@ -394,7 +394,7 @@ def _gemm_glu_prefill(row_scale: bool):
         bm, bn, bk = 128, 128, 64
         values = dict(c="*bf16", bias="*fp32" if row_scale else None, res=None, ws="*fp32", counters="*i32",
                       M=4096, N=7168, K=4096, stride_am=4096, stride_ak=1, stride_bk=1, stride_bn=4096,
-                      stride_cm=7168, stride_cn=1, stride_rm=0, stride_rn=0, k_per_split=4096, whole_tiles=0,
+                      stride_cm=7168, stride_cn=1, stride_rm=0, stride_rn=0, k_per_split=4096, whole_tiles=0, a_ptr=None,
                       MAPPING=mappings.get("grouped").constexpr(1), SPLIT_K=1, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
                       HAS_BIAS=False, HAS_RES=False, INPUT_PRECISION=None, USE_TMA=True, A_TRANS=False,
                       B_TRANS=True, GLU=True, ROW_SCALE=row_scale,
@@ -499,7 +499,7 @@ def _gemm_splitk_medium(tail: bool):
         values = dict(c="*bf16", bias=None, res=None, ws="*fp32", counters="*i32",
                       M=1024, N=2560, K=8192, stride_am=8192, stride_ak=1, stride_bk=1, stride_bn=8192,
                       stride_cm=2560, stride_cn=1, stride_rm=0, stride_rn=0, k_per_split=2048,
-                      whole_tiles=132 if tail else 0,
+                      whole_tiles=132 if tail else 0, a_ptr=None,
                       MAPPING=mappings.get("grouped").constexpr(1), SPLIT_K=4 if tail else 1, BLOCK_M=bm,
                       BLOCK_N=bn, BLOCK_K=bk, HAS_BIAS=False, HAS_RES=False, INPUT_PRECISION=None, USE_TMA=True,
                       A_TRANS=False, B_TRANS=True, TAIL=tail,
@@ -517,7 +517,7 @@ def _gemm_splitk(prefetch: bool, glu: bool = False, kvec: int = 0):
         # 6 stages, split 4; B is the (N, K) weight read through pointers)
         values = dict(a="*bf16", b="*bf16", c="*bf16", bias=None, res=None, ws="*fp32", counters="*i32",
                       M=1, N=6144, K=4096, stride_am=4096, stride_ak=1, stride_bk=1, stride_bn=4096,
-                      stride_cm=6144, stride_cn=1, stride_rm=0, stride_rn=0, k_per_split=1024, whole_tiles=0,
+                      stride_cm=6144, stride_cn=1, stride_rm=0, stride_rn=0, k_per_split=1024, whole_tiles=0, a_ptr=None,
                       MAPPING=mappings.get("grouped").constexpr(1), SPLIT_K=4, BLOCK_M=16, BLOCK_N=64,
                       BLOCK_K=128, HAS_BIAS=False, HAS_RES=False, INPUT_PRECISION=None, USE_TMA=False,
                       A_TRANS=False, B_TRANS=False, PREFETCH_B=96 if prefetch else 0)

@@ -839,20 +839,25 @@ def test_splitk_through_tma_descriptors_matches_float64(m, n, k, split_k, ta, tb
 
 
 @cpu
+@pytest.mark.parametrize("mode", ["b_tma", "b_tma_last"])
 @pytest.mark.parametrize("m,n,k,split_k,tb,dtype,lead", [(5, 40, 64, 2, True, torch.float32, 64),
                                                          (37, 24, 200, 3, False, torch.float16, 208),
                                                          (16, 48, 88, 1, True, torch.float16, 88)])
-def test_splitk_a_through_pointers_b_through_tma_matches_float64(m, n, k, split_k, tb, dtype, lead):
-    """options.gemm_splitk_operands="b_tma": A through masked pointer loads (tile rows past M,
-    a padded row stride, K not a multiple of 16), only B through its descriptor; the result
-    agrees with float64 and with both operands through descriptors."""
+def test_splitk_a_through_pointers_b_through_tma_matches_float64(m, n, k, split_k, tb, dtype, lead, mode):
+    """options.gemm_splitk_operands "b_tma" / "b_tma_last": A through masked pointer loads in
+    every tile / in the last tile row where it is partial (the interpreter's tiles are 16 rows:
+    37 rows are two full tile rows through the descriptor and a partial one through pointers),
+    only B through its descriptor -- with a padded row stride and K not a multiple of 16; the
+    result agrees with float64 and with both operands through descriptors."""
     torch.manual_seed(m * k + n)
     a = torch.randn(m, lead, dtype=dtype)[:, :k]
     _, b = _operands(m, n, k, dtype, tb=tb, seed=m + n)
-    with options.use(gemm_splitk_tma=True, gemm_splitk_operands="b_tma"):
+    with options.use(gemm_splitk_tma=True, gemm_splitk_operands=mode):
         plan = numasched.plan_matmul(a, b, split_k=split_k)
         c = plan.run(a, b, _poisoned(m, n, dtype))
-    assert plan.kernel == "splitk" and plan.path == "tma" and plan.a_pointer and plan.b_trans == tb
+    # "b_tma_last" with no partial tile row (16 rows) is plain "tma"
+    assert plan.kernel == "splitk" and plan.path == "tma" and plan.b_trans == tb
+    assert plan.a_pointer == ("" if mode == "b_tma_last" and m % 16 == 0 else mode)
     ref = a.double() @ b.double()
     assert ((c.double() - ref).norm() / ref.norm()).item() < TOL[dtype]
     with options.use(gemm_splitk_tma=True, gemm_splitk_operands="tma"):
@@ -871,12 +876,13 @@ def test_splitk_operands_by_tile_and_the_last_tile_rows_fill():
     from numasched import gemm_schedule as GS
 
     op = GS.splitk_operands
-    assert op(64, 64, 32) == op(64, 32, 40) == op(64, 128, 47) == op(128, 64, 72) == op(128, 128, 140) == "b_tma"
+    assert op(64, 64, 32) == op(64, 32, 40) == op(64, 128, 47) == op(128, 64, 72) == op(128, 128, 140) == "b_tma_last"
+    assert op(64, 64, 72) == op(64, 128, 100) == "b_tma_last"
     assert op(64, 64, 48) == op(64, 32, 64) == op(64, 128, 128) == op(128, 64, 96) == op(128, 64, 127) == "tma"
     assert op(16, 64, 1) == op(16, 128, 16) == op(16, 64, 13) == "tma"
     assert op(16, 32, 1) == op(16, 32, 16) == "pointer"
     assert op(32, 32, 32) == op(32, 128, 24) == op(32, 32, 24) == "tma"
-    assert op(32, 64, 32) == op(32, 64, 24) == op(32, 128, 20) == "b_tma"
+    assert op(32, 64, 32) == op(32, 64, 24) == "b_tma" and op(32, 128, 20) == "b_tma_last"
     assert op(32, 32, 20) == "pointer"
 
 
