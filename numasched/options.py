@@ -84,9 +84,9 @@ class Options:
             first; None: the model alone.
         gemm_splitk_tma: the split-K GEMM reads its operands through TMA descriptors where they
             allow it (Hopper), so its tiles run at the tensor rate of the tiled kernel, and the
-            chooser models them so (tiles of 64+ rows; smaller ones keep pointer loads, which
-            measured faster). On by default: on the H200 it took M = 128-256 from 0.51-0.84x to
-            0.74-1.04x cuBLAS (bench/results/gemm_inference-h200-2026-11-23*).
+            chooser models them so (which operands, by tile: ``gemm_splitk_operands``). On by
+            default: on the H200 it took M = 128-256 from 0.51-0.84x to 0.74-1.04x cuBLAS
+            (bench/results/gemm_inference-h200-2026-11-23*).
         gemm_streamk_k_aligned: a stream-K piece that runs into the next tile computes that
             tile's head (K from 0) before the tail of the tile it starts in, so that all programs
             read nearby K columns at once (kernels/gemm_streamk.py). On by default: timed on an
