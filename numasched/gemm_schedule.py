@@ -150,6 +150,15 @@ TIE_MIN_BLOCK_M = 32
 WEIGHT_STREAM_MAX_ROWS = 16
 CO_RESIDENT_COST = 0.10
 WEIGHT_STREAM_SM_BYTES_PER_S = 45.5e9
+# ... and one whose tiles read both operands through TMA descriptors (16-row tiles of 64+
+# columns, splitk_operands) streams from the start at least its programs' B bytes in flight (the
+# stages but one) per WEIGHT_STREAM_TMA_LATENCY_S: on the H200 (bench/results/gemm-s38/m16/,
+# fewer programs than SMs) 16 x 128 x 128 in 5 stages (128 KiB in flight) streamed 84-91 GB/s a
+# program (6144 x 4096: 48 programs, 15.8 us; 5120 x 5120: 40, 17.8 us), which the pointer-era
+# cap priced at 25-30 us, and 16 x 64 x 128 in 6 (80 KiB) 52-53 GB/s (4096 x 4096 and 4096 x
+# 14336, 64 programs); at 25600 x 5120 16 x 128 x 128 took 62.2 us against the 68.6 of the
+# tiled kernel the model had taken. The H100 was not measured with these tiles through TMA.
+WEIGHT_STREAM_TMA_LATENCY_S = 1.5e-6
 # The stream-K phase's K iterations cost this much more than the model's streaming/tensor time
 # (pipeline restarts per piece, partial tiles through L2; fitted to the same run).
 STREAMK_PIECE_COST = 1.5
@@ -467,7 +476,7 @@ def estimate(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machine, sp
     if s.tail:
         return _tail_estimate(s, M, N, K, elt, machine, splitk_tma, aligned)
     if s.kind == "splitk" and s.block_m <= WEIGHT_STREAM_MAX_ROWS and aligned:
-        return _weight_stream_s(s, M, N, K, elt, machine)
+        return _weight_stream_s(s, M, N, K, elt, machine, splitk_tma)
     tiles = _cdiv(M, s.block_m) * _cdiv(N, s.block_n)
     kps = _cdiv(_cdiv(K, s.split_k), s.block_k) * s.block_k
     units = tiles * s.split_k
@@ -498,9 +507,10 @@ def _splitk_merge_s(s: Schedule, tiles: int, machine: Machine) -> float:
             + machine.reduce_sync_s)
 
 
-def _weight_stream_s(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machine) -> float:
+def _weight_stream_s(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machine, tma: bool = False) -> float:
     """A split-K schedule of at most WEIGHT_STREAM_MAX_ROWS-row tiles (see CO_RESIDENT_COST): the
-    SMs' bytes shared out over HBM as they drain, one start, the co-residency cost, the merge."""
+    SMs' bytes shared out over HBM as they drain, one start, the co-residency cost, the merge
+    (``tma``: the kernel may read through TMA descriptors, see WEIGHT_STREAM_TMA_LATENCY_S)."""
     tiles = _cdiv(M, s.block_m) * _cdiv(N, s.block_n)
     kps = _cdiv(_cdiv(K, s.split_k), s.block_k) * s.block_k
     units = tiles * s.split_k
@@ -510,6 +520,9 @@ def _weight_stream_s(s: Schedule, M: int, N: int, K: int, elt: int, machine: Mac
     sm_cap = machine.sm_bw_share * machine.hbm_bytes_per_s / n
     if units > n:   # SMs left to drain after a shared phase (measured there only)
         sm_cap = max(sm_cap, WEIGHT_STREAM_SM_BYTES_PER_S)
+    if tma and splitk_operands(s.block_m, s.block_n, M) == "tma":
+        in_flight = max(1, s.num_stages - 1) * s.block_n * s.block_k * elt
+        sm_cap = max(sm_cap, occ * in_flight / WEIGHT_STREAM_TMA_LATENCY_S)
     prog_cap = sm_cap / occ   # a program's rate
     q, r = divmod(units, n)   # round-robin: r SMs run q + 1 programs, the others q
     sms = []                  # [SMs, bytes left per SM, the SM's rate cap]

@@ -10,7 +10,7 @@ a Python file first, which may replace functions or constants of ``gemm_schedule
 machine given (``--machine h100``).
 
 Run: python3 scripts/gemm_rank_eval.py [--machine h100] [--m-max 16] [--misses] [--patch FILE]
-                                       FILE ... (CSVs and probe logs)"""
+                                       [--small-pointer] FILE ... (CSVs and probe logs)"""
 from __future__ import annotations
 
 import argparse
@@ -57,10 +57,12 @@ def read_points(paths, m_max: int) -> dict:
     return points
 
 
-def score(points: dict, machine, elt: int = 2) -> dict:
+def score(points: dict, machine, elt: int = 2, small_tma: bool = True) -> dict:
     """Per point: (pick's time / best time, pick, best). The pick is the lowest estimate among the
     timed schedules the chooser could take there (K rows not 16-byte aligned: K blocks of at most
-    MISALIGNED_MAX_BLOCK_K, as the chooser filters them)."""
+    MISALIGNED_MAX_BLOCK_K, as the chooser filters them). ``small_tma=False``: runs from before
+    the thirty-eighth session, whose tiles of under 64 rows read both operands through pointers
+    (gemm_schedule.splitk_operands since)."""
     from numasched import gemm_schedule as GS
 
     out = {}
@@ -76,7 +78,8 @@ def score(points: dict, machine, elt: int = 2) -> dict:
             if not aligned and s.block_k > GS.MISALIGNED_MAX_BLOCK_K:
                 continue
             # (the chooser reads 64+-row split-K tiles through TMA where the operands allow it)
-            scheds.append((GS.estimate(s, M, N, K, elt, machine, aligned, aligned), us, name))
+            tma = aligned and (small_tma or s.block_m >= 64)
+            scheds.append((GS.estimate(s, M, N, K, elt, machine, tma, aligned), us, name))
         if len(scheds) < 2:
             continue
         best = min(scheds, key=lambda t: t[1])
@@ -101,6 +104,8 @@ def main(argv=None) -> int:
     ap.add_argument("--m-max", type=int, default=1 << 30, help="only points with M up to this")
     ap.add_argument("--patch", default=None, help="a Python file run first (a model variant)")
     ap.add_argument("--misses", action="store_true", help="list the points whose pick is > 3 %% off the best")
+    ap.add_argument("--small-pointer", action="store_true",
+                    help="runs from before 2026-11-27's thirty-eighth session: tiles of under 64 rows through pointers")
     args = ap.parse_args(argv)
     if args.patch:
         runpy.run_path(args.patch)
@@ -108,7 +113,7 @@ def main(argv=None) -> int:
 
     if args.machine not in GS._KNOWN:
         ap.error(f"--machine must be one of {sorted(GS._KNOWN)}, got {args.machine!r}")
-    result = score(read_points(args.files, args.m_max), GS._KNOWN[args.machine])
+    result = score(read_points(args.files, args.m_max), GS._KNOWN[args.machine], small_tma=not args.small_pointer)
     print(summary(result))
     if args.misses:
         for (src, M, N, K), (r, pick, best) in sorted(result.items(), key=lambda kv: -kv[1][0]):

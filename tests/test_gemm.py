@@ -1512,7 +1512,7 @@ def test_weight_stream_model_ranks_the_recorded_small_m_timings():
     files.append(os.path.join(root, "bench", "results", "gemv-s32", "gemv_probe-h100.log"))
     files.append(os.path.join(root, "bench", "results", "gemm-s34", "m16-grid", "gemm_inference-h100-2026-11-27.csv"))
     h100 = GS._KNOWN["h100"]
-    res = mod.score(mod.read_points(files, 16), h100)
+    res = mod.score(mod.read_points(files, 16), h100, small_tma=False)   # (16-row tiles through pointers then)
     assert len(res) == 197
     assert sum(r <= 1.03 for r, _, _ in res.values()) >= 188, sorted(r for r, _, _ in res.values())[-10:]
     # the 25600 x 5120 gate/up weight: one 16 x 128 program per SM, 68 SMs with a second (89-91 us
