@@ -158,7 +158,13 @@ WEIGHT_STREAM_SM_BYTES_PER_S = 45.5e9
 # cap priced at 25-30 us, and 16 x 64 x 128 in 6 (80 KiB) 52-53 GB/s (4096 x 4096 and 4096 x
 # 14336, 64 programs); at 25600 x 5120 16 x 128 x 128 took 62.2 us against the 68.6 of the
 # tiled kernel the model had taken. The H100 was not measured with these tiles through TMA.
+# K blocks longer than WEIGHT_STREAM_TMA_MAX_BLOCK_K count as that long (16 x 64 x 256 in 5 stages
+# streamed 65 GB/s at 4096 x 14336, not the 87 of its 128 KiB in flight: 31.3 against 29.4 us for
+# the pointer-fed 16 x 32 x 256, gemm-s38/m16-model/). Among tiles the model prices the same (the
+# weight streamed at the HBM rate either way) the one with the most B bytes in flight so counted
+# goes first (16 x 128 x 128 in 5 stages ran 0.8-5 % faster than 16 x 128 x 64 in 6 at 5 of 5 points).
 WEIGHT_STREAM_TMA_LATENCY_S = 1.5e-6
+WEIGHT_STREAM_TMA_MAX_BLOCK_K = 128
 # The stream-K phase's K iterations cost this much more than the model's streaming/tensor time
 # (pipeline restarts per piece, partial tiles through L2; fitted to the same run).
 STREAMK_PIECE_COST = 1.5
@@ -521,7 +527,7 @@ def _weight_stream_s(s: Schedule, M: int, N: int, K: int, elt: int, machine: Mac
     if units > n:   # SMs left to drain after a shared phase (measured there only)
         sm_cap = max(sm_cap, WEIGHT_STREAM_SM_BYTES_PER_S)
     if tma and splitk_operands(s.block_m, s.block_n, M) == "tma":
-        in_flight = max(1, s.num_stages - 1) * s.block_n * s.block_k * elt
+        in_flight = max(1, s.num_stages - 1) * s.block_n * min(s.block_k, WEIGHT_STREAM_TMA_MAX_BLOCK_K) * elt
         sm_cap = max(sm_cap, occ * in_flight / WEIGHT_STREAM_TMA_LATENCY_S)
     prog_cap = sm_cap / occ   # a program's rate
     q, r = divmod(units, n)   # round-robin: r SMs run q + 1 programs, the others q
@@ -682,12 +688,23 @@ def _choose(M: int, N: int, K: int, elt: int, machine: Machine, splitk_only: boo
             t /= WS_SPLIT_MARGIN   # (compared with a margin; the schedule keeps its own estimate below)
         if t < best_t * 0.999:
             best, best_t = replace(s, est_s=scored[-1][1]), t
-    if best is None or best.block_m < TIE_MIN_BLOCK_M:
+    if best is None:
+        return best
+    shape = (best.kind, best.block_m, best.block_n, best.split_k, best.tail)
+    if best.block_m < TIE_MIN_BLOCK_M:
+        # 16-row tiles through TMA: among ties the most B bytes in flight as the model counts them
+        # (see WEIGHT_STREAM_TMA_LATENCY_S)
+        if splitk_tma and best.kind == "splitk" and splitk_operands(best.block_m, best.block_n, M) == "tma":
+            def depth(x):
+                return max(1, x.num_stages - 1) * min(x.block_k, WEIGHT_STREAM_TMA_MAX_BLOCK_K)
+            for s, t in scored:
+                if ((s.kind, s.block_m, s.block_n, s.split_k, s.tail) == shape and t <= best.est_s * 1.001
+                        and depth(s) > depth(best)):
+                    best = replace(s, est_s=t)
         return best
     # the model prices bytes and flops, not the pipeline: among the pick's ties (the same kernel,
     # tile and split with another K block and stage count, estimated within 0.1 %) the deeper
     # pipeline wins (see inflight_bytes)
-    shape = (best.kind, best.block_m, best.block_n, best.split_k, best.tail)
     for s, t in scored:
         if ((s.kind, s.block_m, s.block_n, s.split_k, s.tail) == shape and t <= best.est_s * 1.001
                 and inflight_bytes(s, elt, machine) > inflight_bytes(best, elt, machine)):
