@@ -868,6 +868,29 @@ def test_splitk_a_through_pointers_b_through_tma_matches_float64(m, n, k, split_
         assert numasched.plan_matmul(a, b, split_k=split_k).path == "pointer"
 
 
+@gpu
+@pytest.mark.parametrize("m,n,k,schedule,mode", [
+    (32, 5120, 5120, "splitk 64x64x128 w4 s6", "b_tma_last"),
+    (72, 4096, 4096, "splitk 64x64x128 w4 s6", "b_tma_last"),
+    (100, 6144, 4096, "splitk 128x128x64 w8 s6 split3", "b_tma_last"),
+    (24, 6144, 4096, "splitk 32x64x256 w4 s4", "b_tma"),
+    (1, 5120, 5120, "splitk 16x128x128 w4 s5", "tma")])
+def test_gpu_splitk_operand_modes_at_partial_tile_rows_in_graph_replays(m, n, k, schedule, mode):
+    """The split-K kernel with each operand mode the chooser takes (gemm_schedule.splitk_operands)
+    at M where the last tile row is partial: eager and CUDA-graph replays on fresh x against
+    float64, and the mode is the one asked."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA needs sm_90+")
+    from numasched.gemm_schedule import Schedule
+
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    with options.use(gemm_splitk_operands=mode):
+        plan = numasched.plan_matmul(x, w.T, schedule=Schedule.parse(schedule))
+    assert plan.path == "tma" and plan.a_pointer == ("" if mode == "tma" else mode)
+    _graph_replays_right(plan, x, w)
+
+
 def test_splitk_operands_by_tile_and_the_last_tile_rows_fill():
     """gemm_schedule.splitk_operands: which operands the split-K kernel reads through TMA, by
     tile (16-row tiles of 64+ columns, 32-row tiles of 32 or 128, 64+-row tiles: both; 32 x 64:
