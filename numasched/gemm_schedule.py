@@ -228,14 +228,25 @@ WS_SPLIT_MARGIN = 0.95
 # 4096 x 14336 (cuBLAS 37.7), and within 2 % of it at 128 x {6144, 8192} x ... and 5120 x 5120.
 # With a part-empty second tile it lost: 97 x 4096 x 14336 50.6 against 43.2 for 128 x 128 x 64
 # in 3 splits, and 66-80 rows ran 0.42-0.68 of cuBLAS (the second tile streams all of W for 2-16
-# rows); hence from ROW_PAIR_MIN_ROWS (the second tile at least 3/4 full). At 112, 120 and 127
+# rows); hence from 112 rows then (the second tile at least 3/4 full; see below). At 112, 120 and 127
 # rows (pair-112/) the pair took 0.77-0.87x the time of the best 128-row schedule at 4096 x 4096,
 # 2560 x 8192 and 4096 x 14336 (9 of 9), 0.99-1.00x at 6144 x 4096 and 5120 x 5120. Where W's
 # rows are not whole 32-byte sectors the pairs ran slower (128 x 7000 x 5000 35.3 against 28.3),
 # and split pairs were not timed: neither is priced so. Scored on the recorded timings of the current candidates (scripts/gemm_rank_eval.py's
 # score): H200 pick within 3 % of the best timed at 1541 of 1758 points (1537 without the
 # pairs), within 5 % at 1599 (1594); H100 689 / 723 of 761 (690 / 723).
-ROW_PAIR_MIN_ROWS = 112
+# With A's partial tile row read through pointers (splitk_operands, the thirty-eighth session)
+# the pairs were timed again at 66-100 rows (bench/results/gemm-s38/pairs*): the best pair ran
+# 0.85-0.99 of cuBLAS where the pick (128-row tiles) ran 0.65-0.89 at 6144 x 4096, 4096 x 4096,
+# 8192 x 7168, 8192 x 2048 and 5120 x 5120, but lost at K of 8192 and more (2560 x 8192, 4096 x
+# 14336, 5120 x 12800: 0.66-0.90 against 0.70-0.95): under ROW_PAIR_FULL_ROWS rows (the second
+# tile less than three quarters full) they are priced so only where a row of W is at most
+# ROW_PAIR_PARTIAL_MAX_K_BYTES long. Scored on those 65 timed points (scripts/gemm_rank_eval.py):
+# pick within 3 % of the best timed at 61 (34 with pairs from 112 rows only), geomean pick / best
+# 1.006 (1.068). Not yet timed on shapes outside that set.
+ROW_PAIR_MIN_ROWS = 65
+ROW_PAIR_FULL_ROWS = 112
+ROW_PAIR_PARTIAL_MAX_K_BYTES = 14336
 ROW_PAIR_W_SHARE = 2
 
 
@@ -601,9 +612,11 @@ def _floor_s(M: int, N: int, K: int, elt: int, machine: Machine) -> float:
 def row_pair_shares_w(s: Schedule, M: int, K: int, units: int, elt: int, machine: Machine) -> bool:
     """Whether the two 64-row tiles of each tile column read W once from HBM between them (see
     ROW_PAIR_W_SHARE): unsplit split-K tiles of 64 rows at ROW_PAIR_MIN_ROWS-128 rows, every unit
-    on its own SM in one wave, W's rows whole 32-byte sectors."""
+    on its own SM in one wave, W's rows whole 32-byte sectors (and at most
+    ROW_PAIR_PARTIAL_MAX_K_BYTES long under ROW_PAIR_FULL_ROWS rows)."""
     return (s.kind == "splitk" and s.block_m == 64 and s.split_k == 1 and not s.tail
-            and ROW_PAIR_MIN_ROWS <= M <= 128 and units <= machine.sms and (K * elt) % 32 == 0)
+            and ROW_PAIR_MIN_ROWS <= M <= 128 and units <= machine.sms and (K * elt) % 32 == 0
+            and (M >= ROW_PAIR_FULL_ROWS or K * elt <= ROW_PAIR_PARTIAL_MAX_K_BYTES))
 
 
 def _unit_s(s: Schedule, kps: int, units: int, elt: int, machine: Machine, splitk_tma: bool, aligned: bool,

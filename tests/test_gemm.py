@@ -1409,17 +1409,21 @@ def test_chooser_weighs_the_ws_split_form_from_65_to_128_rows():
 
 
 def test_row_pairs_share_w_only_unsplit_in_one_wave_on_sector_rows():
-    """gemm_schedule.row_pair_shares_w: the two 64-row split-K tiles of a column at 112-128 rows,
-    unsplit, every unit on its own SM, W's rows whole 32-byte sectors; the chooser then takes
-    them at 128 x 4096 x 4096 (12.6 us against 18.3 for the former pick on an H200), not at 256
-    rows or where W's rows are 16 bytes off a sector (128 x 7000 x 5000)."""
+    """gemm_schedule.row_pair_shares_w: the two 64-row split-K tiles of a column at 65-128 rows
+    (under 112 only where W's rows are at most 14336 bytes), unsplit, every unit on its own SM,
+    W's rows whole 32-byte sectors; the chooser then takes them at 128 x 4096 x 4096 (12.6 us
+    against 18.3 for the former pick on an H200) and 72 x 4096 x 4096, not at 256 rows, at 72 x
+    4096 x 14336 or where W's rows are 16 bytes off a sector (128 x 7000 x 5000)."""
     from numasched import gemm_schedule as GS
 
     h200 = GS._KNOWN["h200"]
     pair = GS.Schedule.parse("splitk 64x64x128 w4 s6")
     assert GS.row_pair_shares_w(pair, 128, 4096, 128, 2, h200)
     assert GS.row_pair_shares_w(pair, GS.ROW_PAIR_MIN_ROWS, 4096, 128, 2, h200)
-    assert not GS.row_pair_shares_w(pair, 97, 4096, 128, 2, h200)       # the second tile a third full
+    assert GS.row_pair_shares_w(pair, 97, 4096, 128, 2, h200)           # the second tile a half full, short K
+    assert not GS.row_pair_shares_w(pair, 97, 8192, 128, 2, h200)       # ... long K
+    assert GS.row_pair_shares_w(pair, 112, 14336, 128, 2, h200)         # three quarters full: any K
+    assert not GS.row_pair_shares_w(pair, 64, 4096, 128, 2, h200)       # one row tile
     assert not GS.row_pair_shares_w(pair, 64, 4096, 64, 2, h200)        # one row tile
     assert not GS.row_pair_shares_w(pair, 129, 4096, 192, 2, h200)      # three
     assert not GS.row_pair_shares_w(pair, 128, 4096, 160, 2, h200)      # past one wave
@@ -1427,6 +1431,8 @@ def test_row_pairs_share_w_only_unsplit_in_one_wave_on_sector_rows():
     assert not GS.row_pair_shares_w(GS.Schedule.parse("splitk 64x64x128 w4 s6 split2"), 128, 4096, 128, 2, h200)
     assert not GS.row_pair_shares_w(GS.Schedule.parse("splitk 128x64x128 w8 s4"), 256, 4096, 128, 2, h200)
     assert GS._choose(128, 4096, 4096, 2, h200, False, True, True, True, True).describe() == pair.describe()
+    assert GS._choose(72, 4096, 4096, 2, h200, False, True, True, True, True).block_m == 64
+    assert GS._choose(72, 4096, 14336, 2, h200, False, True, True, True, True).block_m == 128
     assert GS._choose(128, 7000, 5000, 2, h200, False, True, True, True, True).block_m == 128
     assert GS.estimate(pair, 128, 4096, 4096, 2, h200, True) < 0.8 * GS.estimate(pair, 128, 4096, 4104, 2, h200, True)
 
