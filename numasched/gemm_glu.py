@@ -115,6 +115,7 @@ class SwiGLUPlan(Plan):
         self.topology = _topology.current()
         self.schedule = self.config = self.policy = None
         self.grid, self.block_n, self.split_k, self.path, self.workspace_bytes = (), 0, 1, "pointer", 0
+        self.a_pointer = False   # split-K on TMA: A's partial last tile row through pointers
         self._launch = None
         self.mode = "empty" if Mdim == 0 or K == 0 else caps.launch_mode(dev)
         if self.mode in ("empty", "torch"):
@@ -182,6 +183,15 @@ class SwiGLUPlan(Plan):
                      GLU=True, ROW_SCALE=self.row_scale)
         if not use_tma:   # pointer loads: K's vector width where Triton would not see it (kernels/gemm_splitk.py)
             const.update(KS.k_vector(Mdim, n, K, self._kps, a.stride(), b.stride(), a.element_size()))
+        # A's partial last tile row through pointers, as numasched.matmul's split-K takes it
+        # (gemm_schedule.splitk_operands "b_tma_last"; timed there, not with the SwiGLU epilogue)
+        mode = options.gemm_splitk_operands
+        if mode == "auto" and not interp:
+            mode = _sched.splitk_operands(cfg["BLOCK_M"], cfg["BLOCK_N"], Mdim)
+        self.a_pointer = bool(use_tma and mode == "b_tma_last" and Mdim % cfg["BLOCK_M"] and not a_view[0]
+                              and a.stride(1) == 1)
+        if self.a_pointer:
+            const.update(A_PTR=2, A_K_VEC=KS.vector_width(a.element_size(), K, self._kps, a.stride(0)))
         self.grid = (self._tiles * S,)
         if (options.pdl and options.pdl_prefetch and not interp and not use_tma
                 and caps.pdl_supported(dev)):   # B into L2 before the PDL wait (kernels/pdl.py)
@@ -312,7 +322,8 @@ class SwiGLUPlan(Plan):
         if _observe.OBSERVERS:
             _observe.notify(self.op, "splitk", self.grid, (res,), self)
         with caps.launch_device(a):
-            self._launch(a_arg, b_arg, out, row_scale if row_scale is not None else out, out, ws, ctr, *self._sizes, out)
+            self._launch(a_arg, b_arg, out, row_scale if row_scale is not None else out, out, ws, ctr, *self._sizes,
+                         a if self.a_pointer else out)
         if out is not res:
             res.copy_(out)
         return res

@@ -66,6 +66,20 @@ def test_swiglu_through_tma_descriptors_and_forced_splits(split_k):
 
 
 @cpu
+@pytest.mark.parametrize("split_k", [1, 2])
+def test_swiglu_reads_a_partial_last_tile_row_through_pointers(split_k):
+    """options.gemm_splitk_operands="b_tma_last": 37 rows in 16-row tiles, the partial third row
+    reads A through masked pointer loads, the full ones through the descriptor; float64 agrees."""
+    x, b = _data(37, 24, 160, torch.float32, seed=9)
+    s = Schedule("splitk", 16, 32, 16, split_k, 4, 2)
+    with options.use(gemm_splitk_tma=True, gemm_splitk_operands="b_tma_last"):
+        plan = numasched.plan_matmul_swiglu(x, b, schedule=s)
+        y = plan.run(x, b, torch.full((37, 24), float("nan")))
+    assert plan.path == "tma" and plan.a_pointer
+    assert _err(y, x, b) < 1e-5
+
+
+@cpu
 def test_swiglu_is_deterministic_and_resets_its_counters():
     from numasched import gemm as api
 
