@@ -115,7 +115,7 @@ class SwiGLUPlan(Plan):
         self.topology = _topology.current()
         self.schedule = self.config = self.policy = None
         self.grid, self.block_n, self.split_k, self.path, self.workspace_bytes = (), 0, 1, "pointer", 0
-        self.a_pointer = False   # split-K on TMA: A's partial last tile row through pointers
+        self.a_pointer = ""   # split-K on TMA: "b_tma_last", A's partial last tile row through pointers
         self._launch = None
         self.mode = "empty" if Mdim == 0 or K == 0 else caps.launch_mode(dev)
         if self.mode in ("empty", "torch"):
@@ -188,8 +188,8 @@ class SwiGLUPlan(Plan):
         mode = options.gemm_splitk_operands
         if mode == "auto" and not interp:
             mode = _sched.splitk_operands(cfg["BLOCK_M"], cfg["BLOCK_N"], Mdim)
-        self.a_pointer = bool(use_tma and mode == "b_tma_last" and Mdim % cfg["BLOCK_M"] and not a_view[0]
-                              and a.stride(1) == 1)
+        if use_tma and mode == "b_tma_last" and Mdim % cfg["BLOCK_M"] and not a_view[0] and a.stride(1) == 1:
+            self.a_pointer = mode
         if self.a_pointer:
             const.update(A_PTR=2, A_K_VEC=KS.vector_width(a.element_size(), K, self._kps, a.stride(0)))
         self.grid = (self._tiles * S,)

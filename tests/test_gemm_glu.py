@@ -75,7 +75,7 @@ def test_swiglu_reads_a_partial_last_tile_row_through_pointers(split_k):
     with options.use(gemm_splitk_tma=True, gemm_splitk_operands="b_tma_last"):
         plan = numasched.plan_matmul_swiglu(x, b, schedule=s)
         y = plan.run(x, b, torch.full((37, 24), float("nan")))
-    assert plan.path == "tma" and plan.a_pointer
+    assert plan.path == "tma" and plan.a_pointer == "b_tma_last"
     assert _err(y, x, b) < 1e-5
 
 
