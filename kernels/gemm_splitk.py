@@ -11,7 +11,9 @@ SPLIT_K parts, one program each, and a tile's partial sums are merged in the sam
 2. A program accumulates its K range in fp32 (BLOCK_M may exceed M: rows are masked; the padded
    dot is free, the tensor cores idle in a bandwidth-bound problem). Operands come through
    pointers, or (USE_TMA, ``options.gemm_splitk_tma``) through TMA descriptors, which lets the
-   medium-M tiles (M = 128-1024) run at the tiled kernel's tensor rate.
+   medium-M tiles (M = 128-1024) run at the tiled kernel's tensor rate; with A_PTR, A through
+   masked pointer loads beside B's descriptor (every tile, or the partial last tile row: a box
+   running past A's last row is slow; ``options.gemm_splitk_operands``).
 3. SPLIT_K == 1: the program applies the epilogue and stores. Otherwise it stores its fp32
    partial tile to a workspace and takes a ticket (an atomic counter per tile); the program that
    takes the last ticket sums the SPLIT_K partials **in split order** (the result does not depend
@@ -55,20 +57,26 @@ def _epilogue_store(acc, c, bias, res, offs_m, offs_n, M, N, stride_cm, stride_c
 
 
 @triton.jit
+def _load_b_tma(b, tn, k0, BLOCK_N: tl.constexpr, B_TRANS: tl.constexpr, N_OFF):
+    """B's tile of tile column tn at K offset k0 through its descriptor: B (K, N) or its (N, K)
+    storage (B_TRANS, the weight W of F.linear), columns from N_OFF (the SwiGLU's up half: N)."""
+    if B_TRANS:
+        return b.load([N_OFF + tn * BLOCK_N, k0]).T
+    else:
+        return b.load([k0, N_OFF + tn * BLOCK_N])
+
+
+@triton.jit
 def load_ab_tma(a, b, tm, tn, k0, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, A_TRANS: tl.constexpr,
                 B_TRANS: tl.constexpr):
     """The A and B tiles of output tile (tm, tn) at K offset k0 through TMA descriptors: A (M, K)
-    or its (K, M) storage (A_TRANS), B (K, N) or its (N, K) storage (B_TRANS, the weight W of
-    F.linear); past the edges the descriptors read zeros. Shared with the stream-K kernel."""
+    or its (K, M) storage (A_TRANS), B as _load_b_tma; past the edges the descriptors read zeros.
+    Shared with the stream-K kernel."""
     if A_TRANS:
         a_t = a.load([k0, tm * BLOCK_M]).T
     else:
         a_t = a.load([tm * BLOCK_M, k0])
-    if B_TRANS:
-        b_t = b.load([tn * BLOCK_N, k0]).T
-    else:
-        b_t = b.load([k0, tn * BLOCK_N])
-    return a_t, b_t
+    return a_t, _load_b_tma(b, tn, k0, BLOCK_N, B_TRANS, 0)
 
 
 @triton.jit
@@ -143,14 +151,6 @@ def _multiple(x, V: tl.constexpr):
     if V > 1:
         x = x // V * V
     return x
-
-
-@triton.jit
-def _load_b_tma(b, tn, k0, BLOCK_N: tl.constexpr, B_TRANS: tl.constexpr, N_OFF):
-    if B_TRANS:
-        return b.load([N_OFF + tn * BLOCK_N, k0]).T
-    else:
-        return b.load([k0, N_OFF + tn * BLOCK_N])
 
 
 @triton.jit
@@ -350,6 +350,13 @@ def k_vector(M: int, N: int, K: int, k_per_split: int, a_stride: tuple, b_stride
     return dict(A_K_VEC=vk if a_k else 1, B_K_VEC=vk if b_k else 1,
                 A_M_VEC=vector_width(elt, M, a_stride[1]) if a_m else 1,
                 B_N_VEC=vector_width(elt, N, b_stride[0]) if b_n else 1)
+
+
+def a_pointer_constants(mode: str, a, K: int, k_per_split: int) -> dict:
+    """The A_PTR constexprs of a TMA-fed launch whose A (K-contiguous) goes through pointers:
+    ``mode`` "b_tma" (every tile) or "b_tma_last" (the partial last tile row), with A's vector
+    width along K (see k_vector)."""
+    return dict(A_PTR=1 if mode == "b_tma" else 2, A_K_VEC=vector_width(a.element_size(), K, k_per_split, a.stride(0)))
 
 
 def shared_bytes(block_m: int, block_n: int, block_k: int, num_stages: int, elt: int) -> int:

@@ -466,8 +466,7 @@ class GemmPlan(Plan):
         # in the last tile row where it is partial ("b_tma_last")
         if use_tma and (a_pointer == "b_tma" or (a_pointer == "b_tma_last" and Mdim % cfg["BLOCK_M"])):
             self.a_pointer = a_pointer
-            const.update(A_PTR=1 if self.a_pointer == "b_tma" else 2,
-                         A_K_VEC=KS.vector_width(a.element_size(), K, self._kps, a.stride(0)))
+            const.update(KS.a_pointer_constants(a_pointer, a, K, self._kps))
         if prefetch and not use_tma:   # options.pdl_prefetch: B into L2 before the PDL wait
             const["PREFETCH_B"] = KS.prefetch_programs(b, K, self._kps, cfg["BLOCK_N"], grid,
                                                        caps.l2_bytes(self.device), tail=bool(whole))

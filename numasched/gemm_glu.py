@@ -191,7 +191,7 @@ class SwiGLUPlan(Plan):
         if use_tma and mode == "b_tma_last" and Mdim % cfg["BLOCK_M"] and not a_view[0] and a.stride(1) == 1:
             self.a_pointer = mode
         if self.a_pointer:
-            const.update(A_PTR=2, A_K_VEC=KS.vector_width(a.element_size(), K, self._kps, a.stride(0)))
+            const.update(KS.a_pointer_constants(mode, a, K, self._kps))
         self.grid = (self._tiles * S,)
         if (options.pdl and options.pdl_prefetch and not interp and not use_tma
                 and caps.pdl_supported(dev)):   # B into L2 before the PDL wait (kernels/pdl.py)
