@@ -538,7 +538,7 @@ def _weight_stream_s(s: Schedule, M: int, N: int, K: int, elt: int, machine: Mac
     if units > n:   # SMs left to drain after a shared phase (measured there only)
         sm_cap = max(sm_cap, WEIGHT_STREAM_SM_BYTES_PER_S)
     if tma and splitk_operands(s.block_m, s.block_n, M) == "tma":
-        in_flight = max(1, s.num_stages - 1) * s.block_n * min(s.block_k, WEIGHT_STREAM_TMA_MAX_BLOCK_K) * elt
+        in_flight = _tma_stream_depth(s) * s.block_n * elt
         sm_cap = max(sm_cap, occ * in_flight / WEIGHT_STREAM_TMA_LATENCY_S)
     prog_cap = sm_cap / occ   # a program's rate
     q, r = divmod(units, n)   # round-robin: r SMs run q + 1 programs, the others q
@@ -703,26 +703,29 @@ def _choose(M: int, N: int, K: int, elt: int, machine: Machine, splitk_only: boo
             best, best_t = replace(s, est_s=scored[-1][1]), t
     if best is None:
         return best
-    shape = (best.kind, best.block_m, best.block_n, best.split_k, best.tail)
-    if best.block_m < TIE_MIN_BLOCK_M:
-        # 16-row tiles through TMA: among ties the most B bytes in flight as the model counts them
-        # (see WEIGHT_STREAM_TMA_LATENCY_S)
-        if splitk_tma and best.kind == "splitk" and splitk_operands(best.block_m, best.block_n, M) == "tma":
-            def depth(x):
-                return max(1, x.num_stages - 1) * min(x.block_k, WEIGHT_STREAM_TMA_MAX_BLOCK_K)
-            for s, t in scored:
-                if ((s.kind, s.block_m, s.block_n, s.split_k, s.tail) == shape and t <= best.est_s * 1.001
-                        and depth(s) > depth(best)):
-                    best = replace(s, est_s=t)
-        return best
     # the model prices bytes and flops, not the pipeline: among the pick's ties (the same kernel,
     # tile and split with another K block and stage count, estimated within 0.1 %) the deeper
-    # pipeline wins (see inflight_bytes)
+    # pipeline wins (see inflight_bytes); 16-row tiles through TMA: the most B bytes in flight as
+    # their model counts them (_tma_stream_depth); other tiles under TIE_MIN_BLOCK_M rows: the first
+    if best.block_m >= TIE_MIN_BLOCK_M:
+        def depth(x):
+            return inflight_bytes(x, elt, machine)
+    elif splitk_tma and best.kind == "splitk" and splitk_operands(best.block_m, best.block_n, M) == "tma":
+        depth = _tma_stream_depth
+    else:
+        return best
+    shape = (best.kind, best.block_m, best.block_n, best.split_k, best.tail)
     for s, t in scored:
         if ((s.kind, s.block_m, s.block_n, s.split_k, s.tail) == shape and t <= best.est_s * 1.001
-                and inflight_bytes(s, elt, machine) > inflight_bytes(best, elt, machine)):
+                and depth(s) > depth(best)):
             best = replace(s, est_s=t)
     return best
+
+
+def _tma_stream_depth(s: Schedule) -> int:
+    """Elements of B a TMA-fed 16-row program has in flight per column as the weight-stream model
+    counts them: the stages but one, K blocks up to WEIGHT_STREAM_TMA_MAX_BLOCK_K long."""
+    return max(1, s.num_stages - 1) * min(s.block_k, WEIGHT_STREAM_TMA_MAX_BLOCK_K)
 
 
 def inflight_bytes(s: Schedule, elt: int, machine: Machine) -> int:
