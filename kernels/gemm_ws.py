@@ -62,6 +62,8 @@ if HAVE_GLUON:
         peer_desc: tma.tensor_descriptor       # PEER_PUSH: C's twin in a peer GPU's memory
         b1_desc: tma.tensor_descriptor         # N1 > 0: B's boxes of the tile's last N1 columns
         c1_desc: tma.tensor_descriptor         # N1 > 0: C's half-tile boxes of those columns
+        a1_desc: tma.tensor_descriptor         # A_LAST > 0: A's boxes of A_LAST rows (the partial last tile row)
+        a2_desc: tma.tensor_descriptor         # A_LAST2 > 0: the boxes of its next A_LAST2 rows
         a_bufs: gl.shared_memory_descriptor
         b_bufs: gl.shared_memory_descriptor   # STAGES slots (GLU: gate rows then up rows in each)
         b1_bufs: gl.shared_memory_descriptor  # N1 > 0: STAGES slots of the second box
@@ -77,12 +79,17 @@ if HAVE_GLUON:
         PEER_PUSH: gl.constexpr
         N1: gl.constexpr          # 0, or a tile of BLOCK_N + N1 columns in two power-of-two boxes
         B_KMAJOR: gl.constexpr    # B's boxes are (columns, K) boxes of an (N, K) weight
+        A_LAST: gl.constexpr      # 0, or the rows of a1_desc's boxes (see _stage_a_rows)
+        A_LAST2: gl.constexpr     # 0, or the rows of a2_desc's boxes
 
         @gluon.constexpr_function
-        def __init__(self, a_desc, b_desc, c_desc, peer_desc, b1_desc, c1_desc, a_bufs, b_bufs, b1_bufs, ready,
-                     empty, scale, M, N, K, GROUP_M, GLU, ROW_SCALE, PEER_PUSH, N1, B_KMAJOR):
+        def __init__(self, a_desc, b_desc, c_desc, peer_desc, b1_desc, c1_desc, a1_desc, a2_desc, a_bufs, b_bufs,
+                     b1_bufs, ready, empty, scale, M, N, K, GROUP_M, GLU, ROW_SCALE, PEER_PUSH, N1, B_KMAJOR, A_LAST,
+                     A_LAST2):
             self.a_desc, self.b_desc, self.c_desc, self.peer_desc = a_desc, b_desc, c_desc, peer_desc
             self.b1_desc, self.c1_desc, self.b1_bufs = b1_desc, c1_desc, b1_bufs
+            self.a1_desc, self.a2_desc = a1_desc, a2_desc
+            self.A_LAST, self.A_LAST2 = gl.constexpr(A_LAST), gl.constexpr(A_LAST2)
             self.PEER_PUSH, self.N1, self.B_KMAJOR = gl.constexpr(PEER_PUSH), gl.constexpr(N1), gl.constexpr(B_KMAJOR)
             self.a_bufs, self.b_bufs, self.ready, self.empty = a_bufs, b_bufs, ready, empty
             self.scale, self.M, self.N, self.K = scale, M, N, K
@@ -143,6 +150,36 @@ if HAVE_GLUON:
         return bar, s
 
     @gluon.jit
+    def _stage_a_rows(p, it, off_m, kk, NBYTES: gl.constexpr):
+        """_stage_a, where A's last tile row is partial and ``p.A_LAST`` > 0: that row's A comes
+        in a box of A_LAST rows (``p.a1_desc``), and (A_LAST2 > 0) one of the next A_LAST2 rows
+        (``p.a2_desc``), into the top of the slot, the barrier armed with their bytes. A 128-row
+        box mostly past A's last row is slow (at 650 rows the 128-row tiles ran longer than at
+        768); the slot's rows below the short boxes keep stale data, which feeds only output rows
+        past M (never stored)."""
+        if p.A_LAST > 0:
+            BLOCK_M: gl.constexpr = p.a_desc.block_type.shape[0]
+            BLOCK_K: gl.constexpr = p.a_desc.block_type.shape[1]
+            STAGES: gl.constexpr = p.a_bufs.type.shape[0]
+            A2_BYTES: gl.constexpr = p.a2_desc.block_type.nbytes if p.A_LAST2 > 0 else 0
+            LAST_BYTES: gl.constexpr = NBYTES - p.a_desc.block_type.nbytes + p.a1_desc.block_type.nbytes + A2_BYTES
+            if off_m + BLOCK_M > p.M:
+                s = it % STAGES
+                mbarrier.wait(p.empty.index(s), ((it // STAGES) & 1) ^ 1)
+                bar = p.ready.index(s)
+                mbarrier.expect(bar, LAST_BYTES)
+                slot = p.a_bufs.index(s)
+                tma.async_copy_global_to_shared(p.a1_desc, [off_m, kk * BLOCK_K], bar, slot.slice(0, p.A_LAST, dim=0))
+                if p.A_LAST2 > 0:
+                    tma.async_copy_global_to_shared(p.a2_desc, [off_m + p.A_LAST, kk * BLOCK_K], bar,
+                                                    slot.slice(p.A_LAST, p.A_LAST2, dim=0))
+            else:
+                bar, s = _stage_a(p, it, off_m, kk, NBYTES)
+        else:
+            bar, s = _stage_a(p, it, off_m, kk, NBYTES)
+        return bar, s
+
+    @gluon.jit
     def _mma_step(p, acc, it, kk, prev, ROLE: gl.constexpr, ROWS: gl.constexpr):
         """A consumer's step ``it`` (K step ``kk`` of its tile): wait for the slot, one async wgmma
         on its rows, keep one in flight; the previous step's is then done and its slot ``prev``
@@ -189,7 +226,7 @@ if HAVE_GLUON:
             off_m = tm * BLOCK_M
             off_n = tn * TILE_N
             for kk in range(k_steps):
-                bar, s = _stage_a(p, it, off_m, kk, NBYTES)
+                bar, s = _stage_a_rows(p, it, off_m, kk, NBYTES)
                 if p.GLU:   # the gate's rows, then the up's (n further on), as one (2 BLOCK_N, BLOCK_K) slot
                     slot = p.b_bufs.index(s)
                     _load_b(p, off_n, kk * BLOCK_K, bar, slot.slice(0, BLOCK_N, dim=0))
@@ -299,10 +336,11 @@ if HAVE_GLUON:
         _consumer(p, 1)
 
     @gluon.jit(do_not_specialize=["M", "N", "K"])   # M == 1 stays a value (WsArgs holds tensors)
-    def gemm_ws_kernel(a_desc, b_desc, c_desc, peer_desc, b1_desc, c1_desc, scale, M, N, K,
+    def gemm_ws_kernel(a_desc, b_desc, c_desc, peer_desc, b1_desc, c1_desc, a1_desc, a2_desc, scale, M, N, K,
                        STAGES: gl.constexpr, GROUP_M: gl.constexpr, GLU: gl.constexpr, ROW_SCALE: gl.constexpr,
                        CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, PEER_PUSH: gl.constexpr = 0,
-                       N1: gl.constexpr = 0, B_KMAJOR: gl.constexpr = True):
+                       N1: gl.constexpr = 0, B_KMAJOR: gl.constexpr = True, A_LAST: gl.constexpr = 0,
+                       A_LAST2: gl.constexpr = 0):
         """C (M, N) = A (M, K) @ B (K, N), or (GLU) silu(A @ B[:, :N]) * (A @ B[:, N:]); launched
         with num_warps=4 (the first consumer warpgroup) and at most one program per SM. PEER_PUSH
         (a probe of the fused GEMM + all-reduce's traffic, scripts/ws_push_probe.py): each tile is
@@ -315,8 +353,13 @@ if HAVE_GLUON:
         boxes (otherwise both descriptors are unread); B_KMAJOR says how B's boxes lie (a box of
         64 x 64 could be either). Widths such as 80, 96, 160 or 192 fill the
         SMs where 256 or 128 would leave a wave part-empty (512 x 2560: 40 tiles of 256 columns, 128
-        of 80; cuBLAS's own tiles there are 80 or 168 wide)."""
+        of 80; cuBLAS's own tiles there are 80 or 168 wide).
+
+        A_LAST > 0 (the last tile row at most 3/4 full): that row's A boxes are ``a1_desc``'s, of
+        A_LAST rows, and (A_LAST2 > 0) ``a2_desc``'s of the next A_LAST2 (otherwise both unread)."""
         gl.static_assert(N1 == 0 or (not GLU and PEER_PUSH == 0), "N1 > 0 is for the plain GEMM")
+        gl.static_assert(A_LAST == 0 or a1_desc.block_type.shape[0] == A_LAST, "a1_desc's boxes are A_LAST rows")
+        gl.static_assert(A_LAST2 == 0 or a2_desc.block_type.shape[0] == A_LAST2, "a2_desc's boxes are A_LAST2 rows")
         # GLU: a gate box and an up box per stage, stacked along N (B as (N, K) boxes only)
         gl.static_assert(not GLU or b_desc.block_type.shape[1] == a_desc.block_type.shape[1],
                          "the SwiGLU form takes B as the transpose of an (2n, K) weight")
@@ -333,8 +376,8 @@ if HAVE_GLUON:
         for i in gl.static_range(STAGES):
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=2)   # one arrive per consumer warpgroup
-        p = WsArgs(a_desc, b_desc, c_desc, peer_desc, b1_desc, c1_desc, a_bufs, b_bufs, b1_bufs, ready, empty, scale,
-                   M, N, K, GROUP_M, GLU, ROW_SCALE, PEER_PUSH, N1, B_KMAJOR)
+        p = WsArgs(a_desc, b_desc, c_desc, peer_desc, b1_desc, c1_desc, a1_desc, a2_desc, a_bufs, b_bufs, b1_bufs,
+                   ready, empty, scale, M, N, K, GROUP_M, GLU, ROW_SCALE, PEER_PUSH, N1, B_KMAJOR, A_LAST, A_LAST2)
         gl.warp_specialize([
             (_consumer_lo, (p,)),
             (_consumer_hi, (p,)),
@@ -371,6 +414,8 @@ if HAVE_GLUON:
         a_desc: tma.tensor_descriptor
         b_desc: tma.tensor_descriptor
         c_desc: tma.tensor_descriptor
+        a1_desc: tma.tensor_descriptor   # A_LAST > 0: A's boxes of A_LAST rows (the partial last tile row)
+        a2_desc: tma.tensor_descriptor   # A_LAST2 > 0: the boxes of its next A_LAST2 rows
         a_bufs: gl.shared_memory_descriptor
         b_bufs: gl.shared_memory_descriptor
         ready: gl.shared_memory_descriptor
@@ -390,11 +435,16 @@ if HAVE_GLUON:
         MERGE_RB: gl.constexpr  # MERGE 1: rows of a band; 64 / MERGE_RB contributors' bands in flight at once
         SPLIT: gl.constexpr    # False: stream-K ranges; True: split-K units (tile, K part) in K lockstep (MERGE 1)
         S: gl.tensor           # SPLIT: the K parts of a tile (>= 2)
+        A_LAST: gl.constexpr   # 0, or the rows of a1_desc's boxes (_stage_a_rows)
+        A_LAST2: gl.constexpr  # 0, or the rows of a2_desc's boxes
 
         @gluon.constexpr_function
-        def __init__(self, a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, work, tickets, c_ptr, stride_cm,
-                     status, bound, M, N, K, GROUP_M, FIXUP, MERGE, MERGE_RB, SPLIT, S):
+        def __init__(self, a_desc, b_desc, c_desc, a1_desc, a2_desc, a_bufs, b_bufs, ready, empty, work, tickets,
+                     c_ptr, stride_cm, status, bound, M, N, K, GROUP_M, FIXUP, MERGE, MERGE_RB, SPLIT, S, A_LAST,
+                     A_LAST2):
             self.a_desc, self.b_desc, self.c_desc = a_desc, b_desc, c_desc
+            self.a1_desc, self.a2_desc = a1_desc, a2_desc
+            self.A_LAST, self.A_LAST2 = gl.constexpr(A_LAST), gl.constexpr(A_LAST2)
             self.a_bufs, self.b_bufs, self.ready, self.empty = a_bufs, b_bufs, ready, empty
             self.work, self.tickets, self.M, self.N, self.K = work, tickets, M, N, K
             self.c_ptr, self.stride_cm, self.status, self.bound = c_ptr, stride_cm, status, bound
@@ -479,7 +529,7 @@ if HAVE_GLUON:
         BLOCK_N: gl.constexpr = p.c_desc.block_type.shape[1]
         NBYTES: gl.constexpr = p.a_desc.block_type.nbytes + p.b_desc.block_type.nbytes
         for kk in range(k0, k1):
-            bar, s = _stage_a(p, it, tm * BLOCK_M, kk, NBYTES)
+            bar, s = _stage_a_rows(p, it, tm * BLOCK_M, kk, NBYTES)
             _load_b(p, tn * BLOCK_N, kk * BLOCK_K, bar, p.b_bufs.index(s))
             it += 1
         return it
@@ -707,15 +757,19 @@ if HAVE_GLUON:
         _sk_consumer(p, 1)
 
     @gluon.jit(do_not_specialize=["M", "N", "K", "nsplit"])
-    def gemm_ws_streamk_kernel(a_desc, b_desc, c_desc, work, tickets, c_ptr, stride_cm, status, bound, M, N, K,
-                               nsplit, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
+    def gemm_ws_streamk_kernel(a_desc, b_desc, c_desc, a1_desc, a2_desc, work, tickets, c_ptr, stride_cm, status,
+                               bound, M, N, K, nsplit, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
                                CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, FIXUP: gl.constexpr = 1,
-                               MERGE: gl.constexpr = 0, SPLIT: gl.constexpr = False, MERGE_RB: gl.constexpr = 8):
+                               MERGE: gl.constexpr = 0, SPLIT: gl.constexpr = False, MERGE_RB: gl.constexpr = 8,
+                               A_LAST: gl.constexpr = 0, A_LAST2: gl.constexpr = 0):
         """C (M, N) = A (M, K) @ B (K, N) in the stream-K order above; P programs (at most one per
         SM, at most T x KS), num_warps=4. ``work``: fp32, P x 2 x 2 x 64 x BLOCK_N (SPLIT: T x S x
         2 x 64 x BLOCK_N, S = ``nsplit``; unused otherwise); ``tickets``:
         int32, 4 T, zero before the first call (each call leaves them zero); ``c_ptr`` / ``stride_cm``
-        C for MERGE 1's plain stores, ``status`` / ``bound`` its waits' error bit and bound (ns)."""
+        C for MERGE 1's plain stores, ``status`` / ``bound`` its waits' error bit and bound (ns);
+        ``a1_desc`` / ``a2_desc`` / A_LAST / A_LAST2 as in gemm_ws_kernel."""
+        gl.static_assert(A_LAST == 0 or a1_desc.block_type.shape[0] == A_LAST, "a1_desc's boxes are A_LAST rows")
+        gl.static_assert(A_LAST2 == 0 or a2_desc.block_type.shape[0] == A_LAST2, "a2_desc's boxes are A_LAST2 rows")
         a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
         b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -723,8 +777,9 @@ if HAVE_GLUON:
         for i in gl.static_range(STAGES):
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=2)
-        p = SkArgs(a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, work, tickets, c_ptr, stride_cm, status, bound,
-                   M, N, K, GROUP_M, FIXUP, MERGE, MERGE_RB, SPLIT, gl.to_tensor(nsplit))
+        p = SkArgs(a_desc, b_desc, c_desc, a1_desc, a2_desc, a_bufs, b_bufs, ready, empty, work, tickets, c_ptr,
+                   stride_cm, status, bound, M, N, K, GROUP_M, FIXUP, MERGE, MERGE_RB, SPLIT, gl.to_tensor(nsplit),
+                   A_LAST, A_LAST2)
         gl.warp_specialize([
             (_sk_consumer_lo, (p,)),
             (_sk_consumer_hi, (p,)),

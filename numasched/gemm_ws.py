@@ -13,13 +13,13 @@ shared with the fused collectives on the same kernel (numasched.distributed._ws)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
 __all__ = ["WsConfig", "WsGemmPlan", "supported", "descriptor_type", "host_descriptor", "descriptor_maker",
            "DeviceAddress", "DEFAULT_CONFIG", "wide_config", "split_config", "GLU_CONFIG", "STREAMK_CONFIG", "streamk_ranges", "split_parts",
-           "merge_bands"]
+           "merge_bands", "last_box_rows"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,22 @@ class WsConfig:
     def smem_bytes(self, elem: int = 2) -> int:
         stage = (self.block_m + (2 if self.glu else 1) * self.block_n + self.block_n1) * self.block_k * elem
         return self.stages * stage + self.block_m * self.tile_n * elem + 1024
+
+
+def last_box_rows(M: int, block_m: int = 128) -> Tuple[int, int]:
+    """The rows of A's boxes in the last tile row where it is at most 3/4 full: (R1, R2), a box of
+    R1 rows and one of the next R2 (0: none), powers of two of at least 16 (a descriptor's box is
+    a power of two) covering the row's rows: up to half a tile one box, then half a tile and a
+    second of 16 or 32 rows. (0, 0) where every box is ``block_m`` rows (the last row full or
+    more than 3/4 so). A 128-row box mostly past A's last row is slow on Hopper (bench/results,
+    thirty-ninth session: 650 x 17504 x 3800 ran longer than 768 x 17504 x 3800)."""
+    rem = M % block_m
+    if rem == 0 or 4 * rem > 3 * block_m:
+        return 0, 0
+    half = block_m // 2
+    if rem <= half:
+        return max(16, 1 << (rem - 1).bit_length()), 0
+    return half, max(16, 1 << (rem - half - 1).bit_length())
 
 
 def split_config(block_n: int, split: int, smem: int = 200 * 1024) -> WsConfig:
@@ -209,6 +225,10 @@ class WsGemmPlan:
             # the kernel reads B's orientation off a one-box tile's shape: a square box is taken as
             # an (N, K) weight's
             raise ValueError(f"config.block_n must differ from block_k={cfg.block_k} for a (K, N) row-major b")
+        from numasched import options
+
+        # A's last tile row in boxes of its own rows (options.gemm_ws_last_box)
+        self.a_last = last_box_rows(self.M, cfg.block_m) if options.current().gemm_ws_last_box else (0, 0)
         tiles = -(-self.M // cfg.block_m) * -(-self.N // cfg.tile_n)
         sms = torch.cuda.get_device_properties(a.device).multi_processor_count
         self.num_programs = max(1, min(tiles, num_programs or sms))
@@ -284,7 +304,8 @@ class WsGemmPlan:
                                   dict(STAGES=cfg.stages, GROUP_M=cfg.group_m, GLU=cfg.glu, ROW_SCALE=self.row_scale,
                                        CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=cfg.loader_regs,
                                        PEER_PUSH=self.peer_mode, N1=cfg.block_n1, B_KMAJOR=self.b_kmajor,
-                                       num_warps=4, maxnreg=cfg.maxnreg), device=a.device)
+                                       A_LAST=self.a_last[0], A_LAST2=self.a_last[1], num_warps=4,
+                                       maxnreg=cfg.maxnreg), device=a.device)
             self._fulls = {}
         run = self._launch
         scale = row_scale if row_scale is not None else out
@@ -303,8 +324,8 @@ class WsGemmPlan:
         peer = c_d if self.peer is None else desc(DeviceAddress(self.peer, out.dtype), out.shape, out.stride(),
                                                   [cfg.block_m // 2, 64 if self.peer_mode == 2 else cfg.block_n])
         b1_d, c1_d = self._descriptors(desc, a, b, out, cfg.block_n1)[1:] if cfg.block_n1 else (b_d, c_d)
-        args = (a_d, b_d, c_d, peer, b1_d, c1_d, scale.data_ptr() if fkey is not None else scale,
-                self.M, self.N, self.K)
+        args = (a_d, b_d, c_d, peer, b1_d, c1_d, *self._last_boxes(desc, a, a_d),
+                scale.data_ptr() if fkey is not None else scale, self.M, self.N, self.K)
         run(*args)
         if fkey is not None and desc is HostDesc:
             full = run.full_args(args)
@@ -325,6 +346,12 @@ class WsGemmPlan:
                 else desc(b, b.shape, b.stride(), [cfg.block_k, cols]),
                 desc(out, out.shape, out.stride(), [cfg.block_m // 2, cols]))
 
+    def _last_boxes(self, desc, a, a_d):
+        """A's descriptors of the last tile row's boxes (A_LAST, A_LAST2 rows), A's own where unused."""
+        r1, r2 = self.a_last
+        a1 = desc(a, a.shape, a.stride(), [r1, self.config.block_k]) if r1 else a_d
+        return a1, (desc(a, a.shape, a.stride(), [r2, self.config.block_k]) if r2 else a1)
+
     def _run_streamk(self, a, b, out):
         from numasched._launch import Launch
         from numasched.kernels.gemm_ws import gemm_ws_streamk_kernel
@@ -335,7 +362,8 @@ class WsGemmPlan:
                                   dict(STAGES=cfg.stages, GROUP_M=cfg.group_m, CONSUMER_REGS=cfg.consumer_regs,
                                        LOADER_REGS=cfg.loader_regs, FIXUP=self.fixup, MERGE=cfg.sk_merge,
                                        SPLIT=self.split > 0, MERGE_RB=merge_rows(self.split, cfg.block_n),
-                                       num_warps=4, maxnreg=cfg.maxnreg),
+                                       A_LAST=self.a_last[0], A_LAST2=self.a_last[1], num_warps=4,
+                                       maxnreg=cfg.maxnreg),
                                   device=a.device)
         # partials and counters per stream: two streams running this plan at once must not share
         # tickets (the plan's own serve the first stream it runs on)
@@ -348,9 +376,10 @@ class WsGemmPlan:
                     (torch.empty_like(self.work), torch.zeros_like(self.tickets), torch.zeros_like(self.status)))
             self._stream_bufs[key] = bufs
         work, tickets, status = bufs
-        self._launch(*self._descriptors(descriptor_maker(self._launch), a, b, out),
-                     work, tickets, out, out.stride(0), status, SK_WAIT_NS, self.M, self.N, self.K,
-                     max(self.split, 1))
+        desc = descriptor_maker(self._launch)
+        a_d, b_d, c_d = self._descriptors(desc, a, b, out)
+        self._launch(a_d, b_d, c_d, *self._last_boxes(desc, a, a_d), work, tickets, out, out.stride(0), status,
+                     SK_WAIT_NS, self.M, self.N, self.K, max(self.split, 1))
         return out
 
     def check(self):

@@ -36,6 +36,7 @@ numasched is imported (they are not read per call):
     NUMASCHED_FUSED_WS=0|1      fused_ws -> False / True (unset: the config's)
     NUMASCHED_GEMM_ALIGN_A=0|1  gemm_align_a -> False / True (unset: where gemm_schedule.align_a_pays)
     NUMASCHED_GEMM_SPLITK_OPERANDS gemm_splitk_operands ("auto", "tma", "b_tma", "b_tma_last", "pointer")
+    NUMASCHED_GEMM_WS_LAST_BOX=0 gemm_ws_last_box -> False
 """
 from __future__ import annotations
 
@@ -186,6 +187,10 @@ class Options:
             loads: no box past A's last row), "b_tma_last" (so in the last tile row where it is
             partial, the others as "tma"), "pointer" (both through pointers) or "auto"
             (numasched.gemm_schedule.splitk_operands: by the tile's rows and M).
+        gemm_ws_last_box: the warp-specialised GEMM (numasched.gemm_ws) reads the last tile row
+            of A, where it is at most half full, in boxes of that row's rows (rounded up to a
+            power of two, at least 16: gemm_ws.last_box_rows) instead of 128-row boxes running
+            past A's last row (False: 128-row boxes).
     """
 
     autotune: bool = True
@@ -215,10 +220,12 @@ class Options:
     fused_ws: Optional[bool] = None
     gemm_align_a: Optional[bool] = None
     gemm_splitk_operands: str = "auto"
+    gemm_ws_last_box: bool = True
 
     def __post_init__(self):
         for f in ("autotune", "check_data", "gemm_flatten", "gemm_splitk_tma", "gemm_streamk_k_aligned",
-                  "gemm_tail_split", "gemm_ws", "pdl", "pdl_prefetch", "arn_one_row", "decode_tma"):
+                  "gemm_tail_split", "gemm_ws", "pdl", "pdl_prefetch", "arn_one_row", "decode_tma",
+                  "gemm_ws_last_box"):
             if not isinstance(getattr(self, f), bool):
                 raise TypeError(f"Options.{f} must be a bool, got {getattr(self, f)!r}")
         if isinstance(self.pdl_trigger, bool):  # the former bool form
@@ -327,7 +334,8 @@ def from_env(environ=None) -> Options:
                    fused_flat=tri["NUMASCHED_FUSED_FLAT"], glu_persistent=tri["NUMASCHED_GLU_PERSISTENT"],
                    fused_tma_push=tri["NUMASCHED_FUSED_TMA_PUSH"], glu_ws=tri["NUMASCHED_GLU_WS"],
                    fused_ws=tri["NUMASCHED_FUSED_WS"], gemm_align_a=tri["NUMASCHED_GEMM_ALIGN_A"],
-                   gemm_splitk_operands=env.get("NUMASCHED_GEMM_SPLITK_OPERANDS", "auto").strip() or "auto")
+                   gemm_splitk_operands=env.get("NUMASCHED_GEMM_SPLITK_OPERANDS", "auto").strip() or "auto",
+                   gemm_ws_last_box=flag("NUMASCHED_GEMM_WS_LAST_BOX", True))
 
 
 _CURRENT = from_env()

@@ -419,7 +419,7 @@ def _glu_persistent(row_scale: bool, stages: int = 3):
     return build
 
 
-def _gemm_ws_streamk(b_kmajor: bool = True, merge: int = 0, split: int = 0):
+def _gemm_ws_streamk(b_kmajor: bool = True, merge: int = 0, split: int = 0, a_last=(0, 0)):
     def build(vendor):
         from numasched.gemm_ws import WsConfig, descriptor_type
         from numasched.kernels.gemm_ws import gemm_ws_streamk_kernel
@@ -429,15 +429,18 @@ def _gemm_ws_streamk(b_kmajor: bool = True, merge: int = 0, split: int = 0):
         values = dict(a_desc=descriptor_type("bf16", [cfg.block_m, cfg.block_k]),
                       b_desc=descriptor_type("bf16", b_block),
                       c_desc=descriptor_type("bf16", [cfg.block_m // 2, cfg.block_n]),
+                      a1_desc=descriptor_type("bf16", [a_last[0] or cfg.block_m, cfg.block_k]),
+                      a2_desc=descriptor_type("bf16", [a_last[1] or a_last[0] or cfg.block_m, cfg.block_k]),
                       work="*fp32", tickets="*i32", c_ptr="*bf16", stride_cm=2560, status="*i32", bound=10**9,
                       M=512, N=2560, K=8192, nsplit=max(split, 1), STAGES=cfg.stages, GROUP_M=cfg.group_m,
-                      CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=cfg.loader_regs, MERGE=merge, SPLIT=split > 0)
+                      CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=cfg.loader_regs, MERGE=merge, SPLIT=split > 0,
+                      A_LAST=a_last[0], A_LAST2=a_last[1])
         return gemm_ws_streamk_kernel, values, 4, 1, dict(maxnreg=cfg.maxnreg)
     return build
 
 
 def _gemm_ws(block_n: int = 256, stages: int = 3, b_kmajor: bool = True, glu: bool = False, row_scale=False,
-             peer_push: int = 0, tile_n: int = 0):
+             peer_push: int = 0, tile_n: int = 0, a_last=(0, 0)):
     def build(vendor):
         from numasched.gemm_ws import WsConfig, descriptor_type, wide_config
 
@@ -453,9 +456,12 @@ def _gemm_ws(block_n: int = 256, stages: int = 3, b_kmajor: bool = True, glu: bo
                       peer_desc=descriptor_type("bf16", [cfg.block_m // 2, 64 if peer_push == 2 else cfg.block_n]),
                       b1_desc=descriptor_type("bf16", box(n1)),
                       c1_desc=descriptor_type("bf16", [cfg.block_m // 2, n1]),
+                      a1_desc=descriptor_type("bf16", [a_last[0] or cfg.block_m, cfg.block_k]),
+                      a2_desc=descriptor_type("bf16", [a_last[1] or a_last[0] or cfg.block_m, cfg.block_k]),
                       scale="*fp32", M=8192, N=8192, K=8192, STAGES=cfg.stages, GROUP_M=cfg.group_m,
                       GLU=glu, ROW_SCALE=row_scale, PEER_PUSH=int(peer_push), N1=cfg.block_n1, B_KMAJOR=b_kmajor,
-                      CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=cfg.loader_regs)
+                      CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=cfg.loader_regs, A_LAST=a_last[0],
+                      A_LAST2=a_last[1])
         return gemm_ws_kernel, values, 4, 1, dict(maxnreg=cfg.maxnreg)
     return build
 
@@ -782,6 +788,12 @@ VARIANTS: List[Variant] = [
             note="stream-K whose fix-up every contributor shares (a band of rows each, after its range)"),
     Variant("gemm_ws", "bf16-128x256-s3-split3", _gemm_ws_streamk(merge=1, split=3), off={"amd": _GLUON_OFF},
             note="split-K in three K parts in lockstep, the banded merge"),
+    Variant("gemm_ws", "bf16-128x160-wide-last-box", _gemm_ws(tile_n=160, a_last=(16, 0)), off={"amd": _GLUON_OFF},
+            note="the last tile row's A in boxes of 16 rows (M not a multiple of 128: no box past A's end)"),
+    Variant("gemm_ws", "bf16-glu-128x128-s4-last-box", _gemm_ws(128, 4, glu=True, a_last=(32, 0)), off={"amd": _GLUON_OFF},
+            note="SwiGLU with the last tile row's A in boxes of 32 rows"),
+    Variant("gemm_ws", "bf16-128x128-split2-last-box", _gemm_ws_streamk(merge=1, split=2, a_last=(64, 16)),
+            off={"amd": _GLUON_OFF}, note="the split-K form at 65-80 rows: A in boxes of 64 and 16 rows"),
     Variant("gemm_ws", "bf16-128x256-s3-peer-push", _gemm_ws(peer_push=1), off={"amd": _GLUON_OFF},
             note="a probe: every tile also TMA-stored into a peer GPU's twin of C"),
     Variant("gemm_ws", "bf16-128x256-s3-peer-paced", _gemm_ws(peer_push=2), off={"amd": _GLUON_OFF},

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 import torch
 
-from numasched.gemm_ws import WsConfig, WsGemmPlan, split_config, supported, wide_config
+from numasched.gemm_ws import WsConfig, WsGemmPlan, last_box_rows, split_config, supported, wide_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -28,6 +28,10 @@ for v in ("bf16-128x256-s3", "bf16-128x128-s5-b-rowmajor", "bf16-glu-128x128-s4-
     r = P.compile_variant("gemm_ws", v, "sm90", keep_asm=True)
     r["ptx"] = "\n".join(" ".join(l.split()) for l in r.pop("asm", {}).get("ptx", "").splitlines())
     rows[v] = r
+for v in ("bf16-128x160-wide-last-box", "bf16-glu-128x128-s4-last-box", "bf16-128x128-split2-last-box"):
+    r = P.compile_variant("gemm_ws", v, "sm90", keep_asm=True)
+    r["ptx"] = "\n".join(" ".join(l.split()) for l in r.pop("asm", {}).get("ptx", "").splitlines())
+    rows["last:" + v] = r
 for v in ("matmul_all_reduce-ws-residual-direct", "matmul_all_reduce-ws", "matmul_reduce_scatter-ws",
           "matmul_reduce_scatter-ws-pairs"):
     r = P.compile_variant("dist", v, "sm90", keep_asm=True)
@@ -63,7 +67,7 @@ def _k_loop_windows(ptx: str, in_flight: int = 1):
 
 def test_compiles_for_hopper_warp_specialised(compiled):
     for name, r in compiled.items():
-        if name.startswith("mar:"):
+        if name.startswith(("mar:", "last:")):
             continue
         assert r["status"] == "ok", (name, r["error"])
         assert r["spill_bytes"] == 0 and r["fits"], name
@@ -88,7 +92,7 @@ def test_k_loop_has_no_cta_wide_barrier(compiled):
     """What the kernel is for: between a consumer's operand wait and its slot release there is
     at most a barrier of its own warpgroup (``bar.sync N, 128``), never one of the whole CTA."""
     for name, r in compiled.items():
-        if name.startswith("mar:"):
+        if name.startswith(("mar:", "last:")):
             continue
         wide = name in _WIDE   # two boxes: two wgmma groups a step, the previous pair waited for
         windows = list(_k_loop_windows(r["ptx"], 2 if wide else 1))
@@ -504,6 +508,70 @@ def test_narrow_split_k_matches_float64(M, N, K, block_n):
         plan.run(a, b, out)
         plan.check()
         assert _rel(out, ref) < 1e-2
+
+
+def test_last_box_rows_only_where_the_last_tile_row_is_at_most_three_quarters_full():
+    """The last tile row's A boxes: one or two powers of two (at least 16 rows) that cover its
+    rows, the first half a tile where there are two, never as tall as the tile together, none
+    where the row is full or more than 3/4 full."""
+    for M in range(1, 1100):
+        r1, r2 = last_box_rows(M)
+        rem = M % 128
+        if rem == 0 or rem > 96:
+            assert (r1, r2) == (0, 0), M
+            continue
+        assert r1 in (16, 32, 64) and r2 in (0, 16, 32) and r1 + r2 >= rem and r1 + r2 < 128, (M, r1, r2)
+        assert (r2 > 0) == (rem > 64) and (r2 == 0 or r1 == 64), (M, r1, r2)
+        assert r1 + r2 - rem < max(16, rem - (64 if r2 else 0)), (M, r1, r2)   # less than doubled
+
+
+def test_last_box_compiles_with_both_a_loads(compiled):
+    """The last-box variants compile for sm_90 without spills, and their loader issues one more
+    2-D TMA load than the same kernel without (A's short box beside its full one)."""
+    tma = "cp.async.bulk.tensor.2d.shared::cluster.global"
+    for v, plain in (("bf16-128x160-wide-last-box", "bf16-128x160-wide"),
+                     ("bf16-glu-128x128-s4-last-box", "bf16-glu-128x128-s4-row-scale"),
+                     ("bf16-128x128-split2-last-box", None)):
+        r = compiled["last:" + v]
+        assert r["ok"], (v, r.get("error"))
+        assert r["spill_bytes"] == 0 and r["fits"], v
+        loads = r["ptx"].count(tma)
+        if plain:
+            assert loads == compiled[plain]["ptx"].count(tma) + 1, (v, loads)
+        else:
+            assert loads >= 4, (v, loads)   # A's three descriptors (64 + 16 rows) and B's
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("form", ["dp", "wide160", "split2", "glu"])
+@pytest.mark.parametrize("M", [1, 17, 40, 70, 100, 140, 650])
+def test_last_box_gives_the_bits_of_full_boxes(M, form):
+    """A's last tile row in short boxes (options.gemm_ws_last_box) against 128-row boxes: the
+    same bits in every row below M (the stale rows of the slot feed only rows past M), and the
+    float64 reference; run twice (stale shared memory from the first call's tiles)."""
+    from numasched import options
+    from numasched.gemm_ws import GLU_CONFIG
+
+    N, K = 1000, 1000
+    torch.manual_seed(M)
+    a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(2 * N if form == "glu" else N, K, device="cuda", dtype=torch.bfloat16) / K ** 0.5
+    cfg = {"dp": WsConfig(), "wide160": wide_config(160), "split2": split_config(128, 2), "glu": GLU_CONFIG}[form]
+    outs = []
+    for last in (True, False):
+        with options.use(gemm_ws_last_box=last):
+            out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+            plan = WsGemmPlan(a, w.t(), out, config=cfg)
+            assert (plan.a_last[0] > 0) == (last and 0 < M % 128 <= 96), (last, plan.a_last)
+            for _ in range(2):
+                out.fill_(float("nan"))
+                plan.run(a, w.t(), out)
+            outs.append(out)
+    gu = a.double() @ w.double().t()
+    ref = torch.nn.functional.silu(gu[:, :N]) * gu[:, N:] if form == "glu" else gu
+    assert _rel(outs[0], ref) < 1e-2
+    assert torch.equal(outs[0], outs[1])
 
 
 def test_split_config_fits_and_refuses_other_widths():
