@@ -63,6 +63,7 @@ class Machine:
     sm_bw_share: float = 1.5      # an SM alone streams at most this many times its fair share
     reduce_sync_s: float = 2.0e-6  # split-K: the ticket and the last program's merge
     splitk_partial_cost: float = 1.0   # split-K's fp32 partials cost this many times their bytes through L2
+    partial_row_cost: float = 1.0      # 128-row split-K tiles under 128 rows (cut in K or narrow): x the model's time
 
     @staticmethod
     def of(device: Optional[torch.device] = None) -> "Machine":
@@ -77,7 +78,12 @@ class Machine:
 # 4.3 / 3.0 TB/s, dense bf16 about 790 TFLOP/s. MI300X / MI355X: datasheet (5.3 / 8 TB/s, 1307 /
 # 2300 TFLOP/s), derated like the NVIDIA ones -- no AMD GPU was available to measure.
 _KNOWN = {
-    "h200": Machine("H200", 132, 227 * 1024, 4.3e12, 7.9e14, 1.2e13),
+    # partial_row_cost: at 33-127 rows the split-K kernel's 128-row tiles (A's rows under M through
+    # pointers, B through TMA) ran 1.21-1.28x their modelled time on the H200 where cut in K parts
+    # or 64 columns wide (geomean of 462 timings, 0.96-1.67; bench/results/gemm-s38/: ragged*,
+    # pairs*, off-final-*; gemm-s39/: mid-*, sp1/), 1.01x unsplit 128 x 128 (100 timings), where
+    # the WS split-K form with A's short last boxes ran 0.97x its own (gemm-s39/sp1/).
+    "h200": Machine("H200", 132, 227 * 1024, 4.3e12, 7.9e14, 1.2e13, partial_row_cost=1.2),
     # the H100's split-K merge refit to a sweep of 21 schedules at each of 33 points of M = 64-256
     # (bench/results/gemm-ws-s30/sweep-h100/): its fp32 partials at 1.5x their L2 bytes and 5 us of
     # sync took the pick's time over the best timed from 0.938 to 0.975 (geomean), within 5 % at
@@ -185,7 +191,12 @@ WS_MIN_ROWS = 512
 # 1.10, 14336 x 8192 1.08, 5120 x 5120 1.05, 28672 x 4096 1.03; on the H100 0.96-1.11, geomean
 # 1.02) and 0.73-0.96x at the 4 that do not (2560 x 8192: 64 tiles; 4096 x 4096 and 4096 x
 # 14336: 104; 8192 x 2048: 32 K steps). The WS model's estimates there ran 0.90-1.04x the times.
-WS_FILL_MIN_ROWS = 256
+#
+# With A's last tile row in short boxes (gemm_ws.last_box_rows, the thirty-ninth session) the WS
+# widths ran 1.14-1.35x faster than the Triton pick at 140-200 rows on the H200 (140 x 10240 x
+# 6896: 55.2 against 74.6 us; 200 x 8192 x 7168: 43.5 against 50.1; gemm-s39/dp1/), the model
+# ranking them so: the same rule from more than one tile row.
+WS_FILL_MIN_ROWS = 129
 WS_FILL = 0.8
 WS_FILL_MIN_K = 4096
 # ... and where the WS model gives at least WS_MIN_S: at 512-1024 rows and 10 us or less (1000^3,
@@ -244,10 +255,22 @@ WS_SPLIT_MARGIN = 0.95
 # ROW_PAIR_PARTIAL_MAX_K_BYTES long. Scored on those 65 timed points (scripts/gemm_rank_eval.py):
 # pick within 3 % of the best timed at 61 (34 with pairs from 112 rows only), geomean pick / best
 # 1.006 (1.068). Not yet timed on shapes outside that set.
+# From 129 to ROW_GROUP_MAX_ROWS rows, where M is not a multiple of 128 (a 128-row tile row part
+# empty), the same for three or four 64-row tiles of a column where a row of W is at most
+# ROW_PAIR_PARTIAL_MAX_K_BYTES: W's HBM bytes divided by their count, but each SM still takes in
+# its A and W tiles from L2 at ROW_GROUP_SM_BYTES_PER_S at most. Timed on the H200 beside the WS
+# widths and the 128-row tiles at 140-252 rows (bench/results/gemm-s39/mid-*), 64 x 128 x 128 ran
+# 0.77-0.87x the others' best at 140 x 4096 x 4096, 200 x 4096 x 4096, 218 x 3496 x 5904 and 140 x
+# 5120 x 5120 (taking in 85-89 GB/s an SM), but 1.1-1.2x at 200 x 2560 x 8192 and 200 x 4096 x
+# 14336 (16-28 KB rows). Scored there (scripts/gemm_rank_eval.py, 71 points, the WS widths and
+# the Triton tiles both weighed: candidates): within 3 % of the best timed at 56 (52 without),
+# within 5 % at 61 (57); the 972 earlier H200 points as before.
 ROW_PAIR_MIN_ROWS = 65
 ROW_PAIR_FULL_ROWS = 112
 ROW_PAIR_PARTIAL_MAX_K_BYTES = 14336
-ROW_PAIR_W_SHARE = 2
+ROW_PAIR_W_SHARE = 2   # (two tiles at 65-128 rows; row_group_share counts them)
+ROW_GROUP_MAX_ROWS = 256
+ROW_GROUP_SM_BYTES_PER_S = 88e9
 
 
 # A whose rows are not whole 128-byte lines (K * element size a multiple of 16 but not of 128):
@@ -413,9 +436,13 @@ def candidates(M: int, N: int, K: int, elt: int, machine: Machine, *, splitk_onl
         wide = [Schedule("ws", 128, n, 64, 1, 4, wide_config(n).stages, True) for n in WS_TILE_NS]
         t, best = min((_ws_estimate(s, M, N, K, elt, machine), i) for i, s in enumerate(wide))
         fills = _cdiv(M, 128) * _cdiv(N, wide[best].block_n) >= WS_FILL * machine.sms
-        if t >= WS_MIN_S and (M >= WS_MIN_ROWS or fills):
+        if t >= WS_MIN_S and M >= WS_MIN_ROWS:
             return wide
-    out = []
+        # under WS_MIN_ROWS (the fill rule) beside the Triton schedules: the 64-row tile groups
+        # (row_group_share) ran faster than both at some 129-256-row shapes
+        out = wide if t >= WS_MIN_S and fills else []
+    else:
+        out = []
     if ws and WS_SPLIT_MIN_ROWS <= M <= WS_SPLIT_MAX_ROWS and elt == 2:
         from .gemm_ws import split_config
 
@@ -490,6 +517,14 @@ def estimate(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machine, sp
     """Modelled time of ``s`` in seconds (see the module doc)."""
     if s.kind == "ws":
         return _ws_estimate(s, M, N, K, elt, machine)
+    if (s.kind == "splitk" and s.block_m == 128 and M < 128
+            and (s.split_k > 1 or s.block_n < 128)):   # (Machine.partial_row_cost)
+        return machine.partial_row_cost * _estimate(s, M, N, K, elt, machine, splitk_tma, aligned)
+    return _estimate(s, M, N, K, elt, machine, splitk_tma, aligned)
+
+
+def _estimate(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machine, splitk_tma: bool,
+              aligned: bool) -> float:
     if s.tail:
         return _tail_estimate(s, M, N, K, elt, machine, splitk_tma, aligned)
     if s.kind == "splitk" and s.block_m <= WEIGHT_STREAM_MAX_ROWS and aligned:
@@ -498,7 +533,7 @@ def estimate(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machine, sp
     kps = _cdiv(_cdiv(K, s.split_k), s.block_k) * s.block_k
     units = tiles * s.split_k
     unit, slots = _unit_s(s, kps, units, elt, machine, splitk_tma, aligned,
-                          ROW_PAIR_W_SHARE if row_pair_shares_w(s, M, K, units, elt, machine) else 1)
+                          row_group_share(s, M, K, units, elt, machine))
     waves = _cdiv(units, slots)
     if s.kind == "streamk":
         # whole waves, then the remainder's K iterations shared equally by every SM; each program
@@ -610,13 +645,21 @@ def _floor_s(M: int, N: int, K: int, elt: int, machine: Machine) -> float:
 
 
 def row_pair_shares_w(s: Schedule, M: int, K: int, units: int, elt: int, machine: Machine) -> bool:
-    """Whether the two 64-row tiles of each tile column read W once from HBM between them (see
-    ROW_PAIR_W_SHARE): unsplit split-K tiles of 64 rows at ROW_PAIR_MIN_ROWS-128 rows, every unit
-    on its own SM in one wave, W's rows whole 32-byte sectors (and at most
-    ROW_PAIR_PARTIAL_MAX_K_BYTES long under ROW_PAIR_FULL_ROWS rows)."""
+    """Whether the 64-row tiles of each tile column read W once from HBM between them (see
+    ROW_PAIR_W_SHARE): unsplit split-K tiles of 64 rows at ROW_PAIR_MIN_ROWS-ROW_GROUP_MAX_ROWS
+    rows (past 128 only where M is not a multiple of 128), every unit on its own SM in one wave,
+    W's rows whole 32-byte sectors (and at most ROW_PAIR_PARTIAL_MAX_K_BYTES long under
+    ROW_PAIR_FULL_ROWS rows and past 128)."""
     return (s.kind == "splitk" and s.block_m == 64 and s.split_k == 1 and not s.tail
-            and ROW_PAIR_MIN_ROWS <= M <= 128 and units <= machine.sms and (K * elt) % 32 == 0
-            and (M >= ROW_PAIR_FULL_ROWS or K * elt <= ROW_PAIR_PARTIAL_MAX_K_BYTES))
+            and ROW_PAIR_MIN_ROWS <= M <= ROW_GROUP_MAX_ROWS and (M <= 128 or M % 128)
+            and units <= machine.sms and (K * elt) % 32 == 0
+            and (ROW_PAIR_FULL_ROWS <= M <= 128 or K * elt <= ROW_PAIR_PARTIAL_MAX_K_BYTES))
+
+
+def row_group_share(s: Schedule, M: int, K: int, units: int, elt: int, machine: Machine) -> int:
+    """How many tiles of a tile column read each W tile between them, once from HBM: the 64-row
+    tiles of a column where row_pair_shares_w (two to four), else 1."""
+    return _cdiv(M, 64) if row_pair_shares_w(s, M, K, units, elt, machine) else 1
 
 
 def _unit_s(s: Schedule, kps: int, units: int, elt: int, machine: Machine, splitk_tma: bool, aligned: bool,
@@ -633,6 +676,8 @@ def _unit_s(s: Schedule, kps: int, units: int, elt: int, machine: Machine, split
     share = machine.sm_bw_share if aligned else MISALIGNED_SM_BW_SHARE
     bw = min(fair, share * machine.hbm_bytes_per_s / machine.sms / occ)
     t_mem = (s.block_n * kps * elt / w_share + A_WEIGHT * s.block_m * kps * elt) / bw
+    if w_share > 2:   # a group of three or four: each SM still takes its A and W tiles in from L2
+        t_mem = max(t_mem, (s.block_m + s.block_n) * kps * elt / ROW_GROUP_SM_BYTES_PER_S)
     rate = machine.tensor_flops / min(active, machine.sms) / (occ if active >= machine.sms else 1)
     if s.kind == "splitk" and s.block_m >= 64 and not splitk_tma:
         rate *= SPLITK_MMA_EFFICIENCY  # operands through registers, not TMA + wgmma from shared memory

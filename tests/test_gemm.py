@@ -1321,12 +1321,17 @@ def test_chooser_takes_the_ws_widths_from_512_rows():
     from numasched import gemm_schedule as GS
 
     h100 = GS._KNOWN["h100"]
-    # under WS_MIN_ROWS: from WS_FILL_MIN_ROWS where the model's width fills the SMs and K is
-    # long enough, else only the split-K form, at 65-128 rows (tested below)
-    assert all(s.kind == "ws" for s in GS.candidates(256, 5120, 5120, 2, h100, ws=True))     # 128 tiles of 80
-    assert not any(s.kind == "ws" for s in GS.candidates(256, 2560, 8192, 2, h100, ws=True))  # 64 tiles
-    assert not any(s.kind == "ws" for s in GS.candidates(256, 8192, 2048, 2, h100, ws=True))  # 32 K steps
-    assert not any(s.kind == "ws" for s in GS.candidates(255, 5120, 5120, 2, h100, ws=True))
+    # under WS_MIN_ROWS: from WS_FILL_MIN_ROWS (129: two tile rows, the last one's A in short boxes,
+    # gemm_ws.last_box_rows) where the model's width fills the SMs and K is long enough, beside
+    # the Triton schedules; else only the split-K form, at 65-128 rows (tested below)
+    def kinds(m, n, k):
+        return {s.kind for s in GS.candidates(m, n, k, 2, h100, ws=True) if s.split_k == 1}
+
+    assert {"ws", "splitk"} <= kinds(256, 5120, 5120)     # 128 tiles of 80
+    assert "ws" not in kinds(256, 2560, 8192)             # 64 tiles
+    assert "ws" not in kinds(256, 8192, 2048)             # 32 K steps
+    assert {"ws", "splitk"} <= kinds(140, 5120, 5120)
+    assert "ws" not in kinds(128, 5120, 5120)
     assert all(s.split_k > 1 for s in GS.candidates(128, 5120, 5120, 2, h100, ws=True) if s.kind == "ws")
     assert not any(s.kind == "ws" for s in GS.candidates(4096, 5120, 5120, 2, h100, ws=False))
     wide = GS.candidates(512, 5120, 5120, 2, h100, ws=True)
@@ -1375,10 +1380,11 @@ def test_chooser_weighs_the_ws_split_form_from_65_to_128_rows():
             tiles = -(-m // 128) * -(-5120 // s.block_n)
             assert tiles * s.split_k <= h100.sms and s.split_k <= 12800 // 64 // 2
             assert GS.Schedule.parse(s.describe()) == s
-    for m in (GS.WS_SPLIT_MIN_ROWS - 1, GS.WS_SPLIT_MAX_ROWS + 1, 255):
-        assert not any(s.kind == "ws" for s in GS.candidates(m, 5120, 12800, 2, h100, ws=True)), m
-    # (at 256 rows the data-parallel widths, not the split form: WS_FILL_MIN_ROWS)
-    assert all(s.kind == "ws" and s.split_k == 1 for s in GS.candidates(256, 5120, 12800, 2, h100, ws=True))
+    assert not any(s.kind == "ws" for s in GS.candidates(GS.WS_SPLIT_MIN_ROWS - 1, 5120, 12800, 2, h100, ws=True))
+    # (from 129 rows the data-parallel widths, not the split form: WS_FILL_MIN_ROWS)
+    for m in (GS.WS_SPLIT_MAX_ROWS + 1, 255, 256):
+        ws = [s for s in GS.candidates(m, 5120, 12800, 2, h100, ws=True) if s.kind == "ws"]
+        assert ws and all(s.split_k == 1 for s in ws), m
     assert not any(s.kind == "ws" for s in GS.candidates(128, 5120, 12800, 2, h100, ws=False))
     assert not any(s.kind == "ws" for s in GS.candidates(128, 5120, 12800, 4, h100, ws=True))   # fp32: no
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "results",
@@ -1435,6 +1441,36 @@ def test_row_pairs_share_w_only_unsplit_in_one_wave_on_sector_rows():
     assert GS._choose(72, 4096, 14336, 2, h200, False, True, True, True, True).block_m == 128
     assert GS._choose(128, 7000, 5000, 2, h200, False, True, True, True, True).block_m == 128
     assert GS.estimate(pair, 128, 4096, 4096, 2, h200, True) < 0.8 * GS.estimate(pair, 128, 4096, 4104, 2, h200, True)
+
+
+def test_row_groups_past_128_rows_and_the_partial_row_cost():
+    """gemm_schedule.row_group_share: three or four 64-row tiles of a column share W's HBM bytes
+    at 129-256 rows where M is not a multiple of 128 and W's rows are at most 14336 bytes, each SM
+    still paying its A and W tiles' intake (ROW_GROUP_SM_BYTES_PER_S); the H200's
+    partial_row_cost scales the 128-row split-K tiles under 128 rows that are cut in K or 64
+    wide, nothing else. The chooser then takes the group at 200 x 4096 x 4096 (18.6 us against
+    21.6 for the 128-row tile on an H200, bench/results/gemm-s39/mid-grid/), not at 256 rows."""
+    from numasched import gemm_schedule as GS
+
+    h200, h100 = GS._KNOWN["h200"], GS._KNOWN["h100"]
+    t = GS.Schedule.parse("splitk 64x128x128 w8 s4")
+    assert GS.row_group_share(t, 140, 4096, 96, 2, h200) == 3
+    assert GS.row_group_share(t, 200, 4096, 128, 2, h200) == 4
+    assert GS.row_group_share(t, 128, 8192, 64, 2, h200) == 2           # a pair: any K
+    assert GS.row_group_share(t, 256, 4096, 128, 2, h200) == 1          # full 128-row tiles
+    assert GS.row_group_share(t, 200, 8192, 128, 2, h200) == 1          # 16 KB rows
+    assert GS.row_group_share(t, 257, 4096, 160, 2, h200) == 1          # five, past one wave
+    intake = (64 + 128) * 4096 * 2 / GS.ROW_GROUP_SM_BYTES_PER_S
+    assert GS.estimate(t, 200, 4096, 4096, 2, h200, True) >= intake
+    assert GS._choose(200, 4096, 4096, 2, h200, False, True, True, True, True).describe() == t.describe()
+    assert GS._choose(256, 4096, 4096, 2, h200, False, True, True, True, True).block_m == 128
+    for name, scaled in (("splitk 128x64x128 w8 s4", True), ("splitk 128x128x64 w8 s6 split3", True),
+                         ("splitk 128x128x64 w8 s6", False), ("splitk 64x64x128 w4 s6", False)):
+        s = GS.Schedule.parse(name)
+        for m in (72, 128):
+            ratio = GS.estimate(s, m, 4096, 8192, 2, h200, True) / GS._estimate(s, m, 4096, 8192, 2, h200, True, True)
+            assert ratio == pytest.approx(h200.partial_row_cost if scaled and m < 128 else 1.0), (name, m)
+        assert GS.estimate(s, 72, 4096, 8192, 2, h100, True) == GS._estimate(s, 72, 4096, 8192, 2, h100, True, True)
 
 
 @pytest.mark.parametrize("machine,runs,want", [
