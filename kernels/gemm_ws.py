@@ -245,6 +245,7 @@ if HAVE_GLUON:
         BLOCK_K: gl.constexpr = p.a_desc.block_type.shape[1]
         BLOCK_N: gl.constexpr = p.c_desc.block_type.shape[1]
         ROWS: gl.constexpr = p.c_desc.block_type.shape[0]
+        STAGES: gl.constexpr = p.a_bufs.type.shape[0]
         # GLU: the gate and the up tile side by side, one wgmma of twice the width (columns
         # [0, BLOCK_N) the gate's, [BLOCK_N, 2 BLOCK_N) the up's)
         ACC_N: gl.constexpr = 2 * BLOCK_N if p.GLU else BLOCK_N
@@ -272,54 +273,63 @@ if HAVE_GLUON:
         it = 0
         for t in range(gl.program_id(0), NM * NN, gl.num_programs(0)):
             tm, tn = _tile_of(t, NM, NN, p.GROUP_M)
-            prev = 0
-            for kk in range(k_steps):
-                if p.N1 > 0:
-                    acc, acc1, s = _mma_step2(p, acc, acc1, it, kk, prev, ROLE, ROWS)
-                else:
-                    acc, s = _mma_step(p, acc, it, kk, prev, ROLE, ROWS)
-                if p.PEER_PUSH == 2:
+            if tm * BLOCK_M + ROLE * ROWS >= p.M:
+                # a half tile wholly past A's last row (M not a multiple of 128): its ring slots
+                # are waited for and freed, no wgmma, nothing stored (the other half does the tile)
+                for kk in range(k_steps):
+                    s = it % STAGES
+                    mbarrier.wait(p.ready.index(s), (it // STAGES) & 1)
+                    mbarrier.arrive(p.empty.index(s), count=1)
+                    it += 1
+            else:
+                prev = 0
+                for kk in range(k_steps):
+                    if p.N1 > 0:
+                        acc, acc1, s = _mma_step2(p, acc, acc1, it, kk, prev, ROLE, ROWS)
+                    else:
+                        acc, s = _mma_step(p, acc, it, kk, prev, ROLE, ROWS)
+                    if p.PEER_PUSH == 2:
+                        for j in gl.static_range(NCH):
+                            if (done > 0) & (kk == j * pace):
+                                tma.async_copy_shared_to_global(p.peer_desc, [prow, pcol + j * CH],
+                                                                c_smem.slice(j * CH, CH, dim=1))
+                    prev = s
+                    it += 1
+                if p.PEER_PUSH == 2:   # chunks the K loop was too short to reach
                     for j in gl.static_range(NCH):
-                        if (done > 0) & (kk == j * pace):
+                        if (done > 0) & (j * pace >= k_steps):
                             tma.async_copy_shared_to_global(p.peer_desc, [prow, pcol + j * CH],
                                                             c_smem.slice(j * CH, CH, dim=1))
-                prev = s
-                it += 1
-            if p.PEER_PUSH == 2:   # chunks the K loop was too short to reach
-                for j in gl.static_range(NCH):
-                    if (done > 0) & (j * pace >= k_steps):
-                        tma.async_copy_shared_to_global(p.peer_desc, [prow, pcol + j * CH],
-                                                        c_smem.slice(j * CH, CH, dim=1))
-            if p.N1 > 0:
-                acc, acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc1))
-            else:
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            mbarrier.arrive(p.empty.index(prev), count=1, pred=k_steps > 0)
-            row0 = tm * BLOCK_M + ROLE * ROWS
-            if p.GLU:
-                y = acc
-                if p.ROW_SCALE:   # (s a) @ b = s (a @ b): the factor on both halves
-                    rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, acc_layout))
-                    y = y * gl.load(p.scale + rows, mask=rows < p.M, other=0.0)[:, None]
-                # a thread holds the same columns of both halves: the split moves no data
-                g, u = y.reshape([ROWS, 2, BLOCK_N]).permute(0, 2, 1).split()
-                y = g / (1.0 + gl.exp(-g)) * u
-            else:
-                y = acc
-            # epilogue: the previous tile's store has had this whole K loop to drain
-            tma.store_wait(pendings=0)
-            c_smem.store(y.to(p.c_desc.dtype))
-            if p.N1 > 0:
-                c1_smem.store(acc1.to(p.c1_desc.dtype))
-            fence_async_shared()
-            tma.async_copy_shared_to_global(p.c_desc, [row0, tn * TILE_N], c_smem)
-            if p.N1 > 0:   # (TMA clips a box past N, wholly or in part)
-                tma.async_copy_shared_to_global(p.c1_desc, [row0, tn * TILE_N + BLOCK_N], c1_smem)
-            if p.PEER_PUSH == 1:   # the same tile into the peer's copy, from the same shared tile (asynchronous)
-                tma.async_copy_shared_to_global(p.peer_desc, [row0, tn * BLOCK_N], c_smem)
-            prow = row0
-            pcol = tn * BLOCK_N
-            done += 1
+                if p.N1 > 0:
+                    acc, acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc1))
+                else:
+                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                mbarrier.arrive(p.empty.index(prev), count=1, pred=k_steps > 0)
+                row0 = tm * BLOCK_M + ROLE * ROWS
+                if p.GLU:
+                    y = acc
+                    if p.ROW_SCALE:   # (s a) @ b = s (a @ b): the factor on both halves
+                        rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, acc_layout))
+                        y = y * gl.load(p.scale + rows, mask=rows < p.M, other=0.0)[:, None]
+                    # a thread holds the same columns of both halves: the split moves no data
+                    g, u = y.reshape([ROWS, 2, BLOCK_N]).permute(0, 2, 1).split()
+                    y = g / (1.0 + gl.exp(-g)) * u
+                else:
+                    y = acc
+                # epilogue: the previous tile's store has had this whole K loop to drain
+                tma.store_wait(pendings=0)
+                c_smem.store(y.to(p.c_desc.dtype))
+                if p.N1 > 0:
+                    c1_smem.store(acc1.to(p.c1_desc.dtype))
+                fence_async_shared()
+                tma.async_copy_shared_to_global(p.c_desc, [row0, tn * TILE_N], c_smem)
+                if p.N1 > 0:   # (TMA clips a box past N, wholly or in part)
+                    tma.async_copy_shared_to_global(p.c1_desc, [row0, tn * TILE_N + BLOCK_N], c1_smem)
+                if p.PEER_PUSH == 1:   # the same tile into the peer's copy, from the same shared tile (asynchronous)
+                    tma.async_copy_shared_to_global(p.peer_desc, [row0, tn * BLOCK_N], c_smem)
+                prow = row0
+                pcol = tn * BLOCK_N
+                done += 1
         if p.PEER_PUSH == 2:   # the last tile's copy
             for j in gl.static_range(NCH):
                 if done > 0:
