@@ -81,15 +81,16 @@ if HAVE_GLUON:
         B_KMAJOR: gl.constexpr    # B's boxes are (columns, K) boxes of an (N, K) weight
         A_LAST: gl.constexpr      # 0, or the rows of a1_desc's boxes (see _stage_a_rows)
         A_LAST2: gl.constexpr     # 0, or the rows of a2_desc's boxes
+        DEAD_HALF: gl.constexpr   # a half tile past M frees its slots without a wgmma
 
         @gluon.constexpr_function
         def __init__(self, a_desc, b_desc, c_desc, peer_desc, b1_desc, c1_desc, a1_desc, a2_desc, a_bufs, b_bufs,
                      b1_bufs, ready, empty, scale, M, N, K, GROUP_M, GLU, ROW_SCALE, PEER_PUSH, N1, B_KMAJOR, A_LAST,
-                     A_LAST2):
+                     A_LAST2, DEAD_HALF):
             self.a_desc, self.b_desc, self.c_desc, self.peer_desc = a_desc, b_desc, c_desc, peer_desc
             self.b1_desc, self.c1_desc, self.b1_bufs = b1_desc, c1_desc, b1_bufs
             self.a1_desc, self.a2_desc = a1_desc, a2_desc
-            self.A_LAST, self.A_LAST2 = gl.constexpr(A_LAST), gl.constexpr(A_LAST2)
+            self.A_LAST, self.A_LAST2, self.DEAD_HALF = gl.constexpr(A_LAST), gl.constexpr(A_LAST2), gl.constexpr(DEAD_HALF)
             self.PEER_PUSH, self.N1, self.B_KMAJOR = gl.constexpr(PEER_PUSH), gl.constexpr(N1), gl.constexpr(B_KMAJOR)
             self.a_bufs, self.b_bufs, self.ready, self.empty = a_bufs, b_bufs, ready, empty
             self.scale, self.M, self.N, self.K = scale, M, N, K
@@ -273,7 +274,7 @@ if HAVE_GLUON:
         it = 0
         for t in range(gl.program_id(0), NM * NN, gl.num_programs(0)):
             tm, tn = _tile_of(t, NM, NN, p.GROUP_M)
-            if tm * BLOCK_M + ROLE * ROWS >= p.M:
+            if p.DEAD_HALF & (tm * BLOCK_M + ROLE * ROWS >= p.M):
                 # a half tile wholly past A's last row (M not a multiple of 128): its ring slots
                 # are waited for and freed, no wgmma, nothing stored (the other half does the tile)
                 for kk in range(k_steps):
@@ -350,7 +351,7 @@ if HAVE_GLUON:
                        STAGES: gl.constexpr, GROUP_M: gl.constexpr, GLU: gl.constexpr, ROW_SCALE: gl.constexpr,
                        CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, PEER_PUSH: gl.constexpr = 0,
                        N1: gl.constexpr = 0, B_KMAJOR: gl.constexpr = True, A_LAST: gl.constexpr = 0,
-                       A_LAST2: gl.constexpr = 0):
+                       A_LAST2: gl.constexpr = 0, DEAD_HALF: gl.constexpr = True):
         """C (M, N) = A (M, K) @ B (K, N), or (GLU) silu(A @ B[:, :N]) * (A @ B[:, N:]); launched
         with num_warps=4 (the first consumer warpgroup) and at most one program per SM. PEER_PUSH
         (a probe of the fused GEMM + all-reduce's traffic, scripts/ws_push_probe.py): each tile is
@@ -366,7 +367,8 @@ if HAVE_GLUON:
         of 80; cuBLAS's own tiles there are 80 or 168 wide).
 
         A_LAST > 0 (the last tile row at most 3/4 full): that row's A boxes are ``a1_desc``'s, of
-        A_LAST rows, and (A_LAST2 > 0) ``a2_desc``'s of the next A_LAST2 (otherwise both unread)."""
+        A_LAST rows, and (A_LAST2 > 0) ``a2_desc``'s of the next A_LAST2 (otherwise both unread).
+        DEAD_HALF: a consumer whose half tile lies wholly past M frees its slots, no wgmma."""
         gl.static_assert(N1 == 0 or (not GLU and PEER_PUSH == 0), "N1 > 0 is for the plain GEMM")
         gl.static_assert(A_LAST == 0 or a1_desc.block_type.shape[0] == A_LAST, "a1_desc's boxes are A_LAST rows")
         gl.static_assert(A_LAST2 == 0 or a2_desc.block_type.shape[0] == A_LAST2, "a2_desc's boxes are A_LAST2 rows")
@@ -387,7 +389,8 @@ if HAVE_GLUON:
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=2)   # one arrive per consumer warpgroup
         p = WsArgs(a_desc, b_desc, c_desc, peer_desc, b1_desc, c1_desc, a1_desc, a2_desc, a_bufs, b_bufs, b1_bufs,
-                   ready, empty, scale, M, N, K, GROUP_M, GLU, ROW_SCALE, PEER_PUSH, N1, B_KMAJOR, A_LAST, A_LAST2)
+                   ready, empty, scale, M, N, K, GROUP_M, GLU, ROW_SCALE, PEER_PUSH, N1, B_KMAJOR, A_LAST, A_LAST2,
+                   DEAD_HALF)
         gl.warp_specialize([
             (_consumer_lo, (p,)),
             (_consumer_hi, (p,)),

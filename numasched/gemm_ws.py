@@ -229,6 +229,7 @@ class WsGemmPlan:
 
         # A's last tile row in boxes of its own rows (options.gemm_ws_last_box)
         self.a_last = last_box_rows(self.M, cfg.block_m) if options.current().gemm_ws_last_box else (0, 0)
+        self.dead_half = options.current().gemm_ws_dead_half
         tiles = -(-self.M // cfg.block_m) * -(-self.N // cfg.tile_n)
         sms = torch.cuda.get_device_properties(a.device).multi_processor_count
         self.num_programs = max(1, min(tiles, num_programs or sms))
@@ -304,8 +305,8 @@ class WsGemmPlan:
                                   dict(STAGES=cfg.stages, GROUP_M=cfg.group_m, GLU=cfg.glu, ROW_SCALE=self.row_scale,
                                        CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=cfg.loader_regs,
                                        PEER_PUSH=self.peer_mode, N1=cfg.block_n1, B_KMAJOR=self.b_kmajor,
-                                       A_LAST=self.a_last[0], A_LAST2=self.a_last[1], num_warps=4,
-                                       maxnreg=cfg.maxnreg), device=a.device)
+                                       A_LAST=self.a_last[0], A_LAST2=self.a_last[1],
+                                       DEAD_HALF=self.dead_half, num_warps=4, maxnreg=cfg.maxnreg), device=a.device)
             self._fulls = {}
         run = self._launch
         scale = row_scale if row_scale is not None else out

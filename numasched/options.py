@@ -37,6 +37,7 @@ numasched is imported (they are not read per call):
     NUMASCHED_GEMM_ALIGN_A=0|1  gemm_align_a -> False / True (unset: where gemm_schedule.align_a_pays)
     NUMASCHED_GEMM_SPLITK_OPERANDS gemm_splitk_operands ("auto", "tma", "b_tma", "b_tma_last", "pointer")
     NUMASCHED_GEMM_WS_LAST_BOX=0 gemm_ws_last_box -> False
+    NUMASCHED_GEMM_WS_DEAD_HALF=0 gemm_ws_dead_half -> False
 """
 from __future__ import annotations
 
@@ -191,6 +192,9 @@ class Options:
             of A, where it is at most half full, in boxes of that row's rows (rounded up to a
             power of two, at least 16: gemm_ws.last_box_rows) instead of 128-row boxes running
             past A's last row (False: 128-row boxes).
+        gemm_ws_dead_half: in the warp-specialised GEMM's data-parallel form a consumer
+            warpgroup whose 64 rows of a tile lie wholly past M frees its ring slots without a
+            wgmma (False: it multiplies the slot's stale rows, never stored).
     """
 
     autotune: bool = True
@@ -221,11 +225,12 @@ class Options:
     gemm_align_a: Optional[bool] = None
     gemm_splitk_operands: str = "auto"
     gemm_ws_last_box: bool = True
+    gemm_ws_dead_half: bool = True
 
     def __post_init__(self):
         for f in ("autotune", "check_data", "gemm_flatten", "gemm_splitk_tma", "gemm_streamk_k_aligned",
                   "gemm_tail_split", "gemm_ws", "pdl", "pdl_prefetch", "arn_one_row", "decode_tma",
-                  "gemm_ws_last_box"):
+                  "gemm_ws_last_box", "gemm_ws_dead_half"):
             if not isinstance(getattr(self, f), bool):
                 raise TypeError(f"Options.{f} must be a bool, got {getattr(self, f)!r}")
         if isinstance(self.pdl_trigger, bool):  # the former bool form
@@ -335,7 +340,8 @@ def from_env(environ=None) -> Options:
                    fused_tma_push=tri["NUMASCHED_FUSED_TMA_PUSH"], glu_ws=tri["NUMASCHED_GLU_WS"],
                    fused_ws=tri["NUMASCHED_FUSED_WS"], gemm_align_a=tri["NUMASCHED_GEMM_ALIGN_A"],
                    gemm_splitk_operands=env.get("NUMASCHED_GEMM_SPLITK_OPERANDS", "auto").strip() or "auto",
-                   gemm_ws_last_box=flag("NUMASCHED_GEMM_WS_LAST_BOX", True))
+                   gemm_ws_last_box=flag("NUMASCHED_GEMM_WS_LAST_BOX", True),
+                   gemm_ws_dead_half=flag("NUMASCHED_GEMM_WS_DEAD_HALF", True))
 
 
 _CURRENT = from_env()
