@@ -9,7 +9,8 @@ warps of a program split the work three ways, and they talk through mbarriers on
 * a **loader** warp walks the program's tiles and K steps and issues the TMA loads of A and B
   into a ring of STAGES shared-memory slots. It waits for a slot to be freed (``empty``), then
   arms its ``ready`` barrier with the bytes to expect;
-* two **consumer** warpgroups each own half of the tile's rows (64 x BLOCK_N). They wait for
+* two **consumer** warpgroups each own half of the tile's rows (64 x BLOCK_N; tiles of 64 rows
+  have one). They wait for
   ``ready``, issue an asynchronous wgmma and keep one in flight. After ``wait(1)`` the previous
   slot's wgmma is done, and each warpgroup releases that slot with one arrive (``empty`` counts two);
 * the epilogue runs in each consumer: fp32 -> output dtype, into its own shared tile, then a TMA
@@ -368,7 +369,11 @@ if HAVE_GLUON:
 
         A_LAST > 0 (the last tile row at most 3/4 full): that row's A boxes are ``a1_desc``'s, of
         A_LAST rows, and (A_LAST2 > 0) ``a2_desc``'s of the next A_LAST2 (otherwise both unread).
-        DEAD_HALF: a consumer whose half tile lies wholly past M frees its slots, no wgmma."""
+        DEAD_HALF: a consumer whose half tile lies wholly past M frees its slots, no wgmma.
+
+        A's boxes of 64 rows (C's are always 64): tiles of 64 rows, one consumer warpgroup and the
+        loader; a wave of them reads each W tile once per 64 rows of M instead of once per 128,
+        but with half the rows a tile there are twice the tiles to fill the SMs at 65-128 rows."""
         gl.static_assert(N1 == 0 or (not GLU and PEER_PUSH == 0), "N1 > 0 is for the plain GEMM")
         gl.static_assert(A_LAST == 0 or a1_desc.block_type.shape[0] == A_LAST, "a1_desc's boxes are A_LAST rows")
         gl.static_assert(A_LAST2 == 0 or a2_desc.block_type.shape[0] == A_LAST2, "a2_desc's boxes are A_LAST2 rows")
@@ -385,17 +390,26 @@ if HAVE_GLUON:
             b1_bufs = b_bufs
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        # two consumer warpgroups of 64 rows each (128-row tiles), or one (64-row tiles)
+        CONSUMERS: gl.constexpr = a_desc.block_type.shape[0] // c_desc.block_type.shape[0]
+        gl.static_assert(CONSUMERS == 1 or CONSUMERS == 2, "tiles of 64 or 128 rows (C's boxes: 64)")
         for i in gl.static_range(STAGES):
             mbarrier.init(ready.index(i), count=1)
-            mbarrier.init(empty.index(i), count=2)   # one arrive per consumer warpgroup
+            mbarrier.init(empty.index(i), count=CONSUMERS)   # one arrive per consumer warpgroup
         p = WsArgs(a_desc, b_desc, c_desc, peer_desc, b1_desc, c1_desc, a1_desc, a2_desc, a_bufs, b_bufs, b1_bufs,
                    ready, empty, scale, M, N, K, GROUP_M, GLU, ROW_SCALE, PEER_PUSH, N1, B_KMAJOR, A_LAST, A_LAST2,
                    DEAD_HALF)
-        gl.warp_specialize([
-            (_consumer_lo, (p,)),
-            (_consumer_hi, (p,)),
-            (_loader, (p,)),
-        ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+        if CONSUMERS == 2:
+            gl.warp_specialize([
+                (_consumer_lo, (p,)),
+                (_consumer_hi, (p,)),
+                (_loader, (p,)),
+            ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+        else:
+            gl.warp_specialize([
+                (_consumer_lo, (p,)),
+                (_loader, (p,)),
+            ], [1], [LOADER_REGS])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -22,12 +22,15 @@ __all__ = ["WsConfig", "WsGemmPlan", "supported", "descriptor_type", "host_descr
            "merge_bands", "last_box_rows"]
 
 
+CONSUMER_ROWS = 64   # a consumer warpgroup's rows of a tile (wgmma's M), C's boxes
+
+
 @dataclass(frozen=True)
 class WsConfig:
     block_n: int = 256
     stages: int = 3
     group_m: int = 8
-    block_m: int = 128   # two consumer warpgroups of 64 rows
+    block_m: int = 128   # two consumer warpgroups of 64 rows (64: one, the plain data-parallel form only)
     block_k: int = 64
     consumer_regs: int = 232
     loader_regs: int = 40
@@ -74,21 +77,24 @@ def split_config(block_n: int, split: int, smem: int = 200 * 1024) -> WsConfig:
                     sk_split=max(2, split))
 
 
-def wide_config(tile_n: int, smem: int = 227 * 1024) -> WsConfig:
-    """The data-parallel config of tiles ``tile_n`` columns wide (a multiple of 16 from 80 to 256):
-    a power-of-two box, then a second of the rest, power of two too (80 = 64 + 16, 96 = 64 + 32,
-    160 = 128 + 32, 192 = 128 + 64), and as many stages (3-6) as fit in ``smem`` bytes."""
+def wide_config(tile_n: int, smem: int = 227 * 1024, block_m: int = 128) -> WsConfig:
+    """The data-parallel config of tiles ``block_m`` (128, or 64: one consumer warpgroup) x
+    ``tile_n`` columns (a multiple of 16 from 80 to 256: a power-of-two box, then a second of the
+    rest, power of two too: 80 = 64 + 16, 96 = 64 + 32, 160 = 128 + 32, 192 = 128 + 64; or a power
+    of two from 128), and as many stages (3-6; 64-row tiles 3-8) as fit in ``smem`` bytes."""
     if tile_n % 16 or not 80 <= tile_n <= 256:   # (64: one box as wide as BLOCK_K, its orientation ambiguous)
         raise ValueError(f"tile_n must be a multiple of 16 from 80 to 256, got {tile_n}")
+    if block_m not in (64, 128):
+        raise ValueError(f"block_m must be 64 or 128, got {block_m}")
     n0 = 1 << (tile_n.bit_length() - 1)
     n1 = tile_n - n0
     if n1 & (n1 - 1):
         raise ValueError(f"tile_n={tile_n} is not two power-of-two boxes ({n0} + {n1})")
-    for stages in range(6, 3, -1):
-        cfg = WsConfig(block_n=n0, block_n1=n1, stages=stages)
+    for stages in range(6 if block_m == 128 else 8, 3, -1):
+        cfg = WsConfig(block_n=n0, block_n1=n1, stages=stages, block_m=block_m)
         if cfg.smem_bytes() <= smem:
             return cfg
-    return WsConfig(block_n=n0, block_n1=n1, stages=3)
+    return WsConfig(block_n=n0, block_n1=n1, stages=3, block_m=block_m)
 
 
 DEFAULT_CONFIG = WsConfig()
@@ -215,6 +221,8 @@ class WsGemmPlan:
         self.config = config
         self.b_kmajor = not _tma_ok(b)   # b = w.t() of an (N, K) weight
         cfg = config
+        if cfg.block_m not in (64, 128) or (cfg.block_m == 64 and (cfg.glu or cfg.streamk or peer_out_ptr is not None)):
+            raise ValueError(f"config.block_m must be 128, or 64 for the plain data-parallel GEMM, got {cfg.block_m}")
         if cfg.block_n1:
             if cfg.block_n1 & (cfg.block_n1 - 1) or not 16 <= cfg.block_n1 <= cfg.block_n:
                 raise ValueError(f"config.block_n1 must be a power of two from 16 to block_n={cfg.block_n}, "
@@ -323,7 +331,7 @@ class WsGemmPlan:
         desc = descriptor_maker(run)
         a_d, b_d, c_d = self._descriptors(desc, a, b, out)
         peer = c_d if self.peer is None else desc(DeviceAddress(self.peer, out.dtype), out.shape, out.stride(),
-                                                  [cfg.block_m // 2, 64 if self.peer_mode == 2 else cfg.block_n])
+                                                  [CONSUMER_ROWS, 64 if self.peer_mode == 2 else cfg.block_n])
         b1_d, c1_d = self._descriptors(desc, a, b, out, cfg.block_n1)[1:] if cfg.block_n1 else (b_d, c_d)
         args = (a_d, b_d, c_d, peer, b1_d, c1_d, *self._last_boxes(desc, a, a_d),
                 scale.data_ptr() if fkey is not None else scale, self.M, self.N, self.K)
@@ -338,14 +346,14 @@ class WsGemmPlan:
 
     def _descriptors(self, desc, a, b, out, cols: Optional[int] = None):
         """A's (BLOCK_M, BLOCK_K) boxes, B's of ``cols`` (block_n) columns in the plan's
-        orientation, out's half-tile boxes of as many columns."""
+        orientation, out's boxes of a consumer's 64 rows and as many columns."""
         cfg = self.config
         cols = cols or cfg.block_n
         bt = b.t()
         return (desc(a, a.shape, a.stride(), [cfg.block_m, cfg.block_k]),
                 desc(bt, bt.shape, bt.stride(), [cols, cfg.block_k]) if self.b_kmajor
                 else desc(b, b.shape, b.stride(), [cfg.block_k, cols]),
-                desc(out, out.shape, out.stride(), [cfg.block_m // 2, cols]))
+                desc(out, out.shape, out.stride(), [CONSUMER_ROWS, cols]))
 
     def _last_boxes(self, desc, a, a_d):
         """A's descriptors of the last tile row's boxes (A_LAST, A_LAST2 rows), A's own where unused."""

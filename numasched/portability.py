@@ -440,22 +440,22 @@ def _gemm_ws_streamk(b_kmajor: bool = True, merge: int = 0, split: int = 0, a_la
 
 
 def _gemm_ws(block_n: int = 256, stages: int = 3, b_kmajor: bool = True, glu: bool = False, row_scale=False,
-             peer_push: int = 0, tile_n: int = 0, a_last=(0, 0)):
+             peer_push: int = 0, tile_n: int = 0, a_last=(0, 0), block_m: int = 128):
     def build(vendor):
         from numasched.gemm_ws import WsConfig, descriptor_type, wide_config
 
         from numasched.kernels.gemm_ws import gemm_ws_kernel
 
-        cfg = wide_config(tile_n) if tile_n else WsConfig(block_n=block_n, stages=stages, glu=glu)
+        cfg = wide_config(tile_n, block_m=block_m) if tile_n else WsConfig(block_n=block_n, stages=stages, glu=glu)
         box = lambda n: [n, cfg.block_k] if b_kmajor else [cfg.block_k, n]  # noqa: E731
         b_block = box(cfg.block_n)
         n1 = cfg.block_n1 or cfg.block_n
         values = dict(a_desc=descriptor_type("bf16", [cfg.block_m, cfg.block_k]),
                       b_desc=descriptor_type("bf16", b_block),
-                      c_desc=descriptor_type("bf16", [cfg.block_m // 2, cfg.block_n]),
-                      peer_desc=descriptor_type("bf16", [cfg.block_m // 2, 64 if peer_push == 2 else cfg.block_n]),
+                      c_desc=descriptor_type("bf16", [64, cfg.block_n]),
+                      peer_desc=descriptor_type("bf16", [64, 64 if peer_push == 2 else cfg.block_n]),
                       b1_desc=descriptor_type("bf16", box(n1)),
-                      c1_desc=descriptor_type("bf16", [cfg.block_m // 2, n1]),
+                      c1_desc=descriptor_type("bf16", [64, n1]),
                       a1_desc=descriptor_type("bf16", [a_last[0] or cfg.block_m, cfg.block_k]),
                       a2_desc=descriptor_type("bf16", [a_last[1] or a_last[0] or cfg.block_m, cfg.block_k]),
                       scale="*fp32", M=8192, N=8192, K=8192, STAGES=cfg.stages, GROUP_M=cfg.group_m,
@@ -788,6 +788,10 @@ VARIANTS: List[Variant] = [
             note="stream-K whose fix-up every contributor shares (a band of rows each, after its range)"),
     Variant("gemm_ws", "bf16-128x256-s3-split3", _gemm_ws_streamk(merge=1, split=3), off={"amd": _GLUON_OFF},
             note="split-K in three K parts in lockstep, the banded merge"),
+    Variant("gemm_ws", "bf16-64x80-wide", _gemm_ws(tile_n=80, block_m=64), off={"amd": _GLUON_OFF},
+            note="tiles of 64 x 80 (64 + 16 boxes): one consumer warpgroup and the loader"),
+    Variant("gemm_ws", "bf16-64x128-last-box", _gemm_ws(tile_n=128, block_m=64, a_last=(32, 16)),
+            off={"amd": _GLUON_OFF}, note="tiles of 64 x 128, the last tile row's A in boxes of 32 + 16 rows"),
     Variant("gemm_ws", "bf16-128x160-wide-last-box", _gemm_ws(tile_n=160, a_last=(16, 0)), off={"amd": _GLUON_OFF},
             note="the last tile row's A in boxes of 16 rows (M not a multiple of 128: no box past A's end)"),
     Variant("gemm_ws", "bf16-glu-128x128-s4-last-box", _gemm_ws(128, 4, glu=True, a_last=(32, 0)), off={"amd": _GLUON_OFF},

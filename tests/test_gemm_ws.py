@@ -28,7 +28,8 @@ for v in ("bf16-128x256-s3", "bf16-128x128-s5-b-rowmajor", "bf16-glu-128x128-s4-
     r = P.compile_variant("gemm_ws", v, "sm90", keep_asm=True)
     r["ptx"] = "\n".join(" ".join(l.split()) for l in r.pop("asm", {}).get("ptx", "").splitlines())
     rows[v] = r
-for v in ("bf16-128x160-wide-last-box", "bf16-glu-128x128-s4-last-box", "bf16-128x128-split2-last-box"):
+for v in ("bf16-128x160-wide-last-box", "bf16-glu-128x128-s4-last-box", "bf16-128x128-split2-last-box",
+          "bf16-64x80-wide", "bf16-64x128-last-box"):
     r = P.compile_variant("gemm_ws", v, "sm90", keep_asm=True)
     r["ptx"] = "\n".join(" ".join(l.split()) for l in r.pop("asm", {}).get("ptx", "").splitlines())
     rows["last:" + v] = r
@@ -161,6 +162,17 @@ def test_wide_config_cuts_a_tile_into_two_power_of_two_boxes(tile_n):
     assert cfg.stages == 6 or WsConfig(block_n=n0, block_n1=cfg.block_n1, stages=cfg.stages + 1).smem_bytes() > 227 * 1024
 
 
+def test_wide_config_of_64_row_tiles():
+    """64-row tiles (one consumer warpgroup): deeper rings in the same shared memory; only the
+    plain data-parallel form takes them."""
+    for tile_n in (80, 96, 128, 160, 192, 256):
+        c64, c128 = wide_config(tile_n, block_m=64), wide_config(tile_n)
+        assert c64.block_m == 64 and c64.tile_n == tile_n and c64.stages >= c128.stages
+        assert c64.smem_bytes() <= 227 * 1024
+    with pytest.raises(ValueError, match="block_m"):
+        wide_config(80, block_m=32)
+
+
 def test_wide_config_errors_name_the_field():
     for bad in (48, 72, 272):
         with pytest.raises(ValueError, match="tile_n"):
@@ -208,13 +220,15 @@ def test_matches_float64(M, N, K, cfg, b_weight, dtype):
 @pytest.mark.gpu
 @pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("b_weight", [True, False])
-@pytest.mark.parametrize("tile_n", [80, 96, 144, 160, 192])
-@pytest.mark.parametrize("M,N,K", [(97, 520, 1000), (300, 2560, 4096), (1031, 1000, 3000), (128, 8, 64)])
-def test_wide_tiles_match_float64(M, N, K, tile_n, b_weight):
-    """Two-box tiles: N cut at tile_n (the second box partly or wholly past N at the edge)."""
+@pytest.mark.parametrize("block_m", [128, 64])
+@pytest.mark.parametrize("tile_n", [80, 96, 128, 144, 160, 192])
+@pytest.mark.parametrize("M,N,K", [(97, 520, 1000), (300, 2560, 4096), (1031, 1000, 3000), (128, 8, 64), (40, 700, 600)])
+def test_wide_tiles_match_float64(M, N, K, tile_n, block_m, b_weight):
+    """Two-box tiles: N cut at tile_n (the second box partly or wholly past N at the edge); tiles
+    of 128 rows (two consumer warpgroups) or 64 (one)."""
     for dtype in (torch.bfloat16, torch.float16):
         a, b, out, ref = _operands(M, N, K, dtype, b_weight)
-        plan = WsGemmPlan(a, b, out, config=wide_config(tile_n))
+        plan = WsGemmPlan(a, b, out, config=wide_config(tile_n, block_m=block_m))
         plan.run(a, b, out)
         assert _rel(out, ref) < 1e-2, dtype
         for _ in range(2):   # again, through the C launcher, then its cached argument list
@@ -540,6 +554,20 @@ def test_last_box_compiles_with_both_a_loads(compiled):
             assert loads == compiled[plain]["ptx"].count(tma) + 1, (v, loads)
         else:
             assert loads >= 4, (v, loads)   # A's three descriptors (64 + 16 rows) and B's
+
+
+def test_64_row_tiles_compile_with_one_consumer(compiled):
+    """Tiles of 64 rows: one consumer warpgroup beside the loader (one register raise for it, no
+    second K loop), no spills, its wgmma 64 rows by each box's columns."""
+    for v, boxes in (("bf16-64x80-wide", (64, 16)), ("bf16-64x128-last-box", (128,))):
+        r = compiled["last:" + v]
+        assert r["ok"] and r["spill_bytes"] == 0 and r["fits"], (v, r.get("error"))
+        ptx = r["ptx"]
+        assert "setmaxnreg.dec.sync.aligned.u32 40;" in ptx, v
+        assert "setmaxnreg.dec.sync.aligned.u32 232;" not in ptx, v     # no second consumer's share
+        assert len(list(_k_loop_windows(ptx, 2 if len(boxes) == 2 else 1))) == 1, v
+        for n in boxes:
+            assert f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16" in ptx, (v, n)
 
 
 @pytest.mark.gpu
