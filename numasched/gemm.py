@@ -340,8 +340,9 @@ class GemmPlan(Plan):
                 if schedule is not None and schedule.kind == "ws" and not ws_ok:   # a table's WS entry it cannot take
                     schedule = choose(table=None)
         if schedule is not None and schedule.kind == "ws":
-            if (schedule.block_m, schedule.block_k) != (128, 64) or schedule.split_k < 1:
-                why = "its tiles are 128 rows by block_n columns with K steps of 64"
+            if (schedule.block_m not in (64, 128) or schedule.block_k != 64 or schedule.split_k < 1
+                    or (schedule.block_m == 64 and schedule.split_k > 1)):
+                why = "its tiles are 128 rows (or 64, unsplit) by block_n columns with K steps of 64"
             elif schedule.split_k > 1 and schedule.block_n not in _sched.WS_SPLIT_NS:
                 why = f"its split-K form takes tiles of {' / '.join(map(str, _sched.WS_SPLIT_NS))} columns"
             elif split_k is not None or explicit_tiled:
