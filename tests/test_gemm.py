@@ -1628,7 +1628,9 @@ def test_ws_schedule_refused_where_the_kernel_cannot_run(device):
         numasched.plan_matmul(a, w.T, schedule=ws, mapping="grouped")
     # the schedule's fields and the call's tiling arguments it cannot honour are refused, not dropped
     with pytest.raises(ValueError, match="128 rows"):
-        numasched.plan_matmul(a, w.T, schedule=Schedule.parse("ws 64x160x64 w4 s4 persistent"))
+        numasched.plan_matmul(a, w.T, schedule=Schedule.parse("ws 32x160x64 w4 s4 persistent"))
+    with pytest.raises(ValueError, match="or 64, unsplit"):
+        numasched.plan_matmul(a, w.T, schedule=Schedule.parse("ws 64x128x64 w4 s4 split2 persistent"))
     with pytest.raises(ValueError, match="split-K form takes tiles of 64 / 128 / 256 columns"):
         numasched.plan_matmul(a, w.T, schedule=Schedule.parse("ws 128x160x64 w4 s4 split2 persistent"))
     with pytest.raises(ValueError, match="no split_k"):
