@@ -64,6 +64,7 @@ class Machine:
     reduce_sync_s: float = 2.0e-6  # split-K: the ticket and the last program's merge
     splitk_partial_cost: float = 1.0   # split-K's fp32 partials cost this many times their bytes through L2
     partial_row_cost: float = 1.0      # 128-row split-K tiles under 128 rows (cut in K or narrow): x the model's time
+    ws64: bool = False                 # the WS kernel's 64-row tiles weighed (WS64_*: timed on this GPU)
 
     @staticmethod
     def of(device: Optional[torch.device] = None) -> "Machine":
@@ -83,7 +84,7 @@ _KNOWN = {
     # or 64 columns wide (geomean of 462 timings, 0.96-1.67; bench/results/gemm-s38/: ragged*,
     # pairs*, off-final-*; gemm-s39/: mid-*, sp1/), 1.01x unsplit 128 x 128 (100 timings), where
     # the WS split-K form with A's short last boxes ran 0.97x its own (gemm-s39/sp1/).
-    "h200": Machine("H200", 132, 227 * 1024, 4.3e12, 7.9e14, 1.2e13, partial_row_cost=1.2),
+    "h200": Machine("H200", 132, 227 * 1024, 4.3e12, 7.9e14, 1.2e13, partial_row_cost=1.2, ws64=True),
     # the H100's split-K merge refit to a sweep of 21 schedules at each of 33 points of M = 64-256
     # (bench/results/gemm-ws-s30/sweep-h100/): its fp32 partials at 1.5x their L2 bytes and 5 us of
     # sync took the pick's time over the best timed from 0.938 to 0.975 (geomean), within 5 % at
@@ -230,6 +231,16 @@ WS_SPLIT_PARTIAL_L2, WS_SPLIT_SYNC_S = 0.10, 2.4e-6
 # Triton model's estimates ran 0.93-1.67x their measured times at those 8 shapes (the split form's
 # 0.92-1.09x), so a small modelled lead was no lead (128 x 4096 x 4096: 22.0 against 19.0 us)
 WS_SPLIT_MARGIN = 0.95
+# The WS kernel's tiles of 64 rows (one consumer warpgroup, gemm_ws.wide_config(block_m=64)),
+# weighed from WS64_MIN_ROWS to WS64_MAX_ROWS rows (two to four tile rows) where K is at least
+# WS_FILL_MIN_K, by the WS model above. Timed on the H200 beside the Triton picks at 64-128 rows of
+# the 11 projections and 26 shapes off the grid (bench/results/gemm-s39/ws64-*): the best width ran
+# 0.85-0.94x the Triton pick's time at 72-128 x 5120 x 5120, 6144 x 4096, 5120 x 12800 and 140-200
+# rows, e.g. 128 x 5120 x 12800 41.4 us against 47.7 (cuBLAS 43.5), but 1.1-1.3x at 64 rows (one
+# tile row: half the SMs) and at 8192 x 2048 (32 K steps). Taken by the model there (pick / best
+# timed 1.037 -> 1.024 at those 70 points, within 3 % at 37 -> 48). Not timed on an H100: weighed
+# only where Machine.ws64 (the H200).
+WS64_MIN_ROWS, WS64_MAX_ROWS = 65, 256
 # At 112-128 rows, two 64-row split-K tiles per tile column, unsplit, every unit on its own SM in
 # one wave (two row tiles times the columns at most the SMs): the two tiles of a column run at
 # once and read the same W tile, which comes from HBM once and from L2 for the other; priced as
@@ -427,7 +438,8 @@ def candidates(M: int, N: int, K: int, elt: int, machine: Machine, *, splitk_onl
     """The schedules the chooser weighs for this shape (estimates not filled in); ``tail``
     (options.gemm_tail_split): also the split-K schedules that split only the last wave's tiles;
     ``ws`` (the operands fit the warp-specialised kernel, options.gemm_ws): from WS_MIN_ROWS rows
-    and WS_MIN_S of modelled time its widths instead of the Triton schedules."""
+    and WS_MIN_S of modelled time its widths instead of the Triton schedules; below, its widths
+    (WS_FILL_MIN_ROWS), 64-row tiles (WS64_*) and split-K form (WS_SPLIT_*) beside them."""
     from .kernels import gemm_splitk as KS
 
     if ws and elt == 2 and (M >= WS_MIN_ROWS or (M >= WS_FILL_MIN_ROWS and K >= WS_FILL_MIN_K)):
@@ -443,6 +455,10 @@ def candidates(M: int, N: int, K: int, elt: int, machine: Machine, *, splitk_onl
         out = wide if t >= WS_MIN_S and fills else []
     else:
         out = []
+    if ws and elt == 2 and machine.ws64 and WS64_MIN_ROWS <= M <= WS64_MAX_ROWS and K >= WS_FILL_MIN_K:
+        from .gemm_ws import wide_config
+
+        out = out + [Schedule("ws", 64, n, 64, 1, 4, wide_config(n, block_m=64).stages, True) for n in WS_TILE_NS]
     if ws and WS_SPLIT_MIN_ROWS <= M <= WS_SPLIT_MAX_ROWS and elt == 2:
         from .gemm_ws import split_config
 

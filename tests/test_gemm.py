@@ -1324,15 +1324,15 @@ def test_chooser_takes_the_ws_widths_from_512_rows():
     # under WS_MIN_ROWS: from WS_FILL_MIN_ROWS (129: two tile rows, the last one's A in short boxes,
     # gemm_ws.last_box_rows) where the model's width fills the SMs and K is long enough, beside
     # the Triton schedules; else only the split-K form, at 65-128 rows (tested below)
-    def kinds(m, n, k):
-        return {s.kind for s in GS.candidates(m, n, k, 2, h100, ws=True) if s.split_k == 1}
+    def kinds(m, n, k):   # (the 128-row tiles; the 64-row WS tiles: test_chooser_weighs_64_row_ws_tiles)
+        return {s.kind for s in GS.candidates(m, n, k, 2, h100, ws=True) if s.split_k == 1 and s.block_m >= 128}
 
     assert {"ws", "splitk"} <= kinds(256, 5120, 5120)     # 128 tiles of 80
     assert "ws" not in kinds(256, 2560, 8192)             # 64 tiles
     assert "ws" not in kinds(256, 8192, 2048)             # 32 K steps
     assert {"ws", "splitk"} <= kinds(140, 5120, 5120)
     assert "ws" not in kinds(128, 5120, 5120)
-    assert all(s.split_k > 1 for s in GS.candidates(128, 5120, 5120, 2, h100, ws=True) if s.kind == "ws")
+    assert all(s.split_k > 1 for s in GS.candidates(128, 5120, 5120, 2, h100, ws=True) if s.kind == "ws" and s.block_m == 128)
     assert not any(s.kind == "ws" for s in GS.candidates(4096, 5120, 5120, 2, h100, ws=False))
     wide = GS.candidates(512, 5120, 5120, 2, h100, ws=True)
     assert {s.block_n for s in wide} == set(GS.WS_TILE_NS) and all(s.kind == "ws" for s in wide)
@@ -1374,13 +1374,14 @@ def test_chooser_weighs_the_ws_split_form_from_65_to_128_rows():
 
     h100 = GS._KNOWN["h100"]
     for m in (GS.WS_SPLIT_MIN_ROWS, 100, GS.WS_SPLIT_MAX_ROWS):
-        split = [s for s in GS.candidates(m, 5120, 12800, 2, h100, ws=True) if s.kind == "ws"]
+        split = [s for s in GS.candidates(m, 5120, 12800, 2, h100, ws=True) if s.kind == "ws" and s.block_m == 128]
         assert split and all(s.split_k > 1 and s.block_n in GS.WS_SPLIT_NS for s in split), m
         for s in split:
             tiles = -(-m // 128) * -(-5120 // s.block_n)
             assert tiles * s.split_k <= h100.sms and s.split_k <= 12800 // 64 // 2
             assert GS.Schedule.parse(s.describe()) == s
     assert not any(s.kind == "ws" for s in GS.candidates(GS.WS_SPLIT_MIN_ROWS - 1, 5120, 12800, 2, h100, ws=True))
+    assert GS.WS_SPLIT_MIN_ROWS - 1 < GS.WS64_MIN_ROWS
     # (from 129 rows the data-parallel widths, not the split form: WS_FILL_MIN_ROWS)
     for m in (GS.WS_SPLIT_MAX_ROWS + 1, 255, 256):
         ws = [s for s in GS.candidates(m, 5120, 12800, 2, h100, ws=True) if s.kind == "ws"]
@@ -1414,6 +1415,36 @@ def test_chooser_weighs_the_ws_split_form_from_65_to_128_rows():
     assert GS._choose(128, 4096, 4096, 2, h100, False, True, True, True, True).kind != "ws"
 
 
+def test_chooser_weighs_64_row_ws_tiles():
+    """gemm_schedule.WS64_*: the WS kernel's 64-row tiles are weighed from 65 to 256 rows where K is
+    at least WS_FILL_MIN_K (every width of WS_TILE_NS, unsplit, names that parse back), nowhere
+    else; the model takes them at 128 x 5120 x 12800 and 96 x 5120 x 5120 (41.4 us against 47.7
+    and 19.1 against 21.5 for the Triton picks on an H200, bench/results/gemm-s39/ws64-grid/), not
+    at 64 rows (one tile row) or 128 x 8192 x 2048 (32 K steps); only on a GPU where they were
+    timed (Machine.ws64: the H200)."""
+    from numasched import gemm_schedule as GS
+
+    h200 = GS._KNOWN["h200"]
+
+    def ws64(m, n, k, machine=h200):
+        return [s for s in GS.candidates(m, n, k, 2, machine, ws=True) if s.kind == "ws" and s.block_m == 64]
+
+    def ws64_on(machine):
+        return ws64(128, 5120, 5120, machine)
+
+    for m in (GS.WS64_MIN_ROWS, 128, 200, GS.WS64_MAX_ROWS):
+        c = ws64(m, 5120, 5120)
+        assert {s.block_n for s in c} == set(GS.WS_TILE_NS) and all(s.split_k == 1 for s in c), m
+        assert all(GS.Schedule.parse(s.describe()) == s for s in c)
+    for m, n, k in ((64, 5120, 5120), (257, 5120, 5120), (128, 8192, 2048)):
+        assert not ws64(m, n, k), (m, n, k)
+    assert not [s for s in GS.candidates(128, 5120, 5120, 2, h200, ws=False) if s.kind == "ws"]
+    assert not ws64_on(GS._KNOWN["h100"])   # not timed there
+    for m, n, k in ((128, 5120, 12800), (96, 5120, 5120)):
+        assert GS._choose(m, n, k, 2, h200, False, True, True, True, True).block_m == 64, (m, n, k)
+    assert GS._choose(64, 5120, 5120, 2, h200, False, True, True, True, True).kind == "splitk"
+
+
 def test_row_pairs_share_w_only_unsplit_in_one_wave_on_sector_rows():
     """gemm_schedule.row_pair_shares_w: the two 64-row split-K tiles of a column at 65-128 rows
     (under 112 only where W's rows are at most 14336 bytes), unsplit, every unit on its own SM,
@@ -1438,7 +1469,8 @@ def test_row_pairs_share_w_only_unsplit_in_one_wave_on_sector_rows():
     assert not GS.row_pair_shares_w(GS.Schedule.parse("splitk 128x64x128 w8 s4"), 256, 4096, 128, 2, h200)
     assert GS._choose(128, 4096, 4096, 2, h200, False, True, True, True, True).describe() == pair.describe()
     assert GS._choose(72, 4096, 4096, 2, h200, False, True, True, True, True).block_m == 64
-    assert GS._choose(72, 4096, 14336, 2, h200, False, True, True, True, True).block_m == 128
+    pick = GS._choose(72, 4096, 14336, 2, h200, False, True, True, True, True)
+    assert not GS.row_pair_shares_w(pick, 72, 14336, 2 * -(-4096 // pick.block_n), 2, h200), pick
     assert GS._choose(128, 7000, 5000, 2, h200, False, True, True, True, True).block_m == 128
     assert GS.estimate(pair, 128, 4096, 4096, 2, h200, True) < 0.8 * GS.estimate(pair, 128, 4096, 4104, 2, h200, True)
 
@@ -1462,8 +1494,9 @@ def test_row_groups_past_128_rows_and_the_partial_row_cost():
     assert GS.row_group_share(t, 257, 4096, 160, 2, h200) == 1          # five, past one wave
     intake = (64 + 128) * 4096 * 2 / GS.ROW_GROUP_SM_BYTES_PER_S
     assert GS.estimate(t, 200, 4096, 4096, 2, h200, True) >= intake
-    assert GS._choose(200, 4096, 4096, 2, h200, False, True, True, True, True).describe() == t.describe()
-    assert GS._choose(256, 4096, 4096, 2, h200, False, True, True, True, True).block_m == 128
+    assert GS._choose(200, 4096, 4096, 2, h200, False, True, True, True, True).block_m == 64   # a group or WS 64-row tiles
+    assert GS._choose(200, 4096, 4096, 2, h200, False, True, True, True, False).describe() == t.describe()   # no WS
+    assert GS._choose(256, 4096, 4096, 2, h200, False, True, True, True, False).block_m == 128   # no group
     for name, scaled in (("splitk 128x64x128 w8 s4", True), ("splitk 128x128x64 w8 s6 split3", True),
                          ("splitk 128x128x64 w8 s6", False), ("splitk 64x64x128 w4 s6", False)):
         s = GS.Schedule.parse(name)
