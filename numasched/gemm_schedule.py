@@ -240,7 +240,11 @@ WS_SPLIT_MARGIN = 0.95
 # tile row: half the SMs) and at 8192 x 2048 (32 K steps). Taken by the model there (pick / best
 # timed 1.037 -> 1.024 at those 70 points, within 3 % at 37 -> 48). Not timed on an H100: weighed
 # only where Machine.ws64 (the H200).
+# Widths WS64_TILE_NS (not 256: its four-stage ring ran 1.2x the model's time), each only where
+# its tiles fill WS_FILL of the SMs (2560 x 8192 and 4096 x 14336 at 72-96 rows: 64-104 tiles of
+# 80, 1.1-1.2x the Triton pick).
 WS64_MIN_ROWS, WS64_MAX_ROWS = 65, 256
+WS64_TILE_NS = (192, 160, 144, 128, 96, 80)
 # At 112-128 rows, two 64-row split-K tiles per tile column, unsplit, every unit on its own SM in
 # one wave (two row tiles times the columns at most the SMs): the two tiles of a column run at
 # once and read the same W tile, which comes from HBM once and from L2 for the other; priced as
@@ -458,7 +462,8 @@ def candidates(M: int, N: int, K: int, elt: int, machine: Machine, *, splitk_onl
     if ws and elt == 2 and machine.ws64 and WS64_MIN_ROWS <= M <= WS64_MAX_ROWS and K >= WS_FILL_MIN_K:
         from .gemm_ws import wide_config
 
-        out = out + [Schedule("ws", 64, n, 64, 1, 4, wide_config(n, block_m=64).stages, True) for n in WS_TILE_NS]
+        out = out + [Schedule("ws", 64, n, 64, 1, 4, wide_config(n, block_m=64).stages, True) for n in WS64_TILE_NS
+                     if _cdiv(M, 64) * _cdiv(N, n) >= WS_FILL * machine.sms]
     if ws and WS_SPLIT_MIN_ROWS <= M <= WS_SPLIT_MAX_ROWS and elt == 2:
         from .gemm_ws import split_config
 

@@ -1420,8 +1420,8 @@ def test_chooser_weighs_64_row_ws_tiles():
     at least WS_FILL_MIN_K (every width of WS_TILE_NS, unsplit, names that parse back), nowhere
     else; the model takes them at 128 x 5120 x 12800 and 96 x 5120 x 5120 (41.4 us against 47.7
     and 19.1 against 21.5 for the Triton picks on an H200, bench/results/gemm-s39/ws64-grid/), not
-    at 64 rows (one tile row) or 128 x 8192 x 2048 (32 K steps); only on a GPU where they were
-    timed (Machine.ws64: the H200)."""
+    at 64 rows (one tile row), 128 x 8192 x 2048 (32 K steps) or 72 x 2560 x 8192 (64 tiles of 80
+    columns: under WS_FILL of the SMs); only on a GPU where they were timed (Machine.ws64: the H200)."""
     from numasched import gemm_schedule as GS
 
     h200 = GS._KNOWN["h200"]
@@ -1434,9 +1434,13 @@ def test_chooser_weighs_64_row_ws_tiles():
 
     for m in (GS.WS64_MIN_ROWS, 128, 200, GS.WS64_MAX_ROWS):
         c = ws64(m, 5120, 5120)
-        assert {s.block_n for s in c} == set(GS.WS_TILE_NS) and all(s.split_k == 1 for s in c), m
+        assert c and {s.block_n for s in c} <= set(GS.WS64_TILE_NS) and all(s.split_k == 1 for s in c), m
+        # each width only where its tiles fill WS_FILL of the SMs
+        for n in GS.WS64_TILE_NS:
+            fills = -(-m // 64) * -(-5120 // n) >= GS.WS_FILL * h200.sms
+            assert (n in {s.block_n for s in c}) == fills, (m, n)
         assert all(GS.Schedule.parse(s.describe()) == s for s in c)
-    for m, n, k in ((64, 5120, 5120), (257, 5120, 5120), (128, 8192, 2048)):
+    for m, n, k in ((64, 5120, 5120), (257, 5120, 5120), (128, 8192, 2048), (72, 2560, 8192)):
         assert not ws64(m, n, k), (m, n, k)
     assert not [s for s in GS.candidates(128, 5120, 5120, 2, h200, ws=False) if s.kind == "ws"]
     assert not ws64_on(GS._KNOWN["h100"])   # not timed there
