@@ -25,7 +25,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ms", default="24,32,40,48,64,72,80,96,100,128,140,200")
     ap.add_argument("--csv", default=None)
+    ap.add_argument("--forms", action="store_true",
+                    help="instead: the SwiGLU GEMM's other forms at these rows (the 512-row tiles, the WS kernel, "
+                         "numasched.matmul then numasched.swiglu) beside the automatic plan and torch")
     args = ap.parse_args()
+    if args.forms:
+        return forms(args)
     rows = []
     for name, (H, n) in SHAPES.items():
         w = torch.randn(2 * n, H, device="cuda", dtype=torch.bfloat16) / H ** 0.5
@@ -46,6 +51,47 @@ def main() -> int:
             rows.append(row)
             print(f"{name:14s} M={M:4d}  auto {row['auto_us']:7.2f} us  tma {row['tma_us']:7.2f}  "
                   f"torch {row['torch_us']:7.2f}  tma/auto {row['tma_over_auto']:.3f}", flush=True)
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            wr = csv.DictWriter(f, fieldnames=list(rows[0]))
+            wr.writeheader()
+            wr.writerows(rows)
+    return 0
+
+
+def forms(args) -> int:
+    from numasched import gemm_glu
+
+    rows = []
+    for name, (H, n) in SHAPES.items():
+        w = torch.randn(2 * n, H, device="cuda", dtype=torch.bfloat16) / H ** 0.5
+        for M in (int(m) for m in args.ms.split(",")):
+            x = torch.randn(M, H, device="cuda", dtype=torch.bfloat16)
+            gu = x.double() @ w.double().t()
+            ref = F.silu(gu[:, :n]) * gu[:, n:]
+            out = torch.full((M, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+            calls = {
+                "auto": lambda: numasched.matmul_swiglu(x, w.t(), out=out),
+                "big_tiles": lambda: numasched.matmul_swiglu(x, w.t(), out=out, schedule=gemm_glu.GLU_BIG_SCHEDULE),
+                "matmul_then_swiglu": lambda: numasched.swiglu(numasched.matmul(x, w.t()), out=out),
+            }
+            row = {"shape": name, "M": M, "n": n, "K": H}
+            for key, fn in calls.items():
+                out.fill_(float("nan"))
+                fn()
+                err = ((out.double() - ref).abs().max() / ref.abs().max()).item()
+                assert err < 2e-2, (name, M, key, err)
+                row[key + "_us"] = 1e3 * graph_replay_ms(fn)
+            with options.use(glu_ws=True):
+                out.fill_(float("nan"))
+                numasched.matmul_swiglu(x, w.t(), out=out)
+                err = ((out.double() - ref).abs().max() / ref.abs().max()).item()
+                assert err < 2e-2, (name, M, "ws", err)
+                row["ws_us"] = 1e3 * graph_replay_ms(lambda: numasched.matmul_swiglu(x, w.t(), out=out))
+            row["torch_us"] = 1e3 * graph_replay_ms(lambda: (lambda g: F.silu(g[:, :n]) * g[:, n:])(x @ w.t()))
+            rows.append(row)
+            print(f"{name:14s} M={M:4d} " + "  ".join(f"{k[:-3]} {v:7.2f}" for k, v in row.items() if k.endswith("_us")),
+                  flush=True)
     if args.csv:
         with open(args.csv, "w", newline="") as f:
             wr = csv.DictWriter(f, fieldnames=list(rows[0]))
