@@ -88,6 +88,25 @@ GLU_PERSISTENT_BY_DEFAULT = False   # options.glu_persistent overrides
 # warpgroups, no CTA-wide barrier in the K loop) at the same sizes, where it can take the operands
 # (numasched.gemm_ws.supported: Hopper, 16-byte aligned rows).
 GLU_WS_BY_DEFAULT = False   # options.glu_ws overrides
+# Between those: the fused split-K kernel's GLU tiles are half the (M, 2n, K) schedule's width, and
+# where that schedule is narrow or the rows fill several tile rows they ran far behind the two
+# kernels numasched.matmul (the WS, row-group and wide tiles of the plain GEMM) + numasched.swiglu
+# (one H200, Llama-3-8B MLP, bench/results/glu-s39/glu-forms.*): at 24-32 rows and n = 14336
+# (16-column GLU tiles) 92 against 67-68 us, at 140-400 rows 1.2-1.9x (172 against 95 us at 140 x
+# 14336, 78 against 48 at 140 x 7168), at 72 rows 1.05x; even or 5 % ahead only where its GLU
+# tiles are 64 columns or more at up to 64 rows (35 against 37 us at 24-32 x 7168), and at 1-16
+# rows (the weight stream, bench/results/glu-s18/: 71.7 against 72.3 us). So from GLU_FUSED_MAX_ROWS
+# rows, or narrower GLU tiles than GLU_FUSED_MIN_COLS, up to GLU_BIG_MIN_ROWS, without a row
+# factor: the two kernels (options.glu_fused forces either).
+GLU_FUSED_MAX_ROWS = 64
+GLU_FUSED_ANY_ROWS = 16
+GLU_FUSED_MIN_COLS = 64
+
+
+def glu_fused_pays(M: int, schedule) -> bool:
+    """Whether the fused split-K SwiGLU kernel runs an (M, n) SwiGLU GEMM whose (M, 2n, K)
+    split-K schedule is ``schedule`` (see GLU_FUSED_*), rather than the GEMM then the activation."""
+    return M <= GLU_FUSED_ANY_ROWS or (M <= GLU_FUSED_MAX_ROWS and schedule.block_n // 2 >= GLU_FUSED_MIN_COLS)
 
 
 def big_tiles(M: int, n: int, dtype) -> bool:
@@ -129,6 +148,7 @@ class SwiGLUPlan(Plan):
         a_view, b_view = tma_view(a), tma_view(b)
         tma_possible = (options.gemm_splitk_tma and a_view is not None and b_view is not None
                         and TensorDescriptor is not None)
+        two_kernels = False
         if schedule is None and not interp and big_tiles(Mdim, n, dtype) and self._plan_ws(a, b, out, row_scale,
                                                                                          options):
             self._freeze()
@@ -142,6 +162,18 @@ class SwiGLUPlan(Plan):
             else:
                 schedule = _sched.choose(Mdim, 2 * n, K, dtype, dev, splitk_only=True,
                                          splitk_tma=tma_possible and caps.tma_supported(dev))
+                if options.glu_fused is None and not glu_fused_pays(Mdim, schedule):
+                    two_kernels = row_scale is None   # the GEMM, then the activation (GLU_FUSED_*)
+        if options.glu_fused is False and row_scale is None:
+            two_kernels = True
+        if two_kernels:
+            from .gemm import plan_matmul
+
+            self.schedule, self.path = schedule, "two-kernel"
+            self._mm = plan_matmul(a, b, options=options)
+            self._act = {}
+            self._freeze()
+            return
         if schedule is not None and schedule.kind == "tiled":
             self._plan_persistent(a, b, out, a_view, b_view, schedule, tma_possible, interp, dtype, options)
             self._freeze()
@@ -295,6 +327,13 @@ class SwiGLUPlan(Plan):
         if self._upcast:   # fp32 stand-ins with the planned strides (the kernel's arguments)
             a, b = upcast_like(a), upcast_like(b)
             out = torch.empty_strided((self.M, self.n), self._c_stride, dtype=torch.float32, device=a.device)
+        if self.path == "two-kernel":   # numasched.matmul into an (M, 2n) buffer, then numasched.swiglu
+            gu = self._mm.run(a, b)
+            key = fast_signature(out)
+            act = self._act.get(key)
+            if act is None:
+                act = self._act.setdefault(key, SwiGLUActPlan(gu, out))
+            return act.run(gu, out)
         if self.path == "ws":
             if _observe.OBSERVERS:
                 _observe.notify(self.op, "gemm_ws", self.grid, (res,), self)

@@ -33,6 +33,7 @@ numasched is imported (they are not read per call):
     NUMASCHED_FUSED_TMA_PUSH=0|1 fused_tma_push -> False / True (unset: the config's)
     NUMASCHED_GLU_PERSISTENT=0|1 glu_persistent -> False / True (unset: numasched.gemm_glu's default)
     NUMASCHED_GLU_WS=0|1        glu_ws -> False / True (unset: numasched.gemm_glu's default)
+    NUMASCHED_GLU_FUSED=0|1     glu_fused -> False / True (unset: gemm_glu.glu_fused_pays)
     NUMASCHED_FUSED_WS=0|1      fused_ws -> False / True (unset: the config's)
     NUMASCHED_GEMM_ALIGN_A=0|1  gemm_align_a -> False / True (unset: where gemm_schedule.align_a_pays)
     NUMASCHED_GEMM_SPLITK_OPERANDS gemm_splitk_operands ("auto", "tma", "b_tma", "b_tma_last", "pointer")
@@ -172,6 +173,10 @@ class Options:
             (False: GLU_BIG_SCHEDULE); None: gemm_glu.GLU_PERSISTENT_BY_DEFAULT.
         glu_ws: matmul_swiglu at prefill sizes on Hopper by the warp-specialised Gluon kernel
             (True: kernels/gemm_ws.py) or the Triton kernels (False); None: gemm_glu.GLU_WS_BY_DEFAULT.
+        glu_fused: matmul_swiglu under GLU_BIG_MIN_ROWS rows (without a row factor) by the fused
+            split-K kernel (True) or by numasched.matmul into an (M, 2n) buffer then numasched.swiglu
+            (False); None: gemm_glu.glu_fused_pays (fused at 1-16 rows, and at up to 64 where its
+            GLU tiles are 64 columns or more).
         fused_ws: the two-rank fused GEMM + all-reduce's and GEMM + reduce-scatter's tile pairs
             on Hopper by the warp-specialised Gluon kernel (True: kernels/dist_gemm_ar_ws.py) or
             the Triton ones (False), eager or captured; None: on for two ranks of Hopper GPUs
@@ -221,6 +226,7 @@ class Options:
     glu_persistent: Optional[bool] = None
     fused_tma_push: Optional[bool] = None
     glu_ws: Optional[bool] = None
+    glu_fused: Optional[bool] = None
     fused_ws: Optional[bool] = None
     gemm_align_a: Optional[bool] = None
     gemm_splitk_operands: str = "auto"
@@ -245,7 +251,7 @@ class Options:
         if self.fused_ar_stages is not None and (isinstance(self.fused_ar_stages, bool) or self.fused_ar_stages
                                                  not in (2, 3, 4)):
             raise ValueError(f"Options.fused_ar_stages must be 2, 3, 4 or None, got {self.fused_ar_stages!r}")
-        for f in ("fused_flat", "glu_persistent", "fused_tma_push", "glu_ws", "fused_ws", "gemm_align_a"):
+        for f in ("fused_flat", "glu_persistent", "fused_tma_push", "glu_ws", "fused_ws", "gemm_align_a", "glu_fused"):
             if getattr(self, f) is not None and not isinstance(getattr(self, f), bool):
                 raise TypeError(f"Options.{f} must be a bool or None, got {getattr(self, f)!r}")
         if self.gemm_splitk_operands not in SPLITK_OPERANDS:
@@ -309,7 +315,7 @@ def from_env(environ=None) -> Options:
         raise ValueError(f"NUMASCHED_DECODE_PREFETCH must be a number of tokens (0: off), got {pre!r}")
     tri = {}
     for name in ("NUMASCHED_FUSED_FLAT", "NUMASCHED_GLU_PERSISTENT", "NUMASCHED_FUSED_TMA_PUSH", "NUMASCHED_GLU_WS",
-                 "NUMASCHED_FUSED_WS", "NUMASCHED_GEMM_ALIGN_A"):
+                 "NUMASCHED_FUSED_WS", "NUMASCHED_GEMM_ALIGN_A", "NUMASCHED_GLU_FUSED"):
         v = env.get(name, "").strip()
         if v not in ("", "0", "1"):
             raise ValueError(f"{name} must be 0 or 1, got {v!r}")
@@ -339,6 +345,7 @@ def from_env(environ=None) -> Options:
                    fused_flat=tri["NUMASCHED_FUSED_FLAT"], glu_persistent=tri["NUMASCHED_GLU_PERSISTENT"],
                    fused_tma_push=tri["NUMASCHED_FUSED_TMA_PUSH"], glu_ws=tri["NUMASCHED_GLU_WS"],
                    fused_ws=tri["NUMASCHED_FUSED_WS"], gemm_align_a=tri["NUMASCHED_GEMM_ALIGN_A"],
+                   glu_fused=tri["NUMASCHED_GLU_FUSED"],
                    gemm_splitk_operands=env.get("NUMASCHED_GEMM_SPLITK_OPERANDS", "auto").strip() or "auto",
                    gemm_ws_last_box=flag("NUMASCHED_GEMM_WS_LAST_BOX", True),
                    gemm_ws_dead_half=flag("NUMASCHED_GEMM_WS_DEAD_HALF", True))

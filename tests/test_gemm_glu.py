@@ -189,6 +189,57 @@ def test_swiglu_argument_errors_name_the_argument():
         plan.run(x, b, out=torch.empty(10)[1:].view(3, 3))
 
 
+@cpu
+@pytest.mark.parametrize("m,n,k,dtype", [(40, 96, 64, torch.float32), (3, 48, 32, torch.float16)])
+def test_swiglu_as_gemm_then_activation_matches_float64(m, n, k, dtype):
+    """options.glu_fused=False: numasched.matmul into an (M, 2n) buffer, then numasched.swiglu;
+    into a poisoned out, twice (its activation plan cached by out's signature); a row factor
+    keeps the fused kernel."""
+    x, b = _data(m, n, k, dtype, seed=m)
+    with options.use(glu_fused=False):
+        plan = numasched.plan_matmul_swiglu(x, b)
+        assert plan.path == "two-kernel"
+        for _ in range(2):
+            out = torch.full((m, n), float("nan"), dtype=dtype)
+            assert plan.run(x, b, out) is out and _err(out, x, b) < TOL[dtype]
+        assert _err(numasched.matmul_swiglu(x, b), x, b) < TOL[dtype]
+        scale = torch.rand(m) + 0.5
+        assert numasched.plan_matmul_swiglu(x, b, row_scale=scale).path != "two-kernel"
+
+
+def test_swiglu_fused_rule():
+    """gemm_glu.glu_fused_pays: the fused split-K kernel at 1-16 rows, and up to 64 rows where its
+    GLU tiles (half the (M, 2n, K) schedule's columns) are 64 or more; else the GEMM then the
+    activation (bench/results/glu-s39/)."""
+    from numasched.gemm_glu import glu_fused_pays
+
+    wide, narrow = Schedule.parse("splitk 32x128x128 w4 s5"), Schedule.parse("splitk 32x32x256 w4 s6")
+    assert glu_fused_pays(16, narrow) and glu_fused_pays(1, narrow)
+    assert glu_fused_pays(64, wide) and not glu_fused_pays(24, narrow)
+    assert not glu_fused_pays(65, wide) and not glu_fused_pays(140, Schedule.parse("splitk 128x128x64 w8 s6"))
+
+
+@gpu
+@pytest.mark.parametrize("m", [24, 72, 140, 300])
+def test_gpu_swiglu_as_gemm_then_activation_in_a_cuda_graph(m):
+    """The automatic plan at 24-300 rows (the two kernels where glu_fused_pays says so) in a CUDA
+    graph: fresh inputs each replay, the output poisoned before it."""
+    x, b = _data(m, 7168, 4096, torch.bfloat16, device="cuda", seed=m)
+    plan = numasched.plan_matmul_swiglu(x, b)
+    out = torch.empty(m, 7168, dtype=torch.bfloat16, device="cuda")
+    plan.run(x, b, out)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        plan.run(x, b, out)
+    for _ in range(2):
+        x.normal_()
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert _err(out, x, b) < 1e-2, plan.path
+
+
 @gpu
 @pytest.mark.parametrize("m,n,k", [(1, 7168, 4096), (4, 14336, 4096), (16, 7168, 4096), (64, 12800, 5120),
                                    (3, 1001, 777), (5, 7000, 5000)])
