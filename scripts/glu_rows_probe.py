@@ -32,72 +32,72 @@ def main() -> int:
     if args.forms:
         return forms(args)
     rows = []
+    for name, M, n, H, x, w, ref in _points(args.ms):
+        row = {"shape": name, "M": M, "n": n, "K": H}
+        for mode in ("auto", "tma"):
+            with options.use(gemm_splitk_operands=mode):
+                out = torch.full((M, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+                numasched.matmul_swiglu(x, w.t(), out=out)
+                err = ((out.double() - ref).abs().max() / ref.abs().max()).item()
+                assert err < 2e-2, (name, M, mode, err)
+                row[f"{mode}_us"] = 1e3 * graph_replay_ms(lambda: numasched.matmul_swiglu(x, w.t(), out=out))
+        row["torch_us"] = 1e3 * graph_replay_ms(lambda: (lambda g: F.silu(g[:, :n]) * g[:, n:])(x @ w.t()))
+        row["tma_over_auto"] = row["tma_us"] / row["auto_us"]
+        rows.append(row)
+        print(f"{name:14s} M={M:4d}  auto {row['auto_us']:7.2f} us  tma {row['tma_us']:7.2f}  "
+              f"torch {row['torch_us']:7.2f}  tma/auto {row['tma_over_auto']:.3f}", flush=True)
+    _write(rows, args.csv)
+    return 0
+
+
+def _points(ms: str):
+    """(shape, M, n, K, x, w, float64 reference) of every shape and M: fresh random operands."""
     for name, (H, n) in SHAPES.items():
         w = torch.randn(2 * n, H, device="cuda", dtype=torch.bfloat16) / H ** 0.5
-        for M in (int(m) for m in args.ms.split(",")):
+        for M in (int(m) for m in ms.split(",")):
             x = torch.randn(M, H, device="cuda", dtype=torch.bfloat16)
             gu = x.double() @ w.double().t()
-            ref = F.silu(gu[:, :n]) * gu[:, n:]
-            row = {"shape": name, "M": M, "n": n, "K": H}
-            for mode in ("auto", "tma"):
-                with options.use(gemm_splitk_operands=mode):
-                    out = torch.full((M, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-                    numasched.matmul_swiglu(x, w.t(), out=out)
-                    err = ((out.double() - ref).abs().max() / ref.abs().max()).item()
-                    assert err < 2e-2, (name, M, mode, err)
-                    row[f"{mode}_us"] = 1e3 * graph_replay_ms(lambda: numasched.matmul_swiglu(x, w.t(), out=out))
-            row["torch_us"] = 1e3 * graph_replay_ms(lambda: (lambda g: F.silu(g[:, :n]) * g[:, n:])(x @ w.t()))
-            row["tma_over_auto"] = row["tma_us"] / row["auto_us"]
-            rows.append(row)
-            print(f"{name:14s} M={M:4d}  auto {row['auto_us']:7.2f} us  tma {row['tma_us']:7.2f}  "
-                  f"torch {row['torch_us']:7.2f}  tma/auto {row['tma_over_auto']:.3f}", flush=True)
-    if args.csv:
-        with open(args.csv, "w", newline="") as f:
+            yield name, M, n, H, x, w, F.silu(gu[:, :n]) * gu[:, n:]
+
+
+def _write(rows, path) -> None:
+    if path:
+        with open(path, "w", newline="") as f:
             wr = csv.DictWriter(f, fieldnames=list(rows[0]))
             wr.writeheader()
             wr.writerows(rows)
-    return 0
 
 
 def forms(args) -> int:
     from numasched import gemm_glu
 
     rows = []
-    for name, (H, n) in SHAPES.items():
-        w = torch.randn(2 * n, H, device="cuda", dtype=torch.bfloat16) / H ** 0.5
-        for M in (int(m) for m in args.ms.split(",")):
-            x = torch.randn(M, H, device="cuda", dtype=torch.bfloat16)
-            gu = x.double() @ w.double().t()
-            ref = F.silu(gu[:, :n]) * gu[:, n:]
-            out = torch.full((M, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-            big = gemm_glu.plan_matmul_swiglu(x, w.t(), out, schedule=gemm_glu.GLU_BIG_SCHEDULE)
-            calls = {
-                "auto": lambda: numasched.matmul_swiglu(x, w.t(), out=out),
-                "big_tiles": lambda: big.run(x, w.t(), out),
-                "matmul_then_swiglu": lambda: numasched.swiglu(numasched.matmul(x, w.t()), out=out),
-            }
-            row = {"shape": name, "M": M, "n": n, "K": H}
-            for key, fn in calls.items():
-                out.fill_(float("nan"))
-                fn()
-                err = ((out.double() - ref).abs().max() / ref.abs().max()).item()
-                assert err < 2e-2, (name, M, key, err)
-                row[key + "_us"] = 1e3 * graph_replay_ms(fn)
-            with options.use(glu_ws=True):
-                out.fill_(float("nan"))
-                numasched.matmul_swiglu(x, w.t(), out=out)
-                err = ((out.double() - ref).abs().max() / ref.abs().max()).item()
-                assert err < 2e-2, (name, M, "ws", err)
-                row["ws_us"] = 1e3 * graph_replay_ms(lambda: numasched.matmul_swiglu(x, w.t(), out=out))
-            row["torch_us"] = 1e3 * graph_replay_ms(lambda: (lambda g: F.silu(g[:, :n]) * g[:, n:])(x @ w.t()))
-            rows.append(row)
-            print(f"{name:14s} M={M:4d} " + "  ".join(f"{k[:-3]} {v:7.2f}" for k, v in row.items() if k.endswith("_us")),
-                  flush=True)
-    if args.csv:
-        with open(args.csv, "w", newline="") as f:
-            wr = csv.DictWriter(f, fieldnames=list(rows[0]))
-            wr.writeheader()
-            wr.writerows(rows)
+    for name, M, n, H, x, w, ref in _points(args.ms):
+        out = torch.full((M, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        big = gemm_glu.plan_matmul_swiglu(x, w.t(), out, schedule=gemm_glu.GLU_BIG_SCHEDULE)
+        calls = {
+            "auto": lambda: numasched.matmul_swiglu(x, w.t(), out=out),
+            "big_tiles": lambda: big.run(x, w.t(), out),
+            "matmul_then_swiglu": lambda: numasched.swiglu(numasched.matmul(x, w.t()), out=out),
+        }
+        row = {"shape": name, "M": M, "n": n, "K": H}
+        for key, fn in calls.items():
+            out.fill_(float("nan"))
+            fn()
+            err = ((out.double() - ref).abs().max() / ref.abs().max()).item()
+            assert err < 2e-2, (name, M, key, err)
+            row[key + "_us"] = 1e3 * graph_replay_ms(fn)
+        with options.use(glu_ws=True):
+            out.fill_(float("nan"))
+            numasched.matmul_swiglu(x, w.t(), out=out)
+            err = ((out.double() - ref).abs().max() / ref.abs().max()).item()
+            assert err < 2e-2, (name, M, "ws", err)
+            row["ws_us"] = 1e3 * graph_replay_ms(lambda: numasched.matmul_swiglu(x, w.t(), out=out))
+        row["torch_us"] = 1e3 * graph_replay_ms(lambda: (lambda g: F.silu(g[:, :n]) * g[:, n:])(x @ w.t()))
+        rows.append(row)
+        print(f"{name:14s} M={M:4d} " + "  ".join(f"{k[:-3]} {v:7.2f}" for k, v in row.items() if k.endswith("_us")),
+              flush=True)
+    _write(rows, args.csv)
     return 0
 
 

@@ -40,6 +40,25 @@ def _err(y, x, b):
     return ((y.double() - r).norm() / r.norm().clamp_min(1e-30)).item()
 
 
+def _replays_right(m, n, k, replays, seed=0):
+    """matmul_swiglu's automatic plan captured in a CUDA graph: each replay on fresh inputs, its
+    output poisoned first, against float64."""
+    x, b = _data(m, n, k, torch.bfloat16, device="cuda", seed=seed)
+    plan = numasched.plan_matmul_swiglu(x, b)
+    out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+    plan.run(x, b, out)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        plan.run(x, b, out)
+    for _ in range(replays):
+        x.normal_()
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert _err(out, x, b) < 1e-2, plan.path
+
+
 @cpu
 @pytest.mark.parametrize("m,n,k,dtype", [(1, 40, 64, torch.float32), (5, 24, 200, torch.float32),
                                          (17, 33, 97, torch.float16), (3, 16, 48, torch.float32),
@@ -224,20 +243,7 @@ def test_swiglu_fused_rule():
 def test_gpu_swiglu_as_gemm_then_activation_in_a_cuda_graph(m):
     """The automatic plan at 24-300 rows (the two kernels where glu_fused_pays says so) in a CUDA
     graph: fresh inputs each replay, the output poisoned before it."""
-    x, b = _data(m, 7168, 4096, torch.bfloat16, device="cuda", seed=m)
-    plan = numasched.plan_matmul_swiglu(x, b)
-    out = torch.empty(m, 7168, dtype=torch.bfloat16, device="cuda")
-    plan.run(x, b, out)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        plan.run(x, b, out)
-    for _ in range(2):
-        x.normal_()
-        out.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        assert _err(out, x, b) < 1e-2, plan.path
+    _replays_right(m, 7168, 4096, replays=2, seed=m)
 
 
 @gpu
@@ -308,20 +314,7 @@ def test_swiglu_big_tile_rule():
 
 @gpu
 def test_gpu_swiglu_in_a_cuda_graph():
-    x, b = _data(8, 7168, 4096, torch.bfloat16, device="cuda")
-    plan = numasched.plan_matmul_swiglu(x, b)
-    out = torch.empty(8, 7168, dtype=torch.bfloat16, device="cuda")
-    plan.run(x, b, out)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        plan.run(x, b, out)
-    for _ in range(3):
-        x.normal_()
-        out.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        assert _err(out, x, b) < 1e-2
+    _replays_right(8, 7168, 4096, replays=3)
 
 
 @cpu
