@@ -91,7 +91,10 @@ _KNOWN = {
     # 20 -> 26 points (the 128 x 128 tiles in 2-6 K parts it took at 128 rows ran 1.2-1.3x the
     # 128 x 64 tiles in fewer). The H200's sweep (gemm-sweep-*) is indifferent at M <= 256 (0.973
     # -> 0.974) and its grid run of this session had 3 of 7 changed picks slower: it keeps 1x, 2 us.
-    "h100": Machine("H100", 132, 227 * 1024, 3.0e12, 7.9e14, 1.1e13, reduce_sync_s=5.0e-6, splitk_partial_cost=1.5),
+    # ws64: the 64-row WS tiles timed at 72-200 rows of the 11 projections (bench/results/gemm-s39/
+    # h100-ws64/): the model's pick with them against without, cuBLAS / ours 0.945 -> 0.967 (33 points)
+    "h100": Machine("H100", 132, 227 * 1024, 3.0e12, 7.9e14, 1.1e13, reduce_sync_s=5.0e-6, splitk_partial_cost=1.5,
+                    ws64=True),
     "mi300x": Machine("MI300X", 304, 64 * 1024, 4.2e12, 9.0e14, 1.4e13),
     "mi355x": Machine("MI355X", 256, 160 * 1024, 6.4e12, 1.6e15, 1.6e13),
 }
@@ -238,8 +241,8 @@ WS_SPLIT_MARGIN = 0.95
 # 0.85-0.94x the Triton pick's time at 72-128 x 5120 x 5120, 6144 x 4096, 5120 x 12800 and 140-200
 # rows, e.g. 128 x 5120 x 12800 41.4 us against 47.7 (cuBLAS 43.5), but 1.1-1.3x at 64 rows (one
 # tile row: half the SMs) and at 8192 x 2048 (32 K steps). Taken by the model there (pick / best
-# timed 1.037 -> 1.024 at those 70 points, within 3 % at 37 -> 48). Not timed on an H100: weighed
-# only where Machine.ws64 (the H200).
+# timed 1.037 -> 1.024 at those 70 points, within 3 % at 37 -> 48). Weighed where Machine.ws64
+# (the H200 and the H100, where they were timed).
 # Widths WS64_TILE_NS (not 256: its four-stage ring ran 1.2x the model's time), each only where
 # its tiles fill WS_FILL of the SMs (2560 x 8192 and 4096 x 14336 at 72-96 rows: 64-104 tiles of
 # 80, 1.1-1.2x the Triton pick).

@@ -1421,7 +1421,8 @@ def test_chooser_weighs_64_row_ws_tiles():
     else; the model takes them at 128 x 5120 x 12800 and 96 x 5120 x 5120 (41.4 us against 47.7
     and 19.1 against 21.5 for the Triton picks on an H200, bench/results/gemm-s39/ws64-grid/), not
     at 64 rows (one tile row), 128 x 8192 x 2048 (32 K steps) or 72 x 2560 x 8192 (64 tiles of 80
-    columns: under WS_FILL of the SMs); only on a GPU where they were timed (Machine.ws64: the H200)."""
+    columns: under WS_FILL of the SMs); only on a GPU where they were timed (Machine.ws64: the H200
+    and the H100)."""
     from numasched import gemm_schedule as GS
 
     h200 = GS._KNOWN["h200"]
@@ -1443,7 +1444,7 @@ def test_chooser_weighs_64_row_ws_tiles():
     for m, n, k in ((64, 5120, 5120), (257, 5120, 5120), (128, 8192, 2048), (72, 2560, 8192)):
         assert not ws64(m, n, k), (m, n, k)
     assert not [s for s in GS.candidates(128, 5120, 5120, 2, h200, ws=False) if s.kind == "ws"]
-    assert not ws64_on(GS._KNOWN["h100"])   # not timed there
+    assert ws64_on(GS._KNOWN["h100"]) and not ws64_on(GS._KNOWN["mi300x"])   # timed on both Hopper parts
     for m, n, k in ((128, 5120, 12800), (96, 5120, 5120)):
         assert GS._choose(m, n, k, 2, h200, False, True, True, True, True).block_m == 64, (m, n, k)
     assert GS._choose(64, 5120, 5120, 2, h200, False, True, True, True, True).kind == "splitk"
