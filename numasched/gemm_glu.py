@@ -148,7 +148,7 @@ class SwiGLUPlan(Plan):
         a_view, b_view = tma_view(a), tma_view(b)
         tma_possible = (options.gemm_splitk_tma and a_view is not None and b_view is not None
                         and TensorDescriptor is not None)
-        two_kernels = False
+        automatic, two_kernels = schedule is None, False
         if schedule is None and not interp and big_tiles(Mdim, n, dtype) and self._plan_ws(a, b, out, row_scale,
                                                                                          options):
             self._freeze()
@@ -164,7 +164,7 @@ class SwiGLUPlan(Plan):
                                          splitk_tma=tma_possible and caps.tma_supported(dev))
                 if options.glu_fused is None and not glu_fused_pays(Mdim, schedule):
                     two_kernels = row_scale is None   # the GEMM, then the activation (GLU_FUSED_*)
-        if options.glu_fused is False and row_scale is None:
+        if options.glu_fused is False and row_scale is None and automatic:   # (a schedule asked for is fused)
             two_kernels = True
         if two_kernels:
             from .gemm import plan_matmul
@@ -216,7 +216,8 @@ class SwiGLUPlan(Plan):
         if not use_tma:   # pointer loads: K's vector width where Triton would not see it (kernels/gemm_splitk.py)
             const.update(KS.k_vector(Mdim, n, K, self._kps, a.stride(), b.stride(), a.element_size()))
         # A's partial last tile row through pointers, as numasched.matmul's split-K takes it
-        # (gemm_schedule.splitk_operands "b_tma_last"; timed there, not with the SwiGLU epilogue)
+        # (gemm_schedule.splitk_operands "b_tma_last"; with the SwiGLU epilogue 1.09-1.16x faster at
+        # 72-80 rows on an H200, bench/results/glu-s39/glu-rows.*)
         mode = options.gemm_splitk_operands
         if mode == "auto" and not interp:
             mode = _sched.splitk_operands(cfg["BLOCK_M"], cfg["BLOCK_N"], Mdim)

@@ -286,7 +286,6 @@ WS64_TILE_NS = (192, 160, 144, 128, 96, 80)
 ROW_PAIR_MIN_ROWS = 65
 ROW_PAIR_FULL_ROWS = 112
 ROW_PAIR_PARTIAL_MAX_K_BYTES = 14336
-ROW_PAIR_W_SHARE = 2   # (two tiles at 65-128 rows; row_group_share counts them)
 ROW_GROUP_MAX_ROWS = 256
 ROW_GROUP_SM_BYTES_PER_S = 88e9
 
@@ -670,7 +669,7 @@ def _floor_s(M: int, N: int, K: int, elt: int, machine: Machine) -> float:
 
 def row_pair_shares_w(s: Schedule, M: int, K: int, units: int, elt: int, machine: Machine) -> bool:
     """Whether the 64-row tiles of each tile column read W once from HBM between them (see
-    ROW_PAIR_W_SHARE): unsplit split-K tiles of 64 rows at ROW_PAIR_MIN_ROWS-ROW_GROUP_MAX_ROWS
+    row_group_share): unsplit split-K tiles of 64 rows at ROW_PAIR_MIN_ROWS-ROW_GROUP_MAX_ROWS
     rows (past 128 only where M is not a multiple of 128), every unit on its own SM in one wave,
     W's rows whole 32-byte sectors (and at most ROW_PAIR_PARTIAL_MAX_K_BYTES long under
     ROW_PAIR_FULL_ROWS rows and past 128)."""

@@ -1406,7 +1406,7 @@ def test_chooser_weighs_the_ws_split_form_from_65_to_128_rows():
     assert shapes == 8 and len(errs) == 40
     assert math.sqrt(sum(e * e for e in errs) / len(errs)) < 0.1
     assert near >= 6, near
-    # where its K loop on every SM pays it is weighed against the row pair (ROW_PAIR_W_SHARE),
+    # where its K loop on every SM pays it is weighed against the row pair (row_group_share),
     # priced within 2 % of it there on the H100 (the margin then keeps the Triton pair)
     pick = GS._choose(128, 4096, 14336, 2, h100, False, True, True, True, True)
     assert pick.kind == "ws" or GS.row_pair_shares_w(pick, 128, 14336, 2 * -(-4096 // pick.block_n), 2, h100), pick

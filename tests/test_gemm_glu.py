@@ -212,8 +212,8 @@ def test_swiglu_argument_errors_name_the_argument():
 @pytest.mark.parametrize("m,n,k,dtype", [(40, 96, 64, torch.float32), (3, 48, 32, torch.float16)])
 def test_swiglu_as_gemm_then_activation_matches_float64(m, n, k, dtype):
     """options.glu_fused=False: numasched.matmul into an (M, 2n) buffer, then numasched.swiglu;
-    into a poisoned out, twice (its activation plan cached by out's signature); a row factor
-    keeps the fused kernel."""
+    into a poisoned out, twice (its activation plan cached by out's signature); a row factor or a
+    schedule asked for keeps the fused kernel."""
     x, b = _data(m, n, k, dtype, seed=m)
     with options.use(glu_fused=False):
         plan = numasched.plan_matmul_swiglu(x, b)
@@ -224,6 +224,8 @@ def test_swiglu_as_gemm_then_activation_matches_float64(m, n, k, dtype):
         assert _err(numasched.matmul_swiglu(x, b), x, b) < TOL[dtype]
         scale = torch.rand(m) + 0.5
         assert numasched.plan_matmul_swiglu(x, b, row_scale=scale).path != "two-kernel"
+        forced = Schedule.parse("splitk 16x32x16 w4 s1")
+        assert numasched.plan_matmul_swiglu(x, b, schedule=forced).path != "two-kernel"
 
 
 def test_swiglu_fused_rule():
