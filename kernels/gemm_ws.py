@@ -138,16 +138,22 @@ if HAVE_GLUON:
         return _box_operand(slot, p.b_desc.block_type.shape[1] == BLOCK_K)
 
     @gluon.jit
-    def _stage_a(p, it, off_m, kk, NBYTES: gl.constexpr):
-        """The loader's step ``it``: wait for its slot to be free, arm the slot's ready barrier
-        with NBYTES, load A's box. Returns (the barrier, the slot) for B's boxes."""
-        BLOCK_K: gl.constexpr = p.a_desc.block_type.shape[1]
+    def _claim_slot(p, it, NBYTES: gl.constexpr):
+        """The loader's step ``it``: wait for its slot to be free and arm the slot's ready barrier
+        with NBYTES. Returns (the barrier, the slot)."""
         STAGES: gl.constexpr = p.a_bufs.type.shape[0]
         s = it % STAGES
         # slots start free: the first wait on each passes (phase 1 of a fresh barrier)
         mbarrier.wait(p.empty.index(s), ((it // STAGES) & 1) ^ 1)
         bar = p.ready.index(s)
         mbarrier.expect(bar, NBYTES)
+        return bar, s
+
+    @gluon.jit
+    def _stage_a(p, it, off_m, kk, NBYTES: gl.constexpr):
+        """_claim_slot, then A's box. Returns (the barrier, the slot) for B's boxes."""
+        BLOCK_K: gl.constexpr = p.a_desc.block_type.shape[1]
+        bar, s = _claim_slot(p, it, NBYTES)
         tma.async_copy_global_to_shared(p.a_desc, [off_m, kk * BLOCK_K], bar, p.a_bufs.index(s))
         return bar, s
 
@@ -162,14 +168,10 @@ if HAVE_GLUON:
         if p.A_LAST > 0:
             BLOCK_M: gl.constexpr = p.a_desc.block_type.shape[0]
             BLOCK_K: gl.constexpr = p.a_desc.block_type.shape[1]
-            STAGES: gl.constexpr = p.a_bufs.type.shape[0]
             A2_BYTES: gl.constexpr = p.a2_desc.block_type.nbytes if p.A_LAST2 > 0 else 0
             LAST_BYTES: gl.constexpr = NBYTES - p.a_desc.block_type.nbytes + p.a1_desc.block_type.nbytes + A2_BYTES
             if off_m + BLOCK_M > p.M:
-                s = it % STAGES
-                mbarrier.wait(p.empty.index(s), ((it // STAGES) & 1) ^ 1)
-                bar = p.ready.index(s)
-                mbarrier.expect(bar, LAST_BYTES)
+                bar, s = _claim_slot(p, it, LAST_BYTES)
                 slot = p.a_bufs.index(s)
                 tma.async_copy_global_to_shared(p.a1_desc, [off_m, kk * BLOCK_K], bar, slot.slice(0, p.A_LAST, dim=0))
                 if p.A_LAST2 > 0:
