@@ -248,6 +248,21 @@ WS_SPLIT_MARGIN = 0.95
 # 80, 1.1-1.2x the Triton pick).
 WS64_MIN_ROWS, WS64_MAX_ROWS = 65, 256
 WS64_TILE_NS = (192, 160, 144, 128, 96, 80)
+# Past two tile rows (129-256 rows) a 64-row tile's SM takes in its A and W boxes at most
+# WS64_SM_BYTES_PER_S, however few SMs are busy: at 256 x 4096 x 4096 the 64 x 128 tiles (128 on
+# 132 SMs) ran 16.4 us, 64 x 144 (116 tiles) 17.9, 64 x 160 (104) 18.8, about 120 GB/s an SM each,
+# where the shared-bandwidth model gave the fewer tiles more each and ranked 144 or 160 first
+# (gemm-s39/grid2-4, mid2). Scored on the thirty-ninth session's recorded H200 timings with the
+# chooser's candidates and pick (scripts/gemm_rank_eval.py --chooser): within 3 % of the best
+# timed 825 -> 840 of 997, within 5 % 878 -> 892; the thirty-fifth to thirty-eighth sessions'
+# 1855 points and the H100's 238 unchanged. 100-105 GB/s scored the same; 95 and 110 828, 90 822.
+# Applied at two tile rows too (65-128 rows, where such tiles took in 92-94 GB/s) it scored worse:
+# there the cap loses to the 64-row Triton pairs, which the model prices 0.7-0.85x their time (72
+# x 5120 x 5120: 18.1 us priced, 22-27 timed). The same floor on 128-row WS tiles (90 GB/s: 128 x
+# 80 ran 26.2-27.3 us at 256 x 5120 x 5120 where 64 x 160 ran 24.1-24.8) scored 840 -> 844 here
+# but 1634 -> 1626 on the earlier sessions' points (it takes 128 x 160 over the faster 128 x 128
+# at 1024 rows), 95 GB/s no change: not kept.
+WS64_SM_BYTES_PER_S = 105e9
 # At 112-128 rows, two 64-row split-K tiles per tile column, unsplit, every unit on its own SM in
 # one wave (two row tiles times the columns at most the SMs): the two tiles of a column run at
 # once and read the same W tile, which comes from HBM once and from L2 for the other; priced as
@@ -654,12 +669,18 @@ def _ws_estimate(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machine
     hbm = lines * (b_box / min(nm, 8) + a_box / min(nn, 8)) / (WS_HBM * machine.hbm_bytes_per_s / active)
     l2 = lines * (a_box + b_box) / (WS_L2 * machine.l2_bytes_per_s / active)
     step = max(flops, hbm, l2)
+    # 64-row tiles past two tile rows: an SM's intake (WS64_SM_BYTES_PER_S), a floor under the K loop
+    intake = WS64_SM_BYTES_PER_S if s.block_m == 64 and nm > 2 else 0.0
+    waves = _cdiv(tiles * S, machine.sms)
+    steps = _cdiv(_cdiv(K, bk), S)
+    floor = waves * (steps * (a_box + b_box) / intake + WS_TILE_START_S) + machine.launch_s if intake else 0.0
     if S > 1:   # the split-K form: one wave of units of K / S steps, then the partials' merge
         rows = min(nm * s.block_m, _cdiv(M, s.block_m // 2) * (s.block_m // 2))   # half tiles below M store nothing
         partials = rows * nn * W * 4 * S
-        return (_cdiv(tiles * S, machine.sms) * (_cdiv(_cdiv(K, bk), S) * step + WS_TILE_START_S) + machine.launch_s
-                + partials / (WS_SPLIT_PARTIAL_L2 * machine.l2_bytes_per_s) + WS_SPLIT_SYNC_S)
-    return _cdiv(tiles, machine.sms) * (_cdiv(K, bk) * step + WS_TILE_START_S) + machine.launch_s
+        # (its merge goes on under the intake floor: other programs still stream)
+        return max(floor, waves * (steps * step + WS_TILE_START_S) + machine.launch_s
+                   + partials / (WS_SPLIT_PARTIAL_L2 * machine.l2_bytes_per_s) + WS_SPLIT_SYNC_S)
+    return max(floor, waves * (steps * step + WS_TILE_START_S) + machine.launch_s)
 
 
 def _floor_s(M: int, N: int, K: int, elt: int, machine: Machine) -> float:
@@ -758,17 +779,23 @@ def choose(M: int, N: int, K: int, dtype: torch.dtype, device: Optional[torch.de
 @functools.lru_cache(maxsize=4096)
 def _choose(M: int, N: int, K: int, elt: int, machine: Machine, splitk_only: bool, splitk_tma: bool = False,
             aligned: bool = True, tail: bool = False, ws: bool = False) -> Schedule:
-    best, best_t = None, float("inf")
     scored = []
     for s in candidates(M, N, K, elt, machine, splitk_only=splitk_only or elt > 2, tail=tail, ws=ws):
         if not aligned and s.block_k > MISALIGNED_MAX_BLOCK_K:
             continue
-        t = estimate(s, M, N, K, elt, machine, splitk_tma, aligned)
-        scored.append((s, t))
-        if s.kind == "ws" and s.split_k > 1:
-            t /= WS_SPLIT_MARGIN   # (compared with a margin; the schedule keeps its own estimate below)
+        scored.append((s, estimate(s, M, N, K, elt, machine, splitk_tma, aligned)))
+    return pick(scored, M, elt, machine, splitk_tma)
+
+
+def pick(scored: list, M: int, elt: int, machine: Machine, splitk_tma: bool = False) -> Optional[Schedule]:
+    """The chooser's pick among ``scored`` ((schedule, estimate s) in candidate order): the lowest
+    estimate (the WS split-K form's with WS_SPLIT_MARGIN), then the ties' rule below; None if
+    there is none. (scripts/gemm_rank_eval.py --chooser applies it to the timed schedules.)"""
+    best, best_t = None, float("inf")
+    for s, est in scored:
+        t = est / WS_SPLIT_MARGIN if s.kind == "ws" and s.split_k > 1 else est   # (the schedule keeps its own estimate)
         if t < best_t * 0.999:
-            best, best_t = replace(s, est_s=scored[-1][1]), t
+            best, best_t = replace(s, est_s=est), t
     if best is None:
         return best
     # the model prices bytes and flops, not the pipeline: among the pick's ties (the same kernel,

@@ -57,12 +57,15 @@ def read_points(paths, m_max: int) -> dict:
     return points
 
 
-def score(points: dict, machine, elt: int = 2, small_tma: bool = True) -> dict:
+def score(points: dict, machine, elt: int = 2, small_tma: bool = True, chooser: bool = False) -> dict:
     """Per point: (pick's time / best time, pick, best). The pick is the lowest estimate among the
     timed schedules the chooser could take there (K rows not 16-byte aligned: K blocks of at most
     MISALIGNED_MAX_BLOCK_K, as the chooser filters them). ``small_tma=False``: runs from before
     the thirty-eighth session, whose tiles of under 64 rows read both operands through pointers
-    (gemm_schedule.splitk_operands since)."""
+    (gemm_schedule.splitk_operands since). ``chooser``: only the timed schedules that are among
+    the chooser's own candidates there (gemm_schedule.candidates with tail splits and the WS
+    kernel), and the pick is gemm_schedule.pick's among them in candidate order (the WS split-K
+    margin, the ties' rule), the one the chooser would make as the model now stands."""
     from numasched import gemm_schedule as GS
 
     out = {}
@@ -70,12 +73,18 @@ def score(points: dict, machine, elt: int = 2, small_tma: bool = True) -> dict:
         _, M, N, K = key
         aligned = (K * elt) % 16 == 0
         scheds = []
+        allowed = None
+        if chooser:
+            order = {c.describe(): i for i, c in enumerate(GS.candidates(M, N, K, elt, machine, tail=True, ws=True))}
+            allowed = order
         for name, us in timed.items():
             try:
                 s = GS.Schedule.parse(name)
             except ValueError:
                 continue
             if not aligned and s.block_k > GS.MISALIGNED_MAX_BLOCK_K:
+                continue
+            if allowed is not None and s.describe() not in allowed:
                 continue
             # (the chooser reads 64+-row split-K tiles through TMA where the operands allow it)
             tma = aligned and (small_tma or s.block_m >= 64)
@@ -84,6 +93,12 @@ def score(points: dict, machine, elt: int = 2, small_tma: bool = True) -> dict:
             continue
         best = min(scheds, key=lambda t: t[1])
         pick = min(scheds, key=lambda t: t[0])
+        if chooser:
+            scheds.sort(key=lambda t: order[t[2] if t[2] in order else GS.Schedule.parse(t[2]).describe()])
+            by_name = {GS.Schedule.parse(name).describe(): (est, us, name) for est, us, name in scheds}
+            chosen = GS.pick([(GS.Schedule.parse(name), est) for est, _, name in scheds], M, elt, machine,
+                             splitk_tma=aligned and small_tma)
+            pick = by_name[chosen.describe()]
         out[key] = (pick[1] / best[1], pick, best)
     return out
 
@@ -103,6 +118,8 @@ def main(argv=None) -> int:
     ap.add_argument("--machine", default="h100", help="a key of gemm_schedule._KNOWN (default h100)")
     ap.add_argument("--m-max", type=int, default=1 << 30, help="only points with M up to this")
     ap.add_argument("--patch", default=None, help="a Python file run first (a model variant)")
+    ap.add_argument("--chooser", action="store_true",
+                    help="only the timed schedules among the chooser's candidates at each point")
     ap.add_argument("--misses", action="store_true", help="list the points whose pick is > 3 %% off the best")
     ap.add_argument("--small-pointer", action="store_true",
                     help="runs from before 2026-11-27's thirty-eighth session: tiles of under 64 rows through pointers")
@@ -113,7 +130,8 @@ def main(argv=None) -> int:
 
     if args.machine not in GS._KNOWN:
         ap.error(f"--machine must be one of {sorted(GS._KNOWN)}, got {args.machine!r}")
-    result = score(read_points(args.files, args.m_max), GS._KNOWN[args.machine], small_tma=not args.small_pointer)
+    result = score(read_points(args.files, args.m_max), GS._KNOWN[args.machine], small_tma=not args.small_pointer,
+                   chooser=args.chooser)
     print(summary(result))
     if args.misses:
         for (src, M, N, K), (r, pick, best) in sorted(result.items(), key=lambda kv: -kv[1][0]):
