@@ -235,7 +235,7 @@ WS_SPLIT_PARTIAL_L2, WS_SPLIT_SYNC_S = 0.10, 2.4e-6
 # 0.92-1.09x), so a small modelled lead was no lead (128 x 4096 x 4096: 22.0 against 19.0 us)
 WS_SPLIT_MARGIN = 0.95
 # The WS kernel's tiles of 64 rows (one consumer warpgroup, gemm_ws.wide_config(block_m=64)),
-# weighed from WS64_MIN_ROWS to WS64_MAX_ROWS rows (two to four tile rows) where K is at least
+# weighed from WS64_MIN_ROWS to WS64_MAX_ROWS rows (two to eight tile rows) where K is at least
 # WS_FILL_MIN_K, by the WS model above. Timed on the H200 beside the Triton picks at 64-128 rows of
 # the 11 projections and 26 shapes off the grid (bench/results/gemm-s39/ws64-*): the best width ran
 # 0.85-0.94x the Triton pick's time at 72-128 x 5120 x 5120, 6144 x 4096, 5120 x 12800 and 140-200
@@ -246,23 +246,22 @@ WS_SPLIT_MARGIN = 0.95
 # Widths WS64_TILE_NS (not 256: its four-stage ring ran 1.2x the model's time), each only where
 # its tiles fill WS_FILL of the SMs (2560 x 8192 and 4096 x 14336 at 72-96 rows: 64-104 tiles of
 # 80, 1.1-1.2x the Triton pick).
-WS64_MIN_ROWS, WS64_MAX_ROWS = 65, 256
+WS64_MIN_ROWS, WS64_MAX_ROWS = 65, 512
 WS64_TILE_NS = (192, 160, 144, 128, 96, 80)
-# Past two tile rows (129-256 rows) a 64-row tile's SM takes in its A and W boxes at most
-# WS64_SM_BYTES_PER_S, however few SMs are busy: at 256 x 4096 x 4096 the 64 x 128 tiles (128 on
-# 132 SMs) ran 16.4 us, 64 x 144 (116 tiles) 17.9, 64 x 160 (104) 18.8, about 120 GB/s an SM each,
-# where the shared-bandwidth model gave the fewer tiles more each and ranked 144 or 160 first
-# (gemm-s39/grid2-4, mid2). Scored on the thirty-ninth session's recorded H200 timings with the
-# chooser's candidates and pick (scripts/gemm_rank_eval.py --chooser): within 3 % of the best
-# timed 825 -> 840 of 997, within 5 % 878 -> 892; the thirty-fifth to thirty-eighth sessions'
-# 1855 points and the H100's 238 unchanged. 100-105 GB/s scored the same; 95 and 110 828, 90 822.
-# Applied at two tile rows too (65-128 rows, where such tiles took in 92-94 GB/s) it scored worse:
-# there the cap loses to the 64-row Triton pairs, which the model prices 0.7-0.85x their time (72
-# x 5120 x 5120: 18.1 us priced, 22-27 timed). The same floor on 128-row WS tiles (90 GB/s: 128 x
-# 80 ran 26.2-27.3 us at 256 x 5120 x 5120 where 64 x 160 ran 24.1-24.8) scored 840 -> 844 here
-# but 1634 -> 1626 on the earlier sessions' points (it takes 128 x 160 over the faster 128 x 128
-# at 1024 rows), 95 GB/s no change: not kept.
-WS64_SM_BYTES_PER_S = 105e9
+# A 64-row tile's SM takes in its A and W boxes from L2 at WS64_SM_BYTES_PER_S, however few SMs
+# are busy (the 128-row tiles' L2 term is the machine's L2 rate shared by the busy SMs, which gave
+# fewer, wider 64-row tiles more each): at 256 x 4096 x 4096 on an H200 the 64 x 128 tiles (128 on
+# 132 SMs) ran 16.4 us, 64 x 144 (116 tiles) 17.9, 64 x 160 (104) 18.8, each about 122 GB/s an SM
+# (gemm-s39/grid2-4, mid2); the shared term ranked 144 or 160 first. Scored on the recorded
+# timings with the chooser's candidates and pick (scripts/gemm_rank_eval.py --chooser): the
+# thirty-ninth session's 997 H200 points within 3 % of the best timed 825 -> 858, within 5 % 878
+# -> 907; the H100's 383 (gemm-s39/h100-*, gemm-s40/h100-*) 299 -> 310 and 345 -> 350; the
+# thirty-fifth to thirty-eighth sessions' 1855 unchanged. 120-140 GB/s score the same (110: 846).
+# (A floor of 105 GB/s under the shared term past two tile rows, this session's first form, took
+# 840.) From 257 to WS64_MAX_ROWS rows the tiles were timed on an H100 at 384 and 512 x 2560 x 8192
+# (64 x 128 28.5 us and 64 x 160 33.7, against 34.2 and 37.0 for the picks, cuBLAS 26.8 and 30.4:
+# gemm-s40/h100-probe1), where 80-wide 128-row tiles split their B box in two (64 + 16).
+WS64_SM_BYTES_PER_S = 125e9
 # At 112-128 rows, two 64-row split-K tiles per tile column, unsplit, every unit on its own SM in
 # one wave (two row tiles times the columns at most the SMs): the two tiles of a column run at
 # once and read the same W tile, which comes from HBM once and from L2 for the other; priced as
@@ -470,17 +469,14 @@ def candidates(M: int, N: int, K: int, elt: int, machine: Machine, *, splitk_onl
         t, best = min((_ws_estimate(s, M, N, K, elt, machine), i) for i, s in enumerate(wide))
         fills = _cdiv(M, 128) * _cdiv(N, wide[best].block_n) >= WS_FILL * machine.sms
         if t >= WS_MIN_S and M >= WS_MIN_ROWS:
-            return wide
+            return wide + _ws64_candidates(M, N, K, elt, machine)
         # under WS_MIN_ROWS (the fill rule) beside the Triton schedules: the 64-row tile groups
         # (row_group_share) ran faster than both at some 129-256-row shapes
         out = wide if t >= WS_MIN_S and fills else []
     else:
         out = []
-    if ws and elt == 2 and machine.ws64 and WS64_MIN_ROWS <= M <= WS64_MAX_ROWS and K >= WS_FILL_MIN_K:
-        from .gemm_ws import wide_config
-
-        out = out + [Schedule("ws", 64, n, 64, 1, 4, wide_config(n, block_m=64).stages, True) for n in WS64_TILE_NS
-                     if _cdiv(M, 64) * _cdiv(N, n) >= WS_FILL * machine.sms]
+    if ws:
+        out = out + _ws64_candidates(M, N, K, elt, machine)
     if ws and WS_SPLIT_MIN_ROWS <= M <= WS_SPLIT_MAX_ROWS and elt == 2:
         from .gemm_ws import split_config
 
@@ -539,6 +535,16 @@ def candidates(M: int, N: int, K: int, elt: int, machine: Machine, *, splitk_onl
             if stages >= 2 and M >= STREAMK_MIN_ROWS and _cdiv(M, bm) * _cdiv(N, bn) <= STREAMK_MAX_WAVES * machine.sms:
                 out.append(Schedule("streamk", bm, bn, 64, 1, 8, stages, True, False))
     return out
+
+
+def _ws64_candidates(M: int, N: int, K: int, elt: int, machine: Machine) -> list:
+    """The WS kernel's 64-row tiles weighed here (WS64_*; the operands fit the WS kernel)."""
+    if not (elt == 2 and machine.ws64 and WS64_MIN_ROWS <= M <= WS64_MAX_ROWS and K >= WS_FILL_MIN_K):
+        return []
+    from .gemm_ws import wide_config
+
+    return [Schedule("ws", 64, n, 64, 1, 4, wide_config(n, block_m=64).stages, True) for n in WS64_TILE_NS
+            if _cdiv(M, 64) * _cdiv(N, n) >= WS_FILL * machine.sms]
 
 
 def ranked(M: int, N: int, K: int, elt: int, machine: Machine, *, splitk_only: bool = False, tail: bool = False,
@@ -667,20 +673,17 @@ def _ws_estimate(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machine
     flops = 2.0 * s.block_m * cols * bk / (WS_RATE * machine.tensor_flops / machine.sms)
     lines = 1.0 + (WS_MISALIGNED if (K * elt) % 128 else 0.0)
     hbm = lines * (b_box / min(nm, 8) + a_box / min(nn, 8)) / (WS_HBM * machine.hbm_bytes_per_s / active)
-    l2 = lines * (a_box + b_box) / (WS_L2 * machine.l2_bytes_per_s / active)
+    if s.block_m == 64:   # an SM's own intake (WS64_SM_BYTES_PER_S)
+        l2 = lines * (a_box + b_box) / WS64_SM_BYTES_PER_S
+    else:
+        l2 = lines * (a_box + b_box) / (WS_L2 * machine.l2_bytes_per_s / active)
     step = max(flops, hbm, l2)
-    # 64-row tiles past two tile rows: an SM's intake (WS64_SM_BYTES_PER_S), a floor under the K loop
-    intake = WS64_SM_BYTES_PER_S if s.block_m == 64 and nm > 2 else 0.0
-    waves = _cdiv(tiles * S, machine.sms)
-    steps = _cdiv(_cdiv(K, bk), S)
-    floor = waves * (steps * (a_box + b_box) / intake + WS_TILE_START_S) + machine.launch_s if intake else 0.0
     if S > 1:   # the split-K form: one wave of units of K / S steps, then the partials' merge
         rows = min(nm * s.block_m, _cdiv(M, s.block_m // 2) * (s.block_m // 2))   # half tiles below M store nothing
         partials = rows * nn * W * 4 * S
-        # (its merge goes on under the intake floor: other programs still stream)
-        return max(floor, waves * (steps * step + WS_TILE_START_S) + machine.launch_s
-                   + partials / (WS_SPLIT_PARTIAL_L2 * machine.l2_bytes_per_s) + WS_SPLIT_SYNC_S)
-    return max(floor, waves * (steps * step + WS_TILE_START_S) + machine.launch_s)
+        return (_cdiv(tiles * S, machine.sms) * (_cdiv(_cdiv(K, bk), S) * step + WS_TILE_START_S) + machine.launch_s
+                + partials / (WS_SPLIT_PARTIAL_L2 * machine.l2_bytes_per_s) + WS_SPLIT_SYNC_S)
+    return _cdiv(tiles, machine.sms) * (_cdiv(K, bk) * step + WS_TILE_START_S) + machine.launch_s
 
 
 def _floor_s(M: int, N: int, K: int, elt: int, machine: Machine) -> float:

@@ -1335,7 +1335,8 @@ def test_chooser_takes_the_ws_widths_from_512_rows():
     assert all(s.split_k > 1 for s in GS.candidates(128, 5120, 5120, 2, h100, ws=True) if s.kind == "ws" and s.block_m == 128)
     assert not any(s.kind == "ws" for s in GS.candidates(4096, 5120, 5120, 2, h100, ws=False))
     wide = GS.candidates(512, 5120, 5120, 2, h100, ws=True)
-    assert {s.block_n for s in wide} == set(GS.WS_TILE_NS) and all(s.kind == "ws" for s in wide)
+    assert all(s.kind == "ws" for s in wide)   # (and up to WS64_MAX_ROWS the 64-row widths beside)
+    assert {s.block_n for s in wide if s.block_m == 128} == set(GS.WS_TILE_NS)
     for s in wide:
         assert GS.Schedule.parse(s.describe()) == s, s
     assert not any(s.kind == "ws" for s in GS.candidates(512, 5120, 5120, 4, h100, ws=True))   # fp32: no
@@ -1348,13 +1349,16 @@ def test_chooser_takes_the_ws_widths_from_512_rows():
             continue
         pick = GS._choose(m, nn, k, 2, h100, False, True, True, True, True)
         assert pick.kind == "ws", (m, nn, k, pick)
+        if pick.block_m == 64:   # (64-row tiles were not timed in that run)
+            continue
         t = {w: float(r[f"ws_{f}_us"]) for f, w in forms.items()}
         n += 1
         near_best += t[pick.block_n] <= 1.05 * min(t.values())
         near_triton += t[pick.block_n] <= 1.05 * float(r["ours_us"])
     assert n >= 30 and near_best >= 0.85 * n and near_triton >= 0.9 * n, (n, near_best, near_triton)
-    # the widths where the last wave would be mostly empty at 256 columns: 40 tiles of 256 -> 128 of 80
-    assert GS._choose(512, 2560, 8192, 2, h100, False, True, True, True, True).block_n == 80
+    # the widths where the last wave would be mostly empty at 256 columns: 40 tiles of 256 -> 128 of
+    # 80, or of 64 x 160 (33.7 us against 37.0 for 128 x 80 on an H100: gemm-s40/h100-probe1)
+    assert GS._choose(512, 2560, 8192, 2, h100, False, True, True, True, True).block_n in (80, 160)
     # tiny products stay with the Triton tiles (their fixed costs are smaller)
     for m, nn, k in ((1000, 1000, 1000), (768, 768, 768), (1024, 2048, 1024)):
         assert GS._choose(m, nn, k, 2, h100, False, True, True, True, True).kind != "ws", (m, nn, k)
@@ -1441,8 +1445,11 @@ def test_chooser_weighs_64_row_ws_tiles():
             fills = -(-m // 64) * -(-5120 // n) >= GS.WS_FILL * h200.sms
             assert (n in {s.block_n for s in c}) == fills, (m, n)
         assert all(GS.Schedule.parse(s.describe()) == s for s in c)
-    for m, n, k in ((64, 5120, 5120), (257, 5120, 5120), (128, 8192, 2048), (72, 2560, 8192)):
+    for m, n, k in ((64, 5120, 5120), (GS.WS64_MAX_ROWS + 1, 5120, 5120), (128, 8192, 2048), (72, 2560, 8192)):
         assert not ws64(m, n, k), (m, n, k)
+    # from WS_MIN_ROWS (where the 128-row widths replace the Triton schedules) beside those widths
+    c = GS.candidates(512, 2560, 8192, 2, h200, ws=True)
+    assert {s.block_m for s in c if s.kind == "ws"} == {64, 128} and all(s.kind == "ws" for s in c)
     assert not [s for s in GS.candidates(128, 5120, 5120, 2, h200, ws=False) if s.kind == "ws"]
     assert ws64_on(GS._KNOWN["h100"]) and not ws64_on(GS._KNOWN["mi300x"])   # timed on both Hopper parts
     for m, n, k in ((128, 5120, 12800), (96, 5120, 5120)):
@@ -1652,25 +1659,26 @@ def test_ws_model_picks_the_timed_best_width_off_the_widths_run():
     assert n >= 50 and ok >= 0.85 * n, (n, ok)   # 81 of 91 when written
 
 
-def test_ws64_intake_cap_ranks_the_recorded_h200_timings():
-    """gemm_schedule.WS64_SM_BYTES_PER_S: past two tile rows an SM of the WS kernel's 64-row tiles
-    takes in its boxes at most so fast, however few SMs are busy. At 256 x 4096 x 4096 (16.4 us
-    for 64 x 128, 17.9 for 64 x 144, 18.8 for 64 x 160 on an H200) the model now ranks the timed
-    best first; over the thirty-ninth session's recorded H200 timings, the chooser's pick among its
-    timed candidates (gemm_rank_eval --chooser, gemm_schedule.pick) within 3 % of the best at >=
-    835 of 997 points (840 when written, 825 without the cap)."""
+def test_ws64_intake_ranks_the_recorded_timings():
+    """gemm_schedule.WS64_SM_BYTES_PER_S: a 64-row WS tile's SM takes in its boxes at its own
+    rate, however few SMs are busy. At 256 x 4096 x 4096 (16.4 us for 64 x 128, 17.9 for 64 x
+    144, 18.8 for 64 x 160 on an H200) and 512 x 2560 x 8192 (64 x 160 33.7 us against 37.0 for
+    128 x 80 on an H100) the model ranks the timed best first; over the thirty-ninth session's
+    recorded H200 timings, the chooser's pick among its timed candidates (gemm_rank_eval --chooser,
+    gemm_schedule.pick) within 3 % of the best at >= 850 of 997 points (858 when written, 825 with
+    the L2 rate shared by the busy SMs)."""
     import glob
     import importlib.util
 
     from numasched import gemm_schedule as GS
 
-    h200 = GS._KNOWN["h200"]
-    first = GS._choose(256, 4096, 4096, 2, h200, False, True, True, True, True)
-    assert first.describe() == "ws 64x128x64 w4 s8 persistent"
-    # the cap is a floor under the K loop past two tile rows: a wave cannot beat its SMs' intake
+    h200, h100 = GS._KNOWN["h200"], GS._KNOWN["h100"]
+    assert GS._choose(256, 4096, 4096, 2, h200, False, True, True, True, True).describe() == "ws 64x128x64 w4 s8 persistent"
+    assert GS._choose(512, 2560, 8192, 2, h100, False, True, True, True, True).describe() == "ws 64x160x64 w4 s7 persistent"
+    # the intake does not grow as SMs fall idle: 104 tiles of 64 x 160 take as long a step as 128
     s = GS.Schedule.parse("ws 64x160x64 w4 s7 persistent")
-    floor = (64 + 160) * 5120 * 2 / GS.WS64_SM_BYTES_PER_S
-    assert GS.estimate(s, 256, 5120, 5120, 2, h200) >= floor > GS.estimate(s, 128, 5120, 5120, 2, h200) * 0.9
+    step = (64 + 160) * 64 * 2 / GS.WS64_SM_BYTES_PER_S
+    assert GS.estimate(s, 256, 4096, 4096, 2, h200) >= 64 * step
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     spec = importlib.util.spec_from_file_location("gemm_rank_eval", os.path.join(root, "scripts", "gemm_rank_eval.py"))
     mod = importlib.util.module_from_spec(spec)
@@ -1679,7 +1687,7 @@ def test_ws64_intake_cap_ranks_the_recorded_h200_timings():
                    if "h100" not in p)
     res = mod.score(mod.read_points(files, 1 << 30), h200, chooser=True)
     assert len(res) == 997
-    assert sum(r <= 1.03 for r, _, _ in res.values()) >= 835
+    assert sum(r <= 1.03 for r, _, _ in res.values()) >= 850
 
 
 def test_pick_takes_the_lowest_estimate_with_the_ws_split_margin_and_the_ties_rule():
