@@ -229,16 +229,19 @@ def _aligned_rows(a: torch.Tensor, kp: int, capturing: bool) -> torch.Tensor:
     return buf[:m * kp].view(m, kp)[:, :k]
 
 
-def _row_copy_launch(a: torch.Tensor, kp: int, interp: bool, options: _options.Options):
-    """The launch that copies A into rows of ``kp`` elements (kernels/copy_rows.py)."""
+def _row_copy_launch(a: torch.Tensor, kp: int, interp: bool, options: _options.Options, pad: bool = False):
+    """The launch that copies A (K-contiguous rows) into rows of ``kp`` elements
+    (kernels/copy_rows.py); ``pad``: zeros in each row's columns K..kp too (its grid covers kp)."""
     from ._launch import Launch
     from .kernels import copy_rows as CR
     from .kernels.gemm_splitk import vector_width
 
     m, k = a.shape
-    bk = CR.block_k(k)
+    width = kp if pad else k
+    bk = CR.block_k(width)
     vec = vector_width(a.element_size(), k, a.stride(0), kp)
-    return Launch(CR.copy_rows_kernel, (m, -(-k // bk)), dict(BLOCK_K=bk, VEC=vec), config=dict(num_warps=4),
+    const = dict(BLOCK_K=bk, VEC=vec, PAD=1) if pad else dict(BLOCK_K=bk, VEC=vec)
+    return Launch(CR.copy_rows_kernel, (m, -(-width // bk)), const, config=dict(num_warps=4),
                   device=a.device, interpret=interp, options=options)
 
 
@@ -255,12 +258,52 @@ def _align_a_wanted(a: torch.Tensor, M: int, N: int, K: int, options: _options.O
     return -(-K * es // 128) * 128 // es
 
 
+# K padded to whole 128-byte lines (options.gemm_pad_k): A's and W's zero-padded rows per
+# (device, stream, dtype, operand), grow-only like _APAD, fresh while capturing
+_KPAD: dict = {}
+
+
+def _padded_rows(t: torch.Tensor, rows: int, kp: int, which: str, capturing: bool) -> torch.Tensor:
+    """A (rows, kp) row-major buffer for this stream (``which``: "a" or "w"); the copy fills all
+    of it, its padding included, so what it held before does not matter."""
+    dev = t.device
+    if capturing:
+        buf = torch.empty(rows * kp, dtype=t.dtype, device=dev)
+    else:
+        buf = grow_only(_KPAD, (dev.type, dev.index, caps.stream_handle(dev), t.dtype, which), rows * kp, t.dtype,
+                        dev)
+    return buf[:rows * kp].view(rows, kp)
+
+
+def _pad_k_wanted(a: torch.Tensor, b: torch.Tensor, M: int, N: int, K: int, options: _options.Options,
+                  interp: bool) -> int:
+    """K rounded up to whole 128-byte lines where A and W are copied into zero-padded rows of
+    that length before the kernel (options.gemm_pad_k), or 0."""
+    es = a.element_size()
+    # K a multiple of 16 bytes: rows TMA can read (A's lines are gemm_align_a's); only A
+    # K-contiguous and B the W.T view of a row-major (N, K) W (F.linear's layout): the copy
+    # kernel pads rows, and a (K, N) B would need zero rows instead
+    if options.gemm_pad_k is False or (K * es) % 16 == 0 or a.stride(1) != 1 or b.stride(0) != 1:
+        return 0
+    # both rows already 16-byte strided (K-slices of wider buffers): TMA reads them as they are
+    if tma_view(a) is not None and tma_view(b) is not None:
+        return 0
+    if options.gemm_pad_k is None:
+        tma = TensorDescriptor is not None and caps.tma_supported(a.device)
+        if interp or not _sched.pad_k_pays(M, N, K, es, _sched.Machine.of(a.device), tma=tma,
+                                           tail=options.gemm_tail_split):
+            return 0
+    return _sched.padded_k(K, es)
+
+
 # ----------------------------------------------------------------------------------- the plan
 class GemmPlan(Plan):
     """A planned matmul: made by :func:`plan_matmul`, run with :meth:`run`.
 
-    Attributes: M, N, K; out_dtype; schedule (a numasched.gemm_schedule.Schedule, or None for the
-    autotuned or hand-configured tiled kernel); kernel ("tiled", "splitk" or "streamk"); policy, topology;
+    Attributes: M, N, K (the caller's); k_padded (options.gemm_pad_k: the K the kernel runs
+    over, A and W copied into zero-padded rows of it first; 0: not padded); out_dtype; schedule
+    (a numasched.gemm_schedule.Schedule, or None for the autotuned or hand-configured tiled
+    kernel); kernel ("tiled", "splitk" or "streamk"); policy, topology;
     path ("tma" or "pointer"); a_trans, b_trans (operands read through a descriptor of their
     transposed storage); c_tma; int64; persistent; split_k; mode ("kernel", "interpreter", "torch",
     "empty", "zero"); grid and config (None until the autotuner chose); workspace_bytes; tensors."""
@@ -290,7 +333,9 @@ class GemmPlan(Plan):
         self._out_shape = (Mdim, N)
         self._launch = None
         self._epi = (bias is not None, residual is not None)
-        self._a_rows = self._a_bytes = 0   # options.gemm_align_a (below)
+        self._a_rows = self._copy_bytes = 0   # options.gemm_align_a (below); the copies' buffers
+        self.k_padded = 0   # options.gemm_pad_k (below)
+        self._kernel_k = K   # the K the kernel runs over (k_padded where padded)
         self.a_pointer = ""   # split-K on TMA: A through pointers ("b_tma", "b_tma_last": options.gemm_splitk_operands)
         if Mdim == 0 or N == 0:
             self.mode = "empty"
@@ -302,13 +347,26 @@ class GemmPlan(Plan):
             self._freeze()
             return
         interp = self.mode == "interpreter"
+        # K not a multiple of 16 bytes (options.gemm_pad_k): run() copies A and W into rows of
+        # whole 128-byte lines, zeros past K in both, and the kernel is planned for those buffers
+        # over the padded K (stand-ins of their layout: run() fills this stream's buffers)
+        self.k_padded = _pad_k_wanted(a, b, Mdim, N, K, options, interp)
+        if self.k_padded:
+            kp = self.k_padded
+            self._pad_copies = (_row_copy_launch(a, kp, interp, options, pad=True),
+                                _row_copy_launch(b.T, kp, interp, options, pad=True))
+            a = torch.empty_strided((Mdim, kp), (kp, 1), dtype=a.dtype, device=dev)
+            b = torch.empty_strided((kp, N), (1, kp), dtype=b.dtype, device=dev)
+            self._copy_bytes = (Mdim + N) * kp * a.element_size()   # counted in workspace_bytes
+            K = self._kernel_k = kp
         # rows of A that are not whole 128-byte lines (options.gemm_align_a): run() copies A into
         # a buffer of aligned rows first, and the kernel is planned for that buffer's layout
-        self._a_rows = _align_a_wanted(a, Mdim, N, K, options, interp)
+        # (not where K is padded: those rows are whole lines already)
+        self._a_rows = 0 if self.k_padded else _align_a_wanted(a, Mdim, N, K, options, interp)
         if self._a_rows:   # (a stand-in of that layout: run() fills this stream's buffer)
             self._a_copy = _row_copy_launch(a, self._a_rows, interp, options)
             a = torch.empty_strided((Mdim, K), (self._a_rows, 1), dtype=a.dtype, device=dev)
-            self._a_bytes = Mdim * self._a_rows * a.element_size()   # counted in workspace_bytes
+            self._copy_bytes = Mdim * self._a_rows * a.element_size()   # counted in workspace_bytes
         self._upcast = interp and a.dtype == torch.bfloat16  # the interpreter's bf16 dot is wrong
         # a stand-in for the output: its layout is what the plan is made for
         c = out if out is not None else torch.empty((Mdim, N), dtype=dtype, device="meta")
@@ -352,7 +410,7 @@ class GemmPlan(Plan):
             if why is not None:
                 raise ValueError(f"schedule {schedule.describe()!r}: the warp-specialised GEMM cannot run this: {why}")
             self._plan_ws(a, b, out, schedule)
-            self.workspace_bytes += self._a_bytes
+            self.workspace_bytes += self._copy_bytes
             self._freeze()
             return
         if schedule is not None and schedule.kind == "streamk":
@@ -391,7 +449,7 @@ class GemmPlan(Plan):
         self._blocks = None
         self._args: dict = {}
         self._sync_config()
-        self.workspace_bytes += self._a_bytes
+        self.workspace_bytes += self._copy_bytes
         self._freeze()
 
     # ---------------------------------------------------------------- the kernels
@@ -427,7 +485,7 @@ class GemmPlan(Plan):
         from ._launch import Launch
         from .kernels import gemm_splitk as KS
 
-        Mdim, N, K = self.M, self.N, self.K
+        Mdim, N, K = self.M, self.N, self._kernel_k
         if schedule is not None and schedule.kind == "splitk":
             cfg = {k: v for k, v in schedule.config().items()}
             S = int(split_k or schedule.split_k)
@@ -489,7 +547,7 @@ class GemmPlan(Plan):
         from ._launch import Launch
         from .kernels import gemm_streamk as KSK
 
-        Mdim, N, K = self.M, self.N, self.K
+        Mdim, N, K = self.M, self.N, self._kernel_k
         if self.int64:
             raise ValueError("the stream-K kernel uses 32-bit offsets: these operands span more than 2^31 elements "
                              "(use the default schedule, which takes the tiled kernel with 64-bit offsets)")
@@ -523,7 +581,7 @@ class GemmPlan(Plan):
         from ._launch import Launch, config_kwargs
         from .kernels import gemm as K_
 
-        Mdim, N, K = self.M, self.N, self.K
+        Mdim, N, K = self.M, self.N, self._kernel_k
         dev = self.device
         out_given = self.tensors["out"] is not None
         c_view = tma_view(c) if out_given else (False, [Mdim, N], [N, 1])
@@ -678,7 +736,17 @@ class GemmPlan(Plan):
         mode = self.mode
         if out is None:
             out = a.new_empty(self._out_shape, dtype=self.out_dtype)
-        if self._a_rows:   # options.gemm_align_a: A into whole 128-byte rows first
+        if self.k_padded:   # options.gemm_pad_k: A and W into zero-padded whole-line rows first
+            kp, capturing = self.k_padded, caps.capturing(self.device)
+            w = b.T
+            a_dst = _padded_rows(a, self.M, kp, "a", capturing)
+            w_dst = _padded_rows(w, self.N, kp, "w", capturing)
+            copy_a, copy_w = self._pad_copies
+            with caps.launch_device(a):
+                copy_a(a, a_dst, self.K, a.stride(0), kp)
+                copy_w(w, w_dst, self.K, w.stride(0), kp)
+            a, b = a_dst, w_dst.T
+        elif self._a_rows:   # options.gemm_align_a: A into whole 128-byte rows first
             dst = _aligned_rows(a, self._a_rows, caps.capturing(self.device))
             with caps.launch_device(a):
                 self._a_copy(a, dst, self.K, a.stride(0), self._a_rows)

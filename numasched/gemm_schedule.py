@@ -28,7 +28,9 @@ HBM bandwidth, tensor rate, L2 bandwidth):
 
 :func:`choose` returns the cheapest candidate (operands whose rows are not 16-byte aligned only
 with K blocks of at most MISALIGNED_MAX_BLOCK_K, at MISALIGNED_SM_BW_SHARE), unless a tuned table (``numasched tune-gemm``,
-``options.gemm_table``) has an entry for the shape. No AMD GPU was available: the AMD machine
+``options.gemm_table``) has an entry for the shape. Where K is not a multiple of 16 bytes,
+:func:`pad_k_pays` says whether numasched.gemm copies the operands into zero-padded whole-line
+rows first and plans the aligned GEMM over the padded K. No AMD GPU was available: the AMD machine
 figures are datasheet numbers and the model has been checked on an H200 only.
 """
 from __future__ import annotations
@@ -333,6 +335,52 @@ def align_a_pays(M: int, K: int, elt: int, lead: Optional[int] = None) -> bool:
     if (lead * elt) % 128 == 0 or (K * elt) % 16 or M < ALIGN_A_MIN_ROWS:
         return False
     return math.gcd(lead * elt, 128) <= ALIGN_A_OFFSET_GCD
+
+
+# K whose rows are not 16-byte multiples (bf16 with an odd K): neither A's rows nor W's are
+# aligned, so there is no TMA and the split-K kernel's pointer loads go one element at a time.
+# numasched.gemm can copy A and W into zero-padded rows of Kp = K rounded up to whole 128-byte
+# lines (options.gemm_pad_k; kernels/copy_rows.py with PAD) and run the aligned GEMM over Kp (the
+# padded columns are zeros in both operands: the product is unchanged). The copies read
+# (M + N) * K and write (M + N) * Kp elements at the HBM rate, a launch each; the misaligned
+# GEMM's model underestimates it: on an H200 (bf16, y = x @ W.T) 301 x 7001 x 3011 was modelled
+# 73.9 us and ran 157 (2.1x; cuBLAS 156), 97 x 3001 x 1537 modelled 16.4 and ran 24 (1.46x;
+# cuBLAS 22), where an aligned GEMM of those sizes takes about 25-35 and 8-10 us (modelled 37.1 and
+# 6.1 over Kp). The misaligned estimate is taken at PAD_K_MISALIGNED_COST times its value, a little
+# under the lower of the two ratios, so the copy is made only where it pays against that reading;
+# on the H200's figures that takes both shapes (modelled 62.8 against 103 us, 15.6 against 23)
+# and leaves 17-32 x 4096 x 4099 (the copy of W about the aligned GEMM's time) misaligned.
+# Never at M <= WEIGHT_STREAM_MAX_ROWS: there the misaligned split-K kernel already streams W once,
+# and a copy of W costs more than that read (H200: 3 x 5003 x 4093 ran 23.5 us misaligned against
+# cuBLAS's 51; 13 x 4111 x 2053 12.7 against 28; the model overestimates these: 28.0 and 14.8).
+# Not yet timed on a GPU with the copy: the rule is the model's.
+PAD_K_MISALIGNED_COST = 1.4
+
+
+def padded_k(K: int, elt: int) -> int:
+    """K rounded up to whole 128-byte lines (elements)."""
+    return _cdiv(K * elt, 128) * 128 // elt
+
+
+def pad_k_copy_s(M: int, N: int, K: int, elt: int, machine: Machine) -> float:
+    """The two copies of the K-padding path: A's and W's rows read (K) and written (Kp) at the
+    HBM rate, a launch each."""
+    return 2 * machine.launch_s + (M + N) * (K + padded_k(K, elt)) * elt / machine.hbm_bytes_per_s
+
+
+def pad_k_pays(M: int, N: int, K: int, elt: int, machine: Machine, *, tma: bool = True, tail: bool = True) -> bool:
+    """Whether numasched.matmul pads K (options.gemm_pad_k None): K not a multiple of 16 bytes,
+    more than WEIGHT_STREAM_MAX_ROWS rows, and the copies plus the aligned GEMM over the padded K
+    (``tma``: read through TMA as on Hopper; ``tail``: options.gemm_tail_split) modelled under
+    PAD_K_MISALIGNED_COST times the misaligned GEMM's estimate (see above). The WS kernel is not
+    weighed for the padded GEMM (it could only lower that side)."""
+    if (K * elt) % 16 == 0 or M <= WEIGHT_STREAM_MAX_ROWS:
+        return False
+    misaligned = _choose(M, N, K, elt, machine, True, False, False, tail, False)
+    padded = _choose(M, N, padded_k(K, elt), elt, machine, not tma, tma, True, tail, False)
+    if misaligned is None or padded is None:
+        return False
+    return padded.est_s + pad_k_copy_s(M, N, K, elt, machine) < PAD_K_MISALIGNED_COST * misaligned.est_s
 
 
 # How the split-K kernel reads its operands on Hopper (options.gemm_splitk_tma), by tile, timed

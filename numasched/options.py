@@ -36,6 +36,7 @@ numasched is imported (they are not read per call):
     NUMASCHED_GLU_FUSED=0|1     glu_fused -> False / True (unset: gemm_glu.glu_fused_pays)
     NUMASCHED_FUSED_WS=0|1      fused_ws -> False / True (unset: the config's)
     NUMASCHED_GEMM_ALIGN_A=0|1  gemm_align_a -> False / True (unset: where gemm_schedule.align_a_pays)
+    NUMASCHED_GEMM_PAD_K=0|1    gemm_pad_k -> False / True (unset: where gemm_schedule.pad_k_pays)
     NUMASCHED_GEMM_SPLITK_OPERANDS gemm_splitk_operands ("auto", "tma", "b_tma", "b_tma_last", "pointer")
     NUMASCHED_GEMM_WS_LAST_BOX=0 gemm_ws_last_box -> False
     NUMASCHED_GEMM_WS_DEAD_HALF=0 gemm_ws_dead_half -> False
@@ -187,6 +188,14 @@ class Options:
             column re-reads A, and a misaligned row costs two lines per load (True: always there,
             also in the interpreter; False: never; None: on a GPU where
             gemm_schedule.align_a_pays: from 16 rows, most rows crossing a line).
+        gemm_pad_k: where K * element size is not a multiple of 16 bytes (no TMA, the operands
+            read an element at a time), numasched.matmul copies A and the weight W (B given as
+            ``W.T`` of a row-major (N, K) W, A K-contiguous: the F.linear layout) into buffers
+            whose rows are K rounded up to whole 128-byte lines, the tail zeros in both, and runs
+            the GEMM planned for those over the padded K (True: always there, also in the
+            interpreter; False: never; None: on a GPU where gemm_schedule.pad_k_pays: from 17
+            rows, where the modelled copies and aligned GEMM beat the misaligned GEMM). Other
+            layouts of B take the misaligned kernel as before.
         gemm_splitk_operands: how the split-K GEMM reads its operands on Hopper where TMA can
             (``gemm_splitk_tma`` on, both operands describable): "tma" (both through descriptors,
             any tile), "b_tma" (the weight B through its descriptor, A through masked pointer
@@ -229,6 +238,7 @@ class Options:
     glu_fused: Optional[bool] = None
     fused_ws: Optional[bool] = None
     gemm_align_a: Optional[bool] = None
+    gemm_pad_k: Optional[bool] = None
     gemm_splitk_operands: str = "auto"
     gemm_ws_last_box: bool = True
     gemm_ws_dead_half: bool = True
@@ -251,7 +261,8 @@ class Options:
         if self.fused_ar_stages is not None and (isinstance(self.fused_ar_stages, bool) or self.fused_ar_stages
                                                  not in (2, 3, 4)):
             raise ValueError(f"Options.fused_ar_stages must be 2, 3, 4 or None, got {self.fused_ar_stages!r}")
-        for f in ("fused_flat", "glu_persistent", "fused_tma_push", "glu_ws", "fused_ws", "gemm_align_a", "glu_fused"):
+        for f in ("fused_flat", "glu_persistent", "fused_tma_push", "glu_ws", "fused_ws", "gemm_align_a", "glu_fused",
+                  "gemm_pad_k"):
             if getattr(self, f) is not None and not isinstance(getattr(self, f), bool):
                 raise TypeError(f"Options.{f} must be a bool or None, got {getattr(self, f)!r}")
         if self.gemm_splitk_operands not in SPLITK_OPERANDS:
@@ -315,7 +326,7 @@ def from_env(environ=None) -> Options:
         raise ValueError(f"NUMASCHED_DECODE_PREFETCH must be a number of tokens (0: off), got {pre!r}")
     tri = {}
     for name in ("NUMASCHED_FUSED_FLAT", "NUMASCHED_GLU_PERSISTENT", "NUMASCHED_FUSED_TMA_PUSH", "NUMASCHED_GLU_WS",
-                 "NUMASCHED_FUSED_WS", "NUMASCHED_GEMM_ALIGN_A", "NUMASCHED_GLU_FUSED"):
+                 "NUMASCHED_FUSED_WS", "NUMASCHED_GEMM_ALIGN_A", "NUMASCHED_GLU_FUSED", "NUMASCHED_GEMM_PAD_K"):
         v = env.get(name, "").strip()
         if v not in ("", "0", "1"):
             raise ValueError(f"{name} must be 0 or 1, got {v!r}")
@@ -345,7 +356,7 @@ def from_env(environ=None) -> Options:
                    fused_flat=tri["NUMASCHED_FUSED_FLAT"], glu_persistent=tri["NUMASCHED_GLU_PERSISTENT"],
                    fused_tma_push=tri["NUMASCHED_FUSED_TMA_PUSH"], glu_ws=tri["NUMASCHED_GLU_WS"],
                    fused_ws=tri["NUMASCHED_FUSED_WS"], gemm_align_a=tri["NUMASCHED_GEMM_ALIGN_A"],
-                   glu_fused=tri["NUMASCHED_GLU_FUSED"],
+                   glu_fused=tri["NUMASCHED_GLU_FUSED"], gemm_pad_k=tri["NUMASCHED_GEMM_PAD_K"],
                    gemm_splitk_operands=env.get("NUMASCHED_GEMM_SPLITK_OPERANDS", "auto").strip() or "auto",
                    gemm_ws_last_box=flag("NUMASCHED_GEMM_WS_LAST_BOX", True),
                    gemm_ws_dead_half=flag("NUMASCHED_GEMM_WS_DEAD_HALF", True))

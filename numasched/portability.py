@@ -494,6 +494,15 @@ def _copy_rows(vendor):
     return CR.copy_rows_kernel, values, 4, 1
 
 
+def _copy_rows_pad(vendor):
+    from numasched.kernels import copy_rows as CR
+
+    # A or W (rows of 1537 bf16) into zero-padded rows of 1600 (numasched.gemm, options.gemm_pad_k)
+    values = dict(src="*bf16", dst="*bf16", K=1537, stride_s=1537, stride_d=1600, BLOCK_K=CR.block_k(1600), VEC=1,
+                  PAD=1)
+    return CR.copy_rows_kernel, values, 4, 1
+
+
 def _gemm_splitk_medium(tail: bool):
     def build(vendor):
         from numasched import mappings
@@ -754,6 +763,8 @@ VARIANTS: List[Variant] = [
     Variant("gemm_splitk", "bf16-pointer-decode-kvec", _gemm_splitk(False, kvec=8),
             note="the same at K = 5000 with A_K_VEC = B_K_VEC = 8 (16-byte loads; without them one element at a time)"),
     Variant("copy_rows", "bf16-k5000", _copy_rows, note="A's rows into whole 128-byte lines (options.gemm_align_a)"),
+    Variant("copy_rows", "bf16-k1537-pad", _copy_rows_pad,
+            note="rows of an odd K into zero-padded whole lines (options.gemm_pad_k)"),
     Variant("gemm_splitk", "bf16-pointer-decode-prefetch", _gemm_splitk(True),
             off={"amd": "cp.async.bulk.prefetch.L2 is NVIDIA PTX; the host sets PREFETCH_B on sm_90+ only"},
             note="the same with PREFETCH_B (options.pdl_prefetch): the first 96 programs' B into L2 before "

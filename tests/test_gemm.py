@@ -814,6 +814,30 @@ def test_gpu_realigned_a_in_a_cuda_graph_replays_right(m, n, k, rows):
     _graph_replays_right(plan, x, w)
 
 
+@gpu
+@pytest.mark.parametrize("m,n,k", [(97, 3001, 1537), (301, 7001, 3011)])
+def test_gpu_k_padded_by_the_rule_eager_and_in_graph_replays(m, n, k):
+    """bf16 with an odd K (no TMA as given): by the rule (gemm_schedule.pad_k_pays) A and W are
+    copied into zero-padded rows of whole lines first; eager with bias and residual, then
+    captured in a CUDA graph (the copies inside it) and replayed on fresh x, against float64."""
+    from numasched import gemm_schedule as GS
+
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    res = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    plan = numasched.plan_matmul(x, w.T, bias=bias, residual=res)
+    if torch.cuda.get_device_capability()[0] >= 9:
+        assert plan.k_padded == GS.padded_k(k, 2), plan.schedule
+    ref = x.double() @ w.double().T + bias.double() + res.double()
+    for _ in range(3):   # first call compiles; later ones take the direct launch path
+        y = plan.run(x, w.T, bias=bias, residual=res)
+        assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-2, plan.schedule
+    plain = numasched.plan_matmul(x, w.T)
+    assert plain.k_padded == plan.k_padded
+    _graph_replays_right(plain, x, w)
+
+
 # ------------------------------------------------------------------------------ TMA-fed split-K (option)
 @cpu
 @pytest.mark.parametrize("m,n,k,split_k,ta,tb,dtype", [(5, 40, 64, 2, False, True, torch.float32),
@@ -1039,6 +1063,157 @@ def test_matmul_with_a_realigned_matches_float64(m, n, k, dtype, kind):
     with options.use(gemm_align_a=False):
         assert numasched.plan_matmul(a, w.T, **kw)._a_rows == 0
     assert numasched.plan_matmul(a, w.T, **kw)._a_rows == 0, "auto: never in the interpreter"
+
+
+# ------------------------------------------------------------------------------ K padded (gemm_pad_k)
+def _pad_operands(m, n, k, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(m, k, generator=g).to(dtype)
+    w = torch.randn(n, k, generator=g).to(dtype)
+    bias, res = torch.randn(n, generator=g).to(dtype), torch.randn(m, n, generator=g).to(dtype)
+    return a, w, bias, res
+
+
+def _linear_err(c, a, w, bias, res):
+    ref = a.double() @ w.double().T + bias.double() + res.double()
+    assert not torch.isnan(c).any(), "output has unwritten (NaN-poisoned) elements"
+    return ((c.double() - ref).norm() / ref.norm()).item()
+
+
+@cpu
+@pytest.mark.parametrize("m,n,k,dtype", [(1, 7, 37, torch.float32), (5, 33, 61, torch.float16),
+                                         (33, 17, 99, torch.float32), (70, 45, 37, torch.float16),
+                                         (33, 9, 61, torch.float16), (5, 41, 99, torch.float32)])
+@pytest.mark.parametrize("kind", ["splitk", "splitk_pointer", "tiled", "tiled_tma"])
+def test_matmul_with_k_padded_matches_float64(m, n, k, dtype, kind):
+    """options.gemm_pad_k=True, K not a multiple of 16 bytes: A and W are copied into rows of
+    whole 128-byte lines, zeros past K, and the kernel runs over the padded K (the split-K
+    kernel through descriptors or pointers, the tiled one through pointers or descriptors, which
+    the unpadded operands do not allow); y = x @ W.T + bias + residual
+    against float64 on fresh inputs twice (the stream's buffers reused), the operands untouched,
+    and the plan reports the padded K and counts the buffers in its workspace."""
+    a, w, bias, res = _pad_operands(m, n, k, dtype, seed=m * n + k)
+    kw = dict(path="tma" if kind == "tiled_tma" else "pointer") if kind.startswith("tiled") else {}
+    es = a.element_size()
+    kp = 128 // es * -(-k * es // 128)
+    with options.use(gemm_pad_k=True, gemm_splitk_tma=kind == "splitk"):
+        plan = numasched.plan_matmul(a, w.T, bias=bias, residual=res, **kw)
+        for seed in range(2):
+            if seed:
+                a, w, bias, res = _pad_operands(m, n, k, dtype, seed=seed + 1000)
+            a0, w0 = a.clone(), w.clone()
+            c = plan.run(a, w.T, _poisoned(m, n, dtype), bias=bias, residual=res)
+            assert _linear_err(c, a, w, bias, res) < TOL[dtype]
+            assert torch.equal(a, a0) and torch.equal(w, w0)
+    assert plan.k_padded == kp and plan.K == k and plan._a_rows == 0
+    assert plan.kernel == ("tiled" if kind.startswith("tiled") else "splitk")
+    assert plan.path == ("tma" if kind in ("splitk", "tiled_tma") else "pointer")
+    ws = 4 * plan._ws_numel if plan.kernel == "splitk" else 0
+    assert plan.workspace_bytes == ws + (m + n) * kp * es
+
+
+@cpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_k_padding_does_not_depend_on_what_the_buffers_held(dtype):
+    """The stream's padded buffers are shared by plans of every K: after a plan of a longer K ran
+    on NaN operands (its rows, NaN, where the shorter plan's padding now lies), and with every
+    padded buffer then filled with NaN, a plan of K = 37 still gets the right product: its copies
+    write the zeros past K themselves."""
+    m, n = 5, 33
+    big_a, big_w, big_b, big_r = _pad_operands(m + 4, n + 8, 301, dtype, seed=1)
+    with options.use(gemm_pad_k=True):
+        big = numasched.plan_matmul(big_a, big_w.T, bias=big_b, residual=big_r)
+        big.run(big_a.fill_(float("nan")), big_w.fill_(float("nan")).T, bias=big_b, residual=big_r)
+        key = lambda which: ("cpu", None, caps.stream_handle(torch.device("cpu")), dtype, which)  # noqa: E731
+        bufs = [api._KPAD[key("a")], api._KPAD[key("w")]]
+        assert all(bool(torch.isnan(t).any()) for t in bufs)
+        a, w, bias, res = _pad_operands(m, n, 37, dtype, seed=2)
+        plan = numasched.plan_matmul(a, w.T, bias=bias, residual=res)
+        for seed in (3, 4):
+            a, w, bias, res = _pad_operands(m, n, 37, dtype, seed=seed)
+            for t in bufs:
+                t.fill_(float("nan"))
+            c = plan.run(a, w.T, _poisoned(m, n, dtype), bias=bias, residual=res)
+            assert _linear_err(c, a, w, bias, res) < TOL[dtype]
+    assert plan.k_padded == 64 and big.k_padded > plan.k_padded
+    assert api._KPAD[key("a")] is bufs[0] and api._KPAD[key("w")] is bufs[1], "the same (grow-only) buffers"
+
+
+@cpu
+def test_k_padding_only_where_asked_and_where_it_applies():
+    """No padding with gemm_pad_k=False, for K a multiple of 16 bytes, automatically in the
+    interpreter, for a B (K, N) row-major or an A that is not K-contiguous (the copy pads rows of
+    A and of W), and for operands whose rows are 16-byte strided already (K-slices of wider
+    buffers: TMA reads them as they are); those still compute the right product."""
+    a, w, bias, res = _pad_operands(9, 13, 37, torch.float32, seed=5)
+    with options.use(gemm_pad_k=False):
+        assert numasched.plan_matmul(a, w.T).k_padded == 0
+    assert numasched.plan_matmul(a, w.T).k_padded == 0, "auto: never in the interpreter"
+    with options.use(gemm_pad_k=True):
+        assert numasched.plan_matmul(a, w.T).k_padded == 64
+        aligned_a, aligned_w, _, _ = _pad_operands(9, 13, 36, torch.float32, seed=6)   # 144-byte rows
+        assert numasched.plan_matmul(aligned_a, aligned_w.T).k_padded == 0
+        b = w.T.contiguous()                                     # (K, N) row-major
+        at = a.T.contiguous().T                                  # (M, K) stored (K, M)
+        wide_a, wide_w = torch.randn(9, 40), torch.randn(13, 40)  # leading strides of 160 bytes
+        for x, y in ((a, b), (at, w.T), (wide_a[:, :37], wide_w[:, :37].T)):
+            plan = numasched.plan_matmul(x, y)
+            assert plan.k_padded == 0
+            c = plan.run(x, y, _poisoned(9, 13, torch.float32))
+            assert _rel_err(c, x, y) < 1e-5
+        assert numasched.plan_matmul(a, w.T).workspace_bytes >= (9 + 13) * 64 * 4
+        c = numasched.matmul(a, w.T, bias=bias, residual=res)   # the one call (its plan cache keys the options)
+        assert last_plan().k_padded == 64 and _linear_err(c, a, w, bias, res) < 1e-5
+    c = numasched.matmul(a, w.T, bias=bias, residual=res)
+    assert last_plan().k_padded == 0 and _linear_err(c, a, w, bias, res) < 1e-5
+
+
+def test_pad_k_pays_where_the_weight_is_not_streamed_once():
+    """gemm_schedule.pad_k_pays on the H200's figures: K not a multiple of 16 bytes, more than 16
+    rows, and the copies plus the aligned GEMM modelled under 1.4x the misaligned GEMM's estimate:
+    the two measured shapes pad, M <= 16 (the weight streamed once) never, aligned K never."""
+    from numasched import gemm_schedule as GS
+
+    h200 = GS._KNOWN["h200"]
+    assert GS.pad_k_pays(301, 7001, 3011, 2, h200) and GS.pad_k_pays(97, 3001, 1537, 2, h200)
+    assert GS.pad_k_pays(1024, 4096, 4097, 2, h200) and GS.pad_k_pays(97, 3001, 1538, 2, h200)
+    assert not GS.pad_k_pays(3, 5003, 4093, 2, h200) and not GS.pad_k_pays(13, 4111, 2053, 2, h200)
+    assert not GS.pad_k_pays(16, 8192, 4099, 2, h200)
+    assert not GS.pad_k_pays(97, 3001, 1536, 2, h200) and not GS.pad_k_pays(301, 7001, 3016, 2, h200)
+    assert not GS.pad_k_pays(24, 4096, 4099, 2, h200)   # the copy of W about the aligned GEMM's time
+    assert GS.pad_k_pays(97, 3001, 1537, 4, h200) and not GS.pad_k_pays(97, 3001, 1536, 4, h200)   # fp32
+    assert GS.padded_k(1537, 2) == 1600 and GS.padded_k(3011, 2) == 3072 and GS.padded_k(37, 4) == 64
+    # the copies: (M + N) rows read at K and written at Kp, two launches
+    assert GS.pad_k_copy_s(97, 3001, 1537, 2, h200) == pytest.approx(
+        2 * h200.launch_s + 3098 * (1537 + 1600) * 2 / h200.hbm_bytes_per_s)
+
+
+def test_pad_k_option_is_checked_and_read_from_the_environment():
+    assert options.Options().gemm_pad_k is None and options.from_env({}).gemm_pad_k is None
+    assert options.from_env({"NUMASCHED_GEMM_PAD_K": "1"}).gemm_pad_k is True
+    assert options.from_env({"NUMASCHED_GEMM_PAD_K": "0"}).gemm_pad_k is False
+    with pytest.raises(ValueError, match="NUMASCHED_GEMM_PAD_K"):
+        options.from_env({"NUMASCHED_GEMM_PAD_K": "yes"})
+    with pytest.raises(TypeError, match="gemm_pad_k"):
+        options.Options(gemm_pad_k=1)
+
+
+@cpu
+@pytest.mark.parametrize("dtype,k,lead", [(torch.float16, 37, 37), (torch.float32, 61, 70), (torch.float16, 64, 64)])
+def test_copy_rows_pad_writes_zeros_past_k(dtype, k, lead):
+    """kernels/copy_rows.py with PAD: dst[:, :K] = src[:, :K] and dst[:, K:Kp] = 0 in a buffer
+    filled with NaN first (rows of a wider source too); without PAD the tail is left as it was."""
+    es = torch.empty((), dtype=dtype).element_size()
+    kp = 128 // es * -(-k * es // 128) + (128 // es if k * es % 128 == 0 else 0)   # always some padding
+    src = torch.randn(7, lead).to(dtype)[:, :k]
+    dst = torch.full((7, kp), float("nan"), dtype=dtype)
+    copy = api._row_copy_launch(src, kp, True, options.current(), pad=True)
+    assert copy.grid[1] * copy.kwargs["BLOCK_K"] >= kp
+    copy(src, dst, k, src.stride(0), kp)
+    assert torch.equal(dst[:, :k], src) and torch.equal(dst[:, k:], torch.zeros(7, kp - k, dtype=dtype))
+    dst.fill_(float("nan"))
+    api._row_copy_launch(src, kp, True, options.current())(src, dst, k, src.stride(0), kp)
+    assert torch.equal(dst[:, :k], src) and bool(torch.isnan(dst[:, k:]).all())
 
 
 def test_chooser_models_tma_split_k_at_the_tensor_rate():

@@ -29,7 +29,7 @@ SM90_SUBSET = [
     "gemm/bf16-tma-persistent", "dist/all_gather_matmul-tma", "dist/decode_exchange_combine", "probe/l2_latency",
     "gemm_splitk/bf16-pointer-decode-prefetch", "gemm_splitk/bf16-pointer-decode-glu-prefetch",
     "flash_decode/paged16-fused-bf16-d128-g4-prefetch", "flash_decode/contiguous-fused-bf16-d128-g4-prefetch",
-    "gemm_splitk/bf16-pointer-decode-kvec", "copy_rows/bf16-k5000",
+    "gemm_splitk/bf16-pointer-decode-kvec", "copy_rows/bf16-k5000", "copy_rows/bf16-k1537-pad",
 ] + [v.key for v in PT.VARIANTS if "nvidia" in v.off]
 
 # (variant, vendor) pairs switched off, and why (a word the reason must contain)
@@ -194,7 +194,9 @@ def test_decode_kv_prefetch_comes_before_the_pdl_wait():
 def test_k_vectors_make_pointer_loads_16_bytes_wide():
     """sm_90 PTX of the decode-size split-K tile at K = 5000 (kernels/gemm_splitk.k_vector):
     without the hints every operand element is its own 2-byte load; with A_K_VEC = B_K_VEC = 8
-    the loads are 16-byte cp.async, as at K = 4096. The row copy of A moves 16-byte vectors."""
+    the loads are 16-byte cp.async, as at K = 4096. The row copy of A moves 16-byte vectors; the
+    padding copy of an odd K (options.gemm_pad_k) loads an element at a time but stores 16-byte
+    vectors into its whole-line rows."""
     code = ("import json, re; from numasched import portability as P\n"
             "out = {}\n"
             "fn, values, w, s = P.find('gemm_splitk', 'bf16-pointer-decode-kvec').build('nvidia')\n"
@@ -206,11 +208,16 @@ def test_k_vectors_make_pointer_loads_16_bytes_wide():
             "fn, values, w, s = P.find('copy_rows', 'bf16-k5000').build('nvidia')\n"
             "ptx = P.compile_kernel(fn, values, 'sm90', num_warps=w, num_stages=s, keep_asm=True)['asm']['ptx']\n"
             "out['copy'] = [len(re.findall(r'ld\\.global(?:\\.\\w+)*\\.v4', ptx)), len(re.findall(r'\\.b16 ', ptx))]\n"
+            "fn, values, w, s = P.find('copy_rows', 'bf16-k1537-pad').build('nvidia')\n"
+            "ptx = P.compile_kernel(fn, values, 'sm90', num_warps=w, num_stages=s, keep_asm=True)['asm']['ptx']\n"
+            "out['pad'] = [len(re.findall(r'st\\.global(?:\\.\\w+)*\\.v4', ptx)),"
+            " len(re.findall(r'st\\.global(?:\\.\\w+)*\\.b16', ptx))]\n"
             "print(json.dumps(out))\n")
     got = compiled_json(code, timeout=600)
     assert got["1"][0] > 0 and got["1"][1] == 0, got        # one element at a time
     assert got["8"][0] == 0 and got["8"][1] > 0, got        # 16-byte cp.async
     assert got["copy"][0] > 0, got
+    assert got["pad"][0] > 0 and got["pad"][1] == 0, got    # whole-vector stores of the padded rows
 
 
 def test_late_pdl_trigger_comes_after_the_k_loop():
