@@ -353,8 +353,14 @@ def align_a_pays(M: int, K: int, elt: int, lead: Optional[int] = None) -> bool:
 # Never at M <= WEIGHT_STREAM_MAX_ROWS: there the misaligned split-K kernel already streams W once,
 # and a copy of W costs more than that read (H200: 3 x 5003 x 4093 ran 23.5 us misaligned against
 # cuBLAS's 51; 13 x 4111 x 2053 12.7 against 28; the model overestimates these: 28.0 and 14.8).
-# Not yet timed on a GPU with the copy: the rule is the model's.
+# Timed on an H100 (gemm-s40/h100-pad0, pad1, padauto: bf16, CUDA graphs, cuBLAS beside), us
+# misaligned / padded (cuBLAS): 97 x 3001 x 1537 23.4 / 14.4 (22.4), 301 x 7001 x 3011 153 / 76.3
+# (152), 200 x 5001 x 4099 114 / 62.1 (89-94), 1024 x 3001 x 1537 104 / 40.4 (107), 64 x 8191 x
+# 2047 45.8 / 35.7 (41), but 33 x 4097 x 3001 25.3 / 27.9 (34.5), 3 x 5003 x 4093 25.0 / 47.1,
+# 13 x 4111 x 2053 13.3 / 21.9: so not under PAD_K_MIN_ROWS rows either (the 64-row tiles read
+# W about once; the copy of W costs about as much again).
 PAD_K_MISALIGNED_COST = 1.4
+PAD_K_MIN_ROWS = 64
 
 
 def padded_k(K: int, elt: int) -> int:
@@ -370,11 +376,11 @@ def pad_k_copy_s(M: int, N: int, K: int, elt: int, machine: Machine) -> float:
 
 def pad_k_pays(M: int, N: int, K: int, elt: int, machine: Machine, *, tma: bool = True, tail: bool = True) -> bool:
     """Whether numasched.matmul pads K (options.gemm_pad_k None): K not a multiple of 16 bytes,
-    more than WEIGHT_STREAM_MAX_ROWS rows, and the copies plus the aligned GEMM over the padded K
+    at least PAD_K_MIN_ROWS rows, and the copies plus the aligned GEMM over the padded K
     (``tma``: read through TMA as on Hopper; ``tail``: options.gemm_tail_split) modelled under
     PAD_K_MISALIGNED_COST times the misaligned GEMM's estimate (see above). The WS kernel is not
     weighed for the padded GEMM (it could only lower that side)."""
-    if (K * elt) % 16 == 0 or M <= WEIGHT_STREAM_MAX_ROWS:
+    if (K * elt) % 16 == 0 or M < max(PAD_K_MIN_ROWS, WEIGHT_STREAM_MAX_ROWS + 1):
         return False
     misaligned = _choose(M, N, K, elt, machine, True, False, False, tail, False)
     padded = _choose(M, N, padded_k(K, elt), elt, machine, not tma, tma, True, tail, False)

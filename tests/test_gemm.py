@@ -1169,9 +1169,12 @@ def test_k_padding_only_where_asked_and_where_it_applies():
 
 
 def test_pad_k_pays_where_the_weight_is_not_streamed_once():
-    """gemm_schedule.pad_k_pays on the H200's figures: K not a multiple of 16 bytes, more than 16
-    rows, and the copies plus the aligned GEMM modelled under 1.4x the misaligned GEMM's estimate:
-    the two measured shapes pad, M <= 16 (the weight streamed once) never, aligned K never."""
+    """gemm_schedule.pad_k_pays on the H200's and H100's figures: K not a multiple of 16 bytes, at
+    least PAD_K_MIN_ROWS rows, and the copies plus the aligned GEMM modelled under 1.4x the
+    misaligned GEMM's estimate: the measured shapes that paid pad (H100, gemm-s40/h100-pad*: 97 x
+    3001 x 1537 23.4 -> 14.4 us, 200 x 5001 x 4099 114 -> 62, 64 x 8191 x 2047 45.8 -> 35.7), the
+    ones that lost do not (33 x 4097 x 3001 25.3 -> 27.9, 3 x 5003 x 4093 25.0 -> 47.1), aligned K
+    never."""
     from numasched import gemm_schedule as GS
 
     h200 = GS._KNOWN["h200"]
@@ -1182,6 +1185,11 @@ def test_pad_k_pays_where_the_weight_is_not_streamed_once():
     assert not GS.pad_k_pays(97, 3001, 1536, 2, h200) and not GS.pad_k_pays(301, 7001, 3016, 2, h200)
     assert not GS.pad_k_pays(24, 4096, 4099, 2, h200)   # the copy of W about the aligned GEMM's time
     assert GS.pad_k_pays(97, 3001, 1537, 4, h200) and not GS.pad_k_pays(97, 3001, 1536, 4, h200)   # fp32
+    h100 = GS._KNOWN["h100"]
+    for m, n, k in ((97, 3001, 1537), (200, 5001, 4099), (1024, 3001, 1537), (301, 7001, 3011)):
+        assert GS.pad_k_pays(m, n, k, 2, h100), (m, n, k)
+    for m, n, k in ((33, 4097, 3001), (GS.PAD_K_MIN_ROWS - 1, 8191, 2047), (3, 5003, 4093), (13, 4111, 2053)):
+        assert not GS.pad_k_pays(m, n, k, 2, h100), (m, n, k)
     assert GS.padded_k(1537, 2) == 1600 and GS.padded_k(3011, 2) == 3072 and GS.padded_k(37, 4) == 64
     # the copies: (M + N) rows read at K and written at Kp, two launches
     assert GS.pad_k_copy_s(97, 3001, 1537, 2, h200) == pytest.approx(
