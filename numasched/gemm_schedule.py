@@ -49,6 +49,10 @@ from . import caps
 __all__ = ["Machine", "Schedule", "candidates", "ranked", "estimate", "choose", "inflight_bytes", "load_table"]
 
 
+# A TMA-fed 16-row program's round trip (see the weight-stream notes below; H200 figure)
+WEIGHT_STREAM_TMA_LATENCY_S = 1.5e-6
+
+
 @dataclass(frozen=True)
 class Machine:
     """What the model knows of a GPU."""
@@ -67,6 +71,7 @@ class Machine:
     splitk_partial_cost: float = 1.0   # split-K's fp32 partials cost this many times their bytes through L2
     partial_row_cost: float = 1.0      # 128-row split-K tiles under 128 rows (cut in K or narrow): x the model's time
     ws64: bool = False                 # the WS kernel's 64-row tiles weighed (WS64_*: timed on this GPU)
+    stream_tma_latency_s: float = WEIGHT_STREAM_TMA_LATENCY_S   # (see there) a TMA-fed 16-row program's round trip
 
     @staticmethod
     def of(device: Optional[torch.device] = None) -> "Machine":
@@ -95,8 +100,14 @@ _KNOWN = {
     # -> 0.974) and its grid run of this session had 3 of 7 changed picks slower: it keeps 1x, 2 us.
     # ws64: the 64-row WS tiles timed at 72-200 rows of the 11 projections (bench/results/gemm-s39/
     # h100-ws64/): the model's pick with them against without, cuBLAS / ours 0.945 -> 0.967 (33 points)
+    # stream_tma_latency_s: the TMA-fed 16-row tiles timed at M <= 16 of the grid (pick and next two
+    # by the model, three runs: bench/results/gemm-s40/h100-grid5-7/): with the H200's 1.5 us the
+    # 64-program 16 x 64 x 128 tiles ran 4-7 % behind the 128-program pointer-fed 16 x 32 x 256 at
+    # 4096 x 4096 / 14336 and 16 x 128 x 128 (40 programs) 3-4 % behind 16 x 64 x 128 at 5120
+    # columns; at 1.8-3 us the pick is within 3 % of the fastest timed at 167 of those 168 points
+    # (116 at 1.5 us), and at 691 of the 777 H100 points of gemm-s39/s40 (621)
     "h100": Machine("H100", 132, 227 * 1024, 3.0e12, 7.9e14, 1.1e13, reduce_sync_s=5.0e-6, splitk_partial_cost=1.5,
-                    ws64=True),
+                    ws64=True, stream_tma_latency_s=2.0e-6),
     "mi300x": Machine("MI300X", 304, 64 * 1024, 4.2e12, 9.0e14, 1.4e13),
     "mi355x": Machine("MI355X", 256, 160 * 1024, 6.4e12, 1.6e15, 1.6e13),
 }
@@ -175,7 +186,7 @@ WEIGHT_STREAM_SM_BYTES_PER_S = 45.5e9
 # the pointer-fed 16 x 32 x 256, gemm-s38/m16-model/). Among tiles the model prices the same (the
 # weight streamed at the HBM rate either way) the one with the most B bytes in flight so counted
 # goes first (16 x 128 x 128 in 5 stages ran 0.8-5 % faster than 16 x 128 x 64 in 6 at 5 of 5 points).
-WEIGHT_STREAM_TMA_LATENCY_S = 1.5e-6
+# (WEIGHT_STREAM_TMA_LATENCY_S: above Machine, whose stream_tma_latency_s defaults to it)
 WEIGHT_STREAM_TMA_MAX_BLOCK_K = 128
 # The stream-K phase's K iterations cost this much more than the model's streaming/tensor time
 # (pipeline restarts per piece, partial tiles through L2; fitted to the same run).
@@ -672,7 +683,7 @@ def _weight_stream_s(s: Schedule, M: int, N: int, K: int, elt: int, machine: Mac
         sm_cap = max(sm_cap, WEIGHT_STREAM_SM_BYTES_PER_S)
     if tma and splitk_operands(s.block_m, s.block_n, M) == "tma":
         in_flight = _tma_stream_depth(s) * s.block_n * elt
-        sm_cap = max(sm_cap, occ * in_flight / WEIGHT_STREAM_TMA_LATENCY_S)
+        sm_cap = max(sm_cap, occ * in_flight / machine.stream_tma_latency_s)
     prog_cap = sm_cap / occ   # a program's rate
     q, r = divmod(units, n)   # round-robin: r SMs run q + 1 programs, the others q
     sms = []                  # [SMs, bytes left per SM, the SM's rate cap]
