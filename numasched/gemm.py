@@ -474,7 +474,9 @@ class GemmPlan(Plan):
             self._ws = WsGemmPlan(a, b, out, config=split_config(schedule.block_n, schedule.split_k))
             self.split_k = self._ws.split
         else:
-            self._ws = WsGemmPlan(a, b, out, config=wide_config(schedule.block_n, block_m=schedule.block_m))
+            # (the schedule's stages at most: a name timed with fewer stages runs as it was timed)
+            self._ws = WsGemmPlan(a, b, out, config=wide_config(schedule.block_n, block_m=schedule.block_m,
+                                                                max_stages=max(3, schedule.num_stages)))
         self.grid = (self._ws.num_programs,)
         cfg = self._ws.config
         self.config = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.tile_n, BLOCK_K=cfg.block_k, num_warps=4,

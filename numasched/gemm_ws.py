@@ -77,20 +77,32 @@ def split_config(block_n: int, split: int, smem: int = 200 * 1024) -> WsConfig:
                     sk_split=max(2, split))
 
 
-def wide_config(tile_n: int, smem: int = 227 * 1024, block_m: int = 128) -> WsConfig:
+# Stages of a data-parallel ring at most, as shared memory allows. 64-row tiles: up to 12 (64 x 80
+# tiles in 8 stages hold 147 KB in flight and took in about 94 GB/s an SM, 64 x 128 in 8, 197 KB,
+# 122): on an H100 64 x 80 in 10-12 stages and 64 x 96 in 10 ran 0-10 % faster than in 8 at 16 of
+# 16 shapes of 72-384 rows (bench/results/gemm-s40/h100-rings). 128-row tiles: 6 (80 and 96 wide in
+# 7 stages ran 0.93-1.06x their 6-stage time over 10 shapes, h100-rings128).
+WIDE_MAX_STAGES = {128: 6, 64: 12}
+
+
+def wide_config(tile_n: int, smem: int = 227 * 1024, block_m: int = 128, max_stages: Optional[int] = None) -> WsConfig:
     """The data-parallel config of tiles ``block_m`` (128, or 64: one consumer warpgroup) x
     ``tile_n`` columns (a multiple of 16 from 80 to 256: a power-of-two box, then a second of the
     rest, power of two too: 80 = 64 + 16, 96 = 64 + 32, 160 = 128 + 32, 192 = 128 + 64; or a power
-    of two from 128), and as many stages (3-6; 64-row tiles 3-8) as fit in ``smem`` bytes."""
+    of two from 128), and as many stages (3 to WIDE_MAX_STAGES, or ``max_stages``) as fit in
+    ``smem`` bytes."""
     if tile_n % 16 or not 80 <= tile_n <= 256:   # (64: one box as wide as BLOCK_K, its orientation ambiguous)
         raise ValueError(f"tile_n must be a multiple of 16 from 80 to 256, got {tile_n}")
     if block_m not in (64, 128):
         raise ValueError(f"block_m must be 64 or 128, got {block_m}")
+    if max_stages is not None and max_stages < 3:
+        raise ValueError(f"max_stages must be at least 3, got {max_stages}")
     n0 = 1 << (tile_n.bit_length() - 1)
     n1 = tile_n - n0
     if n1 & (n1 - 1):
         raise ValueError(f"tile_n={tile_n} is not two power-of-two boxes ({n0} + {n1})")
-    for stages in range(6 if block_m == 128 else 8, 3, -1):
+    top = WIDE_MAX_STAGES[block_m] if max_stages is None else min(max_stages, WIDE_MAX_STAGES[block_m])
+    for stages in range(top, 3, -1):
         cfg = WsConfig(block_n=n0, block_n1=n1, stages=stages, block_m=block_m)
         if cfg.smem_bytes() <= smem:
             return cfg

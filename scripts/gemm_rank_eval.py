@@ -57,6 +57,14 @@ def read_points(paths, m_max: int) -> dict:
     return points
 
 
+def _key(s) -> str:
+    """A schedule as the chooser's candidates name it; a WS schedule without its stages (its ring
+    is gemm_ws.wide_config's, deeper since some runs were recorded)."""
+    if s.kind == "ws":
+        return f"ws {s.block_m}x{s.block_n}x{s.block_k} split{s.split_k}"
+    return s.describe()
+
+
 def score(points: dict, machine, elt: int = 2, small_tma: bool = True, chooser: bool = False) -> dict:
     """Per point: (pick's time / best time, pick, best). The pick is the lowest estimate among the
     timed schedules the chooser could take there (K rows not 16-byte aligned: K blocks of at most
@@ -75,7 +83,7 @@ def score(points: dict, machine, elt: int = 2, small_tma: bool = True, chooser: 
         scheds = []
         allowed = None
         if chooser:
-            order = {c.describe(): i for i, c in enumerate(GS.candidates(M, N, K, elt, machine, tail=True, ws=True))}
+            order = {_key(c): i for i, c in enumerate(GS.candidates(M, N, K, elt, machine, tail=True, ws=True))}
             allowed = order
         for name, us in timed.items():
             try:
@@ -84,7 +92,7 @@ def score(points: dict, machine, elt: int = 2, small_tma: bool = True, chooser: 
                 continue
             if not aligned and s.block_k > GS.MISALIGNED_MAX_BLOCK_K:
                 continue
-            if allowed is not None and s.describe() not in allowed:
+            if allowed is not None and _key(s) not in allowed:
                 continue
             # (the chooser reads 64+-row split-K tiles through TMA where the operands allow it)
             tma = aligned and (small_tma or s.block_m >= 64)
@@ -94,7 +102,7 @@ def score(points: dict, machine, elt: int = 2, small_tma: bool = True, chooser: 
         best = min(scheds, key=lambda t: t[1])
         pick = min(scheds, key=lambda t: t[0])
         if chooser:
-            scheds.sort(key=lambda t: order[t[2] if t[2] in order else GS.Schedule.parse(t[2]).describe()])
+            scheds.sort(key=lambda t: order[_key(GS.Schedule.parse(t[2]))])
             by_name = {GS.Schedule.parse(name).describe(): (est, us, name) for est, us, name in scheds}
             chosen = GS.pick([(GS.Schedule.parse(name), est) for est, _, name in scheds], M, elt, machine,
                              splitk_tma=aligned and small_tma)

@@ -173,6 +173,26 @@ def test_wide_config_of_64_row_tiles():
         wide_config(80, block_m=32)
 
 
+def test_wide_config_stages_up_to_the_cap_or_the_schedule_s():
+    """WIDE_MAX_STAGES (64-row tiles 12, 128-row 6) bound the ring, shared memory the rest; a
+    ``max_stages`` (a schedule's own, numasched.gemm plans a "ws" schedule so) bounds it lower."""
+    from numasched.gemm_ws import WIDE_MAX_STAGES
+
+    assert wide_config(80, block_m=64).stages == WIDE_MAX_STAGES[64] == 12
+    assert wide_config(96, block_m=64).stages == 10   # 11 would not fit
+    assert wide_config(80).stages == WIDE_MAX_STAGES[128] == 6
+    for tile_n in (80, 96, 128, 160, 192, 256):
+        for block_m in (64, 128):
+            full = wide_config(tile_n, block_m=block_m)
+            for cap in (3, 5, 8, 16):
+                c = wide_config(tile_n, block_m=block_m, max_stages=cap)
+                assert c.stages == min(cap, full.stages) and c.smem_bytes() <= 227 * 1024
+            bigger = WsConfig(block_n=full.block_n, block_n1=full.block_n1, stages=full.stages + 1, block_m=block_m)
+            assert full.stages == WIDE_MAX_STAGES[block_m] or bigger.smem_bytes() > 227 * 1024
+    with pytest.raises(ValueError, match="max_stages"):
+        wide_config(128, max_stages=2)
+
+
 def test_wide_config_errors_name_the_field():
     for bad in (48, 72, 272):
         with pytest.raises(ValueError, match="tile_n"):
