@@ -391,7 +391,7 @@ def pad_k_pays(M: int, N: int, K: int, elt: int, machine: Machine, *, tma: bool 
     (``tma``: read through TMA as on Hopper; ``tail``: options.gemm_tail_split) modelled under
     PAD_K_MISALIGNED_COST times the misaligned GEMM's estimate (see above). The WS kernel is not
     weighed for the padded GEMM (it could only lower that side)."""
-    if (K * elt) % 16 == 0 or M < max(PAD_K_MIN_ROWS, WEIGHT_STREAM_MAX_ROWS + 1):
+    if (K * elt) % 16 == 0 or M < PAD_K_MIN_ROWS:   # (PAD_K_MIN_ROWS > WEIGHT_STREAM_MAX_ROWS)
         return False
     misaligned = _choose(M, N, K, elt, machine, True, False, False, tail, False)
     padded = _choose(M, N, padded_k(K, elt), elt, machine, not tma, tma, True, tail, False)

@@ -81,10 +81,9 @@ def score(points: dict, machine, elt: int = 2, small_tma: bool = True, chooser: 
         _, M, N, K = key
         aligned = (K * elt) % 16 == 0
         scheds = []
-        allowed = None
+        order = None   # chooser: the candidates' order at this point
         if chooser:
             order = {_key(c): i for i, c in enumerate(GS.candidates(M, N, K, elt, machine, tail=True, ws=True))}
-            allowed = order
         for name, us in timed.items():
             try:
                 s = GS.Schedule.parse(name)
@@ -92,22 +91,21 @@ def score(points: dict, machine, elt: int = 2, small_tma: bool = True, chooser: 
                 continue
             if not aligned and s.block_k > GS.MISALIGNED_MAX_BLOCK_K:
                 continue
-            if allowed is not None and _key(s) not in allowed:
+            if order is not None and _key(s) not in order:
                 continue
             # (the chooser reads 64+-row split-K tiles through TMA where the operands allow it)
             tma = aligned and (small_tma or s.block_m >= 64)
-            scheds.append((GS.estimate(s, M, N, K, elt, machine, tma, aligned), us, name))
+            scheds.append((GS.estimate(s, M, N, K, elt, machine, tma, aligned), us, name, s))
         if len(scheds) < 2:
             continue
         best = min(scheds, key=lambda t: t[1])
-        pick = min(scheds, key=lambda t: t[0])
-        if chooser:
-            scheds.sort(key=lambda t: order[_key(GS.Schedule.parse(t[2]))])
-            by_name = {GS.Schedule.parse(name).describe(): (est, us, name) for est, us, name in scheds}
-            chosen = GS.pick([(GS.Schedule.parse(name), est) for est, _, name in scheds], M, elt, machine,
-                             splitk_tma=aligned and small_tma)
-            pick = by_name[chosen.describe()]
-        out[key] = (pick[1] / best[1], pick, best)
+        if order is None:
+            pick = min(scheds, key=lambda t: t[0])
+        else:
+            scheds.sort(key=lambda t: order[_key(t[3])])
+            chosen = GS.pick([(t[3], t[0]) for t in scheds], M, elt, machine, splitk_tma=aligned and small_tma)
+            pick = next(t for t in scheds if t[3].describe() == chosen.describe())
+        out[key] = (pick[1] / best[1], pick[:3], best[:3])
     return out
 
 
