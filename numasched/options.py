@@ -193,8 +193,9 @@ class Options:
             ``W.T`` of a row-major (N, K) W, A K-contiguous: the F.linear layout) into buffers
             whose rows are K rounded up to whole 128-byte lines, the tail zeros in both, and runs
             the GEMM planned for those over the padded K (True: always there, also in the
-            interpreter; False: never; None: on a GPU where gemm_schedule.pad_k_pays: from 17
-            rows, where the modelled copies and aligned GEMM beat the misaligned GEMM). Other
+            interpreter; False: never; None: on a GPU where gemm_schedule.pad_k_pays: from
+            PAD_K_MIN_ROWS (64) rows, where the modelled copies and aligned GEMM beat the
+            misaligned GEMM). Other
             layouts of B take the misaligned kernel as before.
         gemm_splitk_operands: how the split-K GEMM reads its operands on Hopper where TMA can
             (``gemm_splitk_tma`` on, both operands describable): "tma" (both through descriptors,

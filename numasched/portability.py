@@ -486,21 +486,18 @@ def _gemm_all_reduce_ws(residual: bool = True, direct: bool = True, rs: bool = F
     return build
 
 
-def _copy_rows(vendor):
-    from numasched.kernels import copy_rows as CR
+def _copy_rows(k: int, kp: int, vec: int, pad: int = 0):
+    """Rows of ``k`` bf16 into rows of ``kp`` (numasched.gemm: whole 128-byte lines for
+    options.gemm_align_a; with ``pad``, zeros past k for options.gemm_pad_k)."""
+    def build(vendor):
+        from numasched.kernels import copy_rows as CR
 
-    # A (M, 5000) bf16 into rows of 5056 (whole 128-byte lines: numasched.gemm, options.gemm_align_a)
-    values = dict(src="*bf16", dst="*bf16", K=5000, stride_s=5000, stride_d=5056, BLOCK_K=CR.block_k(5000), VEC=8)
-    return CR.copy_rows_kernel, values, 4, 1
-
-
-def _copy_rows_pad(vendor):
-    from numasched.kernels import copy_rows as CR
-
-    # A or W (rows of 1537 bf16) into zero-padded rows of 1600 (numasched.gemm, options.gemm_pad_k)
-    values = dict(src="*bf16", dst="*bf16", K=1537, stride_s=1537, stride_d=1600, BLOCK_K=CR.block_k(1600), VEC=1,
-                  PAD=1)
-    return CR.copy_rows_kernel, values, 4, 1
+        values = dict(src="*bf16", dst="*bf16", K=k, stride_s=k, stride_d=kp, BLOCK_K=CR.block_k(kp if pad else k),
+                      VEC=vec)
+        if pad:
+            values["PAD"] = 1
+        return CR.copy_rows_kernel, values, 4, 1
+    return build
 
 
 def _gemm_splitk_medium(tail: bool):
@@ -762,8 +759,9 @@ VARIANTS: List[Variant] = [
                  "weight)"),
     Variant("gemm_splitk", "bf16-pointer-decode-kvec", _gemm_splitk(False, kvec=8),
             note="the same at K = 5000 with A_K_VEC = B_K_VEC = 8 (16-byte loads; without them one element at a time)"),
-    Variant("copy_rows", "bf16-k5000", _copy_rows, note="A's rows into whole 128-byte lines (options.gemm_align_a)"),
-    Variant("copy_rows", "bf16-k1537-pad", _copy_rows_pad,
+    Variant("copy_rows", "bf16-k5000", _copy_rows(5000, 5056, 8),
+            note="A's rows into whole 128-byte lines (options.gemm_align_a)"),
+    Variant("copy_rows", "bf16-k1537-pad", _copy_rows(1537, 1600, 1, pad=1),
             note="rows of an odd K into zero-padded whole lines (options.gemm_pad_k)"),
     Variant("gemm_splitk", "bf16-pointer-decode-prefetch", _gemm_splitk(True),
             off={"amd": "cp.async.bulk.prefetch.L2 is NVIDIA PTX; the host sets PREFETCH_B on sm_90+ only"},
