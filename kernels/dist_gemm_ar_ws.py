@@ -79,17 +79,19 @@ if HAVE_GLUON:
         DIRECT: gl.constexpr
         RS: gl.constexpr                       # the reduce-scatter: M is a slice's rows (see the module doc)
         RS_PAIRS: gl.constexpr                 # RS in pairs (the peer slice's tile q, then ours)
+        RS_EARLY: gl.constexpr                 # RS pairs: the flag raised and the peer's partial fetched in the K loop
 
         @gluon.constexpr_function
         def __init__(self, a_desc, b_desc, out_desc, out_peer_desc, recv_desc, recv_peer_desc, a_bufs, b_bufs,
-                     ready, empty, flags, peer_flags, status, bound, e, rank, M, N, K, RESIDUAL, DIRECT, RS, RS_PAIRS):
+                     ready, empty, flags, peer_flags, status, bound, e, rank, M, N, K, RESIDUAL, DIRECT, RS, RS_PAIRS,
+                     RS_EARLY):
             self.a_desc, self.b_desc, self.out_desc, self.out_peer_desc = a_desc, b_desc, out_desc, out_peer_desc
             self.recv_desc, self.recv_peer_desc = recv_desc, recv_peer_desc
             self.a_bufs, self.b_bufs, self.ready, self.empty = a_bufs, b_bufs, ready, empty
             self.flags, self.peer_flags, self.status, self.bound = flags, peer_flags, status, bound
             self.e, self.rank, self.M, self.N, self.K = e, rank, M, N, K
             self.RESIDUAL, self.DIRECT, self.RS = gl.constexpr(RESIDUAL), gl.constexpr(DIRECT), gl.constexpr(RS)
-            self.RS_PAIRS = gl.constexpr(RS_PAIRS)
+            self.RS_PAIRS, self.RS_EARLY = gl.constexpr(RS_PAIRS), gl.constexpr(RS_EARLY)
 
     @gluon.jit
     def _my_tiles(T, rank):
@@ -195,13 +197,18 @@ if HAVE_GLUON:
             tma.async_copy_shared_to_global(p.out_peer_desc, [row, col + j * CH], stage.slice(j * CH, CH, dim=1))
 
     @gluon.jit
-    def _fill_stage(desc, row, col, lbar, lphase, stage):
-        """A (64, BLOCK_N) box of ``desc`` into the staging tile by TMA (after every thread's last
-        read of it, ordered before the async write); returns the barrier's next phase."""
+    def _issue_fill(desc, row, col, lbar, stage):
+        """A (64, BLOCK_N) box of ``desc`` into the staging tile by TMA, issued (after every
+        thread's last read of it, ordered before the async write); ``lbar`` completes it."""
         gl.thread_barrier()
         fence_async_shared()
         mbarrier.expect(lbar, stage.type.shape[0] * stage.type.shape[1] * 2)
         tma.async_copy_global_to_shared(desc, [row, col], lbar, stage)
+
+    @gluon.jit
+    def _fill_stage(desc, row, col, lbar, lphase, stage):
+        """_issue_fill, then its wait; returns the barrier's next phase."""
+        _issue_fill(desc, row, col, lbar, stage)
         mbarrier.wait(lbar, lphase)
         return lphase ^ 1
 
@@ -248,6 +255,11 @@ if HAVE_GLUON:
         own_rows = (slot * 2 + p.rank) * p.M    # our partials' rows in the peer's recv
         peer_rows = (slot * 2 + peer) * p.M     # the peer's partials' rows in ours
         pace = gl.maximum(k_steps // NCH, 1)
+        # RS_EARLY: the chunks over the first half of the K loop, the flag once all have left
+        # (at 5/8 or later), the fetch after it (at 7/8 or later); past the loop: after it
+        epace = gl.maximum(k_steps // (2 * NCH), 1)
+        flag_at = gl.maximum((5 * k_steps) // 8, (NCH - 1) * epace)
+        fetch_at = gl.maximum((7 * k_steps) // 8, flag_at)
         acc = gl.zeros((ROWS, BLOCK_N), gl.float32, acc_layout)
         lphase = 0
         it = 0
@@ -260,13 +272,32 @@ if HAVE_GLUON:
         for j in range(n):
             half, t, a_row, o_row, col0 = _tile_at(p, j, n, odd_last, pid, P, TN, BLOCK_M, BLOCK_N)
             row0 = o_row + ROLE * ROWS
+            # RS_EARLY (pairs; ``half`` 1 here after a staged partial): the partial leaves over the
+            # first half of this K loop, its flag goes up at 5/8 of it, and at 7/8 the peer's
+            # partial of this tile (its flag raised at the same point of its own loop) is fetched
+            # into the staging tile, so the epilogue neither polls nor waits for a load
+            raised = 0
+            fetched = 0
             prev = 0
             for kk in range(k_steps):
                 acc, s = _mma_step(p, acc, it, kk, prev, ROLE, ROWS)
-                # the previous half tile's copy, paced over this K loop
-                for c in gl.static_range(NCH):
-                    if (pending != 0) & (kk == c * pace):
-                        _copy_chunk(p, stage, c, p_row, p_col, p_recv != 0, own_rows + p_row)
+                if p.RS_EARLY:
+                    for c in gl.static_range(NCH):
+                        if (pending != 0) & (kk == c * epace):
+                            _copy_chunk(p, stage, c, p_row, p_col, p_recv != 0, own_rows + p_row)
+                    if (pending != 0) & (kk == flag_at):
+                        _raise_flag(p.peer_flags + p_flag, p.e)   # (its copies done: the staging tile is free)
+                        pending = 0
+                        raised = 1
+                    if (half == 1) & (row0 < p.M) & (raised != 0) & (kk == fetch_at):
+                        _wait_flag(p.flags + (peer * T + t) * 2 + ROLE, p.e, peer, p.status, p.bound)
+                        _issue_fill(p.recv_desc, peer_rows + row0, col0, lbar, stage)
+                        fetched = 1
+                else:
+                    # the previous half tile's copy, paced over this K loop
+                    for c in gl.static_range(NCH):
+                        if (pending != 0) & (kk == c * pace):
+                            _copy_chunk(p, stage, c, p_row, p_col, p_recv != 0, own_rows + p_row)
                 prev = s
                 it += 1
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
@@ -274,7 +305,7 @@ if HAVE_GLUON:
             # ---- the previous half tile: the chunks the K loop did not reach, then its flag
             if pending != 0:
                 for c in gl.static_range(NCH):
-                    if c * pace >= k_steps:
+                    if c * (epace if p.RS_EARLY else pace) >= k_steps:
                         _copy_chunk(p, stage, c, p_row, p_col, p_recv != 0, own_rows + p_row)
                 _raise_flag(p.peer_flags + p_flag, p.e)
             pending = 0
@@ -289,8 +320,12 @@ if HAVE_GLUON:
                     fence_async_shared()
                     p_recv = 1
                 else:           # B: ours; the peer's partial, (the residual,) the sum
-                    _wait_flag(p.flags + (peer * T + t) * 2 + ROLE, p.e, peer, p.status, p.bound)
-                    lphase = _fill_stage(p.recv_desc, peer_rows + row0, col0, lbar, lphase, stage)
+                    if fetched != 0:   # (RS_EARLY) fetched in the K loop
+                        mbarrier.wait(lbar, lphase)
+                        lphase = lphase ^ 1
+                    else:
+                        _wait_flag(p.flags + (peer * T + t) * 2 + ROLE, p.e, peer, p.status, p.bound)
+                        lphase = _fill_stage(p.recv_desc, peer_rows + row0, col0, lbar, lphase, stage)
                     # in place in the accumulator (the next tile's first wgmma ignores it): no
                     # second fp32 tile in registers; our partial rounded as the peer's was
                     acc = acc.to(dt).to(gl.float32) + stage.load(acc_layout).to(gl.float32)
@@ -338,11 +373,12 @@ if HAVE_GLUON:
                                     flags, peer_flags, status, epoch, counters, bound, rank, M, N, K,
                                     STAGES: gl.constexpr, RESIDUAL: gl.constexpr, DIRECT: gl.constexpr,
                                     CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, RS: gl.constexpr = False,
-                                    RS_PAIRS: gl.constexpr = False):
+                                    RS_PAIRS: gl.constexpr = False, RS_EARLY: gl.constexpr = False):
         """Two ranks: out = sum over ranks of a @ b (see the module doc); RS: out = our slice of it
         (M: a slice's rows; a has 2 M). num_warps=4, about one program per SM, at most one per
         tile pair."""
         gl.static_assert(not (RS and (RESIDUAL or DIRECT)), "the reduce-scatter has no residual, no DIRECT")
+        gl.static_assert(not RS_EARLY or RS_PAIRS, "RS_EARLY is for the reduce-scatter's pairs")
         e = gl.load(epoch) + 1
         a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
         b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
@@ -352,7 +388,7 @@ if HAVE_GLUON:
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=2)
         p = MarArgs(a_desc, b_desc, out_desc, out_peer_desc, recv_desc, recv_peer_desc, a_bufs, b_bufs, ready,
-                    empty, flags, peer_flags, status, bound, e, rank, M, N, K, RESIDUAL, DIRECT, RS, RS_PAIRS)
+                    empty, flags, peer_flags, status, bound, e, rank, M, N, K, RESIDUAL, DIRECT, RS, RS_PAIRS, RS_EARLY)
         gl.warp_specialize([
             (_mar_consumer_lo, (p,)),
             (_mar_consumer_hi, (p,)),

@@ -35,6 +35,7 @@ numasched is imported (they are not read per call):
     NUMASCHED_GLU_WS=0|1        glu_ws -> False / True (unset: numasched.gemm_glu's default)
     NUMASCHED_GLU_FUSED=0|1     glu_fused -> False / True (unset: gemm_glu.glu_fused_pays)
     NUMASCHED_FUSED_WS=0|1      fused_ws -> False / True (unset: the config's)
+    NUMASCHED_FUSED_RS_EARLY=0|1 fused_rs_early -> False / True
     NUMASCHED_GEMM_ALIGN_A=0|1  gemm_align_a -> False / True (unset: where gemm_schedule.align_a_pays)
     NUMASCHED_GEMM_PAD_K=0|1    gemm_pad_k -> False / True (unset: where gemm_schedule.pad_k_pays)
     NUMASCHED_GEMM_SPLITK_OPERANDS gemm_splitk_operands ("auto", "tma", "b_tma", "b_tma_last", "pointer")
@@ -183,6 +184,9 @@ class Options:
             the Triton ones (False), eager or captured; None: on for two ranks of Hopper GPUs
             (matmul_all_reduce's tile pairs, DIRECT included; matmul_reduce_scatter where
             distributed.cost.rs_ws_pays; distributed._ws.ws_wanted).
+        fused_rs_early: the warp-specialised reduce-scatter's tile pairs raise a partial's flag
+            and fetch the peer's partial inside the next K loop (True: the copies over its first
+            half, the flag at 5/8, the fetch at 7/8) instead of after it (False).
         gemm_align_a: numasched.matmul copies A into rows of whole 128-byte lines first where its
             rows are not (K * element size not a multiple of 128, A K-contiguous): every tile
             column re-reads A, and a misaligned row costs two lines per load (True: always there,
@@ -238,6 +242,7 @@ class Options:
     glu_ws: Optional[bool] = None
     glu_fused: Optional[bool] = None
     fused_ws: Optional[bool] = None
+    fused_rs_early: bool = False
     gemm_align_a: Optional[bool] = None
     gemm_pad_k: Optional[bool] = None
     gemm_splitk_operands: str = "auto"
@@ -247,7 +252,7 @@ class Options:
     def __post_init__(self):
         for f in ("autotune", "check_data", "gemm_flatten", "gemm_splitk_tma", "gemm_streamk_k_aligned",
                   "gemm_tail_split", "gemm_ws", "pdl", "pdl_prefetch", "arn_one_row", "decode_tma",
-                  "gemm_ws_last_box", "gemm_ws_dead_half"):
+                  "gemm_ws_last_box", "gemm_ws_dead_half", "fused_rs_early"):
             if not isinstance(getattr(self, f), bool):
                 raise TypeError(f"Options.{f} must be a bool, got {getattr(self, f)!r}")
         if isinstance(self.pdl_trigger, bool):  # the former bool form
@@ -360,7 +365,8 @@ def from_env(environ=None) -> Options:
                    glu_fused=tri["NUMASCHED_GLU_FUSED"], gemm_pad_k=tri["NUMASCHED_GEMM_PAD_K"],
                    gemm_splitk_operands=env.get("NUMASCHED_GEMM_SPLITK_OPERANDS", "auto").strip() or "auto",
                    gemm_ws_last_box=flag("NUMASCHED_GEMM_WS_LAST_BOX", True),
-                   gemm_ws_dead_half=flag("NUMASCHED_GEMM_WS_DEAD_HALF", True))
+                   gemm_ws_dead_half=flag("NUMASCHED_GEMM_WS_DEAD_HALF", True),
+                   fused_rs_early=flag("NUMASCHED_FUSED_RS_EARLY", Options.fused_rs_early))
 
 
 _CURRENT = from_env()

@@ -466,7 +466,8 @@ def _gemm_ws(block_n: int = 256, stages: int = 3, b_kmajor: bool = True, glu: bo
     return build
 
 
-def _gemm_all_reduce_ws(residual: bool = True, direct: bool = True, rs: bool = False, rs_pairs: bool = False):
+def _gemm_all_reduce_ws(residual: bool = True, direct: bool = True, rs: bool = False, rs_pairs: bool = False,
+                        rs_early: bool = False):
     def build(vendor):
         from numasched.gemm_ws import WsConfig, descriptor_type
         from numasched.kernels.dist_gemm_ar_ws import matmul_all_reduce_ws_kernel
@@ -481,7 +482,7 @@ def _gemm_all_reduce_ws(residual: bool = True, direct: bool = True, rs: bool = F
                       flags="*i64", peer_flags="*i64", status="*i32", epoch="*i64", counters="*i32",
                       bound=10**7, rank=3, M=4096, N=4096, K=7168, STAGES=cfg.stages, RESIDUAL=residual,
                       DIRECT=direct, CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=cfg.loader_regs, RS=rs,
-                      RS_PAIRS=rs_pairs)
+                      RS_PAIRS=rs_pairs, RS_EARLY=rs_early)
         return matmul_all_reduce_ws_kernel, values, 4, 1, dict(maxnreg=cfg.maxnreg)
     return build
 
@@ -819,6 +820,9 @@ VARIANTS: List[Variant] = [
             note="the same kernel as the two-rank reduce-scatter (RS): partials out, our slice summed"),
     Variant("dist", "matmul_reduce_scatter-ws-pairs", _gemm_all_reduce_ws(False, False, rs=True, rs_pairs=True),
             off={"amd": _GLUON_OFF}, note="the reduce-scatter's tiles in pairs (where pairs add no round)"),
+    Variant("dist", "matmul_reduce_scatter-ws-pairs-early",
+            _gemm_all_reduce_ws(False, False, rs=True, rs_pairs=True, rs_early=True), off={"amd": _GLUON_OFF},
+            note="the pairs with the flag raised and the peer's partial fetched inside the next K loop"),
     Variant("gemm_ws", "bf16-glu-128x128-s4-row-scale", _gemm_ws(128, 4, glu=True, row_scale=True),
             off={"amd": _GLUON_OFF}, note="SwiGLU: a gate and an up box per stage, two accumulators per warpgroup"),
     Variant("gemm_splitk", "bf16-tma-128x128", _gemm_splitk_medium(False), off={"amd": _TMA_OFF},

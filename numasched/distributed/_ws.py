@@ -74,15 +74,19 @@ def launch(ctx, plan, *, a, b_store, b_trans, out, recv, flags, epoch, counters,
     # compiled kernel's C launcher, the descriptors' tensor maps cached by base pointer
     from . import cost
 
+    from numasched import options
+
     rs_pairs = rs and cost.rs_ws_pairs(tiles, programs)
+    rs_early = rs_pairs and options.current().fused_rs_early
     # B's orientation is in the key: it decides the compiled kernel's B box ((N, K) or (K, N));
     # one plan serves both (its key has no strides), and a kernel compiled for one misreads the
     # other (the reduce-scatter's sums were wrong for the second layout: dist_worker, tp2-s29c)
-    key = ("ws", residual, direct, rs, rs_pairs, programs, bool(b_trans))
+    key = ("ws", residual, direct, rs, rs_pairs, rs_early, programs, bool(b_trans))
     run = plan.launchers.get(key)
     if run is None:
         run = Launch(matmul_all_reduce_ws_kernel, programs,
                      dict(STAGES=cfg.stages, RESIDUAL=residual, DIRECT=direct, RS=rs, RS_PAIRS=rs_pairs,
+                          RS_EARLY=rs_early,
                           CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=cfg.loader_regs,
                           num_warps=4, maxnreg=cfg.maxnreg), device=ctx.device)
         plan.launchers[key] = run
