@@ -79,7 +79,7 @@ if HAVE_GLUON:
         DIRECT: gl.constexpr
         RS: gl.constexpr                       # the reduce-scatter: M is a slice's rows (see the module doc)
         RS_PAIRS: gl.constexpr                 # RS in pairs (the peer slice's tile q, then ours)
-        RS_EARLY: gl.constexpr                 # RS pairs: the flag raised and the peer's partial fetched in the K loop
+        RS_EARLY: gl.constexpr                 # RS: the flag raised and the peer's partial fetched in the K loop
 
         @gluon.constexpr_function
         def __init__(self, a_desc, b_desc, out_desc, out_peer_desc, recv_desc, recv_peer_desc, a_bufs, b_bufs,
@@ -272,11 +272,10 @@ if HAVE_GLUON:
         for j in range(n):
             half, t, a_row, o_row, col0 = _tile_at(p, j, n, odd_last, pid, P, TN, BLOCK_M, BLOCK_N)
             row0 = o_row + ROLE * ROWS
-            # RS_EARLY (pairs; ``half`` 1 here after a staged partial): the partial leaves over the
-            # first half of this K loop, its flag goes up at 5/8 of it, and at 7/8 the peer's
-            # partial of this tile (its flag raised at the same point of its own loop) is fetched
-            # into the staging tile, so the epilogue neither polls nor waits for a load
-            raised = 0
+            # RS_EARLY: a staged partial leaves over the first half of this K loop and its flag goes
+            # up at 5/8 of it; at 7/8 of an own tile's loop the peer's partial of it (pairs: its flag
+            # raised at 5/8 of the peer's loop; one list: long before) is fetched into the staging
+            # tile, so the epilogue neither polls nor waits for a load
             fetched = 0
             prev = 0
             for kk in range(k_steps):
@@ -288,8 +287,10 @@ if HAVE_GLUON:
                     if (pending != 0) & (kk == flag_at):
                         _raise_flag(p.peer_flags + p_flag, p.e)   # (its copies done: the staging tile is free)
                         pending = 0
-                        raised = 1
-                    if (half == 1) & (row0 < p.M) & (raised != 0) & (kk == fetch_at):
+                    if (half == 1) & (row0 < p.M) & (pending == 0) & (kk == fetch_at):
+                        # the staging tile is free: its partial's copies completed (the flag above), or
+                        # it last held a sum whose store to out has had 7/8 of this loop to drain
+                        tma.store_wait(pendings=0)
                         _wait_flag(p.flags + (peer * T + t) * 2 + ROLE, p.e, peer, p.status, p.bound)
                         _issue_fill(p.recv_desc, peer_rows + row0, col0, lbar, stage)
                         fetched = 1
@@ -378,7 +379,7 @@ if HAVE_GLUON:
         (M: a slice's rows; a has 2 M). num_warps=4, about one program per SM, at most one per
         tile pair."""
         gl.static_assert(not (RS and (RESIDUAL or DIRECT)), "the reduce-scatter has no residual, no DIRECT")
-        gl.static_assert(not RS_EARLY or RS_PAIRS, "RS_EARLY is for the reduce-scatter's pairs")
+        gl.static_assert(not RS_EARLY or RS, "RS_EARLY is the reduce-scatter's")
         e = gl.load(epoch) + 1
         a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
         b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)

@@ -184,8 +184,8 @@ class Options:
             the Triton ones (False), eager or captured; None: on for two ranks of Hopper GPUs
             (matmul_all_reduce's tile pairs, DIRECT included; matmul_reduce_scatter where
             distributed.cost.rs_ws_pays; distributed._ws.ws_wanted).
-        fused_rs_early: the warp-specialised reduce-scatter's tile pairs raise a partial's flag
-            and fetch the peer's partial inside the next K loop (True: the copies over its first
+        fused_rs_early: the warp-specialised reduce-scatter raises a partial's flag and fetches
+            the peer's partial of an own tile inside the K loop (True: the copies over its first
             half, the flag at 5/8, the fetch at 7/8) instead of after it (False).
         gemm_align_a: numasched.matmul copies A into rows of whole 128-byte lines first where its
             rows are not (K * element size not a multiple of 128, A K-contiguous): every tile

@@ -823,6 +823,8 @@ VARIANTS: List[Variant] = [
     Variant("dist", "matmul_reduce_scatter-ws-pairs-early",
             _gemm_all_reduce_ws(False, False, rs=True, rs_pairs=True, rs_early=True), off={"amd": _GLUON_OFF},
             note="the pairs with the flag raised and the peer's partial fetched inside the next K loop"),
+    Variant("dist", "matmul_reduce_scatter-ws-early", _gemm_all_reduce_ws(False, False, rs=True, rs_early=True),
+            off={"amd": _GLUON_OFF}, note="one list (the peer's tiles, then ours), the same early flag and fetch"),
     Variant("gemm_ws", "bf16-glu-128x128-s4-row-scale", _gemm_ws(128, 4, glu=True, row_scale=True),
             off={"amd": _GLUON_OFF}, note="SwiGLU: a gate and an up box per stage, two accumulators per warpgroup"),
     Variant("gemm_splitk", "bf16-tma-128x128", _gemm_splitk_medium(False), off={"amd": _TMA_OFF},

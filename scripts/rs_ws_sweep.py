@@ -4,9 +4,9 @@ replays (issue 14: >= 1.2x bulk-synchronous where overlap pays).
 For each (M, N, K_local) (M: both slices' rows): torch.matmul and numasched.matmul alone on the
 whole (M, K_local) A (the work of one rank), the WS GEMM alone in the fused kernel's tiles
 (128 x 256, three stages), bulk (cuBLAS + NCCL), torch symm_mem, and the fused reduce-scatter on
-the Triton kernel, on the warp-specialised one (kernels/dist_gemm_ar_ws.py, RS) and on the WS
-kernel with ``options.fused_rs_early`` (the flag raised and the peer's partial fetched inside the
-next K loop). Every fused form is checked against bulk's result (out poisoned before).
+the Triton kernel and on the warp-specialised one (kernels/dist_gemm_ar_ws.py, RS) in both tile
+orders (pairs; one list, the peer's tiles first), each with and without ``options.fused_rs_early``
+(the flag raised and the peer's partial fetched inside the K loop). Every fused form is checked against bulk's result (out poisoned before).
 Run: NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node 2 scripts/rs_ws_sweep.py
 RS_SHAPES ("MxNxK_local,...") overrides the grid; RS_REPEAT repeats it (the order of the fused
 forms alternates)."""
@@ -19,14 +19,20 @@ import numasched
 import numasched.distributed as nd
 from numasched import options
 from numasched.bench.common import dist_graph_us, init_rank
+from numasched.distributed import cost
+from numasched.gemm import plan_matmul
 from numasched.gemm_schedule import Schedule
 
 # Llama-3-8B down (K 14336 / 2, N 4096), Qwen3-32B o (8192 / 2, 5120) and down (25600 / 2, 5120)
 SHAPES = [(4096, 4096, 7168), (16384, 4096, 7168), (16384, 5120, 4096), (16384, 5120, 12800)]
 if os.environ.get("RS_SHAPES"):
     SHAPES = [tuple(int(v) for v in s.split("x")) for s in os.environ["RS_SHAPES"].split(",")]
-FORMS = [("fused_triton", dict(fused_ws=False)), ("fused_ws", dict(fused_ws=True, fused_rs_early=False)),
-         ("fused_ws_early", dict(fused_ws=True, fused_rs_early=True))]
+# (name, options, the tile order: pairs, one list, or the default's (None))
+FORMS = [("fused_triton", dict(fused_ws=False), None),
+         ("ws_pairs", dict(fused_ws=True, fused_rs_early=False), True),
+         ("ws_pairs_early", dict(fused_ws=True, fused_rs_early=True), True),
+         ("ws_list", dict(fused_ws=True, fused_rs_early=False), False),
+         ("ws_list_early", dict(fused_ws=True, fused_rs_early=True), False)]
 WS_GEMM = Schedule.parse("ws 128x256x64 w4 s3 persistent")
 
 
@@ -62,18 +68,23 @@ def main():
             c = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
             timed("cublas", lambda: torch.matmul(a, b, out=c))
             timed("ns_gemm", lambda: numasched.matmul(a, b, out=c))
-            timed("ws_gemm", lambda: numasched.matmul(a, b, out=c, schedule=WS_GEMM))
+            ws_plan = plan_matmul(a, b, c, schedule=WS_GEMM)
+            timed("ws_gemm", lambda: ws_plan.run(a, b, c))
             timed("bulk", lambda: nd.matmul_reduce_scatter(a, b, ctx=ctx, impl="bulk", out=out, check=False))
             timed("symm", lambda: nd.matmul_reduce_scatter(a, b, ctx=ctx, impl="symm_mem", out=out, check=False))
             forms = FORMS if rep % 2 == 0 else FORMS[::-1]
-            for name, opts in forms:
+            pairs_rule = cost.rs_ws_pairs
+            for name, opts, pairs in forms:
+                if pairs is not None:
+                    cost.rs_ws_pairs = lambda tiles, programs, _p=pairs: _p
                 with options.use(**opts):
                     timed(name, lambda: nd.matmul_reduce_scatter(a, b, ctx=ctx, impl="fused", out=out, check=False),
                           lambda: nd.matmul_reduce_scatter(a, b, ctx=ctx, impl="fused", out=out))
+                cost.rs_ws_pairs = pairs_rule
             timed("auto", lambda: nd.matmul_reduce_scatter(a, b, ctx=ctx, out=out, check=False))
             if "bulk" in res:
                 line.append("bulk/x: " + " ".join(f"{k} {res['bulk'] / v:.3f}" for k, v in res.items()
-                                                 if k.startswith("fused") or k == "auto"))
+                                                 if k.startswith(("fused", "ws_")) or k == "auto"))
             if R == 0:
                 print(" | ".join(line), flush=True)
     dist.barrier()

@@ -194,25 +194,35 @@ def check_matmul_reduce_scatter(ctx, quick):
                     with options.use(fused_ws=ws), _ws_launches() as took:
                         res[ws] = nd.matmul_reduce_scatter(a, b, ctx=ctx, impl="fused").clone()
                     ok(rel(res[ws], ref) < 1e-2, f"fused_ws={ws} {(M, Kl, N)}: wrong ({rel(res[ws], ref):.1e})")
-                    ok(took == ([(False, False, True, {pairs})] if ws else []),
+                    ok([t[:3] for t in took] == ([(False, False, True)] if ws else [])
+                       and all(pairs in {f[0] for f in t[3]} for t in took),
                        f"fused_ws={ws} {(M, Kl, N)}: WS launches {took} (the reduce-scatter, pairs={pairs}, expected)")
                 same = torch.equal(res[True], res[False])
                 msgs.append(f"{M}x{Kl}x{N} WS ({'pairs' if pairs else 'flat'}) "
                             f"{'same bits as' if same else 'within 1e-2 of'} the Triton kernel")
+                # the flag raised and the peer's partial fetched inside the K loop: the same sums
+                for early in (False, True):
+                    with options.use(fused_ws=True, fused_rs_early=early), _ws_launches() as took:
+                        got = nd.matmul_reduce_scatter(a, b, ctx=ctx, impl="fused").clone()
+                    ok(torch.equal(got, res[True]) and [t[:3] for t in took] == [(False, False, True)]
+                       and (pairs, early) in took[0][3],
+                       f"fused_rs_early={early} {(M, Kl, N)}: WS launches {took}, "
+                       f"{'same bits' if torch.equal(got, res[True]) else 'not the same bits'} as the default")
     return ok.done("; ".join(msgs))
 
 
 @contextlib.contextmanager
 def _ws_launches():
     """The warp-specialised launches (numasched.distributed._ws.launch) made inside the block, as
-    (residual, direct, rs, rs_pairs) tuples: whether a call took the WS kernel, and in which form."""
+    (residual, direct, rs, forms) tuples: whether a call took the WS kernel, and the (rs_pairs,
+    rs_early) forms its plan holds launchers of."""
     from numasched.distributed import _ws
 
     seen, launch = [], _ws.launch
 
     def spy(ctx, plan, **kw):
         out = launch(ctx, plan, **kw)
-        forms = {k[4] for k in plan.launchers if isinstance(k, tuple) and k[:4] == ("ws", kw["residual"],
+        forms = {k[4:6] for k in plan.launchers if isinstance(k, tuple) and k[:4] == ("ws", kw["residual"],
                                                                                       kw["direct"], kw["rs"])}
         seen.append((kw["residual"], kw["direct"], kw["rs"], forms))
         return out

@@ -34,7 +34,7 @@ for v in ("bf16-128x160-wide-last-box", "bf16-glu-128x128-s4-last-box", "bf16-12
     r["ptx"] = "\n".join(" ".join(l.split()) for l in r.pop("asm", {}).get("ptx", "").splitlines())
     rows["last:" + v] = r
 for v in ("matmul_all_reduce-ws-residual-direct", "matmul_all_reduce-ws", "matmul_reduce_scatter-ws",
-          "matmul_reduce_scatter-ws-pairs", "matmul_reduce_scatter-ws-pairs-early"):
+          "matmul_reduce_scatter-ws-pairs", "matmul_reduce_scatter-ws-pairs-early", "matmul_reduce_scatter-ws-early"):
     r = P.compile_variant("dist", v, "sm90", keep_asm=True)
     r["ptx"] = "\n".join(" ".join(l.split()) for l in r.pop("asm", {}).get("ptx", "").splitlines())
     rows["mar:" + v] = r
@@ -111,7 +111,7 @@ def test_fused_all_reduce_on_the_ws_kernel_compiles(compiled):
     (not only read) and the async proxy fenced, with a system-scope release; bounded acquire polls."""
     for name in ("mar:matmul_all_reduce-ws-residual-direct", "mar:matmul_all_reduce-ws",
                  "mar:matmul_reduce_scatter-ws", "mar:matmul_reduce_scatter-ws-pairs",
-                 "mar:matmul_reduce_scatter-ws-pairs-early"):
+                 "mar:matmul_reduce_scatter-ws-pairs-early", "mar:matmul_reduce_scatter-ws-early"):
         r = compiled[name]
         assert r["status"] == "ok", (name, r["error"])
         assert r["fits"] and r["spill_bytes"] <= 64, (name, r["spill_bytes"])

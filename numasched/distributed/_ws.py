@@ -77,7 +77,7 @@ def launch(ctx, plan, *, a, b_store, b_trans, out, recv, flags, epoch, counters,
     from numasched import options
 
     rs_pairs = rs and cost.rs_ws_pairs(tiles, programs)
-    rs_early = rs_pairs and options.current().fused_rs_early
+    rs_early = rs and options.current().fused_rs_early
     # B's orientation is in the key: it decides the compiled kernel's B box ((N, K) or (K, N));
     # one plan serves both (its key has no strides), and a kernel compiled for one misreads the
     # other (the reduce-scatter's sums were wrong for the second layout: dist_worker, tp2-s29c)
