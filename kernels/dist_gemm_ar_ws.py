@@ -47,7 +47,7 @@ try:
                                                                    warpgroup_mma, warpgroup_mma_wait)
     from triton.language.core import _aggregate as aggregate
 
-    from numasched.kernels.gemm_ws import HAVE_GLUON, _load_b, _mma_step, _stage_a
+    from numasched.kernels.gemm_ws import HAVE_GLUON, _load_b, _mma_step, _stage_a, _tile_of
 except ImportError:  # pragma: no cover - triton without Gluon
     HAVE_GLUON = False
 
@@ -80,11 +80,12 @@ if HAVE_GLUON:
         RS: gl.constexpr                       # the reduce-scatter: M is a slice's rows (see the module doc)
         RS_PAIRS: gl.constexpr                 # RS in pairs (the peer slice's tile q, then ours)
         RS_EARLY: gl.constexpr                 # RS: the flag raised and the peer's partial fetched in the K loop
+        RS_GROUP: gl.constexpr                 # RS: a slice's tiles in groups of RS_GROUP tile rows (0: row by row)
 
         @gluon.constexpr_function
         def __init__(self, a_desc, b_desc, out_desc, out_peer_desc, recv_desc, recv_peer_desc, a_bufs, b_bufs,
                      ready, empty, flags, peer_flags, status, bound, e, rank, M, N, K, RESIDUAL, DIRECT, RS, RS_PAIRS,
-                     RS_EARLY):
+                     RS_EARLY, RS_GROUP):
             self.a_desc, self.b_desc, self.out_desc, self.out_peer_desc = a_desc, b_desc, out_desc, out_peer_desc
             self.recv_desc, self.recv_peer_desc = recv_desc, recv_peer_desc
             self.a_bufs, self.b_bufs, self.ready, self.empty = a_bufs, b_bufs, ready, empty
@@ -92,6 +93,7 @@ if HAVE_GLUON:
             self.e, self.rank, self.M, self.N, self.K = e, rank, M, N, K
             self.RESIDUAL, self.DIRECT, self.RS = gl.constexpr(RESIDUAL), gl.constexpr(DIRECT), gl.constexpr(RS)
             self.RS_PAIRS, self.RS_EARLY = gl.constexpr(RS_PAIRS), gl.constexpr(RS_EARLY)
+            self.RS_GROUP = gl.constexpr(RS_GROUP)
 
     @gluon.jit
     def _my_tiles(T, rank):
@@ -143,7 +145,12 @@ if HAVE_GLUON:
                 half = (pos >= T).to(gl.int32)
                 q = pos - half * T
             dest = gl.where(half == 0, 1 - p.rank, p.rank)
-            return half, q, dest * p.M + (q // TN) * BLOCK_M, (q // TN) * BLOCK_M, (q % TN) * BLOCK_N
+            if p.RS_GROUP > 0:   # the WS GEMM's grouped order: RS_GROUP tile rows, column by column
+                tm, tn = _tile_of(q, gl.cdiv(p.M, BLOCK_M), TN, p.RS_GROUP)
+            else:
+                tm = q // TN
+                tn = q % TN
+            return half, q, dest * p.M + tm * BLOCK_M, tm * BLOCK_M, tn * BLOCK_N
         else:
             half, t = _pair_tile(j, n, odd_last, p.rank, pid, P)
             return half, t, (t // TN) * BLOCK_M, (t // TN) * BLOCK_M, (t % TN) * BLOCK_N
@@ -374,7 +381,8 @@ if HAVE_GLUON:
                                     flags, peer_flags, status, epoch, counters, bound, rank, M, N, K,
                                     STAGES: gl.constexpr, RESIDUAL: gl.constexpr, DIRECT: gl.constexpr,
                                     CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, RS: gl.constexpr = False,
-                                    RS_PAIRS: gl.constexpr = False, RS_EARLY: gl.constexpr = False):
+                                    RS_PAIRS: gl.constexpr = False, RS_EARLY: gl.constexpr = False,
+                                    RS_GROUP: gl.constexpr = 0):
         """Two ranks: out = sum over ranks of a @ b (see the module doc); RS: out = our slice of it
         (M: a slice's rows; a has 2 M). num_warps=4, about one program per SM, at most one per
         tile pair."""
@@ -389,7 +397,8 @@ if HAVE_GLUON:
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=2)
         p = MarArgs(a_desc, b_desc, out_desc, out_peer_desc, recv_desc, recv_peer_desc, a_bufs, b_bufs, ready,
-                    empty, flags, peer_flags, status, bound, e, rank, M, N, K, RESIDUAL, DIRECT, RS, RS_PAIRS, RS_EARLY)
+                    empty, flags, peer_flags, status, bound, e, rank, M, N, K, RESIDUAL, DIRECT, RS, RS_PAIRS, RS_EARLY,
+                    RS_GROUP)
         gl.warp_specialize([
             (_mar_consumer_lo, (p,)),
             (_mar_consumer_hi, (p,)),

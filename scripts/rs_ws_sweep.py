@@ -5,8 +5,9 @@ For each (M, N, K_local) (M: both slices' rows): torch.matmul and numasched.matm
 whole (M, K_local) A (the work of one rank), the WS GEMM alone in the fused kernel's tiles
 (128 x 256, three stages), bulk (cuBLAS + NCCL), torch symm_mem, and the fused reduce-scatter on
 the Triton kernel and on the warp-specialised one (kernels/dist_gemm_ar_ws.py, RS) in both tile
-orders (pairs; one list, the peer's tiles first), each with and without ``options.fused_rs_early``
-(the flag raised and the peer's partial fetched inside the K loop). Every fused form is checked against bulk's result (out poisoned before).
+orders (pairs; one list, the peer's tiles first), with and without ``options.fused_rs_early`` (the
+flag raised and the peer's partial fetched inside the K loop), a slice's tiles row by row or in
+groups of 8 tile rows (RS_TRITON=1: the Triton kernel too). Every fused form is checked against bulk's result (out poisoned before).
 Run: NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node 2 scripts/rs_ws_sweep.py
 RS_SHAPES ("MxNxK_local,...") overrides the grid; RS_REPEAT repeats it (the order of the fused
 forms alternates)."""
@@ -19,7 +20,7 @@ import numasched
 import numasched.distributed as nd
 from numasched import options
 from numasched.bench.common import dist_graph_us, init_rank
-from numasched.distributed import cost
+from numasched.distributed import _ws, cost
 from numasched.gemm import plan_matmul
 from numasched.gemm_schedule import Schedule
 
@@ -27,12 +28,16 @@ from numasched.gemm_schedule import Schedule
 SHAPES = [(4096, 4096, 7168), (16384, 4096, 7168), (16384, 5120, 4096), (16384, 5120, 12800)]
 if os.environ.get("RS_SHAPES"):
     SHAPES = [tuple(int(v) for v in s.split("x")) for s in os.environ["RS_SHAPES"].split(",")]
-# (name, options, the tile order: pairs, one list, or the default's (None))
-FORMS = [("fused_triton", dict(fused_ws=False), None),
-         ("ws_pairs", dict(fused_ws=True, fused_rs_early=False), True),
-         ("ws_pairs_early", dict(fused_ws=True, fused_rs_early=True), True),
-         ("ws_list", dict(fused_ws=True, fused_rs_early=False), False),
-         ("ws_list_early", dict(fused_ws=True, fused_rs_early=True), False)]
+# (name, options, the tile order: pairs, one list, or the default's (None), the slice's tile rows a
+# group: distributed._ws.RS_GROUP_M)
+FORMS = [("ws_pairs", dict(fused_ws=True, fused_rs_early=False), True, 0),
+         ("ws_pairs_early", dict(fused_ws=True, fused_rs_early=True), True, 0),
+         ("ws_pairs_g8", dict(fused_ws=True, fused_rs_early=False), True, 8),
+         ("ws_pairs_early_g8", dict(fused_ws=True, fused_rs_early=True), True, 8),
+         ("ws_list_early", dict(fused_ws=True, fused_rs_early=True), False, 0),
+         ("ws_list_early_g8", dict(fused_ws=True, fused_rs_early=True), False, 8)]
+if os.environ.get("RS_TRITON"):
+    FORMS.insert(0, ("fused_triton", dict(fused_ws=False), None, 0))
 WS_GEMM = Schedule.parse("ws 128x256x64 w4 s3 persistent")
 
 
@@ -74,13 +79,15 @@ def main():
             timed("symm", lambda: nd.matmul_reduce_scatter(a, b, ctx=ctx, impl="symm_mem", out=out, check=False))
             forms = FORMS if rep % 2 == 0 else FORMS[::-1]
             pairs_rule = cost.rs_ws_pairs
-            for name, opts, pairs in forms:
+            for name, opts, pairs, group in forms:
                 if pairs is not None:
                     cost.rs_ws_pairs = lambda tiles, programs, _p=pairs: _p
+                _ws.RS_GROUP_M = group
                 with options.use(**opts):
                     timed(name, lambda: nd.matmul_reduce_scatter(a, b, ctx=ctx, impl="fused", out=out, check=False),
                           lambda: nd.matmul_reduce_scatter(a, b, ctx=ctx, impl="fused", out=out))
                 cost.rs_ws_pairs = pairs_rule
+                _ws.RS_GROUP_M = 0
             timed("auto", lambda: nd.matmul_reduce_scatter(a, b, ctx=ctx, out=out, check=False))
             if "bulk" in res:
                 line.append("bulk/x: " + " ".join(f"{k} {res['bulk'] / v:.3f}" for k, v in res.items()

@@ -13,6 +13,11 @@ from numasched import caps
 __all__ = ["ws_ok", "ws_wanted", "launch", "peer_address"]
 
 
+# The reduce-scatter's tile order within a slice: groups of RS_GROUP_M tile rows, column by column
+# (the WS GEMM's grouped order), or row by row (0).
+RS_GROUP_M = 0
+
+
 def ws_ok(ctx, a, b_store, out, rows: int, N: int, K: int) -> bool:
     """Whether the kernel can take the call: a Hopper GPU with Gluon, two ranks, 16-bit operands,
     rows (out's) a multiple of 64 (a receive slot's half tiles must not straddle slots), rows of
@@ -81,12 +86,13 @@ def launch(ctx, plan, *, a, b_store, b_trans, out, recv, flags, epoch, counters,
     # B's orientation is in the key: it decides the compiled kernel's B box ((N, K) or (K, N));
     # one plan serves both (its key has no strides), and a kernel compiled for one misreads the
     # other (the reduce-scatter's sums were wrong for the second layout: dist_worker, tp2-s29c)
-    key = ("ws", residual, direct, rs, rs_pairs, rs_early, programs, bool(b_trans))
+    rs_group = RS_GROUP_M if rs else 0
+    key = ("ws", residual, direct, rs, rs_pairs, rs_early, programs, bool(b_trans), rs_group)
     run = plan.launchers.get(key)
     if run is None:
         run = Launch(matmul_all_reduce_ws_kernel, programs,
                      dict(STAGES=cfg.stages, RESIDUAL=residual, DIRECT=direct, RS=rs, RS_PAIRS=rs_pairs,
-                          RS_EARLY=rs_early,
+                          RS_EARLY=rs_early, RS_GROUP=rs_group,
                           CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=cfg.loader_regs,
                           num_warps=4, maxnreg=cfg.maxnreg), device=ctx.device)
         plan.launchers[key] = run
