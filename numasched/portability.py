@@ -467,7 +467,7 @@ def _gemm_ws(block_n: int = 256, stages: int = 3, b_kmajor: bool = True, glu: bo
 
 
 def _gemm_all_reduce_ws(residual: bool = True, direct: bool = True, rs: bool = False, rs_pairs: bool = False,
-                        rs_early: bool = False, rs_group: int = 0):
+                        rs_early: bool = False, group: int = 8):
     def build(vendor):
         from numasched.gemm_ws import WsConfig, descriptor_type
         from numasched.kernels.dist_gemm_ar_ws import matmul_all_reduce_ws_kernel
@@ -482,7 +482,7 @@ def _gemm_all_reduce_ws(residual: bool = True, direct: bool = True, rs: bool = F
                       flags="*i64", peer_flags="*i64", status="*i32", epoch="*i64", counters="*i32",
                       bound=10**7, rank=3, M=4096, N=4096, K=7168, STAGES=cfg.stages, RESIDUAL=residual,
                       DIRECT=direct, CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=cfg.loader_regs, RS=rs,
-                      RS_PAIRS=rs_pairs, RS_EARLY=rs_early, RS_GROUP=rs_group)
+                      RS_PAIRS=rs_pairs, RS_EARLY=rs_early, GROUP=group)
         return matmul_all_reduce_ws_kernel, values, 4, 1, dict(maxnreg=cfg.maxnreg)
     return build
 
@@ -821,9 +821,11 @@ VARIANTS: List[Variant] = [
     Variant("dist", "matmul_reduce_scatter-ws-pairs", _gemm_all_reduce_ws(False, False, rs=True, rs_pairs=True),
             off={"amd": _GLUON_OFF}, note="the reduce-scatter's tiles in pairs (where pairs add no round)"),
     Variant("dist", "matmul_reduce_scatter-ws-pairs-early",
-            _gemm_all_reduce_ws(False, False, rs=True, rs_pairs=True, rs_early=True, rs_group=8), off={"amd": _GLUON_OFF},
-            note="the pairs with the flag raised and the peer's partial fetched inside the next K loop, "
-                 "a slice's tiles in groups of 8 tile rows"),
+            _gemm_all_reduce_ws(False, False, rs=True, rs_pairs=True, rs_early=True), off={"amd": _GLUON_OFF},
+            note="the pairs with the flag raised and the peer's partial fetched inside the next K loop"),
+    Variant("dist", "matmul_reduce_scatter-ws-pairs-rows",
+            _gemm_all_reduce_ws(False, False, rs=True, rs_pairs=True, group=0), off={"amd": _GLUON_OFF},
+            note="the pairs with a slice's tiles row by row (the order before the grouped one)"),
     Variant("dist", "matmul_reduce_scatter-ws-early", _gemm_all_reduce_ws(False, False, rs=True, rs_early=True),
             off={"amd": _GLUON_OFF}, note="one list (the peer's tiles, then ours), the same early flag and fetch"),
     Variant("gemm_ws", "bf16-glu-128x128-s4-row-scale", _gemm_ws(128, 4, glu=True, row_scale=True),

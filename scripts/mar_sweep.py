@@ -11,7 +11,8 @@ Each fused config in TILES (the default's 128 x 256 tiles, 128 x 128 tiles two p
 H100s: the default fastest at every shape; bench/results/tp2-s18/mar-sweep-tp2-h100.log). The seventeenth session's variants (dedicated
 communication programs, pushes spread over the next K loop) ran slower: bench/results/mar-s17/.
 Run: NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node 2 scripts/mar_sweep.py
-MAR_SHAPES ("MxNxK_local,...") overrides the grid below."""
+MAR_SHAPES ("MxNxK_local,...") overrides the grid below; MAR_GROUPS ("0,8") times the WS kernel's
+tiles row by row and in groups of tile rows (distributed._ws.GROUP_M)."""
 import importlib
 import os
 
@@ -21,6 +22,7 @@ import torch.distributed as dist
 import numasched
 import numasched.distributed as nd
 from numasched.bench.common import dist_graph_us, init_rank
+from numasched.distributed import _ws
 from numasched.distributed._common import run
 
 mar = importlib.import_module("numasched.distributed.matmul_all_reduce")
@@ -82,6 +84,16 @@ def main():
             if name == "fused":   # the FLAT pairs pushing to the peer without waiting for its data
                 timed(f"{name}_nowait", lambda: run(ctx, "matmul_all_reduce", a, b, out=out, check=False,
                                                     communicate="nowait"))
+        # MAR_GROUPS ("0,8"): the WS kernel with its tiles row by row / in groups of tile rows
+        # (numasched.distributed._ws.GROUP_M)
+        groups = [int(g) for g in os.environ.get("MAR_GROUPS", "").split(",") if g.strip()]
+        group0 = _ws.GROUP_M
+        for g in groups:
+            _ws.GROUP_M = g
+            mar.FUSED_BIG_TILE = dict(TILE0, WS=True)
+            timed(f"fused_ws_g{g}", lambda: run(ctx, "matmul_all_reduce", a, b, out=out, check=False),
+                  lambda: run(ctx, "matmul_all_reduce", a, b, out=out))
+        _ws.GROUP_M = group0
         mar.FUSED_BIG_TILE = TILE0
         if R == 0:
             print(" | ".join(line), flush=True)

@@ -25,17 +25,16 @@ from numasched.gemm import plan_matmul
 from numasched.gemm_schedule import Schedule
 
 # Llama-3-8B down (K 14336 / 2, N 4096), Qwen3-32B o (8192 / 2, 5120) and down (25600 / 2, 5120)
-SHAPES = [(4096, 4096, 7168), (16384, 4096, 7168), (16384, 5120, 4096), (16384, 5120, 12800)]
+SHAPES = [(2048, 4096, 7168), (4096, 4096, 7168), (16384, 4096, 7168), (4096, 5120, 4096), (16384, 5120, 4096),
+          (16384, 5120, 12800)]
 if os.environ.get("RS_SHAPES"):
     SHAPES = [tuple(int(v) for v in s.split("x")) for s in os.environ["RS_SHAPES"].split(",")]
 # (name, options, the tile order: pairs, one list, or the default's (None), the slice's tile rows a
-# group: distributed._ws.RS_GROUP_M)
-FORMS = [("ws_pairs", dict(fused_ws=True, fused_rs_early=False), True, 0),
-         ("ws_pairs_early", dict(fused_ws=True, fused_rs_early=True), True, 0),
-         ("ws_pairs_g8", dict(fused_ws=True, fused_rs_early=False), True, 8),
-         ("ws_pairs_early_g8", dict(fused_ws=True, fused_rs_early=True), True, 8),
-         ("ws_list_early", dict(fused_ws=True, fused_rs_early=True), False, 0),
-         ("ws_list_early_g8", dict(fused_ws=True, fused_rs_early=True), False, 8)]
+# group: distributed._ws.GROUP_M)
+FORMS = [("ws_rows", dict(fused_ws=True, fused_rs_early=False), None, 0),
+         ("ws", dict(fused_ws=True, fused_rs_early=False), None, 8),
+         ("ws_early", dict(fused_ws=True, fused_rs_early=True), None, 8),
+         ("ws_list_early", dict(fused_ws=True, fused_rs_early=True), False, 8)]
 if os.environ.get("RS_TRITON"):
     FORMS.insert(0, ("fused_triton", dict(fused_ws=False), None, 0))
 WS_GEMM = Schedule.parse("ws 128x256x64 w4 s3 persistent")
@@ -78,16 +77,16 @@ def main():
             timed("bulk", lambda: nd.matmul_reduce_scatter(a, b, ctx=ctx, impl="bulk", out=out, check=False))
             timed("symm", lambda: nd.matmul_reduce_scatter(a, b, ctx=ctx, impl="symm_mem", out=out, check=False))
             forms = FORMS if rep % 2 == 0 else FORMS[::-1]
-            pairs_rule = cost.rs_ws_pairs
+            pairs_rule, group0 = cost.rs_ws_pairs, _ws.GROUP_M
             for name, opts, pairs, group in forms:
                 if pairs is not None:
                     cost.rs_ws_pairs = lambda tiles, programs, _p=pairs: _p
-                _ws.RS_GROUP_M = group
+                _ws.GROUP_M = group
                 with options.use(**opts):
                     timed(name, lambda: nd.matmul_reduce_scatter(a, b, ctx=ctx, impl="fused", out=out, check=False),
                           lambda: nd.matmul_reduce_scatter(a, b, ctx=ctx, impl="fused", out=out))
                 cost.rs_ws_pairs = pairs_rule
-                _ws.RS_GROUP_M = 0
+                _ws.GROUP_M = group0
             timed("auto", lambda: nd.matmul_reduce_scatter(a, b, ctx=ctx, out=out, check=False))
             if "bulk" in res:
                 line.append("bulk/x: " + " ".join(f"{k} {res['bulk'] / v:.3f}" for k, v in res.items()

@@ -202,15 +202,15 @@ def check_matmul_reduce_scatter(ctx, quick):
                 msgs.append(f"{M}x{Kl}x{N} WS ({'pairs' if pairs else 'flat'}) "
                             f"{'same bits as' if same else 'within 1e-2 of'} the Triton kernel")
                 # the flag raised and the peer's partial fetched inside the K loop: the same sums
-                # (and a slice's tiles in groups of tile rows: _ws.RS_GROUP_M)
-                group0 = _ws.RS_GROUP_M
+                # (and a slice's tiles in groups of tile rows: _ws.GROUP_M)
+                group0 = _ws.GROUP_M
                 for early, group in ((False, 0), (True, 0), (True, 8), (False, 8)):
-                    _ws.RS_GROUP_M = group
+                    _ws.GROUP_M = group
                     try:
                         with options.use(fused_ws=True, fused_rs_early=early), _ws_launches() as took:
                             got = nd.matmul_reduce_scatter(a, b, ctx=ctx, impl="fused").clone()
                     finally:
-                        _ws.RS_GROUP_M = group0
+                        _ws.GROUP_M = group0
                     ok(torch.equal(got, res[True]) and [t[:3] for t in took] == [(False, False, True)]
                        and (pairs, early) in took[0][3],
                        f"fused_rs_early={early}, groups of {group} {(M, Kl, N)}: WS launches {took}, "

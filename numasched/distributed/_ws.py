@@ -13,9 +13,12 @@ from numasched import caps
 __all__ = ["ws_ok", "ws_wanted", "launch", "peer_address"]
 
 
-# The reduce-scatter's tile order within a slice: groups of RS_GROUP_M tile rows, column by column
-# (the WS GEMM's grouped order), or row by row (0).
-RS_GROUP_M = 0
+# The tile order (the all-reduce's output, the reduce-scatter's slice): groups of GROUP_M tile
+# rows, column by column (the WS GEMM's grouped order), or row by row (0). Two H100s
+# (bench/results/tp2-s41/call3): the reduce-scatter at 16384 rows, Qwen3-32B down 3.19-3.22 ms
+# grouped against 3.69-3.94 row by row (the WS GEMM alone 3.22-3.25), Llama-3-8B down 1.44-1.50
+# against 1.46-1.55, Qwen3-32B o 1.03-1.08 against 1.08-1.12.
+GROUP_M = 8
 
 
 def ws_ok(ctx, a, b_store, out, rows: int, N: int, K: int) -> bool:
@@ -86,13 +89,12 @@ def launch(ctx, plan, *, a, b_store, b_trans, out, recv, flags, epoch, counters,
     # B's orientation is in the key: it decides the compiled kernel's B box ((N, K) or (K, N));
     # one plan serves both (its key has no strides), and a kernel compiled for one misreads the
     # other (the reduce-scatter's sums were wrong for the second layout: dist_worker, tp2-s29c)
-    rs_group = RS_GROUP_M if rs else 0
-    key = ("ws", residual, direct, rs, rs_pairs, rs_early, programs, bool(b_trans), rs_group)
+    key = ("ws", residual, direct, rs, rs_pairs, rs_early, programs, bool(b_trans), GROUP_M)
     run = plan.launchers.get(key)
     if run is None:
         run = Launch(matmul_all_reduce_ws_kernel, programs,
                      dict(STAGES=cfg.stages, RESIDUAL=residual, DIRECT=direct, RS=rs, RS_PAIRS=rs_pairs,
-                          RS_EARLY=rs_early, RS_GROUP=rs_group,
+                          RS_EARLY=rs_early, GROUP=GROUP_M,
                           CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=cfg.loader_regs,
                           num_warps=4, maxnreg=cfg.maxnreg), device=ctx.device)
         plan.launchers[key] = run
