@@ -35,7 +35,7 @@ numasched is imported (they are not read per call):
     NUMASCHED_GLU_WS=0|1        glu_ws -> False / True (unset: numasched.gemm_glu's default)
     NUMASCHED_GLU_FUSED=0|1     glu_fused -> False / True (unset: gemm_glu.glu_fused_pays)
     NUMASCHED_FUSED_WS=0|1      fused_ws -> False / True (unset: the config's)
-    NUMASCHED_FUSED_RS_EARLY=0|1 fused_rs_early -> False / True
+    NUMASCHED_FUSED_RS_EARLY=0   fused_rs_early -> False
     NUMASCHED_GEMM_ALIGN_A=0|1  gemm_align_a -> False / True (unset: where gemm_schedule.align_a_pays)
     NUMASCHED_GEMM_PAD_K=0|1    gemm_pad_k -> False / True (unset: where gemm_schedule.pad_k_pays)
     NUMASCHED_GEMM_SPLITK_OPERANDS gemm_splitk_operands ("auto", "tma", "b_tma", "b_tma_last", "pointer")
@@ -186,7 +186,9 @@ class Options:
             distributed.cost.rs_ws_pays; distributed._ws.ws_wanted).
         fused_rs_early: the warp-specialised reduce-scatter raises a partial's flag and fetches
             the peer's partial of an own tile inside the K loop (True: the copies over its first
-            half, the flag at 5/8, the fetch at 7/8) instead of after it (False).
+            half, the flag at 5/8, the fetch at 7/8; the default) instead of after it (False).
+            Two H100s (bench/results/tp2-s41/call4): 0.95-1.01x the time at 2048-16384 rows of
+            Llama-3-8B down and Qwen3-32B o and down, geomean 0.984.
         gemm_align_a: numasched.matmul copies A into rows of whole 128-byte lines first where its
             rows are not (K * element size not a multiple of 128, A K-contiguous): every tile
             column re-reads A, and a misaligned row costs two lines per load (True: always there,
@@ -242,7 +244,7 @@ class Options:
     glu_ws: Optional[bool] = None
     glu_fused: Optional[bool] = None
     fused_ws: Optional[bool] = None
-    fused_rs_early: bool = False
+    fused_rs_early: bool = True
     gemm_align_a: Optional[bool] = None
     gemm_pad_k: Optional[bool] = None
     gemm_splitk_operands: str = "auto"

@@ -12,7 +12,7 @@ H100s: the default fastest at every shape; bench/results/tp2-s18/mar-sweep-tp2-h
 communication programs, pushes spread over the next K loop) ran slower: bench/results/mar-s17/.
 Run: NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node 2 scripts/mar_sweep.py
 MAR_SHAPES ("MxNxK_local,...") overrides the grid below; MAR_GROUPS ("0,8") times the WS kernel's
-tiles row by row and in groups of tile rows (distributed._ws.GROUP_M)."""
+tiles row by row and in groups of tile rows (distributed._ws.group_of)."""
 import importlib
 import os
 
@@ -87,13 +87,13 @@ def main():
         # MAR_GROUPS ("0,8"): the WS kernel with its tiles row by row / in groups of tile rows
         # (numasched.distributed._ws.GROUP_M)
         groups = [int(g) for g in os.environ.get("MAR_GROUPS", "").split(",") if g.strip()]
-        group0 = _ws.GROUP_M
+        group_of = _ws.group_of
         for g in groups:
-            _ws.GROUP_M = g
+            _ws.group_of = lambda ctx, rs, N, K, elt, _g=g: _g
             mar.FUSED_BIG_TILE = dict(TILE0, WS=True)
             timed(f"fused_ws_g{g}", lambda: run(ctx, "matmul_all_reduce", a, b, out=out, check=False),
                   lambda: run(ctx, "matmul_all_reduce", a, b, out=out))
-        _ws.GROUP_M = group0
+        _ws.group_of = group_of
         mar.FUSED_BIG_TILE = TILE0
         if R == 0:
             print(" | ".join(line), flush=True)

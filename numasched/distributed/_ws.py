@@ -13,12 +13,21 @@ from numasched import caps
 __all__ = ["ws_ok", "ws_wanted", "launch", "peer_address"]
 
 
-# The tile order (the all-reduce's output, the reduce-scatter's slice): groups of GROUP_M tile
-# rows, column by column (the WS GEMM's grouped order), or row by row (0). Two H100s
-# (bench/results/tp2-s41/call3): the reduce-scatter at 16384 rows, Qwen3-32B down 3.19-3.22 ms
-# grouped against 3.69-3.94 row by row (the WS GEMM alone 3.22-3.25), Llama-3-8B down 1.44-1.50
-# against 1.46-1.55, Qwen3-32B o 1.03-1.08 against 1.08-1.12.
+# The tile order (the reduce-scatter's slice, the all-reduce's output): groups of GROUP_M tile
+# rows, column by column (the WS GEMM's grouped order), or row by row. Two H100s
+# (bench/results/tp2-s41/call3, call4), the reduce-scatter grouped against row by row: Qwen3-32B
+# down at 16384 rows 3.12-3.29 ms against 3.69-4.25 (its WS GEMM alone 3.22-3.34), 0.91-1.01x at
+# Llama-3-8B down and Qwen3-32B o from 2048 to 16384 rows: always grouped. The all-reduce: 0.80-0.98x
+# at Qwen3-32B down (a weight of 131 MB), 0.98-1.01x at Llama-3-8B down 16384 rows, but 1.02-1.11x
+# at 4096 x 4096 x {2048, 7168}: grouped only where the weight is more than twice the L2.
 GROUP_M = 8
+
+
+def group_of(ctx, rs: bool, N: int, K: int, elt: int) -> int:
+    """The kernel's GROUP (see GROUP_M) for a call of this weight."""
+    if rs or N * K * elt > 2 * caps.l2_bytes(ctx.device):
+        return GROUP_M
+    return 0
 
 
 def ws_ok(ctx, a, b_store, out, rows: int, N: int, K: int) -> bool:
@@ -89,12 +98,13 @@ def launch(ctx, plan, *, a, b_store, b_trans, out, recv, flags, epoch, counters,
     # B's orientation is in the key: it decides the compiled kernel's B box ((N, K) or (K, N));
     # one plan serves both (its key has no strides), and a kernel compiled for one misreads the
     # other (the reduce-scatter's sums were wrong for the second layout: dist_worker, tp2-s29c)
-    key = ("ws", residual, direct, rs, rs_pairs, rs_early, programs, bool(b_trans), GROUP_M)
+    group = group_of(ctx, rs, N, K, a.element_size())
+    key = ("ws", residual, direct, rs, rs_pairs, rs_early, programs, bool(b_trans), group)
     run = plan.launchers.get(key)
     if run is None:
         run = Launch(matmul_all_reduce_ws_kernel, programs,
                      dict(STAGES=cfg.stages, RESIDUAL=residual, DIRECT=direct, RS=rs, RS_PAIRS=rs_pairs,
-                          RS_EARLY=rs_early, GROUP=GROUP_M,
+                          RS_EARLY=rs_early, GROUP=group,
                           CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=cfg.loader_regs,
                           num_warps=4, maxnreg=cfg.maxnreg), device=ctx.device)
         plan.launchers[key] = run

@@ -83,7 +83,8 @@ def _ws_program(rank: int, tiles: List[Tuple[int, int]], rs: bool, late_flag: bo
     loop and its flag goes up after that loop, before the next tile's own wait; B waits for the
     peer's partial and reads it (all-reduce: then its sum goes back the same way); the all-reduce
     ends waiting for the peer's sums of its A tiles. ``late_flag`` (a model-only fault): the flag
-    after the next tile's wait instead, which must deadlock."""
+    after the next tile's wait instead, which must deadlock. (``options.fused_rs_early`` moves the
+    flag and an own tile's wait and read into that tile's K loop, in this order: the same steps.)"""
     peer = 1 - rank
     steps: List[Step] = []
     pending = None
