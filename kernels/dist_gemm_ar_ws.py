@@ -32,6 +32,10 @@ walk the peer slice's tiles (our partial leaves, paced, into the peer's receive 
 (the peer's partial read, the sum stored into our slice): in pairs (``RS_PAIRS``) or as one list,
 the peer's first; nothing goes back. Every
 program raises its A tiles' flags before its first wait, so no two programs wait on each other.
+``RS_EARLY`` moves that exchange into the K loop: a staged partial's copies over the first half of
+the next loop, its flag at 5/8, and at 7/8 of an own tile's loop the wait for the peer's partial
+and its TMA load, which the epilogue then only waits for. ``GROUP`` > 0 walks the tiles (a slice's,
+or the all-reduce's output) in groups of GROUP tile rows, column by column, as the WS GEMM does.
 
 Flags: ``flags[src, 2 t + half]`` holds the epoch of the last call whose half tile arrived from
 rank src. The epoch is read at the start and the last program to leave publishes it (as the
