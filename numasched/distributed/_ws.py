@@ -77,9 +77,12 @@ def launch(ctx, plan, *, a, b_store, b_trans, out, recv, flags, epoch, counters,
     """One launch of kernels/dist_gemm_ar_ws.py (see its doc): ``rows`` out's rows (RS: a slice's),
     ``recv`` the (2, 2, rows, N) receive slots, ``flags`` at least (2, 2 x tiles) int64;
     ``programs`` default: one per tile pair (RS: per tile of both slices), at most one per SM."""
+    from numasched import options
     from numasched._launch import HostDesc, Launch, hooked
     from numasched.gemm_ws import WsConfig, descriptor_maker
     from numasched.kernels.dist_gemm_ar_ws import matmul_all_reduce_ws_kernel
+
+    from . import cost
 
     cfg = WsConfig()
     tiles = -(-rows // cfg.block_m) * -(-N // cfg.block_n)
@@ -89,10 +92,6 @@ def launch(ctx, plan, *, a, b_store, b_trans, out, recv, flags, epoch, counters,
         raise ValueError(f"flags has {flags.shape[-1]} slots a rank, the kernel needs {2 * tiles}")
     # the thin launch (numasched._launch): Gluon's Python path once per constexpr set, then the
     # compiled kernel's C launcher, the descriptors' tensor maps cached by base pointer
-    from . import cost
-
-    from numasched import options
-
     rs_pairs = rs and cost.rs_ws_pairs(tiles, programs)
     rs_early = rs and options.current().fused_rs_early
     # B's orientation is in the key: it decides the compiled kernel's B box ((N, K) or (K, N));
