@@ -326,3 +326,30 @@ def init_rank(timeout_s: float = 600.0) -> tuple:
     torch.cuda.set_device(local)
     dist.init_process_group("nccl", timeout=_dt.timedelta(seconds=timeout_s), device_id=torch.device("cuda", local))
     return dist.get_rank(), dist.get_world_size()
+
+
+def sweep_timer(ctx, out, ref, line: list, res: Optional[dict] = None) -> Callable:
+    """A ``timed(name, fn, check=None)`` for the distributed sweeps (scripts/mar_sweep.py,
+    scripts/rs_ws_sweep.py): ``fn``'s time in CUDA-graph replays (dist_graph_us, the slowest
+    rank's), ``ctx``'s status read after it; ``check`` (optional) runs once with ``out`` poisoned
+    and its result is compared with ``ref`` (a float64 tensor). Appends "name us [err e]" (or the
+    error) to ``line`` and the time to ``res[name]``."""
+    import torch
+
+    def timed(name, fn, check=None):
+        try:
+            t = dist_graph_us(fn, calls=3, iters=10)
+            ctx.check("sweep")
+            err = ""
+            if check is not None:
+                out.fill_(float("nan"))
+                got = check()
+                torch.cuda.synchronize()
+                err = f" err {((got.double() - ref).norm() / ref.norm()).item():.1e}"
+            if res is not None:
+                res[name] = t
+            line.append(f"{name} {t:.1f}{err}")
+        except Exception as e:  # noqa: BLE001 - a sweep records a form's failure and goes on
+            line.append(f"{name} ERR {type(e).__name__}: {str(e)[:120]}")
+
+    return timed

@@ -36,6 +36,8 @@ numasched is imported (they are not read per call):
     NUMASCHED_GLU_FUSED=0|1     glu_fused -> False / True (unset: gemm_glu.glu_fused_pays)
     NUMASCHED_FUSED_WS=0|1      fused_ws -> False / True (unset: the config's)
     NUMASCHED_FUSED_RS_EARLY=0   fused_rs_early -> False
+    NUMASCHED_FUSED_RS_PAIRS=0|1 fused_rs_pairs -> False / True (unset: distributed.cost.rs_ws_pairs)
+    NUMASCHED_FUSED_WS_GROUP=N  fused_ws_group -> N (tile rows a group, 0: row by row; unset: distributed._ws.group_of)
     NUMASCHED_GEMM_ALIGN_A=0|1  gemm_align_a -> False / True (unset: where gemm_schedule.align_a_pays)
     NUMASCHED_GEMM_PAD_K=0|1    gemm_pad_k -> False / True (unset: where gemm_schedule.pad_k_pays)
     NUMASCHED_GEMM_SPLITK_OPERANDS gemm_splitk_operands ("auto", "tma", "b_tma", "b_tma_last", "pointer")
@@ -189,6 +191,12 @@ class Options:
             half, the flag at 5/8, the fetch at 7/8; the default) instead of after it (False).
             Two H100s (bench/results/tp2-s41/call4): 0.95-1.01x the time at 2048-16384 rows of
             Llama-3-8B down and Qwen3-32B o and down, geomean 0.984.
+        fused_rs_pairs: the warp-specialised reduce-scatter's tile order: pairs (the peer slice's
+            tile q, then ours: True) or one list (the peer's tiles first: False); None: pairs
+            where they add no round (distributed.cost.rs_ws_pairs).
+        fused_ws_group: the warp-specialised fused ops' tiles in groups of this many tile rows,
+            column by column (0: row by row); None: distributed._ws.group_of (grouped for the
+            reduce-scatter, and for the all-reduce where its weight exceeds twice the L2).
         gemm_align_a: numasched.matmul copies A into rows of whole 128-byte lines first where its
             rows are not (K * element size not a multiple of 128, A K-contiguous): every tile
             column re-reads A, and a misaligned row costs two lines per load (True: always there,
@@ -245,6 +253,8 @@ class Options:
     glu_fused: Optional[bool] = None
     fused_ws: Optional[bool] = None
     fused_rs_early: bool = True
+    fused_rs_pairs: Optional[bool] = None
+    fused_ws_group: Optional[int] = None
     gemm_align_a: Optional[bool] = None
     gemm_pad_k: Optional[bool] = None
     gemm_splitk_operands: str = "auto"
@@ -273,6 +283,13 @@ class Options:
                   "gemm_pad_k"):
             if getattr(self, f) is not None and not isinstance(getattr(self, f), bool):
                 raise TypeError(f"Options.{f} must be a bool or None, got {getattr(self, f)!r}")
+        if self.fused_rs_pairs is not None and not isinstance(self.fused_rs_pairs, bool):
+            raise TypeError(f"Options.fused_rs_pairs must be a bool or None, got {self.fused_rs_pairs!r}")
+        if self.fused_ws_group is not None and (isinstance(self.fused_ws_group, bool)
+                                                or not isinstance(self.fused_ws_group, int)
+                                                or not 0 <= self.fused_ws_group <= 64):
+            raise ValueError(f"Options.fused_ws_group must be an int of tile rows in [0, 64] or None, "
+                             f"got {self.fused_ws_group!r}")
         if self.gemm_splitk_operands not in SPLITK_OPERANDS:
             raise ValueError(f"Options.gemm_splitk_operands must be one of {SPLITK_OPERANDS}, "
                              f"got {self.gemm_splitk_operands!r}")
@@ -339,6 +356,12 @@ def from_env(environ=None) -> Options:
         if v not in ("", "0", "1"):
             raise ValueError(f"{name} must be 0 or 1, got {v!r}")
         tri[name] = None if not v else v == "1"
+    group = env.get("NUMASCHED_FUSED_WS_GROUP", "").strip()
+    if group and not group.isdigit():
+        raise ValueError(f"NUMASCHED_FUSED_WS_GROUP must be a number of tile rows (0: row by row), got {group!r}")
+    pairs = env.get("NUMASCHED_FUSED_RS_PAIRS", "").strip()
+    if pairs not in ("", "0", "1"):
+        raise ValueError(f"NUMASCHED_FUSED_RS_PAIRS must be 0 or 1, got {pairs!r}")
     stages = env.get("NUMASCHED_FUSED_AR_STAGES", "").strip()
     if stages and not stages.isdigit():
         raise ValueError(f"NUMASCHED_FUSED_AR_STAGES must be a number of stages, got {stages!r}")
@@ -368,7 +391,9 @@ def from_env(environ=None) -> Options:
                    gemm_splitk_operands=env.get("NUMASCHED_GEMM_SPLITK_OPERANDS", "auto").strip() or "auto",
                    gemm_ws_last_box=flag("NUMASCHED_GEMM_WS_LAST_BOX", True),
                    gemm_ws_dead_half=flag("NUMASCHED_GEMM_WS_DEAD_HALF", True),
-                   fused_rs_early=flag("NUMASCHED_FUSED_RS_EARLY", Options.fused_rs_early))
+                   fused_rs_early=flag("NUMASCHED_FUSED_RS_EARLY", Options.fused_rs_early),
+                   fused_rs_pairs=None if not pairs else pairs == "1",
+                   fused_ws_group=int(group) if group else None)
 
 
 _CURRENT = from_env()

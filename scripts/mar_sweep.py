@@ -12,7 +12,7 @@ H100s: the default fastest at every shape; bench/results/tp2-s18/mar-sweep-tp2-h
 communication programs, pushes spread over the next K loop) ran slower: bench/results/mar-s17/.
 Run: NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node 2 scripts/mar_sweep.py
 MAR_SHAPES ("MxNxK_local,...") overrides the grid below; MAR_GROUPS ("0,8") times the WS kernel's
-tiles row by row and in groups of tile rows (distributed._ws.group_of)."""
+tiles row by row and in groups of tile rows (options.fused_ws_group)."""
 import importlib
 import os
 
@@ -21,8 +21,8 @@ import torch.distributed as dist
 
 import numasched
 import numasched.distributed as nd
-from numasched.bench.common import dist_graph_us, init_rank
-from numasched.distributed import _ws
+from numasched.bench.common import init_rank, sweep_timer
+from numasched import options
 from numasched.distributed._common import run
 
 mar = importlib.import_module("numasched.distributed.matmul_all_reduce")
@@ -55,21 +55,7 @@ def main():
         out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
         ref = nd.matmul_all_reduce(a, b, ctx=ctx, impl="bulk").double()
         line = [f"{M}x{N}x{K}"]
-
-        def timed(name, fn, check=None):
-            try:
-                t = dist_graph_us(fn, calls=3, iters=10)
-                ctx.check("sweep")
-                err = ""
-                if check is not None:
-                    out.fill_(float("nan"))
-                    got = check()
-                    torch.cuda.synchronize()
-                    err = f" err {((got.double() - ref).norm() / ref.norm()).item():.1e}"
-                line.append(f"{name} {t:.1f}{err}")
-            except Exception as e:  # noqa: BLE001
-                line.append(f"{name} ERR {type(e).__name__}: {str(e)[:80]}")
-
+        timed = sweep_timer(ctx, out, ref, line)
         c = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
         timed("cublas", lambda: torch.matmul(a, b, out=c))
         timed("ns_gemm", lambda: numasched.matmul(a, b, out=c))
@@ -85,15 +71,12 @@ def main():
                 timed(f"{name}_nowait", lambda: run(ctx, "matmul_all_reduce", a, b, out=out, check=False,
                                                     communicate="nowait"))
         # MAR_GROUPS ("0,8"): the WS kernel with its tiles row by row / in groups of tile rows
-        # (numasched.distributed._ws.GROUP_M)
-        groups = [int(g) for g in os.environ.get("MAR_GROUPS", "").split(",") if g.strip()]
-        group_of = _ws.group_of
-        for g in groups:
-            _ws.group_of = lambda ctx, rs, N, K, elt, _g=g: _g
+        # (options.fused_ws_group)
+        for g in [int(g) for g in os.environ.get("MAR_GROUPS", "").split(",") if g.strip()]:
             mar.FUSED_BIG_TILE = dict(TILE0, WS=True)
-            timed(f"fused_ws_g{g}", lambda: run(ctx, "matmul_all_reduce", a, b, out=out, check=False),
-                  lambda: run(ctx, "matmul_all_reduce", a, b, out=out))
-        _ws.group_of = group_of
+            with options.use(fused_ws_group=g):
+                timed(f"fused_ws_g{g}", lambda: run(ctx, "matmul_all_reduce", a, b, out=out, check=False),
+                      lambda: run(ctx, "matmul_all_reduce", a, b, out=out))
         mar.FUSED_BIG_TILE = TILE0
         if R == 0:
             print(" | ".join(line), flush=True)

@@ -19,8 +19,7 @@ import torch.distributed as dist
 import numasched
 import numasched.distributed as nd
 from numasched import options
-from numasched.bench.common import dist_graph_us, init_rank
-from numasched.distributed import _ws, cost
+from numasched.bench.common import init_rank, sweep_timer
 from numasched.gemm import plan_matmul
 from numasched.gemm_schedule import Schedule
 
@@ -29,14 +28,14 @@ SHAPES = [(2048, 4096, 7168), (4096, 4096, 7168), (16384, 4096, 7168), (4096, 51
           (16384, 5120, 12800)]
 if os.environ.get("RS_SHAPES"):
     SHAPES = [tuple(int(v) for v in s.split("x")) for s in os.environ["RS_SHAPES"].split(",")]
-# (name, options, the tile order: pairs, one list, or the default's (None), the slice's tile rows a
-# group: distributed._ws.GROUP_M)
-FORMS = [("ws_rows", dict(fused_ws=True, fused_rs_early=False), None, 0),
-         ("ws", dict(fused_ws=True, fused_rs_early=False), None, 8),
-         ("ws_early", dict(fused_ws=True, fused_rs_early=True), None, 8),
-         ("ws_list_early", dict(fused_ws=True, fused_rs_early=True), False, 8)]
+# (name, options): the tile order (fused_rs_pairs; None: the default's rule), the tiles row by row or
+# in groups of 8 tile rows (fused_ws_group), the early flag
+FORMS = [("ws_rows", dict(fused_ws=True, fused_rs_early=False, fused_ws_group=0)),
+         ("ws", dict(fused_ws=True, fused_rs_early=False, fused_ws_group=8)),
+         ("ws_early", dict(fused_ws=True, fused_rs_early=True, fused_ws_group=8)),
+         ("ws_list_early", dict(fused_ws=True, fused_rs_early=True, fused_ws_group=8, fused_rs_pairs=False))]
 if os.environ.get("RS_TRITON"):
-    FORMS.insert(0, ("fused_triton", dict(fused_ws=False), None, 0))
+    FORMS.insert(0, ("fused_triton", dict(fused_ws=False)))
 WS_GEMM = Schedule.parse("ws 128x256x64 w4 s3 persistent")
 
 
@@ -53,22 +52,7 @@ def main():
             ref = nd.matmul_reduce_scatter(a, b, ctx=ctx, impl="bulk").double()
             line = [f"{M}x{N}x{K}"]
             res = {}
-
-            def timed(name, fn, check=None):
-                try:
-                    t = dist_graph_us(fn, calls=3, iters=10)
-                    ctx.check("sweep")
-                    err = ""
-                    if check is not None:
-                        out.fill_(float("nan"))
-                        got = check()
-                        torch.cuda.synchronize()
-                        err = f" err {((got.double() - ref).norm() / ref.norm()).item():.1e}"
-                    res[name] = t
-                    line.append(f"{name} {t:.1f}{err}")
-                except Exception as e:  # noqa: BLE001
-                    line.append(f"{name} ERR {type(e).__name__}: {str(e)[:120]}")
-
+            timed = sweep_timer(ctx, out, ref, line, res)
             c = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
             timed("cublas", lambda: torch.matmul(a, b, out=c))
             timed("ns_gemm", lambda: numasched.matmul(a, b, out=c))
@@ -77,16 +61,10 @@ def main():
             timed("bulk", lambda: nd.matmul_reduce_scatter(a, b, ctx=ctx, impl="bulk", out=out, check=False))
             timed("symm", lambda: nd.matmul_reduce_scatter(a, b, ctx=ctx, impl="symm_mem", out=out, check=False))
             forms = FORMS if rep % 2 == 0 else FORMS[::-1]
-            pairs_rule, group0 = cost.rs_ws_pairs, _ws.GROUP_M
-            for name, opts, pairs, group in forms:
-                if pairs is not None:
-                    cost.rs_ws_pairs = lambda tiles, programs, _p=pairs: _p
-                _ws.GROUP_M = group
+            for name, opts in forms:
                 with options.use(**opts):
                     timed(name, lambda: nd.matmul_reduce_scatter(a, b, ctx=ctx, impl="fused", out=out, check=False),
                           lambda: nd.matmul_reduce_scatter(a, b, ctx=ctx, impl="fused", out=out))
-                cost.rs_ws_pairs = pairs_rule
-                _ws.GROUP_M = group0
             timed("auto", lambda: nd.matmul_reduce_scatter(a, b, ctx=ctx, out=out, check=False))
             if "bulk" in res:
                 line.append("bulk/x: " + " ".join(f"{k} {res['bulk'] / v:.3f}" for k, v in res.items()

@@ -175,7 +175,6 @@ def check_matmul_reduce_scatter(ctx, quick):
     msgs.append(f"{M}x{Kl}x{N} flat/ticketed same bits")
     # the tile pairs on the warp-specialised Gluon kernel (options.fused_ws, RS; Hopper, a slice's
     # rows a multiple of 64, rows of 16 bytes, a contiguous out): B as a weight's w.T and (K, N)
-    from numasched.distributed import _ws
     from numasched.kernels.gemm_ws import HAVE_GLUON
 
     if W == 2 and HAVE_GLUON and torch.cuda.get_device_capability()[0] == 9:
@@ -202,15 +201,11 @@ def check_matmul_reduce_scatter(ctx, quick):
                 msgs.append(f"{M}x{Kl}x{N} WS ({'pairs' if pairs else 'flat'}) "
                             f"{'same bits as' if same else 'within 1e-2 of'} the Triton kernel")
                 # the flag raised and the peer's partial fetched inside the K loop: the same sums
-                # (and a slice's tiles in groups of tile rows: _ws.GROUP_M)
-                group0 = _ws.GROUP_M
+                # (and a slice's tiles row by row or in groups of tile rows: options.fused_ws_group)
                 for early, group in ((False, 0), (True, 0), (True, 8), (False, 8)):
-                    _ws.GROUP_M = group
-                    try:
-                        with options.use(fused_ws=True, fused_rs_early=early), _ws_launches() as took:
-                            got = nd.matmul_reduce_scatter(a, b, ctx=ctx, impl="fused").clone()
-                    finally:
-                        _ws.GROUP_M = group0
+                    with options.use(fused_ws=True, fused_rs_early=early, fused_ws_group=group), \
+                            _ws_launches() as took:
+                        got = nd.matmul_reduce_scatter(a, b, ctx=ctx, impl="fused").clone()
                     ok(torch.equal(got, res[True]) and [t[:3] for t in took] == [(False, False, True)]
                        and (pairs, early) in took[0][3],
                        f"fused_rs_early={early}, groups of {group} {(M, Kl, N)}: WS launches {took}, "

@@ -270,6 +270,62 @@ def test_ws_tile_groups_by_weight(monkeypatch):
     assert _ws.group_of(ctx, False, 5120, 12800, 2) == _ws.GROUP_M   # Qwen3-32B down at TP 2: 131 MB
 
 
+def test_ws_form_options_and_their_environment(monkeypatch):
+    """options.fused_rs_early / fused_rs_pairs / fused_ws_group: typed, read from the environment,
+    and each decides the launch's constexprs (_ws.launch with the Launch class replaced)."""
+    from numasched import _launch
+    from numasched.distributed import _ws
+
+    o = options.from_env({})
+    assert o.fused_rs_early is True and o.fused_rs_pairs is None and o.fused_ws_group is None
+    o = options.from_env({"NUMASCHED_FUSED_RS_EARLY": "0", "NUMASCHED_FUSED_RS_PAIRS": "0",
+                          "NUMASCHED_FUSED_WS_GROUP": "4"})
+    assert o.fused_rs_early is False and o.fused_rs_pairs is False and o.fused_ws_group == 4
+    with pytest.raises(ValueError, match="NUMASCHED_FUSED_WS_GROUP"):
+        options.from_env({"NUMASCHED_FUSED_WS_GROUP": "rows"})
+    with pytest.raises(ValueError, match="NUMASCHED_FUSED_RS_PAIRS"):
+        options.from_env({"NUMASCHED_FUSED_RS_PAIRS": "yes"})
+    with pytest.raises(ValueError, match="fused_ws_group"):
+        options.Options(fused_ws_group=-1)
+    with pytest.raises(ValueError, match="fused_ws_group"):
+        options.Options(fused_ws_group=True)
+    with pytest.raises(TypeError, match="fused_rs_pairs"):
+        options.Options(fused_rs_pairs=1)
+    with pytest.raises(TypeError, match="fused_rs_early"):
+        options.Options(fused_rs_early=None)
+
+    class Recorder:
+        def __init__(self, fn, grid, kwargs, device):
+            self.kwargs, self.compiled, self.raw = kwargs, None, None
+
+        def __call__(self, *args):
+            pass
+
+    monkeypatch.setattr(_launch, "Launch", Recorder)
+    rows, N, K = 256, 512, 128
+    heap = torch.zeros(1 << 22, dtype=torch.bfloat16)
+    out, recv = heap[:rows * N].view(rows, N), heap[rows * N:5 * rows * N].view(2, 2, rows, N)
+    ctx = types.SimpleNamespace(rank=0, num_sms=132, timeout_s=10.0, device=torch.device("cpu"),
+                                heap_bases_host=[heap.data_ptr(), heap.data_ptr() + (1 << 30)],
+                                status=torch.zeros(1, dtype=torch.int32))
+    kw = dict(a=torch.randn(rows, K, dtype=torch.bfloat16), b_store=torch.randn(N, K, dtype=torch.bfloat16),
+              b_trans=True, out=out, recv=recv, flags=torch.zeros(2, 64, dtype=torch.int64),
+              epoch=torch.zeros(1, dtype=torch.int64), counters=torch.zeros(2, dtype=torch.int32), rows=rows, N=N,
+              K=K, residual=False, direct=False, rs=True)
+
+    def launched(**opts):
+        plan = types.SimpleNamespace(launchers={}, launches=0)
+        with options.use(**opts):
+            _ws.launch(ctx, plan, **kw)
+        (run,) = plan.launchers.values()
+        return {k: run.kwargs[k] for k in ("RS_PAIRS", "RS_EARLY", "GROUP")}
+
+    # 4 tiles a slice on 8 programs: one list takes one round, pairs two (cost.rs_ws_pairs)
+    assert launched() == {"RS_PAIRS": False, "RS_EARLY": True, "GROUP": _ws.GROUP_M}
+    assert launched(fused_rs_early=False, fused_rs_pairs=True, fused_ws_group=0) == \
+        {"RS_PAIRS": True, "RS_EARLY": False, "GROUP": 0}
+
+
 def test_ws_reduce_scatter_order_never_adds_a_round():
     """cost.rs_ws_pairs picks the order (pairs or one list) whose longest program list, in
     protocol.ws_tiles, is the shorter, and pairs on a tie."""

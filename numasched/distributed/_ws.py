@@ -24,7 +24,8 @@ GROUP_M = 8
 
 
 def group_of(ctx, rs: bool, N: int, K: int, elt: int) -> int:
-    """The kernel's GROUP (see GROUP_M) for a call of this weight."""
+    """The kernel's GROUP (see GROUP_M) for a call of this weight (``options.fused_ws_group``
+    overrides it)."""
     if rs or N * K * elt > 2 * caps.l2_bytes(ctx.device):
         return GROUP_M
     return 0
@@ -92,13 +93,14 @@ def launch(ctx, plan, *, a, b_store, b_trans, out, recv, flags, epoch, counters,
         raise ValueError(f"flags has {flags.shape[-1]} slots a rank, the kernel needs {2 * tiles}")
     # the thin launch (numasched._launch): Gluon's Python path once per constexpr set, then the
     # compiled kernel's C launcher, the descriptors' tensor maps cached by base pointer
-    rs_pairs = rs and cost.rs_ws_pairs(tiles, programs)
-    rs_early = rs and options.current().fused_rs_early
+    o = options.current()
+    rs_pairs = rs and (cost.rs_ws_pairs(tiles, programs) if o.fused_rs_pairs is None else o.fused_rs_pairs)
+    rs_early = rs and o.fused_rs_early
     # B's orientation is in the key: it decides the compiled kernel's B box ((N, K) or (K, N));
     # one plan serves both (its key has no strides), and a kernel compiled for one misreads the
     # other (the reduce-scatter's sums were wrong for the second layout: dist_worker, tp2-s29c)
-    group = group_of(ctx, rs, N, K, a.element_size())
-    key = ("ws", residual, direct, rs, rs_pairs, rs_early, programs, bool(b_trans), group)
+    group = group_of(ctx, rs, N, K, a.element_size()) if o.fused_ws_group is None else o.fused_ws_group
+    key = ("ws", residual, direct, rs, rs_pairs, rs_early, group, programs, bool(b_trans))
     run = plan.launchers.get(key)
     if run is None:
         run = Launch(matmul_all_reduce_ws_kernel, programs,
