@@ -326,6 +326,37 @@ def test_ws_form_options_and_their_environment(monkeypatch):
         {"RS_PAIRS": True, "RS_EARLY": False, "GROUP": 0}
 
 
+def test_auto_pick_is_memoised_and_follows_the_link_constants(monkeypatch):
+    """_common._resolve_impl's "auto" is the cost model's pick, memoised per shape (an eager call
+    does not rerun the model), and a change of the link constants (cost.set_link replaces
+    cost.LINKS' entries) or of the options gives a fresh pick."""
+    import dataclasses
+    import time
+
+    from numasched.distributed import _common, cost
+
+    args = ("matmul_reduce_scatter", "auto", 16384, 4096, 7168, torch.bfloat16, 2, True, True, True, 132)
+    model = cost.choose_gemm_collective(*args[:1], *args[2:7], bulk_ok=True, symm_mem_ok=True, ws=True, num_sms=132)
+    assert _common._resolve_impl(*args) == model == "fused"
+    t = time.perf_counter()
+    for _ in range(200):
+        _common._resolve_impl(*args)
+    assert (time.perf_counter() - t) / 200 < 50e-6   # the model itself: 100-200 us here
+    # a link where NCCL costs nothing: bulk is the pick, at once
+    fast = dataclasses.replace(cost.LINKS[2], nccl_us=0.0, nccl_bw=1e18, nccl_large_us=0.0, nccl_large_bw=1e18)
+    monkeypatch.setitem(cost.LINKS, 2, fast)
+    assert _common._resolve_impl(*args) == "bulk"
+    monkeypatch.undo()
+    assert _common._resolve_impl(*args) == "fused"
+    calls = []
+    monkeypatch.setattr(cost, "choose_gemm_collective", lambda *a, **k: calls.append(a) or "bulk")
+    try:
+        with options.use(fused_rs_early=False):   # other options: another key, the model runs again
+            assert _common._resolve_impl(*args) == "bulk" and len(calls) == 1
+    finally:
+        _common._auto_impl.cache_clear()   # no pick of the stand-in model outlives the test
+
+
 def test_ws_reduce_scatter_order_never_adds_a_round():
     """cost.rs_ws_pairs picks the order (pairs or one list) whose longest program list, in
     protocol.ws_tiles, is the shorter, and pairs on a tie."""

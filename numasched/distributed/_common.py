@@ -23,6 +23,7 @@ binding. Launch observers (:mod:`numasched.observe`) see every launch.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List
 
@@ -173,6 +174,20 @@ def _resolve_impl(op: str, impl: str, M: int, N: int, K: int, dtype, world: int,
             raise ValueError(f"impl={impl!r} needs a real context (numasched.distributed.init): a simulated rank has "
                              f"no process group")
         return impl
+    from . import cost
+
+    # the pick is a function of these, the link constants (cost.set_link replaces them), the
+    # options and the GPU the GEMM model prices: memoised, an eager call's host time does not
+    # pay for the model again (100-200 us a call on a 2-core CPU)
+    device = torch.cuda.current_device() if torch.cuda.is_available() else -1
+    return _auto_impl(op, M, N, K, dtype, world, bulk_ok, symm_ok, ws, num_sms, tuple(sorted(cost.LINKS.items())),
+                      _options.current(), device)
+
+
+@functools.lru_cache(maxsize=4096)
+def _auto_impl(op, M, N, K, dtype, world, bulk_ok, symm_ok, ws, num_sms, links, opts, device) -> str:
+    """_resolve_impl's "auto" (its arguments, the link constants, the options and the device make
+    the key)."""
     from . import cost
 
     return cost.choose_gemm_collective(op, M, N, K, dtype, world, bulk_ok=bulk_ok, symm_mem_ok=symm_ok, ws=ws,
