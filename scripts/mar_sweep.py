@@ -21,8 +21,8 @@ import torch.distributed as dist
 
 import numasched
 import numasched.distributed as nd
-from numasched.bench.common import init_rank, sweep_timer
 from numasched import options
+from numasched.bench.common import init_rank, sweep_timer
 from numasched.distributed._common import run
 
 mar = importlib.import_module("numasched.distributed.matmul_all_reduce")

@@ -4,10 +4,11 @@ replays (issue 14: >= 1.2x bulk-synchronous where overlap pays).
 For each (M, N, K_local) (M: both slices' rows): torch.matmul and numasched.matmul alone on the
 whole (M, K_local) A (the work of one rank), the WS GEMM alone in the fused kernel's tiles
 (128 x 256, three stages), bulk (cuBLAS + NCCL), torch symm_mem, and the fused reduce-scatter on
-the Triton kernel and on the warp-specialised one (kernels/dist_gemm_ar_ws.py, RS) in both tile
-orders (pairs; one list, the peer's tiles first), with and without ``options.fused_rs_early`` (the
-flag raised and the peer's partial fetched inside the K loop), a slice's tiles row by row or in
-groups of 8 tile rows (RS_TRITON=1: the Triton kernel too). Every fused form is checked against bulk's result (out poisoned before).
+the warp-specialised kernel (kernels/dist_gemm_ar_ws.py, RS) in both tile orders (pairs; one list,
+the peer's tiles first), with and without ``options.fused_rs_early`` (the flag raised and the peer's
+partial fetched inside the K loop), a slice's tiles row by row or in groups of 8 tile rows
+(RS_TRITON=1: the Triton kernel too), and auto. Every fused form is checked against bulk's result
+(out poisoned before); the last column is bulk's time over each form's, the WS GEMM's and auto's.
 Run: NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node 2 scripts/rs_ws_sweep.py
 RS_SHAPES ("MxNxK_local,...") overrides the grid; RS_REPEAT repeats it (the order of the fused
 forms alternates)."""
@@ -67,8 +68,8 @@ def main():
                           lambda: nd.matmul_reduce_scatter(a, b, ctx=ctx, impl="fused", out=out))
             timed("auto", lambda: nd.matmul_reduce_scatter(a, b, ctx=ctx, out=out, check=False))
             if "bulk" in res:
-                line.append("bulk/x: " + " ".join(f"{k} {res['bulk'] / v:.3f}" for k, v in res.items()
-                                                 if k.startswith(("fused", "ws_")) or k == "auto"))
+                named = ["ws_gemm"] + [name for name, _ in forms] + ["auto"]
+                line.append("bulk/x: " + " ".join(f"{k} {res['bulk'] / res[k]:.3f}" for k in named if k in res))
             if R == 0:
                 print(" | ".join(line), flush=True)
     dist.barrier()
