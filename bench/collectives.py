@@ -18,7 +18,10 @@ cuBLAS + symm_mem one-shot (copy into the symmetric buffer included) against num
 also the one-kernel GEMM + all-reduce (``fused_us``), numasched GEMM then one-shot
 (``two_kernels_us``) and row chunks overlapped with NCCL (``overlap_us``).
 all_gather_matmul / matmul_reduce_scatter (column / row parallel): bulk (NCCL + torch.matmul),
-torch symm_mem's fused op, numasched fused and auto. ``est_*_us``: the cost model's estimates
+torch symm_mem's fused op, numasched fused and auto. ``gemm_us``: bulk's GEMM alone (cuBLAS, the
+same operands), so bulk / gemm_us is the most any overlap of the collective with it can give; the
+run ends with auto against bulk from OVERLAP_MIN_ROWS rows where that ceiling is at least
+OVERLAP_TARGET (issue 14: >= 1.2x "where overlap pays"). ``est_*_us``: the cost model's estimates
 (numasched.distributed.cost), for calibration.
 Results: bench/results/collectives-<world>x<gpu>-<date>.csv/.json/.png.
 """
@@ -43,7 +46,10 @@ MAR_SHAPES = [("llama8b.o", 4096, 4096), ("llama8b.down", 4096, 14336), ("qwen32
               ("qwen32b.down", 5120, 25600)]
 AG_SHAPES = [("llama8b.qkv", 6144, 4096), ("qwen32b.gate_up", 51200, 5120)]
 RS_SHAPES = [("llama8b.down", 4096, 14336), ("qwen32b.o", 5120, 8192)]
-COLS = ["op", "shape", "M", "bytes", "nccl_us", "symm1_us", "symm2_us", "oneshot_us", "twoshot_us", "bulk_us",
+# issue 14's overlap target: auto >= OVERLAP_TARGET x bulk from OVERLAP_MIN_ROWS rows, where bulk's
+# time over its GEMM alone leaves that much to gain
+OVERLAP_TARGET, OVERLAP_MIN_ROWS = 1.2, 2048
+COLS = ["op", "shape", "M", "bytes", "nccl_us", "symm1_us", "symm2_us", "oneshot_us", "twoshot_us", "bulk_us", "gemm_us",
         "symm_us", "fused_us", "two_kernels_us", "overlap_us", "flag_us", "ll_us", "auto_us", "auto_impl", "best_peer", "x_vs_best", "busbw_GBs", "est_auto_us",
         "est_bulk_us", "err"]
 
@@ -259,6 +265,7 @@ def _worker(args) -> int:
             dist.all_reduce(ref)
             c = torch.empty(m, N, device="cuda", dtype=bf)
             graph_us("bulk_us", lambda: (torch.matmul(a, b, out=c), dist.all_reduce(c)))
+            graph_us("gemm_us", lambda: torch.matmul(a, b, out=c))
             if has_symm:
                 sb = symm_buffer(m * N).view(m, N)
                 so = torch.empty(m * N, device="cuda", dtype=bf)
@@ -327,6 +334,7 @@ def _worker(args) -> int:
                 full = torch.empty(Ml * W, K, device="cuda", dtype=bf)
                 c = torch.empty(Ml * W, Nl, device="cuda", dtype=bf)
                 bulk = lambda: (dist.all_gather_into_tensor(full, a), torch.matmul(full, b, out=c))  # noqa: E731
+                gemm = lambda: torch.matmul(full, b, out=c)  # noqa: E731
                 symm = lambda: torch.ops.symm_mem.fused_all_gather_matmul(a, [b], 0, group)  # noqa: E731
                 fn = nd.all_gather_matmul
                 dims = (Ml * W, Nl, K)
@@ -338,11 +346,13 @@ def _worker(args) -> int:
                 part = torch.empty(Mt, N, device="cuda", dtype=bf)
                 res = torch.empty(Mt // W, N, device="cuda", dtype=bf)
                 bulk = lambda: (torch.matmul(a, b, out=part), dist.reduce_scatter_tensor(res, part))  # noqa: E731
+                gemm = lambda: torch.matmul(a, b, out=part)  # noqa: E731
                 symm = lambda: torch.ops.symm_mem.fused_matmul_reduce_scatter(a, b, "sum", 0, group)  # noqa: E731
                 fn = nd.matmul_reduce_scatter
                 dims = (Mt, N, Kl)
             row["bytes"] = dims[0] * dims[1] * 2
             graph_us("bulk_us", bulk)
+            graph_us("gemm_us", gemm)
             if has_symm:
                 graph_us("symm_us", symm)
             ref = fn(a, b, ctx=ctx, impl="bulk")
@@ -377,9 +387,39 @@ def _worker(args) -> int:
             worst = min(ar, key=lambda r: r["x_vs_best"])
             print(f"auto vs best baseline: worst {worst['x_vs_best']:.3f} at {worst['op']} {worst['shape']} "
                   f"M={worst['M']}; {sum(r['x_vs_best'] >= 0.995 for r in ar)}/{len(ar)} points >= 1.00 (0.5% noise)")
+        line = overlap_summary(rows)
+        if line:
+            print(line)
     dist.barrier()
     dist.destroy_process_group()
     return 0
+
+
+def overlap_summary(rows) -> str:
+    """Auto against bulk (bulk_us / auto_us) at the GEMM collectives' points of OVERLAP_MIN_ROWS
+    rows and more: the worst where bulk / its GEMM alone is at least OVERLAP_TARGET (overlap can
+    reach the target there), and the points where it is not (with that ceiling). "" if none."""
+    def ok(r, *keys):
+        return all(isinstance(r.get(k), float) and r[k] == r[k] and r[k] > 0 for k in keys)
+
+    pts = [r for r in rows if r["op"] != "all_reduce" and r["M"] >= OVERLAP_MIN_ROWS and ok(r, "bulk_us", "auto_us")]
+    if not pts:
+        return ""
+    pays = [r for r in pts if ok(r, "gemm_us") and r["bulk_us"] / r["gemm_us"] >= OVERLAP_TARGET]
+    rest = [r for r in pts if r not in pays]
+    out = []
+    if pays:
+        worst = min(pays, key=lambda r: r["bulk_us"] / r["auto_us"])
+        met = sum(r["bulk_us"] / r["auto_us"] >= OVERLAP_TARGET for r in pays)
+        out.append(f"auto vs bulk from {OVERLAP_MIN_ROWS} rows where bulk / its GEMM >= {OVERLAP_TARGET}: "
+                   f"{met}/{len(pays)} >= {OVERLAP_TARGET}x, worst {worst['bulk_us'] / worst['auto_us']:.3f} at "
+                   f"{worst['op']} {worst['shape']} M={worst['M']}")
+    if rest:
+        out.append("below that ceiling: " + "; ".join(
+            f"{r['op']} {r['shape']} M={r['M']} {r['bulk_us'] / r['auto_us']:.3f}x (ceiling "
+            f"{r['bulk_us'] / r['gemm_us']:.3f})" if ok(r, "gemm_us") else
+            f"{r['op']} {r['shape']} M={r['M']} {r['bulk_us'] / r['auto_us']:.3f}x (no GEMM time)" for r in rest))
+    return "\n".join(out)
 
 
 def _plot(rows, path):

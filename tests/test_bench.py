@@ -347,3 +347,30 @@ def test_compact_png_keeps_the_pixels_of_a_plot(tmp_path):
         assert np.array_equal(np.asarray(im.convert("RGB")), rgb)
     assert path.stat().st_size < size
     assert compact_png(path) is False
+
+
+def test_collectives_overlap_summary_splits_by_the_gemm_ceiling():
+    """bench collectives' last line for issue 14's overlap target: auto against bulk from
+    OVERLAP_MIN_ROWS rows, judged where bulk / its GEMM alone reaches OVERLAP_TARGET; points below
+    that ceiling are listed with it; rows under the minimum, all-reduces and unmeasured times are
+    left out."""
+    from numasched.bench import collectives as C
+
+    nan = float("nan")
+    rows = [
+        # pays (1666 / 1300 = 1.28): 1666 / 1473 = 1.131, the worst of those that pay
+        dict(op="matmul_reduce_scatter", shape="llama8b.down", M=16384, bulk_us=1666.0, gemm_us=1300.0, auto_us=1473.0),
+        dict(op="matmul_all_reduce", shape="llama8b.o", M=4096, bulk_us=244.0, gemm_us=96.0, auto_us=146.0),
+        # below the ceiling (3569 / 3200 = 1.115)
+        dict(op="matmul_all_reduce", shape="qwen32b.down", M=16384, bulk_us=3569.0, gemm_us=3200.0, auto_us=3535.0),
+        dict(op="matmul_reduce_scatter", shape="qwen32b.o", M=1024, bulk_us=95.0, gemm_us=60.0, auto_us=101.0),
+        dict(op="all_reduce", shape="8192 B", M=0, bulk_us=nan, auto_us=7.0),
+        dict(op="all_gather_matmul", shape="llama8b.qkv", M=4096, bulk_us=244.0, gemm_us=nan, auto_us=172.0),
+    ]
+    lines = C.overlap_summary(rows).splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith(f"auto vs bulk from {C.OVERLAP_MIN_ROWS} rows") and "1/2 >= 1.2x" in lines[0]
+    assert "worst 1.131 at matmul_reduce_scatter llama8b.down M=16384" in lines[0]
+    assert "qwen32b.down M=16384 1.010x (ceiling 1.115)" in lines[1]
+    assert "llama8b.qkv M=4096 1.419x (no GEMM time)" in lines[1] and "M=1024" not in lines[1]
+    assert C.overlap_summary(rows[3:5]) == ""
