@@ -414,11 +414,12 @@ def overlap_summary(rows) -> str:
         out.append(f"auto vs bulk from {OVERLAP_MIN_ROWS} rows where bulk / its GEMM >= {OVERLAP_TARGET}: "
                    f"{met}/{len(pays)} >= {OVERLAP_TARGET}x, worst {worst['bulk_us'] / worst['auto_us']:.3f} at "
                    f"{worst['op']} {worst['shape']} M={worst['M']}")
+    def ceiling(r):
+        return f"ceiling {r['bulk_us'] / r['gemm_us']:.3f}" if ok(r, "gemm_us") else "no GEMM time"
+
     if rest:
         out.append("below that ceiling: " + "; ".join(
-            f"{r['op']} {r['shape']} M={r['M']} {r['bulk_us'] / r['auto_us']:.3f}x (ceiling "
-            f"{r['bulk_us'] / r['gemm_us']:.3f})" if ok(r, "gemm_us") else
-            f"{r['op']} {r['shape']} M={r['M']} {r['bulk_us'] / r['auto_us']:.3f}x (no GEMM time)" for r in rest))
+            f"{r['op']} {r['shape']} M={r['M']} {r['bulk_us'] / r['auto_us']:.3f}x ({ceiling(r)})" for r in rest))
     return "\n".join(out)
 
 
