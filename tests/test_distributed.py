@@ -368,6 +368,26 @@ def test_ws_reduce_scatter_order_never_adds_a_round():
             assert rounds[pick] == min(rounds.values()) and (pick or rounds[True] > rounds[False]), (T, P, rounds)
 
 
+def test_ws_reduce_scatter_model_counts_the_busy_programs_and_rounds_of_the_kernel():
+    """The fused reduce-scatter's cost (cost.gemm_collective_s, the WS kernel) prices the rounds
+    and busy SMs that protocol.ws_tiles hands the kernel's programs: its time over one tile's at
+    the full-GPU rate is rounds x rs_busy_factor(busy), and a tile is faster with SMs idle."""
+    cost = nd.cost
+    assert cost.rs_busy_factor(132, 132) == 1.0
+    assert 0.5 < cost.rs_busy_factor(1, 132) < cost.rs_busy_factor(80, 132) < 1.0
+    K, N, S = 4096, 5120, 132
+    for M in (1024, 1536, 2048, 3072, 4096, 16384):   # (all where rs_ws_pays, two ranks)
+        T = -(-(M // 2) // 128) * -(-N // 256)
+        assert cost.rs_ws_pays(M, N, 2, S)
+        P = min(S, 2 * T)
+        lists = [protocol.ws_tiles(0, T, pid, P, True, cost.rs_ws_pairs(T, P)) for pid in range(P)]
+        rounds, busy = max(map(len, lists)), sum(1 for lst in lists if lst)
+        tile_s = 2 * 128 * 256 * K / cost.RS_SM_FLOPS
+        t = cost.gemm_collective_s("matmul_reduce_scatter", "fused", M, N, K, torch.bfloat16, 2, ws=True, num_sms=S)
+        want = cost.RS_WS_OVER * cost.rs_busy_factor(busy, S) * rounds * tile_s + cost.LINK.flag_us * 1e-6
+        assert t == pytest.approx(want, rel=1e-9), (M, rounds, busy)
+
+
 @pytest.mark.parametrize("op", list(protocol.WS_OPS))
 def test_protocol_model_ws_kernel(op):
     """The two-rank WS kernel's exchange (copies paced over the next K loop, the flag after it and
@@ -1856,7 +1876,11 @@ def test_bounded_only_context_keeps_auto_off_torch_symm_mem(monkeypatch):
     ("tp2-s28d/collectives/collectives-2xh100-2026-11-27.csv", 2, True, True, 12, 11),   # the defaults
     ("tp2-s28b/rsws0/collectives-2xh100-2026-11-27.csv", 2, False, True, 10, 6),         # the Triton kernel
     ("tp2-s29d/rswsdef/collectives-2xh100-2026-11-27.csv", 2, True, True, 10, 7),        # defaults, 768 rows
-    ("tp2-s30a/rswsdef/collectives-2xh100-2026-11-27.csv", 2, True, True, 10, 8)])       # 768-6144 rows
+    # (the WS reduce-scatter before its grouped tiles and early flag, tp2-s41: 103-107 us at Qwen3-32B o
+    # 1024 rows, now 92-101, where cost.RS_IDLE_SM_GAIN has "auto" take it)
+    ("tp2-s30a/rswsdef/collectives-2xh100-2026-11-27.csv", 2, True, True, 10, 7),       # 768-6144 rows
+    ("tp2-s42/call3/coll/collectives-2xh100-2026-11-27.csv", 2, True, True, 12, 11),     # the reduce-scatter grid
+    ("tp2-s42/call3/rs1/collectives-2xh100-2026-11-27.csv", 2, True, True, 6, 4)])       # 768-1536 rows
 def test_gemm_collective_choice_against_recorded_times(csv_path, world, ws, rs_rows, points, good):
     """The cost model's pick for all_gather_matmul / matmul_reduce_scatter, priced with the
     measured GEMM ratios and torch symm_mem's floor + tail, against the three paths' times recorded

@@ -207,10 +207,19 @@ def gemm_collective_s(op: str, impl: str, M: int, N: int, K: int, dtype, world: 
         # rounds of 128 x BLOCK_N tiles (every slice's) on one program per SM, a tile's K loop at
         # RS_SM_FLOPS, times the kernel's measured factor (see RS_WS_OVER)
         bn = 256 if N >= 256 else 128
-        tiles = world * -(-shard // 128) * -(-N // bn)
+        T = -(-shard // 128) * -(-N // bn)   # a slice's tiles
+        tiles = world * T
         tile_s = 2 * 128 * bn * K / RS_SM_FLOPS
-        over = RS_WS_OVER if ws and rs_ws_pays(M, N, world, num_sms) else RS_TRITON_OVER
-        return over * _rounds(tiles, num_sms) * tile_s + L.flag_us * 1e-6
+        if ws and rs_ws_pays(M, N, world, num_sms):
+            programs = min(num_sms, tiles)   # (_ws.launch_ws's grid)
+            if rs_ws_pairs(T, programs):     # program q takes pair q: T programs busy
+                rounds, busy = 2 * _rounds(T, programs), min(T, programs)
+            else:
+                rounds, busy = _rounds(tiles, programs), programs
+            over = RS_WS_OVER
+        else:
+            rounds, busy, over = _rounds(tiles, num_sms), min(tiles, num_sms), RS_TRITON_OVER
+        return over * rs_busy_factor(busy, num_sms) * rounds * tile_s + L.flag_us * 1e-6
     if impl == "fused":
         # W GEMMs of one row shard each, and never less than the whole GEMM and its per-tile flags
         # and pushes (FUSED_GEMM_OVER_WHOLE): the schedule model's time per row is not monotonic
@@ -361,6 +370,20 @@ RS_SM_FLOPS = 700e12 / 132
 RS_TILE = (128, 256)
 RS_TRITON_OVER = 1.10
 RS_WS_OVER = 1.00
+# A tile runs faster on an SM while other SMs idle (more of the L2 and HBM bandwidth each, clock
+# headroom): the per-SM rate above is for every SM busy. Two H100s (bench/results/tp2-s41/call5):
+# the warp-specialised kernel's 80 tile pairs on 80 of 132 SMs (Qwen3-32B o, 1024 rows) ran 0.89x
+# two rounds at that rate (92.5 us against 104.2 modelled, which had "auto" take torch symm_mem,
+# 100.3 us: 0.935 of the best); the Triton kernel's one round of 32-40 tiles (16-256 rows)
+# 0.79-0.88x. A tile's time is scaled by 1 - RS_IDLE_SM_GAIN x the idle SMs' fraction.
+RS_IDLE_SM_GAIN = 0.30
+
+
+def rs_busy_factor(busy: int, num_sms: int) -> float:
+    """The fused reduce-scatter's tile time with ``busy`` of ``num_sms`` SMs working, over its time
+    with all of them (RS_IDLE_SM_GAIN)."""
+    idle = max(0.0, 1.0 - busy / max(1, num_sms))
+    return 1.0 - RS_IDLE_SM_GAIN * idle
 
 
 def _symm_mem_min_us(op: str, world: int) -> float:
