@@ -686,7 +686,9 @@ class DecodePlan(Plan):
             check_tensor("lse", lse, ndim=len(s.lse_shape), dtypes=(torch.float32,), device=q.device)
             if tuple(lse.shape) != s.lse_shape:
                 raise ValueError(f"lse must have shape {s.lse_shape}, got {tuple(lse.shape)}")
-        o, l = self._run(q, k_cache, v_cache, cache_seqlens, block_table, out, lse)
+        # an lse nobody asked for is the per-stream scratch, as flash_decode's (no allocation a call)
+        o, l = self._run(q, k_cache, v_cache, cache_seqlens, block_table, out, lse,
+                         want_lse=return_lse or lse is not None)
         return (o, l) if return_lse else o
 
     def _run(self, q, k_cache, v_cache, cache_seqlens, block_table, out=None, lse=None, want_lse=True):
@@ -837,7 +839,7 @@ def _key(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, map
             k.device, k.data_ptr() & 15, v.shape, v.stride(), v.dtype, v.device, v.data_ptr() & 15,
             None if cache_seqlens is None else fast_signature(cache_seqlens),
             None if block_table is None else fast_signature(block_table), scale, num_splits, mapping,
-            q.device.type != "cuda" and caps.interpreting(), _topology._CURRENT, _REG._VERSION[0], _options._CURRENT)
+            q.device.type != "cuda" and caps.interpreting(), _topology.cache_key(), _REG._VERSION[0], _options._CURRENT)
 
 
 def _planned(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping) -> DecodePlan:

@@ -70,3 +70,24 @@ def test_empty_batch_or_heads_give_empty_outputs():
         for _ in range(2):  # and again through the plan cache
             out, lse = A.attention_forward(q, k, v, causal=True)
             assert out.shape == (B, H, 20, 16) and lse.shape == (B, H, 20)
+
+
+def test_first_call_before_the_topology_is_known_is_cached_under_its_later_key(monkeypatch):
+    """With no topology set or detected yet (a fresh process), an op's first eager call plans it
+    and its second hits that plan: the key holds the resolved topology, not the unset setting
+    (which the first plan's detection changes). Attention, decode, GEMM and the SwiGLU GEMM."""
+    import numasched
+
+    q, k, v = (torch.randn(1, 2, 20, 16) for _ in range(3))
+    qd, kd, vd = torch.randn(2, 4, 16), torch.randn(2, 24, 2, 16), torch.randn(2, 24, 2, 16)
+    a, b, b2 = torch.randn(8, 32), torch.randn(32, 16), torch.randn(32, 16)
+    calls = {"attention": lambda: A.attention_forward(q, k, v),
+             "flash_decode": lambda: numasched.flash_decode(qd, kd, vd),
+             "matmul": lambda: numasched.matmul(a, b),
+             "matmul_swiglu": lambda: numasched.matmul_swiglu(a, torch.cat([b, b2], 1))}
+    for op, call in calls.items():
+        monkeypatch.setattr(topology, "_CURRENT", None)
+        PLANS.clear()
+        for _ in range(2):
+            call()
+        assert len(PLANS) == 1 and PLANS.hits >= 1, (op, len(PLANS), PLANS.hits)
