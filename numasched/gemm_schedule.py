@@ -228,7 +228,15 @@ WS_MIN_S = 12e-6
 # (each box row then spans two); plus WS_TILE_START_S a tile. Fitted to the 673 WS times of this
 # session's H100 runs (bench/results/gemm-ws-s30/: the widths run, the grid twice, 15 shapes off
 # it; rms log error 0.089, worst 0.30).
-WS_RATE, WS_HBM, WS_L2, WS_TWO_BOX_COLS, WS_MISALIGNED, WS_TILE_START_S = 1.018, 1.118, 1.084, 15.4, 0.56, 1.42e-6
+WS_RATE, WS_HBM, WS_L2, WS_TWO_BOX_COLS, WS_MISALIGNED, WS_TILE_START_S = 1.018, 1.118, 1.084, 15.4, 0.35, 1.42e-6
+# (WS_MISALIGNED was 0.56 from that fit, which had 128-row tiles only; the 64-row tiles keep it as
+# WS64_MISALIGNED. At 0.35 for the 128-row ones the chooser's pick is within 3 % of the best timed
+# at 2684 of the H200's 3038 recorded points (gemm-s36 to s42; 2663 at 0.56), within 5 % at 2797
+# (2782), the H100's 1528 1368 / 1446 (1367 / 1445); 0.2-0.45 score within 3 points of it. Fresh
+# random shapes off the grid on an H100 (gemm-s42/h100-fresh/): 271 x 16992 x 13424 and 280 x
+# 17704 x 9648, K rows not whole lines, ran 288.7 and 210.6 us in 128 x 256 tiles against 354.6
+# and 257.5 for the 64 x 192 tiles that 0.56 priced ahead.)
+WS64_MISALIGNED = 0.56
 # From WS_SPLIT_MIN_ROWS to WS_SPLIT_MAX_ROWS rows (one 128-row tile row, at least half full): the
 # WS kernel's split-K form (gemm_ws.split_config:
 # tiles of 128 x WS_SPLIT_NS, S K parts in K lockstep, one unit per SM, the banded merge): every
@@ -736,7 +744,7 @@ def _ws_estimate(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machine
     b_box, a_box = W * bk * elt, s.block_m * bk * elt
     cols = W + (WS_TWO_BOX_COLS if W & (W - 1) else 0)
     flops = 2.0 * s.block_m * cols * bk / (WS_RATE * machine.tensor_flops / machine.sms)
-    lines = 1.0 + (WS_MISALIGNED if (K * elt) % 128 else 0.0)
+    lines = 1.0 + ((WS64_MISALIGNED if s.block_m == 64 else WS_MISALIGNED) if (K * elt) % 128 else 0.0)
     hbm = lines * (b_box / min(nm, 8) + a_box / min(nn, 8)) / (WS_HBM * machine.hbm_bytes_per_s / active)
     if s.block_m == 64:   # an SM's own intake (WS64_SM_BYTES_PER_S)
         l2 = lines * (a_box + b_box) / WS64_SM_BYTES_PER_S
