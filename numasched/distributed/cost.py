@@ -211,7 +211,7 @@ def gemm_collective_s(op: str, impl: str, M: int, N: int, K: int, dtype, world: 
         tiles = world * T
         tile_s = 2 * 128 * bn * K / RS_SM_FLOPS
         if ws and rs_ws_pays(M, N, world, num_sms):
-            programs = min(num_sms, tiles)   # (_ws.launch_ws's grid)
+            programs = min(num_sms, tiles)   # (_ws.launch's grid: one program per tile, at most the SMs)
             if rs_ws_pairs(T, programs):     # program q takes pair q: T programs busy
                 rounds, busy = 2 * _rounds(T, programs), min(T, programs)
             else:
