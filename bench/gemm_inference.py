@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="M in 1,16,64,256,4096 on three projections")
     p.add_argument("--m", type=lambda t: [positive_int(x) for x in t.split(",")], default=None,
                    help="comma-separated M values (replaces the grid's M list)")
-    p.add_argument("--shapes", type=shape_list, default=None, help="comma-separated MxNxK (replaces the grid)")
+    p.add_argument("--shapes", type=shape_list, default=None, help="comma-separated MxNxK, or @FILE of them (replaces the grid)")
     p.add_argument("--top", type=nonneg_int, default=6,
                    help="schedules timed besides the chooser's pick, next best by the model (default 6)")
     p.add_argument("--calls", type=positive_int, default=20, help="calls per CUDA graph (default 20)")

@@ -115,7 +115,19 @@ def check_help(parser: argparse.ArgumentParser) -> list:
 
 
 def shape_list(text: str) -> list:
-    """argparse type of ``--shapes``: comma-separated MxNxK, each size >= 1 -> [(M, N, K), ...]."""
+    """argparse type of ``--shapes``: comma-separated MxNxK, each size >= 1 -> [(M, N, K), ...].
+    ``@PATH`` reads them from a file instead: one or more per line, commas or whitespace between,
+    ``#`` to the end of a line a comment (bench/gemm_offgrid_shapes.txt)."""
+    if text.startswith("@"):
+        path = text[1:]
+        try:
+            with open(path) as f:
+                lines = [line.split("#", 1)[0] for line in f]
+        except OSError as e:
+            raise argparse.ArgumentTypeError(f"cannot read the shapes file {path!r}: {e.strerror or e}") from None
+        text = ",".join(item for line in lines for item in line.replace(",", " ").split())
+        if not text:
+            raise argparse.ArgumentTypeError(f"the shapes file {path!r} holds no MxNxK shape")
     out = []
     for item in (x.strip() for x in text.split(",") if x.strip()):
         try:

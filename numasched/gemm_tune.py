@@ -161,7 +161,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
     p = sub.add_parser("tune-gemm", help="time GEMM schedules for a list of shapes into a table the chooser consults",
                        description=__doc__.split("\n\n")[0])
-    p.add_argument("--shapes", type=shape_list, required=True, help="comma-separated MxNxK (y = x @ W.T, W is N x K)")
+    p.add_argument("--shapes", type=shape_list, required=True, help="comma-separated MxNxK, or @FILE of them (y = x @ W.T, W is N x K)")
     p.add_argument("--out", required=True, help="JSON table to write (merged into an existing one)")
     p.add_argument("--top", type=nonneg_int, default=6, help="schedules timed besides the model's pick (default 6)")
     p.add_argument("--calls", type=positive_int, default=20, help="calls per CUDA graph (default 20)")

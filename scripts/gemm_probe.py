@@ -23,7 +23,7 @@ def main(argv=None) -> int:
     from numasched.bench.gemm_inference import schedule_list
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shapes", required=True, type=shape_list, help="comma-separated MxNxK")
+    p.add_argument("--shapes", required=True, type=shape_list, help="comma-separated MxNxK, or @FILE of them")
     p.add_argument("--schedules", type=schedule_list, default=[],
                    help="'; '-separated numasched schedules (as the bench names them)")
     p.add_argument("--calls", type=int, default=5, help="calls of each contender (default 5)")

@@ -304,6 +304,34 @@ def test_tune_gemm_dry_run_and_bad_shapes(capsys):
     assert e.value.code == 2 and "argument --shapes" in capsys.readouterr().err
 
 
+def test_shapes_from_a_file(tmp_path, capsys):
+    """``--shapes @FILE``: the shapes of a file (comments, commas or whitespace between them), the
+    same list as written out; a missing or empty file, or a bad shape in it, is an argument error
+    naming the file or the shape."""
+    import argparse
+
+    from numasched.argtypes import shape_list
+    from numasched.cli import main
+
+    f = tmp_path / "shapes.txt"
+    f.write_text("# a comment\n3x15296x8528  14x4824x2584\n\n20x13504x9088, 1x2x3  # trailing\n")
+    assert shape_list(f"@{f}") == [(3, 15296, 8528), (14, 4824, 2584), (20, 13504, 9088), (1, 2, 3)]
+    listed = [tuple(int(v) for v in line.split("x")) for line in
+              (ROOT / "bench" / "gemm_offgrid_shapes.txt").read_text().splitlines() if line and line[0] != "#"]
+    assert shape_list(f"@{ROOT / 'bench' / 'gemm_offgrid_shapes.txt'}") == listed and len(listed) >= 40
+    for text, words in ((f"@{tmp_path / 'none.txt'}", "none.txt"), ("@" + str(tmp_path / "empty"), "no MxNxK")):
+        (tmp_path / "empty").write_text("# nothing\n")
+        with pytest.raises(argparse.ArgumentTypeError, match=words):
+            shape_list(text)
+    f.write_text("3x4x0\n")
+    with pytest.raises(argparse.ArgumentTypeError, match="3x4x0"):
+        shape_list(f"@{f}")
+    f.write_text("1x4096x4096\n16x14336x4096\n")
+    assert main(["tune-gemm", "--shapes", f"@{f}", "--out", str(tmp_path / "t.json"), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "1x4096x4096" in out and "16x14336x4096" in out
+
+
 def test_gemm_rank_eval_scores_recorded_timings(tmp_path, capsys):
     """scripts/gemm_rank_eval.py: at each recorded point the model's first choice among the timed
     schedules against the fastest, from a gemm_inference CSV and a gemv_probe log. Of two 16-row
