@@ -467,12 +467,13 @@ def _gemm_ws(block_n: int = 256, stages: int = 3, b_kmajor: bool = True, glu: bo
 
 
 def _gemm_all_reduce_ws(residual: bool = True, direct: bool = True, rs: bool = False, rs_pairs: bool = False,
-                        rs_early: bool = False, group: int = 8):
+                        rs_early: bool = False, group: int = 8, block_n: int = 256):
     def build(vendor):
-        from numasched.gemm_ws import WsConfig, descriptor_type
+        from numasched.distributed._ws import config
+        from numasched.gemm_ws import descriptor_type
         from numasched.kernels.dist_gemm_ar_ws import matmul_all_reduce_ws_kernel
 
-        cfg = WsConfig()
+        cfg = config(block_n)
         half = [cfg.block_m // 2, cfg.block_n]
         chunk = [cfg.block_m // 2, 64]
         values = dict(a_desc=descriptor_type("bf16", [cfg.block_m, cfg.block_k]),
@@ -816,6 +817,8 @@ VARIANTS: List[Variant] = [
             note="two ranks on the warp-specialised GEMM: TMA copies paced over the next K loop"),
     Variant("dist", "matmul_all_reduce-ws", _gemm_all_reduce_ws(False, False), off={"amd": _GLUON_OFF},
             note="the same, out not in the heap: sums through the receive slots"),
+    Variant("dist", "matmul_all_reduce-ws-128", _gemm_all_reduce_ws(block_n=128), off={"amd": _GLUON_OFF},
+            note="128 x 128 tile pairs (where 256-wide pairs would add a round), DIRECT and the residual"),
     Variant("dist", "matmul_reduce_scatter-ws", _gemm_all_reduce_ws(False, False, rs=True), off={"amd": _GLUON_OFF},
             note="the same kernel as the two-rank reduce-scatter (RS): partials out, our slice summed"),
     Variant("dist", "matmul_reduce_scatter-ws-pairs", _gemm_all_reduce_ws(False, False, rs=True, rs_pairs=True),

@@ -226,7 +226,7 @@ def _ws_launches():
         out = launch(ctx, plan, **kw)
         forms = {k[4:6] for k in plan.launchers if isinstance(k, tuple) and k[:4] == ("ws", kw["residual"],
                                                                                       kw["direct"], kw["rs"])}
-        seen.append((kw["residual"], kw["direct"], kw["rs"], forms))
+        seen.append((kw["residual"], kw["direct"], kw["rs"], forms, kw.get("block_n", 256)))
         return out
 
     _ws.launch = spy
@@ -637,6 +637,31 @@ def check_matmul_all_reduce(ctx, quick):
         ok(res[True][2], f"fused_ws {(M, Kl, N)}: ranks disagree")
         same = torch.equal(res[True][0], res[False][0]) and torch.equal(res[True][1], res[False][1])
         msgs.append(f"{M}x{Kl}x{N} WS {'same bits as' if same else 'within 1e-2 of'} FLAT")
+        # 128-wide WS tile pairs (cost.fused_ar_ws_width): 3 tile rows x 47 columns of 128 (the
+        # last partial), 141 tiles, where 256-wide pairs would add a round; plain, the residual in
+        # the heap (DIRECT), B as (K, N); against the float64 reference and the Triton kernel
+        M, Kl, N = 384, 1408 // W, 6016
+        a, w = randn(M, Kl, seed=4200 + R), randn(N, Kl, seed=4250 + R)
+        ref = a.double() @ w.double().T
+        dist.all_reduce(ref)
+        h0 = randn(M, N, seed=4299)
+        res = {}
+        for ws in (False, True):
+            with options.use(fused_ws=ws), _ws_launches() as took:
+                y = nd.matmul_all_reduce(a, w.T, ctx=ctx, impl="fused")
+                hh = ctx.alloc((M, N), BF, what="a residual")
+                hh.copy_(h0)
+                r = nd.matmul_all_reduce(a, w.T, ctx=ctx, impl="fused", residual=hh)
+                y2 = nd.matmul_all_reduce(a, w.T.contiguous(), ctx=ctx, impl="fused")   # B as (K, N)
+                res[ws] = (y.clone(), r.clone(), same_everywhere(y) and same_everywhere(r))
+                ok(rel(y, ref) < 1e-2 and torch.equal(r, h0 + y) and torch.equal(y2, y),
+                   f"fused_ws={ws} {(M, Kl, N)}: wrong ({rel(y, ref):.1e}, residual {rel(r, h0 + y):.1e}, "
+                   f"B as (K, N) {rel(y2, ref):.1e})")
+            want = ([(False, False, 128), (True, True, 128), (False, False, 128)] if ws and W == 2 else [])
+            ok([(t[0], t[1], t[4]) for t in took] == want, f"fused_ws={ws} {(M, Kl, N)}: WS launches {took}")
+        ok(res[True][2], f"fused_ws 128-wide {(M, Kl, N)}: ranks disagree")
+        same = torch.equal(res[True][0], res[False][0]) and torch.equal(res[True][1], res[False][1])
+        msgs.append(f"{M}x{Kl}x{N} WS 128-wide {'same bits as' if same else 'within 1e-2 of'} Triton")
     return ok.done("; ".join(msgs))
 
 

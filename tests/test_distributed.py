@@ -2030,3 +2030,25 @@ def test_fused_flat_option():
     assert options.from_env({"NUMASCHED_FUSED_TMA_PUSH": "1"}).fused_tma_push is True
     with pytest.raises(ValueError, match="NUMASCHED_FUSED_TMA_PUSH"):
         options.from_env({"NUMASCHED_FUSED_TMA_PUSH": "on"})
+
+
+def test_fused_all_reduce_ws_width_never_adds_a_round():
+    """cost.fused_ar_ws_width: the WS all-reduce's tile pairs are 128 wide only where 256-wide pairs
+    would add a round of tiles and 128-wide ones would not (Qwen3-32B's 5120 columns at 4096 rows:
+    640 tiles of 256 columns, 1280 of 128); the model prices that case on the narrow tiles."""
+    cost = nd.cost
+    assert cost.fused_ar_ws_width(4096, 5120) == 128 and cost.fused_ar_ws_width(4096, 4096) == 256
+    assert cost.fused_ar_ws_width(16384, 5120) == 256
+    for M in range(256, 8193, 256):
+        for N in range(1024, 16385, 512):
+            w = cost.fused_ar_ws_width(M, N, 132)
+            wide, narrow = (-(-M // 128) * -(-N // n) for n in (256, 128))
+            if w == 128:
+                assert not cost.fused_pairs(wide, 132) and cost.fused_pairs(narrow, 132), (M, N)
+                # the same rounds of tile time as 256-wide tiles one at a time, at most
+                assert 2 * -(-(-(-narrow // 2)) // 132) <= 2 * -(-wide // 132), (M, N)
+            else:
+                assert cost.fused_pairs(wide, 132) or not cost.fused_pairs(narrow, 132), (M, N)
+    t128 = cost.fused_matmul_all_reduce_s(4096, 5120, 4096, torch.bfloat16, 2, ws=True)
+    t_single = cost.fused_matmul_all_reduce_s(4096, 5120, 4096, torch.bfloat16, 2, ws=False)
+    assert t128 < t_single

@@ -33,7 +33,7 @@ for v in ("bf16-128x160-wide-last-box", "bf16-glu-128x128-s4-last-box", "bf16-12
     r = P.compile_variant("gemm_ws", v, "sm90", keep_asm=True)
     r["ptx"] = "\n".join(" ".join(l.split()) for l in r.pop("asm", {}).get("ptx", "").splitlines())
     rows["last:" + v] = r
-for v in ("matmul_all_reduce-ws-residual-direct", "matmul_all_reduce-ws", "matmul_reduce_scatter-ws",
+for v in ("matmul_all_reduce-ws-residual-direct", "matmul_all_reduce-ws", "matmul_all_reduce-ws-128", "matmul_reduce_scatter-ws",
           "matmul_reduce_scatter-ws-pairs", "matmul_reduce_scatter-ws-pairs-early", "matmul_reduce_scatter-ws-early"):
     r = P.compile_variant("dist", v, "sm90", keep_asm=True)
     r["ptx"] = "\n".join(" ".join(l.split()) for l in r.pop("asm", {}).get("ptx", "").splitlines())
@@ -109,14 +109,15 @@ def test_fused_all_reduce_on_the_ws_kernel_compiles(compiled):
     """kernels/dist_gemm_ar_ws.py (all-reduce and reduce-scatter forms): warp-specialised as the
     GEMM, its K loops free of CTA-wide barriers, its flags raised after the TMA copies completed
     (not only read) and the async proxy fenced, with a system-scope release; bounded acquire polls."""
-    for name in ("mar:matmul_all_reduce-ws-residual-direct", "mar:matmul_all_reduce-ws",
+    for name in ("mar:matmul_all_reduce-ws-residual-direct", "mar:matmul_all_reduce-ws", "mar:matmul_all_reduce-ws-128",
                  "mar:matmul_reduce_scatter-ws", "mar:matmul_reduce_scatter-ws-pairs",
                  "mar:matmul_reduce_scatter-ws-pairs-early", "mar:matmul_reduce_scatter-ws-early"):
         r = compiled[name]
         assert r["status"] == "ok", (name, r["error"])
         assert r["fits"] and r["spill_bytes"] <= 64, (name, r["spill_bytes"])
         ptx = r["ptx"]
-        assert "setmaxnreg.dec.sync.aligned.u32 40;" in ptx and "m64n256k16" in ptx, name
+        wgmma = "m64n128k16" if name.endswith("-128") else "m64n256k16"
+        assert "setmaxnreg.dec.sync.aligned.u32 40;" in ptx and wgmma in ptx, name
         assert "cp.async.bulk.wait_group 0; fence.proxy.async.global;" in ptx, name
         assert "atom.global.sys.release.exch.b64" in ptx and "ld.global.sys.acquire.b64" in ptx, name
         windows = list(_k_loop_windows(ptx))

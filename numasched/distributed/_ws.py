@@ -21,6 +21,20 @@ __all__ = ["ws_ok", "ws_wanted", "launch", "peer_address"]
 # at Qwen3-32B down (a weight of 131 MB), 0.98-1.01x at Llama-3-8B down 16384 rows, but 1.02-1.11x
 # at 4096 x 4096 x {2048, 7168}: grouped only where the weight is more than twice the L2.
 GROUP_M = 8
+# The tiles' widths (BLOCK_N) and rings: 128 x 256 in 3 stages; 128 x 128 in 5 (the all-reduce's
+# pairs where 256-wide pairs would add a round of tiles, see matmul_all_reduce._fused_cfg: a ring
+# of 160 KB beside the two 64 x 128 staging tiles)
+WIDTHS = (256, 128)
+RING_STAGES = {256: 3, 128: 5}
+
+
+def config(block_n: int = 256):
+    """The WsConfig of the fused kernel's ``block_n``-wide tiles (one of WIDTHS)."""
+    from numasched.gemm_ws import WsConfig
+
+    if block_n not in WIDTHS:
+        raise ValueError(f"block_n must be one of {WIDTHS}, got {block_n}")
+    return WsConfig(block_n=block_n, stages=RING_STAGES[block_n])
 
 
 def group_of(ctx, rs: bool, N: int, K: int, elt: int) -> int:
@@ -74,18 +88,19 @@ def _bound_us(ctx) -> int:
 
 
 def launch(ctx, plan, *, a, b_store, b_trans, out, recv, flags, epoch, counters, rows, N, K,
-           residual: bool, direct: bool, rs: bool, programs=None):
+           residual: bool, direct: bool, rs: bool, programs=None, block_n: int = 256):
     """One launch of kernels/dist_gemm_ar_ws.py (see its doc): ``rows`` out's rows (RS: a slice's),
     ``recv`` the (2, 2, rows, N) receive slots, ``flags`` at least (2, 2 x tiles) int64;
-    ``programs`` default: one per tile pair (RS: per tile of both slices), at most one per SM."""
+    ``programs`` default: one per tile pair (RS: per tile of both slices), at most one per SM;
+    ``block_n``: the tiles' width (WIDTHS)."""
     from numasched import options
     from numasched._launch import HostDesc, Launch, hooked
-    from numasched.gemm_ws import WsConfig, descriptor_maker
+    from numasched.gemm_ws import descriptor_maker
     from numasched.kernels.dist_gemm_ar_ws import matmul_all_reduce_ws_kernel
 
     from . import cost
 
-    cfg = WsConfig()
+    cfg = config(block_n)
     tiles = -(-rows // cfg.block_m) * -(-N // cfg.block_n)
     if programs is None:
         programs = max(1, min(ctx.num_sms, 2 * tiles if rs else -(-tiles // 2)))
@@ -100,7 +115,7 @@ def launch(ctx, plan, *, a, b_store, b_trans, out, recv, flags, epoch, counters,
     # one plan serves both (its key has no strides), and a kernel compiled for one misreads the
     # other (the reduce-scatter's sums were wrong for the second layout: dist_worker, tp2-s29c)
     group = group_of(ctx, rs, N, K, a.element_size()) if o.fused_ws_group is None else o.fused_ws_group
-    key = ("ws", residual, direct, rs, rs_pairs, rs_early, group, programs, bool(b_trans))
+    key = ("ws", residual, direct, rs, rs_pairs, rs_early, group, programs, bool(b_trans), cfg.block_n)
     run = plan.launchers.get(key)
     if run is None:
         run = Launch(matmul_all_reduce_ws_kernel, programs,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 __all__ = ["Link", "LINK", "LINKS", "all_reduce_s", "choose_all_reduce", "fused_matmul_all_reduce_s", "gemm_engine",
-           "rs_ws_pays", "rs_ws_pairs", "gemm_time_s", "link_for", "set_link", "two_kernel_gemm_s"]
+           "rs_ws_pays", "rs_ws_pairs", "fused_ar_ws_width", "gemm_time_s", "link_for", "set_link", "two_kernel_gemm_s"]
 
 
 @dataclass(frozen=True)
@@ -306,6 +306,22 @@ FUSED_AR2_LONG_S = 2e-3
 FUSED_AR2_LONG_OVER = 1.17
 
 
+# The warp-specialised kernel's tiles are 128 x 256, or 128 x 128 where 256-wide tile pairs would
+# add a round of tiles and 128-wide pairs would not (Qwen3-32B o and down at 4096 rows: 640 tiles
+# of 256 columns are five rounds one at a time but six in pairs, so the Triton kernel ran them one
+# at a time, 1.13x and 1.05x NCCL + cuBLAS on two H100s against a ceiling of 1.78x and 1.26x,
+# bench/results/tp2-s42/call3; 1280 tiles of 128 columns are ten rounds either way). A 128-wide
+# tile's GEMM runs FUSED_AR2_NARROW_OVER times the 256-wide one's.
+FUSED_AR2_NARROW_OVER = 1.07
+
+
+def fused_ar_ws_width(M: int, N: int, num_sms: int = 132) -> int:
+    """The warp-specialised fused GEMM + all-reduce's tile width for an (M, N) output (see above)."""
+    wide = -(-M // FUSED_AR_TILE[0]) * -(-N // 256)
+    narrow = -(-M // FUSED_AR_TILE[0]) * -(-N // 128)
+    return 128 if not fused_pairs(wide, num_sms) and fused_pairs(narrow, num_sms) else 256
+
+
 def fused_matmul_all_reduce_s(M: int, N: int, K: int, dtype, world: int, num_sms: int = 132,
                               link: Link = None, ws: bool = False) -> float:
     """Modelled seconds of numasched's fused GEMM + all-reduce kernel for an (M, K) x (K, N)
@@ -314,14 +330,15 @@ def fused_matmul_all_reduce_s(M: int, N: int, K: int, dtype, world: int, num_sms
     kernel); more: on :func:`gemm_s`'s (compare with the two-kernel paths on the same scale:
     :func:`two_kernel_gemm_s`)."""
     L = link_for(world, link)
-    tiles = -(-M // FUSED_AR_TILE[0]) * -(-N // FUSED_AR_TILE[1])
+    width = fused_ar_ws_width(M, N, num_sms) if ws and world == 2 else FUSED_AR_TILE[1]
+    tiles = -(-M // FUSED_AR_TILE[0]) * -(-N // width)
     pushed = (world - 1) * M * N * _elt(dtype)
     pairs = world == 2 and fused_pairs(tiles, num_sms)
     if world == 2:
         units = 2 * _rounds(-(-tiles // 2), num_sms) if pairs else _rounds(tiles, num_sms)
         wave_eff = tiles / (units * max(1, num_sms))
         share = FUSED_AR2_EXPOSED["ws" if ws and pairs else "pairs" if pairs else "single"]
-        g = gemm_time_s(M, N, K, dtype, "torch")
+        g = gemm_time_s(M, N, K, dtype, "torch") * (FUSED_AR2_NARROW_OVER if width < FUSED_AR_TILE[1] else 1.0)
         if g > FUSED_AR2_LONG_S:
             g *= FUSED_AR2_LONG_OVER
         return g / wave_eff + share * pushed / L.push_bw + L.flag_us * 1e-6

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from numasched import caps
 from numasched._validate import check_int32_indexing
 
 from . import _ws, cost
@@ -334,6 +335,25 @@ def _fused_cfg(M: int, dtype, gpu: bool) -> dict:
     return dict(BLOCK_M=bm, BLOCK_N=64, BLOCK_K=128 if elt == 2 else 64, num_warps=4, num_stages=4, USE_TMA=False)
 
 
+def _ws_width(cfg: dict, M: int, N: int, world: int, device) -> dict:
+    """``cfg`` with the warp-specialised kernel's tile width (cost.fused_ar_ws_width) where two
+    ranks of this GPU take that kernel and ``cfg`` has its 128 x 256 tiles."""
+    if (world == 2 and (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]) == (128, 256, 64)
+            and cfg.get("WS") is not False and _ws_by_default(device)):
+        return dict(cfg, BLOCK_N=cost.fused_ar_ws_width(M, N, caps.num_sms(device)))
+    return cfg
+
+
+def _ws_by_default(device) -> bool:
+    """Whether two ranks of this GPU take the warp-specialised kernel (_ws.ws_wanted's rule without
+    a context: options.fused_ws, else a Hopper GPU with Gluon)."""
+    from numasched import options
+    from numasched.kernels.gemm_ws import HAVE_GLUON
+
+    o = options.current().fused_ws
+    return bool(o) if o is not None else HAVE_GLUON and caps.hopper(device)
+
+
 def _pairs(ctx, c) -> bool:
     """Whether the fused kernel runs in tile pairs (PAIRS) for config ``c`` on ``ctx``: two ranks
     and ``cost.fused_pairs`` (the config's PAIRS overrides)."""
@@ -364,7 +384,7 @@ class MatmulAllReduceFused(_Op):
             out = torch.empty((M, N), dtype=a.dtype, device="meta")
             ar = "auto" if impl in ("auto", "overlap") else {"bulk": "nccl"}.get(impl, impl)
             return AllReduce.describe(out, world=world, impl=ar)
-        cfg = cfg or _fused_cfg(M, a.dtype, _on_gpu(a))
+        cfg = cfg or _ws_width(_fused_cfg(M, a.dtype, _on_gpu(a)), M, N, world, a.device)
         tiles = _cdiv(M, cfg["BLOCK_M"]) * _cdiv(N, cfg["BLOCK_N"])
         # residual: every rank must add one (the owner of a tile adds it for all); out_offset: a
         # contiguous out in the symmetric heap, where the peers may store the sums (PAIRS), must
@@ -462,12 +482,12 @@ class MatmulAllReduceFused(_Op):
         if ws is None:   # the default: on two ranks of Hopper GPUs (see FUSED_BIG_TILE)
             ws = _ws.ws_wanted(ctx)
         if (ws and phase == "full" and pairs and use_tma and ctx.world == 2
-                and (c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"]) == (128, 256, 64)
+                and c["BLOCK_M"] == 128 and c["BLOCK_N"] in _ws.WIDTHS and c["BLOCK_K"] == 64
                 and _ws.ws_ok(ctx, a, b_store, out, c["M"], c["N"], c["Kl"])):
             return _ws.launch(ctx, plan, a=a, b_store=b_store, b_trans=b_trans, out=out, recv=bf["recv"],
                               flags=bf["flags"], epoch=bf["epoch"], counters=bf["counters"], programs=programs,
                               rows=c["M"], N=c["N"], K=c["Kl"], residual=bool(c["residual"]),
-                              direct=c.get("out_offset") is not None, rs=False)
+                              direct=c.get("out_offset") is not None, rs=False, block_n=c["BLOCK_N"])
 
         def build():
             from numasched.kernels.dist_gemm_ar import matmul_all_reduce_kernel
