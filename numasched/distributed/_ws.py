@@ -115,7 +115,7 @@ def launch(ctx, plan, *, a, b_store, b_trans, out, recv, flags, epoch, counters,
     # one plan serves both (its key has no strides), and a kernel compiled for one misreads the
     # other (the reduce-scatter's sums were wrong for the second layout: dist_worker, tp2-s29c)
     group = group_of(ctx, rs, N, K, a.element_size()) if o.fused_ws_group is None else o.fused_ws_group
-    key = ("ws", residual, direct, rs, rs_pairs, rs_early, group, programs, bool(b_trans), cfg.block_n)
+    key = ("ws", residual, direct, rs, rs_pairs, rs_early, group, programs, cfg.block_n, bool(b_trans))
     run = plan.launchers.get(key)
     if run is None:
         run = Launch(matmul_all_reduce_ws_kernel, programs,
