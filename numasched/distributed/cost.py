@@ -311,7 +311,12 @@ FUSED_AR2_LONG_OVER = 1.17
 # of 256 columns are five rounds one at a time but six in pairs, so the Triton kernel ran them one
 # at a time, 1.13x and 1.05x NCCL + cuBLAS on two H100s against a ceiling of 1.78x and 1.26x,
 # bench/results/tp2-s42/call3; 1280 tiles of 128 columns are ten rounds either way). A 128-wide
-# tile's GEMM runs FUSED_AR2_NARROW_OVER times the 256-wide one's.
+# tile's GEMM runs FUSED_AR2_NARROW_OVER times the 256-wide one's (the WS GEMM's 128 x 128 tiles
+# against 128 x 256 on the H200 grid). Timed on two H100s (tp2-s42/call11): Qwen3-32B down at 4096
+# rows 856 us (the Triton kernel one tile at a time: 885; "auto" now runs it, 1.105x bulk against
+# torch + two-shot's 1.022x before), Qwen3-32B o 372 (363): the model's 312 is 16 % low there,
+# where the exchange of 128-wide tiles hides less behind K loops of 64 steps (fitting either point
+# alone gives 1.04 or 1.31; 1.31 would have "auto" take torch + two-shot at Qwen3-32B down).
 FUSED_AR2_NARROW_OVER = 1.07
 
 
