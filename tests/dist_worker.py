@@ -610,14 +610,15 @@ def check_matmul_all_reduce(ctx, quick):
     # the heap); against the Triton FLAT kernel's result
     from numasched.kernels.gemm_ws import HAVE_GLUON
 
-    if HAVE_GLUON and torch.cuda.get_device_capability()[0] == 9:
-        # 256 tiles of 128 x 256 (the last tile row half, the last column partial): tile pairs
-        # on 132 SMs, so the WS kernel runs (it takes pairs only)
-        M, Kl, N = 8128, 1408 // W, 1000   # A's rows of 16-byte multiples (TMA; 700 ran Triton)
-        a, w = randn(M, Kl, seed=4100 + R), randn(N, Kl, seed=4150 + R)
+    def ws_against_triton(M, Kl, N, seed, width):
+        """fused_ws off and on at (M, Kl, N): plain (through the receive slots), the residual in
+        the heap (DIRECT), B as (K, N); right against the float64 reference, the WS launches of
+        ``width``-wide tiles where it is on (two ranks), ranks agreeing; whether the bits are
+        the Triton kernel's."""
+        a, w = randn(M, Kl, seed=seed + R), randn(N, Kl, seed=seed + 50 + R)
         ref = a.double() @ w.double().T
         dist.all_reduce(ref)
-        h0 = randn(M, N, seed=4199)
+        h0 = randn(M, N, seed=seed + 99)
         res = {}
         for ws in (False, True):
             with options.use(fused_ws=ws), _ws_launches() as took:
@@ -630,37 +631,24 @@ def check_matmul_all_reduce(ctx, quick):
                 ok(rel(y, ref) < 1e-2 and torch.equal(r, h0 + y) and torch.equal(y2, y),
                    f"fused_ws={ws} {(M, Kl, N)}: wrong ({rel(y, ref):.1e}, residual {rel(r, h0 + y):.1e}, "
                    f"B as (K, N) {rel(y2, ref):.1e})")
-            # WS: plain (through the receive slots), DIRECT (the residual in the heap), B as (K, N)
-            ok([t[:3] for t in took] == ([(False, False, False), (True, True, False), (False, False, False)]
-                                         if ws and W == 2 else []),
+            # (residual, direct, rs, width) of each WS launch: plain, DIRECT, B as (K, N)
+            want = [(False, False, False, width), (True, True, False, width), (False, False, False, width)]
+            ok([(t[0], t[1], t[2], t[4]) for t in took] == (want if ws and W == 2 else []),
                f"fused_ws={ws} {(M, Kl, N)}: WS launches {took}")
         ok(res[True][2], f"fused_ws {(M, Kl, N)}: ranks disagree")
-        same = torch.equal(res[True][0], res[False][0]) and torch.equal(res[True][1], res[False][1])
+        return torch.equal(res[True][0], res[False][0]) and torch.equal(res[True][1], res[False][1])
+
+    if HAVE_GLUON and torch.cuda.get_device_capability()[0] == 9:
+        # 256 tiles of 128 x 256 (the last tile row half, the last column partial): tile pairs
+        # on 132 SMs, so the WS kernel runs (it takes pairs only); A's rows of 16-byte multiples
+        # (TMA; 700 ran Triton)
+        M, Kl, N = 8128, 1408 // W, 1000
+        same = ws_against_triton(M, Kl, N, 4100, 256)
         msgs.append(f"{M}x{Kl}x{N} WS {'same bits as' if same else 'within 1e-2 of'} FLAT")
-        # 128-wide WS tile pairs (cost.fused_ar_ws_width): 3 tile rows x 47 columns of 128 (the
-        # last partial), 141 tiles, where 256-wide pairs would add a round; plain, the residual in
-        # the heap (DIRECT), B as (K, N); against the float64 reference and the Triton kernel
+        # 128-wide tile pairs (cost.fused_ar_ws_width): 3 tile rows x 47 columns of 128 (the last
+        # partial), 141 tiles, where 256-wide pairs would add a round
         M, Kl, N = 384, 1408 // W, 6016
-        a, w = randn(M, Kl, seed=4200 + R), randn(N, Kl, seed=4250 + R)
-        ref = a.double() @ w.double().T
-        dist.all_reduce(ref)
-        h0 = randn(M, N, seed=4299)
-        res = {}
-        for ws in (False, True):
-            with options.use(fused_ws=ws), _ws_launches() as took:
-                y = nd.matmul_all_reduce(a, w.T, ctx=ctx, impl="fused")
-                hh = ctx.alloc((M, N), BF, what="a residual")
-                hh.copy_(h0)
-                r = nd.matmul_all_reduce(a, w.T, ctx=ctx, impl="fused", residual=hh)
-                y2 = nd.matmul_all_reduce(a, w.T.contiguous(), ctx=ctx, impl="fused")   # B as (K, N)
-                res[ws] = (y.clone(), r.clone(), same_everywhere(y) and same_everywhere(r))
-                ok(rel(y, ref) < 1e-2 and torch.equal(r, h0 + y) and torch.equal(y2, y),
-                   f"fused_ws={ws} {(M, Kl, N)}: wrong ({rel(y, ref):.1e}, residual {rel(r, h0 + y):.1e}, "
-                   f"B as (K, N) {rel(y2, ref):.1e})")
-            want = ([(False, False, 128), (True, True, 128), (False, False, 128)] if ws and W == 2 else [])
-            ok([(t[0], t[1], t[4]) for t in took] == want, f"fused_ws={ws} {(M, Kl, N)}: WS launches {took}")
-        ok(res[True][2], f"fused_ws 128-wide {(M, Kl, N)}: ranks disagree")
-        same = torch.equal(res[True][0], res[False][0]) and torch.equal(res[True][1], res[False][1])
+        same = ws_against_triton(M, Kl, N, 4200, 128)
         msgs.append(f"{M}x{Kl}x{N} WS 128-wide {'same bits as' if same else 'within 1e-2 of'} Triton")
     return ok.done("; ".join(msgs))
 
