@@ -109,6 +109,19 @@ def wide_config(tile_n: int, smem: int = 227 * 1024, block_m: int = 128, max_sta
     return WsConfig(block_n=n0, block_n1=n1, stages=3, block_m=block_m)
 
 
+# The fused GEMM + collectives' kernel (kernels/dist_gemm_ar_ws.py, numasched.distributed._ws): its
+# tiles' widths and rings, 128 x 256 in 3 stages, 128 x 128 in 5 (a ring of 160 KB beside the two
+# 64 x 128 staging tiles)
+DIST_RING_STAGES = {256: 3, 128: 5}
+
+
+def dist_config(block_n: int = 256) -> WsConfig:
+    """The config of the fused collectives' ``block_n``-wide tiles (a key of DIST_RING_STAGES)."""
+    if block_n not in DIST_RING_STAGES:
+        raise ValueError(f"block_n must be one of {tuple(DIST_RING_STAGES)}, got {block_n}")
+    return WsConfig(block_n=block_n, stages=DIST_RING_STAGES[block_n])
+
+
 DEFAULT_CONFIG = WsConfig()
 # SwiGLU: 128 x 128 output tiles (a 128 x 256 tile of the gate/up GEMM), 4 stages of 48 KB
 GLU_CONFIG = WsConfig(block_n=128, stages=4, glu=True)

@@ -469,11 +469,10 @@ def _gemm_ws(block_n: int = 256, stages: int = 3, b_kmajor: bool = True, glu: bo
 def _gemm_all_reduce_ws(residual: bool = True, direct: bool = True, rs: bool = False, rs_pairs: bool = False,
                         rs_early: bool = False, group: int = 8, block_n: int = 256):
     def build(vendor):
-        from numasched.distributed._ws import config
-        from numasched.gemm_ws import descriptor_type
+        from numasched.gemm_ws import descriptor_type, dist_config
         from numasched.kernels.dist_gemm_ar_ws import matmul_all_reduce_ws_kernel
 
-        cfg = config(block_n)
+        cfg = dist_config(block_n)
         half = [cfg.block_m // 2, cfg.block_n]
         chunk = [cfg.block_m // 2, 64]
         values = dict(a_desc=descriptor_type("bf16", [cfg.block_m, cfg.block_k]),

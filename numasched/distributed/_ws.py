@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from numasched import caps
+from numasched.gemm_ws import DIST_RING_STAGES, dist_config
 
 __all__ = ["ws_ok", "ws_wanted", "launch", "peer_address"]
 
@@ -21,20 +22,14 @@ __all__ = ["ws_ok", "ws_wanted", "launch", "peer_address"]
 # at Qwen3-32B down (a weight of 131 MB), 0.98-1.01x at Llama-3-8B down 16384 rows, but 1.02-1.11x
 # at 4096 x 4096 x {2048, 7168}: grouped only where the weight is more than twice the L2.
 GROUP_M = 8
-# The tiles' widths (BLOCK_N) and rings: 128 x 256 in 3 stages; 128 x 128 in 5 (the all-reduce's
-# pairs where 256-wide pairs would add a round of tiles, see matmul_all_reduce._fused_cfg: a ring
-# of 160 KB beside the two 64 x 128 staging tiles)
-WIDTHS = (256, 128)
-RING_STAGES = {256: 3, 128: 5}
+# The tiles' widths (BLOCK_N): 128 x 256, or 128 x 128 for the all-reduce's pairs where 256-wide
+# pairs would add a round of tiles (matmul_all_reduce._ws_width); rings: gemm_ws.DIST_RING_STAGES
+WIDTHS = tuple(DIST_RING_STAGES)
 
 
 def config(block_n: int = 256):
     """The WsConfig of the fused kernel's ``block_n``-wide tiles (one of WIDTHS)."""
-    from numasched.gemm_ws import WsConfig
-
-    if block_n not in WIDTHS:
-        raise ValueError(f"block_n must be one of {WIDTHS}, got {block_n}")
-    return WsConfig(block_n=block_n, stages=RING_STAGES[block_n])
+    return dist_config(block_n)
 
 
 def group_of(ctx, rs: bool, N: int, K: int, elt: int) -> int:
