@@ -645,9 +645,10 @@ def check_matmul_all_reduce(ctx, quick):
         M, Kl, N = 8128, 1408 // W, 1000
         same = ws_against_triton(M, Kl, N, 4100, 256)
         msgs.append(f"{M}x{Kl}x{N} WS {'same bits as' if same else 'within 1e-2 of'} FLAT")
-        # 128-wide tile pairs (cost.fused_ar_ws_width): 3 tile rows x 47 columns of 128 (the last
-        # partial), 141 tiles, where 256-wide pairs would add a round
-        M, Kl, N = 384, 1408 // W, 6016
+        # 128-wide tile pairs (cost.fused_ar_ws_width): 10 tile rows x 67 columns of 128 (the
+        # last partial), 670 tiles, where 340 tiles of 256 columns take three rounds one at a time
+        # and four in pairs
+        M, Kl, N = 1216, 1408 // W, 8456
         same = ws_against_triton(M, Kl, N, 4200, 128)
         msgs.append(f"{M}x{Kl}x{N} WS 128-wide {'same bits as' if same else 'within 1e-2 of'} Triton")
     return ok.done("; ".join(msgs))

@@ -321,10 +321,14 @@ FUSED_AR2_NARROW_OVER = 1.07
 
 
 def fused_ar_ws_width(M: int, N: int, num_sms: int = 132) -> int:
-    """The warp-specialised fused GEMM + all-reduce's tile width for an (M, N) output (see above)."""
+    """The warp-specialised fused GEMM + all-reduce's tile width for an (M, N) output (see above):
+    128 where 256-wide tiles take more than one round, pairs of them would add one, and pairs of
+    128-wide tiles would not; else 256 (in one round of 256-wide tiles the kernel runs them one at
+    a time, unlagged)."""
     wide = -(-M // FUSED_AR_TILE[0]) * -(-N // 256)
     narrow = -(-M // FUSED_AR_TILE[0]) * -(-N // 128)
-    return 128 if not fused_pairs(wide, num_sms) and fused_pairs(narrow, num_sms) else 256
+    adds = _rounds(wide, num_sms) > 1 and not fused_pairs(wide, num_sms)
+    return 128 if adds and fused_pairs(narrow, num_sms) else 256
 
 
 def fused_matmul_all_reduce_s(M: int, N: int, K: int, dtype, world: int, num_sms: int = 132,

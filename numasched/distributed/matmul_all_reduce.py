@@ -335,12 +335,19 @@ def _fused_cfg(M: int, dtype, gpu: bool) -> dict:
     return dict(BLOCK_M=bm, BLOCK_N=64, BLOCK_K=128 if elt == 2 else 64, num_warps=4, num_stages=4, USE_TMA=False)
 
 
-def _ws_width(cfg: dict, M: int, N: int, world: int, device) -> dict:
+def _ws_width(cfg: dict, M: int, N: int, K: int, elt: int, world: int, device) -> dict:
     """``cfg`` with the warp-specialised kernel's tile width (cost.fused_ar_ws_width) where two
-    ranks of this GPU take that kernel and ``cfg`` has its 128 x 256 tiles."""
+    ranks of this GPU take that kernel for this call: ``cfg`` has its 128 x 256 tiles, one program
+    an SM and pairs not turned off, and the operands pass _ws.ws_ok's shape checks (M a multiple
+    of 64, rows of 16 bytes; a caller's non-contiguous ``out`` would still send the narrowed tiles
+    to the Triton kernel). The narrowed config is marked WS_NARROW: only it takes the WS kernel at
+    128 columns (a caller's own 128 x 128 config stays on the Triton kernel)."""
     if (world == 2 and (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]) == (128, 256, 64)
-            and cfg.get("WS") is not False and _ws_by_default(device)):
-        return dict(cfg, BLOCK_N=cost.fused_ar_ws_width(M, N, caps.num_sms(device)))
+            and cfg.get("per_sm", 1) == 1 and cfg.get("PAIRS") is not False and cfg.get("WS") is not False
+            and M % 64 == 0 and (N * elt) % 16 == 0 and (K * elt) % 16 == 0 and _ws_by_default(device)):
+        width = cost.fused_ar_ws_width(M, N, caps.num_sms(device))
+        if width != cfg["BLOCK_N"]:
+            return dict(cfg, BLOCK_N=width, WS_NARROW=True)
     return cfg
 
 
@@ -384,7 +391,7 @@ class MatmulAllReduceFused(_Op):
             out = torch.empty((M, N), dtype=a.dtype, device="meta")
             ar = "auto" if impl in ("auto", "overlap") else {"bulk": "nccl"}.get(impl, impl)
             return AllReduce.describe(out, world=world, impl=ar)
-        cfg = cfg or _ws_width(_fused_cfg(M, a.dtype, _on_gpu(a)), M, N, world, a.device)
+        cfg = cfg or _ws_width(_fused_cfg(M, a.dtype, _on_gpu(a)), M, N, Kl, a.element_size(), world, a.device)
         tiles = _cdiv(M, cfg["BLOCK_M"]) * _cdiv(N, cfg["BLOCK_N"])
         # residual: every rank must add one (the owner of a tile adds it for all); out_offset: a
         # contiguous out in the symmetric heap, where the peers may store the sums (PAIRS), must
@@ -482,7 +489,8 @@ class MatmulAllReduceFused(_Op):
         if ws is None:   # the default: on two ranks of Hopper GPUs (see FUSED_BIG_TILE)
             ws = _ws.ws_wanted(ctx)
         if (ws and phase == "full" and pairs and use_tma and ctx.world == 2
-                and c["BLOCK_M"] == 128 and c["BLOCK_N"] in _ws.WIDTHS and c["BLOCK_K"] == 64
+                and (c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"]) == (128, 256 if not c.get("WS_NARROW") else 128, 64)
+                and c.get("per_sm", 1) == 1
                 and _ws.ws_ok(ctx, a, b_store, out, c["M"], c["N"], c["Kl"])):
             return _ws.launch(ctx, plan, a=a, b_store=b_store, b_trans=b_trans, out=out, recv=bf["recv"],
                               flags=bf["flags"], epoch=bf["epoch"], counters=bf["counters"], programs=programs,
