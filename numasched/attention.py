@@ -308,7 +308,7 @@ def _key(q, k, v, causal, scale, causal_offset, mapping, config) -> tuple:
     return ("attention", q.shape, q.stride(), q.dtype, q.device, q.data_ptr() & 15, k.shape, k.stride(), k.dtype,
             k.device, k.data_ptr() & 15, v.shape, v.stride(), v.dtype, v.device, v.data_ptr() & 15, causal, scale,
             causal_offset, mapping, None if config is None else tuple(sorted(config.items())),
-            q.device.type != "cuda" and caps.interpreting(), _topology.cache_key(), _REG._VERSION[0], _options._CURRENT)
+            q.device.type != "cuda" and caps.interpreting(), _topology.current(), _REG._VERSION[0], _options._CURRENT)
 
 
 def _planned(q, k, v, causal, scale, causal_offset, mapping, config=None) -> AttentionPlan:
@@ -436,7 +436,7 @@ def _sdpa_key(query, key, value, is_causal, scale, enable_gqa, mapping, causal_o
     q, k, v = query, key, value
     return ("sdpa", q.shape, q.stride(), q.dtype, q.device, q.data_ptr() & 15, k.shape, k.stride(), k.dtype,
             k.device, k.data_ptr() & 15, v.shape, v.stride(), v.dtype, v.device, v.data_ptr() & 15, is_causal, scale,
-            enable_gqa, mapping, causal_offset, q.device.type != "cuda" and caps.interpreting(), _topology.cache_key(),
+            enable_gqa, mapping, causal_offset, q.device.type != "cuda" and caps.interpreting(), _topology.current(),
             _REG._VERSION[0], _options._CURRENT)
 
 

@@ -839,7 +839,7 @@ def _key(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, map
             k.device, k.data_ptr() & 15, v.shape, v.stride(), v.dtype, v.device, v.data_ptr() & 15,
             None if cache_seqlens is None else fast_signature(cache_seqlens),
             None if block_table is None else fast_signature(block_table), scale, num_splits, mapping,
-            q.device.type != "cuda" and caps.interpreting(), _topology.cache_key(), _REG._VERSION[0], _options._CURRENT)
+            q.device.type != "cuda" and caps.interpreting(), _topology.current(), _REG._VERSION[0], _options._CURRENT)
 
 
 def _planned(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping) -> DecodePlan:

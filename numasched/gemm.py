@@ -851,7 +851,7 @@ def _key(a, b, out, mapping, persistent, bias=None, residual=None, out_dtype=Non
     return ("matmul", a.shape, a.stride(), a.dtype, a.device, a.data_ptr() & 15, b.shape, b.stride(), b.dtype,
             b.device, b.data_ptr() & 15, fast_signature(out), fast_signature(bias), fast_signature(residual),
             out_dtype, mapping, persistent, torch.get_float32_matmul_precision() if a.dtype is torch.float32 else None,
-            a.device.type != "cuda" and caps.interpreting(), _topology.cache_key(), _REG._VERSION[0], _options._CURRENT)
+            a.device.type != "cuda" and caps.interpreting(), _topology.current(), _REG._VERSION[0], _options._CURRENT)
 
 
 def _planned(a, b, out, mapping, persistent, bias=None, residual=None, out_dtype=None) -> GemmPlan:

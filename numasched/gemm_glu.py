@@ -379,7 +379,7 @@ def plan_matmul_swiglu(a, b, out=None, *, schedule=None, options: Optional[_opti
 def _key(a, b, out, row_scale=None):
     return ("matmul_swiglu", a.shape, a.stride(), a.dtype, a.device, a.data_ptr() & 15, b.shape, b.stride(),
             b.device, b.data_ptr() & 15, None if out is None else (out.shape, out.stride(), out.data_ptr() & 15),
-            row_scale is not None, a.device.type != "cuda" and caps.interpreting(), _topology.cache_key(),
+            row_scale is not None, a.device.type != "cuda" and caps.interpreting(), _topology.current(),
             _options._CURRENT)
 
 

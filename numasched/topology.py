@@ -380,12 +380,6 @@ def current() -> Topology:
     return _CURRENT
 
 
-def cache_key() -> Topology:
-    """The current topology as plan caches key on it: resolved (detected on first use), so a
-    call's first key is the same as its next ones' (the raw setting is None until a plan asks)."""
-    return _CURRENT if _CURRENT is not None else current()
-
-
 def set_current(topology) -> None:
     """Set the process-wide topology (a Topology or a preset name; None re-detects)."""
     global _CURRENT

@@ -2067,7 +2067,7 @@ def test_fused_all_reduce_narrow_ws_tiles_only_where_the_ws_kernel_takes_them(mo
     passes the WS kernel's shape checks, with one program an SM and pairs not turned off; any
     other config or shape keeps its tiles (a Hopper GPU of 132 SMs stood in)."""
     mar = importlib.import_module("numasched.distributed.matmul_all_reduce")
-    monkeypatch.setattr(mar, "_ws_by_default", lambda device: True)
+    monkeypatch.setattr(mar._ws, "ws_wanted_on", lambda device, world: True)
     monkeypatch.setattr(mar.caps, "num_sms", lambda device: 132)
     base = dict(mar.FUSED_BIG_TILE, USE_TMA=True)
     dev = torch.device("cpu")
@@ -2083,5 +2083,5 @@ def test_fused_all_reduce_narrow_ws_tiles_only_where_the_ws_kernel_takes_them(mo
                                 (dict(base, WS=False), 4096, 5120, 4096, 2),
                                 (dict(base, BLOCK_N=128), 4096, 5120, 4096, 2)):   # a caller's own config
         assert mar._ws_width(cfg, M, N, K, 2, world, dev) == cfg, (M, N, K, world)
-    monkeypatch.setattr(mar, "_ws_by_default", lambda device: False)
+    monkeypatch.setattr(mar._ws, "ws_wanted_on", lambda device, world: False)
     assert mar._ws_width(base, 4096, 5120, 4096, 2, 2, dev) == base

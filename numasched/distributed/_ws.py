@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from numasched import caps
-from numasched.gemm_ws import DIST_RING_STAGES, dist_config
+from numasched.gemm_ws import dist_config
 
 __all__ = ["ws_ok", "ws_wanted", "launch", "peer_address"]
 
@@ -22,14 +22,6 @@ __all__ = ["ws_ok", "ws_wanted", "launch", "peer_address"]
 # at Qwen3-32B down (a weight of 131 MB), 0.98-1.01x at Llama-3-8B down 16384 rows, but 1.02-1.11x
 # at 4096 x 4096 x {2048, 7168}: grouped only where the weight is more than twice the L2.
 GROUP_M = 8
-# The tiles' widths (BLOCK_N): 128 x 256, or 128 x 128 for the all-reduce's pairs where 256-wide
-# pairs would add a round of tiles (matmul_all_reduce._ws_width); rings: gemm_ws.DIST_RING_STAGES
-WIDTHS = tuple(DIST_RING_STAGES)
-
-
-def config(block_n: int = 256):
-    """The WsConfig of the fused kernel's ``block_n``-wide tiles (one of WIDTHS)."""
-    return dist_config(block_n)
 
 
 def group_of(ctx, rs: bool, N: int, K: int, elt: int) -> int:
@@ -57,13 +49,19 @@ def ws_wanted(ctx) -> bool:
     ``options.fused_ws`` when set, else on by default for two ranks of Hopper GPUs with Gluon
     (the tile pairs of ``matmul_all_reduce`` with out outside the heap; ``matmul_reduce_scatter``
     where ``cost.rs_ws_pays``). The per-call checks (``ws_ok``) come on top."""
+    return ws_wanted_on(ctx.device, ctx.world)
+
+
+def ws_wanted_on(device, world: int) -> bool:
+    """:func:`ws_wanted` for ``world`` ranks of GPU ``device`` (no context needed: a plan's
+    description)."""
     from numasched import options
     from numasched.kernels.gemm_ws import HAVE_GLUON
 
     o = options.current().fused_ws
     if o is not None:
         return bool(o)
-    return HAVE_GLUON and ctx.world == 2 and caps.hopper(ctx.device)
+    return HAVE_GLUON and world == 2 and caps.hopper(device)
 
 
 def peer_address(ctx, t: torch.Tensor):
@@ -87,7 +85,8 @@ def launch(ctx, plan, *, a, b_store, b_trans, out, recv, flags, epoch, counters,
     """One launch of kernels/dist_gemm_ar_ws.py (see its doc): ``rows`` out's rows (RS: a slice's),
     ``recv`` the (2, 2, rows, N) receive slots, ``flags`` at least (2, 2 x tiles) int64;
     ``programs`` default: one per tile pair (RS: per tile of both slices), at most one per SM;
-    ``block_n``: the tiles' width (WIDTHS)."""
+    ``block_n``: the tiles' width (gemm_ws.DIST_RING_STAGES: 128 for the all-reduce's pairs where
+    256-wide pairs would add a round, matmul_all_reduce._ws_width)."""
     from numasched import options
     from numasched._launch import HostDesc, Launch, hooked
     from numasched.gemm_ws import descriptor_maker
@@ -95,7 +94,7 @@ def launch(ctx, plan, *, a, b_store, b_trans, out, recv, flags, epoch, counters,
 
     from . import cost
 
-    cfg = config(block_n)
+    cfg = dist_config(block_n)
     tiles = -(-rows // cfg.block_m) * -(-N // cfg.block_n)
     if programs is None:
         programs = max(1, min(ctx.num_sms, 2 * tiles if rs else -(-tiles // 2)))

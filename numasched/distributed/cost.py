@@ -325,8 +325,8 @@ def fused_ar_ws_width(M: int, N: int, num_sms: int = 132) -> int:
     128 where 256-wide tiles take more than one round, pairs of them would add one, and pairs of
     128-wide tiles would not; else 256 (in one round of 256-wide tiles the kernel runs them one at
     a time, unlagged)."""
-    wide = -(-M // FUSED_AR_TILE[0]) * -(-N // 256)
-    narrow = -(-M // FUSED_AR_TILE[0]) * -(-N // 128)
+    wide = -(-M // FUSED_AR_TILE[0]) * -(-N // FUSED_AR_TILE[1])
+    narrow = -(-M // FUSED_AR_TILE[0]) * -(-N // (FUSED_AR_TILE[1] // 2))
     adds = _rounds(wide, num_sms) > 1 and not fused_pairs(wide, num_sms)
     return 128 if adds and fused_pairs(narrow, num_sms) else 256
 

@@ -344,21 +344,11 @@ def _ws_width(cfg: dict, M: int, N: int, K: int, elt: int, world: int, device) -
     128 columns (a caller's own 128 x 128 config stays on the Triton kernel)."""
     if (world == 2 and (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]) == (128, 256, 64)
             and cfg.get("per_sm", 1) == 1 and cfg.get("PAIRS") is not False and cfg.get("WS") is not False
-            and M % 64 == 0 and (N * elt) % 16 == 0 and (K * elt) % 16 == 0 and _ws_by_default(device)):
+            and M % 64 == 0 and (N * elt) % 16 == 0 and (K * elt) % 16 == 0 and _ws.ws_wanted_on(device, world)):
         width = cost.fused_ar_ws_width(M, N, caps.num_sms(device))
         if width != cfg["BLOCK_N"]:
             return dict(cfg, BLOCK_N=width, WS_NARROW=True)
     return cfg
-
-
-def _ws_by_default(device) -> bool:
-    """Whether two ranks of this GPU take the warp-specialised kernel (_ws.ws_wanted's rule without
-    a context: options.fused_ws, else a Hopper GPU with Gluon)."""
-    from numasched import options
-    from numasched.kernels.gemm_ws import HAVE_GLUON
-
-    o = options.current().fused_ws
-    return bool(o) if o is not None else HAVE_GLUON and caps.hopper(device)
 
 
 def _pairs(ctx, c) -> bool:
