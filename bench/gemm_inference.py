@@ -143,10 +143,13 @@ def _contenders(m: int, n: int, k: int, tma: bool, chosen, top: int, machine, ex
     tail = options.current().gemm_tail_split   # on by default (NUMASCHED_GEMM_TAIL_SPLIT=0: without the tail schedules)
 
     def ranked(ws):
-        return GS.ranked(m, n, k, 2, machine, splitk_only=not tma, tail=tail, ws=ws, splitk_tma=tma, aligned=tma)
+        return GS.ranked(m, n, k, 2, machine, splitk_only=not tma, tail=tail, ws=ws, splitk_tma=tma, aligned=tma,
+                         ws_swap=ws and options.current().gemm_ws_swap)
     # where the chooser took the WS kernel's widths: the next ones of those and of the Triton
     # schedules, so "best" is the faster of both families
     ranks = ranked(False)[: top + 1] if chosen.kind != "ws" else ranked(True)[: top + 1] + ranked(False)[: top + 1]
+    if options.current().gemm_ws_swap:   # the transposed WS form's best two, whichever family the pick is
+        ranks = ranks + [r for r in ranked(True) if r[1].swap][:2]
     more = [(GS.estimate(s, m, n, k, 2, machine, splitk_tma=tma, aligned=tma), s) for s in extra]
     out, seen = [], set()
     for est, s in [(chosen.est_s, chosen)] + ranks + more:

@@ -83,11 +83,12 @@ if HAVE_GLUON:
         A_LAST: gl.constexpr      # 0, or the rows of a1_desc's boxes (see _stage_a_rows)
         A_LAST2: gl.constexpr     # 0, or the rows of a2_desc's boxes
         DEAD_HALF: gl.constexpr   # a half tile past M frees its slots without a wgmma
+        SWAP_C: gl.constexpr      # C is stored transposed: c_desc / c1_desc describe C^T (see gemm_ws_kernel)
 
         @gluon.constexpr_function
         def __init__(self, a_desc, b_desc, c_desc, peer_desc, b1_desc, c1_desc, a1_desc, a2_desc, a_bufs, b_bufs,
                      b1_bufs, ready, empty, scale, M, N, K, GROUP_M, GLU, ROW_SCALE, PEER_PUSH, N1, B_KMAJOR, A_LAST,
-                     A_LAST2, DEAD_HALF):
+                     A_LAST2, DEAD_HALF, SWAP_C=False):
             self.a_desc, self.b_desc, self.c_desc, self.peer_desc = a_desc, b_desc, c_desc, peer_desc
             self.b1_desc, self.c1_desc, self.b1_bufs = b1_desc, c1_desc, b1_bufs
             self.a1_desc, self.a2_desc = a1_desc, a2_desc
@@ -96,6 +97,7 @@ if HAVE_GLUON:
             self.a_bufs, self.b_bufs, self.ready, self.empty = a_bufs, b_bufs, ready, empty
             self.scale, self.M, self.N, self.K = scale, M, N, K
             self.GROUP_M, self.GLU, self.ROW_SCALE = gl.constexpr(GROUP_M), gl.constexpr(GLU), gl.constexpr(ROW_SCALE)
+            self.SWAP_C = gl.constexpr(SWAP_C)
 
     @gluon.jit
     def _tile_of(t, NM, NN, GROUP_M: gl.constexpr):
@@ -216,7 +218,7 @@ if HAVE_GLUON:
         """One warp: TMA loads of every (tile, K step) of this program, STAGES ahead of the wgmma."""
         BLOCK_M: gl.constexpr = p.a_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = p.a_desc.block_type.shape[1]
-        BLOCK_N: gl.constexpr = p.c_desc.block_type.shape[1]
+        BLOCK_N: gl.constexpr = p.c_desc.block_type.shape[0] if p.SWAP_C else p.c_desc.block_type.shape[1]
         NB: gl.constexpr = 2 if p.GLU else 1
         NBYTES: gl.constexpr = (p.a_desc.block_type.nbytes + NB * p.b_desc.block_type.nbytes
                                 + (p.b1_desc.block_type.nbytes if p.N1 > 0 else 0))
@@ -247,8 +249,8 @@ if HAVE_GLUON:
         """One warpgroup: rows [ROLE * 64, ROLE * 64 + 64) of every tile of this program."""
         BLOCK_M: gl.constexpr = p.a_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = p.a_desc.block_type.shape[1]
-        BLOCK_N: gl.constexpr = p.c_desc.block_type.shape[1]
-        ROWS: gl.constexpr = p.c_desc.block_type.shape[0]
+        BLOCK_N: gl.constexpr = p.c_desc.block_type.shape[0] if p.SWAP_C else p.c_desc.block_type.shape[1]
+        ROWS: gl.constexpr = p.c_desc.block_type.shape[1] if p.SWAP_C else p.c_desc.block_type.shape[0]
         STAGES: gl.constexpr = p.a_bufs.type.shape[0]
         # GLU: the gate and the up tile side by side, one wgmma of twice the width (columns
         # [0, BLOCK_N) the gate's, [BLOCK_N, 2 BLOCK_N) the up's)
@@ -322,13 +324,22 @@ if HAVE_GLUON:
                     y = acc
                 # epilogue: the previous tile's store has had this whole K loop to drain
                 tma.store_wait(pendings=0)
-                c_smem.store(y.to(p.c_desc.dtype))
-                if p.N1 > 0:
-                    c1_smem.store(acc1.to(p.c1_desc.dtype))
-                fence_async_shared()
-                tma.async_copy_shared_to_global(p.c_desc, [row0, tn * TILE_N], c_smem)
-                if p.N1 > 0:   # (TMA clips a box past N, wholly or in part)
-                    tma.async_copy_shared_to_global(p.c1_desc, [row0, tn * TILE_N + BLOCK_N], c1_smem)
+                if p.SWAP_C:   # the tile transposed into C's (columns, rows) box, stored at (col, row)
+                    c_smem.store(gl.permute(y.to(p.c_desc.dtype), [1, 0]))
+                    if p.N1 > 0:
+                        c1_smem.store(gl.permute(acc1.to(p.c1_desc.dtype), [1, 0]))
+                    fence_async_shared()
+                    tma.async_copy_shared_to_global(p.c_desc, [tn * TILE_N, row0], c_smem)
+                    if p.N1 > 0:
+                        tma.async_copy_shared_to_global(p.c1_desc, [tn * TILE_N + BLOCK_N, row0], c1_smem)
+                else:
+                    c_smem.store(y.to(p.c_desc.dtype))
+                    if p.N1 > 0:
+                        c1_smem.store(acc1.to(p.c1_desc.dtype))
+                    fence_async_shared()
+                    tma.async_copy_shared_to_global(p.c_desc, [row0, tn * TILE_N], c_smem)
+                    if p.N1 > 0:   # (TMA clips a box past N, wholly or in part)
+                        tma.async_copy_shared_to_global(p.c1_desc, [row0, tn * TILE_N + BLOCK_N], c1_smem)
                 if p.PEER_PUSH == 1:   # the same tile into the peer's copy, from the same shared tile (asynchronous)
                     tma.async_copy_shared_to_global(p.peer_desc, [row0, tn * BLOCK_N], c_smem)
                 prow = row0
@@ -349,12 +360,20 @@ if HAVE_GLUON:
     def _consumer_hi(p):
         _consumer(p, 1)
 
+    @gluon.jit
+    def _consumer_2(p):
+        _consumer(p, 2)
+
+    @gluon.jit
+    def _consumer_3(p):
+        _consumer(p, 3)
+
     @gluon.jit(do_not_specialize=["M", "N", "K"])   # M == 1 stays a value (WsArgs holds tensors)
     def gemm_ws_kernel(a_desc, b_desc, c_desc, peer_desc, b1_desc, c1_desc, a1_desc, a2_desc, scale, M, N, K,
                        STAGES: gl.constexpr, GROUP_M: gl.constexpr, GLU: gl.constexpr, ROW_SCALE: gl.constexpr,
                        CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, PEER_PUSH: gl.constexpr = 0,
                        N1: gl.constexpr = 0, B_KMAJOR: gl.constexpr = True, A_LAST: gl.constexpr = 0,
-                       A_LAST2: gl.constexpr = 0, DEAD_HALF: gl.constexpr = True):
+                       A_LAST2: gl.constexpr = 0, DEAD_HALF: gl.constexpr = True, SWAP_C: gl.constexpr = False):
         """C (M, N) = A (M, K) @ B (K, N), or (GLU) silu(A @ B[:, :N]) * (A @ B[:, N:]); launched
         with num_warps=4 (the first consumer warpgroup) and at most one program per SM. PEER_PUSH
         (a probe of the fused GEMM + all-reduce's traffic, scripts/ws_push_probe.py): each tile is
@@ -372,6 +391,13 @@ if HAVE_GLUON:
         A_LAST > 0 (the last tile row at most 3/4 full): that row's A boxes are ``a1_desc``'s, of
         A_LAST rows, and (A_LAST2 > 0) ``a2_desc``'s of the next A_LAST2 (otherwise both unread).
         DEAD_HALF: a consumer whose half tile lies wholly past M frees its slots, no wgmma.
+
+        SWAP_C (F.linear's y = x W^T with the weight as A): the kernel computes C^T = A @ B, its M
+        the weight's rows and its N the tokens, and stores each tile transposed through c_desc
+        (c1_desc), boxes of (columns, 64 rows) of y itself. The tile's side along the tokens is
+        then any width of two power-of-two boxes (80, 96, 112, 144 rows of y: 271 tokens in three
+        tiles of 96, not three of 128), and its side along the weight 64 to 256 rows: tiles of
+        128 x 256 and 256 x 96 are the same area. cuBLAS's ``..._TNT`` kernels do the same.
 
         A's boxes of 64 rows (C's are always 64): tiles of 64 rows, one consumer warpgroup and the
         loader; a wave of them reads each W tile once per 64 rows of M instead of once per 128,
@@ -392,16 +418,36 @@ if HAVE_GLUON:
             b1_bufs = b_bufs
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        # two consumer warpgroups of 64 rows each (128-row tiles), or one (64-row tiles)
-        CONSUMERS: gl.constexpr = a_desc.block_type.shape[0] // c_desc.block_type.shape[0]
-        gl.static_assert(CONSUMERS == 1 or CONSUMERS == 2, "tiles of 64 or 128 rows (C's boxes: 64)")
+        # one consumer warpgroup per 64 rows of the tile: 64 to 256 rows
+        CONSUMERS: gl.constexpr = a_desc.block_type.shape[0] // 64
+        gl.static_assert(a_desc.block_type.shape[0] % 64 == 0 and 1 <= CONSUMERS and CONSUMERS <= 4,
+                         "tiles of 64, 128, 192 or 256 rows")
+        gl.static_assert(CONSUMERS <= 2 or (not GLU and PEER_PUSH == 0), "192- and 256-row tiles: the plain GEMM")
+        gl.static_assert(not SWAP_C or (not GLU and PEER_PUSH == 0 and B_KMAJOR),
+                         "SWAP_C: the plain GEMM, B as the transpose of an (N, K) operand")
+        gl.static_assert(c_desc.block_type.shape[1 if SWAP_C else 0] == 64, "C's boxes hold a consumer's 64 rows")
         for i in gl.static_range(STAGES):
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=CONSUMERS)   # one arrive per consumer warpgroup
         p = WsArgs(a_desc, b_desc, c_desc, peer_desc, b1_desc, c1_desc, a1_desc, a2_desc, a_bufs, b_bufs, b1_bufs,
                    ready, empty, scale, M, N, K, GROUP_M, GLU, ROW_SCALE, PEER_PUSH, N1, B_KMAJOR, A_LAST, A_LAST2,
-                   DEAD_HALF)
-        if CONSUMERS == 2:
+                   DEAD_HALF, SWAP_C)
+        if CONSUMERS == 4:
+            gl.warp_specialize([
+                (_consumer_lo, (p,)),
+                (_consumer_hi, (p,)),
+                (_consumer_2, (p,)),
+                (_consumer_3, (p,)),
+                (_loader, (p,)),
+            ], [4, 4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
+        elif CONSUMERS == 3:
+            gl.warp_specialize([
+                (_consumer_lo, (p,)),
+                (_consumer_hi, (p,)),
+                (_consumer_2, (p,)),
+                (_loader, (p,)),
+            ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
+        elif CONSUMERS == 2:
             gl.warp_specialize([
                 (_consumer_lo, (p,)),
                 (_consumer_hi, (p,)),

@@ -393,14 +393,18 @@ class GemmPlan(Plan):
                 choose = functools.partial(_sched.choose, Mdim, N, K, a.dtype, dev, splitk_only=not tma_ok or self.int64,
                                            splitk_tma=options.gemm_splitk_tma and tma_ok and not self.int64,
                                            aligned=a_view is not None and b_view is not None,
-                                           tail=options.gemm_tail_split, ws=ws_ok)
+                                           tail=options.gemm_tail_split, ws=ws_ok,
+                                           ws_swap=ws_ok and options.gemm_ws_swap and b.stride(0) == 1)
                 schedule = choose(table=options.gemm_table)
                 if schedule is not None and schedule.kind == "ws" and not ws_ok:   # a table's WS entry it cannot take
                     schedule = choose(table=None)
         if schedule is not None and schedule.kind == "ws":
-            if (schedule.block_m not in (64, 128) or schedule.block_k != 64 or schedule.split_k < 1
-                    or (schedule.block_m == 64 and schedule.split_k > 1)):
-                why = "its tiles are 128 rows (or 64, unsplit) by block_n columns with K steps of 64"
+            if (schedule.block_m not in (64, 128, 256) or schedule.block_k != 64 or schedule.split_k < 1
+                    or (schedule.block_m != 128 and schedule.split_k > 1)):
+                why = "its tiles are 128 rows (or 64 or 256, unsplit) by block_n columns with K steps of 64"
+            elif schedule.swap and (b.stride(0) != 1 or not 80 <= schedule.block_n <= 256):
+                why = ("its swapped form takes b as the transpose of a row-major (N, K) weight (F.linear's) and "
+                       "tiles 80 to 256 wide along M")
             elif schedule.split_k > 1 and schedule.block_n not in _sched.WS_SPLIT_NS:
                 why = f"its split-K form takes tiles of {' / '.join(map(str, _sched.WS_SPLIT_NS))} columns"
             elif split_k is not None or explicit_tiled:
@@ -475,8 +479,10 @@ class GemmPlan(Plan):
             self.split_k = self._ws.split
         else:
             # (the schedule's stages at most: a name timed with fewer stages runs as it was timed)
-            self._ws = WsGemmPlan(a, b, out, config=wide_config(schedule.block_n, block_m=schedule.block_m,
-                                                                max_stages=max(3, schedule.num_stages)))
+            cfg = wide_config(schedule.block_n, block_m=schedule.block_m, max_stages=max(3, schedule.num_stages),
+                              swap=schedule.swap)
+            # swap: the kernel computes (W @ a.T) with W = b.T, and stores it transposed into out
+            self._ws = WsGemmPlan(b.T, a.T, out, config=cfg) if schedule.swap else WsGemmPlan(a, b, out, config=cfg)
         self.grid = (self._ws.num_programs,)
         cfg = self._ws.config
         self.config = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.tile_n, BLOCK_K=cfg.block_k, num_warps=4,
@@ -757,6 +763,8 @@ class GemmPlan(Plan):
             if _observe.OBSERVERS:
                 _observe.notify(self.op, "matmul", self.grid, (out,), self)
             with caps.launch_device(a):
+                if self._ws.swap:   # the weight as the kernel's A, out written as (W @ a.T).T
+                    return self._ws.run(b.T, a.T, out)
                 return self._ws.run(a, b, out)
         launch = self._launch
         if launch is not None and launch.raw is not None and not _observe.OBSERVERS:

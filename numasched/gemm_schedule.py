@@ -472,10 +472,13 @@ class Schedule:
     subtile: bool = False
     tail: bool = False   # split-K: only the tiles past the last whole wave are split (split_k ways)
     est_s: float = float("nan")
+    swap: bool = False   # "ws": the weight as the kernel's A, y stored transposed (block_m along N, block_n along M)
 
     def __post_init__(self):
         if self.tail and self.kind != "splitk":
             raise ValueError(f"tail=True is a split-K schedule's (kind 'splitk'), got kind {self.kind!r}")
+        if self.swap and (self.kind != "ws" or self.split_k > 1):
+            raise ValueError(f"swap=True is an unsplit WS schedule's (kind 'ws'), got {self.kind!r} split {self.split_k}")
 
     def describe(self) -> str:
         s = f"{self.kind} {self.block_m}x{self.block_n}x{self.block_k} w{self.num_warps} s{self.num_stages}"
@@ -483,6 +486,8 @@ class Schedule:
             s += f" split{self.split_k}"
         if self.tail:
             s += " tail"
+        if self.swap:
+            s += " swap"
         if self.persistent:
             s += " persistent"
         return s
@@ -492,14 +497,14 @@ class Schedule:
         """The schedule :meth:`describe` names, e.g. ``"streamk 128x256x64 w8 s4 persistent"`` or
         ``"splitk 128x128x64 w8 s6 split4 tail"``."""
         m = re.fullmatch(r"\s*(splitk|tiled|streamk|ws)\s+(\d+)x(\d+)x(\d+)\s+w(\d+)\s+s(\d+)"
-                         r"(?:\s+split(\d+))?(\s+tail)?(\s+persistent)?\s*", str(text))
+                         r"(?:\s+split(\d+))?(\s+tail)?(\s+swap)?(\s+persistent)?\s*", str(text))
         if not m:
             raise ValueError(f"a schedule reads like 'streamk 128x256x64 w8 s4 persistent' "
-                             f"(kind BMxBNxBK wWARPS sSTAGES [splitN] [tail] [persistent]), got {text!r}")
-        kind, bm, bn, bk, w, st, split, tail, pers = m.groups()
+                             f"(kind BMxBNxBK wWARPS sSTAGES [splitN] [tail] [swap] [persistent]), got {text!r}")
+        kind, bm, bn, bk, w, st, split, tail, swap, pers = m.groups()
         # the name does not carry the epilogue: subtiled as the chooser's candidates have it (128 x 256)
         return cls(kind, int(bm), int(bn), int(bk), int(split or 1), int(w), int(st), bool(pers),
-                   kind == "tiled" and int(bm) >= 128 and int(bn) >= 256, bool(tail))
+                   kind == "tiled" and int(bm) >= 128 and int(bn) >= 256, bool(tail), swap=bool(swap))
 
     def config(self) -> dict:
         """Keyword arguments of the kernel's launch."""
@@ -527,7 +532,45 @@ def _stages(bm: int, bn: int, bk: int, elt: int, smem: int, want: int = 6) -> in
 
 
 def candidates(M: int, N: int, K: int, elt: int, machine: Machine, *, splitk_only: bool = False,
-               tail: bool = False, ws: bool = False) -> list:
+               tail: bool = False, ws: bool = False, ws_swap: bool = False) -> list:
+    out = _candidates(M, N, K, elt, machine, splitk_only=splitk_only, tail=tail, ws=ws)
+    if ws and ws_swap and elt == 2 and M >= WS_SWAP_MIN_ROWS and K >= WS_FILL_MIN_K:
+        out = out + _ws_swap_candidates(M, N, K, elt, machine)
+    return out
+
+
+# The WS kernel's transposed form (Schedule.swap, options.gemm_ws_swap): the weight as the kernel's
+# A, the tokens as its N, y stored transposed (kernels/gemm_ws.py SWAP_C). A tile is WS_SWAP_ROWS
+# weight rows (64 per consumer warpgroup; a box's rows are a power of two) by one of WS_TILE_NS
+# tokens, so M is cut in widths of 16 where the plain form cuts it in 64 or 128 rows (271 tokens:
+# three tiles of 96 instead of three of 128), as cuBLAS's ..._TNT kernels do. Weighed from
+# WS_SWAP_MIN_ROWS tokens by the WS model with M and N exchanged.
+WS_SWAP_ROWS = (128,)
+WS_SWAP_MIN_ROWS = 129
+WS_SWAP_LAST_MIN_FILL = 0.85
+WS_SWAP_FILL = 0.5
+WS_SWAP_MARGIN = 0.95
+
+
+def _ws_swap_candidates(M: int, N: int, K: int, elt: int, machine: Machine) -> list:
+    """The transposed form's tiles weighed here: each width whose tiles fill WS_SWAP_FILL of the
+    SMs and whose last tile along M holds at least
+    WS_SWAP_LAST_MIN_FILL of its width in tokens."""
+    from .gemm_ws import wide_config
+
+    out = []
+    for bm in WS_SWAP_ROWS:
+        for n in WS_TILE_NS:
+            cfg = wide_config(n, block_m=bm, swap=True)
+            last = M - (_cdiv(M, n) - 1) * n
+            if (cfg.smem_bytes(elt) <= machine.smem_bytes and _cdiv(N, bm) * _cdiv(M, n) >= WS_SWAP_FILL * machine.sms
+                    and last >= WS_SWAP_LAST_MIN_FILL * n):
+                out.append(Schedule("ws", bm, n, 64, 1, 4, cfg.stages, True, swap=True))
+    return out
+
+
+def _candidates(M: int, N: int, K: int, elt: int, machine: Machine, *, splitk_only: bool = False,
+                tail: bool = False, ws: bool = False) -> list:
     """The schedules the chooser weighs for this shape (estimates not filled in); ``tail``
     (options.gemm_tail_split): also the split-K schedules that split only the last wave's tiles;
     ``ws`` (the operands fit the warp-specialised kernel, options.gemm_ws): from WS_MIN_ROWS rows
@@ -621,10 +664,10 @@ def _ws64_candidates(M: int, N: int, K: int, elt: int, machine: Machine) -> list
 
 
 def ranked(M: int, N: int, K: int, elt: int, machine: Machine, *, splitk_only: bool = False, tail: bool = False,
-           ws: bool = False, splitk_tma: bool = False, aligned: bool = True) -> list:
+           ws: bool = False, splitk_tma: bool = False, aligned: bool = True, ws_swap: bool = False) -> list:
     """(estimate s, schedule) of every candidate (see :func:`candidates`), cheapest first (ties in
     candidate order): what ``tune-gemm`` and ``bench gemm_inference`` time after the pick."""
-    cands = candidates(M, N, K, elt, machine, splitk_only=splitk_only, tail=tail, ws=ws)
+    cands = candidates(M, N, K, elt, machine, splitk_only=splitk_only, tail=tail, ws=ws, ws_swap=ws_swap)
     scored = sorted((estimate(s, M, N, K, elt, machine, splitk_tma, aligned), i, s) for i, s in enumerate(cands))
     return [(t, s) for t, _, s in scored]
 
@@ -632,8 +675,8 @@ def ranked(M: int, N: int, K: int, elt: int, machine: Machine, *, splitk_only: b
 def estimate(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machine, splitk_tma: bool = False,
              aligned: bool = True) -> float:
     """Modelled time of ``s`` in seconds (see the module doc)."""
-    if s.kind == "ws":
-        return _ws_estimate(s, M, N, K, elt, machine)
+    if s.kind == "ws":   # (swap: the weight's rows are the kernel's M, the tokens its N)
+        return _ws_estimate(s, N, M, K, elt, machine) if s.swap else _ws_estimate(s, M, N, K, elt, machine)
     if (s.kind == "splitk" and s.block_m == 128 and M < 128
             and (s.split_k > 1 or s.block_n < 128)):   # (Machine.partial_row_cost)
         return machine.partial_row_cost * _estimate(s, M, N, K, elt, machine, splitk_tma, aligned)
@@ -839,24 +882,26 @@ def _tail_estimate(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machi
 
 def choose(M: int, N: int, K: int, dtype: torch.dtype, device: Optional[torch.device] = None, *,
            table: Optional[str] = None, splitk_only: bool = False, splitk_tma: bool = False,
-           aligned: bool = True, tail: bool = False, ws: bool = False) -> Schedule:
+           aligned: bool = True, tail: bool = False, ws: bool = False, ws_swap: bool = False) -> Schedule:
     """The schedule for this GEMM: a tuned table's entry if it has one, else the model's pick
     (``tail``: tail split-K schedules among the candidates, options.gemm_tail_split; ``ws``: the
-    operands fit the warp-specialised kernel, see candidates)."""
+    operands fit the warp-specialised kernel, ``ws_swap``: its transposed form too, see
+    candidates)."""
     elt = torch.empty((), dtype=dtype).element_size()
     machine = Machine.of(device)
     if table is not None:
         hit = load_table(table).get(_table_key(M, N, K, dtype, machine.name))
         if hit is not None:
             return Schedule(**hit)
-    return _choose(M, N, K, elt, machine, splitk_only, splitk_tma, aligned, tail, ws)
+    return _choose(M, N, K, elt, machine, splitk_only, splitk_tma, aligned, tail, ws, ws_swap)
 
 
 @functools.lru_cache(maxsize=4096)
 def _choose(M: int, N: int, K: int, elt: int, machine: Machine, splitk_only: bool, splitk_tma: bool = False,
-            aligned: bool = True, tail: bool = False, ws: bool = False) -> Schedule:
+            aligned: bool = True, tail: bool = False, ws: bool = False, ws_swap: bool = False) -> Schedule:
     scored = []
-    for s in candidates(M, N, K, elt, machine, splitk_only=splitk_only or elt > 2, tail=tail, ws=ws):
+    for s in candidates(M, N, K, elt, machine, splitk_only=splitk_only or elt > 2, tail=tail, ws=ws,
+                        ws_swap=ws_swap):
         if not aligned and s.block_k > MISALIGNED_MAX_BLOCK_K:
             continue
         scored.append((s, estimate(s, M, N, K, elt, machine, splitk_tma, aligned)))
@@ -870,6 +915,7 @@ def pick(scored: list, M: int, elt: int, machine: Machine, splitk_tma: bool = Fa
     best, best_t = None, float("inf")
     for s, est in scored:
         t = est / WS_SPLIT_MARGIN if s.kind == "ws" and s.split_k > 1 else est   # (the schedule keeps its own estimate)
+        t = t / WS_SWAP_MARGIN if s.swap else t
         if t < best_t * 0.999:
             best, best_t = replace(s, est_s=est), t
     if best is None:
@@ -931,7 +977,7 @@ def load_table(path: str) -> dict:
 def table_entry(M: int, N: int, K: int, dtype: torch.dtype, machine: str, s: Schedule) -> tuple:
     """(key, value) of a tuned table."""
     d = {k: getattr(s, k) for k in ("kind", "block_m", "block_n", "block_k", "split_k", "num_warps", "num_stages",
-                                    "persistent", "subtile", "tail", "est_s")}
+                                    "persistent", "subtile", "tail", "est_s", "swap")}
     return _table_key(M, N, K, dtype, machine), d
 
 

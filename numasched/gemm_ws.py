@@ -40,6 +40,7 @@ class WsConfig:
     sk_merge: int = 0       # stream-K's fix-up: 0 the tile's last piece sums it, 1 every contributor a band
     sk_split: int = 0       # S >= 2: split-K units (tile, K part) in K lockstep instead of ranges (bands)
     block_n1: int = 0       # > 0: tiles of block_n + block_n1 columns in two boxes (80 = 64 + 16, 160 = 128 + 32)
+    swap: bool = False      # the weight as A, C stored transposed (SWAP_C): block_m along N, tile_n along M
 
     @property
     def tile_n(self) -> int:
@@ -85,28 +86,39 @@ def split_config(block_n: int, split: int, smem: int = 200 * 1024) -> WsConfig:
 WIDE_MAX_STAGES = {128: 6, 64: 12}
 
 
-def wide_config(tile_n: int, smem: int = 227 * 1024, block_m: int = 128, max_stages: Optional[int] = None) -> WsConfig:
-    """The data-parallel config of tiles ``block_m`` (128, or 64: one consumer warpgroup) x
+# Registers by tile rows (one consumer warpgroup per 64; a box's rows are a power of two, so no
+# 192): the launch's cap (all warps, the loader's warpgroup included) and a worker consumer's
+# raised share, within the SM's 65536 (a consumer of a 64 x 144 tile holds 72 fp32 accumulators a
+# thread; 256 x 96 compiles for sm_90 without spills)
+CONSUMER_REGS = {64: (168, 232), 128: (168, 232), 256: (96, 120)}
+
+
+def wide_config(tile_n: int, smem: int = 227 * 1024, block_m: int = 128, max_stages: Optional[int] = None,
+                swap: bool = False) -> WsConfig:
+    """The data-parallel config of tiles ``block_m`` (64 rows a consumer warpgroup: 64 to 256) x
     ``tile_n`` columns (a multiple of 16 from 80 to 256: a power-of-two box, then a second of the
     rest, power of two too: 80 = 64 + 16, 96 = 64 + 32, 160 = 128 + 32, 192 = 128 + 64; or a power
     of two from 128), and as many stages (3 to WIDE_MAX_STAGES, or ``max_stages``) as fit in
-    ``smem`` bytes."""
+    ``smem`` bytes. ``swap``: the transposed form (SWAP_C), block_m along the weight's rows and
+    tile_n along the tokens."""
     if tile_n % 16 or not 80 <= tile_n <= 256:   # (64: one box as wide as BLOCK_K, its orientation ambiguous)
         raise ValueError(f"tile_n must be a multiple of 16 from 80 to 256, got {tile_n}")
-    if block_m not in (64, 128):
-        raise ValueError(f"block_m must be 64 or 128, got {block_m}")
+    if block_m not in CONSUMER_REGS:
+        raise ValueError(f"block_m must be one of {tuple(CONSUMER_REGS)}, got {block_m}")
     if max_stages is not None and max_stages < 3:
         raise ValueError(f"max_stages must be at least 3, got {max_stages}")
     n0 = 1 << (tile_n.bit_length() - 1)
     n1 = tile_n - n0
     if n1 & (n1 - 1):
         raise ValueError(f"tile_n={tile_n} is not two power-of-two boxes ({n0} + {n1})")
-    top = WIDE_MAX_STAGES[block_m] if max_stages is None else min(max_stages, WIDE_MAX_STAGES[block_m])
-    for stages in range(top, 3, -1):
-        cfg = WsConfig(block_n=n0, block_n1=n1, stages=stages, block_m=block_m)
-        if cfg.smem_bytes() <= smem:
+    cap = WIDE_MAX_STAGES.get(block_m, WIDE_MAX_STAGES[128])
+    top = cap if max_stages is None else min(max_stages, cap)
+    maxnreg, regs = CONSUMER_REGS[block_m]
+    for stages in range(top, 2, -1):
+        cfg = WsConfig(block_n=n0, block_n1=n1, stages=stages, block_m=block_m, swap=swap, maxnreg=maxnreg,
+                       consumer_regs=regs)
+        if cfg.smem_bytes() <= smem or stages == 3:
             return cfg
-    return WsConfig(block_n=n0, block_n1=n1, stages=3, block_m=block_m)
 
 
 # The fused GEMM + collectives' kernel (kernels/dist_gemm_ar_ws.py, numasched.distributed._ws): its
@@ -176,9 +188,10 @@ def _tma_ok(t: torch.Tensor) -> bool:
             and t.data_ptr() % 16 == 0)
 
 
-def supported(a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None, glu: bool = False) -> Optional[str]:
-    """None when the kernel can compute ``out = a @ b`` (``glu``: the SwiGLU form); otherwise the
-    reason, naming the argument."""
+def supported(a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None, glu: bool = False,
+              swap: bool = False) -> Optional[str]:
+    """None when the kernel can compute ``out = a @ b`` (``glu``: the SwiGLU form; ``swap``:
+    ``out = (a @ b).T``); otherwise the reason, naming the argument."""
     from numasched.kernels.gemm_ws import HAVE_GLUON
 
     if a.dtype not in (torch.bfloat16, torch.float16) or b.dtype != a.dtype:
@@ -192,7 +205,7 @@ def supported(a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = No
         return "b must be the transpose of a row-major (2n, K) gate/up weight for the SwiGLU form"
     if out is not None and (out.dtype != a.dtype or not _tma_ok(out)):
         return "out must be row-major with 16-byte aligned rows (N a multiple of 8), in a's dtype"
-    n = b.shape[1] // 2 if glu else b.shape[1]
+    n = a.shape[0] if swap else b.shape[1] // 2 if glu else b.shape[1]
     if out is None and (n * a.element_size()) % 16:
         # the out a call makes is contiguous: its rows must suit TMA too
         return f"the output's rows must be 16-byte aligned (N a multiple of {16 // a.element_size()}), got N={n}"
@@ -223,7 +236,7 @@ class WsGemmPlan:
         the next tile's K loop."""
         if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
             raise ValueError(f"a {tuple(a.shape)} and b {tuple(b.shape)} are not (M, K) and (K, N)")
-        why = supported(a, b, out, glu=config.glu)
+        why = supported(a, b, out, glu=config.glu, swap=config.swap)
         if why:
             raise ValueError(f"the warp-specialised GEMM cannot run this: {why}")
         self.M, self.K = a.shape
@@ -234,8 +247,13 @@ class WsGemmPlan:
                         None if out is None else out.stride())
         if config.glu and b.shape[1] % 2:
             raise ValueError(f"b must have an even number of columns (gate then up), got {b.shape[1]}")
-        if out is not None and tuple(out.shape) != (self.M, self.N):
-            raise ValueError(f"out must have shape {(self.M, self.N)}, got {tuple(out.shape)}")
+        self.swap = config.swap
+        if self.swap and (config.glu or config.streamk or peer_out_ptr is not None or _tma_ok(b)):
+            raise ValueError("config.swap (out stored transposed) is for the plain data-parallel GEMM with b the "
+                             "transpose of a row-major operand")
+        self.out_shape = (self.N, self.M) if self.swap else (self.M, self.N)   # swap: out is (a @ b).T
+        if out is not None and tuple(out.shape) != self.out_shape:
+            raise ValueError(f"out must have shape {self.out_shape}, got {tuple(out.shape)}")
         if row_scale is not None and not config.glu:
             raise ValueError("row_scale is for the SwiGLU form (a config with glu=True)")
         self.row_scale = row_scale is not None
@@ -246,8 +264,10 @@ class WsGemmPlan:
         self.config = config
         self.b_kmajor = not _tma_ok(b)   # b = w.t() of an (N, K) weight
         cfg = config
-        if cfg.block_m not in (64, 128) or (cfg.block_m == 64 and (cfg.glu or cfg.streamk or peer_out_ptr is not None)):
-            raise ValueError(f"config.block_m must be 128, or 64 for the plain data-parallel GEMM, got {cfg.block_m}")
+        if cfg.block_m not in CONSUMER_REGS or (cfg.block_m != 128 and (cfg.glu or cfg.streamk
+                                                                          or peer_out_ptr is not None)):
+            raise ValueError(f"config.block_m must be 128, or {tuple(CONSUMER_REGS)} for the plain data-parallel "
+                             f"GEMM, got {cfg.block_m}")
         if cfg.block_n1:
             if cfg.block_n1 & (cfg.block_n1 - 1) or not 16 <= cfg.block_n1 <= cfg.block_n:
                 raise ValueError(f"config.block_n1 must be a power of two from 16 to block_n={cfg.block_n}, "
@@ -322,14 +342,14 @@ class WsGemmPlan:
         if (tuple(a.shape), a.stride(), tuple(b.shape), b.stride()) != (la, sa, lb, sb):
             raise ValueError(f"a and b must have the plan's shapes and strides (a {la} {sa}, b {lb} {sb}), got a "
                              f"{tuple(a.shape)} {a.stride()}, b {tuple(b.shape)} {b.stride()}")
-        if out is not None and (tuple(out.shape) != (self.M, self.N)
-                                or out.stride() != (so or (self.N, 1))):
-            raise ValueError(f"out must be ({self.M}, {self.N}) with strides {so or (self.N, 1)}, got "
+        if out is not None and (tuple(out.shape) != self.out_shape
+                                or out.stride() != (so or (self.out_shape[1], 1))):
+            raise ValueError(f"out must be {self.out_shape} with strides {so or (self.out_shape[1], 1)}, got "
                              f"{tuple(out.shape)} {out.stride()}")
         if (row_scale is not None) != self.row_scale:
             raise ValueError("row_scale must be given exactly when the plan was made with one")
         if out is None:
-            out = torch.empty(self.M, self.N, device=a.device, dtype=a.dtype)
+            out = torch.empty(self.out_shape, device=a.device, dtype=a.dtype)
         cfg = self.config
         if cfg.streamk:
             return self._run_streamk(a, b, out)
@@ -339,7 +359,8 @@ class WsGemmPlan:
                                        CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=cfg.loader_regs,
                                        PEER_PUSH=self.peer_mode, N1=cfg.block_n1, B_KMAJOR=self.b_kmajor,
                                        A_LAST=self.a_last[0], A_LAST2=self.a_last[1],
-                                       DEAD_HALF=self.dead_half, num_warps=4, maxnreg=cfg.maxnreg), device=a.device)
+                                       DEAD_HALF=self.dead_half, SWAP_C=self.swap, num_warps=4, maxnreg=cfg.maxnreg),
+                                  device=a.device)
             self._fulls = {}
         run = self._launch
         scale = row_scale if row_scale is not None else out
@@ -378,7 +399,7 @@ class WsGemmPlan:
         return (desc(a, a.shape, a.stride(), [cfg.block_m, cfg.block_k]),
                 desc(bt, bt.shape, bt.stride(), [cols, cfg.block_k]) if self.b_kmajor
                 else desc(b, b.shape, b.stride(), [cfg.block_k, cols]),
-                desc(out, out.shape, out.stride(), [CONSUMER_ROWS, cols]))
+                desc(out, out.shape, out.stride(), [cols, CONSUMER_ROWS] if self.swap else [CONSUMER_ROWS, cols]))
 
     def _last_boxes(self, desc, a, a_d):
         """A's descriptors of the last tile row's boxes (A_LAST, A_LAST2 rows), A's own where unused."""

@@ -43,6 +43,7 @@ numasched is imported (they are not read per call):
     NUMASCHED_GEMM_SPLITK_OPERANDS gemm_splitk_operands ("auto", "tma", "b_tma", "b_tma_last", "pointer")
     NUMASCHED_GEMM_WS_LAST_BOX=0 gemm_ws_last_box -> False
     NUMASCHED_GEMM_WS_DEAD_HALF=0 gemm_ws_dead_half -> False
+    NUMASCHED_GEMM_WS_SWAP=0    gemm_ws_swap -> False
 """
 from __future__ import annotations
 
@@ -224,6 +225,12 @@ class Options:
         gemm_ws_dead_half: in the warp-specialised GEMM's data-parallel form a consumer
             warpgroup whose 64 rows of a tile lie wholly past M frees its ring slots without a
             wgmma (False: it multiplies the slot's stale rows, never stored).
+        gemm_ws_swap: the chooser also weighs the warp-specialised GEMM's transposed form
+            (``Schedule.swap``: the weight as the kernel's A, y stored transposed, so a tile's side
+            along the tokens is 80-256 wide instead of 64 or 128 rows) where b is an F.linear
+            weight's transpose. See gemm_schedule.WS_SWAP_*. On by default: at 24 shapes of
+            129-944 rows where it changes the H100 pick (drawn from 4000 random ones), the pick
+            ran 1.02-1.69x faster, geomean 1.22x (bench/results/gemm-s43/h100-check).
     """
 
     autotune: bool = True
@@ -260,11 +267,12 @@ class Options:
     gemm_splitk_operands: str = "auto"
     gemm_ws_last_box: bool = True
     gemm_ws_dead_half: bool = True
+    gemm_ws_swap: bool = True
 
     def __post_init__(self):
         for f in ("autotune", "check_data", "gemm_flatten", "gemm_splitk_tma", "gemm_streamk_k_aligned",
                   "gemm_tail_split", "gemm_ws", "pdl", "pdl_prefetch", "arn_one_row", "decode_tma",
-                  "gemm_ws_last_box", "gemm_ws_dead_half", "fused_rs_early"):
+                  "gemm_ws_last_box", "gemm_ws_dead_half", "gemm_ws_swap", "fused_rs_early"):
             if not isinstance(getattr(self, f), bool):
                 raise TypeError(f"Options.{f} must be a bool, got {getattr(self, f)!r}")
         if isinstance(self.pdl_trigger, bool):  # the former bool form
@@ -391,6 +399,7 @@ def from_env(environ=None) -> Options:
                    gemm_splitk_operands=env.get("NUMASCHED_GEMM_SPLITK_OPERANDS", "auto").strip() or "auto",
                    gemm_ws_last_box=flag("NUMASCHED_GEMM_WS_LAST_BOX", True),
                    gemm_ws_dead_half=flag("NUMASCHED_GEMM_WS_DEAD_HALF", True),
+                   gemm_ws_swap=flag("NUMASCHED_GEMM_WS_SWAP", Options.gemm_ws_swap),
                    fused_rs_early=flag("NUMASCHED_FUSED_RS_EARLY", Options.fused_rs_early),
                    fused_rs_pairs=None if not pairs else pairs == "1",
                    fused_ws_group=int(group) if group else None)

@@ -440,28 +440,30 @@ def _gemm_ws_streamk(b_kmajor: bool = True, merge: int = 0, split: int = 0, a_la
 
 
 def _gemm_ws(block_n: int = 256, stages: int = 3, b_kmajor: bool = True, glu: bool = False, row_scale=False,
-             peer_push: int = 0, tile_n: int = 0, a_last=(0, 0), block_m: int = 128):
+             peer_push: int = 0, tile_n: int = 0, a_last=(0, 0), block_m: int = 128, swap: bool = False):
     def build(vendor):
         from numasched.gemm_ws import WsConfig, descriptor_type, wide_config
 
         from numasched.kernels.gemm_ws import gemm_ws_kernel
 
-        cfg = wide_config(tile_n, block_m=block_m) if tile_n else WsConfig(block_n=block_n, stages=stages, glu=glu)
+        cfg = (wide_config(tile_n, block_m=block_m, swap=swap) if tile_n
+               else WsConfig(block_n=block_n, stages=stages, glu=glu))
         box = lambda n: [n, cfg.block_k] if b_kmajor else [cfg.block_k, n]  # noqa: E731
+        c_box = lambda n: [n, 64] if swap else [64, n]  # noqa: E731
         b_block = box(cfg.block_n)
         n1 = cfg.block_n1 or cfg.block_n
         values = dict(a_desc=descriptor_type("bf16", [cfg.block_m, cfg.block_k]),
                       b_desc=descriptor_type("bf16", b_block),
-                      c_desc=descriptor_type("bf16", [64, cfg.block_n]),
+                      c_desc=descriptor_type("bf16", c_box(cfg.block_n)),
                       peer_desc=descriptor_type("bf16", [64, 64 if peer_push == 2 else cfg.block_n]),
                       b1_desc=descriptor_type("bf16", box(n1)),
-                      c1_desc=descriptor_type("bf16", [64, n1]),
+                      c1_desc=descriptor_type("bf16", c_box(n1)),
                       a1_desc=descriptor_type("bf16", [a_last[0] or cfg.block_m, cfg.block_k]),
                       a2_desc=descriptor_type("bf16", [a_last[1] or a_last[0] or cfg.block_m, cfg.block_k]),
                       scale="*fp32", M=8192, N=8192, K=8192, STAGES=cfg.stages, GROUP_M=cfg.group_m,
                       GLU=glu, ROW_SCALE=row_scale, PEER_PUSH=int(peer_push), N1=cfg.block_n1, B_KMAJOR=b_kmajor,
                       CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=cfg.loader_regs, A_LAST=a_last[0],
-                      A_LAST2=a_last[1])
+                      A_LAST2=a_last[1], SWAP_C=swap)
         return gemm_ws_kernel, values, 4, 1, dict(maxnreg=cfg.maxnreg)
     return build
 
@@ -808,6 +810,14 @@ VARIANTS: List[Variant] = [
             note="SwiGLU with the last tile row's A in boxes of 32 rows"),
     Variant("gemm_ws", "bf16-128x128-split2-last-box", _gemm_ws_streamk(merge=1, split=2, a_last=(64, 16)),
             off={"amd": _GLUON_OFF}, note="the split-K form at 65-80 rows: A in boxes of 64 and 16 rows"),
+    Variant("gemm_ws", "bf16-swap-128x96", _gemm_ws(tile_n=96, swap=True), off={"amd": _GLUON_OFF},
+            note="the weight as A, y stored transposed (SWAP_C): 128 weight rows by 96 tokens"),
+    Variant("gemm_ws", "bf16-swap-256x96", _gemm_ws(tile_n=96, block_m=256, swap=True), off={"amd": _GLUON_OFF},
+            note="SWAP_C, four consumer warpgroups: 256 weight rows by 96 tokens"),
+    Variant("gemm_ws", "bf16-swap-192x144", _gemm_ws(tile_n=144, block_m=192, swap=True), off={"amd": _GLUON_OFF},
+            note="SWAP_C, three consumer warpgroups: 192 weight rows by 144 tokens"),
+    Variant("gemm_ws", "bf16-192x128", _gemm_ws(tile_n=128, block_m=192), off={"amd": _GLUON_OFF},
+            note="three consumer warpgroups: 192-row tiles"),
     Variant("gemm_ws", "bf16-128x256-s3-peer-push", _gemm_ws(peer_push=1), off={"amd": _GLUON_OFF},
             note="a probe: every tile also TMA-stored into a peer GPU's twin of C"),
     Variant("gemm_ws", "bf16-128x256-s3-peer-paced", _gemm_ws(peer_push=2), off={"amd": _GLUON_OFF},

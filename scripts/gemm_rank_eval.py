@@ -61,11 +61,12 @@ def _key(s) -> str:
     """A schedule as the chooser's candidates name it; a WS schedule without its stages (its ring
     is gemm_ws.wide_config's, deeper since some runs were recorded)."""
     if s.kind == "ws":
-        return f"ws {s.block_m}x{s.block_n}x{s.block_k} split{s.split_k}"
+        return f"ws {s.block_m}x{s.block_n}x{s.block_k} split{s.split_k}" + (" swap" if s.swap else "")
     return s.describe()
 
 
-def score(points: dict, machine, elt: int = 2, small_tma: bool = True, chooser: bool = False) -> dict:
+def score(points: dict, machine, elt: int = 2, small_tma: bool = True, chooser: bool = False,
+          swap: bool = False) -> dict:
     """Per point: (pick's time / best time, pick, best). The pick is the lowest estimate among the
     timed schedules the chooser could take there (K rows not 16-byte aligned: K blocks of at most
     MISALIGNED_MAX_BLOCK_K, as the chooser filters them). ``small_tma=False``: runs from before
@@ -73,7 +74,8 @@ def score(points: dict, machine, elt: int = 2, small_tma: bool = True, chooser: 
     (gemm_schedule.splitk_operands since). ``chooser``: only the timed schedules that are among
     the chooser's own candidates there (gemm_schedule.candidates with tail splits and the WS
     kernel), and the pick is gemm_schedule.pick's among them in candidate order (the WS split-K
-    margin, the ties' rule), the one the chooser would make as the model now stands."""
+    margin, the ties' rule), the one the chooser would make as the model now stands; ``swap``:
+    with the WS kernel's transposed form among them (options.gemm_ws_swap)."""
     from numasched import gemm_schedule as GS
 
     out = {}
@@ -83,7 +85,8 @@ def score(points: dict, machine, elt: int = 2, small_tma: bool = True, chooser: 
         scheds = []
         order = None   # chooser: the candidates' order at this point
         if chooser:
-            order = {_key(c): i for i, c in enumerate(GS.candidates(M, N, K, elt, machine, tail=True, ws=True))}
+            order = {_key(c): i for i, c in enumerate(GS.candidates(M, N, K, elt, machine, tail=True, ws=True,
+                                                                          ws_swap=swap))}
         for name, us in timed.items():
             try:
                 s = GS.Schedule.parse(name)
@@ -126,6 +129,8 @@ def main(argv=None) -> int:
     ap.add_argument("--patch", default=None, help="a Python file run first (a model variant)")
     ap.add_argument("--chooser", action="store_true",
                     help="only the timed schedules among the chooser's candidates at each point")
+    ap.add_argument("--swap", action="store_true",
+                    help="--chooser: with the WS kernel's transposed form among its candidates (gemm_ws_swap)")
     ap.add_argument("--misses", action="store_true", help="list the points whose pick is > 3 %% off the best")
     ap.add_argument("--small-pointer", action="store_true",
                     help="runs from before 2026-11-27's thirty-eighth session: tiles of under 64 rows through pointers")
@@ -137,7 +142,7 @@ def main(argv=None) -> int:
     if args.machine not in GS._KNOWN:
         ap.error(f"--machine must be one of {sorted(GS._KNOWN)}, got {args.machine!r}")
     result = score(read_points(args.files, args.m_max), GS._KNOWN[args.machine], small_tma=not args.small_pointer,
-                   chooser=args.chooser)
+                   chooser=args.chooser, swap=args.swap)
     print(summary(result))
     if args.misses:
         for (src, M, N, K), (r, pick, best) in sorted(result.items(), key=lambda kv: -kv[1][0]):

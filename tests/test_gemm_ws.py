@@ -262,6 +262,36 @@ def test_wide_tiles_match_float64(M, N, K, tile_n, block_m, b_weight):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("block_m", [128, 256, 64])
+@pytest.mark.parametrize("tile_n", [80, 96, 144, 256])
+@pytest.mark.parametrize("M,N,K", [(97, 520, 1000), (271, 2600, 4104), (551, 1000, 3000), (65, 8, 64), (40, 704, 600)])
+def test_swapped_tiles_match_float64(M, N, K, tile_n, block_m):
+    """The transposed form (config.swap, kernels/gemm_ws.py SWAP_C): the weight (N, K) as the
+    kernel's A, x.T as its B, y = x @ w.T stored transposed tile by tile; tiles past M and N at
+    the edges, 1-4 consumer warpgroups. Through numasched.matmul's schedule too."""
+    import numasched
+    from numasched.gemm_schedule import Schedule
+
+    for dtype in (torch.bfloat16, torch.float16):
+        x, wt, out, ref = _operands(M, N, K, dtype, True)
+        cfg = wide_config(tile_n, block_m=block_m, swap=True)
+        if cfg.smem_bytes() > 227 * 1024:
+            pytest.skip(f"{block_m} x {tile_n} does not fit in shared memory")
+        plan = WsGemmPlan(wt.T, x.T, out, config=cfg)
+        for _ in range(3):   # Gluon's path, the C launcher, its cached argument list
+            out.fill_(float("nan"))
+            plan.run(wt.T, x.T, out)
+            assert _rel(out, ref) < 1e-2, dtype
+        s = Schedule("ws", block_m, tile_n, 64, 1, 4, cfg.stages, True, swap=True)
+        out.fill_(float("nan"))
+        got = numasched.plan_matmul(x, wt, out, schedule=s).run(x, wt, out)
+        assert got.data_ptr() == out.data_ptr() and _rel(out, ref) < 1e-2, dtype
+    with pytest.raises(ValueError, match="out must have shape"):   # (M, N), not (M + 8, N)
+        WsGemmPlan(wt.T, x.T, torch.empty(M + 8, N, device="cuda", dtype=x.dtype), config=cfg)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")
 def test_wide_config_refuses_other_forms():
     a, b, out, _ = _operands(256, 512, 512, torch.bfloat16, True)
     for cfg in (WsConfig(block_n=128, block_n1=48), WsConfig(block_n=64, block_n1=128),
