@@ -401,7 +401,7 @@ class GemmPlan(Plan):
         if schedule is not None and schedule.kind == "ws":
             if (schedule.block_m not in (64, 128, 256) or schedule.block_k != 64 or schedule.split_k < 1
                     or (schedule.block_m != 128 and schedule.split_k > 1)):
-                why = "its tiles are 128 rows (or 64 or 256, unsplit) by block_n columns with K steps of 64"
+                why = "its tiles are 128 rows (or 64, unsplit, or 256) by block_n columns with K steps of 64"
             elif schedule.swap and (b.stride(0) != 1 or not 80 <= schedule.block_n <= 256):
                 why = ("its swapped form takes b as the transpose of a row-major (N, K) weight (F.linear's) and "
                        "tiles 80 to 256 wide along M")

@@ -2086,3 +2086,90 @@ def test_prefetch_programs_budget_and_alignment_rules():
     assert prefetch_programs(odd, 4092, 1024, 64, 192, l2) == 0
     assert prefetch_programs(b, 4096, 1020, 64, 192, l2) == 0            # a split's run not a multiple of 16 B
     assert prefetch_programs(b, 4096, 1024, 64, 192, 0) == 0
+
+
+def test_chooser_weighs_the_transposed_ws_form():
+    """options.gemm_ws_swap: the WS kernel's transposed form (the weight as the kernel's A) among
+    the candidates only when asked and only under gemm_schedule.WS_SWAP_*'s rules (128 weight rows,
+    K >= WS_FILL_MIN_K, M >= WS_SWAP_MIN_ROWS, tiles filling WS_SWAP_FILL of the SMs, the last tile
+    along M WS_SWAP_LAST_MIN_FILL full); its estimate is the plain form's with M and N exchanged;
+    the pick takes it only WS_SWAP_MARGIN ahead; names parse back."""
+    from numasched import gemm_schedule as GS
+
+    h100 = GS._KNOWN["h100"]
+    assert not any(s.swap for s in GS.candidates(551, 11296, 12160, 2, h100, ws=True))
+    assert not any(s.swap for s in GS.candidates(551, 11296, 12160, 2, h100, ws=False, ws_swap=True))
+    for M, N, K in [(551, 11296, 12160), (182, 9488, 6104), (300, 5120, 12800), (140, 10240, 6896),
+                    (4096, 4096, 4096), (1024, 14336, 8192)]:
+        swaps = [s for s in GS.candidates(M, N, K, 2, h100, ws=True, ws_swap=True) if s.swap]
+        for s in swaps:
+            assert s.kind == "ws" and s.block_m in GS.WS_SWAP_ROWS and s.split_k == 1
+            tiles = -(-N // s.block_m) * -(-M // s.block_n)
+            last = M - (-(-M // s.block_n) - 1) * s.block_n
+            assert tiles >= GS.WS_SWAP_FILL * h100.sms and last >= GS.WS_SWAP_LAST_MIN_FILL * s.block_n, (M, s)
+            assert GS.Schedule.parse(s.describe()) == s
+            flat = GS.Schedule("ws", s.block_m, s.block_n, 64, 1, 4, s.num_stages, True)
+            assert GS.estimate(s, M, N, K, 2, h100) == GS.estimate(flat, N, M, K, 2, h100)
+        if M == 300:   # 300 tokens: 44 of 128 in the last tile, 12 of 96 ... only 80 and 160 qualify
+            assert {s.block_n for s in swaps} <= {80, 160}
+    for M, N, K in [(128, 14336, 8192), (551, 11296, 2048), (64, 4096, 4096)]:   # too few rows, too short a K
+        assert not any(s.swap for s in GS.candidates(M, N, K, 2, h100, ws=True, ws_swap=True))
+    # the margin: a transposed schedule a little ahead of a plain one is not taken, well ahead it is
+    plain = GS.Schedule("ws", 128, 192, 64, 1, 4, 4, True)
+    swap = GS.Schedule("ws", 128, 192, 64, 1, 4, 4, True, swap=True)
+    assert not GS.pick([(plain, 1.0), (swap, 0.97)], 300, 2, h100).swap
+    assert GS.pick([(plain, 1.0), (swap, 0.9)], 300, 2, h100).swap
+    with pytest.raises(ValueError, match="swap=True"):
+        GS.Schedule("splitk", 128, 128, 64, swap=True)
+    with pytest.raises(ValueError, match="swap=True"):
+        GS.Schedule("ws", 128, 128, 64, 2, swap=True)
+    entry = GS.table_entry(300, 5120, 12800, torch.bfloat16, "H100", swap)[1]
+    assert GS.Schedule(**entry) == swap
+
+
+def test_transposed_ws_schedule_needs_a_weight_transpose():
+    """A schedule naming the transposed form for a (K, N) row-major b: refused, naming why."""
+    from numasched.gemm_schedule import Schedule
+
+    a = torch.randn(200, 64, dtype=torch.float16)
+    b = torch.randn(64, 96, dtype=torch.float16)   # (K, N) row-major: not an F.linear weight's transpose
+    with pytest.raises(ValueError, match="swapped form takes b as the transpose"):
+        numasched.plan_matmul(a, b, schedule=Schedule.parse("ws 128x96x64 w4 s6 swap persistent"))
+
+
+def test_transposed_ws_picks_against_recorded_times():
+    """The chooser with the transposed form against without, on the recorded H100 runs of 24
+    shapes where it changes the pick (bench/results/gemm-s43/h100-check: both settings, twice
+    each, in one call): at every point where the model's two picks still differ, the recorded
+    time with the form is within 3 % of the time without or better, and the geomean gain over
+    those points is at least 1.1x."""
+    import csv
+    import glob
+    import math
+
+    from numasched import gemm_schedule as GS
+
+    h100 = GS._KNOWN["h100"]
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "results", "gemm-s43",
+                        "h100-check")
+    times = {}
+    for setting in (0, 1):
+        for path in glob.glob(os.path.join(root, f"swap{setting}-run*", "gemm_inference-h100-*.csv")):
+            for r in csv.DictReader(open(path)):
+                key = (int(r["M"]), int(r["N"]), int(r["K"]))
+                for item in r["timed"].split(";"):
+                    name, _, value = item.strip().rpartition("=")
+                    us = float(value.split("/")[0])
+                    d = times.setdefault(key, {})
+                    d[name] = min(d.get(name, us), us)
+    assert len(times) == 24
+    gains = []
+    for (M, N, K), timed in times.items():
+        off = GS._choose(M, N, K, 2, h100, False, True, True, True, True, False).describe()
+        on = GS._choose(M, N, K, 2, h100, False, True, True, True, True, True).describe()
+        if off == on or off not in timed or on not in timed:
+            continue
+        gains.append(timed[off] / timed[on])
+        assert timed[on] <= 1.03 * timed[off], ((M, N, K), off, on, timed[off], timed[on])
+    assert len(gains) >= 20
+    assert math.exp(sum(map(math.log, gains)) / len(gains)) >= 1.1

@@ -33,6 +33,10 @@ for v in ("bf16-128x160-wide-last-box", "bf16-glu-128x128-s4-last-box", "bf16-12
     r = P.compile_variant("gemm_ws", v, "sm90", keep_asm=True)
     r["ptx"] = "\n".join(" ".join(l.split()) for l in r.pop("asm", {}).get("ptx", "").splitlines())
     rows["last:" + v] = r
+for v in ("bf16-swap-128x96", "bf16-swap-256x96", "bf16-swap-128x144-last-box"):
+    r = P.compile_variant("gemm_ws", v, "sm90", keep_asm=True)
+    r["ptx"] = "\n".join(" ".join(l.split()) for l in r.pop("asm", {}).get("ptx", "").splitlines())
+    rows["swap:" + v] = r
 for v in ("matmul_all_reduce-ws-residual-direct", "matmul_all_reduce-ws", "matmul_all_reduce-ws-128", "matmul_reduce_scatter-ws",
           "matmul_reduce_scatter-ws-pairs", "matmul_reduce_scatter-ws-pairs-early", "matmul_reduce_scatter-ws-early"):
     r = P.compile_variant("dist", v, "sm90", keep_asm=True)
@@ -68,7 +72,7 @@ def _k_loop_windows(ptx: str, in_flight: int = 1):
 
 def test_compiles_for_hopper_warp_specialised(compiled):
     for name, r in compiled.items():
-        if name.startswith(("mar:", "last:")):
+        if name.startswith(("mar:", "last:", "swap:")):
             continue
         assert r["status"] == "ok", (name, r["error"])
         assert r["spill_bytes"] == 0 and r["fits"], name
@@ -93,7 +97,7 @@ def test_k_loop_has_no_cta_wide_barrier(compiled):
     """What the kernel is for: between a consumer's operand wait and its slot release there is
     at most a barrier of its own warpgroup (``bar.sync N, 128``), never one of the whole CTA."""
     for name, r in compiled.items():
-        if name.startswith(("mar:", "last:")):
+        if name.startswith(("mar:", "last:", "swap:")):   # (the transposed form: its own test)
             continue
         wide = name in _WIDE   # two boxes: two wgmma groups a step, the previous pair waited for
         windows = list(_k_loop_windows(r["ptx"], 2 if wide else 1))
@@ -620,6 +624,29 @@ def test_64_row_tiles_compile_with_one_consumer(compiled):
         assert len(list(_k_loop_windows(ptx, 2 if len(boxes) == 2 else 1))) == 1, v
         for n in boxes:
             assert f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16" in ptx, (v, n)
+
+
+def test_transposed_form_compiles_with_transposed_stores(compiled):
+    """SWAP_C (the weight as A, y stored transposed): the consumers' tiles go to shared memory by
+    transposing stmatrix (the plain form's is not transposed), then TMA stores; one wgmma shape
+    per box, a K loop per consumer (two or four), no spills, within shared memory."""
+    plain = compiled["bf16-128x256-s3"]["ptx"]
+    assert "stmatrix.sync.aligned.m8n8.x4.shared.b16" in plain and ".trans.shared" not in plain
+    for v, consumers, boxes in (("bf16-swap-128x96", 2, (64, 32)), ("bf16-swap-256x96", 4, (64, 32)),
+                                ("bf16-swap-128x144-last-box", 2, (128, 16))):
+        r = compiled["swap:" + v]
+        assert r["ok"] and r["spill_bytes"] == 0 and r["fits"], (v, r.get("error"))
+        ptx = r["ptx"]
+        assert "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx, v
+        assert "stmatrix.sync.aligned.m8n8.x4.shared.b16" not in ptx, v
+        assert "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group" in ptx, v
+        for n in boxes:
+            assert f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16" in ptx, (v, n)
+        windows = list(_k_loop_windows(ptx, 2))
+        assert len(windows) == consumers, v
+        for w in windows:   # no CTA-wide barrier in a consumer's K step
+            bars = [x.strip() for x in w if re.search(r"\bbar(rier)?\.sync\b", x)]
+            assert all(re.fullmatch(r"bar\.sync\s+\d+,\s*128;", b) for b in bars), (v, bars)
 
 
 @pytest.mark.gpu
