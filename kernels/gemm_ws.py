@@ -65,6 +65,8 @@ if HAVE_GLUON:
         c1_desc: tma.tensor_descriptor         # N1 > 0: C's half-tile boxes of those columns
         a1_desc: tma.tensor_descriptor         # A_LAST > 0: A's boxes of A_LAST rows (the partial last tile row)
         a2_desc: tma.tensor_descriptor         # A_LAST2 > 0: the boxes of its next A_LAST2 rows
+        b2_desc: tma.tensor_descriptor         # B_LAST0 > 0: B's first box in the last tile column, B_LAST0 rows
+        b3_desc: tma.tensor_descriptor         # B_LAST1 > 0: its second box there, B_LAST1 rows
         a_bufs: gl.shared_memory_descriptor
         b_bufs: gl.shared_memory_descriptor   # STAGES slots (GLU: gate rows then up rows in each)
         b1_bufs: gl.shared_memory_descriptor  # N1 > 0: STAGES slots of the second box
@@ -84,11 +86,13 @@ if HAVE_GLUON:
         A_LAST2: gl.constexpr     # 0, or the rows of a2_desc's boxes
         DEAD_HALF: gl.constexpr   # a half tile past M frees its slots without a wgmma
         SWAP_C: gl.constexpr      # C is stored transposed: c_desc / c1_desc describe C^T (see gemm_ws_kernel)
+        B_LAST0: gl.constexpr     # 0, or the rows of b2_desc's boxes (see _loader)
+        B_LAST1: gl.constexpr     # 0 (the second box not loaded there), or the rows of b3_desc's boxes
 
         @gluon.constexpr_function
         def __init__(self, a_desc, b_desc, c_desc, peer_desc, b1_desc, c1_desc, a1_desc, a2_desc, a_bufs, b_bufs,
                      b1_bufs, ready, empty, scale, M, N, K, GROUP_M, GLU, ROW_SCALE, PEER_PUSH, N1, B_KMAJOR, A_LAST,
-                     A_LAST2, DEAD_HALF, SWAP_C=False):
+                     A_LAST2, DEAD_HALF, SWAP_C=False, b2_desc=None, b3_desc=None, B_LAST0=0, B_LAST1=0):
             self.a_desc, self.b_desc, self.c_desc, self.peer_desc = a_desc, b_desc, c_desc, peer_desc
             self.b1_desc, self.c1_desc, self.b1_bufs = b1_desc, c1_desc, b1_bufs
             self.a1_desc, self.a2_desc = a1_desc, a2_desc
@@ -98,6 +102,8 @@ if HAVE_GLUON:
             self.scale, self.M, self.N, self.K = scale, M, N, K
             self.GROUP_M, self.GLU, self.ROW_SCALE = gl.constexpr(GROUP_M), gl.constexpr(GLU), gl.constexpr(ROW_SCALE)
             self.SWAP_C = gl.constexpr(SWAP_C)
+            self.b2_desc, self.b3_desc = b2_desc, b3_desc
+            self.B_LAST0, self.B_LAST1 = gl.constexpr(B_LAST0), gl.constexpr(B_LAST1)
 
     @gluon.jit
     def _tile_of(t, NM, NN, GROUP_M: gl.constexpr):
@@ -214,6 +220,21 @@ if HAVE_GLUON:
         return acc, acc1, s
 
     @gluon.jit
+    def _load_b_tile(p, s, bar, off_n, kk):
+        """The loader's B boxes of one K step of the tile at column ``off_n`` into slot ``s``."""
+        BLOCK_K: gl.constexpr = p.a_desc.block_type.shape[1]
+        BLOCK_N: gl.constexpr = p.c_desc.block_type.shape[0] if p.SWAP_C else p.c_desc.block_type.shape[1]
+        if p.GLU:   # the gate's rows, then the up's (n further on), as one (2 BLOCK_N, BLOCK_K) slot
+            slot = p.b_bufs.index(s)
+            _load_b(p, off_n, kk * BLOCK_K, bar, slot.slice(0, BLOCK_N, dim=0))
+            _load_b(p, p.N + off_n, kk * BLOCK_K, bar, slot.slice(BLOCK_N, BLOCK_N, dim=0))
+        elif p.N1 > 0:   # the tile's two boxes: BLOCK_N columns, then N1
+            _load_box(p.b_desc, p.B_KMAJOR, off_n, kk * BLOCK_K, bar, p.b_bufs.index(s))
+            _load_box(p.b1_desc, p.B_KMAJOR, off_n + BLOCK_N, kk * BLOCK_K, bar, p.b1_bufs.index(s))
+        else:
+            _load_b(p, off_n, kk * BLOCK_K, bar, p.b_bufs.index(s))
+
+    @gluon.jit
     def _loader(p):
         """One warp: TMA loads of every (tile, K step) of this program, STAGES ahead of the wgmma."""
         BLOCK_M: gl.constexpr = p.a_desc.block_type.shape[0]
@@ -232,16 +253,25 @@ if HAVE_GLUON:
             off_m = tm * BLOCK_M
             off_n = tn * TILE_N
             for kk in range(k_steps):
-                bar, s = _stage_a_rows(p, it, off_m, kk, NBYTES)
-                if p.GLU:   # the gate's rows, then the up's (n further on), as one (2 BLOCK_N, BLOCK_K) slot
-                    slot = p.b_bufs.index(s)
-                    _load_b(p, off_n, kk * BLOCK_K, bar, slot.slice(0, BLOCK_N, dim=0))
-                    _load_b(p, p.N + off_n, kk * BLOCK_K, bar, slot.slice(BLOCK_N, BLOCK_N, dim=0))
-                elif p.N1 > 0:   # the tile's two boxes: BLOCK_N columns, then N1
-                    _load_box(p.b_desc, p.B_KMAJOR, off_n, kk * BLOCK_K, bar, p.b_bufs.index(s))
-                    _load_box(p.b1_desc, p.B_KMAJOR, off_n + BLOCK_N, kk * BLOCK_K, bar, p.b1_bufs.index(s))
+                if p.B_LAST0 > 0:
+                    if tn == NN - 1:
+                        # the last tile column, mostly past N: B's boxes of its own rows (B_LAST0,
+                        # B_LAST1) into the top of the slots; the rows below keep stale data, which
+                        # feeds only output columns past N (never stored), as A's last tile row
+                        LAST_BYTES: gl.constexpr = (p.a_desc.block_type.nbytes + p.b2_desc.block_type.nbytes
+                                                    + (p.b3_desc.block_type.nbytes if p.B_LAST1 > 0 else 0))
+                        bar, s = _stage_a_rows(p, it, off_m, kk, LAST_BYTES)
+                        _load_box(p.b2_desc, True, off_n, kk * BLOCK_K, bar,
+                                  p.b_bufs.index(s).slice(0, p.B_LAST0, dim=0))
+                        if p.B_LAST1 > 0:
+                            _load_box(p.b3_desc, True, off_n + BLOCK_N, kk * BLOCK_K, bar,
+                                      p.b1_bufs.index(s).slice(0, p.B_LAST1, dim=0))
+                    else:
+                        bar, s = _stage_a_rows(p, it, off_m, kk, NBYTES)
+                        _load_b_tile(p, s, bar, off_n, kk)
                 else:
-                    _load_b(p, off_n, kk * BLOCK_K, bar, p.b_bufs.index(s))
+                    bar, s = _stage_a_rows(p, it, off_m, kk, NBYTES)
+                    _load_b_tile(p, s, bar, off_n, kk)
                 it += 1
 
     @gluon.jit
@@ -369,11 +399,13 @@ if HAVE_GLUON:
         _consumer(p, 3)
 
     @gluon.jit(do_not_specialize=["M", "N", "K"])   # M == 1 stays a value (WsArgs holds tensors)
-    def gemm_ws_kernel(a_desc, b_desc, c_desc, peer_desc, b1_desc, c1_desc, a1_desc, a2_desc, scale, M, N, K,
+    def gemm_ws_kernel(a_desc, b_desc, c_desc, peer_desc, b1_desc, c1_desc, a1_desc, a2_desc, b2_desc, b3_desc,
+                       scale, M, N, K,
                        STAGES: gl.constexpr, GROUP_M: gl.constexpr, GLU: gl.constexpr, ROW_SCALE: gl.constexpr,
                        CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, PEER_PUSH: gl.constexpr = 0,
                        N1: gl.constexpr = 0, B_KMAJOR: gl.constexpr = True, A_LAST: gl.constexpr = 0,
-                       A_LAST2: gl.constexpr = 0, DEAD_HALF: gl.constexpr = True, SWAP_C: gl.constexpr = False):
+                       A_LAST2: gl.constexpr = 0, DEAD_HALF: gl.constexpr = True, SWAP_C: gl.constexpr = False,
+                       B_LAST0: gl.constexpr = 0, B_LAST1: gl.constexpr = 0):
         """C (M, N) = A (M, K) @ B (K, N), or (GLU) silu(A @ B[:, :N]) * (A @ B[:, N:]); launched
         with num_warps=4 (the first consumer warpgroup) and at most one program per SM. PEER_PUSH
         (a probe of the fused GEMM + all-reduce's traffic, scripts/ws_push_probe.py): each tile is
@@ -391,6 +423,9 @@ if HAVE_GLUON:
         A_LAST > 0 (the last tile row at most 3/4 full): that row's A boxes are ``a1_desc``'s, of
         A_LAST rows, and (A_LAST2 > 0) ``a2_desc``'s of the next A_LAST2 (otherwise both unread).
         DEAD_HALF: a consumer whose half tile lies wholly past M frees its slots, no wgmma.
+        B_LAST0 > 0 (the last tile column at most 3/4 full; B as (N, K) boxes): that column's B
+        comes in ``b2_desc``'s boxes of B_LAST0 rows and, where the tile has two boxes and its
+        second holds any of its columns, ``b3_desc``'s of B_LAST1 rows (otherwise both unread).
 
         SWAP_C (F.linear's y = x W^T with the weight as A): the kernel computes C^T = A @ B, its M
         the weight's rows and its N the tokens, and stores each tile transposed through c_desc
@@ -405,6 +440,10 @@ if HAVE_GLUON:
         gl.static_assert(N1 == 0 or (not GLU and PEER_PUSH == 0), "N1 > 0 is for the plain GEMM")
         gl.static_assert(A_LAST == 0 or a1_desc.block_type.shape[0] == A_LAST, "a1_desc's boxes are A_LAST rows")
         gl.static_assert(A_LAST2 == 0 or a2_desc.block_type.shape[0] == A_LAST2, "a2_desc's boxes are A_LAST2 rows")
+        gl.static_assert(B_LAST0 == 0 or (b2_desc.block_type.shape[0] == B_LAST0 and B_KMAJOR and not GLU),
+                         "b2_desc's boxes are B_LAST0 rows of an (N, K) B (the plain GEMM)")
+        gl.static_assert(B_LAST1 == 0 or (N1 > 0 and b3_desc.block_type.shape[0] == B_LAST1),
+                         "b3_desc's boxes are B_LAST1 rows of a two-box tile's second box")
         # GLU: a gate box and an up box per stage, stacked along N (B as (N, K) boxes only)
         gl.static_assert(not GLU or b_desc.block_type.shape[1] == a_desc.block_type.shape[1],
                          "the SwiGLU form takes B as the transpose of an (2n, K) weight")
@@ -431,7 +470,7 @@ if HAVE_GLUON:
             mbarrier.init(empty.index(i), count=CONSUMERS)   # one arrive per consumer warpgroup
         p = WsArgs(a_desc, b_desc, c_desc, peer_desc, b1_desc, c1_desc, a1_desc, a2_desc, a_bufs, b_bufs, b1_bufs,
                    ready, empty, scale, M, N, K, GROUP_M, GLU, ROW_SCALE, PEER_PUSH, N1, B_KMAJOR, A_LAST, A_LAST2,
-                   DEAD_HALF, SWAP_C)
+                   DEAD_HALF, SWAP_C, b2_desc, b3_desc, B_LAST0, B_LAST1)
         if CONSUMERS == 4:
             gl.warp_specialize([
                 (_consumer_lo, (p,)),

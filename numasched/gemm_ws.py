@@ -19,7 +19,7 @@ import torch
 
 __all__ = ["WsConfig", "WsGemmPlan", "supported", "descriptor_type", "host_descriptor", "descriptor_maker",
            "DeviceAddress", "DEFAULT_CONFIG", "wide_config", "split_config", "GLU_CONFIG", "STREAMK_CONFIG", "streamk_ranges", "split_parts",
-           "merge_bands", "last_box_rows"]
+           "merge_bands", "last_box_rows", "last_b_rows"]
 
 
 CONSUMER_ROWS = 64   # a consumer warpgroup's rows of a tile (wgmma's M), C's boxes
@@ -66,6 +66,24 @@ def last_box_rows(M: int, block_m: int = 128) -> Tuple[int, int]:
     if rem <= half:
         return max(16, 1 << (rem - 1).bit_length()), 0
     return half, max(16, 1 << (rem - half - 1).bit_length())
+
+
+def last_b_rows(N: int, block_n: int, block_n1: int = 0) -> Tuple[int, int]:
+    """The rows of B's boxes in the last tile column, where it is at most 3/4 full (B as (N, K)
+    boxes of ``block_n`` and ``block_n1`` rows, a tile of their sum): (R0, R1), R0 rows of the
+    first box and R1 of the second (0: not loaded), powers of two of at least 16; (0, 0) where
+    every box is whole (the column full or more than 3/4 so). As last_box_rows for A: a box
+    mostly past the tensor's last row is slow, and the transposed form's last tile along the
+    tokens is often one (300 tokens in tiles of 128: 44 in the last)."""
+    tile = block_n + block_n1
+    rem = N % tile
+    if rem == 0 or 4 * rem > 3 * tile:
+        return 0, 0
+    if rem <= block_n:
+        r0 = min(block_n, max(16, 1 << (rem - 1).bit_length()))
+        return (r0, 0) if r0 < block_n or block_n1 else (0, 0)
+    r1 = max(16, 1 << (rem - block_n - 1).bit_length())
+    return (block_n, r1) if r1 < block_n1 else (0, 0)
 
 
 def split_config(block_n: int, split: int, smem: int = 200 * 1024) -> WsConfig:
@@ -283,6 +301,10 @@ class WsGemmPlan:
         # A's last tile row in boxes of its own rows (options.gemm_ws_last_box)
         self.a_last = last_box_rows(self.M, cfg.block_m) if options.current().gemm_ws_last_box else (0, 0)
         self.dead_half = options.current().gemm_ws_dead_half
+        # B's last tile column in boxes of its own rows (options.gemm_ws_last_box; B as (N, K) boxes)
+        self.b_last = (last_b_rows(self.N, cfg.block_n, cfg.block_n1)
+                       if options.current().gemm_ws_last_box and self.b_kmajor and not cfg.glu and not cfg.streamk
+                       else (0, 0))
         tiles = -(-self.M // cfg.block_m) * -(-self.N // cfg.tile_n)
         sms = torch.cuda.get_device_properties(a.device).multi_processor_count
         self.num_programs = max(1, min(tiles, num_programs or sms))
@@ -359,7 +381,8 @@ class WsGemmPlan:
                                        CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=cfg.loader_regs,
                                        PEER_PUSH=self.peer_mode, N1=cfg.block_n1, B_KMAJOR=self.b_kmajor,
                                        A_LAST=self.a_last[0], A_LAST2=self.a_last[1],
-                                       DEAD_HALF=self.dead_half, SWAP_C=self.swap, num_warps=4, maxnreg=cfg.maxnreg),
+                                       DEAD_HALF=self.dead_half, SWAP_C=self.swap, B_LAST0=self.b_last[0],
+                                       B_LAST1=self.b_last[1], num_warps=4, maxnreg=cfg.maxnreg),
                                   device=a.device)
             self._fulls = {}
         run = self._launch
@@ -379,7 +402,7 @@ class WsGemmPlan:
         peer = c_d if self.peer is None else desc(DeviceAddress(self.peer, out.dtype), out.shape, out.stride(),
                                                   [CONSUMER_ROWS, 64 if self.peer_mode == 2 else cfg.block_n])
         b1_d, c1_d = self._descriptors(desc, a, b, out, cfg.block_n1)[1:] if cfg.block_n1 else (b_d, c_d)
-        args = (a_d, b_d, c_d, peer, b1_d, c1_d, *self._last_boxes(desc, a, a_d),
+        args = (a_d, b_d, c_d, peer, b1_d, c1_d, *self._last_boxes(desc, a, a_d), *self._last_b_boxes(desc, b, b_d),
                 scale.data_ptr() if fkey is not None else scale, self.M, self.N, self.K)
         run(*args)
         if fkey is not None and desc is HostDesc:
@@ -406,6 +429,15 @@ class WsGemmPlan:
         r1, r2 = self.a_last
         a1 = desc(a, a.shape, a.stride(), [r1, self.config.block_k]) if r1 else a_d
         return a1, (desc(a, a.shape, a.stride(), [r2, self.config.block_k]) if r2 else a1)
+
+    def _last_b_boxes(self, desc, b, b_d):
+        """B's descriptors of the last tile column's boxes (B_LAST0, B_LAST1 rows), B's own where unused."""
+        r0, r1 = self.b_last
+        if not r0:
+            return b_d, b_d
+        bt = b.t()
+        b2 = desc(bt, bt.shape, bt.stride(), [r0, self.config.block_k])
+        return b2, (desc(bt, bt.shape, bt.stride(), [r1, self.config.block_k]) if r1 else b2)
 
     def _run_streamk(self, a, b, out):
         from numasched._launch import Launch

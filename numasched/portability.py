@@ -440,7 +440,8 @@ def _gemm_ws_streamk(b_kmajor: bool = True, merge: int = 0, split: int = 0, a_la
 
 
 def _gemm_ws(block_n: int = 256, stages: int = 3, b_kmajor: bool = True, glu: bool = False, row_scale=False,
-             peer_push: int = 0, tile_n: int = 0, a_last=(0, 0), block_m: int = 128, swap: bool = False):
+             peer_push: int = 0, tile_n: int = 0, a_last=(0, 0), block_m: int = 128, swap: bool = False,
+             b_last=(0, 0)):
     def build(vendor):
         from numasched.gemm_ws import WsConfig, descriptor_type, wide_config
 
@@ -460,10 +461,12 @@ def _gemm_ws(block_n: int = 256, stages: int = 3, b_kmajor: bool = True, glu: bo
                       c1_desc=descriptor_type("bf16", c_box(n1)),
                       a1_desc=descriptor_type("bf16", [a_last[0] or cfg.block_m, cfg.block_k]),
                       a2_desc=descriptor_type("bf16", [a_last[1] or a_last[0] or cfg.block_m, cfg.block_k]),
+                      b2_desc=descriptor_type("bf16", [b_last[0] or cfg.block_n, cfg.block_k]),
+                      b3_desc=descriptor_type("bf16", [b_last[1] or b_last[0] or cfg.block_n, cfg.block_k]),
                       scale="*fp32", M=8192, N=8192, K=8192, STAGES=cfg.stages, GROUP_M=cfg.group_m,
                       GLU=glu, ROW_SCALE=row_scale, PEER_PUSH=int(peer_push), N1=cfg.block_n1, B_KMAJOR=b_kmajor,
                       CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=cfg.loader_regs, A_LAST=a_last[0],
-                      A_LAST2=a_last[1], SWAP_C=swap)
+                      A_LAST2=a_last[1], SWAP_C=swap, B_LAST0=b_last[0], B_LAST1=b_last[1])
         return gemm_ws_kernel, values, 4, 1, dict(maxnreg=cfg.maxnreg)
     return build
 
@@ -816,6 +819,10 @@ VARIANTS: List[Variant] = [
             note="SWAP_C, four consumer warpgroups: 256 weight rows by 96 tokens"),
     Variant("gemm_ws", "bf16-swap-128x144-last-box", _gemm_ws(tile_n=144, swap=True, a_last=(64, 16)),
             off={"amd": _GLUON_OFF}, note="SWAP_C with the weight's last tile row in short boxes"),
+    Variant("gemm_ws", "bf16-swap-128x144-last-b", _gemm_ws(tile_n=144, swap=True, b_last=(128, 16)),
+            off={"amd": _GLUON_OFF}, note="SWAP_C with the tokens' last tile in short boxes (both boxes)"),
+    Variant("gemm_ws", "bf16-swap-128x128-last-b", _gemm_ws(tile_n=128, swap=True, b_last=(64, 0)),
+            off={"amd": _GLUON_OFF}, note="SWAP_C, one box, the tokens' last tile in a box of 64 rows"),
     Variant("gemm_ws", "bf16-128x256-s3-peer-push", _gemm_ws(peer_push=1), off={"amd": _GLUON_OFF},
             note="a probe: every tile also TMA-stored into a peer GPU's twin of C"),
     Variant("gemm_ws", "bf16-128x256-s3-peer-paced", _gemm_ws(peer_push=2), off={"amd": _GLUON_OFF},

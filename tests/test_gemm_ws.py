@@ -33,7 +33,8 @@ for v in ("bf16-128x160-wide-last-box", "bf16-glu-128x128-s4-last-box", "bf16-12
     r = P.compile_variant("gemm_ws", v, "sm90", keep_asm=True)
     r["ptx"] = "\n".join(" ".join(l.split()) for l in r.pop("asm", {}).get("ptx", "").splitlines())
     rows["last:" + v] = r
-for v in ("bf16-swap-128x96", "bf16-swap-256x96", "bf16-swap-128x144-last-box"):
+for v in ("bf16-swap-128x96", "bf16-swap-256x96", "bf16-swap-128x144-last-box", "bf16-swap-128x144-last-b",
+          "bf16-swap-128x128-last-b"):
     r = P.compile_variant("gemm_ws", v, "sm90", keep_asm=True)
     r["ptx"] = "\n".join(" ".join(l.split()) for l in r.pop("asm", {}).get("ptx", "").splitlines())
     rows["swap:" + v] = r
@@ -629,11 +630,13 @@ def test_64_row_tiles_compile_with_one_consumer(compiled):
 def test_transposed_form_compiles_with_transposed_stores(compiled):
     """SWAP_C (the weight as A, y stored transposed): the consumers' tiles go to shared memory by
     transposing stmatrix (the plain form's is not transposed), then TMA stores; one wgmma shape
-    per box, a K loop per consumer (two or four), no spills, within shared memory."""
+    per box, a K loop per consumer (two or four), no spills, within shared memory; with B's last
+    tile column in short boxes (B_LAST0/1) too (their bits: test_last_b_box_gives_the_bits_of_full_boxes)."""
     plain = compiled["bf16-128x256-s3"]["ptx"]
     assert "stmatrix.sync.aligned.m8n8.x4.shared.b16" in plain and ".trans.shared" not in plain
     for v, consumers, boxes in (("bf16-swap-128x96", 2, (64, 32)), ("bf16-swap-256x96", 4, (64, 32)),
-                                ("bf16-swap-128x144-last-box", 2, (128, 16))):
+                                ("bf16-swap-128x144-last-box", 2, (128, 16)), ("bf16-swap-128x144-last-b", 2, (128, 16)),
+                                ("bf16-swap-128x128-last-b", 2, (128,))):
         r = compiled["swap:" + v]
         assert r["ok"] and r["spill_bytes"] == 0 and r["fits"], (v, r.get("error"))
         ptx = r["ptx"]
@@ -642,7 +645,7 @@ def test_transposed_form_compiles_with_transposed_stores(compiled):
         assert "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group" in ptx, v
         for n in boxes:
             assert f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16" in ptx, (v, n)
-        windows = list(_k_loop_windows(ptx, 2))
+        windows = list(_k_loop_windows(ptx, len(boxes)))
         assert len(windows) == consumers, v
         for w in windows:   # no CTA-wide barrier in a consumer's K step
             bars = [x.strip() for x in w if re.search(r"\bbar(rier)?\.sync\b", x)]
@@ -679,6 +682,58 @@ def test_last_box_gives_the_bits_of_full_boxes(M, form):
     ref = torch.nn.functional.silu(gu[:, :N]) * gu[:, N:] if form == "glu" else gu
     assert _rel(outs[0], ref) < 1e-2
     assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("swap", [True, False])
+@pytest.mark.parametrize("tile_n", [128, 144, 96, 160])
+@pytest.mark.parametrize("cols", [300, 1000, 44, 1104])
+def test_last_b_box_gives_the_bits_of_full_boxes(cols, tile_n, swap):
+    """B's last tile column in short boxes (gemm_ws.last_b_rows, options.gemm_ws_last_box) against
+    whole boxes: the same bits, the float64 reference, twice (stale shared memory); ``cols`` are
+    the kernel's N: the tokens of the transposed form, the weight's rows of the plain one."""
+    from numasched import options
+    from numasched.gemm_ws import last_b_rows
+
+    other, K = 520, 1000
+    M, N = (cols, other) if swap else (other, cols)
+    torch.manual_seed(cols + tile_n)
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K ** 0.5
+    cfg = wide_config(tile_n, swap=swap)
+    a, b = (w, x.t()) if swap else (x, w.t())
+    outs = []
+    for last in (True, False):
+        with options.use(gemm_ws_last_box=last):
+            out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+            plan = WsGemmPlan(a, b, out, config=cfg)
+            assert plan.b_last == (last_b_rows(cols, cfg.block_n, cfg.block_n1) if last else (0, 0))
+            for _ in range(2):
+                out.fill_(float("nan"))
+                plan.run(a, b, out)
+            outs.append(out)
+    assert _rel(outs[0], x.double() @ w.double().t()) < 1e-2
+    assert torch.equal(outs[0], outs[1])
+
+
+def test_last_b_rows_only_where_the_last_tile_column_is_at_most_three_quarters_full():
+    from numasched.gemm_ws import last_b_rows
+
+    for n0, n1 in [(128, 0), (256, 0), (64, 16), (64, 32), (128, 16), (128, 32), (128, 64)]:
+        tile = n0 + n1
+        for N in range(1, 3 * tile + 1):
+            r0, r1 = last_b_rows(N, n0, n1)
+            rem = N % tile
+            if r0 == 0:
+                assert rem == 0 or 4 * rem > 3 * tile or (n1 == 0 and rem > n0 // 2) or (rem > n0 and
+                                                                                       rem - n0 > n1 // 2), (N, n0, n1)
+                continue
+            assert r0 <= n0 and r1 <= n1 and r0 >= 16 and (r1 == 0 or r1 >= 16)
+            assert r0 & (r0 - 1) == 0 and r1 & (r1 - 1) == 0
+            assert (r0 if r1 == 0 else n0 + r1) >= rem              # the boxes cover the column's rows
+            assert r0 + r1 < tile                                    # and load fewer than whole boxes
+            assert r1 == 0 or r0 == n0
 
 
 def test_split_config_fits_and_refuses_other_widths():
