@@ -301,10 +301,12 @@ class WsGemmPlan:
         # A's last tile row in boxes of its own rows (options.gemm_ws_last_box)
         self.a_last = last_box_rows(self.M, cfg.block_m) if options.current().gemm_ws_last_box else (0, 0)
         self.dead_half = options.current().gemm_ws_dead_half
-        # B's last tile column in boxes of its own rows (options.gemm_ws_last_box; B as (N, K) boxes)
+        # the transposed form's last token tile in boxes of its own rows (options.gemm_ws_last_box):
+        # swap 128 x 128 at 300 tokens (44 in the last tile) 113.7 -> 88.3 us, 128 x 256 at 551
+        # 431 -> 334 on an H100; the plain form's last weight tile showed no gain (bench/results/
+        # gemm-s43/h100-last-b), so it keeps whole boxes
         self.b_last = (last_b_rows(self.N, cfg.block_n, cfg.block_n1)
-                       if options.current().gemm_ws_last_box and self.b_kmajor and not cfg.glu and not cfg.streamk
-                       else (0, 0))
+                       if options.current().gemm_ws_last_box and self.swap else (0, 0))
         tiles = -(-self.M // cfg.block_m) * -(-self.N // cfg.tile_n)
         sms = torch.cuda.get_device_properties(a.device).multi_processor_count
         self.num_programs = max(1, min(tiles, num_programs or sms))
