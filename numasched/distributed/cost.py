@@ -123,7 +123,7 @@ def gemm_s(M: int, N: int, K: int, dtype) -> float:
     return choose(max(M, 1), max(N, 1), max(K, 1), dtype).est_s
 
 
-# The schedule model ranks schedules; its absolute times run high from a few hundred rows (on
+# (fp32, see gemm_time_s) The schedule model ranks schedules; its absolute times run high from a few hundred rows (on
 # the inference grid of two H200 runs, bench/results/gemm-s14-full/, the geomean of estimate /
 # measured per M: 0.90 at 128, 1.19 at 256, 1.28 at 512, 1.32 at 1024, 1.37 at 4096), and cuBLAS
 # runs those sizes faster than numasched (cuBLAS time / numasched's: 0.90 at M = 128-256, 0.88 at
@@ -149,11 +149,29 @@ def _log_interp(x: int, table: dict) -> float:
     return table[xs[-1]]
 
 
+# 16-bit GEMMs are priced with the chooser as it runs them on Hopper (the warp-specialised kernel
+# among the candidates, its model fitted to measured times): on the inference grid (H200,
+# bench/results/gemm-s42/grid; H100, gemm-s40/h100-grid9) that estimate over the measured cuBLAS
+# time is 0.93-1.06 up to 2048 rows and 0.87-0.91 from 4096 (geomean per M, both GPUs), and cuBLAS
+# and numasched's times are within 3 % of each other at every M, so both engines get the same
+# time. The Triton-only estimate the tables above correct ran 1.5x (H200) to 1.95x (H100) the
+# measured times from 256 rows, the tables 1.34-1.46: on two H100s the reduce-scatter's cuBLAS
+# GEMM was priced 25 % high at 1024-1536 rows (bench/results/tp2-s42/call3) and "auto" took the
+# fused kernel at Llama-3-8B down 1536 rows (0.943-0.950 of torch symm_mem).
+EST_WS_OVER_MEASURED = {64: 1.0, 128: 0.95, 256: 0.97, 512: 0.95, 1024: 0.98, 4096: 0.91, 16384: 0.87}
+
+
 def gemm_time_s(M: int, N: int, K: int, dtype, engine: str = "numasched") -> float:
     """Expected seconds of an (M, K) x (K, N) GEMM run by ``engine`` ("numasched" or "torch",
-    i.e. cuBLAS): :func:`gemm_s` corrected by the measured ratios above."""
+    i.e. cuBLAS): 16-bit, the chooser's estimate with the warp-specialised kernel over
+    EST_WS_OVER_MEASURED; otherwise :func:`gemm_s` corrected by the measured ratios above."""
     if engine not in ("numasched", "torch"):
         raise ValueError(f"engine must be 'numasched' or 'torch', got {engine!r}")
+    if _elt(dtype) == 2:
+        from numasched.gemm_schedule import choose
+
+        est = choose(max(M, 1), max(N, 1), max(K, 1), dtype, ws=True, splitk_tma=True, tail=True).est_s
+        return est / _log_interp(M, EST_WS_OVER_MEASURED)
     t = gemm_s(M, N, K, dtype) / _log_interp(M, EST_OVER_MEASURED)
     return t * _log_interp(M, CUBLAS_OVER_NUMASCHED) if engine == "torch" else t
 
@@ -374,7 +392,11 @@ def two_kernel_gemm_s(M: int, N: int, K: int, dtype, world: int, engine: str = "
 # the four-rank floors (no 8-GPU machine has been measured: an extrapolation, as link_for's).
 SYMM_MEM_MIN_US = {2: {"all_gather_matmul": 33.0, "matmul_reduce_scatter": 64.0},
                    4: {"all_gather_matmul": 54.0, "matmul_reduce_scatter": 92.0}}
-SYMM_MEM_OVER_US = {"all_gather_matmul": 25.0, "matmul_reduce_scatter": 20.0}
+SYMM_MEM_OVER_US = {"all_gather_matmul": 25.0, "matmul_reduce_scatter": 24.0}
+# (the reduce-scatter's 24 us since gemm_time_s prices 16-bit GEMMs by the WS-aware estimate, 20
+# before: its cuBLAS GEMM 15 % closer to the measured at 1024-1536 rows, the tail takes that share;
+# over the two H100s' recordings of the current fused kernel, tp2-s42/call3 coll, rs1 and rs2, the
+# pick is within 1 % of the best at 24 of 24 points, 20 with the former pricing)
 # The reduce-scatter's tail grows with the bytes each rank receives: on two H100s and two H200s
 # (bench/results/tp2-s28a/rsws*-tp2-h100.log, tp2-s26b/rs-flat1-tp2-h200.log, Llama-3-8B down and
 # Qwen3-32B o at 1024-16384 rows) its time less the model's cuBLAS GEMM is 21-28 us at 4-10 MB,
