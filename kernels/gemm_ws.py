@@ -29,6 +29,10 @@ edges need no masks: TMA zero-fills the loads outside the tensor and clips the s
 Tiles are walked persistently (one program per SM) in grouped order: GROUP_M tile rows share the
 B columns of a tile column while they are in L2.
 
+``SWAP_C`` runs F.linear's y = x W^T transposed: the weight is the kernel's A, the tokens its N,
+and each consumer stores its tile through a transposing ``stmatrix`` into y's own layout, so a
+tile's side along the tokens can be any width of two boxes (cuBLAS's ``_TNT`` kernels do the same).
+
 Gluon has no interpreter: the CPU suite compiles this kernel for sm_90 offline and checks its
 structure (tests/test_gemm_ws.py); correctness and speed come from the GPU tests and
 ``scripts/gemm_ws_probe.py``.

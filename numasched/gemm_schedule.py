@@ -543,8 +543,16 @@ def candidates(M: int, N: int, K: int, elt: int, machine: Machine, *, splitk_onl
 # A, the tokens as its N, y stored transposed (kernels/gemm_ws.py SWAP_C). A tile is WS_SWAP_ROWS
 # weight rows (64 per consumer warpgroup; a box's rows are a power of two) by one of WS_TILE_NS
 # tokens, so M is cut in widths of 16 where the plain form cuts it in 64 or 128 rows (271 tokens:
-# three tiles of 96 instead of three of 128), as cuBLAS's ..._TNT kernels do. Weighed from
-# WS_SWAP_MIN_ROWS tokens by the WS model with M and N exchanged.
+# three tiles of 96 instead of three of 128), as cuBLAS's ..._TNT kernels do. Weighed by the WS
+# model with M and N exchanged, under rules from the H100 timings of bench/results/gemm-s43/ (116
+# points: h100-swap-*, h100-fresh2-*): 128 weight rows (the 256-row tiles, four consumer
+# warpgroups, ran 1.25-1.34x the model's time); from WS_SWAP_MIN_ROWS tokens and K >= WS_FILL_MIN_K
+# (at 128 tokens it is the plain 128-row tile the chooser leaves out there; 229 x 4144 x 1256 lost
+# 11.3 -> 13.1 us); tiles filling WS_SWAP_FILL of the SMs (190 x 1936 x 1912, 48 tiles: 13.8
+# against 8.9); the last token tile WS_SWAP_LAST_MIN_FILL full (300 tokens in tiles of 128: 116.6
+# against 79.5 us); and WS_SWAP_MARGIN ahead of the best plain estimate. Checked on 24 shapes it
+# had not seen, where these rules change the pick (h100-check): 1.22x faster (geomean), 23 of 24
+# by more than 3 %.
 WS_SWAP_ROWS = (128,)
 WS_SWAP_MIN_ROWS = 129
 WS_SWAP_LAST_MIN_FILL = 0.85
