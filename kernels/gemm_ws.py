@@ -461,11 +461,11 @@ if HAVE_GLUON:
             b1_bufs = b_bufs
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        # one consumer warpgroup per 64 rows of the tile: 64 to 256 rows
+        # one consumer warpgroup per 64 rows of the tile (a box's rows are a power of two: 64, 128, 256)
         CONSUMERS: gl.constexpr = a_desc.block_type.shape[0] // 64
-        gl.static_assert(a_desc.block_type.shape[0] % 64 == 0 and 1 <= CONSUMERS and CONSUMERS <= 4,
-                         "tiles of 64, 128, 192 or 256 rows")
-        gl.static_assert(CONSUMERS <= 2 or (not GLU and PEER_PUSH == 0), "192- and 256-row tiles: the plain GEMM")
+        gl.static_assert(a_desc.block_type.shape[0] % 64 == 0 and (CONSUMERS == 1 or CONSUMERS == 2 or CONSUMERS == 4),
+                         "tiles of 64, 128 or 256 rows")
+        gl.static_assert(CONSUMERS <= 2 or (not GLU and PEER_PUSH == 0), "256-row tiles: the plain GEMM")
         gl.static_assert(not SWAP_C or (not GLU and PEER_PUSH == 0 and B_KMAJOR),
                          "SWAP_C: the plain GEMM, B as the transpose of an (N, K) operand")
         gl.static_assert(c_desc.block_type.shape[1 if SWAP_C else 0] == 64, "C's boxes hold a consumer's 64 rows")
@@ -483,13 +483,6 @@ if HAVE_GLUON:
                 (_consumer_3, (p,)),
                 (_loader, (p,)),
             ], [4, 4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
-        elif CONSUMERS == 3:
-            gl.warp_specialize([
-                (_consumer_lo, (p,)),
-                (_consumer_hi, (p,)),
-                (_consumer_2, (p,)),
-                (_loader, (p,)),
-            ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
         elif CONSUMERS == 2:
             gl.warp_specialize([
                 (_consumer_lo, (p,)),
