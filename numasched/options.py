@@ -230,7 +230,8 @@ class Options:
             along the tokens is 80-256 wide instead of 64 or 128 rows) where b is an F.linear
             weight's transpose. See gemm_schedule.WS_SWAP_*. On by default: at 24 shapes of
             129-944 rows where it changes the H100 pick (drawn from 4000 random ones), the pick
-            ran 1.02-1.69x faster, geomean 1.22x (bench/results/gemm-s43/h100-check).
+            ran 1.02-1.69x faster, geomean 1.22x (bench/results/gemm-s43/h100-check); on an
+            H200 1.135x at the 16 where its model changes the pick, one 10 % slower (h200-check).
     """
 
     autotune: bool = True
