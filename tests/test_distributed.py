@@ -1914,9 +1914,12 @@ def test_gemm_collective_choice_against_recorded_times(csv_path, world, ws, rs_r
 
 @pytest.mark.parametrize("csv_path,points,good", [
     ("tp2-s28b/rswsdef/collectives-2xh100-2026-11-27.csv", 11, 10),
-    ("tp2-s28e/rswsdef/collectives-2xh100-2026-11-27.csv", 18, 17),
-    ("tp2-s29d/rswsdef/collectives-2xh100-2026-11-27.csv", 8, 6),
-    ("tp2-s30a/rswsdef/collectives-2xh100-2026-11-27.csv", 5, 4)])
+    ("tp2-s28e/rswsdef/collectives-2xh100-2026-11-27.csv", 18, 18),
+    ("tp2-s29d/rswsdef/collectives-2xh100-2026-11-27.csv", 8, 8),
+    ("tp2-s30a/rswsdef/collectives-2xh100-2026-11-27.csv", 5, 4),
+    # rows off those (640-3072), where one part-empty round of tiles once priced the fused kernel
+    # 10-20 % high (cost.fused_matmul_all_reduce_s's rs_busy_factor): 7 of 8 within 1 %, 0.970 at worst
+    ("tp2-s43/coll-offrows/coll/collectives-2xh100-2026-11-27.csv", 8, 7)])
 def test_matmul_all_reduce_choice_against_recorded_times(csv_path, points, good):
     """plan_matmul_all_reduce's pick (fused or the two-kernel path the plan would run), against
     the times recorded on two H100s with the WS defaults (bench collectives, Llama-3-8B and

@@ -314,6 +314,11 @@ def _rounds(units: int, programs: int) -> int:
 # 5120 x 12800); the form above picked the two-kernel path where the fused kernel was 1.27x faster
 # (6144 x 5120 x 4096): 0.785 of the faster path at worst, 12 points below 0.99.
 FUSED_AR2_EXPOSED = {"ws": 0.3, "pairs": 0.6, "single": 0.9}
+# One round of tiles on part of the SMs (80-100 tiles at 640 rows of Llama-3-8B o and Qwen3-32B
+# o / down) runs faster per tile, as the reduce-scatter's does (RS_IDLE_SM_GAIN): without that
+# factor the model priced the fused kernel 10-20 % high there and ran the two-kernel path at 0.93-0.97
+# of it (bench/results/tp2-s43/coll-offrows); with it every recorded pick of the matmul_all_reduce
+# cases is within 1 % of the faster path but one (0.970), where 5 of 8 were at 640-3072 rows.
 # The one regime where that fails: a GEMM of milliseconds. At 16384 x 5120 x 12800 (3.1 ms of
 # cuBLAS GEMM) the fused kernel ran 3807 / 3888 us (WS) and 3952 / 4188 (Triton pairs) against
 # 3573-3582 for cuBLAS + the two-shot (tp2-s28a/b/e; tp2-s23-b: 3547 against 3482): its GEMM at
@@ -368,6 +373,8 @@ def fused_matmul_all_reduce_s(M: int, N: int, K: int, dtype, world: int, num_sms
         g = gemm_time_s(M, N, K, dtype, "torch") * (FUSED_AR2_NARROW_OVER if width < FUSED_AR_TILE[1] else 1.0)
         if g > FUSED_AR2_LONG_S:
             g *= FUSED_AR2_LONG_OVER
+        if units == 1:   # one part-empty round: its busy SMs run faster, as the reduce-scatter's (rs_busy_factor)
+            g *= rs_busy_factor(tiles, num_sms)
         return g / wave_eff + share * pushed / L.push_bw + L.flag_us * 1e-6
     waves = -(-tiles // max(1, num_sms))
     wave_eff = tiles / (waves * max(1, num_sms))
