@@ -29,6 +29,7 @@ fixed costs of a call of that size included), chooser time / best time, relative
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 
 M_GRID = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096]
@@ -80,6 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ws", type=ws_forms, default=[], metavar="FORMS",
                    help="also time the warp-specialised Gluon GEMM's forms at every point (Hopper; comma-separated "
                         f"of {', '.join(WS_FORMS)}): columns ws_FORM_us, checked like the schedules")
+    p.add_argument("--prepared-weight", action="store_true",
+                   help="numasched reads weights made once by numasched.prepare_weight (rows on whole lines); "
+                        "cuBLAS is timed on the weights as given (cublas_us, the ratio's) and on the prepared "
+                        "ones (cublas_prepared_us)")
     p.add_argument("--dry-run", action="store_true", help="print the points and contenders and exit (no GPU needed)")
     return p
 
@@ -166,10 +171,12 @@ def _compile_one(task) -> str:
     import numasched
     from numasched.gemm_schedule import Schedule
 
-    m, n, k, fields = task
+    m, n, k, fields, prepared = task
     try:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        if prepared:
+            w = numasched.prepare_weight(w)
         numasched.plan_matmul(x, w.T, schedule=Schedule(**fields)).run(x, w.T)
         torch.cuda.synchronize()
         return ""
@@ -177,7 +184,7 @@ def _compile_one(task) -> str:
         return f"{m}x{n}x{k} {fields}: {type(e).__name__}: {str(e)[:200]}"
 
 
-def precompile(points, top: int, workers: int, machine, extra=()) -> None:
+def precompile(points, top: int, workers: int, machine, extra=(), prepared: bool = False) -> None:
     """Compile, in ``workers`` processes, every kernel variant the timed pass will launch (one task
     per distinct schedule and operand alignment)."""
     import dataclasses
@@ -195,6 +202,8 @@ def precompile(points, top: int, workers: int, machine, extra=()) -> None:
     for _, _, m, n, k in points:
         x = torch.empty(m, k, device="cuda", dtype=torch.bfloat16)
         w = torch.empty(n, k, device="cuda", dtype=torch.bfloat16)
+        if prepared:
+            w = numasched.prepare_weight(w)
         tma = _tma_ok(x, w)
         chosen = numasched.plan_matmul(x, w.T).schedule
         del x, w
@@ -203,7 +212,7 @@ def precompile(points, top: int, workers: int, machine, extra=()) -> None:
             if key not in seen:
                 seen.add(key)
                 fields = {f.name: getattr(s, f.name) for f in dataclasses.fields(s) if f.name != "est_s"}
-                tasks.append((m, n, k, fields))
+                tasks.append((m, n, k, fields, prepared))
     errs = []
     # a worker that dies (a compiler abort, a fault) breaks the pool instead of hanging it; the
     # timed pass then compiles what is left on first use
@@ -289,17 +298,19 @@ def main(argv=None) -> int:
     l2 = torch.cuda.get_device_properties(dev).L2_cache_size
     rows, log, reads = [], [], {}
     if args.precompile:
-        precompile(points, args.top, args.precompile, machine, args.extra)
+        precompile(points, args.top, args.precompile, machine, args.extra, args.prepared_weight)
     for model, proj, m, n, k in progress(points, "gemm_inference"):
         torch.manual_seed(0)
         w_bytes = n * k * 2
         copies = max(2, min(64, math.ceil(2 * l2 / w_bytes)))
         x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
-        ws = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) for _ in range(copies)]
+        raw = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) for _ in range(copies)]
+        # what numasched reads: the weights as given, or made once by prepare_weight
+        ws = [numasched.prepare_weight(w) for w in raw] if args.prepared_weight else raw
         outs = [torch.empty(m, n, device=dev, dtype=torch.bfloat16) for _ in range(copies)]
         ref = torch.matmul(x, ws[0].T)
-        def cublas_call(i):
-            torch.matmul(x, ws[i].T, out=outs[i])
+        def cublas_call(i, w=raw):
+            torch.matmul(x, w[i].T, out=outs[i])
 
         cublas = graph_us(cublas_call, copies, args.calls)
         # what numasched.matmul itself runs (the plan's own choice: it knows whether TMA can
@@ -350,6 +361,11 @@ def main(argv=None) -> int:
             if kk in calls and math.isfinite(tried[kk][0]):
                 tried[kk] = (min(tried[kk][0], graph_us(calls[kk], copies, args.calls)), tried[kk][1])
         cublas = min(cublas, graph_us(cublas_call, copies, args.calls))
+        cublas_prepared = ours_raw = None
+        if args.prepared_weight:   # cuBLAS on the prepared weights; numasched's own pick on the raw ones
+            cublas_prepared = graph_us(functools.partial(cublas_call, w=ws), copies, args.calls)
+            own_raw = numasched.plan_matmul(x, raw[0].T, outs[0])
+            ours_raw = graph_us(lambda i: own_raw._run(x, raw[i].T, outs[i]), copies, args.calls)
         if m <= 16 and (n, k) not in reads:   # the limit of reading W once in this setting
             reads[(n, k)] = read_graph_us(ws, args.calls, graph_us)
         ws_times = _time_ws(args.ws, x, ws, outs, ref, copies, args.calls, graph_us, log, f"{model} {proj} M={m}")
@@ -366,13 +382,19 @@ def main(argv=None) -> int:
                    rel_err=None if err is None else float(f"{err:.2e}"),
                    # every timed schedule (us; the model's estimate), for fitting the model
                    timed=";".join(f"{kk}={v[0]:.2f}/{v[1] * 1e6:.2f}" for kk, v in tried.items()))
+        if cublas_prepared is not None:
+            row["cublas_prepared_us"] = round(cublas_prepared, 2)
+            row["ours_raw_us"] = round(ours_raw, 2)
+            row["raw_chooser"] = own_raw.schedule.describe() if own_raw.schedule is not None else own_raw.kernel
+            row["prepared_speedup"] = round(ours_raw / ours, 3) if ours > 0 else None
+            row["ratio_vs_cublas_prepared"] = round(cublas_prepared / ours, 3) if ours > 0 else None
         for form, t in ws_times.items():
             row[f"ws_{form}_us"] = round(t, 2) if math.isfinite(t) else None
         if ws_times:
             fastest = min([ours] + [t for t in ws_times.values() if math.isfinite(t)])
             row["ratio_with_ws"] = round(cublas / fastest, 3)
         rows.append(row)
-        del ws, outs
+        del ws, raw, outs
         torch.cuda.empty_cache()
     ratios = [r["ratio"] for r in rows if r["ratio"]] or [float("nan")]
     within = [r for r in rows if r["chooser_vs_best"] and r["chooser_vs_best"] <= 1.05]
@@ -385,6 +407,14 @@ def main(argv=None) -> int:
         g = math.exp(sum(math.log(x) for x in with_ws) / len(with_ws))
         summary += (f"; with the WS forms ({','.join(args.ws)}) where faster: min {min(with_ws):.3f}, geomean "
                     f"{g:.3f}, points >= 0.95: {sum(r >= 0.95 for r in with_ws)}/{len(with_ws)}")
+    prep = [r["ratio_vs_cublas_prepared"] for r in rows if r.get("ratio_vs_cublas_prepared")]
+    if prep:
+        g = math.exp(sum(math.log(x) for x in prep) / len(prep))
+        sp = [r["prepared_speedup"] for r in rows if r.get("prepared_speedup")]
+        gs = math.exp(sum(math.log(x) for x in sp) / len(sp))
+        summary += (f"; prepared weights, cuBLAS on them too: min {min(prep):.3f}, geomean {g:.3f}, points >= 0.95: "
+                    f"{sum(r >= 0.95 for r in prep)}/{len(prep)}; numasched raw / prepared: geomean {gs:.3f}, "
+                    f"min {min(sp):.3f}, max {max(sp):.3f}")
     if stream:
         fr = [r["stream_frac"] for r in rows if r["stream_frac"]]
         if fr:

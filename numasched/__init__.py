@@ -8,6 +8,7 @@ Every operation has one shape: a pure check, a frozen plan from a public plannin
     numasched.scaled_dot_product_attention(q, k, v, ...)      (torch's signature)
     numasched.attention_forward(q, k, v, ...)                 plan_attention(...).run(...)
     numasched.matmul(a, b, ...)                               plan_matmul(...).run(...)
+    (a weight whose rows straddle cache lines)                prepare_weight(w) once, then matmul(x, w.T)
     numasched.matmul_swiglu(x, w_gate_up.T)                   plan_matmul_swiglu(...).run(...)
     numasched.swiglu(gate_up)                                 plan_swiglu(...).run(...)
     numasched.qkv_rope_cache(qkv, cos, sin, k_cache, ...)     plan_qkv_rope_cache(...).run(...)
@@ -38,6 +39,7 @@ _LAZY = {
     "matmul": "numasched.gemm",
     "plan_matmul": "numasched.gemm",
     "GemmPlan": "numasched.gemm",
+    "prepare_weight": "numasched.gemm",
     "matmul_swiglu": "numasched.gemm_glu",
     "plan_matmul_swiglu": "numasched.gemm_glu",
     "swiglu": "numasched.gemm_glu",

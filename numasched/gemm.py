@@ -245,15 +245,21 @@ def _row_copy_launch(a: torch.Tensor, kp: int, interp: bool, options: _options.O
                   device=a.device, interpret=interp, options=options)
 
 
-def _align_a_wanted(a: torch.Tensor, M: int, N: int, K: int, options: _options.Options, interp: bool) -> int:
+def _align_a_wanted(a: torch.Tensor, b: torch.Tensor, M: int, N: int, K: int, options: _options.Options,
+                    interp: bool) -> int:
     """The row length (elements) A is copied to before the kernel (options.gemm_align_a), or 0."""
     es = a.element_size()
-    # A's own rows already whole lines (e.g. a K-slice of a wider, aligned buffer): nothing to do;
-    # K not a multiple of 16 bytes: W's rows are misaligned too (no TMA), out of this rule's reach
-    if options.gemm_align_a is False or a.stride(1) != 1 or M < 2 or (a.stride(0) * es) % 128 == 0 \
-            or (K * es) % 16:
+    # A's own rows already whole lines (e.g. a K-slice of a wider, aligned buffer): nothing to do
+    if options.gemm_align_a is False or a.stride(1) != 1 or (a.stride(0) * es) % 128 == 0:
         return 0
-    if options.gemm_align_a is None and (interp or not _sched.align_a_pays(M, K, es, lead=a.stride(0))):
+    if (K * es) % 16:
+        # K not a multiple of 16 bytes: only where W's rows are 16-byte strided (prepare_weight's
+        # weight, read through TMA over the logical K); then A's copy is what gives TMA at all,
+        # at any M (without it both operands go through element-wise loads), a GPU only
+        if tma_view(a) is not None or tma_view(b) is None or b.stride(0) != 1 or (interp and not options.gemm_align_a):
+            return 0
+    elif M < 2 or (options.gemm_align_a is None
+                   and (interp or not _sched.align_a_pays(M, K, es, lead=a.stride(0)))):
         return 0
     return -(-K * es // 128) * 128 // es
 
@@ -285,8 +291,9 @@ def _pad_k_wanted(a: torch.Tensor, b: torch.Tensor, M: int, N: int, K: int, opti
     # kernel pads rows, and a (K, N) B would need zero rows instead
     if options.gemm_pad_k is False or (K * es) % 16 == 0 or a.stride(1) != 1 or b.stride(0) != 1:
         return 0
-    # both rows already 16-byte strided (K-slices of wider buffers): TMA reads them as they are
-    if tma_view(a) is not None and tma_view(b) is not None:
+    # both rows already 16-byte strided (K-slices of wider buffers): TMA reads them as they are;
+    # W's alone (prepare_weight's): A is copied into whole-line rows (_align_a_wanted), W is not
+    if tma_view(b) is not None and (options.gemm_pad_k is None or tma_view(a) is not None):
         return 0
     if options.gemm_pad_k is None:
         tma = TensorDescriptor is not None and caps.tma_supported(a.device)
@@ -362,7 +369,7 @@ class GemmPlan(Plan):
         # rows of A that are not whole 128-byte lines (options.gemm_align_a): run() copies A into
         # a buffer of aligned rows first, and the kernel is planned for that buffer's layout
         # (not where K is padded: those rows are whole lines already)
-        self._a_rows = 0 if self.k_padded else _align_a_wanted(a, Mdim, N, K, options, interp)
+        self._a_rows = 0 if self.k_padded else _align_a_wanted(a, b, Mdim, N, K, options, interp)
         if self._a_rows:   # (a stand-in of that layout: run() fills this stream's buffer)
             self._a_copy = _row_copy_launch(a, self._a_rows, interp, options)
             a = torch.empty_strided((Mdim, K), (self._a_rows, 1), dtype=a.dtype, device=dev)
@@ -991,3 +998,45 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: Optional[torch.Tensor] = N
         raise TypeError(f"out has dtype {out.dtype} but out_dtype is {out_dtype}")
     torch.ops.numasched.matmul_out(a, b, out, token, persistent, bias, residual)
     return out
+
+
+# ----------------------------------------------------------------------------------- weights
+def prepare_weight(w: torch.Tensor, *, line_bytes: int = 128) -> torch.Tensor:
+    """``w`` (N, K), ``F.linear``'s weight layout, with each row starting on a whole cache line:
+    the same values in a view of a zero-padded (N, Kp) buffer, Kp * element size a multiple of
+    ``line_bytes``. Made once per weight (as a model is loaded), it is read as ``w.T`` by
+    :func:`matmul` like any weight and saves what rows that straddle lines cost at every call:
+
+    - K * element size a multiple of 16 bytes but not of 128 (e.g. bf16 K = 8 mod 16): TMA reads
+      each row's K steps across two lines (0.70-0.80 of the aligned time on an H100);
+    - K * element size not a multiple of 16 (an odd K in bf16): no TMA at all; with a prepared
+      weight only the activation is copied into whole-line rows per call (options.gemm_align_a),
+      not the weight too (options.gemm_pad_k).
+
+    ``w`` itself is returned where its rows already start on lines (or it has one row); an
+    ``nn.Parameter`` comes back as one (same ``requires_grad``). The padding is never read as
+    data: the view's K is the weight's."""
+    if not isinstance(w, torch.Tensor):
+        raise TypeError(f"w must be a torch.Tensor, got {type(w).__name__}")
+    if w.dim() != 2:
+        raise ValueError(f"w must be a 2-D (N, K) weight, got shape {tuple(w.shape)}")
+    if not w.is_floating_point():
+        raise TypeError(f"w must be a floating-point tensor, got {w.dtype}")
+    if not isinstance(line_bytes, int) or isinstance(line_bytes, bool) or line_bytes < 16 or line_bytes % 16:
+        raise ValueError(f"line_bytes must be a positive multiple of 16, got {line_bytes!r}")
+    n, k = w.shape
+    es = w.element_size()
+    if n <= 1 or k == 0 or (w.stride(1) == 1 and (w.stride(0) * es) % line_bytes == 0
+                            and w.data_ptr() % line_bytes == 0):
+        return w
+    kp = -(-k * es // line_bytes) * line_bytes // es
+    with torch.no_grad():
+        # a line more than the rows, the view started at the first whole line
+        flat = torch.zeros(n * kp + line_bytes // es, dtype=w.dtype, device=w.device)
+        off = (-flat.data_ptr() % line_bytes) // es
+        buf = flat[off:off + n * kp].view(n, kp)
+        buf[:, :k].copy_(w)
+    out = buf[:, :k]
+    if isinstance(w, torch.nn.Parameter):
+        return torch.nn.Parameter(out, requires_grad=w.requires_grad)
+    return out.requires_grad_(True) if w.requires_grad else out

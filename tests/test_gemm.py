@@ -838,6 +838,25 @@ def test_gpu_k_padded_by_the_rule_eager_and_in_graph_replays(m, n, k):
     _graph_replays_right(plain, x, w)
 
 
+@gpu
+@pytest.mark.parametrize("m,n,k", [(551, 11296, 1208), (3, 5003, 4093), (97, 3001, 1537), (300, 2048, 4104)])
+def test_gpu_prepared_weights_eager_and_in_graph_replays(m, n, k):
+    """bf16 weights whose rows straddle lines (K = 8 mod 16, an odd K) prepared once: the same
+    product as float64 eager (the rule's schedule: WS, split-K, tail) and in CUDA-graph replays
+    on fresh x, the weight's padding NaN; an odd K copies A only."""
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    wp = numasched.prepare_weight(w)
+    wp.as_strided((n, wp.stride(0)), (wp.stride(0), 1))[:, k:] = float("nan")
+    plan = numasched.plan_matmul(x, wp.T)
+    if k % 2 and m > 1:
+        assert plan.k_padded == 0 and plan._a_rows == wp.stride(0), plan.schedule
+    ref = x.double() @ w.double().T
+    y = plan.run(x, wp.T, torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16))
+    assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-2, plan.schedule
+    _graph_replays_right(plan, x, wp)
+
+
 # ------------------------------------------------------------------------------ TMA-fed split-K (option)
 @cpu
 @pytest.mark.parametrize("m,n,k,split_k,ta,tb,dtype", [(5, 40, 64, 2, False, True, torch.float32),
@@ -1204,6 +1223,73 @@ def test_pad_k_option_is_checked_and_read_from_the_environment():
         options.from_env({"NUMASCHED_GEMM_PAD_K": "yes"})
     with pytest.raises(TypeError, match="gemm_pad_k"):
         options.Options(gemm_pad_k=1)
+
+
+# ------------------------------------------------------------------------------ prepared weights
+@pytest.mark.parametrize("n,k,dtype", [(13, 37, torch.float16), (7, 72, torch.bfloat16), (5, 61, torch.float32),
+                                       (9, 1, torch.float16)])
+def test_prepare_weight_keeps_values_and_starts_rows_on_lines(n, k, dtype):
+    """prepare_weight: the same (N, K) values, rows a whole number of 128-byte lines apart from a
+    line-aligned start, zeros in the padding; an already aligned weight comes back as itself."""
+    g = torch.Generator().manual_seed(n * k)
+    w = torch.randn(n, k, generator=g).to(dtype)
+    p = numasched.prepare_weight(w)
+    es = w.element_size()
+    assert p.shape == w.shape and p.dtype == w.dtype and torch.equal(p, w)
+    assert p.stride(1) == 1 and (p.stride(0) * es) % 128 == 0 and p.data_ptr() % 128 == 0
+    assert p.stride(0) < k + 128 // es
+    full = p.as_strided((n, p.stride(0)), (p.stride(0), 1))
+    assert torch.equal(full[:, k:], torch.zeros(n, p.stride(0) - k, dtype=dtype))
+    assert numasched.prepare_weight(p) is p
+    for line in (16, 64):
+        q = numasched.prepare_weight(w, line_bytes=line)
+        assert torch.equal(q, w) and (q.stride(0) * es) % line == 0 and q.data_ptr() % line == 0
+
+
+def test_prepare_weight_keeps_parameters_and_checks_its_arguments():
+    w = torch.nn.Parameter(torch.randn(6, 37))
+    p = numasched.prepare_weight(w)
+    assert isinstance(p, torch.nn.Parameter) and p.requires_grad and p.stride(0) == 64
+    frozen = numasched.prepare_weight(torch.nn.Parameter(torch.randn(6, 37), requires_grad=False))
+    assert isinstance(frozen, torch.nn.Parameter) and not frozen.requires_grad
+    t = numasched.prepare_weight(torch.randn(6, 37).T.contiguous().T)   # column-major: rows copied
+    assert t.stride() == (64, 1)
+    with pytest.raises(TypeError, match="w must be a torch.Tensor"):
+        numasched.prepare_weight([[1.0]])
+    with pytest.raises(ValueError, match="w must be a 2-D"):
+        numasched.prepare_weight(torch.randn(8))
+    with pytest.raises(TypeError, match="floating-point"):
+        numasched.prepare_weight(torch.ones(4, 5, dtype=torch.int32))
+    for bad in (0, 8, 100, True, 128.0):
+        with pytest.raises(ValueError, match="line_bytes"):
+            numasched.prepare_weight(torch.randn(4, 5), line_bytes=bad)
+
+
+@cpu
+@pytest.mark.parametrize("m,n,k,dtype", [(9, 44, 37, torch.float16), (5, 30, 61, torch.float32),
+                                         (33, 20, 119, torch.float16)])
+@pytest.mark.parametrize("kind", ["splitk_tma", "tiled"])
+def test_prepared_weight_with_an_odd_k_copies_only_a(m, n, k, dtype, kind):
+    """An odd K (rows not 16-byte multiples) with a prepared weight: only A is copied into
+    whole-line rows (gemm_align_a), W is read through TMA as it is, over the logical K (its
+    padding never read as data: filled with NaN here); results against float64 with bias and
+    residual, twice. gemm_pad_k=True still copies both."""
+    g = torch.Generator().manual_seed(m * k)
+    a = torch.randn(m, k, generator=g).to(dtype)
+    w = torch.randn(n, k, generator=g).to(dtype)
+    bias, res = torch.randn(n, generator=g).to(dtype), torch.randn(m, n, generator=g).to(dtype)
+    wp = numasched.prepare_weight(w)
+    wp.as_strided((n, wp.stride(0)), (wp.stride(0), 1))[:, k:] = float("nan")
+    kw = dict(split_k=2) if kind == "splitk_tma" else dict(path="tma")
+    with options.use(gemm_align_a=True, gemm_splitk_tma=True):
+        plan = numasched.plan_matmul(a, wp.T, bias=bias, residual=res, **kw)
+        assert plan.k_padded == 0 and plan._a_rows == wp.stride(0) and plan.path == "tma"
+        for _ in range(2):
+            c = plan.run(a, wp.T, _poisoned(m, n, dtype), bias=bias, residual=res)
+            assert _linear_err(c, a, w, bias, res) < TOL[dtype]
+        assert numasched.plan_matmul(a, w.T, split_k=2)._a_rows == 0, "W not prepared: A's copy alone gives no TMA"
+    with options.use(gemm_pad_k=True):
+        assert numasched.plan_matmul(a, wp.T, **kw).k_padded == wp.stride(0)
 
 
 @cpu
