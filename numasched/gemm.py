@@ -444,8 +444,9 @@ class GemmPlan(Plan):
             bm = schedule.block_m if schedule is not None else 16
             bn = schedule.block_n if schedule is not None else 64
             operands = options.gemm_splitk_operands
-            if operands == "auto":
-                operands = "tma" if interp else _sched.splitk_operands(bm, bn, Mdim)
+            if operands == "auto":   # (an odd K: pointer loads masked at K go one element at a time)
+                operands = ("tma" if interp or (K * a.element_size()) % 16
+                            else _sched.splitk_operands(bm, bn, Mdim))
             splitk_tma = (options.gemm_splitk_tma and operands != "pointer" and not self.int64 and a_view is not None
                           and b_view is not None and TensorDescriptor is not None
                           and (interp or caps.tma_supported(dev)))
