@@ -153,7 +153,8 @@ def _contenders(m: int, n: int, k: int, tma: bool, chosen, top: int, machine, ex
     # where the chooser took the WS kernel's widths: the next ones of those and of the Triton
     # schedules, so "best" is the faster of both families
     ranks = ranked(False)[: top + 1] if chosen.kind != "ws" else ranked(True)[: top + 1] + ranked(False)[: top + 1]
-    if options.current().gemm_ws_swap:   # the transposed WS form's best two, whichever family the pick is
+    if options.current().gemm_ws_swap and (n * 2) % 16 == 0:   # the transposed WS form's best two, whichever
+        # family the pick is (where the output's rows are whole 16 bytes, as gemm_ws.supported asks)
         ranks = ranks + [r for r in ranked(True) if r[1].swap][:2]
     more = [(GS.estimate(s, m, n, k, 2, machine, splitk_tma=tma, aligned=tma), s) for s in extra]
     out, seen = [], set()
@@ -367,7 +368,7 @@ def main(argv=None) -> int:
             own_raw = numasched.plan_matmul(x, raw[0].T, outs[0])
             ours_raw = graph_us(lambda i: own_raw._run(x, raw[i].T, outs[i]), copies, args.calls)
         if m <= 16 and (n, k) not in reads:   # the limit of reading W once in this setting
-            reads[(n, k)] = read_graph_us(ws, args.calls, graph_us)
+            reads[(n, k)] = read_graph_us(raw, args.calls, graph_us)
         ws_times = _time_ws(args.ws, x, ws, outs, ref, copies, args.calls, graph_us, log, f"{model} {proj} M={m}")
         ours = tried[chosen.describe()][0]
         best_key = min(tried, key=lambda kk: tried[kk][0])
