@@ -71,9 +71,12 @@ if HAVE_GLUON:
         a2_desc: tma.tensor_descriptor         # A_LAST2 > 0: the boxes of its next A_LAST2 rows
         b2_desc: tma.tensor_descriptor         # B_LAST0 > 0: B's first box in the last tile column, B_LAST0 rows
         b3_desc: tma.tensor_descriptor         # B_LAST1 > 0: its second box there, B_LAST1 rows
+        bx_desc: tma.tensor_descriptor         # N2 > 0: B's boxes of the tile's third box, N2 columns
+        cx_desc: tma.tensor_descriptor         # N2 > 0: C's boxes of those columns
         a_bufs: gl.shared_memory_descriptor
         b_bufs: gl.shared_memory_descriptor   # STAGES slots (GLU: gate rows then up rows in each)
         b1_bufs: gl.shared_memory_descriptor  # N1 > 0: STAGES slots of the second box
+        bx_bufs: gl.shared_memory_descriptor  # N2 > 0: STAGES slots of the third box
         ready: gl.shared_memory_descriptor
         empty: gl.shared_memory_descriptor
         scale: gl.tensor                      # (M,) fp32 row factors (ROW_SCALE), else unread
@@ -92,11 +95,13 @@ if HAVE_GLUON:
         SWAP_C: gl.constexpr      # C is stored transposed: c_desc / c1_desc describe C^T (see gemm_ws_kernel)
         B_LAST0: gl.constexpr     # 0, or the rows of b2_desc's boxes (see _loader)
         B_LAST1: gl.constexpr     # 0 (the second box not loaded there), or the rows of b3_desc's boxes
+        N2: gl.constexpr          # 0, or a third power-of-two box of N2 columns (tiles of BLOCK_N + N1 + N2)
 
         @gluon.constexpr_function
         def __init__(self, a_desc, b_desc, c_desc, peer_desc, b1_desc, c1_desc, a1_desc, a2_desc, a_bufs, b_bufs,
                      b1_bufs, ready, empty, scale, M, N, K, GROUP_M, GLU, ROW_SCALE, PEER_PUSH, N1, B_KMAJOR, A_LAST,
-                     A_LAST2, DEAD_HALF, SWAP_C=False, b2_desc=None, b3_desc=None, B_LAST0=0, B_LAST1=0):
+                     A_LAST2, DEAD_HALF, SWAP_C=False, b2_desc=None, b3_desc=None, B_LAST0=0, B_LAST1=0,
+                     bx_desc=None, cx_desc=None, bx_bufs=None, N2=0):
             self.a_desc, self.b_desc, self.c_desc, self.peer_desc = a_desc, b_desc, c_desc, peer_desc
             self.b1_desc, self.c1_desc, self.b1_bufs = b1_desc, c1_desc, b1_bufs
             self.a1_desc, self.a2_desc = a1_desc, a2_desc
@@ -108,6 +113,7 @@ if HAVE_GLUON:
             self.SWAP_C = gl.constexpr(SWAP_C)
             self.b2_desc, self.b3_desc = b2_desc, b3_desc
             self.B_LAST0, self.B_LAST1 = gl.constexpr(B_LAST0), gl.constexpr(B_LAST1)
+            self.bx_desc, self.cx_desc, self.bx_bufs, self.N2 = bx_desc, cx_desc, bx_bufs, gl.constexpr(N2)
 
     @gluon.jit
     def _tile_of(t, NM, NN, GROUP_M: gl.constexpr):
@@ -224,6 +230,20 @@ if HAVE_GLUON:
         return acc, acc1, s
 
     @gluon.jit
+    def _mma_step3(p, acc, acc1, acc2, it, kk, prev, ROLE: gl.constexpr, ROWS: gl.constexpr):
+        """_mma_step2 of a tile in three boxes (N2 > 0): three async wgmmas, one per box."""
+        STAGES: gl.constexpr = p.a_bufs.type.shape[0]
+        s = it % STAGES
+        mbarrier.wait(p.ready.index(s), (it // STAGES) & 1)
+        a = p.a_bufs.index(s).slice(ROLE * ROWS, ROWS, dim=0)
+        acc = warpgroup_mma(a, _box_operand(p.b_bufs.index(s), p.B_KMAJOR), acc, use_acc=kk > 0, is_async=True)
+        acc1 = warpgroup_mma(a, _box_operand(p.b1_bufs.index(s), p.B_KMAJOR), acc1, use_acc=kk > 0, is_async=True)
+        acc2 = warpgroup_mma(a, _box_operand(p.bx_bufs.index(s), p.B_KMAJOR), acc2, use_acc=kk > 0, is_async=True)
+        acc, acc1, acc2 = warpgroup_mma_wait(num_outstanding=3, deps=(acc, acc1, acc2))
+        mbarrier.arrive(p.empty.index(prev), count=1, pred=kk > 0)
+        return acc, acc1, acc2, s
+
+    @gluon.jit
     def _load_b_tile(p, s, bar, off_n, kk):
         """The loader's B boxes of one K step of the tile at column ``off_n`` into slot ``s``."""
         BLOCK_K: gl.constexpr = p.a_desc.block_type.shape[1]
@@ -232,9 +252,11 @@ if HAVE_GLUON:
             slot = p.b_bufs.index(s)
             _load_b(p, off_n, kk * BLOCK_K, bar, slot.slice(0, BLOCK_N, dim=0))
             _load_b(p, p.N + off_n, kk * BLOCK_K, bar, slot.slice(BLOCK_N, BLOCK_N, dim=0))
-        elif p.N1 > 0:   # the tile's two boxes: BLOCK_N columns, then N1
+        elif p.N1 > 0:   # the tile's two boxes: BLOCK_N columns, then N1 (and a third of N2)
             _load_box(p.b_desc, p.B_KMAJOR, off_n, kk * BLOCK_K, bar, p.b_bufs.index(s))
             _load_box(p.b1_desc, p.B_KMAJOR, off_n + BLOCK_N, kk * BLOCK_K, bar, p.b1_bufs.index(s))
+            if p.N2 > 0:
+                _load_box(p.bx_desc, p.B_KMAJOR, off_n + BLOCK_N + p.N1, kk * BLOCK_K, bar, p.bx_bufs.index(s))
         else:
             _load_b(p, off_n, kk * BLOCK_K, bar, p.b_bufs.index(s))
 
@@ -246,8 +268,9 @@ if HAVE_GLUON:
         BLOCK_N: gl.constexpr = p.c_desc.block_type.shape[0] if p.SWAP_C else p.c_desc.block_type.shape[1]
         NB: gl.constexpr = 2 if p.GLU else 1
         NBYTES: gl.constexpr = (p.a_desc.block_type.nbytes + NB * p.b_desc.block_type.nbytes
-                                + (p.b1_desc.block_type.nbytes if p.N1 > 0 else 0))
-        TILE_N: gl.constexpr = BLOCK_N + p.N1
+                                + (p.b1_desc.block_type.nbytes if p.N1 > 0 else 0)
+                                + (p.bx_desc.block_type.nbytes if p.N2 > 0 else 0))
+        TILE_N: gl.constexpr = BLOCK_N + p.N1 + p.N2
         NM = gl.cdiv(p.M, BLOCK_M)
         NN = gl.cdiv(p.N, TILE_N)
         k_steps = gl.cdiv(p.K, BLOCK_K)
@@ -292,7 +315,7 @@ if HAVE_GLUON:
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                              instr_shape=[16, ACC_N, 16])
         c_smem = gl.allocate_shared_memory(p.c_desc.dtype, p.c_desc.block_type.shape, p.c_desc.layout)
-        TILE_N: gl.constexpr = BLOCK_N + p.N1
+        TILE_N: gl.constexpr = BLOCK_N + p.N1 + p.N2
         NM = gl.cdiv(p.M, BLOCK_M)
         NN = gl.cdiv(p.N, TILE_N)
         k_steps = gl.cdiv(p.K, BLOCK_K)
@@ -302,6 +325,11 @@ if HAVE_GLUON:
                                                                   instr_shape=[16, p.N1, 16])
             acc1 = gl.zeros((ROWS, p.N1), gl.float32, acc1_layout)
             c1_smem = gl.allocate_shared_memory(p.c1_desc.dtype, p.c1_desc.block_type.shape, p.c1_desc.layout)
+        if p.N2 > 0:   # the third box's
+            acc2_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                                  instr_shape=[16, p.N2, 16])
+            acc2 = gl.zeros((ROWS, p.N2), gl.float32, acc2_layout)
+            c2_smem = gl.allocate_shared_memory(p.cx_desc.dtype, p.cx_desc.block_type.shape, p.cx_desc.layout)
         # PEER_PUSH 2 (paced): the previous tile's copy leaves in column chunks of the peer
         # descriptor's width, spread over this tile's K loop (the rest after it)
         CH: gl.constexpr = p.peer_desc.block_type.shape[1]
@@ -324,7 +352,9 @@ if HAVE_GLUON:
             else:
                 prev = 0
                 for kk in range(k_steps):
-                    if p.N1 > 0:
+                    if p.N2 > 0:
+                        acc, acc1, acc2, s = _mma_step3(p, acc, acc1, acc2, it, kk, prev, ROLE, ROWS)
+                    elif p.N1 > 0:
                         acc, acc1, s = _mma_step2(p, acc, acc1, it, kk, prev, ROLE, ROWS)
                     else:
                         acc, s = _mma_step(p, acc, it, kk, prev, ROLE, ROWS)
@@ -340,7 +370,9 @@ if HAVE_GLUON:
                         if (done > 0) & (j * pace >= k_steps):
                             tma.async_copy_shared_to_global(p.peer_desc, [prow, pcol + j * CH],
                                                             c_smem.slice(j * CH, CH, dim=1))
-                if p.N1 > 0:
+                if p.N2 > 0:
+                    acc, acc1, acc2 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc1, acc2))
+                elif p.N1 > 0:
                     acc, acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc1))
                 else:
                     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
@@ -370,10 +402,14 @@ if HAVE_GLUON:
                     c_smem.store(y.to(p.c_desc.dtype))
                     if p.N1 > 0:
                         c1_smem.store(acc1.to(p.c1_desc.dtype))
+                    if p.N2 > 0:
+                        c2_smem.store(acc2.to(p.cx_desc.dtype))
                     fence_async_shared()
                     tma.async_copy_shared_to_global(p.c_desc, [row0, tn * TILE_N], c_smem)
                     if p.N1 > 0:   # (TMA clips a box past N, wholly or in part)
                         tma.async_copy_shared_to_global(p.c1_desc, [row0, tn * TILE_N + BLOCK_N], c1_smem)
+                    if p.N2 > 0:
+                        tma.async_copy_shared_to_global(p.cx_desc, [row0, tn * TILE_N + BLOCK_N + p.N1], c2_smem)
                 if p.PEER_PUSH == 1:   # the same tile into the peer's copy, from the same shared tile (asynchronous)
                     tma.async_copy_shared_to_global(p.peer_desc, [row0, tn * BLOCK_N], c_smem)
                 prow = row0
@@ -404,12 +440,12 @@ if HAVE_GLUON:
 
     @gluon.jit(do_not_specialize=["M", "N", "K"])   # M == 1 stays a value (WsArgs holds tensors)
     def gemm_ws_kernel(a_desc, b_desc, c_desc, peer_desc, b1_desc, c1_desc, a1_desc, a2_desc, b2_desc, b3_desc,
-                       scale, M, N, K,
+                       bx_desc, cx_desc, scale, M, N, K,
                        STAGES: gl.constexpr, GROUP_M: gl.constexpr, GLU: gl.constexpr, ROW_SCALE: gl.constexpr,
                        CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, PEER_PUSH: gl.constexpr = 0,
                        N1: gl.constexpr = 0, B_KMAJOR: gl.constexpr = True, A_LAST: gl.constexpr = 0,
                        A_LAST2: gl.constexpr = 0, DEAD_HALF: gl.constexpr = True, SWAP_C: gl.constexpr = False,
-                       B_LAST0: gl.constexpr = 0, B_LAST1: gl.constexpr = 0):
+                       B_LAST0: gl.constexpr = 0, B_LAST1: gl.constexpr = 0, N2: gl.constexpr = 0):
         """C (M, N) = A (M, K) @ B (K, N), or (GLU) silu(A @ B[:, :N]) * (A @ B[:, N:]); launched
         with num_warps=4 (the first consumer warpgroup) and at most one program per SM. PEER_PUSH
         (a probe of the fused GEMM + all-reduce's traffic, scripts/ws_push_probe.py): each tile is
@@ -422,7 +458,9 @@ if HAVE_GLUON:
         boxes (otherwise both descriptors are unread); B_KMAJOR says how B's boxes lie (a box of
         64 x 64 could be either). Widths such as 80, 96, 160 or 192 fill the
         SMs where 256 or 128 would leave a wave part-empty (512 x 2560: 40 tiles of 256 columns, 128
-        of 80; cuBLAS's own tiles there are 80 or 168 wide).
+        of 80; cuBLAS's own tiles there are 80 or 168 wide). N2 > 0 (untransposed only): a third
+        box, ``bx_desc``'s N2 columns and ``cx_desc``'s output boxes, for widths of three powers of
+        two (176, 208, 224: 25600 columns in 124 tiles of 208 where 256 leaves 100 and 192 makes 134).
 
         A_LAST > 0 (the last tile row at most 3/4 full): that row's A boxes are ``a1_desc``'s, of
         A_LAST rows, and (A_LAST2 > 0) ``a2_desc``'s of the next A_LAST2 (otherwise both unread).
@@ -442,6 +480,8 @@ if HAVE_GLUON:
         loader; a wave of them reads each W tile once per 64 rows of M instead of once per 128,
         but with half the rows a tile there are twice the tiles to fill the SMs at 65-128 rows."""
         gl.static_assert(N1 == 0 or (not GLU and PEER_PUSH == 0), "N1 > 0 is for the plain GEMM")
+        gl.static_assert(N2 == 0 or (N1 > 0 and not SWAP_C and B_LAST0 == 0 and bx_desc.block_type.shape[0 if B_KMAJOR else 1] == N2),
+                         "N2 > 0: a third box of N2 columns beside two (the plain, untransposed GEMM)")
         gl.static_assert(A_LAST == 0 or a1_desc.block_type.shape[0] == A_LAST, "a1_desc's boxes are A_LAST rows")
         gl.static_assert(A_LAST2 == 0 or a2_desc.block_type.shape[0] == A_LAST2, "a2_desc's boxes are A_LAST2 rows")
         gl.static_assert(B_LAST0 == 0 or (b2_desc.block_type.shape[0] == B_LAST0 and B_KMAJOR and not GLU),
@@ -459,6 +499,10 @@ if HAVE_GLUON:
             b1_bufs = gl.allocate_shared_memory(b1_desc.dtype, [STAGES] + b1_desc.block_type.shape, b1_desc.layout)
         else:
             b1_bufs = b_bufs
+        if N2 > 0:
+            bx_bufs = gl.allocate_shared_memory(bx_desc.dtype, [STAGES] + bx_desc.block_type.shape, bx_desc.layout)
+        else:
+            bx_bufs = b_bufs
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         # one consumer warpgroup per 64 rows of the tile (a box's rows are a power of two: 64, 128, 256)
@@ -474,7 +518,7 @@ if HAVE_GLUON:
             mbarrier.init(empty.index(i), count=CONSUMERS)   # one arrive per consumer warpgroup
         p = WsArgs(a_desc, b_desc, c_desc, peer_desc, b1_desc, c1_desc, a1_desc, a2_desc, a_bufs, b_bufs, b1_bufs,
                    ready, empty, scale, M, N, K, GROUP_M, GLU, ROW_SCALE, PEER_PUSH, N1, B_KMAJOR, A_LAST, A_LAST2,
-                   DEAD_HALF, SWAP_C, b2_desc, b3_desc, B_LAST0, B_LAST1)
+                   DEAD_HALF, SWAP_C, b2_desc, b3_desc, B_LAST0, B_LAST1, bx_desc, cx_desc, bx_bufs, N2)
         if CONSUMERS == 4:
             gl.warp_specialize([
                 (_consumer_lo, (p,)),

@@ -200,6 +200,10 @@ STREAMK_PIECE_COST = 1.5
 # mixed below (0.9-1.14x at 256 rows): from WS_MIN_ROWS the chooser takes the WS family, the
 # width by the model below; under it the Triton schedules.
 WS_TILE_NS = (256, 192, 160, 144, 128, 96, 80)
+# ... and of three power-of-two boxes (kernels/gemm_ws.py N2; the untransposed form only): widths
+# between 192 and 256, where N / SMs falls there (25600 columns: 124 tiles of 208 where 256 leaves
+# 100 SMs a tile and 192 makes 134), and 176
+WS_TILE_NS3 = (224, 208, 176)
 WS_MIN_ROWS = 512
 # ... and from WS_FILL_MIN_ROWS rows where the model's width gives at least WS_FILL x the SMs in
 # tiles and K is at least WS_FILL_MIN_K (64 K steps a tile): every width timed at 256 rows beside
@@ -589,7 +593,7 @@ def _candidates(M: int, N: int, K: int, elt: int, machine: Machine, *, splitk_on
     if ws and elt == 2 and (M >= WS_MIN_ROWS or (M >= WS_FILL_MIN_ROWS and K >= WS_FILL_MIN_K)):
         from .gemm_ws import wide_config
 
-        wide = [Schedule("ws", 128, n, 64, 1, 4, wide_config(n).stages, True) for n in WS_TILE_NS]
+        wide = [Schedule("ws", 128, n, 64, 1, 4, wide_config(n).stages, True) for n in WS_TILE_NS + WS_TILE_NS3]
         t, best = min((_ws_estimate(s, M, N, K, elt, machine), i) for i, s in enumerate(wide))
         fills = _cdiv(M, 128) * _cdiv(N, wide[best].block_n) >= WS_FILL * machine.sms
         if t >= WS_MIN_S and M >= WS_MIN_ROWS:
@@ -793,7 +797,7 @@ def _ws_estimate(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machine
     S = s.split_k
     active = min(tiles * S, machine.sms)
     b_box, a_box = W * bk * elt, s.block_m * bk * elt
-    cols = W + (WS_TWO_BOX_COLS if W & (W - 1) else 0)
+    cols = W + WS_TWO_BOX_COLS * (bin(W).count("1") - 1)   # a box past the first: its wgmma's fixed cost
     flops = 2.0 * s.block_m * cols * bk / (WS_RATE * machine.tensor_flops / machine.sms)
     lines = 1.0 + ((WS64_MISALIGNED if s.block_m == 64 else WS_MISALIGNED) if (K * elt) % 128 else 0.0)
     hbm = lines * (b_box / min(nm, 8) + a_box / min(nn, 8)) / (WS_HBM * machine.hbm_bytes_per_s / active)

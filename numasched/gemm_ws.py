@@ -40,15 +40,16 @@ class WsConfig:
     sk_merge: int = 0       # stream-K's fix-up: 0 the tile's last piece sums it, 1 every contributor a band
     sk_split: int = 0       # S >= 2: split-K units (tile, K part) in K lockstep instead of ranges (bands)
     block_n1: int = 0       # > 0: tiles of block_n + block_n1 columns in two boxes (80 = 64 + 16, 160 = 128 + 32)
+    block_n2: int = 0       # > 0 (with block_n1): a third box (208 = 128 + 64 + 16); untransposed only
     swap: bool = False      # the weight as A, C stored transposed (SWAP_C): block_m along N, tile_n along M
 
     @property
     def tile_n(self) -> int:
         """Output columns of a tile."""
-        return self.block_n + self.block_n1
+        return self.block_n + self.block_n1 + self.block_n2
 
     def smem_bytes(self, elem: int = 2) -> int:
-        stage = (self.block_m + (2 if self.glu else 1) * self.block_n + self.block_n1) * self.block_k * elem
+        stage = (self.block_m + (2 if self.glu else 1) * self.block_n + self.block_n1 + self.block_n2) * self.block_k * elem
         return self.stages * stage + self.block_m * self.tile_n * elem + 1024
 
 
@@ -116,7 +117,8 @@ def wide_config(tile_n: int, smem: int = 227 * 1024, block_m: int = 128, max_sta
     """The data-parallel config of tiles ``block_m`` (64 rows a consumer warpgroup: 64 to 256) x
     ``tile_n`` columns (a multiple of 16 from 80 to 256: a power-of-two box, then a second of the
     rest, power of two too: 80 = 64 + 16, 96 = 64 + 32, 160 = 128 + 32, 192 = 128 + 64; or a power
-    of two from 128), and as many stages (3 to WIDE_MAX_STAGES, or ``max_stages``) as fit in
+    of two from 128; untransposed, also a third: 176 = 128 + 32 + 16, 208 = 128 + 64 + 16, 224 =
+    128 + 64 + 32), and as many stages (3 to WIDE_MAX_STAGES, or ``max_stages``) as fit in
     ``smem`` bytes. ``swap``: the transposed form (SWAP_C), block_m along the weight's rows and
     tile_n along the tokens."""
     if tile_n % 16 or not 80 <= tile_n <= 256:   # (64: one box as wide as BLOCK_K, its orientation ambiguous)
@@ -127,14 +129,18 @@ def wide_config(tile_n: int, smem: int = 227 * 1024, block_m: int = 128, max_sta
         raise ValueError(f"max_stages must be at least 3, got {max_stages}")
     n0 = 1 << (tile_n.bit_length() - 1)
     n1 = tile_n - n0
+    n2 = 0
     if n1 & (n1 - 1):
-        raise ValueError(f"tile_n={tile_n} is not two power-of-two boxes ({n0} + {n1})")
+        n2 = n1 - (1 << (n1.bit_length() - 1))
+        n1 -= n2
+        if swap or n2 & (n2 - 1):
+            raise ValueError(f"tile_n={tile_n} is not {'two' if swap else 'two or three'} power-of-two boxes")
     cap = WIDE_MAX_STAGES.get(block_m, WIDE_MAX_STAGES[128])
     top = cap if max_stages is None else min(max_stages, cap)
     maxnreg, regs = CONSUMER_REGS[block_m]
     for stages in range(top, 2, -1):
-        cfg = WsConfig(block_n=n0, block_n1=n1, stages=stages, block_m=block_m, swap=swap, maxnreg=maxnreg,
-                       consumer_regs=regs)
+        cfg = WsConfig(block_n=n0, block_n1=n1, block_n2=n2, stages=stages, block_m=block_m, swap=swap,
+                       maxnreg=maxnreg, consumer_regs=regs)
         if cfg.smem_bytes() <= smem or stages == 3:
             return cfg
 
@@ -286,6 +292,10 @@ class WsGemmPlan:
                                                                           or peer_out_ptr is not None)):
             raise ValueError(f"config.block_m must be 128, or {tuple(CONSUMER_REGS)} for the plain data-parallel "
                              f"GEMM, got {cfg.block_m}")
+        if cfg.block_n2 and (cfg.block_n2 & (cfg.block_n2 - 1) or not 16 <= cfg.block_n2 <= cfg.block_n1
+                             or cfg.swap):
+            raise ValueError(f"config.block_n2 must be a power of two from 16 to block_n1={cfg.block_n1} (a third box "
+                             f"beside two, untransposed), got {cfg.block_n2}")
         if cfg.block_n1:
             if cfg.block_n1 & (cfg.block_n1 - 1) or not 16 <= cfg.block_n1 <= cfg.block_n:
                 raise ValueError(f"config.block_n1 must be a power of two from 16 to block_n={cfg.block_n}, "
@@ -384,7 +394,7 @@ class WsGemmPlan:
                                        PEER_PUSH=self.peer_mode, N1=cfg.block_n1, B_KMAJOR=self.b_kmajor,
                                        A_LAST=self.a_last[0], A_LAST2=self.a_last[1],
                                        DEAD_HALF=self.dead_half, SWAP_C=self.swap, B_LAST0=self.b_last[0],
-                                       B_LAST1=self.b_last[1], num_warps=4, maxnreg=cfg.maxnreg),
+                                       B_LAST1=self.b_last[1], N2=cfg.block_n2, num_warps=4, maxnreg=cfg.maxnreg),
                                   device=a.device)
             self._fulls = {}
         run = self._launch
@@ -404,8 +414,9 @@ class WsGemmPlan:
         peer = c_d if self.peer is None else desc(DeviceAddress(self.peer, out.dtype), out.shape, out.stride(),
                                                   [CONSUMER_ROWS, 64 if self.peer_mode == 2 else cfg.block_n])
         b1_d, c1_d = self._descriptors(desc, a, b, out, cfg.block_n1)[1:] if cfg.block_n1 else (b_d, c_d)
+        bx_d, cx_d = self._descriptors(desc, a, b, out, cfg.block_n2)[1:] if cfg.block_n2 else (b_d, c_d)
         args = (a_d, b_d, c_d, peer, b1_d, c1_d, *self._last_boxes(desc, a, a_d), *self._last_b_boxes(desc, b, b_d),
-                scale.data_ptr() if fkey is not None else scale, self.M, self.N, self.K)
+                bx_d, cx_d, scale.data_ptr() if fkey is not None else scale, self.M, self.N, self.K)
         run(*args)
         if fkey is not None and desc is HostDesc:
             full = run.full_args(args)

@@ -463,10 +463,12 @@ def _gemm_ws(block_n: int = 256, stages: int = 3, b_kmajor: bool = True, glu: bo
                       a2_desc=descriptor_type("bf16", [a_last[1] or a_last[0] or cfg.block_m, cfg.block_k]),
                       b2_desc=descriptor_type("bf16", [b_last[0] or cfg.block_n, cfg.block_k]),
                       b3_desc=descriptor_type("bf16", [b_last[1] or b_last[0] or cfg.block_n, cfg.block_k]),
+                      bx_desc=descriptor_type("bf16", box(cfg.block_n2 or n1)),
+                      cx_desc=descriptor_type("bf16", c_box(cfg.block_n2 or n1)),
                       scale="*fp32", M=8192, N=8192, K=8192, STAGES=cfg.stages, GROUP_M=cfg.group_m,
                       GLU=glu, ROW_SCALE=row_scale, PEER_PUSH=int(peer_push), N1=cfg.block_n1, B_KMAJOR=b_kmajor,
                       CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=cfg.loader_regs, A_LAST=a_last[0],
-                      A_LAST2=a_last[1], SWAP_C=swap, B_LAST0=b_last[0], B_LAST1=b_last[1])
+                      A_LAST2=a_last[1], SWAP_C=swap, B_LAST0=b_last[0], B_LAST1=b_last[1], N2=cfg.block_n2)
         return gemm_ws_kernel, values, 4, 1, dict(maxnreg=cfg.maxnreg)
     return build
 
@@ -793,6 +795,10 @@ VARIANTS: List[Variant] = [
             note="tiles of 160 columns in two boxes (128 + 32), two accumulators a warpgroup"),
     Variant("gemm_ws", "bf16-128x80-wide", _gemm_ws(tile_n=80), off={"amd": _GLUON_OFF},
             note="tiles of 80 columns (64 + 16 boxes)"),
+    Variant("gemm_ws", "bf16-128x208-three-boxes", _gemm_ws(tile_n=208), off={"amd": _GLUON_OFF},
+            note="tiles of 208 columns (128 + 64 + 16 boxes)"),
+    Variant("gemm_ws", "bf16-128x176-three-boxes-b-rowmajor", _gemm_ws(tile_n=176, b_kmajor=False),
+            off={"amd": _GLUON_OFF}, note="tiles of 176 columns (128 + 32 + 16 boxes), B (K, N) row-major"),
     Variant("gemm_ws", "bf16-128x192-wide-b-rowmajor", _gemm_ws(tile_n=192, b_kmajor=False), off={"amd": _GLUON_OFF},
             note="tiles of 192 columns (128 + 64 boxes), B as a (K, N) row-major tensor"),
     Variant("gemm_ws", "bf16-128x256-s3-streamk", _gemm_ws_streamk(), off={"amd": _GLUON_OFF},

@@ -38,6 +38,10 @@ for v in ("bf16-swap-128x96", "bf16-swap-256x96", "bf16-swap-128x144-last-box", 
     r = P.compile_variant("gemm_ws", v, "sm90", keep_asm=True)
     r["ptx"] = "\n".join(" ".join(l.split()) for l in r.pop("asm", {}).get("ptx", "").splitlines())
     rows["swap:" + v] = r
+for v in ("bf16-128x208-three-boxes", "bf16-128x176-three-boxes-b-rowmajor"):
+    r = P.compile_variant("gemm_ws", v, "sm90", keep_asm=True)
+    r["ptx"] = "\n".join(" ".join(l.split()) for l in r.pop("asm", {}).get("ptx", "").splitlines())
+    rows["three:" + v] = r
 for v in ("matmul_all_reduce-ws-residual-direct", "matmul_all_reduce-ws", "matmul_all_reduce-ws-128", "matmul_reduce_scatter-ws",
           "matmul_reduce_scatter-ws-pairs", "matmul_reduce_scatter-ws-pairs-early", "matmul_reduce_scatter-ws-early"):
     r = P.compile_variant("dist", v, "sm90", keep_asm=True)
@@ -73,7 +77,7 @@ def _k_loop_windows(ptx: str, in_flight: int = 1):
 
 def test_compiles_for_hopper_warp_specialised(compiled):
     for name, r in compiled.items():
-        if name.startswith(("mar:", "last:", "swap:")):
+        if name.startswith(("mar:", "last:", "swap:", "three:")):
             continue
         assert r["status"] == "ok", (name, r["error"])
         assert r["spill_bytes"] == 0 and r["fits"], name
@@ -94,11 +98,33 @@ def test_compiles_for_hopper_warp_specialised(compiled):
             assert f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16" in ptx, (name, n)
 
 
+def test_three_box_tiles_compile_with_a_wgmma_and_a_store_per_box(compiled):
+    """Tiles of three power-of-two boxes (208 = 128 + 64 + 16, 176 = 128 + 32 + 16, B either way
+    round): no spills, three wgmma shapes and their output stores per consumer, and in each
+    consumer's K loop the three boxes' wgmmas (4 k16 steps each) with at most a barrier of its own
+    warpgroup, the previous step's three left in flight."""
+    for name, boxes in (("three:bf16-128x208-three-boxes", (128, 64, 16)),
+                        ("three:bf16-128x176-three-boxes-b-rowmajor", (128, 32, 16))):
+        r = compiled[name]
+        assert r["status"] == "ok", (name, r["error"])
+        assert r["spill_bytes"] == 0 and r["fits"], name
+        ptx = r["ptx"]
+        for n in boxes:
+            assert f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16" in ptx, (name, n)
+        assert ptx.count("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group") == 6, name
+        windows = list(_k_loop_windows(ptx, 3))
+        assert len(windows) == 2, name
+        for w in windows:
+            bars = [x.strip() for x in w if re.search(r"\bbar(rier)?\.sync\b", x)]
+            assert all(re.fullmatch(r"bar\.sync\s+\d+,\s*128;", b) for b in bars), (name, bars)
+            assert sum("wgmma.mma_async" in x for x in w) == 12, name
+
+
 def test_k_loop_has_no_cta_wide_barrier(compiled):
     """What the kernel is for: between a consumer's operand wait and its slot release there is
     at most a barrier of its own warpgroup (``bar.sync N, 128``), never one of the whole CTA."""
     for name, r in compiled.items():
-        if name.startswith(("mar:", "last:", "swap:")):   # (the transposed form: its own test)
+        if name.startswith(("mar:", "last:", "swap:", "three:")):   # (the transposed form: its own test)
             continue
         wide = name in _WIDE   # two boxes: two wgmma groups a step, the previous pair waited for
         windows = list(_k_loop_windows(r["ptx"], 2 if wide else 1))
@@ -155,18 +181,23 @@ def test_config_fits_shared_memory():
 
 
 @pytest.mark.parametrize("tile_n", range(64, 257, 16))
-def test_wide_config_cuts_a_tile_into_two_power_of_two_boxes(tile_n):
-    """wide_config: tile_n = block_n + block_n1, both powers of two (block_n1 may be 0), block_n the
-    larger; the deepest ring of 3-6 stages that fits; widths that are not two such boxes refused."""
-    n0 = 1 << (tile_n.bit_length() - 1)
-    if (tile_n - n0) & (tile_n - n0 - 1) or tile_n < 80:
+def test_wide_config_cuts_a_tile_into_power_of_two_boxes(tile_n):
+    """wide_config: tile_n = block_n + block_n1 (+ block_n2), powers of two, largest first (the
+    later ones may be 0); the deepest ring of 3-6 stages that fits; the transposed form takes
+    two boxes at most; widths of more boxes (240 = 128 + 64 + 32 + 16) or under 80 refused."""
+    boxes = [1 << i for i in range(tile_n.bit_length() - 1, -1, -1) if tile_n >> i & 1]
+    if len(boxes) > 3 or tile_n < 80:
         with pytest.raises(ValueError, match="tile_n"):
             wide_config(tile_n)
         return
+    if len(boxes) == 3:
+        with pytest.raises(ValueError, match="tile_n"):
+            wide_config(tile_n, swap=True)
     cfg = wide_config(tile_n)
-    assert cfg.tile_n == tile_n and cfg.block_n == n0 and cfg.block_n1 == tile_n - n0
+    assert cfg.tile_n == tile_n and [cfg.block_n, cfg.block_n1, cfg.block_n2] == (boxes + [0, 0])[:3]
     assert cfg.smem_bytes() <= 227 * 1024 and 3 <= cfg.stages <= 6
-    assert cfg.stages == 6 or WsConfig(block_n=n0, block_n1=cfg.block_n1, stages=cfg.stages + 1).smem_bytes() > 227 * 1024
+    assert cfg.stages == 6 or WsConfig(block_n=cfg.block_n, block_n1=cfg.block_n1, block_n2=cfg.block_n2,
+                                       stages=cfg.stages + 1).smem_bytes() > 227 * 1024
 
 
 def test_wide_config_of_64_row_tiles():
@@ -248,11 +279,11 @@ def test_matches_float64(M, N, K, cfg, b_weight, dtype):
 @pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("b_weight", [True, False])
 @pytest.mark.parametrize("block_m", [128, 64])
-@pytest.mark.parametrize("tile_n", [80, 96, 128, 144, 160, 192])
+@pytest.mark.parametrize("tile_n", [80, 96, 128, 144, 160, 192, 176, 208, 224])
 @pytest.mark.parametrize("M,N,K", [(97, 520, 1000), (300, 2560, 4096), (1031, 1000, 3000), (128, 8, 64), (40, 704, 600)])
 def test_wide_tiles_match_float64(M, N, K, tile_n, block_m, b_weight):
-    """Two-box tiles: N cut at tile_n (the second box partly or wholly past N at the edge); tiles
-    of 128 rows (two consumer warpgroups) or 64 (one)."""
+    """Two- and three-box tiles: N cut at tile_n (the later boxes partly or wholly past N at the
+    edge: 520 in tiles of 208 ends 104 in); tiles of 128 rows (two consumer warpgroups) or 64 (one)."""
     for dtype in (torch.bfloat16, torch.float16):
         a, b, out, ref = _operands(M, N, K, dtype, b_weight)
         plan = WsGemmPlan(a, b, out, config=wide_config(tile_n, block_m=block_m))
