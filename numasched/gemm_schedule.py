@@ -200,9 +200,14 @@ STREAMK_PIECE_COST = 1.5
 # mixed below (0.9-1.14x at 256 rows): from WS_MIN_ROWS the chooser takes the WS family, the
 # width by the model below; under it the Triton schedules.
 WS_TILE_NS = (256, 192, 160, 144, 128, 96, 80)
-# ... and of three power-of-two boxes (kernels/gemm_ws.py N2; the untransposed form only): widths
-# between 192 and 256, where N / SMs falls there (25600 columns: 124 tiles of 208 where 256 leaves
-# 100 SMs a tile and 192 makes 134), and 176
+# ... and of three power-of-two boxes (kernels/gemm_ws.py N2; the untransposed form only), for
+# where N / SMs falls between the widths above (25600 columns: 124 tiles of 208 where 256 leaves
+# 100 SMs a tile and 192 makes 134). Timed on an H100 against the two-box widths at 14 shapes
+# (bench/results/gemm-s44/h100-three): 1.02-1.08x faster than the model's two-box pick at four
+# (646 x 8536 x 2416 51.4 against 55.3 us with 256; 2048 x 6656 x 4096; 863 x 6320 x 8632;
+# 128 x 25600 x 5120), 0.89-0.95x at six where the model, pricing a box past the first as
+# WS_TWO_BOX_COLS columns, took them (224 at 14336 columns: 114 against 108 us). The chooser does not
+# weigh them (``wide3``: gemm_tune does, so a tuned table can name them where they win).
 WS_TILE_NS3 = (224, 208, 176)
 WS_MIN_ROWS = 512
 # ... and from WS_FILL_MIN_ROWS rows where the model's width gives at least WS_FILL x the SMs in
@@ -536,8 +541,8 @@ def _stages(bm: int, bn: int, bk: int, elt: int, smem: int, want: int = 6) -> in
 
 
 def candidates(M: int, N: int, K: int, elt: int, machine: Machine, *, splitk_only: bool = False,
-               tail: bool = False, ws: bool = False, ws_swap: bool = False) -> list:
-    out = _candidates(M, N, K, elt, machine, splitk_only=splitk_only, tail=tail, ws=ws)
+               tail: bool = False, ws: bool = False, ws_swap: bool = False, wide3: bool = False) -> list:
+    out = _candidates(M, N, K, elt, machine, splitk_only=splitk_only, tail=tail, ws=ws, wide3=wide3)
     if ws and ws_swap and elt == 2 and M >= WS_SWAP_MIN_ROWS and K >= WS_FILL_MIN_K:
         out = out + _ws_swap_candidates(M, N, K, elt, machine)
     return out
@@ -582,7 +587,7 @@ def _ws_swap_candidates(M: int, N: int, K: int, elt: int, machine: Machine) -> l
 
 
 def _candidates(M: int, N: int, K: int, elt: int, machine: Machine, *, splitk_only: bool = False,
-                tail: bool = False, ws: bool = False) -> list:
+                tail: bool = False, ws: bool = False, wide3: bool = False) -> list:
     """The schedules the chooser weighs for this shape (estimates not filled in); ``tail``
     (options.gemm_tail_split): also the split-K schedules that split only the last wave's tiles;
     ``ws`` (the operands fit the warp-specialised kernel, options.gemm_ws): from WS_MIN_ROWS rows
@@ -593,7 +598,8 @@ def _candidates(M: int, N: int, K: int, elt: int, machine: Machine, *, splitk_on
     if ws and elt == 2 and (M >= WS_MIN_ROWS or (M >= WS_FILL_MIN_ROWS and K >= WS_FILL_MIN_K)):
         from .gemm_ws import wide_config
 
-        wide = [Schedule("ws", 128, n, 64, 1, 4, wide_config(n).stages, True) for n in WS_TILE_NS + WS_TILE_NS3]
+        wide = [Schedule("ws", 128, n, 64, 1, 4, wide_config(n).stages, True)
+                for n in WS_TILE_NS + (WS_TILE_NS3 if wide3 else ())]
         t, best = min((_ws_estimate(s, M, N, K, elt, machine), i) for i, s in enumerate(wide))
         fills = _cdiv(M, 128) * _cdiv(N, wide[best].block_n) >= WS_FILL * machine.sms
         if t >= WS_MIN_S and M >= WS_MIN_ROWS:
@@ -676,10 +682,12 @@ def _ws64_candidates(M: int, N: int, K: int, elt: int, machine: Machine) -> list
 
 
 def ranked(M: int, N: int, K: int, elt: int, machine: Machine, *, splitk_only: bool = False, tail: bool = False,
-           ws: bool = False, splitk_tma: bool = False, aligned: bool = True, ws_swap: bool = False) -> list:
+           ws: bool = False, splitk_tma: bool = False, aligned: bool = True, ws_swap: bool = False,
+           wide3: bool = False) -> list:
     """(estimate s, schedule) of every candidate (see :func:`candidates`), cheapest first (ties in
     candidate order): what ``tune-gemm`` and ``bench gemm_inference`` time after the pick."""
-    cands = candidates(M, N, K, elt, machine, splitk_only=splitk_only, tail=tail, ws=ws, ws_swap=ws_swap)
+    cands = candidates(M, N, K, elt, machine, splitk_only=splitk_only, tail=tail, ws=ws, ws_swap=ws_swap,
+                       wide3=wide3)
     scored = sorted((estimate(s, M, N, K, elt, machine, splitk_tma, aligned), i, s) for i, s in enumerate(cands))
     return [(t, s) for t, _, s in scored]
 

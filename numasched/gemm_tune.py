@@ -128,7 +128,8 @@ def tune(shapes, *, top: int = 6, calls: int = 20, dtype=None, log=print) -> dic
 
         def by_model(use_ws):
             return [s for _, s in GS.ranked(m, n, k, elt, machine, splitk_only=not tma, ws=use_ws,
-                                            ws_swap=use_ws and numasched.options.current().gemm_ws_swap)]
+                                            ws_swap=use_ws and numasched.options.current().gemm_ws_swap,
+                                            wide3=use_ws)]   # (three-box widths: tuned, not chosen)
         ranked = [own.schedule]
         if own.kernel == "ws":   # the chooser took the WS widths: time them and the Triton schedules in turn
             ranked += [s for pair in itertools.zip_longest(by_model(True), by_model(False)) for s in pair]
