@@ -277,6 +277,12 @@ WS_SPLIT_MARGIN = 0.95
 # its tiles fill WS_FILL of the SMs (2560 x 8192 and 4096 x 14336 at 72-96 rows: 64-104 tiles of
 # 80, 1.1-1.2x the Triton pick).
 WS64_MIN_ROWS, WS64_MAX_ROWS = 65, 512
+# K below WS_FILL_MIN_K, timed on an H100 at 32 shapes of 72-250 rows and K 1704-3584
+# (bench/results/gemm-s44/h100-ws64k: every 64-row width beside the picks): the model's pick with the
+# 64-row tiles weighed from K = 2048 ran 1.053x faster (geomean of the 25 it could be scored at; 9
+# faster by > 3 %, up to 1.39x at 159 x 21000 x 2048; 2 slower: 220 x 17784 x 3272 0.785), but the
+# grid's 8192 x 2048 (72-128 rows) 0.93-0.97x, as on the H200 before; not lowered without H200 times.
+WS64_MIN_K = WS_FILL_MIN_K
 WS64_TILE_NS = (192, 160, 144, 128, 96, 80)
 # A 64-row tile's SM takes in its A and W boxes from L2 at WS64_SM_BYTES_PER_S, however few SMs
 # are busy (the 128-row tiles' L2 term is the machine's L2 rate shared by the busy SMs, which gave
@@ -673,7 +679,7 @@ def _candidates(M: int, N: int, K: int, elt: int, machine: Machine, *, splitk_on
 
 def _ws64_candidates(M: int, N: int, K: int, elt: int, machine: Machine) -> list:
     """The WS kernel's 64-row tiles weighed here (WS64_*; the operands fit the WS kernel)."""
-    if not (elt == 2 and machine.ws64 and WS64_MIN_ROWS <= M <= WS64_MAX_ROWS and K >= WS_FILL_MIN_K):
+    if not (elt == 2 and machine.ws64 and WS64_MIN_ROWS <= M <= WS64_MAX_ROWS and K >= WS64_MIN_K):
         return []
     from .gemm_ws import wide_config
 
