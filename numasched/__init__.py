@@ -40,6 +40,7 @@ _LAZY = {
     "plan_matmul": "numasched.gemm",
     "GemmPlan": "numasched.gemm",
     "prepare_weight": "numasched.gemm",
+    "PerformanceWarning": "numasched.gemm",
     "matmul_swiglu": "numasched.gemm_glu",
     "plan_matmul_swiglu": "numasched.gemm_glu",
     "swiglu": "numasched.gemm_glu",

@@ -358,6 +358,9 @@ class GemmPlan(Plan):
         # whole 128-byte lines, zeros past K in both, and the kernel is planned for those buffers
         # over the padded K (stand-ins of their layout: run() fills this stream's buffers)
         self.k_padded = _pad_k_wanted(a, b, Mdim, N, K, options, interp)
+        hint = None if interp else straddling_weight_hint(b)
+        if hint is not None:
+            warn_once(hint, PerformanceWarning, key="prepare_weight")
         if self.k_padded:
             kp = self.k_padded
             self._pad_copies = (_row_copy_launch(a, kp, interp, options, pad=True),
@@ -1002,6 +1005,30 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: Optional[torch.Tensor] = N
 
 
 # ----------------------------------------------------------------------------------- weights
+class PerformanceWarning(UserWarning):
+    """A call that runs correctly but slower than it could (e.g. a weight whose rows straddle
+    cache lines: see prepare_weight)."""
+
+
+# weights smaller than this are not worth a hint: their rows' line offsets cost microseconds
+HINT_MIN_WEIGHT_BYTES = 8 << 20
+
+
+def straddling_weight_hint(b: torch.Tensor) -> Optional[str]:
+    """The one-time hint :func:`matmul` gives for ``b = w.T`` of a weight (N, K) whose rows do not
+    start on 128-byte lines (K * element size not a multiple of 128, from HINT_MIN_WEIGHT_BYTES),
+    or None."""
+    if b.dim() != 2 or b.stride(0) != 1 or b.shape[1] < 2:
+        return None
+    es = b.element_size()
+    lead = b.stride(1)
+    if (lead * es) % 128 == 0 or b.shape[0] * b.shape[1] * es < HINT_MIN_WEIGHT_BYTES:
+        return None
+    return (f"numasched.matmul: the weight's rows ({b.shape[0]} elements, {lead * es} bytes apart) do not start on "
+            "128-byte lines, which costs a large GEMM 10-40 % (and an odd K a copy of the weight per call); "
+            "numasched.prepare_weight(w) once, as the model is loaded, moves them onto whole lines (warned once)")
+
+
 def prepare_weight(w: torch.Tensor, *, line_bytes: int = 128) -> torch.Tensor:
     """``w`` (N, K), ``F.linear``'s weight layout, with each row starting on a whole cache line:
     the same values in a view of a zero-padded (N, Kp) buffer, Kp * element size a multiple of

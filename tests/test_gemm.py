@@ -846,9 +846,15 @@ def test_gpu_prepared_weights_eager_and_in_graph_replays(m, n, k):
     on fresh x, the weight's padding NaN; an odd K copies A only."""
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    reset_warnings()
+    with pytest.warns(numasched.PerformanceWarning, match="prepare_weight"):   # the raw weight: the hint
+        numasched.plan_matmul(x, w.T)
     wp = numasched.prepare_weight(w)
     wp.as_strided((n, wp.stride(0)), (wp.stride(0), 1))[:, k:] = float("nan")
-    plan = numasched.plan_matmul(x, wp.T)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", numasched.PerformanceWarning)
+        reset_warnings()
+        plan = numasched.plan_matmul(x, wp.T)
     if k % 2 and m > 1:
         assert plan.k_padded == 0 and plan._a_rows == wp.stride(0), plan.schedule
     ref = x.double() @ w.double().T
@@ -1244,6 +1250,23 @@ def test_prepare_weight_keeps_values_and_starts_rows_on_lines(n, k, dtype):
     for line in (16, 64):
         q = numasched.prepare_weight(w, line_bytes=line)
         assert torch.equal(q, w) and (q.stride(0) * es) % line == 0 and q.data_ptr() % line == 0
+
+
+def test_straddling_weight_hint_names_prepare_weight_where_it_pays():
+    """The one-time hint matmul gives on a GPU: for w.T of a weight whose rows are not whole
+    128-byte lines (K = 8 mod 16 and odd K in bf16), from 8 MB; none for aligned, small,
+    (K, N) row-major or prepared weights."""
+    from numasched.gemm import straddling_weight_hint
+
+    big = torch.empty(2048, 4104, dtype=torch.bfloat16)            # 16.8 MB, rows 8208 bytes apart
+    msg = straddling_weight_hint(big.T)
+    assert msg is not None and "prepare_weight" in msg and "8208 bytes" in msg
+    assert straddling_weight_hint(torch.empty(2048, 4099, dtype=torch.bfloat16).T) is not None   # odd K
+    assert straddling_weight_hint(torch.empty(2048, 4096, dtype=torch.bfloat16).T) is None       # whole lines
+    assert straddling_weight_hint(torch.empty(256, 4104, dtype=torch.bfloat16).T) is None        # 2 MB
+    assert straddling_weight_hint(torch.empty(4104, 2048, dtype=torch.bfloat16)) is None         # (K, N) row-major
+    assert straddling_weight_hint(numasched.prepare_weight(big).T) is None
+    assert issubclass(numasched.PerformanceWarning, UserWarning)
 
 
 def test_prepare_weight_keeps_parameters_and_checks_its_arguments():
