@@ -14,7 +14,7 @@ keeping the faster of its two):
 * "best": the fastest of the chooser's pick and the next ``--top`` schedules by the model's
   estimate, each timed the same way (the autotuned reference the chooser is judged against);
 * with ``--ws``: the warp-specialised Gluon GEMM's forms (numasched.gemm_ws: data-parallel,
-  stream-K, its banded merge, split-K in K lockstep, two-box widths ``wNNN``), and cuBLAS time /
+  stream-K, its banded merge, split-K in K lockstep, widths ``wNNN`` of two or three boxes), and cuBLAS time /
   the faster of ours and theirs (``ratio_with_ws``). The chooser itself takes the WS widths from
   gemm_schedule.WS_MIN_ROWS rows (options.gemm_ws): there "best" also times the next Triton
   schedules.
@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # the WS GEMM's forms (numasched.gemm_ws): data-parallel tiles; stream-K with the last piece's merge;
 # stream-K with the banded merge; split-K in K lockstep (S = SMs // tiles, at least 2) with it;
-# "wNNN": data-parallel tiles NNN columns wide in two boxes (gemm_ws.wide_config, e.g. w160);
+# "wNNN": data-parallel tiles NNN columns wide in up to three boxes (gemm_ws.wide_config, e.g. w160, w208);
 # "kNNN": split-K in K lockstep with tiles NNN (64, 128) columns wide, S = SMs // tiles
 WS_FORMS = ("dp", "sk", "bands", "split", "wNNN", "kNNN")
 

@@ -239,13 +239,14 @@ def test_gemm_inference_ws_forms_are_parsed_and_configured():
     assert GI.ws_config("split", 512, 2560, 132).sk_split == 3     # 40 tiles
     assert GI.ws_config("split", 4096, 6144, 132).sk_split == 2    # 768 tiles: at least 2
     assert GI.ws_config("bands", 512, 2560, 132).sk_merge == 1 and not GI.ws_config("dp", 1, 1, 132).streamk
-    # wNNN: two-box data-parallel tiles of that width; widths that are not two power-of-two boxes refused
+    # wNNN: data-parallel tiles of that width in up to three power-of-two boxes; other widths refused
     assert GI.build_parser().parse_args(["--ws", "w160,w80", "--dry-run"]).ws == ["w160", "w80"]
     assert GI.ws_config("w160", 512, 5120, 132).tile_n == 160 and GI.ws_config("w80", 1, 1, 132).block_n1 == 16
     k = GI.ws_config("k128", 128, 4096, 132)   # 32 tiles of 128 x 128: 4 K parts
     assert (k.block_n, k.sk_split, k.sk_merge, k.streamk) == (128, 4, 1, True)
     assert GI.ws_config("k64", 256, 8192, 132).sk_split == 2   # 256 tiles: at least 2
-    for bad in ("w176", "w64", "wx", "k96", "k"):
+    assert GI.ws_config("w208", 512, 25600, 132).block_n2 == 16   # 128 + 64 + 16
+    for bad in ("w240", "w64", "wx", "k96", "k"):
         with pytest.raises(SystemExit):
             GI.build_parser().parse_args(["--ws", bad])
 
