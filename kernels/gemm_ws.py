@@ -202,14 +202,19 @@ if HAVE_GLUON:
         return bar, s
 
     @gluon.jit
+    def _wait_slot(p, it, ROLE: gl.constexpr, ROWS: gl.constexpr):
+        """Wait for step ``it``'s ring slot: (the slot, this consumer's ROWS rows of A in it)."""
+        STAGES: gl.constexpr = p.a_bufs.type.shape[0]
+        s = it % STAGES
+        mbarrier.wait(p.ready.index(s), (it // STAGES) & 1)
+        return s, p.a_bufs.index(s).slice(ROLE * ROWS, ROWS, dim=0)
+
+    @gluon.jit
     def _mma_step(p, acc, it, kk, prev, ROLE: gl.constexpr, ROWS: gl.constexpr):
         """A consumer's step ``it`` (K step ``kk`` of its tile): wait for the slot, one async wgmma
         on its rows, keep one in flight; the previous step's is then done and its slot ``prev``
         is freed. Returns (acc, this slot)."""
-        STAGES: gl.constexpr = p.a_bufs.type.shape[0]
-        s = it % STAGES
-        mbarrier.wait(p.ready.index(s), (it // STAGES) & 1)
-        a = p.a_bufs.index(s).slice(ROLE * ROWS, ROWS, dim=0)
+        s, a = _wait_slot(p, it, ROLE, ROWS)
         acc = warpgroup_mma(a, _b_operand(p, p.b_bufs.index(s)), acc, use_acc=kk > 0, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
         mbarrier.arrive(p.empty.index(prev), count=1, pred=kk > 0)
@@ -219,10 +224,7 @@ if HAVE_GLUON:
     def _mma_step2(p, acc, acc1, it, kk, prev, ROLE: gl.constexpr, ROWS: gl.constexpr):
         """_mma_step of a tile in two boxes (N1 > 0): two async wgmmas on the same A rows, one per
         box and accumulator; the previous step's pair is done after ``wait(2)``."""
-        STAGES: gl.constexpr = p.a_bufs.type.shape[0]
-        s = it % STAGES
-        mbarrier.wait(p.ready.index(s), (it // STAGES) & 1)
-        a = p.a_bufs.index(s).slice(ROLE * ROWS, ROWS, dim=0)
+        s, a = _wait_slot(p, it, ROLE, ROWS)
         acc = warpgroup_mma(a, _box_operand(p.b_bufs.index(s), p.B_KMAJOR), acc, use_acc=kk > 0, is_async=True)
         acc1 = warpgroup_mma(a, _box_operand(p.b1_bufs.index(s), p.B_KMAJOR), acc1, use_acc=kk > 0, is_async=True)
         acc, acc1 = warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc1))
@@ -232,10 +234,7 @@ if HAVE_GLUON:
     @gluon.jit
     def _mma_step3(p, acc, acc1, acc2, it, kk, prev, ROLE: gl.constexpr, ROWS: gl.constexpr):
         """_mma_step2 of a tile in three boxes (N2 > 0): three async wgmmas, one per box."""
-        STAGES: gl.constexpr = p.a_bufs.type.shape[0]
-        s = it % STAGES
-        mbarrier.wait(p.ready.index(s), (it // STAGES) & 1)
-        a = p.a_bufs.index(s).slice(ROLE * ROWS, ROWS, dim=0)
+        s, a = _wait_slot(p, it, ROLE, ROWS)
         acc = warpgroup_mma(a, _box_operand(p.b_bufs.index(s), p.B_KMAJOR), acc, use_acc=kk > 0, is_async=True)
         acc1 = warpgroup_mma(a, _box_operand(p.b1_bufs.index(s), p.B_KMAJOR), acc1, use_acc=kk > 0, is_async=True)
         acc2 = warpgroup_mma(a, _box_operand(p.bx_bufs.index(s), p.B_KMAJOR), acc2, use_acc=kk > 0, is_async=True)
