@@ -1025,7 +1025,7 @@ def straddling_weight_hint(b: torch.Tensor) -> Optional[str]:
     if (lead * es) % 128 == 0 or b.shape[0] * b.shape[1] * es < HINT_MIN_WEIGHT_BYTES:
         return None
     return (f"numasched.matmul: the weight's rows ({b.shape[0]} elements, {lead * es} bytes apart) do not start on "
-            "128-byte lines, which costs a large GEMM 10-40 % (and an odd K a copy of the weight per call); "
+            "128-byte lines, which made large GEMMs up to 1.5x slower (an odd K up to 3x: a copy of the weight per call); "
             "numasched.prepare_weight(w) once, as the model is loaded, moves them onto whole lines (warned once)")
 
 
@@ -1035,8 +1035,9 @@ def prepare_weight(w: torch.Tensor, *, line_bytes: int = 128) -> torch.Tensor:
     ``line_bytes``. Made once per weight (as a model is loaded), it is read as ``w.T`` by
     :func:`matmul` like any weight and saves what rows that straddle lines cost at every call:
 
-    - K * element size a multiple of 16 bytes but not of 128 (e.g. bf16 K = 8 mod 16): TMA reads
-      each row's K steps across two lines (0.70-0.80 of the aligned time on an H100);
+    - K * element size a multiple of 16 bytes but not of 128 (e.g. bf16 K = 8 mod 16): each TMA
+      box row spans two lines (prepared, 40 such shapes ran 1.10x faster on an H200 and an H100,
+      up to 1.48x; bench/results/gemm-s44/);
     - K * element size not a multiple of 16 (an odd K in bf16): no TMA at all; with a prepared
       weight only the activation is copied into whole-line rows per call (options.gemm_align_a),
       not the weight too (options.gemm_pad_k).
