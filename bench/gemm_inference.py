@@ -264,6 +264,11 @@ def _time_ws(forms, x, ws, outs, ref, copies, calls, graph_us, log, where) -> di
     return times
 
 
+def _geomean(xs) -> float:
+    """Geometric mean of positive numbers."""
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
 def _tma_ok(x, w) -> bool:
     """Whether TMA can read both operands (16-byte aligned rows): else the tiled kernel is off."""
     from numasched.gemm import tma_view
@@ -399,20 +404,20 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
     ratios = [r["ratio"] for r in rows if r["ratio"]] or [float("nan")]
     within = [r for r in rows if r["chooser_vs_best"] and r["chooser_vs_best"] <= 1.05]
-    geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios)) if ratios else float("nan")
+    geo = _geomean(ratios) if ratios else float("nan")
     summary = (f"cuBLAS time / ours: min {min(ratios):.3f}, geomean {geo:.3f} over {len(ratios)} points; "
                f"points >= 0.95: {sum(r >= 0.95 for r in ratios)}/{len(ratios)}; chooser within 5% of the best of "
                f"the timed schedules: {len(within)}/{len(rows)}")
     with_ws = [r["ratio_with_ws"] for r in rows if r.get("ratio_with_ws")]
     if with_ws:
-        g = math.exp(sum(math.log(x) for x in with_ws) / len(with_ws))
+        g = _geomean(with_ws)
         summary += (f"; with the WS forms ({','.join(args.ws)}) where faster: min {min(with_ws):.3f}, geomean "
                     f"{g:.3f}, points >= 0.95: {sum(r >= 0.95 for r in with_ws)}/{len(with_ws)}")
     prep = [r["ratio_vs_cublas_prepared"] for r in rows if r.get("ratio_vs_cublas_prepared")]
     if prep:
-        g = math.exp(sum(math.log(x) for x in prep) / len(prep))
+        g = _geomean(prep)
         sp = [r["prepared_speedup"] for r in rows if r.get("prepared_speedup")]
-        gs = math.exp(sum(math.log(x) for x in sp) / len(sp))
+        gs = _geomean(sp)
         summary += (f"; prepared weights, cuBLAS on them too: min {min(prep):.3f}, geomean {g:.3f}, points >= 0.95: "
                     f"{sum(r >= 0.95 for r in prep)}/{len(prep)}; numasched raw / prepared: geomean {gs:.3f}, "
                     f"min {min(sp):.3f}, max {max(sp):.3f}")
