@@ -156,6 +156,8 @@ def _contenders(m: int, n: int, k: int, tma: bool, chosen, top: int, machine, ex
     if options.current().gemm_ws_swap and (n * 2) % 16 == 0:   # the transposed WS form's best two, whichever
         # family the pick is (where the output's rows are whole 16 bytes, as gemm_ws.supported asks)
         ranks = ranks + [r for r in ranked(True) if r[1].swap][:2]
+    if chosen.kind == "ws" and chosen.tail:   # the WS tail form: beside it the best pick without it
+        ranks = ranks + [r for r in ranked(True) if not r[1].tail][:1]
     more = [(GS.estimate(s, m, n, k, 2, machine, splitk_tma=tma, aligned=tma), s) for s in extra]
     out, seen = [], set()
     for est, s in [(chosen.est_s, chosen)] + ranks + more:

@@ -417,6 +417,10 @@ class GemmPlan(Plan):
                        "tiles 80 to 256 wide along M")
             elif schedule.split_k > 1 and schedule.block_n not in _sched.WS_SPLIT_NS:
                 why = f"its split-K form takes tiles of {' / '.join(map(str, _sched.WS_SPLIT_NS))} columns"
+            elif schedule.tail and (schedule.split_k < 2 or schedule.block_n not in (128, 256)
+                                    or not _sched.ws_tail_fits(Mdim, N, schedule.block_n, _sched.Machine.of(dev).sms)):
+                why = ("its tail form (data-parallel rounds, then the last round's tiles split in K) takes tiles "
+                       "of 128 x 128 or 128 x 256 that leave a last round part-empty, split in 2 or more parts")
             elif split_k is not None or explicit_tiled:
                 why = "it takes no split_k, config, path, persistent or num_programs (the schedule says it all)"
             else:
@@ -481,11 +485,15 @@ class GemmPlan(Plan):
         return supported(a, b, out)
 
     def _plan_ws(self, a, b, out, schedule) -> None:
-        from .gemm_ws import WsGemmPlan, split_config, wide_config
+        from .gemm_ws import WsGemmPlan, WsTailPlan, split_config, wide_config
 
         self.kernel, self.schedule, self.path = "ws", schedule, "tma"
         self.persistent = True
-        if schedule.split_k > 1:   # split-K in K lockstep, the banded merge (one unit per SM)
+        if schedule.tail:   # whole rounds data-parallel, then the last round's tiles split in K
+            self._ws = WsTailPlan(a, b, out, block_n=schedule.block_n, split=schedule.split_k,
+                                  max_stages=max(3, schedule.num_stages))
+            self.split_k = self._ws.split
+        elif schedule.split_k > 1:   # split-K in K lockstep, the banded merge (one unit per SM)
             self._ws = WsGemmPlan(a, b, out, config=split_config(schedule.block_n, schedule.split_k))
             self.split_k = self._ws.split
         else:

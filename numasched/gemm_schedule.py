@@ -264,6 +264,25 @@ WS_SPLIT_PARTIAL_L2, WS_SPLIT_SYNC_S = 0.10, 2.4e-6
 # Triton model's estimates ran 0.93-1.67x their measured times at those 8 shapes (the split form's
 # 0.92-1.09x), so a small modelled lead was no lead (128 x 4096 x 4096: 22.0 against 19.0 us)
 WS_SPLIT_MARGIN = 0.95
+# The WS tail form (gemm_ws.WsTailPlan, Schedule(kind "ws", tail=True)): where the 128 x 128 or
+# 128 x 256 tiles leave the last round part-empty, whole rounds run data-parallel over the first
+# columns and the last round's tiles (the columns past them) run in the split-K form, S K parts
+# each on SMs of their own. Priced as the two launches the WS model prices (the data-parallel
+# slab, then the split slab). Weighed with the tail split-K schedules (options.gemm_tail_split)
+# from WS_FILL_MIN_ROWS rows and WS_TAIL_MIN_K, WS_TAIL_SPLITS parts (at least two K steps each),
+# where the tail's units fit on the SMs. Timed on an H100 at the 19 shapes where the model took it
+# (bench/results/gemm-s45/h100-tail: 8 of the issue's grid, 11 off it), beside the best pick
+# without it: at K >= 4096 the tail ran 1.04-1.10x faster at 8 (760 x 14336 x 8192 282.1 ->
+# 256.0 us, 1024 x 25600 x 5120 432.6 -> 392.5, 512 x 14336 x 8192 184.4 -> 171.3; cuBLAS 275.3,
+# 409.6, 193.2), even at 4 and 0.92-0.98x at 4 (512 x 25600 x 5120 191.7 -> 207.4, where 160-wide
+# data-parallel tiles fill 4.85 rounds; 373 x 13808 x 6920 137.1 -> 142.6); its estimates ran
+# 0.88-1.16x its times, as the data-parallel widths' did (0.86-1.13x). Under K = 4096 (four points
+# at 187-246 rows, K 2560-3728) it lost to the Triton picks (0.81-0.98x: the WS model's short K
+# loops, as for the 64-row tiles), hence WS_TAIL_MIN_K.
+WS_TAIL_NS = (128, 256)
+WS_TAIL_SPLITS = (2, 3, 4, 6, 8, 12, 16)
+WS_TAIL_MIN_K = WS_FILL_MIN_K
+WS_TAIL_MARGIN = 1.0
 # The WS kernel's tiles of 64 rows (one consumer warpgroup, gemm_ws.wide_config(block_m=64)),
 # weighed from WS64_MIN_ROWS to WS64_MAX_ROWS rows (two to eight tile rows) where K is at least
 # WS_FILL_MIN_K, by the WS model above. Timed on the H200 beside the Triton picks at 64-128 rows of
@@ -485,13 +504,14 @@ class Schedule:
     num_stages: int = 3
     persistent: bool = False
     subtile: bool = False
-    tail: bool = False   # split-K: only the tiles past the last whole wave are split (split_k ways)
+    tail: bool = False   # split-K / WS: only the tiles past the last whole wave are split (split_k ways)
     est_s: float = float("nan")
     swap: bool = False   # "ws": the weight as the kernel's A, y stored transposed (block_m along N, block_n along M)
 
     def __post_init__(self):
-        if self.tail and self.kind != "splitk":
-            raise ValueError(f"tail=True is a split-K schedule's (kind 'splitk'), got kind {self.kind!r}")
+        if self.tail and (self.kind not in ("splitk", "ws") or (self.kind == "ws" and self.split_k < 2)):
+            raise ValueError(f"tail=True is a split-K or split WS schedule's (kind 'splitk', or 'ws' with split_k "
+                             f">= 2), got kind {self.kind!r} split {self.split_k}")
         if self.swap and (self.kind != "ws" or self.split_k > 1):
             raise ValueError(f"swap=True is an unsplit WS schedule's (kind 'ws'), got {self.kind!r} split {self.split_k}")
 
@@ -595,7 +615,8 @@ def _ws_swap_candidates(M: int, N: int, K: int, elt: int, machine: Machine) -> l
 def _candidates(M: int, N: int, K: int, elt: int, machine: Machine, *, splitk_only: bool = False,
                 tail: bool = False, ws: bool = False, wide3: bool = False) -> list:
     """The schedules the chooser weighs for this shape (estimates not filled in); ``tail``
-    (options.gemm_tail_split): also the split-K schedules that split only the last wave's tiles;
+    (options.gemm_tail_split): also the split-K schedules that split only the last wave's tiles
+    (and with ``ws`` the WS tail form's, WS_TAIL_*);
     ``ws`` (the operands fit the warp-specialised kernel, options.gemm_ws): from WS_MIN_ROWS rows
     and WS_MIN_S of modelled time its widths instead of the Triton schedules; below, its widths
     (WS_FILL_MIN_ROWS), 64-row tiles (WS64_*) and split-K form (WS_SPLIT_*) beside them."""
@@ -609,14 +630,15 @@ def _candidates(M: int, N: int, K: int, elt: int, machine: Machine, *, splitk_on
         t, best = min((_ws_estimate(s, M, N, K, elt, machine), i) for i, s in enumerate(wide))
         fills = _cdiv(M, 128) * _cdiv(N, wide[best].block_n) >= WS_FILL * machine.sms
         if t >= WS_MIN_S and M >= WS_MIN_ROWS:
-            return wide + _ws64_candidates(M, N, K, elt, machine)
+            return (wide + _ws64_candidates(M, N, K, elt, machine)
+                    + (_ws_tail_candidates(M, N, K, elt, machine) if tail else []))
         # under WS_MIN_ROWS (the fill rule) beside the Triton schedules: the 64-row tile groups
         # (row_group_share) ran faster than both at some 129-256-row shapes
         out = wide if t >= WS_MIN_S and fills else []
     else:
         out = []
     if ws:
-        out = out + _ws64_candidates(M, N, K, elt, machine)
+        out = out + _ws64_candidates(M, N, K, elt, machine) + (_ws_tail_candidates(M, N, K, elt, machine) if tail else [])
     if ws and WS_SPLIT_MIN_ROWS <= M <= WS_SPLIT_MAX_ROWS and elt == 2:
         from .gemm_ws import split_config
 
@@ -677,6 +699,28 @@ def _candidates(M: int, N: int, K: int, elt: int, machine: Machine, *, splitk_on
     return out
 
 
+def ws_tail_fits(M: int, N: int, block_n: int, sms: int) -> bool:
+    """Whether 128 x ``block_n`` tiles leave a part-empty last round after whole ones (WS tail form)."""
+    from .gemm_ws import tail_columns
+
+    return tail_columns(M, N, block_n, sms)[0] > 0
+
+
+def _ws_tail_candidates(M: int, N: int, K: int, elt: int, machine: Machine) -> list:
+    """The WS tail form's schedules weighed here (WS_TAIL_*; the operands fit the WS kernel)."""
+    if not (elt == 2 and M >= WS_FILL_MIN_ROWS and K >= WS_TAIL_MIN_K):
+        return []
+    from .gemm_ws import tail_columns, wide_config
+
+    out = []
+    for n in WS_TAIL_NS:
+        n0, tail_tiles = tail_columns(M, N, n, machine.sms)
+        if n0:
+            out += [Schedule("ws", 128, n, 64, S, 4, wide_config(n).stages, True, tail=True) for S in WS_TAIL_SPLITS
+                    if tail_tiles * S <= machine.sms and S <= _cdiv(K, 64) // 2]
+    return out
+
+
 def _ws64_candidates(M: int, N: int, K: int, elt: int, machine: Machine) -> list:
     """The WS kernel's 64-row tiles weighed here (WS64_*; the operands fit the WS kernel)."""
     if not (elt == 2 and machine.ws64 and WS64_MIN_ROWS <= M <= WS64_MAX_ROWS and K >= WS64_MIN_K):
@@ -701,6 +745,13 @@ def ranked(M: int, N: int, K: int, elt: int, machine: Machine, *, splitk_only: b
 def estimate(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machine, splitk_tma: bool = False,
              aligned: bool = True) -> float:
     """Modelled time of ``s`` in seconds (see the module doc)."""
+    if s.kind == "ws" and s.tail:   # the data-parallel slab's launch, then the split slab's
+        from .gemm_ws import tail_columns
+
+        n0, _ = tail_columns(M, N, s.block_n, machine.sms)
+        whole = replace(s, split_k=1, tail=False)
+        return (_ws_estimate(whole, M, n0, K, elt, machine)
+                + _ws_estimate(replace(s, tail=False), M, N - n0, K, elt, machine))
     if s.kind == "ws":   # (swap: the weight's rows are the kernel's M, the tokens its N)
         return _ws_estimate(s, N, M, K, elt, machine) if s.swap else _ws_estimate(s, M, N, K, elt, machine)
     if (s.kind == "splitk" and s.block_m == 128 and M < 128
@@ -940,7 +991,8 @@ def pick(scored: list, M: int, elt: int, machine: Machine, splitk_tma: bool = Fa
     there is none. (scripts/gemm_rank_eval.py --chooser applies it to the timed schedules.)"""
     best, best_t = None, float("inf")
     for s, est in scored:
-        t = est / WS_SPLIT_MARGIN if s.kind == "ws" and s.split_k > 1 else est   # (the schedule keeps its own estimate)
+        t = (est / (WS_TAIL_MARGIN if s.tail else WS_SPLIT_MARGIN) if s.kind == "ws" and s.split_k > 1
+             else est)   # (the schedule keeps its own estimate)
         t = t / WS_SWAP_MARGIN if s.swap else t
         if t < best_t * 0.999:
             best, best_t = replace(s, est_s=est), t

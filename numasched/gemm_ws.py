@@ -19,7 +19,7 @@ import torch
 
 __all__ = ["WsConfig", "WsGemmPlan", "supported", "descriptor_type", "host_descriptor", "descriptor_maker",
            "DeviceAddress", "DEFAULT_CONFIG", "wide_config", "split_config", "GLU_CONFIG", "STREAMK_CONFIG", "streamk_ranges", "split_parts",
-           "merge_bands", "last_box_rows", "last_b_rows"]
+           "merge_bands", "last_box_rows", "last_b_rows", "WsTailPlan", "tail_columns"]
 
 
 CONSUMER_ROWS = 64   # a consumer warpgroup's rows of a tile (wgmma's M), C's boxes
@@ -102,6 +102,21 @@ def split_config(block_n: int, split: int, smem: int = 200 * 1024) -> WsConfig:
 # 122): on an H100 64 x 80 in 10-12 stages and 64 x 96 in 10 ran 0-10 % faster than in 8 at 16 of
 # 16 shapes of 72-384 rows (bench/results/gemm-s40/h100-rings). 128-row tiles: 6 (80 and 96 wide in
 # 7 stages ran 0.93-1.06x their 6-stage time over 10 shapes, h100-rings128).
+def tail_columns(M: int, N: int, block_n: int, sms: int, block_m: int = 128) -> Tuple[int, int]:
+    """Where a grid of 128 x ``block_n`` tiles leaves its last round on ``sms`` SMs part-empty:
+    (n0, tail tiles), the first n0 columns (whole tile columns) holding as many tiles as whole
+    rounds take (at most NM - 1 slots of the last of them idle, NM the tile rows) and the tiles of
+    the columns past n0. (0, 0) where the tiles make whole rounds or less than one (WsTailPlan)."""
+    nm, nn = -(-M // block_m), -(-N // block_n)
+    rounds, rest = divmod(nm * nn, sms)
+    if not rounds or not rest:
+        return 0, 0
+    nn0 = rounds * sms // nm
+    if not nn0:   # more tile rows than whole rounds' slots: no whole column to run data-parallel
+        return 0, 0
+    return nn0 * block_n, nm * (nn - nn0)
+
+
 WIDE_MAX_STAGES = {128: 6, 64: 12}
 
 
@@ -213,9 +228,10 @@ def _tma_ok(t: torch.Tensor) -> bool:
 
 
 def supported(a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None, glu: bool = False,
-              swap: bool = False) -> Optional[str]:
+              swap: bool = False, out_stride: Optional[int] = None) -> Optional[str]:
     """None when the kernel can compute ``out = a @ b`` (``glu``: the SwiGLU form; ``swap``:
-    ``out = (a @ b).T``); otherwise the reason, naming the argument."""
+    ``out = (a @ b).T``; ``out_stride``: the row stride of the outs to come, where out is not
+    given); otherwise the reason, naming the argument."""
     from numasched.kernels.gemm_ws import HAVE_GLUON
 
     if a.dtype not in (torch.bfloat16, torch.float16) or b.dtype != a.dtype:
@@ -230,7 +246,10 @@ def supported(a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = No
     if out is not None and (out.dtype != a.dtype or not _tma_ok(out)):
         return "out must be row-major with 16-byte aligned rows (N a multiple of 8), in a's dtype"
     n = a.shape[0] if swap else b.shape[1] // 2 if glu else b.shape[1]
-    if out is None and (n * a.element_size()) % 16:
+    if out is None and out_stride is not None:
+        if (out_stride * a.element_size()) % 16:
+            return f"out_stride must keep rows 16-byte aligned (a multiple of {16 // a.element_size()}), got {out_stride}"
+    elif out is None and (n * a.element_size()) % 16:
         # the out a call makes is contiguous: its rows must suit TMA too
         return f"the output's rows must be 16-byte aligned (N a multiple of {16 // a.element_size()}), got N={n}"
     if not HAVE_GLUON:
@@ -253,22 +272,26 @@ class WsGemmPlan:
     def __init__(self, a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None,
                  config: WsConfig = DEFAULT_CONFIG, num_programs: Optional[int] = None,
                  row_scale: Optional[torch.Tensor] = None, peer_out_ptr: Optional[int] = None,
-                 peer_paced: bool = False):
+                 peer_paced: bool = False, out_stride: Optional[int] = None):
         """``peer_out_ptr`` (a probe, scripts/ws_push_probe.py): the address, valid on this GPU
         (a peer's memory mapped here, e.g. by the symmetric heap), of a twin of ``out`` that every
         tile is also TMA-stored into: at once, or (``peer_paced``) in 64-column chunks spread over
-        the next tile's K loop."""
+        the next tile's K loop. ``out_stride`` (without ``out``): the row stride of the outs the
+        calls will pass (a column slab of a wider output: WsTailPlan)."""
         if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
             raise ValueError(f"a {tuple(a.shape)} and b {tuple(b.shape)} are not (M, K) and (K, N)")
-        why = supported(a, b, out, glu=config.glu, swap=config.swap)
+        why = supported(a, b, out, glu=config.glu, swap=config.swap, out_stride=out_stride)
         if why:
             raise ValueError(f"the warp-specialised GEMM cannot run this: {why}")
         self.M, self.K = a.shape
         self.N = b.shape[1] // 2 if config.glu else b.shape[1]
+        if out_stride is not None and (out is not None or config.swap or out_stride < self.N):
+            raise ValueError(f"out_stride must be at least N={self.N}, for an untransposed plan made without out, "
+                             f"got {out_stride}")
         # what the launch's descriptors are made for: the thin launch caches their tensor maps by
         # base pointer, so a call's operands must be laid out as these
         self._layout = (tuple(a.shape), a.stride(), tuple(b.shape), b.stride(),
-                        None if out is None else out.stride())
+                        out.stride() if out is not None else None if out_stride is None else (out_stride, 1))
         if config.glu and b.shape[1] % 2:
             raise ValueError(f"b must have an even number of columns (gate then up), got {b.shape[1]}")
         self.swap = config.swap
@@ -499,6 +522,59 @@ class WsGemmPlan:
         if bad:
             raise RuntimeError(f"the stream-K GEMM's merge waited more than {SK_WAIT_NS / 1e9:g} s for a tile's "
                                f"pieces ({self.num_programs} programs: were they all resident?)")
+
+
+class WsTailPlan:
+    """``out (M, N) = a (M, K) @ b (K, N)`` in two launches of the warp-specialised kernel where
+    its 128 x ``block_n`` tiles leave the last round part-empty (tail_columns): the data-parallel
+    form over the first n0 columns (whole rounds, every SM a tile), then the split-K form over the
+    rest, each of those tiles cut into ``split`` K parts on SMs of their own (K lockstep, the
+    banded merge), so the last round costs about a ``split``-th of a tile's K loop and the
+    partials' merge instead of a whole tile on a few SMs. Each launch reads its column slab of b
+    and writes its slab of out through descriptors of the slab (out's rows strided as the whole)."""
+
+    swap = False
+
+    def __init__(self, a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None, *, block_n: int,
+                 split: int, max_stages: Optional[int] = None, sms: Optional[int] = None):
+        if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
+            raise ValueError(f"a {tuple(a.shape)} and b {tuple(b.shape)} are not (M, K) and (K, N)")
+        if block_n not in (128, 256):
+            raise ValueError(f"block_n must be 128 or 256 (the data-parallel and split-K forms' common widths), "
+                             f"got {block_n}")
+        if split < 2:
+            raise ValueError(f"split must be >= 2, got {split}")
+        self.M, self.K = a.shape
+        self.N = b.shape[1]
+        if sms is None:
+            sms = torch.cuda.get_device_properties(a.device).multi_processor_count if a.is_cuda else 132
+        self.n0, tail_tiles = tail_columns(self.M, self.N, block_n, sms)
+        if not self.n0:
+            raise ValueError(f"{self.M} x {self.N} in 128 x {block_n} tiles makes whole rounds on {sms} SMs, or "
+                             "less than one: no tail to split (use the data-parallel or split-K form)")
+        if out is not None and tuple(out.shape) != (self.M, self.N):
+            raise ValueError(f"out must have shape {(self.M, self.N)}, got {tuple(out.shape)}")
+        stride = None if out is not None else self.N
+        n0 = self.n0
+        self.dp = WsGemmPlan(a, b[:, :n0], None if out is None else out[:, :n0],
+                             config=wide_config(block_n, max_stages=max_stages), out_stride=stride)
+        self.tail = WsGemmPlan(a, b[:, n0:], None if out is None else out[:, n0:],
+                               config=split_config(block_n, split), out_stride=stride)
+        self.out_shape = (self.M, self.N)
+        self.num_programs, self.config, self.split = self.dp.num_programs, self.dp.config, self.tail.split
+        self.tail_tiles = tail_tiles
+
+    def run(self, a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if out is None:
+            out = torch.empty(self.out_shape, device=a.device, dtype=a.dtype)
+        n0 = self.n0
+        self.dp.run(a, b[:, :n0], out[:, :n0])
+        self.tail.run(a, b[:, n0:], out[:, n0:])
+        return out
+
+    def check(self):
+        """As WsGemmPlan.check, for the split-K launch's banded merge."""
+        self.tail.check()
 
 
 def streamk_ranges(tiles: int, k_steps: int, programs: int):

@@ -1641,7 +1641,9 @@ def test_chooser_takes_the_ws_widths_from_512_rows():
         m, nn, k = int(r["M"]), int(r["N"]), int(r["K"])
         if m < GS.WS_MIN_ROWS:
             continue
-        pick = GS._choose(m, nn, k, 2, h100, False, True, True, True, True)
+        # (tail=False: the data-parallel widths, as that run timed them; the WS tail form beside
+        # them: test_ws_tail_schedules_name_parse_and_price_as_two_launches)
+        pick = GS._choose(m, nn, k, 2, h100, False, True, True, False, True)
         assert pick.kind == "ws", (m, nn, k, pick)
         if pick.block_m == 64:   # (64-row tiles were not timed in that run)
             continue
@@ -2249,7 +2251,7 @@ def test_transposed_ws_schedule_needs_a_weight_transpose():
 
 
 @pytest.mark.parametrize("run,machine,points,slower", [("h100-check", "h100", 20, 0), ("h200-check", "h200", 14, 1)])
-def test_transposed_ws_picks_against_recorded_times(run, machine, points, slower):
+def test_transposed_ws_picks_against_recorded_times(run, machine, points, slower, monkeypatch):
     """The chooser with the transposed form against without, on the recorded runs of 24 shapes
     where it changes the H100 pick (bench/results/gemm-s43/: both settings in one call, the H100
     twice): where the model's two picks still differ, the recorded time with the form is within
@@ -2276,12 +2278,82 @@ def test_transposed_ws_picks_against_recorded_times(run, machine, points, slower
                     d[name] = min(d.get(name, us), us)
     assert len(times) == 24
     gains = []
+    monkeypatch.setattr(GS, "WS_TAIL_NS", ())   # (those runs predate the WS tail form: without it)
     for (M, N, K), timed in times.items():
-        off = GS._choose(M, N, K, 2, m, False, True, True, True, True, False).describe()
-        on = GS._choose(M, N, K, 2, m, False, True, True, True, True, True).describe()
+        off = GS._choose.__wrapped__(M, N, K, 2, m, False, True, True, True, True, False).describe()
+        on = GS._choose.__wrapped__(M, N, K, 2, m, False, True, True, True, True, True).describe()
         if off == on or off not in timed or on not in timed:
             continue
         gains.append(timed[off] / timed[on])
     assert len(gains) >= points
     assert sum(g < 1 / 1.03 for g in gains) <= slower, gains
     assert math.exp(sum(map(math.log, gains)) / len(gains)) >= 1.1
+
+
+def test_ws_tail_schedules_name_parse_and_price_as_two_launches():
+    """The WS tail form's schedules: named and parsed back, refused without a split or with swap;
+    the chooser offers them only where the tiles leave a last round part-empty, with the tail's
+    units on the SMs, and prices them as the data-parallel slab's launch plus the split slab's."""
+    from dataclasses import replace
+
+    import numasched.gemm_schedule as GS
+    from numasched.gemm_ws import tail_columns
+
+    s = GS.Schedule.parse("ws 128x256x64 w4 s3 split8 tail persistent")
+    assert (s.kind, s.block_n, s.split_k, s.tail, s.persistent) == ("ws", 256, 8, True, True)
+    assert GS.Schedule.parse(s.describe()) == s
+    with pytest.raises(ValueError, match="tail=True"):
+        GS.Schedule("ws", 128, 256, 64, 1, 4, 3, True, tail=True)
+    with pytest.raises(ValueError, match="swap=True"):
+        GS.Schedule("ws", 128, 256, 64, 4, 4, 3, True, tail=True, swap=True)
+    h200 = GS._KNOWN["h200"]
+    for M, N, K in ((246, 17920, 2560), (1024, 25600, 5120), (512, 14336, 8192), (4096, 4096, 4096), (128, 4096, 4096),
+                    (300, 17920, 1024)):
+        tails = [c for c in GS.candidates(M, N, K, 2, h200, ws=True, tail=True) if c.tail and c.kind == "ws"]
+        assert not [c for c in GS.candidates(M, N, K, 2, h200, ws=True) if c.tail and c.kind == "ws"]
+        for c in tails:
+            n0, tail_tiles = tail_columns(M, N, c.block_n, h200.sms)
+            assert n0 and tail_tiles * c.split_k <= h200.sms and c.split_k <= K // 128
+            whole = replace(c, split_k=1, tail=False)
+            assert GS.estimate(c, M, N, K, 2, h200) == pytest.approx(
+                GS._ws_estimate(whole, M, n0, K, 2, h200) + GS._ws_estimate(replace(c, tail=False), M, N - n0, K, 2, h200))
+        assert bool(tails) == (M >= GS.WS_FILL_MIN_ROWS and K >= GS.WS_TAIL_MIN_K
+                               and any(tail_columns(M, N, n, h200.sms)[1] * 2 <= h200.sms for n in GS.WS_TAIL_NS)), (M, N, K)
+
+
+@gpu
+@pytest.mark.parametrize("m,k,bn,split", [(246, 2560, 256, 8), (700, 1000, 128, 2)])
+def test_gpu_ws_tail_schedule_matches_float64_in_graphs(m, k, bn, split):
+    """The WS tail form through numasched (a ws schedule with tail): float64 reference, poisoned
+    output, the same bits on every call and in CUDA-graph replays; refused where there is no tail."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the WS kernel is Hopper's")
+    from numasched.gemm_schedule import Schedule
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    n = bn * (-(-sms // -(-m // 128)) + 3) - 24
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    sched = Schedule.parse(f"ws 128x{bn}x64 w4 s3 split{split} tail persistent")
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    plan = numasched.plan_matmul(x, w.T, schedule=sched)
+    assert plan.kernel == "ws" and plan.split_k == split and plan.schedule.tail
+    plan.run(x, w.T, out)
+    ref = x.double() @ w.double().T
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
+    first = out.clone()
+    out.fill_(float("nan"))
+    plan.run(x, w.T, out)
+    assert torch.equal(out, first)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        plan.run(x, w.T, out)
+    for _ in range(2):
+        x.copy_(torch.randn_like(x))
+        out.fill_(float("nan"))
+        g.replay()
+        ref = x.double() @ w.double().T
+        assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
+    plan._ws.check()
+    with pytest.raises(ValueError, match="tail form"):
+        numasched.plan_matmul(x[:, :k], w[: bn * 8].T, schedule=sched)   # a handful of tiles: no whole round

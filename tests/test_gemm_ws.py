@@ -790,3 +790,96 @@ def test_hopper_check_never_takes_an_amd_part(monkeypatch):
     monkeypatch.setattr(caps, "capability", lambda device: (10, 0))
     assert not caps.hopper(torch.device("cuda", 0))
     assert not caps.hopper(torch.device("cpu"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(M=st.integers(1, 5000), N=st.integers(1, 60000), block_n=st.sampled_from([128, 256]),
+       sms=st.integers(1, 140))
+def test_tail_columns_leave_whole_rounds_then_a_tail(M, N, block_n, sms):
+    """tail_columns: the first n0 columns hold whole tile columns whose tiles fill whole rounds
+    but for fewer than a tile column's worth of slots (NM), and the tiles past them are the rest
+    of the grid, fewer than a round; (0, 0) exactly where the tiles make whole rounds or less
+    than one, or the whole rounds hold no whole tile column."""
+    from numasched.gemm_ws import tail_columns
+
+    nm, nn = -(-M // 128), -(-N // block_n)
+    rounds, rest = divmod(nm * nn, sms)
+    n0, tail = tail_columns(M, N, block_n, sms)
+    if not rounds or not rest or rounds * sms < nm:
+        assert (n0, tail) == (0, 0)
+        return
+    assert n0 % block_n == 0 and 0 < n0 < N
+    dp = nm * (n0 // block_n)
+    assert rounds * sms - nm < dp <= rounds * sms
+    assert dp + tail == nm * nn and 0 < tail < sms + nm
+
+
+def test_tail_plan_errors_name_the_argument():
+    """WsTailPlan refuses, naming the argument, before it plans a launch (no GPU needed)."""
+    from numasched.gemm_ws import WsTailPlan
+
+    a, b = torch.empty(246, 512, dtype=torch.bfloat16), torch.empty(512, 17920, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="block_n must be 128 or 256"):
+        WsTailPlan(a, b, block_n=192, split=4, sms=132)
+    with pytest.raises(ValueError, match="split must be >= 2"):
+        WsTailPlan(a, b, block_n=256, split=1, sms=132)
+    with pytest.raises(ValueError, match="no tail to split"):
+        WsTailPlan(a, b[:, :256 * 66], block_n=256, split=4, sms=132)   # 132 tiles: one whole round
+    with pytest.raises(ValueError, match="not \\(M, K\\) and \\(K, N\\)"):
+        WsTailPlan(a, b.T, block_n=256, split=4, sms=132)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("b_weight", [True, False])
+@pytest.mark.parametrize("M,K,block_n,split,extra", [(246, 1000, 256, 4, 4), (1031, 3000, 128, 2, 3),
+                                                     (300, 4096, 128, 3, 1), (129, 2048, 256, 16, 2)])
+def test_tail_plan_matches_float64_and_repeats_its_bits(M, K, block_n, split, extra, dtype, b_weight):
+    """The WS tail form: whole rounds data-parallel over the first columns, the last round's tiles
+    split in K over the rest (N past whole rounds by ``extra`` tile columns, the last one partial):
+    float64 reference, poisoned output, the same bits on every call, the tickets back at zero;
+    a plan made without out writes a contiguous out, one made with out its slabs."""
+    from numasched.gemm_ws import WsTailPlan
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    nm = -(-M // 128)
+    N = block_n * (-(-sms // nm) + extra) - 40
+    a, b, out, ref = _operands(M, N, K, dtype, b_weight)
+    for planned_out in (out, None):
+        plan = WsTailPlan(a, b, planned_out, block_n=block_n, split=split)
+        assert 0 < plan.n0 < N and plan.split == split
+        out.fill_(float("nan"))
+        plan.run(a, b, out)
+        assert _rel(out, ref) < 1e-2
+        first = out.clone()
+        for _ in range(2):
+            out.fill_(float("nan"))
+            plan.tail.work.fill_(float("nan"))   # a partial read before it was written shows
+            plan.run(a, b, out)
+            assert torch.equal(out, first)
+        assert not plan.tail.tickets.any()
+        plan.check()
+        assert _rel(plan.run(a, b), ref) < 1e-2   # its own contiguous out
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")
+def test_tail_plan_in_cuda_graph_replays():
+    from numasched.gemm_ws import WsTailPlan
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    M, K, N = 246, 2560, 256 * (-(-sms // 2) + 4)
+    a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+    plan = WsTailPlan(a, w.t(), out, block_n=256, split=8)
+    plan.run(a, w.t(), out)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        plan.run(a, w.t(), out)
+    for _ in range(3):
+        a.copy_(torch.randn_like(a))
+        out.fill_(float("nan"))
+        g.replay()
+        assert _rel(out, a.double() @ w.double().t()) < 1e-2
