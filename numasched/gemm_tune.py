@@ -127,8 +127,9 @@ def tune(shapes, *, top: int = 6, calls: int = 20, dtype=None, log=print) -> dic
         tma = own.path == "tma" or own.kernel in ("tiled", "ws")
 
         def by_model(use_ws):
+            opts = numasched.options.current()
             return [s for _, s in GS.ranked(m, n, k, elt, machine, splitk_only=not tma, ws=use_ws,
-                                            ws_swap=use_ws and numasched.options.current().gemm_ws_swap,
+                                            tail=opts.gemm_tail_split, ws_swap=use_ws and opts.gemm_ws_swap,
                                             wide3=use_ws)]   # (three-box widths: tuned, not chosen)
         ranked = [own.schedule]
         if own.kernel == "ws":   # the chooser took the WS widths: time them and the Triton schedules in turn
