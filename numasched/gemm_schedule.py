@@ -749,6 +749,8 @@ def estimate(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machine, sp
         from .gemm_ws import tail_columns
 
         n0, _ = tail_columns(M, N, s.block_n, machine.sms)
+        if not n0:   # no part-empty last round after whole ones: the form does not apply (gemm refuses it)
+            return float("inf")
         whole = replace(s, split_k=1, tail=False)
         return (_ws_estimate(whole, M, n0, K, elt, machine)
                 + _ws_estimate(replace(s, tail=False), M, N - n0, K, elt, machine))

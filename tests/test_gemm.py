@@ -2317,6 +2317,8 @@ def test_ws_tail_schedules_name_parse_and_price_as_two_launches():
             whole = replace(c, split_k=1, tail=False)
             assert GS.estimate(c, M, N, K, 2, h200) == pytest.approx(
                 GS._ws_estimate(whole, M, n0, K, 2, h200) + GS._ws_estimate(replace(c, tail=False), M, N - n0, K, 2, h200))
+        if not tail_columns(M, N, 256, h200.sms)[0]:   # named where it does not apply: priced out, not a crash
+            assert GS.estimate(replace(s, block_m=128), M, N, K, 2, h200) == float("inf")
         assert bool(tails) == (M >= GS.WS_FILL_MIN_ROWS and K >= GS.WS_TAIL_MIN_K
                                and any(tail_columns(M, N, n, h200.sms)[1] * 2 <= h200.sms for n in GS.WS_TAIL_NS)), (M, N, K)
 
