@@ -2062,22 +2062,9 @@ def test_ws_schedule_refused_where_the_kernel_cannot_run(device):
         numasched.plan_matmul(a, w.T, schedule=ws, num_programs=4)
 
 
-@gpu
-@pytest.mark.parametrize("m,n,k,bn,split", [(128, 4096, 14336, 128, 2), (64, 2560, 8192, 64, 3), (200, 1000, 3000, 256, 4),
-                                            (97, 384, 1024, 64, 8)])
-def test_gpu_ws_split_schedule_matches_float64_in_graphs_and_on_two_streams(m, n, k, bn, split):
-    """The WS split-K form through numasched (a ws schedule with split_k): fresh inputs, poisoned
-    output, float64 reference; the same bits on every call and in CUDA-graph replays (the merge
-    sums the parts in order); two streams running the plan at once each get their own counters."""
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the WS kernel is Hopper's")
-    from numasched.gemm_schedule import Schedule
-
-    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-    plan = numasched.plan_matmul(x, w.T, out, schedule=Schedule.parse(f"ws 128x{bn}x64 w4 s4 split{split} persistent"))
-    assert plan.kernel == "ws" and plan.split_k == split
+def _check_bits_and_graph_replays(plan, x, w, out):
+    """y = x @ w.T by ``plan``: against float64 on a poisoned out, the same bits on every call
+    (split merges sum their parts in order), then in CUDA-graph replays on fresh inputs."""
     plan.run(x, w.T, out)
     ref = x.double() @ w.double().T
     assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
@@ -2095,6 +2082,25 @@ def test_gpu_ws_split_schedule_matches_float64_in_graphs_and_on_two_streams(m, n
         g.replay()
         ref = x.double() @ w.double().T
         assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+@gpu
+@pytest.mark.parametrize("m,n,k,bn,split", [(128, 4096, 14336, 128, 2), (64, 2560, 8192, 64, 3), (200, 1000, 3000, 256, 4),
+                                            (97, 384, 1024, 64, 8)])
+def test_gpu_ws_split_schedule_matches_float64_in_graphs_and_on_two_streams(m, n, k, bn, split):
+    """The WS split-K form through numasched (a ws schedule with split_k): fresh inputs, poisoned
+    output, float64 reference; the same bits on every call and in CUDA-graph replays (the merge
+    sums the parts in order); two streams running the plan at once each get their own counters."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the WS kernel is Hopper's")
+    from numasched.gemm_schedule import Schedule
+
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    plan = numasched.plan_matmul(x, w.T, out, schedule=Schedule.parse(f"ws 128x{bn}x64 w4 s4 split{split} persistent"))
+    assert plan.kernel == "ws" and plan.split_k == split
+    _check_bits_and_graph_replays(plan, x, w, out)
     # two streams at once: each its own partials and tickets
     outs = [torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in range(2)]
     streams = [torch.cuda.Stream() for _ in range(2)]
@@ -2340,22 +2346,7 @@ def test_gpu_ws_tail_schedule_matches_float64_in_graphs(m, k, bn, split):
     out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
     plan = numasched.plan_matmul(x, w.T, schedule=sched)
     assert plan.kernel == "ws" and plan.split_k == split and plan.schedule.tail
-    plan.run(x, w.T, out)
-    ref = x.double() @ w.double().T
-    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
-    first = out.clone()
-    out.fill_(float("nan"))
-    plan.run(x, w.T, out)
-    assert torch.equal(out, first)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        plan.run(x, w.T, out)
-    for _ in range(2):
-        x.copy_(torch.randn_like(x))
-        out.fill_(float("nan"))
-        g.replay()
-        ref = x.double() @ w.double().T
-        assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
+    _check_bits_and_graph_replays(plan, x, w, out)
     plan._ws.check()
     with pytest.raises(ValueError, match="tail form"):
         numasched.plan_matmul(x[:, :k], w[: bn * 8].T, schedule=sched)   # a handful of tiles: no whole round
