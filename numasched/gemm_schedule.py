@@ -283,6 +283,12 @@ WS_TAIL_NS = (128, 256)
 WS_TAIL_SPLITS = (2, 3, 4, 6, 8, 12, 16)
 WS_TAIL_MIN_K = WS_FILL_MIN_K
 WS_TAIL_MARGIN = 1.0
+# Its estimates over S are flat near their lowest (the split units' bandwidth share grows as they
+# get fewer), while the times fell with more parts: 512 x 25600 x 5120 207.4 / 200.0 / 197.0 us
+# at S = 8 / 12 / 16 (modelled 189.0 / 188.8 / 189.4), 760 x 14336 x 8192 270 / 277 / 256 at
+# S = 4 / 6 / 8 (262.0 / 259.9 / 259.3; h100-tail). Among the tail schedules of the pick's width
+# priced within WS_TAIL_TIE of it, the most parts go first.
+WS_TAIL_TIE = 1.02
 # The WS kernel's tiles of 64 rows (one consumer warpgroup, gemm_ws.wide_config(block_m=64)),
 # weighed from WS64_MIN_ROWS to WS64_MAX_ROWS rows (two to eight tile rows) where K is at least
 # WS_FILL_MIN_K, by the WS model above. Timed on the H200 beside the Triton picks at 64-128 rows of
@@ -999,6 +1005,12 @@ def pick(scored: list, M: int, elt: int, machine: Machine, splitk_tma: bool = Fa
         if t < best_t * 0.999:
             best, best_t = replace(s, est_s=est), t
     if best is None:
+        return best
+    if best.kind == "ws" and best.tail:   # the WS tail form: the most K parts priced within WS_TAIL_TIE
+        for s, t in scored:
+            if (s.kind == "ws" and s.tail and s.block_n == best.block_n and s.split_k > best.split_k
+                    and t <= best.est_s * WS_TAIL_TIE):
+                best = replace(s, est_s=t)
         return best
     # the model prices bytes and flops, not the pipeline: among the pick's ties (the same kernel,
     # tile and split with another K block and stage count, estimated within 0.1 %) the deeper

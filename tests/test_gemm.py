@@ -2323,6 +2323,11 @@ def test_ws_tail_schedules_name_parse_and_price_as_two_launches():
             whole = replace(c, split_k=1, tail=False)
             assert GS.estimate(c, M, N, K, 2, h200) == pytest.approx(
                 GS._ws_estimate(whole, M, n0, K, 2, h200) + GS._ws_estimate(replace(c, tail=False), M, N - n0, K, 2, h200))
+        pick = GS._choose.__wrapped__(M, N, K, 2, h200, False, True, True, True, True)
+        if pick.kind == "ws" and pick.tail:   # the most K parts among the pick width's tail schedules priced within WS_TAIL_TIE
+            close = [c.split_k for c in tails if c.block_n == pick.block_n
+                     and GS.estimate(c, M, N, K, 2, h200) <= pick.est_s * GS.WS_TAIL_TIE]
+            assert pick.split_k == max(close), (M, N, K, pick)
         if not tail_columns(M, N, 256, h200.sms)[0]:   # named where it does not apply: priced out, not a crash
             assert GS.estimate(replace(s, block_m=128), M, N, K, 2, h200) == float("inf")
         assert bool(tails) == (M >= GS.WS_FILL_MIN_ROWS and K >= GS.WS_TAIL_MIN_K
