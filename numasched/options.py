@@ -107,6 +107,9 @@ class Options:
             On by default: timed on an H200 at the grid's 44 points of M = 128-1024
             (bench/results/gemm-s14-tail/) the chooser's pick went from cuBLAS / ours 0.883 to
             0.901 (geomean; 512 x 14336 x 8192: 242 -> 185 us, 512 x 5120 x 12800: 140 -> 107).
+            With ``gemm_ws`` also the warp-specialised GEMM's tail form (gemm_ws.WsTailPlan:
+            whole rounds data-parallel, the last round's tiles split in K; 1.05x over the pick
+            without it at 16 random shapes on an H100, bench/results/gemm-s45/).
         gemm_ws: the chooser also weighs the warp-specialised Gluon GEMM (kernels/gemm_ws.py) on
             Hopper, with tiles of 80-256 columns (two power-of-two boxes), for bf16/fp16 without
             bias or residual: from gemm_schedule.WS_MIN_ROWS rows (and WS_MIN_S of modelled time)
