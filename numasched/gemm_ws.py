@@ -97,16 +97,12 @@ def split_config(block_n: int, split: int, smem: int = 200 * 1024) -> WsConfig:
                     sk_split=max(2, split))
 
 
-# Stages of a data-parallel ring at most, as shared memory allows. 64-row tiles: up to 12 (64 x 80
-# tiles in 8 stages hold 147 KB in flight and took in about 94 GB/s an SM, 64 x 128 in 8, 197 KB,
-# 122): on an H100 64 x 80 in 10-12 stages and 64 x 96 in 10 ran 0-10 % faster than in 8 at 16 of
-# 16 shapes of 72-384 rows (bench/results/gemm-s40/h100-rings). 128-row tiles: 6 (80 and 96 wide in
-# 7 stages ran 0.93-1.06x their 6-stage time over 10 shapes, h100-rings128).
 def tail_columns(M: int, N: int, block_n: int, sms: int, block_m: int = 128) -> Tuple[int, int]:
     """Where a grid of 128 x ``block_n`` tiles leaves its last round on ``sms`` SMs part-empty:
     (n0, tail tiles), the first n0 columns (whole tile columns) holding as many tiles as whole
     rounds take (at most NM - 1 slots of the last of them idle, NM the tile rows) and the tiles of
-    the columns past n0. (0, 0) where the tiles make whole rounds or less than one (WsTailPlan)."""
+    the columns past n0. (0, 0) where the tiles make whole rounds or less than one, or where the
+    whole rounds hold no whole tile column (WsTailPlan)."""
     nm, nn = -(-M // block_m), -(-N // block_n)
     rounds, rest = divmod(nm * nn, sms)
     if not rounds or not rest:
@@ -117,6 +113,11 @@ def tail_columns(M: int, N: int, block_n: int, sms: int, block_m: int = 128) -> 
     return nn0 * block_n, nm * (nn - nn0)
 
 
+# Stages of a data-parallel ring at most, as shared memory allows. 64-row tiles: up to 12 (64 x 80
+# tiles in 8 stages hold 147 KB in flight and took in about 94 GB/s an SM, 64 x 128 in 8, 197 KB,
+# 122): on an H100 64 x 80 in 10-12 stages and 64 x 96 in 10 ran 0-10 % faster than in 8 at 16 of
+# 16 shapes of 72-384 rows (bench/results/gemm-s40/h100-rings). 128-row tiles: 6 (80 and 96 wide in
+# 7 stages ran 0.93-1.06x their 6-stage time over 10 shapes, h100-rings128).
 WIDE_MAX_STAGES = {128: 6, 64: 12}
 
 
