@@ -548,7 +548,9 @@ class WsTailPlan:
         self.M, self.K = a.shape
         self.N = b.shape[1]
         if sms is None:
-            sms = torch.cuda.get_device_properties(a.device).multi_processor_count if a.is_cuda else 132
+            from numasched import caps
+
+            sms = caps.num_sms(a.device)
         self.n0, tail_tiles = tail_columns(self.M, self.N, block_n, sms)
         if not self.n0:
             raise ValueError(f"{self.M} x {self.N} in 128 x {block_n} tiles makes whole rounds on {sms} SMs, or "
