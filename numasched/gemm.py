@@ -503,6 +503,7 @@ class GemmPlan(Plan):
             # swap: the kernel computes (W @ a.T) with W = b.T, and stores it transposed into out
             self._ws = WsGemmPlan(b.T, a.T, out, config=cfg) if schedule.swap else WsGemmPlan(a, b, out, config=cfg)
         self.grid = (self._ws.num_programs,)
+        self.workspace_bytes = self._ws.workspace_bytes   # the split forms' fp32 partials and tickets
         cfg = self._ws.config
         self.config = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.tile_n, BLOCK_K=cfg.block_k, num_warps=4,
                            num_stages=cfg.stages)

@@ -384,8 +384,12 @@ class WsGemmPlan:
             self.work = torch.empty(slots * half, device=a.device, dtype=torch.float32)
             self.tickets = torch.zeros(4 * tiles, device=a.device, dtype=torch.int32)
             self.status = torch.zeros(1, device=a.device, dtype=torch.int32)   # sk_merge 1: a wait ran out
+            # (per stream it runs on: a second stream gets buffers of its own, _run_streamk)
+            self.workspace_bytes = 4 * (self.work.numel() + self.tickets.numel() + 1)
             self.fixup = 1   # a timing probe's 0, 2, 3, 4 (kernels/gemm_ws.py; scripts/ws_split_probe.py): wrong sums
             self._stream_bufs = {}
+        else:
+            self.workspace_bytes = 0
         self._launch = None
 
     def run(self, a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None,
@@ -566,6 +570,7 @@ class WsTailPlan:
         self.out_shape = (self.M, self.N)
         self.num_programs, self.config, self.split = self.dp.num_programs, self.dp.config, self.tail.split
         self.tail_tiles = tail_tiles
+        self.workspace_bytes = self.tail.workspace_bytes
 
     def run(self, a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         if out is None:
