@@ -417,7 +417,7 @@ class GemmPlan(Plan):
                        "tiles 80 to 256 wide along M")
             elif schedule.split_k > 1 and schedule.block_n not in _sched.WS_SPLIT_NS:
                 why = f"its split-K form takes tiles of {' / '.join(map(str, _sched.WS_SPLIT_NS))} columns"
-            elif schedule.tail and (schedule.split_k < 2 or schedule.block_n not in (128, 256)
+            elif schedule.tail and (schedule.split_k < 2 or schedule.block_n not in _sched.WS_TAIL_NS
                                     or not _sched.ws_tail_fits(Mdim, N, schedule.block_n, caps.num_sms(dev))):
                 why = ("its tail form (data-parallel rounds, then the last round's tiles split in K) takes tiles "
                        "of 128 x 128 or 128 x 256 that leave a last round part-empty, split in 2 or more parts")
