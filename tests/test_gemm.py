@@ -2060,6 +2060,12 @@ def test_ws_schedule_refused_where_the_kernel_cannot_run(device):
         numasched.plan_matmul(a, w.T, schedule=Schedule.parse("ws 128x160x64 w4 s4 split2 persistent"))
     with pytest.raises(ValueError, match="no split_k"):
         numasched.plan_matmul(a, w.T, schedule=ws, num_programs=4)
+    # the tail form where the tiles make whole rounds (4 x 2 tiles of 128 x 256 on the 8 SMs the
+    # interpreter counts) or in one part
+    with pytest.raises(ValueError, match="tail form"):
+        numasched.plan_matmul(a, w.T, schedule=Schedule.parse("ws 128x256x64 w4 s3 split2 tail persistent"))
+    with pytest.raises(ValueError, match="tail=True"):
+        Schedule.parse("ws 128x256x64 w4 s3 tail persistent")
 
 
 def _check_bits_and_graph_replays(plan, x, w, out):
