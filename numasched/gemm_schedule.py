@@ -363,6 +363,19 @@ ROW_PAIR_FULL_ROWS = 112
 ROW_PAIR_PARTIAL_MAX_K_BYTES = 14336
 ROW_GROUP_MAX_ROWS = 256
 ROW_GROUP_SM_BYTES_PER_S = 88e9
+# The same for the two 128-row tiles of a tile column split in K where the second is at most half
+# full (ROW_SPLIT_SHARE_ROWS, K at least ROW_SPLIT_SHARE_MIN_K, every unit on its own SM): a
+# tile's two rows' units of a K part run at once and read the same W box, once from HBM. At
+# 129-160 rows on an H100 the 128 x 128 tiles in 2-3 parts ran 0.6-0.7x the model's time
+# without it (bench/results/gemm-s45/h100-row2, gemm-s43/h100-fresh2-*: 133 x 2560 x 8192 28.8 us
+# in three parts against 37.3 for the pick, 128 x 64 unsplit; 135 x 2528 x 9664 31.6 against
+# 52.0; cuBLAS 23.8, 27.0). Not for unsplit tiles: 128 x 64 at 140 rows priced so ran far slower
+# than modelled (forty-fifth session). Scored on the recorded timings (scripts/gemm_rank_eval.py
+# --chooser): H100 pick within 3 % of the best timed at 2364 of 2706 points (2360 without), H200
+# 3946 of 4466 (3945); at K 4096 the H200 ran 140 x 4096 x 4096 in two parts 1.22x slower than the
+# 64 x 128 tiles, hence the K floor.
+ROW_SPLIT_SHARE_ROWS = (129, 192)
+ROW_SPLIT_SHARE_MIN_K = 6144
 
 
 # A whose rows are not whole 128-byte lines (K * element size a multiple of 16 but not of 128):
@@ -904,10 +917,21 @@ def row_pair_shares_w(s: Schedule, M: int, K: int, units: int, elt: int, machine
             and (ROW_PAIR_FULL_ROWS <= M <= 128 or K * elt <= ROW_PAIR_PARTIAL_MAX_K_BYTES))
 
 
+def row_split_shares_w(s: Schedule, M: int, K: int, units: int, machine: Machine) -> bool:
+    """Whether the two 128-row tiles of each tile column, split in K, read W once from HBM between
+    them (ROW_SPLIT_SHARE_*): the second tile row at most half full, every unit on its own SM."""
+    lo, hi = ROW_SPLIT_SHARE_ROWS
+    return (s.kind == "splitk" and s.block_m == 128 and s.split_k > 1 and not s.tail and lo <= M <= hi
+            and K >= ROW_SPLIT_SHARE_MIN_K and units <= machine.sms)
+
+
 def row_group_share(s: Schedule, M: int, K: int, units: int, elt: int, machine: Machine) -> int:
     """How many tiles of a tile column read each W tile between them, once from HBM: the 64-row
-    tiles of a column where row_pair_shares_w (two to four), else 1."""
-    return _cdiv(M, 64) if row_pair_shares_w(s, M, K, units, elt, machine) else 1
+    tiles of a column where row_pair_shares_w (two to four), the two split 128-row ones where
+    row_split_shares_w, else 1."""
+    if row_pair_shares_w(s, M, K, units, elt, machine):
+        return _cdiv(M, 64)
+    return 2 if row_split_shares_w(s, M, K, units, machine) else 1
 
 
 def _unit_s(s: Schedule, kps: int, units: int, elt: int, machine: Machine, splitk_tma: bool, aligned: bool,

@@ -1783,6 +1783,30 @@ def test_row_pairs_share_w_only_unsplit_in_one_wave_on_sector_rows():
     assert GS.estimate(pair, 128, 4096, 4096, 2, h200, True) < 0.8 * GS.estimate(pair, 128, 4096, 4104, 2, h200, True)
 
 
+def test_split_128_row_tiles_share_w_where_the_second_row_is_at_most_half_full():
+    """gemm_schedule.row_split_shares_w: the two 128-row tiles of a column split in K share W's HBM
+    bytes at 129-192 rows, K >= ROW_SPLIT_SHARE_MIN_K, every unit on its own SM; not unsplit, not
+    tail schedules, not from 193 rows or at short K. The H100 chooser then takes them at 133 x
+    2560 x 8192 (28.8 us in three parts against 37.3 for the former pick, 128 x 64 unsplit)."""
+    from numasched import gemm_schedule as GS
+
+    h100 = GS._KNOWN["h100"]
+    t = GS.Schedule.parse("splitk 128x128x64 w8 s6 split3")
+    lo, hi = GS.ROW_SPLIT_SHARE_ROWS
+    k = GS.ROW_SPLIT_SHARE_MIN_K
+    assert GS.row_group_share(t, lo, k, 120, 2, h100) == 2
+    assert GS.row_group_share(t, hi, 2 * k, 120, 2, h100) == 2
+    assert GS.row_group_share(t, lo - 1, k, 120, 2, h100) == 1           # one tile row
+    assert GS.row_group_share(t, hi + 1, k, 120, 2, h100) == 1           # the second row past half full
+    assert GS.row_group_share(t, lo, k - 64, 120, 2, h100) == 1          # short K
+    assert GS.row_group_share(t, lo, k, h100.sms + 1, 2, h100) == 1      # past one wave
+    assert GS.row_group_share(GS.Schedule.parse("splitk 128x64x128 w8 s4"), lo, k, 80, 2, h100) == 1
+    assert GS.row_group_share(GS.Schedule.parse("splitk 128x128x64 w8 s6 split3 tail"), lo, k, 120, 2, h100) == 1
+    assert GS.estimate(t, 133, 2560, 8192, 2, h100, True) < 0.8 * GS.estimate(t, 256, 2560, 8192, 2, h100, True)
+    pick = GS._choose.__wrapped__(133, 2560, 8192, 2, h100, False, True, True, True, True, True)
+    assert (pick.kind, pick.block_m, pick.block_n) == ("splitk", 128, 128) and pick.split_k > 1, pick
+
+
 def test_row_groups_past_128_rows_and_the_partial_row_cost():
     """gemm_schedule.row_group_share: three or four 64-row tiles of a column share W's HBM bytes
     at 129-256 rows where M is not a multiple of 128 and W's rows are at most 14336 bytes, each SM
