@@ -96,12 +96,19 @@ if HAVE_GLUON:
         B_LAST0: gl.constexpr     # 0, or the rows of b2_desc's boxes (see _loader)
         B_LAST1: gl.constexpr     # 0 (the second box not loaded there), or the rows of b3_desc's boxes
         N2: gl.constexpr          # 0, or a third power-of-two box of N2 columns (tiles of BLOCK_N + N1 + N2)
+        bias: gl.tensor           # BIAS: the output columns' bias (N,) (SWAP_C: the kernel's rows'), else unread
+        res: gl.tensor            # RESIDUAL: y's residual, (stride_rm, stride_rn) in y's own (rows, columns)
+        stride_rm: gl.tensor
+        stride_rn: gl.tensor
+        BIAS: gl.constexpr
+        RESIDUAL: gl.constexpr
 
         @gluon.constexpr_function
         def __init__(self, a_desc, b_desc, c_desc, peer_desc, b1_desc, c1_desc, a1_desc, a2_desc, a_bufs, b_bufs,
                      b1_bufs, ready, empty, scale, M, N, K, GROUP_M, GLU, ROW_SCALE, PEER_PUSH, N1, B_KMAJOR, A_LAST,
                      A_LAST2, DEAD_HALF, SWAP_C=False, b2_desc=None, b3_desc=None, B_LAST0=0, B_LAST1=0,
-                     bx_desc=None, cx_desc=None, bx_bufs=None, N2=0):
+                     bx_desc=None, cx_desc=None, bx_bufs=None, N2=0, bias=None, res=None, stride_rm=None,
+                     stride_rn=None, BIAS=False, RESIDUAL=False):
             self.a_desc, self.b_desc, self.c_desc, self.peer_desc = a_desc, b_desc, c_desc, peer_desc
             self.b1_desc, self.c1_desc, self.b1_bufs = b1_desc, c1_desc, b1_bufs
             self.a1_desc, self.a2_desc = a1_desc, a2_desc
@@ -114,6 +121,8 @@ if HAVE_GLUON:
             self.b2_desc, self.b3_desc = b2_desc, b3_desc
             self.B_LAST0, self.B_LAST1 = gl.constexpr(B_LAST0), gl.constexpr(B_LAST1)
             self.bx_desc, self.cx_desc, self.bx_bufs, self.N2 = bx_desc, cx_desc, bx_bufs, gl.constexpr(N2)
+            self.bias, self.res, self.stride_rm, self.stride_rn = bias, res, stride_rm, stride_rn
+            self.BIAS, self.RESIDUAL = gl.constexpr(BIAS), gl.constexpr(RESIDUAL)
 
     @gluon.jit
     def _tile_of(t, NM, NN, GROUP_M: gl.constexpr):
@@ -301,6 +310,27 @@ if HAVE_GLUON:
                 it += 1
 
     @gluon.jit
+    def _epilogue(p, y, layout: gl.constexpr, ROWS: gl.constexpr, COLS: gl.constexpr, row0, col0):
+        """BIAS / RESIDUAL on one fp32 output tile ``y`` (ROWS x COLS in ``layout``, the kernel's rows
+        from row0 and columns from col0): y + bias (per column; SWAP_C, where the kernel's rows are
+        y's columns, per row) + the residual's elements, loaded in y's own layout (masked at M, N)."""
+        rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+        cols = col0 + gl.arange(0, COLS, layout=gl.SliceLayout(0, layout))
+        if p.BIAS:
+            if p.SWAP_C:
+                y = y + gl.load(p.bias + rows, mask=rows < p.M, other=0.0).to(gl.float32)[:, None]
+            else:
+                y = y + gl.load(p.bias + cols, mask=cols < p.N, other=0.0).to(gl.float32)[None, :]
+        if p.RESIDUAL:
+            inside = (rows[:, None] < p.M) & (cols[None, :] < p.N)
+            if p.SWAP_C:   # the kernel's (row, column) is y's (column, row)
+                offs = cols[None, :].to(gl.int64) * p.stride_rm + rows[:, None].to(gl.int64) * p.stride_rn
+            else:
+                offs = rows[:, None].to(gl.int64) * p.stride_rm + cols[None, :].to(gl.int64) * p.stride_rn
+            y = y + gl.load(p.res + offs, mask=inside, other=0.0).to(gl.float32)
+        return y
+
+    @gluon.jit
     def _consumer(p, ROLE: gl.constexpr):
         """One warpgroup: rows [ROLE * 64, ROLE * 64 + 64) of every tile of this program."""
         BLOCK_M: gl.constexpr = p.a_desc.block_type.shape[0]
@@ -387,6 +417,12 @@ if HAVE_GLUON:
                     y = g / (1.0 + gl.exp(-g)) * u
                 else:
                     y = acc
+                if p.BIAS | p.RESIDUAL:   # (the plain GEMM: not GLU, not PEER_PUSH)
+                    y = _epilogue(p, y, acc_layout, ROWS, BLOCK_N, row0, tn * TILE_N)
+                    if p.N1 > 0:
+                        acc1 = _epilogue(p, acc1, acc1_layout, ROWS, p.N1, row0, tn * TILE_N + BLOCK_N)
+                    if p.N2 > 0:
+                        acc2 = _epilogue(p, acc2, acc2_layout, ROWS, p.N2, row0, tn * TILE_N + BLOCK_N + p.N1)
                 # epilogue: the previous tile's store has had this whole K loop to drain
                 tma.store_wait(pendings=0)
                 if p.SWAP_C:   # the tile transposed into C's (columns, rows) box, stored at (col, row)
@@ -437,14 +473,16 @@ if HAVE_GLUON:
     def _consumer_3(p):
         _consumer(p, 3)
 
-    @gluon.jit(do_not_specialize=["M", "N", "K"])   # M == 1 stays a value (WsArgs holds tensors)
+    # (M == 1 or a stride of 1 stays a value: WsArgs holds tensors)
+    @gluon.jit(do_not_specialize=["M", "N", "K", "stride_rm", "stride_rn"])
     def gemm_ws_kernel(a_desc, b_desc, c_desc, peer_desc, b1_desc, c1_desc, a1_desc, a2_desc, b2_desc, b3_desc,
-                       bx_desc, cx_desc, scale, M, N, K,
+                       bx_desc, cx_desc, scale, M, N, K, bias, res, stride_rm, stride_rn,
                        STAGES: gl.constexpr, GROUP_M: gl.constexpr, GLU: gl.constexpr, ROW_SCALE: gl.constexpr,
                        CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, PEER_PUSH: gl.constexpr = 0,
                        N1: gl.constexpr = 0, B_KMAJOR: gl.constexpr = True, A_LAST: gl.constexpr = 0,
                        A_LAST2: gl.constexpr = 0, DEAD_HALF: gl.constexpr = True, SWAP_C: gl.constexpr = False,
-                       B_LAST0: gl.constexpr = 0, B_LAST1: gl.constexpr = 0, N2: gl.constexpr = 0):
+                       B_LAST0: gl.constexpr = 0, B_LAST1: gl.constexpr = 0, N2: gl.constexpr = 0,
+                       BIAS: gl.constexpr = False, RESIDUAL: gl.constexpr = False):
         """C (M, N) = A (M, K) @ B (K, N), or (GLU) silu(A @ B[:, :N]) * (A @ B[:, N:]); launched
         with num_warps=4 (the first consumer warpgroup) and at most one program per SM. PEER_PUSH
         (a probe of the fused GEMM + all-reduce's traffic, scripts/ws_push_probe.py): each tile is
@@ -477,7 +515,13 @@ if HAVE_GLUON:
 
         A's boxes of 64 rows (C's are always 64): tiles of 64 rows, one consumer warpgroup and the
         loader; a wave of them reads each W tile once per 64 rows of M instead of once per 128,
-        but with half the rows a tile there are twice the tiles to fill the SMs at 65-128 rows."""
+        but with half the rows a tile there are twice the tiles to fill the SMs at 65-128 rows.
+
+        BIAS / RESIDUAL (the plain GEMM): y + ``bias`` (one per output column of y; its dtype is
+        any float) + ``res`` (y's shape, strides ``stride_rm`` / ``stride_rn`` along y's rows and
+        columns; it may be y itself, each tile's residual being read before its store), added in
+        fp32 before the store (otherwise both pointers are unread)."""
+        gl.static_assert(not (BIAS or RESIDUAL) or (not GLU and PEER_PUSH == 0), "BIAS / RESIDUAL: the plain GEMM")
         gl.static_assert(N1 == 0 or (not GLU and PEER_PUSH == 0), "N1 > 0 is for the plain GEMM")
         gl.static_assert(N2 == 0 or (N1 > 0 and not SWAP_C and B_LAST0 == 0 and bx_desc.block_type.shape[0 if B_KMAJOR else 1] == N2),
                          "N2 > 0: a third box of N2 columns beside two (the plain, untransposed GEMM)")
@@ -517,7 +561,8 @@ if HAVE_GLUON:
             mbarrier.init(empty.index(i), count=CONSUMERS)   # one arrive per consumer warpgroup
         p = WsArgs(a_desc, b_desc, c_desc, peer_desc, b1_desc, c1_desc, a1_desc, a2_desc, a_bufs, b_bufs, b1_bufs,
                    ready, empty, scale, M, N, K, GROUP_M, GLU, ROW_SCALE, PEER_PUSH, N1, B_KMAJOR, A_LAST, A_LAST2,
-                   DEAD_HALF, SWAP_C, b2_desc, b3_desc, B_LAST0, B_LAST1, bx_desc, cx_desc, bx_bufs, N2)
+                   DEAD_HALF, SWAP_C, b2_desc, b3_desc, B_LAST0, B_LAST1, bx_desc, cx_desc, bx_bufs, N2, bias, res,
+                   gl.to_tensor(stride_rm), gl.to_tensor(stride_rn), BIAS, RESIDUAL)
         if CONSUMERS == 4:
             gl.warp_specialize([
                 (_consumer_lo, (p,)),
@@ -591,11 +636,17 @@ if HAVE_GLUON:
         S: gl.tensor           # SPLIT: the K parts of a tile (>= 2)
         A_LAST: gl.constexpr   # 0, or the rows of a1_desc's boxes (_stage_a_rows)
         A_LAST2: gl.constexpr  # 0, or the rows of a2_desc's boxes
+        bias: gl.tensor        # BIAS: (N,) added by the banded merge (SPLIT), else unread
+        res: gl.tensor         # RESIDUAL: C's residual, strides (stride_rm, stride_rn), added by the banded merge
+        stride_rm: gl.tensor
+        stride_rn: gl.tensor
+        BIAS: gl.constexpr
+        RESIDUAL: gl.constexpr
 
         @gluon.constexpr_function
         def __init__(self, a_desc, b_desc, c_desc, a1_desc, a2_desc, a_bufs, b_bufs, ready, empty, work, tickets,
                      c_ptr, stride_cm, status, bound, M, N, K, GROUP_M, FIXUP, MERGE, MERGE_RB, SPLIT, S, A_LAST,
-                     A_LAST2):
+                     A_LAST2, bias=None, res=None, stride_rm=None, stride_rn=None, BIAS=False, RESIDUAL=False):
             self.a_desc, self.b_desc, self.c_desc = a_desc, b_desc, c_desc
             self.a1_desc, self.a2_desc = a1_desc, a2_desc
             self.A_LAST, self.A_LAST2 = gl.constexpr(A_LAST), gl.constexpr(A_LAST2)
@@ -606,6 +657,8 @@ if HAVE_GLUON:
             self.SPLIT = gl.constexpr(SPLIT)
             self.MERGE_RB = gl.constexpr(MERGE_RB)
             self.S = S
+            self.bias, self.res, self.stride_rm, self.stride_rn = bias, res, stride_rm, stride_rn
+            self.BIAS, self.RESIDUAL = gl.constexpr(BIAS), gl.constexpr(RESIDUAL)
 
     @gluon.jit
     def _sk_geometry(p):
@@ -883,6 +936,12 @@ if HAVE_GLUON:
                                          mask=(offs >= 0) & (q0 + g <= last), other=0.0, cache_modifier=".cg")
                         part = part + part_q
                 rows = row0 + b * RB + rr
+                if p.BIAS:
+                    part = part + gl.load(p.bias + cols, mask=cols < p.N, other=0.0).to(gl.float32)[None, :]
+                if p.RESIDUAL:   # (read before the band's store: the residual may be C itself)
+                    part = part + gl.load(p.res + rows[:, None].to(gl.int64) * p.stride_rm
+                                          + cols[None, :].to(gl.int64) * p.stride_rn,
+                                          mask=(rows[:, None] < p.M) & (cols[None, :] < p.N), other=0.0).to(gl.float32)
                 part = gl.where(missing, float("nan"), part)
                 gl.store(p.c_ptr + rows[:, None].to(gl.int64) * p.stride_cm + cols[None, :],
                          part.to(p.c_ptr.dtype.element_ty),
@@ -910,18 +969,21 @@ if HAVE_GLUON:
     def _sk_consumer_hi(p):
         _sk_consumer(p, 1)
 
-    @gluon.jit(do_not_specialize=["M", "N", "K", "nsplit"])
+    @gluon.jit(do_not_specialize=["M", "N", "K", "nsplit", "stride_rm", "stride_rn"])
     def gemm_ws_streamk_kernel(a_desc, b_desc, c_desc, a1_desc, a2_desc, work, tickets, c_ptr, stride_cm, status,
-                               bound, M, N, K, nsplit, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
-                               CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, FIXUP: gl.constexpr = 1,
-                               MERGE: gl.constexpr = 0, SPLIT: gl.constexpr = False, MERGE_RB: gl.constexpr = 8,
-                               A_LAST: gl.constexpr = 0, A_LAST2: gl.constexpr = 0):
+                               bound, M, N, K, nsplit, bias, res, stride_rm, stride_rn, STAGES: gl.constexpr,
+                               GROUP_M: gl.constexpr, CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
+                               FIXUP: gl.constexpr = 1, MERGE: gl.constexpr = 0, SPLIT: gl.constexpr = False,
+                               MERGE_RB: gl.constexpr = 8, A_LAST: gl.constexpr = 0, A_LAST2: gl.constexpr = 0,
+                               BIAS: gl.constexpr = False, RESIDUAL: gl.constexpr = False):
         """C (M, N) = A (M, K) @ B (K, N) in the stream-K order above; P programs (at most one per
         SM, at most T x KS), num_warps=4. ``work``: fp32, P x 2 x 2 x 64 x BLOCK_N (SPLIT: T x S x
         2 x 64 x BLOCK_N, S = ``nsplit``; unused otherwise); ``tickets``:
         int32, 4 T, zero before the first call (each call leaves them zero); ``c_ptr`` / ``stride_cm``
         C for MERGE 1's plain stores, ``status`` / ``bound`` its waits' error bit and bound (ns);
-        ``a1_desc`` / ``a2_desc`` / A_LAST / A_LAST2 as in gemm_ws_kernel."""
+        ``a1_desc`` / ``a2_desc`` / A_LAST / A_LAST2 as in gemm_ws_kernel; BIAS / RESIDUAL (``bias``,
+        ``res``, its strides) as there, added by the banded merge (SPLIT only)."""
+        gl.static_assert(not (BIAS or RESIDUAL) or (SPLIT and MERGE == 1), "BIAS / RESIDUAL: the split-K form")
         gl.static_assert(A_LAST == 0 or a1_desc.block_type.shape[0] == A_LAST, "a1_desc's boxes are A_LAST rows")
         gl.static_assert(A_LAST2 == 0 or a2_desc.block_type.shape[0] == A_LAST2, "a2_desc's boxes are A_LAST2 rows")
         a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
@@ -933,7 +995,7 @@ if HAVE_GLUON:
             mbarrier.init(empty.index(i), count=2)
         p = SkArgs(a_desc, b_desc, c_desc, a1_desc, a2_desc, a_bufs, b_bufs, ready, empty, work, tickets, c_ptr,
                    stride_cm, status, bound, M, N, K, GROUP_M, FIXUP, MERGE, MERGE_RB, SPLIT, gl.to_tensor(nsplit),
-                   A_LAST, A_LAST2)
+                   A_LAST, A_LAST2, bias, res, gl.to_tensor(stride_rm), gl.to_tensor(stride_rn), BIAS, RESIDUAL)
         gl.warp_specialize([
             (_sk_consumer_lo, (p,)),
             (_sk_consumer_hi, (p,)),

@@ -15,7 +15,8 @@ the grid, the split-K workspace. ``run`` launches the compiled kernel directly.
 
 Two kernels: ``tiled`` (kernels/gemm.py: TMA + wgmma tiles, for large M) and ``splitk``
 (kernels/gemm_splitk.py: small M, each tile's K range split over several programs and merged
-in the same launch, deterministically). Both apply the epilogue (bias, residual, output dtype).
+in the same launch, deterministically). Both apply the epilogue (bias, residual, output dtype);
+on Hopper the warp-specialised kernel (numasched.gemm_ws) adds the bias and the residual too.
 
 The one call is the torch custom ops ``numasched::matmul`` (functional, with a backward) and
 ``numasched::matmul_out`` (writes ``out``), each with a fake implementation, under
@@ -427,7 +428,7 @@ class GemmPlan(Plan):
                 why = ws_why()
             if why is not None:
                 raise ValueError(f"schedule {schedule.describe()!r}: the warp-specialised GEMM cannot run this: {why}")
-            self._plan_ws(a, b, out, schedule)
+            self._plan_ws(a, b, out, schedule, bias, residual)
             self.workspace_bytes += self._copy_bytes
             self._freeze()
             return
@@ -474,8 +475,8 @@ class GemmPlan(Plan):
     # ---------------------------------------------------------------- the kernels
     def _ws_why(self, a, b, out, bias, residual, dtype, mapping) -> Optional[str]:
         """Why the warp-specialised kernel (numasched.gemm_ws) cannot compute this product, or None."""
-        if bias is not None or residual is not None or dtype != a.dtype:
-            return "it has no bias, residual or output dtype epilogue"
+        if dtype != a.dtype:
+            return "it has no output dtype epilogue (out is in a's dtype)"
         if not (isinstance(mapping, str) and mapping == "auto"):
             return "it walks its tiles in its own grouped order (mapping='auto' only)"
         if self.int64:
@@ -484,24 +485,27 @@ class GemmPlan(Plan):
 
         return supported(a, b, out)
 
-    def _plan_ws(self, a, b, out, schedule) -> None:
+    def _plan_ws(self, a, b, out, schedule, bias=None, residual=None) -> None:
         from .gemm_ws import WsGemmPlan, WsTailPlan, split_config, wide_config
 
         self.kernel, self.schedule, self.path = "ws", schedule, "tma"
         self.persistent = True
         if schedule.tail:   # whole rounds data-parallel, then the last round's tiles split in K
             self._ws = WsTailPlan(a, b, out, block_n=schedule.block_n, split=schedule.split_k,
-                                  max_stages=max(3, schedule.num_stages))
+                                  max_stages=max(3, schedule.num_stages), bias=bias, residual=residual)
             self.split_k = self._ws.split
         elif schedule.split_k > 1:   # split-K in K lockstep, the banded merge (one unit per SM)
-            self._ws = WsGemmPlan(a, b, out, config=split_config(schedule.block_n, schedule.split_k))
+            self._ws = WsGemmPlan(a, b, out, config=split_config(schedule.block_n, schedule.split_k), bias=bias,
+                                  residual=residual)
             self.split_k = self._ws.split
         else:
             # (the schedule's stages at most: a name timed with fewer stages runs as it was timed)
             cfg = wide_config(schedule.block_n, block_m=schedule.block_m, max_stages=max(3, schedule.num_stages),
                               swap=schedule.swap)
             # swap: the kernel computes (W @ a.T) with W = b.T, and stores it transposed into out
-            self._ws = WsGemmPlan(b.T, a.T, out, config=cfg) if schedule.swap else WsGemmPlan(a, b, out, config=cfg)
+            # (bias and residual as out has them: the kernel adds them along its own rows / columns)
+            self._ws = (WsGemmPlan(b.T, a.T, out, config=cfg, bias=bias, residual=residual) if schedule.swap
+                        else WsGemmPlan(a, b, out, config=cfg, bias=bias, residual=residual))
         self.grid = (self._ws.num_programs,)
         self.workspace_bytes = self._ws.workspace_bytes   # the split forms' fp32 partials and tickets
         cfg = self._ws.config
@@ -784,8 +788,8 @@ class GemmPlan(Plan):
                 _observe.notify(self.op, "matmul", self.grid, (out,), self)
             with caps.launch_device(a):
                 if self._ws.swap:   # the weight as the kernel's A, out written as (W @ a.T).T
-                    return self._ws.run(b.T, a.T, out)
-                return self._ws.run(a, b, out)
+                    return self._ws.run(b.T, a.T, out, bias=bias, residual=residual)
+                return self._ws.run(a, b, out, bias=bias, residual=residual)
         launch = self._launch
         if launch is not None and launch.raw is not None and not _observe.OBSERVERS:
             # compiled, direct path: the whole argument list depends only on the pointers

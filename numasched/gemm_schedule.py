@@ -191,7 +191,7 @@ WEIGHT_STREAM_TMA_MAX_BLOCK_K = 128
 # The stream-K phase's K iterations cost this much more than the model's streaming/tensor time
 # (pipeline restarts per piece, partial tiles through L2; fitted to the same run).
 STREAMK_PIECE_COST = 1.5
-# The warp-specialised Gluon GEMM (kernels/gemm_ws.py, Hopper, 16-bit, no bias or residual):
+# The warp-specialised Gluon GEMM (kernels/gemm_ws.py, Hopper, 16-bit, bias / residual in its epilogue):
 # data-parallel tiles of 128 rows and WS_TILE_NS columns (two power-of-two boxes: 80 = 64 + 16,
 # 160 = 128 + 32), a loader warp feeding two wgmma warpgroups, persistent. Its widths fill the
 # SMs where 128 and 256 leave a wave part-empty, as cuBLAS's 80-, 168-wide tiles do. Timed on an

@@ -273,12 +273,16 @@ class WsGemmPlan:
     def __init__(self, a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None,
                  config: WsConfig = DEFAULT_CONFIG, num_programs: Optional[int] = None,
                  row_scale: Optional[torch.Tensor] = None, peer_out_ptr: Optional[int] = None,
-                 peer_paced: bool = False, out_stride: Optional[int] = None):
+                 peer_paced: bool = False, out_stride: Optional[int] = None,
+                 bias: Optional[torch.Tensor] = None, residual: Optional[torch.Tensor] = None):
         """``peer_out_ptr`` (a probe, scripts/ws_push_probe.py): the address, valid on this GPU
         (a peer's memory mapped here, e.g. by the symmetric heap), of a twin of ``out`` that every
         tile is also TMA-stored into: at once, or (``peer_paced``) in 64-column chunks spread over
         the next tile's K loop. ``out_stride`` (without ``out``): the row stride of the outs the
-        calls will pass (a column slab of a wider output: WsTailPlan)."""
+        calls will pass (a column slab of a wider output: WsTailPlan). ``bias`` / ``residual``
+        (the plain GEMM, data-parallel or split-K form): out gets ``+ bias`` (one per column of
+        out) ``+ residual`` (out's shape, any strides; it may be out itself), added in fp32 before
+        the store; the calls then pass tensors laid out as these."""
         if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
             raise ValueError(f"a {tuple(a.shape)} and b {tuple(b.shape)} are not (M, K) and (K, N)")
         why = supported(a, b, out, glu=config.glu, swap=config.swap, out_stride=out_stride)
@@ -305,6 +309,12 @@ class WsGemmPlan:
         if row_scale is not None and not config.glu:
             raise ValueError("row_scale is for the SwiGLU form (a config with glu=True)")
         self.row_scale = row_scale is not None
+        self.bias, self.residual = bias is not None, residual is not None
+        if self.bias or self.residual:
+            if config.glu or peer_out_ptr is not None or (config.streamk and not config.sk_split):
+                raise ValueError("bias and residual are for the plain GEMM (data-parallel or split-K form)")
+            self._check_epilogue(bias, residual, a.device)
+        self._res_strides = residual.stride() if residual is not None else (0, 0)
         self.peer = peer_out_ptr
         self.peer_mode = 0 if peer_out_ptr is None else (2 if peer_paced else 1)
         if peer_out_ptr is not None and (peer_out_ptr % 16 or config.glu):
@@ -392,8 +402,30 @@ class WsGemmPlan:
             self.workspace_bytes = 0
         self._launch = None
 
+    def _check_epilogue(self, bias, residual, device) -> None:
+        """bias: (out's columns,), residual: out's shape; floating point, on ``device``."""
+        floats = (torch.float16, torch.bfloat16, torch.float32)
+        if bias is not None and (bias.dim() != 1 or bias.shape[0] != self.out_shape[1] or bias.dtype not in floats
+                                 or bias.device != device or bias.stride(0) != 1):
+            raise ValueError(f"bias must be a contiguous float16/bfloat16/float32 vector of {self.out_shape[1]} entries "
+                             f"on {device}, got {tuple(bias.shape)} {bias.dtype} on {bias.device}")
+        if residual is not None and (tuple(residual.shape) != self.out_shape or residual.dtype not in floats
+                                     or residual.device != device):
+            raise ValueError(f"residual must be a float16/bfloat16/float32 tensor of shape {self.out_shape} on "
+                             f"{device}, got {tuple(residual.shape)} {residual.dtype} on {residual.device}")
+
+    def _epilogue_args(self, out, bias, residual) -> tuple:
+        """The kernels' (bias, res, stride_rm, stride_rn): ``out`` where unused (unread)."""
+        if (bias is not None) != self.bias or (residual is not None) != self.residual:
+            raise ValueError("bias and residual must be given exactly when the plan was made with them")
+        if residual is not None and residual.stride() != self._res_strides:
+            raise ValueError(f"residual must have the plan's strides {self._res_strides}, got {residual.stride()}")
+        rm, rn = self._res_strides
+        return (bias if bias is not None else out, residual if residual is not None else out, rm, rn)
+
     def run(self, a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None,
-            row_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+            row_scale: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
+            residual: Optional[torch.Tensor] = None) -> torch.Tensor:
         from numasched._launch import HostDesc, Launch, hooked
         from numasched.kernels.gemm_ws import gemm_ws_kernel
 
@@ -412,9 +444,12 @@ class WsGemmPlan:
             raise ValueError("row_scale must be given exactly when the plan was made with one")
         if out is None:
             out = torch.empty(self.out_shape, device=a.device, dtype=a.dtype)
+        epi = self._epilogue_args(out, bias, residual)
+        if bias is not None or residual is not None:
+            self._check_epilogue(bias, residual, a.device)
         cfg = self.config
         if cfg.streamk:
-            return self._run_streamk(a, b, out)
+            return self._run_streamk(a, b, out, epi)
         if self._launch is None:   # the thin launch: Gluon's Python path once, then the C launcher
             self._launch = Launch(gemm_ws_kernel, self.num_programs,
                                   dict(STAGES=cfg.stages, GROUP_M=cfg.group_m, GLU=cfg.glu, ROW_SCALE=self.row_scale,
@@ -422,7 +457,8 @@ class WsGemmPlan:
                                        PEER_PUSH=self.peer_mode, N1=cfg.block_n1, B_KMAJOR=self.b_kmajor,
                                        A_LAST=self.a_last[0], A_LAST2=self.a_last[1],
                                        DEAD_HALF=self.dead_half, SWAP_C=self.swap, B_LAST0=self.b_last[0],
-                                       B_LAST1=self.b_last[1], N2=cfg.block_n2, num_warps=4, maxnreg=cfg.maxnreg),
+                                       B_LAST1=self.b_last[1], N2=cfg.block_n2, BIAS=self.bias,
+                                       RESIDUAL=self.residual, num_warps=4, maxnreg=cfg.maxnreg),
                                   device=a.device)
             self._fulls = {}
         run = self._launch
@@ -432,7 +468,7 @@ class WsGemmPlan:
             # the C launcher with the whole argument list of these data pointers, made once
             # (descriptors expanded into their tensor maps): an eager call's host work is a key
             # and a lookup (shapes and strides are the plan's, checked above)
-            fkey = (a.data_ptr(), b.data_ptr(), out.data_ptr(), scale.data_ptr())
+            fkey = (a.data_ptr(), b.data_ptr(), out.data_ptr(), scale.data_ptr(), epi[0].data_ptr(), epi[1].data_ptr())
             full = self._fulls.get(fkey)
             if full is not None:
                 run.call_full(full)
@@ -444,7 +480,8 @@ class WsGemmPlan:
         b1_d, c1_d = self._descriptors(desc, a, b, out, cfg.block_n1)[1:] if cfg.block_n1 else (b_d, c_d)
         bx_d, cx_d = self._descriptors(desc, a, b, out, cfg.block_n2)[1:] if cfg.block_n2 else (b_d, c_d)
         args = (a_d, b_d, c_d, peer, b1_d, c1_d, *self._last_boxes(desc, a, a_d), *self._last_b_boxes(desc, b, b_d),
-                bx_d, cx_d, scale.data_ptr() if fkey is not None else scale, self.M, self.N, self.K)
+                bx_d, cx_d, scale.data_ptr() if fkey is not None else scale, self.M, self.N, self.K,
+                *((t.data_ptr() if fkey is not None else t) for t in epi[:2]), *epi[2:])
         run(*args)
         if fkey is not None and desc is HostDesc:
             full = run.full_args(args)
@@ -480,7 +517,7 @@ class WsGemmPlan:
         b2 = desc(bt, bt.shape, bt.stride(), [r0, self.config.block_k])
         return b2, (desc(bt, bt.shape, bt.stride(), [r1, self.config.block_k]) if r1 else b2)
 
-    def _run_streamk(self, a, b, out):
+    def _run_streamk(self, a, b, out, epi):
         from numasched._launch import Launch
         from numasched.kernels.gemm_ws import gemm_ws_streamk_kernel
 
@@ -490,8 +527,8 @@ class WsGemmPlan:
                                   dict(STAGES=cfg.stages, GROUP_M=cfg.group_m, CONSUMER_REGS=cfg.consumer_regs,
                                        LOADER_REGS=cfg.loader_regs, FIXUP=self.fixup, MERGE=cfg.sk_merge,
                                        SPLIT=self.split > 0, MERGE_RB=merge_rows(self.split, cfg.block_n),
-                                       A_LAST=self.a_last[0], A_LAST2=self.a_last[1], num_warps=4,
-                                       maxnreg=cfg.maxnreg),
+                                       A_LAST=self.a_last[0], A_LAST2=self.a_last[1], BIAS=self.bias,
+                                       RESIDUAL=self.residual, num_warps=4, maxnreg=cfg.maxnreg),
                                   device=a.device)
         # partials and counters per stream: two streams running this plan at once must not share
         # tickets (the plan's own serve the first stream it runs on)
@@ -507,7 +544,7 @@ class WsGemmPlan:
         desc = descriptor_maker(self._launch)
         a_d, b_d, c_d = self._descriptors(desc, a, b, out)
         self._launch(a_d, b_d, c_d, *self._last_boxes(desc, a, a_d), work, tickets, out, out.stride(0), status,
-                     SK_WAIT_NS, self.M, self.N, self.K, max(self.split, 1))
+                     SK_WAIT_NS, self.M, self.N, self.K, max(self.split, 1), *epi)
         return out
 
     def check(self):
@@ -541,7 +578,8 @@ class WsTailPlan:
     swap = False
 
     def __init__(self, a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None, *, block_n: int,
-                 split: int, max_stages: Optional[int] = None, sms: Optional[int] = None):
+                 split: int, max_stages: Optional[int] = None, sms: Optional[int] = None,
+                 bias: Optional[torch.Tensor] = None, residual: Optional[torch.Tensor] = None):
         if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
             raise ValueError(f"a {tuple(a.shape)} and b {tuple(b.shape)} are not (M, K) and (K, N)")
         if block_n not in (128, 256):
@@ -564,25 +602,33 @@ class WsTailPlan:
         stride = None if out is not None else self.N
         n0 = self.n0
         self.dp = WsGemmPlan(a, b[:, :n0], None if out is None else out[:, :n0],
-                             config=wide_config(block_n, max_stages=max_stages), out_stride=stride)
+                             config=wide_config(block_n, max_stages=max_stages), out_stride=stride,
+                             **_slabs(bias, residual, slice(0, n0)))
         self.tail = WsGemmPlan(a, b[:, n0:], None if out is None else out[:, n0:],
-                               config=split_config(block_n, split), out_stride=stride)
+                               config=split_config(block_n, split), out_stride=stride,
+                               **_slabs(bias, residual, slice(n0, self.N)))
         self.out_shape = (self.M, self.N)
         self.num_programs, self.config, self.split = self.dp.num_programs, self.dp.config, self.tail.split
         self.tail_tiles = tail_tiles
         self.workspace_bytes = self.tail.workspace_bytes
 
-    def run(self, a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def run(self, a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None,
+            bias: Optional[torch.Tensor] = None, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
         if out is None:
             out = torch.empty(self.out_shape, device=a.device, dtype=a.dtype)
         n0 = self.n0
-        self.dp.run(a, b[:, :n0], out[:, :n0])
-        self.tail.run(a, b[:, n0:], out[:, n0:])
+        self.dp.run(a, b[:, :n0], out[:, :n0], **_slabs(bias, residual, slice(0, n0)))
+        self.tail.run(a, b[:, n0:], out[:, n0:], **_slabs(bias, residual, slice(n0, self.N)))
         return out
 
     def check(self):
         """As WsGemmPlan.check, for the split-K launch's banded merge."""
         self.tail.check()
+
+
+def _slabs(bias, residual, cols: slice) -> dict:
+    """The bias and residual of a column slab of the output (WsTailPlan's two launches)."""
+    return dict(bias=None if bias is None else bias[cols], residual=None if residual is None else residual[:, cols])
 
 
 def streamk_ranges(tiles: int, k_steps: int, programs: int):

@@ -111,8 +111,8 @@ class Options:
             whole rounds data-parallel, the last round's tiles split in K; 1.05x over the pick
             without it at 16 random shapes on an H100, bench/results/gemm-s45/).
         gemm_ws: the chooser also weighs the warp-specialised Gluon GEMM (kernels/gemm_ws.py) on
-            Hopper, with tiles of 80-256 columns (two power-of-two boxes), for bf16/fp16 without
-            bias or residual: from gemm_schedule.WS_MIN_ROWS rows (and WS_MIN_S of modelled time)
+            Hopper, with tiles of 80-256 columns (two power-of-two boxes), for bf16/fp16 (bias and
+            residual added in its epilogue, the output in a's dtype): from gemm_schedule.WS_MIN_ROWS rows (and WS_MIN_S of modelled time)
             it takes those, the width by the model. On by default: on an H100 the issue's grid went
             from cuBLAS / ours 0.978 to 0.992 (geomean; 512 rows 0.852 -> 0.936, 1024 0.914 ->
             0.956, 4096 0.956 -> 0.999; bench/results/gemm-ws-s30/grid-ws-off, grid-ws-on2).

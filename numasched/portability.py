@@ -419,7 +419,8 @@ def _glu_persistent(row_scale: bool, stages: int = 3):
     return build
 
 
-def _gemm_ws_streamk(b_kmajor: bool = True, merge: int = 0, split: int = 0, a_last=(0, 0)):
+def _gemm_ws_streamk(b_kmajor: bool = True, merge: int = 0, split: int = 0, a_last=(0, 0), bias: bool = False,
+                     residual: bool = False):
     def build(vendor):
         from numasched.gemm_ws import WsConfig, descriptor_type
         from numasched.kernels.gemm_ws import gemm_ws_streamk_kernel
@@ -432,16 +433,17 @@ def _gemm_ws_streamk(b_kmajor: bool = True, merge: int = 0, split: int = 0, a_la
                       a1_desc=descriptor_type("bf16", [a_last[0] or cfg.block_m, cfg.block_k]),
                       a2_desc=descriptor_type("bf16", [a_last[1] or a_last[0] or cfg.block_m, cfg.block_k]),
                       work="*fp32", tickets="*i32", c_ptr="*bf16", stride_cm=2560, status="*i32", bound=10**9,
-                      M=512, N=2560, K=8192, nsplit=max(split, 1), STAGES=cfg.stages, GROUP_M=cfg.group_m,
+                      M=512, N=2560, K=8192, nsplit=max(split, 1), bias="*bf16", res="*bf16", stride_rm=2560,
+                      stride_rn=1, STAGES=cfg.stages, GROUP_M=cfg.group_m,
                       CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=cfg.loader_regs, MERGE=merge, SPLIT=split > 0,
-                      A_LAST=a_last[0], A_LAST2=a_last[1])
+                      A_LAST=a_last[0], A_LAST2=a_last[1], BIAS=bias, RESIDUAL=residual)
         return gemm_ws_streamk_kernel, values, 4, 1, dict(maxnreg=cfg.maxnreg)
     return build
 
 
 def _gemm_ws(block_n: int = 256, stages: int = 3, b_kmajor: bool = True, glu: bool = False, row_scale=False,
              peer_push: int = 0, tile_n: int = 0, a_last=(0, 0), block_m: int = 128, swap: bool = False,
-             b_last=(0, 0)):
+             b_last=(0, 0), bias: bool = False, residual: bool = False):
     def build(vendor):
         from numasched.gemm_ws import WsConfig, descriptor_type, wide_config
 
@@ -465,7 +467,8 @@ def _gemm_ws(block_n: int = 256, stages: int = 3, b_kmajor: bool = True, glu: bo
                       b3_desc=descriptor_type("bf16", [b_last[1] or b_last[0] or cfg.block_n, cfg.block_k]),
                       bx_desc=descriptor_type("bf16", box(cfg.block_n2 or n1)),
                       cx_desc=descriptor_type("bf16", c_box(cfg.block_n2 or n1)),
-                      scale="*fp32", M=8192, N=8192, K=8192, STAGES=cfg.stages, GROUP_M=cfg.group_m,
+                      scale="*fp32", M=8192, N=8192, K=8192, bias="*bf16", res="*bf16", stride_rm=8192, stride_rn=1,
+                      STAGES=cfg.stages, GROUP_M=cfg.group_m, BIAS=bias, RESIDUAL=residual,
                       GLU=glu, ROW_SCALE=row_scale, PEER_PUSH=int(peer_push), N1=cfg.block_n1, B_KMAJOR=b_kmajor,
                       CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=cfg.loader_regs, A_LAST=a_last[0],
                       A_LAST2=a_last[1], SWAP_C=swap, B_LAST0=b_last[0], B_LAST1=b_last[1], N2=cfg.block_n2)
@@ -829,6 +832,13 @@ VARIANTS: List[Variant] = [
             off={"amd": _GLUON_OFF}, note="SWAP_C with the tokens' last tile in short boxes (both boxes)"),
     Variant("gemm_ws", "bf16-swap-128x128-last-b", _gemm_ws(tile_n=128, swap=True, b_last=(64, 0)),
             off={"amd": _GLUON_OFF}, note="SWAP_C, one box, the tokens' last tile in a box of 64 rows"),
+    Variant("gemm_ws", "bf16-128x160-bias-residual", _gemm_ws(tile_n=160, bias=True, residual=True),
+            off={"amd": _GLUON_OFF}, note="the bias and residual epilogue, added in fp32 before each box's store"),
+    Variant("gemm_ws", "bf16-swap-128x96-bias-residual", _gemm_ws(tile_n=96, swap=True, bias=True, residual=True),
+            off={"amd": _GLUON_OFF}, note="the same in the transposed form: the bias along the kernel's rows"),
+    Variant("gemm_ws", "bf16-128x128-split2-bias-residual",
+            _gemm_ws_streamk(merge=1, split=2, bias=True, residual=True), off={"amd": _GLUON_OFF},
+            note="the split-K form's banded merge adding the bias and the residual"),
     Variant("gemm_ws", "bf16-128x256-s3-peer-push", _gemm_ws(peer_push=1), off={"amd": _GLUON_OFF},
             note="a probe: every tile also TMA-stored into a peer GPU's twin of C"),
     Variant("gemm_ws", "bf16-128x256-s3-peer-paced", _gemm_ws(peer_push=2), off={"amd": _GLUON_OFF},

@@ -2065,14 +2065,14 @@ def test_pick_takes_the_lowest_estimate_with_the_ws_split_margin_and_the_ties_ru
 
 def test_ws_schedule_refused_where_the_kernel_cannot_run(device):
     """A "ws" schedule asked for explicitly where the warp-specialised kernel cannot run (no
-    Hopper here, or a bias) is refused naming why; the chooser never offers it there."""
+    Hopper here, or another output dtype) is refused naming why; the chooser never offers it there."""
     from numasched.gemm_schedule import Schedule
 
     a = torch.randn(512, 256, device=device, dtype=torch.float16)
     w = torch.randn(384, 256, device=device, dtype=torch.float16)
     ws = Schedule.parse("ws 128x160x64 w4 s4 persistent")
-    with pytest.raises(ValueError, match="warp-specialised GEMM cannot run this: it has no bias"):
-        numasched.plan_matmul(a, w.T, schedule=ws, bias=torch.zeros(384, device=device, dtype=torch.float16))
+    with pytest.raises(ValueError, match="warp-specialised GEMM cannot run this: it has no output dtype"):
+        numasched.plan_matmul(a, w.T, schedule=ws, out_dtype=torch.float32)
     with pytest.raises(ValueError, match="own grouped order"):
         numasched.plan_matmul(a, w.T, schedule=ws, mapping="grouped")
     # the schedule's fields and the call's tiling arguments it cannot honour are refused, not dropped

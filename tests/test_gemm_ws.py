@@ -38,6 +38,10 @@ for v in ("bf16-swap-128x96", "bf16-swap-256x96", "bf16-swap-128x144-last-box", 
     r = P.compile_variant("gemm_ws", v, "sm90", keep_asm=True)
     r["ptx"] = "\n".join(" ".join(l.split()) for l in r.pop("asm", {}).get("ptx", "").splitlines())
     rows["swap:" + v] = r
+for v in ("bf16-128x160-bias-residual", "bf16-swap-128x96-bias-residual", "bf16-128x128-split2-bias-residual"):
+    r = P.compile_variant("gemm_ws", v, "sm90", keep_asm=True)
+    r["ptx"] = "\n".join(" ".join(l.split()) for l in r.pop("asm", {}).get("ptx", "").splitlines())
+    rows["epi:" + v] = r
 for v in ("bf16-128x208-three-boxes", "bf16-128x176-three-boxes-b-rowmajor"):
     r = P.compile_variant("gemm_ws", v, "sm90", keep_asm=True)
     r["ptx"] = "\n".join(" ".join(l.split()) for l in r.pop("asm", {}).get("ptx", "").splitlines())
@@ -77,7 +81,7 @@ def _k_loop_windows(ptx: str, in_flight: int = 1):
 
 def test_compiles_for_hopper_warp_specialised(compiled):
     for name, r in compiled.items():
-        if name.startswith(("mar:", "last:", "swap:", "three:")):
+        if name.startswith(("mar:", "last:", "swap:", "three:", "epi:")):
             continue
         assert r["status"] == "ok", (name, r["error"])
         assert r["spill_bytes"] == 0 and r["fits"], name
@@ -124,7 +128,7 @@ def test_k_loop_has_no_cta_wide_barrier(compiled):
     """What the kernel is for: between a consumer's operand wait and its slot release there is
     at most a barrier of its own warpgroup (``bar.sync N, 128``), never one of the whole CTA."""
     for name, r in compiled.items():
-        if name.startswith(("mar:", "last:", "swap:", "three:")):   # (the transposed form: its own test)
+        if name.startswith(("mar:", "last:", "swap:", "three:", "epi:")):   # (the transposed form: its own test)
             continue
         wide = name in _WIDE   # two boxes: two wgmma groups a step, the previous pair waited for
         windows = list(_k_loop_windows(r["ptx"], 2 if wide else 1))
@@ -689,6 +693,103 @@ def test_transposed_form_compiles_with_transposed_stores(compiled):
         for w in windows:   # no CTA-wide barrier in a consumer's K step
             bars = [x.strip() for x in w if re.search(r"\bbar(rier)?\.sync\b", x)]
             assert all(re.fullmatch(r"bar\.sync\s+\d+,\s*128;", b) for b in bars), (v, bars)
+
+
+def test_bias_and_residual_epilogue_compiles_without_spills(compiled):
+    """BIAS / RESIDUAL: the data-parallel (two boxes), transposed and split-K forms compile for
+    sm_90 within shared memory, no spills; the epilogue's loads are plain global loads after the
+    K loop (the plain kernel has none: its epilogue is the store alone)."""
+    assert "ld.global" not in compiled["bf16-128x256-s3"]["ptx"]
+    for v in ("bf16-128x160-bias-residual", "bf16-swap-128x96-bias-residual", "bf16-128x128-split2-bias-residual"):
+        r = compiled["epi:" + v]
+        assert r["ok"] and r["spill_bytes"] == 0 and r["fits"], (v, r.get("error"))
+        assert "ld.global" in r["ptx"], v
+        assert "wgmma.mma_async" in r["ptx"], v
+
+
+def _epilogue_operands(M, N, K, bias_dtype, res_dtype):
+    """x (M, K), w (N, K), a bias and a residual (fresh), out poisoned, the float64 reference."""
+    torch.manual_seed(3 * M + N + K)
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(N, device="cuda", dtype=bias_dtype) * 10
+    res = torch.randn(M, N, device="cuda", dtype=res_dtype) * 10
+    ref = x.double() @ w.double().t() + bias.double() + res.double()
+    return x, w, bias, res, torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16), ref
+
+
+_EPI_FORMS = {"dp256": dict(config=WsConfig()), "wide160": dict(config=wide_config(160)),
+              "three208": dict(config=wide_config(208)), "rows64": dict(config=wide_config(96, block_m=64)),
+              "swap96": dict(config=wide_config(96, swap=True)), "swap256x144": dict(config=wide_config(144, block_m=256, swap=True)),
+              "split3": dict(config=split_config(128, 3)), "split8": dict(config=split_config(256, 8))}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("form", list(_EPI_FORMS))
+@pytest.mark.parametrize("bias_dtype,res_dtype", [(torch.float32, torch.bfloat16), (torch.bfloat16, torch.float32)])
+@pytest.mark.parametrize("M,N,K", [(1, 264, 72), (97, 520, 1000), (300, 4104, 2048), (1031, 1000, 3000)])
+def test_bias_and_residual_match_float64(M, N, K, bias_dtype, res_dtype, form):
+    """y = x @ w.T + bias + residual by every WS form (data-parallel of one, two and three boxes,
+    64-row tiles, transposed with 128 and 256 weight rows a tile, split-K), against float64 with
+    out poisoned; the eager path three times (Gluon's path, the C launcher, its cached arguments),
+    a residual with a column stride (a transposed view), and the residual being out itself."""
+    x, w, bias, res, out, ref = _epilogue_operands(M, N, K, bias_dtype, res_dtype)
+    cfg = _EPI_FORMS[form]["config"]
+    a, b = (w, x.t()) if cfg.swap else (x, w.t())
+    plan = WsGemmPlan(a, b, out, config=cfg, bias=bias, residual=res)
+    for _ in range(3):
+        out.fill_(float("nan"))
+        plan.run(a, b, out, bias=bias, residual=res)
+        assert _rel(out, ref) < 1e-2, form
+    # a residual laid out column-major (strides (1, M)) and in out's own memory
+    res_t = res.t().contiguous().t()
+    plan_t = WsGemmPlan(a, b, out, config=cfg, bias=bias, residual=res_t)
+    out.fill_(float("nan"))
+    plan_t.run(a, b, out, bias=bias, residual=res_t)
+    assert _rel(out, ref) < 1e-2, form
+    if res_dtype == torch.bfloat16:
+        inplace = res.clone()
+        plan_in = WsGemmPlan(a, b, inplace, config=cfg, bias=bias, residual=inplace)
+        plan_in.run(a, b, inplace, bias=bias, residual=inplace)
+        assert _rel(inplace, ref) < 1e-2, form
+    with pytest.raises(ValueError, match="bias and residual must be given"):
+        plan.run(a, b, out)
+    with pytest.raises(ValueError, match="bias must be"):
+        WsGemmPlan(a, b, out, config=cfg, bias=bias[:-1])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")
+def test_bias_and_residual_through_matmul_every_ws_route_and_in_graphs():
+    """numasched.matmul with a bias and a residual takes the WS kernel where the chooser does
+    (512 rows: a data-parallel width) and runs each named WS form (transposed, split-K, tail) with
+    the epilogue; in a CUDA graph each replay sees fresh inputs, bias and residual."""
+    import numasched
+    from numasched.gemm_schedule import Schedule
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    cases = [(512, 2560, 4096, None), (300, 2600, 4104, "ws 128x144x64 w4 s5 swap persistent"),
+             (100, 4096, 4096, "ws 128x128x64 w4 s6 split3 persistent"),
+             (246, 256 * (-(-sms // 2) + 4), 2560, "ws 128x256x64 w4 s3 split8 tail persistent")]
+    for M, N, K, name in cases:
+        x, w, bias, res, out, ref = _epilogue_operands(M, N, K, torch.bfloat16, torch.bfloat16)
+        kw = {} if name is None else dict(schedule=Schedule.parse(name))
+        plan = numasched.plan_matmul(x, w.t(), out, bias=bias, residual=res, **kw)
+        assert plan.kernel == "ws", (M, N, K, plan.kernel)
+        plan.run(x, w.t(), out, bias=bias, residual=res)
+        assert _rel(out, ref) < 1e-2, (M, N, K)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            plan.run(x, w.t(), out, bias=bias, residual=res)
+        for _ in range(2):
+            x.copy_(torch.randn_like(x))
+            bias.copy_(torch.randn_like(bias))
+            res.copy_(torch.randn_like(res))
+            out.fill_(float("nan"))
+            g.replay()
+            ref = x.double() @ w.double().t() + bias.double() + res.double()
+            assert _rel(out, ref) < 1e-2, (M, N, K, "graph")
 
 
 @pytest.mark.gpu
