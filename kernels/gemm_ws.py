@@ -97,18 +97,22 @@ if HAVE_GLUON:
         B_LAST1: gl.constexpr     # 0 (the second box not loaded there), or the rows of b3_desc's boxes
         N2: gl.constexpr          # 0, or a third power-of-two box of N2 columns (tiles of BLOCK_N + N1 + N2)
         bias: gl.tensor           # BIAS: the output columns' bias (N,) (SWAP_C: the kernel's rows'), else unread
-        res: gl.tensor            # RESIDUAL: y's residual, (stride_rm, stride_rn) in y's own (rows, columns)
+        res: gl.tensor            # RESIDUAL 2: y's residual, (stride_rm, stride_rn) in y's own (rows, columns)
         stride_rm: gl.tensor
         stride_rn: gl.tensor
         BIAS: gl.constexpr
-        RESIDUAL: gl.constexpr
+        RESIDUAL: gl.constexpr    # 0; 1: by TMA (r_desc, r1_desc, rx_desc: c_desc's boxes of it) into C's tiles; 2: pointers
+        r_desc: tma.tensor_descriptor
+        r1_desc: tma.tensor_descriptor
+        rx_desc: tma.tensor_descriptor
+        resbar: gl.shared_memory_descriptor   # RESIDUAL 1: one barrier per consumer, the residual tile's arrival
 
         @gluon.constexpr_function
         def __init__(self, a_desc, b_desc, c_desc, peer_desc, b1_desc, c1_desc, a1_desc, a2_desc, a_bufs, b_bufs,
                      b1_bufs, ready, empty, scale, M, N, K, GROUP_M, GLU, ROW_SCALE, PEER_PUSH, N1, B_KMAJOR, A_LAST,
                      A_LAST2, DEAD_HALF, SWAP_C=False, b2_desc=None, b3_desc=None, B_LAST0=0, B_LAST1=0,
                      bx_desc=None, cx_desc=None, bx_bufs=None, N2=0, bias=None, res=None, stride_rm=None,
-                     stride_rn=None, BIAS=False, RESIDUAL=False):
+                     stride_rn=None, BIAS=False, RESIDUAL=0, r_desc=None, r1_desc=None, rx_desc=None, resbar=None):
             self.a_desc, self.b_desc, self.c_desc, self.peer_desc = a_desc, b_desc, c_desc, peer_desc
             self.b1_desc, self.c1_desc, self.b1_bufs = b1_desc, c1_desc, b1_bufs
             self.a1_desc, self.a2_desc = a1_desc, a2_desc
@@ -123,6 +127,7 @@ if HAVE_GLUON:
             self.bx_desc, self.cx_desc, self.bx_bufs, self.N2 = bx_desc, cx_desc, bx_bufs, gl.constexpr(N2)
             self.bias, self.res, self.stride_rm, self.stride_rn = bias, res, stride_rm, stride_rn
             self.BIAS, self.RESIDUAL = gl.constexpr(BIAS), gl.constexpr(RESIDUAL)
+            self.r_desc, self.r1_desc, self.rx_desc, self.resbar = r_desc, r1_desc, rx_desc, resbar
 
     @gluon.jit
     def _tile_of(t, NM, NN, GROUP_M: gl.constexpr):
@@ -310,6 +315,34 @@ if HAVE_GLUON:
                 it += 1
 
     @gluon.jit
+    def _load_residual(p, c_smem, c1_smem, c2_smem, row0, col0, BLOCK_N: gl.constexpr, ROLE: gl.constexpr):
+        """RESIDUAL 1: the TMA loads of the residual's boxes of this consumer's tile (as C's boxes:
+        rows row0.., columns col0.., SWAP_C transposed) into C's shared tiles, on its barrier."""
+        NBYTES: gl.constexpr = (p.r_desc.block_type.nbytes + (p.r1_desc.block_type.nbytes if p.N1 > 0 else 0)
+                                + (p.rx_desc.block_type.nbytes if p.N2 > 0 else 0))
+        bar = p.resbar.index(ROLE)
+        mbarrier.expect(bar, NBYTES)
+        if p.SWAP_C:
+            tma.async_copy_global_to_shared(p.r_desc, [col0, row0], bar, c_smem)
+            if p.N1 > 0:
+                tma.async_copy_global_to_shared(p.r1_desc, [col0 + BLOCK_N, row0], bar, c1_smem)
+        else:
+            tma.async_copy_global_to_shared(p.r_desc, [row0, col0], bar, c_smem)
+            if p.N1 > 0:
+                tma.async_copy_global_to_shared(p.r1_desc, [row0, col0 + BLOCK_N], bar, c1_smem)
+            if p.N2 > 0:
+                tma.async_copy_global_to_shared(p.rx_desc, [row0, col0 + BLOCK_N + p.N1], bar, c2_smem)
+
+    @gluon.jit
+    def _shared_tile(p, smem, layout: gl.constexpr):
+        """A C-shaped shared tile (the residual's, RESIDUAL 1) as fp32 in the accumulator's layout
+        (SWAP_C: read transposed, (columns, rows) -> (rows, columns))."""
+        if p.SWAP_C:
+            return smem.permute((1, 0)).load(layout).to(gl.float32)
+        else:
+            return smem.load(layout).to(gl.float32)
+
+    @gluon.jit
     def _epilogue(p, y, layout: gl.constexpr, ROWS: gl.constexpr, COLS: gl.constexpr, row0, col0):
         """BIAS / RESIDUAL on one fp32 output tile ``y`` (ROWS x COLS in ``layout``, the kernel's rows
         from row0 and columns from col0): y + bias (per column; SWAP_C, where the kernel's rows are
@@ -321,7 +354,7 @@ if HAVE_GLUON:
                 y = y + gl.load(p.bias + rows, mask=rows < p.M, other=0.0).to(gl.float32)[:, None]
             else:
                 y = y + gl.load(p.bias + cols, mask=cols < p.N, other=0.0).to(gl.float32)[None, :]
-        if p.RESIDUAL:
+        if p.RESIDUAL == 2:   # (1: from the shared tile the TMA load filled, see _consumer)
             inside = (rows[:, None] < p.M) & (cols[None, :] < p.N)
             if p.SWAP_C:   # the kernel's (row, column) is y's (column, row)
                 offs = cols[None, :].to(gl.int64) * p.stride_rm + rows[:, None].to(gl.int64) * p.stride_rn
@@ -359,6 +392,12 @@ if HAVE_GLUON:
                                                                   instr_shape=[16, p.N2, 16])
             acc2 = gl.zeros((ROWS, p.N2), gl.float32, acc2_layout)
             c2_smem = gl.allocate_shared_memory(p.cx_desc.dtype, p.cx_desc.block_type.shape, p.cx_desc.layout)
+        r1_smem = c_smem   # RESIDUAL 1: the shared tiles its boxes land in (C's own)
+        r2_smem = c_smem
+        if p.N1 > 0:
+            r1_smem = c1_smem
+        if p.N2 > 0:
+            r2_smem = c2_smem
         # PEER_PUSH 2 (paced): the previous tile's copy leaves in column chunks of the peer
         # descriptor's width, spread over this tile's K loop (the rest after it)
         CH: gl.constexpr = p.peer_desc.block_type.shape[1]
@@ -368,6 +407,7 @@ if HAVE_GLUON:
         pcol = 0
         done = 0
         it = 0
+        res_phase = 0
         for t in range(gl.program_id(0), NM * NN, gl.num_programs(0)):
             tm, tn = _tile_of(t, NM, NN, p.GROUP_M)
             if p.DEAD_HALF & (tm * BLOCK_M + ROLE * ROWS >= p.M):
@@ -379,6 +419,11 @@ if HAVE_GLUON:
                     mbarrier.arrive(p.empty.index(s), count=1)
                     it += 1
             else:
+                if p.RESIDUAL == 1:
+                    # the residual's tile into C's shared tiles while the K loop runs (the previous
+                    # tile's store has read them first); summed in the epilogue
+                    tma.store_wait(pendings=0)
+                    _load_residual(p, c_smem, r1_smem, r2_smem, tm * BLOCK_M + ROLE * ROWS, tn * TILE_N, BLOCK_N, ROLE)
                 prev = 0
                 for kk in range(k_steps):
                     if p.N2 > 0:
@@ -417,7 +462,15 @@ if HAVE_GLUON:
                     y = g / (1.0 + gl.exp(-g)) * u
                 else:
                     y = acc
-                if p.BIAS | p.RESIDUAL:   # (the plain GEMM: not GLU, not PEER_PUSH)
+                if p.RESIDUAL == 1:   # the residual tile has arrived in C's shared tiles
+                    mbarrier.wait(p.resbar.index(ROLE), res_phase)
+                    res_phase ^= 1
+                    y = y + _shared_tile(p, c_smem, acc_layout)
+                    if p.N1 > 0:
+                        acc1 = acc1 + _shared_tile(p, r1_smem, acc1_layout)
+                    if p.N2 > 0:
+                        acc2 = acc2 + _shared_tile(p, r2_smem, acc2_layout)
+                if p.BIAS | (p.RESIDUAL == 2):   # (the plain GEMM: not GLU, not PEER_PUSH)
                     y = _epilogue(p, y, acc_layout, ROWS, BLOCK_N, row0, tn * TILE_N)
                     if p.N1 > 0:
                         acc1 = _epilogue(p, acc1, acc1_layout, ROWS, p.N1, row0, tn * TILE_N + BLOCK_N)
@@ -476,13 +529,13 @@ if HAVE_GLUON:
     # (M == 1 or a stride of 1 stays a value: WsArgs holds tensors)
     @gluon.jit(do_not_specialize=["M", "N", "K", "stride_rm", "stride_rn"])
     def gemm_ws_kernel(a_desc, b_desc, c_desc, peer_desc, b1_desc, c1_desc, a1_desc, a2_desc, b2_desc, b3_desc,
-                       bx_desc, cx_desc, scale, M, N, K, bias, res, stride_rm, stride_rn,
+                       bx_desc, cx_desc, scale, M, N, K, bias, res, stride_rm, stride_rn, r_desc, r1_desc, rx_desc,
                        STAGES: gl.constexpr, GROUP_M: gl.constexpr, GLU: gl.constexpr, ROW_SCALE: gl.constexpr,
                        CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, PEER_PUSH: gl.constexpr = 0,
                        N1: gl.constexpr = 0, B_KMAJOR: gl.constexpr = True, A_LAST: gl.constexpr = 0,
                        A_LAST2: gl.constexpr = 0, DEAD_HALF: gl.constexpr = True, SWAP_C: gl.constexpr = False,
                        B_LAST0: gl.constexpr = 0, B_LAST1: gl.constexpr = 0, N2: gl.constexpr = 0,
-                       BIAS: gl.constexpr = False, RESIDUAL: gl.constexpr = False):
+                       BIAS: gl.constexpr = False, RESIDUAL: gl.constexpr = 0):
         """C (M, N) = A (M, K) @ B (K, N), or (GLU) silu(A @ B[:, :N]) * (A @ B[:, N:]); launched
         with num_warps=4 (the first consumer warpgroup) and at most one program per SM. PEER_PUSH
         (a probe of the fused GEMM + all-reduce's traffic, scripts/ws_push_probe.py): each tile is
@@ -518,9 +571,13 @@ if HAVE_GLUON:
         but with half the rows a tile there are twice the tiles to fill the SMs at 65-128 rows.
 
         BIAS / RESIDUAL (the plain GEMM): y + ``bias`` (one per output column of y; its dtype is
-        any float) + ``res`` (y's shape, strides ``stride_rm`` / ``stride_rn`` along y's rows and
-        columns; it may be y itself, each tile's residual being read before its store), added in
-        fp32 before the store (otherwise both pointers are unread)."""
+        any float) + the residual (y's shape; it may be y itself, each tile's residual being read
+        before its store), added in fp32 before the store. RESIDUAL 1: ``r_desc`` / ``r1_desc`` /
+        ``rx_desc`` describe it with c_desc's / c1_desc's / cx_desc's boxes (y's dtype, TMA-able),
+        each consumer loads its tile's boxes into its C tiles at the tile's start (after the
+        previous store has read them) and adds them after the K loop; RESIDUAL 2: ``res`` with
+        strides ``stride_rm`` / ``stride_rn`` along y's rows and columns, loaded in the epilogue
+        (any dtype and layout, slower). Unused pointers and descriptors are unread."""
         gl.static_assert(not (BIAS or RESIDUAL) or (not GLU and PEER_PUSH == 0), "BIAS / RESIDUAL: the plain GEMM")
         gl.static_assert(N1 == 0 or (not GLU and PEER_PUSH == 0), "N1 > 0 is for the plain GEMM")
         gl.static_assert(N2 == 0 or (N1 > 0 and not SWAP_C and B_LAST0 == 0 and bx_desc.block_type.shape[0 if B_KMAJOR else 1] == N2),
@@ -559,10 +616,14 @@ if HAVE_GLUON:
         for i in gl.static_range(STAGES):
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=CONSUMERS)   # one arrive per consumer warpgroup
+        resbar = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+        if RESIDUAL == 1:
+            for i in gl.static_range(CONSUMERS):
+                mbarrier.init(resbar.index(i), count=1)
         p = WsArgs(a_desc, b_desc, c_desc, peer_desc, b1_desc, c1_desc, a1_desc, a2_desc, a_bufs, b_bufs, b1_bufs,
                    ready, empty, scale, M, N, K, GROUP_M, GLU, ROW_SCALE, PEER_PUSH, N1, B_KMAJOR, A_LAST, A_LAST2,
                    DEAD_HALF, SWAP_C, b2_desc, b3_desc, B_LAST0, B_LAST1, bx_desc, cx_desc, bx_bufs, N2, bias, res,
-                   gl.to_tensor(stride_rm), gl.to_tensor(stride_rn), BIAS, RESIDUAL)
+                   gl.to_tensor(stride_rm), gl.to_tensor(stride_rn), BIAS, RESIDUAL, r_desc, r1_desc, rx_desc, resbar)
         if CONSUMERS == 4:
             gl.warp_specialize([
                 (_consumer_lo, (p,)),

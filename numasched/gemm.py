@@ -477,6 +477,11 @@ class GemmPlan(Plan):
         """Why the warp-specialised kernel (numasched.gemm_ws) cannot compute this product, or None."""
         if dtype != a.dtype:
             return "it has no output dtype epilogue (out is in a's dtype)"
+        from .gemm_ws import residual_by_tma
+
+        if residual is not None and not residual_by_tma(residual, a.dtype):
+            # (its pointer path waits for the residual after each tile's K loop: the Triton kernels are faster)
+            return "it takes a residual in a's dtype, row-major with 16-byte aligned rows"
         if not (isinstance(mapping, str) and mapping == "auto"):
             return "it walks its tiles in its own grouped order (mapping='auto' only)"
         if self.int64:

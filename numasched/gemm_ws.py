@@ -19,7 +19,7 @@ import torch
 
 __all__ = ["WsConfig", "WsGemmPlan", "supported", "descriptor_type", "host_descriptor", "descriptor_maker",
            "DeviceAddress", "DEFAULT_CONFIG", "wide_config", "split_config", "GLU_CONFIG", "STREAMK_CONFIG", "streamk_ranges", "split_parts",
-           "merge_bands", "last_box_rows", "last_b_rows", "WsTailPlan", "tail_columns"]
+           "merge_bands", "last_box_rows", "last_b_rows", "WsTailPlan", "tail_columns", "residual_by_tma"]
 
 
 CONSUMER_ROWS = 64   # a consumer warpgroup's rows of a tile (wgmma's M), C's boxes
@@ -315,6 +315,10 @@ class WsGemmPlan:
                 raise ValueError("bias and residual are for the plain GEMM (data-parallel or split-K form)")
             self._check_epilogue(bias, residual, a.device)
         self._res_strides = residual.stride() if residual is not None else (0, 0)
+        # the data-parallel forms load a residual in y's dtype that TMA can address by TMA into C's
+        # tiles during the K loop (1); others (and the split-K form's banded merge) by pointers (2)
+        self.res_mode = (0 if residual is None else 1 if residual_by_tma(residual, a.dtype) and not config.streamk
+                         else 2)
         self.peer = peer_out_ptr
         self.peer_mode = 0 if peer_out_ptr is None else (2 if peer_paced else 1)
         if peer_out_ptr is not None and (peer_out_ptr % 16 or config.glu):
@@ -420,6 +424,8 @@ class WsGemmPlan:
             raise ValueError("bias and residual must be given exactly when the plan was made with them")
         if residual is not None and residual.stride() != self._res_strides:
             raise ValueError(f"residual must have the plan's strides {self._res_strides}, got {residual.stride()}")
+        if residual is not None and self.res_mode == 1 and residual.data_ptr() % 16:
+            raise ValueError("residual must be 16-byte aligned, as at plan time (its tiles come by TMA)")
         rm, rn = self._res_strides
         return (bias if bias is not None else out, residual if residual is not None else out, rm, rn)
 
@@ -458,7 +464,7 @@ class WsGemmPlan:
                                        A_LAST=self.a_last[0], A_LAST2=self.a_last[1],
                                        DEAD_HALF=self.dead_half, SWAP_C=self.swap, B_LAST0=self.b_last[0],
                                        B_LAST1=self.b_last[1], N2=cfg.block_n2, BIAS=self.bias,
-                                       RESIDUAL=self.residual, num_warps=4, maxnreg=cfg.maxnreg),
+                                       RESIDUAL=self.res_mode, num_warps=4, maxnreg=cfg.maxnreg),
                                   device=a.device)
             self._fulls = {}
         run = self._launch
@@ -479,9 +485,15 @@ class WsGemmPlan:
                                                   [CONSUMER_ROWS, 64 if self.peer_mode == 2 else cfg.block_n])
         b1_d, c1_d = self._descriptors(desc, a, b, out, cfg.block_n1)[1:] if cfg.block_n1 else (b_d, c_d)
         bx_d, cx_d = self._descriptors(desc, a, b, out, cfg.block_n2)[1:] if cfg.block_n2 else (b_d, c_d)
+        if self.res_mode == 1:   # the residual with C's boxes
+            res = epi[1]
+            r_ds = tuple(self._descriptors(desc, a, b, res, n)[2] if n else c
+                         for n, c in ((cfg.block_n, c_d), (cfg.block_n1, c1_d), (cfg.block_n2, cx_d)))
+        else:
+            r_ds = (c_d, c1_d, cx_d)
         args = (a_d, b_d, c_d, peer, b1_d, c1_d, *self._last_boxes(desc, a, a_d), *self._last_b_boxes(desc, b, b_d),
                 bx_d, cx_d, scale.data_ptr() if fkey is not None else scale, self.M, self.N, self.K,
-                *((t.data_ptr() if fkey is not None else t) for t in epi[:2]), *epi[2:])
+                *((t.data_ptr() if fkey is not None else t) for t in epi[:2]), *epi[2:], *r_ds)
         run(*args)
         if fkey is not None and desc is HostDesc:
             full = run.full_args(args)
@@ -624,6 +636,13 @@ class WsTailPlan:
     def check(self):
         """As WsGemmPlan.check, for the split-K launch's banded merge."""
         self.tail.check()
+
+
+def residual_by_tma(residual: torch.Tensor, dtype) -> bool:
+    """Whether the data-parallel WS forms load ``residual`` by TMA (RESIDUAL 1, overlapped with the
+    K loop): y's dtype, row-major with 16-byte aligned rows. Otherwise by pointers in the
+    epilogue (RESIDUAL 2: correct, but the loads wait after each tile's K loop)."""
+    return residual.dtype == dtype and _tma_ok(residual)
 
 
 def _slabs(bias, residual, cols: slice) -> dict:

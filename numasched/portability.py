@@ -468,7 +468,9 @@ def _gemm_ws(block_n: int = 256, stages: int = 3, b_kmajor: bool = True, glu: bo
                       bx_desc=descriptor_type("bf16", box(cfg.block_n2 or n1)),
                       cx_desc=descriptor_type("bf16", c_box(cfg.block_n2 or n1)),
                       scale="*fp32", M=8192, N=8192, K=8192, bias="*bf16", res="*bf16", stride_rm=8192, stride_rn=1,
-                      STAGES=cfg.stages, GROUP_M=cfg.group_m, BIAS=bias, RESIDUAL=residual,
+                      r_desc=descriptor_type("bf16", c_box(cfg.block_n)), r1_desc=descriptor_type("bf16", c_box(n1)),
+                      rx_desc=descriptor_type("bf16", c_box(cfg.block_n2 or n1)),
+                      STAGES=cfg.stages, GROUP_M=cfg.group_m, BIAS=bias, RESIDUAL=int(residual),
                       GLU=glu, ROW_SCALE=row_scale, PEER_PUSH=int(peer_push), N1=cfg.block_n1, B_KMAJOR=b_kmajor,
                       CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=cfg.loader_regs, A_LAST=a_last[0],
                       A_LAST2=a_last[1], SWAP_C=swap, B_LAST0=b_last[0], B_LAST1=b_last[1], N2=cfg.block_n2)
