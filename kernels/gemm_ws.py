@@ -419,17 +419,13 @@ if HAVE_GLUON:
                     mbarrier.arrive(p.empty.index(s), count=1)
                     it += 1
             else:
+                if p.RESIDUAL == 1:
+                    # the residual's tile into C's shared tiles while the K loop runs (the previous
+                    # tile's store has read them first); summed in the epilogue
+                    tma.store_wait(pendings=0)
+                    _load_residual(p, c_smem, r1_smem, r2_smem, tm * BLOCK_M + ROLE * ROWS, tn * TILE_N, BLOCK_N, ROLE)
                 prev = 0
                 for kk in range(k_steps):
-                    if p.RESIDUAL == 1:
-                        if kk == k_steps // 2:
-                            # the residual's tile into C's shared tiles halfway through the K loop
-                            # (not at its start, where every SM's first operand loads are in
-                            # flight; the previous tile's store has read the tiles first), summed
-                            # in the epilogue
-                            tma.store_wait(pendings=0)
-                            _load_residual(p, c_smem, r1_smem, r2_smem, tm * BLOCK_M + ROLE * ROWS, tn * TILE_N,
-                                           BLOCK_N, ROLE)
                     if p.N2 > 0:
                         acc, acc1, acc2, s = _mma_step3(p, acc, acc1, acc2, it, kk, prev, ROLE, ROWS)
                     elif p.N1 > 0:
