@@ -376,6 +376,15 @@ ROW_GROUP_SM_BYTES_PER_S = 88e9
 # 64 x 128 tiles, hence the K floor.
 ROW_SPLIT_SHARE_ROWS = (129, 192)
 ROW_SPLIT_SHARE_MIN_K = 6144
+# Where the chooser takes those split 128 x 128 Triton tiles, the WS kernel's split-K form of the
+# same tiles and parts runs them faster (its two tile rows' units of a K part share W the same way;
+# the second row's A in short boxes, its dead half without wgmma is not needed there): on an H100,
+# at the 17 of 22 random shapes of 129-192 rows where the pick was such a schedule, the WS twin
+# ran 0.70-0.99x its time (geomean pick / best timed 1.069 -> 1.003; cuBLAS / ours 0.786 -> 0.837;
+# bench/results/gemm-s46/h100-row2-wssplit, h100-row2-fresh10, the second set drawn after the
+# rule). The WS model prices it 1.1-1.3x the Triton model's (under)estimate there, so the twin is
+# taken by this rule (ws_split_twin), not by the estimates.
+ROW_SPLIT_WS_TWIN = True
 
 
 # A whose rows are not whole 128-byte lines (K * element size a multiple of 16 but not of 128):
@@ -925,6 +934,20 @@ def row_split_shares_w(s: Schedule, M: int, K: int, units: int, machine: Machine
             and K >= ROW_SPLIT_SHARE_MIN_K and units <= machine.sms)
 
 
+def ws_split_twin(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machine) -> Optional[Schedule]:
+    """The WS split-K form of the same tiles and parts as ``s`` where ROW_SPLIT_WS_TWIN takes it
+    (``s`` a 128 x 128 Triton split-K schedule whose two tile rows share W, row_split_shares_w;
+    16-bit), else None."""
+    if not (ROW_SPLIT_WS_TWIN and elt == 2 and s.kind == "splitk" and s.block_m == 128 and s.block_n == 128):
+        return None
+    if not row_split_shares_w(s, M, K, _cdiv(M, 128) * _cdiv(N, 128) * s.split_k, machine):
+        return None
+    from .gemm_ws import split_config
+
+    twin = Schedule("ws", 128, 128, 64, s.split_k, 4, split_config(128, s.split_k).stages, True)
+    return replace(twin, est_s=_ws_estimate(twin, M, N, K, elt, machine))
+
+
 def row_group_share(s: Schedule, M: int, K: int, units: int, elt: int, machine: Machine) -> int:
     """How many tiles of a tile column read each W tile between them, once from HBM: the 64-row
     tiles of a column where row_pair_shares_w (two to four), the two split 128-row ones where
@@ -1014,7 +1037,10 @@ def _choose(M: int, N: int, K: int, elt: int, machine: Machine, splitk_only: boo
         if not aligned and s.block_k > MISALIGNED_MAX_BLOCK_K:
             continue
         scored.append((s, estimate(s, M, N, K, elt, machine, splitk_tma, aligned)))
-    return pick(scored, M, elt, machine, splitk_tma)
+    best = pick(scored, M, elt, machine, splitk_tma)
+    if ws and best is not None and aligned:   # (the operands fit the WS kernel)
+        return ws_split_twin(best, M, N, K, elt, machine) or best
+    return best
 
 
 def pick(scored: list, M: int, elt: int, machine: Machine, splitk_tma: bool = False) -> Optional[Schedule]:

@@ -1803,8 +1803,38 @@ def test_split_128_row_tiles_share_w_where_the_second_row_is_at_most_half_full()
     assert GS.row_group_share(GS.Schedule.parse("splitk 128x64x128 w8 s4"), lo, k, 80, 2, h100) == 1
     assert GS.row_group_share(GS.Schedule.parse("splitk 128x128x64 w8 s6 split3 tail"), lo, k, 120, 2, h100) == 1
     assert GS.estimate(t, 133, 2560, 8192, 2, h100, True) < 0.8 * GS.estimate(t, 256, 2560, 8192, 2, h100, True)
-    pick = GS._choose.__wrapped__(133, 2560, 8192, 2, h100, False, True, True, True, True, True)
+    # without the WS kernel the Triton tiles; with it their WS twin (ws_split_twin): same tiles and parts
+    pick = GS._choose.__wrapped__(133, 2560, 8192, 2, h100, False, True, True, True, False, False)
     assert (pick.kind, pick.block_m, pick.block_n) == ("splitk", 128, 128) and pick.split_k > 1, pick
+    twin = GS._choose.__wrapped__(133, 2560, 8192, 2, h100, False, True, True, True, True, True)
+    assert (twin.kind, twin.block_m, twin.block_n, twin.split_k) == ("ws", 128, 128, pick.split_k), twin
+    assert twin.est_s == twin.est_s and twin.est_s > 0                      # its own (WS) estimate
+
+
+def test_ws_split_twin_only_for_the_shared_128_row_split_tiles():
+    """gemm_schedule.ws_split_twin: the WS split form of a 128 x 128 Triton split-K schedule whose two
+    tile rows share W (row_split_shares_w), 16-bit only; nothing for other tiles, unsplit, tail,
+    one tile row, fp32 or with the rule off."""
+    from numasched import gemm_schedule as GS
+
+    h100 = GS._KNOWN["h100"]
+    t = GS.Schedule.parse("splitk 128x128x64 w8 s6 split2")
+    twin = GS.ws_split_twin(t, 159, 3616, 7496, 2, h100)
+    assert twin.describe().startswith("ws 128x128x64 w4") and twin.split_k == 2 and twin.persistent
+    assert GS.ws_split_twin(t, 159, 3616, 7496, 4, h100) is None                      # fp32
+    assert GS.ws_split_twin(t, 128, 3616, 7496, 2, h100) is None                      # one tile row
+    assert GS.ws_split_twin(t, 200, 3616, 7496, 2, h100) is None                      # second row past half
+    assert GS.ws_split_twin(t, 159, 3616, 4096, 2, h100) is None                      # short K
+    assert GS.ws_split_twin(t, 159, 30000, 7496, 2, h100) is None                     # past one wave
+    for other in ("splitk 128x64x128 w8 s4", "splitk 128x128x64 w8 s6", "splitk 128x128x64 w8 s6 split2 tail",
+                  "splitk 64x128x64 w8 s6 split2"):
+        assert GS.ws_split_twin(GS.Schedule.parse(other), 159, 3616, 7496, 2, h100) is None, other
+    old = GS.ROW_SPLIT_WS_TWIN
+    try:
+        GS.ROW_SPLIT_WS_TWIN = False
+        assert GS.ws_split_twin(t, 159, 3616, 7496, 2, h100) is None
+    finally:
+        GS.ROW_SPLIT_WS_TWIN = old
 
 
 def test_row_groups_past_128_rows_and_the_partial_row_cost():
