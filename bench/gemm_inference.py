@@ -9,7 +9,8 @@ in 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, against the projections of
 Per point, side by side in one run, all in CUDA graphs of R calls (median of replays / R; cuBLAS,
 the pick and the fastest other schedule timed a second time at the end of the point, each
 keeping the faster of its two):
-* cuBLAS: ``torch.matmul(x, W.T)``;
+* cuBLAS: ``torch.matmul(x, W.T)`` (``--epilogue``: ``torch.addmm(b, x, W.T)`` with a bias, then
+  ``y += h`` with a residual, two kernels; numasched's contenders add both in their epilogue);
 * numasched: ``numasched.matmul(x, W.T)``: the schedule the model chose (no tuning);
 * "best": the fastest of the chooser's pick and the next ``--top`` schedules by the model's
   estimate, each timed the same way (the autotuned reference the chooser is judged against);
@@ -85,8 +86,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="numasched reads weights made once by numasched.prepare_weight (rows on whole lines); "
                         "cuBLAS is timed on the weights as given (cublas_us, the ratio's) and on the prepared "
                         "ones (cublas_prepared_us)")
+    p.add_argument("--epilogue", choices=EPILOGUES, default="none",
+                   help="a linear layer's epilogue on every contender: bias (one per output column), residual "
+                        "(y's shape, added), both; cuBLAS then runs torch.addmm / torch.matmul and a residual add "
+                        "(two kernels), numasched its fused epilogue (default none; not with --ws or "
+                        "--prepared-weight)")
     p.add_argument("--dry-run", action="store_true", help="print the points and contenders and exit (no GPU needed)")
     return p
+
+
+EPILOGUES = ("none", "bias", "residual", "both")
 
 
 # the WS GEMM's forms (numasched.gemm_ws): data-parallel tiles; stream-K with the last piece's merge;
@@ -279,13 +288,21 @@ def _tma_ok(x, w) -> bool:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.epilogue != "none" and (args.ws or args.prepared_weight):
+        parser.error("--epilogue is timed on the chooser's schedules and --extra only (not with --ws or "
+                     "--prepared-weight)")
+    with_bias, with_res = args.epilogue in ("bias", "both"), args.epilogue in ("residual", "both")
     points = _points(args)
     if args.dry_run:
         from .common import print_plan
 
-        return print_plan("gemm_inference", [f"{a} {b}: M={m} N={n} K={k} bf16, y = x @ W.T" for a, b, m, n, k in points],
-                          ["cuBLAS (torch.matmul(x, W.T))", "numasched.matmul (the model's schedule)",
+        epi = {"none": "", "bias": " + b", "residual": " + h", "both": " + b + h"}[args.epilogue]
+        base = ("torch.addmm(b, x, W.T)" if with_bias else "torch.matmul(x, W.T)") + (", then + h" if with_res else "")
+        return print_plan("gemm_inference",
+                          [f"{a} {b}: M={m} N={n} K={k} bf16, y = x @ W.T{epi}" for a, b, m, n, k in points],
+                          [f"cuBLAS ({base})", "numasched.matmul (the model's schedule)",
                            f"best of the chooser's pick and the next {args.top} schedules by the model"])
     from .common import check_runnable
 
@@ -316,31 +333,41 @@ def main(argv=None) -> int:
         # what numasched reads: the weights as given, or made once by prepare_weight
         ws = [numasched.prepare_weight(w) for w in raw] if args.prepared_weight else raw
         outs = [torch.empty(m, n, device=dev, dtype=torch.bfloat16) for _ in range(copies)]
-        ref = torch.matmul(x, ws[0].T)
+        bias = torch.randn(n, device=dev, dtype=torch.bfloat16) if with_bias else None
+        res = torch.randn(m, n, device=dev, dtype=torch.bfloat16) if with_res else None
+        epi = dict(bias=bias, residual=res)
+        ref = torch.matmul(x.float(), ws[0].T.float())
+        ref = (ref + bias.float() if with_bias else ref) + (res.float() if with_res else 0.0)
+
         def cublas_call(i, w=raw):
-            torch.matmul(x, w[i].T, out=outs[i])
+            if with_bias:
+                torch.addmm(bias, x, w[i].T, out=outs[i])
+            else:
+                torch.matmul(x, w[i].T, out=outs[i])
+            if with_res:
+                outs[i].add_(res)
 
         cublas = graph_us(cublas_call, copies, args.calls)
         # what numasched.matmul itself runs (the plan's own choice: it knows whether TMA can
         # read the operands), then the model's next best schedules of the same kind of set
-        own = numasched.plan_matmul(x, ws[0].T, outs[0])
+        own = numasched.plan_matmul(x, ws[0].T, outs[0], **epi)
         chosen = own.schedule
         tried, calls = {}, {}
         err = None
         for est, s in _contenders(m, n, k, _tma_ok(x, ws[0]), chosen, args.top, machine, args.extra):
             key = s.describe()
             try:
-                plans = [numasched.plan_matmul(x, w.T, outs[0], schedule=s) for w in ws[:1]]
+                plans = [numasched.plan_matmul(x, w.T, outs[0], schedule=s, **epi) for w in ws[:1]]
                 plan = plans[0]
 
                 def call(i, plan=plan):
-                    plan._run(x, ws[i].T, outs[i])
+                    plan._run(x, ws[i].T, outs[i], bias, res)
 
                 t = graph_us(call, copies, args.calls)
                 calls[key] = call
                 # every timed schedule is checked, not only the pick (output poisoned first)
                 outs[0].fill_(float("nan"))
-                got = plan.run(x, ws[0].T, outs[0])
+                got = plan.run(x, ws[0].T, outs[0], **epi)
                 e = ((got.float() - ref.float()).norm() / ref.float().norm()).item()
                 if not e < 1e-2:
                     msg = f"{model} {proj} M={m}: {key} WRONG: relative error {e:.2e}"
@@ -380,7 +407,8 @@ def main(argv=None) -> int:
         ours = tried[chosen.describe()][0]
         best_key = min(tried, key=lambda kk: tried[kk][0])
         best = tried[best_key][0]
-        row = dict(model=model, proj=proj, M=m, N=n, K=k, cublas_us=round(cublas, 2), ours_us=round(ours, 2),
+        row = dict(model=model, proj=proj, M=m, N=n, K=k, epilogue=args.epilogue, cublas_us=round(cublas, 2),
+                   ours_us=round(ours, 2),
                    ratio=round(cublas / ours, 3) if ours > 0 else None, chooser=chosen.describe(),
                    est_us=round(chosen.est_s * 1e6, 2), best=best_key, best_us=round(best, 2),
                    chooser_vs_best=round(ours / best, 3) if best > 0 else None,

@@ -375,3 +375,21 @@ def test_collectives_overlap_summary_splits_by_the_gemm_ceiling():
     assert "qwen32b.down M=16384 1.010x (ceiling 1.115)" in lines[1]
     assert "llama8b.qkv M=4096 1.419x (no GEMM time)" in lines[1] and "M=1024" not in lines[1]
     assert C.overlap_summary(rows[3:5]) == ""
+
+
+def test_gemm_inference_epilogue_is_named_in_the_plan_and_refused_with_the_ws_forms(capsys):
+    """--epilogue: the dry run names the bias / residual on every point and cuBLAS's two-kernel
+    baseline; with --ws or --prepared-weight it is refused (they time numasched without it)."""
+    from numasched.bench import gemm_inference as GI
+
+    assert GI.main(["--dry-run", "--shapes", "512x4096x4096", "--epilogue", "both"]) == 0
+    out = capsys.readouterr().out
+    assert "y = x @ W.T + b + h" in out and "torch.addmm(b, x, W.T), then + h" in out
+    assert GI.main(["--dry-run", "--shapes", "512x4096x4096", "--epilogue", "residual"]) == 0
+    out = capsys.readouterr().out
+    assert "y = x @ W.T + h" in out and "torch.matmul(x, W.T), then + h" in out
+    for other in (["--ws", "dp"], ["--prepared-weight"]):
+        with pytest.raises(SystemExit):
+            GI.main(["--dry-run", "--epilogue", "bias"] + other)
+    with pytest.raises(SystemExit):
+        GI.build_parser().parse_args(["--epilogue", "gelu"])
