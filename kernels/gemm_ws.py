@@ -616,8 +616,9 @@ if HAVE_GLUON:
         for i in gl.static_range(STAGES):
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=CONSUMERS)   # one arrive per consumer warpgroup
-        resbar = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+        resbar = ready   # (unread unless RESIDUAL 1: the plain kernel's shared memory stays as it was)
         if RESIDUAL == 1:
+            resbar = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
             for i in gl.static_range(CONSUMERS):
                 mbarrier.init(resbar.index(i), count=1)
         p = WsArgs(a_desc, b_desc, c_desc, peer_desc, b1_desc, c1_desc, a1_desc, a2_desc, a_bufs, b_bufs, b1_bufs,

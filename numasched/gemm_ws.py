@@ -451,10 +451,9 @@ class WsGemmPlan:
         if out is None:
             out = torch.empty(self.out_shape, device=a.device, dtype=a.dtype)
         epi = self._epilogue_args(out, bias, residual)
-        if bias is not None or residual is not None:
-            self._check_epilogue(bias, residual, a.device)
         cfg = self.config
         if cfg.streamk:
+            self._check_epilogue(bias, residual, a.device)
             return self._run_streamk(a, b, out, epi)
         if self._launch is None:   # the thin launch: Gluon's Python path once, then the C launcher
             self._launch = Launch(gemm_ws_kernel, self.num_programs,
@@ -479,6 +478,9 @@ class WsGemmPlan:
             if full is not None:
                 run.call_full(full)
                 return out
+        # (a call's bias and residual checked where its argument list is made; the cached list
+        # above is keyed by their addresses)
+        self._check_epilogue(bias, residual, a.device)
         desc = descriptor_maker(run)
         a_d, b_d, c_d = self._descriptors(desc, a, b, out)
         peer = c_d if self.peer is None else desc(DeviceAddress(self.peer, out.dtype), out.shape, out.stride(),
