@@ -73,8 +73,9 @@ def score(points: dict, machine, elt: int = 2, small_tma: bool = True, chooser: 
     the thirty-eighth session, whose tiles of under 64 rows read both operands through pointers
     (gemm_schedule.splitk_operands since). ``chooser``: only the timed schedules that are among
     the chooser's own candidates there (gemm_schedule.candidates with tail splits and the WS
-    kernel), and the pick is gemm_schedule.pick's among them in candidate order (the WS split-K
-    margin, the ties' rule), the one the chooser would make as the model now stands; ``swap``:
+    kernel, and their WS twins), and the pick is gemm_schedule.pick's among them in candidate order
+    (the WS split-K margin, the ties' rule; its WS twin where ws_split_twin swaps it and the twin
+    was timed), the one the chooser would make as the model now stands; ``swap``:
     with the WS kernel's transposed form among them (options.gemm_ws_swap)."""
     from numasched import gemm_schedule as GS
 
@@ -84,9 +85,14 @@ def score(points: dict, machine, elt: int = 2, small_tma: bool = True, chooser: 
         aligned = (K * elt) % 16 == 0
         scheds = []
         order = None   # chooser: the candidates' order at this point
+        twins = {}     # chooser: a candidate's WS twin, which the chooser runs where it picks it
         if chooser:
-            order = {_key(c): i for i, c in enumerate(GS.candidates(M, N, K, elt, machine, tail=True, ws=True,
-                                                                          ws_swap=swap))}
+            cands = GS.candidates(M, N, K, elt, machine, tail=True, ws=True, ws_swap=swap)
+            order = {_key(c): i for i, c in enumerate(cands)}
+            for c in cands if aligned else ():
+                twin = GS.ws_split_twin(c, M, N, K, elt, machine)
+                if twin is not None:
+                    twins[c.describe()] = _key(twin)
         for name, us in timed.items():
             try:
                 s = GS.Schedule.parse(name)
@@ -94,7 +100,7 @@ def score(points: dict, machine, elt: int = 2, small_tma: bool = True, chooser: 
                 continue
             if not aligned and s.block_k > GS.MISALIGNED_MAX_BLOCK_K:
                 continue
-            if order is not None and _key(s) not in order:
+            if order is not None and _key(s) not in order and _key(s) not in twins.values():
                 continue
             # (the chooser reads 64+-row split-K tiles through TMA where the operands allow it)
             tma = aligned and (small_tma or s.block_m >= 64)
@@ -105,9 +111,15 @@ def score(points: dict, machine, elt: int = 2, small_tma: bool = True, chooser: 
         if order is None:
             pick = min(scheds, key=lambda t: t[0])
         else:
-            scheds.sort(key=lambda t: order[_key(t[3])])
-            chosen = GS.pick([(t[3], t[0]) for t in scheds], M, elt, machine, splitk_tma=aligned and small_tma)
-            pick = next(t for t in scheds if t[3].describe() == chosen.describe())
+            own = sorted((t for t in scheds if _key(t[3]) in order), key=lambda t: order[_key(t[3])])
+            if not own:
+                continue
+            chosen = GS.pick([(t[3], t[0]) for t in own], M, elt, machine, splitk_tma=aligned and small_tma)
+            pick = next(t for t in own if t[3].describe() == chosen.describe())
+            # (where the chooser swaps its pick for the WS twin, gemm_schedule.ws_split_twin, and the
+            # twin was timed: the twin's time)
+            twin = twins.get(chosen.describe())
+            pick = next((t for t in scheds if _key(t[3]) == twin), pick) if twin else pick
         out[key] = (pick[1] / best[1], pick[:3], best[:3])
     return out
 

@@ -373,3 +373,26 @@ def test_gemm_rank_eval_scores_recorded_timings(tmp_path, capsys):
     finally:
         GS.estimate = orig
     assert "points 2: pick within 3 % of the best timed 2" in capsys.readouterr().out
+
+
+def test_gemm_rank_eval_chooser_scores_the_ws_twin_it_runs(tmp_path):
+    """gemm_rank_eval --chooser: where the chooser swaps its pick (128 x 128 Triton tiles split in K
+    at 129-192 rows) for the WS twin (gemm_schedule.ws_split_twin) and the twin was timed, the
+    pick's time is the twin's; without the twin timed, the Triton tiles' own."""
+    from numasched import gemm_schedule as GS
+
+    mod = _script("gemm_rank_eval")
+    m = GS._KNOWN["h100"]
+    M, N, K = 159, 3616, 7496
+    chosen = GS._choose.__wrapped__(M, N, K, 2, m, False, True, True, True, True, False)
+    assert chosen.kind == "ws" and chosen.split_k > 1, chosen           # the twin, as the chooser runs it
+    triton = f"splitk 128x128x64 w8 s6 split{chosen.split_k}"
+    other = "splitk 128x64x128 w8 s4"
+    csv_path = tmp_path / "gemm_inference-h100.csv"
+    csv_path.write_text("model,proj,M,N,K,timed\n"
+                        f"x,y,{M},{N},{K},{triton}=41.9/1.0;{chosen.describe()}=40.0/1.0;{other}=60.0/1.0\n"
+                        f"x,y,{M},{N},{K + 8},{triton}=41.9/1.0;{other}=60.0/1.0\n")
+    res = mod.score(mod.read_points([str(csv_path)], 1 << 30), m, chooser=True)
+    by_k = {key[3]: v for key, v in res.items()}
+    assert by_k[K][1][2] == chosen.describe() and by_k[K][0] == 1.0     # the twin timed: its time, the best
+    assert by_k[K + 8][1][2] == triton                                   # not timed: the Triton tiles'
