@@ -264,7 +264,7 @@ def _greedy(pieces: list, caps_, min_piece: int, unit: int, level: bool = False,
             t = min(int((room - ITEM_OVERHEAD_TOKENS) // unit), (e - s - min_piece) // unit) * unit
             if t >= min_piece:
                 out[k].append([pair, s, s + t])
-                left -= t + ITEM_OVERHEAD_TOKENS
+                left -= t   # (the cut-off part paid its own item overhead; the rest still owes one)
                 s += t
             k += 1
             if k == nb:

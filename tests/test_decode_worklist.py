@@ -316,6 +316,9 @@ def layouts(draw):
 @given(layouts())
 # found by a CI run: a leveled fill with a whole cut's slack of pad left the last of 8 queues empty
 @example(([1344, 85, 0, 0, 0, 192, 5, 336, 0, 0, 197, 0, 336, 0, 0, 0, 69, 128, 336], 1, 8, 8, None, 1))
+# found by a CI run: the leveled fill counted a cut's overhead twice, its last bin went short and it
+# failed, leaving the budget fill's [896 x 6, 768, 0]
+@example(([5072, 48], 1, 8, 8, None, 1))
 def test_planner_properties(layout):
     lens, HK, P, X, chunk, G = layout
     wl = W.build_worklist(lens, HK, P, np.arange(P) % X, group=G, chunk_tokens=chunk)
