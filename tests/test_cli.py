@@ -396,3 +396,20 @@ def test_gemm_rank_eval_chooser_scores_the_ws_twin_it_runs(tmp_path):
     by_k = {key[3]: v for key, v in res.items()}
     assert by_k[K][1][2] == chosen.describe() and by_k[K][0] == 1.0     # the twin timed: its time, the best
     assert by_k[K + 8][1][2] == triton                                   # not timed: the Triton tiles'
+
+
+def test_gluon_multicast_probe_compiles_a_cluster_load_offline(capsys):
+    """scripts/gluon_multicast_probe.py: a TMA load into a tile replicated over a 2-CTA cluster,
+    compiled for sm_90 without a GPU; it reports the copy instructions and whether they multicast
+    (Triton 3.6: no); a cluster of 3 CTAs is refused naming the flag."""
+    import re
+
+    mod = _script("gluon_multicast_probe")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "gluon_multicast_probe.py")], capture_output=True,
+                       text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "num_ctas=2" in r.stdout and re.search(r"multicast: (yes|no)", r.stdout)
+    assert "cp.async.bulk.tensor" in r.stdout
+    with pytest.raises(SystemExit):
+        mod.main(["--ctas", "3"])
