@@ -343,6 +343,18 @@ if HAVE_GLUON:
             return smem.load(layout).to(gl.float32)
 
     @gluon.jit
+    def _bias_of(p, idx):
+        """BIAS: the bias at ``idx`` (past N: 0) as fp32; ``p`` either form's arguments."""
+        return gl.load(p.bias + idx, mask=idx < p.N, other=0.0).to(gl.float32)
+
+    @gluon.jit
+    def _residual_of(p, y_rows, y_cols, inside):
+        """The residual by pointers at y's (row, column) indices (broadcast tensors), ``inside`` the
+        mask (0 outside), as fp32; ``p`` either form's arguments (res, stride_rm, stride_rn)."""
+        offs = y_rows.to(gl.int64) * p.stride_rm + y_cols.to(gl.int64) * p.stride_rn
+        return gl.load(p.res + offs, mask=inside, other=0.0).to(gl.float32)
+
+    @gluon.jit
     def _epilogue(p, y, layout: gl.constexpr, ROWS: gl.constexpr, COLS: gl.constexpr, row0, col0):
         """BIAS / RESIDUAL on one fp32 output tile ``y`` (ROWS x COLS in ``layout``, the kernel's rows
         from row0 and columns from col0): y + bias (per column; SWAP_C, where the kernel's rows are
@@ -350,17 +362,16 @@ if HAVE_GLUON:
         rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
         cols = col0 + gl.arange(0, COLS, layout=gl.SliceLayout(0, layout))
         if p.BIAS:
-            if p.SWAP_C:
+            if p.SWAP_C:   # (y's columns are the kernel's rows, M of them)
                 y = y + gl.load(p.bias + rows, mask=rows < p.M, other=0.0).to(gl.float32)[:, None]
             else:
-                y = y + gl.load(p.bias + cols, mask=cols < p.N, other=0.0).to(gl.float32)[None, :]
+                y = y + _bias_of(p, cols)[None, :]
         if p.RESIDUAL == 2:   # (1: from the shared tile the TMA load filled, see _consumer)
             inside = (rows[:, None] < p.M) & (cols[None, :] < p.N)
             if p.SWAP_C:   # the kernel's (row, column) is y's (column, row)
-                offs = cols[None, :].to(gl.int64) * p.stride_rm + rows[:, None].to(gl.int64) * p.stride_rn
+                y = y + _residual_of(p, cols[None, :], rows[:, None], inside)
             else:
-                offs = rows[:, None].to(gl.int64) * p.stride_rm + cols[None, :].to(gl.int64) * p.stride_rn
-            y = y + gl.load(p.res + offs, mask=inside, other=0.0).to(gl.float32)
+                y = y + _residual_of(p, rows[:, None], cols[None, :], inside)
         return y
 
     @gluon.jit
@@ -999,11 +1010,10 @@ if HAVE_GLUON:
                         part = part + part_q
                 rows = row0 + b * RB + rr
                 if p.BIAS:
-                    part = part + gl.load(p.bias + cols, mask=cols < p.N, other=0.0).to(gl.float32)[None, :]
+                    part = part + _bias_of(p, cols)[None, :]
                 if p.RESIDUAL:   # (read before the band's store: the residual may be C itself)
-                    part = part + gl.load(p.res + rows[:, None].to(gl.int64) * p.stride_rm
-                                          + cols[None, :].to(gl.int64) * p.stride_rn,
-                                          mask=(rows[:, None] < p.M) & (cols[None, :] < p.N), other=0.0).to(gl.float32)
+                    part = part + _residual_of(p, rows[:, None], cols[None, :],
+                                               (rows[:, None] < p.M) & (cols[None, :] < p.N))
                 part = gl.where(missing, float("nan"), part)
                 gl.store(p.c_ptr + rows[:, None].to(gl.int64) * p.stride_cm + cols[None, :],
                          part.to(p.c_ptr.dtype.element_ty),
