@@ -3,7 +3,8 @@ torch (cuBLAS's addmm, then the residual add: two kernels), numasched.matmul wit
 the warp-specialised kernel (the chooser's pick, options.gemm_ws on), the same with the Triton
 kernels only (gemm_ws off: where biased linears went before the WS epilogue), and numasched
 without bias or residual (the epilogue's own cost). Each call reads its own copy of W (more than
-twice the L2), as a model's layers do. bf16, one GPU.
+twice the L2), as a model's layers do. With --parts, the WS kernel also runs with the bias only
+and the residual only (which of the two costs the time). bf16, one GPU.
 
 Run: python3 scripts/ws_epilogue_bench.py [--shapes MxNxK,...] [--calls 20]"""
 from __future__ import annotations
@@ -27,10 +28,12 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", type=shape_list, default=shape_list(SHAPES))
     p.add_argument("--calls", type=int, default=20)
+    p.add_argument("--parts", action="store_true", help="also time the WS kernel with the bias only and the residual only")
     args = p.parse_args(argv)
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}")
     print(f"{'M x N x K':>20} {'torch':>8} {'ws+epi':>8} {'triton+epi':>10} {'ws plain':>8} "
-          f"{'torch/ws':>8} {'triton/ws':>9}  pick with the epilogue")
+          f"{'torch/ws':>8} {'triton/ws':>9}" + (f" {'ws+bias':>8} {'ws+res':>8}" if args.parts else "")
+          + "  pick with the epilogue")
     ratios = []
     for M, N, K in args.shapes:
         x, ws, outs, _, copies = linear_operands(M, N, K)
@@ -54,9 +57,20 @@ def main(argv=None) -> int:
                 picks[name] = plan.schedule.describe() if plan.schedule is not None else plan.kernel
         plain = numasched.plan_matmul(x, ws[0].T, outs[0])
         row["ws plain"] = graph_us(lambda i: plain.run(x, ws[i].T, outs[i]), copies, args.calls)
+        with options.use(gemm_ws=True):
+            for name, kw in (("ws+bias", dict(bias=bias)), ("ws+res", dict(residual=res)))[: 2 if args.parts else 0]:
+                part = numasched.plan_matmul(x, ws[0].T, outs[0], **kw)
+                outs[0].fill_(float("nan"))
+                part.run(x, ws[0].T, outs[0], **kw)
+                want = x.double() @ ws[0].double().T + (bias.double() if "bias" in kw else res.double())
+                err = ((outs[0].double() - want).abs().max() / want.abs().max()).item()
+                if not err < 1e-2:
+                    raise AssertionError(f"{M}x{N}x{K} {name}: relative error {err:.2e}")
+                row[name] = graph_us(lambda i, part=part, kw=kw: part.run(x, ws[i].T, outs[i], **kw), copies, args.calls)
         ratios.append(row["torch"] / row["ws+epi"])
         print(f"{f'{M} x {N} x {K}':>20} {row['torch']:8.1f} {row['ws+epi']:8.1f} {row['triton+epi']:10.1f} "
               f"{row['ws plain']:8.1f} {row['torch'] / row['ws+epi']:8.3f} {row['triton+epi'] / row['ws+epi']:9.3f}"
+              + (f" {row['ws+bias']:8.1f} {row['ws+res']:8.1f}" if args.parts else "") +
               f"  {picks['ws+epi']} (gemm_ws off: {picks['triton+epi']})", flush=True)
         del ws, outs
     g = math.exp(sum(map(math.log, ratios)) / len(ratios))
