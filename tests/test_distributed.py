@@ -1884,7 +1884,12 @@ def test_bounded_only_context_keeps_auto_off_torch_symm_mem(monkeypatch):
     ("tp2-s42/call3/rs1/collectives-2xh100-2026-11-27.csv", 2, True, True, 6, 6),
     ("tp2-s42/call3/rs2/collectives-2xh100-2026-11-27.csv", 2, True, True, 6, 6),
     # rows off both (640-3072), recorded after that refit: 8 of 8 within 1 % (7 with the former pricing)
-    ("tp2-s43/coll-offrows/coll/collectives-2xh100-2026-11-27.csv", 2, True, True, 8, 8)])
+    ("tp2-s43/coll-offrows/coll/collectives-2xh100-2026-11-27.csv", 2, True, True, 8, 8),
+    # two H200s, the whole grid twice (the all-gather alone the second time): torch symm_mem's
+    # all-gather priced as one GEMM per row chunk where the weight exceeds the L2 (Qwen3-32B
+    # gate_up at 1024 rows: 0.87-0.89x before)
+    ("tp2-s47/coll/collectives-2xh200-2026-11-28.csv", 2, True, True, 24, 22),
+    ("tp2-s47/coll2/collectives-2xh200-2026-11-28.csv", 2, True, True, 12, 11)])
 def test_gemm_collective_choice_against_recorded_times(csv_path, world, ws, rs_rows, points, good):
     """The cost model's pick for all_gather_matmul / matmul_reduce_scatter, priced with the
     measured GEMM ratios and torch symm_mem's floor + tail, against the three paths' times recorded

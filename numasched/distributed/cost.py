@@ -249,11 +249,17 @@ def gemm_collective_s(op: str, impl: str, M: int, N: int, K: int, dtype, world: 
         per_mb = SYMM_MEM_TAIL_US_PER_MB.get(op)
         if per_mb is not None and world == 2:   # measured on two ranks
             tail = max(tail, per_mb * moved / 2**20 - SYMM_MEM_TAIL_OFFSET_US)
+        # its cuBLAS GEMMs are one per rank's row chunk (the reduce-scatter's: a destination's
+        # slice; the all-gather's: a source's shard, as it lands), each reading the whole weight,
+        # from HBM again where it does not fit the L2 (SYMM_MEM_L2_BYTES). The reduce-scatter on
+        # two H100s: Llama-3-8B down (a 59 MB weight) at 768 rows took 120 us against 115 at 1024
+        # (tp2-s29d), where the whole GEMM's model put it at 83 and auto ran it (0.75x the best).
+        # The all-gather on two H200s (tp2-s47/coll, coll2): Qwen3-32B gate_up (262 MB) at 1024
+        # rows 477-497 us against bulk's 436-439, where the whole GEMM's model put it at 398
+        # against bulk's 409 and auto ran it (0.87-0.89x the best); Llama-3-8B QKV (25 MB) at 1024
+        # rows ran its cuBLAS GEMM's time plus 25 us, as the whole GEMM prices it.
         g = gemm_time_s(M, N, K, dtype, "torch")
-        if op == "matmul_reduce_scatter":
-            # its cuBLAS GEMMs are one per destination rank, of a slice's rows each: two H100s,
-            # Llama-3-8B down at 768 rows took 120 us against 115 at 1024 (tp2-s29d), where the
-            # whole GEMM's model put it at 83 and auto ran it (0.75x the best)
+        if op == "matmul_reduce_scatter" or K * N * es > SYMM_MEM_L2_BYTES:
             g = max(g, world * gemm_time_s(shard, N, K, dtype, "torch"))
         return max(_symm_mem_min_us(op, world), tail + g * 1e6) * 1e-6
     raise ValueError(f"unknown implementation {impl!r}")
@@ -410,6 +416,9 @@ SYMM_MEM_OVER_US = {"all_gather_matmul": 25.0, "matmul_reduce_scatter": 24.0}
 # 50-62 at 17-21 MB and 255-280 at 67-84 MB: about 3.4 us a MiB less 7.5 (the fixed tail alone
 # had "auto" take it at 4096 and 16384 rows, 0.96-0.99x the Triton fused kernel).
 SYMM_MEM_TAIL_US_PER_MB = {"matmul_reduce_scatter": 3.4}
+# A weight larger than this is read from HBM by each of the all-gather's chunk GEMMs (Hopper's
+# 50 MB L2; 40 leaves room for the activations and outputs).
+SYMM_MEM_L2_BYTES = 40 * 2**20
 SYMM_MEM_TAIL_OFFSET_US = 7.5
 # The fused reduce-scatter (16-bit, two ranks measured) as rounds of tiles: each program takes a
 # 128 x 256 tile's whole K loop, so its time is the rounds of all slices' tiles on the SMs times
