@@ -172,6 +172,14 @@ TIE_MIN_BLOCK_M = 32
 # sweeps and the H200's recorded points unchanged (917/1054, 588/714).
 WEIGHT_STREAM_MAX_ROWS = 16
 CO_RESIDENT_COST = 0.10
+# The same cost, on the data-parallel model, for split-K tiles of 17-64 rows where an SM holds
+# several programs and there are more of them than SMs (CO_RESIDENT_MAX_ROWS). On an H200,
+# 23-28 rows (bench/results/gemm-s47/h200-offgrid, h200-fresh42): 32 x 64 x 64 in two K parts,
+# three programs an SM, ran 1.16-1.26x the unsplit 32 x 128 x 128 tiles (one an SM) the model
+# put 2-12 % slower; 32 x 64 x 64 ran 1.10-1.20x its estimate wherever timed, 32 x 128 x 128
+# 0.87-1.0x. Scored on every recorded timing of the current kernels: H200 (sessions 36-47) 3244
+# -> 3284 of 3677 picks within 3 % of the best timed, H100 (sessions 30-47) 2016 -> 2035 of 2373.
+CO_RESIDENT_MAX_ROWS = 64
 WEIGHT_STREAM_SM_BYTES_PER_S = 45.5e9
 # ... and one whose tiles read both operands through TMA descriptors (16-row tiles of 64+
 # columns, splitk_operands) streams from the start at least its programs' B bytes in flight (the
@@ -815,7 +823,11 @@ def _estimate(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machine, s
     # a data-parallel grid, persistent or not, pays for its last wave whole: the SMs that run two
     # tiles set the time
     t = waves * (unit + machine.unit_start_s) + machine.launch_s + _splitk_merge_s(s, tiles, machine)
-    return max(t, _floor_s(M, N, K, elt, machine) + machine.launch_s)
+    t = max(t, _floor_s(M, N, K, elt, machine) + machine.launch_s)
+    if (s.kind == "splitk" and WEIGHT_STREAM_MAX_ROWS < s.block_m <= CO_RESIDENT_MAX_ROWS
+            and units > machine.sms and _resident(s, elt, machine) > 1):
+        t *= 1.0 + CO_RESIDENT_COST   # (see there)
+    return t
 
 
 def _splitk_merge_s(s: Schedule, tiles: int, machine: Machine) -> float:
