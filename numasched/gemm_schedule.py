@@ -314,8 +314,14 @@ WS64_MIN_ROWS, WS64_MAX_ROWS = 65, 512
 # (bench/results/gemm-s44/h100-ws64k: every 64-row width beside the picks): the model's pick with the
 # 64-row tiles weighed from K = 2048 ran 1.053x faster (geomean of the 25 it could be scored at; 9
 # faster by > 3 %, up to 1.39x at 159 x 21000 x 2048; 2 slower: 220 x 17784 x 3272 0.785), but the
-# grid's 8192 x 2048 (72-128 rows) 0.93-0.97x, as on the H200 before; not lowered without H200 times.
+# grid's 8192 x 2048 (72-128 rows) 0.93-0.97x, as on the H200 before. The same 32 shapes on an H200
+# (gemm-s47/h200-ws64k): where W's rows are whole 128-byte lines and K >= WS64_MIN_K_LINES (40 K
+# steps and more) the best 64-row width ran 1.06-1.53x faster than the pick at 18 of 19 points,
+# where they are not (K 1704, 2072, 3272) 0.68-1.0x, and at 8192 x 2048 0.91-1.16x. Weighed from
+# WS64_MIN_K_LINES there: on the recorded timings the picks it changes ran 1.25x faster (H200, 12
+# of 12 faster) and 1.10x (H100, 8 timed, none slower by 3 %); the grid's picks do not change.
 WS64_MIN_K = WS_FILL_MIN_K
+WS64_MIN_K_LINES = 2560
 WS64_TILE_NS = (192, 160, 144, 128, 96, 80)
 # A 64-row tile's SM takes in its A and W boxes from L2 at WS64_SM_BYTES_PER_S, however few SMs
 # are busy (the 128-row tiles' L2 term is the machine's L2 rate shared by the busy SMs, which gave
@@ -759,7 +765,8 @@ def _ws_tail_candidates(M: int, N: int, K: int, elt: int, machine: Machine) -> l
 
 def _ws64_candidates(M: int, N: int, K: int, elt: int, machine: Machine) -> list:
     """The WS kernel's 64-row tiles weighed here (WS64_*; the operands fit the WS kernel)."""
-    if not (elt == 2 and machine.ws64 and WS64_MIN_ROWS <= M <= WS64_MAX_ROWS and K >= WS64_MIN_K):
+    min_k = WS64_MIN_K_LINES if (K * elt) % 128 == 0 else WS64_MIN_K
+    if not (elt == 2 and machine.ws64 and WS64_MIN_ROWS <= M <= WS64_MAX_ROWS and K >= min_k):
         return []
     from .gemm_ws import wide_config
 
