@@ -28,6 +28,7 @@ Results: bench/results/collectives-<world>x<gpu>-<date>.csv/.json/.png.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import subprocess
 import sys
@@ -66,10 +67,37 @@ def build_parser():
                    help="rows (M) of the GEMM collectives, comma-separated")
     p.add_argument("--calls", type=int, default=5, help="calls per captured graph")
     p.add_argument("--iters", type=int, default=20, help="timed replays per method")
+    p.add_argument("--weight-copies", type=_copies, default=1,
+                   help="copies of each GEMM collective's weight, call i of a graph reading copy i mod copies: "
+                        "1 (default, as recorded so far: one weight, which the L2 may keep between calls) or "
+                        "'auto' (enough that the calls stream it from HBM, more than twice the L2, as a "
+                        "model's layers do and bench gemm_inference times)")
     p.add_argument("--dry-run", action="store_true", help="print the planned points and exit")
     p.add_argument("--out-dir", default=None, help="results folder")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return p
+
+
+def _copies(text: str):
+    """--weight-copies: a positive count or "auto" (None)."""
+    if text == "auto":
+        return None
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"--weight-copies must be a positive count or 'auto', got {text!r}")
+    return n
+
+
+def weight_copy_count(nbytes: int, l2_bytes: int, wanted=None) -> int:
+    """How many copies of a weight of ``nbytes`` a graph's calls rotate through: ``wanted`` if
+    given, else enough that they stream from HBM (more than twice ``l2_bytes``, at least two:
+    gemm_tune.linear_operands' rule)."""
+    if wanted is not None:
+        return wanted
+    return max(2, math.ceil(2 * l2_bytes / max(1, nbytes)) + 1)
 
 
 def _points(args, world):
@@ -168,16 +196,26 @@ def _worker(args) -> int:
             print(msg, flush=True)
 
     pending = []   # (column, graph) of the current point, timed together by flush()
+    call = [0]     # the call being captured: the GEMM collectives' fn reads weight copy call mod copies
+    l2_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+
+    def copies_of(w):
+        """``w`` and the --weight-copies - 1 clones the calls of a graph rotate through."""
+        return [w] + [w.clone() for _ in range(weight_copy_count(w.numel() * w.element_size(), l2_bytes,
+                                                                 args.weight_copies) - 1)]
 
     def graph_us(key, fn):
         """Capture a CUDA graph of --calls calls of ``fn`` for column ``key``; flush() times it."""
         try:
+            call[0] = 0
             warm_up_for_capture(fn, 2)
             dist.barrier()
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g):
-                for _ in range(args.calls):
+                for i in range(args.calls):
+                    call[0] = i
                     fn()
+            call[0] = 0
             torch.cuda.synchronize()
             ctx.check("bench")
         except Exception as e:  # noqa: BLE001
@@ -258,18 +296,20 @@ def _worker(args) -> int:
             N, Kl = extra
             a = torch.randn(m, Kl, device="cuda", dtype=bf, generator=g)
             w = torch.randn(N, Kl, device="cuda", dtype=bf, generator=g) / Kl ** 0.5
-            b = w.T
+            bs = [c.T for c in copies_of(w)]
+            b = bs[0]
+            B = lambda: bs[call[0] % len(bs)]  # noqa: E731
             out = torch.empty(m, N, device="cuda", dtype=bf)
             row["bytes"] = m * N * 2
             ref = a.double() @ w.double().T
             dist.all_reduce(ref)
             c = torch.empty(m, N, device="cuda", dtype=bf)
-            graph_us("bulk_us", lambda: (torch.matmul(a, b, out=c), dist.all_reduce(c)))
-            graph_us("gemm_us", lambda: torch.matmul(a, b, out=c))
+            graph_us("bulk_us", lambda: (torch.matmul(a, B(), out=c), dist.all_reduce(c)))
+            graph_us("gemm_us", lambda: torch.matmul(a, B(), out=c))
             if has_symm:
                 sb = symm_buffer(m * N).view(m, N)
                 so = torch.empty(m * N, device="cuda", dtype=bf)
-                graph_us("symm_us", lambda: (torch.matmul(a, b, out=sb),
+                graph_us("symm_us", lambda: (torch.matmul(a, B(), out=sb),
                                              torch.ops.symm_mem.one_shot_all_reduce_out(sb.view(-1), "sum", group, so)))
             # every variant timed below is checked first (the largest error is reported)
             row["err"] = max(rel(nd.matmul_all_reduce(a, b, ctx=ctx, out=out, **kw), ref)
@@ -279,11 +319,12 @@ def _worker(args) -> int:
             # heap allow, which a bare plan_matmul_all_reduce does not know)
             plan = ctx.plans[mar_plan_key(a, b)]
             row["auto_impl"] = f"{plan.impl}:{plan.gemm}+{plan.all_reduce}"
-            graph_us("auto_us", lambda: nd.matmul_all_reduce(a, b, ctx=ctx, out=out, check=False))
-            graph_us("two_kernels_us", lambda: nd.matmul_all_reduce(a, b, ctx=ctx, out=out, check=False,
+            graph_us("auto_us", lambda: nd.matmul_all_reduce(a, B(), ctx=ctx, out=out, check=False))
+            graph_us("two_kernels_us", lambda: nd.matmul_all_reduce(a, B(), ctx=ctx, out=out, check=False,
                                                                     gemm="numasched", impl="oneshot"))
-            graph_us("fused_us", lambda: nd.matmul_all_reduce(a, b, ctx=ctx, out=out, check=False, impl="fused"))
-            graph_us("overlap_us", lambda: nd.matmul_all_reduce(a, b, ctx=ctx, out=out, check=False, impl="overlap"))
+            graph_us("fused_us", lambda: nd.matmul_all_reduce(a, B(), ctx=ctx, out=out, check=False, impl="fused"))
+            graph_us("overlap_us", lambda: nd.matmul_all_reduce(a, B(), ctx=ctx, out=out, check=False,
+                                                                impl="overlap"))
             row["est_auto_us"] = plan.est_us
             row["est_bulk_us"] = nd.plan_matmul_all_reduce(a, b, world=W, impl="bulk").est_us
             peer_keys = ("bulk_us", "symm_us")
@@ -331,11 +372,13 @@ def _worker(args) -> int:
                 Ml = max(1, m // W)
                 a = torch.randn(Ml, K, device="cuda", dtype=bf, generator=g)
                 b = torch.randn(K, Nl, device="cuda", dtype=bf, generator=g) / K ** 0.5
+                bs = copies_of(b)
+                B = lambda: bs[call[0] % len(bs)]  # noqa: E731
                 full = torch.empty(Ml * W, K, device="cuda", dtype=bf)
                 c = torch.empty(Ml * W, Nl, device="cuda", dtype=bf)
-                bulk = lambda: (dist.all_gather_into_tensor(full, a), torch.matmul(full, b, out=c))  # noqa: E731
-                gemm = lambda: torch.matmul(full, b, out=c)  # noqa: E731
-                symm = lambda: torch.ops.symm_mem.fused_all_gather_matmul(a, [b], 0, group)  # noqa: E731
+                bulk = lambda: (dist.all_gather_into_tensor(full, a), torch.matmul(full, B(), out=c))  # noqa: E731
+                gemm = lambda: torch.matmul(full, B(), out=c)  # noqa: E731
+                symm = lambda: torch.ops.symm_mem.fused_all_gather_matmul(a, [B()], 0, group)  # noqa: E731
                 fn = nd.all_gather_matmul
                 dims = (Ml * W, Nl, K)
             else:
@@ -343,11 +386,13 @@ def _worker(args) -> int:
                 Mt = max(W, m // W * W)
                 a = torch.randn(Mt, Kl, device="cuda", dtype=bf, generator=g)
                 b = torch.randn(Kl, N, device="cuda", dtype=bf, generator=g) / Kl ** 0.5
+                bs = copies_of(b)
+                B = lambda: bs[call[0] % len(bs)]  # noqa: E731
                 part = torch.empty(Mt, N, device="cuda", dtype=bf)
                 res = torch.empty(Mt // W, N, device="cuda", dtype=bf)
-                bulk = lambda: (torch.matmul(a, b, out=part), dist.reduce_scatter_tensor(res, part))  # noqa: E731
-                gemm = lambda: torch.matmul(a, b, out=part)  # noqa: E731
-                symm = lambda: torch.ops.symm_mem.fused_matmul_reduce_scatter(a, b, "sum", 0, group)  # noqa: E731
+                bulk = lambda: (torch.matmul(a, B(), out=part), dist.reduce_scatter_tensor(res, part))  # noqa: E731
+                gemm = lambda: torch.matmul(a, B(), out=part)  # noqa: E731
+                symm = lambda: torch.ops.symm_mem.fused_matmul_reduce_scatter(a, B(), "sum", 0, group)  # noqa: E731
                 fn = nd.matmul_reduce_scatter
                 dims = (Mt, N, Kl)
             row["bytes"] = dims[0] * dims[1] * 2
@@ -357,8 +402,8 @@ def _worker(args) -> int:
                 graph_us("symm_us", symm)
             ref = fn(a, b, ctx=ctx, impl="bulk")
             row["err"] = max(rel(fn(a, b, ctx=ctx, impl=i), ref) for i in ("auto", "fused"))
-            graph_us("fused_us", lambda: fn(a, b, ctx=ctx, impl="fused", check=False))
-            graph_us("auto_us", lambda: fn(a, b, ctx=ctx, impl="auto", check=False))
+            graph_us("fused_us", lambda: fn(a, B(), ctx=ctx, impl="fused", check=False))
+            graph_us("auto_us", lambda: fn(a, B(), ctx=ctx, impl="auto", check=False))
             # the model as the op consults it (the WS reduce-scatter on two Hopper ranks)
             ws = dict(ws=ws_wanted(ctx), num_sms=ctx.num_sms)
             row["auto_impl"] = cost.choose_gemm_collective(op, *dims, bf, W, symm_mem_ok=has_symm, **ws)
@@ -380,7 +425,8 @@ def _worker(args) -> int:
         rows.append(row)
     if R == 0:
         write_results("collectives", rows, columns=COLS, plot=_plot, gpus=W,
-                      meta=dict(world=W, calls_per_graph=args.calls, iters=args.iters),
+                      meta=dict(world=W, calls_per_graph=args.calls, iters=args.iters,
+                                weight_copies=args.weight_copies or "auto"),
                       out_dir=args.out_dir)
         ar = [r for r in rows if "x_vs_best" in r and r["x_vs_best"] == r["x_vs_best"]]
         if ar:

@@ -291,6 +291,26 @@ def test_collectives_arn_points_only_when_named():
     assert {"flag_us", "ll_us"} <= set(C.COLS)
 
 
+def test_collectives_weight_copies_stream_from_hbm_when_asked():
+    """--weight-copies: 1 by default (one weight, as the recorded runs), a count, or "auto": enough
+    copies that a graph's calls read more than twice the L2 (at least two); anything else is
+    refused naming the option."""
+    from numasched.bench import collectives as C
+
+    assert C.build_parser().parse_args([]).weight_copies == 1
+    assert C.build_parser().parse_args(["--weight-copies", "3"]).weight_copies == 3
+    auto = C.build_parser().parse_args(["--weight-copies", "auto"]).weight_copies
+    l2 = 50 << 20
+    for nbytes in (8 << 20, 42 << 20, 262 << 20):
+        n = C.weight_copy_count(nbytes, l2, auto)
+        assert n >= 2 and n * nbytes > 2 * l2 and (n == 2 or (n - 2) * nbytes < 2 * l2), (nbytes, n)
+    assert C.weight_copy_count(42 << 20, l2, 1) == 1
+    for bad in ("0", "-1", "many"):
+        with pytest.raises(SystemExit):
+            C.build_parser().parse_args(["--weight-copies", bad])
+    assert "--weight-copies" in C.build_parser().format_help()
+
+
 def test_timeline_summary_counts_overlaps_once_and_idle_time_per_step():
     """bench/timeline.py's arithmetic on recorded kernels: two steps, overlapping kernels (PDL)
     counted once in busy, each kernel's own time in its kind, gaps where no kernel ran."""

@@ -1717,7 +1717,7 @@ def test_chooser_weighs_the_ws_split_form_from_65_to_128_rows():
 
 def test_chooser_weighs_64_row_ws_tiles():
     """gemm_schedule.WS64_*: the WS kernel's 64-row tiles are weighed from 65 to 256 rows where K is
-    at least WS_FILL_MIN_K (every width of WS_TILE_NS, unsplit, names that parse back), nowhere
+    at least WS_FILL_MIN_K, or WS64_MIN_K_LINES on whole-line rows (every width of WS_TILE_NS, unsplit, names that parse back), nowhere
     else; the model takes them at 128 x 5120 x 12800 and 96 x 5120 x 5120 (41.4 us against 47.7
     and 19.1 against 21.5 for the Triton picks on an H200, bench/results/gemm-s39/ws64-grid/), not
     at 64 rows (one tile row), 128 x 8192 x 2048 (32 K steps) or 72 x 2560 x 8192 (64 tiles of 80
@@ -1751,6 +1751,84 @@ def test_chooser_weighs_64_row_ws_tiles():
     for m, n, k in ((128, 5120, 12800), (96, 5120, 5120)):
         assert GS._choose(m, n, k, 2, h200, False, True, True, True, True).block_m == 64, (m, n, k)
     assert GS._choose(64, 5120, 5120, 2, h200, False, True, True, True, True).kind == "splitk"
+
+
+def _recorded_pick_ratios(csv_path, monkeypatch, attr, before):
+    """(old pick's time / the pick's time) at every point of a recorded H200 run where the model with
+    gemm_schedule.``attr`` set to ``before`` picks otherwise (both picks timed there by name)."""
+    import csv
+
+    from numasched import gemm_schedule as GS
+
+    h200 = GS._KNOWN["h200"]
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench", "results", csv_path)
+    ratios = []
+    for row in csv.DictReader(open(path)):
+        times = {p.rsplit("=", 1)[0].strip(): float(p.rsplit("=", 1)[1].split("/")[0])
+                 for p in row["timed"].split(";") if "=" in p}
+        shape = (int(row["M"]), int(row["N"]), int(row["K"]))
+        new = GS._choose.__wrapped__(*shape, 2, h200, False, True, True, True, True, True).describe()
+        with monkeypatch.context() as m:
+            m.setattr(GS, attr, before)
+            old = GS._choose.__wrapped__(*shape, 2, h200, False, True, True, True, True, True).describe()
+        assert old != new, shape   # (the run's shapes were drawn where the rule changes the pick)
+        ratios.append(times[old] / times[new])
+    return ratios
+
+
+def test_split_k_tiles_of_17_to_64_rows_pay_for_sharing_an_sm(monkeypatch):
+    """gemm_schedule.CO_RESIDENT_MAX_ROWS: a split-K tile of 17-64 rows is priced CO_RESIDENT_COST
+    higher where an SM holds several of its programs and they outnumber the SMs, and only there
+    (27 x 9216 x 3072 on an H200: 32 x 64 x 64 in two K parts, three programs an SM, ran 21.4 us
+    against 17.0 for the unsplit 32 x 128 x 128). At 12 fresh shapes of 18-52 rows drawn where the
+    rule changes the H200 pick (bench/results/gemm-s47/h200-coresident/, the old picks timed by
+    name) the new picks ran 1.18x faster (geomean), 10 of 12 faster, none by more than 2 % slower."""
+    import math
+
+    from numasched import gemm_schedule as GS
+
+    h200 = GS._KNOWN["h200"]
+    for desc, m, n, k, paid in (("splitk 32x64x64 w4 s6 split2", 27, 9216, 3072, True),
+                                ("splitk 32x128x128 w4 s5", 27, 9216, 3072, False),   # one program an SM
+                                ("splitk 32x64x64 w4 s6", 27, 2048, 3072, False),     # fewer programs than SMs
+                                ("splitk 64x32x64 w4 s6", 52, 8800, 2912, True),
+                                ("splitk 16x64x128 w4 s6", 16, 9216, 3072, False),    # the 16-row model's own
+                                ("splitk 128x64x64 w8 s6", 72, 7072, 11176, False)):
+        s = GS.Schedule.parse(desc)
+        with monkeypatch.context() as mp:
+            mp.setattr(GS, "CO_RESIDENT_MAX_ROWS", GS.WEIGHT_STREAM_MAX_ROWS)
+            before = GS.estimate(s, m, n, k, 2, h200)
+        ratio = GS.estimate(s, m, n, k, 2, h200) / before
+        assert ratio == pytest.approx(1 + GS.CO_RESIDENT_COST if paid else 1.0), desc
+    assert GS._choose.__wrapped__(27, 9216, 3072, 2, h200, False, True, True, True, True, True).describe() != \
+        "splitk 32x64x64 w4 s6 split2"
+    r = _recorded_pick_ratios("gemm-s47/h200-coresident/gemm_inference-h200-2026-11-28.csv", monkeypatch,
+                              "CO_RESIDENT_MAX_ROWS", GS.WEIGHT_STREAM_MAX_ROWS)
+    assert len(r) == 12 and math.exp(sum(map(math.log, r)) / len(r)) > 1.1 and min(r) > 0.98, r
+
+
+def test_64_row_ws_tiles_from_2560_where_w_rows_are_whole_lines(monkeypatch):
+    """gemm_schedule.WS64_MIN_K_LINES: under K = 4096 the 64-row WS tiles are weighed from K = 2560
+    where W's rows are whole 128-byte lines (on an H200 the best of them ran 1.06-1.53x faster than
+    the pick at 18 of 19 such points of bench/results/gemm-s47/h200-ws64k/, and 0.68-1.0x where the
+    rows are not); at 14 fresh shapes drawn where the rule changes the H200 pick
+    (h200-ws64-fresh/) the new picks ran 1.21x faster, 12 of 14 faster, one 7 % slower."""
+    import math
+
+    from numasched import gemm_schedule as GS
+
+    h200 = GS._KNOWN["h200"]
+
+    def ws64(m, n, k):
+        return [s for s in GS.candidates(m, n, k, 2, h200, ws=True) if s.kind == "ws" and s.block_m == 64]
+
+    assert ws64(187, 6144, 3072) and ws64(187, 6144, 2560)
+    assert not ws64(187, 6144, 2496) and not ws64(187, 6144, 3272) and not ws64(128, 8192, 2048)
+    assert ws64(187, 6144, 4104)   # from WS64_MIN_K whatever the rows
+    assert GS._choose.__wrapped__(187, 6144, 3072, 2, h200, False, True, True, True, True, True).block_m == 64
+    r = _recorded_pick_ratios("gemm-s47/h200-ws64-fresh/gemm_inference-h200-2026-11-28.csv", monkeypatch,
+                              "WS64_MIN_K_LINES", GS.WS64_MIN_K)
+    assert len(r) == 14 and math.exp(sum(map(math.log, r)) / len(r)) > 1.15 and sum(x > 1 for x in r) >= 12, r
 
 
 def test_row_pairs_share_w_only_unsplit_in_one_wave_on_sector_rows():
