@@ -28,7 +28,6 @@ Results: bench/results/collectives-<world>x<gpu>-<date>.csv/.json/.png.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import subprocess
 import sys
@@ -93,11 +92,11 @@ def _copies(text: str):
 
 def weight_copy_count(nbytes: int, l2_bytes: int, wanted=None) -> int:
     """How many copies of a weight of ``nbytes`` a graph's calls rotate through: ``wanted`` if
-    given, else enough that they stream from HBM (more than twice ``l2_bytes``, at least two:
-    gemm_tune.linear_operands' rule)."""
-    if wanted is not None:
-        return wanted
-    return max(2, math.ceil(2 * l2_bytes / max(1, nbytes)) + 1)
+    given, else enough that they stream from HBM (gemm_tune.stream_copies, bench gemm_inference's
+    rule)."""
+    from numasched.gemm_tune import stream_copies
+
+    return wanted if wanted is not None else stream_copies(nbytes, l2_bytes)
 
 
 def _points(args, world):

@@ -832,7 +832,7 @@ def _estimate(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machine, s
     t = waves * (unit + machine.unit_start_s) + machine.launch_s + _splitk_merge_s(s, tiles, machine)
     t = max(t, _floor_s(M, N, K, elt, machine) + machine.launch_s)
     if (s.kind == "splitk" and WEIGHT_STREAM_MAX_ROWS < s.block_m <= CO_RESIDENT_MAX_ROWS
-            and units > machine.sms and _resident(s, elt, machine) > 1):
+            and units > machine.sms and slots > machine.sms):   # (slots: SMs x programs an SM holds)
         t *= 1.0 + CO_RESIDENT_COST   # (see there)
     return t
 

@@ -64,6 +64,12 @@ def graph_us(fn_i, copies: int, calls: int) -> float:
     return times[len(times) // 2]
 
 
+def stream_copies(nbytes: int, l2_bytes: int) -> int:
+    """Copies of a weight of ``nbytes`` that calls reading them in turn stream from HBM: more than
+    twice ``l2_bytes`` in all, at least two."""
+    return max(2, math.ceil(2 * l2_bytes / max(1, nbytes)) + 1)
+
+
 def linear_operands(M: int, N: int, K: int, dtype=None, device=None):
     """(x, ws, outs, ref, copies) for timing ``y = x @ W.T`` as a model's layer runs it: x (M, K),
     enough copies of a weight W (N, K) (scaled by 1 / sqrt(K)) that a graph of calls, call i
@@ -74,7 +80,7 @@ def linear_operands(M: int, N: int, K: int, dtype=None, device=None):
     device = device or torch.device("cuda")
     dtype = dtype or torch.bfloat16
     l2 = torch.cuda.get_device_properties(device).L2_cache_size
-    copies = max(2, math.ceil(2 * l2 / (N * K * torch.empty((), dtype=dtype).element_size())) + 1)
+    copies = stream_copies(N * K * torch.empty((), dtype=dtype).element_size(), l2)
     ws = [torch.randn(N, K, device=device, dtype=dtype) / K ** 0.5 for _ in range(copies)]
     x = torch.randn(M, K, device=device, dtype=dtype)
     outs = [torch.empty(M, N, device=device, dtype=dtype) for _ in range(copies)]

@@ -39,34 +39,28 @@ def main(argv=None) -> int:
         x, ws, outs, _, copies = linear_operands(M, N, K)
         bias = torch.randn(N, device="cuda", dtype=x.dtype)
         res = torch.randn(M, N, device="cuda", dtype=x.dtype)
-        ref = x.double() @ ws[0].double().T + bias.double() + res.double()
+        both = dict(bias=bias, residual=res)
         row = {}
         row["torch"] = graph_us(lambda i: torch.add(torch.nn.functional.linear(x, ws[i], bias), res, out=outs[i]),
                                 copies, args.calls)
         picks = {}
-        for name, opts in (("ws+epi", dict(gemm_ws=True)), ("triton+epi", dict(gemm_ws=False))):
-            with options.use(**opts):
-                plan = numasched.plan_matmul(x, ws[0].T, outs[0], bias=bias, residual=res)
+        runs = [("ws+epi", True, both), ("triton+epi", False, both)]
+        if args.parts:
+            runs += [("ws+bias", True, dict(bias=bias)), ("ws+res", True, dict(residual=res))]
+        for name, gemm_ws, kw in runs:
+            with options.use(gemm_ws=gemm_ws):
+                plan = numasched.plan_matmul(x, ws[0].T, outs[0], **kw)
                 outs[0].fill_(float("nan"))
-                plan.run(x, ws[0].T, outs[0], bias=bias, residual=res)
-                err = ((outs[0].double() - ref).abs().max() / ref.abs().max()).item()
+                plan.run(x, ws[0].T, outs[0], **kw)
+                want = x.double() @ ws[0].double().T + sum(t.double() for t in kw.values())
+                err = ((outs[0].double() - want).abs().max() / want.abs().max()).item()
                 if not err < 1e-2:
                     raise AssertionError(f"{M}x{N}x{K} {name}: relative error {err:.2e}")
-                row[name] = graph_us(lambda i, plan=plan: plan.run(x, ws[i].T, outs[i], bias=bias, residual=res),
+                row[name] = graph_us(lambda i, plan=plan, kw=kw: plan.run(x, ws[i].T, outs[i], **kw),
                                      copies, args.calls)
                 picks[name] = plan.schedule.describe() if plan.schedule is not None else plan.kernel
         plain = numasched.plan_matmul(x, ws[0].T, outs[0])
         row["ws plain"] = graph_us(lambda i: plain.run(x, ws[i].T, outs[i]), copies, args.calls)
-        with options.use(gemm_ws=True):
-            for name, kw in (("ws+bias", dict(bias=bias)), ("ws+res", dict(residual=res)))[: 2 if args.parts else 0]:
-                part = numasched.plan_matmul(x, ws[0].T, outs[0], **kw)
-                outs[0].fill_(float("nan"))
-                part.run(x, ws[0].T, outs[0], **kw)
-                want = x.double() @ ws[0].double().T + (bias.double() if "bias" in kw else res.double())
-                err = ((outs[0].double() - want).abs().max() / want.abs().max()).item()
-                if not err < 1e-2:
-                    raise AssertionError(f"{M}x{N}x{K} {name}: relative error {err:.2e}")
-                row[name] = graph_us(lambda i, part=part, kw=kw: part.run(x, ws[i].T, outs[i], **kw), copies, args.calls)
         ratios.append(row["torch"] / row["ws+epi"])
         print(f"{f'{M} x {N} x {K}':>20} {row['torch']:8.1f} {row['ws+epi']:8.1f} {row['triton+epi']:10.1f} "
               f"{row['ws plain']:8.1f} {row['torch'] / row['ws+epi']:8.3f} {row['triton+epi'] / row['ws+epi']:9.3f}"
