@@ -71,6 +71,7 @@ class Machine:
     splitk_partial_cost: float = 1.0   # split-K's fp32 partials cost this many times their bytes through L2
     partial_row_cost: float = 1.0      # 128-row split-K tiles under 128 rows (cut in K or narrow): x the model's time
     ws64: bool = False                 # the WS kernel's 64-row tiles weighed (WS64_*: timed on this GPU)
+    co_resident_split: bool = False    # 17-64-row split-K tiles priced for sharing an SM (CO_RESIDENT_*: timed here)
     stream_tma_latency_s: float = WEIGHT_STREAM_TMA_LATENCY_S   # (see there) a TMA-fed 16-row program's round trip
 
     @staticmethod
@@ -91,7 +92,8 @@ _KNOWN = {
     # or 64 columns wide (geomean of 462 timings, 0.96-1.67; bench/results/gemm-s38/: ragged*,
     # pairs*, off-final-*; gemm-s39/: mid-*, sp1/), 1.01x unsplit 128 x 128 (100 timings), where
     # the WS split-K form with A's short last boxes ran 0.97x its own (gemm-s39/sp1/).
-    "h200": Machine("H200", 132, 227 * 1024, 4.3e12, 7.9e14, 1.2e13, partial_row_cost=1.2, ws64=True),
+    "h200": Machine("H200", 132, 227 * 1024, 4.3e12, 7.9e14, 1.2e13, partial_row_cost=1.2, ws64=True,
+                    co_resident_split=True),
     # the H100's split-K merge refit to a sweep of 21 schedules at each of 33 points of M = 64-256
     # (bench/results/gemm-ws-s30/sweep-h100/): its fp32 partials at 1.5x their L2 bytes and 5 us of
     # sync took the pick's time over the best timed from 0.938 to 0.975 (geomean), within 5 % at
@@ -107,7 +109,7 @@ _KNOWN = {
     # columns; at 1.8-3 us the pick is within 3 % of the fastest timed at 167 of those 168 points
     # (116 at 1.5 us), and at 691 of the 777 H100 points of gemm-s39/s40 (621)
     "h100": Machine("H100", 132, 227 * 1024, 3.0e12, 7.9e14, 1.1e13, reduce_sync_s=5.0e-6, splitk_partial_cost=1.5,
-                    ws64=True, stream_tma_latency_s=2.0e-6),
+                    ws64=True, stream_tma_latency_s=2.0e-6, co_resident_split=True),
     "mi300x": Machine("MI300X", 304, 64 * 1024, 4.2e12, 9.0e14, 1.4e13),
     "mi355x": Machine("MI355X", 256, 160 * 1024, 6.4e12, 1.6e15, 1.6e13),
 }
@@ -179,6 +181,8 @@ CO_RESIDENT_COST = 0.10
 # put 2-12 % slower; 32 x 64 x 64 ran 1.10-1.20x its estimate wherever timed, 32 x 128 x 128
 # 0.87-1.0x. Scored on every recorded timing of the current kernels: H200 (sessions 36-47) 3244
 # -> 3284 of 3677 picks within 3 % of the best timed, H100 (sessions 30-47) 2016 -> 2035 of 2373.
+# Only where timed (Machine.co_resident_split: the H200 and the H100; on the MI355X model it would
+# move 7 of 300 random picks at 17-64 rows, unmeasured).
 CO_RESIDENT_MAX_ROWS = 64
 WEIGHT_STREAM_SM_BYTES_PER_S = 45.5e9
 # ... and one whose tiles read both operands through TMA descriptors (16-row tiles of 64+
@@ -831,7 +835,8 @@ def _estimate(s: Schedule, M: int, N: int, K: int, elt: int, machine: Machine, s
     # tiles set the time
     t = waves * (unit + machine.unit_start_s) + machine.launch_s + _splitk_merge_s(s, tiles, machine)
     t = max(t, _floor_s(M, N, K, elt, machine) + machine.launch_s)
-    if (s.kind == "splitk" and WEIGHT_STREAM_MAX_ROWS < s.block_m <= CO_RESIDENT_MAX_ROWS
+    if (s.kind == "splitk" and machine.co_resident_split
+            and WEIGHT_STREAM_MAX_ROWS < s.block_m <= CO_RESIDENT_MAX_ROWS
             and units > machine.sms and slots > machine.sms):   # (slots: SMs x programs an SM holds)
         t *= 1.0 + CO_RESIDENT_COST   # (see there)
     return t

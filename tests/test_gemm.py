@@ -1783,6 +1783,7 @@ def test_split_k_tiles_of_17_to_64_rows_pay_for_sharing_an_sm(monkeypatch):
     against 17.0 for the unsplit 32 x 128 x 128). At 12 fresh shapes of 18-52 rows drawn where the
     rule changes the H200 pick (bench/results/gemm-s47/h200-coresident/, the old picks timed by
     name) the new picks ran 1.18x faster (geomean), 10 of 12 faster, none by more than 2 % slower."""
+    import dataclasses
     import math
 
     from numasched import gemm_schedule as GS
@@ -1802,6 +1803,12 @@ def test_split_k_tiles_of_17_to_64_rows_pay_for_sharing_an_sm(monkeypatch):
         assert ratio == pytest.approx(1 + GS.CO_RESIDENT_COST if paid else 1.0), desc
     assert GS._choose.__wrapped__(27, 9216, 3072, 2, h200, False, True, True, True, True, True).describe() != \
         "splitk 32x64x64 w4 s6 split2"
+    # only on the GPUs where it was timed
+    assert GS._KNOWN["h100"].co_resident_split and not GS._KNOWN["mi355x"].co_resident_split
+    s = GS.Schedule.parse("splitk 32x64x64 w4 s6 split2")
+    unpaid = dataclasses.replace(h200, co_resident_split=False)
+    assert GS.estimate(s, 27, 9216, 3072, 2, h200) == pytest.approx(
+        (1 + GS.CO_RESIDENT_COST) * GS.estimate(s, 27, 9216, 3072, 2, unpaid))
     r = _recorded_pick_ratios("gemm-s47/h200-coresident/gemm_inference-h200-2026-11-28.csv", monkeypatch,
                               "CO_RESIDENT_MAX_ROWS", GS.WEIGHT_STREAM_MAX_ROWS)
     assert len(r) == 12 and math.exp(sum(map(math.log, r)) / len(r)) > 1.1 and min(r) > 0.98, r
