@@ -37,6 +37,7 @@ _SUBCOMMANDS = [
     ("numasched.probe", "add_parser"),
     ("numasched.bench.cli", "add_parser"),
     ("numasched.gemm_tune", "add_parser"),
+    ("numasched.gemm_tune", "add_plan_parser"),
 ]
 
 

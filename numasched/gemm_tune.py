@@ -20,7 +20,8 @@ import math
 import sys
 import time
 
-__all__ = ["tune", "graph_us", "linear_operands", "baseline_us", "checked_us", "add_parser"]
+__all__ = ["tune", "graph_us", "linear_operands", "baseline_us", "checked_us", "explain", "add_parser",
+           "add_plan_parser"]
 
 WARM_S = 0.02   # graph_us: seconds of replays before the timed ones
 
@@ -207,4 +208,69 @@ def _cli(args) -> int:
     with open(args.out, "w") as f:
         json.dump(data, f, indent=1, sort_keys=True)
     print(f"wrote {len(table)} schedule(s) to {args.out}")
+    return 0
+
+
+# ----------------------------------------------------------------------------- numasched plan-gemm
+PLAN_MACHINES = ("h100", "h200", "mi300x", "mi355x")
+
+
+def explain(M: int, N: int, K: int, machine: str = "h200", dtype: str = "bf16", top: int = 5) -> dict:
+    """What the chooser makes of ``y = x @ W.T`` (x M x K, W N x K, contiguous) on ``machine`` (a
+    key of gemm_schedule's known GPUs), with no GPU: the pick as ``numasched.matmul`` takes it
+    with the default options where the rows are 16-byte aligned (TMA; the warp-specialised kernel
+    on the Hopper parts at 16 bits), its estimate, the next ``top`` candidates by estimate and
+    the floors (operands read and output written once at the streaming rate; the flops at the
+    dense 16-bit tensor rate). Rows that are not 16-byte aligned are shown as the pointer kernels take
+    them; the per-call copies of an odd K (options.gemm_pad_k) and a tuned table are not."""
+    from . import gemm_schedule as GS
+
+    if machine not in PLAN_MACHINES:
+        raise ValueError(f"machine must be one of {PLAN_MACHINES}, got {machine!r}")
+    elt = {"bf16": 2, "fp16": 2, "fp32": 4}.get(dtype)
+    if elt is None:
+        raise ValueError(f"dtype must be bf16, fp16 or fp32, got {dtype!r}")
+    for name, v in (("M", M), ("N", N), ("K", K)):
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    mach = GS._KNOWN[machine]
+    aligned = (K * elt) % 16 == 0
+    tma = aligned
+    ws = elt == 2 and aligned and (N * elt) % 16 == 0 and machine in ("h100", "h200")
+    pick = GS._choose(M, N, K, elt, mach, not tma, tma, aligned, True, ws, ws)
+    ranked = GS.ranked(M, N, K, elt, mach, splitk_only=not tma or elt > 2, tail=True, ws=ws, splitk_tma=tma,
+                       aligned=aligned, ws_swap=ws)
+    if not aligned:
+        ranked = [(t, s) for t, s in ranked if s.block_k <= GS.MISALIGNED_MAX_BLOCK_K]
+    return dict(shape=(M, N, K), machine=mach.name, dtype=dtype, aligned=aligned, ws=ws, pick=pick.describe(),
+                pick_us=pick.est_s * 1e6, floor_us=GS.streaming_floor_s(M, N, K, elt, mach) * 1e6,
+                tensor_us=2.0 * M * N * K / mach.tensor_flops * 1e6,
+                next=[(s.describe(), t * 1e6) for t, s in ranked if s.describe() != pick.describe()][:top])
+
+
+def add_plan_parser(sub) -> argparse.ArgumentParser:
+    from .argtypes import nonneg_int, shape_list
+
+    p = sub.add_parser("plan-gemm", help="show the GEMM chooser's pick and its next candidates for shapes (no GPU)",
+                       description="The schedule numasched.matmul's model picks for y = x @ W.T on a named GPU, "
+                                   "its estimate and the next candidates, computed on this machine (no GPU, no "
+                                   "timing): what `bench gemm_inference` would time beside the pick.")
+    p.add_argument("--shapes", type=shape_list, required=True, help="comma-separated MxNxK, or @FILE of them")
+    p.add_argument("--machine", choices=PLAN_MACHINES, default="h200", help="the GPU model (default h200)")
+    p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16", help="operand dtype (default bf16)")
+    p.add_argument("--top", type=nonneg_int, default=5, help="candidates shown after the pick (default 5)")
+    p.set_defaults(func=_plan_cli)
+    return p
+
+
+def _plan_cli(args) -> int:
+    for M, N, K in args.shapes:
+        e = explain(M, N, K, args.machine, args.dtype, args.top)
+        notes = ([] if e["aligned"] else ["rows not 16-byte aligned: pointer loads"]) + \
+            (["WS kernel weighed"] if e["ws"] else [])
+        print(f"{M} x {N} x {K} {e['dtype']} on {e['machine']}" + (f" ({'; '.join(notes)})" if notes else ""))
+        print(f"  pick   {e['pick']:44s} {e['pick_us']:9.2f} us (model)   floors: bytes {e['floor_us']:.2f} us, "
+              f"flops {e['tensor_us']:.2f} us")
+        for desc, us in e["next"]:
+            print(f"  next   {desc:44s} {us:9.2f} us")
     return 0

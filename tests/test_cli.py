@@ -304,6 +304,39 @@ def test_tune_gemm_dry_run_and_bad_shapes(capsys):
     assert e.value.code == 2 and "argument --shapes" in capsys.readouterr().err
 
 
+def test_plan_gemm_shows_the_pick_as_matmul_plans_it(capsys):
+    """``numasched plan-gemm``: on this machine, no GPU, the chooser's pick for a named GPU is the
+    one numasched.matmul's model makes (the same _choose arguments for an aligned bf16 weight),
+    listed with its estimate, the next candidates cheapest first, and the byte and flop floors;
+    bad machines, dtypes and sizes are refused naming the argument."""
+    from numasched import gemm_schedule as GS
+    from numasched.cli import main
+    from numasched.gemm_tune import explain
+
+    for machine in ("h100", "h200"):
+        e = explain(187, 6144, 3072, machine, top=4)
+        want = GS._choose(187, 6144, 3072, 2, GS._KNOWN[machine], False, True, True, True, True, True)
+        assert e["pick"] == want.describe() and e["pick_us"] == pytest.approx(want.est_s * 1e6)
+        assert e["ws"] and e["aligned"] and len(e["next"]) == 4 and e["pick"] not in [d for d, _ in e["next"]]
+        assert [t for _, t in e["next"]] == sorted(t for _, t in e["next"])
+        assert 0 < e["floor_us"] < e["pick_us"] and 0 < e["tensor_us"] < e["pick_us"]
+    amd = explain(13, 4111, 2053, "mi300x", "fp32", top=2)   # odd K: rows not 16-byte aligned, no WS
+    assert not amd["aligned"] and not amd["ws"] and amd["pick"].startswith("splitk")
+    assert all(GS.Schedule.parse(d).block_k <= GS.MISALIGNED_MAX_BLOCK_K for d, _ in amd["next"])
+    assert main(["plan-gemm", "--shapes", "27x9216x3072,4096x4096x4096", "--machine", "h200", "--top", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "27 x 9216 x 3072 bf16 on H200" in out and out.count("  next ") == 4 and "pick   ws 128x" in out
+    for bad, word in ((["--machine", "a100"], "--machine"), (["--dtype", "int8"], "--dtype"), (["--top", "-1"], "--top")):
+        with pytest.raises(SystemExit):
+            main(["plan-gemm", "--shapes", "1x8x8", *bad])
+        assert word in capsys.readouterr().err
+    for kw, word in ((dict(machine="a100"), "machine"), (dict(dtype="int8"), "dtype")):
+        with pytest.raises(ValueError, match=word):
+            explain(1, 8, 8, **kw)
+    with pytest.raises(ValueError, match="K must be a positive int"):
+        explain(1, 8, 0)
+
+
 def test_shapes_from_a_file(tmp_path, capsys):
     """``--shapes @FILE``: the shapes of a file (comments, commas or whitespace between them), the
     same list as written out; a missing or empty file, or a bad shape in it, is an argument error
