@@ -370,6 +370,28 @@ def test_compact_png_keeps_the_pixels_of_a_plot(tmp_path):
     assert compact_png(path) is False
 
 
+def test_collectives_all_reduce_summary_judges_issue_14s_target():
+    """bench collectives' all-reduce line: auto against torch symm_mem's one-shot up to 512 KB and
+    against NCCL above it (not the best of every baseline), 0.5 % noise allowed, the worst point
+    named; sizes without the peer's time and the GEMM collectives are left out."""
+    from numasched.bench import collectives as C
+
+    nan = float("nan")
+
+    def ar(nbytes, auto, symm1, nccl):
+        return dict(op="all_reduce", shape=f"{nbytes} B", M=0, bytes=nbytes, auto_us=auto, symm1_us=symm1,
+                    nccl_us=nccl, symm2_us=1.0)   # (symm2 faster than all: not the target's peer)
+
+    rows = [ar(8 << 10, 8.0, 8.5, 10.0), ar(512 << 10, 11.9, 11.7, 12.6), ar(24 << 10, 6.5, nan, 9.6),
+            ar(1 << 20, 11.8, 15.7, 17.3), ar(64 << 20, 230.0, 388.0, 228.0),
+            dict(op="matmul_all_reduce", shape="x", M=16, bytes=1, auto_us=1.0, symm1_us=9.0, nccl_us=9.0)]
+    line = C.all_reduce_summary(rows)
+    assert line.startswith("all_reduce ")
+    assert "<= 512 KB against torch symm_mem's one-shot: 1/2 >= 1.00, worst 0.983 at 524288 B" in line
+    assert "> 512 KB against NCCL: 1/2 >= 1.00, worst 0.991 at 67108864 B" in line
+    assert C.all_reduce_summary(rows[-1:]) == ""
+
+
 def test_collectives_overlap_summary_splits_by_the_gemm_ceiling():
     """bench collectives' last line for issue 14's overlap target: auto against bulk from
     OVERLAP_MIN_ROWS rows, judged where bulk / its GEMM alone reaches OVERLAP_TARGET; points below
