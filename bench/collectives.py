@@ -202,9 +202,10 @@ def _worker(args) -> int:
     l2_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
 
     def copies_of(w):
-        """``w`` and the --weight-copies - 1 clones the calls of a graph rotate through."""
-        return [w] + [w.clone() for _ in range(weight_copy_count(w.numel() * w.element_size(), l2_bytes,
-                                                                 args.weight_copies) - 1)]
+        """``w`` and the --weight-copies - 1 clones the calls of a graph rotate through (no more
+        than a graph's --calls: the rest would never be read)."""
+        n = min(args.calls, weight_copy_count(w.numel() * w.element_size(), l2_bytes, args.weight_copies))
+        return [w] + [w.clone() for _ in range(n - 1)]
 
     def graph_us(key, fn):
         """Capture a CUDA graph of --calls calls of ``fn`` for column ``key``; flush() times it."""
