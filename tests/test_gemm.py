@@ -1753,20 +1753,26 @@ def test_chooser_weighs_64_row_ws_tiles():
     assert GS._choose(64, 5120, 5120, 2, h200, False, True, True, True, True).kind == "splitk"
 
 
+def _rank_eval():
+    """scripts/gemm_rank_eval.py as a module (its recorded-timing reader and scorer)."""
+    import importlib.util
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("gemm_rank_eval", os.path.join(root, "scripts", "gemm_rank_eval.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def _recorded_pick_ratios(csv_path, monkeypatch, attr, before):
     """(old pick's time / the pick's time) at every point of a recorded H200 run where the model with
     gemm_schedule.``attr`` set to ``before`` picks otherwise (both picks timed there by name)."""
-    import csv
-
     from numasched import gemm_schedule as GS
 
     h200 = GS._KNOWN["h200"]
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench", "results", csv_path)
     ratios = []
-    for row in csv.DictReader(open(path)):
-        times = {p.rsplit("=", 1)[0].strip(): float(p.rsplit("=", 1)[1].split("/")[0])
-                 for p in row["timed"].split(";") if "=" in p}
-        shape = (int(row["M"]), int(row["N"]), int(row["K"]))
+    for (_, *shape), times in _rank_eval().read_points([path], 1 << 30).items():
         new = GS._choose.__wrapped__(*shape, 2, h200, False, True, True, True, True, True).describe()
         with monkeypatch.context() as m:
             m.setattr(GS, attr, before)
@@ -2044,14 +2050,11 @@ def test_weight_stream_model_ranks_the_recorded_small_m_timings():
     the 197 points (192 when written; 187 with an SM's drain cap at 1.5x its share), and at the gate/up weight 28672 x 4096 one program per SM (16 x 128 x 128,
     81-82 us) over two (16 x 128 x 64, 86-88 us)."""
     import glob
-    import importlib.util
 
     from numasched import gemm_schedule as GS
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    spec = importlib.util.spec_from_file_location("gemm_rank_eval", os.path.join(root, "scripts", "gemm_rank_eval.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _rank_eval()
     files = sorted(p for p in glob.glob(os.path.join(root, "bench", "results", "gemm-s31", "*", "*.csv"))
                    if not p.endswith(".partial.csv"))
     files.append(os.path.join(root, "bench", "results", "gemv-s32", "gemv_probe-h100.log"))
@@ -2103,7 +2106,6 @@ def test_ws64_intake_ranks_the_recorded_timings():
     gemm_schedule.pick) within 3 % of the best at >= 850 of 997 points (858 when written, 825 with
     the L2 rate shared by the busy SMs)."""
     import glob
-    import importlib.util
 
     from numasched import gemm_schedule as GS
 
@@ -2115,9 +2117,7 @@ def test_ws64_intake_ranks_the_recorded_timings():
     step = (64 + 160) * 64 * 2 / GS.WS64_SM_BYTES_PER_S
     assert GS.estimate(s, 256, 4096, 4096, 2, h200) >= 64 * step
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    spec = importlib.util.spec_from_file_location("gemm_rank_eval", os.path.join(root, "scripts", "gemm_rank_eval.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _rank_eval()
     files = sorted(p for p in glob.glob(os.path.join(root, "bench", "results", "gemm-s39", "*", "*.csv"))
                    if "h100" not in p)
     res = mod.score(mod.read_points(files, 1 << 30), h200, chooser=True)
@@ -2133,16 +2133,13 @@ def test_h100_stream_latency_ranks_its_recorded_small_m_timings():
     figure."""
     import dataclasses
     import glob
-    import importlib.util
 
     from numasched import gemm_schedule as GS
 
     h100 = GS._KNOWN["h100"]
     assert h100.stream_tma_latency_s > GS._KNOWN["h200"].stream_tma_latency_s == GS.WEIGHT_STREAM_TMA_LATENCY_S
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    spec = importlib.util.spec_from_file_location("gemm_rank_eval", os.path.join(root, "scripts", "gemm_rank_eval.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _rank_eval()
     files = [os.path.join(root, "bench", "results", "gemm-s40", f"h100-grid{i}", "gemm_inference-h100-2026-11-27.csv")
              for i in (5, 6, 7, 8)]
     points = mod.read_points(files, 16)
