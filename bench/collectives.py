@@ -411,6 +411,8 @@ def _worker(args) -> int:
             ws = dict(ws=ws_wanted(ctx), num_sms=ctx.num_sms)
             row["auto_impl"] = cost.choose_gemm_collective(op, *dims, bf, W, symm_mem_ok=has_symm, **ws)
             row["est_auto_us"] = cost.gemm_collective_s(op, row["auto_impl"], *dims, bf, W, **ws) * 1e6
+            if row["auto_impl"] == "bulk":   # NCCL, then the engine rule's GEMM (cost.gemm_engine)
+                row["auto_impl"] = f"bulk:{cost.gemm_engine(dims[0], a.device)}"
             row["est_bulk_us"] = cost.gemm_collective_s(op, "bulk", *dims, bf, W) * 1e6
             peer_keys = ("bulk_us", "symm_us")
         flush(row)

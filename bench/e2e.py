@@ -71,7 +71,7 @@ TARGETS = {1: 1.00, 2: 1.15, 4: 1.15, 8: 1.15}   # decode step, ours vs torch, b
 PREFILL_TARGET = {2: 1.10}
 COMPONENTS = ("gemm_in", "gemm_out", "row_parallel", "attention", "elementwise", "head")
 CONTENDERS = {
-    "numasched": "numasched.matmul at <= 64 rows (W.T views; cuBLAS above), flash_decode (paged KV, page "
+    "numasched": "numasched.matmul where it leads cuBLAS (W.T views; rows per cost.gemm_engine, cuBLAS elsewhere), flash_decode (paged KV, page "
                  "--page-size), the decode-step fusions, numasched.distributed.matmul_all_reduce for o_proj/down_proj "
                  "at TP > 1; the causal prefill's attention per --prefill-attention",
     "torch": "F.linear (cuBLAS), SDPA (cuDNN first, then flash/efficient/math) over a contiguous static cache, "

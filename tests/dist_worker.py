@@ -703,9 +703,20 @@ def check_bulk_and_auto(ctx, quick):
             y = nd.matmul_reduce_scatter(ar, br, ctx=ctx, impl=impl)
             ok(rel(y, part[R * Ml:(R + 1) * Ml]) < 1e-2, f"matmul_reduce_scatter {impl} M={Ml * W}: wrong")
         from numasched.distributed import cost
+        from numasched.distributed.all_gather_matmul import AllGatherMatmul
+        from numasched.distributed.matmul_reduce_scatter import MatmulReduceScatter
+
+        # where "auto" takes the bulk path, its GEMM is the engine rule's (numasched's at decode rows)
+        ag = AllGatherMatmul.describe(a, b, world=W, impl="auto").cfg
+        rs = MatmulReduceScatter.describe(ar, br, world=W, impl="auto").cfg
+        for name, c, m in (("all_gather_matmul", ag, Ml * W), ("matmul_reduce_scatter", rs, Ml * W)):
+            want = cost.gemm_engine(m, a.device) if c["impl"] == "bulk" else "torch"
+            ok(c["bulk_gemm"] == want, f"{name} auto M={m}: bulk GEMM {c['bulk_gemm']}, the rule says {want}")
         msgs.append(f"M_local={Ml}: auto picks ag "
-                    f"{cost.choose_gemm_collective('all_gather_matmul', Ml * W, 768, 1024, BF, W, symm_mem_ok=True)}, rs "
-                    f"{cost.choose_gemm_collective('matmul_reduce_scatter', Ml * W, 640, 512, BF, W, symm_mem_ok=True)}")
+                    f"{cost.choose_gemm_collective('all_gather_matmul', Ml * W, 768, 1024, BF, W, symm_mem_ok=True)} "
+                    f"({ag['impl']}, GEMM {ag['bulk_gemm']}), rs "
+                    f"{cost.choose_gemm_collective('matmul_reduce_scatter', Ml * W, 640, 512, BF, W, symm_mem_ok=True)} "
+                    f"({rs['impl']}, GEMM {rs['bulk_gemm']})")
     return ok.done("; ".join(msgs))
 
 

@@ -1284,6 +1284,44 @@ def numasched_matmul(a, b):
     return matmul(a, b)
 
 
+def test_gemm_engine_rule(monkeypatch):
+    """Which GEMM a model-chosen collective + GEMM (and the TP decoder's projections) runs:
+    numasched's up to NUMASCHED_GEMM_MAX_M rows anywhere, and from NUMASCHED_GEMM_WS_MIN_M where
+    its warp-specialised kernel runs (Hopper, options.gemm_ws); cuBLAS between, and above on
+    other GPUs. A "bulk" asked for by name stays torch.matmul (the baseline); one that "auto"
+    chose takes the rule's engine, and says so in the call's header."""
+    from numasched import options
+    from numasched.distributed import cost
+    from numasched.distributed._common import _bulk_engine
+    from numasched.distributed.all_gather_matmul import AllGatherMatmul
+    from numasched.distributed.matmul_reduce_scatter import MatmulReduceScatter
+
+    lo, hi = cost.NUMASCHED_GEMM_MAX_M, cost.NUMASCHED_GEMM_WS_MIN_M
+    cpu = torch.device("cpu")
+    assert not cost._ws_gemm_device(cpu) and not cost._ws_gemm_device(torch.device("meta"))
+    assert [cost.gemm_engine(m, cpu) for m in (1, lo, lo + 1, hi, 8192)] == ["numasched"] * 2 + ["torch"] * 3
+    monkeypatch.setattr(cost, "_ws_gemm_device", lambda device: True)
+    assert [cost.gemm_engine(m) for m in (lo, lo + 1, hi - 1, hi, 8192)] == \
+        ["numasched", "torch", "torch", "numasched", "numasched"]
+    t = torch.empty(1, device="meta")
+    assert _bulk_engine("bulk", "bulk", 16, t) == "torch" and _bulk_engine("auto", "fused", 16, t) == "torch"
+    assert _bulk_engine("auto", "bulk", 16, t) == "numasched" and _bulk_engine("auto", "bulk", 300, t) == "torch"
+    # the real rule on a Hopper GPU, with the kernel switched off: cuBLAS from lo + 1 rows
+    monkeypatch.undo()
+    monkeypatch.setattr("numasched.caps.hopper", lambda device: True)
+    with options.use(gemm_ws=False):
+        assert cost.gemm_engine(4096, torch.device("cuda", 0)) == "torch"
+    meta = lambda *s: torch.empty(*s, device="meta", dtype=torch.bfloat16)  # noqa: E731
+    for impl, want in (("auto", "numasched"), ("bulk", "torch")):
+        ag = AllGatherMatmul.describe(meta(8, 4096), meta(4096, 3072), world=2, impl=impl)
+        rs = MatmulReduceScatter.describe(meta(16, 7168), meta(7168, 4096), world=2, impl=impl)
+        for call in (ag, rs):
+            assert call.cfg["impl"] == "bulk" and call.cfg["bulk_gemm"] == want and call.header["gemm"] == want
+    # the two engines are two plans
+    assert AllGatherMatmul.describe(meta(8, 4096), meta(4096, 3072), world=2, impl="auto").key != \
+        AllGatherMatmul.describe(meta(8, 4096), meta(4096, 3072), world=2, impl="bulk").key
+
+
 def test_cost_model_choices():
     """The model's picks move the way the physics says (and can be forced): small all-reduces
     one-shot, large ones on 8 ranks two-shot; GEMM collectives bulk at decode sizes and fused

@@ -184,6 +184,26 @@ def _resolve_impl(op: str, impl: str, M: int, N: int, K: int, dtype, world: int,
                       _options.current(), device)
 
 
+def _bulk_engine(requested: str, impl: str, M: int, t) -> str:
+    """The GEMM a bulk (NCCL, then GEMM) call of ``M`` rows runs: torch.matmul (cuBLAS) where
+    the caller named impl="bulk" (the bulk-synchronous baseline as such); where "auto" chose the
+    bulk path, the GEMM the cost model prices faster for those rows (cost.gemm_engine)."""
+    if impl != "bulk" or requested != "auto":
+        return "torch"
+    from . import cost
+
+    return cost.gemm_engine(M, t.device if t.is_cuda else None)
+
+
+def _matmul(engine: str, a, b, out=None):
+    """``a @ b`` (into ``out`` when given) by ``engine``: "torch" (torch.matmul) or "numasched"."""
+    if engine == "torch":
+        return torch.matmul(a, b, out=out)
+    from numasched.gemm import matmul
+
+    return matmul(a, b, out=out)
+
+
 @functools.lru_cache(maxsize=4096)
 def _auto_impl(op, M, N, K, dtype, world, bulk_ok, symm_ok, ws, num_sms, links, opts, device) -> str:
     """_resolve_impl's "auto" (its arguments, the link constants, the options and the device make

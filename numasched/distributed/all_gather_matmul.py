@@ -7,7 +7,7 @@ from numasched._validate import check_int32_indexing
 
 from . import _common
 from ._common import Call, _cdiv, _check_operands, _desc, _on_gpu, _aligned, _Op, _output, _policy
-from ._common import _auto_symm_mem_ok, _bulk_ok, _resolve_impl, _tma_ok, group_name, register, run
+from ._common import _auto_symm_mem_ok, _bulk_engine, _bulk_ok, _matmul, _resolve_impl, _tma_ok, group_name, register, run
 
 
 @register
@@ -19,15 +19,20 @@ class AllGatherMatmul(_Op):
     def describe(a_local, b, *, world, mapping="auto", impl="auto", cfg=None, bulk_ok=True, symm_ok=False) -> Call:
         Ml, K = a_local.shape
         N = b.shape[1]
-        impl = _resolve_impl("all_gather_matmul", impl, Ml * world, N, K, a_local.dtype, world, bulk_ok, symm_ok)
+        requested, impl = impl, _resolve_impl("all_gather_matmul", impl, Ml * world, N, K, a_local.dtype, world,
+                                              bulk_ok, symm_ok)
+        bulk_gemm = _bulk_engine(requested, impl, Ml * world, a_local)
         cfg = cfg or _common._gemm_cfg(a_local.dtype, _on_gpu(a_local), N)
         tms, tn = _cdiv(Ml, cfg["BLOCK_M"]), _cdiv(N, cfg["BLOCK_N"])
         policy, nd = _policy(mapping, tms, tn)
         header = dict(op="all_gather_matmul", a_local_shape=tuple(a_local.shape), b_shape=tuple(b.shape),
                       dtype=str(a_local.dtype), mapping=policy.name, impl=impl, world=world)
-        key = ("all_gather_matmul", Ml, K, N, a_local.dtype, policy.name, impl, tuple(sorted(cfg.items())))
+        if impl == "bulk":
+            header["gemm"] = bulk_gemm
+        key = ("all_gather_matmul", Ml, K, N, a_local.dtype, policy.name, impl, bulk_gemm, tuple(sorted(cfg.items())))
         return Call("all_gather_matmul", key, header, dict(a_local=a_local, b=b),
-                    dict(cfg, Ml=Ml, K=K, N=N, TMS=tms, TN=tn, policy=policy, num_domains=nd, world=world, impl=impl))
+                    dict(cfg, Ml=Ml, K=K, N=N, TMS=tms, TN=tn, policy=policy, num_domains=nd, world=world, impl=impl,
+                         bulk_gemm=bulk_gemm))
 
     @staticmethod
     def buffers(call) -> list:
@@ -64,14 +69,15 @@ class AllGatherMatmul(_Op):
 
     @staticmethod
     def _launch_bulk(ctx, plan, call, phase):
-        """NCCL all-gather of the row blocks, then one torch.matmul (the bulk-synchronous baseline)."""
+        """NCCL all-gather of the row blocks, then one GEMM: torch.matmul (the bulk-synchronous
+        baseline), or numasched's where "auto" chose this path and it leads (cfg bulk_gemm)."""
         import torch.distributed as dist
 
         t = call.tensors
         a, b, out = t["a_local"], t["b"], t["out"]
         full = torch.empty((ctx.world * a.shape[0], a.shape[1]), dtype=a.dtype, device=a.device)
         dist.all_gather_into_tensor(full, a, group=ctx.group)
-        torch.matmul(full, b, out=out)
+        _matmul(call.cfg["bulk_gemm"], full, b, out=out)
         return out
 
     @staticmethod

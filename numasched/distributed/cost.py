@@ -95,16 +95,44 @@ def choose_all_reduce(nbytes: int, world: int, *, allowed=("oneshot", "twoshot",
     return min(allowed, key=lambda impl: all_reduce_s(impl, nbytes, world, link))
 
 
-# Rows up to which numasched's GEMM matched cuBLAS on the inference grid (bench/results/
-# gemm_inference-h200-2026-11-22.csv: per-M geomean 0.97-1.02 at M <= 64, 0.74-0.93 above), so a
-# fused op's GEMM runs there on numasched and above it on torch.matmul (cuBLAS) when the caller
-# lets the model choose.
-NUMASCHED_GEMM_MAX_M = 64
+# Which GEMM a model-chosen collective+GEMM (and the TP decoder's projections) runs: numasched's
+# where it ran at least cuBLAS's speed on the issue-13 inference grid of both Hopper GPUs, else
+# cuBLAS. Per-M geomean of cuBLAS time / numasched's (H200 bench/results/gemm-s47/h200-grid, H100
+# gemm-s45/h100-grid, 11-12 shapes each): 1.02-1.05 on both at M <= 128; 1.005 / 0.979 at 256;
+# 1.00-1.07 from 512 rows (the warp-specialised kernel's regime). The rule of 2026-11-22 (up to 64
+# rows: the Triton kernels ran 0.74-0.93 of cuBLAS above) holds where that kernel is not there.
+NUMASCHED_GEMM_MAX_M = 128
+NUMASCHED_GEMM_WS_MIN_M = 512
 
 
-def gemm_engine(m: int) -> str:
-    """``"numasched"`` or ``"torch"``: which GEMM a model-chosen collective+GEMM runs for ``m`` rows."""
-    return "numasched" if m <= NUMASCHED_GEMM_MAX_M else "torch"
+def gemm_engine(m: int, device=None) -> str:
+    """``"numasched"`` or ``"torch"``: which GEMM a model-chosen collective+GEMM runs for ``m``
+    rows on ``device`` (default: the current CUDA device; none: the rule without the
+    warp-specialised kernel). See NUMASCHED_GEMM_MAX_M."""
+    if m <= NUMASCHED_GEMM_MAX_M:
+        return "numasched"
+    if m >= NUMASCHED_GEMM_WS_MIN_M and _ws_gemm_device(device):
+        return "numasched"
+    return "torch"
+
+
+def _ws_gemm_device(device) -> bool:
+    """Whether numasched's GEMM runs the warp-specialised kernel on ``device`` (Hopper, Gluon,
+    ``options.gemm_ws`` not off)."""
+    import torch
+
+    from numasched import caps, options
+
+    if device is None:
+        if not torch.cuda.is_available():
+            return False
+        device = torch.device("cuda", torch.cuda.current_device())
+    device = torch.device(device)
+    if not (options.current().gemm_ws and caps.hopper(device)):
+        return False
+    from numasched.kernels.gemm_ws import HAVE_GLUON
+
+    return bool(HAVE_GLUON)
 
 
 # ----------------------------------------------------------------------------- GEMM + collective

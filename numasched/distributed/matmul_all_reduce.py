@@ -17,7 +17,7 @@ from numasched._validate import check_int32_indexing
 
 from . import _ws, cost
 from ._common import Call, _aligned, _bulk_ok, _cdiv, _check_operands, _desc, _on_gpu, _Op, _output, _tma_default, _tma_ok
-from ._common import register, run
+from ._common import _matmul, register, run
 
 IMPLS = ("auto", "oneshot", "twoshot", "bulk", "overlap", "fused")
 # impl="overlap": the rows are cut into this many chunks; chunk i's all-reduce (NCCL, on a side
@@ -98,7 +98,7 @@ def plan_matmul_all_reduce(a, b_local, *, world: int, impl: str = "auto", gemm: 
         overlap = _overlap_s(g_s, cost.all_reduce_s("nccl", nbytes, world), OVERLAP_CHUNKS)
         return MatmulAllReducePlan(M, N, Kl, a.dtype, world, "torch" if gemm == "auto" else gemm, "nccl",
                                    overlap * 1e6, OVERLAP_CHUNKS)
-    engine = cost.gemm_engine(M) if gemm == "auto" else gemm
+    engine = cost.gemm_engine(M, _cuda_or_none(a)) if gemm == "auto" else gemm
     if impl == "auto":
         allowed = ("oneshot", "twoshot", "nccl") if bulk_ok and world > 1 else ("oneshot", "twoshot")
         ar = cost.choose_all_reduce(nbytes, world, allowed=allowed)
@@ -110,6 +110,11 @@ def plan_matmul_all_reduce(a, b_local, *, world: int, impl: str = "auto", gemm: 
             and M >= cost.FUSED_AR_MIN_ROWS and fused_s < est):
         return MatmulAllReducePlan(M, N, Kl, a.dtype, world, "fused", "fused", fused_s * 1e6)
     return MatmulAllReducePlan(M, N, Kl, a.dtype, world, engine, ar, est * 1e6)
+
+
+def _cuda_or_none(t):
+    """``t``'s device where it is a GPU (a meta or CPU tensor plans for no GPU in particular)."""
+    return t.device if t.device.type == "cuda" else None
 
 
 def _overlap_s(gemm_s: float, ar_s: float, k: int) -> float:
@@ -167,7 +172,7 @@ def matmul_all_reduce(a, b_local, *, ctx, impl: str = "auto", gemm: str = "auto"
         if residual is None:
             raise ValueError("norm_weight needs residual (the fused add + RMSNorm)")
         c = torch.empty((plan.M, plan.N), dtype=a.dtype, device=a.device)
-        _gemm(plan.gemm if plan.gemm in ("torch", "numasched") else cost.gemm_engine(plan.M), a, b_local, c)
+        _matmul(plan.gemm if plan.gemm in ("torch", "numasched") else cost.gemm_engine(plan.M, a.device), a, b_local, c)
         return run(ctx, "all_reduce_add_rmsnorm", c, residual, norm_weight, eps, out=out, check=check)
     if residual is not None:
         if out is not None:
@@ -184,7 +189,7 @@ def matmul_all_reduce(a, b_local, *, ctx, impl: str = "auto", gemm: str = "auto"
         raise ValueError("out must be contiguous (the all-reduce sums it in place)")
     if plan.chunks > 1:
         return _overlapped(ctx, plan, a, b_local, c)
-    _gemm(plan.gemm, a, b_local, c)
+    _matmul(plan.gemm, a, b_local, c)
     if plan.world == 1:
         return c
     return run(ctx, "all_reduce", c, impl=plan.all_reduce, out=c, check=check)
@@ -245,15 +250,6 @@ def fused_heap_bytes(ctx, a, b_local) -> int:
                                                                                             world=ctx.world)))
 
 
-def _gemm(engine: str, a, b, c):
-    if engine == "torch":
-        torch.matmul(a, b, out=c)
-    else:
-        from numasched.gemm import matmul
-
-        matmul(a, b, out=c)
-
-
 _SIDE: dict = {}
 
 
@@ -271,7 +267,7 @@ def _overlapped(ctx, plan, a, b, c):
     rows = -(-plan.M // plan.chunks)
     for lo in range(0, plan.M, rows):
         chunk = c[lo:lo + rows]
-        _gemm(plan.gemm, a[lo:lo + rows], b, chunk)
+        _matmul(plan.gemm, a[lo:lo + rows], b, chunk)
         done = torch.cuda.Event()
         done.record(main)
         side.wait_event(done)

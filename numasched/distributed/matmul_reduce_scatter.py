@@ -8,7 +8,7 @@ from numasched._validate import check_int32_indexing
 
 from . import _common, _ws, cost
 from ._common import Call, Plan, _aligned, _bulk_ok, _cdiv, _check_operands, _desc, _make_plan, _on_gpu, _Op
-from ._common import _auto_symm_mem_ok, group_name
+from ._common import _auto_symm_mem_ok, _bulk_engine, _matmul, group_name
 from ._common import _output, _policy, _resolve_impl, _tma_ok, register, run
 
 
@@ -25,7 +25,9 @@ class MatmulReduceScatter(_Op):
         M, Kl = a.shape
         N = b_local.shape[1]
         Ms = M // world
-        impl = _resolve_impl("matmul_reduce_scatter", impl, M, N, Kl, a.dtype, world, bulk_ok, symm_ok, ws, num_sms)
+        requested, impl = impl, _resolve_impl("matmul_reduce_scatter", impl, M, N, Kl, a.dtype, world, bulk_ok,
+                                              symm_ok, ws, num_sms)
+        bulk_gemm = _bulk_engine(requested, impl, M, a)
         cfg = cfg or _common._gemm_cfg(a.dtype, _on_gpu(a), N)
         if ws and impl == "fused" and (options.current().fused_ws or cost.rs_ws_pays(M, N, world, num_sms)):
             cfg = dict(cfg, WS=True)
@@ -33,10 +35,12 @@ class MatmulReduceScatter(_Op):
         policy, nd = _policy(mapping, tms, tn)
         header = dict(op="matmul_reduce_scatter", a_shape=tuple(a.shape), b_local_shape=tuple(b_local.shape),
                       dtype=str(a.dtype), mapping=policy.name, impl=impl, world=world)
-        key = ("matmul_reduce_scatter", M, Kl, N, a.dtype, policy.name, impl, tuple(sorted(cfg.items())))
+        if impl == "bulk":
+            header["gemm"] = bulk_gemm
+        key = ("matmul_reduce_scatter", M, Kl, N, a.dtype, policy.name, impl, bulk_gemm, tuple(sorted(cfg.items())))
         return Call("matmul_reduce_scatter", key, header, dict(a=a, b_local=b_local),
                     dict(cfg, Ms=Ms, Kl=Kl, N=N, TMS=tms, TN=tn, policy=policy, num_domains=nd, world=world,
-                         impl=impl))
+                         impl=impl, bulk_gemm=bulk_gemm))
 
     @staticmethod
     def buffers(call) -> list:
@@ -86,11 +90,12 @@ class MatmulReduceScatter(_Op):
 
     @staticmethod
     def _launch_bulk(ctx, plan, call, phase):
-        """torch.matmul of all rows, then NCCL reduce-scatter (the bulk-synchronous baseline)."""
+        """One GEMM of all rows, then NCCL reduce-scatter: torch.matmul (the bulk-synchronous
+        baseline), or numasched's where "auto" chose this path and it leads (cfg bulk_gemm)."""
         import torch.distributed as dist
 
         t = call.tensors
-        part = torch.matmul(t["a"], t["b_local"])
+        part = _matmul(call.cfg["bulk_gemm"], t["a"], t["b_local"])
         out = t["out"]
         if out.is_contiguous():
             dist.reduce_scatter_tensor(out, part, group=ctx.group)

@@ -6,8 +6,8 @@ tensor-parallel decoder, and the KV cache layout its attention reads:
 =================  =========================================  ============================================
 operation          ``NumaschedBackend``                       ``TorchBackend`` (bulk-synchronous baseline)
 =================  =========================================  ============================================
-linear             ``numasched.matmul(x, W.T)`` (M <= 64;     ``F.linear(x, W)`` (cuBLAS)
-                   cuBLAS above: ``gemm="auto"``)
+linear             ``numasched.matmul(x, W.T)`` where it      ``F.linear(x, W)`` (cuBLAS)
+                   led cuBLAS (``gemm="auto"``: cost.gemm_engine)
 row_parallel       ``numasched.distributed.matmul_all_reduce``  ``F.linear`` then ``dist.all_reduce`` (NCCL)
                    (one fused GEMM + all-reduce; TP 1: matmul)
 prefill attention  ``numasched.attention_forward(causal)``    ``F.scaled_dot_product_attention`` (cuDNN first)
@@ -336,8 +336,9 @@ class NumaschedBackend(Backend):
     impl: the all-reduce implementation passed to the distributed calls ("auto": their cost model).
     check: let each distributed call read its status word (a timeout raises at once, but an eager
         call then synchronises); False leaves it to ``ctx.check()`` (graph replays never check).
-    gemm: "auto" (numasched.matmul up to 64 rows, where it matched cuBLAS on the H200's inference
-        grid; cuBLAS above, e.g. prefill), "numasched" or "torch" for every projection.
+    gemm: "auto" (numasched.matmul where it ran at least cuBLAS's speed on the inference grids:
+        up to 128 rows, and from 512 on Hopper, numasched.distributed.cost.gemm_engine; cuBLAS
+        between), "numasched" or "torch" for every projection.
     fuse_norm: at TP > 1 and up to 256 rows, run each row-parallel projection's all-reduce, the
         residual add and the next RMSNorm as one kernel
         (numasched.distributed.all_reduce_add_rmsnorm). On by default: on two H200s it took the
@@ -475,12 +476,12 @@ class NumaschedBackend(Backend):
             self._nd = nd
 
     def linear(self, x, w, out=None):
-        if self._gemm_engine(x.shape[0]) == "torch":
+        if self._gemm_engine(x) == "torch":
             return _torch_linear(x, w, out)
         return self._ns.matmul(x, w.t(), out=out, mapping=self.mapping)
 
     def fuses_swiglu(self, x, n):
-        return self.fuse_swiglu and (self._glu_big(x, n) or self._gemm_engine(x.shape[0]) == "numasched")
+        return self.fuse_swiglu and (self._glu_big(x, n) or self._gemm_engine(x) == "numasched")
 
     def linear_swiglu(self, x, w, n, swiglu, row_scale=None):
         # where numasched's GEMM runs (decode sizes): one launch (numasched.matmul_swiglu), or the
@@ -492,7 +493,7 @@ class NumaschedBackend(Backend):
             return self._ns.matmul_swiglu(x, w.t(), row_scale=row_scale)
         if row_scale is not None:
             return super().linear_swiglu(x, w, n, swiglu, row_scale)
-        if self._gemm_engine(x.shape[0]) == "numasched":
+        if self._gemm_engine(x) == "numasched":
             if self.pdl_swiglu:
                 return self._ns.swiglu(self.linear(x, w))
         return swiglu(self.linear(x, w), n)
@@ -541,14 +542,15 @@ class NumaschedBackend(Backend):
         return self.gemm == "auto" and x.is_cuda and caps.tma_supported(x.device) and big_tiles(x.shape[0], n,
                                                                                                x.dtype)
 
-    def _gemm_engine(self, m: int) -> str:
-        """numasched's GEMM where it matches cuBLAS (M <= 64 on the H200 inference grid), else
-        cuBLAS; ``gemm="numasched"`` / ``"torch"`` forces one (numasched.distributed.cost.gemm_engine)."""
+    def _gemm_engine(self, x) -> str:
+        """numasched's GEMM for ``x``'s rows where it ran at least cuBLAS's speed on the inference
+        grid (numasched.distributed.cost.gemm_engine), else cuBLAS; ``gemm="numasched"`` /
+        ``"torch"`` forces one."""
         if self.gemm != "auto":
             return self.gemm
         from numasched.distributed.cost import gemm_engine
 
-        return gemm_engine(m)
+        return gemm_engine(x.shape[0], x.device if x.is_cuda else None)
 
     # impl= names one choice for both distributed calls; each takes the names it knows
     _AR_IMPL = {"bulk": "nccl", "fused": "auto", "overlap": "auto"}
