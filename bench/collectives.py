@@ -69,11 +69,12 @@ def build_parser():
                    help="rows (M) of the GEMM collectives, comma-separated")
     p.add_argument("--calls", type=int, default=5, help="calls per captured graph")
     p.add_argument("--iters", type=int, default=20, help="timed replays per method")
-    p.add_argument("--weight-copies", type=_copies, default=1,
+    p.add_argument("--weight-copies", type=_copies, default=None,
                    help="copies of each GEMM collective's weight, call i of a graph reading copy i mod copies: "
-                        "1 (default, as recorded so far: one weight, which the L2 may keep between calls) or "
-                        "'auto' (enough that the calls stream it from HBM, more than twice the L2, as a "
-                        "model's layers do and bench gemm_inference times)")
+                        "'auto' (default since 2026-11-28: enough that the calls stream it from HBM, more than "
+                        "twice the L2, as a model's layers do and bench gemm_inference times) or a count; 1 is "
+                        "the runs recorded before (one weight, which the L2 may keep between calls: cuBLAS read "
+                        "a 42 MB weight 1.4x faster so on two H200s, bench/results/tp2-s48/)")
     p.add_argument("--dry-run", action="store_true", help="print the planned points and exit")
     p.add_argument("--out-dir", default=None, help="results folder")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

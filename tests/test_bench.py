@@ -291,15 +291,16 @@ def test_collectives_arn_points_only_when_named():
     assert {"flag_us", "ll_us"} <= set(C.COLS)
 
 
-def test_collectives_weight_copies_stream_from_hbm_when_asked():
-    """--weight-copies: 1 by default (one weight, as the recorded runs), a count, or "auto": enough
-    copies that a graph's calls read more than twice the L2 (at least two); anything else is
-    refused naming the option."""
+def test_collectives_weight_copies_stream_from_hbm_by_default():
+    """--weight-copies: "auto" by default (enough copies that a graph's calls read more than
+    twice the L2, at least two), or a count (1: one weight, as the runs before 2026-11-28);
+    anything else is refused naming the option."""
     from numasched.bench import collectives as C
 
-    assert C.build_parser().parse_args([]).weight_copies == 1
+    auto = C.build_parser().parse_args([]).weight_copies
+    assert auto == C.build_parser().parse_args(["--weight-copies", "auto"]).weight_copies
     assert C.build_parser().parse_args(["--weight-copies", "3"]).weight_copies == 3
-    auto = C.build_parser().parse_args(["--weight-copies", "auto"]).weight_copies
+    assert C.build_parser().parse_args(["--weight-copies", "1"]).weight_copies == 1
     l2 = 50 << 20
     for nbytes in (8 << 20, 42 << 20, 262 << 20):
         n = C.weight_copy_count(nbytes, l2, auto)

@@ -737,6 +737,53 @@ def _long_prefill_errors(model, be, ids, want) -> tuple:
     return rel(eager, want), rel(out, want)
 
 
+def _model_graph_timeout(rank: int, world: int) -> int:
+    """No hang inside the model's graph: on a context of its own (timeout_s 5; broken on
+    purpose, the others untouched), the decode step's graph is replayed once by every rank, then
+    by all but the last; after that replay each replaying rank's ``ctx.check()`` must raise
+    TimeoutError naming the missing rank within 2 x timeout_s. Returns 1 on failure (printed)."""
+    import time
+
+    import torch.distributed as dist
+
+    import numasched.distributed as nd
+
+    g = nd.init(heap_bytes=1 << 30, timeout_s=5.0, group=dist.new_group(list(range(world))))
+    be = NumaschedBackend(world, g)
+    hf = _gpu_case("llama")
+    model = TPDecoder.from_hf(hf, tp_rank=rank, tp_size=world)
+    ids = torch.randint(0, hf.config.vocab_size, (2, 40), device="cuda", generator=torch.Generator("cuda").manual_seed(2))
+    cache = be.new_cache(model, batch=2, capacity=64, page_size=16)
+    model.prefill(ids[:, :36], cache, be)
+    runner = DecodeRunner(model, be, cache)
+    runner(ids[:, 36])
+    torch.cuda.synchronize()
+    g.check("decode graph, every rank")
+    dist.barrier()
+    quitter, why = world - 1, ""
+    if rank != quitter:
+        t0 = time.perf_counter()
+        runner(ids[:, 37])
+        torch.cuda.synchronize()
+        try:
+            g.check("decode graph replay")
+            why = "no TimeoutError after a replay whose peer never arrived"
+        except TimeoutError as e:
+            dt = time.perf_counter() - t0
+            if f"rank(s) [{quitter}]" not in str(e):
+                why = f"the TimeoutError does not name rank {quitter}: {e}"
+            elif dt > 2 * g.timeout_s:
+                why = f"the TimeoutError came after {dt:.1f} s (timeout_s {g.timeout_s})"
+            else:
+                print(f"[rank {rank}] decode graph without rank {quitter}: TimeoutError after {dt:.1f} s: "
+                      f"{str(e)[:160]}", flush=True)
+    dist.barrier()
+    if rank == 0:
+        print(f"{'FAIL' if why else 'PASS'} tp {world} decode graph with a rank that stops"
+              f"{': ' + why if why else ': TimeoutError naming it within 2 x timeout_s'}", flush=True)
+    return int(bool(why))
+
+
 def _tp_gpu_main() -> int:
     """Under torchrun: each rank shards transformers' model (2 layers of the 8B presets, bf16);
     both backends' TP logits (prefill + teacher-forced decode, eager and CUDA graph) against
@@ -823,6 +870,8 @@ def _tp_gpu_main() -> int:
                           f"teacher-forced vs transformers {e3:.2e}", flush=True)
             del folded
         del hf
+    if "numasched" in backends and world > 1:
+        failed += _model_graph_timeout(rank, world)
     flag = torch.tensor([failed], device="cuda")
     dist.all_reduce(flag)
     if rank == 0:
