@@ -1322,6 +1322,26 @@ def test_gemm_engine_rule(monkeypatch):
         AllGatherMatmul.describe(meta(8, 4096), meta(4096, 3072), world=2, impl="bulk").key
 
 
+def test_long_gemm_rate_is_per_gpu(monkeypatch):
+    """The fused GEMM + all-reduce's long-GEMM rate (cost.FUSED_AR2_LONG_OVER): H100s ran GEMMs of
+    milliseconds in the fused kernel at 1.17x cuBLAS's time, H200s did not; a GPU not measured
+    (or none) gets the H100's. On an H200 the plan then runs 16384 x 5120 x 12800 (Qwen3-32B down)
+    fused, on an H100 the two-kernel path, as each ran faster."""
+    from numasched.distributed import cost
+
+    assert cost.fused_long_over(torch.device("cpu")) == cost.FUSED_AR2_LONG_OVER_DEFAULT
+    meta = lambda *s: torch.empty(*s, device="meta", dtype=torch.bfloat16)  # noqa: E731
+    picks = {}
+    for name, want in (("NVIDIA H200", 1.0), ("NVIDIA H100 80GB HBM3", 1.17), ("NVIDIA A100-SXM4-80GB", 1.17)):
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None, n=name: n)
+        assert cost.fused_long_over(torch.device("cuda", 0)) == want, name
+        monkeypatch.setattr(cost, "fused_long_over", lambda device=None, w=want: w)
+        picks[name] = nd.plan_matmul_all_reduce(meta(16384, 12800), meta(12800, 5120), world=2, fused_ok=True,
+                                                ws=True).impl
+        monkeypatch.undo()
+    assert picks["NVIDIA H200"] == "fused" and picks["NVIDIA H100 80GB HBM3"] != "fused", picks
+
+
 def test_cost_model_choices():
     """The model's picks move the way the physics says (and can be forced): small all-reduces
     one-shot, large ones on 8 ranks two-shot; GEMM collectives bulk at decode sizes and fused
@@ -1927,7 +1947,11 @@ def test_bounded_only_context_keeps_auto_off_torch_symm_mem(monkeypatch):
     # all-gather priced as one GEMM per row chunk where the weight exceeds the L2 (Qwen3-32B
     # gate_up at 1024 rows: 0.87-0.89x before)
     ("tp2-s47/coll/collectives-2xh200-2026-11-28.csv", 2, True, True, 24, 22),
-    ("tp2-s47/coll2/collectives-2xh200-2026-11-28.csv", 2, True, True, 12, 11)])
+    ("tp2-s47/coll2/collectives-2xh200-2026-11-28.csv", 2, True, True, 12, 11),
+    # two H200s, each weight streamed from HBM (bench collectives --weight-copies auto, the default
+    # since): the whole grid, and 16-1024 rows
+    ("tp2-s48/call2/coll/collectives-2xh200-2026-11-28.csv", 2, True, True, 24, 22),
+    ("tp2-s48/cauto/collectives-2xh200-2026-11-28.csv", 2, True, True, 16, 15)])
 def test_gemm_collective_choice_against_recorded_times(csv_path, world, ws, rs_rows, points, good):
     """The cost model's pick for all_gather_matmul / matmul_reduce_scatter, priced with the
     measured GEMM ratios and torch symm_mem's floor + tail, against the three paths' times recorded
@@ -1962,14 +1986,23 @@ def test_gemm_collective_choice_against_recorded_times(csv_path, world, ws, rs_r
     ("tp2-s30a/rswsdef/collectives-2xh100-2026-11-27.csv", 5, 4),
     # rows off those (640-3072), where one part-empty round of tiles once priced the fused kernel
     # 10-20 % high (cost.fused_matmul_all_reduce_s's rs_busy_factor): 7 of 8 within 1 %, 0.970 at worst
-    ("tp2-s43/coll-offrows/coll/collectives-2xh100-2026-11-27.csv", 8, 7)])
-def test_matmul_all_reduce_choice_against_recorded_times(csv_path, points, good):
+    ("tp2-s43/coll-offrows/coll/collectives-2xh100-2026-11-27.csv", 8, 7),
+    # two H200s, the whole grid twice: at 16384 x 5120 x 12800 (a GEMM of 3 ms) the fused kernel
+    # ran 0.90x the two-kernel path's time, where H100s ran it 1.06-1.09x (cost.FUSED_AR2_LONG_OVER)
+    ("tp2-s47/coll/collectives-2xh200-2026-11-28.csv", 7, 7),
+    ("tp2-s48/call2/coll/collectives-2xh200-2026-11-28.csv", 7, 7)])
+def test_matmul_all_reduce_choice_against_recorded_times(csv_path, points, good, monkeypatch):
     """plan_matmul_all_reduce's pick (fused or the two-kernel path the plan would run), against
-    the times recorded on two H100s with the WS defaults (bench collectives, Llama-3-8B and
-    Qwen3-32B o / down, 256-16384 rows, on and off the grid): within 5 % of the faster everywhere
-    and within 1 % at all but one point (the earlier model: 0.785 at worst)."""
+    the times recorded on two H100s and two H200s with the WS defaults (bench collectives,
+    Llama-3-8B and Qwen3-32B o / down, 256-16384 rows, on and off the grid), the model of the GPU
+    that ran them: within 5 % of the faster everywhere and within 1 % at all but one point (the
+    earlier model: 0.785 at worst)."""
     import csv
 
+    from numasched.distributed import cost
+
+    gpu = "h200" if "xh200" in csv_path else "h100"
+    monkeypatch.setattr(cost, "fused_long_over", lambda device=None: cost.FUSED_AR2_LONG_OVER[gpu])
     path = os.path.join(os.path.dirname(__file__), "..", "bench", "results", csv_path)
     ratios = []
     for row in csv.DictReader(open(path)):
@@ -1977,6 +2010,8 @@ def test_matmul_all_reduce_choice_against_recorded_times(csv_path, points, good)
             continue   # the two-kernel path's time is recorded where auto ran it
         N, K = (int(v) for v in re.findall(r"=(\d+)", row["shape"]))
         M = int(row["M"])
+        if M < cost.FUSED_AR_MIN_ROWS:
+            continue   # (the plan weighs the big-tile fused kernel from there; the grid's 16-64 rows)
         meta = lambda *s: torch.empty(*s, dtype=torch.bfloat16, device="meta")  # noqa: E731
         plan = nd.plan_matmul_all_reduce(meta(M, K), meta(K, N), world=2, fused_ok=True, ws=True)
         fused, other = float(row["fused_us"]), float(row["auto_us"])

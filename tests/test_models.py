@@ -784,10 +784,12 @@ def _model_graph_timeout(rank: int, world: int) -> int:
     return int(bool(why))
 
 
-def _tp_gpu_main() -> int:
+def _tp_gpu_main(stop_only: bool = False) -> int:
     """Under torchrun: each rank shards transformers' model (2 layers of the 8B presets, bf16);
     both backends' TP logits (prefill + teacher-forced decode, eager and CUDA graph) against
-    transformers on rank 0. Prints PASS/FAIL lines, returns the exit code."""
+    transformers on rank 0, then a rank that stops inside the decode graph (``stop_only``, the
+    command line's ``--stop-only``: that check alone). Prints PASS/FAIL lines, returns the exit
+    code."""
     import torch.distributed as dist
 
     local = int(os.environ.get("LOCAL_RANK", 0))
@@ -795,6 +797,12 @@ def _tp_gpu_main() -> int:
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))
     rank, world = dist.get_rank(), dist.get_world_size()
+    if stop_only:
+        failed = _model_graph_timeout(rank, world) if world > 1 else 0
+        if rank == 0:
+            print("ALL PASSED" if not failed else "1 FAILED", flush=True)
+        sys.stdout.flush()
+        os._exit(1 if failed else 0)
     backends = {"torch": TorchBackend(world)}
     try:
         import numasched.distributed as nd
@@ -892,7 +900,7 @@ def test_tp2_on_gpus_matches_transformers():
 
 
 if __name__ == "__main__":
-    sys.exit(_tp_gpu_main())
+    sys.exit(_tp_gpu_main(stop_only="--stop-only" in sys.argv[1:]))
 
 
 def test_bench_e2e_refuses_two_prefill_modes(capsys):

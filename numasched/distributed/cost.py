@@ -358,9 +358,28 @@ FUSED_AR2_EXPOSED = {"ws": 0.3, "pairs": 0.6, "single": 0.9}
 # 3573-3582 for cuBLAS + the two-shot (tp2-s28a/b/e; tp2-s23-b: 3547 against 3482): its GEMM at
 # about 1.17x cuBLAS's time, where every shorter point (up to 1.4 ms: 16384 x 4096 x 7168) ran at
 # it. Why is not measured (clocks under sustained tensor and link load are one guess); the model
-# prices GEMMs longer than FUSED_AR2_LONG_S at that rate.
+# prices GEMMs longer than FUSED_AR2_LONG_S at that rate on H100s (and GPUs not measured). Two
+# H200s do not: there the WS fused kernel ran 3370 and 3439 us against 3781 / 3840 for numasched
+# + two-shot and 3586 / 3659 for NCCL + cuBLAS (bench/results/tp2-s47/coll, tp2-s48/call2/coll),
+# its GEMM at 0.96-0.98 of the modelled cuBLAS time, as at the shorter points.
 FUSED_AR2_LONG_S = 2e-3
-FUSED_AR2_LONG_OVER = 1.17
+FUSED_AR2_LONG_OVER = {"h100": 1.17, "h200": 1.0}
+FUSED_AR2_LONG_OVER_DEFAULT = 1.17
+
+
+def fused_long_over(device=None) -> float:
+    """FUSED_AR2_LONG_OVER for ``device`` (default: the current CUDA device; none: the default)."""
+    import torch
+
+    if device is None:
+        if not torch.cuda.is_available():
+            return FUSED_AR2_LONG_OVER_DEFAULT
+        device = torch.device("cuda", torch.cuda.current_device())
+    device = torch.device(device)
+    if device.type != "cuda":
+        return FUSED_AR2_LONG_OVER_DEFAULT
+    name = torch.cuda.get_device_name(device).lower()
+    return next((v for k, v in FUSED_AR2_LONG_OVER.items() if k in name), FUSED_AR2_LONG_OVER_DEFAULT)
 
 
 # The warp-specialised kernel's tiles are 128 x 256, or 128 x 128 where 256-wide tile pairs would
@@ -389,12 +408,13 @@ def fused_ar_ws_width(M: int, N: int, num_sms: int = 132) -> int:
 
 
 def fused_matmul_all_reduce_s(M: int, N: int, K: int, dtype, world: int, num_sms: int = 132,
-                              link: Link = None, ws: bool = False) -> float:
+                              link: Link = None, ws: bool = False, device=None) -> float:
     """Modelled seconds of numasched's fused GEMM + all-reduce kernel for an (M, K) x (K, N)
     partial product on each of ``world`` ranks (big-tile path: M >= FUSED_AR_MIN_ROWS). Two ranks:
     on the scale of :func:`gemm_time_s` (``ws``: the tile pairs run on the warp-specialised
     kernel); more: on :func:`gemm_s`'s (compare with the two-kernel paths on the same scale:
-    :func:`two_kernel_gemm_s`)."""
+    :func:`two_kernel_gemm_s`). ``device``: the GPU whose long-GEMM rate applies
+    (:func:`fused_long_over`; default the current one)."""
     L = link_for(world, link)
     width = fused_ar_ws_width(M, N, num_sms) if ws and world == 2 else FUSED_AR_TILE[1]
     tiles = -(-M // FUSED_AR_TILE[0]) * -(-N // width)
@@ -406,7 +426,7 @@ def fused_matmul_all_reduce_s(M: int, N: int, K: int, dtype, world: int, num_sms
         share = FUSED_AR2_EXPOSED["ws" if ws and pairs else "pairs" if pairs else "single"]
         g = gemm_time_s(M, N, K, dtype, "torch") * (FUSED_AR2_NARROW_OVER if width < FUSED_AR_TILE[1] else 1.0)
         if g > FUSED_AR2_LONG_S:
-            g *= FUSED_AR2_LONG_OVER
+            g *= fused_long_over(device)
         if units == 1:   # one part-empty round: its busy SMs run faster, as the reduce-scatter's (rs_busy_factor)
             g *= rs_busy_factor(tiles, num_sms)
         return g / wave_eff + share * pushed / L.push_bw + L.flag_us * 1e-6

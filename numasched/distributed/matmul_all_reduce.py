@@ -91,7 +91,7 @@ def plan_matmul_all_reduce(a, b_local, *, world: int, impl: str = "auto", gemm: 
         engine = "torch" if gemm == "auto" else gemm
         est = cost.two_kernel_gemm_s(M, N, Kl, a.dtype, world, engine) + cost.all_reduce_s("nccl", nbytes, world)
         return MatmulAllReducePlan(M, N, Kl, a.dtype, world, engine, "nccl", est * 1e6)
-    fused_s = cost.fused_matmul_all_reduce_s(M, N, Kl, a.dtype, world, num_sms, ws=ws)
+    fused_s = cost.fused_matmul_all_reduce_s(M, N, Kl, a.dtype, world, num_sms, ws=ws, device=_cuda_or_none(a))
     if impl == "fused":
         return MatmulAllReducePlan(M, N, Kl, a.dtype, world, "fused", "fused", fused_s * 1e6)
     if impl == "overlap":
