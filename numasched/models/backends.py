@@ -13,7 +13,8 @@ row_parallel       ``numasched.distributed.matmul_all_reduce``  ``F.linear`` the
 prefill attention  ``numasched.attention_forward(causal)``    ``F.scaled_dot_product_attention`` (cuDNN first)
 decode attention   ``numasched.flash_decode`` on paged K/V    SDPA over a contiguous static cache
 KV cache           :class:`PagedKVCache`                      :class:`ContiguousKVCache`
-logits gather      ``dist.all_gather_into_tensor``            ``dist.all_gather_into_tensor``
+logits gather      ``numasched.distributed.all_reduce`` of    ``dist.all_gather_into_tensor``
+                   the zero-padded columns (bounded waits)
 =================  =========================================  ============================================
 
 Norms, RoPE, SwiGLU, residual adds and the KV writes are shared code (numasched.models.llama).
@@ -674,6 +675,23 @@ class NumaschedBackend(Backend):
 
     def group_rank(self):
         return 0 if self.tp_size == 1 else self.ctx.rank
+
+    def all_gather_last(self, x):
+        """The logits' column gather over the symmetric heap, so that every collective of a step
+        waits bounded (a rank that stops makes its peers raise TimeoutError naming it, in a graph
+        replay too; NCCL's all-gather would wait for it forever): each rank's columns in a zeroed
+        (T, world * N) buffer, summed by numasched's one- or two-shot all-reduce (adding zeros
+        is exact). ``impl`` "bulk" / "nccl": NCCL's all-gather."""
+        if self.tp_size == 1 or self.impl in ("bulk", "nccl"):
+            return super().all_gather_last(x)
+        from numasched.distributed import cost
+
+        T, N = x.shape
+        r = self.group_rank()
+        buf = x.new_zeros((T, self.tp_size * N))
+        buf[:, r * N:(r + 1) * N] = x
+        impl = cost.choose_all_reduce(buf.numel() * buf.element_size(), self.tp_size, allowed=("oneshot", "twoshot"))
+        return self._nd.all_reduce(buf, ctx=self.ctx, impl=impl, out=buf, check=self.check)
 
     def all_gather_linear(self, x, w):
         if self.tp_size == 1:
