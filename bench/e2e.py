@@ -891,7 +891,9 @@ def _worker(args) -> int:
     if args.tp > 1 and "numasched" in args.backends:
         import numasched.distributed as nd
 
-        dctx = nd.init(heap_bytes=int(args.heap_gb * (1 << 30)), timeout_s=60.0)
+        # bounded_only: "auto" keeps the step's collectives on numasched's bounded kernels (no NCCL,
+        # no torch symm_mem; two ranks never picked them for the default decode and prefill)
+        dctx = nd.init(heap_bytes=int(args.heap_gb * (1 << 30)), timeout_s=60.0, bounded_only=True)
     ctx.say(f"building {args.model} ({spec.layers} layers, {spec.param_count() / 1e9:.2f}B parameters) with random "
             f"bf16 weights, TP {args.tp}")
     model = TPDecoder.random(cfg, dtype=torch.bfloat16, device="cuda", tp_rank=ctx.rank, tp_size=args.tp,

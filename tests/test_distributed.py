@@ -1923,6 +1923,31 @@ def test_bounded_only_context_keeps_auto_off_torch_symm_mem(monkeypatch):
     assert cost.choose_gemm_collective("all_gather_matmul", **big, symm_mem_ok=False) in ("fused", "bulk")
 
 
+def test_bounded_only_context_keeps_auto_off_nccl():
+    """NCCL waits without a bound inside a CUDA graph (a stopped peer hung the TP decoder's graph
+    replay through its logits all-gather, bench/results/tp2-s48/call3): on a ``bounded_only``
+    context "auto" never picks it either, where it would win (an 8-32 MB all-reduce on four
+    ranks, the bulk paths at decode rows); a call that names it still gets it."""
+    from numasched.distributed import _common
+    from numasched.distributed.all_gather_matmul import AllGatherMatmul
+    from numasched.distributed.all_reduce import AllReduce
+
+    ctx = types.SimpleNamespace(group=None, bounded_only=True)
+    assert _common._bulk_ok(ctx) and not _common._auto_nccl_ok(ctx)
+    ctx.bounded_only = False
+    assert _common._auto_nccl_ok(ctx)
+    meta = lambda *s: torch.empty(*s, device="meta", dtype=torch.bfloat16)  # noqa: E731
+    big = meta(2048, 8192)   # 32 MB
+    assert AllReduce.describe(big, world=4, bulk_ok=True).cfg["impl"] == "nccl"
+    assert AllReduce.describe(big, world=4, bulk_ok=False).cfg["impl"] in ("oneshot", "twoshot")
+    assert AllReduce.describe(big, world=4, impl="nccl", bulk_ok=False).cfg["impl"] == "nccl"
+    a, w = meta(2048, 2048), meta(2048, 8192)
+    assert nd.plan_matmul_all_reduce(a, w, world=4).all_reduce == "nccl"
+    assert nd.plan_matmul_all_reduce(a, w, world=4, nccl_ok=False).all_reduce in ("oneshot", "twoshot")
+    assert AllGatherMatmul.describe(meta(8, 4096), meta(4096, 3072), world=2, bulk_ok=True).cfg["impl"] == "bulk"
+    assert AllGatherMatmul.describe(meta(8, 4096), meta(4096, 3072), world=2, bulk_ok=False).cfg["impl"] == "fused"
+
+
 # (csv, world, ws, two-rank reduce-scatter rows used, points, good): the two-rank reduce-scatter's
 # fused kernel changed in the twenty-eighth session (FLAT order, the warp-specialised kernel on
 # Hopper: cost.rs_ws_pays), so its rows count only from recordings of the kernel as it is now

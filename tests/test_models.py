@@ -774,7 +774,7 @@ def _model_graph_timeout(rank: int, world: int) -> int:
 
     import numasched.distributed as nd
 
-    g = nd.init(heap_bytes=1 << 30, timeout_s=5.0, group=dist.new_group(list(range(world))))
+    g = nd.init(heap_bytes=1 << 30, timeout_s=5.0, group=dist.new_group(list(range(world))), bounded_only=True)
     be = NumaschedBackend(world, g)
     hf = _gpu_case("llama")
     model = TPDecoder.from_hf(hf, tp_rank=rank, tp_size=world)

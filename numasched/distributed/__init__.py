@@ -65,10 +65,13 @@ def init(heap_bytes: Optional[int] = None, *, workload=None, timeout_s: float = 
         only, numbered by their rank in the group. Every rank of the world calls ``init`` at
         the same time (the Iris heap is created over the whole world), each with its own group.
     bounded_only: ``impl="auto"`` never routes a call to torch's symmetric-memory ops, whose
-        barriers wait without a bound (a missing peer hangs the stream); numasched's own kernels
-        wait at most ``timeout_s`` and NCCL (``bulk``) up to the process group's timeout. Off by
-        default: auto picks symm_mem where it is fastest (all_gather_matmul at M >= 1024 on two
-        H200s, bench/results/collectives-2xh200-2026-11-23.csv).
+        barriers wait without a bound (a missing peer hangs the stream), nor to NCCL (the bulk
+        paths and NCCL's all-reduce): eager, its waits end at the process group's timeout, but
+        in a CUDA graph replay its watchdog sees no work and a stopped peer hangs the replay.
+        numasched's own kernels wait at most ``timeout_s`` and raise TimeoutError naming the
+        rank. Off by default: auto picks symm_mem or NCCL where it is fastest (all_gather_matmul
+        at M >= 1024 on two H200s, bench/results/collectives-2xh200-2026-11-23.csv; NCCL's
+        all-reduce from 8 MB on four ranks). Names a call asks for (``impl="nccl"``) still run.
     Raises RuntimeError when the GPUs lack peer access (torch.cuda.can_device_access_peer) or the
     ranks span hosts.
     """

@@ -244,6 +244,13 @@ def _symm_mem_ok(ctx) -> bool:
     return ok
 
 
+def _auto_nccl_ok(ctx) -> bool:
+    """Whether ``impl="auto"`` may route a call to NCCL (the bulk paths): a real context that is
+    not ``bounded_only``. NCCL's waits have no bound inside a CUDA graph (its watchdog sees no
+    work there): a stopped peer hangs the replay, where numasched's kernels raise TimeoutError."""
+    return _bulk_ok(ctx) and not getattr(ctx, "bounded_only", False)
+
+
 def _auto_symm_mem_ok(ctx) -> bool:
     """Whether ``impl="auto"`` may pick torch's symmetric-memory ops: they can run, and the context
     is not ``bounded_only`` (their barriers wait without a bound)."""

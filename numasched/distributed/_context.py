@@ -213,7 +213,7 @@ class DistContext(_Base):
         self.num_sms = torch.cuda.get_device_properties(dev).multi_processor_count
         self._init_common(heap_bytes)
         self.timeout_s = float(timeout_s)
-        self.bounded_only = bool(bounded_only)   # impl="auto" never picks torch's symm_mem (init's doc)
+        self.bounded_only = bool(bounded_only)   # impl="auto" never picks torch's symm_mem or NCCL (init's doc)
         self.max_spins = self._spins_for(self.timeout_s)
         # NVIDIA: bound waits by %globaltimer (a poll count is far too long when every program of a
         # grid polls at once); AMD keeps the calibrated poll count (no clock path written yet)

@@ -7,7 +7,8 @@ from numasched._validate import check_int32_indexing
 
 from . import _common
 from ._common import Call, _cdiv, _check_operands, _desc, _on_gpu, _aligned, _Op, _output, _policy
-from ._common import _auto_symm_mem_ok, _bulk_engine, _bulk_ok, _matmul, _resolve_impl, _tma_ok, group_name, register, run
+from ._common import _auto_nccl_ok, _auto_symm_mem_ok, _bulk_engine, _bulk_ok, _matmul, _resolve_impl, _tma_ok
+from ._common import group_name, register, run
 
 
 @register
@@ -54,7 +55,8 @@ class AllGatherMatmul(_Op):
         _check_operands(ctx, "a_local", a_local, "b", b, "K")
         check_int32_indexing("b", b)
         a_local = a_local.contiguous()   # pushed as flat row blocks; read with unit stride
-        call = cls.describe(a_local, b, world=ctx.world, mapping=mapping, impl=impl, bulk_ok=_bulk_ok(ctx),
+        call = cls.describe(a_local, b, world=ctx.world, mapping=mapping, impl=impl,
+                            bulk_ok=_bulk_ok(ctx) if impl != "auto" else _auto_nccl_ok(ctx),
                             symm_ok=_auto_symm_mem_ok(ctx))
         call.tensors["out"] = _output(out, (ctx.world * call.cfg["Ml"], call.cfg["N"]), a_local, call.cfg["impl"])
         call.extra["communicate"] = bool(communicate)

@@ -17,7 +17,7 @@ import torch
 from numasched._validate import check_tensor
 
 from . import cost
-from ._common import DTYPES, Call, _aligned, _bulk_ok, _cdiv, _check_device, _on_gpu, _Op, register, run
+from ._common import DTYPES, Call, _aligned, _auto_nccl_ok, _cdiv, _check_device, _on_gpu, _Op, register, run
 
 IMPLS = ("auto", "oneshot", "twoshot", "nccl", "ce")
 # flags (2 phases, W sources, programs): sized for this many programs whatever the GPU
@@ -139,7 +139,7 @@ class AllReduce(_Op):
                                  f"programs_per_sm (an int >= 1), BULK (True / False); got {config}")
         if config is not None and impl == "ce":
             raise ValueError("config tunes the one-shot / two-shot kernels; impl='ce' (copy engine) takes none")
-        call = cls.describe(x, world=ctx.world, impl=impl, num_sms=ctx.num_sms, cfg=config, bulk_ok=_bulk_ok(ctx))
+        call = cls.describe(x, world=ctx.world, impl=impl, num_sms=ctx.num_sms, cfg=config, bulk_ok=_auto_nccl_ok(ctx))
         if call.cfg["impl"] == "nccl" and not hasattr(ctx, "group"):
             raise ValueError("impl='nccl' needs a real context (numasched.distributed.init); a simulated rank has no "
                              "process group")

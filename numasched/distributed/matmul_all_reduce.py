@@ -17,7 +17,7 @@ from numasched._validate import check_int32_indexing
 
 from . import _ws, cost
 from ._common import Call, _aligned, _bulk_ok, _cdiv, _check_operands, _desc, _on_gpu, _Op, _output, _tma_default, _tma_ok
-from ._common import _matmul, register, run
+from ._common import _auto_nccl_ok, _matmul, register, run
 
 IMPLS = ("auto", "oneshot", "twoshot", "bulk", "overlap", "fused")
 # impl="overlap": the rows are cut into this many chunks; chunk i's all-reduce (NCCL, on a side
@@ -70,9 +70,10 @@ class MatmulAllReducePlan:
 
 def plan_matmul_all_reduce(a, b_local, *, world: int, impl: str = "auto", gemm: str = "auto",
                            bulk_ok: bool = True, fused_ok: bool = False, num_sms: int = 132,
-                           ws: bool = False) -> MatmulAllReducePlan:
+                           ws: bool = False, nccl_ok: bool = True) -> MatmulAllReducePlan:
     """The plan for ``a`` (M, K_local) @ ``b_local`` (K_local, N) summed over ``world`` ranks
     (shapes only: meta tensors work). ``bulk_ok``: NCCL is available (a real context);
+    ``nccl_ok``: "auto" may take NCCL's all-reduce (False on a ``bounded_only`` context);
     ``fused_ok``: "auto" may weigh the one-kernel fused path (its TMA-fed big tiles run here:
     a Hopper GPU, 16-bit operands); ``num_sms``: the GPU's SMs (wave quantisation of that kernel);
     ``ws``: its tile pairs run on the warp-specialised kernel (distributed._ws.ws_wanted)."""
@@ -100,7 +101,7 @@ def plan_matmul_all_reduce(a, b_local, *, world: int, impl: str = "auto", gemm: 
                                    overlap * 1e6, OVERLAP_CHUNKS)
     engine = cost.gemm_engine(M, _cuda_or_none(a)) if gemm == "auto" else gemm
     if impl == "auto":
-        allowed = ("oneshot", "twoshot", "nccl") if bulk_ok and world > 1 else ("oneshot", "twoshot")
+        allowed = ("oneshot", "twoshot", "nccl") if bulk_ok and nccl_ok and world > 1 else ("oneshot", "twoshot")
         ar = cost.choose_all_reduce(nbytes, world, allowed=allowed)
     else:
         ar = impl
@@ -206,6 +207,7 @@ def matmul_all_reduce_plan(ctx, a, b_local, *, impl: str = "auto", gemm: str = "
                     and _fused_fits(ctx, a, b_local))
         plan = ctx.plans[key] = plan_matmul_all_reduce(a, b_local, world=ctx.world, impl=impl, gemm=gemm,
                                                        bulk_ok=_bulk_ok(ctx), fused_ok=fused_ok,
+                                                       nccl_ok=_auto_nccl_ok(ctx),
                                                        num_sms=getattr(ctx, "num_sms", 132),
                                                        ws=fused_ok and _ws.ws_wanted(ctx))
     else:   # cheap re-checks of what the key does not cover

@@ -8,7 +8,7 @@ from numasched._validate import check_int32_indexing
 
 from . import _common, _ws, cost
 from ._common import Call, Plan, _aligned, _bulk_ok, _cdiv, _check_operands, _desc, _make_plan, _on_gpu, _Op
-from ._common import _auto_symm_mem_ok, _bulk_engine, _matmul, group_name
+from ._common import _auto_nccl_ok, _auto_symm_mem_ok, _bulk_engine, _matmul, group_name
 from ._common import _output, _policy, _resolve_impl, _tma_ok, register, run
 
 
@@ -66,7 +66,8 @@ class MatmulReduceScatter(_Op):
                              f"(each rank returns a.shape[0] / world rows)")
         check_int32_indexing("a", a)
         check_int32_indexing("b_local", b_local)
-        call = cls.describe(a, b_local, world=ctx.world, mapping=mapping, impl=impl, bulk_ok=_bulk_ok(ctx),
+        call = cls.describe(a, b_local, world=ctx.world, mapping=mapping, impl=impl,
+                            bulk_ok=_bulk_ok(ctx) if impl != "auto" else _auto_nccl_ok(ctx),
                             symm_ok=_auto_symm_mem_ok(ctx), ws=_ws.ws_wanted(ctx),
                             num_sms=getattr(ctx, "num_sms", 132))
         call.tensors["out"] = _output(out, (call.cfg["Ms"], call.cfg["N"]), a, call.cfg["impl"])

@@ -330,7 +330,11 @@ class NumaschedBackend(Backend):
     kernels were measured slower (``gemm``, ``prefill_attention``).
 
     ctx: the ``numasched.distributed`` context (``numasched.distributed.init(...)``), required
-        when tp_size > 1 (never used at TP 1).
+        when tp_size > 1 (never used at TP 1). Made with ``bounded_only=True``, every collective
+        of a decode step and of the one-step prefill waits bounded, so a rank that stops makes its
+        peers' ``ctx.check()`` raise TimeoutError after a graph replay (the logits gather is
+        numasched's all-reduce; "auto" never picks NCCL or torch symm_mem there). The
+        sequence-parallel prefill's row gathers stay NCCL's.
     fuse_all_reduce: True: ``matmul_all_reduce`` (one fused call); False: ``numasched.matmul``
         then ``numasched.distributed.all_reduce`` (for separating the two in timings).
     mapping: the mapping policy passed to every numasched call ("auto").
