@@ -192,7 +192,7 @@ def _bulk_engine(requested: str, impl: str, M: int, t) -> str:
         return "torch"
     from . import cost
 
-    return cost.gemm_engine(M, t.device if t.is_cuda else None)
+    return cost.gemm_engine(M, t.device)
 
 
 def _matmul(engine: str, a, b, out=None):

@@ -107,8 +107,8 @@ NUMASCHED_GEMM_WS_MIN_M = 512
 
 def gemm_engine(m: int, device=None) -> str:
     """``"numasched"`` or ``"torch"``: which GEMM a model-chosen collective+GEMM runs for ``m``
-    rows on ``device`` (default: the current CUDA device; none: the rule without the
-    warp-specialised kernel). See NUMASCHED_GEMM_MAX_M."""
+    rows on ``device`` (None: the current CUDA device; a CPU or meta device, or no GPU: the rule
+    without the warp-specialised kernel). See NUMASCHED_GEMM_MAX_M."""
     if m <= NUMASCHED_GEMM_MAX_M:
         return "numasched"
     if m >= NUMASCHED_GEMM_WS_MIN_M and _ws_gemm_device(device):
@@ -116,19 +116,24 @@ def gemm_engine(m: int, device=None) -> str:
     return "torch"
 
 
+def _cuda_device(device):
+    """``device`` as a CUDA torch.device (None: the current one), or None where it is not a GPU
+    (a CPU or meta device, or no GPU at all)."""
+    import torch
+
+    if device is None:
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+    device = torch.device(device)
+    return device if device.type == "cuda" else None
+
+
 def _ws_gemm_device(device) -> bool:
     """Whether numasched's GEMM runs the warp-specialised kernel on ``device`` (Hopper, Gluon,
     ``options.gemm_ws`` not off)."""
-    import torch
-
     from numasched import caps, options
 
-    if device is None:
-        if not torch.cuda.is_available():
-            return False
-        device = torch.device("cuda", torch.cuda.current_device())
-    device = torch.device(device)
-    if not (options.current().gemm_ws and caps.hopper(device)):
+    device = _cuda_device(device)
+    if device is None or not (options.current().gemm_ws and caps.hopper(device)):
         return False
     from numasched.kernels.gemm_ws import HAVE_GLUON
 
@@ -371,12 +376,8 @@ def fused_long_over(device=None) -> float:
     """FUSED_AR2_LONG_OVER for ``device`` (default: the current CUDA device; none: the default)."""
     import torch
 
+    device = _cuda_device(device)
     if device is None:
-        if not torch.cuda.is_available():
-            return FUSED_AR2_LONG_OVER_DEFAULT
-        device = torch.device("cuda", torch.cuda.current_device())
-    device = torch.device(device)
-    if device.type != "cuda":
         return FUSED_AR2_LONG_OVER_DEFAULT
     name = torch.cuda.get_device_name(device).lower()
     return next((v for k, v in FUSED_AR2_LONG_OVER.items() if k in name), FUSED_AR2_LONG_OVER_DEFAULT)

@@ -92,14 +92,14 @@ def plan_matmul_all_reduce(a, b_local, *, world: int, impl: str = "auto", gemm: 
         engine = "torch" if gemm == "auto" else gemm
         est = cost.two_kernel_gemm_s(M, N, Kl, a.dtype, world, engine) + cost.all_reduce_s("nccl", nbytes, world)
         return MatmulAllReducePlan(M, N, Kl, a.dtype, world, engine, "nccl", est * 1e6)
-    fused_s = cost.fused_matmul_all_reduce_s(M, N, Kl, a.dtype, world, num_sms, ws=ws, device=_cuda_or_none(a))
+    fused_s = cost.fused_matmul_all_reduce_s(M, N, Kl, a.dtype, world, num_sms, ws=ws, device=a.device)
     if impl == "fused":
         return MatmulAllReducePlan(M, N, Kl, a.dtype, world, "fused", "fused", fused_s * 1e6)
     if impl == "overlap":
         overlap = _overlap_s(g_s, cost.all_reduce_s("nccl", nbytes, world), OVERLAP_CHUNKS)
         return MatmulAllReducePlan(M, N, Kl, a.dtype, world, "torch" if gemm == "auto" else gemm, "nccl",
                                    overlap * 1e6, OVERLAP_CHUNKS)
-    engine = cost.gemm_engine(M, _cuda_or_none(a)) if gemm == "auto" else gemm
+    engine = cost.gemm_engine(M, a.device) if gemm == "auto" else gemm
     if impl == "auto":
         allowed = ("oneshot", "twoshot", "nccl") if bulk_ok and nccl_ok and world > 1 else ("oneshot", "twoshot")
         ar = cost.choose_all_reduce(nbytes, world, allowed=allowed)
@@ -111,11 +111,6 @@ def plan_matmul_all_reduce(a, b_local, *, world: int, impl: str = "auto", gemm: 
             and M >= cost.FUSED_AR_MIN_ROWS and fused_s < est):
         return MatmulAllReducePlan(M, N, Kl, a.dtype, world, "fused", "fused", fused_s * 1e6)
     return MatmulAllReducePlan(M, N, Kl, a.dtype, world, engine, ar, est * 1e6)
-
-
-def _cuda_or_none(t):
-    """``t``'s device where it is a GPU (a meta or CPU tensor plans for no GPU in particular)."""
-    return t.device if t.device.type == "cuda" else None
 
 
 def _overlap_s(gemm_s: float, ar_s: float, k: int) -> float:

@@ -555,7 +555,7 @@ class NumaschedBackend(Backend):
             return self.gemm
         from numasched.distributed.cost import gemm_engine
 
-        return gemm_engine(x.shape[0], x.device if x.is_cuda else None)
+        return gemm_engine(x.shape[0], x.device)
 
     # impl= names one choice for both distributed calls; each takes the names it knows
     _AR_IMPL = {"bulk": "nccl", "fused": "auto", "overlap": "auto"}
