@@ -338,29 +338,43 @@ def test_spec_from_config_reads_transformers_and_presets():
     s.check_tp(8)
 
 
-def test_numasched_logits_gather_is_a_bounded_all_reduce():
-    """NumaschedBackend gathers the logits' columns with numasched's all-reduce (bounded waits;
-    NCCL's all-gather in a graph replay would wait for a stopped rank forever): rank r's columns
-    at [r * N, ...) of a zeroed buffer, summed over the ranks (one- or two-shot, never NCCL) gives
-    the concatenation; impl="nccl" keeps NCCL's all-gather."""
+def test_numasched_gathers_are_a_bounded_all_reduce(monkeypatch):
+    """NumaschedBackend gathers rows (and through them the logits' columns) with numasched's
+    all-reduce (bounded waits; NCCL's all-gather in a graph replay would wait for a stopped rank
+    forever): rank r's rows at [r * T, ...) of a zeroed buffer, summed over the ranks (one- or
+    two-shot, never NCCL) gives the gathered rows, and all_gather_last the concatenated columns;
+    impl="nccl" keeps NCCL's all-gather."""
     import types
 
     world, T, N = 3, 4, 5
     xs = [torch.randn(T, N, dtype=torch.bfloat16) for _ in range(world)]
-    seen = []
+    backends, bufs = [], []
+
+    def all_reduce(buf, ctx, impl, out, check):
+        assert impl in ("oneshot", "twoshot") and out is buf
+        bufs.append(buf)
+        return out
+
     for r in range(world):
         be = NumaschedBackend.__new__(NumaschedBackend)
         be.tp_size, be.impl, be.check = world, "auto", False
         be.ctx = types.SimpleNamespace(rank=r)
-        be._nd = types.SimpleNamespace(all_reduce=lambda buf, ctx, impl, out, check: seen.append((buf.clone(), impl,
-                                                                                                 out is buf)) or out)
-        be.all_gather_last(xs[r])
-    assert all(impl in ("oneshot", "twoshot") and inplace for _, impl, inplace in seen)
-    total = sum(b.double() for b, _, _ in seen)
-    assert torch.equal(total.to(torch.bfloat16), torch.cat(xs, 1))
+        be._nd = types.SimpleNamespace(all_reduce=all_reduce)
+        backends.append(be)
+    got = [be.all_gather_rows(x) for be, x in zip(backends, xs)]
+    total = sum(b.double() for b in bufs).to(torch.bfloat16)   # what the all-reduce leaves in every buffer
+    for b in bufs:
+        b.copy_(total)
+    assert all(torch.equal(g, torch.cat(xs, 0)) for g in got)
+    # the logits' columns: the gathered rows, rank r's columns at [r * N, ...)
+    be = backends[1]
+    be.all_gather_rows = lambda x: torch.cat(xs, 0)
+    assert torch.equal(be.all_gather_last(xs[1]), torch.cat(xs, 1))
+    del be.all_gather_rows
     be.impl = "nccl"
     called = []
-    be.all_gather_rows = lambda x: called.append(x) or torch.cat([x] * world)
+    monkeypatch.setattr("numasched.models.backends.Backend.all_gather_rows",
+                        lambda self, x: called.append(x) or torch.cat([x] * world))
     assert be.all_gather_last(xs[0]).shape == (T, world * N) and called
 
 

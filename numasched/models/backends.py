@@ -14,7 +14,7 @@ prefill attention  ``numasched.attention_forward(causal)``    ``F.scaled_dot_pro
 decode attention   ``numasched.flash_decode`` on paged K/V    SDPA over a contiguous static cache
 KV cache           :class:`PagedKVCache`                      :class:`ContiguousKVCache`
 logits gather      ``numasched.distributed.all_reduce`` of    ``dist.all_gather_into_tensor``
-                   the zero-padded columns (bounded waits)
+                   the zero-padded rows (bounded waits)
 =================  =========================================  ============================================
 
 Norms, RoPE, SwiGLU, residual adds and the KV writes are shared code (numasched.models.llama).
@@ -332,9 +332,8 @@ class NumaschedBackend(Backend):
     ctx: the ``numasched.distributed`` context (``numasched.distributed.init(...)``), required
         when tp_size > 1 (never used at TP 1). Made with ``bounded_only=True``, every collective
         of a decode step and of the one-step prefill waits bounded, so a rank that stops makes its
-        peers' ``ctx.check()`` raise TimeoutError after a graph replay (the logits gather is
-        numasched's all-reduce; "auto" never picks NCCL or torch symm_mem there). The
-        sequence-parallel prefill's row gathers stay NCCL's.
+        peers' ``ctx.check()`` raise TimeoutError after a graph replay (the row and logits
+        gathers are numasched's all-reduce; "auto" never picks NCCL or torch symm_mem there).
     fuse_all_reduce: True: ``matmul_all_reduce`` (one fused call); False: ``numasched.matmul``
         then ``numasched.distributed.all_reduce`` (for separating the two in timings).
     mapping: the mapping policy passed to every numasched call ("auto").
@@ -680,20 +679,21 @@ class NumaschedBackend(Backend):
     def group_rank(self):
         return 0 if self.tp_size == 1 else self.ctx.rank
 
-    def all_gather_last(self, x):
-        """The logits' column gather over the symmetric heap, so that every collective of a step
-        waits bounded (a rank that stops makes its peers raise TimeoutError naming it, in a graph
-        replay too; NCCL's all-gather would wait for it forever): each rank's columns in a zeroed
-        (T, world * N) buffer, summed by numasched's one- or two-shot all-reduce (adding zeros
+    def all_gather_rows(self, x):
+        """The row gather (the logits' columns through :meth:`all_gather_last`, the
+        sequence-parallel prefill's rows) over the symmetric heap, so that it waits bounded (a
+        rank that stops makes its peers raise TimeoutError naming it, in a graph replay too;
+        NCCL's all-gather would wait for it forever): each rank's rows in a zeroed
+        (world * T, N) buffer, summed by numasched's one- or two-shot all-reduce (adding zeros
         is exact). ``impl`` "bulk" / "nccl": NCCL's all-gather."""
         if self.tp_size == 1 or self.impl in ("bulk", "nccl"):
-            return super().all_gather_last(x)
+            return super().all_gather_rows(x)
         from numasched.distributed import cost
 
-        T, N = x.shape
+        T = x.shape[0]
         r = self.group_rank()
-        buf = x.new_zeros((T, self.tp_size * N))
-        buf[:, r * N:(r + 1) * N] = x
+        buf = x.new_zeros((self.tp_size * T, x.shape[1]))
+        buf[r * T:(r + 1) * T] = x
         impl = cost.choose_all_reduce(buf.numel() * buf.element_size(), self.tp_size, allowed=("oneshot", "twoshot"))
         return self._nd.all_reduce(buf, ctx=self.ctx, impl=impl, out=buf, check=self.check)
 
