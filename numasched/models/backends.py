@@ -695,7 +695,7 @@ class NumaschedBackend(Backend):
         buf = x.new_zeros((self.tp_size * T, x.shape[1]))
         buf[r * T:(r + 1) * T] = x
         impl = cost.choose_all_reduce(buf.numel() * buf.element_size(), self.tp_size, allowed=("oneshot", "twoshot"))
-        return self._nd.all_reduce(buf, ctx=self.ctx, impl=impl, out=buf, check=self.check)
+        return self.all_reduce(buf, out=buf, impl=impl)
 
     def all_gather_linear(self, x, w):
         if self.tp_size == 1:
