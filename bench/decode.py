@@ -109,6 +109,18 @@ def _q_lens(text: str) -> List[int]:
     return list(dict.fromkeys(out))
 
 
+def _fraction(text: str) -> float:
+    """argparse type of --ragged-min: a number in (0, 1] ("0.0625", "1", or "1/16")."""
+    try:
+        num, _, den = text.partition("/")
+        x = float(num) / float(den) if den else float(num)
+    except (ValueError, ZeroDivisionError):
+        x = float("nan")
+    if not 0 < x <= 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1] such as 1/16 or 1, got {text!r}")
+    return x
+
+
 def _decode_mapping(text: str) -> str:
     """argparse type of --mapping: "auto" or a registered decode policy."""
     from numasched import mappings as M
@@ -183,6 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ragged batches instead: lengths uniform in [ctx/16, ctx]; the split kernel, the work-list "
                         "plan, FlashInfer's paged decode and SDPA with a length mask")
     p.add_argument("--seed", type=nonneg_int, default=0, help="--ragged: seed of the length draws")
+    p.add_argument("--ragged-min", type=_fraction, default=RAGGED_MIN, metavar="FRAC",
+                   help="--ragged: the shortest length as a fraction of ctx (default 1/16; 1: every sequence the "
+                        "whole context, the split kernel against the work list on a uniform batch)")
     p.add_argument("--programs", type=positive_int, default=None,
                    help="--ragged: work-list programs (default numasched.decode_worklist.PROGRAMS_PER_SM per SM)")
     p.add_argument("--worklist-config", type=_worklist_config, default=None, metavar="BN/W/ST",
@@ -211,6 +226,8 @@ def _parse(argv):
         build_parser().error("--variant: the single-token grid only (not with --sq or --ragged)")
     if (args.worklist_config is not None or args.programs is not None) and not args.ragged:
         build_parser().error("--worklist-config and --programs go with --ragged")
+    if args.ragged_min != RAGGED_MIN and not args.ragged:
+        build_parser().error("--ragged-min goes with --ragged")
     return args
 
 
@@ -300,11 +317,16 @@ def _dry_points(args, lines: list, what: str = "K+V"):
         yield hname, H, HK, B, L, kv_gb
 
 
-def ragged_lengths(batch: int, ctx: int, seed: int):
-    """The lengths of a ragged point: uniform in [ctx // 16, ctx] (NumPy, seeded per point)."""
+RAGGED_MIN = 1 / 16  # --ragged: the shortest length drawn, as a fraction of ctx
+
+
+def ragged_lengths(batch: int, ctx: int, seed: int, min_frac: float = RAGGED_MIN):
+    """The lengths of a ragged point: uniform in [ctx * min_frac, ctx] (ctx // 16 by default; NumPy,
+    seeded per point). min_frac = 1 gives every sequence the whole context."""
     import numpy as np
 
-    return np.random.default_rng([seed, batch, ctx]).integers(max(1, ctx // 16), ctx + 1, batch)
+    lo = max(1, min(ctx, int(ctx * min_frac)))
+    return np.random.default_rng([seed, batch, ctx]).integers(lo, ctx + 1, batch)
 
 
 def _dry_run_ragged(args, sms: int) -> int:
@@ -318,7 +340,7 @@ def _dry_run_ragged(args, sms: int) -> int:
     P = args.programs or PROGRAMS_PER_SM * sms
     lines = []
     for hname, H, HK, B, L, _ in _dry_points(args, lines, "padded K+V"):
-        lens = ragged_lengths(B, L, args.seed)
+        lens = ragged_lengths(B, L, args.seed, args.ragged_min)
         useful = 2 * int(lens.sum()) * HK * HEAD_DIM * 2
         wl = build_worklist(lens, HK, P, None, group=H // HK)
         lines.append(f"{hname} {H}/{HK} batch {B} ctx {L} d{HEAD_DIM}: lengths {int(lens.min())}..{int(lens.max())} "
@@ -922,7 +944,7 @@ def _bench_ragged(args) -> int:
     for hname, B, L in progress(_points(args), description="decode --ragged"):
         H, HK = HEADS[hname]
         D = HEAD_DIM
-        lens_np = ragged_lengths(B, L, args.seed)
+        lens_np = ragged_lengths(B, L, args.seed, args.ragged_min)
         useful = 2 * int(lens_np.sum()) * HK * D * 2
         nbytes = useful + 2 * B * H * D * 2
         base = dict(heads=f"{H}/{HK}", batch=B, ctx=L, len_min=int(lens_np.min()), len_mean=round(float(lens_np.mean())),
@@ -1036,7 +1058,7 @@ def _bench_ragged(args) -> int:
         _write_partial(rows, args.out_dir, "decode_ragged", RAGGED_COLUMNS)
 
     write_results("decode_ragged", rows, columns=RAGGED_COLUMNS, out_dir=args.out_dir,
-                  meta=dict(stream_read_TBps=read_bw / 1e12, quick=args.quick, graph=graph, seed=args.seed,
+                  meta=dict(stream_read_TBps=read_bw / 1e12, quick=args.quick, graph=graph, seed=args.seed, ragged_min=args.ragged_min,
                             programs=args.programs, flashinfer=(getattr(fi, "__version__", "?") if fi else fi_err)))
     print(f"streaming read: {read_bw / 1e12:.2f} TB/s; ratio_vs_best_peer > 1 means the work list is faster than the "
           f"best peer (CUDA-graph times); frac_stream_read on the useful bytes (valid tokens' K and V, q, out). "
