@@ -338,33 +338,42 @@ def test_spec_from_config_reads_transformers_and_presets():
     s.check_tp(8)
 
 
-def test_numasched_gathers_are_a_bounded_all_reduce(monkeypatch):
+@pytest.mark.parametrize("piece_bytes", [8 << 20, 14, 40])
+def test_numasched_gathers_are_a_bounded_all_reduce(monkeypatch, piece_bytes):
     """NumaschedBackend gathers rows (and through them the logits' columns) with numasched's
     all-reduce (bounded waits; NCCL's all-gather in a graph replay would wait for a stopped rank
     forever): rank r's rows at [r * T, ...) of a zeroed buffer, summed over the ranks (one- or
     two-shot, never NCCL) gives the gathered rows, and all_gather_last the concatenated columns;
-    impl="nccl" keeps NCCL's all-gather."""
+    a buffer over GATHER_PIECE_BYTES is summed in equal pieces (one plan: the same shape each
+    call; the last piece padded with zeros); impl="nccl" keeps NCCL's all-gather."""
     import types
 
+    monkeypatch.setattr("numasched.models.backends.GATHER_PIECE_BYTES", piece_bytes)
     world, T, N = 3, 4, 5
     xs = [torch.randn(T, N, dtype=torch.bfloat16) for _ in range(world)]
-    backends, bufs = [], []
+    backends, parts = [], [[] for _ in range(world)]
 
-    def all_reduce(buf, ctx, impl, out, check):
-        assert impl in ("oneshot", "twoshot") and out is buf
-        bufs.append(buf)
-        return out
+    def all_reduce_of(r):
+        def all_reduce(buf, ctx, impl, out, check):
+            assert impl in ("oneshot", "twoshot") and out is buf and buf.is_contiguous()
+            parts[r].append(buf)
+            return out
+        return all_reduce
 
     for r in range(world):
         be = NumaschedBackend.__new__(NumaschedBackend)
         be.tp_size, be.impl, be.check = world, "auto", False
         be.ctx = types.SimpleNamespace(rank=r)
-        be._nd = types.SimpleNamespace(all_reduce=all_reduce)
+        be._nd = types.SimpleNamespace(all_reduce=all_reduce_of(r))
         backends.append(be)
     got = [be.all_gather_rows(x) for be, x in zip(backends, xs)]
-    total = sum(b.double() for b in bufs).to(torch.bfloat16)   # what the all-reduce leaves in every buffer
-    for b in bufs:
-        b.copy_(total)
+    n, piece = world * T * N, min(world * T * N, piece_bytes // 2)
+    calls = -(-n // piece)
+    assert all(len(p) == calls for p in parts) and {tuple(b.shape) for p in parts for b in p} == {(piece,)}
+    for i in range(calls):   # what the all-reduce leaves in every rank's i-th piece
+        total = sum(p[i].double() for p in parts).to(torch.bfloat16)
+        for p in parts:
+            p[i].copy_(total)
     assert all(torch.equal(g, torch.cat(xs, 0)) for g in got)
     # the logits' columns: the gathered rows, rank r's columns at [r * N, ...)
     be = backends[1]

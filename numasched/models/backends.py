@@ -324,6 +324,11 @@ class TorchBackend(Backend):
         return out.reshape(B, H * D)
 
 
+# NumaschedBackend.all_gather_rows sums a gather of more than this in pieces of it (heap per piece:
+# two to four times its size, once per context)
+GATHER_PIECE_BYTES = 8 << 20
+
+
 class NumaschedBackend(Backend):
     """numasched's kernels: matmul, flash_decode over a paged cache, the fused decode-step kernels
     and the collectives of numasched.distributed at TP > 1; cuBLAS / cuDNN where numasched's
@@ -685,17 +690,27 @@ class NumaschedBackend(Backend):
         rank that stops makes its peers raise TimeoutError naming it, in a graph replay too;
         NCCL's all-gather would wait for it forever): each rank's rows in a zeroed
         (world * T, N) buffer, summed by numasched's one- or two-shot all-reduce (adding zeros
-        is exact). ``impl`` "bulk" / "nccl": NCCL's all-gather."""
+        is exact). A buffer over ``GATHER_PIECE_BYTES`` is summed in pieces of that size (the
+        buffer padded to whole pieces): every piece is the same call, so one plan's heap buffers
+        serve them all, where one call of the whole buffer would need heap for two to four copies
+        of it (a 1100-token prefill's logits: hundreds of MB). ``impl`` "bulk" / "nccl": NCCL's
+        all-gather."""
         if self.tp_size == 1 or self.impl in ("bulk", "nccl"):
             return super().all_gather_rows(x)
         from numasched.distributed import cost
 
-        T = x.shape[0]
+        T, N = x.shape
         r = self.group_rank()
-        buf = x.new_zeros((self.tp_size * T, x.shape[1]))
+        n = self.tp_size * T * N
+        piece = min(n, max(1, GATHER_PIECE_BYTES // x.element_size()))
+        flat = x.new_zeros(-(-n // piece) * piece)
+        buf = flat[:n].view(self.tp_size * T, N)
         buf[r * T:(r + 1) * T] = x
-        impl = cost.choose_all_reduce(buf.numel() * buf.element_size(), self.tp_size, allowed=("oneshot", "twoshot"))
-        return self.all_reduce(buf, out=buf, impl=impl)
+        impl = cost.choose_all_reduce(piece * x.element_size(), self.tp_size, allowed=("oneshot", "twoshot"))
+        for lo in range(0, flat.numel(), piece):
+            part = flat[lo:lo + piece]
+            self.all_reduce(part, out=part, impl=impl)
+        return buf
 
     def all_gather_linear(self, x, w):
         if self.tp_size == 1:
