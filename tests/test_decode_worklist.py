@@ -519,6 +519,24 @@ def test_bench_ragged_dry_run(capsys, tmp_path, monkeypatch):
     assert not any(tmp_path.iterdir())
 
 
+def test_bench_ragged_min_fraction(capsys):
+    """--ragged-min: the shortest drawn length as a fraction of ctx (1: a uniform batch, 1/16 the
+    default); a value outside (0, 1] or without --ragged is refused by name."""
+    from numasched.bench import decode
+
+    assert decode._parse(["--ragged"]).ragged_min == decode.RAGGED_MIN == 1 / 16
+    assert decode._parse(["--ragged", "--ragged-min", "1/4"]).ragged_min == 0.25
+    uniform = decode.ragged_lengths(16, 32768, 0, decode._parse(["--ragged", "--ragged-min", "1"]).ragged_min)
+    assert uniform.tolist() == [32768] * 16
+    quarter = decode.ragged_lengths(512, 4096, 3, 0.25)
+    assert quarter.min() >= 1024 and quarter.max() <= 4096 and quarter.min() < 1100
+    assert decode.ragged_lengths(8, 1, 0, 1 / 16).tolist() == [1] * 8   # ctx 1: never below one token
+    for bad in (["--ragged", "--ragged-min", "0"], ["--ragged", "--ragged-min", "1.5"], ["--ragged-min", "1"]):
+        with pytest.raises(SystemExit):
+            decode._parse(bad)
+        assert "--ragged-min" in capsys.readouterr().err
+
+
 # ----------------------------------------------------------------------------- offline compile (sm_90)
 def test_sm90_compile_no_spills_beyond_the_split_kernel():
     """The work-list kernel compiles for sm_90 (ptxas) at the host's fixed configs and spills no more
