@@ -351,18 +351,19 @@ def test_numasched_gathers_are_a_bounded_all_reduce(monkeypatch, piece_bytes):
     monkeypatch.setattr("numasched.models.backends.GATHER_PIECE_BYTES", piece_bytes)
     world, T, N = 3, 4, 5
     xs = [torch.randn(T, N, dtype=torch.bfloat16) for _ in range(world)]
-    backends, parts = [], [[] for _ in range(world)]
+    backends, parts, checks = [], [[] for _ in range(world)], [[] for _ in range(world)]
 
     def all_reduce_of(r):
         def all_reduce(buf, ctx, impl, out, check):
             assert impl in ("oneshot", "twoshot") and out is buf and buf.is_contiguous()
             parts[r].append(buf)
+            checks[r].append(check)
             return out
         return all_reduce
 
     for r in range(world):
         be = NumaschedBackend.__new__(NumaschedBackend)
-        be.tp_size, be.impl, be.check = world, "auto", False
+        be.tp_size, be.impl, be.check = world, "auto", True
         be.ctx = types.SimpleNamespace(rank=r)
         be._nd = types.SimpleNamespace(all_reduce=all_reduce_of(r))
         backends.append(be)
@@ -370,6 +371,8 @@ def test_numasched_gathers_are_a_bounded_all_reduce(monkeypatch, piece_bytes):
     n, piece = world * T * N, min(world * T * N, piece_bytes // 2)
     calls = -(-n // piece)
     assert all(len(p) == calls for p in parts) and {tuple(b.shape) for p in parts for b in p} == {(piece,)}
+    # the status (a host sync) is read once, after the last piece
+    assert all(c == [False] * (calls - 1) + [True] for c in checks)
     for i in range(calls):   # what the all-reduce leaves in every rank's i-th piece
         total = sum(p[i].double() for p in parts).to(torch.bfloat16)
         for p in parts:

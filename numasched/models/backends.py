@@ -709,7 +709,9 @@ class NumaschedBackend(Backend):
         impl = cost.choose_all_reduce(piece * x.element_size(), self.tp_size, allowed=("oneshot", "twoshot"))
         for lo in range(0, flat.numel(), piece):
             part = flat[lo:lo + piece]
-            self.all_reduce(part, out=part, impl=impl)
+            # the status read (a host sync) once, after the last piece: a wait that gave up in any
+            # piece leaves its bit in the context's status word until then
+            self.all_reduce(part, out=part, impl=impl, check=lo + piece == flat.numel())
         return buf
 
     def all_gather_linear(self, x, w):
