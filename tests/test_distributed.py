@@ -674,6 +674,14 @@ def test_heap_budget():
     with pytest.raises(ValueError, match="symmetric heap too small.*required_heap_bytes"):
         small = nd.SimWorld(2, heap_bytes=3 << 20)
         small.run("all_gather_matmul", [(torch.randn(64, 32), torch.randn(32, 48)) for _ in range(2)])
+    # the error says who holds the heap: every signature's buffers stay (two all-reduce shapes here)
+    held = nd.SimWorld(2, heap_bytes=9 << 20)
+    for rows in (16, 24):
+        held.run("all_reduce", [(torch.randn(rows, 8),) for _ in range(2)])
+    assert held.ranks[0].heap_owners == {"all_reduce": [8 << 20, 4]}
+    with pytest.raises(ValueError, match=r"1\.0 of 9\.0 MiB are left \(held by all_reduce 8\.0 MiB in 4 buffers: each "
+                                         r"call signature keeps its buffers\)"):
+        held.run("all_reduce", [(torch.randn(32, 8),) for _ in range(2)])
     with pytest.raises(ValueError, match="not a multiple of 2"):
         nd.required_heap_bytes([("matmul_reduce_scatter", torch.empty(5, 4, device="meta"),
                                  torch.empty(4, 4, device="meta"))], world=2)

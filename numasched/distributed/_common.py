@@ -312,7 +312,8 @@ def _first_use(ctx, kernel, grid, args, kwargs):
 def _make_plan(ctx, op, call, local_bufs=()) -> Plan:
     """Symmetric-heap buffers of ``op.buffers(call)`` + private ``local_bufs`` (name, shape, dtype),
     and the device epoch word and program counters every fused kernel keeps."""
-    bufs = {name: ctx.alloc(shape, dt, what=f"{op.name} {name} buffer") for name, shape, dt in op.buffers(call)}
+    bufs = {name: ctx.alloc(shape, dt, what=f"{op.name} {name} buffer", owner=op.name)
+            for name, shape, dt in op.buffers(call)}
     for name, shape, dt in local_bufs:
         bufs[name] = torch.empty(shape, dtype=dt, device=ctx.device)
     bufs["epoch"] = torch.zeros(1, dtype=torch.int64, device=ctx.device)   # int64: never wraps

@@ -48,23 +48,39 @@ class _Base:
     def _init_common(self, heap_bytes: int):
         self.heap_bytes = int(heap_bytes)
         self.used_bytes = 0
+        self.heap_owners: Dict[str, list] = {}   # owner -> [bytes, buffers]: who holds the heap (alloc's owner)
         self.plans: Dict[tuple, object] = {}
         self.broken: Optional[str] = None
         self.status = torch.zeros(1, dtype=torch.int32, device=self.device)  # bit r: rank r timed out
 
     # --------------------------------------------------------------- symmetric memory
-    def alloc(self, shape, dtype, *, what: str) -> torch.Tensor:
-        """A zeroed symmetric tensor (same offset on every rank; call in the same order everywhere)."""
+    def alloc(self, shape, dtype, *, what: str, owner: Optional[str] = None) -> torch.Tensor:
+        """A zeroed symmetric tensor (same offset on every rank; call in the same order everywhere).
+        ``owner`` (default ``what``): whom the heap-too-small error counts the bytes against."""
         numel = math.prod(shape)
         nbytes = alloc_bytes(numel * torch.empty((), dtype=dtype).element_size())
         if self.used_bytes + nbytes > self.heap_bytes:
             raise ValueError(
                 f"symmetric heap too small: {what} needs {nbytes / 2**20:.1f} MiB but only "
-                f"{(self.heap_bytes - self.used_bytes) / 2**20:.1f} of {self.heap_bytes / 2**20:.1f} MiB are left; "
-                f"create the context with a larger heap_bytes, or pass workload=[...] to init() "
-                f"(numasched.distributed.required_heap_bytes computes it)")
+                f"{(self.heap_bytes - self.used_bytes) / 2**20:.1f} of {self.heap_bytes / 2**20:.1f} MiB are left"
+                f"{self._heap_holders()}; create the context with a larger heap_bytes, or pass workload=[...] to "
+                f"init() (numasched.distributed.required_heap_bytes computes it)")
         self.used_bytes += nbytes
+        rec = self.heap_owners.setdefault(owner or what, [0, 0])
+        rec[0] += nbytes
+        rec[1] += 1
         return self._alloc(numel, dtype).view(*shape)
+
+    def _heap_holders(self, top: int = 4) -> str:
+        """The heap-too-small error's " (held by OWNER X MiB in N buffers, ...)": the largest owners
+        first (every call signature keeps its buffers for the context's life); "" for an empty heap."""
+        if not self.heap_owners:
+            return ""
+        held = sorted(self.heap_owners.items(), key=lambda kv: -kv[1][0])
+        parts = [f"{name} {b / 2**20:.1f} MiB in {n} buffer{'s' if n > 1 else ''}" for name, (b, n) in held[:top]]
+        if len(held) > top:
+            parts.append(f"{len(held) - top} more")
+        return f" (held by {', '.join(parts)}: each call signature keeps its buffers)"
 
     def heap_offset(self, t: torch.Tensor) -> Optional[int]:
         """The byte offset of ``t``'s first element from this rank's heap base where all of ``t``
