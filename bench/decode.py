@@ -1059,7 +1059,8 @@ def _bench_ragged(args) -> int:
 
     write_results("decode_ragged", rows, columns=RAGGED_COLUMNS, out_dir=args.out_dir,
                   meta=dict(stream_read_TBps=read_bw / 1e12, quick=args.quick, graph=graph, seed=args.seed,
-                            ragged_min=args.ragged_min, programs=args.programs, flashinfer=(getattr(fi, "__version__", "?") if fi else fi_err)))
+                            ragged_min=args.ragged_min, programs=args.programs,
+                            flashinfer=(getattr(fi, "__version__", "?") if fi else fi_err)))
     print(f"streaming read: {read_bw / 1e12:.2f} TB/s; ratio_vs_best_peer > 1 means the work list is faster than the "
           f"best peer (CUDA-graph times); frac_stream_read on the useful bytes (valid tokens' K and V, q, out). "
           f"Targets: ratio >= 1 vs FlashInfer, frac_stream_read >= 0.9 where useful_GB >= 1.")
