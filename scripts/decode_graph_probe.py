@@ -6,6 +6,8 @@ Builds one paged case, prints the plan, then times eager calls and graph replays
 with --calls 1 runs each mode a few times for Nsight Compute (`ncu --graph-profiling node`), so
 the one kernel can be compared launch by launch. Run:
     python scripts/decode_graph_probe.py --heads 64/8 --batch 128 --ctx 32768 --page 16
+(--layout blhd / bhld for the contiguous cache; --static-partials; NUMASCHED_PDL=0 in the environment
+for launches without programmatic dependent launch).
 """
 from __future__ import annotations
 
@@ -24,17 +26,39 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--ctx", type=int, default=32768)
     p.add_argument("--page", type=int, default=16)
+    p.add_argument("--layout", choices=("paged", "blhd", "bhld"), default="paged",
+                   help="paged (pages of --page), contiguous (B, L, HK, D), or the (B, HK, L, D) view")
+    p.add_argument("--static-partials", action="store_true",
+                   help="the graph's split partials from the eager calls' per-stream workspace instead of "
+                        "the graph's pool (is the buffer's placement the difference?)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--profile", action="store_true", help="only a few launches of each mode (under ncu)")
     args = p.parse_args(argv)
     H, HK = (int(v) for v in args.heads.split("/"))
     B, L, D, dev, dt = args.batch, args.ctx, 128, torch.device("cuda"), torch.bfloat16
     torch.manual_seed(0)
-    kp, vp, bt = _paged_cache(B, L, args.page, HK, D, dev, dt)
+    if args.layout == "paged":
+        kp, vp, bt = _paged_cache(B, L, args.page, HK, D, dev, dt)
+    elif args.layout == "blhd":
+        kp = torch.randn(B, L, HK, D, device=dev, dtype=dt)
+        vp = torch.randn(B, L, HK, D, device=dev, dtype=dt)
+        bt = None
+    else:
+        kp = torch.randn(B, HK, L, D, device=dev, dtype=dt).transpose(1, 2)
+        vp = torch.randn(B, HK, L, D, device=dev, dtype=dt).transpose(1, 2)
+        bt = None
     q = torch.randn(B, H, D, device=dev, dtype=dt)
     lens = torch.full((B,), L, dtype=torch.int32, device=dev)
+    if args.static_partials:
+        from numasched.decode import DecodePlan
+
+        orig = DecodePlan._partials
+        DecodePlan._partials = lambda self, stream, capturing: orig(self, stream, False)
     plan = numasched.plan_decode(q, kp, vp, cache_seqlens=lens, block_table=bt)
-    print({k: getattr(plan, k, None) for k in ("num_splits", "combine", "config", "grid", "kernel")}, flush=True)
+    print(args.layout, args.heads, {k: getattr(plan, k, None) for k in ("num_splits", "combine", "config", "grid",
+                                                                        "prefetch_tokens")}, flush=True)
+    # as bench decode times it: without the range checks of cache_seqlens and block_table (a host sync)
+    numasched.options.set(check_data=False)
     fn = lambda: numasched.flash_decode(q, kp, vp, cache_seqlens=lens, block_table=bt)  # noqa: E731
     fn()
     torch.cuda.synchronize()
