@@ -44,9 +44,10 @@ M_GRID = [16, 64, 256, 1024, 4096, 16384]
 ARN_POINTS = [(4096, m) for m in (1, 2, 4, 6, 8, 12, 16, 64)] + [(5120, m) for m in (1, 4, 5, 8, 16)]
 # a point's contenders are captured first, then timed in this many interleaved rounds (flush()).
 # Odd, so that a transient spanning a round boundary (the last contender of round r is timed again
-# first in round r + 1) takes two samples of a contender at most and cannot move its median: with
-# four rounds, one such transient put the grid's first point's two-shot and auto graphs at 24-26 us
-# against 7.3 for the same one-shot kernel (tp2-s50/coll; the rerun: 6.8-8.8 us).
+# first in round r + 1) takes two samples of a contender at most and cannot move its median. With
+# four rounds (the upper of the two middle samples) the grid's first point once read 24-26 us for
+# the two-shot and auto graphs, adjacent in every round, against 7.3 for auto's own one-shot kernel
+# timed beside them (tp2-s50/coll; two reruns: 6.8-8.8 us): such a transient is the likely cause.
 ROUNDS = 5
 # (name, N, K) of Llama-3-8B and Qwen3-32B projections; K or N is divided by the world size
 MAR_SHAPES = [("llama8b.o", 4096, 4096), ("llama8b.down", 4096, 14336), ("qwen32b.o", 5120, 8192),
