@@ -842,10 +842,48 @@ def check_group(ctx, quick):
     return ok.done(f"group of {W} (members {members}) and singletons ok; timeout in a graph named the missing rank")
 
 
+def check_recycle(ctx, quick):
+    """A context with recycle=True and a small heap: many signatures of all_reduce (both
+    shot counts) and of the fused GEMM + all-reduce, each against a float64 reference, so that
+    plans are given back and made again many times; a plan captured in a CUDA graph first is
+    never given back (its replay on fresh data stays right); every rank frees the same plans."""
+    R, W = ctx.rank, ctx.world
+    ok = Expect()
+    g = nd.init(heap_bytes=64 << 20, timeout_s=5.0, recycle=True)
+    xg = randn(1 << 20, seed=71 + R)
+    yg = torch.empty_like(xg)
+    graph = capture_on_every_rank(lambda: nd.all_reduce(xg, ctx=g, out=yg, impl="twoshot", check=False))
+    ok(len(g.pinned) == 1, f"{len(g.pinned)} plans pinned by the capture (expected 1)")
+    b = randn(1024, 2048, seed=72 + R)
+    for i in range(12 if quick else 24):
+        n = (1 << 21) + 4096 * i
+        x = randn(n, seed=100 + 10 * i + R)
+        ref = gather_rows(x.double().reshape(1, -1)).sum(0)
+        impl = ("oneshot", "twoshot")[i % 2]
+        y = nd.all_reduce(x, ctx=g, impl=impl)
+        ok(rel(y, ref) < 1e-2, f"all_reduce {impl} n={n}: relative error {rel(y, ref):.2e}")
+        a = randn(256 + 64 * (i % 6), 1024, seed=200 + i + R)
+        zr = a.double() @ b.double()
+        dist.all_reduce(zr)
+        z = nd.matmul_all_reduce(a, b, ctx=g, impl="fused")
+        ok(rel(z, zr) < 1e-2, f"fused matmul_all_reduce M={a.shape[0]}: relative error {rel(z, zr):.2e}")
+        ok(g.used_bytes <= g.heap_bytes, f"heap over its budget: {g.used_bytes} > {g.heap_bytes}")
+    # the graph's plan survived every round: replay on fresh data
+    xg.copy_(randn(1 << 20, seed=73 + R))
+    ref = gather_rows(xg.double().reshape(1, -1)).sum(0)
+    graph.replay()
+    ok.call("replay check", g.check, "recycle graph replay")
+    ok(rel(yg, ref) < 1e-2, f"the pinned plan's replay: relative error {rel(yg, ref):.2e}")
+    counts = gather_rows(torch.tensor([[g.recycled, g.used_bytes]], device="cuda", dtype=torch.float64))
+    ok(bool((counts == counts[0]).all()), f"ranks recycled differently: {counts.tolist()}")
+    ok(g.recycled > 0, "nothing was given back (the heap never filled)")
+    return ok.done(f"{g.recycled} plans given back and made again, {len(g.plans)} kept, the pinned graph replayed")
+
+
 CHECKS = [check_all_reduce, check_matmul_all_reduce, check_arn_exchanges_agree, check_bulk_and_auto, check_all_reduce_graph, check_group,
           check_all_gather_matmul, check_matmul_reduce_scatter, check_first_calls, check_fused_pointer_path,
           check_flash_decode_distributed, check_back_to_back, check_cuda_graph, check_comm_off, check_header_mismatch,
-          check_heap_too_small, check_timeout, check_timeout_ws]
+          check_heap_too_small, check_recycle, check_timeout, check_timeout_ws]
 
 
 def _agree(group, R, W, ok: bool, broken: bool):

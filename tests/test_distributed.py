@@ -687,6 +687,113 @@ def test_heap_budget():
                                  torch.empty(4, 4, device="meta"))], world=2)
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(1, 6), st.integers(0, 10**6)), max_size=40))
+def test_heap_ranges_first_fit_against_a_byte_map(ops):
+    from numasched.distributed._context import HeapRanges
+
+    unit, size = 4, 4 * 24
+    heap, used, taken = HeapRanges(size), bytearray(size), []
+    for take, n, pick in ops:
+        if take or not taken:
+            nbytes = n * unit
+            off = heap.take(nbytes)
+            runs = [i for i in range(0, size - nbytes + 1, unit) if not any(used[i:i + nbytes])
+                    and (i == 0 or used[i - 1])]   # free runs by where they start, lowest first
+            if off is None:
+                assert not runs
+                continue
+            assert off == runs[0]   # first fit
+            used[off:off + nbytes] = b"\x01" * nbytes
+            taken.append((off, nbytes))
+        else:
+            off, nbytes = taken.pop(pick % len(taken))
+            heap.give(off, nbytes)
+            used[off:off + nbytes] = bytes(nbytes)
+        # the free list is the byte map's free runs, each whole (neighbours merged), by offset
+        free, i = [], 0
+        while i < size:
+            if used[i]:
+                i += 1
+                continue
+            j = i
+            while j < size and not used[j]:
+                j += 1
+            free.append([i, j - i])
+            i = j
+        assert heap.free == free
+        assert heap.largest() == max((n for _, n in free), default=0)
+    if taken:   # giving a range back twice is refused
+        heap.give(*taken[0])
+        with pytest.raises(ValueError, match="already free"):
+            heap.give(*taken[0])
+
+
+def test_recycle_gives_back_the_least_recently_called_plans():
+    sim = nd.SimWorld(2, heap_bytes=9 << 20, recycle=True)
+
+    def call(rows):
+        xs = [torch.randn(rows, 8) for _ in range(2)]   # fresh data: a re-made plan's sums are checked too
+        outs = sim.run("all_reduce", [(x,) for x in xs])
+        ref = xs[0].double() + xs[1].double()
+        for o in outs:
+            assert torch.allclose(o.double(), ref, rtol=1e-5, atol=1e-5)
+
+    def symmetric():
+        for key, plan in sim.ranks[0].plans.items():
+            for name, buf in plan.bufs.items():
+                offs = {r.heap_offset(r.plans[key].bufs[name]) for r in sim.ranks}
+                assert len(offs) == 1, (name, offs)   # the same offset on every rank
+
+    r0 = sim.ranks[0]
+    call(16), call(24)           # two signatures: 8 of 9 MiB
+    assert (r0.used_bytes, r0.recycled) == (8 << 20, 0)
+    call(16)                     # 16 is now the more recent
+    call(32)                     # a third: 24's plan, the least recently called, is given back
+    assert (r0.used_bytes, r0.recycled, len(r0.plans)) == (8 << 20, 1, 2)
+    call(16)                     # still there: nothing given back
+    assert r0.recycled == 1
+    call(24)                     # made again, in 32's place (the least recent now)
+    assert r0.recycled == 2
+    call(16), call(24)
+    assert r0.recycled == 2
+    symmetric()
+    assert all(r.heap_owners == {"all_reduce": [8 << 20, 4]} for r in sim.ranks)
+    # a plan a CUDA graph holds is never given back; when only such plans are left, the error says so
+    for r in sim.ranks:
+        r.pinned.update(r._plan_heap)
+    with pytest.raises(ValueError, match=r"2 plan\(s\) holding 8\.0 MiB are in CUDA graphs and stay"):
+        call(40)
+    call(16), call(24)           # the pinned plans still run
+    assert r0.recycled == 2 and r0.used_bytes == 8 << 20
+
+
+def test_recycle_mixes_ops_and_counts_what_it_could_give_back():
+    W = 2
+    sim = nd.SimWorld(W, heap_bytes=9 << 20, recycle=True)
+    r0 = sim.ranks[0]
+    for step in range(3):
+        for m in (16, 32):   # all_gather_matmul (fused: flags + gather, 2 MiB each) between all-reduces
+            A = [torch.randn(m, 16) for _ in range(W)]
+            B = torch.randn(16, 16)
+            outs = sim.run("all_gather_matmul", [(A[r], B) for r in range(W)], impl="fused")
+            ref = torch.cat(A).double() @ B.double()
+            assert all(torch.allclose(o.double(), ref, rtol=1e-4, atol=1e-4) for o in outs)
+            x = [torch.randn(m + 8, 4) for _ in range(W)]
+            outs = sim.run("all_reduce", [(t,) for t in x])
+            assert all(torch.allclose(o.double(), x[0].double() + x[1].double(), atol=1e-5) for o in outs)
+        assert r0.used_bytes <= r0.heap_bytes
+    assert r0.recycled > 0
+    # heap_room counts what recycle could give back (the fused matmul_all_reduce's "auto" check)
+    assert r0.heap_room([8 << 20]) and not r0.heap_room([16 << 20])
+    fixed = nd.SimWorld(W, heap_bytes=9 << 20)
+    fixed.run("all_reduce", [(torch.randn(16, 8),) for _ in range(W)])
+    assert fixed.ranks[0].heap_room([4 << 20]) and not fixed.ranks[0].heap_room([8 << 20])
+    with pytest.raises(ValueError, match=r"or init\(recycle=True\) to let plans"):
+        for rows in (24, 32):
+            fixed.run("all_reduce", [(torch.randn(rows, 8),) for _ in range(W)])
+
+
 def test_argument_checks_name_the_argument():
     ctx = nd.SimWorld(1).ranks[0]
     a, b = torch.randn(8, 16), torch.randn(16, 8)

@@ -51,7 +51,8 @@ __all__ = ["init", "DistContext", "SimWorld", "all_reduce", "all_reduce_add_rmsn
 
 
 def init(heap_bytes: Optional[int] = None, *, workload=None, timeout_s: float = 30.0,
-         allocator: Optional[str] = None, group=None, bounded_only: bool = False) -> DistContext:
+         allocator: Optional[str] = None, group=None, bounded_only: bool = False,
+         recycle: bool = False) -> DistContext:
     """Start Iris on this rank (after ``torch.distributed.init_process_group("nccl")``).
 
     heap_bytes: symmetric heap per GPU. Default: what ``workload`` needs (a list of
@@ -72,6 +73,14 @@ def init(heap_bytes: Optional[int] = None, *, workload=None, timeout_s: float = 
         rank. Off by default: auto picks symm_mem or NCCL where it is fastest (all_gather_matmul
         at M >= 1024 on two H200s, bench/results/collectives-2xh200-2026-11-23.csv; NCCL's
         all-reduce from 8 MB on four ranks). Names a call asks for (``impl="nccl"``) still run.
+    recycle: when a new call signature's buffers do not fit, give back the buffers of the least
+        recently called plans that no CUDA graph was captured with (every rank waits for all its
+        work and for the others once, then frees the same plans; a plan given back is made again
+        on its next call) instead of raising. For servers whose shapes keep changing (prefill
+        lengths): without it every signature keeps its buffers for the context's life. The heap is
+        then one slab that numasched places buffers in (Iris reserves twice ``heap_bytes`` for its
+        rounding, as for ``group``). A plan used in a capture is never given back
+        (``ctx.pinned``); ``ctx.recycled`` counts the plans given back.
     Raises RuntimeError when the GPUs lack peer access (torch.cuda.can_device_access_peer) or the
     ranks span hosts.
     """
@@ -89,5 +98,5 @@ def init(heap_bytes: Optional[int] = None, *, workload=None, timeout_s: float = 
     if int(heap_bytes) < alloc_bytes(1):
         raise ValueError(f"heap_bytes must be at least {alloc_bytes(1)} (one allocation), got {heap_bytes}")
     return DistContext(int(heap_bytes), timeout_s=timeout_s, allocator=allocator, group=group,
-                       bounded_only=bounded_only)
+                       bounded_only=bounded_only, recycle=recycle)
 

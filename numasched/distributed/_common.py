@@ -415,7 +415,8 @@ def run(ctx, op: str, *args, check: bool = True, **kwargs):
     plan = ctx.plans.get(call.key)
     if plan is None:
         check_headers(op, ctx.exchange(call.header) if hasattr(ctx, "exchange") else [call.header])
-        plan = ctx.plans[call.key] = spec.plan(ctx, call)
+        with ctx.making_plan(call.key):
+            plan = ctx.plans[call.key] = spec.plan(ctx, call)
         # The new buffers and flags were zero-filled with a zero_() queued on each rank's stream
         # (iris.zeros), not at once. A peer may push into our buffers and set our flags as soon as
         # its own first call starts, so no rank may start before every rank's fill has run: a push
@@ -424,6 +425,8 @@ def run(ctx, op: str, *args, check: bool = True, **kwargs):
         # protocol.simulate(..., init_barrier=False) shows the failure. Once per signature.
         if hasattr(ctx, "barrier"):
             ctx.barrier()
+    if ctx.recycle:   # recency, and whether a CUDA graph holds the plan (never given back then)
+        ctx.used(call.key, ctx.device.type == "cuda" and torch.cuda.is_current_stream_capturing())
     out = spec.launch(ctx, plan, call, phase="full")
     if check and not (ctx.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
         ctx.check(op)

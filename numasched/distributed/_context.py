@@ -11,6 +11,8 @@ The op modules depend on this module (heap budget, contexts), never the reverse.
 """
 from __future__ import annotations
 
+import bisect
+import contextlib
 import math
 import os
 import socket
@@ -45,13 +47,25 @@ class _Base:
         """The kernels' wait bound: nanoseconds with ``wait_clock``, else polls."""
         return int(self.timeout_s * 1e9) if self.wait_clock else int(self.max_spins)
 
-    def _init_common(self, heap_bytes: int):
+    def _init_common(self, heap_bytes: int, *, ranges: bool = False, recycle: bool = False):
+        """``ranges``: numasched places the buffers in a slab of its own (a group context, the
+        simulation, ``recycle``), so it knows where each lies and can give plans' buffers back."""
         self.heap_bytes = int(heap_bytes)
         self.used_bytes = 0
         self.heap_owners: Dict[str, list] = {}   # owner -> [bytes, buffers]: who holds the heap (alloc's owner)
         self.plans: Dict[tuple, object] = {}
         self.broken: Optional[str] = None
         self.status = torch.zeros(1, dtype=torch.int32, device=self.device)  # bit r: rank r timed out
+        if recycle and not ranges:
+            raise ValueError("recycle needs a context that places its buffers itself (ranges=True)")
+        self.recycle = bool(recycle)
+        self._ranges = HeapRanges(self.heap_bytes) if ranges else None
+        self._plan_heap: Dict[tuple, list] = {}   # plan key -> [(offset, bytes, owner)] of its heap buffers
+        self._building: Optional[tuple] = None     # the key whose plan is being made (see making_plan)
+        self._last_use: Dict[tuple, int] = {}      # plan key -> the call count at its latest call
+        self._calls = 0
+        self.pinned: set = set()                  # keys of plans a CUDA graph was captured with
+        self.recycled = 0                         # plans whose buffers were given back (recycle)
 
     # --------------------------------------------------------------- symmetric memory
     def alloc(self, shape, dtype, *, what: str, owner: Optional[str] = None) -> torch.Tensor:
@@ -59,17 +73,118 @@ class _Base:
         ``owner`` (default ``what``): whom the heap-too-small error counts the bytes against."""
         numel = math.prod(shape)
         nbytes = alloc_bytes(numel * torch.empty((), dtype=dtype).element_size())
-        if self.used_bytes + nbytes > self.heap_bytes:
+        if not self._fits(nbytes) and not self._recycle_for(nbytes):
+            left = self.heap_bytes - self.used_bytes
+            frag = (f" ({self._ranges.largest() / 2**20:.1f} MiB in one piece)"
+                    if self._ranges is not None and self._ranges.largest() < min(left, nbytes) else "")
+            advice = ("" if self.recycle else ", or init(recycle=True) to let plans that no CUDA graph holds give "
+                      "their buffers back")
             raise ValueError(
                 f"symmetric heap too small: {what} needs {nbytes / 2**20:.1f} MiB but only "
-                f"{(self.heap_bytes - self.used_bytes) / 2**20:.1f} of {self.heap_bytes / 2**20:.1f} MiB are left"
-                f"{self._heap_holders()}; create the context with a larger heap_bytes, or pass workload=[...] to "
-                f"init() (numasched.distributed.required_heap_bytes computes it)")
+                f"{left / 2**20:.1f} of {self.heap_bytes / 2**20:.1f} MiB are left{frag}"
+                f"{self._heap_holders()}{self._pinned_note()}; create the context with a larger heap_bytes, or pass "
+                f"workload=[...] to init() (numasched.distributed.required_heap_bytes computes it){advice}")
+        off = self._ranges.take(nbytes) if self._ranges is not None else None
         self.used_bytes += nbytes
         rec = self.heap_owners.setdefault(owner or what, [0, 0])
         rec[0] += nbytes
         rec[1] += 1
-        return self._alloc(numel, dtype).view(*shape)
+        if self._building is not None:
+            self._plan_heap.setdefault(self._building, []).append((off, nbytes, owner or what))
+        return self._alloc(numel, dtype, off).view(*shape)
+
+    # --------------------------------------------------------------- plans' buffers (recycle)
+    def _fits(self, nbytes: int) -> bool:
+        return (self.used_bytes + nbytes <= self.heap_bytes
+                and (self._ranges is None or self._ranges.largest() >= nbytes))
+
+    @contextlib.contextmanager
+    def making_plan(self, key):
+        """Buffers allocated inside belong to the plan of ``key`` (given back with it, recycle)."""
+        self._building = key
+        try:
+            yield
+        except BaseException:
+            if self._ranges is not None:   # a plan that failed half way keeps nothing (a slab: we free)
+                self._release(key)
+            raise
+        finally:
+            self._building = None
+
+    def used(self, key, capturing: bool) -> None:
+        """A call of the plan of ``key``: its recency, and whether a CUDA graph now holds it."""
+        self._calls += 1
+        self._last_use[key] = self._calls
+        if capturing:
+            self.pinned.add(key)
+
+    def recyclable_bytes(self) -> int:
+        """Heap bytes held by plans that recycle may give back (0 without recycle)."""
+        if not self.recycle:
+            return 0
+        return sum(b for k, bufs in self._plan_heap.items() if k not in self.pinned and k != self._building
+                   for _, b, _ in bufs)
+
+    def heap_room(self, sizes) -> bool:
+        """Whether buffers of these allocation sizes (alloc_bytes) would fit, counting what recycle
+        could give back; the same verdict on every rank (their heaps are used alike)."""
+        sizes = list(sizes)
+        if self.used_bytes - self.recyclable_bytes() + sum(sizes) > self.heap_bytes:
+            return False
+        if self._ranges is None:
+            return True
+        ranges = self._ranges.copy()
+        if self.recycle:
+            for k, bufs in self._plan_heap.items():
+                if k not in self.pinned and k != self._building:
+                    for off, b, _ in bufs:
+                        ranges.give(off, b)
+        return all(ranges.take(b) is not None for b in sorted(sizes, reverse=True))
+
+    def _recycle_for(self, nbytes: int) -> bool:
+        """Give back the least recently called plans that no CUDA graph holds until ``nbytes``
+        fit. Every rank runs it at the same allocation (the same calls made in the same order fill
+        the heap alike), waits for all its work, then for every rank (no kernel of a plan given back
+        still runs anywhere), and frees the same plans: the offsets stay symmetric."""
+        if not self.recycle:
+            return False
+        victims = sorted((k for k in self._plan_heap if k not in self.pinned and k != self._building),
+                         key=lambda k: self._last_use.get(k, 0))
+        if not victims:
+            return False
+        if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return False   # no synchronisation inside a capture: the caller gets the error
+        self._quiesce()
+        for k in victims:
+            self._release(k)
+            self.recycled += 1
+            if self._fits(nbytes):
+                return True
+        return False
+
+    def _release(self, key) -> None:
+        """Give the plan of ``key``'s heap buffers back and forget the plan (made again on its next call)."""
+        for off, nbytes, owner in self._plan_heap.pop(key, ()):
+            if off is not None:
+                self._ranges.give(off, nbytes)
+            self.used_bytes -= nbytes
+            rec = self.heap_owners[owner]
+            rec[0] -= nbytes
+            rec[1] -= 1
+            if rec[1] == 0:
+                del self.heap_owners[owner]
+        self.plans.pop(key, None)
+        self._last_use.pop(key, None)
+
+    def _quiesce(self) -> None:
+        """Before buffers are reused: every rank's earlier work done (a real context: device sync
+        and a barrier of the group; the simulation runs one call at a time)."""
+
+    def _pinned_note(self) -> str:
+        if not self.recycle or not self.pinned:
+            return ""
+        held = sum(b for k in self.pinned for _, b, _ in self._plan_heap.get(k, ()))
+        return f"; {len(self.pinned)} plan(s) holding {held / 2**20:.1f} MiB are in CUDA graphs and stay"
 
     def _heap_holders(self, top: int = 4) -> str:
         """The heap-too-small error's " (held by OWNER X MiB in N buffers, ...)": the largest owners
@@ -80,7 +195,9 @@ class _Base:
         parts = [f"{name} {b / 2**20:.1f} MiB in {n} buffer{'s' if n > 1 else ''}" for name, (b, n) in held[:top]]
         if len(held) > top:
             parts.append(f"{len(held) - top} more")
-        return f" (held by {', '.join(parts)}: each call signature keeps its buffers)"
+        keeps = ("plans in CUDA graphs keep theirs, recycle gave back the others it could" if self.recycle
+                 else "each call signature keeps its buffers")
+        return f" (held by {', '.join(parts)}: {keeps})"
 
     def heap_offset(self, t: torch.Tensor) -> Optional[int]:
         """The byte offset of ``t``'s first element from this rank's heap base where all of ``t``
@@ -152,7 +269,7 @@ class DistContext(_Base):
     """
 
     def __init__(self, heap_bytes: int, *, timeout_s: float = 30.0, allocator: Optional[str] = None, group=None,
-                 bounded_only: bool = False):
+                 bounded_only: bool = False, recycle: bool = False):
         import torch.distributed as dist
 
         if not dist.is_available() or not dist.is_initialized():
@@ -202,8 +319,10 @@ class DistContext(_Base):
             import iris
         except Exception as e:  # OSError without a CUDA runtime, ImportError without the package
             raise ImportError(f"numasched.distributed needs Iris: pip install tokenspeed-iris ({e})") from e
-        # a group context sub-allocates one slab: the Iris heap gets room for its power-of-two rounding
-        self._iris_bytes = int(heap_bytes) * (1 if group is None else 2)
+        # a group context, and one that recycles plans' buffers, sub-allocate one slab (numasched
+        # places every buffer): the Iris heap gets room for the slab's power-of-two rounding
+        slab = group is not None or recycle
+        self._iris_bytes = int(heap_bytes) * (2 if slab else 1)
         self.iris = iris.iris(self._iris_bytes, allocator_type=allocator)
         self.allocator = allocator
         self.device = torch.device(f"cuda:{dev}")
@@ -211,8 +330,8 @@ class DistContext(_Base):
         self._slab = None
         if group is not None:
             bases = bases[torch.tensor(members, device=bases.device)].contiguous()
+        if slab:
             self._slab = self.iris.zeros(int(heap_bytes), dtype=torch.uint8)
-            self._slab_used = 0
         self.heap_bases = bases
         self.heap_bases_host = [int(x) for x in self.heap_bases.cpu().tolist()]   # for copy-engine pushes
         try:   # agreed across ranks: a rank that raised alone would leave the others in the barrier below
@@ -227,7 +346,7 @@ class DistContext(_Base):
             raise RuntimeError(f"rank {bad[0][0]}: {bad[0][1]}")
         self.side_stream = None
         self.num_sms = torch.cuda.get_device_properties(dev).multi_processor_count
-        self._init_common(heap_bytes)
+        self._init_common(heap_bytes, ranges=slab, recycle=recycle)
         self.timeout_s = float(timeout_s)
         self.bounded_only = bool(bounded_only)   # impl="auto" never picks torch's symm_mem or NCCL (init's doc)
         self.max_spins = self._spins_for(self.timeout_s)
@@ -242,16 +361,18 @@ class DistContext(_Base):
     def _heap_span(self) -> int:
         return self._iris_bytes
 
-    def _alloc(self, numel, dtype):
+    def _alloc(self, numel, dtype, off):
         if self._slab is None:
             return self.iris.zeros(numel, dtype=dtype)
-        # group context: the same offsets on every member, because members make the same calls
+        # a slab (group context, recycle): the same offsets on every member, because members make
+        # the same calls (HeapRanges is deterministic)
         nbytes = numel * torch.empty((), dtype=dtype).element_size()
-        off = self._slab_used
-        self._slab_used += alloc_bytes(nbytes)
         buf = self._slab[off:off + nbytes]
         buf.zero_()
         return buf.view(dtype)
+
+    def _quiesce(self) -> None:
+        self.barrier()
 
     def exchange(self, obj) -> list:
         """Every member's ``obj`` (host collective; used once per new op signature)."""
@@ -280,6 +401,49 @@ class DistContext(_Base):
 
 
 HEAP_ALIGN = 256
+
+
+class HeapRanges:
+    """Where a slab's buffers lie: free ranges, first fit, neighbours merged when given back.
+    Deterministic, so ranks that allocate and free alike get the same offsets (the heap stays
+    symmetric). Without frees it hands out offsets in order, as a bump allocator would."""
+
+    def __init__(self, size: int):
+        self.size = int(size)
+        self.free: List[list] = [[0, self.size]] if size > 0 else []   # [offset, bytes], by offset
+
+    def copy(self) -> "HeapRanges":
+        other = HeapRanges(0)
+        other.size, other.free = self.size, [list(r) for r in self.free]
+        return other
+
+    def largest(self) -> int:
+        return max((n for _, n in self.free), default=0)
+
+    def take(self, nbytes: int) -> Optional[int]:
+        """The offset of ``nbytes`` in the first free range that holds them, or None."""
+        for i, (off, n) in enumerate(self.free):
+            if n >= nbytes:
+                if n == nbytes:
+                    del self.free[i]
+                else:
+                    self.free[i] = [off + nbytes, n - nbytes]
+                return off
+        return None
+
+    def give(self, off: int, nbytes: int) -> None:
+        """Free [off, off + nbytes) (it must be taken and lie in the slab)."""
+        if off < 0 or nbytes <= 0 or off + nbytes > self.size:
+            raise ValueError(f"range [{off}, {off + nbytes}) is outside the slab of {self.size} bytes")
+        i = bisect.bisect_left(self.free, [off, 0])
+        if (i > 0 and self.free[i - 1][0] + self.free[i - 1][1] > off) or (
+                i < len(self.free) and off + nbytes > self.free[i][0]):
+            raise ValueError(f"range [{off}, {off + nbytes}) is already free")
+        self.free.insert(i, [off, nbytes])
+        if i + 1 < len(self.free) and off + nbytes == self.free[i + 1][0]:   # merge with the next
+            self.free[i][1] += self.free.pop(i + 1)[1]
+        if i > 0 and self.free[i - 1][0] + self.free[i - 1][1] == off:       # and with the previous
+            self.free[i - 1][1] += self.free.pop(i)[1]
 
 
 def check_heap_bases(bases) -> None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ._common import OPS, check_headers
-from ._context import HEAP_ALIGN, MAX_WORLD, _Base, alloc_bytes, check_heap_bases
+from ._context import HEAP_ALIGN, MAX_WORLD, _Base, check_heap_bases
 
 
 @dataclass
@@ -17,13 +17,12 @@ class _SimRank(_Base):
     world_: "SimWorld"
     rank: int
     heap: torch.Tensor = field(repr=False)
-    bump: int = 0
 
     def __post_init__(self):
         w = self.world_
         self.world, self.device, self.num_sms = w.world, w.device, w.num_sms
         self.max_spins, self.timeout_s = w.max_spins, 0.0
-        self._init_common(self.heap.numel())
+        self._init_common(self.heap.numel(), ranges=True, recycle=w.recycle)
 
     @property
     def heap_bases(self):
@@ -35,10 +34,8 @@ class _SimRank(_Base):
     def _heap_span(self) -> int:
         return self.heap.numel()
 
-    def _alloc(self, numel, dtype):
+    def _alloc(self, numel, dtype, off):
         nbytes = numel * torch.empty((), dtype=dtype).element_size()
-        off = self.bump
-        self.bump += alloc_bytes(nbytes)
         buf = self.heap[off:off + nbytes]
         buf.zero_()
         return buf.view(dtype)
@@ -49,14 +46,14 @@ class SimWorld:
 
     ``run(op, per_rank_args)`` plays one collective call: header check across ranks, buffers on
     first use, then each rank's producer phase before any rank's consumer phase. The kernels,
-    flags, epochs and remote stores are the real ones.
+    flags, epochs and remote stores are the real ones. ``recycle``: as ``init(recycle=True)``.
     """
 
     def __init__(self, world: int, *, heap_bytes: int = 64 << 20, num_sms: int = 3, max_spins: int = 200,
-                 device="cpu", _heaps=None):
+                 device="cpu", recycle: bool = False, _heaps=None):
         if not 1 <= world <= MAX_WORLD:
             raise ValueError(f"world must be in 1..{MAX_WORLD}, got {world}")
-        self.world, self.num_sms, self.max_spins = world, num_sms, max_spins
+        self.world, self.num_sms, self.max_spins, self.recycle = world, num_sms, max_spins, bool(recycle)
         self.device = torch.device(device)
         if _heaps is None:
             # heaps at 256-byte aligned addresses, as Iris's are (see check_heap_bases)
@@ -83,7 +80,7 @@ class SimWorld:
                 rk = self.ranks[r]
                 heaps.append(rk.alloc((heap_bytes,), torch.uint8, what=f"the heap of group {g}")[:heap_bytes])
             worlds.append(SimWorld(len(g), num_sms=self.num_sms, max_spins=self.max_spins, device=self.device,
-                                   _heaps=heaps))
+                                   recycle=self.recycle, _heaps=heaps))
         return worlds
 
     def run(self, op: str, per_rank_args: list, *, skip_ranks=(), **kwargs) -> list:
@@ -104,8 +101,12 @@ class SimWorld:
         if any(c.key != key for c in calls) or key not in self.ranks[0].plans:
             check_headers(op, [c.header for c in calls])
             for ctx, c in zip(self.ranks, calls):
-                ctx.plans[c.key] = spec.plan(ctx, c)
+                with ctx.making_plan(c.key):
+                    ctx.plans[c.key] = spec.plan(ctx, c)
         live = [ctx for ctx in self.ranks if ctx.rank not in skip_ranks]
+        for ctx in live:
+            if ctx.recycle:
+                ctx.used(calls[ctx.rank].key, False)
         results = [None] * self.world
         phases = spec.sim_phases
         for ph in phases:

@@ -232,19 +232,25 @@ def _fused_tma_layout(a, b) -> bool:
 
 def _fused_fits(ctx, a, b) -> bool:
     """Whether the fused kernel's buffers for this signature fit in what is left of the symmetric
-    heap (a new signature allocates them and the heap never frees): "auto" does not pick it where
-    it would exhaust the heap that the all-reduce alone fits in. The same on every rank (the heap
-    is used in the same order everywhere)."""
-    return ctx.used_bytes + fused_heap_bytes(ctx, a, b) <= ctx.heap_bytes
+    heap (counting what ``recycle`` could give back; without it a new signature's buffers stay):
+    "auto" does not pick it where it would exhaust the heap that the all-reduce alone fits in.
+    The same on every rank (the heap is used in the same order everywhere)."""
+    return ctx.heap_room(fused_heap_sizes(ctx, a, b))
+
+
+def fused_heap_sizes(ctx, a, b_local) -> list:
+    """The heap allocations (bytes, as ``alloc_bytes`` rounds them) of the fused kernel's buffers
+    for a call like ``(a, b_local)`` (one plan)."""
+    from ._common import _numel, alloc_bytes
+
+    return [alloc_bytes(_numel(shape) * torch.empty((), dtype=dt).element_size())
+            for _, shape, dt in MatmulAllReduceFused.buffers(MatmulAllReduceFused.describe(a, b_local,
+                                                                                         world=ctx.world))]
 
 
 def fused_heap_bytes(ctx, a, b_local) -> int:
     """Heap bytes the fused kernel's buffers take for a call like ``(a, b_local)`` (one plan)."""
-    from ._common import _numel, alloc_bytes
-
-    return sum(alloc_bytes(_numel(shape) * torch.empty((), dtype=dt).element_size())
-               for _, shape, dt in MatmulAllReduceFused.buffers(MatmulAllReduceFused.describe(a, b_local,
-                                                                                            world=ctx.world)))
+    return sum(fused_heap_sizes(ctx, a, b_local))
 
 
 _SIDE: dict = {}

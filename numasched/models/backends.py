@@ -628,7 +628,7 @@ class NumaschedBackend(Backend):
         if not fuse:
             return h
         from numasched.distributed._common import alloc_bytes
-        from numasched.distributed.matmul_all_reduce import fused_heap_bytes
+        from numasched.distributed.matmul_all_reduce import fused_heap_sizes
 
         buf = self._stream
         if buf is None or buf.dtype != h.dtype or buf.numel() < h.numel():
@@ -636,9 +636,9 @@ class NumaschedBackend(Backend):
             numel = (1 << (h.shape[0] - 1).bit_length()) * h.shape[1]
             # room for the stream and for the fused calls' own buffers (counted as if none were
             # made yet: their plans chose the fused kernel before the stream took any heap)
-            need = alloc_bytes(numel * h.element_size()) + sum(fused_heap_bytes(self.ctx, x, w.t())
-                                                               for x, w in zip(xs, row_parallel_weights))
-            if self.ctx.used_bytes + need > self.ctx.heap_bytes:
+            need = [alloc_bytes(numel * h.element_size())] + [
+                n for x, w in zip(xs, row_parallel_weights) for n in fused_heap_sizes(self.ctx, x, w.t())]
+            if not self.ctx.heap_room(need):
                 return h   # no room (the same verdict on both ranks: their heaps are used alike)
             buf = self._stream = self.ctx.alloc((numel,), h.dtype, what="the residual stream")
         return buf[:h.numel()].view(h.shape).copy_(h)
