@@ -789,6 +789,44 @@ def _long_prefill_errors(model, be, ids, want) -> tuple:
     return rel(eager, want), rel(out, want)
 
 
+def _recycling_prefills(rank: int, world: int) -> int:
+    """A server's prompts of changing lengths on a heap too small to keep every shape's plans:
+    the fused backend over ``nd.init(recycle=True)`` (256 MiB; one 1100-token prefill takes about
+    170 MiB of it) prefills six lengths, each against the plain backend's logits (its own 1 GiB
+    context), while a decode graph captured first (its plans pinned) keeps stepping right."""
+    import numasched.distributed as nd
+
+    hf = _gpu_case("llama")
+    model = TPDecoder.from_hf(hf, tp_rank=rank, tp_size=world)
+    plain = NumaschedBackend(world, nd.init(heap_bytes=1 << 30))
+    small = nd.init(heap_bytes=256 << 20, timeout_s=10.0, recycle=True)
+    fused = NumaschedBackend(world, small, impl="fused")
+    ids = torch.randint(0, hf.config.vocab_size, (2, 40), device="cuda", generator=torch.Generator("cuda").manual_seed(2))
+    runners = []
+    for be in (plain, NumaschedBackend(world, small)):   # the decode graph's plans in the small heap too
+        cache = be.new_cache(model, batch=2, capacity=64, page_size=16)
+        model.prefill(ids[:, :36], cache, be)
+        runners.append(DecodeRunner(model, be, cache))
+    failed, errs = 0, []
+    pinned = len(small.pinned)
+    for i, T in enumerate((300, 517, 1100, 900, 1100, 333)):
+        x = torch.randint(0, hf.config.vocab_size, (1, T), device="cuda", generator=torch.Generator("cuda").manual_seed(3 + i))
+        want = model.prefill(x, plain.new_cache(model, batch=1, capacity=T + 4, page_size=16), plain)
+        got = model.prefill(x, fused.new_cache(model, batch=1, capacity=T + 4, page_size=16), fused)
+        errs.append(rel(got, want))
+        if i in (2, 5):   # a decode step of the graph captured before (its plans kept)
+            t = 36 + (i == 5)
+            step = [r(ids[:, t]).clone() for r in runners]
+            errs.append(rel(step[1], step[0]))
+    ok = all(e < 2e-2 for e in errs) and small.recycled > 0 and len(small.pinned) == pinned > 0
+    failed += not ok
+    if rank == 0:
+        print(f"{'PASS' if ok else 'FAIL'} tp {world} llama numasched fused on a 256 MiB recycling heap: prefills of "
+              f"300-1100 tokens and two decode-graph steps, worst rel err {max(errs):.2e} against the plain backend; "
+              f"{small.recycled} plans given back, {len(small.pinned)} pinned by the decode graph", flush=True)
+    return failed
+
+
 def _model_graph_timeout(rank: int, world: int) -> int:
     """No hang inside the model's graph: on a context of its own (timeout_s 5; broken on
     purpose, the others untouched), the decode step's graph is replayed once by every rank, then
@@ -839,12 +877,13 @@ def _model_graph_timeout(rank: int, world: int) -> int:
     return int(bool(why))
 
 
-def _tp_gpu_main(stop_only: bool = False) -> int:
+def _tp_gpu_main(stop_only: bool = False, recycle_only: bool = False) -> int:
     """Under torchrun: each rank shards transformers' model (2 layers of the 8B presets, bf16);
     both backends' TP logits (prefill + teacher-forced decode, eager and CUDA graph) against
     transformers on rank 0, then a rank that stops inside the decode graph (``stop_only``, the
-    command line's ``--stop-only``: that check alone). Prints PASS/FAIL lines, returns the exit
-    code."""
+    command line's ``--stop-only``: that check alone), and prefills of changing lengths on a
+    recycling heap (``--recycle-only``: that check alone). Prints PASS/FAIL lines, returns the
+    exit code."""
     import torch.distributed as dist
 
     local = int(os.environ.get("LOCAL_RANK", 0))
@@ -852,8 +891,8 @@ def _tp_gpu_main(stop_only: bool = False) -> int:
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))
     rank, world = dist.get_rank(), dist.get_world_size()
-    if stop_only:
-        failed = _model_graph_timeout(rank, world) if world > 1 else 0
+    if stop_only or recycle_only:
+        failed = ((_model_graph_timeout if stop_only else _recycling_prefills)(rank, world)) if world > 1 else 0
         if rank == 0:
             print("ALL PASSED" if not failed else "1 FAILED", flush=True)
         sys.stdout.flush()
@@ -934,6 +973,7 @@ def _tp_gpu_main(stop_only: bool = False) -> int:
             del folded
         del hf
     if "numasched" in backends and world > 1:
+        failed += _recycling_prefills(rank, world)
         failed += _model_graph_timeout(rank, world)
     flag = torch.tensor([failed], device="cuda")
     dist.all_reduce(flag)
@@ -955,7 +995,7 @@ def test_tp2_on_gpus_matches_transformers():
 
 
 if __name__ == "__main__":
-    sys.exit(_tp_gpu_main(stop_only="--stop-only" in sys.argv[1:]))
+    sys.exit(_tp_gpu_main(stop_only="--stop-only" in sys.argv[1:], recycle_only="--recycle-only" in sys.argv[1:]))
 
 
 def test_bench_e2e_refuses_two_prefill_modes(capsys):
