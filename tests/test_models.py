@@ -789,6 +789,13 @@ def _long_prefill_errors(model, be, ids, want) -> tuple:
     return rel(eager, want), rel(out, want)
 
 
+def _verdict(rank: int, ok: bool, text: str) -> int:
+    """Rank 0 prints "PASS text" or "FAIL text"; the count of failures (0 or 1) for the caller's sum."""
+    if rank == 0:
+        print(f"{'PASS' if ok else 'FAIL'} {text}", flush=True)
+    return int(not ok)
+
+
 def _recycling_prefills(rank: int, world: int) -> int:
     """A server's prompts of changing lengths on a heap too small to keep every shape's plans:
     the fused backend over ``nd.init(recycle=True)`` (256 MiB; one 1100-token prefill takes about
@@ -807,7 +814,7 @@ def _recycling_prefills(rank: int, world: int) -> int:
         cache = be.new_cache(model, batch=2, capacity=64, page_size=16)
         model.prefill(ids[:, :36], cache, be)
         runners.append(DecodeRunner(model, be, cache))
-    failed, errs = 0, []
+    errs = []
     pinned = len(small.pinned)
     for i, T in enumerate((300, 517, 1100, 900, 1100, 333)):
         x = torch.randint(0, hf.config.vocab_size, (1, T), device="cuda", generator=torch.Generator("cuda").manual_seed(3 + i))
@@ -819,12 +826,9 @@ def _recycling_prefills(rank: int, world: int) -> int:
             step = [r(ids[:, t]).clone() for r in runners]
             errs.append(rel(step[1], step[0]))
     ok = all(e < 2e-2 for e in errs) and small.recycled > 0 and len(small.pinned) == pinned > 0
-    failed += not ok
-    if rank == 0:
-        print(f"{'PASS' if ok else 'FAIL'} tp {world} llama numasched fused on a 256 MiB recycling heap: prefills of "
-              f"300-1100 tokens and two decode-graph steps, worst rel err {max(errs):.2e} against the plain backend; "
-              f"{small.recycled} plans given back, {len(small.pinned)} pinned by the decode graph", flush=True)
-    return failed
+    return _verdict(rank, ok, f"tp {world} llama numasched fused on a 256 MiB recycling heap: prefills of 300-1100 "
+                              f"tokens and two decode-graph steps, worst rel err {max(errs):.2e} against the plain "
+                              f"backend; {small.recycled} plans given back, {len(small.pinned)} pinned by the decode graph")
 
 
 def _model_graph_timeout(rank: int, world: int) -> int:
@@ -921,11 +925,8 @@ def _tp_gpu_main(stop_only: bool = False, recycle_only: bool = False) -> int:
             runner = DecodeRunner(model, be, cache)
             graph_steps = torch.cat([runner(ids[:, t])[:, None].clone() for t in range(36, 40)], 1)
             e, eg = rel(got, ref), rel(graph_steps, ref[:, 36:])
-            ok = e < 3e-2 and eg < 3e-2
-            failed += not ok
-            if rank == 0:
-                print(f"{'PASS' if ok else 'FAIL'} tp {world} {family} {name}: rel err {e:.2e} (eager), "
-                      f"{eg:.2e} (graph decode)", flush=True)
+            failed += _verdict(rank, e < 3e-2 and eg < 3e-2,
+                               f"tp {world} {family} {name}: rel err {e:.2e} (eager), {eg:.2e} (graph decode)")
         if "numasched" in backends:   # one long prompt: the overlapped prefill and the sequence-parallel one
             plain = backends["numasched"]
             long_ids = torch.randint(0, hf.config.vocab_size, (1, 1100), device="cuda",
@@ -949,11 +950,9 @@ def _tp_gpu_main(stop_only: bool = False, recycle_only: bool = False) -> int:
                 if what == "sequence-parallel" and 1100 % world:
                     continue   # 1100 rows do not split over this many ranks: the bulk path, checked above
                 e1, e2 = _long_prefill_errors(model, be, long_ids, want)
-                ok = e1 < 2e-2 and e2 < 2e-2
-                failed += not ok
-                if rank == 0:
-                    print(f"{'PASS' if ok else 'FAIL'} tp {world} {family} numasched {what} prefill of 1100 tokens: "
-                          f"rel err vs one bulk step {e1:.2e} (eager), {e2:.2e} (graph)", flush=True)
+                failed += _verdict(rank, e1 < 2e-2 and e2 < 2e-2,
+                                   f"tp {world} {family} numasched {what} prefill of 1100 tokens: rel err vs one "
+                                   f"bulk step {e1:.2e} (eager), {e2:.2e} (graph)")
             # the norm weights folded into the projections (TPDecoder.fold_norms): the prefill
             # norm-free (the row scales in the RoPE + cache kernel and the SwiGLU GEMM), the
             # decode steps with unit norms
@@ -964,12 +963,10 @@ def _tp_gpu_main(stop_only: bool = False, recycle_only: bool = False) -> int:
                 e1, e2 = _long_prefill_errors(folded, be, long_ids, want)
                 got = run_teacher_forced(folded, be, ids, prompt=36, page_size=16)
                 e3 = rel(got, ref)
-                ok = e1 < 2e-2 and e2 < 2e-2 and e3 < 3e-2
-                failed += not ok
-                if rank == 0:
-                    print(f"{'PASS' if ok else 'FAIL'} tp {world} {family} numasched {what}: prefill of 1100 tokens "
-                          f"rel err vs the unfolded bulk step {e1:.2e} (eager), {e2:.2e} (graph); 36 + 4 "
-                          f"teacher-forced vs transformers {e3:.2e}", flush=True)
+                failed += _verdict(rank, e1 < 2e-2 and e2 < 2e-2 and e3 < 3e-2,
+                                   f"tp {world} {family} numasched {what}: prefill of 1100 tokens rel err vs the "
+                                   f"unfolded bulk step {e1:.2e} (eager), {e2:.2e} (graph); 36 + 4 teacher-forced "
+                                   f"vs transformers {e3:.2e}")
             del folded
         del hf
     if "numasched" in backends and world > 1:
