@@ -768,6 +768,35 @@ def test_recycle_gives_back_the_least_recently_called_plans():
     assert r0.recycled == 2 and r0.used_bytes == 8 << 20
 
 
+def test_recycle_places_a_plan_whole_or_gives_nothing_back():
+    """A plan's buffers are placed after room was made for all of them, largest first (as
+    heap_room counts), so a plan never stops half made in holes its first buffers took; a plan
+    that could not fit even with every other plan given back frees nothing. Buffers of fake plans
+    through the same calls _make_plan makes (make_room, alloc)."""
+    M = 1 << 20
+    r = nd.SimWorld(1, heap_bytes=10 * M, recycle=True).ranks[0]
+
+    def plan(key, sizes):
+        with r.making_plan(key):
+            r.make_room(sizes)
+            r.plans[key] = [r.alloc((n,), torch.uint8, what=f"{key} buffer")
+                            for n in sorted(sizes, reverse=True)]
+        r.used(key, False)
+
+    plan("P1", [2 * M, 2 * M])   # [0, 4)
+    plan("P2", [2 * M, 4 * M])   # [4, 10)
+    r.used("P1", False)          # P2 the least recently called
+    # giving back P2 alone leaves 6 MiB in one piece but not 8 + 2: P1 goes too, as heap_room says
+    assert r.heap_room([2 * M, 8 * M])
+    plan("P3", [2 * M, 8 * M])
+    assert (r.recycled, list(r.plans), r.used_bytes) == (2, ["P3"], 10 * M)
+    # too big for the heap even empty: nothing is given back, the error names the buffer
+    assert not r.heap_room([16 * M])
+    with pytest.raises(ValueError, match="needs 16.0 MiB but only 0.0 of 10.0 MiB"):
+        plan("P4", [16 * M])
+    assert (r.recycled, list(r.plans), r.used_bytes) == (2, ["P3"], 10 * M) and "P4" not in r._plan_heap
+
+
 def test_recycle_mixes_ops_and_counts_what_it_could_give_back():
     W = 2
     sim = nd.SimWorld(W, heap_bytes=9 << 20, recycle=True)

@@ -312,8 +312,18 @@ def _first_use(ctx, kernel, grid, args, kwargs):
 def _make_plan(ctx, op, call, local_bufs=()) -> Plan:
     """Symmetric-heap buffers of ``op.buffers(call)`` + private ``local_bufs`` (name, shape, dtype),
     and the device epoch word and program counters every fused kernel keeps."""
-    bufs = {name: ctx.alloc(shape, dt, what=f"{op.name} {name} buffer", owner=op.name)
-            for name, shape, dt in op.buffers(call)}
+    specs = op.buffers(call)
+    order = range(len(specs))
+    if ctx.recycle:   # room for all of them first (plans given back), then placed largest first, as
+        # heap_room counts: the plan never stops half made in holes its first buffers took
+        sizes = [alloc_bytes(_numel(shape) * torch.empty((), dtype=dt).element_size()) for _, shape, dt in specs]
+        ctx.make_room(sizes)
+        order = sorted(order, key=lambda i: -sizes[i])
+    made = {}
+    for i in order:
+        name, shape, dt = specs[i]
+        made[name] = ctx.alloc(shape, dt, what=f"{op.name} {name} buffer", owner=op.name)
+    bufs = {name: made[name] for name, _, _ in specs}
     for name, shape, dt in local_bufs:
         bufs[name] = torch.empty(shape, dtype=dt, device=ctx.device)
     bufs["epoch"] = torch.zeros(1, dtype=torch.int64, device=ctx.device)   # int64: never wraps

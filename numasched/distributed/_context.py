@@ -118,49 +118,108 @@ class _Base:
         if capturing:
             self.pinned.add(key)
 
-    def recyclable_bytes(self) -> int:
-        """Heap bytes held by plans that recycle may give back (0 without recycle)."""
-        if not self.recycle:
-            return 0
-        return sum(b for k, bufs in self._plan_heap.items() if k not in self.pinned and k != self._building
-                   for _, b, _ in bufs)
+    def _victims(self) -> list:
+        """Keys of the plans recycle may give back, least recently called first."""
+        return sorted((k for k in self._plan_heap if k not in self.pinned and k != self._building),
+                      key=lambda k: self._last_use.get(k, 0))
 
-    def heap_room(self, sizes) -> bool:
-        """Whether buffers of these allocation sizes (alloc_bytes) would fit, counting what recycle
-        could give back; the same verdict on every rank (their heaps are used alike)."""
-        sizes = list(sizes)
-        if self.used_bytes - self.recyclable_bytes() + sum(sizes) > self.heap_bytes:
+    def _placeable(self, sizes, victims=()) -> bool:
+        """Whether buffers of these sizes fit, placed largest first as ``alloc`` would, once the
+        plans of ``victims`` were given back (a simulation: nothing changes)."""
+        sizes = sorted(sizes, reverse=True)
+        freed = [(off, b) for k in victims for off, b, _ in self._plan_heap.get(k, ())]
+        if self.used_bytes - sum(b for _, b in freed) + sum(sizes) > self.heap_bytes:
             return False
         if self._ranges is None:
             return True
         ranges = self._ranges.copy()
-        if self.recycle:
-            for k, bufs in self._plan_heap.items():
-                if k not in self.pinned and k != self._building:
-                    for off, b, _ in bufs:
-                        ranges.give(off, b)
-        return all(ranges.take(b) is not None for b in sorted(sizes, reverse=True))
+        for off, b in freed:
+            ranges.give(off, b)
+        return all(ranges.take(b) is not None for b in sizes)
 
-    def _recycle_for(self, nbytes: int) -> bool:
-        """Give back the least recently called plans that no CUDA graph holds until ``nbytes``
-        fit. Every rank runs it at the same allocation (the same calls made in the same order fill
-        the heap alike), waits for all its work, then for every rank (no kernel of a plan given back
-        still runs anywhere), and frees the same plans: the offsets stay symmetric."""
-        if not self.recycle:
-            return False
-        victims = sorted((k for k in self._plan_heap if k not in self.pinned and k != self._building),
-                         key=lambda k: self._last_use.get(k, 0))
-        if not victims:
-            return False
+    def heap_room(self, sizes) -> bool:
+        """Whether buffers of these allocation sizes (alloc_bytes) would fit, counting what recycle
+        could give back; the same verdict on every rank (their heaps are used alike)."""
+        return self._placeable(list(sizes), self._victims() if self.recycle else ())
+
+    def make_room(self, sizes) -> None:
+        """With recycle: give back the least recently called plans that no CUDA graph holds until
+        buffers of ``sizes`` fit (placed largest first), or none where they would not fit even
+        then (``alloc`` raises the error). Every rank runs it at the same call (the same calls made
+        in the same order fill the heap alike), waits for all its work, then for every rank (no
+        kernel of a plan given back still runs anywhere), and frees the same plans: the offsets
+        stay symmetric."""
+        sizes = list(sizes)
+        if not self.recycle or self._placeable(sizes):
+            return
+        victims = self._victims()
+        if not victims or not self._placeable(sizes, victims):
+            return   # not even with every plan given back: keep them
         if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return False   # no synchronisation inside a capture: the caller gets the error
+            return   # no synchronisation inside a capture: the caller gets the error
         self._quiesce()
         for k in victims:
             self._release(k)
             self.recycled += 1
-            if self._fits(nbytes):
-                return True
-        return False
+            if self._placeable(sizes):
+                return
+
+    def _recycle_for(self, nbytes: int) -> bool:
+        """An allocation outside a plan (``alloc`` of a caller's buffer) that does not fit: make
+        room for it as for a plan's (:meth:`make_room`)."""
+        self.make_room([nbytes])
+        return self._fits(nbytes)
+    def _victims(self) -> list:
+        """Keys of the plans recycle may give back, least recently called first."""
+        return sorted((k for k in self._plan_heap if k not in self.pinned and k != self._building),
+                      key=lambda k: self._last_use.get(k, 0))
+
+    def _placeable(self, sizes, victims=()) -> bool:
+        """Whether buffers of these sizes fit, placed largest first as ``alloc`` would, once the
+        plans of ``victims`` were given back (a simulation: nothing changes)."""
+        sizes = sorted(sizes, reverse=True)
+        freed = [(off, b) for k in victims for off, b, _ in self._plan_heap.get(k, ())]
+        if self.used_bytes - sum(b for _, b in freed) + sum(sizes) > self.heap_bytes:
+            return False
+        if self._ranges is None:
+            return True
+        ranges = self._ranges.copy()
+        for off, b in freed:
+            ranges.give(off, b)
+        return all(ranges.take(b) is not None for b in sizes)
+
+    def heap_room(self, sizes) -> bool:
+        """Whether buffers of these allocation sizes (alloc_bytes) would fit, counting what recycle
+        could give back; the same verdict on every rank (their heaps are used alike)."""
+        return self._placeable(list(sizes), self._victims() if self.recycle else ())
+
+    def make_room(self, sizes) -> None:
+        """With recycle: give back the least recently called plans that no CUDA graph holds until
+        buffers of ``sizes`` fit (placed largest first), or none where they would not fit even
+        then (``alloc`` raises the error). Every rank runs it at the same call (the same calls made
+        in the same order fill the heap alike), waits for all its work, then for every rank (no
+        kernel of a plan given back still runs anywhere), and frees the same plans: the offsets
+        stay symmetric."""
+        sizes = list(sizes)
+        if not self.recycle or self._placeable(sizes):
+            return
+        victims = self._victims()
+        if not victims or not self._placeable(sizes, victims):
+            return   # not even with every plan given back: keep them
+        if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return   # no synchronisation inside a capture: the caller gets the error
+        self._quiesce()
+        for k in victims:
+            self._release(k)
+            self.recycled += 1
+            if self._placeable(sizes):
+                return
+
+    def _recycle_for(self, nbytes: int) -> bool:
+        """An allocation outside a plan (``alloc`` of a caller's buffer) that does not fit: make
+        room for it as for a plan's (:meth:`make_room`)."""
+        self.make_room([nbytes])
+        return self._fits(nbytes)
 
     def _release(self, key) -> None:
         """Give the plan of ``key``'s heap buffers back and forget the plan (made again on its next call)."""
