@@ -6,8 +6,8 @@ Builds one paged case, prints the plan, then times eager calls and graph replays
 with --calls 1 runs each mode a few times for Nsight Compute (`ncu --graph-profiling node`), so
 the one kernel can be compared launch by launch. Run:
     python scripts/decode_graph_probe.py --heads 64/8 --batch 128 --ctx 32768 --page 16
-(--layout blhd / bhld for the contiguous cache; --static-partials; NUMASCHED_PDL=0 in the environment
-for launches without programmatic dependent launch).
+(--layout blhd / bhld for the contiguous cache; NUMASCHED_PDL=0 in the environment for launches
+without programmatic dependent launch).
 """
 from __future__ import annotations
 
@@ -28,9 +28,6 @@ def main(argv=None) -> int:
     p.add_argument("--page", type=int, default=16)
     p.add_argument("--layout", choices=("paged", "blhd", "bhld"), default="paged",
                    help="paged (pages of --page), contiguous (B, L, HK, D), or the (B, HK, L, D) view")
-    p.add_argument("--static-partials", action="store_true",
-                   help="the graph's split partials from the eager calls' per-stream workspace instead of "
-                        "the graph's pool (is the buffer's placement the difference?)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--profile", action="store_true", help="only a few launches of each mode (under ncu)")
     args = p.parse_args(argv)
@@ -49,11 +46,6 @@ def main(argv=None) -> int:
         bt = None
     q = torch.randn(B, H, D, device=dev, dtype=dt)
     lens = torch.full((B,), L, dtype=torch.int32, device=dev)
-    if args.static_partials:
-        from numasched.decode import DecodePlan
-
-        orig = DecodePlan._partials
-        DecodePlan._partials = lambda self, stream, capturing: orig(self, stream, False)
     plan = numasched.plan_decode(q, kp, vp, cache_seqlens=lens, block_table=bt)
     print(args.layout, args.heads, {k: getattr(plan, k, None) for k in ("num_splits", "combine", "config", "grid",
                                                                         "prefetch_tokens")}, flush=True)

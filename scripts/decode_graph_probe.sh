@@ -1,14 +1,13 @@
 #!/usr/bin/env bash
 # Decode graph vs eager (issue 12): decode_graph_probe.py at 128 x 32k in each layout (pages of 16,
-# contiguous BLHD, the BHLD view), 64/8 and 32/8 heads, then the paged 64/8 case with the graph's
-# partials in the eager workspace and without PDL. With NCU=1, Nsight Compute on the one kernel in both
+# contiguous BLHD, the BHLD view), 64/8 and 32/8 heads, then the paged 64/8 and BLHD cases without
+# PDL. With NCU=1, Nsight Compute on the one kernel in both
 # modes. Run on the device: bash scripts/decode_graph_probe.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 probe() { timeout 120 python3 scripts/decode_graph_probe.py "$@" 2>&1 | grep -v Warning | tail -4; }
 {
 for h in 64/8 32/8; do for lay in paged blhd bhld; do probe --heads $h --layout $lay; done; done
-echo "== static partials"; probe --heads 64/8 --layout paged --static-partials
 echo "== NUMASCHED_PDL=0"; NUMASCHED_PDL=0 probe --heads 64/8 --layout paged
 echo "== NUMASCHED_PDL=0"; NUMASCHED_PDL=0 probe --heads 64/8 --layout blhd
 } | tee $OUT/decode-graph.log
