@@ -797,6 +797,24 @@ def test_recycle_places_a_plan_whole_or_gives_nothing_back():
     assert (r.recycled, list(r.plans), r.used_bytes) == (2, ["P3"], 10 * M) and "P4" not in r._plan_heap
 
 
+def test_recycle_in_group_worlds_stays_inside_each_group():
+    """Groups of a recycling world recycle too, each in its own heap (carved from its members'
+    heaps, which never give that slab back), with results right after plans were made again."""
+    world = nd.SimWorld(4, heap_bytes=64 << 20, recycle=True)
+    groups = world.split([[0, 1], [3, 2]], heap_bytes=9 << 20)
+    held = [r.used_bytes for r in world.ranks]
+    assert all(g.recycle for g in groups)
+    for rows in (16, 24, 32, 16, 40, 24):
+        for g in groups:
+            xs = [torch.randn(rows, 8) for _ in range(2)]
+            outs = g.run("all_reduce", [(x,) for x in xs])
+            assert all(torch.allclose(o.double(), xs[0].double() + xs[1].double(), atol=1e-5) for o in outs)
+    a, b = (g.ranks[0].recycled for g in groups)
+    assert a == b > 0   # the same calls in each group: the same plans given back
+    assert [r.used_bytes for r in world.ranks] == held and all(
+        list(r.heap_owners) == [f"the heap of group {[[0, 1], [3, 2]][i // 2]}"] for i, r in enumerate(world.ranks))
+
+
 def test_recycle_mixes_ops_and_counts_what_it_could_give_back():
     W = 2
     sim = nd.SimWorld(W, heap_bytes=9 << 20, recycle=True)
