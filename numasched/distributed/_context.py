@@ -169,57 +169,6 @@ class _Base:
         room for it as for a plan's (:meth:`make_room`)."""
         self.make_room([nbytes])
         return self._fits(nbytes)
-    def _victims(self) -> list:
-        """Keys of the plans recycle may give back, least recently called first."""
-        return sorted((k for k in self._plan_heap if k not in self.pinned and k != self._building),
-                      key=lambda k: self._last_use.get(k, 0))
-
-    def _placeable(self, sizes, victims=()) -> bool:
-        """Whether buffers of these sizes fit, placed largest first as ``alloc`` would, once the
-        plans of ``victims`` were given back (a simulation: nothing changes)."""
-        sizes = sorted(sizes, reverse=True)
-        freed = [(off, b) for k in victims for off, b, _ in self._plan_heap.get(k, ())]
-        if self.used_bytes - sum(b for _, b in freed) + sum(sizes) > self.heap_bytes:
-            return False
-        if self._ranges is None:
-            return True
-        ranges = self._ranges.copy()
-        for off, b in freed:
-            ranges.give(off, b)
-        return all(ranges.take(b) is not None for b in sizes)
-
-    def heap_room(self, sizes) -> bool:
-        """Whether buffers of these allocation sizes (alloc_bytes) would fit, counting what recycle
-        could give back; the same verdict on every rank (their heaps are used alike)."""
-        return self._placeable(list(sizes), self._victims() if self.recycle else ())
-
-    def make_room(self, sizes) -> None:
-        """With recycle: give back the least recently called plans that no CUDA graph holds until
-        buffers of ``sizes`` fit (placed largest first), or none where they would not fit even
-        then (``alloc`` raises the error). Every rank runs it at the same call (the same calls made
-        in the same order fill the heap alike), waits for all its work, then for every rank (no
-        kernel of a plan given back still runs anywhere), and frees the same plans: the offsets
-        stay symmetric."""
-        sizes = list(sizes)
-        if not self.recycle or self._placeable(sizes):
-            return
-        victims = self._victims()
-        if not victims or not self._placeable(sizes, victims):
-            return   # not even with every plan given back: keep them
-        if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return   # no synchronisation inside a capture: the caller gets the error
-        self._quiesce()
-        for k in victims:
-            self._release(k)
-            self.recycled += 1
-            if self._placeable(sizes):
-                return
-
-    def _recycle_for(self, nbytes: int) -> bool:
-        """An allocation outside a plan (``alloc`` of a caller's buffer) that does not fit: make
-        room for it as for a plan's (:meth:`make_room`)."""
-        self.make_room([nbytes])
-        return self._fits(nbytes)
 
     def _release(self, key) -> None:
         """Give the plan of ``key``'s heap buffers back and forget the plan (made again on its next call)."""
