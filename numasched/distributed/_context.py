@@ -107,6 +107,8 @@ class _Base:
         except BaseException:
             if self._ranges is not None:   # a plan that failed half way keeps nothing (a slab: we free)
                 self._release(key)
+            else:                          # Iris placed them: only our record of them goes
+                self._plan_heap.pop(key, None)
             raise
         finally:
             self._building = None
