@@ -435,10 +435,12 @@ def run(ctx, op: str, *args, check: bool = True, **kwargs):
         # protocol.simulate(..., init_barrier=False) shows the failure. Once per signature.
         if hasattr(ctx, "barrier"):
             ctx.barrier()
-    if ctx.recycle:   # recency, and whether a CUDA graph holds the plan (never given back then)
-        ctx.used(call.key, ctx.device.type == "cuda" and torch.cuda.is_current_stream_capturing())
+    # a capture: no status read (a host sync), and a plan a CUDA graph holds is never given back
+    capturing = (check or ctx.recycle) and ctx.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    if ctx.recycle:
+        ctx.used(call.key, capturing)
     out = spec.launch(ctx, plan, call, phase="full")
-    if check and not (ctx.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+    if check and not capturing:
         ctx.check(op)
     return out
 

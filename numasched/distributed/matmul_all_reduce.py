@@ -248,11 +248,6 @@ def fused_heap_sizes(ctx, a, b_local) -> list:
                                                                                          world=ctx.world))]
 
 
-def fused_heap_bytes(ctx, a, b_local) -> int:
-    """Heap bytes the fused kernel's buffers take for a call like ``(a, b_local)`` (one plan)."""
-    return sum(fused_heap_sizes(ctx, a, b_local))
-
-
 _SIDE: dict = {}
 
 
