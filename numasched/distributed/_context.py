@@ -73,7 +73,7 @@ class _Base:
         ``owner`` (default ``what``): whom the heap-too-small error counts the bytes against."""
         numel = math.prod(shape)
         nbytes = alloc_bytes(numel * torch.empty((), dtype=dtype).element_size())
-        if not self._fits(nbytes) and not self._recycle_for(nbytes):
+        if not self._placeable([nbytes]) and not self._recycle_for(nbytes):
             left = self.heap_bytes - self.used_bytes
             frag = (f" ({self._ranges.largest() / 2**20:.1f} MiB in one piece)"
                     if self._ranges is not None and self._ranges.largest() < min(left, nbytes) else "")
@@ -86,18 +86,15 @@ class _Base:
                 f"workload=[...] to init() (numasched.distributed.required_heap_bytes computes it){advice}")
         off = self._ranges.take(nbytes) if self._ranges is not None else None
         self.used_bytes += nbytes
-        rec = self.heap_owners.setdefault(owner or what, [0, 0])
+        owner = owner or what
+        rec = self.heap_owners.setdefault(owner, [0, 0])
         rec[0] += nbytes
         rec[1] += 1
         if self._building is not None:
-            self._plan_heap.setdefault(self._building, []).append((off, nbytes, owner or what))
+            self._plan_heap.setdefault(self._building, []).append((off, nbytes, owner))
         return self._alloc(numel, dtype, off).view(*shape)
 
     # --------------------------------------------------------------- plans' buffers (recycle)
-    def _fits(self, nbytes: int) -> bool:
-        return (self.used_bytes + nbytes <= self.heap_bytes
-                and (self._ranges is None or self._ranges.largest() >= nbytes))
-
     @contextlib.contextmanager
     def making_plan(self, key):
         """Buffers allocated inside belong to the plan of ``key`` (given back with it, recycle)."""
@@ -170,7 +167,7 @@ class _Base:
         """An allocation outside a plan (``alloc`` of a caller's buffer) that does not fit: make
         room for it as for a plan's (:meth:`make_room`)."""
         self.make_room([nbytes])
-        return self._fits(nbytes)
+        return self._placeable([nbytes])
 
     def _release(self, key) -> None:
         """Give the plan of ``key``'s heap buffers back and forget the plan (made again on its next call)."""
