@@ -922,7 +922,7 @@ def run_checks(ctx, checks, *, quick=False, limit=150.0, repeat=1, agree_group=N
                         ok, msg = False, f"{msg}; torch.cuda.synchronize: {type(e).__name__}: {e}"
             print(f"[rank {R}] {'PASS' if ok else 'FAIL'} {name} ({time.perf_counter() - t0:.1f} s): {msg}", flush=True)
             try:
-                passed, broken = _agree(agree_group, R, W, ok, bool(ctx.broken) and fn not in breakers)
+                passed, broken = _agree(agree_group, R, W, ok, bool(ctx.broken))
             except Exception as e:  # noqa: BLE001 - a peer never finished the check
                 print(f"[rank {R}] FAIL {name}: the other ranks did not report within the bounded wait "
                       f"({type(e).__name__}: {str(e)[:200]}); stopping", flush=True)
@@ -934,9 +934,16 @@ def run_checks(ctx, checks, *, quick=False, limit=150.0, repeat=1, agree_group=N
                 if R == 0:
                     print(f"FAILED {name} on rank(s) {bad}", flush=True)
             if any(broken):
-                if R == 0:
-                    print(f"context out of step on rank(s) {[r for r in range(W) if broken[r]]} after {name}: "
-                          f"stopping (the remaining checks would only time out)", flush=True)
+                rest = [f.__name__[len("check_"):] for f in checks[checks.index(fn) + 1:]]
+                if fn in breakers:   # it breaks the context on purpose: the rest cannot run after it
+                    if R == 0:
+                        print(f"context out of step after {name}, as that check leaves it; not run after it: "
+                              f"{rest or 'none'} (run each alone: --only NAME)", flush=True)
+                else:   # a check that should leave the context in step did not: a failure of its own
+                    failed.append((f"{name} (context left out of step)", [r for r in range(W) if broken[r]]))
+                    if R == 0:
+                        print(f"context out of step on rank(s) {[r for r in range(W) if broken[r]]} after {name}: "
+                              f"stopping (the remaining checks would only time out): {rest}", flush=True)
                 return failed, True
     return failed, False
 
@@ -984,8 +991,8 @@ def finish(R, failed, stopped) -> int:
             print("ALL PASSED", flush=True)
     sys.stdout.flush()
     sys.stderr.flush()
-    if stopped:
-        os._exit(1)       # a peer may still sit in a collective: skip the process-group teardown
+    if stopped:           # a peer may still sit in a collective: skip the process-group teardown
+        os._exit(1 if failed else 0)
     try:
         dist.destroy_process_group()
     except Exception:  # noqa: BLE001

@@ -1253,6 +1253,48 @@ def test_worker_keeps_ranks_in_step_and_bounds_hangs(tmp_path):
     assert procs[1].returncode == 1, outs[1]
 
 
+_WORKER_BREAKER = r'''
+import datetime, sys
+sys.path.insert(0, TESTS)
+import torch, torch.distributed as dist
+import dist_worker as w
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+agree = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=30))
+R, W = dist.get_rank(), dist.get_world_size()
+class Ctx:
+    rank, world, broken = R, W, None
+ctx = Ctx()
+def check_ok(ctx, quick):
+    t = torch.ones(1); dist.all_reduce(t); return f"sum {t.item():g}"
+def check_breaks(ctx, quick):
+    if R == 0:
+        ctx.broken = "rank 0: timed out waiting for rank(s) [1]"   # as a TimeoutError leaves it
+    return "broke it on purpose"
+def check_second_breaker(ctx, quick):
+    t = torch.ones(1); dist.all_reduce(t)   # would wait for rank 0, which stopped: must not run
+    return "ran"
+failed, stopped = w.run_checks(ctx, [check_ok, check_breaks, check_second_breaker], limit=5, agree_group=agree,
+                               last_breaks=(check_breaks, check_second_breaker))
+sys.exit(w.finish(R, failed, stopped))
+'''
+
+
+def test_worker_stops_after_a_check_that_breaks_the_context(tmp_path):
+    """A check allowed to break the context (the timeout checks) that breaks it on one rank only
+    (the rank that skipped the call is still in step) stops every rank, so the next breaker does not
+    wait alone for a peer that stopped: both ranks exit 0, rank 0 naming what was not run."""
+    script = tmp_path / "breaker.py"
+    script.write_text(f"TESTS = {os.path.join(REPO, 'tests')!r}\n" + _WORKER_BREAKER)
+    env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    procs = [subprocess.Popen([sys.executable, str(script)], env=dict(env, RANK=str(r)), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert "not run after it: ['second_breaker']" in outs[0], outs[0]
+    assert "ALL PASSED" in outs[0], outs[0]
+    assert "second_breaker" not in outs[1].replace("check_second_breaker", ""), outs[1]
+    assert [p.returncode for p in procs] == [0, 0], outs
+
+
 def test_bench_rows_are_written_as_measured(tmp_path, monkeypatch):
     """bench/distributed.py (CPU part): options parse, rank 0 rewrites the CSV after every row and
     prints it at once; other ranks write nothing."""
