@@ -273,6 +273,11 @@ def _add_norm_store(total, r_in, w, res_out_ptr, y_ptr, x_ptr, offs, m, N, eps):
     r = (r_in + s.to(tl.float32)).to(res_out_ptr.dtype.element_ty)
     tl.store(res_out_ptr + offs, r, mask=m)
     rf = r.to(tl.float32)
+    # the sum's order follows the row's register layout, which differs between the flag and LL
+    # forms (8 against 2 elements a thread on sm_90): their y can differ by one rounding in rare
+    # rows (two H200s: 23 elements of one row in 3200); r never does. Summing in fp64 removes it
+    # and cost a median 0.4 us (7.6 %) a call there, slower in 62 of 78 paired runs
+    # (bench/results/tp2-s51/arn-ab/): 64 calls a TP 2 decode step, so it stays fp32
     inv = 1.0 / tl.sqrt(tl.sum(rf * rf, 0) / N + eps)
     normed = (rf * inv).to(y_ptr.dtype.element_ty)
     tl.store(y_ptr + offs, (w * normed.to(tl.float32)).to(y_ptr.dtype.element_ty), mask=m)

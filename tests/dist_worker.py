@@ -654,36 +654,79 @@ def check_matmul_all_reduce(ctx, quick):
     return ok.done("; ".join(msgs))
 
 
+def _arn_reference(xs, h, w, eps):
+    """all_reduce_add_rmsnorm's (r, y) from every rank's x (a list in rank order): the sum in fp32 in
+    rank order, rounded; r = h + s rounded (no reduction order: the kernel's r must match bit for
+    bit); y in float64 from r (the kernel's norm sum runs in fp32: y may differ by a rounding)."""
+    s = torch.zeros_like(xs[0], dtype=torch.float32)
+    for x in xs:
+        s += x.float()
+    r = (h.float() + s.to(h.dtype).float()).to(h.dtype)
+    rf = r.double()
+    inv = 1.0 / torch.sqrt((rf * rf).mean(-1, keepdim=True) + eps)
+    return r, (w.double() * (rf * inv).to(h.dtype).double()).to(h.dtype)
+
+
 def check_arn_exchanges_agree(ctx, quick):
     """The decode-size all-reduce + add + RMSNorm by flag and by LL words (options.arn_exchange, in
-    the plan's key) give the same bits, over many calls without a host sync and with one rank made
-    late now and then (torch.cuda._sleep), at 1, 4 and 16 rows."""
+    the plan's key), over many calls without a host sync and with one rank made late now and then
+    (torch.cuda._sleep), at 1, 4 and 16 rows: the same residual bits, which must be h + sum(x) bit
+    for bit (anything else is wrong data, a race), and a y within one rounding of the other
+    exchange's (the norm's sum runs in each form's register layout: two H200s gave 23 elements of
+    one row in 3200 a bf16 step apart) and of a float64 reference. Every call's outputs are kept
+    and checked afterwards against the gathered inputs."""
     R, W = ctx.rank, ctx.world
     ok, msgs = Expect(), []
+    eps = 1e-5
     for M in (1, 4, 16):
         h, ln = randn(M, 4096, seed=61), randn(4096, seed=62)
-        bad = torch.zeros((), device="cuda", dtype=torch.int64)
         g = torch.Generator(device="cuda").manual_seed(63 + R)
         calls = 24 if quick else 200
+        xs, outs = [], {"flag": [], "ll": []}
         for i in range(calls):
             x = torch.randn(M, 4096, device="cuda", generator=g).to(BF)
-            outs = []
+            xs.append(x)
             for exchange in ("flag", "ll"):
                 if R == W - 1 and i % 5 == (0 if exchange == "flag" else 2):
                     torch.cuda._sleep(20000 * (1 + i % 3))   # a late rank: the others wait for its part
                 # LL needs the row-per-program path
                 with numasched.options.use(arn_exchange=exchange, arn_one_row=True):
-                    outs.append(nd.all_reduce_add_rmsnorm(x, h, ln, 1e-5, ctx=ctx, residual_out=torch.empty_like(h),
-                                                         check=False))
-            bad += (outs[0][0] != outs[1][0]).sum() + (outs[0][1] != outs[1][1]).sum()
+                    outs[exchange].append(nd.all_reduce_add_rmsnorm(x, h, ln, eps, ctx=ctx,
+                                                                   residual_out=torch.empty_like(h), check=False))
         torch.cuda.synchronize()
         ok.call(f"M={M}: ctx.check", ctx.check, "all_reduce_add_rmsnorm")
         ok(any(k[0] == "all_reduce_add_rmsnorm" and k[1] == M and k[-1] is True for k in ctx.plans
                if isinstance(k, tuple)), f"M={M}: no LL plan was made (the comparison would be vacuous)")
-        ok(int(bad) == 0, f"M={M}: flag and LL exchanges differ in {int(bad)} elements over {calls} calls")
-        same = same_everywhere(outs[1][1])
-        ok(same, f"M={M}: ranks disagree (LL)")
-        msgs.append(f"M={M}: {calls} calls, {int(bad)} differing")
+        allx = gather_rows(torch.stack(xs).reshape(calls, -1)).reshape(W, calls, M, 4096)
+        differ, y_rows, notes = 0, 0, []
+        for i in range(calls):
+            r_ref, y_ref = _arn_reference([allx[src, i] for src in range(W)], h, ln, eps)
+            (r_f, y_f), (r_l, y_l) = outs["flag"][i], outs["ll"][i]
+            d = int((r_f != r_l).sum())
+            differ += d
+            # y: at most one rounding of the normalised value apart (a bf16 step: 2^-7 relative),
+            # then the weight's product rounded once more
+            dy = (y_f.float() - y_l.float()).abs()
+            far = dy > 2.0 ** -6 * torch.maximum(y_f.float().abs(), y_l.float().abs())
+            d += int(far.sum())
+            differ += int(far.sum())
+            y_rows += int((y_f != y_l).any(dim=-1).sum())
+            for ex in outs:
+                r, y = outs[ex][i]
+                r_bad = int((r != r_ref).sum())
+                y_far = int(((y.float() - y_ref.float()).abs() > 0.02 * y_ref.float().abs() + 1e-2).sum())
+                if r_bad or y_far:
+                    rows = sorted(set((r != r_ref).nonzero()[:, 0].tolist()) | set(
+                        ((y.float() - y_ref.float()).abs() > 0.02 * y_ref.float().abs() + 1e-2).nonzero()[:, 0].tolist()))
+                    notes.append(f"call {i} {ex}: r wrong in {r_bad}, y off in {y_far} elements (rows {rows})")
+            if d and len(notes) < 8:
+                rows = sorted(set((r_f != r_l).nonzero()[:, 0].tolist()) | set(far.nonzero()[:, 0].tolist()))
+                notes.append(f"call {i}: flag and LL differ beyond a rounding in {d} elements (rows {rows})")
+        ok(not notes, f"M={M}: " + "; ".join(notes[:8]))
+        ok(differ == 0, f"M={M}: flag and LL exchanges differ beyond a rounding in {differ} elements over {calls} calls")
+        for ex in outs:
+            ok(same_everywhere(outs[ex][-1][1]), f"M={M}: ranks disagree ({ex})")
+        msgs.append(f"M={M}: {calls} calls, r identical, y a rounding apart in {y_rows} of {calls * M} rows")
     return ok.done("; ".join(msgs))
 
 
