@@ -49,8 +49,9 @@ from . import caps
 __all__ = ["Machine", "Schedule", "candidates", "ranked", "estimate", "choose", "inflight_bytes", "load_table"]
 
 
-# A TMA-fed 16-row program's round trip (see the weight-stream notes below; H200 figure)
-WEIGHT_STREAM_TMA_LATENCY_S = 1.5e-6
+# A TMA-fed 16-row program's round trip (see the weight-stream notes below; H200 figure: 1.5 us
+# until the fifty-first session, see WEIGHT_STREAM_TMA_LONG_K)
+WEIGHT_STREAM_TMA_LATENCY_S = 1.8e-6
 
 
 @dataclass(frozen=True)
@@ -200,6 +201,19 @@ WEIGHT_STREAM_SM_BYTES_PER_S = 45.5e9
 # goes first (16 x 128 x 128 in 5 stages ran 0.8-5 % faster than 16 x 128 x 64 in 6 at 5 of 5 points).
 # (WEIGHT_STREAM_TMA_LATENCY_S: above Machine, whose stream_tma_latency_s defaults to it)
 WEIGHT_STREAM_TMA_MAX_BLOCK_K = 128
+# ... in the ties' rule. The rate cap counts the K past it at WEIGHT_STREAM_TMA_LONG_K: on the
+# H200, 16 x 64 x 256 in 5 stages ran 0.80-1.04x (median 0.96) the time of 16 x 64 x 128 in 6
+# wherever 80 programs or fewer stream (5120 columns: 77 recorded points of 5120 x 5120, 3072-
+# 12800 deep), 1.00-1.06x from 96 (6144 x 4096: 73 points, median 1.036); the H100 the reverse at
+# 80 (1.06x). With the H200's latency 1.5 -> 1.8 us (WEIGHT_STREAM_TMA_LATENCY_S; the capped rate made 16
+# x 64 x 256 lose there), scored on every recorded H200 timing of sessions 37-51
+# (scripts/gemm_rank_eval.py --chooser, 76 runs): M <= 16 839 -> 884 of 944 picks within 3 % of
+# the best timed (geomean pick / best 1.0087 -> 1.0066), every M 2971 -> 3016 of 3345; the H100's
+# 2399 points unchanged at any share (their ties keep the cap). Changed picks slower than before:
+# 4824 x 2584 (1.03x, 18 points), 5120 x 12800 at 17-64 rows (16 x 128 x 128 in 2 parts, 1.02x,
+# 45), 11264 x 2848 and 1824 x 15184 (1.02x, one each). Fitted on recorded timings, not yet timed
+# as a grid (fifty-first session).
+WEIGHT_STREAM_TMA_LONG_K = 0.5
 # The stream-K phase's K iterations cost this much more than the model's streaming/tensor time
 # (pipeline restarts per piece, partial tiles through L2; fitted to the same run).
 STREAMK_PIECE_COST = 1.5
@@ -864,7 +878,7 @@ def _weight_stream_s(s: Schedule, M: int, N: int, K: int, elt: int, machine: Mac
     if units > n:   # SMs left to drain after a shared phase (measured there only)
         sm_cap = max(sm_cap, WEIGHT_STREAM_SM_BYTES_PER_S)
     if tma and splitk_operands(s.block_m, s.block_n, M) == "tma":
-        in_flight = _tma_stream_depth(s) * s.block_n * elt
+        in_flight = _tma_stream_depth(s, rate=True) * s.block_n * elt
         sm_cap = max(sm_cap, occ * in_flight / machine.stream_tma_latency_s)
     prog_cap = sm_cap / occ   # a program's rate
     q, r = divmod(units, n)   # round-robin: r SMs run q + 1 programs, the others q
@@ -1105,10 +1119,12 @@ def pick(scored: list, M: int, elt: int, machine: Machine, splitk_tma: bool = Fa
     return best
 
 
-def _tma_stream_depth(s: Schedule) -> int:
+def _tma_stream_depth(s: Schedule, rate: bool = False) -> float:
     """Elements of B a TMA-fed 16-row program has in flight per column as the weight-stream model
-    counts them: the stages but one, K blocks up to WEIGHT_STREAM_TMA_MAX_BLOCK_K long."""
-    return max(1, s.num_stages - 1) * min(s.block_k, WEIGHT_STREAM_TMA_MAX_BLOCK_K)
+    counts them: the stages but one, K blocks up to WEIGHT_STREAM_TMA_MAX_BLOCK_K long (the ties'
+    rule); ``rate``: as its rate cap counts them, the K past that at WEIGHT_STREAM_TMA_LONG_K."""
+    long_k = max(0, s.block_k - WEIGHT_STREAM_TMA_MAX_BLOCK_K) * (WEIGHT_STREAM_TMA_LONG_K if rate else 0.0)
+    return max(1, s.num_stages - 1) * (min(s.block_k, WEIGHT_STREAM_TMA_MAX_BLOCK_K) + long_k)
 
 
 def inflight_bytes(s: Schedule, elt: int, machine: Machine) -> int:

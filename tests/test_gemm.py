@@ -2127,7 +2127,7 @@ def test_ws64_intake_ranks_the_recorded_timings():
 
 def test_h100_stream_latency_ranks_its_recorded_small_m_timings():
     """Machine.stream_tma_latency_s: the H100's TMA-fed 16-row programs stream as if their round
-    trip were 2 us (the H200's 1.5): over the H100 grid runs grid5-grid8 of gemm-s40 (M <= 16, the
+    trip were 2 us (the H200's 1.8): over the H100 grid runs grid5-grid8 of gemm-s40 (M <= 16, the
     pick and the next two timed; grid8 with this figure), the chooser's pick within 3 % of the
     fastest timed at >= 215 of 224 points (223 when written, 167 with 1.5 us); the H200 keeps its
     figure."""
@@ -2145,11 +2145,49 @@ def test_h100_stream_latency_ranks_its_recorded_small_m_timings():
     points = mod.read_points(files, 16)
     res = mod.score(points, h100, chooser=True)
     assert len(res) == 224 and sum(r <= 1.03 for r, _, _ in res.values()) >= 215
-    slow = dataclasses.replace(h100, stream_tma_latency_s=GS.WEIGHT_STREAM_TMA_LATENCY_S)
+    slow = dataclasses.replace(h100, stream_tma_latency_s=1.5e-6)
     GS._choose.cache_clear()
     try:
         assert sum(r <= 1.03 for r, _, _ in mod.score(points, slow, chooser=True).values()) < 190
     finally:
+        GS._choose.cache_clear()
+
+
+def test_long_k_blocks_count_in_the_tma_stream_rate_and_rank_the_recorded_h200_timings():
+    """gemm_schedule.WEIGHT_STREAM_TMA_LONG_K: a TMA-fed 16-row program's K past
+    WEIGHT_STREAM_TMA_MAX_BLOCK_K counts at that share in its rate cap, not in the ties' rule. At 5120
+    x 5120 (80 programs of 16 x 64) the model ranks 16 x 64 x 256 in 5 stages first (timed 0.96x the
+    time of 16 x 64 x 128 in 6 there, median of 77 H200 points), at 6144 x 4096 (96 programs, where
+    the weight streams at the HBM rate either way) 16 x 64 x 128 in 6 (the 256 one 1.04x). Over the
+    recorded H200 runs of gemm-s47 (M <= 16), the chooser's pick within 3 % of the fastest timed at
+    more points than with the cap in the rate too."""
+    import glob
+
+    from numasched import gemm_schedule as GS
+
+    h200 = GS._KNOWN["h200"]
+    long_s, short_s = GS.Schedule.parse("splitk 16x64x256 w4 s5"), GS.Schedule.parse("splitk 16x64x128 w4 s6")
+    assert GS._tma_stream_depth(long_s) == 4 * 128 < GS._tma_stream_depth(short_s) == 5 * 128
+    assert GS._tma_stream_depth(long_s, rate=True) == 4 * (128 + 128 * GS.WEIGHT_STREAM_TMA_LONG_K)
+    assert GS.estimate(long_s, 16, 5120, 5120, 2, h200, True) < GS.estimate(short_s, 16, 5120, 5120, 2, h200, True)
+    scored = [(s, GS.estimate(s, 16, 6144, 4096, 2, h200, True)) for s in (long_s, short_s)]
+    assert GS.pick(scored, 16, 2, h200, splitk_tma=True).describe() == short_s.describe()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    mod = _rank_eval()
+    files = sorted(glob.glob(os.path.join(root, "bench", "results", "gemm-s47", "*", "gemm_inference-h200-*.csv")))
+    points = mod.read_points(files, 16)
+
+    def within_3(machine):
+        GS._choose.cache_clear()
+        return sum(r <= 1.03 for r, _, _ in mod.score(points, machine, chooser=True).values())
+
+    saved = GS.WEIGHT_STREAM_TMA_LONG_K
+    try:
+        now = within_3(h200)
+        GS.WEIGHT_STREAM_TMA_LONG_K = 0.0
+        assert now > within_3(h200), now
+    finally:
+        GS.WEIGHT_STREAM_TMA_LONG_K = saved
         GS._choose.cache_clear()
 
 
