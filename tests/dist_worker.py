@@ -667,6 +667,34 @@ def _arn_reference(xs, h, w, eps):
     return r, (w.double() * (rf * inv).to(h.dtype).double()).to(h.dtype)
 
 
+def _arn_compare(allx, outs, h, w, eps):
+    """(elements where the flag and LL outputs differ beyond a rounding, rows whose y differ at
+    all, notes naming the calls and rows that are wrong) for every call's outputs ``outs``
+    ({"flag": [(r, y)], "ll": [(r, y)]}) from ``allx`` (ranks x calls x M x N, every rank's x).
+    r must be bit-identical between the forms and to the reference (anything else is wrong data);
+    y within one rounding of the other form's (the normalised value one bf16 step apart, 2^-7
+    relative, then the weight's product rounded once more) and near the float64 reference."""
+    differ, y_rows, notes = 0, 0, []
+    for i in range(allx.shape[1]):
+        r_ref, y_ref = _arn_reference([allx[src, i] for src in range(allx.shape[0])], h, w, eps)
+        (r_f, y_f), (r_l, y_l) = outs["flag"][i], outs["ll"][i]
+        far = (y_f.float() - y_l.float()).abs() > 2.0 ** -6 * torch.maximum(y_f.float().abs(), y_l.float().abs())
+        d = int((r_f != r_l).sum()) + int(far.sum())
+        differ += d
+        y_rows += int((y_f != y_l).any(dim=-1).sum())
+        for ex in outs:
+            r, y = outs[ex][i]
+            off = (y.float() - y_ref.float()).abs() > 0.02 * y_ref.float().abs() + 1e-2
+            if int((r != r_ref).sum()) or int(off.sum()):
+                rows = sorted(set((r != r_ref).nonzero()[:, 0].tolist()) | set(off.nonzero()[:, 0].tolist()))
+                notes.append(f"call {i} {ex}: r wrong in {int((r != r_ref).sum())}, y off in {int(off.sum())} "
+                             f"elements (rows {rows})")
+        if d and len(notes) < 8:
+            rows = sorted(set((r_f != r_l).nonzero()[:, 0].tolist()) | set(far.nonzero()[:, 0].tolist()))
+            notes.append(f"call {i}: flag and LL differ beyond a rounding in {d} elements (rows {rows})")
+    return differ, y_rows, notes
+
+
 def check_arn_exchanges_agree(ctx, quick):
     """The decode-size all-reduce + add + RMSNorm by flag and by LL words (options.arn_exchange, in
     the plan's key), over many calls without a host sync and with one rank made late now and then
@@ -698,30 +726,7 @@ def check_arn_exchanges_agree(ctx, quick):
         ok(any(k[0] == "all_reduce_add_rmsnorm" and k[1] == M and k[-1] is True for k in ctx.plans
                if isinstance(k, tuple)), f"M={M}: no LL plan was made (the comparison would be vacuous)")
         allx = gather_rows(torch.stack(xs).reshape(calls, -1)).reshape(W, calls, M, 4096)
-        differ, y_rows, notes = 0, 0, []
-        for i in range(calls):
-            r_ref, y_ref = _arn_reference([allx[src, i] for src in range(W)], h, ln, eps)
-            (r_f, y_f), (r_l, y_l) = outs["flag"][i], outs["ll"][i]
-            d = int((r_f != r_l).sum())
-            differ += d
-            # y: at most one rounding of the normalised value apart (a bf16 step: 2^-7 relative),
-            # then the weight's product rounded once more
-            dy = (y_f.float() - y_l.float()).abs()
-            far = dy > 2.0 ** -6 * torch.maximum(y_f.float().abs(), y_l.float().abs())
-            d += int(far.sum())
-            differ += int(far.sum())
-            y_rows += int((y_f != y_l).any(dim=-1).sum())
-            for ex in outs:
-                r, y = outs[ex][i]
-                r_bad = int((r != r_ref).sum())
-                y_far = int(((y.float() - y_ref.float()).abs() > 0.02 * y_ref.float().abs() + 1e-2).sum())
-                if r_bad or y_far:
-                    rows = sorted(set((r != r_ref).nonzero()[:, 0].tolist()) | set(
-                        ((y.float() - y_ref.float()).abs() > 0.02 * y_ref.float().abs() + 1e-2).nonzero()[:, 0].tolist()))
-                    notes.append(f"call {i} {ex}: r wrong in {r_bad}, y off in {y_far} elements (rows {rows})")
-            if d and len(notes) < 8:
-                rows = sorted(set((r_f != r_l).nonzero()[:, 0].tolist()) | set(far.nonzero()[:, 0].tolist()))
-                notes.append(f"call {i}: flag and LL differ beyond a rounding in {d} elements (rows {rows})")
+        differ, y_rows, notes = _arn_compare(allx, outs, h, ln, eps)
         ok(not notes, f"M={M}: " + "; ".join(notes[:8]))
         ok(differ == 0, f"M={M}: flag and LL exchanges differ beyond a rounding in {differ} elements over {calls} calls")
         for ex in outs:

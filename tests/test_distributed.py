@@ -1298,6 +1298,44 @@ def test_worker_stops_after_a_check_that_breaks_the_context(tmp_path):
     assert [p.returncode for p in procs] == [0, 0], outs
 
 
+def test_arn_exchange_comparison_tells_a_race_from_a_rounding():
+    """dist_worker's check of the decode all-reduce + add + RMSNorm's two exchanges, its comparison
+    on CPU with outputs built from the reference: identical forms pass; y one bf16 step apart in
+    a few elements is counted as a rounding, not a failure; a residual element off (wrong data)
+    and a y three times too large are named with their call and row."""
+    sys.path.insert(0, os.path.join(REPO, "tests"))
+    try:
+        import dist_worker as w
+    finally:
+        sys.path.pop(0)
+    g = torch.Generator().manual_seed(5)
+    W, calls, M, N = 2, 6, 3, 256
+    allx = torch.randn(W, calls, M, N, generator=g).to(torch.bfloat16)
+    h, ln = torch.randn(M, N, generator=g).to(torch.bfloat16), torch.randn(N, generator=g).to(torch.bfloat16)
+    ref = [w._arn_reference([allx[s, i] for s in range(W)], h, ln, 1e-5) for i in range(calls)]
+
+    def outs(edit=None):
+        o = {"flag": [(r.clone(), y.clone()) for r, y in ref], "ll": [(r.clone(), y.clone()) for r, y in ref]}
+        if edit:
+            edit(o)
+        return o
+
+    assert w._arn_compare(allx, outs(), h, ln, 1e-5) == (0, 0, [])
+
+    def one_step(o):   # one rounding of y apart in two elements of row 1, call 2
+        y = o["ll"][2][1]
+        y[1, :2] = (y[1, :2].float() * (1 + 2.0 ** -7)).to(torch.bfloat16)
+    differ, y_rows, notes = w._arn_compare(allx, outs(one_step), h, ln, 1e-5)
+    assert (differ, y_rows, notes) == (0, 1, [])
+
+    def race(o):       # call 4's LL residual element wrong (stale data), its y far off
+        o["ll"][4][0][2, 7] += 1
+        o["ll"][4][1][0, :3] *= 3
+    differ, y_rows, notes = w._arn_compare(allx, outs(race), h, ln, 1e-5)
+    assert differ >= 1 + 3 and any(n.startswith("call 4 ll: r wrong in 1, y off in 3") and "rows [0, 2]" in n
+                                   for n in notes), notes
+
+
 def test_bench_rows_are_written_as_measured(tmp_path, monkeypatch):
     """bench/distributed.py (CPU part): options parse, rank 0 rewrites the CSV after every row and
     prints it at once; other ranks write nothing."""
