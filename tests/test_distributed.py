@@ -1208,7 +1208,8 @@ def test_torchrun_worker():
 
 
 # ============================================================================ dist_worker's control flow (CPU, gloo)
-_WORKER_SELFTEST = r'''
+# the part every self-test script starts with: two gloo ranks, the agreement group, a context stub
+_WORKER_HEADER = r'''
 import datetime, sys
 sys.path.insert(0, TESTS)
 import torch, torch.distributed as dist
@@ -1220,6 +1221,9 @@ class Ctx:
     rank, world, broken = R, W, None
 def check_ok(ctx, quick):
     t = torch.ones(1); dist.all_reduce(t); return f"sum {t.item():g}"
+'''
+
+_WORKER_SELFTEST = r'''
 def check_soft_fail(ctx, quick):
     ok = w.Expect(); ok(R != 1, "wrong on rank 1")
     t = torch.ones(1); dist.all_reduce(t)     # a collective after the failure: every rank still makes it
@@ -1237,38 +1241,32 @@ sys.exit(w.finish(R, failed, stopped))
 '''
 
 
+def _two_worker_ranks(tmp_path, name: str, body: str):
+    """``_WORKER_HEADER + body`` as two CPU ranks over gloo: (outputs, return codes)."""
+    script = tmp_path / f"{name}.py"
+    script.write_text(f"TESTS = {os.path.join(REPO, 'tests')!r}\n" + _WORKER_HEADER + body)
+    env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    procs = [subprocess.Popen([sys.executable, str(script)], env=dict(env, RANK=str(r)), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    return [p.communicate(timeout=120)[0] for p in procs], [p.returncode for p in procs]
+
+
 def test_worker_keeps_ranks_in_step_and_bounds_hangs(tmp_path):
     """tests/dist_worker.py's loop, 2 CPU ranks over gloo: a check failing on rank 1 only (soft) is
     agreed on and the next check's collective still matches; a rank that raises before a collective
     leaves rank 0 alone in it: rank 0's watchdog names the check, dumps its stack and exits 3, and
     rank 1's bounded agreement wait stops it with exit 1 (no 180 s NCCL watchdog)."""
-    script = tmp_path / "selftest.py"
-    script.write_text(f"TESTS = {os.path.join(REPO, 'tests')!r}\n" + _WORKER_SELFTEST)
-    env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-    procs = [subprocess.Popen([sys.executable, str(script)], env=dict(env, RANK=str(r)), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in range(2)]
-    outs = [p.communicate(timeout=120)[0] for p in procs]
+    outs, codes = _two_worker_ranks(tmp_path, "selftest", _WORKER_SELFTEST)
     assert "FAILED soft_fail on rank(s) [1]" in outs[0], outs[0]
     assert "[rank 0] PASS after" in outs[0] and "[rank 1] PASS after" in outs[1]
     assert "WATCHDOG: 'check hard_fail'" in outs[0] and "in check_hard_fail" in outs[0], outs[0]
-    assert procs[0].returncode == 3, outs[0]
+    assert codes[0] == 3, outs[0]
     assert "FAIL hard_fail: the other ranks did not report" in outs[1], outs[1]
-    assert procs[1].returncode == 1, outs[1]
+    assert codes[1] == 1, outs[1]
 
 
 _WORKER_BREAKER = r'''
-import datetime, sys
-sys.path.insert(0, TESTS)
-import torch, torch.distributed as dist
-import dist_worker as w
-dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
-agree = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=30))
-R, W = dist.get_rank(), dist.get_world_size()
-class Ctx:
-    rank, world, broken = R, W, None
 ctx = Ctx()
-def check_ok(ctx, quick):
-    t = torch.ones(1); dist.all_reduce(t); return f"sum {t.item():g}"
 def check_breaks(ctx, quick):
     if R == 0:
         ctx.broken = "rank 0: timed out waiting for rank(s) [1]"   # as a TimeoutError leaves it
@@ -1286,16 +1284,11 @@ def test_worker_stops_after_a_check_that_breaks_the_context(tmp_path):
     """A check allowed to break the context (the timeout checks) that breaks it on one rank only
     (the rank that skipped the call is still in step) stops every rank, so the next breaker does not
     wait alone for a peer that stopped: both ranks exit 0, rank 0 naming what was not run."""
-    script = tmp_path / "breaker.py"
-    script.write_text(f"TESTS = {os.path.join(REPO, 'tests')!r}\n" + _WORKER_BREAKER)
-    env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-    procs = [subprocess.Popen([sys.executable, str(script)], env=dict(env, RANK=str(r)), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in range(2)]
-    outs = [p.communicate(timeout=120)[0] for p in procs]
+    outs, codes = _two_worker_ranks(tmp_path, "breaker", _WORKER_BREAKER)
     assert "not run after it: ['second_breaker']" in outs[0], outs[0]
     assert "ALL PASSED" in outs[0], outs[0]
     assert "second_breaker" not in outs[1].replace("check_second_breaker", ""), outs[1]
-    assert [p.returncode for p in procs] == [0, 0], outs
+    assert codes == [0, 0], outs
 
 
 def test_arn_exchange_comparison_tells_a_race_from_a_rounding():
