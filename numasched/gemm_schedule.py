@@ -211,8 +211,9 @@ WEIGHT_STREAM_TMA_MAX_BLOCK_K = 128
 # the best timed (geomean pick / best 1.0087 -> 1.0066), every M 2971 -> 3016 of 3345; the H100's
 # 2399 points unchanged at any share (their ties keep the cap). Changed picks slower than before:
 # 4824 x 2584 (1.03x, 18 points), 5120 x 12800 at 17-64 rows (16 x 128 x 128 in 2 parts, 1.02x,
-# 45), 11264 x 2848 and 1824 x 15184 (1.02x, one each). Fitted on recorded timings, not yet timed
-# as a grid (fifty-first session).
+# 45), 11264 x 2848 and 1824 x 15184 (1.02x, one each). Timed after the change at 7 changed picks
+# (two off the grid), each faster than the old pick: 0.896-0.986x (bench/results/gemm-s51/
+# m16-new-model/); not yet as a whole grid.
 WEIGHT_STREAM_TMA_LONG_K = 0.5
 # The stream-K phase's K iterations cost this much more than the model's streaming/tensor time
 # (pipeline restarts per piece, partial tiles through L2; fitted to the same run).
