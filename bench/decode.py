@@ -10,9 +10,12 @@ Per point (heads, batch, context), bf16, head dim 128, one query token per seque
   backend has no kernel), FlexAttention's decode path (``torch.compile(flex_attention)``), and
   FlashInfer's ``BatchDecodeWithPagedKVCacheWrapper`` (paged, NHD) if importable.
 
-Every contender is timed twice: eager calls (do_bench over ``fn()``; includes the host launch
-overhead) and a CUDA-graph replay of one captured call (``*_graph_us``; what a serving engine's
-decode step costs). Peers that cannot be captured show "n/a" there and count with their eager time.
+Every contender is timed twice: eager calls (``fn()``; includes the host launch overhead) and a
+CUDA-graph replay of one captured call (``*_graph_us``; what a serving engine's decode step
+costs), each call alone between CUDA events after an L2 flush (``--flush``: by default a 256 MB
+read, so the call starts with a cold L2 of clean lines; ``zero`` is triton's do_bench, whose
+written flush leaves dirty lines that every contender writes back while it reads). Peers that
+cannot be captured show "n/a" there and count with their eager time.
 Bytes moved = K + V read + q read + out written. Reported: time, TB/s, fraction of the measured
 streaming-read bandwidth (bench.common.stream_read_bw), and the ratio best peer time / our time
 (> 1: we are faster) against the best peer at that point in any layout: ``ratio_vs_best_peer`` on
@@ -75,7 +78,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, NamedTuple, Optional
 
 # query / KV heads: the issue's four configs (Llama-3-8B, Llama-3-70B, MHA, Qwen2-7B-like 28/4) and
 # Llama-3-8B at tensor parallel 2 (16/4: what each GPU of the TP 2 decoder runs)
@@ -161,6 +164,8 @@ def _option_variant(text: str):
 def build_parser() -> argparse.ArgumentParser:
     from numasched.argtypes import nonneg_int, out_dir, positive_float, positive_int
 
+    from .common import FLUSH_MODES
+
     p = argparse.ArgumentParser(prog="numasched bench decode", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help=f"a handful of points: {QUICK_POINTS}")
@@ -185,6 +190,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "an extra row per layout, timed in the same run as the default")
     p.add_argument("--no-paged", action="store_true", help="contiguous layouts only (no paged cache, no FlashInfer)")
     p.add_argument("--rep", type=positive_int, default=100, help="timing window per measurement, ms")
+    p.add_argument("--flush", choices=FLUSH_MODES, default="read",
+                   help="the L2 flush before each timed call: read (default: 256 MB read, the L2 cold and clean, as "
+                        "after a model's weight reads) or zero (triton's do_bench: 256 MB written, so every "
+                        "contender's first L2-size of reads also writes back dirty lines; the 1st-49th sessions' "
+                        "setting)")
     p.add_argument("--no-graph", action="store_true", help="skip the CUDA-graph timings")
     p.add_argument("--sq", type=_q_lens, default=None,
                    help=f"multi-token decode instead: these query lengths per sequence (comma list in 1..{MAX_Q_LEN}, "
@@ -214,6 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _parse(argv):
     args = build_parser().parse_args(argv)
+    args.timing = Timing(args.rep, args.flush)
     if args.ragged and args.pages not in (None, [PAGE]):
         build_parser().error(f"--pages: --ragged times pages of {PAGE} only")
     if args.pages is None:
@@ -355,13 +366,20 @@ def _dry_run_ragged(args, sms: int) -> int:
     return print_plan("decode --ragged", lines, contenders)
 
 
-def _time(fn: Callable, rep: int) -> Optional[float]:
+class Timing(NamedTuple):
+    """How each call is timed: ``rep`` ms of calls, each after an L2 flush of kind ``flush``
+    (bench.common.bench_ms)."""
+    rep: int
+    flush: str
+
+
+def _time(fn: Callable, timing: Timing) -> Optional[float]:
     from .common import bench_ms
 
-    return bench_ms(fn, warmup=max(10, rep // 4), rep=rep)
+    return bench_ms(fn, warmup=max(10, timing.rep // 4), rep=timing.rep, flush=timing.flush)
 
 
-def _try(fn: Callable, rep: int, notes: List[str], name: str):
+def _try(fn: Callable, timing: Timing, notes: List[str], name: str):
     """Time fn; None (reported as n/a) if it raises (e.g. an SDPA backend without a kernel)."""
     import torch
 
@@ -371,7 +389,7 @@ def _try(fn: Callable, rep: int, notes: List[str], name: str):
     except Exception as e:  # noqa: BLE001 - a peer that cannot run this case is "n/a", with why
         notes.append(f"{name}: {type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}")
         return None, None
-    return _time(fn, rep), out
+    return _time(fn, timing), out
 
 
 def _flashinfer():
@@ -383,7 +401,7 @@ def _flashinfer():
         return None, f"{type(e).__name__}: {e}"
 
 
-def _graph_ms(fn: Callable, rep: int, notes: List[str], name: str) -> Optional[float]:
+def _graph_ms(fn: Callable, timing: Timing, notes: List[str], name: str) -> Optional[float]:
     """Median ms of replaying a CUDA graph holding one call of fn (already run eagerly); None if fn cannot be captured."""
     import torch
 
@@ -399,7 +417,7 @@ def _graph_ms(fn: Callable, rep: int, notes: List[str], name: str) -> Optional[f
         except Exception:  # noqa: BLE001
             pass
         return None
-    return _time(graph.replay, rep)
+    return _time(graph.replay, timing)
 
 
 def _host_overhead(calls: int) -> int:
@@ -582,8 +600,8 @@ def _bench(args) -> int:
 
     def timed(fn, notes, name):
         """(eager ms, graph ms, output): None where it cannot run / be captured."""
-        t, out = _try(fn, args.rep, notes, name)
-        tg = _graph_ms(fn, args.rep, notes, name) if (graph and t is not None) else None
+        t, out = _try(fn, args.timing, notes, name)
+        tg = _graph_ms(fn, args.timing, notes, name) if (graph and t is not None) else None
         return t, tg, out
 
     for (hname, B, L), warm in progress(_schedule(pts, args.max_gb), description="decode"):
@@ -736,17 +754,18 @@ def _bench(args) -> int:
 
     write_results("decode", rows, columns=COLUMNS, plot=_plot, out_dir=args.out_dir,
                   meta=dict(stream_read_TBps=read_bw / 1e12, mapping=args.mapping, quick=args.quick,
-                            graph=graph, flashinfer=(getattr(fi, "__version__", "?") if fi else fi_err)))
+                            graph=graph, flush=args.flush,
+                            flashinfer=(getattr(fi, "__version__", "?") if fi else fi_err)))
     print(f"streaming read: {read_bw / 1e12:.2f} TB/s; ratio_vs_best_peer > 1 means numasched is faster "
           f"(CUDA-graph times; ratio_eager: eager calls). "
           f"Targets: ratio >= 1 everywhere, frac_stream_read >= 0.9 at batch x ctx >= 256k.")
     return 0
 
 
-def _timed(fn: Callable, notes: List[str], name: str, rep: int, graph: bool):
+def _timed(fn: Callable, notes: List[str], name: str, timing: Timing, graph: bool):
     """(eager ms, graph ms, output): None where it cannot run / be captured."""
-    t, out = _try(fn, rep, notes, name)
-    tg = _graph_ms(fn, rep, notes, name) if (graph and t is not None) else None
+    t, out = _try(fn, timing, notes, name)
+    tg = _graph_ms(fn, timing, notes, name) if (graph and t is not None) else None
     return t, tg, out
 
 
@@ -795,7 +814,7 @@ def _bench_multi(args) -> int:
             q = qs[sq]
             fn = lambda: numasched.flash_decode(q, k, v, cache_seqlens=lens, block_table=bt,  # noqa: E731
                                                 mapping=args.mapping)
-            t, tg, out = _timed(fn, notes[sq], f"numasched {layout}", args.rep, graph)
+            t, tg, out = _timed(fn, notes[sq], f"numasched {layout}", args.timing, graph)
             ours[sq][layout] = (t, tg)
             return out
 
@@ -815,14 +834,14 @@ def _bench_multi(args) -> int:
                             return F.scaled_dot_product_attention(q_bhsd, kb, vb, attn_mask=bias, enable_gqa=gqa)
 
                     peers[sq][name], peers_graph[sq][name], out = _timed(fn, notes[sq], f"SDPA lower-right {be}",
-                                                                         args.rep, graph)
+                                                                         args.timing, graph)
                     if ref is None and out is not None:
                         ref = out.transpose(1, 2).float()
             mask = (torch.arange(L, device=dev)[None, :] <= torch.arange(sq, device=dev)[:, None] + (L - sq))
             fn = lambda q_bhsd=q_bhsd, mask=mask: F.scaled_dot_product_attention(  # noqa: E731
                 q_bhsd, kb, vb, attn_mask=mask, enable_gqa=gqa)
             peers[sq]["sdpa_mask"], peers_graph[sq]["sdpa_mask"], out = _timed(fn, notes[sq], "SDPA bool mask",
-                                                                               args.rep, graph)
+                                                                               args.timing, graph)
             if ref is None and out is not None:
                 ref = out.transpose(1, 2).float()
             out = run_ours(sq, "contiguous (BHLD view)", kb.transpose(1, 2), vb.transpose(1, 2))
@@ -846,7 +865,7 @@ def _bench_multi(args) -> int:
                     notes[sq].append(f"flashinfer prefill page {page} plan: {type(e).__name__}: {str(e)[:80]}")
                     continue
                 qf = qs[sq].reshape(B * sq, H, D)
-                t, tg, _ = _timed(lambda: w.run(qf, (kp, vp)), notes[sq], f"flashinfer page {page}", args.rep,  # noqa: B023
+                t, tg, _ = _timed(lambda: w.run(qf, (kp, vp)), notes[sq], f"flashinfer page {page}", args.timing,  # noqa: B023
                                   graph)
                 peers[sq][f"flashinfer_{page}"], peers_graph[sq][f"flashinfer_{page}"] = t, tg
                 del ws
@@ -895,7 +914,7 @@ def _bench_multi(args) -> int:
 
     write_results("decode_multi", rows, columns=MULTI_COLUMNS, out_dir=args.out_dir,
                   meta=dict(stream_read_TBps=read_bw / 1e12, mapping=args.mapping, quick=args.quick, graph=graph,
-                            q_lens=args.sq, pages=args.pages,
+                            flush=args.flush, q_lens=args.sq, pages=args.pages,
                             flashinfer=(getattr(fi, "__version__", "?") if fi else fi_err),
                             sdpa_lower_right=causal_lower_right is not None))
     print(f"streaming read: {read_bw / 1e12:.2f} TB/s; ratio_vs_best_peer > 1 means numasched is faster "
@@ -964,11 +983,11 @@ def _bench_ragged(args) -> int:
         def run_both(layout, k, v, bt=None):
             res = {}
             fn = lambda: numasched.flash_decode(q, k, v, cache_seqlens=lens, block_table=bt)  # noqa: E731
-            res["static"], res["static_graph"], o_static = _timed(fn, notes, f"static {layout}", args.rep, graph)
+            res["static"], res["static_graph"], o_static = _timed(fn, notes, f"static {layout}", args.timing, graph)
             plan = numasched.plan_decode_worklist(q, k, v, lengths=lens_np, cache_seqlens=lens, block_table=bt,
                                                   num_programs=args.programs, config=wl_config)
             fn = lambda: plan.run(q, k, v, lens, bt)  # noqa: E731
-            res["worklist"], res["worklist_graph"], o_wl = _timed(fn, notes, f"worklist {layout}", args.rep, graph)
+            res["worklist"], res["worklist_graph"], o_wl = _timed(fn, notes, f"worklist {layout}", args.timing, graph)
             # schedule: what the "worklist" columns timed (the plan's choice; "split": the split kernel)
             res.update(items=plan.num_items, programs=plan.num_programs, balance=round(plan.balance, 4),
                        schedule=plan.schedule)
@@ -997,7 +1016,7 @@ def _bench_ragged(args) -> int:
             last = torch.tensor(lens_np - (per_seq - 1) * PAGE, dtype=torch.int32, device=dev)
             peers["flashinfer"], peers_graph["flashinfer"], o = _flashinfer_decode(
                 fi, args, q, kp, vp, ip, indices, last, (H, HK, D, PAGE, dt, dev), notes,
-                lambda fn, name: _timed(fn, notes, name, args.rep, graph))
+                lambda fn, name: _timed(fn, notes, name, args.timing, graph))
             if o is not None and out_paged is not None:
                 ref["flashinfer"] = (out_paged.float() - o.float()).abs().max().item()
         else:
@@ -1013,7 +1032,7 @@ def _bench_ragged(args) -> int:
         mask = (torch.arange(L, device=dev)[None, :] < lens[:, None])[:, None, None, :]
         fn = lambda: F.scaled_dot_product_attention(q.view(B, H, 1, D), kb, vb, attn_mask=mask,  # noqa: E731
                                                     enable_gqa=H != HK)
-        peers["sdpa_mask"], peers_graph["sdpa_mask"], o = _timed(fn, notes, "SDPA length mask", args.rep, graph)
+        peers["sdpa_mask"], peers_graph["sdpa_mask"], o = _timed(fn, notes, "SDPA length mask", args.timing, graph)
         if o is not None and out_contig is not None:
             ref["sdpa_mask"] = (out_contig.float() - o.view(B, H, D).float()).abs().max().item()
         del kn, vn, kb, vb
@@ -1058,8 +1077,8 @@ def _bench_ragged(args) -> int:
         _write_partial(rows, args.out_dir, "decode_ragged", RAGGED_COLUMNS)
 
     write_results("decode_ragged", rows, columns=RAGGED_COLUMNS, out_dir=args.out_dir,
-                  meta=dict(stream_read_TBps=read_bw / 1e12, quick=args.quick, graph=graph, seed=args.seed,
-                            ragged_min=args.ragged_min, programs=args.programs,
+                  meta=dict(stream_read_TBps=read_bw / 1e12, quick=args.quick, graph=graph, flush=args.flush,
+                            seed=args.seed, ragged_min=args.ragged_min, programs=args.programs,
                             flashinfer=(getattr(fi, "__version__", "?") if fi else fi_err)))
     print(f"streaming read: {read_bw / 1e12:.2f} TB/s; ratio_vs_best_peer > 1 means the work list is faster than the "
           f"best peer (CUDA-graph times); frac_stream_read on the useful bytes (valid tokens' K and V, q, out). "

@@ -175,6 +175,18 @@ def test_decode_bench_page_sizes(capsys):
     assert "paged 16, combine auto" in out and "paged 64, combine auto" in out
 
 
+def test_decode_bench_flush_is_a_read_by_default_and_checked(capsys):
+    from numasched.bench import common, decode
+
+    assert decode._parse([]).timing == decode.Timing(100, "read")
+    assert decode._parse(["--flush", "zero", "--rep", "50"]).timing == decode.Timing(50, "zero")
+    with pytest.raises(SystemExit):
+        decode._parse(["--flush", "write"])
+    assert "--flush" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="flush"):
+        common.bench_ms(lambda: None, flush="write")
+
+
 def test_decode_bench_paged_cache_covers_a_partial_last_page():
     import torch
 
