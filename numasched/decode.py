@@ -227,7 +227,8 @@ FLOOR_MIN_PAIRS_PER_SM = 0.48
 # ... on the H100's memory per SM. A GPU with more bandwidth per SM needs more streams to fill it
 # (a program's rate is its bytes in flight over the latency, which does not grow with it): the
 # floor's streams grow by STREAMS_BW_GAIN of the excess (stream_scale). On an H200 (4.3 against
-# 3.0 TB/s on 132 SMs: 1.22x the streams) the H100's constant kept one split for 64 pairs x 4k
+# 3.0 TB/s on 132 SMs: 1.22x the streams at the gain of 0.5 below, 1.43x at the full gain that
+# replaced it) the H100's constant kept one split for 64 pairs x 4k
 # tokens, 52.6-60.1 us against 47.8-49.8 in two (the H200 grid, bench/results/decode-s34-grid-h200/,
 # beside the seventh session's H200 grid in two splits; cuDNN and FlashInfer within 0.5 % in both);
 # with it two from 2k (one split 1.00-1.04x of two at 2k; at 1k 0.94x, where a contiguous cache
@@ -236,7 +237,18 @@ FLOOR_MIN_PAIRS_PER_SM = 0.48
 # split sweep, decode-s10-shortsplits/: within 3 % of the best at 117 of 120 either way); the
 # full gain (1.43x) took two splits at 1k (6 % slower). GPUs with less bandwidth per SM (the
 # MI300X's CUs by the datasheet) keep the H100's constant: nothing was measured there.
-STREAMS_BW_GAIN = 0.5
+# Refit to the full gain (1.0: the streams grow with the bandwidth per SM, as the rate argument
+# above has it) on H200 sweeps timed after a *read* L2 flush (bench decode --flush read, the
+# fifty-second session, bench/results/decode-s52/sweep/). Every earlier sweep was timed after
+# triton's do_bench flush, which writes 256 MB: the call then starts with 50 MB of dirty L2 lines
+# to write back (about 9 us of every contender's time at >= 134 MB of K/V, decode-s52/flush-*),
+# and in that window extra streams bought nothing. After a read flush, 64 pairs x 1k ran 17.1-17.6
+# us in two splits against 18.2-19.6 in one (three head configs, both layouts; cuDNN 18.6-18.9),
+# and at 72-144 pairs x 1.5k-8k (32/8, off the grid) the full gain's picks are within 3 % of the
+# best at 44 of 50 points (0.5: 25 of 50, worst 1.113 -> 1.070). On the earlier sweeps it stays
+# within 3 % at 815 of 855 points (829 with 0.5): their 64 pairs x 1k points had one split 3-6 %
+# ahead under the written flush.
+STREAMS_BW_GAIN = 1.0
 # ... but the memory's full rate needs (nearly) every SM streaming: where the floor applies, it
 # grows by IDLE_SM_COST per unit of the waves' mean idle fraction (1 - programs / (waves * SMs)).
 # An H100 sweep at 96 pairs x 16k-32k (bench/results/decode-s33-sweep/, decode-s33-pairs/: 32/8 at
@@ -368,11 +380,12 @@ def choose_num_splits(batch: int, kv_heads: int, max_seqlen: int, num_sms: int, 
     hold one program fewer in one split: up to 1.875 pairs per SM) at least PAST_WAVE_SPLITS splits
     where they are PAST_WAVE_MIN_SPLIT_TOKENS * stream_scale long or more. The constants were
     fitted on H200 and H100 sweeps (bench/results/decode-s10-shortsplits/, decode-s32*/,
-    decode-s33*/, decode-s34*/, decode-s35*/); no AMD GPU was measured. So with few pairs
+    decode-s33*/, decode-s34*/, decode-s35*/, decode-s52/sweep/); no AMD GPU was measured. So with few pairs
     batch * kv_heads * splits reaches about PROGRAMS_PER_SM programs per SM when the context is long enough and the
     last wave is not mostly empty, and from about half as many pairs as SMs one split (no combine
-    at all) is used while the context is short (64 pairs on 132 SMs: up to 4k tokens; two splits
-    from 7k contiguous, 5k paged): those programs already stream at about the memory's rate.
+    at all) is used while the context is short (64 pairs on 132 SMs at stream_scale 1, the H100:
+    up to 4k tokens; two splits from 7k contiguous, 5k paged; on an H200 two from 896 tokens
+    contiguous, 640 paged): those programs already stream at about the memory's rate.
     """
     items = max(1, batch * kv_heads)
     slots = max(1, num_sms * PROGRAMS_PER_SM)
