@@ -2310,8 +2310,9 @@ def test_first_use_compiles_the_variant_that_runs(monkeypatch):
 def test_all_reduce_chunks_small_sizes_whole():
     """Decode-size all-reduces: chunks of at most 4 KB that divide n where a power of two down to
     512 bytes does (a partial chunk's stores are scalar: 8 KB in one 16 KB chunk took twice as
-    long on 4 H200s); above 256 KB the BULK schedule, 32 KB chunks one-shot, 16 KB two-shot."""
-    from numasched.distributed.all_reduce import SMALL_BYTES, _cfg
+    long on 4 H200s); at two ranks up to 1 MB one chunk per program; above that (256 KB at four
+    ranks) the BULK schedule, 32 KB chunks one-shot from 4 MB, else 16 KB."""
+    from numasched.distributed.all_reduce import MID_BYTES, SMALL_BYTES, _cfg
 
     bf, f32 = torch.bfloat16, torch.float32
     assert _cfg(bf, True, 4096)["BLOCK"] == 2048            # Llama hidden at batch 1: two whole 4 KB chunks
@@ -2319,8 +2320,16 @@ def test_all_reduce_chunks_small_sizes_whole():
     assert _cfg(f32, True, 4096)["BLOCK"] == 1024
     assert _cfg(bf, True, 12291)["BLOCK"] == 2048           # odd n: 4 KB chunks, the last one partial
     big = _cfg(bf, True, 2 << 20)
-    assert big["BLOCK"] == 16384 and big["BULK"] and _cfg(bf, True, SMALL_BYTES)["BLOCK"] == 8192 and _cfg(bf, True, SMALL_BYTES, two=True)["BLOCK"] == 8192
-    assert _cfg(bf, True, SMALL_BYTES, world=4)["BLOCK"] == 8192   # one-shot at 4 ranks: 16 KB chunks
+    assert big["BLOCK"] == 16384 and big["BULK"] and _cfg(bf, True, 4 << 20)["BLOCK"] == 16384   # 4 MB one-shot: 32 KB
+    assert _cfg(bf, True, 4 << 20, two=True)["BLOCK"] == 8192
+    # 256 KB - 1 MB at two ranks: one 4 KB (8 KB from 512 KB) chunk per program, not BULK
+    for nbytes, block in (((384 << 10), 2048), ((512 << 10), 2048), ((520 << 10), 4096), ((768 << 10), 4096),
+                          (MID_BYTES, 4096)):
+        for two in (False, True):
+            c = _cfg(bf, True, nbytes // 2, two=two)
+            assert c["BLOCK"] == block and not c.get("BULK") and nbytes // (block * 2) <= 132, (nbytes, two, c)
+    assert _cfg(bf, True, MID_BYTES // 2 + 8)["BULK"]   # past 1 MB: BULK again
+    assert _cfg(bf, True, SMALL_BYTES, world=4)["BLOCK"] == 8192 and _cfg(bf, True, SMALL_BYTES, world=4)["BULK"]
     assert not _cfg(bf, True, 4096).get("BULK") and not _cfg(bf, False, 1 << 20).get("BULK")   # decode sizes, CPU
     for hidden in (2048, 2560, 3584, 4096, 5120, 7168, 8192):
         for batch in (1, 2, 3, 4, 8, 16):

@@ -25,6 +25,7 @@ MAX_PROGRAMS = 1024
 
 
 SMALL_BYTES = 256 << 10   # decode-size all-reduces: small chunks that divide n
+MID_BYTES = 1 << 20       # up to here at two ranks: one small chunk per program (_cfg)
 
 
 def _cfg(dtype, gpu: bool, n: Optional[int] = None, two: bool = False, world: int = 2) -> dict:
@@ -42,8 +43,17 @@ def _cfg(dtype, gpu: bool, n: Optional[int] = None, two: bool = False, world: in
         if n % block:
             block = 4096 // es
         return dict(BLOCK=block, num_warps=max(1, min(8, block * es // 512)))
-    # Above 256 KB: BULK (every chunk of a stage pushed, then one signal: a signal is a
-    # system-scope fence, and the pipelined loop's two per chunk held two-shot at 79 us for 16 MB
+    if n is not None and world <= 2 and n * es <= MID_BYTES:
+        # 256 KB - 1 MB at two ranks: chunks small enough for one chunk per program (4 KB up to
+        # 512 KB, 8 KB up to 1 MB: 64-128 programs on 132 SMs), pipelined (not BULK). Two H200s,
+        # five interleaved rounds each (bench/results/tp2-s52/ar-sweep.log), one-shot medians at
+        # 384 KB / 512 KB / 768 KB / 1 MB: 9.0 / 8.8 / 11.0 / 11.8 us, against 10.1 / 9.8 / 11.7 /
+        # 12.3 with the BULK 16 KB chunks before, torch symm_mem's two-shot 10.0 / 9.7 / 11.2 /
+        # 12.5 and NCCL 11.7 / 12.8 / 14.8 / 16.9. Four ranks keep BULK: not measured there.
+        block = (4096 if n * es <= MID_BYTES // 2 else 8192) // es
+        return dict(BLOCK=block, num_warps=8)
+    # Above 256 KB (1 MB at two ranks): BULK (every chunk of a stage pushed, then one signal: a
+    # signal is a system-scope fence, and the pipelined loop's two per chunk held two-shot at 79 us for 16 MB
     # and 139 for 32 MB on two H100s, NCCL's speed; BULK 64 / 112, torch symm_mem's two-shot 62 /
     # 111; on four H100s 122 -> 115 at 16 MB, 433 -> 354 at 64 MB). Chunks of 16 KB; one-shot from
     # 4 MB at two ranks 32 KB (22.2 against 23.6 us; 1 MB 12.0 / 12.2, a tie, where 32 KB chunks
