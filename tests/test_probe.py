@@ -344,3 +344,20 @@ def test_quick_probe_on_gpu(tmp_path):
         assert res["far_cycles"] > res["near_cycles"]
     topo = Topology.from_probe(tmp_path / "probe.json")
     assert topo.num_cus in (nsm, (nsm // topo.num_domains) * topo.num_domains)
+
+
+@pytest.mark.gpu
+def test_stream_read_bw_on_gpu_is_a_rate_the_gpu_can_have():
+    """The 1 GiB streaming read (back-to-back reads, no written flush): below the published HBM
+    rate (H100 SXM 3.35 TB/s, H200 4.8) and above 0.7 of the model table's measured one."""
+    from numasched.gemm_schedule import _KNOWN
+    from numasched.probe.bandwidth import stream_read_bw
+
+    name = torch.cuda.get_device_name(0).lower()
+    known = next((k for k in ("h200", "h100") if k in name), None)
+    if known is None:
+        pytest.skip(f"no table entry for {name}")
+    bw = stream_read_bw()
+    assert stream_read_bw() == bw   # cached per device
+    published = {"h200": 4.8e12, "h100": 3.35e12}[known]
+    assert 0.7 * _KNOWN[known].hbm_bytes_per_s < bw < published, bw
