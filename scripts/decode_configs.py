@@ -18,7 +18,7 @@ import sys
 import torch
 
 import numasched
-from numasched.bench.common import graph_replay_ms
+from numasched.bench.common import FLUSH_MODES, bench_ms, capture, graph_replay_ms, warm_up_for_capture
 from numasched.cli import nonneg_int, positive_int
 from numasched.decode import choose_num_splits, stream_scale
 
@@ -28,10 +28,18 @@ from numasched.kernels.flash_decode import _CONTIGUOUS_CONFIGS, _PAGED_CONFIGS
 
 
 ITERS = 30  # graph replays per timing (--iters)
+FLUSH = "read"   # --flush
 
 
 def graph_us(fn) -> float:
-    return graph_replay_ms(fn, warmup=5, iters=ITERS) * 1e3
+    """Median us of replays of a graph of one call of ``fn``: each after a 256 MB read (FLUSH
+    "read", bench.common.bench_ms: the L2 cold and clean, as after a model's weight reads), or
+    back to back ("none": a cache smaller than the L2 is then read from it; the setting of the
+    sweeps before the fifty-second session)."""
+    if FLUSH == "none":
+        return graph_replay_ms(fn, warmup=5, iters=ITERS) * 1e3
+    warm_up_for_capture(fn, 2)
+    return bench_ms(capture(fn).replay, warmup=5, rep=ITERS, flush=FLUSH) * 1e3
 
 
 def timed(make, run_args) -> float:
@@ -67,7 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--worklist", type=positive_int, nargs="*", default=[],
                    help="also time the work-list kernel with this many programs per SM (each)")
     p.add_argument("--no-auto", action="store_true", help="skip the autotuned plan (slow: it tunes)")
-    p.add_argument("--iters", type=positive_int, default=ITERS, help="graph replays per timing (median)")
+    p.add_argument("--iters", type=positive_int, default=ITERS,
+                   help="graph replays per timing (median) with --flush none; else ms of timed replays")
+    p.add_argument("--flush", choices=("none",) + FLUSH_MODES, default=FLUSH,
+                   help="before each timed replay: read (default) or zero 256 MB (bench.common.bench_ms), or none "
+                        "(back to back: small caches then hit the L2)")
     p.add_argument("--csv", default=None, help="append one row per timing to this CSV file")
     p.add_argument("--dry-run", action="store_true", help="print the sweep and exit (no GPU needed)")
     return p
@@ -88,8 +100,8 @@ def _cache(B, L, HK, D, page, dev):
 def main(argv=None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
-    global ITERS
-    ITERS = args.iters
+    global ITERS, FLUSH
+    ITERS, FLUSH = args.iters, args.flush
     H, HK, D = args.heads[0], args.heads[1], 128
     if H % HK:
         p.error(f"--heads: query heads ({H}) must be a multiple of KV heads ({HK})")
