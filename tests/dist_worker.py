@@ -507,7 +507,9 @@ def check_all_reduce(ctx, quick):
     """Every impl and size against a float64 sum of every rank's data; identical on every rank;
     in place; repeated calls."""
     R, W = ctx.rank, ctx.world
-    sizes = [1, 4097, 65536 + 3, 1 << 20] + ([] if quick else [8 << 20])
+    # 384 KB + 10 bytes and 768 KB of bf16: the two-rank mid sizes' 4 KB (last chunk partial) and
+    # 8 KB chunks, one per program (all_reduce._cfg)
+    sizes = [1, 4097, 65536 + 3, 196608 + 5, 393216, 1 << 20] + ([] if quick else [8 << 20])
     msgs, ok = [], Expect()
     for i, n in enumerate(sizes):
         for dt in ((BF, torch.float32) if n == 4097 else (BF,)):
