@@ -137,7 +137,8 @@ def bench_ms(fn: Callable[[], object], *, warmup: int = 25, rep: int = 100, flus
 
     flush="zero": triton's do_bench, whose flush *writes* 256 MB (``cache.zero_()``): the timed
     call starts with the whole L2 dirty, and its first L2-size of reads also writes those lines
-    back (about 12 us on an H200's 50 MB at 4.1 TB/s, in every contender's time).
+    back (an H200's 50 MB: about 9 us of every contender's time from 134 MB of reads,
+    bench/results/decode-s52/flush-*).
     flush="read": the flush *reads* 256 MB instead, so the call starts with a cold L2 of clean
     lines, as in a model's step, where the kernels before attention stream weights."""
     if flush not in FLUSH_MODES:

@@ -193,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--flush", choices=FLUSH_MODES, default="read",
                    help="the L2 flush before each timed call: read (default: 256 MB read, the L2 cold and clean, as "
                         "after a model's weight reads) or zero (triton's do_bench: 256 MB written, so every "
-                        "contender's first L2-size of reads also writes back dirty lines; the 1st-49th sessions' "
+                        "contender's first L2-size of reads also writes back dirty lines; the 1st-51st sessions' "
                         "setting)")
     p.add_argument("--no-graph", action="store_true", help="skip the CUDA-graph timings")
     p.add_argument("--sq", type=_q_lens, default=None,
