@@ -22,28 +22,20 @@ def stream_read_bw(device=None) -> float:
     up to 1.09 of it.)"""
     import torch
 
-    from ..kernels.probe import stream_read_kernel
-
     dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
     key = ("read", dev)
     if key not in _CACHE:
         n = STREAM_READ_BYTES // 4
         x = torch.ones(n, device=dev, dtype=torch.int32)
-        readers = [lambda: x.sum()]
-        for block, unroll, warps in READ_CONFIGS:
-            grid = (-(-n // (block * unroll)),)
-            sink = torch.empty(grid[0], device=dev, dtype=torch.float32)
-            readers.append(lambda block=block, unroll=unroll, warps=warps, sink=sink, grid=grid:
-                           stream_read_kernel[grid](x, sink, n, BLOCK=block, UNROLL=unroll, num_warps=warps))
         best = float("inf")
         with torch.cuda.device(dev):
-            for read in readers:
+            for read in _readers([x], n):
                 for _ in range(3):   # compile, warm the clocks
-                    read()
+                    read(0)
                 ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(15)]
                 for a, b in ev:
                     a.record()
-                    read()
+                    read(0)
                     b.record()
                 torch.cuda.synchronize()
                 ms = sorted(a.elapsed_time(b) for a, b in ev)
@@ -66,20 +58,26 @@ def read_graph_us(bufs, calls: int, timer) -> float:
     :func:`stream_read_bw` is the rate of a 1 GiB read."""
     import torch
 
-    from ..kernels.probe import stream_read_kernel
-
     if not bufs or any(b.shape != bufs[0].shape or b.dtype != bufs[0].dtype or not b.is_contiguous() for b in bufs):
         raise ValueError("bufs: a non-empty list of contiguous tensors of one shape and dtype")
     nbytes = bufs[0].numel() * bufs[0].element_size()
     # read as the widest words the size divides into (the kernel's loads are vectorised either way)
     word = next(w for w in (torch.int32, torch.int16, torch.uint8) if nbytes % w.itemsize == 0)
     words = [b.view(-1).view(torch.uint8).view(word) for b in bufs]
-    n = nbytes // word.itemsize
-    best = timer(lambda i: words[i].sum(), len(bufs), calls)
+    return min(timer(read, len(bufs), calls) for read in _readers(words, nbytes // word.itemsize))
+
+
+def _readers(words, n: int) -> list:
+    """Readers of ``n`` words of ``words[i]`` (same-size 1-D tensors), each ``read(i)``: torch's
+    sum, then kernels/probe.stream_read_kernel in each of READ_CONFIGS."""
+    import torch
+
+    from ..kernels.probe import stream_read_kernel
+
+    readers = [lambda i: words[i].sum()]
     for block, unroll, warps in READ_CONFIGS:
         grid = (-(-n // (block * unroll)),)
-        sink = torch.empty(grid[0], device=bufs[0].device, dtype=torch.float32)
-        best = min(best, timer(lambda i, block=block, unroll=unroll, warps=warps, sink=sink, grid=grid:
-                               stream_read_kernel[grid](words[i], sink, n, BLOCK=block, UNROLL=unroll, num_warps=warps),
-                               len(bufs), calls))
-    return best
+        sink = torch.empty(grid[0], device=words[0].device, dtype=torch.float32)
+        readers.append(lambda i, block=block, unroll=unroll, warps=warps, sink=sink, grid=grid:
+                       stream_read_kernel[grid](words[i], sink, n, BLOCK=block, UNROLL=unroll, num_warps=warps))
+    return readers
