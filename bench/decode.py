@@ -865,8 +865,8 @@ def _bench_multi(args) -> int:
                     notes[sq].append(f"flashinfer prefill page {page} plan: {type(e).__name__}: {str(e)[:80]}")
                     continue
                 qf = qs[sq].reshape(B * sq, H, D)
-                t, tg, _ = _timed(lambda: w.run(qf, (kp, vp)), notes[sq], f"flashinfer page {page}", args.timing,  # noqa: B023
-                                  graph)
+                t, tg, _ = _timed(lambda: w.run(qf, (kp, vp)), notes[sq],  # noqa: B023
+                                  f"flashinfer page {page}", args.timing, graph)
                 peers[sq][f"flashinfer_{page}"], peers_graph[sq][f"flashinfer_{page}"] = t, tg
                 del ws
             del kp, vp, bt

@@ -380,10 +380,10 @@ def choose_num_splits(batch: int, kv_heads: int, max_seqlen: int, num_sms: int, 
     hold one program fewer in one split: up to 1.875 pairs per SM) at least PAST_WAVE_SPLITS splits
     where they are PAST_WAVE_MIN_SPLIT_TOKENS * stream_scale long or more. The constants were
     fitted on H200 and H100 sweeps (bench/results/decode-s10-shortsplits/, decode-s32*/,
-    decode-s33*/, decode-s34*/, decode-s35*/, decode-s52/sweep/); no AMD GPU was measured. So with few pairs
-    batch * kv_heads * splits reaches about PROGRAMS_PER_SM programs per SM when the context is long enough and the
-    last wave is not mostly empty, and from about half as many pairs as SMs one split (no combine
-    at all) is used while the context is short (64 pairs on 132 SMs at stream_scale 1, the H100:
+    decode-s33*/, decode-s34*/, decode-s35*/, decode-s52/sweep/); no AMD GPU was measured. So with
+    few pairs batch * kv_heads * splits reaches about PROGRAMS_PER_SM programs per SM when the
+    context is long enough and the last wave is not mostly empty, and from about half as many pairs
+    as SMs one split (no combine at all) is used while the context is short (64 pairs on 132 SMs at stream_scale 1, the H100:
     up to 4k tokens; two splits from 7k contiguous, 5k paged; on an H200 two from 896 tokens
     contiguous, 640 paged): those programs already stream at about the memory's rate.
     """

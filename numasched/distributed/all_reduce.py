@@ -53,9 +53,9 @@ def _cfg(dtype, gpu: bool, n: Optional[int] = None, two: bool = False, world: in
         block = (4096 if n * es <= MID_BYTES // 2 else 8192) // es
         return dict(BLOCK=block, num_warps=8)
     # Above 256 KB (1 MB at two ranks): BULK (every chunk of a stage pushed, then one signal: a
-    # signal is a system-scope fence, and the pipelined loop's two per chunk held two-shot at 79 us for 16 MB
-    # and 139 for 32 MB on two H100s, NCCL's speed; BULK 64 / 112, torch symm_mem's two-shot 62 /
-    # 111; on four H100s 122 -> 115 at 16 MB, 433 -> 354 at 64 MB). Chunks of 16 KB; one-shot from
+    # signal is a system-scope fence, and the pipelined loop's two per chunk held two-shot at 79 us
+    # for 16 MB and 139 for 32 MB on two H100s, NCCL's speed; BULK 64 / 112, torch symm_mem's
+    # two-shot 62 / 111; on four H100s 122 -> 115 at 16 MB, 433 -> 354 at 64 MB). Chunks of 16 KB; one-shot from
     # 4 MB at two ranks 32 KB (22.2 against 23.6 us; 1 MB 12.0 / 12.2, a tie, where 32 KB chunks
     # leave 32 programs; at four ranks 32 KB lost at 4 MB, 69.9 against 61.4 us).
     # scripts/ar_sweep.py, bench/results/ar-s16/.
