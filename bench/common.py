@@ -115,7 +115,7 @@ def device_slug() -> str:
 
 
 FLUSH_MODES = ("zero", "read")
-FLUSH_BYTES = 256 << 20   # more than any GPU's L2 (H200: 50 MB, MI300X: 8 x 4 MB + 256 MB Infinity Cache)
+FLUSH_BYTES = 256 << 20   # more than any GPU's L2 (H100: 50 MiB, H200: 60 MiB, MI300X: 8 x 4 MB + 256 MB Infinity Cache)
 _flush_buf: dict = {}
 
 
@@ -137,7 +137,7 @@ def bench_ms(fn: Callable[[], object], *, warmup: int = 25, rep: int = 100, flus
 
     flush="zero": triton's do_bench, whose flush *writes* 256 MB (``cache.zero_()``): the timed
     call starts with the whole L2 dirty, and its first L2-size of reads also writes those lines
-    back (an H200's 50 MB: about 9 us of every contender's time from 134 MB of reads,
+    back (an H200's 60 MiB: about 9 us of every contender's time from 134 MB of reads,
     bench/results/decode-s52/flush-*).
     flush="read": the flush *reads* 256 MB instead, so the call starts with a cold L2 of clean
     lines, as in a model's step, where the kernels before attention stream weights."""

@@ -240,8 +240,8 @@ FLOOR_MIN_PAIRS_PER_SM = 0.48
 # Refit to the full gain (1.0: the streams grow with the bandwidth per SM, as the rate argument
 # above has it) on H200 sweeps timed after a *read* L2 flush (bench decode --flush read, the
 # fifty-second session, bench/results/decode-s52/sweep/). Every earlier sweep was timed after
-# triton's do_bench flush, which writes 256 MB: the call then starts with 50 MB of dirty L2 lines
-# to write back (about 9 us of every contender's time at >= 134 MB of K/V, decode-s52/flush-*),
+# triton's do_bench flush, which writes 256 MB: the call then starts with an L2 (60 MiB) of dirty
+# lines to write back (about 9 us of every contender's time at >= 134 MB of K/V, decode-s52/flush-*),
 # and in that window extra streams bought nothing. After a read flush, 64 pairs x 1k ran 17.1-17.6
 # us in two splits against 18.2-19.6 in one (three head configs, both layouts; cuDNN 18.6-18.9),
 # and at 72-144 pairs x 1.5k-8k (32/8, off the grid) the full gain's picks are within 3 % of the

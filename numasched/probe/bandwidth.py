@@ -17,7 +17,7 @@ def stream_read_bw(device=None) -> float:
 
     Back to back, a call starts with the L2 holding clean lines of the previous read's tail, which
     it evicts before it reaches them: no hits and nothing to write back. (Timed with triton's
-    do_bench, whose flush writes 256 MB, a read also wrote back 50 MB of dirty lines on an H200:
+    do_bench, whose flush writes 256 MB, a read also wrote back the H200's 60 MiB of dirty L2 lines:
     the rate of the 1st-51st sessions, 4.13-4.15 TB/s, let kernels timed after a read flush reach
     up to 1.09 of it.)"""
     import torch
