@@ -115,7 +115,9 @@ def device_slug() -> str:
 
 
 FLUSH_MODES = ("zero", "read")
-FLUSH_BYTES = 256 << 20   # more than any GPU's L2 (H100: 50 MiB, H200: 60 MiB, MI300X: 8 x 4 MB + 256 MB Infinity Cache)
+# as triton's do_bench: more than a Hopper L2 (H100 50 MiB, H200 60 MiB); no more than an MI300X's
+# 256 MB Infinity Cache (not measured: no AMD GPU)
+FLUSH_BYTES = 256 << 20
 _flush_buf: dict = {}
 
 
