@@ -618,6 +618,9 @@ def fixed_config(paged: bool, head_dim: int, block_g: int = 16, tokens_per_split
             pick = LONG_SPLIT_CONFIG[paged] if tokens_per_split >= 2 * LONG_SPLIT_BLOCK_N else None
         elif programs <= 3 * num_sms:
             pick = (64, 2, 5) if paged else (64, 4, 3)
+            if (not paged and tokens_per_split >= ROUND_SHORT_MIN_TOKENS
+                    and -(-programs // num_sms) <= _resident((32, 2, 4), head_dim, elt_bytes, paged, smem_limit, fused)):
+                pick = (32, 2, 4)   # long contiguous splits: four resident 32-token programs an SM
         elif paged and tokens_per_split <= 8192:
             # 32-token tiles while every program is resident at once (one round: five per SM),
             # 64-token ones beyond (768 programs, 5.8 per SM: 32-token tiles took 1.11-1.31x as
@@ -666,6 +669,16 @@ def fixed_config(paged: bool, head_dim: int, block_g: int = 16, tokens_per_split
         else:
             cfg["BLOCK_N"] //= 2
     return cfg
+
+
+# Contiguous splits of this many tokens and more with one to three programs an SM take the
+# 32-token tile of two warps (up to four resident an SM) instead of the 64-token one of four
+# (three). H200, one split, 256 programs, BLHD (bench/results/decode-s53/cfg.csv, after a read
+# flush): 32/8 32 x 128k 3689 against 3766 us (cuDNN 3742), 32/32 8 x 8k 241 against 246 (cuDNN
+# 243), 8 x 128k 3702 against 3754, 32 x 16k 471 against 474; earlier sweeps (back to back) at
+# 256 programs: 32k tokens 0.3-0.5 % from the best against 1.4-1.5 % for the 64-token tile, while
+# at 1k-2k tokens either tile led by up to 5 % (decode-s34-configs/).
+ROUND_SHORT_MIN_TOKENS = 8192
 
 
 # The paged 64-token tile one K/V tile deeper (three in flight, two programs per SM: 192 KB an SM

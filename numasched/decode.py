@@ -51,7 +51,7 @@ from . import topology as _topology
 from ._plan import _REG, PLANS, Plan, fast_signature, grow_only, scratch, signature
 from ._launch import HostDesc, TensorDescriptor
 from ._route import mapping_token, plain_eager, warn_once
-from ._validate import check_positive_int, check_same, check_tensor
+from ._validate import check_bool, check_positive_int, check_same, check_tensor
 
 __all__ = ["flash_decode", "plan_decode", "check_decode", "DecodePlan", "DecodeShape", "choose_num_splits"]
 
@@ -312,7 +312,11 @@ MAX_SPLITS = 256
 # per split count and group size) with 2-4 splits, 0.97-0.98 with 8, 0.91-0.99 with 16 and 0.84
 # (worst 0.735) with 32 splits of 7 heads.
 FUSED_MAX_SPLITS = 4
-# options.decode_prefetch applies from this batch up. Llama-3-8B TP 2 decode step on two H100s,
+# options.decode_prefetch applies only to calls made with prefetch=True (numasched's decoder, where
+# the RoPE + cache write runs before): standalone, after a kernel that uses the bus (the bench's
+# flush read, another decode), it made 128-program calls 1.1-1.6 us slower on an H200 (32/8 and
+# 28/4, batch 16-32 x 1k-4k: 0.94-0.99 of cuDNN with it, 1.00-1.05 without; decode-s53/pf/).
+# It applies from this batch up. Llama-3-8B TP 2 decode step on two H100s,
 # 128 tokens, each setting in two launches (bench/results/tp2-s20d/): batch 16 25-67 us a step
 # faster (2k-32k), batch 4 between 4 us faster and 9 slower, batch 1 11-33 us slower: the RoPE +
 # cache write before the attention gives the prefetch its idle bus for longer the more tokens it
@@ -504,8 +508,9 @@ class DecodePlan(Plan):
         workspace_bytes: partial buffers per stream (fp32).
         prefetch_tokens: tokens of each program's chunk asked into L2 before its PDL wait
             (``options.decode_prefetch`` rounded up to a power of two and to one per thread; 0 where
-            it does not apply: a batch below PREFETCH_MIN_BATCH, more programs than SMs, splits
-            shorter than PREFETCH_CHUNK_RATIO times the prefetch, no PDL, several query tokens,
+            it does not apply: a plan made without ``prefetch=True``, a batch below
+            PREFETCH_MIN_BATCH, more programs than SMs, splits shorter than PREFETCH_CHUNK_RATIO
+            times the prefetch, no PDL, several query tokens,
             rows not 16-byte aligned, the interpreter).
         tma: the whole K/V tiles arrive by TMA (``options.decode_tma``; contiguous cache, NVIDIA
             sm_90+ or the interpreter, 16-byte aligned rows, a known kernel config).
@@ -515,8 +520,9 @@ class DecodePlan(Plan):
     op = "flash_decode"
 
     def __init__(self, q, k_cache, v_cache, cache_seqlens, block_table, *, scale, num_splits, mapping, config,
-                 options: _options.Options, mode: Optional[str] = None):
+                 options: _options.Options, mode: Optional[str] = None, prefetch: bool = False):
         shape = check_decode(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping)
+        check_bool("prefetch", prefetch)
         self.shape = shape
         self.scale = float(scale) if scale is not None else 1.0 / math.sqrt(shape.head_dim)
         self.options = options
@@ -607,7 +613,7 @@ class DecodePlan(Plan):
         # thread of the fixed config (fewer would repeat a lane's prefetch on several threads).
         sigs = (self.tensors["k_cache"], self.tensors["v_cache"])
         tokens = max(32 * fixed["num_warps"], _next_pow2(options.decode_prefetch)) if options.decode_prefetch else 0
-        if (tokens and mode == "kernel" and Sq == 1 and R == 1 and B >= PREFETCH_MIN_BATCH
+        if (tokens and prefetch and mode == "kernel" and Sq == 1 and R == 1 and B >= PREFETCH_MIN_BATCH
                 and B * HK * S <= caps.num_sms(dev) and -(-shape.capacity // S) >= PREFETCH_CHUNK_RATIO * tokens
                 and caps.pdl_supported(dev) and options.pdl and (D * elt) % 16 == 0
                 and all(sig.aligned and all((st * elt) % 16 == 0 for st in sig.stride[:-1]) for sig in sigs)):
@@ -824,8 +830,8 @@ def _prod(shape) -> int:
 
 # ----------------------------------------------------------------------------- planning
 def plan_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, scale=None, num_splits=None,
-                mapping="auto", config: Optional[dict] = None, options: Optional[_options.Options] = None
-                ) -> DecodePlan:
+                mapping="auto", config: Optional[dict] = None, options: Optional[_options.Options] = None,
+                prefetch: bool = False) -> DecodePlan:
     """Plan a decode for inputs like these (real, meta or fake tensors: only their signatures
     are read). The plan is valid for any tensors with the same shapes, strides, dtypes, device and
     16-byte alignment, whatever their values: make it once per batch layout, run it every step.
@@ -842,25 +848,26 @@ def plan_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, sc
     if not isinstance(opts, _options.Options):
         raise TypeError(f"options must be a numasched.options.Options, got {type(options).__name__}")
     return DecodePlan(q, k_cache, v_cache, cache_seqlens, block_table, scale=scale, num_splits=num_splits,
-                      mapping=mapping, config=config, options=opts)
+                      mapping=mapping, config=config, options=opts, prefetch=prefetch)
 
 
-def _key(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping) -> tuple:
+def _key(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping, prefetch=False) -> tuple:
     """The plan-cache key of a call (a flat tuple, see numasched._plan; built on every call)."""
     k, v = k_cache, v_cache
     return ("flash_decode", q.shape, q.stride(), q.dtype, q.device, q.data_ptr() & 15, k.shape, k.stride(), k.dtype,
             k.device, k.data_ptr() & 15, v.shape, v.stride(), v.dtype, v.device, v.data_ptr() & 15,
             None if cache_seqlens is None else fast_signature(cache_seqlens),
-            None if block_table is None else fast_signature(block_table), scale, num_splits, mapping,
+            None if block_table is None else fast_signature(block_table), scale, num_splits, mapping, prefetch,
             q.device.type != "cuda" and caps.interpreting(), _topology.current(), _REG._VERSION[0], _options._CURRENT)
 
 
-def _planned(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping) -> DecodePlan:
+def _planned(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping,
+             prefetch=False) -> DecodePlan:
     """The cached plan of this call (made on a miss)."""
-    key, plan = PLANS.find(_key, q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping)
+    key, plan = PLANS.find(_key, q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping, prefetch)
     if plan is None:
         plan = plan_decode(q, k_cache, v_cache, cache_seqlens=cache_seqlens, block_table=block_table, scale=scale,
-                           num_splits=num_splits, mapping=mapping)
+                           num_splits=num_splits, mapping=mapping, prefetch=prefetch)
         if plan.mode == "torch":
             warn_once(f"numasched.flash_decode: running the torch fallback (slow) because {plan._fallback_reason()}")
         if key is not None:
@@ -872,21 +879,21 @@ def _planned(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits,
 @torch.library.custom_op("numasched::flash_decode", mutates_args=())
 def _flash_decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      cache_seqlens: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
-                     scale: Optional[float], num_splits: Optional[int], mapping: str
+                     scale: Optional[float], num_splits: Optional[int], mapping: str, prefetch: bool = False
                      ) -> Tuple[torch.Tensor, torch.Tensor]:
-    plan = _planned(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping)
+    plan = _planned(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping, prefetch)
     return plan._run(q, k_cache, v_cache, cache_seqlens, block_table)
 
 
 @_flash_decode_op.register_fake
-def _flash_decode_fake(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping):
+def _flash_decode_fake(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping, prefetch=False):
     s = check_decode(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping)
     return q.new_empty(s.out_shape), q.new_empty(s.lse_shape, dtype=torch.float32)
 
 
 # ----------------------------------------------------------------------------- one call
 def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, scale=None, num_splits=None,
-                 mapping="auto", return_lse=False):
+                 mapping="auto", return_lse=False, prefetch=False):
     """Decode attention of one query token per sequence against a KV cache (split-KV Flash Decode),
     or of a few (multi-token decode: speculative decoding's verification step).
 
@@ -907,6 +914,14 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, s
         mapping: "auto" (or None), a decode (attention-kind) policy name, or a ``Policy``; decides
             which (batch, kv_head, split) each program runs. It does not change the result beyond
             rounding.
+        prefetch: the kernel before this call barely uses the memory bus (in a decode step, the
+            RoPE + cache write: numasched's decoder passes True): with PDL (``options.pdl``) each
+            program then asks the first ``options.decode_prefetch`` tokens of its K/V chunk into L2
+            before it waits for that kernel. Where it applies: one query token, batches of
+            ``PREFETCH_MIN_BATCH`` and more, no more programs than SMs, splits of at least
+            ``PREFETCH_CHUNK_RATIO`` times the prefetch (``DecodePlan.prefetch_tokens`` says). After
+            a kernel that does use the bus it costs time (H200: 1-1.5 us at 16-32 x 1k-4k), so the
+            default is False. It never changes the result.
         return_lse: also return the log-sum-exp (batch, heads), or (batch, q_len, heads) for a
             4-D q, fp32, natural log (-inf for a query that sees no token), for merging attention
             over several caches or devices.
@@ -920,7 +935,8 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, s
         mapping = "auto"
     # the plan cache first: a repeated call costs a key, a lookup and the launch
     if type(cache_seqlens) is not int and plain_eager(q, k_cache, v_cache):
-        key, plan = PLANS.find(_key, q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping)
+        key, plan = PLANS.find(_key, q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping,
+                               prefetch)
         if plan is not None:
             if return_lse:
                 return plan._run(q, k_cache, v_cache, cache_seqlens, block_table)
@@ -942,10 +958,11 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, s
             raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
         scale = float(scale)
     check_positive_int("num_splits", num_splits)
+    check_bool("prefetch", prefetch)
     if plain_eager(q, k_cache, v_cache, cache_seqlens, block_table):
-        plan = _planned(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping)
+        plan = _planned(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping, prefetch)
         out, lse = plan._run(q, k_cache, v_cache, cache_seqlens, block_table)
     else:
         out, lse = torch.ops.numasched.flash_decode(q, k_cache, v_cache, cache_seqlens, block_table, scale,
-                                                    num_splits, token)
+                                                    num_splits, token, prefetch)
     return (out, lse) if return_lse else out

@@ -133,8 +133,9 @@ class Options:
             (Llama-3-8B, TP 2, decode grid; bench/results/tp2-s18/prefetch-*) it made every step
             0.45-0.56 ms slower (1 x 2k 4.17 against 3.61 ms, 16 x 32k 15.50 against 15.03), as
             the earlier per-line prefetch did on an H200 (eighth session: 1.05-1.34x slower).
-        decode_prefetch: with ``pdl``, flash_decode's programs (one query token per sequence,
-            batches of ``numasched.decode.PREFETCH_MIN_BATCH`` = 16 and more) ask the first
+        decode_prefetch: with ``pdl``, the programs of a flash_decode called with
+            ``prefetch=True`` (numasched's decoder does; one query token per sequence, batches of
+            ``numasched.decode.PREFETCH_MIN_BATCH`` = 16 and more) ask the first
             this-many tokens of their K/V chunk into L2 before they wait for the previous kernel
             (kernels/flash_decode.py, step 4): in a decode step that kernel is the small RoPE +
             cache write, which leaves the memory bus idle. 0: off. Default 128: on two H100s
@@ -144,8 +145,9 @@ class Options:
             floor. Only where the grid has no more programs than SMs and each split is at least
             eight times the prefetch (numasched.decode.PREFETCH_CHUNK_RATIO): back to back it cost
             up to 4.6 % with several programs per SM and 4-9 % on splits of 512 tokens
-            (bench/results/decode-s21-tma/, decode-s21-prefetch/). The count is rounded up to a
-            power of two and to one token per thread.
+            (bench/results/decode-s21-tma/, decode-s21-prefetch/), and after the bench's read
+            flush 1.1-1.6 us at 128 programs on an H200 (decode-s53/pf/): hence only on request.
+            The count is rounded up to a power of two and to one token per thread.
         decode_tma: flash_decode loads the whole K/V tiles of a contiguous cache by TMA (bulk
             tensor copies into shared memory; NVIDIA sm_90+, 16-byte aligned rows, the model's or
             a given kernel config) instead of per-thread async copies; the last, partial tile of a

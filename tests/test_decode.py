@@ -393,16 +393,16 @@ def test_plan_cache_key_holds_values_not_ids():
     # two equal topologies made separately share plans; the key has no object ids or env strings
     B, H, HK, Dh, L = 1, 2, 1, 16, 12
     q, k, v = make_contiguous(B, H, HK, Dh, L, torch.float32, DEVICE, seed=31)
-    key = D._key(q, k, v, None, None, None, 2, "auto")
+    key = D._key(q, k, v, None, None, None, 2, "auto", False)
     with topology.use(topology.Topology.preset("mi300x")):
-        k1 = D._key(q, k, v, None, None, None, 2, "auto")
+        k1 = D._key(q, k, v, None, None, None, 2, "auto", False)
     with topology.use(topology.Topology.preset("mi300x")):
-        k2 = D._key(q, k, v, None, None, None, 2, "auto")
+        k2 = D._key(q, k, v, None, None, None, 2, "auto", False)
     assert k1 == k2 and k1 != key and hash(k1) == hash(k2)
     from numasched._plan import state
 
     topology.current()  # (before the first plan of a process the key holds None for the topology)
-    key = D._key(q, k, v, None, None, None, 2, "auto")
+    key = D._key(q, k, v, None, None, None, 2, "auto", False)
     assert key[0] == "flash_decode" and key[-3:] == state(), "a key ends with the process state plans depend on"
     flat = repr(key)
     assert "NUMASCHED" not in flat and "0x" not in flat
@@ -477,8 +477,9 @@ def test_custom_op_registered_and_opcheck():
     B, H, HK, Dh, L = 2, 2, 1, 16, 20
     q, k, v = make_contiguous(B, H, HK, Dh, L, torch.float32, DEVICE, seed=13)
     lens = torch.tensor([20, 3], dtype=torch.int32, device=DEVICE)
-    torch.library.opcheck(torch.ops.numasched.flash_decode.default, (q, k, v, lens, None, None, 2, "auto"),
-                          test_utils=("test_schema", "test_faketensor"))
+    for extra in ((), (True,)):   # prefetch (default False) is a hint: the same schema and fake
+        torch.library.opcheck(torch.ops.numasched.flash_decode.default, (q, k, v, lens, None, None, 2, "auto") + extra,
+                              test_utils=("test_schema", "test_faketensor"))
 
 
 def test_torch_compile_fullgraph(launches):
@@ -996,9 +997,14 @@ def test_decode_prefetch_option():
     outs = []
     for tokens in (0, 128):
         with options.use(decode_prefetch=tokens):
-            plan = numasched.plan_decode(q, k, v, cache_seqlens=lens, num_splits=2)
+            plan = numasched.plan_decode(q, k, v, cache_seqlens=lens, num_splits=2, prefetch=True)
             assert plan.prefetch_tokens == 0
             outs.append(plan.run(q, k, v, cache_seqlens=lens))
+    for bad in (1, "yes", None):   # the keyword is a real bool, named when it is not
+        with pytest.raises(TypeError, match="prefetch"):
+            numasched.flash_decode(q, k, v, cache_seqlens=lens, prefetch=bad)
+        with pytest.raises(TypeError, match="prefetch"):
+            numasched.plan_decode(q, k, v, cache_seqlens=lens, prefetch=bad)
     assert torch.equal(outs[0][0] if isinstance(outs[0], tuple) else outs[0],
                        outs[1][0] if isinstance(outs[1], tuple) else outs[1])
 
@@ -1024,13 +1030,13 @@ def test_gpu_decode_prefetch_changes_no_bit(dtype, Dh, paged, monkeypatch):
         k, bt = torch.randn(B, L, HK, Dh, device="cuda", dtype=dtype), None
     v = torch.randn_like(k)
     outs = []
-    for tokens in (0, 128):
+    for tokens, asked in ((0, True), (128, True), (128, False)):
         with options.use(decode_prefetch=tokens):
-            plan = numasched.plan_decode(q, k, v, cache_seqlens=lens, block_table=bt)
-            assert (plan.prefetch_tokens > 0) == (tokens > 0 and caps.pdl_supported(q.device))
+            plan = numasched.plan_decode(q, k, v, cache_seqlens=lens, block_table=bt, prefetch=asked)
+            assert (plan.prefetch_tokens > 0) == (tokens > 0 and asked and caps.pdl_supported(q.device))
             outs.append(plan.run(q, k, v, cache_seqlens=lens, block_table=bt))
     torch.cuda.synchronize()
-    assert torch.equal(outs[0], outs[1])
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
     bad_lens = lens.clone()
     bad_lens[0], bad_lens[1] = -7, 10 ** 6
     bad_bt = None
@@ -1038,7 +1044,7 @@ def test_gpu_decode_prefetch_changes_no_bit(dtype, Dh, paged, monkeypatch):
         bad_bt = bt.clone()
         bad_bt[2], bad_bt[3] = -1, 10 ** 6
     with options.use(decode_prefetch=128, check_data=False):
-        out = numasched.flash_decode(q, k, v, cache_seqlens=bad_lens, block_table=bad_bt)
+        out = numasched.flash_decode(q, k, v, cache_seqlens=bad_lens, block_table=bad_bt, prefetch=True)
         torch.cuda.synchronize()
     assert torch.isfinite(out[2:]).all()
 
@@ -1054,7 +1060,7 @@ def test_gpu_decode_prefetch_changes_no_bit(dtype, Dh, paged, monkeypatch):
 
     def step():
         qq = qkv_rope_cache(qkv, cos, sin, k, v, slots, heads=H, kv_heads=HK)
-        return numasched.flash_decode(qq.view(B, H, Dh), k, v, cache_seqlens=lens, block_table=bt)
+        return numasched.flash_decode(qq.view(B, H, Dh), k, v, cache_seqlens=lens, block_table=bt, prefetch=True)
 
     with options.use(decode_prefetch=128, check_data=False):
         step()

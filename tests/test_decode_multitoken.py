@@ -146,7 +146,7 @@ def test_multi_contiguous(case, poisoned, launches):
     lens = torch.tensor([40, 0, 1, Sq - 1, 23], dtype=torch.int32, device=DEVICE)
     with options.use(decode_combine=combine):
         out, lse = numasched.flash_decode(q, k, v, cache_seqlens=lens, num_splits=ns, return_lse=True)
-        plan = D._planned(q, k, v, lens, None, None, ns, "auto")  # the plan that ran
+        plan = D._planned(q, k, v, lens, None, None, ns, "auto", False)  # the plan that ran
     assert plan.combine == ("none" if ns == 1 else combine)
     assert out.shape == q.shape and out.dtype == dtype and out.is_contiguous()
     assert lse.shape == (B, Sq, H) and lse.dtype == torch.float32

@@ -349,7 +349,7 @@ def test_pdl_chain_in_a_cuda_graph_reads_each_predecessors_output(monkeypatch, p
         y = numasched.matmul_swiglu(y, wg)     # 256 columns: gate 256 -> silu(g) * u
         y = numasched.swiglu(numasched.matmul(y, wg))   # the same, as a GEMM then the PDL activation
         q = y[:1].reshape(1, 2, 128)           # depends on the last GEMM
-        return numasched.flash_decode(q, k, v)
+        return numasched.flash_decode(q, k, v, prefetch=prefetch)
 
     # prefetch: also the decode's K/V rows into L2 before its wait (options.decode_prefetch)
     with options.use(pdl=True, pdl_prefetch=prefetch, pdl_trigger=trigger, decode_prefetch=128 if prefetch else 0):
@@ -365,7 +365,8 @@ def test_pdl_chain_in_a_cuda_graph_reads_each_predecessors_output(monkeypatch, p
         from numasched.bench.common import capture, warm_up_for_capture
 
         if prefetch:   # the decode below does take the prefetch path
-            assert numasched.plan_decode(torch.empty(1, 2, 128, device=dev, dtype=torch.float16), k, v).prefetch_tokens
+            assert numasched.plan_decode(torch.empty(1, 2, 128, device=dev, dtype=torch.float16), k, v,
+                                         prefetch=True).prefetch_tokens
         step()
         warm_up_for_capture(step)
         held = {}

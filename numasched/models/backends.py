@@ -752,8 +752,10 @@ class NumaschedBackend(Backend):
 
     def decode_attention(self, q, cache: PagedKVCache, layer):
         B, H, D = q.shape
+        # prefetch: the kernel before is the RoPE + cache write (rope_cache_write), which leaves the
+        # memory bus idle for the K/V prefetch (options.decode_prefetch)
         out = self._ns.flash_decode(q, cache.k(layer), cache.v(layer), cache_seqlens=cache.lens_next,
-                                    block_table=cache.block_table, mapping=self.mapping)
+                                    block_table=cache.block_table, mapping=self.mapping, prefetch=True)
         return out.reshape(B, H * D)
 
 
