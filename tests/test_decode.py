@@ -754,6 +754,11 @@ def test_model_config_follows_programs_and_split_length(monkeypatch):
     assert pick(True, 1024, 128) == (128, 4, 5) and pick(False, 256, 64) == (128, 4, 3)   # 8 x 512, 2 splits
     assert pick(True, 128, 128) == (64, 4, 5)                       # one 128-token tile or less: the default
     assert pick(True, 131072, 256) == (64, 2, 5) and pick(False, 4096, 256) == (64, 4, 3)
+    # contiguous, one to three programs per SM of long splits (ROUND_SHORT_MIN_TOKENS): 32-token
+    # tiles of two warps (all resident: four per SM); shorter splits and paged caches as before
+    assert pick(False, FD.ROUND_SHORT_MIN_TOKENS, 256) == pick(False, 131072, 396) == (32, 2, 4)
+    assert pick(False, FD.ROUND_SHORT_MIN_TOKENS - 1, 256) == (64, 4, 3) and pick(False, 131072, 397) == (128, 4, 3)
+    assert pick(False, 131072, 132) == (128, 4, 3)                  # one wave: 128-token tiles
     assert pick(True, 8192, 512) == (32, 2, 5) and pick(True, 32768, 512) == (128, 4, 5)
     # paged, many programs: 32-token tiles while they are all resident at once (five per SM on an
     # H100/H200: up to 660 programs on 132 SMs), 64-token tiles beyond
@@ -823,7 +828,7 @@ def test_model_config_follows_programs_and_split_length(monkeypatch):
 
 def test_model_config_against_the_measured_sweeps(monkeypatch):
     """The config model against the sweeps it was built from (every config of a layout timed at
-    several split counts, bench/results/decode-configs-*-h200-2026-11-23.csv; the paged rule's
+    several split counts, bench/results/decode-configs-*-h200-2026-11-23.csv, decode-s53/cfg.csv; the paged rule's
     H100 sweep, bench/results/decode-s21-paged/configs-h100.csv: 512-2048 programs; each
     sweep compared within itself): its pick must have been timed, and be within 5 % of the best
     config at >= 90 % of the (sweep, point, split) groups, within 15 % wherever the best took 30
@@ -843,9 +848,11 @@ def test_model_config_against_the_measured_sweeps(monkeypatch):
     # the thirty-fifth session's H200 sweeps (the deep paged tiles) are scored with the H200's
     # stream_scale; the older ones with 1, the rule they were fitted to (some of their points
     # never timed the deep forms)
-    deep = sorted((results / "decode-s35-configs-h200").glob("*.csv"))
+    # (and the fifty-third's, after a read L2 flush: 256-512 programs of 8k-128k tokens, the
+    # 32-token tiles of ROUND_SHORT_MIN_TOKENS)
+    deep = sorted((results / "decode-s35-configs-h200").glob("*.csv")) + [results / "decode-s53" / "cfg.csv"]
     h200 = 1.0 + D.STREAMS_BW_GAIN * (4.3 / 3.0 - 1.0)
-    assert len(files) >= 5 and len(deep) >= 2
+    assert len(files) >= 5 and len(deep) >= 3
     groups: dict = {}
     for f in files + deep:
         for r in csv.DictReader(open(f)):
@@ -856,7 +863,7 @@ def test_model_config_against_the_measured_sweeps(monkeypatch):
     for (src, heads, B, L, layout, S), times in groups.items():
         HK = int(heads.split("/")[1])
         c = FD.fixed_config("paged" in layout, 128, 16, -(-L // S), 2, B * HK * S, 132, 227 * 1024,   # H100/H200
-                            stream_scale=h200 if "decode-s35-" in src else 1.0)
+                            stream_scale=h200 if "decode-s35-" in src or "decode-s53" in src else 1.0)
         pick = f"{c['BLOCK_N']}/{c['num_warps']}/{c['num_stages']}"
         assert pick in times, (heads, B, L, layout, S, pick)
         ratios.append(times[pick] / min(times.values()))
