@@ -188,6 +188,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--variant", type=_option_variant, action="append", default=[],
                    help="also time numasched with this option set (NAME=VALUE, e.g. decode_tma=1; repeatable): "
                         "an extra row per layout, timed in the same run as the default")
+    p.add_argument("--prefetch", action="store_true",
+                   help="numasched's calls ask for the K/V prefetch before the PDL wait (flash_decode(..., "
+                        "prefetch=True), as numasched's decoder calls it after its RoPE + cache write; default off, "
+                        "as a standalone call); with --variant decode_prefetch=0 for an A/B")
     p.add_argument("--no-paged", action="store_true", help="contiguous layouts only (no paged cache, no FlashInfer)")
     p.add_argument("--rep", type=positive_int, default=100, help="timing window per measurement, ms")
     p.add_argument("--flush", choices=FLUSH_MODES, default="read",
@@ -235,6 +239,11 @@ def _parse(argv):
         args.pages = []
     if args.variant and (args.sq or args.ragged):
         build_parser().error("--variant: the single-token grid only (not with --sq or --ragged)")
+    if args.prefetch and (args.sq or args.ragged or args.host):
+        build_parser().error("--prefetch: the single-token grid only (not with --sq, --ragged or --host)")
+    if any(name == "decode_prefetch" for name, _ in args.variant) and not args.prefetch:
+        build_parser().error("--variant decode_prefetch=N changes nothing without --prefetch "
+                             "(flash_decode prefetches only when asked)")
     if (args.worklist_config is not None or args.programs is not None) and not args.ragged:
         build_parser().error("--worklist-config and --programs go with --ragged")
     if args.ragged_min != RAGGED_MIN and not args.ragged:
@@ -262,7 +271,8 @@ def _dry_run(args) -> int:
         lines.append(f"{hname} {H}/{HK} batch {B} ctx {L} d{HEAD_DIM}: K+V {kv_gb:.3f} GB, "
                      f"{_splits_text(B, HK, L, sms, args.pages)} on {sms} SMs"
                      + (f", also splits {args.sweep_splits}" if args.sweep_splits else ""))
-    contenders = [f"numasched ({args.mapping}) {layout}, combine auto, and fused or kernel (the other)"
+    ask = ", prefetch=True" if args.prefetch else ""
+    contenders = [f"numasched ({args.mapping}{ask}) {layout}, combine auto, and fused or kernel (the other)"
                   for layout in ["contiguous (BHLD view)", "contiguous (BLHD)"] + [f"paged {p}" for p in args.pages]]
     contenders += [f"numasched with {name}={value}, each layout" for name, value in args.variant]
     contenders += [f"SDPA {be}" for be in SDPA_BACKENDS]
@@ -630,14 +640,15 @@ def _bench(args) -> int:
             res = {}
             out = None
             with numasched.options.use(decode_combine="auto"):
-                plan = numasched.plan_decode(q, k, v, cache_seqlens=lens, block_table=bt, mapping=args.mapping)
+                plan = numasched.plan_decode(q, k, v, cache_seqlens=lens, block_table=bt, mapping=args.mapping,
+                                             prefetch=args.prefetch)
             picked = plan.combine
             res["combine"], res["splits"] = picked, plan.num_splits
             modes = ["auto"] + {"fused": ["kernel"], "kernel": ["fused"]}.get(picked, [])
             for combine in modes:
                 with numasched.options.use(decode_combine=combine):
                     fn = lambda: numasched.flash_decode(q, k, v, cache_seqlens=lens, block_table=bt,  # noqa: E731
-                                                        mapping=args.mapping)
+                                                        mapping=args.mapping, prefetch=args.prefetch)
                     t, tg, o = timed(fn, notes, f"numasched {layout} {combine}")
                 for name in ((combine,) if combine != "auto" else ("auto", picked)):
                     res[name], res[f"{name}_graph"] = t, tg
@@ -645,7 +656,7 @@ def _bench(args) -> int:
             ours[layout] = res
             for s in args.sweep_splits or ():
                 fn = lambda: numasched.flash_decode(q, k, v, cache_seqlens=lens, block_table=bt,  # noqa: E731
-                                                    num_splits=s, mapping=args.mapping)
+                                                    num_splits=s, mapping=args.mapping, prefetch=args.prefetch)
                 t, tg, _ = timed(fn, notes, f"numasched {layout} S={s}")
                 with numasched.options.use(decode_combine="auto"):
                     comb = numasched.plan_decode(q, k, v, cache_seqlens=lens, block_table=bt, num_splits=s,
@@ -654,9 +665,10 @@ def _bench(args) -> int:
             for name, value in args.variant:
                 with numasched.options.use(**{name: value}):
                     fn = lambda: numasched.flash_decode(q, k, v, cache_seqlens=lens, block_table=bt,  # noqa: E731
-                                                        mapping=args.mapping)
+                                                        mapping=args.mapping, prefetch=args.prefetch)
                     t, tg, o = timed(fn, notes, f"numasched {layout} {name}={value}")
-                    vplan = numasched.plan_decode(q, k, v, cache_seqlens=lens, block_table=bt, mapping=args.mapping)
+                    vplan = numasched.plan_decode(q, k, v, cache_seqlens=lens, block_table=bt, mapping=args.mapping,
+                                                  prefetch=args.prefetch)
                 if (o is not None and out is not None
                         and not torch.allclose(o.float(), out.float(), atol=2e-2, rtol=2e-2)):
                     notes.append(f"{name}={value}: output differs from the default's by "

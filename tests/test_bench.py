@@ -187,6 +187,19 @@ def test_decode_bench_flush_is_a_read_by_default_and_checked(capsys):
         common.bench_ms(lambda: None, flush="write")
 
 
+def test_decode_bench_prefetch_is_asked_for_and_its_variant_needs_it(capsys):
+    from numasched.bench import decode
+
+    assert not decode._parse([]).prefetch and decode._parse(["--prefetch"]).prefetch
+    assert decode._parse(["--prefetch", "--variant", "decode_prefetch=0"]).variant == [("decode_prefetch", 0)]
+    for bad in (["--variant", "decode_prefetch=0"], ["--prefetch", "--sq", "2"]):
+        with pytest.raises(SystemExit):   # a variant that changes nothing; a mode that has no prefetch
+            decode._parse(bad)
+        assert "prefetch" in capsys.readouterr().err
+    assert decode.main(["--dry-run", "--heads", "gqa", "--batch", "16", "--ctx", "1024", "--prefetch"]) == 0
+    assert "prefetch=True) contiguous (BLHD)" in capsys.readouterr().out
+
+
 def test_decode_bench_paged_cache_covers_a_partial_last_page():
     import torch
 
