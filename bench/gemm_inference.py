@@ -303,7 +303,9 @@ def main(argv=None) -> int:
         return print_plan("gemm_inference",
                           [f"{a} {b}: M={m} N={n} K={k} bf16, y = x @ W.T{epi}" for a, b, m, n, k in points],
                           [f"cuBLAS ({base})", "numasched.matmul (the model's schedule)",
-                           f"best of the chooser's pick and the next {args.top} schedules by the model"])
+                           f"best of the chooser's pick and the next {args.top} schedules by the model"]
+                          + [f"{s.describe()} (--extra)" for s in args.extra]
+                          + [f"the warp-specialised GEMM's {form} form (--ws)" for form in args.ws])
     from .common import check_runnable
 
     if (rc := check_runnable("gemm_inference")) is not None:

@@ -233,7 +233,7 @@ def test_decode_plan_with_fixed_config_and_splits_runs(device):
     assert torch.allclose(out, ref, atol=1e-4, rtol=1e-4)
 
 
-def test_gemm_inference_extra_schedules_are_parsed_and_timed_beside_the_model():
+def test_gemm_inference_extra_schedules_are_parsed_and_timed_beside_the_model(capsys):
     """--extra names schedules as the results do; they join the contenders (after the model's
     pick and its next ones, duplicates dropped), and a malformed one is refused naming the form."""
     from numasched.bench import gemm_inference as GI
@@ -250,6 +250,9 @@ def test_gemm_inference_extra_schedules_are_parsed_and_timed_beside_the_model():
     assert len(got) == len(set(got))
     with pytest.raises(SystemExit):
         GI.build_parser().parse_args(["--extra", "streamk 128x256 w8"])
+    # the dry run names them among the contenders
+    assert GI.main(["--shapes", "1x2560x8192", "--extra", "streamk 16x32x256 w4 s6", "--dry-run"]) == 0
+    assert "streamk 16x32x256 w4 s6 (--extra)" in capsys.readouterr().out
 
 
 def test_gemm_inference_ws_forms_are_parsed_and_configured():
