@@ -98,6 +98,11 @@ SDPA_BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION")
 MULTI_PAGES = [16, 64]
 QUICK_MULTI_POINTS = [("gqa", 1, 8192), ("gqa", 1, 32768), ("gqa", 8, 8192), ("gqa", 32, 4096), ("mha", 8, 8192)]
 MAX_Q_LEN = 16  # numasched.decode.MAX_QUERY_TOKENS (not imported here: the parser needs no torch)
+# issue 12's targets for this grid: ratio >= 1 (contiguous rows against the best peer, paged rows
+# against FlashInfer with the same pages), and >= STREAM_TARGET of the streaming read from
+# STREAM_MIN_TOKENS tokens (batch x context)
+STREAM_TARGET = 0.92
+STREAM_MIN_TOKENS = 256 * 1024
 
 
 def _q_lens(text: str) -> List[int]:
@@ -770,7 +775,10 @@ def _bench(args) -> int:
                             flashinfer=(getattr(fi, "__version__", "?") if fi else fi_err)))
     print(f"streaming read: {read_bw / 1e12:.2f} TB/s; ratio_vs_best_peer > 1 means numasched is faster "
           f"(CUDA-graph times; ratio_eager: eager calls). "
-          f"Targets: ratio >= 1 everywhere, frac_stream_read >= 0.9 at batch x ctx >= 256k.")
+          f"Targets: ratio >= 1 everywhere (paged: against FlashInfer), frac_stream_read >= {STREAM_TARGET} at "
+          f"batch x ctx >= {STREAM_MIN_TOKENS // 1024}k.")
+    for line in summary(rows):
+        print(line)
     return 0
 
 
@@ -1125,6 +1133,43 @@ COLUMNS = ["heads", "batch", "ctx", "kv_GB", "layout", "splits", "combine", "our
            "ratio_vs_best_peer", "ratio_eager", "sdpa_flash_us", "sdpa_flash_graph_us", "sdpa_efficient_us",
            "sdpa_efficient_graph_us", "sdpa_cudnn_us", "sdpa_cudnn_graph_us", "flex_us", "flex_graph_us",
            "flashinfer_us", "flashinfer_graph_us", "max_abs_err_vs_sdpa", "note"]
+
+
+def _ratio_vs_target(row: Dict) -> Optional[float]:
+    """The row's ratio for the issue's target: a paged row against FlashInfer (the same pages),
+    a contiguous row against the best peer; None where that peer has no time."""
+    if str(row.get("layout", "")).startswith("paged"):
+        fi, ours = row.get("flashinfer_graph_us"), row.get("ours_graph_us")
+        return fi / ours if fi and ours else None
+    return row.get("ratio_vs_best_peer")
+
+
+def summary(rows: List[Dict]) -> List[str]:
+    """One line per layout kind (contiguous, paged P) of a grid run: the geometric mean of the
+    target ratio, the points at >= 1.00 and >= 0.99, the worst point, and the points of at least
+    STREAM_MIN_TOKENS tokens at >= STREAM_TARGET of the streaming read (the issue's figures)."""
+    groups: Dict[str, List[Dict]] = {}
+    for r in rows:
+        layout = str(r.get("layout", ""))
+        groups.setdefault("contiguous" if layout.startswith("contiguous") else layout, []).append(r)
+    out = []
+    for name, rs in groups.items():
+        scored = [(x, r) for r in rs for x in [_ratio_vs_target(r)] if x]
+        if not scored:
+            continue
+        xs = [x for x, _ in scored]
+        worst, wr = min(scored, key=lambda t: t[0])
+        big = [r["frac_stream_read"] for r in rs if r.get("frac_stream_read") is not None
+               and r["batch"] * r["ctx"] >= STREAM_MIN_TOKENS]
+        peer = "FlashInfer" if name.startswith("paged") else "the best peer"
+        line = (f"{name} against {peer}: geomean {math.exp(sum(map(math.log, xs)) / len(xs)):.3f}, "
+                f">= 1.00 at {sum(x >= 1 for x in xs)}/{len(xs)}, >= 0.99 at {sum(x >= 0.99 for x in xs)}, "
+                f"worst {worst:.3f} ({wr['heads']} {wr['batch']} x {wr['ctx']} {wr['layout']})")
+        if big:
+            line += (f"; >= {STREAM_TARGET} of the streaming read at {sum(f >= STREAM_TARGET for f in big)}/{len(big)}"
+                     f" points of >= {STREAM_MIN_TOKENS // 1024}k tokens (min {min(big):.3f})")
+        out.append(line)
+    return out
 
 
 def _fmt(v) -> str:

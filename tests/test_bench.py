@@ -200,6 +200,34 @@ def test_decode_bench_prefetch_is_asked_for_and_its_variant_needs_it(capsys):
     assert "prefetch=True) contiguous (BLHD)" in capsys.readouterr().out
 
 
+def test_decode_bench_summary_scores_paged_rows_against_flashinfer():
+    """The grid summary: contiguous rows by their ratio to the best peer, paged rows by FlashInfer's
+    time over ours (not the best peer's: cuDNN times a contiguous cache), the streaming-read
+    target counted only from 256k tokens."""
+    from numasched.bench import decode
+
+    def row(layout, batch, ctx, ratio, ours, fi, frac):
+        return dict(heads="32/8", batch=batch, ctx=ctx, layout=layout, ratio_vs_best_peer=ratio, ours_graph_us=ours,
+                    flashinfer_graph_us=fi, frac_stream_read=frac)
+
+    rows = [row("contiguous (BLHD)", 1, 512, 1.2, 10.0, None, 0.3),
+            row("contiguous (BHLD view)", 64, 4096, 0.98, 500.0, None, 0.95),
+            row("contiguous (BLHD)", 64, 8192, 1.0, 900.0, None, 0.91),
+            # a paged row's ratio to the best peer (cuDNN, contiguous) must not count: 0.5 here
+            row("paged 16", 64, 4096, 0.5, 100.0, 99.0, 0.93),
+            row("paged 16", 8, 512, 0.5, 10.0, 12.0, 0.2),
+            row("paged 64", 8, 512, 0.5, 10.0, None, 0.2)]   # no FlashInfer time: not scored
+    lines = decode.summary(rows)
+    assert len(lines) == 2
+    cont, paged = lines
+    assert cont.startswith("contiguous against the best peer: geomean 1.056,")   # (1.2 * 0.98 * 1.0) ** (1/3)
+    assert ">= 1.00 at 2/3" in cont and ">= 0.99 at 2," in cont and "worst 0.980 (32/8 64 x 4096 contiguous (BHLD view))" in cont
+    assert "at 1/2 points of >= 256k tokens (min 0.910)" in cont
+    assert paged.startswith("paged 16 against FlashInfer: geomean 1.090,")   # (0.99 * 1.2) ** 0.5
+    assert ">= 1.00 at 1/2" in paged and "worst 0.990 (32/8 64 x 4096 paged 16)" in paged
+    assert "at 1/1 points" in paged and f">= {decode.STREAM_TARGET} of" in paged
+    assert decode.STREAM_TARGET == 0.92   # issue 12's figure
+
 def test_decode_bench_paged_cache_covers_a_partial_last_page():
     import torch
 
