@@ -405,6 +405,14 @@ def _write(args, rows: List[dict], notes: List[str], spec) -> None:
 
 
 TIMELINE_COLUMNS = ["kind", "batch", "context", "backend", "what", "ms_per_step", "owned_ms_per_step"]
+# the GEMM launches of a layer of the decode step, in order (numasched/models/llama.py: the fused
+# QKV projection, o_proj, the fused gate/up (+ SwiGLU), down_proj); the step ends with lm_head
+LAYER_GEMM_ROLES = ("qkv", "o", "gate_up", "down")
+
+
+def decode_gemm_roles(layers: int) -> List[str]:
+    """The role of each GEMM launch of one decode step, in launch order (bench/timeline.py)."""
+    return list(LAYER_GEMM_ROLES) * layers + ["lm_head"]
 
 
 def timeline_rows(rows, backends) -> List[dict]:
@@ -423,6 +431,10 @@ def timeline_rows(rows, backends) -> List[dict]:
                 out.append(dict(base, what=what, ms_per_step=t[key], owned_ms_per_step=t[key]))
             own = t.get("own_by_kind", {})
             out += [dict(base, what=k, ms_per_step=v, owned_ms_per_step=own.get(k)) for k, v in t["by_kind"].items()]
+            if t.get("by_role"):   # the GEMM launches by projection (where each step's launches matched)
+                own_r = t.get("own_by_role") or {}
+                out += [dict(base, what=f"gemm: {k}", ms_per_step=v, owned_ms_per_step=own_r.get(k))
+                        for k, v in t["by_role"].items()]
     return out
 
 
@@ -684,7 +696,8 @@ def _decode_point(ctx, model, backends, batch: int, context: int) -> dict:
                 from .timeline import describe, kernel_intervals, summarize
 
                 ctx.barrier()
-                row[f"{name}_timeline"] = summarize(kernel_intervals(runner.graph.replay, steps=8), 8)
+                row[f"{name}_timeline"] = summarize(kernel_intervals(runner.graph.replay, steps=8), 8,
+                                                    gemm_roles=decode_gemm_roles(model.spec.layers))
                 ctx.say(f"timeline {name} batch {batch} context {context}: {describe(row[f'{name}_timeline'])}")
             if not args.no_eager:
                 row[f"{name}_eager_ms"] = ctx.timed(runner.step_eager, calls=1)

@@ -17,13 +17,18 @@ and the owned times sum to ``busy``; all per step in ms.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-# kernel-name fragment -> kind (first match wins; Triton names kernels after their functions)
+# kernel-name fragment -> kind (first match wins; Triton names kernels after their functions, so
+# numasched's own GEMMs come before the generic "gemm" of cuBLAS's names)
 KINDS = (
     ("gemm_splitk", "gemm (numasched split-K)"),
     ("gemm_streamk", "gemm (numasched stream-K)"),
     ("matmul_all_reduce", "gemm + all-reduce (fused)"),
+    ("all_gather_matmul", "all-gather + gemm (fused)"),
+    ("matmul_reduce_scatter", "gemm + reduce-scatter (fused)"),
+    ("gemm_ws", "gemm (numasched WS)"),
+    ("glu_persistent", "gemm (numasched SwiGLU)"),
     ("gemm_kernel", "gemm (numasched tiled)"),
     ("all_reduce_add_rmsnorm", "all-reduce + add + norm"),
     ("all_reduce", "all-reduce"),
@@ -33,11 +38,16 @@ KINDS = (
     ("swiglu", "swiglu"),
     ("nccl", "nccl"),
     ("gemm", "gemm (cuBLAS)"),
+    ("nvjet", "gemm (cuBLAS)"),        # cuBLASLt's Hopper kernels (torch 2.11's F.linear)
+    ("splitkreduce", "gemm (cuBLAS)"),
     ("sm90_xmma", "gemm (cuBLAS)"),
     ("cutlass", "gemm (cuBLAS)"),
     ("cudnn", "attention (cuDNN)"),
     ("fmha", "attention (cuDNN)"),
     ("flash", "attention (flash)"),
+    ("attn_fwd", "prefill attention (numasched)"),
+    ("batchdecode", "attention (FlashInfer)"),
+    ("batchprefill", "attention (FlashInfer)"),
     ("triton_", "elementwise (compiled)"),
     ("elementwise", "elementwise (torch)"),
     ("reduce", "elementwise (torch)"),
@@ -56,9 +66,20 @@ def kind_of(name: str) -> str:
     return "other"
 
 
-def summarize(intervals: Sequence[Tuple[str, float, float]], steps: int) -> Dict[str, object]:
+def is_gemm(kind: str) -> bool:
+    """Whether a kind is a GEMM launch (alone or fused with a collective)."""
+    return kind.startswith("gemm") or kind.startswith("all-gather + gemm")
+
+
+def summarize(intervals: Sequence[Tuple[str, float, float]], steps: int,
+              gemm_roles: Optional[Sequence[str]] = None) -> Dict[str, object]:
     """Per-step span, busy and gap (ms) and each kind's kernel time (ms) of ``intervals`` (name,
-    start us, end us) recorded over ``steps`` replays."""
+    start us, end us) recorded over ``steps`` replays.
+
+    gemm_roles: the role of each GEMM launch of one step in launch order (a decoder's: "qkv", "o",
+    "gate_up", "down" per layer, then "lm_head"). Where every step has exactly that many GEMM
+    launches, ``by_role`` / ``own_by_role`` give each role's time per step as ``by_kind`` does;
+    otherwise (a library that splits a GEMM into several launches) ``by_role`` is None."""
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     if not intervals:
@@ -75,15 +96,30 @@ def summarize(intervals: Sequence[Tuple[str, float, float]], steps: int) -> Dict
     span = max(e for _, e, _ in iv) - iv[0][0]
     by_kind: Dict[str, float] = {}
     own: Dict[str, float] = {}
+    gemms = []   # (raw, owned) of each GEMM launch, in launch order
     frontier = iv[0][0]
     for s, e, n in iv:
         k = kind_of(n)
-        by_kind[k] = by_kind.get(k, 0.0) + (e - s) / 1e3 / steps
-        own[k] = own.get(k, 0.0) + max(0.0, e - max(s, frontier)) / 1e3 / steps
+        raw, owned = (e - s) / 1e3 / steps, max(0.0, e - max(s, frontier)) / 1e3 / steps
+        by_kind[k] = by_kind.get(k, 0.0) + raw
+        own[k] = own.get(k, 0.0) + owned
+        if is_gemm(k):
+            gemms.append((raw, owned))
         frontier = max(frontier, e)
-    return dict(span_ms=span / 1e3 / steps, busy_ms=busy / 1e3 / steps, gap_ms=(span - busy) / 1e3 / steps,
-                kernels=len(iv) / steps, by_kind=dict(sorted(by_kind.items(), key=lambda kv: -kv[1])),
-                own_by_kind=dict(sorted(own.items(), key=lambda kv: -kv[1])))
+    out = dict(span_ms=span / 1e3 / steps, busy_ms=busy / 1e3 / steps, gap_ms=(span - busy) / 1e3 / steps,
+               kernels=len(iv) / steps, by_kind=dict(sorted(by_kind.items(), key=lambda kv: -kv[1])),
+               own_by_kind=dict(sorted(own.items(), key=lambda kv: -kv[1])))
+    if gemm_roles is not None:
+        by_role: Optional[Dict[str, float]] = None
+        own_role: Optional[Dict[str, float]] = None
+        if gemm_roles and len(gemms) == steps * len(gemm_roles):   # the steps' launches in order
+            by_role, own_role = {}, {}
+            for i, (raw, owned) in enumerate(gemms):
+                role = gemm_roles[i % len(gemm_roles)]
+                by_role[role] = by_role.get(role, 0.0) + raw
+                own_role[role] = own_role.get(role, 0.0) + owned
+        out.update(by_role=by_role, own_by_role=own_role, gemm_launches=len(gemms) / steps)
+    return out
 
 
 def kernel_intervals(fn: Callable[[], object], steps: int = 8) -> List[Tuple[str, float, float]]:
@@ -116,5 +152,10 @@ def describe(s: Dict[str, object], top: int = 8) -> str:
     own = s.get("own_by_kind", {})
     kinds = ", ".join(f"{k} {v:.3f}" + (f" (owns {own[k]:.3f})" if k in own else "")
                       for k, v in list(s["by_kind"].items())[:top])
-    return (f"span {s['span_ms']:.3f} ms, kernels busy {s['busy_ms']:.3f}, idle between kernels {s['gap_ms']:.3f} "
+    text = (f"span {s['span_ms']:.3f} ms, kernels busy {s['busy_ms']:.3f}, idle between kernels {s['gap_ms']:.3f} "
             f"({s['kernels']:.0f} kernels a step); by kind (ms): {kinds}")
+    if s.get("by_role"):
+        text += "; GEMMs by role (owned ms): " + ", ".join(f"{k} {v:.3f}" for k, v in s["own_by_role"].items())
+    elif "by_role" in s:
+        text += f"; GEMMs by role: not matched ({s['gemm_launches']:g} GEMM launches a step)"
+    return text

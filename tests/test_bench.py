@@ -394,6 +394,48 @@ def test_timeline_summary_counts_overlaps_once_and_idle_time_per_step():
         summarize(us, 0)
 
 
+def test_timeline_names_numasched_and_cublas_kernels():
+    """Every GEMM numasched launches is named as its own (not as cuBLAS through the generic
+    "gemm"), and cuBLASLt's Hopper kernels (nvjet) count as cuBLAS's GEMMs, not "other"."""
+    from numasched.bench.timeline import is_gemm, kind_of
+
+    assert kind_of("gemm_ws_kernel") == "gemm (numasched WS)"
+    assert kind_of("gemm_ws_streamk_kernel") == "gemm (numasched WS)"
+    assert kind_of("glu_persistent_kernel") == "gemm (numasched SwiGLU)"
+    assert kind_of("all_gather_matmul_kernel") == "all-gather + gemm (fused)"
+    assert kind_of("matmul_reduce_scatter_kernel") == "gemm + reduce-scatter (fused)"
+    assert kind_of("matmul_all_reduce_ws_kernel") == "gemm + all-reduce (fused)"
+    assert kind_of("nvjet_tst_128x64_64x8_1x2_h_bz_coopA_TNT") == "gemm (cuBLAS)"
+    assert kind_of("void splitKreduce_kernel<32, 16, int, float>") == "gemm (cuBLAS)"
+    assert kind_of("attn_fwd_kernel") == "prefill attention (numasched)"
+    assert kind_of("BatchDecodeWithPagedKVCacheKernel") == "attention (FlashInfer)"
+    assert all(is_gemm(kind_of(n)) for n in ("gemm_splitk_kernel", "nvjet_x", "all_gather_matmul_kernel",
+                                             "matmul_all_reduce_kernel", "glu_persistent_kernel"))
+    assert not any(is_gemm(kind_of(n)) for n in ("all_reduce_add_rmsnorm_kernel", "_flash_decode_kernel", "mystery"))
+
+
+def test_timeline_gemm_roles_per_step_and_a_mismatch():
+    """GEMM launches take their role by launch order within each step (two steps of qkv, o and a
+    head); owned times by role sum to the GEMM kinds' owned times; a step with a launch more than
+    the roles (a library's split-K reduce) leaves the roles unmatched."""
+    from numasched.bench.timeline import describe, summarize
+
+    step = [("gemm_splitk_kernel", 0, 10), ("rope", 10, 12), ("gemm_splitk_kernel", 11, 20),   # o starts under rope
+            ("all_reduce_add_rmsnorm_kernel", 20, 25), ("nvjet_head", 25, 45)]
+    us = step + [(n, s + 100, e + 100) for n, s, e in step]
+    roles = ["qkv", "o", "lm_head"]
+    s = summarize(us, steps=2, gemm_roles=roles)
+    assert s["by_role"] == pytest.approx({"qkv": 10 / 1e3, "o": 9 / 1e3, "lm_head": 20 / 1e3})
+    assert s["own_by_role"] == pytest.approx({"qkv": 10 / 1e3, "o": 8 / 1e3, "lm_head": 20 / 1e3})
+    gemm_owned = sum(v for k, v in s["own_by_kind"].items() if k.startswith("gemm"))
+    assert sum(s["own_by_role"].values()) == pytest.approx(gemm_owned)
+    assert s["gemm_launches"] == 3 and "GEMMs by role (owned ms): qkv 0.010, o 0.008" in describe(s)
+    extra = us + [("splitKreduce_kernel", 46, 47)]
+    t = summarize(extra, steps=2, gemm_roles=roles)
+    assert t["by_role"] is None and t["gemm_launches"] == 3.5 and "not matched (3.5 GEMM launches" in describe(t)
+    assert "by_role" not in summarize(us, steps=2)   # no roles asked: no role keys
+
+
 def test_e2e_timeline_rows_and_flag():
     from numasched.bench import e2e
 
@@ -404,6 +446,10 @@ def test_e2e_timeline_rows_and_flag():
     assert [r["what"] for r in out] == ["(span)", "(kernels busy)", "(idle between kernels)", "gemm", "nccl"]
     assert out[2]["ms_per_step"] == 0.2 and all(r["backend"] == "numasched" and r["batch"] == 1 for r in out)
     assert out[3]["owned_ms_per_step"] is None   # a summary without owned times (older runs) leaves them empty
+    roles = dict(t, own_by_kind={"gemm": 0.4}, by_role={"qkv": 0.2, "o": 0.3}, own_by_role={"qkv": 0.15, "o": 0.25})
+    out = e2e.timeline_rows([dict(kind="decode", batch=1, context=2048, numasched_timeline=roles)], ["numasched"])
+    assert [(r["what"], r["owned_ms_per_step"]) for r in out[-2:]] == [("gemm: qkv", 0.15), ("gemm: o", 0.25)]
+    assert e2e.decode_gemm_roles(2) == ["qkv", "o", "gate_up", "down"] * 2 + ["lm_head"]
     assert e2e.main(["--dry-run", "--timeline"]) == 0
 
 
