@@ -246,7 +246,7 @@ def _mapping(name: str):
 _PTR = "*bf16"
 _TMA_OFF = ("TMA tensor descriptors (cp.async.bulk.tensor) are NVIDIA sm_90+; on AMD the host plans the "
             "pointer path (caps.tma_supported is False on ROCm)")
-_GLUON_OFF = ("the warp-specialised kernels (kernels/gemm_ws.py, dist_gemm_ar_ws.py) are Gluon code for NVIDIA "
+_GLUON_OFF = ("the Gluon kernels (kernels/gemm_ws.py, dist_gemm_ar_ws.py, gemm_weight_first.py) are code for NVIDIA "
               "sm_90 (wgmma, TMA, mbarriers, setmaxnreg); AMD runs the Triton kernels")
 _CLOCK_NOTE = ("WAIT_CLOCK: sm90 True (%globaltimer wait bound); AMD False: %globaltimer is NVIDIA PTX, the "
                "wait is bounded by a poll count (ctx.wait_clock is False on ROCm)")
@@ -475,6 +475,22 @@ def _gemm_ws(block_n: int = 256, stages: int = 3, b_kmajor: bool = True, glu: bo
                       CONSUMER_REGS=cfg.consumer_regs, LOADER_REGS=cfg.loader_regs, A_LAST=a_last[0],
                       A_LAST2=a_last[1], SWAP_C=swap, B_LAST0=b_last[0], B_LAST1=b_last[1], N2=cfg.block_n2)
         return gemm_ws_kernel, values, 4, 1, dict(maxnreg=cfg.maxnreg)
+    return build
+
+
+def _weight_first(rows: int = 16, glu: bool = False, splits: int = 2, pdl: int = 1, weights_first: bool = True):
+    def build(vendor):
+        from numasched.gemm_weight_first import BAND, BLOCK_K, config
+        from numasched.gemm_ws import descriptor_type
+        from numasched.kernels.gemm_weight_first import weight_first_kernel
+
+        cfg = config(rows, 4096, 4096, glu=glu, splits=splits)
+        values = dict(w_desc=descriptor_type("bf16", [BAND, BLOCK_K]),
+                      x_desc=descriptor_type("bf16", [cfg.block_t, BLOCK_K]), y="*bf16", ws="*fp32",
+                      counters="*i32", M=rows, N=4096, K=4096, stride_ym=4096, stride_yn=1,
+                      k_per_split=cfg.k_per_split, SPLITS=cfg.splits, STAGES=cfg.stages, GLU=glu, PDL=pdl,
+                      WEIGHTS_FIRST=weights_first)
+        return weight_first_kernel, values, 4, 1
     return build
 
 
@@ -792,6 +808,15 @@ VARIANTS: List[Variant] = [
             note="matmul_swiglu's prefill tiles (128 x 128 gate + up, 8 warps, 3 stages, unsplit)"),
     Variant("gemm_splitk", "bf16-tma-glu-prefill-row-scale", _gemm_glu_prefill(True), off={"amd": _TMA_OFF},
             note="the same with a factor per row on the accumulators (a norm-free prefill)"),
+    Variant("gemm_weight_first", "bf16-16-split2-pdl", _weight_first(), off={"amd": _GLUON_OFF},
+            note="the weight-first decode GEMM (Gluon): the first stages' weight boxes before the PDL wait, "
+                 "x's after; 64-row bands, two K parts"),
+    Variant("gemm_weight_first", "bf16-16-glu-pdl", _weight_first(glu=True, splits=1), off={"amd": _GLUON_OFF},
+            note="its SwiGLU form (gate and up bands in a slot, silu(gate) * up), unsplit"),
+    Variant("gemm_weight_first", "bf16-64-split3-late", _weight_first(rows=64, splits=3, pdl=3),
+            off={"amd": _GLUON_OFF}, note="64 rows of x, three K parts, the next kernel let go after the K loop"),
+    Variant("gemm_weight_first", "bf16-16-split2-after", _weight_first(weights_first=False), off={"amd": _GLUON_OFF},
+            note="the A/B form: every box after the PDL wait"),
     Variant("gemm_ws", "bf16-128x256-s3", _gemm_ws(), off={"amd": _GLUON_OFF},
             note="warp-specialised (Gluon): a loader warp, two consumer warpgroups, maxnreg 168"),
     Variant("gemm_ws", "bf16-128x128-s5-b-rowmajor", _gemm_ws(128, 5, b_kmajor=False), off={"amd": _GLUON_OFF},

@@ -41,7 +41,8 @@ EXPECTED_OFF = {
     ("gemm_splitk/bf16-pointer-decode-glu-prefetch", "amd"): "NVIDIA PTX",
     ("flash_decode/paged16-fused-bf16-d128-g4-prefetch", "amd"): "NVIDIA PTX",
     ("flash_decode/contiguous-fused-bf16-d128-g4-prefetch", "amd"): "NVIDIA PTX",
-    **{(v.key, "amd"): "Gluon" for v in PT.VARIANTS if v.kernel == "gemm_ws" or "-ws" in v.name},
+    **{(v.key, "amd"): "Gluon" for v in PT.VARIANTS
+       if v.kernel in ("gemm_ws", "gemm_weight_first") or "-ws" in v.name},
 }
 
 

@@ -1,0 +1,179 @@
+"""Weight-first decode GEMM for Hopper (sm_90), written in Gluon: ``y = x @ W.T`` for a few rows.
+
+Why: in a decode step the GEMM after the all-reduce + norm waits about 7 us for that kernel, a
+latency-bound NVLink round trip during which HBM is idle (bench/results, fifty-fourth session:
+the TP 2 step's GEMMs read their weights at 0.78 of the streaming read). The weights are no
+earlier kernel's output, so a program launched early by programmatic dependent launch (PDL) may
+read them before it waits. Triton's software pipeliner issues a K step's A and B loads together,
+so they cannot straddle the wait; here the loads are explicit:
+
+1. a program is one unit: a 64-row band of W (64 output columns; GLU: the gate's band and the
+   up's) and a K range (split-K: ``SPLITS`` units a band);
+2. it arms its first STAGES ring slots and issues their **weight** boxes (TMA) at once;
+3. then it waits for the previous kernel (``griddepcontrol.wait``: PDL 1 and 3; 0 waits for
+   nothing) and only then issues the same slots' **activation** boxes (x: BLOCK_T rows, the rows
+   past M zero-filled by TMA);
+4. the K loop: wait for a slot, one wgmma (the weight box as wgmma's A, 64 rows; x's box
+   transposed as its B, BLOCK_T columns), then the slot's next boxes, STAGES steps ahead;
+5. the epilogue writes y's columns [n0, n0 + 64) of every row (transposed, masked pointer
+   stores; GLU: ``silu(gate) * up``). With SPLITS > 1 each unit's fp32 partial goes to the
+   workspace and takes a ticket on its band's counter; the unit that takes the last ticket sums
+   the band's partials in split order (the same bits whichever finishes last), stores, and resets
+   the counter for the next launch and for CUDA-graph replays. Nothing waits on another program.
+
+One warpgroup (4 warps) a program; shared memory holds STAGES x (64 or 128 rows + BLOCK_T) x
+BLOCK_K. ``WEIGHTS_FIRST=False`` issues the weight boxes after the wait too (an A/B of step 2).
+Gluon has no interpreter: the CPU suite compiles this kernel for sm_90 offline
+(tests/test_gemm_weight_first.py); correctness and speed come from its GPU tests and
+``scripts/weight_first_probe.py``. Host side: numasched/gemm_weight_first.py.
+"""
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+    HAVE_GLUON = True
+except ImportError:  # pragma: no cover - triton without Gluon
+    HAVE_GLUON = False
+
+BAND = 64   # rows of W a unit computes: one warpgroup's wgmma M
+
+if HAVE_GLUON:
+    @gluon.jit
+    def _pdl(TRIGGER: gl.constexpr, WAIT: gl.constexpr):
+        """PDL's two instructions (kernels/pdl.py's, as inline PTX: Gluon has no builtin for them)."""
+        if TRIGGER:
+            gl.inline_asm_elementwise("griddepcontrol.launch_dependents; mov.u32 $0, 0;", "=r", [],
+                                      dtype=gl.int32, is_pure=False, pack=1)
+        if WAIT:
+            gl.inline_asm_elementwise("griddepcontrol.wait; mov.u32 $0, 0;", "=r", [],
+                                      dtype=gl.int32, is_pure=False, pack=1)
+
+    @gluon.jit
+    def _load_w(w_desc, n0, N, k, bar, slot, GLU: gl.constexpr):
+        """The weight boxes of one K step: the band's 64 rows at K offset ``k`` (GLU: the gate's,
+        then the up's ``N`` rows further on, stacked in the slot)."""
+        BAND: gl.constexpr = w_desc.block_type.shape[0]
+        if GLU:
+            tma.async_copy_global_to_shared(w_desc, [n0, k], bar, slot.slice(0, BAND, dim=0))
+            tma.async_copy_global_to_shared(w_desc, [N + n0, k], bar, slot.slice(BAND, BAND, dim=0))
+        else:
+            tma.async_copy_global_to_shared(w_desc, [n0, k], bar, slot)
+
+    @gluon.jit
+    def _band_store(y, vals, n0, M, N, stride_ym, stride_yn, layout: gl.constexpr, BAND: gl.constexpr,
+                    BLOCK_T: gl.constexpr):
+        """vals (BAND columns of y, BLOCK_T rows) into y[:M, n0:n0 + BAND], transposed."""
+        r = gl.arange(0, BAND, layout=gl.SliceLayout(1, layout))
+        m = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, layout))
+        cols = n0 + r
+        ptrs = y + m[None, :].to(gl.int64) * stride_ym + cols[:, None].to(gl.int64) * stride_yn
+        gl.store(ptrs, vals.to(y.dtype.element_ty), mask=(cols[:, None] < N) & (m[None, :] < M))
+
+    @gluon.jit
+    def _glu(g, u):
+        return g / (1.0 + gl.exp(-g)) * u
+
+    @gluon.jit
+    def weight_first_kernel(w_desc, x_desc, y, ws, counters, M, N, K, stride_ym, stride_yn, k_per_split,
+                            SPLITS: gl.constexpr, STAGES: gl.constexpr, GLU: gl.constexpr = False,
+                            PDL: gl.constexpr = 0, WEIGHTS_FIRST: gl.constexpr = True):
+        """y[:M, :N] = x[:M] @ W[:N].T (GLU: silu(x @ W[:N].T) * (x @ W[N:2N].T)). w_desc: W (N or
+        2N, K) in (64, BLOCK_K) boxes; x_desc: x (M, K) in (BLOCK_T, BLOCK_K) boxes; y: (M, N) any
+        strides; ws: fp32, SPLITS > 1: (units, GLU + 1, 64, BLOCK_T); counters: int32, one per band
+        (zero before the first launch; each launch leaves them zero). Grid: bands x SPLITS units;
+        k_per_split: a multiple of BLOCK_K. PDL: 0 none, 1 let the next kernel launch, then wait,
+        3 wait, and let it launch after the K loop."""
+        BAND: gl.constexpr = w_desc.block_type.shape[0]
+        BLOCK_K: gl.constexpr = w_desc.block_type.shape[1]
+        BLOCK_T: gl.constexpr = x_desc.block_type.shape[0]
+        gl.static_assert(BAND == 64, "the weight's boxes are 64 rows (one warpgroup's wgmma)")
+        gl.static_assert(x_desc.block_type.shape[1] == BLOCK_K, "x's boxes are BLOCK_K wide")
+        NW: gl.constexpr = 2 if GLU else 1
+        NBYTES: gl.constexpr = NW * w_desc.block_type.nbytes + x_desc.block_type.nbytes
+        pid = gl.program_id(0)
+        band = pid // SPLITS
+        n0 = band * BAND
+        k0 = (pid % SPLITS) * k_per_split
+        n_iter = gl.cdiv(gl.minimum(K - k0, k_per_split), BLOCK_K)
+
+        w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES, NW * BAND, BLOCK_K], w_desc.layout)
+        x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BLOCK_T, BLOCK_K], x_desc.layout)
+        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(bars.index(i), count=1)
+
+        # 2. the first stages' weight boxes before the wait (no earlier kernel writes W)
+        if WEIGHTS_FIRST:
+            for i in gl.static_range(STAGES):
+                if i < n_iter:
+                    mbarrier.expect(bars.index(i), NBYTES)
+                    _load_w(w_desc, n0, N, k0 + i * BLOCK_K, bars.index(i), w_bufs.index(i), GLU)
+        # 3. the previous kernel wrote x: wait for it, then x's boxes of the same stages
+        _pdl(PDL == 1, PDL != 0)
+        for i in gl.static_range(STAGES):
+            if i < n_iter:
+                if not WEIGHTS_FIRST:
+                    mbarrier.expect(bars.index(i), NBYTES)
+                    _load_w(w_desc, n0, N, k0 + i * BLOCK_K, bars.index(i), w_bufs.index(i), GLU)
+                tma.async_copy_global_to_shared(x_desc, [0, k0 + i * BLOCK_K], bars.index(i), x_bufs.index(i))
+
+        # 4. the K loop
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                             instr_shape=[16, BLOCK_T, 16])
+        acc = gl.zeros((BAND, BLOCK_T), gl.float32, acc_layout)
+        acc_u = gl.zeros((BAND, BLOCK_T), gl.float32, acc_layout)
+        for i in range(n_iter):
+            s = i % STAGES
+            mbarrier.wait(bars.index(s), (i // STAGES) & 1)
+            xs = x_bufs.index(s).permute((1, 0))   # (BLOCK_K, BLOCK_T): x's box as wgmma's B
+            wb = w_bufs.index(s)
+            if GLU:
+                acc = warpgroup_mma(wb.slice(0, BAND, dim=0), xs, acc, is_async=True)
+                acc_u = warpgroup_mma(wb.slice(BAND, BAND, dim=0), xs, acc_u, is_async=True)
+                acc, acc_u = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_u))
+            else:
+                acc = warpgroup_mma(wb, xs, acc, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            nxt = i + STAGES
+            if nxt < n_iter:   # the slot is read: its next boxes, STAGES steps ahead
+                gl.thread_barrier()   # every warp's wgmma on the slot is done before TMA overwrites it
+                mbarrier.expect(bars.index(s), NBYTES)
+                _load_w(w_desc, n0, N, k0 + nxt * BLOCK_K, bars.index(s), wb, GLU)
+                tma.async_copy_global_to_shared(x_desc, [0, k0 + nxt * BLOCK_K], bars.index(s), x_bufs.index(s))
+        if PDL == 3:
+            _pdl(True, False)
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(bars.index(i))
+
+        # 5. the epilogue
+        if SPLITS == 1:
+            if GLU:
+                _band_store(y, _glu(acc, acc_u), n0, M, N, stride_ym, stride_yn, acc_layout, BAND, BLOCK_T)
+            else:
+                _band_store(y, acc, n0, M, N, stride_ym, stride_yn, acc_layout, BAND, BLOCK_T)
+        else:
+            SLOT: gl.constexpr = BAND * BLOCK_T
+            r = gl.arange(0, BAND, layout=gl.SliceLayout(1, acc_layout))
+            m = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, acc_layout))
+            offs = r[:, None] * BLOCK_T + m[None, :]
+            base = ws + pid.to(gl.int64) * (NW * SLOT)
+            gl.store(base + offs, acc)
+            if GLU:
+                gl.store(base + SLOT + offs, acc_u)
+            # every thread's partial before the ticket; the last arrival reads the others' through
+            # L2 (.cg), never a stale L1 line
+            gl.thread_barrier()
+            ticket = gl.atomic_add(counters + band, 1, sem="acq_rel", scope="gpu")
+            if ticket == SPLITS - 1:
+                gl.atomic_xchg(counters + band, 0, sem="relaxed", scope="gpu")   # ready for the next launch
+                tot = gl.zeros((BAND, BLOCK_T), gl.float32, acc_layout)
+                tot_u = gl.zeros((BAND, BLOCK_T), gl.float32, acc_layout)
+                first = ws + (band * SPLITS).to(gl.int64) * (NW * SLOT)
+                for q in range(SPLITS):   # split order: the same sum every time
+                    tot = tot + gl.load(first + q * (NW * SLOT) + offs, cache_modifier=".cg")
+                    if GLU:
+                        tot_u = tot_u + gl.load(first + q * (NW * SLOT) + SLOT + offs, cache_modifier=".cg")
+                if GLU:
+                    _band_store(y, _glu(tot, tot_u), n0, M, N, stride_ym, stride_yn, acc_layout, BAND, BLOCK_T)
+                else:
+                    _band_store(y, tot, n0, M, N, stride_ym, stride_yn, acc_layout, BAND, BLOCK_T)

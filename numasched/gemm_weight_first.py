@@ -1,0 +1,150 @@
+"""Host side of the weight-first decode GEMM (kernels/gemm_weight_first.py): check -> plan -> run.
+
+    plan = WeightFirstPlan(x, w, glu=False)     # checks, the config, workspace and counters
+    y = plan.run(x, w)                          # y = x @ w.T  (glu: silu(x @ w[:n].T) * (x @ w[n:].T))
+
+For decode-sized rows (M <= 64) of 16-bit x (M, K) and an F.linear weight w (N, K), both
+row-major, on an sm_90 GPU. The program's weight boxes are issued before its PDL wait, so a
+launch with ``pdl=1`` streams weights while the kernel before it (an all-reduce + norm) still runs.
+Not wired into numasched.matmul: an experiment until scripts/weight_first_probe.py has timed it
+in a chain (the fifty-fourth session's results, "Next GPU session").
+
+The config (:func:`config`): 64-row bands of W, BLOCK_K 128, BLOCK_T the smallest of 16 / 32 / 64
+holding M, as many ring stages as fit ``smem`` bytes (at most MAX_STAGES), and split-K
+(``splits``) so that bands x splits fill the SMs once at most.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+__all__ = ["WfConfig", "config", "check", "WeightFirstPlan", "matmul_weight_first"]
+
+BAND = 64            # kernels/gemm_weight_first.BAND (not imported: Gluon is optional)
+BLOCK_K = 128
+MAX_ROWS = 64        # wgmma's N: x's rows in one box of 16, 32 or 64
+MAX_STAGES = 12
+SMEM = 220 * 1024    # shared memory a program may take (sm_90: 227 KB a block)
+PDL_MODES = (0, 1, 3)
+
+
+@dataclass(frozen=True)
+class WfConfig:
+    block_t: int     # x's rows in a box (wgmma's N)
+    stages: int      # ring slots
+    splits: int      # K parts of a band
+    k_per_split: int  # a multiple of BLOCK_K
+    bands: int
+
+    @property
+    def units(self) -> int:
+        return self.bands * self.splits
+
+
+def config(M: int, N: int, K: int, *, glu: bool = False, sms: int = 132, elt: int = 2, stages: Optional[int] = None,
+           splits: Optional[int] = None, smem: int = SMEM) -> WfConfig:
+    """The launch's shape for x (M, K) and a weight of N (glu: 2N) rows: see the module doc."""
+    for name, v in (("M", M), ("N", N), ("K", K), ("sms", sms)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    if M > MAX_ROWS:
+        raise ValueError(f"M={M}: the weight-first GEMM takes at most {MAX_ROWS} rows (decode sizes)")
+    block_t = 16 if M <= 16 else 32 if M <= 32 else 64
+    stage = ((2 if glu else 1) * BAND + block_t) * BLOCK_K * elt
+    fit = max(2, min(MAX_STAGES, (smem - 1024) // stage))
+    if stages is None:
+        stages = fit
+    elif isinstance(stages, bool) or not isinstance(stages, int) or not 1 <= stages <= fit:
+        raise ValueError(f"stages must be an int in [1, {fit}] (shared memory), got {stages!r}")
+    bands = -(-N // BAND)
+    iters = -(-K // BLOCK_K)
+    if splits is None:
+        splits = max(1, min(iters, sms // bands))
+    elif isinstance(splits, bool) or not isinstance(splits, int) or not 1 <= splits <= iters:
+        raise ValueError(f"splits must be an int in [1, {iters}] (K steps of {BLOCK_K}), got {splits!r}")
+    kps = -(-iters // splits) * BLOCK_K
+    splits = -(-K // kps)   # no empty last part
+    return WfConfig(block_t=block_t, stages=stages, splits=splits, k_per_split=kps, bands=bands)
+
+
+def check(x: torch.Tensor, w: torch.Tensor, out: Optional[torch.Tensor] = None, glu: bool = False) -> None:
+    """Raise naming the argument where the kernel cannot take the operands."""
+    from numasched import caps
+
+    for name, t in (("x", x), ("w", w)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 2:
+            raise ValueError(f"{name} must be 2-D, got shape {tuple(t.shape)}")
+        if t.dtype not in (torch.bfloat16, torch.float16):
+            raise TypeError(f"{name} must be bf16 or fp16, got {t.dtype}")
+        if t.stride(1) != 1 or (t.stride(0) * t.element_size()) % 16 or t.data_ptr() % 16:
+            raise ValueError(f"{name} must be row-major with 16-byte aligned rows (TMA)")
+    if w.dtype != x.dtype or w.device != x.device:
+        raise ValueError(f"w must match x's dtype and device (x {x.dtype} on {x.device}, w {w.dtype} on {w.device})")
+    if w.shape[1] != x.shape[1]:
+        raise ValueError(f"w has {w.shape[1]} columns; it must match x's K = {x.shape[1]} (F.linear's weight, (N, K))")
+    if glu and w.shape[0] % 2:
+        raise ValueError(f"glu: w must hold the gate's rows then the up's (2n, K), got {w.shape[0]} rows")
+    if not 1 <= x.shape[0] <= MAX_ROWS:
+        raise ValueError(f"x has {x.shape[0]} rows; the weight-first GEMM takes 1 to {MAX_ROWS}")
+    if (x.shape[1] * x.element_size()) % 16:
+        raise ValueError(f"K={x.shape[1]} must be a multiple of {16 // x.element_size()} (TMA's 16-byte rows)")
+    n = w.shape[0] // 2 if glu else w.shape[0]
+    if out is not None:
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != (x.shape[0], n) or out.dtype != x.dtype \
+                or out.device != x.device:
+            raise ValueError(f"out must be a ({x.shape[0]}, {n}) {x.dtype} tensor on {x.device}")
+    if x.device.type != "cuda" or caps.is_hip() or torch.cuda.get_device_capability(x.device)[0] != 9:
+        raise RuntimeError("the weight-first GEMM is for NVIDIA sm_90 GPUs (Gluon wgmma + TMA)")
+
+
+class WeightFirstPlan:
+    """A launch of ``y = x @ w.T`` for operands of x's and w's shapes, dtype and device (checked
+    once); ``run`` makes the descriptors of the tensors it is given and launches."""
+
+    def __init__(self, x: torch.Tensor, w: torch.Tensor, *, glu: bool = False, pdl: int = 0, stages=None,
+                 splits=None, weights_first: bool = True):
+        check(x, w, glu=glu)
+        if pdl not in PDL_MODES or isinstance(pdl, bool):
+            raise ValueError(f"pdl must be one of {PDL_MODES} (none, trigger then wait, wait and trigger late), "
+                             f"got {pdl!r}")
+        if not isinstance(weights_first, bool):
+            raise TypeError(f"weights_first must be a bool, got {type(weights_first).__name__}")
+        M, K = x.shape
+        self.glu, self.pdl, self.weights_first = glu, pdl, weights_first
+        self.N = w.shape[0] // 2 if glu else w.shape[0]
+        sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+        self.cfg = config(M, self.N, K, glu=glu, sms=sms, elt=x.element_size(), stages=stages, splits=splits)
+        c = self.cfg
+        self.ws = torch.empty(c.units * (2 if glu else 1) * BAND * c.block_t if c.splits > 1 else 1,
+                              device=x.device, dtype=torch.float32)
+        self.counters = torch.zeros(c.bands, device=x.device, dtype=torch.int32)
+        self.key = (tuple(x.shape), tuple(w.shape), x.dtype, glu)
+
+    def run(self, x: torch.Tensor, w: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        from numasched.gemm_ws import host_descriptor
+        from numasched.kernels.gemm_weight_first import weight_first_kernel
+
+        if (tuple(x.shape), tuple(w.shape), x.dtype, self.glu) != self.key:
+            raise ValueError(f"x {tuple(x.shape)} / w {tuple(w.shape)} {x.dtype} are not the plan's {self.key[:3]}")
+        check(x, w, out, glu=self.glu)
+        c = self.cfg
+        M, K = x.shape
+        y = torch.empty((M, self.N), device=x.device, dtype=x.dtype) if out is None else out
+        w_desc = host_descriptor(w, w.shape, w.stride(), [BAND, BLOCK_K])
+        x_desc = host_descriptor(x, x.shape, x.stride(), [c.block_t, BLOCK_K])
+        weight_first_kernel[(c.units,)](w_desc, x_desc, y, self.ws, self.counters, M, self.N, K, y.stride(0),
+                                        y.stride(1), c.k_per_split, SPLITS=c.splits, STAGES=c.stages, GLU=self.glu,
+                                        PDL=self.pdl, WEIGHTS_FIRST=self.weights_first, num_warps=4,
+                                        launch_pdl=self.pdl != 0)
+        return y
+
+
+def matmul_weight_first(x: torch.Tensor, w: torch.Tensor, *, out=None, glu: bool = False, pdl: int = 0,
+                        stages=None, splits=None, weights_first: bool = True) -> torch.Tensor:
+    """One call of :class:`WeightFirstPlan` (a new plan each call: for tests and probes)."""
+    return WeightFirstPlan(x, w, glu=glu, pdl=pdl, stages=stages, splits=splits,
+                           weights_first=weights_first).run(x, w, out)

@@ -1,0 +1,197 @@
+"""The weight-first decode GEMM (kernels/gemm_weight_first.py, numasched/gemm_weight_first.py).
+
+Gluon has no interpreter: on CPU the kernel is compiled for sm_90 (in a subprocess without
+TRITON_INTERPRET) and its instruction order checked (the weight boxes before the PDL wait, x's
+after); correctness runs on a Hopper GPU (``-m gpu``).
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from numasched.gemm_weight_first import BAND, BLOCK_K, MAX_ROWS, SMEM, config
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+_COMPILE = r"""
+import json
+from numasched import portability as P
+rows = {}
+for v in ("bf16-16-split2-pdl", "bf16-16-glu-pdl", "bf16-64-split3-late", "bf16-16-split2-after"):
+    r = P.compile_variant("gemm_weight_first", v, "sm90", keep_asm=True)
+    r["ptx"] = "\n".join(" ".join(l.split()) for l in r.pop("asm", {}).get("ptx", "").splitlines())
+    rows[v] = r
+print("RESULT" + json.dumps(rows))
+"""
+
+TMA_LOAD = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, cwd=REPO, env=env,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.split("RESULT", 1)[1])
+
+
+def _loads_around_wait(ptx: str):
+    """(TMA loads before griddepcontrol.wait, TMA loads after it): the instructions in the PTX's
+    text, each written once (the prologue's static stages unrolled, the K loop's refill once)."""
+    lines = ptx.splitlines()
+    wait = next(i for i, ln in enumerate(lines) if "griddepcontrol.wait" in ln)
+    return sum(TMA_LOAD in ln for ln in lines[:wait]), sum(TMA_LOAD in ln for ln in lines[wait:])
+
+
+def test_compiles_for_hopper_with_wgmma_and_no_spills(compiled):
+    for name, r in compiled.items():
+        assert r["status"] == "ok", (name, r["error"])
+        assert r["spill_bytes"] == 0 and r["fits"], name
+        assert r["wgmma"] and r["tma_load"], name
+        rows = 64 if name.startswith("bf16-64") else 16
+        assert f"wgmma.mma_async.sync.aligned.m64n{rows}k16.f32.bf16.bf16" in r["ptx"], name
+        assert r["shared_bytes"] <= SMEM + 1024, name
+
+
+def test_weight_boxes_come_before_the_pdl_wait_and_x_after(compiled):
+    """The point of the kernel: with WEIGHTS_FIRST every prologue weight box is issued before
+    griddepcontrol.wait and only x's boxes after it; the A/B form issues all of them after."""
+    for name in ("bf16-16-split2-pdl", "bf16-16-glu-pdl", "bf16-64-split3-late"):
+        ptx = compiled[name]["ptx"]
+        stages = config(64 if "64-" in name else 16, 4096, 4096, glu="glu" in name).stages
+        nw = 2 if "glu" in name else 1   # GLU: a gate and an up box a step
+        before, after = _loads_around_wait(ptx)
+        assert before == stages * nw, (name, before)
+        assert after == stages + nw + 1, (name, after)   # x's boxes of those stages, then the loop's refill
+    before, after = _loads_around_wait(compiled["bf16-16-split2-after"]["ptx"])
+    assert before == 0 and after == 2 * config(16, 4096, 4096).stages + 2
+    # PDL 1 lets the next kernel launch before the wait; 3 after the wait, once (not in the K loop:
+    # the PTX's block order puts the loop anywhere, so the count stands for its place)
+    ptx = compiled["bf16-16-split2-pdl"]["ptx"].splitlines()
+    assert next(i for i, ln in enumerate(ptx) if "launch_dependents" in ln) < next(
+        i for i, ln in enumerate(ptx) if "griddepcontrol.wait" in ln)
+    late = compiled["bf16-64-split3-late"]["ptx"].splitlines()
+    assert sum("launch_dependents" in ln for ln in late) == 1
+    assert next(i for i, ln in enumerate(late) if "launch_dependents" in ln) > next(
+        i for i, ln in enumerate(late) if "griddepcontrol.wait" in ln)
+    # split-K: a ticket per band, the last arrival's reads of the partials through L2
+    assert "atom.global.gpu.acq_rel.add" in compiled["bf16-16-split2-pdl"]["ptx"]
+    assert "ld.global.cg" in compiled["bf16-16-split2-pdl"]["ptx"]
+    assert "ex2.approx" in compiled["bf16-16-glu-pdl"]["ptx"]   # silu's exponential
+
+
+def test_config_fills_the_sms_once_and_fits_shared_memory():
+    c = config(16, 3072, 4096)               # the TP 2 QKV projection of Llama-3-8B
+    assert (c.block_t, c.bands, c.splits, c.k_per_split) == (16, 48, 2, 2048) and c.units == 96
+    assert ((BAND + 16) * BLOCK_K * 2) * c.stages <= SMEM
+    g = config(16, 7168, 4096, glu=True)     # its gate/up: 112 bands of gate + up rows
+    assert g.splits == 1 and g.units == 112 and ((2 * BAND + 16) * BLOCK_K * 2) * g.stages <= SMEM
+    assert config(1, 4096, 2048).units == 128 and config(33, 64, 4096).block_t == 64
+    assert config(16, 100, 1000, sms=132).splits == 8   # K = 1000: eight steps of 128, the last partial
+    assert config(16, 100, 1000, splits=3).k_per_split == 384 and config(16, 100, 1000, splits=3).splits == 3
+    assert config(16, 100, 300, splits=3).splits == 3 and config(16, 100, 257, splits=3).splits == 3
+    assert config(16, 64, 130, splits=2).k_per_split == 128   # two parts: 128 and the 2 left over
+    for bad, match in (dict(M=65), "at most 64"), (dict(M=0), "M must"), (dict(splits=40), "splits"), \
+            (dict(stages=99), "stages"), (dict(K=True), "K must"):
+        kw = dict(M=16, N=256, K=4096)
+        kw.update(bad)
+        with pytest.raises(ValueError, match=match):
+            config(kw.pop("M"), kw.pop("N"), kw.pop("K"), **kw)
+
+
+def test_check_names_the_argument():
+    from numasched.gemm_weight_first import check
+
+    x = torch.zeros(4, 64, dtype=torch.bfloat16)
+    w = torch.zeros(32, 64, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="x must be bf16"):
+        check(x.float(), w)
+    with pytest.raises(ValueError, match="w has 48 columns"):
+        check(x, torch.zeros(32, 48, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="w must be row-major"):
+        check(x, torch.zeros(64, 32, dtype=torch.bfloat16).t())
+    with pytest.raises(ValueError, match="glu: w must hold"):
+        check(x, torch.zeros(33, 64, dtype=torch.bfloat16), glu=True)
+    with pytest.raises(ValueError, match="x has 65 rows"):
+        check(torch.zeros(MAX_ROWS + 1, 64, dtype=torch.bfloat16), w)
+    with pytest.raises(ValueError, match="out must be"):
+        check(x, w, out=torch.zeros(4, 31, dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match="sm_90"):   # a CPU tensor: no Hopper GPU
+        check(x, w)
+
+
+# --------------------------------------------------------------------------- GPU (Hopper)
+def _hopper():
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+def _ref(x, w, glu):
+    y = x.double() @ w.double().t()
+    if glu:
+        n = w.shape[0] // 2
+        g, u = y[:, :n], y[:, n:]
+        y = g * torch.sigmoid(g) * u
+    return y
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("M,N,K,glu,splits", [(1, 3072, 4096, False, None), (16, 3072, 4096, False, 1),
+                                              (5, 200, 1000, False, 3), (16, 7168, 4096, True, None),
+                                              (13, 136, 520, True, 2), (33, 4096, 2048, False, None),
+                                              (64, 96, 4104, False, 5), (2, 64, 8, False, 1)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_matches_float64(M, N, K, glu, splits, dtype):
+    """Fresh random operands, the output poisoned first, two calls (the split-K counters reset),
+    against float64; odd N (a partial band), K not a multiple of 128 (a partial last box)."""
+    from numasched.gemm_weight_first import WeightFirstPlan
+
+    torch.manual_seed(M * 7 + N + K)
+    x = torch.randn(M, K, device="cuda", dtype=dtype)
+    w = torch.randn(2 * N if glu else N, K, device="cuda", dtype=dtype) / K ** 0.5
+    plan = WeightFirstPlan(x, w, glu=glu, splits=splits)
+    ref = _ref(x, w, glu)
+    for _ in range(2):
+        out = torch.full((M, N), float("nan"), device="cuda", dtype=dtype)
+        plan.run(x, w, out)
+        torch.cuda.synchronize()
+        err = ((out.double() - ref).abs().max() / ref.abs().max()).item()
+        assert err < 1e-2, err
+    assert int(plan.counters.abs().sum()) == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("pdl,weights_first", [(1, True), (3, True), (1, False)])
+def test_pdl_chain_in_a_graph_reads_the_previous_kernels_x(pdl, weights_first):
+    """Launched with PDL behind the kernel that writes x (a copy here), in a CUDA graph replayed
+    with new x each time: the weights may come early, x must be the new one."""
+    from numasched.gemm_weight_first import WeightFirstPlan
+
+    M, N, K = 16, 3072, 4096
+    src = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    x = torch.empty_like(src)
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K ** 0.5
+    plan = WeightFirstPlan(src, w, pdl=pdl, weights_first=weights_first)
+    out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+
+    def step():
+        x.copy_(src)
+        plan.run(x, w, out)
+
+    step()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        step()
+    for _ in range(3):
+        src.copy_(torch.randn_like(src))
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        ref = _ref(src, w, False)
+        assert ((out.double() - ref).abs().max() / ref.abs().max()).item() < 1e-2
