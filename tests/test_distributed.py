@@ -32,6 +32,7 @@ import types
 import numpy as np
 import pytest
 import torch
+from conftest import compiled_json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -1009,19 +1010,13 @@ try:
     res["amd"] = "amdgcn" in c.asm
 except Exception as e:
     res["amd"] = "skip: " + repr(e)[:300]
-print("RESULT" + json.dumps(res))
+print(json.dumps(res))
 """
 
 
 @pytest.fixture(scope="module")
 def subprocess_result():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", _SUBPROCESS], capture_output=True, text=True, cwd=REPO, env=env,
-                       timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    import json
-
-    return json.loads(r.stdout.split("RESULT", 1)[1])
+    return compiled_json(_SUBPROCESS, cwd=REPO)
 
 
 def test_import_does_not_import_iris(subprocess_result):

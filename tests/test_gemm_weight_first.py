@@ -4,13 +4,11 @@ Gluon has no interpreter: on CPU the kernel is compiled for sm_90 (in a subproce
 TRITON_INTERPRET) and its instruction order checked (the weight boxes before the PDL wait, x's
 after); correctness runs on a Hopper GPU (``-m gpu``).
 """
-import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
+from conftest import compiled_json
 
 from numasched.gemm_weight_first import BAND, BLOCK_K, MAX_ROWS, SMEM, config
 
@@ -24,7 +22,7 @@ for v in ("bf16-16-split2-pdl", "bf16-16-glu-pdl", "bf16-64-split3-late", "bf16-
     r = P.compile_variant("gemm_weight_first", v, "sm90", keep_asm=True)
     r["ptx"] = "\n".join(" ".join(l.split()) for l in r.pop("asm", {}).get("ptx", "").splitlines())
     rows[v] = r
-print("RESULT" + json.dumps(rows))
+print(json.dumps(rows))
 """
 
 TMA_LOAD = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
@@ -32,11 +30,7 @@ TMA_LOAD = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx
 
 @pytest.fixture(scope="module")
 def compiled():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, cwd=REPO, env=env,
-                       timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.split("RESULT", 1)[1])
+    return compiled_json(_COMPILE, cwd=REPO)
 
 
 def _loads_around_wait(ptx: str):

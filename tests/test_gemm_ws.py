@@ -3,13 +3,11 @@
 Gluon has no interpreter: on CPU the kernel is compiled for sm_90 (in a subprocess without
 TRITON_INTERPRET) and its structure checked; correctness runs on a Hopper GPU (``-m gpu``).
 """
-import json
 import os
 import re
-import subprocess
-import sys
 
 import pytest
+from conftest import compiled_json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 import torch
@@ -51,17 +49,13 @@ for v in ("matmul_all_reduce-ws-residual-direct", "matmul_all_reduce-ws", "matmu
     r = P.compile_variant("dist", v, "sm90", keep_asm=True)
     r["ptx"] = "\n".join(" ".join(l.split()) for l in r.pop("asm", {}).get("ptx", "").splitlines())
     rows["mar:" + v] = r
-print("RESULT" + json.dumps(rows))
+print(json.dumps(rows))
 """
 
 
 @pytest.fixture(scope="module")
 def compiled():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, cwd=REPO, env=env,
-                       timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.split("RESULT", 1)[1])
+    return compiled_json(_COMPILE, cwd=REPO)
 
 
 # two-box tiles: (box widths) by variant
