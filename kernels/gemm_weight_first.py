@@ -2,9 +2,11 @@
 
 Why: in a decode step the GEMM after the all-reduce + norm waits about 7 us for that kernel, a
 latency-bound NVLink round trip during which HBM is idle (bench/results, fifty-fourth session:
-the TP 2 step's GEMMs read their weights at 0.78 of the streaming read). The weights are no
-earlier kernel's output, so a program launched early by programmatic dependent launch (PDL) may
-read them before it waits. Triton's software pipeliner issues a K step's A and B loads together,
+the TP 2 step's GEMMs read their weights at 0.78 of the streaming read). A program launched early
+by programmatic dependent launch (PDL) may read the weights before it waits, as long as no kernel
+that may still be running writes them: with numasched's kernels, which let their successor launch
+before their own wait, that is any kernel of the chain before, not only the one just before (a
+dequantisation or an all-gather of W right before the GEMM rules this kernel out). Triton's software pipeliner issues a K step's A and B loads together,
 so they cannot straddle the wait; here the loads are explicit:
 
 1. a program is one unit: a 64-row band of W (64 output columns; GLU: the gate's band and the

@@ -5,7 +5,10 @@
 
 For decode-sized rows (M <= 64) of 16-bit x (M, K) and an F.linear weight w (N, K), both
 row-major, on an sm_90 GPU. The program's weight boxes are issued before its PDL wait, so a
-launch with ``pdl=1`` streams weights while the kernel before it (an all-reduce + norm) still runs.
+launch with ``pdl=1`` streams weights while the kernel before it (an all-reduce + norm) still runs:
+w must not be written by any kernel that may still be running then (numasched's kernels let their
+successor launch before their own wait, so that is any kernel of the chain before). A plan's
+workspace and counters serve one stream at a time.
 Not wired into numasched.matmul: an experiment until scripts/weight_first_probe.py has timed it
 in a chain (the fifty-fourth session's results, "Next GPU session").
 
@@ -45,7 +48,9 @@ class WfConfig:
 
 def config(M: int, N: int, K: int, *, glu: bool = False, sms: int = 132, elt: int = 2, stages: Optional[int] = None,
            splits: Optional[int] = None, smem: int = SMEM) -> WfConfig:
-    """The launch's shape for x (M, K) and a weight of N (glu: 2N) rows: see the module doc."""
+    """The launch's shape for x (M, K) and a weight of N (glu: 2N) rows: see the module doc. An
+    explicit ``splits`` may come back lower: K is cut into parts of whole 128-wide steps, and a
+    part left empty is dropped (K = 1000 in 5 parts: 4 of 256)."""
     for name, v in (("M", M), ("N", N), ("K", K), ("sms", sms)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be a positive int, got {v!r}")
@@ -122,14 +127,15 @@ class WeightFirstPlan:
         self.ws = torch.empty(c.units * (2 if glu else 1) * BAND * c.block_t if c.splits > 1 else 1,
                               device=x.device, dtype=torch.float32)
         self.counters = torch.zeros(c.bands, device=x.device, dtype=torch.int32)
-        self.key = (tuple(x.shape), tuple(w.shape), x.dtype, glu)
+        self.key = (tuple(x.shape), tuple(w.shape), x.dtype, glu, x.device)
 
     def run(self, x: torch.Tensor, w: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         from numasched.gemm_ws import host_descriptor
         from numasched.kernels.gemm_weight_first import weight_first_kernel
 
-        if (tuple(x.shape), tuple(w.shape), x.dtype, self.glu) != self.key:
-            raise ValueError(f"x {tuple(x.shape)} / w {tuple(w.shape)} {x.dtype} are not the plan's {self.key[:3]}")
+        if (tuple(x.shape), tuple(w.shape), x.dtype, self.glu, x.device) != self.key:
+            raise ValueError(f"x {tuple(x.shape)} / w {tuple(w.shape)} {x.dtype} on {x.device} are not the plan's "
+                             f"{self.key[:3]} on {self.key[4]}")
         check(x, w, out, glu=self.glu)
         c = self.cfg
         M, K = x.shape

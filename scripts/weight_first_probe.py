@@ -2,9 +2,12 @@
 kernel? (GPU, sm_90; a probe for issue 14's decode step, not a test.)
 
 In a TP decode step the QKV and gate/up GEMMs follow the all-reduce + add + norm, about 7 us of
-NVLink round trip during which HBM is idle. A "spin" kernel stands in for it: it lets the next
-kernel launch at once, waits for the kernel before it, then one program waits ``--spin-us`` on
-the global timer. After it the GEMM, PDL-launched:
+NVLink round trip during which HBM is idle. A "spin" kernel stands in for it: ``--spin-programs``
+programs of 4 warps (16: the all-reduce + norm's one row a program at batch 16) let the next kernel
+launch at once, wait for the kernel before them, then wait ``--spin-us`` on the global timer. They
+take no shared memory, so the GEMM's early programs (about 200 KB of it each) find room on every
+SM; a real kernel that holds shared memory on many SMs would leave fewer of them room. After it
+the GEMM, PDL-launched:
 
 * ``numasched``: numasched.matmul / matmul_swiglu (the Triton split-K kernel: its loads after the wait);
 * ``weight-first``: kernels/gemm_weight_first.py, its first ring stages' weight boxes before the
@@ -38,16 +41,16 @@ def _spin(flag_ptr, spin_ns):
     t0 = tl.extra.cuda.globaltimer()
     while tl.extra.cuda.globaltimer() - t0 < spin_ns:
         pass
-    tl.store(flag_ptr, 1)
+    tl.store(flag_ptr + tl.program_id(0), 1)
 
 
-def run(M, N, K, glu, layers, spin_us):
+def run(M, N, K, glu, layers, spin_us, spin_programs=16):
     dev, dt = "cuda", torch.bfloat16
     rows = 2 * N if glu else N
     ws = [torch.randn(rows, K, device=dev, dtype=dt) / K ** 0.5 for _ in range(layers)]
     x = torch.randn(M, K, device=dev, dtype=dt)
     outs = [torch.empty(M, N, device=dev, dtype=dt) for _ in range(layers)]
-    flag = torch.zeros(1, device=dev, dtype=torch.int32)
+    flag = torch.zeros(spin_programs, device=dev, dtype=torch.int32)
     plans = {"weight-first": [WeightFirstPlan(x, w, glu=glu, pdl=1) for w in ws],
              "weight-first, after": [WeightFirstPlan(x, w, glu=glu, pdl=1, weights_first=False) for w in ws]}
 
@@ -74,7 +77,7 @@ def run(M, N, K, glu, layers, spin_us):
         def f():
             for i in range(layers):
                 if spin:
-                    _spin[(1,)](flag, int(spin_us * 1000), num_warps=1)
+                    _spin[(spin_programs,)](flag, int(spin_us * 1000), num_warps=4)
                 if form:
                     gemm(form, i)
         return f
@@ -94,16 +97,18 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--spin-us", type=float, default=7.0)
+    ap.add_argument("--spin-programs", type=int, default=16)
     ap.add_argument("--shapes", default="16x3072x4096,16x7168x4096glu,16x4096x2048,16x4096x7168,"
                                         "1x3072x4096,1x7168x4096glu,4x3072x4096",
                     help="MxNxK[glu] (glu: the gate/up form, N output columns from a 2N-row weight)")
     args = ap.parse_args()
-    print(f"{torch.cuda.get_device_name(0)}; spin {args.spin_us} us, {args.layers} layers; us per pair "
+    print(f"{torch.cuda.get_device_name(0)}; spin {args.spin_us} us on {args.spin_programs} programs, "
+          f"{args.layers} layers; us per pair "
           "(the GEMM's weights all different)")
     for spec in args.shapes.split(","):
         glu = spec.endswith("glu")
         M, N, K = (int(v) for v in spec.removesuffix("glu").split("x"))
-        r, errs = run(M, N, K, glu, args.layers, args.spin_us)
+        r, errs = run(M, N, K, glu, args.layers, args.spin_us, args.spin_programs)
         mb = (2 if glu else 1) * N * K * 2 / 2**20
         print(f"--- M {M} N {N} K {K}{' (SwiGLU)' if glu else ''}: weight {mb:.1f} MB; rel. error "
               + ", ".join(f"{k} {v:.1e}" for k, v in errs.items()))

@@ -8,7 +8,10 @@ import os
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from conftest import compiled_json
+from triton.language.extra.cuda import gdc_launch_dependents
 
 from numasched.gemm_weight_first import BAND, BLOCK_K, MAX_ROWS, SMEM, config
 
@@ -158,12 +161,25 @@ def test_matches_float64(M, N, K, glu, splits, dtype):
     assert int(plan.counters.abs().sum()) == 0
 
 
+@triton.jit
+def _late_writer(src, dst, n, spin_ns, BLOCK: tl.constexpr):
+    """Lets the next kernel launch at once (PDL), waits ``spin_ns``, then writes dst from src: a
+    PDL-launched reader that did not wait for it would read the old dst."""
+    gdc_launch_dependents()
+    t0 = tl.extra.cuda.globaltimer()
+    while tl.extra.cuda.globaltimer() - t0 < spin_ns:
+        pass
+    for i in range(0, n, BLOCK):
+        offs = i + tl.arange(0, BLOCK)
+        tl.store(dst + offs, tl.load(src + offs, mask=offs < n), mask=offs < n)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("pdl,weights_first", [(1, True), (3, True), (1, False)])
 def test_pdl_chain_in_a_graph_reads_the_previous_kernels_x(pdl, weights_first):
-    """Launched with PDL behind the kernel that writes x (a copy here), in a CUDA graph replayed
-    with new x each time: the weights may come early, x must be the new one."""
+    """Launched with PDL behind a kernel that lets it start at once and writes x 20 us later, in
+    a CUDA graph replayed with new x each time: the weights may come early, x must be the new one."""
     from numasched.gemm_weight_first import WeightFirstPlan
 
     M, N, K = 16, 3072, 4096
@@ -174,7 +190,7 @@ def test_pdl_chain_in_a_graph_reads_the_previous_kernels_x(pdl, weights_first):
     out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
 
     def step():
-        x.copy_(src)
+        _late_writer[(1,)](src, x, src.numel(), 20_000, BLOCK=1024, num_warps=4)
         plan.run(x, w, out)
 
     step()
