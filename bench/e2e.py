@@ -151,6 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip points whose KV cache would exceed this fraction of the free GPU memory")
     for flag, text in BACKEND_SWITCHES:   # the numasched backend's fusions, each on by default
         p.add_argument(flag, action=argparse.BooleanOptionalAction, default=True, help=text)
+    p.add_argument("--weight-first", action="store_true",
+                   help="numasched: the decode-size QKV, gate/up + SwiGLU and lm_head projections by the weight-first "
+                        "GEMM (numasched.gemm_weight_first; sm_90: its programs read their first weight blocks "
+                        "before their PDL wait). Off by default: an experiment")
     p.add_argument("--prefill-attention", choices=("auto", "numasched", "torch"), default="auto",
                    help="numasched backend's prefill attention: numasched.attention_forward, torch's SDPA "
                         "(cuDNN first) or auto (default: SDPA on NVIDIA GPUs, where cuDNN's was faster)")
@@ -235,7 +239,8 @@ def _dry_run(args) -> int:
         fused = [name for name, on in (("all-reduce + add + RMSNorm", args.fuse_norm and args.tp > 1),
                                         ("gate/up + SwiGLU", args.fuse_swiglu),
                                         ("SwiGLU by a PDL kernel", args.pdl_swiglu),
-                                        ("QKV split + RoPE + cache write", args.fuse_rope_cache)) if on]
+                                        ("QKV split + RoPE + cache write", args.fuse_rope_cache),
+                                        ("weight-first GEMMs (QKV, gate/up, lm_head)", args.weight_first)) if on]
         contenders.append("numasched decode fusions: " + (", ".join(fused) or "none"))
         if args.prompt:
             if args.tp > 1:
@@ -529,7 +534,8 @@ def _backend(name, ctx, dctx):
                             prefill_seq_parallel=ctx.args.prefill_seq_parallel,
                             fuse_rope_cache=ctx.args.fuse_rope_cache, prefill_attention=ctx.args.prefill_attention,
                             pdl_swiglu=ctx.args.pdl_swiglu, fuse_residual=ctx.args.fuse_residual,
-                            heap_residual=ctx.args.heap_residual, fold_norms=ctx.args.fold_norms)
+                            heap_residual=ctx.args.heap_residual, fold_norms=ctx.args.fold_norms,
+                            weight_first=ctx.args.weight_first)
 
 
 def _parts(model, be, cache, seq: Optional[int] = None) -> Dict[str, Callable[[], object]]:

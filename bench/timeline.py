@@ -28,6 +28,7 @@ KINDS = (
     ("all_gather_matmul", "all-gather + gemm (fused)"),
     ("matmul_reduce_scatter", "gemm + reduce-scatter (fused)"),
     ("gemm_ws", "gemm (numasched WS)"),
+    ("weight_first", "gemm (numasched weight-first)"),
     ("glu_persistent", "gemm (numasched SwiGLU)"),
     ("gemm_kernel", "gemm (numasched tiled)"),
     ("all_reduce_add_rmsnorm", "all-reduce + add + norm"),

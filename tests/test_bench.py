@@ -402,6 +402,7 @@ def test_timeline_names_numasched_and_cublas_kernels():
     assert kind_of("gemm_ws_kernel") == "gemm (numasched WS)"
     assert kind_of("gemm_ws_streamk_kernel") == "gemm (numasched WS)"
     assert kind_of("glu_persistent_kernel") == "gemm (numasched SwiGLU)"
+    assert kind_of("weight_first_kernel") == "gemm (numasched weight-first)"
     assert kind_of("all_gather_matmul_kernel") == "all-gather + gemm (fused)"
     assert kind_of("matmul_reduce_scatter_kernel") == "gemm + reduce-scatter (fused)"
     assert kind_of("matmul_all_reduce_ws_kernel") == "gemm + all-reduce (fused)"

@@ -168,6 +168,28 @@ def test_pdl_swiglu_matches_transformers(family):
         NumaschedBackend(1, pdl_swiglu=1)
 
 
+def test_weight_first_switch_leaves_calls_it_cannot_take_to_the_gemm():
+    """weight_first (off by default): where the weight-first GEMM cannot take the operands (here a
+    CPU; on a GPU more than WEIGHT_FIRST_MAX_ROWS rows or a non-Hopper device) the projections run
+    numasched.matmul / matmul_swiglu as before, with the same logits; the verdict is kept per
+    operand signature, and the switch is a bool."""
+    from numasched import observe
+
+    hf = hf_model("llama", seed=4)
+    ids = torch.randint(0, 128, (2, 7), generator=torch.Generator().manual_seed(5))
+    be = NumaschedBackend(1, weight_first=True)
+    assert not NumaschedBackend(1).weight_first
+    with observe.record() as log:
+        got = run_teacher_forced(TPDecoder.from_hf(hf), be, ids, prompt=5)
+    assert rel(got, reference(hf, ids)) < 1e-4
+    assert log.count("matmul_swiglu") == 3 * 2 and log.count("matmul") == 3 * (2 * 3 + 1)
+    assert be._wf_plans == {}   # CPU tensors: never asked (x.is_cuda is the first test)
+    x = torch.zeros(16, 64)
+    assert be._weight_first_plan(x, torch.zeros(32, 64), glu=False) is None
+    with pytest.raises(TypeError, match="weight_first"):
+        NumaschedBackend(1, weight_first=1)
+
+
 @pytest.mark.parametrize("family,engine", [("llama", "torch"), ("qwen3", "torch"), ("llama", "numasched")])
 def test_prefill_attention_engine_matches_transformers(family, engine):
     """prefill_attention="torch" runs the prefill's causal attention through SDPA (as the torch

@@ -423,17 +423,25 @@ class NumaschedBackend(Backend):
         Two H200s, Llama-3-8B TP 2, 4096 tokens, folded against not, each pair in one call:
         55.06 / 55.34 ms and 54.86 / 54.78 ms (bench/results/tp2-s25d/, tp2-s25e/): the norms'
         component 0.5 ms lower, the step within the calls' spread.
+    weight_first: the decode-size projections that run through :meth:`linear` and the fused
+        gate/up + SwiGLU (QKV, gate/up, lm_head: each after a norm) by the weight-first GEMM
+        (numasched.gemm_weight_first: its programs, PDL-launched, read their first weight blocks
+        before they wait for the kernel before them) where it takes the operands (an sm_90 GPU,
+        up to WEIGHT_FIRST_MAX_ROWS rows, 16-bit, TMA-compatible rows); the other calls as
+        before. Off by default: an experiment, not yet run on a GPU (bench/results/README.md,
+        fifty-fourth session).
     """
 
     name = "numasched"
     cache_class = PagedKVCache
+    WEIGHT_FIRST_MAX_ROWS = 16
 
     def __init__(self, tp_size: Optional[int] = None, ctx=None, *, group=None, fuse_all_reduce: bool = True,
                  mapping: str = "auto", impl: str = "auto", check: bool = True, gemm: str = "auto",
                  fuse_norm: bool = True, fuse_swiglu: bool = True, prefill_overlap: Optional[int] = None,
                  prefill_seq_parallel: bool = False, fuse_rope_cache: bool = True,
                  prefill_attention: str = "auto", pdl_swiglu: bool = True, fuse_residual: bool = True,
-                 heap_residual: bool = True, fold_norms: bool = True):
+                 heap_residual: bool = True, fold_norms: bool = True, weight_first: bool = False):
         if tp_size is None:
             tp_size = getattr(ctx, "world", None) or _dist_world(group)[1]
         super().__init__(tp_size, group)
@@ -457,6 +465,8 @@ class NumaschedBackend(Backend):
         self.fuse_residual = _flag("fuse_residual", fuse_residual)
         self.heap_residual = _flag("heap_residual", heap_residual)
         self.fold_norms = _flag("fold_norms", fold_norms)
+        self.weight_first = _flag("weight_first", weight_first)
+        self._wf_plans: dict = {}   # weight-first plans (or False: not taken) per operand signature
         self._stream = None   # the residual stream's heap buffer (residual_stream)
         self._stream_fuses: dict = {}   # residual_stream's verdict per row count and shapes
         if prefill_attention not in ("auto", "numasched", "torch"):
@@ -485,9 +495,32 @@ class NumaschedBackend(Backend):
             self._nd = nd
 
     def linear(self, x, w, out=None):
+        plan = self._weight_first_plan(x, w, glu=False)
+        if plan is not None and (out is None or out.is_contiguous()):
+            return plan.run(x, w, out)
         if self._gemm_engine(x) == "torch":
             return _torch_linear(x, w, out)
         return self._ns.matmul(x, w.t(), out=out, mapping=self.mapping)
+
+    def _weight_first_plan(self, x, w, glu: bool):
+        """The weight-first GEMM's plan for ``x @ w.T`` (``glu``: its SwiGLU form), or None where
+        ``weight_first`` is off or the kernel does not take the operands (kept per signature)."""
+        if not (self.weight_first and x.dim() == 2 and x.shape[0] <= self.WEIGHT_FIRST_MAX_ROWS and x.is_cuda):
+            return None
+        key = (tuple(x.shape), tuple(x.stride()), tuple(w.shape), tuple(w.stride()), x.dtype, x.device, glu)
+        plan = self._wf_plans.get(key)
+        if plan is None:
+            from numasched import options as _options
+            from numasched.gemm_weight_first import WeightFirstPlan, check
+
+            try:
+                check(x, w, glu=glu)
+            except (TypeError, ValueError, RuntimeError):
+                plan = False
+            else:
+                plan = WeightFirstPlan(x, w, glu=glu, pdl=1 if _options.current().pdl else 0)
+            self._wf_plans[key] = plan
+        return plan or None
 
     def fuses_swiglu(self, x, n):
         return self.fuse_swiglu and (self._glu_big(x, n) or self._gemm_engine(x) == "numasched")
@@ -499,6 +532,9 @@ class NumaschedBackend(Backend):
         # (gemm_glu.big_tiles): the (M, 2n) projection never goes to memory (a norm-free
         # prefill's row scale applied to its accumulators)
         if self.fuses_swiglu(x, n):
+            plan = self._weight_first_plan(x, w, glu=True) if row_scale is None and w.shape[0] == 2 * n else None
+            if plan is not None:
+                return plan.run(x, w)
             return self._ns.matmul_swiglu(x, w.t(), row_scale=row_scale)
         if row_scale is not None:
             return super().linear_swiglu(x, w, n, swiglu, row_scale)
