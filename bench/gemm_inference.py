@@ -19,6 +19,9 @@ keeping the faster of its two):
   the faster of ours and theirs (``ratio_with_ws``). The chooser itself takes the WS widths from
   gemm_schedule.WS_MIN_ROWS rows (options.gemm_ws): there "best" also times the next Triton
   schedules.
+* with ``--weight-first``: the weight-first decode GEMM (numasched.gemm_weight_first; sm_90, M <=
+  64; alone, so with nothing before it to overlap) in its split and unsplit configs: column
+  ``weight_first_us`` (the faster), checked like the schedules.
 
 Each call of a graph reads its own copy of W (enough copies to exceed 2x the L2), so the weights
 come from HBM as they do in a model's forward pass, for cuBLAS and numasched alike. Reported: us
@@ -82,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ws", type=ws_forms, default=[], metavar="FORMS",
                    help="also time the warp-specialised Gluon GEMM's forms at every point (Hopper; comma-separated "
                         f"of {', '.join(WS_FORMS)}): columns ws_FORM_us, checked like the schedules")
+    p.add_argument("--weight-first", action="store_true",
+                   help="also time the weight-first decode GEMM at every point of M <= 64 (sm_90; "
+                        "numasched.gemm_weight_first): column weight_first_us, checked like the schedules")
     p.add_argument("--prepared-weight", action="store_true",
                    help="numasched reads weights made once by numasched.prepare_weight (rows on whole lines); "
                         "cuBLAS is timed on the weights as given (cublas_us, the ratio's) and on the prepared "
@@ -275,6 +281,34 @@ def _time_ws(forms, x, ws, outs, ref, copies, calls, graph_us, log, where) -> di
     return times
 
 
+def _time_weight_first(x, ws, outs, ref, copies, calls, graph_us, log, where) -> float:
+    """us of the weight-first GEMM at this point (the faster of its default split and one part;
+    inf where it cannot take the point or is wrong: output poisoned, checked against cuBLAS)."""
+    from numasched.gemm_weight_first import MAX_ROWS, WeightFirstPlan, check
+
+    best = float("inf")
+    if x.shape[0] > MAX_ROWS:
+        return best
+    try:
+        check(x, ws[0])
+    except (TypeError, ValueError, RuntimeError) as e:
+        log.append(f"{where}: weight-first not taken: {e}")
+        return best
+    for splits in (None, 1):
+        plan = WeightFirstPlan(x, ws[0], splits=splits)
+        if splits == 1 and plan.cfg.splits == 1 and math.isfinite(best):
+            break   # the default is already one part
+        outs[0].fill_(float("nan"))
+        plan.run(x, ws[0], outs[0])
+        e = ((outs[0].float() - ref.float()).norm() / ref.float().norm()).item()
+        if not e < 1e-2:
+            log.append(f"{where}: weight-first (splits {plan.cfg.splits}) WRONG: relative error {e:.2e}")
+            print(log[-1], flush=True)
+            continue
+        best = min(best, graph_us(lambda i, plan=plan: plan.run(x, ws[i], outs[i]), copies, calls))
+    return best
+
+
 def _geomean(xs) -> float:
     """Geometric mean of positive numbers."""
     return math.exp(sum(math.log(x) for x in xs) / len(xs))
@@ -290,9 +324,11 @@ def _tma_ok(x, w) -> bool:
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.epilogue != "none" and (args.ws or args.prepared_weight):
-        parser.error("--epilogue is timed on the chooser's schedules and --extra only (not with --ws or "
-                     "--prepared-weight)")
+    if args.epilogue != "none" and (args.ws or args.prepared_weight or args.weight_first):
+        parser.error("--epilogue is timed on the chooser's schedules and --extra only (not with --ws, "
+                     "--weight-first or --prepared-weight)")
+    if args.weight_first and args.prepared_weight:
+        parser.error("--weight-first reads the weights as given (not with --prepared-weight)")
     with_bias, with_res = args.epilogue in ("bias", "both"), args.epilogue in ("residual", "both")
     points = _points(args)
     if args.dry_run:
@@ -305,7 +341,8 @@ def main(argv=None) -> int:
                           [f"cuBLAS ({base})", "numasched.matmul (the model's schedule)",
                            f"best of the chooser's pick and the next {args.top} schedules by the model"]
                           + [f"{s.describe()} (--extra)" for s in args.extra]
-                          + [f"the warp-specialised GEMM's {form} form (--ws)" for form in args.ws])
+                          + [f"the warp-specialised GEMM's {form} form (--ws)" for form in args.ws]
+                          + (["the weight-first decode GEMM at M <= 64 (--weight-first)"] if args.weight_first else []))
     from .common import check_runnable
 
     if (rc := check_runnable("gemm_inference")) is not None:
@@ -409,6 +446,8 @@ def main(argv=None) -> int:
         if m <= 16 and (n, k) not in reads:   # the limit of reading W once in this setting
             reads[(n, k)] = read_graph_us(raw, args.calls, graph_us)
         ws_times = _time_ws(args.ws, x, ws, outs, ref, copies, args.calls, graph_us, log, f"{model} {proj} M={m}")
+        wf = (_time_weight_first(x, ws, outs, ref, copies, args.calls, graph_us, log, f"{model} {proj} M={m}")
+              if args.weight_first else None)
         ours = tried[chosen.describe()][0]
         best_key = min(tried, key=lambda kk: tried[kk][0])
         best = tried[best_key][0]
@@ -434,6 +473,10 @@ def main(argv=None) -> int:
         if ws_times:
             fastest = min([ours] + [t for t in ws_times.values() if math.isfinite(t)])
             row["ratio_with_ws"] = round(cublas / fastest, 3)
+        if wf is not None:
+            row["weight_first_us"] = round(wf, 2) if math.isfinite(wf) else None
+            if math.isfinite(wf) and m <= 16:
+                row["weight_first_read_frac"] = round(reads[(n, k)] / wf, 3)
         rows.append(row)
         del ws, raw, outs
         torch.cuda.empty_cache()

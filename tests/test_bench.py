@@ -534,8 +534,13 @@ def test_gemm_inference_epilogue_is_named_in_the_plan_and_refused_with_the_ws_fo
     assert GI.main(["--dry-run", "--shapes", "512x4096x4096", "--epilogue", "residual"]) == 0
     out = capsys.readouterr().out
     assert "y = x @ W.T + h" in out and "torch.matmul(x, W.T), then + h" in out
-    for other in (["--ws", "dp"], ["--prepared-weight"]):
+    for other in (["--ws", "dp"], ["--prepared-weight"], ["--weight-first"]):
         with pytest.raises(SystemExit):
             GI.main(["--dry-run", "--epilogue", "bias"] + other)
     with pytest.raises(SystemExit):
         GI.build_parser().parse_args(["--epilogue", "gelu"])
+    with pytest.raises(SystemExit):   # the weight-first GEMM reads the weights as given
+        GI.main(["--dry-run", "--weight-first", "--prepared-weight"])
+    capsys.readouterr()
+    assert GI.main(["--dry-run", "--shapes", "16x3072x4096", "--weight-first"]) == 0
+    assert "the weight-first decode GEMM at M <= 64 (--weight-first)" in capsys.readouterr().out
