@@ -294,10 +294,8 @@ def _time_weight_first(x, ws, outs, ref, copies, calls, graph_us, log, where) ->
     except (TypeError, ValueError, RuntimeError) as e:
         log.append(f"{where}: weight-first not taken: {e}")
         return best
-    for splits in (None, 1):
-        plan = WeightFirstPlan(x, ws[0], splits=splits)
-        if splits == 1 and plan.cfg.splits == 1 and math.isfinite(best):
-            break   # the default is already one part
+    default = WeightFirstPlan(x, ws[0])
+    for plan in [default] + ([WeightFirstPlan(x, ws[0], splits=1)] if default.cfg.splits > 1 else []):
         outs[0].fill_(float("nan"))
         plan.run(x, ws[0], outs[0])
         e = ((outs[0].float() - ref.float()).norm() / ref.float().norm()).item()

@@ -23,9 +23,10 @@ from typing import Optional
 
 import torch
 
+from numasched.kernels.gemm_weight_first import BAND   # rows of W a unit computes (no Gluon needed)
+
 __all__ = ["WfConfig", "config", "check", "WeightFirstPlan", "matmul_weight_first"]
 
-BAND = 64            # kernels/gemm_weight_first.BAND (not imported: Gluon is optional)
 BLOCK_K = 128
 MAX_ROWS = 64        # wgmma's N: x's rows in one box of 16, 32 or 64
 MAX_STAGES = 12

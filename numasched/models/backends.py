@@ -507,10 +507,12 @@ class NumaschedBackend(Backend):
         ``weight_first`` is off or the kernel does not take the operands (kept per signature)."""
         if not (self.weight_first and x.dim() == 2 and x.shape[0] <= self.WEIGHT_FIRST_MAX_ROWS and x.is_cuda):
             return None
-        key = (tuple(x.shape), tuple(x.stride()), tuple(w.shape), tuple(w.stride()), x.dtype, x.device, glu)
+        from numasched import options as _options
+
+        pdl = 1 if _options.current().pdl else 0   # in the key, as the library's plans key their options
+        key = (tuple(x.shape), tuple(x.stride()), tuple(w.shape), tuple(w.stride()), x.dtype, x.device, glu, pdl)
         plan = self._wf_plans.get(key)
         if plan is None:
-            from numasched import options as _options
             from numasched.gemm_weight_first import WeightFirstPlan, check
 
             try:
@@ -518,7 +520,7 @@ class NumaschedBackend(Backend):
             except (TypeError, ValueError, RuntimeError):
                 plan = False
             else:
-                plan = WeightFirstPlan(x, w, glu=glu, pdl=1 if _options.current().pdl else 0)
+                plan = WeightFirstPlan(x, w, glu=glu, pdl=pdl)
             self._wf_plans[key] = plan
         return plan or None
 
