@@ -9,6 +9,8 @@ import os
 import pytest
 import torch
 import triton
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import triton.language as tl
 from conftest import compiled_json
 from triton.language.extra.cuda import gdc_launch_dependents
@@ -98,6 +100,35 @@ def test_config_fills_the_sms_once_and_fits_shared_memory():
         kw.update(bad)
         with pytest.raises(ValueError, match=match):
             config(kw.pop("M"), kw.pop("N"), kw.pop("K"), **kw)
+
+
+@settings(max_examples=200, deadline=None)
+@given(M=st.integers(1, MAX_ROWS), N=st.integers(1, 40000), K=st.integers(8, 30000), glu=st.booleans(),
+       sms=st.integers(1, 304), splits=st.one_of(st.none(), st.integers(1, 64)))
+def test_config_units_cover_every_k_step_once(M, N, K, glu, sms, splits):
+    """The kernel's units (band = pid // SPLITS, K from (pid % SPLITS) * k_per_split, at most
+    k_per_split) cover each band's K steps exactly once, no part empty; the default split count
+    fills at most the SMs (or takes one part when the bands alone exceed them)."""
+    iters = -(-K // BLOCK_K)
+    if splits is not None and splits > iters:
+        with pytest.raises(ValueError, match="splits"):
+            config(M, N, K, glu=glu, sms=sms, splits=splits)
+        return
+    c = config(M, N, K, glu=glu, sms=sms, splits=splits)
+    assert c.k_per_split % BLOCK_K == 0 and c.bands == -(-N // BAND) and c.block_t >= M
+    steps = []
+    for part in range(c.splits):
+        k0 = part * c.k_per_split
+        n_iter = -(-min(K - k0, c.k_per_split) // BLOCK_K)
+        assert n_iter >= 1   # no empty part (its unit would wait for nothing and store zeros)
+        steps += [k0 // BLOCK_K + i for i in range(n_iter)]
+    assert steps == list(range(iters))
+    if splits is None:
+        assert c.units <= max(sms, c.bands)
+    else:
+        assert c.splits <= splits
+    stage = ((2 if glu else 1) * BAND + c.block_t) * BLOCK_K * 2
+    assert c.stages * stage <= SMEM
 
 
 def test_check_names_the_argument():
