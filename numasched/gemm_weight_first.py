@@ -25,7 +25,7 @@ import torch
 
 from numasched.kernels.gemm_weight_first import BAND   # rows of W a unit computes (no Gluon needed)
 
-__all__ = ["WfConfig", "config", "check", "WeightFirstPlan", "matmul_weight_first"]
+__all__ = ["WfConfig", "config", "check", "WeightFirstPlan"]
 
 BLOCK_K = 128
 MAX_ROWS = 64        # wgmma's N: x's rows in one box of 16, 32 or 64
@@ -86,8 +86,7 @@ def check(x: torch.Tensor, w: torch.Tensor, out: Optional[torch.Tensor] = None, 
             raise ValueError(f"{name} must be 2-D, got shape {tuple(t.shape)}")
         if t.dtype not in (torch.bfloat16, torch.float16):
             raise TypeError(f"{name} must be bf16 or fp16, got {t.dtype}")
-        if t.stride(1) != 1 or (t.stride(0) * t.element_size()) % 16 or t.data_ptr() % 16:
-            raise ValueError(f"{name} must be row-major with 16-byte aligned rows (TMA)")
+        _check_rows(name, t)
     if w.dtype != x.dtype or w.device != x.device:
         raise ValueError(f"w must match x's dtype and device (x {x.dtype} on {x.device}, w {w.dtype} on {w.device})")
     if w.shape[1] != x.shape[1]:
@@ -98,13 +97,21 @@ def check(x: torch.Tensor, w: torch.Tensor, out: Optional[torch.Tensor] = None, 
         raise ValueError(f"x has {x.shape[0]} rows; the weight-first GEMM takes 1 to {MAX_ROWS}")
     if (x.shape[1] * x.element_size()) % 16:
         raise ValueError(f"K={x.shape[1]} must be a multiple of {16 // x.element_size()} (TMA's 16-byte rows)")
-    n = w.shape[0] // 2 if glu else w.shape[0]
-    if out is not None:
-        if not isinstance(out, torch.Tensor) or tuple(out.shape) != (x.shape[0], n) or out.dtype != x.dtype \
-                or out.device != x.device:
-            raise ValueError(f"out must be a ({x.shape[0]}, {n}) {x.dtype} tensor on {x.device}")
+    _check_out(x, w.shape[0] // 2 if glu else w.shape[0], out)
     if x.device.type != "cuda" or caps.is_hip() or torch.cuda.get_device_capability(x.device)[0] != 9:
         raise RuntimeError("the weight-first GEMM is for NVIDIA sm_90 GPUs (Gluon wgmma + TMA)")
+
+
+def _check_rows(name: str, t: torch.Tensor) -> None:
+    """TMA reads ``t`` by rows: unit stride along them, 16-byte aligned starts."""
+    if t.stride(1) != 1 or (t.stride(0) * t.element_size()) % 16 or t.data_ptr() % 16:
+        raise ValueError(f"{name} must be row-major with 16-byte aligned rows (TMA)")
+
+
+def _check_out(x: torch.Tensor, n: int, out: Optional[torch.Tensor]) -> None:
+    if out is not None and (not isinstance(out, torch.Tensor) or tuple(out.shape) != (x.shape[0], n)
+                            or out.dtype != x.dtype or out.device != x.device):
+        raise ValueError(f"out must be a ({x.shape[0]}, {n}) {x.dtype} tensor on {x.device}")
 
 
 class WeightFirstPlan:
@@ -137,7 +144,11 @@ class WeightFirstPlan:
         if (tuple(x.shape), tuple(w.shape), x.dtype, self.glu, x.device) != self.key:
             raise ValueError(f"x {tuple(x.shape)} / w {tuple(w.shape)} {x.dtype} on {x.device} are not the plan's "
                              f"{self.key[:3]} on {self.key[4]}")
-        check(x, w, out, glu=self.glu)
+        # the plan checked everything else once; what may differ from call to call is each tensor's
+        # layout and the output
+        _check_rows("x", x)
+        _check_rows("w", w)
+        _check_out(x, self.N, out)
         c = self.cfg
         M, K = x.shape
         y = torch.empty((M, self.N), device=x.device, dtype=x.dtype) if out is None else out
@@ -149,9 +160,3 @@ class WeightFirstPlan:
                                         launch_pdl=self.pdl != 0)
         return y
 
-
-def matmul_weight_first(x: torch.Tensor, w: torch.Tensor, *, out=None, glu: bool = False, pdl: int = 0,
-                        stages=None, splits=None, weights_first: bool = True) -> torch.Tensor:
-    """One call of :class:`WeightFirstPlan` (a new plan each call: for tests and probes)."""
-    return WeightFirstPlan(x, w, glu=glu, pdl=pdl, stages=stages, splits=splits,
-                           weights_first=weights_first).run(x, w, out)
