@@ -179,3 +179,150 @@ if HAVE_GLUON:
                     _band_store(y, _glu(tot, tot_u), n0, M, N, stride_ym, stride_yn, acc_layout, BAND, BLOCK_T)
                 else:
                     _band_store(y, tot, n0, M, N, stride_ym, stride_yn, acc_layout, BAND, BLOCK_T)
+
+    @gluon.jit
+    def _load_x_w(w_desc, x_desc, g, iters, N, bar, w_slot, x_slot, NBYTES: gl.constexpr, GLU: gl.constexpr,
+                  W: gl.constexpr, X: gl.constexpr):
+        """Global K step ``g`` (band g // iters, K step g % iters): arm ``bar`` when the weight goes
+        (W), then the weight's boxes (W) and x's (X)."""
+        BAND: gl.constexpr = w_desc.block_type.shape[0]
+        BLOCK_K: gl.constexpr = w_desc.block_type.shape[1]
+        k = (g % iters) * BLOCK_K
+        if W:
+            mbarrier.expect(bar, NBYTES)
+            _load_w(w_desc, (g // iters) * BAND, N, k, bar, w_slot, GLU)
+        if X:
+            tma.async_copy_global_to_shared(x_desc, [0, k], bar, x_slot)
+
+    # iters = 1 specialised to a constant breaks Triton 3.6's lowering of the loop (an LLVM
+    # assertion in ConvertTritonGPUToLLVM): the step count stays a runtime value
+    @gluon.jit(do_not_specialize=["iters", "total"])
+    def weight_first_streamk_kernel(w_desc, x_desc, y, ws, counters, M, N, K, stride_ym, stride_yn, iters, total,
+                                    STAGES: gl.constexpr, EARLY: gl.constexpr, GLU: gl.constexpr = False,
+                                    PDL: gl.constexpr = 0, WEIGHTS_FIRST: gl.constexpr = True):
+        """The persistent form: the bands' K steps in one row (``total`` = bands x ``iters``), program
+        p streams steps [p * total // P, (p + 1) * total // P) through one ring carried across the
+        bands it crosses, so every program reads the same bytes (no partly empty last wave, one
+        pipeline fill a program). At the end of each band it touched: the band's whole K range
+        (no other program in it) stores y; a part writes its fp32 partial to slot 0 (its first
+        band) or 1 (its last) of the program's workspace. After the loop the program takes a
+        ticket on each shared band's counter; the last arrival sums the band's parts in program
+        order (the same bits whichever finishes last), stores and resets the counter. ``EARLY`` ring stages' weight boxes go before the
+        PDL wait (WEIGHTS_FIRST), the others' after it. ws: fp32 (P, 2, GLU + 1, 64, BLOCK_T)."""
+        BAND: gl.constexpr = w_desc.block_type.shape[0]
+        BLOCK_K: gl.constexpr = w_desc.block_type.shape[1]
+        BLOCK_T: gl.constexpr = x_desc.block_type.shape[0]
+        gl.static_assert(BAND == 64, "the weight's boxes are 64 rows (one warpgroup's wgmma)")
+        gl.static_assert(x_desc.block_type.shape[1] == BLOCK_K, "x's boxes are BLOCK_K wide")
+        gl.static_assert(EARLY <= STAGES, "EARLY counts ring stages")
+        NW: gl.constexpr = 2 if GLU else 1
+        NBYTES: gl.constexpr = NW * w_desc.block_type.nbytes + x_desc.block_type.nbytes
+        SLOT: gl.constexpr = BAND * BLOCK_T
+        pid = gl.program_id(0)
+        P = gl.num_programs(0)
+        g0 = (pid * total) // P
+        n = (pid + 1) * total // P - g0
+
+        w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES, NW * BAND, BLOCK_K], w_desc.layout)
+        x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BLOCK_T, BLOCK_K], x_desc.layout)
+        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(bars.index(i), count=1)
+
+        # the first EARLY stages' weight boxes before the wait (no earlier kernel writes W), the
+        # rest after it, and x's (written by the kernel before) after it
+        if WEIGHTS_FIRST:
+            for i in gl.static_range(EARLY):
+                if i < n:
+                    _load_x_w(w_desc, x_desc, g0 + i, iters, N, bars.index(i), w_bufs.index(i), x_bufs.index(i),
+                              NBYTES, GLU, True, False)
+        _pdl(PDL == 1, PDL != 0)
+        for i in gl.static_range(STAGES):
+            if i < n:
+                late_w: gl.constexpr = (not WEIGHTS_FIRST) or i >= EARLY
+                _load_x_w(w_desc, x_desc, g0 + i, iters, N, bars.index(i), w_bufs.index(i), x_bufs.index(i),
+                          NBYTES, GLU, late_w, True)
+
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                             instr_shape=[16, BLOCK_T, 16])
+        r = gl.arange(0, BAND, layout=gl.SliceLayout(1, acc_layout))
+        m = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, acc_layout))
+        offs = r[:, None] * BLOCK_T + m[None, :]
+        acc = gl.zeros((BAND, BLOCK_T), gl.float32, acc_layout)
+        acc_u = gl.zeros((BAND, BLOCK_T), gl.float32, acc_layout)
+        for i in range(n):
+            g = g0 + i
+            s = i % STAGES
+            mbarrier.wait(bars.index(s), (i // STAGES) & 1)
+            xs = x_bufs.index(s).permute((1, 0))   # (BLOCK_K, BLOCK_T): x's box as wgmma's B
+            wb = w_bufs.index(s)
+            if GLU:
+                acc = warpgroup_mma(wb.slice(0, BAND, dim=0), xs, acc, is_async=True)
+                acc_u = warpgroup_mma(wb.slice(BAND, BAND, dim=0), xs, acc_u, is_async=True)
+                acc, acc_u = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_u))
+            else:
+                acc = warpgroup_mma(wb, xs, acc, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            if i + STAGES < n:   # the slot is read: its next boxes, STAGES steps ahead (maybe the next band's)
+                gl.thread_barrier()   # every warp's wgmma on the slot is done before TMA overwrites it
+                _load_x_w(w_desc, x_desc, g + STAGES, iters, N, bars.index(s), wb, x_bufs.index(s), NBYTES, GLU,
+                          True, True)
+            if (g % iters == iters - 1) | (i == n - 1):   # the end of this program's part of a band
+                band = g // iters
+                b0 = band * iters
+                if ((b0 + 1) * P - 1) // total == ((b0 + iters) * P - 1) // total:   # the band's one program
+                    if GLU:
+                        _band_store(y, _glu(acc, acc_u), band * BAND, M, N, stride_ym, stride_yn, acc_layout,
+                                    BAND, BLOCK_T)
+                    else:
+                        _band_store(y, acc, band * BAND, M, N, stride_ym, stride_yn, acc_layout, BAND, BLOCK_T)
+                else:   # a part: its partial now, its ticket after the loop (a ticket's release
+                    # fence here would stall the ring for the stores in flight)
+                    base = ws + (pid * 2 + (g0 < b0).to(gl.int32)).to(gl.int64) * (NW * SLOT)
+                    gl.store(base + offs, acc)
+                    if GLU:
+                        gl.store(base + SLOT + offs, acc_u)
+                acc = gl.zeros((BAND, BLOCK_T), gl.float32, acc_layout)
+                acc_u = gl.zeros((BAND, BLOCK_T), gl.float32, acc_layout)
+        if PDL == 3:
+            _pdl(True, False)
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(bars.index(i))
+        # the tickets of the (at most two) bands this program holds a part of: its first band and
+        # its last; every thread's partials before them
+        gl.thread_barrier()
+        b_first = g0 // iters
+        b_last = (g0 + n - 1) // iters
+        _stream_fixup(y, ws, counters, b_first, pid, P, total, iters, g0, M, N, stride_ym, stride_yn, offs,
+                      acc_layout, BAND, BLOCK_T, GLU)
+        if b_last != b_first:
+            _stream_fixup(y, ws, counters, b_last, pid, P, total, iters, g0, M, N, stride_ym, stride_yn, offs,
+                          acc_layout, BAND, BLOCK_T, GLU)
+
+    @gluon.jit
+    def _stream_fixup(y, ws, counters, band, pid, P, total, iters, g0, M, N, stride_ym, stride_yn, offs,
+                      layout: gl.constexpr, BAND: gl.constexpr, BLOCK_T: gl.constexpr, GLU: gl.constexpr):
+        """Where ``band`` is shared (programs first..last meet it), this program's ticket on it; the
+        last arrival sums the parts in program order (the same bits whichever finishes last) through
+        L2 (.cg, never a stale L1 line), stores y's band and resets the counter for the next launch."""
+        NW: gl.constexpr = 2 if GLU else 1
+        SLOT: gl.constexpr = BAND * BLOCK_T
+        b0 = band * iters
+        first = ((b0 + 1) * P - 1) // total
+        last = ((b0 + iters) * P - 1) // total
+        if first != last:
+            ticket = gl.atomic_add(counters + band, 1, sem="acq_rel", scope="gpu")
+            if ticket == last - first:
+                gl.atomic_xchg(counters + band, 0, sem="relaxed", scope="gpu")
+                tot = gl.zeros((BAND, BLOCK_T), gl.float32, layout)
+                tot_u = gl.zeros((BAND, BLOCK_T), gl.float32, layout)
+                for q in range(first, last + 1):
+                    q_slot = (q * total // P < b0).to(gl.int32)   # the band is q's last part (1) or its first (0)
+                    src = ws + (q * 2 + q_slot).to(gl.int64) * (NW * SLOT)
+                    tot = tot + gl.load(src + offs, cache_modifier=".cg")
+                    if GLU:
+                        tot_u = tot_u + gl.load(src + SLOT + offs, cache_modifier=".cg")
+                if GLU:
+                    _band_store(y, _glu(tot, tot_u), band * BAND, M, N, stride_ym, stride_yn, layout, BAND, BLOCK_T)
+                else:
+                    _band_store(y, tot, band * BAND, M, N, stride_ym, stride_yn, layout, BAND, BLOCK_T)
