@@ -82,6 +82,9 @@ CONTENDERS = {
 # The numasched backend's switches (``NumaschedBackend``'s keyword of the same name), each on by
 # default, ``--no-...`` for the alternative named in its help.
 BACKEND_SWITCHES = (
+    ("--weight-first", "numasched: the decode-size QKV, gate/up + SwiGLU and lm_head projections by the "
+                       "weight-first GEMM (numasched.gemm_weight_first; sm_90: its programs read their first "
+                       "weight blocks before their PDL wait; default on at TP > 1, --no-weight-first for the split-K GEMM)"),
     ("--fuse-norm", "numasched at TP > 1: all-reduce + residual add + RMSNorm in one kernel "
                     "(all_reduce_add_rmsnorm; default on, --no-fuse-norm for the unfused sequence)"),
     ("--fuse-swiglu", "numasched: gate/up projection + silu(gate) * up in one launch at decode sizes "
@@ -150,11 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mem-fraction", type=unit_float, default=0.9,
                    help="skip points whose KV cache would exceed this fraction of the free GPU memory")
     for flag, text in BACKEND_SWITCHES:   # the numasched backend's fusions, each on by default
-        p.add_argument(flag, action=argparse.BooleanOptionalAction, default=True, help=text)
-    p.add_argument("--weight-first", action="store_true",
-                   help="numasched: the decode-size QKV, gate/up + SwiGLU and lm_head projections by the weight-first "
-                        "GEMM (numasched.gemm_weight_first; sm_90: its programs read their first weight blocks "
-                        "before their PDL wait). Off by default: an experiment")
+        # --weight-first: None (the backend's default: on at TP > 1) unless given either way
+        p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None if flag == "--weight-first" else True,
+                       help=text)
     p.add_argument("--prefill-attention", choices=("auto", "numasched", "torch"), default="auto",
                    help="numasched backend's prefill attention: numasched.attention_forward, torch's SDPA "
                         "(cuDNN first) or auto (default: SDPA on NVIDIA GPUs, where cuDNN's was faster)")
@@ -240,7 +241,8 @@ def _dry_run(args) -> int:
                                         ("gate/up + SwiGLU", args.fuse_swiglu),
                                         ("SwiGLU by a PDL kernel", args.pdl_swiglu),
                                         ("QKV split + RoPE + cache write", args.fuse_rope_cache),
-                                        ("weight-first GEMMs (QKV, gate/up, lm_head)", args.weight_first)) if on]
+                                        ("weight-first GEMMs (QKV, gate/up, lm_head)",
+                                         args.tp > 1 if args.weight_first is None else args.weight_first)) if on]
         contenders.append("numasched decode fusions: " + (", ".join(fused) or "none"))
         if args.prompt:
             if args.tp > 1:

@@ -20,9 +20,8 @@ keeping the faster of its two):
   gemm_schedule.WS_MIN_ROWS rows (options.gemm_ws): there "best" also times the next Triton
   schedules.
 * with ``--weight-first``: the weight-first decode GEMM (numasched.gemm_weight_first; sm_90, M <=
-  64; alone, so with nothing before it to overlap): its units form in the split and unsplit
-  configs, column ``weight_first_us`` (the faster), and its persistent form, column
-  ``weight_first_stream_us``; each checked like the schedules.
+  64; alone, so with nothing before it to overlap) in its split and unsplit configs: column
+  ``weight_first_us`` (the faster), checked like the schedules.
 
 Each call of a graph reads its own copy of W (enough copies to exceed 2x the L2), so the weights
 come from HBM as they do in a model's forward pass, for cuBLAS and numasched alike. Reported: us
@@ -282,33 +281,30 @@ def _time_ws(forms, x, ws, outs, ref, copies, calls, graph_us, log, where) -> di
     return times
 
 
-def _time_weight_first(x, ws, outs, ref, copies, calls, graph_us, log, where) -> dict:
-    """us of the weight-first GEMM's forms at this point: ``units`` (the faster of its default
-    split and one part) and ``stream`` (the persistent form); inf where it cannot take the point
-    or is wrong (output poisoned, checked against cuBLAS)."""
+def _time_weight_first(x, ws, outs, ref, copies, calls, graph_us, log, where) -> float:
+    """us of the weight-first GEMM at this point (the faster of its default split and one part;
+    inf where it cannot take the point or is wrong: output poisoned, checked against cuBLAS)."""
     from numasched.gemm_weight_first import MAX_ROWS, WeightFirstPlan, check
 
-    times = {"units": float("inf"), "stream": float("inf")}
+    best = float("inf")
     if x.shape[0] > MAX_ROWS:
-        return times
+        return best
     try:
         check(x, ws[0])
     except (TypeError, ValueError, RuntimeError) as e:
         log.append(f"{where}: weight-first not taken: {e}")
-        return times
+        return best
     default = WeightFirstPlan(x, ws[0])
-    plans = [("units", default)] + ([("units", WeightFirstPlan(x, ws[0], splits=1))] if default.cfg.splits > 1 else [])
-    plans.append(("stream", WeightFirstPlan(x, ws[0], form="stream")))
-    for form, plan in plans:
+    for plan in [default] + ([WeightFirstPlan(x, ws[0], splits=1)] if default.cfg.splits > 1 else []):
         outs[0].fill_(float("nan"))
         plan.run(x, ws[0], outs[0])
         e = ((outs[0].float() - ref.float()).norm() / ref.float().norm()).item()
         if not e < 1e-2:
-            log.append(f"{where}: weight-first ({form}, {plan.cfg}) WRONG: relative error {e:.2e}")
+            log.append(f"{where}: weight-first (splits {plan.cfg.splits}) WRONG: relative error {e:.2e}")
             print(log[-1], flush=True)
             continue
-        times[form] = min(times[form], graph_us(lambda i, plan=plan: plan.run(x, ws[i], outs[i]), copies, calls))
-    return times
+        best = min(best, graph_us(lambda i, plan=plan: plan.run(x, ws[i], outs[i]), copies, calls))
+    return best
 
 
 def _geomean(xs) -> float:
@@ -475,11 +471,10 @@ def main(argv=None) -> int:
         if ws_times:
             fastest = min([ours] + [t for t in ws_times.values() if math.isfinite(t)])
             row["ratio_with_ws"] = round(cublas / fastest, 3)
-        for form, t in (wf or {}).items():
-            col = "weight_first" if form == "units" else f"weight_first_{form}"
-            row[f"{col}_us"] = round(t, 2) if math.isfinite(t) else None
-            if math.isfinite(t) and m <= 16:
-                row[f"{col}_read_frac"] = round(reads[(n, k)] / t, 3)
+        if wf is not None:
+            row["weight_first_us"] = round(wf, 2) if math.isfinite(wf) else None
+            if math.isfinite(wf) and m <= 16:
+                row["weight_first_read_frac"] = round(reads[(n, k)] / wf, 3)
         rows.append(row)
         del ws, raw, outs
         torch.cuda.empty_cache()

@@ -265,7 +265,7 @@ STREAMS_BW_GAIN = 1.0
 # 112 pairs, where eight beat one by 2-4 %.
 IDLE_SM_COST = 0.15
 # A paged cache's programs stream better two to an SM (their page-table loads hide behind the other
-# program's), so between PAGED_FILL_MIN_PAIRS_PER_SM and FLOOR_MIN_PAIRS_PER_SM pairs per SM (32-63
+# program's), so between PAGED_FILL_MIN_PAIRS_PER_SM and PAGED_FILL_MAX_PAIRS_PER_SM pairs per SM (32-66
 # pairs on 132 SMs) it takes at least the most splits, a power of two, that keep the grid within
 # PAGED_PROGRAMS_PER_SM programs per SM. Sweeps: at 32 pairs eight splits ran 1-10 % faster than the
 # rule's four (H200, 512-1024 tokens, pages of 16: bench/results/decode-s10-shortsplits/; H100, 2k-32k,
@@ -274,7 +274,20 @@ IDLE_SM_COST = 0.15
 # 461 of 477, worst 1.10 -> 1.05; no sweep's paged point slower by more than 0.4 %. Below 32
 # pairs (16 pairs x 1k: sixteen splits, never timed) and for a contiguous cache (four and eight
 # within 3 % either way at 32 pairs) the cost model alone decides.
+# Where the GPU has more bandwidth per SM than the H100 (stream_scale > 1) and the cache holds
+# PAGED_FILL_WIDE_MIN_TOKENS or more, the range's top is PAGED_FILL_MAX_PAIRS_PER_SM (64 pairs on
+# 132 SMs in it), else just under FLOOR_MIN_PAIRS_PER_SM:
+# at 64 pairs on an H200 (pages of 16 and 64, bench/results/decode-s55/p64pairs-*/ and
+# tp2-sweep/: 32/8 x 8 at 2k-32k, 28/4 x 16 at 2k-8k, 16/4 x 16 at 32k) four splits ran 0.7-4.4 %
+# faster than the cost model's two at every point (geomean against FlashInfer 1.041-1.094 ->
+# 1.076-1.138), where on an H100 one split was the fastest at 2k-4k (decode-s33-64pairs/) and on
+# an H200 at 1k one to three splits ran within 1.5 % (decode-s52/sweep/; four not timed). Not for
+# the decoder's calls (``prefetch``): 256 programs leave the K/V prefetch out, and two H200s ran the
+# TP 2 step at 16 x 32k (64 pairs a rank, pages of 16) in 10.92 ms with four splits against
+# 10.60 with two (tp2-s55/final/, wf2/).
 PAGED_FILL_MIN_PAIRS_PER_SM = 0.24
+PAGED_FILL_MAX_PAIRS_PER_SM = 0.5
+PAGED_FILL_WIDE_MIN_TOKENS = 2048
 PAGED_PROGRAMS_PER_SM = 2
 # Past one wave: a contiguous cache of more pairs than SMs in one split puts two programs on some
 # SMs (co-resident) and one on the others, and the SMs with two set the time. Measured on an H100
@@ -366,7 +379,7 @@ def stream_scale(device) -> float:
 
 
 def choose_num_splits(batch: int, kv_heads: int, max_seqlen: int, num_sms: int, paged: bool = False,
-                      stream_scale: float = 1.0) -> int:
+                      stream_scale: float = 1.0, prefetch: bool = False) -> int:
     """Splits per (batch, kv_head) for a cache of ``max_seqlen`` tokens on ``num_sms`` SMs/CUs.
 
     Model: programs run in waves of ``num_sms * PROGRAMS_PER_SM``; a program costs its chunk of
@@ -378,8 +391,10 @@ def choose_num_splits(batch: int, kv_heads: int, max_seqlen: int, num_sms: int, 
     once (the merge; PAGED_SPLIT_MERGE_TOKENS for a paged cache). Among 1 .. min(MAX_SPLITS,
     max_seqlen // MIN_SPLIT_TOKENS) splits, pick the lowest ``max(waves * (tile-rounded tokens per
     split + overhead), floor) + (merge if splits > 1)`` (the fewest splits within 2% of it); a paged
-    cache of PAGED_FILL_MIN_PAIRS_PER_SM up to FLOOR_MIN_PAIRS_PER_SM pairs per SM then takes at
-    least the most power-of-two splits that keep PAGED_PROGRAMS_PER_SM programs per SM, and a
+    cache of PAGED_FILL_MIN_PAIRS_PER_SM up to PAGED_FILL_MAX_PAIRS_PER_SM pairs per SM then takes at
+    least the most power-of-two splits that keep PAGED_PROGRAMS_PER_SM programs per SM (up to
+    PAGED_FILL_MAX_PAIRS_PER_SM pairs per SM on a GPU of stream_scale > 1, for calls without
+    ``prefetch``, the decoder's K/V prefetch, which needs one program an SM at most), and a
     contiguous cache of more pairs than SMs (while more than PAST_WAVE_MIN_SHORT of the SMs would
     hold one program fewer in one split: up to 1.875 pairs per SM) at least PAST_WAVE_SPLITS splits
     where they are PAST_WAVE_MIN_SPLIT_TOKENS * stream_scale long or more. The constants were
@@ -412,7 +427,11 @@ def choose_num_splits(batch: int, kv_heads: int, max_seqlen: int, num_sms: int, 
     if (not paged and sms < items and 2.0 - items / sms > PAST_WAVE_MIN_SHORT
             and max_seqlen // PAST_WAVE_SPLITS >= PAST_WAVE_MIN_SPLIT_TOKENS * stream_scale):
         pick = max(pick, PAST_WAVE_SPLITS)   # past one wave: even the SMs' loads (PAST_WAVE_SPLITS)
-    if paged and PAGED_FILL_MIN_PAIRS_PER_SM * sms <= items < FLOOR_MIN_PAIRS_PER_SM * sms:
+    # the top as measured (below); not for a call that asks for the K/V prefetch (the decoder's),
+    # which applies at one program an SM at most
+    wide = stream_scale > 1.0 and max_seqlen >= PAGED_FILL_WIDE_MIN_TOKENS and not prefetch
+    top = PAGED_FILL_MAX_PAIRS_PER_SM * sms if wide else FLOOR_MIN_PAIRS_PER_SM * sms * (1 - 1e-9)
+    if paged and PAGED_FILL_MIN_PAIRS_PER_SM * sms <= items <= top:
         fill = 1   # the most splits (a power of two) that keep PAGED_PROGRAMS_PER_SM programs per SM
         while 2 * fill <= s_max and items * 2 * fill <= PAGED_PROGRAMS_PER_SM * sms:
             fill *= 2
@@ -566,7 +585,7 @@ class DecodePlan(Plan):
         self.row_groups = R
         streams = stream_scale(dev)
         S = int(num_splits) if num_splits is not None else choose_num_splits(
-            B, HK * R, shape.capacity, caps.num_sms(dev), shape.page_size > 0, streams)
+            B, HK * R, shape.capacity, caps.num_sms(dev), shape.page_size > 0, streams, prefetch=prefetch)
         grid_w = M.DecodeGrid(B, HK * R, S)  # checks the program count fits int32
         self.policy = M.resolve(mapping, "decode", self.topology, grid_w)
         self.num_splits = S

@@ -25,14 +25,13 @@ import torch
 
 from numasched.kernels.gemm_weight_first import BAND   # rows of W a unit computes (no Gluon needed)
 
-__all__ = ["WfConfig", "WfStreamConfig", "config", "stream_config", "check", "WeightFirstPlan", "FORMS"]
+__all__ = ["WfConfig", "config", "check", "WeightFirstPlan"]
 
 BLOCK_K = 128
 MAX_ROWS = 64        # wgmma's N: x's rows in one box of 16, 32 or 64
 MAX_STAGES = 12
 SMEM = 220 * 1024    # shared memory a program may take (sm_90: 227 KB a block)
 PDL_MODES = (0, 1, 3)
-FORMS = ("units", "stream")   # a program a (band, K part); or persistent, every program the same K steps
 
 
 @dataclass(frozen=True)
@@ -74,40 +73,6 @@ def config(M: int, N: int, K: int, *, glu: bool = False, sms: int = 132, elt: in
     kps = -(-iters // splits) * BLOCK_K
     splits = -(-K // kps)   # no empty last part
     return WfConfig(block_t=block_t, stages=stages, splits=splits, k_per_split=kps, bands=bands)
-
-
-@dataclass(frozen=True)
-class WfStreamConfig:
-    """The persistent form's launch: ``programs`` programs share the bands' ``bands * iters`` K
-    steps evenly; ``early`` of the ``stages`` ring slots take their weight boxes before the wait."""
-    block_t: int
-    stages: int
-    early: int
-    programs: int
-    iters: int       # K steps of 128 a band
-    bands: int
-
-    @property
-    def total(self) -> int:
-        return self.bands * self.iters
-
-
-def stream_config(M: int, N: int, K: int, *, glu: bool = False, sms: int = 132, elt: int = 2,
-                  stages: Optional[int] = None, early: Optional[int] = None, smem: int = SMEM) -> WfStreamConfig:
-    """The persistent form's shape: the units form's box and ring sizes (:func:`config`), one
-    program an SM (its ring takes the SM's shared memory) or one a K step where there are fewer,
-    ``early`` = every stage unless given."""
-    c = config(M, N, K, glu=glu, sms=sms, elt=elt, stages=stages, splits=1, smem=smem)
-    if early is None:
-        early = c.stages
-    elif isinstance(early, bool) or not isinstance(early, int) or not 0 <= early <= c.stages:
-        raise ValueError(f"early must be an int in [0, {c.stages}] (the ring's stages), got {early!r}")
-    iters = -(-K // BLOCK_K)
-    total = c.bands * iters
-    if (min(sms, total) + 1) * total >= 2 ** 31:
-        raise ValueError(f"N={N}, K={K}: {total} K steps of {BLOCK_K} overflow the kernel's int32 step arithmetic")
-    return WfStreamConfig(block_t=c.block_t, stages=c.stages, early=early, programs=min(sms, total), iters=iters,
-                          bands=c.bands)
 
 
 def check(x: torch.Tensor, w: torch.Tensor, out: Optional[torch.Tensor] = None, glu: bool = False) -> None:
@@ -154,14 +119,8 @@ class WeightFirstPlan:
     once); ``run`` makes the descriptors of the tensors it is given and launches."""
 
     def __init__(self, x: torch.Tensor, w: torch.Tensor, *, glu: bool = False, pdl: int = 0, stages=None,
-                 splits=None, weights_first: bool = True, form: str = "units", early=None):
+                 splits=None, weights_first: bool = True):
         check(x, w, glu=glu)
-        if form not in FORMS:
-            raise ValueError(f"form must be one of {FORMS}, got {form!r}")
-        if form == "stream" and splits is not None:
-            raise ValueError("splits: the stream form shares K steps among programs (no splits to give)")
-        if form == "units" and early is not None:
-            raise ValueError("early: only the stream form issues part of its ring before the wait")
         if pdl not in PDL_MODES or isinstance(pdl, bool):
             raise ValueError(f"pdl must be one of {PDL_MODES} (none, trigger then wait, wait and trigger late), "
                              f"got {pdl!r}")
@@ -171,22 +130,15 @@ class WeightFirstPlan:
         self.glu, self.pdl, self.weights_first = glu, pdl, weights_first
         self.N = w.shape[0] // 2 if glu else w.shape[0]
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-        self.form = form
-        nw = 2 if glu else 1
-        if form == "stream":
-            self.cfg = c = stream_config(M, self.N, K, glu=glu, sms=sms, elt=x.element_size(), stages=stages,
-                                         early=early)
-            self.ws = torch.empty(c.programs * 2 * nw * BAND * c.block_t, device=x.device, dtype=torch.float32)
-        else:
-            self.cfg = c = config(M, self.N, K, glu=glu, sms=sms, elt=x.element_size(), stages=stages, splits=splits)
-            self.ws = torch.empty(c.units * nw * BAND * c.block_t if c.splits > 1 else 1, device=x.device,
-                                  dtype=torch.float32)
+        self.cfg = c = config(M, self.N, K, glu=glu, sms=sms, elt=x.element_size(), stages=stages, splits=splits)
+        self.ws = torch.empty(c.units * (2 if glu else 1) * BAND * c.block_t if c.splits > 1 else 1,
+                              device=x.device, dtype=torch.float32)
         self.counters = torch.zeros(c.bands, device=x.device, dtype=torch.int32)
         self.key = (tuple(x.shape), tuple(w.shape), x.dtype, glu, x.device)
 
     def run(self, x: torch.Tensor, w: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         from numasched.gemm_ws import host_descriptor
-        from numasched.kernels.gemm_weight_first import weight_first_kernel, weight_first_streamk_kernel
+        from numasched.kernels.gemm_weight_first import weight_first_kernel
 
         if (tuple(x.shape), tuple(w.shape), x.dtype, self.glu, x.device) != self.key:
             raise ValueError(f"x {tuple(x.shape)} / w {tuple(w.shape)} {x.dtype} on {x.device} are not the plan's "
@@ -201,12 +153,6 @@ class WeightFirstPlan:
         y = torch.empty((M, self.N), device=x.device, dtype=x.dtype) if out is None else out
         w_desc = host_descriptor(w, w.shape, w.stride(), [BAND, BLOCK_K])
         x_desc = host_descriptor(x, x.shape, x.stride(), [c.block_t, BLOCK_K])
-        if self.form == "stream":
-            weight_first_streamk_kernel[(c.programs,)](
-                w_desc, x_desc, y, self.ws, self.counters, M, self.N, K, y.stride(0), y.stride(1), c.iters, c.total,
-                STAGES=c.stages, EARLY=c.early, GLU=self.glu, PDL=self.pdl, WEIGHTS_FIRST=self.weights_first,
-                num_warps=4, launch_pdl=self.pdl != 0)
-            return y
         weight_first_kernel[(c.units,)](w_desc, x_desc, y, self.ws, self.counters, M, self.N, K, y.stride(0),
                                         y.stride(1), c.k_per_split, SPLITS=c.splits, STAGES=c.stages, GLU=self.glu,
                                         PDL=self.pdl, WEIGHTS_FIRST=self.weights_first, num_warps=4,

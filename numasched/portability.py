@@ -497,21 +497,6 @@ def _weight_first(rows: int = 16, glu: bool = False, splits: int = 2, pdl: int =
     return build
 
 
-def _weight_first_stream(rows: int = 16, glu: bool = False, early=None, pdl: int = 1, n: int = 4096, k: int = 4096):
-    def build(vendor):
-        from numasched.gemm_weight_first import BAND, BLOCK_K, stream_config
-        from numasched.gemm_ws import descriptor_type
-        from numasched.kernels.gemm_weight_first import weight_first_streamk_kernel
-
-        cfg = stream_config(rows, n, k, glu=glu, early=early)
-        values = dict(w_desc=descriptor_type("bf16", [BAND, BLOCK_K]),
-                      x_desc=descriptor_type("bf16", [cfg.block_t, BLOCK_K]), y="*bf16", ws="*fp32",
-                      counters="*i32", M=rows, N=n, K=k, stride_ym=n, stride_yn=1, iters=cfg.iters,
-                      total=cfg.total, STAGES=cfg.stages, EARLY=cfg.early, GLU=glu, PDL=pdl, WEIGHTS_FIRST=True)
-        return weight_first_streamk_kernel, values, 4, 1
-    return build
-
-
 def _gemm_all_reduce_ws(residual: bool = True, direct: bool = True, rs: bool = False, rs_pairs: bool = False,
                         rs_early: bool = False, group: int = 8, block_n: int = 256):
     def build(vendor):
@@ -835,12 +820,6 @@ VARIANTS: List[Variant] = [
             off={"amd": _GLUON_OFF}, note="64 rows of x, three K parts, the next kernel let go after the K loop"),
     Variant("gemm_weight_first", "bf16-16-split2-after", _weight_first(weights_first=False), off={"amd": _GLUON_OFF},
             note="the A/B form: every box after the PDL wait"),
-    Variant("gemm_weight_first", "bf16-16-stream-pdl", _weight_first_stream(), off={"amd": _GLUON_OFF},
-            note="its persistent form: every program the same K steps across bands, one ring"),
-    Variant("gemm_weight_first", "bf16-16-glu-stream-early2", _weight_first_stream(glu=True, early=2),
-            off={"amd": _GLUON_OFF}, note="the same, SwiGLU, two ring stages' weights before the wait"),
-    Variant("gemm_weight_first", "bf16-2-stream-one-step", _weight_first_stream(rows=2, n=64, k=8),
-            off={"amd": _GLUON_OFF}, note="one band of one K step (iters = 1: a runtime value, not specialised)"),
     Variant("gemm_ws", "bf16-128x256-s3", _gemm_ws(), off={"amd": _GLUON_OFF},
             note="warp-specialised (Gluon): a loader warp, two consumer warpgroups, maxnreg 168"),
     Variant("gemm_ws", "bf16-128x128-s5-b-rowmajor", _gemm_ws(128, 5, b_kmajor=False), off={"amd": _GLUON_OFF},

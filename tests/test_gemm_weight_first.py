@@ -23,8 +23,7 @@ _COMPILE = r"""
 import json
 from numasched import portability as P
 rows = {}
-for v in ("bf16-16-split2-pdl", "bf16-16-glu-pdl", "bf16-64-split3-late", "bf16-16-split2-after",
-          "bf16-16-stream-pdl", "bf16-16-glu-stream-early2", "bf16-2-stream-one-step"):
+for v in ("bf16-16-split2-pdl", "bf16-16-glu-pdl", "bf16-64-split3-late", "bf16-16-split2-after"):
     r = P.compile_variant("gemm_weight_first", v, "sm90", keep_asm=True)
     r["ptx"] = "\n".join(" ".join(l.split()) for l in r.pop("asm", {}).get("ptx", "").splitlines())
     rows[v] = r
@@ -82,49 +81,6 @@ def test_weight_boxes_come_before_the_pdl_wait_and_x_after(compiled):
     assert "atom.global.gpu.acq_rel.add" in compiled["bf16-16-split2-pdl"]["ptx"]
     assert "ld.global.cg" in compiled["bf16-16-split2-pdl"]["ptx"]
     assert "ex2.approx" in compiled["bf16-16-glu-pdl"]["ptx"]   # silu's exponential
-
-
-def test_stream_form_issues_its_early_weights_before_the_wait(compiled):
-    """The persistent form: the EARLY stages' weight boxes before griddepcontrol.wait (two of
-    them: the gate's and the up's each), none of x's; its tickets and L2 reads of the parts."""
-    from numasched.gemm_weight_first import stream_config
-
-    st_all = stream_config(16, 4096, 4096).stages
-    before, _ = _loads_around_wait(compiled["bf16-16-stream-pdl"]["ptx"])
-    assert before == st_all
-    before, _ = _loads_around_wait(compiled["bf16-16-glu-stream-early2"]["ptx"])
-    assert before == 2 * 2
-    for name in ("bf16-16-stream-pdl", "bf16-16-glu-stream-early2", "bf16-2-stream-one-step"):
-        ptx = compiled[name]["ptx"]
-        assert "atom.global.gpu.acq_rel.add" in ptx and "ld.global.cg" in ptx, name
-
-
-@settings(max_examples=300, deadline=None)
-@given(bands=st.integers(1, 500), iters=st.integers(1, 80), sms=st.integers(1, 264))
-def test_stream_parts_cover_each_band_once_and_slots_do_not_collide(bands, iters, sms):
-    """The kernel's integer arithmetic (kernels/gemm_weight_first.py, weight_first_streamk_kernel),
-    written again here: program p takes steps [p T // P, (p + 1) T // P); a band is met by
-    programs first..last ((b0 + 1) P - 1) // T .. ((b0 + iters) P - 1) // T; each shared band's part
-    of program q lies in q's slot 1 when q starts before the band, else slot 0. The parts of a band
-    are exactly its steps, in program order, and no two bands share a (program, slot)."""
-    total = bands * iters
-    P = min(sms, total)
-    start = [p * total // P for p in range(P + 1)]
-    slots = {}
-    for b in range(bands):
-        b0 = b * iters
-        first, last = ((b0 + 1) * P - 1) // total, ((b0 + iters) * P - 1) // total
-        steps = []
-        for q in range(first, last + 1):
-            lo, hi = max(start[q], b0), min(start[q + 1], b0 + iters)
-            assert lo < hi   # every program from first to last holds a part
-            steps += range(lo, hi)
-            if first != last:
-                key = (q, int(start[q] < b0))
-                assert key not in slots, (key, slots[key], b)
-                slots[key] = b
-        assert steps == list(range(b0, b0 + iters))
-        assert (first == last) == (start[first] <= b0 and start[first + 1] >= b0 + iters)
 
 
 def test_config_fills_the_sms_once_and_fits_shared_memory():
@@ -236,34 +192,6 @@ def test_matches_float64(M, N, K, glu, splits, dtype):
     assert int(plan.counters.abs().sum()) == 0
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("M,N,K,glu,early", [(1, 3072, 4096, False, None), (16, 28672, 4096, False, 2),
-                                             (5, 200, 1000, False, 0), (16, 7168, 4096, True, None),
-                                             (13, 136, 520, True, 1), (33, 4096, 2048, False, None),
-                                             (64, 96, 4104, False, None), (2, 64, 8, False, None),
-                                             (3, 8256, 1160, True, 3)])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_stream_form_matches_float64(M, N, K, glu, early, dtype):
-    """The persistent form: bands split among programs at any K step (parts of up to three
-    programs in a band, a band whole in one, one program for all where there are few steps),
-    two calls (the counters reset), against float64, the output poisoned first."""
-    from numasched.gemm_weight_first import WeightFirstPlan
-
-    torch.manual_seed(M * 11 + N + K)
-    x = torch.randn(M, K, device="cuda", dtype=dtype)
-    w = torch.randn(2 * N if glu else N, K, device="cuda", dtype=dtype) / K ** 0.5
-    plan = WeightFirstPlan(x, w, glu=glu, form="stream", early=early, pdl=1)
-    ref = _ref(x, w, glu)
-    for _ in range(2):
-        out = torch.full((M, N), float("nan"), device="cuda", dtype=dtype)
-        plan.run(x, w, out)
-        torch.cuda.synchronize()
-        err = ((out.double() - ref).abs().max() / ref.abs().max()).item()
-        assert err < 1e-2, err
-    assert int(plan.counters.abs().sum()) == 0
-
-
 @triton.jit
 def _late_writer(src, dst, n, spin_ns, BLOCK: tl.constexpr):
     """Lets the next kernel launch at once (PDL), waits ``spin_ns``, then writes dst from src: a
@@ -279,9 +207,8 @@ def _late_writer(src, dst, n, spin_ns, BLOCK: tl.constexpr):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("pdl,weights_first,form", [(1, True, "units"), (3, True, "units"), (1, False, "units"),
-                                                   (1, True, "stream"), (3, False, "stream")])
-def test_pdl_chain_in_a_graph_reads_the_previous_kernels_x(pdl, weights_first, form):
+@pytest.mark.parametrize("pdl,weights_first", [(1, True), (3, True), (1, False)])
+def test_pdl_chain_in_a_graph_reads_the_previous_kernels_x(pdl, weights_first):
     """Launched with PDL behind a kernel that lets it start at once and writes x 20 us later, in
     a CUDA graph replayed with new x each time: the weights may come early, x must be the new one."""
     from numasched.gemm_weight_first import WeightFirstPlan
@@ -290,7 +217,7 @@ def test_pdl_chain_in_a_graph_reads_the_previous_kernels_x(pdl, weights_first, f
     src = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
     x = torch.empty_like(src)
     w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K ** 0.5
-    plan = WeightFirstPlan(src, w, pdl=pdl, weights_first=weights_first, form=form)
+    plan = WeightFirstPlan(src, w, pdl=pdl, weights_first=weights_first)
     out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
 
     def step():

@@ -169,7 +169,7 @@ def test_pdl_swiglu_matches_transformers(family):
 
 
 def test_weight_first_switch_leaves_calls_it_cannot_take_to_the_gemm():
-    """weight_first (off by default): where the weight-first GEMM cannot take the operands (here a
+    """weight_first (default: on at TP > 1): where the weight-first GEMM cannot take the operands (here a
     CPU; on a GPU more than WEIGHT_FIRST_MAX_ROWS rows or a non-Hopper device) the projections run
     numasched.matmul / matmul_swiglu as before, with the same logits; the verdict is kept per
     operand signature, and the switch is a bool."""
@@ -178,7 +178,7 @@ def test_weight_first_switch_leaves_calls_it_cannot_take_to_the_gemm():
     hf = hf_model("llama", seed=4)
     ids = torch.randint(0, 128, (2, 7), generator=torch.Generator().manual_seed(5))
     be = NumaschedBackend(1, weight_first=True)
-    assert not NumaschedBackend(1).weight_first
+    assert not NumaschedBackend(1).weight_first   # TP 1: off unless asked
     with observe.record() as log:
         got = run_teacher_forced(TPDecoder.from_hf(hf), be, ids, prompt=5)
     assert rel(got, reference(hf, ids)) < 1e-4

@@ -244,3 +244,27 @@ def test_late_pdl_trigger_comes_after_the_k_loop():
             assert trig < wait, key
         else:
             assert wait < trig and trig > last, key
+
+
+def test_signature_keeps_do_not_specialize_arguments_runtime():
+    """An int argument the kernel marks do_not_specialize stays a runtime i32 even when it is 1 (as
+    the JIT launches it), where other ints equal to 1 become constants: an offline compile then
+    builds the code a launch runs."""
+    code = r"""
+import json
+from numasched import portability as P
+from numasched.kernels.dist_allreduce import all_reduce_kernel as k   # do_not_specialize=["n", "iters"]
+
+names = [p.name for p in k.params]
+values = {n: 1 for n in names}
+values.update({n: "*bf16" for n in ("x_ptr", "out_ptr", "buf_ptr", "buf2_ptr")})
+values.update({n: "*i32" for n in ("flags_ptr", "status_ptr", "epoch_ptr", "counters_ptr")})
+values["heap_bases"] = "*i64"
+for p in k.params:
+    if p.is_constexpr:
+        values[p.name] = 1
+sig, const, attrs = P._signature(k, values)
+print(json.dumps(dict(n=sig["n"], iters=sig["iters"], shard=sig["shard"])))
+"""
+    r = compiled_json(code, cwd=str(Path(__file__).resolve().parent.parent))
+    assert r == {"n": "i32", "iters": "i32", "shard": "constexpr"}

@@ -428,8 +428,10 @@ class NumaschedBackend(Backend):
         (numasched.gemm_weight_first: its programs, PDL-launched, read their first weight blocks
         before they wait for the kernel before them) where it takes the operands (an sm_90 GPU,
         up to WEIGHT_FIRST_MAX_ROWS rows, 16-bit, TMA-compatible rows); the other calls as
-        before. Off by default: an experiment, not yet run on a GPU (bench/results/README.md,
-        fifty-fourth session).
+        before. None (default): on at tp_size > 1, where two H200s ran the TP 2 Llama-3-8B decode
+        step 0.7-3.6 % faster with it (batch 1, 4, 16 x 2k, 32k); off at TP 1, where one H200 ran
+        it -0.7 to +0.7 % (nothing latency-bound before the GEMMs to hide the weights behind;
+        bench/results/README.md, fifty-fifth session).
     """
 
     name = "numasched"
@@ -441,7 +443,7 @@ class NumaschedBackend(Backend):
                  fuse_norm: bool = True, fuse_swiglu: bool = True, prefill_overlap: Optional[int] = None,
                  prefill_seq_parallel: bool = False, fuse_rope_cache: bool = True,
                  prefill_attention: str = "auto", pdl_swiglu: bool = True, fuse_residual: bool = True,
-                 heap_residual: bool = True, fold_norms: bool = True, weight_first: bool = False):
+                 heap_residual: bool = True, fold_norms: bool = True, weight_first: Optional[bool] = None):
         if tp_size is None:
             tp_size = getattr(ctx, "world", None) or _dist_world(group)[1]
         super().__init__(tp_size, group)
@@ -465,7 +467,8 @@ class NumaschedBackend(Backend):
         self.fuse_residual = _flag("fuse_residual", fuse_residual)
         self.heap_residual = _flag("heap_residual", heap_residual)
         self.fold_norms = _flag("fold_norms", fold_norms)
-        self.weight_first = _flag("weight_first", weight_first)
+        # None: where it gained (TP > 1: behind the all-reduce + norm's NVLink round trip)
+        self.weight_first = self.tp_size > 1 if weight_first is None else _flag("weight_first", weight_first)
         self._wf_plans: dict = {}   # weight-first plans (or False: not taken) per operand signature
         self._stream = None   # the residual stream's heap buffer (residual_stream)
         self._stream_fuses: dict = {}   # residual_stream's verdict per row count and shapes
