@@ -9,8 +9,10 @@ launch with ``pdl=1`` streams weights while the kernel before it (an all-reduce 
 w must not be written by any kernel that may still be running then (numasched's kernels let their
 successor launch before their own wait, so that is any kernel of the chain before). A plan's
 workspace and counters serve one stream at a time.
-Not wired into numasched.matmul: an experiment until scripts/weight_first_probe.py has timed it
-in a chain (the fifty-fourth session's results, "Next GPU session").
+Not in numasched.matmul. Alone it was 0-10 % slower than the split-K pick at 19-21 of the 22
+M <= 16 decode shapes on an H200. Behind a latency-bound kernel it gains: 1.6-6.1 us a GEMM after
+a 7 us spin (scripts/weight_first_probe.py). NumaschedBackend takes it at TP > 1, where the step
+was 0.7-3.6 % shorter (bench/results/README.md, fifty-fifth session).
 
 The config (:func:`config`): 64-row bands of W, BLOCK_K 128, BLOCK_T the smallest of 16 / 32 / 64
 holding M, as many ring stages as fit ``smem`` bytes (at most MAX_STAGES), and split-K
