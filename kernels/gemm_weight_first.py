@@ -24,7 +24,8 @@ so they cannot straddle the wait; here the loads are explicit:
    the counter for the next launch and for CUDA-graph replays. Nothing waits on another program.
 
 One warpgroup (4 warps) a program; shared memory holds STAGES x (64 or 128 rows + BLOCK_T) x
-BLOCK_K. ``WEIGHTS_FIRST=False`` issues the weight boxes after the wait too (an A/B of step 2).
+BLOCK_K. ``EARLY`` counts the ring stages whose weight boxes go before the wait (step 2): all of
+them by default, 0 for the A/B of the order, fewer to leave the memory bus to the kernel before.
 Gluon has no interpreter: the CPU suite compiles this kernel for sm_90 offline
 (tests/test_gemm_weight_first.py); correctness and speed come from its GPU tests and
 ``scripts/weight_first_probe.py``. Host side: numasched/gemm_weight_first.py.
@@ -78,18 +79,19 @@ if HAVE_GLUON:
     @gluon.jit
     def weight_first_kernel(w_desc, x_desc, y, ws, counters, M, N, K, stride_ym, stride_yn, k_per_split,
                             SPLITS: gl.constexpr, STAGES: gl.constexpr, GLU: gl.constexpr = False,
-                            PDL: gl.constexpr = 0, WEIGHTS_FIRST: gl.constexpr = True):
+                            PDL: gl.constexpr = 0, EARLY: gl.constexpr = 0):
         """y[:M, :N] = x[:M] @ W[:N].T (GLU: silu(x @ W[:N].T) * (x @ W[N:2N].T)). w_desc: W (N or
         2N, K) in (64, BLOCK_K) boxes; x_desc: x (M, K) in (BLOCK_T, BLOCK_K) boxes; y: (M, N) any
         strides; ws: fp32, SPLITS > 1: (units, GLU + 1, 64, BLOCK_T); counters: int32, one per band
         (zero before the first launch; each launch leaves them zero). Grid: bands x SPLITS units;
         k_per_split: a multiple of BLOCK_K. PDL: 0 none, 1 let the next kernel launch, then wait,
-        3 wait, and let it launch after the K loop."""
+        3 wait, and let it launch after the K loop. EARLY: at most STAGES."""
         BAND: gl.constexpr = w_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = w_desc.block_type.shape[1]
         BLOCK_T: gl.constexpr = x_desc.block_type.shape[0]
         gl.static_assert(BAND == 64, "the weight's boxes are 64 rows (one warpgroup's wgmma)")
         gl.static_assert(x_desc.block_type.shape[1] == BLOCK_K, "x's boxes are BLOCK_K wide")
+        gl.static_assert(EARLY <= STAGES, "EARLY counts ring stages")
         NW: gl.constexpr = 2 if GLU else 1
         NBYTES: gl.constexpr = NW * w_desc.block_type.nbytes + x_desc.block_type.nbytes
         pid = gl.program_id(0)
@@ -104,17 +106,17 @@ if HAVE_GLUON:
         for i in gl.static_range(STAGES):
             mbarrier.init(bars.index(i), count=1)
 
-        # 2. the first stages' weight boxes before the wait (no earlier kernel writes W)
-        if WEIGHTS_FIRST:
-            for i in gl.static_range(STAGES):
-                if i < n_iter:
-                    mbarrier.expect(bars.index(i), NBYTES)
-                    _load_w(w_desc, n0, N, k0 + i * BLOCK_K, bars.index(i), w_bufs.index(i), GLU)
-        # 3. the previous kernel wrote x: wait for it, then x's boxes of the same stages
+        # 2. the first EARLY stages' weight boxes before the wait (no earlier kernel writes W)
+        for i in gl.static_range(EARLY):
+            if i < n_iter:
+                mbarrier.expect(bars.index(i), NBYTES)
+                _load_w(w_desc, n0, N, k0 + i * BLOCK_K, bars.index(i), w_bufs.index(i), GLU)
+        # 3. the previous kernel wrote x: wait for it, then x's boxes of the ring's stages (and
+        # the weight boxes of the stages past EARLY)
         _pdl(PDL == 1, PDL != 0)
         for i in gl.static_range(STAGES):
             if i < n_iter:
-                if not WEIGHTS_FIRST:
+                if i >= EARLY:
                     mbarrier.expect(bars.index(i), NBYTES)
                     _load_w(w_desc, n0, N, k0 + i * BLOCK_K, bars.index(i), w_bufs.index(i), GLU)
                 tma.async_copy_global_to_shared(x_desc, [0, k0 + i * BLOCK_K], bars.index(i), x_bufs.index(i))

@@ -27,7 +27,7 @@ import torch
 
 from numasched.kernels.gemm_weight_first import BAND   # rows of W a unit computes (no Gluon needed)
 
-__all__ = ["WfConfig", "config", "check", "WeightFirstPlan"]
+__all__ = ["WfConfig", "config", "early_stages", "check", "WeightFirstPlan"]
 
 BLOCK_K = 128
 MAX_ROWS = 64        # wgmma's N: x's rows in one box of 16, 32 or 64
@@ -77,6 +77,16 @@ def config(M: int, N: int, K: int, *, glu: bool = False, sms: int = 132, elt: in
     return WfConfig(block_t=block_t, stages=stages, splits=splits, k_per_split=kps, bands=bands)
 
 
+def early_stages(early: Optional[int], stages: int) -> int:
+    """The ring stages whose weight boxes go before the PDL wait: at most ``early`` (0: none, the
+    A/B of the order), every stage where it is None."""
+    if early is None:
+        return stages
+    if isinstance(early, bool) or not isinstance(early, int) or early < 0:
+        raise ValueError(f"early must be None or an int >= 0 (ring stages), got {early!r}")
+    return min(early, stages)
+
+
 def check(x: torch.Tensor, w: torch.Tensor, out: Optional[torch.Tensor] = None, glu: bool = False) -> None:
     """Raise naming the argument where the kernel cannot take the operands."""
     from numasched import caps
@@ -121,18 +131,17 @@ class WeightFirstPlan:
     once); ``run`` makes the descriptors of the tensors it is given and launches."""
 
     def __init__(self, x: torch.Tensor, w: torch.Tensor, *, glu: bool = False, pdl: int = 0, stages=None,
-                 splits=None, weights_first: bool = True):
+                 splits=None, early: Optional[int] = None):
         check(x, w, glu=glu)
         if pdl not in PDL_MODES or isinstance(pdl, bool):
             raise ValueError(f"pdl must be one of {PDL_MODES} (none, trigger then wait, wait and trigger late), "
                              f"got {pdl!r}")
-        if not isinstance(weights_first, bool):
-            raise TypeError(f"weights_first must be a bool, got {type(weights_first).__name__}")
         M, K = x.shape
-        self.glu, self.pdl, self.weights_first = glu, pdl, weights_first
+        self.glu, self.pdl = glu, pdl
         self.N = w.shape[0] // 2 if glu else w.shape[0]
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count
         self.cfg = c = config(M, self.N, K, glu=glu, sms=sms, elt=x.element_size(), stages=stages, splits=splits)
+        self.early = early_stages(early, c.stages)
         self.ws = torch.empty(c.units * (2 if glu else 1) * BAND * c.block_t if c.splits > 1 else 1,
                               device=x.device, dtype=torch.float32)
         self.counters = torch.zeros(c.bands, device=x.device, dtype=torch.int32)
@@ -157,7 +166,7 @@ class WeightFirstPlan:
         x_desc = host_descriptor(x, x.shape, x.stride(), [c.block_t, BLOCK_K])
         weight_first_kernel[(c.units,)](w_desc, x_desc, y, self.ws, self.counters, M, self.N, K, y.stride(0),
                                         y.stride(1), c.k_per_split, SPLITS=c.splits, STAGES=c.stages, GLU=self.glu,
-                                        PDL=self.pdl, WEIGHTS_FIRST=self.weights_first, num_warps=4,
+                                        PDL=self.pdl, EARLY=self.early, num_warps=4,
                                         launch_pdl=self.pdl != 0)
         return y
 

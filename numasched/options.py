@@ -25,6 +25,7 @@ numasched is imported (they are not read per call):
     NUMASCHED_PDL_TRIGGER       pdl_trigger ("early", "late" or "none"; 1 / 0 mean early / none)
     NUMASCHED_PDL_PREFETCH=1    pdl_prefetch -> True
     NUMASCHED_DECODE_PREFETCH=N decode_prefetch -> N (0: off)
+    NUMASCHED_WEIGHT_FIRST_EARLY=N weight_first_early -> N (unset: every ring stage)
     NUMASCHED_DECODE_TMA=0/1    decode_tma -> False / True
     NUMASCHED_ARN_LL=0/1        arn_exchange -> "flag" / "ll"
     NUMASCHED_ARN_ONE_ROW=0     arn_one_row -> False
@@ -148,6 +149,11 @@ class Options:
             (bench/results/decode-s21-tma/, decode-s21-prefetch/), and after the bench's read
             flush 1.1-1.6 us at 128 programs on an H200 (decode-s53/pf/): hence only on request.
             The count is rounded up to a power of two and to one token per thread.
+        weight_first_early: the weight-first GEMM's ring stages (numasched.gemm_weight_first) whose
+            weight boxes numasched's decoder issues before the PDL wait; None (default): all of
+            them. Fewer leave more of the memory bus to the all-reduce + norm before the GEMM,
+            whose owned time rose 0.51 -> 0.65 ms a step under the full stream on two H200s (TP 2,
+            16 x 32k; bench/results/README.md, fifty-fifth session). An A/B knob, not yet timed.
         decode_tma: flash_decode loads the whole K/V tiles of a contiguous cache by TMA (bulk
             tensor copies into shared memory; NVIDIA sm_90+, 16-byte aligned rows, the model's or
             a given kernel config) instead of per-thread async copies; the last, partial tile of a
@@ -255,6 +261,7 @@ class Options:
     pdl_trigger: str = "late"
     pdl_prefetch: bool = False
     decode_prefetch: int = 128
+    weight_first_early: Optional[int] = None
     decode_tma: bool = False
     arn_one_row: bool = True
     arn_exchange: str = "auto"
@@ -290,6 +297,10 @@ class Options:
                 or not 0 <= self.decode_prefetch <= 4096:
             raise ValueError(f"Options.decode_prefetch must be an int of tokens in [0, 4096], "
                              f"got {self.decode_prefetch!r}")
+        if self.weight_first_early is not None and (isinstance(self.weight_first_early, bool) or not isinstance(
+                self.weight_first_early, int) or self.weight_first_early < 0):
+            raise ValueError(f"Options.weight_first_early must be None or an int >= 0 (ring stages), "
+                             f"got {self.weight_first_early!r}")
         if self.fused_ar_stages is not None and (isinstance(self.fused_ar_stages, bool) or self.fused_ar_stages
                                                  not in (2, 3, 4)):
             raise ValueError(f"Options.fused_ar_stages must be 2, 3, 4 or None, got {self.fused_ar_stages!r}")
@@ -363,6 +374,9 @@ def from_env(environ=None) -> Options:
     pre = env.get("NUMASCHED_DECODE_PREFETCH", "").strip()
     if pre and not pre.isdigit():
         raise ValueError(f"NUMASCHED_DECODE_PREFETCH must be a number of tokens (0: off), got {pre!r}")
+    early = env.get("NUMASCHED_WEIGHT_FIRST_EARLY", "").strip()
+    if early and not early.isdigit():
+        raise ValueError(f"NUMASCHED_WEIGHT_FIRST_EARLY must be a number of ring stages, got {early!r}")
     tri = {}
     for name in ("NUMASCHED_FUSED_FLAT", "NUMASCHED_GLU_PERSISTENT", "NUMASCHED_FUSED_TMA_PUSH", "NUMASCHED_GLU_WS",
                  "NUMASCHED_FUSED_WS", "NUMASCHED_GEMM_ALIGN_A", "NUMASCHED_GLU_FUSED", "NUMASCHED_GEMM_PAD_K"):
@@ -394,6 +408,7 @@ def from_env(environ=None) -> Options:
                    pdl_trigger=_trigger(env.get("NUMASCHED_PDL_TRIGGER", "late")),
                    pdl_prefetch=flag("NUMASCHED_PDL_PREFETCH", False),
                    decode_prefetch=int(pre) if pre else Options.decode_prefetch,
+                   weight_first_early=int(early) if early else None,
                    decode_tma=flag("NUMASCHED_DECODE_TMA", Options.decode_tma),
                    arn_one_row=flag("NUMASCHED_ARN_ONE_ROW", True),
                    arn_exchange=exchange,

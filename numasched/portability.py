@@ -481,7 +481,7 @@ def _gemm_ws(block_n: int = 256, stages: int = 3, b_kmajor: bool = True, glu: bo
     return build
 
 
-def _weight_first(rows: int = 16, glu: bool = False, splits: int = 2, pdl: int = 1, weights_first: bool = True):
+def _weight_first(rows: int = 16, glu: bool = False, splits: int = 2, pdl: int = 1, early=None):
     def build(vendor):
         from numasched.gemm_weight_first import BAND, BLOCK_K, config
         from numasched.gemm_ws import descriptor_type
@@ -492,7 +492,7 @@ def _weight_first(rows: int = 16, glu: bool = False, splits: int = 2, pdl: int =
                       x_desc=descriptor_type("bf16", [cfg.block_t, BLOCK_K]), y="*bf16", ws="*fp32",
                       counters="*i32", M=rows, N=4096, K=4096, stride_ym=4096, stride_yn=1,
                       k_per_split=cfg.k_per_split, SPLITS=cfg.splits, STAGES=cfg.stages, GLU=glu, PDL=pdl,
-                      WEIGHTS_FIRST=weights_first)
+                      EARLY=cfg.stages if early is None else early)
         return weight_first_kernel, values, 4, 1
     return build
 
@@ -818,8 +818,10 @@ VARIANTS: List[Variant] = [
             note="its SwiGLU form (gate and up bands in a slot, silu(gate) * up), unsplit"),
     Variant("gemm_weight_first", "bf16-64-split3-late", _weight_first(rows=64, splits=3, pdl=3),
             off={"amd": _GLUON_OFF}, note="64 rows of x, three K parts, the next kernel let go after the K loop"),
-    Variant("gemm_weight_first", "bf16-16-split2-after", _weight_first(weights_first=False), off={"amd": _GLUON_OFF},
+    Variant("gemm_weight_first", "bf16-16-split2-after", _weight_first(early=0), off={"amd": _GLUON_OFF},
             note="the A/B form: every box after the PDL wait"),
+    Variant("gemm_weight_first", "bf16-16-split2-early2", _weight_first(early=2), off={"amd": _GLUON_OFF},
+            note="two ring stages' weight boxes before the PDL wait, the rest after"),
     Variant("gemm_ws", "bf16-128x256-s3", _gemm_ws(), off={"amd": _GLUON_OFF},
             note="warp-specialised (Gluon): a loader warp, two consumer warpgroups, maxnreg 168"),
     Variant("gemm_ws", "bf16-128x128-s5-b-rowmajor", _gemm_ws(128, 5, b_kmajor=False), off={"amd": _GLUON_OFF},

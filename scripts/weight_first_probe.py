@@ -12,7 +12,10 @@ the GEMM, PDL-launched:
 * ``numasched``: numasched.matmul / matmul_swiglu (the Triton split-K kernel: its loads after the wait);
 * ``weight-first``: kernels/gemm_weight_first.py, its first ring stages' weight boxes before the
   wait (``pdl=1``);
-* ``weight-first, after``: the same kernel with every box after the wait (the A/B of the order).
+* ``weight-first, after``: the same kernel with every box after the wait (the A/B of the order);
+* ``weight-first, early 2``: two ring stages' weight boxes before the wait, the rest after (less
+  of the memory bus taken while the kernel before runs; the spin does not feel it, an all-reduce
+  + norm may).
 
 A chain of ``--layers`` (spin, GEMM) pairs with a distinct weight each (none left in L2 by the
 pair before), in one CUDA graph: us per pair, and each GEMM alone (a chain of GEMMs) and the spin
@@ -52,7 +55,8 @@ def run(M, N, K, glu, layers, spin_us, spin_programs=16):
     outs = [torch.empty(M, N, device=dev, dtype=dt) for _ in range(layers)]
     flag = torch.zeros(spin_programs, device=dev, dtype=torch.int32)
     plans = {"weight-first": [WeightFirstPlan(x, w, glu=glu, pdl=1) for w in ws],
-             "weight-first, after": [WeightFirstPlan(x, w, glu=glu, pdl=1, weights_first=False) for w in ws]}
+             "weight-first, after": [WeightFirstPlan(x, w, glu=glu, pdl=1, early=0) for w in ws],
+             "weight-first, early 2": [WeightFirstPlan(x, w, glu=glu, pdl=1, early=2) for w in ws]}
 
     def gemm(form, i):
         if form == "numasched":

@@ -23,7 +23,8 @@ _COMPILE = r"""
 import json
 from numasched import portability as P
 rows = {}
-for v in ("bf16-16-split2-pdl", "bf16-16-glu-pdl", "bf16-64-split3-late", "bf16-16-split2-after"):
+for v in ("bf16-16-split2-pdl", "bf16-16-glu-pdl", "bf16-64-split3-late", "bf16-16-split2-after",
+          "bf16-16-split2-early2"):
     r = P.compile_variant("gemm_weight_first", v, "sm90", keep_asm=True)
     r["ptx"] = "\n".join(" ".join(l.split()) for l in r.pop("asm", {}).get("ptx", "").splitlines())
     rows[v] = r
@@ -57,8 +58,9 @@ def test_compiles_for_hopper_with_wgmma_and_no_spills(compiled):
 
 
 def test_weight_boxes_come_before_the_pdl_wait_and_x_after(compiled):
-    """The point of the kernel: with WEIGHTS_FIRST every prologue weight box is issued before
-    griddepcontrol.wait and only x's boxes after it; the A/B form issues all of them after."""
+    """The point of the kernel: by default every prologue weight box is issued before
+    griddepcontrol.wait and only x's boxes after it; the A/B form (EARLY 0) issues all of them
+    after, EARLY 2 the first two stages' before and the rest after."""
     for name in ("bf16-16-split2-pdl", "bf16-16-glu-pdl", "bf16-64-split3-late"):
         ptx = compiled[name]["ptx"]
         stages = config(64 if "64-" in name else 16, 4096, 4096, glu="glu" in name).stages
@@ -68,6 +70,8 @@ def test_weight_boxes_come_before_the_pdl_wait_and_x_after(compiled):
         assert after == stages + nw + 1, (name, after)   # x's boxes of those stages, then the loop's refill
     before, after = _loads_around_wait(compiled["bf16-16-split2-after"]["ptx"])
     assert before == 0 and after == 2 * config(16, 4096, 4096).stages + 2
+    before, after = _loads_around_wait(compiled["bf16-16-split2-early2"]["ptx"])
+    assert before == 2 and after == 2 * config(16, 4096, 4096).stages - 2 + 2
     # PDL 1 lets the next kernel launch before the wait; 3 after the wait, once (not in the K loop:
     # the PTX's block order puts the loop anywhere, so the count stands for its place)
     ptx = compiled["bf16-16-split2-pdl"]["ptx"].splitlines()
@@ -129,6 +133,16 @@ def test_config_units_cover_every_k_step_once(M, N, K, glu, sms, splits):
         assert c.splits <= splits
     stage = ((2 if glu else 1) * BAND + c.block_t) * BLOCK_K * 2
     assert c.stages * stage <= SMEM
+
+
+def test_early_stages():
+    from numasched.gemm_weight_first import early_stages
+
+    assert early_stages(None, 10) == 10 and early_stages(0, 10) == 0 and early_stages(3, 10) == 3
+    assert early_stages(64, 10) == 10   # at most the ring's stages
+    for bad in (-1, True, 2.0):
+        with pytest.raises(ValueError, match="early must be"):
+            early_stages(bad, 10)
 
 
 def test_check_names_the_argument():
@@ -207,8 +221,8 @@ def _late_writer(src, dst, n, spin_ns, BLOCK: tl.constexpr):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("pdl,weights_first", [(1, True), (3, True), (1, False)])
-def test_pdl_chain_in_a_graph_reads_the_previous_kernels_x(pdl, weights_first):
+@pytest.mark.parametrize("pdl,early", [(1, None), (3, None), (1, 0), (1, 2)])
+def test_pdl_chain_in_a_graph_reads_the_previous_kernels_x(pdl, early):
     """Launched with PDL behind a kernel that lets it start at once and writes x 20 us later, in
     a CUDA graph replayed with new x each time: the weights may come early, x must be the new one."""
     from numasched.gemm_weight_first import WeightFirstPlan
@@ -217,7 +231,7 @@ def test_pdl_chain_in_a_graph_reads_the_previous_kernels_x(pdl, weights_first):
     src = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
     x = torch.empty_like(src)
     w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K ** 0.5
-    plan = WeightFirstPlan(src, w, pdl=pdl, weights_first=weights_first)
+    plan = WeightFirstPlan(src, w, pdl=pdl, early=early)
     out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
 
     def step():
@@ -236,3 +250,16 @@ def test_pdl_chain_in_a_graph_reads_the_previous_kernels_x(pdl, weights_first):
         torch.cuda.synchronize()
         ref = _ref(src, w, False)
         assert ((out.double() - ref).abs().max() / ref.abs().max()).item() < 1e-2
+
+
+def test_early_option_from_the_environment():
+    """options.weight_first_early: None (every stage) unless NUMASCHED_WEIGHT_FIRST_EARLY gives a
+    count; a bad value names the variable or the field."""
+    from numasched import options
+
+    assert options.from_env({}).weight_first_early is None
+    assert options.from_env({"NUMASCHED_WEIGHT_FIRST_EARLY": "2"}).weight_first_early == 2
+    with pytest.raises(ValueError, match="NUMASCHED_WEIGHT_FIRST_EARLY"):
+        options.from_env({"NUMASCHED_WEIGHT_FIRST_EARLY": "all"})
+    with pytest.raises(ValueError, match="weight_first_early"):
+        options.Options(weight_first_early=-1)
