@@ -584,8 +584,12 @@ class DecodePlan(Plan):
         block_g, R = K.row_tiling(Sq, G)
         self.row_groups = R
         streams = stream_scale(dev)
+        # options.decode_prefetch_wide: the prefetch up to PAGED_PROGRAMS_PER_SM programs an SM, so
+        # the split rule's two-an-SM fill applies to the decoder's calls too
+        wide_prefetch = prefetch and options.decode_prefetch_wide
         S = int(num_splits) if num_splits is not None else choose_num_splits(
-            B, HK * R, shape.capacity, caps.num_sms(dev), shape.page_size > 0, streams, prefetch=prefetch)
+            B, HK * R, shape.capacity, caps.num_sms(dev), shape.page_size > 0, streams,
+            prefetch=prefetch and not wide_prefetch)
         grid_w = M.DecodeGrid(B, HK * R, S)  # checks the program count fits int32
         self.policy = M.resolve(mapping, "decode", self.topology, grid_w)
         self.num_splits = S
@@ -633,7 +637,8 @@ class DecodePlan(Plan):
         sigs = (self.tensors["k_cache"], self.tensors["v_cache"])
         tokens = max(32 * fixed["num_warps"], _next_pow2(options.decode_prefetch)) if options.decode_prefetch else 0
         if (tokens and prefetch and mode == "kernel" and Sq == 1 and R == 1 and B >= PREFETCH_MIN_BATCH
-                and B * HK * S <= caps.num_sms(dev) and -(-shape.capacity // S) >= PREFETCH_CHUNK_RATIO * tokens
+                and B * HK * S <= (PAGED_PROGRAMS_PER_SM if wide_prefetch else 1) * caps.num_sms(dev)
+                and -(-shape.capacity // S) >= PREFETCH_CHUNK_RATIO * tokens
                 and caps.pdl_supported(dev) and options.pdl and (D * elt) % 16 == 0
                 and all(sig.aligned and all((st * elt) % 16 == 0 for st in sig.stride[:-1]) for sig in sigs)):
             self.prefetch_tokens = tokens

@@ -26,6 +26,7 @@ numasched is imported (they are not read per call):
     NUMASCHED_PDL_PREFETCH=1    pdl_prefetch -> True
     NUMASCHED_DECODE_PREFETCH=N decode_prefetch -> N (0: off)
     NUMASCHED_WEIGHT_FIRST_EARLY=N weight_first_early -> N (unset: every ring stage)
+    NUMASCHED_DECODE_PREFETCH_WIDE=1 decode_prefetch_wide -> True
     NUMASCHED_DECODE_TMA=0/1    decode_tma -> False / True
     NUMASCHED_ARN_LL=0/1        arn_exchange -> "flag" / "ll"
     NUMASCHED_ARN_ONE_ROW=0     arn_one_row -> False
@@ -149,6 +150,11 @@ class Options:
             (bench/results/decode-s21-tma/, decode-s21-prefetch/), and after the bench's read
             flush 1.1-1.6 us at 128 programs on an H200 (decode-s53/pf/): hence only on request.
             The count is rounded up to a power of two and to one token per thread.
+        decode_prefetch_wide: the decode prefetch (``decode_prefetch``) also where the grid has up to
+            two programs an SM (numasched.decode.PAGED_PROGRAMS_PER_SM), and the split rule's
+            two-an-SM fill for the decoder's calls (64 paged pairs on an H200: four splits, 1-2 %
+            faster alone, 3 % slower in the TP 2 step without the prefetch; bench/results/README.md,
+            fifty-fifth session). Off: an A/B knob, not yet timed.
         weight_first_early: the weight-first GEMM's ring stages (numasched.gemm_weight_first) whose
             weight boxes numasched's decoder issues before the PDL wait; None (default): all of
             them. Fewer leave more of the memory bus to the all-reduce + norm before the GEMM,
@@ -262,6 +268,7 @@ class Options:
     pdl_prefetch: bool = False
     decode_prefetch: int = 128
     weight_first_early: Optional[int] = None
+    decode_prefetch_wide: bool = False
     decode_tma: bool = False
     arn_one_row: bool = True
     arn_exchange: str = "auto"
@@ -285,7 +292,7 @@ class Options:
     def __post_init__(self):
         for f in ("autotune", "check_data", "gemm_flatten", "gemm_splitk_tma", "gemm_streamk_k_aligned",
                   "gemm_tail_split", "gemm_ws", "pdl", "pdl_prefetch", "arn_one_row", "decode_tma",
-                  "gemm_ws_last_box", "gemm_ws_dead_half", "gemm_ws_swap", "fused_rs_early"):
+                  "gemm_ws_last_box", "gemm_ws_dead_half", "gemm_ws_swap", "fused_rs_early", "decode_prefetch_wide"):
             if not isinstance(getattr(self, f), bool):
                 raise TypeError(f"Options.{f} must be a bool, got {getattr(self, f)!r}")
         if isinstance(self.pdl_trigger, bool):  # the former bool form
@@ -409,6 +416,7 @@ def from_env(environ=None) -> Options:
                    pdl_prefetch=flag("NUMASCHED_PDL_PREFETCH", False),
                    decode_prefetch=int(pre) if pre else Options.decode_prefetch,
                    weight_first_early=int(early) if early else None,
+                   decode_prefetch_wide=flag("NUMASCHED_DECODE_PREFETCH_WIDE", Options.decode_prefetch_wide),
                    decode_tma=flag("NUMASCHED_DECODE_TMA", Options.decode_tma),
                    arn_one_row=flag("NUMASCHED_ARN_ONE_ROW", True),
                    arn_exchange=exchange,

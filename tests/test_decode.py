@@ -1195,3 +1195,26 @@ def test_gpu_decode_tma(dtype, Dh, B, L, poisoned):
             with options.use(decode_tma=False):
                 want = numasched.flash_decode(q, k, v, cache_seqlens=lens)
             torch.testing.assert_close(got, want, rtol=TOL[dtype] / 4, atol=TOL[dtype] / 4)
+
+
+def test_decoder_calls_take_the_two_an_sm_fill_only_with_the_wide_prefetch(monkeypatch):
+    """A decoder call (prefetch=True) of 64 paged pairs on an H200-like GPU keeps two splits, so
+    its K/V prefetch (one program an SM) applies; with options.decode_prefetch_wide it takes the
+    fill rule's four, as a call without prefetch does."""
+    from numasched import caps, options
+
+    monkeypatch.setattr(D, "stream_scale", lambda dev: 1.2)
+    monkeypatch.setattr(caps, "num_sms", lambda dev=None: 132)
+    B, HK, G, D_, page, pages = 16, 4, 4, 64, 16, 2048 // 16
+    q = torch.randn(B, HK * G, D_)
+    kc = torch.randn(B * pages, page, HK, D_)
+    table = torch.arange(B * pages, dtype=torch.int32).reshape(B, pages)
+    lens = torch.full((B,), 2048, dtype=torch.int32)
+
+    def splits(prefetch):
+        return D.plan_decode(q, kc, kc, cache_seqlens=lens, block_table=table, prefetch=prefetch).num_splits
+
+    assert splits(False) == 4 and splits(True) == 2
+    with options.use(decode_prefetch_wide=True):
+        assert splits(True) == 4
+    assert options.from_env({"NUMASCHED_DECODE_PREFETCH_WIDE": "1"}).decode_prefetch_wide
