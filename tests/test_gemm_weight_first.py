@@ -206,6 +206,37 @@ def test_matches_float64(M, N, K, glu, splits, dtype):
     assert int(plan.counters.abs().sum()) == 0
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")
+def test_thin_launch_follows_each_calls_pointers_strides_and_specialisation():
+    """run's thin launch: Gluon's path on a specialisation's first call, then the C launcher with
+    an argument list cached per (pointers, strides). Outputs of two specialisations (row stride a
+    multiple of 16 and not), new x tensors and w views of another row stride, each call checked
+    against float64 with its output poisoned, several rounds (cached argument lists reused)."""
+    from numasched.gemm_weight_first import WeightFirstPlan
+
+    M, N, K = 5, 200, 1000
+    torch.manual_seed(3)
+    w_big = torch.randn(N, K + 24, device="cuda", dtype=torch.bfloat16) / K ** 0.5
+    ws = (w_big[:, :K].contiguous(), w_big[:, :K])   # row strides K and K + 24
+    x0 = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    plan = WeightFirstPlan(x0, ws[0], pdl=1)
+    outs = (torch.empty(M, N, device="cuda", dtype=torch.bfloat16),              # row stride 200
+            torch.empty(M, 2 * N, device="cuda", dtype=torch.bfloat16)[:, :N])   # row stride 400
+    xs = [torch.randn(M, K, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+    for _ in range(3):
+        for x in xs:
+            for w in ws:
+                for out in outs:
+                    out.fill_(float("nan"))
+                    plan.run(x, w, out)
+                    torch.cuda.synchronize()
+                    ref = _ref(x, w, False)
+                    assert ((out.double() - ref).abs().max() / ref.abs().max()).item() < 1e-2
+    assert len(plan._launches) == 2 and int(plan.counters.abs().sum()) == 0
+    assert 0 < len(plan._fulls) <= 3 * 2 * 2
+
+
 @triton.jit
 def _late_writer(src, dst, n, spin_ns, BLOCK: tl.constexpr):
     """Lets the next kernel launch at once (PDL), waits ``spin_ns``, then writes dst from src: a
