@@ -167,8 +167,10 @@ class WeightFirstPlan:
         # the thin launch (numasched._launch): Gluon's Python path on a signature's first call, then
         # the C launcher, with the argument list of these pointers and strides made once. A
         # signature is what Triton specialises the kernel on that may change from call to call:
-        # y's strides (1, a multiple of 16) and alignment (the descriptors specialise on nothing)
-        sig = (sy0 == 1, sy0 % 16 == 0, sy1 == 1, sy1 % 16 == 0, y.data_ptr() % 16 == 0)
+        # y's strides (1, a multiple of 16) and alignment (the descriptors specialise on nothing);
+        # and x's and w's row strides, since a Launch caches each descriptor's tensor map by its
+        # base pointer alone
+        sig = (sy0 == 1, sy0 % 16 == 0, sy1 == 1, sy1 % 16 == 0, y.data_ptr() % 16 == 0, x.stride(0), w.stride(0))
         run = self._launches.get(sig)
         if run is None:
             run = self._launches[sig] = self._launch(x.device)

@@ -209,9 +209,10 @@ def test_matches_float64(M, N, K, glu, splits, dtype):
 @pytest.mark.gpu
 @pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")
 def test_thin_launch_follows_each_calls_pointers_strides_and_specialisation():
-    """run's thin launch: Gluon's path on a specialisation's first call, then the C launcher with
-    an argument list cached per (pointers, strides). Outputs of two specialisations (row stride a
-    multiple of 16 and not), new x tensors and w views of another row stride, each call checked
+    """run's thin launch: Gluon's path on a signature's first call, then the C launcher with an
+    argument list cached per (pointers, strides). Outputs of two specialisations (row stride a
+    multiple of 16 and not), new x tensors and w views of another row stride (a signature each:
+    tensor maps are cached by base pointer), each call checked
     against float64 with its output poisoned, several rounds (cached argument lists reused)."""
     from numasched.gemm_weight_first import WeightFirstPlan
 
@@ -233,7 +234,7 @@ def test_thin_launch_follows_each_calls_pointers_strides_and_specialisation():
                     torch.cuda.synchronize()
                     ref = _ref(x, w, False)
                     assert ((out.double() - ref).abs().max() / ref.abs().max()).item() < 1e-2
-    assert len(plan._launches) == 2 and int(plan.counters.abs().sum()) == 0
+    assert len(plan._launches) == 2 * 2 and int(plan.counters.abs().sum()) == 0   # y's and w's strides
     assert 0 < len(plan._fulls) <= 3 * 2 * 2
 
 
