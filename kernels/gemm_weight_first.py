@@ -24,8 +24,9 @@ so they cannot straddle the wait; here the loads are explicit:
    the counter for the next launch and for CUDA-graph replays. Nothing waits on another program.
 
 One warpgroup (4 warps) a program; shared memory holds STAGES x (64 or 128 rows + BLOCK_T) x
-BLOCK_K. ``EARLY`` counts the ring stages whose weight boxes go before the wait (step 2): all of
-them by default, 0 for the A/B of the order, fewer to leave the memory bus to the kernel before.
+BLOCK_K. ``EARLY`` counts the ring stages whose weight boxes go before the wait (step 2): the host
+plan's default is all of them (the kernel's own, 0, is the A/B of the order); fewer leave more of
+the memory bus to the kernel before.
 Gluon has no interpreter: the CPU suite compiles this kernel for sm_90 offline
 (tests/test_gemm_weight_first.py); correctness and speed come from its GPU tests and
 ``scripts/weight_first_probe.py``. Host side: numasched/gemm_weight_first.py.

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
+import torch
 import triton
 from triton import knobs
 
@@ -154,6 +155,16 @@ class Launch:
         k = self.compiled
         self.raw(g[0], g[1], g[2], _raw_stream(self.device_index), k.function, self.coop, self.pdl, None, None,
                  k.packed_metadata, None, None, None, *full)
+
+    def keep_full(self, fulls: dict, key, args, limit: int = 64) -> None:
+        """Cache ``args``' complete argument list in ``fulls`` under ``key`` (a caller's pointers
+        and strides) for :meth:`call_full`, where it holds no tensor (pointers as ints,
+        descriptors expanded); at most ``limit`` lists, the oldest dropped first."""
+        full = self.full_args(args)
+        if not any(isinstance(x, torch.Tensor) for x in full):
+            if len(fulls) >= limit:
+                fulls.pop(next(iter(fulls)))
+            fulls[key] = full
 
     def full_args(self, args) -> tuple:
         """``args`` completed for :meth:`call_full` (a caller may cache the result when every

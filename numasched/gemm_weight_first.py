@@ -188,11 +188,7 @@ class WeightFirstPlan:
                 self.counters.data_ptr() if thin else self.counters, M, self.N, K, sy0, sy1, c.k_per_split)
         run(*args)
         if thin and not hooked():
-            full = run.full_args(args)
-            if not any(isinstance(v, torch.Tensor) for v in full):   # pointers only: it holds no tensor
-                if len(self._fulls) >= 64:
-                    self._fulls.pop(next(iter(self._fulls)))
-                self._fulls[fkey] = full
+            run.keep_full(self._fulls, fkey, args)
         return y
 
     def _launch(self, device):

@@ -498,11 +498,7 @@ class WsGemmPlan:
                 *((t.data_ptr() if fkey is not None else t) for t in epi[:2]), *epi[2:], *r_ds)
         run(*args)
         if fkey is not None and desc is HostDesc:
-            full = run.full_args(args)
-            if not any(isinstance(x, torch.Tensor) for x in full):   # (pointers only: it holds no tensor)
-                if len(self._fulls) >= 64:
-                    self._fulls.pop(next(iter(self._fulls)))
-                self._fulls[fkey] = full
+            run.keep_full(self._fulls, fkey, args)
         return out
 
     def _descriptors(self, desc, a, b, out, cols: Optional[int] = None):

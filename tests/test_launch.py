@@ -377,3 +377,19 @@ def test_pdl_chain_in_a_cuda_graph_reads_each_predecessors_output(monkeypatch, p
             g.replay()
             torch.cuda.synchronize()
             torch.testing.assert_close(out.double().reshape(1, 2, 128), ref.reshape(1, 2, 128), rtol=2e-2, atol=2e-2)
+
+
+def test_keep_full_caches_pointer_only_argument_lists_first_in_first_out():
+    """Launch.keep_full: a complete argument list is kept under its key only when it holds no
+    tensor (a cached list must not keep a caller's tensor alive nor stand for another one's
+    pointer), at most ``limit`` lists, the oldest dropped first."""
+    from numasched._launch import Launch
+
+    run = Launch.__new__(Launch)
+    run.desc_pos, run.tail = (), (7,)
+    fulls = {}
+    run.keep_full(fulls, "t", (torch.zeros(1), 3))
+    assert fulls == {}
+    for i in range(4):
+        run.keep_full(fulls, i, (100 + i, 3), limit=3)
+    assert list(fulls) == [1, 2, 3] and fulls[3] == (103, 3, 7)
