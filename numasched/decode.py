@@ -430,8 +430,8 @@ def choose_num_splits(batch: int, kv_heads: int, max_seqlen: int, num_sms: int, 
     # the top as measured (below); not for a call that asks for the K/V prefetch (the decoder's),
     # which applies at one program an SM at most
     wide = stream_scale > 1.0 and max_seqlen >= PAGED_FILL_WIDE_MIN_TOKENS and not prefetch
-    top = PAGED_FILL_MAX_PAIRS_PER_SM * sms if wide else FLOOR_MIN_PAIRS_PER_SM * sms * (1 - 1e-9)
-    if paged and PAGED_FILL_MIN_PAIRS_PER_SM * sms <= items <= top:
+    below_top = items <= PAGED_FILL_MAX_PAIRS_PER_SM * sms if wide else items < FLOOR_MIN_PAIRS_PER_SM * sms
+    if paged and PAGED_FILL_MIN_PAIRS_PER_SM * sms <= items and below_top:
         fill = 1   # the most splits (a power of two) that keep PAGED_PROGRAMS_PER_SM programs per SM
         while 2 * fill <= s_max and items * 2 * fill <= PAGED_PROGRAMS_PER_SM * sms:
             fill *= 2
