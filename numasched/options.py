@@ -27,6 +27,7 @@ numasched is imported (they are not read per call):
     NUMASCHED_DECODE_PREFETCH=N decode_prefetch -> N (0: off)
     NUMASCHED_WEIGHT_FIRST_EARLY=N weight_first_early -> N (unset: every ring stage)
     NUMASCHED_DECODE_PREFETCH_WIDE=1 decode_prefetch_wide -> True
+    NUMASCHED_WEIGHT_FIRST_ROW_PARALLEL=0 weight_first_row_parallel -> False
     NUMASCHED_DECODE_TMA=0/1    decode_tma -> False / True
     NUMASCHED_ARN_LL=0/1        arn_exchange -> "flag" / "ll"
     NUMASCHED_ARN_ONE_ROW=0     arn_one_row -> False
@@ -159,7 +160,15 @@ class Options:
             weight boxes numasched's decoder issues before the PDL wait; None (default): all of
             them. Fewer leave more of the memory bus to the all-reduce + norm before the GEMM,
             whose owned time rose 0.51 -> 0.65 ms a step under the full stream on two H200s (TP 2,
-            16 x 32k; bench/results/README.md, fifty-fifth session). An A/B knob, not yet timed.
+            16 x 32k; bench/results/README.md, fifty-fifth session). Timed in the fifty-sixth
+            session: 2 stages against all within 0.4 % at every point (the norm's time went back
+            to the GEMMs), so the default stays.
+        weight_first_row_parallel: numasched's decoder (where its ``weight_first`` is on) also runs
+            the row-parallel projections of a decode step (o_proj, down_proj: the GEMM before the
+            fused all-reduce + add + norm) by the weight-first GEMM, behind the attention and the
+            gate/up GEMM; off: numasched's split-K GEMM there. On by default: two H200s ran the
+            TP 2 Llama-3-8B decode step 0.4-3.6 % faster with it (batch 1, 16 x 2k, 32k;
+            bench/results/README.md, fifty-sixth session).
         decode_tma: flash_decode loads the whole K/V tiles of a contiguous cache by TMA (bulk
             tensor copies into shared memory; NVIDIA sm_90+, 16-byte aligned rows, the model's or
             a given kernel config) instead of per-thread async copies; the last, partial tile of a
@@ -269,6 +278,7 @@ class Options:
     decode_prefetch: int = 128
     weight_first_early: Optional[int] = None
     decode_prefetch_wide: bool = False
+    weight_first_row_parallel: bool = True
     decode_tma: bool = False
     arn_one_row: bool = True
     arn_exchange: str = "auto"
@@ -292,7 +302,8 @@ class Options:
     def __post_init__(self):
         for f in ("autotune", "check_data", "gemm_flatten", "gemm_splitk_tma", "gemm_streamk_k_aligned",
                   "gemm_tail_split", "gemm_ws", "pdl", "pdl_prefetch", "arn_one_row", "decode_tma",
-                  "gemm_ws_last_box", "gemm_ws_dead_half", "gemm_ws_swap", "fused_rs_early", "decode_prefetch_wide"):
+                  "gemm_ws_last_box", "gemm_ws_dead_half", "gemm_ws_swap", "fused_rs_early", "decode_prefetch_wide",
+                  "weight_first_row_parallel"):
             if not isinstance(getattr(self, f), bool):
                 raise TypeError(f"Options.{f} must be a bool, got {getattr(self, f)!r}")
         if isinstance(self.pdl_trigger, bool):  # the former bool form
@@ -417,6 +428,8 @@ def from_env(environ=None) -> Options:
                    decode_prefetch=int(pre) if pre else Options.decode_prefetch,
                    weight_first_early=int(early) if early else None,
                    decode_prefetch_wide=flag("NUMASCHED_DECODE_PREFETCH_WIDE", Options.decode_prefetch_wide),
+                   weight_first_row_parallel=flag("NUMASCHED_WEIGHT_FIRST_ROW_PARALLEL",
+                                                  Options.weight_first_row_parallel),
                    decode_tma=flag("NUMASCHED_DECODE_TMA", Options.decode_tma),
                    arn_one_row=flag("NUMASCHED_ARN_ONE_ROW", True),
                    arn_exchange=exchange,

@@ -17,6 +17,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from numasched import options  # noqa: E402
 from numasched.models import (DecodeRunner, NumaschedBackend, PagedKVCache, TorchBackend, TPDecoder,  # noqa: E402
                               preset_config, spec_from_config)
 
@@ -188,6 +189,24 @@ def test_weight_first_switch_leaves_calls_it_cannot_take_to_the_gemm():
     assert be._weight_first_plan(x, torch.zeros(32, 64), glu=False) is None
     with pytest.raises(TypeError, match="weight_first"):
         NumaschedBackend(1, weight_first=1)
+
+
+def test_row_parallel_weight_first_only_under_its_option(monkeypatch):
+    """options.weight_first_row_parallel (on by default) asks the weight-first plan for o_proj /
+    down_proj; off, or with gemm="torch", the row-parallel GEMM stays matmul_all_reduce's."""
+    be = NumaschedBackend(1, weight_first=True)
+    asked = []
+    monkeypatch.setattr(be, "_weight_first_plan", lambda x, w, glu: asked.append((x, w, glu)) or "plan")
+    x, w = torch.zeros(4, 64), torch.zeros(32, 64)
+    with options.use(weight_first_row_parallel=False):
+        assert be._row_parallel_weight_first(x, w) is None and not asked
+    assert be._row_parallel_weight_first(x, w) == "plan" and asked == [(x, w, False)]
+    be.gemm = "torch"
+    assert be._row_parallel_weight_first(x, w) is None
+    assert not options.from_env({"NUMASCHED_WEIGHT_FIRST_ROW_PARALLEL": "0"}).weight_first_row_parallel
+    assert options.from_env({}).weight_first_row_parallel
+    with pytest.raises(TypeError, match="weight_first_row_parallel"):
+        options.Options(weight_first_row_parallel=1)
 
 
 @pytest.mark.parametrize("family,engine", [("llama", "torch"), ("qwen3", "torch"), ("llama", "numasched")])
@@ -903,6 +922,9 @@ def _model_graph_timeout(rank: int, world: int) -> int:
     return int(bool(why))
 
 
+ROW_PARALLEL_SPLITK = "numasched split-K row-parallel"
+
+
 def _tp_gpu_main(stop_only: bool = False, recycle_only: bool = False) -> int:
     """Under torchrun: each rank shards transformers' model (2 layers of the 8B presets, bf16);
     both backends' TP logits (prefill + teacher-forced decode, eager and CUDA graph) against
@@ -931,6 +953,8 @@ def _tp_gpu_main(stop_only: bool = False, recycle_only: bool = False) -> int:
         backends["numasched unfused rope, numasched prefill attention"] = NumaschedBackend(
             world, backends["numasched"].ctx, fuse_rope_cache=False, prefill_attention="numasched")
         backends["numasched swiglu kernel"] = NumaschedBackend(world, backends["numasched"].ctx, fuse_swiglu=False)
+        # options.weight_first_row_parallel off (below): o_proj and down_proj by the split-K GEMM
+        backends[ROW_PARALLEL_SPLITK] = NumaschedBackend(world, backends["numasched"].ctx, weight_first=True)
     except Exception as e:  # noqa: BLE001 - reported; the torch backend is still checked
         print(f"[rank {rank}] numasched backend unavailable: {type(e).__name__}: {e}", flush=True)
     failed = 0
@@ -941,11 +965,12 @@ def _tp_gpu_main(stop_only: bool = False, recycle_only: bool = False) -> int:
         ref = reference(hf, ids)
         model = TPDecoder.from_hf(hf, tp_rank=rank, tp_size=world)
         for name, be in backends.items():
-            got = run_teacher_forced(model, be, ids, prompt=36, page_size=16)
-            cache = be.new_cache(model, batch=2, capacity=64, page_size=16)
-            model.prefill(ids[:, :36], cache, be)
-            runner = DecodeRunner(model, be, cache)
-            graph_steps = torch.cat([runner(ids[:, t])[:, None].clone() for t in range(36, 40)], 1)
+            with options.use(weight_first_row_parallel=name != ROW_PARALLEL_SPLITK):
+                got = run_teacher_forced(model, be, ids, prompt=36, page_size=16)
+                cache = be.new_cache(model, batch=2, capacity=64, page_size=16)
+                model.prefill(ids[:, :36], cache, be)
+                runner = DecodeRunner(model, be, cache)
+                graph_steps = torch.cat([runner(ids[:, t])[:, None].clone() for t in range(36, 40)], 1)
             e, eg = rel(got, ref), rel(graph_steps, ref[:, 36:])
             failed += _verdict(rank, e < 3e-2 and eg < 3e-2,
                                f"tp {world} {family} {name}: rel err {e:.2e} (eager), {eg:.2e} (graph decode)")

@@ -424,7 +424,9 @@ class NumaschedBackend(Backend):
         55.06 / 55.34 ms and 54.86 / 54.78 ms (bench/results/tp2-s25d/, tp2-s25e/): the norms'
         component 0.5 ms lower, the step within the calls' spread.
     weight_first: the decode-size projections that run through :meth:`linear` and the fused
-        gate/up + SwiGLU (QKV, gate/up, lm_head: each after a norm) by the weight-first GEMM
+        gate/up + SwiGLU (QKV, gate/up, lm_head: each after a norm), and with
+        ``options.weight_first_row_parallel`` (default) the row-parallel o_proj and down_proj
+        before the fused all-reduce + add + norm, by the weight-first GEMM
         (numasched.gemm_weight_first: its programs, PDL-launched, read their first weight blocks
         before they wait for the kernel before them) where it takes the operands (an sm_90 GPU,
         up to WEIGHT_FIRST_MAX_ROWS rows, 16-bit, TMA-compatible rows); the other calls as
@@ -529,6 +531,16 @@ class NumaschedBackend(Backend):
             self._wf_plans[key] = plan
         return plan or None
 
+    def _row_parallel_weight_first(self, x, w):
+        """The weight-first plan of a row-parallel decode projection (o_proj, down_proj) under
+        ``options.weight_first_row_parallel``, else None (numasched's split-K GEMM, in
+        matmul_all_reduce)."""
+        from numasched import options as _options
+
+        if not _options.current().weight_first_row_parallel or self.gemm == "torch":
+            return None
+        return self._weight_first_plan(x, w, glu=False)
+
     def fuses_swiglu(self, x, n):
         return self.fuse_swiglu and (self._glu_big(x, n) or self._gemm_engine(x) == "numasched")
 
@@ -627,6 +639,10 @@ class NumaschedBackend(Backend):
         # fused: GEMM, then one kernel for the all-reduce, the residual add and the norm (one-shot:
         # decode-sized rows only; larger M keeps the all-reduce the cost model picks)
         if self.fuse_norm and self.tp_size > 1 and x.shape[0] <= self.FUSE_NORM_MAX_ROWS:
+            plan = self._row_parallel_weight_first(x, w)
+            if plan is not None:   # the GEMM's weights streamed behind the attention / gate-up
+                c = plan.run(x, w)
+                return self._nd.all_reduce_add_rmsnorm(c, h, norm_w, eps, ctx=self.ctx, check=self.check)
             return self._nd.matmul_all_reduce(x, w.t(), ctx=self.ctx, check=self.check, gemm=self.gemm,
                                               residual=h, norm_weight=norm_w, eps=eps)
         if norm is not None and self.fuses_residual(x, w):
