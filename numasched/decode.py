@@ -284,10 +284,15 @@ IDLE_SM_COST = 0.15
 # an H200 at 1k one to three splits ran within 1.5 % (decode-s52/sweep/; four not timed). Not for
 # the decoder's calls (``prefetch``): 256 programs leave the K/V prefetch out, and two H200s ran the
 # TP 2 step at 16 x 32k (64 pairs a rank, pages of 16) in 10.92 ms with four splits against
-# 10.60 with two (tp2-s55/final/, wf2/).
+# 10.60 with two (tp2-s55/final/, wf2/). Nor past PAGED_FILL_WIDE_MAX_TOKENS: the grid's 64-pair
+# points in four splits (decode-s56/p64-*/, 2k-128k, four head configs, pages of 16 and 64) ran
+# 0.8-6.2 % faster than the fifty-fourth session's two at 2k-4k, -0.6 to +2.0 % at 8k, within
+# 1.9 % either way at 16k-32k (all 1.007-1.038x FlashInfer), and 0.7-2.2 % slower at 128k in six
+# of eight (splits of 32k tokens; 0.993-1.011x FlashInfer); 64k was not timed.
 PAGED_FILL_MIN_PAIRS_PER_SM = 0.24
 PAGED_FILL_MAX_PAIRS_PER_SM = 0.5
 PAGED_FILL_WIDE_MIN_TOKENS = 2048
+PAGED_FILL_WIDE_MAX_TOKENS = 32768
 PAGED_PROGRAMS_PER_SM = 2
 # Past one wave: a contiguous cache of more pairs than SMs in one split puts two programs on some
 # SMs (co-resident) and one on the others, and the SMs with two set the time. Measured on an H100
@@ -393,7 +398,8 @@ def choose_num_splits(batch: int, kv_heads: int, max_seqlen: int, num_sms: int, 
     split + overhead), floor) + (merge if splits > 1)`` (the fewest splits within 2% of it); a paged
     cache of PAGED_FILL_MIN_PAIRS_PER_SM up to PAGED_FILL_MAX_PAIRS_PER_SM pairs per SM then takes at
     least the most power-of-two splits that keep PAGED_PROGRAMS_PER_SM programs per SM (up to
-    PAGED_FILL_MAX_PAIRS_PER_SM pairs per SM on a GPU of stream_scale > 1, for calls without
+    PAGED_FILL_MAX_PAIRS_PER_SM pairs per SM on a GPU of stream_scale > 1 at PAGED_FILL_WIDE_MIN_TOKENS
+    to PAGED_FILL_WIDE_MAX_TOKENS, for calls without
     ``prefetch``, the decoder's K/V prefetch, which needs one program an SM at most), and a
     contiguous cache of more pairs than SMs (while more than PAST_WAVE_MIN_SHORT of the SMs would
     hold one program fewer in one split: up to 1.875 pairs per SM) at least PAST_WAVE_SPLITS splits
@@ -429,7 +435,8 @@ def choose_num_splits(batch: int, kv_heads: int, max_seqlen: int, num_sms: int, 
         pick = max(pick, PAST_WAVE_SPLITS)   # past one wave: even the SMs' loads (PAST_WAVE_SPLITS)
     # the top as measured (below); not for a call that asks for the K/V prefetch (the decoder's),
     # which applies at one program an SM at most
-    wide = stream_scale > 1.0 and max_seqlen >= PAGED_FILL_WIDE_MIN_TOKENS and not prefetch
+    wide = (stream_scale > 1.0 and PAGED_FILL_WIDE_MIN_TOKENS <= max_seqlen <= PAGED_FILL_WIDE_MAX_TOKENS
+            and not prefetch)
     below_top = items <= PAGED_FILL_MAX_PAIRS_PER_SM * sms if wide else items < FLOOR_MIN_PAIRS_PER_SM * sms
     if paged and PAGED_FILL_MIN_PAIRS_PER_SM * sms <= items and below_top:
         fill = 1   # the most splits (a power of two) that keep PAGED_PROGRAMS_PER_SM programs per SM
