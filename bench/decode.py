@@ -1140,8 +1140,10 @@ def _ratio_vs_target(row: Dict) -> Optional[float]:
     a contiguous row against the best peer; None where that peer has no time."""
     if str(row.get("layout", "")).startswith("paged"):
         fi, ours = row.get("flashinfer_graph_us"), row.get("ours_graph_us")
-        return fi / ours if fi and ours else None
-    return row.get("ratio_vs_best_peer")
+        # a contender that did not run holds a note ("n/a", "-"; --no-flashinfer), not a time
+        return fi / ours if isinstance(fi, (int, float)) and isinstance(ours, (int, float)) and fi and ours else None
+    x = row.get("ratio_vs_best_peer")
+    return x if isinstance(x, (int, float)) else None
 
 
 def summary(rows: List[Dict]) -> List[str]:

@@ -288,7 +288,8 @@ IDLE_SM_COST = 0.15
 # points in four splits (decode-s56/p64-*/, 2k-128k, four head configs, pages of 16 and 64) ran
 # 0.8-6.2 % faster than the fifty-fourth session's two at 2k-4k, -0.6 to +2.0 % at 8k, within
 # 1.9 % either way at 16k-32k (all 1.007-1.038x FlashInfer), and 0.7-2.2 % slower at 128k in six
-# of eight (splits of 32k tokens; 0.993-1.011x FlashInfer); 64k was not timed.
+# of eight (splits of 32k tokens; 0.993-1.011x FlashInfer); side by side at 16/4 x 16 (64 pairs,
+# decode-s56/p64-64k/) two splits ran as fast as four or 0.6-1.1 % faster at 64k and 128k.
 PAGED_FILL_MIN_PAIRS_PER_SM = 0.24
 PAGED_FILL_MAX_PAIRS_PER_SM = 0.5
 PAGED_FILL_WIDE_MIN_TOKENS = 2048

@@ -216,7 +216,8 @@ def test_decode_bench_summary_scores_paged_rows_against_flashinfer():
             # a paged row's ratio to the best peer (cuDNN, contiguous) must not count: 0.5 here
             row("paged 16", 64, 4096, 0.5, 100.0, 99.0, 0.93),
             row("paged 16", 8, 512, 0.5, 10.0, 12.0, 0.2),
-            row("paged 64", 8, 512, 0.5, 10.0, None, 0.2)]   # no FlashInfer time: not scored
+            row("paged 64", 8, 512, 0.5, 10.0, None, 0.2),   # no FlashInfer time: not scored
+            row("paged 64", 8, 1024, 0.5, 10.0, "n/a", 0.2)]   # nor a note (--no-flashinfer)
     lines = decode.summary(rows)
     assert len(lines) == 2
     cont, paged = lines
