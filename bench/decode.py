@@ -32,6 +32,7 @@ finishes and the CSV so far is rewritten (``*.partial.csv``), so a run cut short
     numasched bench decode --quick
     numasched bench decode --heads gqa        # the full grid, one head config per run
     numasched bench decode --heads mha
+    numasched bench decode --heads gqa --pages 16 64 --paged-only   # the paged target alone (vs FlashInfer)
 
 Multi-token decode (``--sq``: q_len new tokens per sequence, speculative decoding's verification
 step; causal, bottom-right aligned), per point and q_len, bf16, head dim 128, every sequence the
@@ -198,6 +199,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "prefetch=True), as numasched's decoder calls it after its RoPE + cache write; default off, "
                         "as a standalone call); with --variant decode_prefetch=0 for an A/B")
     p.add_argument("--no-paged", action="store_true", help="contiguous layouts only (no paged cache, no FlashInfer)")
+    p.add_argument("--paged-only", action="store_true",
+                   help="the paged target alone: numasched on the paged caches (the default combine) against "
+                        "FlashInfer with the same pages; no contiguous layouts, no SDPA or Flex peers (about a "
+                        "third of a full point's timings). Each paged output is checked against a float64 "
+                        "reference of its first sequence")
     p.add_argument("--rep", type=positive_int, default=100, help="timing window per measurement, ms")
     p.add_argument("--flush", choices=FLUSH_MODES, default="read",
                    help="the L2 flush before each timed call: read (default: 256 MB read, the L2 cold and clean, as "
@@ -242,6 +248,13 @@ def _parse(argv):
         if args.sq or args.ragged:
             build_parser().error("--no-paged: the single-token grid only (not with --sq or --ragged)")
         args.pages = []
+    if args.paged_only:
+        if args.no_paged:
+            build_parser().error("--paged-only and --no-paged exclude each other")
+        if args.sq or args.ragged or args.host:
+            build_parser().error("--paged-only: the single-token grid only (not with --sq, --ragged or --host)")
+        if args.no_flashinfer:
+            build_parser().error("--paged-only times the paged caches against FlashInfer: drop --no-flashinfer")
     if args.variant and (args.sq or args.ragged):
         build_parser().error("--variant: the single-token grid only (not with --sq or --ragged)")
     if args.prefetch and (args.sq or args.ragged or args.host):
@@ -277,11 +290,15 @@ def _dry_run(args) -> int:
                      f"{_splits_text(B, HK, L, sms, args.pages)} on {sms} SMs"
                      + (f", also splits {args.sweep_splits}" if args.sweep_splits else ""))
     ask = ", prefetch=True" if args.prefetch else ""
-    contenders = [f"numasched ({args.mapping}{ask}) {layout}, combine auto, and fused or kernel (the other)"
-                  for layout in ["contiguous (BHLD view)", "contiguous (BLHD)"] + [f"paged {p}" for p in args.pages]]
+    if args.paged_only:
+        contenders = [f"numasched ({args.mapping}{ask}) paged {p}, combine auto" for p in args.pages]
+    else:
+        contenders = [f"numasched ({args.mapping}{ask}) {layout}, combine auto, and fused or kernel (the other)"
+                      for layout in ["contiguous (BHLD view)", "contiguous (BLHD)"] + [f"paged {p}" for p in args.pages]]
     contenders += [f"numasched with {name}={value}, each layout" for name, value in args.variant]
-    contenders += [f"SDPA {be}" for be in SDPA_BACKENDS]
-    contenders += [] if args.no_flex else ["FlexAttention (torch.compile)"]
+    if not args.paged_only:
+        contenders += [f"SDPA {be}" for be in SDPA_BACKENDS]
+        contenders += [] if args.no_flex else ["FlexAttention (torch.compile)"]
     contenders += [] if (args.no_flashinfer or not args.pages) else [
         f"FlashInfer paged decode, pages {args.pages} (if importable)"]
     contenders += [] if args.no_graph else ["each also as a CUDA-graph replay"]
@@ -534,6 +551,24 @@ def _paged_cache(B: int, L: int, page: int, HK: int, D: int, dev, dt):
     return kp, vp, torch.randperm(pages, device=dev, dtype=torch.int32).view(B, per_seq)
 
 
+def _first_sequence_error(out, q, kp, vp, bt, L: int) -> Optional[float]:
+    """Max abs error of ``out[0]`` (H, D), a decode of the paged cache (kp, vp, block table bt)
+    for q (B, H, D), against a float64 softmax attention over the first sequence's L tokens
+    gathered from its pages; None if ``out`` is None (the call failed)."""
+    import torch
+
+    if out is None:
+        return None
+    page, HK, D = kp.shape[1:]
+    H = q.shape[1]
+    rows = bt[0, :-(-L // page)].long()
+    k = kp[rows].reshape(-1, HK, D)[:L].double().repeat_interleave(H // HK, dim=1)   # (L, H, D)
+    v = vp[rows].reshape(-1, HK, D)[:L].double().repeat_interleave(H // HK, dim=1)
+    scores = torch.einsum("hd,lhd->hl", q[0].double(), k) / D ** 0.5
+    ref = torch.einsum("hl,lhd->hd", scores.softmax(-1), v)
+    return (out[0].double() - ref).abs().max().item()
+
+
 def _flashinfer_pages(bt, L: int, page: int):
     """FlashInfer's page table for ``bt`` (B, pages per sequence), every sequence L tokens:
     ``(indptr, indices, last_page_len)``."""
@@ -597,7 +632,7 @@ def _bench(args) -> int:
     dev, dt, read_bw, sms, (fi, fi_err) = _setup(args)
     streams = stream_scale(dev)   # the split rule's, as DecodePlan takes it
     flex = None
-    if not args.no_flex:
+    if not (args.no_flex or args.paged_only):
         from torch.nn.attention.flex_attention import flex_attention
 
         # one compile per shape: lift dynamo's recompile limits, or later shapes would silently
@@ -649,7 +684,8 @@ def _bench(args) -> int:
                                              prefetch=args.prefetch)
             picked = plan.combine
             res["combine"], res["splits"] = picked, plan.num_splits
-            modes = ["auto"] + {"fused": ["kernel"], "kernel": ["fused"]}.get(picked, [])
+            # --paged-only: the default combine alone (the target's row)
+            modes = ["auto"] + ([] if args.paged_only else {"fused": ["kernel"], "kernel": ["fused"]}.get(picked, []))
             for combine in modes:
                 with numasched.options.use(decode_combine=combine):
                     fn = lambda: numasched.flash_decode(q, k, v, cache_seqlens=lens, block_table=bt,  # noqa: E731
@@ -682,40 +718,44 @@ def _bench(args) -> int:
                                                       "combine": vplan.combine}
             return out
 
-        # -- contiguous (B, HK, L, D): the peers' layout; ours on its transpose view
-        kb = torch.randn(B, HK, L, D, device=dev, dtype=dt)
-        vb = torch.randn(B, HK, L, D, device=dev, dtype=dt)
-        ref = None
-        gqa = H != HK
-        for be in SDPA_BACKENDS:
-            name = f"sdpa_{be.split('_')[0].lower()}"
+        err = None   # the contiguous SDPA check (--paged-only: each paged layout's own, errs)
+        errs: Dict[str, Optional[float]] = {}
+        if not args.paged_only:
+            # -- contiguous (B, HK, L, D): the peers' layout; ours on its transpose view
+            kb = torch.randn(B, HK, L, D, device=dev, dtype=dt)
+            vb = torch.randn(B, HK, L, D, device=dev, dtype=dt)
+            ref = None
+            gqa = H != HK
+            for be in SDPA_BACKENDS:
+                name = f"sdpa_{be.split('_')[0].lower()}"
 
-            def fn(be=be):
-                with sdpa_kernel(getattr(SDPBackend, be)):
-                    return F.scaled_dot_product_attention(q4, kb, vb, enable_gqa=gqa)
+                def fn(be=be):
+                    with sdpa_kernel(getattr(SDPBackend, be)):
+                        return F.scaled_dot_product_attention(q4, kb, vb, enable_gqa=gqa)
 
-            peers[name], peers_graph[name], out = timed(fn, notes, f"SDPA {be}")
-            if ref is None and out is not None:
-                ref = out.view(B, H, D).float()
-        if flex is not None:
-            peers["flex"], peers_graph["flex"], _ = timed(lambda: flex(q4, kb, vb, enable_gqa=gqa), notes, "flex")
-        out = run_ours("contiguous (BHLD view)", kb.transpose(1, 2), vb.transpose(1, 2))
-        err = (out.float() - ref).abs().max().item() if (out is not None and ref is not None) else None
-        del kb, vb
-        torch.cuda.empty_cache()
+                peers[name], peers_graph[name], out = timed(fn, notes, f"SDPA {be}")
+                if ref is None and out is not None:
+                    ref = out.view(B, H, D).float()
+            if flex is not None:
+                peers["flex"], peers_graph["flex"], _ = timed(lambda: flex(q4, kb, vb, enable_gqa=gqa), notes, "flex")
+            out = run_ours("contiguous (BHLD view)", kb.transpose(1, 2), vb.transpose(1, 2))
+            err = (out.float() - ref).abs().max().item() if (out is not None and ref is not None) else None
+            del kb, vb
+            torch.cuda.empty_cache()
 
-        # -- contiguous (B, L, HK, D): the native layout
-        kn = torch.randn(B, L, HK, D, device=dev, dtype=dt)
-        vn = torch.randn(B, L, HK, D, device=dev, dtype=dt)
-        run_ours("contiguous (BLHD)", kn, vn)
-        del kn, vn
-        torch.cuda.empty_cache()
-
+            # -- contiguous (B, L, HK, D): the native layout
+            kn = torch.randn(B, L, HK, D, device=dev, dtype=dt)
+            vn = torch.randn(B, L, HK, D, device=dev, dtype=dt)
+            run_ours("contiguous (BLHD)", kn, vn)
+            del kn, vn
+            torch.cuda.empty_cache()
         # -- paged: pages scattered by a random permutation (a context shorter than a page: one page)
         fi_pages: Dict[int, tuple] = {}  # page size -> FlashInfer's (eager ms, graph ms)
         for page in args.pages:
             kp, vp, bt = _paged_cache(B, L, page, HK, D, dev, dt)
-            run_ours(f"paged {page}", kp, vp, bt)
+            out = run_ours(f"paged {page}", kp, vp, bt)
+            if args.paged_only:
+                errs[f"paged {page}"] = _first_sequence_error(out, q, kp, vp, bt, L)
             if fi is not None:
                 fi_pages[page] = _flashinfer_decode(
                     fi, args, q, kp, vp, *_flashinfer_pages(bt, L, page), (H, HK, D, page, dt, dev), notes,
@@ -759,7 +799,7 @@ def _bench(args) -> int:
                 row[f"{name}_graph_us"] = "n/a" if vg is None else (vg * 1e3 if isinstance(vg, float) else vg)
             for name, v in got_g.items():
                 row[f"{name}_TBps"] = nbytes / (v * 1e-3) / 1e12
-            row["max_abs_err_vs_sdpa"] = err
+            row["max_abs_err_vs_sdpa"] = errs.get(layout, err)
             row["note"] = "; ".join(notes)
             rows.append(row)
             if not warm:

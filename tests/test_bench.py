@@ -241,6 +241,69 @@ def test_decode_bench_paged_cache_covers_a_partial_last_page():
     assert indptr.tolist() == [0, 2, 4] and torch.equal(indices, bt.reshape(-1)) and last.tolist() == [4, 4]
 
 
+def test_decode_bench_paged_only_times_the_paged_target_alone(capsys):
+    """--paged-only: numasched's paged rows (default combine) against FlashInfer, nothing else; it
+    refuses the flags that would leave it nothing to time or compare."""
+    from numasched.bench import decode
+
+    assert decode._parse(["--paged-only"]).paged_only and not decode._parse([]).paged_only
+    for bad in (["--no-paged"], ["--sq", "2"], ["--ragged"], ["--host"], ["--no-flashinfer"]):
+        with pytest.raises(SystemExit):
+            decode._parse(["--paged-only", *bad])
+        assert "--paged-only" in capsys.readouterr().err
+    argv = ["--dry-run", "--heads", "gqa", "--batch", "8", "--ctx", "4096", "--pages", "16", "64", "--no-flex"]
+    assert decode.main([*argv, "--paged-only"]) == 0
+    out = capsys.readouterr().out
+    assert "paged 16, combine auto" in out and "paged 64, combine auto" in out and "FlashInfer" in out
+    assert "contiguous" not in out and "SDPA" not in out and "(the other)" not in out
+    assert decode.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "contiguous (BLHD)" in out and "SDPA" in out
+
+
+def test_decode_bench_first_sequence_check_catches_a_wrong_output(device):
+    """--paged-only's correctness column: flash_decode on a scattered paged cache (a partial last
+    page, GQA 4) against the float64 reference of the first sequence; a poisoned output fails."""
+    import numasched
+    from numasched.bench import decode
+
+    torch.manual_seed(0)
+    B, L, page, HK, H, D = 2, 37, 16, 2, 8, 32
+    kp, vp, bt = decode._paged_cache(B, L, page, HK, D, device, torch.float32)
+    q = torch.randn(B, H, D, device=device)
+    lens = torch.full((B,), L, dtype=torch.int32, device=device)
+    out = numasched.flash_decode(q, kp, vp, cache_seqlens=lens, block_table=bt)
+    assert decode._first_sequence_error(out, q, kp, vp, bt, L) < 1e-5
+    bad = out.clone()
+    bad[0, 3, 5] += 0.01
+    assert decode._first_sequence_error(bad, q, kp, vp, bt, L) == pytest.approx(0.01, rel=1e-3)
+    other = out.clone()
+    other[1] += 1.0   # the second sequence is not the check's
+    assert decode._first_sequence_error(other, q, kp, vp, bt, L) < 1e-5
+    assert decode._first_sequence_error(None, q, kp, vp, bt, L) is None
+
+
+def test_decode_bench_paged_only_run_on_the_interpreter(monkeypatch, tmp_path, capsys):
+    """A --paged-only run end to end on the CPU (the interpreter, timings stubbed, no FlashInfer):
+    one row per page size, each with its own float64 check; no contiguous row, no SDPA time."""
+    if not os.environ.get("TRITON_INTERPRET"):
+        pytest.skip("the CPU form runs flash_decode through Triton's interpreter")
+    from numasched.bench import common, decode
+
+    monkeypatch.setattr(common, "check_runnable", lambda suite: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(decode, "_setup", lambda args: (torch.device("cpu"), torch.float32, 1e12, 4, (None, "absent")))
+    monkeypatch.setattr(decode, "_time", lambda fn, timing: 0.01)
+    monkeypatch.setattr(decode, "_graph_ms", lambda fn, timing, notes, name: 0.008)
+    assert decode.main(["--paged-only", "--heads", "gqa", "--batch", "1", "--ctx", "40", "--pages", "16", "64",
+                        "--out-dir", str(tmp_path)]) == 0
+    rows = list(csv.DictReader(open(next(tmp_path.glob("decode-*.csv")))))
+    assert [r["layout"] for r in rows] == ["paged 16", "paged 64"]
+    for r in rows:
+        assert float(r["max_abs_err_vs_sdpa"]) < 1e-5 and float(r["ours_graph_us"]) == pytest.approx(8.0)
+        assert r["sdpa_cudnn_us"] == "skipped" and "flashinfer skipped: absent" in r["note"]
+
+
 def test_decode_configs_script_dry_run():
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "decode_configs.py"), "--dry-run", "--batch", "2",
                         "--ctx", "4096", "--splits", "4"], capture_output=True, text=True, timeout=120)
