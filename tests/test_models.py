@@ -201,8 +201,12 @@ def test_row_parallel_weight_first_only_under_its_option(monkeypatch):
     with options.use(weight_first_row_parallel=False):
         assert be._row_parallel_weight_first(x, w) is None and not asked
     assert be._row_parallel_weight_first(x, w) == "plan" and asked == [(x, w, False)]
-    be.gemm = "torch"
-    assert be._row_parallel_weight_first(x, w) is None
+    monkeypatch.undo()
+    # gemm="torch" (cuBLAS asked for): no weight-first plan for any projection, checked before the
+    # device (a CUDA tensor is not needed to see it)
+    cublas = NumaschedBackend(1, weight_first=True, gemm="torch")
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
+    assert cublas._weight_first_plan(x, w, glu=False) is None and cublas._wf_plans == {}
     assert not options.from_env({"NUMASCHED_WEIGHT_FIRST_ROW_PARALLEL": "0"}).weight_first_row_parallel
     assert options.from_env({}).weight_first_row_parallel
     with pytest.raises(TypeError, match="weight_first_row_parallel"):

@@ -426,7 +426,8 @@ class NumaschedBackend(Backend):
     weight_first: the decode-size projections that run through :meth:`linear` and the fused
         gate/up + SwiGLU (QKV, gate/up, lm_head: each after a norm), and with
         ``options.weight_first_row_parallel`` (default) the row-parallel o_proj and down_proj
-        before the fused all-reduce + add + norm, by the weight-first GEMM
+        before the fused all-reduce + add + norm, by the weight-first GEMM (not with
+        ``gemm="torch"``, which asks for cuBLAS everywhere)
         (numasched.gemm_weight_first: its programs, PDL-launched, read their first weight blocks
         before they wait for the kernel before them) where it takes the operands (an sm_90 GPU,
         up to WEIGHT_FIRST_MAX_ROWS rows, 16-bit, TMA-compatible rows); the other calls as
@@ -509,8 +510,10 @@ class NumaschedBackend(Backend):
 
     def _weight_first_plan(self, x, w, glu: bool):
         """The weight-first GEMM's plan for ``x @ w.T`` (``glu``: its SwiGLU form), or None where
-        ``weight_first`` is off or the kernel does not take the operands (kept per signature)."""
-        if not (self.weight_first and x.dim() == 2 and x.shape[0] <= self.WEIGHT_FIRST_MAX_ROWS and x.is_cuda):
+        ``weight_first`` is off, ``gemm="torch"`` asks for cuBLAS, or the kernel does not take the
+        operands (kept per signature)."""
+        if not (self.weight_first and self.gemm != "torch" and x.dim() == 2
+                and x.shape[0] <= self.WEIGHT_FIRST_MAX_ROWS and x.is_cuda):
             return None
         from numasched import options as _options
 
@@ -537,7 +540,7 @@ class NumaschedBackend(Backend):
         matmul_all_reduce)."""
         from numasched import options as _options
 
-        if not _options.current().weight_first_row_parallel or self.gemm == "torch":
+        if not _options.current().weight_first_row_parallel:
             return None
         return self._weight_first_plan(x, w, glu=False)
 
