@@ -155,7 +155,8 @@ class Options:
             two programs an SM (numasched.decode.PAGED_PROGRAMS_PER_SM), and the split rule's
             two-an-SM fill for the decoder's calls (64 paged pairs on an H200: four splits, 1-2 %
             faster alone, 3 % slower in the TP 2 step without the prefetch; bench/results/README.md,
-            fifty-fifth session). Off: an A/B knob, not yet timed.
+            fifty-fifth session). Off: with it two H200s ran the TP 2 step at 16 x 32k in 11.13 ms
+            against 10.69 (fifty-sixth session); an A/B knob.
         weight_first_early: the weight-first GEMM's ring stages (numasched.gemm_weight_first) whose
             weight boxes numasched's decoder issues before the PDL wait; None (default): all of
             them. Fewer leave more of the memory bus to the all-reduce + norm before the GEMM,
@@ -167,8 +168,8 @@ class Options:
             the row-parallel projections of a decode step (o_proj, down_proj: the GEMM before the
             fused all-reduce + add + norm) by the weight-first GEMM, behind the attention and the
             gate/up GEMM; off: numasched's split-K GEMM there. On by default: two H200s ran the
-            TP 2 Llama-3-8B decode step 0.4-3.6 % faster with it (batch 1, 16 x 2k, 32k;
-            bench/results/README.md, fifty-sixth session).
+            TP 2 Llama-3-8B decode step 0.1-3.6 % faster with it at every point of two A/B runs
+            (batch 1, 4, 16 x 2k, 32k; bench/results/README.md, fifty-sixth session).
         decode_tma: flash_decode loads the whole K/V tiles of a contiguous cache by TMA (bulk
             tensor copies into shared memory; NVIDIA sm_90+, 16-byte aligned rows, the model's or
             a given kernel config) instead of per-thread async copies; the last, partial tile of a
