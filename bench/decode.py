@@ -32,7 +32,7 @@ finishes and the CSV so far is rewritten (``*.partial.csv``), so a run cut short
     numasched bench decode --quick
     numasched bench decode --heads gqa        # the full grid, one head config per run
     numasched bench decode --heads mha
-    numasched bench decode --heads gqa --pages 16 64 --paged-only   # the paged target alone (vs FlashInfer)
+    numasched bench decode --heads gqa --pages 16 64 --paged-only --no-eager   # the paged target alone
 
 Multi-token decode (``--sq``: q_len new tokens per sequence, speculative decoding's verification
 step; causal, bottom-right aligned), per point and q_len, bf16, head dim 128, every sequence the
@@ -211,6 +211,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "contender's first L2-size of reads also writes back dirty lines; the 1st-51st sessions' "
                         "setting)")
     p.add_argument("--no-graph", action="store_true", help="skip the CUDA-graph timings")
+    p.add_argument("--no-eager", action="store_true",
+                   help="skip the eager timings of the single-token grid (each call still runs once, unmeasured, "
+                        "before its graph is captured; a contender that cannot be captured is timed eagerly): "
+                        "the target's ratios are on graph times, and this halves a point's timings. The eager "
+                        "columns say 'skipped'")
     p.add_argument("--sq", type=_q_lens, default=None,
                    help=f"multi-token decode instead: these query lengths per sequence (comma list in 1..{MAX_Q_LEN}, "
                         f"e.g. 2,4,8), against SDPA with a bottom-right causal mask and FlashInfer's paged prefill")
@@ -248,6 +253,9 @@ def _parse(argv):
         if args.sq or args.ragged:
             build_parser().error("--no-paged: the single-token grid only (not with --sq or --ragged)")
         args.pages = []
+    if args.no_eager and (args.no_graph or args.sq or args.ragged or args.host):
+        build_parser().error("--no-eager: the single-token grid's graph timings only (not with --no-graph, --sq, "
+                             "--ragged or --host)")
     if args.paged_only:
         if args.no_paged:
             build_parser().error("--paged-only and --no-paged exclude each other")
@@ -301,7 +309,8 @@ def _dry_run(args) -> int:
         contenders += [] if args.no_flex else ["FlexAttention (torch.compile)"]
     contenders += [] if (args.no_flashinfer or not args.pages) else [
         f"FlashInfer paged decode, pages {args.pages} (if importable)"]
-    contenders += [] if args.no_graph else ["each also as a CUDA-graph replay"]
+    contenders += [] if args.no_graph else [
+        "each as a CUDA-graph replay only (--no-eager)" if args.no_eager else "each also as a CUDA-graph replay"]
     return print_plan("decode", lines, contenders)
 
 
@@ -411,8 +420,9 @@ def _time(fn: Callable, timing: Timing) -> Optional[float]:
     return bench_ms(fn, warmup=max(10, timing.rep // 4), rep=timing.rep, flush=timing.flush)
 
 
-def _try(fn: Callable, timing: Timing, notes: List[str], name: str):
-    """Time fn; None (reported as n/a) if it raises (e.g. an SDPA backend without a kernel)."""
+def _try(fn: Callable, timing: Optional[Timing], notes: List[str], name: str):
+    """Time fn; None (reported as n/a) if it raises (e.g. an SDPA backend without a kernel).
+    ``timing`` None: run it once, untimed (0.0 stands for "it ran")."""
     import torch
 
     try:
@@ -421,7 +431,7 @@ def _try(fn: Callable, timing: Timing, notes: List[str], name: str):
     except Exception as e:  # noqa: BLE001 - a peer that cannot run this case is "n/a", with why
         notes.append(f"{name}: {type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}")
         return None, None
-    return _time(fn, timing), out
+    return (_time(fn, timing) if timing is not None else 0.0), out
 
 
 def _flashinfer():
@@ -649,7 +659,15 @@ def _bench(args) -> int:
     graph = not args.no_graph
 
     def timed(fn, notes, name):
-        """(eager ms, graph ms, output): None where it cannot run / be captured."""
+        """(eager ms, graph ms, output): None where it cannot run / be captured. --no-eager: the
+        call runs once unmeasured and the graph time stands for both (the eager columns are then
+        written as skipped); one that cannot be captured is timed eagerly after all."""
+        if args.no_eager:
+            ran, out = _try(fn, None, notes, name)
+            if ran is None:
+                return None, None, None
+            tg = _graph_ms(fn, args.timing, notes, name)
+            return (tg if tg is not None else _time(fn, args.timing)), tg, out
         t, out = _try(fn, args.timing, notes, name)
         tg = _graph_ms(fn, args.timing, notes, name) if (graph and t is not None) else None
         return t, tg, out
@@ -801,6 +819,10 @@ def _bench(args) -> int:
                 row[f"{name}_TBps"] = nbytes / (v * 1e-3) / 1e12
             row["max_abs_err_vs_sdpa"] = errs.get(layout, err)
             row["note"] = "; ".join(notes)
+            if args.no_eager:   # the graph time stood in for the eager one: not a measurement of it
+                row["ratio_eager"] = None
+                for key in [k for k in EAGER_COLUMNS if isinstance(row.get(k), float)]:
+                    row[key] = "skipped (--no-eager)"
             rows.append(row)
             if not warm:
                 print(_line(row), flush=True)
@@ -1173,6 +1195,11 @@ COLUMNS = ["heads", "batch", "ctx", "kv_GB", "layout", "splits", "combine", "our
            "ratio_vs_best_peer", "ratio_eager", "sdpa_flash_us", "sdpa_flash_graph_us", "sdpa_efficient_us",
            "sdpa_efficient_graph_us", "sdpa_cudnn_us", "sdpa_cudnn_graph_us", "flex_us", "flex_graph_us",
            "flashinfer_us", "flashinfer_graph_us", "max_abs_err_vs_sdpa", "note"]
+
+
+# the single-token grid's eager times (--no-eager writes them as skipped)
+EAGER_COLUMNS = ("ours_us", "ours_kernel_combine_us", "ours_fused_combine_us", "sdpa_flash_us", "sdpa_efficient_us",
+                 "sdpa_cudnn_us", "flex_us", "flashinfer_us")
 
 
 def _ratio_vs_target(row: Dict) -> Optional[float]:

@@ -293,15 +293,34 @@ def test_decode_bench_paged_only_run_on_the_interpreter(monkeypatch, tmp_path, c
     monkeypatch.setattr(common, "check_runnable", lambda suite: None)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     monkeypatch.setattr(decode, "_setup", lambda args: (torch.device("cpu"), torch.float32, 1e12, 4, (None, "absent")))
-    monkeypatch.setattr(decode, "_time", lambda fn, timing: 0.01)
-    monkeypatch.setattr(decode, "_graph_ms", lambda fn, timing, notes, name: 0.008)
-    assert decode.main(["--paged-only", "--heads", "gqa", "--batch", "1", "--ctx", "40", "--pages", "16", "64",
-                        "--out-dir", str(tmp_path)]) == 0
-    rows = list(csv.DictReader(open(next(tmp_path.glob("decode-*.csv")))))
-    assert [r["layout"] for r in rows] == ["paged 16", "paged 64"]
-    for r in rows:
-        assert float(r["max_abs_err_vs_sdpa"]) < 1e-5 and float(r["ours_graph_us"]) == pytest.approx(8.0)
-        assert r["sdpa_cudnn_us"] == "skipped" and "flashinfer skipped: absent" in r["note"]
+    timings = []
+    monkeypatch.setattr(decode, "_time", lambda fn, timing: timings.append("eager") or 0.01)
+    monkeypatch.setattr(decode, "_graph_ms", lambda fn, timing, notes, name: timings.append("graph") or 0.008)
+    argv = ["--paged-only", "--heads", "gqa", "--batch", "1", "--ctx", "40", "--pages", "16", "64"]
+    for extra, eager in (([], 1), (["--no-eager"], 0)):
+        out_dir = tmp_path / str(len(extra))
+        timings.clear()
+        assert decode.main([*argv, *extra, "--out-dir", str(out_dir)]) == 0
+        rows = list(csv.DictReader(open(next(out_dir.glob("decode-*.csv")))))
+        assert [r["layout"] for r in rows] == ["paged 16", "paged 64"]
+        # the first point runs twice (a warm pass, dropped): two layouts, two passes
+        assert timings.count("graph") == 4 and timings.count("eager") == 4 * eager
+        for r in rows:
+            assert float(r["max_abs_err_vs_sdpa"]) < 1e-5 and float(r["ours_graph_us"]) == pytest.approx(8.0)
+            assert r["sdpa_cudnn_us"] == "skipped" and "flashinfer skipped: absent" in r["note"]
+            assert r["ours_us"] == ("skipped (--no-eager)" if extra else "10.0")
+
+
+def test_decode_bench_no_eager_needs_the_graph_grid(capsys):
+    from numasched.bench import decode
+
+    assert decode._parse(["--no-eager"]).no_eager
+    for bad in (["--no-graph"], ["--sq", "2"], ["--ragged"], ["--host"]):
+        with pytest.raises(SystemExit):
+            decode._parse(["--no-eager", *bad])
+        assert "--no-eager" in capsys.readouterr().err
+    assert decode.main(["--dry-run", "--heads", "gqa", "--batch", "1", "--ctx", "1024", "--no-eager"]) == 0
+    assert "CUDA-graph replay only (--no-eager)" in capsys.readouterr().out
 
 
 def test_decode_configs_script_dry_run():
