@@ -570,12 +570,12 @@ def _first_sequence_error(out, q, kp, vp, bt, L: int) -> Optional[float]:
     if out is None:
         return None
     page, HK, D = kp.shape[1:]
-    H = q.shape[1]
+    G = q.shape[1] // HK   # query heads per KV head: head h reads KV head h // G
     rows = bt[0, :-(-L // page)].long()
-    k = kp[rows].reshape(-1, HK, D)[:L].double().repeat_interleave(H // HK, dim=1)   # (L, H, D)
-    v = vp[rows].reshape(-1, HK, D)[:L].double().repeat_interleave(H // HK, dim=1)
-    scores = torch.einsum("hd,lhd->hl", q[0].double(), k) / D ** 0.5
-    ref = torch.einsum("hl,lhd->hd", scores.softmax(-1), v)
+    k = kp[rows].reshape(-1, HK, D)[:L].double()   # (L, HK, D), no copy per query head
+    v = vp[rows].reshape(-1, HK, D)[:L].double()
+    scores = torch.einsum("kgd,lkd->kgl", q[0].double().view(HK, G, D), k) / D ** 0.5
+    ref = torch.einsum("kgl,lkd->kgd", scores.softmax(-1), v).reshape(HK * G, D)
     return (out[0].double() - ref).abs().max().item()
 
 
@@ -821,8 +821,11 @@ def _bench(args) -> int:
             row["note"] = "; ".join(notes)
             if args.no_eager:   # the graph time stood in for the eager one: not a measurement of it
                 row["ratio_eager"] = None
-                for key in [k for k in EAGER_COLUMNS if isinstance(row.get(k), float)]:
-                    row[key] = "skipped (--no-eager)"
+                # (only where a graph time stood in: a contender that could not be captured keeps
+                # the eager time it was measured at, which its ratios then use)
+                for key in EAGER_COLUMNS:
+                    if isinstance(row.get(key), float) and isinstance(row.get(key[:-3] + "_graph_us"), float):
+                        row[key] = "skipped (--no-eager)"
             rows.append(row)
             if not warm:
                 print(_line(row), flush=True)
@@ -833,7 +836,7 @@ def _bench(args) -> int:
 
     write_results("decode", rows, columns=COLUMNS, plot=_plot, out_dir=args.out_dir,
                   meta=dict(stream_read_TBps=read_bw / 1e12, mapping=args.mapping, quick=args.quick,
-                            graph=graph, flush=args.flush,
+                            graph=graph, flush=args.flush, paged_only=args.paged_only, no_eager=args.no_eager,
                             flashinfer=(getattr(fi, "__version__", "?") if fi else fi_err)))
     print(f"streaming read: {read_bw / 1e12:.2f} TB/s; ratio_vs_best_peer > 1 means numasched is faster "
           f"(CUDA-graph times; ratio_eager: eager calls). "
@@ -1207,7 +1210,7 @@ def _ratio_vs_target(row: Dict) -> Optional[float]:
     a contiguous row against the best peer; None where that peer has no time."""
     if str(row.get("layout", "")).startswith("paged"):
         fi, ours = row.get("flashinfer_graph_us"), row.get("ours_graph_us")
-        # a contender that did not run holds a note ("n/a", "-"; --no-flashinfer), not a time
+        # a contender that did not run holds a note ("n/a"; "skipped" with --no-flashinfer), not a time
         return fi / ours if isinstance(fi, (int, float)) and isinstance(ours, (int, float)) and fi and ours else None
     x = row.get("ratio_vs_best_peer")
     return x if isinstance(x, (int, float)) else None

@@ -275,8 +275,8 @@ IDLE_SM_COST = 0.15
 # pairs (16 pairs x 1k: sixteen splits, never timed) and for a contiguous cache (four and eight
 # within 3 % either way at 32 pairs) the cost model alone decides.
 # Where the GPU has more bandwidth per SM than the H100 (stream_scale > 1) and the cache holds
-# PAGED_FILL_WIDE_MIN_TOKENS or more, the range's top is PAGED_FILL_MAX_PAIRS_PER_SM (64 pairs on
-# 132 SMs in it), else just under FLOOR_MIN_PAIRS_PER_SM:
+# PAGED_FILL_WIDE_MIN_TOKENS to PAGED_FILL_WIDE_MAX_TOKENS, the range's top is
+# PAGED_FILL_MAX_PAIRS_PER_SM (64 pairs on 132 SMs in it), else just under FLOOR_MIN_PAIRS_PER_SM:
 # at 64 pairs on an H200 (pages of 16 and 64, bench/results/decode-s55/p64pairs-*/ and
 # tp2-sweep/: 32/8 x 8 at 2k-32k, 28/4 x 16 at 2k-8k, 16/4 x 16 at 32k) four splits ran 0.7-4.4 %
 # faster than the cost model's two at every point (geomean against FlashInfer 1.041-1.094 ->

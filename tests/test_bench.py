@@ -217,7 +217,7 @@ def test_decode_bench_summary_scores_paged_rows_against_flashinfer():
             row("paged 16", 64, 4096, 0.5, 100.0, 99.0, 0.93),
             row("paged 16", 8, 512, 0.5, 10.0, 12.0, 0.2),
             row("paged 64", 8, 512, 0.5, 10.0, None, 0.2),   # no FlashInfer time: not scored
-            row("paged 64", 8, 1024, 0.5, 10.0, "n/a", 0.2)]   # nor a note (--no-flashinfer)
+            row("paged 64", 8, 1024, 0.5, 10.0, "skipped", 0.2)]   # nor a note (--no-flashinfer)
     lines = decode.summary(rows)
     assert len(lines) == 2
     cont, paged = lines
@@ -309,6 +309,14 @@ def test_decode_bench_paged_only_run_on_the_interpreter(monkeypatch, tmp_path, c
             assert float(r["max_abs_err_vs_sdpa"]) < 1e-5 and float(r["ours_graph_us"]) == pytest.approx(8.0)
             assert r["sdpa_cudnn_us"] == "skipped" and "flashinfer skipped: absent" in r["note"]
             assert r["ours_us"] == ("skipped (--no-eager)" if extra else "10.0")
+            assert r["ratio_eager"] == ""   # no peer here; under --no-eager never a ratio of stand-ins
+    # a call that cannot be captured is timed eagerly under --no-eager, and that time is kept
+    monkeypatch.setattr(decode, "_graph_ms", lambda fn, timing, notes, name: None)
+    out_dir = tmp_path / "uncaptured"
+    assert decode.main([*argv, "--no-eager", "--out-dir", str(out_dir)]) == 0
+    for r in csv.DictReader(open(next(out_dir.glob("decode-*.csv")))):
+        assert r["ours_us"] == "10.0" and r["ours_graph_us"] == "n/a"
+        assert float(r["frac_stream_read"]) > 0   # from the eager time it was measured at
 
 
 def test_decode_bench_no_eager_needs_the_graph_grid(capsys):
