@@ -420,9 +420,9 @@ def _time(fn: Callable, timing: Timing) -> Optional[float]:
     return bench_ms(fn, warmup=max(10, timing.rep // 4), rep=timing.rep, flush=timing.flush)
 
 
-def _try(fn: Callable, timing: Optional[Timing], notes: List[str], name: str):
-    """Time fn; None (reported as n/a) if it raises (e.g. an SDPA backend without a kernel).
-    ``timing`` None: run it once, untimed (0.0 stands for "it ran")."""
+def _run(fn: Callable, notes: List[str], name: str):
+    """Run fn once: (True, its output), or (False, None) with why in ``notes`` if it raises (e.g.
+    an SDPA backend without a kernel: reported as n/a)."""
     import torch
 
     try:
@@ -430,8 +430,14 @@ def _try(fn: Callable, timing: Optional[Timing], notes: List[str], name: str):
         torch.cuda.synchronize()
     except Exception as e:  # noqa: BLE001 - a peer that cannot run this case is "n/a", with why
         notes.append(f"{name}: {type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}")
-        return None, None
-    return (_time(fn, timing) if timing is not None else 0.0), out
+        return False, None
+    return True, out
+
+
+def _try(fn: Callable, timing: Timing, notes: List[str], name: str):
+    """Time fn: (ms, output), or (None, None) if it cannot run (:func:`_run`)."""
+    ran, out = _run(fn, notes, name)
+    return (_time(fn, timing), out) if ran else (None, None)
 
 
 def _flashinfer():
@@ -663,8 +669,8 @@ def _bench(args) -> int:
         call runs once unmeasured and the graph time stands for both (the eager columns are then
         written as skipped); one that cannot be captured is timed eagerly after all."""
         if args.no_eager:
-            ran, out = _try(fn, None, notes, name)
-            if ran is None:
+            ran, out = _run(fn, notes, name)
+            if not ran:
                 return None, None, None
             tg = _graph_ms(fn, args.timing, notes, name)
             return (tg if tg is not None else _time(fn, args.timing)), tg, out
