@@ -35,8 +35,8 @@ stage on every rank before the next (the interpreter runs one program at a time)
 import triton
 import triton.language as tl
 
-from numasched.kernels.dist_common import (epoch_begin, epoch_end, ll_tag, signal_peers, store_words, translate,
-                                           wait_flag, wait_words)
+from numasched.kernels.dist_common import (cta_barrier, epoch_begin, epoch_end, ll_tag, signal_peers, store_words,
+                                           translate, wait_flag, wait_words)
 from numasched.kernels.pdl import pdl_enter
 
 
@@ -286,10 +286,11 @@ def _add_norm_store(total, r_in, w, res_out_ptr, y_ptr, x_ptr, offs, m, N, eps):
 @triton.jit(do_not_specialize=["M", "iters"])
 def all_reduce_add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, res_out_ptr, y_ptr, buf_ptr, flags_ptr, status_ptr,
                                   epoch_ptr, counters_ptr, heap_bases, rank, M, N, iters, eps, wait_bound, ll_ptr,
+                                  pcount_ptr, signals,
                                   WORLD: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
                                   BUMP_EPOCH: tl.constexpr, WAIT_CLOCK: tl.constexpr, PDL: tl.constexpr = False,
                                   ONE_PROGRAM: tl.constexpr = False, ONE_ROW: tl.constexpr = False,
-                                  LL: tl.constexpr = False):
+                                  LL: tl.constexpr = False, PUSHED: tl.constexpr = False):
     """One-shot all-reduce of x (M, N) fused with the transformer's residual add and RMSNorm:
 
         s = sum over ranks of x        (fp32 in rank order, rounded to x's dtype, as an all-reduce returns it)
@@ -302,7 +303,14 @@ def all_reduce_add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, res_out_ptr, y_ptr, buf
     program: stage 2 loads all but the peers' parts before it waits; with LL the row goes as
     tagged 8-byte words into ll_ptr, heap int64 (2, WORLD, M, ceil(N / PACK)), polled until every
     word carries the call's tag: no fence, no flag). buf: heap
-    (2, WORLD, M, N) in x's dtype; flags: heap int64 (WORLD, P)."""
+    (2, WORLD, M, N) in x's dtype; flags: heap int64 (WORLD, P).
+
+    PUSHED (ONE_ROW, flag form): the kernel that produced x already stored every peer's part into
+    our ``buf`` (its slot ``epoch % 2``, as here) and, after its stores, added ``signals`` to our
+    ``pcount_ptr[src]`` (heap int64 (WORLD,), release at system scope; e.g. one add a 64-column
+    band: kernels/gemm_weight_first.py, and ``arn_push_kernel`` below). Nothing is pushed here: a
+    program waits until ``pcount[src] >= epoch * signals`` for each peer, then sums as above.
+    The counts only grow, so a plan's calls must all be pushed ones (the host keys them apart)."""
     pdl_enter(PDL)  # PDL: wait for the previous kernel here (kernels/pdl.py)
     e = epoch_begin(epoch_ptr)
     slot = (e % 2).to(tl.int32)   # the epoch is int64; buffer arithmetic and TMA offsets stay 32-bit
@@ -329,7 +337,7 @@ def all_reduce_add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, res_out_ptr, y_ptr, buf
         ll_part = tl.zeros([], tl.int64) + M * llw
         ll_recv = ll_ptr + (slot * WORLD).to(tl.int64) * ll_part + row * llw + words
         tag = ll_tag(e)
-        if (STAGES & 1) != 0:
+        if ((STAGES & 1) != 0) & (not PUSHED):
             v = tl.load(x_ptr + row * N + cols, mask=m, other=0.0)   # (LL: the last word's lane past N is 0)
             if LL:
                 packed = _ll_pack(v, tag)
@@ -352,7 +360,10 @@ def all_reduce_add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, res_out_ptr, y_ptr, buf
                     got = wait_words(ll_recv + src * ll_part, wmask, tag, src, status_ptr, wait_bound, WAIT_CLOCK)
                     total += tl.where(m, _ll_unpack(got, x_ptr.dtype.element_ty), 0.0)
                 else:
-                    wait_flag(flags_ptr + src * P + p, base + 1, src, status_ptr, wait_bound, WAIT_CLOCK)
+                    if PUSHED:   # the producer's count of this call: `signals` adds an epoch
+                        wait_flag(pcount_ptr + src, e * signals, src, status_ptr, wait_bound, WAIT_CLOCK)
+                    else:
+                        wait_flag(flags_ptr + src * P + p, base + 1, src, status_ptr, wait_bound, WAIT_CLOCK)
                     total += tl.load(recv + src * part + row * N + cols, mask=m, other=0.0).to(tl.float32)
             _add_norm_store(total, r_in, w, res_out_ptr, y_ptr, x_ptr, row * N + cols, m, N, eps)
     else:
@@ -381,3 +392,31 @@ def all_reduce_add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, res_out_ptr, y_ptr, buf
                     _add_norm_store(total, r_in, w, res_out_ptr, y_ptr, x_ptr, row * N + cols, m, N, eps)
 
     epoch_end(epoch_ptr, counters_ptr, P, e, BUMP_EPOCH, ONE_PROGRAM)
+
+
+@triton.jit
+def arn_push_kernel(x_ptr, buf_ptr, pcount_ptr, epoch_ptr, heap_bases, rank, M, N,
+                    WORLD: tl.constexpr, BAND: tl.constexpr, BLOCK_M: tl.constexpr):
+    """The producer's side of a PUSHED ``all_reduce_add_rmsnorm_kernel`` as a kernel of its own (the
+    reference for the GEMM epilogue that does the same: kernels/gemm_weight_first.py, and the
+    CPU tests' producer): program b stores x's columns [b * BAND, (b + 1) * BAND) of every row into
+    every peer's ``buf[slot, rank]`` (slot = the coming call's epoch % 2, read from the consumer's
+    own ``epoch_ptr``), then adds 1 to the peer's ``pcount[rank]`` after those stores (release,
+    system scope). The consumer then waits for ``epoch * cdiv(N, BAND)`` adds."""
+    b = tl.program_id(0)
+    e = epoch_begin(epoch_ptr)
+    slot = (e % 2).to(tl.int32)
+    part = tl.zeros([], tl.int64) + M * N
+    rows = tl.arange(0, BLOCK_M)
+    cols = b * BAND + tl.arange(0, BAND)
+    m = (rows[:, None] < M) & (cols[None, :] < N)
+    offs = rows[:, None].to(tl.int64) * N + cols[None, :]
+    v = tl.load(x_ptr + offs, mask=m)
+    dst = buf_ptr + (slot * WORLD + rank).to(tl.int64) * part + offs
+    for d in tl.static_range(WORLD):
+        if d != rank:
+            tl.store(translate(dst, rank, d, heap_bases), v, mask=m)
+    cta_barrier(False)
+    for d in tl.static_range(WORLD):
+        if d != rank:
+            tl.atomic_add(translate(pcount_ptr + rank, rank, d, heap_bases), 1, sem="release", scope="sys")

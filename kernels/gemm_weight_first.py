@@ -22,6 +22,10 @@ so they cannot straddle the wait; here the loads are explicit:
    workspace and takes a ticket on its band's counter; the unit that takes the last ticket sums
    the band's partials in split order (the same bits whichever finishes last), stores, and resets
    the counter for the next launch and for CUDA-graph replays. Nothing waits on another program.
+6. PUSH (a row-parallel projection at TP > 1): the band also goes to every peer's receive buffer
+   of the all-reduce + add + norm that follows, with one count a band, so that kernel sends
+   nothing and only waits for the counts (``_band_push``; the exchange starts band by band while
+   the GEMM's other bands still stream, instead of after the GEMM's last one).
 
 One warpgroup (4 warps) a program; shared memory holds STAGES x (64 or 128 rows + BLOCK_T) x
 BLOCK_K. ``EARLY`` counts the ring stages whose weight boxes go before the wait (step 2): the host
@@ -74,25 +78,58 @@ if HAVE_GLUON:
         gl.store(ptrs, vals.to(y.dtype.element_ty), mask=(cols[:, None] < N) & (m[None, :] < M))
 
     @gluon.jit
+    def _band_push(recv, pcount, epoch, heap_bases, rank, vals, n0, M, N, layout: gl.constexpr, BAND: gl.constexpr,
+                   BLOCK_T: gl.constexpr, WORLD: gl.constexpr):
+        """PUSH: the band (as :func:`_band_store` writes it) into every peer's copy of ``recv``, slot
+        ``epoch + 1 & 1``, part ``rank`` (heap (2, WORLD, M, N)), then one add to every peer's
+        ``pcount[rank]`` after those stores (CTA barrier, then a release at system scope): the
+        producer's side of the pushed all-reduce + add + norm (kernels/dist_allreduce.py,
+        ``arn_push_kernel`` is the same in Triton). ``epoch`` is that kernel's own word: read
+        after this kernel's PDL wait, so the call before it has published it."""
+        e = gl.load(epoch, cache_modifier=".cg") + 1
+        slot = (e % 2).to(gl.int32)
+        r = gl.arange(0, BAND, layout=gl.SliceLayout(1, layout))
+        m = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, layout))
+        cols = n0 + r
+        part = M.to(gl.int64) * N
+        offs = (slot * WORLD + rank).to(gl.int64) * part + m[None, :].to(gl.int64) * N + cols[:, None].to(gl.int64)
+        mask = (cols[:, None] < N) & (m[None, :] < M)
+        v = vals.to(recv.dtype.element_ty)
+        ELT: gl.constexpr = recv.dtype.element_ty.primitive_bitwidth // 8
+        own = gl.load(heap_bases + rank)
+        for d in gl.static_range(WORLD):
+            if d != rank:   # the same offset in the peer's heap (heap bases are 256-byte aligned)
+                gl.store(recv + (gl.load(heap_bases + d) - own) // ELT + offs, v, mask=mask)
+        gl.thread_barrier()
+        for d in gl.static_range(WORLD):
+            if d != rank:
+                gl.atomic_add(pcount + (gl.load(heap_bases + d) - own) // 8 + rank, 1, sem="release", scope="sys")
+
+    @gluon.jit
     def _glu(g, u):
         return g / (1.0 + gl.exp(-g)) * u
 
     @gluon.jit
     def weight_first_kernel(w_desc, x_desc, y, ws, counters, M, N, K, stride_ym, stride_yn, k_per_split,
+                            recv, pcount, epoch, heap_bases, rank,
                             SPLITS: gl.constexpr, STAGES: gl.constexpr, GLU: gl.constexpr = False,
-                            PDL: gl.constexpr = 0, EARLY: gl.constexpr = 0):
+                            PDL: gl.constexpr = 0, EARLY: gl.constexpr = 0, PUSH: gl.constexpr = False,
+                            WORLD: gl.constexpr = 1):
         """y[:M, :N] = x[:M] @ W[:N].T (GLU: silu(x @ W[:N].T) * (x @ W[N:2N].T)). w_desc: W (N or
         2N, K) in (64, BLOCK_K) boxes; x_desc: x (M, K) in (BLOCK_T, BLOCK_K) boxes; y: (M, N) any
         strides; ws: fp32, SPLITS > 1: (units, GLU + 1, 64, BLOCK_T); counters: int32, one per band
         (zero before the first launch; each launch leaves them zero). Grid: bands x SPLITS units;
         k_per_split: a multiple of BLOCK_K. PDL: 0 none, 1 let the next kernel launch, then wait,
-        3 wait, and let it launch after the K loop. EARLY: at most STAGES."""
+        3 wait, and let it launch after the K loop. EARLY: at most STAGES. PUSH (not GLU): each
+        band of y also goes to the WORLD - 1 peers of ``rank`` for a pushed all-reduce + add +
+        norm (``_band_push``: recv, pcount, epoch, heap_bases; unused otherwise)."""
         BAND: gl.constexpr = w_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = w_desc.block_type.shape[1]
         BLOCK_T: gl.constexpr = x_desc.block_type.shape[0]
         gl.static_assert(BAND == 64, "the weight's boxes are 64 rows (one warpgroup's wgmma)")
         gl.static_assert(x_desc.block_type.shape[1] == BLOCK_K, "x's boxes are BLOCK_K wide")
         gl.static_assert(EARLY <= STAGES, "EARLY counts ring stages")
+        gl.static_assert(not (PUSH and GLU), "PUSH: a row-parallel projection's GEMM (no GLU)")
         NW: gl.constexpr = 2 if GLU else 1
         NBYTES: gl.constexpr = NW * w_desc.block_type.nbytes + x_desc.block_type.nbytes
         pid = gl.program_id(0)
@@ -156,6 +193,9 @@ if HAVE_GLUON:
                 _band_store(y, _glu(acc, acc_u), n0, M, N, stride_ym, stride_yn, acc_layout, BAND, BLOCK_T)
             else:
                 _band_store(y, acc, n0, M, N, stride_ym, stride_yn, acc_layout, BAND, BLOCK_T)
+                if PUSH:
+                    _band_push(recv, pcount, epoch, heap_bases, rank, acc, n0, M, N, acc_layout, BAND, BLOCK_T,
+                               WORLD)
         else:
             SLOT: gl.constexpr = BAND * BLOCK_T
             r = gl.arange(0, BAND, layout=gl.SliceLayout(1, acc_layout))
@@ -182,3 +222,6 @@ if HAVE_GLUON:
                     _band_store(y, _glu(tot, tot_u), n0, M, N, stride_ym, stride_yn, acc_layout, BAND, BLOCK_T)
                 else:
                     _band_store(y, tot, n0, M, N, stride_ym, stride_yn, acc_layout, BAND, BLOCK_T)
+                    if PUSH:
+                        _band_push(recv, pcount, epoch, heap_bases, rank, tot, n0, M, N, acc_layout, BAND, BLOCK_T,
+                                   WORLD)

@@ -128,6 +128,20 @@ def _check_out(x: torch.Tensor, n: int, out: Optional[torch.Tensor]) -> None:
         raise ValueError(f"out must be a ({x.shape[0]}, {n}) {x.dtype} tensor on {x.device}")
 
 
+def _check_push(push, x: torch.Tensor, n: int, glu: bool) -> None:
+    """A push target (numasched.distributed.PushTarget) for y (M, n): its receive buffer holds y's
+    rows in y's dtype, on x's device."""
+    if glu:
+        raise ValueError("push: the GLU form does not push (a row-parallel projection's GEMM does)")
+    recv = getattr(push, "recv", None)
+    if not isinstance(recv, torch.Tensor) or not hasattr(push, "pcount") or not hasattr(push, "world"):
+        raise TypeError(f"push must be a numasched.distributed.PushTarget, got {type(push).__name__}")
+    want = (2, push.world, x.shape[0], n)
+    if tuple(recv.shape) != want or recv.dtype != x.dtype or recv.device != x.device or push.world < 2:
+        raise ValueError(f"push: its receive buffer is {tuple(recv.shape)} {recv.dtype} on {recv.device}; y needs "
+                         f"{want} {x.dtype} on {x.device} (push_target of y's shape, world >= 2)")
+
+
 class WeightFirstPlan:
     """A launch of ``y = x @ w.T`` for operands of x's and w's shapes, dtype and device (checked
     once); ``run`` makes the descriptors of the tensors it is given and launches."""
@@ -151,7 +165,10 @@ class WeightFirstPlan:
         self._launches: dict = {}   # specialisation signature -> Launch
         self._fulls: dict = {}      # (pointers, strides) -> the C launcher's whole argument list
 
-    def run(self, x: torch.Tensor, w: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def run(self, x: torch.Tensor, w: torch.Tensor, out: Optional[torch.Tensor] = None, push=None) -> torch.Tensor:
+        """``push``: a :class:`numasched.distributed.PushTarget` (from ``push_target(..., pushed=
+        plan.cfg.bands)``): y's bands also go to the peers for the pushed all-reduce + add + norm
+        that must follow (not with glu)."""
         if (tuple(x.shape), tuple(w.shape), x.dtype, self.glu, x.device) != self.key:
             raise ValueError(f"x {tuple(x.shape)} / w {tuple(w.shape)} {x.dtype} on {x.device} are not the plan's "
                              f"{self.key[:3]} on {self.key[4]}")
@@ -162,6 +179,8 @@ class WeightFirstPlan:
         _check_out(x, self.N, out)
         c = self.cfg
         M, K = x.shape
+        if push is not None:
+            _check_push(push, x, self.N, self.glu)
         y = torch.empty((M, self.N), device=x.device, dtype=x.dtype) if out is None else out
         sy0, sy1 = y.stride()
         # the thin launch (numasched._launch): Gluon's Python path on a signature's first call, then
@@ -170,11 +189,17 @@ class WeightFirstPlan:
         # y's strides (1, a multiple of 16) and alignment (the descriptors specialise on nothing);
         # and x's and w's row strides, since a Launch caches each descriptor's tensor map by its
         # base pointer alone
-        sig = (sy0 == 1, sy0 % 16 == 0, sy1 == 1, sy1 % 16 == 0, y.data_ptr() % 16 == 0, x.stride(0), w.stride(0))
+        world = push.world if push is not None else 1
+        sig = (sy0 == 1, sy0 % 16 == 0, sy1 == 1, sy1 % 16 == 0, y.data_ptr() % 16 == 0, x.stride(0), w.stride(0),
+               world)
         run = self._launches.get(sig)
         if run is None:
-            run = self._launches[sig] = self._launch(x.device)
-        fkey = (x.data_ptr(), x.stride(0), w.data_ptr(), w.stride(0), y.data_ptr(), sy0, sy1)
+            run = self._launches[sig] = self._launch(x.device, world)
+        # the push's buffers (unused without it: y, the counters, y, the counters and rank 0)
+        pt = (push.recv, push.pcount, push.epoch, push.heap_bases) if push is not None else (y, self.counters) * 2
+        rank = push.rank if push is not None else 0
+        fkey = (x.data_ptr(), x.stride(0), w.data_ptr(), w.stride(0), y.data_ptr(), sy0, sy1,
+                tuple(t.data_ptr() for t in pt), rank)
         if run.raw is not None and not hooked():
             full = self._fulls.get(fkey)
             if full is not None:
@@ -185,15 +210,17 @@ class WeightFirstPlan:
         x_d = desc(x, x.shape, x.stride(), [c.block_t, BLOCK_K])
         thin = run.raw is not None and desc is HostDesc
         args = (w_d, x_d, y.data_ptr() if thin else y, self.ws.data_ptr() if thin else self.ws,
-                self.counters.data_ptr() if thin else self.counters, M, self.N, K, sy0, sy1, c.k_per_split)
+                self.counters.data_ptr() if thin else self.counters, M, self.N, K, sy0, sy1, c.k_per_split,
+                *(t.data_ptr() if thin else t for t in pt), rank)
         run(*args)
         if thin and not hooked():
             run.keep_full(self._fulls, fkey, args)
         return y
 
-    def _launch(self, device):
+    def _launch(self, device, world: int = 1):
         """The kernel's Launch with this plan's constexprs: its own PDL mode (``pdl``), so the
-        options' PDL switch, which Launch would apply, is off for it."""
+        options' PDL switch, which Launch would apply, is off for it; ``world`` > 1: the pushing
+        form for that many ranks."""
         import dataclasses
 
         from numasched import options as _options
@@ -202,5 +229,5 @@ class WeightFirstPlan:
         c = self.cfg
         return Launch(weight_first_kernel, c.units,
                       dict(SPLITS=c.splits, STAGES=c.stages, GLU=self.glu, PDL=self.pdl, EARLY=self.early,
-                           num_warps=4, launch_pdl=self.pdl != 0),
+                           PUSH=world > 1, WORLD=world, num_warps=4, launch_pdl=self.pdl != 0),
                       device=device, options=dataclasses.replace(_options.current(), pdl=False))

@@ -28,6 +28,7 @@ numasched is imported (they are not read per call):
     NUMASCHED_WEIGHT_FIRST_EARLY=N weight_first_early -> N (unset: every ring stage)
     NUMASCHED_DECODE_PREFETCH_WIDE=1 decode_prefetch_wide -> True
     NUMASCHED_WEIGHT_FIRST_ROW_PARALLEL=0 weight_first_row_parallel -> False
+    NUMASCHED_WEIGHT_FIRST_PUSH=1 weight_first_push -> True
     NUMASCHED_DECODE_TMA=0/1    decode_tma -> False / True
     NUMASCHED_ARN_LL=0/1        arn_exchange -> "flag" / "ll"
     NUMASCHED_ARN_ONE_ROW=0     arn_one_row -> False
@@ -170,6 +171,11 @@ class Options:
             gate/up GEMM; off: numasched's split-K GEMM there. On by default: two H200s ran the
             TP 2 Llama-3-8B decode step 0.1-3.6 % faster with it at every point of two A/B runs
             (batch 1, 4, 16 x 2k, 32k; bench/results/README.md, fifty-sixth session).
+        weight_first_push: with ``weight_first_row_parallel``, that GEMM's epilogue also pushes
+            each 64-column band of its output to the peers, counted, and the all-reduce + add +
+            norm after it runs pushed (``all_reduce_add_rmsnorm(pushed=...)``: it sends nothing,
+            it waits for the counts): the exchange starts band by band under the GEMM instead of
+            after it. Off by default until timed against the unpushed form.
         decode_tma: flash_decode loads the whole K/V tiles of a contiguous cache by TMA (bulk
             tensor copies into shared memory; NVIDIA sm_90+, 16-byte aligned rows, the model's or
             a given kernel config) instead of per-thread async copies; the last, partial tile of a
@@ -280,6 +286,7 @@ class Options:
     weight_first_early: Optional[int] = None
     decode_prefetch_wide: bool = False
     weight_first_row_parallel: bool = True
+    weight_first_push: bool = False
     decode_tma: bool = False
     arn_one_row: bool = True
     arn_exchange: str = "auto"
@@ -304,7 +311,7 @@ class Options:
         for f in ("autotune", "check_data", "gemm_flatten", "gemm_splitk_tma", "gemm_streamk_k_aligned",
                   "gemm_tail_split", "gemm_ws", "pdl", "pdl_prefetch", "arn_one_row", "decode_tma",
                   "gemm_ws_last_box", "gemm_ws_dead_half", "gemm_ws_swap", "fused_rs_early", "decode_prefetch_wide",
-                  "weight_first_row_parallel"):
+                  "weight_first_row_parallel", "weight_first_push"):
             if not isinstance(getattr(self, f), bool):
                 raise TypeError(f"Options.{f} must be a bool, got {getattr(self, f)!r}")
         if isinstance(self.pdl_trigger, bool):  # the former bool form
@@ -431,6 +438,7 @@ def from_env(environ=None) -> Options:
                    decode_prefetch_wide=flag("NUMASCHED_DECODE_PREFETCH_WIDE", Options.decode_prefetch_wide),
                    weight_first_row_parallel=flag("NUMASCHED_WEIGHT_FIRST_ROW_PARALLEL",
                                                   Options.weight_first_row_parallel),
+                   weight_first_push=flag("NUMASCHED_WEIGHT_FIRST_PUSH", Options.weight_first_push),
                    decode_tma=flag("NUMASCHED_DECODE_TMA", Options.decode_tma),
                    arn_one_row=flag("NUMASCHED_ARN_ONE_ROW", True),
                    arn_exchange=exchange,

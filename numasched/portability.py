@@ -481,7 +481,7 @@ def _gemm_ws(block_n: int = 256, stages: int = 3, b_kmajor: bool = True, glu: bo
     return build
 
 
-def _weight_first(rows: int = 16, glu: bool = False, splits: int = 2, pdl: int = 1, early=None):
+def _weight_first(rows: int = 16, glu: bool = False, splits: int = 2, pdl: int = 1, early=None, world: int = 1):
     def build(vendor):
         from numasched.gemm_weight_first import BAND, BLOCK_K, config
         from numasched.gemm_ws import descriptor_type
@@ -491,8 +491,9 @@ def _weight_first(rows: int = 16, glu: bool = False, splits: int = 2, pdl: int =
         values = dict(w_desc=descriptor_type("bf16", [BAND, BLOCK_K]),
                       x_desc=descriptor_type("bf16", [cfg.block_t, BLOCK_K]), y="*bf16", ws="*fp32",
                       counters="*i32", M=rows, N=4096, K=4096, stride_ym=4096, stride_yn=1,
-                      k_per_split=cfg.k_per_split, SPLITS=cfg.splits, STAGES=cfg.stages, GLU=glu, PDL=pdl,
-                      EARLY=cfg.stages if early is None else early)
+                      k_per_split=cfg.k_per_split, recv="*bf16", pcount="*i64", epoch="*i64", heap_bases="*i64",
+                      rank=1, SPLITS=cfg.splits, STAGES=cfg.stages, GLU=glu, PDL=pdl,
+                      EARLY=cfg.stages if early is None else early, PUSH=world > 1, WORLD=world)
         return weight_first_kernel, values, 4, 1
     return build
 
@@ -822,6 +823,11 @@ VARIANTS: List[Variant] = [
             note="the A/B form: every box after the PDL wait"),
     Variant("gemm_weight_first", "bf16-16-split2-early2", _weight_first(early=2), off={"amd": _GLUON_OFF},
             note="two ring stages' weight boxes before the PDL wait, the rest after"),
+    Variant("gemm_weight_first", "bf16-16-split2-push2", _weight_first(pdl=3, world=2), off={"amd": _GLUON_OFF},
+            note="a row-parallel projection's form: each band also pushed to the peer, counted (the pushed "
+                 "all-reduce + add + norm after it)"),
+    Variant("gemm_weight_first", "bf16-16-split1-push4", _weight_first(splits=1, pdl=3, world=4),
+            off={"amd": _GLUON_OFF}, note="pushed to three peers, unsplit"),
     Variant("gemm_ws", "bf16-128x256-s3", _gemm_ws(), off={"amd": _GLUON_OFF},
             note="warp-specialised (Gluon): a loader warp, two consumer warpgroups, maxnreg 168"),
     Variant("gemm_ws", "bf16-128x128-s5-b-rowmajor", _gemm_ws(128, 5, b_kmajor=False), off={"amd": _GLUON_OFF},

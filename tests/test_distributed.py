@@ -984,13 +984,15 @@ c = compile_(dist_gemm_ar.matmul_all_reduce_kernel, dict(pairs, FLAT=True, DIREC
 res["mar_tma_push"] = dict(ptx=c.asm["ptx"], shared=c.metadata.shared, scratch=c.metadata.global_scratch_size)
 vals = dict(x_ptr="*bf16", res_ptr="*bf16", w_ptr="*bf16", res_out_ptr="*bf16", y_ptr="*bf16", buf_ptr="*bf16",
             flags_ptr="*i64", status_ptr="*i32", epoch_ptr="*i64", counters_ptr="*i32", heap_bases="*i64", rank=0,
-            M=16, N=4096, iters=3, eps=1e-5, wait_bound=10**6, ll_ptr="*i64", WORLD=2, BLOCK_N=4096, STAGES=3,
-            BUMP_EPOCH=True, WAIT_CLOCK=True)
+            M=16, N=4096, iters=3, eps=1e-5, wait_bound=10**6, ll_ptr="*i64", pcount_ptr="*i64", signals=64,
+            WORLD=2, BLOCK_N=4096, STAGES=3, BUMP_EPOCH=True, WAIT_CLOCK=True)
 vals["eps"] = "fp32"
 c = compile_(dist_allreduce.all_reduce_add_rmsnorm_kernel, vals, sm90, 8)
 res["arn"] = dict(ptx=c.asm["ptx"])
 c = compile_(dist_allreduce.all_reduce_add_rmsnorm_kernel, dict(vals, iters=1, ONE_ROW=True, LL=True), sm90, 8)
 res["arn_ll"] = dict(ptx=c.asm["ptx"])
+c = compile_(dist_allreduce.all_reduce_add_rmsnorm_kernel, dict(vals, iters=1, ONE_ROW=True, PUSHED=True), sm90, 8)
+res["arn_pushed"] = dict(ptx=c.asm["ptx"])
 for two in (False, True):
     vals = dict(x_ptr="*bf16", out_ptr="*bf16", buf_ptr="*bf16", buf2_ptr="*bf16", flags_ptr="*i64",
                 status_ptr="*i32", epoch_ptr="*i64", counters_ptr="*i32", heap_bases="*i64", rank=0, n=4099,
@@ -1138,6 +1140,10 @@ def test_kernels_compile_for_hopper(subprocess_result):
     assert "st.relaxed.sys.global.b64" in ll and "ld.volatile.global" in ll and "%globaltimer" in ll
     assert "fence.acq_rel.sys" not in ll and not re.search(r"atom\.global\.sys", ll)
     assert subprocess_result["one_row"]   # M = 1 compiles (it once broke: an int 1 became a constant)
+    pushed = subprocess_result["arn_pushed"]["ptx"]   # pushed: no stores to the peer, no flag, an acquire wait
+    assert re.search(r"(ld|atom)\.global\.sys\.acquire", pushed) and "%globaltimer" in pushed
+    assert "fence.acq_rel.sys" not in pushed and not re.search(r"atom\.global\.sys\.(release|relaxed)", pushed)
+    assert "st.global.v4" in pushed   # the residual and y, stored locally
     mar = subprocess_result["mar"]
     assert _released(mar["ptx"])
     assert re.search(r"(ld|atom)\.global\.sys\.acquire", mar["ptx"])
@@ -1982,6 +1988,91 @@ def test_all_reduce_add_rmsnorm_one_row_and_ll_sim(ll, world, M, N, dtype):
         with pytest.raises(TimeoutError, match=rf"rank\(s\) \[{world - 1}\] never signalled"):
             sim.run_each("all_reduce_add_rmsnorm", [((x[r], torch.zeros(M, N, dtype=dtype), torch.ones(N, dtype=dtype),
                                                        1e-5), {}) for r in range(world)], skip_ranks=[world - 1])
+
+
+def _push_bands(sim, xs, res, w, eps, band, skip=()):
+    """Every rank's producer (``arn_push_kernel``, the Triton twin of the weight-first GEMM's push
+    epilogue) into its push_target, then the pushed all_reduce_add_rmsnorm on every rank."""
+    from numasched.kernels.dist_allreduce import arn_push_kernel
+
+    M, N = xs[0].shape
+    bands = -(-N // band)
+    outs = [torch.full((M, N), float("nan"), dtype=xs[0].dtype) for _ in xs]
+    resids = [res.clone() for _ in xs]
+    # every rank's target (its plan's buffers zeroed on first use) before any rank pushes, as the
+    # plan's barrier orders them on GPUs
+    targets = [nd.push_target(xs[ctx.rank], resids[ctx.rank], w, eps, ctx=ctx, pushed=bands) for ctx in sim.ranks]
+    for ctx, t in zip(sim.ranks, targets):
+        assert (t.rank, t.world, tuple(t.recv.shape)) == (ctx.rank, sim.world, (2, sim.world, M, N))
+        if ctx.rank not in skip:
+            arn_push_kernel[(bands,)](xs[ctx.rank], t.recv, t.pcount, t.epoch, t.heap_bases, ctx.rank, M, N,
+                                      WORLD=sim.world, BAND=band, BLOCK_M=max(2, 1 << (M - 1).bit_length()))
+    got = sim.run_each("all_reduce_add_rmsnorm", [((xs[r], resids[r], w, eps), dict(out=outs[r], pushed=bands))
+                                                  for r in range(sim.world)])
+    return got, resids, outs
+
+
+@pytest.mark.parametrize("world,M,N,band,dtype", [(2, 3, 40, 16, torch.float32), (3, 2, 64, 32, torch.float16),
+                                                   (2, 3, 37, 16, torch.bfloat16)])
+def test_all_reduce_add_rmsnorm_pushed_sim(world, M, N, band, dtype):
+    """The pushed form (the producer stored the peers' parts band by band and counted them): the
+    unfused float64 reference on fresh data over calls that use both buffer slots (outputs
+    poisoned), the same bits on every rank, plans apart from the unpushed form's; a producer that
+    never pushes makes the peers raise TimeoutError naming its rank; bad arguments are refused."""
+    sim = nd.SimWorld(world, max_spins=20)
+    g = torch.Generator().manual_seed(world * 100 + N)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    w = (1 + 0.1 * torch.randn(N, generator=g)).to(dtype)
+    for call in range(3):
+        xs = [torch.randn(M, N, generator=g).to(dtype) for _ in range(world)]
+        res = torch.randn(M, N, generator=g).to(dtype)
+        r_ref, y_ref = _add_rmsnorm_ref(xs, res, w, 1e-5)
+        got, resids, outs = _push_bands(sim, xs, res, w, 1e-5, band)
+        for r in range(world):
+            r_out, y = got[r]
+            assert r_out is resids[r] and y is outs[r]
+            assert _rel(r_out.double(), r_ref.double()) < tol and _rel(y.double(), y_ref) < tol, (call, r)
+            assert torch.equal(y, got[0][1]) and torch.equal(r_out, got[0][0])
+        # an unpushed call of the same shapes between pushed ones: its own plan (its own epoch)
+        if call == 1:
+            xs2 = [torch.randn(M, N, generator=g).to(dtype) for _ in range(world)]
+            r2, y2 = _add_rmsnorm_ref(xs2, res, w, 1e-5)
+            plain = sim.run_each("all_reduce_add_rmsnorm", [((xs2[r], res.clone(), w, 1e-5), {}) for r in range(world)])
+            assert _rel(plain[0][1].double(), y2) < tol and _rel(plain[world - 1][0].double(), r2.double()) < tol
+    keys = {k for k in sim.ranks[0].plans if k[0] == "all_reduce_add_rmsnorm"}
+    assert sorted(len(k) for k in keys) == [9, 10] and max(keys, key=len)[-1] == -(-N // band)
+    xs = [torch.randn(M, N, generator=g).to(dtype) for _ in range(world)]
+    with pytest.raises(TimeoutError, match=rf"rank\(s\) \[{world - 1}\] never signalled"):
+        _push_bands(sim, xs, torch.zeros(M, N, dtype=dtype), w, 1e-5, band, skip=[world - 1])
+    one = nd.SimWorld(1).ranks[0]
+    with pytest.raises(ValueError, match="no peer"):
+        nd.push_target(xs[0], xs[0].clone(), w, 1e-5, ctx=one, pushed=2)
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(ValueError, match="pushed must be"):
+            nd.push_target(xs[0], xs[0].clone(), w, 1e-5, ctx=nd.SimWorld(2).ranks[0], pushed=bad)
+    with pytest.raises(ValueError, match="pushed must be"):
+        nd.all_reduce_add_rmsnorm(xs[0], xs[0].clone(), w, 1e-5, ctx=one, pushed=-2)
+    many = torch.randn(sim.num_sms + 1, N).to(dtype)
+    with pytest.raises(ValueError, match="pushed: x has"):
+        nd.push_target(many, many.clone(), w, 1e-5, ctx=nd.SimWorld(2).ranks[0], pushed=2)
+
+
+def test_weight_first_push_argument_checks():
+    """The weight-first GEMM's push target is checked naming the argument (CPU: the check alone)."""
+    from numasched.gemm_weight_first import _check_push
+
+    x = torch.empty(4, 64, dtype=torch.bfloat16)
+    good = nd.PushTarget(torch.empty(2, 2, 4, 96, dtype=torch.bfloat16), torch.zeros(2, dtype=torch.int64),
+                         torch.zeros(1, dtype=torch.int64), torch.zeros(2, dtype=torch.int64), 0, 2)
+    _check_push(good, x, 96, glu=False)
+    with pytest.raises(ValueError, match="GLU form does not push"):
+        _check_push(good, x, 96, glu=True)
+    with pytest.raises(TypeError, match="PushTarget"):
+        _check_push(object(), x, 96, glu=False)
+    with pytest.raises(ValueError, match=r"y needs \(2, 2, 4, 128\)"):
+        _check_push(good, x, 128, glu=False)
+    assert options.from_env({"NUMASCHED_WEIGHT_FIRST_PUSH": "1"}).weight_first_push
+    assert not options.from_env({}).weight_first_push
 
 
 def test_all_reduce_add_rmsnorm_exchange_choice():

@@ -927,6 +927,7 @@ def _model_graph_timeout(rank: int, world: int) -> int:
 
 
 ROW_PARALLEL_SPLITK = "numasched split-K row-parallel"
+ROW_PARALLEL_PUSH = "numasched weight-first row-parallel, pushed"
 
 
 def _tp_gpu_main(stop_only: bool = False, recycle_only: bool = False) -> int:
@@ -959,6 +960,8 @@ def _tp_gpu_main(stop_only: bool = False, recycle_only: bool = False) -> int:
         backends["numasched swiglu kernel"] = NumaschedBackend(world, backends["numasched"].ctx, fuse_swiglu=False)
         # options.weight_first_row_parallel off (below): o_proj and down_proj by the split-K GEMM
         backends[ROW_PARALLEL_SPLITK] = NumaschedBackend(world, backends["numasched"].ctx, weight_first=True)
+        # options.weight_first_push on (below): the row-parallel GEMM pushes its bands, the norm waits
+        backends[ROW_PARALLEL_PUSH] = NumaschedBackend(world, backends["numasched"].ctx, weight_first=True)
     except Exception as e:  # noqa: BLE001 - reported; the torch backend is still checked
         print(f"[rank {rank}] numasched backend unavailable: {type(e).__name__}: {e}", flush=True)
     failed = 0
@@ -969,7 +972,8 @@ def _tp_gpu_main(stop_only: bool = False, recycle_only: bool = False) -> int:
         ref = reference(hf, ids)
         model = TPDecoder.from_hf(hf, tp_rank=rank, tp_size=world)
         for name, be in backends.items():
-            with options.use(weight_first_row_parallel=name != ROW_PARALLEL_SPLITK):
+            with options.use(weight_first_row_parallel=name != ROW_PARALLEL_SPLITK,
+                             weight_first_push=name == ROW_PARALLEL_PUSH):
                 got = run_teacher_forced(model, be, ids, prompt=36, page_size=16)
                 cache = be.new_cache(model, batch=2, capacity=64, page_size=16)
                 model.prefill(ids[:, :36], cache, be)

@@ -422,6 +422,21 @@ def run(ctx, op: str, *args, check: bool = True, **kwargs):
     if getattr(ctx, "world_", None) is not None and ctx.world > 1:
         raise ValueError("a simulated rank cannot call alone: use SimWorld.run(op, per_rank_args)")
     call = spec.prepare(ctx, *args, **kwargs)
+    plan = plan_for(ctx, op, call)
+    # a capture: no status read (a host sync), and a plan a CUDA graph holds is never given back
+    capturing = (check or ctx.recycle) and ctx.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    if ctx.recycle:
+        ctx.used(call.key, capturing)
+    out = spec.launch(ctx, plan, call, phase="full")
+    if check and not capturing:
+        ctx.check(op)
+    return out
+
+
+def plan_for(ctx, op: str, call: Call) -> Plan:
+    """``ctx``'s plan for ``call`` (made on first use: the ranks' headers checked against each
+    other, buffers, then a barrier)."""
+    spec = OPS[op]
     plan = ctx.plans.get(call.key)
     if plan is None:
         check_headers(op, ctx.exchange(call.header) if hasattr(ctx, "exchange") else [call.header])
@@ -435,14 +450,7 @@ def run(ctx, op: str, *args, check: bool = True, **kwargs):
         # protocol.simulate(..., init_barrier=False) shows the failure. Once per signature.
         if hasattr(ctx, "barrier"):
             ctx.barrier()
-    # a capture: no status read (a host sync), and a plan a CUDA graph holds is never given back
-    capturing = (check or ctx.recycle) and ctx.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-    if ctx.recycle:
-        ctx.used(call.key, capturing)
-    out = spec.launch(ctx, plan, call, phase="full")
-    if check and not capturing:
-        ctx.check(op)
-    return out
+    return plan
 
 
 def required_heap_bytes(workload, world: int) -> int:

@@ -10,12 +10,14 @@ program: meant for decode-sized M (the one-shot all-reduce's regime).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from numasched import options as _options
 from numasched._validate import check_tensor
 
-from ._common import DTYPES, Call, _aligned, _cdiv, _check_device, _on_gpu, _Op, register, run
+from ._common import DTYPES, Call, _aligned, _cdiv, _check_device, _on_gpu, _Op, plan_for, register, run
 
 MAX_PROGRAMS = 1024
 MAX_N = 16384   # a row is one register block
@@ -35,7 +37,7 @@ class AllReduceAddRmsnorm(_Op):
     sim_phases = ("push", "consume")
 
     @staticmethod
-    def describe(x, residual=None, weight=None, *, world, num_sms=132, eps=1e-6) -> Call:
+    def describe(x, residual=None, weight=None, *, world, num_sms=132, eps=1e-6, pushed: int = 0) -> Call:
         M, N = x.shape
         block_n = max(16, 1 << max(0, N - 1).bit_length())
         programs = max(1, min(num_sms, MAX_PROGRAMS, M))
@@ -56,10 +58,15 @@ class AllReduceAddRmsnorm(_Op):
         ll_ok = one_row and torch.version.hip is None and N <= LL_MAX_N
         ll = ll_ok and (opt.arn_exchange == "ll" or opt.arn_exchange == "auto" and N <= LL_AUTO_MAX_N
                         and M * N * x.element_size() <= LL_AUTO_BYTES)
-        key = ("all_reduce_add_rmsnorm", M, N, x.dtype, rdt, wdt, programs, one_row, ll)
-        return Call("all_reduce_add_rmsnorm", key, dict(header, ll=ll), dict(x=x),
+        # pushed (the producer stored the peers' parts and counts them: push_target): the flag
+        # form's buffers, a row a program; the key keeps pushed calls' plans (their counts, which
+        # only grow) apart from the others', and from pushed calls of another count
+        if pushed:
+            one_row, ll, iters = True, False, 1
+        key = ("all_reduce_add_rmsnorm", M, N, x.dtype, rdt, wdt, programs, one_row, ll) + ((pushed,) if pushed else ())
+        return Call("all_reduce_add_rmsnorm", key, dict(header, ll=ll, pushed=pushed), dict(x=x),
                     dict(M=M, N=N, BLOCK_N=block_n, programs=programs, iters=iters, world=world, one_row=one_row,
-                         ll=ll, num_warps=4 if block_n <= 2048 else 8 if block_n <= 8192 else 16))
+                         ll=ll, pushed=pushed, num_warps=4 if block_n <= 2048 else 8 if block_n <= 8192 else 16))
 
     @staticmethod
     def buffers(call) -> list:
@@ -70,10 +77,14 @@ class AllReduceAddRmsnorm(_Op):
         if c.get("ll"):   # LL words: two 16-bit elements (or one 32-bit) and a tag each
             pack = 2 if call.tensors["x"].element_size() == 2 else 1
             bufs.append(("recv_ll", (2, W, c["M"], _cdiv(c["N"], pack)), torch.int64))
+        if c.get("pushed"):   # the producers' adds, one count per source rank
+            bufs.append(("pcount", (W,), torch.int64))
         return bufs
 
     @classmethod
-    def prepare(cls, ctx, x, residual, weight, eps, *, residual_out=None, out=None):
+    def prepare(cls, ctx, x, residual, weight, eps, *, residual_out=None, out=None, pushed: int = 0):
+        if isinstance(pushed, bool) or not isinstance(pushed, int) or pushed < 0:
+            raise ValueError(f"pushed must be an int >= 0 (the producer's adds a call; 0: not pushed), got {pushed!r}")
         check_tensor("x", x, ndim=2, dtypes=DTYPES)
         _check_device(ctx, "x", x)
         check_tensor("residual", residual, ndim=2, dtypes=DTYPES, device=x.device)
@@ -98,7 +109,10 @@ class AllReduceAddRmsnorm(_Op):
                 raise ValueError(f"{name} must be a contiguous ({M}, {N}) tensor")
         if res_out.dtype != residual.dtype:
             raise TypeError(f"residual_out has dtype {res_out.dtype}; it must match residual's {residual.dtype}")
-        call = cls.describe(x, residual, weight, world=ctx.world, num_sms=ctx.num_sms)
+        call = cls.describe(x, residual, weight, world=ctx.world, num_sms=ctx.num_sms, pushed=pushed)
+        if pushed and ctx.world > 1 and M > call.cfg["programs"]:
+            raise ValueError(f"pushed: x has {M} rows; a pushed call takes at most {call.cfg['programs']} (a row a "
+                             f"program)")
         call.tensors.update(residual=residual, weight=weight, residual_out=res_out, out=y)
         call.extra["eps"] = float(eps)
         return call
@@ -116,9 +130,12 @@ class AllReduceAddRmsnorm(_Op):
             y.copy_(w * (rf * torch.rsqrt(rf.pow(2).mean(-1, keepdim=True) + call.extra["eps"])).to(y.dtype))
             return res_out, y
         bf = plan.bufs
+        pushed = c.get("pushed", 0)
+        if pushed and phase == "push":   # the producer pushed
+            return None
         args = (x, res, w, res_out, y, bf["recv"], bf["flags"], ctx.status, bf["epoch"], bf["counters"],
                 ctx.heap_bases, ctx.rank, c["M"], c["N"], c["iters"], call.extra["eps"], ctx.wait_bound,
-                bf["recv_ll"] if c.get("ll") else bf["flags"])
+                bf["recv_ll"] if c.get("ll") else bf["flags"], bf["pcount"] if pushed else bf["flags"], pushed)
         layout = tuple(_aligned(v) for v in (x, res, w, res_out, y))
         stages = {"full": 3, "push": 1, "consume": 2}[phase]
 
@@ -127,7 +144,7 @@ class AllReduceAddRmsnorm(_Op):
 
             kw = dict(WORLD=ctx.world, BLOCK_N=c["BLOCK_N"], STAGES=stages, BUMP_EPOCH=phase in ("full", "consume"),
                       WAIT_CLOCK=ctx.wait_clock, ONE_PROGRAM=c["programs"] == 1,
-                      ONE_ROW=c["one_row"], LL=c["ll"])
+                      ONE_ROW=c["one_row"], LL=c["ll"], PUSHED=bool(pushed))
             if _on_gpu(x):
                 kw["num_warps"] = c["num_warps"]
             return all_reduce_add_rmsnorm_kernel, kw
@@ -137,7 +154,7 @@ class AllReduceAddRmsnorm(_Op):
 
 
 def all_reduce_add_rmsnorm(x, residual, weight, eps: float, *, ctx, residual_out=None, out=None,
-                           check: bool = True):
+                           check: bool = True, pushed: int = 0):
     """``r = residual + all_reduce(x)`` and ``y = weight * rmsnorm(r)`` in one kernel; returns (r, y).
 
     x, residual: (M, N) contiguous (this rank's partial sums and the residual stream, the same on
@@ -146,6 +163,40 @@ def all_reduce_add_rmsnorm(x, residual, weight, eps: float, *, ctx, residual_out
     rank order (bit-identical on every rank) and rounded to x's dtype before the add, and the norm
     is transformers' (normalise in fp32, round, scale), so the result equals the unfused
     all_reduce, add and RMSNorm up to the norm's rounding.
+
+    ``pushed`` (> 0): the kernel that wrote x has already pushed it to every peer through
+    :func:`push_target`'s buffers, adding ``pushed`` to each peer's count a call (e.g. the
+    weight-first GEMM's epilogue: one add a 64-column band). Nothing is sent here; the wait is for
+    those counts. Every rank must make its pushed calls in the same order as its producers' pushes.
     """
     return run(ctx, "all_reduce_add_rmsnorm", x, residual, weight, eps, residual_out=residual_out, out=out,
-               check=check)
+               check=check, pushed=pushed)
+
+
+@dataclass(frozen=True)
+class PushTarget:
+    """Where a producer pushes for the next pushed :func:`all_reduce_add_rmsnorm` call of a signature
+    (this rank's copies; a peer's are at the same heap offsets): its part goes to
+    ``recv[epoch[0] + 1 & 1, rank, :M, :N]`` on every peer, then ``pcount[rank]`` on every peer is
+    raised by one add per ``signals`` unit (release, system scope, after the unit's stores)."""
+
+    recv: torch.Tensor        # heap (2, world, M, N), x's dtype
+    pcount: torch.Tensor      # heap (world,) int64
+    epoch: torch.Tensor       # (1,) int64: the consumer's last epoch (the next call's is epoch + 1)
+    heap_bases: torch.Tensor  # (world,) int64
+    rank: int
+    world: int
+
+
+def push_target(x, residual, weight, eps: float, *, ctx, pushed: int) -> PushTarget:
+    """The buffers a producer of x pushes into for ``all_reduce_add_rmsnorm(x, residual, weight, eps,
+    ctx=ctx, pushed=pushed)`` (its plan is made here on first use, as the call would make it:
+    every rank must ask in the same order). Call it before the producer, each time: a recycling
+    context may move a plan between calls."""
+    if isinstance(pushed, bool) or not isinstance(pushed, int) or pushed < 1:
+        raise ValueError(f"pushed must be an int >= 1 (the producer's adds a call), got {pushed!r}")
+    if getattr(ctx, "world", 1) < 2:
+        raise ValueError("push_target: a world of one rank has no peer to push to")
+    call = AllReduceAddRmsnorm.prepare(ctx, x, residual, weight, eps, out=x, pushed=pushed)
+    b = plan_for(ctx, "all_reduce_add_rmsnorm", call).bufs
+    return PushTarget(b["recv"], b["pcount"], b["epoch"], ctx.heap_bases, ctx.rank, ctx.world)

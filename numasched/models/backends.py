@@ -644,6 +644,16 @@ class NumaschedBackend(Backend):
         if self.fuse_norm and self.tp_size > 1 and x.shape[0] <= self.FUSE_NORM_MAX_ROWS:
             plan = self._row_parallel_weight_first(x, w)
             if plan is not None:   # the GEMM's weights streamed behind the attention / gate-up
+                from numasched import options as _options
+
+                if _options.current().weight_first_push:
+                    # its bands pushed to the peers as they finish; the norm kernel only waits
+                    c = torch.empty((x.shape[0], w.shape[0]), device=x.device, dtype=x.dtype)
+                    bands = plan.cfg.bands
+                    target = self._nd.push_target(c, h, norm_w, eps, ctx=self.ctx, pushed=bands)
+                    plan.run(x, w, out=c, push=target)
+                    return self._nd.all_reduce_add_rmsnorm(c, h, norm_w, eps, ctx=self.ctx, check=self.check,
+                                                           pushed=bands)
                 c = plan.run(x, w)
                 return self._nd.all_reduce_add_rmsnorm(c, h, norm_w, eps, ctx=self.ctx, check=self.check)
             return self._nd.matmul_all_reduce(x, w.t(), ctx=self.ctx, check=self.check, gemm=self.gemm,
