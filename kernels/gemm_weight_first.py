@@ -91,8 +91,8 @@ if HAVE_GLUON:
         r = gl.arange(0, BAND, layout=gl.SliceLayout(1, layout))
         m = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, layout))
         cols = n0 + r
-        part = M.to(gl.int64) * N
-        offs = (slot * WORLD + rank).to(gl.int64) * part + m[None, :].to(gl.int64) * N + cols[:, None].to(gl.int64)
+        # (M and rank may be the constant 1, which Triton specialises: no .to on them)
+        offs = (slot * WORLD + rank).to(gl.int64) * M * N + m[None, :].to(gl.int64) * N + cols[:, None].to(gl.int64)
         mask = (cols[:, None] < N) & (m[None, :] < M)
         v = vals.to(recv.dtype.element_ty)
         ELT: gl.constexpr = recv.dtype.element_ty.primitive_bitwidth // 8

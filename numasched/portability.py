@@ -826,8 +826,9 @@ VARIANTS: List[Variant] = [
     Variant("gemm_weight_first", "bf16-16-split2-push2", _weight_first(pdl=3, world=2), off={"amd": _GLUON_OFF},
             note="a row-parallel projection's form: each band also pushed to the peer, counted (the pushed "
                  "all-reduce + add + norm after it)"),
-    Variant("gemm_weight_first", "bf16-16-split1-push4", _weight_first(splits=1, pdl=3, world=4),
-            off={"amd": _GLUON_OFF}, note="pushed to three peers, unsplit"),
+    Variant("gemm_weight_first", "bf16-1-split1-push4", _weight_first(rows=1, splits=1, pdl=3, world=4),
+            off={"amd": _GLUON_OFF}, note="pushed to three peers, unsplit, one row (M = 1 and rank 1 are "
+                                          "specialised as constants)"),
     Variant("gemm_ws", "bf16-128x256-s3", _gemm_ws(), off={"amd": _GLUON_OFF},
             note="warp-specialised (Gluon): a loader warp, two consumer warpgroups, maxnreg 168"),
     Variant("gemm_ws", "bf16-128x128-s5-b-rowmajor", _gemm_ws(128, 5, b_kmajor=False), off={"amd": _GLUON_OFF},

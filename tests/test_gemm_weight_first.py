@@ -24,7 +24,7 @@ import json
 from numasched import portability as P
 rows = {}
 for v in ("bf16-16-split2-pdl", "bf16-16-glu-pdl", "bf16-64-split3-late", "bf16-16-split2-after",
-          "bf16-16-split2-early2", "bf16-16-split2-push2", "bf16-16-split1-push4"):
+          "bf16-16-split2-early2", "bf16-16-split2-push2", "bf16-1-split1-push4"):
     r = P.compile_variant("gemm_weight_first", v, "sm90", keep_asm=True)
     r["ptx"] = "\n".join(" ".join(l.split()) for l in r.pop("asm", {}).get("ptx", "").splitlines())
     rows[v] = r
@@ -90,7 +90,7 @@ def test_weight_boxes_come_before_the_pdl_wait_and_x_after(compiled):
 def test_push_stores_the_band_then_counts_it_on_each_peer(compiled):
     """PUSH: the band's stores (to y and to each peer), a CTA barrier, then one release add at
     system scope a peer, by one thread; nothing at system scope without PUSH."""
-    for name, peers in (("bf16-16-split2-push2", 1), ("bf16-16-split1-push4", 3)):
+    for name, peers in (("bf16-16-split2-push2", 1), ("bf16-1-split1-push4", 3)):
         lines = compiled[name]["ptx"].splitlines()
         adds = [i for i, ln in enumerate(lines) if "atom.global.sys.release.add.u64" in ln]
         assert len(adds) == peers and all(lines[i].startswith("@%p") for i in adds), name
