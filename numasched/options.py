@@ -28,7 +28,7 @@ numasched is imported (they are not read per call):
     NUMASCHED_WEIGHT_FIRST_EARLY=N weight_first_early -> N (unset: every ring stage)
     NUMASCHED_DECODE_PREFETCH_WIDE=1 decode_prefetch_wide -> True
     NUMASCHED_WEIGHT_FIRST_ROW_PARALLEL=0 weight_first_row_parallel -> False
-    NUMASCHED_WEIGHT_FIRST_PUSH=1 weight_first_push -> True
+    NUMASCHED_WEIGHT_FIRST_PUSH=0 weight_first_push -> False
     NUMASCHED_DECODE_TMA=0/1    decode_tma -> False / True
     NUMASCHED_ARN_LL=0/1        arn_exchange -> "flag" / "ll"
     NUMASCHED_ARN_ONE_ROW=0     arn_one_row -> False
@@ -175,7 +175,9 @@ class Options:
             each 64-column band of its output to the peers, counted, and the all-reduce + add +
             norm after it runs pushed (``all_reduce_add_rmsnorm(pushed=...)``: it sends nothing,
             it waits for the counts): the exchange starts band by band under the GEMM instead of
-            after it. Off by default until timed against the unpushed form.
+            after it. On by default: on two H200s the TP 2 Llama-3-8B decode step took 1.5-7.0 %
+            less time with it at every point (batch 1, 4, 16 x 2k, 32k), the norm kernel's owned
+            time about half (bench/results/README.md, fifty-seventh session).
         decode_tma: flash_decode loads the whole K/V tiles of a contiguous cache by TMA (bulk
             tensor copies into shared memory; NVIDIA sm_90+, 16-byte aligned rows, the model's or
             a given kernel config) instead of per-thread async copies; the last, partial tile of a
@@ -286,7 +288,7 @@ class Options:
     weight_first_early: Optional[int] = None
     decode_prefetch_wide: bool = False
     weight_first_row_parallel: bool = True
-    weight_first_push: bool = False
+    weight_first_push: bool = True
     decode_tma: bool = False
     arn_one_row: bool = True
     arn_exchange: str = "auto"

@@ -2071,8 +2071,8 @@ def test_weight_first_push_argument_checks():
         _check_push(object(), x, 96, glu=False)
     with pytest.raises(ValueError, match=r"y needs \(2, 2, 4, 128\)"):
         _check_push(good, x, 128, glu=False)
-    assert options.from_env({"NUMASCHED_WEIGHT_FIRST_PUSH": "1"}).weight_first_push
-    assert not options.from_env({}).weight_first_push
+    assert not options.from_env({"NUMASCHED_WEIGHT_FIRST_PUSH": "0"}).weight_first_push
+    assert options.from_env({}).weight_first_push
 
 
 def test_all_reduce_add_rmsnorm_exchange_choice():

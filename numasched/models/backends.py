@@ -426,7 +426,9 @@ class NumaschedBackend(Backend):
     weight_first: the decode-size projections that run through :meth:`linear` and the fused
         gate/up + SwiGLU (QKV, gate/up, lm_head: each after a norm), and with
         ``options.weight_first_row_parallel`` (default) the row-parallel o_proj and down_proj
-        before the fused all-reduce + add + norm, by the weight-first GEMM (not with
+        before the fused all-reduce + add + norm (with ``options.weight_first_push``, default,
+        that GEMM pushes its bands to the peers and the norm kernel only waits), by the
+        weight-first GEMM (not with
         ``gemm="torch"``, which asks for cuBLAS everywhere)
         (numasched.gemm_weight_first: its programs, PDL-launched, read their first weight blocks
         before they wait for the kernel before them) where it takes the operands (an sm_90 GPU,
