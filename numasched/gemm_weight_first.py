@@ -128,18 +128,31 @@ def _check_out(x: torch.Tensor, n: int, out: Optional[torch.Tensor]) -> None:
         raise ValueError(f"out must be a ({x.shape[0]}, {n}) {x.dtype} tensor on {x.device}")
 
 
-def _check_push(push, x: torch.Tensor, n: int, glu: bool) -> None:
-    """A push target (numasched.distributed.PushTarget) for y (M, n): its receive buffer holds y's
-    rows in y's dtype, on x's device."""
+def _check_push(push, x: torch.Tensor, n: int, glu: bool, bands: int) -> None:
+    """A push target (numasched.distributed.PushTarget) for y (M, n) from a launch of ``bands``
+    bands: its receive buffer holds y's rows in y's dtype on x's device, its consumer waits for
+    one add a band, and its counts, epoch word and heap bases are what the kernel reads."""
+    from numasched.distributed import PushTarget
+
     if glu:
         raise ValueError("push: the GLU form does not push (a row-parallel projection's GEMM does)")
-    recv = getattr(push, "recv", None)
-    if not isinstance(recv, torch.Tensor) or not hasattr(push, "pcount") or not hasattr(push, "world"):
-        raise TypeError(f"push must be a numasched.distributed.PushTarget, got {type(push).__name__}")
-    want = (2, push.world, x.shape[0], n)
-    if tuple(recv.shape) != want or recv.dtype != x.dtype or recv.device != x.device or push.world < 2:
+    if not isinstance(push, PushTarget):
+        raise TypeError(f"push must be a numasched.distributed.PushTarget (push_target), got {type(push).__name__}")
+    W, recv = push.world, push.recv
+    want = (2, W, x.shape[0], n)
+    if tuple(recv.shape) != want or recv.dtype != x.dtype or recv.device != x.device or W < 2:
         raise ValueError(f"push: its receive buffer is {tuple(recv.shape)} {recv.dtype} on {recv.device}; y needs "
                          f"{want} {x.dtype} on {x.device} (push_target of y's shape, world >= 2)")
+    if push.signals != bands:
+        raise ValueError(f"push: its consumer waits for {push.signals} adds a call; this launch makes one a band, "
+                         f"{bands} (push_target(..., pushed=plan.cfg.bands))")
+    for name, t, shape in (("pcount", push.pcount, (W,)), ("epoch", push.epoch, (1,)),
+                           ("heap_bases", push.heap_bases, (W,))):
+        if t.dtype != torch.int64 or tuple(t.shape) != shape or t.device != x.device:
+            raise ValueError(f"push.{name} must be an int64 {shape} tensor on {x.device}, got {t.dtype} "
+                             f"{tuple(t.shape)} on {t.device}")
+    if isinstance(push.rank, bool) or not isinstance(push.rank, int) or not 0 <= push.rank < W:
+        raise ValueError(f"push.rank must be an int in [0, {W}), got {push.rank!r}")
 
 
 class WeightFirstPlan:
@@ -180,7 +193,7 @@ class WeightFirstPlan:
         c = self.cfg
         M, K = x.shape
         if push is not None:
-            _check_push(push, x, self.N, self.glu)
+            _check_push(push, x, self.N, self.glu, c.bands)
         y = torch.empty((M, self.N), device=x.device, dtype=x.dtype) if out is None else out
         sy0, sy1 = y.stride()
         # the thin launch (numasched._launch): Gluon's Python path on a signature's first call, then
@@ -190,14 +203,15 @@ class WeightFirstPlan:
         # and x's and w's row strides, since a Launch caches each descriptor's tensor map by its
         # base pointer alone
         world = push.world if push is not None else 1
+        rank = push.rank if push is not None else 0
+        # (rank: an int Triton specialises when it is 1 or a multiple of 16, as 0 is)
         sig = (sy0 == 1, sy0 % 16 == 0, sy1 == 1, sy1 % 16 == 0, y.data_ptr() % 16 == 0, x.stride(0), w.stride(0),
-               world)
+               world, rank == 1, rank % 16 == 0)
         run = self._launches.get(sig)
         if run is None:
             run = self._launches[sig] = self._launch(x.device, world)
         # the push's buffers (unused without it: y, the counters, y, the counters and rank 0)
         pt = (push.recv, push.pcount, push.epoch, push.heap_bases) if push is not None else (y, self.counters) * 2
-        rank = push.rank if push is not None else 0
         fkey = (x.data_ptr(), x.stride(0), w.data_ptr(), w.stride(0), y.data_ptr(), sy0, sy1,
                 tuple(t.data_ptr() for t in pt), rank)
         if run.raw is not None and not hooked():

@@ -2044,9 +2044,20 @@ def test_all_reduce_add_rmsnorm_pushed_sim(world, M, N, band, dtype):
     xs = [torch.randn(M, N, generator=g).to(dtype) for _ in range(world)]
     with pytest.raises(TimeoutError, match=rf"rank\(s\) \[{world - 1}\] never signalled"):
         _push_bands(sim, xs, torch.zeros(M, N, dtype=dtype), w, 1e-5, band, skip=[world - 1])
+    # a target not followed by its call: a second one is refused; a pushed call with no target too
+    fresh = nd.SimWorld(2)
+    t = nd.push_target(xs[0], xs[0].clone(), w, 1e-5, ctx=fresh.ranks[0], pushed=3)
+    assert t.signals == 3 and "flags" not in fresh.ranks[0].plans[next(iter(fresh.ranks[0].plans))].bufs
+    with pytest.raises(RuntimeError, match="was not followed by its all_reduce_add_rmsnorm\\(pushed=3\\) call"):
+        nd.push_target(xs[0], xs[0].clone(), w, 1e-5, ctx=fresh.ranks[0], pushed=3)
+    with pytest.raises(RuntimeError, match=r"rank 0: nothing was pushed for this call"):
+        nd.SimWorld(2).run_each("all_reduce_add_rmsnorm", [((xs[r], xs[r].clone(), w, 1e-5), dict(pushed=3))
+                                                           for r in range(2)])
     one = nd.SimWorld(1).ranks[0]
     with pytest.raises(ValueError, match="no peer"):
         nd.push_target(xs[0], xs[0].clone(), w, 1e-5, ctx=one, pushed=2)
+    with pytest.raises(TypeError, match="push_target: ctx must be a context"):
+        nd.push_target(xs[0], xs[0].clone(), w, 1e-5, ctx=object(), pushed=2)
     for bad in (0, -1, True, 1.5):
         with pytest.raises(ValueError, match="pushed must be"):
             nd.push_target(xs[0], xs[0].clone(), w, 1e-5, ctx=nd.SimWorld(2).ranks[0], pushed=bad)
@@ -2062,15 +2073,26 @@ def test_weight_first_push_argument_checks():
     from numasched.gemm_weight_first import _check_push
 
     x = torch.empty(4, 64, dtype=torch.bfloat16)
-    good = nd.PushTarget(torch.empty(2, 2, 4, 96, dtype=torch.bfloat16), torch.zeros(2, dtype=torch.int64),
-                         torch.zeros(1, dtype=torch.int64), torch.zeros(2, dtype=torch.int64), 0, 2)
-    _check_push(good, x, 96, glu=False)
+    import dataclasses
+
+    i64 = dict(dtype=torch.int64)
+    good = nd.PushTarget(torch.empty(2, 2, 4, 96, dtype=torch.bfloat16), torch.zeros(2, **i64), torch.zeros(1, **i64),
+                         torch.zeros(2, **i64), 0, 2, 2)
+    _check_push(good, x, 96, glu=False, bands=2)
     with pytest.raises(ValueError, match="GLU form does not push"):
-        _check_push(good, x, 96, glu=True)
+        _check_push(good, x, 96, glu=True, bands=2)
     with pytest.raises(TypeError, match="PushTarget"):
-        _check_push(object(), x, 96, glu=False)
+        _check_push(object(), x, 96, glu=False, bands=2)
     with pytest.raises(ValueError, match=r"y needs \(2, 2, 4, 128\)"):
-        _check_push(good, x, 128, glu=False)
+        _check_push(good, x, 128, glu=False, bands=2)
+    with pytest.raises(ValueError, match="waits for 2 adds a call; this launch makes one a band, 3"):
+        _check_push(good, x, 96, glu=False, bands=3)
+    for field, bad, word in (("pcount", torch.zeros(2, dtype=torch.int32), "push.pcount"),
+                             ("epoch", torch.zeros(2, **i64), "push.epoch"),
+                             ("heap_bases", torch.zeros(3, **i64), "push.heap_bases"),
+                             ("rank", 2, "push.rank"), ("rank", True, "push.rank")):
+        with pytest.raises(ValueError, match=word):
+            _check_push(dataclasses.replace(good, **{field: bad}), x, 96, glu=False, bands=2)
     assert not options.from_env({"NUMASCHED_WEIGHT_FIRST_PUSH": "0"}).weight_first_push
     assert options.from_env({}).weight_first_push
 

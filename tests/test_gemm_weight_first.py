@@ -94,10 +94,18 @@ def test_push_stores_the_band_then_counts_it_on_each_peer(compiled):
         lines = compiled[name]["ptx"].splitlines()
         adds = [i for i, ln in enumerate(lines) if "atom.global.sys.release.add.u64" in ln]
         assert len(adds) == peers and all(lines[i].startswith("@%p") for i in adds), name
-        bar = max(i for i, ln in enumerate(lines[:adds[0]]) if "bar.sync" in ln)
+        bars = [i for i, ln in enumerate(lines) if "bar.sync" in ln]
+        bar = max(i for i in bars if i < adds[0])
+        before = max(i for i in bars if i < bar)
         stores = [i for i, ln in enumerate(lines) if "st.global" in ln]
-        assert sum(bar > i for i in stores) >= 2 * 8, name   # y's and the peer's stores (8 a thread each)
-        assert not any(adds[0] < i for i in stores), name
+        # the band's stores between the two barriers: y's and each peer's (8 a thread each: a 64 x
+        # 16 band on 128 threads), none after the barrier that orders them before the adds
+        assert sum(before < i < bar for i in stores) == 8 * (1 + peers), name
+        assert not any(i > bar for i in stores), name
+        # the consumer's epoch (the slot) read through L2 after the PDL wait
+        wait = next(i for i, ln in enumerate(lines) if "griddepcontrol.wait" in ln)
+        epoch = [i for i, ln in enumerate(lines) if "ld.global.cg.b64" in ln]
+        assert len(epoch) == 1 and wait < epoch[0] < bar, name
     for name in ("bf16-16-split2-pdl", "bf16-16-glu-pdl"):
         assert ".sys." not in compiled[name]["ptx"], name
 
@@ -218,6 +226,55 @@ def test_matches_float64(M, N, K, glu, splits, dtype):
         torch.cuda.synchronize()
         err = ((out.double() - ref).abs().max() / ref.abs().max()).item()
         assert err < 1e-2, err
+    assert int(plan.counters.abs().sum()) == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("world,rank,M,splits", [(2, 0, 16, 2), (2, 1, 1, None), (3, 2, 5, 1)])
+def test_push_stores_each_band_in_the_peers_slot_and_counts_it(world, rank, M, splits):
+    """PUSH on one GPU, the peers' heaps faked as other buffers of it (heap_bases): y against
+    float64 (poisoned), every peer's receive slot ``epoch + 1 & 1``, part ``rank``, equal to y and
+    the other slot untouched, and the peer's count raised by one a band, over calls that move the
+    consumer's epoch (both slots); nothing written to our own heap's receive buffer."""
+    from numasched.distributed import PushTarget
+    from numasched.gemm_weight_first import WeightFirstPlan
+
+    torch.manual_seed(world * 10 + rank + M)
+    N, K = 200, 1000   # a partial last band and a partial last K box
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K ** 0.5
+    plan = WeightFirstPlan(x, w, splits=splits)
+    bands = plan.cfg.bands
+    recv_bytes = 2 * world * M * N * 2
+    heaps = [torch.zeros(recv_bytes + 4096, device="cuda", dtype=torch.uint8) for _ in range(world)]
+    bases = torch.tensor([h.data_ptr() for h in heaps], device="cuda", dtype=torch.int64)
+    assert all(b % 256 == 0 for b in bases.tolist())
+
+    def views(h):   # the same offsets in every heap: recv at 0, the counts after it
+        return (h[:recv_bytes].view(torch.bfloat16).view(2, world, M, N),
+                h[recv_bytes:recv_bytes + 8 * world].view(torch.int64))
+
+    recv, pcount = views(heaps[rank])
+    epoch = torch.zeros(1, device="cuda", dtype=torch.int64)
+    ref = x.double() @ w.double().t()
+    for call in range(3):
+        for h in heaps:
+            views(h)[0].fill_(float("nan"))
+        out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+        plan.run(x, w, out, push=PushTarget(recv, pcount, epoch, bases, rank, world, bands))
+        torch.cuda.synchronize()
+        assert ((out.double() - ref).abs().max() / ref.abs().max()).item() < 1e-2
+        slot = (call + 1) % 2
+        for d in range(world):
+            r, c = views(heaps[d])
+            if d == rank:
+                assert torch.isnan(r.float()).all() and int(c.abs().sum()) == 0
+                continue
+            assert torch.equal(r[slot, rank], out), (call, d)
+            assert torch.isnan(r[1 - slot].float()).all() and torch.isnan(r[slot, (rank + 1) % world].float()).all()
+            assert c.tolist() == [bands * (call + 1) if s == rank else 0 for s in range(world)], (call, d)
+        epoch += 1   # the consumer's call of this epoch ran
     assert int(plan.counters.abs().sum()) == 0
 
 

@@ -58,6 +58,9 @@ class Plan:
     bufs: Dict[str, torch.Tensor]
     launches: int = 0
     launchers: Dict[tuple, Any] = field(default_factory=dict, repr=False)
+    # pushed all_reduce_add_rmsnorm: 1 between a push_target and its call (a push not consumed
+    # would leave the peers' counts a call ahead, every later call then reading stale rows)
+    pending: int = 0
 
 
 #: op name -> op class; the op modules register themselves (:func:`register`).
@@ -412,15 +415,21 @@ class _Op:
 
 
 # ============================================================================ one call
-def run(ctx, op: str, *args, check: bool = True, **kwargs):
-    """One call of ``op`` on a real (or one-rank simulated) context."""
-    spec = OPS[op]
+def check_context(ctx, op: str, alone: bool = True) -> None:
+    """``ctx`` is a usable context (not broken by a timeout); ``alone``: a call made by this rank by
+    itself, which a rank of a simulated world of several cannot make."""
     if not hasattr(ctx, "_ensure_usable") or not hasattr(ctx, "plans"):
         raise TypeError(f"{op}: ctx must be a context from numasched.distributed.init() (or a rank of a SimWorld), "
                         f"got {type(ctx).__name__}")
     ctx._ensure_usable()
-    if getattr(ctx, "world_", None) is not None and ctx.world > 1:
+    if alone and getattr(ctx, "world_", None) is not None and ctx.world > 1:
         raise ValueError("a simulated rank cannot call alone: use SimWorld.run(op, per_rank_args)")
+
+
+def run(ctx, op: str, *args, check: bool = True, **kwargs):
+    """One call of ``op`` on a real (or one-rank simulated) context."""
+    spec = OPS[op]
+    check_context(ctx, op)
     call = spec.prepare(ctx, *args, **kwargs)
     plan = plan_for(ctx, op, call)
     # a capture: no status read (a host sync), and a plan a CUDA graph holds is never given back

@@ -17,7 +17,8 @@ import torch
 from numasched import options as _options
 from numasched._validate import check_tensor
 
-from ._common import DTYPES, Call, _aligned, _cdiv, _check_device, _on_gpu, _Op, plan_for, register, run
+from ._common import (DTYPES, Call, _aligned, _cdiv, _check_device, _on_gpu, _Op, check_context, plan_for, register,
+                      run)
 
 MAX_PROGRAMS = 1024
 MAX_N = 16384   # a row is one register block
@@ -77,8 +78,8 @@ class AllReduceAddRmsnorm(_Op):
         if c.get("ll"):   # LL words: two 16-bit elements (or one 32-bit) and a tag each
             pack = 2 if call.tensors["x"].element_size() == 2 else 1
             bufs.append(("recv_ll", (2, W, c["M"], _cdiv(c["N"], pack)), torch.int64))
-        if c.get("pushed"):   # the producers' adds, one count per source rank
-            bufs.append(("pcount", (W,), torch.int64))
+        if c.get("pushed"):   # the producers' adds, one count per source rank (no flags: nothing raises them)
+            bufs = [b for b in bufs if b[0] != "flags"] + [("pcount", (W,), torch.int64)]
         return bufs
 
     @classmethod
@@ -131,11 +132,17 @@ class AllReduceAddRmsnorm(_Op):
             return res_out, y
         bf = plan.bufs
         pushed = c.get("pushed", 0)
-        if pushed and phase == "push":   # the producer pushed
-            return None
-        args = (x, res, w, res_out, y, bf["recv"], bf["flags"], ctx.status, bf["epoch"], bf["counters"],
+        if pushed:
+            if phase == "push":   # the producer pushed
+                return None
+            if not plan.pending:
+                raise RuntimeError(f"all_reduce_add_rmsnorm(pushed={pushed}) on rank {ctx.rank}: nothing was pushed "
+                                   f"for this call (push_target, then the producer, then this call)")
+            plan.pending = 0
+        flags = bf["pcount"] if pushed else bf["flags"]   # (pushed: a stand-in, never read)
+        args = (x, res, w, res_out, y, bf["recv"], flags, ctx.status, bf["epoch"], bf["counters"],
                 ctx.heap_bases, ctx.rank, c["M"], c["N"], c["iters"], call.extra["eps"], ctx.wait_bound,
-                bf["recv_ll"] if c.get("ll") else bf["flags"], bf["pcount"] if pushed else bf["flags"], pushed)
+                bf["recv_ll"] if c.get("ll") else flags, flags, pushed)
         layout = tuple(_aligned(v) for v in (x, res, w, res_out, y))
         stages = {"full": 3, "push": 1, "consume": 2}[phase]
 
@@ -178,7 +185,8 @@ class PushTarget:
     """Where a producer pushes for the next pushed :func:`all_reduce_add_rmsnorm` call of a signature
     (this rank's copies; a peer's are at the same heap offsets): its part goes to
     ``recv[epoch[0] + 1 & 1, rank, :M, :N]`` on every peer, then ``pcount[rank]`` on every peer is
-    raised by one add per ``signals`` unit (release, system scope, after the unit's stores)."""
+    raised by one add for each of ``signals`` units (release, system scope, after the unit's
+    stores): exactly ``signals`` adds a call, what the consumer waits for."""
 
     recv: torch.Tensor        # heap (2, world, M, N), x's dtype
     pcount: torch.Tensor      # heap (world,) int64
@@ -186,17 +194,27 @@ class PushTarget:
     heap_bases: torch.Tensor  # (world,) int64
     rank: int
     world: int
+    signals: int              # the adds a call, to each peer
 
 
 def push_target(x, residual, weight, eps: float, *, ctx, pushed: int) -> PushTarget:
     """The buffers a producer of x pushes into for ``all_reduce_add_rmsnorm(x, residual, weight, eps,
     ctx=ctx, pushed=pushed)`` (its plan is made here on first use, as the call would make it:
     every rank must ask in the same order). Call it before the producer, each time: a recycling
-    context may move a plan between calls."""
+    context may move a plan between calls. Each target must be followed by its producer's push and
+    then the pushed call: asking again before that call raises (a push that is not consumed would
+    leave the peers' counts a call ahead, and every later call reading stale rows)."""
+    check_context(ctx, "push_target", alone=False)
     if isinstance(pushed, bool) or not isinstance(pushed, int) or pushed < 1:
         raise ValueError(f"pushed must be an int >= 1 (the producer's adds a call), got {pushed!r}")
-    if getattr(ctx, "world", 1) < 2:
+    if ctx.world < 2:
         raise ValueError("push_target: a world of one rank has no peer to push to")
     call = AllReduceAddRmsnorm.prepare(ctx, x, residual, weight, eps, out=x, pushed=pushed)
-    b = plan_for(ctx, "all_reduce_add_rmsnorm", call).bufs
-    return PushTarget(b["recv"], b["pcount"], b["epoch"], ctx.heap_bases, ctx.rank, ctx.world)
+    plan = plan_for(ctx, "all_reduce_add_rmsnorm", call)
+    if plan.pending:
+        raise RuntimeError(f"push_target on rank {ctx.rank}: the last target of this signature was not followed by "
+                           f"its all_reduce_add_rmsnorm(pushed={pushed}) call (or its producer failed); a second push "
+                           f"would put the peers' counts a call ahead: make that call, or create a new context")
+    plan.pending = 1
+    b = plan.bufs
+    return PushTarget(b["recv"], b["pcount"], b["epoch"], ctx.heap_bases, ctx.rank, ctx.world, pushed)
