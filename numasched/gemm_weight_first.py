@@ -132,11 +132,11 @@ def _check_push(push, x: torch.Tensor, n: int, glu: bool, bands: int) -> None:
     """A push target (numasched.distributed.PushTarget) for y (M, n) from a launch of ``bands``
     bands: its receive buffer holds y's rows in y's dtype on x's device, its consumer waits for
     one add a band, and its counts, epoch word and heap bases are what the kernel reads."""
-    from numasched.distributed import PushTarget
-
     if glu:
         raise ValueError("push: the GLU form does not push (a row-parallel projection's GEMM does)")
-    if not isinstance(push, PushTarget):
+    # (by its fields: the distributed layer sits above this one, which never imports it)
+    fields = ("recv", "pcount", "epoch", "heap_bases", "rank", "world", "signals")
+    if not all(hasattr(push, f) for f in fields) or not isinstance(push.recv, torch.Tensor):
         raise TypeError(f"push must be a numasched.distributed.PushTarget (push_target), got {type(push).__name__}")
     W, recv = push.world, push.recv
     want = (2, W, x.shape[0], n)
