@@ -2012,14 +2012,16 @@ def _push_bands(sim, xs, res, w, eps, band, skip=()):
     return got, resids, outs
 
 
-@pytest.mark.parametrize("world,M,N,band,dtype", [(2, 3, 40, 16, torch.float32), (3, 2, 64, 32, torch.float16),
-                                                   (2, 3, 37, 16, torch.bfloat16)])
-def test_all_reduce_add_rmsnorm_pushed_sim(world, M, N, band, dtype):
+@pytest.mark.parametrize("world,M,N,band,dtype,recycle", [(2, 3, 40, 16, torch.float32, False),
+                                                           (3, 2, 64, 32, torch.float16, False),
+                                                           (2, 3, 37, 16, torch.bfloat16, True)])
+def test_all_reduce_add_rmsnorm_pushed_sim(world, M, N, band, dtype, recycle):
     """The pushed form (the producer stored the peers' parts band by band and counted them): the
     unfused float64 reference on fresh data over calls that use both buffer slots (outputs
-    poisoned), the same bits on every rank, plans apart from the unpushed form's; a producer that
-    never pushes makes the peers raise TimeoutError naming its rank; bad arguments are refused."""
-    sim = nd.SimWorld(world, max_spins=20)
+    poisoned), the same bits on every rank, plans apart from the unpushed form's (also on a
+    recycling context); a producer that never pushes makes the peers raise TimeoutError naming
+    its rank; bad arguments are refused."""
+    sim = nd.SimWorld(world, max_spins=20, recycle=recycle)
     g = torch.Generator().manual_seed(world * 100 + N)
     tol = 1e-5 if dtype == torch.float32 else 1e-2
     w = (1 + 0.1 * torch.randn(N, generator=g)).to(dtype)
