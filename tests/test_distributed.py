@@ -1990,6 +1990,11 @@ def test_all_reduce_add_rmsnorm_one_row_and_ll_sim(ll, world, M, N, dtype):
                                                        1e-5), {}) for r in range(world)], skip_ranks=[world - 1])
 
 
+def _pushed_key(sim):
+    """Rank 0's one pushed plan's key."""
+    return next(k for k in sim.ranks[0].plans if k[0] == "all_reduce_add_rmsnorm" and len(k) == 10)
+
+
 def _push_bands(sim, xs, res, w, eps, band, skip=()):
     """Every rank's producer (``arn_push_kernel``, the Triton twin of the weight-first GEMM's push
     epilogue) into its push_target, then the pushed all_reduce_add_rmsnorm on every rank."""
@@ -2052,6 +2057,12 @@ def test_all_reduce_add_rmsnorm_pushed_sim(world, M, N, band, dtype, recycle):
     assert t.signals == 3 and "flags" not in fresh.ranks[0].plans[next(iter(fresh.ranks[0].plans))].bufs
     with pytest.raises(RuntimeError, match="was not followed by its all_reduce_add_rmsnorm\\(pushed=3\\) call"):
         nd.push_target(xs[0], xs[0].clone(), w, 1e-5, ctx=fresh.ranks[0], pushed=3)
+    # a signature asked before skips the checks; one that differs in what they check does not
+    fresh.ranks[0].plans[_pushed_key(fresh)].pending = 0
+    with pytest.raises(ValueError, match="residual must be contiguous"):
+        nd.push_target(xs[0], torch.empty(N, M, dtype=dtype).t(), w, 1e-5, ctx=fresh.ranks[0], pushed=3)
+    with pytest.raises(ValueError, match="eps must be"):
+        nd.push_target(xs[0], xs[0].clone(), w, -1.0, ctx=fresh.ranks[0], pushed=3)
     with pytest.raises(RuntimeError, match=r"rank 0: nothing was pushed for this call"):
         nd.SimWorld(2).run_each("all_reduce_add_rmsnorm", [((xs[r], xs[r].clone(), w, 1e-5), dict(pushed=3))
                                                            for r in range(2)])
