@@ -879,6 +879,8 @@ def plan_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, sc
     opts = options if options is not None else _options.current()
     if not isinstance(opts, _options.Options):
         raise TypeError(f"options must be a numasched.options.Options, got {type(options).__name__}")
+    if config is None and opts.decode_config is not None:   # every plan's config (an A/B's knob)
+        config = _options.decode_config_dict(opts.decode_config)
     return DecodePlan(q, k_cache, v_cache, cache_seqlens, block_table, scale=scale, num_splits=num_splits,
                       mapping=mapping, config=config, options=opts, prefetch=prefetch)
 

@@ -16,6 +16,7 @@ numasched is imported (they are not read per call):
     NUMASCHED_DIST_TMA=0/1      dist_tma -> False / True
     NUMASCHED_GEMM_SCHEDULE     gemm_schedule ("model" or "autotune")
     NUMASCHED_DECODE_SCHEDULE   decode_schedule ("model" or "autotune")
+    NUMASCHED_DECODE_CONFIG=BxWxS decode_config -> "BxWxS" (every decode kernel's tile, warps, stages)
     NUMASCHED_GEMM_TABLE        gemm_table (a path)
     NUMASCHED_GEMM_SPLITK_TMA=0 gemm_splitk_tma -> False
     NUMASCHED_GEMM_STREAMK_K_ALIGNED=0 gemm_streamk_k_aligned -> False
@@ -92,6 +93,10 @@ class Options:
             tokens-per-split class; with ``autotune`` on). The model is the default since
             2026-11-23: on shapes off the issue grid (H200, batch 3-96 x 768-12000 tokens) the
             autotuner, tuned on the first shape of a class, ran 0.78-0.97x of what the model ran.
+        decode_config: "BLOCK_NxWARPSxSTAGES" (e.g. "128x4x4"): every flash_decode plan made
+            while it is set takes that kernel config instead of the model's pick, e.g. a TP
+            decoder's attention in an e2e A/B (``NUMASCHED_DECODE_CONFIG``). None (default): the
+            model (or the autotuner).
         gemm_table: a table of tuned schedules (``numasched tune-gemm``) the chooser consults
             first; None: the model alone.
         gemm_splitk_tma: the split-K GEMM reads its operands through TMA descriptors where they
@@ -277,6 +282,7 @@ class Options:
     gemm_schedule: str = "model"
     gemm_table: Optional[str] = None
     decode_schedule: str = "model"
+    decode_config: Optional[str] = None
     gemm_splitk_tma: bool = True
     gemm_streamk_k_aligned: bool = True
     gemm_tail_split: bool = True
@@ -357,6 +363,8 @@ class Options:
                 raise ValueError(f"Options.{f} must be 'model' or 'autotune', got {getattr(self, f)!r}")
         if self.gemm_table is not None and not isinstance(self.gemm_table, str):
             raise TypeError(f"Options.gemm_table must be a path string or None, got {self.gemm_table!r}")
+        if self.decode_config is not None:
+            decode_config_dict(self.decode_config)   # raises naming the option
 
     def __hash__(self):  # plan keys hash this on every call: compute once
         h = self.__dict__.get("_hash")
@@ -428,6 +436,7 @@ def from_env(environ=None) -> Options:
                    gemm_schedule=env.get("NUMASCHED_GEMM_SCHEDULE", "model"),
                    gemm_table=env.get("NUMASCHED_GEMM_TABLE") or None,
                    decode_schedule=env.get("NUMASCHED_DECODE_SCHEDULE", "model"),
+                   decode_config=env.get("NUMASCHED_DECODE_CONFIG", "").strip() or None,
                    gemm_splitk_tma=flag("NUMASCHED_GEMM_SPLITK_TMA", True),
                    gemm_streamk_k_aligned=flag("NUMASCHED_GEMM_STREAMK_K_ALIGNED", True),
                    gemm_tail_split=flag("NUMASCHED_GEMM_TAIL_SPLIT", True),
@@ -456,6 +465,20 @@ def from_env(environ=None) -> Options:
                    fused_rs_early=flag("NUMASCHED_FUSED_RS_EARLY", Options.fused_rs_early),
                    fused_rs_pairs=None if not pairs else pairs == "1",
                    fused_ws_group=int(group) if group else None)
+
+
+def decode_config_dict(spec: str) -> dict:
+    """``"128x4x4"`` -> ``dict(BLOCK_N=128, num_warps=4, num_stages=4)`` (Options.decode_config):
+    a tile of 16-256 tokens (a power of two), 1, 2, 4 or 8 warps, 1-8 stages."""
+    parts = spec.split("x") if isinstance(spec, str) else []
+    if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
+        raise ValueError(f"Options.decode_config (NUMASCHED_DECODE_CONFIG) must be 'BLOCK_NxWARPSxSTAGES', e.g. "
+                         f"'128x4x4', got {spec!r}")
+    block_n, warps, stages = (int(p) for p in parts)
+    if block_n not in (16, 32, 64, 128, 256) or warps not in (1, 2, 4, 8) or not 1 <= stages <= 8:
+        raise ValueError(f"Options.decode_config {spec!r}: BLOCK_N in 16..256 (a power of two), 1/2/4/8 warps and "
+                         f"1-8 stages")
+    return dict(BLOCK_N=block_n, num_warps=warps, num_stages=stages)
 
 
 _CURRENT = from_env()

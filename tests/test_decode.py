@@ -1221,3 +1221,27 @@ def test_decoder_calls_take_the_two_an_sm_fill_only_with_the_wide_prefetch(monke
     with options.use(decode_prefetch_wide=True):
         assert splits(True) == 4
     assert options.from_env({"NUMASCHED_DECODE_PREFETCH_WIDE": "1"}).decode_prefetch_wide
+
+
+def test_decode_config_option_sets_every_plans_config(monkeypatch):
+    """options.decode_config ("BLOCK_NxWARPSxSTAGES", NUMASCHED_DECODE_CONFIG) is the config every
+    plan_decode passes on where the caller gives none (a decoder's attention in an A/B); an explicit
+    config wins; a malformed or out-of-range one is refused naming the option."""
+    import numasched.decode as D
+
+    seen = []
+    monkeypatch.setattr(D, "DecodePlan", lambda *a, **kw: seen.append(kw["config"]))
+    q = torch.empty(2, 8, 128, dtype=torch.float16)
+    k = torch.empty(2, 64, 2, 128, dtype=torch.float16)
+    D.plan_decode(q, k, k)
+    with options.use(decode_config="128x4x4"):
+        D.plan_decode(q, k, k)
+        D.plan_decode(q, k, k, config=dict(BLOCK_N=32, num_warps=2, num_stages=3))
+    assert seen == [None, dict(BLOCK_N=128, num_warps=4, num_stages=4), dict(BLOCK_N=32, num_warps=2, num_stages=3)]
+    assert options.from_env({"NUMASCHED_DECODE_CONFIG": "64x2x7"}).decode_config == "64x2x7"
+    assert options.from_env({}).decode_config is None
+    for bad in ("128x4", "128x3x4", "100x4x4", "128x4x9", "axbxc"):
+        with pytest.raises(ValueError, match="decode_config"):
+            options.Options(decode_config=bad)
+    with pytest.raises(ValueError, match="NUMASCHED_DECODE_CONFIG"):
+        options.from_env({"NUMASCHED_DECODE_CONFIG": "fast"})
