@@ -469,15 +469,16 @@ def from_env(environ=None) -> Options:
 
 def decode_config_dict(spec: str) -> dict:
     """``"128x4x4"`` -> ``dict(BLOCK_N=128, num_warps=4, num_stages=4)`` (Options.decode_config):
-    a tile of 16-256 tokens (a power of two), 1, 2, 4 or 8 warps, 1-8 stages."""
+    a tile of 16-256 tokens (a power of two), 1, 2, 4 or 8 warps, 1-12 stages (paged: (stages - 1)
+    // 2 K/V tiles in flight)."""
     parts = spec.split("x") if isinstance(spec, str) else []
     if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
         raise ValueError(f"Options.decode_config (NUMASCHED_DECODE_CONFIG) must be 'BLOCK_NxWARPSxSTAGES', e.g. "
                          f"'128x4x4', got {spec!r}")
     block_n, warps, stages = (int(p) for p in parts)
-    if block_n not in (16, 32, 64, 128, 256) or warps not in (1, 2, 4, 8) or not 1 <= stages <= 8:
+    if block_n not in (16, 32, 64, 128, 256) or warps not in (1, 2, 4, 8) or not 1 <= stages <= 12:
         raise ValueError(f"Options.decode_config {spec!r}: BLOCK_N in 16..256 (a power of two), 1/2/4/8 warps and "
-                         f"1-8 stages")
+                         f"1-12 stages")
     return dict(BLOCK_N=block_n, num_warps=warps, num_stages=stages)
 
 

@@ -1240,7 +1240,8 @@ def test_decode_config_option_sets_every_plans_config(monkeypatch):
     assert seen == [None, dict(BLOCK_N=128, num_warps=4, num_stages=4), dict(BLOCK_N=32, num_warps=2, num_stages=3)]
     assert options.from_env({"NUMASCHED_DECODE_CONFIG": "64x2x7"}).decode_config == "64x2x7"
     assert options.from_env({}).decode_config is None
-    for bad in ("128x4", "128x3x4", "100x4x4", "128x4x9", "axbxc"):
+    assert options.Options(decode_config="64x2x9").decode_config == "64x2x9"
+    for bad in ("128x4", "128x3x4", "100x4x4", "128x4x13", "axbxc"):
         with pytest.raises(ValueError, match="decode_config"):
             options.Options(decode_config=bad)
     with pytest.raises(ValueError, match="NUMASCHED_DECODE_CONFIG"):
