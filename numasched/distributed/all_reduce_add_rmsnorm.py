@@ -139,10 +139,13 @@ class AllReduceAddRmsnorm(_Op):
                 raise RuntimeError(f"all_reduce_add_rmsnorm(pushed={pushed}) on rank {ctx.rank}: nothing was pushed "
                                    f"for this call (push_target, then the producer, then this call)")
             plan.pending = 0
-        flags = bf["pcount"] if pushed else bf["flags"]   # (pushed: a stand-in, never read)
+        # each form has one of the flags and the counts; the other argument gets it as a stand-in,
+        # never read
+        flags = bf.get("flags", bf.get("pcount"))
+        pcount = bf.get("pcount", flags)
         args = (x, res, w, res_out, y, bf["recv"], flags, ctx.status, bf["epoch"], bf["counters"],
                 ctx.heap_bases, ctx.rank, c["M"], c["N"], c["iters"], call.extra["eps"], ctx.wait_bound,
-                bf["recv_ll"] if c.get("ll") else flags, flags, pushed)
+                bf["recv_ll"] if c.get("ll") else flags, pcount, pushed)
         layout = tuple(_aligned(v) for v in (x, res, w, res_out, y))
         stages = {"full": 3, "push": 1, "consume": 2}[phase]
 
