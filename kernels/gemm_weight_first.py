@@ -68,9 +68,22 @@ if HAVE_GLUON:
             tma.async_copy_global_to_shared(w_desc, [n0, k], bar, slot)
 
     @gluon.jit
-    def _band_store(y, vals, n0, M, N, stride_ym, stride_yn, layout: gl.constexpr, BAND: gl.constexpr,
-                    BLOCK_T: gl.constexpr):
-        """vals (BAND columns of y, BLOCK_T rows) into y[:M, n0:n0 + BAND], transposed."""
+    def _row_runs(vals, BAND: gl.constexpr):
+        """vals (BAND columns of y, BLOCK_T rows) in a layout of 8 consecutive columns a thread: one
+        16-byte store a row run in y's row-major memory. wgmma's accumulator gives a thread two
+        neighbouring rows of a column, so stored as it is every element is its own 2-byte store
+        (four 16-byte pieces of rows a warp instruction); the conversion goes through shared memory
+        once."""
+        gl.static_assert(BAND == 64, "8 threads of 8 columns span the band")
+        runs: gl.constexpr = gl.BlockedLayout(size_per_thread=[8, 1], threads_per_warp=[8, 4],
+                                              warps_per_cta=[1, 4], order=[0, 1])
+        return gl.convert_layout(vals, runs)
+
+    @gluon.jit
+    def _band_store(y, vals, n0, M, N, stride_ym, stride_yn, BAND: gl.constexpr, BLOCK_T: gl.constexpr):
+        """vals (BAND columns of y, BLOCK_T rows, as :func:`_row_runs` lays them out) into
+        y[:M, n0:n0 + BAND], transposed."""
+        layout: gl.constexpr = vals.type.layout
         r = gl.arange(0, BAND, layout=gl.SliceLayout(1, layout))
         m = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, layout))
         cols = n0 + r
@@ -78,7 +91,7 @@ if HAVE_GLUON:
         gl.store(ptrs, vals.to(y.dtype.element_ty), mask=(cols[:, None] < N) & (m[None, :] < M))
 
     @gluon.jit
-    def _band_push(recv, pcount, epoch, heap_bases, rank, vals, n0, M, N, layout: gl.constexpr, BAND: gl.constexpr,
+    def _band_push(recv, pcount, epoch, heap_bases, rank, vals, n0, M, N, BAND: gl.constexpr,
                    BLOCK_T: gl.constexpr, WORLD: gl.constexpr):
         """PUSH: the band (as :func:`_band_store` writes it) into every peer's copy of ``recv``, slot
         ``epoch + 1 & 1``, part ``rank`` (heap (2, WORLD, M, N)), then one add to every peer's
@@ -86,6 +99,7 @@ if HAVE_GLUON:
         producer's side of the pushed all-reduce + add + norm (kernels/dist_allreduce.py,
         ``arn_push_kernel`` is the same in Triton). ``epoch`` is that kernel's own word: read
         after this kernel's PDL wait, so the call before it has published it."""
+        layout: gl.constexpr = vals.type.layout
         e = gl.load(epoch, cache_modifier=".cg") + 1
         slot = (e % 2).to(gl.int32)
         r = gl.arange(0, BAND, layout=gl.SliceLayout(1, layout))
@@ -98,8 +112,10 @@ if HAVE_GLUON:
         ELT: gl.constexpr = recv.dtype.element_ty.primitive_bitwidth // 8
         own = gl.load(heap_bases + rank)
         for d in gl.static_range(WORLD):
-            if d != rank:   # the same offset in the peer's heap (heap bases are 256-byte aligned)
-                gl.store(recv + (gl.load(heap_bases + d) - own) // ELT + offs, v, mask=mask)
+            if d != rank:   # the same offset in the peer's heap: heap bases are 256-byte aligned,
+                # which the hint tells the compiler (16-byte stores need it)
+                delta = gl.multiple_of((gl.load(heap_bases + d) - own) // ELT, 256 // ELT)
+                gl.store(recv + delta + offs, v, mask=mask)
         gl.thread_barrier()
         for d in gl.static_range(WORLD):
             if d != rank:
@@ -190,12 +206,12 @@ if HAVE_GLUON:
         # 5. the epilogue
         if SPLITS == 1:
             if GLU:
-                _band_store(y, _glu(acc, acc_u), n0, M, N, stride_ym, stride_yn, acc_layout, BAND, BLOCK_T)
+                _band_store(y, _row_runs(_glu(acc, acc_u), BAND), n0, M, N, stride_ym, stride_yn, BAND, BLOCK_T)
             else:
-                _band_store(y, acc, n0, M, N, stride_ym, stride_yn, acc_layout, BAND, BLOCK_T)
+                out = _row_runs(acc, BAND)
+                _band_store(y, out, n0, M, N, stride_ym, stride_yn, BAND, BLOCK_T)
                 if PUSH:
-                    _band_push(recv, pcount, epoch, heap_bases, rank, acc, n0, M, N, acc_layout, BAND, BLOCK_T,
-                               WORLD)
+                    _band_push(recv, pcount, epoch, heap_bases, rank, out, n0, M, N, BAND, BLOCK_T, WORLD)
         else:
             SLOT: gl.constexpr = BAND * BLOCK_T
             r = gl.arange(0, BAND, layout=gl.SliceLayout(1, acc_layout))
@@ -219,9 +235,10 @@ if HAVE_GLUON:
                     if GLU:
                         tot_u = tot_u + gl.load(first + q * (NW * SLOT) + SLOT + offs, cache_modifier=".cg")
                 if GLU:
-                    _band_store(y, _glu(tot, tot_u), n0, M, N, stride_ym, stride_yn, acc_layout, BAND, BLOCK_T)
+                    _band_store(y, _row_runs(_glu(tot, tot_u), BAND), n0, M, N, stride_ym, stride_yn, BAND,
+                                BLOCK_T)
                 else:
-                    _band_store(y, tot, n0, M, N, stride_ym, stride_yn, acc_layout, BAND, BLOCK_T)
+                    out = _row_runs(tot, BAND)
+                    _band_store(y, out, n0, M, N, stride_ym, stride_yn, BAND, BLOCK_T)
                     if PUSH:
-                        _band_push(recv, pcount, epoch, heap_bases, rank, tot, n0, M, N, acc_layout, BAND, BLOCK_T,
-                                   WORLD)
+                        _band_push(recv, pcount, epoch, heap_bases, rank, out, n0, M, N, BAND, BLOCK_T, WORLD)

@@ -98,9 +98,11 @@ def test_push_stores_the_band_then_counts_it_on_each_peer(compiled):
         bar = max(i for i in bars if i < adds[0])
         before = max(i for i in bars if i < bar)
         stores = [i for i, ln in enumerate(lines) if "st.global" in ln]
-        # the band's stores between the two barriers: y's and each peer's (8 a thread each: a 64 x
-        # 16 band on 128 threads), none after the barrier that orders them before the adds
-        assert sum(before < i < bar for i in stores) == 8 * (1 + peers), name
+        # the band's stores between the two barriers: y's and each peer's, one 16-byte store a
+        # thread each (a 64 x 16 band on 128 threads, 8 consecutive columns a thread: the layout
+        # conversion and the heap-offset hint), none after the barrier that orders them before the adds
+        band = [lines[i] for i in stores if before < i < bar]
+        assert len(band) == 1 + peers and all("st.global.v4.b32" in ln for ln in band), (name, band)
         assert not any(i > bar for i in stores), name
         # the consumer's epoch (the slot) read through L2 after the PDL wait
         wait = next(i for i, ln in enumerate(lines) if "griddepcontrol.wait" in ln)
@@ -108,6 +110,9 @@ def test_push_stores_the_band_then_counts_it_on_each_peer(compiled):
         assert len(epoch) == 1 and wait < epoch[0] < bar, name
     for name in ("bf16-16-split2-pdl", "bf16-16-glu-pdl"):
         assert ".sys." not in compiled[name]["ptx"], name
+    # y's own stores are 16 bytes in every form (never one 2-byte store an element)
+    for name, r in compiled.items():
+        assert "st.global.b16" not in r["ptx"] and "st.global.v4.b32" in r["ptx"], name
 
 
 def test_config_fills_the_sms_once_and_fits_shared_memory():
