@@ -10,7 +10,9 @@ into the cache's slots): three kernel boundaries per layer for a few KB of data.
 * HQ <= h < HQ + HK: a key head: (norm,) rotate, store into row ``slots[t]`` of the K cache;
 * else a value head: copied into row ``slots[t]`` of the V cache.
 
-A slot outside the cache's rows (-1: a padding token) writes nothing.
+A slot outside the cache's rows (-1: a padding token) writes nothing. A slot is a row of the
+cache seen as (rows, HK, HEAD_DIM) (PAGE 1), or page * PAGE + offset of a paged cache (pages,
+PAGE, HK, HEAD_DIM) with any strides (PAGE > 1: e.g. head-major pages, whose rows do not flatten).
 
 RoPE as transformers applies it: ``y = x * cos + rotate_half(x) * sin`` with cos/sin (T, D)
 (the two halves' frequencies repeated), ``rotate_half(x)[j] = -x[j + D/2]`` for j < D/2 and
@@ -33,19 +35,24 @@ def _normed(x, w_ptr, offs, dmask, r, DTYPE: tl.constexpr):
 
 
 @triton.jit
-def _slot(SLOTS, t, tmask, rows):
-    # (row, write?): a slot outside [0, rows) -- -1 marks a padding token -- writes nothing
+def _slot(SLOTS, t, tmask, rows, stride_page, stride_slot, PAGE: tl.constexpr):
+    # (element offset of the slot's row, write?): a slot outside [0, rows) -- -1 marks a padding
+    # token -- writes nothing
     slot = tl.load(SLOTS + t, mask=tmask, other=-1).to(tl.int64)
-    return slot, (slot >= 0) & (slot < rows)
+    ok = (slot >= 0) & (slot < rows)
+    if PAGE == 1:
+        return slot * stride_page, ok
+    return (slot // PAGE) * stride_page + (slot % PAGE) * stride_slot, ok
 
 
 @triton.jit
 def qkv_rope_cache_kernel(QKV, COS, SIN, QW, KW, Q_OUT, K_CACHE, V_CACHE, SLOTS, K_OUT, V_OUT, RS,
                           T, stride_qkv_t, stride_cos_t, stride_sin_t, stride_q_t, stride_q_h,
-                          stride_kc_row, stride_kc_h, stride_vc_row, stride_vc_h, eps, rows,
+                          stride_kc_page, stride_kc_slot, stride_kc_h, stride_vc_page, stride_vc_slot, stride_vc_h,
+                          eps, rows,
                           HQ: tl.constexpr, HK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                           BLOCK_T: tl.constexpr, QK_NORM: tl.constexpr, KV_OUT: tl.constexpr = False,
-                          PDL: tl.constexpr = False, ROW_SCALE: tl.constexpr = False):
+                          PDL: tl.constexpr = False, ROW_SCALE: tl.constexpr = False, PAGE: tl.constexpr = 1):
     # KV_OUT (a prefill, whose attention reads k and v contiguous): the rotated k and the v of
     # every token also go to K_OUT / V_OUT, contiguous (T, HK, HEAD_DIM). ROW_SCALE: token t's
     # row counts as RS[t] (fp32) times the stored one (the layer's RMSNorm folded into the QKV
@@ -83,14 +90,14 @@ def qkv_rope_cache_kernel(QKV, COS, SIN, QW, KW, Q_OUT, K_CACHE, V_CACHE, SLOTS,
         if h < HQ:
             tl.store(Q_OUT + t64[:, None] * stride_q_t + h * stride_q_h + d[None, :], y.to(DTYPE), mask=mask)
         else:
-            slot, ok = _slot(SLOTS, t, tmask, rows)
-            tl.store(K_CACHE + slot[:, None] * stride_kc_row + (h - HQ) * stride_kc_h + d[None, :], y.to(DTYPE),
+            at, ok = _slot(SLOTS, t, tmask, rows, stride_kc_page, stride_kc_slot, PAGE)
+            tl.store(K_CACHE + at[:, None] + (h - HQ) * stride_kc_h + d[None, :], y.to(DTYPE),
                      mask=mask & ok[:, None])
             if KV_OUT:
                 tl.store(K_OUT + (t64[:, None] * HK + (h - HQ)) * HEAD_DIM + d[None, :], y.to(DTYPE), mask=mask)
     else:
-        slot, ok = _slot(SLOTS, t, tmask, rows)
-        tl.store(V_CACHE + slot[:, None] * stride_vc_row + (h - HQ - HK) * stride_vc_h + d[None, :], x.to(DTYPE),
+        at, ok = _slot(SLOTS, t, tmask, rows, stride_vc_page, stride_vc_slot, PAGE)
+        tl.store(V_CACHE + at[:, None] + (h - HQ - HK) * stride_vc_h + d[None, :], x.to(DTYPE),
                  mask=mask & ok[:, None])
         if KV_OUT:
             tl.store(V_OUT + (t64[:, None] * HK + (h - HQ - HK)) * HEAD_DIM + d[None, :], x.to(DTYPE), mask=mask)

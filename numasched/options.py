@@ -30,6 +30,7 @@ numasched is imported (they are not read per call):
     NUMASCHED_DECODE_PREFETCH_WIDE=1 decode_prefetch_wide -> True
     NUMASCHED_WEIGHT_FIRST_ROW_PARALLEL=0 weight_first_row_parallel -> False
     NUMASCHED_WEIGHT_FIRST_PUSH=0 weight_first_push -> False
+    NUMASCHED_PAGED_KV_HEAD_MAJOR=0/1 paged_kv_head_major -> False / True
     NUMASCHED_DECODE_TMA=0/1    decode_tma -> False / True
     NUMASCHED_ARN_LL=0/1        arn_exchange -> "flag" / "ll"
     NUMASCHED_ARN_ONE_ROW=0     arn_one_row -> False
@@ -183,6 +184,13 @@ class Options:
             after it. On by default: on two H200s the TP 2 Llama-3-8B decode step took 1.5-7.0 %
             less time with it at every point (batch 1, 4, 16 x 2k, 32k), the norm kernel's owned
             time about half (bench/results/README.md, fifty-seventh session).
+        paged_kv_head_major: numasched's decoder (numasched.models) keeps each page of its paged
+            KV cache head-major, (kv_heads, page_size, head_dim) a page (FlashInfer's HND), and
+            hands ``flash_decode`` the (num_pages, page_size, kv_heads, head_dim) view of it. A
+            program then reads a page of its KV head as one run of page_size x head_dim elements
+            (4 KB at 16 x 128 bf16) instead of page_size runs of one row (vLLM's NHD). Standalone
+            on an H200 the TP 2 rank's attention (16 x 32k, 16/4 heads, two splits) took 240.9 us
+            on a head-major contiguous cache against 249.4 paged NHD (fifty-fifth session).
         decode_tma: flash_decode loads the whole K/V tiles of a contiguous cache by TMA (bulk
             tensor copies into shared memory; NVIDIA sm_90+, 16-byte aligned rows, the model's or
             a given kernel config) instead of per-thread async copies; the last, partial tile of a
@@ -295,6 +303,7 @@ class Options:
     decode_prefetch_wide: bool = False
     weight_first_row_parallel: bool = True
     weight_first_push: bool = True
+    paged_kv_head_major: bool = True
     decode_tma: bool = False
     arn_one_row: bool = True
     arn_exchange: str = "auto"
@@ -319,7 +328,7 @@ class Options:
         for f in ("autotune", "check_data", "gemm_flatten", "gemm_splitk_tma", "gemm_streamk_k_aligned",
                   "gemm_tail_split", "gemm_ws", "pdl", "pdl_prefetch", "arn_one_row", "decode_tma",
                   "gemm_ws_last_box", "gemm_ws_dead_half", "gemm_ws_swap", "fused_rs_early", "decode_prefetch_wide",
-                  "weight_first_row_parallel", "weight_first_push"):
+                  "weight_first_row_parallel", "weight_first_push", "paged_kv_head_major"):
             if not isinstance(getattr(self, f), bool):
                 raise TypeError(f"Options.{f} must be a bool, got {getattr(self, f)!r}")
         if isinstance(self.pdl_trigger, bool):  # the former bool form
@@ -450,6 +459,7 @@ def from_env(environ=None) -> Options:
                    weight_first_row_parallel=flag("NUMASCHED_WEIGHT_FIRST_ROW_PARALLEL",
                                                   Options.weight_first_row_parallel),
                    weight_first_push=flag("NUMASCHED_WEIGHT_FIRST_PUSH", Options.weight_first_push),
+                   paged_kv_head_major=flag("NUMASCHED_PAGED_KV_HEAD_MAJOR", Options.paged_kv_head_major),
                    decode_tma=flag("NUMASCHED_DECODE_TMA", Options.decode_tma),
                    arn_one_row=flag("NUMASCHED_ARN_ONE_ROW", True),
                    arn_exchange=exchange,

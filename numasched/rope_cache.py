@@ -12,9 +12,10 @@ for a few KB at decode sizes; here it is one (kernels/rope_cache.py), and q is t
 
 Arguments: ``qkv`` (T, (heads + 2 kv_heads) D), ``cos``/``sin`` (T, D) (the halves' frequencies
 repeated, as transformers builds them), ``k_cache``/``v_cache`` any shape ending in (kv_heads, D)
-whose leading dimensions flatten to rows (a paged cache (pages, page_size, kv_heads, D): row =
-page * page_size + offset), ``slots`` (T,) contiguous int32/int64: the row each token's k and v
-go to, or -1 for a token whose k and v are not written (padding). With ``options.check_data``
+whose leading dimensions flatten to rows, or a paged cache (pages, page_size, kv_heads, D) with any
+strides (e.g. the view of head-major pages, numasched.models.PagedKVCache(head_major=True)); a
+row of a paged cache is page * page_size + offset. ``slots`` (T,) contiguous int32/int64: the row
+each token's k and v go to, or -1 for a token whose k and v are not written (padding). With ``options.check_data``
 (the default) the slots are range-checked on the host (one device sync; never inside a CUDA-graph
 capture); the kernel writes no slot outside [0, rows) either way.
 """
@@ -36,8 +37,12 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 BLOCK_T = 16   # tokens per program: a decode step's batch in one program row, prefill in row blocks
 
 
-def _rows(name: str, cache: torch.Tensor, kv_heads: int, d: int) -> torch.Tensor:
-    """``cache`` as (rows, kv_heads, D) without a copy (ValueError naming it if it cannot be)."""
+def _rows(name: str, cache: torch.Tensor, kv_heads: int, d: int) -> tuple:
+    """How the kernel addresses ``cache``'s rows: (rows, page, stride_page, stride_slot, stride_h)
+    in elements. page 1: ``cache`` viewed as (rows, kv_heads, D) without a copy, row r at
+    r * stride_page; else a paged (pages, page, kv_heads, D) tensor whose rows do not flatten (any
+    strides), row r at (r // page) * stride_page + (r % page) * stride_slot. ValueError naming
+    ``name`` if it is neither."""
     if cache.dim() < 3 or tuple(cache.shape[-2:]) != (kv_heads, d):
         raise ValueError(f"{name} must end in (kv_heads, head_dim) = ({kv_heads}, {d}), got shape {tuple(cache.shape)}")
     if cache.stride(-1) != 1:
@@ -45,11 +50,15 @@ def _rows(name: str, cache: torch.Tensor, kv_heads: int, d: int) -> torch.Tensor
     if cache.numel() == 0:
         raise ValueError(f"{name} has no rows (shape {tuple(cache.shape)})")
     try:
-        return cache.view(-1, kv_heads, d)
+        flat = cache.view(-1, kv_heads, d)
+        return flat.shape[0], 1, flat.stride(0), 0, flat.stride(1)
     except RuntimeError:
-        raise ValueError(f"{name} (shape {tuple(cache.shape)}, strides {cache.stride()}) cannot be viewed as "
-                         f"(rows, {kv_heads}, {d}) without a copy: its leading dimensions must be one "
-                         f"uniform run of rows") from None
+        pass
+    if cache.dim() == 4 and cache.shape[1] > 1:
+        return cache.shape[0] * cache.shape[1], cache.shape[1], cache.stride(0), cache.stride(1), cache.stride(2)
+    raise ValueError(f"{name} (shape {tuple(cache.shape)}, strides {cache.stride()}) cannot be viewed as "
+                     f"(rows, {kv_heads}, {d}) without a copy, and it is not a paged (pages, page_size, "
+                     f"{kv_heads}, {d}) cache: its leading dimensions must be one uniform run of rows, or pages")
 
 
 def check_qkv_rope_cache(qkv, cos, sin, k_cache, v_cache, slots, *, heads: int, kv_heads: int,
@@ -78,9 +87,13 @@ def check_qkv_rope_cache(qkv, cos, sin, k_cache, v_cache, slots, *, heads: int, 
     rows = []
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         check_tensor(name, t, dtypes=(dt,), device=dev)
-        rows.append(_rows(name, t, kv_heads, d).shape[0])   # rows are indexed in int64 by the kernel
-    if rows[0] != rows[1]:
-        raise ValueError(f"k_cache has {rows[0]} rows but v_cache has {rows[1]}")
+        rows.append(_rows(name, t, kv_heads, d)[:2])   # rows are indexed in int64 by the kernel
+    if rows[0][0] != rows[1][0]:
+        raise ValueError(f"k_cache has {rows[0][0]} rows but v_cache has {rows[1][0]}")
+    if rows[0][1] != rows[1][1]:
+        raise ValueError(f"k_cache and v_cache must be addressed alike: rows of {rows[0][1]} and {rows[1][1]} "
+                         f"tokens a page (shapes {tuple(k_cache.shape)} and {tuple(v_cache.shape)}, strides "
+                         f"{k_cache.stride()} and {v_cache.stride()})")
     check_tensor("slots", slots, ndim=1, dtypes=(torch.int32, torch.int64), device=dev)
     if slots.shape[0] != T:
         raise ValueError(f"slots must hold one row per token ({T}), got {slots.shape[0]}")
@@ -136,7 +149,8 @@ class RopeCachePlan(Plan):
         if not isinstance(return_kv, bool):
             raise TypeError(f"return_kv must be True or False, got {return_kv!r}")
         self.return_kv = return_kv
-        self.rows = _rows("k_cache", k_cache, HK, d).shape[0]
+        self.rows, self.page, *self._kstrides = _rows("k_cache", k_cache, HK, d)
+        self._vstrides = _rows("v_cache", v_cache, HK, d)[2:]   # (run: the signatures fix both)
         self.tensors = dict(qkv=signature(qkv), cos=signature(cos), sin=signature(sin), k_cache=signature(k_cache),
                             v_cache=signature(v_cache), slots=signature(slots), q_weight=signature(q_weight),
                             k_weight=signature(k_weight), out=signature(out), row_scale=signature(row_scale))
@@ -153,7 +167,7 @@ class RopeCachePlan(Plan):
             self.config = dict(num_warps=4 if BLOCK_T * bd >= 2048 else 2)
             self.grid = (-(-T // BLOCK_T), H + 2 * HK)
             const = dict(HQ=H, HK=HK, HEAD_DIM=d, BLOCK_D=bd, BLOCK_T=BLOCK_T, QK_NORM=self.qk_norm,
-                         KV_OUT=self.return_kv, ROW_SCALE=self.row_scale)
+                         KV_OUT=self.return_kv, ROW_SCALE=self.row_scale, PAGE=self.page)
             self._launch = Launch(K.qkv_rope_cache_kernel, self.grid, const, config=self.config, device=self.device,
                                   interpret=self.mode == "interpreter", options=self.options)
         self._freeze()
@@ -181,7 +195,6 @@ class RopeCachePlan(Plan):
             return (out, *kv) if kv else out
         if self.options.check_data and not caps.capturing(self.device):
             check_slots(slots, self.rows)
-        kf, vf = k_cache.view(-1, HK, d), v_cache.view(-1, HK, d)
         if self.mode == "torch":
             if _observe.OBSERVERS:
                 _observe.notify(self.op, "torch", (), (out,), self,
@@ -190,8 +203,13 @@ class RopeCachePlan(Plan):
             q, k, v = reference(src, cos, sin, H, HK, q_weight, k_weight, self.eps)
             idx = slots.to(torch.int64)
             keep = (idx >= 0) & (idx < self.rows)   # as the kernel: a slot outside the rows writes nothing
-            kf.index_copy_(0, idx[keep], k[keep])
-            vf.index_copy_(0, idx[keep], v[keep])
+            if self.page == 1:
+                k_cache.view(-1, HK, d).index_copy_(0, idx[keep], k[keep])
+                v_cache.view(-1, HK, d).index_copy_(0, idx[keep], v[keep])
+            else:
+                at = (torch.div(idx[keep], self.page, rounding_mode="floor"), idx[keep] % self.page)
+                k_cache.index_put_(at, k[keep])
+                v_cache.index_put_(at, v[keep])
             if kv:
                 kv[0].copy_(k)
                 kv[1].copy_(v)
@@ -205,10 +223,10 @@ class RopeCachePlan(Plan):
         kw = k_weight if k_weight is not None else qkv
         ko, vo = kv if kv else (out, out)
         with caps.launch_device(qkv):
-            self._launch(qkv, cos, sin, qw, kw, out, kf, vf, slots, ko, vo, row_scale if row_scale is not None else cos,
-                         T, qkv.stride(0), cos.stride(0),
-                         sin.stride(0), out.stride(0), out.stride(1), kf.stride(0), kf.stride(1), vf.stride(0),
-                         vf.stride(1), self.eps, self.rows)
+            self._launch(qkv, cos, sin, qw, kw, out, k_cache, v_cache, slots, ko, vo,
+                         row_scale if row_scale is not None else cos, T, qkv.stride(0), cos.stride(0),
+                         sin.stride(0), out.stride(0), out.stride(1), *self._kstrides, *self._vstrides, self.eps,
+                         self.rows)
         return (out, *kv) if kv else out
 
 

@@ -132,6 +132,20 @@ def test_paged(dtype, page, combine, poisoned, launches):
     check(out, lse, *reference(q, k, v, lens, bt), dtype)
 
 
+@pytest.mark.parametrize("page", [4, 16])
+def test_paged_head_major_view(page, poisoned, launches):
+    """Head-major pages (num_pages, kv_heads, page_size, D) handed over as their (num_pages,
+    page_size, kv_heads, D) view (numasched.models' default cache): the same answers as the
+    same data in vLLM's layout."""
+    B, H, HK, Dh, max_pages = 3, 8, 2, 32, 4
+    lens = torch.tensor([page * max_pages, 1, page + 3], dtype=torch.int32)
+    q, k, v, bt, lens = make_paged(B, H, HK, Dh, page, max_pages, lens, torch.float32, DEVICE, seed=page)
+    kh, vh = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (k, v))
+    assert torch.equal(kh, k) and kh.stride() == (HK * page * Dh, Dh, page * Dh, 1)
+    out, lse = numasched.flash_decode(q, kh, vh, cache_seqlens=lens, block_table=bt, num_splits=2, return_lse=True)
+    check(out, lse, *reference(q, k, v, lens, bt), torch.float32)
+
+
 def test_head_dim_padded_and_int64_offsets(monkeypatch, poisoned, launches):
     # head dim 40 (padded to 64 in registers) and the int64 offset path (forced by a low threshold)
     monkeypatch.setattr(D, "INT64_THRESHOLD", 0)
@@ -620,12 +634,14 @@ gpu = pytest.mark.gpu
 @pytest.mark.parametrize("dtype,H,HK,Dh", [
     (torch.bfloat16, 32, 8, 128), (torch.bfloat16, 32, 32, 128), (torch.bfloat16, 16, 2, 64),
     (torch.bfloat16, 8, 1, 256), (torch.float16, 32, 8, 128), (torch.float32, 32, 8, 128)])
-@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("paged", [False, True, "head_major"])
 def test_gpu_real_sizes(dtype, H, HK, Dh, paged, combine, fixed_config, poisoned, launches):
     B, L, page = 6, 3000, 16
     lens = torch.tensor([3000, 0, 1, 2049, 777, 64], dtype=torch.int32)
     if paged:
         q, k, v, bt, lens = make_paged(B, H, HK, Dh, page, L // page + 1, lens, dtype, "cuda")
+        if paged == "head_major":   # the same pages stored (pages, kv_heads, page_size, D)
+            k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (k, v))
     else:
         q, k, v = make_contiguous(B, H, HK, Dh, L, dtype, "cuda")
         bt, lens = None, lens.cuda()

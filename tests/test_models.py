@@ -95,6 +95,20 @@ def test_numasched_backend_matches_transformers(family, decode_steps):
     assert log.count("matmul_swiglu") == (1 + decode_steps) * 2
 
 
+def test_numasched_backend_cache_layout_follows_the_option():
+    """numasched's decoder takes head-major pages by default (options.paged_kv_head_major); with
+    the option off, vLLM's layout, and the decode runs alike on both."""
+    import numasched
+
+    hf = hf_model("llama", seed=4)
+    ids = torch.randint(0, 128, (2, 7), generator=torch.Generator().manual_seed(5))
+    model, ref = TPDecoder.from_hf(hf), reference(hf, ids)
+    assert NumaschedBackend(1).new_cache(model, batch=2, capacity=8).head_major
+    with numasched.options.use(paged_kv_head_major=False):
+        assert not NumaschedBackend(1).new_cache(model, batch=2, capacity=8).head_major
+        assert rel(run_teacher_forced(model, NumaschedBackend(1), ids, prompt=5), ref) < 1e-4
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_folded_norms_prefill_norm_free_matches_transformers(family, monkeypatch):
     """TPDecoder.fold_norms(): the norm weights folded into the QKV and gate/up weights; the
@@ -348,18 +362,28 @@ def test_decode_runner_on_cpu_is_the_eager_step():
     assert cache.lens.tolist() == [8, 8]
 
 
-def test_paged_cache_pages_and_slots():
-    c = PagedKVCache(layers=1, batch=2, capacity=10, kv_heads=1, head_dim=2, dtype=torch.float32, device="cpu",
-                     page_size=4)
+@pytest.mark.parametrize("head_major", [False, True])
+def test_paged_cache_pages_and_slots(head_major):
+    c = PagedKVCache(layers=2, batch=2, capacity=10, kv_heads=2, head_dim=2, dtype=torch.float32, device="cpu",
+                     page_size=4, head_major=head_major)
     assert c.capacity == 12 and c.block_table.tolist() == [[0, 1, 2], [3, 4, 5]]
     c.lens.copy_(torch.tensor([5, 0], dtype=torch.int32))
     c.begin_decode()
     assert c._write_index.tolist() == [1 * 4 + 1, 3 * 4 + 0]
-    k = torch.tensor([[[1.0, 2.0]], [[3.0, 4.0]]])
-    c.write(0, k, -k)
-    assert c.k(0)[1, 1].tolist() == [[1.0, 2.0]] and c.v(0)[3, 0].tolist() == [[-3.0, -4.0]]
+    k = torch.tensor([[[1.0, 2.0], [5.0, 6.0]], [[3.0, 4.0], [7.0, 8.0]]])
+    c.write(1, k, -k)
+    assert c.k(1).shape == (6, 4, 2, 2) and c.k(1)[1, 1].tolist() == [[1.0, 2.0], [5.0, 6.0]]
+    assert c.v(1)[3, 0].tolist() == [[-3.0, -4.0], [-7.0, -8.0]]
+    assert c.k(0).abs().sum() == 0 and c.k(1).abs().sum() == 36   # nothing else written
+    # the storage: head-major pages hold one head's tokens of a page in a row
+    page1 = c.k_all[1, 1]
+    assert (page1[:, 1] if head_major else page1[1]).tolist() == [[1.0, 2.0], [5.0, 6.0]]
+    assert c.k(1).stride() == ((16, 2, 8, 1) if head_major else (16, 4, 2, 1))
     c.end_decode()
     assert c.lens.tolist() == [6, 1]
+    with pytest.raises(TypeError, match="head_major"):
+        PagedKVCache(layers=1, batch=1, capacity=4, kv_heads=1, head_dim=2, dtype=torch.float32, device="cpu",
+                     head_major=1)
 
 
 # ----------------------------------------------------------------------------- config, sharding, errors

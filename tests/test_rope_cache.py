@@ -22,6 +22,17 @@ def _case(T, H, HK, D, dtype, norm, pages=7, page_size=4, device="cpu", seed=0):
     return qkv, cos, sin, qw, kw, kc, vc, slots
 
 
+class _Rows:
+    """Rows (slots) of a paged cache of any strides, read when indexed."""
+
+    def __init__(self, cache):
+        self.cache, self.shape = cache, (cache.shape[0] * cache.shape[1],) + tuple(cache.shape[2:])
+
+    def __getitem__(self, idx):
+        idx = idx.to(torch.int64)
+        return self.cache[idx // self.cache.shape[1], idx % self.cache.shape[1]]
+
+
 def _want(qkv, cos, sin, qw, kw, H, HK, eps=1e-6):
     f = (lambda t: None if t is None else t.double())
     return reference(qkv.double(), cos.double(), sin.double(), H, HK, f(qw), f(kw), eps)
@@ -53,6 +64,42 @@ def test_matches_float64_reference_and_writes_only_its_slots(T, H, HK, D, dtype,
     other = torch.ones(kf.shape[0], dtype=torch.bool)
     other[idx] = False
     assert torch.isnan(kf[other]).all() and torch.isnan(vf[other]).all()
+
+
+@pytest.mark.parametrize("T,H,HK,D,dtype,norm,kernel", [
+    (19, 6, 3, 16, torch.float16, True, True),    # two row blocks, Qwen3's norms
+    (5, 4, 2, 32, torch.float32, False, True),
+    (7, 4, 2, 16, torch.float32, True, False),    # the torch fallback
+])
+def test_head_major_pages_take_each_slot_at_its_page_and_offset(T, H, HK, D, dtype, norm, kernel, monkeypatch):
+    """A paged cache stored head-major ((pages, kv_heads, page_size, D), handed over as its
+    (pages, page_size, kv_heads, D) view, whose rows do not flatten): slot s goes to page s // 4,
+    offset s % 4 of every head, nothing else is written; k and v views of different strides are
+    addressed alike."""
+    if not kernel:
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    qkv, cos, sin, qw, kw, _, _, slots = _case(T, H, HK, D, dtype, norm, pages=6, page_size=4, seed=T)
+    k_store = torch.full((6, HK, 4, D), float("nan"), dtype=dtype)
+    v_store = torch.full((6, 4 + 1, HK, 4, D), float("nan"), dtype=dtype)[:, 1]   # another page stride
+    kc, vc = k_store.transpose(1, 2), v_store.transpose(1, 2)
+    plan = plan_qkv_rope_cache(qkv, cos, sin, kc, vc, slots, heads=H, kv_heads=HK, q_weight=qw, k_weight=kw)
+    assert plan.page == 4 and plan.rows == 24 and plan.mode == ("interpreter" if kernel else "torch")
+    q = plan.run(qkv, cos, sin, kc, vc, slots, qw, kw)
+    rq, rk, rv = _want(qkv, cos, sin, qw, kw, H, HK)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    idx = slots.to(torch.int64)
+    pg, off = idx // 4, idx % 4
+    assert _rel(q, rq) < tol
+    assert _rel(k_store[pg, :, off], rk) < tol and _rel(v_store[pg, :, off], rv) < tol
+    written = torch.zeros(6, 4, dtype=torch.bool)
+    written[pg, off] = True
+    assert torch.isnan(k_store.transpose(1, 2)[~written]).all() and torch.isnan(v_store.transpose(1, 2)[~written]).all()
+    # a cache that is neither rows nor pages, and k / v addressed differently, are named
+    with pytest.raises(ValueError, match="k_cache .* not a paged"):
+        qkv_rope_cache(qkv, cos, sin, k_store.permute(2, 0, 1, 3)[:, :, :, :].transpose(0, 1)[None], vc, slots,
+                       heads=H, kv_heads=HK)
+    with pytest.raises(ValueError, match="addressed alike"):
+        qkv_rope_cache(qkv, cos, sin, kc, torch.zeros(24, HK, D, dtype=dtype), slots, heads=H, kv_heads=HK)
 
 
 @pytest.mark.parametrize("T,H,HK,D,dtype,norm", [(19, 6, 3, 16, torch.float16, True), (5, 4, 1, 32, torch.float32, False),
@@ -203,22 +250,30 @@ def test_bad_arguments_are_named(change, match):
     if "cache_dtype" in change:
         kc = kc.to(change["cache_dtype"])
     if "strided_cache" in change:
-        kc = torch.zeros(7, 9, HK, D)[:, ::2]   # rows 16 apart, pages 72: no uniform run
+        # rows 16 apart within blocks of 72 rows: no uniform run, and not (pages, page_size, ...)
+        # either (a 4-D paged view of any strides is addressed by page and offset)
+        kc = torch.zeros(2, 7, 9, HK, D)[:, :, ::2]
     with pytest.raises((ValueError, TypeError), match=match):
         check_qkv_rope_cache(qkv, cos, sin, kc, vc, slots, **kw)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("norm", [False, True])
-def test_gpu_llama_sizes_in_a_cuda_graph(norm):
-    """Llama-3-8B at TP 2 (16 q heads, 4 kv heads, d128), 16 tokens, pages of 16, bf16: eager, then
-    replayed from a CUDA graph on new inputs (output poisoned first)."""
+@pytest.mark.parametrize("norm,head_major", [(False, False), (True, False), (False, True)])
+def test_gpu_llama_sizes_in_a_cuda_graph(norm, head_major):
+    """Llama-3-8B at TP 2 (16 q heads, 4 kv heads, d128), 16 tokens, pages of 16 (head-major pages:
+    the decoder's default cache), bf16: eager, then replayed from a CUDA graph on new inputs
+    (output poisoned first)."""
     T, H, HK, D = 16, 16, 4, 128
     qkv, cos, sin, qw, kw, kc, vc, slots = _case(T, H, HK, D, torch.bfloat16, norm, pages=64, page_size=16,
                                                  device="cuda")
+    if head_major:
+        kc, vc = (torch.full((64, HK, 16, D), float("nan"), dtype=torch.bfloat16, device="cuda").transpose(1, 2)
+                  for _ in range(2))
     q = qkv_rope_cache(qkv, cos, sin, kc, vc, slots, heads=H, kv_heads=HK, q_weight=qw, k_weight=kw)
     rq, rk, rv = _want(qkv, cos, sin, qw, kw, H, HK)
-    kf, vf = kc.view(-1, HK, D), vc.view(-1, HK, D)
+    kf, vf = kc.reshape(-1, HK, D), vc.reshape(-1, HK, D)   # (copies when head-major: read them again below)
+    if head_major:
+        kf, vf = _Rows(kc), _Rows(vc)
     assert _rel(q, rq) < 1e-2 and _rel(kf[slots], rk) < 1e-2 and _rel(vf[slots], rv) < 1e-2
     out = torch.empty_like(q)
     with numasched.options.use(check_data=False):

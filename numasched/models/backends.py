@@ -443,6 +443,17 @@ class NumaschedBackend(Backend):
     cache_class = PagedKVCache
     WEIGHT_FIRST_MAX_ROWS = 16
 
+    def new_cache(self, model, *, batch: int, capacity: int, page_size: int = 16):
+        """The paged cache, head-major pages with ``options.paged_kv_head_major`` (default; see
+        numasched.options): one KV head's tokens of a page are one contiguous run for the decode
+        attention."""
+        from numasched import options as _options
+
+        s = model.spec
+        return PagedKVCache(layers=s.layers, batch=batch, capacity=capacity, kv_heads=model.kv_heads_local,
+                            head_dim=s.head_dim, dtype=model.dtype, device=model.device, page_size=page_size,
+                            head_major=_options.current().paged_kv_head_major)
+
     def __init__(self, tp_size: Optional[int] = None, ctx=None, *, group=None, fuse_all_reduce: bool = True,
                  mapping: str = "auto", impl: str = "auto", check: bool = True, gemm: str = "auto",
                  fuse_norm: bool = True, fuse_swiglu: bool = True, prefill_overlap: Optional[int] = None,

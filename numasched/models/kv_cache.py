@@ -1,8 +1,10 @@
 """KV caches for :class:`numasched.models.TPDecoder`: one per backend layout.
 
 * :class:`PagedKVCache` (numasched backend): per layer (num_pages, page_size, kv_heads, head_dim)
-  pages with an int32 block table, the layout ``numasched.flash_decode`` reads (vLLM's). Pages are
-  handed out contiguously per sequence (sequence b owns pages [b * P, (b + 1) * P)).
+  pages with an int32 block table, the layout ``numasched.flash_decode`` reads (vLLM's), or with
+  ``head_major`` each page stored (kv_heads, page_size, head_dim) (FlashInfer's HND) and handed
+  out as the (num_pages, page_size, kv_heads, head_dim) view of it. Pages are handed out
+  contiguously per sequence (sequence b owns pages [b * P, (b + 1) * P)).
 * :class:`ContiguousKVCache` (torch backend): per layer (batch, kv_heads, capacity, head_dim),
   the layout torch's SDPA reads without a copy (gpt-fast's static cache).
 
@@ -117,31 +119,45 @@ class _KVCache:
 
 class PagedKVCache(_KVCache):
     """Paged K/V (num_pages, page_size, kv_heads, head_dim) per layer, int32 block table
-    (batch, pages per sequence); what ``numasched.flash_decode(..., block_table=)`` reads."""
+    (batch, pages per sequence); what ``numasched.flash_decode(..., block_table=)`` reads.
+
+    ``head_major``: each page is stored (kv_heads, page_size, head_dim), so that one KV head's
+    tokens of a page are one contiguous run (a decode program reads page_size x head_dim elements
+    in a row instead of page_size rows kv_heads x head_dim apart); :meth:`k` / :meth:`v` are then
+    (num_pages, page_size, kv_heads, head_dim) views of that storage (strides (kv_heads *
+    page_size * head_dim, head_dim, page_size * head_dim, 1)), which flash_decode and
+    qkv_rope_cache take as they are."""
 
     layout = "paged"
 
     def __init__(self, *, layers: int, batch: int, capacity: int, kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device, page_size: int = 16):
+                 dtype: torch.dtype, device, page_size: int = 16, head_major: bool = False):
         if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
             raise ValueError(f"page_size must be an integer >= 1, got {page_size!r}")
+        if not isinstance(head_major, bool):
+            raise TypeError(f"head_major must be True or False, got {head_major!r}")
         super().__init__(layers=layers, batch=batch, capacity=capacity, kv_heads=kv_heads, head_dim=head_dim,
                          dtype=dtype, device=device)
-        self.page_size = page_size
+        self.page_size, self.head_major = page_size, head_major
         self.pages_per_seq = -(-capacity // page_size)
         self.capacity = self.pages_per_seq * page_size
         self.num_pages = batch * self.pages_per_seq
-        shape = (layers, self.num_pages, page_size, kv_heads, head_dim)
+        if head_major:
+            shape = (layers, self.num_pages, kv_heads, page_size, head_dim)
+        else:
+            shape = (layers, self.num_pages, page_size, kv_heads, head_dim)
         self.k_all = torch.zeros(shape, dtype=dtype, device=self.device)
         self.v_all = torch.zeros(shape, dtype=dtype, device=self.device)
         self.block_table = torch.arange(self.num_pages, dtype=torch.int32, device=self.device).view(
             batch, self.pages_per_seq)
 
     def k(self, layer: int) -> torch.Tensor:
-        return self.k_all[layer]
+        """Layer ``layer``'s K pages as (num_pages, page_size, kv_heads, head_dim) (a strided view
+        when head-major)."""
+        return self.k_all[layer].transpose(1, 2) if self.head_major else self.k_all[layer]
 
     def v(self, layer: int) -> torch.Tensor:
-        return self.v_all[layer]
+        return self.v_all[layer].transpose(1, 2) if self.head_major else self.v_all[layer]
 
     def _index(self, pos: torch.Tensor) -> torch.Tensor:
         """Flat slot (page * page_size + offset) of each (sequence, position)."""
@@ -151,8 +167,13 @@ class PagedKVCache(_KVCache):
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int = 0) -> None:
         """k, v (tokens, kv_heads, head_dim), tokens in (sequence, position) order."""
-        flat = (self.num_pages * self.page_size, self.kv_heads, self.head_dim)
         idx = self._write_rows(start, k.shape[0])
+        if self.head_major:   # (page, offset) of each token into the strided page views
+            at = (torch.div(idx, self.page_size, rounding_mode="floor"), idx % self.page_size)
+            self.k(layer).index_put_(at, k)
+            self.v(layer).index_put_(at, v)
+            return
+        flat = (self.num_pages * self.page_size, self.kv_heads, self.head_dim)
         self.k_all[layer].view(flat).index_copy_(0, idx, k)
         self.v_all[layer].view(flat).index_copy_(0, idx, v)
 
