@@ -188,9 +188,13 @@ class Options:
             KV cache head-major, (kv_heads, page_size, head_dim) a page (FlashInfer's HND), and
             hands ``flash_decode`` the (num_pages, page_size, kv_heads, head_dim) view of it. A
             program then reads a page of its KV head as one run of page_size x head_dim elements
-            (4 KB at 16 x 128 bf16) instead of page_size runs of one row (vLLM's NHD). Standalone
-            on an H200 the TP 2 rank's attention (16 x 32k, 16/4 heads, two splits) took 240.9 us
-            on a head-major contiguous cache against 249.4 paged NHD (fifty-fifth session).
+            (4 KB at 16 x 128 bf16) instead of page_size runs of one row (vLLM's NHD). Off: on
+            H200s it changed nothing measurable. Standalone (scripts/paged_layout_probe.py, 14
+            points of 0.07-2.15 GB, pages of 16 and 64) HND took 0.991-1.013x NHD's time, as
+            FlashInfer's two layouts did; the TP 2 Llama-3-8B step at batch 16 took 3.180 / 10.215
+            ms with it and 3.162 / 10.219 without at 2k / 32k (bench/results/README.md,
+            fifty-eighth session). The 3 % by which a contiguous head-major cache read faster
+            than pages of 16 (240.9 against 249.4 us, fifty-fifth session) is not the page layout.
         decode_tma: flash_decode loads the whole K/V tiles of a contiguous cache by TMA (bulk
             tensor copies into shared memory; NVIDIA sm_90+, 16-byte aligned rows, the model's or
             a given kernel config) instead of per-thread async copies; the last, partial tile of a
@@ -303,7 +307,7 @@ class Options:
     decode_prefetch_wide: bool = False
     weight_first_row_parallel: bool = True
     weight_first_push: bool = True
-    paged_kv_head_major: bool = True
+    paged_kv_head_major: bool = False
     decode_tma: bool = False
     arn_one_row: bool = True
     arn_exchange: str = "auto"

@@ -96,16 +96,17 @@ def test_numasched_backend_matches_transformers(family, decode_steps):
 
 
 def test_numasched_backend_cache_layout_follows_the_option():
-    """numasched's decoder takes head-major pages by default (options.paged_kv_head_major); with
-    the option off, vLLM's layout, and the decode runs alike on both."""
+    """numasched's decoder takes vLLM's page layout by default; head-major pages with
+    options.paged_kv_head_major, and the decode (the fused RoPE + cache write, flash_decode) runs
+    alike on both."""
     import numasched
 
     hf = hf_model("llama", seed=4)
     ids = torch.randint(0, 128, (2, 7), generator=torch.Generator().manual_seed(5))
     model, ref = TPDecoder.from_hf(hf), reference(hf, ids)
-    assert NumaschedBackend(1).new_cache(model, batch=2, capacity=8).head_major
-    with numasched.options.use(paged_kv_head_major=False):
-        assert not NumaschedBackend(1).new_cache(model, batch=2, capacity=8).head_major
+    assert not NumaschedBackend(1).new_cache(model, batch=2, capacity=8).head_major
+    with numasched.options.use(paged_kv_head_major=True):
+        assert NumaschedBackend(1).new_cache(model, batch=2, capacity=8).head_major
         assert rel(run_teacher_forced(model, NumaschedBackend(1), ids, prompt=5), ref) < 1e-4
 
 

@@ -444,9 +444,8 @@ class NumaschedBackend(Backend):
     WEIGHT_FIRST_MAX_ROWS = 16
 
     def new_cache(self, model, *, batch: int, capacity: int, page_size: int = 16):
-        """The paged cache, head-major pages with ``options.paged_kv_head_major`` (default; see
-        numasched.options): one KV head's tokens of a page are one contiguous run for the decode
-        attention."""
+        """The paged cache; head-major pages with ``options.paged_kv_head_major`` (off by default;
+        see numasched.options): one KV head's tokens of a page in one contiguous run."""
         from numasched import options as _options
 
         s = model.spec
