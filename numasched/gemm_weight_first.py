@@ -143,6 +143,11 @@ def _check_push(push, x: torch.Tensor, n: int, glu: bool, bands: int) -> None:
     if tuple(recv.shape) != want or recv.dtype != x.dtype or recv.device != x.device or W < 2:
         raise ValueError(f"push: its receive buffer is {tuple(recv.shape)} {recv.dtype} on {recv.device}; y needs "
                          f"{want} {x.dtype} on {x.device} (push_target of y's shape, world >= 2)")
+    # the kernel's pushed stores are 16 bytes a thread, and the launch's specialisation (cached
+    # per call signature) does not see recv's alignment: a heap buffer always has it
+    if not recv.is_contiguous() or recv.data_ptr() % 16:
+        raise ValueError(f"push: its receive buffer must be contiguous and 16-byte aligned (a symmetric-heap buffer), "
+                         f"got strides {recv.stride()} at an address of {recv.data_ptr() % 16} mod 16")
     if push.signals != bands:
         raise ValueError(f"push: its consumer waits for {push.signals} adds a call; this launch makes one a band, "
                          f"{bands} (push_target(..., pushed=plan.cfg.bands))")

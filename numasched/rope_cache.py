@@ -37,6 +37,27 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 BLOCK_T = 16   # tokens per program: a decode step's batch in one program row, prefill in row blocks
 
 
+def _paged(cache: torch.Tensor) -> tuple:
+    """(rows, page, stride_page, stride_slot, stride_h) of a (pages, page, kv_heads, D) cache."""
+    return cache.shape[0] * cache.shape[1], cache.shape[1], cache.stride(0), cache.stride(1), cache.stride(2)
+
+
+def _addressing(k_cache: torch.Tensor, v_cache: torch.Tensor, kv_heads: int, d: int) -> tuple:
+    """(rows, page, K's (stride_page, stride_slot, stride_h), V's): both caches addressed alike
+    (:func:`_rows`); pages of one shape of which only one flattens to rows are both addressed by
+    page and offset. ValueError naming the caches otherwise."""
+    k, v = _rows("k_cache", k_cache, kv_heads, d), _rows("v_cache", v_cache, kv_heads, d)
+    if k[0] != v[0]:
+        raise ValueError(f"k_cache has {k[0]} rows but v_cache has {v[0]}")
+    if k[1] != v[1]:
+        if not (k_cache.dim() == v_cache.dim() == 4 and k_cache.shape[:2] == v_cache.shape[:2]):
+            raise ValueError(f"k_cache and v_cache cannot be addressed alike: shapes {tuple(k_cache.shape)} and "
+                             f"{tuple(v_cache.shape)}, strides {k_cache.stride()} and {v_cache.stride()} (rows of "
+                             f"both, or pages (pages, page_size, kv_heads, D) of one shape)")
+        k, v = _paged(k_cache), _paged(v_cache)
+    return k[0], k[1], k[2:], v[2:]
+
+
 def _rows(name: str, cache: torch.Tensor, kv_heads: int, d: int) -> tuple:
     """How the kernel addresses ``cache``'s rows: (rows, page, stride_page, stride_slot, stride_h)
     in elements. page 1: ``cache`` viewed as (rows, kv_heads, D) without a copy, row r at
@@ -55,7 +76,7 @@ def _rows(name: str, cache: torch.Tensor, kv_heads: int, d: int) -> tuple:
     except RuntimeError:
         pass
     if cache.dim() == 4 and cache.shape[1] > 1:
-        return cache.shape[0] * cache.shape[1], cache.shape[1], cache.stride(0), cache.stride(1), cache.stride(2)
+        return _paged(cache)
     raise ValueError(f"{name} (shape {tuple(cache.shape)}, strides {cache.stride()}) cannot be viewed as "
                      f"(rows, {kv_heads}, {d}) without a copy, and it is not a paged (pages, page_size, "
                      f"{kv_heads}, {d}) cache: its leading dimensions must be one uniform run of rows, or pages")
@@ -84,16 +105,9 @@ def check_qkv_rope_cache(qkv, cos, sin, k_cache, v_cache, slots, *, heads: int, 
         if tuple(t.shape) != (T, d) or t.stride(1) != 1:
             raise ValueError(f"{name} must be a ({T}, {d}) tensor with contiguous rows, got shape "
                              f"{tuple(t.shape)}, strides {t.stride()}")
-    rows = []
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         check_tensor(name, t, dtypes=(dt,), device=dev)
-        rows.append(_rows(name, t, kv_heads, d)[:2])   # rows are indexed in int64 by the kernel
-    if rows[0][0] != rows[1][0]:
-        raise ValueError(f"k_cache has {rows[0][0]} rows but v_cache has {rows[1][0]}")
-    if rows[0][1] != rows[1][1]:
-        raise ValueError(f"k_cache and v_cache must be addressed alike: rows of {rows[0][1]} and {rows[1][1]} "
-                         f"tokens a page (shapes {tuple(k_cache.shape)} and {tuple(v_cache.shape)}, strides "
-                         f"{k_cache.stride()} and {v_cache.stride()})")
+    _addressing(k_cache, v_cache, kv_heads, d)   # rows are indexed in int64 by the kernel
     check_tensor("slots", slots, ndim=1, dtypes=(torch.int32, torch.int64), device=dev)
     if slots.shape[0] != T:
         raise ValueError(f"slots must hold one row per token ({T}), got {slots.shape[0]}")
@@ -149,8 +163,8 @@ class RopeCachePlan(Plan):
         if not isinstance(return_kv, bool):
             raise TypeError(f"return_kv must be True or False, got {return_kv!r}")
         self.return_kv = return_kv
-        self.rows, self.page, *self._kstrides = _rows("k_cache", k_cache, HK, d)
-        self._vstrides = _rows("v_cache", v_cache, HK, d)[2:]   # (run: the signatures fix both)
+        # (run: the signatures fix both caches' shapes and strides)
+        self.rows, self.page, self._kstrides, self._vstrides = _addressing(k_cache, v_cache, HK, d)
         self.tensors = dict(qkv=signature(qkv), cos=signature(cos), sin=signature(sin), k_cache=signature(k_cache),
                             v_cache=signature(v_cache), slots=signature(slots), q_weight=signature(q_weight),
                             k_weight=signature(k_weight), out=signature(out), row_scale=signature(row_scale))

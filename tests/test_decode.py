@@ -135,8 +135,8 @@ def test_paged(dtype, page, combine, poisoned, launches):
 @pytest.mark.parametrize("page", [4, 16])
 def test_paged_head_major_view(page, poisoned, launches):
     """Head-major pages (num_pages, kv_heads, page_size, D) handed over as their (num_pages,
-    page_size, kv_heads, D) view (numasched.models' default cache): the same answers as the
-    same data in vLLM's layout."""
+    page_size, kv_heads, D) view (numasched.models' cache with options.paged_kv_head_major): the
+    same answers as the same data in vLLM's layout."""
     B, H, HK, Dh, max_pages = 3, 8, 2, 32, 4
     lens = torch.tensor([page * max_pages, 1, page + 3], dtype=torch.int32)
     q, k, v, bt, lens = make_paged(B, H, HK, Dh, page, max_pages, lens, torch.float32, DEVICE, seed=page)

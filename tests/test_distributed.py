@@ -2100,6 +2100,12 @@ def test_weight_first_push_argument_checks():
         _check_push(good, x, 128, glu=False, bands=2)
     with pytest.raises(ValueError, match="waits for 2 adds a call; this launch makes one a band, 3"):
         _check_push(good, x, 96, glu=False, bands=3)
+    # the kernel's pushed stores are 16 bytes a thread: a misaligned or strided receive buffer is refused
+    flat = torch.empty(2 * 2 * 4 * 96 + 8, dtype=torch.bfloat16)
+    for recv, word in ((flat[1:1 + 2 * 2 * 4 * 96].view(2, 2, 4, 96), "16-byte aligned"),
+                       (torch.empty(2, 2, 96, 4, dtype=torch.bfloat16).transpose(2, 3), "contiguous")):
+        with pytest.raises(ValueError, match=word):
+            _check_push(dataclasses.replace(good, recv=recv), x, 96, glu=False, bands=2)
     for field, bad, word in (("pcount", torch.zeros(2, dtype=torch.int32), "push.pcount"),
                              ("epoch", torch.zeros(2, **i64), "push.epoch"),
                              ("heap_bases", torch.zeros(3, **i64), "push.heap_bases"),
@@ -2108,6 +2114,9 @@ def test_weight_first_push_argument_checks():
             _check_push(dataclasses.replace(good, **{field: bad}), x, 96, glu=False, bands=2)
     assert not options.from_env({"NUMASCHED_WEIGHT_FIRST_PUSH": "0"}).weight_first_push
     assert options.from_env({}).weight_first_push
+    # the decoder's page layout knob (numasched.models): off unless asked
+    assert options.from_env({"NUMASCHED_PAGED_KV_HEAD_MAJOR": "1"}).paged_kv_head_major
+    assert not options.from_env({}).paged_kv_head_major
 
 
 def test_all_reduce_add_rmsnorm_exchange_choice():

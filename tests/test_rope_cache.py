@@ -100,6 +100,19 @@ def test_head_major_pages_take_each_slot_at_its_page_and_offset(T, H, HK, D, dty
                        heads=H, kv_heads=HK)
     with pytest.raises(ValueError, match="addressed alike"):
         qkv_rope_cache(qkv, cos, sin, kc, torch.zeros(24, HK, D, dtype=dtype), slots, heads=H, kv_heads=HK)
+    # pages of one shape, K head-major, V in vLLM's layout (its rows flatten): both by page and
+    # offset; a -1 slot and (checks off) one past the rows write nothing
+    v_rows = torch.full((6, 4, HK, D), float("nan"), dtype=dtype)
+    k_store.fill_(float("nan"))
+    s2 = slots.clone()
+    s2[0], s2[-1] = -1, 24
+    with numasched.options.use(check_data=False):
+        q = qkv_rope_cache(qkv, cos, sin, kc, v_rows, s2, heads=H, kv_heads=HK, q_weight=qw, k_weight=kw)
+    keep = (s2 >= 0) & (s2 < 24)
+    pg, off = s2[keep] // 4, s2[keep] % 4
+    assert _rel(q, rq) < tol and _rel(k_store[pg, :, off], rk[keep]) < tol and _rel(v_rows[pg, off], rv[keep]) < tol
+    assert torch.isnan(k_store).sum() == (24 - int(keep.sum())) * HK * D and torch.isnan(v_rows).sum() == torch.isnan(
+        k_store).sum()
 
 
 @pytest.mark.parametrize("T,H,HK,D,dtype,norm", [(19, 6, 3, 16, torch.float16, True), (5, 4, 1, 32, torch.float32, False),
@@ -260,9 +273,9 @@ def test_bad_arguments_are_named(change, match):
 @pytest.mark.gpu
 @pytest.mark.parametrize("norm,head_major", [(False, False), (True, False), (False, True)])
 def test_gpu_llama_sizes_in_a_cuda_graph(norm, head_major):
-    """Llama-3-8B at TP 2 (16 q heads, 4 kv heads, d128), 16 tokens, pages of 16 (head-major pages:
-    the decoder's default cache), bf16: eager, then replayed from a CUDA graph on new inputs
-    (output poisoned first)."""
+    """Llama-3-8B at TP 2 (16 q heads, 4 kv heads, d128), 16 tokens, pages of 16 (also head-major
+    pages, options.paged_kv_head_major), bf16: eager, then replayed from a CUDA graph on new
+    inputs (output poisoned first)."""
     T, H, HK, D = 16, 16, 4, 128
     qkv, cos, sin, qw, kw, kc, vc, slots = _case(T, H, HK, D, torch.bfloat16, norm, pages=64, page_size=16,
                                                  device="cuda")
@@ -271,9 +284,7 @@ def test_gpu_llama_sizes_in_a_cuda_graph(norm, head_major):
                   for _ in range(2))
     q = qkv_rope_cache(qkv, cos, sin, kc, vc, slots, heads=H, kv_heads=HK, q_weight=qw, k_weight=kw)
     rq, rk, rv = _want(qkv, cos, sin, qw, kw, H, HK)
-    kf, vf = kc.reshape(-1, HK, D), vc.reshape(-1, HK, D)   # (copies when head-major: read them again below)
-    if head_major:
-        kf, vf = _Rows(kc), _Rows(vc)
+    kf, vf = _Rows(kc), _Rows(vc)   # rows read when indexed (after the replay too)
     assert _rel(q, rq) < 1e-2 and _rel(kf[slots], rk) < 1e-2 and _rel(vf[slots], rv) < 1e-2
     out = torch.empty_like(q)
     with numasched.options.use(check_data=False):
