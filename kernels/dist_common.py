@@ -17,7 +17,10 @@ on an acquire atomic.
 
 Every wait is bounded: past the bound the program gives up, sets bit ``src`` in a local status
 word and carries on (computing garbage); the host reads the status after the call and raises
-TimeoutError naming the ranks that never signalled. On NVIDIA the bound is wall-clock time
+TimeoutError naming the ranks that never signalled. After a first timeout later waits give up at
+once; a peer missing at such a wait gets bit ``AFTER + src`` instead: with more than two ranks the
+live peers are then behind too (each spent the bound waiting on the dead one), and the host names
+them apart from the ranks this rank waited the whole bound for. On NVIDIA the bound is wall-clock time
 (``CLOCK``: ``bound`` nanoseconds of ``%globaltimer``): a poll-count bound calibrated with one
 waiting program was 6x+ too long on four H200s, where every program of the grid polls at once and
 each poll is slower. Elsewhere (the interpreter, AMD, where the clock has no path here yet)
@@ -120,19 +123,25 @@ def clock_ns():
                                      pack=1)
 
 
+# status bits: bit r, this rank waited the whole bound for rank r; bit AFTER + r, rank r was
+# missing at a wait after that first timeout (numasched.distributed._context.STATUS_AFTER)
+AFTER = tl.constexpr(16)
+
+
 @triton.jit
 def _wait_budget(status_ptr, bound, CLOCK: tl.constexpr):
-    """(end, late) of a bounded wait that found its data missing: ``end`` the deadline in
-    ``%globaltimer`` ns (``CLOCK``) or the poll count; ``late`` already (a bound of 0, or an
+    """(end, late, bit offset) of a bounded wait that found its data missing: ``end`` the deadline
+    in ``%globaltimer`` ns (``CLOCK``) or the poll count; ``late`` already (a bound of 0, or an
     earlier wait of this rank timed out: later waits give up at once, so a kernel with many tiles
-    per program does not take tiles x timeout to report a dead peer)."""
+    per program does not take tiles x timeout to report a dead peer); the offset of the status bit
+    a miss sets (AFTER after an earlier timeout, else 0)."""
     dead = tl.atomic_add(status_ptr, 0, sem="relaxed", scope="gpu")
     limit = tl.where(dead != 0, 0, bound).to(tl.int64)
     if CLOCK:
         end = clock_ns() + limit
     else:
         end = limit
-    return end, limit <= 0
+    return end, limit <= 0, tl.where(dead != 0, AFTER, 0)
 
 
 @triton.jit
@@ -156,14 +165,14 @@ def wait_flag(flag_ptr, target, src, status_ptr, bound, CLOCK: tl.constexpr):
     """
     v = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
     if v < target:
-        end, late = _wait_budget(status_ptr, bound, CLOCK)
+        end, late, shift = _wait_budget(status_ptr, bound, CLOCK)
         spins = 0
         while (v < target) & (late == 0):
             v = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
             spins += 1
             late = _wait_over(spins, end, late, CLOCK)
         if v < target:
-            tl.atomic_or(status_ptr, 1 << src, sem="relaxed", scope="gpu")
+            tl.atomic_or(status_ptr, 1 << (src + shift), sem="relaxed", scope="gpu")
     return v >= target
 
 
@@ -205,7 +214,7 @@ def wait_words(ptrs, mask, tag, src, status_ptr, bound, CLOCK: tl.constexpr):
     w = tl.load(ptrs, mask=mask, other=0, volatile=True)
     missing = tl.sum(tl.where(mask & ((w >> 32) != tag), 1, 0), 0)
     if missing != 0:
-        end, late = _wait_budget(status_ptr, bound, CLOCK)
+        end, late, shift = _wait_budget(status_ptr, bound, CLOCK)
         spins = 0
         while (missing != 0) & (late == 0):
             w = tl.load(ptrs, mask=mask, other=0, volatile=True)
@@ -213,7 +222,7 @@ def wait_words(ptrs, mask, tag, src, status_ptr, bound, CLOCK: tl.constexpr):
             spins += 1
             late = _wait_over(spins, end, late, CLOCK)
         if missing != 0:
-            tl.atomic_or(status_ptr, 1 << src, sem="relaxed", scope="gpu")
+            tl.atomic_or(status_ptr, 1 << (src + shift), sem="relaxed", scope="gpu")
     return w
 
 

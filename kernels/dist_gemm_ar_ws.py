@@ -183,8 +183,9 @@ if HAVE_GLUON:
     def _wait_flag(ptr, target, src, status, bound):
         """Spin (acquire, system scope) until *ptr >= target, for at most ``bound`` us of
         ``%globaltimer`` (read every 64 polls); on timeout set bit ``src`` of the status word
-        (later waits then give up at once). A poll count was no bound: on two H100s 10 s of the
-        Triton kernels' polls took the WS consumers 112 s (tp2-s29b)."""
+        (later waits then give up at once, and a miss there sets bit 16 + src: kernels/dist_common.py).
+        A poll count was no bound: on two H100s 10 s of the Triton kernels' polls took the WS
+        consumers 112 s (tp2-s29b)."""
         v = gl.atomic_add(ptr, 0, sem="acquire", scope="sys")
         if v < target:
             dead = gl.atomic_add(status, 0, sem="relaxed", scope="gpu")
@@ -197,7 +198,7 @@ if HAVE_GLUON:
                 if spins % 64 == 0:
                     late = (_clock_ns() > end).to(gl.int32)
             if v < target:
-                gl.atomic_or(status, 1 << src, sem="relaxed", scope="gpu")
+                gl.atomic_or(status, 1 << (src + gl.where(dead != 0, 16, 0)), sem="relaxed", scope="gpu")
 
     @gluon.jit
     def _raise_flag(ptr, value):

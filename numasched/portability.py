@@ -708,18 +708,21 @@ def _xcc_id(vendor):
 
 
 
-def _rope_cache(qk_norm: bool, prefill: bool = False):
+def _rope_cache(qk_norm: bool, prefill: bool = False, head_major: bool = False):
     def build(vendor):
         from numasched.kernels import rope_cache as K
 
-        # Llama-3-8B at TP 2 (16 q heads, 4 kv heads, d128), a decode step of 16 tokens, pages of 16;
-        # prefill: 4096 tokens, k and v also returned, each token's row scaled (a norm-free prefill)
+        # Llama-3-8B at TP 2 (16 q heads, 4 kv heads, d128), a decode step of 16 tokens, pages of 16
+        # (rows of the flattened cache; head_major: pages (kv_heads, 16, d) addressed by page and
+        # offset); prefill: 4096 tokens, k and v also returned, each token's row scaled (norm-free)
+        page, (sp, ss, sh) = (16, (8192, 128, 2048)) if head_major else (1, (512, 0, 128))
         values = dict(QKV="*bf16", COS="*bf16", SIN="*bf16", QW="*bf16", KW="*bf16", Q_OUT="*bf16", K_CACHE="*bf16",
                       V_CACHE="*bf16", SLOTS="*i64", K_OUT="*bf16", V_OUT="*bf16", RS="*fp32" if prefill else "*bf16",
                       T=4096 if prefill else 16, stride_qkv_t=3072, stride_cos_t=128, stride_sin_t=128,
-                      stride_q_t=2048, stride_q_h=128, stride_kc_row=512, stride_kc_h=128, stride_vc_row=512,
-                      stride_vc_h=128, eps=1e-6, rows=8192, HQ=16, HK=4, HEAD_DIM=128, BLOCK_D=128, BLOCK_T=16,
-                      QK_NORM=qk_norm, KV_OUT=prefill, ROW_SCALE=prefill)
+                      stride_q_t=2048, stride_q_h=128, stride_kc_page=sp, stride_kc_slot=ss, stride_kc_h=sh,
+                      stride_vc_page=sp, stride_vc_slot=ss, stride_vc_h=sh, eps=1e-6, rows=8192, HQ=16, HK=4,
+                      HEAD_DIM=128, BLOCK_D=128, BLOCK_T=16, QK_NORM=qk_norm, KV_OUT=prefill, ROW_SCALE=prefill,
+                      PAGE=page)
         return K.qkv_rope_cache_kernel, values, 4, 1
     return build
 
@@ -909,6 +912,8 @@ VARIANTS: List[Variant] = [
     Variant("rope_cache", "bf16-d128-llama", _rope_cache(False),
             note="QKV split + RoPE + paged K/V write, 16 tokens x 16/4 heads, 4 warps"),
     Variant("rope_cache", "bf16-d128-qk-norm", _rope_cache(True), note="the same with Qwen3's per-head q/k norms"),
+    Variant("rope_cache", "bf16-d128-head-major", _rope_cache(False, head_major=True),
+            note="the same into head-major pages (kv_heads, 16, d), addressed by page and offset"),
     Variant("rope_cache", "bf16-d128-prefill-row-scale", _rope_cache(False, prefill=True),
             note="a norm-free prefill's: 4096 tokens, k and v returned, each row scaled by its 1 / rms"),
     Variant("dist", "all_gather_matmul-pointer", _all_gather(False),

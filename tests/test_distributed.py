@@ -36,11 +36,15 @@ from conftest import compiled_json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import triton
+import triton.language as tl
+
 import numasched.distributed as nd
 from numasched import mappings as M
 from numasched import observe, options, topology
 from numasched.distributed import protocol
 from numasched.distributed._context import _peer_access_error
+from numasched.kernels.dist_common import wait_flag, wait_words
 from numasched.kernels.dist_order import (ALL_GATHER_FIRST, REDUCE_SCATTER_FIRST, shard_order_device_map,
                                           shard_order_reference)
 
@@ -640,6 +644,39 @@ def test_timeout_names_the_missing_rank():
         sim.run("all_gather_matmul", [(A[r], B) for r in range(2)], skip_ranks=[1])
     with pytest.raises(RuntimeError, match="create a new context"):      # the context is out of step
         sim.run("all_gather_matmul", [(A[r], B) for r in range(2)])
+
+
+@triton.jit
+def _after_timeout_kernel(flags, words, status, bound):
+    wait_flag(flags + 0, 1, 3, status, bound, False)    # never set: the whole bound, bit 3
+    wait_flag(flags + 1, 1, 1, status, bound, False)    # never set, after it: bit 16 + 1
+    wait_flag(flags + 2, 1, 2, status, bound, False)    # set: no bit
+    offs = tl.arange(0, 4)
+    wait_words(words + offs, offs < 4, 7, 0, status, bound, False)   # untagged, after: bit 16 + 0
+
+
+def test_a_peer_missing_after_the_first_timeout_is_named_apart():
+    """With more than two ranks, a live peer is behind after every rank waited out the bound on a
+    dead one: the waits after a first timeout give up at once and mark a missing peer in the
+    status word's second field, and the TimeoutError names the dead rank first and those apart."""
+    from numasched.distributed._context import STATUS_AFTER, timed_out_ranks
+
+    flags = torch.tensor([0, 0, 1], dtype=torch.int64)
+    status = torch.zeros(1, dtype=torch.int32)
+    _after_timeout_kernel[(1,)](flags, torch.zeros(4, dtype=torch.int64), status, 5)
+    bits = int(status.item())
+    assert bits == 1 << 3 | 1 << (STATUS_AFTER + 1) | 1 << STATUS_AFTER, bin(bits)
+    assert timed_out_ranks(bits, 4) == ([3], [0, 1])
+    assert timed_out_ranks(1 << 2 | 1 << (STATUS_AFTER + 2), 4) == ([2], [])
+    assert timed_out_ranks(1 << (STATUS_AFTER + 1), 4) == ([1], [])   # (no first timeout recorded)
+    sim = nd.SimWorld(4, max_spins=5)
+    ctx = sim.ranks[1]
+    ctx.status.fill_(bits)
+    with pytest.raises(TimeoutError, match=r"rank\(s\) \[3\] never signalled .*rank\(s\) \[0, 1\] had not signalled "
+                                           r"either"):
+        ctx.check("decode step")
+    with pytest.raises(RuntimeError, match=r"timed out waiting for rank\(s\) \[3\]"):
+        ctx.check("decode step")
 
 
 def test_header_mismatch_names_field_and_rank():

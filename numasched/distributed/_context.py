@@ -23,6 +23,9 @@ import torch
 MIN_ALLOC = 2 << 20          # Iris's vmem_chunked allocator rounds every allocation up to a power
 DEFAULT_HEAP = 1 << 30       # of two of at least 2 MiB; the budget uses the same rule everywhere.
 MAX_WORLD = 8                # flags name ranks as bits of an int32 status word; one host
+# the status word: bit r, a wait of this rank ran the whole bound for rank r; bit STATUS_AFTER + r,
+# rank r was missing at a wait after that (waits then give up at once; kernels/dist_common.py)
+STATUS_AFTER = 16
 
 
 def alloc_bytes(nbytes: int) -> int:
@@ -223,20 +226,31 @@ class _Base:
             raise RuntimeError(self.broken)
         bits = int(self.status.item())
         if bits:
-            ranks = [r for r in range(self.world) if bits >> r & 1]
+            ranks, behind = timed_out_ranks(bits, self.world)
             glob = getattr(self, "global_ranks", None)
             if glob is not None and glob != list(range(self.world)):   # a group context: say both numberings
-                ranks = [f"{r} (global rank {glob[r]})" for r in ranks]
+                ranks, behind = ([f"{r} (global rank {glob[r]})" for r in rs] for rs in (ranks, behind))
+            also = (f"; after that this rank stopped waiting, and rank(s) {behind} had not signalled either (alive "
+                    f"ranks are behind then too, having waited out the bound themselves)" if behind else "")
             self.broken = (f"rank {self.rank}: a previous call timed out waiting for rank(s) {ranks}; this "
                            f"context's flags are out of step: create a new context")
             raise TimeoutError(
                 f"{op} on rank {self.rank}: rank(s) {ranks} never signalled within the wait bound "
                 f"(~{self.timeout_s:g} s{'' if self.wait_clock else f', {self.max_spins} polls'}); did every rank "
-                f"make the same call?")
+                f"make the same call?{also}")
 
     def _ensure_usable(self):
         if self.broken:
             raise RuntimeError(self.broken)
+
+
+def timed_out_ranks(bits: int, world: int) -> tuple:
+    """(ranks this rank waited the whole bound for, further ranks missing only at the waits after
+    that) from a status word (STATUS_AFTER). A word with only the second kind (no first timeout
+    recorded) names those as the first."""
+    first = [r for r in range(world) if bits >> r & 1]
+    after = [r for r in range(world) if bits >> (STATUS_AFTER + r) & 1 and r not in first]
+    return (first, after) if first else (after, [])
 
 
 # ============================================================================ one GPU per process
