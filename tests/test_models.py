@@ -973,8 +973,10 @@ def _tp_gpu_main(stop_only: bool = False, recycle_only: bool = False) -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     if stop_only or recycle_only:
         failed = ((_model_graph_timeout if stop_only else _recycling_prefills)(rank, world)) if world > 1 else 0
+        flag = torch.tensor([failed], device="cuda")
+        dist.all_reduce(flag)   # every rank's verdict (rank 0 printed "ALL PASSED" over others' failures)
         if rank == 0:
-            print("ALL PASSED" if not failed else "1 FAILED", flush=True)
+            print("ALL PASSED" if not int(flag) else f"{int(flag)} FAILED", flush=True)
         sys.stdout.flush()
         os._exit(1 if failed else 0)
     backends = {"torch": TorchBackend(world)}
