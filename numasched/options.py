@@ -30,6 +30,7 @@ numasched is imported (they are not read per call):
     NUMASCHED_DECODE_PREFETCH_WIDE=1 decode_prefetch_wide -> True
     NUMASCHED_WEIGHT_FIRST_ROW_PARALLEL=0 weight_first_row_parallel -> False
     NUMASCHED_WEIGHT_FIRST_PUSH=0 weight_first_push -> False
+    NUMASCHED_WEIGHT_FIRST_PUSH_MIN_K=N weight_first_push_min_k -> N
     NUMASCHED_PAGED_KV_HEAD_MAJOR=0/1 paged_kv_head_major -> False / True
     NUMASCHED_DECODE_TMA=0/1    decode_tma -> False / True
     NUMASCHED_ARN_LL=0/1        arn_exchange -> "flag" / "ll"
@@ -184,6 +185,12 @@ class Options:
             after it. On by default: on two H200s the TP 2 Llama-3-8B decode step took 1.5-7.0 %
             less time with it at every point (batch 1, 4, 16 x 2k, 32k), the norm kernel's owned
             time about half (bench/results/README.md, fifty-seventh session).
+        weight_first_push_min_k: the push (``weight_first_push``) only for row-parallel GEMMs of
+            at least this many columns of K a rank (0, default: every one). An A/B knob: in the
+            TP 2 Llama-3-8B step the push added 0.12-0.13 ms a step of owned time to o_proj's
+            GEMM (K 2048 a rank) and 0.02 to down_proj's (K 7168; fifty-seventh session's
+            timelines), while both norm kernels after them waited less; 4096 pushes down_proj's
+            only.
         paged_kv_head_major: numasched's decoder (numasched.models) keeps each page of its paged
             KV cache head-major, (kv_heads, page_size, head_dim) a page (FlashInfer's HND), and
             hands ``flash_decode`` the (num_pages, page_size, kv_heads, head_dim) view of it. A
@@ -307,6 +314,7 @@ class Options:
     decode_prefetch_wide: bool = False
     weight_first_row_parallel: bool = True
     weight_first_push: bool = True
+    weight_first_push_min_k: int = 0
     paged_kv_head_major: bool = False
     decode_tma: bool = False
     arn_one_row: bool = True
@@ -344,6 +352,10 @@ class Options:
                 or not 0 <= self.decode_prefetch <= 4096:
             raise ValueError(f"Options.decode_prefetch must be an int of tokens in [0, 4096], "
                              f"got {self.decode_prefetch!r}")
+        if isinstance(self.weight_first_push_min_k, bool) or not isinstance(self.weight_first_push_min_k, int) \
+                or self.weight_first_push_min_k < 0:
+            raise ValueError(f"Options.weight_first_push_min_k must be an int >= 0 (columns of K), "
+                             f"got {self.weight_first_push_min_k!r}")
         if self.weight_first_early is not None and (isinstance(self.weight_first_early, bool) or not isinstance(
                 self.weight_first_early, int) or self.weight_first_early < 0):
             raise ValueError(f"Options.weight_first_early must be None or an int >= 0 (ring stages), "
@@ -424,6 +436,7 @@ def from_env(environ=None) -> Options:
     if pre and not pre.isdigit():
         raise ValueError(f"NUMASCHED_DECODE_PREFETCH must be a number of tokens (0: off), got {pre!r}")
     early = env.get("NUMASCHED_WEIGHT_FIRST_EARLY", "").strip()
+    push_k = env.get("NUMASCHED_WEIGHT_FIRST_PUSH_MIN_K", "").strip()
     if early and not early.isdigit():
         raise ValueError(f"NUMASCHED_WEIGHT_FIRST_EARLY must be a number of ring stages, got {early!r}")
     tri = {}
@@ -463,6 +476,7 @@ def from_env(environ=None) -> Options:
                    weight_first_row_parallel=flag("NUMASCHED_WEIGHT_FIRST_ROW_PARALLEL",
                                                   Options.weight_first_row_parallel),
                    weight_first_push=flag("NUMASCHED_WEIGHT_FIRST_PUSH", Options.weight_first_push),
+                   weight_first_push_min_k=int(push_k) if push_k else Options.weight_first_push_min_k,
                    paged_kv_head_major=flag("NUMASCHED_PAGED_KV_HEAD_MAJOR", Options.paged_kv_head_major),
                    decode_tma=flag("NUMASCHED_DECODE_TMA", Options.decode_tma),
                    arn_one_row=flag("NUMASCHED_ARN_ONE_ROW", True),

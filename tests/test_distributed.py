@@ -2154,6 +2154,10 @@ def test_weight_first_push_argument_checks():
     # the decoder's page layout knob (numasched.models): off unless asked
     assert options.from_env({"NUMASCHED_PAGED_KV_HEAD_MAJOR": "1"}).paged_kv_head_major
     assert not options.from_env({}).paged_kv_head_major
+    assert options.from_env({"NUMASCHED_WEIGHT_FIRST_PUSH_MIN_K": "4096"}).weight_first_push_min_k == 4096
+    assert options.from_env({}).weight_first_push_min_k == 0
+    with pytest.raises(ValueError, match="weight_first_push_min_k must be an int >= 0"):
+        options.Options(weight_first_push_min_k=-1)
 
 
 def test_all_reduce_add_rmsnorm_exchange_choice():

@@ -955,6 +955,7 @@ def _model_graph_timeout(rank: int, world: int) -> int:
 
 ROW_PARALLEL_SPLITK = "numasched split-K row-parallel"
 ROW_PARALLEL_PUSH = "numasched weight-first row-parallel, pushed"
+ROW_PARALLEL_PUSH_DOWN = "numasched weight-first row-parallel, down_proj pushed (o_proj not)"
 
 
 def _tp_gpu_main(stop_only: bool = False, recycle_only: bool = False) -> int:
@@ -991,6 +992,8 @@ def _tp_gpu_main(stop_only: bool = False, recycle_only: bool = False) -> int:
         backends[ROW_PARALLEL_SPLITK] = NumaschedBackend(world, backends["numasched"].ctx, weight_first=True)
         # options.weight_first_push on (below): the row-parallel GEMM pushes its bands, the norm waits
         backends[ROW_PARALLEL_PUSH] = NumaschedBackend(world, backends["numasched"].ctx, weight_first=True)
+        # options.weight_first_push_min_k 4096 (below): pushed and plain norm calls in one step
+        backends[ROW_PARALLEL_PUSH_DOWN] = NumaschedBackend(world, backends["numasched"].ctx, weight_first=True)
     except Exception as e:  # noqa: BLE001 - reported; the torch backend is still checked
         print(f"[rank {rank}] numasched backend unavailable: {type(e).__name__}: {e}", flush=True)
     failed = 0
@@ -1002,7 +1005,8 @@ def _tp_gpu_main(stop_only: bool = False, recycle_only: bool = False) -> int:
         model = TPDecoder.from_hf(hf, tp_rank=rank, tp_size=world)
         for name, be in backends.items():
             with options.use(weight_first_row_parallel=name != ROW_PARALLEL_SPLITK,
-                             weight_first_push=name == ROW_PARALLEL_PUSH):
+                             weight_first_push=name in (ROW_PARALLEL_PUSH, ROW_PARALLEL_PUSH_DOWN),
+                             weight_first_push_min_k=4096 if name == ROW_PARALLEL_PUSH_DOWN else 0):
                 got = run_teacher_forced(model, be, ids, prompt=36, page_size=16)
                 cache = be.new_cache(model, batch=2, capacity=64, page_size=16)
                 model.prefill(ids[:, :36], cache, be)

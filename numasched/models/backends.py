@@ -658,7 +658,9 @@ class NumaschedBackend(Backend):
             if plan is not None:   # the GEMM's weights streamed behind the attention / gate-up
                 from numasched import options as _options
 
-                if _options.current().weight_first_push and x.shape[0] <= self.ctx.num_sms:   # a row a program
+                opts = _options.current()
+                if (opts.weight_first_push and x.shape[0] <= self.ctx.num_sms   # a row a program
+                        and w.shape[1] >= opts.weight_first_push_min_k):
                     # its bands pushed to the peers as they finish; the norm kernel only waits
                     c = torch.empty((x.shape[0], w.shape[0]), device=x.device, dtype=x.dtype)
                     bands = plan.cfg.bands
