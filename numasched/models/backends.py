@@ -69,7 +69,12 @@ class Backend:
         """An empty KV cache of this backend's layout for ``model``'s local KV heads."""
         s = model.spec
         return self.cache_class(layers=s.layers, batch=batch, capacity=capacity, kv_heads=model.kv_heads_local,
-                                head_dim=s.head_dim, dtype=model.dtype, device=model.device, page_size=page_size)
+                                head_dim=s.head_dim, dtype=model.dtype, device=model.device, page_size=page_size,
+                                **self._cache_options())
+
+    def _cache_options(self) -> dict:
+        """Further keyword arguments of this backend's cache class (none here)."""
+        return {}
 
     def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
         """(T, N_local) on every rank -> (T, N_local * world), rank r's columns at [r * N_local, ...)."""
@@ -443,15 +448,12 @@ class NumaschedBackend(Backend):
     cache_class = PagedKVCache
     WEIGHT_FIRST_MAX_ROWS = 16
 
-    def new_cache(self, model, *, batch: int, capacity: int, page_size: int = 16):
-        """The paged cache; head-major pages with ``options.paged_kv_head_major`` (off by default;
-        see numasched.options): one KV head's tokens of a page in one contiguous run."""
+    def _cache_options(self) -> dict:
+        """Head-major pages with ``options.paged_kv_head_major`` (off by default; see
+        numasched.options): one KV head's tokens of a page in one contiguous run."""
         from numasched import options as _options
 
-        s = model.spec
-        return PagedKVCache(layers=s.layers, batch=batch, capacity=capacity, kv_heads=model.kv_heads_local,
-                            head_dim=s.head_dim, dtype=model.dtype, device=model.device, page_size=page_size,
-                            head_major=_options.current().paged_kv_head_major)
+        return dict(head_major=_options.current().paged_kv_head_major)
 
     def __init__(self, tp_size: Optional[int] = None, ctx=None, *, group=None, fuse_all_reduce: bool = True,
                  mapping: str = "auto", impl: str = "auto", check: bool = True, gemm: str = "auto",
