@@ -217,6 +217,32 @@ def _sizes(spec, args, batch: int, context: int) -> Dict[str, float]:
     return {"kv_gb": kv / 1e9, "weights_gb": w / 1e9}
 
 
+def read_bytes(spec, tp: int, batch: int, context: int) -> int:
+    """Bytes one rank must read from HBM in a decode step at least: the K/V of ``context + 1``
+    tokens (the step's token included) of every sequence, layer and local KV head, and every
+    weight it multiplies by (its shards of the layers, its rows of lm_head; the embedding table
+    only gives ``batch`` rows, not counted). The same for both backends (16-bit K/V and weights)."""
+    D, HK = spec.head_dim, spec.kv_heads // tp
+    kv = 2 * spec.layers * batch * (context + 1) * HK * D
+    D_attn = spec.hidden * (spec.heads + 2 * spec.kv_heads) * D + spec.heads * D * spec.hidden
+    layer = (D_attn + 3 * spec.hidden * spec.intermediate) // tp
+    vocab_local = spec.vocab // tp if spec.vocab % tp == 0 else spec.vocab
+    return 2 * (kv + spec.layers * layer + vocab_local * spec.hidden)
+
+
+def _add_floor(row: dict, spec, args, bw: float, backends) -> None:
+    """The point's read floor at the measured streaming read ``bw`` (bytes/s; the slowest rank's):
+    ``read_floor_ms`` and, per backend, ``<b>_of_floor`` (floor / step: 1.0 is every byte read
+    once at the streaming rate and nothing else). Machines differ (two H200 pairs ran the same
+    16 x 32k step 2 % apart); this column compares across them."""
+    row["stream_tb_s"] = bw / 1e12
+    row["read_floor_ms"] = read_bytes(spec, args.tp, row["batch"], row["context"]) / bw * 1e3
+    for b in backends:
+        ms = row.get(f"{b}_step_ms")
+        if isinstance(ms, float) and ms == ms and ms > 0:
+            row[f"{b}_of_floor"] = row["read_floor_ms"] / ms
+
+
 def _dry_run(args) -> int:
     from .common import print_plan
 
@@ -822,6 +848,7 @@ def _columns(backends) -> List[str]:
     cols = ["kind", "model", "tp", "layers", "batch", "context"]
     cols += [f"{b}_step_ms" for b in backends] + ["speedup", "target"]
     cols += [f"{b}_tok_s" for b in backends] + [f"{b}_eager_ms" for b in backends]
+    cols += ["read_floor_ms"] + [f"{b}_of_floor" for b in backends]
     return cols + ["note"]
 
 
@@ -926,6 +953,12 @@ def _worker(args) -> int:
     backends = {n: _backend(n, ctx, dctx) for n in args.backends}
     rows = []
     free = -ctx.slowest(-float(torch.cuda.mem_get_info()[0]))   # the least free memory of any rank: all skip alike
+    bw = None
+    if args.batch and args.context:   # the streaming read (1 GiB, before any cache): the slowest rank's
+        from numasched.probe.bandwidth import stream_read_bw
+
+        bw = -ctx.slowest(-stream_read_bw())
+        ctx.say(f"streaming read {bw / 1e12:.3f} TB/s (the slowest rank's)")
     for batch in args.batch:
         for context in args.context:
             kv = _sizes(spec, args, batch, context)["kv_gb"] * 1e9
@@ -937,6 +970,8 @@ def _worker(args) -> int:
                                  context=context, note=note))
                 continue
             row = _decode_point(ctx, model, backends, batch, context)
+            if bw:
+                _add_floor(row, spec, args, bw, backends)
             rows.append(row)
             ctx.say("ROW " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
     if args.prompt:

@@ -899,7 +899,9 @@ def check_recycle(ctx, quick):
     never given back (its replay on fresh data stays right); every rank frees the same plans."""
     R, W = ctx.rank, ctx.world
     ok = Expect()
-    g = nd.init(heap_bytes=64 << 20, timeout_s=5.0, recycle=True)
+    # small enough that plans must be given back, large enough for one all-reduce of the biggest
+    # signature (its receive buffer grows with the ranks: 64 MiB of 64 at 4 ranks) beside the pinned plan
+    g = nd.init(heap_bytes=(32 << 20) * W, timeout_s=5.0, recycle=True)
     xg = randn(1 << 20, seed=71 + R)
     yg = torch.empty_like(xg)
     graph = capture_on_every_rank(lambda: nd.all_reduce(xg, ctx=g, out=yg, impl="twoshot", check=False))

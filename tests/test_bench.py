@@ -545,6 +545,28 @@ def test_e2e_timeline_rows_and_flag():
     assert e2e.main(["--dry-run", "--timeline"]) == 0
 
 
+def test_e2e_read_floor():
+    """bench e2e's read floor: per rank, the K/V of context + 1 tokens and the weights a step
+    multiplies by (layer shards, lm_head rows; not the embedding table), counted here from the
+    Llama-3-8B config's own numbers; the fraction per backend, none for a failed point."""
+    from argparse import Namespace
+
+    from numasched.bench import e2e
+
+    _, spec = e2e._spec(Namespace(model="llama3-8b", layers=None))
+    kv = 16 * 32769 * 32 * 2 * (8 // 2) * 128 * 2                # batch x tokens x layers x K,V x heads x dim x bf16
+    layer = 4096 * (32 + 2 * 8) * 128 + 32 * 128 * 4096 + 3 * 4096 * 14336
+    w = 2 * (32 * layer // 2 + 128256 // 2 * 4096)
+    assert e2e.read_bytes(spec, 2, 16, 32768) == kv + w
+    assert abs((kv + w) / 1e9 - 41.87) < 0.01                    # 34.36 GB of K/V, 7.50 GB of weights
+    assert e2e.read_bytes(spec, 1, 1, 0) == 2 * (32 * 2 * 8 * 128 + 32 * layer + 128256 * 4096)
+    row = dict(kind="decode", batch=16, context=32768, numasched_step_ms=10.0, torch_step_ms=float("nan"))
+    e2e._add_floor(row, spec, Namespace(tp=2), 4.0e12, ["numasched", "torch"])
+    assert abs(row["read_floor_ms"] - (kv + w) / 4.0e9) < 1e-9 and row["stream_tb_s"] == 4.0
+    assert abs(row["numasched_of_floor"] - row["read_floor_ms"] / 10.0) < 1e-12 and "torch_of_floor" not in row
+    assert "read_floor_ms" in e2e._columns(["numasched"]) and "numasched_of_floor" in e2e._columns(["numasched"])
+
+
 def test_compact_png_keeps_the_pixels_of_a_plot(tmp_path):
     """bench.common.compact_png: a plot's few colours survive the palette exactly, the file gets
     smaller, and a second pass leaves it alone."""
