@@ -12,8 +12,11 @@ no download), the same weights for both backends. Per (batch, context) each back
 cache filled with random K/V up to ``context`` tokens (its own layout: paged for numasched,
 contiguous for torch), and one decode step (all layers, final norm, lm_head) is captured in a
 CUDA graph and replayed at that position (``--new`` replays back to back per timing sample).
-Reported per point and backend: ms per step (graph), tokens/s (batch / step), the eager step,
-and the step split into its components, each timed alone in its own CUDA graph x layers:
+Reported per point and backend: ms per step (graph), tokens/s (batch / step), the step's
+fraction of its read floor (``read_floor_ms``: the K/V of context + 1 tokens and the weights a
+rank reads, at the streaming read measured in the run; ``<backend>_of_floor`` = floor / step,
+comparable across machines whose HBM differs), the eager step, and the step split into its
+components, each timed alone in its own CUDA graph x layers:
 
     gemm_in        the QKV and gate/up GEMMs (column-parallel, no communication); where the
                    backend runs gate/up and SwiGLU as one kernel (numasched's matmul_swiglu),
@@ -206,14 +209,25 @@ def _capacity(context: int, new: int, page: int) -> int:
     return -(-need // max(page, 64)) * max(page, 64)
 
 
+def _layer_weights(spec, tp: int) -> int:
+    """Elements of one rank's projection weights in all layers (QKV, o, gate/up, down; the norms'
+    vectors left out)."""
+    D = spec.head_dim
+    attn = spec.hidden * (spec.heads + 2 * spec.kv_heads) * D + spec.heads * D * spec.hidden
+    return spec.layers * (attn + 3 * spec.hidden * spec.intermediate) // tp
+
+
+def _vocab_local(spec, tp: int) -> int:
+    return spec.vocab // tp if spec.vocab % tp == 0 else spec.vocab
+
+
 def _sizes(spec, args, batch: int, context: int) -> Dict[str, float]:
-    """Per-rank GB of the weights and of one backend's KV cache at a point."""
+    """Per-rank GB of the weights (the embedding table whole, lm_head's rows: a tied head is
+    still a rank's own copy) and of one backend's KV cache at a point."""
     D, HK = spec.head_dim, spec.kv_heads // args.tp
     cap = _capacity(context, args.new, args.page_size)
     kv = 2 * spec.layers * batch * cap * HK * D * 2
-    vocab_local = spec.vocab // args.tp if spec.vocab % args.tp == 0 else spec.vocab
-    w = 2 * ((spec.param_count() - 2 * spec.vocab * spec.hidden) // args.tp + spec.vocab * spec.hidden + vocab_local
-             * spec.hidden)
+    w = 2 * (_layer_weights(spec, args.tp) + (spec.vocab + _vocab_local(spec, args.tp)) * spec.hidden)
     return {"kv_gb": kv / 1e9, "weights_gb": w / 1e9}
 
 
@@ -222,12 +236,8 @@ def read_bytes(spec, tp: int, batch: int, context: int) -> int:
     tokens (the step's token included) of every sequence, layer and local KV head, and every
     weight it multiplies by (its shards of the layers, its rows of lm_head; the embedding table
     only gives ``batch`` rows, not counted). The same for both backends (16-bit K/V and weights)."""
-    D, HK = spec.head_dim, spec.kv_heads // tp
-    kv = 2 * spec.layers * batch * (context + 1) * HK * D
-    D_attn = spec.hidden * (spec.heads + 2 * spec.kv_heads) * D + spec.heads * D * spec.hidden
-    layer = (D_attn + 3 * spec.hidden * spec.intermediate) // tp
-    vocab_local = spec.vocab // tp if spec.vocab % tp == 0 else spec.vocab
-    return 2 * (kv + spec.layers * layer + vocab_local * spec.hidden)
+    kv = 2 * spec.layers * batch * (context + 1) * (spec.kv_heads // tp) * spec.head_dim
+    return 2 * (kv + _layer_weights(spec, tp) + _vocab_local(spec, tp) * spec.hidden)
 
 
 def _add_floor(row: dict, spec, args, bw: float, backends) -> None:
