@@ -235,7 +235,9 @@ def read_bytes(spec, tp: int, batch: int, context: int) -> int:
     """Bytes one rank must read from HBM in a decode step at least: the K/V of ``context + 1``
     tokens (the step's token included) of every sequence, layer and local KV head, and every
     weight it multiplies by (its shards of the layers, its rows of lm_head; the embedding table
-    only gives ``batch`` rows, not counted). The same for both backends (16-bit K/V and weights)."""
+    only gives ``batch`` rows, not counted). The same for both backends (16-bit K/V and weights).
+    ``tp`` must divide the heads (``spec.check_tp``)."""
+    spec.check_tp(tp)
     kv = 2 * spec.layers * batch * (context + 1) * (spec.kv_heads // tp) * spec.head_dim
     return 2 * (kv + _layer_weights(spec, tp) + _vocab_local(spec, tp) * spec.hidden)
 
@@ -244,7 +246,8 @@ def _add_floor(row: dict, spec, args, bw: float, backends) -> None:
     """The point's read floor at the measured streaming read ``bw`` (bytes/s; the slowest rank's):
     ``read_floor_ms`` and, per backend, ``<b>_of_floor`` (floor / step: 1.0 is every byte read
     once at the streaming rate and nothing else). Machines differ (two H200 pairs ran the same
-    16 x 32k step 2 % apart); this column compares across them."""
+    16 x 32k step 2 % apart); the fraction is meant to compare across them (not yet checked on
+    two machines of different rates)."""
     row["stream_tb_s"] = bw / 1e12
     row["read_floor_ms"] = read_bytes(spec, args.tp, row["batch"], row["context"]) / bw * 1e3
     for b in backends:
@@ -364,12 +367,28 @@ def _drop(argv: List[str], *options: str) -> List[str]:
 
 def merge_rows(runs: Dict[str, List[dict]], tp: int) -> List[dict]:
     """The rows of one-backend runs (``runs``: backend -> its rows) as one side-by-side table:
-    rows of the same kind, batch and context merged, the speedup and target of each recomputed."""
+    rows of the same kind, batch and context merged, the speedup and target of each recomputed.
+    Each run measured its own streaming read: the merged row keeps the slowest (its floor the
+    longest) and every backend's fraction of the floor is recomputed against that one floor, so
+    that the fractions' ratio is the speedup."""
     merged: Dict[tuple, dict] = {}
+    rates: Dict[tuple, List[tuple]] = {}
     for rows in runs.values():
         for r in rows:
             key = (r.get("kind"), r.get("batch"), r.get("context"))
             merged.setdefault(key, {}).update({k: v for k, v in r.items() if k not in ("speedup", "target")})
+            bw, floor = r.get("stream_tb_s"), r.get("read_floor_ms")
+            if isinstance(bw, float) and isinstance(floor, float) and bw > 0 and floor > 0:
+                rates.setdefault(key, []).append((bw, floor * bw))   # (TB/s, GB of the point)
+    for key, got in rates.items():
+        bw, gb = min(got)
+        r = merged[key]
+        r["stream_tb_s"], r["read_floor_ms"] = bw, gb / bw
+        for k in [k for k in r if k.endswith("_of_floor")]:
+            del r[k]
+        for k, ms in list(r.items()):
+            if k.endswith("_step_ms") and isinstance(ms, float) and ms == ms and ms > 0:
+                r[k[:-len("_step_ms")] + "_of_floor"] = r["read_floor_ms"] / ms
     out = list(merged.values())
     for r in out:
         ns, tr = r.get("numasched_step_ms"), r.get("torch_step_ms")
@@ -858,7 +877,7 @@ def _columns(backends) -> List[str]:
     cols = ["kind", "model", "tp", "layers", "batch", "context"]
     cols += [f"{b}_step_ms" for b in backends] + ["speedup", "target"]
     cols += [f"{b}_tok_s" for b in backends] + [f"{b}_eager_ms" for b in backends]
-    cols += ["read_floor_ms"] + [f"{b}_of_floor" for b in backends]
+    cols += ["stream_tb_s", "read_floor_ms"] + [f"{b}_of_floor" for b in backends]
     return cols + ["note"]
 
 
@@ -980,7 +999,7 @@ def _worker(args) -> int:
                                  context=context, note=note))
                 continue
             row = _decode_point(ctx, model, backends, batch, context)
-            if bw:
+            if bw and bw == bw:   # a rank whose probe failed (NaN): no floor
                 _add_floor(row, spec, args, bw, backends)
             rows.append(row)
             ctx.say("ROW " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))

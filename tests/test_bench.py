@@ -565,6 +565,24 @@ def test_e2e_read_floor():
     assert abs(row["read_floor_ms"] - (kv + w) / 4.0e9) < 1e-9 and row["stream_tb_s"] == 4.0
     assert abs(row["numasched_of_floor"] - row["read_floor_ms"] / 10.0) < 1e-12 and "torch_of_floor" not in row
     assert "read_floor_ms" in e2e._columns(["numasched"]) and "numasched_of_floor" in e2e._columns(["numasched"])
+    with pytest.raises(ValueError, match="num_key_value_heads"):
+        e2e.read_bytes(spec, 16, 1, 0)                          # 8 KV heads on 16 ranks: refused
+    # --isolate: each run measured its own rate; the merged row takes the slower one for both
+    # fractions (their ratio is then the speedup), whichever run came last
+    gb = (kv + w) / 1e9
+    runs = {}
+    for b, bw, ms in (("numasched", 4.6, 10.0), ("torch", 4.4, 11.0)):
+        r = dict(kind="decode", batch=16, context=32768, **{f"{b}_step_ms": ms})
+        e2e._add_floor(r, spec, Namespace(tp=2), bw * 1e12, [b])
+        runs[b] = [r]
+    for order in (runs, dict(reversed(list(runs.items())))):
+        m = e2e.merge_rows(order, 2)[0]
+        assert m["stream_tb_s"] == 4.4 and abs(m["read_floor_ms"] - gb / 4.4) < 1e-9
+        assert abs(m["torch_of_floor"] / m["numasched_of_floor"] - 10.0 / 11.0) < 1e-12
+        assert abs(m["speedup"] - 1.1) < 1e-12
+    # the model's weights estimate (memory check): the embedding table whole, lm_head's rows
+    s = e2e._sizes(spec, Namespace(tp=2, new=32, page_size=16), 16, 32768)
+    assert abs(s["weights_gb"] - (w + 2 * 128256 * 4096) / 1e9) < 1e-9
 
 
 def test_compact_png_keeps_the_pixels_of_a_plot(tmp_path):

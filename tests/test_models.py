@@ -943,7 +943,7 @@ def _model_graph_timeout(rank: int, world: int) -> int:
                 why = f"the TimeoutError came after {dt:.1f} s (timeout_s {g.timeout_s})"
             else:
                 print(f"[rank {rank}] decode graph without rank {quitter}: TimeoutError after {dt:.1f} s: "
-                      f"{str(e)[:160]}", flush=True)
+                      f"{e}", flush=True)
     if why and rank != 0:   # (rank 0 prints the verdict below; another rank's failure is its own line)
         print(f"[rank {rank}] FAIL tp {world} decode graph with a rank that stops: {why}", flush=True)
     dist.barrier()
