@@ -15,7 +15,7 @@ CUDA graph and replayed at that position (``--new`` replays back to back per tim
 Reported per point and backend: ms per step (graph), tokens/s (batch / step), the step's
 fraction of its read floor (``read_floor_ms``: the K/V of context + 1 tokens and the weights a
 rank reads, at the streaming read measured in the run; ``<backend>_of_floor`` = floor / step,
-comparable across machines whose HBM differs), the eager step, and the step split into its
+meant to compare machines whose HBM differs), the eager step, and the step split into its
 components, each timed alone in its own CUDA graph x layers:
 
     gemm_in        the QKV and gate/up GEMMs (column-parallel, no communication); where the
@@ -242,7 +242,7 @@ def read_bytes(spec, tp: int, batch: int, context: int) -> int:
     return 2 * (kv + _layer_weights(spec, tp) + _vocab_local(spec, tp) * spec.hidden)
 
 
-def _add_floor(row: dict, spec, args, bw: float, backends) -> None:
+def _add_floor(row: dict, spec, args, bw: float) -> None:
     """The point's read floor at the measured streaming read ``bw`` (bytes/s; the slowest rank's):
     ``read_floor_ms`` and, per backend, ``<b>_of_floor`` (floor / step: 1.0 is every byte read
     once at the streaming rate and nothing else). Machines differ (two H200 pairs ran the same
@@ -250,10 +250,16 @@ def _add_floor(row: dict, spec, args, bw: float, backends) -> None:
     two machines of different rates)."""
     row["stream_tb_s"] = bw / 1e12
     row["read_floor_ms"] = read_bytes(spec, args.tp, row["batch"], row["context"]) / bw * 1e3
-    for b in backends:
-        ms = row.get(f"{b}_step_ms")
-        if isinstance(ms, float) and ms == ms and ms > 0:
-            row[f"{b}_of_floor"] = row["read_floor_ms"] / ms
+    _floor_fractions(row)
+
+
+def _floor_fractions(row: dict) -> None:
+    """Every backend's ``<b>_of_floor`` from the row's ``read_floor_ms`` (none for a failed step)."""
+    for k in [k for k in row if k.endswith("_of_floor")]:
+        del row[k]
+    for k, ms in list(row.items()):
+        if k.endswith("_step_ms") and isinstance(ms, float) and ms == ms and ms > 0:
+            row[k[:-len("_step_ms")] + "_of_floor"] = row["read_floor_ms"] / ms
 
 
 def _dry_run(args) -> int:
@@ -384,11 +390,7 @@ def merge_rows(runs: Dict[str, List[dict]], tp: int) -> List[dict]:
         bw, gb = min(got)
         r = merged[key]
         r["stream_tb_s"], r["read_floor_ms"] = bw, gb / bw
-        for k in [k for k in r if k.endswith("_of_floor")]:
-            del r[k]
-        for k, ms in list(r.items()):
-            if k.endswith("_step_ms") and isinstance(ms, float) and ms == ms and ms > 0:
-                r[k[:-len("_step_ms")] + "_of_floor"] = r["read_floor_ms"] / ms
+        _floor_fractions(r)
     out = list(merged.values())
     for r in out:
         ns, tr = r.get("numasched_step_ms"), r.get("torch_step_ms")
@@ -1000,7 +1002,7 @@ def _worker(args) -> int:
                 continue
             row = _decode_point(ctx, model, backends, batch, context)
             if bw and bw == bw:   # a rank whose probe failed (NaN): no floor
-                _add_floor(row, spec, args, bw, backends)
+                _add_floor(row, spec, args, bw)
             rows.append(row)
             ctx.say("ROW " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
     if args.prompt:

@@ -561,7 +561,7 @@ def test_e2e_read_floor():
     assert abs((kv + w) / 1e9 - 41.87) < 0.01                    # 34.36 GB of K/V, 7.50 GB of weights
     assert e2e.read_bytes(spec, 1, 1, 0) == 2 * (32 * 2 * 8 * 128 + 32 * layer + 128256 * 4096)
     row = dict(kind="decode", batch=16, context=32768, numasched_step_ms=10.0, torch_step_ms=float("nan"))
-    e2e._add_floor(row, spec, Namespace(tp=2), 4.0e12, ["numasched", "torch"])
+    e2e._add_floor(row, spec, Namespace(tp=2), 4.0e12)
     assert abs(row["read_floor_ms"] - (kv + w) / 4.0e9) < 1e-9 and row["stream_tb_s"] == 4.0
     assert abs(row["numasched_of_floor"] - row["read_floor_ms"] / 10.0) < 1e-12 and "torch_of_floor" not in row
     assert "read_floor_ms" in e2e._columns(["numasched"]) and "numasched_of_floor" in e2e._columns(["numasched"])
@@ -573,7 +573,7 @@ def test_e2e_read_floor():
     runs = {}
     for b, bw, ms in (("numasched", 4.6, 10.0), ("torch", 4.4, 11.0)):
         r = dict(kind="decode", batch=16, context=32768, **{f"{b}_step_ms": ms})
-        e2e._add_floor(r, spec, Namespace(tp=2), bw * 1e12, [b])
+        e2e._add_floor(r, spec, Namespace(tp=2), bw * 1e12)
         runs[b] = [r]
     for order in (runs, dict(reversed(list(runs.items())))):
         m = e2e.merge_rows(order, 2)[0]
