@@ -984,12 +984,11 @@ def _worker(args) -> int:
     backends = {n: _backend(n, ctx, dctx) for n in args.backends}
     rows = []
     free = -ctx.slowest(-float(torch.cuda.mem_get_info()[0]))   # the least free memory of any rank: all skip alike
-    bw = None
-    if args.batch and args.context:   # the streaming read (1 GiB, before any cache): the slowest rank's
-        from numasched.probe.bandwidth import stream_read_bw
+    # the streaming read (1 GiB, before any cache): the slowest rank's
+    from numasched.probe.bandwidth import stream_read_bw
 
-        bw = -ctx.slowest(-stream_read_bw())
-        ctx.say(f"streaming read {bw / 1e12:.3f} TB/s (the slowest rank's)")
+    bw = -ctx.slowest(-stream_read_bw())
+    ctx.say(f"streaming read {bw / 1e12:.3f} TB/s (the slowest rank's)")
     for batch in args.batch:
         for context in args.context:
             kv = _sizes(spec, args, batch, context)["kv_gb"] * 1e9
@@ -1001,7 +1000,7 @@ def _worker(args) -> int:
                                  context=context, note=note))
                 continue
             row = _decode_point(ctx, model, backends, batch, context)
-            if bw and bw == bw:   # a rank whose probe failed (NaN): no floor
+            if bw == bw:   # a rank whose probe failed (NaN): no floor
                 _add_floor(row, spec, args, bw)
             rows.append(row)
             ctx.say("ROW " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
