@@ -27,6 +27,16 @@ so they cannot straddle the wait; here the loads are explicit:
    nothing and only waits for the counts (``_band_push``; the exchange starts band by band while
    the GEMM's other bands still stream, instead of after the GEMM's last one).
 
+7. REDUCE (a row-parallel projection whose all-reduce ends in the next projection): instead of
+   counting, each band's last program waits for the peers' copies of the same band (a flag a
+   band and source, holding the epoch of the last call that arrived; bounded, naming the rank in
+   the status word), sums the parts in rank order, rounds, adds the residual stream in place
+   (the same bits as the all-reduce + add kernel's r) and stores the band's sum of squares a row
+   (``_band_reduce``). No kernel sits between this GEMM and the next projection's: that one
+   (NSS > 0) reads the residual stream as its x and scales row m of its result by
+   1 / sqrt(sum of those sums / K + eps), RMSNorm's factor (the norm's weight is folded into
+   its W: TPDecoder.fold_norms).
+
 One warpgroup (4 warps) a program; shared memory holds STAGES x (64 or 128 rows + BLOCK_T) x
 BLOCK_K. ``EARLY`` counts the ring stages whose weight boxes go before the wait (step 2): the host
 plan's default is all of them (the kernel's own, 0, is the A/B of the order); fewer leave more of
@@ -122,15 +132,133 @@ if HAVE_GLUON:
                 gl.atomic_add(pcount + (gl.load(heap_bases + d) - own) // 8 + rank, 1, sem="release", scope="sys")
 
     @gluon.jit
+    def _clock_ns():
+        """The GPU's global nanosecond timer (``%globaltimer``)."""
+        return gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False,
+                                         pack=1)
+
+    @gluon.jit
+    def _wait_epoch(ptr, target, src, status, bound):
+        """Spin (acquire, system scope) until *ptr >= target for at most ``bound`` us of the global
+        timer; on a timeout set bit ``src`` of the status word (a wait after an earlier timeout
+        gives up at once and sets bit 16 + src), which the host turns into a TimeoutError naming
+        the rank (kernels/dist_gemm_ar_ws.py's wait, with the same status word)."""
+        v = gl.atomic_add(ptr, 0, sem="acquire", scope="sys")
+        if v < target:
+            dead = gl.atomic_add(status, 0, sem="relaxed", scope="gpu")
+            end = _clock_ns() + gl.where(dead != 0, 0, bound).to(gl.int64) * 1000
+            late = (dead != 0).to(gl.int32)
+            spins = 0
+            while (v < target) & (late == 0):
+                v = gl.atomic_add(ptr, 0, sem="acquire", scope="sys")
+                spins += 1
+                if spins % 64 == 0:
+                    late = (_clock_ns() > end).to(gl.int32)
+            if v < target:
+                gl.atomic_or(status, 1 << (src + gl.where(dead != 0, 16, 0)), sem="relaxed", scope="gpu")
+
+    @gluon.jit
+    def _band_reduce(recv, flags, epoch, heap_bases, rank, status, bound, res, ss, xcount, vals, band, nbands,
+                     n0, M, N, BAND: gl.constexpr, BLOCK_T: gl.constexpr, WORLD: gl.constexpr):
+        """REDUCE: the band (as :func:`_band_store` writes it) into every peer's ``recv[slot, rank]``
+        (heap (2, WORLD, M, N), slot = e % 2, e = this call's epoch), then the peer's
+        ``flags[rank, band]`` set to e (release, system scope, after the stores); then, for each
+        peer, a bounded wait for our ``flags[src, band]`` >= e and its part; the sum in rank order
+        (fp32, rounded to the residual's dtype, as an all-reduce returns it) is added to
+        ``res[:M, band]`` in place (rounded: the new residual stream) and the band's sum of
+        squares of each row goes to ``ss[band, :]``. The last band to finish publishes e
+        (``xcount``: its exit count, left zero). Two slots suffice: a band of call e + 2 is pushed
+        only after its rank's call e + 1 saw every peer's band of e + 1, which each peer sends
+        after its call e ended."""
+        layout: gl.constexpr = vals.type.layout
+        e = gl.load(epoch, cache_modifier=".cg") + 1
+        slot = (e % 2).to(gl.int32)
+        r = gl.arange(0, BAND, layout=gl.SliceLayout(1, layout))
+        m = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, layout))
+        cols = n0 + r
+        offs = m[None, :].to(gl.int64) * N + cols[:, None].to(gl.int64)
+        mask = (cols[:, None] < N) & (m[None, :] < M)
+        v = vals.to(recv.dtype.element_ty)
+        ELT: gl.constexpr = recv.dtype.element_ty.primitive_bitwidth // 8
+        own = gl.load(heap_bases + rank)
+        # (M and rank may be the constant 1, which Triton specialises: no .to on them)
+        mine = recv + (slot * WORLD + rank).to(gl.int64) * M * N + offs
+        for d in gl.static_range(WORLD):
+            if d != rank:
+                delta = gl.multiple_of((gl.load(heap_bases + d) - own) // ELT, 256 // ELT)
+                gl.store(mine + delta, v, mask=mask)
+        gl.thread_barrier()
+        for d in gl.static_range(WORLD):
+            if d != rank:
+                gl.atomic_xchg(flags + (gl.load(heap_bases + d) - own) // 8 + rank * nbands + band, e,
+                               sem="release", scope="sys")
+        total = gl.zeros((BAND, BLOCK_T), gl.float32, layout)
+        for src in gl.static_range(WORLD):
+            if src == rank:
+                total += v.to(gl.float32)
+            else:
+                _wait_epoch(flags + src * nbands + band, e, src, status, bound)
+                theirs = recv + (slot * WORLD + src).to(gl.int64) * M * N + offs
+                total += gl.load(theirs, mask=mask, other=0.0, cache_modifier=".cg").to(gl.float32)
+        s = total.to(res.dtype.element_ty)
+        h = (gl.load(res + offs, mask=mask, other=0.0).to(gl.float32) + s.to(gl.float32)).to(res.dtype.element_ty)
+        gl.store(res + offs, h, mask=mask)
+        hf = h.to(gl.float32)
+        gl.store(ss + band * BLOCK_T + m, gl.sum(hf * hf, axis=0))
+        gl.thread_barrier()   # every thread's stores before the exit count
+        done = gl.atomic_add(xcount, 1, sem="acq_rel", scope="gpu")
+        if done == nbands - 1:
+            gl.atomic_xchg(xcount, 0, sem="relaxed", scope="gpu")
+            gl.atomic_xchg(epoch, e, sem="release", scope="gpu")
+
+    @gluon.jit
+    def _row_inv(xsq, nss, eps, K, like, NSS: gl.constexpr, BLOCK_T: gl.constexpr):
+        """RMSNorm's factor of each of x's BLOCK_T rows, 1 / sqrt(sum_q xsq[q, m] / K + eps), as a
+        row vector of ``like``'s layout (xsq: fp32 (nss, BLOCK_T), the producer's sums of squares
+        of x's bands, nss <= NSS, a power of two; summed in one fixed order)."""
+        lay: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1], threads_per_warp=[1, 32], warps_per_cta=[4, 1],
+                                             order=[1, 0])
+        q = gl.arange(0, NSS, layout=gl.SliceLayout(1, lay))
+        m = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, lay))
+        parts = gl.load(xsq + q[:, None] * BLOCK_T + m[None, :], mask=(q[:, None] < nss) & (m[None, :] < BLOCK_T),
+                        other=0.0)
+        inv = 1.0 / gl.sqrt(gl.sum(parts, axis=0) / K + eps)
+        return gl.convert_layout(inv, gl.SliceLayout(0, like.type.layout))[None, :]
+
+    @gluon.jit
     def _glu(g, u):
         return g / (1.0 + gl.exp(-g)) * u
 
     @gluon.jit
+    def _epilogue(acc, acc_u, y, n0, M, N, K, stride_ym, stride_yn, recv, pcount, epoch, heap_bases, rank, res, ss,
+                  xcount, status, bound, xsq, nss, eps, band, BAND: gl.constexpr, BLOCK_T: gl.constexpr,
+                  GLU: gl.constexpr, PUSH: gl.constexpr, WORLD: gl.constexpr, REDUCE: gl.constexpr,
+                  NSS: gl.constexpr):
+        """A band's whole result (acc; GLU: and the up's, acc_u): NSS's row scale, then y's store,
+        the push or the reduce (the module doc's steps 5-7)."""
+        if NSS > 0:
+            inv = _row_inv(xsq, nss, eps, K, acc, NSS, BLOCK_T)
+            acc = acc * inv
+            if GLU:
+                acc_u = acc_u * inv
+        if GLU:
+            _band_store(y, _row_runs(_glu(acc, acc_u), BAND), n0, M, N, stride_ym, stride_yn, BAND, BLOCK_T)
+        else:
+            out = _row_runs(acc, BAND)
+            if REDUCE:
+                _band_reduce(recv, pcount, epoch, heap_bases, rank, status, bound, res, ss, xcount, out, band,
+                             gl.cdiv(N, BAND), n0, M, N, BAND, BLOCK_T, WORLD)
+            else:
+                _band_store(y, out, n0, M, N, stride_ym, stride_yn, BAND, BLOCK_T)
+                if PUSH:
+                    _band_push(recv, pcount, epoch, heap_bases, rank, out, n0, M, N, BAND, BLOCK_T, WORLD)
+
+    @gluon.jit
     def weight_first_kernel(w_desc, x_desc, y, ws, counters, M, N, K, stride_ym, stride_yn, k_per_split,
-                            recv, pcount, epoch, heap_bases, rank,
+                            recv, pcount, epoch, heap_bases, rank, res, ss, xcount, status, bound, xsq, nss, eps,
                             SPLITS: gl.constexpr, STAGES: gl.constexpr, GLU: gl.constexpr = False,
                             PDL: gl.constexpr = 0, EARLY: gl.constexpr = 0, PUSH: gl.constexpr = False,
-                            WORLD: gl.constexpr = 1):
+                            WORLD: gl.constexpr = 1, REDUCE: gl.constexpr = False, NSS: gl.constexpr = 0):
         """y[:M, :N] = x[:M] @ W[:N].T (GLU: silu(x @ W[:N].T) * (x @ W[N:2N].T)). w_desc: W (N or
         2N, K) in (64, BLOCK_K) boxes; x_desc: x (M, K) in (BLOCK_T, BLOCK_K) boxes; y: (M, N) any
         strides; ws: fp32, SPLITS > 1: (units, GLU + 1, 64, BLOCK_T); counters: int32, one per band
@@ -138,7 +266,12 @@ if HAVE_GLUON:
         k_per_split: a multiple of BLOCK_K. PDL: 0 none, 1 let the next kernel launch, then wait,
         3 wait, and let it launch after the K loop. EARLY: at most STAGES. PUSH (not GLU): each
         band of y also goes to the WORLD - 1 peers of ``rank`` for a pushed all-reduce + add +
-        norm (``_band_push``: recv, pcount, epoch, heap_bases; unused otherwise)."""
+        norm (``_band_push``: recv, pcount, epoch, heap_bases; unused otherwise). REDUCE (with
+        PUSH): ``_band_reduce`` instead, pcount being the flags (WORLD, bands) int64, res the
+        residual stream (M, N) contiguous, updated in place, ss fp32 (bands, BLOCK_T) the sums of
+        squares, xcount an int32 exit count, status / bound the waits' (y is not written). NSS > 0
+        (a power of two >= nss): row m of the result is scaled by RMSNorm's factor from xsq (fp32
+        (nss, BLOCK_T)) and eps over K columns, before the GLU."""
         BAND: gl.constexpr = w_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = w_desc.block_type.shape[1]
         BLOCK_T: gl.constexpr = x_desc.block_type.shape[0]
@@ -146,6 +279,7 @@ if HAVE_GLUON:
         gl.static_assert(x_desc.block_type.shape[1] == BLOCK_K, "x's boxes are BLOCK_K wide")
         gl.static_assert(EARLY <= STAGES, "EARLY counts ring stages")
         gl.static_assert(not (PUSH and GLU), "PUSH: a row-parallel projection's GEMM (no GLU)")
+        gl.static_assert(PUSH or not REDUCE, "REDUCE: a pushing form")
         NW: gl.constexpr = 2 if GLU else 1
         NBYTES: gl.constexpr = NW * w_desc.block_type.nbytes + x_desc.block_type.nbytes
         pid = gl.program_id(0)
@@ -205,13 +339,8 @@ if HAVE_GLUON:
 
         # 5. the epilogue
         if SPLITS == 1:
-            if GLU:
-                _band_store(y, _row_runs(_glu(acc, acc_u), BAND), n0, M, N, stride_ym, stride_yn, BAND, BLOCK_T)
-            else:
-                out = _row_runs(acc, BAND)
-                _band_store(y, out, n0, M, N, stride_ym, stride_yn, BAND, BLOCK_T)
-                if PUSH:
-                    _band_push(recv, pcount, epoch, heap_bases, rank, out, n0, M, N, BAND, BLOCK_T, WORLD)
+            _epilogue(acc, acc_u, y, n0, M, N, K, stride_ym, stride_yn, recv, pcount, epoch, heap_bases, rank, res, ss,
+                      xcount, status, bound, xsq, nss, eps, band, BAND, BLOCK_T, GLU, PUSH, WORLD, REDUCE, NSS)
         else:
             SLOT: gl.constexpr = BAND * BLOCK_T
             r = gl.arange(0, BAND, layout=gl.SliceLayout(1, acc_layout))
@@ -234,11 +363,5 @@ if HAVE_GLUON:
                     tot = tot + gl.load(first + q * (NW * SLOT) + offs, cache_modifier=".cg")
                     if GLU:
                         tot_u = tot_u + gl.load(first + q * (NW * SLOT) + SLOT + offs, cache_modifier=".cg")
-                if GLU:
-                    _band_store(y, _row_runs(_glu(tot, tot_u), BAND), n0, M, N, stride_ym, stride_yn, BAND,
-                                BLOCK_T)
-                else:
-                    out = _row_runs(tot, BAND)
-                    _band_store(y, out, n0, M, N, stride_ym, stride_yn, BAND, BLOCK_T)
-                    if PUSH:
-                        _band_push(recv, pcount, epoch, heap_bases, rank, out, n0, M, N, BAND, BLOCK_T, WORLD)
+                _epilogue(tot, tot_u, y, n0, M, N, K, stride_ym, stride_yn, recv, pcount, epoch, heap_bases, rank, res,
+                          ss, xcount, status, bound, xsq, nss, eps, band, BAND, BLOCK_T, GLU, PUSH, WORLD, REDUCE, NSS)

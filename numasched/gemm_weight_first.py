@@ -29,7 +29,7 @@ from numasched._launch import HostDesc, Launch, hooked
 from numasched.gemm_ws import descriptor_maker
 from numasched.kernels.gemm_weight_first import BAND   # rows of W a unit computes (no Gluon needed)
 
-__all__ = ["WfConfig", "config", "early_stages", "check", "WeightFirstPlan"]
+__all__ = ["WfConfig", "RowScale", "config", "early_stages", "check", "WeightFirstPlan"]
 
 BLOCK_K = 128
 MAX_ROWS = 64        # wgmma's N: x's rows in one box of 16, 32 or 64
@@ -49,6 +49,18 @@ class WfConfig:
     @property
     def units(self) -> int:
         return self.bands * self.splits
+
+
+@dataclass(frozen=True)
+class RowScale:
+    """RMSNorm's factor for each row of x, from sums of squares: row m of the result is scaled by
+    1 / sqrt(sums[:, m].sum() / K + eps) (K: x's columns). ``sums``: fp32 (parts, block_t) with
+    block_t the plan's ``cfg.block_t`` (rows past M ignored), e.g. the row-parallel GEMM's
+    per-band sums (``numasched.distributed.reduce_target``). For a model whose norm weights are
+    folded into the projections (TPDecoder.fold_norms): x is the residual stream itself."""
+
+    sums: torch.Tensor
+    eps: float
 
 
 def config(M: int, N: int, K: int, *, glu: bool = False, sms: int = 132, elt: int = 2, stages: Optional[int] = None,
@@ -160,6 +172,46 @@ def _check_push(push, x: torch.Tensor, n: int, glu: bool, bands: int) -> None:
         raise ValueError(f"push.rank must be an int in [0, {W}), got {push.rank!r}")
 
 
+def _check_reduce(red, x: torch.Tensor, n: int, glu: bool, bands: int, block_t: int) -> None:
+    """A reduce target (numasched.distributed.ReduceTarget) for y (M, n) from a launch of
+    ``bands`` bands: its buffers' shapes, dtypes and device, by its fields (the distributed layer
+    sits above this one, which never imports it)."""
+    if glu:
+        raise ValueError("reduce: the GLU form does not reduce (a row-parallel projection's GEMM does)")
+    fields = ("recv", "flags", "ss", "epoch", "xcount", "status", "bound", "heap_bases", "rank", "world", "residual")
+    if not all(hasattr(red, f) for f in fields) or not isinstance(red.recv, torch.Tensor):
+        raise TypeError(f"reduce must be a numasched.distributed.ReduceTarget (reduce_target), got {type(red).__name__}")
+    W, M = red.world, x.shape[0]
+    for name, t, shape, dt in (("recv", red.recv, (2, W, M, n), x.dtype), ("flags", red.flags, (W, bands), torch.int64),
+                               ("ss", red.ss, (bands, block_t), torch.float32), ("epoch", red.epoch, (1,), torch.int64),
+                               ("xcount", red.xcount, None, torch.int32), ("status", red.status, None, torch.int32),
+                               ("heap_bases", red.heap_bases, (W,), torch.int64),
+                               ("residual", red.residual, (M, n), x.dtype)):
+        if (not isinstance(t, torch.Tensor) or t.dtype != dt or t.device != x.device or not t.is_contiguous()
+                or (shape is not None and tuple(t.shape) != shape) or t.data_ptr() % 16):
+            want = "" if shape is None else f"{shape} "
+            raise ValueError(f"reduce.{name} must be a contiguous, 16-byte aligned {want}{dt} tensor on {x.device} "
+                             f"(reduce_target(residual, ctx=, bands={bands}, block_t={block_t}))")
+    if isinstance(red.rank, bool) or not isinstance(red.rank, int) or not 0 <= red.rank < W:
+        raise ValueError(f"reduce.rank must be an int in [0, {W}), got {red.rank!r}")
+
+
+def _check_scale(scale, x: torch.Tensor, block_t: int) -> None:
+    if not isinstance(scale, RowScale):
+        raise TypeError(f"scale must be a RowScale, got {type(scale).__name__}")
+    t = scale.sums
+    if (not isinstance(t, torch.Tensor) or t.dim() != 2 or t.shape[1] != block_t or t.dtype != torch.float32
+            or t.device != x.device or not t.is_contiguous() or not 1 <= t.shape[0] <= MAX_SUM_PARTS):
+        raise ValueError(f"scale.sums must be a contiguous fp32 (parts, {block_t}) tensor on {x.device} with 1 to "
+                         f"{MAX_SUM_PARTS} parts, got {getattr(t, 'dtype', type(t).__name__)} "
+                         f"{tuple(getattr(t, 'shape', ()))}")
+    if isinstance(scale.eps, bool) or not isinstance(scale.eps, (int, float)) or not scale.eps >= 0:
+        raise ValueError(f"scale.eps must be a non-negative float, got {scale.eps!r}")
+
+
+MAX_SUM_PARTS = 1024   # RowScale.sums's rows: one register block
+
+
 class WeightFirstPlan:
     """A launch of ``y = x @ w.T`` for operands of x's and w's shapes, dtype and device (checked
     once); ``run`` makes the descriptors of the tensors it is given and launches."""
@@ -183,10 +235,16 @@ class WeightFirstPlan:
         self._launches: dict = {}   # specialisation signature -> Launch
         self._fulls: dict = {}      # (pointers, strides) -> the C launcher's whole argument list
 
-    def run(self, x: torch.Tensor, w: torch.Tensor, out: Optional[torch.Tensor] = None, push=None) -> torch.Tensor:
+    def run(self, x: torch.Tensor, w: torch.Tensor, out: Optional[torch.Tensor] = None, push=None, reduce=None,
+            scale: Optional[RowScale] = None) -> torch.Tensor:
         """``push``: a :class:`numasched.distributed.PushTarget` (from ``push_target(..., pushed=
         plan.cfg.bands)``): y's bands also go to the peers for the pushed all-reduce + add + norm
-        that must follow (not with glu)."""
+        that must follow (not with glu). ``reduce``: a :class:`numasched.distributed.ReduceTarget`
+        (``reduce_target(residual, ctx=, bands=plan.cfg.bands, block_t=plan.cfg.block_t)``): the
+        all-reduce and the residual add are finished here (``residual += sum over ranks of y``,
+        in place, and its sums of squares a band into ``reduce.ss``); returns the residual, y is
+        not written. ``scale``: a :class:`RowScale`, RMSNorm's factor a row applied to the
+        result (before the GLU)."""
         if (tuple(x.shape), tuple(w.shape), x.dtype, self.glu, x.device) != self.key:
             raise ValueError(f"x {tuple(x.shape)} / w {tuple(w.shape)} {x.dtype} on {x.device} are not the plan's "
                              f"{self.key[:3]} on {self.key[4]}")
@@ -198,8 +256,19 @@ class WeightFirstPlan:
         c = self.cfg
         M, K = x.shape
         if push is not None:
+            if reduce is not None:
+                raise ValueError("push and reduce: one target a call")
             _check_push(push, x, self.N, self.glu, c.bands)
-        y = torch.empty((M, self.N), device=x.device, dtype=x.dtype) if out is None else out
+        if reduce is not None:
+            _check_reduce(reduce, x, self.N, self.glu, c.bands, c.block_t)
+            if out is not None:
+                raise ValueError("reduce: the result goes to reduce.residual; out must be None")
+        if scale is not None:
+            _check_scale(scale, x, c.block_t)
+        if reduce is not None:
+            y = reduce.residual
+        else:
+            y = torch.empty((M, self.N), device=x.device, dtype=x.dtype) if out is None else out
         sy0, sy1 = y.stride()
         # the thin launch (numasched._launch): Gluon's Python path on a signature's first call, then
         # the C launcher, with the argument list of these pointers and strides made once. A
@@ -207,18 +276,31 @@ class WeightFirstPlan:
         # y's strides (1, a multiple of 16) and alignment (the descriptors specialise on nothing);
         # and x's and w's row strides, since a Launch caches each descriptor's tensor map by its
         # base pointer alone
-        world = push.world if push is not None else 1
-        rank = push.rank if push is not None else 0
-        # (rank: an int Triton specialises when it is 1 or a multiple of 16, as 0 is)
+        tgt = push if push is not None else reduce
+        world = tgt.world if tgt is not None else 1
+        rank = tgt.rank if tgt is not None else 0
+        nss = scale.sums.shape[0] if scale is not None else 0
+        # (rank, nss: ints Triton specialises when 1 or a multiple of 16, as 0 is)
         sig = (sy0 == 1, sy0 % 16 == 0, sy1 == 1, sy1 % 16 == 0, y.data_ptr() % 16 == 0, x.stride(0), w.stride(0),
-               world, rank == 1, rank % 16 == 0)
+               world, rank == 1, rank % 16 == 0, reduce is not None, nss and 1 << (nss - 1).bit_length(), nss == 1,
+               nss % 16 == 0)
         run = self._launches.get(sig)
         if run is None:
-            run = self._launches[sig] = self._launch(x.device, world)
-        # the push's buffers (unused without it: y, the counters, y, the counters and rank 0)
-        pt = (push.recv, push.pcount, push.epoch, push.heap_bases) if push is not None else (y, self.counters) * 2
+            run = self._launches[sig] = self._launch(x.device, world, reduce=reduce is not None, nss=sig[-3])
+        # the push's or reduce's buffers, then the row scale's (stand-ins where unused: y, the
+        # counters, the workspace and rank 0)
+        if push is not None:
+            pt = (push.recv, push.pcount, push.epoch, push.heap_bases, y, self.ws, self.counters, self.counters)
+        elif reduce is not None:
+            pt = (reduce.recv, reduce.flags, reduce.epoch, reduce.heap_bases, reduce.residual, reduce.ss,
+                  reduce.xcount, reduce.status)
+        else:
+            pt = (y, self.counters, self.counters, self.counters, y, self.ws, self.counters, self.counters)
+        bound = int(reduce.bound) if reduce is not None else 0
+        xs = scale.sums if scale is not None else self.ws
+        eps = float(scale.eps) if scale is not None else 0.0
         fkey = (x.data_ptr(), x.stride(0), w.data_ptr(), w.stride(0), y.data_ptr(), sy0, sy1,
-                tuple(t.data_ptr() for t in pt), rank)
+                tuple(t.data_ptr() for t in pt), rank, bound, xs.data_ptr(), nss, eps)
         if run.raw is not None and not hooked():
             full = self._fulls.get(fkey)
             if full is not None:
@@ -230,16 +312,18 @@ class WeightFirstPlan:
         thin = run.raw is not None and desc is HostDesc
         args = (w_d, x_d, y.data_ptr() if thin else y, self.ws.data_ptr() if thin else self.ws,
                 self.counters.data_ptr() if thin else self.counters, M, self.N, K, sy0, sy1, c.k_per_split,
-                *(t.data_ptr() if thin else t for t in pt), rank)
+                *(t.data_ptr() if thin else t for t in pt[:4]), rank, *(t.data_ptr() if thin else t for t in pt[4:]),
+                bound, xs.data_ptr() if thin else xs, nss, eps)
         run(*args)
         if thin and not hooked():
             run.keep_full(self._fulls, fkey, args)
         return y
 
-    def _launch(self, device, world: int = 1):
+    def _launch(self, device, world: int = 1, reduce: bool = False, nss: int = 0):
         """The kernel's Launch with this plan's constexprs: its own PDL mode (``pdl``), so the
         options' PDL switch, which Launch would apply, is off for it; ``world`` > 1: the pushing
-        form for that many ranks."""
+        form for that many ranks (``reduce``: the reducing one, at any world); ``nss``: the row
+        scale's parts, padded to a power of two (0: none)."""
         import dataclasses
 
         from numasched import options as _options
@@ -248,5 +332,6 @@ class WeightFirstPlan:
         c = self.cfg
         return Launch(weight_first_kernel, c.units,
                       dict(SPLITS=c.splits, STAGES=c.stages, GLU=self.glu, PDL=self.pdl, EARLY=self.early,
-                           PUSH=world > 1, WORLD=world, num_warps=4, launch_pdl=self.pdl != 0),
+                           PUSH=world > 1 or reduce, WORLD=world, REDUCE=reduce, NSS=nss, num_warps=4,
+                           launch_pdl=self.pdl != 0),
                       device=device, options=dataclasses.replace(_options.current(), pdl=False))

@@ -31,6 +31,7 @@ numasched is imported (they are not read per call):
     NUMASCHED_WEIGHT_FIRST_ROW_PARALLEL=0 weight_first_row_parallel -> False
     NUMASCHED_WEIGHT_FIRST_PUSH=0 weight_first_push -> False
     NUMASCHED_WEIGHT_FIRST_PUSH_MIN_K=N weight_first_push_min_k -> N
+    NUMASCHED_WEIGHT_FIRST_REDUCE=0/1 weight_first_reduce -> False / True
     NUMASCHED_PAGED_KV_HEAD_MAJOR=0/1 paged_kv_head_major -> False / True
     NUMASCHED_DECODE_TMA=0/1    decode_tma -> False / True
     NUMASCHED_ARN_LL=0/1        arn_exchange -> "flag" / "ll"
@@ -191,6 +192,15 @@ class Options:
             GEMM (K 2048 a rank) and 0.02 to down_proj's (K 7168; fifty-seventh session's
             timelines), while both norm kernels after them waited less; 4096 pushes down_proj's
             only.
+        weight_first_reduce: with ``weight_first_push``, in a decode step of a model whose norm
+            weights are folded into its projections (``TPDecoder.fold_norms``), the row-parallel
+            GEMM finishes the all-reduce and the residual add itself and no norm kernel follows:
+            each band's last program pushes the band, waits for the peers' copies of the same
+            band, sums them in rank order, adds the residual in place and stores the band's sum
+            of squares a row; the next projection's weight-first GEMM (QKV, gate/up) reads the
+            residual stream as its x and scales its rows by 1 / rms from those sums
+            (``numasched.distributed.reduce_target``). Not for the last layer's (the final norm
+            keeps its weight). Off by default until measured.
         paged_kv_head_major: numasched's decoder (numasched.models) keeps each page of its paged
             KV cache head-major, (kv_heads, page_size, head_dim) a page (FlashInfer's HND), and
             hands ``flash_decode`` the (num_pages, page_size, kv_heads, head_dim) view of it. A
@@ -315,6 +325,7 @@ class Options:
     weight_first_row_parallel: bool = True
     weight_first_push: bool = True
     weight_first_push_min_k: int = 0
+    weight_first_reduce: bool = False
     paged_kv_head_major: bool = False
     decode_tma: bool = False
     arn_one_row: bool = True
@@ -340,7 +351,7 @@ class Options:
         for f in ("autotune", "check_data", "gemm_flatten", "gemm_splitk_tma", "gemm_streamk_k_aligned",
                   "gemm_tail_split", "gemm_ws", "pdl", "pdl_prefetch", "arn_one_row", "decode_tma",
                   "gemm_ws_last_box", "gemm_ws_dead_half", "gemm_ws_swap", "fused_rs_early", "decode_prefetch_wide",
-                  "weight_first_row_parallel", "weight_first_push", "paged_kv_head_major"):
+                  "weight_first_row_parallel", "weight_first_push", "weight_first_reduce", "paged_kv_head_major"):
             if not isinstance(getattr(self, f), bool):
                 raise TypeError(f"Options.{f} must be a bool, got {getattr(self, f)!r}")
         if isinstance(self.pdl_trigger, bool):  # the former bool form
@@ -477,6 +488,7 @@ def from_env(environ=None) -> Options:
                                                   Options.weight_first_row_parallel),
                    weight_first_push=flag("NUMASCHED_WEIGHT_FIRST_PUSH", Options.weight_first_push),
                    weight_first_push_min_k=int(push_k) if push_k else Options.weight_first_push_min_k,
+                   weight_first_reduce=flag("NUMASCHED_WEIGHT_FIRST_REDUCE", Options.weight_first_reduce),
                    paged_kv_head_major=flag("NUMASCHED_PAGED_KV_HEAD_MAJOR", Options.paged_kv_head_major),
                    decode_tma=flag("NUMASCHED_DECODE_TMA", Options.decode_tma),
                    arn_one_row=flag("NUMASCHED_ARN_ONE_ROW", True),

@@ -481,7 +481,8 @@ def _gemm_ws(block_n: int = 256, stages: int = 3, b_kmajor: bool = True, glu: bo
     return build
 
 
-def _weight_first(rows: int = 16, glu: bool = False, splits: int = 2, pdl: int = 1, early=None, world: int = 1):
+def _weight_first(rows: int = 16, glu: bool = False, splits: int = 2, pdl: int = 1, early=None, world: int = 1,
+                  reduce: bool = False, nss: int = 0):
     def build(vendor):
         from numasched.gemm_weight_first import BAND, BLOCK_K, config
         from numasched.gemm_ws import descriptor_type
@@ -492,8 +493,10 @@ def _weight_first(rows: int = 16, glu: bool = False, splits: int = 2, pdl: int =
                       x_desc=descriptor_type("bf16", [cfg.block_t, BLOCK_K]), y="*bf16", ws="*fp32",
                       counters="*i32", M=rows, N=4096, K=4096, stride_ym=4096, stride_yn=1,
                       k_per_split=cfg.k_per_split, recv="*bf16", pcount="*i64", epoch="*i64", heap_bases="*i64",
-                      rank=1, SPLITS=cfg.splits, STAGES=cfg.stages, GLU=glu, PDL=pdl,
-                      EARLY=cfg.stages if early is None else early, PUSH=world > 1, WORLD=world)
+                      rank=1, res="*bf16", ss="*fp32", xcount="*i32", status="*i32", bound=10**7, xsq="*fp32",
+                      nss=nss or 2, eps=1e-5, SPLITS=cfg.splits, STAGES=cfg.stages, GLU=glu, PDL=pdl,
+                      EARLY=cfg.stages if early is None else early, PUSH=world > 1 or reduce, WORLD=world,
+                      REDUCE=reduce, NSS=nss)
         return weight_first_kernel, values, 4, 1
     return build
 
@@ -832,6 +835,15 @@ VARIANTS: List[Variant] = [
     Variant("gemm_weight_first", "bf16-1-split1-push4", _weight_first(rows=1, splits=1, pdl=3, world=4),
             off={"amd": _GLUON_OFF}, note="pushed to three peers, unsplit, one row (M = 1 and rank 1 are "
                                           "specialised as constants)"),
+    Variant("gemm_weight_first", "bf16-16-split2-reduce2", _weight_first(pdl=1, world=2, reduce=True),
+            off={"amd": _GLUON_OFF}, note="a row-parallel projection that finishes the all-reduce + add: each band "
+                                          "pushed, the peer's band waited for (bounded), summed into the residual"),
+    Variant("gemm_weight_first", "bf16-16-split1-reduce4", _weight_first(splits=1, pdl=1, world=4, reduce=True),
+            off={"amd": _GLUON_OFF}, note="the same at four ranks, unsplit"),
+    Variant("gemm_weight_first", "bf16-16-split2-scale", _weight_first(nss=64), off={"amd": _GLUON_OFF},
+            note="rows scaled by RMSNorm's factor from 64 bands' sums of squares (x: the residual stream)"),
+    Variant("gemm_weight_first", "bf16-16-glu-scale", _weight_first(glu=True, splits=1, nss=64),
+            off={"amd": _GLUON_OFF}, note="the SwiGLU form with the row scale before the GLU"),
     Variant("gemm_ws", "bf16-128x256-s3", _gemm_ws(), off={"amd": _GLUON_OFF},
             note="warp-specialised (Gluon): a loader warp, two consumer warpgroups, maxnreg 168"),
     Variant("gemm_ws", "bf16-128x128-s5-b-rowmajor", _gemm_ws(128, 5, b_kmajor=False), off={"amd": _GLUON_OFF},

@@ -2613,3 +2613,39 @@ def test_fused_all_reduce_narrow_ws_tiles_only_where_the_ws_kernel_takes_them(mo
         assert mar._ws_width(cfg, M, N, K, 2, world, dev) == cfg, (M, N, K, world)
     monkeypatch.setattr(mar._ws, "ws_wanted_on", lambda device, world: False)
     assert mar._ws_width(base, 4096, 5120, 4096, 2, 2, dev) == base
+
+
+def test_reduce_target_buffers_and_checks():
+    """reduce_target (the weight-first GEMM's REDUCE form): a plan per (shape, dtype, bands,
+    block_t) with the receive slots and flags in the heap (the same offsets on every rank, as a
+    peer's pushes need), the sums local; asked again, the same buffers; the residual is the
+    caller's; bad arguments named."""
+    sim = nd.SimWorld(2)
+    M, N = 5, 200
+    res = [torch.randn(M, N).to(torch.bfloat16) for _ in range(2)]
+    ts = [nd.reduce_target(res[c.rank], ctx=c, bands=4, block_t=16) for c in sim.ranks]
+    for c, t in zip(sim.ranks, ts):
+        assert tuple(t.recv.shape) == (2, 2, M, N) and t.recv.dtype == torch.bfloat16
+        assert tuple(t.flags.shape) == (2, 4) and t.flags.dtype == torch.int64 and int(t.flags.abs().sum()) == 0
+        assert tuple(t.ss.shape) == (4, 16) and t.ss.dtype == torch.float32
+        assert t.residual is res[c.rank] and t.rank == c.rank and t.world == 2 and t.status is c.status
+        assert c.heap_offset(t.recv) is not None and c.heap_offset(t.flags) is not None and c.heap_offset(t.ss) is None
+        assert t.bound == min(int(c.timeout_s * 1e6), 2**31 - 1)
+    assert ts[0].recv.data_ptr() - sim.ranks[0]._heap_base() == ts[1].recv.data_ptr() - sim.ranks[1]._heap_base()
+    again = nd.reduce_target(res[0].clone(), ctx=sim.ranks[0], bands=4, block_t=16)
+    assert again.recv.data_ptr() == ts[0].recv.data_ptr() and again.epoch is ts[0].epoch
+    other = nd.reduce_target(res[0], ctx=sim.ranks[0], bands=8, block_t=16)
+    assert other.recv.data_ptr() != ts[0].recv.data_ptr()
+    with pytest.raises(ValueError, match="nothing to reduce"):
+        nd.reduce_target(res[0], ctx=nd.SimWorld(1).ranks[0], bands=4, block_t=16)
+    for bad in (0, True, 1.5, 2000):
+        with pytest.raises(ValueError, match="bands must be"):
+            nd.reduce_target(res[0], ctx=sim.ranks[0], bands=bad, block_t=16)
+    with pytest.raises(ValueError, match="block_t=4 must hold them"):
+        nd.reduce_target(res[0], ctx=sim.ranks[0], bands=4, block_t=4)
+    with pytest.raises(ValueError, match="residual must be contiguous"):
+        nd.reduce_target(torch.empty(N, M, dtype=torch.bfloat16).t(), ctx=sim.ranks[0], bands=4, block_t=16)
+    with pytest.raises(TypeError, match="reduce_target: ctx must be a context"):
+        nd.reduce_target(res[0], ctx=object(), bands=4, block_t=16)
+    with pytest.raises(RuntimeError, match="no kernel of its own"):
+        nd.OPS["all_reduce_add_bands"].launch(sim.ranks[0], None, None)

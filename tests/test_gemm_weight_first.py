@@ -24,7 +24,8 @@ import json
 from numasched import portability as P
 rows = {}
 for v in ("bf16-16-split2-pdl", "bf16-16-glu-pdl", "bf16-64-split3-late", "bf16-16-split2-after",
-          "bf16-16-split2-early2", "bf16-16-split2-push2", "bf16-1-split1-push4"):
+          "bf16-16-split2-early2", "bf16-16-split2-push2", "bf16-1-split1-push4", "bf16-16-split2-reduce2",
+          "bf16-16-split1-reduce4", "bf16-16-split2-scale", "bf16-16-glu-scale"):
     r = P.compile_variant("gemm_weight_first", v, "sm90", keep_asm=True)
     r["ptx"] = "\n".join(" ".join(l.split()) for l in r.pop("asm", {}).get("ptx", "").splitlines())
     rows[v] = r
@@ -113,6 +114,29 @@ def test_push_stores_the_band_then_counts_it_on_each_peer(compiled):
     # y's own stores are 16 bytes in every form (never one 2-byte store an element)
     for name, r in compiled.items():
         assert "st.global.b16" not in r["ptx"] and "st.global.v4.b32" in r["ptx"], name
+
+
+def test_reduce_pushes_flags_then_waits_bounded_and_scale_reads_the_sums(compiled):
+    """REDUCE: after the PDL wait, the band's stores to the peers, a CTA barrier, one release
+    exchange at system scope a peer (the flag), then the bounded acquire poll (the global timer),
+    the peers' parts through L2, and the residual's store; the last band publishes the epoch. The
+    row scale: a square root of the sums, and no system-scope operation."""
+    for name, peers in (("bf16-16-split2-reduce2", 1), ("bf16-16-split1-reduce4", 3)):
+        lines = compiled[name]["ptx"].splitlines()
+        wait = next(i for i, ln in enumerate(lines) if "griddepcontrol.wait" in ln)
+        flags = [i for i, ln in enumerate(lines) if "atom.global.sys.release.exch.b64" in ln]
+        assert len(flags) == peers and all(lines[i].startswith("@%p") for i in flags), name
+        polls = [i for i, ln in enumerate(lines) if "ld.global.sys.acquire.b64" in ln]
+        assert polls and min(polls) > max(flags) > wait, name
+        bar = max(i for i, ln in enumerate(lines) if "bar.sync" in ln and i < flags[0])
+        pushed = [i for i, ln in enumerate(lines) if "st.global.v4.b32" in ln and wait < i < bar]
+        assert len(pushed) == peers, name   # a 16-byte store a thread a peer
+        assert any("%globaltimer" in ln for ln in lines[max(flags):]), name
+        assert any("ld.global.cg.v4" in ln for ln in lines[min(polls):]), name
+        assert any("atom.global.gpu.release.exch.b64" in ln for ln in lines[min(polls):]), name   # the epoch
+    for name in ("bf16-16-split2-scale", "bf16-16-glu-scale"):
+        ptx = compiled[name]["ptx"]
+        assert "sqrt" in ptx and ".sys." not in ptx, name
 
 
 def test_config_fills_the_sms_once_and_fits_shared_memory():
@@ -281,6 +305,130 @@ def test_push_stores_each_band_in_the_peers_slot_and_counts_it(world, rank, M, s
             assert c.tolist() == [bands * (call + 1) if s == rank else 0 for s in range(world)], (call, d)
         epoch += 1   # the consumer's call of this epoch ran
     assert int(plan.counters.abs().sum()) == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("M,N,K,glu,splits", [(16, 3072, 4096, False, None), (5, 200, 1000, False, 3),
+                                              (16, 7168, 4096, True, None), (3, 136, 520, True, 2),
+                                              (1, 64, 256, False, 1)])
+def test_row_scale_matches_float64(M, N, K, glu, splits):
+    """RowScale: row m of the result times 1 / sqrt(sum of sums[:, m] / K + eps), before the GLU,
+    against float64 (poisoned output, two calls), with 1, 3 and 64 parts of sums (rows past M
+    hold garbage the kernel must ignore)."""
+    from numasched.gemm_weight_first import RowScale, WeightFirstPlan
+
+    torch.manual_seed(M + N + K)
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(2 * N if glu else N, K, device="cuda", dtype=torch.bfloat16) / K ** 0.5
+    plan = WeightFirstPlan(x, w, glu=glu, splits=splits)
+    for parts in (1, 3, 64):
+        sums = torch.rand(parts, plan.cfg.block_t, device="cuda") * K / parts + 0.1
+        sums[:, M:] = float("nan")
+        inv = torch.rsqrt(sums[:, :M].double().sum(0) / K + 1e-5)
+        y = x.double() @ w.double().t()
+        if glu:
+            g, u = y[:, :N] * inv[:, None], y[:, N:] * inv[:, None]
+            ref = g * torch.sigmoid(g) * u
+        else:
+            ref = y * inv[:, None]
+        for _ in range(2):
+            out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+            plan.run(x, w, out, scale=RowScale(sums, 1e-5))
+            torch.cuda.synchronize()
+            err = ((out.double() - ref).abs().max() / ref.abs().max()).item()
+            assert err < 1e-2, (parts, err)
+    with pytest.raises(ValueError, match="scale.sums"):
+        plan.run(x, w, scale=RowScale(torch.zeros(2, plan.cfg.block_t + 1, device="cuda"), 1e-5))
+    with pytest.raises(ValueError, match="scale.eps"):
+        plan.run(x, w, scale=RowScale(torch.zeros(2, plan.cfg.block_t, device="cuda"), -1.0))
+
+
+def _fake_reduce(world, rank, M, N, bands, block_t, bound_us=10**6):
+    """A ReduceTarget on one GPU: every rank's heap another buffer of it (receive slots, then the
+    flags), our residual, sums, epoch, exit count and status word; returns (target, heap views)."""
+    from numasched.distributed import ReduceTarget
+
+    recv_bytes = 2 * world * M * N * 2
+    flag_bytes = 8 * world * bands
+    heaps = [torch.zeros(recv_bytes + flag_bytes + 4096, device="cuda", dtype=torch.uint8) for _ in range(world)]
+    bases = torch.tensor([h.data_ptr() for h in heaps], device="cuda", dtype=torch.int64)
+
+    def views(h):
+        return (h[:recv_bytes].view(torch.bfloat16).view(2, world, M, N),
+                h[recv_bytes:recv_bytes + flag_bytes].view(torch.int64).view(world, bands))
+
+    recv, flags = views(heaps[rank])
+    res = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+    t = ReduceTarget(recv, flags, torch.full((bands, block_t), float("nan"), device="cuda"),
+                     torch.zeros(1, device="cuda", dtype=torch.int64), torch.zeros(2, device="cuda", dtype=torch.int32),
+                     torch.zeros(1, device="cuda", dtype=torch.int32), bound_us, bases, rank, world, res)
+    return t, [views(h) for h in heaps]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("world,rank,M,splits", [(2, 0, 16, 2), (2, 1, 1, None), (3, 2, 5, 1)])
+def test_reduce_sums_the_peers_bands_into_the_residual(world, rank, M, splits):
+    """REDUCE on one GPU, the peers faked (their parts and flags put in our heap before the call):
+    the residual becomes residual + sum over ranks (rank order, rounded) against float64; our band
+    lands in every peer's slot ``e & 1``, part ``rank``, and the peer's flag of (rank, band) holds
+    e; the band's sums of squares are the new residual's; the epoch moves by one a call and the
+    exit count is left zero; over three calls (both slots)."""
+    from numasched.gemm_weight_first import WeightFirstPlan
+
+    torch.manual_seed(world * 10 + rank + M)
+    N, K = 200, 1000
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K ** 0.5
+    plan = WeightFirstPlan(x, w, splits=splits)
+    c = plan.cfg
+    t, heaps = _fake_reduce(world, rank, M, N, c.bands, c.block_t)
+    own = x.double() @ w.double().t()
+    for call in range(1, 4):
+        slot = call % 2
+        parts = {d: torch.randn(M, N, device="cuda", dtype=torch.bfloat16) for d in range(world) if d != rank}
+        for d, p in parts.items():
+            t.recv[slot, d] = p
+            t.flags[d] = call
+        before = t.residual.double().clone()
+        assert plan.run(x, w, reduce=t) is t.residual
+        torch.cuda.synchronize()
+        total = sum(own if d == rank else parts[d].double() for d in range(world))
+        ref = before + total
+        err = ((t.residual.double() - ref).abs().max() / ref.abs().max()).item()
+        assert err < 1e-2, (call, err)
+        h = t.residual.double()
+        want = torch.stack([(h[:, b * 64:(b + 1) * 64] ** 2).sum(1) for b in range(c.bands)])
+        got = t.ss[:, :M].double()
+        assert torch.allclose(got, want, rtol=1e-5, atol=1e-6), (call, (got - want).abs().max())
+        assert (t.ss[:, M:] == 0).all()
+        for d in range(world):
+            if d == rank:
+                continue
+            r, f = heaps[d]
+            assert ((r[slot, rank].double() - own).abs().max() / own.abs().max()).item() < 1e-2
+            assert (f[rank] == call).all(), (call, d, f)
+        assert int(t.epoch) == call and int(t.xcount.abs().sum()) == 0 and int(t.status) == 0
+    assert int(plan.counters.abs().sum()) == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")
+def test_reduce_wait_is_bounded_and_names_the_peer():
+    """A peer that never sends: each band's wait gives up after the bound and sets the peer's bit
+    of the status word (a later wait at once, the 'after' bit); the launch ends."""
+    from numasched.gemm_weight_first import WeightFirstPlan
+
+    x = torch.randn(4, 512, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
+    plan = WeightFirstPlan(x, w, splits=1)
+    t, _ = _fake_reduce(3, 0, 4, 256, plan.cfg.bands, plan.cfg.block_t, bound_us=20000)
+    t.flags[1] = 1     # rank 1 sent; rank 2 never does
+    plan.run(x, w, reduce=t)
+    torch.cuda.synchronize()
+    bits = int(t.status)
+    assert bits & (1 << 2) and not bits & (1 << 1), bin(bits)
 
 
 @pytest.mark.gpu

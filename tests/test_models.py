@@ -958,7 +958,35 @@ ROW_PARALLEL_PUSH = "numasched weight-first row-parallel, pushed"
 ROW_PARALLEL_PUSH_DOWN = "numasched weight-first row-parallel, down_proj pushed (o_proj not)"
 
 
-def _tp_gpu_main(stop_only: bool = False, recycle_only: bool = False) -> int:
+def _folded_reduce_decode(rank: int, world: int, ctx) -> int:
+    """options.weight_first_reduce: the folded model's decode steps with the row-parallel GEMMs
+    finishing the all-reduce + add (no norm kernel; QKV and gate/up scale their rows), eager and in
+    a CUDA graph, against transformers; the reduce path must have run."""
+    failed = 0
+    be = NumaschedBackend(world, ctx, weight_first=True)
+    for family in ("llama", "qwen3"):
+        hf = _gpu_case(family)
+        ids = torch.randint(0, hf.config.vocab_size, (2, 40), device="cuda",
+                            generator=torch.Generator("cuda").manual_seed(2))
+        ref = reference(hf, ids)
+        folded = TPDecoder.from_hf(hf, tp_rank=rank, tp_size=world).fold_norms()
+        with options.use(weight_first_reduce=True):
+            got = run_teacher_forced(folded, be, ids, prompt=36, page_size=16)
+            cache = be.new_cache(folded, batch=2, capacity=64, page_size=16)
+            folded.prefill(ids[:, :36], cache, be)
+            runner = DecodeRunner(folded, be, cache)
+            graph_steps = torch.cat([runner(ids[:, t])[:, None].clone() for t in range(36, 40)], 1)
+        ctx.check("decode with weight_first_reduce")
+        took = bool(ctx.__dict__.get("_reduce_target_keys"))
+        e, eg = rel(got, ref), rel(graph_steps, ref[:, 36:])
+        failed += _verdict(rank, took and e < 3e-2 and eg < 3e-2,
+                           f"tp {world} {family} folded norms, weight-first reduce (reduce path taken: {took}): rel "
+                           f"err {e:.2e} (eager), {eg:.2e} (graph decode)")
+        del hf, folded
+    return failed
+
+
+def _tp_gpu_main(stop_only: bool = False, recycle_only: bool = False, reduce_only: bool = False) -> int:
     """Under torchrun: each rank shards transformers' model (2 layers of the 8B presets, bf16);
     both backends' TP logits (prefill + teacher-forced decode, eager and CUDA graph) against
     transformers on rank 0, then a rank that stops inside the decode graph (``stop_only``, the
@@ -972,6 +1000,16 @@ def _tp_gpu_main(stop_only: bool = False, recycle_only: bool = False) -> int:
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))
     rank, world = dist.get_rank(), dist.get_world_size()
+    if reduce_only:
+        import numasched.distributed as nd
+
+        failed = _folded_reduce_decode(rank, world, nd.init(heap_bytes=1 << 30)) if world > 1 else 0
+        flag = torch.tensor([failed], device="cuda")
+        dist.all_reduce(flag)
+        if rank == 0:
+            print("ALL PASSED" if not int(flag) else f"{int(flag)} FAILED", flush=True)
+        sys.stdout.flush()
+        os._exit(1 if failed else 0)
     if stop_only or recycle_only:
         failed = ((_model_graph_timeout if stop_only else _recycling_prefills)(rank, world)) if world > 1 else 0
         flag = torch.tensor([failed], device="cuda")
@@ -1058,6 +1096,7 @@ def _tp_gpu_main(stop_only: bool = False, recycle_only: bool = False) -> int:
             del folded
         del hf
     if "numasched" in backends and world > 1:
+        failed += _folded_reduce_decode(rank, world, backends["numasched"].ctx)
         failed += _recycling_prefills(rank, world)
         failed += _model_graph_timeout(rank, world)
     flag = torch.tensor([failed], device="cuda")
@@ -1080,7 +1119,8 @@ def test_tp2_on_gpus_matches_transformers():
 
 
 if __name__ == "__main__":
-    sys.exit(_tp_gpu_main(stop_only="--stop-only" in sys.argv[1:], recycle_only="--recycle-only" in sys.argv[1:]))
+    sys.exit(_tp_gpu_main(stop_only="--stop-only" in sys.argv[1:], recycle_only="--recycle-only" in sys.argv[1:],
+                          reduce_only="--reduce-only" in sys.argv[1:]))
 
 
 def test_bench_e2e_refuses_two_prefill_modes(capsys):
@@ -1178,3 +1218,56 @@ def test_compiled_elementwise_prefill_compile_keeps_the_widths_static():
             for g, e in zip(small(x, r, wt, 1e-6), add_rms_norm(x, r, wt, 1e-6)):
                 torch.testing.assert_close(g, e)
     dynamo.reset()
+
+
+def test_scaled_rows_fall_back_to_the_normalised_rows():
+    """ScaledRows (a unit-weight RMSNorm left to the next projection): where no kernel takes the
+    scale (here: CPU), the backend's linear and SwiGLU read the rows RMSNorm would have written,
+    from the per-band sums of squares (rows past M ignored)."""
+    from numasched.gemm_weight_first import RowScale
+    from numasched.models.backends import ScaledRows
+    from numasched.models.llama import rms_norm
+
+    torch.manual_seed(0)
+    M, N, bands = 3, 256, 4
+    h = torch.randn(M, N)
+    sums = torch.full((bands, 16), float("nan"))
+    sums[:, :M] = h.pow(2).view(M, bands, N // bands).sum(-1).t()
+    x = ScaledRows(h, RowScale(sums, 1e-5))
+    want = rms_norm(h, torch.ones(N), 1e-5)
+    assert x.shape == h.shape and torch.allclose(x.normalised(), want, rtol=1e-5, atol=1e-6)
+    be = NumaschedBackend(1)
+    w = torch.randn(8, N)
+    assert torch.allclose(be.linear(x, w), be.linear(want, w), rtol=1e-4, atol=1e-4)
+    wgu = torch.randn(16, N)
+    got = be.linear_swiglu(x, wgu, 8, lambda gu, n: torch.nn.functional.silu(gu[:, :n]) * gu[:, n:])
+    ref = be.linear_swiglu(want, wgu, 8, lambda gu, n: torch.nn.functional.silu(gu[:, :n]) * gu[:, n:])
+    assert torch.allclose(got, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_decode_asks_for_unit_norms_only_with_folded_norms(monkeypatch):
+    """The decode loop passes unit_norm=True to row_parallel_add_norm for a folded model's layer
+    norms, never for the final norm (which keeps its weight), a prefill or an unfolded model;
+    logits unchanged (the CPU backend ignores the hint)."""
+    hf = hf_model("llama", seed=3)
+    ids = torch.randint(0, 128, (2, 6), generator=torch.Generator().manual_seed(3))
+    seen = []
+    base = NumaschedBackend.row_parallel_add_norm
+
+    def spy(self, x, w, h, norm_w, eps, add_norm, norm=None, unit_norm=False):
+        seen.append(unit_norm)
+        return base(self, x, w, h, norm_w, eps, add_norm, norm, unit_norm=unit_norm)
+
+    monkeypatch.setattr(NumaschedBackend, "row_parallel_add_norm", spy)
+    ref = reference(hf, ids)
+    model = TPDecoder.from_hf(hf)
+    layers = len(model.layers)
+    assert rel(run_teacher_forced(model, NumaschedBackend(1, fold_norms=False), ids, prompt=4), ref) < 1e-4
+    assert seen and not any(seen)
+    seen.clear()
+    model.fold_norms()
+    assert rel(run_teacher_forced(model, NumaschedBackend(1, fold_norms=False), ids, prompt=4), ref) < 1e-4
+    prefill, steps = seen[:2 * layers], seen[2 * layers:]
+    assert not any(prefill) and len(steps) == 2 * 2 * layers
+    per_step = [True] * (2 * layers - 1) + [False]
+    assert steps == per_step * 2

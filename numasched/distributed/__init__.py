@@ -39,13 +39,14 @@ from .flash_decode_distributed import (flash_decode_distributed, set_local_decod
                                        torch_local_decode)
 from .all_reduce import all_reduce  # noqa: F401
 from .all_reduce_add_rmsnorm import PushTarget, all_reduce_add_rmsnorm, push_target  # noqa: F401
+from .all_reduce_add_bands import ReduceTarget, reduce_target  # noqa: F401
 from .matmul_all_reduce import MatmulAllReducePlan, matmul_all_reduce, plan_matmul_all_reduce  # noqa: F401
 from .matmul_all_reduce import matmul_all_reduce_plan  # noqa: F401
 from . import cost  # noqa: F401
 from ._sim import SimWorld  # noqa: F401
 
 __all__ = ["init", "DistContext", "SimWorld", "all_reduce", "all_reduce_add_rmsnorm", "matmul_all_reduce", "plan_matmul_all_reduce",
-           "matmul_all_reduce_plan", "push_target", "PushTarget",
+           "matmul_all_reduce_plan", "push_target", "PushTarget", "reduce_target", "ReduceTarget",
            "MatmulAllReducePlan", "cost", "all_gather_matmul", "matmul_reduce_scatter",
            "flash_decode_distributed", "required_heap_bytes", "set_local_decode", "torch_local_decode"]
 

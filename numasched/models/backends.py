@@ -31,6 +31,28 @@ import torch.nn.functional as F
 from .kv_cache import ContiguousKVCache, PagedKVCache
 
 
+class ScaledRows:
+    """The normalised rows of a unit-weight RMSNorm, not written: ``rows`` (the residual stream)
+    and each row's factor as sums of squares (numasched.gemm_weight_first.RowScale). The
+    projection that reads them scales its result's rows instead (a row factor commutes with the
+    GEMM)."""
+
+    __slots__ = ("rows", "scale")
+
+    def __init__(self, rows: torch.Tensor, scale):
+        self.rows, self.scale = rows, scale
+
+    @property
+    def shape(self):
+        return self.rows.shape
+
+    def normalised(self) -> torch.Tensor:
+        """The rows RMSNorm would have written (torch; a fallback where no kernel takes the scale)."""
+        sums = self.scale.sums[:, :self.rows.shape[0]].sum(0)
+        inv = torch.rsqrt(sums / self.rows.shape[1] + self.scale.eps)
+        return (self.rows.float() * inv[:, None]).to(self.rows.dtype)
+
+
 def _dist_world(group=None) -> tuple:
     """(rank, world size) of torch.distributed's group, or (0, 1) when it is not initialised."""
     import torch.distributed as dist
@@ -139,12 +161,14 @@ class Backend:
     def row_parallel(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def row_parallel_add_norm(self, x, w, h, norm_w, eps: float, add_norm, norm=None):
+    def row_parallel_add_norm(self, x, w, h, norm_w, eps: float, add_norm, norm=None, unit_norm: bool = False):
         """(h + row_parallel(x, w), its RMSNorm with norm_w): the projection and the layer's
         residual add + next norm; ``add_norm`` (and ``norm``, the RMSNorm alone) are the shared
         (compiled) elementwise kernels. A backend may fuse the three (numasched: ``fuse_norm=True``)
         or the first two (numasched: ``fuse_residual=True``, then ``norm``). ``h`` may be updated
-        in place."""
+        in place. ``unit_norm``: norm_w is all ones (folded into the projections that read the
+        result: TPDecoder.fold_norms); a backend may then return, instead of the normalised rows,
+        :class:`ScaledRows` of h, which only its own :meth:`linear` / :meth:`linear_swiglu` take."""
         return add_norm(self.row_parallel(x, w), h, norm_w, eps)
 
     def residual_stream(self, h: torch.Tensor, row_parallel_weights=()) -> torch.Tensor:
@@ -515,6 +539,11 @@ class NumaschedBackend(Backend):
             self._nd = nd
 
     def linear(self, x, w, out=None):
+        if isinstance(x, ScaledRows):   # the weight-first GEMM scales its rows; anything else, the rows
+            plan = self._weight_first_plan(x.rows, w, glu=False)
+            if plan is not None and out is None:
+                return plan.run(x.rows, w, scale=x.scale)
+            x = x.normalised()
         plan = self._weight_first_plan(x, w, glu=False)
         if plan is not None and (out is None or out.is_contiguous()):
             return plan.run(x, w, out)
@@ -562,6 +591,11 @@ class NumaschedBackend(Backend):
         return self.fuse_swiglu and (self._glu_big(x, n) or self._gemm_engine(x) == "numasched")
 
     def linear_swiglu(self, x, w, n, swiglu, row_scale=None):
+        if isinstance(x, ScaledRows):
+            plan = self._weight_first_plan(x.rows, w, glu=True) if row_scale is None and w.shape[0] == 2 * n else None
+            if plan is not None and self.fuses_swiglu(x.rows, n):
+                return plan.run(x.rows, w, scale=x.scale)
+            x = x.normalised()
         # where numasched's GEMM runs (decode sizes): one launch (numasched.matmul_swiglu), or the
         # GEMM then numasched's PDL-launched activation (numasched.swiglu); prefill sizes (from
         # GLU_BIG_MIN_ROWS rows, unless gemm="torch") the one launch too, its big-tile schedule
@@ -652,7 +686,7 @@ class NumaschedBackend(Backend):
     # the all-reduce of a row-chunked prefill (all_reduce_overlapped) when impl is "auto"
     OVERLAP_AR_IMPL = "ce"
 
-    def row_parallel_add_norm(self, x, w, h, norm_w, eps, add_norm, norm=None):
+    def row_parallel_add_norm(self, x, w, h, norm_w, eps, add_norm, norm=None, unit_norm=False):
         # fused: GEMM, then one kernel for the all-reduce, the residual add and the norm (one-shot:
         # decode-sized rows only; larger M keeps the all-reduce the cost model picks)
         if self.fuse_norm and self.tp_size > 1 and x.shape[0] <= self.FUSE_NORM_MAX_ROWS:
@@ -661,6 +695,17 @@ class NumaschedBackend(Backend):
                 from numasched import options as _options
 
                 opts = _options.current()
+                if (unit_norm and opts.weight_first_reduce and opts.weight_first_push and h.is_contiguous()
+                        and h.dtype == x.dtype and x.shape[0] <= plan.cfg.block_t):
+                    # the GEMM finishes the all-reduce and the add itself (h in place, its sums of
+                    # squares a band); no norm kernel: the next projection scales its rows
+                    from numasched.gemm_weight_first import RowScale
+
+                    target = self._nd.reduce_target(h, ctx=self.ctx, bands=plan.cfg.bands, block_t=plan.cfg.block_t)
+                    plan.run(x, w, reduce=target)
+                    if self.check and not torch.cuda.is_current_stream_capturing():
+                        self.ctx.check("row-parallel GEMM + all-reduce + add (weight-first, reduce)")
+                    return h, ScaledRows(h, RowScale(target.ss, eps))
                 if (opts.weight_first_push and x.shape[0] <= self.ctx.num_sms   # a row a program
                         and w.shape[1] >= opts.weight_first_push_min_k):
                     # its bands pushed to the peers as they finish; the norm kernel only waits

@@ -551,10 +551,13 @@ class TPDecoder:
                                                                         row_scale=r), L.wdown, h)
                 x, r = (norm(h, self.norm, s.eps), None) if last else (h, inv(h, s.eps))
                 continue
-            h, x = backend.row_parallel_add_norm(a, L.wo, h, L.ln2, s.eps, add_norm, norm)
+            # a decode step of a model with folded norms: the norms' weights are ones (the last
+            # layer's final norm keeps its weight), which a backend may leave to the projections
+            unit = seq is None and self.norms_folded
+            h, x = backend.row_parallel_add_norm(a, L.wo, h, L.ln2, s.eps, add_norm, norm, unit_norm=unit)
             nxt = self.norm if last else self.layers[i + 1].ln1
             h, x = backend.row_parallel_add_norm(backend.linear_swiglu(x, L.wgu, self.inter_local, swiglu), L.wdown,
-                                                 h, nxt, s.eps, add_norm, norm)
+                                                 h, nxt, s.eps, add_norm, norm, unit_norm=unit and not last)
         return x
 
     def _stack_seq_parallel(self, ids: torch.Tensor, cs: torch.Tensor, cache, backend, batch: int, seq: int,
