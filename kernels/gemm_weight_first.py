@@ -230,14 +230,12 @@ if HAVE_GLUON:
         return g / (1.0 + gl.exp(-g)) * u
 
     @gluon.jit
-    def _epilogue(acc, acc_u, y, n0, M, N, K, stride_ym, stride_yn, recv, pcount, epoch, heap_bases, rank, res, ss,
-                  xcount, status, bound, xsq, nss, eps, band, BAND: gl.constexpr, BLOCK_T: gl.constexpr,
-                  GLU: gl.constexpr, PUSH: gl.constexpr, WORLD: gl.constexpr, REDUCE: gl.constexpr,
-                  NSS: gl.constexpr):
-        """A band's whole result (acc; GLU: and the up's, acc_u): NSS's row scale, then y's store,
-        the push or the reduce (the module doc's steps 5-7)."""
+    def _epilogue(acc, acc_u, inv, y, n0, M, N, stride_ym, stride_yn, recv, pcount, epoch, heap_bases, rank, res,
+                  ss, xcount, status, bound, band, BAND: gl.constexpr, BLOCK_T: gl.constexpr, GLU: gl.constexpr,
+                  PUSH: gl.constexpr, WORLD: gl.constexpr, REDUCE: gl.constexpr, NSS: gl.constexpr):
+        """A band's whole result (acc; GLU: and the up's, acc_u): NSS's row scale (``inv``, a row
+        vector of acc's layout), then y's store, the push or the reduce (the module doc's steps 5-7)."""
         if NSS > 0:
-            inv = _row_inv(xsq, nss, eps, K, acc, NSS, BLOCK_T)
             acc = acc * inv
             if GLU:
                 acc_u = acc_u * inv
@@ -309,10 +307,15 @@ if HAVE_GLUON:
                     _load_w(w_desc, n0, N, k0 + i * BLOCK_K, bars.index(i), w_bufs.index(i), GLU)
                 tma.async_copy_global_to_shared(x_desc, [0, k0 + i * BLOCK_K], bars.index(i), x_bufs.index(i))
 
-        # 4. the K loop
+        # 4. the K loop (NSS: the row factors first, from the sums the previous kernel wrote: their
+        # load's latency passes while the ring's boxes land, not in the epilogue)
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                              instr_shape=[16, BLOCK_T, 16])
         acc = gl.zeros((BAND, BLOCK_T), gl.float32, acc_layout)
+        if NSS > 0:
+            inv = _row_inv(xsq, nss, eps, K, acc, NSS, BLOCK_T)
+        else:
+            inv = 1.0
         acc_u = gl.zeros((BAND, BLOCK_T), gl.float32, acc_layout)
         for i in range(n_iter):
             s = i % STAGES
@@ -339,8 +342,8 @@ if HAVE_GLUON:
 
         # 5. the epilogue
         if SPLITS == 1:
-            _epilogue(acc, acc_u, y, n0, M, N, K, stride_ym, stride_yn, recv, pcount, epoch, heap_bases, rank, res, ss,
-                      xcount, status, bound, xsq, nss, eps, band, BAND, BLOCK_T, GLU, PUSH, WORLD, REDUCE, NSS)
+            _epilogue(acc, acc_u, inv, y, n0, M, N, stride_ym, stride_yn, recv, pcount, epoch, heap_bases, rank, res, ss,
+                      xcount, status, bound, band, BAND, BLOCK_T, GLU, PUSH, WORLD, REDUCE, NSS)
         else:
             SLOT: gl.constexpr = BAND * BLOCK_T
             r = gl.arange(0, BAND, layout=gl.SliceLayout(1, acc_layout))
@@ -363,5 +366,5 @@ if HAVE_GLUON:
                     tot = tot + gl.load(first + q * (NW * SLOT) + offs, cache_modifier=".cg")
                     if GLU:
                         tot_u = tot_u + gl.load(first + q * (NW * SLOT) + SLOT + offs, cache_modifier=".cg")
-                _epilogue(tot, tot_u, y, n0, M, N, K, stride_ym, stride_yn, recv, pcount, epoch, heap_bases, rank, res,
-                          ss, xcount, status, bound, xsq, nss, eps, band, BAND, BLOCK_T, GLU, PUSH, WORLD, REDUCE, NSS)
+                _epilogue(tot, tot_u, inv, y, n0, M, N, stride_ym, stride_yn, recv, pcount, epoch, heap_bases, rank, res,
+                          ss, xcount, status, bound, band, BAND, BLOCK_T, GLU, PUSH, WORLD, REDUCE, NSS)

@@ -563,7 +563,7 @@ class NumaschedBackend(Backend):
         opts = _options.current()
         pdl = 1 if opts.pdl else 0   # in the key, as the library's plans key their options
         key = (tuple(x.shape), tuple(x.stride()), tuple(w.shape), tuple(w.stride()), x.dtype, x.device, glu, pdl,
-               opts.weight_first_early)
+               opts.weight_first_early, opts.weight_first_smem)
         plan = self._wf_plans.get(key)
         if plan is None:
             from numasched.gemm_weight_first import WeightFirstPlan, check
@@ -573,7 +573,8 @@ class NumaschedBackend(Backend):
             except (TypeError, ValueError, RuntimeError):
                 plan = False
             else:
-                plan = WeightFirstPlan(x, w, glu=glu, pdl=pdl, early=opts.weight_first_early)
+                plan = WeightFirstPlan(x, w, glu=glu, pdl=pdl, early=opts.weight_first_early,
+                                       smem=opts.weight_first_smem)
             self._wf_plans[key] = plan
         return plan or None
 
