@@ -217,7 +217,7 @@ class WeightFirstPlan:
     once); ``run`` makes the descriptors of the tensors it is given and launches."""
 
     def __init__(self, x: torch.Tensor, w: torch.Tensor, *, glu: bool = False, pdl: int = 0, stages=None,
-                 splits=None, early: Optional[int] = None, smem: Optional[int] = None):
+                 splits=None, early: Optional[int] = None):
         check(x, w, glu=glu)
         if pdl not in PDL_MODES or isinstance(pdl, bool):
             raise ValueError(f"pdl must be one of {PDL_MODES} (none, trigger then wait, wait and trigger late), "
@@ -226,8 +226,7 @@ class WeightFirstPlan:
         self.glu, self.pdl = glu, pdl
         self.N = w.shape[0] // 2 if glu else w.shape[0]
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-        self.cfg = c = config(M, self.N, K, glu=glu, sms=sms, elt=x.element_size(), stages=stages, splits=splits,
-                              smem=SMEM if smem is None else smem)
+        self.cfg = c = config(M, self.N, K, glu=glu, sms=sms, elt=x.element_size(), stages=stages, splits=splits)
         self.early = early_stages(early, c.stages)
         self.ws = torch.empty(c.units * (2 if glu else 1) * BAND * c.block_t if c.splits > 1 else 1,
                               device=x.device, dtype=torch.float32)

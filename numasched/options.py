@@ -32,7 +32,7 @@ numasched is imported (they are not read per call):
     NUMASCHED_WEIGHT_FIRST_PUSH=0 weight_first_push -> False
     NUMASCHED_WEIGHT_FIRST_PUSH_MIN_K=N weight_first_push_min_k -> N
     NUMASCHED_WEIGHT_FIRST_REDUCE=0/1 weight_first_reduce -> False / True
-    NUMASCHED_WEIGHT_FIRST_SMEM=BYTES weight_first_smem -> BYTES (unset: the plan's default)
+    NUMASCHED_WEIGHT_FIRST_ROW_SPLITS=N weight_first_row_splits -> N (unset: the config's)
     NUMASCHED_PAGED_KV_HEAD_MAJOR=0/1 paged_kv_head_major -> False / True
     NUMASCHED_DECODE_TMA=0/1    decode_tma -> False / True
     NUMASCHED_ARN_LL=0/1        arn_exchange -> "flag" / "ll"
@@ -202,10 +202,9 @@ class Options:
             residual stream as its x and scales its rows by 1 / rms from those sums
             (``numasched.distributed.reduce_target``). Not for the last layer's (the final norm
             keeps its weight). Off by default until measured.
-        weight_first_smem: shared memory a weight-first GEMM program may take for its ring (bytes;
-            None: numasched.gemm_weight_first.SMEM, about one program an SM). Half of it lets a
-            program of the next weight-first GEMM sit beside one of this GEMM's, streaming its
-            first weights while this one's last programs finish. An A/B knob.
+        weight_first_row_splits: the K parts of the row-parallel projections' weight-first GEMM
+            (o_proj, down_proj; None: its config's, as many as fill the SMs once). An A/B knob:
+            one part needs no split-K ticket before the band's push, on half the programs.
         paged_kv_head_major: numasched's decoder (numasched.models) keeps each page of its paged
             KV cache head-major, (kv_heads, page_size, head_dim) a page (FlashInfer's HND), and
             hands ``flash_decode`` the (num_pages, page_size, kv_heads, head_dim) view of it. A
@@ -331,7 +330,7 @@ class Options:
     weight_first_push: bool = True
     weight_first_push_min_k: int = 0
     weight_first_reduce: bool = False
-    weight_first_smem: Optional[int] = None
+    weight_first_row_splits: Optional[int] = None
     paged_kv_head_major: bool = False
     decode_tma: bool = False
     arn_one_row: bool = True
@@ -373,10 +372,10 @@ class Options:
                 or self.weight_first_push_min_k < 0:
             raise ValueError(f"Options.weight_first_push_min_k must be an int >= 0 (columns of K), "
                              f"got {self.weight_first_push_min_k!r}")
-        if self.weight_first_smem is not None and (isinstance(self.weight_first_smem, bool) or not isinstance(
-                self.weight_first_smem, int) or self.weight_first_smem < 16384):
-            raise ValueError(f"Options.weight_first_smem must be None or an int >= 16384 (bytes), "
-                             f"got {self.weight_first_smem!r}")
+        if self.weight_first_row_splits is not None and (isinstance(self.weight_first_row_splits, bool) or not isinstance(
+                self.weight_first_row_splits, int) or self.weight_first_row_splits < 1):
+            raise ValueError(f"Options.weight_first_row_splits must be None or an int >= 1 (K parts), "
+                             f"got {self.weight_first_row_splits!r}")
         if self.weight_first_early is not None and (isinstance(self.weight_first_early, bool) or not isinstance(
                 self.weight_first_early, int) or self.weight_first_early < 0):
             raise ValueError(f"Options.weight_first_early must be None or an int >= 0 (ring stages), "
@@ -458,11 +457,11 @@ def from_env(environ=None) -> Options:
         raise ValueError(f"NUMASCHED_DECODE_PREFETCH must be a number of tokens (0: off), got {pre!r}")
     early = env.get("NUMASCHED_WEIGHT_FIRST_EARLY", "").strip()
     push_k = env.get("NUMASCHED_WEIGHT_FIRST_PUSH_MIN_K", "").strip()
-    wf_smem = env.get("NUMASCHED_WEIGHT_FIRST_SMEM", "").strip()
+    row_splits = env.get("NUMASCHED_WEIGHT_FIRST_ROW_SPLITS", "").strip()
+    if row_splits and not (row_splits.isdigit() and int(row_splits) >= 1):
+        raise ValueError(f"NUMASCHED_WEIGHT_FIRST_ROW_SPLITS must be a number of K parts >= 1, got {row_splits!r}")
     if early and not early.isdigit():
         raise ValueError(f"NUMASCHED_WEIGHT_FIRST_EARLY must be a number of ring stages, got {early!r}")
-    if wf_smem and not wf_smem.isdigit():
-        raise ValueError(f"NUMASCHED_WEIGHT_FIRST_SMEM must be a number of bytes, got {wf_smem!r}")
     tri = {}
     for name in ("NUMASCHED_FUSED_FLAT", "NUMASCHED_GLU_PERSISTENT", "NUMASCHED_FUSED_TMA_PUSH", "NUMASCHED_GLU_WS",
                  "NUMASCHED_FUSED_WS", "NUMASCHED_GEMM_ALIGN_A", "NUMASCHED_GLU_FUSED", "NUMASCHED_GEMM_PAD_K"):
@@ -502,7 +501,7 @@ def from_env(environ=None) -> Options:
                    weight_first_push=flag("NUMASCHED_WEIGHT_FIRST_PUSH", Options.weight_first_push),
                    weight_first_push_min_k=int(push_k) if push_k else Options.weight_first_push_min_k,
                    weight_first_reduce=flag("NUMASCHED_WEIGHT_FIRST_REDUCE", Options.weight_first_reduce),
-                   weight_first_smem=int(wf_smem) if wf_smem else None,
+                   weight_first_row_splits=int(row_splits) if row_splits else None,
                    paged_kv_head_major=flag("NUMASCHED_PAGED_KV_HEAD_MAJOR", Options.paged_kv_head_major),
                    decode_tma=flag("NUMASCHED_DECODE_TMA", Options.decode_tma),
                    arn_one_row=flag("NUMASCHED_ARN_ONE_ROW", True),

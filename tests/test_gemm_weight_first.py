@@ -522,22 +522,21 @@ def test_early_option_from_the_environment():
         options.Options(weight_first_early=-1)
 
 
-def test_reduce_and_smem_options_from_the_environment():
-    """options.weight_first_reduce (off unless NUMASCHED_WEIGHT_FIRST_REDUCE=1) and
-    weight_first_smem (None unless NUMASCHED_WEIGHT_FIRST_SMEM gives bytes: the ring's stages
-    follow it); bad values named."""
+def test_reduce_option_from_the_environment():
+    """options.weight_first_reduce: off unless NUMASCHED_WEIGHT_FIRST_REDUCE is set to anything but
+    0 (the options' switches); the field itself takes a bool only."""
     from numasched import options
 
     assert not options.from_env({}).weight_first_reduce
+    assert not options.from_env({"NUMASCHED_WEIGHT_FIRST_REDUCE": "0"}).weight_first_reduce
     assert options.from_env({"NUMASCHED_WEIGHT_FIRST_REDUCE": "1"}).weight_first_reduce
-    assert options.from_env({}).weight_first_smem is None
-    assert options.from_env({"NUMASCHED_WEIGHT_FIRST_SMEM": "112640"}).weight_first_smem == 112640
-    with pytest.raises(ValueError, match="NUMASCHED_WEIGHT_FIRST_SMEM"):
-        options.from_env({"NUMASCHED_WEIGHT_FIRST_SMEM": "half"})
-    for bad in (1024, True, 1.5):
-        with pytest.raises(ValueError, match="weight_first_smem"):
-            options.Options(weight_first_smem=bad)
     with pytest.raises(TypeError, match="weight_first_reduce"):
         options.Options(weight_first_reduce=1)
-    # two programs an SM: each ring within half of the SM's shared memory
-    assert config(16, 4096, 2048, smem=112640).stages == 5 and config(16, 7168, 4096, glu=True, smem=112640).stages == 3
+    # the row-parallel GEMMs' K parts (an A/B knob)
+    assert options.from_env({}).weight_first_row_splits is None
+    assert options.from_env({"NUMASCHED_WEIGHT_FIRST_ROW_SPLITS": "1"}).weight_first_row_splits == 1
+    for bad in ("0", "two"):
+        with pytest.raises(ValueError, match="NUMASCHED_WEIGHT_FIRST_ROW_SPLITS"):
+            options.from_env({"NUMASCHED_WEIGHT_FIRST_ROW_SPLITS": bad})
+    with pytest.raises(ValueError, match="weight_first_row_splits"):
+        options.Options(weight_first_row_splits=0)

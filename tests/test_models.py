@@ -211,7 +211,7 @@ def test_row_parallel_weight_first_only_under_its_option(monkeypatch):
     down_proj; off, or with gemm="torch", the row-parallel GEMM stays matmul_all_reduce's."""
     be = NumaschedBackend(1, weight_first=True)
     asked = []
-    monkeypatch.setattr(be, "_weight_first_plan", lambda x, w, glu: asked.append((x, w, glu)) or "plan")
+    monkeypatch.setattr(be, "_weight_first_plan", lambda x, w, glu, splits=None: asked.append((x, w, glu)) or "plan")
     x, w = torch.zeros(4, 64), torch.zeros(32, 64)
     with options.use(weight_first_row_parallel=False):
         assert be._row_parallel_weight_first(x, w) is None and not asked

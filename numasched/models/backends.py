@@ -551,10 +551,10 @@ class NumaschedBackend(Backend):
             return _torch_linear(x, w, out)
         return self._ns.matmul(x, w.t(), out=out, mapping=self.mapping)
 
-    def _weight_first_plan(self, x, w, glu: bool):
-        """The weight-first GEMM's plan for ``x @ w.T`` (``glu``: its SwiGLU form), or None where
-        ``weight_first`` is off, ``gemm="torch"`` asks for cuBLAS, or the kernel does not take the
-        operands (kept per signature)."""
+    def _weight_first_plan(self, x, w, glu: bool, splits=None):
+        """The weight-first GEMM's plan for ``x @ w.T`` (``glu``: its SwiGLU form; ``splits``: its
+        K parts, None: the config's), or None where ``weight_first`` is off, ``gemm="torch"`` asks
+        for cuBLAS, or the kernel does not take the operands (kept per signature)."""
         if not (self.weight_first and self.gemm != "torch" and x.dim() == 2
                 and x.shape[0] <= self.WEIGHT_FIRST_MAX_ROWS and x.is_cuda):
             return None
@@ -563,7 +563,7 @@ class NumaschedBackend(Backend):
         opts = _options.current()
         pdl = 1 if opts.pdl else 0   # in the key, as the library's plans key their options
         key = (tuple(x.shape), tuple(x.stride()), tuple(w.shape), tuple(w.stride()), x.dtype, x.device, glu, pdl,
-               opts.weight_first_early, opts.weight_first_smem)
+               opts.weight_first_early, splits)
         plan = self._wf_plans.get(key)
         if plan is None:
             from numasched.gemm_weight_first import WeightFirstPlan, check
@@ -574,7 +574,7 @@ class NumaschedBackend(Backend):
                 plan = False
             else:
                 plan = WeightFirstPlan(x, w, glu=glu, pdl=pdl, early=opts.weight_first_early,
-                                       smem=opts.weight_first_smem)
+                                       splits=None if splits is None else min(splits, -(-x.shape[1] // 128)))
             self._wf_plans[key] = plan
         return plan or None
 
@@ -584,9 +584,10 @@ class NumaschedBackend(Backend):
         matmul_all_reduce)."""
         from numasched import options as _options
 
-        if not _options.current().weight_first_row_parallel:
+        opts = _options.current()
+        if not opts.weight_first_row_parallel:
             return None
-        return self._weight_first_plan(x, w, glu=False)
+        return self._weight_first_plan(x, w, glu=False, splits=opts.weight_first_row_splits)
 
     def fuses_swiglu(self, x, n):
         return self.fuse_swiglu and (self._glu_big(x, n) or self._gemm_engine(x) == "numasched")
