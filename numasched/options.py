@@ -33,6 +33,7 @@ numasched is imported (they are not read per call):
     NUMASCHED_WEIGHT_FIRST_PUSH_MIN_K=N weight_first_push_min_k -> N
     NUMASCHED_WEIGHT_FIRST_REDUCE=0/1 weight_first_reduce -> False / True
     NUMASCHED_WEIGHT_FIRST_ROW_SPLITS=N weight_first_row_splits -> N (unset: the config's)
+    NUMASCHED_WEIGHT_FIRST_ROW_SPLITS_MAX_K=N weight_first_row_splits_max_k -> N
     NUMASCHED_PAGED_KV_HEAD_MAJOR=0/1 paged_kv_head_major -> False / True
     NUMASCHED_DECODE_TMA=0/1    decode_tma -> False / True
     NUMASCHED_ARN_LL=0/1        arn_exchange -> "flag" / "ll"
@@ -205,6 +206,9 @@ class Options:
         weight_first_row_splits: the K parts of the row-parallel projections' weight-first GEMM
             (o_proj, down_proj; None: its config's, as many as fill the SMs once). An A/B knob:
             one part needs no split-K ticket before the band's push, on half the programs.
+        weight_first_row_splits_max_k: ``weight_first_row_splits`` only for row-parallel GEMMs of
+            at most this many columns of K a rank (0, default: every one); e.g. 2048 at the TP 2
+            Llama-3-8B step takes o_proj (K 2048) and leaves down_proj (K 7168) to its config.
         paged_kv_head_major: numasched's decoder (numasched.models) keeps each page of its paged
             KV cache head-major, (kv_heads, page_size, head_dim) a page (FlashInfer's HND), and
             hands ``flash_decode`` the (num_pages, page_size, kv_heads, head_dim) view of it. A
@@ -331,6 +335,7 @@ class Options:
     weight_first_push_min_k: int = 0
     weight_first_reduce: bool = False
     weight_first_row_splits: Optional[int] = None
+    weight_first_row_splits_max_k: int = 0
     paged_kv_head_major: bool = False
     decode_tma: bool = False
     arn_one_row: bool = True
@@ -376,6 +381,10 @@ class Options:
                 self.weight_first_row_splits, int) or self.weight_first_row_splits < 1):
             raise ValueError(f"Options.weight_first_row_splits must be None or an int >= 1 (K parts), "
                              f"got {self.weight_first_row_splits!r}")
+        if isinstance(self.weight_first_row_splits_max_k, bool) or not isinstance(
+                self.weight_first_row_splits_max_k, int) or self.weight_first_row_splits_max_k < 0:
+            raise ValueError(f"Options.weight_first_row_splits_max_k must be an int >= 0 (columns of K), "
+                             f"got {self.weight_first_row_splits_max_k!r}")
         if self.weight_first_early is not None and (isinstance(self.weight_first_early, bool) or not isinstance(
                 self.weight_first_early, int) or self.weight_first_early < 0):
             raise ValueError(f"Options.weight_first_early must be None or an int >= 0 (ring stages), "
@@ -458,6 +467,9 @@ def from_env(environ=None) -> Options:
     early = env.get("NUMASCHED_WEIGHT_FIRST_EARLY", "").strip()
     push_k = env.get("NUMASCHED_WEIGHT_FIRST_PUSH_MIN_K", "").strip()
     row_splits = env.get("NUMASCHED_WEIGHT_FIRST_ROW_SPLITS", "").strip()
+    rs_k = env.get("NUMASCHED_WEIGHT_FIRST_ROW_SPLITS_MAX_K", "").strip()
+    if rs_k and not rs_k.isdigit():
+        raise ValueError(f"NUMASCHED_WEIGHT_FIRST_ROW_SPLITS_MAX_K must be a number of columns, got {rs_k!r}")
     if row_splits and not (row_splits.isdigit() and int(row_splits) >= 1):
         raise ValueError(f"NUMASCHED_WEIGHT_FIRST_ROW_SPLITS must be a number of K parts >= 1, got {row_splits!r}")
     if early and not early.isdigit():
@@ -502,6 +514,7 @@ def from_env(environ=None) -> Options:
                    weight_first_push_min_k=int(push_k) if push_k else Options.weight_first_push_min_k,
                    weight_first_reduce=flag("NUMASCHED_WEIGHT_FIRST_REDUCE", Options.weight_first_reduce),
                    weight_first_row_splits=int(row_splits) if row_splits else None,
+                   weight_first_row_splits_max_k=int(rs_k) if rs_k else 0,
                    paged_kv_head_major=flag("NUMASCHED_PAGED_KV_HEAD_MAJOR", Options.paged_kv_head_major),
                    decode_tma=flag("NUMASCHED_DECODE_TMA", Options.decode_tma),
                    arn_one_row=flag("NUMASCHED_ARN_ONE_ROW", True),

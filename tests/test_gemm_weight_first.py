@@ -540,3 +540,8 @@ def test_reduce_option_from_the_environment():
             options.from_env({"NUMASCHED_WEIGHT_FIRST_ROW_SPLITS": bad})
     with pytest.raises(ValueError, match="weight_first_row_splits"):
         options.Options(weight_first_row_splits=0)
+    assert options.from_env({"NUMASCHED_WEIGHT_FIRST_ROW_SPLITS_MAX_K": "2048"}).weight_first_row_splits_max_k == 2048
+    with pytest.raises(ValueError, match="NUMASCHED_WEIGHT_FIRST_ROW_SPLITS_MAX_K"):
+        options.from_env({"NUMASCHED_WEIGHT_FIRST_ROW_SPLITS_MAX_K": "-1"})
+    with pytest.raises(ValueError, match="weight_first_row_splits_max_k"):
+        options.Options(weight_first_row_splits_max_k=-1)

@@ -211,11 +211,20 @@ def test_row_parallel_weight_first_only_under_its_option(monkeypatch):
     down_proj; off, or with gemm="torch", the row-parallel GEMM stays matmul_all_reduce's."""
     be = NumaschedBackend(1, weight_first=True)
     asked = []
-    monkeypatch.setattr(be, "_weight_first_plan", lambda x, w, glu, splits=None: asked.append((x, w, glu)) or "plan")
+    monkeypatch.setattr(be, "_weight_first_plan",
+                        lambda x, w, glu, splits=None: asked.append((x, w, glu, splits)) or "plan")
     x, w = torch.zeros(4, 64), torch.zeros(32, 64)
     with options.use(weight_first_row_parallel=False):
         assert be._row_parallel_weight_first(x, w) is None and not asked
-    assert be._row_parallel_weight_first(x, w) == "plan" and asked == [(x, w, False)]
+    assert be._row_parallel_weight_first(x, w) == "plan" and asked == [(x, w, False, None)]
+    # options.weight_first_row_splits: the K parts asked for, up to weight_first_row_splits_max_k
+    # columns of K when that is set
+    asked.clear()
+    with options.use(weight_first_row_splits=1):
+        be._row_parallel_weight_first(x, w)
+    with options.use(weight_first_row_splits=1, weight_first_row_splits_max_k=x.shape[1] - 1):
+        be._row_parallel_weight_first(x, w)
+    assert [a[3] for a in asked] == [1, None]
     monkeypatch.undo()
     # gemm="torch" (cuBLAS asked for): no weight-first plan for any projection, checked before the
     # device (a CUDA tensor is not needed to see it)

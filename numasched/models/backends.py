@@ -587,7 +587,9 @@ class NumaschedBackend(Backend):
         opts = _options.current()
         if not opts.weight_first_row_parallel:
             return None
-        return self._weight_first_plan(x, w, glu=False, splits=opts.weight_first_row_splits)
+        cap = opts.weight_first_row_splits_max_k
+        splits = opts.weight_first_row_splits if not cap or x.shape[1] <= cap else None
+        return self._weight_first_plan(x, w, glu=False, splits=splits)
 
     def fuses_swiglu(self, x, n):
         return self.fuse_swiglu and (self._glu_big(x, n) or self._gemm_engine(x) == "numasched")
