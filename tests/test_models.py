@@ -8,6 +8,7 @@ models' layer sizes, CUDA-graph decode against the eager step. Several GPUs (mar
 Timing lives in bench/e2e.py, never here.
 """
 import os
+from functools import partial
 import socket
 import subprocess
 import sys
@@ -910,11 +911,16 @@ def _recycling_prefills(rank: int, world: int) -> int:
                               f"backend; {small.recycled} plans given back, {len(small.pinned)} pinned by the decode graph")
 
 
-def _model_graph_timeout(rank: int, world: int) -> int:
+def _model_graph_timeout(rank: int, world: int, reduce: bool = False) -> int:
     """No hang inside the model's graph: on a context of its own (timeout_s 5; broken on
     purpose, the others untouched), the decode step's graph is replayed once by every rank, then
     by all but the last; after that replay each replaying rank's ``ctx.check()`` must raise
-    TimeoutError naming the missing rank within 2 x timeout_s. Returns 1 on failure (printed)."""
+    TimeoutError naming the missing rank within 2 x timeout_s. ``reduce``: the model's norms
+    folded and options.weight_first_reduce on (the row-parallel GEMMs' own bounded waits). Returns
+    1 on failure (printed)."""
+    if reduce:
+        with options.use(weight_first_reduce=True):
+            return _model_graph_timeout(rank, world)
     import time
 
     import torch.distributed as dist
@@ -925,6 +931,8 @@ def _model_graph_timeout(rank: int, world: int) -> int:
     be = NumaschedBackend(world, g)
     hf = _gpu_case("llama")
     model = TPDecoder.from_hf(hf, tp_rank=rank, tp_size=world)
+    if options.current().weight_first_reduce:
+        model.fold_norms()
     ids = torch.randint(0, hf.config.vocab_size, (2, 40), device="cuda", generator=torch.Generator("cuda").manual_seed(2))
     cache = be.new_cache(model, batch=2, capacity=64, page_size=16)
     model.prefill(ids[:, :36], cache, be)
@@ -937,6 +945,8 @@ def _model_graph_timeout(rank: int, world: int) -> int:
     e = rel(first[:, None], reference(hf, ids)[:, 36:37])   # the bounded logits gather, in the graph
     if e >= 3e-2:
         why = f"the graph step's logits are off transformers' by {e:.2e}"
+    if options.current().weight_first_reduce and not g.__dict__.get("_reduce_target_keys"):
+        why = "weight_first_reduce is on but the row-parallel GEMMs did not reduce"
     if rank != quitter and not why:
         t0 = time.perf_counter()
         runner(ids[:, 37])
@@ -1020,7 +1030,9 @@ def _tp_gpu_main(stop_only: bool = False, recycle_only: bool = False, reduce_onl
         sys.stdout.flush()
         os._exit(1 if failed else 0)
     if stop_only or recycle_only:
-        failed = ((_model_graph_timeout if stop_only else _recycling_prefills)(rank, world)) if world > 1 else 0
+        reduce = "--reduce" in sys.argv[1:]   # --stop-only --reduce: the check with weight_first_reduce
+        failed = ((partial(_model_graph_timeout, reduce=reduce) if stop_only else _recycling_prefills)(rank, world)
+                  if world > 1 else 0)
         flag = torch.tensor([failed], device="cuda")
         dist.all_reduce(flag)   # every rank's verdict (rank 0 printed "ALL PASSED" over others' failures)
         if rank == 0:
