@@ -32,8 +32,8 @@ numasched is imported (they are not read per call):
     NUMASCHED_WEIGHT_FIRST_PUSH=0 weight_first_push -> False
     NUMASCHED_WEIGHT_FIRST_PUSH_MIN_K=N weight_first_push_min_k -> N
     NUMASCHED_WEIGHT_FIRST_REDUCE=0/1 weight_first_reduce -> False / True
-    NUMASCHED_WEIGHT_FIRST_ROW_SPLITS=N weight_first_row_splits -> N (unset: the config's)
-    NUMASCHED_WEIGHT_FIRST_ROW_SPLITS_MAX_K=N weight_first_row_splits_max_k -> N
+    NUMASCHED_WEIGHT_FIRST_ROW_SPLITS=N weight_first_row_splits -> N (0: the config's)
+    NUMASCHED_WEIGHT_FIRST_ROW_SPLITS_MAX_K=N weight_first_row_splits_max_k -> N (0: every K)
     NUMASCHED_PAGED_KV_HEAD_MAJOR=0/1 paged_kv_head_major -> False / True
     NUMASCHED_DECODE_TMA=0/1    decode_tma -> False / True
     NUMASCHED_ARN_LL=0/1        arn_exchange -> "flag" / "ll"
@@ -202,13 +202,19 @@ class Options:
             of squares a row; the next projection's weight-first GEMM (QKV, gate/up) reads the
             residual stream as its x and scales its rows by 1 / rms from those sums
             (``numasched.distributed.reduce_target``). Not for the last layer's (the final norm
-            keeps its weight). Off by default until measured.
+            keeps its weight). Off: on two H200s the TP 2 Llama-3-8B step took 0.3-0.5 % less
+            time at batch 16 and 0.8-1.1 % more at batch 1 (bench/results/README.md, sixtieth
+            session): the norm kernel's time moved into the GEMMs' wait for the peer's band.
         weight_first_row_splits: the K parts of the row-parallel projections' weight-first GEMM
-            (o_proj, down_proj; None: its config's, as many as fill the SMs once). An A/B knob:
-            one part needs no split-K ticket before the band's push, on half the programs.
-        weight_first_row_splits_max_k: ``weight_first_row_splits`` only for row-parallel GEMMs of
-            at most this many columns of K a rank (0, default: every one); e.g. 2048 at the TP 2
-            Llama-3-8B step takes o_proj (K 2048) and leaves down_proj (K 7168) to its config.
+            (o_proj, down_proj) of at most ``weight_first_row_splits_max_k`` columns of K a rank
+            (0: every K); 0 leaves the GEMM's config (as many parts as fill the SMs once). The
+            default, one part up to K 2048 (o_proj at TP 2 of Llama-3-8B, TP 4 of Llama-3-70B),
+            takes the split-K ticket and the partials' round trip off the band's way to its push
+            and leaves half the SMs to the kernels after it (launched early, PDL); a long K keeps
+            its parts, as its programs' read rate matters more. On two H200s, TP 2 Llama-3-8B
+            step: 0.1-0.9 % less time at batch 4, 8, 16 and 1 x 32k, 0.4 % more at 1 x 2k; one
+            part for down_proj too (K 7168) was slower at every point, 6.6 % at 1 x 2k
+            (bench/results/README.md, sixtieth session).
         paged_kv_head_major: numasched's decoder (numasched.models) keeps each page of its paged
             KV cache head-major, (kv_heads, page_size, head_dim) a page (FlashInfer's HND), and
             hands ``flash_decode`` the (num_pages, page_size, kv_heads, head_dim) view of it. A
@@ -334,8 +340,8 @@ class Options:
     weight_first_push: bool = True
     weight_first_push_min_k: int = 0
     weight_first_reduce: bool = False
-    weight_first_row_splits: Optional[int] = None
-    weight_first_row_splits_max_k: int = 0
+    weight_first_row_splits: int = 1
+    weight_first_row_splits_max_k: int = 2048
     paged_kv_head_major: bool = False
     decode_tma: bool = False
     arn_one_row: bool = True
@@ -377,14 +383,11 @@ class Options:
                 or self.weight_first_push_min_k < 0:
             raise ValueError(f"Options.weight_first_push_min_k must be an int >= 0 (columns of K), "
                              f"got {self.weight_first_push_min_k!r}")
-        if self.weight_first_row_splits is not None and (isinstance(self.weight_first_row_splits, bool) or not isinstance(
-                self.weight_first_row_splits, int) or self.weight_first_row_splits < 1):
-            raise ValueError(f"Options.weight_first_row_splits must be None or an int >= 1 (K parts), "
-                             f"got {self.weight_first_row_splits!r}")
-        if isinstance(self.weight_first_row_splits_max_k, bool) or not isinstance(
-                self.weight_first_row_splits_max_k, int) or self.weight_first_row_splits_max_k < 0:
-            raise ValueError(f"Options.weight_first_row_splits_max_k must be an int >= 0 (columns of K), "
-                             f"got {self.weight_first_row_splits_max_k!r}")
+        for f, what in (("weight_first_row_splits", "K parts; 0: the config's"),
+                        ("weight_first_row_splits_max_k", "columns of K; 0: every K")):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"Options.{f} must be an int >= 0 ({what}), got {v!r}")
         if self.weight_first_early is not None and (isinstance(self.weight_first_early, bool) or not isinstance(
                 self.weight_first_early, int) or self.weight_first_early < 0):
             raise ValueError(f"Options.weight_first_early must be None or an int >= 0 (ring stages), "
@@ -470,8 +473,9 @@ def from_env(environ=None) -> Options:
     rs_k = env.get("NUMASCHED_WEIGHT_FIRST_ROW_SPLITS_MAX_K", "").strip()
     if rs_k and not rs_k.isdigit():
         raise ValueError(f"NUMASCHED_WEIGHT_FIRST_ROW_SPLITS_MAX_K must be a number of columns, got {rs_k!r}")
-    if row_splits and not (row_splits.isdigit() and int(row_splits) >= 1):
-        raise ValueError(f"NUMASCHED_WEIGHT_FIRST_ROW_SPLITS must be a number of K parts >= 1, got {row_splits!r}")
+    if row_splits and not row_splits.isdigit():
+        raise ValueError(f"NUMASCHED_WEIGHT_FIRST_ROW_SPLITS must be a number of K parts (0: the config's), "
+                         f"got {row_splits!r}")
     if early and not early.isdigit():
         raise ValueError(f"NUMASCHED_WEIGHT_FIRST_EARLY must be a number of ring stages, got {early!r}")
     tri = {}
@@ -513,8 +517,8 @@ def from_env(environ=None) -> Options:
                    weight_first_push=flag("NUMASCHED_WEIGHT_FIRST_PUSH", Options.weight_first_push),
                    weight_first_push_min_k=int(push_k) if push_k else Options.weight_first_push_min_k,
                    weight_first_reduce=flag("NUMASCHED_WEIGHT_FIRST_REDUCE", Options.weight_first_reduce),
-                   weight_first_row_splits=int(row_splits) if row_splits else None,
-                   weight_first_row_splits_max_k=int(rs_k) if rs_k else 0,
+                   weight_first_row_splits=int(row_splits) if row_splits else Options.weight_first_row_splits,
+                   weight_first_row_splits_max_k=int(rs_k) if rs_k else Options.weight_first_row_splits_max_k,
                    paged_kv_head_major=flag("NUMASCHED_PAGED_KV_HEAD_MAJOR", Options.paged_kv_head_major),
                    decode_tma=flag("NUMASCHED_DECODE_TMA", Options.decode_tma),
                    arn_one_row=flag("NUMASCHED_ARN_ONE_ROW", True),

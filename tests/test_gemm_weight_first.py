@@ -533,14 +533,15 @@ def test_reduce_option_from_the_environment():
     with pytest.raises(TypeError, match="weight_first_reduce"):
         options.Options(weight_first_reduce=1)
     # the row-parallel GEMMs' K parts (an A/B knob)
-    assert options.from_env({}).weight_first_row_splits is None
-    assert options.from_env({"NUMASCHED_WEIGHT_FIRST_ROW_SPLITS": "1"}).weight_first_row_splits == 1
-    for bad in ("0", "two"):
+    o = options.from_env({})
+    assert (o.weight_first_row_splits, o.weight_first_row_splits_max_k) == (1, 2048)   # o_proj-sized K: one part
+    assert options.from_env({"NUMASCHED_WEIGHT_FIRST_ROW_SPLITS": "0"}).weight_first_row_splits == 0
+    for bad in ("-1", "two"):
         with pytest.raises(ValueError, match="NUMASCHED_WEIGHT_FIRST_ROW_SPLITS"):
             options.from_env({"NUMASCHED_WEIGHT_FIRST_ROW_SPLITS": bad})
     with pytest.raises(ValueError, match="weight_first_row_splits"):
-        options.Options(weight_first_row_splits=0)
-    assert options.from_env({"NUMASCHED_WEIGHT_FIRST_ROW_SPLITS_MAX_K": "2048"}).weight_first_row_splits_max_k == 2048
+        options.Options(weight_first_row_splits=-1)
+    assert options.from_env({"NUMASCHED_WEIGHT_FIRST_ROW_SPLITS_MAX_K": "0"}).weight_first_row_splits_max_k == 0
     with pytest.raises(ValueError, match="NUMASCHED_WEIGHT_FIRST_ROW_SPLITS_MAX_K"):
         options.from_env({"NUMASCHED_WEIGHT_FIRST_ROW_SPLITS_MAX_K": "-1"})
     with pytest.raises(ValueError, match="weight_first_row_splits_max_k"):

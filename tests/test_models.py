@@ -217,15 +217,17 @@ def test_row_parallel_weight_first_only_under_its_option(monkeypatch):
     x, w = torch.zeros(4, 64), torch.zeros(32, 64)
     with options.use(weight_first_row_parallel=False):
         assert be._row_parallel_weight_first(x, w) is None and not asked
-    assert be._row_parallel_weight_first(x, w) == "plan" and asked == [(x, w, False, None)]
-    # options.weight_first_row_splits: the K parts asked for, up to weight_first_row_splits_max_k
-    # columns of K when that is set
+    # options.weight_first_row_splits (default one K part up to K 2048, the config's beyond
+    # weight_first_row_splits_max_k; 0: the config's everywhere)
+    assert be._row_parallel_weight_first(x, w) == "plan" and asked == [(x, w, False, 1)]
     asked.clear()
-    with options.use(weight_first_row_splits=1):
+    wide, wk = torch.zeros(4, 4096), torch.zeros(32, 4096)
+    be._row_parallel_weight_first(wide, wk)
+    with options.use(weight_first_row_splits=0):
         be._row_parallel_weight_first(x, w)
-    with options.use(weight_first_row_splits=1, weight_first_row_splits_max_k=x.shape[1] - 1):
-        be._row_parallel_weight_first(x, w)
-    assert [a[3] for a in asked] == [1, None]
+    with options.use(weight_first_row_splits=2, weight_first_row_splits_max_k=0):
+        be._row_parallel_weight_first(wide, wk)
+    assert [a[3] for a in asked] == [None, None, 2]
     monkeypatch.undo()
     # gemm="torch" (cuBLAS asked for): no weight-first plan for any projection, checked before the
     # device (a CUDA tensor is not needed to see it)

@@ -588,7 +588,8 @@ class NumaschedBackend(Backend):
         if not opts.weight_first_row_parallel:
             return None
         cap = opts.weight_first_row_splits_max_k
-        splits = opts.weight_first_row_splits if not cap or x.shape[1] <= cap else None
+        splits = opts.weight_first_row_splits if opts.weight_first_row_splits and (not cap or x.shape[1] <= cap) \
+            else None
         return self._weight_first_plan(x, w, glu=False, splits=splits)
 
     def fuses_swiglu(self, x, n):
