@@ -52,6 +52,7 @@ try:
     from triton.language.core import _aggregate as aggregate
 
     from numasched.kernels.gemm_ws import HAVE_GLUON, _load_b, _mma_step, _stage_a, _tile_of
+    from numasched.kernels.gluon_wait import wait_flag as _wait_flag
 except ImportError:  # pragma: no cover - triton without Gluon
     HAVE_GLUON = False
 
@@ -168,37 +169,6 @@ if HAVE_GLUON:
             half, t = _pair_tile(j, n, odd_last, p.rank, pid, P)
             tm, tn = _tile_rc(p, t, TN, BLOCK_M)
             return half, t, tm * BLOCK_M, tm * BLOCK_M, tn * BLOCK_N
-
-    @gluon.jit
-    def _clock_ns():
-        """The GPU's global nanosecond timer (``%globaltimer``), as this thread reads it. (Warps read
-        it nanoseconds apart, so at a timeout one warp could leave the poll loop a poll before the
-        others, whose polls' broadcasts share a barrier: a window of nanoseconds in a 10 s wait.
-        Taking the warpgroup's maximum instead (gemm_ws._uniform_clock_ns) added 8-12 bytes of
-        spills to the reduce-scatter forms; kernels/dist_common.py's wait_flag reads it the same way.)"""
-        return gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False,
-                                         pack=1)
-
-    @gluon.jit
-    def _wait_flag(ptr, target, src, status, bound):
-        """Spin (acquire, system scope) until *ptr >= target, for at most ``bound`` us of
-        ``%globaltimer`` (read every 64 polls); on timeout set bit ``src`` of the status word
-        (later waits then give up at once, and a miss there sets bit 16 + src: kernels/dist_common.py).
-        A poll count was no bound: on two H100s 10 s of the Triton kernels' polls took the WS
-        consumers 112 s (tp2-s29b)."""
-        v = gl.atomic_add(ptr, 0, sem="acquire", scope="sys")
-        if v < target:
-            dead = gl.atomic_add(status, 0, sem="relaxed", scope="gpu")
-            end = _clock_ns() + gl.where(dead != 0, 0, bound).to(gl.int64) * 1000
-            late = (dead != 0).to(gl.int32)
-            spins = 0
-            while (v < target) & (late == 0):
-                v = gl.atomic_add(ptr, 0, sem="acquire", scope="sys")
-                spins += 1
-                if spins % 64 == 0:
-                    late = (_clock_ns() > end).to(gl.int32)
-            if v < target:
-                gl.atomic_or(status, 1 << (src + gl.where(dead != 0, 16, 0)), sem="relaxed", scope="gpu")
 
     @gluon.jit
     def _raise_flag(ptr, value):

@@ -119,12 +119,17 @@ def test_context_does_not_import_the_op_modules():
 
 
 def test_one_module_per_collective():
-    """Each collective's module registers its op; the package's public names are the functions."""
+    """Each collective's module registers its op; the package's public names are the functions. An
+    op with no kernel of its own (``kernel = False``: all_reduce_add_bands, whose buffers a
+    GEMM epilogue uses) has its module, its describe and buffers, and a launch that refuses."""
     assert set(nd.OPS) == {"all_gather_matmul", "matmul_reduce_scatter", "flash_decode_distributed", "all_reduce",
-                           "matmul_all_reduce", "all_reduce_add_rmsnorm"}
+                           "matmul_all_reduce", "all_reduce_add_rmsnorm", "all_reduce_add_bands"}
     for name, op in nd.OPS.items():
         mod = importlib.import_module(f"numasched.distributed.{name}")
         assert op.__module__ == mod.__name__ and op.name == name
+        if not getattr(op, "kernel", True):
+            assert "describe" in vars(op) and "buffers" in vars(op) and name not in nd.__all__
+            continue
         fn = getattr(nd, name)
         assert isinstance(fn, types.FunctionType) and fn is getattr(mod, name)
         for part in ("describe", "buffers", "prepare", "_launch_fused"):

@@ -38,6 +38,7 @@ MAX_BANDS = 1024   # the consumer's row scale reads every band's sums in one reg
 class AllReduceAddBands(_Op):
     name = "all_reduce_add_bands"
     sim_phases = ()
+    kernel = False   # no kernel of its own: its buffers serve a GEMM's epilogue (reduce_target)
 
     @staticmethod
     def describe(residual, *, world, num_sms=132, bands: int = 1, block_t: int = 16) -> Call:
