@@ -103,13 +103,49 @@ if HAVE_GLUON:
         gl.store(ptrs, vals.to(y.dtype.element_ty), mask=(cols[:, None] < N) & (m[None, :] < M))
 
     @gluon.jit
-    def _band_to_peers(recv, epoch, heap_bases, rank, vals, n0, M, N, BAND: gl.constexpr, BLOCK_T: gl.constexpr,
-                       WORLD: gl.constexpr):
-        """The band (BAND columns of y from n0, BLOCK_T rows, as :func:`_row_runs` lays them out)
-        into every peer's copy of ``recv`` (heap (2, WORLD, M, N), y's rows), slot e % 2 with e =
-        ``epoch`` + 1, part ``rank``, then a CTA barrier (every thread's stores before what the
-        caller signals). ``epoch`` is read through L2 after this kernel's PDL wait. Returns (e, the
-        slot, the band's offsets within a part, its mask, the band in recv's dtype)."""
+    def _band_push(recv, pcount, epoch, heap_bases, rank, vals, n0, M, N, BAND: gl.constexpr,
+                   BLOCK_T: gl.constexpr, WORLD: gl.constexpr):
+        """PUSH: the band (as :func:`_band_store` writes it) into every peer's copy of ``recv``, slot
+        ``epoch + 1 & 1``, part ``rank`` (heap (2, WORLD, M, N)), then one add to every peer's
+        ``pcount[rank]`` after those stores (CTA barrier, then a release at system scope): the
+        producer's side of the pushed all-reduce + add + norm (kernels/dist_allreduce.py,
+        ``arn_push_kernel`` is the same in Triton). ``epoch`` is that kernel's own word: read
+        after this kernel's PDL wait, so the call before it has published it."""
+        layout: gl.constexpr = vals.type.layout
+        e = gl.load(epoch, cache_modifier=".cg") + 1
+        slot = (e % 2).to(gl.int32)
+        r = gl.arange(0, BAND, layout=gl.SliceLayout(1, layout))
+        m = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, layout))
+        cols = n0 + r
+        # (M and rank may be the constant 1, which Triton specialises: no .to on them)
+        offs = (slot * WORLD + rank).to(gl.int64) * M * N + m[None, :].to(gl.int64) * N + cols[:, None].to(gl.int64)
+        mask = (cols[:, None] < N) & (m[None, :] < M)
+        v = vals.to(recv.dtype.element_ty)
+        ELT: gl.constexpr = recv.dtype.element_ty.primitive_bitwidth // 8
+        own = gl.load(heap_bases + rank)
+        for d in gl.static_range(WORLD):
+            if d != rank:   # the same offset in the peer's heap: heap bases are 256-byte aligned,
+                # which the hint tells the compiler (16-byte stores need it)
+                delta = gl.multiple_of((gl.load(heap_bases + d) - own) // ELT, 256 // ELT)
+                gl.store(recv + delta + offs, v, mask=mask)
+        gl.thread_barrier()
+        for d in gl.static_range(WORLD):
+            if d != rank:
+                gl.atomic_add(pcount + (gl.load(heap_bases + d) - own) // 8 + rank, 1, sem="release", scope="sys")
+
+    @gluon.jit
+    def _band_reduce(recv, flags, epoch, heap_bases, rank, status, bound, res, ss, xcount, vals, band, nbands,
+                     n0, M, N, BAND: gl.constexpr, BLOCK_T: gl.constexpr, WORLD: gl.constexpr):
+        """REDUCE: the band (as :func:`_band_store` writes it) into every peer's ``recv[slot, rank]``
+        (heap (2, WORLD, M, N), slot = e % 2, e = this call's epoch), then the peer's
+        ``flags[rank, band]`` set to e (release, system scope, after the stores); then, for each
+        peer, a bounded wait for our ``flags[src, band]`` >= e and its part; the sum in rank order
+        (fp32, rounded to the residual's dtype, as an all-reduce returns it) is added to
+        ``res[:M, band]`` in place (rounded: the new residual stream) and the band's sum of
+        squares of each row goes to ``ss[band, :]``. The last band to finish publishes e
+        (``xcount``: its exit count, left zero). Two slots suffice: a band of call e + 2 is pushed
+        only after its rank's call e + 1 saw every peer's band of e + 1, which each peer sends
+        after its call e ended."""
         layout: gl.constexpr = vals.type.layout
         e = gl.load(epoch, cache_modifier=".cg") + 1
         slot = (e % 2).to(gl.int32)
@@ -124,46 +160,14 @@ if HAVE_GLUON:
         # (M and rank may be the constant 1, which Triton specialises: no .to on them)
         mine = recv + (slot * WORLD + rank).to(gl.int64) * M * N + offs
         for d in gl.static_range(WORLD):
-            if d != rank:   # the same offset in the peer's heap: heap bases are 256-byte aligned,
-                # which the hint tells the compiler (16-byte stores need it)
+            if d != rank:
                 delta = gl.multiple_of((gl.load(heap_bases + d) - own) // ELT, 256 // ELT)
                 gl.store(mine + delta, v, mask=mask)
         gl.thread_barrier()
-        return e, slot, offs, mask, v
-
-    @gluon.jit
-    def _band_push(recv, pcount, epoch, heap_bases, rank, vals, n0, M, N, BAND: gl.constexpr,
-                   BLOCK_T: gl.constexpr, WORLD: gl.constexpr):
-        """PUSH: the band to the peers (:func:`_band_to_peers`, ``epoch`` being the consumer's own
-        word), then one add to every peer's ``pcount[rank]`` after those stores (a release at
-        system scope): the producer's side of the pushed all-reduce + add + norm
-        (kernels/dist_allreduce.py, ``arn_push_kernel`` is the same in Triton)."""
-        _band_to_peers(recv, epoch, heap_bases, rank, vals, n0, M, N, BAND, BLOCK_T, WORLD)
-        own = gl.load(heap_bases + rank)
-        for d in gl.static_range(WORLD):
-            if d != rank:
-                gl.atomic_add(pcount + (gl.load(heap_bases + d) - own) // 8 + rank, 1, sem="release", scope="sys")
-
-    @gluon.jit
-    def _band_reduce(recv, flags, epoch, heap_bases, rank, status, bound, res, ss, xcount, vals, band, nbands,
-                     n0, M, N, BAND: gl.constexpr, BLOCK_T: gl.constexpr, WORLD: gl.constexpr):
-        """REDUCE: the band to the peers (:func:`_band_to_peers`, e = this call's epoch), then the
-        peer's ``flags[rank, band]`` set to e (release, system scope, after the stores); then, for
-        each peer, a bounded wait for our ``flags[src, band]`` >= e and its part; the sum in rank
-        order (fp32, rounded to the residual's dtype, as an all-reduce returns it) is added to
-        ``res[:M, band]`` in place (rounded: the new residual stream) and the band's sum of
-        squares of each row goes to ``ss[band, :]``. The last band to finish publishes e
-        (``xcount``: its exit count, left zero). Two slots suffice: a band of call e + 2 is pushed
-        only after its rank's call e + 1 saw every peer's band of e + 1, which each peer sends
-        after its call e ended."""
-        layout: gl.constexpr = vals.type.layout
-        e, slot, offs, mask, v = _band_to_peers(recv, epoch, heap_bases, rank, vals, n0, M, N, BAND, BLOCK_T, WORLD)
-        own = gl.load(heap_bases + rank)
         for d in gl.static_range(WORLD):
             if d != rank:
                 gl.atomic_xchg(flags + (gl.load(heap_bases + d) - own) // 8 + rank * nbands + band, e,
                                sem="release", scope="sys")
-        m = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, layout))
         total = gl.zeros((BAND, BLOCK_T), gl.float32, layout)
         for src in gl.static_range(WORLD):
             if src == rank:
