@@ -52,11 +52,12 @@ try:
     from triton.language.core import _aggregate as aggregate
 
     from numasched.kernels.gemm_ws import HAVE_GLUON, _load_b, _mma_step, _stage_a, _tile_of
-    from numasched.kernels.gluon_wait import wait_flag as _wait_flag
 except ImportError:  # pragma: no cover - triton without Gluon
     HAVE_GLUON = False
+from numasched.kernels import gluon_wait
 
 if HAVE_GLUON:
+    _wait_flag = gluon_wait.wait_flag
 
     @aggregate
     class MarArgs:

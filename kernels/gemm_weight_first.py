@@ -45,19 +45,21 @@ Gluon has no interpreter: the CPU suite compiles this kernel for sm_90 offline
 (tests/test_gemm_weight_first.py); correctness and speed come from its GPU tests and
 ``scripts/weight_first_probe.py``. Host side: numasched/gemm_weight_first.py.
 """
+from numasched.kernels import gluon_wait
+
 try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
-
-    from numasched.kernels.gluon_wait import wait_flag
-    HAVE_GLUON = True
+    HAVE_GLUON = gluon_wait.HAVE_GLUON
 except ImportError:  # pragma: no cover - triton without Gluon
     HAVE_GLUON = False
 
 BAND = 64   # rows of W a unit computes: one warpgroup's wgmma M
 
 if HAVE_GLUON:
+    wait_flag = gluon_wait.wait_flag
+
     @gluon.jit
     def _pdl(TRIGGER: gl.constexpr, WAIT: gl.constexpr):
         """PDL's two instructions (kernels/pdl.py's, as inline PTX: Gluon has no builtin for them)."""
@@ -191,14 +193,20 @@ if HAVE_GLUON:
     def _row_inv(xsq, nss, eps, K, like, NSS: gl.constexpr, BLOCK_T: gl.constexpr):
         """RMSNorm's factor of each of x's BLOCK_T rows, 1 / sqrt(sum_q xsq[q, m] / K + eps), as a
         row vector of ``like``'s layout (xsq: fp32 (nss, BLOCK_T), the producer's sums of squares
-        of x's bands, nss <= NSS, a power of two; summed in one fixed order)."""
+        of x's bands, nss <= NSS, a power of two). The parts are read and summed CH at a time (a
+        fixed order; at most CH x BLOCK_T values in registers)."""
         lay: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1], threads_per_warp=[1, 32], warps_per_cta=[4, 1],
                                              order=[1, 0])
-        q = gl.arange(0, NSS, layout=gl.SliceLayout(1, lay))
+        CH: gl.constexpr = 32 if NSS > 32 else NSS
+        q = gl.arange(0, CH, layout=gl.SliceLayout(1, lay))
         m = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, lay))
-        parts = gl.load(xsq + q[:, None] * BLOCK_T + m[None, :], mask=(q[:, None] < nss) & (m[None, :] < BLOCK_T),
-                        other=0.0)
-        inv = 1.0 / gl.sqrt(gl.sum(parts, axis=0) / K + eps)
+        tot = gl.zeros([BLOCK_T], gl.float32, gl.SliceLayout(0, lay))
+        for c in gl.static_range(NSS // CH):
+            rows = c * CH + q
+            parts = gl.load(xsq + rows[:, None] * BLOCK_T + m[None, :],
+                            mask=(rows[:, None] < nss) & (m[None, :] < BLOCK_T), other=0.0)
+            tot += gl.sum(parts, axis=0)
+        inv = 1.0 / gl.sqrt(tot / K + eps)
         return gl.convert_layout(inv, gl.SliceLayout(0, like.type.layout))[None, :]
 
     @gluon.jit

@@ -188,12 +188,15 @@ def _check_reduce(red, x: torch.Tensor, n: int, glu: bool, bands: int, block_t: 
                                ("heap_bases", red.heap_bases, (W,), torch.int64),
                                ("residual", red.residual, (M, n), x.dtype)):
         if (not isinstance(t, torch.Tensor) or t.dtype != dt or t.device != x.device or not t.is_contiguous()
-                or (shape is not None and tuple(t.shape) != shape) or t.data_ptr() % 16):
+                or (shape is not None and tuple(t.shape) != shape) or t.numel() < 1 or t.data_ptr() % 16):
             want = "" if shape is None else f"{shape} "
             raise ValueError(f"reduce.{name} must be a contiguous, 16-byte aligned {want}{dt} tensor on {x.device} "
                              f"(reduce_target(residual, ctx=, bands={bands}, block_t={block_t}))")
     if isinstance(red.rank, bool) or not isinstance(red.rank, int) or not 0 <= red.rank < W:
         raise ValueError(f"reduce.rank must be an int in [0, {W}), got {red.rank!r}")
+    # (an int32 argument whatever its value: the compiled kernel's signature does not change)
+    if isinstance(red.bound, bool) or not isinstance(red.bound, int) or not 2 <= red.bound < 2**31:
+        raise ValueError(f"reduce.bound must be an int in [2, 2**31) (microseconds of a wait), got {red.bound!r}")
 
 
 def _check_scale(scale, x: torch.Tensor, block_t: int) -> None:
@@ -201,15 +204,16 @@ def _check_scale(scale, x: torch.Tensor, block_t: int) -> None:
         raise TypeError(f"scale must be a RowScale, got {type(scale).__name__}")
     t = scale.sums
     if (not isinstance(t, torch.Tensor) or t.dim() != 2 or t.shape[1] != block_t or t.dtype != torch.float32
-            or t.device != x.device or not t.is_contiguous() or not 1 <= t.shape[0] <= MAX_SUM_PARTS):
-        raise ValueError(f"scale.sums must be a contiguous fp32 (parts, {block_t}) tensor on {x.device} with 1 to "
-                         f"{MAX_SUM_PARTS} parts, got {getattr(t, 'dtype', type(t).__name__)} "
+            or t.device != x.device or not t.is_contiguous() or not 1 <= t.shape[0] <= MAX_SUM_PARTS
+            or t.data_ptr() % 16):
+        raise ValueError(f"scale.sums must be a contiguous, 16-byte aligned fp32 (parts, {block_t}) tensor on "
+                         f"{x.device} with 1 to {MAX_SUM_PARTS} parts, got {getattr(t, 'dtype', type(t).__name__)} "
                          f"{tuple(getattr(t, 'shape', ()))}")
     if isinstance(scale.eps, bool) or not isinstance(scale.eps, (int, float)) or not scale.eps >= 0:
         raise ValueError(f"scale.eps must be a non-negative float, got {scale.eps!r}")
 
 
-MAX_SUM_PARTS = 1024   # RowScale.sums's rows: one register block
+MAX_SUM_PARTS = 256   # RowScale.sums's rows (a hidden size of 16384 in 64-column bands), read 32 at a time
 
 
 class WeightFirstPlan:

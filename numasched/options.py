@@ -202,8 +202,8 @@ class Options:
             of squares a row; the next projection's weight-first GEMM (QKV, gate/up) reads the
             residual stream as its x and scales its rows by 1 / rms from those sums
             (``numasched.distributed.reduce_target``). Not for the last layer's (the final norm
-            keeps its weight). Off: on two H200s the TP 2 Llama-3-8B step took 0.3-0.5 % less
-            time at batch 16 and 0.8-1.1 % more at batch 1 (bench/results/README.md, sixtieth
+            keeps its weight). Off: on two H200s the TP 2 Llama-3-8B step took 0.1-0.5 % less
+            time at batch 16 and 0.6-1.1 % more at batch 1 (bench/results/README.md, sixtieth
             session): the norm kernel's time moved into the GEMMs' wait for the peer's band.
         weight_first_row_splits: the K parts of the row-parallel projections' weight-first GEMM
             (o_proj, down_proj) of at most ``weight_first_row_splits_max_k`` columns of K a rank
@@ -212,7 +212,7 @@ class Options:
             takes the split-K ticket and the partials' round trip off the band's way to its push
             and leaves half the SMs to the kernels after it (launched early, PDL); a long K keeps
             its parts, as its programs' read rate matters more. On two H200s, TP 2 Llama-3-8B
-            step: 0.1-0.9 % less time at batch 4, 8, 16 and 1 x 32k, 0.4 % more at 1 x 2k; one
+            step: 0.1-1.3 % less time at batch 4, 8, 16 and 1 x 32k, 0.3-0.4 % more at 1 x 2k; one
             part for down_proj too (K 7168) was slower at every point, 6.6 % at 1 x 2k
             (bench/results/README.md, sixtieth session).
         paged_kv_head_major: numasched's decoder (numasched.models) keeps each page of its paged

@@ -998,7 +998,10 @@ def _folded_reduce_decode(rank: int, world: int, ctx) -> int:
             runner = DecodeRunner(folded, be, cache)
             graph_steps = torch.cat([runner(ids[:, t])[:, None].clone() for t in range(36, 40)], 1)
         ctx.check("decode with weight_first_reduce")
-        took = bool(ctx.__dict__.get("_reduce_target_keys"))
+        # the reduce ran (its plan was asked for) and its consumers scaled their rows in the
+        # weight-first GEMM (a launch specialised with a row scale: NSS, the launch key's [-3])
+        scaled = any(sig[-3] > 0 for p in be._wf_plans.values() if p for sig in p._launches)
+        took = bool(ctx.__dict__.get("_reduce_target_keys")) and scaled
         e, eg = rel(got, ref), rel(graph_steps, ref[:, 36:])
         failed += _verdict(rank, took and e < 3e-2 and eg < 3e-2,
                            f"tp {world} {family} folded norms, weight-first reduce (reduce path taken: {took}): rel "

@@ -31,7 +31,7 @@ from numasched._validate import check_tensor
 
 from ._common import DTYPES, Call, _check_device, _make_plan, _Op, check_context, plan_for, register
 
-MAX_BANDS = 1024   # the consumer's row scale reads every band's sums in one register block
+MAX_BANDS = 256   # the consumer's row scale reads every band's sums (gemm_weight_first.MAX_SUM_PARTS)
 
 
 @register

@@ -511,6 +511,7 @@ class NumaschedBackend(Backend):
         # None: where it gained (TP > 1: behind the all-reduce + norm's NVLink round trip)
         self.weight_first = self.tp_size > 1 if weight_first is None else _flag("weight_first", weight_first)
         self._wf_plans: dict = {}   # weight-first plans (or False: not taken) per operand signature
+        self._reduce_ready: set = set()   # (plan, target) pairs compiled on every rank (_reduce_first_use)
         self._stream = None   # the residual stream's heap buffer (residual_stream)
         self._stream_fuses: dict = {}   # residual_stream's verdict per row count and shapes
         if prefill_attention not in ("auto", "numasched", "torch"):
@@ -707,6 +708,7 @@ class NumaschedBackend(Backend):
                     from numasched.gemm_weight_first import RowScale
 
                     target = self._nd.reduce_target(h, ctx=self.ctx, bands=plan.cfg.bands, block_t=plan.cfg.block_t)
+                    self._reduce_first_use(plan, x, w, target)
                     plan.run(x, w, reduce=target)
                     if self.check and not torch.cuda.is_current_stream_capturing():
                         self.ctx.check("row-parallel GEMM + all-reduce + add (weight-first, reduce)")
@@ -731,6 +733,29 @@ class NumaschedBackend(Backend):
             h = self.row_parallel_residual(x, w, h)
             return h, norm(h, norm_w, eps)
         return add_norm(self.row_parallel(x, w), h, norm_w, eps)
+
+    def _reduce_first_use(self, plan, x, w, target) -> None:
+        """Before a reducing GEMM's first launch with ``target``'s buffers: compile it on this rank,
+        then a barrier, so no rank waits on a peer that is still compiling (the fused kernels'
+        rule: numasched.distributed._common._first_use). The compile comes from one launch on
+        stand-ins: every "peer" is this rank's own scratch copy (heap bases all equal), its flags
+        far ahead (no wait), the residual a scratch copy; the kernel specialisation is the real
+        call's. Not inside a capture (a barrier syncs the host; the launch would be captured)."""
+        key = (id(plan), target.recv.data_ptr(), target.residual.data_ptr())
+        if key in self._reduce_ready or torch.cuda.is_current_stream_capturing():
+            return
+        import dataclasses
+
+        recv = torch.zeros_like(target.recv)
+        stand_in = dataclasses.replace(
+            target, recv=recv, flags=torch.full_like(target.flags, 1 << 62), ss=torch.empty_like(target.ss),
+            epoch=torch.zeros_like(target.epoch), xcount=torch.zeros_like(target.xcount),
+            status=torch.zeros_like(target.status), heap_bases=torch.full_like(target.heap_bases, recv.data_ptr()),
+            residual=target.residual.clone())
+        plan.run(x, w, reduce=stand_in)
+        torch.cuda.current_stream().synchronize()
+        self.ctx.barrier()
+        self._reduce_ready.add(key)
 
     def _residual_in_kernel(self) -> bool:
         """The residual fusion on, at TP, where row-parallel projections run numasched's collectives."""
