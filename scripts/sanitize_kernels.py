@@ -167,6 +167,48 @@ def rope_cases():
     check("qkv_rope_cache return_kv v", v, rv, 1e-2)
 
 
+def hopper_cases():
+    """sm_90 only (the Gluon kernels): the warp-specialised GEMM (data-parallel and split-K in
+    lockstep), the weight-first decode GEMM (split-K counters over two calls, the GLU form, a
+    RowScale), and the SwiGLU activation kernel; odd N, K not a multiple of the boxes."""
+    if DEV != "cuda" or torch.cuda.get_device_capability()[0] != 9:
+        print("hopper cases: skipped (not an sm_90 GPU)", flush=True)
+        return
+    from numasched.gemm_weight_first import RowScale, WeightFirstPlan
+    from numasched.gemm_ws import WsConfig, WsGemmPlan, split_config
+
+    for (m, n, k), cfg in [((97, 520, 1000), WsConfig()), ((97, 1000, 3000), split_config(128, 2))]:
+        a = torch.randn(m, k, device=DEV, dtype=BF16)
+        b = torch.randn(n, k, device=DEV, dtype=BF16).t()
+        out = torch.full((m, n), float("nan"), device=DEV, dtype=BF16)
+        WsGemmPlan(a, b, out, config=cfg).run(a, b, out)
+        check(f"gemm_ws {m}x{n}x{k} split {cfg.sk_split}", out, a.double() @ b.double(), 1e-2)
+    for (m, n, k), glu, splits in [((5, 200, 1000), False, 3), ((13, 136, 520), True, 2), ((16, 384, 1024), False, 1)]:
+        x = torch.randn(m, k, device=DEV, dtype=BF16)
+        w = torch.randn(2 * n if glu else n, k, device=DEV, dtype=BF16) / k ** 0.5
+        plan = WeightFirstPlan(x, w, glu=glu, splits=splits)
+        y = x.double() @ w.double().T
+        ref = torch.nn.functional.silu(y[:, :n]) * y[:, n:] if glu else y
+        for call in range(2):   # the split-K counters are left zero for the second call
+            out = torch.full((m, n), float("nan"), device=DEV, dtype=BF16)
+            plan.run(x, w, out)
+            check(f"weight-first {m}x{n}x{k} glu={glu} splits={splits} call {call}", out, ref, 1e-2)
+    # RMSNorm's row factor from a producer's per-part sums of squares (the reduce form's consumer)
+    m, n, k, parts = 16, 256, 512, 8
+    x = torch.randn(m, k, device=DEV, dtype=BF16)
+    w = torch.randn(n, k, device=DEV, dtype=BF16) / k ** 0.5
+    plan = WeightFirstPlan(x, w)
+    xf = x.float()
+    sums = torch.zeros(256, plan.cfg.block_t, device=DEV, dtype=torch.float32)
+    sums[:parts, :m] = (xf * xf).view(m, parts, k // parts).sum(-1).T
+    out = torch.full((m, n), float("nan"), device=DEV, dtype=BF16)
+    plan.run(x, w, out, scale=RowScale(sums[:parts], 1e-6))
+    inv = 1.0 / torch.sqrt((x.double() ** 2).mean(-1, keepdim=True) + 1e-6)
+    check("weight-first row scale", out, (x.double() * inv) @ w.double().T, 1e-2)
+    gu = torch.randn(37, 2 * 200, device=DEV, dtype=BF16)
+    check("swiglu", numasched.swiglu(gu), torch.nn.functional.silu(gu[:, :200].double()) * gu[:, 200:].double(), 1e-2)
+
+
 if __name__ == "__main__":
     if DEV == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         print("scripts/sanitize_kernels.py needs a CUDA GPU (or TRITON_INTERPRET=1 for a dry run on CPU)",
@@ -177,6 +219,7 @@ if __name__ == "__main__":
     decode_cases()
     gemm_cases()
     rope_cases()
+    hopper_cases()
     if DEV == "cuda":
         torch.cuda.synchronize()
     print("ALL OK" if not failures else f"FAILED: {failures}", flush=True)
