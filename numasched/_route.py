@@ -37,6 +37,14 @@ def plain_eager(*tensors) -> bool:
     return True
 
 
+def refuse_grad(name: str, *tensors) -> None:
+    """An inference-only call (no backward) refuses inputs that require grad while autograd is on,
+    naming itself, instead of returning an output whose backward would fail later."""
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors):
+        raise RuntimeError(f"{name} has no backward (inference only); run it under torch.no_grad() or pass "
+                           f"tensors that do not require grad")
+
+
 def mapping_token(mapping, kernel_kind: str) -> str:
     """The string a custom op carries for a ``mapping=`` argument: "auto", a registered name, or
     a token for a Policy object (registered or not). Checks kind and name here, so errors name

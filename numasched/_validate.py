@@ -71,3 +71,91 @@ def check_positive_int(name: str, value, *, allow_none: bool = True):
     if value < 1:
         raise ValueError(f"{name} must be >= 1, got {value}")
     return value
+
+
+def _element_offsets(t: torch.Tensor) -> torch.Tensor:
+    """Storage offsets (in elements) of every element of a view, in its element order."""
+    off = torch.full((1,) * t.dim(), t.storage_offset(), device=t.device, dtype=torch.int64)
+    for d, (n, st) in enumerate(zip(t.shape, t.stride())):
+        shape = [1] * t.dim()
+        shape[d] = n
+        off = off + (torch.arange(n, device=t.device, dtype=torch.int64) * st).view(shape)
+    return off.reshape(-1)
+
+
+_EXACT_OVERLAP_LIMIT = 1 << 24  # elements; beyond it a byte-range overlap is refused
+
+
+def check_no_overlap(out: Optional[torch.Tensor], /, name: str = "out", **inputs) -> None:
+    """Refuse an output ``out`` (``name`` in the errors) whose elements share memory (an expanded,
+    stride-0 dimension, or overlapping dimensions) or that shares memory with one of the named
+    ``inputs`` (None entries skipped): a kernel's programs would read what others wrote, or write
+    one element twice. Views of
+    one storage are compared element by element (strides count: ``out=big[:, 256:]`` beside
+    ``a=big[:, :256]`` is fine)."""
+    if out is None or out.numel() == 0:
+        return
+    if any(st == 0 and n > 1 for n, st in zip(out.shape, out.stride())):
+        raise ValueError(f"{name} has stride 0 in a dimension of size > 1 (shape {tuple(out.shape)}, strides "
+                         f"{out.stride()}): several elements share memory; pass a tensor without expanded dims")
+    dense = out.is_contiguous() or (out.dim() == 2 and out.T.is_contiguous())
+    if not dense and out.numel() <= _EXACT_OVERLAP_LIMIT:
+        try:
+            offs = _element_offsets(out)
+        except (RuntimeError, NotImplementedError):
+            offs = None
+        if offs is not None and offs.unique().numel() != out.numel():
+            raise ValueError(f"{name} has elements that share memory (shape {tuple(out.shape)}, strides "
+                             f"{out.stride()}); pass a tensor without overlapping dims")
+    es = out.element_size()
+    for what, t in inputs.items():
+        if t is None or not t.numel():
+            continue
+        try:
+            same = t.untyped_storage().data_ptr() == out.untyped_storage().data_ptr()
+        except (RuntimeError, NotImplementedError):  # no storage (fake tensors): nothing to compare
+            return
+        if not same:
+            continue
+        t_lo = t.data_ptr()
+        t_hi = t_lo + (span(t) + 1) * t.element_size()
+        o_lo = out.data_ptr()
+        o_hi = o_lo + (span(out) + 1) * es
+        if t_hi <= o_lo or o_hi <= t_lo:
+            continue  # disjoint byte ranges
+        if t.element_size() == es and t.numel() + out.numel() <= _EXACT_OVERLAP_LIMIT:
+            if not bool(torch.isin(_element_offsets(out), _element_offsets(t)).any()):
+                continue  # interleaved but disjoint (e.g. column slices of one matrix)
+        raise ValueError(f"{name} shares memory with {what}; pass a separate output tensor")
+
+
+# the tile / launch keys of the kernels' fixed configs, and their ranges (powers of two where marked)
+_CONFIG_RANGES = {"BLOCK_M": (16, 256, True), "BLOCK_N": (16, 256, True), "BLOCK_K": (16, 512, True),
+                  "num_warps": (1, 16, True), "num_stages": (1, 12, False), "maxnreg": (24, 255, False)}
+
+
+def check_config(name: str, config, keys: Iterable[str], flags: Iterable[str] = ()) -> Optional[dict]:
+    """A kernel config given by hand (``plan_*(config=...)``): None, or a mapping whose keys are
+    among ``keys`` (ints in the ranges of _CONFIG_RANGES) or ``flags`` (bools); returns it as a
+    dict. Refused by name before it can reach the compiler (a BLOCK_N of 7 would fail there, or a
+    CPU run would ignore it)."""
+    if config is None:
+        return None
+    from collections.abc import Mapping
+
+    if not isinstance(config, Mapping):
+        raise TypeError(f"{name} must be a dict of kernel meta-parameters ({', '.join(keys)}) or None, "
+                        f"got {type(config).__name__}")
+    keys, flags = tuple(keys), tuple(flags)
+    for k, v in config.items():
+        if k in flags:
+            if not isinstance(v, bool):
+                raise TypeError(f"{name}[{k!r}] must be a bool, got {v!r}")
+            continue
+        if k not in keys:
+            raise ValueError(f"{name} has an unknown key {k!r}; known: {', '.join(keys + flags)}")
+        lo, hi, pow2 = _CONFIG_RANGES.get(k, (1, 1 << 16, False))
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi or (pow2 and v & (v - 1)):
+            raise ValueError(f"{name}[{k!r}] must be an int{' power of two' if pow2 else ''} in [{lo}, {hi}], "
+                             f"got {v!r}")
+    return dict(config)

@@ -38,8 +38,8 @@ from . import options as _options
 from . import topology as _topology
 from ._launch import ensure_scratch_allocator
 from ._plan import _REG, PLANS, Plan, scratch, signature
-from ._route import mapping_token, plain_eager, warn_once
-from ._validate import check_bool, check_int32_indexing, check_same, check_scale, check_tensor
+from ._route import mapping_token, plain_eager, refuse_grad, warn_once
+from ._validate import check_bool, check_config, check_int32_indexing, check_same, check_scale, check_tensor
 
 __all__ = ["attention_forward", "plan_attention", "check_attention", "AttentionPlan",
            "scaled_dot_product_attention", "SUPPORTED_DTYPES", "supported_head_dim"]
@@ -299,15 +299,17 @@ def plan_attention(q, k, v, *, causal: bool = False, scale: Optional[float] = No
     overrides the current options for this plan."""
     if options is not None and not isinstance(options, _options.Options):
         raise TypeError(f"options must be a numasched.options.Options, got {type(options).__name__}")
+    config = check_config("config", config, ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"), flags=("USE_TMA",))
     return AttentionPlan(q, k, v, causal=causal, scale=scale, causal_offset=causal_offset,
                          mapping="auto" if mapping is None else mapping, config=config, options=options)
 
 
 def _key(q, k, v, causal, scale, causal_offset, mapping, config) -> tuple:
-    """The plan-cache key of a call (a flat tuple, see numasched._plan; built on every call)."""
+    """The plan-cache key of a call (a flat tuple, see numasched._plan; built on every call). The
+    types of the flags count: ``scale=True`` must not find a plan made for ``scale=1``."""
     return ("attention", q.shape, q.stride(), q.dtype, q.device, q.data_ptr() & 15, k.shape, k.stride(), k.dtype,
             k.device, k.data_ptr() & 15, v.shape, v.stride(), v.dtype, v.device, v.data_ptr() & 15, causal, scale,
-            causal_offset, mapping, None if config is None else tuple(sorted(config.items())),
+            type(scale), causal_offset, mapping, None if config is None else tuple(sorted(config.items())),
             q.device.type != "cuda" and caps.interpreting(), _topology.current(), _REG._VERSION[0], _options._CURRENT)
 
 
@@ -370,7 +372,8 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, caus
                          f"(or CPU tensors with TRITON_INTERPRET=1)")
     if eager or _config is not None:
         return _planned(q, k, v, causal, scale, causal_offset, mapping, _config)._run(q, k, v)
-    # torch.compile, tracing modes, autograd: the custom op
+    # torch.compile, tracing modes: the custom op (it has no backward)
+    refuse_grad("attention_forward", q, k, v)
     return _attention_forward_op(q, k, v, causal, check_scale(scale, q.shape[-1]), causal_offset,
                                  mapping_token(mapping, "attention"))
 
@@ -436,7 +439,7 @@ def _sdpa_key(query, key, value, is_causal, scale, enable_gqa, mapping, causal_o
     q, k, v = query, key, value
     return ("sdpa", q.shape, q.stride(), q.dtype, q.device, q.data_ptr() & 15, k.shape, k.stride(), k.dtype,
             k.device, k.data_ptr() & 15, v.shape, v.stride(), v.dtype, v.device, v.data_ptr() & 15, is_causal, scale,
-            enable_gqa, mapping, causal_offset, q.device.type != "cuda" and caps.interpreting(), _topology.current(),
+            type(scale), enable_gqa, type(enable_gqa), mapping, causal_offset, q.device.type != "cuda" and caps.interpreting(), _topology.current(),
             _REG._VERSION[0], _options._CURRENT)
 
 

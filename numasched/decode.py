@@ -50,8 +50,8 @@ from . import options as _options
 from . import topology as _topology
 from ._plan import _REG, PLANS, Plan, fast_signature, grow_only, scratch, signature
 from ._launch import HostDesc, TensorDescriptor
-from ._route import mapping_token, plain_eager, warn_once
-from ._validate import check_bool, check_positive_int, check_same, check_tensor
+from ._route import mapping_token, plain_eager, refuse_grad, warn_once
+from ._validate import check_bool, check_config, check_no_overlap, check_positive_int, check_same, check_tensor
 
 __all__ = ["flash_decode", "plan_decode", "check_decode", "DecodePlan", "DecodeShape", "choose_num_splits"]
 
@@ -595,7 +595,7 @@ class DecodePlan(Plan):
         # options.decode_prefetch_wide: the prefetch up to PAGED_PROGRAMS_PER_SM programs an SM, so
         # the split rule's two-an-SM fill applies to the decoder's calls too
         wide_prefetch = prefetch and options.decode_prefetch_wide
-        S = int(num_splits) if num_splits is not None else choose_num_splits(
+        S = int(num_splits) if num_splits is not None else options.decode_splits or choose_num_splits(
             B, HK * R, shape.capacity, caps.num_sms(dev), shape.page_size > 0, streams,
             prefetch=prefetch and not wide_prefetch)
         grid_w = M.DecodeGrid(B, HK * R, S)  # checks the program count fits int32
@@ -733,10 +733,12 @@ class DecodePlan(Plan):
             check_tensor("out", out, ndim=len(s.out_shape), dtypes=(q.dtype,), device=q.device)
             if tuple(out.shape) != s.out_shape:
                 raise ValueError(f"out must have shape {s.out_shape}, got {tuple(out.shape)}")
+            check_no_overlap(out, q=q, k_cache=k_cache, v_cache=v_cache)
         if lse is not None:
             check_tensor("lse", lse, ndim=len(s.lse_shape), dtypes=(torch.float32,), device=q.device)
             if tuple(lse.shape) != s.lse_shape:
                 raise ValueError(f"lse must have shape {s.lse_shape}, got {tuple(lse.shape)}")
+            check_no_overlap(lse, "lse", out=out)
         # an lse nobody asked for is the per-stream scratch, as flash_decode's (no allocation a call)
         o, l = self._run(q, k_cache, v_cache, cache_seqlens, block_table, out, lse,
                          want_lse=return_lse or lse is not None)
@@ -879,6 +881,7 @@ def plan_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, sc
     opts = options if options is not None else _options.current()
     if not isinstance(opts, _options.Options):
         raise TypeError(f"options must be a numasched.options.Options, got {type(options).__name__}")
+    config = check_config("config", config, ("BLOCK_N", "num_warps", "num_stages"))
     if config is None and opts.decode_config is not None:   # every plan's config (an A/B's knob)
         config = _options.decode_config_dict(opts.decode_config)
     return DecodePlan(q, k_cache, v_cache, cache_seqlens, block_table, scale=scale, num_splits=num_splits,
@@ -993,6 +996,8 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, s
         scale = float(scale)
     check_positive_int("num_splits", num_splits)
     check_bool("prefetch", prefetch)
+    check_bool("return_lse", return_lse)
+    refuse_grad("flash_decode", q, k_cache, v_cache)
     if plain_eager(q, k_cache, v_cache, cache_seqlens, block_table):
         plan = _planned(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping, prefetch)
         out, lse = plan._run(q, k_cache, v_cache, cache_seqlens, block_table)

@@ -69,7 +69,7 @@ from . import observe as _observe
 from . import options as _options
 from . import topology as _topology
 from ._plan import Plan, grow_only, signature
-from ._validate import check_positive_int, check_tensor
+from ._validate import check_config, check_positive_int, check_tensor
 
 __all__ = ["plan_decode_worklist", "DecodeWorklistPlan", "Worklist", "build_worklist", "check_lengths",
            "GRANULE", "MIN_PIECE_TOKENS", "MIN_CHUNK_TOKENS", "ITEM_OVERHEAD_TOKENS", "PROGRAMS_PER_SM",
@@ -755,6 +755,7 @@ def plan_decode_worklist(q, k_cache, v_cache, *, lengths, cache_seqlens=None, bl
     opts = options if options is not None else _options.current()
     if not isinstance(opts, _options.Options):
         raise TypeError(f"options must be a numasched.options.Options, got {type(options).__name__}")
+    config = check_config("config", config, ("BLOCK_N", "num_warps", "num_stages", "maxnreg"))
     return DecodeWorklistPlan(q, k_cache, v_cache, cache_seqlens, block_table, lengths=lengths, scale=scale,
                               num_programs=num_programs, queues=queues, chunk_tokens=chunk_tokens, config=config,
                               options=opts, schedule=schedule)

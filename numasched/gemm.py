@@ -27,7 +27,7 @@ warning. Under the interpreter, bf16 runs in fp32 (the interpreter's bf16 dot is
 from __future__ import annotations
 
 import functools
-
+from collections.abc import Mapping
 from typing import Optional, Union
 
 import torch
@@ -41,7 +41,7 @@ from . import topology as _topology
 from ._launch import HostDesc, TensorDescriptor  # TensorDescriptor: None on a Triton without them
 from ._plan import _REG, PLANS, Plan, fast_signature, grow_only, signature, upcast_like
 from ._route import mapping_token, plain_eager, warn_once
-from ._validate import INT32_MAX, check_same, check_tensor
+from ._validate import INT32_MAX, check_no_overlap, check_same, check_tensor
 
 __all__ = ["matmul", "plan_matmul", "check_matmul", "GemmPlan", "SUPPORTED_DTYPES"]
 
@@ -82,6 +82,9 @@ def check_matmul(a, b, out=None, *, bias=None, residual=None, out_dtype=None, ma
         check_tensor("bias", bias, ndim=1, dtypes=SUPPORTED_DTYPES, device=a.device)
         if bias.shape[0] != N:
             raise ValueError(f"bias has {bias.shape[0]} entries, expected N = {N}")
+        if N > 1 and bias.stride(0) != 1:   # the kernels read it as N consecutive elements
+            raise ValueError(f"bias must be contiguous (stride 1), got stride {bias.stride(0)}; pass "
+                             f"bias.contiguous()")
     if residual is not None:
         check_tensor("residual", residual, ndim=2, dtypes=SUPPORTED_DTYPES, device=a.device)
         if tuple(residual.shape) != (Mdim, N):
@@ -90,55 +93,6 @@ def check_matmul(a, b, out=None, *, bias=None, residual=None, out_dtype=None, ma
         raise TypeError(f"persistent must be True, False or None, got {persistent!r}")
     mapping_token(mapping, "gemm")
     return Mdim, N, a.shape[1], dtype
-
-
-def _element_offsets(t: torch.Tensor) -> torch.Tensor:
-    """Storage offsets (in elements) of every element of a 2-D view."""
-    i = torch.arange(t.shape[0], device=t.device, dtype=torch.int64)[:, None] * t.stride(0)
-    j = torch.arange(t.shape[1], device=t.device, dtype=torch.int64)[None, :] * t.stride(1)
-    return (t.storage_offset() + i + j).reshape(-1)
-
-
-_EXACT_OVERLAP_LIMIT = 1 << 24  # elements; beyond it a byte-range overlap is refused
-
-
-def check_no_overlap(a, b, out) -> None:
-    """Refuse an ``out`` that shares memory with ``a`` or ``b`` (or with itself): the kernel's tiles
-    would read what others wrote. Views of one storage are compared element by element (strides
-    count: ``out=big[:, 256:]`` beside ``a=big[:, :256]`` is fine)."""
-    if out is None or out.numel() == 0:
-        return
-    if any(st == 0 and n > 1 for n, st in zip(out.shape, out.stride())):
-        raise ValueError(f"out has stride 0 in a dimension of size > 1 (shape {tuple(out.shape)}, strides "
-                         f"{out.stride()}): several elements share memory; pass a tensor without expanded dims")
-    if not out.is_contiguous() and not out.T.is_contiguous() and out.numel() <= _EXACT_OVERLAP_LIMIT:
-        try:
-            offs = _element_offsets(out)
-        except (RuntimeError, NotImplementedError):
-            offs = None
-        if offs is not None and offs.unique().numel() != out.numel():
-            raise ValueError(f"out has elements that share memory (shape {tuple(out.shape)}, strides "
-                             f"{out.stride()}); pass a tensor without overlapping dims")
-    es = out.element_size()
-    for name, t in (("a", a), ("b", b)):
-        if not t.numel():
-            continue
-        try:
-            same = t.untyped_storage().data_ptr() == out.untyped_storage().data_ptr()
-        except (RuntimeError, NotImplementedError):  # no storage (fake tensors): nothing to compare
-            return
-        if not same:
-            continue
-        t_lo = t.data_ptr()
-        t_hi = t_lo + (caps.span(t) + 1) * t.element_size()
-        o_lo = out.data_ptr()
-        o_hi = o_lo + (caps.span(out) + 1) * es
-        if t_hi <= o_lo or o_hi <= t_lo:
-            continue  # disjoint byte ranges
-        if t.element_size() == es and t.numel() + out.numel() <= _EXACT_OVERLAP_LIMIT:
-            if not bool(torch.isin(_element_offsets(out), _element_offsets(t)).any()):
-                continue  # interleaved but disjoint (e.g. column slices of one matrix)
-        raise ValueError(f"out shares memory with {name}; pass a separate output tensor")
 
 
 # ----------------------------------------------------------------------------------- layouts
@@ -713,7 +667,7 @@ class GemmPlan(Plan):
             if out.data_ptr() % 16:
                 raise ValueError("out's data pointer is not 16-byte aligned (the plan's kernel is specialised "
                                  "for aligned outputs); make a plan with out= for it")
-            check_no_overlap(a, b, out)
+            check_no_overlap(out, a=a, b=b)
         else:
             self.check_signatures(a=a, b=b, out=out, bias=bias, residual=residual)
         return self._run(a, b, out, bias, residual)
@@ -878,6 +832,11 @@ def plan_matmul(a, b, out=None, *, bias=None, residual=None, out_dtype=None, map
         raise TypeError(f"options must be a numasched.options.Options, got {type(options).__name__}")
     if split_k is not None and (isinstance(split_k, bool) or not isinstance(split_k, int) or split_k < 1):
         raise ValueError(f"split_k must be a positive int or None, got {split_k!r}")
+    if schedule is not None and not isinstance(schedule, _sched.Schedule):
+        raise TypeError(f"schedule must be a numasched.gemm_schedule.Schedule or None, got {type(schedule).__name__}")
+    if config is not None and not isinstance(config, Mapping) and not hasattr(config, "all_kwargs"):
+        raise TypeError(f"config must be a triton.Config, a dict of kernel meta-parameters or None, got "
+                        f"{type(config).__name__}")
     return GemmPlan(a, b, out, bias=bias, residual=residual, out_dtype=out_dtype,
                     mapping="auto" if mapping is None else mapping, persistent=persistent, path=path, config=config,
                     schedule=schedule, split_k=split_k, options=options, num_programs=num_programs, int64=int64)
@@ -887,7 +846,7 @@ def _key(a, b, out, mapping, persistent, bias=None, residual=None, out_dtype=Non
     """The plan-cache key of a call (a flat tuple, see numasched._plan; built on every call)."""
     return ("matmul", a.shape, a.stride(), a.dtype, a.device, a.data_ptr() & 15, b.shape, b.stride(), b.dtype,
             b.device, b.data_ptr() & 15, fast_signature(out), fast_signature(bias), fast_signature(residual),
-            out_dtype, mapping, persistent, torch.get_float32_matmul_precision() if a.dtype is torch.float32 else None,
+            out_dtype, mapping, persistent, type(persistent), torch.get_float32_matmul_precision() if a.dtype is torch.float32 else None,
             a.device.type != "cuda" and caps.interpreting(), _topology.current(), _REG._VERSION[0], _options._CURRENT)
 
 
@@ -906,7 +865,7 @@ def _planned(a, b, out, mapping, persistent, bias=None, residual=None, out_dtype
 def _run(a, b, out, mapping, persistent, bias=None, residual=None, out_dtype=None):
     """Checked eager implementation shared by both custom ops and unplanned eager calls."""
     check_matmul(a, b, out, bias=bias, residual=residual, out_dtype=out_dtype, mapping=mapping, persistent=persistent)
-    check_no_overlap(a, b, out)
+    check_no_overlap(out, a=a, b=b)
     # bias and residual may alias out (residual=out is an in-place add): each element is read by
     # the program that then writes it, before it writes
     return _planned(a, b, out, mapping, persistent, bias, residual, out_dtype)._run(a, b, out, bias, residual)

@@ -35,8 +35,8 @@ from . import observe as _observe
 from . import options as _options
 from . import topology as _topology
 from ._plan import PLANS, Plan, fast_signature, signature, upcast_like
-from ._route import plain_eager
-from ._validate import check_int32_indexing, check_tensor
+from ._route import plain_eager, refuse_grad
+from ._validate import check_int32_indexing, check_no_overlap, check_tensor
 from .gemm import SUPPORTED_DTYPES, TensorDescriptor, _splitk_buffers, input_precision, tma_view
 
 __all__ = ["matmul_swiglu", "plan_matmul_swiglu", "check_matmul_swiglu", "SwiGLUPlan", "swiglu", "plan_swiglu",
@@ -59,6 +59,7 @@ def check_matmul_swiglu(a, b, out=None, row_scale=None):
         check_tensor("out", out, ndim=2, dtypes=(a.dtype,), device=a.device)
         if tuple(out.shape) != (Mdim, n):
             raise ValueError(f"out must have shape {(Mdim, n)}, got {tuple(out.shape)}")
+        check_no_overlap(out, a=a, b=b, row_scale=row_scale)
     if row_scale is not None:
         check_tensor("row_scale", row_scale, ndim=1, dtypes=(torch.float32,), device=a.device)
         if row_scale.shape[0] != Mdim or (Mdim > 1 and row_scale.stride(0) != 1):
@@ -314,6 +315,7 @@ class SwiGLUPlan(Plan):
             if out.data_ptr() % 16:
                 raise ValueError("out's data pointer is not 16-byte aligned (the plan's kernel is specialised "
                                  "for aligned outputs); make a plan with out= for it")
+            check_no_overlap(out, a=a, b=b, row_scale=row_scale)
         if self.mode == "empty":
             return out.zero_() if self.K == 0 else out
         if self.mode == "torch":
@@ -426,8 +428,7 @@ def _route(name, eager, op, args, out):
     dispatcher, else the custom op ``op`` (no autograd: refused by name)."""
     if plain_eager(*args, out):
         return eager(*args, out)
-    if any(t is not None and t.requires_grad for t in (*args, out)) and torch.is_grad_enabled():
-        raise RuntimeError(f"{name} has no backward (inference only); run it under torch.no_grad()")
+    refuse_grad(name, *args, out)
     y = op(*args)
     return y if out is None else out.copy_(y)
 
@@ -449,6 +450,7 @@ def check_swiglu(gu, out=None):
             raise ValueError(f"out must have shape {(Mdim, n)}, got {tuple(out.shape)}")
         if out.stride(1) != 1 and Mdim > 0:
             raise ValueError(f"out's columns must be contiguous (stride 1), got strides {out.stride()}")
+        check_no_overlap(out, gu=gu)
     for name, t in (("gu", gu), ("out", out)):
         if t is not None:
             check_int32_indexing(name, t)

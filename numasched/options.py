@@ -17,6 +17,7 @@ numasched is imported (they are not read per call):
     NUMASCHED_GEMM_SCHEDULE     gemm_schedule ("model" or "autotune")
     NUMASCHED_DECODE_SCHEDULE   decode_schedule ("model" or "autotune")
     NUMASCHED_DECODE_CONFIG=BxWxS decode_config -> "BxWxS" (every decode kernel's tile, warps, stages)
+    NUMASCHED_DECODE_SPLITS=N   decode_splits -> N (every decode plan's split count; unset: the rule)
     NUMASCHED_GEMM_TABLE        gemm_table (a path)
     NUMASCHED_GEMM_SPLITK_TMA=0 gemm_splitk_tma -> False
     NUMASCHED_GEMM_STREAMK_K_ALIGNED=0 gemm_streamk_k_aligned -> False
@@ -102,6 +103,10 @@ class Options:
             while it is set takes that kernel config instead of the model's pick, e.g. a TP
             decoder's attention in an e2e A/B (``NUMASCHED_DECODE_CONFIG``). None (default): the
             model (or the autotuner).
+        decode_splits: every flash_decode plan made without ``num_splits`` while it is set takes
+            this many splits per (batch, KV head) instead of the split rule's
+            (numasched.decode.choose_num_splits), e.g. a TP decoder's attention in an e2e A/B
+            (``NUMASCHED_DECODE_SPLITS``). None (default): the rule.
         gemm_table: a table of tuned schedules (``numasched tune-gemm``) the chooser consults
             first; None: the model alone.
         gemm_splitk_tma: the split-K GEMM reads its operands through TMA descriptors where they
@@ -326,6 +331,7 @@ class Options:
     gemm_table: Optional[str] = None
     decode_schedule: str = "model"
     decode_config: Optional[str] = None
+    decode_splits: Optional[int] = None
     gemm_splitk_tma: bool = True
     gemm_streamk_k_aligned: bool = True
     gemm_tail_split: bool = True
@@ -388,6 +394,10 @@ class Options:
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"Options.{f} must be an int >= 0 ({what}), got {v!r}")
+        if self.decode_splits is not None and (isinstance(self.decode_splits, bool) or not isinstance(
+                self.decode_splits, int) or not 1 <= self.decode_splits <= 256):
+            raise ValueError(f"Options.decode_splits must be None or an int in [1, 256] (splits per (batch, KV "
+                             f"head)), got {self.decode_splits!r}")
         if self.weight_first_early is not None and (isinstance(self.weight_first_early, bool) or not isinstance(
                 self.weight_first_early, int) or self.weight_first_early < 0):
             raise ValueError(f"Options.weight_first_early must be None or an int >= 0 (ring stages), "
@@ -491,6 +501,9 @@ def from_env(environ=None) -> Options:
     pairs = env.get("NUMASCHED_FUSED_RS_PAIRS", "").strip()
     if pairs not in ("", "0", "1"):
         raise ValueError(f"NUMASCHED_FUSED_RS_PAIRS must be 0 or 1, got {pairs!r}")
+    splits = env.get("NUMASCHED_DECODE_SPLITS", "").strip()
+    if splits and not splits.isdigit():
+        raise ValueError(f"NUMASCHED_DECODE_SPLITS must be a number of splits, got {splits!r}")
     stages = env.get("NUMASCHED_FUSED_AR_STAGES", "").strip()
     if stages and not stages.isdigit():
         raise ValueError(f"NUMASCHED_FUSED_AR_STAGES must be a number of stages, got {stages!r}")
@@ -502,6 +515,7 @@ def from_env(environ=None) -> Options:
                    gemm_table=env.get("NUMASCHED_GEMM_TABLE") or None,
                    decode_schedule=env.get("NUMASCHED_DECODE_SCHEDULE", "model"),
                    decode_config=env.get("NUMASCHED_DECODE_CONFIG", "").strip() or None,
+                   decode_splits=int(splits) if splits else None,
                    gemm_splitk_tma=flag("NUMASCHED_GEMM_SPLITK_TMA", True),
                    gemm_streamk_k_aligned=flag("NUMASCHED_GEMM_STREAMK_K_ALIGNED", True),
                    gemm_tail_split=flag("NUMASCHED_GEMM_TAIL_SPLIT", True),

@@ -29,6 +29,7 @@ from . import caps
 from . import observe as _observe
 from . import options as _options
 from ._plan import PLANS, Plan, signature
+from ._route import refuse_grad
 from ._validate import check_int32_indexing, check_positive_int, check_tensor
 
 __all__ = ["qkv_rope_cache", "plan_qkv_rope_cache", "check_qkv_rope_cache", "RopeCachePlan"]
@@ -302,6 +303,7 @@ def qkv_rope_cache(qkv, cos, sin, k_cache, v_cache, slots, *, heads: int, kv_hea
     check_positive_int("heads", heads, allow_none=False), check_positive_int("kv_heads", kv_heads, allow_none=False)
     if not isinstance(return_kv, bool):
         raise TypeError(f"return_kv must be True or False, got {return_kv!r}")
+    refuse_grad("qkv_rope_cache", qkv, cos, sin, q_weight, k_weight, row_scale)
     key, plan = PLANS.find(_key, qkv, cos, sin, k_cache, v_cache, slots, heads, kv_heads, q_weight, k_weight, eps,
                            out, return_kv, row_scale)
     if plan is None:

@@ -105,3 +105,104 @@ def test_package_ships_types_and_license():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     assert os.path.exists(os.path.join(os.path.dirname(numasched.__file__), "py.typed"))
     assert os.path.exists(os.path.join(root, "LICENSE"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Found by an audit of the public calls with bad inputs (sixty-first session), each a silent
+# wrong result or an error that did not name the argument before.
+
+def test_matmul_refuses_a_strided_or_expanded_bias():
+    # the kernels read bias as N consecutive elements: a stride-2 view read the wrong entries,
+    # an expanded (stride-0) one read past its storage
+    a, b = torch.randn(16, 32), torch.randn(32, 16)
+    for bias in (torch.randn(16, 2)[:, 0], torch.randn(1).expand(16)):
+        with pytest.raises(ValueError, match="bias must be contiguous"):
+            numasched.matmul(a, b, bias=bias)
+        with pytest.raises(ValueError, match="bias must be contiguous"):
+            numasched.plan_matmul(a, b, bias=bias)
+    bias = torch.randn(16)
+    ref = a.double() @ b.double() + bias.double()
+    assert (numasched.matmul(a, b, bias=bias).double() - ref).abs().max() < 1e-4
+
+
+def test_glu_swiglu_and_decode_refuse_outputs_that_share_memory():
+    torch.manual_seed(0)
+    x, w = torch.randn(16, 256), torch.randn(256, 256)
+    with pytest.raises(ValueError, match="out shares memory with a"):
+        numasched.matmul_swiglu(x, w, out=x[:, :128])   # the GEMM would read rows it had overwritten
+    a, b = torch.randn(8, 32), torch.randn(32, 32)
+    with pytest.raises(ValueError, match="out has stride 0"):
+        numasched.matmul_swiglu(a, b, out=torch.empty(1, 16).expand(8, 16))
+    gu = torch.randn(8, 32)
+    with pytest.raises(ValueError, match="out has stride 0"):
+        numasched.swiglu(gu, out=torch.empty(1, 16).expand(8, 16))
+    q, k = torch.randn(2, 4, 32), torch.randn(2, 16, 2, 32)
+    lens = torch.tensor([5, 16], dtype=torch.int32)
+    plan = numasched.plan_decode(q, k, k, cache_seqlens=lens)
+    with pytest.raises(ValueError, match="out has stride 0"):
+        plan.run(q, k, k, lens, out=torch.empty(1, 4, 32).expand(2, 4, 32))
+    with pytest.raises(ValueError, match="out shares memory with q"):
+        plan.run(q, k, k, lens, out=q)
+    # separate outputs still work, and agree with the plan's own
+    out = torch.full_like(q, float("nan"))
+    assert torch.equal(plan.run(q, k, k, lens, out=out), plan.run(q, k, k, lens))
+
+
+def test_inference_only_calls_refuse_inputs_that_require_grad():
+    # before: qkv_rope_cache silently returned q without grad; flash_decode / attention_forward
+    # returned outputs whose backward failed later with torch's generic message
+    q = torch.randn(2, 4, 32, requires_grad=True)
+    k = torch.randn(2, 16, 2, 32)
+    with pytest.raises(RuntimeError, match="flash_decode has no backward"):
+        numasched.flash_decode(q, k, k)
+    q4 = torch.randn(1, 2, 12, 32, requires_grad=True)
+    with pytest.raises(RuntimeError, match="attention_forward has no backward"):
+        numasched.attention_forward(q4, q4.detach(), q4.detach())
+    T, H, HK, D = 3, 4, 2, 16
+    qkv = torch.randn(T, (H + 2 * HK) * D, requires_grad=True)
+    cos, sin = torch.ones(T, D), torch.zeros(T, D)
+    kc, vc = torch.zeros(4, 8, HK, D), torch.zeros(4, 8, HK, D)
+    with pytest.raises(RuntimeError, match="qkv_rope_cache has no backward"):
+        numasched.qkv_rope_cache(qkv, cos, sin, kc, vc, torch.arange(T), heads=H, kv_heads=HK)
+    with torch.no_grad():   # the same calls under no_grad run
+        assert numasched.flash_decode(q, k, k).shape == q.shape
+        numasched.qkv_rope_cache(qkv, cos, sin, kc, vc, torch.arange(T), heads=H, kv_heads=HK)
+
+
+def test_flags_are_checked_whatever_the_plan_cache_holds():
+    # True == 1 in a cache key: a plan made for scale=1 / persistent=True let scale=True /
+    # persistent=1 through without their type checks
+    q = torch.randn(1, 4, 12, 32)
+    numasched.scaled_dot_product_attention(q, q, q, scale=1)
+    with pytest.raises(TypeError, match="scale"):
+        numasched.scaled_dot_product_attention(q, q, q, scale=True)
+    a, b = torch.randn(8, 32), torch.randn(32, 16)
+    numasched.matmul(a, b, persistent=True)
+    with pytest.raises(TypeError, match="persistent"):
+        numasched.matmul(a, b, persistent=1)
+    k = torch.randn(1, 16, 2, 32)
+    with pytest.raises(TypeError, match="return_lse"):
+        numasched.flash_decode(torch.randn(1, 4, 32), k, k, return_lse="no")
+
+
+@pytest.mark.parametrize("config,match", [("fast", "config must be a dict"), (42, "config must be a dict"),
+                                          ({"bogus": 1}, "unknown key 'bogus'"),
+                                          ({"BLOCK_N": 7}, r"config\['BLOCK_N'\] must be an int power of two"),
+                                          ({"num_warps": True}, r"config\['num_warps'\]")])
+def test_hand_given_kernel_configs_are_checked_by_name(config, match):
+    qd, kd = torch.randn(2, 4, 32), torch.randn(2, 16, 2, 32)
+    with pytest.raises((TypeError, ValueError), match=match):
+        numasched.plan_decode(qd, kd, kd, config=config)
+    with pytest.raises((TypeError, ValueError), match=match):
+        numasched.plan_decode_worklist(qd, kd, kd, lengths=[16, 16], config=config)
+    q = torch.randn(1, 2, 12, 32)
+    with pytest.raises((TypeError, ValueError), match=match):
+        numasched.plan_attention(q, q, q, config=config)
+
+
+def test_plan_matmul_checks_schedule_and_config_types():
+    a, b = torch.randn(8, 32), torch.randn(32, 16)
+    with pytest.raises(TypeError, match="schedule must be a numasched.gemm_schedule.Schedule"):
+        numasched.plan_matmul(a, b, schedule="garbage")
+    with pytest.raises(TypeError, match="config must be a triton.Config"):
+        numasched.plan_matmul(a, b, config="fast")

@@ -1262,3 +1262,26 @@ def test_decode_config_option_sets_every_plans_config(monkeypatch):
             options.Options(decode_config=bad)
     with pytest.raises(ValueError, match="NUMASCHED_DECODE_CONFIG"):
         options.from_env({"NUMASCHED_DECODE_CONFIG": "fast"})
+
+
+def test_decode_splits_option_sets_every_plans_split_count():
+    """options.decode_splits (NUMASCHED_DECODE_SPLITS) replaces the split rule for plans made
+    without num_splits (the TP decoder's calls, for an in-step A/B); an explicit num_splits wins;
+    the result is the same attention."""
+    torch.manual_seed(0)
+    q = torch.randn(2, 4, 32)
+    k, v = torch.randn(2, 100, 2, 32), torch.randn(2, 100, 2, 32)
+    lens = torch.tensor([100, 37], dtype=torch.int32)
+    base = numasched.plan_decode(q, k, v, cache_seqlens=lens)
+    with options.use(decode_splits=3):
+        p = numasched.plan_decode(q, k, v, cache_seqlens=lens)
+        assert p.num_splits == 3
+        assert numasched.plan_decode(q, k, v, cache_seqlens=lens, num_splits=2).num_splits == 2
+        assert (p.run(q, k, v, lens) - base.run(q, k, v, lens)).abs().max() < 1e-5
+    assert options.from_env({"NUMASCHED_DECODE_SPLITS": "4"}).decode_splits == 4
+    assert options.from_env({}).decode_splits is None
+    for bad in (0, 257, True, 2.0):
+        with pytest.raises(ValueError, match="decode_splits"):
+            options.Options(decode_splits=bad)
+    with pytest.raises(ValueError, match="NUMASCHED_DECODE_SPLITS"):
+        options.from_env({"NUMASCHED_DECODE_SPLITS": "many"})
