@@ -108,6 +108,12 @@ def check_qkv_rope_cache(qkv, cos, sin, k_cache, v_cache, slots, *, heads: int, 
                              f"{tuple(t.shape)}, strides {t.stride()}")
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         check_tensor(name, t, dtypes=(dt,), device=dev)
+        if any(st == 0 and n > 1 for n, st in zip(t.shape, t.stride())):
+            raise ValueError(f"{name} has stride 0 in a dimension of size > 1 (shape {tuple(t.shape)}, strides "
+                             f"{t.stride()}): its rows share memory; pass a cache without expanded dims")
+    if k_cache.numel() and k_cache.data_ptr() == v_cache.data_ptr():
+        raise ValueError("k_cache and v_cache start at the same address: v would overwrite the rotated k; pass "
+                         "two caches")
     _addressing(k_cache, v_cache, kv_heads, d)   # rows are indexed in int64 by the kernel
     check_tensor("slots", slots, ndim=1, dtypes=(torch.int32, torch.int64), device=dev)
     if slots.shape[0] != T:

@@ -206,3 +206,46 @@ def test_plan_matmul_checks_schedule_and_config_types():
         numasched.plan_matmul(a, b, schedule="garbage")
     with pytest.raises(TypeError, match="config must be a triton.Config"):
         numasched.plan_matmul(a, b, config="fast")
+
+
+def test_distributed_shape_planners_check_their_arguments():
+    import numasched.distributed as nd
+
+    a = torch.randn(8, 32)
+    with pytest.raises(ValueError, match="K_local = 32"):
+        nd.plan_matmul_all_reduce(a, torch.randn(16, 16), world=2)
+    with pytest.raises(ValueError, match="world"):
+        nd.plan_matmul_all_reduce(a, torch.randn(32, 16), world=-3)
+    with pytest.raises(TypeError, match="world"):
+        nd.plan_matmul_all_reduce(a, torch.randn(32, 16), world=2.5)
+    with pytest.raises(TypeError, match="a has dtype torch.int32"):
+        nd.plan_matmul_all_reduce(a.int(), torch.ones(32, 16, dtype=torch.int32), world=2)
+    with pytest.raises(TypeError, match="a must be a torch.Tensor"):
+        nd.plan_matmul_all_reduce(a.tolist(), torch.randn(32, 16), world=2)
+    assert nd.plan_matmul_all_reduce(a, torch.randn(32, 16), world=2).describe().startswith("matmul_all_reduce 8x16x32")
+    with pytest.raises(ValueError, match="world must be a positive int"):
+        nd.required_heap_bytes([("all_reduce", torch.randn(8, 8))], world=0)
+    with pytest.raises(ValueError, match="K = 32"):
+        nd.required_heap_bytes([("all_gather_matmul", a, torch.randn(16, 16))], world=2)
+    with pytest.raises(TypeError, match=r"workload\[0\] must be a tuple"):
+        nd.required_heap_bytes(["all_reduce"], world=2)
+    with pytest.raises(ValueError, match="heap_bytes"):
+        nd.SimWorld(1, heap_bytes=-5)
+    with pytest.raises(TypeError, match="world must be an int"):
+        nd.SimWorld(2.0)
+
+
+def test_qkv_rope_cache_refuses_one_cache_for_both_and_expanded_caches():
+    T, H, HK, D = 3, 4, 2, 16
+    qkv = torch.randn(T, (H + 2 * HK) * D)
+    cos, sin = torch.ones(T, D), torch.zeros(T, D)
+    slots = torch.tensor([0, 3, 5])
+    c = torch.zeros(10, HK, D)
+    with pytest.raises(ValueError, match="k_cache and v_cache start at the same address"):
+        numasched.qkv_rope_cache(qkv, cos, sin, c, c, slots, heads=H, kv_heads=HK)
+    with pytest.raises(ValueError, match="k_cache has stride 0"):
+        numasched.qkv_rope_cache(qkv, cos, sin, torch.zeros(1, HK, D).expand(10, HK, D), torch.zeros(10, HK, D),
+                                 slots, heads=H, kv_heads=HK)
+    kc, vc = torch.zeros(10, HK, D), torch.zeros(10, HK, D)
+    numasched.qkv_rope_cache(qkv, cos, sin, kc, vc, slots, heads=H, kv_heads=HK)
+    assert torch.equal(vc[slots], qkv.view(T, H + 2 * HK, D)[:, H + HK:])

@@ -269,11 +269,13 @@ def _check_device(ctx, name, t):
 
 
 def _check_operands(ctx, name_a, a, name_b, b, k_name):
-    """The two GEMM operands of a distributed call: 2-D, same dtype, on this rank's GPU, inner sizes equal."""
+    """The two GEMM operands of a distributed call: 2-D, same dtype, on this rank's GPU (ctx None:
+    a shape-only plan, any device), inner sizes equal."""
     check_tensor(name_a, a, ndim=2, dtypes=DTYPES)
     check_tensor(name_b, b, ndim=2, dtypes=DTYPES)
     check_same(name_a, a, name_b, b)
-    _check_device(ctx, name_a, a)
+    if ctx is not None:
+        _check_device(ctx, name_a, a)
     if a.shape[1] != b.shape[0]:
         raise ValueError(f"{name_a} is {tuple(a.shape)} and {name_b} is {tuple(b.shape)}: {name_a}'s columns "
                          f"({k_name} = {a.shape[1]}) must equal {name_b}'s rows")
@@ -467,13 +469,19 @@ def required_heap_bytes(workload, world: int) -> int:
     tensors (meta tensors are fine) each rank will pass, and optionally a dict of keyword
     arguments last, e.g. ``[("all_gather_matmul", a_local, b), ("all_gather_matmul", a_local, b,
     {"impl": "ce"}), ("flash_decode_distributed", q, k_cache_local)]``."""
+    if isinstance(world, bool) or not isinstance(world, int) or world < 1:
+        raise ValueError(f"world must be a positive int (ranks), got {world!r}")
     total = 0
-    for item in workload:
+    for i, item in enumerate(workload):
+        if not isinstance(item, (tuple, list)) or not item:
+            raise TypeError(f"workload[{i}] must be a tuple (op name, *tensors[, kwargs]), got {item!r}")
         op, *tensors = item
         kw = tensors.pop() if tensors and isinstance(tensors[-1], dict) else {}
         if op not in OPS:
             raise ValueError(f"unknown op {op!r} in workload; one of {sorted(OPS)}")
         spec = OPS[op]
+        if op in ("all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce") and len(tensors) >= 2:
+            _check_operands(None, "a", tensors[0], "b", tensors[1], "K")
         if op == "matmul_reduce_scatter" and tensors[0].shape[0] % world:
             raise ValueError(f"matmul_reduce_scatter: a has {tensors[0].shape[0]} rows, not a multiple of {world}")
         call = spec.describe(*tensors, world=world, **kw)

@@ -51,8 +51,13 @@ class SimWorld:
 
     def __init__(self, world: int, *, heap_bytes: int = 64 << 20, num_sms: int = 3, max_spins: int = 200,
                  device="cpu", recycle: bool = False, _heaps=None):
+        for name, v in (("world", world), ("heap_bytes", heap_bytes)):
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise TypeError(f"{name} must be an int, got {v!r}")
         if not 1 <= world <= MAX_WORLD:
             raise ValueError(f"world must be in 1..{MAX_WORLD}, got {world}")
+        if heap_bytes < 1:
+            raise ValueError(f"heap_bytes must be >= 1, got {heap_bytes}")
         self.world, self.num_sms, self.max_spins, self.recycle = world, num_sms, max_spins, bool(recycle)
         self.device = torch.device(device)
         if _heaps is None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from numasched import caps
-from numasched._validate import check_int32_indexing
+from numasched._validate import check_int32_indexing, check_positive_int
 
 from . import _ws, cost
 from ._common import Call, _aligned, _bulk_ok, _cdiv, _check_operands, _desc, _on_gpu, _Op, _output, _tma_default, _tma_ok
@@ -81,6 +81,8 @@ def plan_matmul_all_reduce(a, b_local, *, world: int, impl: str = "auto", gemm: 
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     if gemm not in GEMMS:
         raise ValueError(f"gemm must be one of {GEMMS}, got {gemm!r}")
+    _check_operands(None, "a", a, "b_local", b_local, "K_local")
+    check_positive_int("world", world, allow_none=False)
     M, Kl = a.shape
     N = b_local.shape[1]
     nbytes = M * N * a.element_size()
