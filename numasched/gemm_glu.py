@@ -391,6 +391,8 @@ def _run(a, b, out=None, row_scale=None):
         plan = SwiGLUPlan(a, b, out, row_scale=row_scale)
         if key is not None:
             PLANS.put(key, plan)
+    elif out is not None:   # the key holds out's layout, not its address: the overlap is checked per call
+        check_no_overlap(out, a=a, b=b, row_scale=row_scale)
     return plan.run(a, b, out, row_scale)
 
 
@@ -519,6 +521,8 @@ def _act_run(gu, out=None):
         plan = SwiGLUActPlan(gu, out)
         if key is not None:
             PLANS.put(key, plan)
+    elif out is not None:   # the key holds out's layout, not its address: the overlap is checked per call
+        check_no_overlap(out, gu=gu)
     return plan.run(gu, out)
 
 

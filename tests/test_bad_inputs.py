@@ -130,6 +130,15 @@ def test_glu_swiglu_and_decode_refuse_outputs_that_share_memory():
     x, w = torch.randn(16, 256), torch.randn(256, 256)
     with pytest.raises(ValueError, match="out shares memory with a"):
         numasched.matmul_swiglu(x, w, out=x[:, :128])   # the GEMM would read rows it had overwritten
+    # also once a plan for that output layout is cached (the key holds layouts, not addresses)
+    x2 = torch.randn(16, 256)
+    numasched.matmul_swiglu(x2, w, out=torch.empty(16, 256)[:, :128])
+    with pytest.raises(ValueError, match="out shares memory with a"):
+        numasched.matmul_swiglu(x2, w, out=x2[:, :128])
+    gu2 = torch.randn(8, 64)
+    numasched.swiglu(gu2, out=torch.empty(8, 64)[:, :32])
+    with pytest.raises(ValueError, match="out shares memory with gu"):
+        numasched.swiglu(gu2, out=gu2[:, 32:])
     a, b = torch.randn(8, 32), torch.randn(32, 32)
     with pytest.raises(ValueError, match="out has stride 0"):
         numasched.matmul_swiglu(a, b, out=torch.empty(1, 16).expand(8, 16))
