@@ -74,55 +74,93 @@ def check_positive_int(name: str, value, *, allow_none: bool = True):
 
 
 def _element_offsets(t: torch.Tensor) -> torch.Tensor:
-    """Storage offsets (in elements) of every element of a view, in its element order."""
-    off = torch.full((1,) * t.dim(), t.storage_offset(), device=t.device, dtype=torch.int64)
+    """Storage offsets (in elements) of every element of a view, in its element order, computed on
+    the host from its shape, strides and offset (no device work: safe under CUDA-graph capture,
+    for meta and fake tensors)."""
+    off = torch.full((1,) * t.dim(), t.storage_offset(), dtype=torch.int64)
     for d, (n, st) in enumerate(zip(t.shape, t.stride())):
         shape = [1] * t.dim()
         shape[d] = n
-        off = off + (torch.arange(n, device=t.device, dtype=torch.int64) * st).view(shape)
+        off = off + (torch.arange(n, dtype=torch.int64) * st).view(shape)
     return off.reshape(-1)
 
 
-_EXACT_OVERLAP_LIMIT = 1 << 24  # elements; beyond it a byte-range overlap is refused
+def _strides_nest(t: torch.Tensor) -> bool:
+    """Whether ``t``'s dimensions nest (each stride, in increasing order, exceeds the span of the
+    smaller ones): then no two of its elements share memory. Host arithmetic only."""
+    span = 0
+    for n, st in sorted(((n, st) for n, st in zip(t.shape, t.stride()) if n > 1), key=lambda x: x[1]):
+        if st <= span:
+            return False
+        span += (n - 1) * st
+    return True
+
+
+_EXACT_OVERLAP_LIMIT = 1 << 22  # elements; beyond it (or while capturing) a byte-range overlap is refused
+
+
+def _row_blocks(t: torch.Tensor, es: int):
+    """(row bytes, first row, end row, first byte, end byte in a row) of a 2-D view with unit column
+    stride whose rows do not wrap, as a block of a row-major matrix of that row stride over its
+    storage; else None."""
+    if t.dim() != 2 or (t.shape[1] > 1 and t.stride(1) != 1) or t.stride(0) < t.shape[1]:
+        return None
+    rs = t.stride(0) * es
+    if rs == 0:
+        return None
+    r0, c0 = divmod(t.data_ptr() - t.untyped_storage().data_ptr(), rs)   # (bytes from the storage's start)
+    c1 = c0 + t.shape[1] * es
+    if c1 > rs:
+        return None
+    return rs, r0, r0 + t.shape[0], c0, c1
+
+
+def _address_known(t: torch.Tensor) -> bool:
+    """Real memory to compare (not a meta or fake tensor, whose addresses mean nothing)."""
+    if t.device.type == "meta":
+        return False
+    try:
+        return t.untyped_storage().data_ptr() != 0 or t.numel() == 0
+    except (RuntimeError, NotImplementedError):   # no storage (fake tensors)
+        return False
 
 
 def check_no_overlap(out: Optional[torch.Tensor], /, name: str = "out", **inputs) -> None:
     """Refuse an output ``out`` (``name`` in the errors) whose elements share memory (an expanded,
     stride-0 dimension, or overlapping dimensions) or that shares memory with one of the named
     ``inputs`` (None entries skipped): a kernel's programs would read what others wrote, or write
-    one element twice. Views of
-    one storage are compared element by element (strides count: ``out=big[:, 256:]`` beside
-    ``a=big[:, :256]`` is fine)."""
+    one element twice. Views of one storage are compared element by element (strides count:
+    ``out=big[:, 256:]`` beside ``a=big[:, :256]`` is fine). Host work only (shapes, strides,
+    addresses), so it may run on every call and during CUDA-graph capture."""
     if out is None or out.numel() == 0:
         return
     if any(st == 0 and n > 1 for n, st in zip(out.shape, out.stride())):
         raise ValueError(f"{name} has stride 0 in a dimension of size > 1 (shape {tuple(out.shape)}, strides "
                          f"{out.stride()}): several elements share memory; pass a tensor without expanded dims")
-    dense = out.is_contiguous() or (out.dim() == 2 and out.T.is_contiguous())
-    if not dense and out.numel() <= _EXACT_OVERLAP_LIMIT:
-        try:
-            offs = _element_offsets(out)
-        except (RuntimeError, NotImplementedError):
-            offs = None
-        if offs is not None and offs.unique().numel() != out.numel():
+    if not _strides_nest(out) and out.numel() <= _EXACT_OVERLAP_LIMIT:
+        if _element_offsets(out).unique().numel() != out.numel():
             raise ValueError(f"{name} has elements that share memory (shape {tuple(out.shape)}, strides "
                              f"{out.stride()}); pass a tensor without overlapping dims")
+    if not _address_known(out):
+        return
     es = out.element_size()
+    o_lo = out.data_ptr()
+    o_hi = o_lo + (span(out) + 1) * es
     for what, t in inputs.items():
-        if t is None or not t.numel():
+        if t is None or not t.numel() or not _address_known(t):
             continue
-        try:
-            same = t.untyped_storage().data_ptr() == out.untyped_storage().data_ptr()
-        except (RuntimeError, NotImplementedError):  # no storage (fake tensors): nothing to compare
-            return
-        if not same:
+        if t.untyped_storage().data_ptr() != out.untyped_storage().data_ptr():
             continue
         t_lo = t.data_ptr()
         t_hi = t_lo + (span(t) + 1) * t.element_size()
-        o_lo = out.data_ptr()
-        o_hi = o_lo + (span(out) + 1) * es
         if t_hi <= o_lo or o_hi <= t_lo:
             continue  # disjoint byte ranges
+        blocks = _row_blocks(out, es), _row_blocks(t, t.element_size())
+        if None not in blocks and blocks[0][0] == blocks[1][0]:   # row slices of one row-major matrix
+            (rs, r0, r1, c0, c1), (_, q0, q1, d0, d1) = blocks
+            if r1 <= q0 or q1 <= r0 or c1 <= d0 or d1 <= c0:
+                continue
+            raise ValueError(f"{name} shares memory with {what}; pass a separate output tensor")
         if t.element_size() == es and t.numel() + out.numel() <= _EXACT_OVERLAP_LIMIT:
             if not bool(torch.isin(_element_offsets(out), _element_offsets(t)).any()):
                 continue  # interleaved but disjoint (e.g. column slices of one matrix)

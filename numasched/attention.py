@@ -367,13 +367,13 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, caus
         if plan is not None:
             return plan._run(q, k, v)
     check_attention(q, k, v, causal=causal, scale=scale, causal_offset=causal_offset, mapping=mapping)
+    refuse_grad("attention_forward", q, k, v)
     if not caps.kernel_device_ok(q):
         raise ValueError(f"query is on {q.device}: the Triton kernel needs a CUDA device "
                          f"(or CPU tensors with TRITON_INTERPRET=1)")
     if eager or _config is not None:
         return _planned(q, k, v, causal, scale, causal_offset, mapping, _config)._run(q, k, v)
     # torch.compile, tracing modes: the custom op (it has no backward)
-    refuse_grad("attention_forward", q, k, v)
     return _attention_forward_op(q, k, v, causal, check_scale(scale, q.shape[-1]), causal_offset,
                                  mapping_token(mapping, "attention"))
 

@@ -894,7 +894,8 @@ def _key(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, map
     return ("flash_decode", q.shape, q.stride(), q.dtype, q.device, q.data_ptr() & 15, k.shape, k.stride(), k.dtype,
             k.device, k.data_ptr() & 15, v.shape, v.stride(), v.dtype, v.device, v.data_ptr() & 15,
             None if cache_seqlens is None else fast_signature(cache_seqlens),
-            None if block_table is None else fast_signature(block_table), scale, num_splits, mapping, prefetch,
+            None if block_table is None else fast_signature(block_table), scale, type(scale), num_splits,
+            type(num_splits), mapping, prefetch, type(prefetch),
             q.device.type != "cuda" and caps.interpreting(), _topology.current(), _REG._VERSION[0], _options._CURRENT)
 
 
@@ -975,9 +976,11 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, s
         key, plan = PLANS.find(_key, q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, mapping,
                                prefetch)
         if plan is not None:
-            if return_lse:
+            if return_lse is True:
                 return plan._run(q, k_cache, v_cache, cache_seqlens, block_table)
-            return plan._run(q, k_cache, v_cache, cache_seqlens, block_table, want_lse=False)[0]
+            if return_lse is False:
+                return plan._run(q, k_cache, v_cache, cache_seqlens, block_table, want_lse=False)[0]
+            check_bool("return_lse", return_lse)
     # checked path: argument types, then the op or an eager call
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         check_tensor(name, t)

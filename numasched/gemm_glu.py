@@ -59,7 +59,6 @@ def check_matmul_swiglu(a, b, out=None, row_scale=None):
         check_tensor("out", out, ndim=2, dtypes=(a.dtype,), device=a.device)
         if tuple(out.shape) != (Mdim, n):
             raise ValueError(f"out must have shape {(Mdim, n)}, got {tuple(out.shape)}")
-        check_no_overlap(out, a=a, b=b, row_scale=row_scale)
     if row_scale is not None:
         check_tensor("row_scale", row_scale, ndim=1, dtypes=(torch.float32,), device=a.device)
         if row_scale.shape[0] != Mdim or (Mdim > 1 and row_scale.stride(0) != 1):
@@ -305,6 +304,7 @@ class SwiGLUPlan(Plan):
         """``silu(a @ b[:, :n]) * (a @ b[:, n:])`` into ``out`` (a new (M, n) tensor when None); with
         ``row_scale`` (a plan made with one) row i of ``a`` counts as ``row_scale[i] * a[i]``."""
         self.check_signatures(a=a, b=b, out=out if self.tensors["out"] is not None else None, row_scale=row_scale)
+        given = out is not None
         if out is None:
             out = torch.empty((self.M, self.n), dtype=a.dtype, device=a.device)
         elif self.tensors["out"] is None:
@@ -315,6 +315,7 @@ class SwiGLUPlan(Plan):
             if out.data_ptr() % 16:
                 raise ValueError("out's data pointer is not 16-byte aligned (the plan's kernel is specialised "
                                  "for aligned outputs); make a plan with out= for it")
+        if given:   # every call (a plan's signatures hold out's layout, not its address)
             check_no_overlap(out, a=a, b=b, row_scale=row_scale)
         if self.mode == "empty":
             return out.zero_() if self.K == 0 else out
@@ -391,8 +392,6 @@ def _run(a, b, out=None, row_scale=None):
         plan = SwiGLUPlan(a, b, out, row_scale=row_scale)
         if key is not None:
             PLANS.put(key, plan)
-    elif out is not None:   # the key holds out's layout, not its address: the overlap is checked per call
-        check_no_overlap(out, a=a, b=b, row_scale=row_scale)
     return plan.run(a, b, out, row_scale)
 
 
@@ -452,7 +451,6 @@ def check_swiglu(gu, out=None):
             raise ValueError(f"out must have shape {(Mdim, n)}, got {tuple(out.shape)}")
         if out.stride(1) != 1 and Mdim > 0:
             raise ValueError(f"out's columns must be contiguous (stride 1), got strides {out.stride()}")
-        check_no_overlap(out, gu=gu)
     for name, t in (("gu", gu), ("out", out)):
         if t is not None:
             check_int32_indexing(name, t)
@@ -484,6 +482,7 @@ class SwiGLUActPlan(Plan):
     def run(self, gu, out=None) -> torch.Tensor:
         """``silu(gu[:, :n]) * gu[:, n:]`` into ``out`` (a new (M, n) tensor when None)."""
         self.check_signatures(gu=gu, out=out if self.tensors["out"] is not None else None)
+        given = out is not None
         if out is None:
             out = torch.empty((self.M, self.n), dtype=gu.dtype, device=gu.device)
         elif self.tensors["out"] is None:   # the kernel was specialised for the plan's own output
@@ -491,6 +490,8 @@ class SwiGLUActPlan(Plan):
             if out.stride() != (self.n, 1) or out.data_ptr() % 16:
                 raise ValueError(f"out must be a contiguous, 16-byte aligned ({self.M}, {self.n}) tensor for this "
                                  f"plan (it was made without out), got strides {out.stride()}; make a plan with out=")
+        if given:   # every call (a plan's signatures hold out's layout, not its address)
+            check_no_overlap(out, gu=gu)
         if self.mode == "empty":
             return out
         if self.mode == "torch":
@@ -521,8 +522,6 @@ def _act_run(gu, out=None):
         plan = SwiGLUActPlan(gu, out)
         if key is not None:
             PLANS.put(key, plan)
-    elif out is not None:   # the key holds out's layout, not its address: the overlap is checked per call
-        check_no_overlap(out, gu=gu)
     return plan.run(gu, out)
 
 

@@ -111,9 +111,7 @@ def check_qkv_rope_cache(qkv, cos, sin, k_cache, v_cache, slots, *, heads: int, 
         if any(st == 0 and n > 1 for n, st in zip(t.shape, t.stride())):
             raise ValueError(f"{name} has stride 0 in a dimension of size > 1 (shape {tuple(t.shape)}, strides "
                              f"{t.stride()}): its rows share memory; pass a cache without expanded dims")
-    if k_cache.numel() and k_cache.data_ptr() == v_cache.data_ptr():
-        raise ValueError("k_cache and v_cache start at the same address: v would overwrite the rotated k; pass "
-                         "two caches")
+    _check_two_caches(k_cache, v_cache)
     _addressing(k_cache, v_cache, kv_heads, d)   # rows are indexed in int64 by the kernel
     check_tensor("slots", slots, ndim=1, dtypes=(torch.int32, torch.int64), device=dev)
     if slots.shape[0] != T:
@@ -140,6 +138,15 @@ def check_qkv_rope_cache(qkv, cos, sin, k_cache, v_cache, slots, *, heads: int, 
                              f"{tuple(row_scale.shape)}, strides {row_scale.stride()}")
     check_int32_indexing("qkv", qkv)
     return T, heads, kv_heads, d, dt
+
+
+def _check_two_caches(k_cache, v_cache) -> None:
+    """Two caches, not one tensor given twice (v would overwrite the rotated k): checked on every
+    call, since a plan's signatures hold layouts, not addresses."""
+    if (isinstance(k_cache, torch.Tensor) and isinstance(v_cache, torch.Tensor) and k_cache.numel()
+            and k_cache.device.type != "meta" and k_cache.data_ptr() == v_cache.data_ptr()):
+        raise ValueError("k_cache and v_cache start at the same address: v would overwrite the rotated k; pass "
+                         "two caches")
 
 
 def check_slots(slots: torch.Tensor, rows: int) -> None:
@@ -310,6 +317,7 @@ def qkv_rope_cache(qkv, cos, sin, k_cache, v_cache, slots, *, heads: int, kv_hea
     if not isinstance(return_kv, bool):
         raise TypeError(f"return_kv must be True or False, got {return_kv!r}")
     refuse_grad("qkv_rope_cache", qkv, cos, sin, q_weight, k_weight, row_scale)
+    _check_two_caches(k_cache, v_cache)
     key, plan = PLANS.find(_key, qkv, cos, sin, k_cache, v_cache, slots, heads, kv_heads, q_weight, k_weight, eps,
                            out, return_kv, row_scale)
     if plan is None:

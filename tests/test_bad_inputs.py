@@ -258,3 +258,58 @@ def test_qkv_rope_cache_refuses_one_cache_for_both_and_expanded_caches():
     kc, vc = torch.zeros(10, HK, D), torch.zeros(10, HK, D)
     numasched.qkv_rope_cache(qkv, cos, sin, kc, vc, slots, heads=H, kv_heads=HK)
     assert torch.equal(vc[slots], qkv.view(T, H + 2 * HK, D)[:, H + HK:])
+
+
+def test_checks_hold_when_the_plan_cache_hits():
+    # the plan caches key on layouts and flags, not addresses: the per-call checks must still run
+    T, H, HK, D = 3, 4, 2, 16
+    qkv = torch.randn(T, (H + 2 * HK) * D)
+    cos, sin = torch.ones(T, D), torch.zeros(T, D)
+    slots = torch.tensor([0, 3, 5])
+    numasched.qkv_rope_cache(qkv, cos, sin, torch.zeros(10, HK, D), torch.zeros(10, HK, D), slots, heads=H,
+                             kv_heads=HK)
+    c = torch.zeros(10, HK, D)
+    with pytest.raises(ValueError, match="k_cache and v_cache start at the same address"):
+        numasched.qkv_rope_cache(qkv, cos, sin, c, c, slots, heads=H, kv_heads=HK)
+    q, k = torch.randn(1, 4, 32), torch.randn(1, 16, 2, 32)
+    numasched.flash_decode(q, k, k, scale=1.0)
+    numasched.flash_decode(q, k, k)
+    with pytest.raises(TypeError, match="return_lse"):
+        numasched.flash_decode(q, k, k, return_lse="no")
+    with pytest.raises(TypeError, match="scale"):
+        numasched.flash_decode(q, k, k, scale=True)
+
+
+def test_overlap_checks_read_no_data():
+    # meta outputs (plans from signatures) pass; expanded ones are still refused by layout
+    from numasched._validate import check_no_overlap
+
+    gu = torch.empty(8, 64, device="meta")
+    check_no_overlap(torch.empty(8, 32, device="meta"), gu=gu)
+    check_no_overlap(torch.empty(8, 64, device="meta")[:, :32], gu=gu)
+    with pytest.raises(ValueError, match="stride 0"):
+        check_no_overlap(torch.empty(1, 32, device="meta").expand(8, 32), gu=gu)
+    # big column slices of one matrix (past the element-by-element limit) are told apart by layout
+    big = torch.empty(5000, 2000)
+    check_no_overlap(big[:, 1000:], a=big[:, :1000])
+    with pytest.raises(ValueError, match="out shares memory with a"):
+        check_no_overlap(big[:, 500:1500], a=big[:, :1000])
+    # a transposed or permuted output is checked by its strides alone
+    check_no_overlap(torch.empty(4, 8).T, a=torch.empty(8, 4))
+    check_no_overlap(torch.empty(2, 3, 4).permute(2, 0, 1), q=torch.empty(4, 2, 3))
+
+
+@pytest.mark.parametrize("op", ["swiglu", "matmul_swiglu"])
+def test_glu_with_out_compiles_fullgraph(op):
+    # the overlap check runs in the eager plan, not in the traced wrapper
+    gu, a, b = torch.randn(8, 64), torch.randn(8, 32), torch.randn(32, 64)
+    if op == "swiglu":
+        fn = torch.compile(lambda x, o: numasched.swiglu(x, out=o), backend="eager", fullgraph=True)
+        out = fn(gu, torch.empty(8, 32))
+        ref = torch.nn.functional.silu(gu[:, :32]) * gu[:, 32:]
+    else:
+        fn = torch.compile(lambda x, w, o: numasched.matmul_swiglu(x, w, out=o), backend="eager", fullgraph=True)
+        out = fn(a, b, torch.empty(8, 32))
+        y = a.double() @ b.double()
+        ref = torch.nn.functional.silu(y[:, :32]) * y[:, 32:]
+    assert (out.double() - ref.double()).abs().max() < 1e-3

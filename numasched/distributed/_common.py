@@ -480,8 +480,11 @@ def required_heap_bytes(workload, world: int) -> int:
         if op not in OPS:
             raise ValueError(f"unknown op {op!r} in workload; one of {sorted(OPS)}")
         spec = OPS[op]
-        if op in ("all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce") and len(tensors) >= 2:
-            _check_operands(None, "a", tensors[0], "b", tensors[1], "K")
+        names = {"all_gather_matmul": ("a_local", "b", "K"), "matmul_reduce_scatter": ("a", "b_local", "K_local"),
+                 "matmul_all_reduce": ("a", "b_local", "K_local")}.get(op)
+        if names is not None and len(tensors) >= 2:
+            na, nb, nk = names
+            _check_operands(None, f"workload[{i}] {na}", tensors[0], f"workload[{i}] {nb}", tensors[1], nk)
         if op == "matmul_reduce_scatter" and tensors[0].shape[0] % world:
             raise ValueError(f"matmul_reduce_scatter: a has {tensors[0].shape[0]} rows, not a multiple of {world}")
         call = spec.describe(*tensors, world=world, **kw)
