@@ -170,7 +170,8 @@ def rope_cases():
 def hopper_cases():
     """sm_90 only (the Gluon kernels): the warp-specialised GEMM (data-parallel and split-K in
     lockstep), the weight-first decode GEMM (split-K counters over two calls, the GLU form, a
-    RowScale), and the SwiGLU activation kernel; odd N, K not a multiple of the boxes."""
+    RowScale), and the SwiGLU activation kernel; N not a multiple of the tiles, K not a multiple of
+    the boxes."""
     if DEV != "cuda" or torch.cuda.get_device_capability()[0] != 9:
         print("hopper cases: skipped (not an sm_90 GPU)", flush=True)
         return
