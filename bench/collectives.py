@@ -63,17 +63,19 @@ COLS = ["op", "shape", "M", "bytes", "nccl_us", "symm1_us", "symm2_us", "oneshot
 
 
 def build_parser():
+    from numasched.argtypes import out_dir, positive_int, positive_int_list, subset
+
     p = argparse.ArgumentParser(prog="numasched bench collectives", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="fewer sizes and shapes")
-    p.add_argument("--nproc", type=int, default=None, help="GPUs (default: all)")
-    p.add_argument("--only", default="ar,mar,ag,rs", help="subset of ar (all_reduce), mar (matmul_all_reduce), "
+    p.add_argument("--nproc", type=positive_int, default=None, help="GPUs (default: all)")
+    p.add_argument("--only", type=subset("ar", "mar", "ag", "rs", "arn"), default="ar,mar,ag,rs", help="subset of ar (all_reduce), mar (matmul_all_reduce), "
                                                            "ag (all_gather_matmul), rs (matmul_reduce_scatter); "
                                                            "arn (the decoder's all-reduce + add + RMSNorm at decode "
                                                            "rows, flag against LL exchange) only when named")
-    p.add_argument("--rows", "--m", dest="m", default=",".join(map(str, M_GRID)),
+    p.add_argument("--rows", "--m", dest="m", type=positive_int_list, default=",".join(map(str, M_GRID)),
                    help="rows (M) of the GEMM collectives, comma-separated")
-    p.add_argument("--calls", type=int, default=5, help="calls per captured graph")
-    p.add_argument("--iters", type=int, default=20, help="timed replays per method")
+    p.add_argument("--calls", type=positive_int, default=5, help="calls per captured graph")
+    p.add_argument("--iters", type=positive_int, default=20, help="timed replays per method")
     p.add_argument("--weight-copies", type=_copies, default=None,
                    help="copies of each GEMM collective's weight, call i of a graph reading copy i mod copies: "
                         "'auto' (default since 2026-11-28: enough that the calls stream it from HBM, more than "
@@ -81,7 +83,7 @@ def build_parser():
                         "the runs recorded before (one weight, which the L2 may keep between calls: cuBLAS read "
                         "a 42 MB weight 1.4x faster so on two H200s, bench/results/tp2-s48/)")
     p.add_argument("--dry-run", action="store_true", help="print the planned points and exit")
-    p.add_argument("--out-dir", default=None, help="results folder")
+    p.add_argument("--out-dir", type=out_dir, default=None, help="results folder")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return p
 
@@ -109,8 +111,8 @@ def weight_copy_count(nbytes: int, l2_bytes: int, wanted=None) -> int:
 
 
 def _points(args, world):
-    ms = [int(x) for x in args.m.split(",") if x]
-    only = set(args.only.split(","))
+    ms = list(args.m)
+    only = set(args.only)
     pts = []
     if "ar" in only:
         sizes = AR_SIZES[::2] + AR_OFF_GRID[:1] if args.quick else AR_SIZES + AR_OFF_GRID

@@ -110,18 +110,6 @@ BACKEND_SWITCHES = (
 )
 
 
-def _int_list(text: str) -> List[int]:
-    from numasched.argtypes import positive_int
-
-    try:
-        vals = [positive_int(x) for x in text.split(",") if x]
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got {text!r}") from None
-    if not vals:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got {text!r}")
-    return vals
-
-
 def _backends(text: str) -> List[str]:
     names = [x for x in text.split(",") if x]
     if not names or any(n not in BACKENDS for n in names):
@@ -130,14 +118,15 @@ def _backends(text: str) -> List[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from numasched.argtypes import nonneg_int, out_dir, positive_float, positive_int, unit_float
+    from numasched.argtypes import nonneg_int, out_dir, positive_float, positive_int, positive_int_list, unit_float
+    from numasched.models.backends import AR_IMPLS
 
     p = argparse.ArgumentParser(prog="numasched bench e2e", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", choices=MODELS, default="llama3-8b", help="public config to build (random weights)")
     p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel ranks (GPUs); > 1 runs under torchrun")
-    p.add_argument("--batch", type=_int_list, default=None, help="decode batch sizes, comma-separated (1,4,16)")
-    p.add_argument("--context", type=_int_list, default=None,
+    p.add_argument("--batch", type=positive_int_list, default=None, help="decode batch sizes, comma-separated (1,4,16)")
+    p.add_argument("--context", type=positive_int_list, default=None,
                    help="decode context lengths in tokens, comma-separated (2048,8192,32768)")
     p.add_argument("--prompt", type=nonneg_int, default=None, help="prefill tokens at batch 1 (4096; 0: no prefill)")
     p.add_argument("--new", type=positive_int, default=32,
@@ -162,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefill-attention", choices=("auto", "numasched", "torch"), default="auto",
                    help="numasched backend's prefill attention: numasched.attention_forward, torch's SDPA "
                         "(cuDNN first) or auto (default: SDPA on NVIDIA GPUs, where cuDNN's was faster)")
-    p.add_argument("--ar-impl", default="auto",
+    p.add_argument("--ar-impl", default="auto", choices=AR_IMPLS,
                    help="numasched's all-reduce impl for matmul_all_reduce / all_reduce (auto: their cost model)")
     p.add_argument("--prefill-overlap", type=positive_int, default=None,
                    help="numasched's prefill row chunks, overlapping all-reduces with compute (NumaschedBackend "

@@ -84,6 +84,44 @@ def plot_path(text: str) -> Path:
     return path
 
 
+def out_file(text: str) -> Path:
+    """argparse type for an output file (``--out FILE``): not a folder, in an existing writable
+    folder, so a bad path fails before a long run rather than after it."""
+    path = Path(text).expanduser()
+    if not text or path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder; give a file name")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot write {text!r}: folder {str(parent)!r} does not exist")
+    if not _writable_dir(parent) or (path.exists() and not os.access(path, os.W_OK)):
+        raise argparse.ArgumentTypeError(f"cannot write {text!r}: no write permission")
+    return path
+
+
+def positive_int_list(text: str) -> list:
+    """argparse type: comma-separated integers >= 1 (at least one) -> [int, ...]."""
+    try:
+        vals = [positive_int(x) for x in text.split(",") if x.strip()]
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got {text!r}") from None
+    if not vals:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got {text!r}")
+    return vals
+
+
+def subset(*choices: str):
+    """argparse type factory: comma-separated names among ``choices`` (at least one) -> [name, ...]."""
+    def parse(text: str) -> list:
+        names = [x.strip() for x in text.split(",") if x.strip()]
+        bad = [n for n in names if n not in choices]
+        if bad or not names:
+            raise argparse.ArgumentTypeError(f"expected comma-separated names among {', '.join(choices)}, got "
+                                             f"{text!r}")
+        return names
+    parse.__name__ = "subset"
+    return parse
+
+
 def out_dir(text: str) -> Path:
     """argparse type for ``--out-dir``: an existing writable folder, or one that can be created
     (its nearest existing ancestor is a writable folder)."""

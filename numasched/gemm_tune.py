@@ -167,12 +167,13 @@ def tune(shapes, *, top: int = 6, calls: int = 20, dtype=None, log=print) -> dic
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    from .argtypes import nonneg_int, positive_int, shape_list
+    from .argtypes import nonneg_int, out_file, positive_int, shape_list
 
     p = sub.add_parser("tune-gemm", help="time GEMM schedules for a list of shapes into a table the chooser consults",
                        description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", type=shape_list, required=True, help="comma-separated MxNxK, or @FILE of them (y = x @ W.T, W is N x K)")
-    p.add_argument("--out", required=True, help="JSON table to write (merged into an existing one)")
+    p.add_argument("--out", type=out_file, required=True,
+                   help="JSON table to write (merged into an existing one); its folder must exist")
     p.add_argument("--top", type=nonneg_int, default=6, help="schedules timed besides the model's pick (default 6)")
     p.add_argument("--calls", type=positive_int, default=20, help="calls per CUDA graph (default 20)")
     p.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16", help="operand dtype (default bf16)")

@@ -313,3 +313,53 @@ def test_glu_with_out_compiles_fullgraph(op):
         y = a.double() @ b.double()
         ref = torch.nn.functional.silu(y[:, :32]) * y[:, 32:]
     assert (out.double() - ref.double()).abs().max() < 1e-3
+
+
+def test_all_reduce_add_rmsnorm_refuses_an_out_on_the_residual_or_of_another_dtype():
+    import numasched.distributed as nd
+
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.randn(4, 16, generator=g) for _ in range(2)]
+    h, w = torch.randn(4, 16, generator=g), torch.ones(16)
+    hs = [h.clone(), h.clone()]
+    # out=residual would leave the normalised rows where the new residual stream belongs
+    with pytest.raises(ValueError, match="out shares memory with residual"):
+        nd.SimWorld(2).run_each("all_reduce_add_rmsnorm", [((xs[i], hs[i], w, 1e-6), dict(out=hs[i])) for i in range(2)])
+    with pytest.raises(TypeError, match="out has dtype torch.int32"):
+        nd.SimWorld(2).run_each("all_reduce_add_rmsnorm", [((xs[i], h.clone(), w, 1e-6),
+                                                             dict(out=torch.empty(4, 16, dtype=torch.int32)))
+                                                            for i in range(2)])
+    # out may be x itself (the pushed form's own use)
+    res = nd.SimWorld(2).run_each("all_reduce_add_rmsnorm", [((xs[i].clone(), h.clone(), w, 1e-6), {})
+                                                              for i in range(2)])
+    r = (h.double() + xs[0].double() + xs[1].double())
+    ref = r / torch.sqrt((r * r).mean(-1, keepdim=True) + 1e-6)
+    assert (res[0][1].double() - ref).abs().max() < 1e-4
+
+
+def test_ragged_model_lengths_are_whole_numbers():
+    from numasched import sim
+
+    for bad in ("4096", (300.9, 7.5), (True, 5)):
+        with pytest.raises(ValueError, match="lengths must be a sequence of ints"):
+            sim.RaggedDecodeModel(bad, 32, 8, 128)
+    assert sim.RaggedDecodeModel(np.array([300, 7]), 32, 8, 128).lengths == (300, 7)
+
+
+def test_cli_arguments_are_checked_before_any_run(tmp_path):
+    from numasched.bench import collectives, e2e
+    from numasched import cli
+
+    p = collectives.build_parser()
+    for argv in (["--rows", "abc"], ["--rows", "0,3"], ["--nproc", "-3"], ["--calls", "-5"], ["--iters", "0"],
+                 ["--only", "foo"]):
+        with pytest.raises(SystemExit):
+            p.parse_args(argv)
+    args = p.parse_args(["--rows", "16,64", "--only", "ar,mar"])
+    assert args.m == [16, 64] and args.only == ["ar", "mar"]
+    with pytest.raises(SystemExit):
+        e2e.build_parser().parse_args(["--ar-impl", "ring"])
+    for out in (str(tmp_path), str(tmp_path / "missing" / "t.json")):
+        with pytest.raises(SystemExit):
+            cli.main(["tune-gemm", "--shapes", "16x64x64", "--out", out, "--dry-run"])
+    assert cli.main(["tune-gemm", "--shapes", "16x64x64", "--out", str(tmp_path / "t.json"), "--dry-run"]) == 0

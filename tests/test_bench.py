@@ -420,7 +420,7 @@ def test_collectives_launcher_spells_rows_for_torchrun():
     for argv in (["--only", "ag", "--m", "48,384"], ["--only", "ag", "--m=48,384"], ["--rows", "48,384", "--only", "ag"]):
         fwd = _without_nproc(argv)
         assert "--m" not in fwd and not any(a.startswith("--m=") for a in fwd)
-        assert build_parser().parse_args(["--worker", *fwd]).m == "48,384"
+        assert build_parser().parse_args(["--worker", *fwd]).m == [48, 384]
         # torchrun's parser accepts the forwarded arguments after the module name
         run = importlib.import_module("torch.distributed.run")
         ns = run.get_args_parser().parse_args(["--nproc-per-node=2", "-m", "numasched.bench.collectives", "--worker", *fwd])

@@ -1297,3 +1297,41 @@ def test_decode_asks_for_unit_norms_only_with_folded_norms(monkeypatch):
     assert not any(prefill) and len(steps) == 2 * 2 * layers
     per_step = [True] * (2 * layers - 1) + [False]
     assert steps == per_step * 2
+
+
+def test_model_inputs_are_checked_by_name():
+    """Found by an audit (sixty-first session): config sizes were int()-converted (0 kv heads became
+    MHA, 64.9 became 64), token ids and caches of another model failed deep inside, the runner
+    broadcast a (1,) ids tensor over the batch and truncated float ids, and four backend switches
+    took any truthy value."""
+    cfg = dict(TINY, model_type="llama")
+    for field, bad in (("num_key_value_heads", 0), ("hidden_size", 64.9), ("hidden_size", -64),
+                       ("intermediate_size", 0), ("vocab_size", 0), ("num_attention_heads", 0)):
+        with pytest.raises(ValueError, match=f"config.{field}"):
+            spec_from_config(dict(cfg, **{field: bad}))
+    with pytest.raises(ValueError, match="config.hidden_size is missing"):
+        spec_from_config({k: v for k, v in cfg.items() if k != "hidden_size"})
+    with pytest.raises(ValueError, match="low_freq_factor"):
+        spec_from_config(dict(cfg, rope_scaling=dict(rope_type="llama3", factor=8.0)))
+    with pytest.raises(TypeError, match="dtype"):
+        TPDecoder.random(cfg, dtype="float32", device="cpu")
+    model = TPDecoder.random(cfg, dtype=torch.float32, device="cpu")
+    be = TorchBackend(1)
+    cache = be.new_cache(model, batch=2, capacity=16)
+    with pytest.raises(ValueError, match="ids must be an int32 / int64 tensor"):
+        model.prefill(torch.zeros(2, 3), cache, be)
+    model.prefill(torch.zeros(2, 3, dtype=torch.int64), cache, be)
+    for ids in (torch.zeros(3, dtype=torch.int64), torch.zeros(2), torch.zeros(2, 1, dtype=torch.int64)):
+        with pytest.raises(ValueError, match="ids must be an int32 / int64 tensor of shape \\(2,\\)"):
+            model.decode(ids, cache, be)
+    other = TPDecoder.random(dict(cfg, num_hidden_layers=3), dtype=torch.float32, device="cpu")
+    with pytest.raises(ValueError, match="cache was made for another model"):
+        other.decode(torch.zeros(2, dtype=torch.int64), cache, be)
+    runner = DecodeRunner(model, be, cache, graph=False)
+    for ids in (torch.tensor([5]), torch.tensor([5.7, 9.2])):
+        with pytest.raises(ValueError, match="ids must be an int32 / int64 tensor of shape"):
+            runner(ids)
+    assert runner(torch.tensor([5, 9])).shape == (2, 128)
+    for flag in ("fuse_all_reduce", "check", "fuse_norm", "fuse_swiglu"):
+        with pytest.raises(TypeError, match=flag):
+            NumaschedBackend(1, **{flag: "no"})

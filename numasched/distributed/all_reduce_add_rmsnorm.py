@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from numasched import options as _options
-from numasched._validate import check_tensor
+from numasched._validate import check_no_overlap, check_tensor
 
 from ._common import (DTYPES, Call, _aligned, _cdiv, _check_device, _on_gpu, _Op, check_context, plan_for, register,
                       run)
@@ -110,6 +110,12 @@ class AllReduceAddRmsnorm(_Op):
                 raise ValueError(f"{name} must be a contiguous ({M}, {N}) tensor")
         if res_out.dtype != residual.dtype:
             raise TypeError(f"residual_out has dtype {res_out.dtype}; it must match residual's {residual.dtype}")
+        if y.dtype != x.dtype:
+            raise TypeError(f"out has dtype {y.dtype}; it must match x's {x.dtype}")
+        # out may be x itself (each row is read before it is written, by the same program), never the
+        # residual stream (the normalised rows would replace the new residual)
+        check_no_overlap(y, residual=residual, residual_out=res_out)
+        check_no_overlap(res_out, "residual_out", x=x, weight=weight)
         call = cls.describe(x, residual, weight, world=ctx.world, num_sms=ctx.num_sms, pushed=pushed)
         if pushed and ctx.world > 1 and M > call.cfg["programs"]:
             raise ValueError(f"pushed: x has {M} rows; a pushed call takes at most {call.cfg['programs']} (a row a "

@@ -67,6 +67,10 @@ def _torch_linear(x: torch.Tensor, w: torch.Tensor, out: Optional[torch.Tensor])
     return F.linear(x, w) if out is None else torch.matmul(x, w.t(), out=out)
 
 
+# numasched's all-reduce impls for the decoder's matmul_all_reduce / all_reduce (NumaschedBackend impl=)
+AR_IMPLS = ("auto", "oneshot", "twoshot", "nccl", "bulk", "fused", "overlap")
+
+
 def _flag(name: str, v) -> bool:
     if not isinstance(v, bool):
         raise TypeError(f"{name} must be True or False, got {v!r}")
@@ -493,16 +497,17 @@ class NumaschedBackend(Backend):
                              f"numasched.distributed.init(...) after torch.distributed.init_process_group")
         if ctx is not None and getattr(ctx, "world", self.tp_size) != self.tp_size:
             raise ValueError(f"ctx spans {ctx.world} ranks but tp_size is {self.tp_size}")
-        self.ctx, self.fuse_all_reduce, self.mapping = ctx, bool(fuse_all_reduce), mapping
+        self.ctx, self.fuse_all_reduce, self.mapping = ctx, _flag("fuse_all_reduce", fuse_all_reduce), mapping
         if self.group is None and ctx is not None:   # the row / column gathers run on the TP group
             self.group = getattr(ctx, "group", None)
         if gemm not in ("auto", "numasched", "torch"):
             raise ValueError(f"gemm must be 'auto', 'numasched' or 'torch', got {gemm!r}")
-        known = ("auto", "oneshot", "twoshot", "nccl", "bulk", "fused", "overlap")
+        known = AR_IMPLS
         if impl not in known:
             raise ValueError(f"impl must be one of {known}, got {impl!r}")
-        self.impl, self.check, self.gemm, self.fuse_norm = impl, bool(check), gemm, bool(fuse_norm)
-        self.fuse_swiglu = bool(fuse_swiglu)
+        self.impl, self.check, self.gemm = impl, _flag("check", check), gemm
+        self.fuse_norm = _flag("fuse_norm", fuse_norm)
+        self.fuse_swiglu = _flag("fuse_swiglu", fuse_swiglu)
         self.pdl_swiglu = _flag("pdl_swiglu", pdl_swiglu)
         self.fuse_rope_cache = _flag("fuse_rope_cache", fuse_rope_cache)
         self.fuse_residual = _flag("fuse_residual", fuse_residual)

@@ -85,6 +85,21 @@ def _get(config, name, default=None):
     return getattr(config, name, default)
 
 
+_MISSING = object()
+
+
+def _size(config, name, default=_MISSING) -> int:
+    """config.<name> as a positive int (a whole number; refused naming the field otherwise)."""
+    v = _get(config, name, None)
+    if v is None:
+        if default is _MISSING:
+            raise ValueError(f"config.{name} is missing")
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v) or int(v) < 1:
+        raise ValueError(f"config.{name} must be a positive whole number, got {v!r}")
+    return int(v)
+
+
 def spec_from_config(config) -> DecoderSpec:
     """A :class:`DecoderSpec` from a transformers ``LlamaConfig`` / ``Qwen3Config`` (or a dict of the
     same fields). Refuses, naming the field, what the model code does not implement: other model
@@ -101,9 +116,11 @@ def spec_from_config(config) -> DecoderSpec:
     if _get(config, "use_sliding_window", False) or any(
             t != "full_attention" for t in (_get(config, "layer_types", None) or [])):
         raise ValueError("config: sliding-window layers are not supported (every layer must be full_attention)")
-    hidden, heads = int(_get(config, "hidden_size")), int(_get(config, "num_attention_heads"))
-    kv_heads = int(_get(config, "num_key_value_heads", None) or heads)
-    head_dim = int(_get(config, "head_dim", None) or hidden // heads)
+    hidden, heads = _size(config, "hidden_size"), _size(config, "num_attention_heads")
+    kv_heads = _size(config, "num_key_value_heads", heads)
+    head_dim = _size(config, "head_dim", None) or hidden // heads
+    if head_dim < 1:
+        raise ValueError(f"config.hidden_size ({hidden}) // num_attention_heads ({heads}) is 0: no head_dim")
     if heads % kv_heads:
         raise ValueError(f"config.num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv_heads})")
     if head_dim % 2:
@@ -120,12 +137,16 @@ def spec_from_config(config) -> DecoderSpec:
         raise ValueError("config.partial_rotary_factor != 1 is not supported")
     extra = {}
     if rope_type == "llama3":
+        missing = [k for k in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+                   if k not in rope]
+        if missing:
+            raise ValueError(f"config rope type 'llama3' needs {', '.join(missing)} in its rope parameters")
         extra = dict(rope_factor=float(rope["factor"]), rope_low_freq_factor=float(rope["low_freq_factor"]),
                      rope_high_freq_factor=float(rope["high_freq_factor"]),
                      rope_original_max=int(rope["original_max_position_embeddings"]))
-    return DecoderSpec(family=family, vocab=int(_get(config, "vocab_size")), hidden=hidden,
-                       layers=int(_get(config, "num_hidden_layers")), heads=heads, kv_heads=kv_heads,
-                       head_dim=head_dim, intermediate=int(_get(config, "intermediate_size")),
+    return DecoderSpec(family=family, vocab=_size(config, "vocab_size"), hidden=hidden,
+                       layers=_size(config, "num_hidden_layers"), heads=heads, kv_heads=kv_heads,
+                       head_dim=head_dim, intermediate=_size(config, "intermediate_size"),
                        eps=float(_get(config, "rms_norm_eps", 1e-6)), qk_norm=family == "qwen3",
                        tie_embeddings=bool(_get(config, "tie_word_embeddings", False)),
                        rope_theta=float(rope.get("rope_theta", 10000.0)), rope_type=rope_type, **extra)
@@ -442,6 +463,8 @@ class TPDecoder:
         is materialised, never the whole model). Linear weights and the embedding ~ N(0, std)
         (default config.initializer_range or 0.02), norm weights 1 (transformers' init)."""
         spec = spec_from_config(config)
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
         std = float(std if std is not None else (_get(config, "initializer_range", None) or 0.02))
         device = torch.device(device)
         order = {name: i for i, name in enumerate(_full_shapes(spec))}
@@ -507,6 +530,20 @@ class TPDecoder:
         if not isinstance(cache, backend.cache_class):
             raise TypeError(f"cache is a {type(cache).__name__}; the {backend.name} backend reads a "
                             f"{backend.cache_class.__name__} (backend.new_cache(model, ...))")
+        want = dict(layers=self.spec.layers, kv_heads=self.kv_heads_local, head_dim=self.spec.head_dim,
+                    dtype=self.dtype)
+        have = {k: getattr(cache, k, None) for k in want}
+        if have != want:
+            raise ValueError(f"cache was made for another model: it has {have}, this model (this rank's shard) needs "
+                             f"{want} (backend.new_cache(model, ...))")
+
+    @staticmethod
+    def _check_ids(ids, shape: tuple) -> None:
+        """Token ids: an int32 / int64 tensor of ``shape`` (host metadata only: graph-safe)."""
+        if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.int32, torch.int64) \
+                or tuple(ids.shape) != tuple(shape):
+            got = f"{ids.dtype} {tuple(ids.shape)}" if isinstance(ids, torch.Tensor) else type(ids).__name__
+            raise ValueError(f"ids must be an int32 / int64 tensor of shape {tuple(shape)}, got {got}")
 
     def _stack(self, ids: torch.Tensor, cs: torch.Tensor, cache, backend, batch: int, seq: Optional[int],
                last_only: bool = False):
@@ -705,8 +742,9 @@ class TPDecoder:
         Returns the logits (batch, vocab) at the last prompt token, or (batch, seq, vocab) with
         ``all_logits``. Every prompt has the same length (no padding)."""
         self._check_backend(backend, cache)
-        if ids.dim() != 2 or ids.shape[0] != cache.batch:
-            raise ValueError(f"ids must be (batch={cache.batch}, seq), got shape {tuple(ids.shape)}")
+        if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.shape[0] != cache.batch:
+            raise ValueError(f"ids must be (batch={cache.batch}, seq), got shape {tuple(getattr(ids, 'shape', ()))}")
+        self._check_ids(ids, tuple(ids.shape))
         B, S = ids.shape
         cache.begin_prefill(S)
         cs = self.rope_table(S)[:S].repeat(B, 1, 1)
@@ -721,6 +759,7 @@ class TPDecoder:
         at the same position, for timing). Graph-safe: no host synchronisation, lengths on the
         device; call :meth:`rope_table` with the cache capacity once before capturing."""
         self._check_backend(backend, cache)
+        self._check_ids(ids, (cache.batch,))
         cache.begin_decode()
         cs = self.rope_table(cache.capacity).index_select(0, cache.positions)
         x = self._stack(ids, cs, cache, backend, cache.batch, None)

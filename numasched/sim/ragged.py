@@ -76,11 +76,17 @@ class RaggedDecodeModel(KernelModel):
     tail_term = True
 
     def __post_init__(self):
+        if isinstance(self.lengths, (str, bytes)):
+            raise ValueError(f"lengths must be a sequence of ints, got the string {self.lengths!r}")
         try:
-            lens = tuple(int(x) for x in self.lengths)
-        except (TypeError, ValueError):
+            raw = list(self.lengths)
+        except TypeError:
             raise ValueError(f"lengths must be a sequence of ints, got {self.lengths!r}") from None
-        if any(isinstance(x, bool) for x in self.lengths) or not lens:
+        # whole numbers only (numpy integers and integral arrays' elements included), never truncated
+        if any(isinstance(x, bool) or not isinstance(x, (int, np.integer)) for x in raw):
+            raise ValueError(f"lengths must be a sequence of ints, got {self.lengths!r}")
+        lens = tuple(int(x) for x in raw)
+        if not lens:
             raise ValueError(f"lengths must be a non-empty sequence of ints, got {self.lengths!r}")
         if min(lens) < 0 or max(lens) < 1:
             raise ValueError(f"lengths must be >= 0 with at least one > 0, got min {min(lens)}, max {max(lens)}")
