@@ -609,7 +609,7 @@ def _parts(model, be, cache, seq: Optional[int] = None) -> Dict[str, Callable[[]
     ids = torch.zeros(T, dtype=torch.int64, device=dev)
     ew = lambda n: _elementwise(n, model.compile_elementwise)  # noqa: E731
     local = (lambda t, w: torch.matmul(t, w.t())) if be.name == "torch" else (  # noqa: E731
-        lambda t, w: __import__("numasched").matmul(t, w.t(), mapping=be.mapping))
+        lambda t, w: __import__("numasched").matmul(t, w.t(), mapping=be._maps["gemm"]))
     if seq is None:
         cs = model.rope_table(cache.capacity)[:T]
         q = torch.randn(T, hq, D, device=dev, dtype=dt)

@@ -168,6 +168,17 @@ Grid = Union[AttentionGrid, GemmGrid, LinearGrid]
 
 
 # --------------------------------------------------------------------------------------- pieces
+def _check_piece(piece) -> None:
+    """A Remap's / Order's two halves must be there: a NumPy reference and a device function."""
+    what = type(piece).__name__
+    if not isinstance(piece.name, str) or not piece.name:
+        raise ValueError(f"{what}.name must be a non-empty string, got {piece.name!r}")
+    if not callable(piece.reference):
+        raise ValueError(f"{what} {piece.name!r}: reference must be a NumPy function, got {piece.reference!r}")
+    if piece.device is None:
+        raise ValueError(f"{what} {piece.name!r}: device (its @triton.jit twin) is missing")
+
+
 @dataclass(frozen=True)
 class Remap:
     """A bijection of [0, W): NumPy ``reference(g, W, X, param)`` and device ``device(pid, W, X, PARAM)``."""
@@ -177,6 +188,9 @@ class Remap:
     device: object
     default_param: int = 0
     doc: str = ""
+
+    def __post_init__(self):
+        _check_piece(self)
 
 
 @dataclass(frozen=True)
@@ -189,6 +203,9 @@ class Order:
     device: object
     default_param: int = 0
     doc: str = ""
+
+    def __post_init__(self):
+        _check_piece(self)
 
 
 @dataclass(frozen=True)
@@ -214,6 +231,8 @@ class Policy:
             raise ValueError(f"Policy.kind must be one of {KINDS}, got {self.kind!r}")
         if not isinstance(self.remap, Remap):
             raise ValueError(f"policy {self.name!r}: remap must be a Remap, got {type(self.remap).__name__}")
+        if self.order is not None and not isinstance(self.order, Order):
+            raise ValueError(f"policy {self.name!r}: order must be an Order or None, got {type(self.order).__name__}")
         if self.kind == "remap" and self.order is not None:
             raise ValueError(f"policy {self.name!r} of kind 'remap' must have order=None")
         if self.kind != "remap" and (self.order is None or self.order.kind != self.kind):
@@ -309,9 +328,33 @@ def register(policy: Policy, *, replace: bool = False) -> Policy:
         raise ValueError(f"a mapping named {policy.name!r} is already registered")
     if "#" in policy.name:
         raise ValueError(f"a registered mapping's name may not contain '#' (tokens use it): {policy.name!r}")
+    _check_bijective(policy)
     _REGISTRY[policy.name] = policy
     _bump()
     return policy
+
+
+# small grids a policy is tried on when registered (the property tests then cover many more)
+_REGISTER_GRIDS = {"remap": lambda: [LinearGrid(n) for n in (1, 7, 24)],
+                   "gemm": lambda: [GemmGrid(m, n) for m, n in ((1, 1), (3, 5), (8, 6))],
+                   "attention": lambda: [AttentionGrid(2, 4, 2, 3), AttentionGrid(1, 1, 1, 5), DecodeGrid(2, 3, 4)]}
+
+
+def _check_bijective(policy: "Policy") -> None:
+    """Its NumPy reference must map the program ids of a few small grids onto their work items one
+    to one (a wrong one would run some items twice and others never): checked before it is used."""
+    for grid in _REGISTER_GRIDS[policy.kind]():
+        for X in (1, 3, 8):
+            try:
+                items = policy.reference(np.arange(grid.size), grid, X)
+            except Exception as e:   # a broken piece: named, with the grid it failed on
+                raise ValueError(f"mapping {policy.name!r}: its reference failed on {grid}, {X} domains: "
+                                 f"{type(e).__name__}: {e}") from None
+            flat = np.ravel_multi_index(tuple(np.asarray(items).T), grid.item_shape) \
+                if np.asarray(items).size and np.all((items >= 0) & (items < np.array(grid.item_shape))) else None
+            if flat is None or not np.array_equal(np.sort(flat), np.arange(grid.size)):
+                raise ValueError(f"mapping {policy.name!r} is not a bijection on {grid} with {X} domains: some "
+                                 f"work items would run twice and others never")
 
 
 def available(kind: Optional[str] = None) -> list:

@@ -209,8 +209,8 @@ def _check_scale(scale, x: torch.Tensor, block_t: int) -> None:
         raise ValueError(f"scale.sums must be a contiguous, 16-byte aligned fp32 (parts, {block_t}) tensor on "
                          f"{x.device} with 1 to {MAX_SUM_PARTS} parts, got {getattr(t, 'dtype', type(t).__name__)} "
                          f"{tuple(getattr(t, 'shape', ()))}")
-    if isinstance(scale.eps, bool) or not isinstance(scale.eps, (int, float)) or not scale.eps >= 0:
-        raise ValueError(f"scale.eps must be a non-negative float, got {scale.eps!r}")
+    if isinstance(scale.eps, bool) or not isinstance(scale.eps, (int, float)) or not 0 <= scale.eps < float("inf"):
+        raise ValueError(f"scale.eps must be a finite non-negative float, got {scale.eps!r}")
 
 
 MAX_SUM_PARTS = 256   # RowScale.sums's rows (a hidden size of 16384 in 64-column bands), read 32 at a time

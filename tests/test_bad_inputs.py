@@ -363,3 +363,39 @@ def test_cli_arguments_are_checked_before_any_run(tmp_path):
         with pytest.raises(SystemExit):
             cli.main(["tune-gemm", "--shapes", "16x64x64", "--out", out, "--dry-run"])
     assert cli.main(["tune-gemm", "--shapes", "16x64x64", "--out", str(tmp_path / "t.json"), "--dry-run"]) == 0
+
+
+def test_sim_and_distributed_helpers_check_their_numbers():
+    import numasched.distributed as nd
+    from numasched import sim
+    from numasched.distributed import cost
+
+    m = sim.AttentionModel(1, 2, 2, 128, 128, 64, block_m=64, block_n=64)
+    for bad in (float("nan"), True, float("inf")):
+        with pytest.raises(ValueError, match="peak_flops"):
+            sim.simulate("mi300x", m, peak_flops=bad)
+    with pytest.raises(ValueError, match="slots must be an int >= 1"):
+        sim.schedule(np.array([0, 1]), np.array([1, 1]), 2, 0)
+    with pytest.raises(ValueError, match="domains must lie in"):   # was: uninitialised start ticks
+        sim.schedule(np.array([0, 1, 5]), np.array([1, 1, 1]), 2, 1)
+    for args, name in (((-3, 100), "batch"), ((4, 0), "seq")):
+        with pytest.raises(ValueError, match=name):
+            sim.lengths_uniform(*args)
+    ctx = nd.SimWorld(1).ranks[0]
+    with pytest.raises(ValueError, match="eps must be a finite"):   # inf zeroed the output
+        nd.all_reduce_add_rmsnorm(torch.randn(4, 16), torch.randn(4, 16), torch.ones(16), float("inf"), ctx=ctx)
+    for args in ((-5, 2), (1024, 0), (1024.0, 2)):
+        with pytest.raises(ValueError):
+            cost.choose_all_reduce(*args)
+    world = nd.SimWorld(2)
+    x = torch.randn(8, 8)
+    with pytest.raises(ValueError, match="unknown op 'all_to_all'"):
+        world.run("all_to_all", [(x,), (x,)])
+    with pytest.raises(ValueError, match="one entry per rank"):
+        world.run("all_reduce", [(x,)])
+    with pytest.raises(TypeError, match="per-rank argument tuples"):
+        world.run("all_reduce", [x, x])
+    with pytest.raises(ValueError, match="skip_ranks"):
+        world.run("all_reduce", [(x,), (x,)], skip_ranks=[7])
+    with pytest.raises(ValueError, match="num_sms"):
+        nd.SimWorld(1, num_sms=0)

@@ -570,3 +570,23 @@ def test_split_units_are_a_bijection_and_the_device_agrees(name):
                 owners = {dom[i] for i in range(W) if tuple(ref[i, :2]) == t}
                 if W % X == 0:
                     assert len(owners) <= 2
+
+
+def test_register_refuses_broken_or_non_bijective_policies():
+    """Found by an audit (sixty-first session): a Remap without its functions, an order given by
+    name and a remap sending every id to 0 were accepted and failed (or ran items twice) later."""
+    ident, grouped = M.get("identity"), M.get("grouped")
+    with pytest.raises(ValueError, match="reference must be a NumPy function"):
+        M.Remap("no_fns", None, None)
+    with pytest.raises(ValueError, match="device .* is missing"):
+        M.Remap("no_device", lambda g, W, X, p: g, None)
+    with pytest.raises(ValueError, match="order must be an Order"):
+        M.Policy("p1", "gemm", ident.remap, "grouped")
+    zero = M.Policy("all_zero_t", "remap", M.Remap("all_zero", lambda g, W, X, p: g * 0, ident.remap.device))
+    with pytest.raises(ValueError, match="not a bijection"):
+        M.register(zero)
+    flat = M.Policy("flat_t", "gemm", ident.remap, M.Order("flat", "gemm", lambda g, grid, X, p: g,
+                                                           grouped.order.device))
+    with pytest.raises(ValueError, match="its reference failed"):
+        M.register(flat)
+    assert "all_zero_t" not in M.available() and "flat_t" not in M.available()

@@ -1335,3 +1335,24 @@ def test_model_inputs_are_checked_by_name():
     for flag in ("fuse_all_reduce", "check", "fuse_norm", "fuse_swiglu"):
         with pytest.raises(TypeError, match=flag):
             NumaschedBackend(1, **{flag: "no"})
+
+
+def test_backend_mapping_is_one_policy_per_kernel_kind():
+    """One policy cannot order GEMM tiles, attention tiles and decode splits: NumaschedBackend takes
+    "auto" or a dict per kind, checked when it is made (an audit found "grouped" failing at the first
+    prefill's attention)."""
+    with pytest.raises(ValueError, match="dict of a policy per kind"):
+        NumaschedBackend(1, mapping="grouped")
+    with pytest.raises(ValueError, match=r"mapping\['attention'\]"):
+        NumaschedBackend(1, mapping={"attention": "grouped"})
+    with pytest.raises(ValueError, match="unknown kinds"):
+        NumaschedBackend(1, mapping={"mlp": "grouped"})
+    be = NumaschedBackend(1, mapping={"gemm": "grouped", "attention": "swizzled_head_first"})
+    assert be._maps == {"gemm": "grouped", "attention": "swizzled_head_first", "decode": "auto"}
+    model = TPDecoder.random(dict(TINY, model_type="llama"), dtype=torch.float32, device="cpu")
+    cache = be.new_cache(model, batch=1, capacity=16, page_size=4)
+    ids = torch.arange(6, dtype=torch.int64)[None]
+    ref_be = TorchBackend(1)
+    ref = model.prefill(ids, ref_be.new_cache(model, batch=1, capacity=16), ref_be)
+    got = model.prefill(ids, cache, be)
+    assert (got - ref).abs().max() / ref.abs().max() < 1e-4

@@ -51,9 +51,12 @@ class SimWorld:
 
     def __init__(self, world: int, *, heap_bytes: int = 64 << 20, num_sms: int = 3, max_spins: int = 200,
                  device="cpu", recycle: bool = False, _heaps=None):
-        for name, v in (("world", world), ("heap_bytes", heap_bytes)):
+        for name, v in (("world", world), ("heap_bytes", heap_bytes), ("num_sms", num_sms), ("max_spins", max_spins)):
             if isinstance(v, bool) or not isinstance(v, int):
                 raise TypeError(f"{name} must be an int, got {v!r}")
+        for name, v in (("num_sms", num_sms), ("max_spins", max_spins)):
+            if v < 1:
+                raise ValueError(f"{name} must be >= 1, got {v}")
         if not 1 <= world <= MAX_WORLD:
             raise ValueError(f"world must be in 1..{MAX_WORLD}, got {world}")
         if heap_bytes < 1:
@@ -94,11 +97,26 @@ class SimWorld:
 
         ``skip_ranks``: ranks that do not take part (to test timeouts): they neither push nor wait.
         """
-        return self.run_each(op, [(a, kwargs) for a in per_rank_args], skip_ranks=skip_ranks)
+        if not isinstance(per_rank_args, (list, tuple)) or any(not isinstance(a, (tuple, list)) for a in per_rank_args):
+            raise TypeError(f"{op}: per_rank_args must be a list of per-rank argument tuples")
+        return self.run_each(op, [(tuple(a), kwargs) for a in per_rank_args], skip_ranks=skip_ranks)
 
     def run_each(self, op: str, per_rank: list, *, skip_ranks=()) -> list:
         """Like :meth:`run` with per-rank keyword arguments: ``per_rank[r] = (args, kwargs)``."""
+        if op not in OPS:
+            raise ValueError(f"unknown op {op!r}; one of {sorted(OPS)}")
         spec = OPS[op]
+        if not isinstance(per_rank, (list, tuple)) or len(per_rank) != self.world:
+            raise ValueError(f"{op}: give one entry per rank ({self.world}), got "
+                             f"{len(per_rank) if isinstance(per_rank, (list, tuple)) else type(per_rank).__name__}")
+        for r, entry in enumerate(per_rank):
+            if (not isinstance(entry, tuple) or len(entry) != 2 or not isinstance(entry[0], (tuple, list))
+                    or not isinstance(entry[1], dict)):
+                raise TypeError(f"{op}: rank {r}'s entry must be (positional args tuple, kwargs dict), got "
+                                f"{type(entry).__name__}")
+        bad = [r for r in skip_ranks if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < self.world]
+        if bad:
+            raise ValueError(f"skip_ranks must be ranks in [0, {self.world}), got {bad}")
         for ctx in self.ranks:
             ctx._ensure_usable()
         calls = [spec.prepare(ctx, *per_rank[ctx.rank][0], **per_rank[ctx.rank][1]) for ctx in self.ranks]

@@ -97,8 +97,8 @@ class AllReduceAddRmsnorm(_Op):
             raise ValueError(f"weight has {weight.shape[0]} elements; it must match x's {N} columns")
         if not 1 <= N <= MAX_N:
             raise ValueError(f"x has {N} columns; 1 to {MAX_N} are supported (a row is normalised in one block)")
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
-            raise ValueError(f"eps must be a non-negative float, got {eps!r}")
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < float("inf"):
+            raise ValueError(f"eps must be a finite non-negative float, got {eps!r}")
         for name, t in (("x", x), ("residual", residual), ("weight", weight)):
             if not t.is_contiguous():
                 raise ValueError(f"{name} must be contiguous")

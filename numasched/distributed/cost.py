@@ -92,6 +92,10 @@ def all_reduce_s(impl: str, nbytes: int, world: int, link: Link = None) -> float
 
 def choose_all_reduce(nbytes: int, world: int, *, allowed=("oneshot", "twoshot", "nccl"), link: Link = None) -> str:
     """The fastest of ``allowed`` by :func:`all_reduce_s` (ties: the first listed)."""
+    for name, v, lo in (("nbytes", nbytes, 0), ("world", world, 1)):
+        # (symbolic sizes under torch.compile pass: only plain values are range-checked)
+        if isinstance(v, (bool, float, str)) or (isinstance(v, int) and v < lo):
+            raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
     return min(allowed, key=lambda impl: all_reduce_s(impl, nbytes, world, link))
 
 

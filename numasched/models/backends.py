@@ -71,6 +71,31 @@ def _torch_linear(x: torch.Tensor, w: torch.Tensor, out: Optional[torch.Tensor])
 AR_IMPLS = ("auto", "oneshot", "twoshot", "nccl", "bulk", "fused", "overlap")
 
 
+_MAPPING_KINDS = ("gemm", "attention", "decode")
+
+
+def _mapping_per_kind(mapping) -> dict:
+    """NumaschedBackend's ``mapping``: "auto" / None, or a dict {kind: policy}, as one policy per
+    kernel kind (a policy serves one kind: a GEMM raster cannot order attention tiles)."""
+    from numasched._route import mapping_token
+
+    if mapping is None or mapping == "auto":
+        return dict.fromkeys(_MAPPING_KINDS, "auto")
+    if not isinstance(mapping, dict):
+        raise ValueError(f"mapping must be 'auto' or a dict of a policy per kind ({', '.join(_MAPPING_KINDS)}): one "
+                         f"policy cannot serve the GEMMs, the attention and the decode, got {mapping!r}")
+    bad = [k for k in mapping if k not in _MAPPING_KINDS]
+    if bad:
+        raise ValueError(f"mapping has unknown kinds {bad}; kinds: {', '.join(_MAPPING_KINDS)}")
+    out = {k: mapping.get(k, "auto") for k in _MAPPING_KINDS}
+    for k, m in out.items():
+        try:
+            mapping_token(m, k)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"mapping[{k!r}]: {e}") from None
+    return out
+
+
 def _flag(name: str, v) -> bool:
     if not isinstance(v, bool):
         raise TypeError(f"{name} must be True or False, got {v!r}")
@@ -374,7 +399,9 @@ class NumaschedBackend(Backend):
         gathers are numasched's all-reduce; "auto" never picks NCCL or torch symm_mem there).
     fuse_all_reduce: True: ``matmul_all_reduce`` (one fused call); False: ``numasched.matmul``
         then ``numasched.distributed.all_reduce`` (for separating the two in timings).
-    mapping: the mapping policy passed to every numasched call ("auto").
+    mapping: the mapping policy of numasched's calls: "auto" (default), or a dict of a policy per
+        kernel kind, e.g. ``{"gemm": "grouped", "attention": "swizzled_head_first", "decode":
+        "auto"}`` (kinds not named: "auto"); checked here, naming the kind.
     impl: the all-reduce implementation passed to the distributed calls ("auto": their cost model).
     check: let each distributed call read its status word (a timeout raises at once, but an eager
         call then synchronises); False leaves it to ``ctx.check()`` (graph replays never check).
@@ -497,7 +524,9 @@ class NumaschedBackend(Backend):
                              f"numasched.distributed.init(...) after torch.distributed.init_process_group")
         if ctx is not None and getattr(ctx, "world", self.tp_size) != self.tp_size:
             raise ValueError(f"ctx spans {ctx.world} ranks but tp_size is {self.tp_size}")
-        self.ctx, self.fuse_all_reduce, self.mapping = ctx, _flag("fuse_all_reduce", fuse_all_reduce), mapping
+        self.ctx, self.fuse_all_reduce = ctx, _flag("fuse_all_reduce", fuse_all_reduce)
+        self.mapping = mapping
+        self._maps = _mapping_per_kind(mapping)
         if self.group is None and ctx is not None:   # the row / column gathers run on the TP group
             self.group = getattr(ctx, "group", None)
         if gemm not in ("auto", "numasched", "torch"):
@@ -555,7 +584,7 @@ class NumaschedBackend(Backend):
             return plan.run(x, w, out)
         if self._gemm_engine(x) == "torch":
             return _torch_linear(x, w, out)
-        return self._ns.matmul(x, w.t(), out=out, mapping=self.mapping)
+        return self._ns.matmul(x, w.t(), out=out, mapping=self._maps["gemm"])
 
     def _weight_first_plan(self, x, w, glu: bool, splits=None):
         """The weight-first GEMM's plan for ``x @ w.T`` (``glu``: its SwiGLU form; ``splits``: its
@@ -838,7 +867,7 @@ class NumaschedBackend(Backend):
     def prefill_attention_rows(self, q, k, v):
         rows, H, D = q.shape
         out, _ = self._ns.attention_forward(q[None].transpose(1, 2), k[None].transpose(1, 2), v[None].transpose(1, 2),
-                                            causal=True, causal_offset=k.shape[0] - rows, mapping=self.mapping)
+                                            causal=True, causal_offset=k.shape[0] - rows, mapping=self._maps["attention"])
         return out.transpose(1, 2).reshape(rows, H * D)
 
     def _seq_impl(self) -> str:
@@ -885,13 +914,14 @@ class NumaschedBackend(Backend):
     def all_gather_linear(self, x, w):
         if self.tp_size == 1:
             return self.linear(x, w)
-        return self._nd.all_gather_matmul(x, w.t(), ctx=self.ctx, mapping=self.mapping, impl=self._seq_impl(),
+        return self._nd.all_gather_matmul(x, w.t(), ctx=self.ctx, mapping=self._maps["gemm"], impl=self._seq_impl(),
                                           check=self.check)
 
     def linear_reduce_scatter(self, x, w):
         if self.tp_size == 1:
             return self.linear(x, w)
-        return self._nd.matmul_reduce_scatter(x, w.t(), ctx=self.ctx, mapping=self.mapping, impl=self._seq_impl(),
+        return self._nd.matmul_reduce_scatter(x, w.t(), ctx=self.ctx, mapping=self._maps["gemm"],
+                                              impl=self._seq_impl(),
                                               check=self.check)
 
     def row_parallel(self, x, w):
@@ -915,7 +945,7 @@ class NumaschedBackend(Backend):
             return _causal_sdpa(self._sdpa, q, k, v, batch, seq)
         T, H, D = q.shape
         qt, kt, vt = (t.view(batch, seq, -1, D).transpose(1, 2) for t in (q, k, v))
-        out, _ = self._ns.attention_forward(qt, kt, vt, causal=True, mapping=self.mapping)
+        out, _ = self._ns.attention_forward(qt, kt, vt, causal=True, mapping=self._maps["attention"])
         return out.transpose(1, 2).reshape(T, H * D)   # out is a (B, H, S, D) view of (B, S, H, D) memory
 
     def decode_attention(self, q, cache: PagedKVCache, layer):
@@ -923,7 +953,7 @@ class NumaschedBackend(Backend):
         # prefetch: the kernel before is the RoPE + cache write (rope_cache_write), which leaves the
         # memory bus idle for the K/V prefetch (options.decode_prefetch)
         out = self._ns.flash_decode(q, cache.k(layer), cache.v(layer), cache_seqlens=cache.lens_next,
-                                    block_table=cache.block_table, mapping=self.mapping, prefetch=True)
+                                    block_table=cache.block_table, mapping=self._maps["decode"], prefetch=True)
         return out.reshape(B, H * D)
 
 

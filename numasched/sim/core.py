@@ -122,6 +122,15 @@ def start_delays(num_programs: int, skew: int, seed: int = 0) -> np.ndarray:
 
 def schedule(domains: np.ndarray, n_acc: np.ndarray, num_domains: int, slots: int, ticks=None, delays=None):
     """Start tick and slot of every program (see module doc)."""
+    domains, n_acc = np.asarray(domains), np.asarray(n_acc)
+    for name, v in (("num_domains", num_domains), ("slots", slots)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+    if domains.shape != n_acc.shape or domains.ndim != 1:
+        raise ValueError(f"domains and n_acc must be 1-D arrays of one length, got shapes {domains.shape} and "
+                         f"{n_acc.shape}")
+    if domains.size and (domains.min() < 0 or domains.max() >= num_domains):
+        raise ValueError(f"domains must lie in [0, num_domains = {num_domains}), got {domains.min()}..{domains.max()}")
     W = domains.size
     dur = np.ones(W, dtype=np.int64) if ticks is None else np.asarray(ticks, dtype=np.int64)
     delay = np.zeros(W, dtype=np.int64) if delays is None else np.asarray(delays, dtype=np.int64)
@@ -193,8 +202,9 @@ def simulate(topology, kernel_model: KernelModel, policy="auto", *, occupancy: i
     occupancy = _check_int("occupancy", occupancy)
     llc_ways = _check_int("llc_ways", llc_ways)
     chunk_units = _check_int("chunk_units", chunk_units)
-    if peak_flops is not None and (not isinstance(peak_flops, (int, float)) or peak_flops < 0):
-        raise ValueError(f"peak_flops must be a number >= 0 or None, got {peak_flops!r}")
+    if peak_flops is not None and (isinstance(peak_flops, bool) or not isinstance(peak_flops, (int, float))
+                                   or not 0 <= peak_flops < float("inf")):
+        raise ValueError(f"peak_flops must be a finite number >= 0 or None, got {peak_flops!r}")
     if isinstance(jitter, bool) or not isinstance(jitter, (int, float)) or not 0 <= jitter < 1:
         raise ValueError(f"jitter must be a number in [0, 1), got {jitter!r}")
     seed = _check_int("seed", seed, lo=0)

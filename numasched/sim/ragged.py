@@ -316,5 +316,8 @@ class RaggedDecodeModel(KernelModel):
 
 def lengths_uniform(batch: int, seq: int, seed: int = 0, low_fraction: int = 16) -> tuple:
     """Lengths drawn uniformly from [seq // low_fraction, seq] (the ragged benchmark's batches)."""
+    for name, v in (("batch", batch), ("seq", seq), ("low_fraction", low_fraction)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {v!r}")
     rng = np.random.default_rng(seed)
     return tuple(int(x) for x in rng.integers(max(1, seq // low_fraction), seq + 1, batch))
