@@ -1356,3 +1356,26 @@ def test_backend_mapping_is_one_policy_per_kernel_kind():
     ref = model.prefill(ids, ref_be.new_cache(model, batch=1, capacity=16), ref_be)
     got = model.prefill(ids, cache, be)
     assert (got - ref).abs().max() / ref.abs().max() < 1e-4
+
+
+def test_cache_and_backend_arguments_are_checked():
+    from numasched.models import ContiguousKVCache
+
+    kw = dict(layers=2, batch=1, capacity=8, kv_heads=2, head_dim=16, device="cpu")
+    c = ContiguousKVCache(dtype=torch.float32, **kw)
+    with pytest.raises(ValueError, match="context must be an int"):
+        c.fill_random(3.7)
+    with pytest.raises(ValueError, match="window must be an int"):
+        c.set_window(2.5)
+    with pytest.raises(RuntimeError, match="begin_prefill"):
+        PagedKVCache(dtype=torch.float32, **kw).write(0, torch.zeros(1, 2, 16), torch.zeros(1, 2, 16))
+    for dt in (torch.int32, None):
+        with pytest.raises(TypeError, match="dtype must be a floating-point"):
+            ContiguousKVCache(dtype=dt, **kw)
+    for bad in (dict(layers=-2), dict(page_size=0)):
+        args = {**dict(layers=2, batch=1, capacity=8, kv_heads=2, head_dim=16, dtype=torch.float32), **bad}
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            PagedKVCache.bytes_for(**args)
+    for tp in (0, 2.7, "two"):
+        with pytest.raises(ValueError, match="tp_size"):
+            TorchBackend(tp_size=tp)

@@ -114,7 +114,9 @@ class Backend:
     cache_class = ContiguousKVCache
 
     def __init__(self, tp_size: int = 1, group=None):
-        self.tp_size, self.group = int(tp_size), group
+        if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
+            raise ValueError(f"tp_size must be an int >= 1 (tensor-parallel ranks), got {tp_size!r}")
+        self.tp_size, self.group = tp_size, group
 
     def new_cache(self, model, *, batch: int, capacity: int, page_size: int = 16):
         """An empty KV cache of this backend's layout for ``model``'s local KV heads."""

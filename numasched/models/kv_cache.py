@@ -31,6 +31,8 @@ class _KVCache:
                         ("head_dim", head_dim)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise TypeError(f"dtype must be a floating-point torch.dtype (the K/V values), got {dtype!r}")
         self.layers, self.batch, self.capacity = layers, batch, capacity
         self.kv_heads, self.head_dim, self.dtype = kv_heads, head_dim, dtype
         self.device = torch.device(device)
@@ -49,6 +51,10 @@ class _KVCache:
     def bytes_for(*, layers: int, batch: int, capacity: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
                   page_size: int = 1) -> int:
         """K + V bytes a cache of these sizes takes (capacity rounded up to whole pages)."""
+        for name, v in (("layers", layers), ("batch", batch), ("capacity", capacity), ("kv_heads", kv_heads),
+                        ("head_dim", head_dim), ("page_size", page_size)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
         cap = -(-capacity // page_size) * page_size
         return 2 * layers * batch * cap * kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
 
@@ -60,8 +66,8 @@ class _KVCache:
     def fill_random(self, context: int, *, std: float = 1.0, generator: Optional[torch.Generator] = None) -> None:
         """Make every sequence ``context`` tokens long with random K/V (benchmarks: a long context
         without prefilling it)."""
-        if not 0 <= context <= self.capacity:
-            raise ValueError(f"context must be in [0, capacity={self.capacity}], got {context}")
+        if isinstance(context, bool) or not isinstance(context, int) or not 0 <= context <= self.capacity:
+            raise ValueError(f"context must be an int in [0, capacity={self.capacity}], got {context!r}")
         self.k_all.normal_(0.0, std, generator=generator)
         self.v_all.normal_(0.0, std, generator=generator)
         self.lens.fill_(context)
@@ -109,6 +115,8 @@ class _KVCache:
     def _write_rows(self, start: int, tokens: int, per_token: int = 1) -> torch.Tensor:
         """This step's write index for ``tokens`` tokens from token ``start`` (tokens counted in
         the step's (sequence, position) order)."""
+        if self._write_index is None:
+            raise RuntimeError("the cache has no write slots yet: call begin_prefill(seq) or begin_decode() first")
         total = self._write_index.numel() // per_token
         if start == 0 and tokens == total:
             return self._write_index
@@ -211,8 +219,9 @@ class ContiguousKVCache(_KVCache):
 
     def set_window(self, window: Optional[int]) -> None:
         """Attend over the first ``window`` slots without a mask (None: the length mask)."""
-        if window is not None and not 1 <= window <= self.capacity:
-            raise ValueError(f"window must be in [1, capacity={self.capacity}] or None, got {window}")
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int)
+                                   or not 1 <= window <= self.capacity):
+            raise ValueError(f"window must be an int in [1, capacity={self.capacity}] or None, got {window!r}")
         self.window = window
 
     def _after_begin_decode(self) -> None:
