@@ -68,17 +68,10 @@ def _writable_dir(d: Path) -> bool:
 
 
 def plot_path(text: str) -> Path:
-    """argparse type for ``--plot FILE.png``: the folder must exist and be writable, and matplotlib
-    must be installed (it comes with ``pip install 'numasched[cli]'``), so a bad path fails before
-    the run rather than after it."""
-    path = Path(text).expanduser()
-    if not text or path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text!r} is a folder; give a file name such as cmp.png")
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise argparse.ArgumentTypeError(f"cannot write {text!r}: folder {str(parent)!r} does not exist")
-    if not _writable_dir(parent) or (path.exists() and not os.access(path, os.W_OK)):
-        raise argparse.ArgumentTypeError(f"cannot write {text!r}: no write permission")
+    """argparse type for ``--plot FILE.png``: an output file (:func:`out_file`: its folder must
+    exist and be writable), and matplotlib must be installed (it comes with ``pip install
+    'numasched[cli]'``), so a bad path fails before the run rather than after it."""
+    path = out_file(text)
     if importlib.util.find_spec("matplotlib") is None:
         raise argparse.ArgumentTypeError("plots need matplotlib: pip install 'numasched[cli]'")
     return path
