@@ -96,7 +96,7 @@ def _strides_nest(t: torch.Tensor) -> bool:
     return True
 
 
-_EXACT_OVERLAP_LIMIT = 1 << 22  # elements; beyond it (or while capturing) a byte-range overlap is refused
+_EXACT_OVERLAP_LIMIT = 1 << 22  # elements compared one by one on the host; beyond it a byte-range overlap is refused
 
 
 def _row_blocks(t: torch.Tensor, es: int):

@@ -30,7 +30,7 @@ from . import observe as _observe
 from . import options as _options
 from ._plan import PLANS, Plan, signature
 from ._route import refuse_grad
-from ._validate import check_int32_indexing, check_positive_int, check_tensor
+from ._validate import check_int32_indexing, check_no_overlap, check_positive_int, check_tensor
 
 __all__ = ["qkv_rope_cache", "plan_qkv_rope_cache", "check_qkv_rope_cache", "RopeCachePlan"]
 
@@ -108,9 +108,7 @@ def check_qkv_rope_cache(qkv, cos, sin, k_cache, v_cache, slots, *, heads: int, 
                              f"{tuple(t.shape)}, strides {t.stride()}")
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         check_tensor(name, t, dtypes=(dt,), device=dev)
-        if any(st == 0 and n > 1 for n, st in zip(t.shape, t.stride())):
-            raise ValueError(f"{name} has stride 0 in a dimension of size > 1 (shape {tuple(t.shape)}, strides "
-                             f"{t.stride()}): its rows share memory; pass a cache without expanded dims")
+        check_no_overlap(t, name)   # the kernel writes its rows: none may share memory
     _check_two_caches(k_cache, v_cache)
     _addressing(k_cache, v_cache, kv_heads, d)   # rows are indexed in int64 by the kernel
     check_tensor("slots", slots, ndim=1, dtypes=(torch.int32, torch.int64), device=dev)

@@ -67,10 +67,6 @@ class DecodeRunner:
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
         """Decode ``ids`` (batch,) at the cache's current lengths; returns the logits (batch, vocab)."""
-        if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.int32, torch.int64) \
-                or tuple(ids.shape) != tuple(self.tokens.shape):
-            raise ValueError(f"ids must be an int32 / int64 tensor of shape {tuple(self.tokens.shape)} (one token a "
-                             f"sequence), got {type(ids).__name__ if not isinstance(ids, torch.Tensor) else ids.dtype} "
-                             f"{tuple(getattr(ids, 'shape', ()))}")
+        self.model._check_ids(ids, tuple(self.tokens.shape))   # (a copy_ would broadcast and truncate)
         self.tokens.copy_(ids)
         return self.replay()
