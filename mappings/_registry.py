@@ -273,6 +273,9 @@ class Policy:
 
     def domains_of_items(self, grid: Grid, topology) -> np.ndarray:
         """Domain on which each work item runs, shaped ``grid.item_shape`` (under ``topology.dispatch``)."""
+        if not hasattr(topology, "domain_of") or not hasattr(topology, "num_domains"):
+            raise TypeError(f"topology must be a numasched.topology.Topology (e.g. Topology.preset('mi300x')), got "
+                            f"{type(topology).__name__}")
         W = grid.size
         items = self.reference(np.arange(W), grid, topology.num_domains)
         dom = np.full(grid.item_shape, -1, dtype=np.int64)

@@ -176,7 +176,10 @@ class Topology:
         if not isinstance(d, dict):
             raise ValueError(f"Topology.from_dict needs a dict, got {type(d).__name__}")
         d = dict(d)
-        d["dispatch_table"] = tuple(d.get("dispatch_table", ()))
+        table = d.get("dispatch_table", ())
+        if isinstance(table, (str, bytes)) or not isinstance(table, (list, tuple)):
+            raise ValueError(f"Topology.from_dict: dispatch_table must be a list of domain indices, got {table!r}")
+        d["dispatch_table"] = tuple(table)
         fields = {f.name for f in dataclasses.fields(Topology)}
         unknown = set(d) - fields
         if unknown:
@@ -199,11 +202,18 @@ class Topology:
         """
         if isinstance(path_or_result, (str, Path)):
             res = json.loads(Path(path_or_result).read_text())
-        else:
+        elif isinstance(path_or_result, dict):
             res = dict(path_or_result)
+        else:
+            raise ValueError(f"Topology.from_probe needs a probe JSON path or its dict, got "
+                             f"{type(path_or_result).__name__}")
+        if not isinstance(res, dict):
+            raise ValueError(f"probe result must be a JSON object, got {type(res).__name__}")
         for key in ("device", "num_sms", "l2_bytes"):
             if key not in res:
                 raise ValueError(f"probe result lacks {key!r}")
+        if not isinstance(res["device"], str) or not res["device"]:
+            raise ValueError(f"probe result: 'device' must be the GPU's name, got {res['device']!r}")
         nsm, l2, parts = res["num_sms"], res["l2_bytes"], res.get("num_partitions", 1)
         for key, v in (("num_sms", nsm), ("l2_bytes", l2), ("num_partitions", parts)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:

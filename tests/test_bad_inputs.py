@@ -399,3 +399,32 @@ def test_sim_and_distributed_helpers_check_their_numbers():
         world.run("all_reduce", [(x,), (x,)], skip_ranks=[7])
     with pytest.raises(ValueError, match="num_sms"):
         nd.SimWorld(1, num_sms=0)
+
+
+def test_topology_probe_and_reference_helpers_name_what_is_wrong(tmp_path):
+    import numasched.distributed as nd
+    from numasched.models import TPDecoder
+    from numasched.probe.files import load_raw
+    from numasched.topology import Topology
+
+    d = Topology.preset("mi300x").to_dict()
+    for bad in (None, 3, "01"):
+        with pytest.raises(ValueError, match="dispatch_table must be a list"):
+            Topology.from_dict(dict(d, dispatch_table=bad))
+    with pytest.raises(ValueError, match="needs a probe JSON path or its dict"):
+        Topology.from_probe(42)
+    with pytest.raises(ValueError, match="'device' must be the GPU's name"):
+        Topology.from_probe({"device": 5, "num_sms": 132, "l2_bytes": 50 << 20})
+    with pytest.raises(TypeError, match="topology must be a numasched.topology.Topology"):
+        M.get("grouped").domains_of_items(M.GemmGrid(2, 2), "mi300x")
+    junk = tmp_path / "junk.txt"
+    junk.write_text("not a probe")
+    with pytest.raises(ValueError, match="not a numasched raw probe file"):
+        load_raw(junk)
+    q, k = torch.randn(2, 3, 32), torch.randn(2, 16, 2, 32)
+    with pytest.raises(ValueError, match="not a multiple of k_cache's 2 KV heads"):
+        nd.torch_local_decode(q, k, k, torch.tensor([5, 16], dtype=torch.int32))
+    with pytest.raises(ValueError, match="past the cache's 16 tokens"):
+        nd.torch_local_decode(torch.randn(2, 4, 32), k, k, torch.tensor([5, 40], dtype=torch.int32))
+    with pytest.raises(TypeError, match="model must be a transformers"):
+        TPDecoder.from_hf({})

@@ -19,6 +19,11 @@ def torch_local_decode(q, k_cache, v_cache, cache_seqlens):
     """
     B, H, D = q.shape
     S, HK = k_cache.shape[1], k_cache.shape[2]
+    if H % HK:
+        raise ValueError(f"q's {H} heads are not a multiple of k_cache's {HK} KV heads")
+    capturing = cache_seqlens.is_cuda and torch.cuda.is_current_stream_capturing()
+    if cache_seqlens.numel() and not capturing and int(cache_seqlens.max()) > S:   # (a reference: it reads them)
+        raise ValueError(f"cache_seqlens holds {int(cache_seqlens.max())}, past the cache's {S} tokens")
     qf = q.float().view(B, HK, H // HK, D)
     s = torch.einsum("bkgd,bskd->bkgs", qf, k_cache.float()) / D**0.5
     valid = torch.arange(S, device=q.device)[None, :] < cache_seqlens.to(q.device).long()[:, None]  # (B, S)

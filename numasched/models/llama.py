@@ -437,6 +437,9 @@ class TPDecoder:
                 head: Optional[str] = None, compile_elementwise: Optional[bool] = None) -> "TPDecoder":
         """This rank's shard of a transformers ``LlamaForCausalLM`` / ``Qwen3ForCausalLM`` (same
         dtype and device as the model unless given)."""
+        if not hasattr(model, "config") or not hasattr(model, "named_parameters"):
+            raise TypeError(f"model must be a transformers LlamaForCausalLM / Qwen3ForCausalLM (a module with a "
+                            f".config), got {type(model).__name__}")
         spec = spec_from_config(model.config)
         params = dict(model.named_parameters())
         if spec.tie_embeddings:

@@ -50,7 +50,11 @@ def _cli(args) -> int:
             if not args.from_raw.exists():
                 print(f"numasched probe: --from-raw {args.from_raw}: no such file", file=sys.stderr)
                 return 2
-            raw = load_raw(args.from_raw)
+            try:
+                raw = load_raw(args.from_raw)
+            except ValueError as e:
+                print(f"numasched probe: --from-raw: {e}", file=sys.stderr)
+                return 2
             res = analyze(raw, max_partitions=args.max_partitions)
             path = args.out or default_path(res["device"])
             save(res, path)

@@ -57,7 +57,14 @@ def save(result: dict, path, raw: Optional[dict] = None) -> Path:
 
 def load_raw(path) -> dict:
     """Read a raw measurement written by :func:`save` (for re-analysis on any machine)."""
-    with np.load(Path(path), allow_pickle=False) as z:
+    try:
+        z = np.load(Path(path), allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:
+        raise ValueError(f"{path} is not a numasched raw probe file (.npz written by numasched probe): "
+                         f"{type(e).__name__}") from None
+    if not hasattr(z, "files"):   # a bare .npy array, not an archive
+        raise ValueError(f"{path} is not a numasched raw probe file (.npz written by numasched probe)")
+    with z:
         raw = json.loads(str(z["meta"])) if "meta" in z.files else {}
         raw.update({k: z[k] for k in z.files if k != "meta"})
     return raw
