@@ -144,18 +144,19 @@ def check_no_overlap(out: Optional[torch.Tensor], /, name: str = "out", **inputs
     if not _address_known(out):
         return
     es = out.element_size()
+    o_base = out.untyped_storage().data_ptr()
     o_lo = out.data_ptr()
     o_hi = o_lo + (span(out) + 1) * es
     for what, t in inputs.items():
         if t is None or not t.numel() or not _address_known(t):
             continue
-        if t.untyped_storage().data_ptr() != out.untyped_storage().data_ptr():
+        if t.untyped_storage().data_ptr() != o_base:
             continue
         t_lo = t.data_ptr()
         t_hi = t_lo + (span(t) + 1) * t.element_size()
         if t_hi <= o_lo or o_hi <= t_lo:
             continue  # disjoint byte ranges
-        blocks = _row_blocks(out, es), _row_blocks(t, t.element_size())
+        blocks = _row_blocks(out, es), _row_blocks(t, t.element_size())   # (only for a shared byte range)
         if None not in blocks and blocks[0][0] == blocks[1][0]:   # row slices of one row-major matrix
             (rs, r0, r1, c0, c1), (_, q0, q1, d0, d1) = blocks
             if r1 <= q0 or q1 <= r0 or c1 <= d0 or d1 <= c0:
